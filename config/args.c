@@ -1,0 +1,162 @@
+/* The flags of `kiq run`, applied over the config file. */
+#include "kiq/config.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL };
+
+static const struct option longopts[] = {
+    { "concurrency", required_argument, NULL, 'c' },
+    { "queue", required_argument, NULL, 'q' },
+    { "require", required_argument, NULL, 'r' },
+    { "config", required_argument, NULL, 'C' },
+    { "timeout", required_argument, NULL, 't' },
+    { "tag", required_argument, NULL, 'g' },
+    { "environment", required_argument, NULL, 'e' },
+    { "verbose", no_argument, NULL, 'v' },
+    { "log-file", required_argument, NULL, 'L' },
+    { "help", no_argument, NULL, 'h' },
+    { "redis-url", required_argument, NULL, OPT_REDIS_URL },
+    { "fetch", required_argument, NULL, OPT_FETCH },
+    { "timestamps", required_argument, NULL, OPT_TIMESTAMPS },
+    { "log-format", required_argument, NULL, OPT_LOG_FORMAT },
+    { "label", required_argument, NULL, OPT_LABEL },
+    { NULL, 0, NULL, 0 },
+};
+
+static const char *shortopts = "+c:q:r:C:t:g:e:vL:h";
+
+const char *kiq_config_usage(void)
+{
+    return "Usage: kiq [run] [options]\n"
+           "\n"
+           "Runs the jobs of Sidekiq-format Redis queues with C handlers.\n"
+           "\n"
+           "  -r, --require PATH       load a handler plugin (.so); repeatable\n"
+           "  -C, --config PATH        YAML config file (sidekiq.yml keys + kiq's own)\n"
+           "  -c, --concurrency N      processor threads (default 10)\n"
+           "  -q, --queue NAME[,W]     queue to fetch, with optional weight; repeatable\n"
+           "  -t, --timeout SECONDS    shutdown grace period (default 25)\n"
+           "  -g, --tag TAG            tag shown in the Web UI\n"
+           "      --label LABEL        label shown in the Web UI; repeatable\n"
+           "  -e, --environment ENV    section of the config file to merge\n"
+           "      --redis-url URL      redis://[user:password@]host:port/db or unix:///path?db=N\n"
+           "                           (default: $REDIS_URL, else redis://127.0.0.1:6379/0)\n"
+           "      --fetch MODE         reliable (default) or basic\n"
+           "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
+           "      --log-format FORMAT  pretty (default) or json\n"
+           "  -L, --log-file PATH      log to PATH (reopened on USR2) instead of stderr\n"
+           "  -v, --verbose            debug logging\n"
+           "  -h, --help               this help\n";
+}
+
+static int parse_long(const char *flag, const char *v, long lo, long hi, long *out, char *err)
+{
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end || n < lo || n > hi)
+        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be an integer between %ld and %ld (got \"%s\")",
+                          flag, lo, hi, v);
+    *out = n;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *v, double *out, char *err)
+{
+    char *end;
+    double d = strtod(v, &end);
+    if (end == v || *end || d <= 0)
+        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be a positive number (got \"%s\")", flag, v);
+    *out = d;
+    return 0;
+}
+
+static int push_str(char ***arr, size_t *n, const char *v)
+{
+    char **p = realloc(*arr, (*n + 1) * sizeof(char *));
+    if (!p)
+        return KIQ_ENOMEM;
+    *arr = p;
+    if (!(p[*n] = strdup(v)))
+        return KIQ_ENOMEM;
+    (*n)++;
+    return 0;
+}
+
+static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
+{
+    long n = 0;
+    int rc = 0;
+    switch (opt) {
+    case 'c':
+        if (!(rc = parse_long("--concurrency", v, 1, 1000, &n, err)))
+            cfg->concurrency = (int)n;
+        return rc;
+    case 'q': return kiq_config_add_queue(cfg, v, err);
+    case 'r': return push_str(&cfg->plugins, &cfg->nplugins, v);
+    case 't': return parse_double("--timeout", v, &cfg->timeout, err);
+    case 'g': return kiq_config_set_str(&cfg->tag, v);
+    case 'e': return kiq_config_set_str(&cfg->environment, v);
+    case 'v': cfg->verbose = 1; return 0;
+    case 'L': return kiq_config_set_str(&cfg->log_file, v);
+    case OPT_LABEL: return push_str(&cfg->labels, &cfg->nlabels, v);
+    case OPT_REDIS_URL:
+        cfg->redis_url_explicit = 1;
+        return kiq_config_set_str(&cfg->redis_url, v);
+    case OPT_FETCH:
+        if (strcmp(v, "reliable") == 0) cfg->fetch = KIQ_FETCH_RELIABLE;
+        else if (strcmp(v, "basic") == 0) cfg->fetch = KIQ_FETCH_BASIC;
+        else return kiq_seterr(err, KIQ_ECONFIG, "--fetch: must be reliable or basic (got \"%s\")", v);
+        return 0;
+    case OPT_TIMESTAMPS:
+        if (strcmp(v, "float") == 0) cfg->timestamps = KIQ_TS_FLOAT;
+        else if (strcmp(v, "millis") == 0) cfg->timestamps = KIQ_TS_MILLIS;
+        else return kiq_seterr(err, KIQ_ECONFIG, "--timestamps: must be float or millis (got \"%s\")", v);
+        return 0;
+    case OPT_LOG_FORMAT:
+        if (strcmp(v, "pretty") == 0) cfg->log_format = KIQ_LOG_PRETTY;
+        else if (strcmp(v, "json") == 0) cfg->log_format = KIQ_LOG_JSON;
+        else return kiq_seterr(err, KIQ_ECONFIG, "--log-format: must be pretty or json (got \"%s\")", v);
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err)
+{
+    const char *file = NULL;
+    int opt, rc = 0;
+    /* Pass 1: the file and environment, which the flags then override. */
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if (opt == 'C')
+            file = optarg;
+        else if (opt == 'e' && (rc = kiq_config_set_str(&cfg->environment, optarg)))
+            return rc;
+        else if (opt == 'h')
+            return KIQ_ENOTFOUND;
+        else if (opt == '?')
+            return kiq_seterr(err, KIQ_ECONFIG, "%s: unknown option or missing value (see --help)",
+                              argv[optind - 1]);
+    }
+    if (optind < argc)
+        return kiq_seterr(err, KIQ_ECONFIG, "unexpected argument \"%s\" (see --help)", argv[optind]);
+    if (file && (rc = kiq_config_load_file(cfg, file, err)))
+        return rc;
+    /* Pass 2: every flag, in order. Queues given as flags replace the
+     * file's (kiq_config_add_queue's first call starts a new list). */
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if (opt == 'C' || opt == 'e')
+            continue;
+        if ((rc = apply(cfg, opt, optarg, err)))
+            return rc;
+    }
+    kiq_config_apply_env(cfg);
+    return 0;
+}

@@ -1,0 +1,236 @@
+/* The configuration struct itself: defaults, the checks every source of
+ * settings shares (file, flags, environment), and small setters, so that
+ * yaml.c and args.c only translate their syntax into calls here. */
+#include "kiq/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_REDIS_URL "redis://127.0.0.1:6379/0"
+
+int kiq_config_set_str(char **slot, const char *value)
+{
+    char *copy = NULL;
+    if (value && !(copy = strdup(value)))
+        return KIQ_ENOMEM;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
+kiq_config_t *kiq_config_new(void)
+{
+    kiq_config_t *cfg = calloc(1, sizeof(*cfg));
+    if (!cfg)
+        return NULL;
+    cfg->concurrency = 10;
+    cfg->timeout = 25;
+    cfg->max_retries = 25;
+    cfg->dead_max_jobs = 10000;
+    cfg->dead_timeout = 180L * 24 * 60 * 60;
+    cfg->poll_interval_average = 0;
+    cfg->average_scheduled_poll_interval = 5;
+    cfg->heartbeat_interval = 5;
+    cfg->recovery_interval = 60;
+    cfg->max_recoveries = 3;
+    cfg->fetch = KIQ_FETCH_RELIABLE;
+    cfg->timestamps = KIQ_TS_FLOAT;
+    cfg->log_format = KIQ_LOG_PRETTY;
+    cfg->strict = 1;
+    cfg->redis_url = strdup(DEFAULT_REDIS_URL);
+    cfg->tag = strdup("");
+    if (!cfg->redis_url || !cfg->tag ||
+        kiq_config_append_queue(cfg, "default", 0, NULL) < 0) {
+        kiq_config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+static void free_queues(kiq_queue_conf_t *q, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(q[i].name);
+    free(q);
+}
+
+static void free_strv(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+void kiq_config_free(kiq_config_t *cfg)
+{
+    if (!cfg)
+        return;
+    free(cfg->redis_url);
+    free_queues(cfg->queues, cfg->nqueues);
+    free(cfg->tag);
+    free_strv(cfg->labels, cfg->nlabels);
+    free(cfg->environment);
+    free_strv(cfg->plugins, cfg->nplugins);
+    for (size_t i = 0; i < cfg->nclasses; i++) {
+        free(cfg->classes[i].name);
+        free(cfg->classes[i].queue);
+    }
+    free(cfg->classes);
+    free(cfg->log_file);
+    free(cfg->config_file);
+    free(cfg);
+}
+
+void kiq_config_apply_env(kiq_config_t *cfg)
+{
+    if (cfg->redis_url_explicit)
+        return;
+    /* As in Sidekiq, REDIS_PROVIDER names the variable (a hosting add-on's
+     * own name for it); when it is set, REDIS_URL is not consulted. */
+    const char *provider = getenv("REDIS_PROVIDER");
+    const char *url = getenv(provider && *provider ? provider : "REDIS_URL");
+    if (url && *url)
+        kiq_config_set_str(&cfg->redis_url, url); /* keeps the old URL on ENOMEM */
+}
+
+int kiq_config_append_queue(kiq_config_t *cfg, const char *name, int weight,
+                            char *err)
+{
+    for (size_t i = 0; i < cfg->nqueues; i++)
+        if (strcmp(cfg->queues[i].name, name) == 0)
+            return kiq_seterr(err, KIQ_ECONFIG, "queue %s is given twice", name);
+    char *copy = strdup(name);
+    kiq_queue_conf_t *q = copy ? realloc(cfg->queues, (cfg->nqueues + 1) * sizeof(*q))
+                               : NULL;
+    if (!q) {
+        free(copy);
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    }
+    q[cfg->nqueues].name = copy;
+    q[cfg->nqueues].weight = weight;
+    cfg->queues = q;
+    cfg->nqueues++;
+    return 0;
+}
+
+/* Parses a whole decimal integer in [1, INT_MAX]; 0 or KIQ_EINVAL. */
+static int parse_weight(const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 1 || v > INT_MAX)
+        return KIQ_EINVAL;
+    *out = (int)v;
+    return 0;
+}
+
+int kiq_config_add_queue(kiq_config_t *cfg, const char *word, char *err)
+{
+    kiq_config_t fresh = {0};
+    int rc = 0, weight = 0;
+    char *name = strdup(word);
+    if (!name)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    char *comma = strchr(name, ',');
+    if (comma) {
+        *comma = '\0';
+        if (parse_weight(comma + 1, &weight) < 0) {
+            rc = kiq_seterr(err, KIQ_ECONFIG,
+                            "queue %s: weight must be an integer >= 1", word);
+            goto out;
+        }
+    }
+    if (!*name) {
+        rc = kiq_seterr(err, KIQ_ECONFIG, "queue %s: name is empty", word);
+        goto out;
+    }
+    if (cfg->queues_from_flags) {
+        rc = kiq_config_append_queue(cfg, name, weight, err);
+        goto out;
+    }
+    /* The first flag replaces the file's or the default list; build the new
+     * list aside so cfg is untouched if this fails. */
+    rc = kiq_config_append_queue(&fresh, name, weight, err);
+    if (rc < 0)
+        goto out;
+    free_queues(cfg->queues, cfg->nqueues);
+    cfg->queues = fresh.queues;
+    cfg->nqueues = fresh.nqueues;
+    cfg->queues_from_flags = 1;
+out:
+    free(name);
+    return rc;
+}
+
+static int has_space(const char *s)
+{
+    for (; *s; s++)
+        if (isspace((unsigned char)*s))
+            return 1;
+    return 0;
+}
+
+int kiq_config_validate(kiq_config_t *cfg, char *err)
+{
+    /* The same wording as yaml.c uses, so a value reads the same whichever
+     * way it was given. */
+    if (cfg->concurrency < 1 || cfg->concurrency > 1000)
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "concurrency: must be an integer between 1 and 1000");
+    if (!(cfg->timeout > 0))
+        return kiq_seterr(err, KIQ_ECONFIG, "timeout: must be a number greater than 0");
+    if (cfg->max_retries < 0)
+        return kiq_seterr(err, KIQ_ECONFIG, "max_retries: must be an integer >= 0");
+    if (cfg->dead_max_jobs < 1)
+        return kiq_seterr(err, KIQ_ECONFIG, "dead_max_jobs: must be an integer >= 1");
+    if (cfg->dead_timeout < 1)
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "dead_timeout_in_seconds: must be an integer >= 1");
+    if (!(cfg->poll_interval_average >= 0))
+        return kiq_seterr(err, KIQ_ECONFIG, "poll_interval_average: must be a number >= 0");
+    if (!(cfg->average_scheduled_poll_interval > 0))
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "average_scheduled_poll_interval: must be a number greater than 0");
+    if (!(cfg->heartbeat_interval > 0))
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "heartbeat_interval: must be a number greater than 0");
+    if (!(cfg->recovery_interval > 0))
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "recovery_interval: must be a number greater than 0");
+    if (cfg->max_recoveries < 1)
+        return kiq_seterr(err, KIQ_ECONFIG, "max_recoveries: must be an integer >= 1");
+    if (!cfg->redis_url || !*cfg->redis_url)
+        return kiq_seterr(err, KIQ_ECONFIG, "redis_url: must not be empty");
+    if (cfg->nqueues == 0)
+        return kiq_seterr(err, KIQ_ECONFIG, "queues: must list at least one queue");
+
+    int weighted = 0;
+    for (size_t i = 0; i < cfg->nqueues; i++) {
+        const kiq_queue_conf_t *q = &cfg->queues[i];
+        if (!*q->name)
+            return kiq_seterr(err, KIQ_ECONFIG, "queues: a queue name is empty");
+        if (has_space(q->name))
+            return kiq_seterr(err, KIQ_ECONFIG,
+                              "queues: queue name \"%s\" contains a space", q->name);
+        if (q->weight < 0)
+            return kiq_seterr(err, KIQ_ECONFIG,
+                              "queues: weight of %s must be an integer >= 1", q->name);
+        if (q->weight > 0)
+            weighted = 1;
+    }
+    /* Sidekiq ignores a `strict:` setting: only weights decide the order. */
+    cfg->strict = !weighted;
+    return 0;
+}
+
+const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->nclasses; i++)
+        if (strcmp(cfg->classes[i].name, name) == 0)
+            return &cfg->classes[i];
+    return NULL;
+}

@@ -1,0 +1,851 @@
+/* Reads a kiq.yml (or an existing sidekiq.yml) into a kiq_config_t.
+ *
+ * It exists so that a Sidekiq file works unchanged and every mistake in it is
+ * reported as one "file:line: key: problem" line. Unknown keys are errors to
+ * catch typos; a top-level key holding a mapping of known settings is an
+ * environment section, applied over the top level only when it names the
+ * current environment. */
+#include "kiq/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+/* An anchor can merge (<<) into itself; stop rather than recurse forever. */
+#define MAX_MERGE_DEPTH 16
+
+typedef struct ctx {
+    kiq_config_t *cfg;
+    yaml_document_t doc;
+    const char *path;
+    const char *env; /* environment whose section applies */
+    char *err;
+} ctx_t;
+
+typedef struct key_def key_def_t;
+typedef int (*setter_fn)(ctx_t *c, const key_def_t *k, const char *key,
+                         yaml_node_t *v);
+
+struct key_def {
+    const char *name;
+    setter_fn set;
+    size_t off;    /* field of kiq_config_t, for the generic number setters */
+    long min, max; /* integer range; max INT_MAX or LONG_MAX = no upper bound */
+};
+
+static unsigned long line_of(const yaml_node_t *n)
+{
+    return (unsigned long)n->start_mark.line + 1;
+}
+
+static int fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+{
+    char problem[KIQ_ERRLEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(problem, sizeof(problem), fmt, ap);
+    va_end(ap);
+    return kiq_seterr(c->err, KIQ_ECONFIG, "%s:%lu: %s: %s", c->path, line_of(n),
+                      key, problem);
+}
+
+static int nomem(ctx_t *c)
+{
+    return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+}
+
+static yaml_node_t *node(ctx_t *c, int index)
+{
+    return yaml_document_get_node(&c->doc, index);
+}
+
+static const char *text(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* YAML's null: an empty value, ~ or null, unquoted. */
+static int is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    const char *s = text(n);
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+           !strcmp(s, "NULL");
+}
+
+/* Ruby symbol keys (":concurrency:") name the same setting. */
+static const char *key_name(const yaml_node_t *k)
+{
+    if (k->type != YAML_SCALAR_NODE)
+        return NULL;
+    const char *s = text(k);
+    return *s == ':' ? s + 1 : s;
+}
+
+/* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
+ * ${VAR:-default} replaced from the environment, as a shell would: the
+ * default also covers a variable that is set but empty. want is the problem
+ * to report when v is not a scalar. */
+static int scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+                  char **out)
+{
+    if (v->type != YAML_SCALAR_NODE)
+        return fail(c, v, key, "%s", want);
+    const char *s = text(v);
+    size_t len = v->data.scalar.length;
+    char *buf = NULL, *name = NULL;
+    size_t blen = 0;
+    int rc = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f)
+        return nomem(c);
+    for (size_t i = 0; i < len && !rc;) {
+        if (s[i] != '$' || i + 1 >= len || s[i + 1] != '{') {
+            fputc(s[i++], f);
+            continue;
+        }
+        size_t j = i + 2;
+        while (j < len && (isalnum((unsigned char)s[j]) || s[j] == '_'))
+            j++;
+        size_t name_len = j - (i + 2);
+        const char *def = NULL;
+        size_t def_len = 0;
+        if (j + 1 < len && s[j] == ':' && s[j + 1] == '-') {
+            def = s + j + 2;
+            for (j += 2; j < len && s[j] != '}'; j++)
+                def_len++;
+        }
+        if (j >= len || s[j] != '}' || name_len == 0) {
+            rc = fail(c, v, key, "malformed ${...} reference");
+            break;
+        }
+        free(name);
+        if (!(name = strndup(s + i + 2, name_len))) {
+            rc = nomem(c);
+            break;
+        }
+        const char *val = getenv(name);
+        if (val && (*val || !def))
+            fputs(val, f);
+        else if (def)
+            fwrite(def, 1, def_len, f);
+        else
+            rc = fail(c, v, key, "environment variable %s is not set", name);
+        i = j + 1;
+    }
+    free(name);
+    if (fclose(f) != 0 && !rc)
+        rc = nomem(c);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    return 0;
+}
+
+static int to_long(const char *s, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno)
+        return KIQ_EINVAL;
+    *out = v;
+    return 0;
+}
+
+static int to_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v))
+        return KIQ_EINVAL;
+    *out = v;
+    return 0;
+}
+
+/* YAML 1.1 booleans, which is what Psych reads in a sidekiq.yml. */
+static int to_bool(const char *s, int *out)
+{
+    static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
+    for (size_t i = 0; i < 3; i++) {
+        if (!strcasecmp(s, yes[i]))
+            return *out = 1, 0;
+        if (!strcasecmp(s, no[i]))
+            return *out = 0, 0;
+    }
+    return KIQ_EINVAL;
+}
+
+static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    char want[96], *s = NULL;
+    long n;
+    if (k->max == INT_MAX)
+        snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
+    else
+        snprintf(want, sizeof(want), "must be an integer between %ld and %ld",
+                 k->min, k->max);
+    int rc = scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (to_long(s, &n) < 0 || n < k->min || n > k->max)
+        rc = fail(c, v, key, "%s", want);
+    else
+        *(int *)((char *)c->cfg + k->off) = (int)n;
+    free(s);
+    return rc;
+}
+
+static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    char want[96], *s = NULL;
+    long n;
+    snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
+    int rc = scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (to_long(s, &n) < 0 || n < k->min)
+        rc = fail(c, v, key, "%s", want);
+    else
+        *(long *)((char *)c->cfg + k->off) = n;
+    free(s);
+    return rc;
+}
+
+/* A number of seconds; k->min 1 asks for > 0, 0 allows 0 too. */
+static int set_seconds(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    const char *want = k->min ? "must be a number greater than 0" : "must be a number >= 0";
+    char *s = NULL;
+    double d;
+    int rc = scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (to_double(s, &d) < 0 || d < 0 || (k->min && d == 0))
+        rc = fail(c, v, key, "%s", want);
+    else
+        *(double *)((char *)c->cfg + k->off) = d;
+    free(s);
+    return rc;
+}
+
+/* Sets *out to 0 for a, 1 for b. */
+static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
+                  const char *b, int *out)
+{
+    char want[96], *s = NULL;
+    snprintf(want, sizeof(want), "must be %s or %s", a, b);
+    int rc = scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (!strcmp(s, a))
+        *out = 0;
+    else if (!strcmp(s, b))
+        *out = 1;
+    else
+        rc = fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
+static int set_fetch(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    int i, rc = choice(c, key, v, "reliable", "basic", &i);
+    if (rc == 0)
+        c->cfg->fetch = i ? KIQ_FETCH_BASIC : KIQ_FETCH_RELIABLE;
+    return rc;
+}
+
+static int set_timestamps(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    int i, rc = choice(c, key, v, "float", "millis", &i);
+    if (rc == 0)
+        c->cfg->timestamps = i ? KIQ_TS_MILLIS : KIQ_TS_FLOAT;
+    return rc;
+}
+
+static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    int i, rc = choice(c, key, v, "pretty", "json", &i);
+    if (rc == 0)
+        c->cfg->log_format = i ? KIQ_LOG_JSON : KIQ_LOG_PRETTY;
+    return rc;
+}
+
+static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    char *s = NULL;
+    int b, rc = scalar(c, v, key, "must be true or false", &s);
+    if (rc < 0)
+        return rc;
+    if (to_bool(s, &b) < 0)
+        rc = fail(c, v, key, "must be true or false");
+    else
+        c->cfg->verbose = b;
+    free(s);
+    return rc;
+}
+
+/* Keys Sidekiq reads that mean nothing here: require names Ruby code, strict
+ * is dropped by Sidekiq itself (weights decide), and environment is chosen
+ * before the file is read, in Sidekiq as here. */
+static int set_ignored(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)c, (void)k, (void)key, (void)v;
+    return 0;
+}
+
+/* Replaces *slot with the expanded scalar; null gives null_value. */
+static int set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+                      const char *null_value)
+{
+    char *s = NULL;
+    if (is_null(v))
+        return kiq_config_set_str(slot, null_value) < 0 ? nomem(c) : 0;
+    int rc = scalar(c, v, key, "must be a string", &s);
+    if (rc < 0)
+        return rc;
+    free(*slot);
+    *slot = s;
+    return 0;
+}
+
+static int set_tag(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    return set_string(c, key, v, &c->cfg->tag, "");
+}
+
+static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    return set_string(c, key, v, &c->cfg->log_file, NULL);
+}
+
+static int redis_url(ctx_t *c, const char *key, yaml_node_t *v)
+{
+    char *s = NULL;
+    int rc = scalar(c, v, key, "must be a redis:// URL", &s);
+    if (rc < 0)
+        return rc;
+    if (!*s) {
+        free(s);
+        return fail(c, v, key, "must not be empty");
+    }
+    free(c->cfg->redis_url);
+    c->cfg->redis_url = s;
+    c->cfg->redis_url_explicit = 1;
+    return 0;
+}
+
+static int set_redis_url(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    return redis_url(c, key, v);
+}
+
+/* `redis: {url: ...}`, the shape of Sidekiq's own redis options. */
+static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    if (v->type != YAML_MAPPING_NODE)
+        return fail(c, v, key, "must be a mapping with a url");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = node(c, p->key);
+        const char *name = key_name(kn);
+        char sub[KIQ_ERRLEN];
+        snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
+        if (!name || strcmp(name, "url") != 0)
+            return fail(c, kn, sub, "unknown key");
+        int rc = redis_url(c, sub, node(c, p->value));
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Reads a list of strings (null = empty) into a new vector; with prefix,
+ * relative entries get it prepended. */
+static int string_list(ctx_t *c, const char *key, yaml_node_t *v, const char *prefix,
+                       char ***out, size_t *nout)
+{
+    const char *want = "must be a list of strings";
+    char **list = NULL, *s = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (is_null(v))
+        goto out;
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(c, v, key, "%s", want);
+    size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (cap && !(list = calloc(cap, sizeof(*list))))
+        return nomem(c);
+    for (yaml_node_item_t *it = v->data.sequence.items.start;
+         it < v->data.sequence.items.top; it++) {
+        yaml_node_t *item = node(c, *it);
+        if ((rc = scalar(c, item, key, want, &s)) < 0)
+            goto out;
+        if (prefix && *s != '/') {
+            char *joined = NULL;
+            if (asprintf(&joined, "%s%s", prefix, s) < 0) {
+                rc = nomem(c);
+                goto out;
+            }
+            free(s);
+            s = joined;
+        }
+        list[n++] = s;
+        s = NULL;
+    }
+out:
+    free(s);
+    if (rc < 0) {
+        for (size_t i = 0; i < n; i++)
+            free(list[i]);
+        free(list);
+        return rc;
+    }
+    *out = list;
+    *nout = n;
+    return 0;
+}
+
+static int set_labels(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    char **list;
+    size_t n;
+    int rc = string_list(c, key, v, NULL, &list, &n);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < c->cfg->nlabels; i++)
+        free(c->cfg->labels[i]);
+    free(c->cfg->labels);
+    c->cfg->labels = list;
+    c->cfg->nlabels = n;
+    return 0;
+}
+
+/* Plugin paths are relative to the file, not to wherever kiq was started,
+ * so a config directory can be moved as a whole. A file given without a
+ * directory gets "./" so that dlopen does not search the library path. */
+static int set_plugins(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    char **list, *dir = NULL;
+    size_t n;
+    const char *slash = strrchr(c->path, '/');
+    if (!(dir = slash ? strndup(c->path, (size_t)(slash - c->path) + 1) : strdup("./")))
+        return nomem(c);
+    int rc = string_list(c, key, v, dir, &list, &n);
+    free(dir);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < c->cfg->nplugins; i++)
+        free(c->cfg->plugins[i]);
+    free(c->cfg->plugins);
+    c->cfg->plugins = list;
+    c->cfg->nplugins = n;
+    return 0;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* One entry of `queues:`: "name", "name,weight" (Sidekiq 7), [name] or
+ * [name, weight]. Appends it to list. */
+static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, kiq_config_t *list)
+{
+    const char *want = "each queue must be name, \"name,weight\", [name] or [name, weight]";
+    char *raw = NULL, *wraw = NULL, *wtext = NULL, msg[KIQ_ERRLEN];
+    long weight = 0;
+    int rc;
+    if (item->type == YAML_SEQUENCE_NODE) {
+        yaml_node_item_t *it = item->data.sequence.items.start;
+        ptrdiff_t n = item->data.sequence.items.top - it;
+        if (n < 1 || n > 2)
+            return fail(c, item, key, "%s", want);
+        if ((rc = scalar(c, node(c, it[0]), key, want, &raw)) < 0)
+            goto out;
+        if (n == 2 && (rc = scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
+            goto out;
+        wtext = wraw;
+    } else {
+        if ((rc = scalar(c, item, key, want, &raw)) < 0)
+            goto out;
+        char *comma = strchr(raw, ',');
+        if (comma) {
+            *comma = '\0';
+            wtext = comma + 1;
+        }
+    }
+    char *name = trim(raw);
+    if (!*name) {
+        rc = fail(c, item, key, "a queue name is empty");
+        goto out;
+    }
+    for (char *p = name; *p; p++) {
+        if (isspace((unsigned char)*p)) {
+            rc = fail(c, item, key, "queue name \"%s\" contains a space", name);
+            goto out;
+        }
+    }
+    if (wtext && (to_long(trim(wtext), &weight) < 0 || weight < 1 || weight > INT_MAX)) {
+        rc = fail(c, item, key, "weight of %s must be an integer >= 1", name);
+        goto out;
+    }
+    rc = kiq_config_append_queue(list, name, (int)weight, msg);
+    if (rc == KIQ_ECONFIG)
+        rc = fail(c, item, key, "%s", msg);
+    else if (rc < 0)
+        rc = nomem(c);
+out:
+    free(raw);
+    free(wraw);
+    return rc;
+}
+
+static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    kiq_config_t fresh = {0}; /* only its queue list is used */
+    int rc = 0;
+    if (v->type != YAML_SEQUENCE_NODE ||
+        v->data.sequence.items.top == v->data.sequence.items.start)
+        return fail(c, v, key, "must be a non-empty list of queues");
+    for (yaml_node_item_t *it = v->data.sequence.items.start;
+         it < v->data.sequence.items.top && rc == 0; it++)
+        rc = queue_item(c, key, node(c, *it), &fresh);
+    if (rc < 0) {
+        for (size_t i = 0; i < fresh.nqueues; i++)
+            free(fresh.queues[i].name);
+        free(fresh.queues);
+        return rc;
+    }
+    for (size_t i = 0; i < c->cfg->nqueues; i++)
+        free(c->cfg->queues[i].name);
+    free(c->cfg->queues);
+    c->cfg->queues = fresh.queues;
+    c->cfg->nqueues = fresh.nqueues;
+    return 0;
+}
+
+/* retry: true (max_retries), false (no retries) or a count. */
+static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+{
+    const char *want = "must be true, false or an integer >= 0";
+    char *s = NULL;
+    long n;
+    int b, rc = scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (to_bool(s, &b) == 0)
+        *out = b ? KIQ_RETRY_DEFAULT : KIQ_RETRY_NONE;
+    else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
+        *out = (int)n;
+    else
+        rc = fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
+/* One `Name: {queue: q, retry: r}` entry, added to or updating list. */
+static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
+{
+    char key[KIQ_ERRLEN];
+    kiq_class_conf_t cc = {NULL, NULL, KIQ_RETRY_UNSET};
+    int rc = 0;
+    const char *name = key_name(kn);
+    if (!name || !*name)
+        return fail(c, kn, "classes", "a class name must be a non-empty string");
+    snprintf(key, sizeof(key), "classes.%s", name);
+    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
+        return fail(c, v, key, "must be a mapping of queue and retry");
+    if (v->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
+             p < v->data.mapping.pairs.top && rc == 0; p++) {
+            yaml_node_t *opt = node(c, p->key), *ov = node(c, p->value);
+            const char *oname = key_name(opt);
+            snprintf(key, sizeof(key), "classes.%s.%s", name, oname ? oname : "?");
+            if (oname && !strcmp(oname, "queue"))
+                rc = set_string(c, key, ov, &cc.queue, NULL);
+            else if (oname && !strcmp(oname, "retry"))
+                rc = class_retry(c, key, ov, &cc.retry);
+            else
+                rc = fail(c, opt, key, "unknown key");
+        }
+        if (rc < 0)
+            goto out;
+    }
+    /* A class listed twice: the later entry wins, as with any YAML key. */
+    kiq_class_conf_t *slot = (kiq_class_conf_t *)kiq_config_class(list, name);
+    if (!slot) {
+        kiq_class_conf_t *grown = realloc(list->classes, (list->nclasses + 1) * sizeof(*grown));
+        if (!grown || !(cc.name = strdup(name))) {
+            if (grown)
+                list->classes = grown;
+            rc = nomem(c);
+            goto out;
+        }
+        list->classes = grown;
+        list->classes[list->nclasses++] = cc;
+        return 0;
+    }
+    free(slot->queue);
+    slot->queue = cc.queue;
+    slot->retry = cc.retry;
+    return 0;
+out:
+    free(cc.queue);
+    return rc;
+}
+
+static void free_classes(kiq_class_conf_t *cls, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(cls[i].name);
+        free(cls[i].queue);
+    }
+    free(cls);
+}
+
+static int set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    kiq_config_t fresh = {0}; /* only its class list is used */
+    int rc = 0;
+    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
+        return fail(c, v, key, "must be a mapping of class name to options");
+    if (v->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
+             p < v->data.mapping.pairs.top && rc == 0; p++)
+            rc = class_entry(c, node(c, p->key), node(c, p->value), &fresh);
+    }
+    if (rc < 0) {
+        free_classes(fresh.classes, fresh.nclasses);
+        return rc;
+    }
+    free_classes(c->cfg->classes, c->cfg->nclasses);
+    c->cfg->classes = fresh.classes;
+    c->cfg->nclasses = fresh.nclasses;
+    return 0;
+}
+
+#define OFF(field) offsetof(kiq_config_t, field)
+
+static const key_def_t keys[] = {
+    {"concurrency", set_int, OFF(concurrency), 1, 1000},
+    {"queues", set_queues, 0, 0, 0},
+    {"timeout", set_seconds, OFF(timeout), 1, 0},
+    {"tag", set_tag, 0, 0, 0},
+    {"labels", set_labels, 0, 0, 0},
+    {"environment", set_ignored, 0, 0, 0},
+    {"max_retries", set_int, OFF(max_retries), 0, INT_MAX},
+    {"dead_max_jobs", set_long, OFF(dead_max_jobs), 1, LONG_MAX},
+    {"dead_timeout_in_seconds", set_long, OFF(dead_timeout), 1, LONG_MAX},
+    {"poll_interval_average", set_seconds, OFF(poll_interval_average), 0, 0},
+    {"average_scheduled_poll_interval", set_seconds,
+     OFF(average_scheduled_poll_interval), 1, 0},
+    {"verbose", set_verbose, 0, 0, 0},
+    {"require", set_ignored, 0, 0, 0},
+    {"strict", set_ignored, 0, 0, 0},
+    {"redis_url", set_redis_url, 0, 0, 0},
+    {"redis", set_redis, 0, 0, 0},
+    {"plugins", set_plugins, 0, 0, 0},
+    {"fetch", set_fetch, 0, 0, 0},
+    {"timestamps", set_timestamps, 0, 0, 0},
+    {"log_format", set_log_format, 0, 0, 0},
+    {"log_file", set_log_file, 0, 0, 0},
+    {"heartbeat_interval", set_seconds, OFF(heartbeat_interval), 1, 0},
+    {"recovery_interval", set_seconds, OFF(recovery_interval), 1, 0},
+    {"max_recoveries", set_int, OFF(max_recoveries), 1, INT_MAX},
+    {"classes", set_classes, 0, 0, 0},
+};
+
+static const key_def_t *find_key(const char *name)
+{
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (!strcmp(keys[i].name, name))
+            return &keys[i];
+    return NULL;
+}
+
+/* An unknown top-level key is fine when it holds a mapping of known settings:
+ * that is another environment's section. A mapping with some known keys is a
+ * section with a typo, reported at the typo; anything else is a typo itself. */
+static int check_section(ctx_t *c, yaml_node_t *kn, const char *name, yaml_node_t *v)
+{
+    yaml_node_t *bad = NULL;
+    int known = 0;
+    if (v->type != YAML_MAPPING_NODE)
+        return fail(c, kn, name, "unknown key");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *inner = node(c, p->key);
+        const char *iname = key_name(inner);
+        if (iname && (find_key(iname) || !strcmp(iname, "<<")))
+            known = 1;
+        else if (!bad)
+            bad = inner;
+    }
+    if (!bad)
+        return 0;
+    if (!known)
+        return fail(c, kn, name, "unknown key");
+    return fail(c, bad, key_name(bad) ? key_name(bad) : "?", "unknown key");
+}
+
+/* Applies a mapping of settings: the top level (top = 1) or an environment
+ * section. Merge keys (<<) go first so the mapping's own keys override what
+ * they bring in, as in Ruby. */
+static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
+{
+    yaml_node_pair_t *p, *start = map->data.mapping.pairs.start,
+                         *end = map->data.mapping.pairs.top;
+    int rc = 0;
+    if (depth > MAX_MERGE_DEPTH)
+        return fail(c, map, "<<", "merges nest too deeply");
+    for (p = start; p < end && rc == 0; p++) {
+        const char *name = key_name(node(c, p->key));
+        yaml_node_t *v = node(c, p->value);
+        if (!name || strcmp(name, "<<") != 0)
+            continue;
+        if (v->type == YAML_MAPPING_NODE) {
+            rc = apply_mapping(c, v, top, depth + 1);
+        } else if (v->type == YAML_SEQUENCE_NODE) {
+            for (yaml_node_item_t *it = v->data.sequence.items.start;
+                 it < v->data.sequence.items.top && rc == 0; it++) {
+                yaml_node_t *m = node(c, *it);
+                rc = m->type == YAML_MAPPING_NODE
+                         ? apply_mapping(c, m, top, depth + 1)
+                         : fail(c, m, "<<", "must be a mapping or a list of mappings");
+            }
+        } else {
+            rc = fail(c, v, "<<", "must be a mapping or a list of mappings");
+        }
+    }
+    for (p = start; p < end && rc == 0; p++) {
+        yaml_node_t *kn = node(c, p->key), *v = node(c, p->value);
+        const char *name = key_name(kn);
+        const key_def_t *k = name ? find_key(name) : NULL;
+        if (name && !strcmp(name, "<<"))
+            continue;
+        if (k)
+            rc = k->set(c, k, name, v);
+        else if (!name)
+            rc = fail(c, kn, "?", "a key must be a plain word");
+        else if (top && !strcmp(name, c->env))
+            continue; /* applied by the caller, after the top level */
+        else if (top)
+            rc = check_section(c, kn, name, v);
+        else
+            rc = fail(c, kn, name, "unknown key");
+    }
+    return rc;
+}
+
+/* The section named after the environment, applied over the top level. */
+static int apply_env_section(ctx_t *c, yaml_node_t *root)
+{
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
+         p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = node(c, p->key), *v = node(c, p->value);
+        const char *name = key_name(kn);
+        if (!name || strcmp(name, c->env) != 0 || find_key(name))
+            continue;
+        if (is_null(v))
+            continue;
+        if (v->type != YAML_MAPPING_NODE)
+            return fail(c, v, name, "must be a mapping of settings for environment %s",
+                        c->env);
+        int rc = apply_mapping(c, v, 0, 0);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Sidekiq's order: -e, then APP_ENV, RAILS_ENV, RACK_ENV, then development. */
+static const char *environment(const kiq_config_t *cfg)
+{
+    static const char *vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV"};
+    if (cfg->environment && *cfg->environment)
+        return cfg->environment;
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return v;
+    }
+    return "development";
+}
+
+int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
+{
+    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = environment(cfg)};
+    yaml_parser_t parser;
+    int parser_ready = 0, loaded = 0, rc = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kiq_seterr(err, KIQ_ENOTFOUND, "%s: %s", path, strerror(errno));
+    if (kiq_config_set_str(&cfg->config_file, path) < 0) {
+        rc = nomem(&c);
+        goto out;
+    }
+    /* libyaml answers 1 for success and 0 for failure. */
+    if (!yaml_parser_initialize(&parser)) {
+        rc = nomem(&c);
+        goto out;
+    }
+    parser_ready = 1;
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &c.doc)) {
+        rc = kiq_seterr(err, KIQ_EPARSE, "%s:%lu: %s", path,
+                        (unsigned long)parser.problem_mark.line + 1,
+                        parser.problem ? parser.problem : "invalid YAML");
+        goto out;
+    }
+    loaded = 1;
+    yaml_node_t *root = yaml_document_get_root_node(&c.doc);
+    if (!root || is_null(root))
+        goto out; /* an empty file changes nothing */
+    if (root->type != YAML_MAPPING_NODE) {
+        rc = kiq_seterr(err, KIQ_ECONFIG, "%s:%lu: the file must be a mapping of settings",
+                        path, line_of(root));
+        goto out;
+    }
+    rc = apply_mapping(&c, root, 1, 0);
+    if (rc == 0)
+        rc = apply_env_section(&c, root);
+out:
+    if (loaded)
+        yaml_document_delete(&c.doc);
+    if (parser_ready)
+        yaml_parser_delete(&parser);
+    fclose(f);
+    return rc;
+}

@@ -1,0 +1,89 @@
+/* Example handler plugin: the job classes the README, the demo and the
+ * tests use. Build: part of the meson build (examples/libkiq-examples.so);
+ * load: kiq run -r path/to/libkiq-examples.so. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <kiq/kiq.h>
+
+/* The first argument as an integer, or def. */
+static long arg_long(kiq_job_t *job, size_t i, long def)
+{
+    json_t *args = kiq_job_args(job);
+    json_t *v = args ? json_array_get(args, i) : NULL;
+    return json_is_integer(v) ? (long)json_integer_value(v) : def;
+}
+
+static const char *arg_str(kiq_job_t *job, size_t i, const char *def)
+{
+    json_t *args = kiq_job_args(job);
+    json_t *v = args ? json_array_get(args, i) : NULL;
+    return json_is_string(v) ? json_string_value(v) : def;
+}
+
+/* NoopJob: does nothing (benchmarks, smoke tests). */
+static int noop_job(kiq_job_t *job, void *ud)
+{
+    (void)job;
+    (void)ud;
+    return 0;
+}
+
+/* SleepJob [ms]: sleeps, to keep a processor busy. */
+static int sleep_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    long ms = arg_long(job, 0, 1000);
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    return 0;
+}
+
+/* FailJob [message]: fails with RuntimeError. */
+static int fail_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    return kiq_job_fail(job, "RuntimeError", "%s", arg_str(job, 0, "FailJob failed on purpose"));
+}
+
+/* RecordJob [key]: SADD key jid and RPUSH key:log jid on the job's own
+ * connection, so tests can see each execution. */
+static int record_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    const char *key = arg_str(job, 0, "kiq:records");
+    redisContext *c = kiq_job_redis(job);
+    if (!c)
+        return kiq_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
+    redisReply *a = redisCommand(c, "SADD %s %s", key, kiq_job_jid(job));
+    redisReply *b = a ? redisCommand(c, "RPUSH %s:log %s", key, kiq_job_jid(job)) : NULL;
+    int ok = a && b && a->type != REDIS_REPLY_ERROR && b->type != REDIS_REPLY_ERROR;
+    freeReplyObject(a);
+    freeReplyObject(b);
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "recording %s failed", kiq_job_jid(job));
+}
+
+/* CrashJob: kills the whole process (SIGKILL), as a handler with a fatal
+ * bug would; shows recovery and the poison-pill limit. */
+static int crash_job(kiq_job_t *job, void *ud)
+{
+    (void)job;
+    (void)ud;
+    raise(SIGKILL);
+    return 0;
+}
+
+__attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
+{
+    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    int rc = 0;
+    rc |= kiq_register(rt, "NoopJob", noop_job, NULL, &opts);
+    rc |= kiq_register(rt, "SleepJob", sleep_job, NULL, &opts);
+    rc |= kiq_register(rt, "FailJob", fail_job, NULL, &opts);
+    rc |= kiq_register(rt, "RecordJob", record_job, NULL, &opts);
+    rc |= kiq_register(rt, "CrashJob", crash_job, NULL, &opts);
+    return rc;
+}

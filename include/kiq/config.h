@@ -1,0 +1,116 @@
+/* Configuration: defaults, the YAML file and command-line flags, merged into
+ * one struct that the runtime reads.
+ *
+ * Precedence: flags > file (environment section > top level) > defaults.
+ * Errors name the file, line and key, e.g.
+ *   "kiq.yml:7: concurrency: must be an integer between 1 and 1000". */
+#ifndef KIQ_CONFIG_H
+#define KIQ_CONFIG_H
+
+#include <stddef.h>
+#include "error.h"
+
+/* Exit status of the kiq binary for a bad configuration (EX_CONFIG). */
+#define KIQ_EXIT_CONFIG 78
+
+/* retry option values besides a plain count N >= 0. */
+#define KIQ_RETRY_DEFAULT (-1) /* retry: true, use max_retries */
+#define KIQ_RETRY_NONE (-2)    /* retry: false, drop after failure */
+#define KIQ_RETRY_UNSET (-3)   /* option not given */
+
+typedef enum { KIQ_FETCH_RELIABLE = 0, KIQ_FETCH_BASIC = 1 } kiq_fetch_mode_t;
+typedef enum { KIQ_TS_FLOAT = 0, KIQ_TS_MILLIS = 1 } kiq_ts_format_t;
+typedef enum { KIQ_LOG_PRETTY = 0, KIQ_LOG_JSON = 1 } kiq_log_format_t;
+
+typedef struct kiq_queue_conf {
+    char *name;  /* queue name without "queue:" */
+    int weight;  /* 0 = no weight given */
+} kiq_queue_conf_t;
+
+typedef struct kiq_class_conf {
+    char *name;  /* job class */
+    char *queue; /* default queue for pushes of this class, or NULL */
+    int retry;   /* N >= 0, or KIQ_RETRY_DEFAULT/NONE/UNSET */
+} kiq_class_conf_t;
+
+typedef struct kiq_config {
+    char *redis_url;          /* default redis://127.0.0.1:6379/0 */
+    int concurrency;          /* processor threads, default 10 */
+    kiq_queue_conf_t *queues; /* default one queue "default" */
+    size_t nqueues;
+    int strict;               /* derived: 1 when no queue has a weight */
+    double timeout;           /* shutdown grace in seconds, default 25 */
+    char *tag;                /* "" by default */
+    char **labels;
+    size_t nlabels;
+    char *environment;        /* -e; selects a section of the YAML file */
+    int max_retries;          /* default 25 */
+    long dead_max_jobs;       /* default 10000 */
+    long dead_timeout;        /* seconds, default 180 days */
+    double poll_interval_average;   /* 0 = scale with process count */
+    double average_scheduled_poll_interval; /* default 5 */
+    double heartbeat_interval;      /* seconds, default 5 */
+    double recovery_interval;       /* seconds between orphan passes, default 60 */
+    int max_recoveries;             /* poison-pill limit, default 3 */
+    char **plugins;           /* shared objects to load (-r) */
+    size_t nplugins;
+    kiq_class_conf_t *classes;
+    size_t nclasses;
+    kiq_fetch_mode_t fetch;
+    kiq_ts_format_t timestamps;
+    kiq_log_format_t log_format;
+    char *log_file;           /* NULL = stderr */
+    int verbose;
+    char *config_file;        /* the -C path, if any */
+    int redis_url_explicit;   /* 1 once a file or flag set redis_url, so env vars yield */
+    int queues_from_flags;    /* 1 after the first kiq_config_add_queue call */
+} kiq_config_t;
+
+/* Returns a new config holding the defaults, owned by the caller (free with
+ * kiq_config_free), or NULL when out of memory. */
+KIQ_API kiq_config_t *kiq_config_new(void);
+KIQ_API void kiq_config_free(kiq_config_t *cfg);
+
+/* Merges the YAML file at path into cfg: values in the file replace what cfg
+ * holds, and cfg->config_file becomes path. On error returns KIQ_ECONFIG or
+ * KIQ_EPARSE and writes "path:line: key: problem" into err (KIQ_ERRLEN), or
+ * KIQ_ENOTFOUND with "path: reason" when the file cannot be opened; cfg may
+ * then hold part of the file, since the caller exits on a bad config. */
+KIQ_API int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err);
+
+/* Applies REDIS_URL (or the variable named by REDIS_PROVIDER) when no URL
+ * was configured explicitly (cfg->redis_url_explicit, which whoever sets
+ * redis_url from a file or flag also sets). */
+KIQ_API void kiq_config_apply_env(kiq_config_t *cfg);
+
+/* Adds a queue from a "name" or "name,weight" word (flag syntax). The first
+ * call replaces the current list (defaults or file), later calls append, so
+ * repeated -q flags build one list. Returns KIQ_ECONFIG with err filled on a
+ * bad word or a duplicate queue; cfg is unchanged on error. */
+KIQ_API int kiq_config_add_queue(kiq_config_t *cfg, const char *word, char *err);
+
+/* Appends queue name (copied) with weight (0 = none) to cfg->queues.
+ * Returns KIQ_ECONFIG and "queue NAME is given twice" in err for a
+ * duplicate, KIQ_ENOMEM when out of memory; cfg is unchanged on error. */
+KIQ_API int kiq_config_append_queue(kiq_config_t *cfg, const char *name,
+                                    int weight, char *err);
+
+/* Checks ranges and derives cfg->strict. Returns KIQ_ECONFIG with err filled. */
+KIQ_API int kiq_config_validate(kiq_config_t *cfg, char *err);
+
+/* The options given for a class, or NULL. */
+KIQ_API const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg,
+                                                 const char *name);
+
+/* Parses the flags of `kiq run` (argv[0] is the command name): -C is read
+ * first, then every flag overrides the file. Returns 0, KIQ_ENOTFOUND for
+ * --help (the caller prints kiq_config_usage()), or KIQ_ECONFIG /
+ * KIQ_EPARSE with err filled. */
+KIQ_API int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err);
+/* The help text of `kiq run`'s flags. */
+KIQ_API const char *kiq_config_usage(void);
+
+/* Replaces *slot (freeing the old string) with a copy of value. */
+KIQ_API int kiq_config_set_str(char **slot, const char *value);
+
+#endif

@@ -1,0 +1,63 @@
+/* A job as a handler sees it.
+ *
+ * kiq keeps the payload exactly as the client wrote it (unknown fields and big
+ * integers survive byte for byte); the accessors below read the few fields a
+ * handler needs. A kiq_job_t is owned by the runtime and valid only for the
+ * duration of the handler call. */
+#ifndef KIQ_JOB_H
+#define KIQ_JOB_H
+
+#include <stddef.h>
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+
+#include "error.h"
+
+typedef struct kiq_job kiq_job_t;
+
+/* Handler for one job class. Return 0 on success. On failure call
+ * kiq_job_fail() (or not: a plain nonzero return fails with RuntimeError) and
+ * return nonzero. udata is what was given at registration. */
+typedef int (*kiq_handler_fn)(kiq_job_t *job, void *udata);
+
+KIQ_API const char *kiq_job_class(const kiq_job_t *job);
+KIQ_API const char *kiq_job_jid(const kiq_job_t *job);
+/* The queue the job was fetched from (without the "queue:" prefix). */
+KIQ_API const char *kiq_job_queue(const kiq_job_t *job);
+
+/* The raw JSON text of "args" as the client wrote it ("[]" when absent).
+ * Not NUL-terminated inside the payload: *len receives its length. */
+KIQ_API const char *kiq_job_args_raw(const kiq_job_t *job, size_t *len);
+
+/* "args" parsed by jansson, or NULL when jansson cannot represent it (for
+ * example an integer wider than 64 bits): then use kiq_job_args_raw. The
+ * returned array is borrowed from the job; do not decref it. */
+KIQ_API json_t *kiq_job_args(kiq_job_t *job);
+
+/* retry_count from the payload, or -1 when the job has never failed. */
+KIQ_API long kiq_job_retry_count(const kiq_job_t *job);
+
+/* The whole payload, byte-exact as fetched; *len receives its length. */
+KIQ_API const char *kiq_job_payload(const kiq_job_t *job, size_t *len);
+
+/* The value text of any top-level payload field (for example "tags"), or
+ * NULL when absent. Strings are returned with their quotes. */
+KIQ_API const char *kiq_job_field_raw(const kiq_job_t *job, const char *key,
+                                      size_t *len);
+
+/* The Redis connection owned by the thread running this job. Handlers may
+ * issue commands on it; they must leave it without pending replies. */
+KIQ_API redisContext *kiq_job_redis(kiq_job_t *job);
+
+/* Marks the job failed with an error class (e.g. "RuntimeError") and a
+ * printf-style message. Returns KIQ_EJOB so a handler can
+ * `return kiq_job_fail(job, "ArgumentError", "need %d args", 2);`. */
+KIQ_API int kiq_job_fail(kiq_job_t *job, const char *error_class,
+                         const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* True once the process is shutting down: long handlers may check it and
+ * return early (failing the job makes it retry later). */
+KIQ_API int kiq_job_stopping(const kiq_job_t *job);
+
+#endif

@@ -1,0 +1,14 @@
+/* kiq: a job worker runtime for Sidekiq-format Redis queues. One include for
+ * the whole public API. */
+#ifndef KIQ_H
+#define KIQ_H
+
+#define KIQ_VERSION "0.1.0"
+
+#include "error.h"
+#include "config.h"
+#include "job.h"
+#include "runtime.h"
+#include "client.h"
+
+#endif

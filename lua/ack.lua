@@ -1,0 +1,25 @@
+-- Finish a job: drop it from the working list and write its failure (retry
+-- or dead) in one step, so a crash between the two can neither lose nor
+-- double it. With a working list, the failure is written only if the job
+-- was still there: a job requeued at shutdown or recovered from a process
+-- presumed dead is not written a second time by a late ack.
+-- KEYS[1] working list ("" with the basic fetch), KEYS[2] retry or dead zset.
+-- ARGV[1] payload as fetched, ARGV[2] "ok" | "retry" | "dead" | "drop",
+-- ARGV[3] zset score, ARGV[4] payload to store,
+-- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs.
+local removed = 1
+if KEYS[1] ~= '' then
+  removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+  if removed == 0 then
+    return 0
+  end
+end
+local mode = ARGV[2]
+if mode == 'retry' then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+elseif mode == 'dead' then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[6]) - 1)
+end
+return removed

@@ -1,0 +1,295 @@
+/* The housekeeper thread: every beat it flushes the counters, writes the
+ * process record and work hashes exactly as Sidekiq does (so ProcessSet,
+ * Workers and the Web UI Busy page see this process), refreshes the fetch
+ * liveness key, picks up a signal pushed by the Web UI, and now and then
+ * recovers orphaned jobs under a fleet-wide lease. */
+#include "rt.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "log.h"
+#include "timeutil.h"
+
+#define STATS_TTL "157680000" /* 5 years, as Sidekiq */
+#define RECOVERY_LEASE "kiq:recovery:lease"
+
+/* Reads replies for n appended commands; returns 0 when all arrived. */
+static int drain(kiq_redis_t *r, int n, redisReply **keep, int keep_index)
+{
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep)
+            return KIQ_EREDIS;
+        if (rep->type == REDIS_REPLY_ERROR) {
+            kiq_warn("heartbeat: %s", rep->str);
+            rc = KIQ_EREPLY;
+        }
+        if (keep && i == keep_index)
+            *keep = rep;
+        else
+            freeReplyObject(rep);
+    }
+    return rc;
+}
+
+int kiq_stats_flush(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    long p = atomic_exchange(&rt->processed, 0);
+    long f = atomic_exchange(&rt->failed, 0);
+    if (!p && !f)
+        return 0;
+    char day[16], kp[40], kf[40], np[32], nf[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(day, sizeof(day), "%Y-%m-%d", &tm);
+    snprintf(kp, sizeof(kp), "stat:processed:%s", day);
+    snprintf(kf, sizeof(kf), "stat:failed:%s", day);
+    snprintf(np, sizeof(np), "%ld", p);
+    snprintf(nf, sizeof(nf), "%ld", f);
+    const char *cmds[][3] = {
+        { "INCRBY", "stat:processed", np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
+        { "INCRBY", "stat:failed", nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
+    };
+    int n = 0, rc = 0;
+    for (int i = 0; i < 6 && !rc; i++, n++)
+        rc = kiq_redis_append(r, 3, cmds[i], NULL);
+    if (!rc)
+        rc = drain(r, n, NULL, 0);
+    if (rc == KIQ_EREDIS) {
+        /* Not written: count them again at the next flush. The replies that
+         * did arrive were for INCRBYs that may have run; a lost connection
+         * mid-pipeline can at worst count a beat's worth twice or not at all. */
+        atomic_fetch_add(&rt->processed, p);
+        atomic_fetch_add(&rt->failed, f);
+    }
+    return rc;
+}
+
+static long rss_kb(void)
+{
+    FILE *fp = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = 0;
+    if (!fp)
+        return 0;
+    while (fgets(line, sizeof(line), fp))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(fp);
+    return kb;
+}
+
+/* Builds {"queue":…,"payload":"<raw>","run_at":N} for each busy slot. */
+static int work_entries(kiq_runtime_t *rt, char ***fields, char ***values, int *n)
+{
+    *fields = calloc((size_t)rt->nslots, sizeof(char *));
+    *values = calloc((size_t)rt->nslots, sizeof(char *));
+    *n = 0;
+    if (!*fields || !*values)
+        return KIQ_ENOMEM;
+    for (int i = 0; i < rt->nslots; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        if (s->busy && !s->abandoned) {
+            kiq_buf_t b = {0};
+            kiq_buf_puts(&b, "{\"queue\":");
+            kiq_json_quote(&b, s->queue, strlen(s->queue));
+            kiq_buf_puts(&b, ",\"payload\":");
+            kiq_json_quote(&b, s->payload, s->len);
+            kiq_buf_printf(&b, ",\"run_at\":%ld}", s->run_at);
+            (*fields)[*n] = strdup(s->tid);
+            (*values)[*n] = kiq_buf_take(&b, NULL);
+            (*n)++;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return 0;
+}
+
+static void free_entries(char **fields, char **values, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(fields[i]);
+        free(values[i]);
+    }
+    free(fields);
+    free(values);
+}
+
+/* Rewrites one work hash (<identity>:work or :workers for 6.4 readers). */
+static int append_work(kiq_redis_t *r, const char *key, char **fields, char **values, int n,
+                       int *count)
+{
+    const char *unlink[] = { "UNLINK", key };
+    int rc = kiq_redis_append(r, 2, unlink, NULL);
+    (*count)++;
+    if (n == 0 || rc)
+        return rc;
+    const char **argv = calloc((size_t)(2 + 2 * n), sizeof(char *));
+    if (!argv)
+        return KIQ_ENOMEM;
+    argv[0] = "HSET";
+    argv[1] = key;
+    for (int i = 0; i < n; i++) {
+        argv[2 + 2 * i] = fields[i] ? fields[i] : "?";
+        argv[3 + 2 * i] = values[i] ? values[i] : "{}";
+    }
+    rc = kiq_redis_append(r, 2 + 2 * n, argv, NULL);
+    free(argv);
+    if (rc)
+        return rc;
+    (*count)++;
+    const char *exp[] = { "EXPIRE", key, "60" };
+    rc = kiq_redis_append(r, 3, exp, NULL);
+    (*count)++;
+    return rc;
+}
+
+static void deliver(kiq_runtime_t *rt, const char *sig)
+{
+    kiq_info("received %s from Redis", sig);
+    if (strcmp(sig, "TSTP") == 0 || strcmp(sig, "USR1") == 0)
+        kill(getpid(), SIGTSTP);
+    else if (strcmp(sig, "TERM") == 0 || strcmp(sig, "INT") == 0)
+        kill(getpid(), SIGTERM);
+    else if (strcmp(sig, "TTIN") == 0)
+        kill(getpid(), SIGTTIN);
+    else
+        kiq_warn("No signal handler registered for %s, ignoring", sig);
+    (void)rt;
+}
+
+int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
+{
+    (void)final;
+    int rc = kiq_stats_flush(rt, r);
+    if (rc == KIQ_EREDIS)
+        return rc;
+    char key_work[400], key_workers[400], key_sig[400];
+    snprintf(key_work, sizeof(key_work), "%s:work", rt->identity);
+    snprintf(key_workers, sizeof(key_workers), "%s:workers", rt->identity);
+    snprintf(key_sig, sizeof(key_sig), "%s-signals", rt->identity);
+
+    char **fields = NULL, **values = NULL;
+    int n = 0, count = 0;
+    rc = work_entries(rt, &fields, &values, &n);
+    if (!rc) {
+        const char *multi[] = { "MULTI" };
+        rc = kiq_redis_append(r, 1, multi, NULL);
+        count++;
+        if (!rc) rc = append_work(r, key_work, fields, values, n, &count);
+        if (!rc) rc = append_work(r, key_workers, fields, values, n, &count);
+        const char *exec[] = { "EXEC" };
+        if (!rc) { rc = kiq_redis_append(r, 1, exec, NULL); count++; }
+    }
+    free_entries(fields, values, n);
+    if (!rc)
+        rc = drain(r, count, NULL, 0);
+    if (rc == KIQ_EREDIS)
+        return rc;
+
+    double t0 = kiq_mono();
+    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    if (!pong)
+        return KIQ_EREDIS;
+    freeReplyObject(pong);
+    long rtt_us = (long)((kiq_mono() - t0) * 1e6);
+
+    char beat[32], conc[16], busy[16], rtt[32], rss[32];
+    snprintf(beat, sizeof(beat), "%.6f", kiq_now());
+    snprintf(conc, sizeof(conc), "%d", rt->cfg->concurrency);
+    snprintf(busy, sizeof(busy), "%d", atomic_load(&rt->busy));
+    snprintf(rtt, sizeof(rtt), "%ld", rtt_us);
+    snprintf(rss, sizeof(rss), "%ld", rss_kb());
+    const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
+    const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
+                           "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss };
+    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", "processes", rt->identity },
+                              { "EXISTS", rt->identity, NULL } };
+    rc = kiq_redis_append(r, 1, cmds[0], NULL);
+    if (!rc) rc = kiq_redis_append(r, 3, cmds[1], NULL);
+    if (!rc) rc = kiq_redis_append(r, 2, cmds[2], NULL);
+    if (!rc) rc = kiq_redis_append(r, 16, hset, NULL);
+    const char *exp[] = { "EXPIRE", rt->identity, "60" };
+    const char *rpop[] = { "RPOP", key_sig };
+    const char *exec[] = { "EXEC" };
+    if (!rc) rc = kiq_redis_append(r, 3, exp, NULL);
+    if (!rc) rc = kiq_redis_append(r, 2, rpop, NULL);
+    if (!rc) rc = kiq_redis_append(r, 1, exec, NULL);
+    redisReply *res = NULL;
+    if (!rc)
+        rc = drain(r, 7, &res, 6);
+    if (res && res->type == REDIS_REPLY_ARRAY && res->elements == 6
+        && res->element[5]->type == REDIS_REPLY_STRING)
+        deliver(rt, res->element[5]->str);
+    freeReplyObject(res);
+    if (rc == KIQ_EREDIS)
+        return rc;
+    return kiq_fetch_heartbeat(r, rt->identity);
+}
+
+int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    char key_work[400], key_workers[400];
+    snprintf(key_work, sizeof(key_work), "%s:work", rt->identity);
+    snprintf(key_workers, sizeof(key_workers), "%s:workers", rt->identity);
+    const char *srem[] = { "SREM", "processes", rt->identity };
+    const char *unl[] = { "UNLINK", key_work, key_workers };
+    int rc = kiq_redis_append(r, 3, srem, NULL);
+    if (!rc)
+        rc = kiq_redis_append(r, 3, unl, NULL);
+    return rc ? rc : drain(r, 2, NULL, 0);
+}
+
+static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
+    redisReply *lease = kiq_redis_cmdf(r, "SET %s %s NX EX %s", RECOVERY_LEASE, rt->identity, ttl);
+    int mine = lease && lease->type == REDIS_REPLY_STATUS;
+    freeReplyObject(lease);
+    if (!mine)
+        return; /* another process of the fleet does this pass */
+    kiq_recovery_t rec;
+    char err[KIQ_ERRLEN];
+    if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->timestamps, &rec, err))
+        kiq_warn("orphan recovery: %s", err);
+    else if (rec.recovered || rec.killed)
+        kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
+                 rec.recovered, rec.lists, rec.killed);
+}
+
+void *kiq_housekeeper_main(void *arg)
+{
+    kiq_runtime_t *rt = arg;
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 10, err);
+    if (!r) {
+        kiq_error("housekeeper: %s", err);
+        return NULL;
+    }
+    double next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+    while (!atomic_load(&rt->housekeeper_stop)) {
+        kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
+        if (atomic_load(&rt->housekeeper_stop))
+            break;
+        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+            break;
+        if (kiq_heartbeat_beat(rt, r, 0) == KIQ_EREDIS)
+            continue;
+        if (kiq_mono() >= next_recovery) {
+            next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+            recovery_pass(rt, r);
+        }
+    }
+    kiq_redis_free(r);
+    return NULL;
+}

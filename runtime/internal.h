@@ -1,0 +1,62 @@
+/* Types shared by the files of the runtime module; not part of the public
+ * API. */
+#ifndef KIQ_RUNTIME_INTERNAL_H
+#define KIQ_RUNTIME_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "json.h"
+#include "kiq/config.h"
+#include "kiq/job.h"
+
+struct kiq_job {
+    char *payload;          /* owned, byte-exact as fetched */
+    size_t len;
+    kiq_jobject_t obj;      /* member spans of payload */
+    char *cls, *jid;        /* owned, decoded */
+    const char *queue;      /* the queue it was fetched from (borrowed) */
+    long retry_count;       /* -1 when absent */
+    json_t *args;           /* parsed on demand */
+    int args_tried;
+    redisContext *redis;    /* the processor's connection (borrowed) */
+    char *err_class, *err_msg; /* set by kiq_job_fail */
+    const atomic_int *stopping;
+};
+
+/* Parses payload (ownership moves to job, even on failure) fetched from
+ * queue. Returns 0; KIQ_EPARSE when the payload is not a JSON object;
+ * KIQ_EINVAL when class or jid is missing or not a string. err says which. */
+int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, char *err);
+void kiq_job_clear(kiq_job_t *job);
+
+/* What happens to a failed job. */
+typedef enum { KIQ_FATE_RETRY = 0, KIQ_FATE_DEAD, KIQ_FATE_DROP } kiq_fate_t;
+
+typedef struct kiq_failure {
+    kiq_fate_t fate;
+    double score;     /* retry: when to run again; dead: time of death */
+    char *payload;    /* owned: the payload to store (NULL for drop) */
+    size_t len;
+} kiq_failure_t;
+
+/* Applies Sidekiq's retry rules to a failed job: error fields, retry_count,
+ * failed_at/retried_at, the backoff count^4 + 15 + rand(10)*(count+1), and
+ * exhaustion to the dead set (or nowhere for retry: false / dead: false).
+ * class_retry is the class option (KIQ_RETRY_*), used when the payload has
+ * no "retry". Returns 0 or KIQ_ENOMEM. */
+int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *err_msg,
+                     int class_retry, const kiq_config_t *cfg, double now,
+                     kiq_failure_t *out);
+
+/* A payload that cannot be run (not JSON, no class or jid): a dead-set entry
+ * that keeps the original text and says why. Returns 0 or KIQ_ENOMEM. */
+int kiq_retry_invalid(const char *raw, size_t len, const char *queue, const char *why,
+                      const kiq_config_t *cfg, double now, kiq_failure_t *out);
+
+/* Delay in seconds before retry number count (0-based), with jitter. */
+double kiq_retry_delay(long count);
+
+void kiq_failure_clear(kiq_failure_t *f);
+
+#endif

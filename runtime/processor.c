@@ -1,0 +1,234 @@
+/* Processor threads: each owns one Redis connection and loops
+ * fetch -> run the handler -> acknowledge, until the process goes quiet. */
+#include "rt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "log.h"
+#include "timeutil.h"
+
+/* Joins the "tags" array of a payload with ',' for the log line. */
+static char *tags_of(kiq_job_t *job)
+{
+    size_t len;
+    const char *v = kiq_job_field_raw(job, "tags", &len);
+    if (!v)
+        return NULL;
+    json_t *arr = json_loadb(v, len, 0, NULL);
+    kiq_buf_t b = {0};
+    size_t i;
+    json_t *e;
+    if (json_is_array(arr))
+        json_array_foreach(arr, i, e) {
+            if (json_is_string(e)) {
+                if (b.len)
+                    kiq_buf_put(&b, ",", 1);
+                kiq_buf_puts(&b, json_string_value(e));
+            }
+        }
+    json_decref(arr);
+    return kiq_buf_take(&b, NULL);
+}
+
+static void slot_set(kiq_slot_t *s, const kiq_fetched_t *got, const char *cls)
+{
+    pthread_mutex_lock(&s->mu);
+    s->busy = 1;
+    s->abandoned = 0;
+    s->queue = (char *)got->queue;
+    s->payload = got->payload;
+    s->len = got->len;
+    s->run_at = (long)kiq_now();
+    snprintf(s->cls, sizeof(s->cls), "%s", cls ? cls : "");
+    pthread_mutex_unlock(&s->mu);
+    atomic_fetch_add(&s->rt->busy, 1);
+}
+
+static void slot_clear(kiq_slot_t *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->busy = 0;
+    s->abandoned = 0;
+    s->queue = NULL;
+    s->payload = NULL;
+    s->len = 0;
+    s->cls[0] = '\0';
+    pthread_mutex_unlock(&s->mu);
+    atomic_fetch_sub(&s->rt->busy, 1);
+}
+
+/* Acknowledges until it is written, unless shutdown gave the job back
+ * meanwhile. The slot lock is held across each attempt so the shutdown's
+ * requeue and this ack never both happen. */
+static void ack_job(kiq_slot_t *s, kiq_redis_t *r, const char *raw, size_t len,
+                    const kiq_ack_t *ack)
+{
+    kiq_runtime_t *rt = s->rt;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int abandoned = s->abandoned;
+        int rc = abandoned ? 0 : (kiq_redis_ok(r) ? kiq_fetch_ack(s->fetch, r, raw, len, ack)
+                                                  : KIQ_EREDIS);
+        pthread_mutex_unlock(&s->mu);
+        if (rc == 0 || atomic_load(&rt->housekeeper_stop))
+            return;
+        if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+            return;
+    }
+}
+
+static int class_retry(kiq_runtime_t *rt, const kiq_handler_entry_t *h, const char *cls)
+{
+    const kiq_class_conf_t *cc = kiq_config_class(rt->cfg, cls);
+    if (cc && cc->retry != KIQ_RETRY_UNSET)
+        return cc->retry;
+    return h ? h->retry : KIQ_RETRY_UNSET;
+}
+
+static void fail_invalid(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, const char *why)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_failure_t f;
+    double now = kiq_now();
+    if (kiq_retry_invalid(got->payload, got->len, got->queue, why, rt->cfg, now, &f)) {
+        kiq_error("out of memory handling an invalid payload from queue:%s; it stays in the working list",
+                  got->queue);
+        return;
+    }
+    kiq_ack_t ack = { .kind = KIQ_ACK_DEAD, .score = f.score, .payload = f.payload, .len = f.len,
+                      .dead_cutoff = now - (double)rt->cfg->dead_timeout,
+                      .dead_max = rt->cfg->dead_max_jobs };
+    ack_job(s, r, got->payload, got->len, &ack);
+    kiq_error("invalid payload from queue:%s moved to the dead set: %s", got->queue, why);
+    kiq_failure_clear(&f);
+}
+
+static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got)
+{
+    kiq_runtime_t *rt = s->rt;
+    char err[KIQ_ERRLEN] = "";
+    kiq_job_t job;
+    int rc = kiq_job_init(&job, got->payload, got->len, got->queue, err);
+    slot_set(s, got, job.cls);
+    if (rc) {
+        fail_invalid(s, r, got, err);
+        slot_clear(s);
+        kiq_job_clear(&job);
+        return;
+    }
+    job.redis = kiq_redis_ctx(r);
+    job.stopping = &rt->stopping;
+    char *tags = tags_of(&job);
+    kiq_logctx_t ctx = { .cls = job.cls, .jid = job.jid, .tags = tags, .elapsed = -1 };
+    kiq_log(KIQ_INFO, &ctx, "start");
+    double t0 = kiq_mono();
+
+    const kiq_handler_entry_t *h = kiq_registry_find(rt, job.cls);
+    if (!h) {
+        kiq_job_fail(&job, "NameError", "uninitialized constant %s", job.cls);
+    } else {
+        int hrc = h->fn(&job, h->udata);
+        if (hrc != 0 && !job.err_class)
+            kiq_job_fail(&job, "RuntimeError", "%s returned %d", job.cls, hrc);
+    }
+    ctx.elapsed = kiq_mono() - t0;
+    /* A handler may leave replies unread or break the connection; the next
+     * fetch notices and reconnects. */
+
+    kiq_ack_t ack = { .kind = KIQ_ACK_OK };
+    kiq_failure_t f = {0};
+    int can_ack = 1;
+    if (job.err_class) {
+        double now = kiq_now();
+        if (kiq_retry_decide(&job, job.err_class, job.err_msg, class_retry(rt, h, job.cls),
+                             rt->cfg, now, &f) == 0) {
+            ack.kind = f.fate == KIQ_FATE_RETRY ? KIQ_ACK_RETRY
+                     : f.fate == KIQ_FATE_DEAD ? KIQ_ACK_DEAD : KIQ_ACK_DROP;
+            ack.score = f.score;
+            ack.payload = f.payload;
+            ack.len = f.len;
+            ack.dead_cutoff = now - (double)rt->cfg->dead_timeout;
+            ack.dead_max = rt->cfg->dead_max_jobs;
+        } else {
+            can_ack = 0; /* no memory to write the failure: leave it in the working list */
+        }
+        kiq_log(KIQ_INFO, &ctx, "fail");
+        kiq_log(KIQ_WARN, &ctx, "%s: %s", job.err_class, job.err_msg ? job.err_msg : "");
+        if (ack.kind == KIQ_ACK_DEAD)
+            kiq_log(KIQ_INFO, &ctx, "Adding dead %s job %s", job.cls, job.jid);
+        atomic_fetch_add(&rt->failed, 1);
+    } else {
+        kiq_log(KIQ_INFO, &ctx, "done");
+    }
+    atomic_fetch_add(&rt->processed, 1);
+    if (can_ack)
+        ack_job(s, r, job.payload, job.len, &ack);
+    kiq_failure_clear(&f);
+    free(tags);
+    slot_clear(s);
+    kiq_job_clear(&job);
+}
+
+void *kiq_processor_main(void *arg)
+{
+    kiq_slot_t *s = arg;
+    kiq_runtime_t *rt = s->rt;
+    char err[KIQ_ERRLEN];
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->tid, sizeof(s->tid), "%s", kiq_log_tid());
+    pthread_mutex_unlock(&s->mu);
+    kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 15, err);
+    if (!r) {
+        kiq_error("processor %d: %s", s->index, err);
+        goto out;
+    }
+    while (!atomic_load(&rt->quiet)) {
+        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
+            break;
+        kiq_fetched_t got;
+        int rc = kiq_fetch_next(s->fetch, r, &got);
+        if (rc <= 0)
+            continue; /* nothing came, or the connection broke (reconnect above) */
+        if (atomic_load(&rt->quiet)) {
+            /* Fetched as the process went quiet: give it back at once. */
+            while (kiq_fetch_requeue(s->fetch, r, got.queue, got.payload, got.len) != 0)
+                if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+                    break;
+            free(got.payload);
+            break;
+        }
+        run_one(s, r, &got);
+    }
+out:
+    kiq_redis_free(r);
+    pthread_mutex_lock(&s->mu);
+    s->exited = 1;
+    pthread_mutex_unlock(&s->mu);
+    kiq_rt_wake(rt);
+    return NULL;
+}
+
+int kiq_processor_requeue_busy(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    int n = 0;
+    for (int i = 0; i < rt->nslots; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        if (s->busy && !s->abandoned) {
+            s->abandoned = 1;
+            if (kiq_fetch_requeue(s->fetch, r, s->queue, s->payload, s->len) == 0) {
+                n++;
+                kiq_warn("requeued %s from thread TID-%s", s->cls, s->tid);
+            } else {
+                kiq_error("could not requeue %s from TID-%s: %s; it stays in the working list "
+                          "and is recovered after this process is gone",
+                          s->cls, s->tid, kiq_redis_error(r));
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return n;
+}

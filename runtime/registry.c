@@ -1,0 +1,66 @@
+/* The handler registry: job class name -> C function and its options.
+ * Filled before run; read concurrently by processors afterwards. */
+#include "rt.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+const kiq_handler_entry_t *kiq_registry_find(const kiq_runtime_t *rt, const char *cls)
+{
+    for (size_t i = 0; i < rt->nhandlers; i++)
+        if (strcmp(rt->handlers[i].cls, cls) == 0)
+            return &rt->handlers[i];
+    return NULL;
+}
+
+int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *udata,
+                 const kiq_class_opts_t *opts)
+{
+    if (!rt || !cls || !*cls || !fn)
+        return KIQ_EINVAL;
+    kiq_handler_entry_t *e = (kiq_handler_entry_t *)kiq_registry_find(rt, cls);
+    if (!e) {
+        kiq_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
+        if (!p)
+            return KIQ_ENOMEM;
+        rt->handlers = p;
+        e = &rt->handlers[rt->nhandlers];
+        memset(e, 0, sizeof(*e));
+        if (!(e->cls = strdup(cls)))
+            return KIQ_ENOMEM;
+        rt->nhandlers++;
+    }
+    e->fn = fn;
+    e->udata = udata;
+    free(e->queue);
+    e->queue = opts && opts->queue ? strdup(opts->queue) : NULL;
+    e->retry = opts ? opts->retry : KIQ_RETRY_UNSET;
+    return 0;
+}
+
+int kiq_runtime_load_plugin(kiq_runtime_t *rt, const char *path, char *err)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return kiq_seterr(err, KIQ_ENOTFOUND, "cannot load plugin %s: %s", path, dlerror());
+    kiq_plugin_init_fn init = (kiq_plugin_init_fn)(uintptr_t)dlsym(h, KIQ_PLUGIN_INIT);
+    if (!init)
+        return kiq_seterr(err, KIQ_EINVAL, "plugin %s does not export %s", path, KIQ_PLUGIN_INIT);
+    int rc = init(rt);
+    if (rc)
+        return kiq_seterr(err, KIQ_EINVAL, "plugin %s: %s returned %d", path, KIQ_PLUGIN_INIT, rc);
+    return 0;
+}
+
+void kiq_registry_free(kiq_runtime_t *rt)
+{
+    for (size_t i = 0; i < rt->nhandlers; i++) {
+        free(rt->handlers[i].cls);
+        free(rt->handlers[i].queue);
+    }
+    free(rt->handlers);
+    rt->handlers = NULL;
+    rt->nhandlers = 0;
+}

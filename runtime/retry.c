@@ -1,0 +1,191 @@
+/* Sidekiq's retry rules, applied to the payload text (see internal.h). */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "payload.h"
+#include "timeutil.h"
+#include "kiq/error.h"
+
+#define MAX_ERROR_MESSAGE 10000
+
+double kiq_retry_delay(long count)
+{
+    double c = (double)count;
+    return pow(c, 4) + 15 + floor(kiq_rand() * 10) * (c + 1);
+}
+
+void kiq_failure_clear(kiq_failure_t *f)
+{
+    free(f->payload);
+    memset(f, 0, sizeof(*f));
+}
+
+static int member_is(const kiq_job_t *job, const kiq_jmember_t *m, const char *lit)
+{
+    return m && m->vlen == strlen(lit) && memcmp(job->payload + m->vstart, lit, m->vlen) == 0;
+}
+
+/* The payload's "retry" as KIQ_RETRY_NONE, KIQ_RETRY_DEFAULT or a count;
+ * KIQ_RETRY_UNSET when absent. */
+static int payload_retry(const kiq_job_t *job)
+{
+    const kiq_jmember_t *m = kiq_jobject_get(&job->obj, job->payload, "retry");
+    if (!m)
+        return KIQ_RETRY_UNSET;
+    if (member_is(job, m, "false") || member_is(job, m, "null"))
+        return KIQ_RETRY_NONE;
+    if (member_is(job, m, "true"))
+        return KIQ_RETRY_DEFAULT;
+    char tmp[32];
+    size_t n = m->vlen < sizeof(tmp) - 1 ? m->vlen : sizeof(tmp) - 1;
+    memcpy(tmp, job->payload + m->vstart, n);
+    tmp[n] = '\0';
+    char *end;
+    long v = strtol(tmp, &end, 10);
+    if (end == tmp || (*end && *end != '.'))
+        return KIQ_RETRY_DEFAULT; /* a string or other truthy value */
+    return v < 0 ? 0 : (int)(v > 1000000 ? 1000000 : v);
+}
+
+static int quoted(kiq_buf_t *b, const char *s)
+{
+    size_t n = strlen(s);
+    return kiq_json_quote(b, s, n > MAX_ERROR_MESSAGE ? MAX_ERROR_MESSAGE : n);
+}
+
+int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *err_msg,
+                     int class_retry, const kiq_config_t *cfg, double now,
+                     kiq_failure_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    int retry = payload_retry(job);
+    if (retry == KIQ_RETRY_UNSET)
+        retry = class_retry == KIQ_RETRY_UNSET ? KIQ_RETRY_DEFAULT : class_retry;
+    if (retry == KIQ_RETRY_NONE) {
+        out->fate = KIQ_FATE_DROP;
+        return 0;
+    }
+    long count = job->retry_count >= 0 ? job->retry_count + 1 : 0;
+    long max = retry == KIQ_RETRY_DEFAULT ? cfg->max_retries : retry;
+    int exhausted = count >= max;
+
+    const kiq_jmember_t *rf = kiq_jobject_get(&job->obj, job->payload, "retry_for");
+    const kiq_jmember_t *fa = kiq_jobject_get(&job->obj, job->payload, "failed_at");
+    if (!exhausted && rf) {
+        char tmp[32];
+        size_t n = rf->vlen < sizeof(tmp) - 1 ? rf->vlen : sizeof(tmp) - 1;
+        memcpy(tmp, job->payload + rf->vstart, n);
+        tmp[n] = '\0';
+        double window = strtod(tmp, NULL); /* seconds, relative */
+        double first = fa ? kiq_ts_parse(job->payload + fa->vstart, fa->vlen) : now;
+        if (window > 0 && now > first + window)
+            exhausted = 1;
+    }
+
+    char ts[32], cnt[32];
+    kiq_ts_json(ts, now, cfg->timestamps);
+    snprintf(cnt, sizeof(cnt), "%ld", count);
+    kiq_buf_t cls = {0}, msg = {0}, q = {0};
+    const kiq_jmember_t *rq = kiq_jobject_get(&job->obj, job->payload, "retry_queue");
+    int rc = quoted(&cls, err_class ? err_class : "RuntimeError");
+    if (!rc)
+        rc = quoted(&msg, err_msg ? err_msg : "");
+    if (!rc)
+        rc = rq ? kiq_buf_put(&q, job->payload + rq->vstart, rq->vlen)
+                : kiq_json_quote(&q, job->queue ? job->queue : "default",
+                                 strlen(job->queue ? job->queue : "default"));
+    kiq_field_t set[5] = {
+        { "queue", q.p, q.len },
+        { "error_message", msg.p, msg.len },
+        { "error_class", cls.p, cls.len },
+        { count == 0 ? "failed_at" : "retried_at", ts, 0 },
+        { "retry_count", cnt, 0 },
+    };
+    if (!rc)
+        rc = kiq_payload_edit(job->payload, &job->obj, set, 5, &out->payload, &out->len);
+    kiq_buf_free(&cls);
+    kiq_buf_free(&msg);
+    kiq_buf_free(&q);
+    if (rc)
+        return rc;
+
+    if (!exhausted) {
+        out->fate = KIQ_FATE_RETRY;
+        out->score = now + kiq_retry_delay(count);
+    } else if (member_is(job, kiq_jobject_get(&job->obj, job->payload, "dead"), "false")) {
+        kiq_failure_clear(out);
+        out->fate = KIQ_FATE_DROP;
+    } else {
+        out->fate = KIQ_FATE_DEAD;
+        out->score = now;
+    }
+    return 0;
+}
+
+int kiq_retry_invalid(const char *raw, size_t len, const char *queue, const char *why,
+                      const kiq_config_t *cfg, double now, kiq_failure_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->fate = KIQ_FATE_DEAD;
+    out->score = now;
+    char ts[32], jid[25];
+    kiq_ts_json(ts, now, cfg->timestamps);
+    kiq_jobject_t obj = {0};
+    kiq_buf_t b = {0}, msg = {0};
+    int rc = kiq_json_quote(&msg, why, strlen(why));
+    if (!rc && kiq_json_scan_object(raw, len, &obj, NULL) == 0) {
+        /* Valid JSON without class or jid: keep every byte and add why. */
+        char jidq[32];
+        kiq_new_jid(jid);
+        snprintf(jidq, sizeof(jidq), "\"%s\"", jid);
+        const kiq_jmember_t *j = kiq_jobject_get(&obj, raw, "jid");
+        kiq_field_t set[4] = {
+            { "error_class", "\"Kiq::InvalidPayload\"", 0 },
+            { "error_message", msg.p, msg.len },
+            { "failed_at", ts, 0 },
+            { "jid", j ? raw + j->vstart : jidq, j ? j->vlen : 0 },
+        };
+        rc = kiq_payload_edit(raw, &obj, set, 4, &out->payload, &out->len);
+        goto out;
+    }
+    /* Not JSON at all: an envelope the Web UI can show, holding the text
+     * (as the one argument, or base64 when it is not UTF-8). */
+    kiq_new_jid(jid);
+    if (!rc)
+        rc = kiq_buf_printf(&b, "{\"class\":\"Kiq::InvalidPayload\",\"queue\":");
+    if (!rc)
+        rc = kiq_json_quote(&b, queue ? queue : "default", strlen(queue ? queue : "default"));
+    if (!rc && kiq_utf8_valid(raw, len)) {
+        rc = kiq_buf_puts(&b, ",\"args\":[");
+        if (!rc) rc = kiq_json_quote(&b, raw, len);
+        if (!rc) rc = kiq_buf_puts(&b, "]");
+    } else if (!rc) {
+        static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        rc = kiq_buf_puts(&b, ",\"args\":[],\"payload_base64\":\"");
+        for (size_t i = 0; i < len && !rc; i += 3) {
+            unsigned v = (unsigned char)raw[i] << 16;
+            if (i + 1 < len) v |= (unsigned char)raw[i + 1] << 8;
+            if (i + 2 < len) v |= (unsigned char)raw[i + 2];
+            char quad[4] = { tbl[v >> 18 & 63], tbl[v >> 12 & 63],
+                             i + 1 < len ? tbl[v >> 6 & 63] : '=', i + 2 < len ? tbl[v & 63] : '=' };
+            rc = kiq_buf_put(&b, quad, 4);
+        }
+        if (!rc) rc = kiq_buf_puts(&b, "\"");
+    }
+    if (!rc)
+        rc = kiq_buf_printf(&b, ",\"jid\":\"%s\",\"retry\":false,\"created_at\":%s,\"failed_at\":%s,"
+                            "\"error_class\":\"Kiq::InvalidPayload\",\"error_message\":%s}",
+                            jid, ts, ts, msg.p);
+    if (!rc)
+        out->payload = kiq_buf_take(&b, &out->len);
+out:
+    kiq_jobject_free(&obj);
+    kiq_buf_free(&b);
+    kiq_buf_free(&msg);
+    return rc;
+}

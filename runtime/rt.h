@@ -1,0 +1,101 @@
+/* The runtime's own state, shared by its threads (processor.c, heartbeat.c,
+ * scheduler.c, runtime.c). */
+#ifndef KIQ_RUNTIME_RT_H
+#define KIQ_RUNTIME_RT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+#include "kiq/fetch.h"
+#include "kiq/redis.h"
+#include "kiq/runtime.h"
+
+typedef struct kiq_handler_entry {
+    char *cls;
+    kiq_handler_fn fn;
+    void *udata;
+    char *queue;
+    int retry;
+} kiq_handler_entry_t;
+
+/* What one processor thread is doing, read by the heartbeat (work hash),
+ * TTIN and shutdown. Guarded by mu. */
+typedef struct kiq_slot {
+    pthread_mutex_t mu;
+    struct kiq_runtime *rt;
+    int index;
+    pthread_t thread;
+    int started, exited;   /* exited is written under mu */
+    char tid[16];
+    int busy;
+    int abandoned;         /* shutdown gave the job back; do not ack it */
+    char *queue;           /* owned copies while busy */
+    char *payload;
+    size_t len;
+    long run_at;
+    char cls[128];
+    kiq_fetch_t *fetch;
+} kiq_slot_t;
+
+struct kiq_runtime {
+    kiq_config_t *cfg;
+    kiq_handler_entry_t *handlers;
+    size_t nhandlers;
+    char identity[320];
+    char hostname[256];
+    double started_at;
+    char *info_json;       /* the process "info" field, built at start */
+
+    atomic_int quiet;      /* stop fetching */
+    atomic_int stopping;   /* shutting down (handlers may look) */
+    atomic_int stop_req;   /* kiq_runtime_stop or a remote TERM */
+    atomic_int quiet_req;
+    atomic_long processed, failed;  /* since the last flush */
+    atomic_int busy;
+
+    kiq_slot_t *slots;
+    int nslots;
+    pthread_t housekeeper, scheduler;
+    int housekeeper_started, scheduler_started;
+    atomic_int housekeeper_stop;
+    pthread_mutex_t wake_mu;       /* housekeeper/scheduler sleep on wake */
+    pthread_cond_t wake;
+    int abandoned;
+};
+
+/* registry.c */
+const kiq_handler_entry_t *kiq_registry_find(const struct kiq_runtime *rt, const char *cls);
+void kiq_registry_free(struct kiq_runtime *rt);
+
+/* processor.c */
+void *kiq_processor_main(void *slot);
+/* Puts back every job still running (marking its slot abandoned), using r.
+ * Returns the number requeued. */
+int kiq_processor_requeue_busy(struct kiq_runtime *rt, kiq_redis_t *r);
+
+/* heartbeat.c: the housekeeper thread (beats, stats, signals, recovery). */
+void *kiq_housekeeper_main(void *rt);
+/* Writes one beat now (used at start so the process shows at once). */
+int kiq_heartbeat_beat(struct kiq_runtime *rt, kiq_redis_t *r, int final);
+/* Flushes the in-memory counters. */
+int kiq_stats_flush(struct kiq_runtime *rt, kiq_redis_t *r);
+/* Removes the process from "processes" and its work hashes (at stop). */
+int kiq_heartbeat_clear(struct kiq_runtime *rt, kiq_redis_t *r);
+
+/* scheduler.c */
+void *kiq_scheduler_main(void *rt);
+/* Moves every due job of "retry" then "schedule" to its queue; returns the
+ * number moved or KIQ_EREDIS. */
+long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now);
+
+/* Sleeps up to s seconds on rt->wake; returns early when woken. */
+void kiq_rt_wait(struct kiq_runtime *rt, double s);
+/* Wakes every thread sleeping in kiq_rt_wait. */
+void kiq_rt_wake(struct kiq_runtime *rt);
+
+/* Connects r, retrying with capped exponential backoff until it works or
+ * give_up() says so. Logs the outage once and the recovery. */
+int kiq_rt_connect(struct kiq_runtime *rt, kiq_redis_t *r, atomic_int *give_up);
+
+#endif

@@ -1,0 +1,398 @@
+/* Process lifecycle: start the threads, handle signals on the calling
+ * thread, and stop gracefully (quiet, wait up to timeout, requeue what is
+ * still running, leave the process set). */
+#include "rt.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "identity.h"
+#include "log.h"
+#include "timeutil.h"
+#include "kiq/kiq.h"
+
+#define PAUSE 0.1
+
+kiq_runtime_t *kiq_runtime_new(kiq_config_t *cfg, char *err)
+{
+    if (!cfg) {
+        kiq_seterr(err, KIQ_EINVAL, "no configuration");
+        return NULL;
+    }
+    kiq_runtime_t *rt = calloc(1, sizeof(*rt));
+    if (!rt) {
+        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return NULL;
+    }
+    rt->cfg = cfg;
+    pthread_mutex_init(&rt->wake_mu, NULL);
+    pthread_cond_init(&rt->wake, NULL);
+    kiq_identity_make(rt->identity, sizeof(rt->identity));
+    kiq_hostname(rt->hostname, sizeof(rt->hostname));
+    return rt;
+}
+
+void kiq_runtime_free(kiq_runtime_t *rt)
+{
+    if (!rt)
+        return;
+    if (rt->abandoned) {
+        /* Threads still running a handler use rt: leave it to the exit. */
+        return;
+    }
+    for (int i = 0; i < rt->nslots; i++) {
+        kiq_fetch_free(rt->slots[i].fetch);
+        pthread_mutex_destroy(&rt->slots[i].mu);
+    }
+    free(rt->slots);
+    kiq_registry_free(rt);
+    free(rt->info_json);
+    kiq_config_free(rt->cfg);
+    pthread_mutex_destroy(&rt->wake_mu);
+    pthread_cond_destroy(&rt->wake);
+    free(rt);
+}
+
+const char *kiq_runtime_identity(const kiq_runtime_t *rt) { return rt->identity; }
+int kiq_runtime_abandoned(const kiq_runtime_t *rt) { return rt->abandoned; }
+
+void kiq_runtime_quiet(kiq_runtime_t *rt)
+{
+    atomic_store(&rt->quiet_req, 1);
+}
+
+void kiq_runtime_stop(kiq_runtime_t *rt)
+{
+    atomic_store(&rt->stop_req, 1);
+}
+
+void kiq_rt_wait(kiq_runtime_t *rt, double s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double end = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 + s;
+    ts.tv_sec = (time_t)end;
+    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    pthread_mutex_lock(&rt->wake_mu);
+    pthread_cond_timedwait(&rt->wake, &rt->wake_mu, &ts);
+    pthread_mutex_unlock(&rt->wake_mu);
+}
+
+void kiq_rt_wake(kiq_runtime_t *rt)
+{
+    pthread_mutex_lock(&rt->wake_mu);
+    pthread_cond_broadcast(&rt->wake);
+    pthread_mutex_unlock(&rt->wake_mu);
+}
+
+int kiq_rt_connect(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up)
+{
+    double delay = 0.05, down_since = kiq_mono();
+    int logged = 0;
+    for (;;) {
+        if (kiq_redis_connect(r) == 0) {
+            if (logged)
+                kiq_info("Redis is online, %.3f sec downtime", kiq_mono() - down_since);
+            return 0;
+        }
+        if (!logged) {
+            kiq_warn("%s; retrying with backoff", kiq_redis_error(r));
+            logged = 1;
+        }
+        double until = kiq_mono() + delay;
+        while (kiq_mono() < until) {
+            if (give_up && atomic_load(give_up))
+                return KIQ_EREDIS;
+            kiq_rt_wait(rt, until - kiq_mono() < 0.2 ? until - kiq_mono() : 0.2);
+        }
+        delay = delay * 2 > 5 ? 5 : delay * 2;
+    }
+}
+
+static char *build_info(kiq_runtime_t *rt)
+{
+    kiq_config_t *c = rt->cfg;
+    json_t *o = json_object(), *queues = json_array(), *labels = json_array();
+    json_t *weights = json_object(), *capw = json_object();
+    for (size_t i = 0; i < c->nqueues; i++) {
+        json_array_append_new(queues, json_string(c->queues[i].name));
+        json_object_set_new(weights, c->queues[i].name, json_integer(c->queues[i].weight));
+        json_object_set_new(capw, c->queues[i].name, json_integer(c->queues[i].weight));
+    }
+    for (size_t i = 0; i < c->nlabels; i++)
+        json_array_append_new(labels, json_string(c->labels[i]));
+    json_object_set_new(o, "hostname", json_string(rt->hostname));
+    json_object_set_new(o, "started_at", json_real(rt->started_at));
+    json_object_set_new(o, "pid", json_integer(getpid()));
+    json_object_set_new(o, "tag", json_string(c->tag ? c->tag : ""));
+    json_object_set_new(o, "concurrency", json_integer(c->concurrency));
+    json_object_set_new(o, "queues", queues);
+    json_object_set_new(o, "labels", labels);
+    json_object_set_new(o, "identity", json_string(rt->identity));
+    json_object_set_new(o, "version", json_string(KIQ_VERSION));
+    json_t *warr = json_array();
+    json_array_append_new(warr, weights);
+    json_object_set_new(o, "weights", warr);
+    json_object_set_new(o, "embedded", json_false());
+    json_t *cap = json_object(), *def = json_object();
+    json_object_set_new(def, "concurrency", json_integer(c->concurrency));
+    json_object_set_new(def, "mode", json_string(c->strict ? "strict" : "weighted"));
+    json_object_set_new(def, "weights", capw);
+    json_object_set_new(cap, "default", def);
+    json_object_set_new(o, "capsules", cap);
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return s;
+}
+
+static void dump_threads(kiq_runtime_t *rt)
+{
+    double now = kiq_now();
+    for (int i = 0; i < rt->nslots; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        if (s->busy)
+            kiq_warn("Thread TID-%s processor-%d: running %s for %.1fs", s->tid, i, s->cls,
+                     now - (double)s->run_at);
+        else
+            kiq_warn("Thread TID-%s processor-%d: %s", s->tid, i, s->exited ? "exited" : "waiting for a job");
+        pthread_mutex_unlock(&s->mu);
+    }
+    kiq_warn("Thread housekeeper: heartbeat every %.0fs; scheduler: %s", rt->cfg->heartbeat_interval,
+             atomic_load(&rt->quiet) ? "stopped" : "polling");
+}
+
+static void go_quiet(kiq_runtime_t *rt)
+{
+    if (atomic_exchange(&rt->quiet, 1))
+        return;
+    kiq_info("Received TSTP, no longer accepting new work");
+    kiq_info("Terminating quiet workers");
+    kiq_rt_wake(rt);
+}
+
+/* Waits up to timeout for one of our signals, or a request made through
+ * the API. Returns the signal, 0 on timeout. */
+static int next_signal(kiq_runtime_t *rt, const sigset_t *set, double timeout)
+{
+    if (atomic_exchange(&rt->stop_req, 0))
+        return SIGTERM;
+    if (atomic_exchange(&rt->quiet_req, 0))
+        return SIGTSTP;
+    struct timespec ts = { .tv_sec = (time_t)timeout,
+                           .tv_nsec = (long)((timeout - (double)(time_t)timeout) * 1e9) };
+    int sig = sigtimedwait(set, NULL, &ts);
+    return sig > 0 ? sig : 0;
+}
+
+/* Handles signals that do not stop the process; returns 1 for TERM/INT. */
+static int handle_signal(kiq_runtime_t *rt, int sig)
+{
+    switch (sig) {
+    case SIGTERM:
+    case SIGINT:
+        return 1;
+    case SIGTSTP:
+        go_quiet(rt);
+        break;
+    case SIGTTIN:
+        dump_threads(rt);
+        break;
+    case SIGUSR2:
+        if (kiq_log_reopen())
+            kiq_error("cannot reopen the log file: %s", strerror(errno));
+        else
+            kiq_info("log file reopened");
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+static int busy_slots(kiq_runtime_t *rt)
+{
+    int n = 0;
+    for (int i = 0; i < rt->nslots; i++) {
+        pthread_mutex_lock(&rt->slots[i].mu);
+        n += rt->slots[i].busy && !rt->slots[i].abandoned;
+        pthread_mutex_unlock(&rt->slots[i].mu);
+    }
+    return n;
+}
+
+static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
+{
+    kiq_info("Shutting down");
+    atomic_store(&rt->stopping, 1);
+    go_quiet(rt);
+    double deadline = kiq_mono() + rt->cfg->timeout;
+    if (busy_slots(rt))
+        kiq_info("Pausing to allow workers to finish...");
+    while (busy_slots(rt) && kiq_mono() < deadline) {
+        int sig = next_signal(rt, set, PAUSE);
+        if (sig == SIGTERM || sig == SIGINT) {
+            kiq_info("Second %s: not waiting any longer", sig == SIGINT ? "INT" : "TERM");
+            break;
+        }
+        handle_signal(rt, sig);
+    }
+    int busy = busy_slots(rt);
+    if (busy) {
+        kiq_info("Terminating %d busy worker threads", busy);
+        if (!kiq_redis_ok(r))
+            kiq_redis_connect(r);
+        int n = kiq_processor_requeue_busy(rt, r);
+        kiq_info("Pushed %d jobs back to Redis", n);
+    }
+    /* Idle processors leave their blocking fetch within its timeout. */
+    double join_deadline = kiq_mono() + 3;
+    for (int i = 0; i < rt->nslots; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        if (!s->started)
+            continue;
+        for (;;) {
+            pthread_mutex_lock(&s->mu);
+            int exited = s->exited, busy_now = s->busy;
+            pthread_mutex_unlock(&s->mu);
+            if (exited) {
+                pthread_join(s->thread, NULL);
+                break;
+            }
+            if (busy_now || kiq_mono() > join_deadline) {
+                pthread_detach(s->thread);
+                rt->abandoned++;
+                break;
+            }
+            kiq_rt_wait(rt, 0.05);
+        }
+    }
+    kiq_rt_wake(rt);
+    if (rt->scheduler_started)
+        pthread_join(rt->scheduler, NULL);
+    atomic_store(&rt->housekeeper_stop, 1);
+    kiq_rt_wake(rt);
+    if (rt->housekeeper_started)
+        pthread_join(rt->housekeeper, NULL);
+    if (!kiq_redis_ok(r))
+        kiq_redis_connect(r);
+    kiq_stats_flush(rt, r);
+    kiq_heartbeat_clear(rt, r);
+    char wkey[512], lkey[512];
+    kiq_fetch_working_key(rt->identity, wkey, sizeof(wkey));
+    kiq_fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
+    redisReply *len = kiq_redis_cmdf(r, "LLEN %s", wkey);
+    if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
+        redisReply *del = kiq_redis_cmdf(r, "DEL %s", lkey);
+        freeReplyObject(del);
+    } else if (len && len->type == REDIS_REPLY_INTEGER) {
+        kiq_warn("%lld jobs remain in %s; they are recovered once this process is gone",
+                 len->integer, wkey);
+    }
+    freeReplyObject(len);
+    kiq_info("Bye!");
+}
+
+static int start_threads(kiq_runtime_t *rt, char *err)
+{
+    kiq_config_t *c = rt->cfg;
+    rt->nslots = c->concurrency;
+    rt->slots = calloc((size_t)rt->nslots, sizeof(kiq_slot_t));
+    if (!rt->slots)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    for (int i = 0; i < rt->nslots; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        pthread_mutex_init(&s->mu, NULL);
+        s->rt = rt;
+        s->index = i;
+        kiq_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
+                                .nqueues = c->nqueues, .strict = c->strict, .index = i,
+                                .block_timeout = 1.0 };
+        if (!(s->fetch = kiq_fetch_new(&fc, err)))
+            return KIQ_ENOMEM;
+    }
+    for (int i = 0; i < rt->nslots; i++) {
+        int e = pthread_create(&rt->slots[i].thread, NULL, kiq_processor_main, &rt->slots[i]);
+        if (e)
+            return kiq_seterr(err, KIQ_ESYS, "cannot start a processor thread: %s", strerror(e));
+        rt->slots[i].started = 1;
+    }
+    if (pthread_create(&rt->housekeeper, NULL, kiq_housekeeper_main, rt) == 0)
+        rt->housekeeper_started = 1;
+    if (pthread_create(&rt->scheduler, NULL, kiq_scheduler_main, rt) == 0)
+        rt->scheduler_started = 1;
+    if (!rt->housekeeper_started || !rt->scheduler_started)
+        return kiq_seterr(err, KIQ_ESYS, "cannot start the housekeeper or scheduler thread");
+    return 0;
+}
+
+int kiq_runtime_run(kiq_runtime_t *rt, char *err)
+{
+    kiq_config_t *c = rt->cfg;
+    int rc = kiq_config_validate(c, err);
+    if (rc)
+        return rc;
+    sigset_t set, old;
+    sigemptyset(&set);
+    int sigs[] = { SIGTERM, SIGINT, SIGTSTP, SIGTTIN, SIGUSR2 };
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        sigaddset(&set, sigs[i]);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+
+    rt->started_at = kiq_now();
+    rt->info_json = build_info(rt);
+    kiq_redis_t *r = kiq_redis_new(c->redis_url, 10, err);
+    if (!r || !rt->info_json) {
+        rc = r ? kiq_seterr(err, KIQ_ENOMEM, "out of memory") : KIQ_ECONFIG;
+        goto out;
+    }
+    kiq_info("kiq %s starting: %s, concurrency %d, %s fetch, identity %s", KIQ_VERSION,
+             kiq_redis_name(r), c->concurrency, c->fetch == KIQ_FETCH_BASIC ? "basic" : "reliable",
+             rt->identity);
+    if (rt->nhandlers == 0)
+        kiq_warn("no job classes are registered: every job will fail with NameError");
+    /* Redis may not be up yet: wait for it, still answering TERM/INT. */
+    double delay = 0.1;
+    int logged = 0;
+    while (kiq_redis_connect(r) != 0) {
+        if (!logged++)
+            kiq_warn("%s; waiting for Redis", kiq_redis_error(r));
+        int sig = next_signal(rt, &set, delay);
+        if (sig == SIGTERM || sig == SIGINT) {
+            kiq_info("Bye!");
+            goto out;
+        }
+        delay = delay * 2 > 5 ? 5 : delay * 2;
+    }
+    if (c->fetch == KIQ_FETCH_RELIABLE) {
+        kiq_fetch_heartbeat(r, rt->identity);
+        kiq_recovery_t rec;
+        char rerr[KIQ_ERRLEN];
+        if (kiq_fetch_recover(r, rt->identity, c->max_recoveries, c->timestamps, &rec, rerr))
+            kiq_warn("orphan recovery: %s", rerr);
+        else if (rec.recovered || rec.killed)
+            kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
+                     rec.recovered, rec.lists, rec.killed);
+    }
+    kiq_heartbeat_beat(rt, r, 0);
+    if ((rc = start_threads(rt, err)) != 0) {
+        kiq_error("%s", err);
+        shutdown_all(rt, r, &set);
+        goto out;
+    }
+    kiq_info("Starting processing, hit Ctrl-C to stop");
+    for (;;) {
+        int sig = next_signal(rt, &set, 0.2);
+        if (handle_signal(rt, sig))
+            break;
+    }
+    shutdown_all(rt, r, &set);
+out:
+    kiq_redis_free(r);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}

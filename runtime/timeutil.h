@@ -1,0 +1,14 @@
+/* Clocks and sleeps. */
+#ifndef KIQ_RUNTIME_TIMEUTIL_H
+#define KIQ_RUNTIME_TIMEUTIL_H
+
+/* Wall-clock epoch seconds (for timestamps written to Redis). */
+double kiq_now(void);
+/* Monotonic seconds (for intervals and deadlines). */
+double kiq_mono(void);
+/* Sleeps for s seconds (no-op for s <= 0). */
+void kiq_sleep(double s);
+/* A uniform random double in [0, 1) from a per-thread generator. */
+double kiq_rand(void);
+
+#endif

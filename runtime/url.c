@@ -1,0 +1,166 @@
+/* Redis URL parsing and redaction. */
+#include "kiq/redis.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *pct_decode(const char *s, size_t n)
+{
+    char *out = malloc(n + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '%' && i + 2 < n && isxdigit((unsigned char)s[i + 1])
+            && isxdigit((unsigned char)s[i + 2])) {
+            char hex[3] = { s[i + 1], s[i + 2], 0 };
+            *o++ = (char)strtol(hex, NULL, 16);
+            i += 2;
+        } else {
+            *o++ = s[i];
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+static int parse_int(const char *s, size_t n, int lo, int hi, int *out)
+{
+    if (n == 0 || n > 9)
+        return -1;
+    int v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+void kiq_redis_url_clear(kiq_redis_url_t *u)
+{
+    if (!u)
+        return;
+    free(u->host);
+    free(u->path);
+    free(u->user);
+    free(u->password);
+    memset(u, 0, sizeof(*u));
+}
+
+static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const char *url)
+{
+    const char *q = strchr(rest, '?');
+    size_t plen = q ? (size_t)(q - rest) : strlen(rest);
+    if (plen == 0 || rest[0] != '/')
+        return kiq_seterr(err, KIQ_EINVAL, "redis url %s: unix socket path must be absolute", url);
+    u->path = strndup(rest, plen);
+    while (q && *q) {
+        q++;
+        const char *amp = strchr(q, '&');
+        size_t n = amp ? (size_t)(amp - q) : strlen(q);
+        if (n > 3 && strncmp(q, "db=", 3) == 0) {
+            if (parse_int(q + 3, n - 3, 0, 100000, &u->db))
+                return kiq_seterr(err, KIQ_EINVAL, "redis url %s: bad db number", url);
+        } else if (n > 9 && strncmp(q, "password=", 9) == 0) {
+            free(u->password);
+            u->password = pct_decode(q + 9, n - 9);
+        }
+        q = amp;
+    }
+    return u->path ? 0 : KIQ_ENOMEM;
+}
+
+int kiq_redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
+{
+    memset(u, 0, sizeof(*u));
+    u->port = 6379;
+    int rc = 0;
+    const char *rest;
+    if (!url || !*url) {
+        rc = kiq_seterr(err, KIQ_EINVAL, "redis url is empty");
+        goto out;
+    }
+    if (strncmp(url, "unix://", 7) == 0) {
+        rc = parse_unix(url + 7, u, err, "(unix)");
+        goto out;
+    }
+    if (strncmp(url, "redis://", 8) == 0) {
+        rest = url + 8;
+    } else {
+        rc = kiq_seterr(err, KIQ_EINVAL,
+                        "redis url must start with redis:// or unix:// (got a %zu-byte string)",
+                        strlen(url));
+        goto out;
+    }
+    const char *at = strrchr(rest, '@');
+    const char *slash = strchr(at ? at : rest, '/');
+    if (at && (!slash || at < slash)) {
+        const char *colon = memchr(rest, ':', (size_t)(at - rest));
+        if (colon) {
+            if (colon > rest)
+                u->user = pct_decode(rest, (size_t)(colon - rest));
+            u->password = pct_decode(colon + 1, (size_t)(at - colon - 1));
+        } else if (at > rest) {
+            u->password = pct_decode(rest, (size_t)(at - rest));
+        }
+        rest = at + 1;
+    }
+    size_t hostlen = slash ? (size_t)(slash - rest) : strlen(rest);
+    const char *hp = rest;
+    const char *portsep = NULL;
+    if (hp[0] == '[') { /* [ipv6]:port */
+        const char *close = memchr(hp, ']', hostlen);
+        if (!close) {
+            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: unterminated [ in host");
+            goto out;
+        }
+        u->host = strndup(hp + 1, (size_t)(close - hp - 1));
+        if (close + 1 < hp + hostlen && close[1] == ':')
+            portsep = close + 1;
+    } else {
+        portsep = memchr(hp, ':', hostlen);
+        size_t hl = portsep ? (size_t)(portsep - hp) : hostlen;
+        u->host = hl ? strndup(hp, hl) : strdup("127.0.0.1");
+    }
+    if (portsep && parse_int(portsep + 1, (size_t)(hp + hostlen - portsep - 1), 1, 65535, &u->port)) {
+        rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad port");
+        goto out;
+    }
+    if (slash && slash[1]) {
+        const char *q = strchr(slash + 1, '?');
+        size_t n = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
+        if (n && parse_int(slash + 1, n, 0, 100000, &u->db)) {
+            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad db number");
+            goto out;
+        }
+    }
+    if (!u->host)
+        rc = KIQ_ENOMEM;
+out:
+    if (rc)
+        kiq_redis_url_clear(u);
+    return rc;
+}
+
+void kiq_redis_url_redact(const char *url, char *out, size_t n)
+{
+    const char *scheme = strstr(url, "://");
+    const char *at = scheme ? strrchr(scheme, '@') : NULL;
+    const char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
+    if (at && colon && colon < at) {
+        snprintf(out, n, "%.*s:***%s", (int)(colon - url), url, at);
+    } else if (at) {
+        snprintf(out, n, "%.*s***%s", (int)(scheme + 3 - url), url, at);
+    } else {
+        const char *pw = strstr(url, "password=");
+        if (pw)
+            snprintf(out, n, "%.*spassword=***", (int)(pw - url), url);
+        else
+            snprintf(out, n, "%s", url);
+    }
+}

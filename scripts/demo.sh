@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The demo: builds kiq, starts a private redis-server unless REDIS_URL is
+# set, pushes a few example jobs and runs a worker on them until Ctrl-C
+# (or for DEMO_SECONDS seconds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+bash scripts/build.sh build
+
+tmp=$(mktemp -d)
+redis_pid=""
+cleanup() {
+    [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+if [ -z "${REDIS_URL:-}" ]; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$tmp" --logfile "$tmp/redis.log" &
+    redis_pid=$!
+    export REDIS_URL="redis://127.0.0.1:$port/0"
+    for _ in $(seq 100); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    echo "started a private redis-server at $REDIS_URL"
+fi
+
+kiq=build/kiq
+echo "pushing example jobs"
+for i in 1 2 3; do $kiq push NoopJob "[$i]" >/dev/null; done
+$kiq push SleepJob '[1500]' >/dev/null
+$kiq push RecordJob '["demo:records"]' -q critical >/dev/null
+$kiq push FailJob '["this one fails and is retried"]' --retry 1 >/dev/null
+$kiq push RecordJob '["demo:records"]' --in 3 >/dev/null
+$kiq push NoSuchJob '[]' --retry false >/dev/null
+
+echo "running: $kiq run -C examples/kiq.yml (Ctrl-C to stop)"
+if [ -n "${DEMO_SECONDS:-}" ]; then
+    $kiq run -C examples/kiq.yml --redis-url "$REDIS_URL" &
+    worker=$!
+    sleep "$DEMO_SECONDS"
+    kill -TERM "$worker"
+    wait "$worker"
+    $kiq stats --redis-url "$REDIS_URL" || true
+else
+    $kiq run -C examples/kiq.yml --redis-url "$REDIS_URL"
+fi

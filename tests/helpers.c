@@ -1,0 +1,342 @@
+/* The shared test fixture (see helpers.h). */
+#include "helpers.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static pid_t server_pid;
+static char server_dir[256];
+
+double kt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void kt_sleep(double s)
+{
+    struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
+    nanosleep(&ts, NULL);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len))
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+void kt_server_start(void)
+{
+    if (getenv("KT_REDIS_PORT"))
+        return;
+    snprintf(server_dir, sizeof(server_dir), "/tmp/kiq-test-XXXXXX");
+    if (!mkdtemp(server_dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    int port = free_port();
+    char portbuf[16], logf[300];
+    snprintf(portbuf, sizeof(portbuf), "%d", port);
+    snprintf(logf, sizeof(logf), "%s/redis.log", server_dir);
+    server_pid = fork();
+    if (server_pid == 0) {
+        execlp("redis-server", "redis-server", "--port", portbuf, "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--databases", "10000", "--dir", server_dir,
+               "--logfile", logf, (char *)NULL);
+        perror("redis-server");
+        _exit(127);
+    }
+    for (int i = 0; i < 250; i++) {
+        redisContext *c = redisConnect("127.0.0.1", port);
+        if (c && !c->err) {
+            redisReply *r = redisCommand(c, "PING");
+            int ok = r && r->type == REDIS_REPLY_STATUS;
+            freeReplyObject(r);
+            redisFree(c);
+            if (ok) {
+                setenv("KT_REDIS_PORT", portbuf, 1);
+                setenv("KT_TMP", server_dir, 1);
+                return;
+            }
+        } else {
+            redisFree(c);
+        }
+        kt_sleep(0.02);
+    }
+    fprintf(stderr, "redis-server did not start on port %d (see %s)\n", port, logf);
+    exit(1);
+}
+
+void kt_server_stop(void)
+{
+    if (server_pid > 0) {
+        kill(server_pid, SIGTERM);
+        waitpid(server_pid, NULL, 0);
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", server_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", server_dir);
+    }
+}
+
+ReportHook(PRE_ALL)(struct criterion_test_set *set)
+{
+    (void)set;
+    kt_server_start();
+}
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats)
+{
+    (void)stats;
+    kt_server_stop();
+}
+
+static int port(void)
+{
+    const char *p = getenv("KT_REDIS_PORT");
+    cr_assert(p, "the redis fixture is not running (KT_FIXTURE missing?)");
+    return atoi(p);
+}
+
+static int test_db = -1;
+static redisContext *conn;
+static char url[128];
+
+static int db(void)
+{
+    if (test_db < 0) {
+        redisContext *c = redisConnect("127.0.0.1", port());
+        cr_assert(c && !c->err, "cannot connect to the test redis");
+        redisReply *r = redisCommand(c, "INCR kt:next-db");
+        cr_assert(r && r->type == REDIS_REPLY_INTEGER);
+        test_db = (int)r->integer;
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    return test_db;
+}
+
+const char *kt_url(void)
+{
+    if (!url[0])
+        snprintf(url, sizeof(url), "redis://127.0.0.1:%d/%d", port(), db());
+    return url;
+}
+
+redisContext *kt_redis(void)
+{
+    if (!conn) {
+        conn = redisConnect("127.0.0.1", port());
+        cr_assert(conn && !conn->err, "cannot connect to the test redis");
+        redisReply *r = redisCommand(conn, "SELECT %d", db());
+        cr_assert(r && r->type == REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+    }
+    return conn;
+}
+
+static redisReply *vcmd(const char *fmt, va_list ap)
+{
+    redisReply *r = redisvCommand(kt_redis(), fmt, ap);
+    cr_assert(r, "redis command failed: %s", kt_redis()->errstr);
+    return r;
+}
+
+redisReply *kt_cmd(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = vcmd(fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+long long kt_int(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = vcmd(fmt, ap);
+    va_end(ap);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer
+                : r->type == REDIS_REPLY_STRING ? atoll(r->str) : 0;
+    freeReplyObject(r);
+    return v;
+}
+
+char *kt_str(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = vcmd(fmt, ap);
+    va_end(ap);
+    char *s = r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ? strndup(r->str, r->len) : NULL;
+    freeReplyObject(r);
+    return s;
+}
+
+char *kt_tmp(const char *name)
+{
+    const char *dir = getenv("KT_TMP");
+    char *p = malloc(512);
+    snprintf(p, 512, "%s/%d-%s", dir ? dir : "/tmp", db(), name);
+    return p;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+static char *log_path(pid_t pid)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "kiq-%d.log", (int)pid);
+    return kt_tmp(name);
+}
+
+/* Runs argv with stdout to out_path, and stderr there too unless
+ * keep_stderr (then it goes to the test's own stderr, shown on failure). */
+static pid_t spawn(const char *const *argv, const char *out_path, const char *redis_url,
+                   int keep_stderr)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        char path[600];
+        /* "%d" in out_path stands for the child's pid (known only here). */
+        snprintf(path, sizeof(path), out_path, (int)getpid());
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            if (!keep_stderr)
+                dup2(fd, 2);
+            close(fd);
+        }
+        setenv("REDIS_URL", redis_url, 1);
+        execvp(argv[0], (char *const *)argv);
+        perror(argv[0]);
+        _exit(127);
+    }
+    return pid;
+}
+
+pid_t kt_kiq_start(const char *const *args)
+{
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = getenv("KIQ_BIN");
+    argv[n++] = "run";
+    argv[n++] = "-r";
+    argv[n++] = getenv("KIQ_PLUGIN");
+    argv[n++] = "--redis-url";
+    argv[n++] = kt_url();
+    for (int i = 0; args && args[i] && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    cr_assert(argv[0] && argv[3], "KIQ_BIN and KIQ_PLUGIN must be set (run through meson test)");
+    char *pattern = kt_tmp("kiq-%d.log");
+    pid_t pid = spawn(argv, pattern, kt_url(), 0);
+    free(pattern);
+    return pid;
+}
+
+char *kt_kiq_log(pid_t pid)
+{
+    char *path = log_path(pid);
+    char *s = slurp(path);
+    free(path);
+    return s;
+}
+
+int kt_wait_exit(pid_t pid, double timeout)
+{
+    double end = kt_now() + timeout;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (r < 0)
+            return -1;
+        if (kt_now() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        kt_sleep(0.02);
+    }
+}
+
+int kt_kiq_stop(pid_t pid, int sig, double timeout)
+{
+    kill(pid, sig);
+    return kt_wait_exit(pid, timeout);
+}
+
+static int run_capture(const char *const *argv, char **out, double timeout, int keep_stderr)
+{
+    char *path = kt_tmp("run-XXXXXX");
+    int fd = mkstemp(path);
+    if (fd >= 0)
+        close(fd);
+    pid_t pid = spawn(argv, path, kt_url(), keep_stderr);
+    int st = kt_wait_exit(pid, timeout);
+    if (out)
+        *out = slurp(path);
+    unlink(path);
+    free(path);
+    return st;
+}
+
+int kt_kiq_run(const char *const *args, char **out)
+{
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = getenv("KIQ_BIN");
+    for (int i = 0; args && args[i] && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return run_capture(argv, out, 60, 0);
+}
+
+int kt_ruby(const char *script, const char *const *args, char **out)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("KIQ_SRC"), script);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = "ruby";
+    argv[n++] = path;
+    for (int i = 0; args && args[i] && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return run_capture(argv, out, 120, 1);
+}

@@ -1,0 +1,65 @@
+/* Test fixture: one private redis-server per test program (started before
+ * the first test, stopped after the last), a fresh database per test, and
+ * helpers to run the kiq binary and Ruby Sidekiq scripts against it. */
+#ifndef KIQ_TEST_HELPERS_H
+#define KIQ_TEST_HELPERS_H
+
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <hiredis/hiredis.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+/* Starts/stops the shared server; called from the report hooks. */
+void kt_server_start(void);
+void kt_server_stop(void);
+
+/* redis://127.0.0.1:PORT/DB for this test's own database. */
+const char *kt_url(void);
+/* A connection to this test's database (owned by the fixture). */
+redisContext *kt_redis(void);
+/* Runs a command on kt_redis(); the caller frees the reply. Fails the test
+ * on a connection error. */
+redisReply *kt_cmd(const char *fmt, ...);
+/* Integer result of a command (LLEN, SCARD, ...); strings are converted. */
+long long kt_int(const char *fmt, ...);
+/* String result of a command, malloc'd, or NULL for nil. */
+char *kt_str(const char *fmt, ...);
+
+/* Runs the kiq binary: `kiq run -r <plugin> --redis-url <kt_url()> args...`
+ * (args NULL-terminated), stdout+stderr to a log file. Returns its pid. */
+pid_t kt_kiq_start(const char *const *args);
+/* Runs `kiq <args...>` to completion with output captured (malloc'd into
+ * *out if out is not NULL). Returns the exit status, or -1. */
+int kt_kiq_run(const char *const *args, char **out);
+/* The log of a kiq started by kt_kiq_start, malloc'd. */
+char *kt_kiq_log(pid_t pid);
+/* Sends sig to pid and waits up to timeout seconds for it to exit.
+ * Returns the exit status, 128+signal if killed, or -1 on timeout (then it
+ * is killed with SIGKILL). */
+int kt_kiq_stop(pid_t pid, int sig, double timeout);
+/* Waits for pid to exit by itself, like kt_kiq_stop without a signal. */
+int kt_wait_exit(pid_t pid, double timeout);
+
+/* Runs `ruby tests/ruby/<script> args...` with REDIS_URL=kt_url(); stdout
+ * captured into *out (malloc'd) when out is not NULL, stderr left on the
+ * test's stderr. Returns exit status. */
+int kt_ruby(const char *script, const char *const *args, char **out);
+
+/* Polls cond every 20 ms for up to timeout seconds; true if it held. */
+double kt_now(void);
+#define KT_WAIT_UNTIL(cond, timeout_s) ({                       \
+        double _end = kt_now() + (timeout_s);                   \
+        bool _ok = false;                                       \
+        while (!(_ok = (cond)) && kt_now() < _end)              \
+            kt_sleep(0.02);                                     \
+        _ok; })
+void kt_sleep(double s);
+
+/* A path under this test's private temp directory (malloc'd). */
+char *kt_tmp(const char *name);
+
+/* Every test program linked with the helpers (link_whole) starts the
+ * server in a PRE_ALL hook and stops it in POST_ALL (helpers.c). */
+
+#endif

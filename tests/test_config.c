@@ -1,0 +1,605 @@
+/* Unit tests of the configuration module: defaults, every YAML key and form,
+ * environment sections and ${VAR} expansion, the exact wording of errors
+ * (they are what a user sees before exit 78), and the flag/env helpers.
+ * No Redis: each test writes its YAML to a temporary file. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiq/config.h"
+
+static kiq_config_t *cfg;
+static char *path; /* the current test's YAML file */
+static char err[KIQ_ERRLEN];
+
+/* Variables a test may set; cleared around each test so that neither the
+ * caller's environment nor an earlier test (under --no-fork) leaks in. */
+static const char *env_vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV", "REDIS_URL",
+                                 "REDIS_PROVIDER", "MY_REDIS", "KIQ_T_CONC",
+                                 "KIQ_T_EMPTY", "KIQ_T_UNSET"};
+
+static void clear_env(void)
+{
+    for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++)
+        unsetenv(env_vars[i]);
+}
+
+static void setup(void)
+{
+    clear_env();
+    cfg = kiq_config_new();
+    cr_assert_not_null(cfg);
+    err[0] = '\0';
+}
+
+static void teardown(void)
+{
+    kiq_config_free(cfg);
+    cfg = NULL;
+    if (path) {
+        unlink(path);
+        free(path);
+        path = NULL;
+    }
+    clear_env();
+}
+
+TestSuite(config, .init = setup, .fini = teardown, .timeout = 10);
+
+static char *write_yaml(const char *text)
+{
+    char *p = strdup("/tmp/kiq-test-config-XXXXXX");
+    cr_assert_not_null(p);
+    int fd = mkstemp(p);
+    cr_assert(fd >= 0);
+    size_t n = strlen(text);
+    cr_assert_eq(write(fd, text, n), (ssize_t)n);
+    close(fd);
+    return p;
+}
+
+/* Writes text to a new file (path) and loads it into cfg. */
+static int load(const char *text)
+{
+    path = write_yaml(text);
+    return kiq_config_load_file(cfg, path, err);
+}
+
+/* Asserts err is exactly "PATH:LINE: rest". */
+static void assert_err(int line, const char *rest)
+{
+    char want[KIQ_ERRLEN * 2];
+    snprintf(want, sizeof(want), "%s:%d: %s", path, line, rest);
+    cr_assert_str_eq(err, want);
+}
+
+Test(config, defaults_match_sidekiq)
+{
+    cr_assert_str_eq(cfg->redis_url, "redis://127.0.0.1:6379/0");
+    cr_assert_eq(cfg->concurrency, 10);
+    cr_assert_eq(cfg->nqueues, 1);
+    cr_assert_str_eq(cfg->queues[0].name, "default");
+    cr_assert_eq(cfg->queues[0].weight, 0);
+    cr_assert_eq(cfg->timeout, 25);
+    cr_assert_str_eq(cfg->tag, "");
+    cr_assert_eq(cfg->nlabels, 0);
+    cr_assert_null(cfg->environment);
+    cr_assert_eq(cfg->max_retries, 25);
+    cr_assert_eq(cfg->dead_max_jobs, 10000);
+    cr_assert_eq(cfg->dead_timeout, 15552000);
+    cr_assert_eq(cfg->poll_interval_average, 0);
+    cr_assert_eq(cfg->average_scheduled_poll_interval, 5);
+    cr_assert_eq(cfg->heartbeat_interval, 5);
+    cr_assert_eq(cfg->recovery_interval, 60);
+    cr_assert_eq(cfg->max_recoveries, 3);
+    cr_assert_eq(cfg->fetch, KIQ_FETCH_RELIABLE);
+    cr_assert_eq(cfg->timestamps, KIQ_TS_FLOAT);
+    cr_assert_eq(cfg->log_format, KIQ_LOG_PRETTY);
+    cr_assert_null(cfg->log_file);
+    cr_assert_eq(cfg->verbose, 0);
+    cr_assert_eq(cfg->nplugins, 0);
+    cr_assert_eq(cfg->nclasses, 0);
+    cr_assert_null(cfg->config_file);
+    cr_assert_eq(cfg->redis_url_explicit, 0);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0);
+    cr_assert_eq(cfg->strict, 1);
+}
+
+Test(config, free_null_is_a_no_op)
+{
+    kiq_config_free(NULL);
+}
+
+Test(config, load_file_parses_every_key)
+{
+    cr_assert_eq(load("concurrency: 20\n"
+                      "queues:\n"
+                      "  - critical\n"
+                      "timeout: 8.5\n"
+                      "tag: shop\n"
+                      "labels: [blue, eu]\n"
+                      "environment: production\n"
+                      "max_retries: 7\n"
+                      "dead_max_jobs: 500\n"
+                      "dead_timeout_in_seconds: 3600\n"
+                      "poll_interval_average: 12\n"
+                      "average_scheduled_poll_interval: 2.5\n"
+                      "verbose: true\n"
+                      "require: ./app\n"
+                      "strict: false\n"
+                      "redis_url: redis://db:6380/2\n"
+                      "plugins: [/opt/kiq/jobs.so]\n"
+                      "fetch: basic\n"
+                      "timestamps: millis\n"
+                      "log_format: json\n"
+                      "log_file: /var/log/kiq.log\n"
+                      "heartbeat_interval: 2\n"
+                      "recovery_interval: 30\n"
+                      "max_recoveries: 5\n"
+                      "classes:\n"
+                      "  HardJob: {queue: critical, retry: 3}\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 20);
+    cr_assert_eq(cfg->nqueues, 1);
+    cr_assert_str_eq(cfg->queues[0].name, "critical");
+    cr_assert_eq(cfg->timeout, 8.5);
+    cr_assert_str_eq(cfg->tag, "shop");
+    cr_assert_eq(cfg->nlabels, 2);
+    cr_assert_str_eq(cfg->labels[0], "blue");
+    cr_assert_str_eq(cfg->labels[1], "eu");
+    cr_assert_null(cfg->environment, "environment is chosen before the file is read");
+    cr_assert_eq(cfg->max_retries, 7);
+    cr_assert_eq(cfg->dead_max_jobs, 500);
+    cr_assert_eq(cfg->dead_timeout, 3600);
+    cr_assert_eq(cfg->poll_interval_average, 12);
+    cr_assert_eq(cfg->average_scheduled_poll_interval, 2.5);
+    cr_assert_eq(cfg->verbose, 1);
+    cr_assert_str_eq(cfg->redis_url, "redis://db:6380/2");
+    cr_assert_eq(cfg->redis_url_explicit, 1);
+    cr_assert_eq(cfg->nplugins, 1);
+    cr_assert_str_eq(cfg->plugins[0], "/opt/kiq/jobs.so");
+    cr_assert_eq(cfg->fetch, KIQ_FETCH_BASIC);
+    cr_assert_eq(cfg->timestamps, KIQ_TS_MILLIS);
+    cr_assert_eq(cfg->log_format, KIQ_LOG_JSON);
+    cr_assert_str_eq(cfg->log_file, "/var/log/kiq.log");
+    cr_assert_eq(cfg->heartbeat_interval, 2);
+    cr_assert_eq(cfg->recovery_interval, 30);
+    cr_assert_eq(cfg->max_recoveries, 5);
+    cr_assert_eq(cfg->nclasses, 1);
+    cr_assert_str_eq(cfg->config_file, path);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+}
+
+Test(config, ruby_symbol_keys_are_accepted)
+{
+    cr_assert_eq(load(":concurrency: 4\n"
+                      ":queues:\n"
+                      "  - [often, 2]\n"
+                      ":verbose: no\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 4);
+    cr_assert_str_eq(cfg->queues[0].name, "often");
+    cr_assert_eq(cfg->queues[0].weight, 2);
+    cr_assert_eq(cfg->verbose, 0);
+}
+
+Test(config, queue_forms_give_names_and_weights)
+{
+    cr_assert_eq(load("queues:\n"
+                      "  - default\n"
+                      "  - [critical, 3]\n"
+                      "  - [low]\n"
+                      "  - \"bulk,2\"\n"
+                      "  - \"mail, 4\"\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->nqueues, 5);
+    const char *names[] = {"default", "critical", "low", "bulk", "mail"};
+    int weights[] = {0, 3, 0, 2, 4};
+    for (size_t i = 0; i < 5; i++) {
+        cr_assert_str_eq(cfg->queues[i].name, names[i]);
+        cr_assert_eq(cfg->queues[i].weight, weights[i], "queue %zu", i);
+    }
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg->strict, 0, "a weight makes the order weighted-random");
+}
+
+Test(config, queues_without_weights_are_strict_whatever_strict_says)
+{
+    cr_assert_eq(load("strict: false\nqueues: [a, b, [c]]\n"), 0, "%s", err);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg->strict, 1);
+}
+
+Test(config, duplicate_queue_in_file_is_an_error)
+{
+    cr_assert_eq(load("queues:\n  - a\n  - [b, 2]\n  - [a, 3]\n"), KIQ_ECONFIG);
+    assert_err(4, "queues: queue a is given twice");
+}
+
+Test(config, bad_queue_weight_in_file_is_an_error)
+{
+    cr_assert_eq(load("queues:\n  - [a, heavy]\n"), KIQ_ECONFIG);
+    assert_err(2, "queues: weight of a must be an integer >= 1");
+}
+
+Test(config, empty_queue_list_is_an_error)
+{
+    cr_assert_eq(load("queues: []\n"), KIQ_ECONFIG);
+    assert_err(1, "queues: must be a non-empty list of queues");
+}
+
+Test(config, development_section_is_merged_over_top_level)
+{
+    cr_assert_eq(load("concurrency: 5\n"
+                      "tag: top\n"
+                      "development:\n"
+                      "  concurrency: 2\n"
+                      "production:\n"
+                      "  concurrency: 50\n"
+                      "  queues: [prod]\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 2);
+    cr_assert_str_eq(cfg->tag, "top");
+    cr_assert_str_eq(cfg->queues[0].name, "default");
+}
+
+Test(config, section_follows_cfg_environment_over_env_vars)
+{
+    setenv("RAILS_ENV", "staging", 1);
+    kiq_config_set_str(&cfg->environment, "production");
+    cr_assert_eq(load("concurrency: 5\n"
+                      "staging: {concurrency: 7}\n"
+                      "production: {concurrency: 50}\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 50);
+}
+
+Test(config, section_follows_app_env_then_rails_env)
+{
+    setenv("RAILS_ENV", "staging", 1);
+    cr_assert_eq(load("staging: {concurrency: 7}\nproduction: {concurrency: 50}\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 7);
+
+    kiq_config_free(cfg);
+    cfg = kiq_config_new();
+    setenv("APP_ENV", "production", 1);
+    cr_assert_eq(kiq_config_load_file(cfg, path, err), 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 50);
+}
+
+Test(config, typo_inside_another_section_is_reported)
+{
+    cr_assert_eq(load("production:\n  concurrency: 5\n  queus: [a]\n"), KIQ_ECONFIG);
+    assert_err(3, "queus: unknown key");
+}
+
+Test(config, merge_key_brings_in_anchor_and_own_keys_win)
+{
+    cr_assert_eq(load("defaults: &defaults\n"
+                      "  concurrency: 3\n"
+                      "  tag: base\n"
+                      "development:\n"
+                      "  tag: dev\n"
+                      "  <<: *defaults\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 3);
+    cr_assert_str_eq(cfg->tag, "dev");
+}
+
+Test(config, env_vars_are_expanded_in_values)
+{
+    setenv("KIQ_T_CONC", "12", 1);
+    setenv("KIQ_T_EMPTY", "", 1);
+    cr_assert_eq(load("concurrency: ${KIQ_T_CONC}\n"
+                      "tag: \"${KIQ_T_UNSET:-fallback}-x\"\n"
+                      "labels: [\"${KIQ_T_EMPTY:-was-empty}\", \"a${KIQ_T_EMPTY}b\", $HOME]\n"
+                      "redis_url: redis://${KIQ_T_UNSET:-cache}:6379/${KIQ_T_CONC}\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 12);
+    cr_assert_str_eq(cfg->tag, "fallback-x");
+    cr_assert_str_eq(cfg->labels[0], "was-empty");
+    cr_assert_str_eq(cfg->labels[1], "ab");
+    cr_assert_str_eq(cfg->labels[2], "$HOME", "only ${...} is expanded");
+    cr_assert_str_eq(cfg->redis_url, "redis://cache:6379/12");
+}
+
+Test(config, unset_env_var_without_default_is_an_error)
+{
+    cr_assert_eq(load("concurrency: 5\nredis_url: ${KIQ_T_UNSET}\n"), KIQ_ECONFIG);
+    assert_err(2, "redis_url: environment variable KIQ_T_UNSET is not set");
+}
+
+Test(config, malformed_reference_is_an_error)
+{
+    cr_assert_eq(load("tag: ${OOPS\n"), KIQ_ECONFIG);
+    assert_err(1, "tag: malformed ${...} reference");
+}
+
+Test(config, unknown_key_names_file_line_and_key)
+{
+    cr_assert_eq(load("# kiq\nqueues: [a]\nconcurrncy: 5\n"), KIQ_ECONFIG);
+    assert_err(3, "concurrncy: unknown key");
+}
+
+Test(config, unknown_symbol_key_is_named_without_colon)
+{
+    cr_assert_eq(load(":timout: 5\n"), KIQ_ECONFIG);
+    assert_err(1, "timout: unknown key");
+}
+
+Test(config, non_integer_concurrency_is_an_error)
+{
+    cr_assert_eq(load("tag: a\nconcurrency: abc\n"), KIQ_ECONFIG);
+    assert_err(2, "concurrency: must be an integer between 1 and 1000");
+}
+
+Test(config, zero_concurrency_is_an_error)
+{
+    cr_assert_eq(load("concurrency: 0\n"), KIQ_ECONFIG);
+    assert_err(1, "concurrency: must be an integer between 1 and 1000");
+}
+
+Test(config, list_for_a_number_is_an_error)
+{
+    cr_assert_eq(load("concurrency: [1]\n"), KIQ_ECONFIG);
+    assert_err(1, "concurrency: must be an integer between 1 and 1000");
+}
+
+Test(config, negative_timeout_is_an_error)
+{
+    cr_assert_eq(load("timeout: -1\n"), KIQ_ECONFIG);
+    assert_err(1, "timeout: must be a number greater than 0");
+}
+
+Test(config, other_bad_values_are_errors)
+{
+    static const struct {
+        const char *yaml, *msg;
+    } cases[] = {
+        {"max_retries: -1\n", "max_retries: must be an integer >= 0"},
+        {"dead_max_jobs: 0\n", "dead_max_jobs: must be an integer >= 1"},
+        {"dead_timeout_in_seconds: 1.5\n", "dead_timeout_in_seconds: must be an integer >= 1"},
+        {"poll_interval_average: -2\n", "poll_interval_average: must be a number >= 0"},
+        {"heartbeat_interval: 0\n", "heartbeat_interval: must be a number greater than 0"},
+        {"max_recoveries: 0\n", "max_recoveries: must be an integer >= 1"},
+        {"verbose: maybe\n", "verbose: must be true or false"},
+        {"fetch: super\n", "fetch: must be reliable or basic"},
+        {"timestamps: iso\n", "timestamps: must be float or millis"},
+        {"log_format: xml\n", "log_format: must be pretty or json"},
+        {"labels: blue\n", "labels: must be a list of strings"},
+        {"redis: {host: x}\n", "redis.host: unknown key"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kiq_config_free(cfg);
+        cfg = kiq_config_new();
+        if (path) {
+            unlink(path);
+            free(path);
+            path = NULL;
+        }
+        cr_assert_eq(load(cases[i].yaml), KIQ_ECONFIG, "%s", cases[i].yaml);
+        assert_err(1, cases[i].msg);
+    }
+}
+
+Test(config, classes_give_queue_and_retry)
+{
+    cr_assert_eq(load("classes:\n"
+                      "  HardJob: {queue: critical, retry: 5}\n"
+                      "  Mailer:\n"
+                      "    retry: false\n"
+                      "  Report: {retry: true}\n"
+                      "  Plain:\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->nclasses, 4);
+    const kiq_class_conf_t *c = kiq_config_class(cfg, "HardJob");
+    cr_assert_not_null(c);
+    cr_assert_str_eq(c->queue, "critical");
+    cr_assert_eq(c->retry, 5);
+    c = kiq_config_class(cfg, "Mailer");
+    cr_assert_null(c->queue);
+    cr_assert_eq(c->retry, KIQ_RETRY_NONE);
+    cr_assert_eq(kiq_config_class(cfg, "Report")->retry, KIQ_RETRY_DEFAULT);
+    cr_assert_eq(kiq_config_class(cfg, "Plain")->retry, KIQ_RETRY_UNSET);
+    cr_assert_null(kiq_config_class(cfg, "Nobody"));
+}
+
+Test(config, bad_class_retry_is_an_error)
+{
+    cr_assert_eq(load("classes:\n  HardJob:\n    queue: q\n    retry: maybe\n"), KIQ_ECONFIG);
+    assert_err(4, "classes.HardJob.retry: must be true, false or an integer >= 0");
+}
+
+Test(config, unknown_class_option_is_an_error)
+{
+    cr_assert_eq(load("classes:\n  HardJob: {queue: q, retries: 3}\n"), KIQ_ECONFIG);
+    assert_err(2, "classes.HardJob.retries: unknown key");
+}
+
+Test(config, yaml_syntax_error_is_a_parse_error_with_line)
+{
+    cr_assert_eq(load("concurrency: 5\nqueues: [a, b\ntag: x\n"), KIQ_EPARSE);
+    char want[KIQ_ERRLEN];
+    snprintf(want, sizeof(want), "%s:3: ", path);
+    cr_assert(strncmp(err, want, strlen(want)) == 0, "got %s", err);
+}
+
+Test(config, bad_indentation_is_a_parse_error)
+{
+    cr_assert_eq(load("concurrency: 5\n  timeout: 3\n"), KIQ_EPARSE);
+    char want[KIQ_ERRLEN];
+    snprintf(want, sizeof(want), "%s:2: mapping values are not allowed in this context",
+             path);
+    cr_assert_str_eq(err, want);
+}
+
+Test(config, missing_file_is_not_found)
+{
+    cr_assert_eq(kiq_config_load_file(cfg, "/nonexistent/kiq.yml", err), KIQ_ENOTFOUND);
+    cr_assert_str_eq(err, "/nonexistent/kiq.yml: No such file or directory");
+}
+
+Test(config, empty_file_changes_nothing)
+{
+    cr_assert_eq(load(""), 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 10);
+    cr_assert_str_eq(cfg->config_file, path);
+}
+
+Test(config, top_level_list_is_an_error)
+{
+    cr_assert_eq(load("- a\n- b\n"), KIQ_ECONFIG);
+    assert_err(1, "the file must be a mapping of settings");
+}
+
+Test(config, redis_mapping_sets_url)
+{
+    cr_assert_eq(load("redis:\n  url: redis://r:1/3\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg->redis_url, "redis://r:1/3");
+    cr_assert_eq(cfg->redis_url_explicit, 1);
+}
+
+Test(config, file_lists_replace_earlier_values)
+{
+    cr_assert_eq(kiq_config_add_queue(cfg, "flagq", err), 0);
+    cr_assert_eq(load("labels: [a]\nqueues: [x, y]\ntag:\nlog_file: ~\n"), 0, "%s", err);
+    cr_assert_eq(cfg->nqueues, 2);
+    cr_assert_str_eq(cfg->queues[1].name, "y");
+    cr_assert_str_eq(cfg->tag, "");
+    cr_assert_null(cfg->log_file);
+}
+
+Test(config, relative_plugin_path_is_resolved_against_config_dir)
+{
+    cr_assert_eq(load("plugins:\n  - plugins/jobs.so\n  - /abs/other.so\n"), 0, "%s", err);
+    cr_assert_eq(cfg->nplugins, 2);
+    cr_assert_str_eq(cfg->plugins[0], "/tmp/plugins/jobs.so");
+    cr_assert_str_eq(cfg->plugins[1], "/abs/other.so");
+}
+
+Test(config, plugin_next_to_a_bare_config_name_gets_dot_slash)
+{
+    char dir[] = "/tmp/kiq-test-dir-XXXXXX", old[4096];
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_not_null(getcwd(old, sizeof(old)));
+    cr_assert_eq(chdir(dir), 0);
+    FILE *f = fopen("kiq.yml", "w");
+    cr_assert_not_null(f);
+    fputs("plugins: [jobs.so]\n", f);
+    fclose(f);
+    int rc = kiq_config_load_file(cfg, "kiq.yml", err);
+    unlink("kiq.yml");
+    cr_assert_eq(chdir(old), 0);
+    rmdir(dir);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert_str_eq(cfg->plugins[0], "./jobs.so");
+}
+
+Test(config, add_queue_parses_name_and_weight)
+{
+    cr_assert_eq(kiq_config_add_queue(cfg, "critical,3", err), 0, "%s", err);
+    cr_assert_eq(kiq_config_add_queue(cfg, "low", err), 0, "%s", err);
+    cr_assert_eq(cfg->nqueues, 2, "the first flag replaces the default list");
+    cr_assert_str_eq(cfg->queues[0].name, "critical");
+    cr_assert_eq(cfg->queues[0].weight, 3);
+    cr_assert_str_eq(cfg->queues[1].name, "low");
+    cr_assert_eq(cfg->queues[1].weight, 0);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg->strict, 0);
+}
+
+Test(config, add_queue_rejects_zero_weight)
+{
+    cr_assert_eq(kiq_config_add_queue(cfg, "x,0", err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "queue x,0: weight must be an integer >= 1");
+    cr_assert_eq(cfg->nqueues, 1);
+    cr_assert_str_eq(cfg->queues[0].name, "default", "a failed call leaves the list");
+}
+
+Test(config, add_queue_rejects_non_numeric_weight)
+{
+    cr_assert_eq(kiq_config_add_queue(cfg, "x,abc", err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "queue x,abc: weight must be an integer >= 1");
+}
+
+Test(config, add_queue_rejects_duplicates_and_empty_names)
+{
+    cr_assert_eq(kiq_config_add_queue(cfg, "a", err), 0);
+    cr_assert_eq(kiq_config_add_queue(cfg, "a,2", err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "queue a is given twice");
+    cr_assert_eq(kiq_config_add_queue(cfg, ",2", err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "queue ,2: name is empty");
+    cr_assert_eq(cfg->nqueues, 1);
+}
+
+Test(config, apply_env_uses_redis_url)
+{
+    setenv("REDIS_URL", "redis://env:6379/1", 1);
+    kiq_config_apply_env(cfg);
+    cr_assert_str_eq(cfg->redis_url, "redis://env:6379/1");
+}
+
+Test(config, apply_env_uses_variable_named_by_redis_provider)
+{
+    setenv("REDIS_URL", "redis://ignored:6379/1", 1);
+    setenv("REDIS_PROVIDER", "MY_REDIS", 1);
+    setenv("MY_REDIS", "redis://provider:6379/4", 1);
+    kiq_config_apply_env(cfg);
+    cr_assert_str_eq(cfg->redis_url, "redis://provider:6379/4");
+}
+
+Test(config, apply_env_keeps_explicit_url)
+{
+    setenv("REDIS_URL", "redis://env:6379/1", 1);
+    cr_assert_eq(load("redis_url: redis://file:6379/0\n"), 0, "%s", err);
+    kiq_config_apply_env(cfg);
+    cr_assert_str_eq(cfg->redis_url, "redis://file:6379/0");
+}
+
+Test(config, apply_env_without_variables_keeps_default)
+{
+    kiq_config_apply_env(cfg);
+    cr_assert_str_eq(cfg->redis_url, "redis://127.0.0.1:6379/0");
+}
+
+Test(config, validate_rejects_out_of_range_values)
+{
+    cfg->concurrency = 1001;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "concurrency: must be an integer between 1 and 1000");
+    cfg->concurrency = 10;
+    cfg->timeout = 0;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "timeout: must be a number greater than 0");
+    cfg->timeout = 1;
+    cfg->recovery_interval = -1;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "recovery_interval: must be a number greater than 0");
+}
+
+Test(config, validate_rejects_bad_queue_lists)
+{
+    cr_assert_eq(kiq_config_add_queue(cfg, "two words", err), 0);
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "queues: queue name \"two words\" contains a space");
+    free(cfg->queues[0].name);
+    free(cfg->queues);
+    cfg->queues = NULL;
+    cfg->nqueues = 0;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "queues: must list at least one queue");
+}
+
+Test(config, set_str_replaces_and_copies)
+{
+    char buf[] = "one";
+    char *slot = NULL;
+    cr_assert_eq(kiq_config_set_str(&slot, buf), 0);
+    buf[0] = 'x';
+    cr_assert_str_eq(slot, "one");
+    cr_assert_eq(kiq_config_set_str(&slot, NULL), 0);
+    cr_assert_null(slot);
+}

@@ -1,0 +1,80 @@
+/* The payload scanner: accepts what JSON allows (big integers included),
+ * refuses the rest, and finds top-level members without converting them. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "runtime/buf.h"
+#include "runtime/json.h"
+#include "kiq/error.h"
+
+static int valid(const char *s)
+{
+    return kiq_json_validate(s, strlen(s), NULL) == 0;
+}
+
+Test(json, accepts_every_json_value_kind)
+{
+    cr_assert(valid("{\"a\":[1,-2.5e+3,true,false,null,\"x\\u00e9\\n\"],\"b\":{}}"));
+    cr_assert(valid(" [ ] "));
+    cr_assert(valid("123456789012345678901234567890"));
+}
+
+Test(json, refuses_malformed_text)
+{
+    const char *bad[] = { "", "{", "{\"a\":}", "{\"a\" 1}", "[1,]", "{\"a\":1,}", "01", "1.",
+                          "\"abc", "{\"a\":tru}", "{} x", "\"\\x\"", "\"a\tb\"", "[1 2]" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert(!valid(bad[i]), "accepted: %s", bad[i]);
+}
+
+Test(json, error_names_the_byte_offset)
+{
+    char err[KIQ_ERRLEN];
+    cr_assert_eq(kiq_json_validate("{\"a\":x}", 7, err), KIQ_EPARSE);
+    cr_assert(strstr(err, "byte 5"), "%s", err);
+}
+
+Test(json, scan_keeps_member_text_byte_exact)
+{
+    const char *s = "{\"args\":[123456789012345678901234567890,1.50],\"class\":\"A\",\"class\":\"B\"}";
+    kiq_jobject_t o = {0};
+    cr_assert_eq(kiq_json_scan_object(s, strlen(s), &o, NULL), 0);
+    cr_assert_eq(o.n, 3);
+    const kiq_jmember_t *a = kiq_jobject_get(&o, s, "args");
+    cr_assert_not_null(a);
+    cr_assert_eq(a->vlen, strlen("[123456789012345678901234567890,1.50]"));
+    cr_assert(strncmp(s + a->vstart, "[123456789012345678901234567890,1.50]", a->vlen) == 0);
+    const kiq_jmember_t *c = kiq_jobject_get(&o, s, "class");
+    cr_assert(strncmp(s + c->vstart, "\"B\"", c->vlen) == 0, "the last duplicate wins");
+    cr_assert_null(kiq_jobject_get(&o, s, "jid"));
+    kiq_jobject_free(&o);
+}
+
+Test(json, scan_refuses_non_objects)
+{
+    kiq_jobject_t o = {0};
+    cr_assert_eq(kiq_json_scan_object("[1]", 3, &o, NULL), KIQ_EPARSE);
+    kiq_jobject_free(&o);
+}
+
+Test(json, string_dup_decodes_escapes_and_surrogates)
+{
+    const char *v = "\"a\\\"b\\\\c\\u00e9\\ud83d\\ude00\"";
+    char *s = kiq_json_string_dup(v, strlen(v));
+    cr_assert_str_eq(s, "a\"b\\c\xc3\xa9\xf0\x9f\x98\x80");
+    free(s);
+    cr_assert_null(kiq_json_string_dup("12", 2));
+}
+
+Test(json, quote_escapes_and_replaces_invalid_utf8)
+{
+    kiq_buf_t b = {0};
+    const char in[] = "a\"b\n\x01\xff\xc3\xa9";
+    cr_assert_eq(kiq_json_quote(&b, in, sizeof(in) - 1), 0);
+    cr_assert_str_eq(b.p, "\"a\\\"b\\n\\u0001\xef\xbf\xbd\xc3\xa9\"");
+    cr_assert(valid(b.p));
+    kiq_buf_free(&b);
+    cr_assert(kiq_utf8_valid("\xc3\xa9", 2));
+    cr_assert(!kiq_utf8_valid("\xc3", 1));
+    cr_assert(!kiq_utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");
+}

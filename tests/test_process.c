@@ -1,0 +1,41 @@
+/* The thin path end to end: Ruby Sidekiq pushes, the kiq binary runs the
+ * jobs with the example handlers, and Sidekiq's API reads the results. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+
+TestSuite(process, .timeout = 120);
+
+Test(process, ruby_pushed_jobs_run_and_stats_show_them)
+{
+    char *jid = NULL;
+    const char *push[] = { "{\"class\":\"RecordJob\",\"args\":[\"rec\"]}", NULL };
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push", push[0], NULL }, &jid), 0, "%s", jid);
+    const char *bulk = "{\"class\":\"RecordJob\",\"args\":[[\"rec\"],[\"rec\"],[\"rec\"]]}";
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
+
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 4, 20), "jobs did not run: %s", kt_kiq_log(pid));
+    jid[strcspn(jid, "\n")] = '\0';
+    char *want = jid + 1; /* the jid printed as a JSON string */
+    want[strlen(want) - 1] = '\0';
+    cr_assert_eq(kt_int("SISMEMBER rec %s", want), 1);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "graceful stop exits 0: %s", kt_kiq_log(pid));
+    char *stats = NULL;
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "stats", NULL }, &stats), 0);
+    cr_assert(strstr(stats, "\"processed\":4"), "%s", stats);
+    cr_assert(strstr(stats, "\"failed\":0"), "%s", stats);
+    cr_assert(strstr(stats, "\"history_processed\":4"), "%s", stats);
+    cr_assert(strstr(stats, "\"processes_size\":0"), "a stopped process leaves the set: %s", stats);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "class=RecordJob jid="), "%s", log);
+    cr_assert(strstr(log, "INFO: done"), "%s", log);
+    cr_assert(strstr(log, "Bye!"), "%s", log);
+    free(log);
+    free(stats);
+    free(jid);
+}
