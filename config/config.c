@@ -36,6 +36,7 @@ kiq_config_t *kiq_config_new(void)
     cfg->heartbeat_interval = 5;
     cfg->recovery_interval = 60;
     cfg->max_recoveries = 3;
+    cfg->liveness_ttl = 60;
     cfg->fetch = KIQ_FETCH_RELIABLE;
     cfg->timestamps = KIQ_TS_FLOAT;
     cfg->log_format = KIQ_LOG_PRETTY;
@@ -201,6 +202,14 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
     if (!(cfg->recovery_interval > 0))
         return kiq_seterr(err, KIQ_ECONFIG,
                           "recovery_interval: must be a number greater than 0");
+    if (!(cfg->liveness_ttl > 0))
+        return kiq_seterr(err, KIQ_ECONFIG, "liveness_ttl: must be a number greater than 0");
+    /* Two refreshes may fail (a Redis blip) before the key lapses and the
+     * fleet takes this live process's jobs. */
+    if (cfg->heartbeat_interval * 3 > cfg->liveness_ttl)
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "liveness_ttl: must be at least 3 times heartbeat_interval (%g s)",
+                          cfg->heartbeat_interval);
     if (cfg->max_recoveries < 1)
         return kiq_seterr(err, KIQ_ECONFIG, "max_recoveries: must be an integer >= 1");
     if (!cfg->redis_url || !*cfg->redis_url)

@@ -183,10 +183,10 @@ static int to_bool(const char *s, int *out)
 {
     static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
     for (size_t i = 0; i < 3; i++) {
-        if (!strcasecmp(s, yes[i]))
-            return *out = 1, 0;
-        if (!strcasecmp(s, no[i]))
-            return *out = 0, 0;
+        if (!strcasecmp(s, yes[i]) || !strcasecmp(s, no[i])) {
+            *out = !strcasecmp(s, yes[i]);
+            return 0;
+        }
     }
     return KIQ_EINVAL;
 }
@@ -604,16 +604,18 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
             goto out;
     }
     /* A class listed twice: the later entry wins, as with any YAML key. */
-    kiq_class_conf_t *slot = (kiq_class_conf_t *)kiq_config_class(list, name);
+    kiq_class_conf_t *slot = NULL;
+    for (size_t i = 0; i < list->nclasses && !slot; i++)
+        if (!strcmp(list->classes[i].name, name))
+            slot = &list->classes[i];
     if (!slot) {
         kiq_class_conf_t *grown = realloc(list->classes, (list->nclasses + 1) * sizeof(*grown));
+        if (grown)
+            list->classes = grown;
         if (!grown || !(cc.name = strdup(name))) {
-            if (grown)
-                list->classes = grown;
             rc = nomem(c);
             goto out;
         }
-        list->classes = grown;
         list->classes[list->nclasses++] = cc;
         return 0;
     }
@@ -685,6 +687,7 @@ static const key_def_t keys[] = {
     {"heartbeat_interval", set_seconds, OFF(heartbeat_interval), 1, 0},
     {"recovery_interval", set_seconds, OFF(recovery_interval), 1, 0},
     {"max_recoveries", set_int, OFF(max_recoveries), 1, INT_MAX},
+    {"liveness_ttl", set_seconds, OFF(liveness_ttl), 1, 0},
     {"classes", set_classes, 0, 0, 0},
 };
 
@@ -804,6 +807,18 @@ static const char *environment(const kiq_config_t *cfg)
     return "development";
 }
 
+/* libyaml gives only a byte offset for bad encoding; count lines up to it. */
+static unsigned long line_at(FILE *f, size_t offset)
+{
+    unsigned long line = 1;
+    int ch;
+    rewind(f);
+    for (size_t i = 0; i < offset && (ch = getc(f)) != EOF; i++)
+        if (ch == '\n')
+            line++;
+    return line;
+}
+
 int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
 {
     ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = environment(cfg)};
@@ -824,8 +839,10 @@ int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
     parser_ready = 1;
     yaml_parser_set_input_file(&parser, f);
     if (!yaml_parser_load(&parser, &c.doc)) {
-        rc = kiq_seterr(err, KIQ_EPARSE, "%s:%lu: %s", path,
-                        (unsigned long)parser.problem_mark.line + 1,
+        unsigned long line = parser.error == YAML_READER_ERROR
+                                 ? line_at(f, parser.problem_offset)
+                                 : (unsigned long)parser.problem_mark.line + 1;
+        rc = kiq_seterr(err, KIQ_EPARSE, "%s:%lu: %s", path, line,
                         parser.problem ? parser.problem : "invalid YAML");
         goto out;
     }

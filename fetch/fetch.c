@@ -256,11 +256,13 @@ int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
     return rc;
 }
 
-int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity)
+int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl)
 {
     char key[512];
     kiq_fetch_liveness_key(identity, key, sizeof(key));
-    redisReply *rep = kiq_redis_cmdf(r, "SET %s 1 EX 60", key);
+    /* PX, so a sub-second TTL is not rounded to 0 (an error) or down. */
+    long long ms = (long long)(ttl * 1000.0);
+    redisReply *rep = kiq_redis_cmdf(r, "SET %s 1 PX %lld", key, ms > 0 ? ms : 1);
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;

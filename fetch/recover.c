@@ -1,7 +1,9 @@
 /* Orphan recovery: jobs left in the working lists of processes that died
  * go back to their queues; a job that keeps killing its workers goes to the
  * dead set (a poison pill). Each job moves in a script that first checks the
- * owner's liveness key, so a live process's list is never touched. */
+ * owner's liveness key, so a live process's list is never touched.
+ * Also here, because they read working lists the same way: giving back
+ * strays from a live process's own list, and the listing `kiq stats` shows. */
 #include "kiq/fetch.h"
 
 #include <stdio.h>
@@ -133,11 +135,14 @@ int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveri
     moved_t jobs[BATCH];
     int rc = 0;
     size_t total = list->elements, done = 0;
-    /* Oldest first (the right end), so they return in the order taken. */
+    /* Each job is RPUSHed to the end of its queue that is fetched next, so
+     * the last one pushed runs first. Pushing from the working list's left
+     * (newest) end leaves the oldest job outermost: the queue is consumed in
+     * the order the dead process took the jobs. */
     while (done < total && rc == 0) {
         size_t n = 0;
         for (; n < BATCH && done + n < total; n++) {
-            redisReply *e = list->element[total - 1 - (done + n)];
+            redisReply *e = list->element[done + n];
             memset(&jobs[n], 0, sizeof(jobs[n]));
             jobs[n].orig = e->str;
             jobs[n].olen = e->len;
@@ -162,10 +167,35 @@ int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveri
     return 0;
 }
 
+/* Seconds since Redis started (INFO server), -1 when it does not say (INFO
+ * refused or renamed: recovery then runs as before), or KIQ_EREDIS. */
+static long long redis_uptime(kiq_redis_t *r)
+{
+    redisReply *rep = kiq_redis_cmdf(r, "INFO server");
+    long long up = -1;
+    if (!rep)
+        return KIQ_EREDIS;
+    const char *at = rep->type == REDIS_REPLY_STRING ? strstr(rep->str, "uptime_in_seconds:")
+                                                     : NULL;
+    if (at)
+        up = strtoll(at + strlen("uptime_in_seconds:"), NULL, 10);
+    freeReplyObject(rep);
+    return up;
+}
+
 int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
-                      kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
+                      double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
+    if (liveness_ttl > 0) {
+        long long up = redis_uptime(r);
+        if (up == KIQ_EREDIS)
+            return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+        if (up >= 0 && (double)up < liveness_ttl) {
+            out->deferred = 1;
+            return 0;
+        }
+    }
     char cursor[32] = "0";
     size_t plen = strlen(WORKING_PREFIX);
     int rc = 0;
@@ -197,5 +227,268 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
         }
         freeReplyObject(rep);
     } while (rc == 0 && strcmp(cursor, "0") != 0);
+    return rc;
+}
+
+/* Orders listings by identity, so `kiq stats` prints a stable table. */
+static int cmp_info(const void *a, const void *b)
+{
+    return strcmp(((const kiq_working_info_t *)a)->identity,
+                  ((const kiq_working_info_t *)b)->identity);
+}
+
+void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n)
+{
+    if (!info)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free(info[i].identity);
+    free(info);
+}
+
+/* Appends the identity of every working-list key in keys to *v (SCAN may
+ * return a key twice; duplicates are removed after sorting). */
+static int collect(const redisReply *keys, kiq_working_info_t **v, size_t *n, size_t *cap)
+{
+    size_t plen = strlen(WORKING_PREFIX);
+    for (size_t i = 0; i < keys->elements; i++) {
+        const redisReply *k = keys->element[i];
+        if (k->type != REDIS_REPLY_STRING || k->len <= plen)
+            continue;
+        if (*n == *cap) {
+            size_t nc = *cap ? *cap * 2 : 16;
+            kiq_working_info_t *nv = realloc(*v, nc * sizeof(*nv));
+            if (!nv)
+                return KIQ_ENOMEM;
+            *v = nv;
+            *cap = nc;
+        }
+        kiq_working_info_t *e = &(*v)[*n];
+        memset(e, 0, sizeof(*e));
+        if (!(e->identity = strndup(k->str + plen, k->len - plen)))
+            return KIQ_ENOMEM;
+        (*n)++;
+    }
+    return 0;
+}
+
+int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nout, char *err)
+{
+    kiq_working_info_t *v = NULL;
+    size_t n = 0, cap = 0, kept = 0;
+    char cursor[32] = "0";
+    redisReply *rep = NULL;
+    int rc = 0;
+    do {
+        rep = kiq_redis_cmdf(r, "SCAN %s MATCH %s* COUNT 200", cursor, WORKING_PREFIX);
+        if (!rep) {
+            rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+            goto out;
+        }
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2
+            || rep->element[0]->type != REDIS_REPLY_STRING) {
+            rc = kiq_seterr(err, KIQ_EREPLY, "SCAN: unexpected reply");
+            goto out;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        if ((rc = collect(rep->element[1], &v, &n, &cap)) != 0) {
+            kiq_seterr(err, rc, "out of memory");
+            goto out;
+        }
+        freeReplyObject(rep);
+        rep = NULL;
+    } while (strcmp(cursor, "0") != 0);
+    if (n)
+        qsort(v, n, sizeof(*v), cmp_info);
+    for (size_t i = 0; i < n; i++) {
+        if (kept && strcmp(v[kept - 1].identity, v[i].identity) == 0) {
+            free(v[i].identity);
+            continue;
+        }
+        v[kept++] = v[i];
+    }
+    n = kept;
+    /* One round trip for all of them: LLEN and PTTL per identity. */
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char wkey[512], lkey[512];
+        kiq_fetch_working_key(v[i].identity, wkey, sizeof(wkey));
+        kiq_fetch_liveness_key(v[i].identity, lkey, sizeof(lkey));
+        const char *llen[] = { "LLEN", wkey }, *pttl[] = { "PTTL", lkey };
+        rc = kiq_redis_append(r, 2, llen, NULL);
+        if (!rc)
+            rc = kiq_redis_append(r, 2, pttl, NULL);
+    }
+    /* Every reply is read even after an odd one, so none is left for the
+     * connection's next command. */
+    for (size_t i = 0; i < n && rc != KIQ_EREDIS; i++) {
+        for (int k = 0; k < 2; k++) {
+            redisReply *x = kiq_redis_get_reply(r);
+            if (!x) {
+                rc = KIQ_EREDIS;
+                break;
+            }
+            if (x->type != REDIS_REPLY_INTEGER)
+                rc = rc ? rc : KIQ_EREPLY;
+            else if (k == 0)
+                v[i].length = x->integer;
+            else
+                v[i].liveness_ms = x->integer;
+            freeReplyObject(x);
+        }
+        v[i].alive = v[i].liveness_ms != -2;
+        if (v[i].liveness_ms < -1)
+            v[i].liveness_ms = 0;
+    }
+    if (rc) {
+        kiq_seterr(err, rc, "listing working lists: %s",
+                   rc == KIQ_EREDIS ? kiq_redis_error(r) : "unexpected reply");
+        goto out;
+    }
+    /* A list emptied since SCAN no longer exists: it has no jobs to show. */
+    kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].length > 0)
+            v[kept++] = v[i];
+        else
+            free(v[i].identity);
+    }
+    n = kept;
+out:
+    freeReplyObject(rep);
+    if (rc) {
+        kiq_fetch_working_info_free(v, n);
+        return rc;
+    }
+    *out = v;
+    *nout = n;
+    return 0;
+}
+
+/* Entries of our own working list seen unheld at the last pass, each with
+ * the time it was first seen so. */
+struct kiq_strays {
+    char **payload;
+    size_t *len;
+    double *since;  /* kiq_mono() */
+    size_t n;
+};
+
+kiq_strays_t *kiq_strays_new(void)
+{
+    return calloc(1, sizeof(kiq_strays_t));
+}
+
+static void strays_clear(kiq_strays_t *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->payload[i]);
+    free(s->payload);
+    free(s->len);
+    free(s->since);
+    memset(s, 0, sizeof(*s));
+}
+
+void kiq_strays_free(kiq_strays_t *s)
+{
+    if (!s)
+        return;
+    strays_clear(s);
+    free(s);
+}
+
+/* When p was first seen unheld, or -1 if it was held (or absent) last pass. */
+static double suspect_since(const kiq_strays_t *s, const char *p, size_t len)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->len[i] == len && memcmp(s->payload[i], p, len) == 0)
+            return s->since[i];
+    return -1;
+}
+
+/* Puts one stray back at the fetched end of its queue, only if it is still
+ * in our list (requeue.lua), so a processor that gives it back at the same
+ * moment cannot double it. Returns 1 when moved, 0 when gone, or KIQ_E*. */
+static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t len)
+{
+    kiq_jobject_t obj = {0};
+    char qkey[512] = "queue:default";
+    if (kiq_json_scan_object(raw, len, &obj, NULL) == 0) {
+        const kiq_jmember_t *q = kiq_jobject_get(&obj, raw, "queue");
+        char *name = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
+        if (name && *name)
+            snprintf(qkey, sizeof(qkey), "queue:%s", name);
+        free(name);
+    }
+    kiq_jobject_free(&obj);
+    const char *argv[] = { wkey, qkey, raw };
+    size_t lens[] = { strlen(wkey), strlen(qkey), len };
+    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
+    if (!rep)
+        return KIQ_EREDIS;
+    int rc = rep->type == REDIS_REPLY_INTEGER ? (int)rep->integer : KIQ_EREPLY;
+    freeReplyObject(rep);
+    return rc;
+}
+
+int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, double min_age,
+                      kiq_fetch_held_fn held, void *udata, long *reclaimed, char *err)
+{
+    char wkey[512];
+    kiq_fetch_working_key(identity, wkey, sizeof(wkey));
+    *reclaimed = 0;
+    redisReply *list = kiq_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
+    if (!list)
+        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    kiq_strays_t next = {0};
+    int rc = 0;
+    if (list->type != REDIS_REPLY_ARRAY) {
+        rc = kiq_seterr(err, KIQ_EREPLY, "LRANGE %s: unexpected reply", wkey);
+        goto out;
+    }
+    double now = kiq_mono();
+    if (list->elements) {
+        next.payload = calloc(list->elements, sizeof(char *));
+        next.len = calloc(list->elements, sizeof(size_t));
+        next.since = calloc(list->elements, sizeof(double));
+        if (!next.payload || !next.len || !next.since) {
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    /* Left (newest) end first, as in recovery: the oldest is pushed last and
+     * so is fetched first. */
+    for (size_t i = 0; i < list->elements && rc == 0; i++) {
+        const redisReply *e = list->element[i];
+        if (e->type != REDIS_REPLY_STRING || held(e->str, e->len, udata))
+            continue;
+        /* A processor registers the job it fetched a moment after the
+         * fetch, and this pass may fall in between: only a job unheld at
+         * every pass for min_age is a stray. */
+        double since = suspect_since(st, e->str, e->len);
+        if (since >= 0 && now - since >= min_age) {
+            int moved = give_back(r, wkey, e->str, e->len);
+            if (moved < 0)
+                rc = kiq_seterr(err, moved, "giving back a job of %s: %s", wkey,
+                                moved == KIQ_EREDIS ? kiq_redis_error(r) : "unexpected reply");
+            else
+                *reclaimed += moved;
+            continue;
+        }
+        if (!(next.payload[next.n] = malloc(e->len ? e->len : 1))) {
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            break;
+        }
+        memcpy(next.payload[next.n], e->str, e->len);
+        next.len[next.n] = e->len;
+        next.since[next.n++] = since >= 0 ? since : now;
+    }
+    if (rc == 0) {
+        strays_clear(st);
+        *st = next;
+        memset(&next, 0, sizeof(next));
+    }
+out:
+    strays_clear(&next);
+    freeReplyObject(list);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "log.h"
 #include "kiq/kiq.h"
+#include "kiq/redis.h"
 
 static const char *main_usage =
     "Usage: kiq [COMMAND] [options]\n"
@@ -47,6 +48,11 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
     }
     if (!rc)
         rc = kiq_config_validate(cfg, err);
+    /* A URL that can never work is a configuration error (78), found before
+     * the worker starts rather than as a runtime failure. */
+    kiq_redis_url_t url;
+    if (!rc && !(rc = kiq_redis_url_parse(cfg->redis_url, &url, err)))
+        kiq_redis_url_clear(&url);
     if (rc) {
         fprintf(stderr, "kiq: %s\n", err);
         kiq_config_free(cfg);

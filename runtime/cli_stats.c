@@ -1,9 +1,223 @@
-/* `kiq stats`: filled in below. */
-#include "cli.h"
+/* `kiq stats [--json]`: what Sidekiq's dashboard shows, from the shell —
+ * processed/failed, queue sizes and latency, schedule/retry/dead sizes,
+ * processes, and the reliable fetch's working lists with their owners. */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "json.h"
+#include "payload.h"
+#include "timeutil.h"
+#include "kiq/fetch.h"
+#include "kiq/kiq.h"
+#include "kiq/redis.h"
+
+static const char *usage =
+    "Usage: kiq stats [--json] [--redis-url URL]\n"
+    "\n"
+    "Prints processed and failed counts, each queue's size and latency (age of\n"
+    "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
+    "reliable fetch's working lists with whether their owner is alive.\n";
+
+static long long int_reply(kiq_redis_t *r, const char *fmt, const char *arg)
+{
+    redisReply *rep = kiq_redis_cmdf(r, fmt, arg);
+    long long v = !rep ? -1
+                : rep->type == REDIS_REPLY_INTEGER ? rep->integer
+                : rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : 0;
+    freeReplyObject(rep);
+    return v;
+}
+
+/* Seconds since the oldest job of queue was enqueued (0 when empty). */
+static double latency(kiq_redis_t *r, const char *queue)
+{
+    redisReply *rep = kiq_redis_cmdf(r, "LINDEX queue:%s -1", queue);
+    double lat = 0;
+    if (rep && rep->type == REDIS_REPLY_STRING) {
+        kiq_jobject_t o = {0};
+        if (kiq_json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
+            const kiq_jmember_t *m = kiq_jobject_get(&o, rep->str, "enqueued_at");
+            double t = m ? kiq_ts_parse(rep->str + m->vstart, m->vlen) : 0;
+            if (t > 0)
+                lat = kiq_now() - t;
+        }
+        kiq_jobject_free(&o);
+    }
+    freeReplyObject(rep);
+    return lat < 0 ? 0 : lat;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static json_t *queues_json(kiq_redis_t *r)
+{
+    json_t *arr = json_array();
+    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS queues");
+    if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements) {
+        const char **names = calloc(rep->elements, sizeof(char *));
+        for (size_t i = 0; names && i < rep->elements; i++)
+            names[i] = rep->element[i]->str;
+        if (names) {
+            qsort(names, rep->elements, sizeof(char *), by_name);
+            for (size_t i = 0; i < rep->elements; i++) {
+                json_t *q = json_object();
+                json_object_set_new(q, "name", json_string(names[i]));
+                json_object_set_new(q, "size", json_integer(int_reply(r, "LLEN queue:%s", names[i])));
+                json_object_set_new(q, "latency", json_real(latency(r, names[i])));
+                json_array_append_new(arr, q);
+            }
+        }
+        free(names);
+    }
+    freeReplyObject(rep);
+    return arr;
+}
+
+static json_t *processes_json(kiq_redis_t *r)
+{
+    json_t *arr = json_array();
+    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS processes");
+    for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+        const char *id = rep->element[i]->str;
+        redisReply *h = kiq_redis_cmdf(r, "HMGET %s info busy beat quiet rss", id);
+        if (h && h->type == REDIS_REPLY_ARRAY && h->elements == 5
+            && h->element[0]->type == REDIS_REPLY_STRING) {
+            json_t *p = json_object();
+            json_t *info = json_loads(h->element[0]->str, 0, NULL);
+            json_object_set_new(p, "identity", json_string(id));
+            json_object_set(p, "queues", info ? json_object_get(info, "queues") : json_null());
+            json_object_set(p, "concurrency", info ? json_object_get(info, "concurrency") : json_null());
+            json_object_set(p, "tag", info ? json_object_get(info, "tag") : json_null());
+            for (int k = 1; k < 5; k++) {
+                static const char *names[] = { NULL, "busy", "beat", "quiet", "rss" };
+                redisReply *v = h->element[k];
+                json_t *val = v->type != REDIS_REPLY_STRING ? json_null()
+                            : k == 3 ? json_boolean(strcmp(v->str, "true") == 0)
+                            : k == 2 ? json_real(atof(v->str)) : json_integer(atoll(v->str));
+                json_object_set_new(p, names[k], val);
+            }
+            json_decref(info);
+            json_array_append_new(arr, p);
+        }
+        freeReplyObject(h);
+    }
+    freeReplyObject(rep);
+    return arr;
+}
+
+static json_t *working_json(kiq_redis_t *r)
+{
+    json_t *arr = json_array();
+    kiq_working_info_t *w = NULL;
+    size_t n = 0;
+    char err[KIQ_ERRLEN];
+    if (kiq_fetch_list_working(r, &w, &n, err) == 0) {
+        for (size_t i = 0; i < n; i++) {
+            json_t *o = json_object();
+            json_object_set_new(o, "identity", json_string(w[i].identity));
+            json_object_set_new(o, "size", json_integer(w[i].length));
+            json_object_set_new(o, "alive", json_boolean(w[i].alive));
+            json_array_append_new(arr, o);
+        }
+    }
+    kiq_fetch_working_info_free(w, n);
+    return arr;
+}
+
+static json_t *collect(kiq_redis_t *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "processed", json_integer(int_reply(r, "GET %s", "stat:processed")));
+    json_object_set_new(o, "failed", json_integer(int_reply(r, "GET %s", "stat:failed")));
+    json_object_set_new(o, "scheduled", json_integer(int_reply(r, "ZCARD %s", "schedule")));
+    json_object_set_new(o, "retries", json_integer(int_reply(r, "ZCARD %s", "retry")));
+    json_object_set_new(o, "dead", json_integer(int_reply(r, "ZCARD %s", "dead")));
+    json_object_set_new(o, "queues", queues_json(r));
+    json_object_set_new(o, "processes", processes_json(r));
+    json_object_set_new(o, "working", working_json(r));
+    return o;
+}
+
+static void print_text(json_t *o, const char *name)
+{
+    size_t i;
+    json_t *e;
+    printf("kiq %s  %s\n\n", KIQ_VERSION, name);
+    printf("Processed: %lld  Failed: %lld\n",
+           json_integer_value(json_object_get(o, "processed")),
+           json_integer_value(json_object_get(o, "failed")));
+    printf("Scheduled: %lld  Retries: %lld  Dead: %lld\n\n",
+           json_integer_value(json_object_get(o, "scheduled")),
+           json_integer_value(json_object_get(o, "retries")),
+           json_integer_value(json_object_get(o, "dead")));
+    printf("%-30s %10s %12s\n", "Queue", "Size", "Latency (s)");
+    json_array_foreach(json_object_get(o, "queues"), i, e)
+        printf("%-30s %10lld %12.3f\n", json_string_value(json_object_get(e, "name")),
+               json_integer_value(json_object_get(e, "size")),
+               json_real_value(json_object_get(e, "latency")));
+    printf("\nProcesses\n");
+    json_array_foreach(json_object_get(o, "processes"), i, e) {
+        printf("  %s  busy %lld of %lld  %s  rss %lld KB\n",
+               json_string_value(json_object_get(e, "identity")),
+               json_integer_value(json_object_get(e, "busy")),
+               json_integer_value(json_object_get(e, "concurrency")),
+               json_is_true(json_object_get(e, "quiet")) ? "quiet" : "running",
+               json_integer_value(json_object_get(e, "rss")));
+    }
+    printf("\nWorking lists (reliable fetch)\n");
+    json_array_foreach(json_object_get(o, "working"), i, e)
+        printf("  %s  %lld jobs  owner %s\n", json_string_value(json_object_get(e, "identity")),
+               json_integer_value(json_object_get(e, "size")),
+               json_is_true(json_object_get(e, "alive")) ? "alive" : "DEAD (recovered at the next pass)");
+}
+
 int kiq_cmd_stats(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "kiq stats: not yet available\n");
-    return 1;
+    static const struct option longopts[] = {
+        { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
+        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+    };
+    const char *url = NULL;
+    int as_json = 0, opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (opt == 'j') as_json = 1;
+        else if (opt == 'u') url = optarg;
+        else if (opt == 'h') { fputs(usage, stdout); return 0; }
+        else {
+            fprintf(stderr, "kiq stats: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 10, err);
+    if (!r) {
+        fprintf(stderr, "kiq stats: %s\n", err);
+        return KIQ_EXIT_USAGE;
+    }
+    if (kiq_redis_connect(r)) {
+        fprintf(stderr, "kiq stats: %s\n", kiq_redis_error(r));
+        kiq_redis_free(r);
+        return 1;
+    }
+    json_t *o = collect(r);
+    if (as_json) {
+        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+    } else {
+        print_text(o, kiq_redis_name(r));
+    }
+    json_decref(o);
+    kiq_redis_free(r);
+    return 0;
 }

@@ -227,13 +227,14 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     redisReply *res = NULL;
     if (!rc)
         rc = drain(r, 7, &res, 6);
-    if (res && res->type == REDIS_REPLY_ARRAY && res->elements == 6
-        && res->element[5]->type == REDIS_REPLY_STRING)
-        deliver(rt, res->element[5]->str);
+    /* EXEC answers the five queued commands; RPOP's reply is the last. */
+    if (res && res->type == REDIS_REPLY_ARRAY && res->elements == 5
+        && res->element[4]->type == REDIS_REPLY_STRING)
+        deliver(rt, res->element[4]->str);
     freeReplyObject(res);
     if (rc == KIQ_EREDIS)
         return rc;
-    return kiq_fetch_heartbeat(r, rt->identity);
+    return kiq_fetch_heartbeat(r, rt->identity, rt->cfg->liveness_ttl);
 }
 
 int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
@@ -260,11 +261,42 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
         return; /* another process of the fleet does this pass */
     kiq_recovery_t rec;
     char err[KIQ_ERRLEN];
-    if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->timestamps, &rec, err))
+    if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
+                          rt->cfg->timestamps, &rec, err))
         kiq_warn("orphan recovery: %s", err);
+    else if (rec.deferred)
+        kiq_info("orphan recovery waits: Redis restarted less than liveness_ttl ago");
     else if (rec.recovered || rec.killed)
         kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
                  rec.recovered, rec.lists, rec.killed);
+}
+
+/* Whether a processor is running this exact payload (kiq_fetch_held_fn). */
+static int slot_holds(const char *payload, size_t len, void *ud)
+{
+    kiq_runtime_t *rt = ud;
+    int held = 0;
+    for (int i = 0; i < rt->nslots && !held; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        held = s->busy && !s->abandoned && s->len == len && memcmp(s->payload, payload, len) == 0;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return held;
+}
+
+/* Recovery never touches a live process's list, so a job stranded in our
+ * own (its fetch reply lost with the connection) is ours to give back. */
+static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
+{
+    long n = 0;
+    char err[KIQ_ERRLEN];
+    double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
+    if (kiq_fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
+        kiq_warn("working list check: %s", err);
+    else if (n)
+        kiq_warn("gave back %ld jobs that sat in this process's working list with no processor "
+                 "running them", n);
 }
 
 void *kiq_housekeeper_main(void *arg)
@@ -277,19 +309,33 @@ void *kiq_housekeeper_main(void *arg)
         return NULL;
     }
     double next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+    kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq_strays_new() : NULL;
+    int was_connected = 0;
     while (!atomic_load(&rt->housekeeper_stop)) {
         kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
         if (atomic_load(&rt->housekeeper_stop))
             break;
-        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->housekeeper_stop))
-            break;
+        if (!kiq_redis_ok(r)) {
+            if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+                break;
+            /* Cut off from Redis, so maybe the whole fleet was: the others'
+             * liveness keys may have lapsed while they lived on. Give them
+             * a full TTL to refresh before judging any of them dead. */
+            double after = kiq_mono() + rt->cfg->liveness_ttl;
+            if (was_connected && next_recovery < after)
+                next_recovery = after;
+            was_connected = 1;
+        }
         if (kiq_heartbeat_beat(rt, r, 0) == KIQ_EREDIS)
             continue;
+        if (strays)
+            reclaim_pass(rt, r, strays);
         if (kiq_mono() >= next_recovery) {
             next_recovery = kiq_mono() + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
         }
     }
+    kiq_strays_free(strays);
     kiq_redis_free(r);
     return NULL;
 }

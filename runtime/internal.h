@@ -26,7 +26,8 @@ struct kiq_job {
 
 /* Parses payload (ownership moves to job, even on failure) fetched from
  * queue. Returns 0; KIQ_EPARSE when the payload is not a JSON object;
- * KIQ_EINVAL when class or jid is missing or not a string. err says which. */
+ * KIQ_EINVAL when class or jid is missing or not a string, or args is not an
+ * array. err says which. */
 int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, char *err);
 void kiq_job_clear(kiq_job_t *job);
 

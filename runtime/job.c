@@ -31,6 +31,10 @@ int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, c
         return kiq_seterr(err, KIQ_EINVAL, "the payload has no \"class\" string");
     if (!job->jid || !job->jid[0])
         return kiq_seterr(err, KIQ_EINVAL, "the payload has no \"jid\" string");
+    /* Sidekiq's client refuses such a job; a handler is promised an array. */
+    const kiq_jmember_t *am = kiq_jobject_get(&job->obj, payload, "args");
+    if (am && payload[am->vstart] != '[')
+        return kiq_seterr(err, KIQ_EINVAL, "the payload's \"args\" is not an array");
     const kiq_jmember_t *rcm = kiq_jobject_get(&job->obj, payload, "retry_count");
     if (rcm) {
         char tmp[32];

@@ -190,13 +190,27 @@ void *kiq_processor_main(void *arg)
             break;
         kiq_fetched_t got;
         int rc = kiq_fetch_next(s->fetch, r, &got);
+        if (rc < 0 && kiq_redis_ok(r)) {
+            /* Redis answered with an error (a queue key that is not a list,
+             * a script it refuses): retrying at once would only spin. */
+            if (!atomic_exchange(&rt->fetch_failing, 1))
+                kiq_error("fetch failed: %s; retrying every second", kiq_redis_error(r));
+            kiq_rt_wait(rt, 1.0);
+            continue;
+        }
+        if (rc >= 0 && atomic_load(&rt->fetch_failing) && atomic_exchange(&rt->fetch_failing, 0))
+            kiq_info("fetching works again");
         if (rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         if (atomic_load(&rt->quiet)) {
             /* Fetched as the process went quiet: give it back at once. */
-            while (kiq_fetch_requeue(s->fetch, r, got.queue, got.payload, got.len) != 0)
+            int back;
+            while ((back = kiq_fetch_requeue(s->fetch, r, got.queue, got.payload, got.len)) != 0)
                 if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
                     break;
+            if (back == 0)
+                kiq_info("a job fetched as the process went quiet went back to queue:%s",
+                         got.queue);
             free(got.payload);
             break;
         }

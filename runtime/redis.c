@@ -132,13 +132,15 @@ int kiq_redis_connect(kiq_redis_t *r)
     return 0;
 }
 
-int kiq_redis_ok(const kiq_redis_t *r) { return r && r->c && !r->broken; }
+int kiq_redis_ok(const kiq_redis_t *r) { return r && r->c && !r->broken && !r->c->err; }
 const char *kiq_redis_error(const kiq_redis_t *r) { return r->errstr; }
 const char *kiq_redis_name(const kiq_redis_t *r) { return r->name; }
 redisContext *kiq_redis_ctx(kiq_redis_t *r) { return r->broken ? NULL : r->c; }
 
 static int ensure(kiq_redis_t *r)
 {
+    if (!r->broken && r->c && r->c->err)
+        fail_io(r, "connection"); /* a handler's own command on kiq_job_redis() failed */
     if (r->broken || !r->c) {
         if (!r->errstr[0])
             snprintf(r->errstr, sizeof(r->errstr), "%s: not connected", r->name);
@@ -181,6 +183,8 @@ redisReply *kiq_redis_get_reply(kiq_redis_t *r)
     redisReply *rr = rep;
     if (rr->type == REDIS_REPLY_ERROR && strncmp(rr->str, "NOSCRIPT", 8) == 0)
         r->need_load = 1;
+    else if (rr->type == REDIS_REPLY_ERROR) /* so callers that only see a code can say why */
+        snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, rr->str);
     return rr;
 }
 

@@ -62,6 +62,10 @@ struct kiq_runtime {
     pthread_mutex_t wake_mu;       /* housekeeper/scheduler sleep on wake */
     pthread_cond_t wake;
     int abandoned;
+    atomic_int redis_down;         /* a thread cannot reach Redis: one outage
+                                      is logged once, not once per thread */
+    _Atomic double redis_down_at;  /* kiq_mono() when it was noticed */
+    atomic_int fetch_failing;      /* fetches get error replies (logged once) */
 };
 
 /* registry.c */
@@ -89,13 +93,26 @@ void *kiq_scheduler_main(void *rt);
  * number moved or KIQ_EREDIS. */
 long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now);
 
+/* notify.c: systemd's Type=notify protocol over $NOTIFY_SOCKET (a no-op
+ * when it is unset). kiq_notify sends one state ("READY=1", "STOPPING=1")
+ * and returns 0, KIQ_EINVAL for an address it cannot use, or KIQ_ESYS.
+ * kiq_notify_watchdog sends "WATCHDOG=1" when half of WATCHDOG_USEC has
+ * passed since the last one; only the main thread calls it, from its signal
+ * loop, so a Redis outage (which the other threads wait out) never gets the
+ * process restarted, while a wedged main thread does.
+ * kiq_notify_watchdog_every is that half interval in seconds, 0 when off. */
+int kiq_notify(const char *state);
+void kiq_notify_watchdog(void);
+double kiq_notify_watchdog_every(void);
+
 /* Sleeps up to s seconds on rt->wake; returns early when woken. */
 void kiq_rt_wait(struct kiq_runtime *rt, double s);
 /* Wakes every thread sleeping in kiq_rt_wait. */
 void kiq_rt_wake(struct kiq_runtime *rt);
 
 /* Connects r, retrying with capped exponential backoff until it works or
- * give_up() says so. Logs the outage once and the recovery. */
+ * give_up() says so. An outage is logged once for the whole process (by
+ * the first thread to notice it), and so is the recovery. */
 int kiq_rt_connect(struct kiq_runtime *rt, kiq_redis_t *r, atomic_int *give_up);
 
 #endif

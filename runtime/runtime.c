@@ -91,17 +91,21 @@ void kiq_rt_wake(kiq_runtime_t *rt)
 
 int kiq_rt_connect(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up)
 {
-    double delay = 0.05, down_since = kiq_mono();
-    int logged = 0;
+    double delay = 0.05;
     for (;;) {
+        /* Every thread notices an outage on its own connection; the first
+         * to fail reports it and the first back reports the recovery. */
         if (kiq_redis_connect(r) == 0) {
-            if (logged)
-                kiq_info("Redis is online, %.3f sec downtime", kiq_mono() - down_since);
+            if (atomic_exchange(&rt->redis_down, 0))
+                kiq_info("Redis is online, %.3f sec downtime",
+                         kiq_mono() - atomic_load(&rt->redis_down_at));
             return 0;
         }
-        if (!logged) {
+        int was_up = 0;
+        double now = kiq_mono();
+        if (atomic_compare_exchange_strong(&rt->redis_down, &was_up, 1)) {
+            atomic_store(&rt->redis_down_at, now);
             kiq_warn("%s; retrying with backoff", kiq_redis_error(r));
-            logged = 1;
         }
         double until = kiq_mono() + delay;
         while (kiq_mono() < until) {
@@ -214,6 +218,17 @@ static int handle_signal(kiq_runtime_t *rt, int sig)
     return 0;
 }
 
+/* The main thread's connection sits idle from start to stop, so a Redis
+ * restart in between goes unnoticed until a write of the shutdown fails
+ * (the requeue, or leaving the process set). Checks it first. */
+static void live_conn(kiq_redis_t *r)
+{
+    redisReply *pong = kiq_redis_ok(r) ? kiq_redis_cmdf(r, "PING") : NULL;
+    if (!pong)
+        kiq_redis_connect(r);
+    freeReplyObject(pong);
+}
+
 static int busy_slots(kiq_runtime_t *rt)
 {
     int n = 0;
@@ -227,6 +242,7 @@ static int busy_slots(kiq_runtime_t *rt)
 
 static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
 {
+    kiq_notify("STOPPING=1");
     kiq_info("Shutting down");
     atomic_store(&rt->stopping, 1);
     go_quiet(rt);
@@ -234,6 +250,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
     if (busy_slots(rt))
         kiq_info("Pausing to allow workers to finish...");
     while (busy_slots(rt) && kiq_mono() < deadline) {
+        kiq_notify_watchdog();
         int sig = next_signal(rt, set, PAUSE);
         if (sig == SIGTERM || sig == SIGINT) {
             kiq_info("Second %s: not waiting any longer", sig == SIGINT ? "INT" : "TERM");
@@ -244,8 +261,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
     int busy = busy_slots(rt);
     if (busy) {
         kiq_info("Terminating %d busy worker threads", busy);
-        if (!kiq_redis_ok(r))
-            kiq_redis_connect(r);
+        live_conn(r);
         int n = kiq_processor_requeue_busy(rt, r);
         kiq_info("Pushed %d jobs back to Redis", n);
     }
@@ -278,8 +294,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
     kiq_rt_wake(rt);
     if (rt->housekeeper_started)
         pthread_join(rt->housekeeper, NULL);
-    if (!kiq_redis_ok(r))
-        kiq_redis_connect(r);
+    live_conn(r);
     kiq_stats_flush(rt, r);
     kiq_heartbeat_clear(rt, r);
     char wkey[512], lkey[512];
@@ -342,6 +357,12 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
         sigaddset(&set, sigs[i]);
     pthread_sigmask(SIG_BLOCK, &set, &old);
+    /* hiredis writes with write(): a large command sent on a connection
+     * whose server restarted meanwhile would otherwise kill the process on
+     * its second write. A program that set its own SIGPIPE keeps it. */
+    struct sigaction pipe_sa;
+    if (sigaction(SIGPIPE, NULL, &pipe_sa) == 0 && pipe_sa.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
 
     rt->started_at = kiq_now();
     rt->info_json = build_info(rt);
@@ -369,10 +390,11 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
         delay = delay * 2 > 5 ? 5 : delay * 2;
     }
     if (c->fetch == KIQ_FETCH_RELIABLE) {
-        kiq_fetch_heartbeat(r, rt->identity);
+        kiq_fetch_heartbeat(r, rt->identity, c->liveness_ttl);
         kiq_recovery_t rec;
         char rerr[KIQ_ERRLEN];
-        if (kiq_fetch_recover(r, rt->identity, c->max_recoveries, c->timestamps, &rec, rerr))
+        if (kiq_fetch_recover(r, rt->identity, c->max_recoveries, c->liveness_ttl, c->timestamps,
+                              &rec, rerr))
             kiq_warn("orphan recovery: %s", rerr);
         else if (rec.recovered || rec.killed)
             kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
@@ -385,8 +407,12 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
         goto out;
     }
     kiq_info("Starting processing, hit Ctrl-C to stop");
+    kiq_notify("READY=1");
+    double tick = kiq_notify_watchdog_every();
+    tick = tick > 0 && tick < 0.2 ? tick : 0.2;
     for (;;) {
-        int sig = next_signal(rt, &set, 0.2);
+        kiq_notify_watchdog();
+        int sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;
     }

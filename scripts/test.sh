@@ -17,8 +17,8 @@ run_suite() {
     meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=$?
     # Count Criterion's test cases from meson's per-program TAP results.
     local p f
-    p=$(grep -hoE '"result": "OK"|^ok [0-9]+' "$dir/meson-logs/testlog.txt" 2>/dev/null | wc -l || true)
-    f=$(grep -hoE '^not ok [0-9]+' "$dir/meson-logs/testlog.txt" 2>/dev/null | wc -l || true)
+    p=$(grep -cE '^ok ' "$dir/meson-logs/testlog.txt" 2>/dev/null || true)
+    f=$(grep -cE '^not ok ' "$dir/meson-logs/testlog.txt" 2>/dev/null || true)
     total_pass=$((total_pass + p))
     total_fail=$((total_fail + f))
     [ "$rc" -eq 0 ] || total_fail=$((total_fail > 0 ? total_fail : 1))

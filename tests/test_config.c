@@ -436,6 +436,24 @@ Test(config, bad_indentation_is_a_parse_error)
     cr_assert_str_eq(err, want);
 }
 
+Test(config, invalid_utf8_reports_its_line)
+{
+    cr_assert_eq(load("concurrency: 5\ntag: \xff\n"), KIQ_EPARSE);
+    assert_err(2, "invalid leading UTF-8 octet");
+}
+
+Test(config, merge_into_itself_is_an_error_not_a_hang)
+{
+    cr_assert_eq(load("development: &a\n  concurrency: 3\n  <<: *a\n"), KIQ_ECONFIG);
+    assert_err(1, "<<: merges nest too deeply");
+}
+
+Test(config, unknown_mapping_key_is_not_taken_for_a_section)
+{
+    cr_assert_eq(load("capsules:\n  single:\n    concurrency: 1\n"), KIQ_ECONFIG);
+    assert_err(1, "capsules: unknown key");
+}
+
 Test(config, missing_file_is_not_found)
 {
     cr_assert_eq(kiq_config_load_file(cfg, "/nonexistent/kiq.yml", err), KIQ_ENOTFOUND);

@@ -64,6 +64,9 @@ typedef struct kiq_config {
     char *config_file;        /* the -C path, if any */
     int redis_url_explicit;   /* 1 once a file or flag set redis_url, so env vars yield */
     int queues_from_flags;    /* 1 after the first kiq_config_add_queue call */
+    double liveness_ttl;      /* seconds the fetch liveness key lives, default 60
+                                 (v9's value); refreshed every heartbeat_interval,
+                                 which must be at most a third of it */
 } kiq_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with

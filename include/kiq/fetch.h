@@ -77,26 +77,75 @@ KIQ_API int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
 KIQ_API void kiq_fetch_working_key(const char *identity, char *out, size_t n);
 KIQ_API void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
 
-/* Marks identity alive for 60 s (refresh at least every 20 s). */
-KIQ_API int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity);
+/* Marks identity alive for ttl seconds (v9 uses 60; refresh at least every
+ * ttl/3). Until the key lapses no recovery touches identity's working list.
+ * Returns 0 or KIQ_EREDIS. */
+KIQ_API int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl);
 
 /* Orphan recovery: for every working list whose owner's liveness key is
  * gone, puts its jobs back at the fetched end of their queues, keeping their
  * locks, and counts the recovery in the payload ("recovery_count"). A job
  * recovered max_recoveries times goes to the dead set instead (a poison pill:
- * it kills whatever runs it). Never touches a live owner's list. */
+ * it kills whatever runs it). Never touches a live owner's list.
+ *
+ * liveness_ttl is the fleet's liveness TTL in seconds: while Redis has been
+ * up for less than that, the pass is skipped (out->deferred = 1), because
+ * every liveness key may have lapsed during the outage while its process
+ * lived on, and has not been refreshed yet. 0 skips that check. */
 typedef struct kiq_recovery {
     long lists;      /* dead processes' lists emptied */
     long recovered;  /* jobs put back */
     long killed;     /* poison pills sent to dead */
+    int deferred;    /* 1: Redis restarted too recently; nothing was done */
 } kiq_recovery_t;
 
 KIQ_API int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
-                              kiq_ts_format_t ts, kiq_recovery_t *out, char *err);
+                              double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out,
+                              char *err);
 
 /* Same, for one identity's list only (used at shutdown on our own list when
  * nothing is running any more, and by tests). */
 KIQ_API int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
                                   kiq_ts_format_t ts, kiq_recovery_t *out, char *err);
+
+/* Strays: jobs in this process's own working list that no processor holds,
+ * such as a job moved by a fetch whose reply was lost with the connection.
+ * Recovery never looks at a live process's list, so without this such a job
+ * would wait there until the process exits. A stray seen at two passes at
+ * least min_age seconds apart goes back to the fetched end of its queue
+ * (not counted as a recovery: it never ran).
+ *
+ * held(payload, len, udata) says whether a processor holds that job; it is
+ * called from the caller's thread. st carries suspects between passes: one
+ * per process, from kiq_strays_new (NULL when out of memory), freed with
+ * kiq_strays_free (NULL is fine). Not thread-safe. Returns 0 with
+ * *reclaimed set, or KIQ_EREDIS / KIQ_EREPLY / KIQ_ENOMEM with err filled. */
+typedef int (*kiq_fetch_held_fn)(const char *payload, size_t len, void *udata);
+typedef struct kiq_strays kiq_strays_t;
+
+KIQ_API kiq_strays_t *kiq_strays_new(void);
+KIQ_API void kiq_strays_free(kiq_strays_t *st);
+KIQ_API int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st,
+                              double min_age, kiq_fetch_held_fn held, void *udata,
+                              long *reclaimed, char *err);
+
+/* One working list, as `kiq stats` shows it. */
+typedef struct kiq_working_info {
+    char *identity;          /* owner: hostname:pid:12hex (owned by the array) */
+    long long length;        /* jobs in the list (> 0) */
+    int alive;               /* 1 while the owner's liveness key exists */
+    long long liveness_ms;   /* ms left on the liveness key; -1 no expiry, 0 gone */
+} kiq_working_info_t;
+
+/* Lists every non-empty working list in the database (including this
+ * process's own), sorted by identity. On success *out is an array of *n
+ * entries owned by the caller (free with kiq_fetch_working_info_free; NULL
+ * when there are none). Returns 0, or KIQ_EREDIS / KIQ_EREPLY / KIQ_ENOMEM
+ * with err filled and *out, *n unchanged. Reads only: safe to call at any
+ * time. */
+KIQ_API int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *n,
+                                   char *err);
+/* Frees what kiq_fetch_list_working returned; NULL is fine. */
+KIQ_API void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n);
 
 #endif

@@ -54,6 +54,8 @@ KIQ_API int kiq_redis_connect(kiq_redis_t *r);
 /* True while the connection is believed usable. An I/O error on any command
  * marks it broken; the owner then calls kiq_redis_connect again. */
 KIQ_API int kiq_redis_ok(const kiq_redis_t *r);
+/* The last failure: an I/O error, or the last error reply (NOSCRIPT aside).
+ * Borrowed; valid until the next call on r. */
 KIQ_API const char *kiq_redis_error(const kiq_redis_t *r);
 /* The URL with the password redacted, for logs. */
 KIQ_API const char *kiq_redis_name(const kiq_redis_t *r);

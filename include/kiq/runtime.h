@@ -49,7 +49,8 @@ KIQ_API int kiq_runtime_load_plugin(kiq_runtime_t *rt, const char *path, char *e
 
 /* Runs until stopped: by TERM/INT, by a Stop from the Web UI, or by
  * kiq_runtime_stop(). Blocks TERM, INT, TSTP, TTIN and USR2 in the calling
- * thread (and so in every thread it starts) and handles them itself.
+ * thread (and so in every thread it starts) and handles them itself, and
+ * ignores SIGPIPE unless the program has set a disposition for it.
  * Returns 0 after a graceful stop, or a KIQ_E* code when it cannot start
  * (err filled). */
 KIQ_API int kiq_runtime_run(kiq_runtime_t *rt, char *err);

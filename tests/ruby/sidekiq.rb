@@ -4,6 +4,7 @@
 #
 #   ruby sidekiq.rb push '{"class":"RecordJob","args":["k"]}'
 #   ruby sidekiq.rb push_bulk '{"class":"RecordJob","args":[["k"],["k"]]}'
+#   ruby sidekiq.rb push_in SECONDS '{"class":"RecordJob","args":["k"]}'  (as perform_in)
 #   ruby sidekiq.rb stats | processes | workers | retries | dead | scheduled
 #   ruby sidekiq.rb quiet IDENTITY | stop IDENTITY
 require 'json'
@@ -27,6 +28,7 @@ out =
   case cmd
   when 'push' then Sidekiq::Client.push(JSON.parse(ARGV[0]))
   when 'push_bulk' then Sidekiq::Client.push_bulk(JSON.parse(ARGV[0]))
+  when 'push_in' then Sidekiq::Client.push(JSON.parse(ARGV[1]).merge('at' => Time.now.to_f + ARGV[0].to_f))
   when 'stats'
     s = Sidekiq::Stats.new
     { 'processed' => s.processed, 'failed' => s.failed, 'enqueued' => s.enqueued,

@@ -1,0 +1,26 @@
+# Ruby job classes for the interop tests that run a real Sidekiq 6.4.1
+# server (`sidekiq -r tests/ruby/jobs.rb`) on jobs pushed by kiq's client.
+# RecordJob leaves the same trace as the C example handler, so a test reads
+# one format whichever side ran the job.
+require 'json'
+require 'sidekiq'
+
+Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
+# The tests wait for scheduled jobs: poll often, and with the average set
+# explicitly 6.4.1 also skips its 10 s initial wait.
+Sidekiq.options[:poll_interval_average] = 1
+
+# RecordJob key [more...]: SADD key jid and RPUSH key:log jid, as the C
+# handler does; any further arguments are appended to key:args as the JSON
+# Ruby generates for them, to show what values reached Ruby.
+class RecordJob
+  include Sidekiq::Worker
+
+  def perform(key, *rest)
+    Sidekiq.redis do |c|
+      c.sadd(key, jid)
+      c.rpush("#{key}:log", jid)
+      c.rpush("#{key}:args", JSON.generate(rest)) unless rest.empty?
+    end
+  end
+end

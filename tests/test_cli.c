@@ -1,0 +1,158 @@
+/* The kiq command's small tools: push, stats, version, help. */
+#include <jansson.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "helpers.h"
+
+TestSuite(cli, .timeout = 60);
+
+static char *first_line(char *s)
+{
+    s[strcspn(s, "\n")] = '\0';
+    return s;
+}
+
+Test(cli, push_prints_the_jid_and_enqueues_a_sidekiq_payload)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"k\", 12345678901234567890123]",
+                                             "-q", "critical", "--retry", "3", NULL }, &out), 0, "%s", out);
+    char *jid = first_line(out);
+    cr_assert_eq(strlen(jid), 24, "a 24-hex jid: %s", jid);
+    char *payload = kt_str("LINDEX queue:critical 0");
+    cr_assert_not_null(payload);
+    json_t *j = json_loads(payload, JSON_DECODE_INT_AS_REAL, NULL);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "class")), "RecordJob");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "jid")), jid);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "queue")), "critical");
+    cr_assert_float_eq(json_number_value(json_object_get(j, "retry")), 3.0, 1e-9);
+    cr_assert(json_is_real(json_object_get(j, "created_at")));
+    cr_assert(json_is_real(json_object_get(j, "enqueued_at")));
+    cr_assert(strstr(payload, "\"args\":[\"k\", 12345678901234567890123]"), "args kept as given: %s", payload);
+    cr_assert_eq(kt_int("SISMEMBER queues critical"), 1);
+    json_decref(j);
+    free(payload);
+    free(out);
+}
+
+Test(cli, push_in_schedules_without_enqueued_at)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--in", "60", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_int("ZCARD schedule"), 1);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    redisReply *r = kt_cmd("ZRANGE schedule 0 -1 WITHSCORES");
+    cr_assert_eq(r->elements, 2);
+    cr_assert_null(strstr(r->element[0]->str, "enqueued_at"), "%s", r->element[0]->str);
+    cr_assert(strstr(r->element[0]->str, first_line(out)));
+    double score = atof(r->element[1]->str), now = (double)time(NULL);
+    cr_assert(score > now + 55 && score < now + 65, "score %f", score);
+    freeReplyObject(r);
+    free(out);
+}
+
+Test(cli, push_refuses_bad_input)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "{\"not\":\"an array\"}", NULL }, &out), 64);
+    cr_assert(strstr(out, "JSON array"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "[1", NULL }, &out), 64);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--retry", "maybe", NULL }, &out), 64);
+    cr_assert(strstr(out, "--retry"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", NULL }, &out), 64);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0, "nothing was pushed");
+}
+
+Test(cli, push_reports_an_unreachable_redis)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--redis-url", "redis://127.0.0.1:1/0", NULL },
+                            &out), 1);
+    cr_assert(strstr(out, "127.0.0.1:1"), "%s", out);
+    free(out);
+}
+
+Test(cli, stats_json_shows_counts_queues_latency_and_working_lists)
+{
+    kt_cmd("SET stat:processed 42");
+    kt_cmd("SET stat:failed 3");
+    kt_cmd("SADD queues default low");
+    double old = (double)time(NULL) - 30;
+    char payload[256];
+    snprintf(payload, sizeof(payload),
+             "{\"class\":\"NoopJob\",\"jid\":\"aaaaaaaaaaaaaaaaaaaaaaaa\",\"args\":[],\"enqueued_at\":%.3f}", old);
+    kt_cmd("LPUSH queue:default %s", payload);
+    kt_cmd("ZADD retry 1 x");
+    kt_cmd("ZADD dead 1 y 2 z");
+    kt_cmd("LPUSH uniquejobs:working:deadhost:1:abcdefabcdef %s", payload);
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert_not_null(j, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "processed")), 42);
+    cr_assert_eq(json_integer_value(json_object_get(j, "failed")), 3);
+    cr_assert_eq(json_integer_value(json_object_get(j, "retries")), 1);
+    cr_assert_eq(json_integer_value(json_object_get(j, "dead")), 2);
+    json_t *qs = json_object_get(j, "queues");
+    cr_assert_eq(json_array_size(qs), 2);
+    json_t *def = json_array_get(qs, 0);
+    cr_assert_str_eq(json_string_value(json_object_get(def, "name")), "default");
+    cr_assert_eq(json_integer_value(json_object_get(def, "size")), 1);
+    double lat = json_real_value(json_object_get(def, "latency"));
+    cr_assert(lat > 25 && lat < 40, "latency %f", lat);
+    json_t *w = json_array_get(json_object_get(j, "working"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(w, "identity")), "deadhost:1:abcdefabcdef");
+    cr_assert_eq(json_integer_value(json_object_get(w, "size")), 1);
+    cr_assert(json_is_false(json_object_get(w, "alive")));
+    json_decref(j);
+    free(out);
+
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", NULL }, &out), 0);
+    cr_assert(strstr(out, "Processed: 42  Failed: 3"), "%s", out);
+    cr_assert(strstr(out, "deadhost:1:abcdefabcdef  1 jobs  owner DEAD"), "%s", out);
+    free(out);
+}
+
+Test(cli, stats_lists_a_running_process)
+{
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "-g", "stat-tag", NULL });
+    char *out = NULL;
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20));
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", NULL }, &out), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    json_t *p = json_array_get(json_object_get(j, "processes"), 0);
+    cr_assert_not_null(p, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(p, "concurrency")), 3);
+    cr_assert_str_eq(json_string_value(json_object_get(p, "tag")), "stat-tag");
+    cr_assert(json_is_false(json_object_get(p, "quiet")));
+    json_decref(j);
+    free(out);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+}
+
+Test(cli, version_help_and_unknown_commands)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "version", NULL }, &out), 0);
+    cr_assert(strncmp(out, "kiq ", 4) == 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "--help", NULL }, &out), 0);
+    cr_assert(strstr(out, "push") && strstr(out, "stats"), "%s", out);
+    free(out);
+    const char *subs[] = { "run", "push", "stats" };
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kt_kiq_run((const char *[]){ subs[i], "--help", NULL }, &out), 0, "%s --help", subs[i]);
+        cr_assert(strstr(out, "Usage: kiq"), "%s", out);
+        free(out);
+    }
+    cr_assert_eq(kt_kiq_run((const char *[]){ "frobnicate", NULL }, &out), 64);
+    cr_assert(strstr(out, "unknown command"), "%s", out);
+    free(out);
+}

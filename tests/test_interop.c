@@ -1,0 +1,675 @@
+/* Sidekiq-compatibility acceptance tests of the runtime core: real Ruby
+ * Sidekiq 6.4.1 pushes jobs and reads back what kiq wrote (Stats,
+ * ProcessSet, Workers, RetrySet, DeadSet, the Web UI's Quiet/Stop), and a
+ * real Sidekiq server runs jobs pushed by kiq's client. Each test asserts
+ * what a Sidekiq user would see, on the exact Redis bytes where Ruby's
+ * parsing would hide a difference (big integers, unknown fields,
+ * timestamp formats). */
+#include <ctype.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+#define BIGINT "123456789012345678901234567890"
+
+/* Processes a test started and has not reaped yet; .fini kills them so a
+ * failed assertion does not leave a worker running against the server. */
+static pid_t children[4];
+
+static pid_t track(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (!children[i]) {
+            children[i] = pid;
+            break;
+        }
+    return pid;
+}
+
+static void untrack(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (children[i] == pid)
+            children[i] = 0;
+}
+
+static void kill_children(void)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (children[i] > 0) {
+            kill(children[i], SIGKILL);
+            waitpid(children[i], NULL, 0);
+            children[i] = 0;
+        }
+}
+
+TestSuite(interop, .timeout = 90, .fini = kill_children);
+
+static double wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A kiq.yml in the test's temp dir: fast scheduler polls and beats (an
+ * explicit poll_interval_average also skips the initial wait), plus extra.
+ * Caller frees the path. */
+static char *write_conf(const char *extra)
+{
+    char *path = kt_tmp("kiq.yml");
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot write %s", path);
+    fprintf(f, "poll_interval_average: 1\nheartbeat_interval: 1\n%s", extra ? extra : "");
+    fclose(f);
+    return path;
+}
+
+static pid_t kiq_start(const char *const *args)
+{
+    return track(kt_kiq_start(args));
+}
+
+/* Stops kiq with sig and asserts it exits 0 within timeout. */
+static void kiq_stop_ok(pid_t pid, int sig, double timeout)
+{
+    int st = kt_kiq_stop(pid, sig, timeout);
+    untrack(pid);
+    char *log = kt_kiq_log(pid);
+    cr_assert_eq(st, 0, "kiq exits 0 (got %d): %s", st, log);
+    free(log);
+}
+
+/* Runs tests/ruby/sidekiq.rb with args and returns its JSON output. */
+static json_t *ruby(const char *const *args)
+{
+    char *out = NULL;
+    int st = kt_ruby("sidekiq.rb", args, &out);
+    cr_assert_eq(st, 0, "sidekiq.rb %s exited %d: %s", args[0], st, out);
+    json_error_t e;
+    json_t *v = json_loads(out, JSON_DECODE_ANY, &e);
+    cr_assert(v, "sidekiq.rb %s printed no JSON (%s): %s", args[0], e.text, out);
+    free(out);
+    return v;
+}
+#define RUBY(...) ruby((const char *[]){ __VA_ARGS__, NULL })
+
+/* Pushes one job with Sidekiq::Client.push; returns its jid (malloc'd). */
+static char *ruby_push(const char *job)
+{
+    json_t *v = RUBY("push", job);
+    cr_assert(json_is_string(v) && strlen(json_string_value(v)) == 24, "push returned a jid");
+    char *jid = strdup(json_string_value(v));
+    json_decref(v);
+    return jid;
+}
+
+/* Runs `kiq push args...` and returns the printed jid (malloc'd). */
+static char *kiq_push(const char *const *args)
+{
+    char *out = NULL;
+    int st = kt_kiq_run(args, &out);
+    cr_assert_eq(st, 0, "kiq push exited %d: %s", st, out);
+    out[strcspn(out, "\n")] = '\0';
+    cr_assert_eq(strlen(out), 24, "kiq push prints a jid: %s", out);
+    return out;
+}
+
+/* The identity of the one kiq process, once its first beat is written. */
+static char *wait_identity(pid_t pid)
+{
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 15), "kiq never beat: %s",
+              kt_kiq_log(pid));
+    char *id = kt_str("SRANDMEMBER processes");
+    cr_assert(id);
+    return id;
+}
+
+static int hash_field_is(const char *key, const char *field, const char *want)
+{
+    char *v = kt_str("HGET %s %s", key, field);
+    int eq = v && strcmp(v, want) == 0;
+    free(v);
+    return eq;
+}
+
+/* The raw text of the number after "key": in a payload (malloc'd), or
+ * NULL. The keys asked for occur only at the top level of these payloads. */
+static char *number_literal(const char *json, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    if (!p)
+        return NULL;
+    p += strlen(pat);
+    size_t n = strspn(p, "0123456789.eE+-");
+    return n ? strndup(p, n) : NULL;
+}
+
+/* The one member of a sorted set, as stored (malloc'd). */
+static char *only_member(const char *key, double *score)
+{
+    redisReply *r = kt_cmd("ZRANGE %s 0 -1 WITHSCORES", key);
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2, "%s holds one member (%zu)", key,
+              r->type == REDIS_REPLY_ARRAY ? r->elements / 2 : 0);
+    char *m = strndup(r->element[0]->str, r->element[0]->len);
+    if (score)
+        *score = atof(r->element[1]->str);
+    freeReplyObject(r);
+    return m;
+}
+
+/* Whether any member of a sorted set contains needle. */
+static int zset_has(const char *key, const char *needle)
+{
+    redisReply *r = kt_cmd("ZRANGE %s 0 -1", key);
+    int found = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        found |= strstr(r->element[i]->str, needle) != NULL;
+    freeReplyObject(r);
+    return found;
+}
+
+static const char *str_of(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+static double num_of(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    cr_assert(json_is_number(v), "%s is a number", key);
+    return json_number_value(v);
+}
+
+Test(interop, ruby_push_bulk_and_scheduled_jobs_run_and_stats_count_them)
+{
+    char *jid = ruby_push("{\"class\":\"RecordJob\",\"args\":[\"rec\"]}");
+    json_t *bulk = RUBY("push_bulk", "{\"class\":\"RecordJob\",\"args\":[[\"rec\"],[\"rec\"],[\"rec\"]]}");
+    cr_assert_eq(json_array_size(bulk), 3);
+    json_t *sched = RUBY("push_in", "3", "{\"class\":\"RecordJob\",\"args\":[\"rec\"]}");
+    cr_assert(json_is_string(sched));
+    double at;
+    char *member = only_member("schedule", &at);
+    cr_assert(strstr(member, json_string_value(sched)));
+    free(member);
+
+    char *cfg = write_conf(NULL);
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= 4, 20), "the queued jobs ran: %s", kt_kiq_log(pid));
+    if (wall() < at - 0.3)
+        cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(sched)), 0,
+                     "the scheduled job does not run before its time");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 5, 20), "the scheduled job ran: %s",
+              kt_kiq_log(pid));
+    cr_assert_eq(kt_int("SISMEMBER rec %s", jid), 1);
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(json_array_get(bulk, i))), 1);
+    cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(sched)), 1);
+    cr_assert_eq(kt_int("LLEN rec:log"), 5, "each job ran once");
+    cr_assert_eq(kt_int("ZCARD schedule"), 0);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+
+    /* Counters reach Redis with the beats, not only at exit. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:processed") == 5, 10), "stats flushed while running");
+    char day[16], key[48];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(day, sizeof(day), "%Y-%m-%d", &tm);
+    snprintf(key, sizeof(key), "stat:processed:%s", day);
+    cr_assert_gt(kt_int("TTL %s", key), 157680000 - 60, "daily stats kept 5 years, as Sidekiq");
+    kiq_stop_ok(pid, SIGTERM, 30);
+
+    json_t *stats = RUBY("stats");
+    cr_assert_eq(num_of(stats, "processed"), 5);
+    cr_assert_eq(num_of(stats, "failed"), 0);
+    cr_assert_eq(num_of(stats, "history_processed"), 5, "Stats::History shows today's count");
+    cr_assert_eq(num_of(stats, "history_failed"), 0);
+    cr_assert_eq(num_of(stats, "enqueued"), 0);
+    cr_assert_eq(num_of(stats, "scheduled_size"), 0);
+    cr_assert_eq(num_of(stats, "processes_size"), 0);
+    json_decref(stats);
+    json_decref(bulk);
+    json_decref(sched);
+    free(cfg);
+    free(jid);
+}
+
+Test(interop, process_set_and_workers_show_the_running_process)
+{
+    char *jc = ruby_push("{\"class\":\"SleepJob\",\"args\":[8000],\"queue\":\"critical\"}");
+    char *jd = ruby_push("{\"class\":\"SleepJob\",\"args\":[8000]}");
+    char *cfg = write_conf(NULL);
+    double t0 = wall();
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
+                                            "-g", "mytag", "--label", "lbl1", NULL });
+    char *id = wait_identity(pid);
+    cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "busy", "2"), 15), "both jobs show as busy: %s",
+              kt_kiq_log(pid));
+
+    char host[256], want_prefix[300];
+    const char *dyno = getenv("DYNO");
+    if (dyno && *dyno)
+        snprintf(host, sizeof(host), "%s", dyno);
+    else
+        gethostname(host, sizeof(host));
+    snprintf(want_prefix, sizeof(want_prefix), "%s:%d:", host, (int)pid);
+    cr_assert(strncmp(id, want_prefix, strlen(want_prefix)) == 0, "identity %s is host:pid:nonce", id);
+    const char *nonce = id + strlen(want_prefix);
+    cr_assert_eq(strlen(nonce), 12, "12 hex nonce: %s", id);
+    for (int i = 0; i < 12; i++)
+        cr_assert(isxdigit((unsigned char)nonce[i]) && !isupper((unsigned char)nonce[i]), "%s", id);
+
+    json_t *procs = RUBY("processes");
+    cr_assert_eq(json_array_size(procs), 1);
+    json_t *p = json_array_get(procs, 0);
+    cr_assert_str_eq(str_of(p, "identity"), id);
+    cr_assert_str_eq(str_of(p, "hostname"), host);
+    cr_assert_eq(num_of(p, "pid"), pid);
+    cr_assert_eq(num_of(p, "concurrency"), 3);
+    json_t *q = json_object_get(p, "queues");
+    cr_assert_eq(json_array_size(q), 2);
+    cr_assert_str_eq(json_string_value(json_array_get(q, 0)), "critical");
+    cr_assert_str_eq(json_string_value(json_array_get(q, 1)), "default");
+    cr_assert_str_eq(str_of(p, "tag"), "mytag");
+    json_t *labels = json_object_get(p, "labels");
+    cr_assert_eq(json_array_size(labels), 1);
+    cr_assert_str_eq(json_string_value(json_array_get(labels, 0)), "lbl1");
+    cr_assert_eq(num_of(p, "busy"), 2);
+    cr_assert_str_eq(str_of(p, "quiet"), "false");
+    cr_assert(num_of(p, "beat") > t0 - 1 && num_of(p, "beat") < wall() + 1, "beat is now, in seconds");
+    cr_assert(num_of(p, "started_at") >= t0 - 1 && num_of(p, "started_at") <= num_of(p, "beat"));
+    cr_assert_gt(num_of(p, "rss"), 0, "rss in KB");
+
+    json_t *workers = RUBY("workers");
+    cr_assert_eq(json_array_size(workers), 2, "Workers lists both running jobs");
+    int seen_c = 0, seen_d = 0;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *w = json_array_get(workers, i);
+        cr_assert_str_eq(str_of(w, "process"), id);
+        cr_assert(*str_of(w, "thread"), "a tid");
+        json_t *work = json_object_get(w, "work");
+        json_t *payload = json_object_get(work, "payload");
+        cr_assert(json_is_object(payload), "the payload reads as a job");
+        cr_assert_str_eq(str_of(payload, "class"), "SleepJob");
+        const char *jid = str_of(payload, "jid");
+        if (strcmp(jid, jc) == 0) {
+            seen_c++;
+            cr_assert_str_eq(str_of(work, "queue"), "critical");
+        } else if (strcmp(jid, jd) == 0) {
+            seen_d++;
+            cr_assert_str_eq(str_of(work, "queue"), "default");
+        }
+        json_t *run_at = json_object_get(work, "run_at");
+        cr_assert(json_is_integer(run_at), "run_at is integer seconds");
+        cr_assert(json_integer_value(run_at) >= (long long)t0 - 1
+                  && json_integer_value(run_at) <= (long long)wall() + 1);
+    }
+    cr_assert(seen_c == 1 && seen_d == 1, "both jids appear once");
+
+    /* Once the jobs end, the next beat empties the work hash. */
+    cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "busy", "0"), 20), "busy drops to 0");
+    json_t *after = RUBY("workers");
+    cr_assert_eq(json_array_size(after), 0, "Workers is empty once the jobs finished");
+    kiq_stop_ok(pid, SIGTERM, 30);
+    json_decref(after);
+    json_decref(workers);
+    json_decref(procs);
+    free(id);
+    free(cfg);
+    free(jc);
+    free(jd);
+}
+
+Test(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
+{
+    char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"boom\"]}");
+    char *cfg = write_conf(NULL);
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "the failure is in retry: %s",
+              kt_kiq_log(pid));
+
+    json_t *set = RUBY("retries");
+    cr_assert_eq(json_array_size(set), 1);
+    json_t *e = json_array_get(set, 0), *item = json_object_get(e, "item");
+    cr_assert_str_eq(str_of(item, "class"), "FailJob");
+    cr_assert_str_eq(str_of(item, "jid"), jid);
+    cr_assert_str_eq(str_of(item, "queue"), "default");
+    cr_assert_str_eq(str_of(item, "error_class"), "RuntimeError");
+    cr_assert_str_eq(str_of(item, "error_message"), "boom");
+    json_t *args = json_object_get(item, "args");
+    cr_assert(json_array_size(args) == 1 && strcmp(json_string_value(json_array_get(args, 0)), "boom") == 0);
+    cr_assert(json_is_integer(json_object_get(item, "retry_count")));
+    cr_assert_eq(num_of(item, "retry_count"), 0);
+    cr_assert(json_is_real(json_object_get(item, "failed_at")), "failed_at is float seconds");
+    cr_assert_null(json_object_get(item, "retried_at"));
+    double failed_at = num_of(item, "failed_at");
+    cr_assert(failed_at > wall() - 30 && failed_at <= wall());
+    double delay = num_of(e, "score") - failed_at;
+    cr_assert(delay >= 15 - 0.01 && delay < 25, "first retry in 15 + rand(10) s, got %.3f", delay);
+
+    /* Make it due; the scheduler re-enqueues it and it fails again. */
+    char *raw = only_member("retry", NULL);
+    char now[32];
+    snprintf(now, sizeof(now), "%.6f", wall() - 1);
+    cr_assert_eq(kt_int("ZADD retry XX CH %s %s", now, raw), 1);
+    cr_assert(KT_WAIT_UNTIL(zset_has("retry", "\"retry_count\":1"), 20),
+              "second failure back in retry: %s", kt_kiq_log(pid));
+
+    json_t *set2 = RUBY("retries");
+    cr_assert_eq(json_array_size(set2), 1);
+    json_t *e2 = json_array_get(set2, 0), *item2 = json_object_get(e2, "item");
+    cr_assert_str_eq(str_of(item2, "jid"), jid);
+    cr_assert_eq(num_of(item2, "retry_count"), 1);
+    cr_assert_eq(num_of(item2, "failed_at"), failed_at, "failed_at keeps the first failure");
+    cr_assert(json_is_real(json_object_get(item2, "retried_at")), "retried_at is float seconds");
+    double retried_at = num_of(item2, "retried_at");
+    cr_assert_gt(retried_at, failed_at);
+    cr_assert(num_of(item2, "enqueued_at") > failed_at, "the scheduler refreshed enqueued_at");
+    double delay2 = num_of(e2, "score") - retried_at;
+    cr_assert(delay2 >= 16 - 0.01 && delay2 < 35, "second retry in 16 + rand(10)*2 s, got %.3f", delay2);
+
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 2, 10), "two failures counted");
+    cr_assert_eq(kt_int("GET stat:processed"), 2);
+    kiq_stop_ok(pid, SIGTERM, 30);
+    json_decref(set);
+    json_decref(set2);
+    free(raw);
+    free(cfg);
+    free(jid);
+}
+
+Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_error)
+{
+    char *dead = ruby_push("{\"class\":\"FailJob\",\"args\":[\"die\"],\"retry\":0}");
+    char *gone = ruby_push("{\"class\":\"FailJob\",\"args\":[\"gone\"],\"retry\":false}");
+    char *nosuch = ruby_push("{\"class\":\"NoSuchJob\",\"args\":[1]}");
+    char *cfg = write_conf(NULL);
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 3, 15), "three failures counted: %s",
+              kt_kiq_log(pid));
+    cr_assert_eq(kt_int("GET stat:processed"), 3);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    kiq_stop_ok(pid, SIGTERM, 30);
+
+    json_t *d = RUBY("dead");
+    cr_assert_eq(json_array_size(d), 1, "only the retry:0 job is dead");
+    json_t *de = json_array_get(d, 0), *di = json_object_get(de, "item");
+    cr_assert_str_eq(str_of(di, "jid"), dead);
+    cr_assert_str_eq(str_of(di, "error_class"), "RuntimeError");
+    cr_assert_str_eq(str_of(di, "error_message"), "die");
+    cr_assert_eq(num_of(di, "retry_count"), 0);
+    cr_assert(json_is_real(json_object_get(di, "failed_at")));
+    cr_assert_null(json_object_get(di, "retried_at"), "no retried_at on a first failure");
+    double died = num_of(de, "score");
+    cr_assert(died >= num_of(di, "failed_at") - 0.01 && died < num_of(di, "failed_at") + 5,
+              "dead score is the time of death");
+
+    json_t *r = RUBY("retries");
+    cr_assert_eq(json_array_size(r), 1, "only the unknown class is retried");
+    json_t *ri = json_object_get(json_array_get(r, 0), "item");
+    cr_assert_str_eq(str_of(ri, "jid"), nosuch);
+    cr_assert_str_eq(str_of(ri, "class"), "NoSuchJob");
+    cr_assert_str_eq(str_of(ri, "error_class"), "NameError");
+    cr_assert_str_eq(str_of(ri, "error_message"), "uninitialized constant NoSuchJob");
+    cr_assert_eq(num_of(ri, "retry_count"), 0);
+
+    cr_assert(!zset_has("retry", gone) && !zset_has("dead", gone), "retry:false is in neither set");
+    json_t *stats = RUBY("stats");
+    cr_assert_eq(num_of(stats, "failed"), 3, "retry:false still counts as failed");
+    cr_assert_eq(num_of(stats, "processed"), 3);
+    cr_assert_eq(num_of(stats, "retry_size"), 1);
+    cr_assert_eq(num_of(stats, "dead_size"), 1);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "Adding dead FailJob job"), "%s", log);
+    free(log);
+    json_decref(stats);
+    json_decref(d);
+    json_decref(r);
+    free(cfg);
+    free(dead);
+    free(gone);
+    free(nosuch);
+}
+
+Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
+{
+    char *cfg = write_conf(NULL);
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    char *id = wait_identity(pid);
+    json_t *ok = RUBY("quiet", id);
+    json_decref(ok);
+    cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "quiet", "true"), 10), "quiet within a beat: %s",
+              kt_kiq_log(pid));
+    json_t *procs = RUBY("processes");
+    cr_assert_eq(json_array_size(procs), 1, "a quiet process stays listed");
+    cr_assert_str_eq(str_of(json_array_get(procs, 0), "quiet"), "true");
+
+    char *jid = ruby_push("{\"class\":\"RecordJob\",\"args\":[\"rec\"]}");
+    /* Two full beats later the job is still waiting: nothing fetches it. */
+    double pushed = wall();
+    cr_assert(KT_WAIT_UNTIL(({
+        char *b = kt_str("HGET %s beat", id);
+        double beat = b ? atof(b) : 0;
+        free(b);
+        beat > pushed + 2; }), 10), "kiq keeps beating while quiet");
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "a quiet process fetches no new job");
+    cr_assert_eq(kt_int("SCARD rec"), 0);
+
+    json_t *ok2 = RUBY("stop", id);
+    json_decref(ok2);
+    int st = kt_wait_exit(pid, 20);
+    untrack(pid);
+    char *log = kt_kiq_log(pid);
+    cr_assert_eq(st, 0, "stop! makes it exit 0 (got %d): %s", st, log);
+    cr_assert(strstr(log, "Received TSTP"), "%s", log);
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0, "it left the process set");
+    cr_assert_eq(kt_int("EXISTS %s:workers", id), 0);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "the job waits for another process");
+    char *left = kt_str("LINDEX queue:default 0");
+    cr_assert(left && strstr(left, jid));
+    free(left);
+    free(log);
+    json_decref(procs);
+    free(jid);
+    free(id);
+    free(cfg);
+}
+
+/* Starts Debian's Sidekiq 6.4.1 server with tests/ruby/jobs.rb. */
+static pid_t sidekiq_start(void)
+{
+    char jobs[1024];
+    snprintf(jobs, sizeof(jobs), "%s/tests/ruby/jobs.rb", getenv("KIQ_SRC"));
+    char *logp = kt_tmp("sidekiq.log");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setenv("REDIS_URL", kt_url(), 1);
+        execlp("sidekiq", "sidekiq", "-r", jobs, "-c", "2", "-q", "default", "-t", "5", (char *)NULL);
+        perror("sidekiq");
+        _exit(127);
+    }
+    free(logp);
+    return track(pid);
+}
+
+static char *sidekiq_log(void)
+{
+    char *path = kt_tmp("sidekiq.log");
+    FILE *f = fopen(path, "r");
+    free(path);
+    char *s = calloc(1, 65536);
+    if (f) {
+        size_t n = fread(s, 1, 65535, f);
+        s[n] = '\0';
+        fclose(f);
+    }
+    return s;
+}
+
+Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
+{
+    char *now = kiq_push((const char *[]){ "push", "RecordJob", "[\"k\"]", NULL });
+    char *later = kiq_push((const char *[]){ "push", "RecordJob", "[\"k\"]", "--in", "1", NULL });
+    char *big = kiq_push((const char *[]){ "push", "RecordJob", "[\"k\"," BIGINT "]", NULL });
+    cr_assert_eq(kt_int("LLEN queue:default"), 2);
+    cr_assert_eq(kt_int("ZCARD schedule"), 1, "--in schedules the job");
+    cr_assert_eq(kt_int("SISMEMBER queues default"), 1);
+
+    pid_t pid = sidekiq_start();
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD k") == 3, 30), "Sidekiq ran kiq's jobs: %s", sidekiq_log());
+    cr_assert_eq(kt_int("SISMEMBER k %s", now), 1);
+    cr_assert_eq(kt_int("SISMEMBER k %s", later), 1, "the scheduled one too");
+    cr_assert_eq(kt_int("SISMEMBER k %s", big), 1);
+    cr_assert_eq(kt_int("LLEN k:log"), 3);
+    char *args = kt_str("LINDEX k:args 0");
+    cr_assert(args);
+    cr_assert_str_eq(args, "[" BIGINT "]", "the big integer reached Ruby unchanged");
+    int st = kt_kiq_stop(pid, SIGTERM, 20);
+    untrack(pid);
+    cr_assert_eq(st, 0, "sidekiq exited %d: %s", st, sidekiq_log());
+    cr_assert_eq(kt_int("ZCARD retry"), 0, "no job failed in Ruby");
+    free(args);
+    free(now);
+    free(later);
+    free(big);
+}
+
+Test(interop, big_integers_and_unknown_fields_survive_a_failure_byte_exact)
+{
+    char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"boom\"," BIGINT "],"
+                          "\"custom\":{\"nested\":[1,2]}}");
+    char *queued = kt_str("LINDEX queue:default 0");
+    cr_assert(queued && strstr(queued, BIGINT) && strstr(queued, "\"custom\":{\"nested\":[1,2]}"),
+              "Ruby wrote: %s", queued);
+    char *created = number_literal(queued, "created_at");
+    char *enqueued = number_literal(queued, "enqueued_at");
+    cr_assert(created && enqueued);
+
+    char *cfg = write_conf(NULL);
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_kiq_log(pid));
+    kiq_stop_ok(pid, SIGTERM, 30);
+
+    char *raw = only_member("retry", NULL);
+    char want[128];
+    cr_assert(strstr(raw, "\"args\":[\"boom\"," BIGINT "]"), "args byte-exact: %s", raw);
+    cr_assert(strstr(raw, "\"custom\":{\"nested\":[1,2]}"), "unknown field kept: %s", raw);
+    snprintf(want, sizeof(want), "\"created_at\":%s", created);
+    cr_assert(strstr(raw, want), "created_at literal kept (%s): %s", want, raw);
+    snprintf(want, sizeof(want), "\"enqueued_at\":%s", enqueued);
+    cr_assert(strstr(raw, want), "enqueued_at literal kept (%s): %s", want, raw);
+    cr_assert(strstr(raw, jid) && strstr(raw, "\"error_class\":\"RuntimeError\""), "%s", raw);
+
+    /* Ruby still reads the entry, big integer included. */
+    char *out = NULL;
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "retries", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "[\"boom\"," BIGINT "]") && strstr(out, jid), "%s", out);
+    free(out);
+    free(raw);
+    free(cfg);
+    free(created);
+    free(enqueued);
+    free(queued);
+    free(jid);
+}
+
+static int is_float_literal(const char *lit)
+{
+    return lit && strpbrk(lit, ".eE") != NULL;
+}
+
+Test(interop, float_timestamps_by_default_all_contain_a_point)
+{
+    char *now = kiq_push((const char *[]){ "push", "FailJob", "[\"now\"]", NULL });
+    char *later = kiq_push((const char *[]){ "push", "FailJob", "[\"later\"]", "--in", "1", NULL });
+    char *sched = only_member("schedule", NULL);
+    char *lit = number_literal(sched, "created_at");
+    cr_assert(is_float_literal(lit), "scheduled created_at %s: %s", lit, sched);
+    free(lit);
+    free(sched);
+
+    char *cfg = write_conf(NULL);
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    char *id = wait_identity(pid);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 20), "%s", kt_kiq_log(pid));
+
+    redisReply *r = kt_cmd("ZRANGE retry 0 -1");
+    cr_assert_eq(r->elements, 2);
+    for (size_t i = 0; i < 2; i++) {
+        const char *m = r->element[i]->str;
+        cr_assert(strstr(m, now) || strstr(m, later));
+        /* "later" was enqueued by kiq's scheduler, "now" by kiq's client. */
+        static const char *keys[] = { "created_at", "enqueued_at", "failed_at" };
+        for (size_t k = 0; k < 3; k++) {
+            char *v = number_literal(m, keys[k]);
+            cr_assert(is_float_literal(v), "%s is float seconds (%s): %s", keys[k], v, m);
+            free(v);
+        }
+    }
+    freeReplyObject(r);
+    char *beat = kt_str("HGET %s beat", id);
+    cr_assert(is_float_literal(beat), "beat %s", beat);
+    char *info = kt_str("HGET %s info", id);
+    char *started = number_literal(info, "started_at");
+    cr_assert(is_float_literal(started), "started_at %s: %s", started, info);
+    kiq_stop_ok(pid, SIGTERM, 30);
+    free(beat);
+    free(info);
+    free(started);
+    free(id);
+    free(cfg);
+    free(now);
+    free(later);
+}
+
+Test(interop, millis_timestamps_are_integers_and_ruby_6_4_still_loads)
+{
+    char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"ms\"]}");
+    char *cfg = write_conf(NULL);
+    double t0 = wall();
+    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_kiq_log(pid));
+    kiq_stop_ok(pid, SIGTERM, 30);
+
+    double score;
+    char *raw = only_member("retry", &score);
+    char *fa = number_literal(raw, "failed_at");
+    cr_assert(fa && strspn(fa, "0123456789") == strlen(fa), "failed_at is an integer: %s", raw);
+    double ms = atof(fa);
+    cr_assert(ms >= (t0 - 1) * 1000 && ms <= (wall() + 1) * 1000, "failed_at in ms: %s", fa);
+    cr_assert(score > ms / 1000 + 14 && score < ms / 1000 + 26, "the score stays in seconds: %f", score);
+
+    json_t *stats = RUBY("stats");
+    cr_assert_eq(num_of(stats, "retry_size"), 1);
+    cr_assert_eq(num_of(stats, "failed"), 1);
+    json_t *set = RUBY("retries");
+    cr_assert_eq(json_array_size(set), 1);
+    json_t *item = json_object_get(json_array_get(set, 0), "item");
+    cr_assert_str_eq(str_of(item, "jid"), jid);
+    cr_assert(json_is_integer(json_object_get(item, "failed_at")));
+    json_decref(stats);
+    json_decref(set);
+    free(fa);
+    free(raw);
+    free(cfg);
+    free(jid);
+}

@@ -1,0 +1,968 @@
+/* Reliable fetch end to end: the kiq binary against a real redis-server,
+ * killed, restarted, deployed over and cut off from Redis, and what a user
+ * would check afterwards: every job ran, none ran twice beyond the ones in
+ * flight at a crash, nothing is left in a queue or a working list. Also the
+ * working-list listing `kiq stats` uses, and systemd's notify protocol. */
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kiq/fetch.h"
+
+/* Settings that make liveness lapse and recovery run in seconds, not
+ * minutes (the refresh every 0.5 s stays within a third of the TTL). */
+#define FAST_YAML "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
+
+/* Every process a test starts, killed in fini when an assertion ended the
+ * test early, so nothing outlives it on the shared machine. */
+static pid_t children[32];
+static int nchildren;
+
+static pid_t track(pid_t pid)
+{
+    if (nchildren < (int)(sizeof(children) / sizeof(children[0])))
+        children[nchildren++] = pid;
+    return pid;
+}
+
+static void reap_children(void)
+{
+    for (int i = 0; i < nchildren; i++)
+        if (children[i] > 0 && waitpid(children[i], NULL, WNOHANG) == 0) {
+            kill(children[i], SIGKILL);
+            waitpid(children[i], NULL, 0);
+        }
+    nchildren = 0;
+}
+
+TestSuite(reliable, .timeout = 170, .fini = reap_children);
+
+static pid_t start(const char *const *args)
+{
+    return track(kt_kiq_start(args));
+}
+
+static int alive(pid_t pid)
+{
+    return waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+static char *write_file(const char *name, const char *body)
+{
+    char *path = kt_tmp(name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot write %s", path);
+    fputs(body, f);
+    fclose(f);
+    return path;
+}
+
+/* Integer result of a command on any connection (the fixture's or a private
+ * server's); fails the test on a connection error. */
+static long long r_int(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    cr_assert(r, "redis: %s", c->errstr);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer
+                : r->type == REDIS_REPLY_STRING ? atoll(r->str) : 0;
+    freeReplyObject(r);
+    return v;
+}
+
+/* Number of working lists in the database. */
+static long working_lists(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "KEYS uniquejobs:working:*");
+    cr_assert(r && r->type == REDIS_REPLY_ARRAY, "KEYS failed");
+    long n = (long)r->elements;
+    freeReplyObject(r);
+    return n;
+}
+
+/* A fresh 24-hex jid, unique within the test (tag tells job kinds apart). */
+static void make_jid(char out[25], unsigned tag, unsigned i)
+{
+    static unsigned salt;
+    if (!salt)
+        salt = (unsigned)getpid() * 2654435761u;
+    snprintf(out, 25, "%08x%08x%08x", salt, tag, i);
+}
+
+/* A job as Sidekiq 7's client writes it. */
+static char *payload(const char *cls, const char *args, const char *jid, const char *queue)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p,
+                       "{\"retry\":true,\"queue\":\"%s\",\"args\":%s,\"class\":\"%s\","
+                       "\"jid\":\"%s\",\"created_at\":1767225600.123456,"
+                       "\"enqueued_at\":1767225600.123789}",
+                       queue, args, cls, jid) > 0);
+    return p;
+}
+
+/* LPUSHes n payloads to queue:NAME in batches of 1,000, as a bulk client
+ * would (the first of the array is the first fetched). */
+static void push_all(redisContext *c, const char *queue, char **p, size_t n)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "queue:%s", queue);
+    const char *argv[1002];
+    size_t lens[1002];
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < 1000 ? n - done : 1000;
+        argv[0] = "LPUSH"; lens[0] = 5;
+        argv[1] = key; lens[1] = strlen(key);
+        for (size_t i = 0; i < k; i++) {
+            argv[2 + i] = p[done + i];
+            lens[2 + i] = strlen(p[done + i]);
+        }
+        redisReply *r = redisCommandArgv(c, (int)k + 2, argv, lens);
+        cr_assert(r && r->type == REDIS_REPLY_INTEGER, "LPUSH failed");
+        freeReplyObject(r);
+        done += k;
+    }
+    freeReplyObject(redisCommand(c, "SADD queues %s", queue));
+}
+
+static void push_one(redisContext *c, const char *cls, const char *args, const char *jid)
+{
+    char *p = payload(cls, args, jid, "default");
+    push_all(c, "default", &p, 1);
+    free(p);
+}
+
+/* The process identity from its start line, malloc'd (waits for it). */
+static char *identity_of(pid_t pid)
+{
+    char *found = NULL;
+    KT_WAIT_UNTIL(({
+        char *log = kt_kiq_log(pid);
+        char *at = strstr(log, ", identity ");
+        if (at) {
+            at += strlen(", identity ");
+            found = strndup(at, strcspn(at, "\n"));
+        }
+        free(log);
+        found != NULL; }), 10);
+    cr_assert(found, "no identity in the log of %d", (int)pid);
+    return found;
+}
+
+static char *wkey(const char *identity)
+{
+    char *k = malloc(512);
+    kiq_fetch_working_key(identity, k, 512);
+    return k;
+}
+
+static int log_has(pid_t pid, const char *needle)
+{
+    char *log = kt_kiq_log(pid);
+    int has = strstr(log, needle) != NULL;
+    free(log);
+    return has;
+}
+
+/* Lines of pid's log that contain both a and b. */
+static int log_count(pid_t pid, const char *a, const char *b)
+{
+    char *log = kt_kiq_log(pid), *save = NULL;
+    int n = 0;
+    for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        n += strstr(line, a) && (!b || strstr(line, b));
+    free(log);
+    return n;
+}
+
+static char *jid_eq(const char *jid)
+{
+    char *s = NULL;
+    cr_assert(asprintf(&s, "jid=%s ", jid) > 0);
+    return s;
+}
+
+/* (a) kill -9 at five moments of a 20,000-job drain. */
+Test(reliable, chaos_kill9_five_times_loses_nothing)
+{
+    enum { RECORDS = 20000, EVERY_SLEEP = 50, KILLS = 5, CONC = 10 };
+    redisContext *c = kt_redis();
+    size_t total = RECORDS + RECORDS / EVERY_SLEEP, n = 0;
+    char **p = calloc(total, sizeof(char *));
+    char (*jids)[25] = calloc(RECORDS, sizeof(*jids));
+    for (unsigned i = 0, r = 0; n < total; n++) {
+        char jid[25];
+        if (n % (EVERY_SLEEP + 1) == EVERY_SLEEP) {
+            make_jid(jid, 2, i++);
+            p[n] = payload("SleepJob", "[50]", jid, "default");
+        } else {
+            make_jid(jids[r], 1, r);
+            p[n] = payload("RecordJob", "[\"rec\"]", jids[r], "default");
+            r++;
+        }
+    }
+    push_all(c, "default", p, total);
+    for (size_t i = 0; i < total; i++)
+        free(p[i]);
+    free(p);
+
+    /* Kill at random points of the drain, measured by jobs done, so every
+     * kill lands while it is still draining whatever the machine's speed. */
+    unsigned seed = (unsigned)getpid() ^ (unsigned)(kt_now() * 1e3);
+    srand(seed);
+    long at[KILLS];
+    for (int k = 0; k < KILLS; k++)
+        at[k] = 1000 + (long)k * 3400 + rand() % 2400;
+    char *y = write_file("chaos.yml", FAST_YAML "timeout: 5\n");
+    const char *args[] = { "-C", y, "-c", "10", NULL };
+    double t0 = kt_now();
+    pid_t pid = start(args), pids[KILLS + 1];
+    pids[0] = pid;
+    long inflight = 0;
+    for (int k = 0; k < KILLS; k++) {
+        char *id = identity_of(pid);
+        cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= at[k], 90),
+                  "stalled before kill %d at %lld done: %s", k + 1, kt_int("SCARD rec"),
+                  kt_kiq_log(pid));
+        kt_sleep((double)(rand() % 200) / 1000.0);
+        cr_assert_eq(kt_kiq_stop(pid, SIGKILL, 10), 128 + SIGKILL);
+        char *w = wkey(id);
+        long held = (long)kt_int("LLEN %s", w);
+        inflight += held;
+        fprintf(stderr, "[chaos] kill %d at %lld done, %ld in its working list\n", k + 1,
+                kt_int("SCARD rec"), held);
+        free(w);
+        free(id);
+        pid = pids[k + 1] = start(args);
+    }
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == RECORDS && kt_int("LLEN queue:default") == 0
+                            && working_lists(c) == 0, 90),
+              "not drained: %lld recorded, %lld queued, %ld working lists\n%s",
+              kt_int("SCARD rec"), kt_int("LLEN queue:default"), working_lists(c),
+              kt_kiq_log(pid));
+    double wall = kt_now() - t0;
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+
+    /* Every jid, not just the count. */
+    long missing = 0;
+    for (size_t done = 0; done < RECORDS; done += 1000) {
+        const char *argv[1002] = { "SMISMEMBER", "rec" };
+        for (size_t i = 0; i < 1000; i++)
+            argv[2 + i] = jids[done + i];
+        redisReply *r = redisCommandArgv(c, 1002, argv, NULL);
+        cr_assert(r && r->type == REDIS_REPLY_ARRAY && r->elements == 1000);
+        for (size_t i = 0; i < r->elements; i++)
+            missing += r->element[i]->integer == 0;
+        freeReplyObject(r);
+    }
+    long runs = (long)kt_int("LLEN rec:log"), dups = runs - (long)kt_int("SCARD rec");
+    fprintf(stderr, "[chaos] seed %u: %d jobs (+%zu SleepJobs), %d kills, %ld in flight at the "
+            "kills, %ld duplicate runs, %.1f s\n", seed, RECORDS, total - RECORDS, KILLS,
+            inflight, dups, wall);
+    cr_assert_eq(missing, 0, "%ld jobs lost", missing);
+    cr_assert_leq(dups, inflight, "only jobs in flight at a kill may run twice");
+    cr_assert_leq(dups, CONC * KILLS);
+    cr_assert_eq(kt_int("ZCARD dead"), 0, "nothing was taken for a poison pill");
+    cr_assert_eq(kt_int("ZCARD retry"), 0);
+    for (int k = 0; k <= KILLS; k++)
+        cr_assert(!log_has(pids[k], "gave back"), "no job a processor held was given back: %s",
+                  kt_kiq_log(pids[k]));
+    free(jids);
+    free(y);
+}
+
+/* (b) A drains after TERM while B, started meanwhile, takes the new jobs. */
+Test(reliable, rolling_deploy_runs_each_job_once)
+{
+    redisContext *c = kt_redis();
+    char *y = write_file("deploy.yml", FAST_YAML "timeout: 30\n");
+    const char *args[] = { "-C", y, "-c", "4", NULL };
+    pid_t a = start(args);
+    char *ida = identity_of(a), *wa = wkey(ida);
+    char sj[4][25];
+    /* Longer than liveness_ttl: A must keep its liveness key alive while it
+     * drains, or B would take these jobs from it. */
+    for (unsigned i = 0; i < 4; i++) {
+        make_jid(sj[i], 7, i);
+        push_one(c, "SleepJob", "[3000]", sj[i]);
+    }
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4, 10), "%s", kt_kiq_log(a));
+    kill(a, SIGTERM);
+    cr_assert(KT_WAIT_UNTIL(log_has(a, "Pausing to allow workers to finish"), 5));
+    pid_t b = start(args);
+    free(identity_of(b));
+    char **p = calloc(300, sizeof(char *));
+    for (unsigned i = 0; i < 300; i++) {
+        char jid[25];
+        make_jid(jid, 8, i);
+        p[i] = payload("RecordJob", "[\"rec\"]", jid, "default");
+    }
+    push_all(c, "default", p, 300);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 300, 20), "%s", kt_kiq_log(b));
+    cr_assert(alive(a), "A is still draining while B works");
+    cr_assert_eq(kt_wait_exit(a, 20), 0, "A exits 0 once drained: %s", kt_kiq_log(a));
+    for (int i = 0; i < 4; i++) {
+        char *j = jid_eq(sj[i]);
+        cr_assert_eq(log_count(a, j, "INFO: done"), 1, "%s finished in A", sj[i]);
+        cr_assert_eq(log_count(b, j, NULL), 0, "%s never ran in B", sj[i]);
+        free(j);
+    }
+    cr_assert(!log_has(a, "Pushed"), "nothing was requeued: %s", kt_kiq_log(a));
+    cr_assert(!log_has(b, "recovered"), "B never touched A's list: %s", kt_kiq_log(b));
+    cr_assert_eq(kt_int("LLEN rec:log"), 300, "no job ran twice");
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+    for (unsigned i = 0; i < 300; i++)
+        free(p[i]);
+    free(p);
+    free(ida);
+    free(wa);
+    free(y);
+}
+
+/* (c) B, already running, takes a killed A's jobs without a restart. */
+Test(reliable, live_process_recovers_a_dead_ones_jobs)
+{
+    const double ttl = 3, interval = 2;
+    redisContext *c = kt_redis();
+    char *y = write_file("recover.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
+                                        "recovery_interval: 2\n");
+    const char *args[] = { "-C", y, "-c", "3", NULL };
+    pid_t a = start(args);
+    char *ida = identity_of(a), *wa = wkey(ida);
+    char sj[3][25];
+    for (unsigned i = 0; i < 3; i++) {
+        make_jid(sj[i], 9, i);
+        push_one(c, "SleepJob", "[2500]", sj[i]);
+    }
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 3, 10), "%s", kt_kiq_log(a));
+    pid_t b = start(args);
+    cr_assert(KT_WAIT_UNTIL(log_has(b, "Starting processing"), 10));
+    char lkey[512];
+    kiq_fetch_liveness_key(ida, lkey, sizeof(lkey));
+    double left = (double)kt_int("PTTL %s", lkey) / 1000.0;
+    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(!kt_int("EXISTS %s", wa), ttl + 2 * interval + 5),
+              "not recovered: %s", kt_kiq_log(b));
+    double latency = kt_now() - t0;
+    fprintf(stderr, "[recovery] jobs back %.2f s after the kill (liveness had %.2f s left; "
+            "ttl %.0f s, interval %.0f s)\n", latency, left, ttl, interval);
+    cr_assert_geq(latency, left - 0.3, "not taken while the owner counted as alive");
+    cr_assert_leq(latency, ttl + 2 * interval, "within about ttl + 2 intervals");
+    for (int i = 0; i < 3; i++) {
+        char *j = jid_eq(sj[i]);
+        cr_assert(KT_WAIT_UNTIL(log_count(b, j, "INFO: done") == 1, 10), "%s", kt_kiq_log(b));
+        free(j);
+    }
+    cr_assert(alive(b), "B was never restarted");
+    cr_assert(log_has(b, "recovered 3 orphaned jobs from 1 dead processes"), "%s", kt_kiq_log(b));
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+    free(ida);
+    free(wa);
+    free(y);
+}
+
+/* A private redis-server that writes every command to its AOF before it
+ * answers, so a kill -9 of Redis loses nothing it acknowledged. */
+typedef struct aof_redis {
+    pid_t pid;
+    int port;
+    char dir[512];
+    char url[128];
+} aof_redis_t;
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a))
+              && !getsockname(fd, (struct sockaddr *)&a, &len));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static redisContext *aof_connect(aof_redis_t *s)
+{
+    redisContext *c = NULL;
+    /* Up means answering commands: while it loads its AOF it says LOADING. */
+    int up = KT_WAIT_UNTIL(({
+        redisFree(c);
+        c = redisConnect("127.0.0.1", s->port);
+        redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+        int pong = r && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        pong; }), 10);
+    cr_assert(up, "private redis on %d did not come up", s->port);
+    return c;
+}
+
+static redisContext *aof_start(aof_redis_t *s)
+{
+    char port[16], logf[600];
+    snprintf(port, sizeof(port), "%d", s->port);
+    snprintf(logf, sizeof(logf), "%s/redis.log", s->dir);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir",
+               s->dir, "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+               "--logfile", logf, (char *)NULL);
+        _exit(127);
+    }
+    track(s->pid);
+    return aof_connect(s);
+}
+
+/* (d) Redis dies (kill -9) and comes back mid-run. */
+Test(reliable, redis_restart_mid_run_loses_nothing)
+{
+    enum { N = 3000, CONC = 5 };
+    aof_redis_t s = { .port = free_port() };
+    char *d = kt_tmp("aof");
+    snprintf(s.dir, sizeof(s.dir), "%s", d);
+    free(d);
+    cr_assert(mkdir(s.dir, 0700) == 0 || errno == EEXIST);
+    snprintf(s.url, sizeof(s.url), "redis://127.0.0.1:%d/0", s.port);
+    redisContext *c = aof_start(&s);
+    char **p = calloc(N + N / 50, sizeof(char *));
+    size_t n = 0;
+    for (unsigned i = 0; i < N; i++) {
+        char jid[25];
+        make_jid(jid, 3, i);
+        p[n++] = payload("RecordJob", "[\"rec\"]", jid, "default");
+        if (i % 50 == 49) {
+            make_jid(jid, 4, i);
+            p[n++] = payload("SleepJob", "[100]", jid, "default");
+        }
+    }
+    push_all(c, "default", p, n);
+    char *y = write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
+    const char *args[] = { "-C", y, "-c", "5", "--redis-url", s.url, NULL };
+    pid_t pid = start(args);
+    cr_assert(KT_WAIT_UNTIL(r_int(c, "SCARD rec") >= N / 4, 30), "%s", kt_kiq_log(pid));
+    redisFree(c);
+    kill(s.pid, SIGKILL);
+    waitpid(s.pid, NULL, 0);
+    /* An outage of a fixed length: long enough for every thread to notice. */
+    kt_sleep(1.0);
+    c = aof_start(&s);
+    long before = (long)r_int(c, "SCARD rec");
+    /* A job whose handler lost Redis fails and is scheduled for a retry in
+     * 15 s or more; bring that time forward rather than wait for it. */
+    long retried = 0;
+    int ok = KT_WAIT_UNTIL(({
+        redisReply *r = redisCommand(c, "ZRANGE retry 0 -1");
+        if (r && r->type == REDIS_REPLY_ARRAY && (long)r->elements > retried)
+            retried = (long)r->elements;
+        for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+            freeReplyObject(redisCommand(c, "ZADD retry XX 0 %b", r->element[i]->str,
+                                         r->element[i]->len));
+        freeReplyObject(r);
+        r_int(c, "SCARD rec") == N && r_int(c, "LLEN queue:default") == 0
+            && r_int(c, "ZCARD retry") == 0 && working_lists(c) == 0; }), 60);
+    cr_assert(ok, "after the restart: %lld recorded, %lld queued, %lld in retry, %ld working lists\n%s",
+              r_int(c, "SCARD rec"), r_int(c, "LLEN queue:default"), r_int(c, "ZCARD retry"),
+              working_lists(c), kt_kiq_log(pid));
+    long dups = (long)(r_int(c, "LLEN rec:log") - r_int(c, "SCARD rec"));
+    fprintf(stderr, "[redis-restart] %d jobs, %ld done before the restart, %ld failed with Redis "
+            "gone and retried, %ld duplicates\n", N, before, retried, dups);
+    cr_assert(alive(pid), "kiq rode out the outage");
+    cr_assert(log_has(pid, "Redis is online"), "%s", kt_kiq_log(pid));
+    cr_assert_leq(dups, CONC, "only jobs in flight at the outage may run twice");
+    cr_assert_eq(r_int(c, "ZCARD dead"), 0);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    redisFree(c);
+    kill(s.pid, SIGTERM);
+    waitpid(s.pid, NULL, 0);
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+    free(y);
+}
+
+/* Redis comes back after an outage longer than liveness_ttl: every liveness
+ * key has lapsed meanwhile, yet the processes are alive and still running
+ * their jobs; none may take another's. */
+Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
+{
+    aof_redis_t s = { .port = free_port() };
+    char *d = kt_tmp("aof2");
+    snprintf(s.dir, sizeof(s.dir), "%s", d);
+    free(d);
+    cr_assert(mkdir(s.dir, 0700) == 0 || errno == EEXIST);
+    snprintf(s.url, sizeof(s.url), "redis://127.0.0.1:%d/0", s.port);
+    redisContext *c = aof_start(&s);
+    char *y = write_file("outage.yml", FAST_YAML);
+    const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
+    pid_t a = start(args), b = start(args);
+    char *ida = identity_of(a), *idb = identity_of(b), *wa = wkey(ida), *wb = wkey(idb);
+    cr_assert(KT_WAIT_UNTIL(log_has(a, "Starting processing") && log_has(b, "Starting processing"), 10));
+    char sj[4][25];
+    char *p[4];
+    for (unsigned i = 0; i < 4; i++) {
+        make_jid(sj[i], 16, i);
+        p[i] = payload("SleepJob", "[5000]", sj[i], "default");
+    }
+    push_all(c, "default", p, 4);
+    cr_assert(KT_WAIT_UNTIL(r_int(c, "LLEN %s", wa) == 2 && r_int(c, "LLEN %s", wb) == 2, 10));
+    redisFree(c);
+    kill(s.pid, SIGKILL);
+    waitpid(s.pid, NULL, 0);
+    kt_sleep(3.0); /* longer than liveness_ttl (2 s) */
+    c = aof_start(&s);
+    cr_assert(KT_WAIT_UNTIL(r_int(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 20),
+              "%s\n%s", kt_kiq_log(a), kt_kiq_log(b));
+    for (int i = 0; i < 4; i++) {
+        char *j = jid_eq(sj[i]);
+        int runs = log_count(a, j, "INFO: start") + log_count(b, j, "INFO: start");
+        cr_assert_eq(runs, 1, "%s started %d times\n%s\n%s", sj[i], runs, kt_kiq_log(a),
+                     kt_kiq_log(b));
+        cr_assert_eq(log_count(a, j, "INFO: done") + log_count(b, j, "INFO: done"), 1);
+        free(j);
+    }
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 15), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+    redisFree(c);
+    kill(s.pid, SIGTERM);
+    waitpid(s.pid, NULL, 0);
+    for (int i = 0; i < 4; i++)
+        free(p[i]);
+    free(ida);
+    free(idb);
+    free(wa);
+    free(wb);
+    free(y);
+}
+
+/* (e) A job that kills every worker that runs it ends in the dead set. */
+Test(reliable, poison_pill_goes_dead_after_three_recoveries)
+{
+    redisContext *c = kt_redis();
+    char pill[25];
+    make_jid(pill, 5, 0);
+    push_one(c, "CrashJob", "[]", pill);
+    char *y = write_file("pill.yml", FAST_YAML);
+    const char *args[] = { "-C", y, "-c", "2", NULL };
+    int crashes = 0;
+    pid_t pid = start(args);
+    for (int round = 0; round < 5; round++) {
+        int st = -1;
+        KT_WAIT_UNTIL(({
+            pid_t w = waitpid(pid, &st, WNOHANG);
+            w == pid || kt_int("ZCARD dead") == 1; }), 15);
+        if (kt_int("ZCARD dead") == 1)
+            break;
+        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "worker %d should have crashed: %s",
+                  (int)pid, kt_kiq_log(pid));
+        crashes++;
+        pid = start(args);
+    }
+    cr_assert_eq(crashes, 3, "the pill ran (and crashed a worker) three times");
+    redisReply *dr = kt_cmd("ZRANGE dead 0 0");
+    cr_assert(dr->type == REDIS_REPLY_ARRAY && dr->elements == 1);
+    char *dead = strdup(dr->element[0]->str);
+    freeReplyObject(dr);
+    json_t *j = json_loads(dead, 0, NULL);
+    cr_assert(j, "%s", dead);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "Kiq::PoisonPill");
+    cr_assert_eq(json_integer_value(json_object_get(j, "recovery_count")), 3, "%s", dead);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "jid")), pill);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "class")), "CrashJob");
+    cr_assert(json_is_string(json_object_get(j, "error_message")));
+    json_decref(j);
+    free(dead);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    /* The fleet is healthy again. */
+    for (unsigned i = 0; i < 20; i++) {
+        char jid[25];
+        make_jid(jid, 6, i);
+        push_one(c, "RecordJob", "[\"rec\"]", jid);
+    }
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20, 10), "%s", kt_kiq_log(pid));
+    cr_assert(alive(pid));
+    cr_assert(log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(y);
+}
+
+/* (f) Working lists in sidekiq-unique-jobs v9's format, left by a Ruby
+ * process: recovered when its owner is gone, untouched while it lives. */
+Test(reliable, v9_working_lists_are_recovered_only_when_their_owner_is_gone)
+{
+    redisContext *c = kt_redis();
+    char j[4][25];
+    char *p[4];
+    for (unsigned i = 0; i < 4; i++) {
+        make_jid(j[i], 10, i);
+        /* What v9's client middleware and fetch leave: lock fields, Ruby
+         * float timestamps, an integer too big for 64 bits. */
+        cr_assert(asprintf(&p[i],
+                           "{\"class\":\"RecordJob\",\"args\":[\"rec\"],"
+                           "\"big\":123456789012345678901234567890,\"retry\":true,\"queue\":\"default\",\"lock\":\"until_executed\","
+                           "\"lock_digest\":\"uniquejobs:%s\",\"lock_ttl\":null,"
+                           "\"jid\":\"%s\",\"created_at\":1767225600.5,\"enqueued_at\":1767225600.6}",
+                           j[i], j[i]) > 0);
+    }
+    const char *dead1 = "uniquejobs:working:otherhost:123:abcdefabcdef";
+    const char *live = "uniquejobs:working:otherhost:456:0123456789ab";
+    const char *dead2 = "uniquejobs:working:otherhost:789:fedcbafedcba";
+    freeReplyObject(kt_cmd("LPUSH %s %s %s", dead1, p[0], p[1]));
+    freeReplyObject(kt_cmd("LPUSH %s %s", live, p[2]));
+    freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:otherhost:456:0123456789ab 1 EX 60"));
+
+    char *y = write_file("v9.yml", FAST_YAML);
+    pid_t pid = start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]) && kt_int("SISMEMBER rec %s", j[1]), 10),
+              "the dead owner's jobs ran: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("EXISTS %s", dead1), 0);
+    cr_assert(log_has(pid, "recovered 2 orphaned jobs"), "at startup: %s", kt_kiq_log(pid));
+
+    /* A list orphaned after the start shows a periodic pass has run too. */
+    freeReplyObject(kt_cmd("LPUSH %s %s", dead2, p[3]));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[3]), 10), "%s", kt_kiq_log(pid));
+    redisReply *r = kt_cmd("LRANGE %s 0 -1", live);
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
+    cr_assert_str_eq(r->element[0]->str, p[2], "a live owner's list is left byte for byte");
+    freeReplyObject(r);
+    cr_assert_eq(kt_int("SISMEMBER rec %s", j[2]), 0);
+
+    /* Its owner dies: now it is kiq's to recover. */
+    freeReplyObject(kt_cmd("DEL uniquejobs:heartbeat:otherhost:456:0123456789ab"));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN rec:log"), 4, "each ran once");
+    cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    for (int i = 0; i < 4; i++)
+        free(p[i]);
+    free(y);
+}
+
+/* (g) Jobs given back go where the next fetch looks: the right end. */
+Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
+{
+    redisContext *c = kt_redis();
+    char x[25], yj[25], z[25];
+    make_jid(x, 11, 0);
+    make_jid(yj, 11, 1);
+    make_jid(z, 11, 2);
+    char *px = payload("SleepJob", "[10000]", x, "default");
+    push_all(c, "default", &px, 1);
+    char *y = write_file("head.yml", FAST_YAML);
+    pid_t pid = start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
+    char *id = identity_of(pid), *w = wkey(id);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    push_one(c, "RecordJob", "[\"rec\"]", yj);
+    push_one(c, "RecordJob", "[\"rec\"]", z);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert(log_has(pid, "Pushed 1 jobs back"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 3);
+    char *head = kt_str("LINDEX queue:default -1");
+    cr_assert_str_eq(head, px, "the interrupted job is fetched next, unchanged");
+    cr_assert_eq(kt_int("EXISTS %s", w), 0);
+    cr_assert_eq(kt_int("SCARD rec"), 0);
+    free(head);
+    free(px);
+    free(id);
+    free(w);
+    free(y);
+}
+
+Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
+{
+    redisContext *c = kt_redis();
+    char x[25], yj[25];
+    make_jid(x, 12, 0);
+    make_jid(yj, 12, 1);
+    char *y = write_file("quiet.yml", FAST_YAML);
+    /* One processor, so the two jobs cannot be given back by two threads
+     * in either order. Its blocking fetch waits up to 1 s, so it is most
+     * likely still waiting when the jobs arrive just after TSTP. */
+    pid_t pid = start((const char *[]){ "-C", y, "-c", "1", NULL });
+    char *id = identity_of(pid), *w = wkey(id);
+    cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10));
+    kill(pid, SIGTSTP);
+    cr_assert(KT_WAIT_UNTIL(log_has(pid, "no longer accepting new work"), 5));
+    char *px = payload("RecordJob", "[\"rec\"]", x, "default");
+    char *py = payload("RecordJob", "[\"rec\"]", yj, "default");
+    char *both[] = { px, py };
+    push_all(c, "default", both, 2);
+    int gave_back = KT_WAIT_UNTIL(log_has(pid, "went back to queue:default"), 2.5);
+    fprintf(stderr, "[quiet] the give-back path %s\n", gave_back ? "ran" : "did not run this time");
+    cr_assert_eq(kt_int("LLEN queue:default"), 2);
+    char *head = kt_str("LINDEX queue:default -1");
+    cr_assert_str_eq(head, px, "the first pushed is still the next fetched");
+    cr_assert_eq(kt_int("SCARD rec"), 0, "a quiet process runs nothing new");
+    cr_assert_eq(kt_int("EXISTS %s", w), 0);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(head);
+    free(px);
+    free(py);
+    free(id);
+    free(w);
+    free(y);
+}
+
+static kiq_redis_t *lib_redis(void)
+{
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kt_url(), 5, err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    return r;
+}
+
+Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
+{
+    char j[4][25], *p[4];
+    for (unsigned i = 0; i < 4; i++) {
+        make_jid(j[i], 13, i);
+        p[i] = payload("RecordJob", "[\"rec\"]", j[i], "default");
+    }
+    /* p[0] waits in the queue; p[1] was fetched first, then p[2], p[3]
+     * (LMOVE RIGHT LEFT leaves the first taken at the right end). */
+    freeReplyObject(kt_cmd("LPUSH queue:default %s", p[0]));
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:aaaaaaaaaaaa %s %s %s", p[1], p[2], p[3]));
+    kiq_redis_t *r = lib_redis();
+    kiq_recovery_t rec;
+    char err[KIQ_ERRLEN];
+    cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(rec.recovered, 3);
+    cr_assert_eq(rec.lists, 1);
+    /* Fetched next first: p[1], then p[2], p[3], and p[0] after them. */
+    for (int i = 1, at = -1; i <= 4; i++, at--) {
+        char *e = kt_str("LINDEX queue:default %d", at);
+        cr_assert(e && strstr(e, j[i % 4]), "position %d: %s", at, e);
+        if (i < 4)
+            cr_assert(strstr(e, "\"recovery_count\":1"), "%s", e);
+        free(e);
+    }
+    kiq_redis_free(r);
+    for (int i = 0; i < 4; i++)
+        free(p[i]);
+}
+
+/* A job stranded in a live process's own list (its fetch reply lost with the
+ * connection) runs; a job a processor is running is left alone. */
+Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
+{
+    redisContext *c = kt_redis();
+    char *y = write_file("stray.yml", FAST_YAML);
+    pid_t pid = start((const char *[]){ "-C", y, "-c", "2", NULL });
+    char *id = identity_of(pid), *w = wkey(id);
+    char sj[25], rj[25];
+    make_jid(sj, 14, 0);
+    make_jid(rj, 14, 1);
+    push_one(c, "SleepJob", "[4000]", sj);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    char *pr = payload("RecordJob", "[\"rec\"]", rj, "default");
+    freeReplyObject(kt_cmd("LPUSH %s %s", w, pr));
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", rj), 10), "%s", kt_kiq_log(pid));
+    fprintf(stderr, "[stray] ran %.2f s after it was stranded\n", kt_now() - t0);
+    cr_assert(log_has(pid, "gave back 1 jobs"), "%s", kt_kiq_log(pid));
+    char *j = jid_eq(sj);
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, j, "INFO: done") == 1, 10));
+    cr_assert_eq(log_count(pid, j, "INFO: start"), 1, "the running job was not given back");
+    cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(j);
+    free(pr);
+    free(id);
+    free(w);
+    free(y);
+}
+
+/* What `kiq stats` shows: each working list, its owner, alive or not. */
+Test(reliable, list_working_shows_owners_and_liveness)
+{
+    redisContext *c = kt_redis();
+    /* No periodic recovery during the test, and the dead list is written
+     * after the startup pass: it must stay for the listing to show it. */
+    char *y = write_file("stats.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+                                      "recovery_interval: 600\n");
+    pid_t pid = start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
+    char *id = identity_of(pid), *w = wkey(id);
+    cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10));
+    char sj[25];
+    make_jid(sj, 15, 0);
+    push_one(c, "SleepJob", "[5000]", sj);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:h1:1:aaaaaaaaaaaa a b c"));
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:h0:2:bbbbbbbbbbbb d"));
+    freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:h0:2:bbbbbbbbbbbb 1 EX 60"));
+    /* A live owner with nothing in flight has no list to show. */
+    freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:h2:3:cccccccccccc 1 EX 60"));
+
+    kiq_redis_t *r = lib_redis();
+    kiq_working_info_t *info = NULL;
+    size_t n = 0;
+    char err[KIQ_ERRLEN];
+    cr_assert_eq(kiq_fetch_list_working(r, &info, &n, err), 0, "%s", err);
+    cr_assert_eq(n, 3);
+    const char *want[3] = { "h0:2:bbbbbbbbbbbb", "h1:1:aaaaaaaaaaaa", id };
+    /* Sorted by identity; kiq's own hostname may sort anywhere. */
+    for (size_t k = 0; k < 3; k++) {
+        size_t i = 0;
+        while (i < n && strcmp(info[i].identity, want[k]) != 0)
+            i++;
+        cr_assert_lt(i, n, "%s listed", want[k]);
+        if (k == 0) {
+            cr_assert_eq(info[i].length, 1);
+            cr_assert(info[i].alive);
+            cr_assert(info[i].liveness_ms > 50000 && info[i].liveness_ms <= 60000);
+        } else if (k == 1) {
+            cr_assert_eq(info[i].length, 3);
+            cr_assert_not(info[i].alive);
+            cr_assert_eq(info[i].liveness_ms, 0);
+        } else {
+            cr_assert_eq(info[i].length, 1);
+            cr_assert(info[i].alive, "a running kiq is alive");
+            cr_assert(info[i].liveness_ms > 0 && info[i].liveness_ms <= 2000,
+                      "liveness_ttl 2 s: %lld ms", info[i].liveness_ms);
+        }
+    }
+    for (size_t i = 1; i < n; i++)
+        cr_assert_lt(strcmp(info[i - 1].identity, info[i].identity), 0);
+    kiq_fetch_working_info_free(info, n);
+    kiq_fetch_working_info_free(NULL, 0);
+
+    /* An empty database lists nothing. */
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    freeReplyObject(kt_cmd("DEL uniquejobs:working:h1:1:aaaaaaaaaaaa uniquejobs:working:h0:2:bbbbbbbbbbbb"));
+    freeReplyObject(kt_cmd("DEL queue:default"));
+    info = (kiq_working_info_t *)1;
+    cr_assert_eq(kiq_fetch_list_working(r, &info, &n, err), 0, "%s", err);
+    cr_assert_eq(n, 0);
+    cr_assert_null(info);
+    kiq_redis_free(r);
+    free(id);
+    free(w);
+    free(y);
+}
+
+Test(reliable, liveness_ttl_is_configurable_and_checked)
+{
+    char *ok = write_file("ttl.yml", "heartbeat_interval: 1\nliveness_ttl: 4.5\n");
+    pid_t pid = start((const char *[]){ "-C", ok, "-c", "1", NULL });
+    char *id = identity_of(pid);
+    char lkey[512];
+    kiq_fetch_liveness_key(id, lkey, sizeof(lkey));
+    cr_assert(KT_WAIT_UNTIL(kt_int("PTTL %s", lkey) > 0, 5));
+    long long ms = kt_int("PTTL %s", lkey);
+    cr_assert(ms > 0 && ms <= 4500, "PTTL %lld", ms);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_int("EXISTS %s", lkey), 0, "a clean exit with nothing in flight removes it");
+
+    char *slow = write_file("ttl-slow.yml", "heartbeat_interval: 5\nliveness_ttl: 10\n");
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", slow, NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "liveness_ttl: must be at least 3 times heartbeat_interval"), "%s", out);
+    free(out);
+    char *zero = write_file("ttl-zero.yml", "liveness_ttl: 0\n");
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", zero, NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "liveness_ttl"), "%s", out);
+    free(out);
+    free(id);
+    free(ok);
+    free(slow);
+    free(zero);
+}
+
+/* Receives datagrams on fd until one contains want or timeout passes;
+ * counts the WATCHDOG=1 pings seen on the way. */
+static int recv_until(int fd, const char *want, double timeout, int *pings)
+{
+    double end = kt_now() + timeout;
+    char buf[512];
+    while (kt_now() < end) {
+        struct pollfd pf = { .fd = fd, .events = POLLIN };
+        if (poll(&pf, 1, (int)((end - kt_now()) * 1000) + 1) <= 0)
+            continue;
+        ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        if (pings && strstr(buf, "WATCHDOG=1"))
+            (*pings)++;
+        if (strstr(buf, want))
+            return 1;
+    }
+    return 0;
+}
+
+static int notify_socket(const char *name, int abstract)
+{
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    size_t len = strlen(name);
+    cr_assert(len < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, name, len);
+    socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
+    if (abstract)
+        sa.sun_path[0] = '\0';
+    else
+        salen++;
+    cr_assert(bind(fd, (struct sockaddr *)&sa, salen) == 0, "bind %s: %s", name, strerror(errno));
+    return fd;
+}
+
+Test(reliable, systemd_notify_ready_watchdog_stopping)
+{
+    char *path = kt_tmp("notify.sock");
+    unlink(path);
+    int fd = notify_socket(path, 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    setenv("WATCHDOG_USEC", "400000", 1);
+    pid_t pid = start((const char *[]){ "-c", "1", NULL });
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    int pings = 0;
+    cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_kiq_log(pid));
+    cr_assert(log_has(pid, "Starting processing"), "ready only once processing");
+    cr_assert(recv_until(fd, "NEVER", 1.0, &pings) == 0);
+    cr_assert_geq(pings, 3, "WATCHDOG=1 every 0.2 s: %d in 1 s", pings);
+    kill(pid, SIGTERM);
+    cr_assert(recv_until(fd, "STOPPING=1", 10, NULL), "no STOPPING=1: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_wait_exit(pid, 15), 0);
+    close(fd);
+    unlink(path);
+    free(path);
+}
+
+Test(reliable, systemd_notify_abstract_socket_without_watchdog)
+{
+    char name[108];
+    snprintf(name, sizeof(name), "@kiq-test-%d-%s", (int)getpid(), kt_url() + 8);
+    int fd = notify_socket(name, 1);
+    setenv("NOTIFY_SOCKET", name, 1);
+    pid_t pid = start((const char *[]){ "-c", "1", NULL });
+    unsetenv("NOTIFY_SOCKET");
+    int pings = 0;
+    cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_kiq_log(pid));
+    kill(pid, SIGTERM);
+    cr_assert(recv_until(fd, "STOPPING=1", 10, &pings), "no STOPPING=1: %s", kt_kiq_log(pid));
+    cr_assert_eq(pings, 0, "no watchdog without WATCHDOG_USEC");
+    cr_assert_eq(kt_wait_exit(pid, 15), 0);
+    close(fd);
+}
