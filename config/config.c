@@ -37,6 +37,9 @@ kiq_config_t *kiq_config_new(void)
     cfg->recovery_interval = 60;
     cfg->max_recoveries = 3;
     cfg->liveness_ttl = 60;
+    cfg->reaper_interval = 600;
+    cfg->reaper_count = 1000;
+    cfg->reaper_timeout = 10;
     cfg->fetch = KIQ_FETCH_RELIABLE;
     cfg->timestamps = KIQ_TS_FLOAT;
     cfg->log_format = KIQ_LOG_PRETTY;
@@ -78,6 +81,11 @@ void kiq_config_free(kiq_config_t *cfg)
     for (size_t i = 0; i < cfg->nclasses; i++) {
         free(cfg->classes[i].name);
         free(cfg->classes[i].queue);
+        free(cfg->classes[i].lock);
+        free(cfg->classes[i].lock_prefix);
+        free(cfg->classes[i].lock_args);
+        free(cfg->classes[i].on_conflict_client);
+        free(cfg->classes[i].on_conflict_server);
     }
     free(cfg->classes);
     free(cfg->log_file);

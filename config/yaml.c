@@ -19,6 +19,8 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "kiq/unique.h"
+
 /* An anchor can merge (<<) into itself; stop rather than recurse forever. */
 #define MAX_MERGE_DEPTH 16
 
@@ -575,18 +577,161 @@ static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
     return rc;
 }
 
+/* A non-negative whole number of seconds (or a count) for a class option. */
+static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long *out)
+{
+    char *s = NULL;
+    long n;
+    int rc = scalar(c, v, key, "must be an integer >= 0", &s);
+    if (rc < 0)
+        return rc;
+    if (to_long(s, &n) || n < 0 || n > max)
+        rc = fail(c, v, key, "must be an integer between 0 and %ld", max);
+    else
+        *out = n;
+    free(s);
+    return rc;
+}
+
+static int class_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+{
+    char *s = NULL;
+    int rc = scalar(c, v, key, "must be true or false", &s);
+    if (rc == 0 && to_bool(s, out))
+        rc = fail(c, v, key, "must be true or false");
+    free(s);
+    return rc;
+}
+
+/* A lock type or strategy name, checked now so a typo is a config error. */
+static int class_name(ctx_t *c, const char *key, yaml_node_t *v, int strategy, char **slot)
+{
+    char *s = NULL;
+    int rc = scalar(c, v, key, "must be a name", &s);
+    if (rc < 0)
+        return rc;
+    kiq_lock_type_t t;
+    kiq_on_conflict_t st;
+    if (strategy ? kiq_on_conflict_parse(s, &st) : kiq_lock_type_parse(s, &t)) {
+        rc = fail(c, v, key, strategy ? "unknown strategy %s (log, raise, reject, replace, reschedule)"
+                                      : "unknown lock type %s", s);
+        free(s);
+        return rc;
+    }
+    free(*slot);
+    *slot = strdup(strategy ? kiq_on_conflict_name(st) : kiq_lock_type_name(t));
+    free(s);
+    return *slot ? 0 : nomem(c);
+}
+
+/* The uniqueness options of a class entry. Returns 1 when oname is not one
+ * of them. until is where unique_until goes until the entry is complete. */
+static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_t *ov,
+                        kiq_class_conf_t *cc, long *unique_for, char **until)
+{
+    long n = 0;
+    int rc = 0;
+    if (!strcmp(oname, "lock"))
+        return class_name(c, key, ov, 0, &cc->lock);
+    if (!strcmp(oname, "lock_ttl") || !strcmp(oname, "lock_expiration")) {
+        if (!(rc = class_count(c, key, ov, LONG_MAX / 1000, &n)))
+            cc->lock_ttl = n;
+        return rc;
+    }
+    if (!strcmp(oname, "lock_timeout")) {
+        if (!(rc = class_count(c, key, ov, 86400, &n)))
+            cc->lock_timeout = n;
+        return rc;
+    }
+    if (!strcmp(oname, "lock_limit")) {
+        if (!(rc = class_count(c, key, ov, INT_MAX, &n)))
+            cc->lock_limit = (int)n;
+        return rc;
+    }
+    if (!strcmp(oname, "unique_for"))
+        return class_count(c, key, ov, LONG_MAX / 1000, unique_for);
+    if (!strcmp(oname, "schedule_in")) {
+        if (!(rc = class_count(c, key, ov, 86400 * 365, &n)))
+            cc->schedule_in = (double)n;
+        return rc;
+    }
+    if (!strcmp(oname, "lock_prefix"))
+        return set_string(c, key, ov, &cc->lock_prefix, NULL);
+    if (!strcmp(oname, "unique_until"))
+        return set_string(c, key, ov, until, NULL);
+    if (!strcmp(oname, "unique_across_queues"))
+        return class_flag(c, key, ov, &cc->unique_across_queues);
+    if (!strcmp(oname, "unique_across_workers"))
+        return class_flag(c, key, ov, &cc->unique_across_workers);
+    if (!strcmp(oname, "on_conflict")) {
+        if (ov->type == YAML_SCALAR_NODE) {
+            rc = class_name(c, key, ov, 1, &cc->on_conflict_client);
+            if (!rc && !(cc->on_conflict_server = strdup(cc->on_conflict_client)))
+                rc = nomem(c);
+            return rc;
+        }
+        if (ov->type != YAML_MAPPING_NODE)
+            return fail(c, ov, key, "must be a strategy name or {client: NAME, server: NAME}");
+        for (yaml_node_pair_t *p = ov->data.mapping.pairs.start;
+             p < ov->data.mapping.pairs.top && rc == 0; p++) {
+            const char *side = key_name(node(c, p->key));
+            char sub[KIQ_ERRLEN];
+            snprintf(sub, sizeof(sub), "%s.%s", key, side ? side : "?");
+            if (side && !strcmp(side, "client"))
+                rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_client);
+            else if (side && !strcmp(side, "server"))
+                rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_server);
+            else
+                rc = fail(c, node(c, p->key), sub, "unknown key (client or server)");
+        }
+        return rc;
+    }
+    if (!strcmp(oname, "lock_args")) {
+        if (ov->type != YAML_SEQUENCE_NODE)
+            return fail(c, ov, key, "must be a list of argument indexes");
+        size_t cnt = (size_t)(ov->data.sequence.items.top - ov->data.sequence.items.start);
+        int *idx = calloc(cnt ? cnt : 1, sizeof(int));
+        if (!idx)
+            return nomem(c);
+        for (size_t i = 0; i < cnt && rc == 0; i++) {
+            rc = class_count(c, key, node(c, ov->data.sequence.items.start[i]), 1000, &n);
+            idx[i] = (int)n;
+        }
+        if (rc) {
+            free(idx);
+            return rc;
+        }
+        free(cc->lock_args);
+        cc->lock_args = idx;
+        cc->nlock_args = cnt;
+        return 0;
+    }
+    return 1;
+}
+
+static void class_unique_free(kiq_class_conf_t *cc)
+{
+    free(cc->lock);
+    free(cc->lock_prefix);
+    free(cc->lock_args);
+    free(cc->on_conflict_client);
+    free(cc->on_conflict_server);
+}
+
 /* One `Name: {queue: q, retry: r}` entry, added to or updating list. */
 static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
 {
     char key[KIQ_ERRLEN];
-    kiq_class_conf_t cc = {NULL, NULL, KIQ_RETRY_UNSET};
+    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET };
+    long unique_for = 0;
+    char *until = NULL;
     int rc = 0;
     const char *name = key_name(kn);
     if (!name || !*name)
         return fail(c, kn, "classes", "a class name must be a non-empty string");
     snprintf(key, sizeof(key), "classes.%s", name);
     if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return fail(c, v, key, "must be a mapping of queue and retry");
+        return fail(c, v, key, "must be a mapping of class options (queue, retry, lock, ...)");
     if (v->type == YAML_MAPPING_NODE) {
         for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
              p < v->data.mapping.pairs.top && rc == 0; p++) {
@@ -597,11 +742,29 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
                 rc = set_string(c, key, ov, &cc.queue, NULL);
             else if (oname && !strcmp(oname, "retry"))
                 rc = class_retry(c, key, ov, &cc.retry);
-            else
+            else if (!oname || (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)
                 rc = fail(c, opt, key, "unknown key");
         }
         if (rc < 0)
             goto out;
+        /* Sidekiq Enterprise's unique_for/unique_until name a lock type. */
+        if (unique_for || until) {
+            kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
+            snprintf(key, sizeof(key), "classes.%s.unique_until", name);
+            if (!unique_for || kiq_unique_for(&uo, unique_for, until)) {
+                rc = fail(c, v, key, unique_for ? "must be start or success"
+                                                : "needs unique_for (seconds)");
+                goto out;
+            }
+            free(cc.lock);
+            cc.lock = strdup(kiq_lock_type_name(uo.lock));
+            if (!cc.lock) {
+                rc = nomem(c);
+                goto out;
+            }
+            if (!cc.lock_ttl)
+                cc.lock_ttl = uo.lock_ttl;
+        }
     }
     /* A class listed twice: the later entry wins, as with any YAML key. */
     kiq_class_conf_t *slot = NULL;
@@ -617,14 +780,19 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
             goto out;
         }
         list->classes[list->nclasses++] = cc;
+        free(until);
         return 0;
     }
     free(slot->queue);
-    slot->queue = cc.queue;
-    slot->retry = cc.retry;
+    class_unique_free(slot);
+    cc.name = slot->name;
+    *slot = cc;
+    free(until);
     return 0;
 out:
     free(cc.queue);
+    class_unique_free(&cc);
+    free(until);
     return rc;
 }
 
@@ -633,6 +801,7 @@ static void free_classes(kiq_class_conf_t *cls, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(cls[i].name);
         free(cls[i].queue);
+        class_unique_free(&cls[i]);
     }
     free(cls);
 }
@@ -688,6 +857,9 @@ static const key_def_t keys[] = {
     {"recovery_interval", set_seconds, OFF(recovery_interval), 1, 0},
     {"max_recoveries", set_int, OFF(max_recoveries), 1, INT_MAX},
     {"liveness_ttl", set_seconds, OFF(liveness_ttl), 1, 0},
+    {"reaper_interval", set_seconds, OFF(reaper_interval), 0, 0},
+    {"reaper_count", set_long, OFF(reaper_count), 1, LONG_MAX},
+    {"reaper_timeout", set_seconds, OFF(reaper_timeout), 1, 0},
     {"classes", set_classes, 0, 0, 0},
 };
 

@@ -66,6 +66,31 @@ static int record_job(kiq_job_t *job, void *ud)
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "recording %s failed", kiq_job_jid(job));
 }
 
+/* OverlapJob [key, ms]: evidence of overlapping runs, kept in Redis so it
+ * spans threads and processes. INCR key:running; if that made it more than
+ * one, INCR key:overlaps; sleep ms (default 100); DECR key:running; RPUSH
+ * key:log jid. A while_executing lock must leave key:overlaps unset. */
+static int overlap_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    const char *key = arg_str(job, 0, "kiq:overlap");
+    long ms = arg_long(job, 1, 100);
+    redisContext *c = kiq_job_redis(job);
+    if (!c)
+        return kiq_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
+    redisReply *r = redisCommand(c, "INCR %s:running", key);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    if (ok && r->integer > 1)
+        freeReplyObject(redisCommand(c, "INCR %s:overlaps", key));
+    freeReplyObject(r);
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    freeReplyObject(redisCommand(c, "DECR %s:running", key));
+    freeReplyObject(redisCommand(c, "RPUSH %s:log %s", key, kiq_job_jid(job)));
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "INCR %s:running failed", key);
+}
+
 /* CrashJob: kills the whole process (SIGKILL), as a handler with a fatal
  * bug would; shows recovery and the poison-pill limit. */
 static int crash_job(kiq_job_t *job, void *ud)
@@ -85,5 +110,6 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     rc |= kiq_register(rt, "FailJob", fail_job, NULL, &opts);
     rc |= kiq_register(rt, "RecordJob", record_job, NULL, &opts);
     rc |= kiq_register(rt, "CrashJob", crash_job, NULL, &opts);
+    rc |= kiq_register(rt, "OverlapJob", overlap_job, NULL, &opts);
     return rc;
 }

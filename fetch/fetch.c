@@ -213,20 +213,34 @@ int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                   const kiq_ack_t *ack)
 {
-    static const char *modes[] = { "ok", "retry", "dead", "drop" };
+    static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
+    static const char *sets[] = { "retry", "retry", "dead", "retry", "schedule" };
     int basic = f->mode == KIQ_FETCH_BASIC;
-    if (basic && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP))
+    int lock = ack->lock_key && ack->lock_jid;
+    if (basic && !lock && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP))
         return 0; /* BRPOP already took it; nothing to write */
     char score[32], cutoff[32], max[32];
     snprintf(score, sizeof(score), "%.6f", ack->score);
     snprintf(cutoff, sizeof(cutoff), "%.6f", ack->dead_cutoff);
     snprintf(max, sizeof(max), "%ld", ack->dead_max > 0 ? ack->dead_max : 10000);
-    const char *argv[] = { basic ? "" : f->working, ack->kind == KIQ_ACK_DEAD ? "dead" : "retry",
+    const char *argv[] = { basic ? "" : f->working, sets[ack->kind],
+                           lock ? ack->lock_key : NULL, lock ? "uniquejobs:digests" : NULL,
                            raw, modes[ack->kind], score,
-                           ack->payload ? ack->payload : "", cutoff, max };
-    size_t lens[] = { strlen(argv[0]), strlen(argv[1]), len, strlen(argv[3]), strlen(score),
-                      ack->payload ? ack->len : 0, strlen(cutoff), strlen(max) };
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_ACK, 2, 8, argv, lens);
+                           ack->payload ? ack->payload : "", cutoff, max,
+                           lock ? ack->lock_jid : NULL };
+    size_t lens[] = { strlen(argv[0]), strlen(argv[1]), lock ? strlen(argv[2]) : 0,
+                      lock ? strlen(argv[3]) : 0, len, strlen(argv[5]), strlen(score),
+                      ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
+                      lock ? strlen(argv[10]) : 0 };
+    redisReply *rep;
+    if (lock) {
+        rep = kiq_redis_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
+    } else {
+        /* Without a lock the script gets its original two keys. */
+        const char *a2[] = { argv[0], argv[1], argv[4], argv[5], argv[6], argv[7], argv[8], argv[9] };
+        size_t l2[] = { lens[0], lens[1], lens[4], lens[5], lens[6], lens[7], lens[8], lens[9] };
+        rep = kiq_redis_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
+    }
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;

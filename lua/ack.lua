@@ -3,10 +3,15 @@
 -- double it. With a working list, the failure is written only if the job
 -- was still there: a job requeued at shutdown or recovered from a process
 -- presumed dead is not written a second time by a late ack.
--- KEYS[1] working list ("" with the basic fetch), KEYS[2] retry or dead zset.
+-- KEYS[1] working list ("" with the basic fetch), KEYS[2] retry or dead zset,
+-- KEYS[3] and KEYS[4] (optional) a uniqueness lock "<digest>:LOCKED" and
+-- "uniquejobs:digests": the job's hold on it is released in the same step,
+-- so a lock outlives its job neither after a crash between the two nor
+-- when a late ack finds the job recovered (then the lock stays with it).
 -- ARGV[1] payload as fetched, ARGV[2] "ok" | "retry" | "dead" | "drop",
 -- ARGV[3] zset score, ARGV[4] payload to store,
--- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs.
+-- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs,
+-- ARGV[7] the jid whose hold on KEYS[3] is released.
 local removed = 1
 if KEYS[1] ~= '' then
   removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
@@ -21,5 +26,11 @@ elseif mode == 'dead' then
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[6]) - 1)
+end
+if KEYS[4] and ARGV[7] and redis.call('HDEL', KEYS[3], ARGV[7]) == 1 then
+  if redis.call('HLEN', KEYS[3]) == 0 then
+    redis.call('ZREM', KEYS[4], (string.gsub(KEYS[3], ':LOCKED$', '')))
+    redis.call('UNLINK', KEYS[3])
+  end
 end
 return removed

@@ -17,6 +17,8 @@ static const char *main_usage =
     "  run       process jobs (the default when no command is given)\n"
     "  push      push a job: kiq push CLASS [ARGS_JSON] [options]\n"
     "  stats     processed/failed counts, queues, sets, processes, working lists\n"
+    "  locks     uniqueness locks: list, info, delete, metrics, reap, upgrade\n"
+    "  lock      run a command under a FIFO lock: kiq lock NAME [options] -- CMD...\n"
     "  version   print the version\n"
     "\n"
     "`kiq COMMAND --help` describes each command's options.\n";
@@ -108,6 +110,10 @@ int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
         return kiq_cmd_push(argc - 1, argv + 1);
     if (strcmp(cmd, "stats") == 0)
         return kiq_cmd_stats(argc - 1, argv + 1);
+    if (strcmp(cmd, "locks") == 0)
+        return kiq_cmd_locks(argc - 1, argv + 1);
+    if (strcmp(cmd, "lock") == 0)
+        return kiq_cmd_lock(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 1, argv + 1, init);
     if (cmd[0] == '-')

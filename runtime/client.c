@@ -11,11 +11,14 @@
 #include "json.h"
 #include "payload.h"
 #include "timeutil.h"
+#include "kiq/middleware.h"
 #include "kiq/redis.h"
+#include "../middleware/mw.h"
 
 struct kiq_client {
     kiq_redis_t *r;
     char err[KIQ_ERRLEN];
+    kiq_chain_t *chain;  /* client middleware, "unique" by default */
 };
 
 kiq_push_opts_t kiq_push_opts_default(void)
@@ -46,7 +49,18 @@ kiq_client_t *kiq_client_new(const char *url, char *err)
         kiq_client_free(c);
         return NULL;
     }
+    if (!(c->chain = kiq_chain_new()) ||
+        kiq_chain_add(c->chain, "unique", kiq_unique_client_mw, NULL)) {
+        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        kiq_client_free(c);
+        return NULL;
+    }
     return c;
+}
+
+kiq_chain_t *kiq_client_chain(kiq_client_t *c)
+{
+    return c ? c->chain : NULL;
 }
 
 void kiq_client_free(kiq_client_t *c)
@@ -54,6 +68,7 @@ void kiq_client_free(kiq_client_t *c)
     if (!c)
         return;
     kiq_redis_free(c->r);
+    kiq_chain_free(c->chain);
     free(c);
 }
 
@@ -104,6 +119,14 @@ static int build(kiq_client_t *c, kiq_buf_t *b, const char *cls, const char *arg
     return rc;
 }
 
+/* The end of the client chain: the job is accepted into the batch. */
+static int accept_push(kiq_mw_t *mw, void *ud)
+{
+    (void)ud;
+    mw->accepted = 1;
+    return 0;
+}
+
 int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *args, size_t n,
                          const kiq_push_opts_t *opts, char (*jids)[25])
 {
@@ -117,39 +140,62 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     double now = kiq_now();
     if (o.at > 0 && o.at < 1e9)
         o.at += now; /* small values mean "seconds from now", as Sidekiq */
-    int scheduled = o.at > now;
-    kiq_buf_t *bufs = calloc(n, sizeof(*bufs));
-    const char **argv = calloc(2 * n + 2, sizeof(*argv));
-    size_t *lens = calloc(2 * n + 2, sizeof(*lens));
-    char qkey[512], score[32];
-    int rc = (bufs && argv && lens) ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    kiq_mw_t *mws = calloc(n, sizeof(*mws));
+    char (*jid)[25] = calloc(n, sizeof(*jid));
+    char (*scores)[32] = calloc(n, sizeof(*scores));
+    const char **lpush = calloc(n + 2, sizeof(*lpush)), **zadd = calloc(2 * n + 2, sizeof(*zadd));
+    size_t *llens = calloc(n + 2, sizeof(*llens)), *zlens = calloc(2 * n + 2, sizeof(*zlens));
+    char qkey[512];
+    size_t nl = 2, nz = 2, denied = 0;
+    int rc = (mws && jid && scores && lpush && zadd && llens && zlens)
+                 ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && !rc; i++) {
-        char jid[25];
-        rc = build(c, &bufs[i], cls, args ? args[i] : NULL, &o, queue, now, jid);
-        if (!rc && jids)
-            memcpy(jids[i], jid, 25);
+        kiq_buf_t b = {0};
+        rc = build(c, &b, cls, args ? args[i] : NULL, &o, queue, now, jid[i]);
+        kiq_mw_t *mw = &mws[i];
+        mw->r = c->r;
+        mw->unique = o.unique;
+        mw->cls = cls;
+        mw->jid = jid[i];
+        mw->queue = queue;
+        mw->at = o.at > now ? o.at : 0;
+        mw->payload = kiq_buf_take(&b, &mw->len);
+        if (!rc && (!mw->payload || kiq_json_scan_object(mw->payload, mw->len, &mw->obj, NULL)))
+            rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+        if (rc)
+            break;
+        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
+            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+            break;
+        }
+        int mrc = kiq_mw_run(c->chain, mw, accept_push, NULL);
+        if (!mw->accepted) {
+            denied++;
+            kiq_seterr(c->err, mrc && mrc != KIQ_EDENIED ? mrc : KIQ_EDENIED, "push of %s denied: %s",
+                       cls, mw->deny[0] ? mw->deny : kiq_strerror(mrc ? mrc : KIQ_EDENIED));
+            if (mrc == KIQ_EREDIS) {
+                rc = KIQ_EREDIS;
+                break;
+            }
+            continue;
+        }
+        if (mw->at > now) {
+            snprintf(scores[i], sizeof(scores[i]), "%.6f", mw->at);
+            zadd[nz] = scores[i]; zlens[nz++] = strlen(scores[i]);
+            zadd[nz] = mw->payload; zlens[nz++] = mw->len;
+        } else {
+            lpush[nl] = mw->payload; llens[nl++] = mw->len;
+        }
     }
-    if (rc)
+    if (rc || (nl == 2 && nz == 2))
         goto out;
     snprintf(qkey, sizeof(qkey), "queue:%s", queue);
-    snprintf(score, sizeof(score), "%.6f", o.at);
-    size_t argc = 2;
-    if (scheduled) {
-        argv[0] = "ZADD";
-        argv[1] = "schedule";
-        for (size_t i = 0; i < n; i++) {
-            argv[argc] = score; lens[argc++] = strlen(score);
-            argv[argc] = bufs[i].p; lens[argc++] = bufs[i].len;
-        }
-    } else {
-        argv[0] = "LPUSH";
-        argv[1] = qkey;
-        for (size_t i = 0; i < n; i++) {
-            argv[argc] = bufs[i].p; lens[argc++] = bufs[i].len;
-        }
+    lpush[0] = "LPUSH"; lpush[1] = qkey;
+    zadd[0] = "ZADD"; zadd[1] = "schedule";
+    for (int k = 0; k < 2; k++) {
+        llens[k] = strlen(lpush[k]);
+        zlens[k] = strlen(zadd[k]);
     }
-    lens[0] = strlen(argv[0]);
-    lens[1] = strlen(argv[1]);
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
             rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
@@ -157,11 +203,18 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
         }
         const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
         const char *sadd[] = { "SADD", "queues", queue };
+        int replies = 2;
         rc = kiq_redis_append(c->r, 1, multi, NULL);
-        if (!rc && !scheduled) rc = kiq_redis_append(c->r, 3, sadd, NULL);
-        if (!rc) rc = kiq_redis_append(c->r, (int)argc, argv, lens);
+        if (!rc && nl > 2) {
+            rc = kiq_redis_append(c->r, 3, sadd, NULL);
+            if (!rc) rc = kiq_redis_append(c->r, (int)nl, lpush, llens);
+            replies += 2;
+        }
+        if (!rc && nz > 2) {
+            rc = kiq_redis_append(c->r, (int)nz, zadd, zlens);
+            replies++;
+        }
         if (!rc) rc = kiq_redis_append(c->r, 1, exec, NULL);
-        int replies = scheduled ? 3 : 4;
         redisReply *last = NULL;
         for (int i = 0; i < replies && !rc; i++) {
             redisReply *rep = kiq_redis_get_reply(c->r);
@@ -182,12 +235,19 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
             break;
     }
 out:
-    for (size_t i = 0; bufs && i < n; i++)
-        kiq_buf_free(&bufs[i]);
-    free(bufs);
-    free(argv);
-    free(lens);
-    return rc;
+    for (size_t i = 0; mws && i < n; i++) {
+        if (jids)
+            memcpy(jids[i], mws[i].accepted && !rc ? jid[i] : "", mws[i].accepted && !rc ? 25 : 1);
+        kiq_mw_clear(&mws[i]);
+    }
+    free(mws);
+    free(jid);
+    free(scores);
+    free(lpush);
+    free(zadd);
+    free(llens);
+    free(zlens);
+    return rc ? rc : denied ? KIQ_EDENIED : 0;
 }
 
 int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,

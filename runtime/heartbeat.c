@@ -2,9 +2,11 @@
  * process record and work hashes exactly as Sidekiq does (so ProcessSet,
  * Workers and the Web UI Busy page see this process), refreshes the fetch
  * liveness key, picks up a signal pushed by the Web UI, and now and then
- * recovers orphaned jobs under a fleet-wide lease. */
+ * recovers orphaned jobs under a fleet-wide lease and reaps orphaned
+ * uniqueness locks in v9's reaper role. */
 #include "rt.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 #include "buf.h"
 #include "log.h"
 #include "timeutil.h"
+#include "kiq/unique_admin.h"
 
 #define STATS_TTL "157680000" /* 5 years, as Sidekiq */
 #define RECOVERY_LEASE "kiq:recovery:lease"
@@ -271,6 +274,26 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
                  rec.recovered, rec.lists, rec.killed);
 }
 
+/* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
+ * the interval plus 2 % and renewed each run), so that one process of a
+ * mixed Ruby/kiq fleet reaps at a time. */
+static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
+    kiq_reap_result_t res;
+    char err[KIQ_ERRLEN];
+    o.count = rt->cfg->reaper_count;
+    o.timeout = rt->cfg->reaper_timeout;
+    o.owner = rt->identity;
+    o.role_ttl = rt->cfg->reaper_interval + ceil(rt->cfg->reaper_interval * 0.02);
+    if (kiq_unique_reap(r, &o, &res, err))
+        kiq_warn("uniqueness reaper: %s", err);
+    else if (res.removed)
+        kiq_info("uniqueness reaper removed %ld orphaned locks (%ld examined)", res.removed,
+                 res.examined);
+    kiq_reap_result_clear(&res);
+}
+
 /* Whether a processor is running this exact payload (kiq_fetch_held_fn). */
 static int slot_holds(const char *payload, size_t len, void *ud)
 {
@@ -309,6 +332,8 @@ void *kiq_housekeeper_main(void *arg)
         return NULL;
     }
     double next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+    /* As v9, the first run is one interval after start. */
+    double next_reap = kiq_mono() + rt->cfg->reaper_interval;
     kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq_strays_new() : NULL;
     int was_connected = 0;
     while (!atomic_load(&rt->housekeeper_stop)) {
@@ -334,7 +359,13 @@ void *kiq_housekeeper_main(void *arg)
             next_recovery = kiq_mono() + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
         }
+        if (rt->cfg->reaper_interval > 0 && kiq_mono() >= next_reap) {
+            next_reap = kiq_mono() + rt->cfg->reaper_interval;
+            reaper_pass(rt, r);
+        }
     }
+    if (rt->cfg->reaper_interval > 0 && kiq_redis_ok(r))
+        kiq_unique_reaper_release(r, rt->identity); /* let another take over now */
     kiq_strays_free(strays);
     kiq_redis_free(r);
     return NULL;

@@ -9,6 +9,8 @@
 #include "buf.h"
 #include "log.h"
 #include "timeutil.h"
+#include "kiq/middleware.h"
+#include "../middleware/mw.h"
 
 /* Joins the "tags" array of a payload with ',' for the log line. */
 static char *tags_of(kiq_job_t *job)
@@ -106,6 +108,98 @@ static void fail_invalid(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got
     kiq_failure_clear(&f);
 }
 
+/* Per-job state of the built-in server middleware. */
+typedef struct run {
+    kiq_slot_t *slot;
+    const kiq_handler_entry_t *h;
+    kiq_logctx_t ctx;
+    char *tags;
+} run_t;
+
+/* "stats": the start/done/fail log lines and the processed/failed counts,
+ * around everything else so they see the final outcome. */
+static int stats_mw(kiq_mw_t *mw, void *udata)
+{
+    kiq_runtime_t *rt = udata;
+    run_t *run = mw->priv;
+    kiq_job_t *job = mw->job;
+    kiq_log(KIQ_INFO, &run->ctx, "start");
+    double t0 = kiq_mono();
+    int rc = kiq_mw_next(mw);
+    run->ctx.elapsed = kiq_mono() - t0;
+    if (job->err_class) {
+        kiq_log(KIQ_INFO, &run->ctx, "fail");
+        kiq_log(KIQ_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
+        if (mw->disp == KIQ_DISPOSE_DEAD)
+            kiq_log(KIQ_INFO, &run->ctx, "Adding dead %s job %s", job->cls, job->jid);
+        atomic_fetch_add(&rt->failed, 1);
+    } else {
+        kiq_log(KIQ_INFO, &run->ctx, "done");
+    }
+    atomic_fetch_add(&rt->processed, 1);
+    return rc;
+}
+
+/* "retry": Sidekiq's retry rules for a job that failed inside it, unless
+ * an inner middleware already decided its fate. */
+static int retry_mw(kiq_mw_t *mw, void *udata)
+{
+    kiq_runtime_t *rt = udata;
+    run_t *run = mw->priv;
+    kiq_job_t *job = mw->job;
+    int rc = kiq_mw_next(mw);
+    if (!job->err_class || mw->disp != KIQ_DISPOSE_DEFAULT)
+        return rc;
+    kiq_failure_t f = {0};
+    double now = kiq_now();
+    if (kiq_retry_decide(job, job->err_class, job->err_msg, class_retry(rt, run->h, job->cls),
+                         rt->cfg, now, &f) == 0) {
+        kiq_dispose_t d = f.fate == KIQ_FATE_RETRY ? KIQ_DISPOSE_RETRY
+                        : f.fate == KIQ_FATE_DEAD ? KIQ_DISPOSE_DEAD : KIQ_DISPOSE_DROP;
+        if (kiq_mw_dispose(mw, d, f.score, f.payload, f.len))
+            kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    } else {
+        /* No memory to write the failure: leave it in the working list. */
+        kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    }
+    kiq_failure_clear(&f);
+    return rc;
+}
+
+/* The end of the server chain: the handler. */
+static int call_handler(kiq_mw_t *mw, void *udata)
+{
+    (void)udata;
+    run_t *run = mw->priv;
+    kiq_job_t *job = mw->job;
+    if (!run->h) {
+        kiq_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
+    } else {
+        int hrc = run->h->fn(job, run->h->udata);
+        if (hrc != 0 && !job->err_class)
+            kiq_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
+    }
+    /* A handler may leave replies unread or break the connection; the next
+     * fetch notices and reconnects. */
+    return 0;
+}
+
+kiq_chain_t *kiq_runtime_server_chain(kiq_runtime_t *rt)
+{
+    if (!rt)
+        return NULL;
+    if (rt->server_chain)
+        return rt->server_chain;
+    kiq_chain_t *c = kiq_chain_new();
+    if (!c || kiq_chain_add(c, "stats", stats_mw, rt) || kiq_chain_add(c, "retry", retry_mw, rt) ||
+        kiq_chain_add(c, "unique", kiq_unique_server_mw, NULL)) {
+        kiq_chain_free(c);
+        return NULL;
+    }
+    rt->server_chain = c;
+    return c;
+}
+
 static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got)
 {
     kiq_runtime_t *rt = s->rt;
@@ -121,53 +215,34 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got)
     }
     job.redis = kiq_redis_ctx(r);
     job.stopping = &rt->stopping;
-    char *tags = tags_of(&job);
-    kiq_logctx_t ctx = { .cls = job.cls, .jid = job.jid, .tags = tags, .elapsed = -1 };
-    kiq_log(KIQ_INFO, &ctx, "start");
-    double t0 = kiq_mono();
+    run_t run = { .slot = s, .h = kiq_registry_find(rt, job.cls) };
+    run.tags = tags_of(&job);
+    run.ctx = (kiq_logctx_t){ .cls = job.cls, .jid = job.jid, .tags = run.tags, .elapsed = -1 };
+    kiq_mw_t mw = { .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job.cls),
+                    .unique = run.h ? run.h->unique : NULL, .job = &job, .cls = job.cls,
+                    .jid = job.jid, .queue = job.queue, .priv = &run };
+    kiq_mw_run(rt->server_chain, &mw, call_handler, NULL);
 
-    const kiq_handler_entry_t *h = kiq_registry_find(rt, job.cls);
-    if (!h) {
-        kiq_job_fail(&job, "NameError", "uninitialized constant %s", job.cls);
-    } else {
-        int hrc = h->fn(&job, h->udata);
-        if (hrc != 0 && !job.err_class)
-            kiq_job_fail(&job, "RuntimeError", "%s returned %d", job.cls, hrc);
-    }
-    ctx.elapsed = kiq_mono() - t0;
-    /* A handler may leave replies unread or break the connection; the next
-     * fetch notices and reconnects. */
-
-    kiq_ack_t ack = { .kind = KIQ_ACK_OK };
-    kiq_failure_t f = {0};
-    int can_ack = 1;
-    if (job.err_class) {
+    static const kiq_ack_kind_t kinds[] = {
+        [KIQ_DISPOSE_DEFAULT] = KIQ_ACK_OK, [KIQ_DISPOSE_DONE] = KIQ_ACK_OK,
+        [KIQ_DISPOSE_RETRY] = KIQ_ACK_RETRY, [KIQ_DISPOSE_DEAD] = KIQ_ACK_DEAD,
+        [KIQ_DISPOSE_DROP] = KIQ_ACK_DROP, [KIQ_DISPOSE_SCHEDULE] = KIQ_ACK_SCHEDULE,
+        [KIQ_DISPOSE_KEEP] = KIQ_ACK_OK,
+    };
+    if (mw.disp != KIQ_DISPOSE_KEEP) {
         double now = kiq_now();
-        if (kiq_retry_decide(&job, job.err_class, job.err_msg, class_retry(rt, h, job.cls),
-                             rt->cfg, now, &f) == 0) {
-            ack.kind = f.fate == KIQ_FATE_RETRY ? KIQ_ACK_RETRY
-                     : f.fate == KIQ_FATE_DEAD ? KIQ_ACK_DEAD : KIQ_ACK_DROP;
-            ack.score = f.score;
-            ack.payload = f.payload;
-            ack.len = f.len;
-            ack.dead_cutoff = now - (double)rt->cfg->dead_timeout;
-            ack.dead_max = rt->cfg->dead_max_jobs;
-        } else {
-            can_ack = 0; /* no memory to write the failure: leave it in the working list */
-        }
-        kiq_log(KIQ_INFO, &ctx, "fail");
-        kiq_log(KIQ_WARN, &ctx, "%s: %s", job.err_class, job.err_msg ? job.err_msg : "");
-        if (ack.kind == KIQ_ACK_DEAD)
-            kiq_log(KIQ_INFO, &ctx, "Adding dead %s job %s", job.cls, job.jid);
-        atomic_fetch_add(&rt->failed, 1);
-    } else {
-        kiq_log(KIQ_INFO, &ctx, "done");
-    }
-    atomic_fetch_add(&rt->processed, 1);
-    if (can_ack)
+        int stores = mw.disp == KIQ_DISPOSE_RETRY || mw.disp == KIQ_DISPOSE_DEAD ||
+                     mw.disp == KIQ_DISPOSE_SCHEDULE;
+        kiq_ack_t ack = { .kind = kinds[mw.disp], .score = mw.score,
+                          .payload = stores ? (mw.dpayload ? mw.dpayload : job.payload) : NULL,
+                          .len = stores ? (mw.dpayload ? mw.dlen : job.len) : 0,
+                          .dead_cutoff = now - (double)rt->cfg->dead_timeout,
+                          .dead_max = rt->cfg->dead_max_jobs,
+                          .lock_key = kiq_mw_release_key(&mw, mw.disp), .lock_jid = job.jid };
         ack_job(s, r, job.payload, job.len, &ack);
-    kiq_failure_clear(&f);
-    free(tags);
+    }
+    kiq_mw_clear(&mw);
+    free(run.tags);
     slot_clear(s);
     kiq_job_clear(&job);
 }

@@ -37,6 +37,7 @@ int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *ud
     free(e->queue);
     e->queue = opts && opts->queue ? strdup(opts->queue) : NULL;
     e->retry = opts ? opts->retry : KIQ_RETRY_UNSET;
+    e->unique = opts ? opts->unique : NULL;
     return 0;
 }
 

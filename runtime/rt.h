@@ -17,6 +17,7 @@ typedef struct kiq_handler_entry {
     void *udata;
     char *queue;
     int retry;
+    const struct kiq_unique_opts *unique; /* registered uniqueness, or NULL */
 } kiq_handler_entry_t;
 
 /* What one processor thread is doing, read by the heartbeat (work hash),
@@ -66,6 +67,8 @@ struct kiq_runtime {
                                       is logged once, not once per thread */
     _Atomic double redis_down_at;  /* kiq_mono() when it was noticed */
     atomic_int fetch_failing;      /* fetches get error replies (logged once) */
+    struct kiq_chain *server_chain; /* middleware around every job; built
+                                       before the processors start */
 };
 
 /* registry.c */

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "timeutil.h"
 #include "kiq/kiq.h"
+#include "kiq/middleware.h"
 
 #define PAUSE 0.1
 
@@ -49,6 +50,7 @@ void kiq_runtime_free(kiq_runtime_t *rt)
         pthread_mutex_destroy(&rt->slots[i].mu);
     }
     free(rt->slots);
+    kiq_chain_free(rt->server_chain);
     kiq_registry_free(rt);
     free(rt->info_json);
     kiq_config_free(rt->cfg);
@@ -315,6 +317,8 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
 static int start_threads(kiq_runtime_t *rt, char *err)
 {
     kiq_config_t *c = rt->cfg;
+    if (!kiq_runtime_server_chain(rt))
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
     rt->nslots = c->concurrency;
     rt->slots = calloc((size_t)rt->nslots, sizeof(kiq_slot_t));
     if (!rt->slots)

@@ -17,6 +17,8 @@ typedef struct kiq_push_opts {
     kiq_ts_format_t timestamps; /* created_at/enqueued_at format */
     const char *extra;   /* raw JSON object whose members are added to the
                             payload (e.g. "{\"tags\":[\"a\"]}"), or NULL */
+    const struct kiq_unique_opts *unique; /* uniqueness lock to take on push
+                            (kiq/unique.h), or NULL; must outlive the call */
 } kiq_push_opts_t;
 
 /* The defaults: queue "default", retry unset, now, float timestamps. */
@@ -28,14 +30,18 @@ KIQ_API kiq_push_opts_t kiq_push_opts_default(void);
 KIQ_API kiq_client_t *kiq_client_new(const char *url, char *err);
 KIQ_API void kiq_client_free(kiq_client_t *c);
 
-/* Pushes one job of class cls with args (a JSON array text, NULL = "[]").
- * Writes its jid into jid (25 bytes, may be NULL). Returns 0 or a KIQ_E*
- * code; kiq_client_error() then says why. */
+/* Pushes one job of class cls with args (a JSON array text, NULL = "[]"),
+ * through the client middleware chain. Writes its jid into jid (25 bytes,
+ * may be NULL). Returns 0 or a KIQ_E* code (KIQ_EDENIED when a middleware,
+ * such as a uniqueness lock, refused the push); kiq_client_error() then
+ * says why. */
 KIQ_API int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
                             const kiq_push_opts_t *opts, char jid[25]);
 
 /* Pushes n jobs of one class in one round trip (one LPUSH, or one ZADD when
- * opts->at is in the future). jids may be NULL or hold n entries. */
+ * opts->at is in the future). jids may be NULL or hold n entries. Each job
+ * goes through the client chain; a denied job gets an empty jid, the others
+ * are pushed, and the call returns KIQ_EDENIED. */
 KIQ_API int kiq_client_push_bulk(kiq_client_t *c, const char *cls,
                                  const char *const *args, size_t n,
                                  const kiq_push_opts_t *opts, char (*jids)[25]);

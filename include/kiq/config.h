@@ -31,6 +31,20 @@ typedef struct kiq_class_conf {
     char *name;  /* job class */
     char *queue; /* default queue for pushes of this class, or NULL */
     int retry;   /* N >= 0, or KIQ_RETRY_DEFAULT/NONE/UNSET */
+    /* Uniqueness (kiq/unique.h); zero or NULL = not set. unique_for and
+     * unique_until are mapped onto lock and lock_ttl when read. */
+    char *lock;                /* lock type name, checked when read */
+    long lock_ttl;             /* seconds */
+    long lock_timeout;         /* seconds */
+    int lock_limit;
+    char *lock_prefix;
+    int *lock_args;            /* indexes of args making lock_args */
+    size_t nlock_args;
+    char *on_conflict_client;  /* strategy names, checked when read */
+    char *on_conflict_server;
+    int unique_across_queues;
+    int unique_across_workers;
+    double schedule_in;        /* reschedule delay in seconds */
 } kiq_class_conf_t;
 
 typedef struct kiq_config {
@@ -67,6 +81,10 @@ typedef struct kiq_config {
     double liveness_ttl;      /* seconds the fetch liveness key lives, default 60
                                  (v9's value); refreshed every heartbeat_interval,
                                  which must be at most a third of it */
+    double reaper_interval;   /* seconds between uniqueness reaper runs, default
+                                 600 as v9; 0 disables the reaper */
+    long reaper_count;        /* most digests one run removes, default 1000 */
+    double reaper_timeout;    /* seconds one run may work, default 10 */
 } kiq_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with

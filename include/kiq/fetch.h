@@ -33,6 +33,7 @@ typedef enum {
     KIQ_ACK_RETRY,    /* store payload in "retry" at score */
     KIQ_ACK_DEAD,     /* store payload in "dead" at score, trimmed */
     KIQ_ACK_DROP,     /* failed, kept nowhere (retry: false) */
+    KIQ_ACK_SCHEDULE, /* store payload in "schedule" at score (rescheduled) */
 } kiq_ack_kind_t;
 
 typedef struct kiq_ack {
@@ -42,6 +43,8 @@ typedef struct kiq_ack {
     size_t len;
     double dead_cutoff;   /* dead entries scored below this are trimmed */
     long dead_max;        /* dead set keeps at most this many */
+    const char *lock_key; /* "<digest>:LOCKED" whose hold by lock_jid is */
+    const char *lock_jid; /*   released with the ack, or NULL */
 } kiq_ack_t;
 
 /* A fetched job: payload owned by the caller (free()), queue borrowed from

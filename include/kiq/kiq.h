@@ -10,5 +10,7 @@
 #include "job.h"
 #include "runtime.h"
 #include "client.h"
+#include "unique.h"
+#include "middleware.h"
 
 #endif

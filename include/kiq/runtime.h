@@ -24,9 +24,13 @@ typedef struct kiq_class_opts {
     const char *queue; /* default queue for kiq pushes of this class, or NULL */
     int retry;         /* KIQ_RETRY_UNSET, KIQ_RETRY_DEFAULT (true),
                           KIQ_RETRY_NONE (false) or a count N >= 0 */
+    const struct kiq_unique_opts *unique; /* uniqueness lock (kiq/unique.h),
+                          or NULL; must outlive the runtime. The YAML
+                          classes: options and the payload's own fields
+                          take precedence. */
 } kiq_class_opts_t;
 
-#define KIQ_CLASS_OPTS_INIT { NULL, KIQ_RETRY_UNSET }
+#define KIQ_CLASS_OPTS_INIT { NULL, KIQ_RETRY_UNSET, NULL }
 
 /* The symbol a handler plugin (loaded with -r path.so) must export. It
  * registers the plugin's classes and returns 0, or nonzero to abort start. */

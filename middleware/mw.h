@@ -1,0 +1,55 @@
+/* The state of one middleware invocation, shared by the chain runner
+ * (chain.c), the runtime that starts server chains (processor.c), the
+ * client that starts client chains (client.c) and the built-in middleware.
+ * Not part of the public API. */
+#ifndef KIQ_MIDDLEWARE_MW_H
+#define KIQ_MIDDLEWARE_MW_H
+
+#include "kiq/middleware.h"
+#include "kiq/unique.h"
+
+#include "../runtime/json.h"
+
+struct kiq_mw {
+    const kiq_chain_t *chain;
+    size_t pos;                  /* next entry to run */
+    kiq_mw_fn terminal;          /* handler call or push acceptance */
+    void *terminal_ud;
+    int server;
+    kiq_redis_t *r;
+    const kiq_config_t *cfg;     /* server only */
+    const kiq_class_conf_t *cc;  /* the class's YAML options, or NULL */
+    const kiq_unique_opts_t *unique; /* registered or push options, or NULL */
+
+    kiq_job_t *job;              /* server */
+    char *payload;               /* client: owned, edited in place */
+    size_t len;
+    kiq_jobject_t obj;           /* client: members of payload */
+    const char *cls, *jid, *queue;
+    double at;                   /* client: scheduled time, 0 = now */
+
+    kiq_dispose_t disp;          /* server outcome */
+    double score;
+    char *dpayload;              /* owned */
+    size_t dlen;
+
+    /* A lock the ack releases for jid, depending on the outcome. */
+    char release_key[KIQ_DIGEST_MAX + 16];
+    int release_on_done;         /* until_executed: released after success */
+    int release_on_death;        /* until_* : released when the job dies */
+
+    void *priv;                  /* the starter's own per-job state */
+    char deny[KIQ_ERRLEN];       /* client: why the push was denied */
+    int accepted;                /* client: the terminal ran */
+};
+
+/* Starts chain c on mw (filled by the caller) with terminal as its end.
+ * Returns what the outermost middleware returns. */
+int kiq_mw_run(const kiq_chain_t *c, kiq_mw_t *mw, kiq_mw_fn terminal, void *ud);
+/* Frees what an invocation owns (the client payload, a disposition). */
+void kiq_mw_clear(kiq_mw_t *mw);
+
+/* The lock to release at ack for this outcome, or NULL. */
+const char *kiq_mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
+
+#endif

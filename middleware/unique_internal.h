@@ -1,0 +1,41 @@
+/* What the uniqueness files share: the options of one job resolved from
+ * its payload, its class and its registration. Not public. */
+#ifndef KIQ_MIDDLEWARE_UNIQUE_INTERNAL_H
+#define KIQ_MIDDLEWARE_UNIQUE_INTERNAL_H
+
+#include "kiq/unique.h"
+
+/* lock.lua's "earlier waiters go first" (never leaves the module). */
+#define KIQ_UNIQUE_NOT_YET (-100)
+
+struct kiq_mw;
+
+typedef struct kiq_unique_spec {
+    kiq_lock_type_t type;
+    long ttl, timeout;
+    int limit;
+    char prefix[128];
+    kiq_on_conflict_t client, server;
+    int across_queues, across_workers;
+    kiq_digest_alg_t alg;
+    double schedule_in;
+    char digest[KIQ_DIGEST_MAX];  /* base digest (no :RUN) */
+    int digest_from_payload;      /* trusted as the client wrote it */
+    char *lock_args;              /* owned: Ruby JSON */
+} kiq_unique_spec_t;
+
+/* Resolves the options of mw's job: the payload's fields win over the
+ * class's YAML options, which win over its registered (or push) options.
+ * Bad values are logged and fall back (an unknown lock type: no lock).
+ * compute_digest: also fill digest (from a valid payload lock_digest, else
+ * computed). Returns 0 (type KIQ_LOCK_NONE when the job is not unique) or
+ * a KIQ_E* code with err filled; free with kiq_unique__spec_clear. */
+int kiq_unique__resolve(struct kiq_mw *mw, kiq_unique_spec_t *s, int compute_digest, char *err);
+void kiq_unique__spec_clear(kiq_unique_spec_t *s);
+
+/* "<digest>[:RUN]<suffix>" into out. */
+void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const char *suffix);
+/* Counts a lock event in v9's metrics, when the metrics module is linked. */
+void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event);
+
+#endif

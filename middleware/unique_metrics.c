@@ -1,0 +1,161 @@
+/* Uniqueness lock metrics in sidekiq-unique-jobs v9's per-minute hashes, so
+ * that its web UI, a Ruby console and `kiq locks metrics` all read the same
+ * counts whichever process recorded them. */
+#include "kiq/unique_admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define METRICS_TTL_STR "28800"
+
+void kiq_unique_metrics_key(time_t t, char *out, size_t n)
+{
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    /* v9 formats "%y%m%d|%-H:%M": the hour is not padded, the minute is. */
+    snprintf(out, n, "uniquejobs:metrics|%02d%02d%02d|%d:%02d", tm.tm_year % 100,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min);
+}
+
+int kiq_unique_metric_at(kiq_redis_t *r, const char *lock_type, const char *event, time_t t)
+{
+    if (!event || !*event)
+        return KIQ_EINVAL;
+    char key[64], field[256], total[128];
+    kiq_unique_metrics_key(t, key, sizeof(key));
+    snprintf(field, sizeof(field), "%s|%s", lock_type && *lock_type ? lock_type : "unknown",
+             event);
+    snprintf(total, sizeof(total), "total|%s", event);
+    const char *c1[] = { "HINCRBY", key, field, "1" };
+    const char *c2[] = { "HINCRBY", key, total, "1" };
+    const char *c3[] = { "EXPIRE", key, METRICS_TTL_STR };
+    int rc = kiq_redis_append(r, 4, c1, NULL);
+    if (!rc)
+        rc = kiq_redis_append(r, 4, c2, NULL);
+    if (!rc)
+        rc = kiq_redis_append(r, 3, c3, NULL);
+    if (rc)
+        return KIQ_EREDIS;
+    /* Read all three replies even after an error reply, or the next command
+     * on this connection would get a stale one. */
+    for (int i = 0; i < 3; i++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep)
+            return KIQ_EREDIS;
+        if (rep->type == REDIS_REPLY_ERROR)
+            rc = KIQ_EREPLY;
+        freeReplyObject(rep);
+    }
+    return rc;
+}
+
+int kiq_unique_metric(kiq_redis_t *r, const char *lock_type, const char *event)
+{
+    return kiq_unique_metric_at(r, lock_type, event, time(NULL));
+}
+
+void kiq_unique_metrics_clear(kiq_unique_metrics_t *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n; i++)
+        free(m->rows[i].type);
+    free(m->rows);
+    m->rows = NULL;
+    m->n = 0;
+}
+
+/* The row for type, added when missing; NULL when out of memory. */
+static kiq_unique_metrics_row_t *row_for(kiq_unique_metrics_t *m, const char *type, size_t len)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (strlen(m->rows[i].type) == len && memcmp(m->rows[i].type, type, len) == 0)
+            return &m->rows[i];
+    kiq_unique_metrics_row_t *rows = realloc(m->rows, (m->n + 1) * sizeof(*rows));
+    if (!rows)
+        return NULL;
+    m->rows = rows;
+    kiq_unique_metrics_row_t *row = &rows[m->n];
+    memset(row, 0, sizeof(*row));
+    if (!(row->type = strndup(type, len)))
+        return NULL;
+    m->n++;
+    return row;
+}
+
+/* Adds one "<type>|<event>" field; 0 or KIQ_ENOMEM. Unknown events (v9
+ * declares "reaped" and never writes it) are ignored. */
+static int add_field(kiq_unique_metrics_t *m, const char *field, const char *value)
+{
+    const char *bar = strrchr(field, '|');
+    if (!bar || bar == field)
+        return 0;
+    const char *event = bar + 1;
+    long long v = strtoll(value, NULL, 10);
+    long long *slot = NULL;
+    kiq_unique_metrics_row_t *row = row_for(m, field, (size_t)(bar - field));
+    if (!row)
+        return KIQ_ENOMEM;
+    if (!strcmp(event, "locked"))
+        slot = &row->acquired;
+    else if (!strcmp(event, "lock_failed"))
+        slot = &row->denied;
+    else if (!strcmp(event, "unlocked"))
+        slot = &row->released;
+    else if (!strcmp(event, "execution_failed") || !strcmp(event, "unlock_failed"))
+        slot = &row->failures;
+    if (slot)
+        *slot += v;
+    return 0;
+}
+
+static int by_type_total_last(const void *a, const void *b)
+{
+    const kiq_unique_metrics_row_t *x = a, *y = b;
+    int xt = !strcmp(x->type, "total"), yt = !strcmp(y->type, "total");
+    if (xt != yt)
+        return xt - yt;
+    return strcmp(x->type, y->type);
+}
+
+int kiq_unique_metrics_read(kiq_redis_t *r, int minutes, kiq_unique_metrics_t *out, char *err)
+{
+    int rc = 0, sent = 0, got = 0;
+    out->rows = NULL;
+    out->n = 0;
+    if (minutes <= 0)
+        minutes = 60;
+    time_t now = time(NULL);
+    for (int i = 0; i < minutes; i++) {
+        char key[64];
+        kiq_unique_metrics_key(now - (time_t)i * 60, key, sizeof(key));
+        const char *argv[] = { "HGETALL", key };
+        if (kiq_redis_append(r, 2, argv, NULL)) {
+            rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+            goto out;
+        }
+        sent++;
+    }
+    for (; got < sent; got++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep) {
+            rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+            goto out;
+        }
+        if (rep->type == REDIS_REPLY_ERROR && !rc)
+            rc = kiq_seterr(err, KIQ_EREPLY, "HGETALL: %s", rep->str);
+        for (size_t k = 0; !rc && rep->type == REDIS_REPLY_ARRAY && k + 1 < rep->elements; k += 2)
+            if (rep->element[k]->type == REDIS_REPLY_STRING
+                && rep->element[k + 1]->type == REDIS_REPLY_STRING
+                && add_field(out, rep->element[k]->str, rep->element[k + 1]->str))
+                rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        freeReplyObject(rep);
+    }
+    if (!rc && out->n)
+        qsort(out->rows, out->n, sizeof(*out->rows), by_type_total_last);
+out:
+    if (rc)
+        kiq_unique_metrics_clear(out);
+    return rc;
+}

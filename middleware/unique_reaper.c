@@ -1,0 +1,852 @@
+/* The uniqueness reaper: frees locks whose jobs no longer exist anywhere,
+ * a bounded piece of work per run, one run at a time across the fleet; and
+ * the admin operations on single locks that `kiq locks` offers.
+ *
+ * Finding out whether a jid is anywhere means reading every queue, the
+ * schedule and retry sets, the working lists and the work hashes: too much
+ * to do inside one script without stalling Redis. So the sweep runs here,
+ * in pages, in the order jobs flow (schedule, retry, queues, working lists,
+ * work hashes, then retry and schedule again, which failed and rescheduled
+ * jobs flow back into), so a job moving forward while we read is seen
+ * before or after its move. What a job can move into behind the sweep's
+ * back (a working list, a work hash, the fetched end of a queue) is checked
+ * again together with the removal in lua/reap.lua, atomically. */
+#include "kiq/unique_admin.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "../runtime/timeutil.h"
+
+#define RUN_LEASE "kiq:reaper:running"
+#define CURSOR_KEY "kiq:reaper:cursor"
+#define CURSOR_TTL "86400"
+#define PAGE 500           /* digests read per ZRANGE */
+#define SWEEP_PAGE "999"   /* LRANGE page end offset: 1000 jobs per page */
+#define BATCH 100          /* digests per reap.lua call */
+#define QUEUE_TAIL "100"   /* jobs at the fetched end of a queue reap.lua reads */
+
+/* ---- a set of jids ---------------------------------------------------------- */
+
+typedef struct jidset {
+    char **slots;
+    size_t cap, n;
+} jidset_t;
+
+static uint64_t hash_str(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static int jidset_grow(jidset_t *s)
+{
+    size_t cap = s->cap ? s->cap * 2 : 1024;
+    char **slots = calloc(cap, sizeof(char *));
+    if (!slots)
+        return KIQ_ENOMEM;
+    for (size_t i = 0; i < s->cap; i++) {
+        if (!s->slots[i])
+            continue;
+        size_t j = hash_str(s->slots[i], strlen(s->slots[i])) & (cap - 1);
+        while (slots[j])
+            j = (j + 1) & (cap - 1);
+        slots[j] = s->slots[i];
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->cap = cap;
+    return 0;
+}
+
+static int jidset_has(const jidset_t *s, const char *jid, size_t len)
+{
+    if (!s->cap)
+        return 0;
+    for (size_t j = hash_str(jid, len) & (s->cap - 1); s->slots[j]; j = (j + 1) & (s->cap - 1))
+        if (strlen(s->slots[j]) == len && memcmp(s->slots[j], jid, len) == 0)
+            return 1;
+    return 0;
+}
+
+static int jidset_add(jidset_t *s, const char *jid, size_t len)
+{
+    if (jidset_has(s, jid, len))
+        return 0;
+    if ((s->n + 1) * 2 > s->cap && jidset_grow(s))
+        return KIQ_ENOMEM;
+    char *copy = strndup(jid, len);
+    if (!copy)
+        return KIQ_ENOMEM;
+    size_t j = hash_str(jid, len) & (s->cap - 1);
+    while (s->slots[j])
+        j = (j + 1) & (s->cap - 1);
+    s->slots[j] = copy;
+    s->n++;
+    return 0;
+}
+
+static void jidset_free(jidset_t *s)
+{
+    for (size_t i = 0; i < s->cap; i++)
+        free(s->slots[i]);
+    free(s->slots);
+    memset(s, 0, sizeof(*s));
+}
+
+/* Adds every value of a "jid" key in text, plain JSON or JSON held in a
+ * JSON string (work hashes). Every match counts, not only the top-level
+ * one: a jid in args only makes the reaper keep more, never less. Matches
+ * reap.lua's pattern. */
+static int add_jids(jidset_t *s, const char *text, size_t len)
+{
+    const char *end = text + len, *p = text;
+    while (p < end && (p = memmem(p, (size_t)(end - p), "jid", 3))) {
+        const char *q = p + 3;
+        p = q;
+        if (q < end && *q == '\\')
+            q++;
+        if (q >= end || *q++ != '"')
+            continue;
+        while (q < end && isspace((unsigned char)*q))
+            q++;
+        if (q >= end || *q++ != ':')
+            continue;
+        while (q < end && isspace((unsigned char)*q))
+            q++;
+        if (q < end && *q == '\\')
+            q++;
+        if (q >= end || *q++ != '"')
+            continue;
+        const char *v = q;
+        while (q < end && *q != '"' && *q != '\\')
+            q++;
+        if (q > v && jidset_add(s, v, (size_t)(q - v)))
+            return KIQ_ENOMEM;
+        p = q;
+    }
+    return 0;
+}
+
+/* ---- the sweep ------------------------------------------------------------ */
+
+typedef struct sweep {
+    jidset_t live;
+    char **working;  /* working list names, passed on to reap.lua */
+    size_t nworking;
+    double deadline; /* monotonic */
+} sweep_t;
+
+static int reply_err(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
+{
+    if (!rep)
+        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
+    return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what,
+                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+}
+
+/* Adds the jids of every string element of an array reply. */
+static int add_reply(sweep_t *sw, redisReply *rep)
+{
+    for (size_t i = 0; i < rep->elements; i++)
+        if (rep->element[i]->type == REDIS_REPLY_STRING
+            && add_jids(&sw->live, rep->element[i]->str, rep->element[i]->len))
+            return KIQ_ENOMEM;
+    return 0;
+}
+
+/* Reads a list from the left in pages. New jobs arrive on the left and
+ * fetches take from the right, so the index of a job we have not read yet
+ * only grows: none is skipped (some are read twice). Returns 0, 1 when the
+ * time ran out, or an error. */
+static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
+{
+    for (long start = 0;; start += 1000) {
+        if (kiq_mono() > sw->deadline)
+            return 1;
+        char s[32], e[32];
+        snprintf(s, sizeof(s), "%ld", start);
+        snprintf(e, sizeof(e), "%ld", start + 999);
+        const char *argv[] = { "LRANGE", key, s, e };
+        redisReply *rep = kiq_redis_cmd(r, 4, argv, NULL);
+        if (rep && rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "WRONGTYPE", 9)) {
+            freeReplyObject(rep); /* a key that only looks like a list of ours */
+            return 0;
+        }
+        if (!rep || rep->type != REDIS_REPLY_ARRAY) {
+            int rc = reply_err(r, rep, "LRANGE", err);
+            freeReplyObject(rep);
+            return rc;
+        }
+        int rc = add_reply(sw, rep);
+        size_t n = rep->elements;
+        freeReplyObject(rep);
+        if (rc)
+            return kiq_seterr(err, rc, "out of memory");
+        if (n < 1000)
+            return 0;
+    }
+}
+
+/* ZSCAN returns every member present for the whole scan; one that leaves
+ * meanwhile has moved on to a place swept later. */
+static int sweep_zset(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
+{
+    char cursor[32] = "0";
+    do {
+        if (kiq_mono() > sw->deadline)
+            return 1;
+        const char *argv[] = { "ZSCAN", key, cursor, "COUNT", "1000" };
+        redisReply *rep = kiq_redis_cmd(r, 5, argv, NULL);
+        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2
+            || rep->element[1]->type != REDIS_REPLY_ARRAY) {
+            int rc = reply_err(r, rep, "ZSCAN", err);
+            freeReplyObject(rep);
+            return rc;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        /* Members and scores alternate; a score never contains "jid". */
+        int rc = add_reply(sw, rep->element[1]);
+        freeReplyObject(rep);
+        if (rc)
+            return kiq_seterr(err, rc, "out of memory");
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}
+
+static int sweep_queues(kiq_redis_t *r, sweep_t *sw, char *err)
+{
+    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS queues");
+    int rc = 0;
+    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
+        rc = reply_err(r, rep, "SMEMBERS queues", err);
+        goto out;
+    }
+    for (size_t i = 0; i < rep->elements && !rc; i++) {
+        char key[512];
+        snprintf(key, sizeof(key), "queue:%s", rep->element[i]->str);
+        rc = sweep_list(r, sw, key, err);
+    }
+out:
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int sweep_working(kiq_redis_t *r, sweep_t *sw, char *err)
+{
+    char cursor[32] = "0";
+    int rc = 0;
+    do {
+        if (kiq_mono() > sw->deadline)
+            return 1;
+        const char *argv[] = { "SCAN", cursor, "MATCH", "uniquejobs:working:*", "COUNT", "1000" };
+        redisReply *rep = kiq_redis_cmd(r, 6, argv, NULL);
+        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
+            rc = reply_err(r, rep, "SCAN", err);
+            freeReplyObject(rep);
+            return rc;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        redisReply *keys = rep->element[1];
+        for (size_t i = 0; i < keys->elements && !rc; i++) {
+            char **w = realloc(sw->working, (sw->nworking + 1) * sizeof(char *));
+            if (!w || !(w[sw->nworking] = strdup(keys->element[i]->str))) {
+                if (w)
+                    sw->working = w;
+                rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+                break;
+            }
+            sw->working = w;
+            sw->nworking++;
+            rc = sweep_list(r, sw, keys->element[i]->str, err);
+        }
+        freeReplyObject(rep);
+    } while (!rc && strcmp(cursor, "0") != 0);
+    return rc;
+}
+
+/* The <identity>:work hashes of live processes (v9 checks the same). */
+static int sweep_work(kiq_redis_t *r, sweep_t *sw, char *err)
+{
+    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS processes");
+    int rc = 0;
+    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
+        rc = reply_err(r, rep, "SMEMBERS processes", err);
+        goto out;
+    }
+    for (size_t i = 0; i < rep->elements && !rc; i++) {
+        const char *id = rep->element[i]->str;
+        redisReply *ex = kiq_redis_cmdf(r, "EXISTS %s", id);
+        int alive = ex && ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
+        if (!ex)
+            rc = reply_err(r, ex, "EXISTS", err);
+        freeReplyObject(ex);
+        if (!alive || rc)
+            continue;
+        redisReply *w = kiq_redis_cmdf(r, "HVALS %s:work", id);
+        if (!w || w->type != REDIS_REPLY_ARRAY)
+            rc = reply_err(r, w, "HVALS", err);
+        else if (add_reply(sw, w))
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        freeReplyObject(w);
+    }
+out:
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* 0 when complete, 1 when the time ran out, or an error. */
+static int sweep_all(kiq_redis_t *r, sweep_t *sw, char *err)
+{
+    int rc = sweep_zset(r, sw, "schedule", err);
+    if (!rc) rc = sweep_zset(r, sw, "retry", err);
+    if (!rc) rc = sweep_queues(r, sw, err);
+    if (!rc) rc = sweep_working(r, sw, err);
+    if (!rc) rc = sweep_work(r, sw, err);
+    if (!rc) rc = sweep_zset(r, sw, "retry", err);
+    if (!rc) rc = sweep_zset(r, sw, "schedule", err);
+    return rc;
+}
+
+static void sweep_free(sweep_t *sw)
+{
+    jidset_free(&sw->live);
+    for (size_t i = 0; i < sw->nworking; i++)
+        free(sw->working[i]);
+    free(sw->working);
+}
+
+/* ---- leases ------------------------------------------------------------------ */
+
+/* Takes key for owner, or keeps it when owner already holds it. Returns 1
+ * when owner holds it, 0 when another does (holder copied), or an error. */
+static int lease(kiq_redis_t *r, const char *key, const char *owner, long ttl_ms,
+                 char *holder, size_t hn, char *err)
+{
+    char px[32];
+    snprintf(px, sizeof(px), "%ld", ttl_ms);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        const char *set[] = { "SET", key, owner, "NX", "PX", px };
+        redisReply *rep = kiq_redis_cmd(r, 6, set, NULL);
+        if (!rep || rep->type == REDIS_REPLY_ERROR) {
+            int rc = reply_err(r, rep, "SET", err);
+            freeReplyObject(rep);
+            return rc;
+        }
+        int won = rep->type == REDIS_REPLY_STATUS;
+        freeReplyObject(rep);
+        if (won)
+            return 1;
+        const char *get[] = { "GET", key };
+        rep = kiq_redis_cmd(r, 2, get, NULL);
+        if (!rep)
+            return reply_err(r, rep, "GET", err);
+        if (rep->type != REDIS_REPLY_STRING) {
+            freeReplyObject(rep); /* lapsed between SET and GET */
+            continue;
+        }
+        int mine = strcmp(rep->str, owner) == 0;
+        snprintf(holder, hn, "%s", rep->str);
+        freeReplyObject(rep);
+        if (!mine)
+            return 0;
+        const char *pexp[] = { "PEXPIRE", key, px };
+        rep = kiq_redis_cmd(r, 3, pexp, NULL);
+        int kept = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+        freeReplyObject(rep);
+        if (kept)
+            return 1;
+    }
+    return 0;
+}
+
+/* Deletes key if owner holds it. Not atomic: the run lease outlives the run
+ * by 30 s, so it cannot have changed hands in between. */
+static int unlease(kiq_redis_t *r, const char *key, const char *owner)
+{
+    const char *get[] = { "GET", key };
+    redisReply *rep = kiq_redis_cmd(r, 2, get, NULL);
+    if (!rep)
+        return KIQ_EREDIS;
+    int mine = rep->type == REDIS_REPLY_STRING && strcmp(rep->str, owner) == 0;
+    freeReplyObject(rep);
+    if (!mine)
+        return 0;
+    const char *del[] = { "DEL", key };
+    rep = kiq_redis_cmd(r, 2, del, NULL);
+    int rc = rep ? 0 : KIQ_EREDIS;
+    freeReplyObject(rep);
+    return rc;
+}
+
+int kiq_unique_reaper_release(kiq_redis_t *r, const char *owner)
+{
+    return unlease(r, KIQ_UNIQUE_REAPER_KEY, owner);
+}
+
+/* ---- the run -------------------------------------------------------------- */
+
+/* A digest read from uniquejobs:digests, with what its LOCKED hash held. */
+typedef struct cand {
+    char *digest;
+    char score[64];
+    char **jids;
+    size_t njids;
+    int until_expired; /* some holder's metadata says so */
+    int foreign;       /* <digest>:LOCKED is not a hash: not ours to judge */
+    long long pttl;
+} cand_t;
+
+static void cand_clear(cand_t *c)
+{
+    free(c->digest);
+    for (size_t i = 0; i < c->njids; i++)
+        free(c->jids[i]);
+    free(c->jids);
+    memset(c, 0, sizeof(*c));
+}
+
+/* A batch of suspects for reap.lua. */
+typedef struct batch {
+    const char **argv;
+    size_t argc, cap;
+    long stale_sent;
+    char **stale; /* digests sent with no holder (to count result->stale) */
+    size_t nstale;
+} batch_t;
+
+static int batch_push(batch_t *b, const char *s)
+{
+    if (b->argc == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        const char **a = realloc(b->argv, cap * sizeof(char *));
+        if (!a)
+            return KIQ_ENOMEM;
+        b->argv = a;
+        b->cap = cap;
+    }
+    b->argv[b->argc++] = s;
+    return 0;
+}
+
+static int result_add(kiq_reap_result_t *out, const char *digest)
+{
+    char **d = realloc(out->digests, (out->ndigests + 1) * sizeof(char *));
+    if (!d)
+        return KIQ_ENOMEM;
+    out->digests = d;
+    if (!(d[out->ndigests] = strdup(digest)))
+        return KIQ_ENOMEM;
+    out->ndigests++;
+    return 0;
+}
+
+/* Sends the batch's suspects (cands[from..to) marked in `suspect`) to
+ * reap.lua and records what it removed. */
+static int flush(kiq_redis_t *r, sweep_t *sw, cand_t *cands, const int *suspect, size_t from,
+                 size_t to, kiq_reap_result_t *out, char *err)
+{
+    batch_t b = {0};
+    char counts[PAGE][24];
+    int rc = 0, any = 0;
+    rc = batch_push(&b, KIQ_UNIQUE_DIGESTS);
+    for (size_t i = 0; !rc && i < sw->nworking; i++)
+        rc = batch_push(&b, sw->working[i]);
+    int nkeys = (int)b.argc;
+    if (!rc)
+        rc = batch_push(&b, QUEUE_TAIL);
+    for (size_t i = from; !rc && i < to; i++) {
+        if (!suspect[i])
+            continue;
+        any = 1;
+        cand_t *c = &cands[i];
+        snprintf(counts[i], sizeof(counts[i]), "%zu", c->njids);
+        rc = batch_push(&b, c->digest);
+        if (!rc)
+            rc = batch_push(&b, counts[i]);
+        for (size_t k = 0; !rc && k < c->njids; k++)
+            rc = batch_push(&b, c->jids[k]);
+    }
+    if (rc) {
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (!any)
+        goto out;
+    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REAP, nkeys, (int)b.argc, b.argv, NULL);
+    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
+        rc = reply_err(r, rep, "reap.lua", err);
+        freeReplyObject(rep);
+        goto out;
+    }
+    for (size_t k = 0; !rc && k < rep->elements; k++) {
+        const char *d = rep->element[k]->str;
+        if (!d)
+            continue;
+        out->removed++;
+        for (size_t i = from; i < to; i++)
+            if (suspect[i] && cands[i].njids == 0 && strcmp(cands[i].digest, d) == 0) {
+                out->stale++;
+                break;
+            }
+        if (result_add(out, d))
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    }
+    freeReplyObject(rep);
+out:
+    free(b.argv);
+    return rc;
+}
+
+/* Reads one page of digests after the cursor (score, member), with their
+ * LOCKED hashes and TTLs. *n gets how many; 0 means the end. */
+static int read_page(kiq_redis_t *r, const char *cscore, const char *cmember, cand_t *cands,
+                     size_t *n, char *err)
+{
+    int rc = 0;
+    redisReply *page = NULL;
+    *n = 0;
+    /* Members with the cursor's own score come in member order: skip those
+     * up to the cursor, paging on when a whole page is such ties. */
+    for (long offset = 0;; offset += PAGE) {
+        char min[80], off[32], cnt[32];
+        snprintf(min, sizeof(min), "%s", *cscore ? cscore : "-inf");
+        snprintf(off, sizeof(off), "%ld", offset);
+        snprintf(cnt, sizeof(cnt), "%d", PAGE);
+        const char *argv[] = { "ZRANGE", KIQ_UNIQUE_DIGESTS, min, "+inf", "BYSCORE",
+                               "LIMIT", off, cnt, "WITHSCORES" };
+        freeReplyObject(page);
+        page = kiq_redis_cmd(r, 9, argv, NULL);
+        if (!page || page->type != REDIS_REPLY_ARRAY) {
+            rc = reply_err(r, page, "ZRANGE " KIQ_UNIQUE_DIGESTS, err);
+            goto out;
+        }
+        if (page->elements == 0)
+            goto out;
+        double cs = *cscore ? strtod(cscore, NULL) : 0;
+        for (size_t i = 0; i + 1 < page->elements; i += 2) {
+            const char *m = page->element[i]->str, *s = page->element[i + 1]->str;
+            if (*cscore && strtod(s, NULL) == cs && strcmp(m, cmember) <= 0)
+                continue;
+            cand_t *c = &cands[(*n)++];
+            if (!(c->digest = strdup(m))) {
+                rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+                goto out;
+            }
+            snprintf(c->score, sizeof(c->score), "%s", s);
+        }
+        if (*n || page->elements < 2 * PAGE)
+            break;
+    }
+    /* The holders and TTL of each, pipelined. */
+    for (size_t i = 0; i < *n; i++) {
+        char key[1100];
+        snprintf(key, sizeof(key), "%s:LOCKED", cands[i].digest);
+        const char *hg[] = { "HGETALL", key };
+        const char *pt[] = { "PTTL", key };
+        if (kiq_redis_append(r, 2, hg, NULL) || kiq_redis_append(r, 2, pt, NULL)) {
+            rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < *n; i++) {
+        cand_t *c = &cands[i];
+        redisReply *h = kiq_redis_get_reply(r);
+        redisReply *t = h ? kiq_redis_get_reply(r) : NULL;
+        if (!h || !t) {
+            freeReplyObject(h);
+            rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+            goto out;
+        }
+        c->pttl = t->type == REDIS_REPLY_INTEGER ? t->integer : -1;
+        if (h->type == REDIS_REPLY_ARRAY && h->elements >= 2) {
+            c->jids = calloc(h->elements / 2, sizeof(char *));
+            for (size_t k = 0; c->jids && k + 1 < h->elements; k += 2) {
+                if (!(c->jids[c->njids] = strdup(h->element[k]->str)))
+                    break;
+                c->njids++;
+                /* v8 wrote a float time here instead of JSON metadata. */
+                json_t *meta = json_loads(h->element[k + 1]->str, 0, NULL);
+                const char *type = json_string_value(json_object_get(meta, "type"));
+                if (type && !strcmp(type, "until_expired"))
+                    c->until_expired = 1;
+                json_decref(meta);
+            }
+            if (c->njids != h->elements / 2)
+                rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        } else if (h->type == REDIS_REPLY_ERROR) {
+            /* A key of another type at <digest>:LOCKED: not a lock we know;
+             * leave it alone rather than delete someone's data. */
+            c->foreign = 1;
+        }
+        freeReplyObject(h);
+        freeReplyObject(t);
+        if (rc)
+            goto out;
+    }
+out:
+    freeReplyObject(page);
+    return rc;
+}
+
+static void default_owner(char *out, size_t n)
+{
+    char host[256] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(out, n, "%s:%ld", host, (long)getpid());
+}
+
+void kiq_reap_result_clear(kiq_reap_result_t *out)
+{
+    if (!out)
+        return;
+    for (size_t i = 0; i < out->ndigests; i++)
+        free(out->digests[i]);
+    free(out->digests);
+    out->digests = NULL;
+    out->ndigests = 0;
+}
+
+int kiq_unique_reap(kiq_redis_t *r, const kiq_reap_opts_t *opts, kiq_reap_result_t *out,
+                    char *err)
+{
+    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
+    if (opts)
+        o = *opts;
+    memset(out, 0, sizeof(*out));
+    long count = o.count > 0 ? o.count : 1000;
+    double timeout = o.timeout > 0 ? o.timeout : 10;
+    double grace = o.grace >= 0 ? o.grace : timeout + 10;
+    char owner[320];
+    if (o.owner && *o.owner)
+        snprintf(owner, sizeof(owner), "%s", o.owner);
+    else
+        default_owner(owner, sizeof(owner));
+
+    int rc = 0, leased = 0;
+    sweep_t sw = { .deadline = kiq_mono() + timeout };
+    int swept = 0; /* 0 not yet, 1 complete, -1 ran out of time */
+    cand_t *cands = calloc(PAGE, sizeof(cand_t));
+    int *suspect = calloc(PAGE, sizeof(int));
+    char cscore[64] = "", cmember[1024] = "";
+    if (!cands || !suspect) {
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (o.role_ttl > 0) {
+        /* v9 keeps the role (its reaper mutex) for interval + 2 %, in whole
+         * seconds, and renews it every cycle. */
+        long ms = (long)ceil(o.role_ttl) * 1000;
+        rc = lease(r, KIQ_UNIQUE_REAPER_KEY, owner, ms, out->holder, sizeof(out->holder), err);
+        if (rc <= 0) {
+            out->busy = rc == 0;
+            goto out;
+        }
+        rc = 0;
+    }
+    if (!o.force) {
+        rc = lease(r, RUN_LEASE, owner, (long)((timeout + 30) * 1000), out->holder,
+                   sizeof(out->holder), err);
+        if (rc <= 0) {
+            out->busy = rc == 0;
+            goto out;
+        }
+        leased = 1;
+        rc = 0;
+    }
+
+    redisReply *cur = kiq_redis_cmdf(r, "GET %s", CURSOR_KEY);
+    if (!cur) {
+        rc = reply_err(r, cur, "GET " CURSOR_KEY, err);
+        goto out;
+    }
+    if (cur->type == REDIS_REPLY_STRING) {
+        const char *sp = strchr(cur->str, ' ');
+        if (sp && (size_t)(sp - cur->str) < sizeof(cscore)) {
+            snprintf(cscore, sizeof(cscore), "%.*s", (int)(sp - cur->str), cur->str);
+            snprintf(cmember, sizeof(cmember), "%s", sp + 1);
+        }
+    }
+    freeReplyObject(cur);
+
+    double cutoff = kiq_now() - grace;
+    int stop = 0;
+    while (!stop) {
+        if (out->removed >= count)
+            break;
+        if (kiq_mono() > sw.deadline) {
+            out->timed_out = 1;
+            break;
+        }
+        size_t n = 0;
+        rc = read_page(r, cscore, cmember, cands, &n, err);
+        if (rc)
+            goto out;
+        if (n == 0) {
+            out->wrapped = 1;
+            break;
+        }
+        memset(suspect, 0, PAGE * sizeof(int));
+        size_t from = 0, pending = 0, last = n; /* last: index decided last */
+        for (size_t i = 0; i < n; i++) {
+            cand_t *c = &cands[i];
+            if (kiq_mono() > sw.deadline) {
+                out->timed_out = stop = 1;
+                break;
+            }
+            out->examined++;
+            last = i;
+            if (c->foreign)
+                continue;
+            if (c->njids == 0) {
+                suspect[i] = 1;
+            } else if (strtod(c->score, NULL) <= cutoff && !(c->until_expired && c->pttl > 0)) {
+                /* Older than the grace period and not an until_expired lock
+                 * Redis will expire: are its holders anywhere? */
+                if (!swept) {
+                    rc = sweep_all(r, &sw, err);
+                    if (rc < 0)
+                        goto out;
+                    swept = rc == 0 ? 1 : -1;
+                    rc = 0;
+                }
+                if (swept < 0) {
+                    out->incomplete = 1;
+                    continue;
+                }
+                int found = 0;
+                for (size_t k = 0; k < c->njids && !found; k++)
+                    found = jidset_has(&sw.live, c->jids[k], strlen(c->jids[k]));
+                suspect[i] = !found;
+            }
+            if (suspect[i])
+                pending++;
+            long room = count - out->removed;
+            if (pending && ((long)pending >= room || pending >= BATCH)) {
+                rc = flush(r, &sw, cands, suspect, from, i + 1, out, err);
+                if (rc)
+                    goto out;
+                from = i + 1;
+                pending = 0;
+                if (out->removed >= count) {
+                    stop = 1;
+                    break;
+                }
+            }
+        }
+        if (pending) {
+            /* Only what was decided: items up to and including `last`. */
+            rc = flush(r, &sw, cands, suspect, from, last + 1, out, err);
+            if (rc)
+                goto out;
+        }
+        if (last < n) {
+            snprintf(cscore, sizeof(cscore), "%s", cands[last].score);
+            snprintf(cmember, sizeof(cmember), "%s", cands[last].digest);
+        }
+        for (size_t i = 0; i < n; i++)
+            cand_clear(&cands[i]);
+        if (out->removed >= count)
+            stop = 1;
+    }
+    if (out->wrapped) {
+        redisReply *d = kiq_redis_cmdf(r, "DEL %s", CURSOR_KEY);
+        freeReplyObject(d);
+    } else if (*cscore) {
+        char val[1200];
+        snprintf(val, sizeof(val), "%s %s", cscore, cmember);
+        const char *set[] = { "SET", CURSOR_KEY, val, "EX", CURSOR_TTL };
+        redisReply *s = kiq_redis_cmd(r, 5, set, NULL);
+        freeReplyObject(s);
+    }
+out:
+    if (cands)
+        for (size_t i = 0; i < PAGE; i++)
+            cand_clear(&cands[i]);
+    free(cands);
+    free(suspect);
+    sweep_free(&sw);
+    if (leased && kiq_redis_ok(r))
+        unlease(r, RUN_LEASE, owner);
+    return rc;
+}
+
+/* ---- admin ------------------------------------------------------------------ */
+
+int kiq_unique_digest_parse(const char *arg, char *out, size_t n, char *err)
+{
+    if (!arg || !*arg)
+        return kiq_seterr(err, KIQ_EINVAL, "the digest is empty");
+    size_t len = strlen(arg);
+    if (len > 7 && strcmp(arg + len - 7, ":LOCKED") == 0)
+        len -= 7;
+    if (len > 512 || len + 1 > n)
+        return kiq_seterr(err, KIQ_EINVAL, "the digest is too long (%zu bytes)", len);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)arg[i];
+        if (ch <= ' ' || ch >= 0x7f || strchr("*?[]\\\"'", ch))
+            return kiq_seterr(err, KIQ_EINVAL,
+                              "\"%s\" is not a digest: character %zu is not allowed", arg,
+                              i + 1);
+    }
+    const char *colon = memchr(arg, ':', len);
+    if (!colon || colon == arg || colon == arg + len - 1)
+        return kiq_seterr(err, KIQ_EINVAL,
+                          "\"%s\" is not a digest (expected PREFIX:HEX, e.g. uniquejobs:0f3a...)",
+                          arg);
+    memcpy(out, arg, len);
+    out[len] = '\0';
+    return 0;
+}
+
+int kiq_unique_lock_delete(kiq_redis_t *r, const char *digest, long *removed, char *err)
+{
+    char locked[600], run[600], run_locked[600];
+    size_t len = strlen(digest);
+    int is_run = len > 4 && strcmp(digest + len - 4, ":RUN") == 0;
+    int rc = 0;
+    long total = 0;
+    if (len > 512)
+        return kiq_seterr(err, KIQ_EINVAL, "the digest is too long");
+    snprintf(locked, sizeof(locked), "%s:LOCKED", digest);
+    snprintf(run, sizeof(run), "%s:RUN", digest);
+    snprintf(run_locked, sizeof(run_locked), "%s:RUN:LOCKED", digest);
+    const char *unl[] = { "UNLINK", locked, run_locked };
+    const char *zrem[] = { "ZREM", KIQ_UNIQUE_DIGESTS, digest, run };
+    /* A :RUN digest is one runtime lock; a base digest takes its runtime
+     * lock with it, as deleting "the lock" of a job means both. */
+    int nargs = is_run ? 2 : 3;
+    int zargs = is_run ? 3 : 4;
+    if (kiq_redis_append(r, nargs, unl, NULL) || kiq_redis_append(r, zargs, zrem, NULL))
+        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    for (int i = 0; i < 2; i++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep || rep->type != REDIS_REPLY_INTEGER) {
+            if (!rc)
+                rc = reply_err(r, rep, i ? "ZREM" : "UNLINK", err);
+            freeReplyObject(rep);
+            if (!rep)
+                return rc;
+            continue;
+        }
+        total += (long)rep->integer;
+        freeReplyObject(rep);
+    }
+    if (removed)
+        *removed = total;
+    if (!rc && total == 0)
+        rc = kiq_seterr(err, KIQ_ENOTFOUND, "no lock with digest %s", digest);
+    return rc;
+}

@@ -1,0 +1,176 @@
+/* The server half of uniqueness: what each lock type does around a job
+ * (the lifecycle of v9's table, §4.8 of the reference), and the server
+ * conflict strategies.
+ *
+ * Where v9 drops a job silently (until_executed held by another jid at
+ * perform, until_and_while_executing's until-lock held by another jid), the
+ * server strategy runs instead, and its default logs. Locks a job holds
+ * while it waits in retry are kept (v9's ack releases them); the ack
+ * releases them only when the job is done or dead (mw->release_*). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/internal.h"
+#include "../runtime/log.h"
+#include "../runtime/timeutil.h"
+#include "mw.h"
+#include "unique_internal.h"
+
+static int job_failed(kiq_mw_t *mw)
+{
+    return mw->job->err_class != NULL;
+}
+
+static kiq_lock_req_t request(kiq_mw_t *mw, const kiq_unique_spec_t *s, int runtime)
+{
+    kiq_lock_req_t q = {
+        .digest = s->digest, .runtime = runtime, .jid = mw->jid, .type = s->type,
+        .ttl = s->ttl, .limit = s->limit, .cls = mw->cls, .queue = mw->queue,
+        .lock_args = s->lock_args, .timeout = s->timeout,
+    };
+    return q;
+}
+
+/* The lock could not be taken at run time: apply the server strategy. The
+ * job never ran. */
+static int conflict(kiq_mw_t *mw, const kiq_unique_spec_t *s, const char *what)
+{
+    kiq_unique__metric(mw->r, s->type, "execution_failed");
+    kiq_on_conflict_t st = s->server;
+    if (st == KIQ_CONFLICT_REPLACE) {
+        kiq_warn("%s %s: on_conflict replace applies to pushes only; logging instead",
+                 mw->cls, mw->jid);
+        st = KIQ_CONFLICT_LOG;
+    }
+    switch (st) {
+    case KIQ_CONFLICT_RAISE:
+        kiq_job_fail(mw->job, "SidekiqUniqueJobs::Conflict",
+                     "%s: lock_digest %s is held by another job", what, s->digest);
+        return 0;
+    case KIQ_CONFLICT_REJECT:
+        kiq_warn("Rejecting job with id (%s) to the dead set because lock_digest: (%s) %s",
+                 mw->jid, s->digest, what);
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_DEAD, kiq_now(), NULL, 0);
+    case KIQ_CONFLICT_RESCHEDULE: {
+        double in = s->schedule_in > 0 ? s->schedule_in : 5;
+        kiq_info("Rescheduling job with id (%s) in %.0fs because lock_digest: (%s) %s",
+                 mw->jid, in, s->digest, what);
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_SCHEDULE, kiq_now() + in, NULL, 0);
+    }
+    default:
+        kiq_warn("Skipping job with id (%s) because lock_digest: (%s) %s",
+                 mw->jid, s->digest, what);
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_DONE, 0, NULL, 0);
+    }
+}
+
+/* A lock operation that failed on Redis: the job cannot be run safely, so
+ * it fails and is retried. */
+static int lock_error(kiq_mw_t *mw, const char *err)
+{
+    kiq_job_fail(mw->job, "Kiq::LockError", "uniqueness lock: %s", err);
+    return 0;
+}
+
+static void hold_until(kiq_mw_t *mw, const kiq_unique_spec_t *s, int on_done)
+{
+    kiq_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, ":LOCKED");
+    mw->release_on_done = on_done;
+    mw->release_on_death = 1;
+}
+
+/* Runs the job under the runtime lock "<digest>:RUN:LOCKED", released
+ * whatever happens. Sets *ran. */
+static int while_executing(kiq_mw_t *mw, const kiq_unique_spec_t *s, int *ran)
+{
+    char err[KIQ_ERRLEN];
+    kiq_lock_req_t q = request(mw, s, 1);
+    *ran = 0;
+    int lr = kiq_unique_lock_wait(mw->r, &q, (double)s->timeout, err);
+    if (lr == KIQ_EDENIED)
+        return conflict(mw, s, s->timeout > 0 ? "stayed busy for lock_timeout" : "is running");
+    if (lr < 0)
+        return lock_error(mw, err);
+    *ran = 1;
+    int rc = kiq_mw_next(mw);
+    if (kiq_unique_unlock(mw->r, s->digest, 1, mw->jid, s->type, 0, err) < 0)
+        kiq_error("%s %s: releasing runtime lock %s:RUN failed: %s; it is freed when its "
+                  "ttl passes or by the reaper", mw->cls, mw->jid, s->digest, err);
+    return rc;
+}
+
+int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
+{
+    (void)udata;
+    char err[KIQ_ERRLEN] = "";
+    kiq_unique_spec_t s;
+    if (kiq_unique__resolve(mw, &s, 1, err)) {
+        kiq_warn("%s %s: uniqueness skipped: %s", mw->cls, mw->jid, err);
+        return kiq_mw_next(mw);
+    }
+    int rc = 0, lr, ran;
+    kiq_lock_req_t q = request(mw, &s, 0);
+    switch (s.type) {
+    case KIQ_LOCK_UNTIL_EXECUTED:
+    case KIQ_LOCK_UNTIL_EXPIRED:
+        /* Re-check the lock taken at push; re-take it if it lapsed. */
+        lr = kiq_unique_lock(mw->r, &q, err);
+        if (lr == KIQ_EDENIED) {
+            rc = conflict(mw, &s, "is held by another job");
+            break;
+        }
+        if (lr < 0) {
+            rc = lock_error(mw, err);
+            break;
+        }
+        if (lr == KIQ_LOCK_ACQUIRED)
+            kiq_info("uniqueness_lapsed: %s %s fetched without its lock %s; taken again",
+                     mw->cls, mw->jid, s.digest);
+        if (s.type == KIQ_LOCK_UNTIL_EXECUTED)
+            hold_until(mw, &s, 1);
+        rc = kiq_mw_next(mw);
+        break;
+    case KIQ_LOCK_UNTIL_EXECUTING:
+        if (kiq_unique_unlock(mw->r, s.digest, 0, mw->jid, s.type, 0, err) == KIQ_EDENIED)
+            kiq_info("%s %s: lock %s is held by another job; running anyway (until_executing)",
+                     mw->cls, mw->jid, s.digest);
+        rc = kiq_mw_next(mw);
+        if (job_failed(mw)) {
+            /* Stay unique while waiting in retry. */
+            if (kiq_unique_lock(mw->r, &q, err) < 0)
+                kiq_warn("%s %s: could not take lock %s again after the failure: %s",
+                         mw->cls, mw->jid, s.digest, err[0] ? err : "held by another job");
+            hold_until(mw, &s, 0);
+        }
+        break;
+    case KIQ_LOCK_WHILE_EXECUTING:
+    case KIQ_LOCK_WHILE_EXECUTING_REJECT:
+        rc = while_executing(mw, &s, &ran);
+        break;
+    case KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING:
+        lr = kiq_unique_unlock(mw->r, s.digest, 0, mw->jid, s.type, 0, err);
+        if (lr == KIQ_EDENIED) {
+            rc = conflict(mw, &s, "is held by another job");
+            break;
+        }
+        if (lr < 0) {
+            rc = lock_error(mw, err);
+            break;
+        }
+        rc = while_executing(mw, &s, &ran);
+        if (!ran || job_failed(mw)) {
+            /* Back in line (retry or rescheduled): unique again until it
+             * runs; released if it dies or was dropped. */
+            if (kiq_unique_lock(mw->r, &q, err) < 0)
+                kiq_warn("%s %s: could not take lock %s again: %s", mw->cls, mw->jid,
+                         s.digest, err[0] ? err : "held by another job");
+            hold_until(mw, &s, !ran);
+        }
+        break;
+    default:
+        rc = kiq_mw_next(mw);
+        break;
+    }
+    kiq_unique__spec_clear(&s);
+    return rc;
+}

@@ -1,0 +1,196 @@
+/* The one-time migration of sidekiq-unique-jobs v8 lock keys to v9's
+ * two-key layout (reference/unique-jobs.md §9), so a fleet moving from v8
+ * to kiq (or to v9 and kiq) does not keep thirteen keys per lock forever.
+ * It writes v9's own marker, so neither kiq nor a v9 process runs it twice. */
+#include "kiq/unique_admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/timeutil.h"
+
+/* v8 keys beside <digest>:LOCKED that v9 no longer uses. Unlike v9 this
+ * keeps <digest>:RUN:LOCKED: the runtime lock of a job running while the
+ * fleet rolls over (reference §14, item 11). */
+static const char *const v8_suffixes[] = {
+    ":QUEUED", ":PRIMED", ":INFO", ":RUN", ":RUN:QUEUED", ":RUN:PRIMED", ":RUN:INFO",
+};
+#define NSUFFIXES (sizeof(v8_suffixes) / sizeof(v8_suffixes[0]))
+
+static int fail(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
+{
+    if (!rep)
+        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
+    return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what,
+                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+}
+
+/* Cleans the v8 keys around one <digest>:LOCKED key. */
+static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_result_t *out,
+                       char *err)
+{
+    char digest[1024], keys[NSUFFIXES][1100], run_locked[1100], run[1100];
+    size_t len = strlen(locked_key);
+    if (len < 8 || len - 7 >= sizeof(digest))
+        return 0;
+    snprintf(digest, sizeof(digest), "%.*s", (int)(len - 7), locked_key);
+    int rc = 0;
+
+    /* The v8 digest itself was a string (holding the jid); a v9 lock never
+     * has a key at the bare digest, but check the type to be sure. */
+    const char *type[] = { "TYPE", digest };
+    redisReply *t = kiq_redis_cmd(r, 2, type, NULL);
+    if (!t || t->type != REDIS_REPLY_STATUS) {
+        rc = fail(r, t, "TYPE", err);
+        freeReplyObject(t);
+        return rc;
+    }
+    int is_string = strcmp(t->str, "string") == 0;
+    freeReplyObject(t);
+
+    const char *argv[NSUFFIXES + 2];
+    int argc = 0;
+    argv[argc++] = "UNLINK";
+    if (is_string)
+        argv[argc++] = digest;
+    for (size_t i = 0; i < NSUFFIXES; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "%s%s", digest, v8_suffixes[i]);
+        argv[argc++] = keys[i];
+    }
+    redisReply *u = kiq_redis_cmd(r, argc, argv, NULL);
+    if (!u || u->type != REDIS_REPLY_INTEGER) {
+        rc = fail(r, u, "UNLINK", err);
+        freeReplyObject(u);
+        return rc;
+    }
+    out->deleted += (long)u->integer;
+    freeReplyObject(u);
+
+    /* The runtime lock we keep must be in the index, or nothing would ever
+     * free it once its job is gone. NX: never move an existing score. */
+    snprintf(run_locked, sizeof(run_locked), "%s:RUN:LOCKED", digest);
+    snprintf(run, sizeof(run), "%s:RUN", digest);
+    const char *ex[] = { "EXISTS", run_locked };
+    redisReply *e = kiq_redis_cmd(r, 2, ex, NULL);
+    int has_run = e && e->type == REDIS_REPLY_INTEGER && e->integer == 1;
+    if (!e) {
+        rc = fail(r, e, "EXISTS", err);
+        return rc;
+    }
+    freeReplyObject(e);
+    if (has_run) {
+        char now[64];
+        snprintf(now, sizeof(now), "%.6f", kiq_now());
+        const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, "NX", now, run };
+        redisReply *z = kiq_redis_cmd(r, 5, za, NULL);
+        if (!z || z->type != REDIS_REPLY_INTEGER)
+            rc = fail(r, z, "ZADD", err);
+        else
+            out->indexed += (long)z->integer;
+        freeReplyObject(z);
+    }
+    return rc;
+}
+
+static int merge_expiring(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
+{
+    char cursor[32] = "0";
+    int rc = 0;
+    do {
+        const char *scan[] = { "ZSCAN", "uniquejobs:expiring_digests", cursor, "COUNT", "100" };
+        redisReply *rep = kiq_redis_cmd(r, 5, scan, NULL);
+        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
+            rc = fail(r, rep, "ZSCAN uniquejobs:expiring_digests", err);
+            freeReplyObject(rep);
+            return rc;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        redisReply *items = rep->element[1];
+        for (size_t i = 0; i + 1 < items->elements && !rc; i += 2) {
+            const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, items->element[i + 1]->str,
+                                 items->element[i]->str };
+            redisReply *z = kiq_redis_cmd(r, 4, za, NULL);
+            if (!z || z->type != REDIS_REPLY_INTEGER)
+                rc = fail(r, z, "ZADD", err);
+            else
+                out->merged++;
+            freeReplyObject(z);
+        }
+        freeReplyObject(rep);
+    } while (!rc && strcmp(cursor, "0") != 0);
+    if (!rc) {
+        redisReply *u = kiq_redis_cmdf(r, "UNLINK uniquejobs:expiring_digests");
+        if (!u || u->type == REDIS_REPLY_ERROR)
+            rc = fail(r, u, "UNLINK", err);
+        freeReplyObject(u);
+    }
+    return rc;
+}
+
+int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
+{
+    memset(out, 0, sizeof(*out));
+    int rc = 0;
+    redisReply *rep = kiq_redis_cmdf(r, "HEXISTS %s %s", KIQ_UNIQUE_UPGRADED_KEY,
+                                     KIQ_UNIQUE_UPGRADE_VERSION);
+    if (!rep || rep->type != REDIS_REPLY_INTEGER) {
+        rc = fail(r, rep, "HEXISTS " KIQ_UNIQUE_UPGRADED_KEY, err);
+        goto out;
+    }
+    out->already = rep->integer == 1;
+    freeReplyObject(rep);
+    rep = NULL;
+    if (out->already)
+        goto out;
+    rep = kiq_redis_cmdf(r, "EXISTS uniquejobs:dead");
+    if (!rep || rep->type != REDIS_REPLY_INTEGER) {
+        rc = fail(r, rep, "EXISTS uniquejobs:dead", err);
+        goto out;
+    }
+    out->legacy = rep->integer == 1;
+    freeReplyObject(rep);
+    rep = NULL;
+    if (out->legacy)
+        goto out; /* v9 skips the upgrade and writes no marker either */
+
+    char cursor[32] = "0";
+    do {
+        const char *scan[] = { "SCAN", cursor, "MATCH", "uniquejobs:*:LOCKED", "COUNT", "100" };
+        rep = kiq_redis_cmd(r, 6, scan, NULL);
+        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
+            rc = fail(r, rep, "SCAN", err);
+            goto out;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        redisReply *keys = rep->element[1];
+        for (size_t i = 0; i < keys->elements && !rc; i++) {
+            const char *k = keys->element[i]->str;
+            size_t len = strlen(k);
+            char base[1100];
+            /* A runtime lock is cleaned as part of its base digest, which a
+             * while_executing job never locks itself. Twice is harmless. */
+            if (len > 11 && strcmp(k + len - 11, ":RUN:LOCKED") == 0 && len < sizeof(base)) {
+                snprintf(base, sizeof(base), "%.*s:LOCKED", (int)(len - 11), k);
+                k = base;
+            }
+            out->locks++;
+            rc = upgrade_one(r, k, out, err);
+        }
+        freeReplyObject(rep);
+        rep = NULL;
+    } while (!rc && strcmp(cursor, "0") != 0);
+    if (!rc)
+        rc = merge_expiring(r, out, err);
+    if (!rc) {
+        char now[64];
+        snprintf(now, sizeof(now), "%.6f", kiq_now());
+        const char *hset[] = { "HSET", KIQ_UNIQUE_UPGRADED_KEY, KIQ_UNIQUE_UPGRADE_VERSION, now };
+        rep = kiq_redis_cmd(r, 4, hset, NULL);
+        if (!rep || rep->type != REDIS_REPLY_INTEGER)
+            rc = fail(r, rep, "HSET " KIQ_UNIQUE_UPGRADED_KEY, err);
+    }
+out:
+    freeReplyObject(rep);
+    return rc;
+}

@@ -1,0 +1,646 @@
+/* The process lifecycle as an operator sees it: graceful stop (TERM), a
+ * second TERM, quiet (TSTP), thread dumps (TTIN), log reopening (USR2), the
+ * JSON log format, and Redis going away and coming back, at start and while
+ * jobs flow. */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+/* Every child a test starts (kiq, private redis-servers) is killed when the
+ * test ends, so a failed assertion leaves nothing running. */
+static pid_t children[16];
+static int nchildren;
+
+static void track(pid_t pid)
+{
+    if (nchildren < 16)
+        children[nchildren++] = pid;
+}
+
+static void kill_children(void)
+{
+    for (int i = 0; i < nchildren; i++)
+        if (children[i] > 0 && waitpid(children[i], NULL, WNOHANG) == 0) {
+            kill(children[i], SIGKILL);
+            waitpid(children[i], NULL, 0);
+        }
+    nchildren = 0;
+}
+
+TestSuite(lifecycle, .timeout = 120, .fini = kill_children);
+
+static pid_t start(const char *const *args)
+{
+    pid_t pid = kt_kiq_start(args);
+    track(pid);
+    return pid;
+}
+
+/* ---- small helpers ---------------------------------------------------- */
+
+/* True while pid runs; otherwise reaps it and says how it ended. */
+static int alive(pid_t pid, char *how, size_t n)
+{
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == 0)
+        return 1;
+    snprintf(how, n, WIFSIGNALED(st) ? "killed by signal %d" : "exited with %d",
+             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    return 0;
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = '\0';
+    fclose(f);
+    return s;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static int log_count(pid_t pid, const char *needle)
+{
+    char *log = kt_kiq_log(pid);
+    int n = count_of(log, needle);
+    free(log);
+    return n;
+}
+
+static int file_has(const char *path, const char *needle)
+{
+    char *s = read_file(path);
+    int yes = strstr(s, needle) != NULL;
+    free(s);
+    return yes;
+}
+
+static char *write_config(const char *name, const char *yaml)
+{
+    char *path = kt_tmp(name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(yaml, f);
+    fclose(f);
+    return path;
+}
+
+/* The identity of the one running process, once its first beat is in. */
+static char *wait_identity(pid_t pid)
+{
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "kiq did not start: %s",
+              kt_kiq_log(pid));
+    char *id = kt_str("SRANDMEMBER processes");
+    cr_assert(id);
+    return id;
+}
+
+static char *payload_of(const char *cls, const char *jid, const char *args)
+{
+    char *p = malloc(512);
+    snprintf(p, 512,
+             "{\"class\":\"%s\",\"args\":%s,\"retry\":true,\"queue\":\"default\",\"jid\":\"%s\","
+             "\"created_at\":1700000000.25,\"enqueued_at\":1700000000.25,\"big\":123456789012345678901234567890}",
+             cls, args, jid);
+    return p;
+}
+
+static void push(const char *cls, const char *jid, const char *args)
+{
+    char *p = payload_of(cls, jid, args);
+    freeReplyObject(kt_cmd("LPUSH queue:default %s", p));
+    free(p);
+}
+
+static long long working_len(const char *identity)
+{
+    return kt_int("LLEN uniquejobs:working:%s", identity);
+}
+
+/* True when the list holds exactly the n payloads (in any order). */
+static int list_holds_exactly(const char *key, char **want, size_t n)
+{
+    redisReply *r = kt_cmd("LRANGE %s 0 -1", key);
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == n;
+    for (size_t i = 0; ok && i < n; i++) {
+        int found = 0;
+        for (size_t j = 0; j < r->elements && !found; j++)
+            found = r->element[j]->len == strlen(want[i])
+                 && memcmp(r->element[j]->str, want[i], r->element[j]->len) == 0;
+        ok = found;
+    }
+    freeReplyObject(r);
+    return ok;
+}
+
+/* ---- stop ------------------------------------------------------------- */
+
+Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
+{
+    pid_t pid = start((const char *[]){ "-c", "4", "-t", "2", NULL });
+    char *id = wait_identity(pid);
+    push("NoopJob", "10000000000000000000000a", "[]");
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "jid=10000000000000000000000a elapsed=") == 1, 20),
+              "NoopJob did not finish: %s", kt_kiq_log(pid));
+    char *sleeps[4];
+    for (int i = 0; i < 4; i++) {
+        char jid[32];
+        snprintf(jid, sizeof(jid), "2000000000000000000000%02d", i);
+        sleeps[i] = payload_of("SleepJob", jid, "[20000]");
+        freeReplyObject(kt_cmd("LPUSH queue:default %s", sleeps[i]));
+    }
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 4 && working_len(id) == 4, 20),
+              "the SleepJobs did not start: %s", kt_kiq_log(pid));
+
+    double t0 = kt_now();
+    int st = kt_kiq_stop(pid, SIGTERM, 15);
+    double took = kt_now() - t0;
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert(took >= 1.5, "it should wait for the timeout (took %.2fs)", took);
+    cr_assert(took < 2 + 4, "exit within timeout + a few seconds (took %.2fs)", took);
+
+    char wkey[400];
+    snprintf(wkey, sizeof(wkey), "uniquejobs:working:%s", id);
+    cr_assert(list_holds_exactly("queue:default", sleeps, 4),
+              "the 4 unfinished jobs are back, byte-identical, and nothing else");
+    cr_assert_eq(kt_int("LLEN %s", wkey), 0, "working list left non-empty");
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0, "the process is still listed");
+    cr_assert_eq(kt_int("EXISTS %s:work", id), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "Pushed 4 jobs back to Redis"), "%s", log);
+    cr_assert(strstr(log, "Bye!"), "%s", log);
+    free(log);
+    for (int i = 0; i < 4; i++)
+        free(sleeps[i]);
+    free(id);
+}
+
+Test(lifecycle, second_term_skips_the_wait)
+{
+    pid_t pid = start((const char *[]){ "-c", "2", "-t", "20", NULL });
+    char *id = wait_identity(pid);
+    push("SleepJob", "30000000000000000000000a", "[20000]");
+    push("SleepJob", "30000000000000000000000b", "[20000]");
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+
+    double t0 = kt_now();
+    kill(pid, SIGTERM);
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "Pausing to allow workers to finish") == 1, 10),
+              "%s", kt_kiq_log(pid));
+    int st = kt_kiq_stop(pid, SIGTERM, 15);
+    double took = kt_now() - t0;
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert(took < 8, "the second TERM should end the 20 s wait (took %.2fs)", took);
+    cr_assert_eq(log_count(pid, "Second TERM: not waiting any longer"), 1, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 2, "both jobs requeued");
+    cr_assert_eq(working_len(id), 0);
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
+    free(id);
+}
+
+Test(lifecycle, term_when_idle_exits_at_once)
+{
+    pid_t pid = start((const char *[]){ "-c", "4", NULL });
+    char *id = wait_identity(pid);
+    double t0 = kt_now();
+    int st = kt_kiq_stop(pid, SIGTERM, 10);
+    double took = kt_now() - t0;
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert(took < 3.5, "an idle worker stops within ~3 s (took %.2fs)", took);
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
+    cr_assert_eq(kt_int("EXISTS uniquejobs:heartbeat:%s", id), 0,
+                 "a clean stop with nothing in flight drops the liveness key");
+    free(id);
+}
+
+/* ---- quiet ------------------------------------------------------------ */
+
+Test(lifecycle, tstp_makes_it_quiet)
+{
+    char *cfg = write_config("quiet.yml", "heartbeat_interval: 1\n");
+    pid_t pid = start((const char *[]){ "-c", "2", "-C", cfg, NULL });
+    char *id = wait_identity(pid);
+    char *q = kt_str("HGET %s quiet", id);
+    cr_assert_str_eq(q, "false");
+    free(q);
+
+    kill(pid, SIGTSTP);
+    cr_assert(KT_WAIT_UNTIL(({ char *v = kt_str("HGET %s quiet", id);
+                               int t = v && !strcmp(v, "true"); free(v); t; }), 10),
+              "the process hash should say quiet=true: %s", kt_kiq_log(pid));
+    push("RecordJob", "40000000000000000000000a", "[\"rec\"]");
+    /* A quiet process fetches nothing: give it a few beats to prove it. */
+    kt_sleep(2.5);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "a quiet process took a job: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("SCARD rec"), 0);
+    cr_assert_eq(working_len(id), 0);
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 1, "quiet is not stopped");
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "Received TSTP, no longer accepting new work"), "%s", log);
+    free(log);
+
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "the job waits for another worker");
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
+    free(id);
+    free(cfg);
+}
+
+/* ---- diagnostics ------------------------------------------------------ */
+
+Test(lifecycle, ttin_dumps_every_thread)
+{
+    pid_t pid = start((const char *[]){ "-c", "3", "-t", "1", NULL });
+    char *id = wait_identity(pid);
+    push("SleepJob", "50000000000000000000000a", "[20000]");
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
+    kill(pid, SIGTTIN);
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "Thread TID-") >= 3, 10),
+              "one line per processor thread: %s", kt_kiq_log(pid));
+    char *log = kt_kiq_log(pid);
+    cr_assert_eq(count_of(log, "Thread TID-"), 3, "%s", log);
+    const char *line = strstr(log, "Thread TID-");
+    cr_assert(strstr(line, "SleepJob"), "the running job's class is named: %s", log);
+    cr_assert(strstr(log, "WARN: Thread TID-"), "%s", log);
+    free(log);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 1);
+    free(id);
+}
+
+Test(lifecycle, usr2_reopens_the_log_file)
+{
+    char *path = kt_tmp("worker.log");
+    char old[600];
+    snprintf(old, sizeof(old), "%s.1", path);
+    pid_t pid = start((const char *[]){ "-c", "2", "-L", path, NULL });
+    free(wait_identity(pid));
+    cr_assert(KT_WAIT_UNTIL(file_has(path, "Starting processing"), 10));
+    cr_assert_eq(rename(path, old), 0);
+    kill(pid, SIGUSR2);
+    struct stat st;
+    cr_assert(KT_WAIT_UNTIL(stat(path, &st) == 0, 10), "USR2 did not reopen %s", path);
+    push("NoopJob", "60000000000000000000000a", "[]");
+    cr_assert(KT_WAIT_UNTIL(file_has(path, "jid=60000000000000000000000a elapsed="), 10),
+              "the job's done line is not in the new file: %s", read_file(path));
+    cr_assert(file_has(path, "INFO: done"));
+    cr_assert(!file_has(old, "60000000000000000000000a"), "written to the renamed file");
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
+    cr_assert(file_has(path, "Bye!"));
+    free(path);
+}
+
+Test(lifecycle, json_log_lines_are_objects)
+{
+    pid_t pid = start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
+    free(wait_identity(pid));
+    push("NoopJob", "70000000000000000000000a", "[]");
+    push("FailJob", "70000000000000000000000b", "[\"said \\\"no\\\"\\n twice\"]");
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1
+                            && log_count(pid, "70000000000000000000000a") >= 2, 20),
+              "%s", kt_kiq_log(pid));
+    kill(pid, SIGTTIN);
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "Thread TID-") >= 2, 10));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+
+    char *log = kt_kiq_log(pid);
+    int lines = 0, job_lines = 0;
+    for (char *save = NULL, *line = strtok_r(log, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save), lines++) {
+        json_error_t e;
+        json_t *o = json_loads(line, 0, &e);
+        cr_assert(json_is_object(o), "not a JSON object (%s): %s", e.text, line);
+        cr_assert(json_is_string(json_object_get(o, "ts")), "%s", line);
+        cr_assert(json_is_integer(json_object_get(o, "pid")), "%s", line);
+        cr_assert_eq(json_integer_value(json_object_get(o, "pid")), pid, "%s", line);
+        cr_assert(json_is_string(json_object_get(o, "tid")), "%s", line);
+        cr_assert(json_is_string(json_object_get(o, "lvl")), "%s", line);
+        cr_assert(json_is_string(json_object_get(o, "msg")), "%s", line);
+        json_t *ctx = json_object_get(o, "ctx");
+        cr_assert(json_is_object(ctx), "%s", line);
+        const char *msg = json_string_value(json_object_get(o, "msg"));
+        if (!strcmp(msg, "start") || !strcmp(msg, "done") || !strcmp(msg, "fail")) {
+            job_lines++;
+            cr_assert(json_is_string(json_object_get(ctx, "class")), "%s", line);
+            cr_assert(json_is_string(json_object_get(ctx, "jid")), "%s", line);
+            if (strcmp(msg, "start"))
+                cr_assert(json_is_number(json_object_get(ctx, "elapsed")), "%s", line);
+        }
+        if (strstr(msg, "RuntimeError"))
+            cr_assert(strstr(msg, "said \"no\"\n twice"), "message kept exactly: %s", line);
+        json_decref(o);
+    }
+    cr_assert_eq(job_lines, 4, "start+done and start+fail");
+    cr_assert(lines >= 8, "only %d lines", lines);
+    free(log);
+}
+
+/* ---- Redis going away ------------------------------------------------- */
+
+/* A redis-server of this test's own, on a fixed port, with an append-only
+ * file fsynced on every write so that a restart keeps every acknowledged
+ * write. */
+typedef struct priv_redis {
+    pid_t pid;
+    int port;
+    char dir[400];
+    char url[128];
+} priv_redis_t;
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a))
+              && !getsockname(fd, (struct sockaddr *)&a, &len));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void priv_init(priv_redis_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->port = free_port();
+    char *d = kt_tmp("priv-redis");
+    snprintf(s->dir, sizeof(s->dir), "%s", d);
+    free(d);
+    mkdir(s->dir, 0755);
+    snprintf(s->url, sizeof(s->url), "redis://127.0.0.1:%d/0", s->port);
+}
+
+static redisContext *priv_connect(const priv_redis_t *s)
+{
+    struct timeval tv = { 2, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+    if (c && !c->err) {
+        redisReply *r = redisCommand(c, "PING");
+        int ok = r && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        if (ok)
+            return c;
+    }
+    redisFree(c);
+    return NULL;
+}
+
+static void priv_start(priv_redis_t *s)
+{
+    char port[16], logf[500];
+    snprintf(port, sizeof(port), "%d", s->port);
+    snprintf(logf, sizeof(logf), "%s/redis.log", s->dir);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "yes", "--appendfsync", "always", "--dir", s->dir,
+               "--logfile", logf, (char *)NULL);
+        _exit(127);
+    }
+    track(s->pid);
+    redisContext *c = NULL;
+    cr_assert(KT_WAIT_UNTIL((c = priv_connect(s)) != NULL, 20), "private redis-server did not start");
+    redisFree(c);
+}
+
+/* Kills the server outright: no goodbye to its clients. */
+static void priv_kill(priv_redis_t *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+        s->pid = 0;
+    }
+}
+
+static long long priv_int(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    cr_assert(r, "private redis: %s", c->errstr);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
+{
+    priv_redis_t srv;
+    priv_init(&srv);
+    priv_start(&srv);
+    char *cfg = write_config("restart.yml", "heartbeat_interval: 1\npoll_interval_average: 1\n");
+    pid_t pid = start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
+    redisContext *c = priv_connect(&srv);
+    cr_assert(c);
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    redisReply *idr = redisCommand(c, "SRANDMEMBER processes");
+    char *id = strdup(idr->str);
+    freeReplyObject(idr);
+
+    enum { N = 300 };
+    static char jids[N][25];
+    int pushed = 0;
+    /* Jobs flow: push steadily, and kill the server in the middle of it. */
+    for (int i = 0; i < N / 2; i++) {
+        snprintf(jids[pushed], 25, "8%023d", i);
+        char *p = payload_of("RecordJob", jids[pushed], "[\"rec\"]");
+        redisReply *r = redisCommand(c, "LPUSH queue:default %s", p);
+        free(p);
+        cr_assert(r && r->type == REDIS_REPLY_INTEGER);
+        freeReplyObject(r);
+        pushed++;
+        kt_sleep(0.003);
+    }
+    cr_assert(priv_int(c, "SCARD rec") > 0, "jobs were flowing: %s", kt_kiq_log(pid));
+    priv_kill(&srv);
+    redisFree(c);
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "retrying with backoff") >= 1, 10),
+              "the outage is not logged: %s", kt_kiq_log(pid));
+    kt_sleep(1);
+    char how[64];
+    cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_kiq_log(pid));
+
+    priv_start(&srv);
+    c = priv_connect(&srv);
+    cr_assert(c);
+    for (int i = N / 2; i < N; i++) {
+        snprintf(jids[pushed], 25, "8%023d", i);
+        char *p = payload_of("RecordJob", jids[pushed], "[\"rec\"]");
+        redisReply *r = redisCommand(c, "LPUSH queue:default %s", p);
+        free(p);
+        cr_assert(r && r->type == REDIS_REPLY_INTEGER);
+        freeReplyObject(r);
+        pushed++;
+        kt_sleep(0.002);
+    }
+    /* A RecordJob cut off mid-way by the outage failed and is retried after
+     * its backoff (15-24 s): then it takes that long. */
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD rec") == pushed, 45),
+              "%lld of %d recorded; queue %lld, retry %lld, working %lld: %s",
+              priv_int(c, "SCARD rec"), pushed, priv_int(c, "LLEN queue:default"),
+              priv_int(c, "ZCARD retry"), priv_int(c, "LLEN uniquejobs:working:%s", id),
+              kt_kiq_log(pid));
+    for (int i = 0; i < pushed; i++)
+        cr_assert_eq(priv_int(c, "SISMEMBER rec %s", jids[i]), 1, "%s lost", jids[i]);
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "LLEN queue:default") == 0
+                            && priv_int(c, "LLEN uniquejobs:working:%s", id) == 0, 10));
+    cr_assert_eq(priv_int(c, "ZCARD dead"), 0);
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SISMEMBER processes %s", id) == 1, 10),
+              "the heartbeat resumes after the restart");
+
+    char *log = kt_kiq_log(pid);
+    cr_assert_eq(count_of(log, "retrying with backoff"), 1, "the outage is logged once: %s", log);
+    cr_assert(strstr(log, "Redis is online"), "%s", log);
+    cr_assert_eq(count_of(log, "Redis is online"), 1, "%s", log);
+    free(log);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(priv_int(c, "SISMEMBER processes %s", id), 0);
+    redisFree(c);
+    priv_kill(&srv);
+    free(id);
+    free(cfg);
+}
+
+Test(lifecycle, starts_when_redis_comes_up)
+{
+    priv_redis_t srv;
+    priv_init(&srv);
+    pid_t pid = start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
+    kt_sleep(0.5);
+    char how[64];
+    cr_assert(alive(pid, how, sizeof(how)), "kiq gave up (%s): %s", how, kt_kiq_log(pid));
+    priv_start(&srv);
+    redisContext *c = priv_connect(&srv);
+    cr_assert(c);
+    char *p = payload_of("RecordJob", "90000000000000000000000a", "[\"rec\"]");
+    freeReplyObject(redisCommand(c, "LPUSH queue:default %s", p));
+    free(p);
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SISMEMBER rec 90000000000000000000000a") == 1, 20),
+              "the job did not run once Redis came up: %s", kt_kiq_log(pid));
+    cr_assert_eq(priv_int(c, "SCARD processes"), 1);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(priv_int(c, "SCARD processes"), 0);
+    redisFree(c);
+    priv_kill(&srv);
+}
+
+Test(lifecycle, term_while_waiting_for_redis_exits_0)
+{
+    priv_redis_t srv;
+    priv_init(&srv); /* never started */
+    pid_t pid = start((const char *[]){ "--redis-url", srv.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
+    double t0 = kt_now();
+    int st = kt_kiq_stop(pid, SIGTERM, 10);
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert(kt_now() - t0 < 3, "TERM should not wait for Redis");
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "Bye!"), "%s", log);
+    free(log);
+}
+
+/* A handler finishing after Redis restarted acknowledges on a connection
+ * whose server is gone: a big write there must fail, not kill the process
+ * (SIGPIPE). */
+Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
+{
+    priv_redis_t srv;
+    priv_init(&srv);
+    priv_start(&srv);
+    pid_t pid = start((const char *[]){ "-c", "1", "--redis-url", srv.url, NULL });
+    redisContext *c = priv_connect(&srv);
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    size_t big = 4u << 20;
+    char *pad = malloc(big + 1);
+    memset(pad, 'x', big);
+    pad[big] = '\0';
+    char *p = malloc(big + 256);
+    int n = snprintf(p, big + 256, "{\"class\":\"SleepJob\",\"args\":[2000,\"%s\"],"
+                     "\"jid\":\"a1000000000000000000000a\",\"queue\":\"default\"}", pad);
+    freeReplyObject(redisCommand(c, "LPUSH queue:default %b", p, (size_t)n));
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob jid=a1000000000000000000000a INFO: start") == 1, 20),
+              "%s", kt_kiq_log(pid));
+    redisFree(c);
+    priv_kill(&srv);
+    priv_start(&srv);
+    c = priv_connect(&srv);
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "jid=a1000000000000000000000a elapsed=") == 1, 20),
+              "%s", kt_kiq_log(pid));
+    kt_sleep(0.5);
+    char how[64];
+    cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(({ redisReply *r = redisCommand(c, "KEYS uniquejobs:working:*");
+                               int e = r && r->type == REDIS_REPLY_ARRAY && r->elements == 0;
+                               freeReplyObject(r); e; }), 15),
+              "the job stayed in the working list: %s", kt_kiq_log(pid));
+    cr_assert_eq(priv_int(c, "LLEN queue:default"), 0);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    redisFree(c);
+    priv_kill(&srv);
+    free(pad);
+    free(p);
+}
+
+/* The shutdown's own connection was idle through a Redis restart: the
+ * requeue and leaving the process set must still happen at once, not wait
+ * for orphan recovery or key expiry. */
+Test(lifecycle, term_after_redis_restart_still_requeues)
+{
+    priv_redis_t srv;
+    priv_init(&srv);
+    priv_start(&srv);
+    pid_t pid = start((const char *[]){ "-c", "2", "-t", "1", "--redis-url", srv.url, NULL });
+    redisContext *c = priv_connect(&srv);
+    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    char *jobs[2] = { payload_of("SleepJob", "b1000000000000000000000a", "[20000]"),
+                      payload_of("SleepJob", "b1000000000000000000000b", "[20000]") };
+    for (int i = 0; i < 2; i++)
+        freeReplyObject(redisCommand(c, "LPUSH queue:default %s", jobs[i]));
+    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+    redisFree(c);
+    priv_kill(&srv);
+    priv_start(&srv);
+    c = priv_connect(&srv);
+    int st = kt_kiq_stop(pid, SIGTERM, 15);
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    redisReply *r = redisCommand(c, "LRANGE queue:default 0 -1");
+    cr_assert(r && r->elements == 2, "jobs not requeued: %s", kt_kiq_log(pid));
+    for (size_t i = 0; i < 2; i++)
+        cr_assert(!strcmp(r->element[i]->str, jobs[0]) || !strcmp(r->element[i]->str, jobs[1]));
+    freeReplyObject(r);
+    r = redisCommand(c, "KEYS uniquejobs:working:*");
+    cr_assert(r && r->elements == 0, "left in the working list");
+    freeReplyObject(r);
+    cr_assert_eq(priv_int(c, "SCARD processes"), 0, "still in the process set");
+    redisFree(c);
+    priv_kill(&srv);
+    free(jobs[0]);
+    free(jobs[1]);
+}

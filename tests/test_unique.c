@@ -1,0 +1,427 @@
+/* Uniqueness locks end to end: `kiq push --lock` on the client side, the
+ * kiq binary's server middleware, v9's keys as a Ruby process writes and
+ * reads them, and the lifecycle of reference §4.8 per lock type, including
+ * the fixes over v9 (retry keeps an until_executed lock, no silent drops,
+ * bad input falls back with a log line). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "helpers.h"
+
+static pid_t children[4];
+
+static pid_t track(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (!children[i]) {
+            children[i] = pid;
+            break;
+        }
+    return pid;
+}
+
+static void kill_children(void)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (children[i] > 0) {
+            kill(children[i], SIGKILL);
+            waitpid(children[i], NULL, 0);
+            children[i] = 0;
+        }
+}
+
+static int stop(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (children[i] == pid)
+            children[i] = 0;
+    return kt_kiq_stop(pid, SIGTERM, 30);
+}
+
+TestSuite(unique, .timeout = 60, .fini = kill_children);
+
+static char *write_file(const char *name, const char *body)
+{
+    char *path = kt_tmp(name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot write %s", path);
+    fputs(body, f);
+    fclose(f);
+    return path;
+}
+
+/* The first member of a sorted set (its payload), malloc'd, or NULL. */
+static char *first_member(const char *set)
+{
+    redisReply *r = kt_cmd("ZRANGE %s 0 0", set);
+    char *s = r->type == REDIS_REPLY_ARRAY && r->elements == 1
+                  ? strndup(r->element[0]->str, r->element[0]->len) : NULL;
+    freeReplyObject(r);
+    cr_assert(s, "%s is empty", set);
+    return s;
+}
+
+static void chomp(char *s)
+{
+    if (s)
+        s[strcspn(s, "\n")] = '\0';
+}
+
+/* The digest Ruby computes (Digest::MD5 over v9's JSON), malloc'd. */
+static char *ruby_digest(const char *cls, const char *queue, const char *args)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_ruby("unique.rb", (const char *[]){ "digest", cls, queue, args, NULL }, &out), 0);
+    chomp(out);
+    return out;
+}
+
+/* `kiq push` with lock flags; returns the exit status, and its last output
+ * line (the jid, or why it was denied) into out. */
+static int push(const char *const *argv, char **out)
+{
+    char *all = NULL;
+    int rc = kt_kiq_run(argv, &all);
+    if (all) {
+        size_t n = strlen(all);
+        while (n && all[n - 1] == '\n')
+            all[--n] = '\0';
+        char *last = strrchr(all, '\n');
+        if (last)
+            memmove(all, last + 1, strlen(last + 1) + 1);
+    }
+    if (out)
+        *out = all;
+    else
+        free(all);
+    return rc;
+}
+
+Test(unique, until_executed_denies_duplicates_and_releases_after_success)
+{
+    char *d = ruby_digest("RecordJob", "default", "[\"ue\"]");
+    char *jid = NULL, *out = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ue\"]", "--lock", "until_executed",
+                                        NULL }, &jid), 0, "%s", jid);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kiq's lock has Ruby's digest %s", d);
+    cr_assert(kt_int("ZSCORE uniquejobs:digests %s", d) > 1e9);
+    char *meta = kt_str("HGET %s:LOCKED %s", d, jid);
+    cr_assert(strstr(meta, "{\"worker\":\"RecordJob\",\"queue\":\"default\",\"limit\":null,"
+                           "\"timeout\":0,\"ttl\":null,\"type\":\"until_executed\","
+                           "\"lock_args\":[\"ue\"],\"time\":"), "%s", meta);
+    char *payload = kt_str("LINDEX queue:default 0");
+    cr_assert(strstr(payload, d) && strstr(payload, "\"lock\":\"until_executed\""), "%s", payload);
+
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ue\"]", "--lock", "until_executed",
+                                        NULL }, &out), 3, "a duplicate is denied: %s", out);
+    cr_assert(strstr(out, "denied"), "%s", out);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1);
+
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD ue") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 10), "released after success");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", d), 0);
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ue\"]", "--lock", "until_executed",
+                                        NULL }, NULL), 0, "free again");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD ue") == 2, 20));
+    cr_assert_eq(stop(pid), 0);
+    free(d); free(jid); free(out); free(meta); free(payload);
+}
+
+Test(unique, until_executed_lock_survives_retry_and_is_released_at_death)
+{
+    char *d = ruby_digest("FailJob", "default", "[\"boom\"]");
+    char *jid = NULL, *out = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"boom\"]", "--lock", "until_executed",
+                                        "--retry", "1", NULL }, &jid), 0, "%s", jid);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
+    /* v9's ack drops it here; kiq keeps it while the job waits in retry. */
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "the lock is kept in retry");
+    cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"boom\"]", "--lock", "until_executed",
+                                        NULL }, &out), 3, "no duplicate piles up in retry: %s", out);
+    /* Due now: the retry runs, fails again, and the job dies. */
+    char *member = first_member("retry");
+    redisReply *z = kt_cmd("ZADD retry 0 %b", member, strlen(member));
+    freeReplyObject(z);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 30), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 5), "death releases the lock");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", d), 0);
+    cr_assert_eq(stop(pid), 0);
+    free(d); free(jid); free(out); free(member);
+}
+
+Test(unique, until_executing_releases_before_perform_and_relocks_on_failure)
+{
+    char *d = ruby_digest("SleepJob", "default", "[1500]");
+    char *jid = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1500]", "--lock", "until_executing",
+                                        NULL }, &jid), 0, "%s", jid);
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1500]", "--lock", "until_executing",
+                                        NULL }, NULL), 3, "denied while queued");
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "1", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 &&
+                            kt_int("EXISTS %s:LOCKED", d) == 0, 10), "unlocked as it starts");
+    char *jid2 = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1500]", "--lock", "until_executing",
+                                        NULL }, &jid2), 0, "a new one may queue while it runs");
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid2), 1);
+    cr_assert_eq(stop(pid), 0);
+
+    /* A failure takes the lock again while the job waits in retry. */
+    char *df = ruby_digest("FailJob", "default", "[\"ux\"]");
+    char *fj = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"ux\"]", "--lock", "until_executing",
+                                        NULL }, &fj), 0);
+    pid = track(kt_kiq_start((const char *[]){ "-c", "1", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:LOCKED %s", df, fj) == 1, 5), "re-locked in retry");
+    cr_assert_eq(stop(pid), 0);
+    free(d); free(jid); free(jid2); free(df); free(fj);
+}
+
+Test(unique, until_and_while_executing_swaps_locks_around_perform)
+{
+    char *d = ruby_digest("SleepJob", "default", "[1200]");
+    char *jid = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1200]", "--lock",
+                                        "until_and_while_executing", NULL }, &jid), 0, "%s", jid);
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1200]", "--lock",
+                                        "until_and_while_executing", NULL }, NULL), 3);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:RUN:LOCKED %s", d, jid) == 1, 10),
+              "runtime lock while it runs: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("EXISTS %s:LOCKED", d), 0, "until-lock released before perform");
+    char *jid2 = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1200]", "--lock",
+                                        "until_and_while_executing", NULL }, &jid2), 0,
+                 "may enqueue while the first runs");
+    /* The second cannot run while the first holds :RUN; the default server
+     * strategy logs it (never silently). Both locks are gone at the end. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0 &&
+                            kt_int("EXISTS %s:LOCKED", d) == 0 &&
+                            kt_int("LLEN queue:default") == 0, 15), "%s", kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, jid2), "%s", log);
+    free(d); free(jid); free(jid2); free(log);
+}
+
+Test(unique, until_expired_outlives_the_job_until_its_ttl)
+{
+    char *d = ruby_digest("NoopJob", "default", "[7]");
+    char *jid = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "NoopJob", "[7]", "--lock", "until_expired",
+                                        "--lock-ttl", "3", NULL }, &jid), 0, "%s", jid);
+    long long pttl = kt_int("PTTL %s:LOCKED", d);
+    cr_assert(pttl > 1000 && pttl <= 3000, "%lld", pttl);
+    char *score = kt_str("ZSCORE uniquejobs:digests %s", d);
+    double now = (double)time(NULL);
+    cr_assert(atof(score) < now + 10, "score is the expiry in seconds, not now+ms (%s)", score);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "1", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
+    kt_sleep(0.3);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kept after the run");
+    cr_assert_eq(push((const char *[]){ "push", "NoopJob", "[7]", "--lock", "until_expired",
+                                        "--lock-ttl", "3", NULL }, NULL), 3);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 5), "gone with its ttl");
+    cr_assert_eq(stop(pid), 0);
+    free(d); free(jid); free(score);
+}
+
+/* 16 jobs with one digest over 2 processes x 8 threads: lock_timeout makes
+ * each wait its turn, and OverlapJob records any two that ran at once. */
+Test(unique, while_executing_never_overlaps_across_threads_and_processes)
+{
+    const char *bulk = "{\"class\":\"OverlapJob\",\"lock\":\"while_executing\",\"lock_timeout\":20,"
+                       "\"args\":[[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],"
+                       "[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],"
+                       "[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60]]}";
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
+    pid_t a = track(kt_kiq_start((const char *[]){ "-c", "8", NULL }));
+    pid_t b = track(kt_kiq_start((const char *[]){ "-c", "8", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ov:log") == 16, 40), "A: %s\nB: %s", kt_kiq_log(a),
+              kt_kiq_log(b));
+    cr_assert_eq(kt_int("GET ov:overlaps"), 0, "no two ran at once");
+    char *d = ruby_digest("OverlapJob", "default", "[\"ov\",60]");
+    cr_assert_eq(kt_int("EXISTS %s:RUN:LOCKED", d), 0);
+    cr_assert_eq(stop(a), 0);
+    cr_assert_eq(stop(b), 0);
+
+    /* The same jobs without a lock do overlap: the evidence works. */
+    const char *free_bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"fr\",300],[\"fr\",300],"
+                            "[\"fr\",300],[\"fr\",300]]}";
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", free_bulk, NULL }, NULL), 0);
+    a = track(kt_kiq_start((const char *[]){ "-c", "4", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN fr:log") == 4, 20));
+    cr_assert(kt_int("GET fr:overlaps") > 0);
+    cr_assert_eq(stop(a), 0);
+    free(d);
+}
+
+/* A runtime lock held by someone else: each server strategy. */
+Test(unique, server_strategies_reject_reschedule_log_raise)
+{
+    char *d = ruby_digest("RecordJob", "default", "[\"ss\"]");
+    char run[400];
+    snprintf(run, sizeof(run), "%s:RUN", d);
+    cr_assert_eq(kt_ruby("unique.rb", (const char *[]){ "hold", run, "000000000000000000000001",
+                                                        "while_executing", NULL }, NULL), 0);
+    const char *names[] = { "reject", "reschedule", "log", "raise" };
+    char *jids[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ss\"]", "--lock",
+                                            "while_executing", "--on-conflict", names[i], NULL },
+                          &jids[i]), 0, "%s", jids[i]);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 && kt_int("ZCARD dead") == 1 &&
+                            kt_int("ZCARD schedule") == 1 && kt_int("ZCARD retry") == 1, 15),
+              "%s", kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    cr_assert_eq(kt_int("SCARD ss"), 0, "none ran");
+    char *dead = first_member("dead"), *sch = first_member("schedule");
+    char *retry = first_member("retry");
+    cr_assert(strstr(dead, jids[0]), "reject -> dead: %s", dead);
+    cr_assert(strstr(sch, jids[1]), "reschedule -> schedule: %s", sch);
+    cr_assert(strstr(retry, jids[3]) && strstr(retry, "SidekiqUniqueJobs::Conflict"),
+              "raise -> retry: %s", retry);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "Skipping job with id") && strstr(log, jids[2]), "log says so: %s", log);
+    cr_assert_eq(kt_int("HLEN %s:RUN:LOCKED", d), 1, "the holder's lock is untouched");
+    free(d); free(dead); free(sch); free(retry); free(log);
+    for (int i = 0; i < 4; i++)
+        free(jids[i]);
+}
+
+Test(unique, client_strategies_reject_and_reschedule)
+{
+    char *jid = NULL, *out = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "NoopJob", "[\"cs\"]", "--lock", "until_executed",
+                                        NULL }, &jid), 0);
+    cr_assert_eq(push((const char *[]){ "push", "NoopJob", "[\"cs\"]", "--lock", "until_executed",
+                                        "--on-conflict", "reject", NULL }, &out), 3, "%s", out);
+    cr_assert_eq(kt_int("ZCARD dead"), 1, "rejected to dead");
+    free(out);
+    cr_assert_eq(push((const char *[]){ "push", "NoopJob", "[\"cs\"]", "--lock", "until_executed",
+                                        "--on-conflict", "reschedule", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_int("ZCARD schedule"), 1, "rescheduled");
+    cr_assert_eq(kt_int("LLEN queue:default"), 1);
+    free(out);
+    cr_assert_eq(push((const char *[]){ "push", "NoopJob", "[\"cs\"]", "--lock", "until_executed",
+                                        "--on-conflict", "replace", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "the old job was replaced");
+    char *q = kt_str("LINDEX queue:default 0");
+    cr_assert(strstr(q, out) && !strstr(q, jid), "%s", q);
+    free(jid); free(out); free(q);
+}
+
+/* A lock a Ruby v9 client wrote (keys and metadata as the gem writes them)
+ * is honoured by kiq's push and released by kiq's server. */
+Test(unique, ruby_v9_lock_is_honoured_and_released)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_ruby("unique.rb", (const char *[]){ "lock", "RecordJob", "default", "[\"rb\"]",
+                                                        "until_executed", NULL }, &out), 0);
+    char jid[64], digest[128];
+    cr_assert_eq(sscanf(out, "{\"jid\":\"%63[^\"]\",\"digest\":\"%127[^\"]\"}", jid, digest), 2,
+                 "%s", out);
+    char *denied = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"rb\"]", "--lock", "until_executed",
+                                        NULL }, &denied), 3, "Ruby's lock holds: %s", denied);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rb %s", jid) == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", digest) == 0, 5), "kiq released it");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", digest), 0);
+    cr_assert_eq(stop(pid), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert_null(strstr(log, "uniqueness_lapsed"), "the lock was found: %s", log);
+    free(out); free(denied); free(log);
+}
+
+Test(unique, kill_9_and_recovery_keep_the_lock)
+{
+    char *y = write_file("fast.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n");
+    char *d = ruby_digest("SleepJob", "default", "[4000]");
+    char *jid = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[4000]", "--lock", "until_executed",
+                                        NULL }, &jid), 0);
+    pid_t a = track(kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
+    kt_sleep(0.3);
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (children[i] == a)
+            children[i] = 0;
+    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kept with the orphan");
+    pid_t b = track(kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 1 || kt_int("LLEN queue:default") == 0,
+                            1));
+    /* Recovered, run to completion by B, and only then released. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 25), "%s", kt_kiq_log(b));
+    char *log = kt_kiq_log(b);
+    cr_assert(strstr(log, jid), "B ran it: %s", log);
+    cr_assert_null(strstr(log, "uniqueness_lapsed"), "%s", log);
+    cr_assert_eq(stop(b), 0);
+    free(y); free(d); free(jid); free(log);
+}
+
+Test(unique, bad_lock_input_falls_back_with_a_log_line)
+{
+    const char *jobs[] = {
+        "{\"class\":\"RecordJob\",\"args\":[\"bad\",0],\"lock\":\"until_forever\"}",
+        "{\"class\":\"RecordJob\",\"args\":[\"bad\",1],\"lock\":\"until_executed\",\"lock_ttl\":-5}",
+        "{\"class\":\"RecordJob\",\"args\":[\"bad\",2],\"lock\":\"until_executed\","
+        "\"lock_digest\":\"$$garbage$$\"}",
+        "{\"class\":\"RecordJob\",\"args\":[\"bad\",3],\"lock\":42,\"lock_digest\":[1]}",
+    };
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push", jobs[i], NULL }, NULL), 0);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD bad") == 4, 20), "all ran: %s", kt_kiq_log(pid));
+    char *d = ruby_digest("RecordJob", "default", "[\"bad\",2]");
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 5), "computed digest released");
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0);
+    cr_assert_eq(stop(pid), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "unknown lock type \"until_forever\""), "%s", log);
+    cr_assert(strstr(log, "lock_ttl must be a number of seconds >= 0"), "%s", log);
+    cr_assert(strstr(log, "is not a digest"), "%s", log);
+    cr_assert(strstr(log, "is not a lock type name"), "%s", log);
+
+    /* Bad configuration: clear errors, exit 78 (file) and 64 (flags). */
+    char *y = write_file("bad.yml", "classes:\n  RecordJob:\n    lock: until_forever\n");
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "classes.RecordJob.lock: unknown lock type until_forever"), "%s", out);
+    free(out);
+    char *y2 = write_file("bad2.yml", "classes:\n  RecordJob:\n    lock: until_executed\n"
+                                      "    lock_ttl: -3\n");
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y2, NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "classes.RecordJob.lock_ttl"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--lock", "bogus", NULL }, &out),
+                 64, "%s", out);
+    cr_assert(strstr(out, "unknown lock type bogus"), "%s", out);
+    free(out);
+    free(d); free(log); free(y); free(y2);
+}
+
+/* YAML classes: options apply to jobs a plain Ruby client pushed. */
+Test(unique, yaml_class_options_lock_jobs_without_lock_fields)
+{
+    char *y = write_file("classes.yml",
+                         "classes:\n  OverlapJob:\n    lock: while_executing\n    lock_timeout: 20\n"
+                         "  RecordJob:\n    unique_for: 60\n    unique_until: success\n");
+    const char *bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"ym\",80],[\"ym\",80],[\"ym\",80],"
+                       "[\"ym\",80],[\"ym\",80],[\"ym\",80]]}";
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
+    pid_t pid = track(kt_kiq_start((const char *[]){ "-C", y, "-c", "6", NULL }));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ym:log") == 6, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("GET ym:overlaps"), 0);
+    cr_assert_eq(stop(pid), 0);
+    free(y);
+}
