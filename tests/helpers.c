@@ -248,6 +248,37 @@ static pid_t spawn(const char *const *argv, const char *out_path, const char *re
     return pid;
 }
 
+static pid_t children[64];
+
+pid_t kt_track(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (!children[i]) {
+            children[i] = pid;
+            break;
+        }
+    return pid;
+}
+
+void kt_untrack(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
+        if (children[i] == pid)
+            children[i] = 0;
+}
+
+void kt_kill_children(void)
+{
+    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++) {
+        /* waitpid answers 0 only for a child still running (not yet reaped). */
+        if (children[i] > 0 && waitpid(children[i], NULL, WNOHANG) == 0) {
+            kill(children[i], SIGKILL);
+            waitpid(children[i], NULL, 0);
+        }
+        children[i] = 0;
+    }
+}
+
 pid_t kt_kiq_start(const char *const *args)
 {
     const char *argv[64];
@@ -265,7 +296,7 @@ pid_t kt_kiq_start(const char *const *args)
     char *pattern = kt_tmp("kiq-%d.log");
     pid_t pid = spawn(argv, pattern, kt_url(), 0);
     free(pattern);
-    return pid;
+    return kt_track(pid);
 }
 
 char *kt_kiq_log(pid_t pid)
@@ -282,13 +313,16 @@ int kt_wait_exit(pid_t pid, double timeout)
     int status;
     for (;;) {
         pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
+        if (r == pid) {
+            kt_untrack(pid);
             return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
         if (r < 0)
             return -1;
         if (kt_now() > end) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
+            kt_untrack(pid);
             return -1;
         }
         kt_sleep(0.02);

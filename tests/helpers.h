@@ -26,8 +26,17 @@ long long kt_int(const char *fmt, ...);
 /* String result of a command, malloc'd, or NULL for nil. */
 char *kt_str(const char *fmt, ...);
 
+/* Child processes a test starts (kiq workers, private servers, Ruby):
+ * kt_track remembers one (kt_kiq_start does it itself), kt_untrack forgets
+ * one, and kt_kill_children — the suites' .fini — SIGKILLs and reaps every
+ * one still running, so a failed assertion leaves nothing behind. */
+pid_t kt_track(pid_t pid);
+void kt_untrack(pid_t pid);
+void kt_kill_children(void);
+
 /* Runs the kiq binary: `kiq run -r <plugin> --redis-url <kt_url()> args...`
- * (args NULL-terminated), stdout+stderr to a log file. Returns its pid. */
+ * (args NULL-terminated), stdout+stderr to a log file. Returns its pid,
+ * tracked for kt_kill_children. */
 pid_t kt_kiq_start(const char *const *args);
 /* Runs `kiq <args...>` to completion with output captured (malloc'd into
  * *out if out is not NULL). Returns the exit status, or -1. */

@@ -11,22 +11,7 @@
 
 #include "helpers.h"
 
-/* Every kiq a test starts is killed when the test ends, so a failed
- * assertion leaves nothing running. */
-static pid_t children[8];
-static int nchildren;
-
-static void kill_children(void)
-{
-    for (int i = 0; i < nchildren; i++)
-        if (children[i] > 0 && waitpid(children[i], NULL, WNOHANG) == 0) {
-            kill(children[i], SIGKILL);
-            waitpid(children[i], NULL, 0);
-        }
-    nchildren = 0;
-}
-
-TestSuite(badinput, .timeout = 90, .fini = kill_children);
+TestSuite(badinput, .timeout = 90, .fini = kt_kill_children);
 
 #define REC "rec"
 
@@ -40,8 +25,6 @@ typedef struct worker {
 static worker_t start_worker(void)
 {
     worker_t w = { .pid = kt_kiq_start((const char *[]){ "-c", "2", NULL }) };
-    if (nchildren < 8)
-        children[nchildren++] = w.pid;
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "kiq did not start: %s",
               kt_kiq_log(w.pid));
     w.identity = kt_str("SRANDMEMBER processes");

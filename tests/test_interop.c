@@ -20,38 +20,7 @@
 
 #define BIGINT "123456789012345678901234567890"
 
-/* Processes a test started and has not reaped yet; .fini kills them so a
- * failed assertion does not leave a worker running against the server. */
-static pid_t children[4];
-
-static pid_t track(pid_t pid)
-{
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (!children[i]) {
-            children[i] = pid;
-            break;
-        }
-    return pid;
-}
-
-static void untrack(pid_t pid)
-{
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (children[i] == pid)
-            children[i] = 0;
-}
-
-static void kill_children(void)
-{
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (children[i] > 0) {
-            kill(children[i], SIGKILL);
-            waitpid(children[i], NULL, 0);
-            children[i] = 0;
-        }
-}
-
-TestSuite(interop, .timeout = 90, .fini = kill_children);
+TestSuite(interop, .timeout = 90, .fini = kt_kill_children);
 
 static double wall(void)
 {
@@ -73,16 +42,11 @@ static char *write_conf(const char *extra)
     return path;
 }
 
-static pid_t kiq_start(const char *const *args)
-{
-    return track(kt_kiq_start(args));
-}
-
 /* Stops kiq with sig and asserts it exits 0 within timeout. */
 static void kiq_stop_ok(pid_t pid, int sig, double timeout)
 {
     int st = kt_kiq_stop(pid, sig, timeout);
-    untrack(pid);
+    kt_untrack(pid);
     char *log = kt_kiq_log(pid);
     cr_assert_eq(st, 0, "kiq exits 0 (got %d): %s", st, log);
     free(log);
@@ -205,7 +169,7 @@ Test(interop, ruby_push_bulk_and_scheduled_jobs_run_and_stats_count_them)
     free(member);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= 4, 20), "the queued jobs ran: %s", kt_kiq_log(pid));
     if (wall() < at - 0.3)
         cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(sched)), 0,
@@ -252,7 +216,7 @@ Test(interop, process_set_and_workers_show_the_running_process)
     char *jd = ruby_push("{\"class\":\"SleepJob\",\"args\":[8000]}");
     char *cfg = write_conf(NULL);
     double t0 = wall();
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
                                             "-g", "mytag", "--label", "lbl1", NULL });
     char *id = wait_identity(pid);
     cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "busy", "2"), 15), "both jobs show as busy: %s",
@@ -336,7 +300,7 @@ Test(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
 {
     char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"boom\"]}");
     char *cfg = write_conf(NULL);
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "the failure is in retry: %s",
               kt_kiq_log(pid));
 
@@ -396,7 +360,7 @@ Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_er
     char *gone = ruby_push("{\"class\":\"FailJob\",\"args\":[\"gone\"],\"retry\":false}");
     char *nosuch = ruby_push("{\"class\":\"NoSuchJob\",\"args\":[1]}");
     char *cfg = write_conf(NULL);
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 3, 15), "three failures counted: %s",
               kt_kiq_log(pid));
     cr_assert_eq(kt_int("GET stat:processed"), 3);
@@ -446,7 +410,7 @@ Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_er
 Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 {
     char *cfg = write_conf(NULL);
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     char *id = wait_identity(pid);
     json_t *ok = RUBY("quiet", id);
     json_decref(ok);
@@ -470,7 +434,7 @@ Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
     json_t *ok2 = RUBY("stop", id);
     json_decref(ok2);
     int st = kt_wait_exit(pid, 20);
-    untrack(pid);
+    kt_untrack(pid);
     char *log = kt_kiq_log(pid);
     cr_assert_eq(st, 0, "stop! makes it exit 0 (got %d): %s", st, log);
     cr_assert(strstr(log, "Received TSTP"), "%s", log);
@@ -508,7 +472,7 @@ static pid_t sidekiq_start(void)
         _exit(127);
     }
     free(logp);
-    return track(pid);
+    return kt_track(pid);
 }
 
 static char *sidekiq_log(void)
@@ -544,7 +508,7 @@ Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
     cr_assert(args);
     cr_assert_str_eq(args, "[" BIGINT "]", "the big integer reached Ruby unchanged");
     int st = kt_kiq_stop(pid, SIGTERM, 20);
-    untrack(pid);
+    kt_untrack(pid);
     cr_assert_eq(st, 0, "sidekiq exited %d: %s", st, sidekiq_log());
     cr_assert_eq(kt_int("ZCARD retry"), 0, "no job failed in Ruby");
     free(args);
@@ -565,7 +529,7 @@ Test(interop, big_integers_and_unknown_fields_survive_a_failure_byte_exact)
     cr_assert(created && enqueued);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_kiq_log(pid));
     kiq_stop_ok(pid, SIGTERM, 30);
 
@@ -608,7 +572,7 @@ Test(interop, float_timestamps_by_default_all_contain_a_point)
     free(sched);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     char *id = wait_identity(pid);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 20), "%s", kt_kiq_log(pid));
 
@@ -646,7 +610,7 @@ Test(interop, millis_timestamps_are_integers_and_ruby_6_4_still_loads)
     char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"ms\"]}");
     char *cfg = write_conf(NULL);
     double t0 = wall();
-    pid_t pid = kiq_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_kiq_log(pid));
     kiq_stop_ok(pid, SIGTERM, 30);
 

@@ -17,35 +17,7 @@
 
 #include "helpers.h"
 
-/* Every child a test starts (kiq, private redis-servers) is killed when the
- * test ends, so a failed assertion leaves nothing running. */
-static pid_t children[16];
-static int nchildren;
-
-static void track(pid_t pid)
-{
-    if (nchildren < 16)
-        children[nchildren++] = pid;
-}
-
-static void kill_children(void)
-{
-    for (int i = 0; i < nchildren; i++)
-        if (children[i] > 0 && waitpid(children[i], NULL, WNOHANG) == 0) {
-            kill(children[i], SIGKILL);
-            waitpid(children[i], NULL, 0);
-        }
-    nchildren = 0;
-}
-
-TestSuite(lifecycle, .timeout = 120, .fini = kill_children);
-
-static pid_t start(const char *const *args)
-{
-    pid_t pid = kt_kiq_start(args);
-    track(pid);
-    return pid;
-}
+TestSuite(lifecycle, .timeout = 120, .fini = kt_kill_children);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -161,7 +133,7 @@ static int list_holds_exactly(const char *key, char **want, size_t n)
 
 Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
 {
-    pid_t pid = start((const char *[]){ "-c", "4", "-t", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-t", "2", NULL });
     char *id = wait_identity(pid);
     push("NoopJob", "10000000000000000000000a", "[]");
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "jid=10000000000000000000000a elapsed=") == 1, 20),
@@ -201,7 +173,7 @@ Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
 
 Test(lifecycle, second_term_skips_the_wait)
 {
-    pid_t pid = start((const char *[]){ "-c", "2", "-t", "20", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-t", "20", NULL });
     char *id = wait_identity(pid);
     push("SleepJob", "30000000000000000000000a", "[20000]");
     push("SleepJob", "30000000000000000000000b", "[20000]");
@@ -224,7 +196,7 @@ Test(lifecycle, second_term_skips_the_wait)
 
 Test(lifecycle, term_when_idle_exits_at_once)
 {
-    pid_t pid = start((const char *[]){ "-c", "4", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
     char *id = wait_identity(pid);
     double t0 = kt_now();
     int st = kt_kiq_stop(pid, SIGTERM, 10);
@@ -242,7 +214,7 @@ Test(lifecycle, term_when_idle_exits_at_once)
 Test(lifecycle, tstp_makes_it_quiet)
 {
     char *cfg = write_config("quiet.yml", "heartbeat_interval: 1\n");
-    pid_t pid = start((const char *[]){ "-c", "2", "-C", cfg, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-C", cfg, NULL });
     char *id = wait_identity(pid);
     char *q = kt_str("HGET %s quiet", id);
     cr_assert_str_eq(q, "false");
@@ -274,7 +246,7 @@ Test(lifecycle, tstp_makes_it_quiet)
 
 Test(lifecycle, ttin_dumps_every_thread)
 {
-    pid_t pid = start((const char *[]){ "-c", "3", "-t", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "-t", "1", NULL });
     char *id = wait_identity(pid);
     push("SleepJob", "50000000000000000000000a", "[20000]");
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
@@ -297,7 +269,7 @@ Test(lifecycle, usr2_reopens_the_log_file)
     char *path = kt_tmp("worker.log");
     char old[600];
     snprintf(old, sizeof(old), "%s.1", path);
-    pid_t pid = start((const char *[]){ "-c", "2", "-L", path, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-L", path, NULL });
     free(wait_identity(pid));
     cr_assert(KT_WAIT_UNTIL(file_has(path, "Starting processing"), 10));
     cr_assert_eq(rename(path, old), 0);
@@ -316,7 +288,7 @@ Test(lifecycle, usr2_reopens_the_log_file)
 
 Test(lifecycle, json_log_lines_are_objects)
 {
-    pid_t pid = start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
     free(wait_identity(pid));
     push("NoopJob", "70000000000000000000000a", "[]");
     push("FailJob", "70000000000000000000000b", "[\"said \\\"no\\\"\\n twice\"]");
@@ -421,7 +393,7 @@ static void priv_start(priv_redis_t *s)
                "--logfile", logf, (char *)NULL);
         _exit(127);
     }
-    track(s->pid);
+    kt_track(s->pid);
     redisContext *c = NULL;
     cr_assert(KT_WAIT_UNTIL((c = priv_connect(s)) != NULL, 20), "private redis-server did not start");
     redisFree(c);
@@ -455,7 +427,7 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     priv_init(&srv);
     priv_start(&srv);
     char *cfg = write_config("restart.yml", "heartbeat_interval: 1\npoll_interval_average: 1\n");
-    pid_t pid = start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
     redisContext *c = priv_connect(&srv);
     cr_assert(c);
     cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
@@ -531,7 +503,7 @@ Test(lifecycle, starts_when_redis_comes_up)
 {
     priv_redis_t srv;
     priv_init(&srv);
-    pid_t pid = start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
     kt_sleep(0.5);
     char how[64];
@@ -555,7 +527,7 @@ Test(lifecycle, term_while_waiting_for_redis_exits_0)
 {
     priv_redis_t srv;
     priv_init(&srv); /* never started */
-    pid_t pid = start((const char *[]){ "--redis-url", srv.url, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", srv.url, NULL });
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
     double t0 = kt_now();
     int st = kt_kiq_stop(pid, SIGTERM, 10);
@@ -574,7 +546,7 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
     priv_redis_t srv;
     priv_init(&srv);
     priv_start(&srv);
-    pid_t pid = start((const char *[]){ "-c", "1", "--redis-url", srv.url, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--redis-url", srv.url, NULL });
     redisContext *c = priv_connect(&srv);
     cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
     size_t big = 4u << 20;
@@ -616,7 +588,7 @@ Test(lifecycle, term_after_redis_restart_still_requeues)
     priv_redis_t srv;
     priv_init(&srv);
     priv_start(&srv);
-    pid_t pid = start((const char *[]){ "-c", "2", "-t", "1", "--redis-url", srv.url, NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-t", "1", "--redis-url", srv.url, NULL });
     redisContext *c = priv_connect(&srv);
     cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
     char *jobs[2] = { payload_of("SleepJob", "b1000000000000000000000a", "[20000]"),

@@ -26,34 +26,7 @@
  * minutes (the refresh every 0.5 s stays within a third of the TTL). */
 #define FAST_YAML "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
 
-/* Every process a test starts, killed in fini when an assertion ended the
- * test early, so nothing outlives it on the shared machine. */
-static pid_t children[32];
-static int nchildren;
-
-static pid_t track(pid_t pid)
-{
-    if (nchildren < (int)(sizeof(children) / sizeof(children[0])))
-        children[nchildren++] = pid;
-    return pid;
-}
-
-static void reap_children(void)
-{
-    for (int i = 0; i < nchildren; i++)
-        if (children[i] > 0 && waitpid(children[i], NULL, WNOHANG) == 0) {
-            kill(children[i], SIGKILL);
-            waitpid(children[i], NULL, 0);
-        }
-    nchildren = 0;
-}
-
-TestSuite(reliable, .timeout = 170, .fini = reap_children);
-
-static pid_t start(const char *const *args)
-{
-    return track(kt_kiq_start(args));
-}
+TestSuite(reliable, .timeout = 170, .fini = kt_kill_children);
 
 static int alive(pid_t pid)
 {
@@ -231,7 +204,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
     char *y = write_file("chaos.yml", FAST_YAML "timeout: 5\n");
     const char *args[] = { "-C", y, "-c", "10", NULL };
     double t0 = kt_now();
-    pid_t pid = start(args), pids[KILLS + 1];
+    pid_t pid = kt_kiq_start(args), pids[KILLS + 1];
     pids[0] = pid;
     long inflight = 0;
     for (int k = 0; k < KILLS; k++) {
@@ -248,7 +221,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
                 kt_int("SCARD rec"), held);
         free(w);
         free(id);
-        pid = pids[k + 1] = start(args);
+        pid = pids[k + 1] = kt_kiq_start(args);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == RECORDS && kt_int("LLEN queue:default") == 0
                             && working_lists(c) == 0, 90),
@@ -292,7 +265,7 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     redisContext *c = kt_redis();
     char *y = write_file("deploy.yml", FAST_YAML "timeout: 30\n");
     const char *args[] = { "-C", y, "-c", "4", NULL };
-    pid_t a = start(args);
+    pid_t a = kt_kiq_start(args);
     char *ida = identity_of(a), *wa = wkey(ida);
     char sj[4][25];
     /* Longer than liveness_ttl: A must keep its liveness key alive while it
@@ -304,7 +277,7 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4, 10), "%s", kt_kiq_log(a));
     kill(a, SIGTERM);
     cr_assert(KT_WAIT_UNTIL(log_has(a, "Pausing to allow workers to finish"), 5));
-    pid_t b = start(args);
+    pid_t b = kt_kiq_start(args);
     free(identity_of(b));
     char **p = calloc(300, sizeof(char *));
     for (unsigned i = 0; i < 300; i++) {
@@ -344,7 +317,7 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     char *y = write_file("recover.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
                                         "recovery_interval: 2\n");
     const char *args[] = { "-C", y, "-c", "3", NULL };
-    pid_t a = start(args);
+    pid_t a = kt_kiq_start(args);
     char *ida = identity_of(a), *wa = wkey(ida);
     char sj[3][25];
     for (unsigned i = 0; i < 3; i++) {
@@ -352,7 +325,7 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
         push_one(c, "SleepJob", "[2500]", sj[i]);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 3, 10), "%s", kt_kiq_log(a));
-    pid_t b = start(args);
+    pid_t b = kt_kiq_start(args);
     cr_assert(KT_WAIT_UNTIL(log_has(b, "Starting processing"), 10));
     char lkey[512];
     kiq_fetch_liveness_key(ida, lkey, sizeof(lkey));
@@ -429,7 +402,7 @@ static redisContext *aof_start(aof_redis_t *s)
                "--logfile", logf, (char *)NULL);
         _exit(127);
     }
-    track(s->pid);
+    kt_track(s->pid);
     return aof_connect(s);
 }
 
@@ -458,7 +431,7 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
     push_all(c, "default", p, n);
     char *y = write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
     const char *args[] = { "-C", y, "-c", "5", "--redis-url", s.url, NULL };
-    pid_t pid = start(args);
+    pid_t pid = kt_kiq_start(args);
     cr_assert(KT_WAIT_UNTIL(r_int(c, "SCARD rec") >= N / 4, 30), "%s", kt_kiq_log(pid));
     redisFree(c);
     kill(s.pid, SIGKILL);
@@ -514,7 +487,7 @@ Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
     redisContext *c = aof_start(&s);
     char *y = write_file("outage.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
-    pid_t a = start(args), b = start(args);
+    pid_t a = kt_kiq_start(args), b = kt_kiq_start(args);
     char *ida = identity_of(a), *idb = identity_of(b), *wa = wkey(ida), *wb = wkey(idb);
     cr_assert(KT_WAIT_UNTIL(log_has(a, "Starting processing") && log_has(b, "Starting processing"), 10));
     char sj[4][25];
@@ -564,7 +537,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     char *y = write_file("pill.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", NULL };
     int crashes = 0;
-    pid_t pid = start(args);
+    pid_t pid = kt_kiq_start(args);
     for (int round = 0; round < 5; round++) {
         int st = -1;
         KT_WAIT_UNTIL(({
@@ -575,7 +548,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
         cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "worker %d should have crashed: %s",
                   (int)pid, kt_kiq_log(pid));
         crashes++;
-        pid = start(args);
+        pid = kt_kiq_start(args);
     }
     cr_assert_eq(crashes, 3, "the pill ran (and crashed a worker) three times");
     redisReply *dr = kt_cmd("ZRANGE dead 0 0");
@@ -631,7 +604,7 @@ Test(reliable, v9_working_lists_are_recovered_only_when_their_owner_is_gone)
     freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:otherhost:456:0123456789ab 1 EX 60"));
 
     char *y = write_file("v9.yml", FAST_YAML);
-    pid_t pid = start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]) && kt_int("SISMEMBER rec %s", j[1]), 10),
               "the dead owner's jobs ran: %s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("EXISTS %s", dead1), 0);
@@ -668,7 +641,7 @@ Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
     char *px = payload("SleepJob", "[10000]", x, "default");
     push_all(c, "default", &px, 1);
     char *y = write_file("head.yml", FAST_YAML);
-    pid_t pid = start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     push_one(c, "RecordJob", "[\"rec\"]", yj);
@@ -697,7 +670,7 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
     /* One processor, so the two jobs cannot be given back by two threads
      * in either order. Its blocking fetch waits up to 1 s, so it is most
      * likely still waiting when the jobs arrive just after TSTP. */
-    pid_t pid = start((const char *[]){ "-C", y, "-c", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10));
     kill(pid, SIGTSTP);
@@ -767,7 +740,7 @@ Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
 {
     redisContext *c = kt_redis();
     char *y = write_file("stray.yml", FAST_YAML);
-    pid_t pid = start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     char sj[25], rj[25];
     make_jid(sj, 14, 0);
@@ -800,7 +773,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
      * after the startup pass: it must stay for the listing to show it. */
     char *y = write_file("stats.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                       "recovery_interval: 600\n");
-    pid_t pid = start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10));
     char sj[25];
@@ -863,7 +836,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
 Test(reliable, liveness_ttl_is_configurable_and_checked)
 {
     char *ok = write_file("ttl.yml", "heartbeat_interval: 1\nliveness_ttl: 4.5\n");
-    pid_t pid = start((const char *[]){ "-C", ok, "-c", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", ok, "-c", "1", NULL });
     char *id = identity_of(pid);
     char lkey[512];
     kiq_fetch_liveness_key(id, lkey, sizeof(lkey));
@@ -934,7 +907,7 @@ Test(reliable, systemd_notify_ready_watchdog_stopping)
     int fd = notify_socket(path, 0);
     setenv("NOTIFY_SOCKET", path, 1);
     setenv("WATCHDOG_USEC", "400000", 1);
-    pid_t pid = start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     int pings = 0;
@@ -956,7 +929,7 @@ Test(reliable, systemd_notify_abstract_socket_without_watchdog)
     snprintf(name, sizeof(name), "@kiq-test-%d-%s", (int)getpid(), kt_url() + 8);
     int fd = notify_socket(name, 1);
     setenv("NOTIFY_SOCKET", name, 1);
-    pid_t pid = start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
     unsetenv("NOTIFY_SOCKET");
     int pings = 0;
     cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_kiq_log(pid));

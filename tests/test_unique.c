@@ -12,37 +12,12 @@
 
 #include "helpers.h"
 
-static pid_t children[4];
-
-static pid_t track(pid_t pid)
-{
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (!children[i]) {
-            children[i] = pid;
-            break;
-        }
-    return pid;
-}
-
-static void kill_children(void)
-{
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (children[i] > 0) {
-            kill(children[i], SIGKILL);
-            waitpid(children[i], NULL, 0);
-            children[i] = 0;
-        }
-}
-
 static int stop(pid_t pid)
 {
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (children[i] == pid)
-            children[i] = 0;
     return kt_kiq_stop(pid, SIGTERM, 30);
 }
 
-TestSuite(unique, .timeout = 60, .fini = kill_children);
+TestSuite(unique, .timeout = 60, .fini = kt_kill_children);
 
 static char *write_file(const char *name, const char *body)
 {
@@ -121,7 +96,7 @@ Test(unique, until_executed_denies_duplicates_and_releases_after_success)
     cr_assert(strstr(out, "denied"), "%s", out);
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
 
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD ue") == 1, 20), "%s", kt_kiq_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 10), "released after success");
     cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", d), 0);
@@ -138,7 +113,7 @@ Test(unique, until_executed_lock_survives_retry_and_is_released_at_death)
     char *jid = NULL, *out = NULL;
     cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"boom\"]", "--lock", "until_executed",
                                         "--retry", "1", NULL }, &jid), 0, "%s", jid);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
     /* v9's ack drops it here; kiq keeps it while the job waits in retry. */
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "the lock is kept in retry");
@@ -163,7 +138,7 @@ Test(unique, until_executing_releases_before_perform_and_relocks_on_failure)
                                         NULL }, &jid), 0, "%s", jid);
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1500]", "--lock", "until_executing",
                                         NULL }, NULL), 3, "denied while queued");
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "1", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 &&
                             kt_int("EXISTS %s:LOCKED", d) == 0, 10), "unlocked as it starts");
     char *jid2 = NULL;
@@ -177,7 +152,7 @@ Test(unique, until_executing_releases_before_perform_and_relocks_on_failure)
     char *fj = NULL;
     cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"ux\"]", "--lock", "until_executing",
                                         NULL }, &fj), 0);
-    pid = track(kt_kiq_start((const char *[]){ "-c", "1", NULL }));
+    pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:LOCKED %s", df, fj) == 1, 5), "re-locked in retry");
     cr_assert_eq(stop(pid), 0);
@@ -192,7 +167,7 @@ Test(unique, until_and_while_executing_swaps_locks_around_perform)
                                         "until_and_while_executing", NULL }, &jid), 0, "%s", jid);
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1200]", "--lock",
                                         "until_and_while_executing", NULL }, NULL), 3);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:RUN:LOCKED %s", d, jid) == 1, 10),
               "runtime lock while it runs: %s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("EXISTS %s:LOCKED", d), 0, "until-lock released before perform");
@@ -222,7 +197,7 @@ Test(unique, until_expired_outlives_the_job_until_its_ttl)
     char *score = kt_str("ZSCORE uniquejobs:digests %s", d);
     double now = (double)time(NULL);
     cr_assert(atof(score) < now + 10, "score is the expiry in seconds, not now+ms (%s)", score);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "1", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
     kt_sleep(0.3);
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kept after the run");
@@ -242,8 +217,8 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
                        "[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],"
                        "[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60]]}";
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
-    pid_t a = track(kt_kiq_start((const char *[]){ "-c", "8", NULL }));
-    pid_t b = track(kt_kiq_start((const char *[]){ "-c", "8", NULL }));
+    pid_t a = kt_kiq_start((const char *[]){ "-c", "8", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-c", "8", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ov:log") == 16, 40), "A: %s\nB: %s", kt_kiq_log(a),
               kt_kiq_log(b));
     cr_assert_eq(kt_int("GET ov:overlaps"), 0, "no two ran at once");
@@ -256,7 +231,7 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
     const char *free_bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"fr\",300],[\"fr\",300],"
                             "[\"fr\",300],[\"fr\",300]]}";
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", free_bulk, NULL }, NULL), 0);
-    a = track(kt_kiq_start((const char *[]){ "-c", "4", NULL }));
+    a = kt_kiq_start((const char *[]){ "-c", "4", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN fr:log") == 4, 20));
     cr_assert(kt_int("GET fr:overlaps") > 0);
     cr_assert_eq(stop(a), 0);
@@ -277,7 +252,7 @@ Test(unique, server_strategies_reject_reschedule_log_raise)
         cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ss\"]", "--lock",
                                             "while_executing", "--on-conflict", names[i], NULL },
                           &jids[i]), 0, "%s", jids[i]);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 && kt_int("ZCARD dead") == 1 &&
                             kt_int("ZCARD schedule") == 1 && kt_int("ZCARD retry") == 1, 15),
               "%s", kt_kiq_log(pid));
@@ -332,7 +307,7 @@ Test(unique, ruby_v9_lock_is_honoured_and_released)
     char *denied = NULL;
     cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"rb\"]", "--lock", "until_executed",
                                         NULL }, &denied), 3, "Ruby's lock holds: %s", denied);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rb %s", jid) == 1, 20), "%s", kt_kiq_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", digest) == 0, 5), "kiq released it");
     cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", digest), 0);
@@ -349,15 +324,12 @@ Test(unique, kill_9_and_recovery_keep_the_lock)
     char *jid = NULL;
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[4000]", "--lock", "until_executed",
                                         NULL }, &jid), 0);
-    pid_t a = track(kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL }));
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
     kt_sleep(0.3);
-    for (size_t i = 0; i < sizeof(children) / sizeof(children[0]); i++)
-        if (children[i] == a)
-            children[i] = 0;
     cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kept with the orphan");
-    pid_t b = track(kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL }));
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 1 || kt_int("LLEN queue:default") == 0,
                             1));
     /* Recovered, run to completion by B, and only then released. */
@@ -380,7 +352,7 @@ Test(unique, bad_lock_input_falls_back_with_a_log_line)
     };
     for (int i = 0; i < 4; i++)
         cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push", jobs[i], NULL }, NULL), 0);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-c", "2", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD bad") == 4, 20), "all ran: %s", kt_kiq_log(pid));
     char *d = ruby_digest("RecordJob", "default", "[\"bad\",2]");
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 5), "computed digest released");
@@ -419,7 +391,7 @@ Test(unique, yaml_class_options_lock_jobs_without_lock_fields)
     const char *bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"ym\",80],[\"ym\",80],[\"ym\",80],"
                        "[\"ym\",80],[\"ym\",80],[\"ym\",80]]}";
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
-    pid_t pid = track(kt_kiq_start((const char *[]){ "-C", y, "-c", "6", NULL }));
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "6", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ym:log") == 6, 20), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("GET ym:overlaps"), 0);
     cr_assert_eq(stop(pid), 0);
