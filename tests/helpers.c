@@ -32,7 +32,7 @@ void kt_sleep(double s)
     nanosleep(&ts, NULL);
 }
 
-static int free_port(void)
+int kt_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -52,7 +52,7 @@ void kt_server_start(void)
         perror("mkdtemp");
         exit(1);
     }
-    int port = free_port();
+    int port = kt_free_port();
     char portbuf[16], logf[300];
     snprintf(portbuf, sizeof(portbuf), "%d", port);
     snprintf(logf, sizeof(logf), "%s/redis.log", server_dir);
@@ -200,7 +200,7 @@ char *kt_tmp(const char *name)
     return p;
 }
 
-static char *slurp(const char *path)
+char *kt_read_file(const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -302,7 +302,7 @@ pid_t kt_kiq_start(const char *const *args)
 char *kt_kiq_log(pid_t pid)
 {
     char *path = log_path(pid);
-    char *s = slurp(path);
+    char *s = kt_read_file(path);
     free(path);
     return s;
 }
@@ -344,7 +344,7 @@ static int run_capture(const char *const *argv, char **out, double timeout, int 
     pid_t pid = spawn(argv, path, kt_url(), keep_stderr);
     int st = kt_wait_exit(pid, timeout);
     if (out)
-        *out = slurp(path);
+        *out = kt_read_file(path);
     unlink(path);
     free(path);
     return st;

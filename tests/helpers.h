@@ -65,6 +65,11 @@ double kt_now(void);
         _ok; })
 void kt_sleep(double s);
 
+/* The contents of a file, malloc'd and NUL-terminated ("" when missing). */
+char *kt_read_file(const char *path);
+/* A TCP port on 127.0.0.1 that nothing listens on right now. */
+int kt_free_port(void);
+
 /* A path under this test's private temp directory (malloc'd). */
 char *kt_tmp(const char *name);
 

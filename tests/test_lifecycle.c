@@ -32,21 +32,6 @@ static int alive(pid_t pid, char *how, size_t n)
     return 0;
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = '\0';
-    fclose(f);
-    return s;
-}
-
 static int count_of(const char *hay, const char *needle)
 {
     int n = 0;
@@ -65,7 +50,7 @@ static int log_count(pid_t pid, const char *needle)
 
 static int file_has(const char *path, const char *needle)
 {
-    char *s = read_file(path);
+    char *s = kt_read_file(path);
     int yes = strstr(s, needle) != NULL;
     free(s);
     return yes;
@@ -278,7 +263,7 @@ Test(lifecycle, usr2_reopens_the_log_file)
     cr_assert(KT_WAIT_UNTIL(stat(path, &st) == 0, 10), "USR2 did not reopen %s", path);
     push("NoopJob", "60000000000000000000000a", "[]");
     cr_assert(KT_WAIT_UNTIL(file_has(path, "jid=60000000000000000000000a elapsed="), 10),
-              "the job's done line is not in the new file: %s", read_file(path));
+              "the job's done line is not in the new file: %s", kt_read_file(path));
     cr_assert(file_has(path, "INFO: done"));
     cr_assert(!file_has(old, "60000000000000000000000a"), "written to the renamed file");
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
@@ -343,21 +328,10 @@ typedef struct priv_redis {
     char url[128];
 } priv_redis_t;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a))
-              && !getsockname(fd, (struct sockaddr *)&a, &len));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static void priv_init(priv_redis_t *s)
 {
     memset(s, 0, sizeof(*s));
-    s->port = free_port();
+    s->port = kt_free_port();
     char *d = kt_tmp("priv-redis");
     snprintf(s->dir, sizeof(s->dir), "%s", d);
     free(d);

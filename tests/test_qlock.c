@@ -814,18 +814,6 @@ static pid_t spawn_kiq(const char *const *args, const char *out_path)
     return pid;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return strdup("");
-    char *s = calloc(1, 1 << 16);
-    size_t n = fread(s, 1, (1 << 16) - 1, f);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
 Test(qlock, kiq_lock_runs_the_command_and_passes_its_status)
 {
     char *out = NULL;
@@ -916,8 +904,8 @@ Test(qlock, kiq_lock_from_ten_shells_never_overlaps)
         pids[i] = spawn_kiq((const char *[]){ "lock", "shell", "--retry-delay", "20", "--timeout", "60",
                                               "--", "sh", "-c", script, NULL }, log);
     for (int i = 0; i < N; i++)
-        cr_assert_eq(kt_wait_exit(pids[i], 80), 0, "kiq lock %d failed: %s", i, slurp(log));
-    char *s = slurp(marks);
+        cr_assert_eq(kt_wait_exit(pids[i], 80), 0, "kiq lock %d failed: %s", i, kt_read_file(log));
+    char *s = kt_read_file(marks);
     char *save = NULL, *line = strtok_r(s, "\n", &save);
     int starts = 0;
     long long last_fence = 0;

@@ -363,17 +363,6 @@ typedef struct aof_redis {
     char url[128];
 } aof_redis_t;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a))
-              && !getsockname(fd, (struct sockaddr *)&a, &len));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static redisContext *aof_connect(aof_redis_t *s)
 {
     redisContext *c = NULL;
@@ -410,7 +399,7 @@ static redisContext *aof_start(aof_redis_t *s)
 Test(reliable, redis_restart_mid_run_loses_nothing)
 {
     enum { N = 3000, CONC = 5 };
-    aof_redis_t s = { .port = free_port() };
+    aof_redis_t s = { .port = kt_free_port() };
     char *d = kt_tmp("aof");
     snprintf(s.dir, sizeof(s.dir), "%s", d);
     free(d);
@@ -478,7 +467,7 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
  * their jobs; none may take another's. */
 Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
 {
-    aof_redis_t s = { .port = free_port() };
+    aof_redis_t s = { .port = kt_free_port() };
     char *d = kt_tmp("aof2");
     snprintf(s.dir, sizeof(s.dir), "%s", d);
     free(d);
