@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL };
+enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
+       OPT_METRICS_PORT, OPT_METRICS_BIND };
 
 static const struct option longopts[] = {
     { "concurrency", required_argument, NULL, 'c' },
@@ -24,6 +25,8 @@ static const struct option longopts[] = {
     { "timestamps", required_argument, NULL, OPT_TIMESTAMPS },
     { "log-format", required_argument, NULL, OPT_LOG_FORMAT },
     { "label", required_argument, NULL, OPT_LABEL },
+    { "metrics-port", required_argument, NULL, OPT_METRICS_PORT },
+    { "metrics-bind", required_argument, NULL, OPT_METRICS_BIND },
     { NULL, 0, NULL, 0 },
 };
 
@@ -49,6 +52,8 @@ const char *kiq_config_usage(void)
            "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
            "      --log-format FORMAT  pretty (default) or json\n"
            "  -L, --log-file PATH      log to PATH (reopened on USR2) instead of stderr\n"
+           "      --metrics-port PORT  serve Prometheus metrics at http://127.0.0.1:PORT/metrics\n"
+           "      --metrics-bind ADDR  address for --metrics-port (default 127.0.0.1)\n"
            "  -v, --verbose            debug logging\n"
            "  -h, --help               this help\n";
 }
@@ -103,6 +108,11 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
     case 'v': cfg->verbose = 1; return 0;
     case 'L': return kiq_config_set_str(&cfg->log_file, v);
     case OPT_LABEL: return push_str(&cfg->labels, &cfg->nlabels, v);
+    case OPT_METRICS_PORT:
+        if (!(rc = parse_long("--metrics-port", v, 1, 65535, &n, err)))
+            cfg->metrics_port = (int)n;
+        return rc;
+    case OPT_METRICS_BIND: return kiq_config_set_str(&cfg->metrics_bind, v);
     case OPT_REDIS_URL:
         cfg->redis_url_explicit = 1;
         return kiq_config_set_str(&cfg->redis_url, v);

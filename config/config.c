@@ -90,6 +90,7 @@ void kiq_config_free(kiq_config_t *cfg)
     free(cfg->classes);
     free(cfg->log_file);
     free(cfg->config_file);
+    free(cfg->metrics_bind);
     free(cfg);
 }
 

@@ -343,6 +343,12 @@ static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node
     return set_string(c, key, v, &c->cfg->log_file, NULL);
 }
 
+static int set_metrics_bind(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    return set_string(c, key, v, &c->cfg->metrics_bind, NULL);
+}
+
 static int redis_url(ctx_t *c, const char *key, yaml_node_t *v)
 {
     char *s = NULL;
@@ -860,6 +866,8 @@ static const key_def_t keys[] = {
     {"reaper_interval", set_seconds, OFF(reaper_interval), 0, 0},
     {"reaper_count", set_long, OFF(reaper_count), 1, LONG_MAX},
     {"reaper_timeout", set_seconds, OFF(reaper_timeout), 1, 0},
+    {"metrics_port", set_int, OFF(metrics_port), 0, 65535},
+    {"metrics_bind", set_metrics_bind, 0, 0, 0},
     {"classes", set_classes, 0, 0, 0},
 };
 

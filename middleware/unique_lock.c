@@ -10,6 +10,7 @@
 
 #include "../runtime/buf.h"
 #include "../runtime/json.h"
+#include "../runtime/metrics.h"
 #include "../runtime/timeutil.h"
 #include "unique_internal.h"
 
@@ -17,6 +18,7 @@
  * count never fails the lock. */
 void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event)
 {
+    kiq_metrics_lock_event(kiq_metrics_default(), kiq_lock_type_name(t), event);
     (void)kiq_unique_metric(r, kiq_lock_type_name(t), event);
 }
 

@@ -19,6 +19,7 @@ static const char *main_usage =
     "  stats     processed/failed counts, queues, sets, processes, working lists\n"
     "  locks     uniqueness locks: list, info, delete, metrics, reap, upgrade\n"
     "  lock      run a command under a FIFO lock: kiq lock NAME [options] -- CMD...\n"
+    "  top       live view: queues, processes, throughput, retries/dead, contended locks\n"
     "  version   print the version\n"
     "\n"
     "`kiq COMMAND --help` describes each command's options.\n";
@@ -114,6 +115,8 @@ int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
         return kiq_cmd_locks(argc - 1, argv + 1);
     if (strcmp(cmd, "lock") == 0)
         return kiq_cmd_lock(argc - 1, argv + 1);
+    if (strcmp(cmd, "top") == 0)
+        return kiq_cmd_top(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 1, argv + 1, init);
     if (cmd[0] == '-')

@@ -9,9 +9,7 @@
 #include <jansson.h>
 
 #include "cli.h"
-#include "json.h"
-#include "payload.h"
-#include "timeutil.h"
+#include "overview.h"
 #include "kiq/fetch.h"
 #include "kiq/kiq.h"
 #include "kiq/redis.h"
@@ -23,93 +21,43 @@ static const char *usage =
     "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
     "reliable fetch's working lists with whether their owner is alive.\n";
 
-static long long int_reply(kiq_redis_t *r, const char *fmt, const char *arg)
+/* A count, or null for a field the heartbeat did not have (-1). */
+static json_t *opt_integer(long long v)
 {
-    redisReply *rep = kiq_redis_cmdf(r, fmt, arg);
-    long long v = !rep ? -1
-                : rep->type == REDIS_REPLY_INTEGER ? rep->integer
-                : rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : 0;
-    freeReplyObject(rep);
-    return v;
+    return v < 0 ? json_null() : json_integer(v);
 }
 
-/* Seconds since the oldest job of queue was enqueued (0 when empty). */
-static double latency(kiq_redis_t *r, const char *queue)
-{
-    redisReply *rep = kiq_redis_cmdf(r, "LINDEX queue:%s -1", queue);
-    double lat = 0;
-    if (rep && rep->type == REDIS_REPLY_STRING) {
-        kiq_jobject_t o = {0};
-        if (kiq_json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
-            const kiq_jmember_t *m = kiq_jobject_get(&o, rep->str, "enqueued_at");
-            double t = m ? kiq_ts_parse(rep->str + m->vstart, m->vlen) : 0;
-            if (t > 0)
-                lat = kiq_now() - t;
-        }
-        kiq_jobject_free(&o);
-    }
-    freeReplyObject(rep);
-    return lat < 0 ? 0 : lat;
-}
-
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-static json_t *queues_json(kiq_redis_t *r)
+static json_t *queues_json(const kiq_overview_t *ov)
 {
     json_t *arr = json_array();
-    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS queues");
-    if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements) {
-        const char **names = calloc(rep->elements, sizeof(char *));
-        for (size_t i = 0; names && i < rep->elements; i++)
-            names[i] = rep->element[i]->str;
-        if (names) {
-            qsort(names, rep->elements, sizeof(char *), by_name);
-            for (size_t i = 0; i < rep->elements; i++) {
-                json_t *q = json_object();
-                json_object_set_new(q, "name", json_string(names[i]));
-                json_object_set_new(q, "size", json_integer(int_reply(r, "LLEN queue:%s", names[i])));
-                json_object_set_new(q, "latency", json_real(latency(r, names[i])));
-                json_array_append_new(arr, q);
-            }
-        }
-        free(names);
+    for (size_t i = 0; i < ov->nqueues; i++) {
+        json_t *q = json_object();
+        json_object_set_new(q, "name", json_string(ov->queues[i].name));
+        json_object_set_new(q, "size", json_integer(ov->queues[i].size));
+        json_object_set_new(q, "latency", json_real(ov->queues[i].latency));
+        json_array_append_new(arr, q);
     }
-    freeReplyObject(rep);
     return arr;
 }
 
-static json_t *processes_json(kiq_redis_t *r)
+static json_t *processes_json(const kiq_overview_t *ov)
 {
     json_t *arr = json_array();
-    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS processes");
-    for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
-        const char *id = rep->element[i]->str;
-        redisReply *h = kiq_redis_cmdf(r, "HMGET %s info busy beat quiet rss", id);
-        if (h && h->type == REDIS_REPLY_ARRAY && h->elements == 5
-            && h->element[0]->type == REDIS_REPLY_STRING) {
-            json_t *p = json_object();
-            json_t *info = json_loads(h->element[0]->str, 0, NULL);
-            json_object_set_new(p, "identity", json_string(id));
-            json_object_set(p, "queues", info ? json_object_get(info, "queues") : json_null());
-            json_object_set(p, "concurrency", info ? json_object_get(info, "concurrency") : json_null());
-            json_object_set(p, "tag", info ? json_object_get(info, "tag") : json_null());
-            for (int k = 1; k < 5; k++) {
-                static const char *names[] = { NULL, "busy", "beat", "quiet", "rss" };
-                redisReply *v = h->element[k];
-                json_t *val = v->type != REDIS_REPLY_STRING ? json_null()
-                            : k == 3 ? json_boolean(strcmp(v->str, "true") == 0)
-                            : k == 2 ? json_real(atof(v->str)) : json_integer(atoll(v->str));
-                json_object_set_new(p, names[k], val);
-            }
-            json_decref(info);
-            json_array_append_new(arr, p);
-        }
-        freeReplyObject(h);
+    for (size_t i = 0; i < ov->nprocesses; i++) {
+        const kiq_overview_process_t *pr = &ov->processes[i];
+        json_t *p = json_object();
+        json_t *info = json_loads(pr->info, 0, NULL);
+        json_object_set_new(p, "identity", json_string(pr->identity));
+        json_object_set(p, "queues", info ? json_object_get(info, "queues") : json_null());
+        json_object_set(p, "concurrency", info ? json_object_get(info, "concurrency") : json_null());
+        json_object_set(p, "tag", info ? json_object_get(info, "tag") : json_null());
+        json_object_set_new(p, "busy", opt_integer(pr->busy));
+        json_object_set_new(p, "beat", pr->beat < 0 ? json_null() : json_real(pr->beat));
+        json_object_set_new(p, "quiet", pr->quiet < 0 ? json_null() : json_boolean(pr->quiet));
+        json_object_set_new(p, "rss", opt_integer(pr->rss));
+        json_decref(info);
+        json_array_append_new(arr, p);
     }
-    freeReplyObject(rep);
     return arr;
 }
 
@@ -132,17 +80,24 @@ static json_t *working_json(kiq_redis_t *r)
     return arr;
 }
 
-static json_t *collect(kiq_redis_t *r)
+/* Everything `kiq stats` shows, or NULL with err filled. */
+static json_t *collect(kiq_redis_t *r, char *err)
 {
+    kiq_overview_t ov;
+    if (kiq_overview_read(r, 1, &ov, err)) {
+        kiq_overview_clear(&ov);
+        return NULL;
+    }
     json_t *o = json_object();
-    json_object_set_new(o, "processed", json_integer(int_reply(r, "GET %s", "stat:processed")));
-    json_object_set_new(o, "failed", json_integer(int_reply(r, "GET %s", "stat:failed")));
-    json_object_set_new(o, "scheduled", json_integer(int_reply(r, "ZCARD %s", "schedule")));
-    json_object_set_new(o, "retries", json_integer(int_reply(r, "ZCARD %s", "retry")));
-    json_object_set_new(o, "dead", json_integer(int_reply(r, "ZCARD %s", "dead")));
-    json_object_set_new(o, "queues", queues_json(r));
-    json_object_set_new(o, "processes", processes_json(r));
+    json_object_set_new(o, "processed", json_integer(ov.processed));
+    json_object_set_new(o, "failed", json_integer(ov.failed));
+    json_object_set_new(o, "scheduled", json_integer(ov.scheduled));
+    json_object_set_new(o, "retries", json_integer(ov.retries));
+    json_object_set_new(o, "dead", json_integer(ov.dead));
+    json_object_set_new(o, "queues", queues_json(&ov));
+    json_object_set_new(o, "processes", processes_json(&ov));
     json_object_set_new(o, "working", working_json(r));
+    kiq_overview_clear(&ov);
     return o;
 }
 
@@ -209,7 +164,12 @@ int kiq_cmd_stats(int argc, char **argv)
         kiq_redis_free(r);
         return 1;
     }
-    json_t *o = collect(r);
+    json_t *o = collect(r, err);
+    if (!o) {
+        fprintf(stderr, "kiq stats: %s\n", err);
+        kiq_redis_free(r);
+        return 1;
+    }
     if (as_json) {
         char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
         printf("%s\n", s);

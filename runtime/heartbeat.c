@@ -16,6 +16,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "metrics.h"
 #include "timeutil.h"
 #include "kiq/unique_admin.h"
 
@@ -262,7 +263,7 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     freeReplyObject(lease);
     if (!mine)
         return; /* another process of the fleet does this pass */
-    kiq_recovery_t rec;
+    kiq_recovery_t rec = {0};
     char err[KIQ_ERRLEN];
     if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
                           rt->cfg->timestamps, &rec, err))
@@ -272,6 +273,10 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     else if (rec.recovered || rec.killed)
         kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
                  rec.recovered, rec.lists, rec.killed);
+    if (!rec.deferred) {
+        kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
+        kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
+    }
 }
 
 /* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for

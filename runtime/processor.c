@@ -8,6 +8,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "metrics.h"
 #include "timeutil.h"
 #include "kiq/middleware.h"
 #include "../middleware/mw.h"
@@ -137,6 +138,8 @@ static int stats_mw(kiq_mw_t *mw, void *udata)
         kiq_log(KIQ_INFO, &run->ctx, "done");
     }
     atomic_fetch_add(&rt->processed, 1);
+    kiq_metrics_job(kiq_metrics_default(), job->cls, job->queue, run->ctx.elapsed,
+                    job->err_class != NULL);
     return rc;
 }
 

@@ -10,8 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "http.h"
 #include "identity.h"
 #include "log.h"
+#include "metrics.h"
 #include "timeutil.h"
 #include "kiq/kiq.h"
 #include "kiq/middleware.h"
@@ -93,11 +95,16 @@ void kiq_rt_wake(kiq_runtime_t *rt)
 
 int kiq_rt_connect(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up)
 {
+    /* Each thread owns one connection and (re)connects it only here, so
+     * a thread's second success onwards is a reconnect. */
+    static _Thread_local int connected_before;
     double delay = 0.05;
     for (;;) {
         /* Every thread notices an outage on its own connection; the first
          * to fail reports it and the first back reports the recovery. */
         if (kiq_redis_connect(r) == 0) {
+            if (connected_before++)
+                kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_REDIS_RECONNECTS, 1);
             if (atomic_exchange(&rt->redis_down, 0))
                 kiq_info("Redis is online, %.3f sec downtime",
                          kiq_mono() - atomic_load(&rt->redis_down_at));
@@ -368,9 +375,15 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     if (sigaction(SIGPIPE, NULL, &pipe_sa) == 0 && pipe_sa.sa_handler == SIG_DFL)
         signal(SIGPIPE, SIG_IGN);
 
+    /* Before anything else, so a port in use stops the start at once
+     * instead of leaving a worker running without its metrics. */
+    kiq_http_t *http = NULL;
+    kiq_redis_t *r = NULL;
+    if (c->metrics_port > 0 && (rc = kiq_http_start(rt, &http, err)) != 0)
+        goto out;
     rt->started_at = kiq_now();
     rt->info_json = build_info(rt);
-    kiq_redis_t *r = kiq_redis_new(c->redis_url, 10, err);
+    r = kiq_redis_new(c->redis_url, 10, err);
     if (!r || !rt->info_json) {
         rc = r ? kiq_seterr(err, KIQ_ENOMEM, "out of memory") : KIQ_ECONFIG;
         goto out;
@@ -395,7 +408,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     }
     if (c->fetch == KIQ_FETCH_RELIABLE) {
         kiq_fetch_heartbeat(r, rt->identity, c->liveness_ttl);
-        kiq_recovery_t rec;
+        kiq_recovery_t rec = {0};
         char rerr[KIQ_ERRLEN];
         if (kiq_fetch_recover(r, rt->identity, c->max_recoveries, c->liveness_ttl, c->timestamps,
                               &rec, rerr))
@@ -403,6 +416,10 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
         else if (rec.recovered || rec.killed)
             kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
                      rec.recovered, rec.lists, rec.killed);
+        if (!rec.deferred) {
+            kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
+            kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
+        }
     }
     kiq_heartbeat_beat(rt, r, 0);
     if ((rc = start_threads(rt, err)) != 0) {
@@ -422,6 +439,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     }
     shutdown_all(rt, r, &set);
 out:
+    kiq_http_stop(http);
     kiq_redis_free(r);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;

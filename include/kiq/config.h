@@ -85,6 +85,8 @@ typedef struct kiq_config {
                                  600 as v9; 0 disables the reaper */
     long reaper_count;        /* most digests one run removes, default 1000 */
     double reaper_timeout;    /* seconds one run may work, default 10 */
+    int metrics_port;         /* serve GET /metrics on this port; 0 (default) = off */
+    char *metrics_bind;       /* address for it; NULL = 127.0.0.1 (not exposed) */
 } kiq_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with

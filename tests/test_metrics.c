@@ -1,0 +1,264 @@
+/* The Prometheus endpoint: a scrape during a run counts what ran, passes
+ * `promtool check metrics`, and reads queue sizes and latency; a port in
+ * use stops the start; the registry escapes labels and fills buckets; the
+ * config keys and flag. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kiq/config.h"
+#include "runtime/buf.h"
+#include "runtime/metrics.h"
+
+TestSuite(metrics, .timeout = 30, .fini = kt_kill_children);
+
+/* A listening socket on 127.0.0.1 (port 0: any); *port gets its port. */
+static int listener(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)*port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 4) == 0);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int free_port(void)
+{
+    int port = 0;
+    close(listener(&port));
+    return port;
+}
+
+/* GET path over a plain socket; returns the whole response (headers and
+ * body, malloc'd) or NULL when nothing listens. *status gets the code. */
+static char *http_get(int port, const char *path, int *status)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = { 5, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    cr_assert_eq(write(fd, req, (size_t)n), n);
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)got;
+        if (cap - len < 1024)
+            buf = realloc(buf, cap *= 2);
+    }
+    close(fd);
+    buf[len] = '\0';
+    *status = 0;
+    sscanf(buf, "HTTP/1.%*d %d", status);
+    return buf;
+}
+
+static const char *body_of(const char *resp)
+{
+    const char *b = strstr(resp, "\r\n\r\n");
+    return b ? b + 4 : resp;
+}
+
+/* The value of the sample whose name and labels are exactly series, or -1. */
+static double value(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            return atof(p + n + 1);
+    return -1;
+}
+
+/* Exit status of `promtool check metrics` fed text on its stdin. */
+static int promtool(const char *text)
+{
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        cr_skip_test("promtool not found (Debian package prometheus; scripts/deps.sh)");
+    FILE *p = popen("promtool check metrics", "w");
+    cr_assert_not_null(p);
+    fputs(text, p);
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(metrics, scrape_counts_what_ran_and_passes_promtool)
+{
+    /* Three jobs in a queue nobody fetches, enqueued 100 s ago. */
+    char payload[256];
+    double t = (double)time(NULL) - 100;
+    for (int i = 0; i < 3; i++) {
+        snprintf(payload, sizeof(payload),
+                 "{\"class\":\"NoopJob\",\"args\":[],\"jid\":\"idle%018d\",\"queue\":\"idle\","
+                 "\"enqueued_at\":%.3f,\"created_at\":%.3f}", i, t, t);
+        freeReplyObject(kt_cmd("LPUSH queue:idle %s", payload));
+    }
+    freeReplyObject(kt_cmd("SADD queues idle"));
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "FailJob", NULL }, NULL), 0);
+
+    int port = free_port(), status = 0;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
+                                               portstr, NULL });
+    char *resp = NULL;
+    bool done = KT_WAIT_UNTIL(
+        (free(resp), resp = http_get(port, "/metrics", &status),
+         resp && value(body_of(resp),
+                       "kiq_jobs_processed_total{class=\"NoopJob\",queue=\"default\"}") == 5
+              && value(body_of(resp),
+                       "kiq_jobs_processed_total{class=\"FailJob\",queue=\"default\"}") == 2),
+        15);
+    char *log = kt_kiq_log(pid);
+    cr_assert(done, "scrape never showed 5 NoopJob + 2 FailJob:\n%s\nlog:\n%s",
+              resp ? resp : "(no answer)", log);
+    free(log);
+    const char *body = body_of(resp);
+    cr_assert_eq(status, 200);
+    cr_assert(strstr(resp, "text/plain; version=0.0.4"), "%s", resp);
+
+    cr_assert_eq(value(body, "kiq_jobs_failed_total{class=\"FailJob\",queue=\"default\"}"), 2);
+    cr_assert_leq(value(body, "kiq_jobs_failed_total{class=\"NoopJob\",queue=\"default\"}"), 0);
+    cr_assert_eq(value(body, "kiq_job_duration_seconds_count{class=\"NoopJob\"}"), 5);
+    cr_assert_eq(value(body, "kiq_job_duration_seconds_count{class=\"FailJob\"}"), 2);
+    cr_assert_eq(value(body, "kiq_job_duration_seconds_bucket{class=\"NoopJob\",le=\"+Inf\"}"), 5);
+    cr_assert_eq(value(body, "kiq_job_duration_seconds_bucket{class=\"FailJob\",le=\"60\"}"), 2);
+    cr_assert_geq(value(body, "kiq_job_duration_seconds_sum{class=\"NoopJob\"}"), 0);
+    cr_assert_eq(value(body, "kiq_threads"), 3);
+    cr_assert_eq(value(body, "kiq_busy_threads"), 0);
+    cr_assert_eq(value(body, "kiq_redis_up"), 1);
+    cr_assert_geq(value(body, "kiq_redis_rtt_seconds"), 0);
+    cr_assert_eq(value(body, "kiq_queue_size{queue=\"idle\"}"), 3);
+    cr_assert_eq(value(body, "kiq_queue_size{queue=\"default\"}"), 0);
+    double lat = value(body, "kiq_queue_latency_seconds{queue=\"idle\"}");
+    cr_assert(lat >= 99 && lat < 130, "latency %f", lat);
+    cr_assert_eq(value(body, "kiq_retry_size"), 2, "FailJob retries by default");
+    cr_assert_eq(value(body, "kiq_dead_size"), 0);
+    cr_assert_eq(value(body, "kiq_schedule_size"), 0);
+    cr_assert_eq(value(body, "kiq_orphans_recovered_total"), 0);
+    cr_assert_eq(value(body, "kiq_poison_pills_total"), 0);
+    cr_assert_eq(value(body, "kiq_redis_reconnects_total"), 0);
+    cr_assert(strstr(body, "# TYPE kiq_job_duration_seconds histogram"), "%s", body);
+    cr_assert(strstr(body, "# TYPE kiq_lock_events_total counter"), "%s", body);
+    cr_assert_eq(promtool(body), 0, "promtool rejected:\n%s", body);
+
+    free(resp);
+    resp = http_get(port, "/other", &status);
+    cr_assert_eq(status, 404, "%s", resp);
+    free(resp);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_null(http_get(port, "/metrics", &status), "the server stops with the worker");
+}
+
+Test(metrics, port_in_use_stops_the_start_with_one_line)
+{
+    int port = 0;
+    int fd = listener(&port);
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "--metrics-port", portstr, NULL });
+    int st = kt_wait_exit(pid, 15);
+    char *log = kt_kiq_log(pid);
+    close(fd);
+    cr_assert(st != 0 && st != -1, "exit %d:\n%s", st, log);
+    char want[64];
+    snprintf(want, sizeof(want), "metrics_port %d", port);
+    cr_assert(strstr(log, want) && strstr(log, "in use"), "%s", log);
+    cr_assert_eq(strchr(log, '\n'), log + strlen(log) - 1, "one line:\n%s", log);
+    cr_assert_eq(kt_int("SCARD processes"), 0, "never started as a worker");
+    free(log);
+}
+
+Test(metrics, bad_port_flag_is_a_config_error)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "--metrics-port", "70000", NULL }, &out), 78,
+                 "%s", out);
+    cr_assert(strstr(out, "--metrics-port"), "%s", out);
+    free(out);
+}
+
+Test(metrics, yaml_keys_set_port_and_bind)
+{
+    char *path = kt_tmp("metrics.yml");
+    FILE *f = fopen(path, "w");
+    fputs("metrics_port: 9394\nmetrics_bind: 0.0.0.0\n", f);
+    fclose(f);
+    char err[KIQ_ERRLEN] = "";
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert_eq(kiq_config_load_file(cfg, path, err), 0, "%s", err);
+    cr_assert_eq(cfg->metrics_port, 9394);
+    cr_assert_str_eq(cfg->metrics_bind, "0.0.0.0");
+    kiq_config_free(cfg);
+
+    f = fopen(path, "w");
+    fputs("metrics_port: 70000\n", f);
+    fclose(f);
+    cfg = kiq_config_new();
+    cr_assert_neq(kiq_config_load_file(cfg, path, err), 0);
+    cr_assert(strstr(err, "metrics_port"), "%s", err);
+    kiq_config_free(cfg);
+    free(path);
+}
+
+Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
+{
+    kiq_metrics_t *m = kiq_metrics_new();
+    kiq_metrics_job(m, "We\"ird\\Job\nX", "q", 0.003, 0);
+    kiq_metrics_job(m, "We\"ird\\Job\nX", "q", 0.2, 1);
+    kiq_metrics_job(m, "We\"ird\\Job\nX", "q", 100, 0);
+    kiq_metrics_lock_event(m, "until_executed", "lock_failed");
+    kiq_metrics_lock_event(m, "until_executed", "lock_failed");
+    kiq_metrics_lock_event(m, "until_executed", "locked");
+    kiq_metrics_lock_event(m, "while_executing", "execution_failed");
+    kiq_metrics_lock_event(m, "while_executing", "unlock_failed");
+    kiq_metrics_lock_event(m, "while_executing", "no_such_event");
+    kiq_metrics_add(m, KIQ_METRIC_POISON_PILLS, 2);
+    kiq_buf_t b = {0};
+    cr_assert_eq(kiq_metrics_render(m, &b), 0);
+    const char *t = b.p;
+    const char *cls = "class=\"We\\\"ird\\\\Job\\nX\"";
+    char s[256];
+    snprintf(s, sizeof(s), "kiq_jobs_processed_total{%s,queue=\"q\"}", cls);
+    cr_assert_eq(value(t, s), 3, "%s", t);
+    snprintf(s, sizeof(s), "kiq_jobs_failed_total{%s,queue=\"q\"}", cls);
+    cr_assert_eq(value(t, s), 1, "%s", t);
+    const struct { const char *le; int n; } want[] = {
+        { "0.005", 1 }, { "0.1", 1 }, { "0.25", 2 }, { "60", 2 }, { "+Inf", 3 },
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        snprintf(s, sizeof(s), "kiq_job_duration_seconds_bucket{%s,le=\"%s\"}", cls, want[i].le);
+        cr_assert_eq(value(t, s), want[i].n, "%s\n%s", s, t);
+    }
+    snprintf(s, sizeof(s), "kiq_job_duration_seconds_sum{%s}", cls);
+    cr_assert_float_eq(value(t, s), 100.203, 1e-6);
+    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"until_executed\",event=\"denied\"}"), 2);
+    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"until_executed\",event=\"acquired\"}"), 1);
+    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"while_executing\",event=\"failures\"}"), 2);
+    cr_assert_eq(value(t, "kiq_poison_pills_total"), 2);
+    cr_assert_null(strstr(t, "no_such_event"));
+    cr_assert_eq(promtool(t), 0, "promtool rejected:\n%s", t);
+    kiq_buf_free(&b);
+    kiq_metrics_free(m);
+}
