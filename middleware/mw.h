@@ -37,6 +37,7 @@ struct kiq_mw {
     char release_key[KIQ_DIGEST_MAX + 16];
     int release_on_done;         /* until_executed: released after success */
     int release_on_death;        /* until_* : released when the job dies */
+    int release_type;            /* its kiq_lock_type_t, for the metric */
 
     void *priv;                  /* the starter's own per-job state */
     char deny[KIQ_ERRLEN];       /* client: why the push was denied */
@@ -51,5 +52,7 @@ void kiq_mw_clear(kiq_mw_t *mw);
 
 /* The lock to release at ack for this outcome, or NULL. */
 const char *kiq_mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
+/* Records v9's "unlocked" metric for a lock the ack released. */
+void kiq_mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r);
 
 #endif

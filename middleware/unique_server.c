@@ -77,6 +77,12 @@ static void hold_until(kiq_mw_t *mw, const kiq_unique_spec_t *s, int on_done)
     kiq_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, ":LOCKED");
     mw->release_on_done = on_done;
     mw->release_on_death = 1;
+    mw->release_type = (int)s->type;
+}
+
+void kiq_mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r)
+{
+    kiq_unique__metric(r, (kiq_lock_type_t)mw->release_type, "unlocked");
 }
 
 /* Runs the job under the runtime lock "<digest>:RUN:LOCKED", released

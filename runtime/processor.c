@@ -63,23 +63,24 @@ static void slot_clear(kiq_slot_t *s)
     atomic_fetch_sub(&s->rt->busy, 1);
 }
 
-/* Acknowledges until it is written, unless shutdown gave the job back
- * meanwhile. The slot lock is held across each attempt so the shutdown's
+/* Acknowledges until it is written (0), unless shutdown gave the job back
+ * meanwhile (KIQ_EDENIED). The slot lock is held across each attempt so the shutdown's
  * requeue and this ack never both happen. */
-static void ack_job(kiq_slot_t *s, kiq_redis_t *r, const char *raw, size_t len,
-                    const kiq_ack_t *ack)
+static int ack_job(kiq_slot_t *s, kiq_redis_t *r, const char *raw, size_t len,
+                   const kiq_ack_t *ack)
 {
     kiq_runtime_t *rt = s->rt;
     for (;;) {
         pthread_mutex_lock(&s->mu);
         int abandoned = s->abandoned;
-        int rc = abandoned ? 0 : (kiq_redis_ok(r) ? kiq_fetch_ack(s->fetch, r, raw, len, ack)
-                                                  : KIQ_EREDIS);
+        int rc = abandoned ? KIQ_EDENIED
+                           : (kiq_redis_ok(r) ? kiq_fetch_ack(s->fetch, r, raw, len, ack)
+                                              : KIQ_EREDIS);
         pthread_mutex_unlock(&s->mu);
-        if (rc == 0 || atomic_load(&rt->housekeeper_stop))
-            return;
+        if (rc != KIQ_EREDIS || atomic_load(&rt->housekeeper_stop))
+            return rc;
         if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
-            return;
+            return rc;
     }
 }
 
@@ -242,7 +243,8 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got)
                           .dead_cutoff = now - (double)rt->cfg->dead_timeout,
                           .dead_max = rt->cfg->dead_max_jobs,
                           .lock_key = kiq_mw_release_key(&mw, mw.disp), .lock_jid = job.jid };
-        ack_job(s, r, job.payload, job.len, &ack);
+        if (ack_job(s, r, job.payload, job.len, &ack) == 0 && ack.lock_key)
+            kiq_mw_note_released(&mw, r);
     }
     kiq_mw_clear(&mw);
     free(run.tags);

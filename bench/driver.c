@@ -1,0 +1,322 @@
+/* kiq-bench: the measuring side of bench/run. It talks to the private
+ * redis-server directly (never through the delay proxy), so it adds no
+ * latency to what it measures.
+ *
+ *   kiq-bench push PORT QUEUE CLASS JOBS BATCH
+ *       pushes JOBS jobs of CLASS (args [i]) with kiq_client_push_bulk,
+ *       BATCH per round trip, as Sidekiq::Client.push_bulk does
+ *   kiq-bench fill PORT QUEUE COUNT
+ *       LPUSHes COUNT copies of one real NoopJob payload to queue:QUEUE (the
+ *       redis-benchmark ceiling needs identical payloads) and prints it
+ *   kiq-bench drain PORT QUEUE MODE TIMEOUT_S
+ *       times the drain of queue:QUEUE. Start: the first poll that sees the
+ *       queue shorter than at the beginning (the first fetch). End, MODE
+ *       "working": the first poll that sees the queue and every
+ *       uniquejobs:working:* list empty (the last ack); MODE "stamp:KEY":
+ *       the queue is empty and KEY holds the epoch time the worker wrote
+ *       after its last job (basic fetch leaves no trace in Redis).
+ *       Prints "JOBS SECONDS JOBS_PER_S".
+ *   kiq-bench latency PORT QUEUE N KEY
+ *       pushes N single LatencyJob jobs (after 5 warm-up ones) into an idle
+ *       worker, one at a time with 3-8 ms of idle time between them, waits
+ *       for the microseconds each job RPUSHes to KEY, and prints
+ *       "P50_MS P99_MS MAX_MS".
+ *
+ * Every wait is bounded; on a timeout or an error it prints why on stderr
+ * and exits nonzero. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+#include <kiq/client.h>
+#include <kiq/error.h>
+
+static const char *prog_cmd = "";
+
+static void die(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "kiq-bench %s: ", prog_cmd);
+    fprintf(stderr, fmt, a ? a : "", b ? b : "");
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static long num(const char *s, const char *what)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < 0)
+        die("bad %s: %s", what, s);
+    return v;
+}
+
+static redisContext *connect_port(const char *port)
+{
+    struct timeval tv = { 5, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", (int)num(port, "port"), tv);
+    if (!c || c->err)
+        die("cannot connect to 127.0.0.1:%s: %s", port, c ? c->errstr : "out of memory");
+    redisSetTimeout(c, tv);
+    return c;
+}
+
+/* Runs a command and dies unless the reply has the expected type. */
+static redisReply *cmd(redisContext *c, int type, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (!r)
+        die("redis: %s%s", c->errstr, NULL);
+    if (type >= 0 && r->type != type)
+        die("unexpected reply to %s: %s", fmt, r->type == REDIS_REPLY_ERROR ? r->str : "(type)");
+    return r;
+}
+
+static kiq_client_t *client_for(const char *port)
+{
+    char url[64], err[KIQ_ERRLEN];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(port, "port"));
+    kiq_client_t *k = kiq_client_new(url, err);
+    if (!k)
+        die("%s%s", err, NULL);
+    return k;
+}
+
+static int do_push(int argc, char **argv)
+{
+    if (argc != 5)
+        die("usage: push PORT QUEUE CLASS JOBS BATCH%s%s", NULL, NULL);
+    kiq_client_t *k = client_for(argv[0]);
+    long jobs = num(argv[3], "job count"), batch = num(argv[4], "batch size");
+    if (batch < 1)
+        batch = 1;
+    kiq_push_opts_t o = kiq_push_opts_default();
+    o.queue = argv[1];
+    char (*text)[32] = malloc((size_t)batch * sizeof(*text));
+    const char **args = malloc((size_t)batch * sizeof(*args));
+    if (!text || !args)
+        die("out of memory%s%s", NULL, NULL);
+    for (long done = 0; done < jobs;) {
+        long n = jobs - done < batch ? jobs - done : batch;
+        for (long i = 0; i < n; i++) {
+            snprintf(text[i], sizeof(text[i]), "[%ld]", done + i);
+            args[i] = text[i];
+        }
+        if (kiq_client_push_bulk(k, argv[2], args, (size_t)n, &o, NULL))
+            die("push_bulk: %s%s", kiq_client_error(k), NULL);
+        done += n;
+    }
+    free(text);
+    free(args);
+    kiq_client_free(k);
+    return 0;
+}
+
+static int do_fill(int argc, char **argv)
+{
+    if (argc != 3)
+        die("usage: fill PORT QUEUE COUNT%s%s", NULL, NULL);
+    long count = num(argv[2], "count");
+    kiq_client_t *k = client_for(argv[0]);
+    kiq_push_opts_t o = kiq_push_opts_default();
+    o.queue = argv[1];
+    if (kiq_client_push(k, "NoopJob", "[0]", &o, NULL))
+        die("push: %s%s", kiq_client_error(k), NULL);
+    kiq_client_free(k);
+    redisContext *c = connect_port(argv[0]);
+    char qkey[256];
+    snprintf(qkey, sizeof(qkey), "queue:%s", argv[1]);
+    redisReply *p = cmd(c, REDIS_REPLY_STRING, "RPOP %s", qkey);
+    enum { CHUNK = 1000 };
+    const char *av[CHUNK + 2];
+    size_t al[CHUNK + 2];
+    av[0] = "LPUSH";
+    al[0] = 5;
+    av[1] = qkey;
+    al[1] = strlen(qkey);
+    for (long done = 0; done < count;) {
+        long n = count - done < CHUNK ? count - done : CHUNK;
+        for (long i = 0; i < n; i++) {
+            av[2 + i] = p->str;
+            al[2 + i] = p->len;
+        }
+        redisReply *r = redisCommandArgv(c, (int)n + 2, av, al);
+        if (!r || r->type != REDIS_REPLY_INTEGER)
+            die("LPUSH failed: %s%s", r && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr, NULL);
+        freeReplyObject(r);
+        done += n;
+    }
+    fwrite(p->str, 1, p->len, stdout);
+    fputc('\n', stdout);
+    freeReplyObject(p);
+    redisFree(c);
+    return 0;
+}
+
+/* One poll: {LLEN queue, total length of the working lists, stamp or false}. */
+static const char *POLL_LUA =
+    "local w = 0\n"
+    "for _, k in ipairs(redis.call('KEYS', 'uniquejobs:working:*')) do\n"
+    "  w = w + redis.call('LLEN', k)\n"
+    "end\n"
+    "local s = false\n"
+    "if ARGV[1] ~= '' then s = redis.call('GET', ARGV[1]) end\n"
+    "return {redis.call('LLEN', KEYS[1]), w, s}\n";
+
+static int do_drain(int argc, char **argv)
+{
+    if (argc != 4)
+        die("usage: drain PORT QUEUE working|stamp:KEY TIMEOUT_S%s%s", NULL, NULL);
+    const char *stamp = "";
+    if (strncmp(argv[2], "stamp:", 6) == 0)
+        stamp = argv[2] + 6;
+    else if (strcmp(argv[2], "working") != 0)
+        die("bad mode %s%s", argv[2], NULL);
+    double timeout = (double)num(argv[3], "timeout");
+    const long poll_us = 1000;
+    redisContext *c = connect_port(argv[0]);
+    char qkey[256];
+    snprintf(qkey, sizeof(qkey), "queue:%s", argv[1]);
+    redisReply *sha = cmd(c, REDIS_REPLY_STRING, "SCRIPT LOAD %s", POLL_LUA);
+    redisReply *r = cmd(c, REDIS_REPLY_INTEGER, "LLEN %s", qkey);
+    long long n0 = r->integer;
+    freeReplyObject(r);
+    if (n0 <= 0)
+        die("queue %s is empty%s", qkey, NULL);
+    fprintf(stderr, "ready\n"); /* bench/run starts the worker after this */
+    fflush(stderr);
+
+    double deadline = mono() + timeout, t0 = 0, t1 = 0;
+    int started = 0;
+    while (mono() < deadline) {
+        r = cmd(c, REDIS_REPLY_ARRAY, "EVALSHA %s 1 %s %s", sha->str, qkey, stamp);
+        long long q = r->element[0]->integer, w = r->element[1]->integer;
+        const redisReply *s = r->element[2];
+        double now = wall();
+        if (!started && q < n0) {
+            started = 1;
+            t0 = now;
+        }
+        int done = started && q == 0
+            && (*stamp ? s->type == REDIS_REPLY_STRING : w == 0);
+        if (done)
+            t1 = *stamp ? strtod(s->str, NULL) : now;
+        freeReplyObject(r);
+        if (done)
+            break;
+        sleep_us(poll_us);
+    }
+    freeReplyObject(sha);
+    redisFree(c);
+    if (t1 <= 0)
+        die(started ? "the drain did not finish within %s s%s"
+                    : "no fetch within %s s%s", argv[3], NULL);
+    if (t1 <= t0)
+        t1 = t0 + 1e-6;
+    printf("%lld %.6f %.1f\n", n0, t1 - t0, (double)n0 / (t1 - t0));
+    return 0;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of a sorted array. */
+static long long pct(const long long *v, long n, double p)
+{
+    long rank = (long)(p * (double)n + 0.999999);
+    if (rank < 1)
+        rank = 1;
+    if (rank > n)
+        rank = n;
+    return v[rank - 1];
+}
+
+static int do_latency(int argc, char **argv)
+{
+    if (argc != 4)
+        die("usage: latency PORT QUEUE N KEY%s%s", NULL, NULL);
+    long n = num(argv[2], "count");
+    if (n < 1)
+        die("need at least one push%s%s", NULL, NULL);
+    const long warm = 5;
+    kiq_client_t *k = client_for(argv[0]);
+    redisContext *c = connect_port(argv[0]);
+    freeReplyObject(cmd(c, -1, "DEL %s", argv[3]));
+    kiq_push_opts_t o = kiq_push_opts_default();
+    o.queue = argv[1];
+    char args[300];
+    snprintf(args, sizeof(args), "[\"%s\"]", argv[3]);
+    long long *v = calloc((size_t)n, sizeof(*v));
+    if (!v)
+        die("out of memory%s%s", NULL, NULL);
+    srand((unsigned)time(NULL));
+    for (long i = 0; i < n + warm; i++) {
+        sleep_us(3000 + rand() % 5000); /* the worker goes back to its blocking fetch */
+        if (kiq_client_push(k, "LatencyJob", args, &o, NULL))
+            die("push: %s%s", kiq_client_error(k), NULL);
+        redisReply *r = cmd(c, -1, "BLPOP %s 10", argv[3]);
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2)
+            die("no LatencyJob result on %s within 10 s (is the worker running queue %s?)",
+                argv[3], argv[1]);
+        if (i >= warm)
+            v[i - warm] = strtoll(r->element[1]->str, NULL, 10);
+        freeReplyObject(r);
+    }
+    qsort(v, (size_t)n, sizeof(*v), cmp_ll);
+    printf("%.3f %.3f %.3f\n", (double)pct(v, n, 0.50) / 1000.0, (double)pct(v, n, 0.99) / 1000.0,
+           (double)v[n - 1] / 1000.0);
+    free(v);
+    redisFree(c);
+    kiq_client_free(k);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency ARGS (see bench/driver.c)\n");
+        return 2;
+    }
+    prog_cmd = argv[1];
+    if (strcmp(argv[1], "push") == 0)
+        return do_push(argc - 2, argv + 2);
+    if (strcmp(argv[1], "fill") == 0)
+        return do_fill(argc - 2, argv + 2);
+    if (strcmp(argv[1], "drain") == 0)
+        return do_drain(argc - 2, argv + 2);
+    if (strcmp(argv[1], "latency") == 0)
+        return do_latency(argc - 2, argv + 2);
+    die("unknown command%s%s", NULL, NULL);
+    return 2;
+}
