@@ -160,38 +160,53 @@ static int fetch_basic(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
     return rc;
 }
 
-static int fetch_reliable(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+/* The reliable fetch's first command: with several queues, one script that
+ * tries them all in order; with one queue, the blocking move itself. */
+static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r)
 {
-    redisReply *rep;
-    int rc = 0;
-    if (f->nq > 1) {
-        /* One round trip tries every queue in order. */
-        const char *argv[f->nq + 1];
-        for (size_t i = 0; i < f->nq; i++)
-            argv[i] = f->keys[f->order[i]];
-        argv[f->nq] = f->working;
-        rep = kiq_redis_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 1, argv, NULL);
-        if (!rep)
-            return KIQ_EREDIS;
-        if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
-            && rep->element[0]->type == REDIS_REPLY_INTEGER) {
-            long long i = rep->element[0]->integer;
-            if (i >= 1 && (size_t)i <= f->nq)
-                rc = take(f, rep->element[1], f->order[i - 1], out);
-        } else if (rep->type == REDIS_REPLY_ERROR) {
-            rc = KIQ_EREPLY;
-        }
-        freeReplyObject(rep);
-        if (rc)
-            return rc;
+    if (f->nq == 1) {
+        const char *argv[] = { "BLMOVE", f->keys[0], f->working, "RIGHT", "LEFT", f->timeout_s };
+        return kiq_redis_append(r, 6, argv, NULL);
     }
-    /* Every queue was empty: block on one of them rather than poll. Idle
-     * processors spread over the queues (by index), so a job pushed to any
-     * queue wakes one of them at once while there are at least as many
-     * processors as queues. */
-    size_t qi = f->nq > 1 ? (size_t)f->index % f->nq : 0;
+    const char *argv[f->nq + 1];
+    for (size_t i = 0; i < f->nq; i++)
+        argv[i] = f->keys[f->order[i]];
+    argv[f->nq] = f->working;
+    return kiq_redis_append_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 1, argv, NULL);
+}
+
+/* Reads what append_fetch asked for. Returns 1 with a job, 0 for none,
+ * KIQ_EREDIS or KIQ_EREPLY. */
+static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+{
+    redisReply *rep = kiq_redis_get_reply(r);
+    int rc = 0;
+    if (!rep)
+        return KIQ_EREDIS;
+    if (rep->type == REDIS_REPLY_ERROR)
+        rc = KIQ_EREPLY;
+    else if (f->nq == 1 && rep->type == REDIS_REPLY_STRING)
+        rc = take(f, rep, 0, out);
+    else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
+             && rep->element[0]->type == REDIS_REPLY_INTEGER) {
+        long long i = rep->element[0]->integer;
+        if (i >= 1 && (size_t)i <= f->nq)
+            rc = take(f, rep->element[1], f->order[i - 1], out);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* Every queue was empty: block on one of them rather than poll. Idle
+ * processors spread over the queues (by index), so a job pushed to any
+ * queue wakes one of them at once while there are at least as many
+ * processors as queues. */
+static int fetch_block(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+{
+    size_t qi = (size_t)f->index % f->nq;
     const char *argv[] = { "BLMOVE", f->keys[qi], f->working, "RIGHT", "LEFT", f->timeout_s };
-    rep = kiq_redis_cmd(r, 6, argv, NULL);
+    redisReply *rep = kiq_redis_cmd(r, 6, argv, NULL);
+    int rc = 0;
     if (!rep)
         return KIQ_EREDIS;
     if (rep->type == REDIS_REPLY_STRING)
@@ -202,6 +217,22 @@ static int fetch_reliable(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
     return rc;
 }
 
+/* The sweep (or, with one queue, the blocking move) whose command was
+ * already appended, then the block when the sweep found nothing. */
+static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+{
+    int rc = read_fetch(f, r, out);
+    if (rc || f->nq == 1)
+        return rc;
+    return fetch_block(f, r, out);
+}
+
+static int fetch_reliable(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+{
+    int rc = append_fetch(f, r);
+    return rc ? rc : finish_fetch(f, r, out);
+}
+
 int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 {
     memset(out, 0, sizeof(*out));
@@ -210,15 +241,27 @@ int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
     return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
 }
 
-int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
-                  const kiq_ack_t *ack)
+/* Appends the ack of one job. A success without a lock to release needs
+ * no script: LREM alone, the cheapest command that is still guarded (a job
+ * requeued or recovered meanwhile is simply not there). Sets *sent to 0
+ * when nothing had to be sent. */
+static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+                      const kiq_ack_t *ack, int *sent)
 {
     static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
     static const char *sets[] = { "retry", "retry", "dead", "retry", "schedule" };
     int basic = f->mode == KIQ_FETCH_BASIC;
     int lock = ack->lock_key && ack->lock_jid;
-    if (basic && !lock && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP))
+    int plain = ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
+    *sent = 0;
+    if (basic && !lock && plain)
         return 0; /* BRPOP already took it; nothing to write */
+    *sent = 1;
+    if (!basic && !lock && plain) {
+        const char *argv[] = { "LREM", f->working, "1", raw };
+        size_t lens[] = { 4, strlen(f->working), 1, len };
+        return kiq_redis_append(r, 4, argv, lens);
+    }
     char score[32], cutoff[32], max[32];
     snprintf(score, sizeof(score), "%.6f", ack->score);
     snprintf(cutoff, sizeof(cutoff), "%.6f", ack->dead_cutoff);
@@ -232,20 +275,56 @@ int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                       lock ? strlen(argv[3]) : 0, len, strlen(argv[5]), strlen(score),
                       ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
                       lock ? strlen(argv[10]) : 0 };
-    redisReply *rep;
-    if (lock) {
-        rep = kiq_redis_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
-    } else {
-        /* Without a lock the script gets its original two keys. */
-        const char *a2[] = { argv[0], argv[1], argv[4], argv[5], argv[6], argv[7], argv[8], argv[9] };
-        size_t l2[] = { lens[0], lens[1], lens[4], lens[5], lens[6], lens[7], lens[8], lens[9] };
-        rep = kiq_redis_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
-    }
+    if (lock)
+        return kiq_redis_append_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
+    /* Without a lock the script gets its original two keys. */
+    const char *a2[] = { argv[0], argv[1], argv[4], argv[5], argv[6], argv[7], argv[8], argv[9] };
+    size_t l2[] = { lens[0], lens[1], lens[4], lens[5], lens[6], lens[7], lens[8], lens[9] };
+    return kiq_redis_append_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
+}
+
+static int read_ack(kiq_redis_t *r)
+{
+    redisReply *rep = kiq_redis_get_reply(r);
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
     freeReplyObject(rep);
     return rc;
+}
+
+int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+                  const kiq_ack_t *ack)
+{
+    int sent, rc = append_ack(f, r, raw, len, ack, &sent);
+    if (rc || !sent)
+        return rc ? KIQ_EREDIS : 0;
+    return read_ack(r);
+}
+
+int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+                       const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (f->mode == KIQ_FETCH_BASIC) {
+        *ack_rc = kiq_fetch_ack(f, r, raw, len, ack);
+        return *ack_rc ? KIQ_EREDIS : kiq_fetch_next(f, r, out);
+    }
+    plan_order(f);
+    int sent;
+    *ack_rc = append_ack(f, r, raw, len, ack, &sent) ? KIQ_EREDIS : 0;
+    if (*ack_rc)
+        return KIQ_EREDIS;
+    if (append_fetch(f, r)) {
+        *ack_rc = KIQ_EREDIS;
+        return KIQ_EREDIS;
+    }
+    /* A failed ack (an error reply) leaves the job in the working list for
+     * the caller to ack again; the fetch behind it still counts. */
+    if (sent)
+        *ack_rc = read_ack(r);
+    int rc = finish_fetch(f, r, out);
+    return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
 }
 
 int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,

@@ -88,6 +88,7 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
     if (kiq_runtime_abandoned(rt)) {
         /* Handlers still running own memory we cannot reclaim; their jobs
          * are back in their queues. Leave without running exit handlers. */
+        kiq_log_flush();
         fflush(NULL);
         _exit(status);
     }

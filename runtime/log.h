@@ -22,6 +22,8 @@ typedef struct kiq_logctx {
 /* Sets format, minimum level and destination (NULL = stderr). Returns 0 or
  * KIQ_ESYS when the file cannot be opened (the old destination stays). */
 int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path);
+/* Writes every thread's batched job lines now (see log.c). */
+void kiq_log_flush(void);
 /* Reopens the log file (after rotation; USR2). */
 int kiq_log_reopen(void);
 void kiq_log_close(void);

@@ -204,28 +204,69 @@ kiq_chain_t *kiq_runtime_server_chain(kiq_runtime_t *rt)
     return c;
 }
 
-static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got)
+/* A finished job whose ack goes out with the next fetch (reliable fetch:
+ * the ack script and LREM are guarded by the working list, so a requeue or
+ * recovery meanwhile cannot make it count twice). */
+typedef struct done {
+    int active;
+    kiq_job_t job;   /* owns the payload the ack removes */
+    kiq_mw_t mw;     /* owns the payload the ack stores */
+    kiq_ack_t ack;
+} done_t;
+
+static void done_clear(done_t *d)
+{
+    kiq_mw_clear(&d->mw);
+    kiq_job_clear(&d->job);
+    d->active = 0;
+}
+
+static void done_acked(done_t *d, kiq_redis_t *r)
+{
+    if (d->ack.lock_key)
+        kiq_mw_note_released(&d->mw, r);
+    done_clear(d);
+}
+
+/* Sends a pending ack on its own, reconnecting until it is written or the
+ * process is about to exit (then the job stays in the working list and is
+ * recovered once this process is gone). */
+static void flush_done(kiq_slot_t *s, kiq_redis_t *r, done_t *d)
+{
+    kiq_runtime_t *rt = s->rt;
+    while (d->active) {
+        if (kiq_redis_ok(r) && kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+            done_acked(d, r);
+        else if (atomic_load(&rt->housekeeper_stop) || kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+            done_clear(d);
+    }
+}
+
+static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d)
 {
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN] = "";
-    kiq_job_t job;
-    int rc = kiq_job_init(&job, got->payload, got->len, got->queue, err);
-    slot_set(s, got, job.cls);
+    kiq_job_t *job = &d->job;
+    int rc = kiq_job_init(job, got->payload, got->len, got->queue, err);
+    slot_set(s, got, job->cls);
     if (rc) {
         fail_invalid(s, r, got, err);
         slot_clear(s);
-        kiq_job_clear(&job);
+        kiq_job_clear(job);
         return;
     }
-    job.redis = kiq_redis_ctx(r);
-    job.stopping = &rt->stopping;
-    run_t run = { .slot = s, .h = kiq_registry_find(rt, job.cls) };
-    run.tags = tags_of(&job);
-    run.ctx = (kiq_logctx_t){ .cls = job.cls, .jid = job.jid, .tags = run.tags, .elapsed = -1 };
-    kiq_mw_t mw = { .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job.cls),
-                    .unique = run.h ? run.h->unique : NULL, .job = &job, .cls = job.cls,
-                    .jid = job.jid, .queue = job.queue, .priv = &run };
-    kiq_mw_run(rt->server_chain, &mw, call_handler, NULL);
+    job->redis = kiq_redis_ctx(r);
+    job->stopping = &rt->stopping;
+    run_t run = { .slot = s, .h = kiq_registry_find(rt, job->cls) };
+    run.tags = tags_of(job);
+    run.ctx = (kiq_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
+    kiq_mw_t *mw = &d->mw;
+    *mw = (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
+                      .unique = run.h ? run.h->unique : NULL, .job = job, .cls = job->cls,
+                      .jid = job->jid, .queue = job->queue, .priv = &run };
+    kiq_mw_run(rt->server_chain, mw, call_handler, NULL);
+    free(run.tags);
+    mw->priv = NULL;
 
     static const kiq_ack_kind_t kinds[] = {
         [KIQ_DISPOSE_DEFAULT] = KIQ_ACK_OK, [KIQ_DISPOSE_DONE] = KIQ_ACK_OK,
@@ -233,23 +274,32 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got)
         [KIQ_DISPOSE_DROP] = KIQ_ACK_DROP, [KIQ_DISPOSE_SCHEDULE] = KIQ_ACK_SCHEDULE,
         [KIQ_DISPOSE_KEEP] = KIQ_ACK_OK,
     };
-    if (mw.disp != KIQ_DISPOSE_KEEP) {
-        double now = kiq_now();
-        int stores = mw.disp == KIQ_DISPOSE_RETRY || mw.disp == KIQ_DISPOSE_DEAD ||
-                     mw.disp == KIQ_DISPOSE_SCHEDULE;
-        kiq_ack_t ack = { .kind = kinds[mw.disp], .score = mw.score,
-                          .payload = stores ? (mw.dpayload ? mw.dpayload : job.payload) : NULL,
-                          .len = stores ? (mw.dpayload ? mw.dlen : job.len) : 0,
-                          .dead_cutoff = now - (double)rt->cfg->dead_timeout,
-                          .dead_max = rt->cfg->dead_max_jobs,
-                          .lock_key = kiq_mw_release_key(&mw, mw.disp), .lock_jid = job.jid };
-        if (ack_job(s, r, job.payload, job.len, &ack) == 0 && ack.lock_key)
-            kiq_mw_note_released(&mw, r);
+    if (mw->disp == KIQ_DISPOSE_KEEP) {
+        slot_clear(s);
+        done_clear(d);
+        return;
     }
-    kiq_mw_clear(&mw);
-    free(run.tags);
+    int stores = mw->disp == KIQ_DISPOSE_RETRY || mw->disp == KIQ_DISPOSE_DEAD ||
+                 mw->disp == KIQ_DISPOSE_SCHEDULE;
+    d->ack = (kiq_ack_t){ .kind = kinds[mw->disp], .score = mw->score,
+                          .payload = stores ? (mw->dpayload ? mw->dpayload : job->payload) : NULL,
+                          .len = stores ? (mw->dpayload ? mw->dlen : job->len) : 0,
+                          .dead_cutoff = kiq_now() - (double)rt->cfg->dead_timeout,
+                          .dead_max = rt->cfg->dead_max_jobs,
+                          .lock_key = kiq_mw_release_key(mw, mw->disp), .lock_jid = job->jid };
+    d->active = 1;
+    if (rt->cfg->fetch == KIQ_FETCH_RELIABLE) {
+        slot_clear(s); /* the ack rides with the next fetch */
+        return;
+    }
+    /* The basic fetch has no working list to guard the ack against the
+     * shutdown's requeue: the slot lock does. */
+    int arc = ack_job(s, r, job->payload, job->len, &d->ack);
+    if (arc == 0)
+        done_acked(d, r);
+    else
+        done_clear(d);
     slot_clear(s);
-    kiq_job_clear(&job);
 }
 
 void *kiq_processor_main(void *arg)
@@ -257,6 +307,7 @@ void *kiq_processor_main(void *arg)
     kiq_slot_t *s = arg;
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN];
+    done_t d = {0};
     pthread_mutex_lock(&s->mu);
     snprintf(s->tid, sizeof(s->tid), "%s", kiq_log_tid());
     pthread_mutex_unlock(&s->mu);
@@ -269,7 +320,16 @@ void *kiq_processor_main(void *arg)
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
         kiq_fetched_t got;
-        int rc = kiq_fetch_next(s->fetch, r, &got);
+        int rc, ack_rc = 0;
+        if (d.active) {
+            rc = kiq_fetch_ack_next(s->fetch, r, d.job.payload, d.job.len, &d.ack, &ack_rc, &got);
+            if (ack_rc == 0)
+                done_acked(&d, r);
+            else if (rc == 1)
+                flush_done(s, r, &d); /* a job came behind a refused ack */
+        } else {
+            rc = kiq_fetch_next(s->fetch, r, &got);
+        }
         if (rc < 0 && kiq_redis_ok(r)) {
             /* Redis answered with an error (a queue key that is not a list,
              * a script it refuses): retrying at once would only spin. */
@@ -294,8 +354,9 @@ void *kiq_processor_main(void *arg)
             free(got.payload);
             break;
         }
-        run_one(s, r, &got);
+        run_one(s, r, &got, &d);
     }
+    flush_done(s, r, &d);
 out:
     kiq_redis_free(r);
     pthread_mutex_lock(&s->mu);

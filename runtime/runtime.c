@@ -260,6 +260,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
         kiq_info("Pausing to allow workers to finish...");
     while (busy_slots(rt) && kiq_mono() < deadline) {
         kiq_notify_watchdog();
+        kiq_log_flush();
         int sig = next_signal(rt, set, PAUSE);
         if (sig == SIGTERM || sig == SIGINT) {
             kiq_info("Second %s: not waiting any longer", sig == SIGINT ? "INT" : "TERM");
@@ -318,6 +319,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
                  len->integer, wkey);
     }
     freeReplyObject(len);
+    kiq_log_flush();
     kiq_info("Bye!");
 }
 
@@ -433,6 +435,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     tick = tick > 0 && tick < 0.2 ? tick : 0.2;
     for (;;) {
         kiq_notify_watchdog();
+        kiq_log_flush();
         int sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;

@@ -71,6 +71,13 @@ KIQ_API int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out);
 KIQ_API int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                           const kiq_ack_t *ack);
 
+/* kiq_fetch_ack then kiq_fetch_next in one round trip: the reliable fetch
+ * sends the ack and the next fetch together (the basic fetch does them one
+ * after the other). *ack_rc receives the ack's result (0, or KIQ_EREDIS:
+ * ack again); the return value is kiq_fetch_next's. */
+KIQ_API int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+                               const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out);
+
 /* Puts an unfinished job back at the end of queue that is fetched next.
  * Returns 0 or KIQ_EREDIS. */
 KIQ_API int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
