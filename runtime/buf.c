@@ -41,15 +41,27 @@ int kiq_buf_puts(kiq_buf_t *b, const char *s)
 
 int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
 {
+    /* Format straight into the free space; only a line that does not fit
+     * is formatted a second time, after growing (log lines and payload
+     * edits are on every job's path). */
+    if (reserve(b, 64))
+        return KIQ_ENOMEM;
+    size_t room = b->cap - b->len;
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(b->p + b->len, room, fmt, ap);
     va_end(ap);
-    if (n < 0 || reserve(b, (size_t)n))
+    if (n < 0)
         return KIQ_ENOMEM;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
+    if ((size_t)n >= room) {
+        if (reserve(b, (size_t)n)) {
+            b->p[b->len] = '\0'; /* drop the truncated attempt */
+            return KIQ_ENOMEM;
+        }
+        va_start(ap, fmt);
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     b->len += (size_t)n;
     return 0;
 }
