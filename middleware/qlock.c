@@ -14,7 +14,6 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-#include <openssl/rand.h>
 
 #include "qlock_internal.h"
 #include "../runtime/log.h"
@@ -93,9 +92,7 @@ kiq_qlock_client_t *kiq_qlock_client_new(const char *identity, char *err)
         /* 8 random bytes in hex, as the gem's SecureRandom.hex(8): keeps two
          * hosts whose pids and thread ids collide apart. */
         unsigned char b[8];
-        if (RAND_bytes(b, sizeof(b)) != 1)
-            for (size_t i = 0; i < sizeof(b); i++)
-                b[i] = (unsigned char)(kiq_rand() * 256);
+        kiq_random_bytes(b, sizeof(b));
         for (size_t i = 0; i < sizeof(b); i++)
             snprintf(c->identity + 2 * i, 3, "%02x", b[i]);
     }

@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dlfcn.h>
 #include <openssl/evp.h>
+#include <pthread.h>
+#include <stdint.h>
 
 #include "../runtime/buf.h"
 #include "../runtime/json.h"
@@ -213,6 +216,38 @@ static void rj_string(rj_t *p)
     }
     p->i++; /* closing quote */
     rj_put(p, "\"", 1);
+}
+
+/* libcrypto is opened the first time a digest is computed: a worker that
+ * takes no uniqueness locks never maps it (it is a third of kiq's
+ * resident memory otherwise). */
+struct crypto {
+    __typeof__(&EVP_md5) md5;
+    __typeof__(&EVP_sha3_256) sha3_256;
+    __typeof__(&EVP_Digest) digest;
+};
+
+static struct crypto crypto_fns;
+static int crypto_ok;
+static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
+
+static void crypto_load(void)
+{
+    void *h = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = dlopen("libcrypto.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    crypto_fns.md5 = (__typeof__(&EVP_md5))(uintptr_t)dlsym(h, "EVP_md5");
+    crypto_fns.sha3_256 = (__typeof__(&EVP_sha3_256))(uintptr_t)dlsym(h, "EVP_sha3_256");
+    crypto_fns.digest = (__typeof__(&EVP_Digest))(uintptr_t)dlsym(h, "EVP_Digest");
+    crypto_ok = crypto_fns.md5 && crypto_fns.sha3_256 && crypto_fns.digest;
+}
+
+static const struct crypto *crypto(void)
+{
+    pthread_once(&crypto_once, crypto_load);
+    return crypto_ok ? &crypto_fns : NULL;
 }
 
 /* Ruby's Float#to_s: the shortest digits that read back as v, fixed
@@ -475,10 +510,12 @@ int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX], ch
     }
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
-    const EVP_MD *alg = in->alg == KIQ_DIGEST_SHA3_256 ? EVP_sha3_256() : EVP_md5();
-    if (!alg || !EVP_Digest(b.p, b.len, md, &mdlen, alg, NULL)) {
-        rc = kiq_seterr(err, KIQ_EINVAL, "OpenSSL cannot compute %s",
-                        in->alg == KIQ_DIGEST_SHA3_256 ? "SHA3-256" : "MD5");
+    const struct crypto *cr = crypto();
+    const EVP_MD *alg = !cr ? NULL : in->alg == KIQ_DIGEST_SHA3_256 ? cr->sha3_256() : cr->md5();
+    if (!alg || !cr->digest(b.p, b.len, md, &mdlen, alg, NULL)) {
+        rc = kiq_seterr(err, KIQ_EINVAL, "OpenSSL cannot compute %s%s",
+                        in->alg == KIQ_DIGEST_SHA3_256 ? "SHA3-256" : "MD5",
+                        cr ? "" : " (libcrypto.so.3 cannot be loaded)");
         goto out;
     }
     const char *prefix = in->lock_prefix && *in->lock_prefix ? in->lock_prefix : "uniquejobs";

@@ -5,9 +5,11 @@
  * server's own connection, each bounded by KIQ_HTTP_REDIS_TIMEOUT. */
 #include "http.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,43 @@ typedef int mhd_result_t; /* before 0.9.71 handlers returned int */
 #else
 typedef enum MHD_Result mhd_result_t;
 #endif
+
+/* libmicrohttpd (and the TLS stack it links) is opened only when a metrics
+ * port is configured, so a worker without one does not carry it in memory. */
+static struct {
+    __typeof__(&MHD_start_daemon) start_daemon;
+    __typeof__(&MHD_stop_daemon) stop_daemon;
+    __typeof__(&MHD_create_response_from_buffer) create_response_from_buffer;
+    __typeof__(&MHD_add_response_header) add_response_header;
+    __typeof__(&MHD_queue_response) queue_response;
+    __typeof__(&MHD_destroy_response) destroy_response;
+} mhd;
+static int mhd_ok;
+static char mhd_err[200];
+static pthread_once_t mhd_once = PTHREAD_ONCE_INIT;
+
+static void mhd_load(void)
+{
+    void *h = dlopen("libmicrohttpd.so.12", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = dlopen("libmicrohttpd.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(mhd_err, sizeof(mhd_err), "%s", dlerror());
+        return;
+    }
+#define MHD_SYM(field, name) mhd.field = (__typeof__(mhd.field))(uintptr_t)dlsym(h, name)
+    MHD_SYM(start_daemon, "MHD_start_daemon");
+    MHD_SYM(stop_daemon, "MHD_stop_daemon");
+    MHD_SYM(create_response_from_buffer, "MHD_create_response_from_buffer");
+    MHD_SYM(add_response_header, "MHD_add_response_header");
+    MHD_SYM(queue_response, "MHD_queue_response");
+    MHD_SYM(destroy_response, "MHD_destroy_response");
+#undef MHD_SYM
+    mhd_ok = mhd.start_daemon && mhd.stop_daemon && mhd.create_response_from_buffer
+             && mhd.add_response_header && mhd.queue_response && mhd.destroy_response;
+    if (!mhd_ok)
+        snprintf(mhd_err, sizeof(mhd_err), "a symbol is missing from libmicrohttpd");
+}
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
@@ -106,17 +145,17 @@ int kiq_http_scrape(struct kiq_runtime *rt, kiq_redis_t *r, kiq_buf_t *b)
 
 static mhd_result_t reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len)
 {
-    struct MHD_Response *res = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *res = mhd.create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!res) {
         free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE,
+    mhd.add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE,
                             status == MHD_HTTP_OK ? CONTENT_TYPE : "text/plain; charset=utf-8");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(res, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    mhd_result_t ret = MHD_queue_response(conn, status, res);
-    MHD_destroy_response(res);
+        mhd.add_response_header(res, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    mhd_result_t ret = mhd.queue_response(conn, status, res);
+    mhd.destroy_response(res);
     return ret;
 }
 
@@ -214,13 +253,19 @@ int kiq_http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err)
         rc = KIQ_ECONFIG;
         goto out;
     }
+    pthread_once(&mhd_once, mhd_load);
+    if (!mhd_ok) {
+        rc = kiq_seterr(err, KIQ_ENOTFOUND, "metrics_port %d: cannot load libmicrohttpd: %s",
+                        c->metrics_port, mhd_err);
+        goto out;
+    }
     if ((fd = listen_on(addr, c->metrics_port, err)) < 0) {
         rc = KIQ_ESYS;
         goto out;
     }
     /* One internal thread answers connections one at a time: scrapes are
      * rare, and it keeps the Redis connection single-threaded. */
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO,
+    h->d = mhd.start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO,
                             (uint16_t)c->metrics_port, NULL, NULL, handle, h,
                             MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
@@ -248,7 +293,7 @@ void kiq_http_stop(kiq_http_t *h)
     if (!h)
         return;
     if (h->d)
-        MHD_stop_daemon(h->d);
+        mhd.stop_daemon(h->d);
     kiq_redis_free(h->r);
     pthread_mutex_destroy(&h->mu);
     free(h);

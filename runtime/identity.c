@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <openssl/rand.h>
+
+#include "timeutil.h"
 
 void kiq_hostname(char *out, size_t n)
 {
@@ -25,9 +26,7 @@ void kiq_identity_make(char *out, size_t n)
     unsigned char nonce[6];
     char hex[13];
     kiq_hostname(host, sizeof(host));
-    if (RAND_bytes(nonce, sizeof(nonce)) != 1)
-        for (size_t i = 0; i < sizeof(nonce); i++)
-            nonce[i] = (unsigned char)random();
+    kiq_random_bytes(nonce, sizeof(nonce));
     for (size_t i = 0; i < sizeof(nonce); i++)
         snprintf(hex + 2 * i, 3, "%02x", nonce[i]);
     snprintf(out, n, "%s:%d:%s", host, (int)getpid(), hex);

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <openssl/rand.h>
 
 #include "buf.h"
+#include "timeutil.h"
 #include "kiq/error.h"
 
 static const kiq_field_t *find_set(const char *s, const kiq_jmember_t *m,
@@ -98,11 +98,7 @@ double kiq_ts_parse(const char *v, size_t len)
 void kiq_new_jid(char out[25])
 {
     unsigned char raw[12];
-    if (RAND_bytes(raw, sizeof(raw)) != 1) {
-        /* The CSPRNG failing is not a reason to lose a push: fall back. */
-        for (size_t i = 0; i < sizeof(raw); i++)
-            raw[i] = (unsigned char)random();
-    }
+    kiq_random_bytes(raw, sizeof(raw));
     for (size_t i = 0; i < sizeof(raw); i++)
         snprintf(out + 2 * i, 3, "%02x", raw[i]);
 }

@@ -1,6 +1,7 @@
 /* Redis connections: URL, connect with AUTH/SELECT, commands that mark the
  * connection broken on I/O errors, and EVALSHA with NOSCRIPT fallback. */
 #include "kiq/redis.h"
+#include "scripts.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,6 +73,8 @@ static int load_scripts(kiq_redis_t *r)
         int bad = rep->type == REDIS_REPLY_ERROR;
         if (bad)
             snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->name, rep->str);
+        else if (rep->type == REDIS_REPLY_STRING)
+            kiq_script_learn_sha((kiq_script_t)i, rep->str, rep->len);
         freeReplyObject(rep);
         if (bad)
             return KIQ_EREPLY;
@@ -225,11 +228,16 @@ int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
         av = malloc((size_t)(argc + 3) * sizeof(*av));
         al = malloc((size_t)(argc + 3) * sizeof(*al));
     }
-    int rc = KIQ_ENOMEM;
-    if (av && al) {
+    int rc = av && al ? ensure(r) : KIQ_ENOMEM;
+    /* ensure() has connected, and so loaded the scripts and learnt their
+     * digests. */
+    const char *sha = rc ? NULL : kiq_script_sha(s);
+    if (!rc && !sha)
+        rc = KIQ_EINVAL;
+    if (!rc) {
         snprintf(nk, sizeof(nk), "%d", nkeys);
         av[0] = "EVALSHA";
-        av[1] = kiq_script_sha(s);
+        av[1] = sha;
         av[2] = nk;
         for (int i = 0; i < 3; i++)
             al[i] = strlen(av[i]);
@@ -237,13 +245,10 @@ int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
             av[3 + i] = argv[i];
             al[3 + i] = lens ? lens[i] : strlen(argv[i]);
         }
-        rc = ensure(r);
-        if (!rc) {
-            if (redisAppendCommandArgv(r->c, argc + 3, av, al) == REDIS_OK)
-                r->pending++;
-            else
-                rc = fail_io(r, "append");
-        }
+        if (redisAppendCommandArgv(r->c, argc + 3, av, al) == REDIS_OK)
+            r->pending++;
+        else
+            rc = fail_io(r, "append");
     }
     if (av != sav)
         free(av);

@@ -1,28 +1,20 @@
-/* The Lua scripts compiled into the library, with their SHA1 digests for
- * EVALSHA, computed once. */
+/* The Lua scripts compiled into the library, and their SHA1 digests for
+ * EVALSHA as Redis reported them when it loaded them (every connection
+ * loads them all first), so kiq needs no hash code of its own. */
 #include "kiq/redis.h"
+#include "scripts.h"
 
 #include <pthread.h>
-#include <stdio.h>
+#include <stdatomic.h>
 #include <string.h>
-#include <openssl/sha.h>
 
 extern const char *const kiq_lua_names[];
 extern const char *const kiq_lua_texts[];
 extern const size_t kiq_lua_count;
 
 static char shas[KIQ_SCRIPT_COUNT][41];
-static pthread_once_t shas_once = PTHREAD_ONCE_INIT;
-
-static void compute_shas(void)
-{
-    for (size_t i = 0; i < KIQ_SCRIPT_COUNT && i < kiq_lua_count; i++) {
-        unsigned char d[SHA_DIGEST_LENGTH];
-        SHA1((const unsigned char *)kiq_lua_texts[i], strlen(kiq_lua_texts[i]), d);
-        for (int k = 0; k < SHA_DIGEST_LENGTH; k++)
-            snprintf(shas[i] + 2 * k, 3, "%02x", d[k]);
-    }
-}
+static atomic_int known[KIQ_SCRIPT_COUNT];
+static pthread_mutex_t shas_lock = PTHREAD_MUTEX_INITIALIZER;
 
 const char *kiq_script_text(kiq_script_t s)
 {
@@ -31,6 +23,20 @@ const char *kiq_script_text(kiq_script_t s)
 
 const char *kiq_script_sha(kiq_script_t s)
 {
-    pthread_once(&shas_once, compute_shas);
-    return (unsigned)s < KIQ_SCRIPT_COUNT ? shas[s] : NULL;
+    if ((unsigned)s >= KIQ_SCRIPT_COUNT || !atomic_load(&known[s]))
+        return NULL;
+    return shas[s];
+}
+
+void kiq_script_learn_sha(kiq_script_t s, const char *sha, size_t len)
+{
+    if ((unsigned)s >= KIQ_SCRIPT_COUNT || len != 40)
+        return;
+    pthread_mutex_lock(&shas_lock);
+    if (!atomic_load(&known[s])) {
+        memcpy(shas[s], sha, 40);
+        shas[s][40] = '\0';
+        atomic_store(&known[s], 1);
+    }
+    pthread_mutex_unlock(&shas_lock);
 }

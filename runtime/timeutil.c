@@ -2,6 +2,7 @@
 #include "timeutil.h"
 
 #include <stdint.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,4 +45,18 @@ double kiq_rand(void)
     state ^= state << 25;
     state ^= state >> 27;
     return (double)((state * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
+}
+
+void kiq_random_bytes(void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = getrandom(p + got, n - got, 0);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    for (; got < n; got++)
+        p[got] = (unsigned char)(kiq_rand() * 256);
 }

@@ -1,6 +1,8 @@
-/* Clocks and sleeps. */
+/* Clocks, sleeps and randomness. */
 #ifndef KIQ_RUNTIME_TIMEUTIL_H
 #define KIQ_RUNTIME_TIMEUTIL_H
+
+#include <stddef.h>
 
 /* Wall-clock epoch seconds (for timestamps written to Redis). */
 double kiq_now(void);
@@ -8,6 +10,9 @@ double kiq_now(void);
 double kiq_mono(void);
 /* Sleeps for s seconds (no-op for s <= 0). */
 void kiq_sleep(double s);
+/* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
+ * and identities; falls back to the per-thread generator if it fails. */
+void kiq_random_bytes(void *buf, size_t n);
 /* A uniform random double in [0, 1) from a per-thread generator. */
 double kiq_rand(void);
 

@@ -93,7 +93,8 @@ KIQ_API int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys,
                                     int argc, const char **argv, const size_t *lens);
 KIQ_API redisReply *kiq_redis_get_reply(kiq_redis_t *r);
 
-/* The text of a script (for tests and tools). */
+/* The text of a script (for tests and tools), and its SHA1 as Redis
+ * reported it (NULL until a connection has loaded the scripts). */
 KIQ_API const char *kiq_script_text(kiq_script_t s);
 KIQ_API const char *kiq_script_sha(kiq_script_t s);
 
