@@ -263,6 +263,11 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     freeReplyObject(lease);
     if (!mine)
         return; /* another process of the fleet does this pass */
+    kiq_recover_orphans(rt, r);
+}
+
+void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
+{
     kiq_recovery_t rec = {0};
     char err[KIQ_ERRLEN];
     if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,

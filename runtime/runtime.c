@@ -410,18 +410,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     }
     if (c->fetch == KIQ_FETCH_RELIABLE) {
         kiq_fetch_heartbeat(r, rt->identity, c->liveness_ttl);
-        kiq_recovery_t rec = {0};
-        char rerr[KIQ_ERRLEN];
-        if (kiq_fetch_recover(r, rt->identity, c->max_recoveries, c->liveness_ttl, c->timestamps,
-                              &rec, rerr))
-            kiq_warn("orphan recovery: %s", rerr);
-        else if (rec.recovered || rec.killed)
-            kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
-                     rec.recovered, rec.lists, rec.killed);
-        if (!rec.deferred) {
-            kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
-            kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
-        }
+        kiq_recover_orphans(rt, r);
     }
     kiq_heartbeat_beat(rt, r, 0);
     if ((rc = start_threads(rt, err)) != 0) {
