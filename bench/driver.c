@@ -2,9 +2,20 @@
  * redis-server directly (never through the delay proxy), so it adds no
  * latency to what it measures.
  *
- *   kiq-bench push PORT QUEUE CLASS JOBS BATCH
+ *   kiq-bench push PORT QUEUE CLASS JOBS BATCH [LOCK]
  *       pushes JOBS jobs of CLASS (args [i]) with kiq_client_push_bulk,
- *       BATCH per round trip, as Sidekiq::Client.push_bulk does
+ *       BATCH per round trip, as Sidekiq::Client.push_bulk does; with LOCK
+ *       (until_executed, while_executing, ...) every push carries v9's lock
+ *       fields and the client middleware takes the lock where the type says
+ *   kiq-bench locks PORT N
+ *       N lock+unlock cycles through the C API (kiq_unique_lock, then
+ *       kiq_unique_unlock, until_executed, a distinct digest each), on one
+ *       connection; prints "N SECONDS CYCLES_PER_S"
+ *   kiq-bench prelock PORT COUNT JID METADATA
+ *       takes COUNT locks "uniquejobs:<20 zeros><12 digits>:LOCKED" (k =
+ *       0..COUNT-1, the keys redis-benchmark's __rand_int__ makes) for JID,
+ *       pipelined HSET + ZADD, so that the raw unlock benchmark finds a
+ *       held lock behind (almost) every key it draws
  *   kiq-bench fill PORT QUEUE COUNT
  *       LPUSHes COUNT copies of one real NoopJob payload to queue:QUEUE (the
  *       redis-benchmark ceiling needs identical payloads) and prints it
@@ -34,6 +45,8 @@
 #include <hiredis/hiredis.h>
 #include <kiq/client.h>
 #include <kiq/error.h>
+#include <kiq/redis.h>
+#include <kiq/unique.h>
 
 static const char *prog_cmd = "";
 
@@ -112,14 +125,21 @@ static kiq_client_t *client_for(const char *port)
 
 static int do_push(int argc, char **argv)
 {
-    if (argc != 5)
-        die("usage: push PORT QUEUE CLASS JOBS BATCH%s%s", NULL, NULL);
+    if (argc != 5 && argc != 6)
+        die("usage: push PORT QUEUE CLASS JOBS BATCH [LOCK]%s%s", NULL, NULL);
     kiq_client_t *k = client_for(argv[0]);
     long jobs = num(argv[3], "job count"), batch = num(argv[4], "batch size");
     if (batch < 1)
         batch = 1;
     kiq_push_opts_t o = kiq_push_opts_default();
     o.queue = argv[1];
+    kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
+    if (argc == 6) {
+        if (kiq_lock_type_parse(argv[5], &uo.lock))
+            die("unknown lock type %s%s", argv[5], NULL);
+        if (uo.lock != KIQ_LOCK_NONE)
+            o.unique = &uo;
+    }
     char (*text)[32] = malloc((size_t)batch * sizeof(*text));
     const char **args = malloc((size_t)batch * sizeof(*args));
     if (!text || !args)
@@ -177,6 +197,96 @@ static int do_fill(int argc, char **argv)
     fwrite(p->str, 1, p->len, stdout);
     fputc('\n', stdout);
     freeReplyObject(p);
+    redisFree(c);
+    return 0;
+}
+
+static int do_locks(int argc, char **argv)
+{
+    if (argc != 2)
+        die("usage: locks PORT N%s%s", NULL, NULL);
+    long n = num(argv[1], "cycle count");
+    if (n < 1)
+        die("need at least one cycle%s%s", NULL, NULL);
+    char url[64], err[KIQ_ERRLEN];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(argv[0], "port"));
+    kiq_redis_t *r = kiq_redis_new(url, 5.0, err);
+    if (!r)
+        die("%s%s", err, NULL);
+    if (kiq_redis_connect(r))
+        die("cannot connect: %s%s", kiq_redis_error(r), NULL);
+    /* Digests and jids shaped as real ones: "uniquejobs:" + 32 hex, 24 hex. */
+    char digest[64], jid[32], largs[32];
+    kiq_lock_req_t q = { .jid = jid, .type = KIQ_LOCK_UNTIL_EXECUTED, .cls = "NoopJob",
+                         .queue = "bench", .lock_args = largs };
+    q.digest = digest;
+    /* One warm-up cycle: the scripts get loaded, the connection is hot. */
+    double t0 = 0;
+    for (long i = -1; i < n; i++) {
+        if (i == 0)
+            t0 = mono();
+        unsigned long k = (unsigned long)(i + 1);
+        snprintf(digest, sizeof(digest), "uniquejobs:%032lx", k);
+        snprintf(jid, sizeof(jid), "%024lx", 0xb0000000UL + k);
+        snprintf(largs, sizeof(largs), "[%lu]", k);
+        int rc = kiq_unique_lock(r, &q, err);
+        if (rc != KIQ_LOCK_ACQUIRED)
+            die("kiq_unique_lock: %s%s", rc < 0 ? err : "not newly acquired", NULL);
+        rc = kiq_unique_unlock(r, digest, 0, jid, KIQ_LOCK_UNTIL_EXECUTED, 0, err);
+        if (rc != 0)
+            die("kiq_unique_unlock: %s%s", rc == KIQ_EDENIED ? "held by another jid" : err, NULL);
+    }
+    double dt = mono() - t0;
+    kiq_redis_free(r);
+    if (dt <= 0)
+        dt = 1e-6;
+    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
+    return 0;
+}
+
+static int do_prelock(int argc, char **argv)
+{
+    if (argc != 4)
+        die("usage: prelock PORT COUNT JID METADATA%s%s", NULL, NULL);
+    long count = num(argv[1], "count");
+    redisContext *c = connect_port(argv[0]);
+    enum { CHUNK = 1000 };
+    char (*digest)[64] = malloc(CHUNK * sizeof(*digest));
+    char (*locked)[80] = malloc(CHUNK * sizeof(*locked));
+    const char **zav = malloc((2 * CHUNK + 2) * sizeof(*zav));
+    if (!digest || !locked || !zav)
+        die("out of memory%s%s", NULL, NULL);
+    char now[32];
+    snprintf(now, sizeof(now), "%.6f", wall());
+    for (long done = 0; done < count;) {
+        long m = count - done < CHUNK ? count - done : CHUNK;
+        zav[0] = "ZADD";
+        zav[1] = "uniquejobs:digests";
+        for (long i = 0; i < m; i++) {
+            snprintf(digest[i], sizeof(digest[i]), "uniquejobs:00000000000000000000%012ld", done + i);
+            snprintf(locked[i], sizeof(locked[i]), "%s:LOCKED", digest[i]);
+            const char *hav[] = { "HSET", locked[i], argv[2], argv[3] };
+            if (redisAppendCommandArgv(c, 4, hav, NULL) != REDIS_OK)
+                die("redis: %s%s", c->errstr, NULL);
+            zav[2 + 2 * i] = now;
+            zav[3 + 2 * i] = digest[i];
+        }
+        if (redisAppendCommandArgv(c, (int)(2 * m + 2), zav, NULL) != REDIS_OK)
+            die("redis: %s%s", c->errstr, NULL);
+        for (long i = 0; i <= m; i++) {
+            void *rep = NULL;
+            if (redisGetReply(c, &rep) != REDIS_OK || !rep)
+                die("redis: %s%s", c->errstr, NULL);
+            redisReply *rr = rep;
+            if (rr->type != REDIS_REPLY_INTEGER)
+                die("prelock: %s%s", rr->type == REDIS_REPLY_ERROR ? rr->str : "unexpected reply", NULL);
+            freeReplyObject(rep);
+        }
+        done += m;
+    }
+    free(digest);
+    free(locked);
+    free(zav);
     redisFree(c);
     return 0;
 }
@@ -305,7 +415,7 @@ static int do_latency(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency ARGS (see bench/driver.c)\n");
+        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency|locks|prelock ARGS (see bench/driver.c)\n");
         return 2;
     }
     prog_cmd = argv[1];
@@ -317,6 +427,10 @@ int main(int argc, char **argv)
         return do_drain(argc - 2, argv + 2);
     if (strcmp(argv[1], "latency") == 0)
         return do_latency(argc - 2, argv + 2);
+    if (strcmp(argv[1], "locks") == 0)
+        return do_locks(argc - 2, argv + 2);
+    if (strcmp(argv[1], "prelock") == 0)
+        return do_prelock(argc - 2, argv + 2);
     die("unknown command%s%s", NULL, NULL);
     return 2;
 }

@@ -19,7 +19,7 @@
 void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event)
 {
     kiq_metrics_lock_event(kiq_metrics_default(), kiq_lock_type_name(t), event);
-    (void)kiq_unique_metric(r, kiq_lock_type_name(t), event);
+    (void)kiq_unique_metric_record(r, kiq_lock_type_name(t), event);
 }
 
 void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const char *suffix)

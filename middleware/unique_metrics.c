@@ -3,6 +3,8 @@
  * counts whichever process recorded them. */
 #include "kiq/unique_admin.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,110 @@ int kiq_unique_metric_at(kiq_redis_t *r, const char *lock_type, const char *even
 int kiq_unique_metric(kiq_redis_t *r, const char *lock_type, const char *event)
 {
     return kiq_unique_metric_at(r, lock_type, event, time(NULL));
+}
+
+#define PENDING_MAX 256
+
+typedef struct pending_metric {
+    char key[64];       /* minute bucket of the event */
+    char field[160];    /* "<type>|<event>" or "total|<event>" */
+    long n;
+} pending_metric_t;
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static pending_metric_t pending[PENDING_MAX];
+static size_t npending;
+static atomic_int buffering;
+
+void kiq_unique_metrics_buffer(int on)
+{
+    atomic_store(&buffering, on);
+}
+
+/* Adds n to (key, field); returns 0, or -1 when the buffer is full.
+ * pending_lock is held. */
+static int pending_add(const char *key, const char *field, long n)
+{
+    for (size_t i = 0; i < npending; i++)
+        if (!strcmp(pending[i].key, key) && !strcmp(pending[i].field, field)) {
+            pending[i].n += n;
+            return 0;
+        }
+    if (npending == PENDING_MAX)
+        return -1;
+    snprintf(pending[npending].key, sizeof(pending[npending].key), "%s", key);
+    snprintf(pending[npending].field, sizeof(pending[npending].field), "%s", field);
+    pending[npending++].n = n;
+    return 0;
+}
+
+int kiq_unique_metric_record(kiq_redis_t *r, const char *lock_type, const char *event)
+{
+    if (!event || !*event)
+        return KIQ_EINVAL;
+    if (atomic_load(&buffering)) {
+        char key[64], field[160], total[160];
+        kiq_unique_metrics_key(time(NULL), key, sizeof(key));
+        snprintf(field, sizeof(field), "%s|%s", lock_type && *lock_type ? lock_type : "unknown",
+                 event);
+        snprintf(total, sizeof(total), "total|%s", event);
+        pthread_mutex_lock(&pending_lock);
+        int full = npending + 2 > PENDING_MAX;
+        if (!full) {
+            pending_add(key, field, 1);
+            pending_add(key, total, 1);
+        }
+        pthread_mutex_unlock(&pending_lock);
+        if (!full)
+            return 0;
+    }
+    return kiq_unique_metric(r, lock_type, event);
+}
+
+int kiq_unique_metrics_flush(kiq_redis_t *r)
+{
+    pending_metric_t *batch;
+    size_t n;
+    pthread_mutex_lock(&pending_lock);
+    n = npending;
+    batch = n ? malloc(n * sizeof(*batch)) : NULL;
+    if (batch) {
+        memcpy(batch, pending, n * sizeof(*batch));
+        npending = 0;
+    }
+    pthread_mutex_unlock(&pending_lock);
+    if (!batch)
+        return n ? KIQ_ENOMEM : 0;
+    int rc = 0, sent = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        char num[32];
+        snprintf(num, sizeof(num), "%ld", batch[i].n);
+        const char *hincr[] = { "HINCRBY", batch[i].key, batch[i].field, num };
+        const char *exp[] = { "EXPIRE", batch[i].key, METRICS_TTL_STR };
+        rc = kiq_redis_append(r, 4, hincr, NULL);
+        if (!rc && !(rc = kiq_redis_append(r, 3, exp, NULL)))
+            sent += 2;
+        else if (!rc)
+            sent++;
+    }
+    for (int i = 0; i < sent; i++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep) {
+            rc = KIQ_EREDIS;
+            break;
+        }
+        freeReplyObject(rep);
+    }
+    if (rc == KIQ_EREDIS) {
+        /* Not known to be written: count them again next time (a reply lost
+         * mid-pipeline can count a beat's worth twice, as the job stats). */
+        pthread_mutex_lock(&pending_lock);
+        for (size_t i = 0; i < n; i++)
+            pending_add(batch[i].key, batch[i].field, batch[i].n);
+        pthread_mutex_unlock(&pending_lock);
+    }
+    free(batch);
+    return rc;
 }
 
 void kiq_unique_metrics_clear(kiq_unique_metrics_t *m)

@@ -175,6 +175,8 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
 {
     (void)final;
     int rc = kiq_stats_flush(rt, r);
+    if (rc != KIQ_EREDIS)
+        rc = kiq_unique_metrics_flush(r);
     if (rc == KIQ_EREDIS)
         return rc;
     char key_work[400], key_workers[400], key_sig[400];

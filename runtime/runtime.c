@@ -16,6 +16,7 @@
 #include "metrics.h"
 #include "timeutil.h"
 #include "kiq/kiq.h"
+#include "kiq/unique_admin.h"
 #include "kiq/middleware.h"
 
 #define PAUSE 0.1
@@ -306,6 +307,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
         pthread_join(rt->housekeeper, NULL);
     live_conn(r);
     kiq_stats_flush(rt, r);
+    kiq_unique_metrics_flush(r);
     kiq_heartbeat_clear(rt, r);
     char wkey[512], lkey[512];
     kiq_fetch_working_key(rt->identity, wkey, sizeof(wkey));
@@ -384,6 +386,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     if (c->metrics_port > 0 && (rc = kiq_http_start(rt, &http, err)) != 0)
         goto out;
     rt->started_at = kiq_now();
+    kiq_unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
     rt->info_json = build_info(rt);
     r = kiq_redis_new(c->redis_url, 10, err);
     if (!r || !rt->info_json) {

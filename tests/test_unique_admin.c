@@ -121,6 +121,37 @@ Test(unique_admin, metric_writes_v9_fields_and_ttl)
     kiq_redis_free(r);
 }
 
+Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
+{
+    kiq_redis_t *r = conn();
+    kiq_unique_metrics_buffer(1);
+    time_t t0 = time(NULL);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kiq_unique_metric_record(r, "until_executed", "locked"), 0);
+    cr_assert_eq(kiq_unique_metric_record(r, "while_executing", "lock_failed"), 0);
+    time_t t1 = time(NULL);
+    char k0[64], k1[64];
+    kiq_unique_metrics_key(t0, k0, sizeof(k0));
+    kiq_unique_metrics_key(t1, k1, sizeof(k1));
+    cr_assert_eq(kt_int("EXISTS %s", k0), 0, "nothing is written before the flush");
+    cr_assert_eq(kiq_unique_metrics_flush(r), 0);
+    long long locked = kt_int("HGET %s until_executed|locked", k0)
+                     + (strcmp(k0, k1) ? kt_int("HGET %s until_executed|locked", k1) : 0);
+    long long total = kt_int("HGET %s total|locked", k0)
+                    + (strcmp(k0, k1) ? kt_int("HGET %s total|locked", k1) : 0);
+    cr_assert_eq(locked, 3);
+    cr_assert_eq(total, 3);
+    cr_assert_eq(kt_int("HGET %s while_executing|lock_failed", k1)
+                 + (strcmp(k0, k1) ? kt_int("HGET %s while_executing|lock_failed", k0) : 0), 1);
+    long long ttl = kt_int("TTL %s", k1);
+    cr_assert(ttl > 28790 && ttl <= 28800, "ttl %lld", ttl);
+    cr_assert_eq(kiq_unique_metrics_flush(r), 0, "an empty flush is fine");
+    cr_assert_eq(kt_int("HGET %s total|locked", k0) + (strcmp(k0, k1) ? kt_int("HGET %s total|locked", k1) : 0),
+                 3, "and writes nothing twice");
+    kiq_unique_metrics_buffer(0);
+    kiq_redis_free(r);
+}
+
 static json_t *row_of(json_t *types, const char *type)
 {
     size_t i;

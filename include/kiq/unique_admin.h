@@ -37,6 +37,17 @@
  * execution_failed. Returns 0, KIQ_EINVAL (event NULL or empty),
  * KIQ_EREDIS or KIQ_EREPLY. */
 KIQ_API int kiq_unique_metric(kiq_redis_t *r, const char *lock_type, const char *event);
+
+/* A running worker counts lock events in memory and writes them once per
+ * heartbeat (one pipeline for the lot), so taking or releasing a lock costs
+ * no extra round trip: kiq_unique_metrics_buffer(1) turns that on, and
+ * kiq_unique_metric_record() then buffers (or, when off or the buffer is
+ * full, writes at once on r). kiq_unique_metrics_flush() writes what is
+ * buffered, to the minute bucket each event happened in; on an error the
+ * counts are kept for the next flush. Thread-safe. */
+KIQ_API void kiq_unique_metrics_buffer(int on);
+KIQ_API int kiq_unique_metric_record(kiq_redis_t *r, const char *lock_type, const char *event);
+KIQ_API int kiq_unique_metrics_flush(kiq_redis_t *r);
 /* The same for the minute holding t (tests, and replays of buffered counts). */
 KIQ_API int kiq_unique_metric_at(kiq_redis_t *r, const char *lock_type, const char *event,
                                  time_t t);
