@@ -222,8 +222,9 @@ static void rj_string(rj_t *p)
  * takes no uniqueness locks never maps it (it is a third of kiq's
  * resident memory otherwise). */
 struct crypto {
-    __typeof__(&EVP_md5) md5;
-    __typeof__(&EVP_sha3_256) sha3_256;
+    const EVP_MD *md5, *sha3_256;   /* fetched once: OpenSSL 3 would look the
+                                       algorithm up under a global lock on
+                                       every digest otherwise */
     __typeof__(&EVP_Digest) digest;
 };
 
@@ -238,9 +239,12 @@ static void crypto_load(void)
         h = dlopen("libcrypto.so", RTLD_NOW | RTLD_LOCAL);
     if (!h)
         return;
-    crypto_fns.md5 = (__typeof__(&EVP_md5))(uintptr_t)dlsym(h, "EVP_md5");
-    crypto_fns.sha3_256 = (__typeof__(&EVP_sha3_256))(uintptr_t)dlsym(h, "EVP_sha3_256");
+    __typeof__(&EVP_MD_fetch) fetch = (__typeof__(&EVP_MD_fetch))(uintptr_t)dlsym(h, "EVP_MD_fetch");
     crypto_fns.digest = (__typeof__(&EVP_Digest))(uintptr_t)dlsym(h, "EVP_Digest");
+    if (!fetch)
+        return;
+    crypto_fns.md5 = fetch(NULL, "MD5", NULL);
+    crypto_fns.sha3_256 = fetch(NULL, "SHA3-256", NULL);
     crypto_ok = crypto_fns.md5 && crypto_fns.sha3_256 && crypto_fns.digest;
 }
 
@@ -511,7 +515,7 @@ int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX], ch
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
     const struct crypto *cr = crypto();
-    const EVP_MD *alg = !cr ? NULL : in->alg == KIQ_DIGEST_SHA3_256 ? cr->sha3_256() : cr->md5();
+    const EVP_MD *alg = !cr ? NULL : in->alg == KIQ_DIGEST_SHA3_256 ? cr->sha3_256 : cr->md5;
     if (!alg || !cr->digest(b.p, b.len, md, &mdlen, alg, NULL)) {
         rc = kiq_seterr(err, KIQ_EINVAL, "OpenSSL cannot compute %s%s",
                         in->alg == KIQ_DIGEST_SHA3_256 ? "SHA3-256" : "MD5",
