@@ -22,8 +22,8 @@
  *   kiq-bench drain PORT QUEUE MODE TIMEOUT_S
  *       times the drain of queue:QUEUE. Start: the first poll that sees the
  *       queue shorter than at the beginning (the first fetch). End, MODE
- *       "working": the first poll that sees the queue and every
- *       uniquejobs:working:* list empty (the last ack); MODE "stamp:KEY":
+ *       "working": the first poll that sees the queue and the working
+ *       list of every process in "processes" empty (the last ack); MODE "stamp:KEY":
  *       the queue is empty and KEY holds the epoch time the worker wrote
  *       after its last job (basic fetch leaves no trace in Redis).
  *       Prints "JOBS SECONDS JOBS_PER_S".
@@ -297,11 +297,14 @@ static int do_prelock(int argc, char **argv)
     return 0;
 }
 
-/* One poll: {LLEN queue, total length of the working lists, stamp or false}. */
+/* One poll: {LLEN queue, total length of the working lists, stamp or false}.
+ * The lists are found through the "processes" set (kiq registers there
+ * before its first fetch): a KEYS pattern would walk the whole keyspace on
+ * every poll, and with a uniqueness lock per queued job that stalls Redis. */
 static const char *POLL_LUA =
     "local w = 0\n"
-    "for _, k in ipairs(redis.call('KEYS', 'uniquejobs:working:*')) do\n"
-    "  w = w + redis.call('LLEN', k)\n"
+    "for _, id in ipairs(redis.call('SMEMBERS', 'processes')) do\n"
+    "  w = w + redis.call('LLEN', 'uniquejobs:working:' .. id)\n"
     "end\n"
     "local s = false\n"
     "if ARGV[1] ~= '' then s = redis.call('GET', ARGV[1]) end\n"
