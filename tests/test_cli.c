@@ -7,7 +7,7 @@
 
 #include "helpers.h"
 
-TestSuite(cli, .timeout = 60);
+TestSuite(cli, .timeout = 60, .fini = kt_kill_children);
 
 static char *first_line(char *s)
 {

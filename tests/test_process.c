@@ -6,7 +6,7 @@
 
 #include "helpers.h"
 
-TestSuite(process, .timeout = 120);
+TestSuite(process, .timeout = 120, .fini = kt_kill_children);
 
 Test(process, ruby_pushed_jobs_run_and_stats_show_them)
 {

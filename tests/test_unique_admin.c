@@ -14,7 +14,7 @@
 #include "kiq/redis.h"
 #include "kiq/unique_admin.h"
 
-TestSuite(unique_admin, .timeout = 60);
+TestSuite(unique_admin, .timeout = 60, .fini = kt_kill_children);
 
 static kiq_redis_t *conn(void)
 {
