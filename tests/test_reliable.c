@@ -274,7 +274,10 @@ Test(reliable, rolling_deploy_runs_each_job_once)
         make_jid(sj[i], 7, i);
         push_one(c, "SleepJob", "[3000]", sj[i]);
     }
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4, 10), "%s", kt_kiq_log(a));
+    /* Started, not only fetched: a job fetched as A goes quiet is put back
+     * (for B), as Sidekiq does. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4 && log_count(a, "SleepJob", "INFO: start") == 4, 10),
+              "%s", kt_kiq_log(a));
     kill(a, SIGTERM);
     cr_assert(KT_WAIT_UNTIL(log_has(a, "Pausing to allow workers to finish"), 5));
     pid_t b = kt_kiq_start(args);
