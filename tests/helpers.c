@@ -169,16 +169,88 @@ redisReply *kt_cmd(const char *fmt, ...)
     return r;
 }
 
-long long kt_int(const char *fmt, ...)
+static long long vint_on(redisContext *c, const char *fmt, va_list ap)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = vcmd(fmt, ap);
-    va_end(ap);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    cr_assert(r, "redis command failed: %s", c->errstr);
     long long v = r->type == REDIS_REPLY_INTEGER ? r->integer
                 : r->type == REDIS_REPLY_STRING ? atoll(r->str) : 0;
     freeReplyObject(r);
     return v;
+}
+
+long long kt_int(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    long long v = vint_on(kt_redis(), fmt, ap);
+    va_end(ap);
+    return v;
+}
+
+long long kt_int_on(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    long long v = vint_on(c, fmt, ap);
+    va_end(ap);
+    return v;
+}
+
+void kt_aof_init(kt_aof_redis_t *s, const char *name)
+{
+    memset(s, 0, sizeof(*s));
+    s->port = kt_free_port();
+    char *d = kt_tmp(name);
+    snprintf(s->dir, sizeof(s->dir), "%s", d);
+    free(d);
+    cr_assert(mkdir(s->dir, 0700) == 0 || errno == EEXIST, "mkdir %s", s->dir);
+    snprintf(s->url, sizeof(s->url), "redis://127.0.0.1:%d/0", s->port);
+}
+
+redisContext *kt_aof_connect(const kt_aof_redis_t *s)
+{
+    struct timeval tv = { 2, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+    if (c && !c->err) {
+        redisReply *r = redisCommand(c, "PING");
+        int ok = r && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        if (ok)
+            return c;
+    }
+    redisFree(c);
+    return NULL;
+}
+
+void kt_aof_start(kt_aof_redis_t *s)
+{
+    char port[16], logf[500];
+    snprintf(port, sizeof(port), "%d", s->port);
+    snprintf(logf, sizeof(logf), "%s/redis.log", s->dir);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "yes", "--appendfsync", "always", "--dir", s->dir,
+               "--logfile", logf, (char *)NULL);
+        _exit(127);
+    }
+    kt_track(s->pid);
+    redisContext *c = NULL;
+    cr_assert(KT_WAIT_UNTIL((c = kt_aof_connect(s)) != NULL, 20),
+              "private redis-server on %d did not start", s->port);
+    redisFree(c);
+}
+
+void kt_aof_kill(kt_aof_redis_t *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, NULL, 0);
+        kt_untrack(s->pid);
+        s->pid = 0;
+    }
 }
 
 char *kt_str(const char *fmt, ...)

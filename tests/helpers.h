@@ -23,6 +23,31 @@ redisContext *kt_redis(void);
 redisReply *kt_cmd(const char *fmt, ...);
 /* Integer result of a command (LLEN, SCARD, ...); strings are converted. */
 long long kt_int(const char *fmt, ...);
+/* kt_int on any connection (a private server's); fails the test on a
+ * connection error. */
+long long kt_int_on(redisContext *c, const char *fmt, ...);
+
+/* A redis-server of the test's own, for tests that kill or restart Redis
+ * (never the shared one): it writes every command to its append-only file
+ * before answering, so a kill -9 loses nothing it acknowledged, and a
+ * restart in the same directory brings the data back. */
+typedef struct kt_aof_redis {
+    pid_t pid;
+    int port;
+    char dir[400];
+    char url[128];
+} kt_aof_redis_t;
+
+/* Picks a free port and a directory under the test's temp dir (name). */
+void kt_aof_init(kt_aof_redis_t *s, const char *name);
+/* Starts the server (tracked for kt_kill_children) and waits until it
+ * answers PING, which it does not while it loads its file. */
+void kt_aof_start(kt_aof_redis_t *s);
+/* A connection to it (the caller frees it), or NULL if it does not answer. */
+redisContext *kt_aof_connect(const kt_aof_redis_t *s);
+/* Kills it outright (SIGKILL): no goodbye to its clients. */
+void kt_aof_kill(kt_aof_redis_t *s);
+
 /* String result of a command, malloc'd, or NULL for nil. */
 char *kt_str(const char *fmt, ...);
 

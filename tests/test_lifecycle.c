@@ -318,93 +318,16 @@ Test(lifecycle, json_log_lines_are_objects)
 
 /* ---- Redis going away ------------------------------------------------- */
 
-/* A redis-server of this test's own, on a fixed port, with an append-only
- * file fsynced on every write so that a restart keeps every acknowledged
- * write. */
-typedef struct priv_redis {
-    pid_t pid;
-    int port;
-    char dir[400];
-    char url[128];
-} priv_redis_t;
-
-static void priv_init(priv_redis_t *s)
-{
-    memset(s, 0, sizeof(*s));
-    s->port = kt_free_port();
-    char *d = kt_tmp("priv-redis");
-    snprintf(s->dir, sizeof(s->dir), "%s", d);
-    free(d);
-    mkdir(s->dir, 0755);
-    snprintf(s->url, sizeof(s->url), "redis://127.0.0.1:%d/0", s->port);
-}
-
-static redisContext *priv_connect(const priv_redis_t *s)
-{
-    struct timeval tv = { 2, 0 };
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", s->port, tv);
-    if (c && !c->err) {
-        redisReply *r = redisCommand(c, "PING");
-        int ok = r && r->type == REDIS_REPLY_STATUS;
-        freeReplyObject(r);
-        if (ok)
-            return c;
-    }
-    redisFree(c);
-    return NULL;
-}
-
-static void priv_start(priv_redis_t *s)
-{
-    char port[16], logf[500];
-    snprintf(port, sizeof(port), "%d", s->port);
-    snprintf(logf, sizeof(logf), "%s/redis.log", s->dir);
-    s->pid = fork();
-    cr_assert(s->pid >= 0);
-    if (s->pid == 0) {
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "yes", "--appendfsync", "always", "--dir", s->dir,
-               "--logfile", logf, (char *)NULL);
-        _exit(127);
-    }
-    kt_track(s->pid);
-    redisContext *c = NULL;
-    cr_assert(KT_WAIT_UNTIL((c = priv_connect(s)) != NULL, 20), "private redis-server did not start");
-    redisFree(c);
-}
-
-/* Kills the server outright: no goodbye to its clients. */
-static void priv_kill(priv_redis_t *s)
-{
-    if (s->pid > 0) {
-        kill(s->pid, SIGKILL);
-        waitpid(s->pid, NULL, 0);
-        s->pid = 0;
-    }
-}
-
-static long long priv_int(redisContext *c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    cr_assert(r, "private redis: %s", c->errstr);
-    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-    freeReplyObject(r);
-    return v;
-}
-
 Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
 {
-    priv_redis_t srv;
-    priv_init(&srv);
-    priv_start(&srv);
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "priv-redis");
+    kt_aof_start(&srv);
     char *cfg = write_config("restart.yml", "heartbeat_interval: 1\npoll_interval_average: 1\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
-    redisContext *c = priv_connect(&srv);
+    redisContext *c = kt_aof_connect(&srv);
     cr_assert(c);
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
     redisReply *idr = redisCommand(c, "SRANDMEMBER processes");
     char *id = strdup(idr->str);
     freeReplyObject(idr);
@@ -423,8 +346,8 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
         pushed++;
         kt_sleep(0.003);
     }
-    cr_assert(priv_int(c, "SCARD rec") > 0, "jobs were flowing: %s", kt_kiq_log(pid));
-    priv_kill(&srv);
+    cr_assert(kt_int_on(c, "SCARD rec") > 0, "jobs were flowing: %s", kt_kiq_log(pid));
+    kt_aof_kill(&srv);
     redisFree(c);
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "retrying with backoff") >= 1, 10),
               "the outage is not logged: %s", kt_kiq_log(pid));
@@ -432,8 +355,8 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     char how[64];
     cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_kiq_log(pid));
 
-    priv_start(&srv);
-    c = priv_connect(&srv);
+    kt_aof_start(&srv);
+    c = kt_aof_connect(&srv);
     cr_assert(c);
     for (int i = N / 2; i < N; i++) {
         snprintf(jids[pushed], 25, "8%023d", i);
@@ -447,17 +370,17 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     }
     /* A RecordJob cut off mid-way by the outage failed and is retried after
      * its backoff (15-24 s): then it takes that long. */
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD rec") == pushed, 45),
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") == pushed, 45),
               "%lld of %d recorded; queue %lld, retry %lld, working %lld: %s",
-              priv_int(c, "SCARD rec"), pushed, priv_int(c, "LLEN queue:default"),
-              priv_int(c, "ZCARD retry"), priv_int(c, "LLEN uniquejobs:working:%s", id),
+              kt_int_on(c, "SCARD rec"), pushed, kt_int_on(c, "LLEN queue:default"),
+              kt_int_on(c, "ZCARD retry"), kt_int_on(c, "LLEN uniquejobs:working:%s", id),
               kt_kiq_log(pid));
     for (int i = 0; i < pushed; i++)
-        cr_assert_eq(priv_int(c, "SISMEMBER rec %s", jids[i]), 1, "%s lost", jids[i]);
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "LLEN queue:default") == 0
-                            && priv_int(c, "LLEN uniquejobs:working:%s", id) == 0, 10));
-    cr_assert_eq(priv_int(c, "ZCARD dead"), 0);
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SISMEMBER processes %s", id) == 1, 10),
+        cr_assert_eq(kt_int_on(c, "SISMEMBER rec %s", jids[i]), 1, "%s lost", jids[i]);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0
+                            && kt_int_on(c, "LLEN uniquejobs:working:%s", id) == 0, 10));
+    cr_assert_eq(kt_int_on(c, "ZCARD dead"), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SISMEMBER processes %s", id) == 1, 10),
               "the heartbeat resumes after the restart");
 
     char *log = kt_kiq_log(pid);
@@ -466,41 +389,41 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     cr_assert_eq(count_of(log, "Redis is online"), 1, "%s", log);
     free(log);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
-    cr_assert_eq(priv_int(c, "SISMEMBER processes %s", id), 0);
+    cr_assert_eq(kt_int_on(c, "SISMEMBER processes %s", id), 0);
     redisFree(c);
-    priv_kill(&srv);
+    kt_aof_kill(&srv);
     free(id);
     free(cfg);
 }
 
 Test(lifecycle, starts_when_redis_comes_up)
 {
-    priv_redis_t srv;
-    priv_init(&srv);
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "priv-redis");
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
     kt_sleep(0.5);
     char how[64];
     cr_assert(alive(pid, how, sizeof(how)), "kiq gave up (%s): %s", how, kt_kiq_log(pid));
-    priv_start(&srv);
-    redisContext *c = priv_connect(&srv);
+    kt_aof_start(&srv);
+    redisContext *c = kt_aof_connect(&srv);
     cr_assert(c);
     char *p = payload_of("RecordJob", "90000000000000000000000a", "[\"rec\"]");
     freeReplyObject(redisCommand(c, "LPUSH queue:default %s", p));
     free(p);
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SISMEMBER rec 90000000000000000000000a") == 1, 20),
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SISMEMBER rec 90000000000000000000000a") == 1, 20),
               "the job did not run once Redis came up: %s", kt_kiq_log(pid));
-    cr_assert_eq(priv_int(c, "SCARD processes"), 1);
+    cr_assert_eq(kt_int_on(c, "SCARD processes"), 1);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
-    cr_assert_eq(priv_int(c, "SCARD processes"), 0);
+    cr_assert_eq(kt_int_on(c, "SCARD processes"), 0);
     redisFree(c);
-    priv_kill(&srv);
+    kt_aof_kill(&srv);
 }
 
 Test(lifecycle, term_while_waiting_for_redis_exits_0)
 {
-    priv_redis_t srv;
-    priv_init(&srv); /* never started */
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "priv-redis"); /* never started */
     pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", srv.url, NULL });
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
     double t0 = kt_now();
@@ -517,12 +440,12 @@ Test(lifecycle, term_while_waiting_for_redis_exits_0)
  * (SIGPIPE). */
 Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
 {
-    priv_redis_t srv;
-    priv_init(&srv);
-    priv_start(&srv);
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "priv-redis");
+    kt_aof_start(&srv);
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--redis-url", srv.url, NULL });
-    redisContext *c = priv_connect(&srv);
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    redisContext *c = kt_aof_connect(&srv);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
     size_t big = 4u << 20;
     char *pad = malloc(big + 1);
     memset(pad, 'x', big);
@@ -534,9 +457,9 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob jid=a1000000000000000000000a INFO: start") == 1, 20),
               "%s", kt_kiq_log(pid));
     redisFree(c);
-    priv_kill(&srv);
-    priv_start(&srv);
-    c = priv_connect(&srv);
+    kt_aof_kill(&srv);
+    kt_aof_start(&srv);
+    c = kt_aof_connect(&srv);
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "jid=a1000000000000000000000a elapsed=") == 1, 20),
               "%s", kt_kiq_log(pid));
     kt_sleep(0.5);
@@ -546,10 +469,10 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
                                int e = r && r->type == REDIS_REPLY_ARRAY && r->elements == 0;
                                freeReplyObject(r); e; }), 15),
               "the job stayed in the working list: %s", kt_kiq_log(pid));
-    cr_assert_eq(priv_int(c, "LLEN queue:default"), 0);
+    cr_assert_eq(kt_int_on(c, "LLEN queue:default"), 0);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
     redisFree(c);
-    priv_kill(&srv);
+    kt_aof_kill(&srv);
     free(pad);
     free(p);
 }
@@ -559,21 +482,21 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
  * for orphan recovery or key expiry. */
 Test(lifecycle, term_after_redis_restart_still_requeues)
 {
-    priv_redis_t srv;
-    priv_init(&srv);
-    priv_start(&srv);
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "priv-redis");
+    kt_aof_start(&srv);
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-t", "1", "--redis-url", srv.url, NULL });
-    redisContext *c = priv_connect(&srv);
-    cr_assert(KT_WAIT_UNTIL(priv_int(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    redisContext *c = kt_aof_connect(&srv);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
     char *jobs[2] = { payload_of("SleepJob", "b1000000000000000000000a", "[20000]"),
                       payload_of("SleepJob", "b1000000000000000000000b", "[20000]") };
     for (int i = 0; i < 2; i++)
         freeReplyObject(redisCommand(c, "LPUSH queue:default %s", jobs[i]));
     cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
     redisFree(c);
-    priv_kill(&srv);
-    priv_start(&srv);
-    c = priv_connect(&srv);
+    kt_aof_kill(&srv);
+    kt_aof_start(&srv);
+    c = kt_aof_connect(&srv);
     int st = kt_kiq_stop(pid, SIGTERM, 15);
     cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
     redisReply *r = redisCommand(c, "LRANGE queue:default 0 -1");
@@ -584,9 +507,9 @@ Test(lifecycle, term_after_redis_restart_still_requeues)
     r = redisCommand(c, "KEYS uniquejobs:working:*");
     cr_assert(r && r->elements == 0, "left in the working list");
     freeReplyObject(r);
-    cr_assert_eq(priv_int(c, "SCARD processes"), 0, "still in the process set");
+    cr_assert_eq(kt_int_on(c, "SCARD processes"), 0, "still in the process set");
     redisFree(c);
-    priv_kill(&srv);
+    kt_aof_kill(&srv);
     free(jobs[0]);
     free(jobs[1]);
 }

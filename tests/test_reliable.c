@@ -43,21 +43,6 @@ static char *write_file(const char *name, const char *body)
     return path;
 }
 
-/* Integer result of a command on any connection (the fixture's or a private
- * server's); fails the test on a connection error. */
-static long long r_int(redisContext *c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    cr_assert(r, "redis: %s", c->errstr);
-    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer
-                : r->type == REDIS_REPLY_STRING ? atoll(r->str) : 0;
-    freeReplyObject(r);
-    return v;
-}
-
 /* Number of working lists in the database. */
 static long working_lists(redisContext *c)
 {
@@ -358,58 +343,15 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     free(y);
 }
 
-/* A private redis-server that writes every command to its AOF before it
- * answers, so a kill -9 of Redis loses nothing it acknowledged. */
-typedef struct aof_redis {
-    pid_t pid;
-    int port;
-    char dir[512];
-    char url[128];
-} aof_redis_t;
-
-static redisContext *aof_connect(aof_redis_t *s)
-{
-    redisContext *c = NULL;
-    /* Up means answering commands: while it loads its AOF it says LOADING. */
-    int up = KT_WAIT_UNTIL(({
-        redisFree(c);
-        c = redisConnect("127.0.0.1", s->port);
-        redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
-        int pong = r && r->type == REDIS_REPLY_STATUS;
-        freeReplyObject(r);
-        pong; }), 10);
-    cr_assert(up, "private redis on %d did not come up", s->port);
-    return c;
-}
-
-static redisContext *aof_start(aof_redis_t *s)
-{
-    char port[16], logf[600];
-    snprintf(port, sizeof(port), "%d", s->port);
-    snprintf(logf, sizeof(logf), "%s/redis.log", s->dir);
-    s->pid = fork();
-    cr_assert(s->pid >= 0);
-    if (s->pid == 0) {
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir",
-               s->dir, "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-               "--logfile", logf, (char *)NULL);
-        _exit(127);
-    }
-    kt_track(s->pid);
-    return aof_connect(s);
-}
-
 /* (d) Redis dies (kill -9) and comes back mid-run. */
 Test(reliable, redis_restart_mid_run_loses_nothing)
 {
     enum { N = 3000, CONC = 5 };
-    aof_redis_t s = { .port = kt_free_port() };
-    char *d = kt_tmp("aof");
-    snprintf(s.dir, sizeof(s.dir), "%s", d);
-    free(d);
-    cr_assert(mkdir(s.dir, 0700) == 0 || errno == EEXIST);
-    snprintf(s.url, sizeof(s.url), "redis://127.0.0.1:%d/0", s.port);
-    redisContext *c = aof_start(&s);
+    kt_aof_redis_t s;
+    kt_aof_init(&s, "aof");
+    kt_aof_start(&s);
+    redisContext *c = kt_aof_connect(&s);
+    cr_assert(c);
     char **p = calloc(N + N / 50, sizeof(char *));
     size_t n = 0;
     for (unsigned i = 0; i < N; i++) {
@@ -425,14 +367,15 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
     char *y = write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
     const char *args[] = { "-C", y, "-c", "5", "--redis-url", s.url, NULL };
     pid_t pid = kt_kiq_start(args);
-    cr_assert(KT_WAIT_UNTIL(r_int(c, "SCARD rec") >= N / 4, 30), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") >= N / 4, 30), "%s", kt_kiq_log(pid));
     redisFree(c);
-    kill(s.pid, SIGKILL);
-    waitpid(s.pid, NULL, 0);
+    kt_aof_kill(&s);
     /* An outage of a fixed length: long enough for every thread to notice. */
     kt_sleep(1.0);
-    c = aof_start(&s);
-    long before = (long)r_int(c, "SCARD rec");
+    kt_aof_start(&s);
+    c = kt_aof_connect(&s);
+    cr_assert(c);
+    long before = (long)kt_int_on(c, "SCARD rec");
     /* A job whose handler lost Redis fails and is scheduled for a retry in
      * 15 s or more; bring that time forward rather than wait for it. */
     long retried = 0;
@@ -444,18 +387,18 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
             freeReplyObject(redisCommand(c, "ZADD retry XX 0 %b", r->element[i]->str,
                                          r->element[i]->len));
         freeReplyObject(r);
-        r_int(c, "SCARD rec") == N && r_int(c, "LLEN queue:default") == 0
-            && r_int(c, "ZCARD retry") == 0 && working_lists(c) == 0; }), 60);
+        kt_int_on(c, "SCARD rec") == N && kt_int_on(c, "LLEN queue:default") == 0
+            && kt_int_on(c, "ZCARD retry") == 0 && working_lists(c) == 0; }), 60);
     cr_assert(ok, "after the restart: %lld recorded, %lld queued, %lld in retry, %ld working lists\n%s",
-              r_int(c, "SCARD rec"), r_int(c, "LLEN queue:default"), r_int(c, "ZCARD retry"),
+              kt_int_on(c, "SCARD rec"), kt_int_on(c, "LLEN queue:default"), kt_int_on(c, "ZCARD retry"),
               working_lists(c), kt_kiq_log(pid));
-    long dups = (long)(r_int(c, "LLEN rec:log") - r_int(c, "SCARD rec"));
+    long dups = (long)(kt_int_on(c, "LLEN rec:log") - kt_int_on(c, "SCARD rec"));
     fprintf(stderr, "[redis-restart] %d jobs, %ld done before the restart, %ld failed with Redis "
             "gone and retried, %ld duplicates\n", N, before, retried, dups);
     cr_assert(alive(pid), "kiq rode out the outage");
     cr_assert(log_has(pid, "Redis is online"), "%s", kt_kiq_log(pid));
     cr_assert_leq(dups, CONC, "only jobs in flight at the outage may run twice");
-    cr_assert_eq(r_int(c, "ZCARD dead"), 0);
+    cr_assert_eq(kt_int_on(c, "ZCARD dead"), 0);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     redisFree(c);
     kill(s.pid, SIGTERM);
@@ -471,13 +414,11 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
  * their jobs; none may take another's. */
 Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
 {
-    aof_redis_t s = { .port = kt_free_port() };
-    char *d = kt_tmp("aof2");
-    snprintf(s.dir, sizeof(s.dir), "%s", d);
-    free(d);
-    cr_assert(mkdir(s.dir, 0700) == 0 || errno == EEXIST);
-    snprintf(s.url, sizeof(s.url), "redis://127.0.0.1:%d/0", s.port);
-    redisContext *c = aof_start(&s);
+    kt_aof_redis_t s;
+    kt_aof_init(&s, "aof2");
+    kt_aof_start(&s);
+    redisContext *c = kt_aof_connect(&s);
+    cr_assert(c);
     char *y = write_file("outage.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
     pid_t a = kt_kiq_start(args), b = kt_kiq_start(args);
@@ -490,13 +431,14 @@ Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
         p[i] = payload("SleepJob", "[5000]", sj[i], "default");
     }
     push_all(c, "default", p, 4);
-    cr_assert(KT_WAIT_UNTIL(r_int(c, "LLEN %s", wa) == 2 && r_int(c, "LLEN %s", wb) == 2, 10));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) == 2 && kt_int_on(c, "LLEN %s", wb) == 2, 10));
     redisFree(c);
-    kill(s.pid, SIGKILL);
-    waitpid(s.pid, NULL, 0);
+    kt_aof_kill(&s);
     kt_sleep(3.0); /* longer than liveness_ttl (2 s) */
-    c = aof_start(&s);
-    cr_assert(KT_WAIT_UNTIL(r_int(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 20),
+    kt_aof_start(&s);
+    c = kt_aof_connect(&s);
+    cr_assert(c);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 20),
               "%s\n%s", kt_kiq_log(a), kt_kiq_log(b));
     /* Stopped first: job lines are written in batches, all of them by exit. */
     cr_assert_eq(kt_kiq_stop(a, SIGTERM, 15), 0);
