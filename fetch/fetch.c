@@ -21,6 +21,7 @@ struct kiq_fetch {
     size_t *expanded;    /* scratch: weighted expansion */
     char working[512];
     char timeout_s[32];
+    int locks_seen;      /* the last job fetched carried a lock_digest */
 };
 
 void kiq_fetch_working_key(const char *identity, char *out, size_t n)
@@ -121,8 +122,17 @@ static void plan_order(kiq_fetch_t *f)
     }
 }
 
+void kiq_fetched_clear(kiq_fetched_t *j)
+{
+    free(j->payload);
+    free(j->held_digest);
+    free(j->held_jid);
+    memset(j, 0, sizeof(*j));
+}
+
 static int take(kiq_fetch_t *f, const redisReply *payload, size_t qi, kiq_fetched_t *out)
 {
+    memset(out, 0, sizeof(*out));
     out->payload = malloc(payload->len + 1);
     if (!out->payload)
         return KIQ_ENOMEM;
@@ -130,7 +140,23 @@ static int take(kiq_fetch_t *f, const redisReply *payload, size_t qi, kiq_fetche
     out->payload[payload->len] = '\0';
     out->len = payload->len;
     out->queue = f->names[qi];
+    f->locks_seen = memmem(payload->str, payload->len, "\"lock_digest\"", 13) != NULL;
     return 1;
+}
+
+/* The lock the fetch script saw held by the job's own jid (empty strings
+ * when it did not look or it was not held). */
+static int take_hint(const redisReply *digest, const redisReply *jid, kiq_fetched_t *out)
+{
+    if (digest->type != REDIS_REPLY_STRING || jid->type != REDIS_REPLY_STRING || !digest->len
+        || !jid->len)
+        return 0;
+    out->held_digest = strndup(digest->str, digest->len);
+    out->held_jid = strndup(jid->str, jid->len);
+    if (out->held_digest && out->held_jid)
+        return 0;
+    kiq_fetched_clear(out);
+    return KIQ_ENOMEM;
 }
 
 static size_t queue_of_key(const kiq_fetch_t *f, const char *key)
@@ -160,39 +186,79 @@ static int fetch_basic(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
     return rc;
 }
 
-/* The reliable fetch's first command: with several queues, one script that
- * tries them all in order; with one queue, the blocking move itself. */
-static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r)
+/* Whether the next fetch goes through the script: several queues, several
+ * jobs, or jobs with locks (the script checks them on the way). With one
+ * queue, one job and no locks the blocking move alone is cheapest. */
+static int use_script(const kiq_fetch_t *f, size_t max)
 {
-    if (f->nq == 1) {
-        const char *argv[] = { "BLMOVE", f->keys[0], f->working, "RIGHT", "LEFT", f->timeout_s };
-        return kiq_redis_append(r, 6, argv, NULL);
+    return f->nq > 1 || max > 1 || f->locks_seen;
+}
+
+/* The reliable fetch's first command: the script that sweeps the queues in
+ * order for up to max jobs, or the move itself (blocking when block). */
+static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
+{
+    if (!use_script(f, max)) {
+        const char *argv[] = { block ? "BLMOVE" : "LMOVE", f->keys[0], f->working, "RIGHT",
+                               "LEFT", f->timeout_s };
+        return kiq_redis_append(r, block ? 6 : 5, argv, NULL);
     }
-    const char *argv[f->nq + 1];
+    char n[24];
+    snprintf(n, sizeof(n), "%zu", max);
+    const char *argv[f->nq + 3];
     for (size_t i = 0; i < f->nq; i++)
         argv[i] = f->keys[f->order[i]];
     argv[f->nq] = f->working;
-    return kiq_redis_append_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 1, argv, NULL);
+    argv[f->nq + 1] = n;
+    argv[f->nq + 2] = "1";
+    return kiq_redis_append_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 3, argv,
+                                   NULL);
 }
 
-/* Reads what append_fetch asked for. Returns 1 with a job, 0 for none,
- * KIQ_EREDIS or KIQ_EREPLY. */
-static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+/* Reads the script's reply into out[0..max). Returns the number of jobs,
+ * or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM (nothing in out then). */
+static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out, size_t max)
 {
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 4)
+        return KIQ_EREPLY;
+    size_t n = 0;
+    int rc = 0;
+    for (size_t i = 0; i < rep->elements && n < max && rc == 0; i += 4) {
+        redisReply **e = rep->element + i;
+        long long qi = e[0]->type == REDIS_REPLY_INTEGER ? e[0]->integer : 0;
+        if (qi < 1 || (size_t)qi > f->nq || e[1]->type != REDIS_REPLY_STRING) {
+            rc = KIQ_EREPLY;
+            break;
+        }
+        rc = take(f, e[1], f->order[qi - 1], &out[n]);
+        if (rc == 1 && (rc = take_hint(e[2], e[3], &out[n])) == 0)
+            n++;
+    }
+    if (rc < 0) {
+        /* Jobs already moved stay in the working list: the stray check
+         * gives them back. */
+        while (n)
+            kiq_fetched_clear(&out[--n]);
+        return rc;
+    }
+    return (int)n;
+}
+
+/* Reads what append_fetch asked for. Returns the number of jobs, or
+ * KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM. */
+static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max)
+{
+    int script = use_script(f, max);
     redisReply *rep = kiq_redis_get_reply(r);
     int rc = 0;
     if (!rep)
         return KIQ_EREDIS;
     if (rep->type == REDIS_REPLY_ERROR)
         rc = KIQ_EREPLY;
-    else if (f->nq == 1 && rep->type == REDIS_REPLY_STRING)
+    else if (script)
+        rc = read_sweep(f, rep, out, max);
+    else if (rep->type == REDIS_REPLY_STRING)
         rc = take(f, rep, 0, out);
-    else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
-             && rep->element[0]->type == REDIS_REPLY_INTEGER) {
-        long long i = rep->element[0]->integer;
-        if (i >= 1 && (size_t)i <= f->nq)
-            rc = take(f, rep->element[1], f->order[i - 1], out);
-    }
     freeReplyObject(rep);
     return rc;
 }
@@ -217,28 +283,16 @@ static int fetch_block(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
     return rc;
 }
 
-/* The sweep (or, with one queue, the blocking move) whose command was
- * already appended, then the block when the sweep found nothing. */
-static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+/* The sweep (or the move) whose command was already appended, then, when
+ * block, the blocking move when the sweep found nothing. */
+static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
+                        int block)
 {
-    int rc = read_fetch(f, r, out);
-    if (rc || f->nq == 1)
+    int script = use_script(f, max);
+    int rc = read_fetch(f, r, out, max);
+    if (rc || !script || !block)
         return rc;
     return fetch_block(f, r, out);
-}
-
-static int fetch_reliable(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
-{
-    int rc = append_fetch(f, r);
-    return rc ? rc : finish_fetch(f, r, out);
-}
-
-int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
-{
-    memset(out, 0, sizeof(*out));
-    plan_order(f);
-    int rc = f->mode == KIQ_FETCH_BASIC ? fetch_basic(f, r, out) : fetch_reliable(f, r, out);
-    return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
 }
 
 /* Appends the ack of one job. A success without a lock to release needs
@@ -283,48 +337,82 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
     return kiq_redis_append_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
 }
 
-static int read_ack(kiq_redis_t *r)
-{
-    redisReply *rep = kiq_redis_get_reply(r);
-    if (!rep)
-        return KIQ_EREDIS;
-    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
-    freeReplyObject(rep);
-    return rc;
-}
-
 int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                   const kiq_ack_t *ack)
 {
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
     if (rc || !sent)
         return rc ? KIQ_EREDIS : 0;
-    return read_ack(r);
+    redisReply *rep = kiq_redis_get_reply(r);
+    if (!rep)
+        return KIQ_EREDIS;
+    rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
+    freeReplyObject(rep);
+    return rc;
+}
+
+int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
+                       kiq_fetched_t *out, size_t max, int block)
+{
+    for (size_t i = 0; i < nacks; i++)
+        acks[i].rc = KIQ_EREDIS;
+    for (size_t i = 0; i < max; i++)
+        memset(&out[i], 0, sizeof(out[i]));
+    if (f->mode == KIQ_FETCH_BASIC) {
+        for (size_t i = 0; i < nacks; i++)
+            if ((acks[i].rc = kiq_fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
+                return KIQ_EREDIS;
+        if (!max)
+            return 0;
+        plan_order(f);
+        int rc = fetch_basic(f, r, out);
+        return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+    }
+    /* Everything goes out in one write; replies come back in order. */
+    char sent[nacks ? nacks : 1];
+    for (size_t i = 0; i < nacks; i++) {
+        int snt;
+        if (append_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack, &snt))
+            return KIQ_EREDIS;
+        sent[i] = (char)snt;
+    }
+    if (max) {
+        plan_order(f);
+        if (append_fetch(f, r, max, block))
+            return KIQ_EREDIS;
+    }
+    /* An ack refused by an error reply keeps rc KIQ_EREDIS (the job stays in
+     * the working list, to be acked again); the replies behind it still
+     * count. A broken connection ends the reading. */
+    for (size_t i = 0; i < nacks; i++) {
+        if (!sent[i]) {
+            acks[i].rc = 0;
+            continue;
+        }
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep)
+            return KIQ_EREDIS;
+        acks[i].rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
+        freeReplyObject(rep);
+    }
+    if (!max)
+        return 0;
+    int rc = finish_fetch(f, r, out, max, block);
+    return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+}
+
+int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+{
+    return kiq_fetch_exchange(f, r, NULL, 0, out, 1, 1);
 }
 
 int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                        const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out)
 {
-    memset(out, 0, sizeof(*out));
-    if (f->mode == KIQ_FETCH_BASIC) {
-        *ack_rc = kiq_fetch_ack(f, r, raw, len, ack);
-        return *ack_rc ? KIQ_EREDIS : kiq_fetch_next(f, r, out);
-    }
-    plan_order(f);
-    int sent;
-    *ack_rc = append_ack(f, r, raw, len, ack, &sent) ? KIQ_EREDIS : 0;
-    if (*ack_rc)
-        return KIQ_EREDIS;
-    if (append_fetch(f, r)) {
-        *ack_rc = KIQ_EREDIS;
-        return KIQ_EREDIS;
-    }
-    /* A failed ack (an error reply) leaves the job in the working list for
-     * the caller to ack again; the fetch behind it still counts. */
-    if (sent)
-        *ack_rc = read_ack(r);
-    int rc = finish_fetch(f, r, out);
-    return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+    kiq_ack_item_t item = { .raw = raw, .len = len, .ack = *ack };
+    int rc = kiq_fetch_exchange(f, r, &item, 1, out, 1, 1);
+    *ack_rc = item.rc;
+    return rc;
 }
 
 int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,

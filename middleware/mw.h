@@ -39,6 +39,8 @@ struct kiq_mw {
     int release_on_death;        /* until_* : released when the job dies */
     int release_type;            /* its kiq_lock_type_t, for the metric */
 
+    const char *held_digest;     /* server: the fetch saw this digest's lock
+                                    held by jid (see kiq_fetched_t) */
     void *priv;                  /* the starter's own per-job state */
     char deny[KIQ_ERRLEN];       /* client: why the push was denied */
     int accepted;                /* client: the terminal ran */

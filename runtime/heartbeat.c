@@ -306,18 +306,10 @@ static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     kiq_reap_result_clear(&res);
 }
 
-/* Whether a processor is running this exact payload (kiq_fetch_held_fn). */
+/* kiq_fetch_held_fn over the processors. */
 static int slot_holds(const char *payload, size_t len, void *ud)
 {
-    kiq_runtime_t *rt = ud;
-    int held = 0;
-    for (int i = 0; i < rt->nslots && !held; i++) {
-        kiq_slot_t *s = &rt->slots[i];
-        pthread_mutex_lock(&s->mu);
-        held = s->busy && !s->abandoned && s->len == len && memcmp(s->payload, payload, len) == 0;
-        pthread_mutex_unlock(&s->mu);
-    }
-    return held;
+    return kiq_processor_holds(ud, payload, len);
 }
 
 /* Recovery never touches a live process's list, so a job stranded in our

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "buf.h"
 #include "log.h"
@@ -36,14 +37,14 @@ static char *tags_of(kiq_job_t *job)
     return kiq_buf_take(&b, NULL);
 }
 
-static void slot_set(kiq_slot_t *s, const kiq_fetched_t *got, const char *cls)
+static void slot_set(kiq_slot_t *s, const kiq_job_t *job, const char *cls)
 {
     pthread_mutex_lock(&s->mu);
     s->busy = 1;
     s->abandoned = 0;
-    s->queue = (char *)got->queue;
-    s->payload = got->payload;
-    s->len = got->len;
+    s->queue = (char *)job->queue;
+    s->payload = job->payload;
+    s->len = job->len;
     s->run_at = (long)kiq_now();
     snprintf(s->cls, sizeof(s->cls), "%s", cls ? cls : "");
     pthread_mutex_unlock(&s->mu);
@@ -92,21 +93,22 @@ static int class_retry(kiq_runtime_t *rt, const kiq_handler_entry_t *h, const ch
     return h ? h->retry : KIQ_RETRY_UNSET;
 }
 
-static void fail_invalid(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, const char *why)
+static void fail_invalid(kiq_slot_t *s, kiq_redis_t *r, const char *queue, const char *raw,
+                         size_t len, const char *why)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_failure_t f;
     double now = kiq_now();
-    if (kiq_retry_invalid(got->payload, got->len, got->queue, why, rt->cfg, now, &f)) {
+    if (kiq_retry_invalid(raw, len, queue, why, rt->cfg, now, &f)) {
         kiq_error("out of memory handling an invalid payload from queue:%s; it stays in the working list",
-                  got->queue);
+                  queue);
         return;
     }
     kiq_ack_t ack = { .kind = KIQ_ACK_DEAD, .score = f.score, .payload = f.payload, .len = f.len,
                       .dead_cutoff = now - (double)rt->cfg->dead_timeout,
                       .dead_max = rt->cfg->dead_max_jobs };
-    ack_job(s, r, got->payload, got->len, &ack);
-    kiq_error("invalid payload from queue:%s moved to the dead set: %s", got->queue, why);
+    ack_job(s, r, raw, len, &ack);
+    kiq_error("invalid payload from queue:%s moved to the dead set: %s", queue, why);
     kiq_failure_clear(&f);
 }
 
@@ -204,8 +206,8 @@ kiq_chain_t *kiq_runtime_server_chain(kiq_runtime_t *rt)
     return c;
 }
 
-/* A finished job whose ack goes out with the next fetch (reliable fetch:
- * the ack script and LREM are guarded by the working list, so a requeue or
+/* A finished job whose ack has not been written yet (reliable fetch: the
+ * ack script and LREM are guarded by the working list, so a requeue or
  * recovery meanwhile cannot make it count twice). */
 typedef struct done {
     int active;
@@ -228,29 +230,16 @@ static void done_acked(done_t *d, kiq_redis_t *r)
     done_clear(d);
 }
 
-/* Sends a pending ack on its own, reconnecting until it is written or the
- * process is about to exit (then the job stays in the working list and is
- * recovered once this process is gone). */
-static void flush_done(kiq_slot_t *s, kiq_redis_t *r, done_t *d)
-{
-    kiq_runtime_t *rt = s->rt;
-    while (d->active) {
-        if (kiq_redis_ok(r) && kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
-            done_acked(d, r);
-        else if (atomic_load(&rt->housekeeper_stop) || kiq_rt_connect(rt, r, &rt->housekeeper_stop))
-            done_clear(d);
-    }
-}
-
 static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d)
 {
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN] = "";
     kiq_job_t *job = &d->job;
     int rc = kiq_job_init(job, got->payload, got->len, got->queue, err);
-    slot_set(s, got, job->cls);
+    got->payload = NULL; /* the job owns it now */
+    slot_set(s, job, job->cls);
     if (rc) {
-        fail_invalid(s, r, got, err);
+        fail_invalid(s, r, got->queue, job->payload, job->len, err);
         slot_clear(s);
         kiq_job_clear(job);
         return;
@@ -261,12 +250,17 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d
     run.tags = tags_of(job);
     run.ctx = (kiq_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
     kiq_mw_t *mw = &d->mw;
+    /* The fetch saw this job's lock held by this jid: the server need not
+     * look again (checked against our own parse of the payload). */
+    int held = got->held_jid && strcmp(got->held_jid, job->jid) == 0;
     *mw = (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
                       .unique = run.h ? run.h->unique : NULL, .job = job, .cls = job->cls,
-                      .jid = job->jid, .queue = job->queue, .priv = &run };
+                      .jid = job->jid, .queue = job->queue, .priv = &run,
+                      .held_digest = held ? got->held_digest : NULL };
     kiq_mw_run(rt->server_chain, mw, call_handler, NULL);
     free(run.tags);
     mw->priv = NULL;
+    mw->held_digest = NULL;
 
     static const kiq_ack_kind_t kinds[] = {
         [KIQ_DISPOSE_DEFAULT] = KIQ_ACK_OK, [KIQ_DISPOSE_DONE] = KIQ_ACK_OK,
@@ -289,7 +283,7 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d
                           .lock_key = kiq_mw_release_key(mw, mw->disp), .lock_jid = job->jid };
     d->active = 1;
     if (rt->cfg->fetch == KIQ_FETCH_RELIABLE) {
-        slot_clear(s); /* the ack rides with the next fetch */
+        slot_clear(s); /* the ack goes out with a later round trip */
         return;
     }
     /* The basic fetch has no working list to guard the ack against the
@@ -302,62 +296,389 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d
     slot_clear(s);
 }
 
+/* ---- The reliable fetch's local buffer ------------------------------
+ *
+ * Processors fetch in batches and share what they fetched: a thread that
+ * finds the feed empty fetches for itself and for the threads that will
+ * look next (at most BATCH_MAX jobs, and no more than the threads not
+ * running a job can take), keeps one and leaves the rest in the feed. Acks
+ * of finished jobs wait in the feed too and go out with the next round trip
+ * any processor makes. Every job in the feed, fetched or finished, is in
+ * the working list meanwhile, so a crash loses none of them. */
+enum { BATCH_MAX = 8, ACKS_MAX = 16, SWEEPERS_MAX = 2 };
+
+struct kiq_feed {
+    pthread_mutex_t mu;
+    pthread_cond_t came;   /* a sweep came back */
+    kiq_fetched_t *jobs;   /* ring, oldest at head */
+    size_t head, n, cap;
+    done_t **acks;         /* finished, ack not written */
+    size_t nacks, cap_acks;
+    int sweeping;          /* sweeps on their way */
+    size_t waiting;        /* threads waiting for one to come back */
+};
+
+kiq_feed_t *kiq_feed_new(int nslots)
+{
+    kiq_feed_t *fd = calloc(1, sizeof(*fd));
+    if (!fd)
+        return NULL;
+    fd->cap = (size_t)(nslots > 0 ? nslots : 1) * BATCH_MAX;
+    fd->jobs = calloc(fd->cap, sizeof(kiq_fetched_t));
+    if (!fd->jobs) {
+        free(fd);
+        return NULL;
+    }
+    pthread_mutex_init(&fd->mu, NULL);
+    pthread_cond_init(&fd->came, NULL);
+    return fd;
+}
+
+void kiq_feed_free(kiq_feed_t *fd)
+{
+    if (!fd)
+        return;
+    for (size_t i = 0; i < fd->n; i++)
+        kiq_fetched_clear(&fd->jobs[(fd->head + i) % fd->cap]);
+    for (size_t i = 0; i < fd->nacks; i++) {
+        done_clear(fd->acks[i]);
+        free(fd->acks[i]);
+    }
+    free(fd->acks);
+    free(fd->jobs);
+    pthread_cond_destroy(&fd->came);
+    pthread_mutex_destroy(&fd->mu);
+    free(fd);
+}
+
+/* Under fd->mu. The ring has room for every batch in flight. */
+static void feed_push(kiq_feed_t *fd, kiq_fetched_t *job)
+{
+    fd->jobs[(fd->head + fd->n) % fd->cap] = *job;
+    fd->n++;
+    memset(job, 0, sizeof(*job));
+}
+
+static kiq_fetched_t feed_pop(kiq_feed_t *fd)
+{
+    kiq_fetched_t j = fd->jobs[fd->head];
+    fd->head = (fd->head + 1) % fd->cap;
+    fd->n--;
+    return j;
+}
+
+/* Queues a finished job's ack; on no memory, writes it at once instead. */
+static void feed_ack(kiq_slot_t *s, kiq_redis_t *r, done_t *d)
+{
+    kiq_feed_t *fd = s->rt->feed;
+    pthread_mutex_lock(&fd->mu);
+    if (fd->nacks == fd->cap_acks) {
+        size_t cap = fd->cap_acks ? fd->cap_acks * 2 : 64;
+        done_t **a = realloc(fd->acks, cap * sizeof(*a));
+        if (a) {
+            fd->acks = a;
+            fd->cap_acks = cap;
+        }
+    }
+    if (fd->nacks < fd->cap_acks) {
+        fd->acks[fd->nacks++] = d;
+        d = NULL;
+    }
+    pthread_mutex_unlock(&fd->mu);
+    if (d) {
+        if (kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+            done_acked(d, r);
+        else
+            done_clear(d);
+        free(d);
+    }
+}
+
+/* Under fd->mu: takes every waiting ack, to be written by the caller. */
+static done_t **feed_take_acks(kiq_feed_t *fd, size_t *n)
+{
+    *n = 0;
+    if (!fd->nacks)
+        return NULL;
+    done_t **a = malloc(fd->nacks * sizeof(*a));
+    if (!a)
+        return NULL; /* they wait for the next taker */
+    memcpy(a, fd->acks, fd->nacks * sizeof(*a));
+    *n = fd->nacks;
+    fd->nacks = 0;
+    return a;
+}
+
+/* Writes the acks taken (and fetches up to max jobs into got, in the same
+ * round trip). Acks written are released; the others go back to the feed
+ * for the next round trip. Returns kiq_fetch_exchange's result. */
+static int exchange(kiq_slot_t *s, kiq_redis_t *r, done_t **acks, size_t nacks,
+                    kiq_fetched_t *got, size_t max, int block)
+{
+    kiq_ack_item_t items[nacks ? nacks : 1];
+    for (size_t i = 0; i < nacks; i++)
+        items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
+                                     .ack = acks[i]->ack };
+    int rc = kiq_redis_ok(r) ? kiq_fetch_exchange(s->fetch, r, items, nacks, got, max, block)
+                             : KIQ_EREDIS;
+    for (size_t i = 0; i < nacks; i++) {
+        if (items[i].rc == 0) {
+            done_acked(acks[i], r);
+            free(acks[i]);
+        } else {
+            feed_ack(s, r, acks[i]);
+        }
+    }
+    free(acks);
+    return rc;
+}
+
+/* Gives a job back to its queue (fetched as the process went quiet, or
+ * left in the feed), reconnecting until done or the process exits. */
+static void give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
+                      int connect)
+{
+    int back;
+    while ((back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len)) != 0)
+        if (!connect || kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+            break;
+    if (back == 0)
+        kiq_info("a job fetched as the process went quiet went back to queue:%s", job->queue);
+    else
+        kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
+                  "list and is recovered after this process is gone", job->queue,
+                  kiq_redis_error(r));
+    kiq_fetched_clear(job);
+}
+
+/* Gives back every job waiting in the feed, newest first so that each
+ * queue's oldest ends up fetched first again. */
+static int feed_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, int connect)
+{
+    kiq_feed_t *fd = rt->feed;
+    int n = 0;
+    for (;;) {
+        pthread_mutex_lock(&fd->mu);
+        kiq_fetched_t job = {0};
+        if (fd->n) {
+            fd->n--;
+            job = fd->jobs[(fd->head + fd->n) % fd->cap];
+        }
+        pthread_mutex_unlock(&fd->mu);
+        if (!job.payload)
+            return n;
+        give_back(f, rt, r, &job, connect);
+        n++;
+    }
+}
+
+/* Writes every waiting ack, reconnecting until they are written or the
+ * process is about to exit (then their jobs stay in the working list and
+ * are recovered once this process is gone). */
+static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *fd = rt->feed;
+    for (;;) {
+        size_t n;
+        pthread_mutex_lock(&fd->mu);
+        done_t **acks = feed_take_acks(fd, &n);
+        pthread_mutex_unlock(&fd->mu);
+        if (!n)
+            return;
+        exchange(s, r, acks, n, NULL, 0, 0);
+        pthread_mutex_lock(&fd->mu);
+        int left = fd->nacks > 0;
+        pthread_mutex_unlock(&fd->mu);
+        if (left && (atomic_load(&rt->housekeeper_stop)
+                     || kiq_rt_connect(rt, r, &rt->housekeeper_stop))) {
+            pthread_mutex_lock(&fd->mu);
+            acks = feed_take_acks(fd, &n);
+            pthread_mutex_unlock(&fd->mu);
+            for (size_t i = 0; i < n; i++) {
+                done_clear(acks[i]);
+                free(acks[i]);
+            }
+            free(acks);
+            return;
+        }
+    }
+}
+
+/* An error reply to a fetch: retrying at once would only spin. */
+static int fetch_refused(kiq_runtime_t *rt, kiq_redis_t *r, int rc)
+{
+    if (rc < 0 && kiq_redis_ok(r)) {
+        if (!atomic_exchange(&rt->fetch_failing, 1))
+            kiq_error("fetch failed: %s; retrying every second", kiq_redis_error(r));
+        kiq_rt_wait(rt, 1.0);
+        return 1;
+    }
+    if (rc >= 0 && atomic_load(&rt->fetch_failing) && atomic_exchange(&rt->fetch_failing, 0))
+        kiq_info("fetching works again");
+    return 0;
+}
+
+static void run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+{
+    done_t *d = calloc(1, sizeof(*d));
+    if (!d) {
+        kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
+                  job->queue);
+        kiq_fetched_clear(job);
+        return;
+    }
+    run_one(s, r, job, d);
+    kiq_fetched_clear(job);
+    if (d->active)
+        feed_ack(s, r, d);
+    else
+        free(d);
+}
+
+/* How many jobs a sweep asks for: one for each thread not running a job,
+ * this one included. Under fd->mu. */
+static size_t batch_size(kiq_runtime_t *rt)
+{
+    long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
+    return idle < 1 ? 1 : idle > BATCH_MAX ? BATCH_MAX : (size_t)idle;
+}
+
+/* Under fd->mu: waits for a sweep to come back, or a little while (a job
+ * left in the feed behind a long one is then taken by a waiter). */
+static void feed_wait(kiq_feed_t *fd)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 100 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    fd->waiting++;
+    pthread_cond_timedwait(&fd->came, &fd->mu, &until);
+    fd->waiting--;
+}
+
+/* One job for this thread into *job. A job waiting in the feed comes
+ * first. Otherwise this thread sweeps the queues for itself and for the
+ * threads that will look next, unless SWEEPERS_MAX sweeps are on their way
+ * already: then it waits for them (one waiter is woken per sweep that came
+ * back, to take a job or sweep next; so under load a few threads do the
+ * round trips and the others are not woken for each job). When the queues
+ * are empty every thread blocks on one of them. Acks waiting go out with
+ * any round trip. Returns 1 with a job, 0 without (look again), or
+ * kiq_fetch_exchange's error. */
+static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *fd = rt->feed;
+    kiq_fetched_t got[BATCH_MAX];
+    size_t nacks = 0, want;
+    done_t **acks;
+    pthread_mutex_lock(&fd->mu);
+    while (!fd->n && fd->sweeping >= SWEEPERS_MAX && !atomic_load(&rt->quiet))
+        feed_wait(fd);
+    if (atomic_load(&rt->quiet)) {
+        pthread_mutex_unlock(&fd->mu);
+        return 0;
+    }
+    if (fd->n) {
+        *job = feed_pop(fd);
+        /* The acks waiting go out now when the feed ran dry, too many
+         * wait, or this thread is the last one free: nobody else would
+         * send them soon. */
+        acks = !fd->n || fd->nacks >= ACKS_MAX || atomic_load(&rt->busy) + 1 >= rt->nslots
+                   ? feed_take_acks(fd, &nacks) : NULL;
+        pthread_mutex_unlock(&fd->mu);
+        if (nacks)
+            exchange(s, r, acks, nacks, NULL, 0, 0);
+        return 1;
+    }
+    acks = feed_take_acks(fd, &nacks);
+    want = batch_size(rt);
+    fd->sweeping++;
+    pthread_mutex_unlock(&fd->mu);
+
+    int rc = exchange(s, r, acks, nacks, got, want, 0);
+    pthread_mutex_lock(&fd->mu);
+    fd->sweeping--;
+    for (int i = 1; i < rc && !atomic_load(&rt->quiet); i++)
+        feed_push(fd, &got[i]);
+    if (rc == 0)
+        pthread_cond_broadcast(&fd->came); /* all go and wait on the queues */
+    else if (fd->waiting)
+        pthread_cond_signal(&fd->came);
+    if (rc == 0)
+        acks = feed_take_acks(fd, &nacks);
+    pthread_mutex_unlock(&fd->mu);
+    if (rc > 0) {
+        /* Fetched as the process went quiet: all of it goes back. */
+        for (int i = rc - 1; i >= 1; i--)
+            if (got[i].payload)
+                give_back(s->fetch, rt, r, &got[i], 1);
+        *job = got[0];
+        return 1;
+    }
+    if (rc < 0)
+        return rc;
+    /* Every queue was empty: wait on them (see kiq_fetch_exchange). */
+    return exchange(s, r, acks, nacks, job, 1, 1);
+}
+
+static void loop_reliable(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_runtime_t *rt = s->rt;
+    while (!atomic_load(&rt->quiet)) {
+        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
+            break;
+        kiq_fetched_t job = {0};
+        int rc = next_job(s, r, &job);
+        if (fetch_refused(rt, r, rc) || rc <= 0)
+            continue; /* nothing came, or the connection broke (reconnect above) */
+        if (atomic_load(&rt->quiet)) {
+            give_back(s->fetch, rt, r, &job, 1);
+            break;
+        }
+        run_fetched(s, r, &job);
+    }
+    flush_acks(s, r);
+    feed_give_back(s->fetch, rt, r, 1);
+}
+
+static void loop_basic(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_runtime_t *rt = s->rt;
+    while (!atomic_load(&rt->quiet)) {
+        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
+            break;
+        kiq_fetched_t job;
+        int rc = kiq_fetch_next(s->fetch, r, &job);
+        if (fetch_refused(rt, r, rc) || rc <= 0)
+            continue;
+        if (atomic_load(&rt->quiet)) {
+            give_back(s->fetch, rt, r, &job, 1);
+            break;
+        }
+        run_fetched(s, r, &job);
+    }
+}
+
 void *kiq_processor_main(void *arg)
 {
     kiq_slot_t *s = arg;
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN];
-    done_t d = {0};
     pthread_mutex_lock(&s->mu);
     snprintf(s->tid, sizeof(s->tid), "%s", kiq_log_tid());
     pthread_mutex_unlock(&s->mu);
     kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 15, err);
-    if (!r) {
+    if (!r)
         kiq_error("processor %d: %s", s->index, err);
-        goto out;
-    }
-    while (!atomic_load(&rt->quiet)) {
-        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
-            break;
-        kiq_fetched_t got;
-        int rc, ack_rc = 0;
-        if (d.active) {
-            rc = kiq_fetch_ack_next(s->fetch, r, d.job.payload, d.job.len, &d.ack, &ack_rc, &got);
-            if (ack_rc == 0)
-                done_acked(&d, r);
-            else if (rc == 1)
-                flush_done(s, r, &d); /* a job came behind a refused ack */
-        } else {
-            rc = kiq_fetch_next(s->fetch, r, &got);
-        }
-        if (rc < 0 && kiq_redis_ok(r)) {
-            /* Redis answered with an error (a queue key that is not a list,
-             * a script it refuses): retrying at once would only spin. */
-            if (!atomic_exchange(&rt->fetch_failing, 1))
-                kiq_error("fetch failed: %s; retrying every second", kiq_redis_error(r));
-            kiq_rt_wait(rt, 1.0);
-            continue;
-        }
-        if (rc >= 0 && atomic_load(&rt->fetch_failing) && atomic_exchange(&rt->fetch_failing, 0))
-            kiq_info("fetching works again");
-        if (rc <= 0)
-            continue; /* nothing came, or the connection broke (reconnect above) */
-        if (atomic_load(&rt->quiet)) {
-            /* Fetched as the process went quiet: give it back at once. */
-            int back;
-            while ((back = kiq_fetch_requeue(s->fetch, r, got.queue, got.payload, got.len)) != 0)
-                if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
-                    break;
-            if (back == 0)
-                kiq_info("a job fetched as the process went quiet went back to queue:%s",
-                         got.queue);
-            free(got.payload);
-            break;
-        }
-        run_one(s, r, &got, &d);
-    }
-    flush_done(s, r, &d);
-out:
+    else if (rt->cfg->fetch == KIQ_FETCH_RELIABLE)
+        loop_reliable(s, r);
+    else
+        loop_basic(s, r);
     kiq_redis_free(r);
     pthread_mutex_lock(&s->mu);
     s->exited = 1;
@@ -385,5 +706,30 @@ int kiq_processor_requeue_busy(kiq_runtime_t *rt, kiq_redis_t *r)
         }
         pthread_mutex_unlock(&s->mu);
     }
+    if (rt->feed && rt->nslots)
+        n += feed_give_back(rt->slots[0].fetch, rt, r, 0);
     return n;
+}
+
+int kiq_processor_holds(kiq_runtime_t *rt, const char *payload, size_t len)
+{
+    int held = 0;
+    for (int i = 0; i < rt->nslots && !held; i++) {
+        kiq_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        held = s->busy && !s->abandoned && s->len == len && memcmp(s->payload, payload, len) == 0;
+        pthread_mutex_unlock(&s->mu);
+    }
+    kiq_feed_t *fd = rt->feed;
+    if (held || !fd)
+        return held;
+    pthread_mutex_lock(&fd->mu);
+    for (size_t i = 0; i < fd->n && !held; i++) {
+        const kiq_fetched_t *j = &fd->jobs[(fd->head + i) % fd->cap];
+        held = j->len == len && memcmp(j->payload, payload, len) == 0;
+    }
+    for (size_t i = 0; i < fd->nacks && !held; i++)
+        held = fd->acks[i]->job.len == len && memcmp(fd->acks[i]->job.payload, payload, len) == 0;
+    pthread_mutex_unlock(&fd->mu);
+    return held;
 }

@@ -69,6 +69,8 @@ struct kiq_runtime {
     atomic_int fetch_failing;      /* fetches get error replies (logged once) */
     struct kiq_chain *server_chain; /* middleware around every job; built
                                        before the processors start */
+    struct kiq_feed *feed;         /* reliable fetch: the processors' shared
+                                      batch of fetched and finished jobs */
 };
 
 /* registry.c */
@@ -80,6 +82,13 @@ void *kiq_processor_main(void *slot);
 /* Puts back every job still running (marking its slot abandoned), using r.
  * Returns the number requeued. */
 int kiq_processor_requeue_busy(struct kiq_runtime *rt, kiq_redis_t *r);
+/* Whether this exact payload is running, fetched and waiting to start, or
+ * finished and waiting for its ack (not a stray). */
+int kiq_processor_holds(struct kiq_runtime *rt, const char *payload, size_t len);
+/* The shared batch of the reliable fetch, for nslots processors. */
+typedef struct kiq_feed kiq_feed_t;
+kiq_feed_t *kiq_feed_new(int nslots);
+void kiq_feed_free(kiq_feed_t *fd);
 
 /* heartbeat.c: the housekeeper thread (beats, stats, signals, recovery). */
 void *kiq_housekeeper_main(void *rt);

@@ -52,6 +52,7 @@ void kiq_runtime_free(kiq_runtime_t *rt)
         kiq_fetch_free(rt->slots[i].fetch);
         pthread_mutex_destroy(&rt->slots[i].mu);
     }
+    kiq_feed_free(rt->feed);
     free(rt->slots);
     kiq_chain_free(rt->server_chain);
     kiq_registry_free(rt);
@@ -333,6 +334,8 @@ static int start_threads(kiq_runtime_t *rt, char *err)
     rt->nslots = c->concurrency;
     rt->slots = calloc((size_t)rt->nslots, sizeof(kiq_slot_t));
     if (!rt->slots)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    if (c->fetch == KIQ_FETCH_RELIABLE && !(rt->feed = kiq_feed_new(rt->nslots)))
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
     for (int i = 0; i < rt->nslots; i++) {
         kiq_slot_t *s = &rt->slots[i];

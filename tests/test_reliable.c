@@ -875,3 +875,31 @@ Test(reliable, systemd_notify_abstract_socket_without_watchdog)
     cr_assert_eq(kt_wait_exit(pid, 15), 0);
     close(fd);
 }
+
+/* Processors fetch several jobs in one round trip under load and share
+ * them: a job fetched together with a long one must not wait for it while
+ * another thread is free. */
+Test(reliable, jobs_fetched_together_never_wait_behind_a_long_one)
+{
+    redisContext *c = kt_redis();
+    char jid[25];
+    char *p[4];
+    make_jid(jid, 7, 0);
+    p[0] = payload("SleepJob", "[6000]", jid, "default");
+    for (unsigned i = 1; i < 4; i++) {
+        make_jid(jid, 8, i);
+        p[i] = payload("RecordJob", "[\"hol\"]", jid, "default");
+    }
+    push_all(c, "default", p, 4);
+    for (int i = 0; i < 4; i++)
+        free(p[i]);
+    double t0 = kt_now();
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD hol") == 3, 20), "%s", kt_kiq_log(pid));
+    double took = kt_now() - t0;
+    /* Done before the long job could have finished: they did not wait. */
+    cr_assert_lt(took, 5.5, "the three took %.1f s: %s", took, kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_eq(kt_int("SCARD hol"), 3, "each ran once");
+    cr_assert_eq(kt_int("LLEN hol:log"), 3);
+}

@@ -19,6 +19,14 @@ static int stop(pid_t pid)
 
 TestSuite(unique, .timeout = 60, .fini = kt_kill_children);
 
+static int log_says(pid_t pid, const char *what)
+{
+    char *log = kt_kiq_log(pid);
+    int yes = log && strstr(log, what);
+    free(log);
+    return yes;
+}
+
 static char *write_file(const char *name, const char *body)
 {
     char *path = kt_tmp(name);
@@ -404,4 +412,48 @@ Test(unique, yaml_class_options_lock_jobs_without_lock_fields)
     cr_assert_eq(kt_int("GET ym:overlaps"), 0);
     cr_assert_eq(stop(pid), 0);
     free(y);
+}
+
+/* The fetch checks an until_executed job's lock on the way (so the server
+ * needs no round trip of its own), reading lock_digest and jid from the
+ * payload by pattern. It must be trusted only for the job's real fields: a
+ * decoy pair inside args, whose lock is really held, must not make a job
+ * whose own lock lapsed run without re-taking it; and a lock held by
+ * another jid still stops the job. */
+Test(unique, fetch_lock_check_trusts_only_the_jobs_own_fields)
+{
+    char *d = ruby_digest("RecordJob", "default", "[\"fd\"]");
+    char *d2 = ruby_digest("RecordJob", "default", "[\"fo\"]");
+    /* Job 1: its own lock lapsed; the decoy in args names a held lock. */
+    kt_int("HSET uniquejobs:decoy:LOCKED dddddddddddddddddddddddd {}");
+    char p1[1024];
+    snprintf(p1, sizeof(p1),
+             "{\"class\":\"RecordJob\",\"args\":[\"fd\",{\"lock_digest\":\"uniquejobs:decoy\","
+             "\"jid\":\"dddddddddddddddddddddddd\"}],\"queue\":\"default\",\"retry\":false,"
+             "\"jid\":\"f00000000000000000000001\",\"lock\":\"until_executed\","
+             "\"lock_digest\":\"%s\",\"created_at\":1,\"enqueued_at\":1}", d);
+    /* Job 2: its lock is held by another jid. */
+    kt_int("HSET %s:LOCKED f0000000000000000000000f {}", d2);
+    char p2[1024];
+    snprintf(p2, sizeof(p2),
+             "{\"class\":\"RecordJob\",\"args\":[\"fo\"],\"queue\":\"default\",\"retry\":false,"
+             "\"jid\":\"f00000000000000000000002\",\"lock\":\"until_executed\","
+             "\"lock_digest\":\"%s\",\"created_at\":1,\"enqueued_at\":1}", d2);
+    redisReply *r = kt_cmd("LPUSH queue:default %s %s", p1, p2);
+    freeReplyObject(r);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD fd") == 1 && log_says(pid, "Skipping job with id"), 15),
+              "%s", kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "uniqueness_lapsed: RecordJob f00000000000000000000001"),
+              "job 1 re-took its own lock rather than trust the decoy: %s", log);
+    cr_assert_eq(kt_int("EXISTS %s:LOCKED", d), 0, "and released it after success");
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:decoy:LOCKED dddddddddddddddddddddddd"), 1,
+                 "the decoy's lock is untouched");
+    cr_assert_eq(kt_int("SCARD fo"), 0, "job 2 did not run");
+    cr_assert(strstr(log, "Skipping job with id (f00000000000000000000002)"), "%s", log);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED f0000000000000000000000f", d2), 1,
+                 "the holder keeps its lock");
+    free(d); free(d2); free(log);
 }

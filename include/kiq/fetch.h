@@ -47,13 +47,46 @@ typedef struct kiq_ack {
     const char *lock_jid; /*   released with the ack, or NULL */
 } kiq_ack_t;
 
-/* A fetched job: payload owned by the caller (free()), queue borrowed from
- * the fetcher (valid until kiq_fetch_free). */
+/* A fetched job: payload owned by the caller, queue borrowed from the
+ * fetcher (valid until kiq_fetch_free). When the fetch checked the job's
+ * uniqueness lock on the way (the reliable fetch's script does for payloads
+ * with a lock_digest), held_digest and held_jid are the "lock_digest" and
+ * "jid" it read from the payload by pattern and found holding
+ * "<held_digest>:LOCKED"; trust them only where they equal the caller's own
+ * parse of the payload. Owned; NULL otherwise. kiq_fetched_clear frees all
+ * three. */
 typedef struct kiq_fetched {
     char *payload;
     size_t len;
     const char *queue;
+    char *held_digest;
+    char *held_jid;
 } kiq_fetched_t;
+
+KIQ_API void kiq_fetched_clear(kiq_fetched_t *job);
+
+/* One acknowledgement of a batch (kiq_fetch_exchange): the payload as
+ * fetched, the ack, and its result (0 written; KIQ_EREDIS not known to be
+ * written: ack again, which is harmless since an ack only acts on a job
+ * still in the working list). */
+typedef struct kiq_ack_item {
+    const char *raw;
+    size_t len;
+    kiq_ack_t ack;
+    int rc;
+} kiq_ack_item_t;
+
+/* Writes nacks acks, then fetches up to max jobs into out[0..max): with the
+ * reliable fetch all in one round trip, the jobs moved from the first
+ * non-empty queues in order by one script, and, when block is set and all
+ * were empty, one blocking move for one job (up to the block timeout). The
+ * basic fetch does the acks one by one and fetches one job at most,
+ * blocking. Returns the number of jobs fetched (0 when none came or max is
+ * 0), or KIQ_EREDIS (a broken connection or an error reply: see
+ * kiq_redis_ok) or KIQ_ENOMEM; each ack's rc says whether it was written
+ * either way. */
+KIQ_API int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                               size_t nacks, kiq_fetched_t *out, size_t max, int block);
 
 /* Returns a fetcher owned by the caller, or NULL with err filled. */
 KIQ_API kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *conf, char *err);
