@@ -351,6 +351,44 @@ int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     return rc;
 }
 
+/* A success that releases a lock: several of them go in one acks.lua
+ * call (a lockless success is a bare LREM, cheaper still). */
+static int batchable(const kiq_ack_t *ack)
+{
+    return ack->lock_key && ack->lock_jid
+           && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
+}
+
+enum { ACKS_PER_CALL = 64 };
+
+/* Appends one acks.lua call for the next ACKS_PER_CALL batchable acks from
+ * *from on, marking them sent 2. */
+static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *acks,
+                        size_t nacks, size_t *from, char *sent)
+{
+    const char *argv[2 + 3 * ACKS_PER_CALL];
+    size_t lens[2 + 3 * ACKS_PER_CALL];
+    int argc = 2;
+    argv[0] = f->working;
+    lens[0] = strlen(f->working);
+    argv[1] = "uniquejobs:digests";
+    lens[1] = strlen(argv[1]);
+    size_t i = *from;
+    for (; i < nacks && argc < 2 + 3 * ACKS_PER_CALL; i++) {
+        if (!batchable(&acks[i].ack))
+            continue;
+        argv[argc] = acks[i].raw;
+        lens[argc++] = acks[i].len;
+        argv[argc] = acks[i].ack.lock_key;
+        lens[argc++] = strlen(acks[i].ack.lock_key);
+        argv[argc] = acks[i].ack.lock_jid;
+        lens[argc++] = strlen(acks[i].ack.lock_jid);
+        sent[i] = 2;
+    }
+    *from = i;
+    return kiq_redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
+}
+
 int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
                        kiq_fetched_t *out, size_t max, int block)
 {
@@ -368,10 +406,23 @@ int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, siz
         int rc = fetch_basic(f, r, out);
         return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
     }
-    /* Everything goes out in one write; replies come back in order. */
+    /* Everything goes out in one write; replies come back in order. sent[i]
+     * is 0 (nothing to send), 1 (its own reply) or 2 (in a batch whose
+     * reply comes first). */
     char sent[nacks ? nacks : 1];
+    size_t nbatch = 0;
+    for (size_t i = 0; i < nacks; i++)
+        nbatch += batchable(&acks[i].ack);
+    if (nbatch < 2)
+        nbatch = 0;
+    size_t batches = (nbatch + ACKS_PER_CALL - 1) / ACKS_PER_CALL;
+    for (size_t b = 0, i = 0; b < batches; b++)
+        if (append_batch(f, r, acks, nacks, &i, sent))
+            return KIQ_EREDIS;
     for (size_t i = 0; i < nacks; i++) {
         int snt;
+        if (nbatch && batchable(&acks[i].ack))
+            continue;
         if (append_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack, &snt))
             return KIQ_EREDIS;
         sent[i] = (char)snt;
@@ -384,7 +435,21 @@ int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, siz
     /* An ack refused by an error reply keeps rc KIQ_EREDIS (the job stays in
      * the working list, to be acked again); the replies behind it still
      * count. A broken connection ends the reading. */
+    for (size_t b = 0, i = 0; b < batches; b++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep)
+            return KIQ_EREDIS;
+        int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
+        freeReplyObject(rep);
+        for (size_t k = 0; k < ACKS_PER_CALL && i < nacks; i++)
+            if (sent[i] == 2) {
+                acks[i].rc = rc;
+                k++;
+            }
+    }
     for (size_t i = 0; i < nacks; i++) {
+        if (sent[i] == 2)
+            continue;
         if (!sent[i]) {
             acks[i].rc = 0;
             continue;

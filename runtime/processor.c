@@ -305,7 +305,7 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d
  * of finished jobs wait in the feed too and go out with the next round trip
  * any processor makes. Every job in the feed, fetched or finished, is in
  * the working list meanwhile, so a crash loses none of them. */
-enum { BATCH_MAX = 8, ACKS_MAX = 16, SWEEPERS_MAX = 2 };
+enum { BATCH_MAX = 8, ACKS_MAX = 16, SPARE_MAX = 64 };
 
 struct kiq_feed {
     pthread_mutex_t mu;
@@ -314,7 +314,10 @@ struct kiq_feed {
     size_t head, n, cap;
     done_t **acks;         /* finished, ack not written */
     size_t nacks, cap_acks;
+    done_t *spare[SPARE_MAX]; /* released, for reuse: a job's memory is */
+    size_t nspare;            /*   freed by whichever thread acks it */
     int sweeping;          /* sweeps on their way */
+    int sweepers_max;      /* at most this many at once */
     size_t waiting;        /* threads waiting for one to come back */
 };
 
@@ -323,7 +326,15 @@ kiq_feed_t *kiq_feed_new(int nslots)
     kiq_feed_t *fd = calloc(1, sizeof(*fd));
     if (!fd)
         return NULL;
-    fd->cap = (size_t)(nslots > 0 ? nslots : 1) * BATCH_MAX;
+    /* Enough sweeps on their way to bring a job for every processor (when
+     * Redis is far away, each waits a whole round trip), and at least two
+     * (so one is on its way while another's jobs are being taken). */
+    fd->sweepers_max = (nslots + BATCH_MAX - 1) / BATCH_MAX;
+    if (fd->sweepers_max < 2)
+        fd->sweepers_max = 2;
+    /* A sweep starts only when the feed is empty and leaves at most
+     * BATCH_MAX - 1 jobs in it, so this is room enough. */
+    fd->cap = (size_t)fd->sweepers_max * BATCH_MAX;
     fd->jobs = calloc(fd->cap, sizeof(kiq_fetched_t));
     if (!fd->jobs) {
         free(fd);
@@ -344,6 +355,8 @@ void kiq_feed_free(kiq_feed_t *fd)
         done_clear(fd->acks[i]);
         free(fd->acks[i]);
     }
+    for (size_t i = 0; i < fd->nspare; i++)
+        free(fd->spare[i]);
     free(fd->acks);
     free(fd->jobs);
     pthread_cond_destroy(&fd->came);
@@ -367,6 +380,40 @@ static kiq_fetched_t feed_pop(kiq_feed_t *fd)
     return j;
 }
 
+/* A cleared done_t, reused when one is spare. */
+static done_t *done_new(kiq_runtime_t *rt)
+{
+    kiq_feed_t *fd = rt->feed;
+    done_t *d = NULL;
+    if (fd) {
+        pthread_mutex_lock(&fd->mu);
+        if (fd->nspare)
+            d = fd->spare[--fd->nspare];
+        pthread_mutex_unlock(&fd->mu);
+    }
+    if (d) {
+        memset(d, 0, sizeof(*d));
+        return d;
+    }
+    return calloc(1, sizeof(done_t));
+}
+
+/* Clears d and frees it or keeps it for reuse. */
+static void done_free(kiq_runtime_t *rt, done_t *d)
+{
+    kiq_feed_t *fd = rt->feed;
+    done_clear(d);
+    if (fd) {
+        pthread_mutex_lock(&fd->mu);
+        if (fd->nspare < SPARE_MAX) {
+            fd->spare[fd->nspare++] = d;
+            d = NULL;
+        }
+        pthread_mutex_unlock(&fd->mu);
+    }
+    free(d);
+}
+
 /* Queues a finished job's ack; on no memory, writes it at once instead. */
 static void feed_ack(kiq_slot_t *s, kiq_redis_t *r, done_t *d)
 {
@@ -388,9 +435,7 @@ static void feed_ack(kiq_slot_t *s, kiq_redis_t *r, done_t *d)
     if (d) {
         if (kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
             done_acked(d, r);
-        else
-            done_clear(d);
-        free(d);
+        done_free(s->rt, d);
     }
 }
 
@@ -418,13 +463,13 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, done_t **acks, size_t nacks,
     kiq_ack_item_t items[nacks ? nacks : 1];
     for (size_t i = 0; i < nacks; i++)
         items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
-                                     .ack = acks[i]->ack };
+                                     .ack = acks[i]->ack, .rc = KIQ_EREDIS };
     int rc = kiq_redis_ok(r) ? kiq_fetch_exchange(s->fetch, r, items, nacks, got, max, block)
                              : KIQ_EREDIS;
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             done_acked(acks[i], r);
-            free(acks[i]);
+            done_free(s->rt, acks[i]);
         } else {
             feed_ack(s, r, acks[i]);
         }
@@ -495,10 +540,8 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
             pthread_mutex_lock(&fd->mu);
             acks = feed_take_acks(fd, &n);
             pthread_mutex_unlock(&fd->mu);
-            for (size_t i = 0; i < n; i++) {
-                done_clear(acks[i]);
-                free(acks[i]);
-            }
+            for (size_t i = 0; i < n; i++)
+                done_free(rt, acks[i]);
             free(acks);
             return;
         }
@@ -521,7 +564,7 @@ static int fetch_refused(kiq_runtime_t *rt, kiq_redis_t *r, int rc)
 
 static void run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 {
-    done_t *d = calloc(1, sizeof(*d));
+    done_t *d = done_new(s->rt);
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
@@ -533,7 +576,7 @@ static void run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     if (d->active)
         feed_ack(s, r, d);
     else
-        free(d);
+        done_free(s->rt, d);
 }
 
 /* How many jobs a sweep asks for: one for each thread not running a job,
@@ -562,7 +605,7 @@ static void feed_wait(kiq_feed_t *fd)
 
 /* One job for this thread into *job. A job waiting in the feed comes
  * first. Otherwise this thread sweeps the queues for itself and for the
- * threads that will look next, unless SWEEPERS_MAX sweeps are on their way
+ * threads that will look next, unless sweepers_max sweeps are on their way
  * already: then it waits for them (one waiter is woken per sweep that came
  * back, to take a job or sweep next; so under load a few threads do the
  * round trips and the others are not woken for each job). When the queues
@@ -577,7 +620,7 @@ static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     size_t nacks = 0, want;
     done_t **acks;
     pthread_mutex_lock(&fd->mu);
-    while (!fd->n && fd->sweeping >= SWEEPERS_MAX && !atomic_load(&rt->quiet))
+    while (!fd->n && fd->sweeping >= fd->sweepers_max && !atomic_load(&rt->quiet))
         feed_wait(fd);
     if (atomic_load(&rt->quiet)) {
         pthread_mutex_unlock(&fd->mu);

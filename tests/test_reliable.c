@@ -903,3 +903,66 @@ Test(reliable, jobs_fetched_together_never_wait_behind_a_long_one)
     cr_assert_eq(kt_int("SCARD hol"), 3, "each ran once");
     cr_assert_eq(kt_int("LLEN hol:log"), 3);
 }
+
+/* The library's batch exchange: one call fetches several jobs (reporting
+ * each one's lock as held by its jid), and one call acks several, each
+ * releasing its lock only if the job was still in the working list: a job
+ * recovered meanwhile keeps its lock for the copy that will run. */
+Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
+{
+    char jid[3][25], digest[3][64], *p[3];
+    for (unsigned i = 0; i < 3; i++) {
+        make_jid(jid[i], 21, i);
+        snprintf(digest[i], sizeof(digest[i]), "uniquejobs:batch%u", i);
+        cr_assert(asprintf(&p[i],
+                           "{\"retry\":true,\"queue\":\"ba\",\"args\":[%u],\"class\":\"NoopJob\","
+                           "\"jid\":\"%s\",\"lock\":\"until_executed\",\"lock_digest\":\"%s\","
+                           "\"created_at\":1,\"enqueued_at\":1}", i, jid[i], digest[i]) > 0);
+        kt_int("HSET %s:LOCKED %s {}", digest[i], jid[i]);
+        kt_int("ZADD uniquejobs:digests 1 %s", digest[i]);
+    }
+    push_all(kt_redis(), "ba", p, 3);
+    kiq_redis_t *r = lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_queue_conf_t q = { .name = "ba" };
+    kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "batch-test", .queues = &q,
+                            .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
+    kiq_fetch_t *f = kiq_fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    kiq_fetched_t got[4];
+    cr_assert_eq(kiq_fetch_exchange(f, r, NULL, 0, got, 4, 0), 3, "one call, three jobs");
+    for (unsigned i = 0; i < 3; i++) {
+        cr_assert(strstr(got[i].payload, jid[i]), "in queue order: %s", got[i].payload);
+        cr_assert_str_eq(got[i].queue, "ba");
+        cr_assert(got[i].held_digest && !strcmp(got[i].held_digest, digest[i])
+                  && got[i].held_jid && !strcmp(got[i].held_jid, jid[i]),
+                  "the fetch saw each lock held by its jid");
+    }
+    cr_assert_eq(kt_int("LLEN uniquejobs:working:batch-test"), 3);
+    /* Job 1 was taken back meanwhile (as a recovery would). */
+    kt_int("LREM uniquejobs:working:batch-test 1 %s", p[1]);
+    kiq_ack_item_t acks[3];
+    char keys[3][80];
+    for (unsigned i = 0; i < 3; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "%s:LOCKED", digest[i]);
+        acks[i] = (kiq_ack_item_t){ .raw = got[i].payload, .len = got[i].len,
+                                    .ack = { .kind = KIQ_ACK_OK, .lock_key = keys[i],
+                                             .lock_jid = jid[i] } };
+    }
+    cr_assert_eq(kiq_fetch_exchange(f, r, acks, 3, NULL, 0, 0), 0);
+    for (unsigned i = 0; i < 3; i++)
+        cr_assert_eq(acks[i].rc, 0, "ack %u written", i);
+    cr_assert_eq(kt_int("LLEN uniquejobs:working:batch-test"), 0);
+    cr_assert_eq(kt_int("EXISTS %s", keys[0]), 0, "released with its job");
+    cr_assert_eq(kt_int("EXISTS %s", keys[2]), 0, "released with its job");
+    cr_assert_eq(kt_int("HEXISTS %s %s", keys[1], jid[1]), 1, "kept: its job was taken back");
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 1);
+    /* Nothing left: a non-blocking fetch returns at once with none. */
+    cr_assert_eq(kiq_fetch_exchange(f, r, NULL, 0, got, 4, 0), 0);
+    for (unsigned i = 0; i < 3; i++) {
+        kiq_fetched_clear(&got[i]);
+        free(p[i]);
+    }
+    kiq_fetch_free(f);
+    kiq_redis_free(r);
+}

@@ -51,4 +51,5 @@ Test(scripts, enum_names_the_scripts_it_indexes)
     cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_QLOCK_ACQUIRE], "qlock_acquire");
     cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_REAP], "reap");
     cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_REPLACE], "replace");
+    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_ACKS], "acks");
 }

@@ -28,6 +28,7 @@ typedef enum kiq_script {
     KIQ_SCRIPT_QLOCK_PURGE,
     KIQ_SCRIPT_REAP,
     KIQ_SCRIPT_REPLACE,
+    KIQ_SCRIPT_ACKS,
     KIQ_SCRIPT_COUNT
 } kiq_script_t;
 

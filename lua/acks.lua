@@ -1,0 +1,21 @@
+-- Finish several successful jobs at once, each releasing its uniqueness
+-- lock as ack.lua does: the job leaves the working list and its jid's hold
+-- on "<digest>:LOCKED" goes in the same step; a job no longer in the list
+-- (requeued or recovered meanwhile) keeps its lock, for the copy that will
+-- run. One script call for a batch instead of one per job.
+-- KEYS[1] working list, KEYS[2] "uniquejobs:digests".
+-- ARGV: triples of payload as fetched, "<digest>:LOCKED", jid.
+-- Returns how many of the jobs were still in the working list.
+local working, digests = KEYS[1], KEYS[2]
+local removed = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('LREM', working, 1, ARGV[i]) == 1 then
+    removed = removed + 1
+    local locked = ARGV[i + 1]
+    if redis.call('HDEL', locked, ARGV[i + 2]) == 1 and redis.call('HLEN', locked) == 0 then
+      redis.call('ZREM', digests, (string.gsub(locked, ':LOCKED$', '')))
+      redis.call('UNLINK', locked)
+    end
+  end
+end
+return removed
