@@ -233,8 +233,9 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
             "kills, %ld duplicate runs, %.1f s\n", seed, RECORDS, total - RECORDS, KILLS,
             inflight, dups, wall);
     cr_assert_eq(missing, 0, "%ld jobs lost", missing);
+    /* In flight: whatever was in the working list at the kill, i.e. running,
+     * fetched in a batch and not started yet, or finished and not acked. */
     cr_assert_leq(dups, inflight, "only jobs in flight at a kill may run twice");
-    cr_assert_leq(dups, CONC * KILLS);
     cr_assert_eq(kt_int("ZCARD dead"), 0, "nothing was taken for a poison pill");
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     for (int k = 0; k <= KILLS; k++)
