@@ -13,7 +13,8 @@ for i = 1, #ARGV, 3 do
     removed = removed + 1
     local locked = ARGV[i + 1]
     if redis.call('HDEL', locked, ARGV[i + 2]) == 1 and redis.call('HLEN', locked) == 0 then
-      redis.call('ZREM', digests, (string.gsub(locked, ':LOCKED$', '')))
+      -- The digest is the key without its ":LOCKED" (7 characters).
+      redis.call('ZREM', digests, string.sub(locked, 1, -8))
       redis.call('UNLINK', locked)
     end
   end
