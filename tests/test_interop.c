@@ -174,8 +174,8 @@ Test(interop, ruby_push_bulk_and_scheduled_jobs_run_and_stats_count_them)
     if (wall() < at - 0.3)
         cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(sched)), 0,
                      "the scheduled job does not run before its time");
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 5, 20), "the scheduled job ran: %s",
-              kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 5 && kt_int("LLEN rec:log") >= 5, 20),
+              "the scheduled job ran: %s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("SISMEMBER rec %s", jid), 1);
     for (size_t i = 0; i < 3; i++)
         cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(json_array_get(bulk, i))), 1);
@@ -499,7 +499,10 @@ Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
     cr_assert_eq(kt_int("SISMEMBER queues default"), 1);
 
     pid_t pid = sidekiq_start();
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD k") == 3, 30), "Sidekiq ran kiq's jobs: %s", sidekiq_log());
+    /* RecordJob writes its set, then its log, then its args: wait for all. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD k") == 3 && kt_int("LLEN k:log") == 3
+                            && kt_int("EXISTS k:args") == 1, 30),
+              "Sidekiq ran kiq's jobs: %s", sidekiq_log());
     cr_assert_eq(kt_int("SISMEMBER k %s", now), 1);
     cr_assert_eq(kt_int("SISMEMBER k %s", later), 1, "the scheduled one too");
     cr_assert_eq(kt_int("SISMEMBER k %s", big), 1);
