@@ -194,7 +194,52 @@ static void timestamp(char *out, size_t n)
         strftime(prefix, sizeof(prefix), "%Y-%m-%dT%H:%M:%S", &tm);
         last = ts.tv_sec;
     }
-    snprintf(out, n, "%s.%03ldZ", prefix, ts.tv_nsec / 1000000);
+    /* The prefix is 19 characters; ".mmmZ" and the NUL follow. */
+    long ms = ts.tv_nsec / 1000000;
+    if (n < 25)
+        return;
+    memcpy(out, prefix, 19);
+    out[19] = '.';
+    out[20] = (char)('0' + ms / 100);
+    out[21] = (char)('0' + ms / 10 % 10);
+    out[22] = (char)('0' + ms % 10);
+    out[23] = 'Z';
+    out[24] = '\0';
+}
+
+/* " pid=P tid=T", formatted once per thread (and again if the pid changes). */
+static const char *pid_tid(void)
+{
+    static _Thread_local char s[64];
+    static _Thread_local int for_pid;
+    if (for_pid != log_pid) {
+        snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, kiq_log_tid());
+        for_pid = log_pid;
+    }
+    return s;
+}
+
+/* elapsed as "%.3f" would print it, without printf (a line per job). */
+static void put_seconds(kiq_buf_t *b, double sec)
+{
+    if (!(sec >= 0 && sec < 1e9)) {
+        kiq_buf_printf(b, "%.3f", sec);
+        return;
+    }
+    long ms = (long)(sec * 1000.0 + 0.5);
+    char t[32];
+    int n = 0;
+    for (int i = 0; i < 3; i++, ms /= 10)
+        t[n++] = (char)('0' + ms % 10);
+    t[n++] = '.';
+    do {
+        t[n++] = (char)('0' + ms % 10);
+        ms /= 10;
+    } while (ms);
+    char out[32];
+    for (int i = 0; i < n; i++)
+        out[i] = t[n - 1 - i];
+    kiq_buf_put(b, out, (size_t)n);
 }
 
 static void json_ctx_str(kiq_buf_t *b, int *first, const char *k, const char *v)
@@ -214,10 +259,14 @@ void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     char msg[2048], ts[40];
     if (!log_pid)
         log_pid = (int)getpid();
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    if (!strchr(fmt, '%')) {
+        snprintf(msg, sizeof(msg), "%s", fmt);
+    } else {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+    }
     timestamp(ts, sizeof(ts));
 
     kiq_buf_t b = {0};
@@ -236,14 +285,23 @@ void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
         }
         kiq_buf_puts(&b, "}}\n");
     } else {
-        kiq_buf_printf(&b, "%s pid=%d tid=%s", ts, log_pid, kiq_log_tid());
+        /* Built with plain appends: this runs twice per job. */
+        kiq_buf_puts(&b, ts);
+        kiq_buf_puts(&b, pid_tid());
         if (ctx) {
-            if (ctx->cls) kiq_buf_printf(&b, " class=%s", ctx->cls);
-            if (ctx->jid) kiq_buf_printf(&b, " jid=%s", ctx->jid);
-            if (ctx->tags) kiq_buf_printf(&b, " tags=%s", ctx->tags);
-            if (ctx->elapsed >= 0) kiq_buf_printf(&b, " elapsed=%.3f", ctx->elapsed);
+            if (ctx->cls) { kiq_buf_puts(&b, " class="); kiq_buf_puts(&b, ctx->cls); }
+            if (ctx->jid) { kiq_buf_puts(&b, " jid="); kiq_buf_puts(&b, ctx->jid); }
+            if (ctx->tags) { kiq_buf_puts(&b, " tags="); kiq_buf_puts(&b, ctx->tags); }
+            if (ctx->elapsed >= 0) {
+                kiq_buf_puts(&b, " elapsed=");
+                put_seconds(&b, ctx->elapsed);
+            }
         }
-        kiq_buf_printf(&b, " %s: %s\n", level_name[lvl], msg);
+        kiq_buf_puts(&b, " ");
+        kiq_buf_puts(&b, level_name[lvl]);
+        kiq_buf_puts(&b, ": ");
+        kiq_buf_puts(&b, msg);
+        kiq_buf_puts(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;
     if (mine) {
