@@ -312,8 +312,10 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
         return 0; /* BRPOP already took it; nothing to write */
     *sent = 1;
     if (!basic && !lock && plain) {
-        const char *argv[] = { "LREM", f->working, "1", raw };
-        size_t lens[] = { 4, strlen(f->working), 1, len };
+        /* From the tail: the oldest jobs, the ones finishing first, are
+         * there (the fetch pushes on the left). */
+        const char *argv[] = { "LREM", f->working, "-1", raw };
+        size_t lens[] = { 4, strlen(f->working), 2, len };
         return kiq_redis_append(r, 4, argv, lens);
     }
     char score[32], cutoff[32], max[32];

@@ -14,7 +14,8 @@
 -- ARGV[7] the jid whose hold on KEYS[3] is released.
 local removed = 1
 if KEYS[1] ~= '' then
-  removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+  -- From the tail, where the oldest (first finished) jobs are.
+  removed = redis.call('LREM', KEYS[1], -1, ARGV[1])
   if removed == 0 then
     return 0
   end

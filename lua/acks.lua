@@ -9,7 +9,8 @@
 local working, digests = KEYS[1], KEYS[2]
 local removed = 0
 for i = 1, #ARGV, 3 do
-  if redis.call('LREM', working, 1, ARGV[i]) == 1 then
+  -- From the tail, where the oldest (first finished) jobs are.
+  if redis.call('LREM', working, -1, ARGV[i]) == 1 then
     removed = removed + 1
     local locked = ARGV[i + 1]
     if redis.call('HDEL', locked, ARGV[i + 2]) == 1 and redis.call('HLEN', locked) == 0 then
