@@ -67,9 +67,11 @@ static int record_job(kiq_job_t *job, void *ud)
 }
 
 /* OverlapJob [key, ms]: evidence of overlapping runs, kept in Redis so it
- * spans threads and processes. INCR key:running; if that made it more than
- * one, INCR key:overlaps; sleep ms (default 100); DECR key:running; RPUSH
- * key:log jid. A while_executing lock must leave key:overlaps unset. */
+ * spans threads and processes. INCR key:running (and RPUSH the count it
+ * reached to key:levels); if that made it more than one, INCR key:overlaps;
+ * sleep ms (default 100); DECR key:running; RPUSH key:log jid. A
+ * while_executing lock must leave key:overlaps unset; with lock_limit N no
+ * level may pass N. */
 static int overlap_job(kiq_job_t *job, void *ud)
 {
     (void)ud;
@@ -80,6 +82,8 @@ static int overlap_job(kiq_job_t *job, void *ud)
         return kiq_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
     redisReply *r = redisCommand(c, "INCR %s:running", key);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
+    if (ok)
+        freeReplyObject(redisCommand(c, "RPUSH %s:levels %lld", key, r->integer));
     if (ok && r->integer > 1)
         freeReplyObject(redisCommand(c, "INCR %s:overlaps", key));
     freeReplyObject(r);

@@ -254,6 +254,33 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
     free(d);
 }
 
+/* lock_limit 2: two jobs with one digest may run at once, never three,
+ * across processes; the others wait (lock_timeout) and all run. */
+Test(unique, lock_limit_two_lets_two_run_at_once_and_never_three)
+{
+    const char *bulk = "{\"class\":\"OverlapJob\",\"lock\":\"while_executing\",\"lock_limit\":2,"
+                       "\"lock_timeout\":20,\"args\":[[\"ll\",150],[\"ll\",150],[\"ll\",150],"
+                       "[\"ll\",150],[\"ll\",150],[\"ll\",150],[\"ll\",150],[\"ll\",150]]}";
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
+    pid_t a = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ll:log") == 8, 40), "A: %s\nB: %s", kt_kiq_log(a),
+              kt_kiq_log(b));
+    redisReply *r = kt_cmd("LRANGE ll:levels 0 -1");
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 8, "every job recorded its level");
+    long max = 0;
+    for (size_t i = 0; i < r->elements; i++)
+        if (atol(r->element[i]->str) > max)
+            max = atol(r->element[i]->str);
+    freeReplyObject(r);
+    cr_assert_eq(max, 2, "the limit let two run at once, and never three (max %ld)", max);
+    char *d = ruby_digest("OverlapJob", "default", "[\"ll\",150]");
+    cr_assert_eq(kt_int("EXISTS %s:RUN:LOCKED", d), 0, "released at the end");
+    cr_assert_eq(stop(a), 0);
+    cr_assert_eq(stop(b), 0);
+    free(d);
+}
+
 /* A runtime lock held by someone else: each server strategy. */
 Test(unique, server_strategies_reject_reschedule_log_raise)
 {
