@@ -451,8 +451,7 @@ static int run_timed(kiq_qlock_fn fn, void *udata, const kiq_qlock_result_t *res
         return kiq_seterr(err, KIQ_ESYS, "timed lock: cannot start a thread: %s", strerror(e));
     }
     double until = res->deadline - TIMESHIFT_MARGIN;
-    struct timespec ts = { .tv_sec = (time_t)until,
-                           .tv_nsec = (long)((until - floor(until)) * 1e9) };
+    struct timespec ts = kiq_timespec(until);
     pthread_mutex_lock(&tc->mu);
     while (!tc->done && pthread_cond_timedwait(&tc->cv, &tc->mu, &ts) != ETIMEDOUT)
         ;

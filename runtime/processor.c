@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "buf.h"
 #include "log.h"
@@ -591,13 +590,7 @@ static size_t batch_size(kiq_runtime_t *rt)
  * left in the feed behind a long one is then taken by a waiter). */
 static void feed_wait(kiq_feed_t *fd)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 100 * 1000 * 1000;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = kiq_timespec(kiq_now() + 0.1);
     fd->waiting++;
     pthread_cond_timedwait(&fd->came, &fd->mu, &until);
     fd->waiting--;

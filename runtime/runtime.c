@@ -78,11 +78,7 @@ void kiq_runtime_stop(kiq_runtime_t *rt)
 
 void kiq_rt_wait(kiq_runtime_t *rt, double s)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double end = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 + s;
-    ts.tv_sec = (time_t)end;
-    ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+    struct timespec ts = kiq_timespec(kiq_now() + s);
     pthread_mutex_lock(&rt->wake_mu);
     pthread_cond_timedwait(&rt->wake, &rt->wake_mu, &ts);
     pthread_mutex_unlock(&rt->wake_mu);

@@ -20,12 +20,17 @@ double kiq_mono(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+struct timespec kiq_timespec(double s)
+{
+    struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
+    return ts;
+}
+
 void kiq_sleep(double s)
 {
     if (s <= 0)
         return;
-    struct timespec ts = { .tv_sec = (time_t)s,
-                           .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
+    struct timespec ts = kiq_timespec(s);
     while (nanosleep(&ts, &ts) != 0)
         ;
 }
