@@ -455,9 +455,10 @@ static done_t **feed_take_acks(kiq_feed_t *fd, size_t *n)
 
 /* Writes the acks taken (and fetches up to max jobs into got, in the same
  * round trip). Acks written are released; the others go back to the feed
- * for the next round trip. Returns kiq_fetch_exchange's result. */
+ * for the next round trip, and *unwritten (when not NULL) counts them.
+ * Returns kiq_fetch_exchange's result. */
 static int exchange(kiq_slot_t *s, kiq_redis_t *r, done_t **acks, size_t nacks,
-                    kiq_fetched_t *got, size_t max, int block)
+                    kiq_fetched_t *got, size_t max, int block, size_t *unwritten)
 {
     kiq_ack_item_t items[nacks ? nacks : 1];
     for (size_t i = 0; i < nacks; i++)
@@ -465,15 +466,19 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, done_t **acks, size_t nacks,
                                      .ack = acks[i]->ack, .rc = KIQ_EREDIS };
     int rc = kiq_redis_ok(r) ? kiq_fetch_exchange(s->fetch, r, items, nacks, got, max, block)
                              : KIQ_EREDIS;
+    size_t failed = 0;
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             done_acked(acks[i], r);
             done_free(s->rt, acks[i]);
         } else {
             feed_ack(s, r, acks[i]);
+            failed++;
         }
     }
     free(acks);
+    if (unwritten)
+        *unwritten = failed;
     return rc;
 }
 
@@ -530,12 +535,12 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
         pthread_mutex_unlock(&fd->mu);
         if (!n)
             return;
-        exchange(s, r, acks, n, NULL, 0, 0);
-        pthread_mutex_lock(&fd->mu);
-        int left = fd->nacks > 0;
-        pthread_mutex_unlock(&fd->mu);
-        if (left && (atomic_load(&rt->housekeeper_stop)
-                     || kiq_rt_connect(rt, r, &rt->housekeeper_stop))) {
+        size_t failed;
+        exchange(s, r, acks, n, NULL, 0, 0, &failed);
+        /* Acks other threads queued meanwhile simply go in the next turn;
+         * only a failure of these calls for a new connection. */
+        if (failed && (atomic_load(&rt->housekeeper_stop)
+                       || kiq_rt_connect(rt, r, &rt->housekeeper_stop))) {
             pthread_mutex_lock(&fd->mu);
             acks = feed_take_acks(fd, &n);
             pthread_mutex_unlock(&fd->mu);
@@ -628,7 +633,7 @@ static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
                    ? feed_take_acks(fd, &nacks) : NULL;
         pthread_mutex_unlock(&fd->mu);
         if (nacks)
-            exchange(s, r, acks, nacks, NULL, 0, 0);
+            exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
         return 1;
     }
     acks = feed_take_acks(fd, &nacks);
@@ -636,17 +641,17 @@ static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     fd->sweeping++;
     pthread_mutex_unlock(&fd->mu);
 
-    int rc = exchange(s, r, acks, nacks, got, want, 0);
+    int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
     pthread_mutex_lock(&fd->mu);
     fd->sweeping--;
     for (int i = 1; i < rc && !atomic_load(&rt->quiet); i++)
         feed_push(fd, &got[i]);
-    if (rc == 0)
+    if (rc == 0) {
         pthread_cond_broadcast(&fd->came); /* all go and wait on the queues */
-    else if (fd->waiting)
-        pthread_cond_signal(&fd->came);
-    if (rc == 0)
         acks = feed_take_acks(fd, &nacks);
+    } else if (fd->waiting) {
+        pthread_cond_signal(&fd->came);
+    }
     pthread_mutex_unlock(&fd->mu);
     if (rc > 0) {
         /* Fetched as the process went quiet: all of it goes back. */
@@ -659,17 +664,20 @@ static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     if (rc < 0)
         return rc;
     /* Every queue was empty: wait on them (see kiq_fetch_exchange). */
-    return exchange(s, r, acks, nacks, job, 1, 1);
+    return exchange(s, r, acks, nacks, job, 1, 1, NULL);
 }
 
-static void loop_reliable(kiq_slot_t *s, kiq_redis_t *r)
+/* Fetch, run, until the process goes quiet. The reliable fetch then writes
+ * the acks still waiting and gives back what the feed holds. */
+static void loop(kiq_slot_t *s, kiq_redis_t *r)
 {
     kiq_runtime_t *rt = s->rt;
+    int reliable = rt->feed != NULL;
     while (!atomic_load(&rt->quiet)) {
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
         kiq_fetched_t job = {0};
-        int rc = next_job(s, r, &job);
+        int rc = reliable ? next_job(s, r, &job) : kiq_fetch_next(s->fetch, r, &job);
         if (fetch_refused(rt, r, rc) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         if (atomic_load(&rt->quiet)) {
@@ -678,25 +686,9 @@ static void loop_reliable(kiq_slot_t *s, kiq_redis_t *r)
         }
         run_fetched(s, r, &job);
     }
-    flush_acks(s, r);
-    feed_give_back(s->fetch, rt, r, 1);
-}
-
-static void loop_basic(kiq_slot_t *s, kiq_redis_t *r)
-{
-    kiq_runtime_t *rt = s->rt;
-    while (!atomic_load(&rt->quiet)) {
-        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
-            break;
-        kiq_fetched_t job;
-        int rc = kiq_fetch_next(s->fetch, r, &job);
-        if (fetch_refused(rt, r, rc) || rc <= 0)
-            continue;
-        if (atomic_load(&rt->quiet)) {
-            give_back(s->fetch, rt, r, &job, 1);
-            break;
-        }
-        run_fetched(s, r, &job);
+    if (reliable) {
+        flush_acks(s, r);
+        feed_give_back(s->fetch, rt, r, 1);
     }
 }
 
@@ -711,10 +703,8 @@ void *kiq_processor_main(void *arg)
     kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 15, err);
     if (!r)
         kiq_error("processor %d: %s", s->index, err);
-    else if (rt->cfg->fetch == KIQ_FETCH_RELIABLE)
-        loop_reliable(s, r);
     else
-        loop_basic(s, r);
+        loop(s, r);
     kiq_redis_free(r);
     pthread_mutex_lock(&s->mu);
     s->exited = 1;
