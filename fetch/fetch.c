@@ -244,11 +244,11 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
     return (int)n;
 }
 
-/* Reads what append_fetch asked for. Returns the number of jobs, or
- * KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM. */
-static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max)
+/* Reads what append_fetch asked for (the script when script). Returns the
+ * number of jobs, or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM. */
+static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
+                      int script)
 {
-    int script = use_script(f, max);
     redisReply *rep = kiq_redis_get_reply(r);
     int rc = 0;
     if (!rep)
@@ -288,8 +288,9 @@ static int fetch_block(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
                         int block)
 {
+    /* Decided before reading: the jobs read change f->locks_seen. */
     int script = use_script(f, max);
-    int rc = read_fetch(f, r, out, max);
+    int rc = read_fetch(f, r, out, max, script);
     if (rc || !script || !block)
         return rc;
     return fetch_block(f, r, out);
@@ -339,18 +340,25 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
     return kiq_redis_append_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
 }
 
+/* Reads one ack's reply: 0, KIQ_EREPLY (an error reply) or KIQ_EREDIS (the
+ * connection broke). */
+static int read_ack(kiq_redis_t *r)
+{
+    redisReply *rep = kiq_redis_get_reply(r);
+    if (!rep)
+        return KIQ_EREDIS;
+    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
+    freeReplyObject(rep);
+    return rc;
+}
+
 int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                   const kiq_ack_t *ack)
 {
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
     if (rc || !sent)
         return rc ? KIQ_EREDIS : 0;
-    redisReply *rep = kiq_redis_get_reply(r);
-    if (!rep)
-        return KIQ_EREDIS;
-    rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
-    freeReplyObject(rep);
-    return rc;
+    return read_ack(r) ? KIQ_EREDIS : 0;
 }
 
 /* A success that releases a lock: several of them go in one acks.lua
@@ -438,11 +446,10 @@ int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, siz
      * the working list, to be acked again); the replies behind it still
      * count. A broken connection ends the reading. */
     for (size_t b = 0, i = 0; b < batches; b++) {
-        redisReply *rep = kiq_redis_get_reply(r);
-        if (!rep)
+        int rc = read_ack(r);
+        if (rc == KIQ_EREDIS)
             return KIQ_EREDIS;
-        int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
-        freeReplyObject(rep);
+        rc = rc ? KIQ_EREDIS : 0;
         for (size_t k = 0; k < ACKS_PER_CALL && i < nacks; i++)
             if (sent[i] == 2) {
                 acks[i].rc = rc;
@@ -456,11 +463,10 @@ int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, siz
             acks[i].rc = 0;
             continue;
         }
-        redisReply *rep = kiq_redis_get_reply(r);
-        if (!rep)
+        int rc = read_ack(r);
+        if (rc == KIQ_EREDIS)
             return KIQ_EREDIS;
-        acks[i].rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
-        freeReplyObject(rep);
+        acks[i].rc = rc ? KIQ_EREDIS : 0;
     }
     if (!max)
         return 0;

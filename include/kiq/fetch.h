@@ -51,7 +51,7 @@ typedef struct kiq_ack {
  * fetcher (valid until kiq_fetch_free). When the fetch checked the job's
  * uniqueness lock on the way (the reliable fetch's script does for payloads
  * with a lock_digest), held_digest and held_jid are the "lock_digest" and
- * "jid" it read from the payload by pattern and found holding
+ * "jid" it found in the payload by plain search (not parsed) holding
  * "<held_digest>:LOCKED"; trust them only where they equal the caller's own
  * parse of the payload. Owned; NULL otherwise. kiq_fetched_clear frees all
  * three. */
