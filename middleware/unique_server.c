@@ -72,6 +72,18 @@ static int lock_error(kiq_mw_t *mw, const char *err)
     return 0;
 }
 
+/* After taking or checking a lock: refused (lr KIQ_EDENIED: the server
+ * strategy) or failed on Redis (lr < 0: the job fails). Returns 1 with *rc
+ * set when the job must not go on. */
+static int lock_stops(kiq_mw_t *mw, const kiq_unique_spec_t *s, int lr, const char *err, int *rc)
+{
+    if (lr == KIQ_EDENIED)
+        *rc = conflict(mw, s, "is held by another job");
+    else if (lr < 0)
+        *rc = lock_error(mw, err);
+    return lr < 0;
+}
+
 static void hold_until(kiq_mw_t *mw, const kiq_unique_spec_t *s, int on_done)
 {
     kiq_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, ":LOCKED");
@@ -126,14 +138,8 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
             kiq_unique__metric(mw->r, s.type, "locked"); /* as the lock call counts it */
         } else
             lr = kiq_unique_lock(mw->r, &q, err);
-        if (lr == KIQ_EDENIED) {
-            rc = conflict(mw, &s, "is held by another job");
+        if (lock_stops(mw, &s, lr, err, &rc))
             break;
-        }
-        if (lr < 0) {
-            rc = lock_error(mw, err);
-            break;
-        }
         if (lr == KIQ_LOCK_ACQUIRED)
             kiq_info("uniqueness_lapsed: %s %s fetched without its lock %s; taken again",
                      mw->cls, mw->jid, s.digest);
@@ -160,14 +166,8 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
         break;
     case KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING:
         lr = kiq_unique_unlock(mw->r, s.digest, 0, mw->jid, s.type, 0, err);
-        if (lr == KIQ_EDENIED) {
-            rc = conflict(mw, &s, "is held by another job");
+        if (lock_stops(mw, &s, lr, err, &rc))
             break;
-        }
-        if (lr < 0) {
-            rc = lock_error(mw, err);
-            break;
-        }
         rc = while_executing(mw, &s, &ran);
         if (!ran || job_failed(mw)) {
             /* Back in line (retry or rescheduled): unique again until it
