@@ -272,6 +272,25 @@ char *kt_tmp(const char *name)
     return p;
 }
 
+char *kt_write_file(const char *name, const char *body)
+{
+    char *path = kt_tmp(name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot write %s", path);
+    fputs(body, f);
+    fclose(f);
+    return path;
+}
+
+kiq_redis_t *kt_lib_redis(void)
+{
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kt_url(), 10, err);
+    cr_assert_not_null(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    return r;
+}
+
 char *kt_read_file(const char *path)
 {
     FILE *f = fopen(path, "rb");

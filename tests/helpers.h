@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include "kiq/redis.h"
+
 /* Starts/stops the shared server; called from the report hooks. */
 void kt_server_start(void);
 void kt_server_stop(void);
@@ -97,6 +99,11 @@ int kt_free_port(void);
 
 /* A path under this test's private temp directory (malloc'd). */
 char *kt_tmp(const char *name);
+/* Writes body to kt_tmp(name); returns that path (malloc'd). */
+char *kt_write_file(const char *name, const char *body);
+/* A connected library connection (kiq_redis_t) to this test's database;
+ * kiq_redis_free it. */
+kiq_redis_t *kt_lib_redis(void);
 
 /* Every test program linked with the helpers (link_whole) starts the
  * server in a PRE_ALL hook and stops it in POST_ALL (helpers.c). */

@@ -325,10 +325,8 @@ Test(badinput, unknown_flag_exits_78)
 
 Test(badinput, unknown_config_key_names_file_line_key)
 {
-    char *path = kt_tmp("bad.yml");
-    FILE *f = fopen(path, "w");
-    fputs("concurrency: 2\n:queues:\n  - default\nheartbeat_intreval: 3\n", f);
-    fclose(f);
+    char *path = kt_write_file("bad.yml",
+                               "concurrency: 2\n:queues:\n  - default\nheartbeat_intreval: 3\n");
     char want[600];
     snprintf(want, sizeof(want), "%s:4", path);
     assert_config_error((const char *[]){ "-C", path, NULL }, want, "heartbeat_intreval");

@@ -34,11 +34,11 @@ static double wall(void)
  * Caller frees the path. */
 static char *write_conf(const char *extra)
 {
-    char *path = kt_tmp("kiq.yml");
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "cannot write %s", path);
-    fprintf(f, "poll_interval_average: 1\nheartbeat_interval: 1\n%s", extra ? extra : "");
-    fclose(f);
+    char *body = NULL;
+    cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s",
+                       extra ? extra : "") > 0);
+    char *path = kt_write_file("kiq.yml", body);
+    free(body);
     return path;
 }
 

@@ -56,16 +56,6 @@ static int file_has(const char *path, const char *needle)
     return yes;
 }
 
-static char *write_config(const char *name, const char *yaml)
-{
-    char *path = kt_tmp(name);
-    FILE *f = fopen(path, "w");
-    cr_assert(f);
-    fputs(yaml, f);
-    fclose(f);
-    return path;
-}
-
 /* The identity of the one running process, once its first beat is in. */
 static char *wait_identity(pid_t pid)
 {
@@ -198,7 +188,7 @@ Test(lifecycle, term_when_idle_exits_at_once)
 
 Test(lifecycle, tstp_makes_it_quiet)
 {
-    char *cfg = write_config("quiet.yml", "heartbeat_interval: 1\n");
+    char *cfg = kt_write_file("quiet.yml", "heartbeat_interval: 1\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-C", cfg, NULL });
     char *id = wait_identity(pid);
     char *q = kt_str("HGET %s quiet", id);
@@ -323,7 +313,7 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis");
     kt_aof_start(&srv);
-    char *cfg = write_config("restart.yml", "heartbeat_interval: 1\npoll_interval_average: 1\n");
+    char *cfg = kt_write_file("restart.yml", "heartbeat_interval: 1\npoll_interval_average: 1\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
     redisContext *c = kt_aof_connect(&srv);
     cr_assert(c);

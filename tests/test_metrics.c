@@ -201,10 +201,7 @@ Test(metrics, bad_port_flag_is_a_config_error)
 
 Test(metrics, yaml_keys_set_port_and_bind)
 {
-    char *path = kt_tmp("metrics.yml");
-    FILE *f = fopen(path, "w");
-    fputs("metrics_port: 9394\nmetrics_bind: 0.0.0.0\n", f);
-    fclose(f);
+    char *path = kt_write_file("metrics.yml", "metrics_port: 9394\nmetrics_bind: 0.0.0.0\n");
     char err[KIQ_ERRLEN] = "";
     kiq_config_t *cfg = kiq_config_new();
     cr_assert_eq(kiq_config_load_file(cfg, path, err), 0, "%s", err);
@@ -212,9 +209,7 @@ Test(metrics, yaml_keys_set_port_and_bind)
     cr_assert_str_eq(cfg->metrics_bind, "0.0.0.0");
     kiq_config_free(cfg);
 
-    f = fopen(path, "w");
-    fputs("metrics_port: 70000\n", f);
-    fclose(f);
+    free(kt_write_file("metrics.yml", "metrics_port: 70000\n"));
     cfg = kiq_config_new();
     cr_assert_neq(kiq_config_load_file(cfg, path, err), 0);
     cr_assert(strstr(err, "metrics_port"), "%s", err);

@@ -32,13 +32,6 @@ static kiq_redis_t *conn_new(const char *url)
     return r;
 }
 
-static kiq_redis_t *conn(void)
-{
-    kiq_redis_t *r = conn_new(kt_url());
-    cr_assert_not_null(r, "connect to %s", kt_url());
-    return r;
-}
-
 static kiq_qlock_client_t *client(const char *identity)
 {
     char err[KIQ_ERRLEN];
@@ -95,7 +88,7 @@ static void on_event(const kiq_qlock_event_t *ev, void *udata)
 
 Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     struct events ev = { .mu = PTHREAD_MUTEX_INITIALIZER };
     kiq_qlock_client_on_event(c, on_event, &ev);
@@ -171,7 +164,7 @@ Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
 
 Test(qlock, results_say_why_the_lock_was_not_obtained)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *holder = client("aaaaaaaaaaaaaaaa"), *other = client("bbbbbbbbbbbbbbbb");
     kiq_qlock_result_t held, res;
     char err[KIQ_ERRLEN];
@@ -221,7 +214,7 @@ Test(qlock, results_say_why_the_lock_was_not_obtained)
 
 Test(qlock, an_expired_holder_cannot_release_or_extend_the_next_holders_lock)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *a = client("aaaaaaaaaaaaaaaa"), *b = client("bbbbbbbbbbbbbbbb");
     kiq_qlock_result_t ra, rb, ra2;
     char err[KIQ_ERRLEN];
@@ -289,7 +282,7 @@ static int slow(const kiq_qlock_result_t *res, void *udata)
 
 Test(qlock, run_holds_the_lock_around_the_function_and_timed_stops_waiting)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     kiq_qlock_result_t res;
     char err[KIQ_ERRLEN];
@@ -385,7 +378,7 @@ static void check_log(long long expect)
 
 Test(qlock, waiters_get_the_lock_in_the_order_they_asked)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     kiq_qlock_result_t held;
     char err[KIQ_ERRLEN];
@@ -468,7 +461,7 @@ Test(qlock, five_processes_of_four_threads_never_overlap_and_keep_fifo_order)
 
 Test(qlock, a_waiter_killed_in_the_queue_stops_blocking_after_its_queue_ttl)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     kiq_qlock_result_t held;
     char err[KIQ_ERRLEN];
@@ -524,7 +517,7 @@ Test(qlock, a_short_queue_ttl_does_not_evict_live_waiters)
 {
     /* The gem purges every place older than the caller's queue_ttl; here a
      * caller with 50 ms must not evict a live waiter that asked earlier. */
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     kiq_qlock_result_t held, res;
     char err[KIQ_ERRLEN];
@@ -567,7 +560,7 @@ Test(qlock, a_short_queue_ttl_does_not_evict_live_waiters)
 
 Test(qlock, info_listings_and_admin_calls)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     struct events ev = { .mu = PTHREAD_MUTEX_INITIALIZER };
     kiq_qlock_client_on_event(c, on_event, &ev);
@@ -682,7 +675,7 @@ static int count(const char *hay, const char *needle)
 
 Test(qlock, debug_log_shows_each_try_when_asked)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *holder = client(NULL), *c = client(NULL);
     struct lines l = { .len = 0 };
     kiq_qlock_client_on_log(c, collect, &l, 1);
@@ -723,7 +716,7 @@ static json_t *ruby_json(const char *const *args)
 
 Test(qlock, a_lock_held_in_the_gems_layout_blocks_kiq_and_the_reverse)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     kiq_qlock_result_t res;
     char err[KIQ_ERRLEN];
@@ -840,7 +833,7 @@ Test(qlock, kiq_lock_runs_the_command_and_passes_its_status)
     free(out);
 
     /* Held elsewhere: 75, and the command never runs. */
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_qlock_client_t *c = client(NULL);
     kiq_qlock_result_t held;
     char err[KIQ_ERRLEN];

@@ -33,16 +33,6 @@ static int alive(pid_t pid)
     return waitpid(pid, NULL, WNOHANG) == 0;
 }
 
-static char *write_file(const char *name, const char *body)
-{
-    char *path = kt_tmp(name);
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "cannot write %s", path);
-    fputs(body, f);
-    fclose(f);
-    return path;
-}
-
 /* Number of working lists in the database. */
 static long working_lists(redisContext *c)
 {
@@ -186,7 +176,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
     long at[KILLS];
     for (int k = 0; k < KILLS; k++)
         at[k] = 1000 + (long)k * 3400 + rand() % 2400;
-    char *y = write_file("chaos.yml", FAST_YAML "timeout: 5\n");
+    char *y = kt_write_file("chaos.yml", FAST_YAML "timeout: 5\n");
     const char *args[] = { "-C", y, "-c", "10", NULL };
     double t0 = kt_now();
     pid_t pid = kt_kiq_start(args), pids[KILLS + 1];
@@ -249,7 +239,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
 Test(reliable, rolling_deploy_runs_each_job_once)
 {
     redisContext *c = kt_redis();
-    char *y = write_file("deploy.yml", FAST_YAML "timeout: 30\n");
+    char *y = kt_write_file("deploy.yml", FAST_YAML "timeout: 30\n");
     const char *args[] = { "-C", y, "-c", "4", NULL };
     pid_t a = kt_kiq_start(args);
     char *ida = identity_of(a), *wa = wkey(ida);
@@ -304,7 +294,7 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
 {
     const double ttl = 3, interval = 2;
     redisContext *c = kt_redis();
-    char *y = write_file("recover.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
+    char *y = kt_write_file("recover.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
                                         "recovery_interval: 2\n");
     const char *args[] = { "-C", y, "-c", "3", NULL };
     pid_t a = kt_kiq_start(args);
@@ -365,7 +355,7 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
         }
     }
     push_all(c, "default", p, n);
-    char *y = write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
+    char *y = kt_write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
     const char *args[] = { "-C", y, "-c", "5", "--redis-url", s.url, NULL };
     pid_t pid = kt_kiq_start(args);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") >= N / 4, 30), "%s", kt_kiq_log(pid));
@@ -420,7 +410,7 @@ Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
     kt_aof_start(&s);
     redisContext *c = kt_aof_connect(&s);
     cr_assert(c);
-    char *y = write_file("outage.yml", FAST_YAML);
+    char *y = kt_write_file("outage.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
     pid_t a = kt_kiq_start(args), b = kt_kiq_start(args);
     char *ida = identity_of(a), *idb = identity_of(b), *wa = wkey(ida), *wb = wkey(idb);
@@ -471,7 +461,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     char pill[25];
     make_jid(pill, 5, 0);
     push_one(c, "CrashJob", "[]", pill);
-    char *y = write_file("pill.yml", FAST_YAML);
+    char *y = kt_write_file("pill.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", NULL };
     int crashes = 0;
     pid_t pid = kt_kiq_start(args);
@@ -540,7 +530,7 @@ Test(reliable, v9_working_lists_are_recovered_only_when_their_owner_is_gone)
     freeReplyObject(kt_cmd("LPUSH %s %s", live, p[2]));
     freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:otherhost:456:0123456789ab 1 EX 60"));
 
-    char *y = write_file("v9.yml", FAST_YAML);
+    char *y = kt_write_file("v9.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]) && kt_int("SISMEMBER rec %s", j[1]), 10),
               "the dead owner's jobs ran: %s", kt_kiq_log(pid));
@@ -577,7 +567,7 @@ Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
     make_jid(z, 11, 2);
     char *px = payload("SleepJob", "[10000]", x, "default");
     push_all(c, "default", &px, 1);
-    char *y = write_file("head.yml", FAST_YAML);
+    char *y = kt_write_file("head.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
@@ -603,7 +593,7 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
     char x[25], yj[25];
     make_jid(x, 12, 0);
     make_jid(yj, 12, 1);
-    char *y = write_file("quiet.yml", FAST_YAML);
+    char *y = kt_write_file("quiet.yml", FAST_YAML);
     /* One processor, so the two jobs cannot be given back by two threads
      * in either order. Its blocking fetch waits up to 1 s, so it is most
      * likely still waiting when the jobs arrive just after TSTP. */
@@ -632,15 +622,6 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
     free(y);
 }
 
-static kiq_redis_t *lib_redis(void)
-{
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kt_url(), 5, err);
-    cr_assert(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
-    return r;
-}
-
 Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
 {
     char j[4][25], *p[4];
@@ -652,7 +633,7 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
      * (LMOVE RIGHT LEFT leaves the first taken at the right end). */
     freeReplyObject(kt_cmd("LPUSH queue:default %s", p[0]));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:aaaaaaaaaaaa %s %s %s", p[1], p[2], p[3]));
-    kiq_redis_t *r = lib_redis();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_recovery_t rec;
     char err[KIQ_ERRLEN];
     cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
@@ -676,7 +657,7 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
 Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
 {
     redisContext *c = kt_redis();
-    char *y = write_file("stray.yml", FAST_YAML);
+    char *y = kt_write_file("stray.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     char sj[25], rj[25];
@@ -708,7 +689,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
     redisContext *c = kt_redis();
     /* No periodic recovery during the test, and the dead list is written
      * after the startup pass: it must stay for the listing to show it. */
-    char *y = write_file("stats.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+    char *y = kt_write_file("stats.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                       "recovery_interval: 600\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
@@ -723,7 +704,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
     /* A live owner with nothing in flight has no list to show. */
     freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:h2:3:cccccccccccc 1 EX 60"));
 
-    kiq_redis_t *r = lib_redis();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_working_info_t *info = NULL;
     size_t n = 0;
     char err[KIQ_ERRLEN];
@@ -772,7 +753,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
 
 Test(reliable, liveness_ttl_is_configurable_and_checked)
 {
-    char *ok = write_file("ttl.yml", "heartbeat_interval: 1\nliveness_ttl: 4.5\n");
+    char *ok = kt_write_file("ttl.yml", "heartbeat_interval: 1\nliveness_ttl: 4.5\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", ok, "-c", "1", NULL });
     char *id = identity_of(pid);
     char lkey[512];
@@ -783,12 +764,12 @@ Test(reliable, liveness_ttl_is_configurable_and_checked)
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     cr_assert_eq(kt_int("EXISTS %s", lkey), 0, "a clean exit with nothing in flight removes it");
 
-    char *slow = write_file("ttl-slow.yml", "heartbeat_interval: 5\nliveness_ttl: 10\n");
+    char *slow = kt_write_file("ttl-slow.yml", "heartbeat_interval: 5\nliveness_ttl: 10\n");
     char *out = NULL;
     cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", slow, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "liveness_ttl: must be at least 3 times heartbeat_interval"), "%s", out);
     free(out);
-    char *zero = write_file("ttl-zero.yml", "liveness_ttl: 0\n");
+    char *zero = kt_write_file("ttl-zero.yml", "liveness_ttl: 0\n");
     cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", zero, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "liveness_ttl"), "%s", out);
     free(out);
@@ -923,7 +904,7 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
         kt_int("ZADD uniquejobs:digests 1 %s", digest[i]);
     }
     push_all(kt_redis(), "ba", p, 3);
-    kiq_redis_t *r = lib_redis();
+    kiq_redis_t *r = kt_lib_redis();
     char err[KIQ_ERRLEN];
     kiq_queue_conf_t q = { .name = "ba" };
     kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "batch-test", .queues = &q,

@@ -99,10 +99,7 @@ Test(top, live_under_tmux_shows_queues_and_process_and_q_quits)
 
 Test(top, contended_locks_ranked_by_denials)
 {
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kt_url(), 5, err);
-    cr_assert_not_null(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0);
+    kiq_redis_t *r = kt_lib_redis();
     for (int i = 0; i < 3; i++)
         cr_assert_eq(kiq_unique_metric(r, "until_executed", "lock_failed"), 0);
     cr_assert_eq(kiq_unique_metric(r, "while_executing", "lock_failed"), 0);

@@ -27,16 +27,6 @@ static int log_says(pid_t pid, const char *what)
     return yes;
 }
 
-static char *write_file(const char *name, const char *body)
-{
-    char *path = kt_tmp(name);
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "cannot write %s", path);
-    fputs(body, f);
-    fclose(f);
-    return path;
-}
-
 /* The first member of a sorted set (its payload), malloc'd, or NULL. */
 static char *first_member(const char *set)
 {
@@ -362,7 +352,7 @@ Test(unique, ruby_v9_lock_is_honoured_and_released)
 
 Test(unique, kill_9_and_recovery_keep_the_lock)
 {
-    char *y = write_file("fast.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n");
+    char *y = kt_write_file("fast.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n");
     char *d = ruby_digest("SleepJob", "default", "[4000]");
     char *jid = NULL;
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[4000]", "--lock", "until_executed",
@@ -408,12 +398,12 @@ Test(unique, bad_lock_input_falls_back_with_a_log_line)
     cr_assert(strstr(log, "is not a lock type name"), "%s", log);
 
     /* Bad configuration: clear errors, exit 78 (file) and 64 (flags). */
-    char *y = write_file("bad.yml", "classes:\n  RecordJob:\n    lock: until_forever\n");
+    char *y = kt_write_file("bad.yml", "classes:\n  RecordJob:\n    lock: until_forever\n");
     char *out = NULL;
     cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "classes.RecordJob.lock: unknown lock type until_forever"), "%s", out);
     free(out);
-    char *y2 = write_file("bad2.yml", "classes:\n  RecordJob:\n    lock: until_executed\n"
+    char *y2 = kt_write_file("bad2.yml", "classes:\n  RecordJob:\n    lock: until_executed\n"
                                       "    lock_ttl: -3\n");
     cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y2, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "classes.RecordJob.lock_ttl"), "%s", out);
@@ -428,7 +418,7 @@ Test(unique, bad_lock_input_falls_back_with_a_log_line)
 /* YAML classes: options apply to jobs a plain Ruby client pushed. */
 Test(unique, yaml_class_options_lock_jobs_without_lock_fields)
 {
-    char *y = write_file("classes.yml",
+    char *y = kt_write_file("classes.yml",
                          "classes:\n  OverlapJob:\n    lock: while_executing\n    lock_timeout: 20\n"
                          "  RecordJob:\n    unique_for: 60\n    unique_until: success\n");
     const char *bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"ym\",80],[\"ym\",80],[\"ym\",80],"

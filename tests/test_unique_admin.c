@@ -16,15 +16,6 @@
 
 TestSuite(unique_admin, .timeout = 60, .fini = kt_kill_children);
 
-static kiq_redis_t *conn(void)
-{
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kt_url(), 10, err);
-    cr_assert_not_null(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
-    return r;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -92,7 +83,7 @@ Test(unique_admin, metrics_key_pads_the_minute_but_not_the_hour)
 
 Test(unique_admin, metric_writes_v9_fields_and_ttl)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     time_t t = time(NULL);
     char key[64];
     kiq_unique_metrics_key(t, key, sizeof(key));
@@ -123,7 +114,7 @@ Test(unique_admin, metric_writes_v9_fields_and_ttl)
 
 Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_unique_metrics_buffer(1);
     time_t t0 = time(NULL);
     for (int i = 0; i < 3; i++)
@@ -164,7 +155,7 @@ static json_t *row_of(json_t *types, const char *type)
 
 Test(unique_admin, metrics_command_sums_the_last_hour_from_ruby_and_kiq)
 {
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     time_t t = time(NULL);
     char k5[64], k90[64];
     /* As a Ruby process writes them: five minutes ago, and an hour and a half
@@ -259,7 +250,7 @@ Test(unique_admin, reaper_removes_orphans_and_keeps_every_live_holder)
     /* Young: locked a moment ago, its job maybe not pushed yet. */
     lock_v9("uniquejobs:young", J(07), "until_executed", now_s(), 0);
 
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
     kiq_reap_result_t res;
     char err[KIQ_ERRLEN];
@@ -308,7 +299,7 @@ Test(unique_admin, reaper_rechecks_a_batch_atomically)
     const char *argv[] = { "uniquejobs:digests", "uniquejobs:working:h:2:000000000000", "100",
                            "uniquejobs:relocked", "1", J(10),
                            "uniquejobs:moved", "1", J(11) };
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REAP, 2, 9, argv, NULL);
     cr_assert(rep && rep->type == REDIS_REPLY_ARRAY, "%s", rep && rep->str ? rep->str : "");
     cr_assert_eq(rep->elements, 0);
@@ -338,7 +329,7 @@ static void many_orphans(int n, double base)
 Test(unique_admin, reaper_stops_at_the_count_and_the_next_run_continues)
 {
     many_orphans(5000, now_s() - 3600);
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
     kiq_reap_result_t res;
     char err[KIQ_ERRLEN];
@@ -378,7 +369,7 @@ Test(unique_admin, reaper_stops_at_the_count_and_the_next_run_continues)
 Test(unique_admin, leases_keep_reapers_apart)
 {
     freeReplyObject(kt_cmd("ZADD uniquejobs:digests %.6f uniquejobs:stale", now_s() - 300));
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
     kiq_reap_result_t res;
     char err[KIQ_ERRLEN];
@@ -442,7 +433,7 @@ Test(unique_admin, reaper_fixes_the_until_expired_score_leak)
     /* until_expired without a TTL: freed once the job is gone, as in v9. */
     lock_v9("uniquejobs:forever", J(22), "until_expired", now - 300, 0);
 
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
     kiq_reap_result_t res;
     char err[KIQ_ERRLEN];
@@ -657,7 +648,7 @@ Test(unique_admin, upgrade_skips_a_legacy_layout_as_v9)
     freeReplyObject(kt_cmd("SET uniquejobs:dead 1"));
     freeReplyObject(kt_cmd("HSET uniquejobs:1a:LOCKED %s 1", J(60)));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:1a:QUEUED %s", J(60)));
-    kiq_redis_t *r = conn();
+    kiq_redis_t *r = kt_lib_redis();
     kiq_upgrade_result_t u;
     char err[KIQ_ERRLEN];
     cr_assert_eq(kiq_unique_upgrade(r, &u, err), 0, "%s", err);
