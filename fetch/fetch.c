@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/timeutil.h"
+#include "support/time.h"
 
 struct kiq_fetch {
     kiq_fetch_mode_t mode;

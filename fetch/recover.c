@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/buf.h"
-#include "../runtime/json.h"
-#include "../runtime/payload.h"
-#include "../runtime/timeutil.h"
+#include "support/buf.h"
+#include "support/json.h"
+#include "support/payload.h"
+#include "support/time.h"
 
 #define BATCH 64          /* jobs per script call */
 #define WORKING_PREFIX "uniquejobs:working:"

@@ -1,13 +1,13 @@
 /* Middleware chains and the accessors a middleware uses on its invocation
  * (see include/kiq/middleware.h). */
-#include "mw.h"
+#include "middleware/mw.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/payload.h"
+#include "support/payload.h"
 
 typedef struct entry {
     char *name;

@@ -1,6 +1,6 @@
 /* The state of one middleware invocation, shared by the chain runner
  * (chain.c), the runtime that starts server chains (processor.c), the
- * client that starts client chains (client.c) and the built-in middleware.
+ * client that starts client chains (client/push.c) and the built-in middleware.
  * Not part of the public API. */
 #ifndef KIQ_MIDDLEWARE_MW_H
 #define KIQ_MIDDLEWARE_MW_H
@@ -8,7 +8,7 @@
 #include "kiq/middleware.h"
 #include "kiq/unique.h"
 
-#include "../runtime/json.h"
+#include "support/json.h"
 
 struct kiq_mw {
     const kiq_chain_t *chain;

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/buf.h"
-#include "../runtime/timeutil.h"
-#include "mw.h"
-#include "unique_internal.h"
+#include "support/buf.h"
+#include "support/time.h"
+#include "middleware/mw.h"
+#include "middleware/unique_internal.h"
 
 #define REPLACE_SCAN_LIMIT "10000"
 

@@ -17,8 +17,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "../runtime/buf.h"
-#include "../runtime/json.h"
+#include "support/buf.h"
+#include "support/json.h"
 
 static const struct { const char *name; kiq_lock_type_t type; } lock_names[] = {
     { "until_executing", KIQ_LOCK_UNTIL_EXECUTING },

@@ -8,11 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "../runtime/buf.h"
-#include "../runtime/json.h"
-#include "../runtime/metrics.h"
-#include "../runtime/timeutil.h"
-#include "unique_internal.h"
+#include "support/buf.h"
+#include "support/json.h"
+#include "observe/prometheus.h"
+#include "support/time.h"
+#include "middleware/unique_internal.h"
 
 /* Metrics are recorded where the lock happens, as v9 does; a failure to
  * count never fails the lock. */

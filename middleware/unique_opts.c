@@ -5,14 +5,14 @@
  *
  * Bad input never stops a job: each bad value is logged once here and
  * replaced by its default, and the job runs. */
-#include "unique_internal.h"
+#include "middleware/unique_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/log.h"
-#include "../runtime/timeutil.h"
-#include "mw.h"
+#include "support/log.h"
+#include "support/time.h"
+#include "middleware/mw.h"
 
 static char *field_str(kiq_mw_t *mw, const char *key)
 {

@@ -23,7 +23,7 @@
 
 #include <jansson.h>
 
-#include "../runtime/timeutil.h"
+#include "support/time.h"
 
 #define RUN_LEASE "kiq:reaper:running"
 #define CURSOR_KEY "kiq:reaper:cursor"

@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/internal.h"
-#include "../runtime/log.h"
-#include "../runtime/timeutil.h"
-#include "mw.h"
-#include "unique_internal.h"
+#include "runtime/internal.h"
+#include "support/log.h"
+#include "support/time.h"
+#include "middleware/mw.h"
+#include "middleware/unique_internal.h"
 
 static int job_failed(kiq_mw_t *mw)
 {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/timeutil.h"
+#include "support/time.h"
 
 /* v8 keys beside <digest>:LOCKED that v9 no longer uses. Unlike v9 this
  * keeps <digest>:RUN:LOCKED: the runtime lock of a job running while the

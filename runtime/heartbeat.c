@@ -4,7 +4,7 @@
  * liveness key, picks up a signal pushed by the Web UI, and now and then
  * recovers orphaned jobs under a fleet-wide lease and reaps orphaned
  * uniqueness locks in v9's reaper role. */
-#include "rt.h"
+#include "runtime/rt.h"
 
 #include <math.h>
 #include <signal.h>
@@ -14,10 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "log.h"
-#include "metrics.h"
-#include "timeutil.h"
+#include "support/buf.h"
+#include "support/log.h"
+#include "observe/prometheus.h"
+#include "support/time.h"
 #include "kiq/unique_admin.h"
 
 #define STATS_TTL "157680000" /* 5 years, as Sidekiq */

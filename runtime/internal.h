@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-#include "json.h"
+#include "support/json.h"
 #include "kiq/config.h"
 #include "kiq/job.h"
 

@@ -1,6 +1,6 @@
 /* The job a handler sees: a payload kept byte-exact plus the few decoded
  * fields the runtime and handlers read. */
-#include "internal.h"
+#include "runtime/internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>

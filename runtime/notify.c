@@ -2,7 +2,7 @@
  * through libsystemd so kiq has no such dependency: one datagram per state
  * change to the unix socket named by $NOTIFY_SOCKET. Without that variable
  * every call is a no-op, so the same binary runs under any supervisor. */
-#include "rt.h"
+#include "runtime/rt.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -12,7 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "timeutil.h"
+#include "support/time.h"
 
 int kiq_notify(const char *state)
 {

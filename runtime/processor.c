@@ -1,17 +1,17 @@
 /* Processor threads: each owns one Redis connection and loops
  * fetch -> run the handler -> acknowledge, until the process goes quiet. */
-#include "rt.h"
+#include "runtime/rt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "log.h"
-#include "metrics.h"
-#include "timeutil.h"
+#include "support/buf.h"
+#include "support/log.h"
+#include "observe/prometheus.h"
+#include "support/time.h"
 #include "kiq/middleware.h"
-#include "../middleware/mw.h"
+#include "middleware/mw.h"
 
 /* Joins the "tags" array of a payload with ',' for the log line. */
 static char *tags_of(kiq_job_t *job)

@@ -1,6 +1,6 @@
 /* The handler registry: job class name -> C function and its options.
  * Filled before run; read concurrently by processors afterwards. */
-#include "rt.h"
+#include "runtime/rt.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>

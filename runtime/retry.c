@@ -1,14 +1,14 @@
 /* Sidekiq's retry rules, applied to the payload text (see internal.h). */
-#include "internal.h"
+#include "runtime/internal.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "payload.h"
-#include "timeutil.h"
+#include "support/buf.h"
+#include "support/payload.h"
+#include "support/time.h"
 #include "kiq/error.h"
 
 #define MAX_ERROR_MESSAGE 10000

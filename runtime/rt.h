@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "internal.h"
+#include "runtime/internal.h"
 #include "kiq/fetch.h"
 #include "kiq/redis.h"
 #include "kiq/runtime.h"

@@ -1,7 +1,7 @@
 /* Process lifecycle: start the threads, handle signals on the calling
  * thread, and stop gracefully (quiet, wait up to timeout, requeue what is
  * still running, leave the process set). */
-#include "rt.h"
+#include "runtime/rt.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -10,11 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "http.h"
-#include "identity.h"
-#include "log.h"
-#include "metrics.h"
-#include "timeutil.h"
+#include "observe/http.h"
+#include "support/identity.h"
+#include "support/log.h"
+#include "observe/prometheus.h"
+#include "support/time.h"
 #include "kiq/kiq.h"
 #include "kiq/unique_admin.h"
 #include "kiq/middleware.h"

@@ -1,15 +1,15 @@
 /* The scheduler thread: moves due jobs from "retry" and "schedule" to their
  * queues, each in one script whose ZREM decides, so two processes never
  * enqueue the same job twice. Polls at Sidekiq's randomised interval. */
-#include "rt.h"
+#include "runtime/rt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "payload.h"
-#include "timeutil.h"
+#include "support/log.h"
+#include "support/payload.h"
+#include "support/time.h"
 
 #define BATCH 100
 

@@ -3,8 +3,8 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "runtime/buf.h"
-#include "runtime/json.h"
+#include "support/buf.h"
+#include "support/json.h"
 #include "kiq/error.h"
 
 static int valid(const char *s)

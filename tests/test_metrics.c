@@ -16,8 +16,8 @@
 
 #include "helpers.h"
 #include "kiq/config.h"
-#include "runtime/buf.h"
-#include "runtime/metrics.h"
+#include "support/buf.h"
+#include "observe/prometheus.h"
 
 TestSuite(metrics, .timeout = 30, .fini = kt_kill_children);
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "runtime/internal.h"
-#include "runtime/payload.h"
+#include "support/payload.h"
 #include "kiq/config.h"
 
 static char *edit(const char *s, const kiq_field_t *set, size_t n)

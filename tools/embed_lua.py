@@ -2,7 +2,7 @@
 """Writes a C file holding every Redis script of lua/ as a string table.
 
 usage: embed_lua.py OUT.c LUA_DIR NAME...
-The table order is the order of NAME arguments; runtime/scripts.c indexes it
+The table order is the order of NAME arguments; redis/scripts.c indexes it
 by enum kiq_script, so keep the two lists in the same order.
 """
 import sys

@@ -1,0 +1,127 @@
+/* kiq_main: the kiq command line. `kiq run` (the default) starts a worker;
+ * push, stats and version are small tools around the same Redis. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "support/log.h"
+#include "kiq/kiq.h"
+#include "kiq/redis.h"
+
+static const char *main_usage =
+    "Usage: kiq [COMMAND] [options]\n"
+    "\n"
+    "Commands:\n"
+    "  run       process jobs (the default when no command is given)\n"
+    "  push      push a job: kiq push CLASS [ARGS_JSON] [options]\n"
+    "  stats     processed/failed counts, queues, sets, processes, working lists\n"
+    "  locks     uniqueness locks: list, info, delete, metrics, reap, upgrade\n"
+    "  lock      run a command under a FIFO lock: kiq lock NAME [options] -- CMD...\n"
+    "  top       live view: queues, processes, throughput, retries/dead, contended locks\n"
+    "  version   print the version\n"
+    "\n"
+    "`kiq COMMAND --help` describes each command's options.\n";
+
+const char *kiq_cli_redis_url(const char *flag)
+{
+    if (flag && *flag)
+        return flag;
+    const char *provider = getenv("REDIS_PROVIDER");
+    const char *url = provider && *provider ? getenv(provider) : NULL;
+    if (!url || !*url)
+        url = getenv("REDIS_URL");
+    return url && *url ? url : "redis://127.0.0.1:6379/0";
+}
+
+static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
+{
+    char err[KIQ_ERRLEN] = "";
+    kiq_config_t *cfg = kiq_config_new();
+    if (!cfg) {
+        fprintf(stderr, "kiq: out of memory\n");
+        return 1;
+    }
+    int rc = kiq_config_parse_args(cfg, argc, argv, err);
+    if (rc == KIQ_ENOTFOUND) {
+        fputs(kiq_config_usage(), stdout);
+        kiq_config_free(cfg);
+        return 0;
+    }
+    if (!rc)
+        rc = kiq_config_validate(cfg, err);
+    /* A URL that can never work is a configuration error (78), found before
+     * the worker starts rather than as a runtime failure. */
+    kiq_redis_url_t url;
+    if (!rc && !(rc = kiq_redis_url_parse(cfg->redis_url, &url, err)))
+        kiq_redis_url_clear(&url);
+    if (rc) {
+        fprintf(stderr, "kiq: %s\n", err);
+        kiq_config_free(cfg);
+        return KIQ_EXIT_CONFIG;
+    }
+    if (kiq_log_setup(cfg->log_format, cfg->verbose, cfg->log_file)) {
+        fprintf(stderr, "kiq: log_file: cannot open %s\n", cfg->log_file);
+        kiq_config_free(cfg);
+        return KIQ_EXIT_CONFIG;
+    }
+    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    if (!rt) {
+        fprintf(stderr, "kiq: %s\n", err);
+        kiq_config_free(cfg);
+        return 1;
+    }
+    for (size_t i = 0; i < cfg->nplugins && !rc; i++)
+        rc = kiq_runtime_load_plugin(rt, cfg->plugins[i], err);
+    if (!rc && init && init(rt) != 0)
+        rc = kiq_seterr(err, KIQ_EINVAL, "the program's handler registration failed");
+    if (rc) {
+        fprintf(stderr, "kiq: %s\n", err);
+        kiq_runtime_free(rt);
+        return KIQ_EXIT_CONFIG;
+    }
+    rc = kiq_runtime_run(rt, err);
+    if (rc)
+        kiq_error("%s", err);
+    int status = rc ? 1 : 0;
+    if (kiq_runtime_abandoned(rt)) {
+        /* Handlers still running own memory we cannot reclaim; their jobs
+         * are back in their queues. Leave without running exit handlers. */
+        kiq_log_flush();
+        fflush(NULL);
+        _exit(status);
+    }
+    kiq_runtime_free(rt);
+    kiq_log_close();
+    return status;
+}
+
+int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
+{
+    const char *cmd = argc > 1 ? argv[1] : "run";
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        printf("kiq %s\n", KIQ_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        fputs(main_usage, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "push") == 0)
+        return kiq_cmd_push(argc - 1, argv + 1);
+    if (strcmp(cmd, "stats") == 0)
+        return kiq_cmd_stats(argc - 1, argv + 1);
+    if (strcmp(cmd, "locks") == 0)
+        return kiq_cmd_locks(argc - 1, argv + 1);
+    if (strcmp(cmd, "lock") == 0)
+        return kiq_cmd_lock(argc - 1, argv + 1);
+    if (strcmp(cmd, "top") == 0)
+        return kiq_cmd_top(argc - 1, argv + 1);
+    if (strcmp(cmd, "run") == 0)
+        return cmd_run(argc - 1, argv + 1, init);
+    if (cmd[0] == '-')
+        return cmd_run(argc, argv, init); /* flags only: run */
+    fprintf(stderr, "kiq: unknown command \"%s\"\n\n%s", cmd, main_usage);
+    return KIQ_EXIT_USAGE;
+}

@@ -1,0 +1,19 @@
+/* The kiq command's subcommands (cli.c dispatches). Each returns the process
+ * exit status. */
+#ifndef KIQ_CLI_CLI_H
+#define KIQ_CLI_CLI_H
+
+#define KIQ_EXIT_USAGE 64
+#define KIQ_EXIT_DENIED 3
+
+int kiq_cmd_push(int argc, char **argv);
+int kiq_cmd_stats(int argc, char **argv);
+int kiq_cmd_locks(int argc, char **argv);
+int kiq_cmd_lock(int argc, char **argv);
+int kiq_cmd_top(int argc, char **argv);
+
+/* The Redis URL for a subcommand: --redis-url, else $REDIS_URL (or the
+ * variable named by $REDIS_PROVIDER), else the default. */
+const char *kiq_cli_redis_url(const char *flag);
+
+#endif

@@ -1,0 +1,167 @@
+/* `kiq push CLASS [ARGS_JSON] [-q Q] [--in S | --at T] [--retry N|false]`:
+ * pushes one job with kiq's client and prints its jid. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kiq/kiq.h"
+#include "kiq/unique.h"
+
+/* Exit status when a uniqueness lock (or another client middleware)
+ * refused the push. */
+#define EXIT_DENIED 3
+
+static const char *usage =
+    "Usage: kiq push CLASS [ARGS_JSON] [options]\n"
+    "\n"
+    "Pushes one job and prints its jid. ARGS_JSON is a JSON array (default []).\n"
+    "\n"
+    "  -q, --queue NAME        queue (default \"default\")\n"
+    "      --in SECONDS        run it this many seconds from now\n"
+    "      --at EPOCH          run it at this Unix time (seconds)\n"
+    "      --retry N|true|false  retry option written into the payload\n"
+    "      --timestamps FORMAT float (default) or millis\n"
+    "      --lock TYPE         take a uniqueness lock (until_executed, until_executing,\n"
+    "                          until_expired, while_executing, until_and_while_executing)\n"
+    "      --lock-ttl S        lock expiry in seconds (extended by --in/--at)\n"
+    "      --lock-timeout S    seconds a while_executing job waits for its lock\n"
+    "      --on-conflict NAME  log (default), raise, reject, replace or reschedule;\n"
+    "                          a denied push exits with status 3\n"
+    "      --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  -h, --help              this help\n";
+
+enum { OPT_IN = 1000, OPT_AT, OPT_RETRY, OPT_URL, OPT_TS, OPT_LOCK, OPT_LOCK_TTL,
+       OPT_LOCK_TIMEOUT, OPT_ON_CONFLICT };
+
+int kiq_cmd_push(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "queue", required_argument, NULL, 'q' }, { "in", required_argument, NULL, OPT_IN },
+        { "at", required_argument, NULL, OPT_AT }, { "retry", required_argument, NULL, OPT_RETRY },
+        { "redis-url", required_argument, NULL, OPT_URL },
+        { "timestamps", required_argument, NULL, OPT_TS },
+        { "lock", required_argument, NULL, OPT_LOCK },
+        { "lock-ttl", required_argument, NULL, OPT_LOCK_TTL },
+        { "lock-timeout", required_argument, NULL, OPT_LOCK_TIMEOUT },
+        { "on-conflict", required_argument, NULL, OPT_ON_CONFLICT },
+        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+    };
+    kiq_push_opts_t o = kiq_push_opts_default();
+    kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
+    int lock_opts = 0;
+    const char *url = NULL;
+    double in = 0, at = 0;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "q:h", longopts, NULL)) != -1) {
+        char *end = NULL;
+        switch (opt) {
+        case 'q': o.queue = optarg; break;
+        case OPT_URL: url = optarg; break;
+        case OPT_IN:
+            in = strtod(optarg, &end);
+            if (end == optarg || *end || in < 0) {
+                fprintf(stderr, "kiq push: --in: not a number of seconds: %s\n", optarg);
+                return KIQ_EXIT_USAGE;
+            }
+            break;
+        case OPT_AT:
+            at = strtod(optarg, &end);
+            if (end == optarg || *end || at < 1e9) {
+                fprintf(stderr, "kiq push: --at: not an epoch time in seconds: %s\n", optarg);
+                return KIQ_EXIT_USAGE;
+            }
+            break;
+        case OPT_RETRY:
+            if (strcmp(optarg, "false") == 0) o.retry = KIQ_RETRY_NONE;
+            else if (strcmp(optarg, "true") == 0) o.retry = KIQ_RETRY_DEFAULT;
+            else {
+                long n = strtol(optarg, &end, 10);
+                if (end == optarg || *end || n < 0 || n > 1000000) {
+                    fprintf(stderr, "kiq push: --retry: must be a count, true or false: %s\n", optarg);
+                    return KIQ_EXIT_USAGE;
+                }
+                o.retry = (int)n;
+            }
+            break;
+        case OPT_TS:
+            if (strcmp(optarg, "millis") == 0) o.timestamps = KIQ_TS_MILLIS;
+            else if (strcmp(optarg, "float") != 0) {
+                fprintf(stderr, "kiq push: --timestamps: float or millis\n");
+                return KIQ_EXIT_USAGE;
+            }
+            break;
+        case OPT_LOCK:
+            if (kiq_lock_type_parse(optarg, &uo.lock)) {
+                fprintf(stderr, "kiq push: --lock: unknown lock type %s\n", optarg);
+                return KIQ_EXIT_USAGE;
+            }
+            break;
+        case OPT_LOCK_TTL:
+        case OPT_LOCK_TIMEOUT: {
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 0 || v > 100000000) {
+                fprintf(stderr, "kiq push: --%s: not a number of seconds >= 0: %s\n",
+                        opt == OPT_LOCK_TTL ? "lock-ttl" : "lock-timeout", optarg);
+                return KIQ_EXIT_USAGE;
+            }
+            *(opt == OPT_LOCK_TTL ? &uo.lock_ttl : &uo.lock_timeout) = v;
+            lock_opts = 1;
+            break;
+        }
+        case OPT_ON_CONFLICT:
+            if (kiq_on_conflict_parse(optarg, &uo.on_conflict_client)) {
+                fprintf(stderr, "kiq push: --on-conflict: unknown strategy %s "
+                                "(log, raise, reject, replace, reschedule)\n", optarg);
+                return KIQ_EXIT_USAGE;
+            }
+            uo.on_conflict_server = uo.on_conflict_client;
+            lock_opts = 1;
+            break;
+        case 'h': fputs(usage, stdout); return 0;
+        default:
+            fprintf(stderr, "kiq push: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    if (optind >= argc || argc - optind > 2) {
+        fputs(usage, stderr);
+        return KIQ_EXIT_USAGE;
+    }
+    if (in > 0 && at > 0) {
+        fprintf(stderr, "kiq push: give --in or --at, not both\n");
+        return KIQ_EXIT_USAGE;
+    }
+    if (lock_opts && uo.lock == KIQ_LOCK_NONE) {
+        fprintf(stderr, "kiq push: --lock-ttl, --lock-timeout and --on-conflict need --lock\n");
+        return KIQ_EXIT_USAGE;
+    }
+    if (uo.lock != KIQ_LOCK_NONE)
+        o.unique = &uo;
+    const char *cls = argv[optind];
+    const char *args = optind + 1 < argc ? argv[optind + 1] : "[]";
+    o.at = at > 0 ? at : in; /* the client reads small values as "from now" */
+    char err[KIQ_ERRLEN], jid[25];
+    kiq_client_t *c = kiq_client_new(kiq_cli_redis_url(url), err);
+    if (!c) {
+        fprintf(stderr, "kiq push: %s\n", err);
+        return 1;
+    }
+    int rc = kiq_client_push(c, cls, args, &o, jid);
+    if (rc == KIQ_EDENIED) {
+        fprintf(stderr, "kiq push: denied: %s\n", kiq_client_error(c));
+        kiq_client_free(c);
+        return EXIT_DENIED;
+    }
+    if (rc) {
+        fprintf(stderr, "kiq push: %s\n", kiq_client_error(c));
+        kiq_client_free(c);
+        return rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : 1;
+    }
+    printf("%s\n", jid);
+    kiq_client_free(c);
+    return 0;
+}

@@ -1,0 +1,417 @@
+/* `kiq lock`: run a command while holding a queued (FIFO) lock, as flock(1)
+ * does for one machine, plus a look at the locks (info, list) and the
+ * clean-up of dead requests. The lease is refreshed while the command runs,
+ * so a command may outlive --ttl; if the lock is lost anyway (Redis out of
+ * reach for a whole ttl) the command is stopped rather than left running
+ * unprotected. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "support/identity.h"
+#include "support/time.h"
+#include "kiq/qlock.h"
+#include "kiq/redis.h"
+
+#define EXIT_NOT_OBTAINED 75 /* EX_TEMPFAIL: try again later */
+#define EXIT_LOST 70         /* EX_SOFTWARE: the lock went away under the command */
+#define EXIT_REDIS 69        /* EX_UNAVAILABLE */
+#define MAX_META 32
+
+static const char *usage =
+    "Usage: kiq lock NAME [options] -- COMMAND [ARGS...]\n"
+    "       kiq lock info NAME\n"
+    "       kiq lock list [--json]\n"
+    "       kiq lock clear-dead [--dead-ttl MS]\n"
+    "\n"
+    "Runs COMMAND while holding the queued lock NAME: callers on any machine get\n"
+    "it one at a time, in the order they asked (redis_queued_locks' keys, so Ruby\n"
+    "processes using that gem take turns too). The lease is refreshed every ttl/3\n"
+    "while COMMAND runs. COMMAND sees KIQ_LOCK_NAME and KIQ_LOCK_FENCE (a fencing\n"
+    "token larger than that of every earlier holder of NAME).\n"
+    "\n"
+    "  --ttl MS            lease; refreshed while COMMAND runs (default 10000)\n"
+    "  --timeout S         stop waiting after S seconds (default: wait forever)\n"
+    "  --queue-ttl S       a waiter silent this long loses its place (default 15)\n"
+    "  --retry-delay MS    pause between attempts (default 200, plus up to 1/8 jitter)\n"
+    "  --fail-fast         give up at once when the lock is held\n"
+    "  --meta FIELD=VALUE  store in the lock (repeatable; default host=HOSTNAME)\n"
+    "  -v, --verbose       log every attempt to stderr\n"
+    "      --redis-url URL default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  -h, --help          this help\n"
+    "\n"
+    "info prints the lock and its queue as JSON; list shows every lock and\n"
+    "queue; clear-dead drops requests older than --dead-ttl (default one day)\n"
+    "whose waiter no longer tries. A lock named info, list or clear-dead needs\n"
+    "the `--` form.\n"
+    "\n"
+    "Exit status: COMMAND's (128+N when a signal N ended it); 75 when the lock\n"
+    "was not obtained (timeout or --fail-fast); 70 when the lock was lost while\n"
+    "COMMAND ran (COMMAND gets SIGTERM); 69 when Redis failed; 64 for bad usage;\n"
+    "126/127 when COMMAND cannot be run.\n";
+
+enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL,
+       OPT_JSON, OPT_DEADTTL };
+
+struct lock_args {
+    kiq_qlock_opts_t o;
+    const char *url;
+    int verbose, json;
+    long long dead_ttl;
+    const char *meta[2 * MAX_META + 3];
+    char *meta_buf[MAX_META];
+    int nmeta_buf;
+};
+
+static volatile sig_atomic_t child_pid;
+static volatile sig_atomic_t got_signal;
+
+static void forward(int sig)
+{
+    got_signal = sig;
+    if (child_pid > 0)
+        kill((pid_t)child_pid, sig);
+}
+
+static void log_stderr(const char *line, void *udata)
+{
+    (void)udata;
+    fprintf(stderr, "kiq lock: %s\n", line);
+}
+
+static int num(const char *flag, const char *v, double min, double *out)
+{
+    char *end = NULL;
+    double d = strtod(v, &end);
+    if (end == v || *end || d < min) {
+        fprintf(stderr, "kiq lock: %s: not a valid number: %s\n", flag, v);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+/* Parses options in argv[0..argc) (argv[0] is the command word). Returns
+ * -1 to exit 0 (help), a positive exit status on bad usage, else 0. */
+static int parse(int argc, char **argv, struct lock_args *a)
+{
+    static const struct option longopts[] = {
+        { "ttl", required_argument, NULL, OPT_TTL }, { "timeout", required_argument, NULL, OPT_TIMEOUT },
+        { "queue-ttl", required_argument, NULL, OPT_QTTL },
+        { "retry-delay", required_argument, NULL, OPT_DELAY },
+        { "fail-fast", no_argument, NULL, OPT_FAILFAST }, { "meta", required_argument, NULL, OPT_META },
+        { "redis-url", required_argument, NULL, OPT_URL }, { "json", no_argument, NULL, OPT_JSON },
+        { "dead-ttl", required_argument, NULL, OPT_DEADTTL },
+        { "verbose", no_argument, NULL, 'v' }, { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt, nmeta = 0;
+    double d;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_TTL:
+            if (num("--ttl", optarg, 1, &d)) return KIQ_EXIT_USAGE;
+            a->o.ttl = (long long)d;
+            break;
+        case OPT_TIMEOUT:
+            if (num("--timeout", optarg, 0, &d)) return KIQ_EXIT_USAGE;
+            a->o.timeout = d;
+            break;
+        case OPT_QTTL:
+            if (num("--queue-ttl", optarg, 0.001, &d)) return KIQ_EXIT_USAGE;
+            a->o.queue_ttl = d;
+            break;
+        case OPT_DELAY:
+            if (num("--retry-delay", optarg, 0, &d)) return KIQ_EXIT_USAGE;
+            a->o.retry_delay = (long)d;
+            a->o.retry_jitter = (long)d / 8;
+            break;
+        case OPT_DEADTTL:
+            if (num("--dead-ttl", optarg, 0, &d)) return KIQ_EXIT_USAGE;
+            a->dead_ttl = (long long)d;
+            break;
+        case OPT_FAILFAST: a->o.fail_fast = 1; break;
+        case OPT_URL: a->url = optarg; break;
+        case OPT_JSON: a->json = 1; break;
+        case 'v': a->verbose = 1; break;
+        case OPT_META: {
+            const char *eq = strchr(optarg, '=');
+            if (!eq || eq == optarg || nmeta >= MAX_META) {
+                fprintf(stderr, "kiq lock: --meta: expected FIELD=VALUE (at most %d): %s\n", MAX_META, optarg);
+                return KIQ_EXIT_USAGE;
+            }
+            char *field = strndup(optarg, (size_t)(eq - optarg));
+            a->meta_buf[a->nmeta_buf++] = field;
+            a->meta[2 * nmeta] = field;
+            a->meta[2 * nmeta + 1] = eq + 1;
+            nmeta++;
+            break;
+        }
+        case 'h': fputs(usage, stdout); return -1;
+        default:
+            fprintf(stderr, "kiq lock: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    a->meta[2 * nmeta] = NULL;
+    return 0;
+}
+
+static kiq_redis_t *connect_redis(const char *url)
+{
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 5, err);
+    if (!r) {
+        fprintf(stderr, "kiq lock: %s\n", err);
+        return NULL;
+    }
+    if (kiq_redis_connect(r)) {
+        fprintf(stderr, "kiq lock: %s\n", kiq_redis_error(r));
+        kiq_redis_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static int cmd_info(kiq_redis_t *r, const char *name)
+{
+    char err[KIQ_ERRLEN];
+    json_t *info = NULL, *queue = NULL;
+    if (kiq_qlock_info(r, name, &info, err) || kiq_qlock_queue_info(r, name, &queue, err)) {
+        fprintf(stderr, "kiq lock info: %s\n", err);
+        json_decref(info);
+        return EXIT_REDIS;
+    }
+    json_t *q = queue ? json_incref(json_object_get(queue, "queue")) : json_array();
+    json_t *out = json_pack("{s:s, s:o, s:o}", "name", name, "lock", info ? info : json_null(), "queue", q);
+    json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    putchar('\n');
+    json_decref(out);
+    json_decref(queue);
+    return 0;
+}
+
+static int cmd_list(kiq_redis_t *r, int as_json)
+{
+    char err[KIQ_ERRLEN];
+    json_t *locks = NULL, *queues = NULL, *v;
+    size_t i;
+    int rc = EXIT_REDIS;
+    if (kiq_qlock_locks_info(r, 0, &locks, err) || kiq_qlock_queues_info(r, 0, &queues, err)) {
+        fprintf(stderr, "kiq lock list: %s\n", err);
+        goto out;
+    }
+    rc = 0;
+    if (as_json) {
+        json_t *o = json_pack("{s:O, s:O}", "locks", locks, "queues", queues);
+        json_dumpf(o, stdout, JSON_INDENT(2));
+        putchar('\n');
+        json_decref(o);
+        goto out;
+    }
+    /* One line per name, whether it is held, waited for, or both. */
+    json_t *names = json_object();
+    json_array_foreach(locks, i, v) {
+        const char *key = json_string_value(json_object_get(v, "lock"));
+        json_object_set_new(names, key + strlen("rql:lock:"),
+                            json_pack("{s:O}", "info", json_object_get(v, "info")));
+    }
+    json_array_foreach(queues, i, v) {
+        const char *key = json_string_value(json_object_get(v, "queue")) + strlen("rql:lock_queue:");
+        if (!json_object_get(names, key))
+            json_object_set_new(names, key, json_object());
+        json_object_set(json_object_get(names, key), "requests", json_object_get(v, "requests"));
+    }
+    const char *name;
+    json_object_foreach(names, name, v) {
+        json_t *info = json_object_get(v, "info");
+        const char *holder = json_string_value(json_object_get(info, "acq_id"));
+        printf("%s\t%s\trem_ttl=%lld\tfence=%lld\twaiting=%zu\n", name, holder ? holder : "-",
+               (long long)json_integer_value(json_object_get(info, "rem_ttl")),
+               (long long)json_integer_value(json_object_get(info, "kiq_fence")),
+               json_array_size(json_object_get(v, "requests")));
+    }
+    json_decref(names);
+out:
+    json_decref(locks);
+    json_decref(queues);
+    return rc;
+}
+
+static int cmd_clear_dead(kiq_redis_t *r, long long dead_ttl)
+{
+    char err[KIQ_ERRLEN];
+    json_t *done = NULL;
+    long long n = 0;
+    if (kiq_qlock_clear_dead_requests(r, dead_ttl, 0, &done, &n, err)) {
+        fprintf(stderr, "kiq lock clear-dead: %s\n", err);
+        return EXIT_REDIS;
+    }
+    printf("dropped %lld dead requests from %zu queues\n", n, json_array_size(done));
+    json_decref(done);
+    return 0;
+}
+
+static int status_of(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
+}
+
+/* Runs cmd under the held lock, refreshing the lease; returns the exit
+ * status. */
+static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
+{
+    char fence[32], err[KIQ_ERRLEN];
+    snprintf(fence, sizeof(fence), "%lld", held->fence);
+    struct sigaction sa = { .sa_handler = forward };
+    sigemptyset(&sa.sa_mask);
+    int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "kiq lock: fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (pid == 0) {
+        setenv("KIQ_LOCK_NAME", held->name, 1);
+        setenv("KIQ_LOCK_FENCE", fence, 1);
+        execvp(cmd[0], cmd);
+        int e = errno;
+        fprintf(stderr, "kiq lock: %s: %s\n", cmd[0], strerror(e));
+        _exit(e == ENOENT ? 127 : 126);
+    }
+    child_pid = pid;
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        sigaction(sigs[i], &sa, NULL);
+
+    double period = (double)held->ttl / 3000.0;
+    double next = kiq_mono() + period;
+    int st = 0, lost = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR) {
+            st = 1 << 8;
+            break;
+        }
+        if (!lost && kiq_mono() >= next) {
+            if (!kiq_redis_ok(r))
+                kiq_redis_connect(r);
+            int rc = kiq_qlock_extend(r, held, held->ttl, 1, NULL, err);
+            if (rc == KIQ_EDENIED || (rc && kiq_mono() >= held->deadline)) {
+                fprintf(stderr, "kiq lock: lost the lock %s while %s ran (%s); stopping it\n",
+                        held->name, cmd[0], rc == KIQ_EDENIED ? "taken or expired" : err);
+                lost = 1;
+                kill(pid, SIGTERM);
+            }
+            /* After a failed refresh, try again soon: the lease still runs. */
+            next = kiq_mono() + (rc ? period / 4 : period);
+        }
+        kiq_sleep(0.005);
+    }
+    child_pid = 0;
+    if (lost)
+        return EXIT_LOST;
+    int rc = kiq_qlock_release(NULL, r, held, err);
+    if (rc)
+        fprintf(stderr, "kiq lock: releasing %s: %s\n", held->name, err);
+    return status_of(st);
+}
+
+int kiq_cmd_lock(int argc, char **argv)
+{
+    struct lock_args a = { .o = kiq_qlock_opts_default(), .dead_ttl = -1 };
+    a.o.ttl = 10000;
+    a.o.timeout = KIQ_QLOCK_UNLIMITED;
+    a.o.retry_count = KIQ_QLOCK_UNLIMITED;
+    kiq_redis_t *r = NULL;
+    kiq_qlock_client_t *c = NULL;
+    char err[KIQ_ERRLEN];
+    int status = KIQ_EXIT_USAGE;
+
+    int dd = 0; /* index of "--" */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--") == 0) {
+            dd = i;
+            break;
+        }
+    int rc = parse(dd ? dd : argc, argv, &a);
+    if (rc) {
+        status = rc < 0 ? 0 : rc;
+        goto out;
+    }
+    /* getopt moved the operands to the end of the parsed range. */
+    int nops = (dd ? dd : argc) - optind;
+    char **ops = argv + optind;
+    if (!dd) {
+        const char *sub = nops > 0 ? ops[0] : "";
+        if (strcmp(sub, "info") == 0 && nops == 2) {
+            if ((r = connect_redis(a.url)))
+                status = cmd_info(r, ops[1]);
+            else
+                status = EXIT_REDIS;
+        } else if (strcmp(sub, "list") == 0 && nops == 1) {
+            status = (r = connect_redis(a.url)) ? cmd_list(r, a.json) : EXIT_REDIS;
+        } else if (strcmp(sub, "clear-dead") == 0 && nops == 1) {
+            status = (r = connect_redis(a.url)) ? cmd_clear_dead(r, a.dead_ttl) : EXIT_REDIS;
+        } else {
+            fprintf(stderr, "kiq lock: expected NAME [options] -- COMMAND, info NAME, list or clear-dead\n\n%s",
+                    usage);
+        }
+        goto out;
+    }
+    if (nops != 1 || dd + 1 >= argc) {
+        fprintf(stderr, "kiq lock: expected NAME [options] -- COMMAND [ARGS...]\n\n%s", usage);
+        goto out;
+    }
+    const char *name = ops[0];
+    char host[256];
+    if (!a.meta[0]) {
+        kiq_hostname(host, sizeof(host));
+        a.meta[0] = "host";
+        a.meta[1] = host;
+        a.meta[2] = NULL;
+    }
+    a.o.meta = a.meta;
+    if (!(c = kiq_qlock_client_new(NULL, err))) {
+        fprintf(stderr, "kiq lock: %s\n", err);
+        status = 1;
+        goto out;
+    }
+    if (a.verbose)
+        kiq_qlock_client_on_log(c, log_stderr, NULL, 1);
+    if (!(r = connect_redis(a.url))) {
+        status = EXIT_REDIS;
+        goto out;
+    }
+    kiq_qlock_result_t held;
+    rc = kiq_qlock_lock(c, r, name, &a.o, &held, err);
+    if (rc == KIQ_EDENIED) {
+        fprintf(stderr, "kiq lock: %s: not obtained (%s)\n", name, kiq_qlock_status_name(held.status));
+        status = EXIT_NOT_OBTAINED;
+        goto out;
+    }
+    if (rc) {
+        fprintf(stderr, "kiq lock: %s\n", err);
+        status = rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : EXIT_REDIS;
+        goto out;
+    }
+    status = run_held(r, &held, argv + dd + 1);
+out:
+    for (int i = 0; i < a.nmeta_buf; i++)
+        free(a.meta_buf[i]);
+    kiq_qlock_client_free(c);
+    kiq_redis_free(r);
+    return status;
+}

@@ -1,0 +1,183 @@
+/* `kiq stats [--json]`: what Sidekiq's dashboard shows, from the shell —
+ * processed/failed, queue sizes and latency, schedule/retry/dead sizes,
+ * processes, and the reliable fetch's working lists with their owners. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "observe/overview.h"
+#include "kiq/fetch.h"
+#include "kiq/kiq.h"
+#include "kiq/redis.h"
+
+static const char *usage =
+    "Usage: kiq stats [--json] [--redis-url URL]\n"
+    "\n"
+    "Prints processed and failed counts, each queue's size and latency (age of\n"
+    "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
+    "reliable fetch's working lists with whether their owner is alive.\n";
+
+/* A count, or null for a field the heartbeat did not have (-1). */
+static json_t *opt_integer(long long v)
+{
+    return v < 0 ? json_null() : json_integer(v);
+}
+
+static json_t *queues_json(const kiq_overview_t *ov)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ov->nqueues; i++) {
+        json_t *q = json_object();
+        json_object_set_new(q, "name", json_string(ov->queues[i].name));
+        json_object_set_new(q, "size", json_integer(ov->queues[i].size));
+        json_object_set_new(q, "latency", json_real(ov->queues[i].latency));
+        json_array_append_new(arr, q);
+    }
+    return arr;
+}
+
+static json_t *processes_json(const kiq_overview_t *ov)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ov->nprocesses; i++) {
+        const kiq_overview_process_t *pr = &ov->processes[i];
+        json_t *p = json_object();
+        json_t *info = json_loads(pr->info, 0, NULL);
+        json_object_set_new(p, "identity", json_string(pr->identity));
+        json_object_set(p, "queues", info ? json_object_get(info, "queues") : json_null());
+        json_object_set(p, "concurrency", info ? json_object_get(info, "concurrency") : json_null());
+        json_object_set(p, "tag", info ? json_object_get(info, "tag") : json_null());
+        json_object_set_new(p, "busy", opt_integer(pr->busy));
+        json_object_set_new(p, "beat", pr->beat < 0 ? json_null() : json_real(pr->beat));
+        json_object_set_new(p, "quiet", pr->quiet < 0 ? json_null() : json_boolean(pr->quiet));
+        json_object_set_new(p, "rss", opt_integer(pr->rss));
+        json_decref(info);
+        json_array_append_new(arr, p);
+    }
+    return arr;
+}
+
+static json_t *working_json(kiq_redis_t *r)
+{
+    json_t *arr = json_array();
+    kiq_working_info_t *w = NULL;
+    size_t n = 0;
+    char err[KIQ_ERRLEN];
+    if (kiq_fetch_list_working(r, &w, &n, err) == 0) {
+        for (size_t i = 0; i < n; i++) {
+            json_t *o = json_object();
+            json_object_set_new(o, "identity", json_string(w[i].identity));
+            json_object_set_new(o, "size", json_integer(w[i].length));
+            json_object_set_new(o, "alive", json_boolean(w[i].alive));
+            json_array_append_new(arr, o);
+        }
+    }
+    kiq_fetch_working_info_free(w, n);
+    return arr;
+}
+
+/* Everything `kiq stats` shows, or NULL with err filled. */
+static json_t *collect(kiq_redis_t *r, char *err)
+{
+    kiq_overview_t ov;
+    if (kiq_overview_read(r, 1, &ov, err)) {
+        kiq_overview_clear(&ov);
+        return NULL;
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "processed", json_integer(ov.processed));
+    json_object_set_new(o, "failed", json_integer(ov.failed));
+    json_object_set_new(o, "scheduled", json_integer(ov.scheduled));
+    json_object_set_new(o, "retries", json_integer(ov.retries));
+    json_object_set_new(o, "dead", json_integer(ov.dead));
+    json_object_set_new(o, "queues", queues_json(&ov));
+    json_object_set_new(o, "processes", processes_json(&ov));
+    json_object_set_new(o, "working", working_json(r));
+    kiq_overview_clear(&ov);
+    return o;
+}
+
+static void print_text(json_t *o, const char *name)
+{
+    size_t i;
+    json_t *e;
+    printf("kiq %s  %s\n\n", KIQ_VERSION, name);
+    printf("Processed: %lld  Failed: %lld\n",
+           json_integer_value(json_object_get(o, "processed")),
+           json_integer_value(json_object_get(o, "failed")));
+    printf("Scheduled: %lld  Retries: %lld  Dead: %lld\n\n",
+           json_integer_value(json_object_get(o, "scheduled")),
+           json_integer_value(json_object_get(o, "retries")),
+           json_integer_value(json_object_get(o, "dead")));
+    printf("%-30s %10s %12s\n", "Queue", "Size", "Latency (s)");
+    json_array_foreach(json_object_get(o, "queues"), i, e)
+        printf("%-30s %10lld %12.3f\n", json_string_value(json_object_get(e, "name")),
+               json_integer_value(json_object_get(e, "size")),
+               json_real_value(json_object_get(e, "latency")));
+    printf("\nProcesses\n");
+    json_array_foreach(json_object_get(o, "processes"), i, e) {
+        printf("  %s  busy %lld of %lld  %s  rss %lld KB\n",
+               json_string_value(json_object_get(e, "identity")),
+               json_integer_value(json_object_get(e, "busy")),
+               json_integer_value(json_object_get(e, "concurrency")),
+               json_is_true(json_object_get(e, "quiet")) ? "quiet" : "running",
+               json_integer_value(json_object_get(e, "rss")));
+    }
+    printf("\nWorking lists (reliable fetch)\n");
+    json_array_foreach(json_object_get(o, "working"), i, e)
+        printf("  %s  %lld jobs  owner %s\n", json_string_value(json_object_get(e, "identity")),
+               json_integer_value(json_object_get(e, "size")),
+               json_is_true(json_object_get(e, "alive")) ? "alive" : "DEAD (recovered at the next pass)");
+}
+
+int kiq_cmd_stats(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
+        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+    };
+    const char *url = NULL;
+    int as_json = 0, opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (opt == 'j') as_json = 1;
+        else if (opt == 'u') url = optarg;
+        else if (opt == 'h') { fputs(usage, stdout); return 0; }
+        else {
+            fprintf(stderr, "kiq stats: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 10, err);
+    if (!r) {
+        fprintf(stderr, "kiq stats: %s\n", err);
+        return KIQ_EXIT_USAGE;
+    }
+    if (kiq_redis_connect(r)) {
+        fprintf(stderr, "kiq stats: %s\n", kiq_redis_error(r));
+        kiq_redis_free(r);
+        return 1;
+    }
+    json_t *o = collect(r, err);
+    if (!o) {
+        fprintf(stderr, "kiq stats: %s\n", err);
+        kiq_redis_free(r);
+        return 1;
+    }
+    if (as_json) {
+        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+    } else {
+        print_text(o, kiq_redis_name(r));
+    }
+    json_decref(o);
+    kiq_redis_free(r);
+    return 0;
+}

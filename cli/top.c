@@ -1,0 +1,396 @@
+/* `kiq top`: a live view of the whole fleet, redrawn every interval on a
+ * terminal (like sidekiqmon, but live): queues with size and latency,
+ * processes with busy/total and RSS, throughput over the last minute,
+ * schedule/retry/dead sizes and the most contended uniqueness lock types.
+ * With stdout not a terminal it prints one plain snapshot and exits, so it
+ * can be piped or run from cron. */
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support/buf.h"
+#include "cli/cli.h"
+#include "observe/overview.h"
+#include "support/time.h"
+#include "kiq/kiq.h"
+#include "kiq/redis.h"
+#include "kiq/unique_admin.h"
+
+static const char *usage =
+    "Usage: kiq top [--interval SECONDS] [--redis-url URL]\n"
+    "\n"
+    "A live view of the queues (size, latency), the processes (busy/total\n"
+    "threads, RSS), throughput over the last minute, the schedule/retry/dead\n"
+    "sizes and the uniqueness lock types denied most in the last hour.\n"
+    "Redrawn every SECONDS (default 1) on a terminal; q or Ctrl-C quits.\n"
+    "When stdout is not a terminal, prints one snapshot and exits.\n";
+
+#define WINDOW 60.0      /* seconds of throughput history */
+/* Processes add to stat:processed once per heartbeat (5 s by default), so
+ * a rate over a shorter span is mostly noise. */
+#define MIN_SPAN 10.0
+#define MAX_SAMPLES 4096
+#define TOP_LOCKS 5
+
+typedef struct sample {
+    double t;            /* kiq_mono() */
+    long long processed, failed;
+} sample_t;
+
+typedef struct history {
+    sample_t s[MAX_SAMPLES];
+    size_t first, n;     /* a ring */
+} history_t;
+
+static volatile sig_atomic_t stop_flag, resized;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void on_winch(int sig)
+{
+    (void)sig;
+    resized = 1;
+}
+
+/* Keeps the samples of the last WINDOW seconds, plus the one just before
+ * (so the rate spans the whole window once there is that much history). */
+static void history_add(history_t *h, double t, long long processed, long long failed)
+{
+    if (h->n == MAX_SAMPLES) {
+        h->first = (h->first + 1) % MAX_SAMPLES;
+        h->n--;
+    }
+    h->s[(h->first + h->n) % MAX_SAMPLES] = (sample_t){ t, processed, failed };
+    h->n++;
+    while (h->n > 2 && t - h->s[(h->first + 1) % MAX_SAMPLES].t >= WINDOW) {
+        h->first = (h->first + 1) % MAX_SAMPLES;
+        h->n--;
+    }
+}
+
+/* Jobs per second between the oldest and newest sample; the span in
+ * *span (0 while there is less than MIN_SPAN of history). */
+static void history_rate(const history_t *h, double *proc, double *fail, double *span)
+{
+    *proc = *fail = *span = 0;
+    if (h->n < 2)
+        return;
+    const sample_t *a = &h->s[h->first], *b = &h->s[(h->first + h->n - 1) % MAX_SAMPLES];
+    double dt = b->t - a->t;
+    if (dt < MIN_SPAN)
+        return;
+    /* A counter reset (FLUSHDB, a new Redis) would give a negative rate. */
+    *proc = b->processed >= a->processed ? (double)(b->processed - a->processed) / dt : 0;
+    *fail = b->failed >= a->failed ? (double)(b->failed - a->failed) / dt : 0;
+    *span = dt;
+}
+
+static int by_denied(const void *x, const void *y)
+{
+    const kiq_unique_metrics_row_t *a = x, *b = y;
+    if (a->denied != b->denied)
+        return a->denied < b->denied ? 1 : -1;
+    return strcmp(a->type, b->type);
+}
+
+static void human_secs(char *out, size_t n, double s)
+{
+    if (s < 60)
+        snprintf(out, n, "%.1fs", s);
+    else if (s < 3600)
+        snprintf(out, n, "%ldm%02lds", (long)s / 60, (long)s % 60);
+    else
+        snprintf(out, n, "%.1fh", s / 3600);
+}
+
+/* One frame of the view into b. */
+static void render(kiq_buf_t *b, const char *name, const kiq_overview_t *ov,
+                   kiq_unique_metrics_t *locks, const history_t *h, double interval, int live)
+{
+    char when[32], lat[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(when, sizeof(when), "%H:%M:%S", &tm);
+    kiq_buf_printf(b, "kiq top  %s  %s", name, when);
+    if (live)
+        kiq_buf_printf(b, "  (every %gs; q quits)", interval);
+    kiq_buf_puts(b, "\n");
+
+    double rp, rf, span;
+    history_rate(h, &rp, &rf, &span);
+    kiq_buf_printf(b, "Processed: %lld  Failed: %lld  ", ov->processed, ov->failed);
+    if (span > 0)
+        kiq_buf_printf(b, "Throughput: %.1f jobs/s, %.1f failed/s (last %.0fs)\n", rp, rf, span);
+    else
+        kiq_buf_puts(b, "Throughput: - (measured over the next minute)\n");
+    kiq_buf_printf(b, "Scheduled: %lld  Retries: %lld  Dead: %lld\n\n", ov->scheduled,
+                   ov->retries, ov->dead);
+
+    kiq_buf_printf(b, "%-32s %10s %12s\n", "QUEUE", "SIZE", "LATENCY");
+    for (size_t i = 0; i < ov->nqueues; i++) {
+        human_secs(lat, sizeof(lat), ov->queues[i].latency);
+        kiq_buf_printf(b, "%-32s %10lld %12s\n", ov->queues[i].name, ov->queues[i].size, lat);
+    }
+    if (!ov->nqueues)
+        kiq_buf_puts(b, "(no queues)\n");
+
+    kiq_buf_printf(b, "\n%-48s %9s %10s %8s\n", "PROCESS", "BUSY", "RSS", "BEAT");
+    double wall = kiq_now();
+    for (size_t i = 0; i < ov->nprocesses; i++) {
+        const kiq_overview_process_t *p = &ov->processes[i];
+        char busy[48], rss[32], beat[32];
+        snprintf(busy, sizeof(busy), "%lld/%lld", p->busy < 0 ? 0 : p->busy,
+                 p->concurrency < 0 ? 0 : p->concurrency);
+        if (p->rss >= 0)
+            snprintf(rss, sizeof(rss), "%.1f MB", (double)p->rss / 1024);
+        else
+            snprintf(rss, sizeof(rss), "-");
+        if (p->beat > 0)
+            human_secs(beat, sizeof(beat), wall - p->beat < 0 ? 0 : wall - p->beat);
+        else
+            snprintf(beat, sizeof(beat), "-");
+        kiq_buf_printf(b, "%-48s %9s %10s %8s%s\n", p->identity, busy, rss, beat,
+                       p->quiet == 1 ? "  quiet" : "");
+    }
+    if (!ov->nprocesses)
+        kiq_buf_puts(b, "(no live processes)\n");
+
+    kiq_buf_printf(b, "\n%-32s %8s %9s %9s %9s\n", "CONTENDED LOCKS (last hour)", "DENIED",
+                   "ACQUIRED", "RELEASED", "FAILURES");
+    size_t shown = 0;
+    if (locks && locks->n > 1) {
+        /* The total row stays last in the reader's order; rank the others. */
+        qsort(locks->rows, locks->n - 1, sizeof(*locks->rows), by_denied);
+        for (size_t i = 0; i + 1 < locks->n && shown < TOP_LOCKS; i++) {
+            const kiq_unique_metrics_row_t *r = &locks->rows[i];
+            if (r->denied <= 0)
+                continue;
+            kiq_buf_printf(b, "%-32s %8lld %9lld %9lld %9lld\n", r->type, r->denied, r->acquired,
+                           r->released, r->failures);
+            shown++;
+        }
+    }
+    if (!shown)
+        kiq_buf_puts(b, locks ? "(no lock was denied)\n" : "(lock metrics unavailable)\n");
+}
+
+/* Reads everything a frame shows. Returns 0 or KIQ_EREDIS with err. */
+static int sample(kiq_redis_t *r, kiq_overview_t *ov, kiq_unique_metrics_t *locks,
+                  int *have_locks, history_t *h, char *err)
+{
+    if (!kiq_redis_ok(r) && kiq_redis_connect(r))
+        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    int rc = kiq_overview_read(r, 1, ov, err);
+    if (rc)
+        return rc;
+    history_add(h, kiq_mono(), ov->processed, ov->failed);
+    char lerr[KIQ_ERRLEN];
+    *have_locks = kiq_unique_metrics_read(r, 60, locks, lerr) == 0;
+    return 0;
+}
+
+static int snapshot(kiq_redis_t *r)
+{
+    history_t *h = calloc(1, sizeof(*h));
+    kiq_overview_t ov;
+    kiq_unique_metrics_t locks = {0};
+    int have_locks = 0, status = 0;
+    char err[KIQ_ERRLEN];
+    memset(&ov, 0, sizeof(ov));
+    if (!h) {
+        fprintf(stderr, "kiq top: out of memory\n");
+        return 1;
+    }
+    if (sample(r, &ov, &locks, &have_locks, h, err)) {
+        fprintf(stderr, "kiq top: %s\n", err);
+        status = 1;
+        goto out;
+    }
+    kiq_buf_t b = {0};
+    render(&b, kiq_redis_name(r), &ov, have_locks ? &locks : NULL, h, 0, 0);
+    if (b.p)
+        fputs(b.p, stdout);
+    kiq_buf_free(&b);
+out:
+    kiq_overview_clear(&ov);
+    kiq_unique_metrics_clear(&locks);
+    free(h);
+    return status;
+}
+
+/* Writes frame to the terminal: each line cut to the width, cleared to its
+ * end, at most rows lines, then the rest of the screen cleared. */
+static void draw(const char *frame)
+{
+    struct winsize ws = {0};
+    int cols = 120, rows = 40;
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col && ws.ws_row) {
+        cols = ws.ws_col;
+        rows = ws.ws_row;
+    }
+    kiq_buf_t out = {0};
+    kiq_buf_puts(&out, "\033[H");
+    int line = 0;
+    for (const char *p = frame; *p && line < rows; line++) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        kiq_buf_put(&out, p, len < (size_t)cols ? len : (size_t)cols);
+        kiq_buf_puts(&out, line + 1 < rows ? "\033[K\r\n" : "\033[K");
+        p += len + (nl != NULL);
+    }
+    kiq_buf_puts(&out, "\033[J");
+    for (size_t off = 0; out.p && off < out.len;) {
+        ssize_t w = write(STDOUT_FILENO, out.p + off, out.len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    kiq_buf_free(&out);
+}
+
+static void put_str(const char *s)
+{
+    ssize_t w = write(STDOUT_FILENO, s, strlen(s));
+    (void)w;
+}
+
+static int live(kiq_redis_t *r, double interval)
+{
+    struct termios saved, raw;
+    int have_tty_in = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
+    int restore = have_tty_in;
+    if (have_tty_in) {
+        /* Keys arrive one at a time without echo; ISIG stays, so Ctrl-C
+         * still sends SIGINT. */
+        raw = saved;
+        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+        raw.c_cc[VMIN] = 0;
+        raw.c_cc[VTIME] = 0;
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop; /* no SA_RESTART: poll returns at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sa.sa_handler = on_winch;
+    sigaction(SIGWINCH, &sa, NULL);
+    put_str("\033[?1049h\033[?25l\033[2J"); /* alternate screen, cursor hidden */
+
+    history_t *h = calloc(1, sizeof(*h));
+    char err[KIQ_ERRLEN];
+    while (h && !stop_flag) {
+        kiq_overview_t ov;
+        kiq_unique_metrics_t locks = {0};
+        int have_locks = 0;
+        memset(&ov, 0, sizeof(ov));
+        kiq_buf_t frame = {0};
+        if (sample(r, &ov, &locks, &have_locks, h, err) == 0)
+            render(&frame, kiq_redis_name(r), &ov, have_locks ? &locks : NULL, h, interval, 1);
+        else
+            kiq_buf_printf(&frame, "kiq top  %s\n\n%s\nretrying every %gs; q quits\n",
+                           kiq_redis_name(r), err, interval);
+        draw(frame.p ? frame.p : "");
+        kiq_buf_free(&frame);
+        kiq_overview_clear(&ov);
+        kiq_unique_metrics_clear(&locks);
+
+        double until = kiq_mono() + interval;
+        while (!stop_flag && !resized) {
+            double left = until - kiq_mono();
+            if (left <= 0)
+                break;
+            struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
+            int n = poll(&pfd, have_tty_in ? 1 : 0, (int)(left * 1000) + 1);
+            if (n > 0 && (pfd.revents & POLLIN)) {
+                char c;
+                ssize_t got = read(STDIN_FILENO, &c, 1);
+                if (got == 1 && (c == 'q' || c == 'Q' || c == 3))
+                    stop_flag = 1;
+                else if (got == 0)
+                    have_tty_in = 0; /* stdin closed: keep drawing, only signals quit */
+            } else if (n > 0 && (pfd.revents & (POLLHUP | POLLERR))) {
+                stop_flag = 1;
+            }
+        }
+        resized = 0;
+    }
+    free(h);
+    put_str("\033[?25h\033[?1049l");
+    if (restore)
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    return 0;
+}
+
+int kiq_cmd_top(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "interval", required_argument, NULL, 'i' },
+        { "redis-url", required_argument, NULL, 'u' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *url = NULL;
+    double interval = 1.0;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "hi:", longopts, NULL)) != -1) {
+        char *end = NULL;
+        if (opt == 'u') {
+            url = optarg;
+        } else if (opt == 'i') {
+            interval = strtod(optarg, &end);
+            if (!*optarg || *end || !(interval >= 0.1 && interval <= 3600)) {
+                fprintf(stderr, "kiq top: --interval: must be a number of seconds between 0.1 "
+                        "and 3600 (got \"%s\")\n", optarg);
+                return KIQ_EXIT_USAGE;
+            }
+        } else if (opt == 'h') {
+            fputs(usage, stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kiq top: %s: unknown option or missing value\n\n%s",
+                    argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kiq top: unexpected argument \"%s\"\n\n%s", argv[optind], usage);
+        return KIQ_EXIT_USAGE;
+    }
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 5, err);
+    if (!r) {
+        fprintf(stderr, "kiq top: %s\n", err);
+        return KIQ_EXIT_USAGE;
+    }
+    int status;
+    if (!isatty(STDOUT_FILENO)) {
+        status = snapshot(r);
+    } else if (kiq_redis_connect(r)) {
+        /* A wrong URL is better said once than redrawn every second. */
+        fprintf(stderr, "kiq top: %s\n", kiq_redis_error(r));
+        status = 1;
+    } else {
+        status = live(r, interval);
+    }
+    kiq_redis_free(r);
+    return status;
+}

@@ -1,0 +1,262 @@
+/* Pushing jobs: payloads built the way Ruby's Sidekiq::Client writes them
+ * (retry, queue, options, args, class, jid, created_at, enqueued_at), so
+ * every Sidekiq version reads them. */
+#include "kiq/client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/buf.h"
+#include "support/json.h"
+#include "support/payload.h"
+#include "support/time.h"
+#include "kiq/middleware.h"
+#include "kiq/redis.h"
+#include "middleware/mw.h"
+
+struct kiq_client {
+    kiq_redis_t *r;
+    char err[KIQ_ERRLEN];
+    kiq_chain_t *chain;  /* client middleware, "unique" by default */
+};
+
+kiq_push_opts_t kiq_push_opts_default(void)
+{
+    kiq_push_opts_t o = { .queue = NULL, .retry = KIQ_RETRY_UNSET, .at = 0,
+                          .timestamps = KIQ_TS_FLOAT, .extra = NULL };
+    return o;
+}
+
+kiq_client_t *kiq_client_new(const char *url, char *err)
+{
+    if (!url)
+        url = getenv("REDIS_URL");
+    if (!url || !*url)
+        url = "redis://127.0.0.1:6379/0";
+    kiq_client_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return NULL;
+    }
+    c->r = kiq_redis_new(url, 10, err);
+    if (!c->r) {
+        free(c);
+        return NULL;
+    }
+    if (kiq_redis_connect(c->r)) {
+        kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+        kiq_client_free(c);
+        return NULL;
+    }
+    if (!(c->chain = kiq_chain_new()) ||
+        kiq_chain_add(c->chain, "unique", kiq_unique_client_mw, NULL)) {
+        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        kiq_client_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+kiq_chain_t *kiq_client_chain(kiq_client_t *c)
+{
+    return c ? c->chain : NULL;
+}
+
+void kiq_client_free(kiq_client_t *c)
+{
+    if (!c)
+        return;
+    kiq_redis_free(c->r);
+    kiq_chain_free(c->chain);
+    free(c);
+}
+
+const char *kiq_client_error(const kiq_client_t *c)
+{
+    return c->err;
+}
+
+/* Appends the payload of one job to b. */
+static int build(kiq_client_t *c, kiq_buf_t *b, const char *cls, const char *args,
+                 const kiq_push_opts_t *o, const char *queue, double now, char jid[25])
+{
+    kiq_jobject_t extra = {0};
+    int rc = 0;
+    if (!args)
+        args = "[]";
+    size_t alen = strlen(args);
+    while (alen && (args[0] == ' ' || args[0] == '\n')) { args++; alen--; }
+    if (alen == 0 || args[0] != '[' || kiq_json_validate(args, alen, c->err))
+        return kiq_seterr(c->err, KIQ_EINVAL, "args must be a JSON array, got: %.60s", args);
+    if (o->extra && kiq_json_scan_object(o->extra, strlen(o->extra), &extra, c->err))
+        return kiq_seterr(c->err, KIQ_EINVAL, "extra fields must be a JSON object");
+    char ts[32];
+    kiq_ts_json(ts, now, o->timestamps);
+    kiq_new_jid(jid);
+    if (o->retry == KIQ_RETRY_UNSET || o->retry == KIQ_RETRY_DEFAULT)
+        rc = kiq_buf_puts(b, "{\"retry\":true");
+    else if (o->retry == KIQ_RETRY_NONE)
+        rc = kiq_buf_puts(b, "{\"retry\":false");
+    else
+        rc = kiq_buf_printf(b, "{\"retry\":%d", o->retry);
+    if (!rc) rc = kiq_buf_puts(b, ",\"queue\":");
+    if (!rc) rc = kiq_json_quote(b, queue, strlen(queue));
+    for (size_t i = 0; i < extra.n && !rc; i++) {
+        const kiq_jmember_t *m = &extra.m[i];
+        rc = kiq_buf_printf(b, ",\"%.*s\":%.*s", (int)m->klen, o->extra + m->kstart,
+                            (int)m->vlen, o->extra + m->vstart);
+    }
+    if (!rc) rc = kiq_buf_puts(b, ",\"args\":");
+    if (!rc) rc = kiq_buf_put(b, args, alen);
+    if (!rc) rc = kiq_buf_puts(b, ",\"class\":");
+    if (!rc) rc = kiq_json_quote(b, cls, strlen(cls));
+    if (!rc) rc = kiq_buf_printf(b, ",\"jid\":\"%s\",\"created_at\":%s", jid, ts);
+    if (!rc && !(o->at > now))
+        rc = kiq_buf_printf(b, ",\"enqueued_at\":%s", ts);
+    if (!rc) rc = kiq_buf_puts(b, "}");
+    kiq_jobject_free(&extra);
+    return rc;
+}
+
+/* The end of the client chain: the job is accepted into the batch. */
+static int accept_push(kiq_mw_t *mw, void *ud)
+{
+    (void)ud;
+    mw->accepted = 1;
+    return 0;
+}
+
+int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *args, size_t n,
+                         const kiq_push_opts_t *opts, char (*jids)[25])
+{
+    kiq_push_opts_t o = opts ? *opts : kiq_push_opts_default();
+    const char *queue = o.queue && *o.queue ? o.queue : "default";
+    c->err[0] = '\0';
+    if (!cls || !*cls)
+        return kiq_seterr(c->err, KIQ_EINVAL, "a job class is required");
+    if (n == 0)
+        return 0;
+    double now = kiq_now();
+    if (o.at > 0 && o.at < 1e9)
+        o.at += now; /* small values mean "seconds from now", as Sidekiq */
+    kiq_mw_t *mws = calloc(n, sizeof(*mws));
+    char (*jid)[25] = calloc(n, sizeof(*jid));
+    char (*scores)[32] = calloc(n, sizeof(*scores));
+    const char **lpush = calloc(n + 2, sizeof(*lpush)), **zadd = calloc(2 * n + 2, sizeof(*zadd));
+    size_t *llens = calloc(n + 2, sizeof(*llens)), *zlens = calloc(2 * n + 2, sizeof(*zlens));
+    char qkey[512];
+    size_t nl = 2, nz = 2, denied = 0;
+    int rc = (mws && jid && scores && lpush && zadd && llens && zlens)
+                 ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n && !rc; i++) {
+        kiq_buf_t b = {0};
+        rc = build(c, &b, cls, args ? args[i] : NULL, &o, queue, now, jid[i]);
+        kiq_mw_t *mw = &mws[i];
+        mw->r = c->r;
+        mw->unique = o.unique;
+        mw->cls = cls;
+        mw->jid = jid[i];
+        mw->queue = queue;
+        mw->at = o.at > now ? o.at : 0;
+        mw->payload = kiq_buf_take(&b, &mw->len);
+        if (!rc && (!mw->payload || kiq_json_scan_object(mw->payload, mw->len, &mw->obj, NULL)))
+            rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+        if (rc)
+            break;
+        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
+            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+            break;
+        }
+        int mrc = kiq_mw_run(c->chain, mw, accept_push, NULL);
+        if (!mw->accepted) {
+            denied++;
+            kiq_seterr(c->err, mrc && mrc != KIQ_EDENIED ? mrc : KIQ_EDENIED, "push of %s denied: %s",
+                       cls, mw->deny[0] ? mw->deny : kiq_strerror(mrc ? mrc : KIQ_EDENIED));
+            if (mrc == KIQ_EREDIS) {
+                rc = KIQ_EREDIS;
+                break;
+            }
+            continue;
+        }
+        if (mw->at > now) {
+            snprintf(scores[i], sizeof(scores[i]), "%.6f", mw->at);
+            zadd[nz] = scores[i]; zlens[nz++] = strlen(scores[i]);
+            zadd[nz] = mw->payload; zlens[nz++] = mw->len;
+        } else {
+            lpush[nl] = mw->payload; llens[nl++] = mw->len;
+        }
+    }
+    if (rc || (nl == 2 && nz == 2))
+        goto out;
+    snprintf(qkey, sizeof(qkey), "queue:%s", queue);
+    lpush[0] = "LPUSH"; lpush[1] = qkey;
+    zadd[0] = "ZADD"; zadd[1] = "schedule";
+    for (int k = 0; k < 2; k++) {
+        llens[k] = strlen(lpush[k]);
+        zlens[k] = strlen(zadd[k]);
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
+            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+            continue;
+        }
+        const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
+        const char *sadd[] = { "SADD", "queues", queue };
+        int replies = 2;
+        rc = kiq_redis_append(c->r, 1, multi, NULL);
+        if (!rc && nl > 2) {
+            rc = kiq_redis_append(c->r, 3, sadd, NULL);
+            if (!rc) rc = kiq_redis_append(c->r, (int)nl, lpush, llens);
+            replies += 2;
+        }
+        if (!rc && nz > 2) {
+            rc = kiq_redis_append(c->r, (int)nz, zadd, zlens);
+            replies++;
+        }
+        if (!rc) rc = kiq_redis_append(c->r, 1, exec, NULL);
+        redisReply *last = NULL;
+        for (int i = 0; i < replies && !rc; i++) {
+            redisReply *rep = kiq_redis_get_reply(c->r);
+            if (!rep)
+                rc = KIQ_EREDIS;
+            else if (i == replies - 1)
+                last = rep;
+            else
+                freeReplyObject(rep);
+        }
+        if (!rc && (!last || last->type != REDIS_REPLY_ARRAY))
+            rc = kiq_seterr(c->err, KIQ_EREPLY, "push failed: %s",
+                            last && last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
+        freeReplyObject(last);
+        if (rc == KIQ_EREDIS)
+            kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+        else
+            break;
+    }
+out:
+    for (size_t i = 0; mws && i < n; i++) {
+        if (jids)
+            memcpy(jids[i], mws[i].accepted && !rc ? jid[i] : "", mws[i].accepted && !rc ? 25 : 1);
+        kiq_mw_clear(&mws[i]);
+    }
+    free(mws);
+    free(jid);
+    free(scores);
+    free(lpush);
+    free(zadd);
+    free(llens);
+    free(zlens);
+    return rc ? rc : denied ? KIQ_EDENIED : 0;
+}
+
+int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
+                    const kiq_push_opts_t *opts, char jid[25])
+{
+    const char *one[] = { args };
+    char jids[1][25];
+    int rc = kiq_client_push_bulk(c, cls, one, 1, opts, jids);
+    if (!rc && jid)
+        memcpy(jid, jids[0], 25);
+    return rc;
+}

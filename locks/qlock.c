@@ -1,0 +1,496 @@
+/* Queued (FIFO) locks: the client, the acquire loop, release, extend and
+ * running a function under a lock. Each attempt is one Lua step
+ * (lua/qlock_acquire.lua); between attempts a waiter sleeps retry_delay plus
+ * jitter, as the gem does. Inspection and admin calls are in qlock_info.c. */
+#include "kiq/qlock.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "locks/qlock_internal.h"
+#include "support/log.h"
+#include "support/time.h"
+
+#define EV_PREFIX "redis_queued_locks."
+/* The gem's margin for the time between the server setting the expiry and
+ * the client starting its clock; a timed function is abandoned this much
+ * before the lease surely ends. */
+#define TIMESHIFT_MARGIN 0.002
+
+struct kiq_qlock_client {
+    char identity[40];
+    kiq_qlock_event_fn on_event;
+    void *event_udata;
+    kiq_qlock_log_fn on_log;
+    void *log_udata;
+    int log_lock_try;
+};
+
+/* Field names the gem keeps for itself, and kiq's token field. */
+static const char *const reserved_meta[] = {
+    "acq_id", "hst_id", "ts", "ini_ttl", "lock_key", "rem_ttl", "spc_cnt", "spc_ext_ttl",
+    "l_spc_ext_ini_ttl", "l_spc_ext_ts", "l_spc_ts", "kiq_fence", NULL,
+};
+
+kiq_qlock_opts_t kiq_qlock_opts_default(void)
+{
+    kiq_qlock_opts_t o = {
+        .ttl = 5000, .queue_ttl = 15, .timeout = 10, .retry_count = 3,
+        .retry_delay = 200, .retry_jitter = 25,
+    };
+    return o;
+}
+
+const char *kiq_qlock_status_name(kiq_qlock_status_t s)
+{
+    switch (s) {
+    case KIQ_QLOCK_OBTAINED: return "obtained";
+    case KIQ_QLOCK_TIMEOUT: return "timeout_reached";
+    case KIQ_QLOCK_RETRY_LIMIT: return "retry_limit_reached";
+    case KIQ_QLOCK_FAIL_FAST_NO_TRY: return "fail_fast_no_try";
+    case KIQ_QLOCK_FAIL_FAST_AFTER_TRY: return "fail_fast_after_try";
+    }
+    return "unknown";
+}
+
+int kiq__qlock_keys(const char *name, ql_keys_t *k, char *err)
+{
+    if (!name || !*name)
+        return kiq_seterr(err, KIQ_EINVAL, "a lock needs a name");
+    if (strlen(name) > KIQ_QLOCK_NAME_MAX)
+        return kiq_seterr(err, KIQ_EINVAL, "lock name longer than %d bytes", KIQ_QLOCK_NAME_MAX);
+    snprintf(k->lock, sizeof(k->lock), QL_LOCK_PREFIX "%s", name);
+    snprintf(k->queue, sizeof(k->queue), QL_QUEUE_PREFIX "%s", name);
+    snprintf(k->seen, sizeof(k->seen), QL_SEEN_PREFIX "%s", name);
+    snprintf(k->fence, sizeof(k->fence), QL_FENCE_PREFIX "%s", name);
+    return 0;
+}
+
+kiq_qlock_client_t *kiq_qlock_client_new(const char *identity, char *err)
+{
+    kiq_qlock_client_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (identity) {
+        if (!*identity || strlen(identity) >= sizeof(c->identity) || strchr(identity, '/')) {
+            kiq_seterr(err, KIQ_EINVAL, "identity must be 1-39 bytes without '/'");
+            free(c);
+            return NULL;
+        }
+        snprintf(c->identity, sizeof(c->identity), "%s", identity);
+    } else {
+        /* 8 random bytes in hex, as the gem's SecureRandom.hex(8): keeps two
+         * hosts whose pids and thread ids collide apart. */
+        unsigned char b[8];
+        kiq_random_bytes(b, sizeof(b));
+        for (size_t i = 0; i < sizeof(b); i++)
+            snprintf(c->identity + 2 * i, 3, "%02x", b[i]);
+    }
+    return c;
+}
+
+void kiq_qlock_client_free(kiq_qlock_client_t *c)
+{
+    free(c);
+}
+
+void kiq_qlock_client_on_event(kiq_qlock_client_t *c, kiq_qlock_event_fn fn, void *udata)
+{
+    c->on_event = fn;
+    c->event_udata = udata;
+}
+
+void kiq_qlock_client_on_log(kiq_qlock_client_t *c, kiq_qlock_log_fn fn, void *udata, int log_lock_try)
+{
+    c->on_log = fn;
+    c->log_udata = udata;
+    c->log_lock_try = log_lock_try;
+}
+
+static long thread_id(void)
+{
+    return (long)syscall(SYS_gettid);
+}
+
+void kiq_qlock_acq_id(const kiq_qlock_client_t *c, char *out)
+{
+    snprintf(out, KIQ_QLOCK_ID_MAX, "rql:acq:%d/%ld/0/0/%s", (int)getpid(), thread_id(), c->identity);
+}
+
+void kiq_qlock_hst_id(const kiq_qlock_client_t *c, char *out)
+{
+    snprintf(out, KIQ_QLOCK_ID_MAX, "rql:hst:%d/%ld/0/%s", (int)getpid(), thread_id(), c->identity);
+}
+
+static void ql_log(const kiq_qlock_client_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void ql_log(const kiq_qlock_client_t *c, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (c && c->on_log)
+        c->on_log(line, c->log_udata);
+    else
+        kiq_debug("[redis_queued_locks] %s", line);
+}
+
+void kiq__qlock_emit(const kiq_qlock_client_t *c, kiq_qlock_event_t *ev)
+{
+    if (c && c->on_event)
+        c->on_event(ev, c->event_udata);
+}
+
+static void emit_held(const kiq_qlock_client_t *c, const char *event, const kiq_qlock_result_t *res,
+                      const char *instrument, double hold_time)
+{
+    kiq_qlock_event_t ev = {
+        .name = event, .lock_key = res->lock_key, .acq_id = res->acq_id, .hst_id = res->hst_id,
+        .ts = res->ts, .ttl = res->ttl, .fence = res->fence, .acq_time = res->acq_time,
+        .hold_time = hold_time, .instrument = instrument,
+    };
+    kiq__qlock_emit(c, &ev);
+}
+
+static int check_opts(const kiq_qlock_opts_t *o, size_t *nmeta, char *err)
+{
+    if (o->ttl <= 0)
+        return kiq_seterr(err, KIQ_EINVAL, "ttl must be a positive number of ms");
+    if (!(o->queue_ttl > 0))
+        return kiq_seterr(err, KIQ_EINVAL, "queue_ttl must be a positive number of seconds");
+    if (o->retry_delay < 0 || o->retry_jitter < 0)
+        return kiq_seterr(err, KIQ_EINVAL, "retry_delay and retry_jitter must not be negative");
+    if (o->timeout < 0 && o->timeout != KIQ_QLOCK_UNLIMITED)
+        return kiq_seterr(err, KIQ_EINVAL, "timeout must be >= 0 or KIQ_QLOCK_UNLIMITED");
+    size_t n = 0;
+    for (; o->meta && o->meta[n]; n++) {
+        if (n % 2)
+            continue;
+        for (size_t k = 0; reserved_meta[k]; k++)
+            if (strcmp(o->meta[n], reserved_meta[k]) == 0)
+                return kiq_seterr(err, KIQ_EINVAL, "meta: \"%s\" is a reserved field", o->meta[n]);
+    }
+    if (n % 2)
+        return kiq_seterr(err, KIQ_EINVAL, "meta: field \"%s\" has no value", o->meta[n - 1]);
+    *nmeta = n;
+    return 0;
+}
+
+/* Leaves the queue after giving up, so nobody behind waits for us. */
+static void dequeue(kiq_qlock_client_t *c, kiq_redis_t *r, const ql_keys_t *k, const char *me)
+{
+    const char *zrem[] = { "ZREM", k->queue, me };
+    const char *hdel[] = { "HDEL", k->seen, me };
+    freeReplyObject(kiq_redis_cmd(r, 3, zrem, NULL));
+    freeReplyObject(kiq_redis_cmd(r, 3, hdel, NULL));
+    ql_log(c, "fail_fast_or_limits_reached__dequeue lock_key=%s queue_key=%s acq_id=%s",
+           k->lock, k->queue, me);
+}
+
+static int reply_error(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
+{
+    if (!rep)
+        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
+    if (rep->type == REDIS_REPLY_ERROR)
+        return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what, rep->str);
+    return kiq_seterr(err, KIQ_EREPLY, "%s: unexpected reply type %d", what, rep->type);
+}
+
+int kiq_qlock_lock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
+                   const kiq_qlock_opts_t *opts, kiq_qlock_result_t *res, char *err)
+{
+    kiq_qlock_opts_t o = opts ? *opts : kiq_qlock_opts_default();
+    ql_keys_t k;
+    size_t nmeta = 0;
+    const char **argv = NULL;
+    redisReply *rep = NULL;
+    int queued = 0;
+    int rc;
+
+    memset(res, 0, sizeof(*res));
+    if ((rc = kiq__qlock_keys(name, &k, err)) || (rc = check_opts(&o, &nmeta, err)))
+        return rc;
+    snprintf(res->name, sizeof(res->name), "%s", name);
+    snprintf(res->lock_key, sizeof(res->lock_key), "%s", k.lock);
+    kiq_qlock_acq_id(c, res->acq_id);
+    kiq_qlock_hst_id(c, res->hst_id);
+    res->ttl = o.ttl;
+
+    char ttl_s[32], qttl_s[32];
+    snprintf(ttl_s, sizeof(ttl_s), "%lld", o.ttl);
+    snprintf(qttl_s, sizeof(qttl_s), "%lld", (long long)ceil(o.queue_ttl * 1000));
+    int argc = 10 + (int)nmeta;
+    argv = malloc((size_t)argc * sizeof(*argv));
+    if (!argv)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    argv[0] = k.lock;
+    argv[1] = k.queue;
+    argv[2] = k.seen;
+    argv[3] = k.fence;
+    argv[4] = res->acq_id;
+    argv[5] = res->hst_id;
+    argv[6] = ttl_s;
+    argv[7] = qttl_s;
+    argv[8] = "0";
+    argv[9] = o.fail_fast ? "1" : "0";
+    for (size_t i = 0; i < nmeta; i++)
+        argv[10 + i] = o.meta[i];
+
+    double start = kiq_mono();
+    double deadline = o.timeout == KIQ_QLOCK_UNLIMITED ? INFINITY : start + o.timeout;
+    int max_tries = o.retry_count == KIQ_QLOCK_UNLIMITED ? 0 : (o.retry_count < 1 ? 1 : o.retry_count);
+    ql_log(c, "start_lock_obtaining lock_key=%s queue_ttl=%g acq_id=%s hst_id=%s", k.lock,
+           o.queue_ttl, res->acq_id, res->hst_id);
+
+    for (;;) {
+        double t0 = kiq_mono();
+        rep = kiq_redis_script(r, KIQ_SCRIPT_QLOCK_ACQUIRE, 4, argc, argv, NULL);
+        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING) {
+            rc = reply_error(r, rep, "queued lock attempt", err);
+            goto out;
+        }
+        res->tries++;
+        const char *st = rep->element[0]->str;
+        if (strcmp(st, "ok") == 0 && rep->elements >= 4) {
+            double now = kiq_mono();
+            res->status = KIQ_QLOCK_OBTAINED;
+            res->fence = rep->element[1]->integer;
+            res->ts = atof(rep->element[2]->str);
+            res->requested_at = atof(rep->element[3]->str);
+            res->deadline = t0 + (double)o.ttl / 1000.0;
+            res->acquired = now;
+            res->acq_time = (now - start) * 1000.0;
+            ql_log(c, "lock_obtained lock_key=%s acq_id=%s fence=%lld acq_time=%.3f", k.lock,
+                   res->acq_id, res->fence, res->acq_time);
+            emit_held(c, EV_PREFIX "lock_obtained", res, o.instrument, 0);
+            rc = 0;
+            queued = 0;
+            goto out;
+        }
+        if (strcmp(st, "fail_fast_no_try") == 0) {
+            res->status = KIQ_QLOCK_FAIL_FAST_NO_TRY;
+            rc = kiq_seterr(err, KIQ_EDENIED, "%s is held by %s (fail_fast)", k.lock,
+                            rep->element[1]->str);
+            goto out;
+        }
+        queued = 1;
+        argv[8] = "1";
+        if (strcmp(st, "requeued") == 0)
+            ql_log(c, "dead_score_reached__reset_acquirer_position lock_key=%s acq_id=%s", k.lock,
+                   res->acq_id);
+        if (c->log_lock_try && rep->elements >= 3)
+            ql_log(c, "try_lock.%s lock_key=%s acq_id=%s other=%s rank=%lld try=%d", st, k.lock,
+                   res->acq_id, rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "",
+                   rep->element[2]->integer, res->tries);
+        freeReplyObject(rep);
+        rep = NULL;
+
+        if (o.fail_fast) {
+            res->status = KIQ_QLOCK_FAIL_FAST_AFTER_TRY;
+            rc = kiq_seterr(err, KIQ_EDENIED, "%s: not first in line or held (fail_fast)", k.lock);
+            goto out;
+        }
+        if (max_tries && res->tries >= max_tries) {
+            res->status = KIQ_QLOCK_RETRY_LIMIT;
+            rc = kiq_seterr(err, KIQ_EDENIED, "%s: not obtained in %d attempts", k.lock, res->tries);
+            goto out;
+        }
+        double delay = ((double)o.retry_delay + floor(kiq_rand() * (double)o.retry_jitter)) / 1000.0;
+        double now = kiq_mono();
+        if (now + delay >= deadline) {
+            kiq_sleep(deadline - now);
+            res->status = KIQ_QLOCK_TIMEOUT;
+            rc = kiq_seterr(err, KIQ_EDENIED, "%s: not obtained within %g s", k.lock, o.timeout);
+            goto out;
+        }
+        kiq_sleep(delay);
+    }
+out:
+    if (rc && queued)
+        dequeue(c, r, &k, res->acq_id);
+    if (rc == KIQ_EDENIED)
+        res->acq_time = (kiq_mono() - start) * 1000.0;
+    freeReplyObject(rep);
+    free(argv);
+    return rc;
+}
+
+static int owner_call(kiq_redis_t *r, kiq_script_t s, const kiq_qlock_result_t *res,
+                      const char *ms, const char *mode, long long *out, char *err)
+{
+    char fence[32];
+    snprintf(fence, sizeof(fence), "%lld", res->fence);
+    const char *argv[] = { res->lock_key, res->acq_id, fence, ms, mode };
+    int argc = s == KIQ_SCRIPT_QLOCK_EXTEND ? 5 : 3;
+    redisReply *rep = kiq_redis_script(r, s, 1, argc, argv, NULL);
+    int rc = 0;
+    if (!rep || rep->type != REDIS_REPLY_INTEGER)
+        rc = reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
+    else
+        *out = rep->integer;
+    freeReplyObject(rep);
+    return rc;
+}
+
+int kiq_qlock_release(kiq_qlock_client_t *c, kiq_redis_t *r, const kiq_qlock_result_t *res, char *err)
+{
+    long long released = 0;
+    int rc = owner_call(r, KIQ_SCRIPT_QLOCK_RELEASE, res, NULL, NULL, &released, err);
+    if (rc)
+        return rc;
+    if (!released) {
+        ql_log(c, "expire_lock.not_owner lock_key=%s acq_id=%s fence=%lld", res->lock_key,
+               res->acq_id, res->fence);
+        return kiq_seterr(err, KIQ_EDENIED, "%s: no longer held by %s (its ttl ended)",
+                          res->lock_key, res->acq_id);
+    }
+    ql_log(c, "expire_lock lock_key=%s acq_id=%s fence=%lld", res->lock_key, res->acq_id, res->fence);
+    emit_held(c, EV_PREFIX "lock_hold_and_release", res, NULL, (kiq_mono() - res->acquired) * 1000.0);
+    return 0;
+}
+
+int kiq_qlock_extend(kiq_redis_t *r, kiq_qlock_result_t *res, long long ms, int refresh,
+                     long long *pttl, char *err)
+{
+    if (ms <= 0)
+        return kiq_seterr(err, KIQ_EINVAL, "extend: ms must be positive");
+    char ms_s[32];
+    snprintf(ms_s, sizeof(ms_s), "%lld", ms);
+    long long left = 0;
+    double t0 = kiq_mono();
+    int rc = owner_call(r, KIQ_SCRIPT_QLOCK_EXTEND, res, ms_s, refresh ? "set" : "add", &left, err);
+    if (rc)
+        return rc;
+    if (left <= 0)
+        return kiq_seterr(err, KIQ_EDENIED, "%s: no longer held by %s (its ttl ended)",
+                          res->lock_key, res->acq_id);
+    res->deadline = t0 + (double)left / 1000.0;
+    if (pttl)
+        *pttl = left;
+    return 0;
+}
+
+/* A function running under a timed lock on its own thread. Whoever of the
+ * caller and the thread finishes last frees it, so the caller can stop
+ * waiting without leaving the thread a dangling pointer. */
+struct timed_call {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs, done, rc;
+    kiq_qlock_fn fn;
+    void *udata;
+    kiq_qlock_result_t res; /* a copy: the caller's may be gone */
+};
+
+static void timed_unref(struct timed_call *tc)
+{
+    pthread_mutex_lock(&tc->mu);
+    int last = --tc->refs == 0;
+    pthread_mutex_unlock(&tc->mu);
+    if (last) {
+        pthread_cond_destroy(&tc->cv);
+        pthread_mutex_destroy(&tc->mu);
+        free(tc);
+    }
+}
+
+static void *timed_main(void *arg)
+{
+    struct timed_call *tc = arg;
+    int v = tc->fn(&tc->res, tc->udata);
+    pthread_mutex_lock(&tc->mu);
+    tc->rc = v;
+    tc->done = 1;
+    pthread_cond_signal(&tc->cv);
+    pthread_mutex_unlock(&tc->mu);
+    timed_unref(tc);
+    return NULL;
+}
+
+/* Runs fn on a thread and waits for it until the lease's end. Returns 0
+ * with *v set, KIQ_EJOB when it overran, KIQ_ESYS/ENOMEM on setup failure. */
+static int run_timed(kiq_qlock_fn fn, void *udata, const kiq_qlock_result_t *res, int *v, char *err)
+{
+    struct timed_call *tc = calloc(1, sizeof(*tc));
+    if (!tc)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&tc->mu, NULL);
+    pthread_cond_init(&tc->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    tc->refs = 2;
+    tc->fn = fn;
+    tc->udata = udata;
+    tc->res = *res;
+
+    pthread_t th;
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&th, &ta, timed_main, tc);
+    pthread_attr_destroy(&ta);
+    if (e) {
+        tc->refs = 1;
+        timed_unref(tc);
+        return kiq_seterr(err, KIQ_ESYS, "timed lock: cannot start a thread: %s", strerror(e));
+    }
+    double until = res->deadline - TIMESHIFT_MARGIN;
+    struct timespec ts = kiq_timespec(until);
+    pthread_mutex_lock(&tc->mu);
+    while (!tc->done && pthread_cond_timedwait(&tc->cv, &tc->mu, &ts) != ETIMEDOUT)
+        ;
+    int done = tc->done;
+    *v = tc->rc;
+    pthread_mutex_unlock(&tc->mu);
+    timed_unref(tc);
+    if (!done)
+        return kiq_seterr(err, KIQ_EJOB, "%s: the function was still running when the lock's ttl "
+                          "(%lld ms) ended", res->lock_key, res->ttl);
+    return 0;
+}
+
+int kiq_qlock_run(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
+                  const kiq_qlock_opts_t *opts, kiq_qlock_fn fn, void *udata,
+                  kiq_qlock_result_t *res, int *fn_rc, char *err)
+{
+    if (!fn)
+        return kiq_seterr(err, KIQ_EINVAL, "kiq_qlock_run needs a function");
+    int rc = kiq_qlock_lock(c, r, name, opts, res, err);
+    if (rc)
+        return rc;
+    int v = 0;
+    if (opts && opts->timed)
+        rc = run_timed(fn, udata, res, &v, err);
+    else
+        v = fn(res, udata);
+    if (fn_rc)
+        *fn_rc = v;
+    /* Released whatever happened to fn; the owner check makes this safe
+     * even when the lease has passed to someone else meanwhile. */
+    char rerr[KIQ_ERRLEN];
+    int rel = kiq_qlock_release(c, r, res, rerr);
+    if (rel == KIQ_EDENIED)
+        res->lost = 1;
+    if (!rc && rel && rel != KIQ_EDENIED) {
+        if (err)
+            snprintf(err, KIQ_ERRLEN, "%s", rerr);
+        rc = rel;
+    }
+    return rc;
+}

@@ -1,0 +1,364 @@
+/* Queued locks seen from outside: lock and queue info, SCAN listings, and
+ * the admin steps (force unlock, clear all, clear dead requests). These work
+ * on any lock in the layout, whether kiq or the Ruby gem took it. */
+#include "kiq/qlock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "locks/qlock_internal.h"
+#include "support/time.h"
+
+#define QL_LOCK_PATTERN QL_LOCK_PREFIX "*"
+#define QL_QUEUE_PATTERN QL_QUEUE_PREFIX "*"
+#define QL_ANY_PATTERN "rql:lock*"
+
+static int bad_reply(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
+{
+    if (!rep)
+        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
+    if (rep->type == REDIS_REPLY_ERROR)
+        return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what, rep->str);
+    return kiq_seterr(err, KIQ_EREPLY, "%s: unexpected reply type %d", what, rep->type);
+}
+
+/* The gem returns ts as a Float and the counters as Integers; everything
+ * else (metadata included) stays a string. */
+static json_t *field_value(const char *k, const char *v)
+{
+    if (strcmp(k, "ts") == 0 || strcmp(k, "l_spc_ts") == 0 || strcmp(k, "l_spc_ext_ts") == 0)
+        return json_real(atof(v));
+    if (strcmp(k, "ini_ttl") == 0 || strcmp(k, "kiq_fence") == 0 || strcmp(k, "spc_cnt") == 0 ||
+        strcmp(k, "spc_ext_ttl") == 0 || strcmp(k, "l_spc_ext_ini_ttl") == 0)
+        return json_integer(atoll(v));
+    return json_string(v);
+}
+
+/* HGETALL and PTTL of a lock key in one MULTI; *out = info object, or NULL
+ * when the key is gone. */
+static int lock_info_key(kiq_redis_t *r, const char *key, json_t **out, char *err)
+{
+    const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
+    const char *hg[] = { "HGETALL", key }, *pt[] = { "PTTL", key };
+    redisReply *rep = NULL;
+    int rc = 0;
+    *out = NULL;
+    if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, hg, NULL) ||
+        kiq_redis_append(r, 2, pt, NULL) || kiq_redis_append(r, 1, exec, NULL))
+        return kiq_seterr(err, KIQ_EREDIS, "lock info: %s", kiq_redis_error(r));
+    for (int i = 0; i < 4; i++) {
+        freeReplyObject(rep);
+        if (!(rep = kiq_redis_get_reply(r)))
+            return kiq_seterr(err, KIQ_EREDIS, "lock info: %s", kiq_redis_error(r));
+    }
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_ARRAY || rep->element[1]->type != REDIS_REPLY_INTEGER) {
+        rc = bad_reply(r, rep, "lock info", err);
+        goto out;
+    }
+    redisReply *h = rep->element[0];
+    if (h->elements == 0)
+        goto out;
+    json_t *o = json_object();
+    for (size_t i = 0; i + 1 < h->elements; i += 2)
+        json_object_set_new(o, h->element[i]->str, field_value(h->element[i]->str, h->element[i + 1]->str));
+    json_object_set_new(o, "lock_key", json_string(key));
+    json_object_set_new(o, "rem_ttl", json_integer(rep->element[1]->integer));
+    *out = o;
+out:
+    freeReplyObject(rep);
+    return rc;
+}
+
+int kiq_qlock_info(kiq_redis_t *r, const char *name, json_t **out, char *err)
+{
+    ql_keys_t k;
+    int rc = kiq__qlock_keys(name, &k, err);
+    *out = NULL;
+    return rc ? rc : lock_info_key(r, k.lock, out, err);
+}
+
+static int queue_requests(kiq_redis_t *r, const char *key, json_t **out, char *err)
+{
+    const char *argv[] = { "ZRANGE", key, "0", "-1", "WITHSCORES" };
+    redisReply *rep = kiq_redis_cmd(r, 5, argv, NULL);
+    *out = NULL;
+    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
+        int rc = bad_reply(r, rep, "queue info", err);
+        freeReplyObject(rep);
+        return rc;
+    }
+    json_t *a = json_array();
+    for (size_t i = 0; i + 1 < rep->elements; i += 2)
+        json_array_append_new(a, json_pack("{s:s, s:f}", "acq_id", rep->element[i]->str,
+                                           "score", atof(rep->element[i + 1]->str)));
+    freeReplyObject(rep);
+    *out = a;
+    return 0;
+}
+
+int kiq_qlock_queue_info(kiq_redis_t *r, const char *name, json_t **out, char *err)
+{
+    ql_keys_t k;
+    json_t *reqs = NULL;
+    int rc = kiq__qlock_keys(name, &k, err);
+    *out = NULL;
+    if (rc || (rc = queue_requests(r, k.queue, &reqs, err)))
+        return rc;
+    if (json_array_size(reqs) == 0) {
+        json_decref(reqs);
+        return 0;
+    }
+    *out = json_pack("{s:s, s:o}", "lock_queue", k.queue, "queue", reqs);
+    return 0;
+}
+
+static int exists(kiq_redis_t *r, const char *name, int queue, char *err)
+{
+    ql_keys_t k;
+    int rc = kiq__qlock_keys(name, &k, err);
+    if (rc)
+        return rc;
+    const char *argv[] = { "EXISTS", queue ? k.queue : k.lock };
+    redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
+    rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0 : bad_reply(r, rep, "EXISTS", err);
+    freeReplyObject(rep);
+    return rc;
+}
+
+int kiq_qlock_locked(kiq_redis_t *r, const char *name, char *err) { return exists(r, name, 0, err); }
+int kiq_qlock_queued(kiq_redis_t *r, const char *name, char *err) { return exists(r, name, 1, err); }
+
+/* SCANs pattern into a new array of distinct key names. */
+static int scan(kiq_redis_t *r, const char *pattern, size_t count, json_t **out, char *err)
+{
+    char cursor[32] = "0", cnt[32];
+    snprintf(cnt, sizeof(cnt), "%zu", count ? count : 500);
+    json_t *seen = json_object();
+    int rc = 0;
+    *out = NULL;
+    do {
+        const char *argv[] = { "SCAN", cursor, "MATCH", pattern, "COUNT", cnt };
+        redisReply *rep = kiq_redis_cmd(r, 6, argv, NULL);
+        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY) {
+            rc = bad_reply(r, rep, "SCAN", err);
+            freeReplyObject(rep);
+            goto out;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        for (size_t i = 0; i < rep->element[1]->elements; i++)
+            json_object_set_new(seen, rep->element[1]->element[i]->str, json_true());
+        freeReplyObject(rep);
+    } while (strcmp(cursor, "0") != 0);
+    json_t *a = json_array();
+    const char *key;
+    json_t *v;
+    json_object_foreach(seen, key, v)
+        json_array_append_new(a, json_string(key));
+    *out = a;
+out:
+    json_decref(seen);
+    return rc;
+}
+
+int kiq_qlock_locks(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_LOCK_PATTERN, n, out, err); }
+int kiq_qlock_queues(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_QUEUE_PATTERN, n, out, err); }
+int kiq_qlock_keys(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_ANY_PATTERN, n, out, err); }
+
+int kiq_qlock_locks_info(kiq_redis_t *r, size_t scan_size, json_t **out, char *err)
+{
+    json_t *keys = NULL, *a = NULL, *v;
+    size_t i;
+    int rc = scan(r, QL_LOCK_PATTERN, scan_size, &keys, err);
+    *out = NULL;
+    if (rc)
+        return rc;
+    a = json_array();
+    json_array_foreach(keys, i, v) {
+        json_t *info = NULL;
+        if ((rc = lock_info_key(r, json_string_value(v), &info, err)))
+            goto out;
+        /* A lock may expire between SCAN and the read: the gem calls that
+         * "released". */
+        json_array_append_new(a, json_pack("{s:O, s:s, s:o}", "lock", v, "status",
+                                           info ? "alive" : "released", "info", info ? info : json_object()));
+    }
+    *out = a;
+    a = NULL;
+out:
+    json_decref(a);
+    json_decref(keys);
+    return rc;
+}
+
+int kiq_qlock_queues_info(kiq_redis_t *r, size_t scan_size, json_t **out, char *err)
+{
+    json_t *keys = NULL, *a = NULL, *v;
+    size_t i;
+    int rc = scan(r, QL_QUEUE_PATTERN, scan_size, &keys, err);
+    *out = NULL;
+    if (rc)
+        return rc;
+    a = json_array();
+    json_array_foreach(keys, i, v) {
+        json_t *reqs = NULL;
+        if ((rc = queue_requests(r, json_string_value(v), &reqs, err)))
+            goto out;
+        json_array_append_new(a, json_pack("{s:O, s:o}", "queue", v, "requests", reqs));
+    }
+    *out = a;
+    a = NULL;
+out:
+    json_decref(a);
+    json_decref(keys);
+    return rc;
+}
+
+int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
+                           int *lock_released, int *queue_released, char *err)
+{
+    ql_keys_t k;
+    redisReply *rep = NULL;
+    int rc = kiq__qlock_keys(name, &k, err);
+    if (rc)
+        return rc;
+    double t0 = kiq_mono();
+    const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
+    const char *dq[] = { "DEL", k.queue }, *dl[] = { "DEL", k.lock }, *ds[] = { "DEL", k.seen };
+    if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, dq, NULL) ||
+        kiq_redis_append(r, 2, dl, NULL) || kiq_redis_append(r, 2, ds, NULL) ||
+        kiq_redis_append(r, 1, exec, NULL))
+        return kiq_seterr(err, KIQ_EREDIS, "unlock: %s", kiq_redis_error(r));
+    for (int i = 0; i < 5; i++) {
+        freeReplyObject(rep);
+        if (!(rep = kiq_redis_get_reply(r)))
+            return kiq_seterr(err, KIQ_EREDIS, "unlock: %s", kiq_redis_error(r));
+    }
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3) {
+        rc = bad_reply(r, rep, "unlock", err);
+        goto out;
+    }
+    if (queue_released)
+        *queue_released = rep->element[0]->integer > 0;
+    if (lock_released)
+        *lock_released = rep->element[1]->integer > 0;
+    kiq_qlock_event_t ev = { .name = "redis_queued_locks.explicit_lock_release", .lock_key = k.lock,
+                             .lock_key_queue = k.queue, .rel_time = (kiq_mono() - t0) * 1000.0,
+                             .at = kiq_now() };
+    kiq__qlock_emit(c, &ev);
+out:
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* DELs keys[from, to) and, for queues, kiq's side hash; returns the number
+ * of lock and queue keys that existed, or a negative code. */
+static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to, char *err)
+{
+    long long n = 0;
+    for (size_t i = from; i < to; i++) {
+        const char *key = json_string_value(json_array_get(keys, i));
+        const char *del[] = { "DEL", key };
+        char seen[QL_KEY_MAX + 32];
+        if (kiq_redis_append(r, 2, del, NULL))
+            return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
+        if (strncmp(key, QL_QUEUE_PREFIX, strlen(QL_QUEUE_PREFIX)) == 0) {
+            snprintf(seen, sizeof(seen), QL_SEEN_PREFIX "%s", key + strlen(QL_QUEUE_PREFIX));
+            const char *ds[] = { "DEL", seen };
+            if (kiq_redis_append(r, 2, ds, NULL))
+                return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
+        }
+    }
+    int rc = 0;
+    for (size_t i = from; i < to; i++) {
+        const char *key = json_string_value(json_array_get(keys, i));
+        int queue = strncmp(key, QL_QUEUE_PREFIX, strlen(QL_QUEUE_PREFIX)) == 0;
+        for (int j = 0; j <= queue; j++) {
+            redisReply *rep = kiq_redis_get_reply(r);
+            if (!rep)
+                return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
+            if (rep->type != REDIS_REPLY_INTEGER && !rc)
+                rc = bad_reply(r, rep, "clear locks", err);
+            else if (j == 0 && rep->type == REDIS_REPLY_INTEGER)
+                n += rep->integer;
+            freeReplyObject(rep);
+        }
+    }
+    return rc ? rc : n;
+}
+
+int kiq_qlock_clear_locks(kiq_qlock_client_t *c, kiq_redis_t *r, size_t batch, long long *count, char *err)
+{
+    json_t *keys = NULL;
+    double t0 = kiq_mono();
+    long long n = 0;
+    int rc = scan(r, QL_ANY_PATTERN, batch, &keys, err);
+    if (rc)
+        return rc;
+    size_t step = batch ? batch : 100, total = json_array_size(keys);
+    for (size_t i = 0; i < total; i += step) {
+        long long got = del_batch(r, keys, i, i + step < total ? i + step : total, err);
+        if (got < 0) {
+            rc = (int)got;
+            goto out;
+        }
+        n += got;
+    }
+    if (count)
+        *count = n;
+    kiq_qlock_event_t ev = { .name = "redis_queued_locks.explicit_all_locks_release",
+                             .rel_time = (kiq_mono() - t0) * 1000.0, .at = kiq_now(),
+                             .rel_key_cnt = n };
+    kiq__qlock_emit(c, &ev);
+out:
+    json_decref(keys);
+    return rc;
+}
+
+int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t scan_size,
+                                  json_t **processed, long long *dropped, char *err)
+{
+    json_t *keys = NULL, *done = json_array(), *v;
+    long long total = 0;
+    size_t i;
+    int rc = scan(r, QL_QUEUE_PATTERN, scan_size, &keys, err);
+    if (rc)
+        goto out;
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%lld", dead_ttl < 0 ? 86400000LL : dead_ttl);
+    json_array_foreach(keys, i, v) {
+        ql_keys_t k;
+        const char *key = json_string_value(v);
+        if (kiq__qlock_keys(key + strlen(QL_QUEUE_PREFIX), &k, NULL))
+            continue; /* a name too long to be ours: leave it */
+        const char *argv[] = { k.queue, k.seen, ttl };
+        redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_QLOCK_PURGE, 2, 3, argv, NULL);
+        if (!rep || rep->type != REDIS_REPLY_INTEGER) {
+            /* A key of another type under the pattern is not a queue. */
+            if (rep && rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "WRONGTYPE")) {
+                freeReplyObject(rep);
+                continue;
+            }
+            rc = bad_reply(r, rep, "clear dead requests", err);
+            freeReplyObject(rep);
+            goto out;
+        }
+        if (rep->integer > 0) {
+            json_array_append(done, v);
+            total += rep->integer;
+        }
+        freeReplyObject(rep);
+    }
+    if (processed) {
+        *processed = done;
+        done = NULL;
+    }
+    if (dropped)
+        *dropped = total;
+out:
+    json_decref(done);
+    json_decref(keys);
+    return rc;
+}

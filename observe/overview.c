@@ -1,0 +1,199 @@
+/* Reads the dashboard numbers (see overview.h). Queue sizes and latencies
+ * are pipelined, two commands per queue, so a scrape or a refresh costs a
+ * few round trips whatever the number of queues. */
+#include "observe/overview.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "support/json.h"
+#include "support/payload.h"
+#include "support/time.h"
+
+/* An integer (or numeric string) reply; 0 for nil. */
+static long long num(const redisReply *rep)
+{
+    return rep->type == REDIS_REPLY_INTEGER ? rep->integer
+         : rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : 0;
+}
+
+/* Seconds since the job in rep (a payload) was enqueued; 0 for nil. */
+static double age(const redisReply *rep, double now)
+{
+    double lat = 0;
+    if (rep->type == REDIS_REPLY_STRING) {
+        kiq_jobject_t o = {0};
+        if (kiq_json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
+            const kiq_jmember_t *m = kiq_jobject_get(&o, rep->str, "enqueued_at");
+            double t = m ? kiq_ts_parse(rep->str + m->vstart, m->vlen) : 0;
+            if (t > 0)
+                lat = now - t;
+        }
+        kiq_jobject_free(&o);
+    }
+    return lat < 0 ? 0 : lat;
+}
+
+static int io_error(kiq_redis_t *r, char *err)
+{
+    return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const kiq_overview_queue_t *)a)->name,
+                  ((const kiq_overview_queue_t *)b)->name);
+}
+
+static int read_totals(kiq_redis_t *r, kiq_overview_t *o, char *err)
+{
+    static const char *const cmds[][2] = { { "GET", "stat:processed" }, { "GET", "stat:failed" },
+                                           { "ZCARD", "schedule" },     { "ZCARD", "retry" },
+                                           { "ZCARD", "dead" } };
+    long long *dst[] = { &o->processed, &o->failed, &o->scheduled, &o->retries, &o->dead };
+    for (size_t i = 0; i < 5; i++)
+        if (kiq_redis_append(r, 2, (const char **)cmds[i], NULL))
+            return io_error(r, err);
+    for (size_t i = 0; i < 5; i++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep)
+            return io_error(r, err);
+        *dst[i] = num(rep);
+        freeReplyObject(rep);
+    }
+    return 0;
+}
+
+static int read_queues(kiq_redis_t *r, kiq_overview_t *o, char *err)
+{
+    int rc = 0;
+    redisReply *names = kiq_redis_cmdf(r, "SMEMBERS queues");
+    if (!names)
+        return io_error(r, err);
+    if (names->type != REDIS_REPLY_ARRAY || names->elements == 0)
+        goto out;
+    if (!(o->queues = calloc(names->elements, sizeof(*o->queues)))) {
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < names->elements; i++) {
+        if (names->element[i]->type != REDIS_REPLY_STRING)
+            continue;
+        if (!(o->queues[o->nqueues].name = strdup(names->element[i]->str))) {
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            goto out;
+        }
+        o->nqueues++;
+    }
+    qsort(o->queues, o->nqueues, sizeof(*o->queues), by_name);
+    for (size_t i = 0; i < o->nqueues && !rc; i++) {
+        char key[600];
+        snprintf(key, sizeof(key), "queue:%s", o->queues[i].name);
+        const char *llen[] = { "LLEN", key };
+        const char *lindex[] = { "LINDEX", key, "-1" };
+        if (kiq_redis_append(r, 2, llen, NULL) || kiq_redis_append(r, 3, lindex, NULL))
+            rc = io_error(r, err);
+    }
+    double now = kiq_now();
+    for (size_t i = 0; i < o->nqueues && !rc; i++) {
+        redisReply *len = kiq_redis_get_reply(r);
+        redisReply *old = len ? kiq_redis_get_reply(r) : NULL;
+        if (!old)
+            rc = io_error(r, err);
+        else {
+            o->queues[i].size = num(len);
+            o->queues[i].latency = age(old, now);
+        }
+        freeReplyObject(len);
+        freeReplyObject(old);
+    }
+out:
+    freeReplyObject(names);
+    return rc;
+}
+
+static long long opt_int(const redisReply *v)
+{
+    return v->type == REDIS_REPLY_STRING ? atoll(v->str) : -1;
+}
+
+static int read_processes(kiq_redis_t *r, kiq_overview_t *o, char *err)
+{
+    int rc = 0;
+    redisReply *ids = kiq_redis_cmdf(r, "SMEMBERS processes");
+    if (!ids)
+        return io_error(r, err);
+    if (ids->type != REDIS_REPLY_ARRAY || ids->elements == 0)
+        goto out;
+    if (!(o->processes = calloc(ids->elements, sizeof(*o->processes)))) {
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ids->elements && !rc; i++) {
+        const char *id = ids->element[i]->str;
+        if (!id)
+            continue;
+        redisReply *h = kiq_redis_cmdf(r, "HMGET %s info busy beat quiet rss", id);
+        if (!h) {
+            rc = io_error(r, err);
+            break;
+        }
+        /* A member whose hash expired is a process that died without
+         * leaving the set; Sidekiq's ProcessSet skips it too. */
+        if (h->type == REDIS_REPLY_ARRAY && h->elements == 5
+            && h->element[0]->type == REDIS_REPLY_STRING) {
+            kiq_overview_process_t *p = &o->processes[o->nprocesses];
+            p->identity = strdup(id);
+            p->info = strdup(h->element[0]->str);
+            if (!p->identity || !p->info) {
+                free(p->identity);
+                free(p->info);
+                rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            } else {
+                json_t *info = json_loads(p->info, 0, NULL);
+                json_t *conc = json_object_get(info, "concurrency");
+                p->concurrency = json_is_integer(conc) ? json_integer_value(conc) : -1;
+                json_decref(info);
+                p->busy = opt_int(h->element[1]);
+                p->beat = h->element[2]->type == REDIS_REPLY_STRING ? atof(h->element[2]->str) : -1;
+                p->quiet = h->element[3]->type != REDIS_REPLY_STRING ? -1
+                         : strcmp(h->element[3]->str, "true") == 0;
+                p->rss = opt_int(h->element[4]);
+                o->nprocesses++;
+            }
+        }
+        freeReplyObject(h);
+    }
+out:
+    freeReplyObject(ids);
+    return rc;
+}
+
+int kiq_overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, char *err)
+{
+    memset(out, 0, sizeof(*out));
+    int rc = read_totals(r, out, err);
+    if (!rc)
+        rc = read_queues(r, out, err);
+    if (!rc && with_processes)
+        rc = read_processes(r, out, err);
+    return rc;
+}
+
+void kiq_overview_clear(kiq_overview_t *o)
+{
+    if (!o)
+        return;
+    for (size_t i = 0; i < o->nqueues; i++)
+        free(o->queues[i].name);
+    for (size_t i = 0; i < o->nprocesses; i++) {
+        free(o->processes[i].identity);
+        free(o->processes[i].info);
+    }
+    free(o->queues);
+    free(o->processes);
+    memset(o, 0, sizeof(*o));
+}

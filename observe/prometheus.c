@@ -1,0 +1,349 @@
+/* The in-memory metrics registry (see prometheus.h): labelled series in a
+ * small chained hash table under one mutex, copied out for rendering so a
+ * scrape never holds processor threads up while it formats. */
+#include "observe/prometheus.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiq/error.h"
+
+#define NBUCKETS_TABLE 256
+#define NB 13
+
+const double kiq_metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                         1,     2.5,  5,     10,   30,  60 };
+const size_t kiq_metrics_nbuckets = NB;
+
+/* What a series is; also the order families are rendered in. */
+typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_COUNT } kind_t;
+
+typedef struct series {
+    struct series *next;
+    kind_t kind;
+    char *a, *b;             /* labels: class+queue, class, type+event */
+    unsigned long long n1;   /* processed / histogram count / lock events */
+    unsigned long long n2;   /* failed */
+    unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
+    double sum;
+} series_t;
+
+struct kiq_metrics {
+    pthread_mutex_t mu;
+    series_t *table[NBUCKETS_TABLE];
+    size_t nseries;
+    atomic_long counters[KIQ_METRIC_COUNTER_COUNT];
+};
+
+kiq_metrics_t *kiq_metrics_new(void)
+{
+    kiq_metrics_t *m = calloc(1, sizeof(*m));
+    if (m)
+        pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void kiq_metrics_free(kiq_metrics_t *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < NBUCKETS_TABLE; i++) {
+        series_t *s = m->table[i];
+        while (s) {
+            series_t *next = s->next;
+            free(s->a);
+            free(s->b);
+            free(s);
+            s = next;
+        }
+    }
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+static kiq_metrics_t *default_registry;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+
+static void make_default(void)
+{
+    default_registry = kiq_metrics_new();
+}
+
+kiq_metrics_t *kiq_metrics_default(void)
+{
+    pthread_once(&default_once, make_default);
+    return default_registry;
+}
+
+static uint32_t hash(kind_t k, const char *a, const char *b)
+{
+    uint32_t h = 2166136261u ^ (uint32_t)k;
+    for (const char *p = a; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    h = (h ^ 0xff) * 16777619u;
+    for (const char *p = b; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    return h;
+}
+
+/* The series for (k, a, b), added when missing. Called with m->mu held.
+ * NULL when out of memory. */
+static series_t *find(kiq_metrics_t *m, kind_t k, const char *a, const char *b)
+{
+    uint32_t h = hash(k, a, b) % NBUCKETS_TABLE;
+    for (series_t *s = m->table[h]; s; s = s->next)
+        if (s->kind == k && !strcmp(s->a, a) && !strcmp(s->b, b))
+            return s;
+    series_t *s = calloc(1, sizeof(*s));
+    if (!s || !(s->a = strdup(a)) || !(s->b = strdup(b))) {
+        if (s)
+            free(s->a);
+        free(s);
+        return NULL;
+    }
+    s->kind = k;
+    s->next = m->table[h];
+    m->table[h] = s;
+    m->nseries++;
+    return s;
+}
+
+/* find(), folding new class labels into "_other" once the table is full. */
+static series_t *find_capped(kiq_metrics_t *m, kind_t k, const char *a, const char *b)
+{
+    if (m->nseries >= KIQ_METRICS_MAX_SERIES) {
+        uint32_t h = hash(k, a, b) % NBUCKETS_TABLE;
+        for (series_t *s = m->table[h]; s; s = s->next)
+            if (s->kind == k && !strcmp(s->a, a) && !strcmp(s->b, b))
+                return s;
+        a = "_other";
+    }
+    return find(m, k, a, b);
+}
+
+void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
+                     int failed)
+{
+    if (!m)
+        return;
+    cls = cls ? cls : "";
+    queue = queue ? queue : "";
+    if (!(seconds >= 0))
+        seconds = 0;
+    pthread_mutex_lock(&m->mu);
+    series_t *j = find_capped(m, K_JOB, cls, queue);
+    if (j) {
+        j->n1++;
+        j->n2 += failed != 0;
+    }
+    series_t *d = find_capped(m, K_DURATION, cls, "");
+    if (d) {
+        size_t i = 0;
+        while (i < NB && seconds > kiq_metrics_buckets[i])
+            i++;
+        if (i < NB)
+            d->bucket[i]++;
+        d->n1++;
+        d->sum += seconds;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event)
+{
+    static const char *const map[][2] = {
+        { "locked", "acquired" },         { "lock_failed", "denied" },
+        { "unlocked", "released" },       { "unlock_failed", "failures" },
+        { "execution_failed", "failures" },
+    };
+    if (!m || !event)
+        return;
+    const char *ev = NULL;
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]) && !ev; i++)
+        if (!strcmp(event, map[i][0]))
+            ev = map[i][1];
+    if (!ev)
+        return;
+    pthread_mutex_lock(&m->mu);
+    series_t *s = find_capped(m, K_LOCK, lock_type && *lock_type ? lock_type : "unknown", ev);
+    if (s)
+        s->n1++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
+{
+    if (m && c >= 0 && c < KIQ_METRIC_COUNTER_COUNT && n > 0)
+        atomic_fetch_add(&m->counters[c], n);
+}
+
+int kiq_metrics_escape(kiq_buf_t *b, const char *s)
+{
+    int rc = 0;
+    for (const char *p = s; *p && !rc; p++) {
+        const char *run = p;
+        while (*p && *p != '\\' && *p != '"' && *p != '\n')
+            p++;
+        rc = kiq_buf_put(b, run, (size_t)(p - run));
+        if (!*p || rc)
+            break;
+        rc = kiq_buf_puts(b, *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : "\\n");
+    }
+    return rc;
+}
+
+static int by_labels(const void *x, const void *y)
+{
+    const series_t *a = x, *b = y;
+    if (a->kind != b->kind)
+        return (int)a->kind - (int)b->kind;
+    int c = strcmp(a->a, b->a);
+    return c ? c : strcmp(a->b, b->b);
+}
+
+/* A copy of every series (labels borrowed by pointer into fresh strdups),
+ * sorted; owned by the caller, free with free_copy. */
+static series_t *copy_all(kiq_metrics_t *m, size_t *n)
+{
+    pthread_mutex_lock(&m->mu);
+    size_t cnt = 0;
+    series_t *out = calloc(m->nseries ? m->nseries : 1, sizeof(*out));
+    for (size_t i = 0; out && i < NBUCKETS_TABLE; i++)
+        for (series_t *s = m->table[i]; s; s = s->next) {
+            out[cnt] = *s;
+            out[cnt].next = NULL;
+            out[cnt].a = strdup(s->a);
+            out[cnt].b = strdup(s->b);
+            cnt++;
+        }
+    pthread_mutex_unlock(&m->mu);
+    if (out)
+        qsort(out, cnt, sizeof(*out), by_labels);
+    *n = cnt;
+    return out;
+}
+
+static void free_copy(series_t *s, size_t n)
+{
+    for (size_t i = 0; s && i < n; i++) {
+        free(s[i].a);
+        free(s[i].b);
+    }
+    free(s);
+}
+
+static int family(kiq_buf_t *b, const char *name, const char *type, const char *help)
+{
+    return kiq_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* name{l1="v1"[,l2="v2"][,le="bound"]} */
+static int sample_head(kiq_buf_t *b, const char *name, const char *l1, const char *v1,
+                       const char *l2, const char *v2)
+{
+    int rc = kiq_buf_printf(b, "%s{%s=\"", name, l1);
+    if (!rc) rc = kiq_metrics_escape(b, v1);
+    if (!rc && l2) {
+        rc = kiq_buf_printf(b, "\",%s=\"", l2);
+        if (!rc) rc = kiq_metrics_escape(b, v2);
+    }
+    if (!rc) rc = kiq_buf_puts(b, "\"");
+    return rc;
+}
+
+static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)
+{
+    const char *name = failed ? "kiq_jobs_failed_total" : "kiq_jobs_processed_total";
+    int rc = family(b, name, "counter",
+                    failed ? "Jobs that failed, by class and queue."
+                           : "Jobs run to the end (failed ones included), by class and queue.");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (s[i].kind != K_JOB)
+            continue;
+        rc = sample_head(b, name, "class", s[i].a, "queue", s[i].b);
+        if (!rc) rc = kiq_buf_printf(b, "} %llu\n", failed ? s[i].n2 : s[i].n1);
+    }
+    return rc;
+}
+
+static int render_durations(kiq_buf_t *b, const series_t *s, size_t n)
+{
+    const char *name = "kiq_job_duration_seconds";
+    int rc = family(b, name, "histogram", "Time jobs took in the middleware chain and handler.");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (s[i].kind != K_DURATION)
+            continue;
+        unsigned long long cum = 0;
+        for (size_t k = 0; k <= NB && !rc; k++) {
+            char le[32];
+            if (k < NB) {
+                cum += s[i].bucket[k];
+                snprintf(le, sizeof(le), "%g", kiq_metrics_buckets[k]);
+            } else {
+                cum = s[i].n1;
+                snprintf(le, sizeof(le), "+Inf");
+            }
+            rc = sample_head(b, "kiq_job_duration_seconds_bucket", "class", s[i].a, "le", le);
+            if (!rc) rc = kiq_buf_printf(b, "} %llu\n", cum);
+        }
+        if (!rc) rc = sample_head(b, "kiq_job_duration_seconds_sum", "class", s[i].a, NULL, NULL);
+        if (!rc) rc = kiq_buf_printf(b, "} %.9g\n", s[i].sum);
+        if (!rc) rc = sample_head(b, "kiq_job_duration_seconds_count", "class", s[i].a, NULL, NULL);
+        if (!rc) rc = kiq_buf_printf(b, "} %llu\n", s[i].n1);
+    }
+    return rc;
+}
+
+static int render_locks(kiq_buf_t *b, const series_t *s, size_t n)
+{
+    const char *name = "kiq_lock_events_total";
+    int rc = family(b, name, "counter",
+                    "Uniqueness lock events of this process by lock type: acquired, denied, "
+                    "released, failures (v9's locked, lock_failed, unlocked, "
+                    "unlock_failed + execution_failed).");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (s[i].kind != K_LOCK)
+            continue;
+        rc = sample_head(b, name, "type", s[i].a, "event", s[i].b);
+        if (!rc) rc = kiq_buf_printf(b, "} %llu\n", s[i].n1);
+    }
+    return rc;
+}
+
+int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
+{
+    static const struct { const char *name, *help; } counters[KIQ_METRIC_COUNTER_COUNT] = {
+        [KIQ_METRIC_ORPHANS_RECOVERED] = { "kiq_orphans_recovered_total",
+            "Jobs this process put back from the working lists of dead processes." },
+        [KIQ_METRIC_POISON_PILLS] = { "kiq_poison_pills_total",
+            "Jobs this process sent to the dead set after max_recoveries recoveries." },
+        [KIQ_METRIC_REDIS_RECONNECTS] = { "kiq_redis_reconnects_total",
+            "Redis connections this process re-established after they broke." },
+    };
+    if (!m)
+        return KIQ_EINVAL;
+    size_t n = 0;
+    series_t *s = copy_all(m, &n);
+    if (!s)
+        return KIQ_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (!s[i].a || !s[i].b) {
+            free_copy(s, n);
+            return KIQ_ENOMEM;
+        }
+    int rc = render_jobs(b, s, n, 0);
+    if (!rc) rc = render_jobs(b, s, n, 1);
+    if (!rc) rc = render_durations(b, s, n);
+    if (!rc) rc = render_locks(b, s, n);
+    for (int c = 0; c < KIQ_METRIC_COUNTER_COUNT && !rc; c++) {
+        rc = family(b, counters[c].name, "counter", counters[c].help);
+        if (!rc)
+            rc = kiq_buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
+    }
+    free_copy(s, n);
+    return rc;
+}

@@ -1,0 +1,72 @@
+/* In-memory metrics of this process for the Prometheus endpoint: job
+ * counters by class and queue, a job duration histogram by class, lock
+ * event counters by lock type, and a few process-wide counters (orphans
+ * recovered, poison pills, Redis reconnects).
+ *
+ * They count what this process did since it started, as Prometheus
+ * counters should: a fleet is summed in PromQL, and values read from
+ * Redis (queue sizes, the v9 per-minute lock hashes) are not counters
+ * because every process would export the same fleet-wide numbers.
+ *
+ * Every function is thread-safe: processor threads update under one short
+ * mutex, the HTTP thread copies the series out under it and formats them
+ * outside it. */
+#ifndef KIQ_OBSERVE_PROMETHEUS_H
+#define KIQ_OBSERVE_PROMETHEUS_H
+
+#include <stddef.h>
+
+#include "support/buf.h"
+
+typedef struct kiq_metrics kiq_metrics_t;
+
+/* Process-wide counters without labels. */
+typedef enum kiq_metric_counter {
+    KIQ_METRIC_ORPHANS_RECOVERED = 0, /* jobs put back from dead processes' lists */
+    KIQ_METRIC_POISON_PILLS,          /* jobs sent to dead after max_recoveries */
+    KIQ_METRIC_REDIS_RECONNECTS,      /* connections re-established after a break */
+    KIQ_METRIC_COUNTER_COUNT
+} kiq_metric_counter_t;
+
+/* Distinct label sets kept per registry; jobs of further classes are
+ * counted under class "_other" so a stream of bad payloads with made-up
+ * class names cannot grow the process without bound. */
+#define KIQ_METRICS_MAX_SERIES 2000
+
+/* A new empty registry owned by the caller (kiq_metrics_free), or NULL. */
+kiq_metrics_t *kiq_metrics_new(void);
+void kiq_metrics_free(kiq_metrics_t *m);
+
+/* The registry the runtime records into (created on first use, lives
+ * until the process exits; never NULL unless out of memory at first use). */
+kiq_metrics_t *kiq_metrics_default(void);
+
+/* Counts one finished job: processed (and failed when failed != 0) for
+ * (cls, queue), and seconds into the duration histogram of cls. NULL
+ * strings count as "". A no-op when m is NULL or memory runs out. */
+void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
+                     int failed);
+
+/* Counts one uniqueness lock event as v9 names it (locked, lock_failed,
+ * unlocked, unlock_failed, execution_failed), folded into the exported
+ * events acquired / denied / released / failures. Unknown events are
+ * ignored. */
+void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event);
+
+/* Adds n to a process-wide counter. */
+void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);
+
+/* Appends the counters and histograms, with HELP and TYPE lines, in the
+ * Prometheus text format 0.0.4 to b; series sorted by label values.
+ * Returns 0 or KIQ_ENOMEM (b may then hold part of the text). */
+int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b);
+
+/* Appends s as a label value: backslash, double quote and newline
+ * escaped as the format requires. Returns 0 or KIQ_ENOMEM. */
+int kiq_metrics_escape(kiq_buf_t *b, const char *s);
+
+/* The upper bounds of the duration histogram (seconds), +Inf excluded. */
+extern const double kiq_metrics_buckets[];
+extern const size_t kiq_metrics_nbuckets;
+
+#endif

@@ -1,0 +1,86 @@
+/* Growable byte buffer. */
+#include "support/buf.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiq/error.h"
+
+static int reserve(kiq_buf_t *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p)
+        return KIQ_ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+int kiq_buf_put(kiq_buf_t *b, const char *s, size_t len)
+{
+    if (reserve(b, len))
+        return KIQ_ENOMEM;
+    if (len)
+        memcpy(b->p + b->len, s, len);
+    b->len += len;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+int kiq_buf_puts(kiq_buf_t *b, const char *s)
+{
+    return kiq_buf_put(b, s, strlen(s));
+}
+
+int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
+{
+    /* Format straight into the free space; only a line that does not fit
+     * is formatted a second time, after growing (log lines and payload
+     * edits are on every job's path). */
+    if (reserve(b, 64))
+        return KIQ_ENOMEM;
+    size_t room = b->cap - b->len;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p + b->len, room, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return KIQ_ENOMEM;
+    if ((size_t)n >= room) {
+        if (reserve(b, (size_t)n)) {
+            b->p[b->len] = '\0'; /* drop the truncated attempt */
+            return KIQ_ENOMEM;
+        }
+        va_start(ap, fmt);
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    b->len += (size_t)n;
+    return 0;
+}
+
+char *kiq_buf_take(kiq_buf_t *b, size_t *len)
+{
+    if (!b->p && reserve(b, 0))
+        return NULL;
+    char *p = b->p;
+    if (len)
+        *len = b->len;
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return p;
+}
+
+void kiq_buf_free(kiq_buf_t *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}

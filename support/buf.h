@@ -1,0 +1,21 @@
+/* A growable byte buffer, used to build payloads and commands. */
+#ifndef KIQ_SUPPORT_BUF_H
+#define KIQ_SUPPORT_BUF_H
+
+#include <stddef.h>
+
+typedef struct kiq_buf {
+    char *p;      /* owned, always NUL-terminated when non-NULL */
+    size_t len, cap;
+} kiq_buf_t;
+
+/* Each returns 0 or KIQ_ENOMEM (the buffer is then unchanged). */
+int kiq_buf_put(kiq_buf_t *b, const char *s, size_t len);
+int kiq_buf_puts(kiq_buf_t *b, const char *s);
+int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Hands the bytes to the caller (free()) and resets b. */
+char *kiq_buf_take(kiq_buf_t *b, size_t *len);
+void kiq_buf_free(kiq_buf_t *b);
+
+#endif

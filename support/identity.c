@@ -1,0 +1,33 @@
+/* Process identity and hostname. */
+#include "support/identity.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support/time.h"
+
+void kiq_hostname(char *out, size_t n)
+{
+    const char *dyno = getenv("DYNO");
+    if (dyno && *dyno) {
+        snprintf(out, n, "%s", dyno);
+        return;
+    }
+    if (gethostname(out, n) != 0)
+        snprintf(out, n, "localhost");
+    out[n - 1] = '\0';
+}
+
+void kiq_identity_make(char *out, size_t n)
+{
+    char host[256];
+    unsigned char nonce[6];
+    char hex[13];
+    kiq_hostname(host, sizeof(host));
+    kiq_random_bytes(nonce, sizeof(nonce));
+    for (size_t i = 0; i < sizeof(nonce); i++)
+        snprintf(hex + 2 * i, 3, "%02x", nonce[i]);
+    snprintf(out, n, "%s:%d:%s", host, (int)getpid(), hex);
+}

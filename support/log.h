@@ -1,0 +1,42 @@
+/* Logging in Sidekiq's line format or JSON, safe from any thread.
+ *
+ *   2026-11-21T23:09:49.756Z pid=11252 tid=97o class=OkJob jid=6cd… elapsed=0.0 INFO: done
+ *
+ * The logger is process-wide: the runtime configures it once at start. */
+#ifndef KIQ_SUPPORT_LOG_H
+#define KIQ_SUPPORT_LOG_H
+
+#include "kiq/config.h"
+
+typedef enum { KIQ_DEBUG = 0, KIQ_INFO, KIQ_WARN, KIQ_ERROR } kiq_level_t;
+
+/* Job context printed after pid/tid; any field may be NULL, elapsed < 0
+ * means absent. */
+typedef struct kiq_logctx {
+    const char *cls;
+    const char *jid;
+    const char *tags;   /* already joined with ',' */
+    double elapsed;
+} kiq_logctx_t;
+
+/* Sets format, minimum level and destination (NULL = stderr). Returns 0 or
+ * KIQ_ESYS when the file cannot be opened (the old destination stays). */
+int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path);
+/* Writes every thread's batched job lines now (see log.c). */
+void kiq_log_flush(void);
+/* Reopens the log file (after rotation; USR2). */
+int kiq_log_reopen(void);
+void kiq_log_close(void);
+
+/* Names this thread in log lines; by default tid is base36(thread id ^ pid). */
+const char *kiq_log_tid(void);
+
+void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define kiq_info(...) kiq_log(KIQ_INFO, NULL, __VA_ARGS__)
+#define kiq_warn(...) kiq_log(KIQ_WARN, NULL, __VA_ARGS__)
+#define kiq_error(...) kiq_log(KIQ_ERROR, NULL, __VA_ARGS__)
+#define kiq_debug(...) kiq_log(KIQ_DEBUG, NULL, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,104 @@
+/* Field edits on raw payload text (see payload.h). */
+#include "support/payload.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/buf.h"
+#include "support/time.h"
+#include "kiq/error.h"
+
+static const kiq_field_t *find_set(const char *s, const kiq_jmember_t *m,
+                                   const kiq_field_t *set, size_t nset, size_t *idx)
+{
+    for (size_t i = 0; i < nset; i++) {
+        size_t kl = strlen(set[i].key);
+        if (kl == m->klen && memcmp(s + m->kstart, set[i].key, kl) == 0) {
+            *idx = i;
+            return &set[i];
+        }
+    }
+    return NULL;
+}
+
+static int put_member(kiq_buf_t *b, int *first, const char *key, size_t klen,
+                      const char *v, size_t vlen)
+{
+    int rc = 0;
+    if (!*first)
+        rc = kiq_buf_put(b, ",", 1);
+    *first = 0;
+    if (!rc) rc = kiq_buf_put(b, "\"", 1);
+    if (!rc) rc = kiq_buf_put(b, key, klen);
+    if (!rc) rc = kiq_buf_put(b, "\":", 2);
+    if (!rc) rc = kiq_buf_put(b, v, vlen);
+    return rc;
+}
+
+int kiq_payload_edit(const char *s, const kiq_jobject_t *obj,
+                     const kiq_field_t *set, size_t nset,
+                     char **out, size_t *outlen)
+{
+    kiq_buf_t b = {0};
+    unsigned char *done = calloc(nset ? nset : 1, 1);
+    int first = 1, rc = done ? kiq_buf_put(&b, "{", 1) : KIQ_ENOMEM;
+    for (size_t i = 0; i < obj->n && !rc; i++) {
+        const kiq_jmember_t *m = &obj->m[i];
+        size_t idx;
+        const kiq_field_t *f = find_set(s, m, set, nset, &idx);
+        if (!f) {
+            rc = put_member(&b, &first, s + m->kstart, m->klen, s + m->vstart, m->vlen);
+        } else if (!done[idx]) {
+            done[idx] = 1;
+            if (f->value)
+                rc = put_member(&b, &first, f->key, strlen(f->key), f->value,
+                                f->vlen ? f->vlen : strlen(f->value));
+        }
+    }
+    for (size_t i = 0; i < nset && !rc; i++)
+        if (!done[i] && set[i].value)
+            rc = put_member(&b, &first, set[i].key, strlen(set[i].key), set[i].value,
+                            set[i].vlen ? set[i].vlen : strlen(set[i].value));
+    if (!rc)
+        rc = kiq_buf_put(&b, "}", 1);
+    free(done);
+    if (rc) {
+        kiq_buf_free(&b);
+        return rc;
+    }
+    *out = kiq_buf_take(&b, outlen);
+    return 0;
+}
+
+void kiq_ts_json(char *buf, double now, kiq_ts_format_t fmt)
+{
+    if (fmt == KIQ_TS_MILLIS)
+        snprintf(buf, 32, "%lld", (long long)(now * 1000.0));
+    else
+        snprintf(buf, 32, "%.6f", now);
+}
+
+double kiq_ts_parse(const char *v, size_t len)
+{
+    char tmp[64];
+    if (len == 0 || len >= sizeof(tmp))
+        return 0;
+    memcpy(tmp, v, len);
+    tmp[len] = '\0';
+    char *end;
+    double d = strtod(tmp, &end);
+    if (end == tmp || *end)
+        return 0;
+    if (strpbrk(tmp, ".eE"))
+        return d;
+    return d / 1000.0;
+}
+
+void kiq_new_jid(char out[25])
+{
+    unsigned char raw[12];
+    kiq_random_bytes(raw, sizeof(raw));
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+}

@@ -1,0 +1,23 @@
+/* Clocks, sleeps and randomness. */
+#ifndef KIQ_SUPPORT_TIME_H
+#define KIQ_SUPPORT_TIME_H
+
+#include <stddef.h>
+#include <time.h>
+
+/* Wall-clock epoch seconds (for timestamps written to Redis). */
+double kiq_now(void);
+/* Monotonic seconds (for intervals and deadlines). */
+double kiq_mono(void);
+/* s seconds as a timespec: an epoch time (kiq_now() + s) for the deadline
+ * of pthread_cond_timedwait, or a duration. s >= 0. */
+struct timespec kiq_timespec(double s);
+/* Sleeps for s seconds (no-op for s <= 0). */
+void kiq_sleep(double s);
+/* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
+ * and identities; falls back to the per-thread generator if it fails. */
+void kiq_random_bytes(void *buf, size_t n);
+/* A uniform random double in [0, 1) from a per-thread generator. */
+double kiq_rand(void);
+
+#endif
