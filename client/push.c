@@ -14,6 +14,7 @@
 #include "kiq/middleware.h"
 #include "kiq/redis.h"
 #include "middleware/mw.h"
+#include "redis/keys.h"
 
 struct kiq_client {
     kiq_redis_t *r;
@@ -189,9 +190,9 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     }
     if (rc || (nl == 2 && nz == 2))
         goto out;
-    snprintf(qkey, sizeof(qkey), "queue:%s", queue);
+    kiq_key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, queue);
     lpush[0] = "LPUSH"; lpush[1] = qkey;
-    zadd[0] = "ZADD"; zadd[1] = "schedule";
+    zadd[0] = "ZADD"; zadd[1] = KIQ_KEY_SCHEDULE;
     for (int k = 0; k < 2; k++) {
         llens[k] = strlen(lpush[k]);
         zlens[k] = strlen(zadd[k]);
@@ -202,7 +203,7 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
             continue;
         }
         const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
-        const char *sadd[] = { "SADD", "queues", queue };
+        const char *sadd[] = { "SADD", KIQ_KEY_QUEUES, queue };
         int replies = 2;
         rc = kiq_redis_append(c->r, 1, multi, NULL);
         if (!rc && nl > 2) {

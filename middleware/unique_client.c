@@ -30,7 +30,7 @@ static int write_fields(kiq_mw_t *mw, const kiq_unique_spec_t *s, long ttl)
     if (!rc) rc = kiq_mw_set_field(mw, "lock_args", s->lock_args);
     /* As v9: the while-executing family carries the runtime digest. */
     int run = s->type == KIQ_LOCK_WHILE_EXECUTING || s->type == KIQ_LOCK_WHILE_EXECUTING_REJECT;
-    snprintf(digest, sizeof(digest), "\"%s%s\"", s->digest, run ? ":RUN" : "");
+    snprintf(digest, sizeof(digest), "\"%s%s\"", s->digest, run ? KIQ_KEY_RUN : "");
     if (!rc) rc = kiq_mw_set_field(mw, "lock_digest", digest);
     if (!rc && s->limit > 1) {
         snprintf(num, sizeof(num), "%d", s->limit);
@@ -55,10 +55,10 @@ static int reject_to_dead(kiq_mw_t *mw)
     /* Sidekiq's defaults: a client does not know the server's settings. */
     snprintf(cutoff, sizeof(cutoff), "(%.6f", now - 180.0 * 24 * 3600);
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
-    const char *zadd[] = { "ZADD", "dead", score, mw->payload };
-    size_t zl[] = { 4, 4, strlen(score), mw->len };
-    const char *trim1[] = { "ZREMRANGEBYSCORE", "dead", "-inf", cutoff };
-    const char *trim2[] = { "ZREMRANGEBYRANK", "dead", "0", "-10001" };
+    const char *zadd[] = { "ZADD", KIQ_KEY_DEAD, score, mw->payload };
+    size_t zl[] = { 4, strlen(KIQ_KEY_DEAD), strlen(score), mw->len };
+    const char *trim1[] = { "ZREMRANGEBYSCORE", KIQ_KEY_DEAD, "-inf", cutoff };
+    const char *trim2[] = { "ZREMRANGEBYRANK", KIQ_KEY_DEAD, "0", "-10001" };
     int rc = kiq_redis_append(mw->r, 1, multi, NULL);
     if (!rc) rc = kiq_redis_append(mw->r, 4, zadd, zl);
     if (!rc) rc = kiq_redis_append(mw->r, 4, trim1, NULL);
@@ -78,9 +78,9 @@ static int reject_to_dead(kiq_mw_t *mw)
 static int replace_holder(kiq_mw_t *mw, const kiq_unique_spec_t *s)
 {
     char qkey[512], locked[KIQ_DIGEST_MAX + 16];
-    snprintf(qkey, sizeof(qkey), "queue:%s", mw->queue);
-    kiq_unique__key(locked, sizeof(locked), s->digest, 0, ":LOCKED");
-    const char *argv[] = { qkey, "schedule", "retry", locked, "uniquejobs:digests",
+    kiq_key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, mw->queue);
+    kiq_unique__key(locked, sizeof(locked), s->digest, 0, KIQ_KEY_LOCKED);
+    const char *argv[] = { qkey, KIQ_KEY_SCHEDULE, KIQ_KEY_RETRY, locked, KIQ_UNIQUE_DIGESTS,
                            s->digest, REPLACE_SCAN_LIMIT };
     redisReply *rep = kiq_redis_script(mw->r, KIQ_SCRIPT_REPLACE, 5, 7, argv, NULL);
     if (!rep)

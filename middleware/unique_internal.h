@@ -4,6 +4,7 @@
 #define KIQ_MIDDLEWARE_UNIQUE_INTERNAL_H
 
 #include "kiq/unique.h"
+#include "redis/keys.h"
 
 /* lock.lua's "earlier waiters go first" (never leaves the module). */
 #define KIQ_UNIQUE_NOT_YET (-100)

@@ -24,7 +24,7 @@ void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event)
 
 void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const char *suffix)
 {
-    snprintf(out, n, "%s%s%s", digest, runtime ? ":RUN" : "", suffix);
+    snprintf(out, n, "%s%s%s", digest, runtime ? KIQ_KEY_RUN : "", suffix);
 }
 
 /* v9's metadata, keys in its order. */
@@ -61,7 +61,7 @@ static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, do
     char locked[KIQ_DIGEST_MAX + 16], waiting[KIQ_DIGEST_MAX + 16];
     char pttl[32], limit[16], now_s[32], arr[32], cut[32];
     double now = kiq_now();
-    kiq_unique__key(locked, sizeof(locked), q->digest, q->runtime, ":LOCKED");
+    kiq_unique__key(locked, sizeof(locked), q->digest, q->runtime, KIQ_KEY_LOCKED);
     kiq_unique__key(waiting, sizeof(waiting), q->digest, q->runtime, ":WAITING");
     snprintf(pttl, sizeof(pttl), "%ld", q->ttl > 0 ? q->ttl * 1000 : 0);
     snprintf(limit, sizeof(limit), "%d", q->limit > 0 ? q->limit : 1);
@@ -71,7 +71,7 @@ static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, do
     char *meta = q->metadata ? NULL : metadata(q, now);
     if (!q->metadata && !meta)
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    const char *argv[] = { locked, "uniquejobs:digests", waiting, q->jid, pttl,
+    const char *argv[] = { locked, KIQ_UNIQUE_DIGESTS, waiting, q->jid, pttl,
                            kiq_lock_type_name(q->type), limit, q->metadata ? q->metadata : meta,
                            now_s, arr, cut };
     redisReply *rep;
@@ -117,8 +117,8 @@ int kiq_unique_unlock(kiq_redis_t *r, const char *digest, int runtime, const cha
     if (!digest || !jid)
         return kiq_seterr(err, KIQ_EINVAL, "an unlock needs a digest and a jid");
     char locked[KIQ_DIGEST_MAX + 16];
-    kiq_unique__key(locked, sizeof(locked), digest, runtime, ":LOCKED");
-    const char *argv[] = { locked, "uniquejobs:digests", jid,
+    kiq_unique__key(locked, sizeof(locked), digest, runtime, KIQ_KEY_LOCKED);
+    const char *argv[] = { locked, KIQ_UNIQUE_DIGESTS, jid,
                            force ? "force" : kiq_lock_type_name(type) };
     redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL);
     if (!rep)

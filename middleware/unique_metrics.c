@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "redis/keys.h"
+
 #define METRICS_TTL_STR "28800"
 
 void kiq_unique_metrics_key(time_t t, char *out, size_t n)
@@ -16,7 +18,7 @@ void kiq_unique_metrics_key(time_t t, char *out, size_t n)
     struct tm tm;
     gmtime_r(&t, &tm);
     /* v9 formats "%y%m%d|%-H:%M": the hour is not padded, the minute is. */
-    snprintf(out, n, "uniquejobs:metrics|%02d%02d%02d|%d:%02d", tm.tm_year % 100,
+    snprintf(out, n, KIQ_KEY_METRICS "%02d%02d%02d|%d:%02d", tm.tm_year % 100,
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min);
 }
 

@@ -182,7 +182,7 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
     free(str);
     str = NULL;
     if (!s->prefix[0])
-        snprintf(s->prefix, sizeof(s->prefix), "%s", prefix && *prefix ? prefix : "uniquejobs");
+        snprintf(s->prefix, sizeof(s->prefix), "%s", prefix && *prefix ? prefix : KIQ_KEY_UNIQUE_PREFIX);
     payload_strategies(mw, s);
     if (field_true(mw, "unique_across_queues")) s->across_queues = 1;
     if (field_true(mw, "unique_across_workers")) s->across_workers = 1;
@@ -212,9 +212,9 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
      * method kiq cannot run) is trusted as is. */
     if ((str = field_str(mw, "lock_digest")) && mw->server) {
         if (kiq_unique_digest_valid(str)) {
-            size_t n = strlen(str);
-            if (n > 4 && !strcmp(str + n - 4, ":RUN"))
-                str[n - 4] = '\0';
+            size_t n = kiq_key_base(str, KIQ_KEY_RUN);
+            if (n)
+                str[n] = '\0';
             snprintf(s->digest, sizeof(s->digest), "%s", str);
             s->digest_from_payload = 1;
             goto out;

@@ -86,7 +86,7 @@ static int lock_stops(kiq_mw_t *mw, const kiq_unique_spec_t *s, int lr, const ch
 
 static void hold_until(kiq_mw_t *mw, const kiq_unique_spec_t *s, int on_done)
 {
-    kiq_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, ":LOCKED");
+    kiq_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, KIQ_KEY_LOCKED);
     mw->release_on_done = on_done;
     mw->release_on_death = 1;
     mw->release_type = (int)s->type;

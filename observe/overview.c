@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "support/json.h"
+#include "redis/keys.h"
 #include "support/payload.h"
 #include "support/time.h"
 
@@ -50,9 +51,9 @@ static int by_name(const void *a, const void *b)
 
 static int read_totals(kiq_redis_t *r, kiq_overview_t *o, char *err)
 {
-    static const char *const cmds[][2] = { { "GET", "stat:processed" }, { "GET", "stat:failed" },
-                                           { "ZCARD", "schedule" },     { "ZCARD", "retry" },
-                                           { "ZCARD", "dead" } };
+    static const char *const cmds[][2] = { { "GET", KIQ_KEY_PROCESSED }, { "GET", KIQ_KEY_FAILED },
+                                           { "ZCARD", KIQ_KEY_SCHEDULE }, { "ZCARD", KIQ_KEY_RETRY },
+                                           { "ZCARD", KIQ_KEY_DEAD } };
     long long *dst[] = { &o->processed, &o->failed, &o->scheduled, &o->retries, &o->dead };
     for (size_t i = 0; i < 5; i++)
         if (kiq_redis_append(r, 2, (const char **)cmds[i], NULL))
@@ -70,7 +71,7 @@ static int read_totals(kiq_redis_t *r, kiq_overview_t *o, char *err)
 static int read_queues(kiq_redis_t *r, kiq_overview_t *o, char *err)
 {
     int rc = 0;
-    redisReply *names = kiq_redis_cmdf(r, "SMEMBERS queues");
+    redisReply *names = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_QUEUES);
     if (!names)
         return io_error(r, err);
     if (names->type != REDIS_REPLY_ARRAY || names->elements == 0)
@@ -91,7 +92,7 @@ static int read_queues(kiq_redis_t *r, kiq_overview_t *o, char *err)
     qsort(o->queues, o->nqueues, sizeof(*o->queues), by_name);
     for (size_t i = 0; i < o->nqueues && !rc; i++) {
         char key[600];
-        snprintf(key, sizeof(key), "queue:%s", o->queues[i].name);
+        kiq_key(key, sizeof(key), KIQ_KEY_QUEUE, o->queues[i].name);
         const char *llen[] = { "LLEN", key };
         const char *lindex[] = { "LINDEX", key, "-1" };
         if (kiq_redis_append(r, 2, llen, NULL) || kiq_redis_append(r, 3, lindex, NULL))
@@ -123,7 +124,7 @@ static long long opt_int(const redisReply *v)
 static int read_processes(kiq_redis_t *r, kiq_overview_t *o, char *err)
 {
     int rc = 0;
-    redisReply *ids = kiq_redis_cmdf(r, "SMEMBERS processes");
+    redisReply *ids = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_PROCESSES);
     if (!ids)
         return io_error(r, err);
     if (ids->type != REDIS_REPLY_ARRAY || ids->elements == 0)
