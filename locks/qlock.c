@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "locks/qlock_internal.h"
+#include "redis/reply.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -200,15 +201,6 @@ static void dequeue(kiq_qlock_client_t *c, kiq_redis_t *r, const ql_keys_t *k, c
            k->lock, k->queue, me);
 }
 
-static int reply_error(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
-{
-    if (!rep)
-        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
-    if (rep->type == REDIS_REPLY_ERROR)
-        return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what, rep->str);
-    return kiq_seterr(err, KIQ_EREPLY, "%s: unexpected reply type %d", what, rep->type);
-}
-
 int kiq_qlock_lock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
                    const kiq_qlock_opts_t *opts, kiq_qlock_result_t *res, char *err)
 {
@@ -260,7 +252,7 @@ int kiq_qlock_lock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
         rep = kiq_redis_script(r, KIQ_SCRIPT_QLOCK_ACQUIRE, 4, argc, argv, NULL);
         if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
             rep->element[0]->type != REDIS_REPLY_STRING) {
-            rc = reply_error(r, rep, "queued lock attempt", err);
+            rc = kiq_reply_error(r, rep, "queued lock attempt", err);
             goto out;
         }
         res->tries++;
@@ -339,7 +331,7 @@ static int owner_call(kiq_redis_t *r, kiq_script_t s, const kiq_qlock_result_t *
     redisReply *rep = kiq_redis_script(r, s, 1, argc, argv, NULL);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
-        rc = reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
+        rc = kiq_reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
     else
         *out = rep->integer;
     freeReplyObject(rep);

@@ -8,20 +8,13 @@
 #include <string.h>
 
 #include "locks/qlock_internal.h"
+#include "redis/reply.h"
+#include "redis/scan.h"
 #include "support/time.h"
 
 #define QL_LOCK_PATTERN QL_LOCK_PREFIX "*"
 #define QL_QUEUE_PATTERN QL_QUEUE_PREFIX "*"
 #define QL_ANY_PATTERN "rql:lock*"
-
-static int bad_reply(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
-{
-    if (!rep)
-        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
-    if (rep->type == REDIS_REPLY_ERROR)
-        return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what, rep->str);
-    return kiq_seterr(err, KIQ_EREPLY, "%s: unexpected reply type %d", what, rep->type);
-}
 
 /* The gem returns ts as a Float and the counters as Integers; everything
  * else (metadata included) stays a string. */
@@ -54,7 +47,7 @@ static int lock_info_key(kiq_redis_t *r, const char *key, json_t **out, char *er
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_ARRAY || rep->element[1]->type != REDIS_REPLY_INTEGER) {
-        rc = bad_reply(r, rep, "lock info", err);
+        rc = kiq_reply_error(r, rep, "lock info", err);
         goto out;
     }
     redisReply *h = rep->element[0];
@@ -85,7 +78,7 @@ static int queue_requests(kiq_redis_t *r, const char *key, json_t **out, char *e
     redisReply *rep = kiq_redis_cmd(r, 5, argv, NULL);
     *out = NULL;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        int rc = bad_reply(r, rep, "queue info", err);
+        int rc = kiq_reply_error(r, rep, "queue info", err);
         freeReplyObject(rep);
         return rc;
     }
@@ -122,7 +115,7 @@ static int exists(kiq_redis_t *r, const char *name, int queue, char *err)
         return rc;
     const char *argv[] = { "EXISTS", queue ? k.queue : k.lock };
     redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
-    rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0 : bad_reply(r, rep, "EXISTS", err);
+    rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0 : kiq_reply_error(r, rep, "EXISTS", err);
     freeReplyObject(rep);
     return rc;
 }
@@ -133,25 +126,18 @@ int kiq_qlock_queued(kiq_redis_t *r, const char *name, char *err) { return exist
 /* SCANs pattern into a new array of distinct key names. */
 static int scan(kiq_redis_t *r, const char *pattern, size_t count, json_t **out, char *err)
 {
-    char cursor[32] = "0", cnt[32];
-    snprintf(cnt, sizeof(cnt), "%zu", count ? count : 500);
     json_t *seen = json_object();
-    int rc = 0;
+    const redisReply *page;
+    kiq_scan_t s;
+    int rc;
     *out = NULL;
-    do {
-        const char *argv[] = { "SCAN", cursor, "MATCH", pattern, "COUNT", cnt };
-        redisReply *rep = kiq_redis_cmd(r, 6, argv, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-            rep->element[1]->type != REDIS_REPLY_ARRAY) {
-            rc = bad_reply(r, rep, "SCAN", err);
-            freeReplyObject(rep);
-            goto out;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        for (size_t i = 0; i < rep->element[1]->elements; i++)
-            json_object_set_new(seen, rep->element[1]->element[i]->str, json_true());
-        freeReplyObject(rep);
-    } while (strcmp(cursor, "0") != 0);
+    kiq_scan_init(&s, r, NULL, pattern, count ? (long)count : 500);
+    while ((rc = kiq_scan_next(&s, &page, err)) > 0)
+        for (size_t i = 0; i < page->elements; i++)
+            json_object_set_new(seen, page->element[i]->str, json_true());
+    kiq_scan_close(&s);
+    if (rc)
+        goto out;
     json_t *a = json_array();
     const char *key;
     json_t *v;
@@ -237,7 +223,7 @@ int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *na
             return kiq_seterr(err, KIQ_EREDIS, "unlock: %s", kiq_redis_error(r));
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3) {
-        rc = bad_reply(r, rep, "unlock", err);
+        rc = kiq_reply_error(r, rep, "unlock", err);
         goto out;
     }
     if (queue_released)
@@ -280,7 +266,7 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
             if (!rep)
                 return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
             if (rep->type != REDIS_REPLY_INTEGER && !rc)
-                rc = bad_reply(r, rep, "clear locks", err);
+                rc = kiq_reply_error(r, rep, "clear locks", err);
             else if (j == 0 && rep->type == REDIS_REPLY_INTEGER)
                 n += rep->integer;
             freeReplyObject(rep);
@@ -341,7 +327,7 @@ int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t sca
                 freeReplyObject(rep);
                 continue;
             }
-            rc = bad_reply(r, rep, "clear dead requests", err);
+            rc = kiq_reply_error(r, rep, "clear dead requests", err);
             freeReplyObject(rep);
             goto out;
         }

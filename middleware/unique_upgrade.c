@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "redis/keys.h"
+#include "redis/reply.h"
+#include "redis/scan.h"
 #include "support/time.h"
 
 /* v8 keys beside <digest>:LOCKED that v9 no longer uses. Unlike v9 this
@@ -18,23 +21,15 @@ static const char *const v8_suffixes[] = {
 };
 #define NSUFFIXES (sizeof(v8_suffixes) / sizeof(v8_suffixes[0]))
 
-static int fail(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
-{
-    if (!rep)
-        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
-    return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what,
-                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-}
-
 /* Cleans the v8 keys around one <digest>:LOCKED key. */
 static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_result_t *out,
                        char *err)
 {
     char digest[1024], keys[NSUFFIXES][1100], run_locked[1100], run[1100];
-    size_t len = strlen(locked_key);
-    if (len < 8 || len - 7 >= sizeof(digest))
+    size_t len = kiq_key_base(locked_key, KIQ_KEY_LOCKED);
+    if (!len || len >= sizeof(digest))
         return 0;
-    snprintf(digest, sizeof(digest), "%.*s", (int)(len - 7), locked_key);
+    snprintf(digest, sizeof(digest), "%.*s", (int)len, locked_key);
     int rc = 0;
 
     /* The v8 digest itself was a string (holding the jid); a v9 lock never
@@ -42,7 +37,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
     const char *type[] = { "TYPE", digest };
     redisReply *t = kiq_redis_cmd(r, 2, type, NULL);
     if (!t || t->type != REDIS_REPLY_STATUS) {
-        rc = fail(r, t, "TYPE", err);
+        rc = kiq_reply_error(r, t, "TYPE", err);
         freeReplyObject(t);
         return rc;
     }
@@ -60,7 +55,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
     }
     redisReply *u = kiq_redis_cmd(r, argc, argv, NULL);
     if (!u || u->type != REDIS_REPLY_INTEGER) {
-        rc = fail(r, u, "UNLINK", err);
+        rc = kiq_reply_error(r, u, "UNLINK", err);
         freeReplyObject(u);
         return rc;
     }
@@ -69,13 +64,13 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
 
     /* The runtime lock we keep must be in the index, or nothing would ever
      * free it once its job is gone. NX: never move an existing score. */
-    snprintf(run_locked, sizeof(run_locked), "%s:RUN:LOCKED", digest);
-    snprintf(run, sizeof(run), "%s:RUN", digest);
+    kiq_key(run, sizeof(run), digest, KIQ_KEY_RUN);
+    kiq_key(run_locked, sizeof(run_locked), run, KIQ_KEY_LOCKED);
     const char *ex[] = { "EXISTS", run_locked };
     redisReply *e = kiq_redis_cmd(r, 2, ex, NULL);
     int has_run = e && e->type == REDIS_REPLY_INTEGER && e->integer == 1;
     if (!e) {
-        rc = fail(r, e, "EXISTS", err);
+        rc = kiq_reply_error(r, e, "EXISTS", err);
         return rc;
     }
     freeReplyObject(e);
@@ -85,7 +80,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
         const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, "NX", now, run };
         redisReply *z = kiq_redis_cmd(r, 5, za, NULL);
         if (!z || z->type != REDIS_REPLY_INTEGER)
-            rc = fail(r, z, "ZADD", err);
+            rc = kiq_reply_error(r, z, "ZADD", err);
         else
             out->indexed += (long)z->integer;
         freeReplyObject(z);
@@ -95,34 +90,30 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
 
 static int merge_expiring(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
 {
-    char cursor[32] = "0";
-    int rc = 0;
-    do {
-        const char *scan[] = { "ZSCAN", "uniquejobs:expiring_digests", cursor, "COUNT", "100" };
-        redisReply *rep = kiq_redis_cmd(r, 5, scan, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
-            rc = fail(r, rep, "ZSCAN uniquejobs:expiring_digests", err);
-            freeReplyObject(rep);
-            return rc;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        redisReply *items = rep->element[1];
+    const redisReply *items;
+    kiq_scan_t s;
+    int rc = 0, more = 0;
+    kiq_scan_init(&s, r, KIQ_KEY_EXPIRING_DIGESTS, NULL, 100);
+    while (!rc && (more = kiq_scan_next(&s, &items, err)) > 0) {
         for (size_t i = 0; i + 1 < items->elements && !rc; i += 2) {
             const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, items->element[i + 1]->str,
                                  items->element[i]->str };
             redisReply *z = kiq_redis_cmd(r, 4, za, NULL);
             if (!z || z->type != REDIS_REPLY_INTEGER)
-                rc = fail(r, z, "ZADD", err);
+                rc = kiq_reply_error(r, z, "ZADD", err);
             else
                 out->merged++;
             freeReplyObject(z);
         }
-        freeReplyObject(rep);
-    } while (!rc && strcmp(cursor, "0") != 0);
+    }
+    kiq_scan_close(&s);
+    if (!rc)
+        rc = more;
     if (!rc) {
-        redisReply *u = kiq_redis_cmdf(r, "UNLINK uniquejobs:expiring_digests");
+        const char *unlink[] = { "UNLINK", KIQ_KEY_EXPIRING_DIGESTS };
+        redisReply *u = kiq_redis_cmd(r, 2, unlink, NULL);
         if (!u || u->type == REDIS_REPLY_ERROR)
-            rc = fail(r, u, "UNLINK", err);
+            rc = kiq_reply_error(r, u, "UNLINK", err);
         freeReplyObject(u);
     }
     return rc;
@@ -135,7 +126,7 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
     redisReply *rep = kiq_redis_cmdf(r, "HEXISTS %s %s", KIQ_UNIQUE_UPGRADED_KEY,
                                      KIQ_UNIQUE_UPGRADE_VERSION);
     if (!rep || rep->type != REDIS_REPLY_INTEGER) {
-        rc = fail(r, rep, "HEXISTS " KIQ_UNIQUE_UPGRADED_KEY, err);
+        rc = kiq_reply_error(r, rep, "HEXISTS " KIQ_UNIQUE_UPGRADED_KEY, err);
         goto out;
     }
     out->already = rep->integer == 1;
@@ -143,9 +134,9 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
     rep = NULL;
     if (out->already)
         goto out;
-    rep = kiq_redis_cmdf(r, "EXISTS uniquejobs:dead");
+    rep = kiq_redis_cmdf(r, "EXISTS %s", KIQ_KEY_UNIQUE_V8_DEAD);
     if (!rep || rep->type != REDIS_REPLY_INTEGER) {
-        rc = fail(r, rep, "EXISTS uniquejobs:dead", err);
+        rc = kiq_reply_error(r, rep, "EXISTS " KIQ_KEY_UNIQUE_V8_DEAD, err);
         goto out;
     }
     out->legacy = rep->integer == 1;
@@ -154,32 +145,28 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
     if (out->legacy)
         goto out; /* v9 skips the upgrade and writes no marker either */
 
-    char cursor[32] = "0";
-    do {
-        const char *scan[] = { "SCAN", cursor, "MATCH", "uniquejobs:*:LOCKED", "COUNT", "100" };
-        rep = kiq_redis_cmd(r, 6, scan, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
-            rc = fail(r, rep, "SCAN", err);
-            goto out;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        redisReply *keys = rep->element[1];
+    const redisReply *keys;
+    kiq_scan_t s;
+    int more = 0;
+    kiq_scan_init(&s, r, NULL, KIQ_KEY_UNIQUE_PREFIX ":*" KIQ_KEY_LOCKED, 100);
+    while (!rc && (more = kiq_scan_next(&s, &keys, err)) > 0) {
         for (size_t i = 0; i < keys->elements && !rc; i++) {
             const char *k = keys->element[i]->str;
-            size_t len = strlen(k);
+            size_t len = kiq_key_base(k, KIQ_KEY_RUN KIQ_KEY_LOCKED);
             char base[1100];
             /* A runtime lock is cleaned as part of its base digest, which a
              * while_executing job never locks itself. Twice is harmless. */
-            if (len > 11 && strcmp(k + len - 11, ":RUN:LOCKED") == 0 && len < sizeof(base)) {
-                snprintf(base, sizeof(base), "%.*s:LOCKED", (int)(len - 11), k);
+            if (len && len + 11 < sizeof(base)) {
+                snprintf(base, sizeof(base), "%.*s" KIQ_KEY_LOCKED, (int)len, k);
                 k = base;
             }
             out->locks++;
             rc = upgrade_one(r, k, out, err);
         }
-        freeReplyObject(rep);
-        rep = NULL;
-    } while (!rc && strcmp(cursor, "0") != 0);
+    }
+    kiq_scan_close(&s);
+    if (!rc)
+        rc = more;
     if (!rc)
         rc = merge_expiring(r, out, err);
     if (!rc) {
@@ -188,7 +175,7 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
         const char *hset[] = { "HSET", KIQ_UNIQUE_UPGRADED_KEY, KIQ_UNIQUE_UPGRADE_VERSION, now };
         rep = kiq_redis_cmd(r, 4, hset, NULL);
         if (!rep || rep->type != REDIS_REPLY_INTEGER)
-            rc = fail(r, rep, "HSET " KIQ_UNIQUE_UPGRADED_KEY, err);
+            rc = kiq_reply_error(r, rep, "HSET " KIQ_UNIQUE_UPGRADED_KEY, err);
     }
 out:
     freeReplyObject(rep);
