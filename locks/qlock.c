@@ -68,10 +68,10 @@ int kiq__qlock_keys(const char *name, ql_keys_t *k, char *err)
         return kiq_seterr(err, KIQ_EINVAL, "a lock needs a name");
     if (strlen(name) > KIQ_QLOCK_NAME_MAX)
         return kiq_seterr(err, KIQ_EINVAL, "lock name longer than %d bytes", KIQ_QLOCK_NAME_MAX);
-    snprintf(k->lock, sizeof(k->lock), QL_LOCK_PREFIX "%s", name);
-    snprintf(k->queue, sizeof(k->queue), QL_QUEUE_PREFIX "%s", name);
-    snprintf(k->seen, sizeof(k->seen), QL_SEEN_PREFIX "%s", name);
-    snprintf(k->fence, sizeof(k->fence), QL_FENCE_PREFIX "%s", name);
+    snprintf(k->lock, sizeof(k->lock), KIQ_KEY_QLOCK "%s", name);
+    snprintf(k->queue, sizeof(k->queue), KIQ_KEY_QLOCK_QUEUE "%s", name);
+    snprintf(k->seen, sizeof(k->seen), KIQ_KEY_QLOCK_SEEN "%s", name);
+    snprintf(k->fence, sizeof(k->fence), KIQ_KEY_QLOCK_FENCE "%s", name);
     return 0;
 }
 
@@ -125,12 +125,12 @@ static long thread_id(void)
 
 void kiq_qlock_acq_id(const kiq_qlock_client_t *c, char *out)
 {
-    snprintf(out, KIQ_QLOCK_ID_MAX, "rql:acq:%d/%ld/0/0/%s", (int)getpid(), thread_id(), c->identity);
+    snprintf(out, KIQ_QLOCK_ID_MAX, KIQ_QLOCK_ACQ_ID "%d/%ld/0/0/%s", (int)getpid(), thread_id(), c->identity);
 }
 
 void kiq_qlock_hst_id(const kiq_qlock_client_t *c, char *out)
 {
-    snprintf(out, KIQ_QLOCK_ID_MAX, "rql:hst:%d/%ld/0/%s", (int)getpid(), thread_id(), c->identity);
+    snprintf(out, KIQ_QLOCK_ID_MAX, KIQ_QLOCK_HST_ID "%d/%ld/0/%s", (int)getpid(), thread_id(), c->identity);
 }
 
 static void ql_log(const kiq_qlock_client_t *c, const char *fmt, ...)

@@ -12,9 +12,8 @@
 #include "redis/scan.h"
 #include "support/time.h"
 
-#define QL_LOCK_PATTERN QL_LOCK_PREFIX "*"
-#define QL_QUEUE_PATTERN QL_QUEUE_PREFIX "*"
-#define QL_ANY_PATTERN "rql:lock*"
+#define QL_LOCK_PATTERN KIQ_KEY_QLOCK "*"
+#define QL_QUEUE_PATTERN KIQ_KEY_QLOCK_QUEUE "*"
 
 /* The gem returns ts as a Float and the counters as Integers; everything
  * else (metadata included) stays a string. */
@@ -151,7 +150,7 @@ out:
 
 int kiq_qlock_locks(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_LOCK_PATTERN, n, out, err); }
 int kiq_qlock_queues(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_QUEUE_PATTERN, n, out, err); }
-int kiq_qlock_keys(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_ANY_PATTERN, n, out, err); }
+int kiq_qlock_keys(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, KIQ_KEY_QLOCK_ANY, n, out, err); }
 
 int kiq_qlock_locks_info(kiq_redis_t *r, size_t scan_size, json_t **out, char *err)
 {
@@ -250,8 +249,8 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         char seen[QL_KEY_MAX + 32];
         if (kiq_redis_append(r, 2, del, NULL))
             return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
-        if (strncmp(key, QL_QUEUE_PREFIX, strlen(QL_QUEUE_PREFIX)) == 0) {
-            snprintf(seen, sizeof(seen), QL_SEEN_PREFIX "%s", key + strlen(QL_QUEUE_PREFIX));
+        if (strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0) {
+            snprintf(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN "%s", key + strlen(KIQ_KEY_QLOCK_QUEUE));
             const char *ds[] = { "DEL", seen };
             if (kiq_redis_append(r, 2, ds, NULL))
                 return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
@@ -260,7 +259,7 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
     int rc = 0;
     for (size_t i = from; i < to; i++) {
         const char *key = json_string_value(json_array_get(keys, i));
-        int queue = strncmp(key, QL_QUEUE_PREFIX, strlen(QL_QUEUE_PREFIX)) == 0;
+        int queue = strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0;
         for (int j = 0; j <= queue; j++) {
             redisReply *rep = kiq_redis_get_reply(r);
             if (!rep)
@@ -280,7 +279,7 @@ int kiq_qlock_clear_locks(kiq_qlock_client_t *c, kiq_redis_t *r, size_t batch, l
     json_t *keys = NULL;
     double t0 = kiq_mono();
     long long n = 0;
-    int rc = scan(r, QL_ANY_PATTERN, batch, &keys, err);
+    int rc = scan(r, KIQ_KEY_QLOCK_ANY, batch, &keys, err);
     if (rc)
         return rc;
     size_t step = batch ? batch : 100, total = json_array_size(keys);
@@ -317,7 +316,7 @@ int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t sca
     json_array_foreach(keys, i, v) {
         ql_keys_t k;
         const char *key = json_string_value(v);
-        if (kiq__qlock_keys(key + strlen(QL_QUEUE_PREFIX), &k, NULL))
+        if (kiq__qlock_keys(key + strlen(KIQ_KEY_QLOCK_QUEUE), &k, NULL))
             continue; /* a name too long to be ours: leave it */
         const char *argv[] = { k.queue, k.seen, ttl };
         redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_QLOCK_PURGE, 2, 3, argv, NULL);

@@ -6,11 +6,8 @@
 #include <stddef.h>
 
 #include "kiq/qlock.h"
+#include "redis/keys.h"
 
-#define QL_LOCK_PREFIX "rql:lock:"
-#define QL_QUEUE_PREFIX "rql:lock_queue:"
-#define QL_SEEN_PREFIX "rql:kiq:seen:"
-#define QL_FENCE_PREFIX "rql:fence:"
 #define QL_KEY_MAX (KIQ_QLOCK_NAME_MAX + 32)
 
 typedef struct ql_keys {
