@@ -13,6 +13,8 @@
 #include "support/time.h"
 #include "kiq/redis.h"
 #include "kiq/unique_admin.h"
+#include "redis/keys.h"
+#include "redis/scan.h"
 
 static const char *usage =
     "Usage: kiq locks COMMAND [options]\n"
@@ -164,7 +166,7 @@ static json_t *row_json(kiq_redis_t *r, const char *digest, double score)
     char key[1100];
     const char *type = NULL;
     double at = 0, now = kiq_now();
-    snprintf(key, sizeof(key), "%s:LOCKED", digest);
+    kiq_key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
     json_t *lock = lock_json(r, key, &type, &at);
     json_t *o = json_object();
     json_object_set_new(o, "digest", json_string(digest));
@@ -206,27 +208,21 @@ static int cmd_list(kiq_redis_t *r, const args_t *a)
     const char *pattern = a->pos ? a->pos : "*";
     long limit = a->limit > 0 ? a->limit : 1000;
     json_t *rows = json_array();
-    char cursor[32] = "0";
-    int rc = 0;
-    do {
-        char cnt[16];
-        snprintf(cnt, sizeof(cnt), "%d", 500);
-        const char *argv[] = { "ZSCAN", KIQ_UNIQUE_DIGESTS, cursor, "MATCH", pattern, "COUNT", cnt };
-        redisReply *rep = kiq_redis_cmd(r, 7, argv, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
-            fprintf(stderr, "kiq locks list: %s\n",
-                    rep && rep->type == REDIS_REPLY_ERROR ? rep->str : kiq_redis_error(r));
-            freeReplyObject(rep);
-            rc = 1;
-            goto out;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        redisReply *items = rep->element[1];
+    const redisReply *items;
+    char err[KIQ_ERRLEN];
+    kiq_scan_t s;
+    int rc = 0, more = 0;
+    kiq_scan_init(&s, r, KIQ_UNIQUE_DIGESTS, pattern, 500);
+    while ((long)json_array_size(rows) < limit && (more = kiq_scan_next(&s, &items, err)) > 0)
         for (size_t i = 0; i + 1 < items->elements && (long)json_array_size(rows) < limit; i += 2)
             json_array_append_new(rows, row_json(r, items->element[i]->str,
                                                  strtod(items->element[i + 1]->str, NULL)));
-        freeReplyObject(rep);
-    } while (strcmp(cursor, "0") != 0 && (long)json_array_size(rows) < limit);
+    kiq_scan_close(&s);
+    if (more < 0) {
+        fprintf(stderr, "kiq locks list: %s\n", err);
+        rc = 1;
+        goto out;
+    }
 
     if (a->json) {
         print_json(rows);
@@ -282,11 +278,10 @@ static json_t *index_json(kiq_redis_t *r, const char *member)
 static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
 {
     char key[1100], run[1100], run_key[1100];
-    size_t len = strlen(digest);
-    int is_run = len > 4 && strcmp(digest + len - 4, ":RUN") == 0;
-    snprintf(key, sizeof(key), "%s:LOCKED", digest);
-    snprintf(run, sizeof(run), "%s:RUN", digest);
-    snprintf(run_key, sizeof(run_key), "%s:RUN:LOCKED", digest);
+    int is_run = kiq_key_base(digest, KIQ_KEY_RUN) > 0;
+    kiq_key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
+    kiq_key(run, sizeof(run), digest, KIQ_KEY_RUN);
+    kiq_key(run_key, sizeof(run_key), run, KIQ_KEY_LOCKED);
     const char *type = NULL;
     double at = 0;
     json_t *o = json_object();
@@ -458,7 +453,7 @@ static int cmd_upgrade(kiq_redis_t *r)
         printf("already upgraded (%s has %s)\n", KIQ_UNIQUE_UPGRADED_KEY,
                KIQ_UNIQUE_UPGRADE_VERSION);
     else if (u.legacy)
-        printf("skipped: uniquejobs:dead exists (a pre-v7 layout; v9 skips it too)\n");
+        printf("skipped: " KIQ_KEY_UNIQUE_V8_DEAD " exists (a pre-v7 layout; v9 skips it too)\n");
     else
         printf("upgraded: %ld locks, %ld v8 keys removed, %ld expiring digests merged, "
                "%ld runtime locks indexed\n", u.locks, u.deleted, u.merged, u.indexed);
