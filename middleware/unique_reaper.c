@@ -1,6 +1,5 @@
 /* The uniqueness reaper: frees locks whose jobs no longer exist anywhere,
- * a bounded piece of work per run, one run at a time across the fleet; and
- * the admin operations on single locks that `kiq locks` offers.
+ * a bounded piece of work per run, one run at a time across the fleet.
  *
  * Finding out whether a jid is anywhere means reading every queue, the
  * schedule and retry sets, the working lists and the work hashes: too much
@@ -23,13 +22,13 @@
 
 #include <jansson.h>
 
+#include "redis/keys.h"
+#include "redis/reply.h"
+#include "redis/scan.h"
 #include "support/time.h"
 
-#define RUN_LEASE "kiq:reaper:running"
-#define CURSOR_KEY "kiq:reaper:cursor"
 #define CURSOR_TTL "86400"
 #define PAGE 500           /* digests read per ZRANGE */
-#define SWEEP_PAGE "999"   /* LRANGE page end offset: 1000 jobs per page */
 #define BATCH 100          /* digests per reap.lua call */
 #define QUEUE_TAIL "100"   /* jobs at the fetched end of a queue reap.lua reads */
 
@@ -148,16 +147,8 @@ typedef struct sweep {
     double deadline; /* monotonic */
 } sweep_t;
 
-static int reply_err(kiq_redis_t *r, redisReply *rep, const char *what, char *err)
-{
-    if (!rep)
-        return kiq_seterr(err, KIQ_EREDIS, "%s: %s", what, kiq_redis_error(r));
-    return kiq_seterr(err, KIQ_EREPLY, "%s: %s", what,
-                      rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-}
-
 /* Adds the jids of every string element of an array reply. */
-static int add_reply(sweep_t *sw, redisReply *rep)
+static int add_reply(sweep_t *sw, const redisReply *rep)
 {
     for (size_t i = 0; i < rep->elements; i++)
         if (rep->element[i]->type == REDIS_REPLY_STRING
@@ -185,7 +176,7 @@ static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
             return 0;
         }
         if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-            int rc = reply_err(r, rep, "LRANGE", err);
+            int rc = kiq_reply_error(r, rep, "LRANGE", err);
             freeReplyObject(rep);
             return rc;
         }
@@ -203,39 +194,38 @@ static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
  * meanwhile has moved on to a place swept later. */
 static int sweep_zset(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
 {
-    char cursor[32] = "0";
-    do {
-        if (kiq_mono() > sw->deadline)
-            return 1;
-        const char *argv[] = { "ZSCAN", key, cursor, "COUNT", "1000" };
-        redisReply *rep = kiq_redis_cmd(r, 5, argv, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2
-            || rep->element[1]->type != REDIS_REPLY_ARRAY) {
-            int rc = reply_err(r, rep, "ZSCAN", err);
-            freeReplyObject(rep);
-            return rc;
+    const redisReply *page;
+    kiq_scan_t s;
+    int rc = 0, more;
+    kiq_scan_init(&s, r, key, NULL, 1000);
+    while (!rc) {
+        if (kiq_mono() > sw->deadline) {
+            rc = 1;
+            break;
         }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        if ((more = kiq_scan_next(&s, &page, err)) <= 0) {
+            rc = more;
+            break;
+        }
         /* Members and scores alternate; a score never contains "jid". */
-        int rc = add_reply(sw, rep->element[1]);
-        freeReplyObject(rep);
-        if (rc)
-            return kiq_seterr(err, rc, "out of memory");
-    } while (strcmp(cursor, "0") != 0);
-    return 0;
+        if (add_reply(sw, page))
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    }
+    kiq_scan_close(&s);
+    return rc;
 }
 
 static int sweep_queues(kiq_redis_t *r, sweep_t *sw, char *err)
 {
-    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS queues");
+    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_QUEUES);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = reply_err(r, rep, "SMEMBERS queues", err);
+        rc = kiq_reply_error(r, rep, "SMEMBERS " KIQ_KEY_QUEUES, err);
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
         char key[512];
-        snprintf(key, sizeof(key), "queue:%s", rep->element[i]->str);
+        kiq_key(key, sizeof(key), KIQ_KEY_QUEUE, rep->element[i]->str);
         rc = sweep_list(r, sw, key, err);
     }
 out:
@@ -245,20 +235,19 @@ out:
 
 static int sweep_working(kiq_redis_t *r, sweep_t *sw, char *err)
 {
-    char cursor[32] = "0";
-    int rc = 0;
-    do {
-        if (kiq_mono() > sw->deadline)
-            return 1;
-        const char *argv[] = { "SCAN", cursor, "MATCH", "uniquejobs:working:*", "COUNT", "1000" };
-        redisReply *rep = kiq_redis_cmd(r, 6, argv, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
-            rc = reply_err(r, rep, "SCAN", err);
-            freeReplyObject(rep);
-            return rc;
+    const redisReply *keys;
+    kiq_scan_t s;
+    int rc = 0, more;
+    kiq_scan_init(&s, r, NULL, KIQ_KEY_WORKING "*", 1000);
+    while (!rc) {
+        if (kiq_mono() > sw->deadline) {
+            rc = 1;
+            break;
         }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        redisReply *keys = rep->element[1];
+        if ((more = kiq_scan_next(&s, &keys, err)) <= 0) {
+            rc = more;
+            break;
+        }
         for (size_t i = 0; i < keys->elements && !rc; i++) {
             char **w = realloc(sw->working, (sw->nworking + 1) * sizeof(char *));
             if (!w || !(w[sw->nworking] = strdup(keys->element[i]->str))) {
@@ -271,18 +260,18 @@ static int sweep_working(kiq_redis_t *r, sweep_t *sw, char *err)
             sw->nworking++;
             rc = sweep_list(r, sw, keys->element[i]->str, err);
         }
-        freeReplyObject(rep);
-    } while (!rc && strcmp(cursor, "0") != 0);
+    }
+    kiq_scan_close(&s);
     return rc;
 }
 
 /* The <identity>:work hashes of live processes (v9 checks the same). */
 static int sweep_work(kiq_redis_t *r, sweep_t *sw, char *err)
 {
-    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS processes");
+    redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_PROCESSES);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = reply_err(r, rep, "SMEMBERS processes", err);
+        rc = kiq_reply_error(r, rep, "SMEMBERS " KIQ_KEY_PROCESSES, err);
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
@@ -290,13 +279,13 @@ static int sweep_work(kiq_redis_t *r, sweep_t *sw, char *err)
         redisReply *ex = kiq_redis_cmdf(r, "EXISTS %s", id);
         int alive = ex && ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
         if (!ex)
-            rc = reply_err(r, ex, "EXISTS", err);
+            rc = kiq_reply_error(r, ex, "EXISTS", err);
         freeReplyObject(ex);
         if (!alive || rc)
             continue;
-        redisReply *w = kiq_redis_cmdf(r, "HVALS %s:work", id);
+        redisReply *w = kiq_redis_cmdf(r, "HVALS %s" KIQ_KEY_WORK, id);
         if (!w || w->type != REDIS_REPLY_ARRAY)
-            rc = reply_err(r, w, "HVALS", err);
+            rc = kiq_reply_error(r, w, "HVALS", err);
         else if (add_reply(sw, w))
             rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
         freeReplyObject(w);
@@ -309,13 +298,13 @@ out:
 /* 0 when complete, 1 when the time ran out, or an error. */
 static int sweep_all(kiq_redis_t *r, sweep_t *sw, char *err)
 {
-    int rc = sweep_zset(r, sw, "schedule", err);
-    if (!rc) rc = sweep_zset(r, sw, "retry", err);
+    int rc = sweep_zset(r, sw, KIQ_KEY_SCHEDULE, err);
+    if (!rc) rc = sweep_zset(r, sw, KIQ_KEY_RETRY, err);
     if (!rc) rc = sweep_queues(r, sw, err);
     if (!rc) rc = sweep_working(r, sw, err);
     if (!rc) rc = sweep_work(r, sw, err);
-    if (!rc) rc = sweep_zset(r, sw, "retry", err);
-    if (!rc) rc = sweep_zset(r, sw, "schedule", err);
+    if (!rc) rc = sweep_zset(r, sw, KIQ_KEY_RETRY, err);
+    if (!rc) rc = sweep_zset(r, sw, KIQ_KEY_SCHEDULE, err);
     return rc;
 }
 
@@ -340,7 +329,7 @@ static int lease(kiq_redis_t *r, const char *key, const char *owner, long ttl_ms
         const char *set[] = { "SET", key, owner, "NX", "PX", px };
         redisReply *rep = kiq_redis_cmd(r, 6, set, NULL);
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
-            int rc = reply_err(r, rep, "SET", err);
+            int rc = kiq_reply_error(r, rep, "SET", err);
             freeReplyObject(rep);
             return rc;
         }
@@ -351,7 +340,7 @@ static int lease(kiq_redis_t *r, const char *key, const char *owner, long ttl_ms
         const char *get[] = { "GET", key };
         rep = kiq_redis_cmd(r, 2, get, NULL);
         if (!rep)
-            return reply_err(r, rep, "GET", err);
+            return kiq_reply_error(r, rep, "GET", err);
         if (rep->type != REDIS_REPLY_STRING) {
             freeReplyObject(rep); /* lapsed between SET and GET */
             continue;
@@ -421,9 +410,6 @@ static void cand_clear(cand_t *c)
 typedef struct batch {
     const char **argv;
     size_t argc, cap;
-    long stale_sent;
-    char **stale; /* digests sent with no holder (to count result->stale) */
-    size_t nstale;
 } batch_t;
 
 static int batch_push(batch_t *b, const char *s)
@@ -486,7 +472,7 @@ static int flush(kiq_redis_t *r, sweep_t *sw, cand_t *cands, const int *suspect,
         goto out;
     redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REAP, nkeys, (int)b.argc, b.argv, NULL);
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = reply_err(r, rep, "reap.lua", err);
+        rc = kiq_reply_error(r, rep, "reap.lua", err);
         freeReplyObject(rep);
         goto out;
     }
@@ -529,7 +515,7 @@ static int read_page(kiq_redis_t *r, const char *cscore, const char *cmember, ca
         freeReplyObject(page);
         page = kiq_redis_cmd(r, 9, argv, NULL);
         if (!page || page->type != REDIS_REPLY_ARRAY) {
-            rc = reply_err(r, page, "ZRANGE " KIQ_UNIQUE_DIGESTS, err);
+            rc = kiq_reply_error(r, page, "ZRANGE " KIQ_UNIQUE_DIGESTS, err);
             goto out;
         }
         if (page->elements == 0)
@@ -552,7 +538,7 @@ static int read_page(kiq_redis_t *r, const char *cscore, const char *cmember, ca
     /* The holders and TTL of each, pipelined. */
     for (size_t i = 0; i < *n; i++) {
         char key[1100];
-        snprintf(key, sizeof(key), "%s:LOCKED", cands[i].digest);
+        kiq_key(key, sizeof(key), cands[i].digest, KIQ_KEY_LOCKED);
         const char *hg[] = { "HGETALL", key };
         const char *pt[] = { "PTTL", key };
         if (kiq_redis_append(r, 2, hg, NULL) || kiq_redis_append(r, 2, pt, NULL)) {
@@ -619,6 +605,183 @@ void kiq_reap_result_clear(kiq_reap_result_t *out)
     out->ndigests = 0;
 }
 
+/* One run: its limits, the job sweep (done at most once, when the first
+ * digest with holders needs it) and the walk's position. */
+typedef struct run {
+    kiq_redis_t *r;
+    kiq_reap_result_t *out;
+    long count;
+    double grace;
+    double cutoff;     /* digests locked after this keep their holders unchecked */
+    sweep_t sw;
+    int swept;         /* 0 not yet, 1 complete, -1 ran out of time */
+    cand_t *cands;     /* PAGE of them */
+    int *suspect;      /* PAGE flags: send to reap.lua */
+    char cscore[64], cmember[1024]; /* the last digest decided, or "" */
+} run_t;
+
+/* Takes v9's fleet role (when asked) and the per-run lease (unless forced).
+ * Returns 1 when the run may go on, 0 when another reaper holds one
+ * (out->busy, out->holder), or an error. *leased says whether the run lease
+ * must be given back. */
+static int take_leases(run_t *run, const kiq_reap_opts_t *o, double timeout, const char *owner,
+                       int *leased, char *err)
+{
+    kiq_reap_result_t *out = run->out;
+    int rc;
+    if (o->role_ttl > 0) {
+        /* v9 keeps the role (its reaper mutex) for interval + 2 %, in whole
+         * seconds, and renews it every cycle. */
+        long ms = (long)ceil(o->role_ttl) * 1000;
+        rc = lease(run->r, KIQ_UNIQUE_REAPER_KEY, owner, ms, out->holder, sizeof(out->holder),
+                   err);
+        if (rc <= 0) {
+            out->busy = rc == 0;
+            return rc;
+        }
+    }
+    if (!o->force) {
+        rc = lease(run->r, KIQ_KEY_REAPER_RUNNING, owner, (long)((timeout + 30) * 1000),
+                   out->holder, sizeof(out->holder), err);
+        if (rc <= 0) {
+            out->busy = rc == 0;
+            return rc;
+        }
+        *leased = 1;
+    }
+    return 1;
+}
+
+/* Where the previous run stopped: "score member", or nothing. */
+static int load_cursor(run_t *run, char *err)
+{
+    redisReply *cur = kiq_redis_cmdf(run->r, "GET %s", KIQ_KEY_REAPER_CURSOR);
+    if (!cur)
+        return kiq_reply_error(run->r, cur, "GET " KIQ_KEY_REAPER_CURSOR, err);
+    if (cur->type == REDIS_REPLY_STRING) {
+        const char *sp = strchr(cur->str, ' ');
+        if (sp && (size_t)(sp - cur->str) < sizeof(run->cscore)) {
+            snprintf(run->cscore, sizeof(run->cscore), "%.*s", (int)(sp - cur->str), cur->str);
+            snprintf(run->cmember, sizeof(run->cmember), "%s", sp + 1);
+        }
+    }
+    freeReplyObject(cur);
+    return 0;
+}
+
+/* Where the next run starts; failures only cost that run a repeat. */
+static void save_cursor(run_t *run)
+{
+    if (run->out->wrapped) {
+        redisReply *d = kiq_redis_cmdf(run->r, "DEL %s", KIQ_KEY_REAPER_CURSOR);
+        freeReplyObject(d);
+    } else if (*run->cscore) {
+        char val[1200];
+        snprintf(val, sizeof(val), "%s %s", run->cscore, run->cmember);
+        const char *set[] = { "SET", KIQ_KEY_REAPER_CURSOR, val, "EX", CURSOR_TTL };
+        redisReply *s = kiq_redis_cmd(run->r, 5, set, NULL);
+        freeReplyObject(s);
+    }
+}
+
+/* Whether c goes to reap.lua: 1 yes, 0 no, or an error. */
+static int judge(run_t *run, const cand_t *c, char *err)
+{
+    if (c->foreign)
+        return 0;
+    if (c->njids == 0)
+        return 1;
+    /* Locked within the grace period, or an until_expired lock Redis will
+     * expire: leave it. */
+    if (strtod(c->score, NULL) > run->cutoff || (c->until_expired && c->pttl > 0))
+        return 0;
+    /* Are its holders anywhere? */
+    if (!run->swept) {
+        int rc = sweep_all(run->r, &run->sw, err);
+        if (rc < 0)
+            return rc;
+        run->swept = rc == 0 ? 1 : -1;
+    }
+    if (run->swept < 0) {
+        run->out->incomplete = 1;
+        return 0;
+    }
+    for (size_t k = 0; k < c->njids; k++)
+        if (jidset_has(&run->sw.live, c->jids[k], strlen(c->jids[k])))
+            return 0;
+    return 1;
+}
+
+/* Decides the n digests of a page in order, sending suspects to reap.lua
+ * in batches, and moves the cursor past the last one decided. *stop: the
+ * time or the count ran out within the page. */
+static int reap_page(run_t *run, size_t n, int *stop, char *err)
+{
+    kiq_reap_result_t *out = run->out;
+    size_t from = 0, pending = 0, last = n; /* last: index decided last */
+    int rc = 0;
+    memset(run->suspect, 0, PAGE * sizeof(int));
+    for (size_t i = 0; i < n; i++) {
+        if (kiq_mono() > run->sw.deadline) {
+            out->timed_out = *stop = 1;
+            break;
+        }
+        out->examined++;
+        last = i;
+        if ((rc = judge(run, &run->cands[i], err)) < 0)
+            return rc;
+        run->suspect[i] = rc;
+        pending += (size_t)rc;
+        rc = 0;
+        long room = run->count - out->removed;
+        if (pending && ((long)pending >= room || pending >= BATCH)) {
+            rc = flush(run->r, &run->sw, run->cands, run->suspect, from, i + 1, out, err);
+            if (rc)
+                return rc;
+            from = i + 1;
+            pending = 0;
+            if (out->removed >= run->count) {
+                *stop = 1;
+                break;
+            }
+        }
+    }
+    /* Only what was decided: items up to and including `last`. */
+    if (pending && (rc = flush(run->r, &run->sw, run->cands, run->suspect, from, last + 1, out,
+                               err)))
+        return rc;
+    if (last < n) {
+        snprintf(run->cscore, sizeof(run->cscore), "%s", run->cands[last].score);
+        snprintf(run->cmember, sizeof(run->cmember), "%s", run->cands[last].digest);
+    }
+    return 0;
+}
+
+/* Walks uniquejobs:digests page by page from the cursor until the count,
+ * the time or the index runs out. */
+static int walk(run_t *run, char *err)
+{
+    kiq_reap_result_t *out = run->out;
+    int stop = 0, rc = 0;
+    run->cutoff = kiq_now() - run->grace;
+    while (!stop && !rc && out->removed < run->count) {
+        if (kiq_mono() > run->sw.deadline) {
+            out->timed_out = 1;
+            break;
+        }
+        size_t n = 0;
+        rc = read_page(run->r, run->cscore, run->cmember, run->cands, &n, err);
+        if (!rc && n == 0)
+            out->wrapped = 1;
+        if (rc || n == 0)
+            break;
+        rc = reap_page(run, n, &stop, err);
+        for (size_t i = 0; i < n; i++)
+            cand_clear(&run->cands[i]);
+    }
+    return rc;
+}
+
 int kiq_unique_reap(kiq_redis_t *r, const kiq_reap_opts_t *opts, kiq_reap_result_t *out,
                     char *err)
 {
@@ -626,227 +789,42 @@ int kiq_unique_reap(kiq_redis_t *r, const kiq_reap_opts_t *opts, kiq_reap_result
     if (opts)
         o = *opts;
     memset(out, 0, sizeof(*out));
-    long count = o.count > 0 ? o.count : 1000;
     double timeout = o.timeout > 0 ? o.timeout : 10;
-    double grace = o.grace >= 0 ? o.grace : timeout + 10;
     char owner[320];
     if (o.owner && *o.owner)
         snprintf(owner, sizeof(owner), "%s", o.owner);
     else
         default_owner(owner, sizeof(owner));
+    run_t run = {
+        .r = r,
+        .out = out,
+        .count = o.count > 0 ? o.count : 1000,
+        .grace = o.grace >= 0 ? o.grace : timeout + 10,
+        .sw = { .deadline = kiq_mono() + timeout },
+        .cands = calloc(PAGE, sizeof(cand_t)),
+        .suspect = calloc(PAGE, sizeof(int)),
+    };
 
-    int rc = 0, leased = 0;
-    sweep_t sw = { .deadline = kiq_mono() + timeout };
-    int swept = 0; /* 0 not yet, 1 complete, -1 ran out of time */
-    cand_t *cands = calloc(PAGE, sizeof(cand_t));
-    int *suspect = calloc(PAGE, sizeof(int));
-    char cscore[64] = "", cmember[1024] = "";
-    if (!cands || !suspect) {
+    int rc, leased = 0;
+    if (!run.cands || !run.suspect)
         rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-        goto out;
-    }
-    if (o.role_ttl > 0) {
-        /* v9 keeps the role (its reaper mutex) for interval + 2 %, in whole
-         * seconds, and renews it every cycle. */
-        long ms = (long)ceil(o.role_ttl) * 1000;
-        rc = lease(r, KIQ_UNIQUE_REAPER_KEY, owner, ms, out->holder, sizeof(out->holder), err);
-        if (rc <= 0) {
-            out->busy = rc == 0;
-            goto out;
-        }
-        rc = 0;
-    }
-    if (!o.force) {
-        rc = lease(r, RUN_LEASE, owner, (long)((timeout + 30) * 1000), out->holder,
-                   sizeof(out->holder), err);
-        if (rc <= 0) {
-            out->busy = rc == 0;
-            goto out;
-        }
-        leased = 1;
-        rc = 0;
+    else
+        rc = take_leases(&run, &o, timeout, owner, &leased, err);
+    if (rc > 0) {
+        rc = load_cursor(&run, err);
+        if (!rc)
+            rc = walk(&run, err);
+        if (!rc)
+            save_cursor(&run);
     }
 
-    redisReply *cur = kiq_redis_cmdf(r, "GET %s", CURSOR_KEY);
-    if (!cur) {
-        rc = reply_err(r, cur, "GET " CURSOR_KEY, err);
-        goto out;
-    }
-    if (cur->type == REDIS_REPLY_STRING) {
-        const char *sp = strchr(cur->str, ' ');
-        if (sp && (size_t)(sp - cur->str) < sizeof(cscore)) {
-            snprintf(cscore, sizeof(cscore), "%.*s", (int)(sp - cur->str), cur->str);
-            snprintf(cmember, sizeof(cmember), "%s", sp + 1);
-        }
-    }
-    freeReplyObject(cur);
-
-    double cutoff = kiq_now() - grace;
-    int stop = 0;
-    while (!stop) {
-        if (out->removed >= count)
-            break;
-        if (kiq_mono() > sw.deadline) {
-            out->timed_out = 1;
-            break;
-        }
-        size_t n = 0;
-        rc = read_page(r, cscore, cmember, cands, &n, err);
-        if (rc)
-            goto out;
-        if (n == 0) {
-            out->wrapped = 1;
-            break;
-        }
-        memset(suspect, 0, PAGE * sizeof(int));
-        size_t from = 0, pending = 0, last = n; /* last: index decided last */
-        for (size_t i = 0; i < n; i++) {
-            cand_t *c = &cands[i];
-            if (kiq_mono() > sw.deadline) {
-                out->timed_out = stop = 1;
-                break;
-            }
-            out->examined++;
-            last = i;
-            if (c->foreign)
-                continue;
-            if (c->njids == 0) {
-                suspect[i] = 1;
-            } else if (strtod(c->score, NULL) <= cutoff && !(c->until_expired && c->pttl > 0)) {
-                /* Older than the grace period and not an until_expired lock
-                 * Redis will expire: are its holders anywhere? */
-                if (!swept) {
-                    rc = sweep_all(r, &sw, err);
-                    if (rc < 0)
-                        goto out;
-                    swept = rc == 0 ? 1 : -1;
-                    rc = 0;
-                }
-                if (swept < 0) {
-                    out->incomplete = 1;
-                    continue;
-                }
-                int found = 0;
-                for (size_t k = 0; k < c->njids && !found; k++)
-                    found = jidset_has(&sw.live, c->jids[k], strlen(c->jids[k]));
-                suspect[i] = !found;
-            }
-            if (suspect[i])
-                pending++;
-            long room = count - out->removed;
-            if (pending && ((long)pending >= room || pending >= BATCH)) {
-                rc = flush(r, &sw, cands, suspect, from, i + 1, out, err);
-                if (rc)
-                    goto out;
-                from = i + 1;
-                pending = 0;
-                if (out->removed >= count) {
-                    stop = 1;
-                    break;
-                }
-            }
-        }
-        if (pending) {
-            /* Only what was decided: items up to and including `last`. */
-            rc = flush(r, &sw, cands, suspect, from, last + 1, out, err);
-            if (rc)
-                goto out;
-        }
-        if (last < n) {
-            snprintf(cscore, sizeof(cscore), "%s", cands[last].score);
-            snprintf(cmember, sizeof(cmember), "%s", cands[last].digest);
-        }
-        for (size_t i = 0; i < n; i++)
-            cand_clear(&cands[i]);
-        if (out->removed >= count)
-            stop = 1;
-    }
-    if (out->wrapped) {
-        redisReply *d = kiq_redis_cmdf(r, "DEL %s", CURSOR_KEY);
-        freeReplyObject(d);
-    } else if (*cscore) {
-        char val[1200];
-        snprintf(val, sizeof(val), "%s %s", cscore, cmember);
-        const char *set[] = { "SET", CURSOR_KEY, val, "EX", CURSOR_TTL };
-        redisReply *s = kiq_redis_cmd(r, 5, set, NULL);
-        freeReplyObject(s);
-    }
-out:
-    if (cands)
+    if (run.cands)
         for (size_t i = 0; i < PAGE; i++)
-            cand_clear(&cands[i]);
-    free(cands);
-    free(suspect);
-    sweep_free(&sw);
+            cand_clear(&run.cands[i]);
+    free(run.cands);
+    free(run.suspect);
+    sweep_free(&run.sw);
     if (leased && kiq_redis_ok(r))
-        unlease(r, RUN_LEASE, owner);
-    return rc;
-}
-
-/* ---- admin ------------------------------------------------------------------ */
-
-int kiq_unique_digest_parse(const char *arg, char *out, size_t n, char *err)
-{
-    if (!arg || !*arg)
-        return kiq_seterr(err, KIQ_EINVAL, "the digest is empty");
-    size_t len = strlen(arg);
-    if (len > 7 && strcmp(arg + len - 7, ":LOCKED") == 0)
-        len -= 7;
-    if (len > 512 || len + 1 > n)
-        return kiq_seterr(err, KIQ_EINVAL, "the digest is too long (%zu bytes)", len);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)arg[i];
-        if (ch <= ' ' || ch >= 0x7f || strchr("*?[]\\\"'", ch))
-            return kiq_seterr(err, KIQ_EINVAL,
-                              "\"%s\" is not a digest: character %zu is not allowed", arg,
-                              i + 1);
-    }
-    const char *colon = memchr(arg, ':', len);
-    if (!colon || colon == arg || colon == arg + len - 1)
-        return kiq_seterr(err, KIQ_EINVAL,
-                          "\"%s\" is not a digest (expected PREFIX:HEX, e.g. uniquejobs:0f3a...)",
-                          arg);
-    memcpy(out, arg, len);
-    out[len] = '\0';
-    return 0;
-}
-
-int kiq_unique_lock_delete(kiq_redis_t *r, const char *digest, long *removed, char *err)
-{
-    char locked[600], run[600], run_locked[600];
-    size_t len = strlen(digest);
-    int is_run = len > 4 && strcmp(digest + len - 4, ":RUN") == 0;
-    int rc = 0;
-    long total = 0;
-    if (len > 512)
-        return kiq_seterr(err, KIQ_EINVAL, "the digest is too long");
-    snprintf(locked, sizeof(locked), "%s:LOCKED", digest);
-    snprintf(run, sizeof(run), "%s:RUN", digest);
-    snprintf(run_locked, sizeof(run_locked), "%s:RUN:LOCKED", digest);
-    const char *unl[] = { "UNLINK", locked, run_locked };
-    const char *zrem[] = { "ZREM", KIQ_UNIQUE_DIGESTS, digest, run };
-    /* A :RUN digest is one runtime lock; a base digest takes its runtime
-     * lock with it, as deleting "the lock" of a job means both. */
-    int nargs = is_run ? 2 : 3;
-    int zargs = is_run ? 3 : 4;
-    if (kiq_redis_append(r, nargs, unl, NULL) || kiq_redis_append(r, zargs, zrem, NULL))
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-    for (int i = 0; i < 2; i++) {
-        redisReply *rep = kiq_redis_get_reply(r);
-        if (!rep || rep->type != REDIS_REPLY_INTEGER) {
-            if (!rc)
-                rc = reply_err(r, rep, i ? "ZREM" : "UNLINK", err);
-            freeReplyObject(rep);
-            if (!rep)
-                return rc;
-            continue;
-        }
-        total += (long)rep->integer;
-        freeReplyObject(rep);
-    }
-    if (removed)
-        *removed = total;
-    if (!rc && total == 0)
-        rc = kiq_seterr(err, KIQ_ENOTFOUND, "no lock with digest %s", digest);
+        unlease(r, KIQ_KEY_REAPER_RUNNING, owner);
     return rc;
 }

@@ -1,0 +1,75 @@
+/* The admin operations on single locks behind `kiq locks` (and v9's web
+ * UI): checking a digest a person typed, and deleting a lock with all its
+ * holders. */
+#include "kiq/unique_admin.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "redis/keys.h"
+#include "redis/reply.h"
+
+int kiq_unique_digest_parse(const char *arg, char *out, size_t n, char *err)
+{
+    if (!arg || !*arg)
+        return kiq_seterr(err, KIQ_EINVAL, "the digest is empty");
+    size_t len = kiq_key_base(arg, KIQ_KEY_LOCKED);
+    if (!len)
+        len = strlen(arg);
+    if (len > 512 || len + 1 > n)
+        return kiq_seterr(err, KIQ_EINVAL, "the digest is too long (%zu bytes)", len);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)arg[i];
+        if (ch <= ' ' || ch >= 0x7f || strchr("*?[]\\\"'", ch))
+            return kiq_seterr(err, KIQ_EINVAL,
+                              "\"%s\" is not a digest: character %zu is not allowed", arg,
+                              i + 1);
+    }
+    const char *colon = memchr(arg, ':', len);
+    if (!colon || colon == arg || colon == arg + len - 1)
+        return kiq_seterr(err, KIQ_EINVAL,
+                          "\"%s\" is not a digest (expected PREFIX:HEX, e.g. uniquejobs:0f3a...)",
+                          arg);
+    memcpy(out, arg, len);
+    out[len] = '\0';
+    return 0;
+}
+
+int kiq_unique_lock_delete(kiq_redis_t *r, const char *digest, long *removed, char *err)
+{
+    char locked[600], run[600], run_locked[600];
+    int is_run = kiq_key_base(digest, KIQ_KEY_RUN) > 0;
+    int rc = 0;
+    long total = 0;
+    if (strlen(digest) > 512)
+        return kiq_seterr(err, KIQ_EINVAL, "the digest is too long");
+    kiq_key(locked, sizeof(locked), digest, KIQ_KEY_LOCKED);
+    kiq_key(run, sizeof(run), digest, KIQ_KEY_RUN);
+    kiq_key(run_locked, sizeof(run_locked), run, KIQ_KEY_LOCKED);
+    const char *unl[] = { "UNLINK", locked, run_locked };
+    const char *zrem[] = { "ZREM", KIQ_UNIQUE_DIGESTS, digest, run };
+    /* A :RUN digest is one runtime lock; a base digest takes its runtime
+     * lock with it, as deleting "the lock" of a job means both. */
+    int nargs = is_run ? 2 : 3;
+    int zargs = is_run ? 3 : 4;
+    if (kiq_redis_append(r, nargs, unl, NULL) || kiq_redis_append(r, zargs, zrem, NULL))
+        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    for (int i = 0; i < 2; i++) {
+        redisReply *rep = kiq_redis_get_reply(r);
+        if (!rep || rep->type != REDIS_REPLY_INTEGER) {
+            if (!rc)
+                rc = kiq_reply_error(r, rep, i ? "ZREM" : "UNLINK", err);
+            freeReplyObject(rep);
+            if (!rep)
+                return rc;
+            continue;
+        }
+        total += (long)rep->integer;
+        freeReplyObject(rep);
+    }
+    if (removed)
+        *removed = total;
+    if (!rc && total == 0)
+        rc = kiq_seterr(err, KIQ_ENOTFOUND, "no lock with digest %s", digest);
+    return rc;
+}
