@@ -190,26 +190,31 @@ static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
     }
 }
 
+/* The next page of s unless the sweep's time ran out: 0 with *page (NULL
+ * at the end), 1 when the time ran out, or an error. */
+static int sweep_page(const sweep_t *sw, kiq_scan_t *s, const redisReply **page, char *err)
+{
+    *page = NULL;
+    if (kiq_mono() > sw->deadline)
+        return 1;
+    int more = kiq_scan_next(s, page, err);
+    return more > 0 ? 0 : more;
+}
+
 /* ZSCAN returns every member present for the whole scan; one that leaves
  * meanwhile has moved on to a place swept later. */
 static int sweep_zset(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
 {
     const redisReply *page;
     kiq_scan_t s;
-    int rc = 0, more;
+    int rc;
     kiq_scan_init(&s, r, key, NULL, 1000);
-    while (!rc) {
-        if (kiq_mono() > sw->deadline) {
-            rc = 1;
-            break;
-        }
-        if ((more = kiq_scan_next(&s, &page, err)) <= 0) {
-            rc = more;
-            break;
-        }
+    while (!(rc = sweep_page(sw, &s, &page, err)) && page) {
         /* Members and scores alternate; a score never contains "jid". */
-        if (add_reply(sw, page))
+        if (add_reply(sw, page)) {
             rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            break;
+        }
     }
     kiq_scan_close(&s);
     return rc;
@@ -237,17 +242,9 @@ static int sweep_working(kiq_redis_t *r, sweep_t *sw, char *err)
 {
     const redisReply *keys;
     kiq_scan_t s;
-    int rc = 0, more;
+    int rc = 0;
     kiq_scan_init(&s, r, NULL, KIQ_KEY_WORKING "*", 1000);
-    while (!rc) {
-        if (kiq_mono() > sw->deadline) {
-            rc = 1;
-            break;
-        }
-        if ((more = kiq_scan_next(&s, &keys, err)) <= 0) {
-            rc = more;
-            break;
-        }
+    while (!rc && !(rc = sweep_page(sw, &s, &keys, err)) && keys) {
         for (size_t i = 0; i < keys->elements && !rc; i++) {
             char **w = realloc(sw->working, (sw->nworking + 1) * sizeof(char *));
             if (!w || !(w[sw->nworking] = strdup(keys->element[i]->str))) {

@@ -24,62 +24,56 @@ static int key_index(const char *key, const char *prefix)
     return i >= 1 && i <= NKEYS ? i : -1;
 }
 
-Test(redis, scan_visits_every_matching_key_once)
+/* Runs the Lua script that writes the data, then scans key (NULL: the key
+ * space) for match to the end and checks that each "<prefix><i>", i in
+ * 1..NKEYS, came exactly once and nothing else came; pairs: pages hold
+ * member, score pairs, the score being i. Returns the number of pages. */
+static int scan_all(const char *script, const char *key, const char *match, long count,
+                    const char *prefix, int pairs)
 {
-    freeReplyObject(kt_cmd("EVAL %s 0", "for i = 1, 2500 do redis.call('SET', 'scan:k:' .. i, i) "
-                                        "redis.call('SET', 'other:' .. i, i) end"));
+    freeReplyObject(kt_cmd("EVAL %s 0", script));
     kiq_redis_t *r = kt_lib_redis();
     int seen[NKEYS + 1] = {0};
     char err[KIQ_ERRLEN];
     const redisReply *page;
     kiq_scan_t s;
     int pages = 0, more;
-    kiq_scan_init(&s, r, NULL, "scan:k:*", 50);
+    size_t step = pairs ? 2 : 1;
+    kiq_scan_init(&s, r, key, match, count);
     while ((more = kiq_scan_next(&s, &page, err)) > 0) {
         pages++;
-        for (size_t i = 0; i < page->elements; i++) {
-            int k = key_index(page->element[i]->str, "scan:k:");
-            cr_assert(k > 0, "a key outside the pattern: %s", page->element[i]->str);
+        cr_assert_eq(page->elements % step, 0);
+        for (size_t i = 0; i < page->elements; i += step) {
+            int k = key_index(page->element[i]->str, prefix);
+            cr_assert(k > 0, "outside the pattern: %s", page->element[i]->str);
+            if (pairs)
+                cr_assert_eq(atoi(page->element[i + 1]->str), k, "score of %d", k);
             seen[k]++;
         }
     }
-    kiq_scan_close(&s);
     cr_assert_eq(more, 0, "%s", err);
-    cr_assert_gt(pages, 10, "only %d pages", pages);
-    for (int k = 1; k <= NKEYS; k++)
-        cr_assert_eq(seen[k], 1, "scan:k:%d seen %d times", k, seen[k]);
     /* Another call after the end stays at the end. */
     cr_assert_eq(kiq_scan_next(&s, &page, err), 0);
+    kiq_scan_close(&s);
     kiq_redis_free(r);
+    for (int k = 1; k <= NKEYS; k++)
+        cr_assert_eq(seen[k], 1, "%s%d seen %d times", prefix, k, seen[k]);
+    return pages;
+}
+
+Test(redis, scan_visits_every_matching_key_once)
+{
+    int pages = scan_all("for i = 1, 2500 do redis.call('SET', 'scan:k:' .. i, i) "
+                         "redis.call('SET', 'other:' .. i, i) end",
+                         NULL, "scan:k:*", 50, "scan:k:", 0);
+    cr_assert_gt(pages, 10, "only %d pages", pages);
 }
 
 Test(redis, zscan_pages_members_and_scores)
 {
-    freeReplyObject(kt_cmd("EVAL %s 0", "for i = 1, 2500 do "
-                                        "redis.call('ZADD', 'z', i, 'm:' .. i) end"));
-    kiq_redis_t *r = kt_lib_redis();
-    int seen[NKEYS + 1] = {0};
-    char err[KIQ_ERRLEN];
-    const redisReply *page;
-    kiq_scan_t s;
-    int pages = 0, more;
-    kiq_scan_init(&s, r, "z", NULL, 100);
-    while ((more = kiq_scan_next(&s, &page, err)) > 0) {
-        pages++;
-        cr_assert_eq(page->elements % 2, 0);
-        for (size_t i = 0; i + 1 < page->elements; i += 2) {
-            int k = key_index(page->element[i]->str, "m:");
-            cr_assert(k > 0, "%s", page->element[i]->str);
-            cr_assert_eq(atoi(page->element[i + 1]->str), k, "score of m:%d", k);
-            seen[k]++;
-        }
-    }
-    kiq_scan_close(&s);
-    cr_assert_eq(more, 0, "%s", err);
-    cr_assert_gt(pages, 1);
-    for (int k = 1; k <= NKEYS; k++)
-        cr_assert_eq(seen[k], 1, "m:%d seen %d times", k, seen[k]);
-    kiq_redis_free(r);
+    int pages = scan_all("for i = 1, 2500 do redis.call('ZADD', 'z', i, 'm:' .. i) end",
+                         "z", NULL, 100, "m:", 1);
+    cr_assert_gt(pages, 1, "only %d pages", pages);
 }
 
 Test(redis, scan_of_the_wrong_type_is_a_reply_error)
