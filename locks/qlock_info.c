@@ -38,11 +38,11 @@ static int lock_info_key(kiq_redis_t *r, const char *key, json_t **out, char *er
     *out = NULL;
     if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, hg, NULL) ||
         kiq_redis_append(r, 2, pt, NULL) || kiq_redis_append(r, 1, exec, NULL))
-        return kiq_seterr(err, KIQ_EREDIS, "lock info: %s", kiq_redis_error(r));
+        return kiq_reply_error(r, NULL, "lock info", err);
     for (int i = 0; i < 4; i++) {
         freeReplyObject(rep);
         if (!(rep = kiq_redis_get_reply(r)))
-            return kiq_seterr(err, KIQ_EREDIS, "lock info: %s", kiq_redis_error(r));
+            return kiq_reply_error(r, NULL, "lock info", err);
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_ARRAY || rep->element[1]->type != REDIS_REPLY_INTEGER) {
@@ -215,11 +215,11 @@ int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *na
     if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, dq, NULL) ||
         kiq_redis_append(r, 2, dl, NULL) || kiq_redis_append(r, 2, ds, NULL) ||
         kiq_redis_append(r, 1, exec, NULL))
-        return kiq_seterr(err, KIQ_EREDIS, "unlock: %s", kiq_redis_error(r));
+        return kiq_reply_error(r, NULL, "unlock", err);
     for (int i = 0; i < 5; i++) {
         freeReplyObject(rep);
         if (!(rep = kiq_redis_get_reply(r)))
-            return kiq_seterr(err, KIQ_EREDIS, "unlock: %s", kiq_redis_error(r));
+            return kiq_reply_error(r, NULL, "unlock", err);
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3) {
         rc = kiq_reply_error(r, rep, "unlock", err);
@@ -248,12 +248,12 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         const char *del[] = { "DEL", key };
         char seen[QL_KEY_MAX + 32];
         if (kiq_redis_append(r, 2, del, NULL))
-            return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
+            return kiq_reply_error(r, NULL, "clear locks", err);
         if (strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0) {
             snprintf(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN "%s", key + strlen(KIQ_KEY_QLOCK_QUEUE));
             const char *ds[] = { "DEL", seen };
             if (kiq_redis_append(r, 2, ds, NULL))
-                return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
+                return kiq_reply_error(r, NULL, "clear locks", err);
         }
     }
     int rc = 0;
@@ -263,7 +263,7 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         for (int j = 0; j <= queue; j++) {
             redisReply *rep = kiq_redis_get_reply(r);
             if (!rep)
-                return kiq_seterr(err, KIQ_EREDIS, "clear locks: %s", kiq_redis_error(r));
+                return kiq_reply_error(r, NULL, "clear locks", err);
             if (rep->type != REDIS_REPLY_INTEGER && !rc)
                 rc = kiq_reply_error(r, rep, "clear locks", err);
             else if (j == 0 && rep->type == REDIS_REPLY_INTEGER)
