@@ -125,12 +125,14 @@ static long thread_id(void)
 
 void kiq_qlock_acq_id(const kiq_qlock_client_t *c, char *out)
 {
-    snprintf(out, KIQ_QLOCK_ID_MAX, KIQ_QLOCK_ACQ_ID "%d/%ld/0/0/%s", (int)getpid(), thread_id(), c->identity);
+    snprintf(out, KIQ_QLOCK_ID_MAX, KIQ_QLOCK_ACQ_ID "%d/%ld/0/0/%s", (int)getpid(), thread_id(),
+             c->identity);
 }
 
 void kiq_qlock_hst_id(const kiq_qlock_client_t *c, char *out)
 {
-    snprintf(out, KIQ_QLOCK_ID_MAX, KIQ_QLOCK_HST_ID "%d/%ld/0/%s", (int)getpid(), thread_id(), c->identity);
+    snprintf(out, KIQ_QLOCK_ID_MAX, KIQ_QLOCK_HST_ID "%d/%ld/0/%s", (int)getpid(), thread_id(),
+             c->identity);
 }
 
 static void ql_log(const kiq_qlock_client_t *c, const char *fmt, ...)

@@ -114,7 +114,8 @@ static int exists(kiq_redis_t *r, const char *name, int queue, char *err)
         return rc;
     const char *argv[] = { "EXISTS", queue ? k.queue : k.lock };
     redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
-    rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0 : kiq_reply_error(r, rep, "EXISTS", err);
+    rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0
+                                                 : kiq_reply_error(r, rep, "EXISTS", err);
     freeReplyObject(rep);
     return rc;
 }
@@ -150,7 +151,10 @@ out:
 
 int kiq_qlock_locks(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_LOCK_PATTERN, n, out, err); }
 int kiq_qlock_queues(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_QUEUE_PATTERN, n, out, err); }
-int kiq_qlock_keys(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, KIQ_KEY_QLOCK_ANY, n, out, err); }
+int kiq_qlock_keys(kiq_redis_t *r, size_t n, json_t **out, char *err)
+{
+    return scan(r, KIQ_KEY_QLOCK_ANY, n, out, err);
+}
 
 int kiq_qlock_locks_info(kiq_redis_t *r, size_t scan_size, json_t **out, char *err)
 {
@@ -250,7 +254,7 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         if (kiq_redis_append(r, 2, del, NULL))
             return kiq_reply_error(r, NULL, "clear locks", err);
         if (strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0) {
-            snprintf(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN "%s", key + strlen(KIQ_KEY_QLOCK_QUEUE));
+            kiq_key(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN, key + strlen(KIQ_KEY_QLOCK_QUEUE));
             const char *ds[] = { "DEL", seen };
             if (kiq_redis_append(r, 2, ds, NULL))
                 return kiq_reply_error(r, NULL, "clear locks", err);

@@ -523,7 +523,8 @@ int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX], ch
                         cr ? "" : " (libcrypto.so.3 cannot be loaded)");
         goto out;
     }
-    const char *prefix = in->lock_prefix && *in->lock_prefix ? in->lock_prefix : KIQ_KEY_UNIQUE_PREFIX;
+    const char *prefix =
+        in->lock_prefix && *in->lock_prefix ? in->lock_prefix : KIQ_KEY_UNIQUE_PREFIX;
     if (strlen(prefix) + 2 + 2 * mdlen + 4 >= KIQ_DIGEST_MAX) {
         rc = kiq_seterr(err, KIQ_EINVAL, "lock_prefix is too long");
         goto out;

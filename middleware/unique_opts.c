@@ -182,7 +182,8 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
     free(str);
     str = NULL;
     if (!s->prefix[0])
-        snprintf(s->prefix, sizeof(s->prefix), "%s", prefix && *prefix ? prefix : KIQ_KEY_UNIQUE_PREFIX);
+        snprintf(s->prefix, sizeof(s->prefix), "%s",
+                 prefix && *prefix ? prefix : KIQ_KEY_UNIQUE_PREFIX);
     payload_strategies(mw, s);
     if (field_true(mw, "unique_across_queues")) s->across_queues = 1;
     if (field_true(mw, "unique_across_workers")) s->across_workers = 1;

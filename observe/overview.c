@@ -51,9 +51,10 @@ static int by_name(const void *a, const void *b)
 
 static int read_totals(kiq_redis_t *r, kiq_overview_t *o, char *err)
 {
-    static const char *const cmds[][2] = { { "GET", KIQ_KEY_PROCESSED }, { "GET", KIQ_KEY_FAILED },
-                                           { "ZCARD", KIQ_KEY_SCHEDULE }, { "ZCARD", KIQ_KEY_RETRY },
-                                           { "ZCARD", KIQ_KEY_DEAD } };
+    static const char *const cmds[][2] = {
+        { "GET", KIQ_KEY_PROCESSED },  { "GET", KIQ_KEY_FAILED }, { "ZCARD", KIQ_KEY_SCHEDULE },
+        { "ZCARD", KIQ_KEY_RETRY },    { "ZCARD", KIQ_KEY_DEAD },
+    };
     long long *dst[] = { &o->processed, &o->failed, &o->scheduled, &o->retries, &o->dead };
     for (size_t i = 0; i < 5; i++)
         if (kiq_redis_append(r, 2, (const char **)cmds[i], NULL))
