@@ -2,18 +2,33 @@
 """Compiles the Redis scripts of lua/ into the library.
 
 usage: embed_lua.py OUT.c OUT.h LUA_DIR NAME...
+       embed_lua.py --print LUA_DIR NAME
 
 The first form writes OUT.h, the enum kiq_script_t (KIQ_SCRIPT_<NAME> in
 the order of the NAME arguments, then KIQ_SCRIPT_COUNT) and the tables'
 declarations, and OUT.c, the names and texts indexed by that enum. The
 NAME list (lua_scripts in lua/meson.build) is the only list of scripts.
+
+A script that needs a shared Lua function says so on a line of its own,
+"-- uses: FUNC"; the text of lua/lib/FUNC.lua is put before the script's,
+so each embedded script stands alone (Redis runs one text per EVAL). The
+second form prints one script as embedded, for tools that load it with
+SCRIPT LOAD themselves.
 """
+import re
 import sys
+
+USES = re.compile(rb'^-- uses: ([a-z_]+)[ \t]*$', re.M)
 
 
 def script_text(lua_dir: str, name: str) -> bytes:
     with open('%s/%s.lua' % (lua_dir, name), 'rb') as f:
-        return f.read()
+        data = f.read()
+    prelude = b''
+    for lib in USES.findall(data):
+        with open('%s/lib/%s.lua' % (lua_dir, lib.decode()), 'rb') as f:
+            prelude += f.read()
+    return prelude + data
 
 
 def c_string(data: bytes) -> str:
@@ -55,6 +70,9 @@ def source(lua_dir: str, names) -> str:
 
 
 def main() -> int:
+    if sys.argv[1] == '--print':
+        sys.stdout.buffer.write(script_text(sys.argv[2], sys.argv[3]))
+        return 0
     out_c, out_h, lua_dir, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     with open(out_h, 'w') as f:
         f.write(header(names))
