@@ -1,3 +1,4 @@
+-- uses: release_hold
 -- Finish a job: drop it from the working list and write its failure (retry
 -- or dead) in one step, so a crash between the two can neither lose nor
 -- double it. With a working list, the failure is written only if the job
@@ -28,10 +29,7 @@ elseif mode == 'dead' then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[6]) - 1)
 end
-if KEYS[4] and ARGV[7] and redis.call('HDEL', KEYS[3], ARGV[7]) == 1 then
-  if redis.call('HLEN', KEYS[3]) == 0 then
-    redis.call('ZREM', KEYS[4], (string.gsub(KEYS[3], ':LOCKED$', '')))
-    redis.call('UNLINK', KEYS[3])
-  end
+if KEYS[4] and ARGV[7] then
+  release_hold(KEYS[3], KEYS[4], ARGV[7])
 end
 return removed

@@ -1,3 +1,4 @@
+-- uses: release_hold
 -- Finish several successful jobs at once, each releasing its uniqueness
 -- lock as ack.lua does: the job leaves the working list and its jid's hold
 -- on "<digest>:LOCKED" goes in the same step; a job no longer in the list
@@ -12,12 +13,7 @@ for i = 1, #ARGV, 3 do
   -- From the tail, where the oldest (first finished) jobs are.
   if redis.call('LREM', working, -1, ARGV[i]) == 1 then
     removed = removed + 1
-    local locked = ARGV[i + 1]
-    if redis.call('HDEL', locked, ARGV[i + 2]) == 1 and redis.call('HLEN', locked) == 0 then
-      -- The digest is the key without its ":LOCKED" (7 characters).
-      redis.call('ZREM', digests, string.sub(locked, 1, -8))
-      redis.call('UNLINK', locked)
-    end
+    release_hold(ARGV[i + 1], digests, ARGV[i + 2])
   end
 end
 return removed

@@ -1,3 +1,4 @@
+-- uses: release_hold
 -- Release one jid's hold on a uniqueness lock (v9's unlock).
 -- KEYS[1] the locked hash, KEYS[2] the digests zset.
 -- ARGV[1] jid, ARGV[2] lock type, or "force".
@@ -8,17 +9,13 @@ local locked, digests, jid = KEYS[1], KEYS[2], ARGV[1]
 if ARGV[2] == 'until_expired' then
   return 1
 end
-local digest = string.gsub(locked, ':LOCKED$', '')
-if redis.call('HEXISTS', locked, jid) == 0 then
-  if redis.call('HLEN', locked) == 0 then
-    redis.call('ZREM', digests, digest)
-    return 1
-  end
-  return 0
+if release_hold(locked, digests, jid) then
+  return 1
 end
-redis.call('HDEL', locked, jid)
+-- Not held by jid: released already, unless other jids hold it. An index
+-- entry left behind by a hash that expired goes too.
 if redis.call('HLEN', locked) == 0 then
-  redis.call('ZREM', digests, digest)
-  redis.call('UNLINK', locked)
+  redis.call('ZREM', digests, (string.gsub(locked, ':LOCKED$', '')))
+  return 1
 end
-return 1
+return 0

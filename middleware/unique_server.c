@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/internal.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "middleware/mw.h"
@@ -18,7 +17,7 @@
 
 static int job_failed(kiq_mw_t *mw)
 {
-    return mw->job->err_class != NULL;
+    return kiq_job_error_class(mw->job) != NULL;
 }
 
 static kiq_lock_req_t request(kiq_mw_t *mw, const kiq_unique_spec_t *s, int runtime)

@@ -1,16 +1,11 @@
 /* The Lua scripts compiled into the library, and their SHA1 digests for
  * EVALSHA as Redis reported them when it loaded them (every connection
  * loads them all first), so kiq needs no hash code of its own. */
-#include "kiq/redis.h"
 #include "redis/scripts.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
-
-extern const char *const kiq_lua_names[];
-extern const char *const kiq_lua_texts[];
-extern const size_t kiq_lua_count;
 
 static char shas[KIQ_SCRIPT_COUNT][41];
 static atomic_int known[KIQ_SCRIPT_COUNT];
@@ -18,7 +13,7 @@ static pthread_mutex_t shas_lock = PTHREAD_MUTEX_INITIALIZER;
 
 const char *kiq_script_text(kiq_script_t s)
 {
-    return (size_t)s < kiq_lua_count ? kiq_lua_texts[s] : NULL;
+    return (unsigned)s < KIQ_SCRIPT_COUNT ? kiq_lua_texts[s] : NULL;
 }
 
 const char *kiq_script_sha(kiq_script_t s)

@@ -120,6 +120,9 @@ int kiq_job_fail(kiq_job_t *job, const char *error_class, const char *fmt, ...)
     return KIQ_EJOB;
 }
 
+const char *kiq_job_error_class(const kiq_job_t *job) { return job->err_class; }
+const char *kiq_job_error_message(const kiq_job_t *job) { return job->err_msg; }
+
 int kiq_job_stopping(const kiq_job_t *job)
 {
     return job->stopping ? atomic_load(job->stopping) : 0;

@@ -70,6 +70,19 @@ Test(payload, job_init_reports_missing_class_or_jid)
     kiq_job_clear(&job);
 }
 
+Test(payload, the_error_a_handler_gave_is_readable)
+{
+    kiq_job_t job = job_of("{\"class\":\"A\",\"jid\":\"j\",\"args\":[]}");
+    cr_assert_null(kiq_job_error_class(&job));
+    cr_assert_null(kiq_job_error_message(&job));
+    cr_assert_eq(kiq_job_fail(&job, "ArgumentError", "need %d args", 2), KIQ_EJOB);
+    cr_assert_str_eq(kiq_job_error_class(&job), "ArgumentError");
+    cr_assert_str_eq(kiq_job_error_message(&job), "need 2 args");
+    kiq_job_fail(&job, NULL, "again");
+    cr_assert_str_eq(kiq_job_error_class(&job), "RuntimeError");
+    kiq_job_clear(&job);
+}
+
 Test(payload, first_failure_sets_failed_at_and_count_zero)
 {
     kiq_config_t *cfg = kiq_config_new();

@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "helpers.h"
-#include "kiq/redis.h"
 #include "kiq/unique_admin.h"
+#include "redis/scripts.h"
 
 TestSuite(unique_admin, .timeout = 60, .fini = kt_kill_children);
 

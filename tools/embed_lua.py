@@ -1,14 +1,41 @@
 #!/usr/bin/env python3
-"""Writes a C file holding every Redis script of lua/ as a string table.
+"""Compiles the Redis scripts of lua/ into the library.
 
-usage: embed_lua.py OUT.c LUA_DIR NAME...
-The table order is the order of NAME arguments; redis/scripts.c indexes it
-by enum kiq_script, so keep the two lists in the same order.
+usage: embed_lua.py OUT.c OUT.h LUA_DIR NAME...
+       embed_lua.py --print LUA_DIR NAME
+
+The first form writes OUT.h, the enum kiq_script_t (KIQ_SCRIPT_<NAME> in
+the order of the NAME arguments, then KIQ_SCRIPT_COUNT) and the tables'
+declarations, and OUT.c, the names and texts indexed by that enum. The
+NAME list (lua_scripts in lua/meson.build) is the only list of scripts.
+
+A script that needs a shared Lua function says so on a line of its own,
+"-- uses: FUNC"; the text of lua/lib/FUNC.lua is put before the script's,
+so each embedded script stands alone (Redis runs one text per EVAL). The
+second form prints one script as embedded, for tools that load it with
+SCRIPT LOAD themselves.
 """
+import re
 import sys
+
+USES = re.compile(rb'^-- uses: ([a-z_]+)[ \t]*$', re.M)
+
+
+def script_text(lua_dir: str, name: str) -> bytes:
+    with open('%s/%s.lua' % (lua_dir, name), 'rb') as f:
+        data = f.read()
+    prelude = b''
+    for lib in USES.findall(data):
+        with open('%s/lib/%s.lua' % (lua_dir, lib.decode()), 'rb') as f:
+            prelude += f.read()
+    return prelude + data
 
 
 def c_string(data: bytes) -> str:
+    # One C line per Lua line; the split leaves no empty last line because
+    # the file's final newline is taken off first.
+    if data.endswith(b'\n'):
+        data = data[:-1]
     out = []
     for line in data.decode('utf-8').split('\n'):
         esc = line.replace('\\', '\\\\').replace('"', '\\"').replace('\t', '\\t')
@@ -16,24 +43,41 @@ def c_string(data: bytes) -> str:
     return '\n'.join(out)
 
 
-def main() -> int:
-    out, lua_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+def header(names) -> str:
+    parts = ['/* Generated from lua_scripts in lua/meson.build by tools/embed_lua.py;',
+             ' * do not edit. */',
+             '#ifndef KIQ_LUA_H', '#define KIQ_LUA_H', '',
+             '/* The scripts in lua/, compiled into the library. */',
+             'typedef enum kiq_script {']
+    parts += ['    KIQ_SCRIPT_%s,' % n.upper() for n in names]
+    parts += ['    KIQ_SCRIPT_COUNT', '} kiq_script_t;', '',
+              '/* Each script\'s name (its file in lua/) and its text. */',
+              'extern const char *const kiq_lua_names[KIQ_SCRIPT_COUNT];',
+              'extern const char *const kiq_lua_texts[KIQ_SCRIPT_COUNT];', '',
+              '#endif']
+    return '\n'.join(parts) + '\n'
+
+
+def source(lua_dir: str, names) -> str:
     parts = ['/* Generated from the lua/ scripts by tools/embed_lua.py; do not edit. */',
-             '#include <stddef.h>', '']
-    parts.append('const char *const kiq_lua_names[] = {')
+             '#include "lua/kiq_lua.h"', '',
+             'const char *const kiq_lua_names[KIQ_SCRIPT_COUNT] = {']
     parts += ['    "%s",' % n for n in names]
+    parts += ['};', 'const char *const kiq_lua_texts[KIQ_SCRIPT_COUNT] = {']
+    parts += [c_string(script_text(lua_dir, n)) + ',' for n in names]
     parts.append('};')
-    parts.append('const char *const kiq_lua_texts[] = {')
-    for n in names:
-        with open('%s/%s.lua' % (lua_dir, n), 'rb') as f:
-            data = f.read()
-        if data.endswith(b'\n'):
-            data = data[:-1]
-        parts.append(c_string(data) + ',')
-    parts.append('};')
-    parts.append('const size_t kiq_lua_count = %d;' % len(names))
-    with open(out, 'w') as f:
-        f.write('\n'.join(parts) + '\n')
+    return '\n'.join(parts) + '\n'
+
+
+def main() -> int:
+    if sys.argv[1] == '--print':
+        sys.stdout.buffer.write(script_text(sys.argv[2], sys.argv[3]))
+        return 0
+    out_c, out_h, lua_dir, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    with open(out_h, 'w') as f:
+        f.write(header(names))
+    with open(out_c, 'w') as f:
+        f.write(source(lua_dir, names))
     return 0
 
 

@@ -56,6 +56,11 @@ KIQ_API int kiq_job_fail(kiq_job_t *job, const char *error_class,
                          const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* What kiq_job_fail recorded: the error class and the message, or NULL
+ * while the job has not failed (so far). Borrowed from the job. */
+KIQ_API const char *kiq_job_error_class(const kiq_job_t *job);
+KIQ_API const char *kiq_job_error_message(const kiq_job_t *job);
+
 /* True once the process is shutting down: long handlers may check it and
  * return early (failing the job makes it retry later). */
 KIQ_API int kiq_job_stopping(const kiq_job_t *job);

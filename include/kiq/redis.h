@@ -12,45 +12,6 @@
 
 typedef struct kiq_redis kiq_redis_t;
 
-/* The scripts in lua/, compiled into the library. Keep in the order of
- * lua_scripts in meson.build. */
-typedef enum kiq_script {
-    KIQ_SCRIPT_FETCH = 0,
-    KIQ_SCRIPT_ACK,
-    KIQ_SCRIPT_REQUEUE,
-    KIQ_SCRIPT_SCHEDULE,
-    KIQ_SCRIPT_RECOVER,
-    KIQ_SCRIPT_LOCK,
-    KIQ_SCRIPT_UNLOCK,
-    KIQ_SCRIPT_QLOCK_ACQUIRE,
-    KIQ_SCRIPT_QLOCK_RELEASE,
-    KIQ_SCRIPT_QLOCK_EXTEND,
-    KIQ_SCRIPT_QLOCK_PURGE,
-    KIQ_SCRIPT_REAP,
-    KIQ_SCRIPT_REPLACE,
-    KIQ_SCRIPT_ACKS,
-    KIQ_SCRIPT_COUNT
-} kiq_script_t;
-
-/* A parsed redis:// or unix:// URL. */
-typedef struct kiq_redis_url {
-    char *host;      /* NULL for unix sockets */
-    int port;
-    char *path;      /* unix socket path, or NULL */
-    char *user;      /* ACL user, or NULL */
-    char *password;  /* or NULL */
-    int db;
-} kiq_redis_url_t;
-
-/* Parses "redis://[user:password@]host[:port][/db]" or
- * "unix:///path[?db=N]" (percent-escapes in user and password are decoded).
- * Returns 0 or KIQ_EINVAL with err filled; free the strings with
- * kiq_redis_url_clear. */
-KIQ_API int kiq_redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
-KIQ_API void kiq_redis_url_clear(kiq_redis_url_t *u);
-/* Writes url with any password replaced by "***" into out (n bytes). */
-KIQ_API void kiq_redis_url_redact(const char *url, char *out, size_t n);
-
 /* Returns a connection handle for url (not yet connected), owned by the
  * caller (kiq_redis_free), or NULL with err filled when the URL is bad.
  * timeout is the socket timeout in seconds for every command. */
@@ -79,24 +40,35 @@ KIQ_API redisReply *kiq_redis_cmd(kiq_redis_t *r, int argc, const char **argv,
 /* printf-style, as hiredis' redisCommand. */
 KIQ_API redisReply *kiq_redis_cmdf(kiq_redis_t *r, const char *fmt, ...);
 
-/* Runs a kiq script with nkeys keys followed by the other args. Same reply
- * rules as kiq_redis_cmd. */
-KIQ_API redisReply *kiq_redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys,
-                                     int argc, const char **argv, const size_t *lens);
-
 /* Pipelining: append commands, then read their replies in order. Append
- * returns 0 or KIQ_EREDIS; get_reply returns NULL on a connection error.
- * A script appended this way is sent as EVALSHA; get_script_reply resends
- * it with EVAL when Redis answers NOSCRIPT. */
+ * returns 0 or KIQ_EREDIS; get_reply returns NULL on a connection error. */
 KIQ_API int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv,
                              const size_t *lens);
-KIQ_API int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys,
-                                    int argc, const char **argv, const size_t *lens);
 KIQ_API redisReply *kiq_redis_get_reply(kiq_redis_t *r);
 
-/* The text of a script (for tests and tools), and its SHA1 as Redis
- * reported it (NULL until a connection has loaded the scripts). */
-KIQ_API const char *kiq_script_text(kiq_script_t s);
-KIQ_API const char *kiq_script_sha(kiq_script_t s);
+#ifdef KIQ_BUILDING /* kiq's own modules and tests only: not exported */
+/* A parsed redis:// or unix:// URL. */
+typedef struct kiq_redis_url {
+    char *host;      /* NULL for unix sockets */
+    int port;
+    char *path;      /* unix socket path, or NULL */
+    char *user;      /* ACL user, or NULL */
+    char *password;  /* or NULL */
+    int db;
+} kiq_redis_url_t;
+
+/* Parses "redis://[user:password@]host[:port][/db]" or
+ * "unix:///path[?db=N]" (percent-escapes in user and password are decoded).
+ * Returns 0 or KIQ_EINVAL with err filled; free the strings with
+ * kiq_redis_url_clear. */
+int kiq_redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
+void kiq_redis_url_clear(kiq_redis_url_t *u);
+/* Writes url with any password replaced by "***" into out (n bytes). */
+void kiq_redis_url_redact(const char *url, char *out, size_t n);
+
+/* The script calls (redis/scripts.h), here until each file that runs a
+ * script includes that header itself. */
+#include "redis/scripts.h"
+#endif
 
 #endif
