@@ -33,6 +33,11 @@ static char *tags_of(kiq_job_t *job)
             }
         }
     json_decref(arr);
+    /* No string among the tags: the log line shows no tags at all. */
+    if (!b.len) {
+        kiq_buf_free(&b);
+        return NULL;
+    }
     return kiq_buf_take(&b, NULL);
 }
 
