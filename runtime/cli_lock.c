@@ -7,6 +7,7 @@
  * kills the command (PR_SET_PDEATHSIG) before its lease can lapse. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,8 +97,11 @@ static void log_stderr(const char *line, void *udata)
 static int num(const char *flag, const char *v, double min, double *out)
 {
     char *end = NULL;
+    errno = 0;
     double d = strtod(v, &end);
-    if (end == v || *end || d < min) {
+    /* 1e12 ms or s is past any sane lease or wait, and far from the
+     * overflow of the integer fields the values go to. */
+    if (end == v || *end || errno || !isfinite(d) || d < min || d > 1e12) {
         fprintf(stderr, "kiq lock: %s: not a valid number: %s\n", flag, v);
         return -1;
     }

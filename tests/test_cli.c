@@ -156,3 +156,23 @@ Test(cli, version_help_and_unknown_commands)
     cr_assert(strstr(out, "unknown command"), "%s", out);
     free(out);
 }
+
+Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
+{
+    const char *cases[][2] = { { "-t", "inf" }, { "--timeout", "nan" }, { "--timeout", "-3" },
+                               { "--timeout", "1e999" }, { "-c", "1e3" }, { "--metrics-port", "99999" } };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *out = NULL;
+        int st = kt_kiq_run((const char *[]){ "run", cases[i][0], cases[i][1], NULL }, &out);
+        cr_assert_eq(st, 78, "%s %s: exit %d: %s", cases[i][0], cases[i][1], st, out);
+        const char *flag = cases[i][0][1] == 't' ? "--timeout" : cases[i][0][1] == 'c' ? "--concurrency"
+                                                                                        : cases[i][0];
+        cr_assert(strstr(out, flag) && strchr(out, '\n') == out + strlen(out) - 1, "%s", out);
+        free(out);
+    }
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "x", "--ttl", "inf", "--", "true", NULL }, &out), 64,
+                 "%s", out);
+    cr_assert(strstr(out, "--ttl"), "%s", out);
+    free(out);
+}
