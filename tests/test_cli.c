@@ -176,3 +176,51 @@ Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
     cr_assert(strstr(out, "--ttl"), "%s", out);
     free(out);
 }
+
+/* The whole of a file, NULs included (so /proc/PID/cmdline reads whole). */
+static size_t read_bytes(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
+{
+    kt_cmd("ACL SETUSER kiqpw on >s3cr3tpw ~* &* +@all");
+    const char *plain = kt_url(); /* redis://127.0.0.1:PORT/DB */
+    char url[256];
+    snprintf(url, sizeof(url), "redis://kiqpw:s3cr3tpw@%s", plain + strlen("redis://"));
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+
+    char path[64], cmdline[8192];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    size_t n = read_bytes(path, cmdline, sizeof(cmdline));
+    cr_assert_gt(n, 0);
+    cr_assert_null(memmem(cmdline, n, "s3cr3tpw", 8), "the password is in ps");
+    cr_assert_not_null(memmem(cmdline, n, "kiqpw:", 6), "the rest of the URL stays");
+
+    char *ident = kt_str("SRANDMEMBER processes");
+    char *info = kt_str("HGET %s info", ident);
+    cr_assert(info && !strstr(info, "s3cr3tpw"), "%s", info);
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--redis-url", url, NULL }, &out), 0, "%s", out);
+    cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", "--redis-url", url, NULL }, &out), 0, "%s",
+                 out);
+    cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
+    free(out);
+
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "REDIS_URL or the config file"), "%s", log);
+    cr_assert(!strstr(log, "s3cr3tpw"), "%s", log);
+    free(log);
+    free(info);
+    free(ident);
+}
