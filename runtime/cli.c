@@ -39,15 +39,17 @@ const char *kiq_cli_redis_url(const char *flag)
  * warn in its log. */
 static int argv_had_password;
 
-/* The password of a redis:// or unix:// URL in s (as url.c reads it: the
- * userinfo up to the last '@', or the password= of a socket URL); its
- * length, 0 when there is none. */
+/* The password of s when it is a redis:// or unix:// URL, or a
+ * --flag=URL (as url.c reads it: the userinfo up to the last '@', or the
+ * password= of a socket URL); its length, 0 when there is none. Other
+ * words (a job's arguments) are left alone. */
 static size_t password_in(char *s, char **at)
 {
-    char *auth = strstr(s, "://");
-    if (!auth)
+    if (strncmp(s, "--", 2) == 0 && strchr(s, '='))
+        s = strchr(s, '=') + 1;
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
         return 0;
-    auth += 3;
+    char *auth = strstr(s, "://") + 3;
     char *end = strrchr(auth, '@');
     if (end) {
         char *colon = memchr(auth, ':', (size_t)(end - auth));

@@ -216,6 +216,15 @@ Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
     cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
     free(out);
 
+    /* kiq lock runs for as long as its command: it connects with the
+     * password, yet its command line (read by the command) lacks it. */
+    char flag[300];
+    snprintf(flag, sizeof(flag), "--redis-url=%s", url);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "pw", flag, "--", "sh", "-c",
+                                              "tr '\\0' ' ' < /proc/$PPID/cmdline", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "kiqpw:") && strstr(out, "lock pw") && !strstr(out, "s3cr3tpw"), "%s", out);
+    free(out);
+
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
     char *log = kt_kiq_log(pid);
     cr_assert(strstr(log, "REDIS_URL or the config file"), "%s", log);
