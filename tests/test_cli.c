@@ -67,7 +67,15 @@ Test(cli, push_refuses_bad_input)
     free(out);
     cr_assert_eq(kt_kiq_run((const char *[]){ "push", NULL }, &out), 64);
     free(out);
+    const char *bad_times[][2] = { { "--in", "inf" }, { "--in", "nan" }, { "--at", "inf" }, { "--at", "nan" } };
+    for (size_t i = 0; i < sizeof(bad_times) / sizeof(bad_times[0]); i++) {
+        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", bad_times[i][0], bad_times[i][1], NULL },
+                                &out), 64, "%s %s: %s", bad_times[i][0], bad_times[i][1], out);
+        cr_assert(strstr(out, bad_times[i][0]), "%s", out);
+        free(out);
+    }
     cr_assert_eq(kt_int("LLEN queue:default"), 0, "nothing was pushed");
+    cr_assert_eq(kt_int("ZCARD schedule"), 0, "nothing was scheduled");
 }
 
 Test(cli, push_reports_an_unreachable_redis)
