@@ -35,6 +35,59 @@ const char *kiq_cli_redis_url(const char *flag)
     return url && *url ? url : "redis://127.0.0.1:6379/0";
 }
 
+/* Set when a password was blanked from the command line, for cmd_run to
+ * warn in its log. */
+static int argv_had_password;
+
+/* The password of s when it is a redis:// or unix:// URL, or a
+ * --flag=URL (as url.c reads it: the userinfo up to the last '@', or the
+ * password= of a socket URL); its length, 0 when there is none. Other
+ * words (a job's arguments) are left alone. */
+static size_t password_in(char *s, char **at)
+{
+    if (strncmp(s, "--", 2) == 0 && strchr(s, '='))
+        s = strchr(s, '=') + 1;
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
+        return 0;
+    char *auth = strstr(s, "://") + 3;
+    char *end = strrchr(auth, '@');
+    if (end) {
+        char *colon = memchr(auth, ':', (size_t)(end - auth));
+        *at = colon ? colon + 1 : auth;
+        return (size_t)(end - *at);
+    }
+    char *q = strstr(auth, "password=");
+    if (!q)
+        return 0;
+    *at = q + 9;
+    return strcspn(*at, "&");
+}
+
+/* Anyone on the machine reads a process's command line (ps,
+ * /proc/PID/cmdline), so a password given in --redis-url is copied for
+ * the commands to use and blanked in the original argv bytes, which are
+ * what the kernel shows. Arguments after "--" belong to another program. */
+static void hide_passwords(int argc, char **argv)
+{
+    static char *copies[8]; /* kept for the life of the process */
+    static size_t ncopies;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        char *at = NULL;
+        size_t len = password_in(argv[i], &at);
+        char *copy = len && ncopies < sizeof(copies) / sizeof(copies[0]) ? strdup(argv[i]) : NULL;
+        if (!copy)
+            continue;
+        copies[ncopies++] = copy;
+        memset(at, '*', len);
+        argv[i] = copy;
+        argv_had_password = 1;
+    }
+}
+
+static const char *password_warning =
+    "a password on the command line is visible to every user (ps); it was blanked there, but "
+    "pass it in REDIS_URL or the config file instead";
+
 static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
 {
     char err[KIQ_ERRLEN] = "";
@@ -66,6 +119,8 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
         kiq_config_free(cfg);
         return KIQ_EXIT_CONFIG;
     }
+    if (argv_had_password)
+        kiq_warn("%s", password_warning);
     kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
     if (!rt) {
         fprintf(stderr, "kiq: %s\n", err);
@@ -100,6 +155,9 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
 int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
 {
     const char *cmd = argc > 1 ? argv[1] : "run";
+    hide_passwords(argc, argv);
+    if (argv_had_password && strcmp(cmd, "run") != 0 && cmd[0] != '-')
+        fprintf(stderr, "kiq: %s\n", password_warning);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
         printf("kiq %s\n", KIQ_VERSION);
         return 0;

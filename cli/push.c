@@ -1,6 +1,7 @@
 /* `kiq push CLASS [ARGS_JSON] [-q Q] [--in S | --at T] [--retry N|false]`:
  * pushes one job with kiq's client and prints its jid. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,14 +64,14 @@ int kiq_cmd_push(int argc, char **argv)
         case OPT_URL: url = optarg; break;
         case OPT_IN:
             in = strtod(optarg, &end);
-            if (end == optarg || *end || in < 0) {
+            if (end == optarg || *end || !isfinite(in) || in < 0) {
                 fprintf(stderr, "kiq push: --in: not a number of seconds: %s\n", optarg);
                 return KIQ_EXIT_USAGE;
             }
             break;
         case OPT_AT:
             at = strtod(optarg, &end);
-            if (end == optarg || *end || at < 1e9) {
+            if (end == optarg || *end || !isfinite(at) || at < 1e9) {
                 fprintf(stderr, "kiq push: --at: not an epoch time in seconds: %s\n", optarg);
                 return KIQ_EXIT_USAGE;
             }

@@ -3,13 +3,16 @@
  * clean-up of dead requests. The lease is refreshed while the command runs,
  * so a command may outlive --ttl; if the lock is lost anyway (Redis out of
  * reach for a whole ttl) the command is stopped rather than left running
- * unprotected. */
+ * unprotected, and if kiq lock itself dies, even by SIGKILL, the kernel
+ * kills the command (PR_SET_PDEATHSIG) before its lease can lapse. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,7 +59,11 @@ static const char *usage =
     "Exit status: COMMAND's (128+N when a signal N ended it); 75 when the lock\n"
     "was not obtained (timeout or --fail-fast); 70 when the lock was lost while\n"
     "COMMAND ran (COMMAND gets SIGTERM); 69 when Redis failed; 64 for bad usage;\n"
-    "126/127 when COMMAND cannot be run.\n";
+    "126/127 when COMMAND cannot be run.\n"
+    "\n"
+    "If kiq lock dies (even by kill -9), COMMAND is killed with it (SIGKILL), so\n"
+    "it never runs without the lock. Processes COMMAND started are not: a shell\n"
+    "COMMAND should `exec` its last program or wait for its children.\n";
 
 enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL,
        OPT_JSON, OPT_DEADTTL };
@@ -90,8 +97,11 @@ static void log_stderr(const char *line, void *udata)
 static int num(const char *flag, const char *v, double min, double *out)
 {
     char *end = NULL;
+    errno = 0;
     double d = strtod(v, &end);
-    if (end == v || *end || d < min) {
+    /* 1e12 ms or s is past any sane lease or wait, and far from the
+     * overflow of the integer fields the values go to. */
+    if (end == v || *end || errno || !isfinite(d) || d < min || d > 1e12) {
         fprintf(stderr, "kiq lock: %s: not a valid number: %s\n", flag, v);
         return -1;
     }
@@ -277,12 +287,18 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
     sigemptyset(&sa.sa_mask);
     int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "kiq lock: fork: %s\n", strerror(errno));
         return 1;
     }
     if (pid == 0) {
+        /* Nothing refreshes the lease once kiq lock is gone, so COMMAND must
+         * not outlive it, even a kill -9: the kernel kills it then. Had the
+         * parent died before this call, nobody would send the signal. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(EXIT_LOST);
         setenv("KIQ_LOCK_NAME", held->name, 1);
         setenv("KIQ_LOCK_FENCE", fence, 1);
         execvp(cmd[0], cmd);

@@ -1,7 +1,9 @@
 /* The flags of `kiq run`, applied over the config file. */
 #include "kiq/config.h"
 
+#include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,23 +60,24 @@ const char *kiq_config_usage(void)
            "  -h, --help               this help\n";
 }
 
-static int parse_long(const char *flag, const char *v, long lo, long hi, long *out, char *err)
+/* Every numeric flag: the whole word must be a finite number (an integer
+ * when integer) in [lo, hi], the checks yaml.c makes on the same keys, so a
+ * flag cannot set what the file may not (inf, nan, 1e400, "5s"). lo is
+ * exclusive for a non-integer: "greater than 0". */
+static int parse_number(const char *flag, const char *v, int integer, double lo, double hi,
+                        double *out, char *err)
 {
     char *end;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end || n < lo || n > hi)
-        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be an integer between %ld and %ld (got \"%s\")",
+    errno = 0;
+    double d = integer ? (double)strtol(v, &end, 10) : strtod(v, &end);
+    int bad = end == v || *end || errno || !isfinite(d) || d < lo || d > hi
+              || (!integer && d == lo);
+    if (bad && integer)
+        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be an integer between %.0f and %.0f (got \"%s\")",
                           flag, lo, hi, v);
-    *out = n;
-    return 0;
-}
-
-static int parse_double(const char *flag, const char *v, double *out, char *err)
-{
-    char *end;
-    double d = strtod(v, &end);
-    if (end == v || *end || d <= 0)
-        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be a positive number (got \"%s\")", flag, v);
+    if (bad)
+        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be a number greater than %g (got \"%s\")", flag,
+                          lo, v);
     *out = d;
     return 0;
 }
@@ -93,23 +96,23 @@ static int push_str(char ***arr, size_t *n, const char *v)
 
 static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
 {
-    long n = 0;
+    double n = 0;
     int rc = 0;
     switch (opt) {
     case 'c':
-        if (!(rc = parse_long("--concurrency", v, 1, 1000, &n, err)))
+        if (!(rc = parse_number("--concurrency", v, 1, 1, 1000, &n, err)))
             cfg->concurrency = (int)n;
         return rc;
     case 'q': return kiq_config_add_queue(cfg, v, err);
     case 'r': return push_str(&cfg->plugins, &cfg->nplugins, v);
-    case 't': return parse_double("--timeout", v, &cfg->timeout, err);
+    case 't': return parse_number("--timeout", v, 0, 0, HUGE_VAL, &cfg->timeout, err);
     case 'g': return kiq_config_set_str(&cfg->tag, v);
     case 'e': return kiq_config_set_str(&cfg->environment, v);
     case 'v': cfg->verbose = 1; return 0;
     case 'L': return kiq_config_set_str(&cfg->log_file, v);
     case OPT_LABEL: return push_str(&cfg->labels, &cfg->nlabels, v);
     case OPT_METRICS_PORT:
-        if (!(rc = parse_long("--metrics-port", v, 1, 65535, &n, err)))
+        if (!(rc = parse_number("--metrics-port", v, 1, 1, 65535, &n, err)))
             cfg->metrics_port = (int)n;
         return rc;
     case OPT_METRICS_BIND: return kiq_config_set_str(&cfg->metrics_bind, v);

@@ -999,6 +999,38 @@ static unsigned long line_at(FILE *f, size_t offset)
     return line;
 }
 
+/* libyaml's loader spends time quadratic in the nesting depth before it
+ * returns (18 s for 100k '['), so a first pass over the parser's events,
+ * which come as it reads, refuses a file nested deeper than any setting
+ * needs before the document is built. Syntax errors are left to the load,
+ * which reports them. */
+enum { MAX_DEPTH = 64 };
+
+static int check_depth(FILE *f, const char *path, char *err)
+{
+    yaml_parser_t p;
+    yaml_event_t ev;
+    int depth = 0, rc = 0, done = 0;
+    if (!yaml_parser_initialize(&p))
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    yaml_parser_set_input_file(&p, f);
+    while (!done && !rc && yaml_parser_parse(&p, &ev)) {
+        if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
+            if (++depth > MAX_DEPTH)
+                rc = kiq_seterr(err, KIQ_ECONFIG, "%s:%lu: nesting deeper than %d levels", path,
+                                (unsigned long)ev.start_mark.line + 1, MAX_DEPTH);
+        } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (ev.type == YAML_STREAM_END_EVENT) {
+            done = 1;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&p);
+    rewind(f);
+    return rc;
+}
+
 int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
 {
     ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = environment(cfg)};
@@ -1011,6 +1043,8 @@ int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
         rc = nomem(&c);
         goto out;
     }
+    if ((rc = check_depth(f, path, err)))
+        goto out;
     /* libyaml answers 1 for success and 0 for failure. */
     if (!yaml_parser_initialize(&parser)) {
         rc = nomem(&c);

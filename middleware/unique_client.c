@@ -142,7 +142,8 @@ int kiq_unique_client_mw(kiq_mw_t *mw, void *udata)
     double now = kiq_now();
     long ttl = s.ttl;
     if (ttl > 0 && mw->at > now)
-        ttl += (long)mw->at - (long)now;
+        ttl = mw->at - now < (double)(KIQ_UNIQUE_MAX_SECONDS - ttl)
+                  ? ttl + ((long)mw->at - (long)now) : KIQ_UNIQUE_MAX_SECONDS;
     rc = write_fields(mw, &s, ttl);
     if (rc) {
         kiq_mw_deny(mw, "uniqueness: out of memory");

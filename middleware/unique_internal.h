@@ -6,6 +6,10 @@
 #include "kiq/unique.h"
 #include "redis/keys.h"
 
+/* The longest lock_ttl or lock_timeout: a longer one is cut to this, so
+ * that seconds times 1000 and the extension by a schedule never overflow. */
+#define KIQ_UNIQUE_MAX_SECONDS (10L * 365 * 86400)
+
 /* lock.lua's "earlier waiters go first" (never leaves the module). */
 #define KIQ_UNIQUE_NOT_YET (-100)
 

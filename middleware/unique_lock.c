@@ -63,7 +63,8 @@ static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, do
     double now = kiq_now();
     kiq_unique__key(locked, sizeof(locked), q->digest, q->runtime, KIQ_KEY_LOCKED);
     kiq_unique__key(waiting, sizeof(waiting), q->digest, q->runtime, ":WAITING");
-    snprintf(pttl, sizeof(pttl), "%ld", q->ttl > 0 ? q->ttl * 1000 : 0);
+    long ttl = q->ttl < KIQ_UNIQUE_MAX_SECONDS ? q->ttl : KIQ_UNIQUE_MAX_SECONDS;
+    snprintf(pttl, sizeof(pttl), "%ld", ttl > 0 ? ttl * 1000 : 0);
     snprintf(limit, sizeof(limit), "%d", q->limit > 0 ? q->limit : 1);
     snprintf(now_s, sizeof(now_s), "%.6f", now);
     snprintf(arr, sizeof(arr), "%.6f", arrival);

@@ -7,6 +7,8 @@
  * replaced by its default, and the job runs. */
 #include "middleware/unique_internal.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,10 +39,20 @@ static int field_num(kiq_mw_t *mw, const char *key, double *out)
         memmove(tmp, tmp + 1, strlen(tmp));
     char *end;
     double d = strtod(tmp, &end);
-    if (end == tmp || (*end && *end != '"'))
+    if (end == tmp || (*end && *end != '"') || !isfinite(d))
         return -1;
     *out = d;
     return 1;
+}
+
+/* d >= 0 seconds of the payload's key, cut to KIQ_UNIQUE_MAX_SECONDS with
+ * a log line (a lock for centuries is a typo, not a wish). */
+static long seconds(kiq_mw_t *mw, const char *key, double d)
+{
+    if (d <= (double)KIQ_UNIQUE_MAX_SECONDS)
+        return (long)d;
+    kiq_warn("%s %s: %s %g is more than 10 years; using 10 years", mw->cls, mw->jid, key, d);
+    return KIQ_UNIQUE_MAX_SECONDS;
 }
 
 static int field_true(kiq_mw_t *mw, const char *key)
@@ -168,13 +180,18 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
                  mw->cls, mw->jid);
         s->ttl = 0;
     } else if (k > 0 || (k == 0 && kiq_mw_field_raw(mw, "lock_ttl", NULL))) {
-        s->ttl = k > 0 ? (long)d : 0; /* null in the payload: no expiry */
+        s->ttl = k > 0 ? seconds(mw, "lock_ttl", d) : 0; /* null in the payload: no expiry */
     }
     if (field_num(mw, "lock_timeout", &d) > 0)
-        s->timeout = d > 0 ? (long)d : 0;
+        s->timeout = d > 0 ? seconds(mw, "lock_timeout", d) : 0;
     k = field_num(mw, "lock_limit", &d);
     if (k > 0)
-        s->limit = d >= 1 ? (int)d : 1;
+        s->limit = d >= INT_MAX ? INT_MAX : d >= 1 ? (int)d : 1;
+    /* The class's options are bounded when read, but not this tightly. */
+    if (s->ttl > KIQ_UNIQUE_MAX_SECONDS)
+        s->ttl = KIQ_UNIQUE_MAX_SECONDS;
+    if (s->timeout > KIQ_UNIQUE_MAX_SECONDS)
+        s->timeout = KIQ_UNIQUE_MAX_SECONDS;
     if ((str = field_str(mw, "lock_prefix")) && *str) {
         snprintf(s->prefix, sizeof(s->prefix), "%s", str);
         prefix = NULL;

@@ -1,22 +1,27 @@
-/* GET /metrics in the Prometheus text format 0.0.4, served by
- * libmicrohttpd's internal thread. Queue sizes and latencies are read from
- * Redis at scrape time (not cached by the housekeeper) so a scrape shows
- * the queues as they are, at the cost of a few pipelined round trips on the
- * server's own connection, each bounded by KIQ_HTTP_REDIS_TIMEOUT. */
+/* GET /metrics in the Prometheus text format 0.0.4, served by one thread
+ * of our own: a poll() loop over HTTP/1.x connections, each answered once
+ * and closed. Every connection has a deadline (REQUEST_SECONDS to send its
+ * request, then SEND_SECONDS to take the answer), so clients that trickle
+ * their headers are cut off however busy they look, and at MAX_CONNS the
+ * oldest connection makes room for the new one.
+ *
+ * Queue sizes and latencies are read from Redis at scrape time (not cached
+ * by the housekeeper) so a scrape shows the queues as they are, at the cost
+ * of a few pipelined round trips on the server's own connection, each
+ * bounded by KIQ_HTTP_REDIS_TIMEOUT. */
 #include "observe/http.h"
 
-#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <microhttpd.h>
 
 #include "support/log.h"
 #include "observe/prometheus.h"
@@ -24,57 +29,30 @@
 #include "runtime/rt.h"
 #include "support/time.h"
 
-#if MHD_VERSION < 0x00097002
-typedef int mhd_result_t; /* before 0.9.71 handlers returned int */
-#else
-typedef enum MHD_Result mhd_result_t;
-#endif
-
-/* libmicrohttpd (and the TLS stack it links) is opened only when a metrics
- * port is configured, so a worker without one does not carry it in memory. */
-static struct {
-    __typeof__(&MHD_start_daemon) start_daemon;
-    __typeof__(&MHD_stop_daemon) stop_daemon;
-    __typeof__(&MHD_create_response_from_buffer) create_response_from_buffer;
-    __typeof__(&MHD_add_response_header) add_response_header;
-    __typeof__(&MHD_queue_response) queue_response;
-    __typeof__(&MHD_destroy_response) destroy_response;
-} mhd;
-static int mhd_ok;
-static char mhd_err[200];
-static pthread_once_t mhd_once = PTHREAD_ONCE_INIT;
-
-static void mhd_load(void)
-{
-    void *h = dlopen("libmicrohttpd.so.12", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        h = dlopen("libmicrohttpd.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(mhd_err, sizeof(mhd_err), "%s", dlerror());
-        return;
-    }
-#define MHD_SYM(field, name) mhd.field = (__typeof__(mhd.field))(uintptr_t)dlsym(h, name)
-    MHD_SYM(start_daemon, "MHD_start_daemon");
-    MHD_SYM(stop_daemon, "MHD_stop_daemon");
-    MHD_SYM(create_response_from_buffer, "MHD_create_response_from_buffer");
-    MHD_SYM(add_response_header, "MHD_add_response_header");
-    MHD_SYM(queue_response, "MHD_queue_response");
-    MHD_SYM(destroy_response, "MHD_destroy_response");
-#undef MHD_SYM
-    mhd_ok = mhd.start_daemon && mhd.stop_daemon && mhd.create_response_from_buffer
-             && mhd.add_response_header && mhd.queue_response && mhd.destroy_response;
-    if (!mhd_ok)
-        snprintf(mhd_err, sizeof(mhd_err), "a symbol is missing from libmicrohttpd");
-}
-
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define MAX_CONNS 256
+#define MAX_REQUEST 8192       /* request line and headers */
+#define REQUEST_SECONDS 5.0    /* from accept to the end of the headers */
+#define SEND_SECONDS 5.0       /* to take the whole answer */
+
+typedef struct conn {
+    int fd;
+    double deadline;           /* kiq_mono() */
+    char *out;                 /* the answer, once the request is in */
+    size_t olen, sent, got;
+    char req[MAX_REQUEST];
+} conn_t;
 
 struct kiq_http {
-    struct MHD_Daemon *d;
     struct kiq_runtime *rt;
-    kiq_redis_t *r;          /* used only by the daemon's thread, under mu */
-    pthread_mutex_t mu;
-    int redis_warned;        /* an unreachable Redis is logged once per outage */
+    kiq_redis_t *r;            /* used only by the server's thread */
+    int redis_warned;          /* an unreachable Redis is logged once per outage */
+    int lfd, wake[2];          /* listening socket; a byte on wake stops the thread */
+    double accept_after;       /* kiq_mono(): out of descriptors until then */
+    pthread_t thread;
+    int started;
+    conn_t *conns[MAX_CONNS];
+    size_t n;
 };
 
 static int gauge(kiq_buf_t *b, const char *name, const char *help)
@@ -143,62 +121,193 @@ int kiq_http_scrape(struct kiq_runtime *rt, kiq_redis_t *r, kiq_buf_t *b)
     return rc;
 }
 
-static mhd_result_t reply(struct MHD_Connection *conn, unsigned status, char *body, size_t len)
+static const char *reason(int status)
 {
-    struct MHD_Response *res = mhd.create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!res) {
-        free(body);
-        return MHD_NO;
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 431: return "Request Header Fields Too Large";
+    default: return "Internal Server Error";
     }
-    mhd.add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            status == MHD_HTTP_OK ? CONTENT_TYPE : "text/plain; charset=utf-8");
-    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        mhd.add_response_header(res, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    mhd_result_t ret = mhd.queue_response(conn, status, res);
-    mhd.destroy_response(res);
-    return ret;
 }
 
-static mhd_result_t plain(struct MHD_Connection *conn, unsigned status, const char *text)
+/* Sets c's answer: status, the body (owned by the caller) and, for HEAD,
+ * only the headers. Without memory the connection is just closed. */
+static void answer(conn_t *c, int status, const char *body, size_t blen, int head)
 {
-    char *body = strdup(text);
-    return body ? reply(conn, status, body, strlen(body)) : MHD_NO;
-}
-
-static mhd_result_t handle(void *cls, struct MHD_Connection *conn, const char *url,
-                           const char *method, const char *version, const char *upload,
-                           size_t *upload_size, void **con_cls)
-{
-    (void)version;
-    (void)upload;
-    kiq_http_t *h = cls;
-    /* The first call only announces the request; answering at once is
-     * allowed for requests without a body and saves a round. */
-    (void)con_cls;
-    if (*upload_size)
-        return plain(conn, MHD_HTTP_BAD_REQUEST, "no request body expected\n");
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-        return plain(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
-    if (strcmp(url, "/metrics") != 0)
-        return plain(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics\n");
     kiq_buf_t b = {0};
-    pthread_mutex_lock(&h->mu);
+    int rc = kiq_buf_printf(&b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s"
+                            "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                            status, reason(status),
+                            status == 200 ? CONTENT_TYPE : "text/plain; charset=utf-8",
+                            status == 405 ? "Allow: GET, HEAD\r\n" : "", blen);
+    if (!rc && !head)
+        rc = kiq_buf_put(&b, body, blen);
+    if (rc) {
+        kiq_buf_free(&b);
+        c->deadline = 0; /* closed at the next turn */
+        return;
+    }
+    c->out = kiq_buf_take(&b, &c->olen);
+    c->deadline = kiq_mono() + SEND_SECONDS;
+}
+
+static void plain(conn_t *c, int status, const char *text)
+{
+    answer(c, status, text, strlen(text), 0);
+}
+
+/* 1 when a header of the request (after its first line) announces a body. */
+static int has_body(const char *req)
+{
+    for (const char *l = strchr(req, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+        l++;
+        if (!strncasecmp(l, "Transfer-Encoding:", 18))
+            return 1;
+        if (!strncasecmp(l, "Content-Length:", 15) && strtoul(l + 15, NULL, 10) > 0)
+            return 1;
+    }
+    return 0;
+}
+
+static void respond(kiq_http_t *h, conn_t *c)
+{
+    char method[16], target[1024], minor[2];
+    if (sscanf(c->req, "%15[A-Z] %1023[^ \r\n] HTTP/1.%1[0-9]", method, target, minor) != 3)
+        return plain(c, 400, "not an HTTP/1.x request\n");
+    if (has_body(c->req))
+        return plain(c, 400, "no request body expected\n");
+    int head = !strcmp(method, "HEAD");
+    if (strcmp(method, "GET") != 0 && !head)
+        return plain(c, 405, "only GET\n");
+    target[strcspn(target, "?")] = '\0';
+    if (strcmp(target, "/metrics") != 0)
+        return plain(c, 404, "not found: try /metrics\n");
+    kiq_buf_t b = {0};
     int rc = kiq_http_scrape(h->rt, h->r, &b);
     int up = kiq_redis_ok(h->r);
     if (!up && !h->redis_warned)
         kiq_warn("metrics: %s; serving /metrics without the Redis series",
                  kiq_redis_error(h->r));
     h->redis_warned = !up;
-    pthread_mutex_unlock(&h->mu);
-    if (rc) {
-        kiq_buf_free(&b);
-        return plain(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    if (rc)
+        plain(c, 500, "out of memory\n");
+    else
+        answer(c, 200, b.p ? b.p : "", b.len, head);
+    kiq_buf_free(&b);
+}
+
+static void drop(kiq_http_t *h, size_t i)
+{
+    conn_t *c = h->conns[i];
+    close(c->fd);
+    free(c->out);
+    free(c);
+    h->conns[i] = h->conns[--h->n];
+}
+
+/* Reads what c sent or sends what it is owed; 0 when it is done with. */
+static int step(kiq_http_t *h, conn_t *c)
+{
+    ssize_t n;
+    if (c->out && c->sent < c->olen) {
+        n = send(c->fd, c->out + c->sent, c->olen - c->sent, MSG_NOSIGNAL);
+        if (n < 0)
+            return errno == EAGAIN || errno == EINTR;
+        c->sent += (size_t)n;
+        if (c->sent == c->olen)
+            shutdown(c->fd, SHUT_WR);
+        return 1;
     }
-    size_t len = 0;
-    char *body = kiq_buf_take(&b, &len);
-    if (!body)
-        body = strdup("");
-    return body ? reply(conn, MHD_HTTP_OK, body, len) : MHD_NO;
+    if (c->out) {
+        /* Answered: wait for the client's close (or the deadline), as
+         * closing with unread input would reset the answer away. */
+        char sink[512];
+        n = recv(c->fd, sink, sizeof(sink), 0);
+        return n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR));
+    }
+    n = recv(c->fd, c->req + c->got, sizeof(c->req) - 1 - c->got, 0);
+    if (n <= 0)
+        return n < 0 && (errno == EAGAIN || errno == EINTR);
+    c->got += (size_t)n;
+    c->req[c->got] = '\0';
+    if (memmem(c->req, c->got, "\r\n\r\n", 4) || memmem(c->req, c->got, "\n\n", 2))
+        respond(h, c);
+    else if (c->got == sizeof(c->req) - 1)
+        plain(c, 431, "request headers too large\n");
+    return c->deadline > 0;
+}
+
+/* Takes the connections waiting on the listening socket; at MAX_CONNS the
+ * one closest to its deadline goes first. */
+static void accept_all(kiq_http_t *h)
+{
+    for (int k = 0; k < 64; k++) {
+        int fd = accept4(h->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            /* Out of descriptors the socket stays readable: rest a while
+             * rather than spin (the deadlines free some). */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                h->accept_after = kiq_mono() + 0.1;
+            return;
+        }
+        conn_t *c = malloc(sizeof(*c));
+        if (!c) {
+            close(fd);
+            return;
+        }
+        if (h->n == MAX_CONNS) {
+            size_t old = 0;
+            for (size_t i = 1; i < h->n; i++)
+                if (h->conns[i]->deadline < h->conns[old]->deadline)
+                    old = i;
+            drop(h, old);
+        }
+        *c = (conn_t){ .fd = fd, .deadline = kiq_mono() + REQUEST_SECONDS };
+        c->req[0] = '\0';
+        h->conns[h->n++] = c;
+    }
+}
+
+static void *serve(void *arg)
+{
+    kiq_http_t *h = arg;
+    struct pollfd pf[MAX_CONNS + 2];
+    for (;;) {
+        double now = kiq_mono(), next = now + 60;
+        for (size_t i = h->n; i-- > 0;) {
+            if (h->conns[i]->deadline <= now)
+                drop(h, i);
+            else if (h->conns[i]->deadline < next)
+                next = h->conns[i]->deadline;
+        }
+        if (h->accept_after > now && h->accept_after < next)
+            next = h->accept_after;
+        pf[0] = (struct pollfd){ .fd = h->wake[0], .events = POLLIN };
+        pf[1] = (struct pollfd){ .fd = h->accept_after > now ? -1 : h->lfd, .events = POLLIN };
+        for (size_t i = 0; i < h->n; i++) {
+            const conn_t *c = h->conns[i];
+            pf[i + 2] = (struct pollfd){ .fd = c->fd,
+                                         .events = c->out && c->sent < c->olen ? POLLOUT : POLLIN };
+        }
+        int ms = (int)((next - now) * 1000) + 1;
+        if (poll(pf, h->n + 2, ms) < 0) {
+            if (errno == EINTR)
+                continue;
+            kiq_error("metrics: poll: %s; /metrics is no longer served", strerror(errno));
+            return NULL;
+        }
+        if (pf[0].revents)
+            return NULL;
+        /* Downwards: drop() moves the last one, already seen, into i. */
+        for (size_t i = h->n; i-- > 0;)
+            if (pf[i + 2].revents && !step(h, h->conns[i]))
+                drop(h, i);
+        if (pf[1].revents & POLLIN)
+            accept_all(h);
+    }
 }
 
 /* Binds and listens on addr:port; returns the socket or -1 with err. */
@@ -225,7 +334,7 @@ static int listen_on(const char *addr, int port, char *err)
          * Linux it never lets two sockets listen on one port. */
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 32) != 0) {
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
             e = errno;
             close(fd);
             fd = -1;
@@ -242,48 +351,33 @@ int kiq_http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err)
 {
     const kiq_config_t *c = rt->cfg;
     const char *addr = c->metrics_bind && *c->metrics_bind ? c->metrics_bind : "127.0.0.1";
-    int rc = 0, fd = -1;
+    int rc = 0;
     *out = NULL;
     kiq_http_t *h = calloc(1, sizeof(*h));
     if (!h)
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    pthread_mutex_init(&h->mu, NULL);
     h->rt = rt;
+    h->lfd = h->wake[0] = h->wake[1] = -1;
     if (!(h->r = kiq_redis_new(c->redis_url, KIQ_HTTP_REDIS_TIMEOUT, err))) {
         rc = KIQ_ECONFIG;
         goto out;
     }
-    pthread_once(&mhd_once, mhd_load);
-    if (!mhd_ok) {
-        rc = kiq_seterr(err, KIQ_ENOTFOUND, "metrics_port %d: cannot load libmicrohttpd: %s",
-                        c->metrics_port, mhd_err);
-        goto out;
-    }
-    if ((fd = listen_on(addr, c->metrics_port, err)) < 0) {
+    if ((h->lfd = listen_on(addr, c->metrics_port, err)) < 0) {
         rc = KIQ_ESYS;
         goto out;
     }
-    /* One internal thread answers connections one at a time: scrapes are
-     * rare, and it keeps the Redis connection single-threaded. */
-    h->d = mhd.start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO,
-                            (uint16_t)c->metrics_port, NULL, NULL, handle, h,
-                            MHD_OPTION_LISTEN_SOCKET, fd,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)32,
-                            MHD_OPTION_END);
-    if (!h->d) {
+    if (fcntl(h->lfd, F_SETFL, O_NONBLOCK) != 0 || pipe2(h->wake, O_CLOEXEC) != 0
+        || pthread_create(&h->thread, NULL, serve, h) != 0) {
         rc = kiq_seterr(err, KIQ_ESYS, "metrics_port %d: cannot start the HTTP server on %s",
                         c->metrics_port, addr);
         goto out;
     }
-    fd = -1; /* the daemon owns it now and closes it when stopped */
+    h->started = 1;
     kiq_info("serving Prometheus metrics on http://%s%s%s:%d/metrics",
              strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", c->metrics_port);
     *out = h;
     h = NULL;
 out:
-    if (fd >= 0)
-        close(fd);
     kiq_http_stop(h);
     return rc;
 }
@@ -292,9 +386,21 @@ void kiq_http_stop(kiq_http_t *h)
 {
     if (!h)
         return;
-    if (h->d)
-        mhd.stop_daemon(h->d);
+    if (h->started) {
+        ssize_t n;
+        do
+            n = write(h->wake[1], "x", 1);
+        while (n < 0 && errno == EINTR);
+        pthread_join(h->thread, NULL);
+    }
+    while (h->n)
+        drop(h, h->n - 1);
+    if (h->lfd >= 0)
+        close(h->lfd);
+    if (h->wake[0] >= 0) {
+        close(h->wake[0]);
+        close(h->wake[1]);
+    }
     kiq_redis_free(h->r);
-    pthread_mutex_destroy(&h->mu);
     free(h);
 }

@@ -1,6 +1,6 @@
 /* The Prometheus endpoint of `kiq run --metrics-port PORT`: GET /metrics on
- * libmicrohttpd's own thread, with its own Redis connection for the
- * numbers that live in Redis. */
+ * a small HTTP/1.x server's own thread, with its own Redis connection for
+ * the numbers that live in Redis. */
 #ifndef KIQ_OBSERVE_HTTP_H
 #define KIQ_OBSERVE_HTTP_H
 

@@ -1,5 +1,6 @@
 /* Redis connections: URL, connect with AUTH/SELECT, commands that mark the
- * connection broken on I/O errors, and EVALSHA with NOSCRIPT fallback. */
+ * connection broken on I/O errors, and EVALSHA that, on NOSCRIPT, loads the
+ * scripts again and resends, in a pipeline too. */
 #include "kiq/redis.h"
 #include "redis/scripts.h"
 
@@ -11,16 +12,53 @@
 
 #define MAX_ARGS 64
 
+/* A command whose reply the caller has not read yet. */
+typedef struct sent {
+    char *cmd;            /* an EVALSHA as formatted, to send again after NOSCRIPT; else NULL */
+    size_t len;
+    redisReply *early;    /* its reply, read ahead while another was sent again */
+} sent_t;
+
 struct kiq_redis {
     kiq_redis_url_t url;
     char name[512];       /* URL with the password redacted */
     double timeout;
     redisContext *c;
     int broken;
-    int pending;          /* appended commands whose replies are unread */
-    int need_load;        /* a pipelined EVALSHA met NOSCRIPT */
+    sent_t *q;            /* the unread replies' commands, oldest at q[qhead] */
+    size_t qhead, qlen, qcap;
+    int need_load;        /* a NOSCRIPT reached a caller: load before the next command */
     char errstr[KIQ_ERRLEN];
 };
+
+/* Forgets every unread reply (the connection is dropped or replaced). */
+static void forget_sent(kiq_redis_t *r)
+{
+    for (size_t i = 0; i < r->qlen; i++) {
+        free(r->q[r->qhead + i].cmd);
+        freeReplyObject(r->q[r->qhead + i].early);
+    }
+    r->qhead = r->qlen = 0;
+}
+
+static int remember_sent(kiq_redis_t *r, char *cmd, size_t len)
+{
+    if (r->qhead + r->qlen == r->qcap) {
+        if (r->qhead) {
+            memmove(r->q, r->q + r->qhead, r->qlen * sizeof(*r->q));
+            r->qhead = 0;
+        } else {
+            size_t cap = r->qcap ? 2 * r->qcap : 16;
+            sent_t *q = realloc(r->q, cap * sizeof(*q));
+            if (!q)
+                return KIQ_ENOMEM;
+            r->q = q;
+            r->qcap = cap;
+        }
+    }
+    r->q[r->qhead + r->qlen++] = (sent_t){ .cmd = cmd, .len = len };
+    return 0;
+}
 
 kiq_redis_t *kiq_redis_new(const char *url, double timeout, char *err)
 {
@@ -44,6 +82,8 @@ void kiq_redis_free(kiq_redis_t *r)
     if (!r)
         return;
     redisFree(r->c);
+    forget_sent(r);
+    free(r->q);
     kiq_redis_url_clear(&r->url);
     free(r);
 }
@@ -58,7 +98,7 @@ static struct timeval tv_of(double s)
 static int fail_io(kiq_redis_t *r, const char *what)
 {
     r->broken = 1;
-    r->pending = 0;
+    forget_sent(r);
     snprintf(r->errstr, sizeof(r->errstr), "%s: %s (%s)", r->name, what,
              r->c && r->c->errstr[0] ? r->c->errstr : "connection lost");
     return KIQ_EREDIS;
@@ -87,7 +127,7 @@ int kiq_redis_connect(kiq_redis_t *r)
 {
     redisFree(r->c);
     r->c = NULL;
-    r->pending = 0;
+    forget_sent(r);
     r->broken = 1;
     struct timeval ctv = tv_of(r->timeout < 5 ? r->timeout : 5);
     if (r->url.path)
@@ -149,7 +189,7 @@ static int ensure(kiq_redis_t *r)
             snprintf(r->errstr, sizeof(r->errstr), "%s: not connected", r->name);
         return KIQ_EREDIS;
     }
-    if (r->need_load && r->pending == 0)
+    if (r->need_load && r->qlen == 0)
         return load_scripts(r) ? KIQ_EREDIS : 0;
     return 0;
 }
@@ -166,28 +206,78 @@ int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *
             l[i] = strlen(argv[i]);
         lens = l;
     }
+    if (remember_sent(r, NULL, 0))
+        return KIQ_ENOMEM;
     if (redisAppendCommandArgv(r->c, argc, argv, lens) != REDIS_OK)
         return fail_io(r, "append");
-    r->pending++;
     return 0;
+}
+
+static int is_noscript(const redisReply *rep)
+{
+    return rep && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0;
+}
+
+static int read_wire(kiq_redis_t *r, redisReply **out)
+{
+    void *rep = NULL;
+    if (redisGetReply(r->c, &rep) != REDIS_OK || !rep)
+        return fail_io(r, "read");
+    *out = rep;
+    return 0;
+}
+
+/* e's EVALSHA met NOSCRIPT: Redis lost its scripts (SCRIPT FLUSH, or a
+ * restart or failover behind a proxy) and did not run it. It is sent again
+ * once the scripts are loaded, which needs the connection idle: the
+ * replies to the commands sent after it are read first and kept for their
+ * turn. fresh: rep came off the wire now, so the scripts are surely gone;
+ * a kept one is first sent again as it is, as they were loaded since. */
+static redisReply *send_again(kiq_redis_t *r, const sent_t *e, redisReply *rep, int fresh)
+{
+    for (size_t i = 0; i < r->qlen; i++) {
+        sent_t *x = &r->q[r->qhead + i];
+        if (!x->early && read_wire(r, &x->early))
+            goto fail;
+    }
+    for (int attempt = 0; attempt < 2 && is_noscript(rep); attempt++) {
+        if ((fresh || attempt > 0) && load_scripts(r))
+            goto fail;
+        freeReplyObject(rep);
+        rep = NULL;
+        if (redisAppendFormattedCommand(r->c, e->cmd, e->len) != REDIS_OK) {
+            fail_io(r, "append");
+            return NULL;
+        }
+        if (read_wire(r, &rep))
+            return NULL;
+    }
+    return rep;
+fail:
+    freeReplyObject(rep);
+    return NULL;
 }
 
 redisReply *kiq_redis_get_reply(kiq_redis_t *r)
 {
-    void *rep = NULL;
     if (r->broken || !r->c)
         return NULL;
-    if (redisGetReply(r->c, &rep) != REDIS_OK || !rep) {
-        fail_io(r, "read");
-        return NULL;
+    sent_t e = { 0 };
+    if (r->qlen > 0) {
+        e = r->q[r->qhead++];
+        if (--r->qlen == 0)
+            r->qhead = 0;
     }
-    if (r->pending > 0)
-        r->pending--;
-    redisReply *rr = rep;
-    if (rr->type == REDIS_REPLY_ERROR && strncmp(rr->str, "NOSCRIPT", 8) == 0)
-        r->need_load = 1;
-    else if (rr->type == REDIS_REPLY_ERROR) /* so callers that only see a code can say why */
-        snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, rr->str);
+    redisReply *rr = e.early;
+    if (rr || read_wire(r, &rr) == 0) {
+        if (e.cmd && is_noscript(rr))
+            rr = send_again(r, &e, rr, !e.early);
+        if (is_noscript(rr))
+            r->need_load = 1;
+        if (rr && rr->type == REDIS_REPLY_ERROR) /* so callers that only see a code can say why */
+            snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, rr->str);
+    }
+    free(e.cmd);
     return rr;
 }
 
@@ -210,7 +300,11 @@ redisReply *kiq_redis_cmdf(kiq_redis_t *r, const char *fmt, ...)
         fail_io(r, "append");
         return NULL;
     }
-    r->pending++;
+    if (remember_sent(r, NULL, 0)) {
+        /* The command is in hiredis's buffer with no place in the queue. */
+        fail_io(r, "out of memory");
+        return NULL;
+    }
     return kiq_redis_get_reply(r);
 }
 
@@ -245,10 +339,16 @@ int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
             av[3 + i] = argv[i];
             al[3 + i] = lens ? lens[i] : strlen(argv[i]);
         }
-        if (redisAppendCommandArgv(r->c, argc + 3, av, al) == REDIS_OK)
-            r->pending++;
-        else
+        /* Formatted here and kept until its reply is read, to be sent
+         * again should it meet NOSCRIPT. */
+        char *cmd = NULL;
+        int len = redisFormatCommandArgv(&cmd, argc + 3, av, al);
+        if (len < 0 || remember_sent(r, cmd, (size_t)len)) {
+            free(cmd);
+            rc = KIQ_ENOMEM;
+        } else if (redisAppendFormattedCommand(r->c, cmd, (size_t)len) != REDIS_OK) {
             rc = fail_io(r, "append");
+        }
     }
     if (av != sav)
         free(av);
@@ -260,16 +360,8 @@ int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
 redisReply *kiq_redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                              const char **argv, const size_t *lens)
 {
-    redisReply *rep = NULL;
-    /* A NOSCRIPT (SCRIPT FLUSH, or a Redis that restarted behind a proxy)
-     * marks the scripts for reloading; the second try runs after the load. */
-    for (int attempt = 0; attempt < 2; attempt++) {
-        freeReplyObject(rep);
-        rep = NULL;
-        if (kiq_redis_append_script(r, s, nkeys, argc, argv, lens) == 0)
-            rep = kiq_redis_get_reply(r);
-        if (!rep || rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "NOSCRIPT", 8) != 0)
-            break;
-    }
-    return rep;
+    /* A NOSCRIPT is dealt with by kiq_redis_get_reply. */
+    if (kiq_redis_append_script(r, s, nkeys, argc, argv, lens))
+        return NULL;
+    return kiq_redis_get_reply(r);
 }

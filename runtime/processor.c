@@ -33,6 +33,11 @@ static char *tags_of(kiq_job_t *job)
             }
         }
     json_decref(arr);
+    /* No string among the tags: the log line shows no tags at all. */
+    if (!b.len) {
+        kiq_buf_free(&b);
+        return NULL;
+    }
     return kiq_buf_take(&b, NULL);
 }
 
@@ -556,8 +561,11 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 static int fetch_refused(kiq_runtime_t *rt, kiq_redis_t *r, int rc)
 {
     if (rc < 0 && kiq_redis_ok(r)) {
+        /* A reply of the wrong shape leaves no Redis error text: say what
+         * the code says rather than nothing. */
+        const char *why = kiq_redis_error(r);
         if (!atomic_exchange(&rt->fetch_failing, 1))
-            kiq_error("fetch failed: %s; retrying every second", kiq_redis_error(r));
+            kiq_error("fetch failed: %s; retrying every second", *why ? why : kiq_strerror(rc));
         kiq_rt_wait(rt, 1.0);
         return 1;
     }

@@ -1,6 +1,7 @@
 /* Sidekiq's retry rules, applied to the payload text (see internal.h). */
 #include "runtime/internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,7 +71,11 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         out->fate = KIQ_FATE_DROP;
         return 0;
     }
-    long count = job->retry_count >= 0 ? job->retry_count + 1 : 0;
+    /* A negative retry_count was ignored when the job was read (a first
+     * failure); one at the top of the range stays there, past every limit,
+     * where Ruby's Integer would have grown. */
+    long count = job->retry_count < 0 ? 0
+                 : job->retry_count < LONG_MAX ? job->retry_count + 1 : LONG_MAX;
     long max = retry == KIQ_RETRY_DEFAULT ? cfg->max_retries : retry;
     int exhausted = count >= max;
 

@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential meson ninja-build pkg-config python3
       libhiredis-dev libjansson-dev libyaml-dev libssl-dev libcriterion-dev
-      redis-server ruby ruby-sidekiq libmicrohttpd-dev prometheus tmux)
+      redis-server ruby ruby-sidekiq prometheus tmux)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -68,8 +68,12 @@ int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
 
 char *kiq_buf_take(kiq_buf_t *b, size_t *len)
 {
-    if (!b->p && reserve(b, 0))
-        return NULL;
+    /* An empty buffer was never written to: it is handed over as "". */
+    if (!b->p) {
+        if (reserve(b, 0))
+            return NULL;
+        b->p[0] = '\0';
+    }
     char *p = b->p;
     if (len)
         *len = b->len;

@@ -379,3 +379,49 @@ Test(badinput, queue_key_of_wrong_type_is_reported_not_spun_on)
     freeReplyObject(kt_cmd("DEL queue:default"));
     still_works_then_stop(&w, "b00000000000000000000012");
 }
+
+/* The log line of job jid, malloc'd, or NULL when there is none. */
+static char *log_line_of(const char *log, const char *jid)
+{
+    char needle[64];
+    snprintf(needle, sizeof(needle), " jid=%s ", jid);
+    const char *p = strstr(log, needle);
+    if (!p)
+        return NULL;
+    while (p > log && p[-1] != '\n')
+        p--;
+    return strndup(p, strcspn(p, "\n"));
+}
+
+/* Tags without a single string once printed memory past a buffer into the
+ * log (and aborted a sanitized build). */
+Test(badinput, tags_without_strings_log_no_tags)
+{
+    worker_t w = start_worker();
+    const char *tags[] = { "[]", "[1,2]", "[null]", "[\"a\",1]" };
+    const char *want[] = { NULL, NULL, NULL, " tags=a " };
+    char jid[32], p[256];
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(p, sizeof(p), "{\"class\":\"RecordJob\",\"args\":[\"" REC "\"],"
+                 "\"jid\":\"a000000000000000000000%02zu\",\"tags\":%s}", i, tags[i]);
+        push_raw(p, strlen(p));
+    }
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD " REC) == 4, 20), "ran %lld of 4: %s",
+              kt_int("SCARD " REC), kt_kiq_log(w.pid));
+    still_works_then_stop(&w, "b00000000000000000000012");
+    char *log = kt_kiq_log(w.pid);
+    for (const unsigned char *c = (const unsigned char *)log; *c; c++)
+        cr_assert(*c == '\n' || (*c >= 0x20 && *c < 0x7f), "byte 0x%02x at %zu in the log: %s",
+                  *c, (size_t)(c - (const unsigned char *)log), log);
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(jid, sizeof(jid), "a000000000000000000000%02zu", i);
+        char *line = log_line_of(log, jid);
+        cr_assert(line, "no log line for %s: %s", jid, log);
+        if (want[i])
+            cr_assert(strstr(line, want[i]), "tags %s: %s", tags[i], line);
+        else
+            cr_assert(!strstr(line, "tags="), "tags %s: %s", tags[i], line);
+        free(line);
+    }
+    free(log);
+}

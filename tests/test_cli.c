@@ -67,7 +67,15 @@ Test(cli, push_refuses_bad_input)
     free(out);
     cr_assert_eq(kt_kiq_run((const char *[]){ "push", NULL }, &out), 64);
     free(out);
+    const char *bad_times[][2] = { { "--in", "inf" }, { "--in", "nan" }, { "--at", "inf" }, { "--at", "nan" } };
+    for (size_t i = 0; i < sizeof(bad_times) / sizeof(bad_times[0]); i++) {
+        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", bad_times[i][0], bad_times[i][1], NULL },
+                                &out), 64, "%s %s: %s", bad_times[i][0], bad_times[i][1], out);
+        cr_assert(strstr(out, bad_times[i][0]), "%s", out);
+        free(out);
+    }
     cr_assert_eq(kt_int("LLEN queue:default"), 0, "nothing was pushed");
+    cr_assert_eq(kt_int("ZCARD schedule"), 0, "nothing was scheduled");
 }
 
 Test(cli, push_reports_an_unreachable_redis)
@@ -155,4 +163,81 @@ Test(cli, version_help_and_unknown_commands)
     cr_assert_eq(kt_kiq_run((const char *[]){ "frobnicate", NULL }, &out), 64);
     cr_assert(strstr(out, "unknown command"), "%s", out);
     free(out);
+}
+
+Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
+{
+    const char *cases[][2] = { { "-t", "inf" }, { "--timeout", "nan" }, { "--timeout", "-3" },
+                               { "--timeout", "1e999" }, { "-c", "1e3" }, { "--metrics-port", "99999" } };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *out = NULL;
+        int st = kt_kiq_run((const char *[]){ "run", cases[i][0], cases[i][1], NULL }, &out);
+        cr_assert_eq(st, 78, "%s %s: exit %d: %s", cases[i][0], cases[i][1], st, out);
+        const char *flag = cases[i][0][1] == 't' ? "--timeout" : cases[i][0][1] == 'c' ? "--concurrency"
+                                                                                        : cases[i][0];
+        cr_assert(strstr(out, flag) && strchr(out, '\n') == out + strlen(out) - 1, "%s", out);
+        free(out);
+    }
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "x", "--ttl", "inf", "--", "true", NULL }, &out), 64,
+                 "%s", out);
+    cr_assert(strstr(out, "--ttl"), "%s", out);
+    free(out);
+}
+
+/* The whole of a file, NULs included (so /proc/PID/cmdline reads whole). */
+static size_t read_bytes(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
+{
+    kt_cmd("ACL SETUSER kiqpw on >s3cr3tpw ~* &* +@all");
+    const char *plain = kt_url(); /* redis://127.0.0.1:PORT/DB */
+    char url[256];
+    snprintf(url, sizeof(url), "redis://kiqpw:s3cr3tpw@%s", plain + strlen("redis://"));
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+
+    char path[64], cmdline[8192];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    size_t n = read_bytes(path, cmdline, sizeof(cmdline));
+    cr_assert_gt(n, 0);
+    cr_assert_null(memmem(cmdline, n, "s3cr3tpw", 8), "the password is in ps");
+    cr_assert_not_null(memmem(cmdline, n, "kiqpw:", 6), "the rest of the URL stays");
+
+    char *ident = kt_str("SRANDMEMBER processes");
+    char *info = kt_str("HGET %s info", ident);
+    cr_assert(info && !strstr(info, "s3cr3tpw"), "%s", info);
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--redis-url", url, NULL }, &out), 0, "%s", out);
+    cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", "--redis-url", url, NULL }, &out), 0, "%s",
+                 out);
+    cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
+    free(out);
+
+    /* kiq lock runs for as long as its command: it connects with the
+     * password, yet its command line (read by the command) lacks it. */
+    char flag[300];
+    snprintf(flag, sizeof(flag), "--redis-url=%s", url);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "pw", flag, "--", "sh", "-c",
+                                              "tr '\\0' ' ' < /proc/$PPID/cmdline", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "kiqpw:") && strstr(out, "lock pw") && !strstr(out, "s3cr3tpw"), "%s", out);
+    free(out);
+
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(strstr(log, "REDIS_URL or the config file"), "%s", log);
+    cr_assert(!strstr(log, "s3cr3tpw"), "%s", log);
+    free(log);
+    free(info);
+    free(ident);
 }

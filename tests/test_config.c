@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kiq/config.h"
@@ -620,4 +621,55 @@ Test(config, set_str_replaces_and_copies)
     cr_assert_str_eq(slot, "one");
     cr_assert_eq(kiq_config_set_str(&slot, NULL), 0);
     cr_assert_null(slot);
+}
+
+/* What YAML refuses, the flags refuse too, naming the flag. */
+static void flag_rejected(const char *flag, const char *value)
+{
+    kiq_config_t *c = kiq_config_new();
+    char e[KIQ_ERRLEN] = "";
+    char *argv[] = {"kiq", (char *)flag, (char *)value, NULL};
+    cr_assert_eq(kiq_config_parse_args(c, 3, argv, e), KIQ_ECONFIG, "%s %s accepted", flag, value);
+    cr_assert(strstr(e, flag), "%s %s: %s", flag, value, e);
+    cr_assert_null(strchr(e, '\n'), "one line: %s", e);
+    kiq_config_free(c);
+}
+
+Test(config, numeric_flags_refuse_what_the_file_refuses)
+{
+    const char *bad_seconds[] = {"inf", "-inf", "nan", "-1", "0", "1e400", "5s", "", "0x"};
+    for (size_t i = 0; i < sizeof(bad_seconds) / sizeof(bad_seconds[0]); i++) {
+        flag_rejected("--timeout", bad_seconds[i]);
+        flag_rejected("-t", bad_seconds[i]);
+    }
+    const char *bad_ints[] = {"inf", "nan", "1.5", "0", "1001", "99999999999999999999", "-5"};
+    for (size_t i = 0; i < sizeof(bad_ints) / sizeof(bad_ints[0]); i++)
+        flag_rejected("--concurrency", bad_ints[i]);
+    flag_rejected("--metrics-port", "65536");
+    flag_rejected("--metrics-port", "inf");
+
+    char *argv[] = {"kiq", "-t", "2.5", "-c", "7", NULL};
+    cr_assert_eq(kiq_config_parse_args(cfg, 5, argv, err), 0, "%s", err);
+    cr_assert_float_eq(cfg->timeout, 2.5, 1e-9);
+    cr_assert_eq(cfg->concurrency, 7);
+}
+
+Test(config, deep_nesting_fails_fast_with_its_line)
+{
+    enum { DEPTH = 100000 };
+    char *text = malloc(DEPTH + 64);
+    cr_assert_not_null(text);
+    strcpy(text, "concurrency: 5\nlabels: ");
+    size_t n = strlen(text);
+    memset(text + n, '[', DEPTH);
+    strcpy(text + n + DEPTH, "\n");
+    path = write_yaml(text);
+    free(text);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(kiq_config_load_file(cfg, path, err), KIQ_ECONFIG);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert(strstr(err, ":2: nesting deeper than"), "%s", err);
+    cr_assert_lt(took, 2.0, "took %.1f s", took);
 }

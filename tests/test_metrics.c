@@ -3,7 +3,10 @@
  * use stops the start; the registry escapes labels and fills buckets; the
  * config keys and flag. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +172,86 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
     free(resp);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     cr_assert_null(http_get(port, "/metrics", &status), "the server stops with the worker");
+}
+
+/* Clients that connect and then send one header line a second, forever
+ * (bounded here to 20 s), as a slowloris does. */
+#define NSLOW 64
+typedef struct slow {
+    int fd[NSLOW];
+    atomic_int stop;
+} slow_t;
+
+static void *drip(void *arg)
+{
+    slow_t *s = arg;
+    double end = kt_now() + 20;
+    while (!atomic_load(&s->stop) && kt_now() < end) {
+        for (int i = 0; i < NSLOW; i++)
+            (void)send(s->fd[i], "X-Slow: 1\r\n", 11, MSG_NOSIGNAL);
+        kt_sleep(1);
+    }
+    return NULL;
+}
+
+/* 1 when the server closed fd (end of file or reset), without waiting. */
+static int closed_by_server(int fd)
+{
+    char buf[512];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+static int count_closed(const slow_t *s)
+{
+    int n = 0;
+    for (int i = 0; i < NSLOW; i++)
+        n += closed_by_server(s->fd[i]);
+    return n;
+}
+
+Test(metrics, slow_clients_neither_block_a_scrape_nor_stay_connected)
+{
+    int port = free_port(), status = 0;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--metrics-port", portstr, NULL });
+    char *resp = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status)) != NULL, 10),
+              "no answer: %s", kt_kiq_log(pid));
+    free(resp);
+
+    slow_t s = {0};
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    double t0 = kt_now();
+    for (int i = 0; i < NSLOW; i++) {
+        s.fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(s.fd[i] >= 0 && connect(s.fd[i], (struct sockaddr *)&a, sizeof(a)) == 0);
+        cr_assert_eq(send(s.fd[i], "GET /metrics HTTP/1.1\r\n", 23, MSG_NOSIGNAL), 23);
+    }
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, drip, &s), 0);
+    kt_sleep(0.5); /* the server has seen them all */
+
+    double t1 = kt_now();
+    resp = http_get(port, "/metrics", &status);
+    double took = kt_now() - t1;
+    cr_assert(status == 200 && took < 2.0, "a scrape next to %d slow clients: status %d after "
+              "%.2f s: %s", NSLOW, status, took, resp ? resp : "(nothing)");
+    free(resp);
+
+    /* Each is cut off once its headers are late, dripping or not. */
+    int all = KT_WAIT_UNTIL(count_closed(&s) == NSLOW, 12);
+    double gone = kt_now() - t0;
+    int n = count_closed(&s);
+    atomic_store(&s.stop, 1);
+    pthread_join(th, NULL);
+    for (int i = 0; i < NSLOW; i++)
+        close(s.fd[i]);
+    cr_assert(all && gone < 9.0, "%d of %d slow clients disconnected after %.1f s", n, NSLOW,
+              gone);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
 }
 
 Test(metrics, port_in_use_stops_the_start_with_one_line)

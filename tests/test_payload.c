@@ -125,6 +125,34 @@ Test(payload, later_failures_count_up_and_exhaust_to_dead)
     kiq_config_free(cfg);
 }
 
+/* Ruby's Integer does not overflow: a retry_count at the top of the range
+ * is past every retry limit, so the job is dead, not retried in 10^23
+ * years. A negative one counts as absent (a first failure). */
+Test(payload, absurd_retry_counts_are_exhausted_or_restart)
+{
+    kiq_config_t *cfg = kiq_config_new();
+    kiq_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
+                           "\"retry_count\":9223372036854775807}");
+    kiq_failure_t f;
+    cr_assert_eq(kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, KIQ_FATE_DEAD, "fate %d score %g: %s", f.fate, f.score, f.payload);
+    cr_assert_float_eq(f.score, 1000.0, 1e-9);
+    cr_assert(strstr(f.payload, "\"retry_count\":9223372036854775807"), "%s", f.payload);
+    kiq_failure_clear(&f);
+    kiq_job_clear(&job);
+
+    job = job_of("{\"retry\":3,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
+                 "\"retry_count\":-9223372036854775808}");
+    cr_assert_eq(kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, KIQ_FATE_RETRY);
+    cr_assert(f.score >= 1015.0 && f.score < 1025.0, "a first retry's delay: %f", f.score);
+    cr_assert(strstr(f.payload, "\"retry_count\":0") && strstr(f.payload, "\"failed_at\":"),
+              "%s", f.payload);
+    kiq_failure_clear(&f);
+    kiq_job_clear(&job);
+    kiq_config_free(cfg);
+}
+
 Test(payload, retry_zero_false_and_dead_false)
 {
     kiq_config_t *cfg = kiq_config_new();

@@ -920,3 +920,56 @@ Test(qlock, kiq_lock_from_ten_shells_never_overlaps)
     free(marks);
     free(log);
 }
+
+/* Whether pid still runs (a zombie waiting for its reaper does not). */
+static bool running(pid_t pid)
+{
+    if (kill(pid, 0) != 0)
+        return false;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    char *st = kt_read_file(path);
+    char *paren = strrchr(st, ')');
+    bool zombie = paren && paren[1] == ' ' && paren[2] == 'Z';
+    free(st);
+    return !zombie;
+}
+
+static pid_t read_pid(const char *path)
+{
+    char *s = kt_read_file(path);
+    pid_t pid = (pid_t)atoi(s);
+    free(s);
+    return pid;
+}
+
+Test(qlock, kiq_lock_killed_outright_takes_its_command_with_it)
+{
+    char *pidfile = kt_tmp("child.pid");
+    char *log = kt_tmp("killed.out");
+    char script[512];
+    snprintf(script, sizeof(script), "echo $$ > '%s'; exec sleep 30", pidfile);
+    pid_t p = kt_track(spawn_kiq((const char *[]){ "lock", "killed", "--ttl", "500", "--", "sh", "-c",
+                                                   script, NULL }, log));
+    pid_t child = 0;
+    cr_assert(KT_WAIT_UNTIL((child = read_pid(pidfile)) > 0, 10), "%s",
+              kt_read_file(log));
+    cr_assert(running(child));
+    cr_assert_eq(kt_kiq_stop(p, SIGKILL, 5), 128 + SIGKILL);
+    bool gone = KT_WAIT_UNTIL(!running(child), 3);
+    if (!gone)
+        kill(child, SIGKILL);
+    cr_assert(gone, "the command outlived kiq lock, and so its lock");
+    /* The next caller gets in once the dead holder's lease ran out, and
+     * by then nothing runs under the old holding. */
+    char check[256];
+    snprintf(check, sizeof(check), "if kill -0 %d 2>/dev/null; then echo OVERLAP; else echo ALONE; fi",
+             (int)child);
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "killed", "--timeout", "10", "--", "sh", "-c", check,
+                                              NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "ALONE"), "%s", out);
+    free(out);
+    free(pidfile);
+    free(log);
+}

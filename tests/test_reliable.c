@@ -948,3 +948,67 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     kiq_fetch_free(f);
     kiq_redis_free(r);
 }
+
+/* SCRIPT FLUSH (or a failover to a replica without the scripts) while jobs
+ * drain: the scripts are loaded again at once and the EVALSHA that met
+ * NOSCRIPT is sent again, in the fetch pipeline as anywhere else; no fetch
+ * is reported failed, none waits a second, every job runs. */
+Test(reliable, script_flush_mid_drain_reloads_at_once)
+{
+    enum { ROUNDS = 6, PER = 200, FAILS = 3 };
+    kt_aof_redis_t s;
+    kt_aof_init(&s, "flush");
+    kt_aof_start(&s);
+    redisContext *c = kt_aof_connect(&s);
+    cr_assert(c);
+    char *y = kt_write_file("flush.yml", FAST_YAML "average_scheduled_poll_interval: 0.2\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", "-q", "a", "-q", "b", "--redis-url",
+                                               s.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(log_has(pid, "identity"), 10), "%s", kt_kiq_log(pid));
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        char *p[PER + FAILS];
+        size_t n = 0;
+        for (unsigned i = 0; i < PER; i++) {
+            char jid[25];
+            make_jid(jid, 20 + round, i);
+            p[n++] = i % 10 == 9 ? payload("SleepJob", "[5]", jid, i % 2 ? "a" : "b")
+                                 : payload("RecordJob", "[\"rec\"]", jid, i % 2 ? "a" : "b");
+        }
+        for (unsigned i = 0; i < FAILS; i++) {
+            char jid[25];
+            make_jid(jid, 40 + round, i);
+            p[n++] = payload("FailJob", "[]", jid, "a");
+        }
+        long before = (long)kt_int_on(c, "SCARD rec");
+        push_all(c, "a", p, n);
+        KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") > before + 20, 10);
+        freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+        long want = (long)(round + 1) * (PER - PER / 10);
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") == want
+                                    && kt_int_on(c, "ZCARD retry") == (long)(round + 1) * FAILS
+                                    && kt_int_on(c, "LLEN queue:a") + kt_int_on(c, "LLEN queue:b") == 0,
+                                30),
+                  "round %u: %lld of %ld recorded, %lld in retry\n%s", round, kt_int_on(c, "SCARD rec"),
+                  want, kt_int_on(c, "ZCARD retry"), kt_kiq_log(pid));
+        for (size_t i = 0; i < n; i++)
+            free(p[i]);
+    }
+    /* Flushed while idle too: the next job still starts. */
+    freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
+    char jid[25];
+    make_jid(jid, 60, 0);
+    char *last = payload("RecordJob", "[\"rec\"]", jid, "b");
+    push_all(c, "b", &last, 1);
+    free(last);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") == ROUNDS * (PER - PER / 10) + 1, 10));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    char *log = kt_kiq_log(pid);
+    cr_assert(!strstr(log, "fetch failed"), "%s", log);
+    cr_assert(!strstr(log, "NOSCRIPT"), "%s", log);
+    cr_assert_eq(kt_int_on(c, "LLEN rec:log"), kt_int_on(c, "SCARD rec"), "a job ran twice");
+    free(log);
+    redisFree(c);
+    kill(s.pid, SIGTERM);
+    waitpid(s.pid, NULL, 0);
+    free(y);
+}

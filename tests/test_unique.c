@@ -415,6 +415,29 @@ Test(unique, bad_lock_input_falls_back_with_a_log_line)
     free(d); free(log); free(y); free(y2);
 }
 
+/* Lock times beyond 10 years are cut to 10 years with a log line instead
+ * of overflowing into a lock with a random expiry (or none). */
+Test(unique, absurd_lock_times_are_cut_to_ten_years)
+{
+    const long long ten_years_ms = 10LL * 365 * 86400 * 1000;
+    char *d = ruby_digest("SleepJob", "default", "[1500]");
+    const char *raw = "{\"class\":\"SleepJob\",\"args\":[1500],\"jid\":\"c0000000000000000000000a\","
+                      "\"queue\":\"default\",\"lock\":\"while_executing\",\"lock_ttl\":1e17,"
+                      "\"lock_timeout\":1e300,\"lock_limit\":1e20}";
+    freeReplyObject(kt_cmd("LPUSH queue:default %s", raw));
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 1, 20), "locked: %s",
+              kt_kiq_log(pid));
+    long long pttl = kt_int("PTTL %s:RUN:LOCKED", d);
+    cr_assert(pttl > ten_years_ms - 60000 && pttl <= ten_years_ms, "PTTL %lld", pttl);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0, 10), "released: %s",
+              kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
+    cr_assert(log_says(pid, "lock_ttl 1e+17 is more than 10 years"), "%s", kt_kiq_log(pid));
+    cr_assert(log_says(pid, "lock_timeout 1e+300 is more than 10 years"), "%s", kt_kiq_log(pid));
+    free(d);
+}
+
 /* YAML classes: options apply to jobs a plain Ruby client pushed. */
 Test(unique, yaml_class_options_lock_jobs_without_lock_fields)
 {
