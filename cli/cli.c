@@ -35,6 +35,22 @@ const char *kiq_cli_redis_url(const char *flag)
     return url && *url ? url : "redis://127.0.0.1:6379/0";
 }
 
+kiq_redis_t *kiq_cli_connect(const char *who, const char *url_flag)
+{
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url_flag), 10, err);
+    if (!r) {
+        fprintf(stderr, "%s: %s\n", who, err);
+        return NULL;
+    }
+    if (kiq_redis_connect(r)) {
+        fprintf(stderr, "%s: %s\n", who, kiq_redis_error(r));
+        kiq_redis_free(r);
+        return NULL;
+    }
+    return r;
+}
+
 /* Set when a password was blanked from the command line, for cmd_run to
  * warn in its log. */
 static int argv_had_password;

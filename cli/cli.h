@@ -3,6 +3,8 @@
 #ifndef KIQ_CLI_CLI_H
 #define KIQ_CLI_CLI_H
 
+#include "kiq/redis.h"
+
 #define KIQ_EXIT_USAGE 64
 #define KIQ_EXIT_DENIED 3
 
@@ -15,5 +17,10 @@ int kiq_cmd_top(int argc, char **argv);
 /* The Redis URL for a subcommand: --redis-url, else $REDIS_URL (or the
  * variable named by $REDIS_PROVIDER), else the default. */
 const char *kiq_cli_redis_url(const char *flag);
+
+/* A connection to that Redis for the command who ("kiq stats"), owned by
+ * the caller. On failure it prints "who: reason" on stderr and returns
+ * NULL. */
+kiq_redis_t *kiq_cli_connect(const char *who, const char *url_flag);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "support/number.h"
 #include "kiq/kiq.h"
 #include "kiq/unique.h"
 
@@ -58,20 +59,17 @@ int kiq_cmd_push(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "q:h", longopts, NULL)) != -1) {
-        char *end = NULL;
         switch (opt) {
         case 'q': o.queue = optarg; break;
         case OPT_URL: url = optarg; break;
         case OPT_IN:
-            in = strtod(optarg, &end);
-            if (end == optarg || *end || !isfinite(in) || in < 0) {
+            if (kiq_parse_number(optarg, 0, 0, HUGE_VAL, &in)) {
                 fprintf(stderr, "kiq push: --in: not a number of seconds: %s\n", optarg);
                 return KIQ_EXIT_USAGE;
             }
             break;
         case OPT_AT:
-            at = strtod(optarg, &end);
-            if (end == optarg || *end || !isfinite(at) || at < 1e9) {
+            if (kiq_parse_number(optarg, 0, 1e9, HUGE_VAL, &at)) {
                 fprintf(stderr, "kiq push: --at: not an epoch time in seconds: %s\n", optarg);
                 return KIQ_EXIT_USAGE;
             }
@@ -80,8 +78,8 @@ int kiq_cmd_push(int argc, char **argv)
             if (strcmp(optarg, "false") == 0) o.retry = KIQ_RETRY_NONE;
             else if (strcmp(optarg, "true") == 0) o.retry = KIQ_RETRY_DEFAULT;
             else {
-                long n = strtol(optarg, &end, 10);
-                if (end == optarg || *end || n < 0 || n > 1000000) {
+                double n;
+                if (kiq_parse_number(optarg, 1, 0, 1000000, &n)) {
                     fprintf(stderr, "kiq push: --retry: must be a count, true or false: %s\n", optarg);
                     return KIQ_EXIT_USAGE;
                 }
@@ -103,13 +101,13 @@ int kiq_cmd_push(int argc, char **argv)
             break;
         case OPT_LOCK_TTL:
         case OPT_LOCK_TIMEOUT: {
-            long v = strtol(optarg, &end, 10);
-            if (end == optarg || *end || v < 0 || v > 100000000) {
+            double v;
+            if (kiq_parse_number(optarg, 1, 0, 100000000, &v)) {
                 fprintf(stderr, "kiq push: --%s: not a number of seconds >= 0: %s\n",
                         opt == OPT_LOCK_TTL ? "lock-ttl" : "lock-timeout", optarg);
                 return KIQ_EXIT_USAGE;
             }
-            *(opt == OPT_LOCK_TTL ? &uo.lock_ttl : &uo.lock_timeout) = v;
+            *(opt == OPT_LOCK_TTL ? &uo.lock_ttl : &uo.lock_timeout) = (long)v;
             lock_opts = 1;
             break;
         }

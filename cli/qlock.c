@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "support/number.h"
 #include "support/identity.h"
 #include "support/time.h"
 #include "kiq/qlock.h"
@@ -96,16 +97,12 @@ static void log_stderr(const char *line, void *udata)
 
 static int num(const char *flag, const char *v, double min, double *out)
 {
-    char *end = NULL;
-    errno = 0;
-    double d = strtod(v, &end);
     /* 1e12 ms or s is past any sane lease or wait, and far from the
      * overflow of the integer fields the values go to. */
-    if (end == v || *end || errno || !isfinite(d) || d < min || d > 1e12) {
+    if (kiq_parse_number(v, 0, min, 1e12, out)) {
         fprintf(stderr, "kiq lock: %s: not a valid number: %s\n", flag, v);
         return -1;
     }
-    *out = d;
     return 0;
 }
 
@@ -175,22 +172,6 @@ static int parse(int argc, char **argv, struct lock_args *a)
     }
     a->meta[2 * nmeta] = NULL;
     return 0;
-}
-
-static kiq_redis_t *connect_redis(const char *url)
-{
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 5, err);
-    if (!r) {
-        fprintf(stderr, "kiq lock: %s\n", err);
-        return NULL;
-    }
-    if (kiq_redis_connect(r)) {
-        fprintf(stderr, "kiq lock: %s\n", kiq_redis_error(r));
-        kiq_redis_free(r);
-        return NULL;
-    }
-    return r;
 }
 
 static int cmd_info(kiq_redis_t *r, const char *name)
@@ -373,14 +354,14 @@ int kiq_cmd_lock(int argc, char **argv)
     if (!dd) {
         const char *sub = nops > 0 ? ops[0] : "";
         if (strcmp(sub, "info") == 0 && nops == 2) {
-            if ((r = connect_redis(a.url)))
+            if ((r = kiq_cli_connect("kiq lock", a.url)))
                 status = cmd_info(r, ops[1]);
             else
                 status = EXIT_REDIS;
         } else if (strcmp(sub, "list") == 0 && nops == 1) {
-            status = (r = connect_redis(a.url)) ? cmd_list(r, a.json) : EXIT_REDIS;
+            status = (r = kiq_cli_connect("kiq lock", a.url)) ? cmd_list(r, a.json) : EXIT_REDIS;
         } else if (strcmp(sub, "clear-dead") == 0 && nops == 1) {
-            status = (r = connect_redis(a.url)) ? cmd_clear_dead(r, a.dead_ttl) : EXIT_REDIS;
+            status = (r = kiq_cli_connect("kiq lock", a.url)) ? cmd_clear_dead(r, a.dead_ttl) : EXIT_REDIS;
         } else {
             fprintf(stderr, "kiq lock: expected NAME [options] -- COMMAND, info NAME, list or clear-dead\n\n%s",
                     usage);
@@ -407,7 +388,7 @@ int kiq_cmd_lock(int argc, char **argv)
     }
     if (a.verbose)
         kiq_qlock_client_on_log(c, log_stderr, NULL, 1);
-    if (!(r = connect_redis(a.url))) {
+    if (!(r = kiq_cli_connect("kiq lock", a.url))) {
         status = EXIT_REDIS;
         goto out;
     }

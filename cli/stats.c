@@ -154,16 +154,9 @@ int kiq_cmd_stats(int argc, char **argv)
         }
     }
     char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 10, err);
-    if (!r) {
-        fprintf(stderr, "kiq stats: %s\n", err);
-        return KIQ_EXIT_USAGE;
-    }
-    if (kiq_redis_connect(r)) {
-        fprintf(stderr, "kiq stats: %s\n", kiq_redis_error(r));
-        kiq_redis_free(r);
+    kiq_redis_t *r = kiq_cli_connect("kiq stats", url);
+    if (!r)
         return 1;
-    }
     json_t *o = collect(r, err);
     if (!o) {
         fprintf(stderr, "kiq stats: %s\n", err);

@@ -18,6 +18,7 @@
 
 #include "support/buf.h"
 #include "cli/cli.h"
+#include "support/number.h"
 #include "observe/overview.h"
 #include "support/time.h"
 #include "kiq/kiq.h"
@@ -352,12 +353,10 @@ int kiq_cmd_top(int argc, char **argv)
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "hi:", longopts, NULL)) != -1) {
-        char *end = NULL;
         if (opt == 'u') {
             url = optarg;
         } else if (opt == 'i') {
-            interval = strtod(optarg, &end);
-            if (!*optarg || *end || !(interval >= 0.1 && interval <= 3600)) {
+            if (kiq_parse_number(optarg, 0, 0.1, 3600, &interval)) {
                 fprintf(stderr, "kiq top: --interval: must be a number of seconds between 0.1 "
                         "and 3600 (got \"%s\")\n", optarg);
                 return KIQ_EXIT_USAGE;
@@ -375,22 +374,11 @@ int kiq_cmd_top(int argc, char **argv)
         fprintf(stderr, "kiq top: unexpected argument \"%s\"\n\n%s", argv[optind], usage);
         return KIQ_EXIT_USAGE;
     }
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url), 5, err);
-    if (!r) {
-        fprintf(stderr, "kiq top: %s\n", err);
-        return KIQ_EXIT_USAGE;
-    }
-    int status;
-    if (!isatty(STDOUT_FILENO)) {
-        status = snapshot(r);
-    } else if (kiq_redis_connect(r)) {
-        /* A wrong URL is better said once than redrawn every second. */
-        fprintf(stderr, "kiq top: %s\n", kiq_redis_error(r));
-        status = 1;
-    } else {
-        status = live(r, interval);
-    }
+    /* A wrong URL is better said once than redrawn every second. */
+    kiq_redis_t *r = kiq_cli_connect("kiq top", url);
+    if (!r)
+        return 1;
+    int status = isatty(STDOUT_FILENO) ? live(r, interval) : snapshot(r);
     kiq_redis_free(r);
     return status;
 }

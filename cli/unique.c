@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "support/number.h"
 #include "support/time.h"
 #include "kiq/redis.h"
 #include "kiq/unique_admin.h"
@@ -60,24 +61,23 @@ static int parse(const char *sub, int argc, char **argv, args_t *a, int want_pos
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        char *end = NULL;
         switch (opt) {
         case 'j': a->json = 1; break;
         case 'f': a->force = 1; break;
         case 'u': a->url = optarg; break;
         case 'h': fputs(usage, stdout); return 0;
         case 'l': case 'c': case 'm': {
-            long v = strtol(optarg, &end, 10);
-            if (!*optarg || *end || v < 1) {
+            double v;
+            if (kiq_parse_number(optarg, 1, 1, 1e15, &v)) {
                 fprintf(stderr, "kiq locks %s: %s: must be an integer >= 1\n", sub, argv[optind - 1]);
                 return KIQ_EXIT_USAGE;
             }
-            *(opt == 'l' ? &a->limit : opt == 'c' ? &a->count : &a->minutes) = v;
+            *(opt == 'l' ? &a->limit : opt == 'c' ? &a->count : &a->minutes) = (long)v;
             break;
         }
         case 't': case 'g': {
-            double v = strtod(optarg, &end);
-            if (!*optarg || *end || !(v >= 0)) {
+            double v;
+            if (kiq_parse_number(optarg, 0, 0, 1e9, &v)) {
                 fprintf(stderr, "kiq locks %s: %s: must be a number of seconds >= 0\n", sub,
                         argv[optind - 1]);
                 return KIQ_EXIT_USAGE;
@@ -100,22 +100,6 @@ static int parse(const char *sub, int argc, char **argv, args_t *a, int want_pos
     if (npos == 1)
         a->pos = argv[optind];
     return -1;
-}
-
-static kiq_redis_t *connect_redis(const char *sub, const args_t *a)
-{
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(a->url), 10, err);
-    if (!r) {
-        fprintf(stderr, "kiq locks %s: %s\n", sub, err);
-        return NULL;
-    }
-    if (kiq_redis_connect(r)) {
-        fprintf(stderr, "kiq locks %s: %s\n", sub, kiq_redis_error(r));
-        kiq_redis_free(r);
-        return NULL;
-    }
-    return r;
 }
 
 static void print_json(json_t *o)
@@ -485,7 +469,9 @@ int kiq_cmd_locks(int argc, char **argv)
     if (!strcmp(sub, "info") || !strcmp(sub, "delete"))
         if ((st = digest_arg(sub, &a, digest, sizeof(digest))))
             return st;
-    kiq_redis_t *r = connect_redis(sub, &a);
+    char who[64];
+    snprintf(who, sizeof(who), "kiq locks %s", sub);
+    kiq_redis_t *r = kiq_cli_connect(who, a.url);
     if (!r)
         return 1;
     if (!strcmp(sub, "list"))

@@ -1,5 +1,6 @@
 /* The flags of `kiq run`, applied over the config file. */
 #include "kiq/config.h"
+#include "support/number.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -67,11 +68,8 @@ const char *kiq_config_usage(void)
 static int parse_number(const char *flag, const char *v, int integer, double lo, double hi,
                         double *out, char *err)
 {
-    char *end;
-    errno = 0;
-    double d = integer ? (double)strtol(v, &end, 10) : strtod(v, &end);
-    int bad = end == v || *end || errno || !isfinite(d) || d < lo || d > hi
-              || (!integer && d == lo);
+    double d = 0;
+    int bad = kiq_parse_number(v, integer, lo, hi, &d) || (!integer && d == lo);
     if (bad && integer)
         return kiq_seterr(err, KIQ_ECONFIG, "%s: must be an integer between %.0f and %.0f (got \"%s\")",
                           flag, lo, hi, v);

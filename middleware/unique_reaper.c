@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "redis/keys.h"
+#include "support/identity.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
 #include "support/time.h"
@@ -583,11 +584,11 @@ out:
     return rc;
 }
 
+/* The same hostname as the process identity ($DYNO when set). */
 static void default_owner(char *out, size_t n)
 {
-    char host[256] = "localhost";
-    gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = '\0';
+    char host[256];
+    kiq_hostname(host, sizeof(host));
     snprintf(out, n, "%s:%ld", host, (long)getpid());
 }
 
