@@ -184,6 +184,8 @@ static int has_space(const char *s)
     return 0;
 }
 
+#define KIQ_CONFIG_MAX_SECONDS (10.0 * 365 * 24 * 3600)
+
 int kiq_config_validate(kiq_config_t *cfg, char *err)
 {
     /* The same wording as yaml.c uses, so a value reads the same whichever
@@ -219,6 +221,21 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
         return kiq_seterr(err, KIQ_ECONFIG,
                           "liveness_ttl: must be at least 3 times heartbeat_interval (%g s)",
                           cfg->heartbeat_interval);
+    /* A duration past ten years is a typo, and would overflow once turned
+     * into milliseconds or a timespec. */
+    const struct { const char *key; double v; } durations[] = {
+        { "timeout", cfg->timeout },
+        { "dead_timeout_in_seconds", (double)cfg->dead_timeout },
+        { "poll_interval_average", cfg->poll_interval_average },
+        { "average_scheduled_poll_interval", cfg->average_scheduled_poll_interval },
+        { "heartbeat_interval", cfg->heartbeat_interval },
+        { "recovery_interval", cfg->recovery_interval },
+        { "liveness_ttl", cfg->liveness_ttl },
+    };
+    for (size_t i = 0; i < sizeof(durations) / sizeof(durations[0]); i++)
+        if (durations[i].v > KIQ_CONFIG_MAX_SECONDS)
+            return kiq_seterr(err, KIQ_ECONFIG, "%s: must be at most %.0f seconds (ten years)",
+                              durations[i].key, KIQ_CONFIG_MAX_SECONDS);
     if (cfg->max_recoveries < 1)
         return kiq_seterr(err, KIQ_ECONFIG, "max_recoveries: must be an integer >= 1");
     if (!cfg->redis_url || !*cfg->redis_url)

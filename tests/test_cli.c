@@ -183,6 +183,23 @@ Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
                  "%s", out);
     cr_assert(strstr(out, "--ttl"), "%s", out);
     free(out);
+    /* Every subcommand parses numbers the same strict way. */
+    const char *const sub_cases[][5] = { { "locks", "reap", "-t", "inf", NULL },
+                                         { "locks", "reap", "-g", "nan", NULL },
+                                         { "locks", "list", "-l", "5x", NULL },
+                                         { "top", "--interval", "inf", NULL, NULL },
+                                         { "push", "NoopJob", "--in", "1e999", NULL } };
+    for (size_t i = 0; i < sizeof(sub_cases) / sizeof(sub_cases[0]); i++) {
+        out = NULL;
+        int st = kt_kiq_run(sub_cases[i], &out);
+        cr_assert_eq(st, 64, "%s %s: exit %d: %s", sub_cases[i][0], sub_cases[i][1], st, out);
+        free(out);
+    }
+    /* A number the flag parser takes but no duration should be. */
+    out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-t", "1e300", NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "timeout: must be at most"), "%s", out);
+    free(out);
 }
 
 /* The whole of a file, NULs included (so /proc/PID/cmdline reads whole). */
