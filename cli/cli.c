@@ -1,5 +1,6 @@
-/* kiq_main: the kiq command line. `kiq run` (the default) starts a worker;
- * push, stats and version are small tools around the same Redis. */
+/* kiq_main: the kiq command line and its command table. `kiq run` (the
+ * default) starts a worker; the other subcommands (push, stats, locks, lock,
+ * top, version) are tools around the same Redis, one file each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -70,8 +70,9 @@ KIQ_API const char *kiq_runtime_identity(const kiq_runtime_t *rt);
  * (their jobs were put back in their queues). */
 KIQ_API int kiq_runtime_abandoned(const kiq_runtime_t *rt);
 
-/* The kiq command line (run, push, stats, version) with extra handlers
- * registered by init (may be NULL). Returns the process exit status. */
+/* The kiq command line (run, the default, and every subcommand `kiq --help`
+ * lists) with extra handlers registered by init (may be NULL). Returns the
+ * process exit status. */
 KIQ_API int kiq_main(int argc, char **argv, kiq_plugin_init_fn init);
 
 #endif
