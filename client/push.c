@@ -88,13 +88,13 @@ static int build(kiq_client_t *c, kiq_buf_t *b, const char *cls, const char *arg
         args = "[]";
     size_t alen = strlen(args);
     while (alen && (args[0] == ' ' || args[0] == '\n')) { args++; alen--; }
-    if (alen == 0 || args[0] != '[' || kiq_json_validate(args, alen, c->err))
+    if (alen == 0 || args[0] != '[' || kiq__json_validate(args, alen, c->err))
         return kiq_seterr(c->err, KIQ_EINVAL, "args must be a JSON array, got: %.60s", args);
     if (o->extra && kiq_json_scan_object(o->extra, strlen(o->extra), &extra, c->err))
         return kiq_seterr(c->err, KIQ_EINVAL, "extra fields must be a JSON object");
     char ts[32];
     kiq_ts_json(ts, now, o->timestamps);
-    kiq_new_jid(jid);
+    kiq__new_jid(jid);
     if (o->retry == KIQ_RETRY_UNSET || o->retry == KIQ_RETRY_DEFAULT)
         rc = kiq_buf_puts(b, "{\"retry\":true");
     else if (o->retry == KIQ_RETRY_NONE)

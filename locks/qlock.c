@@ -93,7 +93,7 @@ kiq_qlock_client_t *kiq_qlock_client_new(const char *identity, char *err)
         /* 8 random bytes in hex, as the gem's SecureRandom.hex(8): keeps two
          * hosts whose pids and thread ids collide apart. */
         unsigned char b[8];
-        kiq_random_bytes(b, sizeof(b));
+        kiq__random_bytes(b, sizeof(b));
         for (size_t i = 0; i < sizeof(b); i++)
             snprintf(c->identity + 2 * i, 3, "%02x", b[i]);
     }
@@ -305,7 +305,7 @@ static int attempt(acquire_t *a, char *err)
     int rc = IN_LINE;
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
         rep->element[0]->type != REDIS_REPLY_STRING) {
-        rc = kiq_reply_error(a->r, rep, "queued lock attempt", err);
+        rc = kiq__reply_error(a->r, rep, "queued lock attempt", err);
         freeReplyObject(rep);
         return rc;
     }
@@ -383,7 +383,7 @@ static int owner_call(kiq_redis_t *r, kiq_script_t s, const kiq_qlock_result_t *
     redisReply *rep = kiq_redis_script(r, s, 1, argc, argv, NULL);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
-        rc = kiq_reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
+        rc = kiq__reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
     else
         *out = rep->integer;
     freeReplyObject(rep);
