@@ -135,7 +135,7 @@ typedef struct push_job {
     char score[32]; /* ZADD score, for a job scheduled later */
 } push_job_t;
 
-/* The argv of one Redis command, filled after its two first words. */
+/* The argv of one Redis command, built word by word. */
 typedef struct cmd {
     const char **argv;
     size_t *lens;
