@@ -88,13 +88,13 @@ static int build(kiq_client_t *c, kiq_buf_t *b, const char *cls, const char *arg
         args = "[]";
     size_t alen = strlen(args);
     while (alen && (args[0] == ' ' || args[0] == '\n')) { args++; alen--; }
-    if (alen == 0 || args[0] != '[' || kiq_json_validate(args, alen, c->err))
+    if (alen == 0 || args[0] != '[' || kiq__json_validate(args, alen, c->err))
         return kiq_seterr(c->err, KIQ_EINVAL, "args must be a JSON array, got: %.60s", args);
     if (o->extra && kiq_json_scan_object(o->extra, strlen(o->extra), &extra, c->err))
         return kiq_seterr(c->err, KIQ_EINVAL, "extra fields must be a JSON object");
     char ts[32];
     kiq_ts_json(ts, now, o->timestamps);
-    kiq_new_jid(jid);
+    kiq__new_jid(jid);
     if (o->retry == KIQ_RETRY_UNSET || o->retry == KIQ_RETRY_DEFAULT)
         rc = kiq_buf_puts(b, "{\"retry\":true");
     else if (o->retry == KIQ_RETRY_NONE)
@@ -128,6 +128,149 @@ static int accept_push(kiq_mw_t *mw, void *ud)
     return 0;
 }
 
+/* One job of a bulk push. */
+typedef struct push_job {
+    kiq_mw_t mw;    /* its client chain state; owns the payload */
+    char jid[25];
+    char score[32]; /* ZADD score, for a job scheduled later */
+} push_job_t;
+
+/* The argv of one Redis command, built word by word. */
+typedef struct cmd {
+    const char **argv;
+    size_t *lens;
+    size_t n;
+} cmd_t;
+
+static void cmd_add(cmd_t *cmd, const char *s, size_t len)
+{
+    cmd->argv[cmd->n] = s;
+    cmd->lens[cmd->n++] = len;
+}
+
+/* Builds job's payload and the chain state that carries it. */
+static int prepare_job(kiq_client_t *c, push_job_t *job, const char *cls, const char *args,
+                       const kiq_push_opts_t *o, const char *queue, double now)
+{
+    kiq_buf_t b = {0};
+    int rc = build(c, &b, cls, args, o, queue, now, job->jid);
+    kiq_mw_t *mw = &job->mw;
+    mw->r = c->r;
+    mw->unique = o->unique;
+    mw->cls = cls;
+    mw->jid = job->jid;
+    mw->queue = queue;
+    mw->at = o->at > now ? o->at : 0;
+    mw->payload = kiq_buf_take(&b, &mw->len);
+    if (!rc && (!mw->payload || kiq_json_scan_object(mw->payload, mw->len, &mw->obj, NULL)))
+        rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    return rc;
+}
+
+/* Runs the client chain on mw. A denial is counted in *denied, with its
+ * reason in c->err, and is not an error: the other jobs go on. Returns
+ * KIQ_EREDIS when Redis failed, which stops the batch. */
+static int run_chain(kiq_client_t *c, kiq_mw_t *mw, const char *cls, size_t *denied)
+{
+    if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r))
+        return kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+    int mrc = kiq_mw_run(c->chain, mw, accept_push, NULL);
+    if (mw->accepted)
+        return 0;
+    (*denied)++;
+    kiq_seterr(c->err, mrc && mrc != KIQ_EDENIED ? mrc : KIQ_EDENIED, "push of %s denied: %s",
+               cls, mw->deny[0] ? mw->deny : kiq_strerror(mrc ? mrc : KIQ_EDENIED));
+    return mrc == KIQ_EREDIS ? KIQ_EREDIS : 0;
+}
+
+/* One MULTI/EXEC: SADD and LPUSH when lpush has jobs, ZADD when zadd has. */
+static int transaction(kiq_client_t *c, const char *queue, const cmd_t *lpush, const cmd_t *zadd)
+{
+    const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
+    const char *sadd[] = { "SADD", KIQ_KEY_QUEUES, queue };
+    int replies = 2;
+    int rc = kiq_redis_append(c->r, 1, multi, NULL);
+    if (!rc && lpush->n > 2) {
+        rc = kiq_redis_append(c->r, 3, sadd, NULL);
+        if (!rc) rc = kiq_redis_append(c->r, (int)lpush->n, lpush->argv, lpush->lens);
+        replies += 2;
+    }
+    if (!rc && zadd->n > 2) {
+        rc = kiq_redis_append(c->r, (int)zadd->n, zadd->argv, zadd->lens);
+        replies++;
+    }
+    if (!rc) rc = kiq_redis_append(c->r, 1, exec, NULL);
+    redisReply *last = NULL;
+    for (int i = 0; i < replies && !rc; i++) {
+        redisReply *rep = kiq_redis_get_reply(c->r);
+        if (!rep)
+            rc = KIQ_EREDIS;
+        else if (i == replies - 1)
+            last = rep;
+        else
+            freeReplyObject(rep);
+    }
+    if (!rc && (!last || last->type != REDIS_REPLY_ARRAY))
+        rc = kiq_seterr(c->err, KIQ_EREPLY, "push failed: %s",
+                        last && last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
+    freeReplyObject(last);
+    return rc;
+}
+
+/* Sends the accepted jobs in one transaction: those due now onto the queue,
+ * the others into the schedule. A broken connection is retried once. argv
+ * and lens have room for both commands (3n + 4 entries). */
+static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, size_t n,
+                         double now, const char **argv, size_t *lens)
+{
+    char qkey[512];
+    cmd_t lpush = { argv, lens, 0 }, zadd = { argv + n + 2, lens + n + 2, 0 };
+    kiq_key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, queue);
+    cmd_add(&lpush, "LPUSH", strlen("LPUSH"));
+    cmd_add(&lpush, qkey, strlen(qkey));
+    cmd_add(&zadd, "ZADD", strlen("ZADD"));
+    cmd_add(&zadd, KIQ_KEY_SCHEDULE, strlen(KIQ_KEY_SCHEDULE));
+    for (size_t i = 0; i < n; i++) {
+        kiq_mw_t *mw = &jobs[i].mw;
+        if (!mw->accepted)
+            continue;
+        if (mw->at > now) {
+            snprintf(jobs[i].score, sizeof(jobs[i].score), "%.6f", mw->at);
+            cmd_add(&zadd, jobs[i].score, strlen(jobs[i].score));
+            cmd_add(&zadd, mw->payload, mw->len);
+        } else {
+            cmd_add(&lpush, mw->payload, mw->len);
+        }
+    }
+    if (lpush.n == 2 && zadd.n == 2)
+        return 0;
+    int rc = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
+            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+            continue;
+        }
+        rc = transaction(c, queue, &lpush, &zadd);
+        if (rc != KIQ_EREDIS)
+            break;
+        kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+    }
+    return rc;
+}
+
+/* Fills jids (when given) with the jid of each pushed job, "" for the
+ * others, and frees jobs. */
+static void collect(push_job_t *jobs, size_t n, int sent, char (*jids)[25])
+{
+    for (size_t i = 0; jobs && i < n; i++) {
+        int pushed = sent && jobs[i].mw.accepted;
+        if (jids)
+            memcpy(jids[i], pushed ? jobs[i].jid : "", pushed ? 25 : 1);
+        kiq_mw_clear(&jobs[i].mw);
+    }
+    free(jobs);
+}
+
 int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *args, size_t n,
                          const kiq_push_opts_t *opts, char (*jids)[25])
 {
@@ -141,113 +284,22 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     double now = kiq_now();
     if (o.at > 0 && o.at < 1e9)
         o.at += now; /* small values mean "seconds from now", as Sidekiq */
-    kiq_mw_t *mws = calloc(n, sizeof(*mws));
-    char (*jid)[25] = calloc(n, sizeof(*jid));
-    char (*scores)[32] = calloc(n, sizeof(*scores));
-    const char **lpush = calloc(n + 2, sizeof(*lpush)), **zadd = calloc(2 * n + 2, sizeof(*zadd));
-    size_t *llens = calloc(n + 2, sizeof(*llens)), *zlens = calloc(2 * n + 2, sizeof(*zlens));
-    char qkey[512];
-    size_t nl = 2, nz = 2, denied = 0;
-    int rc = (mws && jid && scores && lpush && zadd && llens && zlens)
-                 ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    /* Everything is allocated before the chain runs: a middleware may take
+     * a lock, which a later failure here would leave held. */
+    push_job_t *jobs = calloc(n, sizeof(*jobs));
+    const char **argv = calloc(3 * n + 4, sizeof(*argv));
+    size_t *lens = calloc(3 * n + 4, sizeof(*lens)), denied = 0;
+    int rc = jobs && argv && lens ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && !rc; i++) {
-        kiq_buf_t b = {0};
-        rc = build(c, &b, cls, args ? args[i] : NULL, &o, queue, now, jid[i]);
-        kiq_mw_t *mw = &mws[i];
-        mw->r = c->r;
-        mw->unique = o.unique;
-        mw->cls = cls;
-        mw->jid = jid[i];
-        mw->queue = queue;
-        mw->at = o.at > now ? o.at : 0;
-        mw->payload = kiq_buf_take(&b, &mw->len);
-        if (!rc && (!mw->payload || kiq_json_scan_object(mw->payload, mw->len, &mw->obj, NULL)))
-            rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
-        if (rc)
-            break;
-        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
-            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
-            break;
-        }
-        int mrc = kiq_mw_run(c->chain, mw, accept_push, NULL);
-        if (!mw->accepted) {
-            denied++;
-            kiq_seterr(c->err, mrc && mrc != KIQ_EDENIED ? mrc : KIQ_EDENIED, "push of %s denied: %s",
-                       cls, mw->deny[0] ? mw->deny : kiq_strerror(mrc ? mrc : KIQ_EDENIED));
-            if (mrc == KIQ_EREDIS) {
-                rc = KIQ_EREDIS;
-                break;
-            }
-            continue;
-        }
-        if (mw->at > now) {
-            snprintf(scores[i], sizeof(scores[i]), "%.6f", mw->at);
-            zadd[nz] = scores[i]; zlens[nz++] = strlen(scores[i]);
-            zadd[nz] = mw->payload; zlens[nz++] = mw->len;
-        } else {
-            lpush[nl] = mw->payload; llens[nl++] = mw->len;
-        }
+        rc = prepare_job(c, &jobs[i], cls, args ? args[i] : NULL, &o, queue, now);
+        if (!rc)
+            rc = run_chain(c, &jobs[i].mw, cls, &denied);
     }
-    if (rc || (nl == 2 && nz == 2))
-        goto out;
-    kiq_key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, queue);
-    lpush[0] = "LPUSH"; lpush[1] = qkey;
-    zadd[0] = "ZADD"; zadd[1] = KIQ_KEY_SCHEDULE;
-    for (int k = 0; k < 2; k++) {
-        llens[k] = strlen(lpush[k]);
-        zlens[k] = strlen(zadd[k]);
-    }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
-            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
-            continue;
-        }
-        const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
-        const char *sadd[] = { "SADD", KIQ_KEY_QUEUES, queue };
-        int replies = 2;
-        rc = kiq_redis_append(c->r, 1, multi, NULL);
-        if (!rc && nl > 2) {
-            rc = kiq_redis_append(c->r, 3, sadd, NULL);
-            if (!rc) rc = kiq_redis_append(c->r, (int)nl, lpush, llens);
-            replies += 2;
-        }
-        if (!rc && nz > 2) {
-            rc = kiq_redis_append(c->r, (int)nz, zadd, zlens);
-            replies++;
-        }
-        if (!rc) rc = kiq_redis_append(c->r, 1, exec, NULL);
-        redisReply *last = NULL;
-        for (int i = 0; i < replies && !rc; i++) {
-            redisReply *rep = kiq_redis_get_reply(c->r);
-            if (!rep)
-                rc = KIQ_EREDIS;
-            else if (i == replies - 1)
-                last = rep;
-            else
-                freeReplyObject(rep);
-        }
-        if (!rc && (!last || last->type != REDIS_REPLY_ARRAY))
-            rc = kiq_seterr(c->err, KIQ_EREPLY, "push failed: %s",
-                            last && last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
-        freeReplyObject(last);
-        if (rc == KIQ_EREDIS)
-            kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
-        else
-            break;
-    }
-out:
-    for (size_t i = 0; mws && i < n; i++) {
-        if (jids)
-            memcpy(jids[i], mws[i].accepted && !rc ? jid[i] : "", mws[i].accepted && !rc ? 25 : 1);
-        kiq_mw_clear(&mws[i]);
-    }
-    free(mws);
-    free(jid);
-    free(scores);
-    free(lpush);
-    free(zadd);
-    free(llens);
-    free(zlens);
+    if (!rc)
+        rc = send_accepted(c, queue, jobs, n, now, argv, lens);
+    collect(jobs, n, !rc, jids);
+    free(argv);
+    free(lens);
     return rc ? rc : denied ? KIQ_EDENIED : 0;
 }
 

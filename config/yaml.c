@@ -5,7 +5,7 @@
  * catch typos; a top-level key holding a mapping of known settings is an
  * environment section, applied over the top level only when it names the
  * current environment. */
-#include "kiq/config.h"
+#include "config/yaml.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -16,42 +16,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <yaml.h>
-
-#include "kiq/unique.h"
 
 /* An anchor can merge (<<) into itself; stop rather than recurse forever. */
 #define MAX_MERGE_DEPTH 16
-
-typedef struct ctx {
-    kiq_config_t *cfg;
-    yaml_document_t doc;
-    const char *path;
-    const char *env; /* environment whose section applies */
-    char *err;
-} ctx_t;
-
-typedef struct key_def key_def_t;
-typedef int (*setter_fn)(ctx_t *c, const key_def_t *k, const char *key,
-                         yaml_node_t *v);
-
-struct key_def {
-    const char *name;
-    setter_fn set;
-    size_t off;    /* field of kiq_config_t, for the generic number setters */
-    long min, max; /* integer range; max INT_MAX or LONG_MAX = no upper bound */
-};
 
 static unsigned long line_of(const yaml_node_t *n)
 {
     return (unsigned long)n->start_mark.line + 1;
 }
 
-static int fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int kiq_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
 {
     char problem[KIQ_ERRLEN];
     va_list ap;
@@ -62,49 +37,15 @@ static int fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt
                       key, problem);
 }
 
-static int nomem(ctx_t *c)
-{
-    return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
-}
-
-static yaml_node_t *node(ctx_t *c, int index)
-{
-    return yaml_document_get_node(&c->doc, index);
-}
-
-static const char *text(const yaml_node_t *n)
-{
-    return (const char *)n->data.scalar.value;
-}
-
-/* YAML's null: an empty value, ~ or null, unquoted. */
-static int is_null(const yaml_node_t *n)
-{
-    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
-        return 0;
-    const char *s = text(n);
-    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
-           !strcmp(s, "NULL");
-}
-
-/* Ruby symbol keys (":concurrency:") name the same setting. */
-static const char *key_name(const yaml_node_t *k)
-{
-    if (k->type != YAML_SCALAR_NODE)
-        return NULL;
-    const char *s = text(k);
-    return *s == ':' ? s + 1 : s;
-}
-
 /* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
  * ${VAR:-default} replaced from the environment, as a shell would: the
  * default also covers a variable that is set but empty. want is the problem
  * to report when v is not a scalar. */
-static int scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
-                  char **out)
+int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+                     char **out)
 {
     if (v->type != YAML_SCALAR_NODE)
-        return fail(c, v, key, "%s", want);
+        return kiq_yaml__fail(c, v, key, "%s", want);
     const char *s = text(v);
     size_t len = v->data.scalar.length;
     char *buf = NULL, *name = NULL;
@@ -130,7 +71,7 @@ static int scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
                 def_len++;
         }
         if (j >= len || s[j] != '}' || name_len == 0) {
-            rc = fail(c, v, key, "malformed ${...} reference");
+            rc = kiq_yaml__fail(c, v, key, "malformed ${...} reference");
             break;
         }
         free(name);
@@ -144,7 +85,7 @@ static int scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
         else if (def)
             fwrite(def, 1, def_len, f);
         else
-            rc = fail(c, v, key, "environment variable %s is not set", name);
+            rc = kiq_yaml__fail(c, v, key, "environment variable %s is not set", name);
         i = j + 1;
     }
     free(name);
@@ -155,17 +96,6 @@ static int scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
         return rc;
     }
     *out = buf;
-    return 0;
-}
-
-static int to_long(const char *s, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno)
-        return KIQ_EINVAL;
-    *out = v;
     return 0;
 }
 
@@ -180,19 +110,6 @@ static int to_double(const char *s, double *out)
     return 0;
 }
 
-/* YAML 1.1 booleans, which is what Psych reads in a sidekiq.yml. */
-static int to_bool(const char *s, int *out)
-{
-    static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
-    for (size_t i = 0; i < 3; i++) {
-        if (!strcasecmp(s, yes[i]) || !strcasecmp(s, no[i])) {
-            *out = !strcasecmp(s, yes[i]);
-            return 0;
-        }
-    }
-    return KIQ_EINVAL;
-}
-
 static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     char want[96], *s = NULL;
@@ -202,11 +119,11 @@ static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v
     else
         snprintf(want, sizeof(want), "must be an integer between %ld and %ld",
                  k->min, k->max);
-    int rc = scalar(c, v, key, want, &s);
+    int rc = kiq_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) < 0 || n < k->min || n > k->max)
-        rc = fail(c, v, key, "%s", want);
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
     else
         *(int *)((char *)c->cfg + k->off) = (int)n;
     free(s);
@@ -218,11 +135,11 @@ static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *
     char want[96], *s = NULL;
     long n;
     snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
-    int rc = scalar(c, v, key, want, &s);
+    int rc = kiq_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) < 0 || n < k->min)
-        rc = fail(c, v, key, "%s", want);
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
     else
         *(long *)((char *)c->cfg + k->off) = n;
     free(s);
@@ -235,11 +152,11 @@ static int set_seconds(ctx_t *c, const key_def_t *k, const char *key, yaml_node_
     const char *want = k->min ? "must be a number greater than 0" : "must be a number >= 0";
     char *s = NULL;
     double d;
-    int rc = scalar(c, v, key, want, &s);
+    int rc = kiq_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_double(s, &d) < 0 || d < 0 || (k->min && d == 0))
-        rc = fail(c, v, key, "%s", want);
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
     else
         *(double *)((char *)c->cfg + k->off) = d;
     free(s);
@@ -252,7 +169,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
 {
     char want[96], *s = NULL;
     snprintf(want, sizeof(want), "must be %s or %s", a, b);
-    int rc = scalar(c, v, key, want, &s);
+    int rc = kiq_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (!strcmp(s, a))
@@ -260,7 +177,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
     else if (!strcmp(s, b))
         *out = 1;
     else
-        rc = fail(c, v, key, "%s", want);
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -292,19 +209,20 @@ static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_no
     return rc;
 }
 
+int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+{
+    char *s = NULL;
+    int rc = kiq_yaml__scalar(c, v, key, "must be true or false", &s);
+    if (rc == 0 && to_bool(s, out))
+        rc = kiq_yaml__fail(c, v, key, "must be true or false");
+    free(s);
+    return rc;
+}
+
 static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    char *s = NULL;
-    int b, rc = scalar(c, v, key, "must be true or false", &s);
-    if (rc < 0)
-        return rc;
-    if (to_bool(s, &b) < 0)
-        rc = fail(c, v, key, "must be true or false");
-    else
-        c->cfg->verbose = b;
-    free(s);
-    return rc;
+    return kiq_yaml__flag(c, key, v, &c->cfg->verbose);
 }
 
 /* Keys Sidekiq reads that mean nothing here: require names Ruby code, strict
@@ -316,14 +234,13 @@ static int set_ignored(ctx_t *c, const key_def_t *k, const char *key, yaml_node_
     return 0;
 }
 
-/* Replaces *slot with the expanded scalar; null gives null_value. */
-static int set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
-                      const char *null_value)
+int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+                         const char *null_value)
 {
     char *s = NULL;
     if (is_null(v))
         return kiq_config_set_str(slot, null_value) < 0 ? nomem(c) : 0;
-    int rc = scalar(c, v, key, "must be a string", &s);
+    int rc = kiq_yaml__scalar(c, v, key, "must be a string", &s);
     if (rc < 0)
         return rc;
     free(*slot);
@@ -334,30 +251,30 @@ static int set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
 static int set_tag(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return set_string(c, key, v, &c->cfg->tag, "");
+    return kiq_yaml__set_string(c, key, v, &c->cfg->tag, "");
 }
 
 static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return set_string(c, key, v, &c->cfg->log_file, NULL);
+    return kiq_yaml__set_string(c, key, v, &c->cfg->log_file, NULL);
 }
 
 static int set_metrics_bind(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return set_string(c, key, v, &c->cfg->metrics_bind, NULL);
+    return kiq_yaml__set_string(c, key, v, &c->cfg->metrics_bind, NULL);
 }
 
 static int redis_url(ctx_t *c, const char *key, yaml_node_t *v)
 {
     char *s = NULL;
-    int rc = scalar(c, v, key, "must be a redis:// URL", &s);
+    int rc = kiq_yaml__scalar(c, v, key, "must be a redis:// URL", &s);
     if (rc < 0)
         return rc;
     if (!*s) {
         free(s);
-        return fail(c, v, key, "must not be empty");
+        return kiq_yaml__fail(c, v, key, "must not be empty");
     }
     free(c->cfg->redis_url);
     c->cfg->redis_url = s;
@@ -376,14 +293,14 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
 {
     (void)k;
     if (v->type != YAML_MAPPING_NODE)
-        return fail(c, v, key, "must be a mapping with a url");
+        return kiq_yaml__fail(c, v, key, "must be a mapping with a url");
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key);
         const char *name = key_name(kn);
         char sub[KIQ_ERRLEN];
         snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
         if (!name || strcmp(name, "url") != 0)
-            return fail(c, kn, sub, "unknown key");
+            return kiq_yaml__fail(c, kn, sub, "unknown key");
         int rc = redis_url(c, sub, node(c, p->value));
         if (rc < 0)
             return rc;
@@ -403,14 +320,14 @@ static int string_list(ctx_t *c, const char *key, yaml_node_t *v, const char *pr
     if (is_null(v))
         goto out;
     if (v->type != YAML_SEQUENCE_NODE)
-        return fail(c, v, key, "%s", want);
+        return kiq_yaml__fail(c, v, key, "%s", want);
     size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
     if (cap && !(list = calloc(cap, sizeof(*list))))
         return nomem(c);
     for (yaml_node_item_t *it = v->data.sequence.items.start;
          it < v->data.sequence.items.top; it++) {
         yaml_node_t *item = node(c, *it);
-        if ((rc = scalar(c, item, key, want, &s)) < 0)
+        if ((rc = kiq_yaml__scalar(c, item, key, want, &s)) < 0)
             goto out;
         if (prefix && *s != '/') {
             char *joined = NULL;
@@ -498,14 +415,14 @@ static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, kiq_config_t
         yaml_node_item_t *it = item->data.sequence.items.start;
         ptrdiff_t n = item->data.sequence.items.top - it;
         if (n < 1 || n > 2)
-            return fail(c, item, key, "%s", want);
-        if ((rc = scalar(c, node(c, it[0]), key, want, &raw)) < 0)
+            return kiq_yaml__fail(c, item, key, "%s", want);
+        if ((rc = kiq_yaml__scalar(c, node(c, it[0]), key, want, &raw)) < 0)
             goto out;
-        if (n == 2 && (rc = scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
+        if (n == 2 && (rc = kiq_yaml__scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
             goto out;
         wtext = wraw;
     } else {
-        if ((rc = scalar(c, item, key, want, &raw)) < 0)
+        if ((rc = kiq_yaml__scalar(c, item, key, want, &raw)) < 0)
             goto out;
         char *comma = strchr(raw, ',');
         if (comma) {
@@ -515,22 +432,22 @@ static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, kiq_config_t
     }
     char *name = trim(raw);
     if (!*name) {
-        rc = fail(c, item, key, "a queue name is empty");
+        rc = kiq_yaml__fail(c, item, key, "a queue name is empty");
         goto out;
     }
     for (char *p = name; *p; p++) {
         if (isspace((unsigned char)*p)) {
-            rc = fail(c, item, key, "queue name \"%s\" contains a space", name);
+            rc = kiq_yaml__fail(c, item, key, "queue name \"%s\" contains a space", name);
             goto out;
         }
     }
     if (wtext && (to_long(trim(wtext), &weight) < 0 || weight < 1 || weight > INT_MAX)) {
-        rc = fail(c, item, key, "weight of %s must be an integer >= 1", name);
+        rc = kiq_yaml__fail(c, item, key, "weight of %s must be an integer >= 1", name);
         goto out;
     }
     rc = kiq_config_append_queue(list, name, (int)weight, msg);
     if (rc == KIQ_ECONFIG)
-        rc = fail(c, item, key, "%s", msg);
+        rc = kiq_yaml__fail(c, item, key, "%s", msg);
     else if (rc < 0)
         rc = nomem(c);
 out:
@@ -546,7 +463,7 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
     int rc = 0;
     if (v->type != YAML_SEQUENCE_NODE ||
         v->data.sequence.items.top == v->data.sequence.items.start)
-        return fail(c, v, key, "must be a non-empty list of queues");
+        return kiq_yaml__fail(c, v, key, "must be a non-empty list of queues");
     for (yaml_node_item_t *it = v->data.sequence.items.start;
          it < v->data.sequence.items.top && rc == 0; it++)
         rc = queue_item(c, key, node(c, *it), &fresh);
@@ -561,276 +478,6 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
     free(c->cfg->queues);
     c->cfg->queues = fresh.queues;
     c->cfg->nqueues = fresh.nqueues;
-    return 0;
-}
-
-/* retry: true (max_retries), false (no retries) or a count. */
-static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
-{
-    const char *want = "must be true, false or an integer >= 0";
-    char *s = NULL;
-    long n;
-    int b, rc = scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    if (to_bool(s, &b) == 0)
-        *out = b ? KIQ_RETRY_DEFAULT : KIQ_RETRY_NONE;
-    else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
-        *out = (int)n;
-    else
-        rc = fail(c, v, key, "%s", want);
-    free(s);
-    return rc;
-}
-
-/* A non-negative whole number of seconds (or a count) for a class option. */
-static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long *out)
-{
-    char *s = NULL;
-    long n;
-    int rc = scalar(c, v, key, "must be an integer >= 0", &s);
-    if (rc < 0)
-        return rc;
-    if (to_long(s, &n) || n < 0 || n > max)
-        rc = fail(c, v, key, "must be an integer between 0 and %ld", max);
-    else
-        *out = n;
-    free(s);
-    return rc;
-}
-
-static int class_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
-{
-    char *s = NULL;
-    int rc = scalar(c, v, key, "must be true or false", &s);
-    if (rc == 0 && to_bool(s, out))
-        rc = fail(c, v, key, "must be true or false");
-    free(s);
-    return rc;
-}
-
-/* A lock type or strategy name, checked now so a typo is a config error. */
-static int class_name(ctx_t *c, const char *key, yaml_node_t *v, int strategy, char **slot)
-{
-    char *s = NULL;
-    int rc = scalar(c, v, key, "must be a name", &s);
-    if (rc < 0)
-        return rc;
-    kiq_lock_type_t t;
-    kiq_on_conflict_t st;
-    if (strategy ? kiq_on_conflict_parse(s, &st) : kiq_lock_type_parse(s, &t)) {
-        rc = fail(c, v, key, strategy ? "unknown strategy %s (log, raise, reject, replace, reschedule)"
-                                      : "unknown lock type %s", s);
-        free(s);
-        return rc;
-    }
-    free(*slot);
-    *slot = strdup(strategy ? kiq_on_conflict_name(st) : kiq_lock_type_name(t));
-    free(s);
-    return *slot ? 0 : nomem(c);
-}
-
-/* The uniqueness options of a class entry. Returns 1 when oname is not one
- * of them. until is where unique_until goes until the entry is complete. */
-static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_t *ov,
-                        kiq_class_conf_t *cc, long *unique_for, char **until)
-{
-    long n = 0;
-    int rc = 0;
-    if (!strcmp(oname, "lock"))
-        return class_name(c, key, ov, 0, &cc->lock);
-    if (!strcmp(oname, "lock_ttl") || !strcmp(oname, "lock_expiration")) {
-        if (!(rc = class_count(c, key, ov, LONG_MAX / 1000, &n)))
-            cc->lock_ttl = n;
-        return rc;
-    }
-    if (!strcmp(oname, "lock_timeout")) {
-        if (!(rc = class_count(c, key, ov, 86400, &n)))
-            cc->lock_timeout = n;
-        return rc;
-    }
-    if (!strcmp(oname, "lock_limit")) {
-        if (!(rc = class_count(c, key, ov, INT_MAX, &n)))
-            cc->lock_limit = (int)n;
-        return rc;
-    }
-    if (!strcmp(oname, "unique_for"))
-        return class_count(c, key, ov, LONG_MAX / 1000, unique_for);
-    if (!strcmp(oname, "schedule_in")) {
-        if (!(rc = class_count(c, key, ov, 86400 * 365, &n)))
-            cc->schedule_in = (double)n;
-        return rc;
-    }
-    if (!strcmp(oname, "lock_prefix"))
-        return set_string(c, key, ov, &cc->lock_prefix, NULL);
-    if (!strcmp(oname, "unique_until"))
-        return set_string(c, key, ov, until, NULL);
-    if (!strcmp(oname, "unique_across_queues"))
-        return class_flag(c, key, ov, &cc->unique_across_queues);
-    if (!strcmp(oname, "unique_across_workers"))
-        return class_flag(c, key, ov, &cc->unique_across_workers);
-    if (!strcmp(oname, "on_conflict")) {
-        if (ov->type == YAML_SCALAR_NODE) {
-            rc = class_name(c, key, ov, 1, &cc->on_conflict_client);
-            if (!rc && !(cc->on_conflict_server = strdup(cc->on_conflict_client)))
-                rc = nomem(c);
-            return rc;
-        }
-        if (ov->type != YAML_MAPPING_NODE)
-            return fail(c, ov, key, "must be a strategy name or {client: NAME, server: NAME}");
-        for (yaml_node_pair_t *p = ov->data.mapping.pairs.start;
-             p < ov->data.mapping.pairs.top && rc == 0; p++) {
-            const char *side = key_name(node(c, p->key));
-            char sub[KIQ_ERRLEN];
-            snprintf(sub, sizeof(sub), "%s.%s", key, side ? side : "?");
-            if (side && !strcmp(side, "client"))
-                rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_client);
-            else if (side && !strcmp(side, "server"))
-                rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_server);
-            else
-                rc = fail(c, node(c, p->key), sub, "unknown key (client or server)");
-        }
-        return rc;
-    }
-    if (!strcmp(oname, "lock_args")) {
-        if (ov->type != YAML_SEQUENCE_NODE)
-            return fail(c, ov, key, "must be a list of argument indexes");
-        size_t cnt = (size_t)(ov->data.sequence.items.top - ov->data.sequence.items.start);
-        int *idx = calloc(cnt ? cnt : 1, sizeof(int));
-        if (!idx)
-            return nomem(c);
-        for (size_t i = 0; i < cnt && rc == 0; i++) {
-            rc = class_count(c, key, node(c, ov->data.sequence.items.start[i]), 1000, &n);
-            idx[i] = (int)n;
-        }
-        if (rc) {
-            free(idx);
-            return rc;
-        }
-        free(cc->lock_args);
-        cc->lock_args = idx;
-        cc->nlock_args = cnt;
-        return 0;
-    }
-    return 1;
-}
-
-static void class_unique_free(kiq_class_conf_t *cc)
-{
-    free(cc->lock);
-    free(cc->lock_prefix);
-    free(cc->lock_args);
-    free(cc->on_conflict_client);
-    free(cc->on_conflict_server);
-}
-
-/* One `Name: {queue: q, retry: r}` entry, added to or updating list. */
-static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
-{
-    char key[KIQ_ERRLEN];
-    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET };
-    long unique_for = 0;
-    char *until = NULL;
-    int rc = 0;
-    const char *name = key_name(kn);
-    if (!name || !*name)
-        return fail(c, kn, "classes", "a class name must be a non-empty string");
-    snprintf(key, sizeof(key), "classes.%s", name);
-    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return fail(c, v, key, "must be a mapping of class options (queue, retry, lock, ...)");
-    if (v->type == YAML_MAPPING_NODE) {
-        for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
-             p < v->data.mapping.pairs.top && rc == 0; p++) {
-            yaml_node_t *opt = node(c, p->key), *ov = node(c, p->value);
-            const char *oname = key_name(opt);
-            snprintf(key, sizeof(key), "classes.%s.%s", name, oname ? oname : "?");
-            if (oname && !strcmp(oname, "queue"))
-                rc = set_string(c, key, ov, &cc.queue, NULL);
-            else if (oname && !strcmp(oname, "retry"))
-                rc = class_retry(c, key, ov, &cc.retry);
-            else if (!oname || (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)
-                rc = fail(c, opt, key, "unknown key");
-        }
-        if (rc < 0)
-            goto out;
-        /* Sidekiq Enterprise's unique_for/unique_until name a lock type. */
-        if (unique_for || until) {
-            kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
-            snprintf(key, sizeof(key), "classes.%s.unique_until", name);
-            if (!unique_for || kiq_unique_for(&uo, unique_for, until)) {
-                rc = fail(c, v, key, unique_for ? "must be start or success"
-                                                : "needs unique_for (seconds)");
-                goto out;
-            }
-            free(cc.lock);
-            cc.lock = strdup(kiq_lock_type_name(uo.lock));
-            if (!cc.lock) {
-                rc = nomem(c);
-                goto out;
-            }
-            if (!cc.lock_ttl)
-                cc.lock_ttl = uo.lock_ttl;
-        }
-    }
-    /* A class listed twice: the later entry wins, as with any YAML key. */
-    kiq_class_conf_t *slot = NULL;
-    for (size_t i = 0; i < list->nclasses && !slot; i++)
-        if (!strcmp(list->classes[i].name, name))
-            slot = &list->classes[i];
-    if (!slot) {
-        kiq_class_conf_t *grown = realloc(list->classes, (list->nclasses + 1) * sizeof(*grown));
-        if (grown)
-            list->classes = grown;
-        if (!grown || !(cc.name = strdup(name))) {
-            rc = nomem(c);
-            goto out;
-        }
-        list->classes[list->nclasses++] = cc;
-        free(until);
-        return 0;
-    }
-    free(slot->queue);
-    class_unique_free(slot);
-    cc.name = slot->name;
-    *slot = cc;
-    free(until);
-    return 0;
-out:
-    free(cc.queue);
-    class_unique_free(&cc);
-    free(until);
-    return rc;
-}
-
-static void free_classes(kiq_class_conf_t *cls, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(cls[i].name);
-        free(cls[i].queue);
-        class_unique_free(&cls[i]);
-    }
-    free(cls);
-}
-
-static int set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    kiq_config_t fresh = {0}; /* only its class list is used */
-    int rc = 0;
-    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return fail(c, v, key, "must be a mapping of class name to options");
-    if (v->type == YAML_MAPPING_NODE) {
-        for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
-             p < v->data.mapping.pairs.top && rc == 0; p++)
-            rc = class_entry(c, node(c, p->key), node(c, p->value), &fresh);
-    }
-    if (rc < 0) {
-        free_classes(fresh.classes, fresh.nclasses);
-        return rc;
-    }
-    free_classes(c->cfg->classes, c->cfg->nclasses);
-    c->cfg->classes = fresh.classes;
-    c->cfg->nclasses = fresh.nclasses;
     return 0;
 }
 
@@ -868,7 +515,7 @@ static const key_def_t keys[] = {
     {"reaper_timeout", set_seconds, OFF(reaper_timeout), 1, 0},
     {"metrics_port", set_int, OFF(metrics_port), 0, 65535},
     {"metrics_bind", set_metrics_bind, 0, 0, 0},
-    {"classes", set_classes, 0, 0, 0},
+    {"classes", kiq_yaml__set_classes, 0, 0, 0},
 };
 
 static const key_def_t *find_key(const char *name)
@@ -887,7 +534,7 @@ static int check_section(ctx_t *c, yaml_node_t *kn, const char *name, yaml_node_
     yaml_node_t *bad = NULL;
     int known = 0;
     if (v->type != YAML_MAPPING_NODE)
-        return fail(c, kn, name, "unknown key");
+        return kiq_yaml__fail(c, kn, name, "unknown key");
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *inner = node(c, p->key);
         const char *iname = key_name(inner);
@@ -899,8 +546,8 @@ static int check_section(ctx_t *c, yaml_node_t *kn, const char *name, yaml_node_
     if (!bad)
         return 0;
     if (!known)
-        return fail(c, kn, name, "unknown key");
-    return fail(c, bad, key_name(bad) ? key_name(bad) : "?", "unknown key");
+        return kiq_yaml__fail(c, kn, name, "unknown key");
+    return kiq_yaml__fail(c, bad, key_name(bad) ? key_name(bad) : "?", "unknown key");
 }
 
 /* Applies a mapping of settings: the top level (top = 1) or an environment
@@ -912,7 +559,7 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
                          *end = map->data.mapping.pairs.top;
     int rc = 0;
     if (depth > MAX_MERGE_DEPTH)
-        return fail(c, map, "<<", "merges nest too deeply");
+        return kiq_yaml__fail(c, map, "<<", "merges nest too deeply");
     for (p = start; p < end && rc == 0; p++) {
         const char *name = key_name(node(c, p->key));
         yaml_node_t *v = node(c, p->value);
@@ -926,10 +573,10 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
                 yaml_node_t *m = node(c, *it);
                 rc = m->type == YAML_MAPPING_NODE
                          ? apply_mapping(c, m, top, depth + 1)
-                         : fail(c, m, "<<", "must be a mapping or a list of mappings");
+                         : kiq_yaml__fail(c, m, "<<", "must be a mapping or a list of mappings");
             }
         } else {
-            rc = fail(c, v, "<<", "must be a mapping or a list of mappings");
+            rc = kiq_yaml__fail(c, v, "<<", "must be a mapping or a list of mappings");
         }
     }
     for (p = start; p < end && rc == 0; p++) {
@@ -941,13 +588,13 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
         if (k)
             rc = k->set(c, k, name, v);
         else if (!name)
-            rc = fail(c, kn, "?", "a key must be a plain word");
+            rc = kiq_yaml__fail(c, kn, "?", "a key must be a plain word");
         else if (top && !strcmp(name, c->env))
             continue; /* applied by the caller, after the top level */
         else if (top)
             rc = check_section(c, kn, name, v);
         else
-            rc = fail(c, kn, name, "unknown key");
+            rc = kiq_yaml__fail(c, kn, name, "unknown key");
     }
     return rc;
 }
@@ -964,7 +611,7 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
         if (is_null(v))
             continue;
         if (v->type != YAML_MAPPING_NODE)
-            return fail(c, v, name, "must be a mapping of settings for environment %s",
+            return kiq_yaml__fail(c, v, name, "must be a mapping of settings for environment %s",
                         c->env);
         int rc = apply_mapping(c, v, 0, 0);
         if (rc < 0)

@@ -93,7 +93,7 @@ kiq_qlock_client_t *kiq_qlock_client_new(const char *identity, char *err)
         /* 8 random bytes in hex, as the gem's SecureRandom.hex(8): keeps two
          * hosts whose pids and thread ids collide apart. */
         unsigned char b[8];
-        kiq_random_bytes(b, sizeof(b));
+        kiq__random_bytes(b, sizeof(b));
         for (size_t i = 0; i < sizeof(b); i++)
             snprintf(c->identity + 2 * i, 3, "%02x", b[i]);
     }
@@ -203,123 +203,173 @@ static void dequeue(kiq_qlock_client_t *c, kiq_redis_t *r, const ql_keys_t *k, c
            k->lock, k->queue, me);
 }
 
+/* One kiq_qlock_lock call. */
+typedef struct acquire {
+    kiq_qlock_client_t *c;
+    kiq_redis_t *r;
+    kiq_qlock_opts_t o;
+    kiq_qlock_result_t *res;
+    ql_keys_t k;
+    char ttl[32], queue_ttl[32];
+    const char **argv; /* qlock_acquire.lua's keys, then its arguments */
+    int argc;
+    double start, deadline;
+    int max_tries;     /* 0: unlimited */
+    int queued;        /* in the queue: leave it when giving up */
+} acquire_t;
+
+/* What attempt() answers when the lock is held or someone is first. */
+enum { IN_LINE = 1 };
+
+/* Checks the options, fills res's identity and builds the script's
+ * arguments. */
+static int acquire_init(acquire_t *a, const char *name, char *err)
+{
+    kiq_qlock_result_t *res = a->res;
+    size_t nmeta = 0;
+    int rc;
+    memset(res, 0, sizeof(*res));
+    if ((rc = kiq__qlock_keys(name, &a->k, err)) || (rc = check_opts(&a->o, &nmeta, err)))
+        return rc;
+    snprintf(res->name, sizeof(res->name), "%s", name);
+    snprintf(res->lock_key, sizeof(res->lock_key), "%s", a->k.lock);
+    kiq_qlock_acq_id(a->c, res->acq_id);
+    kiq_qlock_hst_id(a->c, res->hst_id);
+    res->ttl = a->o.ttl;
+
+    snprintf(a->ttl, sizeof(a->ttl), "%lld", a->o.ttl);
+    snprintf(a->queue_ttl, sizeof(a->queue_ttl), "%lld", (long long)ceil(a->o.queue_ttl * 1000));
+    a->argc = 10 + (int)nmeta;
+    if (!(a->argv = malloc((size_t)a->argc * sizeof(*a->argv))))
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    a->argv[0] = a->k.lock;
+    a->argv[1] = a->k.queue;
+    a->argv[2] = a->k.seen;
+    a->argv[3] = a->k.fence;
+    a->argv[4] = res->acq_id;
+    a->argv[5] = res->hst_id;
+    a->argv[6] = a->ttl;
+    a->argv[7] = a->queue_ttl;
+    a->argv[8] = "0"; /* "1" once we have a place in the queue */
+    a->argv[9] = a->o.fail_fast ? "1" : "0";
+    for (size_t i = 0; i < nmeta; i++)
+        a->argv[10 + i] = a->o.meta[i];
+
+    a->start = kiq_mono();
+    a->deadline = a->o.timeout == KIQ_QLOCK_UNLIMITED ? INFINITY : a->start + a->o.timeout;
+    a->max_tries = a->o.retry_count == KIQ_QLOCK_UNLIMITED
+                       ? 0 : (a->o.retry_count < 1 ? 1 : a->o.retry_count);
+    return 0;
+}
+
+/* The lock is ours: fills res from the script's reply and tells the
+ * client. t0 is when the attempt started, which bounds the lease. */
+static void obtained(acquire_t *a, const redisReply *rep, double t0)
+{
+    kiq_qlock_result_t *res = a->res;
+    double now = kiq_mono();
+    res->status = KIQ_QLOCK_OBTAINED;
+    res->fence = rep->element[1]->integer;
+    res->ts = atof(rep->element[2]->str);
+    res->requested_at = atof(rep->element[3]->str);
+    res->deadline = t0 + (double)a->o.ttl / 1000.0;
+    res->acquired = now;
+    res->acq_time = (now - a->start) * 1000.0;
+    a->queued = 0;
+    ql_log(a->c, "lock_obtained lock_key=%s acq_id=%s fence=%lld acq_time=%.3f", a->k.lock,
+           res->acq_id, res->fence, res->acq_time);
+    emit_held(a->c, EV_PREFIX "lock_obtained", res, a->o.instrument, 0);
+}
+
+/* Not obtained, and now in the queue (st is the script's status). */
+static void in_line(acquire_t *a, const char *st, const redisReply *rep)
+{
+    a->queued = 1;
+    a->argv[8] = "1";
+    if (strcmp(st, "requeued") == 0)
+        ql_log(a->c, "dead_score_reached__reset_acquirer_position lock_key=%s acq_id=%s",
+               a->k.lock, a->res->acq_id);
+    if (a->c->log_lock_try && rep->elements >= 3)
+        ql_log(a->c, "try_lock.%s lock_key=%s acq_id=%s other=%s rank=%lld try=%d", st, a->k.lock,
+               a->res->acq_id,
+               rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "",
+               rep->element[2]->integer, a->res->tries);
+}
+
+/* One step of lua/qlock_acquire.lua. Returns 0 (obtained), IN_LINE, or a
+ * KIQ_E* code with err filled (KIQ_EDENIED: held and fail_fast). */
+static int attempt(acquire_t *a, char *err)
+{
+    double t0 = kiq_mono();
+    redisReply *rep = kiq_redis_script(a->r, KIQ_SCRIPT_QLOCK_ACQUIRE, 4, a->argc, a->argv, NULL);
+    int rc = IN_LINE;
+    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
+        rep->element[0]->type != REDIS_REPLY_STRING) {
+        rc = kiq__reply_error(a->r, rep, "queued lock attempt", err);
+        freeReplyObject(rep);
+        return rc;
+    }
+    a->res->tries++;
+    const char *st = rep->element[0]->str;
+    if (strcmp(st, "ok") == 0 && rep->elements >= 4) {
+        obtained(a, rep, t0);
+        rc = 0;
+    } else if (strcmp(st, "fail_fast_no_try") == 0) {
+        a->res->status = KIQ_QLOCK_FAIL_FAST_NO_TRY;
+        rc = kiq_seterr(err, KIQ_EDENIED, "%s is held by %s (fail_fast)", a->k.lock,
+                        rep->element[1]->str);
+    } else {
+        in_line(a, st, rep);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* After an attempt that left us in line: gives up with KIQ_EDENIED when
+ * fail_fast, the retry limit or the timeout says so, else sleeps the
+ * retry delay plus jitter and returns 0 for the next attempt. */
+static int wait_turn(acquire_t *a, char *err)
+{
+    kiq_qlock_result_t *res = a->res;
+    if (a->o.fail_fast) {
+        res->status = KIQ_QLOCK_FAIL_FAST_AFTER_TRY;
+        return kiq_seterr(err, KIQ_EDENIED, "%s: not first in line or held (fail_fast)",
+                          a->k.lock);
+    }
+    if (a->max_tries && res->tries >= a->max_tries) {
+        res->status = KIQ_QLOCK_RETRY_LIMIT;
+        return kiq_seterr(err, KIQ_EDENIED, "%s: not obtained in %d attempts", a->k.lock,
+                          res->tries);
+    }
+    double delay =
+        ((double)a->o.retry_delay + floor(kiq_rand() * (double)a->o.retry_jitter)) / 1000.0;
+    double now = kiq_mono();
+    if (now + delay >= a->deadline) {
+        kiq_sleep(a->deadline - now);
+        res->status = KIQ_QLOCK_TIMEOUT;
+        return kiq_seterr(err, KIQ_EDENIED, "%s: not obtained within %g s", a->k.lock,
+                          a->o.timeout);
+    }
+    kiq_sleep(delay);
+    return 0;
+}
+
 int kiq_qlock_lock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
                    const kiq_qlock_opts_t *opts, kiq_qlock_result_t *res, char *err)
 {
-    kiq_qlock_opts_t o = opts ? *opts : kiq_qlock_opts_default();
-    ql_keys_t k;
-    size_t nmeta = 0;
-    const char **argv = NULL;
-    redisReply *rep = NULL;
-    int queued = 0;
-    int rc;
-
-    memset(res, 0, sizeof(*res));
-    if ((rc = kiq__qlock_keys(name, &k, err)) || (rc = check_opts(&o, &nmeta, err)))
+    acquire_t a = { .c = c, .r = r, .o = opts ? *opts : kiq_qlock_opts_default(), .res = res };
+    int rc = acquire_init(&a, name, err);
+    if (rc)
         return rc;
-    snprintf(res->name, sizeof(res->name), "%s", name);
-    snprintf(res->lock_key, sizeof(res->lock_key), "%s", k.lock);
-    kiq_qlock_acq_id(c, res->acq_id);
-    kiq_qlock_hst_id(c, res->hst_id);
-    res->ttl = o.ttl;
-
-    char ttl_s[32], qttl_s[32];
-    snprintf(ttl_s, sizeof(ttl_s), "%lld", o.ttl);
-    snprintf(qttl_s, sizeof(qttl_s), "%lld", (long long)ceil(o.queue_ttl * 1000));
-    int argc = 10 + (int)nmeta;
-    argv = malloc((size_t)argc * sizeof(*argv));
-    if (!argv)
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    argv[0] = k.lock;
-    argv[1] = k.queue;
-    argv[2] = k.seen;
-    argv[3] = k.fence;
-    argv[4] = res->acq_id;
-    argv[5] = res->hst_id;
-    argv[6] = ttl_s;
-    argv[7] = qttl_s;
-    argv[8] = "0";
-    argv[9] = o.fail_fast ? "1" : "0";
-    for (size_t i = 0; i < nmeta; i++)
-        argv[10 + i] = o.meta[i];
-
-    double start = kiq_mono();
-    double deadline = o.timeout == KIQ_QLOCK_UNLIMITED ? INFINITY : start + o.timeout;
-    int max_tries = o.retry_count == KIQ_QLOCK_UNLIMITED ? 0 : (o.retry_count < 1 ? 1 : o.retry_count);
-    ql_log(c, "start_lock_obtaining lock_key=%s queue_ttl=%g acq_id=%s hst_id=%s", k.lock,
-           o.queue_ttl, res->acq_id, res->hst_id);
-
-    for (;;) {
-        double t0 = kiq_mono();
-        rep = kiq_redis_script(r, KIQ_SCRIPT_QLOCK_ACQUIRE, 4, argc, argv, NULL);
-        if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
-            rep->element[0]->type != REDIS_REPLY_STRING) {
-            rc = kiq_reply_error(r, rep, "queued lock attempt", err);
-            goto out;
-        }
-        res->tries++;
-        const char *st = rep->element[0]->str;
-        if (strcmp(st, "ok") == 0 && rep->elements >= 4) {
-            double now = kiq_mono();
-            res->status = KIQ_QLOCK_OBTAINED;
-            res->fence = rep->element[1]->integer;
-            res->ts = atof(rep->element[2]->str);
-            res->requested_at = atof(rep->element[3]->str);
-            res->deadline = t0 + (double)o.ttl / 1000.0;
-            res->acquired = now;
-            res->acq_time = (now - start) * 1000.0;
-            ql_log(c, "lock_obtained lock_key=%s acq_id=%s fence=%lld acq_time=%.3f", k.lock,
-                   res->acq_id, res->fence, res->acq_time);
-            emit_held(c, EV_PREFIX "lock_obtained", res, o.instrument, 0);
-            rc = 0;
-            queued = 0;
-            goto out;
-        }
-        if (strcmp(st, "fail_fast_no_try") == 0) {
-            res->status = KIQ_QLOCK_FAIL_FAST_NO_TRY;
-            rc = kiq_seterr(err, KIQ_EDENIED, "%s is held by %s (fail_fast)", k.lock,
-                            rep->element[1]->str);
-            goto out;
-        }
-        queued = 1;
-        argv[8] = "1";
-        if (strcmp(st, "requeued") == 0)
-            ql_log(c, "dead_score_reached__reset_acquirer_position lock_key=%s acq_id=%s", k.lock,
-                   res->acq_id);
-        if (c->log_lock_try && rep->elements >= 3)
-            ql_log(c, "try_lock.%s lock_key=%s acq_id=%s other=%s rank=%lld try=%d", st, k.lock,
-                   res->acq_id, rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "",
-                   rep->element[2]->integer, res->tries);
-        freeReplyObject(rep);
-        rep = NULL;
-
-        if (o.fail_fast) {
-            res->status = KIQ_QLOCK_FAIL_FAST_AFTER_TRY;
-            rc = kiq_seterr(err, KIQ_EDENIED, "%s: not first in line or held (fail_fast)", k.lock);
-            goto out;
-        }
-        if (max_tries && res->tries >= max_tries) {
-            res->status = KIQ_QLOCK_RETRY_LIMIT;
-            rc = kiq_seterr(err, KIQ_EDENIED, "%s: not obtained in %d attempts", k.lock, res->tries);
-            goto out;
-        }
-        double delay = ((double)o.retry_delay + floor(kiq_rand() * (double)o.retry_jitter)) / 1000.0;
-        double now = kiq_mono();
-        if (now + delay >= deadline) {
-            kiq_sleep(deadline - now);
-            res->status = KIQ_QLOCK_TIMEOUT;
-            rc = kiq_seterr(err, KIQ_EDENIED, "%s: not obtained within %g s", k.lock, o.timeout);
-            goto out;
-        }
-        kiq_sleep(delay);
-    }
-out:
-    if (rc && queued)
-        dequeue(c, r, &k, res->acq_id);
+    ql_log(c, "start_lock_obtaining lock_key=%s queue_ttl=%g acq_id=%s hst_id=%s", a.k.lock,
+           a.o.queue_ttl, res->acq_id, res->hst_id);
+    while ((rc = attempt(&a, err)) == IN_LINE && (rc = wait_turn(&a, err)) == 0)
+        ;
+    if (rc && a.queued)
+        dequeue(c, r, &a.k, res->acq_id);
     if (rc == KIQ_EDENIED)
-        res->acq_time = (kiq_mono() - start) * 1000.0;
-    freeReplyObject(rep);
-    free(argv);
+        res->acq_time = (kiq_mono() - a.start) * 1000.0;
+    free(a.argv);
     return rc;
 }
 
@@ -333,7 +383,7 @@ static int owner_call(kiq_redis_t *r, kiq_script_t s, const kiq_qlock_result_t *
     redisReply *rep = kiq_redis_script(r, s, 1, argc, argv, NULL);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
-        rc = kiq_reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
+        rc = kiq__reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
     else
         *out = rep->integer;
     freeReplyObject(rep);

@@ -38,15 +38,15 @@ static int lock_info_key(kiq_redis_t *r, const char *key, json_t **out, char *er
     *out = NULL;
     if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, hg, NULL) ||
         kiq_redis_append(r, 2, pt, NULL) || kiq_redis_append(r, 1, exec, NULL))
-        return kiq_reply_error(r, NULL, "lock info", err);
+        return kiq__reply_error(r, NULL, "lock info", err);
     for (int i = 0; i < 4; i++) {
         freeReplyObject(rep);
         if (!(rep = kiq_redis_get_reply(r)))
-            return kiq_reply_error(r, NULL, "lock info", err);
+            return kiq__reply_error(r, NULL, "lock info", err);
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_ARRAY || rep->element[1]->type != REDIS_REPLY_INTEGER) {
-        rc = kiq_reply_error(r, rep, "lock info", err);
+        rc = kiq__reply_error(r, rep, "lock info", err);
         goto out;
     }
     redisReply *h = rep->element[0];
@@ -77,7 +77,7 @@ static int queue_requests(kiq_redis_t *r, const char *key, json_t **out, char *e
     redisReply *rep = kiq_redis_cmd(r, 5, argv, NULL);
     *out = NULL;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        int rc = kiq_reply_error(r, rep, "queue info", err);
+        int rc = kiq__reply_error(r, rep, "queue info", err);
         freeReplyObject(rep);
         return rc;
     }
@@ -115,7 +115,7 @@ static int exists(kiq_redis_t *r, const char *name, int queue, char *err)
     const char *argv[] = { "EXISTS", queue ? k.queue : k.lock };
     redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
     rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0
-                                                 : kiq_reply_error(r, rep, "EXISTS", err);
+                                                 : kiq__reply_error(r, rep, "EXISTS", err);
     freeReplyObject(rep);
     return rc;
 }
@@ -219,14 +219,14 @@ int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *na
     if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, dq, NULL) ||
         kiq_redis_append(r, 2, dl, NULL) || kiq_redis_append(r, 2, ds, NULL) ||
         kiq_redis_append(r, 1, exec, NULL))
-        return kiq_reply_error(r, NULL, "unlock", err);
+        return kiq__reply_error(r, NULL, "unlock", err);
     for (int i = 0; i < 5; i++) {
         freeReplyObject(rep);
         if (!(rep = kiq_redis_get_reply(r)))
-            return kiq_reply_error(r, NULL, "unlock", err);
+            return kiq__reply_error(r, NULL, "unlock", err);
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3) {
-        rc = kiq_reply_error(r, rep, "unlock", err);
+        rc = kiq__reply_error(r, rep, "unlock", err);
         goto out;
     }
     if (queue_released)
@@ -252,12 +252,12 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         const char *del[] = { "DEL", key };
         char seen[QL_KEY_MAX + 32];
         if (kiq_redis_append(r, 2, del, NULL))
-            return kiq_reply_error(r, NULL, "clear locks", err);
+            return kiq__reply_error(r, NULL, "clear locks", err);
         if (strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0) {
             kiq_key(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN, key + strlen(KIQ_KEY_QLOCK_QUEUE));
             const char *ds[] = { "DEL", seen };
             if (kiq_redis_append(r, 2, ds, NULL))
-                return kiq_reply_error(r, NULL, "clear locks", err);
+                return kiq__reply_error(r, NULL, "clear locks", err);
         }
     }
     int rc = 0;
@@ -267,9 +267,9 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         for (int j = 0; j <= queue; j++) {
             redisReply *rep = kiq_redis_get_reply(r);
             if (!rep)
-                return kiq_reply_error(r, NULL, "clear locks", err);
+                return kiq__reply_error(r, NULL, "clear locks", err);
             if (rep->type != REDIS_REPLY_INTEGER && !rc)
-                rc = kiq_reply_error(r, rep, "clear locks", err);
+                rc = kiq__reply_error(r, rep, "clear locks", err);
             else if (j == 0 && rep->type == REDIS_REPLY_INTEGER)
                 n += rep->integer;
             freeReplyObject(rep);
@@ -330,7 +330,7 @@ int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t sca
                 freeReplyObject(rep);
                 continue;
             }
-            rc = kiq_reply_error(r, rep, "clear dead requests", err);
+            rc = kiq__reply_error(r, rep, "clear dead requests", err);
             freeReplyObject(rep);
             goto out;
         }

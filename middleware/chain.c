@@ -166,7 +166,7 @@ const char *kiq_mw_field_raw(const kiq_mw_t *mw, const char *key, size_t *len)
 
 int kiq_mw_set_field(kiq_mw_t *mw, const char *key, const char *value)
 {
-    if (mw->server || !key || (value && kiq_json_validate(value, strlen(value), NULL)))
+    if (mw->server || !key || (value && kiq__json_validate(value, strlen(value), NULL)))
         return KIQ_EINVAL;
     kiq_field_t f = { key, value, 0 };
     char *out = NULL;

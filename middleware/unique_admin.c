@@ -58,7 +58,7 @@ int kiq_unique_lock_delete(kiq_redis_t *r, const char *digest, long *removed, ch
         redisReply *rep = kiq_redis_get_reply(r);
         if (!rep || rep->type != REDIS_REPLY_INTEGER) {
             if (!rc)
-                rc = kiq_reply_error(r, rep, i ? "ZREM" : "UNLINK", err);
+                rc = kiq__reply_error(r, rep, i ? "ZREM" : "UNLINK", err);
             freeReplyObject(rep);
             if (!rep)
                 return rc;

@@ -374,7 +374,7 @@ static void rj_value(rj_t *p, int depth)
 
 char *kiq_ruby_json_dup(const char *in, size_t len, size_t *outlen)
 {
-    if (!in || kiq_json_validate(in, len, NULL))
+    if (!in || kiq__json_validate(in, len, NULL))
         return NULL;
     kiq_buf_t b = {0};
     rj_t p = { .s = in, .len = len, .b = &b };
@@ -390,7 +390,7 @@ char *kiq_ruby_json_dup(const char *in, size_t len, size_t *outlen)
 
 char *kiq_unique_lock_args(const char *args, size_t len, const int *idx, size_t nidx)
 {
-    if (!args || kiq_json_validate(args, len, NULL))
+    if (!args || kiq__json_validate(args, len, NULL))
         return NULL;
     size_t i = 0;
     while (i < len && strchr(" \t\r\n", args[i]))

@@ -110,50 +110,58 @@ void kiq_unique__spec_clear(kiq_unique_spec_t *s)
     s->lock_args = NULL;
 }
 
-int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, char *err)
+/* What the registration and the class leave for the later steps: the
+ * lock_args indexes and the key prefix (both borrowed). */
+typedef struct inherited {
+    const char *prefix;
+    const int *idx;
+    size_t nidx;
+} inherited_t;
+
+/* The options the class was registered (or the push was made) with. */
+static void from_registration(const kiq_unique_opts_t *o, kiq_unique_spec_t *s, inherited_t *in)
 {
-    memset(s, 0, sizeof(*s));
-    const kiq_unique_opts_t *o = mw->unique;
-    const kiq_class_conf_t *cc = mw->cc;
-    const int *idx = NULL;
-    size_t nidx = 0;
-    const char *prefix = NULL;
-    int rc = 0;
-    char *str = NULL;
-    if (o) {
-        s->type = o->lock;
-        s->ttl = o->lock_ttl;
-        s->timeout = o->lock_timeout;
-        s->limit = o->lock_limit;
-        prefix = o->lock_prefix;
-        s->client = o->on_conflict_client;
-        s->server = o->on_conflict_server;
-        s->across_queues = o->unique_across_queues;
-        s->across_workers = o->unique_across_workers;
-        s->alg = o->digest_alg;
-        s->schedule_in = o->schedule_in;
-        idx = o->lock_args;
-        nidx = o->nlock_args;
+    s->type = o->lock;
+    s->ttl = o->lock_ttl;
+    s->timeout = o->lock_timeout;
+    s->limit = o->lock_limit;
+    s->client = o->on_conflict_client;
+    s->server = o->on_conflict_server;
+    s->across_queues = o->unique_across_queues;
+    s->across_workers = o->unique_across_workers;
+    s->alg = o->digest_alg;
+    s->schedule_in = o->schedule_in;
+    in->prefix = o->lock_prefix;
+    in->idx = o->lock_args;
+    in->nidx = o->nlock_args;
+}
+
+/* The class's YAML options, over the registration's where set. */
+static void from_class(const kiq_class_conf_t *cc, kiq_unique_spec_t *s, inherited_t *in)
+{
+    if (cc->lock)
+        (void)kiq_lock_type_parse(cc->lock, &s->type); /* checked when read */
+    if (cc->lock_ttl) s->ttl = cc->lock_ttl;
+    if (cc->lock_timeout) s->timeout = cc->lock_timeout;
+    if (cc->lock_limit) s->limit = cc->lock_limit;
+    if (cc->lock_prefix) in->prefix = cc->lock_prefix;
+    if (cc->on_conflict_client) (void)kiq_on_conflict_parse(cc->on_conflict_client, &s->client);
+    if (cc->on_conflict_server) (void)kiq_on_conflict_parse(cc->on_conflict_server, &s->server);
+    if (cc->unique_across_queues) s->across_queues = 1;
+    if (cc->unique_across_workers) s->across_workers = 1;
+    if (cc->schedule_in > 0) s->schedule_in = cc->schedule_in;
+    if (cc->lock_args) {
+        in->idx = cc->lock_args;
+        in->nidx = cc->nlock_args;
     }
-    if (cc) {
-        if (cc->lock)
-            (void)kiq_lock_type_parse(cc->lock, &s->type); /* checked when read */
-        if (cc->lock_ttl) s->ttl = cc->lock_ttl;
-        if (cc->lock_timeout) s->timeout = cc->lock_timeout;
-        if (cc->lock_limit) s->limit = cc->lock_limit;
-        if (cc->lock_prefix) prefix = cc->lock_prefix;
-        if (cc->on_conflict_client) (void)kiq_on_conflict_parse(cc->on_conflict_client, &s->client);
-        if (cc->on_conflict_server) (void)kiq_on_conflict_parse(cc->on_conflict_server, &s->server);
-        if (cc->unique_across_queues) s->across_queues = 1;
-        if (cc->unique_across_workers) s->across_workers = 1;
-        if (cc->schedule_in > 0) s->schedule_in = cc->schedule_in;
-        if (cc->lock_args) {
-            idx = cc->lock_args;
-            nidx = cc->nlock_args;
-        }
-    }
-    /* The payload's own fields. */
-    if ((str = field_str(mw, "lock"))) {
+}
+
+/* The payload's lock: a type name wins; anything else that is set means
+ * the job runs without a lock. */
+static void payload_lock_type(kiq_mw_t *mw, kiq_unique_spec_t *s)
+{
+    char *str = field_str(mw, "lock");
+    if (str) {
         kiq_lock_type_t t;
         if (kiq_lock_type_parse(str, &t) == 0) {
             s->type = t;
@@ -161,18 +169,18 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
             kiq_warn("%s %s: unknown lock type \"%s\"; running it without a lock",
                      mw->cls, mw->jid, str);
             s->type = KIQ_LOCK_NONE;
-            goto out;
         }
         free(str);
-        str = NULL;
     } else if (kiq_mw_field_raw(mw, "lock", NULL) && field_true(mw, "lock")) {
         kiq_warn("%s %s: \"lock\" is not a lock type name; running it without a lock",
                  mw->cls, mw->jid);
         s->type = KIQ_LOCK_NONE;
-        goto out;
     }
-    if (s->type == KIQ_LOCK_NONE)
-        goto out;
+}
+
+/* The payload's lock_ttl, lock_timeout and lock_limit, then the bounds. */
+static void payload_limits(kiq_mw_t *mw, kiq_unique_spec_t *s)
+{
     double d;
     int k = field_num(mw, "lock_ttl", &d);
     if (k < 0 || (k > 0 && d < 0)) {
@@ -192,24 +200,25 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
         s->ttl = KIQ_UNIQUE_MAX_SECONDS;
     if (s->timeout > KIQ_UNIQUE_MAX_SECONDS)
         s->timeout = KIQ_UNIQUE_MAX_SECONDS;
-    if ((str = field_str(mw, "lock_prefix")) && *str) {
+}
+
+/* The key prefix: the payload's, else the inherited one, else v9's. */
+static void payload_prefix(kiq_mw_t *mw, kiq_unique_spec_t *s, const char *prefix)
+{
+    char *str = field_str(mw, "lock_prefix");
+    if (str && *str)
         snprintf(s->prefix, sizeof(s->prefix), "%s", str);
-        prefix = NULL;
-    }
-    free(str);
-    str = NULL;
-    if (!s->prefix[0])
+    else
         snprintf(s->prefix, sizeof(s->prefix), "%s",
                  prefix && *prefix ? prefix : KIQ_KEY_UNIQUE_PREFIX);
-    payload_strategies(mw, s);
-    if (field_true(mw, "unique_across_queues")) s->across_queues = 1;
-    if (field_true(mw, "unique_across_workers")) s->across_workers = 1;
-    if (s->type == KIQ_LOCK_WHILE_EXECUTING_REJECT)
-        s->server = KIQ_CONFLICT_REJECT;
-    if (!compute_digest)
-        goto out;
+    free(str);
+}
 
-    /* lock_args: the payload's, else args (filtered by indexes). */
+/* lock_args: the payload's (on the server), else args filtered by the
+ * inherited indexes. */
+static int resolve_lock_args(kiq_mw_t *mw, kiq_unique_spec_t *s, const inherited_t *in,
+                             char *err)
+{
     size_t len;
     const char *la = kiq_mw_field_raw(mw, "lock_args", &len);
     if (la && *la == '[' && mw->server)
@@ -220,41 +229,78 @@ int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, 
             args = "[]";
             len = 2;
         }
-        s->lock_args = kiq_unique_lock_args(args, len, idx, nidx);
+        s->lock_args = kiq_unique_lock_args(args, len, in->idx, in->nidx);
     }
-    if (!s->lock_args) {
-        rc = kiq_seterr(err, KIQ_EPARSE, "args is not a JSON array");
-        goto out;
-    }
-    /* A lock_digest written by the client (Ruby's may come from a lock-args
-     * method kiq cannot run) is trusted as is. */
-    if ((str = field_str(mw, "lock_digest")) && mw->server) {
-        if (kiq_unique_digest_valid(str)) {
-            size_t n = kiq_key_base(str, KIQ_KEY_RUN);
-            if (n)
-                str[n] = '\0';
-            snprintf(s->digest, sizeof(s->digest), "%s", str);
-            s->digest_from_payload = 1;
-            goto out;
-        }
+    return s->lock_args ? 0 : kiq_seterr(err, KIQ_EPARSE, "args is not a JSON array");
+}
+
+/* A lock_digest written by the client (Ruby's may come from a lock-args
+ * method kiq cannot run) is trusted as is, on the server. Returns 1 when
+ * it was taken; an unusable one is logged. */
+static int payload_digest(kiq_mw_t *mw, kiq_unique_spec_t *s)
+{
+    if (!mw->server)
+        return 0;
+    char *str = field_str(mw, "lock_digest");
+    int taken = 0;
+    if (str && kiq_unique_digest_valid(str)) {
+        size_t n = kiq_key_base(str, KIQ_KEY_RUN);
+        if (n)
+            str[n] = '\0';
+        snprintf(s->digest, sizeof(s->digest), "%s", str);
+        s->digest_from_payload = 1;
+        taken = 1;
+    } else if (str) {
         kiq_warn("%s %s: lock_digest \"%.80s\" is not a digest; using the one computed from "
                  "class, queue and args", mw->cls, mw->jid, str);
-    } else if (mw->server && kiq_mw_field_raw(mw, "lock_digest", NULL)) {
+    } else if (kiq_mw_field_raw(mw, "lock_digest", NULL)) {
         kiq_warn("%s %s: lock_digest is not a string; using the one computed from class, "
                  "queue and args", mw->cls, mw->jid);
     }
-    const char *apt = kiq_mw_field_raw(mw, "apartment", &len);
     free(str);
-    str = field_str(mw, "queue"); /* what Ruby hashes, wherever it was fetched */
+    return taken;
+}
+
+/* The digest v9 computes from class, queue, lock_args and the options. */
+static int computed_digest(kiq_mw_t *mw, kiq_unique_spec_t *s, char *err)
+{
+    size_t len;
+    const char *apt = kiq_mw_field_raw(mw, "apartment", &len);
+    char *queue = field_str(mw, "queue"); /* what Ruby hashes, wherever it was fetched */
     kiq_digest_input_t in = {
-        .cls = mw->cls, .queue = str ? str : mw->queue, .lock_args = s->lock_args,
+        .cls = mw->cls, .queue = queue ? queue : mw->queue, .lock_args = s->lock_args,
         .apartment = apt, .apartment_len = apt ? len : 0, .lock_prefix = s->prefix,
         .unique_across_queues = s->across_queues, .unique_across_workers = s->across_workers,
         .alg = s->alg,
     };
-    rc = kiq_unique_digest(&in, s->digest, NULL, err);
-out:
-    free(str);
+    int rc = kiq_unique_digest(&in, s->digest, NULL, err);
+    free(queue);
+    return rc;
+}
+
+int kiq_unique__resolve(kiq_mw_t *mw, kiq_unique_spec_t *s, int compute_digest, char *err)
+{
+    inherited_t in = {0};
+    memset(s, 0, sizeof(*s));
+    if (mw->unique)
+        from_registration(mw->unique, s, &in);
+    if (mw->cc)
+        from_class(mw->cc, s, &in);
+    payload_lock_type(mw, s);
+    if (s->type == KIQ_LOCK_NONE)
+        return 0;
+    payload_limits(mw, s);
+    payload_prefix(mw, s, in.prefix);
+    payload_strategies(mw, s);
+    if (field_true(mw, "unique_across_queues")) s->across_queues = 1;
+    if (field_true(mw, "unique_across_workers")) s->across_workers = 1;
+    if (s->type == KIQ_LOCK_WHILE_EXECUTING_REJECT)
+        s->server = KIQ_CONFLICT_REJECT;
+    if (!compute_digest)
+        return 0;
+    int rc = resolve_lock_args(mw, s, &in, err);
+    if (!rc && !payload_digest(mw, s))
+        rc = computed_digest(mw, s, err);
     if (rc)
         kiq_unique__spec_clear(s);
     return rc;

@@ -177,7 +177,7 @@ static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
             return 0;
         }
         if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-            int rc = kiq_reply_error(r, rep, "LRANGE", err);
+            int rc = kiq__reply_error(r, rep, "LRANGE", err);
             freeReplyObject(rep);
             return rc;
         }
@@ -226,7 +226,7 @@ static int sweep_queues(kiq_redis_t *r, sweep_t *sw, char *err)
     redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_QUEUES);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = kiq_reply_error(r, rep, "SMEMBERS " KIQ_KEY_QUEUES, err);
+        rc = kiq__reply_error(r, rep, "SMEMBERS " KIQ_KEY_QUEUES, err);
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
@@ -269,7 +269,7 @@ static int sweep_work(kiq_redis_t *r, sweep_t *sw, char *err)
     redisReply *rep = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_PROCESSES);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = kiq_reply_error(r, rep, "SMEMBERS " KIQ_KEY_PROCESSES, err);
+        rc = kiq__reply_error(r, rep, "SMEMBERS " KIQ_KEY_PROCESSES, err);
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
@@ -277,13 +277,13 @@ static int sweep_work(kiq_redis_t *r, sweep_t *sw, char *err)
         redisReply *ex = kiq_redis_cmdf(r, "EXISTS %s", id);
         int alive = ex && ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
         if (!ex)
-            rc = kiq_reply_error(r, ex, "EXISTS", err);
+            rc = kiq__reply_error(r, ex, "EXISTS", err);
         freeReplyObject(ex);
         if (!alive || rc)
             continue;
         redisReply *w = kiq_redis_cmdf(r, "HVALS %s" KIQ_KEY_WORK, id);
         if (!w || w->type != REDIS_REPLY_ARRAY)
-            rc = kiq_reply_error(r, w, "HVALS", err);
+            rc = kiq__reply_error(r, w, "HVALS", err);
         else if (add_reply(sw, w))
             rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
         freeReplyObject(w);
@@ -327,7 +327,7 @@ static int lease(kiq_redis_t *r, const char *key, const char *owner, long ttl_ms
         const char *set[] = { "SET", key, owner, "NX", "PX", px };
         redisReply *rep = kiq_redis_cmd(r, 6, set, NULL);
         if (!rep || rep->type == REDIS_REPLY_ERROR) {
-            int rc = kiq_reply_error(r, rep, "SET", err);
+            int rc = kiq__reply_error(r, rep, "SET", err);
             freeReplyObject(rep);
             return rc;
         }
@@ -338,7 +338,7 @@ static int lease(kiq_redis_t *r, const char *key, const char *owner, long ttl_ms
         const char *get[] = { "GET", key };
         rep = kiq_redis_cmd(r, 2, get, NULL);
         if (!rep)
-            return kiq_reply_error(r, rep, "GET", err);
+            return kiq__reply_error(r, rep, "GET", err);
         if (rep->type != REDIS_REPLY_STRING) {
             freeReplyObject(rep); /* lapsed between SET and GET */
             continue;
@@ -470,7 +470,7 @@ static int flush(kiq_redis_t *r, sweep_t *sw, cand_t *cands, const int *suspect,
         goto out;
     redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REAP, nkeys, (int)b.argc, b.argv, NULL);
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = kiq_reply_error(r, rep, "reap.lua", err);
+        rc = kiq__reply_error(r, rep, "reap.lua", err);
         freeReplyObject(rep);
         goto out;
     }
@@ -513,7 +513,7 @@ static int read_page(kiq_redis_t *r, const char *cscore, const char *cmember, ca
         freeReplyObject(page);
         page = kiq_redis_cmd(r, 9, argv, NULL);
         if (!page || page->type != REDIS_REPLY_ARRAY) {
-            rc = kiq_reply_error(r, page, "ZRANGE " KIQ_UNIQUE_DIGESTS, err);
+            rc = kiq__reply_error(r, page, "ZRANGE " KIQ_UNIQUE_DIGESTS, err);
             goto out;
         }
         if (page->elements == 0)
@@ -655,7 +655,7 @@ static int load_cursor(run_t *run, char *err)
 {
     redisReply *cur = kiq_redis_cmdf(run->r, "GET %s", KIQ_KEY_REAPER_CURSOR);
     if (!cur)
-        return kiq_reply_error(run->r, cur, "GET " KIQ_KEY_REAPER_CURSOR, err);
+        return kiq__reply_error(run->r, cur, "GET " KIQ_KEY_REAPER_CURSOR, err);
     if (cur->type == REDIS_REPLY_STRING) {
         const char *sp = strchr(cur->str, ' ');
         if (sp && (size_t)(sp - cur->str) < sizeof(run->cscore)) {

@@ -37,7 +37,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
     const char *type[] = { "TYPE", digest };
     redisReply *t = kiq_redis_cmd(r, 2, type, NULL);
     if (!t || t->type != REDIS_REPLY_STATUS) {
-        rc = kiq_reply_error(r, t, "TYPE", err);
+        rc = kiq__reply_error(r, t, "TYPE", err);
         freeReplyObject(t);
         return rc;
     }
@@ -55,7 +55,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
     }
     redisReply *u = kiq_redis_cmd(r, argc, argv, NULL);
     if (!u || u->type != REDIS_REPLY_INTEGER) {
-        rc = kiq_reply_error(r, u, "UNLINK", err);
+        rc = kiq__reply_error(r, u, "UNLINK", err);
         freeReplyObject(u);
         return rc;
     }
@@ -70,7 +70,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
     redisReply *e = kiq_redis_cmd(r, 2, ex, NULL);
     int has_run = e && e->type == REDIS_REPLY_INTEGER && e->integer == 1;
     if (!e) {
-        rc = kiq_reply_error(r, e, "EXISTS", err);
+        rc = kiq__reply_error(r, e, "EXISTS", err);
         return rc;
     }
     freeReplyObject(e);
@@ -80,7 +80,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
         const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, "NX", now, run };
         redisReply *z = kiq_redis_cmd(r, 5, za, NULL);
         if (!z || z->type != REDIS_REPLY_INTEGER)
-            rc = kiq_reply_error(r, z, "ZADD", err);
+            rc = kiq__reply_error(r, z, "ZADD", err);
         else
             out->indexed += (long)z->integer;
         freeReplyObject(z);
@@ -100,7 +100,7 @@ static int merge_expiring(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
                                  items->element[i]->str };
             redisReply *z = kiq_redis_cmd(r, 4, za, NULL);
             if (!z || z->type != REDIS_REPLY_INTEGER)
-                rc = kiq_reply_error(r, z, "ZADD", err);
+                rc = kiq__reply_error(r, z, "ZADD", err);
             else
                 out->merged++;
             freeReplyObject(z);
@@ -113,7 +113,7 @@ static int merge_expiring(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
         const char *unlink[] = { "UNLINK", KIQ_KEY_EXPIRING_DIGESTS };
         redisReply *u = kiq_redis_cmd(r, 2, unlink, NULL);
         if (!u || u->type == REDIS_REPLY_ERROR)
-            rc = kiq_reply_error(r, u, "UNLINK", err);
+            rc = kiq__reply_error(r, u, "UNLINK", err);
         freeReplyObject(u);
     }
     return rc;
@@ -126,7 +126,7 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
     redisReply *rep = kiq_redis_cmdf(r, "HEXISTS %s %s", KIQ_UNIQUE_UPGRADED_KEY,
                                      KIQ_UNIQUE_UPGRADE_VERSION);
     if (!rep || rep->type != REDIS_REPLY_INTEGER) {
-        rc = kiq_reply_error(r, rep, "HEXISTS " KIQ_UNIQUE_UPGRADED_KEY, err);
+        rc = kiq__reply_error(r, rep, "HEXISTS " KIQ_UNIQUE_UPGRADED_KEY, err);
         goto out;
     }
     out->already = rep->integer == 1;
@@ -136,7 +136,7 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
         goto out;
     rep = kiq_redis_cmdf(r, "EXISTS %s", KIQ_KEY_UNIQUE_V8_DEAD);
     if (!rep || rep->type != REDIS_REPLY_INTEGER) {
-        rc = kiq_reply_error(r, rep, "EXISTS " KIQ_KEY_UNIQUE_V8_DEAD, err);
+        rc = kiq__reply_error(r, rep, "EXISTS " KIQ_KEY_UNIQUE_V8_DEAD, err);
         goto out;
     }
     out->legacy = rep->integer == 1;
@@ -175,7 +175,7 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
         const char *hset[] = { "HSET", KIQ_UNIQUE_UPGRADED_KEY, KIQ_UNIQUE_UPGRADE_VERSION, now };
         rep = kiq_redis_cmd(r, 4, hset, NULL);
         if (!rep || rep->type != REDIS_REPLY_INTEGER)
-            rc = kiq_reply_error(r, rep, "HSET " KIQ_UNIQUE_UPGRADED_KEY, err);
+            rc = kiq__reply_error(r, rep, "HSET " KIQ_UNIQUE_UPGRADED_KEY, err);
     }
 out:
     freeReplyObject(rep);

@@ -347,7 +347,7 @@ static int listen_on(const char *addr, int port, char *err)
     return fd;
 }
 
-int kiq_http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err)
+int kiq__http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err)
 {
     const kiq_config_t *c = rt->cfg;
     const char *addr = c->metrics_bind && *c->metrics_bind ? c->metrics_bind : "127.0.0.1";
@@ -378,11 +378,11 @@ int kiq_http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err)
     *out = h;
     h = NULL;
 out:
-    kiq_http_stop(h);
+    kiq__http_stop(h);
     return rc;
 }
 
-void kiq_http_stop(kiq_http_t *h)
+void kiq__http_stop(kiq_http_t *h)
 {
     if (!h)
         return;

@@ -15,14 +15,14 @@ typedef struct kiq_http kiq_http_t;
 #define KIQ_HTTP_REDIS_TIMEOUT 2.0
 
 /* Listens on cfg->metrics_bind (NULL: 127.0.0.1) port cfg->metrics_port
- * and serves /metrics for rt until kiq_http_stop. The listening socket is
+ * and serves /metrics for rt until kiq__http_stop. The listening socket is
  * bound here, synchronously, so a port in use is an error at start rather
  * than a worker silently without metrics. rt must outlive the server.
  * On success *out is owned by the caller. Returns 0, or KIQ_ESYS /
  * KIQ_ECONFIG / KIQ_ENOMEM with err naming the address and port. */
-int kiq_http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err);
+int kiq__http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err);
 /* Stops serving and frees h (NULL is fine). Waits for a scrape in progress. */
-void kiq_http_stop(kiq_http_t *h);
+void kiq__http_stop(kiq_http_t *h);
 
 /* Appends the whole /metrics text for rt to b: this process's counters,
  * its thread gauges, and the queue, set and Redis gauges read on r (each

@@ -29,7 +29,7 @@ static double age(const redisReply *rep, double now)
         kiq_jobject_t o = {0};
         if (kiq_json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
             const kiq_jmember_t *m = kiq_jobject_get(&o, rep->str, "enqueued_at");
-            double t = m ? kiq_ts_parse(rep->str + m->vstart, m->vlen) : 0;
+            double t = m ? kiq__ts_parse(rep->str + m->vstart, m->vlen) : 0;
             if (t > 0)
                 lat = now - t;
         }

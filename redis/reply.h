@@ -9,6 +9,6 @@
  * KIQ_EREDIS with kiq_redis_error's text, an error reply KIQ_EREPLY with its
  * text, any other reply KIQ_EREPLY "unexpected reply type N". err (may be
  * NULL) reads "what: why". Does not free rep. */
-int kiq_reply_error(kiq_redis_t *r, const redisReply *rep, const char *what, char *err);
+int kiq__reply_error(kiq_redis_t *r, const redisReply *rep, const char *what, char *err);
 
 #endif

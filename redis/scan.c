@@ -43,7 +43,7 @@ int kiq_scan_next(kiq_scan_t *s, const redisReply **page, char *err)
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2
         || rep->element[0]->type != REDIS_REPLY_STRING
         || rep->element[1]->type != REDIS_REPLY_ARRAY) {
-        int rc = kiq_reply_error(s->r, rep, argv[0], err);
+        int rc = kiq__reply_error(s->r, rep, argv[0], err);
         freeReplyObject(rep);
         s->done = 1;
         return rc;

@@ -87,7 +87,7 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         memcpy(tmp, job->payload + rf->vstart, n);
         tmp[n] = '\0';
         double window = strtod(tmp, NULL); /* seconds, relative */
-        double first = fa ? kiq_ts_parse(job->payload + fa->vstart, fa->vlen) : now;
+        double first = fa ? kiq__ts_parse(job->payload + fa->vstart, fa->vlen) : now;
         if (window > 0 && now > first + window)
             exhausted = 1;
     }
@@ -146,7 +146,7 @@ int kiq_retry_invalid(const char *raw, size_t len, const char *queue, const char
     if (!rc && kiq_json_scan_object(raw, len, &obj, NULL) == 0) {
         /* Valid JSON without class or jid: keep every byte and add why. */
         char jidq[32];
-        kiq_new_jid(jid);
+        kiq__new_jid(jid);
         snprintf(jidq, sizeof(jidq), "\"%s\"", jid);
         const kiq_jmember_t *j = kiq_jobject_get(&obj, raw, "jid");
         kiq_field_t set[4] = {
@@ -160,12 +160,12 @@ int kiq_retry_invalid(const char *raw, size_t len, const char *queue, const char
     }
     /* Not JSON at all: an envelope the Web UI can show, holding the text
      * (as the one argument, or base64 when it is not UTF-8). */
-    kiq_new_jid(jid);
+    kiq__new_jid(jid);
     if (!rc)
         rc = kiq_buf_printf(&b, "{\"class\":\"Kiq::InvalidPayload\",\"queue\":");
     if (!rc)
         rc = kiq_json_quote(&b, queue ? queue : "default", strlen(queue ? queue : "default"));
-    if (!rc && kiq_utf8_valid(raw, len)) {
+    if (!rc && kiq__utf8_valid(raw, len)) {
         rc = kiq_buf_puts(&b, ",\"args\":[");
         if (!rc) rc = kiq_json_quote(&b, raw, len);
         if (!rc) rc = kiq_buf_puts(&b, "]");

@@ -35,7 +35,7 @@ kiq_runtime_t *kiq_runtime_new(kiq_config_t *cfg, char *err)
     rt->cfg = cfg;
     pthread_mutex_init(&rt->wake_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
-    kiq_identity_make(rt->identity, sizeof(rt->identity));
+    kiq__identity_make(rt->identity, sizeof(rt->identity));
     kiq_hostname(rt->hostname, sizeof(rt->hostname));
     return rt;
 }
@@ -214,7 +214,7 @@ static int handle_signal(kiq_runtime_t *rt, int sig)
         dump_threads(rt);
         break;
     case SIGUSR2:
-        if (kiq_log_reopen())
+        if (kiq__log_reopen())
             kiq_error("cannot reopen the log file: %s", strerror(errno));
         else
             kiq_info("log file reopened");
@@ -382,7 +382,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
      * instead of leaving a worker running without its metrics. */
     kiq_http_t *http = NULL;
     kiq_redis_t *r = NULL;
-    if (c->metrics_port > 0 && (rc = kiq_http_start(rt, &http, err)) != 0)
+    if (c->metrics_port > 0 && (rc = kiq__http_start(rt, &http, err)) != 0)
         goto out;
     rt->started_at = kiq_now();
     kiq_unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
@@ -433,7 +433,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     }
     shutdown_all(rt, r, &set);
 out:
-    kiq_http_stop(http);
+    kiq__http_stop(http);
     kiq_redis_free(r);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;

@@ -20,13 +20,13 @@ void kiq_hostname(char *out, size_t n)
     out[n - 1] = '\0';
 }
 
-void kiq_identity_make(char *out, size_t n)
+void kiq__identity_make(char *out, size_t n)
 {
     char host[256];
     unsigned char nonce[6];
     char hex[13];
     kiq_hostname(host, sizeof(host));
-    kiq_random_bytes(nonce, sizeof(nonce));
+    kiq__random_bytes(nonce, sizeof(nonce));
     for (size_t i = 0; i < sizeof(nonce); i++)
         snprintf(hex + 2 * i, 3, "%02x", nonce[i]);
     snprintf(out, n, "%s:%d:%s", host, (int)getpid(), hex);

@@ -6,7 +6,7 @@
 
 /* Writes a fresh identity into out (n bytes). The hostname is $DYNO when set,
  * as Sidekiq does, else gethostname(). */
-void kiq_identity_make(char *out, size_t n);
+void kiq__identity_make(char *out, size_t n);
 /* The hostname part used above, into out. */
 void kiq_hostname(char *out, size_t n);
 

@@ -229,7 +229,7 @@ static int scan_whole(const char *s, size_t len, kiq_jobject_t *top, char *err)
     return 0;
 }
 
-int kiq_json_validate(const char *s, size_t len, char *err)
+int kiq__json_validate(const char *s, size_t len, char *err)
 {
     return scan_whole(s, len, NULL, err);
 }
@@ -349,7 +349,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
     return need;
 }
 
-int kiq_utf8_valid(const char *s, size_t len)
+int kiq__utf8_valid(const char *s, size_t len)
 {
     for (size_t i = 0; i < len;) {
         size_t k = utf8_seq((const unsigned char *)s + i, len - i);

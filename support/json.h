@@ -22,7 +22,7 @@ typedef struct kiq_jobject {
 /* Checks that s[0..len) is one JSON value (RFC 8259 grammar; numbers of any
  * size; string bytes are not checked for UTF-8). Returns 0 or KIQ_EPARSE with
  * a message naming the byte offset in err (KIQ_ERRLEN, may be NULL). */
-int kiq_json_validate(const char *s, size_t len, char *err);
+int kiq__json_validate(const char *s, size_t len, char *err);
 
 /* Validates s as a JSON object and fills obj with its top-level members in
  * order. obj must be zeroed or previously used; free with kiq_jobject_free.
@@ -45,6 +45,6 @@ struct kiq_buf;
 int kiq_json_quote(struct kiq_buf *b, const char *s, size_t len);
 
 /* True when s[0..len) is valid UTF-8. */
-int kiq_utf8_valid(const char *s, size_t len);
+int kiq__utf8_valid(const char *s, size_t len);
 
 #endif

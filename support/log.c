@@ -122,7 +122,7 @@ int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path)
     return 0;
 }
 
-int kiq_log_reopen(void)
+int kiq__log_reopen(void)
 {
     int rc = 0;
     kiq_log_flush(); /* what was logged before the signal goes to the old file */

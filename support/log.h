@@ -25,7 +25,7 @@ int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path);
 /* Writes every thread's batched job lines now (see log.c). */
 void kiq_log_flush(void);
 /* Reopens the log file (after rotation; USR2). */
-int kiq_log_reopen(void);
+int kiq__log_reopen(void);
 void kiq_log_close(void);
 
 /* Names this thread in log lines; by default tid is base36(thread id ^ pid). */

@@ -79,7 +79,7 @@ void kiq_ts_json(char *buf, double now, kiq_ts_format_t fmt)
         snprintf(buf, 32, "%.6f", now);
 }
 
-double kiq_ts_parse(const char *v, size_t len)
+double kiq__ts_parse(const char *v, size_t len)
 {
     char tmp[64];
     if (len == 0 || len >= sizeof(tmp))
@@ -95,10 +95,10 @@ double kiq_ts_parse(const char *v, size_t len)
     return d / 1000.0;
 }
 
-void kiq_new_jid(char out[25])
+void kiq__new_jid(char out[25])
 {
     unsigned char raw[12];
-    kiq_random_bytes(raw, sizeof(raw));
+    kiq__random_bytes(raw, sizeof(raw));
     for (size_t i = 0; i < sizeof(raw); i++)
         snprintf(out + 2 * i, 3, "%02x", raw[i]);
 }

@@ -28,9 +28,9 @@ void kiq_ts_json(char *buf, double now, kiq_ts_format_t fmt);
 
 /* Reads a JSON timestamp: a number with '.' or an exponent is seconds, an
  * integer is milliseconds. Returns epoch seconds or 0 when v is not a number. */
-double kiq_ts_parse(const char *v, size_t len);
+double kiq__ts_parse(const char *v, size_t len);
 
 /* A new random jid (24 lowercase hex chars + NUL) into out. */
-void kiq_new_jid(char out[25]);
+void kiq__new_jid(char out[25]);
 
 #endif

@@ -52,7 +52,7 @@ double kiq_rand(void)
     return (double)((state * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
 }
 
-void kiq_random_bytes(void *buf, size_t n)
+void kiq__random_bytes(void *buf, size_t n)
 {
     unsigned char *p = buf;
     size_t got = 0;

@@ -16,7 +16,7 @@ struct timespec kiq_timespec(double s);
 void kiq_sleep(double s);
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
  * and identities; falls back to the per-thread generator if it fails. */
-void kiq_random_bytes(void *buf, size_t n);
+void kiq__random_bytes(void *buf, size_t n);
 /* A uniform random double in [0, 1) from a per-thread generator. */
 double kiq_rand(void);
 

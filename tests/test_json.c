@@ -9,7 +9,7 @@
 
 static int valid(const char *s)
 {
-    return kiq_json_validate(s, strlen(s), NULL) == 0;
+    return kiq__json_validate(s, strlen(s), NULL) == 0;
 }
 
 Test(json, accepts_every_json_value_kind)
@@ -30,7 +30,7 @@ Test(json, refuses_malformed_text)
 Test(json, error_names_the_byte_offset)
 {
     char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_json_validate("{\"a\":x}", 7, err), KIQ_EPARSE);
+    cr_assert_eq(kiq__json_validate("{\"a\":x}", 7, err), KIQ_EPARSE);
     cr_assert(strstr(err, "byte 5"), "%s", err);
 }
 
@@ -74,7 +74,7 @@ Test(json, quote_escapes_and_replaces_invalid_utf8)
     cr_assert_str_eq(b.p, "\"a\\\"b\\n\\u0001\xef\xbf\xbd\xc3\xa9\"");
     cr_assert(valid(b.p));
     kiq_buf_free(&b);
-    cr_assert(kiq_utf8_valid("\xc3\xa9", 2));
-    cr_assert(!kiq_utf8_valid("\xc3", 1));
-    cr_assert(!kiq_utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");
+    cr_assert(kiq__utf8_valid("\xc3\xa9", 2));
+    cr_assert(!kiq__utf8_valid("\xc3", 1));
+    cr_assert(!kiq__utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");
 }

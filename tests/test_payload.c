@@ -34,16 +34,16 @@ Test(payload, timestamps_in_both_formats)
     cr_assert(strchr(buf, '.'), "float seconds always carry a point: %s", buf);
     kiq_ts_json(buf, 1700000000.25, KIQ_TS_MILLIS);
     cr_assert_str_eq(buf, "1700000000250");
-    cr_assert_float_eq(kiq_ts_parse("1700000000250", 13), 1700000000.25, 1e-6);
-    cr_assert_float_eq(kiq_ts_parse("1700000000.5", 12), 1700000000.5, 1e-6);
-    cr_assert_float_eq(kiq_ts_parse("1.7e9", 5), 1.7e9, 1e-6);
+    cr_assert_float_eq(kiq__ts_parse("1700000000250", 13), 1700000000.25, 1e-6);
+    cr_assert_float_eq(kiq__ts_parse("1700000000.5", 12), 1700000000.5, 1e-6);
+    cr_assert_float_eq(kiq__ts_parse("1.7e9", 5), 1.7e9, 1e-6);
 }
 
 Test(payload, jids_are_24_hex_and_distinct)
 {
     char a[25], b[25];
-    kiq_new_jid(a);
-    kiq_new_jid(b);
+    kiq__new_jid(a);
+    kiq__new_jid(b);
     cr_assert_eq(strlen(a), 24);
     cr_assert_eq(strspn(a, "0123456789abcdef"), 24);
     cr_assert_str_neq(a, b);
@@ -202,7 +202,7 @@ Test(payload, invalid_payloads_become_readable_dead_entries)
     cr_assert_eq(f.fate, KIQ_FATE_DEAD);
     cr_assert(strstr(f.payload, "\"args\":[\"{oops\"]"), "%s", f.payload);
     cr_assert(strstr(f.payload, "\"error_class\":\"Kiq::InvalidPayload\""));
-    cr_assert_eq(kiq_json_validate(f.payload, f.len, NULL), 0);
+    cr_assert_eq(kiq__json_validate(f.payload, f.len, NULL), 0);
     kiq_failure_clear(&f);
 
     cr_assert_eq(kiq_retry_invalid("\xff\xfe", 2, "q", "bad", cfg, 1.0, &f), 0);

@@ -98,15 +98,15 @@ Test(redis, reply_error_says_what_failed)
     char err[KIQ_ERRLEN] = "";
     redisReply *rep = kiq_redis_cmdf(r, "SET onlyonearg");
     cr_assert_eq(rep->type, REDIS_REPLY_ERROR);
-    cr_assert_eq(kiq_reply_error(r, rep, "SET", err), KIQ_EREPLY);
+    cr_assert_eq(kiq__reply_error(r, rep, "SET", err), KIQ_EREPLY);
     cr_assert_str_eq(err, "SET: ERR wrong number of arguments for 'set' command");
     freeReplyObject(rep);
 
     rep = kiq_redis_cmdf(r, "INCR n");
-    cr_assert_eq(kiq_reply_error(r, rep, "INCR", err), KIQ_EREPLY);
+    cr_assert_eq(kiq__reply_error(r, rep, "INCR", err), KIQ_EREPLY);
     cr_assert_str_eq(err, "INCR: unexpected reply type 3");
     freeReplyObject(rep);
-    cr_assert_eq(kiq_reply_error(r, NULL, "X", NULL), KIQ_EREDIS, "err may be NULL");
+    cr_assert_eq(kiq__reply_error(r, NULL, "X", NULL), KIQ_EREDIS, "err may be NULL");
     kiq_redis_free(r);
 
     /* No server at all: the connection's own reason. */
@@ -117,7 +117,7 @@ Test(redis, reply_error_says_what_failed)
     cr_assert_eq(kiq_redis_connect(r), KIQ_EREDIS);
     rep = kiq_redis_cmdf(r, "PING");
     cr_assert_null(rep);
-    cr_assert_eq(kiq_reply_error(r, rep, "PING", err), KIQ_EREDIS);
+    cr_assert_eq(kiq__reply_error(r, rep, "PING", err), KIQ_EREDIS);
     char want[KIQ_ERRLEN];
     snprintf(want, sizeof(want), "PING: %s", kiq_redis_error(r));
     cr_assert_str_eq(err, want);

@@ -1,0 +1,114 @@
+/* What the two halves of the YAML reader share: config/yaml.c reads the
+ * file and its top-level settings, config/yaml_classes.c the classes:
+ * section. The parse state, the node helpers and the one way to report a
+ * "file:line: key: problem" error. Not public. */
+#ifndef KIQ_CONFIG_YAML_H
+#define KIQ_CONFIG_YAML_H
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#include "kiq/config.h"
+
+typedef struct ctx {
+    kiq_config_t *cfg;
+    yaml_document_t doc;
+    const char *path;
+    const char *env; /* environment whose section applies */
+    char *err;
+} ctx_t;
+
+typedef struct key_def key_def_t;
+typedef int (*setter_fn)(ctx_t *c, const key_def_t *k, const char *key,
+                         yaml_node_t *v);
+
+struct key_def {
+    const char *name;
+    setter_fn set;
+    size_t off;    /* field of kiq_config_t, for the generic number setters */
+    long min, max; /* integer range; max INT_MAX or LONG_MAX = no upper bound */
+};
+
+/* Fills c->err with "path:line: key: problem" for node n and returns
+ * KIQ_ECONFIG. */
+int kiq_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
+ * ${VAR:-default} replaced from the environment. want is the problem to
+ * report when v is not a scalar. */
+int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+                     char **out);
+
+/* Replaces *slot with the expanded scalar; null gives null_value. */
+int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+                         const char *null_value);
+
+/* A YAML 1.1 boolean into *out. */
+int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
+
+/* The classes: section (config/yaml_classes.c). */
+int kiq_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+
+static inline int nomem(ctx_t *c)
+{
+    return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+}
+
+static inline yaml_node_t *node(ctx_t *c, int index)
+{
+    return yaml_document_get_node(&c->doc, index);
+}
+
+static inline const char *text(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* YAML's null: an empty value, ~ or null, unquoted. */
+static inline int is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    const char *s = text(n);
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+           !strcmp(s, "NULL");
+}
+
+/* Ruby symbol keys (":concurrency:") name the same setting. */
+static inline const char *key_name(const yaml_node_t *k)
+{
+    if (k->type != YAML_SCALAR_NODE)
+        return NULL;
+    const char *s = text(k);
+    return *s == ':' ? s + 1 : s;
+}
+
+static inline int to_long(const char *s, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno)
+        return KIQ_EINVAL;
+    *out = v;
+    return 0;
+}
+
+/* YAML 1.1 booleans, which is what Psych reads in a sidekiq.yml. */
+static inline int to_bool(const char *s, int *out)
+{
+    static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
+    for (size_t i = 0; i < 3; i++) {
+        if (!strcasecmp(s, yes[i]) || !strcasecmp(s, no[i])) {
+            *out = !strcasecmp(s, yes[i]);
+            return 0;
+        }
+    }
+    return KIQ_EINVAL;
+}
+
+#endif

@@ -1,0 +1,274 @@
+/* The classes: section of a kiq.yml: per-class options (queue, retry and
+ * the uniqueness options of sidekiq-unique-jobs and Sidekiq Enterprise),
+ * each checked as it is read so that a typo is a config error. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/yaml.h"
+#include "kiq/unique.h"
+
+/* retry: true (max_retries), false (no retries) or a count. */
+static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+{
+    const char *want = "must be true, false or an integer >= 0";
+    char *s = NULL;
+    long n;
+    int b, rc = kiq_yaml__scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (to_bool(s, &b) == 0)
+        *out = b ? KIQ_RETRY_DEFAULT : KIQ_RETRY_NONE;
+    else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
+        *out = (int)n;
+    else
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
+/* A non-negative whole number of seconds (or a count) for a class option. */
+static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long *out)
+{
+    char *s = NULL;
+    long n;
+    int rc = kiq_yaml__scalar(c, v, key, "must be an integer >= 0", &s);
+    if (rc < 0)
+        return rc;
+    if (to_long(s, &n) || n < 0 || n > max)
+        rc = kiq_yaml__fail(c, v, key, "must be an integer between 0 and %ld", max);
+    else
+        *out = n;
+    free(s);
+    return rc;
+}
+
+/* A lock type or strategy name, checked now so a typo is a config error. */
+static int class_name(ctx_t *c, const char *key, yaml_node_t *v, int strategy, char **slot)
+{
+    char *s = NULL;
+    int rc = kiq_yaml__scalar(c, v, key, "must be a name", &s);
+    if (rc < 0)
+        return rc;
+    kiq_lock_type_t t;
+    kiq_on_conflict_t st;
+    if (strategy ? kiq_on_conflict_parse(s, &st) : kiq_lock_type_parse(s, &t)) {
+        rc = kiq_yaml__fail(c, v, key,
+                            strategy ? "unknown strategy %s (log, raise, reject, replace, reschedule)"
+                                     : "unknown lock type %s", s);
+        free(s);
+        return rc;
+    }
+    free(*slot);
+    *slot = strdup(strategy ? kiq_on_conflict_name(st) : kiq_lock_type_name(t));
+    free(s);
+    return *slot ? 0 : nomem(c);
+}
+
+/* The uniqueness options of a class entry. Returns 1 when oname is not one
+ * of them. until is where unique_until goes until the entry is complete. */
+static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_t *ov,
+                        kiq_class_conf_t *cc, long *unique_for, char **until)
+{
+    long n = 0;
+    int rc = 0;
+    if (!strcmp(oname, "lock"))
+        return class_name(c, key, ov, 0, &cc->lock);
+    if (!strcmp(oname, "lock_ttl") || !strcmp(oname, "lock_expiration")) {
+        if (!(rc = class_count(c, key, ov, LONG_MAX / 1000, &n)))
+            cc->lock_ttl = n;
+        return rc;
+    }
+    if (!strcmp(oname, "lock_timeout")) {
+        if (!(rc = class_count(c, key, ov, 86400, &n)))
+            cc->lock_timeout = n;
+        return rc;
+    }
+    if (!strcmp(oname, "lock_limit")) {
+        if (!(rc = class_count(c, key, ov, INT_MAX, &n)))
+            cc->lock_limit = (int)n;
+        return rc;
+    }
+    if (!strcmp(oname, "unique_for"))
+        return class_count(c, key, ov, LONG_MAX / 1000, unique_for);
+    if (!strcmp(oname, "schedule_in")) {
+        if (!(rc = class_count(c, key, ov, 86400 * 365, &n)))
+            cc->schedule_in = (double)n;
+        return rc;
+    }
+    if (!strcmp(oname, "lock_prefix"))
+        return kiq_yaml__set_string(c, key, ov, &cc->lock_prefix, NULL);
+    if (!strcmp(oname, "unique_until"))
+        return kiq_yaml__set_string(c, key, ov, until, NULL);
+    if (!strcmp(oname, "unique_across_queues"))
+        return kiq_yaml__flag(c, key, ov, &cc->unique_across_queues);
+    if (!strcmp(oname, "unique_across_workers"))
+        return kiq_yaml__flag(c, key, ov, &cc->unique_across_workers);
+    if (!strcmp(oname, "on_conflict")) {
+        if (ov->type == YAML_SCALAR_NODE) {
+            rc = class_name(c, key, ov, 1, &cc->on_conflict_client);
+            if (!rc && !(cc->on_conflict_server = strdup(cc->on_conflict_client)))
+                rc = nomem(c);
+            return rc;
+        }
+        if (ov->type != YAML_MAPPING_NODE)
+            return kiq_yaml__fail(c, ov, key,
+                                  "must be a strategy name or {client: NAME, server: NAME}");
+        for (yaml_node_pair_t *p = ov->data.mapping.pairs.start;
+             p < ov->data.mapping.pairs.top && rc == 0; p++) {
+            const char *side = key_name(node(c, p->key));
+            char sub[KIQ_ERRLEN];
+            snprintf(sub, sizeof(sub), "%s.%s", key, side ? side : "?");
+            if (side && !strcmp(side, "client"))
+                rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_client);
+            else if (side && !strcmp(side, "server"))
+                rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_server);
+            else
+                rc = kiq_yaml__fail(c, node(c, p->key), sub, "unknown key (client or server)");
+        }
+        return rc;
+    }
+    if (!strcmp(oname, "lock_args")) {
+        if (ov->type != YAML_SEQUENCE_NODE)
+            return kiq_yaml__fail(c, ov, key, "must be a list of argument indexes");
+        size_t cnt = (size_t)(ov->data.sequence.items.top - ov->data.sequence.items.start);
+        int *idx = calloc(cnt ? cnt : 1, sizeof(int));
+        if (!idx)
+            return nomem(c);
+        for (size_t i = 0; i < cnt && rc == 0; i++) {
+            rc = class_count(c, key, node(c, ov->data.sequence.items.start[i]), 1000, &n);
+            idx[i] = (int)n;
+        }
+        if (rc) {
+            free(idx);
+            return rc;
+        }
+        free(cc->lock_args);
+        cc->lock_args = idx;
+        cc->nlock_args = cnt;
+        return 0;
+    }
+    return 1;
+}
+
+static void class_unique_free(kiq_class_conf_t *cc)
+{
+    free(cc->lock);
+    free(cc->lock_prefix);
+    free(cc->lock_args);
+    free(cc->on_conflict_client);
+    free(cc->on_conflict_server);
+}
+
+/* One `Name: {queue: q, retry: r}` entry, added to or updating list. */
+static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
+{
+    char key[KIQ_ERRLEN];
+    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET };
+    long unique_for = 0;
+    char *until = NULL;
+    int rc = 0;
+    const char *name = key_name(kn);
+    if (!name || !*name)
+        return kiq_yaml__fail(c, kn, "classes", "a class name must be a non-empty string");
+    snprintf(key, sizeof(key), "classes.%s", name);
+    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
+        return kiq_yaml__fail(c, v, key,
+                              "must be a mapping of class options (queue, retry, lock, ...)");
+    if (v->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
+             p < v->data.mapping.pairs.top && rc == 0; p++) {
+            yaml_node_t *opt = node(c, p->key), *ov = node(c, p->value);
+            const char *oname = key_name(opt);
+            snprintf(key, sizeof(key), "classes.%s.%s", name, oname ? oname : "?");
+            if (oname && !strcmp(oname, "queue"))
+                rc = kiq_yaml__set_string(c, key, ov, &cc.queue, NULL);
+            else if (oname && !strcmp(oname, "retry"))
+                rc = class_retry(c, key, ov, &cc.retry);
+            else if (!oname ||
+                     (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)
+                rc = kiq_yaml__fail(c, opt, key, "unknown key");
+        }
+        if (rc < 0)
+            goto out;
+        /* Sidekiq Enterprise's unique_for/unique_until name a lock type. */
+        if (unique_for || until) {
+            kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
+            snprintf(key, sizeof(key), "classes.%s.unique_until", name);
+            if (!unique_for || kiq_unique_for(&uo, unique_for, until)) {
+                rc = kiq_yaml__fail(c, v, key, unique_for ? "must be start or success"
+                                                : "needs unique_for (seconds)");
+                goto out;
+            }
+            free(cc.lock);
+            cc.lock = strdup(kiq_lock_type_name(uo.lock));
+            if (!cc.lock) {
+                rc = nomem(c);
+                goto out;
+            }
+            if (!cc.lock_ttl)
+                cc.lock_ttl = uo.lock_ttl;
+        }
+    }
+    /* A class listed twice: the later entry wins, as with any YAML key. */
+    kiq_class_conf_t *slot = NULL;
+    for (size_t i = 0; i < list->nclasses && !slot; i++)
+        if (!strcmp(list->classes[i].name, name))
+            slot = &list->classes[i];
+    if (!slot) {
+        kiq_class_conf_t *grown = realloc(list->classes, (list->nclasses + 1) * sizeof(*grown));
+        if (grown)
+            list->classes = grown;
+        if (!grown || !(cc.name = strdup(name))) {
+            rc = nomem(c);
+            goto out;
+        }
+        list->classes[list->nclasses++] = cc;
+        free(until);
+        return 0;
+    }
+    free(slot->queue);
+    class_unique_free(slot);
+    cc.name = slot->name;
+    *slot = cc;
+    free(until);
+    return 0;
+out:
+    free(cc.queue);
+    class_unique_free(&cc);
+    free(until);
+    return rc;
+}
+
+static void free_classes(kiq_class_conf_t *cls, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(cls[i].name);
+        free(cls[i].queue);
+        class_unique_free(&cls[i]);
+    }
+    free(cls);
+}
+
+int kiq_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    kiq_config_t fresh = {0}; /* only its class list is used */
+    int rc = 0;
+    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
+        return kiq_yaml__fail(c, v, key, "must be a mapping of class name to options");
+    if (v->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
+             p < v->data.mapping.pairs.top && rc == 0; p++)
+            rc = class_entry(c, node(c, p->key), node(c, p->value), &fresh);
+    }
+    if (rc < 0) {
+        free_classes(fresh.classes, fresh.nclasses);
+        return rc;
+    }
+    free_classes(c->cfg->classes, c->cfg->nclasses);
+    c->cfg->classes = fresh.classes;
+    c->cfg->nclasses = fresh.nclasses;
+    return 0;
+}
