@@ -964,8 +964,10 @@ static int starts(const pid_t *procs, int n, const char *jid)
     return runs;
 }
 
-/* Two workers A and B on the private server s, each running two SleepJobs
- * of ms milliseconds (jids into sj); returns once all four have started. */
+/* Two workers A and B (four processors each) on the private server s,
+ * running four SleepJobs of ms milliseconds between them (jids into sj; a
+ * batched fetch may give all four to one); returns once both have fetched
+ * all four. */
 static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *const *args,
                              pid_t *a, pid_t *b, char sj[4][25], unsigned tag, const char *ms)
 {
@@ -980,7 +982,7 @@ static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *con
         p[i] = payload("SleepJob", args_json, sj[i], "default");
     }
     push_all(c, "default", p, 4);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) == 2 && kt_int_on(c, "LLEN %s", wb) == 2, 10),
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) + kt_int_on(c, "LLEN %s", wb) == 4, 10),
               "%s\n%s", kt_kiq_log(*a), kt_kiq_log(*b));
     for (int i = 0; i < 4; i++)
         free(p[i]);
@@ -1021,7 +1023,7 @@ Test(reliable, maxmemory_longer_than_liveness_ttl_takes_no_live_jobs)
     redisContext *c = kt_aof_connect(&s);
     cr_assert(c);
     char *y = kt_write_file("oom.yml", FAST_YAML);
-    const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
+    const char *args[] = { "-C", y, "-c", "4", "--redis-url", s.url, NULL };
     pid_t procs[3];
     char sj[4][25];
     two_busy_workers(&s, c, args, &procs[0], &procs[1], sj, 22, "7000");
@@ -1058,7 +1060,7 @@ Test(reliable, redis_restart_without_info_permission_takes_no_live_jobs)
     snprintf(url, sizeof(url), "redis://worker:secret@127.0.0.1:%d/0", s.port);
     char *y = kt_write_file("acl.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
                                        "recovery_interval: 1\n");
-    const char *args[] = { "-C", y, "-c", "2", "--redis-url", url, NULL };
+    const char *args[] = { "-C", y, "-c", "4", "--redis-url", url, NULL };
     pid_t procs[3];
     char sj[4][25];
     two_busy_workers(&s, c, args, &procs[0], &procs[1], sj, 23, "10000");
