@@ -171,12 +171,35 @@ static int retry_mw(kiq_mw_t *mw, void *udata)
     return rc;
 }
 
+/* Reconnects r when it broke (say in the round trip that wrote the acks
+ * just before this job was taken from the feed), so that a handler always
+ * gets a connected context. The job is in its slot meanwhile: a shutdown
+ * gives it back as it does a running job. Returns 0 when the job may start,
+ * nonzero when it must not (the process exits, or the job was given back):
+ * it then stays where it is, in the working list or back in its queue. */
+static int connected(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_runtime_t *rt = s->rt;
+    if (kiq_redis_ok(r))
+        return 0;
+    if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+        return KIQ_EREDIS;
+    pthread_mutex_lock(&s->mu);
+    int abandoned = s->abandoned;
+    pthread_mutex_unlock(&s->mu);
+    return abandoned ? KIQ_EDENIED : 0;
+}
+
 /* The end of the server chain: the handler. */
 static int call_handler(kiq_mw_t *mw, void *udata)
 {
     (void)udata;
     run_t *run = mw->priv;
     kiq_job_t *job = mw->job;
+    /* A middleware's command may have broken the connection. */
+    if (connected(run->slot, mw->r))
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    job->redis = kiq_redis_ctx(mw->r);
     if (!run->h) {
         kiq_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
@@ -239,6 +262,11 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d
     slot_set(s, job, job->cls);
     if (rc) {
         fail_invalid(s, r, got->queue, job->payload, job->len, err);
+        slot_clear(s);
+        kiq_job_clear(job);
+        return;
+    }
+    if (connected(s, r)) {
         slot_clear(s);
         kiq_job_clear(job);
         return;
