@@ -164,3 +164,105 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
     free(y);
 }
+
+/* Whether an element of a list, zset or KEYS reply contains needle. */
+static int in_list(const char *cmd, const char *key, const char *needle)
+{
+    redisReply *r = strcmp(cmd, "KEYS") == 0 ? kt_cmd("KEYS %s", key)
+                                             : kt_cmd("%s %s 0 -1", cmd, key);
+    int found = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        found |= strstr(r->element[i]->str, needle) != NULL;
+    freeReplyObject(r);
+    return found;
+}
+
+/* A job that kills the process, fetched in one batch with innocent jobs
+ * (some running, some finished with their acks waiting) on a worker with
+ * conc processors, restarted after each crash until the crasher is dead.
+ * Every job of the crashed process's working list comes back as a suspect;
+ * only the one at fault may end in the dead set. */
+static void crasher_among_innocents(int conc)
+{
+    enum { SLOW = 2 };
+    int nrec = 3 * conc, n = 0;
+    char crash[25], conc_s[8], (*rec)[25] = calloc((size_t)nrec, 25), slow[SLOW][25];
+    char **p = calloc((size_t)(nrec + SLOW + 1), sizeof(char *));
+    /* Fetched first: two slow jobs, then quick ones and the crasher last
+     * of the first batch (a batch is one job per idle processor). */
+    for (unsigned i = 0; i < SLOW; i++) {
+        make_jid(slow[i], 2, i);
+        p[n++] = payload("OverlapJob", "[\"slow\",400]", slow[i]);
+    }
+    for (int i = 0; i < nrec; i++) {
+        make_jid(rec[i], 3, (unsigned)i);
+        if (n == conc - 1) {
+            make_jid(crash, 4, 0);
+            p[n++] = payload("CrashJob", "[]", crash);
+        }
+        p[n++] = payload("RecordJob", "[\"rec\"]", rec[i]);
+    }
+    push_all(p, (size_t)n);
+    for (int i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+
+    char *y = kt_write_file("pill.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+                                        "recovery_interval: 1\n");
+    snprintf(conc_s, sizeof(conc_s), "%d", conc);
+    const char *args[] = { "-C", y, "-c", conc_s, NULL };
+    int crashes = 0;
+    pid_t pid = kt_kiq_start(args);
+    for (int round = 0; round < 6; round++) {
+        int st = -1;
+        KT_WAIT_UNTIL(({
+            pid_t w = waitpid(pid, &st, WNOHANG);
+            w == pid || in_list("ZRANGE", "dead", crash); }), 20);
+        if (waitpid(pid, &st, WNOHANG) == 0)
+            break; /* alive: the crasher went dead */
+        kt_untrack(pid);
+        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "worker %d should have crashed: %s",
+                  (int)pid, kt_kiq_log(pid));
+        crashes++;
+        pid = kt_kiq_start(args);
+    }
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == nrec && kt_int("LLEN slow:log") >= SLOW, 20),
+              "%lld of %d quick and %lld of %d slow innocent jobs ran; dead: %lld\n%s",
+              kt_int("SCARD rec"), nrec, kt_int("LLEN slow:log"), SLOW, kt_int("ZCARD dead"),
+              kt_kiq_log(pid));
+    long dead = (long)kt_int("ZCARD dead");
+    fprintf(stderr, "[pill -c %d] %d crashes; %ld in the dead set\n", conc, crashes, dead);
+    cr_assert_eq(dead, 1, "only the crasher is dead, not %ld jobs", dead);
+    cr_assert_eq(crashes, 3, "the crasher ran (and crashed a worker) three times");
+    redisReply *entry = kt_cmd("ZRANGE dead 0 0");
+    cr_assert(entry->type == REDIS_REPLY_ARRAY && entry->elements == 1);
+    json_t *j = json_loads(entry->element[0]->str, 0, NULL);
+    cr_assert(j, "%s", entry->element[0]->str);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "jid")), crash);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "class")), "CrashJob");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "Kiq::PoisonPill");
+    json_decref(j);
+    freeReplyObject(entry);
+    for (int i = 0; i < nrec; i++)
+        cr_assert(kt_int("SISMEMBER rec %s", rec[i]), "%s ran", rec[i]);
+    for (int i = 0; i < SLOW; i++)
+        cr_assert(in_list("LRANGE", "slow:log", slow[i]), "%s ran", slow[i]);
+    cr_assert(log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("ZCARD retry"), 0);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert(KT_WAIT_UNTIL(!in_list("KEYS", "uniquejobs:working:*", ""), 10),
+              "no working list is left");
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+    free(rec);
+    free(y);
+}
+
+Test(chaos, only_the_crasher_goes_dead_beside_innocent_jobs_c4)
+{
+    crasher_among_innocents(4);
+}
+
+Test(chaos, only_the_crasher_goes_dead_beside_innocent_jobs_c8)
+{
+    crasher_among_innocents(8);
+}
