@@ -62,7 +62,7 @@ static int log_has(pid_t pid, const char *needle)
     return has;
 }
 
-/* Lines of pid's log that contain needle. */
+/* Occurrences of needle in pid's log. */
 static int log_count(pid_t pid, const char *needle)
 {
     char *log = kt_kiq_log(pid);
@@ -162,6 +162,7 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     /* Each failure is a handler's own command cut by a kill, nothing else. */
     cr_assert_eq(log_count(pid, "INFO: fail"), cut, "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+    freeReplyObject(kt_cmd("ACL DELUSER %s", user));
     free(y);
 }
 
