@@ -55,15 +55,15 @@ static int record_job(kiq_job_t *job, void *ud)
 {
     (void)ud;
     const char *key = arg_str(job, 0, "kiq:records");
-    redisContext *c = kiq_job_redis(job);
-    if (!c)
-        return kiq_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
+    redisContext *c = kiq_job_redis(job); /* connected when the handler starts */
     redisReply *a = redisCommand(c, "SADD %s %s", key, kiq_job_jid(job));
     redisReply *b = a ? redisCommand(c, "RPUSH %s:log %s", key, kiq_job_jid(job)) : NULL;
     int ok = a && b && a->type != REDIS_REPLY_ERROR && b->type != REDIS_REPLY_ERROR;
     freeReplyObject(a);
     freeReplyObject(b);
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "recording %s failed", kiq_job_jid(job));
+    /* The connection can still break under a command (c->errstr says why). */
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "recording %s failed: %s",
+                                 kiq_job_jid(job), c->err ? c->errstr : "error reply");
 }
 
 /* OverlapJob [key, ms]: evidence of overlapping runs, kept in Redis so it
@@ -78,8 +78,6 @@ static int overlap_job(kiq_job_t *job, void *ud)
     const char *key = arg_str(job, 0, "kiq:overlap");
     long ms = arg_long(job, 1, 100);
     redisContext *c = kiq_job_redis(job);
-    if (!c)
-        return kiq_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
     redisReply *r = redisCommand(c, "INCR %s:running", key);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     if (ok)

@@ -491,8 +491,10 @@ int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t l
 int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len)
 {
-    char key[512];
-    snprintf(key, sizeof(key), "queue:%s", queue);
+    char *key = malloc(strlen(queue) + sizeof("queue:"));
+    if (!key)
+        return KIQ_ENOMEM;
+    sprintf(key, "queue:%s", queue);
     redisReply *rep;
     if (f->mode == KIQ_FETCH_BASIC) {
         const char *argv[] = { "RPUSH", key, raw };
@@ -503,9 +505,12 @@ int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
         size_t lens[] = { strlen(f->working), strlen(key), len };
         rep = kiq_redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
     }
+    free(key);
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
+    if (rep->type == REDIS_REPLY_INTEGER && rep->integer < 0)
+        rc = KIQ_EREPLY; /* the queue key is not a list: the job stays */
     freeReplyObject(rep);
     return rc;
 }
@@ -516,10 +521,28 @@ int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl)
     kiq_fetch_liveness_key(identity, key, sizeof(key));
     /* PX, so a sub-second TTL is not rounded to 0 (an error) or down. */
     long long ms = (long long)(ttl * 1000.0);
-    redisReply *rep = kiq_redis_cmdf(r, "SET %s 1 PX %lld", key, ms > 0 ? ms : 1);
+    ms = ms > 0 ? ms : 1;
+    /* PEXPIRE first: Redis at maxmemory still takes it, where it refuses
+     * SET, so a key that exists stays alive through such an episode. */
+    redisReply *rep = kiq_redis_cmdf(r, "PEXPIRE %s %lld", key, ms);
     if (!rep)
         return KIQ_EREDIS;
-    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
+    int rc = rep->type == REDIS_REPLY_INTEGER ? (int)(rep->integer == 0) : KIQ_EREPLY;
     freeReplyObject(rep);
-    return rc;
+    if (rc != 1)
+        return rc;
+    /* Gone (lapsed, lost in a restart, or never set): create it, and clear
+     * any suspicion a recovery pass recorded meanwhile (lua/recover.lua). */
+    rep = kiq_redis_cmdf(r, "SET %s 1 PX %lld", key, ms);
+    if (!rep)
+        return KIQ_EREDIS;
+    rc = rep->type == REDIS_REPLY_STATUS ? 1 : KIQ_EREPLY;
+    freeReplyObject(rep);
+    if (rc != 1)
+        return rc;
+    rep = kiq_redis_cmdf(r, "DEL uniquejobs:orphan:%s", identity);
+    if (!rep)
+        return KIQ_EREDIS;
+    freeReplyObject(rep);
+    return 1;
 }

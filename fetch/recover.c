@@ -1,7 +1,9 @@
 /* Orphan recovery: jobs left in the working lists of processes that died
  * go back to their queues; a job that keeps killing its workers goes to the
  * dead set (a poison pill). Each job moves in a script that first checks the
- * owner's liveness key, so a live process's list is never touched.
+ * owner's liveness key, so a live process's list is never touched, and that
+ * takes a list only at a pass a grace period after the one that first saw
+ * its liveness key missing (lua/recover.lua says why).
  * Also here, because they read working lists the same way: giving back
  * strays from a live process's own list, and the listing `kiq stats` shows. */
 #include "kiq/fetch.h"
@@ -17,12 +19,33 @@
 
 #define BATCH 64          /* jobs per script call */
 #define WORKING_PREFIX "uniquejobs:working:"
+/* The suspect marker outlives any gap between two passes: it is deleted by
+ * the recovery that empties the list or by the owner when it comes back. */
+#define MARKER_TTL_MS "86400000"
 
 typedef struct moved {
     char *orig; size_t olen;   /* borrowed from the LRANGE reply */
     char *next; size_t nlen;   /* owned */
-    char dest[512];
+    char *dest;                /* owned: "dead" or "queue:NAME" */
 } moved_t;
+
+/* prefix + name for any length of name, malloc'd (NULL when out of
+ * memory): queue names come from payloads, identities from SCAN. */
+static char *join(const char *prefix, const char *name)
+{
+    size_t a = strlen(prefix), b = strlen(name);
+    char *k = malloc(a + b + 1);
+    if (k) {
+        memcpy(k, prefix, a);
+        memcpy(k + a, name, b + 1);
+    }
+    return k;
+}
+
+static char *queue_key(const char *name)
+{
+    return join("queue:", name);
+}
 
 /* Works out where one orphan goes and what it looks like there. */
 static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_format_t ts,
@@ -33,9 +56,9 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
     if (kiq_json_scan_object(raw, len, &obj, NULL) != 0) {
         /* Not JSON: hand it back unchanged; the processor that fetches it
          * sends it to the dead set with the reason. */
-        snprintf(m->dest, sizeof(m->dest), "queue:default");
+        m->dest = queue_key("default");
         m->next = malloc(len ? len : 1);
-        if (!m->next)
+        if (!m->next || !m->dest)
             return KIQ_ENOMEM;
         memcpy(m->next, raw, len);
         m->nlen = len;
@@ -65,51 +88,62 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
             { "failed_at", when, 0 },
         };
         rc = kiq_payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
-        snprintf(m->dest, sizeof(m->dest), "dead");
+        m->dest = strdup("dead");
     } else {
         kiq_field_t set[] = { { "recovery_count", cnt, 0 } };
         rc = kiq_payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
-        snprintf(m->dest, sizeof(m->dest), "queue:%s", qname && *qname ? qname : "default");
+        m->dest = queue_key(qname && *qname ? qname : "default");
     }
     free(qname);
+    if (rc == 0 && !m->dest)
+        rc = KIQ_ENOMEM;
 out:
     kiq_jobject_free(&obj);
     return rc;
 }
 
 /* Runs the recover script over jobs[0..n). Returns 0, 1 when the owner
- * turned out alive, or KIQ_EREDIS. */
-static int apply(kiq_redis_t *r, const char *wkey, const char *lkey, moved_t *jobs, size_t n,
-                 double now, kiq_recovery_t *out)
+ * turned out alive, 2 when it is only a suspect so far, or KIQ_EREDIS. */
+static int apply(kiq_redis_t *r, const char *const keys[4], long long grace_ms, moved_t *jobs,
+                 size_t n, double now, kiq_recovery_t *out, char *err)
 {
-    size_t argc = 3 + 4 * n;
+    size_t argc = 6 + 4 * n;
     const char **argv = calloc(argc, sizeof(*argv));
     size_t *lens = calloc(argc, sizeof(*lens));
-    char score[32];
+    char score[32], grace[32];
     int rc = KIQ_ENOMEM;
     if (!argv || !lens)
         goto out;
     snprintf(score, sizeof(score), "%.6f", now);
-    argv[0] = wkey; argv[1] = lkey; argv[2] = "dead";
-    for (size_t i = 0; i < 3; i++)
+    snprintf(grace, sizeof(grace), "%lld", grace_ms);
+    argv[0] = keys[0]; argv[1] = keys[1]; argv[2] = keys[2]; argv[3] = keys[3];
+    argv[4] = grace; argv[5] = MARKER_TTL_MS;
+    for (size_t i = 0; i < 6; i++)
         lens[i] = strlen(argv[i]);
     for (size_t i = 0; i < n; i++) {
-        size_t k = 3 + 4 * i;
+        size_t k = 6 + 4 * i;
         argv[k] = jobs[i].orig;     lens[k] = jobs[i].olen;
         argv[k + 1] = jobs[i].next; lens[k + 1] = jobs[i].nlen;
         argv[k + 2] = jobs[i].dest; lens[k + 2] = strlen(jobs[i].dest);
         argv[k + 3] = score;        lens[k + 3] = strlen(score);
     }
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_RECOVER, 3, (int)argc, argv, lens);
+    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
     rc = KIQ_EREDIS;
-    if (!rep)
+    if (!rep) {
+        kiq_seterr(err, rc, "recovering %s: %s", keys[0], kiq_redis_error(r));
         goto out;
-    if (rep->type == REDIS_REPLY_INTEGER && rep->integer == -1) {
-        rc = 1;
-    } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2) {
+    }
+    if (rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
+        rc = rep->integer == -1 ? 1 : 2;
+    } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
         out->recovered += rep->element[0]->integer;
         out->killed += rep->element[1]->integer;
+        out->left += rep->element[2]->integer;
         rc = 0;
+    } else {
+        /* Refused (maxmemory, a read-only replica...): nothing moved. */
+        kiq_seterr(err, rc, "recovering %s: %s", keys[0],
+                   rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     }
     freeReplyObject(rep);
 out:
@@ -118,23 +152,34 @@ out:
     return rc;
 }
 
-int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
-                          kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
+/* Recovers one identity's list, after a grace of grace_ms by Redis's clock
+ * since a pass first saw its liveness key missing (0: at once). */
+static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms,
+                        int max_recoveries, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
-    char wkey[512], lkey[512];
-    kiq_fetch_working_key(identity, wkey, sizeof(wkey));
-    kiq_fetch_liveness_key(identity, lkey, sizeof(lkey));
-    redisReply *list = kiq_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
-    if (!list)
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    char *keys[4] = { join(WORKING_PREFIX, identity), join("uniquejobs:heartbeat:", identity),
+                      "dead", join("uniquejobs:orphan:", identity) };
+    redisReply *list = NULL;
+    int rc = 0;
+    if (!keys[0] || !keys[1] || !keys[3]) {
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        goto out;
+    }
+    const char *wkey = keys[0];
+    const char *argv[] = { "LRANGE", wkey, "0", "-1" };
+    list = kiq_redis_cmd(r, 4, argv, NULL);
+    if (!list) {
+        rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+        goto out;
+    }
     if (list->type != REDIS_REPLY_ARRAY) {
-        freeReplyObject(list);
-        return kiq_seterr(err, KIQ_EREPLY, "LRANGE %s: unexpected reply", wkey);
+        rc = kiq_seterr(err, KIQ_EREPLY, "LRANGE %s: unexpected reply", wkey);
+        goto out;
     }
     double now = kiq_now();
     moved_t jobs[BATCH];
-    int rc = 0;
     size_t total = list->elements, done = 0;
+    rc = 0;
     /* Each job is RPUSHed to the end of its queue that is fetched next, so
      * the last one pushed runs first. Pushing from the working list's left
      * (newest) end leaves the oldest job outermost: the queue is consumed in
@@ -152,50 +197,45 @@ int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveri
             }
         }
         if (rc == 0)
-            rc = apply(r, wkey, lkey, jobs, n, now, out);
-        for (size_t i = 0; i < n; i++)
+            rc = apply(r, (const char *const *)keys, grace_ms, jobs, n, now, out, err);
+        for (size_t i = 0; i < n; i++) {
             free(jobs[i].next);
+            free(jobs[i].dest);
+        }
         done += n;
     }
-    freeReplyObject(list);
-    if (rc == 1)
-        return 0; /* alive after all: leave it */
-    if (rc)
-        return kiq_seterr(err, rc, "recovering %s: %s", wkey, kiq_redis_error(r));
-    if (total)
+    if (rc == 1) {
+        rc = 0; /* alive after all: leave it */
+    } else if (rc == 2) {
+        out->suspects++;
+        rc = 0;
+    } else if (rc && rc != KIQ_EREDIS) {
+        kiq_seterr(err, rc, "recovering %s: %s", wkey,
+                   rc == KIQ_ENOMEM ? "out of memory" : "could not edit a payload");
+    } else if (rc == 0 && total) {
         out->lists++;
-    return 0;
+    }
+out:
+    freeReplyObject(list);
+    free(keys[0]);
+    free(keys[1]);
+    free(keys[3]);
+    return rc;
 }
 
-/* Seconds since Redis started (INFO server), -1 when it does not say (INFO
- * refused or renamed: recovery then runs as before), or KIQ_EREDIS. */
-static long long redis_uptime(kiq_redis_t *r)
+int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
+                          kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
-    redisReply *rep = kiq_redis_cmdf(r, "INFO server");
-    long long up = -1;
-    if (!rep)
-        return KIQ_EREDIS;
-    const char *at = rep->type == REDIS_REPLY_STRING ? strstr(rep->str, "uptime_in_seconds:")
-                                                     : NULL;
-    if (at)
-        up = strtoll(at + strlen("uptime_in_seconds:"), NULL, 10);
-    freeReplyObject(rep);
-    return up;
+    return recover_list(r, identity, 0, max_recoveries, ts, out, err);
 }
 
 int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
                       double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
-    if (liveness_ttl > 0) {
-        long long up = redis_uptime(r);
-        if (up == KIQ_EREDIS)
-            return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-        if (up >= 0 && (double)up < liveness_ttl) {
-            out->deferred = 1;
-            return 0;
-        }
-    }
+    /* Longer than the owners' refresh interval (at most a third of the TTL),
+     * so a live owner that can write to Redis has re-created its key. */
+    long long grace_ms = (long long)(liveness_ttl * 500.0);
     char cursor[32] = "0";
     size_t plen = strlen(WORKING_PREFIX);
     int rc = 0;
@@ -213,9 +253,9 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
             const char *id = keys->element[i]->str + plen;
             if (own_identity && strcmp(id, own_identity) == 0)
                 continue;
-            char lkey[512];
-            kiq_fetch_liveness_key(id, lkey, sizeof(lkey));
-            redisReply *ex = kiq_redis_cmdf(r, "EXISTS %s", lkey);
+            /* The script checks liveness again; this only spares reading
+             * the lists of live owners. */
+            redisReply *ex = kiq_redis_cmdf(r, "EXISTS uniquejobs:heartbeat:%s", id);
             if (!ex) {
                 rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
                 break;
@@ -223,7 +263,7 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
             int alive = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
             freeReplyObject(ex);
             if (!alive)
-                rc = kiq_fetch_recover_one(r, id, max_recoveries, ts, out, err);
+                rc = recover_list(r, id, grace_ms, max_recoveries, ts, out, err);
         }
         freeReplyObject(rep);
     } while (rc == 0 && strcmp(cursor, "0") != 0);
@@ -407,25 +447,31 @@ static double suspect_since(const kiq_strays_t *s, const char *p, size_t len)
 
 /* Puts one stray back at the fetched end of its queue, only if it is still
  * in our list (requeue.lua), so a processor that gives it back at the same
- * moment cannot double it. Returns 1 when moved, 0 when gone, or KIQ_E*. */
-static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t len)
+ * moment cannot double it. Returns 1 when moved, 0 when gone, or KIQ_E*
+ * (KIQ_EREPLY with *bad set when the queue key holds another type: the job
+ * stays). */
+static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t len, int *bad)
 {
     kiq_jobject_t obj = {0};
-    char qkey[512] = "queue:default";
+    char *name = NULL;
     if (kiq_json_scan_object(raw, len, &obj, NULL) == 0) {
         const kiq_jmember_t *q = kiq_jobject_get(&obj, raw, "queue");
-        char *name = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
-        if (name && *name)
-            snprintf(qkey, sizeof(qkey), "queue:%s", name);
-        free(name);
+        name = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
     }
     kiq_jobject_free(&obj);
+    char *qkey = queue_key(name && *name ? name : "default");
+    free(name);
+    if (!qkey)
+        return KIQ_ENOMEM;
     const char *argv[] = { wkey, qkey, raw };
     size_t lens[] = { strlen(wkey), strlen(qkey), len };
     redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
+    free(qkey);
     if (!rep)
         return KIQ_EREDIS;
-    int rc = rep->type == REDIS_REPLY_INTEGER ? (int)rep->integer : KIQ_EREPLY;
+    int rc = rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0 ? (int)rep->integer
+                                                                   : KIQ_EREPLY;
+    *bad = rep->type == REDIS_REPLY_INTEGER && rep->integer == -1;
     freeReplyObject(rep);
     return rc;
 }
@@ -466,13 +512,18 @@ int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, do
          * every pass for min_age is a stray. */
         double since = suspect_since(st, e->str, e->len);
         if (since >= 0 && now - since >= min_age) {
-            int moved = give_back(r, wkey, e->str, e->len);
-            if (moved < 0)
+            int bad = 0, moved = give_back(r, wkey, e->str, e->len, &bad);
+            if (moved >= 0) {
+                *reclaimed += moved;
+                continue;
+            }
+            if (!bad) {
                 rc = kiq_seterr(err, moved, "giving back a job of %s: %s", wkey,
                                 moved == KIQ_EREDIS ? kiq_redis_error(r) : "unexpected reply");
-            else
-                *reclaimed += moved;
-            continue;
+                continue;
+            }
+            /* Its queue key holds another type: it stays, and is tried
+             * again at the next pass. */
         }
         if (!(next.payload[next.n] = malloc(e->len ? e->len : 1))) {
             rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");

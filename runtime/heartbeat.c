@@ -238,9 +238,36 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
         && res->element[4]->type == REDIS_REPLY_STRING)
         deliver(rt, res->element[4]->str);
     freeReplyObject(res);
-    if (rc == KIQ_EREDIS)
-        return rc;
-    return kiq_fetch_heartbeat(r, rt->identity, rt->cfg->liveness_ttl);
+    return rc == KIQ_EREDIS ? rc : 0;
+}
+
+/* Refreshes the liveness key (kiq_fetch_heartbeat). *until is when the key
+ * lapses by this process's clock, if no refresh gets through before. A
+ * refresh that finds the key gone re-creates it at once and says so. While
+ * the key is gone others may take this process's jobs, but only once a
+ * pass has seen it missing for liveness_ttl / 2 with Redis taking writes
+ * (lua/recover.lua); this process re-creates it sooner as long as it
+ * reaches Redis, since it refreshes at least every liveness_ttl / 3. */
+static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, int *warned)
+{
+    double ttl = rt->cfg->liveness_ttl, t0 = kiq_mono();
+    int rc = kiq_fetch_heartbeat(r, rt->identity, ttl);
+    if (rc >= 0) {
+        if (rc == 1)
+            kiq_warn("liveness key uniquejobs:heartbeat:%s was gone (%s); re-created it",
+                     rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
+                                               : "Redis lost it");
+        *until = t0 + ttl;
+        *warned = 0;
+        return;
+    }
+    if (t0 > *until && !*warned) {
+        *warned = 1;
+        kiq_error("liveness key not refreshed for %.1f s, longer than liveness_ttl (%s); it is "
+                  "re-created as soon as Redis takes it, before another process may take this "
+                  "process's jobs, unless this process cannot reach Redis while others can",
+                  t0 - *until + ttl, rc == KIQ_EREDIS ? kiq_redis_error(r) : "refused");
+    }
 }
 
 int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
@@ -268,22 +295,33 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     kiq_recover_orphans(rt, r);
 }
 
+/* Jobs the last pass left in dead processes' lists because their queue
+ * key held another type: reported when that number changes, not at every
+ * pass. Passes run one at a time (at start, then in the housekeeper). */
+static long last_left;
+
 void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
 {
     kiq_recovery_t rec = {0};
     char err[KIQ_ERRLEN];
     if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
-                          rt->cfg->timestamps, &rec, err))
+                          rt->cfg->timestamps, &rec, err)) {
         kiq_warn("orphan recovery: %s", err);
-    else if (rec.deferred)
-        kiq_info("orphan recovery waits: Redis restarted less than liveness_ttl ago");
-    else if (rec.recovered || rec.killed)
+        return;
+    }
+    if (rec.recovered || rec.killed)
         kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
                  rec.recovered, rec.lists, rec.killed);
-    if (!rec.deferred) {
-        kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
-        kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
-    }
+    if (rec.suspects)
+        kiq_info("%ld working lists have no liveness key; recovered after %.1f s if still so",
+                 rec.suspects, rt->cfg->liveness_ttl / 2);
+    if (rec.left != last_left && rec.left)
+        kiq_error("%ld orphaned jobs stay in dead processes' working lists: their queue key "
+                  "holds another type than a list (or \"dead\" is not a sorted set); they move "
+                  "once it is fixed", rec.left);
+    last_left = rec.left;
+    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
+    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
 }
 
 /* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
@@ -339,13 +377,17 @@ void *kiq_housekeeper_main(void *arg)
     /* As v9, the first run is one interval after start. */
     double next_reap = kiq_mono() + rt->cfg->reaper_interval;
     kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq_strays_new() : NULL;
-    int was_connected = 0;
+    int was_connected = 0, warned = 0;
+    /* The key was set at start, just before this thread. */
+    double lease_until = kiq_mono() + rt->cfg->liveness_ttl;
     while (!atomic_load(&rt->housekeeper_stop)) {
         kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
         if (atomic_load(&rt->housekeeper_stop))
             break;
         if (!kiq_redis_ok(r)) {
-            if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+            /* Tried every beat, not backing off further: the liveness key
+             * must be back well within the recovery grace. */
+            if (kiq_rt_connect_every(rt, r, &rt->housekeeper_stop, rt->cfg->heartbeat_interval))
                 break;
             /* Cut off from Redis, so maybe the whole fleet was: the others'
              * liveness keys may have lapsed while they lived on. Give them
@@ -355,6 +397,7 @@ void *kiq_housekeeper_main(void *arg)
                 next_recovery = after;
             was_connected = 1;
         }
+        refresh_liveness(rt, r, &lease_until, &warned);
         if (kiq_heartbeat_beat(rt, r, 0) == KIQ_EREDIS)
             continue;
         if (strays)

@@ -176,12 +176,35 @@ static int retry_mw(kiq_mw_t *mw, void *udata)
     return rc;
 }
 
+/* Reconnects r when it broke (say in the round trip that wrote the acks
+ * just before this job was taken from the feed), so that a handler always
+ * gets a connected context. The job is in its slot meanwhile: a shutdown
+ * gives it back as it does a running job. Returns 0 when the job may start,
+ * nonzero when it must not (the process exits, or the job was given back):
+ * it then stays where it is, in the working list or back in its queue. */
+static int connected(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_runtime_t *rt = s->rt;
+    if (kiq_redis_ok(r))
+        return 0;
+    if (kiq_rt_connect(rt, r, &rt->housekeeper_stop))
+        return KIQ_EREDIS;
+    pthread_mutex_lock(&s->mu);
+    int abandoned = s->abandoned;
+    pthread_mutex_unlock(&s->mu);
+    return abandoned ? KIQ_EDENIED : 0;
+}
+
 /* The end of the server chain: the handler. */
 static int call_handler(kiq_mw_t *mw, void *udata)
 {
     (void)udata;
     run_t *run = mw->priv;
     kiq_job_t *job = mw->job;
+    /* A middleware's command may have broken the connection. */
+    if (connected(run->slot, mw->r))
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    job->redis = kiq_redis_ctx(mw->r);
     if (!run->h) {
         kiq_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
@@ -244,6 +267,11 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, done_t *d
     slot_set(s, job, job->cls);
     if (rc) {
         fail_invalid(s, r, got->queue, job->payload, job->len, err);
+        slot_clear(s);
+        kiq_job_clear(job);
+        return;
+    }
+    if (connected(s, r)) {
         slot_clear(s);
         kiq_job_clear(job);
         return;
@@ -323,6 +351,11 @@ struct kiq_feed {
     int sweeping;          /* sweeps on their way */
     int sweepers_max;      /* at most this many at once */
     size_t waiting;        /* threads waiting for one to come back */
+    int inside;            /* threads past the gate in next_job: holding a
+                              job, or fetching, until they look again */
+    int solo;              /* a suspect runs alone: the gate is shut */
+    kiq_fetched_t suspect; /* the suspect waiting for the others (its
+                              thread owns the payload) */
 };
 
 kiq_feed_t *kiq_feed_new(int nslots)
@@ -497,7 +530,7 @@ static void give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fet
         if (!connect || kiq_rt_connect(rt, r, &rt->housekeeper_stop))
             break;
     if (back == 0)
-        kiq_info("a job fetched as the process went quiet went back to queue:%s", job->queue);
+        kiq_info("a fetched job that had not started went back to queue:%s", job->queue);
     else
         kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
                   "list and is recovered after this process is gone", job->queue,
@@ -609,6 +642,86 @@ static void feed_wait(kiq_feed_t *fd)
     fd->waiting--;
 }
 
+/* ---- Suspects ---------------------------------------------------------
+ *
+ * A job recovered from a crashed process carries "recovery_count", and so
+ * does every job that was in that process's working list with it: fetched
+ * in its batch, running beside it, or finished with its ack still waiting
+ * in the feed. Had such a suspect run beside others and crashed the
+ * process again, they all would be recovered again, and after
+ * max_recoveries innocent jobs would go to the dead set as poison pills.
+ * So a suspect runs alone: the jobs other threads hold finish first, the
+ * acks waiting are written, the jobs waiting in the feed go back to the
+ * head of their queues, and no thread fetches until the suspect is done
+ * and acked. A crash then leaves only the suspect in the working list, and
+ * only the job at fault counts recoveries. Suspects are rare (only after a
+ * crash); otherwise this costs a memmem per job and a counter kept under
+ * the lock next_job takes anyway. */
+
+/* Under fd->mu: this thread looks for a job again, so it holds none. */
+static void gate_leave(kiq_feed_t *fd, int *inside)
+{
+    if (!*inside)
+        return;
+    *inside = 0;
+    fd->inside--;
+    if (fd->solo)
+        pthread_cond_broadcast(&fd->came); /* the suspect waits for this */
+}
+
+static int suspect(const kiq_fetched_t *job)
+{
+    /* A plain search: a nested field of that name only costs a solo run. */
+    static const char key[] = "\"recovery_count\"";
+    return memmem(job->payload, job->len, key, sizeof(key) - 1) != NULL;
+}
+
+/* Takes the process for the suspect *job: waits until no other thread holds
+ * a job, writes the acks waiting and gives back the jobs waiting in the
+ * feed. Returns 1 when the suspect may run (then solo_end after it), 0 when
+ * it went back to its queue: another suspect runs (this one runs after
+ * it), or the process goes quiet. */
+static int solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *fd = rt->feed;
+    pthread_mutex_lock(&fd->mu);
+    int mine = !fd->solo;
+    if (mine) {
+        fd->solo = 1;
+        fd->suspect = *job; /* kiq_processor_holds sees it while it waits */
+        while (fd->inside > 1 && !atomic_load(&rt->quiet))
+            feed_wait(fd);
+    }
+    pthread_mutex_unlock(&fd->mu);
+    int quiet = atomic_load(&rt->quiet);
+    if (mine && !quiet) {
+        flush_acks(s, r);
+        feed_give_back(s->fetch, rt, r, 1);
+    }
+    pthread_mutex_lock(&fd->mu);
+    memset(&fd->suspect, 0, sizeof(fd->suspect)); /* *job still owns it */
+    if (mine && quiet)
+        fd->solo = 0;
+    pthread_mutex_unlock(&fd->mu);
+    if (mine && !quiet)
+        return 1;
+    give_back(s->fetch, rt, r, job, 1);
+    return 0;
+}
+
+/* The suspect is done: its ack is written before any other job is
+ * fetched, then the gate opens. */
+static void solo_end(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_feed_t *fd = s->rt->feed;
+    flush_acks(s, r);
+    pthread_mutex_lock(&fd->mu);
+    fd->solo = 0;
+    pthread_cond_broadcast(&fd->came);
+    pthread_mutex_unlock(&fd->mu);
+}
+
 /* One job for this thread into *job. A job waiting in the feed comes
  * first. Otherwise this thread sweeps the queues for itself and for the
  * threads that will look next, unless sweepers_max sweeps are on their way
@@ -618,7 +731,7 @@ static void feed_wait(kiq_feed_t *fd)
  * are empty every thread blocks on one of them. Acks waiting go out with
  * any round trip. Returns 1 with a job, 0 without (look again), or
  * kiq_fetch_exchange's error. */
-static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *fd = rt->feed;
@@ -626,12 +739,16 @@ static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     size_t nacks = 0, want;
     done_t **acks;
     pthread_mutex_lock(&fd->mu);
-    while (!fd->n && fd->sweeping >= fd->sweepers_max && !atomic_load(&rt->quiet))
+    gate_leave(fd, inside);
+    while ((fd->solo || (!fd->n && fd->sweeping >= fd->sweepers_max))
+           && !atomic_load(&rt->quiet))
         feed_wait(fd);
     if (atomic_load(&rt->quiet)) {
         pthread_mutex_unlock(&fd->mu);
         return 0;
     }
+    *inside = 1;
+    fd->inside++;
     if (fd->n) {
         *job = feed_pop(fd);
         /* The acks waiting go out now when the feed ran dry, too many
@@ -680,21 +797,30 @@ static int next_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 static void loop(kiq_slot_t *s, kiq_redis_t *r)
 {
     kiq_runtime_t *rt = s->rt;
-    int reliable = rt->feed != NULL;
+    int reliable = rt->feed != NULL, inside = 0;
     while (!atomic_load(&rt->quiet)) {
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
         kiq_fetched_t job = {0};
-        int rc = reliable ? next_job(s, r, &job) : kiq_fetch_next(s->fetch, r, &job);
+        int rc = reliable ? next_job(s, r, &job, &inside) : kiq_fetch_next(s->fetch, r, &job);
         if (fetch_refused(rt, r, rc) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         if (atomic_load(&rt->quiet)) {
             give_back(s->fetch, rt, r, &job, 1);
             break;
         }
+        /* Only the reliable fetch recovers jobs, so only it has suspects. */
+        int solo = reliable && suspect(&job);
+        if (solo && !solo_begin(s, r, &job))
+            continue;
         run_fetched(s, r, &job);
+        if (solo)
+            solo_end(s, r);
     }
     if (reliable) {
+        pthread_mutex_lock(&rt->feed->mu);
+        gate_leave(rt->feed, &inside);
+        pthread_mutex_unlock(&rt->feed->mu);
         flush_acks(s, r);
         feed_give_back(s->fetch, rt, r, 1);
     }
@@ -762,6 +888,8 @@ int kiq_processor_holds(kiq_runtime_t *rt, const char *payload, size_t len)
         const kiq_fetched_t *j = &fd->jobs[(fd->head + i) % fd->cap];
         held = j->len == len && memcmp(j->payload, payload, len) == 0;
     }
+    held = held || (fd->suspect.payload && fd->suspect.len == len
+                    && memcmp(fd->suspect.payload, payload, len) == 0);
     for (size_t i = 0; i < fd->nacks && !held; i++)
         held = fd->acks[i]->job.len == len && memcmp(fd->acks[i]->job.payload, payload, len) == 0;
     pthread_mutex_unlock(&fd->mu);

@@ -105,9 +105,16 @@ int kiq_heartbeat_clear(struct kiq_runtime *rt, kiq_redis_t *r);
 
 /* scheduler.c */
 void *kiq_scheduler_main(void *rt);
+/* Due jobs left in retry/schedule because their queue key holds another
+ * type than a list: how many, and the first such key (cut to 200 bytes). */
+typedef struct kiq_sched_blocked {
+    long n;
+    char key[208];
+} kiq_sched_blocked_t;
 /* Moves every due job of "retry" then "schedule" to its queue; returns the
- * number moved or KIQ_EREDIS. */
-long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now);
+ * number moved or KIQ_EREDIS, with *blocked filled. */
+long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now,
+                               kiq_sched_blocked_t *blocked);
 
 /* notify.c: systemd's Type=notify protocol over $NOTIFY_SOCKET (a no-op
  * when it is unset). kiq_notify sends one state ("READY=1", "STOPPING=1")
@@ -126,9 +133,12 @@ void kiq_rt_wait(struct kiq_runtime *rt, double s);
 /* Wakes every thread sleeping in kiq_rt_wait. */
 void kiq_rt_wake(struct kiq_runtime *rt);
 
-/* Connects r, retrying with capped exponential backoff until it works or
- * give_up() says so. An outage is logged once for the whole process (by
- * the first thread to notice it), and so is the recovery. */
+/* Connects r, retrying with exponential backoff capped at 5 s until it
+ * works or give_up() says so. An outage is logged once for the whole
+ * process (by the first thread to notice it), and so is the recovery. */
 int kiq_rt_connect(struct kiq_runtime *rt, kiq_redis_t *r, atomic_int *give_up);
+/* Same with the backoff capped at max_delay seconds. */
+int kiq_rt_connect_every(struct kiq_runtime *rt, kiq_redis_t *r, atomic_int *give_up,
+                         double max_delay);
 
 #endif

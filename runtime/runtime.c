@@ -93,6 +93,12 @@ void kiq_rt_wake(kiq_runtime_t *rt)
 
 int kiq_rt_connect(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up)
 {
+    return kiq_rt_connect_every(rt, r, give_up, 5);
+}
+
+int kiq_rt_connect_every(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up,
+                         double max_delay)
+{
     /* Each thread owns one connection and (re)connects it only here, so
      * a thread's second success onwards is a reconnect. */
     static _Thread_local int connected_before;
@@ -120,7 +126,7 @@ int kiq_rt_connect(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up)
                 return KIQ_EREDIS;
             kiq_rt_wait(rt, until - kiq_mono() < 0.2 ? until - kiq_mono() : 0.2);
         }
-        delay = delay * 2 > 5 ? 5 : delay * 2;
+        delay = delay * 2 > max_delay ? max_delay : delay * 2;
     }
 }
 

@@ -44,13 +44,17 @@ static int prepare(const char *raw, size_t len, kiq_ts_format_t ts, double now,
     return rc;
 }
 
-/* Moves up to BATCH due members of key; returns how many moved, or
- * KIQ_EREDIS. *more is set when the batch was full. */
-static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, double now, int *more)
+/* Moves up to BATCH due members of key, skipping the first st->blocked
+ * (left there by earlier batches); returns how many moved, or KIQ_EREDIS.
+ * *more is set when the batch was full. A member whose queue key holds
+ * another type than a list stays (schedule.lua) and is counted in st. */
+static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, double now, int *more,
+                       kiq_sched_blocked_t *st)
 {
     char nows[32];
     snprintf(nows, sizeof(nows), "%.6f", now);
-    redisReply *due = kiq_redis_cmdf(r, "ZRANGEBYSCORE %s -inf %s LIMIT 0 %d", key, nows, BATCH);
+    redisReply *due = kiq_redis_cmdf(r, "ZRANGEBYSCORE %s -inf %s LIMIT %ld %d", key, nows,
+                                     st->n, BATCH);
     *more = 0;
     if (!due)
         return KIQ_EREDIS;
@@ -60,16 +64,17 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
     }
     *more = due->elements == BATCH;
     size_t n = due->elements, sent = 0;
+    char **qkeys = calloc(n ? n : 1, sizeof(char *));
     long moved = 0;
-    int rc = 0;
+    int rc = qkeys ? 0 : KIQ_ENOMEM;
     for (size_t i = 0; i < n && !rc; i++) {
         redisReply *m = due->element[i];
-        char *payload = NULL, *queue = NULL, qkey[512];
+        char *payload = NULL, *queue = NULL;
         size_t plen = 0;
-        if (prepare(m->str, m->len, ts, now, &payload, &plen, &queue) == 0) {
-            snprintf(qkey, sizeof(qkey), "queue:%s", queue);
-            const char *argv[] = { key, qkey, "queues", m->str, payload, queue };
-            size_t lens[] = { strlen(key), strlen(qkey), 6, m->len, plen, strlen(queue) };
+        if (prepare(m->str, m->len, ts, now, &payload, &plen, &queue) == 0
+            && asprintf(&qkeys[sent], "queue:%s", queue) > 0) {
+            const char *argv[] = { key, qkeys[sent], "queues", m->str, payload, queue };
+            size_t lens[] = { strlen(key), strlen(qkeys[sent]), 6, m->len, plen, strlen(queue) };
             rc = kiq_redis_append_script(r, KIQ_SCRIPT_SCHEDULE, 3, 6, argv, lens);
             if (!rc)
                 sent++;
@@ -83,28 +88,42 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
             rc = KIQ_EREDIS;
             break;
         }
-        if (rep->type == REDIS_REPLY_INTEGER)
+        if (rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0) {
             moved += rep->integer;
-        else if (rep->type == REDIS_REPLY_ERROR)
+        } else if (rep->type == REDIS_REPLY_INTEGER) {
+            if (!st->n++)
+                snprintf(st->key, sizeof(st->key), "%.200s", qkeys[i]);
+        } else if (rep->type == REDIS_REPLY_ERROR) {
             kiq_warn("scheduler: %s", rep->str);
+        }
         freeReplyObject(rep);
     }
+    for (size_t i = 0; qkeys && i < sent; i++)
+        free(qkeys[i]);
+    free(qkeys);
     freeReplyObject(due);
     return rc ? KIQ_EREDIS : moved;
 }
 
-long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now)
+long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now,
+                               kiq_sched_blocked_t *blocked)
 {
     static const char *sets[] = { "retry", "schedule" };
     long total = 0;
+    blocked->n = 0;
+    blocked->key[0] = '\0';
     for (int s = 0; s < 2; s++) {
         int more = 1;
+        kiq_sched_blocked_t st = { 0 };
         while (more) {
-            long n = move_batch(r, sets[s], ts, now, &more);
+            long n = move_batch(r, sets[s], ts, now, &more, &st);
             if (n < 0)
                 return n;
             total += n;
         }
+        if (st.n && !blocked->n)
+            memcpy(blocked->key, st.key, sizeof(st.key));
+        blocked->n += st.n;
     }
     return total;
 }
@@ -135,11 +154,21 @@ void *kiq_scheduler_main(void *arg)
      * does not poll together; an explicit average skips that. */
     if (rt->cfg->poll_interval_average <= 0)
         kiq_rt_wait(rt, 5 + 5 * kiq_rand());
+    long last_blocked = 0;
     while (!atomic_load(&rt->quiet)) {
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
-        if (kiq_scheduler_enqueue_due(r, rt->cfg->timestamps, kiq_now()) == KIQ_EREDIS)
+        kiq_sched_blocked_t blocked;
+        if (kiq_scheduler_enqueue_due(r, rt->cfg->timestamps, kiq_now(), &blocked) == KIQ_EREDIS)
             continue;
+        /* Said when it changes, not at every poll. */
+        if (blocked.n && blocked.n != last_blocked)
+            kiq_error("scheduler: %ld due jobs stay in retry/schedule: their queue key holds "
+                      "another type than a list (the first: %s); they move once it is fixed",
+                      blocked.n, blocked.key);
+        else if (!blocked.n && last_blocked)
+            kiq_info("scheduler: the due jobs held back by a queue key of another type moved");
+        last_blocked = blocked.n;
         long procs;
         double avg = poll_average(rt, r, &procs);
         double wait = procs < 10 ? avg * kiq_rand() + avg / 2 : avg * kiq_rand();

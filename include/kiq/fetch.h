@@ -112,7 +112,8 @@ KIQ_API int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, 
                                const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out);
 
 /* Puts an unfinished job back at the end of queue that is fetched next.
- * Returns 0 or KIQ_EREDIS. */
+ * Returns 0, KIQ_EREDIS, or KIQ_EREPLY when queue:NAME holds another type
+ * than a list (the job then stays in the working list). */
 KIQ_API int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                               const char *raw, size_t len);
 
@@ -122,7 +123,10 @@ KIQ_API void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
 
 /* Marks identity alive for ttl seconds (v9 uses 60; refresh at least every
  * ttl/3). Until the key lapses no recovery touches identity's working list.
- * Returns 0 or KIQ_EREDIS. */
+ * Extends the key with PEXPIRE (which Redis at maxmemory still takes) and
+ * creates it only when it is gone, then clears recovery's suspect marker.
+ * Returns 0 (extended), 1 (it was gone and is created again), KIQ_EREDIS or
+ * KIQ_EREPLY (refused, e.g. at maxmemory while the key is gone). */
 KIQ_API int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl);
 
 /* Orphan recovery: for every working list whose owner's liveness key is
@@ -131,23 +135,30 @@ KIQ_API int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl
  * recovered max_recoveries times goes to the dead set instead (a poison pill:
  * it kills whatever runs it). Never touches a live owner's list.
  *
- * liveness_ttl is the fleet's liveness TTL in seconds: while Redis has been
- * up for less than that, the pass is skipped (out->deferred = 1), because
- * every liveness key may have lapsed during the outage while its process
- * lived on, and has not been refreshed yet. 0 skips that check. */
+ * A missing key is not proof of death: the owner's refresh may have been
+ * refused (maxmemory) or lost (a Redis restart or failover). So the first
+ * pass that sees it missing only marks the list a suspect
+ * (uniquejobs:orphan:<identity>, holding Redis's time), and a later pass
+ * takes it once the key is still missing liveness_ttl / 2 after that by
+ * Redis's clock: longer than the owners' refresh interval, so a live owner
+ * that reaches Redis has re-created its key (and deleted the marker) by
+ * then. Where the marker cannot be written nothing is taken. liveness_ttl 0
+ * takes lists at first sight. A job whose queue key holds another type than
+ * a list stays in the working list (counted in left). */
 typedef struct kiq_recovery {
     long lists;      /* dead processes' lists emptied */
     long recovered;  /* jobs put back */
     long killed;     /* poison pills sent to dead */
-    int deferred;    /* 1: Redis restarted too recently; nothing was done */
+    long suspects;   /* lists without a liveness key, not taken yet */
+    long left;       /* jobs left: their destination holds another type */
 } kiq_recovery_t;
 
 KIQ_API int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
                               double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out,
                               char *err);
 
-/* Same, for one identity's list only (used at shutdown on our own list when
- * nothing is running any more, and by tests). */
+/* Same, for one identity's list only, at once (no suspect marker; used by
+ * tests and tools on a list known to be dead). */
 KIQ_API int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
                                   kiq_ts_format_t ts, kiq_recovery_t *out, char *err);
 

@@ -45,8 +45,12 @@ KIQ_API const char *kiq_job_payload(const kiq_job_t *job, size_t *len);
 KIQ_API const char *kiq_job_field_raw(const kiq_job_t *job, const char *key,
                                       size_t *len);
 
-/* The Redis connection owned by the thread running this job. Handlers may
- * issue commands on it; they must leave it without pending replies. */
+/* The Redis connection owned by the thread running this job. Never NULL
+ * inside a handler: the runtime reconnects before the handler starts (a job
+ * never starts without a connection; it waits in the working list). A
+ * command can still fail when the connection breaks under it; check its
+ * reply. Handlers may issue commands on it; they must leave it without
+ * pending replies. */
 KIQ_API redisContext *kiq_job_redis(kiq_job_t *job);
 
 /* Marks the job failed with an error class (e.g. "RuntimeError") and a
