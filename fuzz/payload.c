@@ -86,10 +86,14 @@ static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jo
     char *first = o->n ? raw_key(s, &o->m[0]) : NULL;
     char *last = o->n ? raw_key(s, &o->m[o->n - 1]) : NULL;
     /* A key given twice in one edit is the caller's mistake: avoid it. */
-    if (first && (!strcmp(first, "retry_count") || !strcmp(first, "error_message")))
-        free(first), first = NULL;
-    if (last && (!strcmp(last, "retry_count") || !strcmp(last, "error_message")))
-        free(last), last = NULL;
+    if (first && (!strcmp(first, "retry_count") || !strcmp(first, "error_message"))) {
+        free(first);
+        first = NULL;
+    }
+    if (last && (!strcmp(last, "retry_count") || !strcmp(last, "error_message"))) {
+        free(last);
+        last = NULL;
+    }
     kiq_field_t set[4] = {
         { "retry_count", "7", 0 },
         { "error_message", msg.p, msg.len },
