@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kiq/config.h"
+#include "kiq/redis.h"
 
 static kiq_config_t *cfg;
 static char *path; /* the current test's YAML file */
@@ -672,4 +673,25 @@ Test(config, deep_nesting_fails_fast_with_its_line)
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     cr_assert(strstr(err, ":2: nesting deeper than"), "%s", err);
     cr_assert_lt(took, 2.0, "took %.1f s", took);
+}
+
+/* The redacted URL is what logs, kiq stats and kiq top show. A unix
+ * socket's password is in the query; an '@' in the socket's path is not
+ * a user-info separator and must not let the password through. */
+Test(config, redacted_url_never_shows_the_password)
+{
+    static const struct { const char *url, *want; } cases[] = {
+        { "redis://user:secret@cache:6380/2", "redis://user:***@cache:6380/2" },
+        { "redis://secret@cache", "redis://***@cache" },
+        { "redis://cache:6379/0", "redis://cache:6379/0" },
+        { "unix:///run/redis.sock?db=2&password=secret", "unix:///run/redis.sock?db=2&password=***" },
+        { "unix:///run/redis@6379/sock?password=secret", "unix:///run/redis@6379/sock?password=***" },
+        { "unix:///run/a:b@c?password=secret", "unix:///run/a:b@c?password=***" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char out[256];
+        kiq_redis_url_redact(cases[i].url, out, sizeof(out));
+        cr_expect_str_eq(out, cases[i].want, "%s", cases[i].url);
+        cr_expect_null(strstr(out, "secret"), "%s -> %s", cases[i].url, out);
+    }
 }
