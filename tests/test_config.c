@@ -695,3 +695,23 @@ Test(config, redacted_url_never_shows_the_password)
         cr_expect_null(strstr(out, "secret"), "%s -> %s", cases[i].url, out);
     }
 }
+
+/* Each level merges four copies of the one before: 4^14 merges from a
+ * 600-byte file. It must fail at once, not after minutes. */
+Test(config, merges_that_multiply_fail_fast)
+{
+    char text[2048];
+    size_t n = (size_t)snprintf(text, sizeof(text), "d0: &a0 {concurrency: 1}\n");
+    for (int i = 1; i < 15; i++)
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "d%d: &a%d {<<: [*a%d, *a%d, *a%d, *a%d]}\n",
+                              i, i, i - 1, i - 1, i - 1, i - 1);
+    snprintf(text + n, sizeof(text) - n, "development:\n  <<: *a14\n");
+    path = write_yaml(text);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(kiq_config_load_file(cfg, path, err), KIQ_ECONFIG);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert(strstr(err, "<<: more than 1000 mappings merged"), "%s", err);
+    cr_assert_lt(took, 2.0, "took %.1f s", took);
+}
