@@ -269,16 +269,19 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
                    int connect)
 {
-    int back;
-    while ((back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len)) != 0)
-        if (!connect || kiq_rt_connect(rt, r, &rt->housekeeper_stop))
-            break;
+    int back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len);
+    /* Only a broken connection is worth another try: an error reply (the
+     * queue key holds another type than a list) would only come again. */
+    while (back == KIQ_EREDIS && !kiq_redis_ok(r) && connect
+           && kiq_rt_connect(rt, r, &rt->housekeeper_stop) == 0)
+        back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len);
     if (back == 0)
         kiq_info("a fetched job that had not started went back to queue:%s", job->queue);
     else
         kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
-                  "list and is recovered after this process is gone", job->queue,
-                  kiq_redis_error(r));
+                  "list and is recovered or reclaimed later", job->queue,
+                  back == KIQ_EREPLY ? "the key holds another type than a list"
+                                     : kiq_redis_error(r));
     kiq_fetched_clear(job);
 }
 
