@@ -1250,6 +1250,53 @@ static char *recovered_payload(const char *cls, const char *args, const char *ji
     return p;
 }
 
+/* A recovered job whose handler fails (so it did not crash the process)
+ * goes to retry without "recovery_count", every other byte kept: it runs
+ * beside others next time. One that succeeds is simply gone. */
+Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
+{
+    redisContext *c = kt_redis();
+    char fj[25], rj[25];
+    make_jid(fj, 26, 0);
+    make_jid(rj, 26, 1);
+    char *p[] = { recovered_payload("FailJob", "[\"boom\"]", fj),
+                  recovered_payload("RecordJob", "[\"rec\"]", rj) };
+    push_all(c, "default", p, 2);
+    char *y = kt_write_file("suspect.yml", FAST_YAML);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1 && kt_int("SISMEMBER rec %s", rj) == 1, 10),
+              "%s", kt_kiq_log(pid));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert(rr->type == REDIS_REPLY_ARRAY && rr->elements == 1);
+    char *entry = strdup(rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert(!strstr(entry, "recovery_count"), "%s", entry);
+    /* The original text up to its closing brace, less the count, then the
+     * error fields appended. */
+    char *kept = strdup(p[0]);
+    char *at = strstr(kept, "\"recovery_count\":1,");
+    memmove(at, at + strlen("\"recovery_count\":1,"), strlen(at + strlen("\"recovery_count\":1,")) + 1);
+    kept[strlen(kept) - 1] = '\0';
+    cr_assert(strncmp(entry, kept, strlen(kept)) == 0, "%s\nkept: %s", entry, kept);
+    json_t *j = json_loads(entry, 0, NULL);
+    cr_assert(j, "%s", entry);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "RuntimeError");
+    cr_assert_eq(json_integer_value(json_object_get(j, "retry_count")), 0);
+    json_decref(j);
+    char *id = identity_of(pid), *w = wkey(id);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 5), "both acked: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert_eq(kt_int("ZCARD dead"), 0);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(entry);
+    free(kept);
+    free(id);
+    free(w);
+    free(p[0]);
+    free(p[1]);
+    free(y);
+}
+
 /* A suspect waiting for its turn when the process goes quiet goes back to
  * its queue; when that key holds another type than a list by then, the
  * error reply is said once and the job stays in the working list (no
