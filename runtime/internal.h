@@ -44,6 +44,7 @@ typedef struct kiq_failure {
 /* Applies Sidekiq's retry rules to a failed job: error fields, retry_count,
  * failed_at/retried_at, the backoff count^4 + 15 + rand(10)*(count+1), and
  * exhaustion to the dead set (or nowhere for retry: false / dead: false).
+ * "recovery_count" goes: only a job that crashes its process keeps it.
  * class_retry is the class option (KIQ_RETRY_*), used when the payload has
  * no "retry". Returns 0 or KIQ_ENOMEM. */
 int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *err_msg,

@@ -104,15 +104,18 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         rc = rq ? kiq_buf_put(&q, job->payload + rq->vstart, rq->vlen)
                 : kiq_json_quote(&q, job->queue ? job->queue : "default",
                                  strlen(job->queue ? job->queue : "default"));
-    kiq_field_t set[5] = {
+    kiq_field_t set[6] = {
         { "queue", q.p, q.len },
         { "error_message", msg.p, msg.len },
         { "error_class", cls.p, cls.len },
         { count == 0 ? "failed_at" : "retried_at", ts, 0 },
         { "retry_count", cnt, 0 },
+        /* Its handler returned, so it did not crash the process: no
+         * suspect any more, it need not run alone on its next attempt. */
+        { "recovery_count", NULL, 0 },
     };
     if (!rc)
-        rc = kiq_payload_edit(job->payload, &job->obj, set, 5, &out->payload, &out->len);
+        rc = kiq_payload_edit(job->payload, &job->obj, set, 6, &out->payload, &out->len);
     kiq_buf_free(&cls);
     kiq_buf_free(&msg);
     kiq_buf_free(&q);

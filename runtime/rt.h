@@ -77,7 +77,7 @@ struct kiq_runtime {
 const kiq_handler_entry_t *kiq_registry_find(const struct kiq_runtime *rt, const char *cls);
 void kiq_registry_free(struct kiq_runtime *rt);
 
-/* processor.c */
+/* processor.c: the thread loop, fetch -> run the server chain -> ack. */
 void *kiq_processor_main(void *slot);
 /* Puts back every job still running (marking its slot abandoned), using r.
  * Returns the number requeued. */
@@ -85,10 +85,24 @@ int kiq_processor_requeue_busy(struct kiq_runtime *rt, kiq_redis_t *r);
 /* Whether this exact payload is running, fetched and waiting to start, or
  * finished and waiting for its ack (not a stray). */
 int kiq_processor_holds(struct kiq_runtime *rt, const char *payload, size_t len);
-/* The shared batch of the reliable fetch, for nslots processors. */
+/* Reconnects r when it broke, so that a handler always gets a connected
+ * context. Returns 0 when slot s's job may start, nonzero when it must not
+ * (the process exits, or shutdown gave the job back). */
+int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r);
+
+/* feed.c: the reliable fetch's batch shared by nslots processors (the
+ * operations are in feed.h). */
 typedef struct kiq_feed kiq_feed_t;
 kiq_feed_t *kiq_feed_new(int nslots);
-void kiq_feed_free(kiq_feed_t *fd);
+void kiq_feed_free(kiq_feed_t *feed);
+
+/* server_chain.c: runs job through rt->server_chain to its handler on
+ * processor s's connection r. mw is filled here and holds the outcome
+ * afterwards (disposition, payload to store). held_digest is the lock the
+ * fetch saw held by the job's jid, or NULL. */
+struct kiq_mw;
+void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
+                    const char *held_digest);
 
 /* heartbeat.c: the housekeeper thread (beats, stats, signals, recovery). */
 void *kiq_housekeeper_main(void *rt);

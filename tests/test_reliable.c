@@ -1183,3 +1183,105 @@ Test(reliable, queue_name_of_600_bytes_works_end_to_end)
         free(p[i]);
     free(y);
 }
+
+/* A job recovered from a crashed process, as the recovery leaves it in
+ * its queue: "recovery_count" among the other fields. */
+static char *recovered_payload(const char *cls, const char *args, const char *jid)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p,
+                       "{\"retry\":true,\"queue\":\"default\",\"args\":%s,\"class\":\"%s\","
+                       "\"recovery_count\":1,\"jid\":\"%s\",\"created_at\":1767225600.123456,"
+                       "\"enqueued_at\":1767225600.123789}",
+                       args, cls, jid) > 0);
+    return p;
+}
+
+/* A recovered job whose handler fails (so it did not crash the process)
+ * goes to retry without "recovery_count", every other byte kept: it runs
+ * beside others next time. One that succeeds is simply gone. */
+Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
+{
+    redisContext *c = kt_redis();
+    char fj[25], rj[25];
+    make_jid(fj, 26, 0);
+    make_jid(rj, 26, 1);
+    char *p[] = { recovered_payload("FailJob", "[\"boom\"]", fj),
+                  recovered_payload("RecordJob", "[\"rec\"]", rj) };
+    push_all(c, "default", p, 2);
+    char *y = kt_write_file("suspect.yml", FAST_YAML);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1 && kt_int("SISMEMBER rec %s", rj) == 1, 10),
+              "%s", kt_kiq_log(pid));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert(rr->type == REDIS_REPLY_ARRAY && rr->elements == 1);
+    char *entry = strdup(rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert(!strstr(entry, "recovery_count"), "%s", entry);
+    /* The original text up to its closing brace, less the count, then the
+     * error fields appended. */
+    char *kept = strdup(p[0]);
+    char *at = strstr(kept, "\"recovery_count\":1,");
+    memmove(at, at + strlen("\"recovery_count\":1,"), strlen(at + strlen("\"recovery_count\":1,")) + 1);
+    kept[strlen(kept) - 1] = '\0';
+    cr_assert(strncmp(entry, kept, strlen(kept)) == 0, "%s\nkept: %s", entry, kept);
+    json_t *j = json_loads(entry, 0, NULL);
+    cr_assert(j, "%s", entry);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "RuntimeError");
+    cr_assert_eq(json_integer_value(json_object_get(j, "retry_count")), 0);
+    json_decref(j);
+    char *id = identity_of(pid), *w = wkey(id);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 5), "both acked: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert_eq(kt_int("ZCARD dead"), 0);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(entry);
+    free(kept);
+    free(id);
+    free(w);
+    free(p[0]);
+    free(p[1]);
+    free(y);
+}
+
+/* A suspect waiting for its turn when the process goes quiet goes back to
+ * its queue; when that key holds another type than a list by then, the
+ * error reply is said once and the job stays in the working list (no
+ * reconnecting and retrying forever), where recovery finds it later. */
+Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
+{
+    redisContext *c = kt_redis();
+    char hj[25], sj[25];
+    make_jid(hj, 27, 0);
+    make_jid(sj, 27, 1);
+    char *y = kt_write_file("giveback.yml", FAST_YAML "timeout: 8\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    char *id = identity_of(pid), *w = wkey(id);
+    push_one(c, "SleepJob", "[3000]", hj);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    /* The other processor takes the suspect and waits for the sleeper. */
+    char *ps = recovered_payload("RecordJob", "[\"rec\"]", sj);
+    push_all(c, "default", &ps, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 2, 10), "%s", kt_kiq_log(pid));
+    kt_sleep(0.3);
+    freeReplyObject(kt_cmd("SET queue:default not-a-list"));
+    kill(pid, SIGTSTP);
+    const char *said = "could not give a fetched job back to queue:default";
+    cr_assert(KT_WAIT_UNTIL(log_has(pid, said), 5), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(log_count(pid, said, NULL), 1, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("SISMEMBER rec %s", sj), 0, "the suspect did not run");
+    char *left = kt_str("LINDEX %s 0", w);
+    cr_assert(left && strstr(left, sj), "the suspect stays in the working list: %s", left);
+    cr_assert_eq(kt_int("LLEN %s", w), 1, "the sleeper finished and was acked");
+    /* Once the key is a list again, a new process recovers and runs it. */
+    freeReplyObject(kt_cmd("DEL queue:default"));
+    pid_t next = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", sj) == 1, 15), "%s", kt_kiq_log(next));
+    cr_assert_eq(kt_kiq_stop(next, SIGTERM, 15), 0);
+    free(left);
+    free(ps);
+    free(id);
+    free(w);
+    free(y);
+}

@@ -1,0 +1,505 @@
+/* The reliable fetch's local buffer (see feed.h).
+ *
+ * Processors fetch in batches and share what they fetched: a thread that
+ * finds the feed empty fetches for itself and for the threads that will
+ * look next (at most BATCH_MAX jobs, and no more than the threads not
+ * running a job can take), keeps one and leaves the rest in the feed. Acks
+ * of finished jobs wait in the feed too and go out with the next round trip
+ * any processor makes. Every job in the feed, fetched or finished, is in
+ * the working list meanwhile, so a crash loses none of them. */
+#include "runtime/feed.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/log.h"
+#include "support/time.h"
+
+enum { BATCH_MAX = 8, ACKS_MAX = 16, SPARE_MAX = 64 };
+
+struct kiq_feed {
+    pthread_mutex_t mu;
+    pthread_cond_t came;   /* a sweep came back */
+    kiq_fetched_t *jobs;   /* ring, oldest at head */
+    size_t head, n, cap;
+    kiq_done_t **acks;     /* finished, ack not written */
+    size_t nacks, cap_acks;
+    kiq_done_t *spare[SPARE_MAX]; /* released, for reuse: a job's memory is */
+    size_t nspare;                /*   freed by whichever thread acks it */
+    int sweeping;          /* sweeps on their way */
+    int sweepers_max;      /* at most this many at once */
+    size_t waiting;        /* threads waiting for one to come back */
+    int inside;            /* threads past the gate in kiq_feed_next: holding
+                              a job, or fetching, until they look again */
+    int solo;              /* a suspect runs alone: the gate is shut */
+    kiq_fetched_t suspect; /* the suspect waiting for the others (its
+                              thread owns the payload) */
+};
+
+kiq_feed_t *kiq_feed_new(int nslots)
+{
+    kiq_feed_t *feed = calloc(1, sizeof(*feed));
+    if (!feed)
+        return NULL;
+    /* Enough sweeps on their way to bring a job for every processor (when
+     * Redis is far away, each waits a whole round trip), and at least two
+     * (so one is on its way while another's jobs are being taken). */
+    feed->sweepers_max = (nslots + BATCH_MAX - 1) / BATCH_MAX;
+    if (feed->sweepers_max < 2)
+        feed->sweepers_max = 2;
+    /* A sweep starts only when the feed is empty and leaves at most
+     * BATCH_MAX - 1 jobs in it, so this is room enough. */
+    feed->cap = (size_t)feed->sweepers_max * BATCH_MAX;
+    feed->jobs = calloc(feed->cap, sizeof(kiq_fetched_t));
+    if (!feed->jobs) {
+        free(feed);
+        return NULL;
+    }
+    pthread_mutex_init(&feed->mu, NULL);
+    pthread_cond_init(&feed->came, NULL);
+    return feed;
+}
+
+void kiq_feed_free(kiq_feed_t *feed)
+{
+    if (!feed)
+        return;
+    for (size_t i = 0; i < feed->n; i++)
+        kiq_fetched_clear(&feed->jobs[(feed->head + i) % feed->cap]);
+    for (size_t i = 0; i < feed->nacks; i++) {
+        kiq_done_clear(feed->acks[i]);
+        free(feed->acks[i]);
+    }
+    for (size_t i = 0; i < feed->nspare; i++)
+        free(feed->spare[i]);
+    free(feed->acks);
+    free(feed->jobs);
+    pthread_cond_destroy(&feed->came);
+    pthread_mutex_destroy(&feed->mu);
+    free(feed);
+}
+
+/* ---- Finished jobs ---------------------------------------------------- */
+
+void kiq_done_clear(kiq_done_t *d)
+{
+    kiq_mw_clear(&d->mw);
+    kiq_job_clear(&d->job);
+    d->active = 0;
+}
+
+void kiq_done_acked(kiq_done_t *d, kiq_redis_t *r)
+{
+    if (d->ack.lock_key)
+        kiq_mw_note_released(&d->mw, r);
+    kiq_done_clear(d);
+}
+
+kiq_done_t *kiq_done_new(kiq_feed_t *feed)
+{
+    kiq_done_t *d = NULL;
+    if (feed) {
+        pthread_mutex_lock(&feed->mu);
+        if (feed->nspare)
+            d = feed->spare[--feed->nspare];
+        pthread_mutex_unlock(&feed->mu);
+    }
+    if (d) {
+        memset(d, 0, sizeof(*d));
+        return d;
+    }
+    return calloc(1, sizeof(kiq_done_t));
+}
+
+void kiq_done_free(kiq_feed_t *feed, kiq_done_t *d)
+{
+    kiq_done_clear(d);
+    if (feed) {
+        pthread_mutex_lock(&feed->mu);
+        if (feed->nspare < SPARE_MAX) {
+            feed->spare[feed->nspare++] = d;
+            d = NULL;
+        }
+        pthread_mutex_unlock(&feed->mu);
+    }
+    free(d);
+}
+
+/* ---- The ring of fetched jobs and the acks waiting -------------------- */
+
+/* Under feed->mu. The ring has room for every batch in flight. */
+static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
+{
+    feed->jobs[(feed->head + feed->n) % feed->cap] = *job;
+    feed->n++;
+    memset(job, 0, sizeof(*job));
+}
+
+/* Under feed->mu: the oldest job waiting (there is one). */
+static kiq_fetched_t feed_pop(kiq_feed_t *feed)
+{
+    kiq_fetched_t j = feed->jobs[feed->head];
+    feed->head = (feed->head + 1) % feed->cap;
+    feed->n--;
+    return j;
+}
+
+/* Under feed->mu: the newest job waiting, or a zeroed one when none is. */
+static kiq_fetched_t feed_pop_newest(kiq_feed_t *feed)
+{
+    kiq_fetched_t j = {0};
+    if (feed->n) {
+        feed->n--;
+        j = feed->jobs[(feed->head + feed->n) % feed->cap];
+    }
+    return j;
+}
+
+/* Under feed->mu: waits for a sweep to come back, or a little while (a job
+ * left in the feed behind a long one is then taken by a waiter). */
+static void feed_wait(kiq_feed_t *feed)
+{
+    struct timespec until = kiq_timespec(kiq_now() + 0.1);
+    feed->waiting++;
+    pthread_cond_timedwait(&feed->came, &feed->mu, &until);
+    feed->waiting--;
+}
+
+void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    if (feed->nacks == feed->cap_acks) {
+        size_t cap = feed->cap_acks ? feed->cap_acks * 2 : 64;
+        kiq_done_t **a = realloc(feed->acks, cap * sizeof(*a));
+        if (a) {
+            feed->acks = a;
+            feed->cap_acks = cap;
+        }
+    }
+    if (feed->nacks < feed->cap_acks) {
+        feed->acks[feed->nacks++] = d;
+        d = NULL;
+    }
+    pthread_mutex_unlock(&feed->mu);
+    if (d) {
+        if (kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+            kiq_done_acked(d, r);
+        kiq_done_free(feed, d);
+    }
+}
+
+/* Under feed->mu: takes every waiting ack, to be written by the caller. */
+static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
+{
+    *n = 0;
+    if (!feed->nacks)
+        return NULL;
+    kiq_done_t **a = malloc(feed->nacks * sizeof(*a));
+    if (!a)
+        return NULL; /* they wait for the next taker */
+    memcpy(a, feed->acks, feed->nacks * sizeof(*a));
+    *n = feed->nacks;
+    feed->nacks = 0;
+    return a;
+}
+
+/* Writes the acks taken (and fetches up to max jobs into got, in the same
+ * round trip). Acks written are released; the others go back to the feed
+ * for the next round trip, and *unwritten (when not NULL) counts them.
+ * Returns kiq_fetch_exchange's result. */
+static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
+                    kiq_fetched_t *got, size_t max, int block, size_t *unwritten)
+{
+    kiq_ack_item_t items[nacks ? nacks : 1];
+    for (size_t i = 0; i < nacks; i++)
+        items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
+                                     .ack = acks[i]->ack, .rc = KIQ_EREDIS };
+    int rc = kiq_redis_ok(r) ? kiq_fetch_exchange(s->fetch, r, items, nacks, got, max, block)
+                             : KIQ_EREDIS;
+    size_t failed = 0;
+    for (size_t i = 0; i < nacks; i++) {
+        if (items[i].rc == 0) {
+            kiq_done_acked(acks[i], r);
+            kiq_done_free(s->rt->feed, acks[i]);
+        } else {
+            kiq_feed_ack(s, r, acks[i]);
+            failed++;
+        }
+    }
+    free(acks);
+    if (unwritten)
+        *unwritten = failed;
+    return rc;
+}
+
+/* Writes every waiting ack, reconnecting until they are written or the
+ * process is about to exit (then their jobs stay in the working list and
+ * are recovered once this process is gone). */
+static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    for (;;) {
+        size_t n;
+        pthread_mutex_lock(&feed->mu);
+        kiq_done_t **acks = take_acks(feed, &n);
+        pthread_mutex_unlock(&feed->mu);
+        if (!n)
+            return;
+        size_t failed;
+        exchange(s, r, acks, n, NULL, 0, 0, &failed);
+        /* Acks other threads queued meanwhile simply go in the next turn;
+         * only a failure of these calls for a new connection. */
+        if (failed && (atomic_load(&rt->housekeeper_stop)
+                       || kiq_rt_connect(rt, r, &rt->housekeeper_stop))) {
+            pthread_mutex_lock(&feed->mu);
+            acks = take_acks(feed, &n);
+            pthread_mutex_unlock(&feed->mu);
+            for (size_t i = 0; i < n; i++)
+                kiq_done_free(feed, acks[i]);
+            free(acks);
+            return;
+        }
+    }
+}
+
+/* ---- Giving jobs back ------------------------------------------------- */
+
+void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
+                   int connect)
+{
+    int back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len);
+    /* Only a broken connection is worth another try: an error reply (the
+     * queue key holds another type than a list) would only come again. */
+    while (back == KIQ_EREDIS && !kiq_redis_ok(r) && connect
+           && kiq_rt_connect(rt, r, &rt->housekeeper_stop) == 0)
+        back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len);
+    if (back == 0)
+        kiq_info("a fetched job that had not started went back to queue:%s", job->queue);
+    else
+        kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
+                  "list and is recovered or reclaimed later", job->queue,
+                  back == KIQ_EREPLY ? "the key holds another type than a list"
+                                     : kiq_redis_error(r));
+    kiq_fetched_clear(job);
+}
+
+/* Newest first, so that each queue's oldest ends up fetched first again. */
+int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect)
+{
+    kiq_feed_t *feed = rt->feed;
+    int n = 0;
+    for (;;) {
+        pthread_mutex_lock(&feed->mu);
+        kiq_fetched_t job = feed_pop_newest(feed);
+        pthread_mutex_unlock(&feed->mu);
+        if (!job.payload)
+            return n;
+        kiq_give_back(f, rt, r, &job, connect);
+        n++;
+    }
+}
+
+/* ---- Suspects ---------------------------------------------------------
+ *
+ * A job recovered from a crashed process carries "recovery_count", and so
+ * does every job that was in that process's working list with it: fetched
+ * in its batch, running beside it, or finished with its ack still waiting
+ * in the feed. Had such a suspect run beside others and crashed the
+ * process again, they all would be recovered again, and after
+ * max_recoveries innocent jobs would go to the dead set as poison pills.
+ * So a suspect runs alone: the jobs other threads hold finish first, the
+ * acks waiting are written, the jobs waiting in the feed go back to the
+ * head of their queues, and no thread fetches until the suspect is done
+ * and acked. A crash then leaves only the suspect in the working list, and
+ * only the job at fault counts recoveries. A suspect that fails normally
+ * loses the count (see kiq_retry_decide): it did not crash the process.
+ * Suspects are rare (only after a crash); otherwise this costs a memmem per
+ * job and a counter kept under the lock kiq_feed_next takes anyway. */
+
+/* Under feed->mu: this thread looks for a job again, so it holds none. */
+static void gate_leave(kiq_feed_t *feed, int *inside)
+{
+    if (!*inside)
+        return;
+    *inside = 0;
+    feed->inside--;
+    if (feed->solo)
+        pthread_cond_broadcast(&feed->came); /* the suspect waits for this */
+}
+
+int kiq_feed_suspect(const kiq_fetched_t *job)
+{
+    /* A plain search: a nested field of that name only costs a solo run. */
+    static const char key[] = "\"recovery_count\"";
+    return memmem(job->payload, job->len, key, sizeof(key) - 1) != NULL;
+}
+
+/* Waits until no other thread holds a job, writes the acks waiting and
+ * gives back the jobs waiting in the feed. The suspect goes back to its
+ * queue instead when another suspect runs (this one runs after it) or the
+ * process goes quiet. */
+int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    int mine = !feed->solo;
+    if (mine) {
+        feed->solo = 1;
+        feed->suspect = *job; /* kiq_feed_holds sees it while it waits */
+        while (feed->inside > 1 && !atomic_load(&rt->quiet))
+            feed_wait(feed);
+    }
+    pthread_mutex_unlock(&feed->mu);
+    int quiet = atomic_load(&rt->quiet);
+    if (mine && !quiet) {
+        flush_acks(s, r);
+        kiq_feed_give_back(rt, s->fetch, r, 1);
+    }
+    pthread_mutex_lock(&feed->mu);
+    memset(&feed->suspect, 0, sizeof(feed->suspect)); /* *job still owns it */
+    if (mine && quiet)
+        feed->solo = 0;
+    pthread_mutex_unlock(&feed->mu);
+    if (mine && !quiet)
+        return 1;
+    kiq_give_back(s->fetch, rt, r, job, 1);
+    return 0;
+}
+
+/* The suspect is done: its ack is written before any other job is
+ * fetched, then the gate opens. */
+void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    flush_acks(s, r);
+    pthread_mutex_lock(&feed->mu);
+    feed->solo = 0;
+    pthread_cond_broadcast(&feed->came);
+    pthread_mutex_unlock(&feed->mu);
+}
+
+/* ---- Taking a job ----------------------------------------------------- */
+
+/* How many jobs a sweep asks for: one for each thread not running a job,
+ * this one included. */
+static size_t batch_size(kiq_runtime_t *rt)
+{
+    long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
+    return idle < 1 ? 1 : idle > BATCH_MAX ? BATCH_MAX : (size_t)idle;
+}
+
+/* Under feed->mu, which it releases: takes the oldest job waiting. The
+ * acks waiting go with it when the feed ran dry, too many wait, or this
+ * thread is the last one free: nobody else would send them soon. */
+static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    size_t nacks = 0;
+    *job = feed_pop(feed);
+    kiq_done_t **acks = !feed->n || feed->nacks >= ACKS_MAX
+                                || atomic_load(&rt->busy) + 1 >= rt->nslots
+                            ? take_acks(feed, &nacks) : NULL;
+    pthread_mutex_unlock(&feed->mu);
+    if (nacks)
+        exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
+    return 1;
+}
+
+/* Under feed->mu, which it releases: fetches a batch (writing the acks
+ * waiting in the same round trip), keeps the first job and leaves the rest
+ * in the feed. When every queue was empty, blocks on them for one job. */
+static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    kiq_fetched_t got[BATCH_MAX];
+    size_t nacks;
+    kiq_done_t **acks = take_acks(feed, &nacks);
+    size_t want = batch_size(rt);
+    feed->sweeping++;
+    pthread_mutex_unlock(&feed->mu);
+
+    int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
+    pthread_mutex_lock(&feed->mu);
+    feed->sweeping--;
+    for (int i = 1; i < rc && !atomic_load(&rt->quiet); i++)
+        feed_push(feed, &got[i]);
+    if (rc == 0) {
+        pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
+        acks = take_acks(feed, &nacks);
+    } else if (feed->waiting) {
+        pthread_cond_signal(&feed->came);
+    }
+    pthread_mutex_unlock(&feed->mu);
+    if (rc > 0) {
+        /* Fetched as the process went quiet: all of it goes back. */
+        for (int i = rc - 1; i >= 1; i--)
+            if (got[i].payload)
+                kiq_give_back(s->fetch, rt, r, &got[i], 1);
+        *job = got[0];
+        return 1;
+    }
+    if (rc < 0)
+        return rc;
+    /* Every queue was empty: wait on them (see kiq_fetch_exchange). */
+    return exchange(s, r, acks, nacks, job, 1, 1, NULL);
+}
+
+/* A job waiting in the feed comes first. Otherwise this thread sweeps the
+ * queues for itself and for the threads that will look next, unless
+ * sweepers_max sweeps are on their way already: then it waits for them
+ * (one waiter is woken per sweep that came back, to take a job or sweep
+ * next; so under load a few threads do the round trips and the others are
+ * not woken for each job). When the queues are empty every thread blocks
+ * on one of them. */
+int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    gate_leave(feed, inside);
+    while ((feed->solo || (!feed->n && feed->sweeping >= feed->sweepers_max))
+           && !atomic_load(&rt->quiet))
+        feed_wait(feed);
+    if (atomic_load(&rt->quiet)) {
+        pthread_mutex_unlock(&feed->mu);
+        return 0;
+    }
+    *inside = 1;
+    feed->inside++;
+    return feed->n ? take_waiting(s, r, job) : sweep(s, r, job);
+}
+
+void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    gate_leave(feed, inside);
+    pthread_mutex_unlock(&feed->mu);
+    flush_acks(s, r);
+    kiq_feed_give_back(s->rt, s->fetch, r, 1);
+}
+
+static int same(const char *a, size_t alen, const char *b, size_t blen)
+{
+    return a && alen == blen && memcmp(a, b, blen) == 0;
+}
+
+int kiq_feed_holds(kiq_feed_t *feed, const char *payload, size_t len)
+{
+    int held = 0;
+    pthread_mutex_lock(&feed->mu);
+    for (size_t i = 0; i < feed->n && !held; i++) {
+        const kiq_fetched_t *j = &feed->jobs[(feed->head + i) % feed->cap];
+        held = same(j->payload, j->len, payload, len);
+    }
+    held = held || same(feed->suspect.payload, feed->suspect.len, payload, len);
+    for (size_t i = 0; i < feed->nacks && !held; i++)
+        held = same(feed->acks[i]->job.payload, feed->acks[i]->job.len, payload, len);
+    pthread_mutex_unlock(&feed->mu);
+    return held;
+}

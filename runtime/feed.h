@@ -1,0 +1,65 @@
+/* The reliable fetch's local buffer, shared by the processors of one
+ * process (feed.c): jobs fetched and waiting to start, finished jobs whose
+ * acks wait for the next round trip, and the gate that lets a suspect run
+ * alone. Not part of the public API. */
+#ifndef KIQ_RUNTIME_FEED_H
+#define KIQ_RUNTIME_FEED_H
+
+#include "runtime/rt.h"
+#include "middleware/mw.h"
+
+/* A finished job whose ack has not been written yet (reliable fetch: the
+ * ack script and LREM are guarded by the working list, so a requeue or
+ * recovery meanwhile cannot make it count twice). */
+typedef struct kiq_done {
+    int active;
+    kiq_job_t job;   /* owns the payload the ack removes */
+    kiq_mw_t mw;     /* owns the payload the ack stores */
+    kiq_ack_t ack;
+} kiq_done_t;
+
+/* A cleared kiq_done_t, reused from feed's spares when it has one (feed may
+ * be NULL: the basic fetch has none). NULL when out of memory. */
+kiq_done_t *kiq_done_new(kiq_feed_t *feed);
+/* Clears d and frees it or keeps it in feed for reuse. */
+void kiq_done_free(kiq_feed_t *feed, kiq_done_t *d);
+/* Frees what d holds; d stays allocated. */
+void kiq_done_clear(kiq_done_t *d);
+/* d's ack was written: notes the lock it released, then clears d. */
+void kiq_done_acked(kiq_done_t *d, kiq_redis_t *r);
+
+/* One job for processor s into *job, from the feed or fetched by s for
+ * itself and the threads that look next; the acks waiting go out with any
+ * round trip. *inside is the thread's own mark that it passed the gate
+ * (0 at first). Returns 1 with a job, 0 without (look again), or
+ * kiq_fetch_exchange's error. */
+int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside);
+/* Leaves d's ack in the feed for the next round trip; on no memory,
+ * writes it at once instead. */
+void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d);
+/* Processor s stops: it leaves the gate, writes the acks waiting and gives
+ * back the jobs waiting in the feed. */
+void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside);
+
+/* Whether *job is a suspect: recovered from a crashed process, it runs
+ * alone (see feed.c). */
+int kiq_feed_suspect(const kiq_fetched_t *job);
+/* Takes the process for the suspect *job. Returns 1 when it may run (then
+ * kiq_feed_solo_end after it), 0 when it went back to its queue. */
+int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job);
+void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r);
+
+/* Gives back every job waiting in the feed using f and r (reconnecting
+ * when connect is set). Returns how many there were. */
+int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);
+/* Whether this exact payload waits in the feed: to start, to be the
+ * suspect, or for its ack. */
+int kiq_feed_holds(kiq_feed_t *feed, const char *payload, size_t len);
+
+/* Gives a fetched job that did not start back to its queue (and frees
+ * *job). When connect is set a broken connection is reconnected and the
+ * requeue tried again, until the process exits. */
+void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
+                   int connect);
+
+#endif
