@@ -1,6 +1,7 @@
 /* The state of one middleware invocation, shared by the chain runner
- * (chain.c), the runtime that starts server chains (processor.c), the
- * client that starts client chains (client/push.c) and the built-in middleware.
+ * (chain.c), the runtime that starts server chains (runtime/server_chain.c),
+ * the client that starts client chains (client/push.c) and the built-in
+ * middleware.
  * Not part of the public API. */
 #ifndef KIQ_MIDDLEWARE_MW_H
 #define KIQ_MIDDLEWARE_MW_H

@@ -1,5 +1,5 @@
-/* The runtime's own state, shared by its threads (processor.c, heartbeat.c,
- * scheduler.c, runtime.c). */
+/* The runtime's own state, shared by the files of runtime/: its threads
+ * (processor, housekeeper, scheduler), the feed and the server chain. */
 #ifndef KIQ_RUNTIME_RT_H
 #define KIQ_RUNTIME_RT_H
 

@@ -1204,11 +1204,11 @@ Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
 {
     redisContext *c = kt_redis();
     char fj[25], rj[25];
-    make_jid(fj, 26, 0);
-    make_jid(rj, 26, 1);
+    kt_make_jid(fj, 26, 0);
+    kt_make_jid(rj, 26, 1);
     char *p[] = { recovered_payload("FailJob", "[\"boom\"]", fj),
                   recovered_payload("RecordJob", "[\"rec\"]", rj) };
-    push_all(c, "default", p, 2);
+    kt_push_all(c, "default", p, 2);
     char *y = kt_write_file("suspect.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1 && kt_int("SISMEMBER rec %s", rj) == 1, 10),
@@ -1252,8 +1252,8 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
 {
     redisContext *c = kt_redis();
     char hj[25], sj[25];
-    make_jid(hj, 27, 0);
-    make_jid(sj, 27, 1);
+    kt_make_jid(hj, 27, 0);
+    kt_make_jid(sj, 27, 1);
     char *y = kt_write_file("giveback.yml", FAST_YAML "timeout: 8\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     char *id = identity_of(pid), *w = wkey(id);
@@ -1261,15 +1261,15 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     /* The other processor takes the suspect and waits for the sleeper. */
     char *ps = recovered_payload("RecordJob", "[\"rec\"]", sj);
-    push_all(c, "default", &ps, 1);
+    kt_push_all(c, "default", &ps, 1);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 2, 10), "%s", kt_kiq_log(pid));
     kt_sleep(0.3);
     freeReplyObject(kt_cmd("SET queue:default not-a-list"));
     kill(pid, SIGTSTP);
     const char *said = "could not give a fetched job back to queue:default";
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, said), 5), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, said), 5), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
-    cr_assert_eq(log_count(pid, said, NULL), 1, "%s", kt_kiq_log(pid));
+    cr_assert_eq(log_lines_with(pid, said, NULL), 1, "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("SISMEMBER rec %s", sj), 0, "the suspect did not run");
     char *left = kt_str("LINDEX %s 0", w);
     cr_assert(left && strstr(left, sj), "the suspect stays in the working list: %s", left);
