@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "redis/keys.h"
 #include "support/buf.h"
 #include "support/log.h"
 #include "observe/prometheus.h"
@@ -21,7 +22,6 @@
 #include "kiq/unique_admin.h"
 
 #define STATS_TTL "157680000" /* 5 years, as Sidekiq */
-#define RECOVERY_LEASE "kiq:recovery:lease"
 
 /* Reads replies for n appended commands; returns 0 when all arrived. */
 static int drain(kiq_redis_t *r, int n, redisReply **keep, int keep_index)
@@ -54,13 +54,13 @@ int kiq_stats_flush(kiq_runtime_t *rt, kiq_redis_t *r)
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(day, sizeof(day), "%Y-%m-%d", &tm);
-    snprintf(kp, sizeof(kp), "stat:processed:%s", day);
-    snprintf(kf, sizeof(kf), "stat:failed:%s", day);
+    snprintf(kp, sizeof(kp), "%s:%s", KIQ_KEY_PROCESSED, day);
+    snprintf(kf, sizeof(kf), "%s:%s", KIQ_KEY_FAILED, day);
     snprintf(np, sizeof(np), "%ld", p);
     snprintf(nf, sizeof(nf), "%ld", f);
     const char *cmds[][3] = {
-        { "INCRBY", "stat:processed", np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
-        { "INCRBY", "stat:failed", nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
+        { "INCRBY", KIQ_KEY_PROCESSED, np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
+        { "INCRBY", KIQ_KEY_FAILED, nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
     };
     int n = 0, rc = 0;
     for (int i = 0; i < 6 && !rc; i++, n++)
@@ -180,9 +180,9 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     if (rc == KIQ_EREDIS)
         return rc;
     char key_work[400], key_workers[400], key_sig[400];
-    snprintf(key_work, sizeof(key_work), "%s:work", rt->identity);
-    snprintf(key_workers, sizeof(key_workers), "%s:workers", rt->identity);
-    snprintf(key_sig, sizeof(key_sig), "%s-signals", rt->identity);
+    kiq_key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
+    kiq_key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
+    kiq_key(key_sig, sizeof(key_sig), rt->identity, KIQ_KEY_SIGNALS);
 
     char **fields = NULL, **values = NULL;
     int n = 0, count = 0;
@@ -218,7 +218,7 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
     const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
                            "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss };
-    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", "processes", rt->identity },
+    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", KIQ_KEY_PROCESSES, rt->identity },
                               { "EXISTS", rt->identity, NULL } };
     rc = kiq_redis_append(r, 1, cmds[0], NULL);
     if (!rc) rc = kiq_redis_append(r, 3, cmds[1], NULL);
@@ -254,7 +254,7 @@ static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, i
     int rc = kiq_fetch_heartbeat(r, rt->identity, ttl);
     if (rc >= 0) {
         if (rc == 1)
-            kiq_warn("liveness key uniquejobs:heartbeat:%s was gone (%s); re-created it",
+            kiq_warn("liveness key " KIQ_KEY_HEARTBEAT "%s was gone (%s); re-created it",
                      rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
                                                : "Redis lost it");
         *until = t0 + ttl;
@@ -273,9 +273,9 @@ static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, i
 int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
 {
     char key_work[400], key_workers[400];
-    snprintf(key_work, sizeof(key_work), "%s:work", rt->identity);
-    snprintf(key_workers, sizeof(key_workers), "%s:workers", rt->identity);
-    const char *srem[] = { "SREM", "processes", rt->identity };
+    kiq_key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
+    kiq_key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
+    const char *srem[] = { "SREM", KIQ_KEY_PROCESSES, rt->identity };
     const char *unl[] = { "UNLINK", key_work, key_workers };
     int rc = kiq_redis_append(r, 3, srem, NULL);
     if (!rc)
@@ -287,7 +287,7 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
 {
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
-    redisReply *lease = kiq_redis_cmdf(r, "SET %s %s NX EX %s", RECOVERY_LEASE, rt->identity, ttl);
+    redisReply *lease = kiq_redis_cmdf(r, "SET %s %s NX EX %s", KIQ_KEY_RECOVERY_LEASE, rt->identity, ttl);
     int mine = lease && lease->type == REDIS_REPLY_STATUS;
     freeReplyObject(lease);
     if (!mine)

@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 
 #include "runtime/internal.h"
-#include "kiq/fetch.h"
+#include "fetch/fetch.h"
 #include "kiq/redis.h"
 #include "kiq/runtime.h"
 

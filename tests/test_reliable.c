@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/fetch.h"
+#include "fetch/fetch.h"
 
 /* Settings that make liveness lapse and recovery run in seconds, not
  * minutes (the refresh every 0.5 s stays within a third of the TTL). */
