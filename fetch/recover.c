@@ -8,6 +8,7 @@
  * strays from a live process's own list, and the listing `kiq stats` shows. */
 #include "fetch/fetch.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,10 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
         size_t n = rc_m->vlen < sizeof(tmp) - 1 ? rc_m->vlen : sizeof(tmp) - 1;
         memcpy(tmp, raw + rc_m->vstart, n);
         tmp[n] = '\0';
-        count = strtol(tmp, NULL, 10) + 1;
+        /* A count from elsewhere may be anything: negative counts as
+         * none, and the largest stays the largest. */
+        long prev = strtol(tmp, NULL, 10);
+        count = prev < 0 ? 1 : prev < LONG_MAX ? prev + 1 : LONG_MAX;
     }
     char cnt[32], when[32], msg[160];
     snprintf(cnt, sizeof(cnt), "%ld", count);
