@@ -230,9 +230,9 @@ static int sweep_queues(kiq_redis_t *r, sweep_t *sw, char *err)
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
-        char key[512];
-        kiq_key(key, sizeof(key), KIQ_KEY_QUEUE, rep->element[i]->str);
-        rc = sweep_list(r, sw, key, err);
+        char *key = kiq_key_dup(KIQ_KEY_QUEUE, rep->element[i]->str); /* any length */
+        rc = key ? sweep_list(r, sw, key, err) : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        free(key);
     }
 out:
     freeReplyObject(rep);
