@@ -11,6 +11,7 @@
 #include "support/time.h"
 #include "middleware/mw.h"
 #include "middleware/unique_internal.h"
+#include "redis/scripts.h"
 
 #define REPLACE_SCAN_LIMIT "10000"
 

@@ -22,10 +22,12 @@
 
 #include <jansson.h>
 
+#include "middleware/unique_admin_internal.h"
 #include "redis/keys.h"
 #include "support/identity.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
+#include "redis/scripts.h"
 #include "support/time.h"
 
 #define CURSOR_TTL "86400"

@@ -19,7 +19,7 @@
 #include "support/log.h"
 #include "observe/prometheus.h"
 #include "support/time.h"
-#include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 
 #define STATS_TTL "157680000" /* 5 years, as Sidekiq */
 

@@ -13,6 +13,7 @@
 #include "helpers.h"
 #include "kiq/client.h"
 #include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 #include "redis/scripts.h"
 
 TestSuite(unique_admin, .timeout = 60, .fini = kt_kill_children);
