@@ -1,5 +1,5 @@
 /* The runtime's own state, shared by its threads (processor.c, heartbeat.c,
- * scheduler.c, runtime.c). */
+ * housekeeper.c, scheduler.c, runtime.c). */
 #ifndef KIQ_RUNTIME_RT_H
 #define KIQ_RUNTIME_RT_H
 
