@@ -18,8 +18,11 @@
 #include <string.h>
 #include <yaml.h>
 
-/* An anchor can merge (<<) into itself; stop rather than recurse forever. */
+/* An anchor can merge (<<) into itself; stop rather than recurse forever.
+ * And a few lines can merge a mapping that merges several copies of the
+ * one before (a "billion laughs"), so the total is bounded too. */
 #define MAX_MERGE_DEPTH 16
+#define MAX_MERGED 1000
 
 static unsigned long line_of(const yaml_node_t *n)
 {
@@ -560,6 +563,8 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
     int rc = 0;
     if (depth > MAX_MERGE_DEPTH)
         return kiq_yaml__fail(c, map, "<<", "merges nest too deeply");
+    if (depth > 0 && ++c->merged > MAX_MERGED)
+        return kiq_yaml__fail(c, map, "<<", "more than %d mappings merged", MAX_MERGED);
     for (p = start; p < end && rc == 0; p++) {
         const char *name = key_name(node(c, p->key));
         yaml_node_t *v = node(c, p->value);

@@ -19,6 +19,7 @@ typedef struct ctx {
     const char *path;
     const char *env; /* environment whose section applies */
     char *err;
+    unsigned merged; /* mappings merged in with << so far */
 } ctx_t;
 
 typedef struct key_def key_def_t;

@@ -1,6 +1,8 @@
 /* The in-memory metrics registry (see prometheus.h): labelled series in a
  * small chained hash table under one mutex, copied out for rendering so a
- * scrape never holds processor threads up while it formats. */
+ * scrape never holds processor threads up while it formats. Labels are
+ * kept escaped, so values that escape alike (two different invalid byte
+ * sequences) are one series rather than two with the same labels. */
 #include "observe/prometheus.h"
 
 #include <pthread.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/json.h"
 #include "kiq/error.h"
 
 #define NBUCKETS_TABLE 256
@@ -25,7 +28,7 @@ typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_COUNT } kind_t;
 typedef struct series {
     struct series *next;
     kind_t kind;
-    char *a, *b;             /* labels: class+queue, class, type+event */
+    char *a, *b;             /* escaped labels: class+queue, class, type+event */
     unsigned long long n1;   /* processed / histogram count / lock events */
     unsigned long long n2;   /* failed */
     unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
@@ -128,10 +131,11 @@ static series_t *find_capped(kiq_metrics_t *m, kind_t k, const char *a, const ch
 void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
                      int failed)
 {
-    if (!m)
-        return;
-    cls = cls ? cls : "";
-    queue = queue ? queue : "";
+    kiq_buf_t c = {0}, q = {0};
+    if (!m || kiq_metrics_escape(&c, cls ? cls : "") || kiq_metrics_escape(&q, queue ? queue : ""))
+        goto out;
+    cls = c.p;
+    queue = q.p;
     if (!(seconds >= 0))
         seconds = 0;
     pthread_mutex_lock(&m->mu);
@@ -151,6 +155,9 @@ void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, doubl
         d->sum += seconds;
     }
     pthread_mutex_unlock(&m->mu);
+out:
+    kiq_buf_free(&c);
+    kiq_buf_free(&q);
 }
 
 void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event)
@@ -166,13 +173,16 @@ void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char 
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]) && !ev; i++)
         if (!strcmp(event, map[i][0]))
             ev = map[i][1];
-    if (!ev)
-        return;
+    kiq_buf_t t = {0};
+    if (!ev || kiq_metrics_escape(&t, lock_type && *lock_type ? lock_type : "unknown"))
+        goto out;
     pthread_mutex_lock(&m->mu);
-    series_t *s = find_capped(m, K_LOCK, lock_type && *lock_type ? lock_type : "unknown", ev);
+    series_t *s = find_capped(m, K_LOCK, t.p, ev);
     if (s)
         s->n1++;
     pthread_mutex_unlock(&m->mu);
+out:
+    kiq_buf_free(&t);
 }
 
 void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
@@ -183,17 +193,26 @@ void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
 
 int kiq_metrics_escape(kiq_buf_t *b, const char *s)
 {
+    size_t len = strlen(s), run = 0; /* run: start of bytes not yet copied */
     int rc = 0;
-    for (const char *p = s; *p && !rc; p++) {
-        const char *run = p;
-        while (*p && *p != '\\' && *p != '"' && *p != '\n')
-            p++;
-        rc = kiq_buf_put(b, run, (size_t)(p - run));
-        if (!*p || rc)
-            break;
-        rc = kiq_buf_puts(b, *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : "\\n");
+    for (size_t i = 0; i < len && !rc;) {
+        size_t k = kiq__utf8_seq(s + i, len - i);
+        const char *rep = !k ? "\xEF\xBF\xBD" /* U+FFFD for a byte outside UTF-8 */
+                        : s[i] == '\\' ? "\\\\"
+                        : s[i] == '"' ? "\\\""
+                        : s[i] == '\n' ? "\\n"
+                        : NULL;
+        if (!rep) {
+            i += k;
+            continue;
+        }
+        rc = kiq_buf_put(b, s + run, i - run);
+        if (!rc)
+            rc = kiq_buf_puts(b, rep);
+        i += k ? k : 1;
+        run = i;
     }
-    return rc;
+    return rc ? rc : kiq_buf_put(b, s + run, len - run);
 }
 
 static int by_labels(const void *x, const void *y)
@@ -241,18 +260,13 @@ static int family(kiq_buf_t *b, const char *name, const char *type, const char *
     return kiq_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* name{l1="v1"[,l2="v2"][,le="bound"]} */
+/* name{l1="v1"[,l2="v2"]}; the values are escaped already. */
 static int sample_head(kiq_buf_t *b, const char *name, const char *l1, const char *v1,
                        const char *l2, const char *v2)
 {
-    int rc = kiq_buf_printf(b, "%s{%s=\"", name, l1);
-    if (!rc) rc = kiq_metrics_escape(b, v1);
-    if (!rc && l2) {
-        rc = kiq_buf_printf(b, "\",%s=\"", l2);
-        if (!rc) rc = kiq_metrics_escape(b, v2);
-    }
-    if (!rc) rc = kiq_buf_puts(b, "\"");
-    return rc;
+    if (l2)
+        return kiq_buf_printf(b, "%s{%s=\"%s\",%s=\"%s\"", name, l1, v1, l2, v2);
+    return kiq_buf_printf(b, "%s{%s=\"%s\"", name, l1, v1);
 }
 
 static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)

@@ -62,7 +62,10 @@ void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);
 int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b);
 
 /* Appends s as a label value: backslash, double quote and newline
- * escaped as the format requires. Returns 0 or KIQ_ENOMEM. */
+ * escaped as the format requires, and every byte that does not begin a
+ * valid UTF-8 sequence replaced by U+FFFD, since one such byte makes
+ * Prometheus reject the whole scrape. Every label value (class, queue,
+ * lock type) goes through it. Returns 0 or KIQ_ENOMEM. */
 int kiq_metrics_escape(kiq_buf_t *b, const char *s);
 
 /* The upper bounds of the duration histogram (seconds), +Inf excluded. */

@@ -150,7 +150,8 @@ out:
 void kiq_redis_url_redact(const char *url, char *out, size_t n)
 {
     const char *scheme = strstr(url, "://");
-    const char *at = scheme ? strrchr(scheme, '@') : NULL;
+    /* A unix socket has no user info, and its path may hold an '@'. */
+    const char *at = scheme && strncmp(url, "unix://", 7) ? strrchr(scheme, '@') : NULL;
     const char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
     if (at && colon && colon < at) {
         snprintf(out, n, "%.*s:***%s", (int)(colon - url), url, at);

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs what kiq needs to build, test and run its demo, from Debian's
+# Installs what kiq needs to build, test, fuzz and run its demo, from Debian's
 # packages. Does nothing when everything is already there.
 set -euo pipefail
 
 pkgs=(build-essential meson ninja-build pkg-config python3
       libhiredis-dev libjansson-dev libyaml-dev libssl-dev libcriterion-dev
-      redis-server ruby ruby-sidekiq prometheus tmux)
+      redis-server ruby ruby-sidekiq prometheus tmux
+      clang libclang-rt-14-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -328,9 +328,9 @@ char *kiq_json_string_dup(const char *v, size_t len)
     return out;
 }
 
-/* Length of the valid UTF-8 sequence at s (at most n bytes), or 0. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
+size_t kiq__utf8_seq(const char *str, size_t n)
 {
+    const unsigned char *s = (const unsigned char *)str;
     if (s[0] < 0x80) return 1;
     size_t need;
     uint32_t cp;
@@ -352,7 +352,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 int kiq__utf8_valid(const char *s, size_t len)
 {
     for (size_t i = 0; i < len;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, len - i);
+        size_t k = kiq__utf8_seq(s + i, len - i);
         if (!k)
             return 0;
         i += k;
@@ -366,7 +366,7 @@ int kiq_json_quote(kiq_buf_t *b, const char *s, size_t len)
     size_t run = 0; /* start of the pending run of bytes copied verbatim */
     for (size_t i = 0; i < len && !rc;) {
         unsigned char c = (unsigned char)s[i];
-        size_t k = utf8_seq((const unsigned char *)s + i, len - i);
+        size_t k = kiq__utf8_seq(s + i, len - i);
         const char *rep = NULL;
         char tmp[8];
         if (k == 0) rep = "\xEF\xBF\xBD";

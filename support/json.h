@@ -47,4 +47,9 @@ int kiq_json_quote(struct kiq_buf *b, const char *s, size_t len);
 /* True when s[0..len) is valid UTF-8. */
 int kiq__utf8_valid(const char *s, size_t len);
 
+/* Length of the valid UTF-8 sequence at s (n > 0 bytes available): 1 to 4,
+ * or 0 when s starts with a byte that begins none (overlong forms and
+ * surrogates included). */
+size_t kiq__utf8_seq(const char *s, size_t n);
+
 #endif

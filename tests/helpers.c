@@ -465,3 +465,71 @@ int kt_ruby(const char *script, const char *const *args, char **out)
     argv[n] = NULL;
     return run_capture(argv, out, 120, 1);
 }
+
+char *kt_wait_identity(pid_t pid)
+{
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "kiq did not start: %s",
+              kt_kiq_log(pid));
+    char *id = kt_str("SRANDMEMBER processes");
+    cr_assert(id);
+    return id;
+}
+
+int kt_log_has(pid_t pid, const char *needle)
+{
+    return kt_log_count(pid, needle) > 0;
+}
+
+int kt_log_count(pid_t pid, const char *needle)
+{
+    char *log = kt_kiq_log(pid);
+    int n = 0;
+    for (const char *at = log; (at = strstr(at, needle)); at += strlen(needle))
+        n++;
+    free(log);
+    return n;
+}
+
+void kt_make_jid(char out[25], unsigned tag, unsigned i)
+{
+    static unsigned salt;
+    if (!salt)
+        salt = (unsigned)getpid() * 2654435761u;
+    snprintf(out, 25, "%08x%08x%08x", salt, tag, i);
+}
+
+char *kt_payload(const char *cls, const char *args, const char *jid, const char *queue)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p,
+                       "{\"retry\":true,\"queue\":\"%s\",\"args\":%s,\"class\":\"%s\","
+                       "\"jid\":\"%s\",\"created_at\":1767225600.123456,"
+                       "\"enqueued_at\":1767225600.123789}",
+                       queue, args, cls, jid) > 0);
+    return p;
+}
+
+void kt_push_all(redisContext *c, const char *queue, char **p, size_t n)
+{
+    char *key = NULL;
+    cr_assert(asprintf(&key, "queue:%s", queue) > 0);
+    const char *argv[1002];
+    size_t lens[1002];
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < 1000 ? n - done : 1000;
+        argv[0] = "LPUSH";
+        lens[0] = 5;
+        argv[1] = key;
+        lens[1] = strlen(key);
+        for (size_t i = 0; i < k; i++) {
+            argv[2 + i] = p[done + i];
+            lens[2 + i] = strlen(p[done + i]);
+        }
+        redisReply *r = redisCommandArgv(c, (int)k + 2, argv, lens);
+        cr_assert(r && r->type == REDIS_REPLY_INTEGER, "LPUSH failed");
+        freeReplyObject(r);
+        done += k;
+    }
+    free(key);
+    freeReplyObject(redisCommand(c, "SADD queues %s", queue));
+}

@@ -105,6 +105,22 @@ char *kt_write_file(const char *name, const char *body);
  * kiq_redis_free it. */
 kiq_redis_t *kt_lib_redis(void);
 
+/* The identity of the one kiq process of this test, once its first beat
+ * is in "processes" (malloc'd; fails the test after 20 s). */
+char *kt_wait_identity(pid_t pid);
+/* Whether pid's log (kt_kiq_log) holds needle, and how many times. */
+int kt_log_has(pid_t pid, const char *needle);
+int kt_log_count(pid_t pid, const char *needle);
+
+/* A fresh 24-hex jid, unique within the test program (tag tells job kinds
+ * apart, i the jobs of one kind). */
+void kt_make_jid(char out[25], unsigned tag, unsigned i);
+/* A job as Sidekiq 7's client writes it (malloc'd). */
+char *kt_payload(const char *cls, const char *args, const char *jid, const char *queue);
+/* LPUSHes n payloads to queue:NAME on c in batches of 1,000, as a bulk
+ * client would (p[0] is fetched first), and adds NAME to "queues". */
+void kt_push_all(redisContext *c, const char *queue, char **p, size_t n);
+
 /* Every test program linked with the helpers (link_whole) starts the
  * server in a PRE_ALL hook and stops it in POST_ALL (helpers.c). */
 

@@ -32,16 +32,6 @@ static worker_t start_worker(void)
     return w;
 }
 
-static int log_count(pid_t pid, const char *needle)
-{
-    char *log = kt_kiq_log(pid);
-    int n = 0;
-    for (const char *p = log; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    free(log);
-    return n;
-}
-
 static void push_raw(const char *payload, size_t len)
 {
     freeReplyObject(kt_cmd("LPUSH queue:default %b", payload, len));
@@ -132,10 +122,10 @@ Test(badinput, malformed_json_goes_to_dead_with_its_text)
     assert_kept_as_arg(o, raw);
     json_decref(o);
     /* The dead entry is written first, then the line. */
-    cr_assert(KT_WAIT_UNTIL(log_count(w.pid, "invalid payload from queue:default") >= 1, 10),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(w.pid, "invalid payload from queue:default") >= 1, 10),
               "not logged: %s", kt_kiq_log(w.pid));
     kt_sleep(0.2);
-    cr_assert_eq(log_count(w.pid, "invalid payload from queue:default"), 1, "logged once");
+    cr_assert_eq(kt_log_count(w.pid, "invalid payload from queue:default"), 1, "logged once");
     still_works_then_stop(&w, "b0000000000000000000000a");
 }
 
@@ -369,13 +359,13 @@ Test(badinput, queue_key_of_wrong_type_is_reported_not_spun_on)
 {
     freeReplyObject(kt_cmd("SET queue:default not-a-list"));
     worker_t w = start_worker();
-    cr_assert(KT_WAIT_UNTIL(log_count(w.pid, "WRONGTYPE") >= 1, 10), "not reported: %s",
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(w.pid, "WRONGTYPE") >= 1, 10), "not reported: %s",
               kt_kiq_log(w.pid));
     double c0 = cpu_seconds(w.pid);
     kt_sleep(2);
     double used = cpu_seconds(w.pid) - c0;
     cr_assert(used < 0.5, "the worker spins on the error (%.2f CPU s in 2 s)", used);
-    cr_assert_eq(log_count(w.pid, "WRONGTYPE"), 1, "reported once: %s", kt_kiq_log(w.pid));
+    cr_assert_eq(kt_log_count(w.pid, "WRONGTYPE"), 1, "reported once: %s", kt_kiq_log(w.pid));
     freeReplyObject(kt_cmd("DEL queue:default"));
     still_works_then_stop(&w, "b00000000000000000000012");
 }

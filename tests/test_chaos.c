@@ -17,62 +17,6 @@
 
 TestSuite(chaos, .timeout = 240, .fini = kt_kill_children);
 
-/* A fresh 24-hex jid, unique within the test (tag tells job kinds apart). */
-static void make_jid(char out[25], unsigned tag, unsigned i)
-{
-    static unsigned salt;
-    if (!salt)
-        salt = (unsigned)getpid() * 2654435761u;
-    snprintf(out, 25, "%08x%08x%08x", salt, tag, i);
-}
-
-static char *payload(const char *cls, const char *args, const char *jid)
-{
-    char *p = NULL;
-    cr_assert(asprintf(&p,
-                       "{\"retry\":true,\"queue\":\"default\",\"args\":%s,\"class\":\"%s\","
-                       "\"jid\":\"%s\",\"created_at\":1767225600.1,\"enqueued_at\":1767225600.2}",
-                       args, cls, jid) > 0);
-    return p;
-}
-
-/* LPUSHes the payloads in order (the first is the first fetched). */
-static void push_all(char **p, size_t n)
-{
-    const char *argv[1002];
-    for (size_t done = 0; done < n;) {
-        size_t k = n - done < 1000 ? n - done : 1000;
-        argv[0] = "LPUSH";
-        argv[1] = "queue:default";
-        for (size_t i = 0; i < k; i++)
-            argv[2 + i] = p[done + i];
-        redisReply *r = redisCommandArgv(kt_redis(), (int)k + 2, argv, NULL);
-        cr_assert(r && r->type == REDIS_REPLY_INTEGER, "LPUSH failed");
-        freeReplyObject(r);
-        done += k;
-    }
-    freeReplyObject(kt_cmd("SADD queues default"));
-}
-
-static int log_has(pid_t pid, const char *needle)
-{
-    char *log = kt_kiq_log(pid);
-    int has = strstr(log, needle) != NULL;
-    free(log);
-    return has;
-}
-
-/* Occurrences of needle in pid's log. */
-static int log_count(pid_t pid, const char *needle)
-{
-    char *log = kt_kiq_log(pid);
-    int n = 0;
-    for (char *at = log; (at = strstr(at, needle)); at += strlen(needle))
-        n++;
-    free(log);
-    return n;
-}
-
 /* Due now: what failed and waits in "retry" runs again at the next poll,
  * rather than in 15 s or more. */
 static void retry_now(void)
@@ -124,10 +68,10 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     char **p = calloc(N, sizeof(char *));
     for (unsigned i = 0; i < N; i++) {
         char jid[25];
-        make_jid(jid, 1, i);
-        p[i] = payload("RecordJob", "[\"rec\"]", jid);
+        kt_make_jid(jid, 1, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
     }
-    push_all(p, N);
+    kt_push_all(kt_redis(), "default", p, N);
     for (unsigned i = 0; i < N; i++)
         free(p[i]);
     free(p);
@@ -135,7 +79,7 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
                                         "recovery_interval: 1\n"
                                         "average_scheduled_poll_interval: 0.5\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "8", "--redis-url", url, NULL });
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10), "%s", kt_kiq_log(pid));
 
     killer_t k = { .user = user };
     cr_assert_eq(pthread_create(&k.thread, NULL, kill_loop, &k), 0);
@@ -153,14 +97,14 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     cr_assert(alive, "the worker crashed after %ld jobs:\n%s", done_under_fire, kt_kiq_log(pid));
     cr_assert(KT_WAIT_UNTIL(({ retry_now(); kt_int("SCARD rec") == N; }), 60),
               "%lld of %d jobs ran: %s", kt_int("SCARD rec"), N, kt_kiq_log(pid));
-    int cut = log_count(pid, "Redis::CommandError: recording");
+    int cut = kt_log_count(pid, "Redis::CommandError: recording");
     fprintf(stderr, "[kill] %ld kill rounds (%ld connections) in %.1f s, %ld of %d jobs done "
             "meanwhile; %d handler commands cut\n", k.rounds, k.killed, kt_now() - t0,
             done_under_fire, N, cut);
     cr_assert_gt(k.killed, 0);
     cr_assert_eq(kt_int("ZCARD dead"), 0);
     /* Each failure is a handler's own command cut by a kill, nothing else. */
-    cr_assert_eq(log_count(pid, "INFO: fail"), cut, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_log_count(pid, "INFO: fail"), cut, "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
     freeReplyObject(kt_cmd("ACL DELUSER %s", user));
     free(y);
@@ -192,18 +136,18 @@ static void crasher_among_innocents(int conc)
     /* Fetched first: two slow jobs, then quick ones and the crasher last
      * of the first batch (a batch is one job per idle processor). */
     for (unsigned i = 0; i < SLOW; i++) {
-        make_jid(slow[i], 2, i);
-        p[n++] = payload("OverlapJob", "[\"slow\",400]", slow[i]);
+        kt_make_jid(slow[i], 2, i);
+        p[n++] = kt_payload("OverlapJob", "[\"slow\",400]", slow[i], "default");
     }
     for (int i = 0; i < nrec; i++) {
-        make_jid(rec[i], 3, (unsigned)i);
+        kt_make_jid(rec[i], 3, (unsigned)i);
         if (n == conc - 1) {
-            make_jid(crash, 4, 0);
-            p[n++] = payload("CrashJob", "[]", crash);
+            kt_make_jid(crash, 4, 0);
+            p[n++] = kt_payload("CrashJob", "[]", crash, "default");
         }
-        p[n++] = payload("RecordJob", "[\"rec\"]", rec[i]);
+        p[n++] = kt_payload("RecordJob", "[\"rec\"]", rec[i], "default");
     }
-    push_all(p, (size_t)n);
+    kt_push_all(kt_redis(), "default", p, (size_t)n);
     for (int i = 0; i < n; i++)
         free(p[i]);
     free(p);
@@ -248,7 +192,7 @@ static void crasher_among_innocents(int conc)
         cr_assert(kt_int("SISMEMBER rec %s", rec[i]), "%s ran", rec[i]);
     for (int i = 0; i < SLOW; i++)
         cr_assert(in_list("LRANGE", "slow:log", slow[i]), "%s ran", slow[i]);
-    cr_assert(log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(KT_WAIT_UNTIL(!in_list("KEYS", "uniquejobs:working:*", ""), 10),

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "kiq/config.h"
+#include "kiq/redis.h"
+#include "redis/url.h"
 
 static kiq_config_t *cfg;
 static char *path; /* the current test's YAML file */
@@ -671,5 +673,46 @@ Test(config, deep_nesting_fails_fast_with_its_line)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     cr_assert(strstr(err, ":2: nesting deeper than"), "%s", err);
+    cr_assert_lt(took, 2.0, "took %.1f s", took);
+}
+
+/* The redacted URL is what logs, kiq stats and kiq top show. A unix
+ * socket's password is in the query; an '@' in the socket's path is not
+ * a user-info separator and must not let the password through. */
+Test(config, redacted_url_never_shows_the_password)
+{
+    static const struct { const char *url, *want; } cases[] = {
+        { "redis://user:secret@cache:6380/2", "redis://user:***@cache:6380/2" },
+        { "redis://secret@cache", "redis://***@cache" },
+        { "redis://cache:6379/0", "redis://cache:6379/0" },
+        { "unix:///run/redis.sock?db=2&password=secret", "unix:///run/redis.sock?db=2&password=***" },
+        { "unix:///run/redis@6379/sock?password=secret", "unix:///run/redis@6379/sock?password=***" },
+        { "unix:///run/a:b@c?password=secret", "unix:///run/a:b@c?password=***" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char out[256];
+        kiq_redis_url_redact(cases[i].url, out, sizeof(out));
+        cr_expect_str_eq(out, cases[i].want, "%s", cases[i].url);
+        cr_expect_null(strstr(out, "secret"), "%s -> %s", cases[i].url, out);
+    }
+}
+
+/* Each level merges four copies of the one before: 4^14 merges from a
+ * 600-byte file. It must fail at once, not after minutes. */
+Test(config, merges_that_multiply_fail_fast)
+{
+    char text[2048];
+    size_t n = (size_t)snprintf(text, sizeof(text), "d0: &a0 {concurrency: 1}\n");
+    for (int i = 1; i < 15; i++)
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "d%d: &a%d {<<: [*a%d, *a%d, *a%d, *a%d]}\n",
+                              i, i, i - 1, i - 1, i - 1, i - 1);
+    snprintf(text + n, sizeof(text) - n, "development:\n  <<: *a14\n");
+    path = write_yaml(text);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(kiq_config_load_file(cfg, path, err), KIQ_ECONFIG);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert(strstr(err, "<<: more than 1000 mappings merged"), "%s", err);
     cr_assert_lt(took, 2.0, "took %.1f s", took);
 }

@@ -87,16 +87,6 @@ static char *kiq_push(const char *const *args)
     return out;
 }
 
-/* The identity of the one kiq process, once its first beat is written. */
-static char *wait_identity(pid_t pid)
-{
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 15), "kiq never beat: %s",
-              kt_kiq_log(pid));
-    char *id = kt_str("SRANDMEMBER processes");
-    cr_assert(id);
-    return id;
-}
-
 static int hash_field_is(const char *key, const char *field, const char *want)
 {
     char *v = kt_str("HGET %s %s", key, field);
@@ -218,7 +208,7 @@ Test(interop, process_set_and_workers_show_the_running_process)
     double t0 = wall();
     pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
                                             "-g", "mytag", "--label", "lbl1", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "busy", "2"), 15), "both jobs show as busy: %s",
               kt_kiq_log(pid));
 
@@ -411,7 +401,7 @@ Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 {
     char *cfg = write_conf(NULL);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     json_t *ok = RUBY("quiet", id);
     json_decref(ok);
     cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "quiet", "true"), 10), "quiet within a beat: %s",
@@ -576,7 +566,7 @@ Test(interop, float_timestamps_by_default_all_contain_a_point)
 
     char *cfg = write_conf(NULL);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 20), "%s", kt_kiq_log(pid));
 
     redisReply *r = kt_cmd("ZRANGE retry 0 -1");

@@ -40,30 +40,12 @@ static int count_of(const char *hay, const char *needle)
     return n;
 }
 
-static int log_count(pid_t pid, const char *needle)
-{
-    char *log = kt_kiq_log(pid);
-    int n = count_of(log, needle);
-    free(log);
-    return n;
-}
-
 static int file_has(const char *path, const char *needle)
 {
     char *s = kt_read_file(path);
     int yes = strstr(s, needle) != NULL;
     free(s);
     return yes;
-}
-
-/* The identity of the one running process, once its first beat is in. */
-static char *wait_identity(pid_t pid)
-{
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "kiq did not start: %s",
-              kt_kiq_log(pid));
-    char *id = kt_str("SRANDMEMBER processes");
-    cr_assert(id);
-    return id;
 }
 
 static char *payload_of(const char *cls, const char *jid, const char *args)
@@ -109,9 +91,9 @@ static int list_holds_exactly(const char *key, char **want, size_t n)
 Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
 {
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-t", "2", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     push("NoopJob", "10000000000000000000000a", "[]");
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "jid=10000000000000000000000a elapsed=") == 1, 20),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "jid=10000000000000000000000a elapsed=") == 1, 20),
               "NoopJob did not finish: %s", kt_kiq_log(pid));
     char *sleeps[4];
     for (int i = 0; i < 4; i++) {
@@ -120,7 +102,7 @@ Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
         sleeps[i] = payload_of("SleepJob", jid, "[20000]");
         freeReplyObject(kt_cmd("LPUSH queue:default %s", sleeps[i]));
     }
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 4 && working_len(id) == 4, 20),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 4 && working_len(id) == 4, 20),
               "the SleepJobs did not start: %s", kt_kiq_log(pid));
 
     double t0 = kt_now();
@@ -149,20 +131,20 @@ Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
 Test(lifecycle, second_term_skips_the_wait)
 {
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-t", "20", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     push("SleepJob", "30000000000000000000000a", "[20000]");
     push("SleepJob", "30000000000000000000000b", "[20000]");
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
 
     double t0 = kt_now();
     kill(pid, SIGTERM);
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "Pausing to allow workers to finish") == 1, 10),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Pausing to allow workers to finish") == 1, 10),
               "%s", kt_kiq_log(pid));
     int st = kt_kiq_stop(pid, SIGTERM, 15);
     double took = kt_now() - t0;
     cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
     cr_assert(took < 8, "the second TERM should end the 20 s wait (took %.2fs)", took);
-    cr_assert_eq(log_count(pid, "Second TERM: not waiting any longer"), 1, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_log_count(pid, "Second TERM: not waiting any longer"), 1, "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 2, "both jobs requeued");
     cr_assert_eq(working_len(id), 0);
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
@@ -172,7 +154,7 @@ Test(lifecycle, second_term_skips_the_wait)
 Test(lifecycle, term_when_idle_exits_at_once)
 {
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     double t0 = kt_now();
     int st = kt_kiq_stop(pid, SIGTERM, 10);
     double took = kt_now() - t0;
@@ -190,7 +172,7 @@ Test(lifecycle, tstp_makes_it_quiet)
 {
     char *cfg = kt_write_file("quiet.yml", "heartbeat_interval: 1\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-C", cfg, NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     char *q = kt_str("HGET %s quiet", id);
     cr_assert_str_eq(q, "false");
     free(q);
@@ -222,11 +204,11 @@ Test(lifecycle, tstp_makes_it_quiet)
 Test(lifecycle, ttin_dumps_every_thread)
 {
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "-t", "1", NULL });
-    char *id = wait_identity(pid);
+    char *id = kt_wait_identity(pid);
     push("SleepJob", "50000000000000000000000a", "[20000]");
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
     kill(pid, SIGTTIN);
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "Thread TID-") >= 3, 10),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Thread TID-") >= 3, 10),
               "one line per processor thread: %s", kt_kiq_log(pid));
     char *log = kt_kiq_log(pid);
     cr_assert_eq(count_of(log, "Thread TID-"), 3, "%s", log);
@@ -245,7 +227,7 @@ Test(lifecycle, usr2_reopens_the_log_file)
     char old[600];
     snprintf(old, sizeof(old), "%s.1", path);
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-L", path, NULL });
-    free(wait_identity(pid));
+    free(kt_wait_identity(pid));
     cr_assert(KT_WAIT_UNTIL(file_has(path, "Starting processing"), 10));
     cr_assert_eq(rename(path, old), 0);
     kill(pid, SIGUSR2);
@@ -264,14 +246,14 @@ Test(lifecycle, usr2_reopens_the_log_file)
 Test(lifecycle, json_log_lines_are_objects)
 {
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
-    free(wait_identity(pid));
+    free(kt_wait_identity(pid));
     push("NoopJob", "70000000000000000000000a", "[]");
     push("FailJob", "70000000000000000000000b", "[\"said \\\"no\\\"\\n twice\"]");
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1
-                            && log_count(pid, "70000000000000000000000a") >= 2, 20),
+                            && kt_log_count(pid, "70000000000000000000000a") >= 2, 20),
               "%s", kt_kiq_log(pid));
     kill(pid, SIGTTIN);
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "Thread TID-") >= 2, 10));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Thread TID-") >= 2, 10));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
 
     char *log = kt_kiq_log(pid);
@@ -339,7 +321,7 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     cr_assert(kt_int_on(c, "SCARD rec") > 0, "jobs were flowing: %s", kt_kiq_log(pid));
     kt_aof_kill(&srv);
     redisFree(c);
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "retrying with backoff") >= 1, 10),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "retrying with backoff") >= 1, 10),
               "the outage is not logged: %s", kt_kiq_log(pid));
     kt_sleep(1);
     char how[64];
@@ -391,7 +373,7 @@ Test(lifecycle, starts_when_redis_comes_up)
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis");
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
     kt_sleep(0.5);
     char how[64];
     cr_assert(alive(pid, how, sizeof(how)), "kiq gave up (%s): %s", how, kt_kiq_log(pid));
@@ -415,7 +397,7 @@ Test(lifecycle, term_while_waiting_for_redis_exits_0)
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis"); /* never started */
     pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", srv.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "waiting for Redis") == 1, 10), "%s", kt_kiq_log(pid));
     double t0 = kt_now();
     int st = kt_kiq_stop(pid, SIGTERM, 10);
     cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
@@ -444,13 +426,13 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
     int n = snprintf(p, big + 256, "{\"class\":\"SleepJob\",\"args\":[2000,\"%s\"],"
                      "\"jid\":\"a1000000000000000000000a\",\"queue\":\"default\"}", pad);
     freeReplyObject(redisCommand(c, "LPUSH queue:default %b", p, (size_t)n));
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob jid=a1000000000000000000000a INFO: start") == 1, 20),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob jid=a1000000000000000000000a INFO: start") == 1, 20),
               "%s", kt_kiq_log(pid));
     redisFree(c);
     kt_aof_kill(&srv);
     kt_aof_start(&srv);
     c = kt_aof_connect(&srv);
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "jid=a1000000000000000000000a elapsed=") == 1, 20),
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "jid=a1000000000000000000000a elapsed=") == 1, 20),
               "%s", kt_kiq_log(pid));
     kt_sleep(0.5);
     char how[64];
@@ -482,7 +464,7 @@ Test(lifecycle, term_after_redis_restart_still_requeues)
                       payload_of("SleepJob", "b1000000000000000000000b", "[20000]") };
     for (int i = 0; i < 2; i++)
         freeReplyObject(redisCommand(c, "LPUSH queue:default %s", jobs[i]));
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
     redisFree(c);
     kt_aof_kill(&srv);
     kt_aof_start(&srv);

@@ -251,6 +251,54 @@ Test(metrics, slow_clients_neither_block_a_scrape_nor_stay_connected)
         close(s.fd[i]);
     cr_assert(all && gone < 9.0, "%d of %d slow clients disconnected after %.1f s", n, NSLOW,
               gone);
+}
+
+/* A label value from a payload (a class) or from Redis (a queue name) that
+ * is not valid UTF-8, or holds a quote, backslash or newline, must not make
+ * the text unparseable: Prometheus would drop every scrape from then on. */
+Test(metrics, bad_label_bytes_keep_the_scrape_valid)
+{
+    static const struct { const char *json, *label; } cls[] = {
+        { "Bad\xff\xfeJob", "Bad\xEF\xBF\xBD\xEF\xBF\xBDJob" },      /* not UTF-8 at all */
+        { "Over\xc0\xafLong", "Over\xEF\xBF\xBD\xEF\xBF\xBDLong" },  /* overlong '/' */
+        { "Lone\x80" "Cont", "Lone\xEF\xBF\xBD" "Cont" },            /* stray continuation */
+        { "Cut\xe2\x82", "Cut\xEF\xBF\xBD\xEF\xBF\xBD" },            /* truncated sequence */
+        { "Q\\\"B\\\\S\\nN", "Q\\\"B\\\\S\\nN" },                    /* JSON escapes decoded */
+    };
+    size_t ncls = sizeof(cls) / sizeof(cls[0]);
+    char payload[256];
+    for (size_t i = 0; i < ncls; i++) {
+        int n = snprintf(payload, sizeof(payload),
+                         "{\"class\":\"%s\",\"args\":[],\"jid\":\"bad%021zu\",\"queue\":\"default\","
+                         "\"retry\":false}", cls[i].json, i);
+        freeReplyObject(kt_cmd("LPUSH queue:default %b", payload, (size_t)n));
+    }
+    static const char badq[] = "bad\xffq", badkey[] = "queue:bad\xffq";
+    freeReplyObject(kt_cmd("SADD queues default %b", badq, sizeof(badq) - 1));
+    freeReplyObject(kt_cmd("LPUSH %b {}", badkey, sizeof(badkey) - 1));
+
+    int port = free_port(), status = 0;
+    char portstr[16], series[256];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "--metrics-port", portstr, NULL });
+    char *resp = NULL;
+    bool done = KT_WAIT_UNTIL(
+        (free(resp), resp = http_get(port, "/metrics", &status),
+         resp && strstr(resp, "class=\"Cut") && strstr(resp, "class=\"Q\\\"B")
+              && kt_int("LLEN queue:default") == 0),
+        15);
+    char *log = kt_kiq_log(pid);
+    cr_assert(done, "the bad classes never showed:\n%s\nlog:\n%s", resp ? resp : "(no answer)", log);
+    free(log);
+    const char *body = body_of(resp);
+    cr_assert_eq(promtool(body), 0, "promtool rejected:\n%s", body);
+    for (size_t i = 0; i < ncls; i++) {
+        snprintf(series, sizeof(series),
+                 "kiq_jobs_processed_total{class=\"%s\",queue=\"default\"}", cls[i].label);
+        cr_assert_eq(value(body, series), 1, "%s missing:\n%s", series, body);
+    }
+    cr_assert_eq(value(body, "kiq_queue_size{queue=\"bad\xEF\xBF\xBDq\"}"), 1, "%s", body);
+    free(resp);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
 }
 
@@ -313,6 +361,11 @@ Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
     kiq_metrics_lock_event(m, "while_executing", "unlock_failed");
     kiq_metrics_lock_event(m, "while_executing", "no_such_event");
     kiq_metrics_add(m, KIQ_METRIC_POISON_PILLS, 2);
+    /* Different bytes that read alike are one series, not two with the
+     * same labels. */
+    kiq_metrics_job(m, "X\xff", "q", 1, 0);
+    kiq_metrics_job(m, "X\xfe", "q", 1, 0);
+    kiq_metrics_lock_event(m, "t\xc0", "locked");
     kiq_buf_t b = {0};
     cr_assert_eq(kiq_metrics_render(m, &b), 0);
     const char *t = b.p;
@@ -336,6 +389,11 @@ Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
     cr_assert_eq(value(t, "kiq_lock_events_total{type=\"while_executing\",event=\"failures\"}"), 2);
     cr_assert_eq(value(t, "kiq_poison_pills_total"), 2);
     cr_assert_null(strstr(t, "no_such_event"));
+    cr_assert_eq(value(t, "kiq_jobs_processed_total{class=\"X\xEF\xBF\xBD\",queue=\"q\"}"), 2,
+                 "%s", t);
+    cr_assert_eq(value(t, "kiq_job_duration_seconds_count{class=\"X\xEF\xBF\xBD\"}"), 2, "%s", t);
+    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"t\xEF\xBF\xBD\",event=\"acquired\"}"), 1,
+                 "%s", t);
     cr_assert_eq(promtool(t), 0, "promtool rejected:\n%s", t);
     kiq_buf_free(&b);
     kiq_metrics_free(m);

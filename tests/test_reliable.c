@@ -43,55 +43,10 @@ static long working_lists(redisContext *c)
     return n;
 }
 
-/* A fresh 24-hex jid, unique within the test (tag tells job kinds apart). */
-static void make_jid(char out[25], unsigned tag, unsigned i)
-{
-    static unsigned salt;
-    if (!salt)
-        salt = (unsigned)getpid() * 2654435761u;
-    snprintf(out, 25, "%08x%08x%08x", salt, tag, i);
-}
-
-/* A job as Sidekiq 7's client writes it. */
-static char *payload(const char *cls, const char *args, const char *jid, const char *queue)
-{
-    char *p = NULL;
-    cr_assert(asprintf(&p,
-                       "{\"retry\":true,\"queue\":\"%s\",\"args\":%s,\"class\":\"%s\","
-                       "\"jid\":\"%s\",\"created_at\":1767225600.123456,"
-                       "\"enqueued_at\":1767225600.123789}",
-                       queue, args, cls, jid) > 0);
-    return p;
-}
-
-/* LPUSHes n payloads to queue:NAME in batches of 1,000, as a bulk client
- * would (the first of the array is the first fetched). */
-static void push_all(redisContext *c, const char *queue, char **p, size_t n)
-{
-    char key[700];
-    snprintf(key, sizeof(key), "queue:%s", queue);
-    const char *argv[1002];
-    size_t lens[1002];
-    for (size_t done = 0; done < n;) {
-        size_t k = n - done < 1000 ? n - done : 1000;
-        argv[0] = "LPUSH"; lens[0] = 5;
-        argv[1] = key; lens[1] = strlen(key);
-        for (size_t i = 0; i < k; i++) {
-            argv[2 + i] = p[done + i];
-            lens[2 + i] = strlen(p[done + i]);
-        }
-        redisReply *r = redisCommandArgv(c, (int)k + 2, argv, lens);
-        cr_assert(r && r->type == REDIS_REPLY_INTEGER, "LPUSH failed");
-        freeReplyObject(r);
-        done += k;
-    }
-    freeReplyObject(redisCommand(c, "SADD queues %s", queue));
-}
-
 static void push_one(redisContext *c, const char *cls, const char *args, const char *jid)
 {
-    char *p = payload(cls, args, jid, "default");
-    push_all(c, "default", &p, 1);
+    char *p = kt_payload(cls, args, jid, "default");
+    kt_push_all(c, "default", &p, 1);
     free(p);
 }
 
@@ -119,16 +74,8 @@ static char *wkey(const char *identity)
     return k;
 }
 
-static int log_has(pid_t pid, const char *needle)
-{
-    char *log = kt_kiq_log(pid);
-    int has = strstr(log, needle) != NULL;
-    free(log);
-    return has;
-}
-
 /* Lines of pid's log that contain both a and b. */
-static int log_count(pid_t pid, const char *a, const char *b)
+static int log_lines_with(pid_t pid, const char *a, const char *b)
 {
     char *log = kt_kiq_log(pid), *save = NULL;
     int n = 0;
@@ -156,15 +103,15 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
     for (unsigned i = 0, r = 0; n < total; n++) {
         char jid[25];
         if (n % (EVERY_SLEEP + 1) == EVERY_SLEEP) {
-            make_jid(jid, 2, i++);
-            p[n] = payload("SleepJob", "[50]", jid, "default");
+            kt_make_jid(jid, 2, i++);
+            p[n] = kt_payload("SleepJob", "[50]", jid, "default");
         } else {
-            make_jid(jids[r], 1, r);
-            p[n] = payload("RecordJob", "[\"rec\"]", jids[r], "default");
+            kt_make_jid(jids[r], 1, r);
+            p[n] = kt_payload("RecordJob", "[\"rec\"]", jids[r], "default");
             r++;
         }
     }
-    push_all(c, "default", p, total);
+    kt_push_all(c, "default", p, total);
     for (size_t i = 0; i < total; i++)
         free(p[i]);
     free(p);
@@ -229,7 +176,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
     cr_assert_eq(kt_int("ZCARD dead"), 0, "nothing was taken for a poison pill");
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     for (int k = 0; k <= KILLS; k++)
-        cr_assert(!log_has(pids[k], "gave back"), "no job a processor held was given back: %s",
+        cr_assert(!kt_log_has(pids[k], "gave back"), "no job a processor held was given back: %s",
                   kt_kiq_log(pids[k]));
     free(jids);
     free(y);
@@ -247,36 +194,36 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     /* Longer than liveness_ttl: A must keep its liveness key alive while it
      * drains, or B would take these jobs from it. */
     for (unsigned i = 0; i < 4; i++) {
-        make_jid(sj[i], 7, i);
+        kt_make_jid(sj[i], 7, i);
         push_one(c, "SleepJob", "[3000]", sj[i]);
     }
     /* Started, not only fetched: a job fetched as A goes quiet is put back
      * (for B), as Sidekiq does. */
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4 && log_count(a, "SleepJob", "INFO: start") == 4, 10),
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4 && log_lines_with(a, "SleepJob", "INFO: start") == 4, 10),
               "%s", kt_kiq_log(a));
     kill(a, SIGTERM);
-    cr_assert(KT_WAIT_UNTIL(log_has(a, "Pausing to allow workers to finish"), 5));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, "Pausing to allow workers to finish"), 5));
     pid_t b = kt_kiq_start(args);
     free(identity_of(b));
     char **p = calloc(300, sizeof(char *));
     for (unsigned i = 0; i < 300; i++) {
         char jid[25];
-        make_jid(jid, 8, i);
-        p[i] = payload("RecordJob", "[\"rec\"]", jid, "default");
+        kt_make_jid(jid, 8, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
     }
-    push_all(c, "default", p, 300);
+    kt_push_all(c, "default", p, 300);
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 300, 20), "%s", kt_kiq_log(b));
     cr_assert(alive(a), "A is still draining while B works");
     cr_assert_eq(kt_wait_exit(a, 20), 0, "A exits 0 once drained: %s", kt_kiq_log(a));
     for (int i = 0; i < 4; i++) {
         char *j = jid_eq(sj[i]);
-        int done = log_count(a, j, "INFO: done");
+        int done = log_lines_with(a, j, "INFO: done");
         cr_assert_eq(done, 1, "%s finished in A %d times:\n%s", sj[i], done, kt_kiq_log(a));
-        cr_assert_eq(log_count(b, j, NULL), 0, "%s never ran in B", sj[i]);
+        cr_assert_eq(log_lines_with(b, j, NULL), 0, "%s never ran in B", sj[i]);
         free(j);
     }
-    cr_assert(!log_has(a, "Pushed"), "nothing was requeued: %s", kt_kiq_log(a));
-    cr_assert(!log_has(b, "recovered"), "B never touched A's list: %s", kt_kiq_log(b));
+    cr_assert(!kt_log_has(a, "Pushed"), "nothing was requeued: %s", kt_kiq_log(a));
+    cr_assert(!kt_log_has(b, "recovered"), "B never touched A's list: %s", kt_kiq_log(b));
     cr_assert_eq(kt_int("LLEN rec:log"), 300, "no job ran twice");
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
@@ -301,12 +248,12 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     char *ida = identity_of(a), *wa = wkey(ida);
     char sj[3][25];
     for (unsigned i = 0; i < 3; i++) {
-        make_jid(sj[i], 9, i);
+        kt_make_jid(sj[i], 9, i);
         push_one(c, "SleepJob", "[2500]", sj[i]);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 3, 10), "%s", kt_kiq_log(a));
     pid_t b = kt_kiq_start(args);
-    cr_assert(KT_WAIT_UNTIL(log_has(b, "Starting processing"), 10));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "Starting processing"), 10));
     char lkey[512];
     kiq_fetch_liveness_key(ida, lkey, sizeof(lkey));
     double left = (double)kt_int("PTTL %s", lkey) / 1000.0;
@@ -324,11 +271,11 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     cr_assert_leq(latency, ttl + grace + 2 * interval, "within about ttl + grace + 2 intervals");
     for (int i = 0; i < 3; i++) {
         char *j = jid_eq(sj[i]);
-        cr_assert(KT_WAIT_UNTIL(log_count(b, j, "INFO: done") == 1, 10), "%s", kt_kiq_log(b));
+        cr_assert(KT_WAIT_UNTIL(log_lines_with(b, j, "INFO: done") == 1, 10), "%s", kt_kiq_log(b));
         free(j);
     }
     cr_assert(alive(b), "B was never restarted");
-    cr_assert(log_has(b, "recovered 3 orphaned jobs from 1 dead processes"), "%s", kt_kiq_log(b));
+    cr_assert(kt_log_has(b, "recovered 3 orphaned jobs from 1 dead processes"), "%s", kt_kiq_log(b));
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
     cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
@@ -350,14 +297,14 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
     size_t n = 0;
     for (unsigned i = 0; i < N; i++) {
         char jid[25];
-        make_jid(jid, 3, i);
-        p[n++] = payload("RecordJob", "[\"rec\"]", jid, "default");
+        kt_make_jid(jid, 3, i);
+        p[n++] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
         if (i % 50 == 49) {
-            make_jid(jid, 4, i);
-            p[n++] = payload("SleepJob", "[100]", jid, "default");
+            kt_make_jid(jid, 4, i);
+            p[n++] = kt_payload("SleepJob", "[100]", jid, "default");
         }
     }
-    push_all(c, "default", p, n);
+    kt_push_all(c, "default", p, n);
     char *y = kt_write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
     const char *args[] = { "-C", y, "-c", "5", "--redis-url", s.url, NULL };
     pid_t pid = kt_kiq_start(args);
@@ -390,7 +337,7 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
     fprintf(stderr, "[redis-restart] %d jobs, %ld done before the restart, %ld failed with Redis "
             "gone and retried, %ld duplicates\n", N, before, retried, dups);
     cr_assert(alive(pid), "kiq rode out the outage");
-    cr_assert(log_has(pid, "Redis is online"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "Redis is online"), "%s", kt_kiq_log(pid));
     cr_assert_leq(dups, CONC, "only jobs in flight at the outage may run twice");
     cr_assert_eq(kt_int_on(c, "ZCARD dead"), 0);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
@@ -417,14 +364,14 @@ Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
     const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
     pid_t a = kt_kiq_start(args), b = kt_kiq_start(args);
     char *ida = identity_of(a), *idb = identity_of(b), *wa = wkey(ida), *wb = wkey(idb);
-    cr_assert(KT_WAIT_UNTIL(log_has(a, "Starting processing") && log_has(b, "Starting processing"), 10));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, "Starting processing") && kt_log_has(b, "Starting processing"), 10));
     char sj[4][25];
     char *p[4];
     for (unsigned i = 0; i < 4; i++) {
-        make_jid(sj[i], 16, i);
-        p[i] = payload("SleepJob", "[5000]", sj[i], "default");
+        kt_make_jid(sj[i], 16, i);
+        p[i] = kt_payload("SleepJob", "[5000]", sj[i], "default");
     }
-    push_all(c, "default", p, 4);
+    kt_push_all(c, "default", p, 4);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) == 2 && kt_int_on(c, "LLEN %s", wb) == 2, 10));
     redisFree(c);
     kt_aof_kill(&s);
@@ -439,10 +386,10 @@ Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
     cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
     for (int i = 0; i < 4; i++) {
         char *j = jid_eq(sj[i]);
-        int runs = log_count(a, j, "INFO: start") + log_count(b, j, "INFO: start");
+        int runs = log_lines_with(a, j, "INFO: start") + log_lines_with(b, j, "INFO: start");
         cr_assert_eq(runs, 1, "%s started %d times\n%s\n%s", sj[i], runs, kt_kiq_log(a),
                      kt_kiq_log(b));
-        cr_assert_eq(log_count(a, j, "INFO: done") + log_count(b, j, "INFO: done"), 1);
+        cr_assert_eq(log_lines_with(a, j, "INFO: done") + log_lines_with(b, j, "INFO: done"), 1);
         free(j);
     }
     redisFree(c);
@@ -462,7 +409,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
 {
     redisContext *c = kt_redis();
     char pill[25];
-    make_jid(pill, 5, 0);
+    kt_make_jid(pill, 5, 0);
     push_one(c, "CrashJob", "[]", pill);
     char *y = kt_write_file("pill.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", NULL };
@@ -498,12 +445,12 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     /* The fleet is healthy again. */
     for (unsigned i = 0; i < 20; i++) {
         char jid[25];
-        make_jid(jid, 6, i);
+        kt_make_jid(jid, 6, i);
         push_one(c, "RecordJob", "[\"rec\"]", jid);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20, 10), "%s", kt_kiq_log(pid));
     cr_assert(alive(pid));
-    cr_assert(log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     free(y);
 }
@@ -516,7 +463,7 @@ Test(reliable, v9_working_lists_are_recovered_only_when_their_owner_is_gone)
     char j[4][25];
     char *p[4];
     for (unsigned i = 0; i < 4; i++) {
-        make_jid(j[i], 10, i);
+        kt_make_jid(j[i], 10, i);
         /* What v9's client middleware and fetch leave: lock fields, Ruby
          * float timestamps, an integer too big for 64 bits. */
         cr_assert(asprintf(&p[i],
@@ -538,7 +485,7 @@ Test(reliable, v9_working_lists_are_recovered_only_when_their_owner_is_gone)
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]) && kt_int("SISMEMBER rec %s", j[1]), 10),
               "the dead owner's jobs ran: %s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("EXISTS %s", dead1), 0);
-    cr_assert(log_has(pid, "recovered 2 orphaned jobs"), "at startup: %s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "recovered 2 orphaned jobs"), "at startup: %s", kt_kiq_log(pid));
 
     /* A list orphaned after the start shows a periodic pass has run too. */
     freeReplyObject(kt_cmd("LPUSH %s %s", dead2, p[3]));
@@ -565,11 +512,11 @@ Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
 {
     redisContext *c = kt_redis();
     char x[25], yj[25], z[25];
-    make_jid(x, 11, 0);
-    make_jid(yj, 11, 1);
-    make_jid(z, 11, 2);
-    char *px = payload("SleepJob", "[10000]", x, "default");
-    push_all(c, "default", &px, 1);
+    kt_make_jid(x, 11, 0);
+    kt_make_jid(yj, 11, 1);
+    kt_make_jid(z, 11, 2);
+    char *px = kt_payload("SleepJob", "[10000]", x, "default");
+    kt_push_all(c, "default", &px, 1);
     char *y = kt_write_file("head.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
@@ -577,7 +524,7 @@ Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
     push_one(c, "RecordJob", "[\"rec\"]", yj);
     push_one(c, "RecordJob", "[\"rec\"]", z);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
-    cr_assert(log_has(pid, "Pushed 1 jobs back"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "Pushed 1 jobs back"), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 3);
     char *head = kt_str("LINDEX queue:default -1");
     cr_assert_str_eq(head, px, "the interrupted job is fetched next, unchanged");
@@ -594,22 +541,22 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
 {
     redisContext *c = kt_redis();
     char x[25], yj[25];
-    make_jid(x, 12, 0);
-    make_jid(yj, 12, 1);
+    kt_make_jid(x, 12, 0);
+    kt_make_jid(yj, 12, 1);
     char *y = kt_write_file("quiet.yml", FAST_YAML);
     /* One processor, so the two jobs cannot be given back by two threads
      * in either order. Its blocking fetch waits up to 1 s, so it is most
      * likely still waiting when the jobs arrive just after TSTP. */
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10));
     kill(pid, SIGTSTP);
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, "no longer accepting new work"), 5));
-    char *px = payload("RecordJob", "[\"rec\"]", x, "default");
-    char *py = payload("RecordJob", "[\"rec\"]", yj, "default");
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "no longer accepting new work"), 5));
+    char *px = kt_payload("RecordJob", "[\"rec\"]", x, "default");
+    char *py = kt_payload("RecordJob", "[\"rec\"]", yj, "default");
     char *both[] = { px, py };
-    push_all(c, "default", both, 2);
-    int gave_back = KT_WAIT_UNTIL(log_has(pid, "went back to queue:default"), 2.5);
+    kt_push_all(c, "default", both, 2);
+    int gave_back = KT_WAIT_UNTIL(kt_log_has(pid, "went back to queue:default"), 2.5);
     fprintf(stderr, "[quiet] the give-back path %s\n", gave_back ? "ran" : "did not run this time");
     cr_assert_eq(kt_int("LLEN queue:default"), 2);
     char *head = kt_str("LINDEX queue:default -1");
@@ -629,8 +576,8 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
 {
     char j[4][25], *p[4];
     for (unsigned i = 0; i < 4; i++) {
-        make_jid(j[i], 13, i);
-        p[i] = payload("RecordJob", "[\"rec\"]", j[i], "default");
+        kt_make_jid(j[i], 13, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", j[i], "default");
     }
     /* p[0] waits in the queue; p[1] was fetched first, then p[2], p[3]
      * (LMOVE RIGHT LEFT leaves the first taken at the right end). */
@@ -693,19 +640,19 @@ Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
     char *id = identity_of(pid), *w = wkey(id);
     char sj[25], rj[25];
-    make_jid(sj, 14, 0);
-    make_jid(rj, 14, 1);
+    kt_make_jid(sj, 14, 0);
+    kt_make_jid(rj, 14, 1);
     push_one(c, "SleepJob", "[4000]", sj);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
-    char *pr = payload("RecordJob", "[\"rec\"]", rj, "default");
+    char *pr = kt_payload("RecordJob", "[\"rec\"]", rj, "default");
     freeReplyObject(kt_cmd("LPUSH %s %s", w, pr));
     double t0 = kt_now();
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", rj), 10), "%s", kt_kiq_log(pid));
     fprintf(stderr, "[stray] ran %.2f s after it was stranded\n", kt_now() - t0);
-    cr_assert(log_has(pid, "gave back 1 jobs"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "gave back 1 jobs"), "%s", kt_kiq_log(pid));
     char *j = jid_eq(sj);
-    cr_assert(KT_WAIT_UNTIL(log_count(pid, j, "INFO: done") == 1, 10));
-    cr_assert_eq(log_count(pid, j, "INFO: start"), 1, "the running job was not given back");
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") == 1, 10));
+    cr_assert_eq(log_lines_with(pid, j, "INFO: start"), 1, "the running job was not given back");
     cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     free(j);
@@ -725,9 +672,9 @@ Test(reliable, list_working_shows_owners_and_liveness)
                                       "recovery_interval: 600\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = identity_of(pid), *w = wkey(id);
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10));
     char sj[25];
-    make_jid(sj, 15, 0);
+    kt_make_jid(sj, 15, 0);
     push_one(c, "SleepJob", "[5000]", sj);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:h1:1:aaaaaaaaaaaa a b c"));
@@ -862,7 +809,7 @@ Test(reliable, systemd_notify_ready_watchdog_stopping)
     unsetenv("WATCHDOG_USEC");
     int pings = 0;
     cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_kiq_log(pid));
-    cr_assert(log_has(pid, "Starting processing"), "ready only once processing");
+    cr_assert(kt_log_has(pid, "Starting processing"), "ready only once processing");
     cr_assert(recv_until(fd, "NEVER", 1.0, &pings) == 0);
     cr_assert_geq(pings, 3, "WATCHDOG=1 every 0.2 s: %d in 1 s", pings);
     kill(pid, SIGTERM);
@@ -898,13 +845,13 @@ Test(reliable, jobs_fetched_together_never_wait_behind_a_long_one)
     redisContext *c = kt_redis();
     char jid[25];
     char *p[4];
-    make_jid(jid, 7, 0);
-    p[0] = payload("SleepJob", "[6000]", jid, "default");
+    kt_make_jid(jid, 7, 0);
+    p[0] = kt_payload("SleepJob", "[6000]", jid, "default");
     for (unsigned i = 1; i < 4; i++) {
-        make_jid(jid, 8, i);
-        p[i] = payload("RecordJob", "[\"hol\"]", jid, "default");
+        kt_make_jid(jid, 8, i);
+        p[i] = kt_payload("RecordJob", "[\"hol\"]", jid, "default");
     }
-    push_all(c, "default", p, 4);
+    kt_push_all(c, "default", p, 4);
     for (int i = 0; i < 4; i++)
         free(p[i]);
     double t0 = kt_now();
@@ -926,7 +873,7 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
 {
     char jid[3][25], digest[3][64], *p[3];
     for (unsigned i = 0; i < 3; i++) {
-        make_jid(jid[i], 21, i);
+        kt_make_jid(jid[i], 21, i);
         snprintf(digest[i], sizeof(digest[i]), "uniquejobs:batch%u", i);
         cr_assert(asprintf(&p[i],
                            "{\"retry\":true,\"queue\":\"ba\",\"args\":[%u],\"class\":\"NoopJob\","
@@ -935,7 +882,7 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
         kt_int("HSET %s:LOCKED %s {}", digest[i], jid[i]);
         kt_int("ZADD uniquejobs:digests 1 %s", digest[i]);
     }
-    push_all(kt_redis(), "ba", p, 3);
+    kt_push_all(kt_redis(), "ba", p, 3);
     kiq_redis_t *r = kt_lib_redis();
     char err[KIQ_ERRLEN];
     kiq_queue_conf_t q = { .name = "ba" };
@@ -996,23 +943,23 @@ Test(reliable, script_flush_mid_drain_reloads_at_once)
     char *y = kt_write_file("flush.yml", FAST_YAML "average_scheduled_poll_interval: 0.2\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", "-q", "a", "-q", "b", "--redis-url",
                                                s.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, "identity"), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "identity"), 10), "%s", kt_kiq_log(pid));
     for (unsigned round = 0; round < ROUNDS; round++) {
         char *p[PER + FAILS];
         size_t n = 0;
         for (unsigned i = 0; i < PER; i++) {
             char jid[25];
-            make_jid(jid, 20 + round, i);
-            p[n++] = i % 10 == 9 ? payload("SleepJob", "[5]", jid, i % 2 ? "a" : "b")
-                                 : payload("RecordJob", "[\"rec\"]", jid, i % 2 ? "a" : "b");
+            kt_make_jid(jid, 20 + round, i);
+            p[n++] = i % 10 == 9 ? kt_payload("SleepJob", "[5]", jid, i % 2 ? "a" : "b")
+                                 : kt_payload("RecordJob", "[\"rec\"]", jid, i % 2 ? "a" : "b");
         }
         for (unsigned i = 0; i < FAILS; i++) {
             char jid[25];
-            make_jid(jid, 40 + round, i);
-            p[n++] = payload("FailJob", "[]", jid, "a");
+            kt_make_jid(jid, 40 + round, i);
+            p[n++] = kt_payload("FailJob", "[]", jid, "a");
         }
         long before = (long)kt_int_on(c, "SCARD rec");
-        push_all(c, "a", p, n);
+        kt_push_all(c, "a", p, n);
         KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") > before + 20, 10);
         freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
         long want = (long)(round + 1) * (PER - PER / 10);
@@ -1028,9 +975,9 @@ Test(reliable, script_flush_mid_drain_reloads_at_once)
     /* Flushed while idle too: the next job still starts. */
     freeReplyObject(redisCommand(c, "SCRIPT FLUSH"));
     char jid[25];
-    make_jid(jid, 60, 0);
-    char *last = payload("RecordJob", "[\"rec\"]", jid, "b");
-    push_all(c, "b", &last, 1);
+    kt_make_jid(jid, 60, 0);
+    char *last = kt_payload("RecordJob", "[\"rec\"]", jid, "b");
+    kt_push_all(c, "b", &last, 1);
     free(last);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") == ROUNDS * (PER - PER / 10) + 1, 10));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
@@ -1048,7 +995,7 @@ static int starts(const pid_t *procs, int n, const char *jid)
     char *j = jid_eq(jid);
     int runs = 0;
     for (int i = 0; i < n; i++)
-        runs += log_count(procs[i], j, "INFO: start");
+        runs += log_lines_with(procs[i], j, "INFO: start");
     free(j);
     return runs;
 }
@@ -1063,14 +1010,14 @@ static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *con
     *a = kt_kiq_start(args);
     *b = kt_kiq_start(args);
     char *ida = identity_of(*a), *idb = identity_of(*b), *wa = wkey(ida), *wb = wkey(idb);
-    cr_assert(KT_WAIT_UNTIL(log_has(*a, "Starting processing") && log_has(*b, "Starting processing"), 10));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(*a, "Starting processing") && kt_log_has(*b, "Starting processing"), 10));
     char *p[4], args_json[32];
     snprintf(args_json, sizeof(args_json), "[%s]", ms);
     for (unsigned i = 0; i < 4; i++) {
-        make_jid(sj[i], tag, i);
-        p[i] = payload("SleepJob", args_json, sj[i], "default");
+        kt_make_jid(sj[i], tag, i);
+        p[i] = kt_payload("SleepJob", args_json, sj[i], "default");
     }
-    push_all(c, "default", p, 4);
+    kt_push_all(c, "default", p, 4);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) + kt_int_on(c, "LLEN %s", wb) == 4, 10),
               "%s\n%s", kt_kiq_log(*a), kt_kiq_log(*b));
     for (int i = 0; i < 4; i++)
@@ -1177,8 +1124,8 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
     redisContext *c = kt_redis();
     char j[3][25], *p[3];
     for (unsigned i = 0; i < 3; i++) {
-        make_jid(j[i], 24, i);
-        p[i] = payload("RecordJob", "[\"rec\"]", j[i], "bogus");
+        kt_make_jid(j[i], 24, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", j[i], "bogus");
     }
     freeReplyObject(kt_cmd("SET queue:bogus not-a-list"));
     const char *dead = "uniquejobs:working:gone:1:aaaaaaaaaaaa";
@@ -1203,11 +1150,11 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
      * leaves recovery to this test). */
     char *y = kt_write_file("bogus.yml", "recovery_interval: 600\npoll_interval_average: 0.2\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-q", "other", NULL });
-    KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0 || log_has(pid, "queue:bogus"), 10);
+    KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0 || kt_log_has(pid, "queue:bogus"), 10);
     cr_assert_eq(kt_int("ZCARD retry"), 1, "the due retry stays in retry: %s", kt_kiq_log(pid));
-    cr_assert(log_has(pid, "queue:bogus"), "the key is named: %s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "queue:bogus"), "the key is named: %s", kt_kiq_log(pid));
     kt_sleep(1.0); /* a few more polls */
-    cr_assert_eq(log_count(pid, "queue:bogus", NULL), 1, "said once: %s", kt_kiq_log(pid));
+    cr_assert_eq(log_lines_with(pid, "queue:bogus", NULL), 1, "said once: %s", kt_kiq_log(pid));
 
     freeReplyObject(kt_cmd("DEL queue:bogus"));
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0, 10), "%s", kt_kiq_log(pid));
@@ -1237,20 +1184,20 @@ Test(reliable, queue_name_of_600_bytes_works_end_to_end)
     snprintf(qkey, sizeof(qkey), "queue:%s", name);
     char *y = kt_write_file("long.yml", FAST_YAML "poll_interval_average: 0.2\ntimeout: 1\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", "-q", name, NULL });
-    cr_assert(KT_WAIT_UNTIL(log_has(pid, "Starting processing"), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10), "%s", kt_kiq_log(pid));
     char j[4][25], *p[4];
     for (unsigned i = 0; i < 4; i++) {
-        make_jid(j[i], 25, i);
-        p[i] = payload(i == 3 ? "SleepJob" : "RecordJob", i == 3 ? "[20000]" : "[\"rec\"]", j[i],
+        kt_make_jid(j[i], 25, i);
+        p[i] = kt_payload(i == 3 ? "SleepJob" : "RecordJob", i == 3 ? "[20000]" : "[\"rec\"]", j[i],
                        name);
     }
-    push_all(c, name, &p[0], 1);
+    kt_push_all(c, name, &p[0], 1);
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]), 10), "pushed: %s", kt_kiq_log(pid));
     freeReplyObject(kt_cmd("ZADD retry 1 %s", p[1]));
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[1]), 10), "retried: %s", kt_kiq_log(pid));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:cccccccccccc %s", p[2]));
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "recovered: %s", kt_kiq_log(pid));
-    push_all(c, name, &p[3], 1);
+    kt_push_all(c, name, &p[3], 1);
     char *id = identity_of(pid), *w = wkey(id);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));

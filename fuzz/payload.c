@@ -1,0 +1,188 @@
+/* Job payloads as any client may write them: the JSON scanner and the
+ * text edits the runtime makes on retry, death and invalid input.
+ *
+ * Invariants: what jansson accepts the scanner accepts; member spans lie
+ * inside the text and each value is JSON on its own; an edit (and the
+ * retry and dead-set payloads built with it) is a JSON object that keeps
+ * every untouched member byte for byte, and stays loadable by jansson
+ * when the input was; an invalid payload's dead entry is JSON. */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/buf.h"
+#include "runtime/internal.h"
+#include "support/json.h"
+#include "support/payload.h"
+#include "kiq/error.h"
+
+#define CHECK(c) ((c) ? (void)0 : abort())
+
+/* Jansson nests 2048 deep, the scanner 512: only texts too short to nest
+ * past 512 are compared with jansson's verdict. */
+#define COMPARE_MAX 1024
+
+static const double now = 1700000000.25;
+
+static int jansson_ok(const char *s, size_t len)
+{
+    json_t *j = json_loadb(s, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    json_decref(j);
+    return j != NULL;
+}
+
+static char *raw_key(const char *s, const kiq_jmember_t *m)
+{
+    char *k = strndup(s + m->kstart, m->klen);
+    CHECK(k != NULL);
+    return k;
+}
+
+/* out[m] equals in[m] for a member m of in whose key is not in skip. */
+static void check_kept(const char *in, const kiq_jobject_t *io, const char *out,
+                       const kiq_jobject_t *oo, const char *const *skip, size_t nskip)
+{
+    for (size_t i = 0; i < io->n; i++) {
+        char *k = raw_key(in, &io->m[i]);
+        int skipped = 0;
+        for (size_t j = 0; j < nskip; j++)
+            skipped |= skip[j] && !strcmp(skip[j], k);
+        if (!skipped) {
+            const kiq_jmember_t *a = kiq_jobject_get(io, in, k), *b = kiq_jobject_get(oo, out, k);
+            CHECK(a && b && a->vlen == b->vlen);
+            CHECK(memcmp(in + a->vstart, out + b->vstart, a->vlen) == 0);
+        }
+        free(k);
+    }
+}
+
+static void check_members(const char *s, size_t len, const kiq_jobject_t *o)
+{
+    for (size_t i = 0; i < o->n; i++) {
+        const kiq_jmember_t *m = &o->m[i];
+        CHECK(m->kstart >= 2 && m->kstart + m->klen < len);
+        CHECK(s[m->kstart - 1] == '"' && s[m->kstart + m->klen] == '"');
+        CHECK(m->vstart + m->vlen <= len && m->vlen > 0);
+        CHECK(kiq__json_validate(s + m->vstart, m->vlen, NULL) == 0);
+        free(kiq_json_string_dup(s + m->kstart - 1, m->klen + 2));
+        if (s[m->vstart] == '"') {
+            char *v = kiq_json_string_dup(s + m->vstart, m->vlen);
+            CHECK(v != NULL);
+            free(v);
+        }
+        char *k = raw_key(s, m);
+        const kiq_jmember_t *last = kiq_jobject_get(o, s, k);
+        CHECK(last && last >= m);
+        free(k);
+    }
+}
+
+/* Replaces the first member, removes the last, adds two, as retry does. */
+static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jok)
+{
+    kiq_buf_t msg = {0};
+    CHECK(kiq_json_quote(&msg, s, len) == 0);
+    char *first = o->n ? raw_key(s, &o->m[0]) : NULL;
+    char *last = o->n ? raw_key(s, &o->m[o->n - 1]) : NULL;
+    /* A key given twice in one edit is the caller's mistake: avoid it. */
+    if (first && (!strcmp(first, "retry_count") || !strcmp(first, "error_message"))) {
+        free(first);
+        first = NULL;
+    }
+    if (last && (!strcmp(last, "retry_count") || !strcmp(last, "error_message"))) {
+        free(last);
+        last = NULL;
+    }
+    kiq_field_t set[4] = {
+        { "retry_count", "7", 0 },
+        { "error_message", msg.p, msg.len },
+        { first ? first : "class", "null", 0 },
+        { last ? last : "gone", NULL, 0 },
+    };
+    char *out = NULL;
+    size_t outlen = 0;
+    CHECK(kiq_payload_edit(s, o, set, 4, &out, &outlen) == 0);
+    kiq_jobject_t oo = {0};
+    CHECK(kiq_json_scan_object(out, outlen, &oo, NULL) == 0);
+    CHECK(!jok || jansson_ok(out, outlen));
+    const kiq_jmember_t *m = kiq_jobject_get(&oo, out, "retry_count");
+    CHECK(m && m->vlen == 1 && out[m->vstart] == '7');
+    if (strcmp(set[3].key, set[2].key))
+        CHECK(kiq_jobject_get(&oo, out, set[3].key) == NULL);
+    const char *skip[] = { "retry_count", "error_message", set[2].key, set[3].key };
+    check_kept(s, o, out, &oo, skip, 4);
+    kiq_jobject_free(&oo);
+    free(out);
+    free(first);
+    free(last);
+    kiq_buf_free(&msg);
+}
+
+/* A failed job through Sidekiq's retry rules. */
+static void check_retry(const char *s, size_t len, const kiq_config_t *cfg, int jok)
+{
+    char *copy = malloc(len ? len : 1), err[KIQ_ERRLEN];
+    CHECK(copy != NULL);
+    memcpy(copy, s, len);
+    kiq_job_t job;
+    if (kiq_job_init(&job, copy, len, "default", err) == 0) {
+        CHECK(job.cls && job.cls[0] && job.jid && job.jid[0]);
+        kiq_failure_t f;
+        CHECK(kiq_retry_decide(&job, "Bad\xff" "Error", "line\n\"quoted\"\x80", KIQ_RETRY_UNSET,
+                               cfg, now, &f) == 0);
+        if (f.payload) {
+            kiq_jobject_t oo = {0};
+            CHECK(kiq_json_scan_object(f.payload, f.len, &oo, NULL) == 0);
+            CHECK(!jok || jansson_ok(f.payload, f.len));
+            CHECK(kiq_jobject_get(&oo, f.payload, "retry_count") != NULL);
+            const char *skip[] = { "queue", "error_message", "error_class", "failed_at",
+                                   "retried_at", "retry_count" };
+            check_kept(job.payload, &job.obj, f.payload, &oo, skip, 6);
+            kiq_jobject_free(&oo);
+        } else {
+            CHECK(f.fate == KIQ_FATE_DROP);
+        }
+        kiq_failure_clear(&f);
+    }
+    kiq_job_clear(&job);
+}
+
+/* A payload that cannot run becomes a dead-set entry. */
+static void check_invalid(const char *s, size_t len, const kiq_config_t *cfg, int is_object,
+                          int jok)
+{
+    kiq_failure_t f;
+    CHECK(kiq_retry_invalid(s, len, "default", "no class", cfg, now, &f) == 0);
+    CHECK(f.fate == KIQ_FATE_DEAD && f.payload);
+    kiq_jobject_t oo = {0};
+    CHECK(kiq_json_scan_object(f.payload, f.len, &oo, NULL) == 0);
+    /* The envelope for text that is no object is strict JSON (UTF-8). */
+    CHECK((is_object && !jok) || jansson_ok(f.payload, f.len));
+    kiq_jobject_free(&oo);
+    kiq_failure_clear(&f);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static kiq_config_t *cfg;
+    if (!cfg)
+        CHECK((cfg = kiq_config_new()) != NULL);
+    const char *s = (const char *)data;
+    int valid = kiq__json_validate(s, size, NULL) == 0;
+    /* Strict JSON by jansson's reading (which stops at a NUL byte). */
+    int jok = !memchr(s, '\0', size) && jansson_ok(s, size);
+    CHECK(!jok || valid || size > COMPARE_MAX);
+
+    kiq_jobject_t o = {0};
+    int is_object = kiq_json_scan_object(s, size, &o, NULL) == 0;
+    if (is_object) {
+        CHECK(valid);
+        check_members(s, size, &o);
+        check_edit(s, size, &o, jok);
+    }
+    kiq_jobject_free(&o);
+    check_retry(s, size, cfg, jok);
+    check_invalid(s, size, cfg, is_object, jok);
+    return 0;
+}
