@@ -46,6 +46,8 @@
 #include <kiq/client.h>
 #include <kiq/error.h>
 #include <kiq/redis.h>
+
+#include "middleware/unique_admin_internal.h"
 #include <kiq/unique.h>
 #include <kiq/unique_admin.h>
 

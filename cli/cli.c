@@ -10,6 +10,7 @@
 #include "support/log.h"
 #include "kiq/kiq.h"
 #include "kiq/redis.h"
+#include "redis/url.h"
 
 static const char *main_usage =
     "Usage: kiq [COMMAND] [options]\n"

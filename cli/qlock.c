@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "redis/keys.h"
 #include "support/number.h"
 #include "support/identity.h"
 #include "support/time.h"
@@ -214,11 +215,12 @@ static int cmd_list(kiq_redis_t *r, int as_json)
     json_t *names = json_object();
     json_array_foreach(locks, i, v) {
         const char *key = json_string_value(json_object_get(v, "lock"));
-        json_object_set_new(names, key + strlen("rql:lock:"),
+        json_object_set_new(names, key + strlen(KIQ_KEY_QLOCK),
                             json_pack("{s:O}", "info", json_object_get(v, "info")));
     }
     json_array_foreach(queues, i, v) {
-        const char *key = json_string_value(json_object_get(v, "queue")) + strlen("rql:lock_queue:");
+        const char *key = json_string_value(json_object_get(v, "queue"))
+                          + strlen(KIQ_KEY_QLOCK_QUEUE);
         if (!json_object_get(names, key))
             json_object_set_new(names, key, json_object());
         json_object_set(json_object_get(names, key), "requests", json_object_get(v, "requests"));

@@ -10,7 +10,7 @@
 
 #include "cli/cli.h"
 #include "observe/overview.h"
-#include "kiq/fetch.h"
+#include "fetch/fetch.h"
 #include "kiq/kiq.h"
 #include "kiq/redis.h"
 

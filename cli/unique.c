@@ -14,6 +14,7 @@
 #include "support/time.h"
 #include "kiq/redis.h"
 #include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 #include "redis/keys.h"
 #include "redis/scan.h"
 

@@ -223,9 +223,11 @@ static int transaction(kiq_client_t *c, const char *queue, const cmd_t *lpush, c
 static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, size_t n,
                          double now, const char **argv, size_t *lens)
 {
-    char qkey[512];
+    /* Sized to the name: a queue name may be of any length. */
+    char *qkey = kiq_key_dup(KIQ_KEY_QUEUE, queue);
+    if (!qkey)
+        return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     cmd_t lpush = { argv, lens, 0 }, zadd = { argv + n + 2, lens + n + 2, 0 };
-    kiq_key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, queue);
     cmd_add(&lpush, "LPUSH", strlen("LPUSH"));
     cmd_add(&lpush, qkey, strlen(qkey));
     cmd_add(&zadd, "ZADD", strlen("ZADD"));
@@ -242,10 +244,10 @@ static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, s
             cmd_add(&lpush, mw->payload, mw->len);
         }
     }
-    if (lpush.n == 2 && zadd.n == 2)
-        return 0;
     int rc = 0;
-    for (int attempt = 0; attempt < 2; attempt++) {
+    /* Nothing accepted: nothing to send. */
+    int attempts = lpush.n == 2 && zadd.n == 2 ? 0 : 2;
+    for (int attempt = 0; attempt < attempts; attempt++) {
         if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
             rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
             continue;
@@ -255,6 +257,7 @@ static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, s
             break;
         kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
     }
+    free(qkey);
     return rc;
 }
 

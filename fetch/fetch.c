@@ -1,11 +1,13 @@
 /* Reliable (LMOVE into a working list) and basic (BRPOP) fetch, ack and
- * requeue. See include/kiq/fetch.h. */
-#include "kiq/fetch.h"
+ * requeue. See fetch/fetch.h. */
+#include "fetch/fetch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "redis/keys.h"
+#include "redis/scripts.h"
 #include "support/time.h"
 
 struct kiq_fetch {
@@ -26,12 +28,12 @@ struct kiq_fetch {
 
 void kiq_fetch_working_key(const char *identity, char *out, size_t n)
 {
-    snprintf(out, n, "uniquejobs:working:%s", identity);
+    kiq_key(out, n, KIQ_KEY_WORKING, identity);
 }
 
 void kiq_fetch_liveness_key(const char *identity, char *out, size_t n)
 {
-    snprintf(out, n, "uniquejobs:heartbeat:%s", identity);
+    kiq_key(out, n, KIQ_KEY_HEARTBEAT, identity);
 }
 
 void kiq_fetch_free(kiq_fetch_t *f)
@@ -75,10 +77,9 @@ kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *c, char *err)
         f->weights[i] = w;
         f->nexp += (size_t)w;
         f->names[i] = strdup(c->queues[i].name);
-        f->keys[i] = malloc(strlen(c->queues[i].name) + 7);
+        f->keys[i] = kiq_key_dup(KIQ_KEY_QUEUE, c->queues[i].name);
         if (!f->names[i] || !f->keys[i])
             goto nomem;
-        sprintf(f->keys[i], "queue:%s", c->queues[i].name);
     }
     f->expanded = calloc(f->nexp, sizeof(size_t));
     if (!f->expanded)
@@ -304,7 +305,8 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
                       const kiq_ack_t *ack, int *sent)
 {
     static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
-    static const char *sets[] = { "retry", "retry", "dead", "retry", "schedule" };
+    static const char *sets[] = { KIQ_KEY_RETRY, KIQ_KEY_RETRY, KIQ_KEY_DEAD, KIQ_KEY_RETRY,
+                                  KIQ_KEY_SCHEDULE };
     int basic = f->mode == KIQ_FETCH_BASIC;
     int lock = ack->lock_key && ack->lock_jid;
     int plain = ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
@@ -324,7 +326,7 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
     snprintf(cutoff, sizeof(cutoff), "%.6f", ack->dead_cutoff);
     snprintf(max, sizeof(max), "%ld", ack->dead_max > 0 ? ack->dead_max : 10000);
     const char *argv[] = { basic ? "" : f->working, sets[ack->kind],
-                           lock ? ack->lock_key : NULL, lock ? "uniquejobs:digests" : NULL,
+                           lock ? ack->lock_key : NULL, lock ? KIQ_UNIQUE_DIGESTS : NULL,
                            raw, modes[ack->kind], score,
                            ack->payload ? ack->payload : "", cutoff, max,
                            lock ? ack->lock_jid : NULL };
@@ -381,7 +383,7 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
     int argc = 2;
     argv[0] = f->working;
     lens[0] = strlen(f->working);
-    argv[1] = "uniquejobs:digests";
+    argv[1] = KIQ_UNIQUE_DIGESTS;
     lens[1] = strlen(argv[1]);
     size_t i = *from;
     for (; i < nacks && argc < 2 + 3 * ACKS_PER_CALL; i++) {
@@ -491,10 +493,9 @@ int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t l
 int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len)
 {
-    char *key = malloc(strlen(queue) + sizeof("queue:"));
+    char *key = kiq_key_dup(KIQ_KEY_QUEUE, queue);
     if (!key)
         return KIQ_ENOMEM;
-    sprintf(key, "queue:%s", queue);
     redisReply *rep;
     if (f->mode == KIQ_FETCH_BASIC) {
         const char *argv[] = { "RPUSH", key, raw };
@@ -540,7 +541,7 @@ int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl)
     freeReplyObject(rep);
     if (rc != 1)
         return rc;
-    rep = kiq_redis_cmdf(r, "DEL uniquejobs:orphan:%s", identity);
+    rep = kiq_redis_cmdf(r, "DEL " KIQ_KEY_ORPHAN "%s", identity);
     if (!rep)
         return KIQ_EREDIS;
     freeReplyObject(rep);

@@ -6,19 +6,23 @@
  * its liveness key missing (lua/recover.lua says why).
  * Also here, because they read working lists the same way: giving back
  * strays from a live process's own list, and the listing `kiq stats` shows. */
-#include "kiq/fetch.h"
+#include "fetch/fetch.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "redis/keys.h"
+#include "redis/reply.h"
+#include "redis/scan.h"
+#include "redis/scripts.h"
 #include "support/buf.h"
 #include "support/json.h"
 #include "support/payload.h"
 #include "support/time.h"
 
 #define BATCH 64          /* jobs per script call */
-#define WORKING_PREFIX "uniquejobs:working:"
 /* The suspect marker outlives any gap between two passes: it is deleted by
  * the recovery that empties the list or by the owner when it comes back. */
 #define MARKER_TTL_MS "86400000"
@@ -29,24 +33,6 @@ typedef struct moved {
     char *dest;                /* owned: "dead" or "queue:NAME" */
 } moved_t;
 
-/* prefix + name for any length of name, malloc'd (NULL when out of
- * memory): queue names come from payloads, identities from SCAN. */
-static char *join(const char *prefix, const char *name)
-{
-    size_t a = strlen(prefix), b = strlen(name);
-    char *k = malloc(a + b + 1);
-    if (k) {
-        memcpy(k, prefix, a);
-        memcpy(k + a, name, b + 1);
-    }
-    return k;
-}
-
-static char *queue_key(const char *name)
-{
-    return join("queue:", name);
-}
-
 /* Works out where one orphan goes and what it looks like there. */
 static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_format_t ts,
                     double now, moved_t *m)
@@ -56,7 +42,7 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
     if (kiq_json_scan_object(raw, len, &obj, NULL) != 0) {
         /* Not JSON: hand it back unchanged; the processor that fetches it
          * sends it to the dead set with the reason. */
-        m->dest = queue_key("default");
+        m->dest = kiq_key_dup(KIQ_KEY_QUEUE, "default");
         m->next = malloc(len ? len : 1);
         if (!m->next || !m->dest)
             return KIQ_ENOMEM;
@@ -73,7 +59,10 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
         size_t n = rc_m->vlen < sizeof(tmp) - 1 ? rc_m->vlen : sizeof(tmp) - 1;
         memcpy(tmp, raw + rc_m->vstart, n);
         tmp[n] = '\0';
-        count = strtol(tmp, NULL, 10) + 1;
+        /* A count from elsewhere may be anything: negative counts as
+         * none, and the largest stays the largest. */
+        long prev = strtol(tmp, NULL, 10);
+        count = prev < 0 ? 1 : prev < LONG_MAX ? prev + 1 : LONG_MAX;
     }
     char cnt[32], when[32], msg[160];
     snprintf(cnt, sizeof(cnt), "%ld", count);
@@ -88,11 +77,11 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
             { "failed_at", when, 0 },
         };
         rc = kiq_payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
-        m->dest = strdup("dead");
+        m->dest = strdup(KIQ_KEY_DEAD);
     } else {
         kiq_field_t set[] = { { "recovery_count", cnt, 0 } };
         rc = kiq_payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
-        m->dest = queue_key(qname && *qname ? qname : "default");
+        m->dest = kiq_key_dup(KIQ_KEY_QUEUE, qname && *qname ? qname : "default");
     }
     free(qname);
     if (rc == 0 && !m->dest)
@@ -128,22 +117,19 @@ static int apply(kiq_redis_t *r, const char *const keys[4], long long grace_ms, 
         argv[k + 3] = score;        lens[k + 3] = strlen(score);
     }
     redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
-    rc = KIQ_EREDIS;
-    if (!rep) {
-        kiq_seterr(err, rc, "recovering %s: %s", keys[0], kiq_redis_error(r));
-        goto out;
-    }
-    if (rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
+    if (rep && rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
         rc = rep->integer == -1 ? 1 : 2;
-    } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
+    } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
         out->recovered += rep->element[0]->integer;
         out->killed += rep->element[1]->integer;
         out->left += rep->element[2]->integer;
         rc = 0;
     } else {
         /* Refused (maxmemory, a read-only replica...): nothing moved. */
-        kiq_seterr(err, rc, "recovering %s: %s", keys[0],
-                   rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        char what[600];
+        snprintf(what, sizeof(what), "recovering %s", keys[0]);
+        kiq__reply_error(r, rep, what, err);
+        rc = KIQ_EREDIS;
     }
     freeReplyObject(rep);
 out:
@@ -152,13 +138,22 @@ out:
     return rc;
 }
 
+/* kiq__reply_error for an LRANGE of key. */
+static int lrange_error(kiq_redis_t *r, const redisReply *rep, const char *key, char *err)
+{
+    char what[600];
+    snprintf(what, sizeof(what), "LRANGE %s", key);
+    return kiq__reply_error(r, rep, what, err);
+}
+
 /* Recovers one identity's list, after a grace of grace_ms by Redis's clock
  * since a pass first saw its liveness key missing (0: at once). */
 static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms,
                         int max_recoveries, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
-    char *keys[4] = { join(WORKING_PREFIX, identity), join("uniquejobs:heartbeat:", identity),
-                      "dead", join("uniquejobs:orphan:", identity) };
+    char *keys[4] = { kiq_key_dup(KIQ_KEY_WORKING, identity),
+                      kiq_key_dup(KIQ_KEY_HEARTBEAT, identity),
+                      KIQ_KEY_DEAD, kiq_key_dup(KIQ_KEY_ORPHAN, identity) };
     redisReply *list = NULL;
     int rc = 0;
     if (!keys[0] || !keys[1] || !keys[3]) {
@@ -168,12 +163,8 @@ static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms
     const char *wkey = keys[0];
     const char *argv[] = { "LRANGE", wkey, "0", "-1" };
     list = kiq_redis_cmd(r, 4, argv, NULL);
-    if (!list) {
-        rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-        goto out;
-    }
-    if (list->type != REDIS_REPLY_ARRAY) {
-        rc = kiq_seterr(err, KIQ_EREPLY, "LRANGE %s: unexpected reply", wkey);
+    if (!list || list->type != REDIS_REPLY_ARRAY) {
+        rc = lrange_error(r, list, wkey, err);
         goto out;
     }
     double now = kiq_now();
@@ -236,28 +227,28 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
     /* Longer than the owners' refresh interval (at most a third of the TTL),
      * so a live owner that can write to Redis has re-created its key. */
     long long grace_ms = (long long)(liveness_ttl * 500.0);
-    char cursor[32] = "0";
-    size_t plen = strlen(WORKING_PREFIX);
-    int rc = 0;
-    do {
-        redisReply *rep = kiq_redis_cmdf(r, "SCAN %s MATCH %s* COUNT 200", cursor, WORKING_PREFIX);
-        if (!rep)
-            return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
-            freeReplyObject(rep);
-            return kiq_seterr(err, KIQ_EREPLY, "SCAN: unexpected reply");
+    size_t plen = strlen(KIQ_KEY_WORKING);
+    kiq_scan_t scan;
+    const redisReply *keys;
+    int rc = 0, more;
+    kiq_scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
+    while (rc == 0 && (more = kiq_scan_next(&scan, &keys, err)) != 0) {
+        if (more < 0) {
+            rc = more;
+            break;
         }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        redisReply *keys = rep->element[1];
         for (size_t i = 0; i < keys->elements && rc == 0; i++) {
-            const char *id = keys->element[i]->str + plen;
+            const redisReply *k = keys->element[i];
+            if (k->type != REDIS_REPLY_STRING || k->len <= plen)
+                continue;
+            const char *id = k->str + plen;
             if (own_identity && strcmp(id, own_identity) == 0)
                 continue;
             /* The script checks liveness again; this only spares reading
              * the lists of live owners. */
-            redisReply *ex = kiq_redis_cmdf(r, "EXISTS uniquejobs:heartbeat:%s", id);
+            redisReply *ex = kiq_redis_cmdf(r, "EXISTS " KIQ_KEY_HEARTBEAT "%s", id);
             if (!ex) {
-                rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+                rc = kiq__reply_error(r, NULL, "EXISTS", err);
                 break;
             }
             int alive = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
@@ -265,8 +256,8 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
             if (!alive)
                 rc = recover_list(r, id, grace_ms, max_recoveries, ts, out, err);
         }
-        freeReplyObject(rep);
-    } while (rc == 0 && strcmp(cursor, "0") != 0);
+    }
+    kiq_scan_close(&scan);
     return rc;
 }
 
@@ -290,7 +281,7 @@ void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n)
  * return a key twice; duplicates are removed after sorting). */
 static int collect(const redisReply *keys, kiq_working_info_t **v, size_t *n, size_t *cap)
 {
-    size_t plen = strlen(WORKING_PREFIX);
+    size_t plen = strlen(KIQ_KEY_WORKING);
     for (size_t i = 0; i < keys->elements; i++) {
         const redisReply *k = keys->element[i];
         if (k->type != REDIS_REPLY_STRING || k->len <= plen)
@@ -316,28 +307,18 @@ int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nou
 {
     kiq_working_info_t *v = NULL;
     size_t n = 0, cap = 0, kept = 0;
-    char cursor[32] = "0";
-    redisReply *rep = NULL;
-    int rc = 0;
-    do {
-        rep = kiq_redis_cmdf(r, "SCAN %s MATCH %s* COUNT 200", cursor, WORKING_PREFIX);
-        if (!rep) {
-            rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-            goto out;
-        }
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2
-            || rep->element[0]->type != REDIS_REPLY_STRING) {
-            rc = kiq_seterr(err, KIQ_EREPLY, "SCAN: unexpected reply");
-            goto out;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
-        if ((rc = collect(rep->element[1], &v, &n, &cap)) != 0) {
+    kiq_scan_t scan;
+    const redisReply *page;
+    int rc;
+    kiq_scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
+    while ((rc = kiq_scan_next(&scan, &page, err)) > 0)
+        if ((rc = collect(page, &v, &n, &cap)) != 0) {
             kiq_seterr(err, rc, "out of memory");
-            goto out;
+            break;
         }
-        freeReplyObject(rep);
-        rep = NULL;
-    } while (strcmp(cursor, "0") != 0);
+    kiq_scan_close(&scan);
+    if (rc)
+        goto out;
     if (n)
         qsort(v, n, sizeof(*v), cmp_info);
     for (size_t i = 0; i < n; i++) {
@@ -394,7 +375,6 @@ int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nou
     }
     n = kept;
 out:
-    freeReplyObject(rep);
     if (rc) {
         kiq_fetch_working_info_free(v, n);
         return rc;
@@ -459,7 +439,7 @@ static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t l
         name = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
     }
     kiq_jobject_free(&obj);
-    char *qkey = queue_key(name && *name ? name : "default");
+    char *qkey = kiq_key_dup(KIQ_KEY_QUEUE, name && *name ? name : "default");
     free(name);
     if (!qkey)
         return KIQ_ENOMEM;
@@ -483,12 +463,10 @@ int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, do
     kiq_fetch_working_key(identity, wkey, sizeof(wkey));
     *reclaimed = 0;
     redisReply *list = kiq_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
-    if (!list)
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
     kiq_strays_t next = {0};
     int rc = 0;
-    if (list->type != REDIS_REPLY_ARRAY) {
-        rc = kiq_seterr(err, KIQ_EREPLY, "LRANGE %s: unexpected reply", wkey);
+    if (!list || list->type != REDIS_REPLY_ARRAY) {
+        rc = lrange_error(r, list, wkey, err);
         goto out;
     }
     double now = kiq_mono();

@@ -7,6 +7,7 @@
 
 #include "kiq/error.h"
 #include "kiq/redis.h"
+#include "redis/url.h"
 
 #define CHECK(c) ((c) ? (void)0 : abort())
 

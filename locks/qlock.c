@@ -17,6 +17,7 @@
 
 #include "locks/qlock_internal.h"
 #include "redis/reply.h"
+#include "redis/scripts.h"
 #include "support/log.h"
 #include "support/time.h"
 

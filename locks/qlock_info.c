@@ -10,6 +10,7 @@
 #include "locks/qlock_internal.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
+#include "redis/scripts.h"
 #include "support/time.h"
 
 #define QL_LOCK_PATTERN KIQ_KEY_QLOCK "*"

@@ -1,7 +1,7 @@
 /* The admin operations on single locks behind `kiq locks` (and v9's web
  * UI): checking a digest a person typed, and deleting a lock with all its
  * holders. */
-#include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -11,6 +11,7 @@
 #include "support/time.h"
 #include "middleware/mw.h"
 #include "middleware/unique_internal.h"
+#include "redis/scripts.h"
 
 #define REPLACE_SCAN_LIMIT "10000"
 
@@ -77,12 +78,15 @@ static int reject_to_dead(kiq_mw_t *mw)
  * found, 0 when none, or a KIQ_E* code. */
 static int replace_holder(kiq_mw_t *mw, const kiq_unique_spec_t *s)
 {
-    char qkey[512], locked[KIQ_DIGEST_MAX + 16];
-    kiq_key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, mw->queue);
+    char locked[KIQ_DIGEST_MAX + 16];
+    char *qkey = kiq_key_dup(KIQ_KEY_QUEUE, mw->queue); /* a name of any length */
+    if (!qkey)
+        return KIQ_ENOMEM;
     kiq_unique__key(locked, sizeof(locked), s->digest, 0, KIQ_KEY_LOCKED);
     const char *argv[] = { qkey, KIQ_KEY_SCHEDULE, KIQ_KEY_RETRY, locked, KIQ_UNIQUE_DIGESTS,
                            s->digest, REPLACE_SCAN_LIMIT };
     redisReply *rep = kiq_redis_script(mw->r, KIQ_SCRIPT_REPLACE, 5, 7, argv, NULL);
+    free(qkey);
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_STRING ? 1 : rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;

@@ -19,6 +19,7 @@
 
 #include "support/buf.h"
 #include "support/json.h"
+#include "middleware/unique_internal.h"
 #include "redis/keys.h"
 
 static const struct { const char *name; kiq_lock_type_t type; } lock_names[] = {

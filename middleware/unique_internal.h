@@ -15,6 +15,23 @@
 
 struct kiq_mw;
 
+/* The JSON that Ruby's JSON.generate writes for the JSON value in[0..len):
+ * compact, "/" unescaped, raw UTF-8, Ruby's Float#to_s for floats, integers
+ * of any size kept, object keys in their order. Returns a string owned by
+ * the caller (*outlen its length, may be NULL), or NULL when in is not one
+ * JSON value or memory ran out. */
+char *kiq_ruby_json_dup(const char *in, size_t len, size_t *outlen);
+
+/* lock_args: the elements of the args array at the given indexes (skipping
+ * indexes past its end), or all of args when idx is NULL, as Ruby JSON.
+ * Returns a string owned by the caller, or NULL when args is not an array. */
+char *kiq_unique_lock_args(const char *args, size_t len, const int *idx, size_t nidx);
+
+/* True when s can be used as a digest a client wrote: "<prefix>:<rest>",
+ * both non-empty, printable ASCII without spaces, short enough for a key.
+ * The hex part is not checked: a Ruby client's digest is trusted as is. */
+int kiq_unique_digest_valid(const char *s);
+
 typedef struct kiq_unique_spec {
     kiq_lock_type_t type;
     long ttl, timeout;

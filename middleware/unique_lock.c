@@ -12,7 +12,9 @@
 #include "support/json.h"
 #include "observe/prometheus.h"
 #include "support/time.h"
+#include "middleware/unique_admin_internal.h"
 #include "middleware/unique_internal.h"
+#include "redis/scripts.h"
 
 /* Metrics are recorded where the lock happens, as v9 does; a failure to
  * count never fails the lock. */

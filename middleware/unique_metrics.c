@@ -1,7 +1,7 @@
 /* Uniqueness lock metrics in sidekiq-unique-jobs v9's per-minute hashes, so
  * that its web UI, a Ruby console and `kiq locks metrics` all read the same
  * counts whichever process recorded them. */
-#include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

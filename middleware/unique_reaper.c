@@ -22,10 +22,12 @@
 
 #include <jansson.h>
 
+#include "middleware/unique_admin_internal.h"
 #include "redis/keys.h"
 #include "support/identity.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
+#include "redis/scripts.h"
 #include "support/time.h"
 
 #define CURSOR_TTL "86400"
@@ -230,9 +232,9 @@ static int sweep_queues(kiq_redis_t *r, sweep_t *sw, char *err)
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
-        char key[512];
-        kiq_key(key, sizeof(key), KIQ_KEY_QUEUE, rep->element[i]->str);
-        rc = sweep_list(r, sw, key, err);
+        char *key = kiq_key_dup(KIQ_KEY_QUEUE, rep->element[i]->str); /* any length */
+        rc = key ? sweep_list(r, sw, key, err) : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        free(key);
     }
 out:
     freeReplyObject(rep);

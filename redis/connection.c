@@ -3,6 +3,7 @@
  * scripts again and resends, in a pipeline too. */
 #include "kiq/redis.h"
 #include "redis/scripts.h"
+#include "redis/url.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kiq/unique_admin.h" /* KIQ_UNIQUE_DIGESTS, _REAPER_KEY, _UPGRADED_KEY */
@@ -35,6 +36,7 @@
 #define KIQ_KEY_RUN ":RUN"                  /* digest +: the runtime lock's digest */
 #define KIQ_KEY_WORKING "uniquejobs:working:"     /* + identity: reliable fetch list */
 #define KIQ_KEY_HEARTBEAT "uniquejobs:heartbeat:" /* + identity: liveness */
+#define KIQ_KEY_ORPHAN "uniquejobs:orphan:"   /* + identity: recovery's suspect marker */
 #define KIQ_KEY_METRICS "uniquejobs:metrics|"     /* + yymmdd|H:MM: counters */
 /* v8 keys the upgrade removes or merges. */
 #define KIQ_KEY_EXPIRING_DIGESTS "uniquejobs:expiring_digests"
@@ -59,6 +61,19 @@
 static inline void kiq_key(char *out, size_t n, const char *a, const char *b)
 {
     snprintf(out, n, "%s%s", a, b);
+}
+
+/* a then b, malloc'd to fit (NULL when out of memory): for names of any
+ * length (queue names come from payloads, identities from SCAN). */
+static inline char *kiq_key_dup(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *k = malloc(la + lb + 1);
+    if (k) {
+        memcpy(k, a, la);
+        memcpy(k + la, b, lb + 1);
+    }
+    return k;
 }
 
 /* The length of key without suffix when key is longer than suffix and ends

@@ -1,5 +1,5 @@
 /* Redis URL parsing and redaction. */
-#include "kiq/redis.h"
+#include "redis/url.h"
 
 #include <ctype.h>
 #include <stdio.h>

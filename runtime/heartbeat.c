@@ -1,12 +1,9 @@
-/* The housekeeper thread: every beat it flushes the counters, writes the
- * process record and work hashes exactly as Sidekiq does (so ProcessSet,
- * Workers and the Web UI Busy page see this process), refreshes the fetch
- * liveness key, picks up a signal pushed by the Web UI, and now and then
- * recovers orphaned jobs under a fleet-wide lease and reaps orphaned
- * uniqueness locks in v9's reaper role. */
+/* The beat: flushes the counters and writes the process record and work
+ * hashes exactly as Sidekiq does (so ProcessSet, Workers and the Web UI Busy
+ * page see this process), and picks up a signal pushed by the Web UI. The
+ * housekeeper thread (housekeeper.c) runs it every heartbeat_interval. */
 #include "runtime/rt.h"
 
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +11,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "redis/keys.h"
 #include "support/buf.h"
 #include "support/log.h"
-#include "observe/prometheus.h"
 #include "support/time.h"
-#include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 
 #define STATS_TTL "157680000" /* 5 years, as Sidekiq */
-#define RECOVERY_LEASE "kiq:recovery:lease"
 
 /* Reads replies for n appended commands; returns 0 when all arrived. */
 static int drain(kiq_redis_t *r, int n, redisReply **keep, int keep_index)
@@ -54,13 +50,13 @@ int kiq_stats_flush(kiq_runtime_t *rt, kiq_redis_t *r)
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(day, sizeof(day), "%Y-%m-%d", &tm);
-    snprintf(kp, sizeof(kp), "stat:processed:%s", day);
-    snprintf(kf, sizeof(kf), "stat:failed:%s", day);
+    snprintf(kp, sizeof(kp), "%s:%s", KIQ_KEY_PROCESSED, day);
+    snprintf(kf, sizeof(kf), "%s:%s", KIQ_KEY_FAILED, day);
     snprintf(np, sizeof(np), "%ld", p);
     snprintf(nf, sizeof(nf), "%ld", f);
     const char *cmds[][3] = {
-        { "INCRBY", "stat:processed", np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
-        { "INCRBY", "stat:failed", nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
+        { "INCRBY", KIQ_KEY_PROCESSED, np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
+        { "INCRBY", KIQ_KEY_FAILED, nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
     };
     int n = 0, rc = 0;
     for (int i = 0; i < 6 && !rc; i++, n++)
@@ -180,9 +176,9 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     if (rc == KIQ_EREDIS)
         return rc;
     char key_work[400], key_workers[400], key_sig[400];
-    snprintf(key_work, sizeof(key_work), "%s:work", rt->identity);
-    snprintf(key_workers, sizeof(key_workers), "%s:workers", rt->identity);
-    snprintf(key_sig, sizeof(key_sig), "%s-signals", rt->identity);
+    kiq_key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
+    kiq_key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
+    kiq_key(key_sig, sizeof(key_sig), rt->identity, KIQ_KEY_SIGNALS);
 
     char **fields = NULL, **values = NULL;
     int n = 0, count = 0;
@@ -218,7 +214,7 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
     const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
                            "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss };
-    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", "processes", rt->identity },
+    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", KIQ_KEY_PROCESSES, rt->identity },
                               { "EXISTS", rt->identity, NULL } };
     rc = kiq_redis_append(r, 1, cmds[0], NULL);
     if (!rc) rc = kiq_redis_append(r, 3, cmds[1], NULL);
@@ -241,179 +237,15 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     return rc == KIQ_EREDIS ? rc : 0;
 }
 
-/* Refreshes the liveness key (kiq_fetch_heartbeat). *until is when the key
- * lapses by this process's clock, if no refresh gets through before. A
- * refresh that finds the key gone re-creates it at once and says so. While
- * the key is gone others may take this process's jobs, but only once a
- * pass has seen it missing for liveness_ttl / 2 with Redis taking writes
- * (lua/recover.lua); this process re-creates it sooner as long as it
- * reaches Redis, since it refreshes at least every liveness_ttl / 3. */
-static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, int *warned)
-{
-    double ttl = rt->cfg->liveness_ttl, t0 = kiq_mono();
-    int rc = kiq_fetch_heartbeat(r, rt->identity, ttl);
-    if (rc >= 0) {
-        if (rc == 1)
-            kiq_warn("liveness key uniquejobs:heartbeat:%s was gone (%s); re-created it",
-                     rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
-                                               : "Redis lost it");
-        *until = t0 + ttl;
-        *warned = 0;
-        return;
-    }
-    if (t0 > *until && !*warned) {
-        *warned = 1;
-        kiq_error("liveness key not refreshed for %.1f s, longer than liveness_ttl (%s); it is "
-                  "re-created as soon as Redis takes it, before another process may take this "
-                  "process's jobs, unless this process cannot reach Redis while others can",
-                  t0 - *until + ttl, rc == KIQ_EREDIS ? kiq_redis_error(r) : "refused");
-    }
-}
-
 int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
 {
     char key_work[400], key_workers[400];
-    snprintf(key_work, sizeof(key_work), "%s:work", rt->identity);
-    snprintf(key_workers, sizeof(key_workers), "%s:workers", rt->identity);
-    const char *srem[] = { "SREM", "processes", rt->identity };
+    kiq_key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
+    kiq_key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
+    const char *srem[] = { "SREM", KIQ_KEY_PROCESSES, rt->identity };
     const char *unl[] = { "UNLINK", key_work, key_workers };
     int rc = kiq_redis_append(r, 3, srem, NULL);
     if (!rc)
         rc = kiq_redis_append(r, 3, unl, NULL);
     return rc ? rc : drain(r, 2, NULL, 0);
-}
-
-static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
-{
-    char ttl[32];
-    snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
-    redisReply *lease = kiq_redis_cmdf(r, "SET %s %s NX EX %s", RECOVERY_LEASE, rt->identity, ttl);
-    int mine = lease && lease->type == REDIS_REPLY_STATUS;
-    freeReplyObject(lease);
-    if (!mine)
-        return; /* another process of the fleet does this pass */
-    kiq_recover_orphans(rt, r);
-}
-
-/* Jobs the last pass left in dead processes' lists because their queue
- * key held another type: reported when that number changes, not at every
- * pass. Passes run one at a time (at start, then in the housekeeper). */
-static long last_left;
-
-void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
-{
-    kiq_recovery_t rec = {0};
-    char err[KIQ_ERRLEN];
-    if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
-                          rt->cfg->timestamps, &rec, err)) {
-        kiq_warn("orphan recovery: %s", err);
-        return;
-    }
-    if (rec.recovered || rec.killed)
-        kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
-                 rec.recovered, rec.lists, rec.killed);
-    if (rec.suspects)
-        kiq_info("%ld working lists have no liveness key; recovered after %.1f s if still so",
-                 rec.suspects, rt->cfg->liveness_ttl / 2);
-    if (rec.left != last_left && rec.left)
-        kiq_error("%ld orphaned jobs stay in dead processes' working lists: their queue key "
-                  "holds another type than a list (or \"dead\" is not a sorted set); they move "
-                  "once it is fixed", rec.left);
-    last_left = rec.left;
-    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
-    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
-}
-
-/* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
- * the interval plus 2 % and renewed each run), so that one process of a
- * mixed Ruby/kiq fleet reaps at a time. */
-static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
-{
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
-    o.count = rt->cfg->reaper_count;
-    o.timeout = rt->cfg->reaper_timeout;
-    o.owner = rt->identity;
-    o.role_ttl = rt->cfg->reaper_interval + ceil(rt->cfg->reaper_interval * 0.02);
-    if (kiq_unique_reap(r, &o, &res, err))
-        kiq_warn("uniqueness reaper: %s", err);
-    else if (res.removed)
-        kiq_info("uniqueness reaper removed %ld orphaned locks (%ld examined)", res.removed,
-                 res.examined);
-    kiq_reap_result_clear(&res);
-}
-
-/* kiq_fetch_held_fn over the processors. */
-static int slot_holds(const char *payload, size_t len, void *ud)
-{
-    return kiq_processor_holds(ud, payload, len);
-}
-
-/* Recovery never touches a live process's list, so a job stranded in our
- * own (its fetch reply lost with the connection) is ours to give back. */
-static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
-{
-    long n = 0;
-    char err[KIQ_ERRLEN];
-    double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
-    if (kiq_fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
-        kiq_warn("working list check: %s", err);
-    else if (n)
-        kiq_warn("gave back %ld jobs that sat in this process's working list with no processor "
-                 "running them", n);
-}
-
-void *kiq_housekeeper_main(void *arg)
-{
-    kiq_runtime_t *rt = arg;
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 10, err);
-    if (!r) {
-        kiq_error("housekeeper: %s", err);
-        return NULL;
-    }
-    double next_recovery = kiq_mono() + rt->cfg->recovery_interval;
-    /* As v9, the first run is one interval after start. */
-    double next_reap = kiq_mono() + rt->cfg->reaper_interval;
-    kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq_strays_new() : NULL;
-    int was_connected = 0, warned = 0;
-    /* The key was set at start, just before this thread. */
-    double lease_until = kiq_mono() + rt->cfg->liveness_ttl;
-    while (!atomic_load(&rt->housekeeper_stop)) {
-        kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
-        if (atomic_load(&rt->housekeeper_stop))
-            break;
-        if (!kiq_redis_ok(r)) {
-            /* Tried every beat, not backing off further: the liveness key
-             * must be back well within the recovery grace. */
-            if (kiq_rt_connect_every(rt, r, &rt->housekeeper_stop, rt->cfg->heartbeat_interval))
-                break;
-            /* Cut off from Redis, so maybe the whole fleet was: the others'
-             * liveness keys may have lapsed while they lived on. Give them
-             * a full TTL to refresh before judging any of them dead. */
-            double after = kiq_mono() + rt->cfg->liveness_ttl;
-            if (was_connected && next_recovery < after)
-                next_recovery = after;
-            was_connected = 1;
-        }
-        refresh_liveness(rt, r, &lease_until, &warned);
-        if (kiq_heartbeat_beat(rt, r, 0) == KIQ_EREDIS)
-            continue;
-        if (strays)
-            reclaim_pass(rt, r, strays);
-        if (kiq_mono() >= next_recovery) {
-            next_recovery = kiq_mono() + rt->cfg->recovery_interval;
-            recovery_pass(rt, r);
-        }
-        if (rt->cfg->reaper_interval > 0 && kiq_mono() >= next_reap) {
-            next_reap = kiq_mono() + rt->cfg->reaper_interval;
-            reaper_pass(rt, r);
-        }
-    }
-    if (rt->cfg->reaper_interval > 0 && kiq_redis_ok(r))
-        kiq_unique_reaper_release(r, rt->identity); /* let another take over now */
-    kiq_strays_free(strays);
-    kiq_redis_free(r);
-    return NULL;
 }

@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 
 #include "runtime/internal.h"
-#include "kiq/fetch.h"
+#include "fetch/fetch.h"
 #include "kiq/redis.h"
 #include "kiq/runtime.h"
 
@@ -104,16 +104,19 @@ struct kiq_mw;
 void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
                     const char *held_digest);
 
-/* heartbeat.c: the housekeeper thread (beats, stats, signals, recovery). */
+/* housekeeper.c: the housekeeper thread (liveness, beats, strays,
+ * recovery, reaper). */
 void *kiq_housekeeper_main(void *rt);
-/* Writes one beat now (used at start so the process shows at once). */
-int kiq_heartbeat_beat(struct kiq_runtime *rt, kiq_redis_t *r, int final);
-/* Flushes the in-memory counters. */
-int kiq_stats_flush(struct kiq_runtime *rt, kiq_redis_t *r);
 /* One orphan-recovery pass (see kiq_fetch_recover), logged and counted in
  * the metrics. The periodic passes take a fleet-wide lease first; the one
  * at start does not need it (each job moves under a guarded script). */
 void kiq_recover_orphans(struct kiq_runtime *rt, kiq_redis_t *r);
+
+/* heartbeat.c: the beat (process record, work hashes, signals, stats).
+ * Writes one beat now (used at start so the process shows at once). */
+int kiq_heartbeat_beat(struct kiq_runtime *rt, kiq_redis_t *r, int final);
+/* Flushes the in-memory counters. */
+int kiq_stats_flush(struct kiq_runtime *rt, kiq_redis_t *r);
 /* Removes the process from "processes" and its work hashes (at stop). */
 int kiq_heartbeat_clear(struct kiq_runtime *rt, kiq_redis_t *r);
 

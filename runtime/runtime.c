@@ -18,6 +18,7 @@
 #include "kiq/kiq.h"
 #include "kiq/unique_admin.h"
 #include "kiq/middleware.h"
+#include "middleware/unique_admin_internal.h"
 
 #define PAUSE 0.1
 

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "redis/keys.h"
+#include "redis/scripts.h"
 #include "support/log.h"
 #include "support/payload.h"
 #include "support/time.h"
@@ -72,9 +74,10 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
         char *payload = NULL, *queue = NULL;
         size_t plen = 0;
         if (prepare(m->str, m->len, ts, now, &payload, &plen, &queue) == 0
-            && asprintf(&qkeys[sent], "queue:%s", queue) > 0) {
-            const char *argv[] = { key, qkeys[sent], "queues", m->str, payload, queue };
-            size_t lens[] = { strlen(key), strlen(qkeys[sent]), 6, m->len, plen, strlen(queue) };
+            && (qkeys[sent] = kiq_key_dup(KIQ_KEY_QUEUE, queue)) != NULL) {
+            const char *argv[] = { key, qkeys[sent], KIQ_KEY_QUEUES, m->str, payload, queue };
+            size_t lens[] = { strlen(key), strlen(qkeys[sent]), strlen(KIQ_KEY_QUEUES), m->len,
+                              plen, strlen(queue) };
             rc = kiq_redis_append_script(r, KIQ_SCRIPT_SCHEDULE, 3, 6, argv, lens);
             if (!rc)
                 sent++;
@@ -108,7 +111,7 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
 long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now,
                                kiq_sched_blocked_t *blocked)
 {
-    static const char *sets[] = { "retry", "schedule" };
+    static const char *sets[] = { KIQ_KEY_RETRY, KIQ_KEY_SCHEDULE };
     long total = 0;
     blocked->n = 0;
     blocked->key[0] = '\0';
@@ -134,7 +137,7 @@ static double poll_average(kiq_runtime_t *rt, kiq_redis_t *r, long *procs)
         *procs = 1;
         return rt->cfg->poll_interval_average;
     }
-    redisReply *rep = kiq_redis_cmdf(r, "SCARD processes");
+    redisReply *rep = kiq_redis_cmdf(r, "SCARD " KIQ_KEY_PROCESSES);
     long n = rep && rep->type == REDIS_REPLY_INTEGER ? (long)rep->integer : 1;
     freeReplyObject(rep);
     *procs = n < 1 ? 1 : n;

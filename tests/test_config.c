@@ -11,6 +11,7 @@
 
 #include "kiq/config.h"
 #include "kiq/redis.h"
+#include "redis/url.h"
 
 static kiq_config_t *cfg;
 static char *path; /* the current test's YAML file */

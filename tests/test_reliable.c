@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/fetch.h"
+#include "fetch/fetch.h"
 
 /* Settings that make liveness lapse and recovery run in seconds, not
  * minutes (the refresh every 0.5 s stays within a third of the TTL). */
@@ -600,6 +600,35 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
     kiq_redis_free(r);
     for (int i = 0; i < 4; i++)
         free(p[i]);
+}
+
+/* A recovery_count written elsewhere may be anything: the largest stays the
+ * largest (the job is a poison pill), a negative one counts as none. */
+Test(reliable, recovery_count_saturates_and_ignores_negatives)
+{
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:aaaaaaaaaaaa %s %s",
+                           "{\"class\":\"RecordJob\",\"queue\":\"default\",\"jid\":\"big\","
+                           "\"args\":[],\"recovery_count\":9223372036854775807}",
+                           "{\"class\":\"RecordJob\",\"queue\":\"default\",\"jid\":\"neg\","
+                           "\"args\":[],\"recovery_count\":-5}"));
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_recovery_t rec;
+    char err[KIQ_ERRLEN];
+    cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(rec.recovered, 1);
+    cr_assert_eq(rec.killed, 1);
+    redisReply *dr = kt_cmd("ZRANGE dead 0 0");
+    cr_assert(dr->type == REDIS_REPLY_ARRAY && dr->elements == 1);
+    char *dead = strdup(dr->element[0]->str);
+    freeReplyObject(dr);
+    cr_assert(strstr(dead, "\"jid\":\"big\"")
+              && strstr(dead, "\"recovery_count\":9223372036854775807"), "%s", dead);
+    char *queued = kt_str("LINDEX queue:default 0");
+    cr_assert(queued && strstr(queued, "\"jid\":\"neg\"")
+              && strstr(queued, "\"recovery_count\":1"), "%s", queued);
+    free(dead);
+    free(queued);
+    kiq_redis_free(r);
 }
 
 /* A job stranded in a live process's own list (its fetch reply lost with the

@@ -11,6 +11,7 @@
 #include "helpers.h"
 #include "kiq/redis.h"
 #include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 
 TestSuite(top, .timeout = 30, .fini = kt_kill_children);
 

@@ -11,7 +11,9 @@
 #include <time.h>
 
 #include "helpers.h"
+#include "kiq/client.h"
 #include "kiq/unique_admin.h"
+#include "middleware/unique_admin_internal.h"
 #include "redis/scripts.h"
 
 TestSuite(unique_admin, .timeout = 60, .fini = kt_kill_children);
@@ -283,6 +285,36 @@ Test(unique_admin, reaper_removes_orphans_and_keeps_every_live_holder)
     json_decref(work6);
     free(w5); free(w6);
     free(p1); free(p2); free(p3); free(p4); free(p5); free(p6);
+    kiq_redis_free(r);
+}
+
+/* A queue name longer than any fixed key buffer: the push lands in the whole
+ * name's queue, and the reaper finds the holder there. */
+Test(unique_admin, reaper_keeps_a_lock_whose_job_waits_in_a_long_named_queue)
+{
+    char name[601];
+    memset(name, 'q', 600);
+    name[600] = '\0';
+    char err[KIQ_ERRLEN];
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "%s", err);
+    kiq_push_opts_t po = kiq_push_opts_default();
+    po.queue = name;
+    char jid[25];
+    cr_assert_eq(kiq_client_push(c, "RecordJob", "[\"long\"]", &po, jid), 0, "%s",
+                 kiq_client_error(c));
+    kiq_client_free(c);
+    cr_assert_eq(kt_int("LLEN queue:%s", name), 1, "pushed to the whole name's queue");
+    double old = now_s() - 300;
+    lock_v9("uniquejobs:longqueue", jid, "until_executed", old, 0);
+
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
+    kiq_reap_result_t res;
+    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(res.removed, 0, "removed %ld", res.removed);
+    cr_assert(in_index("uniquejobs:longqueue"));
+    kiq_reap_result_clear(&res);
     kiq_redis_free(r);
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kiq/unique.h"
+#include "middleware/unique_internal.h"
 
 TestSuite(unique_digest, .timeout = 10);
 

@@ -46,29 +46,4 @@ KIQ_API int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv,
                              const size_t *lens);
 KIQ_API redisReply *kiq_redis_get_reply(kiq_redis_t *r);
 
-#ifdef KIQ_BUILDING /* kiq's own modules and tests only: not exported */
-/* A parsed redis:// or unix:// URL. */
-typedef struct kiq_redis_url {
-    char *host;      /* NULL for unix sockets */
-    int port;
-    char *path;      /* unix socket path, or NULL */
-    char *user;      /* ACL user, or NULL */
-    char *password;  /* or NULL */
-    int db;
-} kiq_redis_url_t;
-
-/* Parses "redis://[user:password@]host[:port][/db]" or
- * "unix:///path[?db=N]" (percent-escapes in user and password are decoded).
- * Returns 0 or KIQ_EINVAL with err filled; free the strings with
- * kiq_redis_url_clear. */
-int kiq_redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
-void kiq_redis_url_clear(kiq_redis_url_t *u);
-/* Writes url with any password replaced by "***" into out (n bytes). */
-void kiq_redis_url_redact(const char *url, char *out, size_t n);
-
-/* The script calls (redis/scripts.h), here until each file that runs a
- * script includes that header itself. */
-#include "redis/scripts.h"
-#endif
-
 #endif

@@ -77,20 +77,6 @@ KIQ_API const char *kiq_on_conflict_name(kiq_on_conflict_t s);
  * default when until is NULL), with lock_ttl S. Returns 0 or KIQ_EINVAL. */
 KIQ_API int kiq_unique_for(kiq_unique_opts_t *opts, long seconds, const char *until);
 
-#ifdef KIQ_BUILDING /* kiq's own modules and tests only: not exported */
-/* The JSON that Ruby's JSON.generate writes for the JSON value in[0..len):
- * compact, "/" unescaped, raw UTF-8, Ruby's Float#to_s for floats, integers
- * of any size kept, object keys in their order. Returns a string owned by
- * the caller (*outlen its length, may be NULL), or NULL when in is not one
- * JSON value or memory ran out. */
-char *kiq_ruby_json_dup(const char *in, size_t len, size_t *outlen);
-
-/* lock_args: the elements of the args array at the given indexes (skipping
- * indexes past its end), or all of args when idx is NULL, as Ruby JSON.
- * Returns a string owned by the caller, or NULL when args is not an array. */
-char *kiq_unique_lock_args(const char *args, size_t len, const int *idx, size_t nidx);
-#endif
-
 /* What the digest is computed over. */
 typedef struct kiq_digest_input {
     const char *cls;
@@ -110,13 +96,6 @@ typedef struct kiq_digest_input {
  * caller). Returns 0, or KIQ_EINVAL / KIQ_EPARSE with err filled. */
 KIQ_API int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX],
                               char **canon, char *err);
-
-#ifdef KIQ_BUILDING /* kiq's own modules and tests only: not exported */
-/* True when s can be used as a digest a client wrote: "<prefix>:<rest>",
- * both non-empty, printable ASCII without spaces, short enough for a key.
- * The hex part is not checked: a Ruby client's digest is trusted as is. */
-int kiq_unique_digest_valid(const char *s);
-#endif
 
 /* One lock attempt. */
 typedef struct kiq_lock_req {

@@ -1,4 +1,4 @@
-/* Fetch strategies behind one interface.
+/* Internal: fetch strategies behind one interface.
  *
  * reliable (default): a job moves atomically from queue:NAME into this
  *   process's working list uniquejobs:working:<identity> and leaves it only
@@ -7,13 +7,13 @@
  * basic: BRPOP, as Sidekiq OSS; a job lives only in memory while it runs.
  *
  * One kiq_fetch_t per processor thread; not thread-safe. */
-#ifndef KIQ_FETCH_H
-#define KIQ_FETCH_H
+#ifndef KIQ_FETCH_FETCH_H
+#define KIQ_FETCH_FETCH_H
 
 #include <stddef.h>
 
-#include "config.h"
-#include "redis.h"
+#include "kiq/config.h"
+#include "kiq/redis.h"
 
 typedef struct kiq_fetch kiq_fetch_t;
 
@@ -63,7 +63,7 @@ typedef struct kiq_fetched {
     char *held_jid;
 } kiq_fetched_t;
 
-KIQ_API void kiq_fetched_clear(kiq_fetched_t *job);
+void kiq_fetched_clear(kiq_fetched_t *job);
 
 /* One acknowledgement of a batch (kiq_fetch_exchange): the payload as
  * fetched, the ack, and its result (0 written; KIQ_EREDIS not known to be
@@ -85,41 +85,41 @@ typedef struct kiq_ack_item {
  * 0), or KIQ_EREDIS (a broken connection or an error reply: see
  * kiq_redis_ok) or KIQ_ENOMEM; each ack's rc says whether it was written
  * either way. */
-KIQ_API int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
-                               size_t nacks, kiq_fetched_t *out, size_t max, int block);
+int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                       size_t nacks, kiq_fetched_t *out, size_t max, int block);
 
 /* Returns a fetcher owned by the caller, or NULL with err filled. */
-KIQ_API kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *conf, char *err);
-KIQ_API void kiq_fetch_free(kiq_fetch_t *f);
+kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *conf, char *err);
+void kiq_fetch_free(kiq_fetch_t *f);
 
 /* Waits up to block_timeout for a job. Returns 1 with *out filled, 0 when
  * no job came, or KIQ_EREDIS when the connection failed. */
-KIQ_API int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out);
+int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out);
 
 /* Finishes a job fetched by f (raw is the payload as fetched). With the
  * reliable fetch the failure is written and the job leaves the working list
  * in one script, and only if it was still there (a job recovered or requeued
  * meanwhile is not written twice). Returns 0, or KIQ_EREDIS: the job stays in
  * the working list; call again after reconnecting. */
-KIQ_API int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
-                          const kiq_ack_t *ack);
+int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+                  const kiq_ack_t *ack);
 
 /* kiq_fetch_ack then kiq_fetch_next in one round trip: the reliable fetch
  * sends the ack and the next fetch together (the basic fetch does them one
  * after the other). *ack_rc receives the ack's result (0, or KIQ_EREDIS:
  * ack again); the return value is kiq_fetch_next's. */
-KIQ_API int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
-                               const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out);
+int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+                       const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out);
 
 /* Puts an unfinished job back at the end of queue that is fetched next.
  * Returns 0, KIQ_EREDIS, or KIQ_EREPLY when queue:NAME holds another type
  * than a list (the job then stays in the working list). */
-KIQ_API int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
-                              const char *raw, size_t len);
+int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
+                      const char *raw, size_t len);
 
 /* The working list and liveness key names for an identity, into out. */
-KIQ_API void kiq_fetch_working_key(const char *identity, char *out, size_t n);
-KIQ_API void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
+void kiq_fetch_working_key(const char *identity, char *out, size_t n);
+void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
 
 /* Marks identity alive for ttl seconds (v9 uses 60; refresh at least every
  * ttl/3). Until the key lapses no recovery touches identity's working list.
@@ -127,7 +127,7 @@ KIQ_API void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
  * creates it only when it is gone, then clears recovery's suspect marker.
  * Returns 0 (extended), 1 (it was gone and is created again), KIQ_EREDIS or
  * KIQ_EREPLY (refused, e.g. at maxmemory while the key is gone). */
-KIQ_API int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl);
+int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl);
 
 /* Orphan recovery: for every working list whose owner's liveness key is
  * gone, puts its jobs back at the fetched end of their queues, keeping their
@@ -153,14 +153,14 @@ typedef struct kiq_recovery {
     long left;       /* jobs left: their destination holds another type */
 } kiq_recovery_t;
 
-KIQ_API int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
-                              double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out,
-                              char *err);
+int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
+                      double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out,
+                      char *err);
 
 /* Same, for one identity's list only, at once (no suspect marker; used by
  * tests and tools on a list known to be dead). */
-KIQ_API int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
-                                  kiq_ts_format_t ts, kiq_recovery_t *out, char *err);
+int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
+                          kiq_ts_format_t ts, kiq_recovery_t *out, char *err);
 
 /* Strays: jobs in this process's own working list that no processor holds,
  * such as a job moved by a fetch whose reply was lost with the connection.
@@ -177,11 +177,11 @@ KIQ_API int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_
 typedef int (*kiq_fetch_held_fn)(const char *payload, size_t len, void *udata);
 typedef struct kiq_strays kiq_strays_t;
 
-KIQ_API kiq_strays_t *kiq_strays_new(void);
-KIQ_API void kiq_strays_free(kiq_strays_t *st);
-KIQ_API int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st,
-                              double min_age, kiq_fetch_held_fn held, void *udata,
-                              long *reclaimed, char *err);
+kiq_strays_t *kiq_strays_new(void);
+void kiq_strays_free(kiq_strays_t *st);
+int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st,
+                      double min_age, kiq_fetch_held_fn held, void *udata,
+                      long *reclaimed, char *err);
 
 /* One working list, as `kiq stats` shows it. */
 typedef struct kiq_working_info {
@@ -197,9 +197,9 @@ typedef struct kiq_working_info {
  * when there are none). Returns 0, or KIQ_EREDIS / KIQ_EREPLY / KIQ_ENOMEM
  * with err filled and *out, *n unchanged. Reads only: safe to call at any
  * time. */
-KIQ_API int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *n,
-                                   char *err);
+int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *n,
+                           char *err);
 /* Frees what kiq_fetch_list_working returned; NULL is fine. */
-KIQ_API void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n);
+void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n);
 
 #endif

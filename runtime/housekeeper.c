@@ -1,0 +1,179 @@
+/* The housekeeper thread: every beat it refreshes the fetch liveness key
+ * and writes the beat (heartbeat.c), gives back strays from this process's
+ * own working list, and now and then recovers orphaned jobs under a
+ * fleet-wide lease and reaps orphaned uniqueness locks in v9's reaper role.
+ * Lock metrics are flushed with the beat. */
+#include "runtime/rt.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#include "middleware/unique_admin_internal.h"
+#include "observe/prometheus.h"
+#include "redis/keys.h"
+#include "support/log.h"
+#include "support/time.h"
+
+/* Refreshes the liveness key (kiq_fetch_heartbeat). *until is when the key
+ * lapses by this process's clock, if no refresh gets through before. A
+ * refresh that finds the key gone re-creates it at once and says so. While
+ * the key is gone others may take this process's jobs, but only once a
+ * pass has seen it missing for liveness_ttl / 2 with Redis taking writes
+ * (lua/recover.lua); this process re-creates it sooner as long as it
+ * reaches Redis, since it refreshes at least every liveness_ttl / 3. */
+static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, int *warned)
+{
+    double ttl = rt->cfg->liveness_ttl, t0 = kiq_mono();
+    int rc = kiq_fetch_heartbeat(r, rt->identity, ttl);
+    if (rc >= 0) {
+        if (rc == 1)
+            kiq_warn("liveness key " KIQ_KEY_HEARTBEAT "%s was gone (%s); re-created it",
+                     rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
+                                               : "Redis lost it");
+        *until = t0 + ttl;
+        *warned = 0;
+        return;
+    }
+    if (t0 > *until && !*warned) {
+        *warned = 1;
+        kiq_error("liveness key not refreshed for %.1f s, longer than liveness_ttl (%s); it is "
+                  "re-created as soon as Redis takes it, before another process may take this "
+                  "process's jobs, unless this process cannot reach Redis while others can",
+                  t0 - *until + ttl, rc == KIQ_EREDIS ? kiq_redis_error(r) : "refused");
+    }
+}
+
+static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
+    redisReply *lease = kiq_redis_cmdf(r, "SET %s %s NX EX %s", KIQ_KEY_RECOVERY_LEASE, rt->identity, ttl);
+    int mine = lease && lease->type == REDIS_REPLY_STATUS;
+    freeReplyObject(lease);
+    if (!mine)
+        return; /* another process of the fleet does this pass */
+    kiq_recover_orphans(rt, r);
+}
+
+/* Jobs the last pass left in dead processes' lists because their queue
+ * key held another type: reported when that number changes, not at every
+ * pass. Passes run one at a time (at start, then in the housekeeper). */
+static long last_left;
+
+void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    kiq_recovery_t rec = {0};
+    char err[KIQ_ERRLEN];
+    if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
+                          rt->cfg->timestamps, &rec, err)) {
+        kiq_warn("orphan recovery: %s", err);
+        return;
+    }
+    if (rec.recovered || rec.killed)
+        kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
+                 rec.recovered, rec.lists, rec.killed);
+    if (rec.suspects)
+        kiq_info("%ld working lists have no liveness key; recovered after %.1f s if still so",
+                 rec.suspects, rt->cfg->liveness_ttl / 2);
+    if (rec.left != last_left && rec.left)
+        kiq_error("%ld orphaned jobs stay in dead processes' working lists: their queue key "
+                  "holds another type than a list (or \"dead\" is not a sorted set); they move "
+                  "once it is fixed", rec.left);
+    last_left = rec.left;
+    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
+    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
+}
+
+/* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
+ * the interval plus 2 % and renewed each run), so that one process of a
+ * mixed Ruby/kiq fleet reaps at a time. */
+static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
+    kiq_reap_result_t res;
+    char err[KIQ_ERRLEN];
+    o.count = rt->cfg->reaper_count;
+    o.timeout = rt->cfg->reaper_timeout;
+    o.owner = rt->identity;
+    o.role_ttl = rt->cfg->reaper_interval + ceil(rt->cfg->reaper_interval * 0.02);
+    if (kiq_unique_reap(r, &o, &res, err))
+        kiq_warn("uniqueness reaper: %s", err);
+    else if (res.removed)
+        kiq_info("uniqueness reaper removed %ld orphaned locks (%ld examined)", res.removed,
+                 res.examined);
+    kiq_reap_result_clear(&res);
+}
+
+/* kiq_fetch_held_fn over the processors. */
+static int slot_holds(const char *payload, size_t len, void *ud)
+{
+    return kiq_processor_holds(ud, payload, len);
+}
+
+/* Recovery never touches a live process's list, so a job stranded in our
+ * own (its fetch reply lost with the connection) is ours to give back. */
+static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
+{
+    long n = 0;
+    char err[KIQ_ERRLEN];
+    double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
+    if (kiq_fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
+        kiq_warn("working list check: %s", err);
+    else if (n)
+        kiq_warn("gave back %ld jobs that sat in this process's working list with no processor "
+                 "running them", n);
+}
+
+void *kiq_housekeeper_main(void *arg)
+{
+    kiq_runtime_t *rt = arg;
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 10, err);
+    if (!r) {
+        kiq_error("housekeeper: %s", err);
+        return NULL;
+    }
+    double next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+    /* As v9, the first run is one interval after start. */
+    double next_reap = kiq_mono() + rt->cfg->reaper_interval;
+    kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq_strays_new() : NULL;
+    int was_connected = 0, warned = 0;
+    /* The key was set at start, just before this thread. */
+    double lease_until = kiq_mono() + rt->cfg->liveness_ttl;
+    while (!atomic_load(&rt->housekeeper_stop)) {
+        kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
+        if (atomic_load(&rt->housekeeper_stop))
+            break;
+        if (!kiq_redis_ok(r)) {
+            /* Tried every beat, not backing off further: the liveness key
+             * must be back well within the recovery grace. */
+            if (kiq_rt_connect_every(rt, r, &rt->housekeeper_stop, rt->cfg->heartbeat_interval))
+                break;
+            /* Cut off from Redis, so maybe the whole fleet was: the others'
+             * liveness keys may have lapsed while they lived on. Give them
+             * a full TTL to refresh before judging any of them dead. */
+            double after = kiq_mono() + rt->cfg->liveness_ttl;
+            if (was_connected && next_recovery < after)
+                next_recovery = after;
+            was_connected = 1;
+        }
+        refresh_liveness(rt, r, &lease_until, &warned);
+        if (kiq_heartbeat_beat(rt, r, 0) == KIQ_EREDIS)
+            continue;
+        if (strays)
+            reclaim_pass(rt, r, strays);
+        if (kiq_mono() >= next_recovery) {
+            next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+            recovery_pass(rt, r);
+        }
+        if (rt->cfg->reaper_interval > 0 && kiq_mono() >= next_reap) {
+            next_reap = kiq_mono() + rt->cfg->reaper_interval;
+            reaper_pass(rt, r);
+        }
+    }
+    if (rt->cfg->reaper_interval > 0 && kiq_redis_ok(r))
+        kiq_unique_reaper_release(r, rt->identity); /* let another take over now */
+    kiq_strays_free(strays);
+    kiq_redis_free(r);
+    return NULL;
+}
