@@ -171,10 +171,12 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
         kiq_warn("%s", cfg->warnings[i]);
     if (cfg->config_file)
         kiq_debug("read %s (environment %s)", cfg->config_file, kiq_config_environment(cfg));
+    /* A copy: the runtime frees cfg before the file is removed. */
     char *pidfile = NULL;
-    if (cfg->pidfile && (rc = write_pidfile(cfg->pidfile, err)) == 0 &&
-        !(pidfile = strdup(cfg->pidfile)))
+    if (cfg->pidfile && !(pidfile = strdup(cfg->pidfile)))
         rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    else if (pidfile && (rc = write_pidfile(pidfile, err)) != 0)
+        free(pidfile);
     if (rc) {
         fprintf(stderr, "kiq: %s\n", err);
         kiq_config_free(cfg);
@@ -188,7 +190,8 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
         goto out;
     }
     for (size_t i = 0; i < cfg->nplugins && !rc; i++)
-        rc = kiq_runtime_load_plugin(rt, cfg->plugins[i], err);
+        if (!(rc = kiq_runtime_load_plugin(rt, cfg->plugins[i], err)))
+            kiq_debug("loaded plugin %s", cfg->plugins[i]);
     if (!rc && init && init(rt) != 0)
         rc = kiq_seterr(err, KIQ_EINVAL, "the program's handler registration failed");
     if (rc) {
