@@ -1,6 +1,7 @@
 /* kiq_main: the kiq command line and its command table. `kiq run` (the
  * default) starts a worker; the other subcommands (push, stats, locks, lock,
  * top, version) are tools around the same Redis, one file each. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,30 @@ static const char *password_warning =
     "a password on the command line is visible to every user (ps); it was blanked there, but "
     "pass it in REDIS_URL or the config file instead";
 
+/* Writes this process's id to path, for supervisors that want one. */
+static int write_pidfile(const char *path, char *err)
+{
+    FILE *f = fopen(path, "w");
+    if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0) {
+        int e = errno;
+        if (f)
+            unlink(path);
+        return kiq_seterr(err, KIQ_ECONFIG, "pidfile: cannot write %s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* The exit status for what kiq_runtime_run returned: a refusal by Redis
+ * is a configuration error, a Redis that never answered is unavailable. */
+static int run_status(int rc)
+{
+    if (rc == KIQ_ECONFIG)
+        return KIQ_EXIT_CONFIG;
+    if (rc == KIQ_EREDIS)
+        return KIQ_EXIT_UNAVAILABLE;
+    return rc ? 1 : 0;
+}
+
 static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
 {
     char err[KIQ_ERRLEN] = "";
@@ -125,8 +150,12 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
     /* A URL that can never work is a configuration error (78), found before
      * the worker starts rather than as a runtime failure. */
     kiq_redis_url_t url;
-    if (!rc && !(rc = kiq_redis_url_parse(cfg->redis_url, &url, err)))
+    if (!rc && !(rc = kiq_redis_url_parse(cfg->redis_url, &url, err))) {
+        if (url.host && url.host[strcspn(url.host, " \t\r\n")])
+            rc = kiq_seterr(err, KIQ_ECONFIG, "redis url: the host \"%s\" contains a space",
+                            url.host);
         kiq_redis_url_clear(&url);
+    }
     if (rc) {
         fprintf(stderr, "kiq: %s\n", err);
         kiq_config_free(cfg);
@@ -139,35 +168,61 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
     }
     if (argv_had_password)
         kiq_warn("%s", password_warning);
+    for (size_t i = 0; i < cfg->nwarnings; i++)
+        kiq_warn("%s", cfg->warnings[i]);
+    if (cfg->config_file)
+        kiq_debug("read %s (environment %s)", cfg->config_file, kiq_config_environment(cfg));
+    /* A copy: the runtime frees cfg before the file is removed. */
+    char *pidfile = NULL;
+    if (cfg->pidfile && !(pidfile = strdup(cfg->pidfile)))
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    else if (pidfile && (rc = write_pidfile(pidfile, err)) != 0)
+        free(pidfile);
+    if (rc) {
+        fprintf(stderr, "kiq: %s\n", err);
+        kiq_config_free(cfg);
+        return rc == KIQ_ENOMEM ? 1 : KIQ_EXIT_CONFIG;
+    }
     kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
     if (!rt) {
         fprintf(stderr, "kiq: %s\n", err);
         kiq_config_free(cfg);
-        return 1;
+        rc = 1;
+        goto out;
     }
     for (size_t i = 0; i < cfg->nplugins && !rc; i++)
-        rc = kiq_runtime_load_plugin(rt, cfg->plugins[i], err);
+        if (!(rc = kiq_runtime_load_plugin(rt, cfg->plugins[i], err)))
+            kiq_debug("loaded plugin %s", cfg->plugins[i]);
     if (!rc && init && init(rt) != 0)
         rc = kiq_seterr(err, KIQ_EINVAL, "the program's handler registration failed");
     if (rc) {
         fprintf(stderr, "kiq: %s\n", err);
         kiq_runtime_free(rt);
-        return KIQ_EXIT_CONFIG;
+        rc = KIQ_EXIT_CONFIG;
+        goto out;
     }
     rc = kiq_runtime_run(rt, err);
     if (rc)
         kiq_error("%s", err);
-    int status = rc ? 1 : 0;
+    rc = run_status(rc);
+    if (pidfile)
+        unlink(pidfile);
+    free(pidfile);
+    pidfile = NULL;
     if (kiq_runtime_abandoned(rt)) {
         /* Handlers still running own memory we cannot reclaim; their jobs
          * are back in their queues. Leave without running exit handlers. */
         kiq_log_flush();
         fflush(NULL);
-        _exit(status);
+        _exit(rc);
     }
     kiq_runtime_free(rt);
+out:
+    if (pidfile)
+        unlink(pidfile);
+    free(pidfile);
     kiq_log_close();
-    return status;
+    return rc;
 }
 
 int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)

@@ -10,7 +10,7 @@
 #include <string.h>
 
 enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
-       OPT_METRICS_PORT, OPT_METRICS_BIND };
+       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT };
 
 static const struct option longopts[] = {
     { "concurrency", required_argument, NULL, 'c' },
@@ -22,6 +22,9 @@ static const struct option longopts[] = {
     { "environment", required_argument, NULL, 'e' },
     { "verbose", no_argument, NULL, 'v' },
     { "log-file", required_argument, NULL, 'L' },
+    { "logfile", required_argument, NULL, 'L' },
+    { "pidfile", required_argument, NULL, 'P' },
+    { "startup-timeout", required_argument, NULL, OPT_STARTUP_TIMEOUT },
     { "help", no_argument, NULL, 'h' },
     { "redis-url", required_argument, NULL, OPT_REDIS_URL },
     { "fetch", required_argument, NULL, OPT_FETCH },
@@ -33,7 +36,7 @@ static const struct option longopts[] = {
     { NULL, 0, NULL, 0 },
 };
 
-static const char *shortopts = "+c:q:r:C:t:g:e:vL:h";
+static const char *shortopts = "+c:q:r:C:t:g:e:vL:P:h";
 
 const char *kiq_config_usage(void)
 {
@@ -46,6 +49,8 @@ const char *kiq_config_usage(void)
            "  -c, --concurrency N      processor threads (default 10)\n"
            "  -q, --queue NAME[,W]     queue to fetch, with optional weight; repeatable\n"
            "  -t, --timeout SECONDS    shutdown grace period (default 25)\n"
+           "      --startup-timeout S  give up (exit 69) when Redis stays unreachable this long\n"
+           "                           at start (default 30; 0 = wait forever)\n"
            "  -g, --tag TAG            tag shown in the Web UI\n"
            "      --label LABEL        label shown in the Web UI; repeatable\n"
            "  -e, --environment ENV    section of the config file to merge\n"
@@ -55,6 +60,7 @@ const char *kiq_config_usage(void)
            "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
            "      --log-format FORMAT  pretty (default) or json\n"
            "  -L, --log-file PATH      log to PATH (reopened on USR2) instead of stderr\n"
+           "  -P, --pidfile PATH       write the process id to PATH (removed at exit)\n"
            "      --metrics-port PORT  serve Prometheus metrics at http://127.0.0.1:PORT/metrics\n"
            "      --metrics-bind ADDR  address for --metrics-port (default 127.0.0.1)\n"
            "  -v, --verbose            debug logging\n"
@@ -108,6 +114,13 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
     case 'e': return kiq_config_set_str(&cfg->environment, v);
     case 'v': cfg->verbose = 1; return 0;
     case 'L': return kiq_config_set_str(&cfg->log_file, v);
+    case 'P': return kiq_config_set_str(&cfg->pidfile, v);
+    case OPT_STARTUP_TIMEOUT:
+        if (kiq_parse_number(v, 0, 0, HUGE_VAL, &n))
+            return kiq_seterr(err, KIQ_ECONFIG,
+                              "--startup-timeout: must be a number >= 0 (got \"%s\")", v);
+        cfg->startup_timeout = n;
+        return 0;
     case OPT_LABEL: return push_str(&cfg->labels, &cfg->nlabels, v);
     case OPT_METRICS_PORT:
         if (!(rc = parse_number("--metrics-port", v, 1, 1, 65535, &n, err)))
@@ -157,7 +170,14 @@ int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err)
     }
     if (optind < argc)
         return kiq_seterr(err, KIQ_ECONFIG, "unexpected argument \"%s\" (see --help)", argv[optind]);
-    if (file && (rc = kiq_config_load_file(cfg, file, err)))
+    /* A -C file that cannot be read is a configuration error (78), said in
+     * one line, never mistaken for --help. */
+    if (file && (rc = kiq_config_load_file(cfg, file, err)) == KIQ_ENOTFOUND) {
+        char reason[KIQ_ERRLEN];
+        snprintf(reason, sizeof(reason), "%s", err);
+        return kiq_seterr(err, KIQ_ECONFIG, "cannot read the config file %s", reason);
+    }
+    if (rc)
         return rc;
     /* Pass 2: every flag, in order. Queues given as flags replace the
      * file's (kiq_config_add_queue's first call starts a new list). */

@@ -28,6 +28,7 @@ kiq_config_t *kiq_config_new(void)
         return NULL;
     cfg->concurrency = 10;
     cfg->timeout = 25;
+    cfg->startup_timeout = 30;
     cfg->max_retries = 25;
     cfg->dead_max_jobs = 10000;
     cfg->dead_timeout = 180L * 24 * 60 * 60;
@@ -89,9 +90,24 @@ void kiq_config_free(kiq_config_t *cfg)
     }
     free(cfg->classes);
     free(cfg->log_file);
+    free(cfg->pidfile);
+    free_strv(cfg->warnings, cfg->nwarnings);
     free(cfg->config_file);
     free(cfg->metrics_bind);
     free(cfg);
+}
+
+const char *kiq_config_environment(const kiq_config_t *cfg)
+{
+    static const char *vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV"};
+    if (cfg->environment && *cfg->environment)
+        return cfg->environment;
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return v;
+    }
+    return "development";
 }
 
 void kiq_config_apply_env(kiq_config_t *cfg)
@@ -195,6 +211,8 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
                           "concurrency: must be an integer between 1 and 1000");
     if (!(cfg->timeout > 0))
         return kiq_seterr(err, KIQ_ECONFIG, "timeout: must be a number greater than 0");
+    if (!(cfg->startup_timeout >= 0))
+        return kiq_seterr(err, KIQ_ECONFIG, "startup_timeout: must be a number >= 0");
     if (cfg->max_retries < 0)
         return kiq_seterr(err, KIQ_ECONFIG, "max_retries: must be an integer >= 0");
     if (cfg->dead_max_jobs < 1)
@@ -225,6 +243,7 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
      * into milliseconds or a timespec. */
     const struct { const char *key; double v; } durations[] = {
         { "timeout", cfg->timeout },
+        { "startup_timeout", cfg->startup_timeout },
         { "dead_timeout_in_seconds", (double)cfg->dead_timeout },
         { "poll_interval_average", cfg->poll_interval_average },
         { "average_scheduled_poll_interval", cfg->average_scheduled_poll_interval },

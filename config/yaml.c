@@ -2,9 +2,11 @@
  *
  * It exists so that a Sidekiq file works unchanged and every mistake in it is
  * reported as one "file:line: key: problem" line. Unknown keys are errors to
- * catch typos; a top-level key holding a mapping of known settings is an
- * environment section, applied over the top level only when it names the
- * current environment. */
+ * catch typos (with the nearest known key as a suggestion); keys that Sidekiq
+ * or its plugins read but kiq has no use for are warnings, so a Rails app's
+ * sidekiq.yml loads as it is. A top-level key holding a mapping of settings
+ * is an environment section, applied over the top level only when it names
+ * the current environment. */
 #include "config/yaml.h"
 
 #include <ctype.h>
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 /* An anchor can merge (<<) into itself; stop rather than recurse forever.
@@ -27,6 +30,24 @@
 static unsigned long line_of(const yaml_node_t *n)
 {
     return (unsigned long)n->start_mark.line + 1;
+}
+
+int kiq_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+{
+    kiq_config_t *cfg = c->cfg;
+    char problem[KIQ_ERRLEN], *line = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(problem, sizeof(problem), fmt, ap);
+    va_end(ap);
+    char **grown = realloc(cfg->warnings, (cfg->nwarnings + 1) * sizeof(*grown));
+    if (!grown)
+        return nomem(c);
+    cfg->warnings = grown;
+    if (asprintf(&line, "%s:%lu: %s: %s", c->path, line_of(n), key, problem) < 0)
+        return nomem(c);
+    cfg->warnings[cfg->nwarnings++] = line;
+    return 0;
 }
 
 int kiq_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
@@ -50,6 +71,9 @@ int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want
     if (v->type != YAML_SCALAR_NODE)
         return kiq_yaml__fail(c, v, key, "%s", want);
     const char *s = text(v);
+    if (strstr(s, "<%"))
+        return kiq_yaml__fail(c, v, key, "ERB (<%%= ... %%>) is not evaluated by kiq; "
+                                         "use ${VAR} or ${VAR:-default}");
     size_t len = v->data.scalar.length;
     char *buf = NULL, *name = NULL;
     size_t blen = 0;
@@ -228,15 +252,6 @@ static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_
     return kiq_yaml__flag(c, key, v, &c->cfg->verbose);
 }
 
-/* Keys Sidekiq reads that mean nothing here: require names Ruby code, strict
- * is dropped by Sidekiq itself (weights decide), and environment is chosen
- * before the file is read, in Sidekiq as here. */
-static int set_ignored(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)c, (void)k, (void)key, (void)v;
-    return 0;
-}
-
 int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
                          const char *null_value)
 {
@@ -261,6 +276,12 @@ static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node
 {
     (void)k;
     return kiq_yaml__set_string(c, key, v, &c->cfg->log_file, NULL);
+}
+
+static int set_pidfile(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    return kiq_yaml__set_string(c, key, v, &c->cfg->pidfile, NULL);
 }
 
 static int set_metrics_bind(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
@@ -291,6 +312,32 @@ static int set_redis_url(ctx_t *c, const key_def_t *k, const char *key, yaml_nod
     return redis_url(c, key, v);
 }
 
+/* Options of Ruby's Redis clients that tune a connection pool or socket
+ * kiq manages its own way. */
+static const char *const redis_tuning[] = {
+    "size", "pool_timeout", "network_timeout", "connect_timeout", "read_timeout",
+    "write_timeout", "timeout", "reconnect_attempts", "driver", "id", "ssl_params",
+};
+
+/* Options that choose which server or database to use: ignoring one would
+ * connect kiq somewhere else than the Ruby processes. */
+static const char *const redis_target[] = {
+    "host", "port", "path", "db", "password", "username", "ssl", "sentinels", "role",
+    "name", "namespace",
+};
+
+static const char *nearest(const char *name, const char *const *names, size_t n);
+
+static int in_list(const char *name, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(name, names[i]))
+            return 1;
+    return 0;
+}
+
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
 /* `redis: {url: ...}`, the shape of Sidekiq's own redis options. */
 static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
@@ -302,9 +349,22 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
         const char *name = key_name(kn);
         char sub[KIQ_ERRLEN];
         snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
-        if (!name || strcmp(name, "url") != 0)
-            return kiq_yaml__fail(c, kn, sub, "unknown key");
-        int rc = redis_url(c, sub, node(c, p->value));
+        int rc;
+        if (name && !strcmp(name, "url"))
+            rc = redis_url(c, sub, node(c, p->value));
+        else if (name && in_list(name, redis_tuning, NELEM(redis_tuning)))
+            rc = kiq_yaml__warn(c, kn, sub, "not used by kiq (a Ruby client option); ignored");
+        else if (name && in_list(name, redis_target, NELEM(redis_target)))
+            rc = kiq_yaml__fail(c, kn, sub, "not supported; give the server in url "
+                                            "(redis://[user:password@]host:port/db)");
+        else {
+            const char *const all[] = {"url"};
+            const char *near = name ? nearest(name, all, 1) : NULL;
+            if (!near)
+                near = name ? nearest(name, redis_tuning, NELEM(redis_tuning)) : NULL;
+            rc = near ? kiq_yaml__fail(c, kn, sub, "unknown key; did you mean %s?", near)
+                      : kiq_yaml__fail(c, kn, sub, "unknown key");
+        }
         if (rc < 0)
             return rc;
     }
@@ -490,9 +550,10 @@ static const key_def_t keys[] = {
     {"concurrency", set_int, OFF(concurrency), 1, 1000},
     {"queues", set_queues, 0, 0, 0},
     {"timeout", set_seconds, OFF(timeout), 1, 0},
+    {"shutdown_timeout", set_seconds, OFF(timeout), 1, 0}, /* an alias some apps use */
+    {"startup_timeout", set_seconds, OFF(startup_timeout), 0, 0},
     {"tag", set_tag, 0, 0, 0},
     {"labels", set_labels, 0, 0, 0},
-    {"environment", set_ignored, 0, 0, 0},
     {"max_retries", set_int, OFF(max_retries), 0, INT_MAX},
     {"dead_max_jobs", set_long, OFF(dead_max_jobs), 1, LONG_MAX},
     {"dead_timeout_in_seconds", set_long, OFF(dead_timeout), 1, LONG_MAX},
@@ -500,8 +561,6 @@ static const key_def_t keys[] = {
     {"average_scheduled_poll_interval", set_seconds,
      OFF(average_scheduled_poll_interval), 1, 0},
     {"verbose", set_verbose, 0, 0, 0},
-    {"require", set_ignored, 0, 0, 0},
-    {"strict", set_ignored, 0, 0, 0},
     {"redis_url", set_redis_url, 0, 0, 0},
     {"redis", set_redis, 0, 0, 0},
     {"plugins", set_plugins, 0, 0, 0},
@@ -509,6 +568,8 @@ static const key_def_t keys[] = {
     {"timestamps", set_timestamps, 0, 0, 0},
     {"log_format", set_log_format, 0, 0, 0},
     {"log_file", set_log_file, 0, 0, 0},
+    {"logfile", set_log_file, 0, 0, 0}, /* Sidekiq 5's spelling */
+    {"pidfile", set_pidfile, 0, 0, 0},
     {"heartbeat_interval", set_seconds, OFF(heartbeat_interval), 1, 0},
     {"recovery_interval", set_seconds, OFF(recovery_interval), 1, 0},
     {"max_recoveries", set_int, OFF(max_recoveries), 1, INT_MAX},
@@ -521,36 +582,152 @@ static const key_def_t keys[] = {
     {"classes", kiq_yaml__set_classes, 0, 0, 0},
 };
 
+/* Keys that Sidekiq or a common plugin reads and kiq does not: a warning
+ * each, so a Rails app's sidekiq.yml works as it is. */
+static const struct {
+    const char *name, *why;
+} unused[] = {
+    {"require", "Ruby code to load; kiq's handlers come from plugins"},
+    {"strict", "Sidekiq drops it too: queue weights decide the order"},
+    {"environment", "the environment is chosen before the file is read; use -e or RAILS_ENV"},
+    {"lifecycle_events", "Ruby callbacks"},
+    {"error_handlers", "Ruby callbacks"},
+    {"death_handlers", "Ruby callbacks"},
+    {"daemon", "removed in Sidekiq 6; run kiq under a supervisor"},
+    {"capsules", "Sidekiq 7 capsules; kiq runs the top-level queues and concurrency"},
+    {"on_complex_arguments", "a Ruby client option"},
+    {"max_iteration_runtime", "Ruby iterable jobs"},
+    {"logged_job_attributes", "Ruby logging"},
+    {"redis_idle_timeout", "a Ruby client option"},
+    {"schedule", "recurring jobs of sidekiq-scheduler or sidekiq-cron"},
+    {"scheduler", "sidekiq-scheduler"},
+    {"dynamic", "sidekiq-scheduler"},
+    {"cron_poll_interval", "sidekiq-cron"},
+    {"limits", "sidekiq-limit_fetch"},
+    {"process_limits", "sidekiq-limit_fetch"},
+    {"blocking", "sidekiq-limit_fetch"},
+};
+
 static const key_def_t *find_key(const char *name)
 {
-    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+    for (size_t i = 0; i < NELEM(keys); i++)
         if (!strcmp(keys[i].name, name))
             return &keys[i];
     return NULL;
 }
 
-/* An unknown top-level key is fine when it holds a mapping of known settings:
- * that is another environment's section. A mapping with some known keys is a
- * section with a typo, reported at the typo; anything else is a typo itself. */
+static const char *unused_why(const char *name)
+{
+    for (size_t i = 0; i < NELEM(unused); i++)
+        if (!strcmp(unused[i].name, name))
+            return unused[i].why;
+    return NULL;
+}
+
+static int is_known(const char *name)
+{
+    return find_key(name) || unused_why(name) || !strcmp(name, "<<");
+}
+
+/* Levenshtein distance, for names up to 63 bytes (longer ones are never
+ * near anything: 99). */
+static int distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int row[64];
+    if (la > 63 || lb > 63)
+        return 99;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* The name among names closest to a typo: at most 2 edits, and fewer than
+ * a third of the word, so "tga" does not become "tag" by accident of
+ * length. NULL when nothing is that close. */
+static const char *nearest(const char *name, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    int best_d = 3;
+    for (size_t i = 0; i < n; i++) {
+        int d = distance(name, names[i]);
+        if (d < best_d && d * 3 <= (int)strlen(name)) {
+            best = names[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+/* The known key (used or not) closest to name, or NULL. */
+static const char *suggest(const char *name)
+{
+    const char *names[NELEM(keys) + NELEM(unused)];
+    size_t n = 0;
+    for (size_t i = 0; i < NELEM(keys); i++)
+        names[n++] = keys[i].name;
+    for (size_t i = 0; i < NELEM(unused); i++)
+        names[n++] = unused[i].name;
+    return nearest(name, names, n);
+}
+
+static int unknown_key(ctx_t *c, yaml_node_t *kn, const char *name)
+{
+    const char *near = suggest(name);
+    if (near)
+        return kiq_yaml__fail(c, kn, name, "unknown key; did you mean %s?", near);
+    return kiq_yaml__fail(c, kn, name, "unknown key");
+}
+
+/* Environment names a Rails app uses, always taken for sections. */
+static int is_env_name(const char *name)
+{
+    static const char *const envs[] = {"production", "development", "staging", "test"};
+    return in_list(name, envs, NELEM(envs));
+}
+
+/* An unknown top-level key is fine when it holds a mapping of settings: that
+ * is another environment's section (not applied, so only its keys are
+ * checked). A mapping with some known keys, or named like an environment, or
+ * whose keys are near known ones, is a section with a typo, reported at the
+ * typo; anything else is a typo itself. */
 static int check_section(ctx_t *c, yaml_node_t *kn, const char *name, yaml_node_t *v)
 {
     yaml_node_t *bad = NULL;
-    int known = 0;
+    int known = 0, near = 0;
     if (v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, kn, name, "unknown key");
+        return unknown_key(c, kn, name);
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *inner = node(c, p->key);
         const char *iname = key_name(inner);
-        if (iname && (find_key(iname) || !strcmp(iname, "<<")))
+        if (iname && is_known(iname)) {
             known = 1;
-        else if (!bad)
+        } else if (!bad) {
             bad = inner;
+            near = iname && suggest(iname);
+        }
     }
     if (!bad)
         return 0;
-    if (!known)
-        return kiq_yaml__fail(c, kn, name, "unknown key");
-    return kiq_yaml__fail(c, bad, key_name(bad) ? key_name(bad) : "?", "unknown key");
+    if (!known && !near && !is_env_name(name))
+        return unknown_key(c, kn, name);
+    if (!key_name(bad))
+        return kiq_yaml__fail(c, bad, "?", "a key must be a plain word");
+    return unknown_key(c, bad, key_name(bad));
 }
 
 /* Applies a mapping of settings: the top level (top = 1) or an environment
@@ -594,12 +771,14 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
             rc = k->set(c, k, name, v);
         else if (!name)
             rc = kiq_yaml__fail(c, kn, "?", "a key must be a plain word");
+        else if (unused_why(name))
+            rc = kiq_yaml__warn(c, kn, name, "not used by kiq (%s); ignored", unused_why(name));
         else if (top && !strcmp(name, c->env))
             continue; /* applied by the caller, after the top level */
         else if (top)
             rc = check_section(c, kn, name, v);
         else
-            rc = kiq_yaml__fail(c, kn, name, "unknown key");
+            rc = unknown_key(c, kn, name);
     }
     return rc;
 }
@@ -611,7 +790,7 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
          p < root->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key), *v = node(c, p->value);
         const char *name = key_name(kn);
-        if (!name || strcmp(name, c->env) != 0 || find_key(name))
+        if (!name || strcmp(name, c->env) != 0 || find_key(name) || unused_why(name))
             continue;
         if (is_null(v))
             continue;
@@ -623,20 +802,6 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
             return rc;
     }
     return 0;
-}
-
-/* Sidekiq's order: -e, then APP_ENV, RAILS_ENV, RACK_ENV, then development. */
-static const char *environment(const kiq_config_t *cfg)
-{
-    static const char *vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV"};
-    if (cfg->environment && *cfg->environment)
-        return cfg->environment;
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v)
-            return v;
-    }
-    return "development";
 }
 
 /* libyaml gives only a byte offset for bad encoding; count lines up to it. */
@@ -685,12 +850,17 @@ static int check_depth(FILE *f, const char *path, char *err)
 
 int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
 {
-    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = environment(cfg)};
+    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = kiq_config_environment(cfg)};
     yaml_parser_t parser;
     int parser_ready = 0, loaded = 0, rc = 0;
     FILE *f = fopen(path, "rb");
+    struct stat st;
     if (!f)
         return kiq_seterr(err, KIQ_ENOTFOUND, "%s: %s", path, strerror(errno));
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return kiq_seterr(err, KIQ_ENOTFOUND, "%s: %s", path, strerror(EISDIR));
+    }
     if (kiq_config_set_str(&cfg->config_file, path) < 0) {
         rc = nomem(&c);
         goto out;

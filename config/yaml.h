@@ -38,9 +38,15 @@ struct key_def {
 int kiq_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Adds "path:line: key: problem" for node n to c->cfg->warnings. Returns 0
+ * or KIQ_ENOMEM. */
+int kiq_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
  * ${VAR:-default} replaced from the environment. want is the problem to
- * report when v is not a scalar. */
+ * report when v is not a scalar. ERB (<%= %>) is an error: it is not
+ * evaluated here, and taken literally it would be a wrong value. */
 int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
                      char **out);
 

@@ -105,23 +105,52 @@ static int fail_io(kiq_redis_t *r, const char *what)
     return KIQ_EREDIS;
 }
 
-static int load_scripts(kiq_redis_t *r)
+/* An error reply while setting up a connection that may pass by itself
+ * (the server is loading its data, busy, or full); any other (WRONGPASS,
+ * NOAUTH, NOPERM, a bad DB index) will not, whatever the wait. */
+static int transient_reply(const char *msg)
+{
+    static const char *const passing[] = { "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN",
+                                           "CLUSTERDOWN", "ERR max number of clients" };
+    for (size_t i = 0; i < sizeof(passing) / sizeof(passing[0]); i++)
+        if (strncmp(msg, passing[i], strlen(passing[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* The code for a connection that the server refused with reply msg. */
+static int refused(const char *msg)
+{
+    return transient_reply(msg) ? KIQ_EREDIS : KIQ_ECONFIG;
+}
+
+/* Returns 0, KIQ_EREDIS on an I/O error, or for an error reply KIQ_EREPLY
+ * (*permanent set when waiting will not help: NOAUTH, NOPERM). */
+static int load_scripts_why(kiq_redis_t *r, int *permanent)
 {
     for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
         redisReply *rep = redisCommand(r->c, "SCRIPT LOAD %s", kiq_script_text((kiq_script_t)i));
         if (!rep)
             return fail_io(r, "SCRIPT LOAD");
         int bad = rep->type == REDIS_REPLY_ERROR;
-        if (bad)
+        if (bad) {
             snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->name, rep->str);
-        else if (rep->type == REDIS_REPLY_STRING)
+            *permanent = !transient_reply(rep->str);
+        } else if (rep->type == REDIS_REPLY_STRING) {
             kiq_script_learn_sha((kiq_script_t)i, rep->str, rep->len);
+        }
         freeReplyObject(rep);
         if (bad)
             return KIQ_EREPLY;
     }
     r->need_load = 0;
     return 0;
+}
+
+static int load_scripts(kiq_redis_t *r)
+{
+    int permanent = 0;
+    return load_scripts_why(r, &permanent);
 }
 
 int kiq_redis_connect(kiq_redis_t *r)
@@ -152,8 +181,9 @@ int kiq_redis_connect(kiq_redis_t *r)
             return fail_io(r, "AUTH");
         if (rep->type == REDIS_REPLY_ERROR) {
             snprintf(r->errstr, sizeof(r->errstr), "%s: AUTH refused: %s", r->name, rep->str);
+            int code = refused(rep->str);
             freeReplyObject(rep);
-            return KIQ_EREDIS;
+            return code;
         }
         freeReplyObject(rep);
     }
@@ -161,16 +191,18 @@ int kiq_redis_connect(kiq_redis_t *r)
         rep = redisCommand(r->c, "SELECT %d", r->url.db);
         if (!rep)
             return fail_io(r, "SELECT");
-        int bad = rep->type == REDIS_REPLY_ERROR;
-        if (bad)
+        int code = rep->type == REDIS_REPLY_ERROR ? refused(rep->str) : 0;
+        if (code)
             snprintf(r->errstr, sizeof(r->errstr), "%s: SELECT %d: %s", r->name, r->url.db, rep->str);
         freeReplyObject(rep);
-        if (bad)
-            return KIQ_EREDIS;
+        if (code)
+            return code;
     }
-    int rc = load_scripts(r);
+    int permanent = 0, rc = load_scripts_why(r, &permanent);
+    if (rc == KIQ_EREPLY)
+        return permanent ? KIQ_ECONFIG : KIQ_EREDIS;
     if (rc)
-        return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+        return rc;
     r->broken = 0;
     r->errstr[0] = '\0';
     return 0;

@@ -184,11 +184,23 @@ static void dump_threads(kiq_runtime_t *rt)
              atomic_load(&rt->quiet) ? "stopped" : "polling");
 }
 
+/* The name a signal is logged under, as Sidekiq names them. */
+static const char *sig_name(int sig)
+{
+    switch (sig) {
+    case SIGTERM: return "TERM";
+    case SIGINT: return "INT";
+    case SIGTSTP: return "TSTP";
+    case SIGTTIN: return "TTIN";
+    case SIGUSR2: return "USR2";
+    default: return "?";
+    }
+}
+
 static void go_quiet(kiq_runtime_t *rt)
 {
     if (atomic_exchange(&rt->quiet, 1))
         return;
-    kiq_info("Received TSTP, no longer accepting new work");
     kiq_info("Terminating quiet workers");
     kiq_rt_wake(rt);
 }
@@ -210,11 +222,15 @@ static int next_signal(kiq_runtime_t *rt, const sigset_t *set, double timeout)
 /* Handles signals that do not stop the process; returns 1 for TERM/INT. */
 static int handle_signal(kiq_runtime_t *rt, int sig)
 {
+    if (sig)
+        kiq_debug("Got %s signal", sig_name(sig));
     switch (sig) {
     case SIGTERM:
     case SIGINT:
         return 1;
     case SIGTSTP:
+        if (!atomic_load(&rt->quiet))
+            kiq_info("Received TSTP, no longer accepting new work");
         go_quiet(rt);
         break;
     case SIGTTIN:
@@ -254,10 +270,13 @@ static int busy_slots(kiq_runtime_t *rt)
     return n;
 }
 
-static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
+static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set, int why)
 {
     kiq_notify("STOPPING=1");
-    kiq_info("Shutting down");
+    if (why)
+        kiq_info("Received %s, shutting down", sig_name(why));
+    else
+        kiq_info("Shutting down");
     atomic_store(&rt->stopping, 1);
     go_quiet(rt);
     double deadline = kiq_mono() + rt->cfg->timeout;
@@ -268,7 +287,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
         kiq_log_flush();
         int sig = next_signal(rt, set, PAUSE);
         if (sig == SIGTERM || sig == SIGINT) {
-            kiq_info("Second %s: not waiting any longer", sig == SIGINT ? "INT" : "TERM");
+            kiq_info("Second %s: not waiting any longer", sig_name(sig));
             break;
         }
         handle_signal(rt, sig);
@@ -327,6 +346,87 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set)
     freeReplyObject(len);
     kiq_log_flush();
     kiq_info("Bye!");
+}
+
+/* "critical:3, default:1" or "a, b" (no weights), cut to fit n. */
+static void queue_list(const kiq_config_t *c, char *out, size_t n)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < c->nqueues && len < n; i++) {
+        const kiq_queue_conf_t *q = &c->queues[i];
+        int w = q->weight > 0 ? snprintf(out + len, n - len, "%s%s:%d", i ? ", " : "", q->name, q->weight)
+                              : snprintf(out + len, n - len, "%s%s", i ? ", " : "", q->name);
+        len += w > 0 ? (size_t)w : 0;
+    }
+}
+
+/* The registered classes, the first few by name. */
+static void class_list(const kiq_runtime_t *rt, char *out, size_t n)
+{
+    enum { SHOWN = 8 };
+    size_t len = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < rt->nhandlers && i < SHOWN && len < n; i++) {
+        int w = snprintf(out + len, n - len, "%s%s", i ? ", " : "", rt->handlers[i].cls);
+        len += w > 0 ? (size_t)w : 0;
+    }
+    if (rt->nhandlers > SHOWN && len < n)
+        snprintf(out + len, n - len, " and %zu more", rt->nhandlers - SHOWN);
+}
+
+/* One line saying what this process will do, then the details at debug. */
+static void log_start(kiq_runtime_t *rt, kiq_redis_t *r)
+{
+    const kiq_config_t *c = rt->cfg;
+    char queues[512], classes[512];
+    queue_list(c, queues, sizeof(queues));
+    class_list(rt, classes, sizeof(classes));
+    kiq_info("kiq %s starting: %s, environment %s, queues [%s] (%s), concurrency %d, %s fetch, "
+             "%zu classes [%s], identity %s",
+             KIQ_VERSION, kiq_redis_name(r), kiq_config_environment(c), queues,
+             c->strict ? "strict order" : "weighted", c->concurrency,
+             c->fetch == KIQ_FETCH_BASIC ? "basic" : "reliable", rt->nhandlers, classes,
+             rt->identity);
+    if (rt->nhandlers == 0)
+        kiq_warn("no job classes are registered: every job will fail with NameError");
+    kiq_debug("config file %s; timeout %g s, startup_timeout %g s, heartbeat every %g s, "
+              "liveness %g s, recovery every %g s (max %d), scheduler poll %g s average",
+              c->config_file ? c->config_file : "(none)", c->timeout, c->startup_timeout,
+              c->heartbeat_interval, c->liveness_ttl, c->recovery_interval, c->max_recoveries,
+              c->poll_interval_average > 0 ? c->poll_interval_average
+                                           : c->average_scheduled_poll_interval);
+}
+
+/* Connects r at start. Redis may not be up yet: a refusal that may pass
+ * (nothing listening, LOADING) is retried with backoff, the warning
+ * repeated each time, for up to startup_timeout; one that will not (wrong
+ * password, ACL, DB index) ends the start at once. TERM/INT are answered
+ * meanwhile. Returns 0 once connected, 1 after TERM/INT, or KIQ_ECONFIG /
+ * KIQ_EREDIS with err filled. Once running, outages are waited out
+ * without end (kiq_rt_connect). */
+static int wait_for_redis(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set, char *err)
+{
+    double limit = rt->cfg->startup_timeout;
+    double give_up = kiq_mono() + limit, delay = 0.1;
+    int rc;
+    while ((rc = kiq_redis_connect(r)) != 0) {
+        if (rc == KIQ_ECONFIG)
+            return kiq_seterr(err, KIQ_ECONFIG, "%s", kiq_redis_error(r));
+        double left = give_up - kiq_mono();
+        if (limit > 0 && left <= 0)
+            return kiq_seterr(err, KIQ_EREDIS, "%s; gave up after startup_timeout (%g s)",
+                              kiq_redis_error(r), limit);
+        double wait = limit > 0 && left < delay ? left : delay;
+        kiq_warn("%s; waiting for Redis, next try in %.1f s", kiq_redis_error(r), wait);
+        int sig = next_signal(rt, set, wait);
+        if (sig == SIGTERM || sig == SIGINT) {
+            kiq_info("Received %s while waiting for Redis. Bye!", sig_name(sig));
+            return 1;
+        }
+        delay = delay * 2 > 5 ? 5 : delay * 2;
+    }
+    return 0;
 }
 
 static int start_threads(kiq_runtime_t *rt, char *err)
@@ -399,24 +499,12 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
         rc = r ? kiq_seterr(err, KIQ_ENOMEM, "out of memory") : KIQ_ECONFIG;
         goto out;
     }
-    kiq_info("kiq %s starting: %s, concurrency %d, %s fetch, identity %s", KIQ_VERSION,
-             kiq_redis_name(r), c->concurrency, c->fetch == KIQ_FETCH_BASIC ? "basic" : "reliable",
-             rt->identity);
-    if (rt->nhandlers == 0)
-        kiq_warn("no job classes are registered: every job will fail with NameError");
-    /* Redis may not be up yet: wait for it, still answering TERM/INT. */
-    double delay = 0.1;
-    int logged = 0;
-    while (kiq_redis_connect(r) != 0) {
-        if (!logged++)
-            kiq_warn("%s; waiting for Redis", kiq_redis_error(r));
-        int sig = next_signal(rt, &set, delay);
-        if (sig == SIGTERM || sig == SIGINT) {
-            kiq_info("Bye!");
-            goto out;
-        }
-        delay = delay * 2 > 5 ? 5 : delay * 2;
+    log_start(rt, r);
+    if ((rc = wait_for_redis(rt, r, &set, err)) != 0) {
+        rc = rc > 0 ? 0 : rc;
+        goto out;
     }
+    kiq_debug("connected to %s", kiq_redis_name(r));
     if (c->fetch == KIQ_FETCH_RELIABLE) {
         kiq_fetch_heartbeat(r, rt->identity, c->liveness_ttl);
         kiq_recover_orphans(rt, r);
@@ -424,21 +512,22 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     kiq_heartbeat_beat(rt, r, 0);
     if ((rc = start_threads(rt, err)) != 0) {
         kiq_error("%s", err);
-        shutdown_all(rt, r, &set);
+        shutdown_all(rt, r, &set, 0);
         goto out;
     }
     kiq_info("Starting processing, hit Ctrl-C to stop");
     kiq_notify("READY=1");
     double tick = kiq_notify_watchdog_every();
     tick = tick > 0 && tick < 0.2 ? tick : 0.2;
+    int sig;
     for (;;) {
         kiq_notify_watchdog();
         kiq_log_flush();
-        int sig = next_signal(rt, &set, tick);
+        sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;
     }
-    shutdown_all(rt, r, &set);
+    shutdown_all(rt, r, &set, sig);
 out:
     kiq__http_stop(http);
     kiq_redis_free(r);

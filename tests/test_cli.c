@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "helpers.h"
 
@@ -257,4 +258,158 @@ Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
     free(log);
     free(info);
     free(ident);
+}
+
+/* ---- `kiq run` failures that explain themselves ------------------------ */
+
+/* True when s is exactly one line. */
+static int one_line(const char *s)
+{
+    const char *nl = strchr(s, '\n');
+    return nl && nl[1] == '\0';
+}
+
+Test(cli, run_with_a_missing_config_file_exits_78_in_one_line)
+{
+    char *out = NULL;
+    int st = kt_kiq_run((const char *[]){ "run", "-C", "/nonexistent/sidekiq.yml", NULL }, &out);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "/nonexistent/sidekiq.yml") && strstr(out, "No such file or directory"),
+              "%s", out);
+    cr_assert(one_line(out), "%s", out);
+    free(out);
+}
+
+/* A private redis-server (the shared one must keep working for the other
+ * tests) with a password and an ACL user that may not load scripts. */
+static void start_locked_redis(kt_aof_redis_t *srv)
+{
+    kt_aof_init(srv, "locked-redis");
+    kt_aof_start(srv);
+    redisContext *c = kt_aof_connect(srv);
+    cr_assert(c);
+    freeReplyObject(redisCommand(c, "ACL SETUSER noscript on >pw ~* +@all -@scripting"));
+    freeReplyObject(redisCommand(c, "CONFIG SET requirepass right"));
+    redisFree(c);
+}
+
+/* Starts kiq on url and waits up to limit seconds for it to exit by
+ * itself; returns its status (-1 if it did not) with its log in *log. */
+static int run_until_exit(const char *url, const char *const *extra, double limit, char **log,
+                          double *took)
+{
+    const char *args[16] = { "--redis-url", url };
+    int n = 2;
+    for (int i = 0; extra && extra[i] && n < 15; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    double t0 = kt_now();
+    pid_t pid = kt_kiq_start(args);
+    int st = kt_wait_exit(pid, limit);
+    if (took)
+        *took = kt_now() - t0;
+    *log = kt_kiq_log(pid);
+    return st;
+}
+
+Test(cli, run_with_a_wrong_password_exits_78_at_once)
+{
+    kt_aof_redis_t srv;
+    start_locked_redis(&srv);
+    char url[160], *log = NULL;
+    double took = 0;
+    snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d/0", srv.port);
+    int st = run_until_exit(url, NULL, 10, &log, &took);
+    cr_assert_eq(st, 78, "exit %d after %.1f s: %s", st, took, log);
+    cr_assert(strstr(log, "WRONGPASS") || strstr(log, "invalid password"), "%s", log);
+    cr_assert(took < 5, "took %.1f s", took);
+    cr_assert_null(strstr(log, "wrong@"), "the password is not logged: %s", log);
+    free(log);
+
+    /* No password at all where one is required: NOAUTH. */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", srv.port);
+    st = run_until_exit(url, NULL, 10, &log, NULL);
+    cr_assert_eq(st, 78, "exit %d: %s", st, log);
+    cr_assert(strstr(log, "NOAUTH"), "%s", log);
+    free(log);
+
+    /* An ACL user without the right to load kiq's scripts: NOPERM. */
+    snprintf(url, sizeof(url), "redis://noscript:pw@127.0.0.1:%d/0", srv.port);
+    st = run_until_exit(url, NULL, 10, &log, NULL);
+    cr_assert_eq(st, 78, "exit %d: %s", st, log);
+    cr_assert(strstr(log, "NOPERM"), "%s", log);
+    free(log);
+    kt_aof_kill(&srv);
+}
+
+Test(cli, run_with_a_database_redis_does_not_have_exits_78)
+{
+    /* The test server has many databases (one per test): ask it for one
+     * past the last. */
+    redisReply *dbs = kt_cmd("CONFIG GET databases");
+    cr_assert(dbs->type == REDIS_REPLY_ARRAY && dbs->elements == 2);
+    int n = atoi(dbs->element[1]->str);
+    freeReplyObject(dbs);
+    const char *colon = strrchr(kt_url(), ':');
+    char url[160], *log = NULL, select[32];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/%d", atoi(colon + 1), n);
+    snprintf(select, sizeof(select), "SELECT %d", n);
+    int st = run_until_exit(url, NULL, 10, &log, NULL);
+    cr_assert_eq(st, 78, "exit %d: %s", st, log);
+    cr_assert(strstr(log, select) && strstr(log, "DB index"), "%s", log);
+    free(log);
+}
+
+Test(cli, run_with_a_malformed_url_exits_78)
+{
+    const char *urls[] = { "redis://no such host/0", "redis//localhost", "redis://h:99999/0" };
+    for (size_t i = 0; i < sizeof(urls) / sizeof(urls[0]); i++) {
+        char *log = NULL;
+        int st = run_until_exit(urls[i], NULL, 10, &log, NULL);
+        cr_assert_eq(st, 78, "%s: exit %d: %s", urls[i], st, log);
+        cr_assert(strstr(log, "redis url"), "%s: %s", urls[i], log);
+        free(log);
+    }
+}
+
+Test(cli, run_exits_69_when_redis_stays_unreachable_for_startup_timeout)
+{
+    char url[64], *log = NULL;
+    double took = 0;
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", kt_free_port());
+    int st = run_until_exit(url, (const char *[]){ "--startup-timeout", "1", NULL }, 10, &log, &took);
+    cr_assert_eq(st, 69, "exit %d after %.1f s: %s", st, took, log);
+    cr_assert(took >= 0.9 && took < 5, "gave up after %.1f s", took);
+    cr_assert(strstr(log, "startup_timeout"), "the message names the setting: %s", log);
+    const char *first = strstr(log, "waiting for Redis");
+    cr_assert(first && strstr(first + 1, "waiting for Redis"), "the warning repeats: %s", log);
+    free(log);
+}
+
+Test(cli, pidfile_is_written_and_removed_and_a_rails_file_warns_in_the_log)
+{
+    char *pid_path = kt_tmp("kiq.pid"), *log_path = kt_tmp("kiq.log");
+    char yml[1024];
+    snprintf(yml, sizeof(yml),
+             ":concurrency: 2\n:pidfile: %s\n:logfile: %s\n:require: ./app\n:strict: false\n"
+             ":schedule:\n  nightly:\n    cron: '0 3 * * *'\n    class: NightlyJob\n",
+             pid_path, log_path);
+    char *cfg = kt_write_file("sidekiq.yml", yml);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, NULL });
+    char want[32];
+    snprintf(want, sizeof(want), "%d\n", (int)pid);
+    cr_assert(KT_WAIT_UNTIL(({ char *p = kt_read_file(pid_path); int ok = !strcmp(p, want);
+                               free(p); ok; }), 20), "no pidfile %s", pid_path);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_read_file(log_path));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
+    cr_assert_eq(access(pid_path, F_OK), -1, "the pidfile is removed at exit");
+    char *log = kt_read_file(log_path);
+    cr_assert(strstr(log, "WARN: ") && strstr(log, ":4: require: not used by kiq"), "%s", log);
+    cr_assert(strstr(log, ":5: strict: not used by kiq"), "%s", log);
+    cr_assert(strstr(log, ":6: schedule: not used by kiq"), "%s", log);
+    cr_assert(strstr(log, "Bye!"), "logfile is honoured: %s", log);
+    free(log);
+    free(cfg);
+    free(pid_path);
+    free(log_path);
 }

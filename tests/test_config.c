@@ -276,7 +276,7 @@ Test(config, section_follows_app_env_then_rails_env)
 Test(config, typo_inside_another_section_is_reported)
 {
     cr_assert_eq(load("production:\n  concurrency: 5\n  queus: [a]\n"), KIQ_ECONFIG);
-    assert_err(3, "queus: unknown key");
+    assert_err(3, "queus: unknown key; did you mean queues?");
 }
 
 Test(config, merge_key_brings_in_anchor_and_own_keys_win)
@@ -324,13 +324,13 @@ Test(config, malformed_reference_is_an_error)
 Test(config, unknown_key_names_file_line_and_key)
 {
     cr_assert_eq(load("# kiq\nqueues: [a]\nconcurrncy: 5\n"), KIQ_ECONFIG);
-    assert_err(3, "concurrncy: unknown key");
+    assert_err(3, "concurrncy: unknown key; did you mean concurrency?");
 }
 
 Test(config, unknown_symbol_key_is_named_without_colon)
 {
     cr_assert_eq(load(":timout: 5\n"), KIQ_ECONFIG);
-    assert_err(1, "timout: unknown key");
+    assert_err(1, "timout: unknown key; did you mean timeout?");
 }
 
 Test(config, non_integer_concurrency_is_an_error)
@@ -373,7 +373,7 @@ Test(config, other_bad_values_are_errors)
         {"timestamps: iso\n", "timestamps: must be float or millis"},
         {"log_format: xml\n", "log_format: must be pretty or json"},
         {"labels: blue\n", "labels: must be a list of strings"},
-        {"redis: {host: x}\n", "redis.host: unknown key"},
+        {"redis: {hots: x}\n", "redis.hots: unknown key"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kiq_config_free(cfg);
@@ -453,8 +453,8 @@ Test(config, merge_into_itself_is_an_error_not_a_hang)
 
 Test(config, unknown_mapping_key_is_not_taken_for_a_section)
 {
-    cr_assert_eq(load("capsules:\n  single:\n    concurrency: 1\n"), KIQ_ECONFIG);
-    assert_err(1, "capsules: unknown key");
+    cr_assert_eq(load("workers:\n  single:\n    concurrency: 1\n"), KIQ_ECONFIG);
+    assert_err(1, "workers: unknown key");
 }
 
 Test(config, missing_file_is_not_found)
@@ -715,4 +715,162 @@ Test(config, merges_that_multiply_fail_fast)
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     cr_assert(strstr(err, "<<: more than 1000 mappings merged"), "%s", err);
     cr_assert_lt(took, 2.0, "took %.1f s", took);
+}
+
+/* ---- a Rails app's sidekiq.yml ---------------------------------------- */
+
+/* The warnings as one string, a line each. */
+static char *warnings(void)
+{
+    static char all[4096];
+    all[0] = '\0';
+    for (size_t i = 0; i < cfg->nwarnings; i++) {
+        strncat(all, cfg->warnings[i], sizeof(all) - strlen(all) - 2);
+        strcat(all, "\n");
+    }
+    return all;
+}
+
+/* Asserts warning i is exactly "PATH:LINE: rest". */
+static void assert_warning(size_t i, int line, const char *rest)
+{
+    char want[KIQ_ERRLEN * 2];
+    cr_assert_lt(i, cfg->nwarnings, "only %zu warnings:\n%s", cfg->nwarnings, warnings());
+    snprintf(want, sizeof(want), "%s:%d: %s", path, line, rest);
+    cr_assert_str_eq(cfg->warnings[i], want);
+}
+
+Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
+{
+    setenv("RAILS_ENV", "production", 1);
+    cr_assert_eq(load("---\n"
+                      ":concurrency: 5\n"                                   /* 2 */
+                      ":pidfile: /tmp/kiq-test-sidekiq.pid\n"
+                      ":logfile: ./log/sidekiq.log\n"
+                      ":require: ./app\n"                                   /* 5 */
+                      ":strict: false\n"
+                      ":shutdown_timeout: 40\n"
+                      ":queues:\n"
+                      "  - [critical, 3]\n"
+                      "  - default\n"                                       /* 10 */
+                      "  - [mailers, 1]\n"
+                      ":redis:\n"
+                      "  :url: redis://cache:6379/1\n"
+                      "  :size: 12\n"
+                      "  :ssl_params:\n"                                    /* 15 */
+                      "    :verify_mode: none\n"
+                      ":lifecycle_events: {}\n"
+                      ":error_handlers: []\n"
+                      ":limits:\n"
+                      "  mailers: 2\n"                                      /* 20 */
+                      ":schedule:\n"
+                      "  nightly_report:\n"
+                      "    cron: '0 3 * * *'\n"
+                      "    class: NightlyReportJob\n"
+                      "development:\n"                                      /* 25 */
+                      "  :concurrency: 2\n"
+                      "staging:\n"
+                      "  :concurrency: <%= ENV['STAGING_THREADS'] %>\n"
+                      "production:\n"
+                      "  :concurrency: 20\n"                                /* 30 */
+                      "  :logfile: /var/log/sidekiq.log\n"),
+                 0, "%s", err);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 20, "the production section applies");
+    cr_assert_str_eq(cfg->log_file, "/var/log/sidekiq.log", "logfile is honoured");
+    cr_assert_str_eq(cfg->pidfile, "/tmp/kiq-test-sidekiq.pid", "pidfile is honoured");
+    cr_assert_eq(cfg->timeout, 40, "shutdown_timeout is an alias of timeout");
+    cr_assert_str_eq(cfg->redis_url, "redis://cache:6379/1");
+    cr_assert_eq(cfg->nqueues, 3);
+    cr_assert_eq(cfg->queues[0].weight, 3);
+    cr_assert_eq(cfg->nwarnings, 8, "%s", warnings());
+    assert_warning(0, 5, "require: not used by kiq (Ruby code to load; kiq's handlers come from "
+                         "plugins); ignored");
+    assert_warning(1, 6, "strict: not used by kiq (Sidekiq drops it too: queue weights decide "
+                         "the order); ignored");
+    assert_warning(2, 14, "redis.size: not used by kiq (a Ruby client option); ignored");
+    assert_warning(3, 15, "redis.ssl_params: not used by kiq (a Ruby client option); ignored");
+    assert_warning(4, 17, "lifecycle_events: not used by kiq (Ruby callbacks); ignored");
+    assert_warning(5, 18, "error_handlers: not used by kiq (Ruby callbacks); ignored");
+    assert_warning(6, 19, "limits: not used by kiq (sidekiq-limit_fetch); ignored");
+    assert_warning(7, 21, "schedule: not used by kiq (recurring jobs of sidekiq-scheduler or "
+                          "sidekiq-cron); ignored");
+}
+
+Test(config, unused_keys_in_the_selected_section_warn_too)
+{
+    cr_assert_eq(load("development:\n  :daemon: true\n"), 0, "%s", err);
+    cr_assert_eq(cfg->nwarnings, 1, "%s", warnings());
+    assert_warning(0, 2, "daemon: not used by kiq (removed in Sidekiq 6; run kiq under a "
+                         "supervisor); ignored");
+}
+
+Test(config, logfile_pidfile_and_shutdown_timeout_are_honoured_without_warnings)
+{
+    cr_assert_eq(load("logfile: /tmp/a.log\npidfile: /tmp/a.pid\nshutdown_timeout: 9\n"
+                      "startup_timeout: 4\n"),
+                 0, "%s", err);
+    cr_assert_str_eq(cfg->log_file, "/tmp/a.log");
+    cr_assert_str_eq(cfg->pidfile, "/tmp/a.pid");
+    cr_assert_eq(cfg->timeout, 9);
+    cr_assert_eq(cfg->startup_timeout, 4);
+    cr_assert_eq(cfg->nwarnings, 0, "%s", warnings());
+}
+
+Test(config, typo_alone_in_an_unselected_section_names_the_key)
+{
+    cr_assert_eq(load("concurrency: 5\nproduction:\n  :concurency: 25\n"), KIQ_ECONFIG);
+    assert_err(3, "concurency: unknown key; did you mean concurrency?");
+}
+
+Test(config, unknown_key_suggests_the_nearest_known_one)
+{
+    cr_assert_eq(load("concurency: 5\n"), KIQ_ECONFIG);
+    assert_err(1, "concurency: unknown key; did you mean concurrency?");
+}
+
+Test(config, unknown_key_far_from_every_key_has_no_suggestion)
+{
+    cr_assert_eq(load("frobnicate: 5\n"), KIQ_ECONFIG);
+    assert_err(1, "frobnicate: unknown key");
+}
+
+Test(config, unknown_redis_option_suggests_and_target_options_are_errors)
+{
+    cr_assert_eq(load("redis:\n  uri: redis://x:1/0\n"), KIQ_ECONFIG);
+    assert_err(2, "redis.uri: unknown key; did you mean url?");
+    kiq_config_free(cfg);
+    cfg = kiq_config_new();
+    unlink(path);
+    free(path);
+    cr_assert_eq(load("redis:\n  host: cache\n"), KIQ_ECONFIG);
+    assert_err(2, "redis.host: not supported; give the server in url "
+                  "(redis://[user:password@]host:port/db)");
+}
+
+Test(config, erb_value_says_erb_is_not_evaluated)
+{
+    cr_assert_eq(load("concurrency: 5\ntag: <%= ENV['APP'] %>\n"), KIQ_ECONFIG);
+    assert_err(2, "tag: ERB (<%= ... %>) is not evaluated by kiq; use ${VAR} or ${VAR:-default}");
+}
+
+Test(config, missing_or_unreadable_file_given_to_C_is_a_config_error)
+{
+    char *argv[] = {"kiq", "-C", "/nonexistent/sidekiq.yml", NULL};
+    cr_assert_eq(kiq_config_parse_args(cfg, 3, argv, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "cannot read the config file /nonexistent/sidekiq.yml: "
+                          "No such file or directory");
+    char *dir_argv[] = {"kiq", "-C", "/tmp", NULL};
+    cr_assert_eq(kiq_config_parse_args(cfg, 3, dir_argv, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "cannot read the config file /tmp: Is a directory");
+}
+
+Test(config, startup_timeout_flag_and_pidfile_flag)
+{
+    char *argv[] = {"kiq", "--startup-timeout", "0", "-P", "/tmp/x.pid", NULL};
+    cr_assert_eq(kiq_config_parse_args(cfg, 5, argv, err), 0, "%s", err);
+    cr_assert_eq(cfg->startup_timeout, 0);
+    cr_assert_str_eq(cfg->pidfile, "/tmp/x.pid");
+    flag_rejected("--startup-timeout", "-1");
+    flag_rejected("--startup-timeout", "inf");
 }

@@ -10,8 +10,12 @@
 #include <stddef.h>
 #include "error.h"
 
-/* Exit status of the kiq binary for a bad configuration (EX_CONFIG). */
+/* Exit status of the kiq binary for a bad configuration (EX_CONFIG): a bad
+ * file, flag or URL, or Redis refusing the password, user or database. */
 #define KIQ_EXIT_CONFIG 78
+/* Exit status when Redis stays unreachable for startup_timeout
+ * (EX_UNAVAILABLE). */
+#define KIQ_EXIT_UNAVAILABLE 69
 
 /* retry option values besides a plain count N >= 0. */
 #define KIQ_RETRY_DEFAULT (-1) /* retry: true, use max_retries */
@@ -54,6 +58,8 @@ typedef struct kiq_config {
     size_t nqueues;
     int strict;               /* derived: 1 when no queue has a weight */
     double timeout;           /* shutdown grace in seconds, default 25 */
+    double startup_timeout;   /* seconds to wait for an unreachable Redis at
+                                 start before giving up, default 30; 0 = forever */
     char *tag;                /* "" by default */
     char **labels;
     size_t nlabels;
@@ -74,6 +80,10 @@ typedef struct kiq_config {
     kiq_ts_format_t timestamps;
     kiq_log_format_t log_format;
     char *log_file;           /* NULL = stderr */
+    char *pidfile;            /* written at start, removed at exit; NULL = none */
+    char **warnings;          /* "file:line: key: problem" for keys of the file
+                                 kiq does not use, for the caller to log */
+    size_t nwarnings;
     int verbose;
     char *config_file;        /* the -C path, if any */
     int redis_url_explicit;   /* 1 once a file or flag set redis_url, so env vars yield */
@@ -98,8 +108,15 @@ KIQ_API void kiq_config_free(kiq_config_t *cfg);
  * holds, and cfg->config_file becomes path. On error returns KIQ_ECONFIG or
  * KIQ_EPARSE and writes "path:line: key: problem" into err (KIQ_ERRLEN), or
  * KIQ_ENOTFOUND with "path: reason" when the file cannot be opened; cfg may
- * then hold part of the file, since the caller exits on a bad config. */
+ * then hold part of the file, since the caller exits on a bad config. Keys
+ * that Sidekiq or its plugins use and kiq does not are not errors: each adds
+ * a line to cfg->warnings. */
 KIQ_API int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err);
+
+/* The environment whose section of the file applies, as Sidekiq picks it:
+ * cfg->environment (-e), else $APP_ENV, $RAILS_ENV, $RACK_ENV, else
+ * "development". Borrowed. */
+KIQ_API const char *kiq_config_environment(const kiq_config_t *cfg);
 
 /* Applies REDIS_URL (or the variable named by REDIS_PROVIDER) when no URL
  * was configured explicitly (cfg->redis_url_explicit, which whoever sets
@@ -128,7 +145,8 @@ KIQ_API const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg,
 /* Parses the flags of `kiq run` (argv[0] is the command name): -C is read
  * first, then every flag overrides the file. Returns 0, KIQ_ENOTFOUND for
  * --help (the caller prints kiq_config_usage()), or KIQ_ECONFIG /
- * KIQ_EPARSE with err filled. */
+ * KIQ_EPARSE with err filled (a -C file that cannot be read is
+ * KIQ_ECONFIG). */
 KIQ_API int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err);
 /* The help text of `kiq run`'s flags. */
 KIQ_API const char *kiq_config_usage(void);

@@ -18,8 +18,11 @@ typedef struct kiq_redis kiq_redis_t;
 KIQ_API kiq_redis_t *kiq_redis_new(const char *url, double timeout, char *err);
 KIQ_API void kiq_redis_free(kiq_redis_t *r);
 
-/* Connects (or reconnects) now: TCP/unix connect, AUTH, SELECT. Returns 0 or
- * KIQ_EREDIS; kiq_redis_error() says why (never with the password). */
+/* Connects (or reconnects) now: TCP/unix connect, AUTH, SELECT. Returns 0,
+ * KIQ_EREDIS when it may work later (no answer, refused, LOADING), or
+ * KIQ_ECONFIG when the server refused the URL's password, user, ACL
+ * rights or database; kiq_redis_error() says why (never with the
+ * password). */
 KIQ_API int kiq_redis_connect(kiq_redis_t *r);
 /* True while the connection is believed usable. An I/O error on any command
  * marks it broken; the owner then calls kiq_redis_connect again. */

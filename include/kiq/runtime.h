@@ -56,7 +56,9 @@ KIQ_API int kiq_runtime_load_plugin(kiq_runtime_t *rt, const char *path, char *e
  * thread (and so in every thread it starts) and handles them itself, and
  * ignores SIGPIPE unless the program has set a disposition for it.
  * Returns 0 after a graceful stop, or a KIQ_E* code when it cannot start
- * (err filled). */
+ * (err filled): KIQ_ECONFIG when Redis refuses the URL's password, user or
+ * database, KIQ_EREDIS when Redis stays unreachable for the config's
+ * startup_timeout. */
 KIQ_API int kiq_runtime_run(kiq_runtime_t *rt, char *err);
 
 /* Thread-safe requests, as the signals TSTP and TERM do. */
