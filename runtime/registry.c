@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kiq/client.h"
+
 const kiq_handler_entry_t *kiq_registry_find(const kiq_runtime_t *rt, const char *cls)
 {
     for (size_t i = 0; i < rt->nhandlers; i++)
@@ -38,6 +40,21 @@ int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *ud
     e->queue = opts && opts->queue ? strdup(opts->queue) : NULL;
     e->retry = opts ? opts->retry : KIQ_RETRY_UNSET;
     e->unique = opts ? opts->unique : NULL;
+    return 0;
+}
+
+int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt)
+{
+    if (!c || !rt)
+        return KIQ_EINVAL;
+    for (size_t i = 0; i < rt->nhandlers; i++) {
+        const kiq_handler_entry_t *h = &rt->handlers[i];
+        kiq_class_opts_t o = { .queue = h->queue, .retry = h->retry, .unique = h->unique };
+        int rc = kiq_client_set_class(c, h->cls, &o);
+        if (rc)
+            return rc;
+    }
+    kiq_client_use_config(c, rt->cfg);
     return 0;
 }
 
