@@ -407,6 +407,34 @@ Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_er
     free(nosuch);
 }
 
+Test(interop, a_ruby_job_without_retry_gets_the_class_retry_from_the_config)
+{
+    json_t *v = RUBY("push_raw", "{\"class\":\"FailJob\",\"args\":[\"once\"]}");
+    char *jid = strdup(json_string_value(v));
+    json_decref(v);
+    char *raw = kt_str("LINDEX queue:default 0");
+    cr_assert(raw && !strstr(raw, "\"retry\""), "pushed without retry: %s", raw);
+    char *cfg = write_conf("classes:\n  FailJob:\n    retry: 1\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "first failure retried: %s",
+              kt_kiq_log(pid));
+    char *member = only_member("retry", NULL);
+    cr_assert_eq(kt_int("ZADD retry XX CH 1 %s", member), 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "dead after one retry: %s",
+              kt_kiq_log(pid));
+    kiq_stop_ok(pid, SIGTERM, 30);
+    json_t *d = RUBY("dead");
+    json_t *item = json_object_get(json_array_get(d, 0), "item");
+    cr_assert_str_eq(str_of(item, "jid"), jid);
+    cr_assert_eq(num_of(item, "retry_count"), 1);
+    cr_assert_eq(kt_int("ZCARD retry"), 0);
+    json_decref(d);
+    free(member);
+    free(cfg);
+    free(raw);
+    free(jid);
+}
+
 Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 {
     char *cfg = write_conf(NULL);
