@@ -435,6 +435,39 @@ Test(interop, a_ruby_job_without_retry_gets_the_class_retry_from_the_config)
     free(jid);
 }
 
+Test(interop, a_handler_backtrace_is_sidekiqs_error_backtrace)
+{
+    char *all = ruby_push("{\"class\":\"FailJob\",\"args\":[\"bt\",[\"jobs.c:10:in fail\",\"main.c:3\",\"ü\\\"\"]]}");
+    char *cut = ruby_push("{\"class\":\"FailJob\",\"backtrace\":1,\"args\":[\"bt\",[\"first\",\"second\"]]}");
+    char *none = ruby_push("{\"class\":\"FailJob\",\"backtrace\":false,\"args\":[\"bt\",[\"x\"]]}");
+    char *cfg = write_conf(NULL);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3, 15), "three failures: %s", kt_kiq_log(pid));
+    kiq_stop_ok(pid, SIGTERM, 30);
+
+    json_t *set = RUBY("retries");
+    int checked = 0;
+    for (size_t i = 0; i < json_array_size(set); i++) {
+        json_t *e = json_array_get(set, i), *bt = json_object_get(e, "error_backtrace");
+        const char *jid = str_of(json_object_get(e, "item"), "jid");
+        char *got = json_dumps(bt, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (strcmp(jid, all) == 0)
+            cr_assert_str_eq(got, "[\"jobs.c:10:in fail\",\"main.c:3\",\"ü\\\"\"]", "Ruby decodes: %s", got);
+        else if (strcmp(jid, cut) == 0)
+            cr_assert_str_eq(got, "[\"first\"]", "backtrace: 1 keeps one line: %s", got);
+        else
+            cr_assert(strcmp(jid, none) == 0 && json_is_null(bt), "backtrace: false keeps none: %s", got);
+        checked++;
+        free(got);
+    }
+    cr_assert_eq(checked, 3);
+    json_decref(set);
+    free(cfg);
+    free(all);
+    free(cut);
+    free(none);
+}
+
 Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 {
     char *cfg = write_conf(NULL);

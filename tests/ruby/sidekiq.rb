@@ -18,7 +18,7 @@ Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
 Sidekiq.logger.level = Logger::WARN
 
 def entries(set)
-  set.map { |e| { 'score' => e.score, 'item' => e.item } }
+  set.map { |e| { 'score' => e.score, 'item' => e.item, 'error_backtrace' => e.error_backtrace } }
 end
 
 def find_process(identity)
