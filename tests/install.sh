@@ -6,11 +6,12 @@
 # with the installed sample config, the man page documents every option
 # of every subcommand, the systemd unit passes `systemd-analyze verify`,
 # and the Dockerfile's runtime packages and health check match.
-# Usage: install.sh BUILD_DIR SOURCE_DIR. Exits 77 (skipped) without a C
-# compiler.
+# Usage: install.sh BUILD_DIR SOURCE_DIR [B_SANITIZE]. Exits 77 (skipped)
+# without a C compiler.
 set -euo pipefail
 build=$(realpath "$1")
 src=$(realpath "$2")
+sanitize=${3:-none}
 command -v cc >/dev/null || { echo "no C compiler: skipped"; exit 77; }
 # meson test points this at the build tree; the installed copy must do
 # without it.
@@ -59,10 +60,16 @@ eval "$cmd" || fail "plugin build: $cmd"
 cp "$src/examples/embed.c" main.c
 cmd=$(grep -o 'cc -o myworker main.c \$(pkg-config --cflags --libs kiq)' "$src/README.md" | head -1)
 [ -n "$cmd" ] || fail "README lacks the embedding build command"
-eval "$cmd" || fail "embedding build: $cmd"
+eval "$cmd" 2>cc.err || fail "embedding build: $cmd: $(cat cc.err)"
 # After ldconfig (README), the installed libkiq is found; here the
-# destdir's copy stands in for it.
-[ "$(LD_LIBRARY_PATH=$libdir ./myworker version)" = "$("$kiq" version)" ] || fail "myworker version"
+# destdir's copy stands in for it. A sanitized libkiq needs its runtimes
+# loaded first by a program built without them.
+myworker() {
+    local pre=""
+    [ "$sanitize" = none ] || pre="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libubsan.so)"
+    LD_PRELOAD=$pre LD_LIBRARY_PATH=$libdir ./myworker "$@"
+}
+[ "$(myworker version)" = "$("$kiq" version)" ] || fail "myworker version"
 
 # A private Redis, the installed sample config (pointing into the destdir),
 # the installed kiq with the README's plugin.
@@ -78,7 +85,7 @@ sed -i 's/^poll_interval_average:.*//; $a poll_interval_average: 1' kiq.yml
 pids+=($!)
 "$kiq" push HardJob '["bob"]' >/dev/null
 "$kiq" push FailJob '["from the installed example plugin"]' >/dev/null
-LD_LIBRARY_PATH=$libdir ./myworker push HardJob '["ann"]' >/dev/null
+myworker push HardJob '["ann"]' >/dev/null
 hello() { [ "$(redis-cli -s "$tmp/redis.sock" get "hello:$1")" = 1 ]; }
 until_ok 20 hello bob || fail "the plugin's job did not run: $(cat kiq.log)"
 until_ok 20 hello ann || fail "the job myworker pushed did not run: $(cat kiq.log)"
@@ -90,10 +97,11 @@ hc=$(sed -n 's/^HEALTHCHECK.*CMD \["kiq", \(.*\)\]$/\1/p' "$src/examples/Dockerf
 "$kiq" $hc >/dev/null || fail "health check kiq $hc failed"
 
 # Every library the installed kiq links comes from a package the
-# Dockerfile's runtime stage installs (libc is in the base image).
+# Dockerfile's runtime stage installs (libc and libgcc are in the base
+# image; the sanitizers' runtimes are only in a sanitized build).
 for lib in $(ldd "$kiq" | awk '$3 ~ /^\// {print $3}'); do
     b=$(basename "$lib")
-    case $b in libc.so*|libm.so*|libdl.so*|libpthread.so*) continue ;; esac
+    case $b in libc.so*|libm.so*|libdl.so*|libpthread.so*|libgcc_s.so*|libstdc++.so*|libasan.so*|libubsan.so*) continue ;; esac
     found=0
     for p in $(dpkg -S "*/$b" 2>/dev/null | cut -d: -f1 | tr ',' ' '); do
         grep -qw -- "$p" "$src/examples/Dockerfile" && found=1
