@@ -1,5 +1,7 @@
-/* `kiq push CLASS [ARGS_JSON] [-q Q] [--in S | --at T] [--retry N|false]`:
- * pushes one job with kiq's client and prints its jid. */
+/* `kiq push CLASS [ARGS_JSON] [-C FILE] [-q Q] [--in S | --at T]
+ * [--retry N|false]`: pushes one job with kiq's client and prints its jid.
+ * The classes: section of FILE gives the class's retry, queue and lock
+ * options, as a worker's sidekiq_options do for Ruby's client. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +22,9 @@ static const char *usage =
     "\n"
     "Pushes one job and prints its jid. ARGS_JSON is a JSON array (default []).\n"
     "\n"
-    "  -q, --queue NAME        queue (default \"default\")\n"
+    "  -C, --config FILE       read the class's retry, queue and lock options (and\n"
+    "                          redis_url) from FILE's classes: section\n"
+    "  -q, --queue NAME        queue (default: the class's, else \"default\")\n"
     "      --in SECONDS        run it this many seconds from now\n"
     "      --at EPOCH          run it at this Unix time (seconds)\n"
     "      --retry N|true|false  retry option written into the payload\n"
@@ -40,7 +44,7 @@ enum { OPT_IN = 1000, OPT_AT, OPT_RETRY, OPT_URL, OPT_TS, OPT_LOCK, OPT_LOCK_TTL
 int kiq_cmd_push(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "queue", required_argument, NULL, 'q' }, { "in", required_argument, NULL, OPT_IN },
+        { "config", required_argument, NULL, 'C' }, { "queue", required_argument, NULL, 'q' }, { "in", required_argument, NULL, OPT_IN },
         { "at", required_argument, NULL, OPT_AT }, { "retry", required_argument, NULL, OPT_RETRY },
         { "redis-url", required_argument, NULL, OPT_URL },
         { "timestamps", required_argument, NULL, OPT_TS },
@@ -53,13 +57,14 @@ int kiq_cmd_push(int argc, char **argv)
     kiq_push_opts_t o = kiq_push_opts_default();
     kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
     int lock_opts = 0;
-    const char *url = NULL;
+    const char *url = NULL, *conf = NULL;
     double in = 0, at = 0;
     int opt;
     optind = 1;
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "q:h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "C:q:h", longopts, NULL)) != -1) {
         switch (opt) {
+        case 'C': conf = optarg; break;
         case 'q': o.queue = optarg; break;
         case OPT_URL: url = optarg; break;
         case OPT_IN:
@@ -144,23 +149,32 @@ int kiq_cmd_push(int argc, char **argv)
     const char *args = optind + 1 < argc ? argv[optind + 1] : "[]";
     o.at = at > 0 ? at : in; /* the client reads small values as "from now" */
     char err[KIQ_ERRLEN], jid[25];
+    kiq_config_t *cfg = conf ? kiq_config_new() : NULL;
+    if (conf && (!cfg || kiq_config_load_file(cfg, conf, err))) {
+        fprintf(stderr, "kiq push: %s\n", cfg ? err : "out of memory");
+        kiq_config_free(cfg);
+        return KIQ_EXIT_CONFIG;
+    }
+    if (!url && cfg && cfg->redis_url_explicit)
+        url = cfg->redis_url;
     kiq_client_t *c = kiq_client_new(kiq_cli_redis_url(url), err);
     if (!c) {
         fprintf(stderr, "kiq push: %s\n", err);
+        kiq_config_free(cfg);
         return 1;
     }
-    int rc = kiq_client_push(c, cls, args, &o, jid);
+    kiq_client_use_config(c, cfg);
+    int rc = kiq_client_push(c, cls, args, &o, jid), status = 0;
     if (rc == KIQ_EDENIED) {
         fprintf(stderr, "kiq push: denied: %s\n", kiq_client_error(c));
-        kiq_client_free(c);
-        return EXIT_DENIED;
-    }
-    if (rc) {
+        status = EXIT_DENIED;
+    } else if (rc) {
         fprintf(stderr, "kiq push: %s\n", kiq_client_error(c));
-        kiq_client_free(c);
-        return rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : 1;
+        status = rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : 1;
+    } else {
+        printf("%s\n", jid);
     }
-    printf("%s\n", jid);
     kiq_client_free(c);
-    return 0;
+    kiq_config_free(cfg);
+    return status;
 }

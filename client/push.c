@@ -1,6 +1,7 @@
 /* Pushing jobs: payloads built the way Ruby's Sidekiq::Client writes them
  * (retry, queue, options, args, class, jid, created_at, enqueued_at), so
- * every Sidekiq version reads them. */
+ * every Sidekiq version reads them, with the class's options filled in as
+ * Sidekiq fills in a worker's sidekiq_options. */
 #include "kiq/client.h"
 
 #include <stdio.h>
@@ -16,10 +17,21 @@
 #include "middleware/mw.h"
 #include "redis/keys.h"
 
+/* Options set with kiq_client_set_class. */
+typedef struct client_class {
+    char *cls;
+    char *queue;
+    int retry;
+    const kiq_unique_opts_t *unique;
+} client_class_t;
+
 struct kiq_client {
     kiq_redis_t *r;
     char err[KIQ_ERRLEN];
     kiq_chain_t *chain;  /* client middleware, "unique" by default */
+    client_class_t *classes;
+    size_t nclasses;
+    const kiq_config_t *cfg; /* classes: section, borrowed, or NULL */
 };
 
 kiq_push_opts_t kiq_push_opts_default(void)
@@ -70,7 +82,73 @@ void kiq_client_free(kiq_client_t *c)
         return;
     kiq_redis_free(c->r);
     kiq_chain_free(c->chain);
+    for (size_t i = 0; i < c->nclasses; i++) {
+        free(c->classes[i].cls);
+        free(c->classes[i].queue);
+    }
+    free(c->classes);
     free(c);
+}
+
+static client_class_t *find_class(const kiq_client_t *c, const char *cls)
+{
+    for (size_t i = 0; i < c->nclasses; i++)
+        if (strcmp(c->classes[i].cls, cls) == 0)
+            return &c->classes[i];
+    return NULL;
+}
+
+int kiq_client_set_class(kiq_client_t *c, const char *cls, const kiq_class_opts_t *opts)
+{
+    if (!c || !cls || !*cls || !opts)
+        return KIQ_EINVAL;
+    char *queue = opts->queue && *opts->queue ? strdup(opts->queue) : NULL;
+    if (opts->queue && *opts->queue && !queue)
+        return KIQ_ENOMEM;
+    client_class_t *e = find_class(c, cls);
+    if (!e) {
+        client_class_t *p = realloc(c->classes, (c->nclasses + 1) * sizeof(*p));
+        char *name = strdup(cls);
+        if (p)
+            c->classes = p;
+        if (!p || !name) {
+            free(name);
+            free(queue);
+            return KIQ_ENOMEM;
+        }
+        e = &c->classes[c->nclasses++];
+        *e = (client_class_t){ .cls = name };
+    }
+    free(e->queue);
+    e->queue = queue;
+    e->retry = opts->retry;
+    e->unique = opts->unique;
+    return 0;
+}
+
+void kiq_client_use_config(kiq_client_t *c, const kiq_config_t *cfg)
+{
+    if (c)
+        c->cfg = cfg;
+}
+
+/* Fills what o leaves unset from the class's options: the config file's
+ * first, then kiq_client_set_class's, as the server reads them. *cc gets
+ * the config's entry for the uniqueness middleware, unless the push gave
+ * its own lock. */
+static void class_defaults(const kiq_client_t *c, const char *cls, kiq_push_opts_t *o,
+                           const kiq_class_conf_t **cc)
+{
+    const kiq_class_conf_t *conf = c->cfg ? kiq_config_class(c->cfg, cls) : NULL;
+    const client_class_t *set = find_class(c, cls);
+    if (o->retry == KIQ_RETRY_UNSET)
+        o->retry = conf && conf->retry != KIQ_RETRY_UNSET ? conf->retry
+                 : set ? set->retry : KIQ_RETRY_UNSET;
+    if (!o->queue || !*o->queue)
+        o->queue = conf && conf->queue ? conf->queue : set && set->queue ? set->queue : "default";
+    *cc = o->unique ? NULL : conf;
+    if (!o->unique && set)
+        o->unique = set->unique;
 }
 
 const char *kiq_client_error(const kiq_client_t *c)
@@ -150,13 +228,15 @@ static void cmd_add(cmd_t *cmd, const char *s, size_t len)
 
 /* Builds job's payload and the chain state that carries it. */
 static int prepare_job(kiq_client_t *c, push_job_t *job, const char *cls, const char *args,
-                       const kiq_push_opts_t *o, const char *queue, double now)
+                       const kiq_push_opts_t *o, const kiq_class_conf_t *cc, double now)
 {
+    const char *queue = o->queue;
     kiq_buf_t b = {0};
     int rc = build(c, &b, cls, args, o, queue, now, job->jid);
     kiq_mw_t *mw = &job->mw;
     mw->r = c->r;
     mw->unique = o->unique;
+    mw->cc = cc;
     mw->cls = cls;
     mw->jid = job->jid;
     mw->queue = queue;
@@ -278,10 +358,12 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
                          const kiq_push_opts_t *opts, char (*jids)[25])
 {
     kiq_push_opts_t o = opts ? *opts : kiq_push_opts_default();
-    const char *queue = o.queue && *o.queue ? o.queue : "default";
+    const kiq_class_conf_t *cc = NULL;
     c->err[0] = '\0';
     if (!cls || !*cls)
         return kiq_seterr(c->err, KIQ_EINVAL, "a job class is required");
+    class_defaults(c, cls, &o, &cc);
+    const char *queue = o.queue;
     if (n == 0)
         return 0;
     double now = kiq_now();
@@ -294,7 +376,7 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     size_t *lens = calloc(3 * n + 4, sizeof(*lens)), denied = 0;
     int rc = jobs && argv && lens ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && !rc; i++) {
-        rc = prepare_job(c, &jobs[i], cls, args ? args[i] : NULL, &o, queue, now);
+        rc = prepare_job(c, &jobs[i], cls, args ? args[i] : NULL, &o, cc, now);
         if (!rc)
             rc = run_chain(c, &jobs[i].mw, cls, &denied);
     }

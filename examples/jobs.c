@@ -42,10 +42,19 @@ static int sleep_job(kiq_job_t *job, void *ud)
     return 0;
 }
 
-/* FailJob [message]: fails with RuntimeError. */
+/* FailJob [message, [backtrace lines]]: fails with RuntimeError, with the
+ * backtrace when one is given. */
 static int fail_job(kiq_job_t *job, void *ud)
 {
     (void)ud;
+    json_t *args = kiq_job_args(job);
+    json_t *bt = args ? json_array_get(args, 1) : NULL;
+    const char *lines[16];
+    size_t n = 0;
+    for (; n < json_array_size(bt) && n < 16; n++)
+        lines[n] = json_string_value(json_array_get(bt, n));
+    if (n && kiq_job_set_backtrace(job, lines, n))
+        return kiq_job_fail(job, "NoMemoryError", "no memory for the backtrace");
     return kiq_job_fail(job, "RuntimeError", "%s", arg_str(job, 0, "FailJob failed on purpose"));
 }
 

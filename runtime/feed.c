@@ -88,10 +88,13 @@ void kiq_done_clear(kiq_done_t *d)
     d->active = 0;
 }
 
-void kiq_done_acked(kiq_done_t *d, kiq_redis_t *r)
+void kiq_done_acked(kiq_runtime_t *rt, kiq_done_t *d, kiq_redis_t *r)
 {
     if (d->ack.lock_key)
         kiq_mw_note_released(&d->mw, r);
+    /* After the ack: the job is in the dead set when the hook runs. */
+    if (d->ack.kind == KIQ_ACK_DEAD)
+        kiq_hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);
     kiq_done_clear(d);
 }
 
@@ -184,7 +187,7 @@ void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
     pthread_mutex_unlock(&feed->mu);
     if (d) {
         if (kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
-            kiq_done_acked(d, r);
+            kiq_done_acked(s->rt, d, r);
         kiq_done_free(feed, d);
     }
 }
@@ -220,7 +223,7 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nac
     size_t failed = 0;
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
-            kiq_done_acked(acks[i], r);
+            kiq_done_acked(s->rt, acks[i], r);
             kiq_done_free(s->rt->feed, acks[i]);
         } else {
             kiq_feed_ack(s, r, acks[i]);

@@ -26,7 +26,7 @@ void kiq_done_free(kiq_feed_t *feed, kiq_done_t *d);
 /* Frees what d holds; d stays allocated. */
 void kiq_done_clear(kiq_done_t *d);
 /* d's ack was written: notes the lock it released, then clears d. */
-void kiq_done_acked(kiq_done_t *d, kiq_redis_t *r);
+void kiq_done_acked(struct kiq_runtime *rt, kiq_done_t *d, kiq_redis_t *r);
 
 /* One job for processor s into *job, from the feed or fetched by s for
  * itself and the threads that look next; the acks waiting go out with any

@@ -21,6 +21,8 @@ struct kiq_job {
     int args_tried;
     redisContext *redis;    /* the processor's connection (borrowed) */
     char *err_class, *err_msg; /* set by kiq_job_fail */
+    char **backtrace;       /* set by kiq_job_set_backtrace, owned */
+    size_t nbacktrace;
     const atomic_int *stopping;
 };
 

@@ -58,6 +58,9 @@ void kiq_job_clear(kiq_job_t *job)
     json_decref(job->args);
     free(job->err_class);
     free(job->err_msg);
+    for (size_t i = 0; i < job->nbacktrace; i++)
+        free(job->backtrace[i]);
+    free(job->backtrace);
     memset(job, 0, sizeof(*job));
 }
 
@@ -118,6 +121,27 @@ int kiq_job_fail(kiq_job_t *job, const char *error_class, const char *fmt, ...)
     job->err_class = strdup(error_class && *error_class ? error_class : "RuntimeError");
     job->err_msg = strdup(msg);
     return KIQ_EJOB;
+}
+
+int kiq_job_set_backtrace(kiq_job_t *job, const char *const *lines, size_t n)
+{
+    if (!job || (n && !lines))
+        return KIQ_EINVAL;
+    char **copy = n ? calloc(n, sizeof(*copy)) : NULL;
+    int rc = n && !copy ? KIQ_ENOMEM : 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        if (!(copy[i] = strdup(lines[i] ? lines[i] : "")))
+            rc = KIQ_ENOMEM;
+    char **old = rc ? copy : job->backtrace;
+    size_t nold = rc ? n : job->nbacktrace;
+    for (size_t i = 0; i < nold; i++)
+        free(old[i]);
+    free(old);
+    if (!rc) {
+        job->backtrace = copy;
+        job->nbacktrace = n;
+    }
+    return rc;
 }
 
 const char *kiq_job_error_class(const kiq_job_t *job) { return job->err_class; }

@@ -161,7 +161,7 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
     /* The basic fetch has no working list to guard the ack against the
      * shutdown's requeue: the slot lock does. */
     if (ack_job(s, r, job->payload, job->len, &d->ack) == 0)
-        kiq_done_acked(d, r);
+        kiq_done_acked(s->rt, d, r);
     else
         kiq_done_clear(d);
     slot_clear(s);

@@ -1,11 +1,14 @@
-/* The handler registry: job class name -> C function and its options.
- * Filled before run; read concurrently by processors afterwards. */
+/* The handler registry: job class name -> C function and its options, and
+ * the error and death hooks. Filled before run; read concurrently by
+ * processors afterwards. */
 #include "runtime/rt.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kiq/client.h"
 
 const kiq_handler_entry_t *kiq_registry_find(const kiq_runtime_t *rt, const char *cls)
 {
@@ -41,6 +44,21 @@ int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *ud
     return 0;
 }
 
+int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt)
+{
+    if (!c || !rt)
+        return KIQ_EINVAL;
+    for (size_t i = 0; i < rt->nhandlers; i++) {
+        const kiq_handler_entry_t *h = &rt->handlers[i];
+        kiq_class_opts_t o = { .queue = h->queue, .retry = h->retry, .unique = h->unique };
+        int rc = kiq_client_set_class(c, h->cls, &o);
+        if (rc)
+            return rc;
+    }
+    kiq_client_use_config(c, rt->cfg);
+    return 0;
+}
+
 int kiq_runtime_load_plugin(kiq_runtime_t *rt, const char *path, char *err)
 {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -55,6 +73,51 @@ int kiq_runtime_load_plugin(kiq_runtime_t *rt, const char *path, char *err)
     return 0;
 }
 
+static int add_hook(kiq_runtime_t *rt, int death, kiq_hook_fn fn, void *udata)
+{
+    if (!rt || !fn)
+        return KIQ_EINVAL;
+    kiq_hook_t *p = realloc(rt->hooks, (rt->nhooks + 1) * sizeof(*p));
+    if (!p)
+        return KIQ_ENOMEM;
+    rt->hooks = p;
+    rt->hooks[rt->nhooks++] = (kiq_hook_t){ .death = death, .fn = fn, .udata = udata };
+    return 0;
+}
+
+int kiq_on_error(kiq_runtime_t *rt, kiq_hook_fn fn, void *udata)
+{
+    return add_hook(rt, 0, fn, udata);
+}
+
+int kiq_on_death(kiq_runtime_t *rt, kiq_hook_fn fn, void *udata)
+{
+    return add_hook(rt, 1, fn, udata);
+}
+
+static void run_hooks(const kiq_runtime_t *rt, int death, kiq_job_t *job, const char *cls,
+                      const char *msg)
+{
+    for (size_t i = 0; i < rt->nhooks; i++)
+        if (rt->hooks[i].death == death)
+            rt->hooks[i].fn(job, cls ? cls : "RuntimeError", msg ? msg : "", rt->hooks[i].udata);
+}
+
+void kiq_hooks_error(const kiq_runtime_t *rt, kiq_job_t *job, const char *cls, const char *msg)
+{
+    run_hooks(rt, 0, job, cls, msg);
+}
+
+void kiq_hooks_death(const kiq_runtime_t *rt, kiq_job_t *job, const char *cls, const char *msg)
+{
+    /* The job's connection is the thread's that ran it; the ack may have
+     * been written by another thread, which could be using it now. */
+    redisContext *c = job->redis;
+    job->redis = NULL;
+    run_hooks(rt, 1, job, cls, msg);
+    job->redis = c;
+}
+
 void kiq_registry_free(kiq_runtime_t *rt)
 {
     for (size_t i = 0; i < rt->nhandlers; i++) {
@@ -64,4 +127,7 @@ void kiq_registry_free(kiq_runtime_t *rt)
     free(rt->handlers);
     rt->handlers = NULL;
     rt->nhandlers = 0;
+    free(rt->hooks);
+    rt->hooks = NULL;
+    rt->nhooks = 0;
 }

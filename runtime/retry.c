@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "support/buf.h"
 #include "support/payload.h"
@@ -53,6 +54,65 @@ static int payload_retry(const kiq_job_t *job)
     return v < 0 ? 0 : (int)(v > 1000000 ? 1000000 : v);
 }
 
+/* Appends strict base64 (no line breaks: every Sidekiq version decodes it,
+ * 6.x with Base64.decode64, 7.3+ writes it). */
+static int base64(kiq_buf_t *b, const unsigned char *p, size_t len)
+{
+    static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    int rc = 0;
+    for (size_t i = 0; i < len && !rc; i += 3) {
+        unsigned v = (unsigned)p[i] << 16;
+        if (i + 1 < len) v |= (unsigned)p[i + 1] << 8;
+        if (i + 2 < len) v |= p[i + 2];
+        char quad[4] = { tbl[v >> 18 & 63], tbl[v >> 12 & 63],
+                         i + 1 < len ? tbl[v >> 6 & 63] : '=', i + 2 < len ? tbl[v & 63] : '=' };
+        rc = kiq_buf_put(b, quad, 4);
+    }
+    return rc;
+}
+
+/* How many backtrace lines the payload's "backtrace" option keeps: all
+ * unless it is false (none) or an integer N. */
+static size_t backtrace_lines(const kiq_job_t *job)
+{
+    const kiq_jmember_t *m = kiq_jobject_get(&job->obj, job->payload, "backtrace");
+    if (m && m->vlen == 5 && memcmp(job->payload + m->vstart, "false", 5) == 0)
+        return 0;
+    if (m && (job->payload[m->vstart] >= '0' && job->payload[m->vstart] <= '9')) {
+        size_t n = (size_t)strtoul(job->payload + m->vstart, NULL, 10);
+        return n < job->nbacktrace ? n : job->nbacktrace;
+    }
+    return job->nbacktrace;
+}
+
+/* The "error_backtrace" value as Sidekiq writes it: a JSON string holding
+ * base64(zlib deflate(JSON array of the lines)), zlib with its header. */
+static int backtrace_field(const kiq_job_t *job, size_t n, kiq_buf_t *out)
+{
+    kiq_buf_t json = {0};
+    unsigned char *z = NULL;
+    int rc = kiq_buf_puts(&json, "[");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (i)
+            rc = kiq_buf_puts(&json, ",");
+        if (!rc)
+            rc = kiq_json_quote(&json, job->backtrace[i], strlen(job->backtrace[i]));
+    }
+    if (!rc)
+        rc = kiq_buf_puts(&json, "]");
+    uLongf zlen = compressBound((uLong)json.len);
+    if (!rc && !(z = malloc(zlen)))
+        rc = KIQ_ENOMEM;
+    if (!rc && compress2(z, &zlen, (const Bytef *)json.p, (uLong)json.len, Z_DEFAULT_COMPRESSION) != Z_OK)
+        rc = KIQ_ENOMEM; /* Z_MEM_ERROR; the buffer is large enough */
+    if (!rc) rc = kiq_buf_puts(out, "\"");
+    if (!rc) rc = base64(out, z, zlen);
+    if (!rc) rc = kiq_buf_puts(out, "\"");
+    free(z);
+    kiq_buf_free(&json);
+    return rc;
+}
+
 static int quoted(kiq_buf_t *b, const char *s)
 {
     size_t n = strlen(s);
@@ -95,7 +155,8 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
     char ts[32], cnt[32];
     kiq_ts_json(ts, now, cfg->timestamps);
     snprintf(cnt, sizeof(cnt), "%ld", count);
-    kiq_buf_t cls = {0}, msg = {0}, q = {0};
+    kiq_buf_t cls = {0}, msg = {0}, q = {0}, bt = {0};
+    size_t nbt = backtrace_lines(job);
     const kiq_jmember_t *rq = kiq_jobject_get(&job->obj, job->payload, "retry_queue");
     int rc = quoted(&cls, err_class ? err_class : "RuntimeError");
     if (!rc)
@@ -104,7 +165,9 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         rc = rq ? kiq_buf_put(&q, job->payload + rq->vstart, rq->vlen)
                 : kiq_json_quote(&q, job->queue ? job->queue : "default",
                                  strlen(job->queue ? job->queue : "default"));
-    kiq_field_t set[6] = {
+    if (!rc && nbt)
+        rc = backtrace_field(job, nbt, &bt);
+    kiq_field_t set[7] = {
         { "queue", q.p, q.len },
         { "error_message", msg.p, msg.len },
         { "error_class", cls.p, cls.len },
@@ -113,12 +176,14 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         /* Its handler returned, so it did not crash the process: no
          * suspect any more, it need not run alone on its next attempt. */
         { "recovery_count", NULL, 0 },
+        { "error_backtrace", bt.p, bt.len },
     };
     if (!rc)
-        rc = kiq_payload_edit(job->payload, &job->obj, set, 6, &out->payload, &out->len);
+        rc = kiq_payload_edit(job->payload, &job->obj, set, nbt ? 7 : 6, &out->payload, &out->len);
     kiq_buf_free(&cls);
     kiq_buf_free(&msg);
     kiq_buf_free(&q);
+    kiq_buf_free(&bt);
     if (rc)
         return rc;
 
@@ -173,16 +238,8 @@ int kiq_retry_invalid(const char *raw, size_t len, const char *queue, const char
         if (!rc) rc = kiq_json_quote(&b, raw, len);
         if (!rc) rc = kiq_buf_puts(&b, "]");
     } else if (!rc) {
-        static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         rc = kiq_buf_puts(&b, ",\"args\":[],\"payload_base64\":\"");
-        for (size_t i = 0; i < len && !rc; i += 3) {
-            unsigned v = (unsigned char)raw[i] << 16;
-            if (i + 1 < len) v |= (unsigned char)raw[i + 1] << 8;
-            if (i + 2 < len) v |= (unsigned char)raw[i + 2];
-            char quad[4] = { tbl[v >> 18 & 63], tbl[v >> 12 & 63],
-                             i + 1 < len ? tbl[v >> 6 & 63] : '=', i + 2 < len ? tbl[v & 63] : '=' };
-            rc = kiq_buf_put(&b, quad, 4);
-        }
+        if (!rc) rc = base64(&b, (const unsigned char *)raw, len);
         if (!rc) rc = kiq_buf_puts(&b, "\"");
     }
     if (!rc)

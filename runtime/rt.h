@@ -20,6 +20,13 @@ typedef struct kiq_handler_entry {
     const struct kiq_unique_opts *unique; /* registered uniqueness, or NULL */
 } kiq_handler_entry_t;
 
+/* One kiq_on_error or kiq_on_death registration. */
+typedef struct kiq_hook {
+    int death;         /* 0 = error hook */
+    kiq_hook_fn fn;
+    void *udata;
+} kiq_hook_t;
+
 /* What one processor thread is doing, read by the heartbeat (work hash),
  * TTIN and shutdown. Guarded by mu. */
 typedef struct kiq_slot {
@@ -43,6 +50,8 @@ struct kiq_runtime {
     kiq_config_t *cfg;
     kiq_handler_entry_t *handlers;
     size_t nhandlers;
+    kiq_hook_t *hooks;     /* registered before run, read-only after */
+    size_t nhooks;
     char identity[320];
     char hostname[256];
     double started_at;
@@ -76,6 +85,14 @@ struct kiq_runtime {
 /* registry.c */
 const kiq_handler_entry_t *kiq_registry_find(const struct kiq_runtime *rt, const char *cls);
 void kiq_registry_free(struct kiq_runtime *rt);
+/* Run the error hooks (kiq_on_error) for job, failed with cls and msg:
+ * called by the retry middleware when the rest of the chain returns. */
+void kiq_hooks_error(const struct kiq_runtime *rt, kiq_job_t *job, const char *cls,
+                     const char *msg);
+/* Run the death hooks (kiq_on_death) for job: called once the ack that
+ * wrote it to the dead set succeeded. */
+void kiq_hooks_death(const struct kiq_runtime *rt, kiq_job_t *job, const char *cls,
+                     const char *msg);
 
 /* processor.c: the thread loop, fetch -> run the server chain -> ack. */
 void *kiq_processor_main(void *slot);

@@ -90,6 +90,8 @@ static int retry_mw(kiq_mw_t *mw, void *udata)
     run_t *run = mw->priv;
     kiq_job_t *job = mw->job;
     int rc = kiq_mw_next(mw);
+    if (job->err_class)
+        kiq_hooks_error(rt, job, job->err_class, job->err_msg);
     if (!job->err_class || mw->disp != KIQ_DISPOSE_DEFAULT)
         return rc;
     kiq_failure_t f = {0};

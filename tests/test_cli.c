@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "kiq/client.h"
 
 TestSuite(cli, .timeout = 60, .fini = kt_kill_children);
 
@@ -77,6 +78,118 @@ Test(cli, push_refuses_bad_input)
     }
     cr_assert_eq(kt_int("LLEN queue:default"), 0, "nothing was pushed");
     cr_assert_eq(kt_int("ZCARD schedule"), 0, "nothing was scheduled");
+}
+
+/* A kiq.yml with fast scheduler polls and beats, plus extra; caller frees. */
+static char *fast_conf(const char *name, const char *extra)
+{
+    char *body = NULL;
+    cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s", extra) > 0);
+    char *path = kt_write_file(name, body);
+    free(body);
+    return path;
+}
+
+/* Runs the one FailJob waiting in queue:Q on a kiq that has no class
+ * options of its own (the payload must carry them), makes its retry due at
+ * once, and asserts it is dead after exactly one retry. */
+static void dies_after_one_retry(const char *queue, const char *jid)
+{
+    char *conf = fast_conf("server.yml", "");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", conf, "-q", queue, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "first failure retried: %s",
+              kt_kiq_log(pid));
+    redisReply *r = kt_cmd("ZRANGE retry 0 0");
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
+    cr_assert(strstr(r->element[0]->str, jid), "%s", r->element[0]->str);
+    cr_assert_eq(kt_int("ZADD retry XX CH 1 %b", r->element[0]->str, r->element[0]->len), 1);
+    freeReplyObject(r);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "dead after one retry: %s",
+              kt_kiq_log(pid));
+    cr_assert_eq(kt_int("ZCARD retry"), 0);
+    redisReply *dead = kt_cmd("ZRANGE dead 0 0");
+    cr_assert(dead->type == REDIS_REPLY_ARRAY && dead->elements == 1);
+    const char *item = dead->element[0]->str;
+    cr_assert(strstr(item, jid) && strstr(item, "\"retry_count\":1"), "%s", item);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    freeReplyObject(dead);
+    free(conf);
+}
+
+Test(cli, push_with_a_config_file_writes_the_class_options)
+{
+    char *conf = kt_write_file("push.yml", "classes:\n  FailJob:\n    retry: 1\n    queue: low\n"
+                                           "  RecordJob:\n    lock: until_executed\n");
+    char *out = NULL;
+    int st = kt_kiq_run((const char *[]){ "push", "FailJob", "[\"x\"]", "-C", conf, NULL }, &out);
+    cr_assert_eq(st, 0, "%s", out);
+    char *jid = first_line(out);
+    char *payload = kt_str("LINDEX queue:low 0");
+    cr_assert(payload && strstr(payload, "\"retry\":1,") && strstr(payload, "\"queue\":\"low\""),
+              "the class's retry and queue are in the payload: %s", payload);
+    cr_assert_eq(kt_int("SISMEMBER queues low"), 1);
+
+    /* The flags still win, as a push's own options do in Sidekiq. */
+    char *out2 = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "FailJob", "-C", conf, "--retry", "4", "-q",
+                                              "other", NULL }, &out2), 0, "%s", out2);
+    char *p2 = kt_str("LINDEX queue:other 0");
+    cr_assert(p2 && strstr(p2, "\"retry\":4,"), "%s", p2);
+    free(out2);
+
+    /* The class's lock: a second push of the same args is refused. */
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"u\"]", "-C", conf, NULL }, &out2), 0,
+                 "%s", out2);
+    free(out2);
+    char *p3 = kt_str("LINDEX queue:default 0");
+    cr_assert(p3 && strstr(p3, "\"lock\":\"until_executed\""), "%s", p3);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"u\"]", "-C", conf, NULL }, &out2), 3,
+                 "%s", out2);
+    free(out2);
+
+    /* A bad file is a config error naming the file. */
+    char *bad = kt_write_file("bad.yml", "classes:\n  FailJob:\n    retry: lots\n");
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "FailJob", "-C", bad, NULL }, &out2), 78, "%s", out2);
+    cr_assert(strstr(out2, "bad.yml"), "%s", out2);
+    free(out2);
+
+    dies_after_one_retry("low", jid);
+    free(bad);
+    free(p2);
+    free(p3);
+    free(payload);
+    free(out);
+    free(conf);
+}
+
+Test(cli, the_c_client_writes_registered_and_configured_class_options)
+{
+    char err[KIQ_ERRLEN], jid[25], jid2[25];
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "%s", err);
+    kiq_class_opts_t o = KIQ_CLASS_OPTS_INIT;
+    o.retry = 1;
+    o.queue = "low";
+    cr_assert_eq(kiq_client_set_class(c, "FailJob", &o), 0);
+    cr_assert_eq(kiq_client_push(c, "FailJob", "[\"x\"]", NULL, jid), 0, "%s", kiq_client_error(c));
+    char *payload = kt_str("LINDEX queue:low 0");
+    cr_assert(payload && strstr(payload, "\"retry\":1,"), "%s", payload);
+
+    /* A configured classes: section comes first, as on the server. */
+    kiq_config_t *cfg = kiq_config_new();
+    char *conf = kt_write_file("client.yml", "classes:\n  FailJob:\n    retry: false\n    queue: q2\n");
+    cr_assert_eq(kiq_config_load_file(cfg, conf, err), 0, "%s", err);
+    kiq_client_use_config(c, cfg);
+    cr_assert_eq(kiq_client_push(c, "FailJob", "[]", NULL, jid2), 0, "%s", kiq_client_error(c));
+    char *p2 = kt_str("LINDEX queue:q2 0");
+    cr_assert(p2 && strstr(p2, "\"retry\":false,"), "%s", p2);
+    kiq_client_free(c);
+    kiq_config_free(cfg);
+
+    dies_after_one_retry("low", jid);
+    free(p2);
+    free(conf);
+    free(payload);
 }
 
 Test(cli, push_reports_an_unreachable_redis)

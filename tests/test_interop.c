@@ -397,6 +397,67 @@ Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_er
     free(nosuch);
 }
 
+Test(interop, a_ruby_job_without_retry_gets_the_class_retry_from_the_config)
+{
+    json_t *v = RUBY("push_raw", "{\"class\":\"FailJob\",\"args\":[\"once\"]}");
+    char *jid = strdup(json_string_value(v));
+    json_decref(v);
+    char *raw = kt_str("LINDEX queue:default 0");
+    cr_assert(raw && !strstr(raw, "\"retry\""), "pushed without retry: %s", raw);
+    char *cfg = write_conf("classes:\n  FailJob:\n    retry: 1\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "first failure retried: %s",
+              kt_kiq_log(pid));
+    char *member = only_member("retry", NULL);
+    cr_assert_eq(kt_int("ZADD retry XX CH 1 %s", member), 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "dead after one retry: %s",
+              kt_kiq_log(pid));
+    kiq_stop_ok(pid, SIGTERM, 30);
+    json_t *d = RUBY("dead");
+    json_t *item = json_object_get(json_array_get(d, 0), "item");
+    cr_assert_str_eq(str_of(item, "jid"), jid);
+    cr_assert_eq(num_of(item, "retry_count"), 1);
+    cr_assert_eq(kt_int("ZCARD retry"), 0);
+    json_decref(d);
+    free(member);
+    free(cfg);
+    free(raw);
+    free(jid);
+}
+
+Test(interop, a_handler_backtrace_is_sidekiqs_error_backtrace)
+{
+    char *all = ruby_push("{\"class\":\"FailJob\",\"args\":[\"bt\",[\"jobs.c:10:in fail\",\"main.c:3\",\"ü\\\"\"]]}");
+    char *cut = ruby_push("{\"class\":\"FailJob\",\"backtrace\":1,\"args\":[\"bt\",[\"first\",\"second\"]]}");
+    char *none = ruby_push("{\"class\":\"FailJob\",\"backtrace\":false,\"args\":[\"bt\",[\"x\"]]}");
+    char *cfg = write_conf(NULL);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3, 15), "three failures: %s", kt_kiq_log(pid));
+    kiq_stop_ok(pid, SIGTERM, 30);
+
+    json_t *set = RUBY("retries");
+    int checked = 0;
+    for (size_t i = 0; i < json_array_size(set); i++) {
+        json_t *e = json_array_get(set, i), *bt = json_object_get(e, "error_backtrace");
+        const char *jid = str_of(json_object_get(e, "item"), "jid");
+        char *got = json_dumps(bt, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (strcmp(jid, all) == 0)
+            cr_assert_str_eq(got, "[\"jobs.c:10:in fail\",\"main.c:3\",\"ü\\\"\"]", "Ruby decodes: %s", got);
+        else if (strcmp(jid, cut) == 0)
+            cr_assert_str_eq(got, "[\"first\"]", "backtrace: 1 keeps one line: %s", got);
+        else
+            cr_assert(strcmp(jid, none) == 0 && json_is_null(bt), "backtrace: false keeps none: %s", got);
+        checked++;
+        free(got);
+    }
+    cr_assert_eq(checked, 3);
+    json_decref(set);
+    free(cfg);
+    free(all);
+    free(cut);
+    free(none);
+}
+
 Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 {
     char *cfg = write_conf(NULL);

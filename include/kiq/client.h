@@ -6,19 +6,25 @@
 
 #include "config.h"
 #include "error.h"
+#include "runtime.h"
 
 typedef struct kiq_client kiq_client_t;
 
+/* A field left unset (NULL, KIQ_RETRY_UNSET) takes the class's option (see
+ * kiq_client_use_config and kiq_client_set_class), else the default. */
 typedef struct kiq_push_opts {
-    const char *queue;   /* NULL = "default" */
-    int retry;           /* KIQ_RETRY_UNSET (omit, i.e. true), KIQ_RETRY_DEFAULT
-                            (true), KIQ_RETRY_NONE (false) or a count */
+    const char *queue;   /* NULL = the class's queue, else "default" */
+    int retry;           /* KIQ_RETRY_UNSET (the class's, else true),
+                            KIQ_RETRY_DEFAULT (true), KIQ_RETRY_NONE (false)
+                            or a count */
     double at;           /* run at this epoch time (seconds); 0 = now */
     kiq_ts_format_t timestamps; /* created_at/enqueued_at format */
     const char *extra;   /* raw JSON object whose members are added to the
                             payload (e.g. "{\"tags\":[\"a\"]}"), or NULL */
     const struct kiq_unique_opts *unique; /* uniqueness lock to take on push
-                            (kiq/unique.h), or NULL; must outlive the call */
+                            (kiq/unique.h), or NULL for the class's; must
+                            outlive the call. Replaces every lock option of
+                            the class. */
 } kiq_push_opts_t;
 
 /* The defaults: queue "default", retry unset, now, float timestamps. */
@@ -45,6 +51,25 @@ KIQ_API int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
 KIQ_API int kiq_client_push_bulk(kiq_client_t *c, const char *cls,
                                  const char *const *args, size_t n,
                                  const kiq_push_opts_t *opts, char (*jids)[25]);
+
+/* Class options, as a worker's sidekiq_options are to Sidekiq's client:
+ * every push of cls writes opts->retry, opts->queue and the lock options of
+ * opts->unique into the payload, unless the push options give their own.
+ * Copied, but opts->unique must outlive c. Setting a class again replaces
+ * its options. Returns 0, KIQ_EINVAL or KIQ_ENOMEM. */
+KIQ_API int kiq_client_set_class(kiq_client_t *c, const char *cls,
+                                 const kiq_class_opts_t *opts);
+
+/* Reads the classes: section of cfg on every push (retry, queue and the
+ * lock options), ahead of kiq_client_set_class's options, as the server
+ * reads them. cfg is borrowed and must outlive c; NULL stops. */
+KIQ_API void kiq_client_use_config(kiq_client_t *c, const kiq_config_t *cfg);
+
+/* Both at once from a runtime: the options its classes were registered
+ * with and its configuration's classes: section. rt must outlive c. This
+ * is how a handler's own client pushes jobs of the runtime's classes.
+ * Returns 0 or KIQ_ENOMEM. */
+KIQ_API int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt);
 
 /* The last error's text; valid until the next call. */
 KIQ_API const char *kiq_client_error(const kiq_client_t *c);

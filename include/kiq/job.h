@@ -60,6 +60,15 @@ KIQ_API int kiq_job_fail(kiq_job_t *job, const char *error_class,
                          const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Gives the failure a backtrace: n lines (copied), stored in the retry and
+ * dead entries as Sidekiq's "error_backtrace", which the Web UI shows under
+ * the error. A payload's "backtrace" option keeps the first N lines when it
+ * is an integer N, and none when it is false. Call it before or after
+ * kiq_job_fail; it replaces an earlier one. Returns 0, KIQ_EINVAL or
+ * KIQ_ENOMEM. */
+KIQ_API int kiq_job_set_backtrace(kiq_job_t *job, const char *const *lines,
+                                  size_t n);
+
 /* What kiq_job_fail recorded: the error class and the message, or NULL
  * while the job has not failed (so far). Borrowed from the job. */
 KIQ_API const char *kiq_job_error_class(const kiq_job_t *job);

@@ -32,6 +32,22 @@ typedef struct kiq_class_opts {
 
 #define KIQ_CLASS_OPTS_INIT { NULL, KIQ_RETRY_UNSET, NULL }
 
+/* Sidekiq's error_handlers and death_handlers. A hook gets the job, its
+ * error class and message (what kiq_job_fail recorded, or the runtime's own
+ * error such as NameError), and the udata it was registered with.
+ *   - error hooks run after every failed run, on the processor thread that
+ *     ran the job (kiq_job_redis() is that thread's connection);
+ *   - death hooks run once a job's retries are exhausted, after it was
+ *     written to the dead set.
+ * Hooks run concurrently from several threads and must not block for long.
+ * kiq_job_redis() is NULL in a death hook (the connection it would give
+ * may belong to another thread by then). Register before kiq_runtime_run;
+ * hooks run in the order registered. Returns 0, KIQ_EINVAL or KIQ_ENOMEM. */
+typedef void (*kiq_hook_fn)(kiq_job_t *job, const char *error_class,
+                            const char *message, void *udata);
+KIQ_API int kiq_on_error(kiq_runtime_t *rt, kiq_hook_fn fn, void *udata);
+KIQ_API int kiq_on_death(kiq_runtime_t *rt, kiq_hook_fn fn, void *udata);
+
 /* The symbol a handler plugin (loaded with -r path.so) must export. It
  * registers the plugin's classes and returns 0, or nonzero to abort start. */
 #define KIQ_PLUGIN_INIT "kiq_plugin_init"

@@ -4,6 +4,8 @@
 #
 #   ruby sidekiq.rb push '{"class":"RecordJob","args":["k"]}'
 #   ruby sidekiq.rb push_bulk '{"class":"RecordJob","args":[["k"],["k"]]}'
+#   ruby sidekiq.rb push_raw '{"class":"FailJob","args":[]}'  (LPUSH as is, plus jid and
+#       timestamps: a payload without "retry", as another client may write)
 #   ruby sidekiq.rb push_in SECONDS '{"class":"RecordJob","args":["k"]}'  (as perform_in)
 #   ruby sidekiq.rb stats | processes | workers | retries | dead | scheduled
 #   ruby sidekiq.rb quiet IDENTITY | stop IDENTITY
@@ -16,7 +18,7 @@ Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
 Sidekiq.logger.level = Logger::WARN
 
 def entries(set)
-  set.map { |e| { 'score' => e.score, 'item' => e.item } }
+  set.map { |e| { 'score' => e.score, 'item' => e.item, 'error_backtrace' => e.error_backtrace } }
 end
 
 def find_process(identity)
@@ -27,6 +29,13 @@ cmd = ARGV.shift
 out =
   case cmd
   when 'push' then Sidekiq::Client.push(JSON.parse(ARGV[0]))
+  when 'push_raw'
+    job = JSON.parse(ARGV[0])
+    job['jid'] ||= SecureRandom.hex(12)
+    job['created_at'] = job['enqueued_at'] = Time.now.to_f
+    q = job['queue'] ||= 'default'
+    Sidekiq.redis { |c| c.sadd('queues', q); c.lpush("queue:#{q}", JSON.generate(job)) }
+    job['jid']
   when 'push_bulk' then Sidekiq::Client.push_bulk(JSON.parse(ARGV[0]))
   when 'push_in' then Sidekiq::Client.push(JSON.parse(ARGV[1]).merge('at' => Time.now.to_f + ARGV[0].to_f))
   when 'stats'

@@ -1,0 +1,139 @@
+/* Error and death hooks (kiq_on_error, kiq_on_death), Sidekiq's
+ * error_handlers and death_handlers, seen from a program embedding the
+ * runtime. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "kiq/client.h"
+#include "kiq/runtime.h"
+
+TestSuite(hooks, .timeout = 60, .fini = kt_kill_children);
+
+/* What the hooks saw; they run on the runtime's threads. */
+static struct {
+    pthread_mutex_t mu;
+    int errors, deaths;
+    char error[256], death[256]; /* "class: message jid" */
+    int dead_at_death;           /* the job was in the dead set already */
+    int redis_in_error, redis_in_death;
+    char host[64];
+    int port, db;
+} seen = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static int failing(kiq_job_t *job, void *udata)
+{
+    (void)udata;
+    return kiq_job_fail(job, "ArgumentError", "bad input %d", 7);
+}
+
+static void on_error(kiq_job_t *job, const char *cls, const char *msg, void *udata)
+{
+    pthread_mutex_lock(&seen.mu);
+    seen.errors += udata == &seen; /* the udata registered */
+    seen.redis_in_error = kiq_job_redis(job) != NULL;
+    snprintf(seen.error, sizeof(seen.error), "%s: %s %s", cls, msg, kiq_job_jid(job));
+    pthread_mutex_unlock(&seen.mu);
+}
+
+/* Whether the dead set holds jid, asked on a connection of the hook's own. */
+static int in_dead_set(const char *jid)
+{
+    redisContext *c = redisConnect(seen.host, seen.port);
+    int found = 0;
+    redisReply *sel = c && !c->err ? redisCommand(c, "SELECT %d", seen.db) : NULL;
+    redisReply *r = sel ? redisCommand(c, "ZRANGE dead 0 -1") : NULL;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        found |= strstr(r->element[i]->str, jid) != NULL;
+    freeReplyObject(r);
+    freeReplyObject(sel);
+    redisFree(c);
+    return found;
+}
+
+static void on_death(kiq_job_t *job, const char *cls, const char *msg, void *udata)
+{
+    int dead = in_dead_set(kiq_job_jid(job));
+    pthread_mutex_lock(&seen.mu);
+    seen.deaths += udata == &seen;
+    seen.dead_at_death = dead;
+    seen.redis_in_death = kiq_job_redis(job) != NULL;
+    snprintf(seen.death, sizeof(seen.death), "%s: %s %s", cls, msg, kiq_job_jid(job));
+    pthread_mutex_unlock(&seen.mu);
+}
+
+static int count(const int *v)
+{
+    pthread_mutex_lock(&seen.mu);
+    int n = *v;
+    pthread_mutex_unlock(&seen.mu);
+    return n;
+}
+
+static void *run(void *rt)
+{
+    char err[KIQ_ERRLEN];
+    intptr_t rc = kiq_runtime_run(rt, err);
+    return (void *)rc;
+}
+
+Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_stored)
+{
+    cr_assert_eq(sscanf(kt_url(), "redis://%63[^:]:%d/%d", seen.host, &seen.port, &seen.db), 3);
+    char err[KIQ_ERRLEN];
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
+    cfg->redis_url_explicit = 1;
+    cfg->concurrency = 2;
+    cfg->heartbeat_interval = 1;
+    cfg->poll_interval_average = 1;
+    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    kiq_class_opts_t once = KIQ_CLASS_OPTS_INIT, never = KIQ_CLASS_OPTS_INIT;
+    once.retry = 1;
+    never.retry = 0;
+    cr_assert_eq(kiq_register(rt, "RetriedJob", failing, NULL, &once), 0);
+    cr_assert_eq(kiq_register(rt, "DyingJob", failing, NULL, &never), 0);
+    cr_assert_eq(kiq_on_error(rt, on_error, &seen), 0);
+    cr_assert_eq(kiq_on_death(rt, on_death, &seen), 0);
+    cr_assert_eq(kiq_on_error(rt, NULL, NULL), KIQ_EINVAL);
+
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "%s", err);
+    cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
+    char retried[25], dying[25];
+    cr_assert_eq(kiq_client_push(c, "RetriedJob", "[]", NULL, retried), 0, "%s", kiq_client_error(c));
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, run, rt), 0);
+
+    cr_assert(KT_WAIT_UNTIL(count(&seen.errors) == 1, 15), "the error hook ran");
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10));
+    pthread_mutex_lock(&seen.mu);
+    char want[256];
+    snprintf(want, sizeof(want), "ArgumentError: bad input 7 %s", retried);
+    cr_assert_str_eq(seen.error, want);
+    cr_assert(seen.redis_in_error, "an error hook may use the thread's connection");
+    pthread_mutex_unlock(&seen.mu);
+    cr_assert_eq(count(&seen.deaths), 0, "a job with a retry left is not dead");
+
+    cr_assert_eq(kiq_client_push(c, "DyingJob", "[]", NULL, dying), 0, "%s", kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(count(&seen.deaths) == 1, 15), "the death hook ran");
+    pthread_mutex_lock(&seen.mu);
+    snprintf(want, sizeof(want), "ArgumentError: bad input 7 %s", dying);
+    cr_assert_str_eq(seen.death, want);
+    cr_assert_str_eq(seen.error, want, "the error hooks ran for it too");
+    cr_assert(seen.dead_at_death, "the job was in the dead set when the death hook ran");
+    cr_assert(!seen.redis_in_death);
+    pthread_mutex_unlock(&seen.mu);
+    cr_assert_eq(count(&seen.errors), 2);
+
+    kiq_runtime_stop(rt);
+    void *rc;
+    pthread_join(th, &rc);
+    cr_assert_eq((intptr_t)rc, 0);
+    kiq_client_free(c);
+    kiq_runtime_free(rt);
+}
