@@ -224,8 +224,8 @@ static int do_locks(int argc, char **argv)
                          .queue = "bench", .lock_args = largs };
     q.digest = digest;
     /* As in a running worker, v9's lock metrics are counted in memory and
-     * written in one pipeline (kiq_unique_metrics_flush, timed below). */
-    kiq_unique_metrics_buffer(1);
+     * written in one pipeline (kiq__unique_metrics_flush, timed below). */
+    kiq__unique_metrics_buffer(1);
     /* One warm-up cycle: the scripts get loaded, the connection is hot. */
     double t0 = 0;
     for (long i = -1; i < n; i++) {
@@ -242,7 +242,7 @@ static int do_locks(int argc, char **argv)
         if (rc != 0)
             die("kiq_unique_unlock: %s%s", rc == KIQ_EDENIED ? "held by another jid" : err, NULL);
     }
-    if (kiq_unique_metrics_flush(r))
+    if (kiq__unique_metrics_flush(r))
         die("writing the lock metrics failed%s%s", NULL, NULL);
     double dt = mono() - t0;
     kiq_redis_free(r);

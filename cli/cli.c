@@ -150,18 +150,18 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
     /* A URL that can never work is a configuration error (78), found before
      * the worker starts rather than as a runtime failure. */
     kiq_redis_url_t url;
-    if (!rc && !(rc = kiq_redis_url_parse(cfg->redis_url, &url, err))) {
+    if (!rc && !(rc = kiq__redis_url_parse(cfg->redis_url, &url, err))) {
         if (url.host && url.host[strcspn(url.host, " \t\r\n")])
             rc = kiq_seterr(err, KIQ_ECONFIG, "redis url: the host \"%s\" contains a space",
                             url.host);
-        kiq_redis_url_clear(&url);
+        kiq__redis_url_clear(&url);
     }
     if (rc) {
         fprintf(stderr, "kiq: %s\n", err);
         kiq_config_free(cfg);
         return KIQ_EXIT_CONFIG;
     }
-    if (kiq_log_setup(cfg->log_format, cfg->verbose, cfg->log_file)) {
+    if (kiq__log_setup(cfg->log_format, cfg->verbose, cfg->log_file)) {
         fprintf(stderr, "kiq: log_file: cannot open %s\n", cfg->log_file);
         kiq_config_free(cfg);
         return KIQ_EXIT_CONFIG;
@@ -212,7 +212,7 @@ static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
     if (kiq_runtime_abandoned(rt)) {
         /* Handlers still running own memory we cannot reclaim; their jobs
          * are back in their queues. Leave without running exit handlers. */
-        kiq_log_flush();
+        kiq__log_flush();
         fflush(NULL);
         _exit(rc);
     }
@@ -221,7 +221,7 @@ out:
     if (pidfile)
         unlink(pidfile);
     free(pidfile);
-    kiq_log_close();
+    kiq__log_close();
     return rc;
 }
 

@@ -68,13 +68,13 @@ int kiq_cmd_push(int argc, char **argv)
         case 'q': o.queue = optarg; break;
         case OPT_URL: url = optarg; break;
         case OPT_IN:
-            if (kiq_parse_number(optarg, 0, 0, HUGE_VAL, &in)) {
+            if (kiq__parse_number(optarg, 0, 0, HUGE_VAL, &in)) {
                 fprintf(stderr, "kiq push: --in: not a number of seconds: %s\n", optarg);
                 return KIQ_EXIT_USAGE;
             }
             break;
         case OPT_AT:
-            if (kiq_parse_number(optarg, 0, 1e9, HUGE_VAL, &at)) {
+            if (kiq__parse_number(optarg, 0, 1e9, HUGE_VAL, &at)) {
                 fprintf(stderr, "kiq push: --at: not an epoch time in seconds: %s\n", optarg);
                 return KIQ_EXIT_USAGE;
             }
@@ -84,7 +84,7 @@ int kiq_cmd_push(int argc, char **argv)
             else if (strcmp(optarg, "true") == 0) o.retry = KIQ_RETRY_DEFAULT;
             else {
                 double n;
-                if (kiq_parse_number(optarg, 1, 0, 1000000, &n)) {
+                if (kiq__parse_number(optarg, 1, 0, 1000000, &n)) {
                     fprintf(stderr, "kiq push: --retry: must be a count, true or false: %s\n", optarg);
                     return KIQ_EXIT_USAGE;
                 }
@@ -107,7 +107,7 @@ int kiq_cmd_push(int argc, char **argv)
         case OPT_LOCK_TTL:
         case OPT_LOCK_TIMEOUT: {
             double v;
-            if (kiq_parse_number(optarg, 1, 0, 100000000, &v)) {
+            if (kiq__parse_number(optarg, 1, 0, 100000000, &v)) {
                 fprintf(stderr, "kiq push: --%s: not a number of seconds >= 0: %s\n",
                         opt == OPT_LOCK_TTL ? "lock-ttl" : "lock-timeout", optarg);
                 return KIQ_EXIT_USAGE;

@@ -100,7 +100,7 @@ static int num(const char *flag, const char *v, double min, double *out)
 {
     /* 1e12 ms or s is past any sane lease or wait, and far from the
      * overflow of the integer fields the values go to. */
-    if (kiq_parse_number(v, 0, min, 1e12, out)) {
+    if (kiq__parse_number(v, 0, min, 1e12, out)) {
         fprintf(stderr, "kiq lock: %s: not a valid number: %s\n", flag, v);
         return -1;
     }
@@ -294,7 +294,7 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
         sigaction(sigs[i], &sa, NULL);
 
     double period = (double)held->ttl / 3000.0;
-    double next = kiq_mono() + period;
+    double next = kiq__mono() + period;
     int st = 0, lost = 0;
     for (;;) {
         pid_t w = waitpid(pid, &st, WNOHANG);
@@ -304,20 +304,20 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
             st = 1 << 8;
             break;
         }
-        if (!lost && kiq_mono() >= next) {
+        if (!lost && kiq__mono() >= next) {
             if (!kiq_redis_ok(r))
                 kiq_redis_connect(r);
             int rc = kiq_qlock_extend(r, held, held->ttl, 1, NULL, err);
-            if (rc == KIQ_EDENIED || (rc && kiq_mono() >= held->deadline)) {
+            if (rc == KIQ_EDENIED || (rc && kiq__mono() >= held->deadline)) {
                 fprintf(stderr, "kiq lock: lost the lock %s while %s ran (%s); stopping it\n",
                         held->name, cmd[0], rc == KIQ_EDENIED ? "taken or expired" : err);
                 lost = 1;
                 kill(pid, SIGTERM);
             }
             /* After a failed refresh, try again soon: the lease still runs. */
-            next = kiq_mono() + (rc ? period / 4 : period);
+            next = kiq__mono() + (rc ? period / 4 : period);
         }
-        kiq_sleep(0.005);
+        kiq__sleep(0.005);
     }
     child_pid = 0;
     if (lost)
@@ -377,7 +377,7 @@ int kiq_cmd_lock(int argc, char **argv)
     const char *name = ops[0];
     char host[256];
     if (!a.meta[0]) {
-        kiq_hostname(host, sizeof(host));
+        kiq__hostname(host, sizeof(host));
         a.meta[0] = "host";
         a.meta[1] = host;
         a.meta[2] = NULL;

@@ -67,7 +67,7 @@ static json_t *working_json(kiq_redis_t *r)
     kiq_working_info_t *w = NULL;
     size_t n = 0;
     char err[KIQ_ERRLEN];
-    if (kiq_fetch_list_working(r, &w, &n, err) == 0) {
+    if (kiq__fetch_list_working(r, &w, &n, err) == 0) {
         for (size_t i = 0; i < n; i++) {
             json_t *o = json_object();
             json_object_set_new(o, "identity", json_string(w[i].identity));
@@ -76,7 +76,7 @@ static json_t *working_json(kiq_redis_t *r)
             json_array_append_new(arr, o);
         }
     }
-    kiq_fetch_working_info_free(w, n);
+    kiq__fetch_working_info_free(w, n);
     return arr;
 }
 
@@ -84,8 +84,8 @@ static json_t *working_json(kiq_redis_t *r)
 static json_t *collect(kiq_redis_t *r, char *err)
 {
     kiq_overview_t ov;
-    if (kiq_overview_read(r, 1, &ov, err)) {
-        kiq_overview_clear(&ov);
+    if (kiq__overview_read(r, 1, &ov, err)) {
+        kiq__overview_clear(&ov);
         return NULL;
     }
     json_t *o = json_object();
@@ -97,7 +97,7 @@ static json_t *collect(kiq_redis_t *r, char *err)
     json_object_set_new(o, "queues", queues_json(&ov));
     json_object_set_new(o, "processes", processes_json(&ov));
     json_object_set_new(o, "working", working_json(r));
-    kiq_overview_clear(&ov);
+    kiq__overview_clear(&ov);
     return o;
 }
 

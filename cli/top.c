@@ -42,7 +42,7 @@ static const char *usage =
 #define TOP_LOCKS 5
 
 typedef struct sample {
-    double t;            /* kiq_mono() */
+    double t;            /* kiq__mono() */
     long long processed, failed;
 } sample_t;
 
@@ -125,31 +125,31 @@ static void render(kiq_buf_t *b, const char *name, const kiq_overview_t *ov,
     struct tm tm;
     localtime_r(&now, &tm);
     strftime(when, sizeof(when), "%H:%M:%S", &tm);
-    kiq_buf_printf(b, "kiq top  %s  %s", name, when);
+    kiq__buf_printf(b, "kiq top  %s  %s", name, when);
     if (live)
-        kiq_buf_printf(b, "  (every %gs; q quits)", interval);
-    kiq_buf_puts(b, "\n");
+        kiq__buf_printf(b, "  (every %gs; q quits)", interval);
+    kiq__buf_puts(b, "\n");
 
     double rp, rf, span;
     history_rate(h, &rp, &rf, &span);
-    kiq_buf_printf(b, "Processed: %lld  Failed: %lld  ", ov->processed, ov->failed);
+    kiq__buf_printf(b, "Processed: %lld  Failed: %lld  ", ov->processed, ov->failed);
     if (span > 0)
-        kiq_buf_printf(b, "Throughput: %.1f jobs/s, %.1f failed/s (last %.0fs)\n", rp, rf, span);
+        kiq__buf_printf(b, "Throughput: %.1f jobs/s, %.1f failed/s (last %.0fs)\n", rp, rf, span);
     else
-        kiq_buf_puts(b, "Throughput: - (measured over the next minute)\n");
-    kiq_buf_printf(b, "Scheduled: %lld  Retries: %lld  Dead: %lld\n\n", ov->scheduled,
+        kiq__buf_puts(b, "Throughput: - (measured over the next minute)\n");
+    kiq__buf_printf(b, "Scheduled: %lld  Retries: %lld  Dead: %lld\n\n", ov->scheduled,
                    ov->retries, ov->dead);
 
-    kiq_buf_printf(b, "%-32s %10s %12s\n", "QUEUE", "SIZE", "LATENCY");
+    kiq__buf_printf(b, "%-32s %10s %12s\n", "QUEUE", "SIZE", "LATENCY");
     for (size_t i = 0; i < ov->nqueues; i++) {
         human_secs(lat, sizeof(lat), ov->queues[i].latency);
-        kiq_buf_printf(b, "%-32s %10lld %12s\n", ov->queues[i].name, ov->queues[i].size, lat);
+        kiq__buf_printf(b, "%-32s %10lld %12s\n", ov->queues[i].name, ov->queues[i].size, lat);
     }
     if (!ov->nqueues)
-        kiq_buf_puts(b, "(no queues)\n");
+        kiq__buf_puts(b, "(no queues)\n");
 
-    kiq_buf_printf(b, "\n%-48s %9s %10s %8s\n", "PROCESS", "BUSY", "RSS", "BEAT");
-    double wall = kiq_now();
+    kiq__buf_printf(b, "\n%-48s %9s %10s %8s\n", "PROCESS", "BUSY", "RSS", "BEAT");
+    double wall = kiq__now();
     for (size_t i = 0; i < ov->nprocesses; i++) {
         const kiq_overview_process_t *p = &ov->processes[i];
         char busy[48], rss[32], beat[32];
@@ -163,13 +163,13 @@ static void render(kiq_buf_t *b, const char *name, const kiq_overview_t *ov,
             human_secs(beat, sizeof(beat), wall - p->beat < 0 ? 0 : wall - p->beat);
         else
             snprintf(beat, sizeof(beat), "-");
-        kiq_buf_printf(b, "%-48s %9s %10s %8s%s\n", p->identity, busy, rss, beat,
+        kiq__buf_printf(b, "%-48s %9s %10s %8s%s\n", p->identity, busy, rss, beat,
                        p->quiet == 1 ? "  quiet" : "");
     }
     if (!ov->nprocesses)
-        kiq_buf_puts(b, "(no live processes)\n");
+        kiq__buf_puts(b, "(no live processes)\n");
 
-    kiq_buf_printf(b, "\n%-32s %8s %9s %9s %9s\n", "CONTENDED LOCKS (last hour)", "DENIED",
+    kiq__buf_printf(b, "\n%-32s %8s %9s %9s %9s\n", "CONTENDED LOCKS (last hour)", "DENIED",
                    "ACQUIRED", "RELEASED", "FAILURES");
     size_t shown = 0;
     if (locks && locks->n > 1) {
@@ -179,13 +179,13 @@ static void render(kiq_buf_t *b, const char *name, const kiq_overview_t *ov,
             const kiq_unique_metrics_row_t *r = &locks->rows[i];
             if (r->denied <= 0)
                 continue;
-            kiq_buf_printf(b, "%-32s %8lld %9lld %9lld %9lld\n", r->type, r->denied, r->acquired,
+            kiq__buf_printf(b, "%-32s %8lld %9lld %9lld %9lld\n", r->type, r->denied, r->acquired,
                            r->released, r->failures);
             shown++;
         }
     }
     if (!shown)
-        kiq_buf_puts(b, locks ? "(no lock was denied)\n" : "(lock metrics unavailable)\n");
+        kiq__buf_puts(b, locks ? "(no lock was denied)\n" : "(lock metrics unavailable)\n");
 }
 
 /* Reads everything a frame shows. Returns 0 or KIQ_EREDIS with err. */
@@ -194,10 +194,10 @@ static int sample(kiq_redis_t *r, kiq_overview_t *ov, kiq_unique_metrics_t *lock
 {
     if (!kiq_redis_ok(r) && kiq_redis_connect(r))
         return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-    int rc = kiq_overview_read(r, 1, ov, err);
+    int rc = kiq__overview_read(r, 1, ov, err);
     if (rc)
         return rc;
-    history_add(h, kiq_mono(), ov->processed, ov->failed);
+    history_add(h, kiq__mono(), ov->processed, ov->failed);
     char lerr[KIQ_ERRLEN];
     *have_locks = kiq_unique_metrics_read(r, 60, locks, lerr) == 0;
     return 0;
@@ -224,9 +224,9 @@ static int snapshot(kiq_redis_t *r)
     render(&b, kiq_redis_name(r), &ov, have_locks ? &locks : NULL, h, 0, 0);
     if (b.p)
         fputs(b.p, stdout);
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
 out:
-    kiq_overview_clear(&ov);
+    kiq__overview_clear(&ov);
     kiq_unique_metrics_clear(&locks);
     free(h);
     return status;
@@ -243,16 +243,16 @@ static void draw(const char *frame)
         rows = ws.ws_row;
     }
     kiq_buf_t out = {0};
-    kiq_buf_puts(&out, "\033[H");
+    kiq__buf_puts(&out, "\033[H");
     int line = 0;
     for (const char *p = frame; *p && line < rows; line++) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p) : strlen(p);
-        kiq_buf_put(&out, p, len < (size_t)cols ? len : (size_t)cols);
-        kiq_buf_puts(&out, line + 1 < rows ? "\033[K\r\n" : "\033[K");
+        kiq__buf_put(&out, p, len < (size_t)cols ? len : (size_t)cols);
+        kiq__buf_puts(&out, line + 1 < rows ? "\033[K\r\n" : "\033[K");
         p += len + (nl != NULL);
     }
-    kiq_buf_puts(&out, "\033[J");
+    kiq__buf_puts(&out, "\033[J");
     for (size_t off = 0; out.p && off < out.len;) {
         ssize_t w = write(STDOUT_FILENO, out.p + off, out.len - off);
         if (w < 0 && errno == EINTR)
@@ -261,7 +261,7 @@ static void draw(const char *frame)
             break;
         off += (size_t)w;
     }
-    kiq_buf_free(&out);
+    kiq__buf_free(&out);
 }
 
 static void put_str(const char *s)
@@ -305,16 +305,16 @@ static int live(kiq_redis_t *r, double interval)
         if (sample(r, &ov, &locks, &have_locks, h, err) == 0)
             render(&frame, kiq_redis_name(r), &ov, have_locks ? &locks : NULL, h, interval, 1);
         else
-            kiq_buf_printf(&frame, "kiq top  %s\n\n%s\nretrying every %gs; q quits\n",
+            kiq__buf_printf(&frame, "kiq top  %s\n\n%s\nretrying every %gs; q quits\n",
                            kiq_redis_name(r), err, interval);
         draw(frame.p ? frame.p : "");
-        kiq_buf_free(&frame);
-        kiq_overview_clear(&ov);
+        kiq__buf_free(&frame);
+        kiq__overview_clear(&ov);
         kiq_unique_metrics_clear(&locks);
 
-        double until = kiq_mono() + interval;
+        double until = kiq__mono() + interval;
         while (!stop_flag && !resized) {
-            double left = until - kiq_mono();
+            double left = until - kiq__mono();
             if (left <= 0)
                 break;
             struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
@@ -356,7 +356,7 @@ int kiq_cmd_top(int argc, char **argv)
         if (opt == 'u') {
             url = optarg;
         } else if (opt == 'i') {
-            if (kiq_parse_number(optarg, 0, 0.1, 3600, &interval)) {
+            if (kiq__parse_number(optarg, 0, 0.1, 3600, &interval)) {
                 fprintf(stderr, "kiq top: --interval: must be a number of seconds between 0.1 "
                         "and 3600 (got \"%s\")\n", optarg);
                 return KIQ_EXIT_USAGE;

@@ -69,7 +69,7 @@ static int parse(const char *sub, int argc, char **argv, args_t *a, int want_pos
         case 'h': fputs(usage, stdout); return 0;
         case 'l': case 'c': case 'm': {
             double v;
-            if (kiq_parse_number(optarg, 1, 1, 1e15, &v)) {
+            if (kiq__parse_number(optarg, 1, 1, 1e15, &v)) {
                 fprintf(stderr, "kiq locks %s: %s: must be an integer >= 1\n", sub, argv[optind - 1]);
                 return KIQ_EXIT_USAGE;
             }
@@ -78,7 +78,7 @@ static int parse(const char *sub, int argc, char **argv, args_t *a, int want_pos
         }
         case 't': case 'g': {
             double v;
-            if (kiq_parse_number(optarg, 0, 0, 1e9, &v)) {
+            if (kiq__parse_number(optarg, 0, 0, 1e9, &v)) {
                 fprintf(stderr, "kiq locks %s: %s: must be a number of seconds >= 0\n", sub,
                         argv[optind - 1]);
                 return KIQ_EXIT_USAGE;
@@ -150,8 +150,8 @@ static json_t *row_json(kiq_redis_t *r, const char *digest, double score)
 {
     char key[1100];
     const char *type = NULL;
-    double at = 0, now = kiq_now();
-    kiq_key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
+    double at = 0, now = kiq__now();
+    kiq__key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
     json_t *lock = lock_json(r, key, &type, &at);
     json_t *o = json_object();
     json_object_set_new(o, "digest", json_string(digest));
@@ -197,12 +197,12 @@ static int cmd_list(kiq_redis_t *r, const args_t *a)
     char err[KIQ_ERRLEN];
     kiq_scan_t s;
     int rc = 0, more = 0;
-    kiq_scan_init(&s, r, KIQ_UNIQUE_DIGESTS, pattern, 500);
-    while ((long)json_array_size(rows) < limit && (more = kiq_scan_next(&s, &items, err)) > 0)
+    kiq__scan_init(&s, r, KIQ_UNIQUE_DIGESTS, pattern, 500);
+    while ((long)json_array_size(rows) < limit && (more = kiq__scan_next(&s, &items, err)) > 0)
         for (size_t i = 0; i + 1 < items->elements && (long)json_array_size(rows) < limit; i += 2)
             json_array_append_new(rows, row_json(r, items->element[i]->str,
                                                  strtod(items->element[i + 1]->str, NULL)));
-    kiq_scan_close(&s);
+    kiq__scan_close(&s);
     if (more < 0) {
         fprintf(stderr, "kiq locks list: %s\n", err);
         rc = 1;
@@ -245,7 +245,7 @@ static int digest_arg(const char *sub, const args_t *a, char *out, size_t n)
         fprintf(stderr, "kiq locks %s: missing DIGEST (see kiq locks list)\n", sub);
         return KIQ_EXIT_USAGE;
     }
-    if (kiq_unique_digest_parse(a->pos, out, n, err)) {
+    if (kiq__unique_digest_parse(a->pos, out, n, err)) {
         fprintf(stderr, "kiq locks %s: %s\n", sub, err);
         return KIQ_EXIT_USAGE;
     }
@@ -263,10 +263,10 @@ static json_t *index_json(kiq_redis_t *r, const char *member)
 static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
 {
     char key[1100], run[1100], run_key[1100];
-    int is_run = kiq_key_base(digest, KIQ_KEY_RUN) > 0;
-    kiq_key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
-    kiq_key(run, sizeof(run), digest, KIQ_KEY_RUN);
-    kiq_key(run_key, sizeof(run_key), run, KIQ_KEY_LOCKED);
+    int is_run = kiq__key_base(digest, KIQ_KEY_RUN) > 0;
+    kiq__key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
+    kiq__key(run, sizeof(run), digest, KIQ_KEY_RUN);
+    kiq__key(run_key, sizeof(run_key), run, KIQ_KEY_LOCKED);
     const char *type = NULL;
     double at = 0;
     json_t *o = json_object();
@@ -323,7 +323,7 @@ static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
         printf("type:    %s\n", type);
     if (at > 0) {
         char age[32];
-        json_t *secs = json_real(kiq_now() - at);
+        json_t *secs = json_real(kiq__now() - at);
         fmt_secs(age, sizeof(age), secs, "?");
         json_decref(secs);
         printf("age:     %s\n", age);

@@ -168,33 +168,33 @@ static int build(kiq_client_t *c, kiq_buf_t *b, const char *cls, const char *arg
     while (alen && (args[0] == ' ' || args[0] == '\n')) { args++; alen--; }
     if (alen == 0 || args[0] != '[' || kiq__json_validate(args, alen, c->err))
         return kiq_seterr(c->err, KIQ_EINVAL, "args must be a JSON array, got: %.60s", args);
-    if (o->extra && kiq_json_scan_object(o->extra, strlen(o->extra), &extra, c->err))
+    if (o->extra && kiq__json_scan_object(o->extra, strlen(o->extra), &extra, c->err))
         return kiq_seterr(c->err, KIQ_EINVAL, "extra fields must be a JSON object");
     char ts[32];
-    kiq_ts_json(ts, now, o->timestamps);
+    kiq__ts_json(ts, now, o->timestamps);
     kiq__new_jid(jid);
     if (o->retry == KIQ_RETRY_UNSET || o->retry == KIQ_RETRY_DEFAULT)
-        rc = kiq_buf_puts(b, "{\"retry\":true");
+        rc = kiq__buf_puts(b, "{\"retry\":true");
     else if (o->retry == KIQ_RETRY_NONE)
-        rc = kiq_buf_puts(b, "{\"retry\":false");
+        rc = kiq__buf_puts(b, "{\"retry\":false");
     else
-        rc = kiq_buf_printf(b, "{\"retry\":%d", o->retry);
-    if (!rc) rc = kiq_buf_puts(b, ",\"queue\":");
-    if (!rc) rc = kiq_json_quote(b, queue, strlen(queue));
+        rc = kiq__buf_printf(b, "{\"retry\":%d", o->retry);
+    if (!rc) rc = kiq__buf_puts(b, ",\"queue\":");
+    if (!rc) rc = kiq__json_quote(b, queue, strlen(queue));
     for (size_t i = 0; i < extra.n && !rc; i++) {
         const kiq_jmember_t *m = &extra.m[i];
-        rc = kiq_buf_printf(b, ",\"%.*s\":%.*s", (int)m->klen, o->extra + m->kstart,
+        rc = kiq__buf_printf(b, ",\"%.*s\":%.*s", (int)m->klen, o->extra + m->kstart,
                             (int)m->vlen, o->extra + m->vstart);
     }
-    if (!rc) rc = kiq_buf_puts(b, ",\"args\":");
-    if (!rc) rc = kiq_buf_put(b, args, alen);
-    if (!rc) rc = kiq_buf_puts(b, ",\"class\":");
-    if (!rc) rc = kiq_json_quote(b, cls, strlen(cls));
-    if (!rc) rc = kiq_buf_printf(b, ",\"jid\":\"%s\",\"created_at\":%s", jid, ts);
+    if (!rc) rc = kiq__buf_puts(b, ",\"args\":");
+    if (!rc) rc = kiq__buf_put(b, args, alen);
+    if (!rc) rc = kiq__buf_puts(b, ",\"class\":");
+    if (!rc) rc = kiq__json_quote(b, cls, strlen(cls));
+    if (!rc) rc = kiq__buf_printf(b, ",\"jid\":\"%s\",\"created_at\":%s", jid, ts);
     if (!rc && !(o->at > now))
-        rc = kiq_buf_printf(b, ",\"enqueued_at\":%s", ts);
-    if (!rc) rc = kiq_buf_puts(b, "}");
-    kiq_jobject_free(&extra);
+        rc = kiq__buf_printf(b, ",\"enqueued_at\":%s", ts);
+    if (!rc) rc = kiq__buf_puts(b, "}");
+    kiq__jobject_free(&extra);
     return rc;
 }
 
@@ -241,8 +241,8 @@ static int prepare_job(kiq_client_t *c, push_job_t *job, const char *cls, const 
     mw->jid = job->jid;
     mw->queue = queue;
     mw->at = o->at > now ? o->at : 0;
-    mw->payload = kiq_buf_take(&b, &mw->len);
-    if (!rc && (!mw->payload || kiq_json_scan_object(mw->payload, mw->len, &mw->obj, NULL)))
+    mw->payload = kiq__buf_take(&b, &mw->len);
+    if (!rc && (!mw->payload || kiq__json_scan_object(mw->payload, mw->len, &mw->obj, NULL)))
         rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     return rc;
 }
@@ -254,7 +254,7 @@ static int run_chain(kiq_client_t *c, kiq_mw_t *mw, const char *cls, size_t *den
 {
     if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r))
         return kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
-    int mrc = kiq_mw_run(c->chain, mw, accept_push, NULL);
+    int mrc = kiq__mw_run(c->chain, mw, accept_push, NULL);
     if (mw->accepted)
         return 0;
     (*denied)++;
@@ -304,7 +304,7 @@ static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, s
                          double now, const char **argv, size_t *lens)
 {
     /* Sized to the name: a queue name may be of any length. */
-    char *qkey = kiq_key_dup(KIQ_KEY_QUEUE, queue);
+    char *qkey = kiq__key_dup(KIQ_KEY_QUEUE, queue);
     if (!qkey)
         return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     cmd_t lpush = { argv, lens, 0 }, zadd = { argv + n + 2, lens + n + 2, 0 };
@@ -349,7 +349,7 @@ static void collect(push_job_t *jobs, size_t n, int sent, char (*jids)[25])
         int pushed = sent && jobs[i].mw.accepted;
         if (jids)
             memcpy(jids[i], pushed ? jobs[i].jid : "", pushed ? 25 : 1);
-        kiq_mw_clear(&jobs[i].mw);
+        kiq__mw_clear(&jobs[i].mw);
     }
     free(jobs);
 }
@@ -366,7 +366,7 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     const char *queue = o.queue;
     if (n == 0)
         return 0;
-    double now = kiq_now();
+    double now = kiq__now();
     if (o.at > 0 && o.at < 1e9)
         o.at += now; /* small values mean "seconds from now", as Sidekiq */
     /* Everything is allocated before the chain runs: a middleware may take

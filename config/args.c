@@ -75,7 +75,7 @@ static int parse_number(const char *flag, const char *v, int integer, double lo,
                         double *out, char *err)
 {
     double d = 0;
-    int bad = kiq_parse_number(v, integer, lo, hi, &d) || (!integer && d == lo);
+    int bad = kiq__parse_number(v, integer, lo, hi, &d) || (!integer && d == lo);
     if (bad && integer)
         return kiq_seterr(err, KIQ_ECONFIG, "%s: must be an integer between %.0f and %.0f (got \"%s\")",
                           flag, lo, hi, v);
@@ -116,7 +116,7 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
     case 'L': return kiq_config_set_str(&cfg->log_file, v);
     case 'P': return kiq_config_set_str(&cfg->pidfile, v);
     case OPT_STARTUP_TIMEOUT:
-        if (kiq_parse_number(v, 0, 0, HUGE_VAL, &n))
+        if (kiq__parse_number(v, 0, 0, HUGE_VAL, &n))
             return kiq_seterr(err, KIQ_ECONFIG,
                               "--startup-timeout: must be a number >= 0 (got \"%s\")", v);
         cfg->startup_timeout = n;

@@ -26,17 +26,17 @@ struct kiq_fetch {
     int locks_seen;      /* the last job fetched carried a lock_digest */
 };
 
-void kiq_fetch_working_key(const char *identity, char *out, size_t n)
+void kiq__fetch_working_key(const char *identity, char *out, size_t n)
 {
-    kiq_key(out, n, KIQ_KEY_WORKING, identity);
+    kiq__key(out, n, KIQ_KEY_WORKING, identity);
 }
 
-void kiq_fetch_liveness_key(const char *identity, char *out, size_t n)
+void kiq__fetch_liveness_key(const char *identity, char *out, size_t n)
 {
-    kiq_key(out, n, KIQ_KEY_HEARTBEAT, identity);
+    kiq__key(out, n, KIQ_KEY_HEARTBEAT, identity);
 }
 
-void kiq_fetch_free(kiq_fetch_t *f)
+void kiq__fetch_free(kiq_fetch_t *f)
 {
     if (!f)
         return;
@@ -52,7 +52,7 @@ void kiq_fetch_free(kiq_fetch_t *f)
     free(f);
 }
 
-kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *c, char *err)
+kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *c, char *err)
 {
     if (!c->nqueues || !c->identity) {
         kiq_seterr(err, KIQ_EINVAL, "fetch needs an identity and at least one queue");
@@ -77,18 +77,18 @@ kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *c, char *err)
         f->weights[i] = w;
         f->nexp += (size_t)w;
         f->names[i] = strdup(c->queues[i].name);
-        f->keys[i] = kiq_key_dup(KIQ_KEY_QUEUE, c->queues[i].name);
+        f->keys[i] = kiq__key_dup(KIQ_KEY_QUEUE, c->queues[i].name);
         if (!f->names[i] || !f->keys[i])
             goto nomem;
     }
     f->expanded = calloc(f->nexp, sizeof(size_t));
     if (!f->expanded)
         goto nomem;
-    kiq_fetch_working_key(c->identity, f->working, sizeof(f->working));
+    kiq__fetch_working_key(c->identity, f->working, sizeof(f->working));
     snprintf(f->timeout_s, sizeof(f->timeout_s), "%.3f", f->block_timeout);
     return f;
 nomem:
-    kiq_fetch_free(f);
+    kiq__fetch_free(f);
     kiq_seterr(err, KIQ_ENOMEM, "out of memory");
     return NULL;
 }
@@ -108,7 +108,7 @@ static void plan_order(kiq_fetch_t *f)
         for (int w = 0; w < f->weights[i]; w++)
             f->expanded[k++] = i;
     for (size_t i = f->nexp; i > 1; i--) {
-        size_t j = (size_t)(kiq_rand() * (double)i);
+        size_t j = (size_t)(kiq__rand() * (double)i);
         size_t t = f->expanded[i - 1];
         f->expanded[i - 1] = f->expanded[j];
         f->expanded[j] = t;
@@ -123,7 +123,7 @@ static void plan_order(kiq_fetch_t *f)
     }
 }
 
-void kiq_fetched_clear(kiq_fetched_t *j)
+void kiq__fetched_clear(kiq_fetched_t *j)
 {
     free(j->payload);
     free(j->held_digest);
@@ -156,7 +156,7 @@ static int take_hint(const redisReply *digest, const redisReply *jid, kiq_fetche
     out->held_jid = strndup(jid->str, jid->len);
     if (out->held_digest && out->held_jid)
         return 0;
-    kiq_fetched_clear(out);
+    kiq__fetched_clear(out);
     return KIQ_ENOMEM;
 }
 
@@ -212,7 +212,7 @@ static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
     argv[f->nq] = f->working;
     argv[f->nq + 1] = n;
     argv[f->nq + 2] = "1";
-    return kiq_redis_append_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 3, argv,
+    return kiq__redis_append_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 3, argv,
                                    NULL);
 }
 
@@ -239,7 +239,7 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
         /* Jobs already moved stay in the working list: the stray check
          * gives them back. */
         while (n)
-            kiq_fetched_clear(&out[--n]);
+            kiq__fetched_clear(&out[--n]);
         return rc;
     }
     return (int)n;
@@ -335,11 +335,11 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
                       ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
                       lock ? strlen(argv[10]) : 0 };
     if (lock)
-        return kiq_redis_append_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
+        return kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
     /* Without a lock the script gets its original two keys. */
     const char *a2[] = { argv[0], argv[1], argv[4], argv[5], argv[6], argv[7], argv[8], argv[9] };
     size_t l2[] = { lens[0], lens[1], lens[4], lens[5], lens[6], lens[7], lens[8], lens[9] };
-    return kiq_redis_append_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
+    return kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
 }
 
 /* Reads one ack's reply: 0, KIQ_EREPLY (an error reply) or KIQ_EREDIS (the
@@ -354,7 +354,7 @@ static int read_ack(kiq_redis_t *r)
     return rc;
 }
 
-int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                   const kiq_ack_t *ack)
 {
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
@@ -398,10 +398,10 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
         sent[i] = 2;
     }
     *from = i;
-    return kiq_redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
+    return kiq__redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
 }
 
-int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
+int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
                        kiq_fetched_t *out, size_t max, int block)
 {
     for (size_t i = 0; i < nacks; i++)
@@ -410,7 +410,7 @@ int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, siz
         memset(&out[i], 0, sizeof(out[i]));
     if (f->mode == KIQ_FETCH_BASIC) {
         for (size_t i = 0; i < nacks; i++)
-            if ((acks[i].rc = kiq_fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
+            if ((acks[i].rc = kiq__fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
                 return KIQ_EREDIS;
         if (!max)
             return 0;
@@ -476,24 +476,24 @@ int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, siz
     return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
 }
 
-int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+int kiq__fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 {
-    return kiq_fetch_exchange(f, r, NULL, 0, out, 1, 1);
+    return kiq__fetch_exchange(f, r, NULL, 0, out, 1, 1);
 }
 
 int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                        const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out)
 {
     kiq_ack_item_t item = { .raw = raw, .len = len, .ack = *ack };
-    int rc = kiq_fetch_exchange(f, r, &item, 1, out, 1, 1);
+    int rc = kiq__fetch_exchange(f, r, &item, 1, out, 1, 1);
     *ack_rc = item.rc;
     return rc;
 }
 
-int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
+int kiq__fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len)
 {
-    char *key = kiq_key_dup(KIQ_KEY_QUEUE, queue);
+    char *key = kiq__key_dup(KIQ_KEY_QUEUE, queue);
     if (!key)
         return KIQ_ENOMEM;
     redisReply *rep;
@@ -504,7 +504,7 @@ int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
     } else {
         const char *argv[] = { f->working, key, raw };
         size_t lens[] = { strlen(f->working), strlen(key), len };
-        rep = kiq_redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
+        rep = kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
     }
     free(key);
     if (!rep)
@@ -516,10 +516,10 @@ int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
     return rc;
 }
 
-int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl)
+int kiq__fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl)
 {
     char key[512];
-    kiq_fetch_liveness_key(identity, key, sizeof(key));
+    kiq__fetch_liveness_key(identity, key, sizeof(key));
     /* PX, so a sub-second TTL is not rounded to 0 (an error) or down. */
     long long ms = (long long)(ttl * 1000.0);
     ms = ms > 0 ? ms : 1;

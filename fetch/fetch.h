@@ -48,12 +48,12 @@ typedef struct kiq_ack {
 } kiq_ack_t;
 
 /* A fetched job: payload owned by the caller, queue borrowed from the
- * fetcher (valid until kiq_fetch_free). When the fetch checked the job's
+ * fetcher (valid until kiq__fetch_free). When the fetch checked the job's
  * uniqueness lock on the way (the reliable fetch's script does for payloads
  * with a lock_digest), held_digest and held_jid are the "lock_digest" and
  * "jid" it found in the payload by plain search (not parsed) holding
  * "<held_digest>:LOCKED"; trust them only where they equal the caller's own
- * parse of the payload. Owned; NULL otherwise. kiq_fetched_clear frees all
+ * parse of the payload. Owned; NULL otherwise. kiq__fetched_clear frees all
  * three. */
 typedef struct kiq_fetched {
     char *payload;
@@ -63,9 +63,9 @@ typedef struct kiq_fetched {
     char *held_jid;
 } kiq_fetched_t;
 
-void kiq_fetched_clear(kiq_fetched_t *job);
+void kiq__fetched_clear(kiq_fetched_t *job);
 
-/* One acknowledgement of a batch (kiq_fetch_exchange): the payload as
+/* One acknowledgement of a batch (kiq__fetch_exchange): the payload as
  * fetched, the ack, and its result (0 written; KIQ_EREDIS not known to be
  * written: ack again, which is harmless since an ack only acts on a job
  * still in the working list). */
@@ -85,41 +85,41 @@ typedef struct kiq_ack_item {
  * 0), or KIQ_EREDIS (a broken connection or an error reply: see
  * kiq_redis_ok) or KIQ_ENOMEM; each ack's rc says whether it was written
  * either way. */
-int kiq_fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
                        size_t nacks, kiq_fetched_t *out, size_t max, int block);
 
 /* Returns a fetcher owned by the caller, or NULL with err filled. */
-kiq_fetch_t *kiq_fetch_new(const kiq_fetch_conf_t *conf, char *err);
-void kiq_fetch_free(kiq_fetch_t *f);
+kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *conf, char *err);
+void kiq__fetch_free(kiq_fetch_t *f);
 
 /* Waits up to block_timeout for a job. Returns 1 with *out filled, 0 when
  * no job came, or KIQ_EREDIS when the connection failed. */
-int kiq_fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out);
+int kiq__fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out);
 
 /* Finishes a job fetched by f (raw is the payload as fetched). With the
  * reliable fetch the failure is written and the job leaves the working list
  * in one script, and only if it was still there (a job recovered or requeued
  * meanwhile is not written twice). Returns 0, or KIQ_EREDIS: the job stays in
  * the working list; call again after reconnecting. */
-int kiq_fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
+int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                   const kiq_ack_t *ack);
 
-/* kiq_fetch_ack then kiq_fetch_next in one round trip: the reliable fetch
+/* kiq__fetch_ack then kiq__fetch_next in one round trip: the reliable fetch
  * sends the ack and the next fetch together (the basic fetch does them one
  * after the other). *ack_rc receives the ack's result (0, or KIQ_EREDIS:
- * ack again); the return value is kiq_fetch_next's. */
+ * ack again); the return value is kiq__fetch_next's. */
 int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
                        const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out);
 
 /* Puts an unfinished job back at the end of queue that is fetched next.
  * Returns 0, KIQ_EREDIS, or KIQ_EREPLY when queue:NAME holds another type
  * than a list (the job then stays in the working list). */
-int kiq_fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
+int kiq__fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len);
 
 /* The working list and liveness key names for an identity, into out. */
-void kiq_fetch_working_key(const char *identity, char *out, size_t n);
-void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
+void kiq__fetch_working_key(const char *identity, char *out, size_t n);
+void kiq__fetch_liveness_key(const char *identity, char *out, size_t n);
 
 /* Marks identity alive for ttl seconds (v9 uses 60; refresh at least every
  * ttl/3). Until the key lapses no recovery touches identity's working list.
@@ -127,7 +127,7 @@ void kiq_fetch_liveness_key(const char *identity, char *out, size_t n);
  * creates it only when it is gone, then clears recovery's suspect marker.
  * Returns 0 (extended), 1 (it was gone and is created again), KIQ_EREDIS or
  * KIQ_EREPLY (refused, e.g. at maxmemory while the key is gone). */
-int kiq_fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl);
+int kiq__fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl);
 
 /* Orphan recovery: for every working list whose owner's liveness key is
  * gone, puts its jobs back at the fetched end of their queues, keeping their
@@ -153,7 +153,7 @@ typedef struct kiq_recovery {
     long left;       /* jobs left: their destination holds another type */
 } kiq_recovery_t;
 
-int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
+int kiq__fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
                       double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out,
                       char *err);
 
@@ -171,15 +171,15 @@ int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveri
  *
  * held(payload, len, udata) says whether a processor holds that job; it is
  * called from the caller's thread. st carries suspects between passes: one
- * per process, from kiq_strays_new (NULL when out of memory), freed with
- * kiq_strays_free (NULL is fine). Not thread-safe. Returns 0 with
+ * per process, from kiq__strays_new (NULL when out of memory), freed with
+ * kiq__strays_free (NULL is fine). Not thread-safe. Returns 0 with
  * *reclaimed set, or KIQ_EREDIS / KIQ_EREPLY / KIQ_ENOMEM with err filled. */
 typedef int (*kiq_fetch_held_fn)(const char *payload, size_t len, void *udata);
 typedef struct kiq_strays kiq_strays_t;
 
-kiq_strays_t *kiq_strays_new(void);
-void kiq_strays_free(kiq_strays_t *st);
-int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st,
+kiq_strays_t *kiq__strays_new(void);
+void kiq__strays_free(kiq_strays_t *st);
+int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st,
                       double min_age, kiq_fetch_held_fn held, void *udata,
                       long *reclaimed, char *err);
 
@@ -193,13 +193,13 @@ typedef struct kiq_working_info {
 
 /* Lists every non-empty working list in the database (including this
  * process's own), sorted by identity. On success *out is an array of *n
- * entries owned by the caller (free with kiq_fetch_working_info_free; NULL
+ * entries owned by the caller (free with kiq__fetch_working_info_free; NULL
  * when there are none). Returns 0, or KIQ_EREDIS / KIQ_EREPLY / KIQ_ENOMEM
  * with err filled and *out, *n unchanged. Reads only: safe to call at any
  * time. */
-int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *n,
+int kiq__fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *n,
                            char *err);
-/* Frees what kiq_fetch_list_working returned; NULL is fine. */
-void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n);
+/* Frees what kiq__fetch_list_working returned; NULL is fine. */
+void kiq__fetch_working_info_free(kiq_working_info_t *info, size_t n);
 
 #endif

@@ -39,10 +39,10 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
 {
     kiq_jobject_t obj = {0};
     int rc = 0;
-    if (kiq_json_scan_object(raw, len, &obj, NULL) != 0) {
+    if (kiq__json_scan_object(raw, len, &obj, NULL) != 0) {
         /* Not JSON: hand it back unchanged; the processor that fetches it
          * sends it to the dead set with the reason. */
-        m->dest = kiq_key_dup(KIQ_KEY_QUEUE, "default");
+        m->dest = kiq__key_dup(KIQ_KEY_QUEUE, "default");
         m->next = malloc(len ? len : 1);
         if (!m->next || !m->dest)
             return KIQ_ENOMEM;
@@ -50,9 +50,9 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
         m->nlen = len;
         goto out;
     }
-    const kiq_jmember_t *q = kiq_jobject_get(&obj, raw, "queue");
-    char *qname = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
-    const kiq_jmember_t *rc_m = kiq_jobject_get(&obj, raw, "recovery_count");
+    const kiq_jmember_t *q = kiq__jobject_get(&obj, raw, "queue");
+    char *qname = q ? kiq__json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    const kiq_jmember_t *rc_m = kiq__jobject_get(&obj, raw, "recovery_count");
     long count = 1;
     if (rc_m) {
         char tmp[32];
@@ -67,7 +67,7 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
     char cnt[32], when[32], msg[160];
     snprintf(cnt, sizeof(cnt), "%ld", count);
     if (count >= max_recoveries) {
-        kiq_ts_json(when, now, ts);
+        kiq__ts_json(when, now, ts);
         snprintf(msg, sizeof(msg),
                  "\"recovered from crashed processes %ld times; its worker died each time\"", count);
         kiq_field_t set[] = {
@@ -76,18 +76,18 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
             { "error_message", msg, 0 },
             { "failed_at", when, 0 },
         };
-        rc = kiq_payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
+        rc = kiq__payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
         m->dest = strdup(KIQ_KEY_DEAD);
     } else {
         kiq_field_t set[] = { { "recovery_count", cnt, 0 } };
-        rc = kiq_payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
-        m->dest = kiq_key_dup(KIQ_KEY_QUEUE, qname && *qname ? qname : "default");
+        rc = kiq__payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
+        m->dest = kiq__key_dup(KIQ_KEY_QUEUE, qname && *qname ? qname : "default");
     }
     free(qname);
     if (rc == 0 && !m->dest)
         rc = KIQ_ENOMEM;
 out:
-    kiq_jobject_free(&obj);
+    kiq__jobject_free(&obj);
     return rc;
 }
 
@@ -116,7 +116,7 @@ static int apply(kiq_redis_t *r, const char *const keys[4], long long grace_ms, 
         argv[k + 2] = jobs[i].dest; lens[k + 2] = strlen(jobs[i].dest);
         argv[k + 3] = score;        lens[k + 3] = strlen(score);
     }
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
     if (rep && rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
         rc = rep->integer == -1 ? 1 : 2;
     } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
@@ -151,9 +151,9 @@ static int lrange_error(kiq_redis_t *r, const redisReply *rep, const char *key, 
 static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms,
                         int max_recoveries, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
-    char *keys[4] = { kiq_key_dup(KIQ_KEY_WORKING, identity),
-                      kiq_key_dup(KIQ_KEY_HEARTBEAT, identity),
-                      KIQ_KEY_DEAD, kiq_key_dup(KIQ_KEY_ORPHAN, identity) };
+    char *keys[4] = { kiq__key_dup(KIQ_KEY_WORKING, identity),
+                      kiq__key_dup(KIQ_KEY_HEARTBEAT, identity),
+                      KIQ_KEY_DEAD, kiq__key_dup(KIQ_KEY_ORPHAN, identity) };
     redisReply *list = NULL;
     int rc = 0;
     if (!keys[0] || !keys[1] || !keys[3]) {
@@ -167,7 +167,7 @@ static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms
         rc = lrange_error(r, list, wkey, err);
         goto out;
     }
-    double now = kiq_now();
+    double now = kiq__now();
     moved_t jobs[BATCH];
     size_t total = list->elements, done = 0;
     rc = 0;
@@ -220,7 +220,7 @@ int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveri
     return recover_list(r, identity, 0, max_recoveries, ts, out, err);
 }
 
-int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
+int kiq__fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
                       double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
@@ -231,8 +231,8 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
     kiq_scan_t scan;
     const redisReply *keys;
     int rc = 0, more;
-    kiq_scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
-    while (rc == 0 && (more = kiq_scan_next(&scan, &keys, err)) != 0) {
+    kiq__scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
+    while (rc == 0 && (more = kiq__scan_next(&scan, &keys, err)) != 0) {
         if (more < 0) {
             rc = more;
             break;
@@ -257,7 +257,7 @@ int kiq_fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveri
                 rc = recover_list(r, id, grace_ms, max_recoveries, ts, out, err);
         }
     }
-    kiq_scan_close(&scan);
+    kiq__scan_close(&scan);
     return rc;
 }
 
@@ -268,7 +268,7 @@ static int cmp_info(const void *a, const void *b)
                   ((const kiq_working_info_t *)b)->identity);
 }
 
-void kiq_fetch_working_info_free(kiq_working_info_t *info, size_t n)
+void kiq__fetch_working_info_free(kiq_working_info_t *info, size_t n)
 {
     if (!info)
         return;
@@ -303,20 +303,20 @@ static int collect(const redisReply *keys, kiq_working_info_t **v, size_t *n, si
     return 0;
 }
 
-int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nout, char *err)
+int kiq__fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nout, char *err)
 {
     kiq_working_info_t *v = NULL;
     size_t n = 0, cap = 0, kept = 0;
     kiq_scan_t scan;
     const redisReply *page;
     int rc;
-    kiq_scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
-    while ((rc = kiq_scan_next(&scan, &page, err)) > 0)
+    kiq__scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
+    while ((rc = kiq__scan_next(&scan, &page, err)) > 0)
         if ((rc = collect(page, &v, &n, &cap)) != 0) {
             kiq_seterr(err, rc, "out of memory");
             break;
         }
-    kiq_scan_close(&scan);
+    kiq__scan_close(&scan);
     if (rc)
         goto out;
     if (n)
@@ -332,8 +332,8 @@ int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nou
     /* One round trip for all of them: LLEN and PTTL per identity. */
     for (size_t i = 0; i < n && rc == 0; i++) {
         char wkey[512], lkey[512];
-        kiq_fetch_working_key(v[i].identity, wkey, sizeof(wkey));
-        kiq_fetch_liveness_key(v[i].identity, lkey, sizeof(lkey));
+        kiq__fetch_working_key(v[i].identity, wkey, sizeof(wkey));
+        kiq__fetch_liveness_key(v[i].identity, lkey, sizeof(lkey));
         const char *llen[] = { "LLEN", wkey }, *pttl[] = { "PTTL", lkey };
         rc = kiq_redis_append(r, 2, llen, NULL);
         if (!rc)
@@ -376,7 +376,7 @@ int kiq_fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nou
     n = kept;
 out:
     if (rc) {
-        kiq_fetch_working_info_free(v, n);
+        kiq__fetch_working_info_free(v, n);
         return rc;
     }
     *out = v;
@@ -389,11 +389,11 @@ out:
 struct kiq_strays {
     char **payload;
     size_t *len;
-    double *since;  /* kiq_mono() */
+    double *since;  /* kiq__mono() */
     size_t n;
 };
 
-kiq_strays_t *kiq_strays_new(void)
+kiq_strays_t *kiq__strays_new(void)
 {
     return calloc(1, sizeof(kiq_strays_t));
 }
@@ -408,7 +408,7 @@ static void strays_clear(kiq_strays_t *s)
     memset(s, 0, sizeof(*s));
 }
 
-void kiq_strays_free(kiq_strays_t *s)
+void kiq__strays_free(kiq_strays_t *s)
 {
     if (!s)
         return;
@@ -434,18 +434,18 @@ static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t l
 {
     kiq_jobject_t obj = {0};
     char *name = NULL;
-    if (kiq_json_scan_object(raw, len, &obj, NULL) == 0) {
-        const kiq_jmember_t *q = kiq_jobject_get(&obj, raw, "queue");
-        name = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    if (kiq__json_scan_object(raw, len, &obj, NULL) == 0) {
+        const kiq_jmember_t *q = kiq__jobject_get(&obj, raw, "queue");
+        name = q ? kiq__json_string_dup(raw + q->vstart, q->vlen) : NULL;
     }
-    kiq_jobject_free(&obj);
-    char *qkey = kiq_key_dup(KIQ_KEY_QUEUE, name && *name ? name : "default");
+    kiq__jobject_free(&obj);
+    char *qkey = kiq__key_dup(KIQ_KEY_QUEUE, name && *name ? name : "default");
     free(name);
     if (!qkey)
         return KIQ_ENOMEM;
     const char *argv[] = { wkey, qkey, raw };
     size_t lens[] = { strlen(wkey), strlen(qkey), len };
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
     free(qkey);
     if (!rep)
         return KIQ_EREDIS;
@@ -456,11 +456,11 @@ static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t l
     return rc;
 }
 
-int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, double min_age,
+int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, double min_age,
                       kiq_fetch_held_fn held, void *udata, long *reclaimed, char *err)
 {
     char wkey[512];
-    kiq_fetch_working_key(identity, wkey, sizeof(wkey));
+    kiq__fetch_working_key(identity, wkey, sizeof(wkey));
     *reclaimed = 0;
     redisReply *list = kiq_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
     kiq_strays_t next = {0};
@@ -469,7 +469,7 @@ int kiq_fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, do
         rc = lrange_error(r, list, wkey, err);
         goto out;
     }
-    double now = kiq_mono();
+    double now = kiq__mono();
     if (list->elements) {
         next.payload = calloc(list->elements, sizeof(char *));
         next.len = calloc(list->elements, sizeof(size_t));

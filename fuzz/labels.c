@@ -68,7 +68,7 @@ static void check_escape(const char *s)
     CHECK(strcmp(back, want) == 0);
     free(back);
     free(want);
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
 }
 
 /* One sample line: name{l="v",...} value, every value well-formed. */
@@ -123,9 +123,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     kiq_metrics_t *m = kiq_metrics_new();
     CHECK(m != NULL);
-    kiq_metrics_job(m, cls, queue, (double)size / 100, size & 1);
-    kiq_metrics_job(m, queue, cls, 0.5, 0);
-    kiq_metrics_lock_event(m, type, "locked");
+    kiq__metrics_job(m, cls, queue, (double)size / 100, size & 1);
+    kiq__metrics_job(m, queue, cls, 0.5, 0);
+    kiq__metrics_lock_event(m, type, "locked");
     kiq_buf_t b = {0};
     CHECK(kiq_metrics_render(m, &b) == 0);
     CHECK(kiq__utf8_valid(b.p, b.len));
@@ -136,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_sample(p, (size_t)(nl - p));
         p = nl + 1;
     }
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
     kiq_metrics_free(m);
     free(s);
     return 0;

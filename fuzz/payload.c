@@ -49,7 +49,7 @@ static void check_kept(const char *in, const kiq_jobject_t *io, const char *out,
         for (size_t j = 0; j < nskip; j++)
             skipped |= skip[j] && !strcmp(skip[j], k);
         if (!skipped) {
-            const kiq_jmember_t *a = kiq_jobject_get(io, in, k), *b = kiq_jobject_get(oo, out, k);
+            const kiq_jmember_t *a = kiq__jobject_get(io, in, k), *b = kiq__jobject_get(oo, out, k);
             CHECK(a && b && a->vlen == b->vlen);
             CHECK(memcmp(in + a->vstart, out + b->vstart, a->vlen) == 0);
         }
@@ -65,14 +65,14 @@ static void check_members(const char *s, size_t len, const kiq_jobject_t *o)
         CHECK(s[m->kstart - 1] == '"' && s[m->kstart + m->klen] == '"');
         CHECK(m->vstart + m->vlen <= len && m->vlen > 0);
         CHECK(kiq__json_validate(s + m->vstart, m->vlen, NULL) == 0);
-        free(kiq_json_string_dup(s + m->kstart - 1, m->klen + 2));
+        free(kiq__json_string_dup(s + m->kstart - 1, m->klen + 2));
         if (s[m->vstart] == '"') {
-            char *v = kiq_json_string_dup(s + m->vstart, m->vlen);
+            char *v = kiq__json_string_dup(s + m->vstart, m->vlen);
             CHECK(v != NULL);
             free(v);
         }
         char *k = raw_key(s, m);
-        const kiq_jmember_t *last = kiq_jobject_get(o, s, k);
+        const kiq_jmember_t *last = kiq__jobject_get(o, s, k);
         CHECK(last && last >= m);
         free(k);
     }
@@ -82,7 +82,7 @@ static void check_members(const char *s, size_t len, const kiq_jobject_t *o)
 static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jok)
 {
     kiq_buf_t msg = {0};
-    CHECK(kiq_json_quote(&msg, s, len) == 0);
+    CHECK(kiq__json_quote(&msg, s, len) == 0);
     char *first = o->n ? raw_key(s, &o->m[0]) : NULL;
     char *last = o->n ? raw_key(s, &o->m[o->n - 1]) : NULL;
     /* A key given twice in one edit is the caller's mistake: avoid it. */
@@ -102,21 +102,21 @@ static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jo
     };
     char *out = NULL;
     size_t outlen = 0;
-    CHECK(kiq_payload_edit(s, o, set, 4, &out, &outlen) == 0);
+    CHECK(kiq__payload_edit(s, o, set, 4, &out, &outlen) == 0);
     kiq_jobject_t oo = {0};
-    CHECK(kiq_json_scan_object(out, outlen, &oo, NULL) == 0);
+    CHECK(kiq__json_scan_object(out, outlen, &oo, NULL) == 0);
     CHECK(!jok || jansson_ok(out, outlen));
-    const kiq_jmember_t *m = kiq_jobject_get(&oo, out, "retry_count");
+    const kiq_jmember_t *m = kiq__jobject_get(&oo, out, "retry_count");
     CHECK(m && m->vlen == 1 && out[m->vstart] == '7');
     if (strcmp(set[3].key, set[2].key))
-        CHECK(kiq_jobject_get(&oo, out, set[3].key) == NULL);
+        CHECK(kiq__jobject_get(&oo, out, set[3].key) == NULL);
     const char *skip[] = { "retry_count", "error_message", set[2].key, set[3].key };
     check_kept(s, o, out, &oo, skip, 4);
-    kiq_jobject_free(&oo);
+    kiq__jobject_free(&oo);
     free(out);
     free(first);
     free(last);
-    kiq_buf_free(&msg);
+    kiq__buf_free(&msg);
 }
 
 /* A failed job through Sidekiq's retry rules. */
@@ -133,13 +133,13 @@ static void check_retry(const char *s, size_t len, const kiq_config_t *cfg, int 
                                cfg, now, &f) == 0);
         if (f.payload) {
             kiq_jobject_t oo = {0};
-            CHECK(kiq_json_scan_object(f.payload, f.len, &oo, NULL) == 0);
+            CHECK(kiq__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
             CHECK(!jok || jansson_ok(f.payload, f.len));
-            CHECK(kiq_jobject_get(&oo, f.payload, "retry_count") != NULL);
+            CHECK(kiq__jobject_get(&oo, f.payload, "retry_count") != NULL);
             const char *skip[] = { "queue", "error_message", "error_class", "failed_at",
                                    "retried_at", "retry_count" };
             check_kept(job.payload, &job.obj, f.payload, &oo, skip, 6);
-            kiq_jobject_free(&oo);
+            kiq__jobject_free(&oo);
         } else {
             CHECK(f.fate == KIQ_FATE_DROP);
         }
@@ -156,10 +156,10 @@ static void check_invalid(const char *s, size_t len, const kiq_config_t *cfg, in
     CHECK(kiq_retry_invalid(s, len, "default", "no class", cfg, now, &f) == 0);
     CHECK(f.fate == KIQ_FATE_DEAD && f.payload);
     kiq_jobject_t oo = {0};
-    CHECK(kiq_json_scan_object(f.payload, f.len, &oo, NULL) == 0);
+    CHECK(kiq__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
     /* The envelope for text that is no object is strict JSON (UTF-8). */
     CHECK((is_object && !jok) || jansson_ok(f.payload, f.len));
-    kiq_jobject_free(&oo);
+    kiq__jobject_free(&oo);
     kiq_failure_clear(&f);
 }
 
@@ -175,13 +175,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(!jok || valid || size > COMPARE_MAX);
 
     kiq_jobject_t o = {0};
-    int is_object = kiq_json_scan_object(s, size, &o, NULL) == 0;
+    int is_object = kiq__json_scan_object(s, size, &o, NULL) == 0;
     if (is_object) {
         CHECK(valid);
         check_members(s, size, &o);
         check_edit(s, size, &o, jok);
     }
-    kiq_jobject_free(&o);
+    kiq__jobject_free(&o);
     check_retry(s, size, cfg, jok);
     check_invalid(s, size, cfg, is_object, jok);
     return 0;

@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     char err[KIQ_ERRLEN] = "";
     kiq_redis_url_t u;
-    if (kiq_redis_url_parse(url, &u, err) == 0) {
+    if (kiq__redis_url_parse(url, &u, err) == 0) {
         CHECK((u.host != NULL) != (u.path != NULL));
         CHECK(u.port >= 1 && u.port <= 65535);
         CHECK(u.db >= 0 && u.db <= 100000);
@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kiq_redis_url_redact(url, red, sizeof(red));
             CHECK(!strstr(red, pw));
         }
-        kiq_redis_url_clear(&u);
+        kiq__redis_url_clear(&u);
     } else {
         CHECK(err[0] != '\0');
         CHECK(!u.host && !u.path && !u.user && !u.password);

@@ -256,7 +256,7 @@ static int acquire_init(acquire_t *a, const char *name, char *err)
     for (size_t i = 0; i < nmeta; i++)
         a->argv[10 + i] = a->o.meta[i];
 
-    a->start = kiq_mono();
+    a->start = kiq__mono();
     a->deadline = a->o.timeout == KIQ_QLOCK_UNLIMITED ? INFINITY : a->start + a->o.timeout;
     a->max_tries = a->o.retry_count == KIQ_QLOCK_UNLIMITED
                        ? 0 : (a->o.retry_count < 1 ? 1 : a->o.retry_count);
@@ -268,7 +268,7 @@ static int acquire_init(acquire_t *a, const char *name, char *err)
 static void obtained(acquire_t *a, const redisReply *rep, double t0)
 {
     kiq_qlock_result_t *res = a->res;
-    double now = kiq_mono();
+    double now = kiq__mono();
     res->status = KIQ_QLOCK_OBTAINED;
     res->fence = rep->element[1]->integer;
     res->ts = atof(rep->element[2]->str);
@@ -301,8 +301,8 @@ static void in_line(acquire_t *a, const char *st, const redisReply *rep)
  * KIQ_E* code with err filled (KIQ_EDENIED: held and fail_fast). */
 static int attempt(acquire_t *a, char *err)
 {
-    double t0 = kiq_mono();
-    redisReply *rep = kiq_redis_script(a->r, KIQ_SCRIPT_QLOCK_ACQUIRE, 4, a->argc, a->argv, NULL);
+    double t0 = kiq__mono();
+    redisReply *rep = kiq__redis_script(a->r, KIQ_SCRIPT_QLOCK_ACQUIRE, 4, a->argc, a->argv, NULL);
     int rc = IN_LINE;
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
         rep->element[0]->type != REDIS_REPLY_STRING) {
@@ -343,15 +343,15 @@ static int wait_turn(acquire_t *a, char *err)
                           res->tries);
     }
     double delay =
-        ((double)a->o.retry_delay + floor(kiq_rand() * (double)a->o.retry_jitter)) / 1000.0;
-    double now = kiq_mono();
+        ((double)a->o.retry_delay + floor(kiq__rand() * (double)a->o.retry_jitter)) / 1000.0;
+    double now = kiq__mono();
     if (now + delay >= a->deadline) {
-        kiq_sleep(a->deadline - now);
+        kiq__sleep(a->deadline - now);
         res->status = KIQ_QLOCK_TIMEOUT;
         return kiq_seterr(err, KIQ_EDENIED, "%s: not obtained within %g s", a->k.lock,
                           a->o.timeout);
     }
-    kiq_sleep(delay);
+    kiq__sleep(delay);
     return 0;
 }
 
@@ -369,7 +369,7 @@ int kiq_qlock_lock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
     if (rc && a.queued)
         dequeue(c, r, &a.k, res->acq_id);
     if (rc == KIQ_EDENIED)
-        res->acq_time = (kiq_mono() - a.start) * 1000.0;
+        res->acq_time = (kiq__mono() - a.start) * 1000.0;
     free(a.argv);
     return rc;
 }
@@ -381,7 +381,7 @@ static int owner_call(kiq_redis_t *r, kiq_script_t s, const kiq_qlock_result_t *
     snprintf(fence, sizeof(fence), "%lld", res->fence);
     const char *argv[] = { res->lock_key, res->acq_id, fence, ms, mode };
     int argc = s == KIQ_SCRIPT_QLOCK_EXTEND ? 5 : 3;
-    redisReply *rep = kiq_redis_script(r, s, 1, argc, argv, NULL);
+    redisReply *rep = kiq__redis_script(r, s, 1, argc, argv, NULL);
     int rc = 0;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
         rc = kiq__reply_error(r, rep, s == KIQ_SCRIPT_QLOCK_EXTEND ? "extend" : "release", err);
@@ -404,7 +404,7 @@ int kiq_qlock_release(kiq_qlock_client_t *c, kiq_redis_t *r, const kiq_qlock_res
                           res->lock_key, res->acq_id);
     }
     ql_log(c, "expire_lock lock_key=%s acq_id=%s fence=%lld", res->lock_key, res->acq_id, res->fence);
-    emit_held(c, EV_PREFIX "lock_hold_and_release", res, NULL, (kiq_mono() - res->acquired) * 1000.0);
+    emit_held(c, EV_PREFIX "lock_hold_and_release", res, NULL, (kiq__mono() - res->acquired) * 1000.0);
     return 0;
 }
 
@@ -416,7 +416,7 @@ int kiq_qlock_extend(kiq_redis_t *r, kiq_qlock_result_t *res, long long ms, int 
     char ms_s[32];
     snprintf(ms_s, sizeof(ms_s), "%lld", ms);
     long long left = 0;
-    double t0 = kiq_mono();
+    double t0 = kiq__mono();
     int rc = owner_call(r, KIQ_SCRIPT_QLOCK_EXTEND, res, ms_s, refresh ? "set" : "add", &left, err);
     if (rc)
         return rc;
@@ -496,7 +496,7 @@ static int run_timed(kiq_qlock_fn fn, void *udata, const kiq_qlock_result_t *res
         return kiq_seterr(err, KIQ_ESYS, "timed lock: cannot start a thread: %s", strerror(e));
     }
     double until = res->deadline - TIMESHIFT_MARGIN;
-    struct timespec ts = kiq_timespec(until);
+    struct timespec ts = kiq__timespec(until);
     pthread_mutex_lock(&tc->mu);
     while (!tc->done && pthread_cond_timedwait(&tc->cv, &tc->mu, &ts) != ETIMEDOUT)
         ;

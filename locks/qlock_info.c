@@ -132,11 +132,11 @@ static int scan(kiq_redis_t *r, const char *pattern, size_t count, json_t **out,
     kiq_scan_t s;
     int rc;
     *out = NULL;
-    kiq_scan_init(&s, r, NULL, pattern, count ? (long)count : 500);
-    while ((rc = kiq_scan_next(&s, &page, err)) > 0)
+    kiq__scan_init(&s, r, NULL, pattern, count ? (long)count : 500);
+    while ((rc = kiq__scan_next(&s, &page, err)) > 0)
         for (size_t i = 0; i < page->elements; i++)
             json_object_set_new(seen, page->element[i]->str, json_true());
-    kiq_scan_close(&s);
+    kiq__scan_close(&s);
     if (rc)
         goto out;
     json_t *a = json_array();
@@ -214,7 +214,7 @@ int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *na
     int rc = kiq__qlock_keys(name, &k, err);
     if (rc)
         return rc;
-    double t0 = kiq_mono();
+    double t0 = kiq__mono();
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     const char *dq[] = { "DEL", k.queue }, *dl[] = { "DEL", k.lock }, *ds[] = { "DEL", k.seen };
     if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, dq, NULL) ||
@@ -235,8 +235,8 @@ int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *na
     if (lock_released)
         *lock_released = rep->element[1]->integer > 0;
     kiq_qlock_event_t ev = { .name = "redis_queued_locks.explicit_lock_release", .lock_key = k.lock,
-                             .lock_key_queue = k.queue, .rel_time = (kiq_mono() - t0) * 1000.0,
-                             .at = kiq_now() };
+                             .lock_key_queue = k.queue, .rel_time = (kiq__mono() - t0) * 1000.0,
+                             .at = kiq__now() };
     kiq__qlock_emit(c, &ev);
 out:
     freeReplyObject(rep);
@@ -255,7 +255,7 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
         if (kiq_redis_append(r, 2, del, NULL))
             return kiq__reply_error(r, NULL, "clear locks", err);
         if (strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0) {
-            kiq_key(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN, key + strlen(KIQ_KEY_QLOCK_QUEUE));
+            kiq__key(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN, key + strlen(KIQ_KEY_QLOCK_QUEUE));
             const char *ds[] = { "DEL", seen };
             if (kiq_redis_append(r, 2, ds, NULL))
                 return kiq__reply_error(r, NULL, "clear locks", err);
@@ -282,7 +282,7 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
 int kiq_qlock_clear_locks(kiq_qlock_client_t *c, kiq_redis_t *r, size_t batch, long long *count, char *err)
 {
     json_t *keys = NULL;
-    double t0 = kiq_mono();
+    double t0 = kiq__mono();
     long long n = 0;
     int rc = scan(r, KIQ_KEY_QLOCK_ANY, batch, &keys, err);
     if (rc)
@@ -299,7 +299,7 @@ int kiq_qlock_clear_locks(kiq_qlock_client_t *c, kiq_redis_t *r, size_t batch, l
     if (count)
         *count = n;
     kiq_qlock_event_t ev = { .name = "redis_queued_locks.explicit_all_locks_release",
-                             .rel_time = (kiq_mono() - t0) * 1000.0, .at = kiq_now(),
+                             .rel_time = (kiq__mono() - t0) * 1000.0, .at = kiq__now(),
                              .rel_key_cnt = n };
     kiq__qlock_emit(c, &ev);
 out:
@@ -324,7 +324,7 @@ int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t sca
         if (kiq__qlock_keys(key + strlen(KIQ_KEY_QLOCK_QUEUE), &k, NULL))
             continue; /* a name too long to be ours: leave it */
         const char *argv[] = { k.queue, k.seen, ttl };
-        redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_QLOCK_PURGE, 2, 3, argv, NULL);
+        redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_QLOCK_PURGE, 2, 3, argv, NULL);
         if (!rep || rep->type != REDIS_REPLY_INTEGER) {
             /* A key of another type under the pattern is not a queue. */
             if (rep && rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "WRONGTYPE")) {

@@ -97,7 +97,7 @@ const char *kiq_chain_name(const kiq_chain_t *c, size_t i)
     return c && i < c->n ? c->e[i].name : NULL;
 }
 
-int kiq_mw_run(const kiq_chain_t *c, kiq_mw_t *mw, kiq_mw_fn terminal, void *ud)
+int kiq__mw_run(const kiq_chain_t *c, kiq_mw_t *mw, kiq_mw_fn terminal, void *ud)
 {
     mw->chain = c;
     mw->pos = 0;
@@ -119,10 +119,10 @@ int kiq_mw_next(kiq_mw_t *mw)
     return mw->terminal ? mw->terminal(mw, mw->terminal_ud) : 0;
 }
 
-void kiq_mw_clear(kiq_mw_t *mw)
+void kiq__mw_clear(kiq_mw_t *mw)
 {
     free(mw->payload);
-    kiq_jobject_free(&mw->obj);
+    kiq__jobject_free(&mw->obj);
     free(mw->dpayload);
     mw->payload = mw->dpayload = NULL;
 }
@@ -156,7 +156,7 @@ const char *kiq_mw_field_raw(const kiq_mw_t *mw, const char *key, size_t *len)
 {
     if (mw->server)
         return kiq_job_field_raw(mw->job, key, len);
-    const kiq_jmember_t *m = kiq_jobject_get(&mw->obj, mw->payload, key);
+    const kiq_jmember_t *m = kiq__jobject_get(&mw->obj, mw->payload, key);
     if (!m)
         return NULL;
     if (len)
@@ -171,17 +171,17 @@ int kiq_mw_set_field(kiq_mw_t *mw, const char *key, const char *value)
     kiq_field_t f = { key, value, 0 };
     char *out = NULL;
     size_t outlen = 0;
-    int rc = kiq_payload_edit(mw->payload, &mw->obj, &f, 1, &out, &outlen);
+    int rc = kiq__payload_edit(mw->payload, &mw->obj, &f, 1, &out, &outlen);
     if (rc)
         return rc;
     kiq_jobject_t obj = {0};
-    if (kiq_json_scan_object(out, outlen, &obj, NULL)) {
+    if (kiq__json_scan_object(out, outlen, &obj, NULL)) {
         free(out);
-        kiq_jobject_free(&obj);
+        kiq__jobject_free(&obj);
         return KIQ_ENOMEM;
     }
     free(mw->payload);
-    kiq_jobject_free(&mw->obj);
+    kiq__jobject_free(&mw->obj);
     mw->payload = out;
     mw->len = outlen;
     mw->obj = obj;
@@ -215,7 +215,7 @@ void kiq_mw_deny(kiq_mw_t *mw, const char *fmt, ...)
     va_end(ap);
 }
 
-const char *kiq_mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d)
+const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d)
 {
     if (!mw->release_key[0])
         return NULL;

@@ -49,13 +49,13 @@ struct kiq_mw {
 
 /* Starts chain c on mw (filled by the caller) with terminal as its end.
  * Returns what the outermost middleware returns. */
-int kiq_mw_run(const kiq_chain_t *c, kiq_mw_t *mw, kiq_mw_fn terminal, void *ud);
+int kiq__mw_run(const kiq_chain_t *c, kiq_mw_t *mw, kiq_mw_fn terminal, void *ud);
 /* Frees what an invocation owns (the client payload, a disposition). */
-void kiq_mw_clear(kiq_mw_t *mw);
+void kiq__mw_clear(kiq_mw_t *mw);
 
 /* The lock to release at ack for this outcome, or NULL. */
-const char *kiq_mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
+const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
 /* Records v9's "unlocked" metric for a lock the ack released. */
-void kiq_mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r);
+void kiq__mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r);
 
 #endif

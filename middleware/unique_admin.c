@@ -9,11 +9,11 @@
 #include "redis/keys.h"
 #include "redis/reply.h"
 
-int kiq_unique_digest_parse(const char *arg, char *out, size_t n, char *err)
+int kiq__unique_digest_parse(const char *arg, char *out, size_t n, char *err)
 {
     if (!arg || !*arg)
         return kiq_seterr(err, KIQ_EINVAL, "the digest is empty");
-    size_t len = kiq_key_base(arg, KIQ_KEY_LOCKED);
+    size_t len = kiq__key_base(arg, KIQ_KEY_LOCKED);
     if (!len)
         len = strlen(arg);
     if (len > 512 || len + 1 > n)
@@ -38,14 +38,14 @@ int kiq_unique_digest_parse(const char *arg, char *out, size_t n, char *err)
 int kiq_unique_lock_delete(kiq_redis_t *r, const char *digest, long *removed, char *err)
 {
     char locked[600], run[600], run_locked[600];
-    int is_run = kiq_key_base(digest, KIQ_KEY_RUN) > 0;
+    int is_run = kiq__key_base(digest, KIQ_KEY_RUN) > 0;
     int rc = 0;
     long total = 0;
     if (strlen(digest) > 512)
         return kiq_seterr(err, KIQ_EINVAL, "the digest is too long");
-    kiq_key(locked, sizeof(locked), digest, KIQ_KEY_LOCKED);
-    kiq_key(run, sizeof(run), digest, KIQ_KEY_RUN);
-    kiq_key(run_locked, sizeof(run_locked), run, KIQ_KEY_LOCKED);
+    kiq__key(locked, sizeof(locked), digest, KIQ_KEY_LOCKED);
+    kiq__key(run, sizeof(run), digest, KIQ_KEY_RUN);
+    kiq__key(run_locked, sizeof(run_locked), run, KIQ_KEY_LOCKED);
     const char *unl[] = { "UNLINK", locked, run_locked };
     const char *zrem[] = { "ZREM", KIQ_UNIQUE_DIGESTS, digest, run };
     /* A :RUN digest is one runtime lock; a base digest takes its runtime

@@ -19,14 +19,14 @@ int kiq_unique_metric(kiq_redis_t *r, const char *lock_type, const char *event);
 
 /* A running worker counts lock events in memory and writes them once per
  * heartbeat (one pipeline for the lot), so taking or releasing a lock costs
- * no extra round trip: kiq_unique_metrics_buffer(1) turns that on, and
+ * no extra round trip: kiq__unique_metrics_buffer(1) turns that on, and
  * kiq_unique_metric_record() then buffers (or, when off or the buffer is
- * full, writes at once on r). kiq_unique_metrics_flush() writes what is
+ * full, writes at once on r). kiq__unique_metrics_flush() writes what is
  * buffered, to the minute bucket each event happened in; on an error the
  * counts are kept for the next flush. Thread-safe. */
-void kiq_unique_metrics_buffer(int on);
+void kiq__unique_metrics_buffer(int on);
 int kiq_unique_metric_record(kiq_redis_t *r, const char *lock_type, const char *event);
-int kiq_unique_metrics_flush(kiq_redis_t *r);
+int kiq__unique_metrics_flush(kiq_redis_t *r);
 /* The same for the minute holding t (tests, and replays of buffered counts). */
 int kiq_unique_metric_at(kiq_redis_t *r, const char *lock_type, const char *event,
                          time_t t);
@@ -36,12 +36,12 @@ void kiq_unique_metrics_key(time_t t, char *out, size_t n);
 
 /* Gives up v9's fleet role uniquejobs:reaper if owner holds it (at shutdown,
  * so another process takes over at once). Returns 0 or KIQ_EREDIS. */
-int kiq_unique_reaper_release(kiq_redis_t *r, const char *owner);
+int kiq__unique_reaper_release(kiq_redis_t *r, const char *owner);
 
 /* Checks a digest given by a person: printable ASCII without spaces or glob
  * characters, at most 512 bytes. A trailing ":LOCKED" is accepted and
  * stripped. Writes the digest into out (n bytes). Returns 0 or KIQ_EINVAL
  * with err saying what is wrong. */
-int kiq_unique_digest_parse(const char *arg, char *out, size_t n, char *err);
+int kiq__unique_digest_parse(const char *arg, char *out, size_t n, char *err);
 
 #endif

@@ -26,7 +26,7 @@ static int write_fields(kiq_mw_t *mw, const kiq_unique_spec_t *s, long ttl)
     if (!rc) rc = kiq_mw_set_field(mw, "lock_timeout", num);
     snprintf(num, sizeof(num), "%ld", ttl);
     if (!rc) rc = kiq_mw_set_field(mw, "lock_ttl", ttl > 0 ? num : "null");
-    if (!rc) rc = kiq_json_quote(&q, s->prefix, strlen(s->prefix)) ? KIQ_ENOMEM : 0;
+    if (!rc) rc = kiq__json_quote(&q, s->prefix, strlen(s->prefix)) ? KIQ_ENOMEM : 0;
     if (!rc) rc = kiq_mw_set_field(mw, "lock_prefix", q.p);
     if (!rc) rc = kiq_mw_set_field(mw, "lock_args", s->lock_args);
     /* As v9: the while-executing family carries the runtime digest. */
@@ -39,19 +39,19 @@ static int write_fields(kiq_mw_t *mw, const kiq_unique_spec_t *s, long ttl)
     }
     if (!rc && (s->client || s->server)) {
         kiq_buf_t oc = {0};
-        rc = kiq_buf_printf(&oc, "{\"client\":\"%s\",\"server\":\"%s\"}",
+        rc = kiq__buf_printf(&oc, "{\"client\":\"%s\",\"server\":\"%s\"}",
                             kiq_on_conflict_name(s->client), kiq_on_conflict_name(s->server));
         if (!rc) rc = kiq_mw_set_field(mw, "on_conflict", oc.p);
-        kiq_buf_free(&oc);
+        kiq__buf_free(&oc);
     }
-    kiq_buf_free(&q);
+    kiq__buf_free(&q);
     return rc;
 }
 
 static int reject_to_dead(kiq_mw_t *mw)
 {
     char score[32], cutoff[32];
-    double now = kiq_now();
+    double now = kiq__now();
     snprintf(score, sizeof(score), "%.6f", now);
     /* Sidekiq's defaults: a client does not know the server's settings. */
     snprintf(cutoff, sizeof(cutoff), "(%.6f", now - 180.0 * 24 * 3600);
@@ -79,13 +79,13 @@ static int reject_to_dead(kiq_mw_t *mw)
 static int replace_holder(kiq_mw_t *mw, const kiq_unique_spec_t *s)
 {
     char locked[KIQ_DIGEST_MAX + 16];
-    char *qkey = kiq_key_dup(KIQ_KEY_QUEUE, mw->queue); /* a name of any length */
+    char *qkey = kiq__key_dup(KIQ_KEY_QUEUE, mw->queue); /* a name of any length */
     if (!qkey)
         return KIQ_ENOMEM;
     kiq_unique__key(locked, sizeof(locked), s->digest, 0, KIQ_KEY_LOCKED);
     const char *argv[] = { qkey, KIQ_KEY_SCHEDULE, KIQ_KEY_RETRY, locked, KIQ_UNIQUE_DIGESTS,
                            s->digest, REPLACE_SCAN_LIMIT };
-    redisReply *rep = kiq_redis_script(mw->r, KIQ_SCRIPT_REPLACE, 5, 7, argv, NULL);
+    redisReply *rep = kiq__redis_script(mw->r, KIQ_SCRIPT_REPLACE, 5, 7, argv, NULL);
     free(qkey);
     if (!rep)
         return KIQ_EREDIS;
@@ -117,7 +117,7 @@ static int conflict(kiq_mw_t *mw, const kiq_unique_spec_t *s, kiq_lock_req_t *q)
         return KIQ_EDENIED;
     case KIQ_CONFLICT_RESCHEDULE: {
         double in = s->schedule_in > 0 ? s->schedule_in : 5;
-        kiq_mw_set_at(mw, kiq_now() + in);
+        kiq_mw_set_at(mw, kiq__now() + in);
         (void)kiq_mw_set_field(mw, "enqueued_at", NULL); /* not enqueued yet */
         return 1; /* pushed, scheduled, without the lock: checked when it runs */
     }
@@ -143,7 +143,7 @@ int kiq_unique_client_mw(kiq_mw_t *mw, void *udata)
         return kiq_mw_next(mw);
     }
     /* v9: the lock outlives the scheduling delay. */
-    double now = kiq_now();
+    double now = kiq__now();
     long ttl = s.ttl;
     if (ttl > 0 && mw->at > now)
         ttl = mw->at - now < (double)(KIQ_UNIQUE_MAX_SECONDS - ttl)

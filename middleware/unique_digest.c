@@ -119,7 +119,7 @@ static void rj_ws(rj_t *p)
 
 static void rj_put(rj_t *p, const char *s, size_t n)
 {
-    if (!p->err && kiq_buf_put(p->b, s, n))
+    if (!p->err && kiq__buf_put(p->b, s, n))
         p->err = KIQ_ENOMEM;
 }
 
@@ -380,13 +380,13 @@ char *kiq_ruby_json_dup(const char *in, size_t len, size_t *outlen)
     kiq_buf_t b = {0};
     rj_t p = { .s = in, .len = len, .b = &b };
     rj_value(&p, 0);
-    if (p.err || kiq_buf_put(&b, "", 0)) {
-        kiq_buf_free(&b);
+    if (p.err || kiq__buf_put(&b, "", 0)) {
+        kiq__buf_free(&b);
         return NULL;
     }
-    if (!b.p && kiq_buf_puts(&b, ""))
+    if (!b.p && kiq__buf_puts(&b, ""))
         return NULL;
-    return kiq_buf_take(&b, outlen);
+    return kiq__buf_take(&b, outlen);
 }
 
 char *kiq_unique_lock_args(const char *args, size_t len, const int *idx, size_t nidx)
@@ -425,7 +425,7 @@ char *kiq_unique_lock_args(const char *args, size_t len, const int *idx, size_t 
         kiq_buf_t scratch = {0};
         p.b = &scratch;
         rj_value(&p, 0);
-        kiq_buf_free(&scratch);
+        kiq__buf_free(&scratch);
         en[n++] = p.i;
         rj_ws(&p);
         if (p.i < len && args[p.i] == ',')
@@ -448,9 +448,9 @@ char *kiq_unique_lock_args(const char *args, size_t len, const int *idx, size_t 
     }
     rj_put(&p, "]", 1);
     if (!p.err)
-        out = kiq_buf_take(&b, NULL);
+        out = kiq__buf_take(&b, NULL);
 out:
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
     free(st);
     free(en);
     return out;
@@ -493,23 +493,23 @@ int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX], ch
         goto out;
     }
     /* Ruby's Hash#sort: [key, value] pairs, keys in byte order. */
-    rc = kiq_buf_puts(&b, "[");
+    rc = kiq__buf_puts(&b, "[");
     if (!rc && apt)
-        rc = kiq_buf_printf(&b, "[\"apartment\",%s],", apt);
+        rc = kiq__buf_printf(&b, "[\"apartment\",%s],", apt);
     if (!rc && !in->unique_across_workers) {
-        rc = kiq_buf_puts(&b, "[\"class\",");
+        rc = kiq__buf_puts(&b, "[\"class\",");
         if (!rc) rc = ruby_string(&b, in->cls);
-        if (!rc) rc = kiq_buf_puts(&b, "],");
+        if (!rc) rc = kiq__buf_puts(&b, "],");
     }
     if (!rc)
-        rc = kiq_buf_printf(&b, "[\"lock_args\",%s]", args);
+        rc = kiq__buf_printf(&b, "[\"lock_args\",%s]", args);
     if (!rc && !in->unique_across_queues) {
-        rc = kiq_buf_puts(&b, ",[\"queue\",");
+        rc = kiq__buf_puts(&b, ",[\"queue\",");
         if (!rc) rc = ruby_string(&b, in->queue);
-        if (!rc) rc = kiq_buf_puts(&b, "]");
+        if (!rc) rc = kiq__buf_puts(&b, "]");
     }
     if (!rc)
-        rc = kiq_buf_puts(&b, "]");
+        rc = kiq__buf_puts(&b, "]");
     if (rc) {
         rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
         goto out;
@@ -534,11 +534,11 @@ int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX], ch
     for (unsigned int k = 0; k < mdlen; k++)
         n += snprintf(out + n, KIQ_DIGEST_MAX - (size_t)n, "%02x", md[k]);
     if (canon)
-        *canon = kiq_buf_take(&b, NULL);
+        *canon = kiq__buf_take(&b, NULL);
 out:
     free(args);
     free(apt);
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
     return rc;
 }
 

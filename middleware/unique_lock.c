@@ -20,7 +20,7 @@
  * count never fails the lock. */
 void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event)
 {
-    kiq_metrics_lock_event(kiq_metrics_default(), kiq_lock_type_name(t), event);
+    kiq__metrics_lock_event(kiq__metrics_default(), kiq_lock_type_name(t), event);
     (void)kiq_unique_metric_record(r, kiq_lock_type_name(t), event);
 }
 
@@ -33,25 +33,25 @@ void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const
 static char *metadata(const kiq_lock_req_t *q, double now)
 {
     kiq_buf_t b = {0};
-    int rc = kiq_buf_puts(&b, "{\"worker\":");
-    if (!rc) rc = kiq_json_quote(&b, q->cls ? q->cls : "", strlen(q->cls ? q->cls : ""));
-    if (!rc) rc = kiq_buf_puts(&b, ",\"queue\":");
-    if (!rc) rc = kiq_json_quote(&b, q->queue ? q->queue : "", strlen(q->queue ? q->queue : ""));
-    if (!rc) rc = q->limit > 1 ? kiq_buf_printf(&b, ",\"limit\":%d", q->limit)
-                               : kiq_buf_puts(&b, ",\"limit\":null");
-    if (!rc) rc = kiq_buf_printf(&b, ",\"timeout\":%ld", q->timeout > 0 ? q->timeout : 0);
-    if (!rc) rc = q->ttl > 0 ? kiq_buf_printf(&b, ",\"ttl\":%ld", q->ttl)
-                             : kiq_buf_puts(&b, ",\"ttl\":null");
-    if (!rc) rc = kiq_buf_printf(&b, ",\"type\":\"%s\",\"lock_args\":%s,\"time\":%.6f",
+    int rc = kiq__buf_puts(&b, "{\"worker\":");
+    if (!rc) rc = kiq__json_quote(&b, q->cls ? q->cls : "", strlen(q->cls ? q->cls : ""));
+    if (!rc) rc = kiq__buf_puts(&b, ",\"queue\":");
+    if (!rc) rc = kiq__json_quote(&b, q->queue ? q->queue : "", strlen(q->queue ? q->queue : ""));
+    if (!rc) rc = q->limit > 1 ? kiq__buf_printf(&b, ",\"limit\":%d", q->limit)
+                               : kiq__buf_puts(&b, ",\"limit\":null");
+    if (!rc) rc = kiq__buf_printf(&b, ",\"timeout\":%ld", q->timeout > 0 ? q->timeout : 0);
+    if (!rc) rc = q->ttl > 0 ? kiq__buf_printf(&b, ",\"ttl\":%ld", q->ttl)
+                             : kiq__buf_puts(&b, ",\"ttl\":null");
+    if (!rc) rc = kiq__buf_printf(&b, ",\"type\":\"%s\",\"lock_args\":%s,\"time\":%.6f",
                                  kiq_lock_type_name(q->type),
                                  q->lock_args ? q->lock_args : "[]", now);
-    if (!rc) rc = q->at > 0 ? kiq_buf_printf(&b, ",\"at\":%.6f}", q->at)
-                            : kiq_buf_puts(&b, ",\"at\":null}");
+    if (!rc) rc = q->at > 0 ? kiq__buf_printf(&b, ",\"at\":%.6f}", q->at)
+                            : kiq__buf_puts(&b, ",\"at\":null}");
     if (rc) {
-        kiq_buf_free(&b);
+        kiq__buf_free(&b);
         return NULL;
     }
-    return kiq_buf_take(&b, NULL);
+    return kiq__buf_take(&b, NULL);
 }
 
 /* One run of lock.lua; waiting (arrival > 0) adds the waiting zset. */
@@ -62,7 +62,7 @@ static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, do
         return kiq_seterr(err, KIQ_EINVAL, "a lock needs a digest and a jid");
     char locked[KIQ_DIGEST_MAX + 16], waiting[KIQ_DIGEST_MAX + 16];
     char pttl[32], limit[16], now_s[32], arr[32], cut[32];
-    double now = kiq_now();
+    double now = kiq__now();
     kiq_unique__key(locked, sizeof(locked), q->digest, q->runtime, KIQ_KEY_LOCKED);
     kiq_unique__key(waiting, sizeof(waiting), q->digest, q->runtime, ":WAITING");
     long ttl = q->ttl < KIQ_UNIQUE_MAX_SECONDS ? q->ttl : KIQ_UNIQUE_MAX_SECONDS;
@@ -79,11 +79,11 @@ static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, do
                            now_s, arr, cut };
     redisReply *rep;
     if (arrival > 0) {
-        rep = kiq_redis_script(r, KIQ_SCRIPT_LOCK, 3, 11, argv, NULL);
+        rep = kiq__redis_script(r, KIQ_SCRIPT_LOCK, 3, 11, argv, NULL);
     } else {
         const char *a2[] = { argv[0], argv[1], argv[3], argv[4], argv[5], argv[6], argv[7],
                              argv[8] };
-        rep = kiq_redis_script(r, KIQ_SCRIPT_LOCK, 2, 8, a2, NULL);
+        rep = kiq__redis_script(r, KIQ_SCRIPT_LOCK, 2, 8, a2, NULL);
     }
     free(meta);
     if (!rep)
@@ -123,7 +123,7 @@ int kiq_unique_unlock(kiq_redis_t *r, const char *digest, int runtime, const cha
     kiq_unique__key(locked, sizeof(locked), digest, runtime, KIQ_KEY_LOCKED);
     const char *argv[] = { locked, KIQ_UNIQUE_DIGESTS, jid,
                            force ? "force" : kiq_lock_type_name(type) };
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL);
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL);
     if (!rep)
         return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
     int rc;
@@ -152,13 +152,13 @@ static int poll_wait(void *self, kiq_redis_t *r, const kiq_lock_req_t *req, doub
                      char *err)
 {
     (void)self;
-    double arrival = kiq_now(), end = kiq_mono() + timeout, pause = 0.01;
+    double arrival = kiq__now(), end = kiq__mono() + timeout, pause = 0.01;
     int rc;
     for (;;) {
-        rc = lock_once(r, req, arrival, kiq_now() - timeout - 5, err);
+        rc = lock_once(r, req, arrival, kiq__now() - timeout - 5, err);
         if (rc > 0 || (rc < 0 && rc != KIQ_EDENIED && rc != KIQ_UNIQUE_NOT_YET))
             break;
-        if (kiq_mono() >= end) {
+        if (kiq__mono() >= end) {
             rc = KIQ_EDENIED;
             break;
         }

@@ -72,7 +72,7 @@ static pending_metric_t pending[PENDING_MAX];
 static size_t npending;
 static atomic_int buffering;
 
-void kiq_unique_metrics_buffer(int on)
+void kiq__unique_metrics_buffer(int on)
 {
     atomic_store(&buffering, on);
 }
@@ -117,7 +117,7 @@ int kiq_unique_metric_record(kiq_redis_t *r, const char *lock_type, const char *
     return kiq_unique_metric(r, lock_type, event);
 }
 
-int kiq_unique_metrics_flush(kiq_redis_t *r)
+int kiq__unique_metrics_flush(kiq_redis_t *r)
 {
     pending_metric_t *batch;
     size_t n;

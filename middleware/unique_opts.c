@@ -20,7 +20,7 @@ static char *field_str(kiq_mw_t *mw, const char *key)
 {
     size_t len;
     const char *v = kiq_mw_field_raw(mw, key, &len);
-    return v && *v == '"' ? kiq_json_string_dup(v, len) : NULL;
+    return v && *v == '"' ? kiq__json_string_dup(v, len) : NULL;
 }
 
 /* 1 with *out set when key holds a number, 0 when absent or null, -1 when
@@ -81,18 +81,18 @@ static void payload_strategies(kiq_mw_t *mw, kiq_unique_spec_t *s)
     if (!v)
         return;
     if (*v == '"') {
-        char *name = kiq_json_string_dup(v, len);
+        char *name = kiq__json_string_dup(v, len);
         strategy(mw, name, &s->client);
         strategy(mw, name, &s->server);
         free(name);
         return;
     }
     kiq_jobject_t obj = {0};
-    if (*v == '{' && kiq_json_scan_object(v, len, &obj, NULL) == 0) {
-        const kiq_jmember_t *c = kiq_jobject_get(&obj, v, "client");
-        const kiq_jmember_t *sv = kiq_jobject_get(&obj, v, "server");
-        char *cn = c ? kiq_json_string_dup(v + c->vstart, c->vlen) : NULL;
-        char *sn = sv ? kiq_json_string_dup(v + sv->vstart, sv->vlen) : NULL;
+    if (*v == '{' && kiq__json_scan_object(v, len, &obj, NULL) == 0) {
+        const kiq_jmember_t *c = kiq__jobject_get(&obj, v, "client");
+        const kiq_jmember_t *sv = kiq__jobject_get(&obj, v, "server");
+        char *cn = c ? kiq__json_string_dup(v + c->vstart, c->vlen) : NULL;
+        char *sn = sv ? kiq__json_string_dup(v + sv->vstart, sv->vlen) : NULL;
         strategy(mw, cn, &s->client);
         strategy(mw, sn, &s->server);
         free(cn);
@@ -101,7 +101,7 @@ static void payload_strategies(kiq_mw_t *mw, kiq_unique_spec_t *s)
         kiq_warn("%s %s: on_conflict must be a name or {client:, server:}; using log",
                  mw->cls, mw->jid);
     }
-    kiq_jobject_free(&obj);
+    kiq__jobject_free(&obj);
 }
 
 void kiq_unique__spec_clear(kiq_unique_spec_t *s)
@@ -244,7 +244,7 @@ static int payload_digest(kiq_mw_t *mw, kiq_unique_spec_t *s)
     char *str = field_str(mw, "lock_digest");
     int taken = 0;
     if (str && kiq_unique_digest_valid(str)) {
-        size_t n = kiq_key_base(str, KIQ_KEY_RUN);
+        size_t n = kiq__key_base(str, KIQ_KEY_RUN);
         if (n)
             str[n] = '\0';
         snprintf(s->digest, sizeof(s->digest), "%s", str);

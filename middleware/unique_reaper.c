@@ -167,7 +167,7 @@ static int add_reply(sweep_t *sw, const redisReply *rep)
 static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
 {
     for (long start = 0;; start += 1000) {
-        if (kiq_mono() > sw->deadline)
+        if (kiq__mono() > sw->deadline)
             return 1;
         char s[32], e[32];
         snprintf(s, sizeof(s), "%ld", start);
@@ -198,9 +198,9 @@ static int sweep_list(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
 static int sweep_page(const sweep_t *sw, kiq_scan_t *s, const redisReply **page, char *err)
 {
     *page = NULL;
-    if (kiq_mono() > sw->deadline)
+    if (kiq__mono() > sw->deadline)
         return 1;
-    int more = kiq_scan_next(s, page, err);
+    int more = kiq__scan_next(s, page, err);
     return more > 0 ? 0 : more;
 }
 
@@ -211,7 +211,7 @@ static int sweep_zset(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
     const redisReply *page;
     kiq_scan_t s;
     int rc;
-    kiq_scan_init(&s, r, key, NULL, 1000);
+    kiq__scan_init(&s, r, key, NULL, 1000);
     while (!(rc = sweep_page(sw, &s, &page, err)) && page) {
         /* Members and scores alternate; a score never contains "jid". */
         if (add_reply(sw, page)) {
@@ -219,7 +219,7 @@ static int sweep_zset(kiq_redis_t *r, sweep_t *sw, const char *key, char *err)
             break;
         }
     }
-    kiq_scan_close(&s);
+    kiq__scan_close(&s);
     return rc;
 }
 
@@ -232,7 +232,7 @@ static int sweep_queues(kiq_redis_t *r, sweep_t *sw, char *err)
         goto out;
     }
     for (size_t i = 0; i < rep->elements && !rc; i++) {
-        char *key = kiq_key_dup(KIQ_KEY_QUEUE, rep->element[i]->str); /* any length */
+        char *key = kiq__key_dup(KIQ_KEY_QUEUE, rep->element[i]->str); /* any length */
         rc = key ? sweep_list(r, sw, key, err) : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
         free(key);
     }
@@ -246,7 +246,7 @@ static int sweep_working(kiq_redis_t *r, sweep_t *sw, char *err)
     const redisReply *keys;
     kiq_scan_t s;
     int rc = 0;
-    kiq_scan_init(&s, r, NULL, KIQ_KEY_WORKING "*", 1000);
+    kiq__scan_init(&s, r, NULL, KIQ_KEY_WORKING "*", 1000);
     while (!rc && !(rc = sweep_page(sw, &s, &keys, err)) && keys) {
         for (size_t i = 0; i < keys->elements && !rc; i++) {
             char **w = realloc(sw->working, (sw->nworking + 1) * sizeof(char *));
@@ -261,7 +261,7 @@ static int sweep_working(kiq_redis_t *r, sweep_t *sw, char *err)
             rc = sweep_list(r, sw, keys->element[i]->str, err);
         }
     }
-    kiq_scan_close(&s);
+    kiq__scan_close(&s);
     return rc;
 }
 
@@ -379,7 +379,7 @@ static int unlease(kiq_redis_t *r, const char *key, const char *owner)
     return rc;
 }
 
-int kiq_unique_reaper_release(kiq_redis_t *r, const char *owner)
+int kiq__unique_reaper_release(kiq_redis_t *r, const char *owner)
 {
     return unlease(r, KIQ_UNIQUE_REAPER_KEY, owner);
 }
@@ -470,7 +470,7 @@ static int flush(kiq_redis_t *r, sweep_t *sw, cand_t *cands, const int *suspect,
     }
     if (!any)
         goto out;
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REAP, nkeys, (int)b.argc, b.argv, NULL);
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_REAP, nkeys, (int)b.argc, b.argv, NULL);
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
         rc = kiq__reply_error(r, rep, "reap.lua", err);
         freeReplyObject(rep);
@@ -538,7 +538,7 @@ static int read_page(kiq_redis_t *r, const char *cscore, const char *cmember, ca
     /* The holders and TTL of each, pipelined. */
     for (size_t i = 0; i < *n; i++) {
         char key[1100];
-        kiq_key(key, sizeof(key), cands[i].digest, KIQ_KEY_LOCKED);
+        kiq__key(key, sizeof(key), cands[i].digest, KIQ_KEY_LOCKED);
         const char *hg[] = { "HGETALL", key };
         const char *pt[] = { "PTTL", key };
         if (kiq_redis_append(r, 2, hg, NULL) || kiq_redis_append(r, 2, pt, NULL)) {
@@ -590,7 +590,7 @@ out:
 static void default_owner(char *out, size_t n)
 {
     char host[256];
-    kiq_hostname(host, sizeof(host));
+    kiq__hostname(host, sizeof(host));
     snprintf(out, n, "%s:%ld", host, (long)getpid());
 }
 
@@ -722,7 +722,7 @@ static int reap_page(run_t *run, size_t n, int *stop, char *err)
     int rc = 0;
     memset(run->suspect, 0, PAGE * sizeof(int));
     for (size_t i = 0; i < n; i++) {
-        if (kiq_mono() > run->sw.deadline) {
+        if (kiq__mono() > run->sw.deadline) {
             out->timed_out = *stop = 1;
             break;
         }
@@ -763,9 +763,9 @@ static int walk(run_t *run, char *err)
 {
     kiq_reap_result_t *out = run->out;
     int stop = 0, rc = 0;
-    run->cutoff = kiq_now() - run->grace;
+    run->cutoff = kiq__now() - run->grace;
     while (!stop && !rc && out->removed < run->count) {
-        if (kiq_mono() > run->sw.deadline) {
+        if (kiq__mono() > run->sw.deadline) {
             out->timed_out = 1;
             break;
         }
@@ -800,7 +800,7 @@ int kiq_unique_reap(kiq_redis_t *r, const kiq_reap_opts_t *opts, kiq_reap_result
         .out = out,
         .count = o.count > 0 ? o.count : 1000,
         .grace = o.grace >= 0 ? o.grace : timeout + 10,
-        .sw = { .deadline = kiq_mono() + timeout },
+        .sw = { .deadline = kiq__mono() + timeout },
         .cands = calloc(PAGE, sizeof(cand_t)),
         .suspect = calloc(PAGE, sizeof(int)),
     };

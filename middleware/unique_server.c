@@ -49,12 +49,12 @@ static int conflict(kiq_mw_t *mw, const kiq_unique_spec_t *s, const char *what)
     case KIQ_CONFLICT_REJECT:
         kiq_warn("Rejecting job with id (%s) to the dead set because lock_digest: (%s) %s",
                  mw->jid, s->digest, what);
-        return kiq_mw_dispose(mw, KIQ_DISPOSE_DEAD, kiq_now(), NULL, 0);
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_DEAD, kiq__now(), NULL, 0);
     case KIQ_CONFLICT_RESCHEDULE: {
         double in = s->schedule_in > 0 ? s->schedule_in : 5;
         kiq_info("Rescheduling job with id (%s) in %.0fs because lock_digest: (%s) %s",
                  mw->jid, in, s->digest, what);
-        return kiq_mw_dispose(mw, KIQ_DISPOSE_SCHEDULE, kiq_now() + in, NULL, 0);
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_SCHEDULE, kiq__now() + in, NULL, 0);
     }
     default:
         kiq_warn("Skipping job with id (%s) because lock_digest: (%s) %s",
@@ -91,7 +91,7 @@ static void hold_until(kiq_mw_t *mw, const kiq_unique_spec_t *s, int on_done)
     mw->release_type = (int)s->type;
 }
 
-void kiq_mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r)
+void kiq__mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r)
 {
     kiq_unique__metric(r, (kiq_lock_type_t)mw->release_type, "unlocked");
 }

@@ -26,7 +26,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
                        char *err)
 {
     char digest[1024], keys[NSUFFIXES][1100], run_locked[1100], run[1100];
-    size_t len = kiq_key_base(locked_key, KIQ_KEY_LOCKED);
+    size_t len = kiq__key_base(locked_key, KIQ_KEY_LOCKED);
     if (!len || len >= sizeof(digest))
         return 0;
     snprintf(digest, sizeof(digest), "%.*s", (int)len, locked_key);
@@ -64,8 +64,8 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
 
     /* The runtime lock we keep must be in the index, or nothing would ever
      * free it once its job is gone. NX: never move an existing score. */
-    kiq_key(run, sizeof(run), digest, KIQ_KEY_RUN);
-    kiq_key(run_locked, sizeof(run_locked), run, KIQ_KEY_LOCKED);
+    kiq__key(run, sizeof(run), digest, KIQ_KEY_RUN);
+    kiq__key(run_locked, sizeof(run_locked), run, KIQ_KEY_LOCKED);
     const char *ex[] = { "EXISTS", run_locked };
     redisReply *e = kiq_redis_cmd(r, 2, ex, NULL);
     int has_run = e && e->type == REDIS_REPLY_INTEGER && e->integer == 1;
@@ -76,7 +76,7 @@ static int upgrade_one(kiq_redis_t *r, const char *locked_key, kiq_upgrade_resul
     freeReplyObject(e);
     if (has_run) {
         char now[64];
-        snprintf(now, sizeof(now), "%.6f", kiq_now());
+        snprintf(now, sizeof(now), "%.6f", kiq__now());
         const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, "NX", now, run };
         redisReply *z = kiq_redis_cmd(r, 5, za, NULL);
         if (!z || z->type != REDIS_REPLY_INTEGER)
@@ -93,8 +93,8 @@ static int merge_expiring(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
     const redisReply *items;
     kiq_scan_t s;
     int rc = 0, more = 0;
-    kiq_scan_init(&s, r, KIQ_KEY_EXPIRING_DIGESTS, NULL, 100);
-    while (!rc && (more = kiq_scan_next(&s, &items, err)) > 0) {
+    kiq__scan_init(&s, r, KIQ_KEY_EXPIRING_DIGESTS, NULL, 100);
+    while (!rc && (more = kiq__scan_next(&s, &items, err)) > 0) {
         for (size_t i = 0; i + 1 < items->elements && !rc; i += 2) {
             const char *za[] = { "ZADD", KIQ_UNIQUE_DIGESTS, items->element[i + 1]->str,
                                  items->element[i]->str };
@@ -106,7 +106,7 @@ static int merge_expiring(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
             freeReplyObject(z);
         }
     }
-    kiq_scan_close(&s);
+    kiq__scan_close(&s);
     if (!rc)
         rc = more;
     if (!rc) {
@@ -148,11 +148,11 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
     const redisReply *keys;
     kiq_scan_t s;
     int more = 0;
-    kiq_scan_init(&s, r, NULL, KIQ_KEY_UNIQUE_PREFIX ":*" KIQ_KEY_LOCKED, 100);
-    while (!rc && (more = kiq_scan_next(&s, &keys, err)) > 0) {
+    kiq__scan_init(&s, r, NULL, KIQ_KEY_UNIQUE_PREFIX ":*" KIQ_KEY_LOCKED, 100);
+    while (!rc && (more = kiq__scan_next(&s, &keys, err)) > 0) {
         for (size_t i = 0; i < keys->elements && !rc; i++) {
             const char *k = keys->element[i]->str;
-            size_t len = kiq_key_base(k, KIQ_KEY_RUN KIQ_KEY_LOCKED);
+            size_t len = kiq__key_base(k, KIQ_KEY_RUN KIQ_KEY_LOCKED);
             char base[1100];
             /* A runtime lock is cleaned as part of its base digest, which a
              * while_executing job never locks itself. Twice is harmless. */
@@ -164,14 +164,14 @@ int kiq_unique_upgrade(kiq_redis_t *r, kiq_upgrade_result_t *out, char *err)
             rc = upgrade_one(r, k, out, err);
         }
     }
-    kiq_scan_close(&s);
+    kiq__scan_close(&s);
     if (!rc)
         rc = more;
     if (!rc)
         rc = merge_expiring(r, out, err);
     if (!rc) {
         char now[64];
-        snprintf(now, sizeof(now), "%.6f", kiq_now());
+        snprintf(now, sizeof(now), "%.6f", kiq__now());
         const char *hset[] = { "HSET", KIQ_UNIQUE_UPGRADED_KEY, KIQ_UNIQUE_UPGRADE_VERSION, now };
         rep = kiq_redis_cmd(r, 4, hset, NULL);
         if (!rep || rep->type != REDIS_REPLY_INTEGER)

@@ -37,7 +37,7 @@
 
 typedef struct conn {
     int fd;
-    double deadline;           /* kiq_mono() */
+    double deadline;           /* kiq__mono() */
     char *out;                 /* the answer, once the request is in */
     size_t olen, sent, got;
     char req[MAX_REQUEST];
@@ -48,7 +48,7 @@ struct kiq_http {
     kiq_redis_t *r;            /* used only by the server's thread */
     int redis_warned;          /* an unreachable Redis is logged once per outage */
     int lfd, wake[2];          /* listening socket; a byte on wake stops the thread */
-    double accept_after;       /* kiq_mono(): out of descriptors until then */
+    double accept_after;       /* kiq__mono(): out of descriptors until then */
     pthread_t thread;
     int started;
     conn_t *conns[MAX_CONNS];
@@ -57,35 +57,35 @@ struct kiq_http {
 
 static int gauge(kiq_buf_t *b, const char *name, const char *help)
 {
-    return kiq_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    return kiq__buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
 }
 
 static int queue_gauges(kiq_buf_t *b, const kiq_overview_t *ov)
 {
     int rc = gauge(b, "kiq_queue_size", "Jobs waiting in each queue.");
     for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = kiq_buf_puts(b, "kiq_queue_size{queue=\"");
+        rc = kiq__buf_puts(b, "kiq_queue_size{queue=\"");
         if (!rc) rc = kiq_metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = kiq_buf_printf(b, "\"} %lld\n", ov->queues[i].size);
+        if (!rc) rc = kiq__buf_printf(b, "\"} %lld\n", ov->queues[i].size);
     }
     if (!rc)
         rc = gauge(b, "kiq_queue_latency_seconds",
                    "Age of the oldest job in each queue (0 when empty).");
     for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = kiq_buf_puts(b, "kiq_queue_latency_seconds{queue=\"");
+        rc = kiq__buf_puts(b, "kiq_queue_latency_seconds{queue=\"");
         if (!rc) rc = kiq_metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = kiq_buf_printf(b, "\"} %.6f\n", ov->queues[i].latency);
+        if (!rc) rc = kiq__buf_printf(b, "\"} %.6f\n", ov->queues[i].latency);
     }
     return rc;
 }
 
 int kiq_http_scrape(struct kiq_runtime *rt, kiq_redis_t *r, kiq_buf_t *b)
 {
-    int rc = kiq_metrics_render(kiq_metrics_default(), b);
+    int rc = kiq_metrics_render(kiq__metrics_default(), b);
     if (!rc) rc = gauge(b, "kiq_busy_threads", "Processor threads running a job.");
-    if (!rc) rc = kiq_buf_printf(b, "kiq_busy_threads %d\n", atomic_load(&rt->busy));
+    if (!rc) rc = kiq__buf_printf(b, "kiq_busy_threads %d\n", atomic_load(&rt->busy));
     if (!rc) rc = gauge(b, "kiq_threads", "Processor threads (concurrency).");
-    if (!rc) rc = kiq_buf_printf(b, "kiq_threads %d\n", rt->cfg->concurrency);
+    if (!rc) rc = kiq__buf_printf(b, "kiq_threads %d\n", rt->cfg->concurrency);
     if (rc)
         return rc;
 
@@ -95,29 +95,29 @@ int kiq_http_scrape(struct kiq_runtime *rt, kiq_redis_t *r, kiq_buf_t *b)
     double rtt = -1;
     int up = kiq_redis_ok(r) || kiq_redis_connect(r) == 0;
     if (up) {
-        double t0 = kiq_mono();
+        double t0 = kiq__mono();
         redisReply *pong = kiq_redis_cmdf(r, "PING");
-        rtt = kiq_mono() - t0;
+        rtt = kiq__mono() - t0;
         up = pong != NULL;
         freeReplyObject(pong);
     }
-    if (up && kiq_overview_read(r, 0, &ov, err))
+    if (up && kiq__overview_read(r, 0, &ov, err))
         up = 0;
     rc = gauge(b, "kiq_redis_up", "1 when this scrape could read Redis; the Redis series "
                                   "are left out when it is 0.");
-    if (!rc) rc = kiq_buf_printf(b, "kiq_redis_up %d\n", up);
+    if (!rc) rc = kiq__buf_printf(b, "kiq_redis_up %d\n", up);
     if (up) {
         if (!rc) rc = gauge(b, "kiq_redis_rtt_seconds", "Round trip of a PING at this scrape.");
-        if (!rc) rc = kiq_buf_printf(b, "kiq_redis_rtt_seconds %.6f\n", rtt);
+        if (!rc) rc = kiq__buf_printf(b, "kiq_redis_rtt_seconds %.6f\n", rtt);
         if (!rc) rc = queue_gauges(b, &ov);
         if (!rc) rc = gauge(b, "kiq_schedule_size", "Jobs in the schedule set.");
-        if (!rc) rc = kiq_buf_printf(b, "kiq_schedule_size %lld\n", ov.scheduled);
+        if (!rc) rc = kiq__buf_printf(b, "kiq_schedule_size %lld\n", ov.scheduled);
         if (!rc) rc = gauge(b, "kiq_retry_size", "Jobs in the retry set.");
-        if (!rc) rc = kiq_buf_printf(b, "kiq_retry_size %lld\n", ov.retries);
+        if (!rc) rc = kiq__buf_printf(b, "kiq_retry_size %lld\n", ov.retries);
         if (!rc) rc = gauge(b, "kiq_dead_size", "Jobs in the dead set.");
-        if (!rc) rc = kiq_buf_printf(b, "kiq_dead_size %lld\n", ov.dead);
+        if (!rc) rc = kiq__buf_printf(b, "kiq_dead_size %lld\n", ov.dead);
     }
-    kiq_overview_clear(&ov);
+    kiq__overview_clear(&ov);
     return rc;
 }
 
@@ -138,20 +138,20 @@ static const char *reason(int status)
 static void answer(conn_t *c, int status, const char *body, size_t blen, int head)
 {
     kiq_buf_t b = {0};
-    int rc = kiq_buf_printf(&b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s"
+    int rc = kiq__buf_printf(&b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s"
                             "Content-Length: %zu\r\nConnection: close\r\n\r\n",
                             status, reason(status),
                             status == 200 ? CONTENT_TYPE : "text/plain; charset=utf-8",
                             status == 405 ? "Allow: GET, HEAD\r\n" : "", blen);
     if (!rc && !head)
-        rc = kiq_buf_put(&b, body, blen);
+        rc = kiq__buf_put(&b, body, blen);
     if (rc) {
-        kiq_buf_free(&b);
+        kiq__buf_free(&b);
         c->deadline = 0; /* closed at the next turn */
         return;
     }
-    c->out = kiq_buf_take(&b, &c->olen);
-    c->deadline = kiq_mono() + SEND_SECONDS;
+    c->out = kiq__buf_take(&b, &c->olen);
+    c->deadline = kiq__mono() + SEND_SECONDS;
 }
 
 static void plain(conn_t *c, int status, const char *text)
@@ -196,7 +196,7 @@ static void respond(kiq_http_t *h, conn_t *c)
         plain(c, 500, "out of memory\n");
     else
         answer(c, 200, b.p ? b.p : "", b.len, head);
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
 }
 
 static void drop(kiq_http_t *h, size_t i)
@@ -250,7 +250,7 @@ static void accept_all(kiq_http_t *h)
             /* Out of descriptors the socket stays readable: rest a while
              * rather than spin (the deadlines free some). */
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                h->accept_after = kiq_mono() + 0.1;
+                h->accept_after = kiq__mono() + 0.1;
             return;
         }
         conn_t *c = malloc(sizeof(*c));
@@ -265,7 +265,7 @@ static void accept_all(kiq_http_t *h)
                     old = i;
             drop(h, old);
         }
-        *c = (conn_t){ .fd = fd, .deadline = kiq_mono() + REQUEST_SECONDS };
+        *c = (conn_t){ .fd = fd, .deadline = kiq__mono() + REQUEST_SECONDS };
         c->req[0] = '\0';
         h->conns[h->n++] = c;
     }
@@ -276,7 +276,7 @@ static void *serve(void *arg)
     kiq_http_t *h = arg;
     struct pollfd pf[MAX_CONNS + 2];
     for (;;) {
-        double now = kiq_mono(), next = now + 60;
+        double now = kiq__mono(), next = now + 60;
         for (size_t i = h->n; i-- > 0;) {
             if (h->conns[i]->deadline <= now)
                 drop(h, i);

@@ -27,13 +27,13 @@ static double age(const redisReply *rep, double now)
     double lat = 0;
     if (rep->type == REDIS_REPLY_STRING) {
         kiq_jobject_t o = {0};
-        if (kiq_json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
-            const kiq_jmember_t *m = kiq_jobject_get(&o, rep->str, "enqueued_at");
+        if (kiq__json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
+            const kiq_jmember_t *m = kiq__jobject_get(&o, rep->str, "enqueued_at");
             double t = m ? kiq__ts_parse(rep->str + m->vstart, m->vlen) : 0;
             if (t > 0)
                 lat = now - t;
         }
-        kiq_jobject_free(&o);
+        kiq__jobject_free(&o);
     }
     return lat < 0 ? 0 : lat;
 }
@@ -93,13 +93,13 @@ static int read_queues(kiq_redis_t *r, kiq_overview_t *o, char *err)
     qsort(o->queues, o->nqueues, sizeof(*o->queues), by_name);
     for (size_t i = 0; i < o->nqueues && !rc; i++) {
         char key[600];
-        kiq_key(key, sizeof(key), KIQ_KEY_QUEUE, o->queues[i].name);
+        kiq__key(key, sizeof(key), KIQ_KEY_QUEUE, o->queues[i].name);
         const char *llen[] = { "LLEN", key };
         const char *lindex[] = { "LINDEX", key, "-1" };
         if (kiq_redis_append(r, 2, llen, NULL) || kiq_redis_append(r, 3, lindex, NULL))
             rc = io_error(r, err);
     }
-    double now = kiq_now();
+    double now = kiq__now();
     for (size_t i = 0; i < o->nqueues && !rc; i++) {
         redisReply *len = kiq_redis_get_reply(r);
         redisReply *old = len ? kiq_redis_get_reply(r) : NULL;
@@ -174,7 +174,7 @@ out:
     return rc;
 }
 
-int kiq_overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, char *err)
+int kiq__overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
     int rc = read_totals(r, out, err);
@@ -185,7 +185,7 @@ int kiq_overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, c
     return rc;
 }
 
-void kiq_overview_clear(kiq_overview_t *o)
+void kiq__overview_clear(kiq_overview_t *o)
 {
     if (!o)
         return;

@@ -36,11 +36,11 @@ typedef struct kiq_overview {
     size_t nprocesses;
 } kiq_overview_t;
 
-/* Fills out (owned by the caller: kiq_overview_clear, also after an
+/* Fills out (owned by the caller: kiq__overview_clear, also after an
  * error); the processes only when with_processes (one round trip each).
  * Returns 0, or KIQ_EREDIS with err filled when the connection
  * failed part-way (out then holds what was read), or KIQ_ENOMEM. */
-int kiq_overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, char *err);
-void kiq_overview_clear(kiq_overview_t *o);
+int kiq__overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, char *err);
+void kiq__overview_clear(kiq_overview_t *o);
 
 #endif

@@ -76,7 +76,7 @@ static void make_default(void)
     default_registry = kiq_metrics_new();
 }
 
-kiq_metrics_t *kiq_metrics_default(void)
+kiq_metrics_t *kiq__metrics_default(void)
 {
     pthread_once(&default_once, make_default);
     return default_registry;
@@ -128,7 +128,7 @@ static series_t *find_capped(kiq_metrics_t *m, kind_t k, const char *a, const ch
     return find(m, k, a, b);
 }
 
-void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
+void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
                      int failed)
 {
     kiq_buf_t c = {0}, q = {0};
@@ -156,11 +156,11 @@ void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, doubl
     }
     pthread_mutex_unlock(&m->mu);
 out:
-    kiq_buf_free(&c);
-    kiq_buf_free(&q);
+    kiq__buf_free(&c);
+    kiq__buf_free(&q);
 }
 
-void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event)
+void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event)
 {
     static const char *const map[][2] = {
         { "locked", "acquired" },         { "lock_failed", "denied" },
@@ -182,10 +182,10 @@ void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char 
         s->n1++;
     pthread_mutex_unlock(&m->mu);
 out:
-    kiq_buf_free(&t);
+    kiq__buf_free(&t);
 }
 
-void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
+void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
 {
     if (m && c >= 0 && c < KIQ_METRIC_COUNTER_COUNT && n > 0)
         atomic_fetch_add(&m->counters[c], n);
@@ -206,13 +206,13 @@ int kiq_metrics_escape(kiq_buf_t *b, const char *s)
             i += k;
             continue;
         }
-        rc = kiq_buf_put(b, s + run, i - run);
+        rc = kiq__buf_put(b, s + run, i - run);
         if (!rc)
-            rc = kiq_buf_puts(b, rep);
+            rc = kiq__buf_puts(b, rep);
         i += k ? k : 1;
         run = i;
     }
-    return rc ? rc : kiq_buf_put(b, s + run, len - run);
+    return rc ? rc : kiq__buf_put(b, s + run, len - run);
 }
 
 static int by_labels(const void *x, const void *y)
@@ -257,7 +257,7 @@ static void free_copy(series_t *s, size_t n)
 
 static int family(kiq_buf_t *b, const char *name, const char *type, const char *help)
 {
-    return kiq_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    return kiq__buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* name{l1="v1"[,l2="v2"]}; the values are escaped already. */
@@ -265,8 +265,8 @@ static int sample_head(kiq_buf_t *b, const char *name, const char *l1, const cha
                        const char *l2, const char *v2)
 {
     if (l2)
-        return kiq_buf_printf(b, "%s{%s=\"%s\",%s=\"%s\"", name, l1, v1, l2, v2);
-    return kiq_buf_printf(b, "%s{%s=\"%s\"", name, l1, v1);
+        return kiq__buf_printf(b, "%s{%s=\"%s\",%s=\"%s\"", name, l1, v1, l2, v2);
+    return kiq__buf_printf(b, "%s{%s=\"%s\"", name, l1, v1);
 }
 
 static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)
@@ -279,7 +279,7 @@ static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)
         if (s[i].kind != K_JOB)
             continue;
         rc = sample_head(b, name, "class", s[i].a, "queue", s[i].b);
-        if (!rc) rc = kiq_buf_printf(b, "} %llu\n", failed ? s[i].n2 : s[i].n1);
+        if (!rc) rc = kiq__buf_printf(b, "} %llu\n", failed ? s[i].n2 : s[i].n1);
     }
     return rc;
 }
@@ -302,12 +302,12 @@ static int render_durations(kiq_buf_t *b, const series_t *s, size_t n)
                 snprintf(le, sizeof(le), "+Inf");
             }
             rc = sample_head(b, "kiq_job_duration_seconds_bucket", "class", s[i].a, "le", le);
-            if (!rc) rc = kiq_buf_printf(b, "} %llu\n", cum);
+            if (!rc) rc = kiq__buf_printf(b, "} %llu\n", cum);
         }
         if (!rc) rc = sample_head(b, "kiq_job_duration_seconds_sum", "class", s[i].a, NULL, NULL);
-        if (!rc) rc = kiq_buf_printf(b, "} %.9g\n", s[i].sum);
+        if (!rc) rc = kiq__buf_printf(b, "} %.9g\n", s[i].sum);
         if (!rc) rc = sample_head(b, "kiq_job_duration_seconds_count", "class", s[i].a, NULL, NULL);
-        if (!rc) rc = kiq_buf_printf(b, "} %llu\n", s[i].n1);
+        if (!rc) rc = kiq__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
 }
@@ -323,7 +323,7 @@ static int render_locks(kiq_buf_t *b, const series_t *s, size_t n)
         if (s[i].kind != K_LOCK)
             continue;
         rc = sample_head(b, name, "type", s[i].a, "event", s[i].b);
-        if (!rc) rc = kiq_buf_printf(b, "} %llu\n", s[i].n1);
+        if (!rc) rc = kiq__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
 }
@@ -356,7 +356,7 @@ int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
     for (int c = 0; c < KIQ_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
         if (!rc)
-            rc = kiq_buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
+            rc = kiq__buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
     }
     free_copy(s, n);
     return rc;

@@ -39,22 +39,22 @@ void kiq_metrics_free(kiq_metrics_t *m);
 
 /* The registry the runtime records into (created on first use, lives
  * until the process exits; never NULL unless out of memory at first use). */
-kiq_metrics_t *kiq_metrics_default(void);
+kiq_metrics_t *kiq__metrics_default(void);
 
 /* Counts one finished job: processed (and failed when failed != 0) for
  * (cls, queue), and seconds into the duration histogram of cls. NULL
  * strings count as "". A no-op when m is NULL or memory runs out. */
-void kiq_metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
+void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
                      int failed);
 
 /* Counts one uniqueness lock event as v9 names it (locked, lock_failed,
  * unlocked, unlock_failed, execution_failed), folded into the exported
  * events acquired / denied / released / failures. Unknown events are
  * ignored. */
-void kiq_metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event);
+void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event);
 
 /* Adds n to a process-wide counter. */
-void kiq_metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);
+void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);
 
 /* Appends the counters and histograms, with HELP and TYPE lines, in the
  * Prometheus text format 0.0.4 to b; series sorted by label values.

@@ -68,7 +68,7 @@ kiq_redis_t *kiq_redis_new(const char *url, double timeout, char *err)
         kiq_seterr(err, KIQ_ENOMEM, "out of memory");
         return NULL;
     }
-    if (kiq_redis_url_parse(url, &r->url, err)) {
+    if (kiq__redis_url_parse(url, &r->url, err)) {
         free(r);
         return NULL;
     }
@@ -85,7 +85,7 @@ void kiq_redis_free(kiq_redis_t *r)
     redisFree(r->c);
     forget_sent(r);
     free(r->q);
-    kiq_redis_url_clear(&r->url);
+    kiq__redis_url_clear(&r->url);
     free(r);
 }
 
@@ -343,7 +343,7 @@ redisReply *kiq_redis_cmdf(kiq_redis_t *r, const char *fmt, ...)
 
 /* Appends EVALSHA sha nkeys args... (stack arrays for the usual short
  * calls, heap for long recovery batches). */
-int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
+int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                             const char **argv, const size_t *lens)
 {
     const char *sav[MAX_ARGS + 3], **av = sav;
@@ -390,11 +390,11 @@ int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
     return rc;
 }
 
-redisReply *kiq_redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
+redisReply *kiq__redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                              const char **argv, const size_t *lens)
 {
     /* A NOSCRIPT is dealt with by kiq_redis_get_reply. */
-    if (kiq_redis_append_script(r, s, nkeys, argc, argv, lens))
+    if (kiq__redis_append_script(r, s, nkeys, argc, argv, lens))
         return NULL;
     return kiq_redis_get_reply(r);
 }

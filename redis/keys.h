@@ -3,7 +3,7 @@
  * redis_queued_locks), so they must stay byte for byte as they are.
  *
  * A name ending in ':' (or a suffix starting with one) is joined to a queue
- * name, identity or digest with kiq_key(). */
+ * name, identity or digest with kiq__key(). */
 #ifndef KIQ_REDIS_KEYS_H
 #define KIQ_REDIS_KEYS_H
 
@@ -56,16 +56,16 @@
 #define KIQ_QLOCK_ACQ_ID "rql:acq:"         /* acquirer id prefix (not a key) */
 #define KIQ_QLOCK_HST_ID "rql:hst:"         /* host id prefix (not a key) */
 
-/* a then b into out (n bytes), e.g. kiq_key(k, sizeof(k), KIQ_KEY_QUEUE, name)
- * or kiq_key(k, sizeof(k), digest, KIQ_KEY_LOCKED). Truncates like snprintf. */
-static inline void kiq_key(char *out, size_t n, const char *a, const char *b)
+/* a then b into out (n bytes), e.g. kiq__key(k, sizeof(k), KIQ_KEY_QUEUE, name)
+ * or kiq__key(k, sizeof(k), digest, KIQ_KEY_LOCKED). Truncates like snprintf. */
+static inline void kiq__key(char *out, size_t n, const char *a, const char *b)
 {
     snprintf(out, n, "%s%s", a, b);
 }
 
 /* a then b, malloc'd to fit (NULL when out of memory): for names of any
  * length (queue names come from payloads, identities from SCAN). */
-static inline char *kiq_key_dup(const char *a, const char *b)
+static inline char *kiq__key_dup(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     char *k = malloc(la + lb + 1);
@@ -77,8 +77,8 @@ static inline char *kiq_key_dup(const char *a, const char *b)
 }
 
 /* The length of key without suffix when key is longer than suffix and ends
- * with it (kiq_key_base("x:RUN", KIQ_KEY_RUN) is 1), else 0. */
-static inline size_t kiq_key_base(const char *key, const char *suffix)
+ * with it (kiq__key_base("x:RUN", KIQ_KEY_RUN) is 1), else 0. */
+static inline size_t kiq__key_base(const char *key, const char *suffix)
 {
     size_t len = strlen(key), slen = strlen(suffix);
     return len > slen && strcmp(key + len - slen, suffix) == 0 ? len - slen : 0;

@@ -6,7 +6,7 @@
 
 #include "redis/reply.h"
 
-void kiq_scan_init(kiq_scan_t *s, kiq_redis_t *r, const char *key, const char *match,
+void kiq__scan_init(kiq_scan_t *s, kiq_redis_t *r, const char *key, const char *match,
                    long count)
 {
     memset(s, 0, sizeof(*s));
@@ -18,7 +18,7 @@ void kiq_scan_init(kiq_scan_t *s, kiq_redis_t *r, const char *key, const char *m
     strcpy(s->cursor, "0");
 }
 
-int kiq_scan_next(kiq_scan_t *s, const redisReply **page, char *err)
+int kiq__scan_next(kiq_scan_t *s, const redisReply **page, char *err)
 {
     freeReplyObject(s->reply);
     s->reply = NULL;
@@ -55,7 +55,7 @@ int kiq_scan_next(kiq_scan_t *s, const redisReply **page, char *err)
     return 1;
 }
 
-void kiq_scan_close(kiq_scan_t *s)
+void kiq__scan_close(kiq_scan_t *s)
 {
     freeReplyObject(s->reply);
     s->reply = NULL;

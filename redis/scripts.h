@@ -12,13 +12,13 @@
 
 /* Runs script s with nkeys keys followed by the other args. Same reply
  * rules as kiq_redis_cmd. */
-redisReply *kiq_redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
+redisReply *kiq__redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                              const char **argv, const size_t *lens);
 
 /* Appends script s to the pipeline as EVALSHA (see kiq_redis_append);
  * kiq_redis_get_reply reads its reply. A NOSCRIPT reply makes the
  * connection load the scripts again before its next command. */
-int kiq_redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
+int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                             const char **argv, const size_t *lens);
 
 /* The text of a script, and its SHA1 as Redis reported it (NULL until a

@@ -41,7 +41,7 @@ static int parse_int(const char *s, size_t n, int lo, int hi, int *out)
     return 0;
 }
 
-void kiq_redis_url_clear(kiq_redis_url_t *u)
+void kiq__redis_url_clear(kiq_redis_url_t *u)
 {
     if (!u)
         return;
@@ -75,7 +75,7 @@ static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const cha
     return u->path ? 0 : KIQ_ENOMEM;
 }
 
-int kiq_redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
+int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
 {
     memset(u, 0, sizeof(*u));
     u->port = 6379;
@@ -143,7 +143,7 @@ int kiq_redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         rc = KIQ_ENOMEM;
 out:
     if (rc)
-        kiq_redis_url_clear(u);
+        kiq__redis_url_clear(u);
     return rc;
 }
 

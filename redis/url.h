@@ -19,9 +19,9 @@ typedef struct kiq_redis_url {
 /* Parses "redis://[user:password@]host[:port][/db]" or
  * "unix:///path[?db=N]" (percent-escapes in user and password are decoded).
  * Returns 0 or KIQ_EINVAL with err filled; free the strings with
- * kiq_redis_url_clear. */
-int kiq_redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
-void kiq_redis_url_clear(kiq_redis_url_t *u);
+ * kiq__redis_url_clear. */
+int kiq__redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
+void kiq__redis_url_clear(kiq_redis_url_t *u);
 /* Writes url with any password replaced by "***" into out (n bytes). */
 void kiq_redis_url_redact(const char *url, char *out, size_t n);
 

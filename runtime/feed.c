@@ -65,7 +65,7 @@ void kiq_feed_free(kiq_feed_t *feed)
     if (!feed)
         return;
     for (size_t i = 0; i < feed->n; i++)
-        kiq_fetched_clear(&feed->jobs[(feed->head + i) % feed->cap]);
+        kiq__fetched_clear(&feed->jobs[(feed->head + i) % feed->cap]);
     for (size_t i = 0; i < feed->nacks; i++) {
         kiq_done_clear(feed->acks[i]);
         free(feed->acks[i]);
@@ -83,7 +83,7 @@ void kiq_feed_free(kiq_feed_t *feed)
 
 void kiq_done_clear(kiq_done_t *d)
 {
-    kiq_mw_clear(&d->mw);
+    kiq__mw_clear(&d->mw);
     kiq_job_clear(&d->job);
     d->active = 0;
 }
@@ -91,7 +91,7 @@ void kiq_done_clear(kiq_done_t *d)
 void kiq_done_acked(kiq_runtime_t *rt, kiq_done_t *d, kiq_redis_t *r)
 {
     if (d->ack.lock_key)
-        kiq_mw_note_released(&d->mw, r);
+        kiq__mw_note_released(&d->mw, r);
     /* After the ack: the job is in the dead set when the hook runs. */
     if (d->ack.kind == KIQ_ACK_DEAD)
         kiq_hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);
@@ -162,7 +162,7 @@ static kiq_fetched_t feed_pop_newest(kiq_feed_t *feed)
  * left in the feed behind a long one is then taken by a waiter). */
 static void feed_wait(kiq_feed_t *feed)
 {
-    struct timespec until = kiq_timespec(kiq_now() + 0.1);
+    struct timespec until = kiq__timespec(kiq__now() + 0.1);
     feed->waiting++;
     pthread_cond_timedwait(&feed->came, &feed->mu, &until);
     feed->waiting--;
@@ -186,7 +186,7 @@ void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
     }
     pthread_mutex_unlock(&feed->mu);
     if (d) {
-        if (kiq_fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+        if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
             kiq_done_acked(s->rt, d, r);
         kiq_done_free(feed, d);
     }
@@ -210,7 +210,7 @@ static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
 /* Writes the acks taken (and fetches up to max jobs into got, in the same
  * round trip). Acks written are released; the others go back to the feed
  * for the next round trip, and *unwritten (when not NULL) counts them.
- * Returns kiq_fetch_exchange's result. */
+ * Returns kiq__fetch_exchange's result. */
 static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
                     kiq_fetched_t *got, size_t max, int block, size_t *unwritten)
 {
@@ -218,7 +218,7 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nac
     for (size_t i = 0; i < nacks; i++)
         items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
                                      .ack = acks[i]->ack, .rc = KIQ_EREDIS };
-    int rc = kiq_redis_ok(r) ? kiq_fetch_exchange(s->fetch, r, items, nacks, got, max, block)
+    int rc = kiq_redis_ok(r) ? kiq__fetch_exchange(s->fetch, r, items, nacks, got, max, block)
                              : KIQ_EREDIS;
     size_t failed = 0;
     for (size_t i = 0; i < nacks; i++) {
@@ -272,12 +272,12 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
                    int connect)
 {
-    int back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len);
+    int back = kiq__fetch_requeue(f, r, job->queue, job->payload, job->len);
     /* Only a broken connection is worth another try: an error reply (the
      * queue key holds another type than a list) would only come again. */
     while (back == KIQ_EREDIS && !kiq_redis_ok(r) && connect
            && kiq_rt_connect(rt, r, &rt->housekeeper_stop) == 0)
-        back = kiq_fetch_requeue(f, r, job->queue, job->payload, job->len);
+        back = kiq__fetch_requeue(f, r, job->queue, job->payload, job->len);
     if (back == 0)
         kiq_info("a fetched job that had not started went back to queue:%s", job->queue);
     else
@@ -285,7 +285,7 @@ void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetche
                   "list and is recovered or reclaimed later", job->queue,
                   back == KIQ_EREPLY ? "the key holds another type than a list"
                                      : kiq_redis_error(r));
-    kiq_fetched_clear(job);
+    kiq__fetched_clear(job);
 }
 
 /* Newest first, so that each queue's oldest ends up fetched first again. */
@@ -448,7 +448,7 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     }
     if (rc < 0)
         return rc;
-    /* Every queue was empty: wait on them (see kiq_fetch_exchange). */
+    /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
     return exchange(s, r, acks, nacks, job, 1, 1, NULL);
 }
 

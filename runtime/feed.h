@@ -32,7 +32,7 @@ void kiq_done_acked(struct kiq_runtime *rt, kiq_done_t *d, kiq_redis_t *r);
  * itself and the threads that look next; the acks waiting go out with any
  * round trip. *inside is the thread's own mark that it passed the gate
  * (0 at first). Returns 1 with a job, 0 without (look again), or
- * kiq_fetch_exchange's error. */
+ * kiq__fetch_exchange's error. */
 int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside);
 /* Leaves d's ack in the feed for the next round trip; on no memory,
  * writes it at once instead. */

@@ -100,13 +100,13 @@ static int work_entries(kiq_runtime_t *rt, char ***fields, char ***values, int *
         pthread_mutex_lock(&s->mu);
         if (s->busy && !s->abandoned) {
             kiq_buf_t b = {0};
-            kiq_buf_puts(&b, "{\"queue\":");
-            kiq_json_quote(&b, s->queue, strlen(s->queue));
-            kiq_buf_puts(&b, ",\"payload\":");
-            kiq_json_quote(&b, s->payload, s->len);
-            kiq_buf_printf(&b, ",\"run_at\":%ld}", s->run_at);
+            kiq__buf_puts(&b, "{\"queue\":");
+            kiq__json_quote(&b, s->queue, strlen(s->queue));
+            kiq__buf_puts(&b, ",\"payload\":");
+            kiq__json_quote(&b, s->payload, s->len);
+            kiq__buf_printf(&b, ",\"run_at\":%ld}", s->run_at);
             (*fields)[*n] = strdup(s->tid);
-            (*values)[*n] = kiq_buf_take(&b, NULL);
+            (*values)[*n] = kiq__buf_take(&b, NULL);
             (*n)++;
         }
         pthread_mutex_unlock(&s->mu);
@@ -172,13 +172,13 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     (void)final;
     int rc = kiq_stats_flush(rt, r);
     if (rc != KIQ_EREDIS)
-        rc = kiq_unique_metrics_flush(r);
+        rc = kiq__unique_metrics_flush(r);
     if (rc == KIQ_EREDIS)
         return rc;
     char key_work[400], key_workers[400], key_sig[400];
-    kiq_key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
-    kiq_key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
-    kiq_key(key_sig, sizeof(key_sig), rt->identity, KIQ_KEY_SIGNALS);
+    kiq__key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
+    kiq__key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
+    kiq__key(key_sig, sizeof(key_sig), rt->identity, KIQ_KEY_SIGNALS);
 
     char **fields = NULL, **values = NULL;
     int n = 0, count = 0;
@@ -198,15 +198,15 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     if (rc == KIQ_EREDIS)
         return rc;
 
-    double t0 = kiq_mono();
+    double t0 = kiq__mono();
     redisReply *pong = kiq_redis_cmdf(r, "PING");
     if (!pong)
         return KIQ_EREDIS;
     freeReplyObject(pong);
-    long rtt_us = (long)((kiq_mono() - t0) * 1e6);
+    long rtt_us = (long)((kiq__mono() - t0) * 1e6);
 
     char beat[32], conc[16], busy[16], rtt[32], rss[32];
-    snprintf(beat, sizeof(beat), "%.6f", kiq_now());
+    snprintf(beat, sizeof(beat), "%.6f", kiq__now());
     snprintf(conc, sizeof(conc), "%d", rt->cfg->concurrency);
     snprintf(busy, sizeof(busy), "%d", atomic_load(&rt->busy));
     snprintf(rtt, sizeof(rtt), "%ld", rtt_us);
@@ -240,8 +240,8 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
 int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
 {
     char key_work[400], key_workers[400];
-    kiq_key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
-    kiq_key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
+    kiq__key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
+    kiq__key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
     const char *srem[] = { "SREM", KIQ_KEY_PROCESSES, rt->identity };
     const char *unl[] = { "UNLINK", key_work, key_workers };
     int rc = kiq_redis_append(r, 3, srem, NULL);

@@ -14,7 +14,7 @@
 #include "support/log.h"
 #include "support/time.h"
 
-/* Refreshes the liveness key (kiq_fetch_heartbeat). *until is when the key
+/* Refreshes the liveness key (kiq__fetch_heartbeat). *until is when the key
  * lapses by this process's clock, if no refresh gets through before. A
  * refresh that finds the key gone re-creates it at once and says so. While
  * the key is gone others may take this process's jobs, but only once a
@@ -23,8 +23,8 @@
  * reaches Redis, since it refreshes at least every liveness_ttl / 3. */
 static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, int *warned)
 {
-    double ttl = rt->cfg->liveness_ttl, t0 = kiq_mono();
-    int rc = kiq_fetch_heartbeat(r, rt->identity, ttl);
+    double ttl = rt->cfg->liveness_ttl, t0 = kiq__mono();
+    int rc = kiq__fetch_heartbeat(r, rt->identity, ttl);
     if (rc >= 0) {
         if (rc == 1)
             kiq_warn("liveness key " KIQ_KEY_HEARTBEAT "%s was gone (%s); re-created it",
@@ -64,7 +64,7 @@ void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
 {
     kiq_recovery_t rec = {0};
     char err[KIQ_ERRLEN];
-    if (kiq_fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
+    if (kiq__fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
                           rt->cfg->timestamps, &rec, err)) {
         kiq_warn("orphan recovery: %s", err);
         return;
@@ -80,8 +80,8 @@ void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
                   "holds another type than a list (or \"dead\" is not a sorted set); they move "
                   "once it is fixed", rec.left);
     last_left = rec.left;
-    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
-    kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
+    kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
+    kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
 }
 
 /* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
@@ -117,7 +117,7 @@ static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
     long n = 0;
     char err[KIQ_ERRLEN];
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
-    if (kiq_fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
+    if (kiq__fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
         kiq_warn("working list check: %s", err);
     else if (n)
         kiq_warn("gave back %ld jobs that sat in this process's working list with no processor "
@@ -133,13 +133,13 @@ void *kiq_housekeeper_main(void *arg)
         kiq_error("housekeeper: %s", err);
         return NULL;
     }
-    double next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+    double next_recovery = kiq__mono() + rt->cfg->recovery_interval;
     /* As v9, the first run is one interval after start. */
-    double next_reap = kiq_mono() + rt->cfg->reaper_interval;
-    kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq_strays_new() : NULL;
+    double next_reap = kiq__mono() + rt->cfg->reaper_interval;
+    kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq__strays_new() : NULL;
     int was_connected = 0, warned = 0;
     /* The key was set at start, just before this thread. */
-    double lease_until = kiq_mono() + rt->cfg->liveness_ttl;
+    double lease_until = kiq__mono() + rt->cfg->liveness_ttl;
     while (!atomic_load(&rt->housekeeper_stop)) {
         kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
         if (atomic_load(&rt->housekeeper_stop))
@@ -152,7 +152,7 @@ void *kiq_housekeeper_main(void *arg)
             /* Cut off from Redis, so maybe the whole fleet was: the others'
              * liveness keys may have lapsed while they lived on. Give them
              * a full TTL to refresh before judging any of them dead. */
-            double after = kiq_mono() + rt->cfg->liveness_ttl;
+            double after = kiq__mono() + rt->cfg->liveness_ttl;
             if (was_connected && next_recovery < after)
                 next_recovery = after;
             was_connected = 1;
@@ -162,18 +162,18 @@ void *kiq_housekeeper_main(void *arg)
             continue;
         if (strays)
             reclaim_pass(rt, r, strays);
-        if (kiq_mono() >= next_recovery) {
-            next_recovery = kiq_mono() + rt->cfg->recovery_interval;
+        if (kiq__mono() >= next_recovery) {
+            next_recovery = kiq__mono() + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
         }
-        if (rt->cfg->reaper_interval > 0 && kiq_mono() >= next_reap) {
-            next_reap = kiq_mono() + rt->cfg->reaper_interval;
+        if (rt->cfg->reaper_interval > 0 && kiq__mono() >= next_reap) {
+            next_reap = kiq__mono() + rt->cfg->reaper_interval;
             reaper_pass(rt, r);
         }
     }
     if (rt->cfg->reaper_interval > 0 && kiq_redis_ok(r))
-        kiq_unique_reaper_release(r, rt->identity); /* let another take over now */
-    kiq_strays_free(strays);
+        kiq__unique_reaper_release(r, rt->identity); /* let another take over now */
+    kiq__strays_free(strays);
     kiq_redis_free(r);
     return NULL;
 }

@@ -11,8 +11,8 @@
 
 static char *member_str(const kiq_job_t *job, const char *key)
 {
-    const kiq_jmember_t *m = kiq_jobject_get(&job->obj, job->payload, key);
-    return m ? kiq_json_string_dup(job->payload + m->vstart, m->vlen) : NULL;
+    const kiq_jmember_t *m = kiq__jobject_get(&job->obj, job->payload, key);
+    return m ? kiq__json_string_dup(job->payload + m->vstart, m->vlen) : NULL;
 }
 
 int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, char *err)
@@ -22,7 +22,7 @@ int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, c
     job->len = len;
     job->queue = queue;
     job->retry_count = -1;
-    int rc = kiq_json_scan_object(payload, len, &job->obj, err);
+    int rc = kiq__json_scan_object(payload, len, &job->obj, err);
     if (rc)
         return rc;
     job->cls = member_str(job, "class");
@@ -32,10 +32,10 @@ int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, c
     if (!job->jid || !job->jid[0])
         return kiq_seterr(err, KIQ_EINVAL, "the payload has no \"jid\" string");
     /* Sidekiq's client refuses such a job; a handler is promised an array. */
-    const kiq_jmember_t *am = kiq_jobject_get(&job->obj, payload, "args");
+    const kiq_jmember_t *am = kiq__jobject_get(&job->obj, payload, "args");
     if (am && payload[am->vstart] != '[')
         return kiq_seterr(err, KIQ_EINVAL, "the payload's \"args\" is not an array");
-    const kiq_jmember_t *rcm = kiq_jobject_get(&job->obj, payload, "retry_count");
+    const kiq_jmember_t *rcm = kiq__jobject_get(&job->obj, payload, "retry_count");
     if (rcm) {
         char tmp[32];
         size_t n = rcm->vlen < sizeof(tmp) - 1 ? rcm->vlen : sizeof(tmp) - 1;
@@ -52,7 +52,7 @@ int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, c
 void kiq_job_clear(kiq_job_t *job)
 {
     free(job->payload);
-    kiq_jobject_free(&job->obj);
+    kiq__jobject_free(&job->obj);
     free(job->cls);
     free(job->jid);
     json_decref(job->args);
@@ -79,7 +79,7 @@ const char *kiq_job_payload(const kiq_job_t *job, size_t *len)
 
 const char *kiq_job_field_raw(const kiq_job_t *job, const char *key, size_t *len)
 {
-    const kiq_jmember_t *m = kiq_jobject_get(&job->obj, job->payload, key);
+    const kiq_jmember_t *m = kiq__jobject_get(&job->obj, job->payload, key);
     if (!m)
         return NULL;
     if (len)

@@ -73,7 +73,7 @@ void kiq_notify_watchdog(void)
     }
     if (wd_every == 0)
         return;
-    double now = kiq_mono();
+    double now = kiq__mono();
     if (now < wd_next)
         return;
     wd_next = now + wd_every;

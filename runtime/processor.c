@@ -19,7 +19,7 @@ static void slot_set(kiq_slot_t *s, const kiq_job_t *job)
     s->queue = (char *)job->queue;
     s->payload = job->payload;
     s->len = job->len;
-    s->run_at = (long)kiq_now();
+    s->run_at = (long)kiq__now();
     snprintf(s->cls, sizeof(s->cls), "%s", job->cls ? job->cls : "");
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->rt->busy, 1);
@@ -49,7 +49,7 @@ static int ack_job(kiq_slot_t *s, kiq_redis_t *r, const char *raw, size_t len,
         pthread_mutex_lock(&s->mu);
         int abandoned = s->abandoned;
         int rc = abandoned ? KIQ_EDENIED
-                           : (kiq_redis_ok(r) ? kiq_fetch_ack(s->fetch, r, raw, len, ack)
+                           : (kiq_redis_ok(r) ? kiq__fetch_ack(s->fetch, r, raw, len, ack)
                                               : KIQ_EREDIS);
         pthread_mutex_unlock(&s->mu);
         if (rc != KIQ_EREDIS || atomic_load(&rt->housekeeper_stop))
@@ -64,7 +64,7 @@ static void fail_invalid(kiq_slot_t *s, kiq_redis_t *r, const char *queue, const
 {
     kiq_runtime_t *rt = s->rt;
     kiq_failure_t f;
-    double now = kiq_now();
+    double now = kiq__now();
     if (kiq_retry_invalid(raw, len, queue, why, rt->cfg, now, &f)) {
         kiq_error("out of memory handling an invalid payload from queue:%s; it stays in the working list",
                   queue);
@@ -130,9 +130,9 @@ static kiq_ack_t ack_of(const kiq_runtime_t *rt, const kiq_mw_t *mw, const kiq_j
     return (kiq_ack_t){ .kind = kinds[mw->disp], .score = mw->score,
                         .payload = stores ? (mw->dpayload ? mw->dpayload : job->payload) : NULL,
                         .len = stores ? (mw->dpayload ? mw->dlen : job->len) : 0,
-                        .dead_cutoff = kiq_now() - (double)rt->cfg->dead_timeout,
+                        .dead_cutoff = kiq__now() - (double)rt->cfg->dead_timeout,
                         .dead_max = rt->cfg->dead_max_jobs,
-                        .lock_key = kiq_mw_release_key(mw, mw->disp), .lock_jid = job->jid };
+                        .lock_key = kiq__mw_release_key(mw, mw->disp), .lock_jid = job->jid };
 }
 
 /* Runs the fetched job into d: d->active when its ack is still to be
@@ -173,11 +173,11 @@ static void run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
-        kiq_fetched_clear(job);
+        kiq__fetched_clear(job);
         return;
     }
     run_one(s, r, job, d);
-    kiq_fetched_clear(job);
+    kiq__fetched_clear(job);
     if (d->active)
         kiq_feed_ack(s, r, d);
     else
@@ -211,7 +211,7 @@ static void loop(kiq_slot_t *s, kiq_redis_t *r)
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
         kiq_fetched_t job = {0};
-        int rc = reliable ? kiq_feed_next(s, r, &job, &inside) : kiq_fetch_next(s->fetch, r, &job);
+        int rc = reliable ? kiq_feed_next(s, r, &job, &inside) : kiq__fetch_next(s->fetch, r, &job);
         if (fetch_refused(rt, r, rc) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         if (atomic_load(&rt->quiet)) {
@@ -236,7 +236,7 @@ void *kiq_processor_main(void *arg)
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN];
     pthread_mutex_lock(&s->mu);
-    snprintf(s->tid, sizeof(s->tid), "%s", kiq_log_tid());
+    snprintf(s->tid, sizeof(s->tid), "%s", kiq__log_tid());
     pthread_mutex_unlock(&s->mu);
     kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 15, err);
     if (!r)
@@ -259,7 +259,7 @@ int kiq_processor_requeue_busy(kiq_runtime_t *rt, kiq_redis_t *r)
         pthread_mutex_lock(&s->mu);
         if (s->busy && !s->abandoned) {
             s->abandoned = 1;
-            if (kiq_fetch_requeue(s->fetch, r, s->queue, s->payload, s->len) == 0) {
+            if (kiq__fetch_requeue(s->fetch, r, s->queue, s->payload, s->len) == 0) {
                 n++;
                 kiq_warn("requeued %s from thread TID-%s", s->cls, s->tid);
             } else {

@@ -18,7 +18,7 @@
 double kiq_retry_delay(long count)
 {
     double c = (double)count;
-    return pow(c, 4) + 15 + floor(kiq_rand() * 10) * (c + 1);
+    return pow(c, 4) + 15 + floor(kiq__rand() * 10) * (c + 1);
 }
 
 void kiq_failure_clear(kiq_failure_t *f)
@@ -36,7 +36,7 @@ static int member_is(const kiq_job_t *job, const kiq_jmember_t *m, const char *l
  * KIQ_RETRY_UNSET when absent. */
 static int payload_retry(const kiq_job_t *job)
 {
-    const kiq_jmember_t *m = kiq_jobject_get(&job->obj, job->payload, "retry");
+    const kiq_jmember_t *m = kiq__jobject_get(&job->obj, job->payload, "retry");
     if (!m)
         return KIQ_RETRY_UNSET;
     if (member_is(job, m, "false") || member_is(job, m, "null"))
@@ -66,7 +66,7 @@ static int base64(kiq_buf_t *b, const unsigned char *p, size_t len)
         if (i + 2 < len) v |= p[i + 2];
         char quad[4] = { tbl[v >> 18 & 63], tbl[v >> 12 & 63],
                          i + 1 < len ? tbl[v >> 6 & 63] : '=', i + 2 < len ? tbl[v & 63] : '=' };
-        rc = kiq_buf_put(b, quad, 4);
+        rc = kiq__buf_put(b, quad, 4);
     }
     return rc;
 }
@@ -75,7 +75,7 @@ static int base64(kiq_buf_t *b, const unsigned char *p, size_t len)
  * unless it is false (none) or an integer N. */
 static size_t backtrace_lines(const kiq_job_t *job)
 {
-    const kiq_jmember_t *m = kiq_jobject_get(&job->obj, job->payload, "backtrace");
+    const kiq_jmember_t *m = kiq__jobject_get(&job->obj, job->payload, "backtrace");
     if (m && m->vlen == 5 && memcmp(job->payload + m->vstart, "false", 5) == 0)
         return 0;
     if (m && (job->payload[m->vstart] >= '0' && job->payload[m->vstart] <= '9')) {
@@ -91,32 +91,32 @@ static int backtrace_field(const kiq_job_t *job, size_t n, kiq_buf_t *out)
 {
     kiq_buf_t json = {0};
     unsigned char *z = NULL;
-    int rc = kiq_buf_puts(&json, "[");
+    int rc = kiq__buf_puts(&json, "[");
     for (size_t i = 0; i < n && !rc; i++) {
         if (i)
-            rc = kiq_buf_puts(&json, ",");
+            rc = kiq__buf_puts(&json, ",");
         if (!rc)
-            rc = kiq_json_quote(&json, job->backtrace[i], strlen(job->backtrace[i]));
+            rc = kiq__json_quote(&json, job->backtrace[i], strlen(job->backtrace[i]));
     }
     if (!rc)
-        rc = kiq_buf_puts(&json, "]");
+        rc = kiq__buf_puts(&json, "]");
     uLongf zlen = compressBound((uLong)json.len);
     if (!rc && !(z = malloc(zlen)))
         rc = KIQ_ENOMEM;
     if (!rc && compress2(z, &zlen, (const Bytef *)json.p, (uLong)json.len, Z_DEFAULT_COMPRESSION) != Z_OK)
         rc = KIQ_ENOMEM; /* Z_MEM_ERROR; the buffer is large enough */
-    if (!rc) rc = kiq_buf_puts(out, "\"");
+    if (!rc) rc = kiq__buf_puts(out, "\"");
     if (!rc) rc = base64(out, z, zlen);
-    if (!rc) rc = kiq_buf_puts(out, "\"");
+    if (!rc) rc = kiq__buf_puts(out, "\"");
     free(z);
-    kiq_buf_free(&json);
+    kiq__buf_free(&json);
     return rc;
 }
 
 static int quoted(kiq_buf_t *b, const char *s)
 {
     size_t n = strlen(s);
-    return kiq_json_quote(b, s, n > MAX_ERROR_MESSAGE ? MAX_ERROR_MESSAGE : n);
+    return kiq__json_quote(b, s, n > MAX_ERROR_MESSAGE ? MAX_ERROR_MESSAGE : n);
 }
 
 int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *err_msg,
@@ -139,8 +139,8 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
     long max = retry == KIQ_RETRY_DEFAULT ? cfg->max_retries : retry;
     int exhausted = count >= max;
 
-    const kiq_jmember_t *rf = kiq_jobject_get(&job->obj, job->payload, "retry_for");
-    const kiq_jmember_t *fa = kiq_jobject_get(&job->obj, job->payload, "failed_at");
+    const kiq_jmember_t *rf = kiq__jobject_get(&job->obj, job->payload, "retry_for");
+    const kiq_jmember_t *fa = kiq__jobject_get(&job->obj, job->payload, "failed_at");
     if (!exhausted && rf) {
         char tmp[32];
         size_t n = rf->vlen < sizeof(tmp) - 1 ? rf->vlen : sizeof(tmp) - 1;
@@ -153,17 +153,17 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
     }
 
     char ts[32], cnt[32];
-    kiq_ts_json(ts, now, cfg->timestamps);
+    kiq__ts_json(ts, now, cfg->timestamps);
     snprintf(cnt, sizeof(cnt), "%ld", count);
     kiq_buf_t cls = {0}, msg = {0}, q = {0}, bt = {0};
     size_t nbt = backtrace_lines(job);
-    const kiq_jmember_t *rq = kiq_jobject_get(&job->obj, job->payload, "retry_queue");
+    const kiq_jmember_t *rq = kiq__jobject_get(&job->obj, job->payload, "retry_queue");
     int rc = quoted(&cls, err_class ? err_class : "RuntimeError");
     if (!rc)
         rc = quoted(&msg, err_msg ? err_msg : "");
     if (!rc)
-        rc = rq ? kiq_buf_put(&q, job->payload + rq->vstart, rq->vlen)
-                : kiq_json_quote(&q, job->queue ? job->queue : "default",
+        rc = rq ? kiq__buf_put(&q, job->payload + rq->vstart, rq->vlen)
+                : kiq__json_quote(&q, job->queue ? job->queue : "default",
                                  strlen(job->queue ? job->queue : "default"));
     if (!rc && nbt)
         rc = backtrace_field(job, nbt, &bt);
@@ -179,18 +179,18 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         { "error_backtrace", bt.p, bt.len },
     };
     if (!rc)
-        rc = kiq_payload_edit(job->payload, &job->obj, set, nbt ? 7 : 6, &out->payload, &out->len);
-    kiq_buf_free(&cls);
-    kiq_buf_free(&msg);
-    kiq_buf_free(&q);
-    kiq_buf_free(&bt);
+        rc = kiq__payload_edit(job->payload, &job->obj, set, nbt ? 7 : 6, &out->payload, &out->len);
+    kiq__buf_free(&cls);
+    kiq__buf_free(&msg);
+    kiq__buf_free(&q);
+    kiq__buf_free(&bt);
     if (rc)
         return rc;
 
     if (!exhausted) {
         out->fate = KIQ_FATE_RETRY;
         out->score = now + kiq_retry_delay(count);
-    } else if (member_is(job, kiq_jobject_get(&job->obj, job->payload, "dead"), "false")) {
+    } else if (member_is(job, kiq__jobject_get(&job->obj, job->payload, "dead"), "false")) {
         kiq_failure_clear(out);
         out->fate = KIQ_FATE_DROP;
     } else {
@@ -207,50 +207,50 @@ int kiq_retry_invalid(const char *raw, size_t len, const char *queue, const char
     out->fate = KIQ_FATE_DEAD;
     out->score = now;
     char ts[32], jid[25];
-    kiq_ts_json(ts, now, cfg->timestamps);
+    kiq__ts_json(ts, now, cfg->timestamps);
     kiq_jobject_t obj = {0};
     kiq_buf_t b = {0}, msg = {0};
-    int rc = kiq_json_quote(&msg, why, strlen(why));
-    if (!rc && kiq_json_scan_object(raw, len, &obj, NULL) == 0) {
+    int rc = kiq__json_quote(&msg, why, strlen(why));
+    if (!rc && kiq__json_scan_object(raw, len, &obj, NULL) == 0) {
         /* Valid JSON without class or jid: keep every byte and add why. */
         char jidq[32];
         kiq__new_jid(jid);
         snprintf(jidq, sizeof(jidq), "\"%s\"", jid);
-        const kiq_jmember_t *j = kiq_jobject_get(&obj, raw, "jid");
+        const kiq_jmember_t *j = kiq__jobject_get(&obj, raw, "jid");
         kiq_field_t set[4] = {
             { "error_class", "\"Kiq::InvalidPayload\"", 0 },
             { "error_message", msg.p, msg.len },
             { "failed_at", ts, 0 },
             { "jid", j ? raw + j->vstart : jidq, j ? j->vlen : 0 },
         };
-        rc = kiq_payload_edit(raw, &obj, set, 4, &out->payload, &out->len);
+        rc = kiq__payload_edit(raw, &obj, set, 4, &out->payload, &out->len);
         goto out;
     }
     /* Not JSON at all: an envelope the Web UI can show, holding the text
      * (as the one argument, or base64 when it is not UTF-8). */
     kiq__new_jid(jid);
     if (!rc)
-        rc = kiq_buf_printf(&b, "{\"class\":\"Kiq::InvalidPayload\",\"queue\":");
+        rc = kiq__buf_printf(&b, "{\"class\":\"Kiq::InvalidPayload\",\"queue\":");
     if (!rc)
-        rc = kiq_json_quote(&b, queue ? queue : "default", strlen(queue ? queue : "default"));
+        rc = kiq__json_quote(&b, queue ? queue : "default", strlen(queue ? queue : "default"));
     if (!rc && kiq__utf8_valid(raw, len)) {
-        rc = kiq_buf_puts(&b, ",\"args\":[");
-        if (!rc) rc = kiq_json_quote(&b, raw, len);
-        if (!rc) rc = kiq_buf_puts(&b, "]");
+        rc = kiq__buf_puts(&b, ",\"args\":[");
+        if (!rc) rc = kiq__json_quote(&b, raw, len);
+        if (!rc) rc = kiq__buf_puts(&b, "]");
     } else if (!rc) {
-        rc = kiq_buf_puts(&b, ",\"args\":[],\"payload_base64\":\"");
+        rc = kiq__buf_puts(&b, ",\"args\":[],\"payload_base64\":\"");
         if (!rc) rc = base64(&b, (const unsigned char *)raw, len);
-        if (!rc) rc = kiq_buf_puts(&b, "\"");
+        if (!rc) rc = kiq__buf_puts(&b, "\"");
     }
     if (!rc)
-        rc = kiq_buf_printf(&b, ",\"jid\":\"%s\",\"retry\":false,\"created_at\":%s,\"failed_at\":%s,"
+        rc = kiq__buf_printf(&b, ",\"jid\":\"%s\",\"retry\":false,\"created_at\":%s,\"failed_at\":%s,"
                             "\"error_class\":\"Kiq::InvalidPayload\",\"error_message\":%s}",
                             jid, ts, ts, msg.p);
     if (!rc)
-        out->payload = kiq_buf_take(&b, &out->len);
+        out->payload = kiq__buf_take(&b, &out->len);
 out:
-    kiq_jobject_free(&obj);
-    kiq_buf_free(&b);
-    kiq_buf_free(&msg);
+    kiq__jobject_free(&obj);
+    kiq__buf_free(&b);
+    kiq__buf_free(&msg);
     return rc;
 }

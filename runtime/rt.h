@@ -74,7 +74,7 @@ struct kiq_runtime {
     int abandoned;
     atomic_int redis_down;         /* a thread cannot reach Redis: one outage
                                       is logged once, not once per thread */
-    _Atomic double redis_down_at;  /* kiq_mono() when it was noticed */
+    _Atomic double redis_down_at;  /* kiq__mono() when it was noticed */
     atomic_int fetch_failing;      /* fetches get error replies (logged once) */
     struct kiq_chain *server_chain; /* middleware around every job; built
                                        before the processors start */
@@ -124,7 +124,7 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */
 void *kiq_housekeeper_main(void *rt);
-/* One orphan-recovery pass (see kiq_fetch_recover), logged and counted in
+/* One orphan-recovery pass (see kiq__fetch_recover), logged and counted in
  * the metrics. The periodic passes take a fleet-wide lease first; the one
  * at start does not need it (each job moves under a guarded script). */
 void kiq_recover_orphans(struct kiq_runtime *rt, kiq_redis_t *r);

@@ -37,7 +37,7 @@ kiq_runtime_t *kiq_runtime_new(kiq_config_t *cfg, char *err)
     pthread_mutex_init(&rt->wake_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
     kiq__identity_make(rt->identity, sizeof(rt->identity));
-    kiq_hostname(rt->hostname, sizeof(rt->hostname));
+    kiq__hostname(rt->hostname, sizeof(rt->hostname));
     return rt;
 }
 
@@ -50,7 +50,7 @@ void kiq_runtime_free(kiq_runtime_t *rt)
         return;
     }
     for (int i = 0; i < rt->nslots; i++) {
-        kiq_fetch_free(rt->slots[i].fetch);
+        kiq__fetch_free(rt->slots[i].fetch);
         pthread_mutex_destroy(&rt->slots[i].mu);
     }
     kiq_feed_free(rt->feed);
@@ -79,7 +79,7 @@ void kiq_runtime_stop(kiq_runtime_t *rt)
 
 void kiq_rt_wait(kiq_runtime_t *rt, double s)
 {
-    struct timespec ts = kiq_timespec(kiq_now() + s);
+    struct timespec ts = kiq__timespec(kiq__now() + s);
     pthread_mutex_lock(&rt->wake_mu);
     pthread_cond_timedwait(&rt->wake, &rt->wake_mu, &ts);
     pthread_mutex_unlock(&rt->wake_mu);
@@ -109,23 +109,23 @@ int kiq_rt_connect_every(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up,
          * to fail reports it and the first back reports the recovery. */
         if (kiq_redis_connect(r) == 0) {
             if (connected_before++)
-                kiq_metrics_add(kiq_metrics_default(), KIQ_METRIC_REDIS_RECONNECTS, 1);
+                kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_REDIS_RECONNECTS, 1);
             if (atomic_exchange(&rt->redis_down, 0))
                 kiq_info("Redis is online, %.3f sec downtime",
-                         kiq_mono() - atomic_load(&rt->redis_down_at));
+                         kiq__mono() - atomic_load(&rt->redis_down_at));
             return 0;
         }
         int was_up = 0;
-        double now = kiq_mono();
+        double now = kiq__mono();
         if (atomic_compare_exchange_strong(&rt->redis_down, &was_up, 1)) {
             atomic_store(&rt->redis_down_at, now);
             kiq_warn("%s; retrying with backoff", kiq_redis_error(r));
         }
-        double until = kiq_mono() + delay;
-        while (kiq_mono() < until) {
+        double until = kiq__mono() + delay;
+        while (kiq__mono() < until) {
             if (give_up && atomic_load(give_up))
                 return KIQ_EREDIS;
-            kiq_rt_wait(rt, until - kiq_mono() < 0.2 ? until - kiq_mono() : 0.2);
+            kiq_rt_wait(rt, until - kiq__mono() < 0.2 ? until - kiq__mono() : 0.2);
         }
         delay = delay * 2 > max_delay ? max_delay : delay * 2;
     }
@@ -169,7 +169,7 @@ static char *build_info(kiq_runtime_t *rt)
 
 static void dump_threads(kiq_runtime_t *rt)
 {
-    double now = kiq_now();
+    double now = kiq__now();
     for (int i = 0; i < rt->nslots; i++) {
         kiq_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
@@ -279,12 +279,12 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set,
         kiq_info("Shutting down");
     atomic_store(&rt->stopping, 1);
     go_quiet(rt);
-    double deadline = kiq_mono() + rt->cfg->timeout;
+    double deadline = kiq__mono() + rt->cfg->timeout;
     if (busy_slots(rt))
         kiq_info("Pausing to allow workers to finish...");
-    while (busy_slots(rt) && kiq_mono() < deadline) {
+    while (busy_slots(rt) && kiq__mono() < deadline) {
         kiq_notify_watchdog();
-        kiq_log_flush();
+        kiq__log_flush();
         int sig = next_signal(rt, set, PAUSE);
         if (sig == SIGTERM || sig == SIGINT) {
             kiq_info("Second %s: not waiting any longer", sig_name(sig));
@@ -300,7 +300,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set,
         kiq_info("Pushed %d jobs back to Redis", n);
     }
     /* Idle processors leave their blocking fetch within its timeout. */
-    double join_deadline = kiq_mono() + 3;
+    double join_deadline = kiq__mono() + 3;
     for (int i = 0; i < rt->nslots; i++) {
         kiq_slot_t *s = &rt->slots[i];
         if (!s->started)
@@ -313,7 +313,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set,
                 pthread_join(s->thread, NULL);
                 break;
             }
-            if (busy_now || kiq_mono() > join_deadline) {
+            if (busy_now || kiq__mono() > join_deadline) {
                 pthread_detach(s->thread);
                 rt->abandoned++;
                 break;
@@ -330,11 +330,11 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set,
         pthread_join(rt->housekeeper, NULL);
     live_conn(r);
     kiq_stats_flush(rt, r);
-    kiq_unique_metrics_flush(r);
+    kiq__unique_metrics_flush(r);
     kiq_heartbeat_clear(rt, r);
     char wkey[512], lkey[512];
-    kiq_fetch_working_key(rt->identity, wkey, sizeof(wkey));
-    kiq_fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
+    kiq__fetch_working_key(rt->identity, wkey, sizeof(wkey));
+    kiq__fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
     redisReply *len = kiq_redis_cmdf(r, "LLEN %s", wkey);
     if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
         redisReply *del = kiq_redis_cmdf(r, "DEL %s", lkey);
@@ -344,7 +344,7 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set,
                  len->integer, wkey);
     }
     freeReplyObject(len);
-    kiq_log_flush();
+    kiq__log_flush();
     kiq_info("Bye!");
 }
 
@@ -408,12 +408,12 @@ static void log_start(kiq_runtime_t *rt, kiq_redis_t *r)
 static int wait_for_redis(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set, char *err)
 {
     double limit = rt->cfg->startup_timeout;
-    double give_up = kiq_mono() + limit, delay = 0.1;
+    double give_up = kiq__mono() + limit, delay = 0.1;
     int rc;
     while ((rc = kiq_redis_connect(r)) != 0) {
         if (rc == KIQ_ECONFIG)
             return kiq_seterr(err, KIQ_ECONFIG, "%s", kiq_redis_error(r));
-        double left = give_up - kiq_mono();
+        double left = give_up - kiq__mono();
         if (limit > 0 && left <= 0)
             return kiq_seterr(err, KIQ_EREDIS, "%s; gave up after startup_timeout (%g s)",
                               kiq_redis_error(r), limit);
@@ -448,7 +448,7 @@ static int start_threads(kiq_runtime_t *rt, char *err)
         kiq_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
                                 .nqueues = c->nqueues, .strict = c->strict, .index = i,
                                 .block_timeout = 1.0 };
-        if (!(s->fetch = kiq_fetch_new(&fc, err)))
+        if (!(s->fetch = kiq__fetch_new(&fc, err)))
             return KIQ_ENOMEM;
     }
     for (int i = 0; i < rt->nslots; i++) {
@@ -491,8 +491,8 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     kiq_redis_t *r = NULL;
     if (c->metrics_port > 0 && (rc = kiq__http_start(rt, &http, err)) != 0)
         goto out;
-    rt->started_at = kiq_now();
-    kiq_unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
+    rt->started_at = kiq__now();
+    kiq__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
     rt->info_json = build_info(rt);
     r = kiq_redis_new(c->redis_url, 10, err);
     if (!r || !rt->info_json) {
@@ -506,7 +506,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     }
     kiq_debug("connected to %s", kiq_redis_name(r));
     if (c->fetch == KIQ_FETCH_RELIABLE) {
-        kiq_fetch_heartbeat(r, rt->identity, c->liveness_ttl);
+        kiq__fetch_heartbeat(r, rt->identity, c->liveness_ttl);
         kiq_recover_orphans(rt, r);
     }
     kiq_heartbeat_beat(rt, r, 0);
@@ -522,7 +522,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     int sig;
     for (;;) {
         kiq_notify_watchdog();
-        kiq_log_flush();
+        kiq__log_flush();
         sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;

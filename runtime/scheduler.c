@@ -22,7 +22,7 @@ static int prepare(const char *raw, size_t len, kiq_ts_format_t ts, double now,
 {
     kiq_jobject_t obj = {0};
     *queue = NULL;
-    if (kiq_json_scan_object(raw, len, &obj, NULL) != 0) {
+    if (kiq__json_scan_object(raw, len, &obj, NULL) != 0) {
         /* Unreadable: push it unchanged; the processor dead-letters it. */
         *out = malloc(len ? len : 1);
         if (!*out)
@@ -32,17 +32,17 @@ static int prepare(const char *raw, size_t len, kiq_ts_format_t ts, double now,
         *queue = strdup("default");
         return *queue ? 0 : KIQ_ENOMEM;
     }
-    const kiq_jmember_t *q = kiq_jobject_get(&obj, raw, "queue");
-    *queue = q ? kiq_json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    const kiq_jmember_t *q = kiq__jobject_get(&obj, raw, "queue");
+    *queue = q ? kiq__json_string_dup(raw + q->vstart, q->vlen) : NULL;
     if (!*queue || !**queue) {
         free(*queue);
         *queue = strdup("default");
     }
     char when[32];
-    kiq_ts_json(when, now, ts);
+    kiq__ts_json(when, now, ts);
     kiq_field_t set[] = { { "enqueued_at", when, 0 }, { "at", NULL, 0 } };
-    int rc = kiq_payload_edit(raw, &obj, set, 2, out, outlen);
-    kiq_jobject_free(&obj);
+    int rc = kiq__payload_edit(raw, &obj, set, 2, out, outlen);
+    kiq__jobject_free(&obj);
     return rc;
 }
 
@@ -74,11 +74,11 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
         char *payload = NULL, *queue = NULL;
         size_t plen = 0;
         if (prepare(m->str, m->len, ts, now, &payload, &plen, &queue) == 0
-            && (qkeys[sent] = kiq_key_dup(KIQ_KEY_QUEUE, queue)) != NULL) {
+            && (qkeys[sent] = kiq__key_dup(KIQ_KEY_QUEUE, queue)) != NULL) {
             const char *argv[] = { key, qkeys[sent], KIQ_KEY_QUEUES, m->str, payload, queue };
             size_t lens[] = { strlen(key), strlen(qkeys[sent]), strlen(KIQ_KEY_QUEUES), m->len,
                               plen, strlen(queue) };
-            rc = kiq_redis_append_script(r, KIQ_SCRIPT_SCHEDULE, 3, 6, argv, lens);
+            rc = kiq__redis_append_script(r, KIQ_SCRIPT_SCHEDULE, 3, 6, argv, lens);
             if (!rc)
                 sent++;
         }
@@ -156,13 +156,13 @@ void *kiq_scheduler_main(void *arg)
     /* Sidekiq waits before its first poll so a fleet that starts together
      * does not poll together; an explicit average skips that. */
     if (rt->cfg->poll_interval_average <= 0)
-        kiq_rt_wait(rt, 5 + 5 * kiq_rand());
+        kiq_rt_wait(rt, 5 + 5 * kiq__rand());
     long last_blocked = 0;
     while (!atomic_load(&rt->quiet)) {
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
         kiq_sched_blocked_t blocked;
-        if (kiq_scheduler_enqueue_due(r, rt->cfg->timestamps, kiq_now(), &blocked) == KIQ_EREDIS)
+        if (kiq_scheduler_enqueue_due(r, rt->cfg->timestamps, kiq__now(), &blocked) == KIQ_EREDIS)
             continue;
         /* Said when it changes, not at every poll. */
         if (blocked.n && blocked.n != last_blocked)
@@ -174,7 +174,7 @@ void *kiq_scheduler_main(void *arg)
         last_blocked = blocked.n;
         long procs;
         double avg = poll_average(rt, r, &procs);
-        double wait = procs < 10 ? avg * kiq_rand() + avg / 2 : avg * kiq_rand();
+        double wait = procs < 10 ? avg * kiq__rand() + avg / 2 : avg * kiq__rand();
         kiq_rt_wait(rt, wait);
     }
     kiq_info("Scheduler exiting...");

@@ -35,17 +35,17 @@ static char *tags_of(kiq_job_t *job)
         json_array_foreach(arr, i, e) {
             if (json_is_string(e)) {
                 if (b.len)
-                    kiq_buf_put(&b, ",", 1);
-                kiq_buf_puts(&b, json_string_value(e));
+                    kiq__buf_put(&b, ",", 1);
+                kiq__buf_puts(&b, json_string_value(e));
             }
         }
     json_decref(arr);
     /* No string among the tags: the log line shows no tags at all. */
     if (!b.len) {
-        kiq_buf_free(&b);
+        kiq__buf_free(&b);
         return NULL;
     }
-    return kiq_buf_take(&b, NULL);
+    return kiq__buf_take(&b, NULL);
 }
 
 static int class_retry(kiq_runtime_t *rt, const kiq_handler_entry_t *h, const char *cls)
@@ -63,21 +63,21 @@ static int stats_mw(kiq_mw_t *mw, void *udata)
     kiq_runtime_t *rt = udata;
     run_t *run = mw->priv;
     kiq_job_t *job = mw->job;
-    kiq_log(KIQ_INFO, &run->ctx, "start");
-    double t0 = kiq_mono();
+    kiq__log(KIQ_INFO, &run->ctx, "start");
+    double t0 = kiq__mono();
     int rc = kiq_mw_next(mw);
-    run->ctx.elapsed = kiq_mono() - t0;
+    run->ctx.elapsed = kiq__mono() - t0;
     if (job->err_class) {
-        kiq_log(KIQ_INFO, &run->ctx, "fail");
-        kiq_log(KIQ_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
+        kiq__log(KIQ_INFO, &run->ctx, "fail");
+        kiq__log(KIQ_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
         if (mw->disp == KIQ_DISPOSE_DEAD)
-            kiq_log(KIQ_INFO, &run->ctx, "Adding dead %s job %s", job->cls, job->jid);
+            kiq__log(KIQ_INFO, &run->ctx, "Adding dead %s job %s", job->cls, job->jid);
         atomic_fetch_add(&rt->failed, 1);
     } else {
-        kiq_log(KIQ_INFO, &run->ctx, "done");
+        kiq__log(KIQ_INFO, &run->ctx, "done");
     }
     atomic_fetch_add(&rt->processed, 1);
-    kiq_metrics_job(kiq_metrics_default(), job->cls, job->queue, run->ctx.elapsed,
+    kiq__metrics_job(kiq__metrics_default(), job->cls, job->queue, run->ctx.elapsed,
                     job->err_class != NULL);
     return rc;
 }
@@ -95,7 +95,7 @@ static int retry_mw(kiq_mw_t *mw, void *udata)
     if (!job->err_class || mw->disp != KIQ_DISPOSE_DEFAULT)
         return rc;
     kiq_failure_t f = {0};
-    double now = kiq_now();
+    double now = kiq__now();
     if (kiq_retry_decide(job, job->err_class, job->err_msg, class_retry(rt, run->h, job->cls),
                          rt->cfg, now, &f) == 0) {
         kiq_dispose_t d = f.fate == KIQ_FATE_RETRY ? KIQ_DISPOSE_RETRY
@@ -161,7 +161,7 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
                       .unique = run.h ? run.h->unique : NULL, .job = job, .cls = job->cls,
                       .jid = job->jid, .queue = job->queue, .priv = &run,
                       .held_digest = held_digest };
-    kiq_mw_run(rt->server_chain, mw, call_handler, NULL);
+    kiq__mw_run(rt->server_chain, mw, call_handler, NULL);
     free(run.tags);
     /* Both point into this call's state and the fetched job. */
     mw->priv = NULL;

@@ -23,7 +23,7 @@ static int reserve(kiq_buf_t *b, size_t extra)
     return 0;
 }
 
-int kiq_buf_put(kiq_buf_t *b, const char *s, size_t len)
+int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len)
 {
     if (reserve(b, len))
         return KIQ_ENOMEM;
@@ -34,12 +34,12 @@ int kiq_buf_put(kiq_buf_t *b, const char *s, size_t len)
     return 0;
 }
 
-int kiq_buf_puts(kiq_buf_t *b, const char *s)
+int kiq__buf_puts(kiq_buf_t *b, const char *s)
 {
-    return kiq_buf_put(b, s, strlen(s));
+    return kiq__buf_put(b, s, strlen(s));
 }
 
-int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
+int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)
 {
     /* Format straight into the free space; only a line that does not fit
      * is formatted a second time, after growing (log lines and payload
@@ -66,7 +66,7 @@ int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
     return 0;
 }
 
-char *kiq_buf_take(kiq_buf_t *b, size_t *len)
+char *kiq__buf_take(kiq_buf_t *b, size_t *len)
 {
     /* An empty buffer was never written to: it is handed over as "". */
     if (!b->p) {
@@ -82,7 +82,7 @@ char *kiq_buf_take(kiq_buf_t *b, size_t *len)
     return p;
 }
 
-void kiq_buf_free(kiq_buf_t *b)
+void kiq__buf_free(kiq_buf_t *b)
 {
     free(b->p);
     b->p = NULL;

@@ -10,13 +10,13 @@ typedef struct kiq_buf {
 } kiq_buf_t;
 
 /* Each returns 0 or KIQ_ENOMEM (the buffer is then unchanged). */
-int kiq_buf_put(kiq_buf_t *b, const char *s, size_t len);
-int kiq_buf_puts(kiq_buf_t *b, const char *s);
-int kiq_buf_printf(kiq_buf_t *b, const char *fmt, ...)
+int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len);
+int kiq__buf_puts(kiq_buf_t *b, const char *s);
+int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Hands the bytes to the caller (free()) and resets b: always a NUL-terminated
  * string ("" when nothing was put), or NULL when out of memory. */
-char *kiq_buf_take(kiq_buf_t *b, size_t *len);
-void kiq_buf_free(kiq_buf_t *b);
+char *kiq__buf_take(kiq_buf_t *b, size_t *len);
+void kiq__buf_free(kiq_buf_t *b);
 
 #endif

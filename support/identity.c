@@ -8,7 +8,7 @@
 
 #include "support/time.h"
 
-void kiq_hostname(char *out, size_t n)
+void kiq__hostname(char *out, size_t n)
 {
     const char *dyno = getenv("DYNO");
     if (dyno && *dyno) {
@@ -25,7 +25,7 @@ void kiq__identity_make(char *out, size_t n)
     char host[256];
     unsigned char nonce[6];
     char hex[13];
-    kiq_hostname(host, sizeof(host));
+    kiq__hostname(host, sizeof(host));
     kiq__random_bytes(nonce, sizeof(nonce));
     for (size_t i = 0; i < sizeof(nonce); i++)
         snprintf(hex + 2 * i, 3, "%02x", nonce[i]);

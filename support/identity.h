@@ -8,6 +8,6 @@
  * as Sidekiq does, else gethostname(). */
 void kiq__identity_make(char *out, size_t n);
 /* The hostname part used above, into out. */
-void kiq_hostname(char *out, size_t n);
+void kiq__hostname(char *out, size_t n);
 
 #endif

@@ -234,13 +234,13 @@ int kiq__json_validate(const char *s, size_t len, char *err)
     return scan_whole(s, len, NULL, err);
 }
 
-int kiq_json_scan_object(const char *s, size_t len, kiq_jobject_t *obj, char *err)
+int kiq__json_scan_object(const char *s, size_t len, kiq_jobject_t *obj, char *err)
 {
     obj->n = 0;
     return scan_whole(s, len, obj, err);
 }
 
-void kiq_jobject_free(kiq_jobject_t *obj)
+void kiq__jobject_free(kiq_jobject_t *obj)
 {
     if (!obj)
         return;
@@ -249,7 +249,7 @@ void kiq_jobject_free(kiq_jobject_t *obj)
     obj->n = obj->cap = 0;
 }
 
-const kiq_jmember_t *kiq_jobject_get(const kiq_jobject_t *obj, const char *s,
+const kiq_jmember_t *kiq__jobject_get(const kiq_jobject_t *obj, const char *s,
                                      const char *key)
 {
     size_t klen = strlen(key);
@@ -287,7 +287,7 @@ static uint32_t hex4(const char *p)
     return (uint32_t)(hexval(p[0]) << 12 | hexval(p[1]) << 8 | hexval(p[2]) << 4 | hexval(p[3]));
 }
 
-char *kiq_json_string_dup(const char *v, size_t len)
+char *kiq__json_string_dup(const char *v, size_t len)
 {
     if (len < 2 || v[0] != '"' || v[len - 1] != '"')
         return NULL;
@@ -360,9 +360,9 @@ int kiq__utf8_valid(const char *s, size_t len)
     return 1;
 }
 
-int kiq_json_quote(kiq_buf_t *b, const char *s, size_t len)
+int kiq__json_quote(kiq_buf_t *b, const char *s, size_t len)
 {
-    int rc = kiq_buf_put(b, "\"", 1);
+    int rc = kiq__buf_put(b, "\"", 1);
     size_t run = 0; /* start of the pending run of bytes copied verbatim */
     for (size_t i = 0; i < len && !rc;) {
         unsigned char c = (unsigned char)s[i];
@@ -377,9 +377,9 @@ int kiq_json_quote(kiq_buf_t *b, const char *s, size_t len)
         else if (c == '\t') rep = "\\t";
         else if (c < 0x20) { snprintf(tmp, sizeof(tmp), "\\u%04x", c); rep = tmp; }
         if (rep) {
-            rc = kiq_buf_put(b, s + run, i - run);
+            rc = kiq__buf_put(b, s + run, i - run);
             if (!rc)
-                rc = kiq_buf_puts(b, rep);
+                rc = kiq__buf_puts(b, rep);
             i += k ? k : 1;
             run = i;
         } else {
@@ -387,8 +387,8 @@ int kiq_json_quote(kiq_buf_t *b, const char *s, size_t len)
         }
     }
     if (!rc)
-        rc = kiq_buf_put(b, s + run, len - run);
+        rc = kiq__buf_put(b, s + run, len - run);
     if (!rc)
-        rc = kiq_buf_put(b, "\"", 1);
+        rc = kiq__buf_put(b, "\"", 1);
     return rc;
 }

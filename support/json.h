@@ -25,24 +25,24 @@ typedef struct kiq_jobject {
 int kiq__json_validate(const char *s, size_t len, char *err);
 
 /* Validates s as a JSON object and fills obj with its top-level members in
- * order. obj must be zeroed or previously used; free with kiq_jobject_free.
+ * order. obj must be zeroed or previously used; free with kiq__jobject_free.
  * Returns 0, KIQ_EPARSE (not JSON, or not an object) or KIQ_ENOMEM. */
-int kiq_json_scan_object(const char *s, size_t len, kiq_jobject_t *obj, char *err);
-void kiq_jobject_free(kiq_jobject_t *obj);
+int kiq__json_scan_object(const char *s, size_t len, kiq_jobject_t *obj, char *err);
+void kiq__jobject_free(kiq_jobject_t *obj);
 
 /* The last member named key (JSON keeps the last of duplicates), or NULL. */
-const kiq_jmember_t *kiq_jobject_get(const kiq_jobject_t *obj, const char *s,
+const kiq_jmember_t *kiq__jobject_get(const kiq_jobject_t *obj, const char *s,
                                      const char *key);
 
 /* Decodes the JSON string literal v[0..len) (with quotes) into a new
  * NUL-terminated string owned by the caller. Returns NULL if it is not a
  * string or on allocation failure. */
-char *kiq_json_string_dup(const char *v, size_t len);
+char *kiq__json_string_dup(const char *v, size_t len);
 
 /* Appends s[0..len) to *buf as a JSON string literal (with quotes). Bytes that
  * are not valid UTF-8 become U+FFFD. buf is a growable kiq_buf. */
 struct kiq_buf;
-int kiq_json_quote(struct kiq_buf *b, const char *s, size_t len);
+int kiq__json_quote(struct kiq_buf *b, const char *s, size_t len);
 
 /* True when s[0..len) is valid UTF-8. */
 int kiq__utf8_valid(const char *s, size_t len);

@@ -6,7 +6,7 @@
  * writing each with its own system call cost a third of kiq's throughput.
  * They collect in a per-thread batch that goes out when it holds 4 KB, when
  * its oldest line is 50 ms old, before any other line of the same thread
- * (so a thread's lines keep their order), and whenever kiq_log_flush runs
+ * (so a thread's lines keep their order), and whenever kiq__log_flush runs
  * (the main thread calls it five times a second, and at exit). A kill -9
  * can therefore lose the last 50 ms of job lines; warnings and errors are
  * always written at once. */
@@ -37,8 +37,8 @@ static const char *level_name[] = { "DEBUG", "INFO", "WARN", "ERROR" };
 #define BATCH_BYTES 4096
 #define BATCH_AGE 0.05
 
-/* One thread's pending job lines; registered for kiq_log_flush and kept
- * until kiq_log_close (threads come and go, their last lines must not). */
+/* One thread's pending job lines; registered for kiq__log_flush and kept
+ * until kiq__log_close (threads come and go, their last lines must not). */
 typedef struct batch {
     pthread_mutex_t mu;
     kiq_buf_t buf;
@@ -92,7 +92,7 @@ static batch_t *batch_mine(void)
     return my_batch;
 }
 
-void kiq_log_flush(void)
+void kiq__log_flush(void)
 {
     pthread_mutex_lock(&batches_lock);
     for (batch_t *b = batches; b; b = b->next) {
@@ -103,7 +103,7 @@ void kiq_log_flush(void)
     pthread_mutex_unlock(&batches_lock);
 }
 
-int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path)
+int kiq__log_setup(kiq_log_format_t fmt, int verbose, const char *path)
 {
     FILE *f = NULL;
     if (path && !(f = fopen(path, "a")))
@@ -125,7 +125,7 @@ int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path)
 int kiq__log_reopen(void)
 {
     int rc = 0;
-    kiq_log_flush(); /* what was logged before the signal goes to the old file */
+    kiq__log_flush(); /* what was logged before the signal goes to the old file */
     pthread_mutex_lock(&log_lock);
     if (log_path) {
         FILE *f = fopen(log_path, "a");
@@ -141,14 +141,14 @@ int kiq__log_reopen(void)
     return rc;
 }
 
-void kiq_log_close(void)
+void kiq__log_close(void)
 {
-    kiq_log_flush();
+    kiq__log_flush();
     pthread_mutex_lock(&batches_lock);
     while (batches) {
         batch_t *b = batches;
         batches = b->next;
-        kiq_buf_free(&b->buf);
+        kiq__buf_free(&b->buf);
         pthread_mutex_destroy(&b->mu);
         free(b);
     }
@@ -162,7 +162,7 @@ void kiq_log_close(void)
     pthread_mutex_unlock(&log_lock);
 }
 
-const char *kiq_log_tid(void)
+const char *kiq__log_tid(void)
 {
     static _Thread_local char tid[16];
     if (!tid[0]) {
@@ -213,7 +213,7 @@ static const char *pid_tid(void)
     static _Thread_local char s[64];
     static _Thread_local int for_pid;
     if (for_pid != log_pid) {
-        snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, kiq_log_tid());
+        snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, kiq__log_tid());
         for_pid = log_pid;
     }
     return s;
@@ -223,7 +223,7 @@ static const char *pid_tid(void)
 static void put_seconds(kiq_buf_t *b, double sec)
 {
     if (!(sec >= 0 && sec < 1e9)) {
-        kiq_buf_printf(b, "%.3f", sec);
+        kiq__buf_printf(b, "%.3f", sec);
         return;
     }
     long ms = (long)(sec * 1000.0 + 0.5);
@@ -239,19 +239,19 @@ static void put_seconds(kiq_buf_t *b, double sec)
     char out[32];
     for (int i = 0; i < n; i++)
         out[i] = t[n - 1 - i];
-    kiq_buf_put(b, out, (size_t)n);
+    kiq__buf_put(b, out, (size_t)n);
 }
 
 static void json_ctx_str(kiq_buf_t *b, int *first, const char *k, const char *v)
 {
     if (!v)
         return;
-    kiq_buf_printf(b, "%s\"%s\":", *first ? "" : ",", k);
-    kiq_json_quote(b, v, strlen(v));
+    kiq__buf_printf(b, "%s\"%s\":", *first ? "" : ",", k);
+    kiq__json_quote(b, v, strlen(v));
     *first = 0;
 }
 
-void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
+void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
 {
     if (lvl < log_min)
         return;
@@ -271,37 +271,37 @@ void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
 
     kiq_buf_t b = {0};
     if (log_fmt == KIQ_LOG_JSON) {
-        kiq_buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",\"lvl\":\"%s\",\"msg\":",
-                       ts, log_pid, kiq_log_tid(), level_name[lvl]);
-        kiq_json_quote(&b, msg, strlen(msg));
-        kiq_buf_puts(&b, ",\"ctx\":{");
+        kiq__buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",\"lvl\":\"%s\",\"msg\":",
+                       ts, log_pid, kiq__log_tid(), level_name[lvl]);
+        kiq__json_quote(&b, msg, strlen(msg));
+        kiq__buf_puts(&b, ",\"ctx\":{");
         int first = 1;
         if (ctx) {
             json_ctx_str(&b, &first, "class", ctx->cls);
             json_ctx_str(&b, &first, "jid", ctx->jid);
             json_ctx_str(&b, &first, "tags", ctx->tags);
             if (ctx->elapsed >= 0)
-                kiq_buf_printf(&b, "%s\"elapsed\":%.3f", first ? "" : ",", ctx->elapsed);
+                kiq__buf_printf(&b, "%s\"elapsed\":%.3f", first ? "" : ",", ctx->elapsed);
         }
-        kiq_buf_puts(&b, "}}\n");
+        kiq__buf_puts(&b, "}}\n");
     } else {
         /* Built with plain appends: this runs twice per job. */
-        kiq_buf_puts(&b, ts);
-        kiq_buf_puts(&b, pid_tid());
+        kiq__buf_puts(&b, ts);
+        kiq__buf_puts(&b, pid_tid());
         if (ctx) {
-            if (ctx->cls) { kiq_buf_puts(&b, " class="); kiq_buf_puts(&b, ctx->cls); }
-            if (ctx->jid) { kiq_buf_puts(&b, " jid="); kiq_buf_puts(&b, ctx->jid); }
-            if (ctx->tags) { kiq_buf_puts(&b, " tags="); kiq_buf_puts(&b, ctx->tags); }
+            if (ctx->cls) { kiq__buf_puts(&b, " class="); kiq__buf_puts(&b, ctx->cls); }
+            if (ctx->jid) { kiq__buf_puts(&b, " jid="); kiq__buf_puts(&b, ctx->jid); }
+            if (ctx->tags) { kiq__buf_puts(&b, " tags="); kiq__buf_puts(&b, ctx->tags); }
             if (ctx->elapsed >= 0) {
-                kiq_buf_puts(&b, " elapsed=");
+                kiq__buf_puts(&b, " elapsed=");
                 put_seconds(&b, ctx->elapsed);
             }
         }
-        kiq_buf_puts(&b, " ");
-        kiq_buf_puts(&b, level_name[lvl]);
-        kiq_buf_puts(&b, ": ");
-        kiq_buf_puts(&b, msg);
-        kiq_buf_puts(&b, "\n");
+        kiq__buf_puts(&b, " ");
+        kiq__buf_puts(&b, level_name[lvl]);
+        kiq__buf_puts(&b, ": ");
+        kiq__buf_puts(&b, msg);
+        kiq__buf_puts(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;
     if (mine) {
@@ -310,7 +310,7 @@ void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
             double now = mono_now();
             if (!mine->buf.len)
                 mine->since = now;
-            if (kiq_buf_put(&mine->buf, b.p, b.len) != 0)
+            if (kiq__buf_put(&mine->buf, b.p, b.len) != 0)
                 write_out(b.p, b.len);
             if (mine->buf.len >= BATCH_BYTES || now - mine->since >= BATCH_AGE)
                 batch_write(mine);
@@ -322,6 +322,6 @@ void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     } else if (b.p) {
         write_out(b.p, b.len);
     }
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
     errno = saved;
 }

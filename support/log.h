@@ -21,22 +21,22 @@ typedef struct kiq_logctx {
 
 /* Sets format, minimum level and destination (NULL = stderr). Returns 0 or
  * KIQ_ESYS when the file cannot be opened (the old destination stays). */
-int kiq_log_setup(kiq_log_format_t fmt, int verbose, const char *path);
+int kiq__log_setup(kiq_log_format_t fmt, int verbose, const char *path);
 /* Writes every thread's batched job lines now (see log.c). */
-void kiq_log_flush(void);
+void kiq__log_flush(void);
 /* Reopens the log file (after rotation; USR2). */
 int kiq__log_reopen(void);
-void kiq_log_close(void);
+void kiq__log_close(void);
 
 /* Names this thread in log lines; by default tid is base36(thread id ^ pid). */
-const char *kiq_log_tid(void);
+const char *kiq__log_tid(void);
 
-void kiq_log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
+void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define kiq_info(...) kiq_log(KIQ_INFO, NULL, __VA_ARGS__)
-#define kiq_warn(...) kiq_log(KIQ_WARN, NULL, __VA_ARGS__)
-#define kiq_error(...) kiq_log(KIQ_ERROR, NULL, __VA_ARGS__)
-#define kiq_debug(...) kiq_log(KIQ_DEBUG, NULL, __VA_ARGS__)
+#define kiq_info(...) kiq__log(KIQ_INFO, NULL, __VA_ARGS__)
+#define kiq_warn(...) kiq__log(KIQ_WARN, NULL, __VA_ARGS__)
+#define kiq_error(...) kiq__log(KIQ_ERROR, NULL, __VA_ARGS__)
+#define kiq_debug(...) kiq__log(KIQ_DEBUG, NULL, __VA_ARGS__)
 
 #endif

@@ -7,7 +7,7 @@
 
 #include "kiq/error.h"
 
-int kiq_parse_number(const char *text, int integer, double lo, double hi, double *out)
+int kiq__parse_number(const char *text, int integer, double lo, double hi, double *out)
 {
     char *end;
     errno = 0;

@@ -6,6 +6,6 @@
 /* Parses text as a number (a base-10 integer when integer is set) in
  * [lo, hi] into *out. Returns 0, or KIQ_EINVAL for "", "5s", "inf", "nan",
  * an overflow or a value out of bounds (*out unchanged). */
-int kiq_parse_number(const char *text, int integer, double lo, double hi, double *out);
+int kiq__parse_number(const char *text, int integer, double lo, double hi, double *out);
 
 #endif

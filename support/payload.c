@@ -27,22 +27,22 @@ static int put_member(kiq_buf_t *b, int *first, const char *key, size_t klen,
 {
     int rc = 0;
     if (!*first)
-        rc = kiq_buf_put(b, ",", 1);
+        rc = kiq__buf_put(b, ",", 1);
     *first = 0;
-    if (!rc) rc = kiq_buf_put(b, "\"", 1);
-    if (!rc) rc = kiq_buf_put(b, key, klen);
-    if (!rc) rc = kiq_buf_put(b, "\":", 2);
-    if (!rc) rc = kiq_buf_put(b, v, vlen);
+    if (!rc) rc = kiq__buf_put(b, "\"", 1);
+    if (!rc) rc = kiq__buf_put(b, key, klen);
+    if (!rc) rc = kiq__buf_put(b, "\":", 2);
+    if (!rc) rc = kiq__buf_put(b, v, vlen);
     return rc;
 }
 
-int kiq_payload_edit(const char *s, const kiq_jobject_t *obj,
+int kiq__payload_edit(const char *s, const kiq_jobject_t *obj,
                      const kiq_field_t *set, size_t nset,
                      char **out, size_t *outlen)
 {
     kiq_buf_t b = {0};
     unsigned char *done = calloc(nset ? nset : 1, 1);
-    int first = 1, rc = done ? kiq_buf_put(&b, "{", 1) : KIQ_ENOMEM;
+    int first = 1, rc = done ? kiq__buf_put(&b, "{", 1) : KIQ_ENOMEM;
     for (size_t i = 0; i < obj->n && !rc; i++) {
         const kiq_jmember_t *m = &obj->m[i];
         size_t idx;
@@ -61,17 +61,17 @@ int kiq_payload_edit(const char *s, const kiq_jobject_t *obj,
             rc = put_member(&b, &first, set[i].key, strlen(set[i].key), set[i].value,
                             set[i].vlen ? set[i].vlen : strlen(set[i].value));
     if (!rc)
-        rc = kiq_buf_put(&b, "}", 1);
+        rc = kiq__buf_put(&b, "}", 1);
     free(done);
     if (rc) {
-        kiq_buf_free(&b);
+        kiq__buf_free(&b);
         return rc;
     }
-    *out = kiq_buf_take(&b, outlen);
+    *out = kiq__buf_take(&b, outlen);
     return 0;
 }
 
-void kiq_ts_json(char *buf, double now, kiq_ts_format_t fmt)
+void kiq__ts_json(char *buf, double now, kiq_ts_format_t fmt)
 {
     if (fmt == KIQ_TS_MILLIS)
         snprintf(buf, 32, "%lld", (long long)(now * 1000.0));

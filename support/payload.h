@@ -18,13 +18,13 @@ typedef struct kiq_field {
  * value of an existing member in place (all duplicates collapse into one) or
  * are appended at the end in order. *out is owned by the caller (free()).
  * Returns 0 or KIQ_ENOMEM. */
-int kiq_payload_edit(const char *s, const kiq_jobject_t *obj,
+int kiq__payload_edit(const char *s, const kiq_jobject_t *obj,
                      const kiq_field_t *set, size_t nset,
                      char **out, size_t *outlen);
 
 /* Writes now as a JSON timestamp of the given format into buf (32 bytes):
  * float seconds always carry a '.', millis are an integer. */
-void kiq_ts_json(char *buf, double now, kiq_ts_format_t fmt);
+void kiq__ts_json(char *buf, double now, kiq_ts_format_t fmt);
 
 /* Reads a JSON timestamp: a number with '.' or an exponent is seconds, an
  * integer is milliseconds. Returns epoch seconds or 0 when v is not a number. */

@@ -6,43 +6,43 @@
 #include <time.h>
 #include <unistd.h>
 
-double kiq_now(void)
+double kiq__now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-double kiq_mono(void)
+double kiq__mono(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-struct timespec kiq_timespec(double s)
+struct timespec kiq__timespec(double s)
 {
     struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
     return ts;
 }
 
-void kiq_sleep(double s)
+void kiq__sleep(double s)
 {
     if (s <= 0)
         return;
-    struct timespec ts = kiq_timespec(s);
+    struct timespec ts = kiq__timespec(s);
     while (nanosleep(&ts, &ts) != 0)
         ;
 }
 
-double kiq_rand(void)
+double kiq__rand(void)
 {
     /* xorshift64*, seeded per thread from the clock and the thread's stack
      * address; jitter and queue shuffles need spread, not secrecy. */
     static _Thread_local uint64_t state;
     if (!state) {
         int local;
-        state = (uint64_t)(kiq_mono() * 1e9) ^ (uint64_t)(uintptr_t)&local ^ (uint64_t)getpid() << 32;
+        state = (uint64_t)(kiq__mono() * 1e9) ^ (uint64_t)(uintptr_t)&local ^ (uint64_t)getpid() << 32;
         if (!state)
             state = 0x9E3779B97F4A7C15ull;
     }
@@ -63,5 +63,5 @@ void kiq__random_bytes(void *buf, size_t n)
         got += (size_t)k;
     }
     for (; got < n; got++)
-        p[got] = (unsigned char)(kiq_rand() * 256);
+        p[got] = (unsigned char)(kiq__rand() * 256);
 }

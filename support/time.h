@@ -6,18 +6,18 @@
 #include <time.h>
 
 /* Wall-clock epoch seconds (for timestamps written to Redis). */
-double kiq_now(void);
+double kiq__now(void);
 /* Monotonic seconds (for intervals and deadlines). */
-double kiq_mono(void);
-/* s seconds as a timespec: an epoch time (kiq_now() + s) for the deadline
+double kiq__mono(void);
+/* s seconds as a timespec: an epoch time (kiq__now() + s) for the deadline
  * of pthread_cond_timedwait, or a duration. s >= 0. */
-struct timespec kiq_timespec(double s);
+struct timespec kiq__timespec(double s);
 /* Sleeps for s seconds (no-op for s <= 0). */
-void kiq_sleep(double s);
+void kiq__sleep(double s);
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
  * and identities; falls back to the per-thread generator if it fails. */
 void kiq__random_bytes(void *buf, size_t n);
 /* A uniform random double in [0, 1) from a per-thread generator. */
-double kiq_rand(void);
+double kiq__rand(void);
 
 #endif

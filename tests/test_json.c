@@ -38,42 +38,42 @@ Test(json, scan_keeps_member_text_byte_exact)
 {
     const char *s = "{\"args\":[123456789012345678901234567890,1.50],\"class\":\"A\",\"class\":\"B\"}";
     kiq_jobject_t o = {0};
-    cr_assert_eq(kiq_json_scan_object(s, strlen(s), &o, NULL), 0);
+    cr_assert_eq(kiq__json_scan_object(s, strlen(s), &o, NULL), 0);
     cr_assert_eq(o.n, 3);
-    const kiq_jmember_t *a = kiq_jobject_get(&o, s, "args");
+    const kiq_jmember_t *a = kiq__jobject_get(&o, s, "args");
     cr_assert_not_null(a);
     cr_assert_eq(a->vlen, strlen("[123456789012345678901234567890,1.50]"));
     cr_assert(strncmp(s + a->vstart, "[123456789012345678901234567890,1.50]", a->vlen) == 0);
-    const kiq_jmember_t *c = kiq_jobject_get(&o, s, "class");
+    const kiq_jmember_t *c = kiq__jobject_get(&o, s, "class");
     cr_assert(strncmp(s + c->vstart, "\"B\"", c->vlen) == 0, "the last duplicate wins");
-    cr_assert_null(kiq_jobject_get(&o, s, "jid"));
-    kiq_jobject_free(&o);
+    cr_assert_null(kiq__jobject_get(&o, s, "jid"));
+    kiq__jobject_free(&o);
 }
 
 Test(json, scan_refuses_non_objects)
 {
     kiq_jobject_t o = {0};
-    cr_assert_eq(kiq_json_scan_object("[1]", 3, &o, NULL), KIQ_EPARSE);
-    kiq_jobject_free(&o);
+    cr_assert_eq(kiq__json_scan_object("[1]", 3, &o, NULL), KIQ_EPARSE);
+    kiq__jobject_free(&o);
 }
 
 Test(json, string_dup_decodes_escapes_and_surrogates)
 {
     const char *v = "\"a\\\"b\\\\c\\u00e9\\ud83d\\ude00\"";
-    char *s = kiq_json_string_dup(v, strlen(v));
+    char *s = kiq__json_string_dup(v, strlen(v));
     cr_assert_str_eq(s, "a\"b\\c\xc3\xa9\xf0\x9f\x98\x80");
     free(s);
-    cr_assert_null(kiq_json_string_dup("12", 2));
+    cr_assert_null(kiq__json_string_dup("12", 2));
 }
 
 Test(json, quote_escapes_and_replaces_invalid_utf8)
 {
     kiq_buf_t b = {0};
     const char in[] = "a\"b\n\x01\xff\xc3\xa9";
-    cr_assert_eq(kiq_json_quote(&b, in, sizeof(in) - 1), 0);
+    cr_assert_eq(kiq__json_quote(&b, in, sizeof(in) - 1), 0);
     cr_assert_str_eq(b.p, "\"a\\\"b\\n\\u0001\xef\xbf\xbd\xc3\xa9\"");
     cr_assert(valid(b.p));
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
     cr_assert(kiq__utf8_valid("\xc3\xa9", 2));
     cr_assert(!kiq__utf8_valid("\xc3", 1));
     cr_assert(!kiq__utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");

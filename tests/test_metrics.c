@@ -351,21 +351,21 @@ Test(metrics, yaml_keys_set_port_and_bind)
 Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
 {
     kiq_metrics_t *m = kiq_metrics_new();
-    kiq_metrics_job(m, "We\"ird\\Job\nX", "q", 0.003, 0);
-    kiq_metrics_job(m, "We\"ird\\Job\nX", "q", 0.2, 1);
-    kiq_metrics_job(m, "We\"ird\\Job\nX", "q", 100, 0);
-    kiq_metrics_lock_event(m, "until_executed", "lock_failed");
-    kiq_metrics_lock_event(m, "until_executed", "lock_failed");
-    kiq_metrics_lock_event(m, "until_executed", "locked");
-    kiq_metrics_lock_event(m, "while_executing", "execution_failed");
-    kiq_metrics_lock_event(m, "while_executing", "unlock_failed");
-    kiq_metrics_lock_event(m, "while_executing", "no_such_event");
-    kiq_metrics_add(m, KIQ_METRIC_POISON_PILLS, 2);
+    kiq__metrics_job(m, "We\"ird\\Job\nX", "q", 0.003, 0);
+    kiq__metrics_job(m, "We\"ird\\Job\nX", "q", 0.2, 1);
+    kiq__metrics_job(m, "We\"ird\\Job\nX", "q", 100, 0);
+    kiq__metrics_lock_event(m, "until_executed", "lock_failed");
+    kiq__metrics_lock_event(m, "until_executed", "lock_failed");
+    kiq__metrics_lock_event(m, "until_executed", "locked");
+    kiq__metrics_lock_event(m, "while_executing", "execution_failed");
+    kiq__metrics_lock_event(m, "while_executing", "unlock_failed");
+    kiq__metrics_lock_event(m, "while_executing", "no_such_event");
+    kiq__metrics_add(m, KIQ_METRIC_POISON_PILLS, 2);
     /* Different bytes that read alike are one series, not two with the
      * same labels. */
-    kiq_metrics_job(m, "X\xff", "q", 1, 0);
-    kiq_metrics_job(m, "X\xfe", "q", 1, 0);
-    kiq_metrics_lock_event(m, "t\xc0", "locked");
+    kiq__metrics_job(m, "X\xff", "q", 1, 0);
+    kiq__metrics_job(m, "X\xfe", "q", 1, 0);
+    kiq__metrics_lock_event(m, "t\xc0", "locked");
     kiq_buf_t b = {0};
     cr_assert_eq(kiq_metrics_render(m, &b), 0);
     const char *t = b.p;
@@ -395,6 +395,6 @@ Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
     cr_assert_eq(value(t, "kiq_lock_events_total{type=\"t\xEF\xBF\xBD\",event=\"acquired\"}"), 1,
                  "%s", t);
     cr_assert_eq(promtool(t), 0, "promtool rejected:\n%s", t);
-    kiq_buf_free(&b);
+    kiq__buf_free(&b);
     kiq_metrics_free(m);
 }

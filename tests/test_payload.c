@@ -9,12 +9,12 @@
 static char *edit(const char *s, const kiq_field_t *set, size_t n)
 {
     kiq_jobject_t o = {0};
-    cr_assert_eq(kiq_json_scan_object(s, strlen(s), &o, NULL), 0);
+    cr_assert_eq(kiq__json_scan_object(s, strlen(s), &o, NULL), 0);
     char *out;
     size_t len;
-    cr_assert_eq(kiq_payload_edit(s, &o, set, n, &out, &len), 0);
+    cr_assert_eq(kiq__payload_edit(s, &o, set, n, &out, &len), 0);
     cr_assert_eq(len, strlen(out));
-    kiq_jobject_free(&o);
+    kiq__jobject_free(&o);
     return out;
 }
 
@@ -30,9 +30,9 @@ Test(payload, edit_replaces_in_place_and_appends_new_fields)
 Test(payload, timestamps_in_both_formats)
 {
     char buf[32];
-    kiq_ts_json(buf, 1700000000.0, KIQ_TS_FLOAT);
+    kiq__ts_json(buf, 1700000000.0, KIQ_TS_FLOAT);
     cr_assert(strchr(buf, '.'), "float seconds always carry a point: %s", buf);
-    kiq_ts_json(buf, 1700000000.25, KIQ_TS_MILLIS);
+    kiq__ts_json(buf, 1700000000.25, KIQ_TS_MILLIS);
     cr_assert_str_eq(buf, "1700000000250");
     cr_assert_float_eq(kiq__ts_parse("1700000000250", 13), 1700000000.25, 1e-6);
     cr_assert_float_eq(kiq__ts_parse("1700000000.5", 12), 1700000000.5, 1e-6);

@@ -39,8 +39,8 @@ static int scan_all(const char *script, const char *key, const char *match, long
     kiq_scan_t s;
     int pages = 0, more;
     size_t step = pairs ? 2 : 1;
-    kiq_scan_init(&s, r, key, match, count);
-    while ((more = kiq_scan_next(&s, &page, err)) > 0) {
+    kiq__scan_init(&s, r, key, match, count);
+    while ((more = kiq__scan_next(&s, &page, err)) > 0) {
         pages++;
         cr_assert_eq(page->elements % step, 0);
         for (size_t i = 0; i < page->elements; i += step) {
@@ -53,8 +53,8 @@ static int scan_all(const char *script, const char *key, const char *match, long
     }
     cr_assert_eq(more, 0, "%s", err);
     /* Another call after the end stays at the end. */
-    cr_assert_eq(kiq_scan_next(&s, &page, err), 0);
-    kiq_scan_close(&s);
+    cr_assert_eq(kiq__scan_next(&s, &page, err), 0);
+    kiq__scan_close(&s);
     kiq_redis_free(r);
     for (int k = 1; k <= NKEYS; k++)
         cr_assert_eq(seen[k], 1, "%s%d seen %d times", prefix, k, seen[k]);
@@ -83,12 +83,12 @@ Test(redis, scan_of_the_wrong_type_is_a_reply_error)
     char err[KIQ_ERRLEN] = "";
     const redisReply *page;
     kiq_scan_t s;
-    kiq_scan_init(&s, r, "z", NULL, 0);
-    cr_assert_eq(kiq_scan_next(&s, &page, err), KIQ_EREPLY);
+    kiq__scan_init(&s, r, "z", NULL, 0);
+    cr_assert_eq(kiq__scan_next(&s, &page, err), KIQ_EREPLY);
     cr_assert_null(page);
     cr_assert(strncmp(err, "ZSCAN: WRONGTYPE", 16) == 0, "%s", err);
-    cr_assert_eq(kiq_scan_next(&s, &page, err), 0, "an error ends the scan");
-    kiq_scan_close(&s);
+    cr_assert_eq(kiq__scan_next(&s, &page, err), 0, "an error ends the scan");
+    kiq__scan_close(&s);
     kiq_redis_free(r);
 }
 

@@ -70,7 +70,7 @@ static char *identity_of(pid_t pid)
 static char *wkey(const char *identity)
 {
     char *k = malloc(512);
-    kiq_fetch_working_key(identity, k, 512);
+    kiq__fetch_working_key(identity, k, 512);
     return k;
 }
 
@@ -255,7 +255,7 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     pid_t b = kt_kiq_start(args);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "Starting processing"), 10));
     char lkey[512];
-    kiq_fetch_liveness_key(ida, lkey, sizeof(lkey));
+    kiq__fetch_liveness_key(ida, lkey, sizeof(lkey));
     double left = (double)kt_int("PTTL %s", lkey) / 1000.0;
     cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
     double t0 = kt_now();
@@ -587,7 +587,7 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
     kiq_redis_t *r = kt_lib_redis();
     kiq_recovery_t rec;
     char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 3);
     cr_assert_eq(rec.lists, 1);
     /* Fetched next first: p[1], then p[2], p[3], and p[0] after them. */
@@ -615,7 +615,7 @@ Test(reliable, recovery_count_saturates_and_ignores_negatives)
     kiq_redis_t *r = kt_lib_redis();
     kiq_recovery_t rec;
     char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
     cr_assert_eq(rec.killed, 1);
     redisReply *dr = kt_cmd("ZRANGE dead 0 0");
@@ -688,7 +688,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
     kiq_working_info_t *info = NULL;
     size_t n = 0;
     char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_fetch_list_working(r, &info, &n, err), 0, "%s", err);
+    cr_assert_eq(kiq__fetch_list_working(r, &info, &n, err), 0, "%s", err);
     cr_assert_eq(n, 3);
     const char *want[3] = { "h0:2:bbbbbbbbbbbb", "h1:1:aaaaaaaaaaaa", id };
     /* Sorted by identity; kiq's own hostname may sort anywhere. */
@@ -714,15 +714,15 @@ Test(reliable, list_working_shows_owners_and_liveness)
     }
     for (size_t i = 1; i < n; i++)
         cr_assert_lt(strcmp(info[i - 1].identity, info[i].identity), 0);
-    kiq_fetch_working_info_free(info, n);
-    kiq_fetch_working_info_free(NULL, 0);
+    kiq__fetch_working_info_free(info, n);
+    kiq__fetch_working_info_free(NULL, 0);
 
     /* An empty database lists nothing. */
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     freeReplyObject(kt_cmd("DEL uniquejobs:working:h1:1:aaaaaaaaaaaa uniquejobs:working:h0:2:bbbbbbbbbbbb"));
     freeReplyObject(kt_cmd("DEL queue:default"));
     info = (kiq_working_info_t *)1;
-    cr_assert_eq(kiq_fetch_list_working(r, &info, &n, err), 0, "%s", err);
+    cr_assert_eq(kiq__fetch_list_working(r, &info, &n, err), 0, "%s", err);
     cr_assert_eq(n, 0);
     cr_assert_null(info);
     kiq_redis_free(r);
@@ -737,7 +737,7 @@ Test(reliable, liveness_ttl_is_configurable_and_checked)
     pid_t pid = kt_kiq_start((const char *[]){ "-C", ok, "-c", "1", NULL });
     char *id = identity_of(pid);
     char lkey[512];
-    kiq_fetch_liveness_key(id, lkey, sizeof(lkey));
+    kiq__fetch_liveness_key(id, lkey, sizeof(lkey));
     cr_assert(KT_WAIT_UNTIL(kt_int("PTTL %s", lkey) > 0, 5));
     long long ms = kt_int("PTTL %s", lkey);
     cr_assert(ms > 0 && ms <= 4500, "PTTL %lld", ms);
@@ -889,10 +889,10 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     kiq_queue_conf_t q = { .name = "ba" };
     kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "batch-test", .queues = &q,
                             .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
-    kiq_fetch_t *f = kiq_fetch_new(&fc, err);
+    kiq_fetch_t *f = kiq__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
     kiq_fetched_t got[4];
-    cr_assert_eq(kiq_fetch_exchange(f, r, NULL, 0, got, 4, 0), 3, "one call, three jobs");
+    cr_assert_eq(kiq__fetch_exchange(f, r, NULL, 0, got, 4, 0), 3, "one call, three jobs");
     for (unsigned i = 0; i < 3; i++) {
         cr_assert(strstr(got[i].payload, jid[i]), "in queue order: %s", got[i].payload);
         cr_assert_str_eq(got[i].queue, "ba");
@@ -911,7 +911,7 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
                                     .ack = { .kind = KIQ_ACK_OK, .lock_key = keys[i],
                                              .lock_jid = jid[i] } };
     }
-    cr_assert_eq(kiq_fetch_exchange(f, r, acks, 3, NULL, 0, 0), 0);
+    cr_assert_eq(kiq__fetch_exchange(f, r, acks, 3, NULL, 0, 0), 0);
     for (unsigned i = 0; i < 3; i++)
         cr_assert_eq(acks[i].rc, 0, "ack %u written", i);
     cr_assert_eq(kt_int("LLEN uniquejobs:working:batch-test"), 0);
@@ -920,12 +920,12 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     cr_assert_eq(kt_int("HEXISTS %s %s", keys[1], jid[1]), 1, "kept: its job was taken back");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 1);
     /* Nothing left: a non-blocking fetch returns at once with none. */
-    cr_assert_eq(kiq_fetch_exchange(f, r, NULL, 0, got, 4, 0), 0);
+    cr_assert_eq(kiq__fetch_exchange(f, r, NULL, 0, got, 4, 0), 0);
     for (unsigned i = 0; i < 3; i++) {
-        kiq_fetched_clear(&got[i]);
+        kiq__fetched_clear(&got[i]);
         free(p[i]);
     }
-    kiq_fetch_free(f);
+    kiq__fetch_free(f);
     kiq_redis_free(r);
 }
 
@@ -1137,15 +1137,15 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
     kiq_redis_t *r = kt_lib_redis();
     kiq_recovery_t rec;
     char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 0);
     cr_assert_eq(kt_int("LLEN %s", dead), 1, "the orphan stays in its working list");
     kiq_queue_conf_t q = { .name = "default" };
     kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "me:2:bbbbbbbbbbbb",
                             .queues = &q, .nqueues = 1 };
-    kiq_fetch_t *f = kiq_fetch_new(&fc, err);
+    kiq_fetch_t *f = kiq__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
-    cr_assert_neq(kiq_fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
+    cr_assert_neq(kiq__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
     cr_assert_eq(kt_int("LLEN %s", own), 1, "the requeued job stays in the working list");
     /* The scheduler of a running worker (that fetches another queue and
      * leaves recovery to this test). */
@@ -1159,14 +1159,14 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
 
     freeReplyObject(kt_cmd("DEL queue:bogus"));
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0, 10), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kiq_fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
-    cr_assert_eq(kiq_fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
+    cr_assert_eq(kiq__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
     cr_assert_eq(kt_int("LLEN queue:bogus"), 3, "all three are queued");
     cr_assert_eq(kt_int("EXISTS %s", dead), 0);
     cr_assert_eq(kt_int("LLEN %s", own), 0);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
-    kiq_fetch_free(f);
+    kiq__fetch_free(f);
     kiq_redis_free(r);
     for (int i = 0; i < 3; i++)
         free(p[i]);

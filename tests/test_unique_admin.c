@@ -117,7 +117,7 @@ Test(unique_admin, metric_writes_v9_fields_and_ttl)
 Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
 {
     kiq_redis_t *r = kt_lib_redis();
-    kiq_unique_metrics_buffer(1);
+    kiq__unique_metrics_buffer(1);
     time_t t0 = time(NULL);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(kiq_unique_metric_record(r, "until_executed", "locked"), 0);
@@ -127,7 +127,7 @@ Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
     kiq_unique_metrics_key(t0, k0, sizeof(k0));
     kiq_unique_metrics_key(t1, k1, sizeof(k1));
     cr_assert_eq(kt_int("EXISTS %s", k0), 0, "nothing is written before the flush");
-    cr_assert_eq(kiq_unique_metrics_flush(r), 0);
+    cr_assert_eq(kiq__unique_metrics_flush(r), 0);
     long long locked = kt_int("HGET %s until_executed|locked", k0)
                      + (strcmp(k0, k1) ? kt_int("HGET %s until_executed|locked", k1) : 0);
     long long total = kt_int("HGET %s total|locked", k0)
@@ -138,10 +138,10 @@ Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
                  + (strcmp(k0, k1) ? kt_int("HGET %s while_executing|lock_failed", k0) : 0), 1);
     long long ttl = kt_int("TTL %s", k1);
     cr_assert(ttl > 28790 && ttl <= 28800, "ttl %lld", ttl);
-    cr_assert_eq(kiq_unique_metrics_flush(r), 0, "an empty flush is fine");
+    cr_assert_eq(kiq__unique_metrics_flush(r), 0, "an empty flush is fine");
     cr_assert_eq(kt_int("HGET %s total|locked", k0) + (strcmp(k0, k1) ? kt_int("HGET %s total|locked", k1) : 0),
                  3, "and writes nothing twice");
-    kiq_unique_metrics_buffer(0);
+    kiq__unique_metrics_buffer(0);
     kiq_redis_free(r);
 }
 
@@ -332,7 +332,7 @@ Test(unique_admin, reaper_rechecks_a_batch_atomically)
                            "uniquejobs:relocked", "1", J(10),
                            "uniquejobs:moved", "1", J(11) };
     kiq_redis_t *r = kt_lib_redis();
-    redisReply *rep = kiq_redis_script(r, KIQ_SCRIPT_REAP, 2, 9, argv, NULL);
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_REAP, 2, 9, argv, NULL);
     cr_assert(rep && rep->type == REDIS_REPLY_ARRAY, "%s", rep && rep->str ? rep->str : "");
     cr_assert_eq(rep->elements, 0);
     freeReplyObject(rep);
@@ -445,9 +445,9 @@ Test(unique_admin, leases_keep_reapers_apart)
     cr_assert_eq(res.busy, 0);
     kiq_reap_result_clear(&res);
     /* Someone else's release does nothing; ours frees it. */
-    cr_assert_eq(kiq_unique_reaper_release(r, "4242"), 0);
+    cr_assert_eq(kiq__unique_reaper_release(r, "4242"), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:reaper"), 1);
-    cr_assert_eq(kiq_unique_reaper_release(r, "me:1:abc"), 0);
+    cr_assert_eq(kiq__unique_reaper_release(r, "me:1:abc"), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:reaper"), 0);
     kiq_redis_free(r);
 }
@@ -616,10 +616,10 @@ Test(unique_admin, locks_rejects_bad_input_clearly)
 
     /* The library says the same. */
     char d[600], err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_unique_digest_parse("uniquejobs:abc:LOCKED", d, sizeof(d), err), 0);
+    cr_assert_eq(kiq__unique_digest_parse("uniquejobs:abc:LOCKED", d, sizeof(d), err), 0);
     cr_assert_str_eq(d, "uniquejobs:abc");
-    cr_assert_eq(kiq_unique_digest_parse(":abc", d, sizeof(d), err), KIQ_EINVAL);
-    cr_assert_eq(kiq_unique_digest_parse(NULL, d, sizeof(d), err), KIQ_EINVAL);
+    cr_assert_eq(kiq__unique_digest_parse(":abc", d, sizeof(d), err), KIQ_EINVAL);
+    cr_assert_eq(kiq__unique_digest_parse(NULL, d, sizeof(d), err), KIQ_EINVAL);
 }
 
 /* ---- v8 -> v9 ---------------------------------------------------------------- */
