@@ -70,12 +70,19 @@ void kt_server_start(void)
             redisReply *r = redisCommand(c, "PING");
             int ok = r && r->type == REDIS_REPLY_STATUS;
             freeReplyObject(r);
-            redisFree(c);
+            if (ok && getenv("KT_RESTRICTED_USER")) {
+                /* What managed services allow: everything but @dangerous. */
+                r = redisCommand(c, "ACL SETUSER kiq on >kiq-secret ~* &* +@all -@dangerous");
+                ok = r && r->type == REDIS_REPLY_STATUS;
+                freeReplyObject(r);
+            }
             if (ok) {
                 setenv("KT_REDIS_PORT", portbuf, 1);
                 setenv("KT_TMP", server_dir, 1);
+                redisFree(c);
                 return;
             }
+            redisFree(c);
         } else {
             redisFree(c);
         }
@@ -136,9 +143,20 @@ static int db(void)
 
 const char *kt_url(void)
 {
+    /* kiq and Ruby connect as the restricted user when there is one; the
+     * fixture's own connection (kt_redis) stays the default user. */
     if (!url[0])
-        snprintf(url, sizeof(url), "redis://127.0.0.1:%d/%d", port(), db());
+        snprintf(url, sizeof(url), "redis://%s127.0.0.1:%d/%d",
+                 getenv("KT_RESTRICTED_USER") ? "kiq:kiq-secret@" : "", port(), db());
     return url;
+}
+
+const char *kt_admin_url(void)
+{
+    static char admin[128];
+    if (!admin[0])
+        snprintf(admin, sizeof(admin), "redis://127.0.0.1:%d/%d", port(), db());
+    return admin;
 }
 
 redisContext *kt_redis(void)

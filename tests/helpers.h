@@ -18,6 +18,10 @@ void kt_server_stop(void);
 
 /* redis://127.0.0.1:PORT/DB for this test's own database. */
 const char *kt_url(void);
+/* The same database as the default user, when kt_url() names the
+ * restricted user (KT_RESTRICTED_USER set): for what needs @dangerous
+ * commands, such as a Ruby Sidekiq server's boot. */
+const char *kt_admin_url(void);
 /* A connection to this test's database (owned by the fixture). */
 redisContext *kt_redis(void);
 /* Runs a command on kt_redis(); the caller frees the reply. Fails the test

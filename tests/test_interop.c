@@ -517,7 +517,9 @@ static pid_t sidekiq_start(void)
             dup2(fd, 2);
             close(fd);
         }
-        setenv("REDIS_URL", kt_url(), 1);
+        /* The Ruby server itself runs INFO at boot, which a restricted
+         * user may not: it connects as the fixture does. */
+        setenv("REDIS_URL", kt_admin_url(), 1);
         execlp("sidekiq", "sidekiq", "-r", jobs, "-c", "2", "-q", "default", "-t", "5", (char *)NULL);
         perror("sidekiq");
         _exit(127);
