@@ -1,5 +1,6 @@
 /* The flags of `kiq run`, applied over the config file. */
 #include "kiq/config.h"
+#include "redis/url.h"
 #include "support/number.h"
 
 #include <errno.h>
@@ -168,8 +169,12 @@ int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err)
             return kiq_seterr(err, KIQ_ECONFIG, "%s: unknown option or missing value (see --help)",
                               argv[optind - 1]);
     }
-    if (optind < argc)
-        return kiq_seterr(err, KIQ_ECONFIG, "unexpected argument \"%s\" (see --help)", argv[optind]);
+    if (optind < argc) {
+        /* A stray URL may hold a password: never echo it. */
+        char shown[512];
+        kiq__redis_url_redact(argv[optind], shown, sizeof(shown));
+        return kiq_seterr(err, KIQ_ECONFIG, "unexpected argument \"%s\" (see --help)", shown);
+    }
     /* A -C file that cannot be read is a configuration error (78), said in
      * one line, never mistaken for --help. */
     if (file && (rc = kiq_config_load_file(cfg, file, err)) == KIQ_ENOTFOUND) {

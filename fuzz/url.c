@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (pw && strlen(pw) >= 4 && !strchr(url, '%') && !strchr(pw, '*') && strstr(url, pw)
             && !strstr(strstr(url, pw) + 1, pw)) {
             char red[4096];
-            kiq_redis_url_redact(url, red, sizeof(red));
+            kiq__redis_url_redact(url, red, sizeof(red));
             CHECK(!strstr(red, pw));
         }
         kiq__redis_url_clear(&u);
@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* Short output buffers truncate, never overrun. */
     char small[8];
-    kiq_redis_url_redact(url, small, sizeof(small));
+    kiq__redis_url_redact(url, small, sizeof(small));
     CHECK(memchr(small, '\0', sizeof(small)) != NULL);
     free(url);
     return 0;

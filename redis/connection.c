@@ -72,7 +72,7 @@ kiq_redis_t *kiq_redis_new(const char *url, double timeout, char *err)
         free(r);
         return NULL;
     }
-    kiq_redis_url_redact(url, r->name, sizeof(r->name));
+    kiq__redis_url_redact(url, r->name, sizeof(r->name));
     r->timeout = timeout > 0 ? timeout : 10;
     r->broken = 1;
     return r;

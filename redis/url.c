@@ -147,7 +147,7 @@ out:
     return rc;
 }
 
-void kiq_redis_url_redact(const char *url, char *out, size_t n)
+void kiq__redis_url_redact(const char *url, char *out, size_t n)
 {
     const char *scheme = strstr(url, "://");
     /* A unix socket has no user info, and its path may hold an '@'. */

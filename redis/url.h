@@ -23,6 +23,6 @@ typedef struct kiq_redis_url {
 int kiq__redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
 void kiq__redis_url_clear(kiq_redis_url_t *u);
 /* Writes url with any password replaced by "***" into out (n bytes). */
-void kiq_redis_url_redact(const char *url, char *out, size_t n);
+void kiq__redis_url_redact(const char *url, char *out, size_t n);
 
 #endif

@@ -333,6 +333,11 @@ Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
     const char *plain = kt_url(); /* redis://127.0.0.1:PORT/DB */
     char url[256];
     snprintf(url, sizeof(url), "redis://kiqpw:s3cr3tpw@%s", plain + strlen("redis://"));
+    /* A URL given without its flag is refused, and not echoed whole. */
+    char *stray = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "run", url, NULL }, &stray), 78, "%s", stray);
+    cr_assert(strstr(stray, "unexpected argument") && !strstr(stray, "s3cr3tpw"), "%s", stray);
+    free(stray);
     pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", url, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
 

@@ -691,7 +691,7 @@ Test(config, redacted_url_never_shows_the_password)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char out[256];
-        kiq_redis_url_redact(cases[i].url, out, sizeof(out));
+        kiq__redis_url_redact(cases[i].url, out, sizeof(out));
         cr_expect_str_eq(out, cases[i].want, "%s", cases[i].url);
         cr_expect_null(strstr(out, "secret"), "%s -> %s", cases[i].url, out);
     }
