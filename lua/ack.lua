@@ -13,6 +13,16 @@
 -- ARGV[3] zset score, ARGV[4] payload to store,
 -- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs,
 -- ARGV[7] the jid whose hold on KEYS[3] is released.
+local mode = ARGV[2]
+-- A retry or dead key of another type would refuse the ZADD after the LREM
+-- (a script is not rolled back) and the job would be lost: refuse first,
+-- and the job stays in the working list.
+if mode == 'retry' or mode == 'dead' then
+  local t = redis.call('TYPE', KEYS[2]).ok
+  if t ~= 'zset' and t ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is a ' .. t .. ', not a sorted set')
+  end
+end
 local removed = 1
 if KEYS[1] ~= '' then
   -- From the tail, where the oldest (first finished) jobs are.
@@ -21,7 +31,6 @@ if KEYS[1] ~= '' then
     return 0
   end
 end
-local mode = ARGV[2]
 if mode == 'retry' then
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 elseif mode == 'dead' then

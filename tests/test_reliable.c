@@ -1315,3 +1315,33 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
     free(w);
     free(y);
 }
+
+/* An ack that writes a failure to a retry (or dead) key of another type is
+ * refused before the job leaves the working list, and written once the key
+ * is right again: the failed job is never lost between the two. */
+Test(reliable, failure_ack_to_a_retry_key_of_wrong_type_keeps_the_job)
+{
+    char jid[25], err[KIQ_ERRLEN];
+    kt_make_jid(jid, 25, 0);
+    char *p = kt_payload("FailJob", "[]", jid, "default");
+    const char *own = "uniquejobs:working:me:3:cccccccccccc";
+    freeReplyObject(kt_cmd("LPUSH %s %s", own, p));
+    freeReplyObject(kt_cmd("SET retry not-a-zset"));
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_queue_conf_t q = { .name = "default" };
+    kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "me:3:cccccccccccc",
+                            .queues = &q, .nqueues = 1 };
+    kiq_fetch_t *f = kiq__fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    kiq_ack_t ack = { .kind = KIQ_ACK_RETRY, .score = 1, .payload = p, .len = strlen(p),
+                      .dead_max = 10 };
+    cr_assert_neq(kiq__fetch_ack(f, r, p, strlen(p), &ack), 0, "the ack is refused");
+    cr_assert_eq(kt_int("LLEN %s", own), 1, "the job stays in the working list");
+    freeReplyObject(kt_cmd("DEL retry"));
+    cr_assert_eq(kiq__fetch_ack(f, r, p, strlen(p), &ack), 0);
+    cr_assert_eq(kt_int("LLEN %s", own), 0);
+    cr_assert_eq(kt_int("ZCARD retry"), 1, "the failure is written once the key is right");
+    kiq__fetch_free(f);
+    kiq_redis_free(r);
+    free(p);
+}
