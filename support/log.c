@@ -251,6 +251,29 @@ static void json_ctx_str(kiq_buf_t *b, int *first, const char *k, const char *v)
     *first = 0;
 }
 
+/* Appends s with control characters escaped (\n, \t, \r, \xNN), so that a
+ * class name, jid, tag or error message taken from a payload cannot split
+ * a text line in two or forge one. Plain runs go out in one append. */
+static void put_escaped(kiq_buf_t *b, const char *s)
+{
+    const char *run = s;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c >= 0x20 && *c != 0x7f)
+            continue;
+        kiq__buf_put(b, run, (size_t)((const char *)c - run));
+        if (*c == '\n')
+            kiq__buf_puts(b, "\\n");
+        else if (*c == '\t')
+            kiq__buf_puts(b, "\\t");
+        else if (*c == '\r')
+            kiq__buf_puts(b, "\\r");
+        else
+            kiq__buf_printf(b, "\\x%02x", *c);
+        run = (const char *)c + 1;
+    }
+    kiq__buf_puts(b, run);
+}
+
 void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
 {
     if (lvl < log_min)
@@ -289,9 +312,9 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
         kiq__buf_puts(&b, ts);
         kiq__buf_puts(&b, pid_tid());
         if (ctx) {
-            if (ctx->cls) { kiq__buf_puts(&b, " class="); kiq__buf_puts(&b, ctx->cls); }
-            if (ctx->jid) { kiq__buf_puts(&b, " jid="); kiq__buf_puts(&b, ctx->jid); }
-            if (ctx->tags) { kiq__buf_puts(&b, " tags="); kiq__buf_puts(&b, ctx->tags); }
+            if (ctx->cls) { kiq__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
+            if (ctx->jid) { kiq__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
+            if (ctx->tags) { kiq__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
             if (ctx->elapsed >= 0) {
                 kiq__buf_puts(&b, " elapsed=");
                 put_seconds(&b, ctx->elapsed);
@@ -300,7 +323,7 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
         kiq__buf_puts(&b, " ");
         kiq__buf_puts(&b, level_name[lvl]);
         kiq__buf_puts(&b, ": ");
-        kiq__buf_puts(&b, msg);
+        put_escaped(&b, msg); /* messages quote payloads too (errors, class names) */
         kiq__buf_puts(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;
