@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/crash.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -21,6 +22,7 @@ static void slot_set(kiq_slot_t *s, const kiq_job_t *job)
     s->len = job->len;
     s->run_at = (long)kiq__now();
     snprintf(s->cls, sizeof(s->cls), "%s", job->cls ? job->cls : "");
+    snprintf(s->jid, sizeof(s->jid), "%s", job->jid ? job->jid : "");
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->rt->busy, 1);
 }
@@ -34,6 +36,7 @@ static void slot_clear(kiq_slot_t *s)
     s->payload = NULL;
     s->len = 0;
     s->cls[0] = '\0';
+    s->jid[0] = '\0';
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_sub(&s->rt->busy, 1);
 }
@@ -235,6 +238,7 @@ void *kiq_processor_main(void *arg)
     kiq_slot_t *s = arg;
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN];
+    kiq_crash_thread_begin();
     pthread_mutex_lock(&s->mu);
     snprintf(s->tid, sizeof(s->tid), "%s", kiq__log_tid());
     pthread_mutex_unlock(&s->mu);
@@ -244,6 +248,7 @@ void *kiq_processor_main(void *arg)
     else
         loop(s, r);
     kiq_redis_free(r);
+    kiq_crash_thread_end();
     pthread_mutex_lock(&s->mu);
     s->exited = 1;
     pthread_mutex_unlock(&s->mu);

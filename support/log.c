@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_out;           /* NULL = stderr */
 static char *log_path;
+static atomic_int log_fd = 2;   /* log_out's descriptor, for kiq__log_fd */
 static kiq_log_format_t log_fmt = KIQ_LOG_PRETTY;
 static kiq_level_t log_min = KIQ_INFO;
 
@@ -114,6 +116,7 @@ int kiq__log_setup(kiq_log_format_t fmt, int verbose, const char *path)
     if (log_out)
         fclose(log_out);
     log_out = f;
+    atomic_store(&log_fd, f ? fileno(f) : 2);
     free(log_path);
     log_path = path ? strdup(path) : NULL;
     log_fmt = fmt;
@@ -131,6 +134,7 @@ int kiq__log_reopen(void)
         FILE *f = fopen(log_path, "a");
         if (f) {
             setvbuf(f, NULL, _IOLBF, 0);
+            atomic_store(&log_fd, fileno(f));
             fclose(log_out);
             log_out = f;
         } else {
@@ -154,12 +158,18 @@ void kiq__log_close(void)
     }
     pthread_mutex_unlock(&batches_lock);
     pthread_mutex_lock(&log_lock);
+    atomic_store(&log_fd, 2);
     if (log_out)
         fclose(log_out);
     log_out = NULL;
     free(log_path);
     log_path = NULL;
     pthread_mutex_unlock(&log_lock);
+}
+
+int kiq__log_fd(void)
+{
+    return atomic_load(&log_fd);
 }
 
 const char *kiq__log_tid(void)
