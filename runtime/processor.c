@@ -266,11 +266,11 @@ int kiq_processor_requeue_busy(kiq_runtime_t *rt, kiq_redis_t *r)
             s->abandoned = 1;
             if (kiq__fetch_requeue(s->fetch, r, s->queue, s->payload, s->len) == 0) {
                 n++;
-                kiq_warn("requeued %s from thread TID-%s", s->cls, s->tid);
+                kiq_warn("requeued %s jid=%s from thread TID-%s", s->cls, s->jid, s->tid);
             } else {
-                kiq_error("could not requeue %s from TID-%s: %s; it stays in the working list "
-                          "and is recovered after this process is gone",
-                          s->cls, s->tid, kiq_redis_error(r));
+                kiq_error("could not requeue %s jid=%s from TID-%s: %s; it stays in the working "
+                          "list and is recovered after this process is gone",
+                          s->cls, s->jid, s->tid, kiq_redis_error(r));
             }
         }
         pthread_mutex_unlock(&s->mu);

@@ -518,6 +518,8 @@ Test(lifecycle, double_int_logs_a_line_per_requeued_job)
     char *log = kt_kiq_log(pid);
     cr_assert_eq(count_of(log, "Second INT: not waiting any longer"), 1, "%s", log);
     cr_assert_eq(count_of(log, "requeued SleepJob"), 2, "one line per job: %s", log);
+    cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000a"), "%s", log);
+    cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000b"), "%s", log);
     cr_assert(strstr(log, "Pushed 2 jobs back to Redis"), "%s", log);
     cr_assert_eq(kt_int("LLEN queue:default"), 2);
     free(log);
