@@ -1,7 +1,10 @@
 /* `kiq stats [--json]`: what Sidekiq's dashboard shows, from the shell —
  * processed/failed, queue sizes and latency, schedule/retry/dead sizes,
  * processes, and the reliable fetch's working lists with their owners. */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,7 @@
 #include "cli/cli.h"
 #include "observe/overview.h"
 #include "fetch/fetch.h"
+#include "support/identity.h"
 #include "kiq/kiq.h"
 #include "kiq/redis.h"
 
@@ -19,7 +23,29 @@ static const char *usage =
     "\n"
     "Prints processed and failed counts, each queue's size and latency (age of\n"
     "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
-    "reliable fetch's working lists with whether their owner is alive.\n";
+    "reliable fetch's working lists with whether their owner is alive. An owner\n"
+    "on this host whose pid is gone shows as dead at once (recovery still waits\n"
+    "for its liveness key to lapse).\n";
+
+/* The pid of identity ("hostname:pid:nonce") when hostname is this
+ * machine's and no process has that pid any more, else 0. For display
+ * only: pids are reused and containers share hostnames, so recovery never
+ * decides on it (it waits for the liveness key to lapse). */
+static long gone_pid(const char *identity, const char *host)
+{
+    const char *nonce = strrchr(identity, ':');
+    const char *p = nonce;
+    while (p && p > identity && p[-1] != ':')
+        p--;
+    if (!nonce || p <= identity || (size_t)(p - 1 - identity) != strlen(host)
+        || strncmp(identity, host, strlen(host)) != 0)
+        return 0;
+    char *end;
+    long pid = strtol(p, &end, 10);
+    if (end != nonce || pid <= 0 || pid > INT_MAX)
+        return 0;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH ? pid : 0;
+}
 
 /* A count, or null for a field the heartbeat did not have (-1). */
 static json_t *opt_integer(long long v)
@@ -40,7 +66,7 @@ static json_t *queues_json(const kiq_overview_t *ov)
     return arr;
 }
 
-static json_t *processes_json(const kiq_overview_t *ov)
+static json_t *processes_json(const kiq_overview_t *ov, const char *host)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < ov->nprocesses; i++) {
@@ -55,13 +81,17 @@ static json_t *processes_json(const kiq_overview_t *ov)
         json_object_set_new(p, "beat", pr->beat < 0 ? json_null() : json_real(pr->beat));
         json_object_set_new(p, "quiet", pr->quiet < 0 ? json_null() : json_boolean(pr->quiet));
         json_object_set_new(p, "rss", opt_integer(pr->rss));
+        long gone = gone_pid(pr->identity, host);
+        json_object_set_new(p, "alive", json_boolean(!gone));
+        if (gone)
+            json_object_set_new(p, "pid_gone", json_integer(gone));
         json_decref(info);
         json_array_append_new(arr, p);
     }
     return arr;
 }
 
-static json_t *working_json(kiq_redis_t *r)
+static json_t *working_json(kiq_redis_t *r, const char *host)
 {
     json_t *arr = json_array();
     kiq_working_info_t *w = NULL;
@@ -72,7 +102,11 @@ static json_t *working_json(kiq_redis_t *r)
             json_t *o = json_object();
             json_object_set_new(o, "identity", json_string(w[i].identity));
             json_object_set_new(o, "size", json_integer(w[i].length));
-            json_object_set_new(o, "alive", json_boolean(w[i].alive));
+            long gone = gone_pid(w[i].identity, host);
+            json_object_set_new(o, "alive", json_boolean(w[i].alive && !gone));
+            json_object_set_new(o, "liveness_key", json_boolean(w[i].alive));
+            if (gone)
+                json_object_set_new(o, "pid_gone", json_integer(gone));
             json_array_append_new(arr, o);
         }
     }
@@ -88,6 +122,8 @@ static json_t *collect(kiq_redis_t *r, char *err)
         kiq__overview_clear(&ov);
         return NULL;
     }
+    char host[256];
+    kiq__hostname(host, sizeof(host));
     json_t *o = json_object();
     json_object_set_new(o, "processed", json_integer(ov.processed));
     json_object_set_new(o, "failed", json_integer(ov.failed));
@@ -95,8 +131,8 @@ static json_t *collect(kiq_redis_t *r, char *err)
     json_object_set_new(o, "retries", json_integer(ov.retries));
     json_object_set_new(o, "dead", json_integer(ov.dead));
     json_object_set_new(o, "queues", queues_json(&ov));
-    json_object_set_new(o, "processes", processes_json(&ov));
-    json_object_set_new(o, "working", working_json(r));
+    json_object_set_new(o, "processes", processes_json(&ov, host));
+    json_object_set_new(o, "working", working_json(r, host));
     kiq__overview_clear(&ov);
     return o;
 }
@@ -120,18 +156,36 @@ static void print_text(json_t *o, const char *name)
                json_real_value(json_object_get(e, "latency")));
     printf("\nProcesses\n");
     json_array_foreach(json_object_get(o, "processes"), i, e) {
+        char state[64];
+        json_t *gone = json_object_get(e, "pid_gone");
+        if (gone)
+            snprintf(state, sizeof(state), "dead (pid %lld gone)", json_integer_value(gone));
+        else
+            snprintf(state, sizeof(state), "%s",
+                     json_is_true(json_object_get(e, "quiet")) ? "quiet" : "running");
         printf("  %s  busy %lld of %lld  %s  rss %lld KB\n",
                json_string_value(json_object_get(e, "identity")),
                json_integer_value(json_object_get(e, "busy")),
-               json_integer_value(json_object_get(e, "concurrency")),
-               json_is_true(json_object_get(e, "quiet")) ? "quiet" : "running",
+               json_integer_value(json_object_get(e, "concurrency")), state,
                json_integer_value(json_object_get(e, "rss")));
     }
     printf("\nWorking lists (reliable fetch)\n");
-    json_array_foreach(json_object_get(o, "working"), i, e)
+    json_array_foreach(json_object_get(o, "working"), i, e) {
+        char owner[128];
+        json_t *gone = json_object_get(e, "pid_gone");
+        int key = json_is_true(json_object_get(e, "liveness_key"));
+        if (gone && key)
+            snprintf(owner, sizeof(owner),
+                     "dead (pid %lld gone; recovered once its liveness key lapses)",
+                     json_integer_value(gone));
+        else if (gone)
+            snprintf(owner, sizeof(owner), "DEAD (pid %lld gone; recovered at the next pass)",
+                     json_integer_value(gone));
+        else
+            snprintf(owner, sizeof(owner), "%s", key ? "alive" : "DEAD (recovered at the next pass)");
         printf("  %s  %lld jobs  owner %s\n", json_string_value(json_object_get(e, "identity")),
-               json_integer_value(json_object_get(e, "size")),
-               json_is_true(json_object_get(e, "alive")) ? "alive" : "DEAD (recovered at the next pass)");
+               json_integer_value(json_object_get(e, "size")), owner);
+    }
 }
 
 int kiq_cmd_stats(int argc, char **argv)

@@ -1,6 +1,7 @@
 /* Example handler plugin: the job classes the README, the demo and the
  * tests use. Build: part of the meson build (examples/libkiq-examples.so);
  * load: kiq run -r path/to/libkiq-examples.so. */
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,29 @@ static int crash_job(kiq_job_t *job, void *ud)
     return 0;
 }
 
+/* Recurses depth times with a kilobyte of stack a call (the caller asks for
+ * more than any stack holds). */
+static long deep(long depth)
+{
+    volatile char frame[1024];
+    frame[0] = (char)depth;
+    if (depth <= 0)
+        return frame[0];
+    return deep(depth - 1) + frame[0];
+}
+
+/* SegfaultJob ["overflow"]: dies of SIGSEGV, as a handler with a memory
+ * bug would (by default at once; "overflow" by running out of stack);
+ * shows the crash report in the log. */
+static int segfault_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    if (strcmp(arg_str(job, 0, ""), "overflow") == 0)
+        return (int)deep(LONG_MAX);
+    raise(SIGSEGV);
+    return 0;
+}
+
 __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
 {
     kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
@@ -122,5 +146,6 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     rc |= kiq_register(rt, "RecordJob", record_job, NULL, &opts);
     rc |= kiq_register(rt, "CrashJob", crash_job, NULL, &opts);
     rc |= kiq_register(rt, "OverlapJob", overlap_job, NULL, &opts);
+    rc |= kiq_register(rt, "SegfaultJob", segfault_job, NULL, &opts);
     return rc;
 }

@@ -19,6 +19,7 @@
 #include "redis/scripts.h"
 #include "support/buf.h"
 #include "support/json.h"
+#include "support/log.h"
 #include "support/payload.h"
 #include "support/time.h"
 
@@ -31,6 +32,8 @@ typedef struct moved {
     char *orig; size_t olen;   /* borrowed from the LRANGE reply */
     char *next; size_t nlen;   /* owned */
     char *dest;                /* owned: "dead" or "queue:NAME" */
+    char *cls, *jid;           /* owned, for the dead only: named in the log */
+    long count;                /* recoveries so far, for the dead only */
 } moved_t;
 
 /* Works out where one orphan goes and what it looks like there. */
@@ -78,6 +81,11 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
         };
         rc = kiq__payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
         m->dest = strdup(KIQ_KEY_DEAD);
+        const kiq_jmember_t *c = kiq__jobject_get(&obj, raw, "class");
+        const kiq_jmember_t *j = kiq__jobject_get(&obj, raw, "jid");
+        m->cls = c ? kiq__json_string_dup(raw + c->vstart, c->vlen) : NULL;
+        m->jid = j ? kiq__json_string_dup(raw + j->vstart, j->vlen) : NULL;
+        m->count = count;
     } else {
         kiq_field_t set[] = { { "recovery_count", cnt, 0 } };
         rc = kiq__payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
@@ -138,6 +146,23 @@ out:
     return rc;
 }
 
+/* Names each job of a batch that went to the dead set, once the script
+ * ran: an operator looks for the class and jid, not a count. The script
+ * only counts what it moved: should it have sent fewer than planned (a job
+ * taken meanwhile, "dead" of another type), the lines say "may have". */
+static void log_poison_pills(const moved_t *jobs, size_t n, long sent)
+{
+    long planned = 0;
+    for (size_t i = 0; i < n; i++)
+        planned += strcmp(jobs[i].dest, KIQ_KEY_DEAD) == 0;
+    for (size_t i = 0; i < n && sent > 0; i++)
+        if (strcmp(jobs[i].dest, KIQ_KEY_DEAD) == 0)
+            kiq_warn("poison pill %s jid=%s %s to the dead set: recovered from crashed "
+                     "processes %ld times, its worker died each time",
+                     jobs[i].cls ? jobs[i].cls : "(no class)", jobs[i].jid ? jobs[i].jid : "(none)",
+                     sent == planned ? "sent" : "may have been sent", jobs[i].count);
+}
+
 /* kiq__reply_error for an LRANGE of key. */
 static int lrange_error(kiq_redis_t *r, const redisReply *rep, const char *key, char *err)
 {
@@ -187,11 +212,16 @@ static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms
                 break;
             }
         }
+        long killed = out->killed;
         if (rc == 0)
             rc = apply(r, (const char *const *)keys, grace_ms, jobs, n, now, out, err);
+        if (rc == 0)
+            log_poison_pills(jobs, n, out->killed - killed);
         for (size_t i = 0; i < n; i++) {
             free(jobs[i].next);
             free(jobs[i].dest);
+            free(jobs[i].cls);
+            free(jobs[i].jid);
         }
         done += n;
     }

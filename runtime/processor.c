@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/crash.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -21,6 +22,7 @@ static void slot_set(kiq_slot_t *s, const kiq_job_t *job)
     s->len = job->len;
     s->run_at = (long)kiq__now();
     snprintf(s->cls, sizeof(s->cls), "%s", job->cls ? job->cls : "");
+    snprintf(s->jid, sizeof(s->jid), "%s", job->jid ? job->jid : "");
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->rt->busy, 1);
 }
@@ -34,6 +36,7 @@ static void slot_clear(kiq_slot_t *s)
     s->payload = NULL;
     s->len = 0;
     s->cls[0] = '\0';
+    s->jid[0] = '\0';
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_sub(&s->rt->busy, 1);
 }
@@ -235,6 +238,7 @@ void *kiq_processor_main(void *arg)
     kiq_slot_t *s = arg;
     kiq_runtime_t *rt = s->rt;
     char err[KIQ_ERRLEN];
+    kiq_crash_thread_begin();
     pthread_mutex_lock(&s->mu);
     snprintf(s->tid, sizeof(s->tid), "%s", kiq__log_tid());
     pthread_mutex_unlock(&s->mu);
@@ -244,6 +248,7 @@ void *kiq_processor_main(void *arg)
     else
         loop(s, r);
     kiq_redis_free(r);
+    kiq_crash_thread_end();
     pthread_mutex_lock(&s->mu);
     s->exited = 1;
     pthread_mutex_unlock(&s->mu);
@@ -261,11 +266,11 @@ int kiq_processor_requeue_busy(kiq_runtime_t *rt, kiq_redis_t *r)
             s->abandoned = 1;
             if (kiq__fetch_requeue(s->fetch, r, s->queue, s->payload, s->len) == 0) {
                 n++;
-                kiq_warn("requeued %s from thread TID-%s", s->cls, s->tid);
+                kiq_warn("requeued %s jid=%s from thread TID-%s", s->cls, s->jid, s->tid);
             } else {
-                kiq_error("could not requeue %s from TID-%s: %s; it stays in the working list "
-                          "and is recovered after this process is gone",
-                          s->cls, s->tid, kiq_redis_error(r));
+                kiq_error("could not requeue %s jid=%s from TID-%s: %s; it stays in the working "
+                          "list and is recovered after this process is gone",
+                          s->cls, s->jid, s->tid, kiq_redis_error(r));
             }
         }
         pthread_mutex_unlock(&s->mu);

@@ -28,7 +28,9 @@ typedef struct kiq_hook {
 } kiq_hook_t;
 
 /* What one processor thread is doing, read by the heartbeat (work hash),
- * TTIN and shutdown. Guarded by mu. */
+ * TTIN and shutdown. Guarded by mu, except that the fatal-signal handler
+ * (crash.c) reads busy, cls, jid and tid without it: they are fixed-size
+ * copies, so a torn read garbles a name but never reads past them. */
 typedef struct kiq_slot {
     pthread_mutex_t mu;
     struct kiq_runtime *rt;
@@ -43,6 +45,7 @@ typedef struct kiq_slot {
     size_t len;
     long run_at;
     char cls[128];
+    char jid[64];          /* cut to fit, like cls */
     kiq_fetch_t *fetch;
 } kiq_slot_t;
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "observe/http.h"
+#include "runtime/crash.h"
 #include "support/identity.h"
 #include "support/log.h"
 #include "observe/prometheus.h"
@@ -49,6 +50,7 @@ void kiq_runtime_free(kiq_runtime_t *rt)
         /* Threads still running a handler use rt: leave it to the exit. */
         return;
     }
+    kiq_crash_watch(NULL, 0);
     for (int i = 0; i < rt->nslots; i++) {
         kiq__fetch_free(rt->slots[i].fetch);
         pthread_mutex_destroy(&rt->slots[i].mu);
@@ -451,6 +453,7 @@ static int start_threads(kiq_runtime_t *rt, char *err)
         if (!(s->fetch = kiq__fetch_new(&fc, err)))
             return KIQ_ENOMEM;
     }
+    kiq_crash_watch(rt->slots, rt->nslots);
     for (int i = 0; i < rt->nslots; i++) {
         int e = pthread_create(&rt->slots[i].thread, NULL, kiq_processor_main, &rt->slots[i]);
         if (e)
@@ -484,6 +487,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     struct sigaction pipe_sa;
     if (sigaction(SIGPIPE, NULL, &pipe_sa) == 0 && pipe_sa.sa_handler == SIG_DFL)
         signal(SIGPIPE, SIG_IGN);
+    kiq_crash_install();
 
     /* Before anything else, so a port in use stops the start at once
      * instead of leaving a worker running without its metrics. */
@@ -531,6 +535,7 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
 out:
     kiq__http_stop(http);
     kiq_redis_free(r);
+    kiq_crash_uninstall();
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
 }

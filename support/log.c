@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_out;           /* NULL = stderr */
 static char *log_path;
+static atomic_int log_fd = 2;   /* log_out's descriptor, for kiq__log_fd */
 static kiq_log_format_t log_fmt = KIQ_LOG_PRETTY;
 static kiq_level_t log_min = KIQ_INFO;
 
@@ -114,6 +116,7 @@ int kiq__log_setup(kiq_log_format_t fmt, int verbose, const char *path)
     if (log_out)
         fclose(log_out);
     log_out = f;
+    atomic_store(&log_fd, f ? fileno(f) : 2);
     free(log_path);
     log_path = path ? strdup(path) : NULL;
     log_fmt = fmt;
@@ -131,6 +134,7 @@ int kiq__log_reopen(void)
         FILE *f = fopen(log_path, "a");
         if (f) {
             setvbuf(f, NULL, _IOLBF, 0);
+            atomic_store(&log_fd, fileno(f));
             fclose(log_out);
             log_out = f;
         } else {
@@ -154,12 +158,18 @@ void kiq__log_close(void)
     }
     pthread_mutex_unlock(&batches_lock);
     pthread_mutex_lock(&log_lock);
+    atomic_store(&log_fd, 2);
     if (log_out)
         fclose(log_out);
     log_out = NULL;
     free(log_path);
     log_path = NULL;
     pthread_mutex_unlock(&log_lock);
+}
+
+int kiq__log_fd(void)
+{
+    return atomic_load(&log_fd);
 }
 
 const char *kiq__log_tid(void)
@@ -251,6 +261,29 @@ static void json_ctx_str(kiq_buf_t *b, int *first, const char *k, const char *v)
     *first = 0;
 }
 
+/* Appends s with control characters escaped (\n, \t, \r, \xNN), so that a
+ * class name, jid, tag or error message taken from a payload cannot split
+ * a text line in two or forge one. Plain runs go out in one append. */
+static void put_escaped(kiq_buf_t *b, const char *s)
+{
+    const char *run = s;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c >= 0x20 && *c != 0x7f)
+            continue;
+        kiq__buf_put(b, run, (size_t)((const char *)c - run));
+        if (*c == '\n')
+            kiq__buf_puts(b, "\\n");
+        else if (*c == '\t')
+            kiq__buf_puts(b, "\\t");
+        else if (*c == '\r')
+            kiq__buf_puts(b, "\\r");
+        else
+            kiq__buf_printf(b, "\\x%02x", *c);
+        run = (const char *)c + 1;
+    }
+    kiq__buf_puts(b, run);
+}
+
 void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
 {
     if (lvl < log_min)
@@ -289,9 +322,9 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
         kiq__buf_puts(&b, ts);
         kiq__buf_puts(&b, pid_tid());
         if (ctx) {
-            if (ctx->cls) { kiq__buf_puts(&b, " class="); kiq__buf_puts(&b, ctx->cls); }
-            if (ctx->jid) { kiq__buf_puts(&b, " jid="); kiq__buf_puts(&b, ctx->jid); }
-            if (ctx->tags) { kiq__buf_puts(&b, " tags="); kiq__buf_puts(&b, ctx->tags); }
+            if (ctx->cls) { kiq__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
+            if (ctx->jid) { kiq__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
+            if (ctx->tags) { kiq__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
             if (ctx->elapsed >= 0) {
                 kiq__buf_puts(&b, " elapsed=");
                 put_seconds(&b, ctx->elapsed);
@@ -300,7 +333,7 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
         kiq__buf_puts(&b, " ");
         kiq__buf_puts(&b, level_name[lvl]);
         kiq__buf_puts(&b, ": ");
-        kiq__buf_puts(&b, msg);
+        put_escaped(&b, msg); /* messages quote payloads too (errors, class names) */
         kiq__buf_puts(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;

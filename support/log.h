@@ -28,6 +28,10 @@ void kiq__log_flush(void);
 int kiq__log_reopen(void);
 void kiq__log_close(void);
 
+/* The descriptor log lines go to (2 for stderr). Async-signal-safe: the
+ * crash handler writes its report there with write(2). */
+int kiq__log_fd(void);
+
 /* Names this thread in log lines; by default tid is base36(thread id ^ pid). */
 const char *kiq__log_tid(void);
 

@@ -415,3 +415,29 @@ Test(badinput, tags_without_strings_log_no_tags)
     }
     free(log);
 }
+
+/* Control characters in a class name, jid, tag or error message once split
+ * a text log line in two (or forged a line): they are escaped, so each
+ * line of the log starts with its timestamp. */
+Test(badinput, control_characters_in_a_payload_cannot_split_a_log_line)
+{
+    worker_t w = start_worker();
+    const char *p = "{\"class\":\"Evil\\nClass\\u0001\",\"args\":[],\"retry\":true,"
+                    "\"queue\":\"default\",\"jid\":\"e0000000000000000000000a\\r\","
+                    "\"tags\":[\"t\\n2026-01-01T00:00:00.000Z pid=1 tid=x INFO: forged\"]}";
+    push_raw(p, strlen(p));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "not failed: %s", kt_kiq_log(w.pid));
+    still_works_then_stop(&w, "b00000000000000000000013");
+    char *log = kt_kiq_log(w.pid);
+    for (const char *line = log; *line; line = strchr(line, '\n') + 1) {
+        cr_assert(strncmp(line, "20", 2) == 0 && line[4] == '-' && line[10] == 'T',
+                  "a line that is not a log line: %.80s\nin %s", line, log);
+        if (!strchr(line, '\n'))
+            break;
+    }
+    cr_assert(strstr(log, " class=Evil\\nClass\\x01 jid=e0000000000000000000000a\\r tags=t\\n2026"),
+              "%s", log);
+    cr_assert_null(strstr(log, "\nClass"), "%s", log);
+    cr_assert_null(strstr(log, "\n2026-01-01"), "%s", log);
+    free(log);
+}

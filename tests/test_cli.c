@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -257,6 +258,81 @@ Test(cli, stats_lists_a_running_process)
     json_decref(j);
     free(out);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+}
+
+/* A pid that no process has: a child's, once it has exited and been reaped. */
+static pid_t gone_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    cr_assert(pid > 0);
+    waitpid(pid, NULL, 0);
+    cr_assert(kill(pid, 0) != 0);
+    return pid;
+}
+
+/* An owner on this host whose pid is gone is shown dead at once, though its
+ * liveness key (and its heartbeat) have not lapsed; one whose pid runs, or
+ * on another host, is shown by its key as before. */
+Test(cli, stats_shows_a_same_host_owner_whose_pid_is_gone_as_dead)
+{
+    char host[256] = "", dead[400], live[400], payload[] = "{\"class\":\"NoopJob\",\"args\":[]}";
+    const char *dyno = getenv("DYNO");
+    if (dyno)
+        snprintf(host, sizeof(host), "%s", dyno);
+    else
+        gethostname(host, sizeof(host) - 1);
+    pid_t pid = gone_pid();
+    snprintf(dead, sizeof(dead), "%s:%d:abcdefabcdef", host, (int)pid);
+    snprintf(live, sizeof(live), "%s:%d:123456123456", host, (int)getpid());
+    const char *ids[] = { dead, live, "otherhost:1:abcdefabcdef" };
+    for (size_t i = 0; i < 3; i++) {
+        freeReplyObject(kt_cmd("LPUSH uniquejobs:working:%s %s", ids[i], payload));
+        freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:%s 1 EX 60", ids[i]));
+        freeReplyObject(kt_cmd("SADD processes %s", ids[i]));
+        freeReplyObject(kt_cmd("HSET %s info {\"concurrency\":2} busy 0 beat %ld quiet false rss 1",
+                               ids[i], (long)time(NULL)));
+    }
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert_not_null(j, "%s", out);
+    size_t i;
+    json_t *e;
+    int seen = 0;
+    json_array_foreach(json_object_get(j, "working"), i, e) {
+        const char *id = json_string_value(json_object_get(e, "identity"));
+        int is_dead = strcmp(id, dead) == 0;
+        cr_assert_eq(json_is_true(json_object_get(e, "alive")), !is_dead, "%s: %s", id, out);
+        cr_assert_eq(json_integer_value(json_object_get(e, "pid_gone")), is_dead ? pid : 0,
+                     "%s: %s", id, out);
+        seen++;
+    }
+    json_array_foreach(json_object_get(j, "processes"), i, e) {
+        const char *id = json_string_value(json_object_get(e, "identity"));
+        int is_dead = strcmp(id, dead) == 0;
+        cr_assert_eq(json_is_true(json_object_get(e, "alive")), !is_dead, "%s: %s", id, out);
+        cr_assert_eq(json_integer_value(json_object_get(e, "pid_gone")), is_dead ? pid : 0,
+                     "%s: %s", id, out);
+        seen++;
+    }
+    cr_assert_eq(seen, 6, "%s", out);
+    json_decref(j);
+    free(out);
+
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", NULL }, &out), 0);
+    char want[600];
+    snprintf(want, sizeof(want), "%s  1 jobs  owner dead (pid %d gone", dead, (int)pid);
+    cr_assert(strstr(out, want), "%s", out);
+    snprintf(want, sizeof(want), "%s  busy 0 of 2  dead (pid %d gone)", dead, (int)pid);
+    cr_assert(strstr(out, want), "%s", out);
+    snprintf(want, sizeof(want), "%s  1 jobs  owner alive", live);
+    cr_assert(strstr(out, want), "%s", out);
+    cr_assert(strstr(out, "otherhost:1:abcdefabcdef  1 jobs  owner alive"), "%s", out);
+    free(out);
+    /* Display only: recovery still goes by the liveness key. */
+    cr_assert_eq(kt_int("LLEN uniquejobs:working:%s", dead), 1);
 }
 
 Test(cli, version_help_and_unknown_commands)

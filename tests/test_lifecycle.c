@@ -1,7 +1,7 @@
 /* The process lifecycle as an operator sees it: graceful stop (TERM), a
  * second TERM, quiet (TSTP), thread dumps (TTIN), log reopening (USR2), the
- * JSON log format, and Redis going away and coming back, at start and while
- * jobs flow. */
+ * JSON log format, Redis going away and coming back, at start and while
+ * jobs flow, and the report a crashing handler leaves. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -517,6 +518,8 @@ Test(lifecycle, double_int_logs_a_line_per_requeued_job)
     char *log = kt_kiq_log(pid);
     cr_assert_eq(count_of(log, "Second INT: not waiting any longer"), 1, "%s", log);
     cr_assert_eq(count_of(log, "requeued SleepJob"), 2, "one line per job: %s", log);
+    cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000a"), "%s", log);
+    cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000b"), "%s", log);
     cr_assert(strstr(log, "Pushed 2 jobs back to Redis"), "%s", log);
     cr_assert_eq(kt_int("LLEN queue:default"), 2);
     free(log);
@@ -556,5 +559,55 @@ Test(lifecycle, startup_line_names_queues_environment_classes_and_fetch)
     cr_assert(strstr(line, "environment staging"), "%s", line);
     cr_assert(strstr(line, "basic fetch"), "%s", line);
     cr_assert(strstr(line, "classes [") && strstr(line, "NoopJob"), "%s", line);
+    free(log);
+}
+
+/* ---- crash report ----------------------------------------------------- */
+
+/* Runs SegfaultJob with args next to a SleepJob and returns the log once
+ * the worker died, asserting it died of SIGSEGV. */
+static char *crash_log(const char *args)
+{
+    /* No core file in the test directory; and a sanitizer's SEGV handler
+     * would report instead of kiq's (and exit 1, not die of the signal). */
+    setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[512];
+    snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    free(kt_wait_identity(pid));
+    push("SleepJob", "c0000000000000000000000a", "[20000]");
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
+    push("SegfaultJob", "c0000000000000000000000b", args);
+    int st = kt_wait_exit(pid, 20);
+    char *log = kt_kiq_log(pid);
+    cr_assert_eq(st, 128 + SIGSEGV, "died with %d, not of SIGSEGV: %s", st, log);
+    return log;
+}
+
+static void assert_crash_report(const char *log)
+{
+    cr_assert(strstr(log, "FATAL: received SIGSEGV"), "the signal: %s", log);
+    cr_assert(strstr(log, "FATAL: running SegfaultJob jid=c0000000000000000000000b"),
+              "the crashing job: %s", log);
+    cr_assert(strstr(log, "FATAL: running SleepJob jid=c0000000000000000000000a"),
+              "the other job running: %s", log);
+    const char *bt = strstr(log, "FATAL: backtrace:\n");
+    cr_assert(bt, "%s", log);
+    cr_assert(strstr(bt, "[0x"), "a backtrace line: %s", bt);
+}
+
+Test(lifecycle, segfault_in_a_handler_is_reported_then_kills_the_process)
+{
+    char *log = crash_log("[]");
+    assert_crash_report(log);
+    free(log);
+}
+
+Test(lifecycle, stack_overflow_in_a_handler_is_reported)
+{
+    char *log = crash_log("[\"overflow\"]");
+    assert_crash_report(log);
     free(log);
 }

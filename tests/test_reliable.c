@@ -452,6 +452,9 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20, 10), "%s", kt_kiq_log(pid));
     cr_assert(alive(pid));
     cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    char named[128];
+    snprintf(named, sizeof(named), "poison pill CrashJob jid=%s sent to the dead set", pill);
+    cr_assert(kt_log_has(pid, named), "the pill is named: %s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
     free(y);
 }
