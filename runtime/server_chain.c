@@ -234,15 +234,19 @@ static void requeue_unknown(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job)
     kiq__key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, job->queue);
     const char *argv[] = { "EVAL", requeue_lua, "2", working, qkey, job->payload };
     size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(qkey), job->len };
-    long long moved = 0;
-    pthread_mutex_lock(&s->mu);
-    if (!s->abandoned) {
-        redisReply *rep = kiq_redis_cmd(r, 6, argv, lens);
-        moved = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer : -2;
+    /* -2: the connection broke (once reconnected, try again: with the
+     * basic fetch the job exists nowhere else); -3: an error reply. */
+    long long moved = -2;
+    for (int tries = 0; moved == -2 && tries < 2; tries++) {
+        if (tries && kiq_processor_connected(s, r))
+            break;
+        pthread_mutex_lock(&s->mu);
+        redisReply *rep = s->abandoned ? NULL : kiq_redis_cmd(r, 6, argv, lens);
+        moved = s->abandoned ? 0 : !rep ? -2 : rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
+        s->abandoned = s->abandoned || moved == 1;
+        pthread_mutex_unlock(&s->mu);
         freeReplyObject(rep);
-        s->abandoned = moved == 1;
     }
-    pthread_mutex_unlock(&s->mu);
     if (moved < 0)
         kiq_error("could not put %s %s back in %s: %s; %s", job->cls, job->jid, qkey,
                   moved == -1 ? "it holds another type than a list" : kiq_redis_error(r),
