@@ -288,3 +288,30 @@ Test(activejob, unknown_class_takes_only_fail_requeue_or_skip)
     free(out);
     free(cfg);
 }
+
+Test(activejob, sidekiq7_wrapper_and_a_payload_without_wrapped_run_too)
+{
+    /* Sidekiq 7+'s adapter names the wrapper Sidekiq::ActiveJob::Wrapper;
+     * without "wrapped" the class is args[0]["job_class"], as Sidekiq's
+     * display_class reads it. */
+    char *a = jid_of(SIDEKIQ("push_raw",
+        "{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"wrapped\":\"AjRecordJob\",\"queue\":\"default\","
+        "\"args\":[{\"job_class\":\"AjRecordJob\",\"job_id\":\"j1\",\"arguments\":["
+        "{\"_aj_serialized\":\"ActiveJob::Serializers::SymbolSerializer\",\"value\":\"s7\"}]}]}"));
+    char *b = jid_of(SIDEKIQ("push_raw",
+        "{\"class\":\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\",\"queue\":\"default\","
+        "\"args\":[{\"job_class\":\"AjRecordJob\",\"job_id\":\"j2\",\"arguments\":[2]}]}"));
+    char *cfg = write_conf(NULL);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN kiq:aj") == 2, 20), "both ran: %s", kt_kiq_log(pid));
+    json_t *ra = record_of(a), *rb = record_of(b);
+    cr_assert(ra && rb);
+    assert_json(json_object_get(ra, "arguments"), "[\"s7\"]", "Sidekiq 7 wrapper");
+    assert_json(json_object_get(rb, "arguments"), "[2]", "no wrapped");
+    json_decref(ra);
+    json_decref(rb);
+    stop_ok(pid);
+    free(cfg);
+    free(a);
+    free(b);
+}
