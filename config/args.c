@@ -11,7 +11,7 @@
 #include <string.h>
 
 enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
-       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT };
+       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT, OPT_UNKNOWN_CLASS };
 
 static const struct option longopts[] = {
     { "concurrency", required_argument, NULL, 'c' },
@@ -34,6 +34,7 @@ static const struct option longopts[] = {
     { "label", required_argument, NULL, OPT_LABEL },
     { "metrics-port", required_argument, NULL, OPT_METRICS_PORT },
     { "metrics-bind", required_argument, NULL, OPT_METRICS_BIND },
+    { "unknown-class", required_argument, NULL, OPT_UNKNOWN_CLASS },
     { NULL, 0, NULL, 0 },
 };
 
@@ -60,6 +61,9 @@ const char *kiq_config_usage(void)
            "      --fetch MODE         reliable (default) or basic\n"
            "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
            "      --log-format FORMAT  pretty (default) or json\n"
+"      --unknown-class P    a job whose class has no handler: fail (default: NameError,\n"
+           "                           retried), requeue (left in its queue for Ruby) or skip\n"
+           "                           (to the dead set, not retried)\n"
            "  -L, --log-file PATH      log to PATH (reopened on USR2) instead of stderr\n"
            "  -P, --pidfile PATH       write the process id to PATH (removed at exit)\n"
            "      --metrics-port PORT  serve Prometheus metrics at http://127.0.0.1:PORT/metrics\n"
@@ -140,6 +144,11 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
         if (strcmp(v, "float") == 0) cfg->timestamps = KIQ_TS_FLOAT;
         else if (strcmp(v, "millis") == 0) cfg->timestamps = KIQ_TS_MILLIS;
         else return kiq_seterr(err, KIQ_ECONFIG, "--timestamps: must be float or millis (got \"%s\")", v);
+        return 0;
+    case OPT_UNKNOWN_CLASS:
+        if (kiq_config_unknown_class(v, &cfg->unknown_class))
+            return kiq_seterr(err, KIQ_ECONFIG,
+                              "--unknown-class: must be fail, requeue or skip (got \"%s\")", v);
         return 0;
     case OPT_LOG_FORMAT:
         if (strcmp(v, "pretty") == 0) cfg->log_format = KIQ_LOG_PRETTY;

@@ -288,3 +288,22 @@ const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg, const char *na
             return &cfg->classes[i];
     return NULL;
 }
+
+static const char *const unknown_names[] = {
+    [KIQ_UNKNOWN_FAIL] = "fail", [KIQ_UNKNOWN_REQUEUE] = "requeue", [KIQ_UNKNOWN_SKIP] = "skip",
+};
+
+int kiq_config_unknown_class(const char *word, kiq_unknown_class_t *out)
+{
+    for (size_t i = 0; i < sizeof(unknown_names) / sizeof(*unknown_names); i++)
+        if (word && strcmp(word, unknown_names[i]) == 0) {
+            *out = (kiq_unknown_class_t)i;
+            return 0;
+        }
+    return KIQ_ECONFIG;
+}
+
+const char *kiq_config_unknown_class_name(kiq_unknown_class_t v)
+{
+    return (unsigned)v < sizeof(unknown_names) / sizeof(*unknown_names) ? unknown_names[v] : "fail";
+}

@@ -236,6 +236,18 @@ static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_no
     return rc;
 }
 
+static int set_unknown_class(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    const char *want = "must be fail, requeue or skip";
+    char *s = NULL;
+    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    if (rc == 0 && kiq_config_unknown_class(s, &c->cfg->unknown_class))
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
 int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
 {
     char *s = NULL;
@@ -567,6 +579,7 @@ static const key_def_t keys[] = {
     {"fetch", set_fetch, 0, 0, 0},
     {"timestamps", set_timestamps, 0, 0, 0},
     {"log_format", set_log_format, 0, 0, 0},
+    {"unknown_class", set_unknown_class, 0, 0, 0},
     {"log_file", set_log_file, 0, 0, 0},
     {"logfile", set_log_file, 0, 0, 0}, /* Sidekiq 5's spelling */
     {"pidfile", set_pidfile, 0, 0, 0},

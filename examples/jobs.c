@@ -103,6 +103,32 @@ static int overlap_job(kiq_job_t *job, void *ud)
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "INCR %s:running failed", key);
 }
 
+/* AjRecordJob (an ActiveJob class): RPUSH to "kiq:aj" the JSON of
+ * {"class": kiq_job_class, "jid": ..., "arguments": kiq_job_aj_args}, to show
+ * what a handler receives from perform_later. */
+static int aj_record_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    json_t *rec = json_pack("{s:s, s:s, s:O?}", "class", kiq_job_class(job), "jid",
+                            kiq_job_jid(job), "arguments", kiq_job_aj_args(job));
+    char *text = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(rec);
+    if (!text)
+        return kiq_job_fail(job, "NoMemoryError", "no memory to record %s", kiq_job_jid(job));
+    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH kiq:aj %s", text);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    free(text);
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "RPUSH kiq:aj failed");
+}
+
+/* FailingAjJob (an ActiveJob class): always fails with ArgumentError. */
+static int failing_aj_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    return kiq_job_fail(job, "ArgumentError", "%s failed on purpose", kiq_job_class(job));
+}
+
 /* CrashJob: kills the whole process (SIGKILL), as a handler with a fatal
  * bug would; shows recovery and the poison-pill limit. */
 static int crash_job(kiq_job_t *job, void *ud)
@@ -147,5 +173,7 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     rc |= kiq_register(rt, "CrashJob", crash_job, NULL, &opts);
     rc |= kiq_register(rt, "OverlapJob", overlap_job, NULL, &opts);
     rc |= kiq_register(rt, "SegfaultJob", segfault_job, NULL, &opts);
+    rc |= kiq_register(rt, "AjRecordJob", aj_record_job, NULL, &opts);
+    rc |= kiq_register(rt, "FailingAjJob", failing_aj_job, NULL, &opts);
     return rc;
 }

@@ -14,11 +14,16 @@ struct kiq_job {
     char *payload;          /* owned, byte-exact as fetched */
     size_t len;
     kiq_jobject_t obj;      /* member spans of payload */
-    char *cls, *jid;        /* owned, decoded */
+    char *cls, *jid;        /* owned, decoded; cls is the class kiq runs:
+                               an ActiveJob payload's wrapped class */
+    char *wrapper;          /* owned: the payload's "class" when it is
+                               ActiveJob's wrapper (then cls differs), else NULL */
     const char *queue;      /* the queue it was fetched from (borrowed) */
     long retry_count;       /* -1 when absent */
     json_t *args;           /* parsed on demand */
     int args_tried;
+    json_t *aj_args;        /* ActiveJob's arguments, deserialized on demand */
+    int aj_tried;
     redisContext *redis;    /* the processor's connection (borrowed) */
     char *err_class, *err_msg; /* set by kiq_job_fail */
     char **backtrace;       /* set by kiq_job_set_backtrace, owned */
@@ -32,6 +37,15 @@ struct kiq_job {
  * array. err says which. */
 int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, char *err);
 void kiq_job_clear(kiq_job_t *job);
+
+/* activejob.c: when job's payload class is ActiveJob's Sidekiq wrapper
+ * (Rails' ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper or Sidekiq
+ * 7+'s Sidekiq::ActiveJob::Wrapper), moves it to job->wrapper and sets
+ * job->cls to the wrapped class ("wrapped", else args[0]["job_class"], as
+ * Sidekiq's display_class reads it). Out of memory it leaves the job as it
+ * is: it then fails with NameError and is retried, as a Ruby process
+ * without the class would. */
+void kiq__aj_unwrap(kiq_job_t *job);
 
 /* What happens to a failed job. */
 typedef enum { KIQ_FATE_RETRY = 0, KIQ_FATE_DEAD, KIQ_FATE_DROP } kiq_fate_t;

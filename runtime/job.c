@@ -35,6 +35,7 @@ int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, c
     const kiq_jmember_t *am = kiq__jobject_get(&job->obj, payload, "args");
     if (am && payload[am->vstart] != '[')
         return kiq_seterr(err, KIQ_EINVAL, "the payload's \"args\" is not an array");
+    kiq__aj_unwrap(job);
     const kiq_jmember_t *rcm = kiq__jobject_get(&job->obj, payload, "retry_count");
     if (rcm) {
         char tmp[32];
@@ -55,7 +56,9 @@ void kiq_job_clear(kiq_job_t *job)
     kiq__jobject_free(&job->obj);
     free(job->cls);
     free(job->jid);
+    free(job->wrapper);
     json_decref(job->args);
+    json_decref(job->aj_args);
     free(job->err_class);
     free(job->err_msg);
     for (size_t i = 0; i < job->nbacktrace; i++)

@@ -130,4 +130,9 @@ void kiq_registry_free(kiq_runtime_t *rt)
     free(rt->hooks);
     rt->hooks = NULL;
     rt->nhooks = 0;
+    for (size_t i = 0; i < rt->nunknown; i++)
+        free(rt->unknown[i]);
+    free(rt->unknown);
+    rt->unknown = NULL;
+    rt->nunknown = 0;
 }

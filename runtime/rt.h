@@ -83,6 +83,9 @@ struct kiq_runtime {
                                        before the processors start */
     struct kiq_feed *feed;         /* reliable fetch: the processors' shared
                                       batch of fetched and finished jobs */
+    char **unknown;                /* classes without a handler whose policy
+                                      was logged (server_chain.c's lock) */
+    size_t nunknown;
 };
 
 /* registry.c */

@@ -385,12 +385,12 @@ static void log_start(kiq_runtime_t *rt, kiq_redis_t *r)
     queue_list(c, queues, sizeof(queues));
     class_list(rt, classes, sizeof(classes));
     kiq_info("kiq %s starting: %s, environment %s, queues [%s] (%s), concurrency %d, %s fetch, "
-             "%zu classes [%s], identity %s",
+             "%zu classes [%s], unknown classes %s, identity %s",
              KIQ_VERSION, kiq_redis_name(r), kiq_config_environment(c), queues,
              c->strict ? "strict order" : "weighted", c->concurrency,
              c->fetch == KIQ_FETCH_BASIC ? "basic" : "reliable", rt->nhandlers, classes,
-             rt->identity);
-    if (rt->nhandlers == 0)
+             kiq_config_unknown_class_name(c->unknown_class), rt->identity);
+    if (rt->nhandlers == 0 && c->unknown_class == KIQ_UNKNOWN_FAIL)
         kiq_warn("no job classes are registered: every job will fail with NameError");
     kiq_debug("config file %s; timeout %g s, startup_timeout %g s, heartbeat every %g s, "
               "liveness %g s, recovery every %g s (max %d), scheduler poll %g s average",

@@ -2,11 +2,14 @@
  * "retry", "unique"), those a plugin adds, and at its end the handler. */
 #include "runtime/rt.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "redis/keys.h"
 #include "support/buf.h"
 #include "support/log.h"
+#include "support/payload.h"
 #include "support/time.h"
 #include "observe/prometheus.h"
 #include "kiq/middleware.h"
@@ -110,6 +113,28 @@ static int retry_mw(kiq_mw_t *mw, void *udata)
     return rc;
 }
 
+/* unknown_class: skip. The job goes to the dead set at once, every byte
+ * kept, with the error fields the Web UI shows; out of memory it is left
+ * to the retry middleware (as unknown_class: fail). */
+static void bury(kiq_mw_t *mw, kiq_job_t *job)
+{
+    double now = kiq__now();
+    char ts[32], *out = NULL;
+    size_t len;
+    kiq__ts_json(ts, now, mw->cfg->timestamps);
+    kiq_buf_t msg = {0};
+    int rc = kiq__json_quote(&msg, job->err_msg, strlen(job->err_msg));
+    kiq_field_t set[] = {
+        { "error_class", "\"NameError\"", 0 },
+        { "error_message", msg.p, msg.len },
+        { "failed_at", ts, 0 },
+    };
+    if (!rc && kiq__payload_edit(job->payload, &job->obj, set, 3, &out, &len) == 0)
+        kiq_mw_dispose(mw, KIQ_DISPOSE_DEAD, now, out, len);
+    free(out);
+    kiq__buf_free(&msg);
+}
+
 /* The end of the server chain: the handler. */
 static int call_handler(kiq_mw_t *mw, void *udata)
 {
@@ -120,7 +145,11 @@ static int call_handler(kiq_mw_t *mw, void *udata)
     if (kiq_processor_connected(run->slot, mw->r))
         return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
     job->redis = kiq_redis_ctx(mw->r);
-    if (!run->h) {
+    if (!run->h && mw->cfg->unknown_class == KIQ_UNKNOWN_SKIP) {
+        kiq_job_fail(job, "NameError", "uninitialized constant %s (kiq has no handler; "
+                     "unknown_class: skip)", job->cls);
+        bury(mw, job);
+    } else if (!run->h) {
         kiq_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
         int hrc = run->h->fn(job, run->h->udata);
@@ -148,6 +177,87 @@ kiq_chain_t *kiq_runtime_server_chain(kiq_runtime_t *rt)
     return c;
 }
 
+/* Guards rt->unknown of every runtime; taken once per job without a
+ * handler. */
+static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Logs, once per class and process, what the unknown_class policy does
+ * with cls's jobs. */
+static void note_unknown(kiq_runtime_t *rt, const char *cls, const char *queue)
+{
+    static const char *const what[] = {
+        [KIQ_UNKNOWN_FAIL] = "they fail with NameError and are retried",
+        [KIQ_UNKNOWN_REQUEUE] = "they go back to the end of their queue for a Ruby process",
+        [KIQ_UNKNOWN_SKIP] = "they go to the dead set, not retried",
+    };
+    pthread_mutex_lock(&unknown_mu);
+    int first = 1;
+    for (size_t i = 0; i < rt->nunknown && first; i++)
+        first = strcmp(rt->unknown[i], cls) != 0;
+    char **p = first ? realloc(rt->unknown, (rt->nunknown + 1) * sizeof(*p)) : NULL;
+    if (p) {
+        rt->unknown = p;
+        if ((p[rt->nunknown] = strdup(cls)))
+            rt->nunknown++;
+    }
+    pthread_mutex_unlock(&unknown_mu);
+    if (first)
+        kiq_warn("no handler for %s (queue:%s); unknown_class: %s: %s", cls, queue,
+                 kiq_config_unknown_class_name(rt->cfg->unknown_class),
+                 what[rt->cfg->unknown_class]);
+}
+
+/* Puts a job back at the end of its queue fetched last, untouched, and
+ * takes it out of the working list (reliable fetch) in the same step, only
+ * if it is still there. A queue key of another type is checked first, as
+ * the push would fail after the LREM. Returns 1 moved, 0 gone, -1 type. */
+static const char requeue_lua[] =
+    "local t = redis.call('TYPE', KEYS[2]).ok\n"
+    "if t ~= 'list' and t ~= 'none' then return -1 end\n"
+    "if KEYS[1] ~= '' and redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end\n"
+    "redis.call('LPUSH', KEYS[2], ARGV[1])\n"
+    "return 1\n";
+
+/* Jobs this processor thread requeued in a row, with no job run between
+ * them: when only unknown classes come, kiq may be the only reader of the
+ * queue and would fetch them again and again. */
+static _Thread_local int requeue_streak;
+
+/* unknown_class: requeue. The slot lock keeps shutdown from giving the job
+ * back too (as the ack does); once moved, the slot is marked given back. */
+static void requeue_unknown(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job)
+{
+    kiq_runtime_t *rt = s->rt;
+    char working[512] = "", qkey[512];
+    if (rt->cfg->fetch == KIQ_FETCH_RELIABLE)
+        kiq__fetch_working_key(rt->identity, working, sizeof(working));
+    kiq__key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, job->queue);
+    const char *argv[] = { "EVAL", requeue_lua, "2", working, qkey, job->payload };
+    size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(qkey), job->len };
+    /* -2: the connection broke (once reconnected, try again: with the
+     * basic fetch the job exists nowhere else); -3: an error reply. */
+    long long moved = -2;
+    for (int tries = 0; moved == -2 && tries < 2; tries++) {
+        if (tries && kiq_processor_connected(s, r))
+            break;
+        pthread_mutex_lock(&s->mu);
+        redisReply *rep = s->abandoned ? NULL : kiq_redis_cmd(r, 6, argv, lens);
+        moved = s->abandoned ? 0 : !rep ? -2 : rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
+        s->abandoned = s->abandoned || moved == 1;
+        pthread_mutex_unlock(&s->mu);
+        freeReplyObject(rep);
+    }
+    if (moved < 0)
+        kiq_error("could not put %s %s back in %s: %s; %s", job->cls, job->jid, qkey,
+                  moved == -1 ? "it holds another type than a list" : kiq_redis_error(r),
+                  working[0] ? "it stays in the working list" : "it is lost (basic fetch)");
+    if (moved != 1 || ++requeue_streak < 2)
+        return;
+    /* 50 ms, doubling up to 1 s; shutdown wakes it. */
+    double pause = 0.05 * (double)(1 << (requeue_streak < 7 ? requeue_streak - 2 : 5));
+    kiq_rt_wait(rt, pause < 1.0 ? pause : 1.0);
+}
+
 void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
                     const char *held_digest)
 {
@@ -157,11 +267,23 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
     run_t run = { .slot = s, .h = kiq_registry_find(rt, job->cls) };
     run.tags = tags_of(job);
     run.ctx = (kiq_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
+    /* Middleware see the payload's own class (the uniqueness digest is made
+     * of it, as Ruby makes it); the class options are the handler's. */
     *mw = (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
-                      .unique = run.h ? run.h->unique : NULL, .job = job, .cls = job->cls,
+                      .unique = run.h ? run.h->unique : NULL, .job = job,
+                      .cls = job->wrapper ? job->wrapper : job->cls,
                       .jid = job->jid, .queue = job->queue, .priv = &run,
                       .held_digest = held_digest };
-    kiq__mw_run(rt->server_chain, mw, call_handler, NULL);
+    if (run.h)
+        requeue_streak = 0;
+    else
+        note_unknown(rt, job->cls, job->queue);
+    if (!run.h && rt->cfg->unknown_class == KIQ_UNKNOWN_REQUEUE) {
+        requeue_unknown(s, r, job);
+        kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    } else {
+        kiq__mw_run(rt->server_chain, mw, call_handler, NULL);
+    }
     free(run.tags);
     /* Both point into this call's state and the fetched job. */
     mw->priv = NULL;

@@ -25,6 +25,11 @@
 typedef enum { KIQ_FETCH_RELIABLE = 0, KIQ_FETCH_BASIC = 1 } kiq_fetch_mode_t;
 typedef enum { KIQ_TS_FLOAT = 0, KIQ_TS_MILLIS = 1 } kiq_ts_format_t;
 typedef enum { KIQ_LOG_PRETTY = 0, KIQ_LOG_JSON = 1 } kiq_log_format_t;
+/* What happens to a job whose class has no handler (unknown_class):
+ * FAIL as Sidekiq does (NameError, retried, then dead); REQUEUE leaves it
+ * untouched at the back of its queue for a Ruby process; SKIP sends it to
+ * the dead set at once with a NameError, never retried. */
+typedef enum { KIQ_UNKNOWN_FAIL = 0, KIQ_UNKNOWN_REQUEUE = 1, KIQ_UNKNOWN_SKIP = 2 } kiq_unknown_class_t;
 
 typedef struct kiq_queue_conf {
     char *name;  /* queue name without "queue:" */
@@ -79,6 +84,7 @@ typedef struct kiq_config {
     kiq_fetch_mode_t fetch;
     kiq_ts_format_t timestamps;
     kiq_log_format_t log_format;
+    kiq_unknown_class_t unknown_class; /* default KIQ_UNKNOWN_FAIL */
     char *log_file;           /* NULL = stderr */
     char *pidfile;            /* written at start, removed at exit; NULL = none */
     char **warnings;          /* "file:line: key: problem" for keys of the file
@@ -150,6 +156,11 @@ KIQ_API const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg,
 KIQ_API int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err);
 /* The help text of `kiq run`'s flags. */
 KIQ_API const char *kiq_config_usage(void);
+
+/* Parses "fail", "requeue" or "skip" into *out. Returns 0 or KIQ_ECONFIG. */
+KIQ_API int kiq_config_unknown_class(const char *word, kiq_unknown_class_t *out);
+/* The word for a policy ("fail", "requeue", "skip"). */
+KIQ_API const char *kiq_config_unknown_class_name(kiq_unknown_class_t v);
 
 /* Replaces *slot (freeing the old string) with a copy of value. */
 KIQ_API int kiq_config_set_str(char **slot, const char *value);

@@ -20,6 +20,12 @@ typedef struct kiq_job kiq_job_t;
  * return nonzero. udata is what was given at registration. */
 typedef int (*kiq_handler_fn)(kiq_job_t *job, void *udata);
 
+/* The class whose handler runs the job. For a job enqueued through Rails'
+ * ActiveJob (payload class ActiveJob::QueueAdapters::SidekiqAdapter::
+ * JobWrapper, or Sidekiq::ActiveJob::Wrapper since Sidekiq 7) it is the
+ * wrapped class ("wrapped", e.g. HelloJob), which also names the job in the
+ * log lines and metrics; the payload's own "class" stays readable with
+ * kiq_job_field_raw(job, "class", &len). */
 KIQ_API const char *kiq_job_class(const kiq_job_t *job);
 KIQ_API const char *kiq_job_jid(const kiq_job_t *job);
 /* The queue the job was fetched from (without the "queue:" prefix). */
@@ -33,6 +39,23 @@ KIQ_API const char *kiq_job_args_raw(const kiq_job_t *job, size_t *len);
  * example an integer wider than 64 bits): then use kiq_job_args_raw. The
  * returned array is borrowed from the job; do not decref it. */
 KIQ_API json_t *kiq_job_args(kiq_job_t *job);
+
+/* The arguments the job's perform method receives. For an ActiveJob
+ * payload: args[0]["arguments"] with ActiveJob's serialization undone, as
+ * JSON: a symbol ({"_aj_serialized": "...SymbolSerializer", "value": "sym"})
+ * becomes its name "sym"; any other serializer with a "value" (Time, Date,
+ * DateTime, TimeWithZone, Duration, BigDecimal, Module) becomes that value
+ * (an ISO 8601 string, seconds, a decimal string, a name); one without
+ * (Range, custom serializers) stays an object, "_aj_serialized" included;
+ * a GlobalID ({"_aj_globalid": ...}) becomes its "gid://app/Model/1"
+ * string; the markers "_aj_symbol_keys", "_aj_ruby2_keywords" and
+ * "_aj_hash_with_indifferent_access" are removed from hashes. For any other
+ * job: kiq_job_args. NULL when jansson cannot represent the arguments (an
+ * integer wider than 64 bits, as kiq_job_args) or args[0] is not an
+ * ActiveJob serialization. kiq_job_args and kiq_job_args_raw keep returning
+ * the payload's own "args" (for ActiveJob, the wrapper's one-element array).
+ * Borrowed from the job; do not decref it. */
+KIQ_API json_t *kiq_job_aj_args(kiq_job_t *job);
 
 /* retry_count from the payload, or -1 when the job has never failed. */
 KIQ_API long kiq_job_retry_count(const kiq_job_t *job);
