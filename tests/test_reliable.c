@@ -350,6 +350,65 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
     free(y);
 }
 
+/* Starts of each SleepJob jid in the logs of procs[0..n), all of them
+ * stopped first (job lines are written in batches, all of them by exit). */
+static int starts(const pid_t *procs, int n, const char *jid)
+{
+    char *j = jid_eq(jid);
+    int runs = 0;
+    for (int i = 0; i < n; i++)
+        runs += log_lines_with(procs[i], j, "INFO: start");
+    free(j);
+    return runs;
+}
+
+/* Two workers A and B (four processors each) on the private server s,
+ * running four SleepJobs of ms milliseconds between them (jids into sj; a
+ * batched fetch may give all four to one); returns once both have fetched
+ * all four. */
+static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *const *args,
+                             pid_t *a, pid_t *b, char sj[4][25], unsigned tag, const char *ms)
+{
+    *a = kt_kiq_start(args);
+    *b = kt_kiq_start(args);
+    char *ida = identity_of(*a), *idb = identity_of(*b), *wa = wkey(ida), *wb = wkey(idb);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(*a, "Starting processing") && kt_log_has(*b, "Starting processing"), 10));
+    char *p[4], args_json[32];
+    snprintf(args_json, sizeof(args_json), "[%s]", ms);
+    for (unsigned i = 0; i < 4; i++) {
+        kt_make_jid(sj[i], tag, i);
+        p[i] = kt_payload("SleepJob", args_json, sj[i], "default");
+    }
+    kt_push_all(c, "default", p, 4);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) + kt_int_on(c, "LLEN %s", wb) == 4, 10),
+              "%s\n%s", kt_kiq_log(*a), kt_kiq_log(*b));
+    for (int i = 0; i < 4; i++)
+        free(p[i]);
+    free(ida);
+    free(idb);
+    free(wa);
+    free(wb);
+    (void)s;
+}
+
+/* Every job of two_busy_workers ran exactly once over procs[0..n). */
+static void each_ran_once(redisContext *c, pid_t *procs, int n, char sj[4][25])
+{
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 30),
+              "not drained:\n%s\n%s", kt_kiq_log(procs[0]), kt_kiq_log(procs[n - 1]));
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(kt_kiq_stop(procs[i], SIGTERM, 20), 0, "%s", kt_kiq_log(procs[i]));
+    int twice = 0;
+    for (int i = 0; i < 4; i++) {
+        int runs = starts(procs, n, sj[i]);
+        cr_assert_geq(runs, 1, "%s never ran", sj[i]);
+        twice += runs > 1;
+    }
+    fprintf(stderr, "[liveness] %d of 4 jobs of live workers ran twice\n", twice);
+    cr_assert_eq(twice, 0, "jobs of live workers ran twice:\n%s\n%s", kt_kiq_log(procs[0]),
+                 kt_kiq_log(procs[n - 1]));
+}
+
 /* Redis comes back after an outage longer than liveness_ttl: every liveness
  * key has lapsed meanwhile, yet the processes are alive and still running
  * their jobs; none may take another's. */
@@ -362,46 +421,19 @@ Test(reliable, redis_outage_longer_than_liveness_ttl_takes_no_live_jobs)
     cr_assert(c);
     char *y = kt_write_file("outage.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", "--redis-url", s.url, NULL };
-    pid_t a = kt_kiq_start(args), b = kt_kiq_start(args);
-    char *ida = identity_of(a), *idb = identity_of(b), *wa = wkey(ida), *wb = wkey(idb);
-    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, "Starting processing") && kt_log_has(b, "Starting processing"), 10));
+    pid_t procs[2];
     char sj[4][25];
-    char *p[4];
-    for (unsigned i = 0; i < 4; i++) {
-        kt_make_jid(sj[i], 16, i);
-        p[i] = kt_payload("SleepJob", "[5000]", sj[i], "default");
-    }
-    kt_push_all(c, "default", p, 4);
-    /* All four fetched, however the batches split them between the two. */
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) + kt_int_on(c, "LLEN %s", wb) == 4, 10));
+    two_busy_workers(&s, c, args, &procs[0], &procs[1], sj, 16, "5000");
     redisFree(c);
     kt_aof_kill(&s);
     kt_sleep(3.0); /* longer than liveness_ttl (2 s) */
     kt_aof_start(&s);
     c = kt_aof_connect(&s);
     cr_assert(c);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 20),
-              "%s\n%s", kt_kiq_log(a), kt_kiq_log(b));
-    /* Stopped first: job lines are written in batches, all of them by exit. */
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 15), 0);
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
-    for (int i = 0; i < 4; i++) {
-        char *j = jid_eq(sj[i]);
-        int runs = log_lines_with(a, j, "INFO: start") + log_lines_with(b, j, "INFO: start");
-        cr_assert_eq(runs, 1, "%s started %d times\n%s\n%s", sj[i], runs, kt_kiq_log(a),
-                     kt_kiq_log(b));
-        cr_assert_eq(log_lines_with(a, j, "INFO: done") + log_lines_with(b, j, "INFO: done"), 1);
-        free(j);
-    }
+    each_ran_once(c, procs, 2, sj);
     redisFree(c);
     kill(s.pid, SIGTERM);
     waitpid(s.pid, NULL, 0);
-    for (int i = 0; i < 4; i++)
-        free(p[i]);
-    free(ida);
-    free(idb);
-    free(wa);
-    free(wb);
     free(y);
 }
 
@@ -990,66 +1022,6 @@ Test(reliable, script_flush_mid_drain_reloads_at_once)
     cr_assert(!strstr(log, "NOSCRIPT"), "%s", log);
     cr_assert_eq(kt_int_on(c, "LLEN rec:log"), kt_int_on(c, "SCARD rec"), "a job ran twice");
     free(log);
-}
-
-/* Starts of each SleepJob jid in the logs of procs[0..n), all of them
- * stopped first (job lines are written in batches, all of them by exit). */
-static int starts(const pid_t *procs, int n, const char *jid)
-{
-    char *j = jid_eq(jid);
-    int runs = 0;
-    for (int i = 0; i < n; i++)
-        runs += log_lines_with(procs[i], j, "INFO: start");
-    free(j);
-    return runs;
-}
-
-/* Two workers A and B (four processors each) on the private server s,
- * running four SleepJobs of ms milliseconds between them (jids into sj; a
- * batched fetch may give all four to one); returns once both have fetched
- * all four. */
-static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *const *args,
-                             pid_t *a, pid_t *b, char sj[4][25], unsigned tag, const char *ms)
-{
-    *a = kt_kiq_start(args);
-    *b = kt_kiq_start(args);
-    char *ida = identity_of(*a), *idb = identity_of(*b), *wa = wkey(ida), *wb = wkey(idb);
-    cr_assert(KT_WAIT_UNTIL(kt_log_has(*a, "Starting processing") && kt_log_has(*b, "Starting processing"), 10));
-    char *p[4], args_json[32];
-    snprintf(args_json, sizeof(args_json), "[%s]", ms);
-    for (unsigned i = 0; i < 4; i++) {
-        kt_make_jid(sj[i], tag, i);
-        p[i] = kt_payload("SleepJob", args_json, sj[i], "default");
-    }
-    kt_push_all(c, "default", p, 4);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) + kt_int_on(c, "LLEN %s", wb) == 4, 10),
-              "%s\n%s", kt_kiq_log(*a), kt_kiq_log(*b));
-    for (int i = 0; i < 4; i++)
-        free(p[i]);
-    free(ida);
-    free(idb);
-    free(wa);
-    free(wb);
-    (void)s;
-}
-
-/* Every job of two_busy_workers ran exactly once over procs[0..n). */
-static void each_ran_once(redisContext *c, pid_t *procs, int n, char sj[4][25])
-{
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 30),
-              "not drained:\n%s\n%s\n%s", kt_kiq_log(procs[0]), kt_kiq_log(procs[1]),
-              kt_kiq_log(procs[2]));
-    for (int i = 0; i < n; i++)
-        cr_assert_eq(kt_kiq_stop(procs[i], SIGTERM, 20), 0, "%s", kt_kiq_log(procs[i]));
-    int twice = 0;
-    for (int i = 0; i < 4; i++) {
-        int runs = starts(procs, n, sj[i]);
-        cr_assert_geq(runs, 1, "%s never ran", sj[i]);
-        twice += runs > 1;
-    }
-    fprintf(stderr, "[liveness] %d of 4 jobs of live workers ran twice\n", twice);
-    cr_assert_eq(twice, 0, "jobs of live workers ran twice:\n%s\n%s\n%s", kt_kiq_log(procs[0]),
-                 kt_kiq_log(procs[1]), kt_kiq_log(procs[2]));
 }
 
 /* Redis at maxmemory refuses SET for longer than liveness_ttl while two
