@@ -431,6 +431,23 @@ static int wait_for_redis(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set
     return 0;
 }
 
+/* Redis Cluster spreads keys over nodes, and kiq's scripts move jobs
+ * between keys of different slots: refuse it at start, as Sidekiq does,
+ * rather than fail later with MOVED or CROSSSLOT. CLUSTER INFO is allowed
+ * even to users without @dangerous commands; a standalone server answers it
+ * with an error. */
+static int refuse_cluster(kiq_redis_t *r, char *err)
+{
+    const char *argv[] = { "CLUSTER", "INFO" };
+    redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
+    int cluster = rep && rep->type == REDIS_REPLY_STRING && strstr(rep->str, "cluster_state:");
+    freeReplyObject(rep);
+    if (cluster)
+        return kiq_seterr(err, KIQ_ECONFIG, "%s is a Redis Cluster node; kiq, like Sidekiq, needs a "
+                          "standalone (or Sentinel-managed) Redis", kiq_redis_name(r));
+    return 0;
+}
+
 static int start_threads(kiq_runtime_t *rt, char *err)
 {
     kiq_config_t *c = rt->cfg;
@@ -509,6 +526,8 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
         goto out;
     }
     kiq_debug("connected to %s", kiq_redis_name(r));
+    if ((rc = refuse_cluster(r, err)) != 0)
+        goto out;
     if (c->fetch == KIQ_FETCH_RELIABLE) {
         kiq__fetch_heartbeat(r, rt->identity, c->liveness_ttl);
         kiq_recover_orphans(rt, r);

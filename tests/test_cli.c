@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -606,4 +607,38 @@ Test(cli, pidfile_is_written_and_removed_and_a_rails_file_warns_in_the_log)
     free(cfg);
     free(pid_path);
     free(log_path);
+}
+
+/* A Redis Cluster node is refused at start with one clear line, rather than
+ * failing later on MOVED or CROSSSLOT. */
+Test(cli, run_against_a_cluster_node_exits_78)
+{
+    int port = kt_free_port();
+    char portstr[16], *dir = kt_tmp("cluster"), conf[600];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    snprintf(conf, sizeof(conf), "%s/nodes.conf", dir);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    pid_t srv = fork();
+    if (srv == 0) {
+        execlp("redis-server", "redis-server", "--port", portstr, "--bind", "127.0.0.1",
+               "--cluster-enabled", "yes", "--cluster-config-file", conf, "--save", "",
+               "--appendonly", "no", "--dir", dir, "--logfile", "", (char *)NULL);
+        _exit(127);
+    }
+    kt_track(srv);
+    cr_assert(KT_WAIT_UNTIL(({
+        redisContext *c = redisConnect("127.0.0.1", port);
+        int up = c && !c->err;
+        redisFree(c);
+        up; }), 10), "the cluster node did not start");
+    char url[64], *log = NULL;
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", port);
+    int st = run_until_exit(url, NULL, 10, &log, NULL);
+    cr_assert_eq(st, 78, "exit %d: %s", st, log);
+    cr_assert(strstr(log, "Redis Cluster"), "%s", log);
+    free(log);
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
+    kt_untrack(srv);
+    free(dir);
 }
