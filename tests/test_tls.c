@@ -176,6 +176,26 @@ Test(tls, a_wrong_ca_or_host_name_is_a_configuration_error_at_start)
     snprintf(u, sizeof(u), "%s", url(&s, q));
     refused_at_start(u, "TLS: certificate verify failed: hostname mismatch");
 
+    /* A password in the URL is never in the log or the command line. */
+    snprintf(u, sizeof(u), "rediss://app:tls-s3cret@127.0.0.1:%d/0?%s", s.tls_port,
+             ca_q(&s, "otherca.crt"));
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, NULL });
+    char path[64], *cmdline = NULL;
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "starting") > 0, 20));
+    size_t n = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char buf[4096];
+        n = fread(buf, 1, sizeof(buf), f);
+        cmdline = memmem(buf, n, "tls-s3cret", 10);
+        fclose(f);
+    }
+    cr_assert_null(cmdline, "the password is in ps");
+    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_eq(kt_log_count(pid, "tls-s3cret"), 0, "the password is not logged");
+    cr_assert_gt(kt_log_count(pid, "rediss://app:***@127.0.0.1"), 0);
+
     char *out = NULL;
     cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--redis-url", url(&s, ca_q(&s, "otherca.crt")),
                                              NULL }, &out), 1);
