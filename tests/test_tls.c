@@ -235,3 +235,39 @@ Test(tls, verify_none_connects_and_warns)
     cr_assert_eq(kt_log_count(pid, "TLS: verify=none"), 1, "warned once");
     redisFree(s.plain);
 }
+
+Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
+{
+    tls_server_t s;
+    server_start(&s, "tls-conf", 1);
+    char yml[2048], u[128], cafile[600];
+    snprintf(yml, sizeof(yml),
+             "concurrency: 2\n"
+             "tls:\n"
+             "  ca_file: %s/ca.crt\n"
+             "  cert: %s/client.crt\n"
+             "  key: %s/client.key\n"
+             "  server_name: localhost\n", s.dir, s.dir, s.dir);
+    char *file = kt_write_file("tls.yml", yml);
+    snprintf(u, sizeof(u), "rediss://127.0.0.1:%d/0", s.tls_port);
+    char *job = kt_payload("RecordJob", "[\"done\"]", "0123456789abcdef01234567", "default");
+    cr_assert_eq(kt_int_on(s.plain, "RPUSH queue:default %s", job), 1);
+    free(job);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-C", file, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+
+    /* Flags: the CA alone is not enough for this server (no client cert). */
+    snprintf(cafile, sizeof(cafile), "%s/ca.crt", s.dir);
+    pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
+    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_gt(kt_log_count(pid, "TLS: the server refused this client"), 0);
+
+    /* TLS settings with a plain redis:// URL are a mistake, said at once. */
+    snprintf(u, sizeof(u), "redis://127.0.0.1:%d/0", s.port);
+    pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
+    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_gt(kt_log_count(pid, "tls: settings need a rediss:// URL"), 0, "%s", kt_kiq_log(pid));
+    free(file);
+    redisFree(s.plain);
+}
