@@ -10,6 +10,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +62,7 @@ static int tcp_connect(const char *host, int port, double timeout, char *err)
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai, *a;
     int gai = getaddrinfo(host, ps, &hints, &ai);
     if (gai) {
-        kiq_seterr(err, KIQ_EREDIS, "%s", gai_strerror(gai));
+        kiq_seterr(err, KIQ_EREDIS, "connect: %s", gai_strerror(gai));
         return -1;
     }
     int fd = -1, saved = 0;
@@ -92,7 +93,7 @@ static int tcp_connect(const char *host, int port, double timeout, char *err)
     }
     freeaddrinfo(ai);
     if (fd < 0) {
-        kiq_seterr(err, KIQ_EREDIS, "%s", strerror(saved ? saved : ECONNREFUSED));
+        kiq_seterr(err, KIQ_EREDIS, "connect: %s", strerror(saved ? saved : ECONNREFUSED));
         return -1;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
@@ -177,6 +178,12 @@ static int accepted(SSL *ssl)
 static void *pump(void *arg)
 {
     kiq_tls_t *t = arg;
+    /* A write to a server that has gone fails with EPIPE here, rather
+     * than killing a process that did not ignore SIGPIPE. */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     char up[16384], down[16384];   /* hiredis -> server, server -> hiredis */
     size_t ulen = 0, uoff = 0, dlen = 0, doff = 0;
     for (;;) {
