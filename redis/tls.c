@@ -19,9 +19,80 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+#include <stdint.h>
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+
+/* libssl is opened with dlopen the first time a rediss:// URL connects:
+ * linked, it and libcrypto would add a third to the resident memory of
+ * every worker, most of which never use TLS (the uniqueness digests load
+ * libcrypto the same way). Each function below is called through a
+ * pointer of its own type; OpenSSL's macros (SSL_CTX_set_mode, ...) expand
+ * to SSL_CTX_ctrl and SSL_ctrl, listed too. */
+#define TLS_FUNCTIONS(X)                                                                    \
+    X(TLS_client_method) X(SSL_CTX_new) X(SSL_CTX_free) X(SSL_CTX_ctrl)                     \
+    X(SSL_CTX_set_default_passwd_cb) X(SSL_CTX_load_verify_locations)                       \
+    X(SSL_CTX_set_default_verify_paths) X(SSL_CTX_use_certificate_chain_file)               \
+    X(SSL_CTX_use_PrivateKey_file) X(SSL_CTX_check_private_key) X(SSL_CTX_set_verify)       \
+    X(SSL_new) X(SSL_free) X(SSL_set_fd) X(SSL_ctrl) X(SSL_get0_param) X(SSL_set1_host)     \
+    X(SSL_connect) X(SSL_read) X(SSL_write) X(SSL_get_error) X(SSL_get_verify_result)       \
+    X(X509_VERIFY_PARAM_set_hostflags) X(X509_VERIFY_PARAM_set1_ip_asc)                     \
+    X(X509_verify_cert_error_string) X(ERR_peek_last_error) X(ERR_reason_error_string)      \
+    X(ERR_clear_error)
+
+#define TLS_FN_FIELD(f) __typeof__(&f) f;
+static struct { TLS_FUNCTIONS(TLS_FN_FIELD) } ssl_fn;
+static int ssl_loaded;
+static pthread_once_t ssl_once = PTHREAD_ONCE_INIT;
+
+static void ssl_load(void)
+{
+    void *h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = dlopen("libssl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    int ok = 1;
+    /* dlsym on libssl's handle finds libcrypto's functions too (a
+     * dependency it loaded). */
+#define TLS_FN_LOAD(f) ok &= (ssl_fn.f = (__typeof__(&f))(uintptr_t)dlsym(h, #f)) != NULL;
+    TLS_FUNCTIONS(TLS_FN_LOAD)
+    ssl_loaded = ok;
+}
+
+/* From here on each name calls through its pointer (a macro does not
+ * expand inside its own expansion, so ssl_fn.NAME stays). */
+#define TLS_client_method (*ssl_fn.TLS_client_method)
+#define SSL_CTX_new (*ssl_fn.SSL_CTX_new)
+#define SSL_CTX_free (*ssl_fn.SSL_CTX_free)
+#define SSL_CTX_ctrl (*ssl_fn.SSL_CTX_ctrl)
+#define SSL_CTX_set_default_passwd_cb (*ssl_fn.SSL_CTX_set_default_passwd_cb)
+#define SSL_CTX_load_verify_locations (*ssl_fn.SSL_CTX_load_verify_locations)
+#define SSL_CTX_set_default_verify_paths (*ssl_fn.SSL_CTX_set_default_verify_paths)
+#define SSL_CTX_use_certificate_chain_file (*ssl_fn.SSL_CTX_use_certificate_chain_file)
+#define SSL_CTX_use_PrivateKey_file (*ssl_fn.SSL_CTX_use_PrivateKey_file)
+#define SSL_CTX_check_private_key (*ssl_fn.SSL_CTX_check_private_key)
+#define SSL_CTX_set_verify (*ssl_fn.SSL_CTX_set_verify)
+#define SSL_new (*ssl_fn.SSL_new)
+#define SSL_free (*ssl_fn.SSL_free)
+#define SSL_set_fd (*ssl_fn.SSL_set_fd)
+#define SSL_ctrl (*ssl_fn.SSL_ctrl)
+#define SSL_get0_param (*ssl_fn.SSL_get0_param)
+#define SSL_set1_host (*ssl_fn.SSL_set1_host)
+#define SSL_connect (*ssl_fn.SSL_connect)
+#define SSL_read (*ssl_fn.SSL_read)
+#define SSL_write (*ssl_fn.SSL_write)
+#define SSL_get_error (*ssl_fn.SSL_get_error)
+#define SSL_get_verify_result (*ssl_fn.SSL_get_verify_result)
+#define X509_VERIFY_PARAM_set_hostflags (*ssl_fn.X509_VERIFY_PARAM_set_hostflags)
+#define X509_VERIFY_PARAM_set1_ip_asc (*ssl_fn.X509_VERIFY_PARAM_set1_ip_asc)
+#define X509_verify_cert_error_string (*ssl_fn.X509_verify_cert_error_string)
+#define ERR_peek_last_error (*ssl_fn.ERR_peek_last_error)
+#define ERR_reason_error_string (*ssl_fn.ERR_reason_error_string)
+#define ERR_clear_error (*ssl_fn.ERR_clear_error)
 
 struct kiq_tls {
     SSL *ssl;
@@ -290,6 +361,9 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
     const char *name = conf->server_name ? conf->server_name : u->host;
     char why[256];
     err[0] = '\0';
+    pthread_once(&ssl_once, ssl_load);
+    if (!ssl_loaded)
+        return kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load libssl.so.3 (install libssl3)");
     if (conf->verify_none && !atomic_exchange(&warned_verify_none, 1))
         kiq_warn("TLS: verify=none: the Redis server's certificate is not checked; "
                  "anyone on the path can read and change the traffic");
