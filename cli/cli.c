@@ -58,7 +58,7 @@ kiq_redis_t *kiq_cli_connect(const char *who, const char *url_flag)
  * warn in its log. */
 static int argv_had_password;
 
-/* The password of s when it is a redis:// or unix:// URL, or a
+/* The password of s when it is a redis://, rediss:// or unix:// URL, or a
  * --flag=URL (as url.c reads it: the userinfo up to the last '@', or the
  * password= of a socket URL); its length, 0 when there is none. Other
  * words (a job's arguments) are left alone. */
@@ -66,7 +66,8 @@ static size_t password_in(char *s, char **at)
 {
     if (strncmp(s, "--", 2) == 0 && strchr(s, '='))
         s = strchr(s, '=') + 1;
-    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "rediss://", 9) != 0
+        && strncmp(s, "unix://", 7) != 0)
         return 0;
     char *auth = strstr(s, "://") + 3;
     char *end = strrchr(auth, '@');

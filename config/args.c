@@ -1,6 +1,7 @@
 /* The flags of `kiq run`, applied over the config file. */
 #include "kiq/config.h"
 #include "redis/url.h"
+#include "config/tls.h"
 #include "support/number.h"
 
 #include <errno.h>
@@ -11,7 +12,7 @@
 #include <string.h>
 
 enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
-       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT, OPT_UNKNOWN_CLASS };
+       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT, OPT_UNKNOWN_CLASS, OPT_TLS };
 
 static const struct option longopts[] = {
     { "concurrency", required_argument, NULL, 'c' },
@@ -35,6 +36,12 @@ static const struct option longopts[] = {
     { "metrics-port", required_argument, NULL, OPT_METRICS_PORT },
     { "metrics-bind", required_argument, NULL, OPT_METRICS_BIND },
     { "unknown-class", required_argument, NULL, OPT_UNKNOWN_CLASS },
+    { "tls-ca-file", required_argument, NULL, OPT_TLS },
+    { "tls-ca-path", required_argument, NULL, OPT_TLS },
+    { "tls-cert", required_argument, NULL, OPT_TLS },
+    { "tls-key", required_argument, NULL, OPT_TLS },
+    { "tls-server-name", required_argument, NULL, OPT_TLS },
+    { "tls-verify", required_argument, NULL, OPT_TLS },
     { NULL, 0, NULL, 0 },
 };
 
@@ -57,7 +64,11 @@ const char *kiq_config_usage(void)
            "      --label LABEL        label shown in the Web UI; repeatable\n"
            "  -e, --environment ENV    section of the config file to merge\n"
            "      --redis-url URL      redis://[user:password@]host:port/db or unix:///path?db=N\n"
-           "                           (default: $REDIS_URL, else redis://127.0.0.1:6379/0)\n"
+           "                           (default: $REDIS_URL, else redis://127.0.0.1:6379/0);\n"
+           "                           rediss:// for TLS\n"
+           "      --tls-ca-file PATH   CA certificates for rediss:// (default the system's);\n"
+           "                           also --tls-ca-path DIR, --tls-cert PATH, --tls-key PATH,\n"
+           "                           --tls-server-name NAME, --tls-verify none\n"
            "      --fetch MODE         reliable (default) or basic\n"
            "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
            "      --log-format FORMAT  pretty (default) or json\n"
@@ -196,10 +207,15 @@ int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err)
     /* Pass 2: every flag, in order. Queues given as flags replace the
      * file's (kiq_config_add_queue's first call starts a new list). */
     optind = 1;
-    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+    int idx = -1;
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, &idx)) != -1) {
         if (opt == 'C' || opt == 'e')
             continue;
-        if ((rc = apply(cfg, opt, optarg, err)))
+        if (opt == OPT_TLS)
+            rc = kiq__config_tls_flag(cfg, longopts[idx].name, optarg, err);
+        else
+            rc = apply(cfg, opt, optarg, err);
+        if (rc)
             return rc;
     }
     kiq_config_apply_env(cfg);

@@ -2,6 +2,7 @@
  * settings shares (file, flags, environment), and small setters, so that
  * yaml.c and args.c only translate their syntax into calls here. */
 #include "kiq/config.h"
+#include "config/tls.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -94,6 +95,7 @@ void kiq_config_free(kiq_config_t *cfg)
     free_strv(cfg->warnings, cfg->nwarnings);
     free(cfg->config_file);
     free(cfg->metrics_bind);
+    kiq__config_tls_clear(&cfg->tls);
     free(cfg);
 }
 
@@ -278,7 +280,7 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
     }
     /* Sidekiq ignores a `strict:` setting: only weights decide the order. */
     cfg->strict = !weighted;
-    return 0;
+    return kiq__config_tls_into_url(cfg, err);
 }
 
 const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg, const char *name)

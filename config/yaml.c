@@ -575,6 +575,7 @@ static const key_def_t keys[] = {
     {"verbose", set_verbose, 0, 0, 0},
     {"redis_url", set_redis_url, 0, 0, 0},
     {"redis", set_redis, 0, 0, 0},
+    {"tls", kiq_yaml__set_tls, 0, 0, 0},
     {"plugins", set_plugins, 0, 0, 0},
     {"fetch", set_fetch, 0, 0, 0},
     {"timestamps", set_timestamps, 0, 0, 0},

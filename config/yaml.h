@@ -60,6 +60,9 @@ int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
 /* The classes: section (config/yaml_classes.c). */
 int kiq_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
+/* The tls: mapping (config/tls.c). */
+int kiq_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+
 static inline int nomem(ctx_t *c)
 {
     return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");

@@ -3,6 +3,7 @@
  * scripts again and resends, in a pipeline too. */
 #include "kiq/redis.h"
 #include "redis/scripts.h"
+#include "redis/tls.h"
 #include "redis/url.h"
 
 #include <stdarg.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #define MAX_ARGS 64
 
@@ -25,6 +27,7 @@ struct kiq_redis {
     char name[512];       /* URL with the password redacted */
     double timeout;
     redisContext *c;
+    kiq_tls_t *tls;       /* the TLS session under c for rediss://, else NULL */
     int broken;
     sent_t *q;            /* the unread replies' commands, oldest at q[qhead] */
     size_t qhead, qlen, qcap;
@@ -83,6 +86,7 @@ void kiq_redis_free(kiq_redis_t *r)
     if (!r)
         return;
     redisFree(r->c);
+    kiq__tls_free(r->tls);
     forget_sent(r);
     free(r->q);
     kiq__redis_url_clear(&r->url);
@@ -155,12 +159,24 @@ static int load_scripts(kiq_redis_t *r)
 
 int kiq_redis_connect(kiq_redis_t *r)
 {
-    redisFree(r->c);
+    redisFree(r->c);   /* closes hiredis's end, which ends the TLS thread */
     r->c = NULL;
+    kiq__tls_free(r->tls);
+    r->tls = NULL;
     forget_sent(r);
     r->broken = 1;
     struct timeval ctv = tv_of(r->timeout < 5 ? r->timeout : 5);
-    if (r->url.path)
+    if (r->url.tls.on) {
+        char why[KIQ_ERRLEN];
+        int fd = -1, rc = kiq__tls_connect(&r->url, r->timeout < 5 ? r->timeout : 5, &r->tls,
+                                           &fd, why);
+        if (rc) {
+            snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, why);
+            return rc == KIQ_ECONFIG ? KIQ_ECONFIG : KIQ_EREDIS;
+        }
+        if (!(r->c = redisConnectFd(fd)))
+            close(fd);
+    } else if (r->url.path)
         r->c = redisConnectUnixWithTimeout(r->url.path, ctv);
     else
         r->c = redisConnectWithTimeout(r->url.host, r->url.port, ctv);

@@ -49,6 +49,11 @@ void kiq__redis_url_clear(kiq_redis_url_t *u)
     free(u->path);
     free(u->user);
     free(u->password);
+    free(u->tls.ca_file);
+    free(u->tls.ca_path);
+    free(u->tls.cert);
+    free(u->tls.key);
+    free(u->tls.server_name);
     memset(u, 0, sizeof(*u));
 }
 
@@ -75,6 +80,45 @@ static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const cha
     return u->path ? 0 : KIQ_ENOMEM;
 }
 
+/* A rediss:// URL's query: name=value&... with redis-rb's ssl_params names. */
+static int parse_tls_query(const char *q, kiq_redis_tls_conf_t *t, char *err)
+{
+    static const char *const names[] = { "ca_file", "ca_path", "cert", "key", "server_name" };
+    char **fields[] = { &t->ca_file, &t->ca_path, &t->cert, &t->key, &t->server_name };
+    while (q && *q) {
+        const char *amp = strchr(q, '&');
+        size_t n = amp ? (size_t)(amp - q) : strlen(q);
+        const char *eq = memchr(q, '=', n);
+        size_t kn = eq ? (size_t)(eq - q) : n;
+        const char *v = eq ? eq + 1 : q + n;
+        size_t vn = (size_t)(q + n - v);
+        int known = 0;
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+            if (kn == strlen(names[i]) && strncmp(q, names[i], kn) == 0) {
+                free(*fields[i]);
+                if (!(*fields[i] = pct_decode(v, vn)))
+                    return KIQ_ENOMEM;
+                known = 1;
+            }
+        }
+        if (!known && kn == 6 && strncmp(q, "verify", 6) == 0) {
+            if (vn == 4 && strncmp(v, "none", 4) == 0)
+                t->verify_none = 1;
+            else if (vn == 4 && strncmp(v, "peer", 4) == 0)
+                t->verify_none = 0;
+            else
+                return kiq_seterr(err, KIQ_EINVAL, "redis url: verify must be peer or none");
+            known = 1;
+        }
+        if (!known && n)
+            return kiq_seterr(err, KIQ_EINVAL,
+                              "redis url: unknown parameter %.*s (known: ca_file, ca_path, "
+                              "cert, key, server_name, verify)", (int)(kn > 40 ? 40 : kn), q);
+        q = amp ? amp + 1 : NULL;
+    }
+    return 0;
+}
+
 int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
 {
     memset(u, 0, sizeof(*u));
@@ -91,14 +135,21 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
     }
     if (strncmp(url, "redis://", 8) == 0) {
         rest = url + 8;
+    } else if (strncmp(url, "rediss://", 9) == 0) {
+        rest = url + 9;
+        u->tls.on = 1;
     } else {
         rc = kiq_seterr(err, KIQ_EINVAL,
-                        "redis url must start with redis:// or unix:// (got a %zu-byte string)",
+                        "redis url must start with redis://, rediss:// or unix:// "
+                        "(got a %zu-byte string)",
                         strlen(url));
         goto out;
     }
     const char *at = strrchr(rest, '@');
     const char *slash = strchr(at ? at : rest, '/');
+    const char *query = strchr(at ? at : rest, '?');
+    if (query && (!slash || query < slash))
+        slash = query; /* host:port?ca_file=... with no /db */
     if (at && (!slash || at < slash)) {
         const char *colon = memchr(rest, ':', (size_t)(at - rest));
         if (colon) {
@@ -131,7 +182,7 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad port");
         goto out;
     }
-    if (slash && slash[1]) {
+    if (slash && *slash == '/' && slash[1]) {
         const char *q = strchr(slash + 1, '?');
         size_t n = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
         if (n && parse_int(slash + 1, n, 0, 100000, &u->db)) {
@@ -141,6 +192,8 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
     }
     if (!u->host)
         rc = KIQ_ENOMEM;
+    if (!rc && query && u->tls.on)
+        rc = parse_tls_query(query + 1, &u->tls, err);
 out:
     if (rc)
         kiq__redis_url_clear(u);

@@ -1,4 +1,4 @@
-/* Internal: redis:// and unix:// URLs, parsed and redacted. */
+/* Internal: redis://, rediss:// and unix:// URLs, parsed and redacted. */
 #ifndef KIQ_REDIS_URL_H
 #define KIQ_REDIS_URL_H
 
@@ -6,7 +6,19 @@
 
 #include "kiq/error.h"
 
-/* A parsed redis:// or unix:// URL. */
+/* TLS settings of a rediss:// URL, from its query (?ca_file=...&cert=...),
+ * named after redis-rb's ssl_params. */
+typedef struct kiq_redis_tls_conf {
+    int on;            /* rediss:// */
+    char *ca_file;     /* CA certificates (PEM); default: the system's, or $SSL_CERT_FILE */
+    char *ca_path;     /* directory of hashed CA certificates, or $SSL_CERT_DIR */
+    char *cert;        /* client certificate (PEM) for mutual TLS */
+    char *key;         /* its private key (PEM, not encrypted) */
+    char *server_name; /* SNI and the name verified; default the host */
+    int verify_none;   /* verify=none: no certificate checks (warned at start) */
+} kiq_redis_tls_conf_t;
+
+/* A parsed redis://, rediss:// or unix:// URL. */
 typedef struct kiq_redis_url {
     char *host;      /* NULL for unix sockets */
     int port;
@@ -14,9 +26,10 @@ typedef struct kiq_redis_url {
     char *user;      /* ACL user, or NULL */
     char *password;  /* or NULL */
     int db;
+    kiq_redis_tls_conf_t tls;
 } kiq_redis_url_t;
 
-/* Parses "redis://[user:password@]host[:port][/db]" or
+/* Parses "redis[s]://[user:password@]host[:port][/db][?tls settings]" or
  * "unix:///path[?db=N]" (percent-escapes in user and password are decoded).
  * Returns 0 or KIQ_EINVAL with err filled; free the strings with
  * kiq__redis_url_clear. */

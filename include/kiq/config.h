@@ -56,6 +56,17 @@ typedef struct kiq_class_conf {
     double schedule_in;        /* reschedule delay in seconds */
 } kiq_class_conf_t;
 
+/* TLS settings for a rediss:// URL given apart from it (the file's tls:
+ * mapping, --tls-* flags); names as redis-rb's ssl_params. NULL/0 = unset. */
+typedef struct kiq_tls_conf {
+    char *ca_file;       /* CA certificates (PEM); default the system's ($SSL_CERT_FILE) */
+    char *ca_path;       /* directory of hashed CA certificates ($SSL_CERT_DIR) */
+    char *cert;          /* client certificate, for mutual TLS */
+    char *key;           /* its private key (PEM, not encrypted) */
+    char *server_name;   /* SNI and the name verified; default the URL's host */
+    int verify_none;     /* no certificate checks at all (warned at start) */
+} kiq_tls_conf_t;
+
 typedef struct kiq_config {
     char *redis_url;          /* default redis://127.0.0.1:6379/0 */
     int concurrency;          /* processor threads, default 10 */
@@ -103,6 +114,8 @@ typedef struct kiq_config {
     double reaper_timeout;    /* seconds one run may work, default 10 */
     int metrics_port;         /* serve GET /metrics on this port; 0 (default) = off */
     char *metrics_bind;       /* address for it; NULL = 127.0.0.1 (not exposed) */
+    kiq_tls_conf_t tls;       /* moved into redis_url's query by kiq_config_validate,
+                                 where every connection reads them */
 } kiq_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with
@@ -141,7 +154,8 @@ KIQ_API int kiq_config_add_queue(kiq_config_t *cfg, const char *word, char *err)
 KIQ_API int kiq_config_append_queue(kiq_config_t *cfg, const char *name,
                                     int weight, char *err);
 
-/* Checks ranges and derives cfg->strict. Returns KIQ_ECONFIG with err filled. */
+/* Checks ranges and derives cfg->strict; moves cfg->tls into redis_url
+ * (which must then be rediss://). Returns KIQ_ECONFIG with err filled. */
 KIQ_API int kiq_config_validate(kiq_config_t *cfg, char *err);
 
 /* The options given for a class, or NULL. */

@@ -1,0 +1,136 @@
+/* TLS settings given apart from the URL, carried into a rediss:// URL's
+ * query, where every connection (the worker's threads, the metrics
+ * server) reads them from cfg->redis_url. */
+#include "config/tls.h"
+#include "config/yaml.h"
+#include "redis/url.h"
+
+#include <stdio.h>
+
+void kiq__config_tls_clear(kiq_tls_conf_t *t)
+{
+    free(t->ca_file);
+    free(t->ca_path);
+    free(t->cert);
+    free(t->key);
+    free(t->server_name);
+    memset(t, 0, sizeof(*t));
+}
+
+/* The setting called name (ca_file, cert, ...), or NULL for verify. */
+static char **slot(kiq_tls_conf_t *t, const char *name)
+{
+    if (!strcmp(name, "ca_file")) return &t->ca_file;
+    if (!strcmp(name, "ca_path")) return &t->ca_path;
+    if (!strcmp(name, "cert")) return &t->cert;
+    if (!strcmp(name, "key")) return &t->key;
+    if (!strcmp(name, "server_name")) return &t->server_name;
+    return NULL;
+}
+
+static int set_verify(kiq_tls_conf_t *t, const char *v)
+{
+    if (!strcmp(v, "none") || !strcmp(v, "peer")) {
+        t->verify_none = !strcmp(v, "none");
+        return 0;
+    }
+    return KIQ_EINVAL;
+}
+
+int kiq__config_tls_flag(kiq_config_t *cfg, const char *flag, const char *v, char *err)
+{
+    char name[32];   /* "tls-ca-file" -> "ca_file" */
+    snprintf(name, sizeof(name), "%s", flag + 4);
+    for (char *p = name; *p; p++)
+        if (*p == '-')
+            *p = '_';
+    char **s = slot(&cfg->tls, name);
+    if (s)
+        return kiq_config_set_str(s, v);
+    if (set_verify(&cfg->tls, v))
+        return kiq_seterr(err, KIQ_ECONFIG, "--tls-verify: must be peer or none (got \"%s\")", v);
+    return 0;
+}
+
+/* The tls: mapping: ca_file, ca_path, cert, key, server_name, verify. */
+int kiq_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    if (v->type != YAML_MAPPING_NODE)
+        return kiq_yaml__fail(c, v, key, "must be a mapping (ca_file, ca_path, cert, key, "
+                                         "server_name, verify)");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        const char *name = key_name(node(c, p->key));
+        char sub[KIQ_ERRLEN];
+        snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
+        char **s = name ? slot(&c->cfg->tls, name) : NULL;
+        int rc;
+        if (s) {
+            rc = kiq_yaml__set_string(c, sub, node(c, p->value), s, NULL);
+        } else if (name && !strcmp(name, "verify")) {
+            char *val = NULL;
+            rc = kiq_yaml__scalar(c, node(c, p->value), sub, "must be peer or none", &val);
+            if (rc >= 0 && set_verify(&c->cfg->tls, val))
+                rc = kiq_yaml__fail(c, node(c, p->value), sub, "must be peer or none");
+            free(val);
+        } else {
+            rc = kiq_yaml__fail(c, node(c, p->key), sub, "unknown key (known: ca_file, ca_path, "
+                                                         "cert, key, server_name, verify)");
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Appends "&name=value" with value percent-escaped where the URL syntax
+ * would read it otherwise. */
+static void put_param(FILE *f, const char *name, const char *v)
+{
+    if (!v)
+        return;
+    fprintf(f, "&%s=", name);
+    for (; *v; v++) {
+        if (strchr("%&#?+ ", *v) || (unsigned char)*v < 0x20)
+            fprintf(f, "%%%02X", (unsigned char)*v);
+        else
+            fputc(*v, f);
+    }
+}
+
+int kiq__config_tls_into_url(kiq_config_t *cfg, char *err)
+{
+    kiq_tls_conf_t *t = &cfg->tls;
+    if (!t->ca_file && !t->ca_path && !t->cert && !t->key && !t->server_name && !t->verify_none)
+        return 0;
+    if (!cfg->redis_url || strncmp(cfg->redis_url, "rediss://", 9) != 0) {
+        char shown[512];
+        kiq__redis_url_redact(cfg->redis_url ? cfg->redis_url : "", shown, sizeof(shown));
+        return kiq_seterr(err, KIQ_ECONFIG, "tls: settings need a rediss:// URL (got %s)", shown);
+    }
+    char *url = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&url, &n);
+    if (!f)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    fputs(cfg->redis_url, f);
+    put_param(f, "ca_file", t->ca_file);
+    put_param(f, "ca_path", t->ca_path);
+    put_param(f, "cert", t->cert);
+    put_param(f, "key", t->key);
+    put_param(f, "server_name", t->server_name);
+    if (t->verify_none)
+        fputs("&verify=none", f);
+    if (fclose(f) || !url) {
+        free(url);
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    }
+    /* The first parameter starts the query unless the URL has one. */
+    char *amp = url + strlen(cfg->redis_url);
+    if (!strchr(cfg->redis_url, '?'))
+        *amp = '?';
+    free(cfg->redis_url);
+    cfg->redis_url = url;
+    kiq__config_tls_clear(t);
+    return 0;
+}

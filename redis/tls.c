@@ -1,0 +1,443 @@
+/* TLS for rediss:// URLs: kiq's own TCP connection and OpenSSL session,
+ * with a socketpair between them and hiredis and a thread copying bytes
+ * between the socketpair and the session (see tls.h and the README). */
+#include "redis/tls.h"
+#include "support/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+/* libssl is opened with dlopen the first time a rediss:// URL connects:
+ * linked, it and libcrypto would add a third to the resident memory of
+ * every worker, most of which never use TLS (the uniqueness digests load
+ * libcrypto the same way). Each function below is called through a
+ * pointer of its own type; OpenSSL's macros (SSL_CTX_set_mode, ...) expand
+ * to SSL_CTX_ctrl and SSL_ctrl, listed too. */
+#define TLS_FUNCTIONS(X)                                                                    \
+    X(TLS_client_method) X(SSL_CTX_new) X(SSL_CTX_free) X(SSL_CTX_ctrl)                     \
+    X(SSL_CTX_set_default_passwd_cb) X(SSL_CTX_load_verify_locations)                       \
+    X(SSL_CTX_set_default_verify_paths) X(SSL_CTX_use_certificate_chain_file)               \
+    X(SSL_CTX_use_PrivateKey_file) X(SSL_CTX_check_private_key) X(SSL_CTX_set_verify)       \
+    X(SSL_new) X(SSL_free) X(SSL_set_fd) X(SSL_ctrl) X(SSL_get0_param) X(SSL_set1_host)     \
+    X(SSL_connect) X(SSL_read) X(SSL_write) X(SSL_get_error) X(SSL_get_verify_result)       \
+    X(X509_VERIFY_PARAM_set_hostflags) X(X509_VERIFY_PARAM_set1_ip_asc)                     \
+    X(X509_verify_cert_error_string) X(ERR_peek_last_error) X(ERR_reason_error_string)      \
+    X(ERR_clear_error)
+
+#define TLS_FN_FIELD(f) __typeof__(&f) f;
+static struct { TLS_FUNCTIONS(TLS_FN_FIELD) } ssl_fn;
+static int ssl_loaded;
+static pthread_once_t ssl_once = PTHREAD_ONCE_INIT;
+
+static void ssl_load(void)
+{
+    void *h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = dlopen("libssl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    int ok = 1;
+    /* dlsym on libssl's handle finds libcrypto's functions too (a
+     * dependency it loaded). */
+#define TLS_FN_LOAD(f) ok &= (ssl_fn.f = (__typeof__(&f))(uintptr_t)dlsym(h, #f)) != NULL;
+    TLS_FUNCTIONS(TLS_FN_LOAD)
+    ssl_loaded = ok;
+}
+
+/* From here on each name calls through its pointer (a macro does not
+ * expand inside its own expansion, so ssl_fn.NAME stays). */
+#define TLS_client_method (*ssl_fn.TLS_client_method)
+#define SSL_CTX_new (*ssl_fn.SSL_CTX_new)
+#define SSL_CTX_free (*ssl_fn.SSL_CTX_free)
+#define SSL_CTX_ctrl (*ssl_fn.SSL_CTX_ctrl)
+#define SSL_CTX_set_default_passwd_cb (*ssl_fn.SSL_CTX_set_default_passwd_cb)
+#define SSL_CTX_load_verify_locations (*ssl_fn.SSL_CTX_load_verify_locations)
+#define SSL_CTX_set_default_verify_paths (*ssl_fn.SSL_CTX_set_default_verify_paths)
+#define SSL_CTX_use_certificate_chain_file (*ssl_fn.SSL_CTX_use_certificate_chain_file)
+#define SSL_CTX_use_PrivateKey_file (*ssl_fn.SSL_CTX_use_PrivateKey_file)
+#define SSL_CTX_check_private_key (*ssl_fn.SSL_CTX_check_private_key)
+#define SSL_CTX_set_verify (*ssl_fn.SSL_CTX_set_verify)
+#define SSL_new (*ssl_fn.SSL_new)
+#define SSL_free (*ssl_fn.SSL_free)
+#define SSL_set_fd (*ssl_fn.SSL_set_fd)
+#define SSL_ctrl (*ssl_fn.SSL_ctrl)
+#define SSL_get0_param (*ssl_fn.SSL_get0_param)
+#define SSL_set1_host (*ssl_fn.SSL_set1_host)
+#define SSL_connect (*ssl_fn.SSL_connect)
+#define SSL_read (*ssl_fn.SSL_read)
+#define SSL_write (*ssl_fn.SSL_write)
+#define SSL_get_error (*ssl_fn.SSL_get_error)
+#define SSL_get_verify_result (*ssl_fn.SSL_get_verify_result)
+#define X509_VERIFY_PARAM_set_hostflags (*ssl_fn.X509_VERIFY_PARAM_set_hostflags)
+#define X509_VERIFY_PARAM_set1_ip_asc (*ssl_fn.X509_VERIFY_PARAM_set1_ip_asc)
+#define X509_verify_cert_error_string (*ssl_fn.X509_verify_cert_error_string)
+#define ERR_peek_last_error (*ssl_fn.ERR_peek_last_error)
+#define ERR_reason_error_string (*ssl_fn.ERR_reason_error_string)
+#define ERR_clear_error (*ssl_fn.ERR_clear_error)
+
+struct kiq_tls {
+    SSL *ssl;
+    int sock;      /* the TCP connection under ssl */
+    int pair;      /* our end of the socketpair; hiredis holds the other */
+    pthread_t thread;
+};
+
+/* OpenSSL's reason for the last failure, or what the system said. */
+static const char *ssl_reason(char *buf, size_t n, SSL *ssl)
+{
+    unsigned long e = ERR_peek_last_error();
+    long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+    if (ssl && vr != X509_V_OK)
+        snprintf(buf, n, "certificate verify failed: %s", X509_verify_cert_error_string(vr));
+    else if (e)
+        snprintf(buf, n, "%s", ERR_reason_error_string(e) ? ERR_reason_error_string(e)
+                                                            : "error");
+    else
+        snprintf(buf, n, "%s", errno ? strerror(errno) : "connection closed");
+    ERR_clear_error();
+    return buf;
+}
+
+static void set_timeouts(int fd, double s)
+{
+    struct timeval tv = { .tv_sec = (time_t)s,
+                          .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6) };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* A blocking TCP connection to host:port within timeout seconds, or -1. */
+static int tcp_connect(const char *host, int port, double timeout, char *err)
+{
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port);
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai, *a;
+    int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai) {
+        kiq_seterr(err, KIQ_EREDIS, "connect: %s", gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1, saved = 0;
+    for (a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (rc < 0 && errno == EINPROGRESS) {
+            struct pollfd p = { .fd = fd, .events = POLLOUT };
+            socklen_t sl = sizeof(saved);
+            rc = poll(&p, 1, (int)(timeout * 1000));
+            if (rc == 0)
+                saved = ETIMEDOUT;
+            else if (rc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &saved, &sl) == 0 && !saved)
+                rc = 0;
+            else
+                rc = -1;
+            if (saved)
+                rc = -1;
+        } else if (rc < 0) {
+            saved = errno;
+        }
+        if (rc < 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        kiq_seterr(err, KIQ_EREDIS, "connect: %s", strerror(saved ? saved : ECONNREFUSED));
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    set_timeouts(fd, timeout);
+    return fd;
+}
+
+/* The passphrase of an encrypted key is never asked on a terminal: such a
+ * key fails to load, with OpenSSL's reason. */
+static int no_passphrase(char *buf, int size, int rw, void *u)
+{
+    (void)buf, (void)size, (void)rw, (void)u;
+    return 0;
+}
+
+static SSL_CTX *make_ctx(const kiq_redis_tls_conf_t *t, char *err)
+{
+    char why[256];
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        kiq_seterr(err, KIQ_ENOMEM, "TLS: %s", ssl_reason(why, sizeof(why), NULL));
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
+    const char *bad = NULL;
+    if (t->ca_file || t->ca_path) {
+        if (SSL_CTX_load_verify_locations(ctx, t->ca_file, t->ca_path) != 1)
+            bad = t->ca_file ? "ca_file" : "ca_path";
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        bad = "the system's CA certificates";
+    }
+    if (!bad && t->cert && SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1)
+        bad = "cert";
+    if (!bad && t->key && SSL_CTX_use_PrivateKey_file(ctx, t->key, SSL_FILETYPE_PEM) != 1)
+        bad = "key";
+    if (!bad && t->cert && t->key && SSL_CTX_check_private_key(ctx) != 1)
+        bad = "key (it does not match cert)";
+    if (bad) {
+        kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load %s: %s", bad,
+                   ssl_reason(why, sizeof(why), NULL));
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    SSL_CTX_set_verify(ctx, t->verify_none ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
+    return ctx;
+}
+
+/* Writes all of buf through ssl (blocking socket with timeouts). */
+static int ssl_write_all(SSL *ssl, const char *buf, int n)
+{
+    while (n > 0) {
+        int w = SSL_write(ssl, buf, n);
+        if (w <= 0)
+            return -1;
+        buf += w;
+        n -= w;
+    }
+    return 0;
+}
+
+/* With TLS 1.3 the server checks a client certificate after the client's
+ * handshake is done, and says no on the first read: a PING now makes that
+ * refusal a failure of the connect, with its reason, and not of whatever
+ * command comes first. Any reply (+PONG, -NOAUTH) means accepted. */
+static int accepted(SSL *ssl)
+{
+    char c;
+    if (ssl_write_all(ssl, "PING\r\n", 6))
+        return -1;
+    do {
+        if (SSL_read(ssl, &c, 1) != 1)
+            return -1;
+    } while (c != '\n');
+    return 0;
+}
+
+/* Copies bytes both ways between the socketpair and the TLS session until
+ * either side ends or fails, then closes both, so that hiredis sees a
+ * broken connection and kiq connects afresh. */
+static void *pump(void *arg)
+{
+    kiq_tls_t *t = arg;
+    /* A write to a server that has gone fails with EPIPE here, rather
+     * than killing a process that did not ignore SIGPIPE. */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
+    char up[16384], down[16384];   /* hiredis -> server, server -> hiredis */
+    size_t ulen = 0, uoff = 0, dlen = 0, doff = 0;
+    for (;;) {
+        int progress = 0;
+        short tcp_ev = 0;
+        if (ulen == 0) {
+            ssize_t n = recv(t->pair, up, sizeof(up), 0);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+                break;
+            if (n > 0) {
+                ulen = (size_t)n;
+                uoff = 0;
+                progress = 1;
+            }
+        }
+        if (ulen > 0) {
+            int w = SSL_write(t->ssl, up + uoff, (int)(ulen - uoff));
+            if (w > 0) {
+                uoff += (size_t)w;
+                if (uoff == ulen)
+                    ulen = 0;
+                progress = 1;
+            } else {
+                int e = SSL_get_error(t->ssl, w);
+                if (e == SSL_ERROR_WANT_READ)
+                    tcp_ev |= POLLIN;
+                else if (e == SSL_ERROR_WANT_WRITE)
+                    tcp_ev |= POLLOUT;
+                else
+                    break;
+            }
+        }
+        if (dlen == 0) {
+            int r = SSL_read(t->ssl, down, sizeof(down));
+            if (r > 0) {
+                dlen = (size_t)r;
+                doff = 0;
+                progress = 1;
+            } else {
+                int e = SSL_get_error(t->ssl, r);
+                if (e == SSL_ERROR_WANT_READ)
+                    tcp_ev |= POLLIN;
+                else if (e == SSL_ERROR_WANT_WRITE)
+                    tcp_ev |= POLLOUT;
+                else
+                    break;   /* closed by the server, or a TLS error */
+            }
+        }
+        if (dlen > 0) {
+            ssize_t n = send(t->pair, down + doff, dlen - doff, MSG_NOSIGNAL);
+            if (n < 0 && errno != EAGAIN && errno != EINTR)
+                break;
+            if (n > 0) {
+                doff += (size_t)n;
+                if (doff == dlen)
+                    dlen = 0;
+                progress = 1;
+            }
+        }
+        if (progress)
+            continue;
+        struct pollfd p[2] = {
+            { .fd = t->pair, .events = (short)((ulen == 0 ? POLLIN : 0) | (dlen > 0 ? POLLOUT : 0)) },
+            { .fd = t->sock, .events = tcp_ev },
+        };
+        if (poll(p, 2, -1) < 0 && errno != EINTR)
+            break;
+        if (p[0].revents & (POLLHUP | POLLERR))
+            break;   /* hiredis closed its end */
+    }
+    ERR_clear_error();
+    shutdown(t->sock, SHUT_RDWR);
+    shutdown(t->pair, SHUT_RDWR);
+    return NULL;
+}
+
+static void free_parts(kiq_tls_t *t)
+{
+    if (!t)
+        return;
+    SSL_free(t->ssl);
+    if (t->sock >= 0)
+        close(t->sock);
+    if (t->pair >= 0)
+        close(t->pair);
+    free(t);
+}
+
+void kiq__tls_free(kiq_tls_t *t)
+{
+    if (!t)
+        return;
+    pthread_join(t->thread, NULL);
+    free_parts(t);
+}
+
+/* Warned once a process: every connection would say it again. */
+static atomic_int warned_verify_none;
+
+int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, int *fd,
+                     char *err)
+{
+    const kiq_redis_tls_conf_t *conf = &u->tls;
+    const char *name = conf->server_name ? conf->server_name : u->host;
+    char why[256];
+    err[0] = '\0';
+    pthread_once(&ssl_once, ssl_load);
+    if (!ssl_loaded)
+        return kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load libssl.so.3 (install libssl3)");
+    if (conf->verify_none && !atomic_exchange(&warned_verify_none, 1))
+        kiq_warn("TLS: verify=none: the Redis server's certificate is not checked; "
+                 "anyone on the path can read and change the traffic");
+    SSL_CTX *ctx = make_ctx(conf, err);
+    if (!ctx)
+        return KIQ_ECONFIG;
+    kiq_tls_t *t = calloc(1, sizeof(*t));
+    int pair[2] = { -1, -1 };
+    int rc = KIQ_ENOMEM;
+    if (!t)
+        goto fail;
+    t->sock = t->pair = -1;
+    t->sock = tcp_connect(u->host, u->port, timeout, err);
+    if (t->sock < 0) {
+        rc = KIQ_EREDIS;
+        goto fail;
+    }
+    t->ssl = SSL_new(ctx);
+    if (!t->ssl)
+        goto fail;
+    SSL_set_fd(t->ssl, t->sock);
+    /* SNI is for names only; an address is verified as one (IP SAN). */
+    struct in6_addr a6;
+    int is_ip = inet_pton(AF_INET, name, &a6) == 1 || inet_pton(AF_INET6, name, &a6) == 1;
+    if (!is_ip)
+        SSL_set_tlsext_host_name(t->ssl, name);
+    if (!conf->verify_none) {
+        X509_VERIFY_PARAM *vp = SSL_get0_param(t->ssl);
+        X509_VERIFY_PARAM_set_hostflags(vp, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+        if (is_ip ? X509_VERIFY_PARAM_set1_ip_asc(vp, name) != 1 : SSL_set1_host(t->ssl, name) != 1)
+            goto fail;
+    }
+    ERR_clear_error();
+    errno = 0;
+    int hs = SSL_connect(t->ssl);
+    if (hs != 1) {
+        int e = SSL_get_error(t->ssl, hs);
+        /* A TLS-level failure (a bad certificate, no common protocol, a
+         * server not speaking TLS) stays until the settings change; a
+         * dropped or silent connection may pass. */
+        rc = e == SSL_ERROR_SSL ? KIQ_ECONFIG : KIQ_EREDIS;
+        kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), t->ssl));
+        goto fail;
+    }
+    ERR_clear_error();
+    errno = 0;
+    if (accepted(t->ssl)) {
+        int ssl_err = ERR_peek_last_error() != 0;
+        rc = ssl_err ? KIQ_ECONFIG : KIQ_EREDIS;
+        kiq_seterr(err, rc, "TLS: the server refused this client: %s",
+                   ssl_reason(why, sizeof(why), NULL));
+        goto fail;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) {
+        rc = kiq_seterr(err, KIQ_ESYS, "TLS: socketpair: %s", strerror(errno));
+        goto fail;
+    }
+    t->pair = pair[0];
+    fcntl(t->pair, F_SETFL, fcntl(t->pair, F_GETFL) | O_NONBLOCK);
+    fcntl(t->sock, F_SETFL, fcntl(t->sock, F_GETFL) | O_NONBLOCK);
+    if (pthread_create(&t->thread, NULL, pump, t)) {
+        rc = kiq_seterr(err, KIQ_ESYS, "TLS: cannot start a thread");
+        goto fail;
+    }
+    SSL_CTX_free(ctx);   /* the session holds its own reference */
+    *out = t;
+    *fd = pair[1];
+    return 0;
+fail:
+    if (rc == KIQ_ENOMEM && !err[0])
+        kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), NULL));
+    if (pair[1] >= 0)
+        close(pair[1]);
+    free_parts(t);
+    SSL_CTX_free(ctx);
+    return rc;
+}

@@ -1,0 +1,273 @@
+/* rediss://: kiq run, push and stats against a real redis-server that
+ * speaks TLS (certificates made here with the openssl command), beside a
+ * plain port for the test's own connection, as Ruby clients would use. */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+TestSuite(tls, .timeout = 90, .fini = kt_kill_children);
+
+typedef struct tls_server {
+    char dir[400];
+    int port, tls_port;
+    pid_t pid;
+    redisContext *plain;   /* the test's own connection, on the plain port */
+} tls_server_t;
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    cr_assert(st == 0, "failed (%d): %s", st, cmd);
+}
+
+/* A CA (name), signing a server certificate for 127.0.0.1 and localhost
+ * and a client certificate, under dir; EC keys, as they are quick to make. */
+static void make_ca(const char *dir, const char *name)
+{
+    sh("cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+       "-keyout %s.key -out %s.crt -days 2 -subj /CN=%s-test-ca 2>/dev/null",
+       dir, name, name, name);
+}
+
+static void make_certs(const char *dir)
+{
+    make_ca(dir, "ca");
+    make_ca(dir, "otherca");
+    sh("cd %s && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.cnf && "
+       "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key "
+       "-out server.csr -subj /CN=localhost 2>/dev/null && "
+       "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+       "-out server.crt -days 2 -extfile san.cnf 2>/dev/null && "
+       "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout client.key "
+       "-out client.csr -subj /CN=kiq-client 2>/dev/null && "
+       "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+       "-out client.crt -days 2 2>/dev/null", dir);
+}
+
+static redisContext *plain_connect(int port)
+{
+    struct timeval tv = { 2, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+    int ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (ok)
+        return c;
+    redisFree(c);
+    return NULL;
+}
+
+/* Starts redis-server with a plain port and a TLS port; auth_clients: a
+ * client certificate is required (mutual TLS). */
+static void server_start(tls_server_t *s, const char *name, int auth_clients)
+{
+    memset(s, 0, sizeof(*s));
+    char *d = kt_tmp(name);
+    snprintf(s->dir, sizeof(s->dir), "%s", d);
+    free(d);
+    sh("rm -rf %s && mkdir -p %s", s->dir, s->dir);
+    make_certs(s->dir);
+    s->port = kt_free_port();
+    s->tls_port = kt_free_port();
+    char port[16], tport[16], cert[500], key[500], ca[500], logf[500];
+    snprintf(port, sizeof(port), "%d", s->port);
+    snprintf(tport, sizeof(tport), "%d", s->tls_port);
+    snprintf(cert, sizeof(cert), "%s/server.crt", s->dir);
+    snprintf(key, sizeof(key), "%s/server.key", s->dir);
+    snprintf(ca, sizeof(ca), "%s/ca.crt", s->dir);
+    snprintf(logf, sizeof(logf), "%s/redis.log", s->dir);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        execlp("redis-server", "redis-server", "--port", port, "--tls-port", tport, "--bind",
+               "127.0.0.1", "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file",
+               ca, "--tls-auth-clients", auth_clients ? "yes" : "no", "--save", "", "--dir",
+               s->dir, "--logfile", logf, (char *)NULL);
+        _exit(127);
+    }
+    kt_track(s->pid);
+    cr_assert(KT_WAIT_UNTIL((s->plain = plain_connect(s->port)) != NULL, 20),
+              "redis-server with TLS did not start (see %s)", logf);
+}
+
+/* rediss://127.0.0.1:TLS_PORT/0?query */
+static const char *url(const tls_server_t *s, const char *query)
+{
+    static char u[1024];
+    snprintf(u, sizeof(u), "rediss://127.0.0.1:%d/0%s%s", s->tls_port, *query ? "?" : "", query);
+    return u;
+}
+
+static const char *ca_q(const tls_server_t *s, const char *file)
+{
+    static char q[600];
+    snprintf(q, sizeof(q), "ca_file=%s/%s", s->dir, file);
+    return q;
+}
+
+Test(tls, jobs_pushed_and_run_over_tls_and_after_a_dropped_connection)
+{
+    tls_server_t s;
+    server_start(&s, "tls-run", 0);
+    char u[1024];
+    snprintf(u, sizeof(u), "%s", url(&s, ca_q(&s, "ca.crt")));
+
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+                                             NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 1, "kiq push over TLS enqueued it");
+
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+
+    /* Every client of the worker is cut off; it connects again, over TLS. */
+    freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
+    char *jid = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+                                             NULL }, &jid), 0, "%s", jid);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 2, 30), "%s", kt_kiq_log(pid));
+    free(jid);
+
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", "--redis-url", u, NULL }, &out),
+                 0, "%s", out);
+    cr_assert(strstr(out, "\"concurrency\":2"), "the worker's process is listed: %s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_eq(kt_log_count(pid, "verify"), 0, "no warning while verifying");
+    redisFree(s.plain);
+}
+
+/* kiq run against u exits 78 at once, its log saying what. */
+static void refused_at_start(const char *u, const char *what)
+{
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, NULL });
+    int st = kt_wait_exit(pid, 30);
+    char *log = kt_kiq_log(pid);
+    cr_assert_eq(st, 78, "exit %d: %s", st, log);
+    cr_assert(strstr(log, what), "the log says %s: %s", what, log);
+    free(log);
+}
+
+Test(tls, a_wrong_ca_or_host_name_is_a_configuration_error_at_start)
+{
+    tls_server_t s;
+    server_start(&s, "tls-ca", 0);
+    char u[1024];
+    snprintf(u, sizeof(u), "%s", url(&s, ca_q(&s, "otherca.crt")));
+    refused_at_start(u, "TLS: certificate verify failed: ");
+    /* No CA given: the system's, which do not know the test CA. */
+    snprintf(u, sizeof(u), "%s", url(&s, ""));
+    refused_at_start(u, "TLS: certificate verify failed: ");
+    char q[700];
+    snprintf(q, sizeof(q), "%s&server_name=redis.example.com", ca_q(&s, "ca.crt"));
+    snprintf(u, sizeof(u), "%s", url(&s, q));
+    refused_at_start(u, "TLS: certificate verify failed: hostname mismatch");
+
+    /* A password in the URL is never in the log or the command line. */
+    snprintf(u, sizeof(u), "rediss://app:tls-s3cret@127.0.0.1:%d/0?%s", s.tls_port,
+             ca_q(&s, "otherca.crt"));
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, NULL });
+    char path[64], *cmdline = NULL;
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "starting") > 0, 20));
+    size_t n = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char buf[4096];
+        n = fread(buf, 1, sizeof(buf), f);
+        cmdline = memmem(buf, n, "tls-s3cret", 10);
+        fclose(f);
+    }
+    cr_assert_null(cmdline, "the password is in ps");
+    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_eq(kt_log_count(pid, "tls-s3cret"), 0, "the password is not logged");
+    cr_assert_gt(kt_log_count(pid, "rediss://app:***@127.0.0.1"), 0);
+
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--redis-url", url(&s, ca_q(&s, "otherca.crt")),
+                                             NULL }, &out), 1);
+    cr_assert(strstr(out, "TLS: certificate verify failed"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_int_on(s.plain, "DBSIZE"), 0);
+    redisFree(s.plain);
+}
+
+Test(tls, mutual_tls_needs_the_client_certificate)
+{
+    tls_server_t s;
+    server_start(&s, "tls-mutual", 1);
+    char q[1400], u[2048];
+    snprintf(q, sizeof(q), "%s&cert=%s/client.crt&key=%s/client.key", ca_q(&s, "ca.crt"), s.dir,
+             s.dir);
+    snprintf(u, sizeof(u), "%s", url(&s, q));
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+                                             NULL }, &out), 0, "%s", out);
+    free(out);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+
+    refused_at_start(url(&s, ca_q(&s, "ca.crt")), "TLS: the server refused this client: ");
+    redisFree(s.plain);
+}
+
+Test(tls, verify_none_connects_and_warns)
+{
+    tls_server_t s;
+    server_start(&s, "tls-none", 0);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", url(&s, "verify=none"), NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_eq(kt_log_count(pid, "TLS: verify=none"), 1, "warned once");
+    redisFree(s.plain);
+}
+
+Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
+{
+    tls_server_t s;
+    server_start(&s, "tls-conf", 1);
+    char yml[2048], u[128], cafile[600];
+    snprintf(yml, sizeof(yml),
+             "concurrency: 2\n"
+             "tls:\n"
+             "  ca_file: %s/ca.crt\n"
+             "  cert: %s/client.crt\n"
+             "  key: %s/client.key\n"
+             "  server_name: localhost\n", s.dir, s.dir, s.dir);
+    char *file = kt_write_file("tls.yml", yml);
+    snprintf(u, sizeof(u), "rediss://127.0.0.1:%d/0", s.tls_port);
+    char *job = kt_payload("RecordJob", "[\"done\"]", "0123456789abcdef01234567", "default");
+    cr_assert_eq(kt_int_on(s.plain, "RPUSH queue:default %s", job), 1);
+    free(job);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-C", file, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+
+    /* Flags: the CA alone is not enough for this server (no client cert). */
+    snprintf(cafile, sizeof(cafile), "%s/ca.crt", s.dir);
+    pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
+    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_gt(kt_log_count(pid, "TLS: the server refused this client"), 0);
+
+    /* TLS settings with a plain redis:// URL are a mistake, said at once. */
+    snprintf(u, sizeof(u), "redis://127.0.0.1:%d/0", s.port);
+    pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
+    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_gt(kt_log_count(pid, "tls: settings need a rediss:// URL"), 0, "%s", kt_kiq_log(pid));
+    free(file);
+    redisFree(s.plain);
+}
