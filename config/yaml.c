@@ -328,7 +328,7 @@ static int set_redis_url(ctx_t *c, const key_def_t *k, const char *key, yaml_nod
  * kiq manages its own way. */
 static const char *const redis_tuning[] = {
     "size", "pool_timeout", "network_timeout", "connect_timeout", "read_timeout",
-    "write_timeout", "timeout", "reconnect_attempts", "driver", "id", "ssl_params",
+    "write_timeout", "timeout", "reconnect_attempts", "driver", "id",
 };
 
 /* Options that choose which server or database to use: ignoring one would
@@ -364,6 +364,9 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
         int rc;
         if (name && !strcmp(name, "url"))
             rc = redis_url(c, sub, node(c, p->value));
+        else if (name && !strcmp(name, "ssl_params"))
+            rc = kiq_yaml__warn(c, kn, sub, "not read by kiq; give TLS settings under tls: "
+                                "(ca_file, cert, key, server_name, verify) and a rediss:// url");
         else if (name && in_list(name, redis_tuning, NELEM(redis_tuning)))
             rc = kiq_yaml__warn(c, kn, sub, "not used by kiq (a Ruby client option); ignored");
         else if (name && in_list(name, redis_target, NELEM(redis_target)))
