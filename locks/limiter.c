@@ -156,12 +156,15 @@ int kiq_limiter_acquire(kiq_limiter_t *lim, kiq_redis_t *r, double wait_timeout,
         double left = end - kiq__mono();
         if (retry_in)
             *retry_in = wait;
+        /* A concurrent slot frees when its holder releases, usually long
+         * before its lease ends: a waiter looks again every POLL_MAX for as
+         * long as it may wait. The others know when the next slot comes. */
+        if (lim->type == KIQ_LIMIT_CONCURRENT && wait > POLL_MAX)
+            wait = left > 0 ? (left < POLL_MAX ? left : POLL_MAX) : wait;
         if (wait > left)
             return kiq_seterr(err, KIQ_EDENIED, "limiter %s is over its limit for %.3f s more",
-                              lim->name, wait);
-        /* A concurrent slot frees when its holder releases, usually before
-         * its lease ends: look again soon. */
-        kiq__sleep(lim->type == KIQ_LIMIT_CONCURRENT && wait > POLL_MAX ? POLL_MAX : wait);
+                              lim->name, retry_in ? *retry_in : wait);
+        kiq__sleep(wait);
     }
 }
 

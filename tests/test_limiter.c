@@ -1,6 +1,7 @@
 /* Rate limiters: the C API against a real redis-server, and the per-class
  * `limit:` option with kiq processes sharing one limit. */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -148,4 +149,153 @@ Test(limiter, bucket_refills_at_the_start_of_each_interval)
     cr_assert_eq(kt_int("HGET limiter:tokens:bucket tokens"), 1);
     kiq_limiter_free(l);
     kiq_redis_free(r);
+}
+
+/* ---- the `limit:` class option, with kiq processes -------------------- */
+
+/* Pushes n LimitJob [key, ms] to "default". */
+static void push_limit_jobs(unsigned tag, const char *key, long ms, size_t n)
+{
+    char **p = calloc(n, sizeof(*p)), args[64], jid[25];
+    snprintf(args, sizeof(args), "[\"%s\",%ld]", key, ms);
+    for (size_t i = 0; i < n; i++) {
+        kt_make_jid(jid, tag, (unsigned)i);
+        p[i] = kt_payload("LimitJob", args, jid, "default");
+    }
+    kt_push_all(kt_redis(), "default", p, n);
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+static char *limit_yml(const char *name, const char *limit)
+{
+    char *body;
+    cr_assert(asprintf(&body, "average_scheduled_poll_interval: 0.2\nclasses:\n  LimitJob:\n"
+                              "    limit:\n%s", limit) > 0);
+    char *y = kt_write_file(name, body);
+    free(body);
+    return y;
+}
+
+/* Two processes of 10 processors share a concurrent limit of 3: never more
+ * than 3 jobs run at once, every job runs once, none fails. */
+Test(limiter, concurrent_limit_is_fleet_wide)
+{
+    char *y = limit_yml("conc.yml", "      type: concurrent\n      name: stripe\n      size: 3\n"
+                                    "      wait_timeout: 5\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(1, "lc", 50, 60);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lc:jids") == 60, 20), "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET lc:running") == 0, 5));
+    cr_assert_eq(kt_int("LLEN lc:starts"), 60, "a job ran twice");
+    cr_assert_eq(kt_int("GET lc:max"), 3);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+    cr_assert_eq(kt_int("ZCARD limiter:stripe:held"), 0, "every slot was given back");
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* A window of 10 per second over two processes: no calendar second sees
+ * more than 10 starts; the others wait in the schedule set and all run. */
+Test(limiter, window_limit_reschedules_and_runs_everything)
+{
+    char *y = limit_yml("win.yml", "      type: window\n      name: search\n      count: 10\n"
+                                   "      interval: second\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(2, "lw", 10, 50);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD schedule") > 0, 5), "no job was rescheduled");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lw:jids") == 50, 20), "%s", kt_kiq_log(a));
+    cr_assert_eq(kt_int("LLEN lw:starts"), 50, "a job ran twice");
+    redisReply *rep = kt_cmd("LRANGE lw:starts 0 -1");
+    long long sec = -1;
+    int in_sec = 0;
+    for (size_t i = 0; i < rep->elements; i++) {
+        long long s = atoll(rep->element[i]->str) / 1000;
+        in_sec = s == sec ? in_sec + 1 : 1;
+        sec = s;
+        cr_assert_leq(in_sec, 10, "second %lld saw more than 10 starts", s);
+    }
+    freeReplyObject(rep);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
+    cr_assert(kt_log_has(a, "limiter search is over its limit; rescheduled in") ||
+              kt_log_has(b, "limiter search is over its limit; rescheduled in"));
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* A running job keeps its slot past its lease (the lease is extended); a
+ * process killed with -9 gives its slots back once their leases lapse. */
+Test(limiter, killed_holder_frees_its_slots_when_the_lease_lapses)
+{
+    char *y = limit_yml("kill.yml", "      type: concurrent\n      name: gpu\n      size: 2\n"
+                                    "      lock_timeout: 1.5\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    push_limit_jobs(3, "lk", 20000, 2);
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET lk:running") == 2, 10), "%s", kt_kiq_log(a));
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "gpu", 2, 1.5);
+    kiq_limit_token_t t;
+    char err[KIQ_ERRLEN];
+    /* Twice the lease: still held while the jobs run. */
+    cr_assert_eq(kiq_limiter_acquire(l, r, 3, &t, NULL, err), KIQ_EDENIED, "%s", err);
+    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 5), 128 + SIGKILL);
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire(l, r, 2.5, &t, NULL, err), 0, "%s", err);
+    cr_assert_lt(kt_now() - t0, 2.5);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+    free(y);
+}
+
+/* Past max_limiter_reschedules the job fails into the retry set, its
+ * reschedule count in the payload. */
+Test(limiter, too_many_reschedules_go_through_retry)
+{
+    char *y = kt_write_file("max.yml", "average_scheduled_poll_interval: 0.2\nclasses:\n"
+                                      "  LimitJob:\n    max_limiter_reschedules: 1\n"
+                                      "    limit: { type: concurrent, name: one, size: 1 }\n");
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "one", 1, 60);
+    kiq_limit_token_t t;
+    char err[KIQ_ERRLEN];
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    push_limit_jobs(4, "lm", 10, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_kiq_log(a));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert_eq(rr->elements, 1);
+    char *job = strdup(rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert(strstr(job, "\"limiter_reschedules\":1"), "%s", job);
+    cr_assert(strstr(job, "Kiq::OverLimit"), "%s", job);
+    cr_assert_eq(kt_int("SCARD lm:jids"), 0);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    free(job);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+    free(y);
+}
+
+Test(limiter, bad_limit_configuration_fails_at_start)
+{
+    static const char *const cases[][2] = {
+        { "      type: leaky\n      size: 3\n", "classes.LimitJob.limit.type: unknown limiter type leaky" },
+        { "      type: concurrent\n      size: 0\n", "classes.LimitJob.limit.size: must be an integer >= 1" },
+        { "      type: window\n      count: 5\n      interval: -1\n", "classes.LimitJob.limit.interval: must be" },
+        { "      type: bucket\n      count: 5\n", "classes.LimitJob.limit.interval: is required for bucket" },
+        { "      size: 5\n", "classes.LimitJob.limit.type: is required" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *y = limit_yml("bad.yml", cases[i][0]), *out = NULL;
+        cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
+        cr_assert(strstr(out, cases[i][1]), "%s", out);
+        cr_assert(strstr(out, "bad.yml:"), "%s", out);
+        free(out);
+        free(y);
+    }
 }
