@@ -171,7 +171,7 @@ static void push_limit_jobs(unsigned tag, const char *key, long ms, size_t n)
 static char *limit_yml(const char *name, const char *limit)
 {
     char *body;
-    cr_assert(asprintf(&body, "average_scheduled_poll_interval: 0.2\nclasses:\n  LimitJob:\n"
+    cr_assert(asprintf(&body, "poll_interval_average: 0.3\nclasses:\n  LimitJob:\n"
                               "    limit:\n%s", limit) > 0);
     char *y = kt_write_file(name, body);
     free(body);
@@ -256,7 +256,7 @@ Test(limiter, killed_holder_frees_its_slots_when_the_lease_lapses)
  * reschedule count in the payload. */
 Test(limiter, too_many_reschedules_go_through_retry)
 {
-    char *y = kt_write_file("max.yml", "average_scheduled_poll_interval: 0.2\nclasses:\n"
+    char *y = kt_write_file("max.yml", "poll_interval_average: 0.3\nclasses:\n"
                                       "  LimitJob:\n    max_limiter_reschedules: 1\n"
                                       "    limit: { type: concurrent, name: one, size: 1 }\n");
     kiq_redis_t *r = kt_lib_redis();
