@@ -29,16 +29,19 @@ static const char *const type_names[] = {
     [KIQ_LIMIT_CONCURRENT] = "concurrent",
     [KIQ_LIMIT_WINDOW] = "window",
     [KIQ_LIMIT_BUCKET] = "bucket",
+    [KIQ_LIMIT_SLIDING] = "sliding",
+    [KIQ_LIMIT_LEAKY] = "leaky",
 };
+#define TYPE_LAST KIQ_LIMIT_LEAKY
 
 const char *kiq_limit_type_name(kiq_limit_type_t t)
 {
-    return t >= KIQ_LIMIT_CONCURRENT && t <= KIQ_LIMIT_BUCKET ? type_names[t] : "unknown";
+    return t >= KIQ_LIMIT_CONCURRENT && t <= TYPE_LAST ? type_names[t] : "unknown";
 }
 
 int kiq_limit_type_parse(const char *s, kiq_limit_type_t *out)
 {
-    for (int t = KIQ_LIMIT_CONCURRENT; s && t <= KIQ_LIMIT_BUCKET; t++)
+    for (int t = KIQ_LIMIT_CONCURRENT; s && t <= TYPE_LAST; t++)
         if (strcmp(s, type_names[t]) == 0) {
             *out = (kiq_limit_type_t)t;
             return 0;
@@ -88,7 +91,8 @@ kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long cou
                  type_names[type], count, lim->ms);
     snprintf(lim->meta_key, sizeof(lim->meta_key), "%s%s:meta", KIQ_KEY_LIMITER, name);
     snprintf(lim->state_key, sizeof(lim->state_key), "%s%s:%s", KIQ_KEY_LIMITER, name,
-             type == KIQ_LIMIT_CONCURRENT ? "held" : type == KIQ_LIMIT_WINDOW ? "w:" : "bucket");
+             type == KIQ_LIMIT_CONCURRENT ? "held" : type == KIQ_LIMIT_WINDOW ? "w:"
+                                                                               : type_names[type]);
     return lim;
 }
 
@@ -142,7 +146,7 @@ int kiq_limiter_acquire(kiq_limiter_t *lim, kiq_redis_t *r, double wait_timeout,
     if (!lim || !r || !token)
         return kiq_seterr(err, KIQ_EINVAL, "kiq_limiter_acquire: NULL argument");
     memset(token, 0, sizeof(*token));
-    if (lim->type == KIQ_LIMIT_CONCURRENT)
+    if (lim->type == KIQ_LIMIT_CONCURRENT || lim->type == KIQ_LIMIT_SLIDING)
         new_holder(token);
     double end = kiq__mono() + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {

@@ -284,7 +284,7 @@ Test(limiter, too_many_reschedules_go_through_retry)
 Test(limiter, bad_limit_configuration_fails_at_start)
 {
     static const char *const cases[][2] = {
-        { "      type: leaky\n      size: 3\n", "classes.LimitJob.limit.type: unknown limiter type leaky" },
+        { "      type: points\n      size: 3\n", "classes.LimitJob.limit.type: unknown limiter type points" },
         { "      type: concurrent\n      size: 0\n", "classes.LimitJob.limit.size: must be an integer >= 1" },
         { "      type: window\n      count: 5\n      interval: -1\n", "classes.LimitJob.limit.interval: must be" },
         { "      type: bucket\n      count: 5\n", "classes.LimitJob.limit.interval: is required for bucket" },
@@ -298,4 +298,35 @@ Test(limiter, bad_limit_configuration_fails_at_start)
         free(out);
         free(y);
     }
+}
+
+Test(limiter, sliding_counts_any_interval_and_leaky_drains_evenly)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    double in = 0;
+    kiq_limiter_t *s = mk(KIQ_LIMIT_SLIDING, "slide", 3, 0.6);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kiq_limiter_acquire(s, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(s, r, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.4 && in <= 0.6, "%f", in);
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire(s, r, 1, &t, NULL, err), 0, "%s", err);
+    cr_assert(kt_now() - t0 > 0.4, "%f", kt_now() - t0);
+    cr_assert_eq(kt_int("ZCARD limiter:slide:sliding"), 1);
+    kiq_limiter_free(s);
+    /* 4 per second: a burst of 4, then one every 0.25 s. */
+    kiq_limiter_t *l = mk(KIQ_LIMIT_LEAKY, "drip", 4, 1);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.15 && in <= 0.25, "%f", in);
+    t0 = kt_now();
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kiq_limiter_acquire(l, r, 1, &t, NULL, err), 0, "%s", err);
+    double took = kt_now() - t0;
+    cr_assert(took > 0.4 && took < 0.7, "%f", took);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
 }

@@ -11,6 +11,10 @@
  *               aligned on the epoch, in UTC): limiter:NAME:w:<start ms>.
  *   bucket      `count` tokens, all refilled at the start of each interval:
  *               the hash limiter:NAME:bucket (tokens, refill_at).
+ *   sliding     at most `count` acquisitions in any `interval` seconds
+ *               (the zset limiter:NAME:sliding of acquisition times).
+ *   leaky       bursts of up to `count`, drained at `count` per interval,
+ *               so acquisitions flow evenly (limiter:NAME:leaky: level, at).
  *
  * Each attempt is one Lua step on the Redis server's clock. A refusal tells
  * how long until a slot may be free, so a waiter sleeps exactly that (a
@@ -31,6 +35,8 @@ typedef enum kiq_limit_type {
     KIQ_LIMIT_CONCURRENT = 1,
     KIQ_LIMIT_WINDOW,
     KIQ_LIMIT_BUCKET,
+    KIQ_LIMIT_SLIDING,
+    KIQ_LIMIT_LEAKY,
 } kiq_limit_type_t;
 
 typedef struct kiq_limiter kiq_limiter_t;
@@ -39,7 +45,7 @@ typedef struct kiq_limiter kiq_limiter_t;
 #define KIQ_LIMIT_TOKEN_MAX 64
 
 /* What an acquisition holds (concurrent: the holder id of the slot); pass
- * it back to kiq_limiter_release. Empty for window and bucket. */
+ * it back to kiq_limiter_release. Other types need no release. */
 typedef struct kiq_limit_token {
     char id[KIQ_LIMIT_TOKEN_MAX];
 } kiq_limit_token_t;
@@ -52,7 +58,7 @@ KIQ_API kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, 
                                        double seconds, char *err);
 KIQ_API void kiq_limiter_free(kiq_limiter_t *lim);
 
-/* "concurrent", "window", "bucket" <-> the type; parse returns 0 or
+/* "concurrent", "window", "bucket", "sliding", "leaky" <-> the type; parse returns 0 or
  * KIQ_EINVAL. */
 KIQ_API const char *kiq_limit_type_name(kiq_limit_type_t t);
 KIQ_API int kiq_limit_type_parse(const char *s, kiq_limit_type_t *out);
