@@ -234,7 +234,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
     return rc;
 }
 
-static void class_unique_free(kiq_class_conf_t *cc)
+static void class_opts_free(kiq_class_conf_t *cc)
 {
     free(cc->limit_name);
     free(cc->lock);
@@ -319,14 +319,14 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
         return 0;
     }
     free(slot->queue);
-    class_unique_free(slot);
+    class_opts_free(slot);
     cc.name = slot->name;
     *slot = cc;
     free(until);
     return 0;
 out:
     free(cc.queue);
-    class_unique_free(&cc);
+    class_opts_free(&cc);
     free(until);
     return rc;
 }
@@ -336,7 +336,7 @@ static void free_classes(kiq_class_conf_t *cls, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(cls[i].name);
         free(cls[i].queue);
-        class_unique_free(&cls[i]);
+        class_opts_free(&cls[i]);
     }
     free(cls);
 }

@@ -131,9 +131,11 @@ static int attempt(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *
     long long st = rep->element[0]->integer;
     int rc = st == 1 ? 1 : 0;
     if (st == -1)
-        rc = kiq_seterr(err, KIQ_ECONFIG, "limiter %s is in use as \"%s\", not \"%s\"",
-                        lim->name, rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "?",
-                        lim->meta);
+        rc = kiq_seterr(err, KIQ_ECONFIG,
+                        "limiter %s is in use as \"%s\", not \"%s\" (to redefine it, stop its "
+                        "users and DEL %s)", lim->name,
+                        rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "?",
+                        lim->meta, lim->meta_key);
     else if (st == 0)
         *wait_ms = rep->element[1]->type == REDIS_REPLY_INTEGER ? rep->element[1]->integer : 0;
     freeReplyObject(rep);
