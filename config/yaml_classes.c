@@ -216,7 +216,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
     kiq_limit_type_t t = 0;
     if (!rc && (!type || kiq_limit_type_parse(type, &t))) {
         snprintf(sub, sizeof(sub), "%s.type", key);
-        rc = kiq_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky)",
+        rc = kiq_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
                             type ? "unknown limiter type " : "is required", type ? type : "");
     }
     if (!rc && cc->limit_count < 1) {

@@ -31,8 +31,9 @@ static const char *const type_names[] = {
     [KIQ_LIMIT_BUCKET] = "bucket",
     [KIQ_LIMIT_SLIDING] = "sliding",
     [KIQ_LIMIT_LEAKY] = "leaky",
+    [KIQ_LIMIT_POINTS] = "points",
 };
-#define TYPE_LAST KIQ_LIMIT_LEAKY
+#define TYPE_LAST KIQ_LIMIT_POINTS
 
 const char *kiq_limit_type_name(kiq_limit_type_t t)
 {
@@ -113,15 +114,16 @@ static void new_holder(kiq_limit_token_t *t)
 }
 
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
-static int attempt(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *t,
+static int attempt(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *t, long points,
                    long long *wait_ms, char *err)
 {
-    char count[24], ms[24];
+    char count[24], ms[24], cost[24];
     snprintf(count, sizeof(count), "%ld", lim->count);
     snprintf(ms, sizeof(ms), "%lld", lim->ms);
+    snprintf(cost, sizeof(cost), "%ld", points);
     const char *argv[] = { lim->meta_key, lim->state_key, type_names[lim->type], lim->meta,
-                           count, ms, t->id };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_ACQUIRE, 2, 7, argv, NULL);
+                           count, ms, t->id, cost };
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_ACQUIRE, 2, 8, argv, NULL);
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_INTEGER) {
         int rc = kiq__reply_error(r, rep, "limiter", err);
@@ -145,15 +147,27 @@ static int attempt(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *
 int kiq_limiter_acquire(kiq_limiter_t *lim, kiq_redis_t *r, double wait_timeout,
                         kiq_limit_token_t *token, double *retry_in, char *err)
 {
+    return kiq_limiter_acquire_points(lim, r, 1, wait_timeout, token, retry_in, err);
+}
+
+int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
+                               double wait_timeout, kiq_limit_token_t *token, double *retry_in,
+                               char *err)
+{
     if (!lim || !r || !token)
         return kiq_seterr(err, KIQ_EINVAL, "kiq_limiter_acquire: NULL argument");
+    if (lim->type != KIQ_LIMIT_POINTS)
+        points = 1;
+    if (points < 1 || points > lim->count)
+        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: a cost of %ld points does not fit in "
+                          "its budget of %ld", lim->name, points, lim->count);
     memset(token, 0, sizeof(*token));
     if (lim->type == KIQ_LIMIT_CONCURRENT || lim->type == KIQ_LIMIT_SLIDING)
         new_holder(token);
     double end = kiq__mono() + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {
         long long wait_ms = 0;
-        int rc = attempt(lim, r, token, &wait_ms, err);
+        int rc = attempt(lim, r, token, points, &wait_ms, err);
         if (rc == 1)
             return 0;
         if (rc < 0)

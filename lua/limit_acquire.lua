@@ -3,11 +3,12 @@
 -- used with), KEYS[2] the state key: limiter:NAME:held (concurrent: zset of
 -- holder ids scored by lease expiry, ms), limiter:NAME:bucket (hash tokens,
 -- refill_at), limiter:NAME:sliding (zset of acquisitions by time),
--- limiter:NAME:leaky (hash level, at) or limiter:NAME:w: (window: the prefix of one counter per
+-- limiter:NAME:leaky or :points (hash level, at) or limiter:NAME:w: (window: the prefix of one counter per
 -- window start; the window key is made here from the server clock, so
 -- this script is not for Redis Cluster).
 -- ARGV[1] type, ARGV[2] meta text, ARGV[3] size or count, ARGV[4] lease or
--- interval (ms), ARGV[5] holder id (concurrent) or acquisition id (sliding).
+-- interval (ms), ARGV[5] holder id (concurrent) or acquisition id (sliding),
+-- ARGV[6] cost (points).
 -- Returns {1, 0} taken, {0, ms} refused and the ms until a slot may be
 -- free, {-1, meta} the name is used with other parameters.
 -- Times come from the Redis server so that every process agrees.
@@ -61,16 +62,17 @@ if kind == 'sliding' then
   local first = redis.call('ZRANGE', s, 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) + ms - now}
 end
-if kind == 'leaky' then
-  -- level drains at size per interval; a drop fits while level + 1 <= size.
-  local b = KEYS[2]
+if kind == 'leaky' or kind == 'points' then
+  -- level drains at size per interval; cost points fit while
+  -- level + cost <= size (leaky: cost 1).
+  local b, cost = KEYS[2], tonumber(ARGV[6] or '1')
   local level = tonumber(redis.call('HGET', b, 'level') or '0')
   local at = tonumber(redis.call('HGET', b, 'at') or now)
   level = math.max(0, level - (now - at) * size / ms)
-  if level + 1 > size then
-    return {0, math.ceil((level + 1 - size) * ms / size)}
+  if level + cost > size then
+    return {0, math.ceil((level + cost - size) * ms / size)}
   end
-  level = level + 1
+  level = level + cost
   redis.call('HSET', b, 'level', tostring(level), 'at', now)
   redis.call('PEXPIRE', b, math.ceil(level * ms / size) + 1)
   return {1, 0}

@@ -59,7 +59,7 @@
 /* ---- kiq's rate limiters (kiq/limiter.h) ---------------------------------- */
 
 #define KIQ_KEY_LIMITER "limiter:"         /* + name + :meta, :held, :bucket, :sliding,
-                                              :leaky, :w:<ms> */
+                                              :leaky, :points, :w:<ms> */
 
 /* a then b into out (n bytes), e.g. kiq__key(k, sizeof(k), KIQ_KEY_QUEUE, name)
  * or kiq__key(k, sizeof(k), digest, KIQ_KEY_LOCKED). Truncates like snprintf. */

@@ -284,7 +284,7 @@ Test(limiter, too_many_reschedules_go_through_retry)
 Test(limiter, bad_limit_configuration_fails_at_start)
 {
     static const char *const cases[][2] = {
-        { "      type: points\n      size: 3\n", "classes.LimitJob.limit.type: unknown limiter type points" },
+        { "      type: throttle\n      size: 3\n", "classes.LimitJob.limit.type: unknown limiter type throttle" },
         { "      type: concurrent\n      size: 0\n", "classes.LimitJob.limit.size: must be an integer >= 1" },
         { "      type: window\n      count: 5\n      interval: -1\n", "classes.LimitJob.limit.interval: must be" },
         { "      type: bucket\n      count: 5\n", "classes.LimitJob.limit.interval: is required for bucket" },
@@ -327,6 +327,28 @@ Test(limiter, sliding_counts_any_interval_and_leaky_drains_evenly)
         cr_assert_eq(kiq_limiter_acquire(l, r, 1, &t, NULL, err), 0, "%s", err);
     double took = kt_now() - t0;
     cr_assert(took > 0.4 && took < 0.7, "%f", took);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+Test(limiter, points_spend_a_cost_from_a_restoring_budget)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    double in = 0;
+    /* 100 points, restored at 100 per second. */
+    kiq_limiter_t *l = mk(KIQ_LIMIT_POINTS, "graphql", 100, 1);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 70, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 50, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.1 && in <= 0.2, "%f", in);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 20, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 101, 5, &t, NULL, err), KIQ_EINVAL);
+    cr_assert(strstr(err, "does not fit"), "%s", err);
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 60, 2, &t, NULL, err), 0, "%s", err);
+    double took = kt_now() - t0;
+    cr_assert(took > 0.4 && took < 0.8, "%f", took);
     kiq_limiter_free(l);
     kiq_redis_free(r);
 }

@@ -15,6 +15,9 @@
  *               (the zset limiter:NAME:sliding of acquisition times).
  *   leaky       bursts of up to `count`, drained at `count` per interval,
  *               so acquisitions flow evenly (limiter:NAME:leaky: level, at).
+ *   points      a budget of `count` points restored at `count` per interval;
+ *               each acquisition spends its cost (kiq_limiter_acquire_points),
+ *               as GraphQL APIs with query costs do (limiter:NAME:points).
  *
  * Each attempt is one Lua step on the Redis server's clock. A refusal tells
  * how long until a slot may be free, so a waiter sleeps exactly that (a
@@ -37,6 +40,7 @@ typedef enum kiq_limit_type {
     KIQ_LIMIT_BUCKET,
     KIQ_LIMIT_SLIDING,
     KIQ_LIMIT_LEAKY,
+    KIQ_LIMIT_POINTS,
 } kiq_limit_type_t;
 
 typedef struct kiq_limiter kiq_limiter_t;
@@ -58,7 +62,8 @@ KIQ_API kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, 
                                        double seconds, char *err);
 KIQ_API void kiq_limiter_free(kiq_limiter_t *lim);
 
-/* "concurrent", "window", "bucket", "sliding", "leaky" <-> the type; parse returns 0 or
+/* "concurrent", "window", "bucket", "sliding", "leaky", "points" <->
+ * the type; parse returns 0 or
  * KIQ_EINVAL. */
 KIQ_API const char *kiq_limit_type_name(kiq_limit_type_t t);
 KIQ_API int kiq_limit_type_parse(const char *s, kiq_limit_type_t *out);
@@ -70,6 +75,12 @@ KIQ_API int kiq_limit_type_parse(const char *s, kiq_limit_type_t *out);
  * parameters, or a Redis error; err says why. */
 KIQ_API int kiq_limiter_acquire(kiq_limiter_t *lim, kiq_redis_t *r, double wait_timeout,
                                 kiq_limit_token_t *token, double *retry_in, char *err);
+/* kiq_limiter_acquire spending points (points limiters; 1 for the others'
+ * sake, which ignore it). points above the limiter's count can never fit:
+ * KIQ_EINVAL. */
+KIQ_API int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
+                                       double wait_timeout, kiq_limit_token_t *token,
+                                       double *retry_in, char *err);
 /* Gives a concurrent slot back; only its holder can. Returns 0, or
  * KIQ_ENOTFOUND when the token no longer held a slot (its lease lapsed),
  * or a Redis error. A no-op for the other types. */
