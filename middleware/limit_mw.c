@@ -67,7 +67,8 @@ static void *extender(void *arg)
             if (h->next_at < soonest)
                 soonest = h->next_at;
         }
-        struct timespec ts = kiq__timespec(soonest - kiq__now());
+        double in = soonest - kiq__now();
+        struct timespec ts = kiq__timespec(in > 0 ? in : 0);
         pthread_cond_timedwait(&ext.cv, &ext.mu, &ts);
     }
     ext.running = 0;
@@ -81,6 +82,8 @@ static void hold_start(hold_t *h, const char *url)
     pthread_mutex_lock(&ext.mu);
     h->next = ext.list;
     ext.list = h;
+    /* Its lease may be shorter than any the extender is waiting on. */
+    pthread_cond_signal(&ext.cv);
     if (!ext.running) {
         pthread_t t;
         pthread_attr_t a;
