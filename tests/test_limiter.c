@@ -352,3 +352,23 @@ Test(limiter, points_spend_a_cost_from_a_restoring_budget)
     kiq_limiter_free(l);
     kiq_redis_free(r);
 }
+
+/* A class whose limit clashes with the name's recorded type fails its job
+ * (retried as usual) and leaves the limiter as it was. */
+Test(limiter, class_limit_clashing_with_the_name_fails_the_job)
+{
+    kt_int("SET limiter:shared:meta %s", "window count=5 interval_ms=1000");
+    char *y = limit_yml("clash.yml", "      type: concurrent\n      name: shared\n      size: 3\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    push_limit_jobs(5, "lx", 10, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_kiq_log(a));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert_eq(rr->elements, 1);
+    cr_assert(strstr(rr->element[0]->str, "Kiq::LimiterConfigError"), "%s", rr->element[0]->str);
+    cr_assert(strstr(rr->element[0]->str, "limiter shared is in use as"), "%s", rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert_eq(kt_int("SCARD lx:jids"), 0);
+    cr_assert_eq(kt_int("EXISTS limiter:shared:held"), 0);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    free(y);
+}
