@@ -132,10 +132,11 @@ static int over_limit(kiq_mw_t *mw, const kiq_class_conf_t *cc, const char *name
 {
     kiq_job_t *job = mw->job;
     long n = reschedules(job);
-    if (n >= cc->max_limiter_reschedules)
-        return kiq_job_fail(job, "Kiq::OverLimit",
-                            "limiter %s stayed over its limit through %ld reschedules", name, n),
-               0;
+    if (n >= cc->max_limiter_reschedules) {
+        kiq_job_fail(job, "Kiq::OverLimit",
+                     "limiter %s stayed over its limit through %ld reschedules", name, n);
+        return 0;
+    }
     if (cc->limit_type == KIQ_LIMIT_CONCURRENT) {
         double backoff = 0.5 * (double)(1L << (n < 6 ? n : 6));
         if (in > backoff)
@@ -172,8 +173,10 @@ int kiq__limit_mw(kiq_mw_t *mw, void *udata)
     const char *name = cc->limit_name ? cc->limit_name : cc->name;
     kiq_limiter_t *lim = kiq_limiter_new((kiq_limit_type_t)cc->limit_type, name, cc->limit_count,
                                          cc->limit_seconds, err);
-    if (!lim)
-        return kiq_job_fail(mw->job, "Kiq::LimiterError", "%s", err), 0;
+    if (!lim) {
+        kiq_job_fail(mw->job, "Kiq::LimiterError", "%s", err);
+        return 0;
+    }
     kiq_limit_token_t tok;
     double in = 0;
     int rc = kiq_limiter_acquire(lim, mw->r, cc->limit_wait, &tok, &in, err);

@@ -128,7 +128,7 @@ Test(limiter, window_counts_per_calendar_window_and_says_when_it_reopens)
     /* Waiting is exact: the 4th gets in right after the second turns. */
     cr_assert_eq(kiq_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
     double now = wall(), frac = now - (double)(long)now;
-    cr_assert(frac < 0.2, "%f", frac);
+    cr_assert(frac < 0.3, "%f", frac);
     cr_assert_eq(kiq_limiter_release(l, r, &t, err), 0);
     kiq_limiter_free(l);
     kiq_redis_free(r);
@@ -326,7 +326,7 @@ Test(limiter, sliding_counts_any_interval_and_leaky_drains_evenly)
     for (int i = 0; i < 2; i++)
         cr_assert_eq(kiq_limiter_acquire(l, r, 1, &t, NULL, err), 0, "%s", err);
     double took = kt_now() - t0;
-    cr_assert(took > 0.4 && took < 0.7, "%f", took);
+    cr_assert(took > 0.4 && took < 1.0, "%f", took);
     kiq_limiter_free(l);
     kiq_redis_free(r);
 }
@@ -348,7 +348,7 @@ Test(limiter, points_spend_a_cost_from_a_restoring_budget)
     double t0 = kt_now();
     cr_assert_eq(kiq_limiter_acquire_points(l, r, 60, 2, &t, NULL, err), 0, "%s", err);
     double took = kt_now() - t0;
-    cr_assert(took > 0.4 && took < 0.8, "%f", took);
+    cr_assert(took > 0.4 && took < 1.2, "%f", took);
     kiq_limiter_free(l);
     kiq_redis_free(r);
 }
