@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "config/yaml.h"
+#include "kiq/limiter.h"
 #include "kiq/unique.h"
+#include "support/number.h"
 
 /* retry: true (max_retries), false (no retries) or a count. */
 static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
@@ -152,8 +154,89 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
     return 1;
 }
 
-static void class_unique_free(kiq_class_conf_t *cc)
+/* A number of seconds for a limit option, > 0 (interval words allowed
+ * when words is set). */
+static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, double *out)
 {
+    static const struct { const char *w; double s; } named[] = {
+        { "second", 1 }, { "minute", 60 }, { "hour", 3600 }, { "day", 86400 },
+    };
+    const char *want = words ? "must be second, minute, hour, day or a number of seconds > 0"
+                             : "must be a number of seconds > 0";
+    char *s = NULL;
+    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    int found = 0;
+    for (size_t i = 0; words && i < sizeof(named) / sizeof(named[0]) && !found; i++)
+        if (!strcmp(s, named[i].w)) {
+            *out = named[i].s;
+            found = 1;
+        }
+    if (!found && kiq__parse_number(s, 0, 0.001, 366 * 86400.0, out))
+        rc = kiq_yaml__fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
+/* `limit: {type: concurrent, name: stripe, size: 5}` (window and bucket
+ * take count: and interval:), checked whole so a bad limit fails at start. */
+static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf_t *cc)
+{
+    if (v->type != YAML_MAPPING_NODE)
+        return kiq_yaml__fail(c, v, key, "must be a mapping (type, name, size or count, ...)");
+    char sub[KIQ_ERRLEN], *type = NULL;
+    long n;
+    int rc = 0;
+    yaml_node_t *count_node = NULL, *interval_node = NULL;
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
+         p < v->data.mapping.pairs.top && rc == 0; p++) {
+        const char *o = key_name(node(c, p->key));
+        yaml_node_t *ov = node(c, p->value);
+        snprintf(sub, sizeof(sub), "%s.%s", key, o ? o : "?");
+        if (o && !strcmp(o, "type"))
+            rc = kiq_yaml__set_string(c, sub, ov, &type, NULL);
+        else if (o && !strcmp(o, "name"))
+            rc = kiq_yaml__set_string(c, sub, ov, &cc->limit_name, NULL);
+        else if (o && (!strcmp(o, "size") || !strcmp(o, "count"))) {
+            count_node = ov;
+            if (!(rc = class_count(c, sub, ov, INT_MAX, &n)))
+                cc->limit_count = n;
+        } else if (o && (!strcmp(o, "interval") || !strcmp(o, "lock_timeout"))) {
+            interval_node = ov;
+            rc = limit_seconds(c, sub, ov, !strcmp(o, "interval"), &cc->limit_seconds);
+        } else if (o && !strcmp(o, "wait_timeout")) {
+            if (!(rc = class_count(c, sub, ov, 86400, &n)))
+                cc->limit_wait = (double)n;
+        } else
+            rc = kiq_yaml__fail(c, node(c, p->key), sub,
+                                "unknown key (type, name, size, count, interval, lock_timeout, "
+                                "wait_timeout)");
+    }
+    kiq_limit_type_t t = 0;
+    if (!rc && (!type || kiq_limit_type_parse(type, &t))) {
+        snprintf(sub, sizeof(sub), "%s.type", key);
+        rc = kiq_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
+                            type ? "unknown limiter type " : "is required", type ? type : "");
+    }
+    if (!rc && cc->limit_count < 1) {
+        const char *what = t == KIQ_LIMIT_CONCURRENT ? "size" : "count";
+        snprintf(sub, sizeof(sub), "%s.%s", key, what);
+        rc = kiq_yaml__fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
+    }
+    if (!rc && t != KIQ_LIMIT_CONCURRENT && cc->limit_seconds <= 0) {
+        snprintf(sub, sizeof(sub), "%s.interval", key);
+        rc = kiq_yaml__fail(c, interval_node ? interval_node : v, sub, "is required for %s", type);
+    }
+    if (!rc)
+        cc->limit_type = (int)t;
+    free(type);
+    return rc;
+}
+
+static void class_opts_free(kiq_class_conf_t *cc)
+{
+    free(cc->limit_name);
     free(cc->lock);
     free(cc->lock_prefix);
     free(cc->lock_args);
@@ -165,7 +248,7 @@ static void class_unique_free(kiq_class_conf_t *cc)
 static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
 {
     char key[KIQ_ERRLEN];
-    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET };
+    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET, .max_limiter_reschedules = 20 };
     long unique_for = 0;
     char *until = NULL;
     int rc = 0;
@@ -186,6 +269,13 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
                 rc = kiq_yaml__set_string(c, key, ov, &cc.queue, NULL);
             else if (oname && !strcmp(oname, "retry"))
                 rc = class_retry(c, key, ov, &cc.retry);
+            else if (oname && !strcmp(oname, "limit"))
+                rc = class_limit(c, key, ov, &cc);
+            else if (oname && !strcmp(oname, "max_limiter_reschedules")) {
+                long n = 0;
+                if (!(rc = class_count(c, key, ov, INT_MAX, &n)))
+                    cc.max_limiter_reschedules = (int)n;
+            }
             else if (!oname ||
                      (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)
                 rc = kiq_yaml__fail(c, opt, key, "unknown key");
@@ -229,14 +319,14 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
         return 0;
     }
     free(slot->queue);
-    class_unique_free(slot);
+    class_opts_free(slot);
     cc.name = slot->name;
     *slot = cc;
     free(until);
     return 0;
 out:
     free(cc.queue);
-    class_unique_free(&cc);
+    class_opts_free(&cc);
     free(until);
     return rc;
 }
@@ -246,7 +336,7 @@ static void free_classes(kiq_class_conf_t *cls, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(cls[i].name);
         free(cls[i].queue);
-        class_unique_free(&cls[i]);
+        class_opts_free(&cls[i]);
     }
     free(cls);
 }

@@ -103,6 +103,35 @@ static int overlap_job(kiq_job_t *job, void *ud)
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "INCR %s:running failed", key);
 }
 
+/* LimitJob [key, ms]: what a rate limit lets through, kept in Redis so it
+ * spans processes. At start, in one step: INCR key:running, raise key:max to
+ * it if higher, RPUSH the Redis clock (ms) to key:starts and SADD the jid to
+ * key:jids; then sleep ms (default 50) and DECR key:running. */
+static int limit_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    static const char start[] =
+        "local n = redis.call('INCR', KEYS[1] .. ':running')\n"
+        "if n > tonumber(redis.call('GET', KEYS[1] .. ':max') or '0') then\n"
+        "  redis.call('SET', KEYS[1] .. ':max', n) end\n"
+        "local t = redis.call('TIME')\n"
+        "redis.call('RPUSH', KEYS[1] .. ':starts', t[1] * 1000 + math.floor(t[2] / 1000))\n"
+        "redis.call('SADD', KEYS[1] .. ':jids', ARGV[1])\n"
+        "return n\n";
+    const char *key = arg_str(job, 0, "kiq:limit");
+    long ms = arg_long(job, 1, 50);
+    redisContext *c = kiq_job_redis(job);
+    redisReply *r = redisCommand(c, "EVAL %s 1 %s %s", start, key, kiq_job_jid(job));
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    if (ok)
+        freeReplyObject(redisCommand(c, "DECR %s:running", key));
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "LimitJob %s: start failed", key);
+}
+
 /* AjRecordJob (an ActiveJob class): RPUSH to "kiq:aj" the JSON of
  * {"class": kiq_job_class, "jid": ..., "arguments": kiq_job_aj_args}, to show
  * what a handler receives from perform_later. */
@@ -172,6 +201,7 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     rc |= kiq_register(rt, "RecordJob", record_job, NULL, &opts);
     rc |= kiq_register(rt, "CrashJob", crash_job, NULL, &opts);
     rc |= kiq_register(rt, "OverlapJob", overlap_job, NULL, &opts);
+    rc |= kiq_register(rt, "LimitJob", limit_job, NULL, &opts);
     rc |= kiq_register(rt, "SegfaultJob", segfault_job, NULL, &opts);
     rc |= kiq_register(rt, "AjRecordJob", aj_record_job, NULL, &opts);
     rc |= kiq_register(rt, "FailingAjJob", failing_aj_job, NULL, &opts);

@@ -55,6 +55,8 @@ void kiq__mw_clear(kiq_mw_t *mw);
 
 /* The lock to release at ack for this outcome, or NULL. */
 const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
+/* The "limit" server middleware (middleware/limit_mw.c). */
+int kiq__limit_mw(kiq_mw_t *mw, void *udata);
 /* Records v9's "unlocked" metric for a lock the ack released. */
 void kiq__mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r);
 

@@ -56,6 +56,11 @@
 #define KIQ_QLOCK_ACQ_ID "rql:acq:"         /* acquirer id prefix (not a key) */
 #define KIQ_QLOCK_HST_ID "rql:hst:"         /* host id prefix (not a key) */
 
+/* ---- kiq's rate limiters (kiq/limiter.h) ---------------------------------- */
+
+#define KIQ_KEY_LIMITER "limiter:"         /* + name + :meta, :held, :bucket, :sliding,
+                                              :leaky, :points, :w:<ms> */
+
 /* a then b into out (n bytes), e.g. kiq__key(k, sizeof(k), KIQ_KEY_QUEUE, name)
  * or kiq__key(k, sizeof(k), digest, KIQ_KEY_LOCKED). Truncates like snprintf. */
 static inline void kiq__key(char *out, size_t n, const char *a, const char *b)

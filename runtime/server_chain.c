@@ -1,5 +1,5 @@
 /* The server chain a job runs through: the built-in middleware ("stats",
- * "retry", "unique"), those a plugin adds, and at its end the handler. */
+ * "retry", "unique", "limit"), those a plugin adds, and at its end the handler. */
 #include "runtime/rt.h"
 
 #include <pthread.h>
@@ -169,7 +169,8 @@ kiq_chain_t *kiq_runtime_server_chain(kiq_runtime_t *rt)
         return rt->server_chain;
     kiq_chain_t *c = kiq_chain_new();
     if (!c || kiq_chain_add(c, "stats", stats_mw, rt) || kiq_chain_add(c, "retry", retry_mw, rt) ||
-        kiq_chain_add(c, "unique", kiq_unique_server_mw, NULL)) {
+        kiq_chain_add(c, "unique", kiq_unique_server_mw, NULL) ||
+        kiq_chain_add(c, "limit", kiq__limit_mw, NULL)) {
         kiq_chain_free(c);
         return NULL;
     }

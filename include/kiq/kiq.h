@@ -12,5 +12,6 @@
 #include "client.h"
 #include "unique.h"
 #include "middleware.h"
+#include "limiter.h"
 
 #endif

@@ -1,0 +1,205 @@
+/* The "limit" server middleware: runs a job whose class has a `limit:`
+ * option (kiq/config.h) only within its rate limiter (kiq/limiter.h).
+ *
+ * Over the limit, the job neither runs nor fails: it goes to the schedule
+ * set for when the limiter says a slot may be free (a concurrent limiter
+ * only knows when the oldest lease lapses, so its jobs back off from 0.5 s,
+ * doubling, up to that), counting its reschedules in the payload's
+ * "limiter_reschedules". Past max_limiter_reschedules it fails with
+ * Kiq::OverLimit and the retry rules take over.
+ *
+ * A concurrent slot is a lease of lock_timeout. While the handler runs, one
+ * thread per process (the extender, running only while some job holds a
+ * slot) renews the lease every lock_timeout / 3 on its own connection, so
+ * a live job never loses its slot and a killed process's slots free
+ * themselves when their leases lapse. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiq/limiter.h"
+#include "middleware/mw.h"
+#include "support/log.h"
+#include "support/payload.h"
+#include "support/time.h"
+
+/* A slot being held by a running job; lives on that job's stack. */
+typedef struct hold {
+    struct hold *next;
+    kiq_limiter_t *lim;
+    kiq_limit_token_t tok;
+    const char *name;
+    double every, next_at; /* epoch s */
+} hold_t;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    hold_t *list;
+    int running;
+} ext = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0 };
+
+/* Renews due leases until no job holds a slot, then exits. The mutex is
+ * held across each renewal so that a hold is never unlinked (and its stack
+ * frame gone) while in use. */
+static void *extender(void *arg)
+{
+    char *url = arg, err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(url, 10, err);
+    free(url);
+    pthread_mutex_lock(&ext.mu);
+    while (ext.list) {
+        double now = kiq__now(), soonest = now + 60;
+        for (hold_t *h = ext.list; h; h = h->next) {
+            if (h->next_at <= now) {
+                int rc = !r ? KIQ_EREDIS : kiq_redis_ok(r) ? 0 : kiq_redis_connect(r);
+                if (!rc)
+                    rc = kiq_limiter_extend(h->lim, r, &h->tok, err);
+                else if (r)
+                    snprintf(err, sizeof(err), "%s", kiq_redis_error(r));
+                if (rc)
+                    kiq_warn("limiter %s: could not extend the lease of %s: %s", h->name,
+                             h->tok.id, r ? err : "no connection");
+                /* A lapsed lease cannot come back; a Redis error may pass. */
+                h->next_at = rc == KIQ_ENOTFOUND ? now + 86400 : now + h->every;
+            }
+            if (h->next_at < soonest)
+                soonest = h->next_at;
+        }
+        double in = soonest - kiq__now();
+        struct timespec ts = kiq__timespec(in > 0 ? in : 0);
+        pthread_cond_timedwait(&ext.cv, &ext.mu, &ts);
+    }
+    ext.running = 0;
+    pthread_mutex_unlock(&ext.mu);
+    kiq_redis_free(r);
+    return NULL;
+}
+
+static void hold_start(hold_t *h, const char *url)
+{
+    pthread_mutex_lock(&ext.mu);
+    h->next = ext.list;
+    ext.list = h;
+    /* Its lease may be shorter than any the extender is waiting on. */
+    pthread_cond_signal(&ext.cv);
+    if (!ext.running) {
+        pthread_t t;
+        pthread_attr_t a;
+        char *u = strdup(url);
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (u && pthread_create(&t, &a, extender, u) == 0)
+            ext.running = 1;
+        else {
+            free(u);
+            kiq_warn("limiter %s: no thread to extend leases; a job longer than its "
+                     "lock_timeout loses its slot", h->name);
+        }
+        pthread_attr_destroy(&a);
+    }
+    pthread_mutex_unlock(&ext.mu);
+}
+
+static void hold_end(hold_t *h)
+{
+    pthread_mutex_lock(&ext.mu);
+    for (hold_t **p = &ext.list; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            break;
+        }
+    pthread_cond_signal(&ext.cv);
+    pthread_mutex_unlock(&ext.mu);
+}
+
+/* The payload's limiter_reschedules, or 0. */
+static long reschedules(kiq_job_t *job)
+{
+    size_t len;
+    const char *v = kiq_job_field_raw(job, "limiter_reschedules", &len);
+    char buf[24];
+    if (!v || len >= sizeof(buf))
+        return 0;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    long n = strtol(buf, NULL, 10);
+    return n > 0 ? n : 0;
+}
+
+static int over_limit(kiq_mw_t *mw, const kiq_class_conf_t *cc, const char *name, double in)
+{
+    kiq_job_t *job = mw->job;
+    long n = reschedules(job);
+    if (n >= cc->max_limiter_reschedules) {
+        kiq_job_fail(job, "Kiq::OverLimit",
+                     "limiter %s stayed over its limit through %ld reschedules", name, n);
+        return 0;
+    }
+    if (cc->limit_type == KIQ_LIMIT_CONCURRENT) {
+        double backoff = 0.5 * (double)(1L << (n < 6 ? n : 6));
+        if (in > backoff)
+            in = backoff;
+    }
+    /* Spread the jobs a little so that they do not all come back at once. */
+    in += kiq__rand() * (in < 1 ? in : 1) * 0.1;
+    char count[24], *out = NULL;
+    size_t len;
+    snprintf(count, sizeof(count), "%ld", n + 1);
+    kiq_field_t set[] = { { "limiter_reschedules", count, 0 } };
+    size_t plen;
+    const char *payload = kiq_mw_payload(mw, &plen);
+    kiq_jobject_t obj = {0};
+    int bad = kiq__json_scan_object(payload, plen, &obj, NULL) ||
+              kiq__payload_edit(payload, &obj, set, 1, &out, &len);
+    kiq__jobject_free(&obj);
+    if (bad) /* no memory: leave it for recovery */
+        return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    kiq_info("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld of %d)", mw->cls,
+             mw->jid, name, in, n + 1, cc->max_limiter_reschedules);
+    int rc = kiq_mw_dispose(mw, KIQ_DISPOSE_SCHEDULE, kiq__now() + in, out, len);
+    free(out);
+    return rc;
+}
+
+int kiq__limit_mw(kiq_mw_t *mw, void *udata)
+{
+    (void)udata;
+    const kiq_class_conf_t *cc = mw->cc;
+    if (!cc || !cc->limit_type)
+        return kiq_mw_next(mw);
+    char err[KIQ_ERRLEN];
+    const char *name = cc->limit_name ? cc->limit_name : cc->name;
+    kiq_limiter_t *lim = kiq_limiter_new((kiq_limit_type_t)cc->limit_type, name, cc->limit_count,
+                                         cc->limit_seconds, err);
+    if (!lim) {
+        kiq_job_fail(mw->job, "Kiq::LimiterError", "%s", err);
+        return 0;
+    }
+    kiq_limit_token_t tok;
+    double in = 0;
+    int rc = kiq_limiter_acquire(lim, mw->r, cc->limit_wait, &tok, &in, err);
+    if (rc == KIQ_EDENIED) {
+        rc = over_limit(mw, cc, name, in);
+    } else if (rc < 0) {
+        /* The name is in use with other parameters, or Redis failed: the
+         * job cannot run within its limit, so it fails and is retried. */
+        kiq_job_fail(mw->job, rc == KIQ_ECONFIG ? "Kiq::LimiterConfigError" : "Kiq::LimiterError",
+                     "%s", err);
+        rc = 0;
+    } else if (cc->limit_type != KIQ_LIMIT_CONCURRENT) {
+        rc = kiq_mw_next(mw);
+    } else {
+        double lease = cc->limit_seconds > 0 ? cc->limit_seconds : 30;
+        hold_t h = { .lim = lim, .tok = tok, .name = name, .every = lease / 3,
+                     .next_at = kiq__now() + lease / 3 };
+        hold_start(&h, mw->cfg->redis_url);
+        rc = kiq_mw_next(mw);
+        hold_end(&h);
+        if (kiq_limiter_release(lim, mw->r, &tok, err))
+            kiq_warn("%s %s: limiter %s: %s", mw->cls, mw->jid, name, err);
+    }
+    kiq_limiter_free(lim);
+    return rc;
+}

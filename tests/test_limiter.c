@@ -1,0 +1,374 @@
+/* Rate limiters: the C API against a real redis-server, and the per-class
+ * `limit:` option with kiq processes sharing one limit. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "helpers.h"
+#include "kiq/limiter.h"
+
+TestSuite(limiter, .init = NULL, .fini = kt_kill_children);
+
+static kiq_limiter_t *mk(kiq_limit_type_t t, const char *name, long n, double s)
+{
+    char err[KIQ_ERRLEN] = "";
+    kiq_limiter_t *l = kiq_limiter_new(t, name, n, s, err);
+    cr_assert(l, "%s", err);
+    return l;
+}
+
+Test(limiter, concurrent_slots_are_owned_leases)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "api", 2, 0.5);
+    kiq_limit_token_t a, b, c;
+    char err[KIQ_ERRLEN];
+    double in = 0;
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &a, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &b, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &c, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0 && in <= 0.5, "%f", in);
+    cr_assert_eq(kt_int("ZCARD limiter:api:held"), 2);
+    /* Only the holder releases its slot. */
+    kiq_limit_token_t other;
+    strcpy(other.id, "someone-else");
+    cr_assert_eq(kiq_limiter_release(l, r, &other, err), KIQ_ENOTFOUND);
+    cr_assert_eq(kiq_limiter_release(l, r, &a, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &c, NULL, err), 0, "%s", err);
+    /* A waiter gets the slot as soon as the holders' leases lapse. */
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire(l, r, 2, &a, NULL, err), 0, "%s", err);
+    double waited = kt_now() - t0;
+    cr_assert(waited > 0.3 && waited < 1.0, "%f", waited);
+    /* b's lease lapsed: it holds nothing any more. */
+    cr_assert_eq(kiq_limiter_extend(l, r, &b, err), KIQ_ENOTFOUND);
+    cr_assert_eq(kiq_limiter_extend(l, r, &a, err), 0, "%s", err);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+static int bump(void *ud)
+{
+    (*(int *)ud)++;
+    return 7;
+}
+
+Test(limiter, within_runs_under_the_limit_and_releases)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "mutex", 1, 0);
+    char err[KIQ_ERRLEN];
+    int n = 0;
+    cr_assert_eq(kiq_limiter_within(l, r, 0, bump, &n, err), 7);
+    cr_assert_eq(kiq_limiter_within(l, r, 0, bump, &n, err), 7);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(kt_int("ZCARD limiter:mutex:held"), 0);
+    kiq_limit_token_t t;
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0);
+    cr_assert_eq(kiq_limiter_within(l, r, 0.1, bump, &n, err), KIQ_EDENIED);
+    cr_assert_eq(n, 2);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+Test(limiter, a_name_keeps_its_type_and_parameters)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    kiq_limiter_t *a = mk(KIQ_LIMIT_CONCURRENT, "stripe", 5, 0);
+    kiq_limiter_t *b = mk(KIQ_LIMIT_WINDOW, "stripe", 5, 1);
+    kiq_limiter_t *c = mk(KIQ_LIMIT_CONCURRENT, "stripe", 6, 0);
+    cr_assert_eq(kiq_limiter_acquire(a, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(b, r, 0, &t, NULL, err), KIQ_ECONFIG);
+    cr_assert(strstr(err, "limiter stripe is in use as \"concurrent size=5\""), "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(c, r, 1, &t, NULL, err), KIQ_ECONFIG);
+    cr_assert_eq(kt_int("ZCARD limiter:stripe:held"), 1);
+    kiq_limiter_free(a);
+    kiq_limiter_free(b);
+    kiq_limiter_free(c);
+    /* Bad parameters never reach Redis. */
+    cr_assert_null(kiq_limiter_new(KIQ_LIMIT_CONCURRENT, "x", 0, 0, err));
+    cr_assert(strstr(err, "size must be >= 1"), "%s", err);
+    cr_assert_null(kiq_limiter_new(KIQ_LIMIT_WINDOW, "x", 3, -1, err));
+    cr_assert(strstr(err, "interval"), "%s", err);
+    cr_assert_null(kiq_limiter_new((kiq_limit_type_t)99, "x", 3, 1, err));
+    kiq_redis_free(r);
+}
+
+/* Waits for the next calendar second to begin plus a margin, so a test of
+ * one window does not straddle two. */
+static double wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void next_second(void)
+{
+    double now = wall();
+    kt_sleep((double)(long)now + 1.05 - now);
+}
+
+Test(limiter, window_counts_per_calendar_window_and_says_when_it_reopens)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_WINDOW, "search", 3, 1);
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    double in = 0;
+    next_second();
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.5 && in <= 1.0, "%f", in);
+    /* Waiting is exact: the 4th gets in right after the second turns. */
+    cr_assert_eq(kiq_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
+    double now = wall(), frac = now - (double)(long)now;
+    cr_assert(frac < 0.3, "%f", frac);
+    cr_assert_eq(kiq_limiter_release(l, r, &t, err), 0);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+Test(limiter, bucket_refills_at_the_start_of_each_interval)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_BUCKET, "tokens", 2, 1);
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    next_second();
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), KIQ_EDENIED);
+    cr_assert_eq(kt_int("HGET limiter:tokens:bucket tokens"), 0);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kt_int("HGET limiter:tokens:bucket tokens"), 1);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+/* ---- the `limit:` class option, with kiq processes -------------------- */
+
+/* Pushes n LimitJob [key, ms] to "default". */
+static void push_limit_jobs(unsigned tag, const char *key, long ms, size_t n)
+{
+    char **p = calloc(n, sizeof(*p)), args[64], jid[25];
+    snprintf(args, sizeof(args), "[\"%s\",%ld]", key, ms);
+    for (size_t i = 0; i < n; i++) {
+        kt_make_jid(jid, tag, (unsigned)i);
+        p[i] = kt_payload("LimitJob", args, jid, "default");
+    }
+    kt_push_all(kt_redis(), "default", p, n);
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+static char *limit_yml(const char *name, const char *limit)
+{
+    char *body;
+    cr_assert(asprintf(&body, "poll_interval_average: 0.3\nclasses:\n  LimitJob:\n"
+                              "    limit:\n%s", limit) > 0);
+    char *y = kt_write_file(name, body);
+    free(body);
+    return y;
+}
+
+/* Two processes of 10 processors share a concurrent limit of 3: never more
+ * than 3 jobs run at once, every job runs once, none fails. */
+Test(limiter, concurrent_limit_is_fleet_wide)
+{
+    char *y = limit_yml("conc.yml", "      type: concurrent\n      name: stripe\n      size: 3\n"
+                                    "      wait_timeout: 5\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(1, "lc", 50, 60);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lc:jids") == 60, 20), "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET lc:running") == 0, 5));
+    cr_assert_eq(kt_int("LLEN lc:starts"), 60, "a job ran twice");
+    cr_assert_eq(kt_int("GET lc:max"), 3);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+    cr_assert_eq(kt_int("ZCARD limiter:stripe:held"), 0, "every slot was given back");
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* A window of 10 per second over two processes: no calendar second sees
+ * more than 10 starts; the others wait in the schedule set and all run. */
+Test(limiter, window_limit_reschedules_and_runs_everything)
+{
+    char *y = limit_yml("win.yml", "      type: window\n      name: search\n      count: 10\n"
+                                   "      interval: second\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(2, "lw", 10, 50);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD schedule") > 0, 5), "no job was rescheduled");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lw:jids") == 50, 20), "%s", kt_kiq_log(a));
+    cr_assert_eq(kt_int("LLEN lw:starts"), 50, "a job ran twice");
+    redisReply *rep = kt_cmd("LRANGE lw:starts 0 -1");
+    long long sec = -1;
+    int in_sec = 0;
+    for (size_t i = 0; i < rep->elements; i++) {
+        long long s = atoll(rep->element[i]->str) / 1000;
+        in_sec = s == sec ? in_sec + 1 : 1;
+        sec = s;
+        cr_assert_leq(in_sec, 10, "second %lld saw more than 10 starts", s);
+    }
+    freeReplyObject(rep);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
+    cr_assert(kt_log_has(a, "limiter search is over its limit; rescheduled in") ||
+              kt_log_has(b, "limiter search is over its limit; rescheduled in"));
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* A running job keeps its slot past its lease (the lease is extended); a
+ * process killed with -9 gives its slots back once their leases lapse. */
+Test(limiter, killed_holder_frees_its_slots_when_the_lease_lapses)
+{
+    char *y = limit_yml("kill.yml", "      type: concurrent\n      name: gpu\n      size: 2\n"
+                                    "      lock_timeout: 1.5\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    push_limit_jobs(3, "lk", 20000, 2);
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET lk:running") == 2, 10), "%s", kt_kiq_log(a));
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "gpu", 2, 1.5);
+    kiq_limit_token_t t;
+    char err[KIQ_ERRLEN];
+    /* Twice the lease: still held while the jobs run. */
+    cr_assert_eq(kiq_limiter_acquire(l, r, 3, &t, NULL, err), KIQ_EDENIED, "%s", err);
+    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 5), 128 + SIGKILL);
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire(l, r, 2.5, &t, NULL, err), 0, "%s", err);
+    cr_assert_lt(kt_now() - t0, 2.5);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+    free(y);
+}
+
+/* Past max_limiter_reschedules the job fails into the retry set, its
+ * reschedule count in the payload. */
+Test(limiter, too_many_reschedules_go_through_retry)
+{
+    char *y = kt_write_file("max.yml", "poll_interval_average: 0.3\nclasses:\n"
+                                      "  LimitJob:\n    max_limiter_reschedules: 1\n"
+                                      "    limit: { type: concurrent, name: one, size: 1 }\n");
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "one", 1, 60);
+    kiq_limit_token_t t;
+    char err[KIQ_ERRLEN];
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    push_limit_jobs(4, "lm", 10, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_kiq_log(a));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert_eq(rr->elements, 1);
+    char *job = strdup(rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert(strstr(job, "\"limiter_reschedules\":1"), "%s", job);
+    cr_assert(strstr(job, "Kiq::OverLimit"), "%s", job);
+    cr_assert_eq(kt_int("SCARD lm:jids"), 0);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    free(job);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+    free(y);
+}
+
+Test(limiter, bad_limit_configuration_fails_at_start)
+{
+    static const char *const cases[][2] = {
+        { "      type: throttle\n      size: 3\n", "classes.LimitJob.limit.type: unknown limiter type throttle" },
+        { "      type: concurrent\n      size: 0\n", "classes.LimitJob.limit.size: must be an integer >= 1" },
+        { "      type: window\n      count: 5\n      interval: -1\n", "classes.LimitJob.limit.interval: must be" },
+        { "      type: bucket\n      count: 5\n", "classes.LimitJob.limit.interval: is required for bucket" },
+        { "      size: 5\n", "classes.LimitJob.limit.type: is required" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *y = limit_yml("bad.yml", cases[i][0]), *out = NULL;
+        cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
+        cr_assert(strstr(out, cases[i][1]), "%s", out);
+        cr_assert(strstr(out, "bad.yml:"), "%s", out);
+        free(out);
+        free(y);
+    }
+}
+
+Test(limiter, sliding_counts_any_interval_and_leaky_drains_evenly)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    double in = 0;
+    kiq_limiter_t *s = mk(KIQ_LIMIT_SLIDING, "slide", 3, 0.6);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kiq_limiter_acquire(s, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(s, r, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.4 && in <= 0.6, "%f", in);
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire(s, r, 1, &t, NULL, err), 0, "%s", err);
+    cr_assert(kt_now() - t0 > 0.4, "%f", kt_now() - t0);
+    cr_assert_eq(kt_int("ZCARD limiter:slide:sliding"), 1);
+    kiq_limiter_free(s);
+    /* 4 per second: a burst of 4, then one every 0.25 s. */
+    kiq_limiter_t *l = mk(KIQ_LIMIT_LEAKY, "drip", 4, 1);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.15 && in <= 0.25, "%f", in);
+    t0 = kt_now();
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kiq_limiter_acquire(l, r, 1, &t, NULL, err), 0, "%s", err);
+    double took = kt_now() - t0;
+    cr_assert(took > 0.4 && took < 1.0, "%f", took);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+Test(limiter, points_spend_a_cost_from_a_restoring_budget)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t;
+    double in = 0;
+    /* 100 points, restored at 100 per second. */
+    kiq_limiter_t *l = mk(KIQ_LIMIT_POINTS, "graphql", 100, 1);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 70, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 50, 0, &t, &in, err), KIQ_EDENIED);
+    cr_assert(in > 0.1 && in <= 0.2, "%f", in);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 20, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 101, 5, &t, NULL, err), KIQ_EINVAL);
+    cr_assert(strstr(err, "does not fit"), "%s", err);
+    double t0 = kt_now();
+    cr_assert_eq(kiq_limiter_acquire_points(l, r, 60, 2, &t, NULL, err), 0, "%s", err);
+    double took = kt_now() - t0;
+    cr_assert(took > 0.4 && took < 1.2, "%f", took);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
+/* A class whose limit clashes with the name's recorded type fails its job
+ * (retried as usual) and leaves the limiter as it was. */
+Test(limiter, class_limit_clashing_with_the_name_fails_the_job)
+{
+    kt_int("SET limiter:shared:meta %s", "window count=5 interval_ms=1000");
+    char *y = limit_yml("clash.yml", "      type: concurrent\n      name: shared\n      size: 3\n");
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    push_limit_jobs(5, "lx", 10, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_kiq_log(a));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert_eq(rr->elements, 1);
+    cr_assert(strstr(rr->element[0]->str, "Kiq::LimiterConfigError"), "%s", rr->element[0]->str);
+    cr_assert(strstr(rr->element[0]->str, "limiter shared is in use as"), "%s", rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert_eq(kt_int("SCARD lx:jids"), 0);
+    cr_assert_eq(kt_int("EXISTS limiter:shared:held"), 0);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    free(y);
+}
