@@ -1,0 +1,274 @@
+/* Redis Sentinel, end to end with the kiq binary: a master, a replica and
+ * three sentinels of the test's own. What a user checks: kiq given a
+ * redis+sentinel:// URL works, keeps working through a failover with every
+ * job run (some twice at most, those in flight), registers on the new
+ * master, and names the problem when the master's name is wrong. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+TestSuite(sentinel, .timeout = 120, .fini = kt_kill_children);
+
+typedef struct cluster {
+    int master, replica; /* ports; replica 0 = none */
+    int sentinel[3];
+    int nsentinels;
+    char url[256];       /* redis+sentinel://... /mymaster */
+} cluster_t;
+
+/* Starts redis-server with args in the test's own directory dir. */
+static void start_server(const char *dir, const char *tag, const char *const *args)
+{
+    const char *argv[32] = { "redis-server" };
+    int n = 1;
+    for (; args[n - 1]; n++)
+        argv[n] = args[n - 1];
+    char logf[600];
+    snprintf(logf, sizeof(logf), "%s/%s.log", dir, tag);
+    argv[n++] = "--dir";
+    argv[n++] = dir;
+    argv[n++] = "--logfile";
+    argv[n++] = logf;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    kt_track(pid);
+}
+
+static redisContext *on(int port)
+{
+    struct timeval tv = { 2, 0 };
+    return redisConnectWithTimeout("127.0.0.1", port, tv);
+}
+
+/* PING answered (a sentinel or a server that finished loading). */
+static int pings(int port)
+{
+    redisContext *c = on(port);
+    redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+    int ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+/* A command's reply on the server at port (caller frees; NULL if down). */
+static redisReply *cmd_on(int port, const char *fmt, const char *arg)
+{
+    redisContext *c = on(port);
+    redisReply *r = c && !c->err ? redisCommand(c, fmt, arg) : NULL;
+    redisFree(c);
+    return r;
+}
+
+static long long int_on(int port, const char *fmt, const char *arg)
+{
+    redisReply *r = cmd_on(port, fmt, arg);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+/* Whether INFO section of port contains needle. */
+static int info_has(int port, const char *section, const char *needle)
+{
+    redisReply *r = cmd_on(port, "INFO %s", section);
+    int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, needle) != NULL;
+    freeReplyObject(r);
+    return yes;
+}
+
+/* The port sentinel s gives for mymaster, or -1. */
+static int master_port(int s)
+{
+    redisReply *r = cmd_on(s, "SENTINEL get-master-addr-by-name %s", "mymaster");
+    int port = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 ? atoi(r->element[1]->str) : -1;
+    freeReplyObject(r);
+    return port;
+}
+
+/* The end of the log of kiq process pid: a whole log is too much for an
+ * assertion's message. */
+static const char *log_tail(pid_t pid)
+{
+    static char tail[4000];
+    char *log = kt_kiq_log(pid);
+    size_t n = log ? strlen(log) : 0;
+    snprintf(tail, sizeof(tail), "%s", log ? log + (n > 3000 ? n - 3000 : 0) : "(no log)");
+    free(log);
+    return tail;
+}
+
+static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
+{
+    char *dir = kt_tmp("sentinel");
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    char mp[16], rp[16];
+    k->master = kt_free_port();
+    snprintf(mp, sizeof(mp), "%d", k->master);
+    start_server(dir, "master", (const char *[]){ "--port", mp, "--bind", "127.0.0.1",
+                                                  "--save", "", "--appendonly", "no", NULL });
+    if (with_replica) {
+        k->replica = kt_free_port();
+        snprintf(rp, sizeof(rp), "%d", k->replica);
+        start_server(dir, "replica", (const char *[]){ "--port", rp, "--bind", "127.0.0.1",
+                                                       "--save", "", "--appendonly", "no",
+                                                       "--replicaof", "127.0.0.1", mp, NULL });
+    }
+    k->nsentinels = nsentinels;
+    int len = snprintf(k->url, sizeof(k->url), "redis+sentinel://");
+    for (int i = 0; i < nsentinels; i++) {
+        k->sentinel[i] = kt_free_port();
+        char name[32], conf[700], body[512], sdir[600];
+        snprintf(name, sizeof(name), "s%d", i);
+        snprintf(sdir, sizeof(sdir), "%s/%s", dir, name);
+        cr_assert(mkdir(sdir, 0700) == 0 || errno == EEXIST);
+        snprintf(conf, sizeof(conf), "%s/sentinel.conf", sdir);
+        snprintf(body, sizeof(body),
+                 "port %d\nbind 127.0.0.1\nsentinel monitor mymaster 127.0.0.1 %d 2\n"
+                 "sentinel down-after-milliseconds mymaster 1000\n"
+                 "sentinel failover-timeout mymaster 5000\n", k->sentinel[i], k->master);
+        FILE *f = fopen(conf, "w");
+        cr_assert(f);
+        fputs(body, f);
+        fclose(f);
+        start_server(sdir, "sentinel", (const char *[]){ conf, "--sentinel", NULL });
+        len += snprintf(k->url + len, sizeof(k->url) - (size_t)len, "%s127.0.0.1:%d",
+                        i ? "," : "", k->sentinel[i]);
+    }
+    snprintf(k->url + len, sizeof(k->url) - (size_t)len, "/mymaster");
+    cr_assert(KT_WAIT_UNTIL(pings(k->master), 10));
+    for (int i = 0; i < nsentinels; i++)
+        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 10));
+    if (with_replica)
+        cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "replication", "master_link_status:up"), 15));
+    free(dir);
+}
+
+static void push_records(int port, unsigned n)
+{
+    redisContext *c = on(port);
+    cr_assert(c && !c->err);
+    char **p = calloc(n, sizeof(char *));
+    for (unsigned i = 0; i < n; i++) {
+        char jid[25];
+        kt_make_jid(jid, 7, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
+    }
+    kt_push_all(c, "default", p, n);
+    for (unsigned i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+    redisFree(c);
+}
+
+/* Failed jobs (a handler's write refused mid-failover) due now. */
+static void retry_now(int port)
+{
+    redisContext *c = on(port);
+    redisReply *r = c && !c->err ? redisCommand(c, "ZRANGE retry 0 -1") : NULL;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        freeReplyObject(redisCommand(c, "ZADD retry XX 0 %b", r->element[i]->str,
+                                     r->element[i]->len));
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+Test(sentinel, kiq_run_finds_the_master_through_the_sentinels)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 3);
+    push_records(k.master, 50);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 50, 20), "%s",
+              log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}
+
+/* Whether any uniquejobs:working:* list on port holds anything. */
+static long long working_left(int port)
+{
+    redisReply *r = cmd_on(port, "KEYS %s", "uniquejobs:working:*");
+    long long n = 0;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        n += int_on(port, "LLEN %s", r->element[i]->str);
+    freeReplyObject(r);
+    return n;
+}
+
+Test(sentinel, jobs_run_through_a_failover)
+{
+    enum { N = 5000 };
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 3);
+    /* Failover needs the sentinels to know the replica. */
+    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
+    push_records(k.master, N);
+    char *y = kt_write_file("sentinel.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+                                            "recovery_interval: 1\n"
+                                            "average_scheduled_poll_interval: 0.5\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "8", "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") >= N / 10, 20), "%s",
+              log_tail(pid));
+    redisReply *ids = cmd_on(k.master, "SMEMBERS %s", "processes");
+    cr_assert(ids && ids->type == REDIS_REPLY_ARRAY && ids->elements == 1);
+    char *identity = strdup(ids->element[0]->str);
+    freeReplyObject(ids);
+    double t0 = kt_now();
+    redisReply *r = cmd_on(k.sentinel[0], "SENTINEL FAILOVER %s", "mymaster");
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "%s", r ? r->str : "no reply");
+    freeReplyObject(r);
+    cr_assert(KT_WAIT_UNTIL(master_port(k.sentinel[0]) == k.replica, 15));
+    long long before = int_on(k.replica, "SCARD %s", "rec");
+    cr_assert(KT_WAIT_UNTIL(({ retry_now(k.replica);
+                               int_on(k.replica, "SCARD %s", "rec") == N; }), 40),
+              "%lld of %d jobs ran: %s", int_on(k.replica, "SCARD %s", "rec"), N,
+              log_tail(pid));
+    cr_assert(KT_WAIT_UNTIL(working_left(k.replica) == 0, 10));
+    cr_assert_eq(int_on(k.replica, "LLEN %s", "queue:default"), 0);
+    long long dups = int_on(k.replica, "LLEN %s", "rec:log") - N;
+    fprintf(stderr, "[failover] %lld of %d jobs done at the failover, all done %.1f s after; "
+            "%lld ran twice\n", before, N, kt_now() - t0, dups);
+    cr_assert_geq(dups, 0);
+    cr_assert_leq(dups, 8 * 2, "more duplicates than jobs in flight");
+    /* The process beats on the new master: in "processes", with a beat
+     * newer than the failover. */
+    cr_assert_eq(int_on(k.replica, "SISMEMBER processes %s", identity), 1);
+    redisReply *b = cmd_on(k.replica, "HGET %s beat", identity);
+    cr_assert(b && b->type == REDIS_REPLY_STRING);
+    char *beat = strdup(b->str);
+    freeReplyObject(b);
+    cr_assert(KT_WAIT_UNTIL(({ b = cmd_on(k.replica, "HGET %s beat", identity);
+                               int moved = b && b->type == REDIS_REPLY_STRING && strcmp(b->str, beat);
+                               freeReplyObject(b);
+                               moved; }), 10), "%s", log_tail(pid));
+    free(beat);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    free(identity);
+    free(y);
+}
+
+Test(sentinel, an_unknown_master_name_stops_the_start)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 1);
+    char url[300];
+    snprintf(url, sizeof(url), "%s", k.url);
+    strcpy(strstr(url, "/mymaster"), "/nosuchmaster");
+    char *out = NULL;
+    int rc = kt_kiq_run((const char *[]){ "run", "-r", getenv("KIQ_PLUGIN"), "--redis-url", url,
+                                          NULL }, &out);
+    cr_assert_eq(rc, 78, "%s", out);
+    cr_assert(strstr(out, "knows no master named nosuchmaster"), "%s", out);
+    free(out);
+}
