@@ -45,10 +45,18 @@ static void start_server(const char *dir, const char *tag, const char *const *ar
     kt_track(pid);
 }
 
+/* The password of the sentinels, and of the master (none when NULL). */
+static const char *sentinel_pw, *master_pw;
+static int master_pw_port;
+
 static redisContext *on(int port)
 {
     struct timeval tv = { 2, 0 };
-    return redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    const char *pw = port == master_pw_port ? master_pw : sentinel_pw;
+    if (c && !c->err && pw)
+        freeReplyObject(redisCommand(c, "AUTH %s", pw));
+    return c;
 }
 
 /* PING answered (a sentinel or a server that finished loading). */
@@ -109,15 +117,21 @@ static const char *log_tail(pid_t pid)
     return tail;
 }
 
-static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
+/* Starts a master (with a replica if asked) and nsentinels sentinels
+ * monitoring it as mymaster; with pw, the master and the sentinels each
+ * want a password of their own ("mpw", "spw"). */
+static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int pw)
 {
     char *dir = kt_tmp("sentinel");
     cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
     char mp[16], rp[16];
     k->master = kt_free_port();
+    master_pw_port = k->master;
+    master_pw = pw ? "mpw" : NULL;
     snprintf(mp, sizeof(mp), "%d", k->master);
     start_server(dir, "master", (const char *[]){ "--port", mp, "--bind", "127.0.0.1",
-                                                  "--save", "", "--appendonly", "no", NULL });
+                                                  "--save", "", "--appendonly", "no",
+                                                  "--requirepass", pw ? "mpw" : "", NULL });
     if (with_replica) {
         k->replica = kt_free_port();
         snprintf(rp, sizeof(rp), "%d", k->replica);
@@ -126,7 +140,7 @@ static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
                                                        "--replicaof", "127.0.0.1", mp, NULL });
     }
     k->nsentinels = nsentinels;
-    int len = snprintf(k->url, sizeof(k->url), "redis+sentinel://");
+    int len = snprintf(k->url, sizeof(k->url), "redis+sentinel://%s", pw ? ":mpw@" : "");
     for (int i = 0; i < nsentinels; i++) {
         k->sentinel[i] = kt_free_port();
         char name[32], conf[700], body[512], sdir[600];
@@ -137,7 +151,8 @@ static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
         snprintf(body, sizeof(body),
                  "port %d\nbind 127.0.0.1\nsentinel monitor mymaster 127.0.0.1 %d 2\n"
                  "sentinel down-after-milliseconds mymaster 1000\n"
-                 "sentinel failover-timeout mymaster 5000\n", k->sentinel[i], k->master);
+                 "sentinel failover-timeout mymaster 5000\n%s", k->sentinel[i], k->master,
+                 pw ? "sentinel auth-pass mymaster mpw\nrequirepass spw\n" : "");
         FILE *f = fopen(conf, "w");
         cr_assert(f);
         fputs(body, f);
@@ -146,13 +161,20 @@ static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
         len += snprintf(k->url + len, sizeof(k->url) - (size_t)len, "%s127.0.0.1:%d",
                         i ? "," : "", k->sentinel[i]);
     }
-    snprintf(k->url + len, sizeof(k->url) - (size_t)len, "/mymaster");
+    snprintf(k->url + len, sizeof(k->url) - (size_t)len, "/mymaster%s",
+             pw ? "?sentinel_password=spw" : "");
+    sentinel_pw = pw ? "spw" : NULL;
     cr_assert(KT_WAIT_UNTIL(pings(k->master), 10));
     for (int i = 0; i < nsentinels; i++)
         cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 10));
     if (with_replica)
         cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "replication", "master_link_status:up"), 15));
     free(dir);
+}
+
+static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
+{
+    cluster_start_pw(k, with_replica, nsentinels, 0);
 }
 
 static void push_records(int port, unsigned n)
@@ -271,4 +293,38 @@ Test(sentinel, an_unknown_master_name_stops_the_start)
     cr_assert_eq(rc, 78, "%s", out);
     cr_assert(strstr(out, "knows no master named nosuchmaster"), "%s", out);
     free(out);
+}
+
+/* The sentinels' password and the master's are each sent where they
+ * belong, and neither appears in the log. */
+Test(sentinel, passwords_of_the_sentinels_and_of_the_master)
+{
+    cluster_t k = { 0 };
+    cluster_start_pw(&k, 0, 2, 1);
+    push_records(k.master, 20);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 20, 20), "%s", log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert(!kt_log_has(pid, "spw") && !kt_log_has(pid, "mpw"), "%s", log_tail(pid));
+    cr_assert(kt_log_has(pid, "sentinel_password=***"), "%s", log_tail(pid));
+}
+
+/* A server that turned replica answers writes with READONLY: the
+ * connection is then dropped, so its owner reconnects (through the
+ * sentinels) rather than writing to it again. */
+Test(sentinel, a_readonly_reply_drops_the_connection)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 0);
+    char url[64], err[KIQ_ERRLEN];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", k.replica);
+    kiq_redis_t *r = kiq_redis_new(url, 2, err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    redisReply *rep = kiq_redis_cmdf(r, "SET a 1");
+    cr_assert(rep && rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "READONLY", 8));
+    freeReplyObject(rep);
+    cr_assert(!kiq_redis_ok(r), "still taken for usable after READONLY");
+    cr_assert(strstr(kiq_redis_error(r), "READONLY"), "%s", kiq_redis_error(r));
+    kiq_redis_free(r);
 }
