@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "kiq/config.h"
 
 TestSuite(sentinel, .timeout = 120, .fini = kt_kill_children);
 
@@ -327,4 +328,79 @@ Test(sentinel, a_readonly_reply_drops_the_connection)
     cr_assert(!kiq_redis_ok(r), "still taken for usable after READONLY");
     cr_assert(strstr(kiq_redis_error(r), "READONLY"), "%s", kiq_redis_error(r));
     kiq_redis_free(r);
+}
+
+/* Sidekiq's redis: hash with sentinels (redis-client's options) reads as
+ * the sentinel URL it means, credentials escaped. */
+Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
+{
+    char *y = kt_write_file("sentinels.yml",
+                            "redis:\n"
+                            "  sentinels:\n"
+                            "    - {host: s1, port: 26380}\n"
+                            "    - host: s2\n"
+                            "  name: mymaster\n"
+                            "  role: master\n"
+                            "  password: \"p@ss/word\"\n"
+                            "  db: 3\n"
+                            "  sentinel_password: spw\n");
+    kiq_config_t *cfg = kiq_config_new();
+    char err[KIQ_ERRLEN] = "";
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_str_eq(cfg->redis_url, "redis+sentinel://:p%40ss%2Fword@s1:26380,s2:26379/mymaster/3"
+                                     "?sentinel_password=spw");
+    kiq_config_free(cfg);
+    free(y);
+    static const char *const bad[][2] = {
+        { "redis: {sentinels: [{host: a}]}\n", "name: the master's name" },
+        { "redis: {sentinels: [{host: a}], name: m, role: replica}\n", "role: only master" },
+        { "redis: {sentinels: [{host: a, port: 0}], name: m}\n", "port must be" },
+        { "redis: {sentinels: [], name: m}\n", "at least one" },
+        { "redis: {sentinels: [{host: a}], name: m, url: redis://x}\n", "url or sentinels" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        y = kt_write_file("bad.yml", bad[i][0]);
+        cfg = kiq_config_new();
+        cr_assert_eq(kiq_config_load_file(cfg, y, err), KIQ_ECONFIG, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+        kiq_config_free(cfg);
+        free(y);
+    }
+}
+
+/* The same with the kiq binary and real sentinels: the file's sentinels
+ * and credentials are the ones used. */
+Test(sentinel, kiq_run_with_sentinels_from_the_yaml_file)
+{
+    cluster_t k = { 0 };
+    cluster_start_pw(&k, 0, 2, 1);
+    push_records(k.master, 20);
+    char body[512];
+    snprintf(body, sizeof(body),
+             "redis:\n  sentinels:\n    - {host: 127.0.0.1, port: %d}\n"
+             "    - {host: 127.0.0.1, port: %d}\n"
+             "  name: mymaster\n  password: mpw\n  sentinel_password: spw\n",
+             k.sentinel[0], k.sentinel[1]);
+    char *y = kt_write_file("run-sentinels.yml", body);
+    /* Not kt_kiq_start: its --redis-url would override the file's redis:. */
+    char *logf = kt_tmp("run-sentinels.log");
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen(logf, "w", stdout);
+        dup2(1, 2);
+        execl(getenv("KIQ_BIN"), "kiq", "run", "-r", getenv("KIQ_PLUGIN"), "-C", y, (char *)NULL);
+        _exit(127);
+    }
+    kt_track(pid);
+    int done = KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 20, 20);
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *log = kt_read_file(logf);
+    cr_assert(done, "%s", log);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", log);
+    cr_assert(!strstr(log, "spw") && !strstr(log, "mpw"), "%s", log);
+    free(log);
+    free(logf);
+    free(y);
 }
