@@ -595,6 +595,8 @@ static const key_def_t keys[] = {
     {"reaper_timeout", set_seconds, OFF(reaper_timeout), 1, 0},
     {"metrics_port", set_int, OFF(metrics_port), 0, 65535},
     {"metrics_bind", set_metrics_bind, 0, 0, 0},
+    {"min_replicas_ack", set_int, OFF(min_replicas_ack), 0, 100},
+    {"min_replicas_timeout", set_long, OFF(min_replicas_timeout), 1, 600000},
     {"classes", kiq_yaml__set_classes, 0, 0, 0},
 };
 

@@ -404,3 +404,41 @@ Test(sentinel, kiq_run_with_sentinels_from_the_yaml_file)
     free(logf);
     free(y);
 }
+
+/* min_replicas_ack: the acks are followed by WAIT; with the replica up it
+ * has them in time, without one the jobs still run and kiq says the acks
+ * were not replicated. */
+static pid_t run_with_wait(const cluster_t *k, unsigned n)
+{
+    char url[64];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", k->master);
+    char *y = kt_write_file("wait.yml", "min_replicas_ack: 1\nmin_replicas_timeout: 200\n");
+    push_records(k->master, n);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k->master, "SCARD %s", "rec") == (long long)n, 30), "%s",
+              log_tail(pid));
+    cr_assert(KT_WAIT_UNTIL(working_left(k->master) == 0, 10), "%s", log_tail(pid));
+    free(y);
+    return pid;
+}
+
+Test(sentinel, min_replicas_ack_waits_for_the_replica)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 0);
+    pid_t pid = run_with_wait(&k, 200);
+    cr_assert(info_has(k.master, "commandstats", "cmdstat_wait:calls="), "no WAIT was sent");
+    cr_assert(!kt_log_has(pid, "acks reached"), "%s", log_tail(pid));
+    cr_assert_eq(int_on(k.replica, "SCARD %s", "rec"), 200);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}
+
+Test(sentinel, min_replicas_ack_without_replicas_still_runs_and_says_so)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 0);
+    pid_t pid = run_with_wait(&k, 50);
+    cr_assert(kt_log_has(pid, "acks reached 0 of min_replicas_ack 1 replicas within 200 ms"),
+              "%s", log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}

@@ -103,6 +103,9 @@ typedef struct kiq_config {
     double reaper_timeout;    /* seconds one run may work, default 10 */
     int metrics_port;         /* serve GET /metrics on this port; 0 (default) = off */
     char *metrics_bind;       /* address for it; NULL = 127.0.0.1 (not exposed) */
+    int min_replicas_ack;     /* after writing acks, WAIT for this many replicas
+                                 to have them; 0 (default) = do not wait */
+    long min_replicas_timeout; /* milliseconds that WAIT may take, default 1000 */
 } kiq_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with
