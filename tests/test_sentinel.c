@@ -442,3 +442,28 @@ Test(sentinel, min_replicas_ack_without_replicas_still_runs_and_says_so)
               "%s", log_tail(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }
+
+/* A malformed sentinel URL is refused when read, naming what is wrong. */
+Test(sentinel, bad_sentinel_urls_are_refused)
+{
+    static const char *const bad[][2] = {
+        { "redis+sentinel://127.0.0.1:26379", "master's name is missing" },
+        { "redis+sentinel://127.0.0.1:26379/", "master's name is missing" },
+        { "redis+sentinel://127.0.0.1:0/m", "bad sentinel address" },
+        { "redis+sentinel://a:1,,b:2/m", "bad sentinel address" },
+        { "redis+sentinel://a:1/m/x", "bad db number" },
+    };
+    char err[KIQ_ERRLEN];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        err[0] = '\0';
+        kiq_redis_t *r = kiq_redis_new(bad[i][0], 1, err);
+        cr_assert_null(r, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    kiq_redis_t *r = kiq_redis_new("rediss+sentinel://u:secret@a:1,[::1]:2,c/m/2?"
+                                   "sentinel_password=s3&x=1", 1, err);
+    cr_assert(r, "%s", err);
+    cr_assert_str_eq(kiq_redis_name(r), "rediss+sentinel://u:***@a:1,[::1]:2,c/m/2?"
+                                        "sentinel_password=***&x=1");
+    kiq_redis_free(r);
+}
