@@ -69,6 +69,18 @@ static int sentinel_entry(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
     return rc;
 }
 
+/* Options of Ruby's Redis clients that tune a pool or socket. */
+static int is_tuning(const char *name)
+{
+    static const char *const tuning[] = { "size", "driver", "id", "ssl_params", "timeout",
+                                          "reconnect_attempts", "sentinel_timeout" };
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof(tuning) / sizeof(*tuning); i++)
+        if (!strcmp(name, tuning[i]))
+            return 1;
+    return n > 8 && !strcmp(name + n - 8, "_timeout");
+}
+
 static int read_parts(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
 {
     for (yaml_node_pair_t *q = v->data.mapping.pairs.start; q < v->data.mapping.pairs.top; q++) {
@@ -102,10 +114,13 @@ static int read_parts(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
                 return rc;
         } else if (name && !strcmp(name, "url")) {
             return kiq_yaml__fail(c, kn, sub, "give either url or sentinels, not both");
-        } else {
-            /* Socket tuning and the like: as for a plain redis: mapping. */
-            if ((rc = kiq_yaml__warn(c, kn, sub, "not used with sentinels by kiq; ignored")) < 0)
+        } else if (name && is_tuning(name)) {
+            /* Pool and socket tuning: as for a plain redis: mapping. */
+            if ((rc = kiq_yaml__warn(c, kn, sub, "not used by kiq (a Ruby client option); "
+                                                 "ignored")) < 0)
                 return rc;
+        } else {
+            return kiq_yaml__fail(c, kn, sub, "unknown key");
         }
     }
     return 0;

@@ -257,16 +257,17 @@ static int is_noscript(const redisReply *rep)
     return rep && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0;
 }
 
-/* A reply that says this server is no longer the master to write to (a
- * failover demoted it) or cannot serve yet: the connection is dropped, so
- * its owner reconnects (through the sentinels) instead of taking it for a
- * refusal and asking the same server again. */
+/* Through sentinels, a reply that says this server is no longer the
+ * master (a failover demoted it) or cannot serve yet drops the connection,
+ * so its owner reconnects and asks the sentinels again instead of taking it
+ * for a refusal and asking the same server. (Without sentinels the same
+ * server would be found again at once, round after round.) */
 static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
 {
-    if (rep && rep->type == REDIS_REPLY_ERROR
+    if (r->url.sentinel && rep && rep->type == REDIS_REPLY_ERROR
         && (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "LOADING", 7) == 0)) {
-        fail_io(r, rep->str);
-        snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, rep->str);
+        r->broken = 1;
+        forget_sent(r);
     }
 }
 

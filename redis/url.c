@@ -101,7 +101,7 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         rest = url + 8;
     } else {
         rc = kiq_seterr(err, KIQ_EINVAL,
-                        "redis url must start with redis://, redis+sentinel:// or unix:// (got a %zu-byte string)",
+                        "redis url must start with redis:// or unix:// (got a %zu-byte string)",
                         strlen(url));
         goto out;
     }
