@@ -42,6 +42,7 @@ kiq_config_t *kiq_config_new(void)
     cfg->reaper_interval = 600;
     cfg->reaper_count = 1000;
     cfg->reaper_timeout = 10;
+    cfg->min_replicas_timeout = 1000;
     cfg->fetch = KIQ_FETCH_RELIABLE;
     cfg->timestamps = KIQ_TS_FLOAT;
     cfg->log_format = KIQ_LOG_PRETTY;

@@ -356,6 +356,9 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
     (void)k;
     if (v->type != YAML_MAPPING_NODE)
         return kiq_yaml__fail(c, v, key, "must be a mapping with a url");
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++)
+        if (key_name(node(c, p->key)) && !strcmp(key_name(node(c, p->key)), "sentinels"))
+            return kiq_yaml__set_sentinels(c, key, v);
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key);
         const char *name = key_name(kn);
@@ -596,6 +599,8 @@ static const key_def_t keys[] = {
     {"reaper_timeout", set_seconds, OFF(reaper_timeout), 1, 0},
     {"metrics_port", set_int, OFF(metrics_port), 0, 65535},
     {"metrics_bind", set_metrics_bind, 0, 0, 0},
+    {"min_replicas_ack", set_int, OFF(min_replicas_ack), 0, 100},
+    {"min_replicas_timeout", set_long, OFF(min_replicas_timeout), 1, 600000},
     {"classes", kiq_yaml__set_classes, 0, 0, 0},
 };
 

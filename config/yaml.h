@@ -58,6 +58,10 @@ int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
 int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
 
 /* The classes: section (config/yaml_classes.c). */
+/* A redis: mapping with sentinels: (yaml_sentinel.c), into a
+ * redis+sentinel:// URL. */
+int kiq_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v);
+
 int kiq_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
 /* The tls: mapping (config/tls.c). */

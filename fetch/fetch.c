@@ -8,6 +8,7 @@
 
 #include "redis/keys.h"
 #include "redis/scripts.h"
+#include "support/log.h"
 #include "support/time.h"
 
 struct kiq_fetch {
@@ -24,6 +25,9 @@ struct kiq_fetch {
     char working[512];
     char timeout_s[32];
     int locks_seen;      /* the last job fetched carried a lock_digest */
+    int min_replicas;    /* WAIT after acks for this many replicas; 0 = no WAIT */
+    char wait_args[2][32];
+    double wait_warned;  /* kiq__mono() of the last warning that WAIT fell short */
 };
 
 void kiq__fetch_working_key(const char *identity, char *out, size_t n)
@@ -65,6 +69,10 @@ kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *c, char *err)
     f->strict = c->strict;
     f->index = c->index;
     f->block_timeout = c->block_timeout > 0 ? c->block_timeout : 1.0;
+    f->min_replicas = c->min_replicas;
+    snprintf(f->wait_args[0], sizeof(f->wait_args[0]), "%d", c->min_replicas);
+    snprintf(f->wait_args[1], sizeof(f->wait_args[1]), "%ld",
+             c->min_replicas_timeout > 0 ? c->min_replicas_timeout : 1000);
     f->nq = c->nqueues;
     f->names = calloc(f->nq, sizeof(char *));
     f->keys = calloc(f->nq, sizeof(char *));
@@ -401,6 +409,27 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
     return kiq__redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
 }
 
+/* Reads the reply of the WAIT sent after acks. Replication is
+ * asynchronous: an ack the master took but no replica got is lost in a
+ * failover, and the job runs again. Waiting makes that rarer (and slows
+ * this processor down to what the replicas keep up with); falling short is
+ * only reported, as the acks are written on the master either way. */
+static int read_wait(kiq_fetch_t *f, kiq_redis_t *r)
+{
+    redisReply *rep = kiq_redis_get_reply(r);
+    if (!rep)
+        return KIQ_EREDIS;
+    double now = kiq__mono();
+    if (rep->type == REDIS_REPLY_INTEGER && rep->integer < f->min_replicas
+        && now - f->wait_warned > 60) {
+        f->wait_warned = now;
+        kiq_warn("acks reached %lld of min_replicas_ack %d replicas within %s ms",
+                 rep->integer, f->min_replicas, f->wait_args[1]);
+    }
+    freeReplyObject(rep);
+    return 0;
+}
+
 int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
                        kiq_fetched_t *out, size_t max, int block)
 {
@@ -439,6 +468,14 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
             return KIQ_EREDIS;
         sent[i] = (char)snt;
     }
+    int waits = 0;
+    for (size_t i = 0; f->min_replicas && i < nacks && !waits; i++)
+        waits = sent[i] != 0;
+    if (waits) {
+        const char *argv[] = { "WAIT", f->wait_args[0], f->wait_args[1] };
+        if (kiq_redis_append(r, 3, argv, NULL))
+            return KIQ_EREDIS;
+    }
     if (max) {
         plan_order(f);
         if (append_fetch(f, r, max, block))
@@ -470,6 +507,8 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
             return KIQ_EREDIS;
         acks[i].rc = rc ? KIQ_EREDIS : 0;
     }
+    if (waits && read_wait(f, r))
+        return KIQ_EREDIS;
     if (!max)
         return 0;
     int rc = finish_fetch(f, r, out, max, block);

@@ -26,6 +26,8 @@ typedef struct kiq_fetch_conf {
     int index;                     /* processor index: spreads idle waiters
                                       over the queues */
     double block_timeout;          /* seconds to block when all are empty */
+    int min_replicas;              /* reliable: WAIT for this many replicas after acks */
+    long min_replicas_timeout;     /* ms */
 } kiq_fetch_conf_t;
 
 typedef enum {

@@ -3,6 +3,7 @@
  * scripts again and resends, in a pipeline too. */
 #include "kiq/redis.h"
 #include "redis/scripts.h"
+#include "redis/sentinel.h"
 #include "redis/tls.h"
 #include "redis/url.h"
 
@@ -165,6 +166,9 @@ int kiq_redis_connect(kiq_redis_t *r)
     r->tls = NULL;
     forget_sent(r);
     r->broken = 1;
+    int found = r->url.sentinel ? kiq__sentinel_resolve(&r->url, r->name, r->errstr) : 0;
+    if (found)
+        return found;
     struct timeval ctv = tv_of(r->timeout < 5 ? r->timeout : 5);
     if (r->url.tls.on) {
         char why[KIQ_ERRLEN];
@@ -214,6 +218,8 @@ int kiq_redis_connect(kiq_redis_t *r)
         if (code)
             return code;
     }
+    if (r->url.sentinel && kiq__sentinel_check_role(r->c, r->name, r->errstr))
+        return KIQ_EREDIS;
     int permanent = 0, rc = load_scripts_why(r, &permanent);
     if (rc == KIQ_EREPLY)
         return permanent ? KIQ_ECONFIG : KIQ_EREDIS;
@@ -265,6 +271,20 @@ int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *
 static int is_noscript(const redisReply *rep)
 {
     return rep && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0;
+}
+
+/* Through sentinels, a reply that says this server is no longer the
+ * master (a failover demoted it) or cannot serve yet drops the connection,
+ * so its owner reconnects and asks the sentinels again instead of taking it
+ * for a refusal and asking the same server. (Without sentinels the same
+ * server would be found again at once, round after round.) */
+static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
+{
+    if (r->url.sentinel && rep && rep->type == REDIS_REPLY_ERROR
+        && (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "LOADING", 7) == 0)) {
+        r->broken = 1;
+        forget_sent(r);
+    }
 }
 
 static int read_wire(kiq_redis_t *r, redisReply **out)
@@ -325,6 +345,7 @@ redisReply *kiq_redis_get_reply(kiq_redis_t *r)
             r->need_load = 1;
         if (rr && rr->type == REDIS_REPLY_ERROR) /* so callers that only see a code can say why */
             snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, rr->str);
+        drop_if_demoted(r, rr);
     }
     free(e.cmd);
     return rr;

@@ -1,5 +1,6 @@
 /* Redis URL parsing and redaction. */
 #include "redis/url.h"
+#include "redis/sentinel.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -41,10 +42,13 @@ static int parse_int(const char *s, size_t n, int lo, int hi, int *out)
     return 0;
 }
 
+char *kiq__url_decode(const char *s, size_t n) { return pct_decode(s, n); }
+
 void kiq__redis_url_clear(kiq_redis_url_t *u)
 {
     if (!u)
         return;
+    kiq__sentinel_free(u->sentinel);
     free(u->host);
     free(u->path);
     free(u->user);
@@ -133,6 +137,10 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         rc = parse_unix(url + 7, u, err, "(unix)");
         goto out;
     }
+    if (kiq__sentinel_scheme(url)) {
+        rc = kiq__sentinel_parse(url, u, err);
+        goto out;
+    }
     if (strncmp(url, "redis://", 8) == 0) {
         rest = url + 8;
     } else if (strncmp(url, "rediss://", 9) == 0) {
@@ -217,4 +225,5 @@ void kiq__redis_url_redact(const char *url, char *out, size_t n)
         else
             snprintf(out, n, "%s", url);
     }
+    kiq__sentinel_redact(out, n);
 }

@@ -27,6 +27,7 @@ typedef struct kiq_redis_url {
     char *password;  /* or NULL */
     int db;
     kiq_redis_tls_conf_t tls;
+    struct kiq_sentinel *sentinel; /* a sentinel URL's sentinels and master name, or NULL */
 } kiq_redis_url_t;
 
 /* Parses "redis[s]://[user:password@]host[:port][/db][?tls settings]" or
@@ -35,6 +36,8 @@ typedef struct kiq_redis_url {
  * kiq__redis_url_clear. */
 int kiq__redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
 void kiq__redis_url_clear(kiq_redis_url_t *u);
+/* Percent-decodes n bytes of s into a new string (NULL when out of memory). */
+char *kiq__url_decode(const char *s, size_t n);
 /* Writes url with any password replaced by "***" into out (n bytes). */
 void kiq__redis_url_redact(const char *url, char *out, size_t n);
 

@@ -466,7 +466,8 @@ static int start_threads(kiq_runtime_t *rt, char *err)
         s->index = i;
         kiq_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
                                 .nqueues = c->nqueues, .strict = c->strict, .index = i,
-                                .block_timeout = 1.0 };
+                                .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
+                                .min_replicas_timeout = c->min_replicas_timeout };
         if (!(s->fetch = kiq__fetch_new(&fc, err)))
             return KIQ_ENOMEM;
     }

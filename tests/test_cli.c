@@ -613,22 +613,28 @@ Test(cli, pidfile_is_written_and_removed_and_a_rails_file_warns_in_the_log)
  * failing later on MOVED or CROSSSLOT. */
 Test(cli, run_against_a_cluster_node_exits_78)
 {
-    int port = kt_free_port();
-    char portstr[16], *dir = kt_tmp("cluster"), conf[600];
+    /* The cluster bus listens on a port of its own (by default port +
+     * 10000, which may not exist): name a free one. */
+    int port = kt_free_port(), bus = kt_free_port();
+    char portstr[16], busstr[16], *dir = kt_tmp("cluster"), conf[600];
     snprintf(portstr, sizeof(portstr), "%d", port);
+    snprintf(busstr, sizeof(busstr), "%d", bus);
     snprintf(conf, sizeof(conf), "%s/nodes.conf", dir);
     cr_assert_eq(mkdir(dir, 0700), 0);
     pid_t srv = fork();
     if (srv == 0) {
         execlp("redis-server", "redis-server", "--port", portstr, "--bind", "127.0.0.1",
-               "--cluster-enabled", "yes", "--cluster-config-file", conf, "--save", "",
+               "--cluster-enabled", "yes", "--cluster-port", busstr,
+               "--cluster-config-file", conf, "--save", "",
                "--appendonly", "no", "--dir", dir, "--logfile", "", (char *)NULL);
         _exit(127);
     }
     kt_track(srv);
     cr_assert(KT_WAIT_UNTIL(({
         redisContext *c = redisConnect("127.0.0.1", port);
-        int up = c && !c->err;
+        redisReply *r = c && !c->err ? redisCommand(c, "CLUSTER INFO") : NULL;
+        int up = r && r->type == REDIS_REPLY_STRING;
+        freeReplyObject(r);
         redisFree(c);
         up; }), 10), "the cluster node did not start");
     char url[64], *log = NULL;

@@ -124,6 +124,9 @@ typedef struct kiq_config {
     char *metrics_bind;       /* address for it; NULL = 127.0.0.1 (not exposed) */
     kiq_tls_conf_t tls;       /* moved into redis_url's query by kiq_config_validate,
                                  where every connection reads them */
+    int min_replicas_ack;     /* after writing acks, WAIT for this many replicas
+                                 to have them; 0 (default) = do not wait */
+    long min_replicas_timeout; /* milliseconds that WAIT may take, default 1000 */
 } kiq_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with

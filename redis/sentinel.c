@@ -1,0 +1,272 @@
+/* Redis Sentinel: the sentinel URL, and the discovery every connect of a
+ * sentinel URL goes through (the master's address asked of each sentinel in
+ * turn, then the server checked to be a master), so every connection
+ * follows a failover by reconnecting. */
+#include "redis/sentinel.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Short: a dead sentinel must not hold up the next one for long. */
+#define SENTINEL_TIMEOUT_US 500000
+
+typedef struct addr {
+    char *host;
+    int port;
+} addr_t;
+
+struct kiq_sentinel {
+    addr_t *sentinels;
+    size_t n;
+    char *master;    /* the name the sentinels monitor it by */
+    char *user;      /* the sentinels' own ACL user and password, or NULL */
+    char *password;
+};
+
+int kiq__sentinel_scheme(const char *url)
+{
+    return url && (strncmp(url, "redis+sentinel://", 17) == 0
+                   || strncmp(url, "rediss+sentinel://", 18) == 0);
+}
+
+void kiq__sentinel_free(kiq_sentinel_t *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        free(s->sentinels[i].host);
+    free(s->sentinels);
+    free(s->master);
+    free(s->user);
+    free(s->password);
+    free(s);
+}
+
+static int parse_port(const char *s, size_t n, int *out)
+{
+    int v = 0;
+    if (n == 0 || n > 5)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < 1 || v > 65535)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* One "host[:port]" or "[v6][:port]" of the list; the port defaults to
+ * Sentinel's own, 26379. */
+static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
+{
+    const char *hp = p, *colon = NULL;
+    size_t hl = n;
+    if (n && p[0] == '[') {
+        const char *close = memchr(p, ']', n);
+        if (!close)
+            return KIQ_EINVAL;
+        hp = p + 1;
+        hl = (size_t)(close - hp);
+        if (close + 1 < p + n)
+            colon = close[1] == ':' ? close + 1 : NULL;
+        if (close + 1 < p + n && !colon)
+            return KIQ_EINVAL;
+    } else if ((colon = memchr(p, ':', n)) != NULL) {
+        hl = (size_t)(colon - p);
+    }
+    int port = 26379;
+    if (hl == 0 || (colon && parse_port(colon + 1, (size_t)(p + n - colon - 1), &port)))
+        return KIQ_EINVAL;
+    addr_t *a = realloc(s->sentinels, (s->n + 1) * sizeof(*a));
+    if (!a)
+        return KIQ_ENOMEM;
+    s->sentinels = a;
+    if (!(a[s->n].host = strndup(hp, hl)))
+        return KIQ_ENOMEM;
+    a[s->n++].port = port;
+    return 0;
+}
+
+static int query(const char *q, kiq_sentinel_t *s)
+{
+    while (q && *q) {
+        q++;
+        const char *amp = strchr(q, '&');
+        size_t n = amp ? (size_t)(amp - q) : strlen(q);
+        char **slot = NULL;
+        size_t k = 0;
+        if (n >= 18 && strncmp(q, "sentinel_password=", 18) == 0)
+            slot = &s->password, k = 18;
+        else if (n >= 18 && strncmp(q, "sentinel_username=", 18) == 0)
+            slot = &s->user, k = 18;
+        if (slot) {
+            free(*slot);
+            if (!(*slot = kiq__url_decode(q + k, n - k)))
+                return KIQ_ENOMEM;
+        }
+        q = amp;
+    }
+    return 0;
+}
+
+int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
+{
+    kiq_sentinel_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    u->sentinel = s;
+    u->tls.on = url[5] == 's';
+    const char *rest = strstr(url, "://") + 3;
+    const char *slash = strchr(rest, '/');
+    const char *at = memchr(rest, '@', slash ? (size_t)(slash - rest) : strlen(rest));
+    if (at) {
+        const char *colon = memchr(rest, ':', (size_t)(at - rest));
+        if (colon && colon > rest && !(u->user = kiq__url_decode(rest, (size_t)(colon - rest))))
+            return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        const char *pw = colon ? colon + 1 : rest;
+        if (at > pw && !(u->password = kiq__url_decode(pw, (size_t)(at - pw))))
+            return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rest = at + 1;
+    }
+    if (!slash || !slash[1] || slash[1] == '?' || slash[1] == '/')
+        return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: the master's name is missing "
+                          "(redis+sentinel://host:port[,host:port...]/MASTER_NAME[/DB])");
+    for (const char *p = rest; p < slash;) {
+        const char *comma = memchr(p, ',', (size_t)(slash - p));
+        const char *end = comma ? comma : slash;
+        int rc = add_sentinel(s, p, (size_t)(end - p));
+        if (rc)
+            return kiq_seterr(err, rc, rc == KIQ_ENOMEM ? "out of memory"
+                              : "redis sentinel url: bad sentinel address (want host:port)");
+        p = end + (comma != NULL);
+    }
+    if (s->n == 0)
+        return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: no sentinel given");
+    const char *name = slash + 1, *q = strchr(name, '?');
+    size_t nlen = q ? (size_t)(q - name) : strlen(name);
+    const char *dbs = memchr(name, '/', nlen);
+    if (dbs) {
+        size_t dl = (size_t)(name + nlen - dbs - 1);
+        int db = 0;
+        for (size_t i = 0; i < dl; i++) {
+            if (!isdigit((unsigned char)dbs[1 + i]) || db > 100000)
+                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: bad db number");
+            db = db * 10 + (dbs[1 + i] - '0');
+        }
+        u->db = db;
+        nlen = (size_t)(dbs - name);
+    }
+    if (!(s->master = kiq__url_decode(name, nlen)) || query(q, s))
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Connects to one sentinel and authenticates. NULL with errstr filled. */
+static redisContext *sentinel_connect(const kiq_sentinel_t *s, const addr_t *a,
+                                      const char *name, char *errstr, int *refused)
+{
+    struct timeval tv = { 0, SENTINEL_TIMEOUT_US };
+    redisContext *c = redisConnectWithTimeout(a->host, a->port, tv);
+    if (!c || c->err) {
+        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
+                 c ? c->errstr : "out of memory");
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    if (!s->password)
+        return c;
+    redisReply *rep = s->user ? redisCommand(c, "AUTH %s %s", s->user, s->password)
+                              : redisCommand(c, "AUTH %s", s->password);
+    int bad = !rep || rep->type == REDIS_REPLY_ERROR;
+    if (bad) {
+        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: AUTH: %s", name, a->host, a->port,
+                 rep ? rep->str : c->errstr);
+        *refused = rep != NULL;
+        redisFree(c);
+        c = NULL;
+    }
+    freeReplyObject(rep);
+    return c;
+}
+
+int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
+{
+    kiq_sentinel_t *s = u->sentinel;
+    size_t answered = 0, unknown = 0, refused = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const addr_t *a = &s->sentinels[i];
+        int no = 0;
+        redisContext *c = sentinel_connect(s, a, name, errstr, &no);
+        refused += (size_t)no;
+        if (!c)
+            continue;
+        redisReply *rep = redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->master);
+        if (!rep) {
+            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
+                     c->errstr);
+        } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
+                   && rep->element[0]->type == REDIS_REPLY_STRING
+                   && rep->element[1]->type == REDIS_REPLY_STRING) {
+            int port = atoi(rep->element[1]->str);
+            char *host = strdup(rep->element[0]->str);
+            if (host && port > 0) {
+                free(u->host);
+                u->host = host;
+                u->port = port;
+                freeReplyObject(rep);
+                redisFree(c);
+                return 0;
+            }
+            free(host);
+        } else {
+            answered++;
+            if (rep->type == REDIS_REPLY_NIL || (rep->type == REDIS_REPLY_ARRAY && !rep->elements))
+                unknown++;
+            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d knows no master named %s%s%s", name,
+                     a->host, a->port, s->master, rep->type == REDIS_REPLY_ERROR ? ": " : "",
+                     rep->type == REDIS_REPLY_ERROR ? rep->str : "");
+        }
+        freeReplyObject(rep);
+        redisFree(c);
+    }
+    /* Every sentinel that answered knows no such master, or every one
+     * refused the credentials: waiting will not help. */
+    if ((answered && unknown == answered) || refused == s->n)
+        return KIQ_ECONFIG;
+    return KIQ_EREDIS;
+}
+
+int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr)
+{
+    redisReply *rep = redisCommand(c, "ROLE");
+    if (!rep) {
+        snprintf(errstr, KIQ_ERRLEN, "%s: ROLE: %s", name, c->errstr);
+        return KIQ_EREDIS;
+    }
+    int replica = rep->type == REDIS_REPLY_ARRAY && rep->elements > 0
+                  && rep->element[0]->type == REDIS_REPLY_STRING
+                  && strcmp(rep->element[0]->str, "master") != 0;
+    if (replica)
+        snprintf(errstr, KIQ_ERRLEN, "%s: the sentinels' master is a %s now (a failover "
+                 "under way?)", name, rep->element[0]->str);
+    freeReplyObject(rep);
+    return replica ? KIQ_EREDIS : 0;
+}
+
+void kiq__sentinel_redact(char *out, size_t n)
+{
+    char *pw = strstr(out, "sentinel_password=");
+    if (!pw)
+        return;
+    pw += 18;
+    char *amp = strchr(pw, '&');
+    char tail[512];
+    snprintf(tail, sizeof(tail), "%s", amp ? amp : "");
+    snprintf(pw, n - (size_t)(pw - out), "***%s", tail);
+}

@@ -1,0 +1,44 @@
+/* Internal: Redis Sentinel. A redis+sentinel:// URL names sentinels and a
+ * master; every connect asks the sentinels where the master is now, so a
+ * reconnect after a failover finds the new one. */
+#ifndef KIQ_REDIS_SENTINEL_H
+#define KIQ_REDIS_SENTINEL_H
+
+#include <stddef.h>
+#include <hiredis/hiredis.h>
+
+#include "redis/url.h"
+
+/* The sentinels and the master's name of a sentinel URL. */
+typedef struct kiq_sentinel kiq_sentinel_t;
+
+/* Whether url has a sentinel scheme (redis+sentinel://, rediss+sentinel://). */
+int kiq__sentinel_scheme(const char *url);
+
+/* Parses
+ *   redis+sentinel://[[user]:password@]host:port[,host:port...]/MASTER[/DB]
+ *     [?sentinel_username=U&sentinel_password=P]
+ * (rediss+sentinel:// sets u->tls) into u: user, password and db are the
+ * master's, u->sentinel the rest. Returns 0 or KIQ_EINVAL / KIQ_ENOMEM
+ * with err filled. */
+int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err);
+void kiq__sentinel_free(kiq_sentinel_t *s);
+
+/* Asks the sentinels in turn where the master is and writes it into
+ * u->host and u->port. Returns 0, KIQ_EREDIS when no sentinel answered (or
+ * none knows a master yet), or KIQ_ECONFIG when every sentinel that
+ * answered knows no master of that name or refused the sentinel
+ * credentials; errstr (KIQ_ERRLEN) says why, prefixed with name. */
+int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr);
+
+/* Checks that c, connected to the address a sentinel gave, is a master
+ * (a replica is what a stale sentinel or an unfinished failover gives).
+ * A ROLE refused by ACL counts as a master: a READONLY reply will tell.
+ * Returns 0 or KIQ_EREDIS with errstr filled. */
+int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr);
+
+/* Replaces the value of sentinel_password= in the redacted URL out (n
+ * bytes) by "***". */
+void kiq__sentinel_redact(char *out, size_t n);
+
+#endif

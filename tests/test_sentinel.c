@@ -1,0 +1,479 @@
+/* Redis Sentinel, end to end with the kiq binary: a master, a replica and
+ * three sentinels of the test's own. What a user checks: kiq given a
+ * redis+sentinel:// URL works, keeps working through a failover with every
+ * job run (some twice at most, those in flight), registers on the new
+ * master, and names the problem when the master's name is wrong. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kiq/config.h"
+
+TestSuite(sentinel, .timeout = 120, .fini = kt_kill_children);
+
+typedef struct cluster {
+    int master, replica; /* ports; replica 0 = none */
+    int sentinel[3];
+    int nsentinels;
+    char url[256];       /* redis+sentinel://... /mymaster */
+} cluster_t;
+
+/* Starts redis-server with args in the test's own directory dir. */
+static void start_server(const char *dir, const char *tag, const char *const *args)
+{
+    const char *argv[32] = { "redis-server" };
+    int n = 1;
+    for (; args[n - 1]; n++)
+        argv[n] = args[n - 1];
+    char logf[600];
+    snprintf(logf, sizeof(logf), "%s/%s.log", dir, tag);
+    argv[n++] = "--dir";
+    argv[n++] = dir;
+    argv[n++] = "--logfile";
+    argv[n++] = logf;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    kt_track(pid);
+}
+
+/* The password of the sentinels, and of the master (none when NULL). */
+static const char *sentinel_pw, *master_pw;
+static int master_pw_port;
+
+static redisContext *on(int port)
+{
+    struct timeval tv = { 2, 0 };
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    const char *pw = port == master_pw_port ? master_pw : sentinel_pw;
+    if (c && !c->err && pw)
+        freeReplyObject(redisCommand(c, "AUTH %s", pw));
+    return c;
+}
+
+/* PING answered (a sentinel or a server that finished loading). */
+static int pings(int port)
+{
+    redisContext *c = on(port);
+    redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+    int ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+/* A command's reply on the server at port (caller frees; NULL if down). */
+static redisReply *cmd_on(int port, const char *fmt, const char *arg)
+{
+    redisContext *c = on(port);
+    redisReply *r = c && !c->err ? redisCommand(c, fmt, arg) : NULL;
+    redisFree(c);
+    return r;
+}
+
+static long long int_on(int port, const char *fmt, const char *arg)
+{
+    redisReply *r = cmd_on(port, fmt, arg);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+/* Whether INFO section of port contains needle. */
+static int info_has(int port, const char *section, const char *needle)
+{
+    redisReply *r = cmd_on(port, "INFO %s", section);
+    int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, needle) != NULL;
+    freeReplyObject(r);
+    return yes;
+}
+
+/* The port sentinel s gives for mymaster, or -1. */
+static int master_port(int s)
+{
+    redisReply *r = cmd_on(s, "SENTINEL get-master-addr-by-name %s", "mymaster");
+    int port = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 ? atoi(r->element[1]->str) : -1;
+    freeReplyObject(r);
+    return port;
+}
+
+/* The end of the log of kiq process pid: a whole log is too much for an
+ * assertion's message. */
+static const char *log_tail(pid_t pid)
+{
+    static char tail[4000];
+    char *log = kt_kiq_log(pid);
+    size_t n = log ? strlen(log) : 0;
+    snprintf(tail, sizeof(tail), "%s", log ? log + (n > 3000 ? n - 3000 : 0) : "(no log)");
+    free(log);
+    return tail;
+}
+
+/* Starts a master (with a replica if asked) and nsentinels sentinels
+ * monitoring it as mymaster; with pw, the master and the sentinels each
+ * want a password of their own ("mpw", "spw"). */
+static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int pw)
+{
+    char *dir = kt_tmp("sentinel");
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    char mp[16], rp[16];
+    k->master = kt_free_port();
+    master_pw_port = k->master;
+    master_pw = pw ? "mpw" : NULL;
+    snprintf(mp, sizeof(mp), "%d", k->master);
+    start_server(dir, "master", (const char *[]){ "--port", mp, "--bind", "127.0.0.1",
+                                                  "--save", "", "--appendonly", "no",
+                                                  "--requirepass", pw ? "mpw" : "", NULL });
+    if (with_replica) {
+        k->replica = kt_free_port();
+        snprintf(rp, sizeof(rp), "%d", k->replica);
+        start_server(dir, "replica", (const char *[]){ "--port", rp, "--bind", "127.0.0.1",
+                                                       "--save", "", "--appendonly", "no",
+                                                       "--replicaof", "127.0.0.1", mp, NULL });
+    }
+    k->nsentinels = nsentinels;
+    int len = snprintf(k->url, sizeof(k->url), "redis+sentinel://%s", pw ? ":mpw@" : "");
+    for (int i = 0; i < nsentinels; i++) {
+        k->sentinel[i] = kt_free_port();
+        char name[32], conf[700], body[512], sdir[600];
+        snprintf(name, sizeof(name), "s%d", i);
+        snprintf(sdir, sizeof(sdir), "%s/%s", dir, name);
+        cr_assert(mkdir(sdir, 0700) == 0 || errno == EEXIST);
+        snprintf(conf, sizeof(conf), "%s/sentinel.conf", sdir);
+        snprintf(body, sizeof(body),
+                 "port %d\nbind 127.0.0.1\nsentinel monitor mymaster 127.0.0.1 %d 2\n"
+                 "sentinel down-after-milliseconds mymaster 1000\n"
+                 "sentinel failover-timeout mymaster 5000\n%s", k->sentinel[i], k->master,
+                 pw ? "sentinel auth-pass mymaster mpw\nrequirepass spw\n" : "");
+        FILE *f = fopen(conf, "w");
+        cr_assert(f);
+        fputs(body, f);
+        fclose(f);
+        start_server(sdir, "sentinel", (const char *[]){ conf, "--sentinel", NULL });
+        len += snprintf(k->url + len, sizeof(k->url) - (size_t)len, "%s127.0.0.1:%d",
+                        i ? "," : "", k->sentinel[i]);
+    }
+    snprintf(k->url + len, sizeof(k->url) - (size_t)len, "/mymaster%s",
+             pw ? "?sentinel_password=spw" : "");
+    sentinel_pw = pw ? "spw" : NULL;
+    cr_assert(KT_WAIT_UNTIL(pings(k->master), 10));
+    for (int i = 0; i < nsentinels; i++)
+        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 10));
+    if (with_replica)
+        cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "replication", "master_link_status:up"), 15));
+    free(dir);
+}
+
+static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
+{
+    cluster_start_pw(k, with_replica, nsentinels, 0);
+}
+
+static void push_records(int port, unsigned n)
+{
+    redisContext *c = on(port);
+    cr_assert(c && !c->err);
+    char **p = calloc(n, sizeof(char *));
+    for (unsigned i = 0; i < n; i++) {
+        char jid[25];
+        kt_make_jid(jid, 7, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
+    }
+    kt_push_all(c, "default", p, n);
+    for (unsigned i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+    redisFree(c);
+}
+
+/* Failed jobs (a handler's write refused mid-failover) due now. */
+static void retry_now(int port)
+{
+    redisContext *c = on(port);
+    redisReply *r = c && !c->err ? redisCommand(c, "ZRANGE retry 0 -1") : NULL;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        freeReplyObject(redisCommand(c, "ZADD retry XX 0 %b", r->element[i]->str,
+                                     r->element[i]->len));
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+Test(sentinel, kiq_run_finds_the_master_through_the_sentinels)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 3);
+    push_records(k.master, 50);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 50, 20), "%s",
+              log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}
+
+/* Whether any uniquejobs:working:* list on port holds anything. */
+static long long working_left(int port)
+{
+    redisReply *r = cmd_on(port, "KEYS %s", "uniquejobs:working:*");
+    long long n = 0;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        n += int_on(port, "LLEN %s", r->element[i]->str);
+    freeReplyObject(r);
+    return n;
+}
+
+Test(sentinel, jobs_run_through_a_failover)
+{
+    enum { N = 5000 };
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 3);
+    /* Failover needs the sentinels to know the replica. */
+    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
+    push_records(k.master, N);
+    char *y = kt_write_file("sentinel.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+                                            "recovery_interval: 1\n"
+                                            "average_scheduled_poll_interval: 0.5\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "8", "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") >= N / 10, 20), "%s",
+              log_tail(pid));
+    redisReply *ids = cmd_on(k.master, "SMEMBERS %s", "processes");
+    cr_assert(ids && ids->type == REDIS_REPLY_ARRAY && ids->elements == 1);
+    char *identity = strdup(ids->element[0]->str);
+    freeReplyObject(ids);
+    double t0 = kt_now();
+    redisReply *r = cmd_on(k.sentinel[0], "SENTINEL FAILOVER %s", "mymaster");
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "%s", r ? r->str : "no reply");
+    freeReplyObject(r);
+    cr_assert(KT_WAIT_UNTIL(master_port(k.sentinel[0]) == k.replica, 15));
+    long long before = int_on(k.replica, "SCARD %s", "rec");
+    cr_assert(KT_WAIT_UNTIL(({ retry_now(k.replica);
+                               int_on(k.replica, "SCARD %s", "rec") == N; }), 40),
+              "%lld of %d jobs ran: %s", int_on(k.replica, "SCARD %s", "rec"), N,
+              log_tail(pid));
+    cr_assert(KT_WAIT_UNTIL(working_left(k.replica) == 0, 10));
+    cr_assert_eq(int_on(k.replica, "LLEN %s", "queue:default"), 0);
+    long long dups = int_on(k.replica, "LLEN %s", "rec:log") - N;
+    fprintf(stderr, "[failover] %lld of %d jobs done at the failover, all done %.1f s after; "
+            "%lld ran twice\n", before, N, kt_now() - t0, dups);
+    cr_assert_geq(dups, 0);
+    cr_assert_leq(dups, 8 * 2, "more duplicates than jobs in flight");
+    /* The process beats on the new master: in "processes", with a beat
+     * newer than the failover. */
+    cr_assert_eq(int_on(k.replica, "SISMEMBER processes %s", identity), 1);
+    redisReply *b = cmd_on(k.replica, "HGET %s beat", identity);
+    cr_assert(b && b->type == REDIS_REPLY_STRING);
+    char *beat = strdup(b->str);
+    freeReplyObject(b);
+    cr_assert(KT_WAIT_UNTIL(({ b = cmd_on(k.replica, "HGET %s beat", identity);
+                               int moved = b && b->type == REDIS_REPLY_STRING && strcmp(b->str, beat);
+                               freeReplyObject(b);
+                               moved; }), 10), "%s", log_tail(pid));
+    free(beat);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    free(identity);
+    free(y);
+}
+
+Test(sentinel, an_unknown_master_name_stops_the_start)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 1);
+    char url[300];
+    snprintf(url, sizeof(url), "%s", k.url);
+    strcpy(strstr(url, "/mymaster"), "/nosuchmaster");
+    char *out = NULL;
+    int rc = kt_kiq_run((const char *[]){ "run", "-r", getenv("KIQ_PLUGIN"), "--redis-url", url,
+                                          NULL }, &out);
+    cr_assert_eq(rc, 78, "%s", out);
+    cr_assert(strstr(out, "knows no master named nosuchmaster"), "%s", out);
+    free(out);
+}
+
+/* The sentinels' password and the master's are each sent where they
+ * belong, and neither appears in the log. */
+Test(sentinel, passwords_of_the_sentinels_and_of_the_master)
+{
+    cluster_t k = { 0 };
+    cluster_start_pw(&k, 0, 2, 1);
+    push_records(k.master, 20);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 20, 20), "%s", log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert(!kt_log_has(pid, "spw") && !kt_log_has(pid, "mpw"), "%s", log_tail(pid));
+    cr_assert(kt_log_has(pid, "sentinel_password=***"), "%s", log_tail(pid));
+}
+
+/* A master demoted under a connection answers writes with READONLY: the
+ * connection is then dropped, so its owner reconnects (through the
+ * sentinels) rather than writing to it again. */
+Test(sentinel, a_readonly_reply_drops_the_connection)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 1);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(k.url, 2, err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    char rp[16];
+    snprintf(rp, sizeof(rp), "%d", k.replica);
+    redisContext *c = on(k.master);
+    freeReplyObject(redisCommand(c, "REPLICAOF 127.0.0.1 %s", rp));
+    redisFree(c);
+    redisReply *rep = kiq_redis_cmdf(r, "SET a 1");
+    cr_assert(rep && rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "READONLY", 8));
+    freeReplyObject(rep);
+    cr_assert(!kiq_redis_ok(r), "still taken for usable after READONLY");
+    cr_assert(strstr(kiq_redis_error(r), "READONLY"), "%s", kiq_redis_error(r));
+    /* The sentinels have not noticed yet: the reconnect finds a replica
+     * where they say the master is, and waits rather than use it. */
+    cr_assert_eq(kiq_redis_connect(r), KIQ_EREDIS);
+    cr_assert(strstr(kiq_redis_error(r), "is a slave now"), "%s", kiq_redis_error(r));
+    kiq_redis_free(r);
+}
+
+/* Sidekiq's redis: hash with sentinels (redis-client's options) reads as
+ * the sentinel URL it means, credentials escaped. */
+Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
+{
+    char *y = kt_write_file("sentinels.yml",
+                            "redis:\n"
+                            "  sentinels:\n"
+                            "    - {host: s1, port: 26380}\n"
+                            "    - host: s2\n"
+                            "  name: mymaster\n"
+                            "  role: master\n"
+                            "  password: \"p@ss/word\"\n"
+                            "  db: 3\n"
+                            "  sentinel_password: spw\n");
+    kiq_config_t *cfg = kiq_config_new();
+    char err[KIQ_ERRLEN] = "";
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_str_eq(cfg->redis_url, "redis+sentinel://:p%40ss%2Fword@s1:26380,s2:26379/mymaster/3"
+                                     "?sentinel_password=spw");
+    kiq_config_free(cfg);
+    free(y);
+    static const char *const bad[][2] = {
+        { "redis: {sentinels: [{host: a}]}\n", "name: the master's name" },
+        { "redis: {sentinels: [{host: a}], name: m, role: replica}\n", "role: only master" },
+        { "redis: {sentinels: [{host: a, port: 0}], name: m}\n", "port must be" },
+        { "redis: {sentinels: [], name: m}\n", "at least one" },
+        { "redis: {sentinels: [{host: a}], name: m, url: redis://x}\n", "url or sentinels" },
+        { "redis: {sentinels: [{host: a}], name: m, sentinel_pasword: x}\n",
+          "redis.sentinel_pasword: unknown key" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        y = kt_write_file("bad.yml", bad[i][0]);
+        cfg = kiq_config_new();
+        cr_assert_eq(kiq_config_load_file(cfg, y, err), KIQ_ECONFIG, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+        kiq_config_free(cfg);
+        free(y);
+    }
+}
+
+/* The same with the kiq binary and real sentinels: the file's sentinels
+ * and credentials are the ones used. */
+Test(sentinel, kiq_run_with_sentinels_from_the_yaml_file)
+{
+    cluster_t k = { 0 };
+    cluster_start_pw(&k, 0, 2, 1);
+    push_records(k.master, 20);
+    char body[512];
+    snprintf(body, sizeof(body),
+             "redis:\n  sentinels:\n    - {host: 127.0.0.1, port: %d}\n"
+             "    - {host: 127.0.0.1, port: %d}\n"
+             "  name: mymaster\n  password: mpw\n  sentinel_password: spw\n",
+             k.sentinel[0], k.sentinel[1]);
+    char *y = kt_write_file("run-sentinels.yml", body);
+    /* Not kt_kiq_start: its --redis-url would override the file's redis:. */
+    char *logf = kt_tmp("run-sentinels.log");
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen(logf, "w", stdout);
+        dup2(1, 2);
+        execl(getenv("KIQ_BIN"), "kiq", "run", "-r", getenv("KIQ_PLUGIN"), "-C", y, (char *)NULL);
+        _exit(127);
+    }
+    kt_track(pid);
+    int done = KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 20, 20);
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *log = kt_read_file(logf);
+    cr_assert(done, "%s", log);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s", log);
+    cr_assert(!strstr(log, "spw") && !strstr(log, "mpw"), "%s", log);
+    free(log);
+    free(logf);
+    free(y);
+}
+
+/* min_replicas_ack: the acks are followed by WAIT; with the replica up it
+ * has them in time, without one the jobs still run and kiq says the acks
+ * were not replicated. */
+static pid_t run_with_wait(const cluster_t *k, unsigned n)
+{
+    char url[64];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", k->master);
+    char *y = kt_write_file("wait.yml", "min_replicas_ack: 1\nmin_replicas_timeout: 200\n");
+    push_records(k->master, n);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k->master, "SCARD %s", "rec") == (long long)n, 30), "%s",
+              log_tail(pid));
+    cr_assert(KT_WAIT_UNTIL(working_left(k->master) == 0, 10), "%s", log_tail(pid));
+    free(y);
+    return pid;
+}
+
+Test(sentinel, min_replicas_ack_waits_for_the_replica)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 0);
+    pid_t pid = run_with_wait(&k, 200);
+    cr_assert(info_has(k.master, "commandstats", "cmdstat_wait:calls="), "no WAIT was sent");
+    cr_assert(!kt_log_has(pid, "acks reached"), "%s", log_tail(pid));
+    cr_assert_eq(int_on(k.replica, "SCARD %s", "rec"), 200);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}
+
+Test(sentinel, min_replicas_ack_without_replicas_still_runs_and_says_so)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 0);
+    pid_t pid = run_with_wait(&k, 50);
+    cr_assert(kt_log_has(pid, "acks reached 0 of min_replicas_ack 1 replicas within 200 ms"),
+              "%s", log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}
+
+/* A malformed sentinel URL is refused when read, naming what is wrong. */
+Test(sentinel, bad_sentinel_urls_are_refused)
+{
+    static const char *const bad[][2] = {
+        { "redis+sentinel://127.0.0.1:26379", "master's name is missing" },
+        { "redis+sentinel://127.0.0.1:26379/", "master's name is missing" },
+        { "redis+sentinel://127.0.0.1:0/m", "bad sentinel address" },
+        { "redis+sentinel://a:1,,b:2/m", "bad sentinel address" },
+        { "redis+sentinel://a:1/m/x", "bad db number" },
+    };
+    char err[KIQ_ERRLEN];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        err[0] = '\0';
+        kiq_redis_t *r = kiq_redis_new(bad[i][0], 1, err);
+        cr_assert_null(r, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    kiq_redis_t *r = kiq_redis_new("rediss+sentinel://u:secret@a:1,[::1]:2,c/m/2?"
+                                   "sentinel_password=s3&x=1", 1, err);
+    cr_assert(r, "%s", err);
+    cr_assert_str_eq(kiq_redis_name(r), "rediss+sentinel://u:***@a:1,[::1]:2,c/m/2?"
+                                        "sentinel_password=***&x=1");
+    kiq_redis_free(r);
+}
