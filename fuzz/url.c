@@ -21,8 +21,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[KIQ_ERRLEN] = "";
     kiq_redis_url_t u;
     if (kiq__redis_url_parse(url, &u, err) == 0) {
-        CHECK((u.host != NULL) != (u.path != NULL));
-        CHECK(u.port >= 1 && u.port <= 65535);
+        /* A sentinel URL names its master, not a host: discovery fills it. */
+        CHECK(u.sentinel || (u.host != NULL) != (u.path != NULL));
+        CHECK(u.sentinel || (u.port >= 1 && u.port <= 65535));
         CHECK(u.db >= 0 && u.db <= 100000);
         /* The redacted form (logs, kiq stats, kiq top) never shows the
          * password. Checked when the password is its own raw text (no
@@ -38,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kiq__redis_url_clear(&u);
     } else {
         CHECK(err[0] != '\0');
-        CHECK(!u.host && !u.path && !u.user && !u.password);
+        CHECK(!u.host && !u.path && !u.user && !u.password && !u.sentinel);
     }
 
     /* Short output buffers truncate, never overrun. */

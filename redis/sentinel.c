@@ -124,6 +124,11 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
     const char *rest = strstr(url, "://") + 3;
     const char *slash = strchr(rest, '/');
     const char *at = memchr(rest, '@', slash ? (size_t)(slash - rest) : strlen(rest));
+    /* One '@', ending the user info: any other would read differently
+     * here and where the URL is redacted for logs. */
+    if (strchr(rest, '@') != strrchr(rest, '@') || (!at && strchr(rest, '@')))
+        return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: an '@' other than the one "
+                          "after the password (percent-escape an '@' as %%40)");
     if (at) {
         const char *colon = memchr(rest, ':', (size_t)(at - rest));
         if (colon && colon > rest && !(u->user = kiq__url_decode(rest, (size_t)(colon - rest))))
@@ -154,9 +159,10 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
         size_t dl = (size_t)(name + nlen - dbs - 1);
         int db = 0;
         for (size_t i = 0; i < dl; i++) {
-            if (!isdigit((unsigned char)dbs[1 + i]) || db > 100000)
+            /* The bound redis:// URLs have, checked after each digit. */
+            if (!isdigit((unsigned char)dbs[1 + i])
+                || (db = db * 10 + (dbs[1 + i] - '0')) > 100000)
                 return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: bad db number");
-            db = db * 10 + (dbs[1 + i] - '0');
         }
         u->db = db;
         nlen = (size_t)(dbs - name);
