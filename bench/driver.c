@@ -11,6 +11,11 @@
  *       N lock+unlock cycles through the C API (kiq_unique_lock, then
  *       kiq_unique_unlock, until_executed, a distinct digest each), on one
  *       connection; prints "N SECONDS CYCLES_PER_S"
+ *   kiq-bench limits PORT N SIZE
+ *       N acquire+release cycles of the concurrent limiter "bench" of SIZE
+ *       slots through the C API (kiq_limiter_acquire, no wait, then
+ *       kiq_limiter_release), on one connection; prints "N SECONDS
+ *       CYCLES_PER_S"
  *   kiq-bench prelock PORT COUNT JID METADATA
  *       takes COUNT locks "uniquejobs:<20 zeros><12 digits>:LOCKED" (k =
  *       0..COUNT-1, the keys redis-benchmark's __rand_int__ makes) for JID,
@@ -45,6 +50,7 @@
 #include <hiredis/hiredis.h>
 #include <kiq/client.h>
 #include <kiq/error.h>
+#include <kiq/limiter.h>
 #include <kiq/redis.h>
 
 #include "middleware/unique_admin_internal.h"
@@ -252,6 +258,38 @@ static int do_locks(int argc, char **argv)
     return 0;
 }
 
+static int do_limits(int argc, char **argv)
+{
+    if (argc != 3)
+        die("usage: limits PORT N SIZE%s%s", NULL, NULL);
+    long n = num(argv[1], "cycle count"), size = num(argv[2], "size");
+    char url[64], err[KIQ_ERRLEN];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(argv[0], "port"));
+    kiq_redis_t *r = kiq_redis_new(url, 5.0, err);
+    if (!r)
+        die("%s%s", err, NULL);
+    if (kiq_redis_connect(r))
+        die("cannot connect: %s%s", kiq_redis_error(r), NULL);
+    kiq_limiter_t *lim = kiq_limiter_new(KIQ_LIMIT_CONCURRENT, "bench", size, 0, err);
+    if (!lim)
+        die("%s%s", err, NULL);
+    kiq_limit_token_t t;
+    double t0 = 0;
+    for (long i = -1; i < n; i++) { /* one warm-up cycle, as in do_locks */
+        if (i == 0)
+            t0 = mono();
+        if (kiq_limiter_acquire(lim, r, 0, &t, NULL, err) || kiq_limiter_release(lim, r, &t, err))
+            die("limiter: %s%s", err, NULL);
+    }
+    double dt = mono() - t0;
+    kiq_limiter_free(lim);
+    kiq_redis_free(r);
+    if (dt <= 0)
+        dt = 1e-6;
+    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
+    return 0;
+}
+
 static int do_prelock(int argc, char **argv)
 {
     if (argc != 4)
@@ -426,7 +464,7 @@ static int do_latency(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency|locks|prelock ARGS (see bench/driver.c)\n");
+        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency|locks|limits|prelock ARGS (see bench/driver.c)\n");
         return 2;
     }
     prog_cmd = argv[1];
@@ -440,6 +478,8 @@ int main(int argc, char **argv)
         return do_latency(argc - 2, argv + 2);
     if (strcmp(argv[1], "locks") == 0)
         return do_locks(argc - 2, argv + 2);
+    if (strcmp(argv[1], "limits") == 0)
+        return do_limits(argc - 2, argv + 2);
     if (strcmp(argv[1], "prelock") == 0)
         return do_prelock(argc - 2, argv + 2);
     die("unknown command%s%s", NULL, NULL);

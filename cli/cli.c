@@ -1,6 +1,6 @@
 /* kiq_main: the kiq command line and its command table. `kiq run` (the
  * default) starts a worker; the other subcommands (push, stats, locks, lock,
- * top, version) are tools around the same Redis, one file each. */
+ * limits, top, version) are tools around the same Redis, one file each. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@ static const char *main_usage =
     "  stats     processed/failed counts, queues, sets, processes, working lists\n"
     "  locks     uniqueness locks: list, info, delete, metrics, reap, upgrade\n"
     "  lock      run a command under a FIFO lock: kiq lock NAME [options] -- CMD...\n"
+    "  limits    rate limiters: list, info NAME (holders, window fill, wait)\n"
     "  top       live view: queues, processes, throughput, retries/dead, contended locks\n"
     "  version   print the version\n"
     "\n"
@@ -248,6 +249,8 @@ int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
         return kiq_cmd_locks(argc - 1, argv + 1);
     if (strcmp(cmd, "lock") == 0)
         return kiq_cmd_lock(argc - 1, argv + 1);
+    if (strcmp(cmd, "limits") == 0)
+        return kiq_cmd_limits(argc - 1, argv + 1);
     if (strcmp(cmd, "top") == 0)
         return kiq_cmd_top(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0)

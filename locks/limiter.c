@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/reply.h"
 #include "redis/scripts.h"
@@ -164,12 +165,15 @@ int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
     memset(token, 0, sizeof(*token));
     if (lim->type == KIQ_LIMIT_CONCURRENT || lim->type == KIQ_LIMIT_SLIDING)
         new_holder(token);
-    double end = kiq__mono() + (wait_timeout > 0 ? wait_timeout : 0);
+    double start = kiq__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {
         long long wait_ms = 0;
         int rc = attempt(lim, r, token, points, &wait_ms, err);
-        if (rc == 1)
+        if (rc == 1) {
+            kiq__metrics_limiter(kiq__metrics_default(), lim->name, KIQ_LIMITER_ACQUIRED,
+                                 kiq__mono() - start, lim->type == KIQ_LIMIT_CONCURRENT);
             return 0;
+        }
         if (rc < 0)
             return rc;
         double wait = wait_ms > 0 ? (double)wait_ms / 1000 : 0.001;
@@ -181,9 +185,12 @@ int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
          * long as it may wait. The others know when the next slot comes. */
         if (lim->type == KIQ_LIMIT_CONCURRENT && wait > POLL_MAX)
             wait = left > 0 ? (left < POLL_MAX ? left : POLL_MAX) : wait;
-        if (wait > left)
+        if (wait > left) {
+            kiq__metrics_limiter(kiq__metrics_default(), lim->name, KIQ_LIMITER_OVER_LIMIT,
+                                 kiq__mono() - start, 0);
             return kiq_seterr(err, KIQ_EDENIED, "limiter %s is over its limit for %.3f s more",
                               lim->name, retry_in ? *retry_in : wait);
+        }
         kiq__sleep(wait);
     }
 }
@@ -215,7 +222,11 @@ static int owner_call(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_
 int kiq_limiter_release(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *token,
                         char *err)
 {
-    return owner_call(lim, r, token, 0, err);
+    int rc = owner_call(lim, r, token, 0, err);
+    /* Given back, or lapsed: either way this process holds it no more. */
+    if ((rc == 0 || rc == KIQ_ENOTFOUND) && lim->type == KIQ_LIMIT_CONCURRENT)
+        kiq__metrics_limiter(kiq__metrics_default(), lim->name, KIQ_LIMITER_RELEASED, 0, 1);
+    return rc;
 }
 
 int kiq_limiter_extend(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *token,

@@ -23,14 +23,15 @@ const double kiq_metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 const size_t kiq_metrics_nbuckets = NB;
 
 /* What a series is; also the order families are rendered in. */
-typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_COUNT } kind_t;
+typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_COUNT } kind_t;
 
 typedef struct series {
     struct series *next;
     kind_t kind;
-    char *a, *b;             /* escaped labels: class+queue, class, type+event */
-    unsigned long long n1;   /* processed / histogram count / lock events */
-    unsigned long long n2;   /* failed */
+    char *a, *b;             /* escaped labels: class+queue, class, type+event, limiter */
+    unsigned long long n1;   /* processed / histogram count / lock events / acquired */
+    unsigned long long n2;   /* failed / over limit */
+    long long held;          /* a limiter's slots held now */
     unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
     double sum;
 } series_t;
@@ -185,6 +186,38 @@ out:
     kiq__buf_free(&t);
 }
 
+void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter_t ev,
+                          double seconds, int held)
+{
+    kiq_buf_t l = {0};
+    if (!m || kiq_metrics_escape(&l, name ? name : ""))
+        goto out;
+    if (!(seconds >= 0))
+        seconds = 0;
+    pthread_mutex_lock(&m->mu);
+    series_t *s = find_capped(m, K_LIMITER, l.p, "");
+    if (s && ev == KIQ_LIMITER_RELEASED) {
+        /* Not below 0: a release of a token some other process took. */
+        s->held -= s->held > 0;
+    } else if (s) {
+        /* The wait histogram's count is acquired + over limit. */
+        if (ev == KIQ_LIMITER_ACQUIRED)
+            s->n1++;
+        else
+            s->n2++;
+        size_t i = 0;
+        while (i < NB && seconds > kiq_metrics_buckets[i])
+            i++;
+        if (i < NB)
+            s->bucket[i]++;
+        s->sum += seconds;
+        s->held += ev == KIQ_LIMITER_ACQUIRED && held;
+    }
+    pthread_mutex_unlock(&m->mu);
+out:
+    kiq__buf_free(&l);
+}
+
 void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
 {
     if (m && c >= 0 && c < KIQ_METRIC_COUNTER_COUNT && n > 0)
@@ -328,6 +361,51 @@ static int render_locks(kiq_buf_t *b, const series_t *s, size_t n)
     return rc;
 }
 
+static int render_limiters(kiq_buf_t *b, const series_t *s, size_t n)
+{
+    static const struct { const char *name, *type, *help; } fam[] = {
+        { "kiq_limiter_acquired_total", "counter",
+          "Acquisitions of a rate limiter by this process that took a slot." },
+        { "kiq_limiter_over_limit_total", "counter",
+          "Acquisitions of a rate limiter by this process that found it over its limit "
+          "for their whole wait." },
+        { "kiq_limiter_held", "gauge", "Concurrent limiter slots this process holds now." },
+        { "kiq_limiter_wait_seconds", "histogram",
+          "Time acquisitions of a rate limiter took, taken or not." },
+    };
+    int rc = 0;
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]) && !rc; f++) {
+        rc = family(b, fam[f].name, fam[f].type, fam[f].help);
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (s[i].kind != K_LIMITER)
+                continue;
+            if (f < 3) {
+                rc = sample_head(b, fam[f].name, "limiter", s[i].a, NULL, NULL);
+                if (!rc)
+                    rc = kiq__buf_printf(b, "} %lld\n", f == 0 ? (long long)s[i].n1
+                                                     : f == 1 ? (long long)s[i].n2 : s[i].held);
+                continue;
+            }
+            unsigned long long cum = 0, count = s[i].n1 + s[i].n2;
+            for (size_t k = 0; k <= NB && !rc; k++) {
+                char le[32];
+                cum = k < NB ? cum + s[i].bucket[k] : count;
+                if (k < NB)
+                    snprintf(le, sizeof(le), "%g", kiq_metrics_buckets[k]);
+                else
+                    snprintf(le, sizeof(le), "+Inf");
+                rc = sample_head(b, "kiq_limiter_wait_seconds_bucket", "limiter", s[i].a, "le", le);
+                if (!rc) rc = kiq__buf_printf(b, "} %llu\n", cum);
+            }
+            if (!rc) rc = sample_head(b, "kiq_limiter_wait_seconds_sum", "limiter", s[i].a, NULL, NULL);
+            if (!rc) rc = kiq__buf_printf(b, "} %.9g\n", s[i].sum);
+            if (!rc) rc = sample_head(b, "kiq_limiter_wait_seconds_count", "limiter", s[i].a, NULL, NULL);
+            if (!rc) rc = kiq__buf_printf(b, "} %llu\n", count);
+        }
+    }
+    return rc;
+}
+
 int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
 {
     static const struct { const char *name, *help; } counters[KIQ_METRIC_COUNTER_COUNT] = {
@@ -353,6 +431,7 @@ int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
     if (!rc) rc = render_jobs(b, s, n, 1);
     if (!rc) rc = render_durations(b, s, n);
     if (!rc) rc = render_locks(b, s, n);
+    if (!rc) rc = render_limiters(b, s, n);
     for (int c = 0; c < KIQ_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
         if (!rc)

@@ -1,6 +1,7 @@
 /* In-memory metrics of this process for the Prometheus endpoint: job
  * counters by class and queue, a job duration histogram by class, lock
- * event counters by lock type, and a few process-wide counters (orphans
+ * event counters by lock type, rate limiter series by limiter name (for
+ * the limiters this process used), and a few process-wide counters (orphans
  * recovered, poison pills, Redis reconnects).
  *
  * They count what this process did since it started, as Prometheus
@@ -52,6 +53,19 @@ void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, doub
  * events acquired / denied / released / failures. Unknown events are
  * ignored. */
 void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event);
+
+/* What a process did with a rate limiter (kiq/limiter.h). */
+typedef enum kiq_metric_limiter {
+    KIQ_LIMITER_ACQUIRED = 0, /* an acquisition took a slot after waiting seconds */
+    KIQ_LIMITER_OVER_LIMIT,   /* an acquisition gave up after waiting seconds */
+    KIQ_LIMITER_RELEASED,     /* a concurrent slot taken was given back */
+} kiq_metric_limiter_t;
+
+/* Counts ev for the limiter name: acquired and over_limit observe seconds
+ * in the wait histogram; a concurrent slot taken (held != 0) or released
+ * moves the gauge of slots this process holds. */
+void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter_t ev,
+                          double seconds, int held);
 
 /* Adds n to a process-wide counter. */
 void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);

@@ -115,7 +115,7 @@ man=$(find "$D" -name kiq.1 | head -1)
 [ -n "$man" ] || fail "no man page installed"
 if command -v man >/dev/null; then
     text=$(LC_ALL=C MANWIDTH=200 man -l "$man" 2>/dev/null)
-    for c in run push stats locks lock top version; do
+    for c in run push stats locks lock limits top version; do
         grep -q "^   $c\b\|^  *$c\b" <<<"$text" || fail "the man page has no $c section"
         for o in $("$kiq" "$c" --help 2>&1 | grep -o -- '--[a-z][a-z-]*' | sort -u); do
             grep -q -- "$o" <<<"$text" || fail "the man page lacks $c's $o"

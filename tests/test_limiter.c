@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "helpers.h"
 #include "kiq/limiter.h"
 
@@ -314,9 +316,10 @@ Test(limiter, sliding_counts_any_interval_and_leaky_drains_evenly)
     double t0 = kt_now();
     cr_assert_eq(kiq_limiter_acquire(s, r, 1, &t, NULL, err), 0, "%s", err);
     cr_assert(kt_now() - t0 > 0.4, "%f", kt_now() - t0);
-    /* Never more than count in the window (the first three may have been
-     * taken far enough apart, on a slow machine, that not all have left). */
-    cr_assert_leq(kt_int("ZCARD limiter:slide:sliding"), 3);
+    /* The first entry left the window; the others too only if they were
+     * taken in the same millisecond, which a loaded machine does not do. */
+    long long in_window = kt_int("ZCARD limiter:slide:sliding");
+    cr_assert(in_window >= 1 && in_window <= 3, "%lld", in_window);
     kiq_limiter_free(s);
     /* 4 per second: a burst of 4, then one every 0.25 s. */
     kiq_limiter_t *l = mk(KIQ_LIMIT_LEAKY, "drip", 4, 1);
@@ -373,4 +376,84 @@ Test(limiter, class_limit_clashing_with_the_name_fails_the_job)
     cr_assert_eq(kt_int("EXISTS limiter:shared:held"), 0);
     cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
     free(y);
+}
+
+/* `kiq limits` shows what a user needs to see why a job waits: every
+ * limiter's type and parameters, and for one its holders and their lease
+ * left, how full its window is, its tokens left and the wait for a slot. */
+Test(limiter, kiq_limits_lists_and_shows_each_limiter)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN], *out = NULL;
+    kiq_limit_token_t t1, t2;
+    kiq_limiter_t *c = mk(KIQ_LIMIT_CONCURRENT, "stripe", 2, 60);
+    kiq_limiter_t *w = mk(KIQ_LIMIT_WINDOW, "search", 3, 3600);
+    kiq_limiter_t *b = mk(KIQ_LIMIT_BUCKET, "api", 5, 3600);
+    cr_assert_eq(kiq_limiter_acquire(c, r, 0, &t1, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(c, r, 0, &t2, NULL, err), 0, "%s", err);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kiq_limiter_acquire(w, r, 0, &t1, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(b, r, 0, &t1, NULL, err), 0, "%s", err);
+
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "api\tbucket\tcount=5\tinterval=3600s\n"), "%s", out);
+    cr_assert(strstr(out, "search\twindow\tcount=3\tinterval=3600s\n"), "%s", out);
+    cr_assert(strstr(out, "stripe\tconcurrent\tsize=2\n"), "%s", out);
+    cr_assert(strstr(out, "api") < strstr(out, "search"), "sorted by name: %s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "list", "--json", NULL }, &out), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert(json_is_array(j) && json_array_size(j) == 3, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 2), "type")),
+                     "concurrent");
+    json_decref(j);
+    free(out);
+
+    /* Full: both holders with the lease they have left, and the wait. */
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "stripe", "--json", NULL }, &out),
+                 0, "%s", out);
+    j = json_loads(out, 0, NULL);
+    cr_assert(j, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "used")), 2, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "left")), 0, "%s", out);
+    json_t *h = json_object_get(j, "holders");
+    cr_assert_eq(json_array_size(h), 2, "%s", out);
+    int mine = 0;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *e = json_array_get(h, i);
+        mine += strcmp(json_string_value(json_object_get(e, "id")), t2.id) == 0;
+        double left = json_real_value(json_object_get(e, "lease_left"));
+        cr_assert(left > 55 && left <= 60, "%s", out);
+    }
+    cr_assert_eq(mine, 1, "%s", out);
+    double wait = json_real_value(json_object_get(j, "wait_seconds"));
+    cr_assert(wait > 55 && wait <= 60, "%s", out);
+    json_decref(j);
+    free(out);
+
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "search", NULL }, &out), 0);
+    cr_assert(strstr(out, "search\twindow\tcount=3\tinterval=3600s\tused=3\tleft=0\twait="), "%s",
+              out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "api", "--json", NULL }, &out), 0);
+    j = json_loads(out, 0, NULL);
+    cr_assert_eq(json_integer_value(json_object_get(j, "left")), 4, "%s", out);
+    cr_assert_float_eq(json_real_value(json_object_get(j, "wait_seconds")), 0, 1e-9, "%s", out);
+    json_decref(j);
+    free(out);
+
+    /* A release shows at once. */
+    cr_assert_eq(kiq_limiter_release(c, r, &t2, err), 0, "%s", err);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "stripe", NULL }, &out), 0);
+    cr_assert(strstr(out, "stripe\tconcurrent\tsize=2\tused=1\tleft=1\twait=0.000s\n"), "%s", out);
+    cr_assert_null(strstr(out, t2.id), "%s", out);
+    free(out);
+
+    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "nope", NULL }, &out), 1);
+    cr_assert(strstr(out, "no limiter named nope"), "%s", out);
+    free(out);
+    kiq_limiter_free(c);
+    kiq_limiter_free(w);
+    kiq_limiter_free(b);
+    kiq_redis_free(r);
 }

@@ -302,6 +302,48 @@ Test(metrics, bad_label_bytes_keep_the_scrape_valid)
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
 }
 
+/* A limited class: the scrape counts each acquisition that took a slot and
+ * each that found the limit full (one per reschedule the log shows), their
+ * waits, and the slots held right now; the limiter's name is a label. */
+Test(metrics, limiter_series_count_acquisitions_waits_and_holds)
+{
+    char *y = kt_write_file("lim.yml", "poll_interval_average: 0.3\nclasses:\n  LimitJob:\n"
+                                       "    limit: { type: concurrent, name: 'we\"b', size: 1 }\n");
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "LimitJob", "[\"lm\", 1000]", NULL },
+                                NULL), 0);
+    int port = free_port(), status = 0;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "3", "--metrics-port", portstr,
+                                               NULL });
+    const char *held = "kiq_limiter_held{limiter=\"we\\\"b\"}";
+    const char *acq = "kiq_limiter_acquired_total{limiter=\"we\\\"b\"}";
+    char *resp = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status),
+                             resp && value(body_of(resp), held) == 1), 10),
+              "no slot held while a job ran:\n%s", resp ? resp : "(no answer)");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lm:jids") == 3, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status),
+                             resp && value(body_of(resp), acq) == 3
+                                  && value(body_of(resp), held) == 0), 5),
+              "%s", resp ? resp : "(no answer)");
+    const char *body = body_of(resp);
+    double over = value(body, "kiq_limiter_over_limit_total{limiter=\"we\\\"b\"}");
+    cr_assert_geq(over, 1, "three jobs, one slot, no wait: some found it full\n%s", body);
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "limiter we\"b is over its limit") == (int)over, 5),
+              "%d reschedules logged, %g counted", kt_log_count(pid, "is over its limit"), over);
+    cr_assert_eq(value(body, "kiq_limiter_wait_seconds_count{limiter=\"we\\\"b\"}"), 3 + over,
+                 "%s", body);
+    cr_assert_eq(value(body, "kiq_limiter_wait_seconds_bucket{limiter=\"we\\\"b\",le=\"+Inf\"}"),
+                 3 + over, "%s", body);
+    cr_assert(strstr(body, "# TYPE kiq_limiter_held gauge"), "%s", body);
+    cr_assert_eq(promtool(body), 0, "promtool rejected:\n%s", body);
+    free(resp);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(y);
+}
+
 Test(metrics, port_in_use_stops_the_start_with_one_line)
 {
     int port = 0;

@@ -1,0 +1,317 @@
+/* `kiq limits`: the rate limiters on a Redis (include/kiq/limiter.h). list
+ * shows each name with the type and parameters of its limiter:NAME:meta;
+ * info NAME adds what it holds now and the wait until its next free slot,
+ * computed as lua/limit_acquire.lua would on the server's clock. Read-only:
+ * nothing here takes or frees a slot. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "kiq/limiter.h"
+#include "redis/keys.h"
+#include "redis/scan.h"
+
+#define EXIT_REDIS 69
+
+static const char *usage =
+    "Usage: kiq limits [list] [--json]\n"
+    "       kiq limits info NAME [--json]\n"
+    "\n"
+    "list shows every rate limiter: its name, type and parameters. info NAME\n"
+    "adds its state: the holders of a concurrent limiter and their lease left,\n"
+    "the acquisitions in the current window (window, sliding), the tokens left\n"
+    "(bucket, leaky, points), and how long until the next free slot.\n"
+    "\n"
+    "  --json              print JSON\n"
+    "  --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  -h, --help          this help\n";
+
+/* The limiter named name as its meta records it ("concurrent size=N" or
+ * "TYPE count=N interval_ms=M"), or NULL when there is none; err says why
+ * when Redis failed (rc). */
+static json_t *read_meta(kiq_redis_t *r, const char *name, int *rc, char *err)
+{
+    redisReply *rep = kiq_redis_cmdf(r, "GET %s%s:meta", KIQ_KEY_LIMITER, name);
+    *rc = 0;
+    if (!rep || rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, KIQ_ERRLEN, "%s", rep ? rep->str : kiq_redis_error(r));
+        *rc = KIQ_EREDIS;
+        freeReplyObject(rep);
+        return NULL;
+    }
+    json_t *o = NULL;
+    char type[16];
+    long count = 0;
+    long long ms = 0;
+    if (rep->type == REDIS_REPLY_STRING) {
+        kiq_limit_type_t t;
+        if (sscanf(rep->str, "concurrent size=%ld", &count) == 1)
+            o = json_pack("{s:s, s:s, s:I}", "name", name, "type", "concurrent", "size",
+                          (json_int_t)count);
+        else if (sscanf(rep->str, "%15s count=%ld interval_ms=%lld", type, &count, &ms) == 3
+                 && kiq_limit_type_parse(type, &t) == 0)
+            o = json_pack("{s:s, s:s, s:I, s:f}", "name", name, "type", type, "count",
+                          (json_int_t)count, "interval", (double)ms / 1000);
+        else
+            o = json_pack("{s:s, s:s, s:s}", "name", name, "type", "unknown", "meta", rep->str);
+    }
+    freeReplyObject(rep);
+    return o;
+}
+
+/* The reply to argv, or NULL with err filled. */
+static redisReply *run(kiq_redis_t *r, int argc, const char **argv, char *err)
+{
+    redisReply *rep = kiq_redis_cmd(r, argc, argv, NULL);
+    if (!rep || rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, KIQ_ERRLEN, "%s", rep ? rep->str : kiq_redis_error(r));
+        freeReplyObject(rep);
+        return NULL;
+    }
+    return rep;
+}
+
+static long long num(const redisReply *e)
+{
+    return !e ? 0 : e->type == REDIS_REPLY_STRING ? atoll(e->str)
+           : e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
+}
+
+/* Adds the limiter's state to o (from read_meta): holders (concurrent),
+ * used (concurrent, window, sliding), left (slots or tokens) and
+ * wait_seconds until the next is free (0: one is free now). Returns 0 or
+ * KIQ_EREDIS. */
+static int add_state(kiq_redis_t *r, json_t *o, char *err)
+{
+    const char *name = json_string_value(json_object_get(o, "name"));
+    const char *type = json_string_value(json_object_get(o, "type"));
+    json_t *n = json_object_get(o, strcmp(type, "concurrent") == 0 ? "size" : "count");
+    if (!n)
+        return 0; /* an unknown meta: nothing to read */
+    long long size = json_integer_value(n);
+    long long ms = (long long)(json_real_value(json_object_get(o, "interval")) * 1000 + 0.5);
+    redisReply *t = run(r, 1, (const char *[]){ "TIME" }, err);
+    if (!t)
+        return KIQ_EREDIS;
+    long long now = t->elements == 2 ? num(t->element[0]) * 1000 + num(t->element[1]) / 1000 : 0;
+    freeReplyObject(t);
+    char key[KIQ_LIMIT_NAME_MAX + 64], lo[32];
+    long long used = 0, left = 0, wait = 0;
+    if (strcmp(type, "concurrent") == 0 || strcmp(type, "sliding") == 0) {
+        int conc = type[0] == 'c';
+        snprintf(key, sizeof(key), "%s%s:%s", KIQ_KEY_LIMITER, name, conc ? "held" : "sliding");
+        snprintf(lo, sizeof(lo), "(%lld", conc ? now : now - ms);
+        redisReply *z = run(r, 5, (const char *[]){ "ZRANGEBYSCORE", key, lo, "+inf", "WITHSCORES" },
+                            err);
+        if (!z)
+            return KIQ_EREDIS;
+        used = (long long)z->elements / 2;
+        if (conc) {
+            json_t *holders = json_array();
+            for (size_t i = 0; i + 1 < z->elements; i += 2)
+                json_array_append_new(holders, json_pack("{s:s, s:f}", "id", z->element[i]->str,
+                                                         "lease_left",
+                                                         (double)(num(z->element[i + 1]) - now) / 1000));
+            json_object_set_new(o, "holders", holders);
+        }
+        /* The first entry frees the next slot: its lease end, or its
+         * time plus the interval. */
+        if (used >= size && z->elements >= 2)
+            wait = num(z->element[1]) + (conc ? 0 : ms) - now;
+        freeReplyObject(z);
+        left = size - used;
+    } else if (strcmp(type, "window") == 0) {
+        long long start = now - now % ms;
+        snprintf(key, sizeof(key), "%s%s:w:%lld", KIQ_KEY_LIMITER, name, start);
+        redisReply *g = run(r, 2, (const char *[]){ "GET", key }, err);
+        if (!g)
+            return KIQ_EREDIS;
+        used = num(g);
+        freeReplyObject(g);
+        left = size - used;
+        if (left <= 0)
+            wait = start + ms - now;
+    } else {
+        int bucket = strcmp(type, "bucket") == 0;
+        snprintf(key, sizeof(key), "%s%s:%s", KIQ_KEY_LIMITER, name, type);
+        redisReply *h = run(r, 4, (const char *[]){ "HMGET", key, bucket ? "tokens" : "level",
+                                                    bucket ? "refill_at" : "at" }, err);
+        if (!h)
+            return KIQ_EREDIS;
+        int fresh = h->elements != 2 || h->element[0]->type != REDIS_REPLY_STRING;
+        if (bucket) {
+            long long refill = fresh ? 0 : num(h->element[1]);
+            left = fresh || now >= refill ? size : num(h->element[0]);
+            if (left < 1)
+                wait = refill - now;
+        } else {
+            /* The level drains at size per interval (limit_acquire.lua). */
+            double level = fresh ? 0 : atof(h->element[0]->str);
+            long long at = fresh ? now : num(h->element[1]);
+            level = fmax(0, level - (double)(now - at) * (double)size / (double)ms);
+            left = (long long)floor((double)size - level);
+            if (level + 1 > (double)size)
+                wait = (long long)ceil((level + 1 - (double)size) * (double)ms / (double)size);
+        }
+        freeReplyObject(h);
+    }
+    if (strcmp(type, "concurrent") == 0 || strcmp(type, "window") == 0
+        || strcmp(type, "sliding") == 0)
+        json_object_set_new(o, "used", json_integer(used));
+    json_object_set_new(o, "left", json_integer(left > 0 ? left : 0));
+    json_object_set_new(o, "wait_seconds", json_real(wait > 0 ? (double)wait / 1000 : 0));
+    return 0;
+}
+
+/* "concurrent size=5" or "window count=10 interval=1s", for the text form. */
+static void print_params(const json_t *o)
+{
+    const char *type = json_string_value(json_object_get(o, "type"));
+    if (json_object_get(o, "size"))
+        printf("%s\tsize=%lld", type, (long long)json_integer_value(json_object_get(o, "size")));
+    else if (json_object_get(o, "count"))
+        printf("%s\tcount=%lld\tinterval=%gs", type,
+               (long long)json_integer_value(json_object_get(o, "count")),
+               json_real_value(json_object_get(o, "interval")));
+    else
+        printf("%s\tmeta=%s", type, json_string_value(json_object_get(o, "meta")));
+}
+
+static void print_json(json_t *o)
+{
+    json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    putchar('\n');
+}
+
+static int cmd_info(kiq_redis_t *r, const char *name, int as_json)
+{
+    char err[KIQ_ERRLEN] = "";
+    int rc;
+    json_t *o = read_meta(r, name, &rc, err);
+    if (!rc && !o) {
+        fprintf(stderr, "kiq limits info: no limiter named %s\n", name);
+        return 1;
+    }
+    if (rc || (rc = add_state(r, o, err))) {
+        fprintf(stderr, "kiq limits info: %s\n", err);
+        json_decref(o);
+        return EXIT_REDIS;
+    }
+    if (as_json) {
+        print_json(o);
+    } else {
+        printf("%s\t", name);
+        print_params(o);
+        if (json_object_get(o, "used"))
+            printf("\tused=%lld", (long long)json_integer_value(json_object_get(o, "used")));
+        printf("\tleft=%lld\twait=%.3fs\n", (long long)json_integer_value(json_object_get(o, "left")),
+               json_real_value(json_object_get(o, "wait_seconds")));
+        size_t i;
+        json_t *h;
+        json_array_foreach(json_object_get(o, "holders"), i, h)
+            printf("  holder %s\tlease_left=%.3fs\n", json_string_value(json_object_get(h, "id")),
+                   json_real_value(json_object_get(h, "lease_left")));
+    }
+    json_decref(o);
+    return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmd_list(kiq_redis_t *r, int as_json)
+{
+    char err[KIQ_ERRLEN] = "";
+    json_t *names = json_object(); /* a set: SCAN may return a key twice */
+    kiq_scan_t s;
+    const redisReply *page;
+    int rc;
+    size_t pre = strlen(KIQ_KEY_LIMITER), suf = strlen(":meta");
+    kiq__scan_init(&s, r, NULL, KIQ_KEY_LIMITER "*:meta", 1000);
+    while ((rc = kiq__scan_next(&s, &page, err)) > 0)
+        for (size_t i = 0; i < page->elements; i++) {
+            const char *k = page->element[i]->str;
+            size_t len = strlen(k);
+            if (len > pre + suf) {
+                char *name = strndup(k + pre, len - pre - suf);
+                json_object_set_new(names, name, json_true());
+                free(name);
+            }
+        }
+    kiq__scan_close(&s);
+    size_t n = json_object_size(names), i = 0;
+    const char **sorted = calloc(n ? n : 1, sizeof(*sorted));
+    const char *name;
+    json_t *v;
+    json_object_foreach(names, name, v)
+        sorted[i++] = name;
+    qsort(sorted, n, sizeof(*sorted), by_name);
+    json_t *out = json_array();
+    for (i = 0; !rc && i < n; i++) {
+        json_t *o = read_meta(r, sorted[i], &rc, err);
+        if (o)
+            json_array_append_new(out, o); /* NULL: deleted since the scan */
+    }
+    if (rc) {
+        fprintf(stderr, "kiq limits list: %s\n", err);
+    } else if (as_json) {
+        print_json(out);
+    } else {
+        json_array_foreach(out, i, v) {
+            printf("%s\t", json_string_value(json_object_get(v, "name")));
+            print_params(v);
+            putchar('\n');
+        }
+    }
+    free(sorted);
+    json_decref(out);
+    json_decref(names);
+    return rc ? EXIT_REDIS : 0;
+}
+
+int kiq_cmd_limits(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
+        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+    };
+    const char *url = NULL;
+    int as_json = 0, opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (opt == 'j') {
+            as_json = 1;
+        } else if (opt == 'u') {
+            url = optarg;
+        } else if (opt == 'h') {
+            fputs(usage, stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kiq limits: %s: unknown option or missing value\n\n%s",
+                    argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    int nops = argc - optind;
+    char **ops = argv + optind;
+    int list = nops == 0 || (nops == 1 && strcmp(ops[0], "list") == 0);
+    int info = nops == 2 && strcmp(ops[0], "info") == 0;
+    if (!list && !info) {
+        fprintf(stderr, "kiq limits: expected list or info NAME\n\n%s", usage);
+        return KIQ_EXIT_USAGE;
+    }
+    kiq_redis_t *r = kiq_cli_connect("kiq limits", url);
+    if (!r)
+        return EXIT_REDIS;
+    int status = list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
+    kiq_redis_free(r);
+    return status;
+}
