@@ -132,9 +132,9 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
     master_pw_port = k->master;
     master_pw = pw ? "mpw" : NULL;
     snprintf(mp, sizeof(mp), "%d", k->master);
-    k->master_pid = start_server(dir, "master", (const char *[]){ "--port", mp, "--bind", "127.0.0.1",
-                                                  "--save", "", "--appendonly", "no",
-                                                  "--requirepass", pw ? "mpw" : "", NULL });
+    const char *master_args[] = { "--port", mp, "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--requirepass", pw ? "mpw" : "", NULL };
+    k->master_pid = start_server(dir, "master", master_args);
     if (with_replica) {
         k->replica = kt_free_port();
         snprintf(rp, sizeof(rp), "%d", k->replica);
@@ -308,8 +308,8 @@ static long long drain_finish(const drain_t *d, int port)
               log_tail(d->pid));
     /* A job whose SADD went through but not its RPUSH is retried. */
     cr_assert(KT_WAIT_UNTIL(({ retry_now(port);
-                               int_on(port, "ZCARD %s", "retry") == 0 && working_left(port) == 0; }),
-                            20), "%s", log_tail(d->pid));
+                               int_on(port, "ZCARD %s", "retry") == 0 &&
+                                   working_left(port) == 0; }), 20), "%s", log_tail(d->pid));
     cr_assert_eq(int_on(port, "LLEN %s", "queue:default"), 0);
     return int_on(port, "LLEN %s", "rec:log") - d->n;
 }
@@ -449,7 +449,8 @@ Test(sentinel, min_replicas_ack_no_acked_job_runs_again_after_a_failover)
 {
     drain_t d;
     /* Fewer jobs: the claim is about the failover, not the count. */
-    drain_start(&d, failover_jobs() / 4, "4", 0, "min_replicas_ack: 1\nmin_replicas_timeout: 1000\n");
+    drain_start(&d, failover_jobs() / 4, "4", 0,
+                "min_replicas_ack: 1\nmin_replicas_timeout: 1000\n");
     ran_at_least(&d, d.k.master, d.n / 5);
     redisReply *snap = acked_snapshot(d.k.master);
     long long in_flight = fail_over(&d.k, d.k.master, d.k.replica);
