@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,13 +20,14 @@ TestSuite(sentinel, .timeout = 120, .fini = kt_kill_children);
 
 typedef struct cluster {
     int master, replica; /* ports; replica 0 = none */
+    pid_t master_pid;
     int sentinel[3];
     int nsentinels;
     char url[256];       /* redis+sentinel://... /mymaster */
 } cluster_t;
 
 /* Starts redis-server with args in the test's own directory dir. */
-static void start_server(const char *dir, const char *tag, const char *const *args)
+static pid_t start_server(const char *dir, const char *tag, const char *const *args)
 {
     const char *argv[32] = { "redis-server" };
     int n = 1;
@@ -43,7 +45,7 @@ static void start_server(const char *dir, const char *tag, const char *const *ar
         execvp("redis-server", (char *const *)argv);
         _exit(127);
     }
-    kt_track(pid);
+    return kt_track(pid);
 }
 
 /* The password of the sentinels, and of the master (none when NULL). */
@@ -130,9 +132,9 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
     master_pw_port = k->master;
     master_pw = pw ? "mpw" : NULL;
     snprintf(mp, sizeof(mp), "%d", k->master);
-    start_server(dir, "master", (const char *[]){ "--port", mp, "--bind", "127.0.0.1",
-                                                  "--save", "", "--appendonly", "no",
-                                                  "--requirepass", pw ? "mpw" : "", NULL });
+    const char *master_args[] = { "--port", mp, "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--requirepass", pw ? "mpw" : "", NULL };
+    k->master_pid = start_server(dir, "master", master_args);
     if (with_replica) {
         k->replica = kt_free_port();
         snprintf(rp, sizeof(rp), "%d", k->replica);
@@ -165,11 +167,11 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
     snprintf(k->url + len, sizeof(k->url) - (size_t)len, "/mymaster%s",
              pw ? "?sentinel_password=spw" : "");
     sentinel_pw = pw ? "spw" : NULL;
-    cr_assert(KT_WAIT_UNTIL(pings(k->master), 10));
+    cr_assert(KT_WAIT_UNTIL(pings(k->master), 30));
     for (int i = 0; i < nsentinels; i++)
-        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 10));
+        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 30));
     if (with_replica)
-        cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "replication", "master_link_status:up"), 15));
+        cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "replication", "master_link_status:up"), 30));
     free(dir);
 }
 
@@ -178,21 +180,34 @@ static void cluster_start(cluster_t *k, int with_replica, int nsentinels)
     cluster_start_pw(k, with_replica, nsentinels, 0);
 }
 
-static void push_records(int port, unsigned n)
+/* n RecordJobs, every second one followed by a SleepJob of sleep_ms when
+ * not 0: paced so that the drain outlasts two failovers. */
+static void push_paced(int port, unsigned n, int sleep_ms)
 {
     redisContext *c = on(port);
     cr_assert(c && !c->err);
-    char **p = calloc(n, sizeof(char *));
-    for (unsigned i = 0; i < n; i++) {
+    unsigned total = sleep_ms ? n + n / 2 : n;
+    char **p = calloc(total, sizeof(char *)), args[32];
+    snprintf(args, sizeof(args), "[%d]", sleep_ms);
+    for (unsigned i = 0, at = 0; i < n; i++) {
         char jid[25];
         kt_make_jid(jid, 7, i);
-        p[i] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
+        p[at++] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
+        if (sleep_ms && i % 2) {
+            kt_make_jid(jid, 8, i);
+            p[at++] = kt_payload("SleepJob", args, jid, "default");
+        }
     }
-    kt_push_all(c, "default", p, n);
-    for (unsigned i = 0; i < n; i++)
+    kt_push_all(c, "default", p, total);
+    for (unsigned i = 0; i < total; i++)
         free(p[i]);
     free(p);
     redisFree(c);
+}
+
+static void push_records(int port, unsigned n)
+{
+    push_paced(port, n, 0);
 }
 
 /* Failed jobs (a handler's write refused mid-failover) due now. */
@@ -229,56 +244,239 @@ static long long working_left(int port)
     return n;
 }
 
-Test(sentinel, jobs_run_through_a_failover)
+/* How many jobs the failover tests drain: 20,000 as the issue has it, or
+ * KT_SENTINEL_JOBS for a slow build. */
+static unsigned failover_jobs(void)
 {
-    enum { N = 5000 };
-    cluster_t k = { 0 };
-    cluster_start(&k, 1, 3);
+    const char *e = getenv("KT_SENTINEL_JOBS");
+    return e && atoi(e) > 0 ? (unsigned)atoi(e) : 20000;
+}
+
+static double epoch(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + tv.tv_usec / 1e6;
+}
+
+/* A master with a replica and three sentinels, n RecordJobs queued and kiq
+ * draining them through the sentinels. */
+typedef struct drain {
+    cluster_t k;
+    unsigned n;
+    pid_t pid;
+    char *identity;
+    char *yml;
+} drain_t;
+
+static void drain_start(drain_t *d, unsigned n, const char *concurrency, int sleep_ms,
+                        const char *yaml)
+{
+    memset(d, 0, sizeof(*d));
+    d->n = n;
+    cluster_start(&d->k, 1, 3);
     /* Failover needs the sentinels to know the replica. */
-    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
-    push_records(k.master, N);
-    char *y = kt_write_file("sentinel.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
-                                            "recovery_interval: 1\n"
-                                            "average_scheduled_poll_interval: 0.5\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "8", "--redis-url", k.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") >= N / 10, 20), "%s",
-              log_tail(pid));
-    redisReply *ids = cmd_on(k.master, "SMEMBERS %s", "processes");
+    cr_assert(KT_WAIT_UNTIL(info_has(d->k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
+    push_paced(d->k.master, d->n, sleep_ms);
+    char body[512];
+    snprintf(body, sizeof(body), "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
+             "average_scheduled_poll_interval: 0.5\n%s", yaml);
+    d->yml = kt_write_file("sentinel.yml", body);
+    d->pid = kt_kiq_start((const char *[]){ "-C", d->yml, "-c", concurrency, "--redis-url",
+                                            d->k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(d->k.master, "SCARD %s", "processes") == 1, 20), "%s",
+              log_tail(d->pid));
+    redisReply *ids = cmd_on(d->k.master, "SMEMBERS %s", "processes");
     cr_assert(ids && ids->type == REDIS_REPLY_ARRAY && ids->elements == 1);
-    char *identity = strdup(ids->element[0]->str);
+    d->identity = strdup(ids->element[0]->str);
     freeReplyObject(ids);
-    double t0 = kt_now();
-    redisReply *r = cmd_on(k.sentinel[0], "SENTINEL FAILOVER %s", "mymaster");
-    cr_assert(r && r->type == REDIS_REPLY_STATUS, "%s", r ? r->str : "no reply");
-    freeReplyObject(r);
-    cr_assert(KT_WAIT_UNTIL(master_port(k.sentinel[0]) == k.replica, 15));
-    long long before = int_on(k.replica, "SCARD %s", "rec");
-    cr_assert(KT_WAIT_UNTIL(({ retry_now(k.replica);
-                               int_on(k.replica, "SCARD %s", "rec") == N; }), 40),
-              "%lld of %d jobs ran: %s", int_on(k.replica, "SCARD %s", "rec"), N,
-              log_tail(pid));
-    cr_assert(KT_WAIT_UNTIL(working_left(k.replica) == 0, 10));
-    cr_assert_eq(int_on(k.replica, "LLEN %s", "queue:default"), 0);
-    long long dups = int_on(k.replica, "LLEN %s", "rec:log") - N;
-    fprintf(stderr, "[failover] %lld of %d jobs done at the failover, all done %.1f s after; "
-            "%lld ran twice\n", before, N, kt_now() - t0, dups);
-    cr_assert_geq(dups, 0);
-    cr_assert_leq(dups, 8 * 2, "more duplicates than jobs in flight");
-    /* The process beats on the new master: in "processes", with a beat
-     * newer than the failover. */
-    cr_assert_eq(int_on(k.replica, "SISMEMBER processes %s", identity), 1);
-    redisReply *b = cmd_on(k.replica, "HGET %s beat", identity);
-    cr_assert(b && b->type == REDIS_REPLY_STRING);
-    char *beat = strdup(b->str);
-    freeReplyObject(b);
-    cr_assert(KT_WAIT_UNTIL(({ b = cmd_on(k.replica, "HGET %s beat", identity);
-                               int moved = b && b->type == REDIS_REPLY_STRING && strcmp(b->str, beat);
+}
+
+static void ran_at_least(const drain_t *d, int port, long long n)
+{
+    cr_assert(KT_WAIT_UNTIL(int_on(port, "SCARD %s", "rec") >= n, 40), "%lld of %lld: %s",
+              int_on(port, "SCARD %s", "rec"), n, log_tail(d->pid));
+}
+
+/* Every job ran on the master at port, none is left queued or in a working
+ * list; returns how many ran twice (less writes of theirs Redis lost). */
+static long long drain_finish(const drain_t *d, int port)
+{
+    cr_assert(KT_WAIT_UNTIL(({ retry_now(port);
+                               int_on(port, "SCARD %s", "rec") == d->n; }), 40),
+              "%lld of %u jobs ran: %s", int_on(port, "SCARD %s", "rec"), d->n,
+              log_tail(d->pid));
+    /* A job whose SADD went through but not its RPUSH is retried. */
+    cr_assert(KT_WAIT_UNTIL(({ retry_now(port);
+                               int_on(port, "ZCARD %s", "retry") == 0 &&
+                                   working_left(port) == 0; }), 20), "%s", log_tail(d->pid));
+    cr_assert_eq(int_on(port, "LLEN %s", "queue:default"), 0);
+    return int_on(port, "LLEN %s", "rec:log") - d->n;
+}
+
+/* The process is in Sidekiq's process set of the master at port, as the
+ * Web UI reads it (Sidekiq::ProcessSet), with a beat later than since. */
+static void listed_by_sidekiq(const drain_t *d, int port, double since)
+{
+    cr_assert(KT_WAIT_UNTIL(({ redisReply *b = cmd_on(port, "HGET %s beat", d->identity);
+                               int newer = b && b->type == REDIS_REPLY_STRING &&
+                                           atof(b->str) > since;
                                freeReplyObject(b);
-                               moved; }), 10), "%s", log_tail(pid));
-    free(beat);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
-    free(identity);
-    free(y);
+                               newer; }), 15), "%s", log_tail(d->pid));
+    char url[64], *out = NULL;
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", port);
+    cr_assert_eq(kt_ruby("at_url.rb", (const char *[]){ url, "processes", NULL }, &out), 0,
+                 "%s", out);
+    cr_assert(strstr(out, d->identity), "Sidekiq::ProcessSet on the new master: %s", out);
+    free(out);
+}
+
+static void drain_stop(drain_t *d)
+{
+    cr_assert_eq(kt_kiq_stop(d->pid, SIGTERM, 20), 0, "%s", log_tail(d->pid));
+    free(d->identity);
+    free(d->yml);
+}
+
+/* SENTINEL FAILOVER (asked again while the sentinels refuse it: one still
+ * settling, the replica not yet known as good), then waits until every
+ * sentinel names to as the master. Returns the jobs in flight at the
+ * failover, the only ones that may run again: those in the working lists of
+ * the old master just before, and of the new one once promoted. */
+static long long fail_over(const cluster_t *k, int from, int to)
+{
+    long long in_flight = working_left(from);
+    cr_assert(KT_WAIT_UNTIL(({ redisReply *r = cmd_on(k->sentinel[0], "SENTINEL FAILOVER %s",
+                                                      "mymaster");
+                               int ok = r && r->type == REDIS_REPLY_STATUS;
+                               freeReplyObject(r);
+                               ok; }), 30), "the sentinels refused the failover");
+    cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[0]) == to, 15));
+    in_flight += working_left(to);
+    for (int i = 1; i < k->nsentinels; i++)
+        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == to, 15));
+    return in_flight;
+}
+
+Test(sentinel, jobs_drain_through_two_failovers)
+{
+    drain_t d;
+    drain_start(&d, failover_jobs(), "2", 1, "");
+    ran_at_least(&d, d.k.master, d.n / 10);
+    double t0 = kt_now(), since = epoch();
+    long long in1 = fail_over(&d.k, d.k.master, d.k.replica);
+    long long at1 = int_on(d.k.replica, "SCARD %s", "rec");
+    /* The demoted master becomes the new one's replica, and can be
+     * promoted back. */
+    cr_assert(KT_WAIT_UNTIL(info_has(d.k.master, "replication", "master_link_status:up"), 30));
+    long long in2 = fail_over(&d.k, d.k.replica, d.k.master);
+    long long at2 = int_on(d.k.master, "SCARD %s", "rec");
+    cr_assert_lt(at2, d.n, "drained before the second failover: too few jobs for the test");
+    long long dups = drain_finish(&d, d.k.master);
+    fprintf(stderr, "[two failovers] %u jobs: %lld and %lld done at the failovers, %lld and %lld "
+            "in flight; all done %.1f s after the first; %lld ran twice\n", d.n, at1, at2, in1,
+            in2, kt_now() - t0, dups);
+    cr_assert_geq(dups, 0);
+    cr_assert_leq(dups, in1 + in2, "more duplicates than jobs in flight at the failovers");
+    listed_by_sidekiq(&d, d.k.master, since);
+    drain_stop(&d);
+}
+
+/* The master killed: the sentinels see it down after 1 s and elect the
+ * replica; kiq goes on there. */
+Test(sentinel, jobs_drain_when_the_master_is_killed)
+{
+    drain_t d;
+    drain_start(&d, failover_jobs(), "2", 0, "");
+    ran_at_least(&d, d.k.master, d.n / 5);
+    double t0 = kt_now(), since = epoch();
+    long long before = int_on(d.k.master, "SCARD %s", "rec");
+    cr_assert_eq(kill(d.k.master_pid, SIGKILL), 0);
+    for (int i = 0; i < d.k.nsentinels; i++)
+        cr_assert(KT_WAIT_UNTIL(master_port(d.k.sentinel[i]) == d.k.replica, 30));
+    long long in_flight = working_left(d.k.replica);
+    long long at = int_on(d.k.replica, "SCARD %s", "rec");
+    cr_assert_lt(at, d.n, "drained before the failover: too few jobs for the test");
+    long long dups = drain_finish(&d, d.k.replica);
+    fprintf(stderr, "[master killed] %u jobs: %lld done at the kill, %lld on the replica when "
+            "elected, %lld in flight; all done %.1f s after the kill; %lld ran twice\n", d.n,
+            before, at, in_flight, kt_now() - t0, dups);
+    cr_assert_leq(dups, in_flight, "more duplicates than jobs in flight at the failover");
+    listed_by_sidekiq(&d, d.k.replica, since);
+    drain_stop(&d);
+}
+
+/* The jids of rec:log on port and the payloads in its working lists, read
+ * in one step: a jid in the first and not in the second was acked. */
+static redisReply *acked_snapshot(int port)
+{
+    static const char lua[] =
+        "local w = {}\n"
+        "for _, k in ipairs(redis.call('KEYS', 'uniquejobs:working:*')) do\n"
+        "  for _, v in ipairs(redis.call('LRANGE', k, 0, -1)) do w[#w + 1] = v end\n"
+        "end\n"
+        "return {redis.call('LRANGE', 'rec:log', 0, -1), w}\n";
+    redisReply *r = cmd_on(port, "EVAL %s 0", lua);
+    cr_assert(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2, "%s",
+              r && r->type == REDIS_REPLY_ERROR ? r->str : "no reply");
+    return r;
+}
+
+static int was_acked(const redisReply *snap, const char *jid)
+{
+    const redisReply *log = snap->element[0], *working = snap->element[1];
+    for (size_t i = 0; i < working->elements; i++)
+        if (strstr(working->element[i]->str, jid))
+            return 0;
+    for (size_t i = 0; i < log->elements; i++)
+        if (!strcmp(log->element[i]->str, jid))
+            return 1;
+    return 0;
+}
+
+static int by_str(const void *a, const void *b)
+{
+    return strcmp((*(redisReply *const *)a)->str, (*(redisReply *const *)b)->str);
+}
+
+/* With min_replicas_ack: 1, a job acked before a clean failover is not run
+ * again after it (jobs in flight then still may be). "Acked before": in
+ * rec:log and in no working list, read in one step just before the
+ * failover. On one host the replica lags by next to nothing, so this holds
+ * without min_replicas_ack too: it guards the claim, it cannot show the
+ * window closing. */
+Test(sentinel, min_replicas_ack_no_acked_job_runs_again_after_a_failover)
+{
+    drain_t d;
+    /* Fewer jobs: the claim is about the failover, not the count. */
+    drain_start(&d, failover_jobs() / 4, "4", 0,
+                "min_replicas_ack: 1\nmin_replicas_timeout: 1000\n");
+    ran_at_least(&d, d.k.master, d.n / 5);
+    redisReply *snap = acked_snapshot(d.k.master);
+    long long in_flight = fail_over(&d.k, d.k.master, d.k.replica);
+    long long dups = drain_finish(&d, d.k.replica);
+    redisReply *log = cmd_on(d.k.replica, "LRANGE %s 0 -1", "rec:log");
+    cr_assert(log && log->type == REDIS_REPLY_ARRAY);
+    qsort(log->element, log->elements, sizeof(*log->element), by_str);
+    size_t twice = 0, acked_twice = 0;
+    for (size_t i = 1; i < log->elements; i++) {
+        if (strcmp(log->element[i]->str, log->element[i - 1]->str))
+            continue;
+        twice++;
+        if (was_acked(snap, log->element[i]->str)) {
+            acked_twice++;
+            fprintf(stderr, "acked before the failover, ran again: %s\n", log->element[i]->str);
+        }
+    }
+    fprintf(stderr, "[min_replicas_ack] %u jobs: %zu recorded and %zu in working lists just "
+            "before the failover, %lld in flight at it; %lld ran twice, %zu of them acked "
+            "before\n", d.n, snap->element[0]->elements, snap->element[1]->elements, in_flight,
+            dups, acked_twice);
+    cr_assert_eq(acked_twice, 0, "jobs acked before the failover ran again");
+    cr_assert_eq((long long)twice, dups);
+    freeReplyObject(log);
+    freeReplyObject(snap);
+    drain_stop(&d);
 }
 
 Test(sentinel, an_unknown_master_name_stops_the_start)

@@ -150,6 +150,36 @@ Test(tls, jobs_pushed_and_run_over_tls_and_after_a_dropped_connection)
     redisFree(s.plain);
 }
 
+/* A mixed fleet: Ruby Sidekiq pushes over plain TCP to the server's other
+ * port, kiq runs the jobs over TLS, and Ruby's API reads the process. */
+Test(tls, ruby_pushes_over_plain_tcp_and_kiq_runs_them_over_tls)
+{
+    tls_server_t s;
+    server_start(&s, "tls-ruby", 0);
+    char u[1024], plain[64], *out = NULL;
+    snprintf(u, sizeof(u), "%s", url(&s, ca_q(&s, "ca.crt")));
+    snprintf(plain, sizeof(plain), "redis://127.0.0.1:%d/0", s.port);
+    const char *bulk = "{\"class\":\"RecordJob\",\"args\":[[\"done\"],[\"done\"],[\"done\"]]}";
+    cr_assert_eq(kt_ruby("at_url.rb", (const char *[]){ plain, "push_bulk", bulk, NULL }, &out),
+                 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 3);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 3, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 0);
+    /* The counters are flushed with the beat. */
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "EVAL %s 0",
+                                      "return tonumber(redis.call('GET', 'stat:processed'))"
+                                      " or 0") == 3, 20));
+    cr_assert_eq(kt_ruby("at_url.rb", (const char *[]){ plain, "stats", NULL }, &out), 0, "%s",
+                 out);
+    cr_assert(strstr(out, "\"processed\":3"), "Sidekiq::Stats over plain TCP: %s", out);
+    cr_assert(strstr(out, "\"processes_size\":1"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+    redisFree(s.plain);
+}
+
 /* kiq run against u exits 78 at once, its log saying what. */
 static void refused_at_start(const char *u, const char *what)
 {
