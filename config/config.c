@@ -2,6 +2,7 @@
  * settings shares (file, flags, environment), and small setters, so that
  * yaml.c and args.c only translate their syntax into calls here. */
 #include "kiq/config.h"
+#include "support/number.h"
 #include "config/tls.h"
 
 #include <ctype.h>
@@ -149,10 +150,8 @@ int kiq_config_append_queue(kiq_config_t *cfg, const char *name, int weight,
 /* Parses a whole decimal integer in [1, INT_MAX]; 0 or KIQ_EINVAL. */
 static int parse_weight(const char *s, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < 1 || v > INT_MAX)
+    double v;
+    if (kiq__parse_number(s, 1, 1, INT_MAX, &v))
         return KIQ_EINVAL;
     *out = (int)v;
     return 0;

@@ -8,6 +8,7 @@
  * is an environment section, applied over the top level only when it names
  * the current environment. */
 #include "config/yaml.h"
+#include "support/number.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -128,13 +129,7 @@ int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want
 
 static int to_double(const char *s, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v))
-        return KIQ_EINVAL;
-    *out = v;
-    return 0;
+    return kiq__parse_number(s, 0, -HUGE_VAL, HUGE_VAL, out);
 }
 
 static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
