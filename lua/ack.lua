@@ -1,4 +1,5 @@
 -- uses: release_hold
+-- uses: fits
 -- Finish a job: drop it from the working list and write its failure (retry
 -- or dead) in one step, so a crash between the two can neither lose nor
 -- double it. With a working list, the failure is written only if the job
@@ -18,8 +19,8 @@ local mode = ARGV[2]
 -- (a script is not rolled back) and the job would be lost: refuse first,
 -- and the job stays in the working list.
 if mode == 'retry' or mode == 'dead' then
-  local t = redis.call('TYPE', KEYS[2]).ok
-  if t ~= 'zset' and t ~= 'none' then
+  local ok, t = fits(KEYS[2], 'zset')
+  if not ok then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is a ' .. t .. ', not a sorted set')
   end
 end

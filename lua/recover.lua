@@ -1,3 +1,4 @@
+-- uses: fits
 -- Give back the jobs of a process that died: only when its liveness key is
 -- gone, and each job only if it is still in the dead process's working list.
 -- KEYS[1] working list, KEYS[2] liveness key, KEYS[3] dead zset,
@@ -34,10 +35,6 @@ if grace > 0 then
   if now - first < grace then
     return -2
   end
-end
-local function fits(key, want)
-  local t = redis.call('TYPE', key).ok
-  return t == want or t == 'none'
 end
 local recovered, killed, left = 0, 0, 0
 for i = 3, #ARGV, 4 do

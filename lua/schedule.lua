@@ -1,3 +1,4 @@
+-- uses: fits
 -- Move one due job from a sorted set (schedule or retry) to its queue. The
 -- ZREM decides: when two schedulers race for the same job only the one that
 -- removed it pushes it. A queue key of another type would refuse the push
@@ -6,8 +7,7 @@
 -- KEYS[1] zset, KEYS[2] queue list, KEYS[3] "queues" set.
 -- ARGV[1] member as stored, ARGV[2] payload to push, ARGV[3] queue name.
 -- Returns 1 moved, 0 gone (another took it), -1 the queue key is not a list.
-local t = redis.call('TYPE', KEYS[2]).ok
-if t ~= 'list' and t ~= 'none' then
+if not fits(KEYS[2], 'list') then
   return -1
 end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
