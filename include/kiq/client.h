@@ -32,7 +32,8 @@ KIQ_API kiq_push_opts_t kiq_push_opts_default(void);
 
 /* Connects to url (NULL = REDIS_URL or redis://127.0.0.1:6379/0). Returns a
  * client owned by the caller (kiq_client_free), or NULL with err filled.
- * A client is not thread-safe: use one per thread. */
+ * A client is not thread-safe: use one per thread. kiq_client_free rolls
+ * back an open transaction (see kiq_client_begin). */
 KIQ_API kiq_client_t *kiq_client_new(const char *url, char *err);
 KIQ_API void kiq_client_free(kiq_client_t *c);
 
@@ -70,6 +71,44 @@ KIQ_API void kiq_client_use_config(kiq_client_t *c, const kiq_config_t *cfg);
  * is how a handler's own client pushes jobs of the runtime's classes.
  * Returns 0 or KIQ_ENOMEM. */
 KIQ_API int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt);
+
+/* Transactions: pushes that wait for the caller's own commit, so that
+ * enqueueing can follow a database transaction. After kiq_client_begin,
+ * every push (single, bulk, scheduled, with class options or a lock) runs
+ * its client chain and returns as usual (jids, KIQ_EDENIED), but its
+ * writes wait in the client; kiq_client_commit sends them all in one
+ * MULTI/EXEC, so a worker sees all of them or none, and
+ * kiq_client_rollback drops them. Nothing is refused inside a transaction.
+ *
+ * Uniqueness locks (until_executed and the other until_* types) are taken
+ * when the push is made, not at commit: a conflicting push is denied at
+ * once, as outside a transaction, and the lock is held for the buffered
+ * job. A rollback, kiq_client_free, or a commit that surely did not push
+ * releases those locks. What middleware itself writes to Redis (a user's,
+ * or the reject and replace conflict strategies) is written at push time
+ * and not undone.
+ *
+ * kiq_client_begin returns 0, KIQ_ENOMEM, or KIQ_EINVAL when a transaction
+ * is already open (that one stays as it was). */
+KIQ_API int kiq_client_begin(kiq_client_t *c);
+/* Sends the buffered pushes (nothing to send is a success) and ends the
+ * transaction, whatever the outcome. Returns
+ *   0: all were pushed;
+ *   KIQ_EREPLY: Redis refused the transaction (a read-only replica, out
+ *     of memory): none was pushed, and their locks are released. (Or,
+ *     rarer, a command failed as it ran, such as an LPUSH onto a key that
+ *     is not a list: MULTI/EXEC does not undo the others.);
+ *   KIQ_EREDIS: the connection failed. When it failed before anything was
+ *     sent, none was pushed (the error says "nothing was pushed", and the
+ *     locks are released if Redis can be reached, else they expire or go
+ *     to the reaper); when it failed after, MULTI/EXEC made them all or
+ *     none, but which is unknown (the error says "unknown which"), and the
+ *     locks are kept. A commit is never sent twice;
+ *   KIQ_EINVAL: no transaction is open. */
+KIQ_API int kiq_client_commit(kiq_client_t *c);
+/* Drops the buffered pushes, releases their locks and ends the
+ * transaction. Returns 0, or KIQ_EINVAL when none is open. */
+KIQ_API int kiq_client_rollback(kiq_client_t *c);
 
 /* The last error's text; valid until the next call. */
 KIQ_API const char *kiq_client_error(const kiq_client_t *c);
