@@ -32,7 +32,8 @@ struct kiq_client {
     kiq_chain_t *chain;  /* client middleware, "unique" by default */
     client_class_t *classes;
     size_t nclasses;
-    const kiq_config_t *cfg; /* classes: section, borrowed, or NULL */
+    const kiq_config_t *cfg; /* classes: section and min_replicas_ack,
+                                borrowed, or NULL */
     kiq_txn_t *txn;      /* open transaction (kiq_client_begin), or NULL */
 };
 
@@ -326,9 +327,13 @@ static int add_accepted(kiq_txn_t *t, const char *queue, push_job_t *jobs, size_
     return rc;
 }
 
+/* Sends t, followed by WAIT when min_replicas_ack is set, as processors
+ * do after acks. */
 static int exec_txn(kiq_client_t *c, const kiq_txn_t *t)
 {
-    return kiq__txn_exec(t, c->r, c->err);
+    int replicas = c->cfg ? c->cfg->min_replicas_ack : 0;
+    long ms = c->cfg && c->cfg->min_replicas_timeout > 0 ? c->cfg->min_replicas_timeout : 1000;
+    return kiq__txn_exec(t, c->r, replicas, ms, c->err);
 }
 
 /* Sends t now, outside a transaction of the caller's: a broken connection
@@ -400,14 +405,14 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     }
     /* Not pushed for sure (a failure before sending, or Redis refused the
      * transaction): the locks taken for these jobs are released. */
-    if (t && rc && !(sent && rc == KIQ_EREDIS))
+    if (t && rc < 0 && !(sent && rc == KIQ_EREDIS))
         kiq__txn_undo(t, c->r, mark);
-    collect(jobs, n, !rc, jids);
+    collect(jobs, n, rc >= 0, jids);
     if (t != c->txn)
         kiq__txn_free(t);
     free(argv);
     free(lens);
-    return rc ? rc : denied ? KIQ_EDENIED : 0;
+    return rc < 0 ? rc : denied ? KIQ_EDENIED : rc;
 }
 
 int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
@@ -416,7 +421,7 @@ int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
     const char *one[] = { args };
     char jids[1][25];
     int rc = kiq_client_push_bulk(c, cls, one, 1, opts, jids);
-    if (!rc && jid)
+    if (rc >= 0 && jid)
         memcpy(jid, jids[0], 25);
     return rc;
 }
@@ -468,7 +473,7 @@ int kiq_client_commit(kiq_client_t *c)
         kiq_seterr(c->err, KIQ_EREDIS, "the connection failed during the commit: its pushes "
                    "were all made or none was, unknown which (%.120s)", why);
     }
-    end_txn(c, !rc || maybe_sent);
+    end_txn(c, rc >= 0 || maybe_sent);
     return rc;
 }
 

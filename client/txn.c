@@ -126,13 +126,18 @@ void kiq__txn_undo(kiq_txn_t *t, kiq_redis_t *r, kiq_txn_mark_t mark)
     drop(t, mark);
 }
 
-int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, char *err)
+int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, int replicas, long wait_ms, char *err)
 {
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
+    char nrep[16], ms[32];
+    snprintf(nrep, sizeof(nrep), "%d", replicas);
+    snprintf(ms, sizeof(ms), "%ld", wait_ms);
+    const char *wait[] = { "WAIT", nrep, ms };
     int rc = kiq_redis_append(r, 1, multi, NULL);
     for (size_t i = 0; i < t->ncmds && !rc; i++)
         rc = kiq_redis_append(r, t->cmds[i].argc, t->cmds[i].argv, t->cmds[i].lens);
     if (!rc) rc = kiq_redis_append(r, 1, exec, NULL);
+    if (!rc && replicas > 0) rc = kiq_redis_append(r, 3, wait, NULL);
     /* MULTI's reply, one QUEUED (or an error) per command, then EXEC's. */
     redisReply *last = NULL;
     for (size_t i = 0; i < t->ncmds + 2 && !rc; i++) {
@@ -148,18 +153,28 @@ int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, char *err)
         freeReplyObject(last);
         return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
     }
-    if (last->type != REDIS_REPLY_ARRAY) {
+    /* Read whatever EXEC said, so that the next command gets its own reply. */
+    redisReply *rep = replicas > 0 ? kiq_redis_get_reply(r) : NULL;
+    if (last->type != REDIS_REPLY_ARRAY)
         /* EXECABORT (a command refused while queued), READONLY, OOM... */
         rc = kiq_seterr(err, KIQ_EREPLY, "push failed: %s",
                         last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
-        freeReplyObject(last);
-        return rc;
-    }
     /* A command that failed as it ran (a key of the wrong type): EXEC does
      * not undo the others. */
-    for (size_t i = 0; i < last->elements && !rc; i++)
+    for (size_t i = 0; !rc && i < last->elements; i++)
         if (last->element[i]->type == REDIS_REPLY_ERROR)
             rc = kiq_seterr(err, KIQ_EREPLY, "push failed: %s", last->element[i]->str);
+    /* Written: whatever WAIT says now is a warning, never a failure. */
+    long long got = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
+    if (!rc && replicas > 0 && got < replicas)
+        rc = got < 0 ? kiq_seterr(err, KIQ_PUSH_UNREPLICATED,
+                                  "pushed, but WAIT for %d replicas failed: %s", replicas,
+                                  rep && rep->type == REDIS_REPLY_ERROR ? rep->str
+                                                                        : kiq_redis_error(r))
+                     : kiq_seterr(err, KIQ_PUSH_UNREPLICATED,
+                                  "pushed, but only %lld of %d replicas had it within %ld ms",
+                                  got, replicas, wait_ms);
     freeReplyObject(last);
+    freeReplyObject(rep);
     return rc;
 }

@@ -43,12 +43,14 @@ kiq_txn_mark_t kiq__txn_mark(const kiq_txn_t *t);
  * TTL or goes to the reaper). */
 void kiq__txn_undo(kiq_txn_t *t, kiq_redis_t *r, kiq_txn_mark_t mark);
 
-/* Sends MULTI, t's commands and EXEC in one write. Returns 0, KIQ_EREPLY
- * (Redis refused the transaction, and nothing was written; or a command
- * failed as it ran, and the others were written) or KIQ_EREDIS (the
- * connection failed: the commands ran all or none, unknown which), with
- * err filled. t is left as it was. */
-int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, char *err);
+/* Sends MULTI, t's commands and EXEC in one write, followed by WAIT
+ * replicas wait_ms when replicas > 0. Returns 0, KIQ_PUSH_UNREPLICATED
+ * (written, but fewer replicas than asked had it within wait_ms, or WAIT
+ * got no answer), KIQ_EREPLY (Redis refused the transaction, and nothing
+ * was written; or a command failed as it ran, and the others were
+ * written) or KIQ_EREDIS (the connection failed: the commands ran all or
+ * none, unknown which), with err filled. t is left as it was. */
+int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, int replicas, long wait_ms, char *err);
 
 /* The client's open transaction (kiq_client_begin), or NULL. */
 kiq_txn_t *kiq__client_txn(kiq_client_t *c);

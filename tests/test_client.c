@@ -1,10 +1,15 @@
 /* The C client's transactions and replica acknowledgement, against real
  * Redis servers: pushes between kiq_client_begin and kiq_client_rollback
  * never reach Redis; between begin and kiq_client_commit they reach it
- * together. */
+ * together; and with min_replicas_ack a push returns once the replica has
+ * it, or says that it does not. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "helpers.h"
 #include "kiq/kiq.h"
@@ -242,4 +247,172 @@ Test(client, a_connection_failure_during_commit_is_reported)
     cr_assert(r);
     cr_assert_eq(kt_int_on(r, "LLEN queue:default"), 0);
     redisFree(r);
+}
+
+/* Redis refuses the whole transaction (a read-only replica): none of it is
+ * written. */
+static void refused_by(const char *url)
+{
+    kiq_client_t *c = client_at(url);
+    cr_assert_eq(kiq_client_begin(c), 0);
+    cr_assert_eq(kiq_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
+    cr_assert_eq(kiq_client_push(c, "TxJob", "[2]", NULL, NULL), 0);
+    cr_assert_eq(kiq_client_commit(c), KIQ_EREPLY);
+    cr_assert(strstr(kiq_client_error(c), "READONLY") || strstr(kiq_client_error(c), "EXECABORT"),
+              "%s", kiq_client_error(c));
+    kiq_client_free(c);
+}
+
+/* A master and a replica of the test's own. */
+typedef struct pair {
+    int master, replica;
+    pid_t replica_pid;
+    char master_url[64], replica_url[64];
+} pair_t;
+
+static pid_t start_server(const char *dir, const char *tag, int port, int replica_of)
+{
+    char p[16], m[16], logf[600];
+    snprintf(p, sizeof(p), "%d", port);
+    snprintf(m, sizeof(m), "%d", replica_of);
+    snprintf(logf, sizeof(logf), "%s/%s.log", dir, tag);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (replica_of)
+            execlp("redis-server", "redis-server", "--port", p, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--dir", dir, "--logfile", logf, "--replicaof",
+                   "127.0.0.1", m, (char *)NULL);
+        else
+            execlp("redis-server", "redis-server", "--port", p, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--dir", dir, "--logfile", logf, (char *)NULL);
+        _exit(127);
+    }
+    return kt_track(pid);
+}
+
+static int info_has(int port, const char *needle)
+{
+    redisContext *c = redisConnect("127.0.0.1", port);
+    redisReply *r = c && !c->err ? redisCommand(c, "INFO replication") : NULL;
+    int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, needle);
+    freeReplyObject(r);
+    redisFree(c);
+    return yes;
+}
+
+static void pair_start(pair_t *k)
+{
+    char *dir = kt_tmp("pair");
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    k->master = kt_free_port();
+    start_server(dir, "master", k->master, 0);
+    k->replica = kt_free_port();
+    k->replica_pid = start_server(dir, "replica", k->replica, k->master);
+    snprintf(k->master_url, sizeof(k->master_url), "redis://127.0.0.1:%d/0", k->master);
+    snprintf(k->replica_url, sizeof(k->replica_url), "redis://127.0.0.1:%d/0", k->replica);
+    cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "master_link_status:up"), 30),
+              "the replica did not sync");
+    /* WAIT counts a replica only once its master has it online. */
+    cr_assert(KT_WAIT_UNTIL(info_has(k->master, "state=online"), 30));
+    free(dir);
+}
+
+static long long llen_on(int port)
+{
+    redisContext *c = redisConnect("127.0.0.1", port);
+    cr_assert(c && !c->err);
+    long long n = kt_int_on(c, "LLEN queue:default");
+    redisFree(c);
+    return n;
+}
+
+static kiq_config_t *wait_config(const char *name, long ms, char **path)
+{
+    char body[128], err[KIQ_ERRLEN];
+    snprintf(body, sizeof(body), "min_replicas_ack: 1\nmin_replicas_timeout: %ld\n", ms);
+    *path = kt_write_file(name, body);
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(kiq_config_load_file(cfg, *path, err), 0, "%s", err);
+    return cfg;
+}
+
+/* With min_replicas_ack: 1, a push returns once the replica has it; with
+ * the replica stopped, it returns within the timeout and says so. */
+Test(client, min_replicas_ack_pushes_wait_for_the_replica)
+{
+    pair_t k;
+    pair_start(&k);
+    char *path;
+    kiq_config_t *cfg = wait_config("wait.yml", 3000, &path);
+    kiq_client_t *c = client_at(k.master_url);
+    kiq_client_use_config(c, cfg);
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(kiq_client_push(c, "WaitJob", "[]", NULL, NULL), 0, "%s",
+                     kiq_client_error(c));
+        cr_assert_eq(llen_on(k.replica), i + 1, "the push returned before the replica had it");
+    }
+    cr_assert_eq(kiq_client_begin(c), 0);
+    const char *args[] = { "[1]", "[2]" };
+    cr_assert_eq(kiq_client_push_bulk(c, "WaitJob", args, 2, NULL, NULL), 0);
+    cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(llen_on(k.replica), 22);
+
+    /* A replica refuses writes: the whole transaction is refused. */
+    refused_by(k.replica_url);
+    cr_assert_eq(llen_on(k.replica), 22);
+    /* A failed push still reads WAIT's reply: the next push gets its own. */
+    redisContext *m = redisConnect("127.0.0.1", k.master);
+    cr_assert(m && !m->err);
+    freeReplyObject(redisCommand(m, "SET queue:broken x"));
+    redisFree(m);
+    kiq_push_opts_t broken = kiq_push_opts_default();
+    broken.queue = "broken";
+    cr_assert_eq(kiq_client_push(c, "WaitJob", "[]", &broken, NULL), KIQ_EREPLY);
+    cr_assert_eq(kiq_client_push(c, "WaitJob", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(llen_on(k.replica), 23);
+
+    kill(k.replica_pid, SIGSTOP);
+    double t0 = kt_now();
+    char jid[25] = "";
+    int rc = kiq_client_push(c, "WaitJob", "[]", NULL, jid);
+    double took = kt_now() - t0;
+    kill(k.replica_pid, SIGCONT);
+    cr_assert_eq(rc, KIQ_PUSH_UNREPLICATED, "%d: %s", rc, kiq_client_error(c));
+    cr_assert_eq(strlen(jid), 24, "the job was pushed and has its jid");
+    cr_assert(strstr(kiq_client_error(c), "only 0 of 1 replicas had it within 3000 ms"), "%s",
+              kiq_client_error(c));
+    cr_assert(took >= 2.9 && took < 6, "took %.2f s", took);
+    cr_assert_eq(llen_on(k.master), 24);
+    cr_assert(KT_WAIT_UNTIL(llen_on(k.replica) == 24, 10));
+    kiq_client_free(c);
+    kiq_config_free(cfg);
+    free(path);
+}
+
+/* kiq push -C with min_replicas_ack: the job is pushed either way; a
+ * shortfall is a warning, not a failure. */
+Test(client, kiq_push_warns_when_the_replicas_fall_short)
+{
+    pair_t k;
+    pair_start(&k);
+    char *path;
+    kiq_config_t *cfg = wait_config("cli.yml", 2000, &path);
+    kiq_config_free(cfg);
+    char *out = NULL;
+    const char *args[] = { "push", "CliJob", "[1]", "-C", path, "--redis-url", k.master_url,
+                           NULL };
+    cr_assert_eq(kt_kiq_run(args, &out), 0, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
+    cr_assert_eq(llen_on(k.replica), 1);
+    free(out);
+
+    kill(k.replica_pid, SIGSTOP);
+    cr_assert_eq(kt_kiq_run(args, &out), 0, "%s", out);
+    kill(k.replica_pid, SIGCONT);
+    cr_assert(strstr(out, "kiq push: warning: pushed, but only 0 of 1 replicas had it "
+                          "within 2000 ms"), "%s", out);
+    cr_assert_eq(llen_on(k.master), 2);
+    free(out);
+    free(path);
 }

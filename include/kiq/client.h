@@ -10,6 +10,13 @@
 
 typedef struct kiq_client kiq_client_t;
 
+/* A push's (or a commit's) success with a warning: the jobs are in Redis,
+ * but with min_replicas_ack: N configured (kiq_client_use_config), fewer
+ * than N replicas had them within min_replicas_timeout, so a failover now
+ * could lose them. kiq_client_error() says how many did. Positive: not an
+ * error, and nothing to push again. */
+#define KIQ_PUSH_UNREPLICATED 1
+
 /* A field left unset (NULL, KIQ_RETRY_UNSET) takes the class's option (see
  * kiq_client_use_config and kiq_client_set_class), else the default. */
 typedef struct kiq_push_opts {
@@ -39,16 +46,18 @@ KIQ_API void kiq_client_free(kiq_client_t *c);
 
 /* Pushes one job of class cls with args (a JSON array text, NULL = "[]"),
  * through the client middleware chain. Writes its jid into jid (25 bytes,
- * may be NULL). Returns 0 or a KIQ_E* code (KIQ_EDENIED when a middleware,
- * such as a uniqueness lock, refused the push); kiq_client_error() then
- * says why. */
+ * may be NULL). Returns 0, KIQ_PUSH_UNREPLICATED, or a KIQ_E* code
+ * (KIQ_EDENIED when a middleware, such as a uniqueness lock, refused the
+ * push); kiq_client_error() then says why. With min_replicas_ack: N, the
+ * push is followed by WAIT N min_replicas_timeout. */
 KIQ_API int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
                             const kiq_push_opts_t *opts, char jid[25]);
 
 /* Pushes n jobs of one class in one round trip (one LPUSH, or one ZADD when
  * opts->at is in the future). jids may be NULL or hold n entries. Each job
  * goes through the client chain; a denied job gets an empty jid, the others
- * are pushed, and the call returns KIQ_EDENIED. */
+ * are pushed, and the call returns KIQ_EDENIED (ahead of
+ * KIQ_PUSH_UNREPLICATED). */
 KIQ_API int kiq_client_push_bulk(kiq_client_t *c, const char *cls,
                                  const char *const *args, size_t n,
                                  const kiq_push_opts_t *opts, char (*jids)[25]);
@@ -63,7 +72,8 @@ KIQ_API int kiq_client_set_class(kiq_client_t *c, const char *cls,
 
 /* Reads the classes: section of cfg on every push (retry, queue and the
  * lock options), ahead of kiq_client_set_class's options, as the server
- * reads them. cfg is borrowed and must outlive c; NULL stops. */
+ * reads them, and its min_replicas_ack and min_replicas_timeout. cfg is
+ * borrowed and must outlive c; NULL stops. */
 KIQ_API void kiq_client_use_config(kiq_client_t *c, const kiq_config_t *cfg);
 
 /* Both at once from a runtime: the options its classes were registered
@@ -93,7 +103,8 @@ KIQ_API int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt);
 KIQ_API int kiq_client_begin(kiq_client_t *c);
 /* Sends the buffered pushes (nothing to send is a success) and ends the
  * transaction, whatever the outcome. Returns
- *   0: all were pushed;
+ *   0 or KIQ_PUSH_UNREPLICATED: all were pushed (then the WAIT of
+ *     min_replicas_ack, as for any push);
  *   KIQ_EREPLY: Redis refused the transaction (a read-only replica, out
  *     of memory): none was pushed, and their locks are released. (Or,
  *     rarer, a command failed as it ran, such as an LPUSH onto a key that
