@@ -88,7 +88,9 @@ KIQ_API int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt);
  * its client chain and returns as usual (jids, KIQ_EDENIED), but its
  * writes wait in the client; kiq_client_commit sends them all in one
  * MULTI/EXEC, so a worker sees all of them or none, and
- * kiq_client_rollback drops them. Nothing is refused inside a transaction.
+ * kiq_client_rollback drops them. Nothing is refused inside a transaction,
+ * but a push there still needs the connection (KIQ_EREDIS without it):
+ * its chain may take a lock.
  *
  * Uniqueness locks (until_executed and the other until_* types) are taken
  * when the push is made, not at commit: a conflicting push is denied at
