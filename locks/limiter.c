@@ -98,6 +98,26 @@ kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long cou
     return lim;
 }
 
+int kiq_limit_opts_check(const kiq_limit_opts_t *o, const char *cls, char *err)
+{
+    if (!o)
+        return kiq_seterr(err, KIQ_EINVAL, "no limit options");
+    if (!o->type)
+        return 0;
+    /* The limiter itself checks the type, name, size and interval. */
+    kiq_limiter_t *l = kiq_limiter_new(o->type, o->name ? o->name : cls, o->count, o->seconds, err);
+    if (!l)
+        return KIQ_EINVAL;
+    kiq_limiter_free(l);
+    if (o->type == KIQ_LIMIT_POINTS && (o->cost < 1 || o->cost > o->count))
+        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: cost must be between 1 and its %ld points",
+                          o->name ? o->name : cls, o->count);
+    if (o->wait_timeout < 0 || o->max_reschedules < 0)
+        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: wait_timeout and max_reschedules must "
+                          "be >= 0", o->name ? o->name : cls);
+    return 0;
+}
+
 void kiq_limiter_free(kiq_limiter_t *lim)
 {
     free(lim);

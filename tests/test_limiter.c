@@ -1,6 +1,8 @@
 /* Rate limiters: the C API against a real redis-server, and the per-class
  * `limit:` option with kiq processes sharing one limit. */
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +11,9 @@
 #include <jansson.h>
 
 #include "helpers.h"
+#include "kiq/client.h"
 #include "kiq/limiter.h"
+#include "kiq/runtime.h"
 
 TestSuite(limiter, .init = NULL, .fini = kt_kill_children);
 
@@ -296,6 +300,10 @@ Test(limiter, bad_limit_configuration_fails_at_start)
         { "      type: window\n      count: 5\n      interval: -1\n", "classes.LimitJob.limit.interval: must be" },
         { "      type: bucket\n      count: 5\n", "classes.LimitJob.limit.interval: is required for bucket" },
         { "      size: 5\n", "classes.LimitJob.limit.type: is required" },
+        { "      type: window\n      count: 5\n      interval: 1\n      cost: 2\n",
+          "classes.LimitJob.limit.cost: is for points limiters only" },
+        { "      type: points\n      points: 10\n      interval: 1\n      cost: 11\n",
+          "classes.LimitJob.limit.cost: must be between 1 and the limit's 10 points" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *y = limit_yml("bad.yml", cases[i][0]), *out = NULL;
@@ -461,4 +469,99 @@ Test(limiter, kiq_limits_lists_and_shows_each_limiter)
     kiq_limiter_free(w);
     kiq_limiter_free(b);
     kiq_redis_free(r);
+}
+
+/* ---- a limit declared in C, and per-job costs ------------------------- */
+
+/* CostJob: appends the Redis clock (ms) to cj:10 when its payload says
+ * "limiter_cost" (10 in the test), else to cj:5 (the class's cost). */
+static int cost_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    size_t len;
+    const char *own = kiq_job_field_raw(job, KIQ_LIMIT_COST_FIELD, &len);
+    redisReply *r = redisCommand(kiq_job_redis(job), "EVAL %s 1 %s",
+                                 "local t = redis.call('TIME')\n"
+                                 "return redis.call('RPUSH', KEYS[1], "
+                                 "t[1] * 1000 + math.floor(t[2] / 1000))",
+                                 own ? "cj:10" : "cj:5");
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "CostJob: RPUSH failed");
+}
+
+static void *run_rt(void *rt)
+{
+    char err[KIQ_ERRLEN];
+    return (void *)(intptr_t)kiq_runtime_run(rt, err);
+}
+
+/* A points limit given through kiq_class_opts_t: a budget of 10 a second
+ * and jobs costing 5 let 2 jobs run per interval once the first budget is
+ * spent; a job whose payload says it costs 10 runs alone in its interval. */
+Test(limiter, class_limit_from_c_spends_each_jobs_cost)
+{
+    char err[KIQ_ERRLEN];
+    kiq_limit_opts_t lo = KIQ_LIMIT_OPTS_INIT;
+    lo.type = KIQ_LIMIT_POINTS;
+    lo.name = "budget";
+    lo.count = 10;
+    lo.seconds = 1;
+    lo.cost = 11;
+    cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), KIQ_EINVAL);
+    cr_assert(strstr(err, "cost must be between 1 and its 10 points"), "%s", err);
+    lo.cost = 5;
+    lo.wait_timeout = 10;
+    cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), 0, "%s", err);
+
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
+    cfg->redis_url_explicit = 1;
+    cfg->concurrency = 4;
+    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    kiq_limit_opts_t bad = lo;
+    bad.count = 0;
+    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    opts.limit = &bad;
+    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, NULL, &opts), KIQ_EINVAL);
+    opts.limit = &lo;
+    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, NULL, &opts), 0);
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "%s", err);
+    cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, run_rt, rt), 0);
+
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(kiq_client_push(c, "CostJob", "[]", NULL, NULL), 0, "%s",
+                     kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:5") == 6, 15));
+    kiq_push_opts_t po = kiq_push_opts_default();
+    po.extra = "{\"" KIQ_LIMIT_COST_FIELD "\":10}";
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kiq_client_push(c, "CostJob", "[]", &po, NULL), 0, "%s",
+                     kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:10") == 2, 15));
+    kiq_runtime_stop(rt);
+    void *rc;
+    pthread_join(th, &rc);
+    cr_assert_eq((intptr_t)rc, 0);
+    kiq_client_free(c);
+    kiq_runtime_free(rt);
+
+    long long t[8];
+    for (int i = 0; i < 8; i++)
+        t[i] = kt_int("LINDEX %s %d", i < 6 ? "cj:5" : "cj:10", i < 6 ? i : i - 6);
+    /* The first budget, 2 jobs at once; then no 3 within an interval (a
+     * job records its start a little after it was let in, hence 50 ms). */
+    cr_assert_lt(t[1] - t[0], 300, "%lld", t[1] - t[0]);
+    cr_assert_geq(t[2] - t[0], 450, "%lld", t[2] - t[0]);
+    for (int i = 3; i < 6; i++)
+        cr_assert_geq(t[i] - t[i - 2], 950, "jobs %d..%d in %lld ms", i - 2, i, t[i] - t[i - 2]);
+    /* Costing the whole budget, each waits for all of it to come back. */
+    for (int i = 6; i < 8; i++)
+        cr_assert_geq(t[i] - t[i - 1], 950, "job %d after %lld ms", i, t[i] - t[i - 1]);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
 }
