@@ -471,6 +471,103 @@ Test(limiter, kiq_limits_lists_and_shows_each_limiter)
     kiq_redis_free(r);
 }
 
+/* ---- long-run rates, measured by the jobs themselves ------------------- */
+
+/* The start times (ms, Redis clock) the LimitJobs of key recorded, in the
+ * order they started; *n their number. */
+static long long *job_starts(const char *key, size_t *n)
+{
+    redisReply *rep = kt_cmd("LRANGE %s:starts 0 -1", key);
+    long long *t = calloc(rep->elements + 1, sizeof(*t));
+    for (size_t i = 0; i < rep->elements; i++)
+        t[i] = atoll(rep->element[i]->str);
+    *n = rep->elements;
+    freeReplyObject(rep);
+    return t;
+}
+
+/* Runs n LimitJobs of 10 ms under key on two processes of 10 processors,
+ * the class limited by limit (which waits in the processor rather than
+ * rescheduling, so the limiter alone sets the pace), and returns their
+ * start times. */
+static long long *run_limited(const char *file, const char *limit, unsigned tag,
+                              const char *key, size_t n)
+{
+    char *y = limit_yml(file, limit);
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(tag, key, 10, n);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD %s:jids", key) == (long long)n, 30), "%s",
+              kt_kiq_log(a));
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    free(y);
+    size_t got;
+    long long *t = job_starts(key, &got);
+    cr_assert_eq(got, n, "a job ran twice");
+    return t;
+}
+
+/* A leaky or points limiter: a budget of burst jobs, restored evenly at
+ * per_s jobs a second. In any span [t_i, t_j] no more jobs start than the
+ * budget allows (burst + per_s * span; a job records its start a little
+ * after its acquisition, hence slack_ms), and after the first burst the
+ * rate is within 10% of per_s. */
+static void check_restoring(const long long *t, size_t n, size_t burst, double per_s)
+{
+    const double slack_ms = 50;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i; j < n; j++) {
+            double allowed = (double)burst + per_s * ((double)(t[j] - t[i]) + slack_ms) / 1000;
+            cr_assert_leq((double)(j - i + 1), allowed, "%zu starts in %lld ms",
+                          j - i + 1, t[j] - t[i]);
+        }
+    double rate = (double)(n - 1 - burst) * 1000 / (double)(t[n - 1] - t[burst]);
+    cr_assert(rate >= per_s * 0.9 && rate <= per_s * 1.1, "%.2f a second, not %.2f", rate,
+              per_s);
+}
+
+Test(limiter, leaky_keeps_its_rate_over_seconds)
+{
+    /* Bursts of 20, then 20 a second: 100 jobs in about 4 s. */
+    long long *t = run_limited("leaky.yml", "      type: leaky\n      name: drain\n"
+                               "      size: 20\n      interval: 1\n      wait_timeout: 5\n",
+                               6, "ll", 100);
+    check_restoring(t, 100, 20, 20);
+    free(t);
+}
+
+Test(limiter, points_keep_their_rate_over_seconds)
+{
+    /* 40 points a second at 2 a job: bursts of 20, then 20 a second. */
+    long long *t = run_limited("points.yml", "      type: points\n      name: gql\n"
+                               "      points: 40\n      cost: 2\n      interval: second\n"
+                               "      wait_timeout: 5\n", 7, "lp", 100);
+    check_restoring(t, 100, 20, 20);
+    free(t);
+}
+
+Test(limiter, bucket_keeps_its_rate_over_seconds)
+{
+    /* 20 a calendar second: 100 jobs over 5 seconds. */
+    long long *t = run_limited("bucket.yml", "      type: bucket\n      name: refill\n"
+                               "      count: 20\n      interval: second\n      wait_timeout: 5\n",
+                               8, "lb", 100);
+    long long first = t[0] / 1000, last = t[99] / 1000, full = 0;
+    for (size_t i = 0, in_sec = 0; i < 100; i++) {
+        long long s = t[i] / 1000;
+        in_sec = i && s == t[i - 1] / 1000 ? in_sec + 1 : 1;
+        cr_assert_leq(in_sec, 20, "second %lld saw more than 20 starts", s);
+        full += s > first && s < last;
+    }
+    /* The whole seconds between the first and the last are full. */
+    cr_assert_geq(last - first, 2, "%lld", last - first);
+    double rate = (double)full / (double)(last - first - 1);
+    cr_assert(rate >= 18 && rate <= 22, "%.2f a second, not 20", rate);
+    free(t);
+}
+
 /* ---- a limit declared in C, and per-job costs ------------------------- */
 
 /* CostJob: appends the Redis clock (ms) to cj:10 when its payload says
