@@ -225,8 +225,8 @@ static int owner_call(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_
     char ms[24] = "";
     if (extend)
         snprintf(ms, sizeof(ms), "%lld", lim->ms);
-    const char *argv[] = { lim->state_key, token->id, ms };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_RELEASE, 1, 3, argv, NULL);
+    const char *argv[] = { lim->state_key, lim->meta_key, token->id, ms };
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_RELEASE, 2, 4, argv, NULL);
     int rc;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
         rc = kiq__reply_error(r, rep, extend ? "limiter extend" : "limiter release", err);

@@ -662,3 +662,47 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
         cr_assert_geq(t[i] - t[i - 1], 950, "job %d after %lld ms", i, t[i] - t[i - 1]);
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
 }
+
+/* ---- keys of unused limiters expire ----------------------------------- */
+
+static long long limiter_keys(void)
+{
+    return kt_int("EVAL %s 0", "return #redis.call('KEYS', 'limiter:*')");
+}
+
+/* Every key a limiter writes expires once it is unused, its meta last; a
+ * holder that keeps extending its lease keeps them all. */
+Test(limiter, an_unused_limiters_keys_expire)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t, kept;
+    kiq_limiter_t *l[] = {
+        mk(KIQ_LIMIT_CONCURRENT, "e1", 2, 0.2), mk(KIQ_LIMIT_WINDOW, "e2", 2, 0.2),
+        mk(KIQ_LIMIT_BUCKET, "e3", 2, 0.2),     mk(KIQ_LIMIT_SLIDING, "e4", 2, 0.2),
+        mk(KIQ_LIMIT_LEAKY, "e5", 2, 0.2),      mk(KIQ_LIMIT_POINTS, "e6", 2, 0.2),
+    };
+    for (size_t i = 0; i < 6; i++)
+        cr_assert_eq(kiq_limiter_acquire(l[i], r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_release(l[5], r, &t, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l[0], r, 0, &kept, NULL, err), 0, "%s", err);
+    for (int i = 1; i <= 6; i++) {
+        long long ttl = kt_int("PTTL limiter:e%d:meta", i);
+        cr_assert(ttl > 0 && ttl <= 400, "limiter:e%d:meta PTTL %lld", i, ttl);
+    }
+    /* Three leases on: e1's holder extended its slot all along. */
+    for (int i = 0; i < 6; i++) {
+        kt_sleep(0.1);
+        cr_assert_eq(kiq_limiter_extend(l[0], r, &kept, err), 0, "%s", err);
+    }
+    cr_assert_gt(kt_int("PTTL limiter:e1:held"), 0);
+    cr_assert_gt(kt_int("PTTL limiter:e1:meta"), 0);
+    cr_assert_eq(limiter_keys(), 2, "only e1's keys are left");
+    /* Once it stops, they go within a lease. */
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(limiter_keys() == 0, 2), "%lld keys left", limiter_keys());
+    cr_assert_lt(kt_now() - t0, 0.5);
+    for (size_t i = 0; i < 6; i++)
+        kiq_limiter_free(l[i]);
+    kiq_redis_free(r);
+}
