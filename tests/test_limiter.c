@@ -706,3 +706,23 @@ Test(limiter, an_unused_limiters_keys_expire)
         kiq_limiter_free(l[i]);
     kiq_redis_free(r);
 }
+
+/* The lease is each process's own (not in the meta): a newcomer with a
+ * short one never cuts the life of the holder set under a longer one. */
+Test(limiter, a_short_lease_never_shortens_a_longer_one)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t long_t, short_t;
+    kiq_limiter_t *slow = mk(KIQ_LIMIT_CONCURRENT, "lease", 2, 5);
+    kiq_limiter_t *quick = mk(KIQ_LIMIT_CONCURRENT, "lease", 2, 0.1);
+    cr_assert_eq(kiq_limiter_acquire(slow, r, 0, &long_t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(quick, r, 0, &short_t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_extend(quick, r, &short_t, err), 0, "%s", err);
+    kt_sleep(0.3);
+    cr_assert_eq(kiq_limiter_extend(slow, r, &long_t, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_release(slow, r, &long_t, err), 0, "%s", err);
+    kiq_limiter_free(slow);
+    kiq_limiter_free(quick);
+    kiq_redis_free(r);
+}
