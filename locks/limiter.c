@@ -22,6 +22,7 @@ struct kiq_limiter {
     long long ms;           /* interval or lease */
     char name[KIQ_LIMIT_NAME_MAX + 1];
     char meta[96];          /* what limiter:NAME:meta holds */
+    char nonce[13];         /* random hex: holder ids of this handle */
     char meta_key[KEY_MAX];
     char state_key[KEY_MAX];
 };
@@ -84,6 +85,10 @@ kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long cou
     strcpy(lim->name, name);
     lim->count = count;
     lim->ms = (long long)(seconds * 1000 + 0.5);
+    unsigned char rnd[6];
+    kiq__random_bytes(rnd, sizeof(rnd));
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(lim->nonce + 2 * i, 3, "%02x", rnd[i]);
     /* The lease is not part of the meta: it is each holder's own business,
      * while size, count and interval define the limit. */
     if (type == KIQ_LIMIT_CONCURRENT)
@@ -123,15 +128,13 @@ void kiq_limiter_free(kiq_limiter_t *lim)
     free(lim);
 }
 
-/* A holder id no other acquisition shares: pid, thread-independent
- * random bits and a counter. */
-static void new_holder(kiq_limit_token_t *t)
+/* A holder id no other acquisition shares: pid, the handle's random
+ * nonce (drawn once, not per acquisition: a system call saved on every
+ * one) and a process-wide counter. */
+static void new_holder(const kiq_limiter_t *lim, kiq_limit_token_t *t)
 {
     static _Atomic unsigned long seq;
-    unsigned char rnd[6];
-    kiq__random_bytes(rnd, sizeof(rnd));
-    snprintf(t->id, sizeof(t->id), "%ld:%02x%02x%02x%02x%02x%02x:%lu", (long)getpid(), rnd[0],
-             rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], ++seq);
+    snprintf(t->id, sizeof(t->id), "%ld:%s:%lu", (long)getpid(), lim->nonce, ++seq);
 }
 
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
@@ -184,7 +187,7 @@ int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
                           "its budget of %ld", lim->name, points, lim->count);
     memset(token, 0, sizeof(*token));
     if (lim->type == KIQ_LIMIT_CONCURRENT || lim->type == KIQ_LIMIT_SLIDING)
-        new_holder(token);
+        new_holder(lim, token);
     double start = kiq__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {
         long long wait_ms = 0;
