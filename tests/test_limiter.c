@@ -570,18 +570,18 @@ Test(limiter, bucket_keeps_its_rate_over_seconds)
 
 /* ---- a limit declared in C, and per-job costs ------------------------- */
 
-/* CostJob: appends the Redis clock (ms) to cj:10 when its payload says
- * "limiter_cost" (10 in the test), else to cj:5 (the class's cost). */
+/* CostJob: appends the Redis clock (ms) to PREFIX:10 when its payload says
+ * "limiter_cost" (10 in the test), else to PREFIX:5 (the class's cost);
+ * udata is PREFIX. */
 static int cost_job(kiq_job_t *job, void *ud)
 {
-    (void)ud;
     size_t len;
     const char *own = kiq_job_field_raw(job, KIQ_LIMIT_COST_FIELD, &len);
-    redisReply *r = redisCommand(kiq_job_redis(job), "EVAL %s 1 %s",
+    redisReply *r = redisCommand(kiq_job_redis(job), "EVAL %s 1 %s:%s",
                                  "local t = redis.call('TIME')\n"
                                  "return redis.call('RPUSH', KEYS[1], "
                                  "t[1] * 1000 + math.floor(t[2] / 1000))",
-                                 own ? "cj:10" : "cj:5");
+                                 (const char *)ud, own ? "10" : "5");
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "CostJob: RPUSH failed");
@@ -595,7 +595,8 @@ static void *run_rt(void *rt)
 
 /* A points limit given through kiq_class_opts_t: a budget of 10 a second
  * and jobs costing 5 let 2 jobs run per interval once the first budget is
- * spent; a job whose payload says it costs 10 runs alone in its interval. */
+ * spent; a job whose payload says it costs 10 runs alone in its interval.
+ * A YAML limit for a class wins over its C one. */
 Test(limiter, class_limit_from_c_spends_each_jobs_cost)
 {
     char err[KIQ_ERRLEN];
@@ -616,15 +617,23 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
     cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
     cfg->redis_url_explicit = 1;
     cfg->concurrency = 4;
+    char *y = kt_write_file("wins.yml", "classes:\n  YamlWins:\n"
+                                        "    limit: { type: concurrent, name: yaml, size: 1 }\n");
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    free(y);
     kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
     cr_assert(rt, "%s", err);
     kiq_limit_opts_t bad = lo;
     bad.count = 0;
     kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
     opts.limit = &bad;
-    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, NULL, &opts), KIQ_EINVAL);
+    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, "cj", &opts), KIQ_EINVAL);
     opts.limit = &lo;
-    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, NULL, &opts), 0);
+    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, "cj", &opts), 0);
+    kiq_limit_opts_t c_only = lo;
+    c_only.name = "c-only";
+    opts.limit = &c_only;
+    cr_assert_eq(kiq_register(rt, "YamlWins", cost_job, "yw", &opts), 0);
     kiq_client_t *c = kiq_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
     cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
@@ -641,6 +650,10 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
         cr_assert_eq(kiq_client_push(c, "CostJob", "[]", &po, NULL), 0, "%s",
                      kiq_client_error(c));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:10") == 2, 15));
+    cr_assert_eq(kiq_client_push(c, "YamlWins", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN yw:5") == 1, 15));
+    cr_assert_eq(kt_int("EXISTS limiter:yaml:meta"), 1, "the YAML limit applied");
+    cr_assert_eq(kt_int("EXISTS limiter:c-only:meta"), 0, "not the C one");
     kiq_runtime_stop(rt);
     void *rc;
     pthread_join(th, &rc);
