@@ -7,6 +7,7 @@
 #include "redis/tls.h"
 #include "redis/url.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,10 +288,45 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
     }
 }
 
+/* redisGetReply for a TLS connection: the commands hiredis holds go out
+ * and the reply comes in through the session from this thread, not
+ * through the socketpair and the copying thread (two thread wake-ups per
+ * round trip fewer). On failure c->err is set, as hiredis would. */
+static int tls_get_reply(kiq_redis_t *r, void **rep)
+{
+    redisContext *c = r->c;
+    int ms = (int)(r->timeout * 1000);
+    if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
+        return REDIS_ERR;
+    if (*rep)
+        return REDIS_OK;
+    if (sdslen(c->obuf) && kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), ms) == 0)
+        sdsclear(c->obuf);
+    else if (sdslen(c->obuf))
+        goto io;
+    while (!*rep) {
+        char buf[16384];
+        long n = kiq__tls_recv(r->tls, buf, sizeof(buf), ms);
+        if (n <= 0)
+            goto io;
+        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK
+            || redisGetReplyFromReader(c, rep) != REDIS_OK)
+            return REDIS_ERR;
+    }
+    return REDIS_OK;
+io:
+    c->err = REDIS_ERR_IO;
+    snprintf(c->errstr, sizeof(c->errstr), "%s",
+             errno == EAGAIN ? "Resource temporarily unavailable (timeout)"
+             : errno ? strerror(errno) : "Server closed the connection");
+    return REDIS_ERR;
+}
+
 static int read_wire(kiq_redis_t *r, redisReply **out)
 {
     void *rep = NULL;
-    if (redisGetReply(r->c, &rep) != REDIS_OK || !rep)
+    int rc = r->tls ? tls_get_reply(r, &rep) : redisGetReply(r->c, &rep);
+    if (rc != REDIS_OK || !rep)
         return fail_io(r, "read");
     *out = rep;
     return 0;
