@@ -259,7 +259,7 @@ int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr)
                   && rep->element[0]->type == REDIS_REPLY_STRING
                   && strcmp(rep->element[0]->str, "master") != 0;
     if (replica)
-        snprintf(errstr, KIQ_ERRLEN, "%s: the sentinels' master is a %s now (a failover "
+        snprintf(errstr, KIQ_ERRLEN, "%s: the server is a %s, not a master (a failover "
                  "under way?)", name, rep->element[0]->str);
     freeReplyObject(rep);
     return replica ? KIQ_EREDIS : 0;

@@ -31,8 +31,8 @@ void kiq__sentinel_free(kiq_sentinel_t *s);
  * credentials; errstr (KIQ_ERRLEN) says why, prefixed with name. */
 int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr);
 
-/* Checks that c, connected to the address a sentinel gave, is a master
- * (a replica is what a stale sentinel or an unfinished failover gives).
+/* Checks that c is a master (a replica is what a stale sentinel, an
+ * unfinished failover or a failover name not yet moved gives).
  * A ROLE refused by ACL counts as a master: a READONLY reply will tell.
  * Returns 0 or KIQ_EREDIS with errstr filled. */
 int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr);
