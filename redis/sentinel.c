@@ -11,6 +11,9 @@
 
 /* Short: a dead sentinel must not hold up the next one for long. */
 #define SENTINEL_TIMEOUT_US 500000
+/* Learnt peers stop being added there: a list that long is a mistake
+ * somewhere, and each dead entry costs a failover up to the timeout. */
+#define MAX_SENTINELS 16
 
 typedef struct addr {
     char *host;
@@ -60,6 +63,23 @@ static int parse_port(const char *s, size_t n, int *out)
     return 0;
 }
 
+/* Adds host:port to the list unless it is there. */
+static int add_addr(kiq_sentinel_t *s, const char *host, size_t hl, int port)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->sentinels[i].port == port && strlen(s->sentinels[i].host) == hl
+            && strncmp(s->sentinels[i].host, host, hl) == 0)
+            return 0;
+    addr_t *a = realloc(s->sentinels, (s->n + 1) * sizeof(*a));
+    if (!a)
+        return KIQ_ENOMEM;
+    s->sentinels = a;
+    if (!(a[s->n].host = strndup(host, hl)))
+        return KIQ_ENOMEM;
+    a[s->n++].port = port;
+    return 0;
+}
+
 /* One "host[:port]" or "[v6][:port]" of the list; the port defaults to
  * Sentinel's own, 26379. */
 static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
@@ -82,14 +102,33 @@ static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
     int port = 26379;
     if (hl == 0 || (colon && parse_port(colon + 1, (size_t)(p + n - colon - 1), &port)))
         return KIQ_EINVAL;
-    addr_t *a = realloc(s->sentinels, (s->n + 1) * sizeof(*a));
-    if (!a)
-        return KIQ_ENOMEM;
-    s->sentinels = a;
-    if (!(a[s->n].host = strndup(hp, hl)))
-        return KIQ_ENOMEM;
-    a[s->n++].port = port;
-    return 0;
+    return add_addr(s, hp, hl, port);
+}
+
+/* The sentinels a sentinel names as its peers: each one the list does not
+ * hold yet is added at its end, so that a sentinel started after kiq was
+ * configured is asked when the configured ones are down. Errors (an old
+ * sentinel, ACL) leave the list as it is. */
+static void learn_peers(kiq_sentinel_t *s, redisContext *c)
+{
+    redisReply *rep = redisCommand(c, "SENTINEL SENTINELS %s", s->master);
+    for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+        const redisReply *e = rep->element[i];
+        const char *ip = NULL;
+        int port = 0;
+        for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
+            const redisReply *k = e->element[j], *v = e->element[j + 1];
+            if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+                continue;
+            if (strcmp(k->str, "ip") == 0)
+                ip = v->str;
+            else if (strcmp(k->str, "port") == 0 && parse_port(v->str, v->len, &port))
+                port = 0;
+        }
+        if (ip && *ip && port && s->n < MAX_SENTINELS)
+            add_addr(s, ip, strlen(ip), port);
+    }
+    freeReplyObject(rep);
 }
 
 static int query(const char *q, kiq_sentinel_t *s)
@@ -226,6 +265,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
                 u->host = host;
                 u->port = port;
                 freeReplyObject(rep);
+                learn_peers(s, c);
                 redisFree(c);
                 return 0;
             }

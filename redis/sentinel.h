@@ -25,7 +25,8 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err);
 void kiq__sentinel_free(kiq_sentinel_t *s);
 
 /* Asks the sentinels in turn where the master is and writes it into
- * u->host and u->port. Returns 0, KIQ_EREDIS when no sentinel answered (or
+ * u->host and u->port; the sentinel that answered is asked for its peers
+ * too, and those not in the list yet are added to it for the next time. Returns 0, KIQ_EREDIS when no sentinel answered (or
  * none knows a master yet), or KIQ_ECONFIG when every sentinel that
  * answered knows no master of that name or refused the sentinel
  * credentials; errstr (KIQ_ERRLEN) says why, prefixed with name. */

@@ -22,6 +22,7 @@ typedef struct cluster {
     int master, replica; /* ports; replica 0 = none */
     pid_t master_pid;
     int sentinel[3];
+    pid_t sentinel_pid[3];
     int nsentinels;
     char url[256];       /* redis+sentinel://... /mymaster */
 } cluster_t;
@@ -160,7 +161,8 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
         cr_assert(f);
         fputs(body, f);
         fclose(f);
-        start_server(sdir, "sentinel", (const char *[]){ conf, "--sentinel", NULL });
+        k->sentinel_pid[i] = start_server(sdir, "sentinel", (const char *[]){ conf, "--sentinel",
+                                                                              NULL });
         len += snprintf(k->url + len, sizeof(k->url) - (size_t)len, "%s127.0.0.1:%d",
                         i ? "," : "", k->sentinel[i]);
     }
@@ -719,4 +721,29 @@ Test(sentinel, a_server_demoted_behind_a_plain_url_is_followed)
     cr_assert(kt_log_count(d.pid, "is a master again") >= 1, "%s", log_tail(d.pid));
     cr_assert_eq(kt_kiq_stop(d.pid, SIGTERM, 20), 0, "%s", log_tail(d.pid));
     free(d.yml);
+}
+
+/* Given one sentinel, kiq learns the others from it: once that one is
+ * killed, a failover is still followed through them. */
+Test(sentinel, the_other_sentinels_are_learnt_from_the_one_given)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 3);
+    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
+    char url[128];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d/mymaster", k.sentinel[0]);
+    push_records(k.master, 50);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 50, 20), "%s", log_tail(pid));
+    kill(k.sentinel_pid[0], SIGKILL);
+    /* The first sentinel is gone: the others carry the failover. */
+    k.sentinel[0] = k.sentinel[1];
+    k.sentinel[1] = k.sentinel[2];
+    k.nsentinels = 2;
+    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1"), 20));
+    fail_over(&k, k.master, k.replica);
+    push_records(k.replica, 100);
+    cr_assert(KT_WAIT_UNTIL(int_on(k.replica, "SCARD %s", "rec") >= 100, 30), "%s",
+              log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }
