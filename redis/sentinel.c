@@ -3,11 +3,13 @@
  * turn, then the server checked to be a master), so every connection
  * follows a failover by reconnecting. */
 #include "redis/sentinel.h"
+#include "redis/tls.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Short: a dead sentinel must not hold up the next one for long. */
 #define SENTINEL_TIMEOUT_US 500000
@@ -26,6 +28,7 @@ struct kiq_sentinel {
     char *master;    /* the name the sentinels monitor it by */
     char *user;      /* the sentinels' own ACL user and password, or NULL */
     char *password;
+    int tls;         /* sentinel_ssl=true: TLS to the sentinels too */
 };
 
 int kiq__sentinel_scheme(const char *url)
@@ -131,8 +134,12 @@ static void learn_peers(kiq_sentinel_t *s, redisContext *c)
     freeReplyObject(rep);
 }
 
-static int query(const char *q, kiq_sentinel_t *s)
+/* The query: the sentinels' credentials, sentinel_ssl, and the TLS
+ * settings of a rediss:// URL (for the master, and for the sentinels
+ * with sentinel_ssl=true). */
+static int query(const char *q, kiq_redis_url_t *u, char *err)
 {
+    kiq_sentinel_t *s = u->sentinel;
     while (q && *q) {
         q++;
         const char *amp = strchr(q, '&');
@@ -146,7 +153,24 @@ static int query(const char *q, kiq_sentinel_t *s)
         if (slot) {
             free(*slot);
             if (!(*slot = kiq__url_decode(q + k, n - k)))
-                return KIQ_ENOMEM;
+                return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        } else if (n >= 13 && strncmp(q, "sentinel_ssl=", 13) == 0) {
+            if (n == 17 && strncmp(q + 13, "true", 4) == 0)
+                s->tls = 1;
+            else if (n == 18 && strncmp(q + 13, "false", 5) == 0)
+                s->tls = 0;
+            else
+                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: sentinel_ssl must be "
+                                  "true or false");
+        } else if (n) {
+            int rc = kiq__redis_tls_param(q, n, &u->tls, err);
+            if (rc == 1)
+                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: unknown parameter "
+                                  "%.*s (known: sentinel_username, sentinel_password, "
+                                  "sentinel_ssl, ca_file, ca_path, cert, key, server_name, "
+                                  "verify)", (int)(n > 40 ? 40 : n), q);
+            if (rc)
+                return rc;
         }
         q = amp;
     }
@@ -206,38 +230,68 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
         u->db = db;
         nlen = (size_t)(dbs - name);
     }
-    if (!(s->master = kiq__url_decode(name, nlen)) || query(q, s))
+    if (!(s->master = kiq__url_decode(name, nlen)))
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    return 0;
+    return query(q, u, err);
 }
 
-/* Connects to one sentinel and authenticates. NULL with errstr filled. */
-static redisContext *sentinel_connect(const kiq_sentinel_t *s, const addr_t *a,
-                                      const char *name, char *errstr, int *refused)
+/* A connection to one sentinel, and its TLS session when sentinel_ssl. */
+typedef struct link {
+    redisContext *c;
+    kiq_tls_t *tls;
+} link_t;
+
+static void link_close(link_t *l)
 {
+    redisFree(l->c);   /* closes hiredis's end, which ends the TLS thread */
+    kiq__tls_free(l->tls);
+}
+
+/* Connects to one sentinel (TLS with the URL's settings, verified by the
+ * sentinel's own address, when sentinel_ssl) and authenticates. Returns 0,
+ * or -1 with errstr filled and l closed. */
+static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const char *name,
+                            char *errstr, int *refused, link_t *l)
+{
+    const kiq_sentinel_t *s = u->sentinel;
     struct timeval tv = { 0, SENTINEL_TIMEOUT_US };
-    redisContext *c = redisConnectWithTimeout(a->host, a->port, tv);
-    if (!c || c->err) {
-        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
-                 c ? c->errstr : "out of memory");
-        redisFree(c);
-        return NULL;
+    *l = (link_t){ 0 };
+    if (s->tls) {
+        kiq_redis_url_t su = { .host = a->host, .port = a->port, .tls = u->tls };
+        su.tls.server_name = NULL;
+        char why[KIQ_ERRLEN];
+        int fd = -1;
+        int rc = kiq__tls_connect(&su, SENTINEL_TIMEOUT_US / 1e6, &l->tls, &fd, why);
+        if (rc) {
+            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port, why);
+            *refused = rc == KIQ_ECONFIG;
+            return -1;
+        }
+        if (!(l->c = redisConnectFd(fd)))
+            close(fd);
+    } else {
+        l->c = redisConnectWithTimeout(a->host, a->port, tv);
     }
-    redisSetTimeout(c, tv);
+    if (!l->c || l->c->err) {
+        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
+                 l->c ? l->c->errstr : "out of memory");
+        link_close(l);
+        return -1;
+    }
+    redisSetTimeout(l->c, tv);
     if (!s->password)
-        return c;
-    redisReply *rep = s->user ? redisCommand(c, "AUTH %s %s", s->user, s->password)
-                              : redisCommand(c, "AUTH %s", s->password);
+        return 0;
+    redisReply *rep = s->user ? redisCommand(l->c, "AUTH %s %s", s->user, s->password)
+                              : redisCommand(l->c, "AUTH %s", s->password);
     int bad = !rep || rep->type == REDIS_REPLY_ERROR;
     if (bad) {
         snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: AUTH: %s", name, a->host, a->port,
-                 rep ? rep->str : c->errstr);
+                 rep ? rep->str : l->c->errstr);
         *refused = rep != NULL;
-        redisFree(c);
-        c = NULL;
+        link_close(l);
     }
     freeReplyObject(rep);
-    return c;
+    return bad ? -1 : 0;
 }
 
 int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
@@ -247,10 +301,12 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
     for (size_t i = 0; i < s->n; i++) {
         const addr_t *a = &s->sentinels[i];
         int no = 0;
-        redisContext *c = sentinel_connect(s, a, name, errstr, &no);
+        link_t l;
+        int failed = sentinel_connect(u, a, name, errstr, &no, &l);
         refused += (size_t)no;
-        if (!c)
+        if (failed)
             continue;
+        redisContext *c = l.c;
         redisReply *rep = redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->master);
         if (!rep) {
             snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
@@ -266,7 +322,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
                 u->port = port;
                 freeReplyObject(rep);
                 learn_peers(s, c);
-                redisFree(c);
+                link_close(&l);
                 return 0;
             }
             free(host);
@@ -279,7 +335,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
                      rep->type == REDIS_REPLY_ERROR ? rep->str : "");
         }
         freeReplyObject(rep);
-        redisFree(c);
+        link_close(&l);
     }
     /* Every sentinel that answered knows no such master, or every one
      * refused the credentials: waiting will not help. */

@@ -662,6 +662,8 @@ Test(sentinel, bad_sentinel_urls_are_refused)
         { "redis+sentinel://127.0.0.1:0/m", "bad sentinel address" },
         { "redis+sentinel://a:1,,b:2/m", "bad sentinel address" },
         { "redis+sentinel://a:1/m/x", "bad db number" },
+        { "redis+sentinel://a:1/m?x=1", "unknown parameter x=1" },
+        { "redis+sentinel://a:1/m?sentinel_ssl=yes", "sentinel_ssl must be true or false" },
     };
     char err[KIQ_ERRLEN];
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
@@ -671,10 +673,10 @@ Test(sentinel, bad_sentinel_urls_are_refused)
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
     kiq_redis_t *r = kiq_redis_new("rediss+sentinel://u:secret@a:1,[::1]:2,c/m/2?"
-                                   "sentinel_password=s3&x=1", 1, err);
+                                   "sentinel_password=s3&verify=peer", 1, err);
     cr_assert(r, "%s", err);
     cr_assert_str_eq(kiq_redis_name(r), "rediss+sentinel://u:***@a:1,[::1]:2,c/m/2?"
-                                        "sentinel_password=***&x=1");
+                                        "sentinel_password=***&verify=peer");
     kiq_redis_free(r);
 }
 

@@ -301,3 +301,72 @@ Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
     free(file);
     redisFree(s.plain);
 }
+
+/* A sentinel with a TLS port (its plain one is for the test), monitoring
+ * the server's TLS port with the test's certificates. Returns the TLS
+ * port once it knows the master. */
+static int sentinel_start(const tls_server_t *s)
+{
+    int port = kt_free_port(), tport = kt_free_port();
+    char conf[600], body[2400], logf[500];
+    snprintf(conf, sizeof(conf), "%s/sentinel.conf", s->dir);
+    snprintf(logf, sizeof(logf), "%s/sentinel.log", s->dir);
+    snprintf(body, sizeof(body),
+             "port %d\nbind 127.0.0.1\ntls-port %d\ntls-cert-file %s/server.crt\n"
+             "tls-key-file %s/server.key\ntls-ca-cert-file %s/ca.crt\ntls-auth-clients no\n"
+             "tls-replication yes\nsentinel monitor mymaster 127.0.0.1 %d 1\n",
+             port, tport, s->dir, s->dir, s->dir, s->tls_port);
+    FILE *f = fopen(conf, "w");
+    cr_assert(f);
+    fputs(body, f);
+    fclose(f);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        execlp("redis-server", "redis-server", conf, "--sentinel", "--logfile", logf,
+               (char *)NULL);
+        _exit(127);
+    }
+    kt_track(pid);
+    cr_assert(KT_WAIT_UNTIL(({ redisContext *c = plain_connect(port);
+                               redisReply *r = c ? redisCommand(c, "SENTINEL "
+                                                                "get-master-addr-by-name "
+                                                                "mymaster") : NULL;
+                               int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2
+                                        && atoi(r->element[1]->str) == s->tls_port;
+                               freeReplyObject(r);
+                               redisFree(c);
+                               ok; }), 20), "the sentinel did not start (see %s)", logf);
+    return tport;
+}
+
+/* sentinel_ssl=true: TLS to the sentinels as well as to the master, with
+ * the same settings, the sentinels' certificates checked. */
+Test(tls, sentinels_over_tls_with_sentinel_ssl)
+{
+    tls_server_t s;
+    server_start(&s, "tls-sentinel", 0);
+    int tport = sentinel_start(&s);
+    char u[1200], *out = NULL;
+    snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?sentinel_ssl=true&%s", tport,
+             ca_q(&s, "ca.crt"));
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+                                             NULL }, &out), 0, "%s", out);
+    free(out);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+
+    /* The sentinel's certificate is verified like the master's. */
+    snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?sentinel_ssl=true&%s", tport,
+             ca_q(&s, "otherca.crt"));
+    refused_at_start(u, "TLS: certificate verify failed: ");
+    /* Without sentinel_ssl, the sentinel's TLS port is spoken to in plain
+     * and never answers. */
+    snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?%s", tport,
+             ca_q(&s, "ca.crt"));
+    cr_assert_neq(kt_kiq_run((const char *[]){ "stats", "--redis-url", u, NULL }, &out), 0,
+                  "%s", out);
+    free(out);
+    redisFree(s.plain);
+}
