@@ -337,7 +337,7 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
 static int tls_get_reply(kiq_redis_t *r, void **rep)
 {
     redisContext *c = r->c;
-    int ms = (int)(r->timeout * 1000);
+    int ms = r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
     if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
         return REDIS_ERR;
     if (*rep)
