@@ -341,10 +341,13 @@ static void *pump(void *arg)
             }
             sev &= (short)~POLLIN;   /* the next read waits for poll, or for the buffer */
         }
+        short sock_ev = (short)((ulen > 0 ? wwait : 0) | (!t->direct && dlen == 0 ? rwait : 0));
+        /* A socket polled for nothing would still report a hang-up, and
+         * wake this loop for it over and over while the owner has the
+         * session: it is left out (a negative fd is skipped). */
         struct pollfd p[2] = {
             { .fd = t->pair, .events = (short)((ulen == 0 ? POLLIN : 0) | (dlen > 0 ? POLLOUT : 0)) },
-            { .fd = t->sock, .events = (short)((ulen > 0 ? wwait : 0)
-                                               | (!t->direct && dlen == 0 ? rwait : 0)) },
+            { .fd = sock_ev ? t->sock : -1, .events = sock_ev },
         };
         pthread_mutex_unlock(&t->lock);
         int rc = poll(p, 2, -1);

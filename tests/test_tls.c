@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -368,5 +369,54 @@ Test(tls, sentinels_over_tls_with_sentinel_ssl)
     cr_assert_neq(kt_kiq_run((const char *[]){ "stats", "--redis-url", u, NULL }, &out), 0,
                   "%s", out);
     free(out);
+    redisFree(s.plain);
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec)
+           + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* kiq's own commands go through the session from the calling thread, a
+ * handler's through hiredis and the copying thread, in turns on one
+ * connection; a connection the server reset costs no CPU until it is
+ * made again. */
+Test(tls, own_and_hiredis_commands_in_turns_and_a_reset_connection)
+{
+    tls_server_t s;
+    server_start(&s, "tls-turns", 0);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(url(&s, ca_q(&s, "ca.crt")), 2, err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    for (int i = 0; i < 50; i++) {
+        redisReply *a = kiq_redis_cmdf(r, "INCR own");
+        cr_assert(a && a->type == REDIS_REPLY_INTEGER && a->integer == i + 1);
+        freeReplyObject(a);
+        redisReply *b = redisCommand(kiq_redis_ctx(r), "INCR raw");
+        cr_assert(b && b->type == REDIS_REPLY_INTEGER && b->integer == i + 1);
+        freeReplyObject(b);
+    }
+    /* The last command kiq's own: the session is the owner's. */
+    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    cr_assert(pong && pong->type == REDIS_REPLY_STATUS);
+    freeReplyObject(pong);
+    freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
+    redisReply *gone = kiq_redis_cmdf(r, "GET own");
+    cr_assert_null(gone);
+    cr_assert(!kiq_redis_ok(r));
+    /* The server reset the connection; until the owner makes it again
+     * (after a backoff, in a worker), nothing runs for it. */
+    double before = cpu_seconds();
+    usleep(500000);
+    cr_assert_lt(cpu_seconds() - before, 0.1, "the process spun while the connection was down");
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    redisReply *back = kiq_redis_cmdf(r, "GET own");
+    cr_assert(back && back->type == REDIS_REPLY_STRING && !strcmp(back->str, "50"));
+    freeReplyObject(back);
+    kiq_redis_free(r);
     redisFree(s.plain);
 }
