@@ -17,9 +17,11 @@ int kiq__sentinel_scheme(const char *url);
 
 /* Parses
  *   redis+sentinel://[[user]:password@]host:port[,host:port...]/MASTER[/DB]
- *     [?sentinel_username=U&sentinel_password=P]
- * (rediss+sentinel:// sets u->tls) into u: user, password and db are the
- * master's, u->sentinel the rest. Returns 0 or KIQ_EINVAL / KIQ_ENOMEM
+ *     [?sentinel_username=U&sentinel_password=P&sentinel_ssl=true&TLS settings]
+ * (rediss+sentinel:// sets u->tls.on; the TLS settings are a rediss://
+ * URL's, for the master and, with sentinel_ssl=true, the sentinels) into
+ * u: user, password, db and TLS settings are the master's, u->sentinel the
+ * rest. An unknown parameter is an error. Returns 0 or KIQ_EINVAL / KIQ_ENOMEM
  * with err filled. */
 int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err);
 void kiq__sentinel_free(kiq_sentinel_t *s);
