@@ -371,12 +371,11 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     return read_ack(r) ? KIQ_EREDIS : 0;
 }
 
-/* A success that releases a lock: several of them go in one acks.lua
- * call (a lockless success is a bare LREM, cheaper still). */
+/* A success, with or without a lock to release: several of them go in one
+ * acks.lua call (a failure stores a payload and goes through ack.lua). */
 static int batchable(const kiq_ack_t *ack)
 {
-    return ack->lock_key && ack->lock_jid
-           && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
+    return ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
 }
 
 enum { ACKS_PER_CALL = 64 };
@@ -399,10 +398,11 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
             continue;
         argv[argc] = acks[i].raw;
         lens[argc++] = acks[i].len;
-        argv[argc] = acks[i].ack.lock_key;
-        lens[argc++] = strlen(acks[i].ack.lock_key);
-        argv[argc] = acks[i].ack.lock_jid;
-        lens[argc++] = strlen(acks[i].ack.lock_jid);
+        int lock = acks[i].ack.lock_key && acks[i].ack.lock_jid;
+        argv[argc] = lock ? acks[i].ack.lock_key : "";
+        lens[argc++] = lock ? strlen(acks[i].ack.lock_key) : 0;
+        argv[argc] = lock ? acks[i].ack.lock_jid : "";
+        lens[argc++] = lock ? strlen(acks[i].ack.lock_jid) : 0;
         sent[i] = 2;
     }
     *from = i;
