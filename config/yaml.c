@@ -579,6 +579,7 @@ static const key_def_t keys[] = {
     {"tls", kiq_yaml__set_tls, 0, 0, 0},
     {"plugins", set_plugins, 0, 0, 0},
     {"fetch", set_fetch, 0, 0, 0},
+    {"prefetch", set_int, OFF(prefetch), 0, 100000},
     {"timestamps", set_timestamps, 0, 0, 0},
     {"log_format", set_log_format, 0, 0, 0},
     {"unknown_class", set_unknown_class, 0, 0, 0},

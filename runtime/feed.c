@@ -1,12 +1,15 @@
 /* The reliable fetch's local buffer (see feed.h).
  *
- * Processors fetch in batches and share what they fetched: a thread that
- * finds the feed empty fetches for itself and for the threads that will
- * look next (at most BATCH_MAX jobs, and no more than the threads not
- * running a job can take), keeps one and leaves the rest in the feed. Acks
- * of finished jobs wait in the feed too and go out with the next round trip
- * any processor makes. Every job in the feed, fetched or finished, is in
- * the working list meanwhile, so a crash loses none of them. */
+ * Processors fetch in batches and share what they fetched. The feed keeps
+ * enough jobs fetched ahead to cover a round trip to Redis (the jobs taken
+ * per second times the measured round trip, twice over, plus one for each
+ * thread free to take one), bounded by the prefetch setting: a thread that
+ * takes a job and finds the feed below half that level fetches more before
+ * it runs its own, and a thread that finds the feed empty fetches for itself
+ * and for the threads that look next. Acks of finished jobs wait in the
+ * feed too and go out with the next round trip any processor makes, several
+ * in one script call. Every job in the feed, fetched or finished, is in the
+ * working list meanwhile, so a crash loses none of them. */
 #include "runtime/feed.h"
 
 #include <stdlib.h>
@@ -15,7 +18,9 @@
 #include "support/log.h"
 #include "support/time.h"
 
-enum { BATCH_MAX = 8, ACKS_MAX = 16, SPARE_MAX = 64 };
+/* SWEEP_MAX jobs at most in one fetch call; ACKS_MAX acks waiting make the
+ * next thread write them; SWEEPERS_MAX fetches on their way at once. */
+enum { SWEEP_MAX = 100, ACKS_MAX = 64, SWEEPERS_MAX = 4 };
 
 struct kiq_feed {
     pthread_mutex_t mu;
@@ -24,10 +29,18 @@ struct kiq_feed {
     size_t head, n, cap;
     kiq_done_t **acks;     /* finished, ack not written */
     size_t nacks, cap_acks;
-    kiq_done_t *spare[SPARE_MAX]; /* released, for reuse: a job's memory is */
-    size_t nspare;                /*   freed by whichever thread acks it */
     int sweeping;          /* sweeps on their way */
     int sweepers_max;      /* at most this many at once */
+    size_t prefetch;       /* jobs fetched and not started: at most this many */
+    size_t asked;          /* jobs the sweeps on their way asked for */
+    double rtt;            /* a sweep's round trip, seconds (moving average) */
+    double rate;           /* jobs taken per second (moving average) */
+    size_t taken;          /* jobs taken (and done) since rate_t0 */
+    double rate_t0;
+    double dry_until;      /* kiq__mono(): a sweep came back short (the queues
+                              are about empty): none ahead of need till then */
+    double job_time;       /* seconds from taking a job to looking again
+                              (moving average) */
     size_t waiting;        /* threads waiting for one to come back */
     int inside;            /* threads past the gate in kiq_feed_next: holding
                               a job, or fetching, until they look again */
@@ -36,25 +49,29 @@ struct kiq_feed {
                               thread owns the payload) */
 };
 
-kiq_feed_t *kiq_feed_new(int nslots)
+int kiq_feed_default_prefetch(int nslots)
+{
+    return nslots * 10 < 100 ? 100 : nslots * 10;
+}
+
+kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
 {
     kiq_feed_t *feed = calloc(1, sizeof(*feed));
     if (!feed)
         return NULL;
-    /* Enough sweeps on their way to bring a job for every processor (when
-     * Redis is far away, each waits a whole round trip), and at least two
-     * (so one is on its way while another's jobs are being taken). */
-    feed->sweepers_max = (nslots + BATCH_MAX - 1) / BATCH_MAX;
-    if (feed->sweepers_max < 2)
-        feed->sweepers_max = 2;
-    /* A sweep starts only when the feed is empty and leaves at most
-     * BATCH_MAX - 1 jobs in it, so this is room enough. */
-    feed->cap = (size_t)feed->sweepers_max * BATCH_MAX;
+    /* Two sweeps at least, so one is on its way while another's jobs are
+     * taken; more when there are threads to make them. */
+    feed->sweepers_max = nslots < 2 ? 2 : nslots < SWEEPERS_MAX ? nslots : SWEEPERS_MAX;
+    feed->prefetch = (size_t)(prefetch > 0 ? prefetch : kiq_feed_default_prefetch(nslots));
+    /* The feed and the sweeps on their way never hold more than prefetch. */
+    feed->cap = feed->prefetch;
     feed->jobs = calloc(feed->cap, sizeof(kiq_fetched_t));
     if (!feed->jobs) {
         free(feed);
         return NULL;
     }
+    feed->rate_t0 = kiq__mono();
+    feed->job_time = 0.001; /* until measured: spread the first jobs */
     pthread_mutex_init(&feed->mu, NULL);
     pthread_cond_init(&feed->came, NULL);
     return feed;
@@ -70,8 +87,6 @@ void kiq_feed_free(kiq_feed_t *feed)
         kiq_done_clear(feed->acks[i]);
         free(feed->acks[i]);
     }
-    for (size_t i = 0; i < feed->nspare; i++)
-        free(feed->spare[i]);
     free(feed->acks);
     free(feed->jobs);
     pthread_cond_destroy(&feed->came);
@@ -98,33 +113,11 @@ void kiq_done_acked(kiq_runtime_t *rt, kiq_done_t *d, kiq_redis_t *r)
     kiq_done_clear(d);
 }
 
-kiq_done_t *kiq_done_new(kiq_feed_t *feed)
+void kiq_done_free(kiq_done_t *d)
 {
-    kiq_done_t *d = NULL;
-    if (feed) {
-        pthread_mutex_lock(&feed->mu);
-        if (feed->nspare)
-            d = feed->spare[--feed->nspare];
-        pthread_mutex_unlock(&feed->mu);
-    }
-    if (d) {
-        memset(d, 0, sizeof(*d));
-        return d;
-    }
-    return calloc(1, sizeof(kiq_done_t));
-}
-
-void kiq_done_free(kiq_feed_t *feed, kiq_done_t *d)
-{
+    if (!d)
+        return;
     kiq_done_clear(d);
-    if (feed) {
-        pthread_mutex_lock(&feed->mu);
-        if (feed->nspare < SPARE_MAX) {
-            feed->spare[feed->nspare++] = d;
-            d = NULL;
-        }
-        pthread_mutex_unlock(&feed->mu);
-    }
     free(d);
 }
 
@@ -158,20 +151,22 @@ static kiq_fetched_t feed_pop_newest(kiq_feed_t *feed)
     return j;
 }
 
-/* Under feed->mu: waits for a sweep to come back, or a little while (a job
- * left in the feed behind a long one is then taken by a waiter). */
+/* Under feed->mu: waits for a sweep to come back, or a little while: a job
+ * left in the feed because the threads running were thought quick (see
+ * wake_for_jobs) is then taken by a waiter within WAIT_MAX. */
+#define WAIT_MAX 0.01
 static void feed_wait(kiq_feed_t *feed)
 {
-    struct timespec until = kiq__timespec(kiq__now() + 0.1);
+    struct timespec until = kiq__timespec(kiq__now() + WAIT_MAX);
     feed->waiting++;
     pthread_cond_timedwait(&feed->came, &feed->mu, &until);
     feed->waiting--;
 }
 
-void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+/* Under feed->mu: leaves d's ack waiting for the next round trip. Returns
+ * NULL, or d when there was no memory to keep it (the caller writes it). */
+static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d)
 {
-    kiq_feed_t *feed = s->rt->feed;
-    pthread_mutex_lock(&feed->mu);
     if (feed->nacks == feed->cap_acks) {
         size_t cap = feed->cap_acks ? feed->cap_acks * 2 : 64;
         kiq_done_t **a = realloc(feed->acks, cap * sizeof(*a));
@@ -180,16 +175,28 @@ void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
             feed->cap_acks = cap;
         }
     }
-    if (feed->nacks < feed->cap_acks) {
-        feed->acks[feed->nacks++] = d;
-        d = NULL;
-    }
+    if (feed->nacks == feed->cap_acks)
+        return d;
+    feed->acks[feed->nacks++] = d;
+    return NULL;
+}
+
+/* Writes d's ack at once and frees d. */
+static void ack_now(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+{
+    if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+        kiq_done_acked(s->rt, d, r);
+    kiq_done_free(d);
+}
+
+void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    d = ack_later(feed, d);
     pthread_mutex_unlock(&feed->mu);
-    if (d) {
-        if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
-            kiq_done_acked(s->rt, d, r);
-        kiq_done_free(feed, d);
-    }
+    if (d)
+        ack_now(s, r, d);
 }
 
 /* Under feed->mu: takes every waiting ack, to be written by the caller. */
@@ -224,7 +231,7 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nac
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             kiq_done_acked(s->rt, acks[i], r);
-            kiq_done_free(s->rt->feed, acks[i]);
+            kiq_done_free(acks[i]);
         } else {
             kiq_feed_ack(s, r, acks[i]);
             failed++;
@@ -260,7 +267,7 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
             acks = take_acks(feed, &n);
             pthread_mutex_unlock(&feed->mu);
             for (size_t i = 0; i < n; i++)
-                kiq_done_free(feed, acks[i]);
+                kiq_done_free(acks[i]);
             free(acks);
             return;
         }
@@ -386,25 +393,150 @@ void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
 
 /* ---- Taking a job ----------------------------------------------------- */
 
-/* How many jobs a sweep asks for: one for each thread not running a job,
- * this one included. */
-static size_t batch_size(kiq_runtime_t *rt)
+/* A sweep that came back short leaves the queues about empty: sweeps ahead
+ * of need wait this long (seconds), while a thread that finds the feed empty
+ * still fetches, and blocks on the queues when they are. */
+#define DRY_PAUSE 0.005
+
+/* Under feed->mu: how many jobs the feed should hold or have asked for: one
+ * for each thread free to take one, and what the threads take in two round
+ * trips, so a sweep's jobs arrive before the feed runs dry. A round trip
+ * counts as RTT_FLOOR at least: on a near Redis that keeps sweeps large
+ * (a round trip costs CPU on both sides, however short it is), and a
+ * millisecond of work is all another process might miss of a shared queue. */
+#define RTT_FLOOR 0.001
+static size_t level(kiq_runtime_t *rt, const kiq_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
-    return idle < 1 ? 1 : idle > BATCH_MAX ? BATCH_MAX : (size_t)idle;
+    double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
+    double want = (double)(idle < 1 ? 1 : idle) + feed->rate * rtt * 2.0;
+    return want >= (double)feed->prefetch ? feed->prefetch : (size_t)want;
 }
 
-/* Under feed->mu, which it releases: takes the oldest job waiting. The
- * acks waiting go with it when the feed ran dry, too many wait, or this
- * thread is the last one free: nobody else would send them soon. */
+/* Under feed->mu: the jobs a sweep would ask for to bring the feed to its
+ * level, at most SWEEP_MAX; 0 when it is there. */
+static size_t shortfall(kiq_runtime_t *rt, const kiq_feed_t *feed)
+{
+    size_t want = level(rt, feed), have = feed->n + feed->asked;
+    if (want <= have)
+        return 0;
+    return want - have > SWEEP_MAX ? SWEEP_MAX : want - have;
+}
+
+/* Under feed->mu: whether one more sweep may go out. */
+static int can_sweep(const kiq_feed_t *feed)
+{
+    return feed->sweeping < feed->sweepers_max && feed->n + feed->asked < feed->cap;
+}
+
+/* A job left in the feed may wait about this long (seconds) for one of
+ * the threads running to come back before a waiting thread is woken. */
+#define WAKE_AFTER 0.0005
+
+/* Under feed->mu: wakes a waiting thread when the threads running would
+ * not take the jobs left soon, as the time jobs take says. Waking one for
+ * every job would cost a context switch a job when jobs are short; the
+ * woken thread wakes the next in turn while that holds. */
+static void wake_for_jobs(kiq_runtime_t *rt, kiq_feed_t *feed)
+{
+    if (!feed->waiting || !feed->n)
+        return;
+    long running = (long)rt->nslots - (long)feed->waiting;
+    double wait = (double)feed->n * feed->job_time / (double)(running < 1 ? 1 : running);
+    if (wait > WAKE_AFTER)
+        pthread_cond_signal(&feed->came);
+}
+
+/* Under feed->mu: a sweep that asked for asked jobs came back with got (or
+ * an error) after a round trip begun at began: the averages move. */
+static void note_sweep(kiq_feed_t *feed, double began, size_t asked, int got)
+{
+    double now = kiq__mono(), rtt = now - began, dt = now - feed->rate_t0;
+    feed->rtt = feed->rtt > 0 ? 0.8 * feed->rtt + 0.2 * rtt : rtt;
+    if (got >= 0 && (size_t)got < asked)
+        feed->dry_until = now + DRY_PAUSE;
+    if (dt >= 0.05) {
+        double rate = (double)feed->taken / dt;
+        feed->rate = feed->rate > 0 ? 0.5 * feed->rate + 0.5 * rate : rate;
+        feed->taken = 0;
+        feed->rate_t0 = now;
+    }
+}
+
+/* Under feed->mu, which it releases: fetches want jobs into the feed,
+ * writing the acks waiting in the same round trip. A thread that found the
+ * feed empty (job->payload NULL) keeps the first job for itself, and when
+ * every queue was empty blocks on them for one; a thread that holds a job
+ * already fetches ahead for the others. Returns 1 with a job in *job, 0
+ * without, or kiq__fetch_exchange's error. */
+static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    kiq_fetched_t got[SWEEP_MAX];
+    int ahead = job->payload != NULL, first = ahead ? 0 : 1;
+    size_t nacks;
+    kiq_done_t **acks = take_acks(feed, &nacks);
+    feed->sweeping++;
+    feed->asked += want;
+    pthread_mutex_unlock(&feed->mu);
+
+    double began = kiq__mono();
+    int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
+    pthread_mutex_lock(&feed->mu);
+    feed->sweeping--;
+    feed->asked -= want;
+    note_sweep(feed, began, want, rc);
+    for (int i = first; i < rc && !atomic_load(&rt->quiet); i++)
+        feed_push(feed, &got[i]);
+    acks = NULL;
+    nacks = 0;
+    if (rc == 0 && !ahead) {
+        pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
+        acks = take_acks(feed, &nacks);
+    } else {
+        wake_for_jobs(rt, feed);
+    }
+    pthread_mutex_unlock(&feed->mu);
+    if (rc > 0) {
+        /* Fetched as the process went quiet: all of it goes back. */
+        for (int i = rc - 1; i >= first; i--)
+            if (got[i].payload)
+                kiq_give_back(s->fetch, rt, r, &got[i], 1);
+        if (!ahead)
+            *job = got[0];
+        return 1;
+    }
+    /* A thread that fetched ahead runs its job whatever came back: an error
+     * shows again in the next sweep of a thread that finds the feed empty. */
+    if (ahead)
+        return 1;
+    if (rc < 0)
+        return rc;
+    /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
+    return exchange(s, r, acks, nacks, job, 1, 1, NULL);
+}
+
+/* Under feed->mu, which it releases: takes the oldest job waiting. When the
+ * feed is below half its level it fetches ahead before the job runs (the
+ * others keep taking what is there meanwhile). Otherwise the acks waiting
+ * go with it when the feed ran dry, too many wait, or this thread is the
+ * last one free and jobs take long: nobody else would send them soon. */
 static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
     size_t nacks = 0;
     *job = feed_pop(feed);
+    wake_for_jobs(rt, feed);
+    if (can_sweep(feed) && kiq__mono() >= feed->dry_until) {
+        size_t want = shortfall(rt, feed);
+        if (want && want * 2 >= level(rt, feed))
+            return sweep(s, r, job, want);
+    }
+    int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
     kiq_done_t **acks = !feed->n || feed->nacks >= ACKS_MAX
-                                || atomic_load(&rt->busy) + 1 >= rt->nslots
+                                || (last && feed->job_time > WAKE_AFTER)
                             ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
@@ -412,61 +544,37 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     return 1;
 }
 
-/* Under feed->mu, which it releases: fetches a batch (writing the acks
- * waiting in the same round trip), keeps the first job and leaves the rest
- * in the feed. When every queue was empty, blocks on them for one job. */
-static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
-{
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
-    kiq_fetched_t got[BATCH_MAX];
-    size_t nacks;
-    kiq_done_t **acks = take_acks(feed, &nacks);
-    size_t want = batch_size(rt);
-    feed->sweeping++;
-    pthread_mutex_unlock(&feed->mu);
-
-    int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
-    pthread_mutex_lock(&feed->mu);
-    feed->sweeping--;
-    for (int i = 1; i < rc && !atomic_load(&rt->quiet); i++)
-        feed_push(feed, &got[i]);
-    if (rc == 0) {
-        pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
-        acks = take_acks(feed, &nacks);
-    } else if (feed->waiting) {
-        pthread_cond_signal(&feed->came);
-    }
-    pthread_mutex_unlock(&feed->mu);
-    if (rc > 0) {
-        /* Fetched as the process went quiet: all of it goes back. */
-        for (int i = rc - 1; i >= 1; i--)
-            if (got[i].payload)
-                kiq_give_back(s->fetch, rt, r, &got[i], 1);
-        *job = got[0];
-        return 1;
-    }
-    if (rc < 0)
-        return rc;
-    /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
-    return exchange(s, r, acks, nacks, job, 1, 1, NULL);
-}
-
 /* A job waiting in the feed comes first. Otherwise this thread sweeps the
  * queues for itself and for the threads that will look next, unless
  * sweepers_max sweeps are on their way already: then it waits for them
- * (one waiter is woken per sweep that came back, to take a job or sweep
- * next; so under load a few threads do the round trips and the others are
- * not woken for each job). When the queues are empty every thread blocks
- * on one of them. */
-int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside)
+ * (one waiter is woken per sweep that came back, and each that takes a job
+ * wakes the next while jobs are left; so under load a few threads do the
+ * round trips and the others are not woken for each job). When the queues
+ * are empty every thread blocks on one of them. */
+/* When this thread took its last job (kiq__mono()), 0 when it holds none. */
+static _Thread_local double taken_at;
+
+int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t *job,
+                  int *inside)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
+    double now = taken_at > 0 ? kiq__mono() : 0;
     pthread_mutex_lock(&feed->mu);
+    if (taken_at > 0) {
+        feed->job_time = 0.9 * feed->job_time + 0.1 * (now - taken_at);
+        feed->taken++;
+    }
+    taken_at = 0;
+    /* The last job's ack is left under the same lock as the next is taken:
+     * the lock is what every job pays for, once. */
+    if (done && (done = ack_later(feed, done))) {
+        pthread_mutex_unlock(&feed->mu);
+        ack_now(s, r, done);
+        pthread_mutex_lock(&feed->mu);
+    }
     gate_leave(feed, inside);
-    while ((feed->solo || (!feed->n && feed->sweeping >= feed->sweepers_max))
-           && !atomic_load(&rt->quiet))
+    while ((feed->solo || (!feed->n && !can_sweep(feed))) && !atomic_load(&rt->quiet))
         feed_wait(feed);
     if (atomic_load(&rt->quiet)) {
         pthread_mutex_unlock(&feed->mu);
@@ -474,7 +582,11 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside
     }
     *inside = 1;
     feed->inside++;
-    return feed->n ? take_waiting(s, r, job) : sweep(s, r, job);
+    size_t want = feed->n ? 0 : shortfall(rt, feed);
+    int rc = feed->n ? take_waiting(s, r, job) : sweep(s, r, job, want ? want : 1);
+    if (rc == 1)
+        taken_at = kiq__mono();
+    return rc;
 }
 
 void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
