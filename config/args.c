@@ -71,7 +71,7 @@ const char *kiq_config_usage(void)
            "                           also --tls-ca-path DIR, --tls-cert PATH, --tls-key PATH,\n"
            "                           --tls-server-name NAME, --tls-verify none\n"
            "      --fetch MODE         reliable (default) or basic\n"
-           "      --prefetch N         jobs fetched ahead at most (default 10 a processor, >= 100)\n"
+           "      --prefetch N         jobs fetched ahead at most (default 10 a processor, >= 500)\n"
            "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
            "      --log-format FORMAT  pretty (default) or json\n"
 "      --unknown-class P    a job whose class has no handler: fail (default: NameError,\n"

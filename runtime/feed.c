@@ -41,6 +41,7 @@ struct kiq_feed {
                               are about empty): none ahead of need till then */
     double job_time;       /* seconds from taking a job to looking again
                               (moving average) */
+    double acks_since;     /* kiq__mono() when the oldest ack waiting came */
     size_t waiting;        /* threads waiting for one to come back */
     int inside;            /* threads past the gate in kiq_feed_next: holding
                               a job, or fetching, until they look again */
@@ -51,7 +52,7 @@ struct kiq_feed {
 
 int kiq_feed_default_prefetch(int nslots)
 {
-    return nslots * 10 < 100 ? 100 : nslots * 10;
+    return nslots * 10 < 500 ? 500 : nslots * 10;
 }
 
 kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
@@ -177,6 +178,8 @@ static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d)
     }
     if (feed->nacks == feed->cap_acks)
         return d;
+    if (!feed->nacks)
+        feed->acks_since = kiq__mono();
     feed->acks[feed->nacks++] = d;
     return NULL;
 }
@@ -517,11 +520,20 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     return exchange(s, r, acks, nacks, job, 1, 1, NULL);
 }
 
+/* Acks wait at most about this long (seconds) for a round trip to ride
+ * while jobs are taken, unless jobs take long (see take_waiting). */
+#define ACK_DELAY 0.002
+/* Jobs that take this long (seconds) or more pay a round trip of their own
+ * for the acks waiting when every other thread is busy. */
+#define LONG_JOB 0.05
+
 /* Under feed->mu, which it releases: takes the oldest job waiting. When the
  * feed is below half its level it fetches ahead before the job runs (the
  * others keep taking what is there meanwhile). Otherwise the acks waiting
- * go with it when the feed ran dry, too many wait, or this thread is the
- * last one free and jobs take long: nobody else would send them soon. */
+ * go with it when the feed ran dry, too many wait, the oldest waited
+ * ACK_DELAY, or this thread is the last one free and jobs take long: nobody
+ * would send them before a job ends. Writing them costs this thread a round
+ * trip, so not for every job. */
 static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 {
     kiq_runtime_t *rt = s->rt;
@@ -535,8 +547,9 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
             return sweep(s, r, job, want);
     }
     int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
-    kiq_done_t **acks = !feed->n || feed->nacks >= ACKS_MAX
-                                || (last && feed->job_time > WAKE_AFTER)
+    kiq_done_t **acks = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
+                                        || kiq__mono() - feed->acks_since >= ACK_DELAY
+                                        || (last && feed->job_time >= LONG_JOB))
                             ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)

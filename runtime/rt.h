@@ -118,7 +118,7 @@ int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r);
  * kiq_feed_default_prefetch). The operations are in feed.h. */
 typedef struct kiq_feed kiq_feed_t;
 kiq_feed_t *kiq_feed_new(int nslots, int prefetch);
-/* The prefetch bound when none is set: ten jobs a processor, 100 at least. */
+/* The prefetch bound when none is set: ten jobs a processor, 500 at least. */
 int kiq_feed_default_prefetch(int nslots);
 void kiq_feed_free(kiq_feed_t *feed);
 
