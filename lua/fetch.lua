@@ -7,9 +7,11 @@
 -- (the check the server would otherwise make in a round trip of its own).
 -- The fields are found by plain search, not parsed: the caller compares
 -- them with its own parse before trusting the answer.
--- Returns a flat array, four entries a job: the queue's index (1-based),
--- the payload, and the digest and jid found held ("" and "" when not
--- checked or not held). An empty array when every queue is empty.
+-- Returns a flat array: Redis's clock in microseconds (scripts run one at a
+-- time, so it orders the fetches of every connection as Redis ran them),
+-- then four entries a job: the queue's index (1-based), the payload, and
+-- the digest and jid found held ("" and "" when not checked or not held).
+-- The clock alone when every queue is empty.
 local working = KEYS[#KEYS]
 -- The string value of the first "name":"..." in job, by plain search (a
 -- pattern match costs several times more), or nil.
@@ -30,7 +32,8 @@ local function field(job, name)
 end
 local want = tonumber(ARGV[1]) or 1
 local check = ARGV[2] == '1'
-local out = {}
+local now = redis.call('TIME')
+local out = { tonumber(now[1]) * 1000000 + tonumber(now[2]) }
 local got = 0
 -- From each queue in turn, the oldest jobs (the right end) in one range:
 -- three commands for the lot instead of one move per job. They go to the

@@ -43,6 +43,7 @@ struct kiq_feed {
                               (moving average) */
     double acks_since;     /* kiq__mono() when the oldest ack waiting came */
     size_t waiting;        /* threads waiting for one to come back */
+    unsigned long long last_seq; /* the newest job's seq seen */
     int inside;            /* threads past the gate in kiq_feed_next: holding
                               a job, or fetching, until they look again */
     int solo;              /* a suspect runs alone: the gate is shut */
@@ -64,8 +65,9 @@ kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
      * taken; more when there are threads to make them. */
     feed->sweepers_max = nslots < 2 ? 2 : nslots < SWEEPERS_MAX ? nslots : SWEEPERS_MAX;
     feed->prefetch = (size_t)(prefetch > 0 ? prefetch : kiq_feed_default_prefetch(nslots));
-    /* The feed and the sweeps on their way never hold more than prefetch. */
-    feed->cap = feed->prefetch;
+    /* The feed and the sweeps on their way hold prefetch jobs at most (see
+     * can_sweep), and each thread may return one it took (kiq_feed_return). */
+    feed->cap = feed->prefetch + (size_t)nslots;
     feed->jobs = calloc(feed->cap, sizeof(kiq_fetched_t));
     if (!feed->jobs) {
         free(feed);
@@ -124,12 +126,39 @@ void kiq_done_free(kiq_done_t *d)
 
 /* ---- The ring of fetched jobs and the acks waiting -------------------- */
 
-/* Under feed->mu. The ring has room for every batch in flight. */
+/* Under feed->mu: puts job in the ring in the order Redis fetched it
+ * (kiq_fetched_t.seq): usually at the end, but sweeps on their way at once
+ * may come back in another order than Redis ran them, and a job taken and
+ * returned unstarted goes back in its place. So the feed gives its jobs
+ * back in order. The ring has room for every sweep in flight and a job
+ * returned by each thread. */
 static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
 {
-    feed->jobs[(feed->head + feed->n) % feed->cap] = *job;
+    size_t i = feed->n;
+    for (; i > 0 && feed->jobs[(feed->head + i - 1) % feed->cap].seq > job->seq; i--)
+        feed->jobs[(feed->head + i) % feed->cap] = feed->jobs[(feed->head + i - 1) % feed->cap];
+    feed->jobs[(feed->head + i) % feed->cap] = *job;
     feed->n++;
     memset(job, 0, sizeof(*job));
+}
+
+/* Under feed->mu: a job from a plain move (no script, so no clock) counts
+ * as fetched after every job seen so far. */
+static void number(kiq_feed_t *feed, kiq_fetched_t *jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!jobs[i].seq)
+            jobs[i].seq = feed->last_seq + 1;
+        if (jobs[i].seq > feed->last_seq)
+            feed->last_seq = jobs[i].seq;
+    }
+}
+
+void kiq_feed_return(kiq_feed_t *feed, kiq_fetched_t *job)
+{
+    pthread_mutex_lock(&feed->mu);
+    feed_push(feed, job);
+    pthread_mutex_unlock(&feed->mu);
 }
 
 /* Under feed->mu: the oldest job waiting (there is one). */
@@ -279,38 +308,69 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 
 /* ---- Giving jobs back ------------------------------------------------- */
 
-void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
-                   int connect)
+/* Gives n fetched jobs of one queue back in one call, newest first, and
+ * frees them. */
+static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *jobs,
+                          size_t n, int connect)
 {
-    int back = kiq__fetch_requeue(f, r, job->queue, job->payload, job->len);
+    const char *raws[n];
+    size_t lens[n];
+    for (size_t i = 0; i < n; i++) {
+        raws[i] = jobs[i].payload;
+        lens[i] = jobs[i].len;
+    }
+    const char *queue = jobs[0].queue;
+    int back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
     /* Only a broken connection is worth another try: an error reply (the
      * queue key holds another type than a list) would only come again. */
     while (back == KIQ_EREDIS && !kiq_redis_ok(r) && connect
            && kiq_rt_connect(rt, r, &rt->housekeeper_stop) == 0)
-        back = kiq__fetch_requeue(f, r, job->queue, job->payload, job->len);
-    if (back == 0)
-        kiq_info("a fetched job that had not started went back to queue:%s", job->queue);
+        back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
+    if (back == 0 && n == 1)
+        kiq_info("a fetched job that had not started went back to queue:%s", queue);
+    else if (back == 0)
+        kiq_info("%zu fetched jobs that had not started went back to queue:%s", n, queue);
     else
-        kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
-                  "list and is recovered or reclaimed later", job->queue,
+        kiq_error("could not give %zu fetched job(s) back to queue:%s: %s; they stay in the "
+                  "working list and are recovered or reclaimed later", n, queue,
                   back == KIQ_EREPLY ? "the key holds another type than a list"
                                      : kiq_redis_error(r));
-    kiq__fetched_clear(job);
+    for (size_t i = 0; i < n; i++)
+        kiq__fetched_clear(&jobs[i]);
 }
 
-/* Newest first, so that each queue's oldest ends up fetched first again. */
+void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
+                   int connect)
+{
+    give_back_run(f, rt, r, job, 1, connect);
+}
+
+/* Jobs given back in one call at most. */
+enum { GIVE_BACK_MAX = 100 };
+
+/* Newest first, so that each queue's oldest ends up fetched first again;
+ * a run of jobs of one queue goes back in one call. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect)
 {
     kiq_feed_t *feed = rt->feed;
-    int n = 0;
+    int total = 0;
     for (;;) {
+        kiq_fetched_t jobs[GIVE_BACK_MAX];
+        size_t n = 0;
         pthread_mutex_lock(&feed->mu);
-        kiq_fetched_t job = feed_pop_newest(feed);
+        while (n < GIVE_BACK_MAX && feed->n) {
+            jobs[n] = feed_pop_newest(feed);
+            n++;
+        }
         pthread_mutex_unlock(&feed->mu);
-        if (!job.payload)
-            return n;
-        kiq_give_back(f, rt, r, &job, connect);
-        n++;
+        if (!n)
+            return total;
+        for (size_t i = 0, j; i < n; i = j) {
+            for (j = i + 1; j < n && strcmp(jobs[j].queue, jobs[i].queue) == 0; j++)
+                ;
+            give_back_run(f, rt, r, jobs + i, j - i, connect);
+        }
+        total += (int)n;
     }
 }
 
@@ -429,7 +489,7 @@ static size_t shortfall(kiq_runtime_t *rt, const kiq_feed_t *feed)
 /* Under feed->mu: whether one more sweep may go out. */
 static int can_sweep(const kiq_feed_t *feed)
 {
-    return feed->sweeping < feed->sweepers_max && feed->n + feed->asked < feed->cap;
+    return feed->sweeping < feed->sweepers_max && feed->n + feed->asked < feed->prefetch;
 }
 
 /* A job left in the feed may wait about this long (seconds) for one of
@@ -490,8 +550,15 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     feed->sweeping--;
     feed->asked -= want;
     note_sweep(feed, began, want, rc);
-    for (int i = first; i < rc && !atomic_load(&rt->quiet); i++)
+    /* Even as the process goes quiet: the feed gives its jobs back in order
+     * (kiq_feed_leave waits for the sweeps on their way), the job this
+     * thread holds with them. */
+    number(feed, got, rc);
+    int quiet = atomic_load(&rt->quiet);
+    for (int i = quiet ? 0 : first; i < rc; i++)
         feed_push(feed, &got[i]);
+    if (quiet && ahead)
+        feed_push(feed, job);
     acks = NULL;
     nacks = 0;
     if (rc == 0 && !ahead) {
@@ -501,11 +568,9 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
         wake_for_jobs(rt, feed);
     }
     pthread_mutex_unlock(&feed->mu);
+    if (quiet)
+        return 0;
     if (rc > 0) {
-        /* Fetched as the process went quiet: all of it goes back. */
-        for (int i = rc - 1; i >= first; i--)
-            if (got[i].payload)
-                kiq_give_back(s->fetch, rt, r, &got[i], 1);
         if (!ahead)
             *job = got[0];
         return 1;
@@ -517,7 +582,13 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     if (rc < 0)
         return rc;
     /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
-    return exchange(s, r, acks, nacks, job, 1, 1, NULL);
+    rc = exchange(s, r, acks, nacks, job, 1, 1, NULL);
+    if (rc == 1) {
+        pthread_mutex_lock(&feed->mu);
+        number(feed, job, 1);
+        pthread_mutex_unlock(&feed->mu);
+    }
+    return rc;
 }
 
 /* Acks wait at most about this long (seconds) for a round trip to ride
@@ -607,6 +678,10 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
     kiq_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
     gate_leave(feed, inside);
+    /* The jobs of a sweep on its way are newer than those in the feed: they
+     * go back first, so the feed waits for them (a round trip at most). */
+    while (feed->sweeping)
+        feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);
     flush_acks(s, r);
     kiq_feed_give_back(s->rt, s->fetch, r, 1);
