@@ -83,8 +83,14 @@ Test(prefetch, two_saturated_processes_share_one_queue)
     /* Both wait on the queue before the first job comes. */
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s\n%s", kt_kiq_log(a),
               kt_kiq_log(b));
+    /* All in one command: the first process to look finds them all. */
     char **p = payloads("SleepJob", "[1]", 1, N);
-    kt_push_all(kt_redis(), "default", p, N);
+    const char **argv = calloc(N + 2, sizeof(char *));
+    argv[0] = "LPUSH";
+    argv[1] = "queue:default";
+    memcpy(argv + 2, p, N * sizeof(char *));
+    freeReplyObject(redisCommandArgv(kt_redis(), N + 2, argv, NULL));
+    free(argv);
     free_all(p, N);
     /* The queue empties before the last jobs fetched have run. */
     cr_assert(KT_WAIT_UNTIL(done_in_log(a) + done_in_log(b) >= N, 30), "not drained: %d + %d",
