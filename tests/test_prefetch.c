@@ -227,19 +227,23 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* A bound that a poll or a sleep between fetches of 100 ms or more would
- * break; the benchmark measures the real figure (p99 < 5 ms). */
-Test(prefetch, a_job_pushed_to_an_idle_process_starts_within_ms)
+/* Pushes jobs one at a time to an idle process of conc processors and
+ * checks the median time from push to start: a bound that a poll or a
+ * sleep between fetches of 100 ms or more would break (with one processor;
+ * with several polling in turn, of 20 ms), not a speed assertion. The
+ * benchmark measures the real figure (p99 < 5 ms). */
+static void idle_push_to_start(const char *conc)
 {
     enum { PUSHES = 20 };
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "5", NULL });
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", conc, NULL });
     char *id = kt_wait_identity(pid), *w = wkey(id);
     double lat[PUSHES];
     for (int i = 0; i < PUSHES; i++) {
         /* Idle: nothing fetched, nothing running, nothing to ack, for a
-         * while (any pause after a job has passed). */
+         * while (any pause after a job has passed), and for a time that
+         * varies so that no poll lines up with the pushes. */
         cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 10), "%s", kt_kiq_log(pid));
-        kt_sleep(0.05 + 0.01 * (i % 5));
+        kt_sleep(0.05 + 0.01 * (i * 7 % PUSHES));
         char jid[25];
         kt_make_jid(jid, 3, (unsigned)i);
         char *raw = kt_payload("LimitJob", "[\"lat\", 0]", jid, "default");
@@ -251,12 +255,23 @@ Test(prefetch, a_job_pushed_to_an_idle_process_starts_within_ms)
         lat[i] = (double)started - (double)pushed / 1000.0;
     }
     qsort(lat, PUSHES, sizeof(lat[0]), cmp_double);
-    fprintf(stderr, "[prefetch] push to start, idle: min %.1f ms, p50 %.1f ms, max %.1f ms\n",
-            lat[0], lat[PUSHES / 2], lat[PUSHES - 1]);
-    cr_assert_lt(lat[PUSHES / 2], 20.0, "p50 push to start %.1f ms", lat[PUSHES / 2]);
+    fprintf(stderr, "[prefetch] push to start, idle, -c %s: min %.1f ms, p50 %.1f ms, "
+            "max %.1f ms\n", conc, lat[0], lat[PUSHES / 2], lat[PUSHES - 1]);
+    cr_assert_lt(lat[PUSHES / 2], 20.0, "-c %s: p50 push to start %.1f ms", conc,
+                 lat[PUSHES / 2]);
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
     free(w);
     free(id);
+}
+
+Test(prefetch, a_job_pushed_to_one_idle_processor_starts_within_ms)
+{
+    idle_push_to_start("1");
+}
+
+Test(prefetch, a_job_pushed_to_ten_idle_processors_starts_within_ms)
+{
+    idle_push_to_start("10");
 }
 
 /* ---- the prefetch setting --------------------------------------------- */
