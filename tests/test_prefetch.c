@@ -129,7 +129,14 @@ static void term_mid_drain(int in_order)
     redisContext *c = kt_redis();
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
     char *id = identity_of(pid), *w = wkey(id);
-    char **p = payloads("NoopJob", "[]", 2, N);
+    /* Half the jobs take a millisecond, so the processors are busy while
+     * jobs wait in the feed; the others none, so many are fetched ahead. */
+    char **p = calloc(N, sizeof(char *));
+    for (unsigned i = 0; i < N; i++) {
+        char jid[25];
+        kt_make_jid(jid, 2, i);
+        p[i] = kt_payload(i % 2 ? "NoopJob" : "SleepJob", i % 2 ? "[]" : "[1]", jid, "default");
+    }
     kt_push_all(c, "default", p, N);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - N / 10, 30), "%s",
               kt_kiq_log(pid));
@@ -172,7 +179,7 @@ static void term_mid_drain(int in_order)
     fprintf(stderr, "[prefetch] TERM after %ld of %d jobs: %ld fetched jobs given back\n", ran, N,
             back);
     /* Otherwise this would only show that nothing was fetched ahead. */
-    cr_assert_geq(back, 10, "the feed held jobs fetched ahead: %ld given back", back);
+    cr_assert_geq(back, 5, "the feed held jobs fetched ahead: %ld given back", back);
     cr_assert_leq(back, m);
     /* Behind the jobs given back, those never fetched, in order; and every
      * job given back is older than those. */
