@@ -167,7 +167,8 @@ static void term_mid_drain(int in_order)
         const redisReply *e = q->element[m - 1 - k];
         long i = index_of(p, N, e->str, e->len);
         cr_assert(i >= 0, "not a payload pushed, byte for byte: %.*s", (int)e->len, e->str);
-        cr_assert_eq(state[i], 0, "job %ld %s", i, state[i] == 'r' ? "ran and is queued" : "queued twice");
+        cr_assert_eq(state[i], 0, "job %ld %s", i,
+                     state[i] == 'r' ? "ran and is queued" : "queued twice");
         state[i] = 'q';
         at[k] = i;
     }
@@ -192,8 +193,8 @@ static void term_mid_drain(int in_order)
             char order[1024] = "";
             for (long j = 0, len = 0; j < back && len < 1000; j++)
                 len += snprintf(order + len, sizeof(order) - (size_t)len, " %ld", at[j]);
-            cr_assert_fail("given back out of order at %ld from the head; jobs from the head:%s", k,
-                    order);
+            cr_assert_fail("given back out of order at %ld from the head; jobs from the head:%s",
+                           k, order);
         }
     }
     free(at);
