@@ -308,13 +308,16 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 
 /* ---- Giving jobs back ------------------------------------------------- */
 
-/* Gives n fetched jobs of one queue back in one call, newest first, and
- * frees them. */
+/* Jobs given back in one call at most. */
+enum { GIVE_BACK_MAX = 100 };
+
+/* Gives n (at most GIVE_BACK_MAX) fetched jobs of one queue back in one
+ * call, newest first, and frees them. */
 static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *jobs,
                           size_t n, int connect)
 {
-    const char *raws[n];
-    size_t lens[n];
+    const char *raws[GIVE_BACK_MAX] = {0};
+    size_t lens[GIVE_BACK_MAX] = {0};
     for (size_t i = 0; i < n; i++) {
         raws[i] = jobs[i].payload;
         lens[i] = jobs[i].len;
@@ -330,8 +333,13 @@ static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq
         kiq_info("a fetched job that had not started went back to queue:%s", queue);
     else if (back == 0)
         kiq_info("%zu fetched jobs that had not started went back to queue:%s", n, queue);
+    else if (n == 1)
+        kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
+                  "list and is recovered or reclaimed later", queue,
+                  back == KIQ_EREPLY ? "the key holds another type than a list"
+                                     : kiq_redis_error(r));
     else
-        kiq_error("could not give %zu fetched job(s) back to queue:%s: %s; they stay in the "
+        kiq_error("could not give %zu fetched jobs back to queue:%s: %s; they stay in the "
                   "working list and are recovered or reclaimed later", n, queue,
                   back == KIQ_EREPLY ? "the key holds another type than a list"
                                      : kiq_redis_error(r));
@@ -344,9 +352,6 @@ void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetche
 {
     give_back_run(f, rt, r, job, 1, connect);
 }
-
-/* Jobs given back in one call at most. */
-enum { GIVE_BACK_MAX = 100 };
 
 /* Newest first, so that each queue's oldest ends up fetched first again;
  * a run of jobs of one queue goes back in one call. */
