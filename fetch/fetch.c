@@ -225,14 +225,18 @@ static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
 }
 
 /* Reads the script's reply into out[0..max). Returns the number of jobs,
- * or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM (nothing in out then). */
+ * or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM (nothing in out then). Each job's
+ * seq is Redis's clock at the fetch (microseconds) times 128 plus its
+ * place in the batch: the order of every fetch as Redis ran it. */
 static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out, size_t max)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 4)
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 4 != 1
+        || rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer < 0)
         return KIQ_EREPLY;
+    unsigned long long clock = (unsigned long long)rep->element[0]->integer;
     size_t n = 0;
     int rc = 0;
-    for (size_t i = 0; i < rep->elements && n < max && rc == 0; i += 4) {
+    for (size_t i = 1; i < rep->elements && n < max && rc == 0; i += 4) {
         redisReply **e = rep->element + i;
         long long qi = e[0]->type == REDIS_REPLY_INTEGER ? e[0]->integer : 0;
         if (qi < 1 || (size_t)qi > f->nq || e[1]->type != REDIS_REPLY_STRING) {
@@ -240,8 +244,10 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
             break;
         }
         rc = take(f, e[1], f->order[qi - 1], &out[n]);
-        if (rc == 1 && (rc = take_hint(e[2], e[3], &out[n])) == 0)
+        if (rc == 1 && (rc = take_hint(e[2], e[3], &out[n])) == 0) {
+            out[n].seq = clock * 128 + n;
             n++;
+        }
     }
     if (rc < 0) {
         /* Jobs already moved stay in the working list: the stray check
@@ -371,12 +377,11 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     return read_ack(r) ? KIQ_EREDIS : 0;
 }
 
-/* A success that releases a lock: several of them go in one acks.lua
- * call (a lockless success is a bare LREM, cheaper still). */
+/* A success, with or without a lock to release: several of them go in one
+ * acks.lua call (a failure stores a payload and goes through ack.lua). */
 static int batchable(const kiq_ack_t *ack)
 {
-    return ack->lock_key && ack->lock_jid
-           && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
+    return ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
 }
 
 enum { ACKS_PER_CALL = 64 };
@@ -399,10 +404,11 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
             continue;
         argv[argc] = acks[i].raw;
         lens[argc++] = acks[i].len;
-        argv[argc] = acks[i].ack.lock_key;
-        lens[argc++] = strlen(acks[i].ack.lock_key);
-        argv[argc] = acks[i].ack.lock_jid;
-        lens[argc++] = strlen(acks[i].ack.lock_jid);
+        int lock = acks[i].ack.lock_key && acks[i].ack.lock_jid;
+        argv[argc] = lock ? acks[i].ack.lock_key : "";
+        lens[argc++] = lock ? strlen(acks[i].ack.lock_key) : 0;
+        argv[argc] = lock ? acks[i].ack.lock_jid : "";
+        lens[argc++] = lock ? strlen(acks[i].ack.lock_jid) : 0;
         sent[i] = 2;
     }
     *from = i;
@@ -532,19 +538,35 @@ int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t l
 int kiq__fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len)
 {
+    return kiq__fetch_requeue_n(f, r, queue, &raw, &len, 1);
+}
+
+int kiq__fetch_requeue_n(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
+                        const char *const *raws, const size_t *lens, size_t n)
+{
     char *key = kiq__key_dup(KIQ_KEY_QUEUE, queue);
-    if (!key)
+    const char **argv = malloc((n + 2) * sizeof(*argv));
+    size_t *alens = malloc((n + 2) * sizeof(*alens));
+    if (!key || !argv || !alens) {
+        free(key);
+        free(argv);
+        free(alens);
         return KIQ_ENOMEM;
-    redisReply *rep;
-    if (f->mode == KIQ_FETCH_BASIC) {
-        const char *argv[] = { "RPUSH", key, raw };
-        size_t lens[] = { 5, strlen(key), len };
-        rep = kiq_redis_cmd(r, 3, argv, lens);
-    } else {
-        const char *argv[] = { f->working, key, raw };
-        size_t lens[] = { strlen(f->working), strlen(key), len };
-        rep = kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
     }
+    /* Basic fetch: RPUSH key raws...; reliable: requeue.lua, the working
+     * list and the queue as keys. Either way the last one given ends at the
+     * head of the queue. */
+    int basic = f->mode == KIQ_FETCH_BASIC;
+    argv[0] = basic ? "RPUSH" : f->working;
+    argv[1] = key;
+    alens[0] = strlen(argv[0]);
+    alens[1] = strlen(key);
+    memcpy(argv + 2, raws, n * sizeof(*argv));
+    memcpy(alens + 2, lens, n * sizeof(*alens));
+    redisReply *rep = basic ? kiq_redis_cmd(r, (int)n + 2, argv, alens)
+                            : kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, (int)n + 2, argv, alens);
+    free(argv);
+    free(alens);
     free(key);
     if (!rep)
         return KIQ_EREDIS;
