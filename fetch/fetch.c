@@ -139,17 +139,16 @@ void kiq__fetched_clear(kiq_fetched_t *j)
     memset(j, 0, sizeof(*j));
 }
 
-static int take(kiq_fetch_t *f, const redisReply *payload, size_t qi, kiq_fetched_t *out)
+/* Takes the payload string out of the reply (hiredis allocates it with
+ * malloc, NUL-terminated, and frees a NULL one as nothing): no copy. */
+static int take(kiq_fetch_t *f, redisReply *payload, size_t qi, kiq_fetched_t *out)
 {
     memset(out, 0, sizeof(*out));
-    out->payload = malloc(payload->len + 1);
-    if (!out->payload)
-        return KIQ_ENOMEM;
-    memcpy(out->payload, payload->str, payload->len);
-    out->payload[payload->len] = '\0';
+    out->payload = payload->str;
     out->len = payload->len;
+    payload->str = NULL;
     out->queue = f->names[qi];
-    f->locks_seen = memmem(payload->str, payload->len, "\"lock_digest\"", 13) != NULL;
+    f->locks_seen = memmem(out->payload, out->len, "\"lock_digest\"", 13) != NULL;
     return 1;
 }
 
