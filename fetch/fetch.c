@@ -315,9 +315,12 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
     static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
     static const char *sets[] = { KIQ_KEY_RETRY, KIQ_KEY_RETRY, KIQ_KEY_DEAD, KIQ_KEY_RETRY,
                                   KIQ_KEY_SCHEDULE };
+    /* What the job's outcome is to its batch: a reschedule is none. */
+    static const char *outcomes[] = { "s", "f", "d", "f", "" };
     int basic = f->mode == KIQ_FETCH_BASIC;
     int lock = ack->lock_key && ack->lock_jid;
-    int plain = ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
+    int batch = ack->bid && ack->lock_jid;
+    int plain = (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP) && !batch;
     *sent = 0;
     if (basic && !lock && plain)
         return 0; /* BRPOP already took it; nothing to write */
@@ -342,6 +345,21 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
                       lock ? strlen(argv[3]) : 0, len, strlen(argv[5]), strlen(score),
                       ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
                       lock ? strlen(argv[10]) : 0 };
+    if (batch) {
+        char *bkey = kiq__key_dup(KIQ_KEY_BATCH, ack->bid);
+        if (!bkey)
+            return KIQ_ENOMEM;
+        const char *b[] = { argv[0], argv[1], lock ? argv[2] : "", lock ? argv[3] : "", bkey,
+                            raw, argv[5], score, argv[7], cutoff, max,
+                            lock ? argv[10] : "", ack->bid, ack->lock_jid,
+                            outcomes[ack->kind] };
+        size_t bl[] = { lens[0], lens[1], lens[2], lens[3], strlen(bkey), len, lens[5],
+                        lens[6], lens[7], lens[8], lens[9], lens[10], strlen(ack->bid),
+                        strlen(ack->lock_jid), strlen(outcomes[ack->kind]) };
+        int rc = kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 5, 15, b, bl);
+        free(bkey);
+        return rc;
+    }
     if (lock)
         return kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
     /* Without a lock the script gets its original two keys. */
@@ -351,13 +369,17 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
 }
 
 /* Reads one ack's reply: 0, KIQ_EREPLY (an error reply) or KIQ_EREDIS (the
- * connection broke). */
-static int read_ack(kiq_redis_t *r)
+ * connection broke). ack (may be NULL) is the ack the reply is for: a job
+ * whose bid names no batch ran as a plain job, which is worth a warning. */
+static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack)
 {
     redisReply *rep = kiq_redis_get_reply(r);
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
+    if (ack && ack->bid && rep->type == REDIS_REPLY_INTEGER && (rep->integer & 2))
+        kiq_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
+                 "as a plain job", ack->lock_jid, ack->bid);
     freeReplyObject(rep);
     return rc;
 }
@@ -368,14 +390,14 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
     if (rc || !sent)
         return rc ? KIQ_EREDIS : 0;
-    return read_ack(r) ? KIQ_EREDIS : 0;
+    return read_ack(r, ack) ? KIQ_EREDIS : 0;
 }
 
 /* A success that releases a lock: several of them go in one acks.lua
  * call (a lockless success is a bare LREM, cheaper still). */
 static int batchable(const kiq_ack_t *ack)
 {
-    return ack->lock_key && ack->lock_jid
+    return ack->lock_key && ack->lock_jid && !ack->bid
            && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
 }
 
@@ -485,7 +507,7 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
      * the working list, to be acked again); the replies behind it still
      * count. A broken connection ends the reading. */
     for (size_t b = 0, i = 0; b < batches; b++) {
-        int rc = read_ack(r);
+        int rc = read_ack(r, NULL);
         if (rc == KIQ_EREDIS)
             return KIQ_EREDIS;
         rc = rc ? KIQ_EREDIS : 0;
@@ -502,7 +524,7 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
             acks[i].rc = 0;
             continue;
         }
-        int rc = read_ack(r);
+        int rc = read_ack(r, &acks[i].ack);
         if (rc == KIQ_EREDIS)
             return KIQ_EREDIS;
         acks[i].rc = rc ? KIQ_EREDIS : 0;

@@ -1,0 +1,154 @@
+-- batch_done(bid, jid, outcome, payload): what the ack of one job of batch
+-- bid does to the batch, in the ack's own step. outcome is "s" (succeeded),
+-- "f" (failed: a retry is due, or it was dropped) or "d" (dead); payload is
+-- the failed job as stored, whose error_class and error_message are kept.
+-- Each jid's state is kept in batch:BID:jids, so a job acked twice (run
+-- again after a crash, or retried) never counts twice: the counters move
+-- only when the state moves forward. When the batch is committed and a
+-- condition holds for the first time its callback is pushed (once: its
+-- *_at field marks it), and a child batch reports to its parent the same
+-- way, as one member "b:CHILD". Returns 2 when bid names no batch (the job
+-- then ran as a plain job), else 0, plus 4, 8, 16 when this step fired
+-- complete, success, death of bid (for the metrics).
+-- Keys (documented in the README): batch:BID (hash: counters, options,
+-- callbacks), batch:BID:jids (jid -> s|f|d), batch:BID:failures (jid ->
+-- "Class: message"), batches (zset of bids by creation time).
+local function batch_num(key, field)
+  return tonumber(redis.call('HGET', key, field) or '0') or 0
+end
+
+-- A key created by this step lives as long as its batch.
+local function batch_keep(key, like)
+  if redis.call('PTTL', key) == -1 then
+    local ttl = redis.call('PTTL', like)
+    if ttl > 0 then
+      redis.call('PEXPIRE', key, ttl)
+    end
+  end
+end
+
+local function batch_now()
+  local t = redis.call('TIME')
+  return t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+
+-- Pushes the callback of event, if one was given: a plain Sidekiq job
+-- whose args are [status, options]; its jid is derived from the bid and
+-- event, so even a second push would be the same job.
+local function batch_callback(key, bid, event, now)
+  local cb = redis.call('HMGET', key, 'cb_' .. event .. '_class', 'cb_' .. event .. '_queue',
+    'cb_' .. event .. '_opts', 'description', 'total', 'pending', 'created_at', 'parent')
+  if not cb[1] then
+    return
+  end
+  local status = cjson.encode({ bid = bid, event = event, description = cb[4] or '',
+    total = tonumber(cb[5]) or 0, pending = tonumber(cb[6]) or 0,
+    failures = redis.call('HLEN', key .. ':failures'),
+    created_at = tonumber(cb[7]) or 0, parent_bid = cb[8] or '' })
+  local jid = string.sub(redis.sha1hex(bid .. ':' .. event), 1, 24)
+  local job = '{"retry":true,"queue":' .. cjson.encode(cb[2]) .. ',"args":[' .. status .. ','
+    .. cb[3] .. '],"class":' .. cjson.encode(cb[1]) .. ',"jid":"' .. jid
+    .. '","created_at":' .. now .. ',"enqueued_at":' .. now .. '}'
+  redis.call('SADD', 'queues', cb[2])
+  redis.call('LPUSH', 'queue:' .. cb[2], job)
+end
+
+-- Moves member of batch key to outcome; true when anything changed.
+local function batch_mark(key, member, outcome, err)
+  local jids = key .. ':jids'
+  local was = redis.call('HGET', jids, member)
+  if was == 's' or was == outcome or (was == 'd' and outcome == 'f') then
+    return false
+  end
+  redis.call('HSET', jids, member, outcome)
+  batch_keep(jids, key)
+  if not was then
+    redis.call('HINCRBY', key, 'ran', 1)
+  end
+  if outcome == 's' then
+    if was == 'd' then
+      redis.call('HINCRBY', key, 'dead', -1)
+    end
+    redis.call('HDEL', key .. ':failures', member)
+    -- Never below 0, even for a job that was pushed with the bid by hand.
+    if batch_num(key, 'pending') > 0 then
+      redis.call('HINCRBY', key, 'pending', -1)
+    end
+    return true
+  end
+  if outcome == 'd' then
+    redis.call('HINCRBY', key, 'dead', 1)
+  end
+  redis.call('HSET', key .. ':failures', member, err)
+  batch_keep(key .. ':failures', key)
+  return true
+end
+
+-- Fires what is due on batch bid once it is committed, then walks up to
+-- its parent, which sees a child as one member. Returns the flags fired on
+-- bid itself.
+local function batch_check(bid)
+  local fired, now = 0, nil
+  local first = true
+  while bid do
+    local key = 'batch:' .. bid
+    if redis.call('EXISTS', key) == 0 or batch_num(key, 'open') > 0 then
+      break
+    end
+    local f = redis.call('HMGET', key, 'complete_at', 'success_at', 'death_at', 'parent')
+    local total, ran = batch_num(key, 'total'), batch_num(key, 'ran')
+    local events = {}
+    if not f[3] and batch_num(key, 'dead') > 0 then
+      events[#events + 1] = { 'death', 'death_at', 16, 'd' }
+    end
+    if not f[1] and ran >= total then
+      events[#events + 1] = { 'complete', 'complete_at', 4, 'f' }
+    end
+    if not f[2] and ran >= total and batch_num(key, 'pending') <= 0 then
+      events[#events + 1] = { 'success', 'success_at', 8, 's' }
+    end
+    if #events == 0 then
+      break
+    end
+    now = now or batch_now()
+    local moved = false
+    for _, e in ipairs(events) do
+      redis.call('HSET', key, e[2], now)
+      batch_callback(key, bid, e[1], now)
+      if first then
+        fired = fired + e[3]
+      end
+      if f[4] and batch_mark('batch:' .. f[4], 'b:' .. bid, e[4], 'child batch ' .. bid .. ' has failures') then
+        moved = true
+      end
+    end
+    if redis.call('HEXISTS', key, 'success_at') == 1 then
+      -- Done: the batch lingers for its status to be read, then goes.
+      local linger = batch_num(key, 'linger')
+      for _, k in ipairs({ key, key .. ':jids', key .. ':failures' }) do
+        redis.call('EXPIRE', k, linger > 0 and linger or 1)
+      end
+    end
+    first = false
+    bid = moved and f[4] or nil
+  end
+  return fired
+end
+
+local function batch_done(bid, jid, outcome, payload)
+  local key = 'batch:' .. bid
+  if redis.call('EXISTS', key) == 0 then
+    return 2
+  end
+  local err = ''
+  if outcome ~= 's' and payload ~= '' then
+    local ok, job = pcall(cjson.decode, payload)
+    if ok and type(job) == 'table' then
+      err = tostring(job.error_class or 'Error') .. ': ' .. tostring(job.error_message or '')
+    end
+  end
+  if not batch_mark(key, jid, outcome, err) then
+    return 0
+  end
+  return batch_check(bid)
+end
