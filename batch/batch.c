@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
 #include "support/buf.h"
@@ -349,9 +350,12 @@ int kiq_batch_commit(kiq_batch_t *b)
     if (rc)
         return rc;
     const char *argv[] = { b->key, b->bid };
-    rc = run(b, KIQ_SCRIPT_BATCH_COMMIT, 1, 2, argv, NULL);
-    if (!rc)
+    long long fired = 0;
+    rc = run(b, KIQ_SCRIPT_BATCH_COMMIT, 1, 2, argv, &fired);
+    if (!rc) {
         b->state = COMMITTED;
+        kiq__metrics_batch_fired(kiq__metrics_default(), fired);
+    }
     return rc;
 }
 
@@ -490,6 +494,7 @@ int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
         if (gone) {
             /* Its data expired: the index forgets it too. */
             freeReplyObject(command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES " %s", bid));
+            freeReplyObject(command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid));
             continue;
         }
         if (!(out[*n] = strdup(bid)))
@@ -519,6 +524,9 @@ int kiq_batch_delete(kiq_redis_t *r, const char *bid, char *err)
     int found = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
     freeReplyObject(rep);
     if (!(rep = command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES " %s", bid)))
+        return rc;
+    freeReplyObject(rep);
+    if (!(rep = command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid)))
         return rc;
     freeReplyObject(rep);
     return found ? 0 : kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s", bid);

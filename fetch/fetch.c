@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
 #include "support/log.h"
@@ -377,6 +378,8 @@ static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack)
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
+    if (ack && ack->bid && rep->type == REDIS_REPLY_INTEGER)
+        kiq__metrics_batch_fired(kiq__metrics_default(), rep->integer);
     if (ack && ack->bid && rep->type == REDIS_REPLY_INTEGER && (rep->integer & 2))
         kiq_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
                  "as a plain job", ack->lock_jid, ack->bid);

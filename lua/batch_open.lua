@@ -1,7 +1,8 @@
 -- Opens batch bid for additions: creates it ("new") or reopens it
 -- ("reopen"); either way one more handle holds it open, and its callbacks
 -- wait until every handle has committed (batch_commit.lua).
--- KEYS[1] "batch:BID", KEYS[2] "batches".
+-- KEYS[1] "batch:BID", KEYS[2] "batches" (and "batches:open", the bids
+-- not succeeded yet).
 -- ARGV[1] bid, ARGV[2] "new" | "reopen", ARGV[3] parent bid or "",
 -- ARGV[4] seconds the data lives after the last addition, ARGV[5..] field,
 -- value pairs stored with a new batch (description, linger, callbacks).
@@ -47,4 +48,5 @@ if parent ~= '' then
 end
 redis.call('EXPIRE', key, ARGV[4])
 redis.call('ZADD', KEYS[2], now, bid)
+redis.call('ZADD', KEYS[2] .. ':open', now, bid)
 return 1

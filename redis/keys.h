@@ -60,6 +60,7 @@
 
 #define KIQ_KEY_BATCH "batch:"             /* + bid: hash; + bid + :jids, :failures */
 #define KIQ_KEY_BATCHES "batches"          /* zset: bids by creation time */
+#define KIQ_KEY_BATCHES_OPEN "batches:open" /* zset: the bids not succeeded yet */
 
 /* ---- kiq's rate limiters (kiq/limiter.h) ---------------------------------- */
 

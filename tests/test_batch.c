@@ -3,8 +3,11 @@
  * some failing, retried, killed with -9 or dead, and their callbacks: each
  * pushed exactly once, with the status, and run by kiq or by Ruby Sidekiq
  * 6.4.1. */
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -513,4 +516,63 @@ Test(batch, ruby_makes_the_batch_kiq_runs_it_ruby_gets_the_callback)
     json_decref(s);
     free(out);
     kt_kiq_stop(rb, SIGTERM, 10);
+}
+
+/* GET /metrics from a kiq on port (the body and headers, malloc'd), or
+ * NULL when nothing answers. */
+static char *scrape(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while (len < cap - 1 && (got = read(fd, buf + len, cap - len - 1)) > 0)
+        len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* The Prometheus series: batches open (from Redis), completed and
+ * succeeded (fired by this process), and the callbacks' latency; and a
+ * batch's data goes linger seconds after its success. */
+Test(batch, metrics_and_linger)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *open = new_batch(c, "default", "mcb", 0);
+    cr_assert_eq(kiq_batch_push(open, "SleepJob", "[1]", NULL, NULL), 0);
+    kiq_batch_t *b = new_batch(c, "default", "mcb", 0);
+    cr_assert_eq(kiq_batch_set_linger(b, 2, 60), 0);
+    push_n(b, "RecordJob", 10, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    int port = kt_free_port();
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
+                                               portstr, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN mcb") == 2, 20), "%s", kt_kiq_log(pid));
+    char *m = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL, 10));
+    cr_assert(strstr(m, "\nkiq_batches_open 1\n"), "%s", m);
+    cr_assert(strstr(m, "\nkiq_batches_completed_total 1\n"), "%s", m);
+    cr_assert(strstr(m, "\nkiq_batches_succeeded_total 1\n"), "%s", m);
+    cr_assert(strstr(m, "kiq_batch_callback_latency_seconds_count{event=\"success\"} 1\n"),
+              "%s", m);
+    free(m);
+    char key[64];
+    snprintf(key, sizeof(key), "batch:%s", kiq_batch_bid(b));
+    cr_assert_eq(kt_int("EXISTS %s", key), 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s %s:jids", key, key) == 0, 10),
+              "the batch's data went after linger");
+    kiq_batch_free(b);
+    kiq_batch_free(open);
+    kiq_client_free(c);
 }

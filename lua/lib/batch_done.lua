@@ -12,7 +12,8 @@
 -- complete, success, death of bid (for the metrics).
 -- Keys (documented in the README): batch:BID (hash: counters, options,
 -- callbacks), batch:BID:jids (jid -> s|f|d), batch:BID:failures (jid ->
--- "Class: message"), batches (zset of bids by creation time).
+-- "Class: message"), batches (zset of bids by creation time), batches:open
+-- (the same, until success).
 local function batch_num(key, field)
   return tonumber(redis.call('HGET', key, field) or '0') or 0
 end
@@ -34,7 +35,8 @@ end
 
 -- Pushes the callback of event, if one was given: a plain Sidekiq job
 -- whose args are [status, options]; its jid is derived from the bid and
--- event, so even a second push would be the same job.
+-- event, so even a second push would be the same job. "batch_event" lets a
+-- kiq that runs it measure the callback's latency.
 local function batch_callback(key, bid, event, now)
   local cb = redis.call('HMGET', key, 'cb_' .. event .. '_class', 'cb_' .. event .. '_queue',
     'cb_' .. event .. '_opts', 'description', 'total', 'pending', 'created_at', 'parent')
@@ -48,7 +50,8 @@ local function batch_callback(key, bid, event, now)
   local jid = string.sub(redis.sha1hex(bid .. ':' .. event), 1, 24)
   local job = '{"retry":true,"queue":' .. cjson.encode(cb[2]) .. ',"args":[' .. status .. ','
     .. cb[3] .. '],"class":' .. cjson.encode(cb[1]) .. ',"jid":"' .. jid
-    .. '","created_at":' .. now .. ',"enqueued_at":' .. now .. '}'
+    .. '","created_at":' .. now .. ',"enqueued_at":' .. now .. ',"batch_event":"' .. event
+    .. '"}'
   redis.call('SADD', 'queues', cb[2])
   redis.call('LPUSH', 'queue:' .. cb[2], job)
 end
@@ -123,6 +126,7 @@ local function batch_check(bid)
       end
     end
     if redis.call('HEXISTS', key, 'success_at') == 1 then
+      redis.call('ZREM', 'batches:open', bid)
       -- Done: the batch lingers for its status to be read, then goes.
       local linger = batch_num(key, 'linger')
       for _, k in ipairs({ key, key .. ':jids', key .. ':failures' }) do
