@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -574,5 +575,31 @@ Test(batch, metrics_and_linger)
               "the batch's data went after linger");
     kiq_batch_free(b);
     kiq_batch_free(open);
+    kiq_client_free(c);
+}
+
+/* A job that kills every process that runs it becomes a poison pill, sent
+ * to dead by the orphan recovery: that is a death in its batch too. */
+Test(batch, poison_pill_is_a_death)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "pcb", 1);
+    cr_assert_eq(kiq_batch_push(b, "CrashJob", "[]", NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    char *y = kt_write_file("pill.yml", FAST_YAML "max_recoveries: 1\n");
+    pid_t pid = 0;
+    /* Each run kills its process; the next process recovers the job, until
+     * it has been recovered once too often. */
+    cr_assert(KT_WAIT_UNTIL(({
+        if (!pid || waitpid(pid, NULL, WNOHANG) == pid) {
+            if (pid)
+                kt_untrack(pid);
+            pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+        }
+        queued("callbacks", "death", NULL) == 1; }), 60), "%lld dead", kt_int("ZCARD dead"));
+    cr_assert_eq(queued("callbacks", "complete", NULL), 1);
+    cr_assert_eq(queued("callbacks", "success", NULL), 0);
+    free(y);
+    kiq_batch_free(b);
     kiq_client_free(c);
 }
