@@ -74,19 +74,21 @@ void kiq_batch_free(kiq_batch_t *b)
 const char *kiq_batch_bid(const kiq_batch_t *b) { return b->bid; }
 const char *kiq_batch_error(const kiq_batch_t *b) { return b->err; }
 
-/* Runs script s on the client's connection (reconnecting once when it is
- * broken). An error reply's first word says which code it is (see
+/* Runs script s on the client's connection (reconnecting first when it is
+ * broken). Never sent twice: a step whose reply was lost may have been
+ * applied, and counting jobs twice would keep the batch from succeeding.
+ * An error reply's first word says which code it is (see
  * lua/batch_open.lua). *out gets an integer reply (may be NULL). */
 static int run(kiq_batch_t *b, kiq_script_t s, int nkeys, int argc, const char **argv,
                long long *out)
 {
     kiq_redis_t *r = kiq_client_redis(b->c);
-    redisReply *rep = NULL;
-    for (int attempt = 0; attempt < 2 && !rep; attempt++)
-        if (kiq_redis_ok(r) || kiq_redis_connect(r) == 0)
-            rep = kiq__redis_script(r, s, nkeys, argc, argv, NULL);
-    if (!rep)
+    if (!kiq_redis_ok(r) && kiq_redis_connect(r))
         return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s", b->bid, kiq_redis_error(r));
+    redisReply *rep = kiq__redis_script(r, s, nkeys, argc, argv, NULL);
+    if (!rep)
+        return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s (the step may have been applied)",
+                          b->bid, kiq_redis_error(r));
     int rc = 0;
     if (rep->type == REDIS_REPLY_ERROR) {
         rc = strncmp(rep->str, "NOTFOUND ", 9) == 0 ? KIQ_ENOTFOUND

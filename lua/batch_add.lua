@@ -11,6 +11,7 @@ if n > 0 and redis.call('HEXISTS', key, 'success_at') == 1 then
 end
 redis.call('HINCRBY', key, 'total', n)
 redis.call('HINCRBY', key, 'pending', n)
+redis.call('HINCRBY', key, 'notrun', n)
 for _, k in ipairs({ key, key .. ':jids', key .. ':failures' }) do
   redis.call('EXPIRE', k, ARGV[2])
 end

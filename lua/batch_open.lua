@@ -35,10 +35,11 @@ if parent ~= '' then
   end
   redis.call('HINCRBY', pkey, 'total', 1)
   redis.call('HINCRBY', pkey, 'pending', 1)
+  redis.call('HINCRBY', pkey, 'notrun', 1)
 end
 local t = redis.call('TIME')
 local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-redis.call('HSET', key, 'created_at', now, 'total', 0, 'pending', 0, 'ran', 0, 'dead', 0,
+redis.call('HSET', key, 'created_at', now, 'total', 0, 'pending', 0, 'notrun', 0, 'dead', 0,
   'open', 1)
 for i = 5, #ARGV, 2 do
   redis.call('HSET', key, ARGV[i], ARGV[i + 1])
@@ -46,7 +47,11 @@ end
 if parent ~= '' then
   redis.call('HSET', key, 'parent', parent)
 end
+-- The jids hash exists from the start (its field "" is no jid), so the
+-- acks that fill it need not give it an expiry each.
+redis.call('HSET', key .. ':jids', '', '')
 redis.call('EXPIRE', key, ARGV[4])
+redis.call('EXPIRE', key .. ':jids', ARGV[4])
 redis.call('ZADD', KEYS[2], now, bid)
 redis.call('ZADD', KEYS[2] .. ':open', now, bid)
 return 1

@@ -311,7 +311,8 @@ Test(batch, kill9_three_times_still_exactly_once)
     cr_assert_eq(queued("callbacks", "success", NULL), 1);
     cr_assert_eq(kt_int("HGET %s pending", bkey), 0);
     cr_assert_geq(minimum, 0);
-    cr_assert_eq(kt_int("HGET %s ran", bkey), N, "every jid counted once");
+    cr_assert_eq(kt_int("HGET %s notrun", bkey), 0, "every jid counted once");
+    cr_assert_eq(kt_int("HLEN %s:jids", bkey), N + 1, "every jid (and the placeholder)");
     cr_assert_eq(kt_int("SCARD fl"), N);
     fprintf(stderr, "[batch kill9] %lld runs for %d jobs\n", kt_int("LLEN fl:runs"), N);
     kiq_batch_free(b);

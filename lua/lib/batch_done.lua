@@ -18,7 +18,9 @@ local function batch_num(key, field)
   return tonumber(redis.call('HGET', key, field) or '0') or 0
 end
 
--- A key created by this step lives as long as its batch.
+-- A key created by this step lives as long as its batch. (batch:BID:jids
+-- is made with the batch, its placeholder field "" keeping it, and its
+-- expiry, from the start.)
 local function batch_keep(key, like)
   if redis.call('PTTL', key) == -1 then
     local ttl = redis.call('PTTL', like)
@@ -56,35 +58,45 @@ local function batch_callback(key, bid, event, now)
   redis.call('LPUSH', 'queue:' .. cb[2], job)
 end
 
--- Moves member of batch key to outcome; true when anything changed.
-local function batch_mark(key, member, outcome, err)
-  local jids = key .. ':jids'
-  local was = redis.call('HGET', jids, member)
+-- Moves member of batch key from was (its state, nil for none) to
+-- outcome. Returns whether it moved (not when that is no move forward),
+-- and whether a callback may be due now.
+local function batch_mark(key, member, was, outcome, err)
   if was == 's' or was == outcome or (was == 'd' and outcome == 'f') then
     return false
   end
-  redis.call('HSET', jids, member, outcome)
-  batch_keep(jids, key)
+  redis.call('HSET', key .. ':jids', member, outcome)
+  -- The counters say when a condition may have become true, so the check
+  -- (batch_check) runs only then: at the last first run, the last success
+  -- or a death. Neither goes below 0, even for a job pushed with the bid by
+  -- hand.
+  local due = outcome == 'd'
   if not was then
-    redis.call('HINCRBY', key, 'ran', 1)
+    local left = redis.call('HINCRBY', key, 'notrun', -1)
+    due = due or left <= 0
+    if left < 0 then
+      redis.call('HSET', key, 'notrun', 0)
+    end
   end
   if outcome == 's' then
     if was == 'd' then
       redis.call('HINCRBY', key, 'dead', -1)
     end
-    redis.call('HDEL', key .. ':failures', member)
-    -- Never below 0, even for a job that was pushed with the bid by hand.
-    if batch_num(key, 'pending') > 0 then
-      redis.call('HINCRBY', key, 'pending', -1)
+    if was then
+      redis.call('HDEL', key .. ':failures', member)
     end
-    return true
+    local left = redis.call('HINCRBY', key, 'pending', -1)
+    if left < 0 then
+      redis.call('HSET', key, 'pending', 0)
+    end
+    return true, due or left <= 0
   end
   if outcome == 'd' then
     redis.call('HINCRBY', key, 'dead', 1)
   end
   redis.call('HSET', key .. ':failures', member, err)
   batch_keep(key .. ':failures', key)
-  return true
+  return true, due
 end
 
 -- Fires what is due on batch bid once it is committed, then walks up to
@@ -95,37 +107,41 @@ local function batch_check(bid)
   local first = true
   while bid do
     local key = 'batch:' .. bid
-    if redis.call('EXISTS', key) == 0 or batch_num(key, 'open') > 0 then
+    local f = redis.call('HMGET', key, 'open', 'notrun', 'pending', 'dead',
+      'complete_at', 'success_at', 'death_at', 'parent', 'created_at')
+    if not f[9] or (tonumber(f[1]) or 0) > 0 then
       break
     end
-    local f = redis.call('HMGET', key, 'complete_at', 'success_at', 'death_at', 'parent')
-    local total, ran = batch_num(key, 'total'), batch_num(key, 'ran')
+    local ran_all = (tonumber(f[2]) or 0) <= 0
     local events = {}
-    if not f[3] and batch_num(key, 'dead') > 0 then
+    if not f[7] and (tonumber(f[4]) or 0) > 0 then
       events[#events + 1] = { 'death', 'death_at', 16, 'd' }
     end
-    if not f[1] and ran >= total then
+    if not f[5] and ran_all then
       events[#events + 1] = { 'complete', 'complete_at', 4, 'f' }
     end
-    if not f[2] and ran >= total and batch_num(key, 'pending') <= 0 then
+    if not f[6] and ran_all and (tonumber(f[3]) or 0) <= 0 then
       events[#events + 1] = { 'success', 'success_at', 8, 's' }
     end
     if #events == 0 then
       break
     end
     now = now or batch_now()
-    local moved = false
+    local moved, pkey = false, f[8] and 'batch:' .. f[8]
     for _, e in ipairs(events) do
       redis.call('HSET', key, e[2], now)
       batch_callback(key, bid, e[1], now)
       if first then
         fired = fired + e[3]
       end
-      if f[4] and batch_mark('batch:' .. f[4], 'b:' .. bid, e[4], 'child batch ' .. bid .. ' has failures') then
-        moved = true
+      if pkey and redis.call('EXISTS', pkey) == 1 then
+        local was = redis.call('HGET', pkey .. ':jids', 'b:' .. bid)
+        local _, due = batch_mark(pkey, 'b:' .. bid, was, e[4],
+          'child batch ' .. bid .. ' has failures')
+        moved = due or moved
       end
     end
-    if redis.call('HEXISTS', key, 'success_at') == 1 then
+    if f[6] or events[#events][1] == 'success' then
       redis.call('ZREM', 'batches:open', bid)
       -- Done: the batch lingers for its status to be read, then goes.
       local linger = batch_num(key, 'linger')
@@ -134,13 +150,14 @@ local function batch_check(bid)
       end
     end
     first = false
-    bid = moved and f[4] or nil
+    bid = moved and f[8] or nil
   end
   return fired
 end
 
 local function batch_done(bid, jid, outcome, payload)
   local key = 'batch:' .. bid
+  local was = redis.call('HGET', key .. ':jids', jid)
   if redis.call('EXISTS', key) == 0 then
     return 2
   end
@@ -151,8 +168,6 @@ local function batch_done(bid, jid, outcome, payload)
       err = tostring(job.error_class or 'Error') .. ': ' .. tostring(job.error_message or '')
     end
   end
-  if not batch_mark(key, jid, outcome, err) then
-    return 0
-  end
-  return batch_check(bid)
+  local _, due = batch_mark(key, jid, was, outcome, err)
+  return due and batch_check(bid) or 0
 end
