@@ -378,11 +378,17 @@ static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack)
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
-    if (ack && ack->bid && rep->type == REDIS_REPLY_INTEGER)
-        kiq__metrics_batch_fired(kiq__metrics_default(), rep->integer);
-    if (ack && ack->bid && rep->type == REDIS_REPLY_INTEGER && (rep->integer & 2))
+    /* acks.lua answers {removed, flags, a bid naming no batch or ""}. */
+    int many = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3
+               && rep->element[1]->type == REDIS_REPLY_INTEGER
+               && rep->element[2]->type == REDIS_REPLY_STRING;
+    long long flags = many ? rep->element[1]->integer
+                    : ack && ack->bid && rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
+    kiq__metrics_batch_fired(kiq__metrics_default(), flags);
+    if (flags & 2)
         kiq_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
-                 "as a plain job", ack->lock_jid, ack->bid);
+                 "as a plain job", many ? "(one of several)" : ack->lock_jid,
+                 many ? rep->element[2]->str : ack->bid);
     freeReplyObject(rep);
     return rc;
 }
@@ -396,12 +402,16 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     return read_ack(r, ack) ? KIQ_EREDIS : 0;
 }
 
-/* A success that releases a lock: several of them go in one acks.lua
- * call (a lockless success is a bare LREM, cheaper still). */
+/* A success that releases a lock or moves a batch: several of them go in
+ * one acks.lua call (a plain success is a bare LREM, cheaper still). A
+ * dropped job of a batch failed, which only ack.lua says. */
 static int batchable(const kiq_ack_t *ack)
 {
-    return ack->lock_key && ack->lock_jid && !ack->bid
-           && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
+    if (!ack->lock_jid)
+        return 0;
+    if (ack->bid)
+        return ack->kind == KIQ_ACK_OK;
+    return ack->lock_key && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
 }
 
 enum { ACKS_PER_CALL = 64 };
@@ -411,23 +421,28 @@ enum { ACKS_PER_CALL = 64 };
 static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
-    const char *argv[2 + 3 * ACKS_PER_CALL];
-    size_t lens[2 + 3 * ACKS_PER_CALL];
+    const char *argv[2 + 4 * ACKS_PER_CALL];
+    size_t lens[2 + 4 * ACKS_PER_CALL];
     int argc = 2;
     argv[0] = f->working;
     lens[0] = strlen(f->working);
     argv[1] = KIQ_UNIQUE_DIGESTS;
     lens[1] = strlen(argv[1]);
     size_t i = *from;
-    for (; i < nacks && argc < 2 + 3 * ACKS_PER_CALL; i++) {
-        if (!batchable(&acks[i].ack))
+    for (; i < nacks && argc < 2 + 4 * ACKS_PER_CALL; i++) {
+        const kiq_ack_t *a = &acks[i].ack;
+        if (!batchable(a))
             continue;
         argv[argc] = acks[i].raw;
         lens[argc++] = acks[i].len;
-        argv[argc] = acks[i].ack.lock_key;
-        lens[argc++] = strlen(acks[i].ack.lock_key);
-        argv[argc] = acks[i].ack.lock_jid;
-        lens[argc++] = strlen(acks[i].ack.lock_jid);
+        argv[argc] = a->lock_key ? a->lock_key : "";
+        lens[argc] = strlen(argv[argc]);
+        argc++;
+        argv[argc] = a->lock_jid;
+        lens[argc++] = strlen(a->lock_jid);
+        argv[argc] = a->bid ? a->bid : "";
+        lens[argc] = strlen(argv[argc]);
+        argc++;
         sent[i] = 2;
     }
     *from = i;

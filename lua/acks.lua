@@ -1,19 +1,30 @@
 -- uses: release_hold
+-- uses: batch_done
 -- Finish several successful jobs at once, each releasing its uniqueness
--- lock as ack.lua does: the job leaves the working list and its jid's hold
--- on "<digest>:LOCKED" goes in the same step; a job no longer in the list
--- (requeued or recovered meanwhile) keeps its lock, for the copy that will
--- run. One script call for a batch instead of one per job.
+-- lock as ack.lua does and moving its batch as lib/batch_done.lua does: the
+-- job leaves the working list, and its jid's hold on "<digest>:LOCKED" goes
+-- and its batch counts it in the same step; a job no longer in the list
+-- (requeued or recovered meanwhile) keeps its lock and counts nothing, for
+-- the copy that will run. One script call for many jobs instead of one per
+-- job; a batch's counters move once per call.
 -- KEYS[1] working list, KEYS[2] "uniquejobs:digests".
--- ARGV: triples of payload as fetched, "<digest>:LOCKED", jid.
--- Returns how many of the jobs were still in the working list.
+-- ARGV: groups of 4: payload as fetched, "<digest>:LOCKED" or "", jid, bid
+-- or "".
+-- Returns {how many of the jobs were still in the working list, the flags
+-- of lib/batch_done.lua (2: a bid named no batch; the callbacks fired), that
+-- bid or ""}.
 local working, digests = KEYS[1], KEYS[2]
-local removed = 0
-for i = 1, #ARGV, 3 do
+local removed, flags, acc, unknown = 0, 0, {}, ''
+for i = 1, #ARGV, 4 do
   -- From the tail, where the oldest (first finished) jobs are.
   if redis.call('LREM', working, -1, ARGV[i]) == 1 then
     removed = removed + 1
-    release_hold(ARGV[i + 1], digests, ARGV[i + 2])
+    if ARGV[i + 1] ~= '' then
+      release_hold(ARGV[i + 1], digests, ARGV[i + 2])
+    end
+    if ARGV[i + 3] ~= '' and batch_ok(acc, ARGV[i + 3], ARGV[i + 2]) == 2 then
+      flags, unknown = 2, ARGV[i + 3]
+    end
   end
 end
-return removed
+return { removed, bit.bor(flags, batch_flush(acc)), unknown }

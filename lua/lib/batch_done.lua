@@ -171,3 +171,57 @@ local function batch_done(bid, jid, outcome, payload)
   local _, due = batch_mark(key, jid, was, outcome, err)
   return due and batch_check(bid) or 0
 end
+
+-- For a script that acks several jobs at once (acks.lua): batch_ok(acc,
+-- bid, jid) records the success of job jid of batch bid, its state at once
+-- and its counter moves in acc (a table the script keeps), which
+-- batch_flush(acc) writes once per batch before checking it. Same rules as
+-- batch_done. batch_ok returns 2 when bid names no batch, else 0;
+-- batch_flush returns the flags fired (several batches' OR'd).
+local function batch_ok(acc, bid, jid)
+  local key = 'batch:' .. bid
+  local b = acc[bid]
+  if not b then
+    if redis.call('EXISTS', key) == 0 then
+      return 2
+    end
+    b = { notrun = 0, pending = 0 }
+    acc[bid] = b
+  end
+  local jids = key .. ':jids'
+  local was = redis.call('HGET', jids, jid)
+  if was == 's' then
+    return 0
+  end
+  redis.call('HSET', jids, jid, 's')
+  if was then
+    redis.call('HDEL', key .. ':failures', jid)
+    if was == 'd' then
+      redis.call('HINCRBY', key, 'dead', -1)
+    end
+  else
+    b.notrun = b.notrun + 1
+  end
+  b.pending = b.pending + 1
+  return 0
+end
+
+local function batch_flush(acc)
+  local fired = 0
+  for bid, b in pairs(acc) do
+    local key, due = 'batch:' .. bid, false
+    for _, field in ipairs({ 'notrun', 'pending' }) do
+      if b[field] > 0 then
+        local left = redis.call('HINCRBY', key, field, -b[field])
+        if left < 0 then
+          redis.call('HSET', key, field, 0)
+        end
+        due = due or left <= 0
+      end
+    end
+    if due then
+      fired = bit.bor(fired, batch_check(bid))
+    end
+  end
+  return fired
+end
