@@ -199,6 +199,18 @@ static int batch_callback_job(kiq_job_t *job, void *ud)
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "RPUSH failed");
 }
 
+/* BatchValidJob [key]: RPUSH key kiq_batch_valid(job): 1 when the job's
+ * batch is valid (or it has none), 0 when it was invalidated or deleted. */
+static int batch_valid_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    int valid = kiq_batch_valid(job);
+    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %d",
+                                 arg_str(job, 0, "kiq:valid"), valid);
+    freeReplyObject(r);
+    return 0;
+}
+
 /* ReopenJob [redis_url, key, n]: adds n RecordJob [key] jobs to its own
  * batch (reopened, then committed again), then SADD key jid itself. */
 static int reopen_job(kiq_job_t *job, void *ud)
@@ -278,5 +290,6 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     rc |= kiq_register(rt, "FlakyJob", flaky_job, NULL, &opts);
     rc |= kiq_register(rt, "BatchCallbackJob", batch_callback_job, NULL, &opts);
     rc |= kiq_register(rt, "ReopenJob", reopen_job, NULL, &opts);
+    rc |= kiq_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
     return rc;
 }

@@ -604,3 +604,26 @@ Test(batch, poison_pill_is_a_death)
     kiq_batch_free(b);
     kiq_client_free(c);
 }
+
+/* An invalidated batch's jobs still run, and can tell (kiq_batch_valid);
+ * a job of no batch is valid. */
+Test(batch, invalidated_batch_jobs_can_tell)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "vcb", 0);
+    cr_assert_eq(kiq_batch_push(b, "BatchValidJob", "[\"valid\"]", NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kt_lib_redis();
+    cr_assert_eq(kiq_batch_invalidate(r, kiq_batch_bid(b), err), 0, "%s", err);
+    cr_assert_eq(kiq_batch_invalidate(r, "nosuchbatch", err), KIQ_ENOTFOUND);
+    kiq_redis_free(r);
+    cr_assert_eq(kiq_client_push(c, "BatchValidJob", "[\"plain\"]", NULL, NULL), 0);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN valid") == 1 && kt_int("LLEN plain") == 1, 20), "%s",
+              kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LINDEX valid 0"), 0, "the batch's job saw it invalid");
+    cr_assert_eq(kt_int("LINDEX plain 0"), 1, "the plain job is valid");
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
