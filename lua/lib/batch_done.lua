@@ -188,12 +188,15 @@ local function batch_ok(acc, bid, jid)
     b = { notrun = 0, pending = 0 }
     acc[bid] = b
   end
-  local jids = key .. ':jids'
-  local was = redis.call('HGET', jids, jid)
-  if was == 's' then
-    return 0
+  -- Most jobs succeed at their first run: one HSETNX then.
+  local jids, was = key .. ':jids', nil
+  if redis.call('HSETNX', jids, jid, 's') == 0 then
+    was = redis.call('HGET', jids, jid)
+    if was == 's' then
+      return 0
+    end
+    redis.call('HSET', jids, jid, 's')
   end
-  redis.call('HSET', jids, jid, 's')
   if was then
     redis.call('HDEL', key .. ':failures', jid)
     if was == 'd' then
