@@ -18,6 +18,11 @@
  *       slots through the C API (kiq_limiter_acquire, no wait, then
  *       kiq_limiter_release), on one connection; prints "N SECONDS
  *       CYCLES_PER_S"
+ *   kiq-bench limits-raw PORT N SIZE
+ *       the same N cycles as plain EVALSHA of the library's own
+ *       lua/limit_acquire.lua and lua/limit_release.lua, with the keys and
+ *       arguments the C API sends, on one hiredis connection: the ceiling
+ *       the C API is measured against; prints the same
  *   kiq-bench prelock PORT COUNT JID METADATA
  *       takes COUNT locks "uniquejobs:<20 zeros><12 digits>:LOCKED" (k =
  *       0..COUNT-1, the keys redis-benchmark's __rand_int__ makes) for JID,
@@ -48,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 #include <kiq/batch.h>
@@ -57,6 +63,7 @@
 #include <kiq/redis.h>
 
 #include "middleware/unique_admin_internal.h"
+#include "redis/scripts.h"
 #include <kiq/unique.h>
 #include <kiq/unique_admin.h>
 
@@ -302,6 +309,57 @@ static int do_limits(int argc, char **argv)
     return 0;
 }
 
+static redisReply *must(redisReply *rep, redisContext *c, int type)
+{
+    if (!rep || rep->type != type)
+        die("limits-raw: %s%s", rep && rep->type == REDIS_REPLY_ERROR ? rep->str : c->errstr,
+            NULL);
+    return rep;
+}
+
+static int do_limits_raw(int argc, char **argv)
+{
+    if (argc != 3)
+        die("usage: limits-raw PORT N SIZE%s%s", NULL, NULL);
+    long n = num(argv[1], "cycle count"), size = num(argv[2], "size");
+    redisContext *c = redisConnect("127.0.0.1", (int)num(argv[0], "port"));
+    if (!c || c->err)
+        die("cannot connect: %s%s", c ? c->errstr : "no memory", NULL);
+    char sha[2][41];
+    kiq_script_t scripts[2] = { KIQ_SCRIPT_LIMIT_ACQUIRE, KIQ_SCRIPT_LIMIT_RELEASE };
+    for (int i = 0; i < 2; i++) {
+        redisReply *rep = must(redisCommand(c, "SCRIPT LOAD %s", kiq_script_text(scripts[i])), c,
+                               REDIS_REPLY_STRING);
+        snprintf(sha[i], sizeof(sha[i]), "%s", rep->str);
+        freeReplyObject(rep);
+    }
+    char meta[64], count[24], id[KIQ_LIMIT_TOKEN_MAX];
+    snprintf(meta, sizeof(meta), "concurrent size=%ld", size);
+    snprintf(count, sizeof(count), "%ld", size);
+    const char *acq[] = { "EVALSHA", sha[0], "2", "limiter:bench:meta", "limiter:bench:held",
+                          "concurrent", meta, count, "30000", id, "1" };
+    const char *rel[] = { "EVALSHA", sha[1], "2", "limiter:bench:held", "limiter:bench:meta",
+                          id, "" };
+    double t0 = 0;
+    for (long i = -1; i < n; i++) { /* one warm-up cycle, as in do_limits */
+        if (i == 0)
+            t0 = mono();
+        /* As long as the C API's holder ids: pid, 12 hex digits, a count. */
+        snprintf(id, sizeof(id), "%ld:5eed0f1e1d5a:%ld", (long)getpid(), i + 2);
+        redisReply *a = must(redisCommandArgv(c, 11, acq, NULL), c, REDIS_REPLY_ARRAY);
+        if (a->elements != 2 || a->element[0]->integer != 1)
+            die("limits-raw: an acquisition was refused%s%s", "", "");
+        freeReplyObject(a);
+        freeReplyObject(must(redisCommandArgv(c, 7, rel, NULL), c, REDIS_REPLY_INTEGER));
+    }
+    double dt = mono() - t0;
+    redisFree(c);
+    if (dt <= 0)
+        dt = 1e-6;
+    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
+    return 0;
+}
+
 static int do_prelock(int argc, char **argv)
 {
     if (argc != 4)
@@ -492,6 +550,8 @@ int main(int argc, char **argv)
         return do_locks(argc - 2, argv + 2);
     if (strcmp(argv[1], "limits") == 0)
         return do_limits(argc - 2, argv + 2);
+    if (strcmp(argv[1], "limits-raw") == 0)
+        return do_limits_raw(argc - 2, argv + 2);
     if (strcmp(argv[1], "prelock") == 0)
         return do_prelock(argc - 2, argv + 2);
     die("unknown command%s%s", NULL, NULL);

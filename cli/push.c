@@ -1,7 +1,9 @@
 /* `kiq push CLASS [ARGS_JSON] [-C FILE] [-q Q] [--in S | --at T]
  * [--retry N|false]`: pushes one job with kiq's client and prints its jid.
  * The classes: section of FILE gives the class's retry, queue and lock
- * options, as a worker's sidekiq_options do for Ruby's client. */
+ * options, as a worker's sidekiq_options do for Ruby's client, and its
+ * min_replicas_ack makes the push wait for the replicas (a shortfall is a
+ * warning: the job was pushed). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,7 +25,8 @@ static const char *usage =
     "Pushes one job and prints its jid. ARGS_JSON is a JSON array (default []).\n"
     "\n"
     "  -C, --config FILE       read the class's retry, queue and lock options (and\n"
-    "                          redis_url) from FILE's classes: section\n"
+    "                          redis_url) from FILE's classes: section; with\n"
+    "                          min_replicas_ack: N, wait for N replicas to have it\n"
     "  -q, --queue NAME        queue (default: the class's, else \"default\")\n"
     "      --in SECONDS        run it this many seconds from now\n"
     "      --at EPOCH          run it at this Unix time (seconds)\n"
@@ -168,11 +171,14 @@ int kiq_cmd_push(int argc, char **argv)
     if (rc == KIQ_EDENIED) {
         fprintf(stderr, "kiq push: denied: %s\n", kiq_client_error(c));
         status = EXIT_DENIED;
-    } else if (rc) {
+    } else if (rc < 0) {
         fprintf(stderr, "kiq push: %s\n", kiq_client_error(c));
         status = rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : 1;
     } else {
         printf("%s\n", jid);
+        /* Pushed: a replica shortfall is worth saying, not a failure. */
+        if (rc == KIQ_PUSH_UNREPLICATED)
+            fprintf(stderr, "kiq push: warning: %s\n", kiq_client_error(c));
     }
     kiq_client_free(c);
     kiq_config_free(cfg);

@@ -16,6 +16,7 @@
 #include "kiq/redis.h"
 #include "middleware/mw.h"
 #include "redis/keys.h"
+#include "client/txn.h"
 
 /* Options set with kiq_client_set_class. */
 typedef struct client_class {
@@ -31,7 +32,9 @@ struct kiq_client {
     kiq_chain_t *chain;  /* client middleware, "unique" by default */
     client_class_t *classes;
     size_t nclasses;
-    const kiq_config_t *cfg; /* classes: section, borrowed, or NULL */
+    const kiq_config_t *cfg; /* classes: section and min_replicas_ack,
+                                borrowed, or NULL */
+    kiq_txn_t *txn;      /* open transaction (kiq_client_begin), or NULL */
 };
 
 kiq_push_opts_t kiq_push_opts_default(void)
@@ -80,6 +83,8 @@ void kiq_client_free(kiq_client_t *c)
 {
     if (!c)
         return;
+    if (c->txn)
+        (void)kiq_client_rollback(c);
     kiq_redis_free(c->r);
     kiq_chain_free(c->chain);
     for (size_t i = 0; i < c->nclasses; i++) {
@@ -268,50 +273,36 @@ static int run_chain(kiq_client_t *c, kiq_mw_t *mw, const char *cls, size_t *den
     return mrc == KIQ_EREDIS ? KIQ_EREDIS : 0;
 }
 
-/* One MULTI/EXEC: SADD and LPUSH when lpush has jobs, ZADD when zadd has. */
-static int transaction(kiq_client_t *c, const char *queue, const cmd_t *lpush, const cmd_t *zadd)
+/* Notes in t the uniqueness lock the chain took for an accepted job, so
+ * that it is released if the push is not made. The while_executing family
+ * locks only when the job runs. */
+static int hold_lock(kiq_txn_t *t, const kiq_mw_t *mw)
 {
-    const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
-    const char *sadd[] = { "SADD", KIQ_KEY_QUEUES, queue };
-    int replies = 2;
-    int rc = kiq_redis_append(c->r, 1, multi, NULL);
-    if (!rc && lpush->n > 2) {
-        rc = kiq_redis_append(c->r, 3, sadd, NULL);
-        if (!rc) rc = kiq_redis_append(c->r, (int)lpush->n, lpush->argv, lpush->lens);
-        replies += 2;
-    }
-    if (!rc && zadd->n > 2) {
-        rc = kiq_redis_append(c->r, (int)zadd->n, zadd->argv, zadd->lens);
-        replies++;
-    }
-    if (!rc) rc = kiq_redis_append(c->r, 1, exec, NULL);
-    redisReply *last = NULL;
-    for (int i = 0; i < replies && !rc; i++) {
-        redisReply *rep = kiq_redis_get_reply(c->r);
-        if (!rep)
-            rc = KIQ_EREDIS;
-        else if (i == replies - 1)
-            last = rep;
-        else
-            freeReplyObject(rep);
-    }
-    if (!rc && (!last || last->type != REDIS_REPLY_ARRAY))
-        rc = kiq_seterr(c->err, KIQ_EREPLY, "push failed: %s",
-                        last && last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
-    freeReplyObject(last);
+    size_t tlen, dlen;
+    const char *type = kiq_mw_field_raw(mw, "lock", &tlen);
+    const char *digest = kiq_mw_field_raw(mw, "lock_digest", &dlen);
+    char *name = type ? kiq__json_string_dup(type, tlen) : NULL;
+    char *d = digest ? kiq__json_string_dup(digest, dlen) : NULL;
+    kiq_lock_type_t lt = KIQ_LOCK_NONE;
+    int rc = 0;
+    if (name && d && kiq_lock_type_parse(name, &lt) == 0 && lt != KIQ_LOCK_WHILE_EXECUTING
+        && lt != KIQ_LOCK_WHILE_EXECUTING_REJECT && lt != KIQ_LOCK_NONE)
+        rc = kiq__txn_hold(t, d, lt, mw->jid);
+    free(name);
+    free(d);
     return rc;
 }
 
-/* Sends the accepted jobs in one transaction: those due now onto the queue,
- * the others into the schedule. A broken connection is retried once. argv
- * and lens have room for both commands (3n + 4 entries). */
-static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, size_t n,
-                         double now, const char **argv, size_t *lens)
+/* Adds the accepted jobs to t: those due now onto the queue (SADD queues,
+ * LPUSH), the others into the schedule (ZADD). argv and lens have room
+ * for both commands (3n + 4 entries). */
+static int add_accepted(kiq_txn_t *t, const char *queue, push_job_t *jobs, size_t n,
+                        double now, const char **argv, size_t *lens)
 {
     /* Sized to the name: a queue name may be of any length. */
     char *qkey = kiq__key_dup(KIQ_KEY_QUEUE, queue);
     if (!qkey)
-        return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+        return KIQ_ENOMEM;
     cmd_t lpush = { argv, lens, 0 }, zadd = { argv + n + 2, lens + n + 2, 0 };
     cmd_add(&lpush, "LPUSH", strlen("LPUSH"));
     cmd_add(&lpush, qkey, strlen(qkey));
@@ -329,25 +320,46 @@ static int send_accepted(kiq_client_t *c, const char *queue, push_job_t *jobs, s
             cmd_add(&lpush, mw->payload, mw->len);
         }
     }
+    const char *sadd[] = { "SADD", KIQ_KEY_QUEUES, queue };
     int rc = 0;
-    /* Nothing accepted: nothing to send. */
-    int attempts = lpush.n == 2 && zadd.n == 2 ? 0 : 2;
-    for (int attempt = 0; attempt < attempts; attempt++) {
-        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
-            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
-            continue;
-        }
-        rc = transaction(c, queue, &lpush, &zadd);
-        if (rc != KIQ_EREDIS)
-            break;
-        kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
-    }
+    if (lpush.n > 2)
+        rc = kiq__txn_add(t, 3, sadd, NULL);
+    if (!rc && lpush.n > 2)
+        rc = kiq__txn_add(t, (int)lpush.n, lpush.argv, lpush.lens);
+    if (!rc && zadd.n > 2)
+        rc = kiq__txn_add(t, (int)zadd.n, zadd.argv, zadd.lens);
     free(qkey);
     return rc;
 }
 
-/* Fills jids (when given) with the jid of each pushed job, "" for the
- * others, and frees jobs. */
+/* Sends t, followed by WAIT when min_replicas_ack is set, as processors
+ * do after acks. */
+static int exec_txn(kiq_client_t *c, const kiq_txn_t *t)
+{
+    int replicas = c->cfg ? c->cfg->min_replicas_ack : 0;
+    long ms = c->cfg && c->cfg->min_replicas_timeout > 0 ? c->cfg->min_replicas_timeout : 1000;
+    return kiq__txn_exec(t, c->r, replicas, ms, c->err);
+}
+
+/* Sends t now, outside a transaction of the caller's: a broken connection
+ * is retried once, as Sidekiq's client does. */
+static int send_now(kiq_client_t *c, const kiq_txn_t *t)
+{
+    int rc = 0;
+    for (int attempt = 0; attempt < 2 && kiq__txn_len(t); attempt++) {
+        if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r)) {
+            rc = kiq_seterr(c->err, KIQ_EREDIS, "%s", kiq_redis_error(c->r));
+            continue;
+        }
+        rc = exec_txn(c, t);
+        if (rc != KIQ_EREDIS)
+            break;
+    }
+    return rc;
+}
+
+/* Fills jids (when given) with the jid of each pushed (or, in a
+ * transaction, buffered) job, "" for the others, and frees jobs. */
 static void collect(push_job_t *jobs, size_t n, int sent, char (*jids)[25])
 {
     for (size_t i = 0; jobs && i < n; i++) {
@@ -374,23 +386,38 @@ int kiq_client_push_bulk(kiq_client_t *c, const char *cls, const char *const *ar
     double now = kiq__now();
     if (o.at > 0 && o.at < 1e9)
         o.at += now; /* small values mean "seconds from now", as Sidekiq */
-    /* Everything is allocated before the chain runs: a middleware may take
-     * a lock, which a later failure here would leave held. */
+    /* Allocated before the chain runs, as much as can be: a middleware may
+     * take a lock, which a later failure must give back (kiq__txn_undo). */
+    kiq_txn_t *t = c->txn ? c->txn : kiq__txn_new();
+    kiq_txn_mark_t mark = t ? kiq__txn_mark(t) : (kiq_txn_mark_t){ 0, 0 };
     push_job_t *jobs = calloc(n, sizeof(*jobs));
     const char **argv = calloc(3 * n + 4, sizeof(*argv));
     size_t *lens = calloc(3 * n + 4, sizeof(*lens)), denied = 0;
-    int rc = jobs && argv && lens ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    int rc = t && jobs && argv && lens ? 0 : kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && !rc; i++) {
         rc = prepare_job(c, &jobs[i], cls, args ? args[i] : NULL, &o, cc, now);
         if (!rc)
             rc = run_chain(c, &jobs[i].mw, cls, &denied);
+        if (!rc && jobs[i].mw.accepted && hold_lock(t, &jobs[i].mw))
+            rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
     }
-    if (!rc)
-        rc = send_accepted(c, queue, jobs, n, now, argv, lens);
-    collect(jobs, n, !rc, jids);
+    if (!rc && add_accepted(t, queue, jobs, n, now, argv, lens))
+        rc = kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    int sent = 0;
+    if (!rc && !c->txn) {
+        sent = 1;
+        rc = send_now(c, t);
+    }
+    /* Not pushed for sure (a failure before sending, or Redis refused the
+     * transaction): the locks taken for these jobs are released. */
+    if (t && rc < 0 && !(sent && rc == KIQ_EREDIS))
+        kiq__txn_undo(t, c->r, mark);
+    collect(jobs, n, rc >= 0, jids);
+    if (t != c->txn)
+        kiq__txn_free(t);
     free(argv);
     free(lens);
-    return rc ? rc : denied ? KIQ_EDENIED : 0;
+    return rc < 0 ? rc : denied ? KIQ_EDENIED : rc;
 }
 
 int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
@@ -399,7 +426,66 @@ int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
     const char *one[] = { args };
     char jids[1][25];
     int rc = kiq_client_push_bulk(c, cls, one, 1, opts, jids);
-    if (!rc && jid)
+    if (rc >= 0 && jid)
         memcpy(jid, jids[0], 25);
     return rc;
+}
+
+kiq_txn_t *kiq__client_txn(kiq_client_t *c)
+{
+    return c->txn;
+}
+
+int kiq_client_begin(kiq_client_t *c)
+{
+    c->err[0] = '\0';
+    if (c->txn)
+        return kiq_seterr(c->err, KIQ_EINVAL, "a transaction is already open");
+    if (!(c->txn = kiq__txn_new()))
+        return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Ends the open transaction; the locks of its pushes are released unless
+ * keep. */
+static void end_txn(kiq_client_t *c, int keep)
+{
+    if (!keep)
+        kiq__txn_undo(c->txn, c->r, (kiq_txn_mark_t){ 0, 0 });
+    kiq__txn_free(c->txn);
+    c->txn = NULL;
+}
+
+int kiq_client_commit(kiq_client_t *c)
+{
+    c->err[0] = '\0';
+    if (!c->txn)
+        return kiq_seterr(c->err, KIQ_EINVAL, "no transaction is open");
+    if (!kiq__txn_len(c->txn)) {
+        end_txn(c, 1);
+        return 0;
+    }
+    int rc, maybe_sent = 0;
+    if (!kiq_redis_ok(c->r) && kiq_redis_connect(c->r))
+        rc = kiq_seterr(c->err, KIQ_EREDIS, "nothing was pushed: %s", kiq_redis_error(c->r));
+    else if ((rc = exec_txn(c, c->txn)) == KIQ_EREDIS)
+        maybe_sent = 1;
+    /* Sent once, never again: after a lost connection the pushes may have
+     * been made, and a second EXEC would make them twice. */
+    if (maybe_sent) {
+        char why[KIQ_ERRLEN];
+        snprintf(why, sizeof(why), "%s", c->err);
+        kiq_seterr(c->err, KIQ_EREDIS, "the connection failed during the commit: its pushes "
+                   "were all made or none was, unknown which (%.120s)", why);
+    }
+    end_txn(c, rc >= 0 || maybe_sent);
+    return rc;
+}
+
+int kiq_client_rollback(kiq_client_t *c)
+{
+    if (!c->txn)
+        return kiq_seterr(c->err, KIQ_EINVAL, "no transaction is open");
+    end_txn(c, 0);
+    return 0;
 }

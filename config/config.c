@@ -90,7 +90,7 @@ void kiq_config_free(kiq_config_t *cfg)
         free(cfg->classes[i].lock_args);
         free(cfg->classes[i].on_conflict_client);
         free(cfg->classes[i].on_conflict_server);
-        free(cfg->classes[i].limit_name);
+        free((char *)cfg->classes[i].limit.name);
     }
     free(cfg->classes);
     free(cfg->log_file);

@@ -180,15 +180,17 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
 }
 
 /* `limit: {type: concurrent, name: stripe, size: 5}` (window and bucket
- * take count: and interval:), checked whole so a bad limit fails at start. */
+ * take count: and interval:, points cost:), checked whole so a bad limit
+ * fails at start. */
 static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf_t *cc)
 {
     if (v->type != YAML_MAPPING_NODE)
         return kiq_yaml__fail(c, v, key, "must be a mapping (type, name, size or count, ...)");
-    char sub[KIQ_ERRLEN], *type = NULL;
+    kiq_limit_opts_t *lo = &cc->limit;
+    char sub[KIQ_ERRLEN], *type = NULL, *name = NULL;
     long n;
     int rc = 0;
-    yaml_node_t *count_node = NULL, *interval_node = NULL;
+    yaml_node_t *count_node = NULL, *interval_node = NULL, *cost_node = NULL;
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
          p < v->data.mapping.pairs.top && rc == 0; p++) {
         const char *o = key_name(node(c, p->key));
@@ -197,46 +199,59 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
         if (o && !strcmp(o, "type"))
             rc = kiq_yaml__set_string(c, sub, ov, &type, NULL);
         else if (o && !strcmp(o, "name"))
-            rc = kiq_yaml__set_string(c, sub, ov, &cc->limit_name, NULL);
-        else if (o && (!strcmp(o, "size") || !strcmp(o, "count"))) {
+            rc = kiq_yaml__set_string(c, sub, ov, &name, NULL);
+        else if (o && (!strcmp(o, "size") || !strcmp(o, "count") || !strcmp(o, "points"))) {
             count_node = ov;
             if (!(rc = class_count(c, sub, ov, INT_MAX, &n)))
-                cc->limit_count = n;
+                lo->count = n;
+        } else if (o && !strcmp(o, "cost")) {
+            cost_node = ov;
+            if (!(rc = class_count(c, sub, ov, INT_MAX, &n)))
+                lo->cost = n;
         } else if (o && (!strcmp(o, "interval") || !strcmp(o, "lock_timeout"))) {
             interval_node = ov;
-            rc = limit_seconds(c, sub, ov, !strcmp(o, "interval"), &cc->limit_seconds);
+            rc = limit_seconds(c, sub, ov, !strcmp(o, "interval"), &lo->seconds);
         } else if (o && !strcmp(o, "wait_timeout")) {
             if (!(rc = class_count(c, sub, ov, 86400, &n)))
-                cc->limit_wait = (double)n;
+                lo->wait_timeout = (double)n;
         } else
             rc = kiq_yaml__fail(c, node(c, p->key), sub,
-                                "unknown key (type, name, size, count, interval, lock_timeout, "
-                                "wait_timeout)");
+                                "unknown key (type, name, size, count, points, cost, interval, "
+                                "lock_timeout, wait_timeout)");
     }
+    free((char *)lo->name);
+    lo->name = name;
     kiq_limit_type_t t = 0;
     if (!rc && (!type || kiq_limit_type_parse(type, &t))) {
         snprintf(sub, sizeof(sub), "%s.type", key);
         rc = kiq_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
                             type ? "unknown limiter type " : "is required", type ? type : "");
     }
-    if (!rc && cc->limit_count < 1) {
+    if (!rc && lo->count < 1) {
         const char *what = t == KIQ_LIMIT_CONCURRENT ? "size" : "count";
         snprintf(sub, sizeof(sub), "%s.%s", key, what);
         rc = kiq_yaml__fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
     }
-    if (!rc && t != KIQ_LIMIT_CONCURRENT && cc->limit_seconds <= 0) {
+    if (!rc && t != KIQ_LIMIT_CONCURRENT && lo->seconds <= 0) {
         snprintf(sub, sizeof(sub), "%s.interval", key);
         rc = kiq_yaml__fail(c, interval_node ? interval_node : v, sub, "is required for %s", type);
     }
+    if (!rc && cost_node && (t != KIQ_LIMIT_POINTS || lo->cost < 1 || lo->cost > lo->count)) {
+        snprintf(sub, sizeof(sub), "%s.cost", key);
+        rc = t != KIQ_LIMIT_POINTS
+                 ? kiq_yaml__fail(c, cost_node, sub, "is for points limiters only")
+                 : kiq_yaml__fail(c, cost_node, sub, "must be between 1 and the limit's %ld points",
+                                  lo->count);
+    }
     if (!rc)
-        cc->limit_type = (int)t;
+        lo->type = t;
     free(type);
     return rc;
 }
 
 static void class_opts_free(kiq_class_conf_t *cc)
 {
-    free(cc->limit_name);
+    free((char *)cc->limit.name);
     free(cc->lock);
     free(cc->lock_prefix);
     free(cc->lock_args);
@@ -248,7 +263,7 @@ static void class_opts_free(kiq_class_conf_t *cc)
 static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
 {
     char key[KIQ_ERRLEN];
-    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET, .max_limiter_reschedules = 20 };
+    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET, .limit = KIQ_LIMIT_OPTS_INIT };
     long unique_for = 0;
     char *until = NULL;
     int rc = 0;
@@ -274,7 +289,7 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
             else if (oname && !strcmp(oname, "max_limiter_reschedules")) {
                 long n = 0;
                 if (!(rc = class_count(c, key, ov, INT_MAX, &n)))
-                    cc.max_limiter_reschedules = (int)n;
+                    cc.limit.max_reschedules = (int)n;
             }
             else if (!oname ||
                      (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)

@@ -22,6 +22,7 @@ struct kiq_limiter {
     long long ms;           /* interval or lease */
     char name[KIQ_LIMIT_NAME_MAX + 1];
     char meta[96];          /* what limiter:NAME:meta holds */
+    char nonce[13];         /* random hex: holder ids of this handle */
     char meta_key[KEY_MAX];
     char state_key[KEY_MAX];
 };
@@ -84,6 +85,10 @@ kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long cou
     strcpy(lim->name, name);
     lim->count = count;
     lim->ms = (long long)(seconds * 1000 + 0.5);
+    unsigned char rnd[6];
+    kiq__random_bytes(rnd, sizeof(rnd));
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(lim->nonce + 2 * i, 3, "%02x", rnd[i]);
     /* The lease is not part of the meta: it is each holder's own business,
      * while size, count and interval define the limit. */
     if (type == KIQ_LIMIT_CONCURRENT)
@@ -98,20 +103,38 @@ kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long cou
     return lim;
 }
 
+int kiq_limit_opts_check(const kiq_limit_opts_t *o, const char *cls, char *err)
+{
+    if (!o)
+        return kiq_seterr(err, KIQ_EINVAL, "no limit options");
+    if (!o->type)
+        return 0;
+    /* The limiter itself checks the type, name, size and interval. */
+    kiq_limiter_t *l = kiq_limiter_new(o->type, o->name ? o->name : cls, o->count, o->seconds, err);
+    if (!l)
+        return KIQ_EINVAL;
+    kiq_limiter_free(l);
+    if (o->type == KIQ_LIMIT_POINTS && (o->cost < 1 || o->cost > o->count))
+        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: cost must be between 1 and its %ld points",
+                          o->name ? o->name : cls, o->count);
+    if (o->wait_timeout < 0 || o->max_reschedules < 0)
+        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: wait_timeout and max_reschedules must "
+                          "be >= 0", o->name ? o->name : cls);
+    return 0;
+}
+
 void kiq_limiter_free(kiq_limiter_t *lim)
 {
     free(lim);
 }
 
-/* A holder id no other acquisition shares: pid, thread-independent
- * random bits and a counter. */
-static void new_holder(kiq_limit_token_t *t)
+/* A holder id no other acquisition shares: pid, the handle's random
+ * nonce (drawn once, not per acquisition: a system call saved on every
+ * one) and a process-wide counter. */
+static void new_holder(const kiq_limiter_t *lim, kiq_limit_token_t *t)
 {
     static _Atomic unsigned long seq;
-    unsigned char rnd[6];
-    kiq__random_bytes(rnd, sizeof(rnd));
-    snprintf(t->id, sizeof(t->id), "%ld:%02x%02x%02x%02x%02x%02x:%lu", (long)getpid(), rnd[0],
-             rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], ++seq);
+    snprintf(t->id, sizeof(t->id), "%ld:%s:%lu", (long)getpid(), lim->nonce, ++seq);
 }
 
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
@@ -164,7 +187,7 @@ int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
                           "its budget of %ld", lim->name, points, lim->count);
     memset(token, 0, sizeof(*token));
     if (lim->type == KIQ_LIMIT_CONCURRENT || lim->type == KIQ_LIMIT_SLIDING)
-        new_holder(token);
+        new_holder(lim, token);
     double start = kiq__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {
         long long wait_ms = 0;
@@ -205,8 +228,8 @@ static int owner_call(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_
     char ms[24] = "";
     if (extend)
         snprintf(ms, sizeof(ms), "%lld", lim->ms);
-    const char *argv[] = { lim->state_key, token->id, ms };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_RELEASE, 1, 3, argv, NULL);
+    const char *argv[] = { lim->state_key, lim->meta_key, token->id, ms };
+    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_RELEASE, 2, 4, argv, NULL);
     int rc;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
         rc = kiq__reply_error(r, rep, extend ? "limiter extend" : "limiter release", err);

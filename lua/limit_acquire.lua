@@ -12,19 +12,32 @@
 -- Returns {1, 0} taken, {0, ms} refused and the ms until a slot may be
 -- free, {-1, meta} the name is used with other parameters.
 -- Times come from the Redis server so that every process agrees.
+-- Every key expires once the limiter is unused: the state when nothing in
+-- it matters any more (a lapsed lease, a past window, a drained level,
+-- all within an interval or a lease), and the meta after it, as each
+-- acquisition keeps the meta for two intervals (or leases).
 local meta = redis.call('GET', KEYS[1])
 if meta and meta ~= ARGV[2] then return {-1, meta} end
 if not meta then redis.call('SET', KEYS[1], ARGV[2]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kind, size, ms = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Key k lives at least ttl ms more; never shortened, as a holder with a
+-- longer lease (in another process) may need more.
+local function keep(k, ttl)
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+end
+local function taken()
+  keep(KEYS[1], 2 * ms)
+  return {1, 0}
+end
 if kind == 'concurrent' then
   local held, id = KEYS[2], ARGV[5]
   redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
   if redis.call('ZSCORE', held, id) or redis.call('ZCARD', held) < size then
     redis.call('ZADD', held, now + ms, id)
-    redis.call('PEXPIRE', held, ms)
-    return {1, 0}
+    keep(held, ms)
+    return taken()
   end
   local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
@@ -36,7 +49,7 @@ if kind == 'window' then
   if n >= size then return {0, start + ms - now} end
   redis.call('INCR', key)
   redis.call('PEXPIRE', key, ms)
-  return {1, 0}
+  return taken()
 end
 if kind == 'bucket' then
   local b = KEYS[2]
@@ -49,7 +62,7 @@ if kind == 'bucket' then
   if tokens < 1 then return {0, refill - now} end
   redis.call('HSET', b, 'tokens', tokens - 1, 'refill_at', refill)
   redis.call('PEXPIRE', b, refill - now)
-  return {1, 0}
+  return taken()
 end
 if kind == 'sliding' then
   local s, id = KEYS[2], ARGV[5]
@@ -57,7 +70,7 @@ if kind == 'sliding' then
   if redis.call('ZCARD', s) < size then
     redis.call('ZADD', s, now, id)
     redis.call('PEXPIRE', s, ms)
-    return {1, 0}
+    return taken()
   end
   local first = redis.call('ZRANGE', s, 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) + ms - now}
@@ -75,6 +88,6 @@ if kind == 'leaky' or kind == 'points' then
   level = level + cost
   redis.call('HSET', b, 'level', tostring(level), 'at', now)
   redis.call('PEXPIRE', b, math.ceil(level * ms / size) + 1)
-  return {1, 0}
+  return taken()
 end
 return redis.error_reply('unknown limiter type ' .. kind)

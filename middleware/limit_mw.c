@@ -1,5 +1,6 @@
-/* The "limit" server middleware: runs a job whose class has a `limit:`
- * option (kiq/config.h) only within its rate limiter (kiq/limiter.h).
+/* The "limit" server middleware: runs a job whose class has a limit (YAML
+ * `limit:` or kiq_class_opts_t.limit, kiq/limiter.h) only within its rate
+ * limiter, spending the job's "limiter_cost" or the class's cost.
  *
  * Over the limit, the job neither runs nor fails: it goes to the schedule
  * set for when the limiter says a slot may be free (a concurrent limiter
@@ -114,11 +115,11 @@ static void hold_end(hold_t *h)
     pthread_mutex_unlock(&ext.mu);
 }
 
-/* The payload's limiter_reschedules, or 0. */
-static long reschedules(kiq_job_t *job)
+/* The payload's integer field name, or 0 when absent or not > 0. */
+static long job_count(kiq_job_t *job, const char *name)
 {
     size_t len;
-    const char *v = kiq_job_field_raw(job, "limiter_reschedules", &len);
+    const char *v = kiq_job_field_raw(job, name, &len);
     char buf[24];
     if (!v || len >= sizeof(buf))
         return 0;
@@ -128,16 +129,16 @@ static long reschedules(kiq_job_t *job)
     return n > 0 ? n : 0;
 }
 
-static int over_limit(kiq_mw_t *mw, const kiq_class_conf_t *cc, const char *name, double in)
+static int over_limit(kiq_mw_t *mw, const kiq_limit_opts_t *lo, const char *name, double in)
 {
     kiq_job_t *job = mw->job;
-    long n = reschedules(job);
-    if (n >= cc->max_limiter_reschedules) {
+    long n = job_count(job, "limiter_reschedules");
+    if (n >= lo->max_reschedules) {
         kiq_job_fail(job, "Kiq::OverLimit",
                      "limiter %s stayed over its limit through %ld reschedules", name, n);
         return 0;
     }
-    if (cc->limit_type == KIQ_LIMIT_CONCURRENT) {
+    if (lo->type == KIQ_LIMIT_CONCURRENT) {
         double backoff = 0.5 * (double)(1L << (n < 6 ? n : 6));
         if (in > backoff)
             in = backoff;
@@ -157,7 +158,7 @@ static int over_limit(kiq_mw_t *mw, const kiq_class_conf_t *cc, const char *name
     if (bad) /* no memory: leave it for recovery */
         return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
     kiq_info("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld of %d)", mw->cls,
-             mw->jid, name, in, n + 1, cc->max_limiter_reschedules);
+             mw->jid, name, in, n + 1, lo->max_reschedules);
     int rc = kiq_mw_dispose(mw, KIQ_DISPOSE_SCHEDULE, kiq__now() + in, out, len);
     free(out);
     return rc;
@@ -166,32 +167,35 @@ static int over_limit(kiq_mw_t *mw, const kiq_class_conf_t *cc, const char *name
 int kiq__limit_mw(kiq_mw_t *mw, void *udata)
 {
     (void)udata;
-    const kiq_class_conf_t *cc = mw->cc;
-    if (!cc || !cc->limit_type)
+    /* The class's YAML limit, else the one it was registered with. */
+    const kiq_limit_opts_t *lo = mw->cc && mw->cc->limit.type ? &mw->cc->limit : mw->limit;
+    if (!lo || !lo->type)
         return kiq_mw_next(mw);
     char err[KIQ_ERRLEN];
-    const char *name = cc->limit_name ? cc->limit_name : cc->name;
-    kiq_limiter_t *lim = kiq_limiter_new((kiq_limit_type_t)cc->limit_type, name, cc->limit_count,
-                                         cc->limit_seconds, err);
+    const char *name = lo->name ? lo->name : mw->cc ? mw->cc->name : kiq_job_class(mw->job);
+    kiq_limiter_t *lim = kiq_limiter_new(lo->type, name, lo->count, lo->seconds, err);
     if (!lim) {
         kiq_job_fail(mw->job, "Kiq::LimiterError", "%s", err);
         return 0;
     }
+    long cost = job_count(mw->job, KIQ_LIMIT_COST_FIELD);
     kiq_limit_token_t tok;
     double in = 0;
-    int rc = kiq_limiter_acquire(lim, mw->r, cc->limit_wait, &tok, &in, err);
+    int rc = kiq_limiter_acquire_points(lim, mw->r, cost ? cost : lo->cost, lo->wait_timeout, &tok,
+                                        &in, err);
     if (rc == KIQ_EDENIED) {
-        rc = over_limit(mw, cc, name, in);
+        rc = over_limit(mw, lo, name, in);
     } else if (rc < 0) {
-        /* The name is in use with other parameters, or Redis failed: the
-         * job cannot run within its limit, so it fails and is retried. */
+        /* The name is in use with other parameters, the job's cost does
+         * not fit, or Redis failed: the job cannot run within its limit,
+         * so it fails and is retried. */
         kiq_job_fail(mw->job, rc == KIQ_ECONFIG ? "Kiq::LimiterConfigError" : "Kiq::LimiterError",
                      "%s", err);
         rc = 0;
-    } else if (cc->limit_type != KIQ_LIMIT_CONCURRENT) {
+    } else if (lo->type != KIQ_LIMIT_CONCURRENT) {
         rc = kiq_mw_next(mw);
     } else {
-        double lease = cc->limit_seconds > 0 ? cc->limit_seconds : 30;
+        double lease = lo->seconds > 0 ? lo->seconds : 30;
         hold_t h = { .lim = lim, .tok = tok, .name = name, .every = lease / 3,
                      .next_at = kiq__now() + lease / 3 };
         hold_start(&h, mw->cfg->redis_url);

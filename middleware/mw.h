@@ -21,6 +21,7 @@ struct kiq_mw {
     const kiq_config_t *cfg;     /* server only */
     const kiq_class_conf_t *cc;  /* the class's YAML options, or NULL */
     const kiq_unique_opts_t *unique; /* registered or push options, or NULL */
+    const kiq_limit_opts_t *limit;   /* server: registered limit, or NULL */
 
     kiq_job_t *job;              /* server */
     char *payload;               /* client: owned, edited in place */

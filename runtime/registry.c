@@ -23,6 +23,8 @@ int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *ud
 {
     if (!rt || !cls || !*cls || !fn)
         return KIQ_EINVAL;
+    if (opts && opts->limit && kiq_limit_opts_check(opts->limit, cls, NULL))
+        return KIQ_EINVAL;
     kiq_handler_entry_t *e = (kiq_handler_entry_t *)kiq_registry_find(rt, cls);
     if (!e) {
         kiq_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
@@ -41,6 +43,7 @@ int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *ud
     e->queue = opts && opts->queue ? strdup(opts->queue) : NULL;
     e->retry = opts ? opts->retry : KIQ_RETRY_UNSET;
     e->unique = opts ? opts->unique : NULL;
+    e->limit = opts && opts->limit && opts->limit->type ? opts->limit : NULL;
     return 0;
 }
 

@@ -18,6 +18,7 @@ typedef struct kiq_handler_entry {
     char *queue;
     int retry;
     const struct kiq_unique_opts *unique; /* registered uniqueness, or NULL */
+    const struct kiq_limit_opts *limit;   /* registered rate limit, or NULL */
 } kiq_handler_entry_t;
 
 /* One kiq_on_error or kiq_on_death registration. */

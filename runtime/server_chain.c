@@ -288,7 +288,8 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
     /* Middleware see the payload's own class (the uniqueness digest is made
      * of it, as Ruby makes it); the class options are the handler's. */
     *mw = (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
-                      .unique = run.h ? run.h->unique : NULL, .job = job,
+                      .unique = run.h ? run.h->unique : NULL,
+                      .limit = run.h ? run.h->limit : NULL, .job = job,
                       .cls = job->wrapper ? job->wrapper : job->cls,
                       .jid = job->jid, .queue = job->queue, .priv = &run,
                       .held_digest = held_digest };

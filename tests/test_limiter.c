@@ -1,6 +1,8 @@
 /* Rate limiters: the C API against a real redis-server, and the per-class
  * `limit:` option with kiq processes sharing one limit. */
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +11,9 @@
 #include <jansson.h>
 
 #include "helpers.h"
+#include "kiq/client.h"
 #include "kiq/limiter.h"
+#include "kiq/runtime.h"
 
 TestSuite(limiter, .init = NULL, .fini = kt_kill_children);
 
@@ -188,10 +192,11 @@ Test(limiter, concurrent_limit_is_fleet_wide)
                                     "      wait_timeout: 5\n");
     pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
     pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
-    push_limit_jobs(1, "lc", 50, 60);
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lc:jids") == 60, 20), "%s", kt_kiq_log(a));
+    push_limit_jobs(1, "lc", 50, 200);
+    /* 200 x 50 ms through 3 slots is 3.4 s of work at best. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lc:jids") == 200, 40), "%s", kt_kiq_log(a));
     cr_assert(KT_WAIT_UNTIL(kt_int("GET lc:running") == 0, 5));
-    cr_assert_eq(kt_int("LLEN lc:starts"), 60, "a job ran twice");
+    cr_assert_eq(kt_int("LLEN lc:starts"), 200, "a job ran twice");
     cr_assert_eq(kt_int("GET lc:max"), 3);
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
     cr_assert_eq(kt_int("ZCARD limiter:stripe:held"), 0, "every slot was given back");
@@ -200,7 +205,7 @@ Test(limiter, concurrent_limit_is_fleet_wide)
     free(y);
 }
 
-/* A window of 10 per second over two processes: no calendar second sees
+/* A window of 10 per second over three processes: no calendar second sees
  * more than 10 starts; the others wait in the schedule set and all run. */
 Test(limiter, window_limit_reschedules_and_runs_everything)
 {
@@ -208,10 +213,12 @@ Test(limiter, window_limit_reschedules_and_runs_everything)
                                    "      interval: second\n");
     pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
     pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
-    push_limit_jobs(2, "lw", 10, 50);
+    pid_t c = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(2, "lw", 10, 100);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD schedule") > 0, 5), "no job was rescheduled");
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lw:jids") == 50, 20), "%s", kt_kiq_log(a));
-    cr_assert_eq(kt_int("LLEN lw:starts"), 50, "a job ran twice");
+    /* 100 at 10 a second: 10 s at best. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lw:jids") == 100, 40), "%s", kt_kiq_log(a));
+    cr_assert_eq(kt_int("LLEN lw:starts"), 100, "a job ran twice");
     redisReply *rep = kt_cmd("LRANGE lw:starts 0 -1");
     long long sec = -1;
     int in_sec = 0;
@@ -224,9 +231,11 @@ Test(limiter, window_limit_reschedules_and_runs_everything)
     freeReplyObject(rep);
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
     cr_assert(kt_log_has(a, "limiter search is over its limit; rescheduled in") ||
-              kt_log_has(b, "limiter search is over its limit; rescheduled in"));
+              kt_log_has(b, "limiter search is over its limit; rescheduled in") ||
+              kt_log_has(c, "limiter search is over its limit; rescheduled in"));
     cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
     cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(c, SIGTERM, 10), 0);
     free(y);
 }
 
@@ -291,6 +300,10 @@ Test(limiter, bad_limit_configuration_fails_at_start)
         { "      type: window\n      count: 5\n      interval: -1\n", "classes.LimitJob.limit.interval: must be" },
         { "      type: bucket\n      count: 5\n", "classes.LimitJob.limit.interval: is required for bucket" },
         { "      size: 5\n", "classes.LimitJob.limit.type: is required" },
+        { "      type: window\n      count: 5\n      interval: 1\n      cost: 2\n",
+          "classes.LimitJob.limit.cost: is for points limiters only" },
+        { "      type: points\n      points: 10\n      interval: 1\n      cost: 11\n",
+          "classes.LimitJob.limit.cost: must be between 1 and the limit's 10 points" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *y = limit_yml("bad.yml", cases[i][0]), *out = NULL;
@@ -455,5 +468,274 @@ Test(limiter, kiq_limits_lists_and_shows_each_limiter)
     kiq_limiter_free(c);
     kiq_limiter_free(w);
     kiq_limiter_free(b);
+    kiq_redis_free(r);
+}
+
+/* ---- long-run rates, measured by the jobs themselves ------------------- */
+
+/* The start times (ms, Redis clock) the LimitJobs of key recorded, in the
+ * order they started; *n their number. */
+static long long *job_starts(const char *key, size_t *n)
+{
+    redisReply *rep = kt_cmd("LRANGE %s:starts 0 -1", key);
+    long long *t = calloc(rep->elements + 1, sizeof(*t));
+    for (size_t i = 0; i < rep->elements; i++)
+        t[i] = atoll(rep->element[i]->str);
+    *n = rep->elements;
+    freeReplyObject(rep);
+    return t;
+}
+
+/* Runs n LimitJobs of 10 ms under key on two processes of 10 processors,
+ * the class limited by limit (which waits in the processor rather than
+ * rescheduling, so the limiter alone sets the pace), and returns their
+ * start times. */
+static long long *run_limited(const char *file, const char *limit, unsigned tag,
+                              const char *key, size_t n)
+{
+    char *y = limit_yml(file, limit);
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    push_limit_jobs(tag, key, 10, n);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD %s:jids", key) == (long long)n, 30), "%s",
+              kt_kiq_log(a));
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    free(y);
+    size_t got;
+    long long *t = job_starts(key, &got);
+    cr_assert_eq(got, n, "a job ran twice");
+    return t;
+}
+
+/* A leaky or points limiter: a budget of burst jobs, restored evenly at
+ * per_s jobs a second. In any span [t_i, t_j] no more jobs start than the
+ * budget allows (burst + per_s * span; a job records its start a little
+ * after its acquisition, hence slack_ms), and after the first burst the
+ * rate is within 10% of per_s. */
+static void check_restoring(const long long *t, size_t n, size_t burst, double per_s)
+{
+    const double slack_ms = 50;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i; j < n; j++) {
+            double allowed = (double)burst + per_s * ((double)(t[j] - t[i]) + slack_ms) / 1000;
+            cr_assert_leq((double)(j - i + 1), allowed, "%zu starts in %lld ms",
+                          j - i + 1, t[j] - t[i]);
+        }
+    double rate = (double)(n - 1 - burst) * 1000 / (double)(t[n - 1] - t[burst]);
+    cr_assert(rate >= per_s * 0.9 && rate <= per_s * 1.1, "%.2f a second, not %.2f", rate,
+              per_s);
+}
+
+Test(limiter, leaky_keeps_its_rate_over_seconds)
+{
+    /* Bursts of 20, then 20 a second: 100 jobs in about 4 s. */
+    long long *t = run_limited("leaky.yml", "      type: leaky\n      name: drain\n"
+                               "      size: 20\n      interval: 1\n      wait_timeout: 5\n",
+                               6, "ll", 100);
+    check_restoring(t, 100, 20, 20);
+    free(t);
+}
+
+Test(limiter, points_keep_their_rate_over_seconds)
+{
+    /* 40 points a second at 2 a job: bursts of 20, then 20 a second. */
+    long long *t = run_limited("points.yml", "      type: points\n      name: gql\n"
+                               "      points: 40\n      cost: 2\n      interval: second\n"
+                               "      wait_timeout: 5\n", 7, "lp", 100);
+    check_restoring(t, 100, 20, 20);
+    free(t);
+}
+
+Test(limiter, bucket_keeps_its_rate_over_seconds)
+{
+    /* 20 a calendar second: 100 jobs over 5 seconds. */
+    long long *t = run_limited("bucket.yml", "      type: bucket\n      name: refill\n"
+                               "      count: 20\n      interval: second\n      wait_timeout: 5\n",
+                               8, "lb", 100);
+    long long first = t[0] / 1000, last = t[99] / 1000, full = 0;
+    for (size_t i = 0, in_sec = 0; i < 100; i++) {
+        long long s = t[i] / 1000;
+        in_sec = i && s == t[i - 1] / 1000 ? in_sec + 1 : 1;
+        cr_assert_leq(in_sec, 20, "second %lld saw more than 20 starts", s);
+        full += s > first && s < last;
+    }
+    /* The whole seconds between the first and the last are full. */
+    cr_assert_geq(last - first, 2, "%lld", last - first);
+    double rate = (double)full / (double)(last - first - 1);
+    cr_assert(rate >= 18 && rate <= 22, "%.2f a second, not 20", rate);
+    free(t);
+}
+
+/* ---- a limit declared in C, and per-job costs ------------------------- */
+
+/* CostJob: appends the Redis clock (ms) to PREFIX:10 when its payload says
+ * "limiter_cost" (10 in the test), else to PREFIX:5 (the class's cost);
+ * udata is PREFIX. */
+static int cost_job(kiq_job_t *job, void *ud)
+{
+    size_t len;
+    const char *own = kiq_job_field_raw(job, KIQ_LIMIT_COST_FIELD, &len);
+    redisReply *r = redisCommand(kiq_job_redis(job), "EVAL %s 1 %s:%s",
+                                 "local t = redis.call('TIME')\n"
+                                 "return redis.call('RPUSH', KEYS[1], "
+                                 "t[1] * 1000 + math.floor(t[2] / 1000))",
+                                 (const char *)ud, own ? "10" : "5");
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "CostJob: RPUSH failed");
+}
+
+static void *run_rt(void *rt)
+{
+    char err[KIQ_ERRLEN];
+    return (void *)(intptr_t)kiq_runtime_run(rt, err);
+}
+
+/* A points limit given through kiq_class_opts_t: a budget of 10 a second
+ * and jobs costing 5 let 2 jobs run per interval once the first budget is
+ * spent; a job whose payload says it costs 10 runs alone in its interval.
+ * A YAML limit for a class wins over its C one. */
+Test(limiter, class_limit_from_c_spends_each_jobs_cost)
+{
+    char err[KIQ_ERRLEN];
+    kiq_limit_opts_t lo = KIQ_LIMIT_OPTS_INIT;
+    lo.type = KIQ_LIMIT_POINTS;
+    lo.name = "budget";
+    lo.count = 10;
+    lo.seconds = 1;
+    lo.cost = 11;
+    cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), KIQ_EINVAL);
+    cr_assert(strstr(err, "cost must be between 1 and its 10 points"), "%s", err);
+    lo.cost = 5;
+    lo.wait_timeout = 10;
+    cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), 0, "%s", err);
+
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
+    cfg->redis_url_explicit = 1;
+    cfg->concurrency = 4;
+    char *y = kt_write_file("wins.yml", "classes:\n  YamlWins:\n"
+                                        "    limit: { type: concurrent, name: yaml, size: 1 }\n");
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    free(y);
+    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    kiq_limit_opts_t bad = lo;
+    bad.count = 0;
+    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    opts.limit = &bad;
+    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, "cj", &opts), KIQ_EINVAL);
+    opts.limit = &lo;
+    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, "cj", &opts), 0);
+    kiq_limit_opts_t c_only = lo;
+    c_only.name = "c-only";
+    opts.limit = &c_only;
+    cr_assert_eq(kiq_register(rt, "YamlWins", cost_job, "yw", &opts), 0);
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "%s", err);
+    cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, run_rt, rt), 0);
+
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(kiq_client_push(c, "CostJob", "[]", NULL, NULL), 0, "%s",
+                     kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:5") == 6, 15));
+    kiq_push_opts_t po = kiq_push_opts_default();
+    po.extra = "{\"" KIQ_LIMIT_COST_FIELD "\":10}";
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kiq_client_push(c, "CostJob", "[]", &po, NULL), 0, "%s",
+                     kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:10") == 2, 15));
+    cr_assert_eq(kiq_client_push(c, "YamlWins", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN yw:5") == 1, 15));
+    cr_assert_eq(kt_int("EXISTS limiter:yaml:meta"), 1, "the YAML limit applied");
+    cr_assert_eq(kt_int("EXISTS limiter:c-only:meta"), 0, "not the C one");
+    kiq_runtime_stop(rt);
+    void *rc;
+    pthread_join(th, &rc);
+    cr_assert_eq((intptr_t)rc, 0);
+    kiq_client_free(c);
+    kiq_runtime_free(rt);
+
+    long long t[8];
+    for (int i = 0; i < 8; i++)
+        t[i] = kt_int("LINDEX %s %d", i < 6 ? "cj:5" : "cj:10", i < 6 ? i : i - 6);
+    /* The first budget, 2 jobs at once; then no 3 within an interval (a
+     * job records its start a little after it was let in, hence 50 ms). */
+    cr_assert_lt(t[1] - t[0], 300, "%lld", t[1] - t[0]);
+    cr_assert_geq(t[2] - t[0], 450, "%lld", t[2] - t[0]);
+    for (int i = 3; i < 6; i++)
+        cr_assert_geq(t[i] - t[i - 2], 950, "jobs %d..%d in %lld ms", i - 2, i, t[i] - t[i - 2]);
+    /* Costing the whole budget, each waits for all of it to come back. */
+    for (int i = 6; i < 8; i++)
+        cr_assert_geq(t[i] - t[i - 1], 950, "job %d after %lld ms", i, t[i] - t[i - 1]);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+}
+
+/* ---- keys of unused limiters expire ----------------------------------- */
+
+static long long limiter_keys(void)
+{
+    return kt_int("EVAL %s 0", "return #redis.call('KEYS', 'limiter:*')");
+}
+
+/* Every key a limiter writes expires once it is unused, its meta last; a
+ * holder that keeps extending its lease keeps them all. */
+Test(limiter, an_unused_limiters_keys_expire)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t t, kept;
+    kiq_limiter_t *l[] = {
+        mk(KIQ_LIMIT_CONCURRENT, "e1", 2, 0.2), mk(KIQ_LIMIT_WINDOW, "e2", 2, 0.2),
+        mk(KIQ_LIMIT_BUCKET, "e3", 2, 0.2),     mk(KIQ_LIMIT_SLIDING, "e4", 2, 0.2),
+        mk(KIQ_LIMIT_LEAKY, "e5", 2, 0.2),      mk(KIQ_LIMIT_POINTS, "e6", 2, 0.2),
+    };
+    for (size_t i = 0; i < 6; i++)
+        cr_assert_eq(kiq_limiter_acquire(l[i], r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_release(l[5], r, &t, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(l[0], r, 0, &kept, NULL, err), 0, "%s", err);
+    for (int i = 1; i <= 6; i++) {
+        long long ttl = kt_int("PTTL limiter:e%d:meta", i);
+        cr_assert(ttl > 0 && ttl <= 400, "limiter:e%d:meta PTTL %lld", i, ttl);
+    }
+    /* Three leases on: e1's holder extended its slot all along. */
+    for (int i = 0; i < 6; i++) {
+        kt_sleep(0.1);
+        cr_assert_eq(kiq_limiter_extend(l[0], r, &kept, err), 0, "%s", err);
+    }
+    cr_assert_gt(kt_int("PTTL limiter:e1:held"), 0);
+    cr_assert_gt(kt_int("PTTL limiter:e1:meta"), 0);
+    cr_assert_eq(limiter_keys(), 2, "only e1's keys are left");
+    /* Once it stops, they go within a lease. */
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(limiter_keys() == 0, 2), "%lld keys left", limiter_keys());
+    cr_assert_lt(kt_now() - t0, 0.5);
+    for (size_t i = 0; i < 6; i++)
+        kiq_limiter_free(l[i]);
+    kiq_redis_free(r);
+}
+
+/* The lease is each process's own (not in the meta): a newcomer with a
+ * short one never cuts the life of the holder set under a longer one. */
+Test(limiter, a_short_lease_never_shortens_a_longer_one)
+{
+    kiq_redis_t *r = kt_lib_redis();
+    char err[KIQ_ERRLEN];
+    kiq_limit_token_t long_t, short_t;
+    kiq_limiter_t *slow = mk(KIQ_LIMIT_CONCURRENT, "lease", 2, 5);
+    kiq_limiter_t *quick = mk(KIQ_LIMIT_CONCURRENT, "lease", 2, 0.1);
+    cr_assert_eq(kiq_limiter_acquire(slow, r, 0, &long_t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_acquire(quick, r, 0, &short_t, NULL, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_extend(quick, r, &short_t, err), 0, "%s", err);
+    kt_sleep(0.3);
+    cr_assert_eq(kiq_limiter_extend(slow, r, &long_t, err), 0, "%s", err);
+    cr_assert_eq(kiq_limiter_release(slow, r, &long_t, err), 0, "%s", err);
+    kiq_limiter_free(slow);
+    kiq_limiter_free(quick);
     kiq_redis_free(r);
 }

@@ -11,6 +11,13 @@
 
 typedef struct kiq_client kiq_client_t;
 
+/* A push's (or a commit's) success with a warning: the jobs are in Redis,
+ * but with min_replicas_ack: N configured (kiq_client_use_config), fewer
+ * than N replicas had them within min_replicas_timeout, so a failover now
+ * could lose them. kiq_client_error() says how many did. Positive: not an
+ * error, and nothing to push again. */
+#define KIQ_PUSH_UNREPLICATED 1
+
 /* A field left unset (NULL, KIQ_RETRY_UNSET) takes the class's option (see
  * kiq_client_use_config and kiq_client_set_class), else the default. */
 typedef struct kiq_push_opts {
@@ -33,22 +40,25 @@ KIQ_API kiq_push_opts_t kiq_push_opts_default(void);
 
 /* Connects to url (NULL = REDIS_URL or redis://127.0.0.1:6379/0). Returns a
  * client owned by the caller (kiq_client_free), or NULL with err filled.
- * A client is not thread-safe: use one per thread. */
+ * A client is not thread-safe: use one per thread. kiq_client_free rolls
+ * back an open transaction (see kiq_client_begin). */
 KIQ_API kiq_client_t *kiq_client_new(const char *url, char *err);
 KIQ_API void kiq_client_free(kiq_client_t *c);
 
 /* Pushes one job of class cls with args (a JSON array text, NULL = "[]"),
  * through the client middleware chain. Writes its jid into jid (25 bytes,
- * may be NULL). Returns 0 or a KIQ_E* code (KIQ_EDENIED when a middleware,
- * such as a uniqueness lock, refused the push); kiq_client_error() then
- * says why. */
+ * may be NULL). Returns 0, KIQ_PUSH_UNREPLICATED, or a KIQ_E* code
+ * (KIQ_EDENIED when a middleware, such as a uniqueness lock, refused the
+ * push); kiq_client_error() then says why. With min_replicas_ack: N, the
+ * push is followed by WAIT N min_replicas_timeout. */
 KIQ_API int kiq_client_push(kiq_client_t *c, const char *cls, const char *args,
                             const kiq_push_opts_t *opts, char jid[25]);
 
 /* Pushes n jobs of one class in one round trip (one LPUSH, or one ZADD when
  * opts->at is in the future). jids may be NULL or hold n entries. Each job
  * goes through the client chain; a denied job gets an empty jid, the others
- * are pushed, and the call returns KIQ_EDENIED. */
+ * are pushed, and the call returns KIQ_EDENIED (ahead of
+ * KIQ_PUSH_UNREPLICATED). */
 KIQ_API int kiq_client_push_bulk(kiq_client_t *c, const char *cls,
                                  const char *const *args, size_t n,
                                  const kiq_push_opts_t *opts, char (*jids)[25]);
@@ -63,7 +73,8 @@ KIQ_API int kiq_client_set_class(kiq_client_t *c, const char *cls,
 
 /* Reads the classes: section of cfg on every push (retry, queue and the
  * lock options), ahead of kiq_client_set_class's options, as the server
- * reads them. cfg is borrowed and must outlive c; NULL stops. */
+ * reads them, and its min_replicas_ack and min_replicas_timeout. cfg is
+ * borrowed and must outlive c; NULL stops. */
 KIQ_API void kiq_client_use_config(kiq_client_t *c, const kiq_config_t *cfg);
 
 /* Both at once from a runtime: the options its classes were registered
@@ -71,6 +82,47 @@ KIQ_API void kiq_client_use_config(kiq_client_t *c, const kiq_config_t *cfg);
  * is how a handler's own client pushes jobs of the runtime's classes.
  * Returns 0 or KIQ_ENOMEM. */
 KIQ_API int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt);
+
+/* Transactions: pushes that wait for the caller's own commit, so that
+ * enqueueing can follow a database transaction. After kiq_client_begin,
+ * every push (single, bulk, scheduled, with class options or a lock) runs
+ * its client chain and returns as usual (jids, KIQ_EDENIED), but its
+ * writes wait in the client; kiq_client_commit sends them all in one
+ * MULTI/EXEC, so a worker sees all of them or none, and
+ * kiq_client_rollback drops them. Nothing is refused inside a transaction,
+ * but a push there still needs the connection (KIQ_EREDIS without it):
+ * its chain may take a lock.
+ *
+ * Uniqueness locks (until_executed and the other until_* types) are taken
+ * when the push is made, not at commit: a conflicting push is denied at
+ * once, as outside a transaction, and the lock is held for the buffered
+ * job. A rollback, kiq_client_free, or a commit that surely did not push
+ * releases those locks. What middleware itself writes to Redis (a user's,
+ * or the reject and replace conflict strategies) is written at push time
+ * and not undone.
+ *
+ * kiq_client_begin returns 0, KIQ_ENOMEM, or KIQ_EINVAL when a transaction
+ * is already open (that one stays as it was). */
+KIQ_API int kiq_client_begin(kiq_client_t *c);
+/* Sends the buffered pushes (nothing to send is a success) and ends the
+ * transaction, whatever the outcome. Returns
+ *   0 or KIQ_PUSH_UNREPLICATED: all were pushed (then the WAIT of
+ *     min_replicas_ack, as for any push);
+ *   KIQ_EREPLY: Redis refused the transaction (a read-only replica, out
+ *     of memory): none was pushed, and their locks are released. (Or,
+ *     rarer, a command failed as it ran, such as an LPUSH onto a key that
+ *     is not a list: MULTI/EXEC does not undo the others.);
+ *   KIQ_EREDIS: the connection failed. When it failed before anything was
+ *     sent, none was pushed (the error says "nothing was pushed", and the
+ *     locks are released if Redis can be reached, else they expire or go
+ *     to the reaper); when it failed after, MULTI/EXEC made them all or
+ *     none, but which is unknown (the error says "unknown which"), and the
+ *     locks are kept. A commit is never sent twice;
+ *   KIQ_EINVAL: no transaction is open. */
+KIQ_API int kiq_client_commit(kiq_client_t *c);
+/* Drops the buffered pushes, releases their locks and ends the
+ * transaction. Returns 0, or KIQ_EINVAL when none is open. */
+KIQ_API int kiq_client_rollback(kiq_client_t *c);
 
 /* The last error's text; valid until the next call. */
 KIQ_API const char *kiq_client_error(const kiq_client_t *c);

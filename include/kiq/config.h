@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include "error.h"
+#include "limiter.h"
 
 /* Exit status of the kiq binary for a bad configuration (EX_CONFIG): a bad
  * file, flag or URL, or Redis refusing the password, user or database. */
@@ -54,14 +55,8 @@ typedef struct kiq_class_conf {
     int unique_across_queues;
     int unique_across_workers;
     double schedule_in;        /* reschedule delay in seconds */
-    /* Rate limit (kiq/limiter.h), checked when read; limit_type 0 = none. */
-    int limit_type;            /* a kiq_limit_type_t */
-    char *limit_name;          /* default: the class name */
-    long limit_count;          /* size (concurrent) or count per interval */
-    double limit_seconds;      /* interval, or a concurrent slot's lock_timeout */
-    double limit_wait;         /* seconds a job waits for the limit before it
-                                * is rescheduled (default 0) */
-    int max_limiter_reschedules; /* then the job fails into retry; default 20 */
+    kiq_limit_opts_t limit;    /* rate limit, checked when read; its name
+                                * is owned (free((char *)limit.name)) */
 } kiq_class_conf_t;
 
 /* TLS settings for a rediss:// URL given apart from it (the file's tls:

@@ -54,6 +54,35 @@ typedef struct kiq_limit_token {
     char id[KIQ_LIMIT_TOKEN_MAX];
 } kiq_limit_token_t;
 
+/* A job class's limit, applied around its handler by kiq's server
+ * middleware: given in C as kiq_class_opts_t.limit, or in YAML as the
+ * class's `limit:` (which fills this same structure, and wins over the C
+ * one). Start from KIQ_LIMIT_OPTS_INIT.
+ *
+ * A job over the limit waits up to wait_timeout in its processor, then is
+ * rescheduled for when a slot may be free; past max_reschedules of those it
+ * fails with Kiq::OverLimit into the retry rules. A job's payload may carry
+ * "limiter_cost": N (an integer >= 1), the points it spends instead of
+ * cost. */
+typedef struct kiq_limit_opts {
+    kiq_limit_type_t type; /* 0 = no limit */
+    const char *name;      /* the limiter's name; NULL = the class name */
+    long count;            /* size (concurrent, leaky), count (window, bucket,
+                              sliding) or points per interval */
+    double seconds;        /* the interval; concurrent: lock_timeout (0 = 30) */
+    double wait_timeout;   /* seconds a job waits before it is rescheduled */
+    long cost;             /* points a job spends (points type only) */
+    int max_reschedules;   /* then the job goes through retry */
+} kiq_limit_opts_t;
+
+#define KIQ_LIMIT_RESCHEDULES_DEFAULT 20
+#define KIQ_LIMIT_OPTS_INIT { 0, NULL, 0, 0, 0, 1, KIQ_LIMIT_RESCHEDULES_DEFAULT }
+#define KIQ_LIMIT_COST_FIELD "limiter_cost" /* a job's own cost, in its payload */
+
+/* Whether o describes a limit kiq can apply: 0, or KIQ_EINVAL with err
+ * saying what is wrong. cls stands for a NULL name. */
+KIQ_API int kiq_limit_opts_check(const kiq_limit_opts_t *o, const char *cls, char *err);
+
 /* A limiter handle owned by the caller (kiq_limiter_free), or NULL with err
  * filled. count: holders (concurrent), or acquisitions per interval.
  * seconds: the interval (window, bucket; > 0), or the lease of a

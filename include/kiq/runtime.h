@@ -28,9 +28,12 @@ typedef struct kiq_class_opts {
                           or NULL; must outlive the runtime. The YAML
                           classes: options and the payload's own fields
                           take precedence. */
+    const struct kiq_limit_opts *limit; /* rate limit (kiq/limiter.h), or
+                          NULL; must outlive the runtime. A YAML limit: for
+                          the class takes precedence. */
 } kiq_class_opts_t;
 
-#define KIQ_CLASS_OPTS_INIT { NULL, KIQ_RETRY_UNSET, NULL }
+#define KIQ_CLASS_OPTS_INIT { NULL, KIQ_RETRY_UNSET, NULL, NULL }
 
 /* Sidekiq's error_handlers and death_handlers. A hook gets the job, its
  * error class and message (what kiq_job_fail recorded, or the runtime's own
@@ -59,7 +62,8 @@ KIQ_API kiq_runtime_t *kiq_runtime_new(kiq_config_t *cfg, char *err);
 KIQ_API void kiq_runtime_free(kiq_runtime_t *rt);
 
 /* Registers fn for job class cls (copied). opts may be NULL. Registering a
- * class twice replaces the handler. Returns 0, KIQ_EINVAL or KIQ_ENOMEM. */
+ * class twice replaces the handler. Returns 0, KIQ_EINVAL (kiq_limit_opts_check
+ * says why a limit is refused) or KIQ_ENOMEM. */
 KIQ_API int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn,
                          void *udata, const kiq_class_opts_t *opts);
 
