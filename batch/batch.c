@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/txn.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
@@ -82,6 +83,22 @@ const char *kiq_batch_error(const kiq_batch_t *b) { return b->err; }
 static int run(kiq_batch_t *b, kiq_script_t s, int nkeys, int argc, const char **argv,
                long long *out)
 {
+    kiq_txn_t *t = kiq__client_txn(b->c);
+    if (t) {
+        /* Inside the client's transaction the step waits with the pushes,
+         * and lands with them in kiq_client_commit or never. */
+        char n[16];
+        snprintf(n, sizeof(n), "%d", nkeys);
+        const char *av[argc + 3];
+        av[0] = "EVAL";
+        av[1] = kiq_lua_texts[s];
+        av[2] = n;
+        memcpy(av + 3, argv, (size_t)argc * sizeof(*argv));
+        if (out)
+            *out = 0;
+        return kiq__txn_add(t, argc + 3, av, NULL) ? kiq_seterr(b->err, KIQ_ENOMEM, "out of memory")
+                                                   : 0;
+    }
     kiq_redis_t *r = kiq_client_redis(b->c);
     if (!kiq_redis_ok(r) && kiq_redis_connect(r))
         return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s", b->bid, kiq_redis_error(r));

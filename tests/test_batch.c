@@ -627,3 +627,31 @@ Test(batch, invalidated_batch_jobs_can_tell)
     kiq_batch_free(b);
     kiq_client_free(c);
 }
+
+/* Inside a client transaction a batch and its jobs land together at the
+ * commit, or not at all after a rollback. */
+Test(batch, in_a_client_transaction)
+{
+    kiq_client_t *c = client();
+    cr_assert_eq(kiq_client_begin(c), 0);
+    kiq_batch_t *b = new_batch(c, "callbacks", "tcb", 0);
+    push_n(b, "RecordJob", 3, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    cr_assert_eq(kt_int("EXISTS batch:%s", kiq_batch_bid(b)), 0, "nothing before the commit");
+    cr_assert_eq(kiq_client_rollback(c), 0);
+    cr_assert_eq(kt_int("EXISTS batch:%s", kiq_batch_bid(b)), 0);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    kiq_batch_free(b);
+
+    cr_assert_eq(kiq_client_begin(c), 0);
+    b = new_batch(c, "callbacks", "tcb", 0);
+    push_n(b, "RecordJob", 3, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(kt_int("HGET batch:%s total", kiq_batch_bid(b)), 3);
+    cr_assert_eq(kt_int("LLEN queue:default"), 3);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s", kt_kiq_log(pid));
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}

@@ -20,7 +20,11 @@
  * parent's callbacks fire after the child's.
  *
  * A kiq_batch_t is a handle on one batch for one client; like the client,
- * not thread-safe. The keys are described in the README. */
+ * not thread-safe. Inside the client's transaction (kiq_client_begin) a
+ * batch's steps wait with its pushes and land with them at
+ * kiq_client_commit, or never (kiq_client_rollback); errors Redis finds then
+ * (a parent that does not exist) are not reported, and such jobs run as
+ * plain jobs. The keys are described in the README. */
 #ifndef KIQ_BATCH_H
 #define KIQ_BATCH_H
 
