@@ -3,6 +3,7 @@
  * resolves kiq_* symbols from the kiq binary and does not link libkiq.
  *
  *   NoopJob [...]        does nothing (throughput, memory)
+ *   SleepJob [...]       sleeps 2 ms, as a job waiting on I/O would
  *   LatencyJob KEY       RPUSHes to KEY the microseconds between the job's
  *                        enqueued_at and the moment its handler starts */
 #include <stdio.h>
@@ -16,6 +17,16 @@ static int noop_job(kiq_job_t *job, void *ud)
 {
     (void)job;
     (void)ud;
+    return 0;
+}
+
+static int sleep_job(kiq_job_t *job, void *ud)
+{
+    (void)job;
+    (void)ud;
+    struct timespec ts = { 0, 2000000 };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
     return 0;
 }
 
@@ -70,6 +81,7 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
     int rc = 0;
     rc |= kiq_register(rt, "NoopJob", noop_job, NULL, &opts);
+    rc |= kiq_register(rt, "SleepJob", sleep_job, NULL, &opts);
     rc |= kiq_register(rt, "LatencyJob", latency_job, NULL, &opts);
     return rc;
 }

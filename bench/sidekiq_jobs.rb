@@ -5,6 +5,7 @@
 #                   writes the epoch time into bench:done (basic fetch leaves
 #                   no trace of the last job in Redis, so the drain timer
 #                   needs this stamp to see the end)
+#   SleepJob [...]  sleeps 2 ms (a job waiting on I/O), then counts as NoopJob
 #   LatencyJob KEY  RPUSHes to KEY the microseconds between the job's
 #                   enqueued_at and the start of its server middleware chain
 #
@@ -33,6 +34,13 @@ class NoopJob
     return unless n == TARGET
 
     Sidekiq.redis { |c| c.set('bench:done', format('%.6f', Time.now.to_f)) }
+  end
+end
+
+class SleepJob < NoopJob
+  def perform(*)
+    sleep 0.002
+    super
   end
 end
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
+enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_PREFETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
        OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT, OPT_UNKNOWN_CLASS, OPT_TLS };
 
 static const struct option longopts[] = {
@@ -30,6 +30,7 @@ static const struct option longopts[] = {
     { "help", no_argument, NULL, 'h' },
     { "redis-url", required_argument, NULL, OPT_REDIS_URL },
     { "fetch", required_argument, NULL, OPT_FETCH },
+    { "prefetch", required_argument, NULL, OPT_PREFETCH },
     { "timestamps", required_argument, NULL, OPT_TIMESTAMPS },
     { "log-format", required_argument, NULL, OPT_LOG_FORMAT },
     { "label", required_argument, NULL, OPT_LABEL },
@@ -70,6 +71,7 @@ const char *kiq_config_usage(void)
            "                           also --tls-ca-path DIR, --tls-cert PATH, --tls-key PATH,\n"
            "                           --tls-server-name NAME, --tls-verify none\n"
            "      --fetch MODE         reliable (default) or basic\n"
+           "      --prefetch N         jobs fetched ahead at most (default 10 a processor, >= 500)\n"
            "      --timestamps FORMAT  float (Sidekiq 6/7, default) or millis (Sidekiq 8)\n"
            "      --log-format FORMAT  pretty (default) or json\n"
 "      --unknown-class P    a job whose class has no handler: fail (default: NameError,\n"
@@ -146,6 +148,10 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
     case OPT_REDIS_URL:
         cfg->redis_url_explicit = 1;
         return kiq_config_set_str(&cfg->redis_url, v);
+    case OPT_PREFETCH:
+        if (!(rc = parse_number("--prefetch", v, 1, 0, 100000, &n, err)))
+            cfg->prefetch = (int)n;
+        return rc;
     case OPT_FETCH:
         if (strcmp(v, "reliable") == 0) cfg->fetch = KIQ_FETCH_RELIABLE;
         else if (strcmp(v, "basic") == 0) cfg->fetch = KIQ_FETCH_BASIC;

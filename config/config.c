@@ -212,6 +212,9 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
     if (cfg->concurrency < 1 || cfg->concurrency > 1000)
         return kiq_seterr(err, KIQ_ECONFIG,
                           "concurrency: must be an integer between 1 and 1000");
+    if (cfg->prefetch < 0 || cfg->prefetch > 100000)
+        return kiq_seterr(err, KIQ_ECONFIG,
+                          "prefetch: must be an integer between 0 and 100000");
     if (!(cfg->timeout > 0))
         return kiq_seterr(err, KIQ_ECONFIG, "timeout: must be a number greater than 0");
     if (!(cfg->startup_timeout >= 0))

@@ -207,7 +207,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
 static int set_fetch(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    int i, rc = choice(c, key, v, "reliable", "basic", &i);
+    int i = 0, rc = choice(c, key, v, "reliable", "basic", &i);
     if (rc == 0)
         c->cfg->fetch = i ? KIQ_FETCH_BASIC : KIQ_FETCH_RELIABLE;
     return rc;
@@ -216,7 +216,7 @@ static int set_fetch(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
 static int set_timestamps(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    int i, rc = choice(c, key, v, "float", "millis", &i);
+    int i = 0, rc = choice(c, key, v, "float", "millis", &i);
     if (rc == 0)
         c->cfg->timestamps = i ? KIQ_TS_MILLIS : KIQ_TS_FLOAT;
     return rc;
@@ -225,7 +225,7 @@ static int set_timestamps(ctx_t *c, const key_def_t *k, const char *key, yaml_no
 static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    int i, rc = choice(c, key, v, "pretty", "json", &i);
+    int i = 0, rc = choice(c, key, v, "pretty", "json", &i);
     if (rc == 0)
         c->cfg->log_format = i ? KIQ_LOG_JSON : KIQ_LOG_PRETTY;
     return rc;
@@ -579,6 +579,7 @@ static const key_def_t keys[] = {
     {"tls", kiq_yaml__set_tls, 0, 0, 0},
     {"plugins", set_plugins, 0, 0, 0},
     {"fetch", set_fetch, 0, 0, 0},
+    {"prefetch", set_int, OFF(prefetch), 0, 100000},
     {"timestamps", set_timestamps, 0, 0, 0},
     {"log_format", set_log_format, 0, 0, 0},
     {"unknown_class", set_unknown_class, 0, 0, 0},

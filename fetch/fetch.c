@@ -226,14 +226,18 @@ static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
 }
 
 /* Reads the script's reply into out[0..max). Returns the number of jobs,
- * or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM (nothing in out then). */
+ * or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM (nothing in out then). Each job's
+ * seq is Redis's clock at the fetch (microseconds) times 128 plus its
+ * place in the batch: the order of every fetch as Redis ran it. */
 static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out, size_t max)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 4)
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 4 != 1
+        || rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer < 0)
         return KIQ_EREPLY;
+    unsigned long long clock = (unsigned long long)rep->element[0]->integer;
     size_t n = 0;
     int rc = 0;
-    for (size_t i = 0; i < rep->elements && n < max && rc == 0; i += 4) {
+    for (size_t i = 1; i < rep->elements && n < max && rc == 0; i += 4) {
         redisReply **e = rep->element + i;
         long long qi = e[0]->type == REDIS_REPLY_INTEGER ? e[0]->integer : 0;
         if (qi < 1 || (size_t)qi > f->nq || e[1]->type != REDIS_REPLY_STRING) {
@@ -241,8 +245,10 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
             break;
         }
         rc = take(f, e[1], f->order[qi - 1], &out[n]);
-        if (rc == 1 && (rc = take_hint(e[2], e[3], &out[n])) == 0)
+        if (rc == 1 && (rc = take_hint(e[2], e[3], &out[n])) == 0) {
+            out[n].seq = clock * 128 + n;
             n++;
+        }
     }
     if (rc < 0) {
         /* Jobs already moved stay in the working list: the stray check
@@ -402,16 +408,14 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     return read_ack(r, ack) ? KIQ_EREDIS : 0;
 }
 
-/* A success that releases a lock or moves a batch: several of them go in
- * one acks.lua call (a plain success is a bare LREM, cheaper still). A
- * dropped job of a batch failed, which only ack.lua says. */
+/* A success, with or without a lock to release or a batch to move: several
+ * of them go in one acks.lua call (a failure stores a payload and goes
+ * through ack.lua; so does a dropped job of a batch, a failure to it). */
 static int batchable(const kiq_ack_t *ack)
 {
-    if (!ack->lock_jid)
-        return 0;
     if (ack->bid)
-        return ack->kind == KIQ_ACK_OK;
-    return ack->lock_key && (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP);
+        return ack->kind == KIQ_ACK_OK && ack->lock_jid;
+    return ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
 }
 
 enum { ACKS_PER_CALL = 64 };
@@ -435,11 +439,13 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
             continue;
         argv[argc] = acks[i].raw;
         lens[argc++] = acks[i].len;
-        argv[argc] = a->lock_key ? a->lock_key : "";
+        int lock = a->lock_key && a->lock_jid;
+        argv[argc] = lock ? a->lock_key : "";
         lens[argc] = strlen(argv[argc]);
         argc++;
-        argv[argc] = a->lock_jid;
-        lens[argc++] = strlen(a->lock_jid);
+        argv[argc] = a->lock_jid ? a->lock_jid : "";
+        lens[argc] = strlen(argv[argc]);
+        argc++;
         argv[argc] = a->bid ? a->bid : "";
         lens[argc] = strlen(argv[argc]);
         argc++;
@@ -572,19 +578,35 @@ int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t l
 int kiq__fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len)
 {
+    return kiq__fetch_requeue_n(f, r, queue, &raw, &len, 1);
+}
+
+int kiq__fetch_requeue_n(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
+                        const char *const *raws, const size_t *lens, size_t n)
+{
     char *key = kiq__key_dup(KIQ_KEY_QUEUE, queue);
-    if (!key)
+    const char **argv = malloc((n + 2) * sizeof(*argv));
+    size_t *alens = malloc((n + 2) * sizeof(*alens));
+    if (!key || !argv || !alens) {
+        free(key);
+        free(argv);
+        free(alens);
         return KIQ_ENOMEM;
-    redisReply *rep;
-    if (f->mode == KIQ_FETCH_BASIC) {
-        const char *argv[] = { "RPUSH", key, raw };
-        size_t lens[] = { 5, strlen(key), len };
-        rep = kiq_redis_cmd(r, 3, argv, lens);
-    } else {
-        const char *argv[] = { f->working, key, raw };
-        size_t lens[] = { strlen(f->working), strlen(key), len };
-        rep = kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
     }
+    /* Basic fetch: RPUSH key raws...; reliable: requeue.lua, the working
+     * list and the queue as keys. Either way the last one given ends at the
+     * head of the queue. */
+    int basic = f->mode == KIQ_FETCH_BASIC;
+    argv[0] = basic ? "RPUSH" : f->working;
+    argv[1] = key;
+    alens[0] = strlen(argv[0]);
+    alens[1] = strlen(key);
+    memcpy(argv + 2, raws, n * sizeof(*argv));
+    memcpy(alens + 2, lens, n * sizeof(*alens));
+    redisReply *rep = basic ? kiq_redis_cmd(r, (int)n + 2, argv, alens)
+                            : kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, (int)n + 2, argv, alens);
+    free(argv);
+    free(alens);
     free(key);
     if (!rep)
         return KIQ_EREDIS;

@@ -64,6 +64,8 @@ typedef struct kiq_fetched {
     const char *queue;
     char *held_digest;
     char *held_jid;
+    unsigned long long seq; /* the order Redis ran the fetches in (the fetch
+                               script's clock; 0 from a plain move) */
 } kiq_fetched_t;
 
 void kiq__fetched_clear(kiq_fetched_t *job);
@@ -119,6 +121,10 @@ int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t l
  * than a list (the job then stays in the working list). */
 int kiq__fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
                       const char *raw, size_t len);
+/* The same for n jobs of one queue in one call, newest first (the last
+ * ends at the head). */
+int kiq__fetch_requeue_n(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
+                        const char *const *raws, const size_t *lens, size_t n);
 
 /* The working list and liveness key names for an identity, into out. */
 void kiq__fetch_working_key(const char *identity, char *out, size_t n);

@@ -1,15 +1,16 @@
 -- uses: release_hold
 -- uses: batch_done
--- Finish several successful jobs at once, each releasing its uniqueness
--- lock as ack.lua does and moving its batch as lib/batch_done.lua does: the
--- job leaves the working list, and its jid's hold on "<digest>:LOCKED" goes
--- and its batch counts it in the same step; a job no longer in the list
--- (requeued or recovered meanwhile) keeps its lock and counts nothing, for
--- the copy that will run. One script call for many jobs instead of one per
--- job; a batch's counters move once per call.
+-- Finish several successful jobs at once: each leaves the working list and,
+-- in the same step, when it holds a uniqueness lock its jid's hold on
+-- "<digest>:LOCKED" goes, as in ack.lua, and when it belongs to a batch the
+-- batch counts it, as lib/batch_done.lua says (each batch's counters move
+-- once per call). A job no longer in the list (requeued or recovered
+-- meanwhile) keeps its lock and counts nothing, for the copy that will run.
+-- One script call for a batch of acks instead of a command per job: the
+-- per-command cost, not the removal, is most of what an ack costs Redis.
 -- KEYS[1] working list, KEYS[2] "uniquejobs:digests".
--- ARGV: groups of 4: payload as fetched, "<digest>:LOCKED" or "", jid, bid
--- or "".
+-- ARGV: groups of 4: payload as fetched, "<digest>:LOCKED" ("" without a
+-- lock), jid, bid ("" without a batch).
 -- Returns {how many of the jobs were still in the working list, the flags
 -- of lib/batch_done.lua (2: a bid named no batch; the callbacks fired), that
 -- bid or ""}.

@@ -7,9 +7,11 @@
 -- (the check the server would otherwise make in a round trip of its own).
 -- The fields are found by plain search, not parsed: the caller compares
 -- them with its own parse before trusting the answer.
--- Returns a flat array, four entries a job: the queue's index (1-based),
--- the payload, and the digest and jid found held ("" and "" when not
--- checked or not held). An empty array when every queue is empty.
+-- Returns a flat array: Redis's clock in microseconds (scripts run one at a
+-- time, so it orders the fetches of every connection as Redis ran them),
+-- then four entries a job: the queue's index (1-based), the payload, and
+-- the digest and jid found held ("" and "" when not checked or not held).
+-- The clock alone when every queue is empty.
 local working = KEYS[#KEYS]
 -- The string value of the first "name":"..." in job, by plain search (a
 -- pattern match costs several times more), or nil.
@@ -30,27 +32,38 @@ local function field(job, name)
 end
 local want = tonumber(ARGV[1]) or 1
 local check = ARGV[2] == '1'
-local out = {}
+local now = redis.call('TIME')
+local out = { tonumber(now[1]) * 1000000 + tonumber(now[2]) }
 local got = 0
+-- From each queue in turn, the oldest jobs (the right end) in one range:
+-- three commands for the lot instead of one move per job. They go to the
+-- working list's left end oldest first, as one move per job would leave
+-- them.
 for i = 1, #KEYS - 1 do
-  while got < want do
-    local job = redis.call('LMOVE', KEYS[i], working, 'RIGHT', 'LEFT')
-    if not job then
-      break
+  local jobs = redis.call('LRANGE', KEYS[i], got - want, -1)
+  local n = #jobs
+  if n > 0 then
+    redis.call('LTRIM', KEYS[i], 0, -n - 1)
+    local oldest_first = {}
+    for k = n, 1, -1 do
+      oldest_first[#oldest_first + 1] = jobs[k]
     end
-    got = got + 1
-    local digest, jid = '', ''
-    local d = check and field(job, '"lock_digest":"')
-    if d then
-      local j = field(job, '"jid":"')
-      if j and redis.call('HEXISTS', d .. ':LOCKED', j) == 1 then
-        digest, jid = d, j
+    redis.call('LPUSH', working, unpack(oldest_first))
+    got = got + n
+    for _, job in ipairs(oldest_first) do
+      local digest, jid = '', ''
+      local d = check and field(job, '"lock_digest":"')
+      if d then
+        local j = field(job, '"jid":"')
+        if j and redis.call('HEXISTS', d .. ':LOCKED', j) == 1 then
+          digest, jid = d, j
+        end
       end
+      out[#out + 1] = i
+      out[#out + 1] = job
+      out[#out + 1] = digest
+      out[#out + 1] = jid
     end
-    out[#out + 1] = i
-    out[#out + 1] = job
-    out[#out + 1] = digest
-    out[#out + 1] = jid
   end
   if got >= want then
     break

@@ -6,8 +6,11 @@
 #include "redis/sentinel.h"
 #include "redis/tls.h"
 #include "redis/url.h"
+#include "support/log.h"
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,8 +36,19 @@ struct kiq_redis {
     sent_t *q;            /* the unread replies' commands, oldest at q[qhead] */
     size_t qhead, qlen, qcap;
     int need_load;        /* a NOSCRIPT reached a caller: load before the next command */
+    int era;              /* the value of demotions when this connection was made */
     char errstr[KIQ_ERRLEN];
 };
+
+/* How many times a server of this process answered READONLY on a plain
+ * URL: it was demoted to a replica behind an address that stays (a
+ * managed service's failover name). Every connection made before the last
+ * such answer reconnects, the address's new master or not, and then checks
+ * with ROLE that it found a master. */
+static atomic_int demotions;
+/* Set from the first READONLY until a connect finds a master again: the
+ * episode is logged once, not by every connection. */
+static atomic_int demoted;
 
 /* Forgets every unread reply (the connection is dropped or replaced). */
 static void forget_sent(kiq_redis_t *r)
@@ -218,7 +232,8 @@ int kiq_redis_connect(kiq_redis_t *r)
         if (code)
             return code;
     }
-    if (r->url.sentinel && kiq__sentinel_check_role(r->c, r->name, r->errstr))
+    int era = atomic_load(&demotions);
+    if ((r->url.sentinel || era) && kiq__sentinel_check_role(r->c, r->name, r->errstr))
         return KIQ_EREDIS;
     int permanent = 0, rc = load_scripts_why(r, &permanent);
     if (rc == KIQ_EREPLY)
@@ -226,11 +241,20 @@ int kiq_redis_connect(kiq_redis_t *r)
     if (rc)
         return rc;
     r->broken = 0;
+    r->era = era;
     r->errstr[0] = '\0';
+    if (era && atomic_exchange(&demoted, 0))
+        kiq_info("%s is a master again", r->name);
     return 0;
 }
 
-int kiq_redis_ok(const kiq_redis_t *r) { return r && r->c && !r->broken && !r->c->err; }
+/* Made before the last demotion: to be made again. */
+static int stale(const kiq_redis_t *r) { return r->era != atomic_load(&demotions); }
+
+int kiq_redis_ok(const kiq_redis_t *r)
+{
+    return r && r->c && !r->broken && !r->c->err && !stale(r);
+}
 const char *kiq_redis_error(const kiq_redis_t *r) { return r->errstr; }
 const char *kiq_redis_name(const kiq_redis_t *r) { return r->name; }
 redisContext *kiq_redis_ctx(kiq_redis_t *r) { return r->broken ? NULL : r->c; }
@@ -239,6 +263,12 @@ static int ensure(kiq_redis_t *r)
 {
     if (!r->broken && r->c && r->c->err)
         fail_io(r, "connection"); /* a handler's own command on kiq_job_redis() failed */
+    if (!r->broken && stale(r)) {
+        r->broken = 1;
+        forget_sent(r);
+        snprintf(r->errstr, sizeof(r->errstr), "%s: reconnecting: the server was demoted to a "
+                 "replica (READONLY)", r->name);
+    }
     if (r->broken || !r->c) {
         if (!r->errstr[0])
             snprintf(r->errstr, sizeof(r->errstr), "%s: not connected", r->name);
@@ -273,24 +303,72 @@ static int is_noscript(const redisReply *rep)
     return rep && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0;
 }
 
-/* Through sentinels, a reply that says this server is no longer the
- * master (a failover demoted it) or cannot serve yet drops the connection,
- * so its owner reconnects and asks the sentinels again instead of taking it
- * for a refusal and asking the same server. (Without sentinels the same
- * server would be found again at once, round after round.) */
+/* A reply that says this server is no longer the master drops the
+ * connection, so its owner reconnects instead of taking it for a refusal.
+ * Through sentinels, the reconnect asks them where the master is now (and
+ * LOADING, a server that cannot serve yet, does the same). On a plain URL
+ * the address may now lead to the new master (a managed service's
+ * failover name), and every connection of the process reconnects, since
+ * all were made to the demoted server. */
 static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
 {
-    if (r->url.sentinel && rep && rep->type == REDIS_REPLY_ERROR
-        && (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "LOADING", 7) == 0)) {
-        r->broken = 1;
-        forget_sent(r);
+    if (!rep || rep->type != REDIS_REPLY_ERROR)
+        return;
+    int readonly = strncmp(rep->str, "READONLY", 8) == 0;
+    if (!readonly && !(r->url.sentinel && strncmp(rep->str, "LOADING", 7) == 0))
+        return;
+    r->broken = 1;
+    forget_sent(r);
+    if (r->url.sentinel)
+        return;
+    /* The first connection of an era to hear it starts the next; the
+     * others made in the same era are stale already. */
+    int era = r->era;
+    atomic_compare_exchange_strong(&demotions, &era, era + 1);
+    if (!atomic_exchange(&demoted, 1))
+        kiq_warn("%s answered READONLY: it is a replica now; every connection reconnects, "
+                 "with backoff until the address leads to a master", r->name);
+}
+
+/* redisGetReply for a TLS connection: the commands hiredis holds go out
+ * and the reply comes in through the session from this thread, not
+ * through the socketpair and the copying thread (two thread wake-ups per
+ * round trip fewer). On failure c->err is set, as hiredis would. */
+static int tls_get_reply(kiq_redis_t *r, void **rep)
+{
+    redisContext *c = r->c;
+    int ms = r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
+    if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
+        return REDIS_ERR;
+    if (*rep)
+        return REDIS_OK;
+    if (sdslen(c->obuf) && kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), ms) == 0)
+        sdsclear(c->obuf);
+    else if (sdslen(c->obuf))
+        goto io;
+    while (!*rep) {
+        char buf[16384];
+        long n = kiq__tls_recv(r->tls, buf, sizeof(buf), ms);
+        if (n <= 0)
+            goto io;
+        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK
+            || redisGetReplyFromReader(c, rep) != REDIS_OK)
+            return REDIS_ERR;
     }
+    return REDIS_OK;
+io:
+    c->err = REDIS_ERR_IO;
+    snprintf(c->errstr, sizeof(c->errstr), "%s",
+             errno == EAGAIN ? "Resource temporarily unavailable (timeout)"
+             : errno ? strerror(errno) : "Server closed the connection");
+    return REDIS_ERR;
 }
 
 static int read_wire(kiq_redis_t *r, redisReply **out)
 {
     void *rep = NULL;
-    if (redisGetReply(r->c, &rep) != REDIS_OK || !rep)
+    int rc = r->tls ? tls_get_reply(r, &rep) : redisGetReply(r->c, &rep);
+    if (rc != REDIS_OK || !rep)
         return fail_io(r, "read");
     *out = rep;
     return 0;

@@ -3,14 +3,19 @@
  * turn, then the server checked to be a master), so every connection
  * follows a failover by reconnecting. */
 #include "redis/sentinel.h"
+#include "redis/tls.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Short: a dead sentinel must not hold up the next one for long. */
 #define SENTINEL_TIMEOUT_US 500000
+/* Learnt peers stop being added there: a list that long is a mistake
+ * somewhere, and each dead entry costs a failover up to the timeout. */
+#define MAX_SENTINELS 16
 
 typedef struct addr {
     char *host;
@@ -23,6 +28,7 @@ struct kiq_sentinel {
     char *master;    /* the name the sentinels monitor it by */
     char *user;      /* the sentinels' own ACL user and password, or NULL */
     char *password;
+    int tls;         /* sentinel_ssl=true: TLS to the sentinels too */
 };
 
 int kiq__sentinel_scheme(const char *url)
@@ -60,6 +66,23 @@ static int parse_port(const char *s, size_t n, int *out)
     return 0;
 }
 
+/* Adds host:port to the list unless it is there. */
+static int add_addr(kiq_sentinel_t *s, const char *host, size_t hl, int port)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->sentinels[i].port == port && strlen(s->sentinels[i].host) == hl
+            && strncmp(s->sentinels[i].host, host, hl) == 0)
+            return 0;
+    addr_t *a = realloc(s->sentinels, (s->n + 1) * sizeof(*a));
+    if (!a)
+        return KIQ_ENOMEM;
+    s->sentinels = a;
+    if (!(a[s->n].host = strndup(host, hl)))
+        return KIQ_ENOMEM;
+    a[s->n++].port = port;
+    return 0;
+}
+
 /* One "host[:port]" or "[v6][:port]" of the list; the port defaults to
  * Sentinel's own, 26379. */
 static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
@@ -82,18 +105,41 @@ static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
     int port = 26379;
     if (hl == 0 || (colon && parse_port(colon + 1, (size_t)(p + n - colon - 1), &port)))
         return KIQ_EINVAL;
-    addr_t *a = realloc(s->sentinels, (s->n + 1) * sizeof(*a));
-    if (!a)
-        return KIQ_ENOMEM;
-    s->sentinels = a;
-    if (!(a[s->n].host = strndup(hp, hl)))
-        return KIQ_ENOMEM;
-    a[s->n++].port = port;
-    return 0;
+    return add_addr(s, hp, hl, port);
 }
 
-static int query(const char *q, kiq_sentinel_t *s)
+/* The sentinels a sentinel names as its peers: each one the list does not
+ * hold yet is added at its end, so that a sentinel started after kiq was
+ * configured is asked when the configured ones are down. Errors (an old
+ * sentinel, ACL) leave the list as it is. */
+static void learn_peers(kiq_sentinel_t *s, redisContext *c)
 {
+    redisReply *rep = redisCommand(c, "SENTINEL SENTINELS %s", s->master);
+    for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+        const redisReply *e = rep->element[i];
+        const char *ip = NULL;
+        int port = 0;
+        for (size_t j = 0; e->type == REDIS_REPLY_ARRAY && j + 1 < e->elements; j += 2) {
+            const redisReply *k = e->element[j], *v = e->element[j + 1];
+            if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+                continue;
+            if (strcmp(k->str, "ip") == 0)
+                ip = v->str;
+            else if (strcmp(k->str, "port") == 0 && parse_port(v->str, v->len, &port))
+                port = 0;
+        }
+        if (ip && *ip && port && s->n < MAX_SENTINELS)
+            add_addr(s, ip, strlen(ip), port);
+    }
+    freeReplyObject(rep);
+}
+
+/* The query: the sentinels' credentials, sentinel_ssl, and the TLS
+ * settings of a rediss:// URL (for the master, and for the sentinels
+ * with sentinel_ssl=true). */
+static int query(const char *q, kiq_redis_url_t *u, char *err)
+{
+    kiq_sentinel_t *s = u->sentinel;
     while (q && *q) {
         q++;
         const char *amp = strchr(q, '&');
@@ -107,7 +153,24 @@ static int query(const char *q, kiq_sentinel_t *s)
         if (slot) {
             free(*slot);
             if (!(*slot = kiq__url_decode(q + k, n - k)))
-                return KIQ_ENOMEM;
+                return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        } else if (n >= 13 && strncmp(q, "sentinel_ssl=", 13) == 0) {
+            if (n == 17 && strncmp(q + 13, "true", 4) == 0)
+                s->tls = 1;
+            else if (n == 18 && strncmp(q + 13, "false", 5) == 0)
+                s->tls = 0;
+            else
+                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: sentinel_ssl must be "
+                                  "true or false");
+        } else if (n) {
+            int rc = kiq__redis_tls_param(q, n, &u->tls, err);
+            if (rc == 1)
+                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: unknown parameter "
+                                  "%.*s (known: sentinel_username, sentinel_password, "
+                                  "sentinel_ssl, ca_file, ca_path, cert, key, server_name, "
+                                  "verify)", (int)(n > 40 ? 40 : n), q);
+            if (rc)
+                return rc;
         }
         q = amp;
     }
@@ -167,38 +230,68 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
         u->db = db;
         nlen = (size_t)(dbs - name);
     }
-    if (!(s->master = kiq__url_decode(name, nlen)) || query(q, s))
+    if (!(s->master = kiq__url_decode(name, nlen)))
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    return 0;
+    return query(q, u, err);
 }
 
-/* Connects to one sentinel and authenticates. NULL with errstr filled. */
-static redisContext *sentinel_connect(const kiq_sentinel_t *s, const addr_t *a,
-                                      const char *name, char *errstr, int *refused)
+/* A connection to one sentinel, and its TLS session when sentinel_ssl. */
+typedef struct link {
+    redisContext *c;
+    kiq_tls_t *tls;
+} link_t;
+
+static void link_close(link_t *l)
 {
+    redisFree(l->c);   /* closes hiredis's end, which ends the TLS thread */
+    kiq__tls_free(l->tls);
+}
+
+/* Connects to one sentinel (TLS with the URL's settings, verified by the
+ * sentinel's own address, when sentinel_ssl) and authenticates. Returns 0,
+ * or -1 with errstr filled and l closed. */
+static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const char *name,
+                            char *errstr, int *refused, link_t *l)
+{
+    const kiq_sentinel_t *s = u->sentinel;
     struct timeval tv = { 0, SENTINEL_TIMEOUT_US };
-    redisContext *c = redisConnectWithTimeout(a->host, a->port, tv);
-    if (!c || c->err) {
-        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
-                 c ? c->errstr : "out of memory");
-        redisFree(c);
-        return NULL;
+    *l = (link_t){ 0 };
+    if (s->tls) {
+        kiq_redis_url_t su = { .host = a->host, .port = a->port, .tls = u->tls };
+        su.tls.server_name = NULL;
+        char why[KIQ_ERRLEN];
+        int fd = -1;
+        int rc = kiq__tls_connect(&su, SENTINEL_TIMEOUT_US / 1e6, &l->tls, &fd, why);
+        if (rc) {
+            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port, why);
+            *refused = rc == KIQ_ECONFIG;
+            return -1;
+        }
+        if (!(l->c = redisConnectFd(fd)))
+            close(fd);
+    } else {
+        l->c = redisConnectWithTimeout(a->host, a->port, tv);
     }
-    redisSetTimeout(c, tv);
+    if (!l->c || l->c->err) {
+        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
+                 l->c ? l->c->errstr : "out of memory");
+        link_close(l);
+        return -1;
+    }
+    redisSetTimeout(l->c, tv);
     if (!s->password)
-        return c;
-    redisReply *rep = s->user ? redisCommand(c, "AUTH %s %s", s->user, s->password)
-                              : redisCommand(c, "AUTH %s", s->password);
+        return 0;
+    redisReply *rep = s->user ? redisCommand(l->c, "AUTH %s %s", s->user, s->password)
+                              : redisCommand(l->c, "AUTH %s", s->password);
     int bad = !rep || rep->type == REDIS_REPLY_ERROR;
     if (bad) {
         snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: AUTH: %s", name, a->host, a->port,
-                 rep ? rep->str : c->errstr);
+                 rep ? rep->str : l->c->errstr);
         *refused = rep != NULL;
-        redisFree(c);
-        c = NULL;
+        link_close(l);
     }
     freeReplyObject(rep);
-    return c;
+    return bad ? -1 : 0;
 }
 
 int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
@@ -208,10 +301,12 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
     for (size_t i = 0; i < s->n; i++) {
         const addr_t *a = &s->sentinels[i];
         int no = 0;
-        redisContext *c = sentinel_connect(s, a, name, errstr, &no);
+        link_t l;
+        int failed = sentinel_connect(u, a, name, errstr, &no, &l);
         refused += (size_t)no;
-        if (!c)
+        if (failed)
             continue;
+        redisContext *c = l.c;
         redisReply *rep = redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->master);
         if (!rep) {
             snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
@@ -226,7 +321,8 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
                 u->host = host;
                 u->port = port;
                 freeReplyObject(rep);
-                redisFree(c);
+                learn_peers(s, c);
+                link_close(&l);
                 return 0;
             }
             free(host);
@@ -239,7 +335,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
                      rep->type == REDIS_REPLY_ERROR ? rep->str : "");
         }
         freeReplyObject(rep);
-        redisFree(c);
+        link_close(&l);
     }
     /* Every sentinel that answered knows no such master, or every one
      * refused the credentials: waiting will not help. */
@@ -259,7 +355,7 @@ int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr)
                   && rep->element[0]->type == REDIS_REPLY_STRING
                   && strcmp(rep->element[0]->str, "master") != 0;
     if (replica)
-        snprintf(errstr, KIQ_ERRLEN, "%s: the sentinels' master is a %s now (a failover "
+        snprintf(errstr, KIQ_ERRLEN, "%s: the server is a %s, not a master (a failover "
                  "under way?)", name, rep->element[0]->str);
     freeReplyObject(rep);
     return replica ? KIQ_EREDIS : 0;

@@ -17,22 +17,25 @@ int kiq__sentinel_scheme(const char *url);
 
 /* Parses
  *   redis+sentinel://[[user]:password@]host:port[,host:port...]/MASTER[/DB]
- *     [?sentinel_username=U&sentinel_password=P]
- * (rediss+sentinel:// sets u->tls) into u: user, password and db are the
- * master's, u->sentinel the rest. Returns 0 or KIQ_EINVAL / KIQ_ENOMEM
+ *     [?sentinel_username=U&sentinel_password=P&sentinel_ssl=true&TLS settings]
+ * (rediss+sentinel:// sets u->tls.on; the TLS settings are a rediss://
+ * URL's, for the master and, with sentinel_ssl=true, the sentinels) into
+ * u: user, password, db and TLS settings are the master's, u->sentinel the
+ * rest. An unknown parameter is an error. Returns 0 or KIQ_EINVAL / KIQ_ENOMEM
  * with err filled. */
 int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err);
 void kiq__sentinel_free(kiq_sentinel_t *s);
 
 /* Asks the sentinels in turn where the master is and writes it into
- * u->host and u->port. Returns 0, KIQ_EREDIS when no sentinel answered (or
+ * u->host and u->port; the sentinel that answered is asked for its peers
+ * too, and those not in the list yet are added to it for the next time. Returns 0, KIQ_EREDIS when no sentinel answered (or
  * none knows a master yet), or KIQ_ECONFIG when every sentinel that
  * answered knows no master of that name or refused the sentinel
  * credentials; errstr (KIQ_ERRLEN) says why, prefixed with name. */
 int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr);
 
-/* Checks that c, connected to the address a sentinel gave, is a master
- * (a replica is what a stale sentinel or an unfinished failover gives).
+/* Checks that c is a master (a replica is what a stale sentinel, an
+ * unfinished failover or a failover name not yet moved gives).
  * A ROLE refused by ACL counts as a master: a READONLY reply will tell.
  * Returns 0 or KIQ_EREDIS with errstr filled. */
 int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr);

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -38,7 +40,7 @@
     X(SSL_CTX_set_default_verify_paths) X(SSL_CTX_use_certificate_chain_file)               \
     X(SSL_CTX_use_PrivateKey_file) X(SSL_CTX_check_private_key) X(SSL_CTX_set_verify)       \
     X(SSL_new) X(SSL_free) X(SSL_set_fd) X(SSL_ctrl) X(SSL_get0_param) X(SSL_set1_host)     \
-    X(SSL_connect) X(SSL_read) X(SSL_write) X(SSL_get_error) X(SSL_get_verify_result)       \
+    X(SSL_connect) X(SSL_read) X(SSL_write) X(SSL_has_pending) X(SSL_get_error) X(SSL_get_verify_result)       \
     X(X509_VERIFY_PARAM_set_hostflags) X(X509_VERIFY_PARAM_set1_ip_asc)                     \
     X(X509_verify_cert_error_string) X(ERR_peek_last_error) X(ERR_reason_error_string)      \
     X(ERR_clear_error)
@@ -85,6 +87,7 @@ static void ssl_load(void)
 #define SSL_connect (*ssl_fn.SSL_connect)
 #define SSL_read (*ssl_fn.SSL_read)
 #define SSL_write (*ssl_fn.SSL_write)
+#define SSL_has_pending (*ssl_fn.SSL_has_pending)
 #define SSL_get_error (*ssl_fn.SSL_get_error)
 #define SSL_get_verify_result (*ssl_fn.SSL_get_verify_result)
 #define X509_VERIFY_PARAM_set_hostflags (*ssl_fn.X509_VERIFY_PARAM_set_hostflags)
@@ -99,6 +102,13 @@ struct kiq_tls {
     int sock;      /* the TCP connection under ssl */
     int pair;      /* our end of the socketpair; hiredis holds the other */
     pthread_t thread;
+    /* Held by whoever uses ssl: the pump, or the connection's owner
+     * through kiq__tls_send and kiq__tls_recv. */
+    pthread_mutex_t lock;
+    /* Set by the owner's direct use, cleared when hiredis writes to the
+     * socketpair: while set, the server's bytes are the owner's to read
+     * and the pump leaves the socket alone. */
+    int direct;
 };
 
 /* OpenSSL's reason for the last failure, or what the system said. */
@@ -169,6 +179,10 @@ static int tcp_connect(const char *host, int port, double timeout, char *err)
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     set_timeouts(fd, timeout);
+    /* As hiredis does for its own TCP connections: a command goes out at
+     * once, not after the ack of the one before. */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
 }
 
@@ -190,6 +204,9 @@ static SSL_CTX *make_ctx(const kiq_redis_tls_conf_t *t, char *err)
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    /* One read takes all the socket holds, not a record's header and then
+     * its body (see pump). */
+    SSL_CTX_set_read_ahead(ctx, 1);
     SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
     const char *bad = NULL;
     if (t->ca_file || t->ca_path) {
@@ -245,7 +262,16 @@ static int accepted(SSL *ssl)
 
 /* Copies bytes both ways between the socketpair and the TLS session until
  * either side ends or fails, then closes both, so that hiredis sees a
- * broken connection and kiq connects afresh. */
+ * broken connection and kiq connects afresh. It carries what goes through
+ * hiredis's own I/O (the connect's AUTH, SELECT and SCRIPT LOAD, and a
+ * handler's commands on kiq_job_redis()); kiq's own commands go through
+ * kiq__tls_send and kiq__tls_recv in the calling thread, with no hop
+ * through here.
+ *
+ * It reads a side only when poll says it is readable (poll is
+ * level-triggered: nothing left unread goes unseen), never to find
+ * EAGAIN, and with read-ahead OpenSSL takes whole records, header and
+ * body, in one read. */
 static void *pump(void *arg)
 {
     kiq_tls_t *t = arg;
@@ -257,78 +283,161 @@ static void *pump(void *arg)
     pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     char up[16384], down[16384];   /* hiredis -> server, server -> hiredis */
     size_t ulen = 0, uoff = 0, dlen = 0, doff = 0;
+    /* What the session waits for on the socket before SSL_write or
+     * SSL_read can go on (0: SSL_write is not stuck). */
+    short wwait = 0, rwait = POLLIN;
+    /* The sides' readiness as poll last said; both are tried at first. */
+    short pev = POLLIN, sev = POLLIN;
+    pthread_mutex_lock(&t->lock);
     for (;;) {
-        int progress = 0;
-        short tcp_ev = 0;
-        if (ulen == 0) {
+        if (ulen == 0 && (pev & POLLIN)) {
             ssize_t n = recv(t->pair, up, sizeof(up), 0);
             if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
                 break;
             if (n > 0) {
                 ulen = (size_t)n;
                 uoff = 0;
-                progress = 1;
+                wwait = 0;
+                t->direct = 0;   /* its reply comes back this way */
             }
         }
-        if (ulen > 0) {
+        while (ulen > 0 && (wwait == 0 || (sev & wwait))) {
             int w = SSL_write(t->ssl, up + uoff, (int)(ulen - uoff));
-            if (w > 0) {
-                uoff += (size_t)w;
-                if (uoff == ulen)
-                    ulen = 0;
-                progress = 1;
-            } else {
+            if (w <= 0) {
                 int e = SSL_get_error(t->ssl, w);
-                if (e == SSL_ERROR_WANT_READ)
-                    tcp_ev |= POLLIN;
-                else if (e == SSL_ERROR_WANT_WRITE)
-                    tcp_ev |= POLLOUT;
-                else
-                    break;
+                if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE)
+                    goto out;
+                wwait = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+                break;
             }
+            uoff += (size_t)w;
+            if (uoff == ulen)
+                ulen = 0;
         }
-        if (dlen == 0) {
+        /* Records OpenSSL has read ahead are read from its buffer without
+         * a system call, before the next poll. */
+        while (!t->direct && dlen == 0
+               && ((sev & (rwait | POLLHUP | POLLERR)) || SSL_has_pending(t->ssl))) {
             int r = SSL_read(t->ssl, down, sizeof(down));
-            if (r > 0) {
-                dlen = (size_t)r;
-                doff = 0;
-                progress = 1;
-            } else {
+            if (r <= 0) {
                 int e = SSL_get_error(t->ssl, r);
-                if (e == SSL_ERROR_WANT_READ)
-                    tcp_ev |= POLLIN;
-                else if (e == SSL_ERROR_WANT_WRITE)
-                    tcp_ev |= POLLOUT;
-                else
-                    break;   /* closed by the server, or a TLS error */
+                if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE)
+                    goto out;   /* closed by the server, or a TLS error */
+                rwait = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+                break;
             }
+            rwait = POLLIN;
+            dlen = (size_t)r;
+            doff = 0;
+            while (dlen > 0) {
+                ssize_t n = send(t->pair, down + doff, dlen - doff, MSG_NOSIGNAL);
+                if (n < 0 && errno != EINTR) {
+                    if (errno != EAGAIN)
+                        goto out;
+                    break;   /* hiredis has not read enough yet: wait for room */
+                }
+                if (n > 0 && (doff += (size_t)n) == dlen)
+                    dlen = 0;
+            }
+            sev &= (short)~POLLIN;   /* the next read waits for poll, or for the buffer */
         }
-        if (dlen > 0) {
+        short sock_ev = (short)((ulen > 0 ? wwait : 0) | (!t->direct && dlen == 0 ? rwait : 0));
+        /* A socket polled for nothing would still report a hang-up, and
+         * wake this loop for it over and over while the owner has the
+         * session: it is left out (a negative fd is skipped). */
+        struct pollfd p[2] = {
+            { .fd = t->pair, .events = (short)((ulen == 0 ? POLLIN : 0) | (dlen > 0 ? POLLOUT : 0)) },
+            { .fd = sock_ev ? t->sock : -1, .events = sock_ev },
+        };
+        pthread_mutex_unlock(&t->lock);
+        int rc = poll(p, 2, -1);
+        pthread_mutex_lock(&t->lock);
+        if (rc < 0) {
+            if (errno != EINTR)
+                break;
+            p[0].revents = p[1].revents = 0;
+        }
+        if (p[0].revents & (POLLHUP | POLLERR))
+            break;   /* hiredis closed its end */
+        pev = p[0].revents;
+        sev = p[1].revents;
+        if ((pev & POLLOUT) && dlen > 0) {
             ssize_t n = send(t->pair, down + doff, dlen - doff, MSG_NOSIGNAL);
             if (n < 0 && errno != EAGAIN && errno != EINTR)
                 break;
-            if (n > 0) {
-                doff += (size_t)n;
-                if (doff == dlen)
-                    dlen = 0;
-                progress = 1;
-            }
+            if (n > 0 && (doff += (size_t)n) == dlen)
+                dlen = 0;
         }
-        if (progress)
-            continue;
-        struct pollfd p[2] = {
-            { .fd = t->pair, .events = (short)((ulen == 0 ? POLLIN : 0) | (dlen > 0 ? POLLOUT : 0)) },
-            { .fd = t->sock, .events = tcp_ev },
-        };
-        if (poll(p, 2, -1) < 0 && errno != EINTR)
-            break;
-        if (p[0].revents & (POLLHUP | POLLERR))
-            break;   /* hiredis closed its end */
     }
+out:
     ERR_clear_error();
     shutdown(t->sock, SHUT_RDWR);
     shutdown(t->pair, SHUT_RDWR);
+    pthread_mutex_unlock(&t->lock);
     return NULL;
+}
+
+/* Waits up to timeout_ms for the socket to be ready for ev; -1 with errno
+ * EAGAIN on a timeout, as hiredis reports one. */
+static int wait_sock(const kiq_tls_t *t, short ev, int timeout_ms)
+{
+    struct pollfd p = { .fd = t->sock, .events = ev };
+    int rc;
+    do
+        rc = poll(&p, 1, timeout_ms);
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0)
+        errno = EAGAIN;
+    return rc > 0 ? 0 : -1;
+}
+
+/* SSL_write or SSL_read's result r: 0 to try again once the socket is
+ * ready, else -1 (errno set; 0 for a connection the server closed). */
+static int retry_after(kiq_tls_t *t, int r, int timeout_ms)
+{
+    int e = SSL_get_error(t->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+        return wait_sock(t, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, timeout_ms);
+    if (e != SSL_ERROR_SYSCALL || !errno)
+        errno = e == SSL_ERROR_ZERO_RETURN || e == SSL_ERROR_SYSCALL ? 0 : EPROTO;
+    ERR_clear_error();
+    return -1;
+}
+
+int kiq__tls_send(kiq_tls_t *t, const char *buf, size_t len, int timeout_ms)
+{
+    int rc = 0;
+    pthread_mutex_lock(&t->lock);
+    t->direct = 1;
+    while (len > 0 && rc == 0) {
+        errno = 0;
+        int w = SSL_write(t->ssl, buf, len > 1 << 30 ? 1 << 30 : (int)len);
+        if (w > 0) {
+            buf += w;
+            len -= (size_t)w;
+        } else {
+            rc = retry_after(t, w, timeout_ms);
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+long kiq__tls_recv(kiq_tls_t *t, char *buf, size_t cap, int timeout_ms)
+{
+    int r = -1;
+    pthread_mutex_lock(&t->lock);
+    t->direct = 1;
+    /* Wait first: the reply is seldom there the moment the command has
+     * gone, and a read that finds nothing is a system call for naught. */
+    if (SSL_has_pending(t->ssl) || wait_sock(t, POLLIN, timeout_ms) == 0) {
+        do {
+            errno = 0;
+            r = SSL_read(t->ssl, buf, cap > 1 << 30 ? 1 << 30 : (int)cap);
+        } while (r <= 0 && retry_after(t, r, timeout_ms) == 0);
+    }
+    pthread_mutex_unlock(&t->lock);
+    return r > 0 ? r : -1;
 }
 
 static void free_parts(kiq_tls_t *t)
@@ -348,6 +457,7 @@ void kiq__tls_free(kiq_tls_t *t)
     if (!t)
         return;
     pthread_join(t->thread, NULL);
+    pthread_mutex_destroy(&t->lock);
     free_parts(t);
 }
 
@@ -424,7 +534,7 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
     t->pair = pair[0];
     fcntl(t->pair, F_SETFL, fcntl(t->pair, F_GETFL) | O_NONBLOCK);
     fcntl(t->sock, F_SETFL, fcntl(t->sock, F_GETFL) | O_NONBLOCK);
-    if (pthread_create(&t->thread, NULL, pump, t)) {
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_create(&t->thread, NULL, pump, t)) {
         rc = kiq_seterr(err, KIQ_ESYS, "TLS: cannot start a thread");
         goto fail;
     }

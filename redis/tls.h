@@ -1,7 +1,10 @@
 /* Internal: TLS for rediss:// URLs under hiredis 0.14, which speaks only
  * plain sockets. kiq makes the TCP connection and the OpenSSL session
  * itself and hands hiredis one end of a socketpair; a thread per
- * connection copies bytes between the other end and the session. */
+ * connection copies bytes between the other end and the session. kiq's
+ * own commands skip that hop: the connection's owner writes and reads
+ * them through the session itself (kiq__tls_send, kiq__tls_recv), and
+ * only what goes through hiredis's own I/O takes the socketpair. */
 #ifndef KIQ_REDIS_TLS_H
 #define KIQ_REDIS_TLS_H
 
@@ -19,6 +22,15 @@ typedef struct kiq_tls kiq_tls_t;
  * with err filled. */
 int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, int *fd,
                      char *err);
+/* Sends all of buf through the session from the calling thread, waiting
+ * up to timeout_ms each time the socket is full. Returns 0, or -1 with
+ * errno set (0: the server closed the connection). */
+int kiq__tls_send(kiq_tls_t *t, const char *buf, size_t len, int timeout_ms);
+/* Reads at least one byte and at most cap of what the server sent,
+ * waiting up to timeout_ms (then -1 with errno EAGAIN). Returns the count,
+ * or -1 with errno set (0: the server closed the connection). A command
+ * sent through hiredis's own I/O must have had its reply read before. */
+long kiq__tls_recv(kiq_tls_t *t, char *buf, size_t cap, int timeout_ms);
 /* Waits for the copying thread to end and frees the session. Call after
  * hiredis has closed its end (redisFree), which is what stops the thread. */
 void kiq__tls_free(kiq_tls_t *t);

@@ -84,40 +84,50 @@ static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const cha
     return u->path ? 0 : KIQ_ENOMEM;
 }
 
-/* A rediss:// URL's query: name=value&... with redis-rb's ssl_params names. */
-static int parse_tls_query(const char *q, kiq_redis_tls_conf_t *t, char *err)
+int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char *err)
 {
     static const char *const names[] = { "ca_file", "ca_path", "cert", "key", "server_name" };
     char **fields[] = { &t->ca_file, &t->ca_path, &t->cert, &t->key, &t->server_name };
+    const char *eq = memchr(q, '=', n);
+    size_t kn = eq ? (size_t)(eq - q) : n;
+    const char *v = eq ? eq + 1 : q + n;
+    size_t vn = (size_t)(q + n - v);
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (kn == strlen(names[i]) && strncmp(q, names[i], kn) == 0) {
+            free(*fields[i]);
+            if (!(*fields[i] = pct_decode(v, vn)))
+                return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            return 0;
+        }
+    }
+    if (kn == 6 && strncmp(q, "verify", 6) == 0) {
+        if (vn == 4 && strncmp(v, "none", 4) == 0)
+            t->verify_none = 1;
+        else if (vn == 4 && strncmp(v, "peer", 4) == 0)
+            t->verify_none = 0;
+        else
+            return kiq_seterr(err, KIQ_EINVAL, "redis url: verify must be peer or none");
+        return 0;
+    }
+    return 1;
+}
+
+/* A rediss:// URL's query: name=value&... with redis-rb's ssl_params names. */
+static int parse_tls_query(const char *q, kiq_redis_tls_conf_t *t, char *err)
+{
     while (q && *q) {
         const char *amp = strchr(q, '&');
         size_t n = amp ? (size_t)(amp - q) : strlen(q);
-        const char *eq = memchr(q, '=', n);
-        size_t kn = eq ? (size_t)(eq - q) : n;
-        const char *v = eq ? eq + 1 : q + n;
-        size_t vn = (size_t)(q + n - v);
-        int known = 0;
-        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-            if (kn == strlen(names[i]) && strncmp(q, names[i], kn) == 0) {
-                free(*fields[i]);
-                if (!(*fields[i] = pct_decode(v, vn)))
-                    return KIQ_ENOMEM;
-                known = 1;
-            }
-        }
-        if (!known && kn == 6 && strncmp(q, "verify", 6) == 0) {
-            if (vn == 4 && strncmp(v, "none", 4) == 0)
-                t->verify_none = 1;
-            else if (vn == 4 && strncmp(v, "peer", 4) == 0)
-                t->verify_none = 0;
-            else
-                return kiq_seterr(err, KIQ_EINVAL, "redis url: verify must be peer or none");
-            known = 1;
-        }
-        if (!known && n)
+        int rc = n ? kiq__redis_tls_param(q, n, t, err) : 0;
+        if (rc == 1) {
+            const char *eq = memchr(q, '=', n);
+            size_t kn = eq ? (size_t)(eq - q) : n;
             return kiq_seterr(err, KIQ_EINVAL,
                               "redis url: unknown parameter %.*s (known: ca_file, ca_path, "
                               "cert, key, server_name, verify)", (int)(kn > 40 ? 40 : kn), q);
+        }
+        if (rc)
+            return rc;
         q = amp ? amp + 1 : NULL;
     }
     return 0;

@@ -36,6 +36,10 @@ typedef struct kiq_redis_url {
  * kiq__redis_url_clear. */
 int kiq__redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
 void kiq__redis_url_clear(kiq_redis_url_t *u);
+/* Applies one name=value (n bytes at q) of a TLS query to t: 0 when used,
+ * 1 when name is no TLS setting, else KIQ_EINVAL or KIQ_ENOMEM with err
+ * filled. */
+int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char *err);
 /* Percent-decodes n bytes of s into a new string (NULL when out of memory). */
 char *kiq__url_decode(const char *s, size_t n);
 /* Writes url with any password replaced by "***" into out (n bytes). */

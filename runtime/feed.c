@@ -1,12 +1,15 @@
 /* The reliable fetch's local buffer (see feed.h).
  *
- * Processors fetch in batches and share what they fetched: a thread that
- * finds the feed empty fetches for itself and for the threads that will
- * look next (at most BATCH_MAX jobs, and no more than the threads not
- * running a job can take), keeps one and leaves the rest in the feed. Acks
- * of finished jobs wait in the feed too and go out with the next round trip
- * any processor makes. Every job in the feed, fetched or finished, is in
- * the working list meanwhile, so a crash loses none of them. */
+ * Processors fetch in batches and share what they fetched. The feed keeps
+ * enough jobs fetched ahead to cover a round trip to Redis (the jobs taken
+ * per second times the measured round trip, twice over, plus one for each
+ * thread free to take one), bounded by the prefetch setting: a thread that
+ * takes a job and finds the feed below half that level fetches more before
+ * it runs its own, and a thread that finds the feed empty fetches for itself
+ * and for the threads that look next. Acks of finished jobs wait in the
+ * feed too and go out with the next round trip any processor makes, several
+ * in one script call. Every job in the feed, fetched or finished, is in the
+ * working list meanwhile, so a crash loses none of them. */
 #include "runtime/feed.h"
 
 #include <stdlib.h>
@@ -15,7 +18,9 @@
 #include "support/log.h"
 #include "support/time.h"
 
-enum { BATCH_MAX = 8, ACKS_MAX = 16, SPARE_MAX = 64 };
+/* SWEEP_MAX jobs at most in one fetch call; ACKS_MAX acks waiting make the
+ * next thread write them; SWEEPERS_MAX fetches on their way at once. */
+enum { SWEEP_MAX = 100, ACKS_MAX = 64, SWEEPERS_MAX = 4 };
 
 struct kiq_feed {
     pthread_mutex_t mu;
@@ -24,11 +29,21 @@ struct kiq_feed {
     size_t head, n, cap;
     kiq_done_t **acks;     /* finished, ack not written */
     size_t nacks, cap_acks;
-    kiq_done_t *spare[SPARE_MAX]; /* released, for reuse: a job's memory is */
-    size_t nspare;                /*   freed by whichever thread acks it */
     int sweeping;          /* sweeps on their way */
     int sweepers_max;      /* at most this many at once */
+    size_t prefetch;       /* jobs fetched and not started: at most this many */
+    size_t asked;          /* jobs the sweeps on their way asked for */
+    double rtt;            /* a sweep's round trip, seconds (moving average) */
+    double rate;           /* jobs taken per second (moving average) */
+    size_t taken;          /* jobs taken (and done) since rate_t0 */
+    double rate_t0;
+    double dry_until;      /* kiq__mono(): a sweep came back short (the queues
+                              are about empty): none ahead of need till then */
+    double job_time;       /* seconds from taking a job to looking again
+                              (moving average) */
+    double acks_since;     /* kiq__mono() when the oldest ack waiting came */
     size_t waiting;        /* threads waiting for one to come back */
+    unsigned long long last_seq; /* the newest job's seq seen */
     int inside;            /* threads past the gate in kiq_feed_next: holding
                               a job, or fetching, until they look again */
     int solo;              /* a suspect runs alone: the gate is shut */
@@ -36,25 +51,30 @@ struct kiq_feed {
                               thread owns the payload) */
 };
 
-kiq_feed_t *kiq_feed_new(int nslots)
+int kiq_feed_default_prefetch(int nslots)
+{
+    return nslots * 10 < 500 ? 500 : nslots * 10;
+}
+
+kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
 {
     kiq_feed_t *feed = calloc(1, sizeof(*feed));
     if (!feed)
         return NULL;
-    /* Enough sweeps on their way to bring a job for every processor (when
-     * Redis is far away, each waits a whole round trip), and at least two
-     * (so one is on its way while another's jobs are being taken). */
-    feed->sweepers_max = (nslots + BATCH_MAX - 1) / BATCH_MAX;
-    if (feed->sweepers_max < 2)
-        feed->sweepers_max = 2;
-    /* A sweep starts only when the feed is empty and leaves at most
-     * BATCH_MAX - 1 jobs in it, so this is room enough. */
-    feed->cap = (size_t)feed->sweepers_max * BATCH_MAX;
+    /* Two sweeps at least, so one is on its way while another's jobs are
+     * taken; more when there are threads to make them. */
+    feed->sweepers_max = nslots < 2 ? 2 : nslots < SWEEPERS_MAX ? nslots : SWEEPERS_MAX;
+    feed->prefetch = (size_t)(prefetch > 0 ? prefetch : kiq_feed_default_prefetch(nslots));
+    /* The feed and the sweeps on their way hold prefetch jobs at most (see
+     * can_sweep), and each thread may return one it took (kiq_feed_return). */
+    feed->cap = feed->prefetch + (size_t)nslots;
     feed->jobs = calloc(feed->cap, sizeof(kiq_fetched_t));
     if (!feed->jobs) {
         free(feed);
         return NULL;
     }
+    feed->rate_t0 = kiq__mono();
+    feed->job_time = 0.001; /* until measured: spread the first jobs */
     pthread_mutex_init(&feed->mu, NULL);
     pthread_cond_init(&feed->came, NULL);
     return feed;
@@ -70,8 +90,6 @@ void kiq_feed_free(kiq_feed_t *feed)
         kiq_done_clear(feed->acks[i]);
         free(feed->acks[i]);
     }
-    for (size_t i = 0; i < feed->nspare; i++)
-        free(feed->spare[i]);
     free(feed->acks);
     free(feed->jobs);
     pthread_cond_destroy(&feed->came);
@@ -98,44 +116,49 @@ void kiq_done_acked(kiq_runtime_t *rt, kiq_done_t *d, kiq_redis_t *r)
     kiq_done_clear(d);
 }
 
-kiq_done_t *kiq_done_new(kiq_feed_t *feed)
+void kiq_done_free(kiq_done_t *d)
 {
-    kiq_done_t *d = NULL;
-    if (feed) {
-        pthread_mutex_lock(&feed->mu);
-        if (feed->nspare)
-            d = feed->spare[--feed->nspare];
-        pthread_mutex_unlock(&feed->mu);
-    }
-    if (d) {
-        memset(d, 0, sizeof(*d));
-        return d;
-    }
-    return calloc(1, sizeof(kiq_done_t));
-}
-
-void kiq_done_free(kiq_feed_t *feed, kiq_done_t *d)
-{
+    if (!d)
+        return;
     kiq_done_clear(d);
-    if (feed) {
-        pthread_mutex_lock(&feed->mu);
-        if (feed->nspare < SPARE_MAX) {
-            feed->spare[feed->nspare++] = d;
-            d = NULL;
-        }
-        pthread_mutex_unlock(&feed->mu);
-    }
     free(d);
 }
 
 /* ---- The ring of fetched jobs and the acks waiting -------------------- */
 
-/* Under feed->mu. The ring has room for every batch in flight. */
+/* Under feed->mu: puts job in the ring in the order Redis fetched it
+ * (kiq_fetched_t.seq): usually at the end, but sweeps on their way at once
+ * may come back in another order than Redis ran them, and a job taken and
+ * returned unstarted goes back in its place. So the feed gives its jobs
+ * back in order. The ring has room for every sweep in flight and a job
+ * returned by each thread. */
 static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
 {
-    feed->jobs[(feed->head + feed->n) % feed->cap] = *job;
+    size_t i = feed->n;
+    for (; i > 0 && feed->jobs[(feed->head + i - 1) % feed->cap].seq > job->seq; i--)
+        feed->jobs[(feed->head + i) % feed->cap] = feed->jobs[(feed->head + i - 1) % feed->cap];
+    feed->jobs[(feed->head + i) % feed->cap] = *job;
     feed->n++;
     memset(job, 0, sizeof(*job));
+}
+
+/* Under feed->mu: a job from a plain move (no script, so no clock) counts
+ * as fetched after every job seen so far. */
+static void number(kiq_feed_t *feed, kiq_fetched_t *jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!jobs[i].seq)
+            jobs[i].seq = feed->last_seq + 1;
+        if (jobs[i].seq > feed->last_seq)
+            feed->last_seq = jobs[i].seq;
+    }
+}
+
+void kiq_feed_return(kiq_feed_t *feed, kiq_fetched_t *job)
+{
+    pthread_mutex_lock(&feed->mu);
+    feed_push(feed, job);
+    pthread_mutex_unlock(&feed->mu);
 }
 
 /* Under feed->mu: the oldest job waiting (there is one). */
@@ -158,20 +181,22 @@ static kiq_fetched_t feed_pop_newest(kiq_feed_t *feed)
     return j;
 }
 
-/* Under feed->mu: waits for a sweep to come back, or a little while (a job
- * left in the feed behind a long one is then taken by a waiter). */
+/* Under feed->mu: waits for a sweep to come back, or a little while: a job
+ * left in the feed because the threads running were thought quick (see
+ * wake_for_jobs) is then taken by a waiter within WAIT_MAX. */
+#define WAIT_MAX 0.01
 static void feed_wait(kiq_feed_t *feed)
 {
-    struct timespec until = kiq__timespec(kiq__now() + 0.1);
+    struct timespec until = kiq__timespec(kiq__now() + WAIT_MAX);
     feed->waiting++;
     pthread_cond_timedwait(&feed->came, &feed->mu, &until);
     feed->waiting--;
 }
 
-void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+/* Under feed->mu: leaves d's ack waiting for the next round trip. Returns
+ * NULL, or d when there was no memory to keep it (the caller writes it). */
+static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d)
 {
-    kiq_feed_t *feed = s->rt->feed;
-    pthread_mutex_lock(&feed->mu);
     if (feed->nacks == feed->cap_acks) {
         size_t cap = feed->cap_acks ? feed->cap_acks * 2 : 64;
         kiq_done_t **a = realloc(feed->acks, cap * sizeof(*a));
@@ -180,16 +205,30 @@ void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
             feed->cap_acks = cap;
         }
     }
-    if (feed->nacks < feed->cap_acks) {
-        feed->acks[feed->nacks++] = d;
-        d = NULL;
-    }
+    if (feed->nacks == feed->cap_acks)
+        return d;
+    if (!feed->nacks)
+        feed->acks_since = kiq__mono();
+    feed->acks[feed->nacks++] = d;
+    return NULL;
+}
+
+/* Writes d's ack at once and frees d. */
+static void ack_now(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+{
+    if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+        kiq_done_acked(s->rt, d, r);
+    kiq_done_free(d);
+}
+
+void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    d = ack_later(feed, d);
     pthread_mutex_unlock(&feed->mu);
-    if (d) {
-        if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
-            kiq_done_acked(s->rt, d, r);
-        kiq_done_free(feed, d);
-    }
+    if (d)
+        ack_now(s, r, d);
 }
 
 /* Under feed->mu: takes every waiting ack, to be written by the caller. */
@@ -224,7 +263,7 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nac
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             kiq_done_acked(s->rt, acks[i], r);
-            kiq_done_free(s->rt->feed, acks[i]);
+            kiq_done_free(acks[i]);
         } else {
             kiq_feed_ack(s, r, acks[i]);
             failed++;
@@ -260,7 +299,7 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
             acks = take_acks(feed, &n);
             pthread_mutex_unlock(&feed->mu);
             for (size_t i = 0; i < n; i++)
-                kiq_done_free(feed, acks[i]);
+                kiq_done_free(acks[i]);
             free(acks);
             return;
         }
@@ -269,38 +308,74 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 
 /* ---- Giving jobs back ------------------------------------------------- */
 
-void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
-                   int connect)
+/* Jobs given back in one call at most. */
+enum { GIVE_BACK_MAX = 100 };
+
+/* Gives n (at most GIVE_BACK_MAX) fetched jobs of one queue back in one
+ * call, newest first, and frees them. */
+static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *jobs,
+                          size_t n, int connect)
 {
-    int back = kiq__fetch_requeue(f, r, job->queue, job->payload, job->len);
+    const char *raws[GIVE_BACK_MAX] = {0};
+    size_t lens[GIVE_BACK_MAX] = {0};
+    for (size_t i = 0; i < n; i++) {
+        raws[i] = jobs[i].payload;
+        lens[i] = jobs[i].len;
+    }
+    const char *queue = jobs[0].queue;
+    int back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
     /* Only a broken connection is worth another try: an error reply (the
      * queue key holds another type than a list) would only come again. */
     while (back == KIQ_EREDIS && !kiq_redis_ok(r) && connect
            && kiq_rt_connect(rt, r, &rt->housekeeper_stop) == 0)
-        back = kiq__fetch_requeue(f, r, job->queue, job->payload, job->len);
-    if (back == 0)
-        kiq_info("a fetched job that had not started went back to queue:%s", job->queue);
-    else
+        back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
+    if (back == 0 && n == 1)
+        kiq_info("a fetched job that had not started went back to queue:%s", queue);
+    else if (back == 0)
+        kiq_info("%zu fetched jobs that had not started went back to queue:%s", n, queue);
+    else if (n == 1)
         kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
-                  "list and is recovered or reclaimed later", job->queue,
+                  "list and is recovered or reclaimed later", queue,
                   back == KIQ_EREPLY ? "the key holds another type than a list"
                                      : kiq_redis_error(r));
-    kiq__fetched_clear(job);
+    else
+        kiq_error("could not give %zu fetched jobs back to queue:%s: %s; they stay in the "
+                  "working list and are recovered or reclaimed later", n, queue,
+                  back == KIQ_EREPLY ? "the key holds another type than a list"
+                                     : kiq_redis_error(r));
+    for (size_t i = 0; i < n; i++)
+        kiq__fetched_clear(&jobs[i]);
 }
 
-/* Newest first, so that each queue's oldest ends up fetched first again. */
+void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
+                   int connect)
+{
+    give_back_run(f, rt, r, job, 1, connect);
+}
+
+/* Newest first, so that each queue's oldest ends up fetched first again;
+ * a run of jobs of one queue goes back in one call. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect)
 {
     kiq_feed_t *feed = rt->feed;
-    int n = 0;
+    int total = 0;
     for (;;) {
+        kiq_fetched_t jobs[GIVE_BACK_MAX];
+        size_t n = 0;
         pthread_mutex_lock(&feed->mu);
-        kiq_fetched_t job = feed_pop_newest(feed);
+        while (n < GIVE_BACK_MAX && feed->n) {
+            jobs[n] = feed_pop_newest(feed);
+            n++;
+        }
         pthread_mutex_unlock(&feed->mu);
-        if (!job.payload)
-            return n;
-        kiq_give_back(f, rt, r, &job, connect);
-        n++;
+        if (!n)
+            return total;
+        for (size_t i = 0, j; i < n; i = j) {
+            for (j = i + 1; j < n && strcmp(jobs[j].queue, jobs[i].queue) == 0; j++)
+                ;
+            give_back_run(f, rt, r, jobs + i, j - i, connect);
+        }
+        total += (int)n;
     }
 }
 
@@ -386,25 +461,171 @@ void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
 
 /* ---- Taking a job ----------------------------------------------------- */
 
-/* How many jobs a sweep asks for: one for each thread not running a job,
- * this one included. */
-static size_t batch_size(kiq_runtime_t *rt)
+/* A sweep that came back short leaves the queues about empty: sweeps ahead
+ * of need wait this long (seconds), while a thread that finds the feed empty
+ * still fetches, and blocks on the queues when they are. */
+#define DRY_PAUSE 0.005
+
+/* Under feed->mu: how many jobs the feed should hold or have asked for: one
+ * for each thread free to take one, and what the threads take in two round
+ * trips, so a sweep's jobs arrive before the feed runs dry. A round trip
+ * counts as RTT_FLOOR at least: on a near Redis that keeps sweeps large
+ * (a round trip costs CPU on both sides, however short it is), and a
+ * millisecond of work is all another process might miss of a shared queue. */
+#define RTT_FLOOR 0.001
+static size_t level(kiq_runtime_t *rt, const kiq_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
-    return idle < 1 ? 1 : idle > BATCH_MAX ? BATCH_MAX : (size_t)idle;
+    double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
+    double want = (double)(idle < 1 ? 1 : idle) + feed->rate * rtt * 2.0;
+    return want >= (double)feed->prefetch ? feed->prefetch : (size_t)want;
 }
 
-/* Under feed->mu, which it releases: takes the oldest job waiting. The
- * acks waiting go with it when the feed ran dry, too many wait, or this
- * thread is the last one free: nobody else would send them soon. */
+/* Under feed->mu: the jobs a sweep would ask for to bring the feed to its
+ * level, at most SWEEP_MAX; 0 when it is there. */
+static size_t shortfall(kiq_runtime_t *rt, const kiq_feed_t *feed)
+{
+    size_t want = level(rt, feed), have = feed->n + feed->asked;
+    if (want <= have)
+        return 0;
+    return want - have > SWEEP_MAX ? SWEEP_MAX : want - have;
+}
+
+/* Under feed->mu: whether one more sweep may go out. */
+static int can_sweep(const kiq_feed_t *feed)
+{
+    return feed->sweeping < feed->sweepers_max && feed->n + feed->asked < feed->prefetch;
+}
+
+/* A job left in the feed may wait about this long (seconds) for one of
+ * the threads running to come back before a waiting thread is woken. */
+#define WAKE_AFTER 0.0005
+
+/* Under feed->mu: wakes a waiting thread when the threads running would
+ * not take the jobs left soon, as the time jobs take says. Waking one for
+ * every job would cost a context switch a job when jobs are short; the
+ * woken thread wakes the next in turn while that holds. */
+static void wake_for_jobs(kiq_runtime_t *rt, kiq_feed_t *feed)
+{
+    if (!feed->waiting || !feed->n)
+        return;
+    long running = (long)rt->nslots - (long)feed->waiting;
+    double wait = (double)feed->n * feed->job_time / (double)(running < 1 ? 1 : running);
+    if (wait > WAKE_AFTER)
+        pthread_cond_signal(&feed->came);
+}
+
+/* Under feed->mu: a sweep that asked for asked jobs came back with got (or
+ * an error) after a round trip begun at began: the averages move. */
+static void note_sweep(kiq_feed_t *feed, double began, size_t asked, int got)
+{
+    double now = kiq__mono(), rtt = now - began, dt = now - feed->rate_t0;
+    feed->rtt = feed->rtt > 0 ? 0.8 * feed->rtt + 0.2 * rtt : rtt;
+    if (got >= 0 && (size_t)got < asked)
+        feed->dry_until = now + DRY_PAUSE;
+    if (dt >= 0.05) {
+        double rate = (double)feed->taken / dt;
+        feed->rate = feed->rate > 0 ? 0.5 * feed->rate + 0.5 * rate : rate;
+        feed->taken = 0;
+        feed->rate_t0 = now;
+    }
+}
+
+/* Under feed->mu, which it releases: fetches want jobs into the feed,
+ * writing the acks waiting in the same round trip. A thread that found the
+ * feed empty (job->payload NULL) keeps the first job for itself, and when
+ * every queue was empty blocks on them for one; a thread that holds a job
+ * already fetches ahead for the others. Returns 1 with a job in *job, 0
+ * without, or kiq__fetch_exchange's error. */
+static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    kiq_fetched_t got[SWEEP_MAX];
+    int ahead = job->payload != NULL, first = ahead ? 0 : 1;
+    size_t nacks;
+    kiq_done_t **acks = take_acks(feed, &nacks);
+    feed->sweeping++;
+    feed->asked += want;
+    pthread_mutex_unlock(&feed->mu);
+
+    double began = kiq__mono();
+    int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
+    pthread_mutex_lock(&feed->mu);
+    feed->sweeping--;
+    feed->asked -= want;
+    note_sweep(feed, began, want, rc);
+    /* Even as the process goes quiet: the feed gives its jobs back in order
+     * (kiq_feed_leave waits for the sweeps on their way), the job this
+     * thread holds with them. */
+    number(feed, got, rc);
+    int quiet = atomic_load(&rt->quiet);
+    for (int i = quiet ? 0 : first; i < rc; i++)
+        feed_push(feed, &got[i]);
+    if (quiet && ahead)
+        feed_push(feed, job);
+    acks = NULL;
+    nacks = 0;
+    if (rc == 0 && !ahead) {
+        pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
+        acks = take_acks(feed, &nacks);
+    } else {
+        wake_for_jobs(rt, feed);
+    }
+    pthread_mutex_unlock(&feed->mu);
+    if (quiet)
+        return 0;
+    if (rc > 0) {
+        if (!ahead)
+            *job = got[0];
+        return 1;
+    }
+    /* A thread that fetched ahead runs its job whatever came back: an error
+     * shows again in the next sweep of a thread that finds the feed empty. */
+    if (ahead)
+        return 1;
+    if (rc < 0)
+        return rc;
+    /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
+    rc = exchange(s, r, acks, nacks, job, 1, 1, NULL);
+    if (rc == 1) {
+        pthread_mutex_lock(&feed->mu);
+        number(feed, job, 1);
+        pthread_mutex_unlock(&feed->mu);
+    }
+    return rc;
+}
+
+/* Acks wait at most about this long (seconds) for a round trip to ride
+ * while jobs are taken, unless jobs take long (see take_waiting). */
+#define ACK_DELAY 0.002
+/* Jobs that take this long (seconds) or more pay a round trip of their own
+ * for the acks waiting when every other thread is busy. */
+#define LONG_JOB 0.05
+
+/* Under feed->mu, which it releases: takes the oldest job waiting. When the
+ * feed is below half its level it fetches ahead before the job runs (the
+ * others keep taking what is there meanwhile). Otherwise the acks waiting
+ * go with it when the feed ran dry, too many wait, the oldest waited
+ * ACK_DELAY, or this thread is the last one free and jobs take long: nobody
+ * would send them before a job ends. Writing them costs this thread a round
+ * trip, so not for every job. */
 static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
     size_t nacks = 0;
     *job = feed_pop(feed);
-    kiq_done_t **acks = !feed->n || feed->nacks >= ACKS_MAX
-                                || atomic_load(&rt->busy) + 1 >= rt->nslots
+    wake_for_jobs(rt, feed);
+    if (can_sweep(feed) && kiq__mono() >= feed->dry_until) {
+        size_t want = shortfall(rt, feed);
+        if (want && want * 2 >= level(rt, feed))
+            return sweep(s, r, job, want);
+    }
+    int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
+    kiq_done_t **acks = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
+                                        || kiq__mono() - feed->acks_since >= ACK_DELAY
+                                        || (last && feed->job_time >= LONG_JOB))
                             ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
@@ -412,61 +633,37 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     return 1;
 }
 
-/* Under feed->mu, which it releases: fetches a batch (writing the acks
- * waiting in the same round trip), keeps the first job and leaves the rest
- * in the feed. When every queue was empty, blocks on them for one job. */
-static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
-{
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
-    kiq_fetched_t got[BATCH_MAX];
-    size_t nacks;
-    kiq_done_t **acks = take_acks(feed, &nacks);
-    size_t want = batch_size(rt);
-    feed->sweeping++;
-    pthread_mutex_unlock(&feed->mu);
-
-    int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
-    pthread_mutex_lock(&feed->mu);
-    feed->sweeping--;
-    for (int i = 1; i < rc && !atomic_load(&rt->quiet); i++)
-        feed_push(feed, &got[i]);
-    if (rc == 0) {
-        pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
-        acks = take_acks(feed, &nacks);
-    } else if (feed->waiting) {
-        pthread_cond_signal(&feed->came);
-    }
-    pthread_mutex_unlock(&feed->mu);
-    if (rc > 0) {
-        /* Fetched as the process went quiet: all of it goes back. */
-        for (int i = rc - 1; i >= 1; i--)
-            if (got[i].payload)
-                kiq_give_back(s->fetch, rt, r, &got[i], 1);
-        *job = got[0];
-        return 1;
-    }
-    if (rc < 0)
-        return rc;
-    /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
-    return exchange(s, r, acks, nacks, job, 1, 1, NULL);
-}
-
 /* A job waiting in the feed comes first. Otherwise this thread sweeps the
  * queues for itself and for the threads that will look next, unless
  * sweepers_max sweeps are on their way already: then it waits for them
- * (one waiter is woken per sweep that came back, to take a job or sweep
- * next; so under load a few threads do the round trips and the others are
- * not woken for each job). When the queues are empty every thread blocks
- * on one of them. */
-int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside)
+ * (one waiter is woken per sweep that came back, and each that takes a job
+ * wakes the next while jobs are left; so under load a few threads do the
+ * round trips and the others are not woken for each job). When the queues
+ * are empty every thread blocks on one of them. */
+/* When this thread took its last job (kiq__mono()), 0 when it holds none. */
+static _Thread_local double taken_at;
+
+int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t *job,
+                  int *inside)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
+    double now = taken_at > 0 ? kiq__mono() : 0;
     pthread_mutex_lock(&feed->mu);
+    if (taken_at > 0) {
+        feed->job_time = 0.9 * feed->job_time + 0.1 * (now - taken_at);
+        feed->taken++;
+    }
+    taken_at = 0;
+    /* The last job's ack is left under the same lock as the next is taken:
+     * the lock is what every job pays for, once. */
+    if (done && (done = ack_later(feed, done))) {
+        pthread_mutex_unlock(&feed->mu);
+        ack_now(s, r, done);
+        pthread_mutex_lock(&feed->mu);
+    }
     gate_leave(feed, inside);
-    while ((feed->solo || (!feed->n && feed->sweeping >= feed->sweepers_max))
-           && !atomic_load(&rt->quiet))
+    while ((feed->solo || (!feed->n && !can_sweep(feed))) && !atomic_load(&rt->quiet))
         feed_wait(feed);
     if (atomic_load(&rt->quiet)) {
         pthread_mutex_unlock(&feed->mu);
@@ -474,7 +671,11 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside
     }
     *inside = 1;
     feed->inside++;
-    return feed->n ? take_waiting(s, r, job) : sweep(s, r, job);
+    size_t want = feed->n ? 0 : shortfall(rt, feed);
+    int rc = feed->n ? take_waiting(s, r, job) : sweep(s, r, job, want ? want : 1);
+    if (rc == 1)
+        taken_at = kiq__mono();
+    return rc;
 }
 
 void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
@@ -482,6 +683,10 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
     kiq_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
     gate_leave(feed, inside);
+    /* The jobs of a sweep on its way are newer than those in the feed: they
+     * go back first, so the feed waits for them (a round trip at most). */
+    while (feed->sweeping)
+        feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);
     flush_acks(s, r);
     kiq_feed_give_back(s->rt, s->fetch, r, 1);

@@ -18,22 +18,21 @@ typedef struct kiq_done {
     kiq_ack_t ack;
 } kiq_done_t;
 
-/* A cleared kiq_done_t, reused from feed's spares when it has one (feed may
- * be NULL: the basic fetch has none). NULL when out of memory. */
-kiq_done_t *kiq_done_new(kiq_feed_t *feed);
-/* Clears d and frees it or keeps it in feed for reuse. */
-void kiq_done_free(kiq_feed_t *feed, kiq_done_t *d);
+/* Clears d and frees it (NULL is fine). */
+void kiq_done_free(kiq_done_t *d);
 /* Frees what d holds; d stays allocated. */
 void kiq_done_clear(kiq_done_t *d);
 /* d's ack was written: notes the lock it released, then clears d. */
 void kiq_done_acked(struct kiq_runtime *rt, kiq_done_t *d, kiq_redis_t *r);
 
 /* One job for processor s into *job, from the feed or fetched by s for
- * itself and the threads that look next; the acks waiting go out with any
- * round trip. *inside is the thread's own mark that it passed the gate
- * (0 at first). Returns 1 with a job, 0 without (look again), or
- * kiq__fetch_exchange's error. */
-int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, int *inside);
+ * itself and the threads that look next. done (owned by the feed from
+ * here, or NULL) is the thread's last job, whose ack waits in the feed: the
+ * acks waiting go out with any round trip. *inside is the thread's own mark
+ * that it passed the gate (0 at first). Returns 1 with a job, 0 without
+ * (look again), or kiq__fetch_exchange's error. */
+int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t *job,
+                  int *inside);
 /* Leaves d's ack in the feed for the next round trip; on no memory,
  * writes it at once instead. */
 void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d);
@@ -49,6 +48,9 @@ int kiq_feed_suspect(const kiq_fetched_t *job);
 int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job);
 void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r);
 
+/* A job this thread took from the feed and did not start goes back to it,
+ * in its place (the process goes quiet: kiq_feed_leave gives it back). */
+void kiq_feed_return(kiq_feed_t *feed, kiq_fetched_t *job);
 /* Gives back every job waiting in the feed using f and r (reconnecting
  * when connect is set). Returns how many there were. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);

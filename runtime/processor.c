@@ -171,21 +171,23 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
     slot_clear(s);
 }
 
-static void run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+/* Runs the fetched job. Returns the finished job whose ack is still to be
+ * written (the reliable fetch leaves it in the feed), or NULL. */
+static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 {
-    kiq_done_t *d = kiq_done_new(s->rt->feed);
+    kiq_done_t *d = calloc(1, sizeof(*d));
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
         kiq__fetched_clear(job);
-        return;
+        return NULL;
     }
     run_one(s, r, job, d);
     kiq__fetched_clear(job);
     if (d->active)
-        kiq_feed_ack(s, r, d);
-    else
-        kiq_done_free(s->rt->feed, d);
+        return d;
+    kiq_done_free(d);
+    return NULL;
 }
 
 /* An error reply to a fetch: retrying at once would only spin. */
@@ -211,25 +213,37 @@ static void loop(kiq_slot_t *s, kiq_redis_t *r)
 {
     kiq_runtime_t *rt = s->rt;
     int reliable = rt->feed != NULL, inside = 0;
+    kiq_done_t *done = NULL; /* the last job, its ack owed (reliable fetch) */
     while (!atomic_load(&rt->quiet)) {
         if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
             break;
         kiq_fetched_t job = {0};
-        int rc = reliable ? kiq_feed_next(s, r, &job, &inside) : kiq__fetch_next(s->fetch, r, &job);
+        int rc = reliable ? kiq_feed_next(s, r, done, &job, &inside)
+                          : kiq__fetch_next(s->fetch, r, &job);
+        done = NULL;
         if (fetch_refused(rt, r, rc) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         if (atomic_load(&rt->quiet)) {
-            kiq_give_back(s->fetch, rt, r, &job, 1);
+            if (reliable)
+                kiq_feed_return(rt->feed, &job); /* back in order with the feed's */
+            else
+                kiq_give_back(s->fetch, rt, r, &job, 1);
             break;
         }
         /* Only the reliable fetch recovers jobs, so only it has suspects. */
         int solo = reliable && kiq_feed_suspect(&job);
         if (solo && !kiq_feed_solo_begin(s, r, &job))
             continue;
-        run_fetched(s, r, &job);
+        done = run_fetched(s, r, &job);
+        if (solo && done) {
+            kiq_feed_ack(s, r, done); /* written before the gate opens */
+            done = NULL;
+        }
         if (solo)
             kiq_feed_solo_end(s, r);
     }
+    if (done)
+        kiq_feed_ack(s, r, done);
     if (reliable)
         kiq_feed_leave(s, r, &inside);
 }

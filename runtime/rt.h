@@ -114,10 +114,13 @@ int kiq_processor_holds(struct kiq_runtime *rt, const char *payload, size_t len)
  * (the process exits, or shutdown gave the job back). */
 int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r);
 
-/* feed.c: the reliable fetch's batch shared by nslots processors (the
- * operations are in feed.h). */
+/* feed.c: the reliable fetch's batch shared by nslots processors, holding
+ * at most prefetch jobs fetched and not started (0: the default, see
+ * kiq_feed_default_prefetch). The operations are in feed.h. */
 typedef struct kiq_feed kiq_feed_t;
-kiq_feed_t *kiq_feed_new(int nslots);
+kiq_feed_t *kiq_feed_new(int nslots, int prefetch);
+/* The prefetch bound when none is set: ten jobs a processor, 500 at least. */
+int kiq_feed_default_prefetch(int nslots);
 void kiq_feed_free(kiq_feed_t *feed);
 
 /* server_chain.c: runs job through rt->server_chain to its handler on

@@ -457,7 +457,7 @@ static int start_threads(kiq_runtime_t *rt, char *err)
     rt->slots = calloc((size_t)rt->nslots, sizeof(kiq_slot_t));
     if (!rt->slots)
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    if (c->fetch == KIQ_FETCH_RELIABLE && !(rt->feed = kiq_feed_new(rt->nslots)))
+    if (c->fetch == KIQ_FETCH_RELIABLE && !(rt->feed = kiq_feed_new(rt->nslots, c->prefetch)))
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
     for (int i = 0; i < rt->nslots; i++) {
         kiq_slot_t *s = &rt->slots[i];

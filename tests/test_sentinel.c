@@ -22,6 +22,7 @@ typedef struct cluster {
     int master, replica; /* ports; replica 0 = none */
     pid_t master_pid;
     int sentinel[3];
+    pid_t sentinel_pid[3];
     int nsentinels;
     char url[256];       /* redis+sentinel://... /mymaster */
 } cluster_t;
@@ -160,7 +161,8 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
         cr_assert(f);
         fputs(body, f);
         fclose(f);
-        start_server(sdir, "sentinel", (const char *[]){ conf, "--sentinel", NULL });
+        k->sentinel_pid[i] = start_server(sdir, "sentinel", (const char *[]){ conf, "--sentinel",
+                                                                              NULL });
         len += snprintf(k->url + len, sizeof(k->url) - (size_t)len, "%s127.0.0.1:%d",
                         i ? "," : "", k->sentinel[i]);
     }
@@ -532,7 +534,7 @@ Test(sentinel, a_readonly_reply_drops_the_connection)
     /* The sentinels have not noticed yet: the reconnect finds a replica
      * where they say the master is, and waits rather than use it. */
     cr_assert_eq(kiq_redis_connect(r), KIQ_EREDIS);
-    cr_assert(strstr(kiq_redis_error(r), "is a slave now"), "%s", kiq_redis_error(r));
+    cr_assert(strstr(kiq_redis_error(r), "is a slave, not a master"), "%s", kiq_redis_error(r));
     kiq_redis_free(r);
 }
 
@@ -660,6 +662,8 @@ Test(sentinel, bad_sentinel_urls_are_refused)
         { "redis+sentinel://127.0.0.1:0/m", "bad sentinel address" },
         { "redis+sentinel://a:1,,b:2/m", "bad sentinel address" },
         { "redis+sentinel://a:1/m/x", "bad db number" },
+        { "redis+sentinel://a:1/m?x=1", "unknown parameter x=1" },
+        { "redis+sentinel://a:1/m?sentinel_ssl=yes", "sentinel_ssl must be true or false" },
     };
     char err[KIQ_ERRLEN];
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
@@ -669,9 +673,79 @@ Test(sentinel, bad_sentinel_urls_are_refused)
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
     kiq_redis_t *r = kiq_redis_new("rediss+sentinel://u:secret@a:1,[::1]:2,c/m/2?"
-                                   "sentinel_password=s3&x=1", 1, err);
+                                   "sentinel_password=s3&verify=peer", 1, err);
     cr_assert(r, "%s", err);
     cr_assert_str_eq(kiq_redis_name(r), "rediss+sentinel://u:***@a:1,[::1]:2,c/m/2?"
-                                        "sentinel_password=***&x=1");
+                                        "sentinel_password=***&verify=peer");
     kiq_redis_free(r);
+}
+
+/* Without sentinels, behind one address that a managed service moves on
+ * failover: the server kiq runs against is demoted to a replica (REPLICAOF
+ * a master that is not there, so it keeps its data), then promoted again.
+ * Every connection reconnects on READONLY, waits with backoff while the
+ * address leads to a replica, and the jobs resume: all run, none is left
+ * queued or in a working list, and the demotion is logged once. */
+Test(sentinel, a_server_demoted_behind_a_plain_url_is_followed)
+{
+    char *dir = kt_tmp("demoted");
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    int port = kt_free_port();
+    char p[16], nowhere[16], url[64];
+    snprintf(p, sizeof(p), "%d", port);
+    snprintf(nowhere, sizeof(nowhere), "%d", kt_free_port());
+    start_server(dir, "solo", (const char *[]){ "--port", p, "--bind", "127.0.0.1", "--save", "",
+                                                "--appendonly", "no", NULL });
+    free(dir);
+    cr_assert(KT_WAIT_UNTIL(pings(port), 30));
+    drain_t d = { .n = 3000 };
+    push_paced(port, d.n, 10);
+    d.yml = kt_write_file("demoted.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+                                         "recovery_interval: 1\n");
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", port);
+    d.pid = kt_kiq_start((const char *[]){ "-C", d.yml, "-c", "5", "--redis-url", url, NULL });
+    ran_at_least(&d, port, 300);
+    redisReply *r = cmd_on(port, "REPLICAOF 127.0.0.1 %s", nowhere);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(d.pid, "answered READONLY") == 1, 15), "%s",
+              log_tail(d.pid));
+    long long during = int_on(port, "SCARD %s", "rec");
+    sleep(2);
+    /* A handler's own write may slip in before a connection notices; a
+     * fetch may not. */
+    cr_assert(int_on(port, "SCARD %s", "rec") <= during + 5, "jobs ran on a replica");
+    r = cmd_on(port, "REPLICAOF NO %s", "ONE");
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    drain_finish(&d, port);
+    cr_assert_eq(kt_log_count(d.pid, "answered READONLY"), 1, "%s", log_tail(d.pid));
+    cr_assert(kt_log_count(d.pid, "is a master again") >= 1, "%s", log_tail(d.pid));
+    cr_assert_eq(kt_kiq_stop(d.pid, SIGTERM, 20), 0, "%s", log_tail(d.pid));
+    free(d.yml);
+}
+
+/* Given one sentinel, kiq learns the others from it: once that one is
+ * killed, a failover is still followed through them. */
+Test(sentinel, the_other_sentinels_are_learnt_from_the_one_given)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 1, 3);
+    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
+    char url[128];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d/mymaster", k.sentinel[0]);
+    push_records(k.master, 50);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 50, 20), "%s", log_tail(pid));
+    kill(k.sentinel_pid[0], SIGKILL);
+    /* The first sentinel is gone: the others carry the failover. */
+    k.sentinel[0] = k.sentinel[1];
+    k.sentinel[1] = k.sentinel[2];
+    k.nsentinels = 2;
+    cr_assert(KT_WAIT_UNTIL(info_has(k.sentinel[0], "sentinel", "slaves=1"), 20));
+    fail_over(&k, k.master, k.replica);
+    push_records(k.replica, 100);
+    cr_assert(KT_WAIT_UNTIL(int_on(k.replica, "SCARD %s", "rec") >= 100, 30), "%s",
+              log_tail(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -299,5 +300,123 @@ Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
     cr_assert_eq(kt_wait_exit(pid, 30), 78);
     cr_assert_gt(kt_log_count(pid, "tls: settings need a rediss:// URL"), 0, "%s", kt_kiq_log(pid));
     free(file);
+    redisFree(s.plain);
+}
+
+/* A sentinel with a TLS port (its plain one is for the test), monitoring
+ * the server's TLS port with the test's certificates. Returns the TLS
+ * port once it knows the master. */
+static int sentinel_start(const tls_server_t *s)
+{
+    int port = kt_free_port(), tport = kt_free_port();
+    char conf[600], body[2400], logf[500];
+    snprintf(conf, sizeof(conf), "%s/sentinel.conf", s->dir);
+    snprintf(logf, sizeof(logf), "%s/sentinel.log", s->dir);
+    snprintf(body, sizeof(body),
+             "port %d\nbind 127.0.0.1\ntls-port %d\ntls-cert-file %s/server.crt\n"
+             "tls-key-file %s/server.key\ntls-ca-cert-file %s/ca.crt\ntls-auth-clients no\n"
+             "tls-replication yes\nsentinel monitor mymaster 127.0.0.1 %d 1\n",
+             port, tport, s->dir, s->dir, s->dir, s->tls_port);
+    FILE *f = fopen(conf, "w");
+    cr_assert(f);
+    fputs(body, f);
+    fclose(f);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        execlp("redis-server", "redis-server", conf, "--sentinel", "--logfile", logf,
+               (char *)NULL);
+        _exit(127);
+    }
+    kt_track(pid);
+    cr_assert(KT_WAIT_UNTIL(({ redisContext *c = plain_connect(port);
+                               redisReply *r = c ? redisCommand(c, "SENTINEL "
+                                                                "get-master-addr-by-name "
+                                                                "mymaster") : NULL;
+                               int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2
+                                        && atoi(r->element[1]->str) == s->tls_port;
+                               freeReplyObject(r);
+                               redisFree(c);
+                               ok; }), 20), "the sentinel did not start (see %s)", logf);
+    return tport;
+}
+
+/* sentinel_ssl=true: TLS to the sentinels as well as to the master, with
+ * the same settings, the sentinels' certificates checked. */
+Test(tls, sentinels_over_tls_with_sentinel_ssl)
+{
+    tls_server_t s;
+    server_start(&s, "tls-sentinel", 0);
+    int tport = sentinel_start(&s);
+    char u[1200], *out = NULL;
+    snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?sentinel_ssl=true&%s", tport,
+             ca_q(&s, "ca.crt"));
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+                                             NULL }, &out), 0, "%s", out);
+    free(out);
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+
+    /* The sentinel's certificate is verified like the master's. */
+    snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?sentinel_ssl=true&%s", tport,
+             ca_q(&s, "otherca.crt"));
+    refused_at_start(u, "TLS: certificate verify failed: ");
+    /* Without sentinel_ssl, the sentinel's TLS port is spoken to in plain
+     * and never answers. */
+    snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?%s", tport,
+             ca_q(&s, "ca.crt"));
+    cr_assert_neq(kt_kiq_run((const char *[]){ "stats", "--redis-url", u, NULL }, &out), 0,
+                  "%s", out);
+    free(out);
+    redisFree(s.plain);
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec)
+           + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* kiq's own commands go through the session from the calling thread, a
+ * handler's through hiredis and the copying thread, in turns on one
+ * connection; a connection the server reset costs no CPU until it is
+ * made again. */
+Test(tls, own_and_hiredis_commands_in_turns_and_a_reset_connection)
+{
+    tls_server_t s;
+    server_start(&s, "tls-turns", 0);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(url(&s, ca_q(&s, "ca.crt")), 2, err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    for (int i = 0; i < 50; i++) {
+        redisReply *a = kiq_redis_cmdf(r, "INCR own");
+        cr_assert(a && a->type == REDIS_REPLY_INTEGER && a->integer == i + 1);
+        freeReplyObject(a);
+        redisReply *b = redisCommand(kiq_redis_ctx(r), "INCR raw");
+        cr_assert(b && b->type == REDIS_REPLY_INTEGER && b->integer == i + 1);
+        freeReplyObject(b);
+    }
+    /* The last command kiq's own: the session is the owner's. */
+    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    cr_assert(pong && pong->type == REDIS_REPLY_STATUS);
+    freeReplyObject(pong);
+    freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
+    redisReply *gone = kiq_redis_cmdf(r, "GET own");
+    cr_assert_null(gone);
+    cr_assert(!kiq_redis_ok(r));
+    /* The server reset the connection; until the owner makes it again
+     * (after a backoff, in a worker), nothing runs for it. */
+    double before = cpu_seconds();
+    usleep(500000);
+    cr_assert_lt(cpu_seconds() - before, 0.1, "the process spun while the connection was down");
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    redisReply *back = kiq_redis_cmdf(r, "GET own");
+    cr_assert(back && back->type == REDIS_REPLY_STRING && !strcmp(back->str, "50"));
+    freeReplyObject(back);
+    kiq_redis_free(r);
     redisFree(s.plain);
 }

@@ -96,6 +96,9 @@ typedef struct kiq_config {
     kiq_class_conf_t *classes;
     size_t nclasses;
     kiq_fetch_mode_t fetch;
+    int prefetch;             /* reliable fetch: jobs fetched ahead and not yet
+                                 started, at most; 0 = 10 per processor, at
+                                 least 500 */
     kiq_ts_format_t timestamps;
     kiq_log_format_t log_format;
     kiq_unknown_class_t unknown_class; /* default KIQ_UNKNOWN_FAIL */
