@@ -140,15 +140,23 @@ int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, int replicas, long wait_ms
     if (!rc && replicas > 0) rc = kiq_redis_append(r, 3, wait, NULL);
     /* MULTI's reply, one QUEUED (or an error) per command, then EXEC's. */
     redisReply *last = NULL;
+    char refused[256] = "";
     for (size_t i = 0; i < t->ncmds + 2 && !rc; i++) {
         redisReply *rep = kiq_redis_get_reply(r);
         if (!rep)
             rc = KIQ_EREDIS;
         else if (i == t->ncmds + 1)
             last = rep;
-        else
+        else if (rep->type == REDIS_REPLY_ERROR && !refused[0])
+            snprintf(refused, sizeof(refused), "%s", rep->str);
+        if (rep != last)
             freeReplyObject(rep);
     }
+    /* A command refused while queued (READONLY from a replica, which also
+     * drops the connection so it is made again) aborts EXEC: nothing was
+     * written, whether or not EXEC's own reply could be read. */
+    if (rc && refused[0])
+        return kiq_seterr(err, KIQ_EREPLY, "push failed: %s", refused);
     if (rc) {
         freeReplyObject(last);
         return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
