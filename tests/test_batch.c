@@ -417,16 +417,21 @@ Test(batch, reopen_from_a_job_success_waits_for_the_added_jobs)
  * malformed callback is refused when the batch is made. */
 Test(batch, bad_input)
 {
-    char jid[25];
-    kt_make_jid(jid, 1, 1);
-    char *p = NULL;
-    cr_assert(asprintf(&p, "{\"retry\":true,\"queue\":\"default\",\"args\":[\"rec\"],"
-                       "\"class\":\"RecordJob\",\"jid\":\"%s\",\"bid\":\"nosuchbatch\","
-                       "\"created_at\":1767225600.1,\"enqueued_at\":1767225600.1}", jid) > 0);
-    kt_push_all(kt_redis(), "default", &p, 1);
-    free(p);
+    /* Several, so that acks of one call (acks.lua) and of one job
+     * (ack.lua) both meet it. */
+    char *p[20];
+    for (unsigned i = 0; i < 20; i++) {
+        char jid[25];
+        kt_make_jid(jid, 1, i);
+        cr_assert(asprintf(&p[i], "{\"retry\":true,\"queue\":\"default\",\"args\":[\"rec\"],"
+                           "\"class\":\"RecordJob\",\"jid\":\"%s\",\"bid\":\"nosuchbatch\","
+                           "\"created_at\":1767225600.1,\"enqueued_at\":1767225600.1}", jid) > 0);
+    }
+    kt_push_all(kt_redis(), "default", p, 20);
+    for (unsigned i = 0; i < 20; i++)
+        free(p[i]);
     pid_t pid = kiq_start("default");
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 1 && kt_log_has(pid, "nosuchbatch"), 20),
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20 && kt_log_has(pid, "nosuchbatch"), 20),
               "%s", kt_kiq_log(pid));
     cr_assert(kt_log_has(pid, "does not exist"), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("EXISTS batch:nosuchbatch"), 0);

@@ -179,31 +179,31 @@ end
 -- batch_done. batch_ok returns 2 when bid names no batch, else 0;
 -- batch_flush returns the flags fired (several batches' OR'd).
 local function batch_ok(acc, bid, jid)
-  local key = 'batch:' .. bid
+  -- A batch's key names are made once per call; a bid naming no batch is
+  -- remembered as false.
   local b = acc[bid]
-  if not b then
-    if redis.call('EXISTS', key) == 0 then
-      return 2
-    end
-    b = { notrun = 0, pending = 0 }
+  if b == nil then
+    local key = 'batch:' .. bid
+    b = redis.call('EXISTS', key) == 1
+      and { key = key, jids = key .. ':jids', notrun = 0, pending = 0 }
     acc[bid] = b
   end
+  if not b then
+    return 2
+  end
   -- Most jobs succeed at their first run: one HSETNX then.
-  local jids, was = key .. ':jids', nil
-  if redis.call('HSETNX', jids, jid, 's') == 0 then
-    was = redis.call('HGET', jids, jid)
+  if redis.call('HSETNX', b.jids, jid, 's') == 1 then
+    b.notrun = b.notrun + 1
+  else
+    local was = redis.call('HGET', b.jids, jid)
     if was == 's' then
       return 0
     end
-    redis.call('HSET', jids, jid, 's')
-  end
-  if was then
-    redis.call('HDEL', key .. ':failures', jid)
+    redis.call('HSET', b.jids, jid, 's')
+    redis.call('HDEL', b.key .. ':failures', jid)
     if was == 'd' then
-      redis.call('HINCRBY', key, 'dead', -1)
+      redis.call('HINCRBY', b.key, 'dead', -1)
     end
-  else
-    b.notrun = b.notrun + 1
   end
   b.pending = b.pending + 1
   return 0
@@ -212,12 +212,12 @@ end
 local function batch_flush(acc)
   local fired = 0
   for bid, b in pairs(acc) do
-    local key, due = 'batch:' .. bid, false
-    for _, field in ipairs({ 'notrun', 'pending' }) do
+    local due = false
+    for _, field in ipairs(b and { 'notrun', 'pending' } or {}) do
       if b[field] > 0 then
-        local left = redis.call('HINCRBY', key, field, -b[field])
+        local left = redis.call('HINCRBY', b.key, field, -b[field])
         if left < 0 then
-          redis.call('HSET', key, field, 0)
+          redis.call('HSET', b.key, field, 0)
         end
         due = due or left <= 0
       end
