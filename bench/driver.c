@@ -6,7 +6,9 @@
  *       pushes JOBS jobs of CLASS (args [i]) with kiq_client_push_bulk,
  *       BATCH per round trip, as Sidekiq::Client.push_bulk does; with LOCK
  *       (until_executed, while_executing, ...) every push carries v9's lock
- *       fields and the client middleware takes the lock where the type says
+ *       fields and the client middleware takes the lock where the type says;
+ *       with LOCK "batch" every job goes into one batch (kiq/batch.h),
+ *       committed after the last push
  *   kiq-bench locks PORT N
  *       N lock+unlock cycles through the C API (kiq_unique_lock, then
  *       kiq_unique_unlock, until_executed, a distinct digest each), on one
@@ -54,6 +56,7 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
+#include <kiq/batch.h>
 #include <kiq/client.h>
 #include <kiq/error.h>
 #include <kiq/limiter.h>
@@ -150,7 +153,12 @@ static int do_push(int argc, char **argv)
     kiq_push_opts_t o = kiq_push_opts_default();
     o.queue = argv[1];
     kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
-    if (argc == 6) {
+    kiq_batch_t *b = NULL;
+    char err[KIQ_ERRLEN];
+    if (argc == 6 && strcmp(argv[5], "batch") == 0) {
+        if (!(b = kiq_batch_new(k, err)))
+            die("batch: %s%s", err, NULL);
+    } else if (argc == 6) {
         if (kiq_lock_type_parse(argv[5], &uo.lock))
             die("unknown lock type %s%s", argv[5], NULL);
         if (uo.lock != KIQ_LOCK_NONE)
@@ -166,10 +174,14 @@ static int do_push(int argc, char **argv)
             snprintf(text[i], sizeof(text[i]), "[%ld]", done + i);
             args[i] = text[i];
         }
-        if (kiq_client_push_bulk(k, argv[2], args, (size_t)n, &o, NULL))
-            die("push_bulk: %s%s", kiq_client_error(k), NULL);
+        if (b ? kiq_batch_push_bulk(b, argv[2], args, (size_t)n, &o, NULL)
+              : kiq_client_push_bulk(k, argv[2], args, (size_t)n, &o, NULL))
+            die("push_bulk: %s%s", b ? kiq_batch_error(b) : kiq_client_error(k), NULL);
         done += n;
     }
+    if (b && kiq_batch_commit(b))
+        die("batch commit: %s%s", kiq_batch_error(b), NULL);
+    kiq_batch_free(b);
     free(text);
     free(args);
     kiq_client_free(k);

@@ -1,6 +1,6 @@
 /* kiq_main: the kiq command line and its command table. `kiq run` (the
  * default) starts a worker; the other subcommands (push, stats, locks, lock,
- * limits, top, version) are tools around the same Redis, one file each. */
+ * limits, top, batch, version) are tools around the same Redis, one file each. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +24,7 @@ static const char *main_usage =
     "  lock      run a command under a FIFO lock: kiq lock NAME [options] -- CMD...\n"
     "  limits    rate limiters: list, info NAME (holders, window fill, wait)\n"
     "  top       live view: queues, processes, throughput, retries/dead, contended locks\n"
+    "  batch     batches: status BID, list, delete BID, invalidate BID\n"
     "  version   print the version\n"
     "\n"
     "`kiq COMMAND --help` describes each command's options.\n";
@@ -253,6 +254,8 @@ int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
         return kiq_cmd_limits(argc - 1, argv + 1);
     if (strcmp(cmd, "top") == 0)
         return kiq_cmd_top(argc - 1, argv + 1);
+    if (strcmp(cmd, "batch") == 0)
+        return kiq_cmd_batch(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 1, argv + 1, init);
     if (cmd[0] == '-')

@@ -14,6 +14,7 @@ int kiq_cmd_locks(int argc, char **argv);
 int kiq_cmd_lock(int argc, char **argv);
 int kiq_cmd_top(int argc, char **argv);
 int kiq_cmd_limits(int argc, char **argv);
+int kiq_cmd_batch(int argc, char **argv);
 
 /* The Redis URL for a subcommand: --redis-url, else $REDIS_URL (or the
  * variable named by $REDIS_PROVIDER), else the default. */

@@ -161,6 +161,11 @@ const char *kiq_client_error(const kiq_client_t *c)
     return c->err;
 }
 
+kiq_redis_t *kiq_client_redis(kiq_client_t *c)
+{
+    return c->r;
+}
+
 /* Appends the payload of one job to b. */
 static int build(kiq_client_t *c, kiq_buf_t *b, const char *cls, const char *args,
                  const kiq_push_opts_t *o, const char *queue, double now, char jid[25])

@@ -158,6 +158,88 @@ static int failing_aj_job(kiq_job_t *job, void *ud)
     return kiq_job_fail(job, "ArgumentError", "%s failed on purpose", kiq_job_class(job));
 }
 
+/* FlakyJob [key, fail_first]: RPUSH key:runs jid at every run; when
+ * fail_first is true, fails the first time its jid runs (remembered in
+ * key:seen, so across processes and crashes); else SADD key jid. */
+static int flaky_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    const char *key = arg_str(job, 0, "kiq:flaky");
+    json_t *args = kiq_job_args(job);
+    int fail_first = json_is_true(json_array_get(args, 1));
+    redisContext *c = kiq_job_redis(job);
+    const char *jid = kiq_job_jid(job);
+    freeReplyObject(redisCommand(c, "RPUSH %s:runs %s", key, jid));
+    redisReply *r = fail_first ? redisCommand(c, "SADD %s:seen %s", key, jid) : NULL;
+    int first = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (first)
+        return kiq_job_fail(job, "RuntimeError", "FlakyJob %s fails its first run", jid);
+    r = redisCommand(c, "SADD %s %s", key, jid);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "SADD %s failed", key);
+}
+
+/* BatchCallbackJob [status, options]: a batch callback (kiq/batch.h);
+ * RPUSHes the status as JSON to options["key"] (default kiq:callbacks). */
+static int batch_callback_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    json_t *args = kiq_job_args(job);
+    const char *key = json_string_value(json_object_get(json_array_get(args, 1), "key"));
+    char *status = json_dumps(json_array_get(args, 0), JSON_COMPACT | JSON_SORT_KEYS);
+    if (!status)
+        return kiq_job_fail(job, "ArgumentError", "BatchCallbackJob needs [status, options]");
+    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %s", key ? key : "kiq:callbacks",
+                                 status);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    free(status);
+    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "RPUSH failed");
+}
+
+/* BatchValidJob [key]: RPUSH key kiq_batch_valid(job): 1 when the job's
+ * batch is valid (or it has none), 0 when it was invalidated or deleted. */
+static int batch_valid_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    int valid = kiq_batch_valid(job);
+    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %d",
+                                 arg_str(job, 0, "kiq:valid"), valid);
+    freeReplyObject(r);
+    return 0;
+}
+
+/* ReopenJob [redis_url, key, n]: adds n RecordJob [key] jobs to its own
+ * batch (reopened, then committed again), then SADD key jid itself. */
+static int reopen_job(kiq_job_t *job, void *ud)
+{
+    (void)ud;
+    char err[KIQ_ERRLEN];
+    const char *key = arg_str(job, 1, "kiq:reopen");
+    long n = arg_long(job, 2, 10);
+    if (!kiq_job_bid(job))
+        return kiq_job_fail(job, "ArgumentError", "ReopenJob runs in a batch");
+    kiq_client_t *c = kiq_client_new(arg_str(job, 0, NULL), err);
+    kiq_batch_t *b = c ? kiq_batch_reopen(c, kiq_job_bid(job), err) : NULL;
+    int rc = b ? 0 : KIQ_EREDIS;
+    char args[256];
+    snprintf(args, sizeof(args), "[\"%s\"]", key);
+    for (long i = 0; i < n && !rc; i++)
+        rc = kiq_batch_push(b, "RecordJob", args, NULL, NULL);
+    if (!rc)
+        rc = kiq_batch_commit(b);
+    if (b && rc)
+        snprintf(err, sizeof(err), "%s", kiq_batch_error(b));
+    kiq_batch_free(b);
+    kiq_client_free(c);
+    if (rc)
+        return kiq_job_fail(job, "RuntimeError", "reopening the batch failed: %s", err);
+    freeReplyObject(redisCommand(kiq_job_redis(job), "SADD %s %s", key, kiq_job_jid(job)));
+    return 0;
+}
+
 /* CrashJob: kills the whole process (SIGKILL), as a handler with a fatal
  * bug would; shows recovery and the poison-pill limit. */
 static int crash_job(kiq_job_t *job, void *ud)
@@ -205,5 +287,9 @@ __attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
     rc |= kiq_register(rt, "SegfaultJob", segfault_job, NULL, &opts);
     rc |= kiq_register(rt, "AjRecordJob", aj_record_job, NULL, &opts);
     rc |= kiq_register(rt, "FailingAjJob", failing_aj_job, NULL, &opts);
+    rc |= kiq_register(rt, "FlakyJob", flaky_job, NULL, &opts);
+    rc |= kiq_register(rt, "BatchCallbackJob", batch_callback_job, NULL, &opts);
+    rc |= kiq_register(rt, "ReopenJob", reopen_job, NULL, &opts);
+    rc |= kiq_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
     return rc;
 }

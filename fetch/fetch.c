@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
 #include "support/log.h"
@@ -320,9 +321,12 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
     static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
     static const char *sets[] = { KIQ_KEY_RETRY, KIQ_KEY_RETRY, KIQ_KEY_DEAD, KIQ_KEY_RETRY,
                                   KIQ_KEY_SCHEDULE };
+    /* What the job's outcome is to its batch: a reschedule is none. */
+    static const char *outcomes[] = { "s", "f", "d", "f", "" };
     int basic = f->mode == KIQ_FETCH_BASIC;
     int lock = ack->lock_key && ack->lock_jid;
-    int plain = ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
+    int batch = ack->bid && ack->lock_jid;
+    int plain = (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP) && !batch;
     *sent = 0;
     if (basic && !lock && plain)
         return 0; /* BRPOP already took it; nothing to write */
@@ -347,6 +351,21 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
                       lock ? strlen(argv[3]) : 0, len, strlen(argv[5]), strlen(score),
                       ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
                       lock ? strlen(argv[10]) : 0 };
+    if (batch) {
+        char *bkey = kiq__key_dup(KIQ_KEY_BATCH, ack->bid);
+        if (!bkey)
+            return KIQ_ENOMEM;
+        const char *b[] = { argv[0], argv[1], lock ? argv[2] : "", lock ? argv[3] : "", bkey,
+                            raw, argv[5], score, argv[7], cutoff, max,
+                            lock ? argv[10] : "", ack->bid, ack->lock_jid,
+                            outcomes[ack->kind] };
+        size_t bl[] = { lens[0], lens[1], lens[2], lens[3], strlen(bkey), len, lens[5],
+                        lens[6], lens[7], lens[8], lens[9], lens[10], strlen(ack->bid),
+                        strlen(ack->lock_jid), strlen(outcomes[ack->kind]) };
+        int rc = kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 5, 15, b, bl);
+        free(bkey);
+        return rc;
+    }
     if (lock)
         return kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
     /* Without a lock the script gets its original two keys. */
@@ -356,13 +375,25 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
 }
 
 /* Reads one ack's reply: 0, KIQ_EREPLY (an error reply) or KIQ_EREDIS (the
- * connection broke). */
-static int read_ack(kiq_redis_t *r)
+ * connection broke). ack (may be NULL) is the ack the reply is for: a job
+ * whose bid names no batch ran as a plain job, which is worth a warning. */
+static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack)
 {
     redisReply *rep = kiq_redis_get_reply(r);
     if (!rep)
         return KIQ_EREDIS;
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
+    /* acks.lua answers {removed, flags, a bid naming no batch or ""}. */
+    int many = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3
+               && rep->element[1]->type == REDIS_REPLY_INTEGER
+               && rep->element[2]->type == REDIS_REPLY_STRING;
+    long long flags = many ? rep->element[1]->integer
+                    : ack && ack->bid && rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
+    kiq__metrics_batch_fired(kiq__metrics_default(), flags);
+    if (flags & 2)
+        kiq_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
+                 "as a plain job", many ? "(one of several)" : ack->lock_jid,
+                 many ? rep->element[2]->str : ack->bid);
     freeReplyObject(rep);
     return rc;
 }
@@ -373,13 +404,16 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
     if (rc || !sent)
         return rc ? KIQ_EREDIS : 0;
-    return read_ack(r) ? KIQ_EREDIS : 0;
+    return read_ack(r, ack) ? KIQ_EREDIS : 0;
 }
 
-/* A success, with or without a lock to release: several of them go in one
- * acks.lua call (a failure stores a payload and goes through ack.lua). */
+/* A success, with or without a lock to release or a batch to move: several
+ * of them go in one acks.lua call (a failure stores a payload and goes
+ * through ack.lua; so does a dropped job of a batch, a failure to it). */
 static int batchable(const kiq_ack_t *ack)
 {
+    if (ack->bid)
+        return ack->kind == KIQ_ACK_OK && ack->lock_jid;
     return ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
 }
 
@@ -390,24 +424,30 @@ enum { ACKS_PER_CALL = 64 };
 static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
-    const char *argv[2 + 3 * ACKS_PER_CALL];
-    size_t lens[2 + 3 * ACKS_PER_CALL];
+    const char *argv[2 + 4 * ACKS_PER_CALL];
+    size_t lens[2 + 4 * ACKS_PER_CALL];
     int argc = 2;
     argv[0] = f->working;
     lens[0] = strlen(f->working);
     argv[1] = KIQ_UNIQUE_DIGESTS;
     lens[1] = strlen(argv[1]);
     size_t i = *from;
-    for (; i < nacks && argc < 2 + 3 * ACKS_PER_CALL; i++) {
-        if (!batchable(&acks[i].ack))
+    for (; i < nacks && argc < 2 + 4 * ACKS_PER_CALL; i++) {
+        const kiq_ack_t *a = &acks[i].ack;
+        if (!batchable(a))
             continue;
         argv[argc] = acks[i].raw;
         lens[argc++] = acks[i].len;
-        int lock = acks[i].ack.lock_key && acks[i].ack.lock_jid;
-        argv[argc] = lock ? acks[i].ack.lock_key : "";
-        lens[argc++] = lock ? strlen(acks[i].ack.lock_key) : 0;
-        argv[argc] = lock ? acks[i].ack.lock_jid : "";
-        lens[argc++] = lock ? strlen(acks[i].ack.lock_jid) : 0;
+        int lock = a->lock_key && a->lock_jid;
+        argv[argc] = lock ? a->lock_key : "";
+        lens[argc] = strlen(argv[argc]);
+        argc++;
+        argv[argc] = a->lock_jid ? a->lock_jid : "";
+        lens[argc] = strlen(argv[argc]);
+        argc++;
+        argv[argc] = a->bid ? a->bid : "";
+        lens[argc] = strlen(argv[argc]);
+        argc++;
         sent[i] = 2;
     }
     *from = i;
@@ -490,7 +530,7 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
      * the working list, to be acked again); the replies behind it still
      * count. A broken connection ends the reading. */
     for (size_t b = 0, i = 0; b < batches; b++) {
-        int rc = read_ack(r);
+        int rc = read_ack(r, NULL);
         if (rc == KIQ_EREDIS)
             return KIQ_EREDIS;
         rc = rc ? KIQ_EREDIS : 0;
@@ -507,7 +547,7 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
             acks[i].rc = 0;
             continue;
         }
-        int rc = read_ack(r);
+        int rc = read_ack(r, &acks[i].ack);
         if (rc == KIQ_EREDIS)
             return KIQ_EREDIS;
         acks[i].rc = rc ? KIQ_EREDIS : 0;

@@ -46,7 +46,8 @@ typedef struct kiq_ack {
     double dead_cutoff;   /* dead entries scored below this are trimmed */
     long dead_max;        /* dead set keeps at most this many */
     const char *lock_key; /* "<digest>:LOCKED" whose hold by lock_jid is */
-    const char *lock_jid; /*   released with the ack, or NULL */
+    const char *lock_jid; /*   released with the ack, or NULL; the job's jid */
+    const char *bid;      /* the job's batch, moved in the ack's step, or NULL */
 } kiq_ack_t;
 
 /* A fetched job: payload owned by the caller, queue borrowed from the

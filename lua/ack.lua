@@ -1,5 +1,6 @@
 -- uses: release_hold
 -- uses: fits
+-- uses: batch_done
 -- Finish a job: drop it from the working list and write its failure (retry
 -- or dead) in one step, so a crash between the two can neither lose nor
 -- double it. With a working list, the failure is written only if the job
@@ -14,6 +15,13 @@
 -- ARGV[3] zset score, ARGV[4] payload to store,
 -- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs,
 -- ARGV[7] the jid whose hold on KEYS[3] is released.
+-- With a batch (the job's "bid"), KEYS[3] and KEYS[4] are "" when there is
+-- no lock, KEYS[5] is "batch:BID", ARGV[8] the bid, ARGV[9] the jid and
+-- ARGV[10] the outcome for the batch ("s", "f", "d", or "" for none): the
+-- batch moves in the same step as the job leaves the working list, and only
+-- then, so a late or repeated ack never counts (lib/batch_done.lua).
+-- Returns 1 when the job was acked (0 when it was no longer in the working
+-- list), plus batch_done's flags.
 local mode = ARGV[2]
 -- A retry or dead key of another type would refuse the ZADD after the LREM
 -- (a script is not rolled back) and the job would be lost: refuse first,
@@ -39,7 +47,10 @@ elseif mode == 'dead' then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[6]) - 1)
 end
-if KEYS[4] and ARGV[7] then
+if KEYS[4] and KEYS[4] ~= '' and ARGV[7] then
   release_hold(KEYS[3], KEYS[4], ARGV[7])
+end
+if KEYS[5] and ARGV[10] ~= '' then
+  return removed + batch_done(ARGV[8], ARGV[9], ARGV[10], ARGV[4])
 end
 return removed

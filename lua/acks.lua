@@ -1,23 +1,31 @@
 -- uses: release_hold
+-- uses: batch_done
 -- Finish several successful jobs at once: each leaves the working list and,
--- when it holds a uniqueness lock, its jid's hold on "<digest>:LOCKED" goes
--- in the same step, as in ack.lua. A job no longer in the list (requeued or
--- recovered meanwhile) keeps its lock, for the copy that will run. One
--- script call for a batch instead of a command per job: the per-command
--- cost, not the removal, is most of what an ack costs Redis.
+-- in the same step, when it holds a uniqueness lock its jid's hold on
+-- "<digest>:LOCKED" goes, as in ack.lua, and when it belongs to a batch the
+-- batch counts it, as lib/batch_done.lua says (each batch's counters move
+-- once per call). A job no longer in the list (requeued or recovered
+-- meanwhile) keeps its lock and counts nothing, for the copy that will run.
+-- One script call for a batch of acks instead of a command per job: the
+-- per-command cost, not the removal, is most of what an ack costs Redis.
 -- KEYS[1] working list, KEYS[2] "uniquejobs:digests".
--- ARGV: triples of payload as fetched, "<digest>:LOCKED" ("" without a
--- lock), jid.
--- Returns how many of the jobs were still in the working list.
+-- ARGV: groups of 4: payload as fetched, "<digest>:LOCKED" ("" without a
+-- lock), jid, bid ("" without a batch).
+-- Returns {how many of the jobs were still in the working list, the flags
+-- of lib/batch_done.lua (2: a bid named no batch; the callbacks fired), that
+-- bid or ""}.
 local working, digests = KEYS[1], KEYS[2]
-local removed = 0
-for i = 1, #ARGV, 3 do
+local removed, flags, acc, unknown = 0, 0, {}, ''
+for i = 1, #ARGV, 4 do
   -- From the tail, where the oldest (first finished) jobs are.
   if redis.call('LREM', working, -1, ARGV[i]) == 1 then
     removed = removed + 1
     if ARGV[i + 1] ~= '' then
       release_hold(ARGV[i + 1], digests, ARGV[i + 2])
     end
+    if ARGV[i + 3] ~= '' and batch_ok(acc, ARGV[i + 3], ARGV[i + 2]) == 2 then
+      flags, unknown = 2, ARGV[i + 3]
+    end
   end
 end
-return removed
+return { removed, bit.bor(flags, batch_flush(acc)), unknown }

@@ -1,4 +1,5 @@
 -- uses: fits
+-- uses: batch_done
 -- Give back the jobs of a process that died: only when its liveness key is
 -- gone, and each job only if it is still in the dead process's working list.
 -- KEYS[1] working list, KEYS[2] liveness key, KEYS[3] dead zset,
@@ -45,6 +46,11 @@ for i = 3, #ARGV, 4 do
     if dest == 'dead' then
       redis.call('ZADD', KEYS[3], ARGV[i + 3], ARGV[i + 1])
       killed = killed + 1
+      -- A poison pill of a batch is one of its dead jobs.
+      local ok, job = pcall(cjson.decode, ARGV[i + 1])
+      if ok and type(job) == 'table' and type(job.bid) == 'string' and type(job.jid) == 'string' then
+        batch_done(job.bid, job.jid, 'd', ARGV[i + 1])
+      end
     else
       redis.call('RPUSH', dest, ARGV[i + 1])
       recovered = recovered + 1

@@ -25,6 +25,7 @@
 
 #include "support/log.h"
 #include "observe/prometheus.h"
+#include "redis/keys.h"
 #include "observe/overview.h"
 #include "runtime/rt.h"
 #include "support/time.h"
@@ -117,6 +118,12 @@ int kiq_http_scrape(struct kiq_runtime *rt, kiq_redis_t *r, kiq_buf_t *b)
         if (!rc) rc = gauge(b, "kiq_dead_size", "Jobs in the dead set.");
         if (!rc) rc = kiq__buf_printf(b, "kiq_dead_size %lld\n", ov.dead);
     }
+    redisReply *open = up ? kiq_redis_cmdf(r, "ZCARD " KIQ_KEY_BATCHES_OPEN) : NULL;
+    if (!rc && open && open->type == REDIS_REPLY_INTEGER) {
+        rc = gauge(b, "kiq_batches_open", "Batches stored that have not succeeded yet.");
+        if (!rc) rc = kiq__buf_printf(b, "kiq_batches_open %lld\n", open->integer);
+    }
+    freeReplyObject(open);
     kiq__overview_clear(&ov);
     return rc;
 }

@@ -23,12 +23,13 @@ const double kiq_metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 const size_t kiq_metrics_nbuckets = NB;
 
 /* What a series is; also the order families are rendered in. */
-typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_COUNT } kind_t;
+typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_CALLBACK, K_COUNT } kind_t;
 
 typedef struct series {
     struct series *next;
     kind_t kind;
-    char *a, *b;             /* escaped labels: class+queue, class, type+event, limiter */
+    char *a, *b;             /* escaped labels: class+queue, class, type+event, limiter,
+                                batch event */
     unsigned long long n1;   /* processed / histogram count / lock events / acquired */
     unsigned long long n2;   /* failed / over limit */
     long long held;          /* a limiter's slots held now */
@@ -129,6 +130,20 @@ static series_t *find_capped(kiq_metrics_t *m, kind_t k, const char *a, const ch
     return find(m, k, a, b);
 }
 
+/* One observation into a histogram series (NULL: none). Under m->mu. */
+static void observe(series_t *d, double seconds)
+{
+    if (!d)
+        return;
+    size_t i = 0;
+    while (i < NB && seconds > kiq_metrics_buckets[i])
+        i++;
+    if (i < NB)
+        d->bucket[i]++;
+    d->n1++;
+    d->sum += seconds;
+}
+
 void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
                      int failed)
 {
@@ -145,20 +160,25 @@ void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, doub
         j->n1++;
         j->n2 += failed != 0;
     }
-    series_t *d = find_capped(m, K_DURATION, cls, "");
-    if (d) {
-        size_t i = 0;
-        while (i < NB && seconds > kiq_metrics_buckets[i])
-            i++;
-        if (i < NB)
-            d->bucket[i]++;
-        d->n1++;
-        d->sum += seconds;
-    }
+    observe(find_capped(m, K_DURATION, cls, ""), seconds);
     pthread_mutex_unlock(&m->mu);
 out:
     kiq__buf_free(&c);
     kiq__buf_free(&q);
+}
+
+void kiq__metrics_batch_callback(kiq_metrics_t *m, const char *event, double seconds)
+{
+    kiq_buf_t e = {0};
+    if (!m || kiq_metrics_escape(&e, event ? event : ""))
+        goto out;
+    if (!(seconds >= 0))
+        seconds = 0;
+    pthread_mutex_lock(&m->mu);
+    observe(find_capped(m, K_CALLBACK, e.p, ""), seconds);
+    pthread_mutex_unlock(&m->mu);
+out:
+    kiq__buf_free(&e);
 }
 
 void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event)
@@ -216,6 +236,13 @@ void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter
     pthread_mutex_unlock(&m->mu);
 out:
     kiq__buf_free(&l);
+}
+
+void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags)
+{
+    kiq__metrics_add(m, KIQ_METRIC_BATCHES_COMPLETED, (flags & 4) != 0);
+    kiq__metrics_add(m, KIQ_METRIC_BATCHES_SUCCEEDED, (flags & 8) != 0);
+    kiq__metrics_add(m, KIQ_METRIC_BATCHES_DIED, (flags & 16) != 0);
 }
 
 void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
@@ -317,12 +344,14 @@ static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)
     return rc;
 }
 
-static int render_durations(kiq_buf_t *b, const series_t *s, size_t n)
+/* The histograms of kind, one per value of its label. */
+static int render_histograms(kiq_buf_t *b, const series_t *s, size_t n, kind_t kind,
+                             const char *name, const char *label, const char *help)
 {
-    const char *name = "kiq_job_duration_seconds";
-    int rc = family(b, name, "histogram", "Time jobs took in the middleware chain and handler.");
+    int rc = family(b, name, "histogram", help);
+    char sample[96];
     for (size_t i = 0; i < n && !rc; i++) {
-        if (s[i].kind != K_DURATION)
+        if (s[i].kind != kind)
             continue;
         unsigned long long cum = 0;
         for (size_t k = 0; k <= NB && !rc; k++) {
@@ -334,12 +363,15 @@ static int render_durations(kiq_buf_t *b, const series_t *s, size_t n)
                 cum = s[i].n1;
                 snprintf(le, sizeof(le), "+Inf");
             }
-            rc = sample_head(b, "kiq_job_duration_seconds_bucket", "class", s[i].a, "le", le);
+            snprintf(sample, sizeof(sample), "%s_bucket", name);
+            rc = sample_head(b, sample, label, s[i].a, "le", le);
             if (!rc) rc = kiq__buf_printf(b, "} %llu\n", cum);
         }
-        if (!rc) rc = sample_head(b, "kiq_job_duration_seconds_sum", "class", s[i].a, NULL, NULL);
+        snprintf(sample, sizeof(sample), "%s_sum", name);
+        if (!rc) rc = sample_head(b, sample, label, s[i].a, NULL, NULL);
         if (!rc) rc = kiq__buf_printf(b, "} %.9g\n", s[i].sum);
-        if (!rc) rc = sample_head(b, "kiq_job_duration_seconds_count", "class", s[i].a, NULL, NULL);
+        snprintf(sample, sizeof(sample), "%s_count", name);
+        if (!rc) rc = sample_head(b, sample, label, s[i].a, NULL, NULL);
         if (!rc) rc = kiq__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
@@ -415,6 +447,12 @@ int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
             "Jobs this process sent to the dead set after max_recoveries recoveries." },
         [KIQ_METRIC_REDIS_RECONNECTS] = { "kiq_redis_reconnects_total",
             "Redis connections this process re-established after they broke." },
+        [KIQ_METRIC_BATCHES_COMPLETED] = { "kiq_batches_completed_total",
+            "Batches whose complete callback an ack or commit of this process fired." },
+        [KIQ_METRIC_BATCHES_SUCCEEDED] = { "kiq_batches_succeeded_total",
+            "Batches whose success callback an ack or commit of this process fired." },
+        [KIQ_METRIC_BATCHES_DIED] = { "kiq_batches_died_total",
+            "Batches whose death callback an ack or commit of this process fired." },
     };
     if (!m)
         return KIQ_EINVAL;
@@ -429,9 +467,13 @@ int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
         }
     int rc = render_jobs(b, s, n, 0);
     if (!rc) rc = render_jobs(b, s, n, 1);
-    if (!rc) rc = render_durations(b, s, n);
+    if (!rc) rc = render_histograms(b, s, n, K_DURATION, "kiq_job_duration_seconds", "class",
+                                    "Time jobs took in the middleware chain and handler.");
     if (!rc) rc = render_locks(b, s, n);
     if (!rc) rc = render_limiters(b, s, n);
+    if (!rc) rc = render_histograms(b, s, n, K_CALLBACK, "kiq_batch_callback_latency_seconds",
+                                    "event", "Time from a batch being done to its callback "
+                                    "starting here, by event (complete, success, death).");
     for (int c = 0; c < KIQ_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
         if (!rc)

@@ -26,6 +26,9 @@ typedef enum kiq_metric_counter {
     KIQ_METRIC_ORPHANS_RECOVERED = 0, /* jobs put back from dead processes' lists */
     KIQ_METRIC_POISON_PILLS,          /* jobs sent to dead after max_recoveries */
     KIQ_METRIC_REDIS_RECONNECTS,      /* connections re-established after a break */
+    KIQ_METRIC_BATCHES_COMPLETED,     /* batch callbacks fired by this process's acks */
+    KIQ_METRIC_BATCHES_SUCCEEDED,
+    KIQ_METRIC_BATCHES_DIED,
     KIQ_METRIC_COUNTER_COUNT
 } kiq_metric_counter_t;
 
@@ -66,6 +69,14 @@ typedef enum kiq_metric_limiter {
  * moves the gauge of slots this process holds. */
 void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter_t ev,
                           double seconds, int held);
+
+/* Observes the latency of a batch callback this process starts: seconds
+ * from its batch being done (the callback's enqueued_at) to now. */
+void kiq__metrics_batch_callback(kiq_metrics_t *m, const char *event, double seconds);
+
+/* The callbacks a batch step fired (lua/lib/batch_done.lua's flags: 4
+ * complete, 8 success, 16 death), counted. */
+void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags);
 
 /* Adds n to a process-wide counter. */
 void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);

@@ -56,6 +56,12 @@
 #define KIQ_QLOCK_ACQ_ID "rql:acq:"         /* acquirer id prefix (not a key) */
 #define KIQ_QLOCK_HST_ID "rql:hst:"         /* host id prefix (not a key) */
 
+/* ---- kiq's batches (lua/lib/batch_done.lua) ----------------------------- */
+
+#define KIQ_KEY_BATCH "batch:"             /* + bid: hash; + bid + :jids, :failures */
+#define KIQ_KEY_BATCHES "batches"          /* zset: bids by creation time */
+#define KIQ_KEY_BATCHES_OPEN "batches:open" /* zset: the bids not succeeded yet */
+
 /* ---- kiq's rate limiters (kiq/limiter.h) ---------------------------------- */
 
 #define KIQ_KEY_LIMITER "limiter:"         /* + name + :meta, :held, :bucket, :sliding,

@@ -14,6 +14,7 @@ struct kiq_job {
     char *payload;          /* owned, byte-exact as fetched */
     size_t len;
     kiq_jobject_t obj;      /* member spans of payload */
+    char *bid;              /* owned: the batch it belongs to ("bid"), or NULL */
     char *cls, *jid;        /* owned, decoded; cls is the class kiq runs:
                                an ActiveJob payload's wrapped class */
     char *wrapper;          /* owned: the payload's "class" when it is

@@ -31,6 +31,13 @@ int kiq_job_init(kiq_job_t *job, char *payload, size_t len, const char *queue, c
         return kiq_seterr(err, KIQ_EINVAL, "the payload has no \"class\" string");
     if (!job->jid || !job->jid[0])
         return kiq_seterr(err, KIQ_EINVAL, "the payload has no \"jid\" string");
+    /* A bid that is not a short string names no batch kiq made; the job
+     * then runs as a plain one. */
+    job->bid = member_str(job, "bid");
+    if (job->bid && (!job->bid[0] || strlen(job->bid) > 64)) {
+        free(job->bid);
+        job->bid = NULL;
+    }
     /* Sidekiq's client refuses such a job; a handler is promised an array. */
     const kiq_jmember_t *am = kiq__jobject_get(&job->obj, payload, "args");
     if (am && payload[am->vstart] != '[')
@@ -56,6 +63,7 @@ void kiq_job_clear(kiq_job_t *job)
     kiq__jobject_free(&job->obj);
     free(job->cls);
     free(job->jid);
+    free(job->bid);
     free(job->wrapper);
     json_decref(job->args);
     json_decref(job->aj_args);
@@ -69,6 +77,7 @@ void kiq_job_clear(kiq_job_t *job)
 
 const char *kiq_job_class(const kiq_job_t *job) { return job->cls; }
 const char *kiq_job_jid(const kiq_job_t *job) { return job->jid; }
+const char *kiq_job_bid(const kiq_job_t *job) { return job->bid; }
 const char *kiq_job_queue(const kiq_job_t *job) { return job->queue; }
 long kiq_job_retry_count(const kiq_job_t *job) { return job->retry_count; }
 redisContext *kiq_job_redis(kiq_job_t *job) { return job->redis; }

@@ -135,7 +135,8 @@ static kiq_ack_t ack_of(const kiq_runtime_t *rt, const kiq_mw_t *mw, const kiq_j
                         .len = stores ? (mw->dpayload ? mw->dlen : job->len) : 0,
                         .dead_cutoff = kiq__now() - (double)rt->cfg->dead_timeout,
                         .dead_max = rt->cfg->dead_max_jobs,
-                        .lock_key = kiq__mw_release_key(mw, mw->disp), .lock_jid = job->jid };
+                        .lock_key = kiq__mw_release_key(mw, mw->disp), .lock_jid = job->jid,
+                        .bid = job->bid };
 }
 
 /* Runs the fetched job into d: d->active when its ack is still to be

@@ -59,6 +59,22 @@ static int class_retry(kiq_runtime_t *rt, const kiq_handler_entry_t *h, const ch
     return h ? h->retry : KIQ_RETRY_UNSET;
 }
 
+/* A batch callback (lua/lib/batch_done.lua marks it "batch_event") at its
+ * first run: how long after its batch was done (its enqueued_at) it
+ * starts. */
+static void batch_callback_latency(const kiq_job_t *job)
+{
+    size_t elen = 0, tlen = 0;
+    const char *ev = job->retry_count < 0 ? kiq_job_field_raw(job, "batch_event", &elen) : NULL;
+    const char *at = ev ? kiq_job_field_raw(job, "enqueued_at", &tlen) : NULL;
+    if (!at || elen < 3 || elen > 18 || ev[0] != '"')
+        return;
+    char event[16];
+    memcpy(event, ev + 1, elen - 2);
+    event[elen - 2] = '\0';
+    kiq__metrics_batch_callback(kiq__metrics_default(), event, kiq__now() - kiq__ts_parse(at, tlen));
+}
+
 /* "stats": the start/done/fail log lines and the processed/failed counts,
  * around everything else so they see the final outcome. */
 static int stats_mw(kiq_mw_t *mw, void *udata)
@@ -67,6 +83,7 @@ static int stats_mw(kiq_mw_t *mw, void *udata)
     run_t *run = mw->priv;
     kiq_job_t *job = mw->job;
     kiq__log(KIQ_INFO, &run->ctx, "start");
+    batch_callback_latency(job);
     double t0 = kiq__mono();
     int rc = kiq_mw_next(mw);
     run->ctx.elapsed = kiq__mono() - t0;

@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "redis.h"
 #include "runtime.h"
 
 typedef struct kiq_client kiq_client_t;
@@ -125,5 +126,9 @@ KIQ_API int kiq_client_rollback(kiq_client_t *c);
 
 /* The last error's text; valid until the next call. */
 KIQ_API const char *kiq_client_error(const kiq_client_t *c);
+
+/* The client's own connection (borrowed), for commands that go with its
+ * pushes, such as a batch's (kiq/batch.h). */
+KIQ_API kiq_redis_t *kiq_client_redis(kiq_client_t *c);
 
 #endif

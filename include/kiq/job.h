@@ -28,6 +28,8 @@ typedef int (*kiq_handler_fn)(kiq_job_t *job, void *udata);
  * kiq_job_field_raw(job, "class", &len). */
 KIQ_API const char *kiq_job_class(const kiq_job_t *job);
 KIQ_API const char *kiq_job_jid(const kiq_job_t *job);
+/* The batch the job belongs to (its "bid", see kiq/batch.h), or NULL. */
+KIQ_API const char *kiq_job_bid(const kiq_job_t *job);
 /* The queue the job was fetched from (without the "queue:" prefix). */
 KIQ_API const char *kiq_job_queue(const kiq_job_t *job);
 

@@ -13,5 +13,6 @@
 #include "unique.h"
 #include "middleware.h"
 #include "limiter.h"
+#include "batch.h"
 
 #endif

@@ -1,0 +1,587 @@
+/* Batches from C (kiq/batch.h): creating, reopening and committing them,
+ * pushing their jobs through a client, and reading them back. What a job's
+ * ack does to its batch is in lua/lib/batch_done.lua. */
+#include "kiq/batch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/txn.h"
+#include "observe/prometheus.h"
+#include "redis/keys.h"
+#include "redis/scripts.h"
+#include "support/buf.h"
+#include "support/json.h"
+#include "support/time.h"
+
+#define DAYS_30 (30L * 24 * 3600)
+
+static const char *const events[] = { "complete", "success", "death" };
+
+typedef enum state { UNWRITTEN = 0, OPEN, COMMITTED } state_t;
+
+struct kiq_batch {
+    kiq_client_t *c;            /* borrowed */
+    state_t state;
+    char bid[33];
+    char key[40];               /* "batch:BID" */
+    char err[KIQ_ERRLEN];
+    char *description, *parent; /* owned; for a new batch only */
+    char *cb_class[3], *cb_queue[3], *cb_opts[3];
+    long linger, expiry;
+};
+
+static kiq_batch_t *handle(kiq_client_t *c, const char *bid, char *err)
+{
+    if (!c) {
+        kiq_seterr(err, KIQ_EINVAL, "a batch needs a client");
+        return NULL;
+    }
+    kiq_batch_t *b = calloc(1, sizeof(*b));
+    if (!b) {
+        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return NULL;
+    }
+    b->c = c;
+    b->linger = DAYS_30;
+    b->expiry = DAYS_30;
+    if (bid) {
+        snprintf(b->bid, sizeof(b->bid), "%s", bid);
+    } else {
+        unsigned char raw[8];
+        kiq__random_bytes(raw, sizeof(raw));
+        for (size_t i = 0; i < sizeof(raw); i++)
+            snprintf(b->bid + 2 * i, 3, "%02x", raw[i]);
+    }
+    kiq__key(b->key, sizeof(b->key), KIQ_KEY_BATCH, b->bid);
+    return b;
+}
+
+void kiq_batch_free(kiq_batch_t *b)
+{
+    if (!b)
+        return;
+    free(b->description);
+    free(b->parent);
+    for (int i = 0; i < 3; i++) {
+        free(b->cb_class[i]);
+        free(b->cb_queue[i]);
+        free(b->cb_opts[i]);
+    }
+    free(b);
+}
+
+const char *kiq_batch_bid(const kiq_batch_t *b) { return b->bid; }
+const char *kiq_batch_error(const kiq_batch_t *b) { return b->err; }
+
+/* Runs script s on the client's connection (reconnecting first when it is
+ * broken). Never sent twice: a step whose reply was lost may have been
+ * applied, and counting jobs twice would keep the batch from succeeding.
+ * An error reply's first word says which code it is (see
+ * lua/batch_open.lua). *out gets an integer reply (may be NULL). */
+static int run(kiq_batch_t *b, kiq_script_t s, int nkeys, int argc, const char **argv,
+               long long *out)
+{
+    kiq_txn_t *t = kiq__client_txn(b->c);
+    if (t) {
+        /* Inside the client's transaction the step waits with the pushes,
+         * and lands with them in kiq_client_commit or never. */
+        char n[16];
+        snprintf(n, sizeof(n), "%d", nkeys);
+        const char *av[argc + 3];
+        av[0] = "EVAL";
+        av[1] = kiq_lua_texts[s];
+        av[2] = n;
+        memcpy(av + 3, argv, (size_t)argc * sizeof(*argv));
+        if (out)
+            *out = 0;
+        return kiq__txn_add(t, argc + 3, av, NULL) ? kiq_seterr(b->err, KIQ_ENOMEM, "out of memory")
+                                                   : 0;
+    }
+    kiq_redis_t *r = kiq_client_redis(b->c);
+    if (!kiq_redis_ok(r) && kiq_redis_connect(r))
+        return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s", b->bid, kiq_redis_error(r));
+    redisReply *rep = kiq__redis_script(r, s, nkeys, argc, argv, NULL);
+    if (!rep)
+        return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s (the step may have been applied)",
+                          b->bid, kiq_redis_error(r));
+    int rc = 0;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = strncmp(rep->str, "NOTFOUND ", 9) == 0 ? KIQ_ENOTFOUND
+           : strncmp(rep->str, "DENIED ", 7) == 0 || strncmp(rep->str, "EXISTS ", 7) == 0
+               ? KIQ_EDENIED
+               : KIQ_EREPLY;
+        const char *text = strchr(rep->str, ' ');
+        kiq_seterr(b->err, rc, "%s", rc == KIQ_EREPLY || !text ? rep->str : text + 1);
+    } else if (out) {
+        *out = rep->type == REDIS_REPLY_INTEGER ? rep->integer
+             : rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : 0;
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+kiq_batch_t *kiq_batch_new(kiq_client_t *c, char *err)
+{
+    return handle(c, NULL, err);
+}
+
+kiq_batch_t *kiq_batch_reopen(kiq_client_t *c, const char *bid, char *err)
+{
+    if (!bid || !*bid || strlen(bid) > 32) {
+        kiq_seterr(err, KIQ_EINVAL, "not a batch id: \"%.40s\"", bid ? bid : "");
+        return NULL;
+    }
+    kiq_batch_t *b = handle(c, bid, err);
+    if (!b)
+        return NULL;
+    char expiry[24];
+    snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
+    const char *argv[] = { b->key, KIQ_KEY_BATCHES, b->bid, "reopen", "", expiry };
+    int rc = run(b, KIQ_SCRIPT_BATCH_OPEN, 2, 6, argv, NULL);
+    if (rc) {
+        kiq_seterr(err, rc, "%s", b->err);
+        kiq_batch_free(b);
+        return NULL;
+    }
+    b->state = OPEN;
+    return b;
+}
+
+/* The setters are for a batch not written yet. */
+static int settable(kiq_batch_t *b)
+{
+    if (b->state == UNWRITTEN)
+        return 0;
+    return kiq_seterr(b->err, KIQ_EINVAL,
+                      "batch %s: description, callbacks, parent and linger are set before its "
+                      "first push",
+                      b->bid);
+}
+
+static int set_str(kiq_batch_t *b, char **field, const char *value)
+{
+    char *copy = value ? strdup(value) : NULL;
+    if (value && !copy)
+        return kiq_seterr(b->err, KIQ_ENOMEM, "out of memory");
+    free(*field);
+    *field = copy;
+    return 0;
+}
+
+int kiq_batch_describe(kiq_batch_t *b, const char *description)
+{
+    int rc = settable(b);
+    return rc ? rc : set_str(b, &b->description, description);
+}
+
+/* A name Sidekiq takes for a queue: printable, without spaces. */
+static int queue_name_ok(const char *q)
+{
+    if (!*q || strlen(q) > 200)
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)q; *p; p++)
+        if (*p <= ' ' || *p == 0x7f)
+            return 0;
+    return 1;
+}
+
+int kiq_batch_on(kiq_batch_t *b, kiq_batch_event_t event, const char *cls, const char *queue,
+                 const char *options)
+{
+    int rc = settable(b);
+    if (rc)
+        return rc;
+    if ((int)event < 0 || event > KIQ_BATCH_DEATH)
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: no such callback event %d", b->bid,
+                          (int)event);
+    const char *ev = events[event];
+    if (!cls || !*cls || strlen(cls) > 200 || !queue_name_ok(cls))
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: the %s callback needs a class name",
+                          b->bid, ev);
+    if (!queue)
+        queue = "default";
+    if (!queue_name_ok(queue))
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: the %s callback's queue \"%.60s\" is "
+                          "not a queue name", b->bid, ev, queue);
+    if (!options)
+        options = "{}";
+    kiq_jobject_t obj = {0};
+    char why[KIQ_ERRLEN] = "";
+    rc = kiq__json_scan_object(options, strlen(options), &obj, why);
+    kiq__jobject_free(&obj);
+    if (rc)
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: the %s callback's options must be a "
+                          "JSON object (%s): %.60s", b->bid, ev, why, options);
+    if ((rc = set_str(b, &b->cb_class[event], cls)) || (rc = set_str(b, &b->cb_queue[event], queue))
+        || (rc = set_str(b, &b->cb_opts[event], options)))
+        return rc;
+    return 0;
+}
+
+int kiq_batch_set_parent(kiq_batch_t *b, const char *parent_bid)
+{
+    int rc = settable(b);
+    if (rc)
+        return rc;
+    if (parent_bid && (!*parent_bid || strlen(parent_bid) > 32 || !strcmp(parent_bid, b->bid)))
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: not a parent batch id: \"%.40s\"",
+                          b->bid, parent_bid);
+    return set_str(b, &b->parent, parent_bid);
+}
+
+int kiq_batch_set_linger(kiq_batch_t *b, long linger, long expiry)
+{
+    int rc = settable(b);
+    if (rc)
+        return rc;
+    if (linger <= 0 || expiry <= 0)
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: linger and expiry are seconds > 0",
+                          b->bid);
+    b->linger = linger;
+    b->expiry = expiry;
+    return 0;
+}
+
+/* Writes a new batch: its fields, and its place in its parent. */
+static int create(kiq_batch_t *b)
+{
+    char expiry[24], linger[24];
+    snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
+    snprintf(linger, sizeof(linger), "%ld", b->linger);
+    char names[3][3][24];
+    const char *argv[8 + 2 + 9 * 2];
+    int argc = 0;
+    argv[argc++] = b->key;
+    argv[argc++] = KIQ_KEY_BATCHES;
+    argv[argc++] = b->bid;
+    argv[argc++] = "new";
+    argv[argc++] = b->parent ? b->parent : "";
+    argv[argc++] = expiry;
+    argv[argc++] = "linger";
+    argv[argc++] = linger;
+    argv[argc++] = "description";
+    argv[argc++] = b->description ? b->description : "";
+    for (int e = 0; e < 3; e++) {
+        if (!b->cb_class[e])
+            continue;
+        const char *parts[] = { "class", "queue", "opts" };
+        const char *values[] = { b->cb_class[e], b->cb_queue[e], b->cb_opts[e] };
+        for (int p = 0; p < 3; p++) {
+            snprintf(names[e][p], sizeof(names[e][p]), "cb_%s_%s", events[e], parts[p]);
+            argv[argc++] = names[e][p];
+            argv[argc++] = values[p];
+        }
+    }
+    int rc = run(b, KIQ_SCRIPT_BATCH_OPEN, 2, argc, argv, NULL);
+    if (!rc)
+        b->state = OPEN;
+    return rc;
+}
+
+/* Counts n more jobs in the batch (n < 0 takes them back). */
+static int add(kiq_batch_t *b, long n)
+{
+    char count[24], expiry[24];
+    snprintf(count, sizeof(count), "%ld", n);
+    snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
+    const char *argv[] = { b->key, count, expiry };
+    return run(b, KIQ_SCRIPT_BATCH_ADD, 1, 3, argv, NULL);
+}
+
+/* opts->extra with "bid" first (malloc'd), or NULL when out of memory. */
+static char *extra_with_bid(const kiq_batch_t *b, const char *extra)
+{
+    kiq_buf_t buf = {0};
+    const char *rest = "}";
+    if (extra) {
+        rest = extra + strspn(extra, " \t\r\n");
+        rest = *rest == '{' ? rest + 1 : "}";
+        rest += strspn(rest, " \t\r\n");
+    }
+    int rc = kiq__buf_printf(&buf, "{\"bid\":\"%s\"%s%s", b->bid, *rest == '}' ? "" : ",", rest);
+    if (rc) {
+        kiq__buf_free(&buf);
+        return NULL;
+    }
+    return kiq__buf_take(&buf, NULL);
+}
+
+int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args, size_t n,
+                        const kiq_push_opts_t *opts, char (*jids)[25])
+{
+    b->err[0] = '\0';
+    if (b->state == COMMITTED)
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: this handle is committed; reopen the "
+                          "batch to add jobs", b->bid);
+    if (n == 0)
+        return 0;
+    kiq_push_opts_t o = opts ? *opts : kiq_push_opts_default();
+    char *extra = extra_with_bid(b, o.extra);
+    char (*own)[25] = jids ? jids : calloc(n, sizeof(*own));
+    if (!extra || !own) {
+        free(extra);
+        if (!jids)
+            free(own);
+        return kiq_seterr(b->err, KIQ_ENOMEM, "out of memory");
+    }
+    o.extra = extra;
+    int rc = b->state == UNWRITTEN ? create(b) : 0;
+    if (!rc)
+        rc = add(b, (long)n);
+    if (!rc) {
+        rc = kiq_client_push_bulk(b->c, cls, args, n, &o, own);
+        if (rc)
+            kiq_seterr(b->err, rc, "%s", kiq_client_error(b->c));
+        /* After a broken connection some may be in: counting them all
+         * keeps the batch from firing early (it then never succeeds,
+         * which a retry of the push does not mend either). */
+        long missing = 0;
+        for (size_t i = 0; rc != KIQ_EREDIS && i < n; i++)
+            missing += own[i][0] == '\0';
+        if (missing && add(b, -missing) == 0 && rc == 0)
+            rc = KIQ_EDENIED;
+    }
+    free(extra);
+    if (!jids)
+        free(own);
+    return rc;
+}
+
+int kiq_batch_push(kiq_batch_t *b, const char *cls, const char *args,
+                   const kiq_push_opts_t *opts, char jid[25])
+{
+    const char *one[] = { args };
+    char jids[1][25] = { "" };
+    int rc = kiq_batch_push_bulk(b, cls, one, 1, opts, jids);
+    if (jid)
+        memcpy(jid, jids[0], 25);
+    return rc;
+}
+
+int kiq_batch_commit(kiq_batch_t *b)
+{
+    b->err[0] = '\0';
+    if (b->state == COMMITTED)
+        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: already committed", b->bid);
+    int rc = b->state == UNWRITTEN ? create(b) : 0;
+    if (rc)
+        return rc;
+    const char *argv[] = { b->key, b->bid };
+    long long fired = 0;
+    rc = run(b, KIQ_SCRIPT_BATCH_COMMIT, 1, 2, argv, &fired);
+    if (!rc) {
+        b->state = COMMITTED;
+        kiq__metrics_batch_fired(kiq__metrics_default(), fired);
+    }
+    return rc;
+}
+
+/* ---- Reading and managing batches by bid ------------------------------ */
+
+static int bid_ok(const char *bid, char *err)
+{
+    if (bid && *bid && strlen(bid) <= 32)
+        return 0;
+    return kiq_seterr(err, KIQ_EINVAL, "not a batch id: \"%.40s\"", bid ? bid : "");
+}
+
+/* Runs fmt with bid in each of its %s. Returns the reply, or NULL with
+ * *rc KIQ_EREDIS or KIQ_EREPLY (an error reply) and err filled. */
+static redisReply *command(kiq_redis_t *r, char *err, int *rc, const char *fmt, const char *bid)
+{
+    *rc = KIQ_EREDIS;
+    if (!kiq_redis_ok(r) && kiq_redis_connect(r)) {
+        kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+        return NULL;
+    }
+    redisReply *rep = kiq_redis_cmdf(r, fmt, bid, bid, bid);
+    if (!rep) {
+        kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+        return NULL;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        *rc = kiq_seterr(err, KIQ_EREPLY, "%s", rep->str);
+        freeReplyObject(rep);
+        return NULL;
+    }
+    *rc = 0;
+    return rep;
+}
+
+static char *dup_elem(const redisReply *e)
+{
+    return e->type == REDIS_REPLY_STRING ? strndup(e->str, e->len) : NULL;
+}
+
+static double num_elem(const redisReply *e)
+{
+    return e->type == REDIS_REPLY_STRING ? atof(e->str) : 0;
+}
+
+void kiq_batch_status_clear(kiq_batch_status_t *s)
+{
+    if (!s)
+        return;
+    free(s->bid);
+    free(s->description);
+    free(s->parent);
+    free(s->first_failed_jid);
+    free(s->first_error);
+    memset(s, 0, sizeof(*s));
+}
+
+int kiq_batch_status(kiq_redis_t *r, const char *bid, kiq_batch_status_t *out, char *err)
+{
+    memset(out, 0, sizeof(*out));
+    int rc = bid_ok(bid, err);
+    if (rc)
+        return rc;
+    redisReply *rep = command(r, err, &rc,
+        "HMGET " KIQ_KEY_BATCH "%s created_at description parent total pending dead open "
+        "invalidated complete_at success_at death_at", bid);
+    if (!rep)
+        return rc;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 11) {
+        freeReplyObject(rep);
+        return kiq_seterr(err, KIQ_EREPLY, "batch %s: unexpected reply", bid);
+    }
+    redisReply **e = rep->element;
+    if (e[0]->type != REDIS_REPLY_STRING) {
+        freeReplyObject(rep);
+        return kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s (expired or deleted?)", bid);
+    }
+    out->bid = strdup(bid);
+    out->created_at = num_elem(e[0]);
+    out->description = dup_elem(e[1]);
+    out->parent = dup_elem(e[2]);
+    out->total = (long)num_elem(e[3]);
+    out->pending = (long)num_elem(e[4]);
+    out->dead = (long)num_elem(e[5]);
+    out->open = (long)num_elem(e[6]);
+    out->invalidated = e[7]->type == REDIS_REPLY_STRING;
+    out->complete_at = num_elem(e[8]);
+    out->success_at = num_elem(e[9]);
+    out->death_at = num_elem(e[10]);
+    freeReplyObject(rep);
+    rc = out->bid ? 0 : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    if (!rc && (rep = command(r, err, &rc, "HLEN " KIQ_KEY_BATCH "%s:failures", bid))) {
+        out->failures = rep->type == REDIS_REPLY_INTEGER ? (long)rep->integer : 0;
+        freeReplyObject(rep);
+    }
+    if (!rc && out->failures
+        && (rep = command(r, err, &rc, "HSCAN " KIQ_KEY_BATCH "%s:failures 0 COUNT 1", bid))) {
+        /* Any one of them: a hash keeps no order. */
+        if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
+            && rep->element[1]->type == REDIS_REPLY_ARRAY && rep->element[1]->elements >= 2) {
+            out->first_failed_jid = dup_elem(rep->element[1]->element[0]);
+            out->first_error = dup_elem(rep->element[1]->element[1]);
+        }
+        freeReplyObject(rep);
+    }
+    if (rc)
+        kiq_batch_status_clear(out);
+    return rc;
+}
+
+void kiq_batch_list_free(char **bids, size_t n)
+{
+    for (size_t i = 0; bids && i < n; i++)
+        free(bids[i]);
+    free(bids);
+}
+
+int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
+{
+    *bids = NULL;
+    *n = 0;
+    int rc;
+    redisReply *rep = command(r, err, &rc, "ZRANGE " KIQ_KEY_BATCHES " 0 -1%s", "");
+    if (!rep)
+        return rc;
+    char **out = rep->elements ? calloc(rep->elements, sizeof(*out)) : NULL;
+    if (rep->elements && !out)
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
+        const char *bid = rep->element[i]->str;
+        redisReply *ex = command(r, err, &rc, "EXISTS " KIQ_KEY_BATCH "%s", bid);
+        if (!ex)
+            break;
+        int gone = ex->type == REDIS_REPLY_INTEGER && ex->integer == 0;
+        freeReplyObject(ex);
+        if (gone) {
+            /* Its data expired: the index forgets it too. */
+            freeReplyObject(command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES " %s", bid));
+            freeReplyObject(command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid));
+            continue;
+        }
+        if (!(out[*n] = strdup(bid)))
+            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        else
+            (*n)++;
+    }
+    freeReplyObject(rep);
+    if (rc) {
+        kiq_batch_list_free(out, *n);
+        *n = 0;
+        return rc;
+    }
+    *bids = out;
+    return 0;
+}
+
+int kiq_batch_delete(kiq_redis_t *r, const char *bid, char *err)
+{
+    int rc = bid_ok(bid, err);
+    if (rc)
+        return rc;
+    redisReply *rep = command(r, err, &rc,
+        "DEL " KIQ_KEY_BATCH "%s " KIQ_KEY_BATCH "%s:jids " KIQ_KEY_BATCH "%s:failures", bid);
+    if (!rep)
+        return rc;
+    int found = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
+    freeReplyObject(rep);
+    if (!(rep = command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES " %s", bid)))
+        return rc;
+    freeReplyObject(rep);
+    if (!(rep = command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid)))
+        return rc;
+    freeReplyObject(rep);
+    return found ? 0 : kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s", bid);
+}
+
+int kiq_batch_invalidate(kiq_redis_t *r, const char *bid, char *err)
+{
+    int rc = bid_ok(bid, err);
+    if (rc)
+        return rc;
+    /* HSET only where the batch exists: an expired one stays gone. */
+    redisReply *rep = command(r, err, &rc, "EXISTS " KIQ_KEY_BATCH "%s", bid);
+    if (!rep)
+        return rc;
+    int found = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
+    freeReplyObject(rep);
+    if (!found)
+        return kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s", bid);
+    if (!(rep = command(r, err, &rc, "HSET " KIQ_KEY_BATCH "%s invalidated 1", bid)))
+        return rc;
+    freeReplyObject(rep);
+    return 0;
+}
+
+int kiq_batch_valid(kiq_job_t *job)
+{
+    const char *bid = kiq_job_bid(job);
+    if (!bid)
+        return 1;
+    redisReply *rep = redisCommand(kiq_job_redis(job), "HMGET " KIQ_KEY_BATCH "%s created_at invalidated", bid);
+    if (!rep)
+        return KIQ_EREDIS;
+    int valid = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
+                && rep->element[0]->type == REDIS_REPLY_STRING
+                && rep->element[1]->type != REDIS_REPLY_STRING;
+    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : valid;
+    freeReplyObject(rep);
+    return rc;
+}

@@ -1,0 +1,170 @@
+/* `kiq batch`: the batches on a Redis (include/kiq/batch.h). status BID
+ * shows one batch's counts, first failure and which callbacks fired; list
+ * shows every batch still stored, one a line; delete and invalidate act on
+ * one batch. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "kiq/batch.h"
+
+#define EXIT_REDIS 69
+#define EXIT_NOTFOUND 1
+
+static const char *usage =
+    "Usage: kiq batch status BID\n"
+    "       kiq batch list\n"
+    "       kiq batch delete BID | invalidate BID\n"
+    "\n"
+    "status shows a batch's description, total, pending, failures (with one\n"
+    "failed job's error), dead jobs, and when each callback fired. list shows\n"
+    "every batch still stored: bid, state, total, pending, failures and\n"
+    "description. delete removes a batch's data (its jobs then run as plain\n"
+    "jobs); invalidate marks it so its jobs can check and stop.\n"
+    "\n"
+    "  --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  -h, --help          this help\n";
+
+/* "2026-11-22 19:41:52 UTC", or "-" for 0. */
+static const char *when(double t, char *buf, size_t n)
+{
+    if (t <= 0)
+        return "-";
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    strftime(buf, n, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    return buf;
+}
+
+static const char *state_of(const kiq_batch_status_t *s)
+{
+    if (s->success_at > 0)
+        return "succeeded";
+    if (s->complete_at > 0)
+        return "complete";
+    if (s->open > 0)
+        return "open";
+    return "running";
+}
+
+static int cmd_status(kiq_redis_t *r, const char *bid)
+{
+    char err[KIQ_ERRLEN], t[4][40];
+    kiq_batch_status_t s;
+    int rc = kiq_batch_status(r, bid, &s, err);
+    if (rc) {
+        fprintf(stderr, "kiq batch: %s\n", err);
+        return rc == KIQ_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REDIS;
+    }
+    printf("bid:          %s\n"
+           "description:  %s\n"
+           "state:        %s%s\n"
+           "parent:       %s\n"
+           "created:      %s\n"
+           "total:        %ld\n"
+           "pending:      %ld\n"
+           "failures:     %ld\n"
+           "dead:         %ld\n",
+           s.bid, s.description ? s.description : "", state_of(&s),
+           s.invalidated ? " (invalidated)" : "", s.parent ? s.parent : "-",
+           when(s.created_at, t[0], sizeof(t[0])), s.total, s.pending, s.failures, s.dead);
+    if (s.first_error)
+        printf("first error:  %s (jid %s)\n", s.first_error, s.first_failed_jid);
+    printf("callbacks fired:\n"
+           "  complete:   %s\n"
+           "  success:    %s\n"
+           "  death:      %s\n",
+           when(s.complete_at, t[1], sizeof(t[1])), when(s.success_at, t[2], sizeof(t[2])),
+           when(s.death_at, t[3], sizeof(t[3])));
+    kiq_batch_status_clear(&s);
+    return 0;
+}
+
+static int cmd_list(kiq_redis_t *r)
+{
+    char err[KIQ_ERRLEN];
+    char **bids;
+    size_t n;
+    if (kiq_batch_list(r, &bids, &n, err)) {
+        fprintf(stderr, "kiq batch: %s\n", err);
+        return EXIT_REDIS;
+    }
+    printf("%-20s %-10s %8s %8s %8s  %s\n", "BID", "STATE", "TOTAL", "PENDING", "FAILURES",
+           "DESCRIPTION");
+    int status = 0;
+    for (size_t i = 0; i < n; i++) {
+        kiq_batch_status_t s;
+        int rc = kiq_batch_status(r, bids[i], &s, err);
+        if (rc == KIQ_ENOTFOUND)
+            continue; /* expired meanwhile */
+        if (rc) {
+            fprintf(stderr, "kiq batch: %s\n", err);
+            status = EXIT_REDIS;
+            break;
+        }
+        printf("%-20s %-10s %8ld %8ld %8ld  %s\n", s.bid, state_of(&s), s.total, s.pending,
+               s.failures, s.description ? s.description : "");
+        kiq_batch_status_clear(&s);
+    }
+    kiq_batch_list_free(bids, n);
+    return status;
+}
+
+static int cmd_change(kiq_redis_t *r, const char *op, const char *bid)
+{
+    char err[KIQ_ERRLEN];
+    int rc = strcmp(op, "delete") == 0 ? kiq_batch_delete(r, bid, err)
+                                       : kiq_batch_invalidate(r, bid, err);
+    if (rc) {
+        fprintf(stderr, "kiq batch: %s\n", err);
+        return rc == KIQ_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REDIS;
+    }
+    printf("%s %s\n", strcmp(op, "delete") == 0 ? "deleted" : "invalidated", bid);
+    return 0;
+}
+
+int kiq_cmd_batch(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "redis-url", required_argument, NULL, 'u' }, { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *url = NULL;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (opt == 'u') {
+            url = optarg;
+        } else if (opt == 'h') {
+            fputs(usage, stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kiq batch: %s: unknown option or missing value\n\n%s",
+                    argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    int nops = argc - optind;
+    char **ops = argv + optind;
+    int list = nops == 1 && strcmp(ops[0], "list") == 0;
+    int one = nops == 2 && (strcmp(ops[0], "status") == 0 || strcmp(ops[0], "delete") == 0
+                            || strcmp(ops[0], "invalidate") == 0);
+    if (!list && !one) {
+        fprintf(stderr, "kiq batch: expected status BID, list, delete BID or invalidate BID\n\n%s",
+                usage);
+        return KIQ_EXIT_USAGE;
+    }
+    kiq_redis_t *r = kiq_cli_connect("kiq batch", url);
+    if (!r)
+        return EXIT_REDIS;
+    int status = list ? cmd_list(r)
+               : strcmp(ops[0], "status") == 0 ? cmd_status(r, ops[1])
+               : cmd_change(r, ops[0], ops[1]);
+    kiq_redis_free(r);
+    return status;
+}

@@ -1,0 +1,662 @@
+/* Batches end to end (kiq/batch.h): batches made with the C client (and by
+ * Ruby with examples/ruby/kiq_batch.rb), their jobs run by kiq processes,
+ * some failing, retried, killed with -9 or dead, and their callbacks: each
+ * pushed exactly once, with the status, and run by kiq or by Ruby Sidekiq
+ * 6.4.1. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kiq/batch.h"
+#include "kiq/client.h"
+
+/* Fast beats, scheduler polls and recovery: a retry made due and a job
+ * left by a killed process come back in seconds. */
+#define FAST_YAML                                                                              \
+    "poll_interval_average: 0.5\nheartbeat_interval: 0.5\nliveness_ttl: 2\n"                   \
+    "recovery_interval: 1\ntimeout: 5\n"
+
+TestSuite(batch, .timeout = 240, .fini = kt_kill_children);
+
+static kiq_client_t *client(void)
+{
+    char err[KIQ_ERRLEN];
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "client: %s", err);
+    return c;
+}
+
+static pid_t kiq_start(const char *queues)
+{
+    char *y = kt_write_file("batch.yml", FAST_YAML);
+    char q[64];
+    snprintf(q, sizeof(q), "%s", queues);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "5", "-q", q, NULL });
+    free(y);
+    return pid;
+}
+
+/* A new batch with callbacks for complete and success (and death when
+ * death_too) of class BatchCallbackJob to queue, options {"key": key}. */
+static kiq_batch_t *new_batch(kiq_client_t *c, const char *queue, const char *key, int death_too)
+{
+    char err[KIQ_ERRLEN], opts[128];
+    kiq_batch_t *b = kiq_batch_new(c, err);
+    cr_assert(b, "%s", err);
+    snprintf(opts, sizeof(opts), "{\"key\":\"%s\",\"n\":1}", key);
+    cr_assert_eq(kiq_batch_describe(b, "test batch"), 0);
+    cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_COMPLETE, "BatchCallbackJob", queue, opts), 0, "%s",
+                 kiq_batch_error(b));
+    cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_SUCCESS, "BatchCallbackJob", queue, opts), 0);
+    if (death_too)
+        cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_DEATH, "BatchCallbackJob", queue, opts), 0);
+    return b;
+}
+
+/* n jobs of cls in b, args from argsf(i) (one bulk push). */
+static void push_n(kiq_batch_t *b, const char *cls, size_t n, const char *(*argsf)(size_t))
+{
+    const char **args = calloc(n, sizeof(*args));
+    for (size_t i = 0; i < n; i++)
+        args[i] = argsf(i);
+    cr_assert_eq(kiq_batch_push_bulk(b, cls, args, n, NULL, NULL), 0, "%s", kiq_batch_error(b));
+    free(args);
+}
+
+static const char *record_args(size_t i)
+{
+    (void)i;
+    return "[\"rec\"]";
+}
+
+/* Every tenth job fails its first run. */
+static const char *flaky_args(size_t i)
+{
+    return i % 10 == 0 ? "[\"fl\",true]" : "[\"fl\",false]";
+}
+
+/* The statuses the callbacks recorded in key (BatchCallbackJob), by event:
+ * how many and the last. */
+static int recorded(const char *key, const char *event, json_t **last)
+{
+    redisReply *r = kt_cmd("LRANGE %s 0 -1", key);
+    int n = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        json_t *st = json_loads(r->element[i]->str, 0, NULL);
+        cr_assert(st, "a status is JSON: %s", r->element[i]->str);
+        if (strcmp(json_string_value(json_object_get(st, "event")), event) == 0) {
+            n++;
+            if (last) {
+                json_decref(*last);
+                *last = json_incref(st);
+            }
+        }
+        json_decref(st);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/* The callback jobs waiting in queue:NAME for event: how many, and the
+ * status of the last (args[0]). */
+static int queued(const char *queue, const char *event, json_t **status)
+{
+    redisReply *r = kt_cmd("LRANGE queue:%s 0 -1", queue);
+    int n = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        json_t *job = json_loads(r->element[i]->str, 0, NULL);
+        cr_assert(job, "a callback job is JSON: %s", r->element[i]->str);
+        json_t *st = json_array_get(json_object_get(job, "args"), 0);
+        if (strcmp(json_string_value(json_object_get(st, "event")), event) == 0) {
+            n++;
+            if (status) {
+                json_decref(*status);
+                *status = json_incref(st);
+            }
+        }
+        json_decref(job);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+static long num(json_t *o, const char *key)
+{
+    return (long)json_integer_value(json_object_get(o, key));
+}
+
+/* Makes every retry due now, as if its backoff had passed. */
+static void retries_due(void)
+{
+    redisReply *r = kt_cmd("ZRANGE retry 0 -1");
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        freeReplyObject(kt_cmd("ZADD retry XX 0 %b", r->element[i]->str, r->element[i]->len));
+    freeReplyObject(r);
+}
+
+static kiq_batch_status_t status_of(const char *bid)
+{
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_batch_status_t s;
+    cr_assert_eq(kiq_batch_status(r, bid, &s, err), 0, "%s", err);
+    kiq_redis_free(r);
+    return s;
+}
+
+/* The thinnest path: 50 jobs, committed, run by kiq; complete and success
+ * are pushed once each, run by kiq, with the status and the options. */
+Test(batch, callbacks_fire_once_after_the_jobs)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "default", "cb", 0);
+    push_n(b, "RecordJob", 50, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
+    char *bid = strdup(kiq_batch_bid(b));
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cb") == 2, 20), "callbacks: %lld\n%s", kt_int("LLEN cb"),
+              kt_kiq_log(pid));
+    kt_sleep(1);
+    json_t *st = NULL;
+    cr_assert_eq(recorded("cb", "complete", NULL), 1);
+    cr_assert_eq(recorded("cb", "success", &st), 1);
+    cr_assert_eq(kt_int("SCARD rec"), 50);
+    cr_assert_str_eq(json_string_value(json_object_get(st, "bid")), bid);
+    cr_assert_str_eq(json_string_value(json_object_get(st, "description")), "test batch");
+    cr_assert_eq(num(st, "total"), 50);
+    cr_assert_eq(num(st, "pending"), 0);
+    cr_assert_eq(num(st, "failures"), 0);
+    kiq_batch_status_t s = status_of(bid);
+    cr_assert_eq(s.total, 50);
+    cr_assert_eq(s.pending, 0);
+    cr_assert(s.complete_at > 0 && s.success_at > 0 && s.death_at == 0);
+    kiq_batch_status_clear(&s);
+    /* The options reached the callback byte for byte. */
+    cr_assert(kt_log_has(pid, "BatchCallbackJob"), "%s", kt_kiq_log(pid));
+    json_decref(st);
+    free(bid);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* Starts Debian's Sidekiq 6.4.1 on queue with tests/ruby/batch_jobs.rb
+ * (BatchCallbackJob in Ruby). */
+static pid_t sidekiq_start(const char *queue)
+{
+    char jobs[1024];
+    snprintf(jobs, sizeof(jobs), "%s/tests/ruby/batch_jobs.rb", getenv("KIQ_SRC"));
+    char *logp = kt_tmp("sidekiq.log");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setenv("REDIS_URL", kt_admin_url(), 1);
+        execlp("sidekiq", "sidekiq", "-r", jobs, "-c", "2", "-q", queue, "-t", "5", (char *)NULL);
+        _exit(127);
+    }
+    free(logp);
+    return kt_track(pid);
+}
+
+static char *sidekiq_log(void)
+{
+    char *path = kt_tmp("sidekiq.log");
+    char *s = kt_read_file(path);
+    free(path);
+    return s;
+}
+
+/* The issue's acceptance run: 1,000 jobs over two kiq processes, every
+ * tenth failing once. complete is pushed once, when every job has run once
+ * (the failed ones still pending); success once, after the retries
+ * succeed. Both run on Ruby Sidekiq and see the status. */
+Test(batch, thousand_jobs_two_processes_one_complete_one_success_run_by_ruby)
+{
+    enum { N = 1000 };
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "rcb", 0);
+    push_n(b, "FlakyJob", N, flaky_args);
+    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
+    pid_t k1 = kiq_start("default"), k2 = kiq_start("default");
+    json_t *st = NULL;
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "complete", &st) == 1, 60),
+              "complete: %lld runs, %lld retries\n%s", kt_int("LLEN fl:runs"),
+              kt_int("ZCARD retry"), kt_kiq_log(k1));
+    /* Every job had run once when complete fired; the failed ones were
+     * pending still, and the retries had not run (their backoff is long). */
+    cr_assert_eq(kt_int("SCARD fl:seen"), N / 10);
+    cr_assert_eq(num(st, "total"), N);
+    cr_assert_eq(num(st, "pending"), N / 10);
+    cr_assert_eq(num(st, "failures"), N / 10);
+    cr_assert_eq(queued("callbacks", "success", NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == N / 10, 10));
+    retries_due();
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", &st) == 1, 60),
+              "success: %lld done, %lld in retry\n%s", kt_int("SCARD fl"), kt_int("ZCARD retry"),
+              kt_kiq_log(k2));
+    cr_assert_eq(kt_int("SCARD fl"), N);
+    cr_assert_eq(num(st, "pending"), 0);
+    cr_assert_eq(num(st, "failures"), 0);
+    kt_sleep(1);
+    cr_assert_eq(queued("callbacks", "complete", NULL), 1, "complete pushed exactly once");
+    cr_assert_eq(queued("callbacks", "success", NULL), 1, "success pushed exactly once");
+    json_decref(st);
+
+    pid_t rb = sidekiq_start("callbacks");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rcb") == 2, 60), "Ruby ran the callbacks: %s",
+              sidekiq_log());
+    st = NULL;
+    cr_assert_eq(recorded("rcb", "complete", &st), 1);
+    cr_assert_eq(num(st, "pending"), N / 10, "Ruby saw the status at complete");
+    cr_assert_eq(recorded("rcb", "success", &st), 1);
+    cr_assert_eq(num(st, "total"), N);
+    cr_assert_eq(num(st, "pending"), 0);
+    /* And the options, as Ruby parsed them. */
+    cr_assert_eq(kt_int("LLEN rcb:opts"), 2);
+    char *o = kt_str("LINDEX rcb:opts 0");
+    cr_assert_str_eq(o, "{\"key\":\"rcb\",\"n\":1}");
+    free(o);
+    json_decref(st);
+    kt_kiq_stop(rb, SIGTERM, 10);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* kill -9 of a worker three times during the batch: still one complete
+ * and one success, and pending reaches 0 without going below. */
+Test(batch, kill9_three_times_still_exactly_once)
+{
+    enum { N = 3000 };
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "kcb", 0);
+    push_n(b, "FlakyJob", N, flaky_args);
+    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
+    char bkey[64];
+    snprintf(bkey, sizeof(bkey), "batch:%s", kiq_batch_bid(b));
+    pid_t steady = kiq_start("default"), victim = kiq_start("default");
+    long minimum = N;
+    for (int k = 0; k < 3; k++) {
+        long at = (long)(k + 1) * N / 5;
+        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN fl:runs") >= at, 60), "stalled at %lld: %s",
+                  kt_int("LLEN fl:runs"), kt_kiq_log(victim));
+        cr_assert_eq(kt_kiq_stop(victim, SIGKILL, 10), 128 + SIGKILL);
+        long p = (long)kt_int("HGET %s pending", bkey);
+        minimum = p < minimum ? p : minimum;
+        victim = kiq_start("default");
+    }
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "complete", NULL) == 1, 90), "%s",
+              kt_kiq_log(steady));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") >= N / 10 - 5, 10));
+    /* The retries: whatever failed, now due (one pass may miss a retry a
+     * recovered job adds after it). */
+    cr_assert(KT_WAIT_UNTIL(({ retries_due(); queued("callbacks", "success", NULL) == 1; }), 90),
+              "success: %lld of %d done, pending %lld\n%s", kt_int("SCARD fl"), N,
+              kt_int("HGET %s pending", bkey), kt_kiq_log(steady));
+    kt_sleep(2);
+    cr_assert_eq(queued("callbacks", "complete", NULL), 1);
+    cr_assert_eq(queued("callbacks", "success", NULL), 1);
+    cr_assert_eq(kt_int("HGET %s pending", bkey), 0);
+    cr_assert_geq(minimum, 0);
+    cr_assert_eq(kt_int("HGET %s notrun", bkey), 0, "every jid counted once");
+    cr_assert_eq(kt_int("HLEN %s:jids", bkey), N + 1, "every jid (and the placeholder)");
+    cr_assert_eq(kt_int("SCARD fl"), N);
+    fprintf(stderr, "[batch kill9] %lld runs for %d jobs\n", kt_int("LLEN fl:runs"), N);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* A parent with 3 child batches of 100 jobs each: the parent's success is
+ * pushed once, after the three children's. */
+Test(batch, nested_parent_fires_after_its_children)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *parent = new_batch(c, "callbacks", "ncb", 0);
+    kiq_batch_t *kids[3];
+    for (int i = 0; i < 3; i++) {
+        kids[i] = new_batch(c, "callbacks", "ncb", 0);
+        cr_assert_eq(kiq_batch_set_parent(kids[i], kiq_batch_bid(parent)), 0);
+    }
+    /* The parent exists before its children name it. */
+    cr_assert_eq(kiq_batch_push(parent, "RecordJob", "[\"rec\"]", NULL, NULL), 0, "%s",
+                 kiq_batch_error(parent));
+    for (int i = 0; i < 3; i++) {
+        push_n(kids[i], "RecordJob", 100, record_args);
+        cr_assert_eq(kiq_batch_commit(kids[i]), 0, "%s", kiq_batch_error(kids[i]));
+    }
+    cr_assert_eq(kiq_batch_commit(parent), 0);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 4, 60), "%lld done\n%s",
+              kt_int("SCARD rec"), kt_kiq_log(pid));
+    kt_sleep(1);
+    /* In the queue, the parent's success is the newest (pushed last). */
+    redisReply *r = kt_cmd("LRANGE queue:callbacks 0 -1");
+    cr_assert_eq(r->elements, 8, "4 completes and 4 successes");
+    json_t *job = json_loads(r->element[0]->str, 0, NULL);
+    json_t *st = json_array_get(json_object_get(job, "args"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(st, "event")), "success");
+    cr_assert_str_eq(json_string_value(json_object_get(st, "bid")), kiq_batch_bid(parent));
+    cr_assert_eq(num(st, "total"), 4, "one job and three children");
+    json_decref(job);
+    freeReplyObject(r);
+    for (int i = 0; i < 3; i++) {
+        kiq_batch_status_t s = status_of(kiq_batch_bid(kids[i]));
+        cr_assert_str_eq(s.parent, kiq_batch_bid(parent));
+        cr_assert(s.success_at > 0);
+        kiq_batch_status_clear(&s);
+        kiq_batch_free(kids[i]);
+    }
+    kiq_batch_free(parent);
+    kiq_client_free(c);
+}
+
+/* A job that dies: death fires once, complete fires, success never. */
+Test(batch, death_fires_once_success_never)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "dcb", 1);
+    push_n(b, "RecordJob", 5, record_args);
+    kiq_push_opts_t o = kiq_push_opts_default();
+    o.retry = 0; /* dead at its first failure */
+    cr_assert_eq(kiq_batch_push(b, "FailJob", "[\"no luck\"]", &o, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "complete", NULL) == 1, 30), "%s",
+              kt_kiq_log(pid));
+    kt_sleep(1);
+    json_t *st = NULL;
+    cr_assert_eq(queued("callbacks", "death", &st), 1);
+    cr_assert_eq(num(st, "failures"), 1);
+    cr_assert_eq(queued("callbacks", "success", NULL), 0);
+    cr_assert_eq(kt_int("ZCARD dead"), 1);
+    kiq_batch_status_t s = status_of(kiq_batch_bid(b));
+    cr_assert_eq(s.dead, 1);
+    cr_assert_eq(s.pending, 1);
+    cr_assert_str_eq(s.first_error, "RuntimeError: no luck");
+    kiq_batch_status_clear(&s);
+    json_decref(st);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* A job of the batch reopens it and adds 10 jobs: success waits for them. */
+Test(batch, reopen_from_a_job_success_waits_for_the_added_jobs)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "ocb", 0);
+    char args[256];
+    snprintf(args, sizeof(args), "[\"%s\",\"rec\",10]", kt_url());
+    cr_assert_eq(kiq_batch_push(b, "ReopenJob", args, NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    pid_t pid = kiq_start("default");
+    json_t *st = NULL;
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", &st) == 1, 30), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("SCARD rec"), 11, "the added jobs ran before success");
+    cr_assert_eq(num(st, "total"), 11);
+    kt_sleep(1);
+    cr_assert_eq(queued("callbacks", "success", NULL), 1);
+    json_decref(st);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* Bad input: a bid naming no batch runs as a plain job with a warning; a
+ * malformed callback is refused when the batch is made. */
+Test(batch, bad_input)
+{
+    /* Several, so that acks of one call (acks.lua) and of one job
+     * (ack.lua) both meet it. */
+    char *p[20];
+    for (unsigned i = 0; i < 20; i++) {
+        char jid[25];
+        kt_make_jid(jid, 1, i);
+        cr_assert(asprintf(&p[i], "{\"retry\":true,\"queue\":\"default\",\"args\":[\"rec\"],"
+                           "\"class\":\"RecordJob\",\"jid\":\"%s\",\"bid\":\"nosuchbatch\","
+                           "\"created_at\":1767225600.1,\"enqueued_at\":1767225600.1}", jid) > 0);
+    }
+    kt_push_all(kt_redis(), "default", p, 20);
+    for (unsigned i = 0; i < 20; i++)
+        free(p[i]);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20 && kt_log_has(pid, "nosuchbatch"), 20),
+              "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "does not exist"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("EXISTS batch:nosuchbatch"), 0);
+
+    kiq_client_t *c = client();
+    char err[KIQ_ERRLEN];
+    kiq_batch_t *b = kiq_batch_new(c, err);
+    cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_SUCCESS, "Cb", "q", "[1,2]"), KIQ_EINVAL);
+    cr_assert(strstr(kiq_batch_error(b), "must be a JSON object"), "%s", kiq_batch_error(b));
+    cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_SUCCESS, "Cb", "q", "{\"a\":"), KIQ_EINVAL);
+    cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_SUCCESS, "", "q", NULL), KIQ_EINVAL);
+    cr_assert(strstr(kiq_batch_error(b), "needs a class"), "%s", kiq_batch_error(b));
+    cr_assert_eq(kiq_batch_on(b, KIQ_BATCH_SUCCESS, "Cb", "a queue", NULL), KIQ_EINVAL);
+    cr_assert_eq(kiq_batch_on(b, (kiq_batch_event_t)7, "Cb", "q", NULL), KIQ_EINVAL);
+    cr_assert_eq(kiq_batch_set_parent(b, "nosuchparent"), 0);
+    cr_assert_eq(kiq_batch_push(b, "RecordJob", "[\"x\"]", NULL, NULL), KIQ_ENOTFOUND);
+    cr_assert(strstr(kiq_batch_error(b), "nosuchparent"), "%s", kiq_batch_error(b));
+    kiq_batch_free(b);
+    cr_assert_null(kiq_batch_reopen(c, "nosuchbatch", err));
+    cr_assert(strstr(err, "no batch"), "%s", err);
+    kiq_client_free(c);
+}
+
+/* An empty batch succeeds at its commit; a committed handle takes no more
+ * jobs; delete and invalidate; `kiq batch status` and `kiq batch list`. */
+Test(batch, empty_commit_cli_delete_invalidate)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "ecb", 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    cr_assert_eq(queued("callbacks", "success", NULL), 1);
+    cr_assert_eq(kiq_batch_push(b, "RecordJob", "[]", NULL, NULL), KIQ_EINVAL);
+    cr_assert_eq(kiq_batch_commit(b), KIQ_EINVAL);
+    cr_assert_null(kiq_batch_reopen(c, kiq_batch_bid(b), (char[KIQ_ERRLEN]){0}),
+                   "a batch that succeeded is not reopened");
+
+    kiq_batch_t *d = new_batch(c, "callbacks", "ecb", 0);
+    cr_assert_eq(kiq_batch_push(d, "FailJob", "[\"boom\"]", NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(d), 0);
+    char *out = NULL;
+    const char *bid = kiq_batch_bid(d);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "batch", "status", bid, "--redis-url", kt_url(),
+                                              NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "total:        1") && strstr(out, "pending:      1"), "%s", out);
+    cr_assert(strstr(out, "state:        running"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "batch", "list", "--redis-url", kt_url(), NULL },
+                            &out), 0, "%s", out);
+    cr_assert(strstr(out, bid) && strstr(out, kiq_batch_bid(b)) && strstr(out, "succeeded"),
+              "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "batch", "invalidate", bid, "--redis-url",
+                                              kt_url(), NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("HEXISTS batch:%s invalidated", bid), 1);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "batch", "delete", bid, "--redis-url", kt_url(),
+                                              NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_kiq_run((const char *[]){ "batch", "status", bid, "--redis-url", kt_url(),
+                                              NULL }, &out), 1, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("ZSCORE batches %s", bid), 0);
+    cr_assert_eq(kt_int("EXISTS batch:%s", bid), 0);
+    kiq_batch_free(d);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* A Ruby app with Sidekiq OSS makes the batch (examples/ruby/kiq_batch.rb),
+ * kiq runs its jobs, Ruby Sidekiq runs the success callback. */
+Test(batch, ruby_makes_the_batch_kiq_runs_it_ruby_gets_the_callback)
+{
+    char *out = NULL;
+    int st = kt_ruby("batch.rb", (const char *[]){ "create", "20", NULL }, &out);
+    cr_assert_eq(st, 0, "batch.rb exited %d: %s", st, out);
+    out[strcspn(out, "\n")] = '\0';
+    char *bid = out;
+    cr_assert(kt_int("EXISTS batch:%s", bid), "the batch exists: %s", bid);
+    cr_assert_eq(kt_int("HGET batch:%s total", bid), 20);
+    pid_t pid = kiq_start("default");
+    pid_t rb = sidekiq_start("callbacks");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rubycb") == 1, 60), "%s\n%s", kt_kiq_log(pid),
+              sidekiq_log());
+    json_t *s = NULL;
+    cr_assert_eq(recorded("rubycb", "success", &s), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(s, "bid")), bid);
+    cr_assert_eq(num(s, "total"), 20);
+    cr_assert_eq(kt_int("SCARD rrec"), 20);
+    json_decref(s);
+    free(out);
+    kt_kiq_stop(rb, SIGTERM, 10);
+}
+
+/* GET /metrics from a kiq on port (the body and headers, malloc'd), or
+ * NULL when nothing answers. */
+static char *scrape(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while (len < cap - 1 && (got = read(fd, buf + len, cap - len - 1)) > 0)
+        len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* The Prometheus series: batches open (from Redis), completed and
+ * succeeded (fired by this process), and the callbacks' latency; and a
+ * batch's data goes linger seconds after its success. */
+Test(batch, metrics_and_linger)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *open = new_batch(c, "default", "mcb", 0);
+    cr_assert_eq(kiq_batch_push(open, "SleepJob", "[1]", NULL, NULL), 0);
+    kiq_batch_t *b = new_batch(c, "default", "mcb", 0);
+    cr_assert_eq(kiq_batch_set_linger(b, 2, 60), 0);
+    push_n(b, "RecordJob", 10, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    int port = kt_free_port();
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
+                                               portstr, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN mcb") == 2, 20), "%s", kt_kiq_log(pid));
+    char *m = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL, 10));
+    cr_assert(strstr(m, "\nkiq_batches_open 1\n"), "%s", m);
+    cr_assert(strstr(m, "\nkiq_batches_completed_total 1\n"), "%s", m);
+    cr_assert(strstr(m, "\nkiq_batches_succeeded_total 1\n"), "%s", m);
+    cr_assert(strstr(m, "kiq_batch_callback_latency_seconds_count{event=\"success\"} 1\n"),
+              "%s", m);
+    free(m);
+    char key[64];
+    snprintf(key, sizeof(key), "batch:%s", kiq_batch_bid(b));
+    cr_assert_eq(kt_int("EXISTS %s", key), 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s %s:jids", key, key) == 0, 10),
+              "the batch's data went after linger");
+    kiq_batch_free(b);
+    kiq_batch_free(open);
+    kiq_client_free(c);
+}
+
+/* A job that kills every process that runs it becomes a poison pill, sent
+ * to dead by the orphan recovery: that is a death in its batch too. */
+Test(batch, poison_pill_is_a_death)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "pcb", 1);
+    cr_assert_eq(kiq_batch_push(b, "CrashJob", "[]", NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    char *y = kt_write_file("pill.yml", FAST_YAML "max_recoveries: 1\n");
+    pid_t pid = 0;
+    /* Each run kills its process; the next process recovers the job, until
+     * it has been recovered once too often. */
+    cr_assert(KT_WAIT_UNTIL(({
+        if (!pid || waitpid(pid, NULL, WNOHANG) == pid) {
+            if (pid)
+                kt_untrack(pid);
+            pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+        }
+        queued("callbacks", "death", NULL) == 1; }), 60), "%lld dead", kt_int("ZCARD dead"));
+    cr_assert_eq(queued("callbacks", "complete", NULL), 1);
+    cr_assert_eq(queued("callbacks", "success", NULL), 0);
+    free(y);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* An invalidated batch's jobs still run, and can tell (kiq_batch_valid);
+ * a job of no batch is valid. */
+Test(batch, invalidated_batch_jobs_can_tell)
+{
+    kiq_client_t *c = client();
+    kiq_batch_t *b = new_batch(c, "callbacks", "vcb", 0);
+    cr_assert_eq(kiq_batch_push(b, "BatchValidJob", "[\"valid\"]", NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kt_lib_redis();
+    cr_assert_eq(kiq_batch_invalidate(r, kiq_batch_bid(b), err), 0, "%s", err);
+    cr_assert_eq(kiq_batch_invalidate(r, "nosuchbatch", err), KIQ_ENOTFOUND);
+    kiq_redis_free(r);
+    cr_assert_eq(kiq_client_push(c, "BatchValidJob", "[\"plain\"]", NULL, NULL), 0);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN valid") == 1 && kt_int("LLEN plain") == 1, 20), "%s",
+              kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LINDEX valid 0"), 0, "the batch's job saw it invalid");
+    cr_assert_eq(kt_int("LINDEX plain 0"), 1, "the plain job is valid");
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
+/* Inside a client transaction a batch and its jobs land together at the
+ * commit, or not at all after a rollback. */
+Test(batch, in_a_client_transaction)
+{
+    kiq_client_t *c = client();
+    cr_assert_eq(kiq_client_begin(c), 0);
+    kiq_batch_t *b = new_batch(c, "callbacks", "tcb", 0);
+    push_n(b, "RecordJob", 3, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    cr_assert_eq(kt_int("EXISTS batch:%s", kiq_batch_bid(b)), 0, "nothing before the commit");
+    cr_assert_eq(kiq_client_rollback(c), 0);
+    cr_assert_eq(kt_int("EXISTS batch:%s", kiq_batch_bid(b)), 0);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    kiq_batch_free(b);
+
+    cr_assert_eq(kiq_client_begin(c), 0);
+    b = new_batch(c, "callbacks", "tcb", 0);
+    push_n(b, "RecordJob", 3, record_args);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(kt_int("HGET batch:%s total", kiq_batch_bid(b)), 3);
+    cr_assert_eq(kt_int("LLEN queue:default"), 3);
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s", kt_kiq_log(pid));
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
