@@ -1,6 +1,8 @@
 /* The shared test fixture (see helpers.h). */
 #include "helpers.h"
 
+#include "fetch/fetch.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -491,6 +493,61 @@ char *kt_wait_identity(pid_t pid)
     char *id = kt_str("SRANDMEMBER processes");
     cr_assert(id);
     return id;
+}
+
+char *kt_log_identity(pid_t pid)
+{
+    char *found = NULL;
+    KT_WAIT_UNTIL(({
+        char *log = kt_kiq_log(pid);
+        char *at = log ? strstr(log, ", identity ") : NULL;
+        if (at) {
+            at += strlen(", identity ");
+            found = strndup(at, strcspn(at, "\n"));
+        }
+        free(log);
+        found != NULL; }), 10);
+    cr_assert(found, "no identity in the log of %d", (int)pid);
+    return found;
+}
+
+char *kt_working_key(const char *identity)
+{
+    char *k = malloc(512);
+    cr_assert(k);
+    kiq__fetch_working_key(identity, k, 512);
+    return k;
+}
+
+pid_t kt_sidekiq_start(const char *jobs, const char *queue)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("KIQ_SRC"), jobs);
+    char *logp = kt_tmp("sidekiq.log");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setenv("REDIS_URL", kt_admin_url(), 1);
+        execlp("sidekiq", "sidekiq", "-r", path, "-c", "2", "-q", queue, "-t", "5", (char *)NULL);
+        perror("sidekiq");
+        _exit(127);
+    }
+    free(logp);
+    return kt_track(pid);
+}
+
+char *kt_sidekiq_log(void)
+{
+    char *path = kt_tmp("sidekiq.log");
+    char *s = kt_read_file(path);
+    free(path);
+    return s;
 }
 
 int kt_log_has(pid_t pid, const char *needle)

@@ -112,6 +112,18 @@ kiq_redis_t *kt_lib_redis(void);
 /* The identity of the one kiq process of this test, once its first beat
  * is in "processes" (malloc'd; fails the test after 20 s). */
 char *kt_wait_identity(pid_t pid);
+/* The identity kiq process pid names in its start line (malloc'd; waits
+ * for the line, fails the test after 10 s): for tests with several. */
+char *kt_log_identity(pid_t pid);
+/* The working list key of a process identity (malloc'd). */
+char *kt_working_key(const char *identity);
+/* Starts Debian's Ruby Sidekiq 6.4.1 with the job file tests/ruby/JOBS on
+ * queue (-c 2, -t 5), its output in kt_tmp("sidekiq.log"), connected as
+ * the fixture's admin user (Sidekiq runs INFO at boot). Tracked: it is
+ * killed with the test's other children. */
+pid_t kt_sidekiq_start(const char *jobs, const char *queue);
+/* What that Sidekiq has written so far (malloc'd). */
+char *kt_sidekiq_log(void);
 /* Whether pid's log (kt_kiq_log) holds needle, and how many times. */
 int kt_log_has(pid_t pid, const char *needle);
 int kt_log_count(pid_t pid, const char *needle);

@@ -188,37 +188,6 @@ Test(batch, callbacks_fire_once_after_the_jobs)
     kiq_client_free(c);
 }
 
-/* Starts Debian's Sidekiq 6.4.1 on queue with tests/ruby/batch_jobs.rb
- * (BatchCallbackJob in Ruby). */
-static pid_t sidekiq_start(const char *queue)
-{
-    char jobs[1024];
-    snprintf(jobs, sizeof(jobs), "%s/tests/ruby/batch_jobs.rb", getenv("KIQ_SRC"));
-    char *logp = kt_tmp("sidekiq.log");
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        setenv("REDIS_URL", kt_admin_url(), 1);
-        execlp("sidekiq", "sidekiq", "-r", jobs, "-c", "2", "-q", queue, "-t", "5", (char *)NULL);
-        _exit(127);
-    }
-    free(logp);
-    return kt_track(pid);
-}
-
-static char *sidekiq_log(void)
-{
-    char *path = kt_tmp("sidekiq.log");
-    char *s = kt_read_file(path);
-    free(path);
-    return s;
-}
 
 /* The issue's acceptance run: 1,000 jobs over two kiq processes, every
  * tenth failing once. complete is pushed once, when every job has run once
@@ -256,9 +225,9 @@ Test(batch, thousand_jobs_two_processes_one_complete_one_success_run_by_ruby)
     cr_assert_eq(queued("callbacks", "success", NULL), 1, "success pushed exactly once");
     json_decref(st);
 
-    pid_t rb = sidekiq_start("callbacks");
+    pid_t rb = kt_sidekiq_start("batch_jobs.rb", "callbacks");
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rcb") == 2, 60), "Ruby ran the callbacks: %s",
-              sidekiq_log());
+              kt_sidekiq_log());
     st = NULL;
     cr_assert_eq(recorded("rcb", "complete", &st), 1);
     cr_assert_eq(num(st, "pending"), N / 10, "Ruby saw the status at complete");
@@ -512,9 +481,9 @@ Test(batch, ruby_makes_the_batch_kiq_runs_it_ruby_gets_the_callback)
     cr_assert(kt_int("EXISTS batch:%s", bid), "the batch exists: %s", bid);
     cr_assert_eq(kt_int("HGET batch:%s total", bid), 20);
     pid_t pid = kiq_start("default");
-    pid_t rb = sidekiq_start("callbacks");
+    pid_t rb = kt_sidekiq_start("batch_jobs.rb", "callbacks");
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rubycb") == 1, 60), "%s\n%s", kt_kiq_log(pid),
-              sidekiq_log());
+              kt_sidekiq_log());
     json_t *s = NULL;
     cr_assert_eq(recorded("rubycb", "success", &s), 1);
     cr_assert_str_eq(json_string_value(json_object_get(s, "bid")), bid);

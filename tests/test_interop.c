@@ -502,45 +502,6 @@ Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
     free(cfg);
 }
 
-/* Starts Debian's Sidekiq 6.4.1 server with tests/ruby/jobs.rb. */
-static pid_t sidekiq_start(void)
-{
-    char jobs[1024];
-    snprintf(jobs, sizeof(jobs), "%s/tests/ruby/jobs.rb", getenv("KIQ_SRC"));
-    char *logp = kt_tmp("sidekiq.log");
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        /* The Ruby server itself runs INFO at boot, which a restricted
-         * user may not: it connects as the fixture does. */
-        setenv("REDIS_URL", kt_admin_url(), 1);
-        execlp("sidekiq", "sidekiq", "-r", jobs, "-c", "2", "-q", "default", "-t", "5", (char *)NULL);
-        perror("sidekiq");
-        _exit(127);
-    }
-    free(logp);
-    return kt_track(pid);
-}
-
-static char *sidekiq_log(void)
-{
-    char *path = kt_tmp("sidekiq.log");
-    FILE *f = fopen(path, "r");
-    free(path);
-    char *s = calloc(1, 65536);
-    if (f) {
-        size_t n = fread(s, 1, 65535, f);
-        s[n] = '\0';
-        fclose(f);
-    }
-    return s;
-}
 
 Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
 {
@@ -551,11 +512,11 @@ Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
     cr_assert_eq(kt_int("ZCARD schedule"), 1, "--in schedules the job");
     cr_assert_eq(kt_int("SISMEMBER queues default"), 1);
 
-    pid_t pid = sidekiq_start();
+    pid_t pid = kt_sidekiq_start("jobs.rb", "default");
     /* RecordJob writes its set, then its log, then its args: wait for all. */
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD k") == 3 && kt_int("LLEN k:log") == 3
                             && kt_int("EXISTS k:args") == 1, 30),
-              "Sidekiq ran kiq's jobs: %s", sidekiq_log());
+              "Sidekiq ran kiq's jobs: %s", kt_sidekiq_log());
     cr_assert_eq(kt_int("SISMEMBER k %s", now), 1);
     cr_assert_eq(kt_int("SISMEMBER k %s", later), 1, "the scheduled one too");
     cr_assert_eq(kt_int("SISMEMBER k %s", big), 1);
@@ -565,7 +526,7 @@ Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
     cr_assert_str_eq(args, "[" BIGINT "]", "the big integer reached Ruby unchanged");
     int st = kt_kiq_stop(pid, SIGTERM, 20);
     kt_untrack(pid);
-    cr_assert_eq(st, 0, "sidekiq exited %d: %s", st, sidekiq_log());
+    cr_assert_eq(st, 0, "sidekiq exited %d: %s", st, kt_sidekiq_log());
     cr_assert_eq(kt_int("ZCARD retry"), 0, "no job failed in Ruby");
     free(args);
     free(now);

@@ -14,29 +14,6 @@
 
 TestSuite(prefetch, .timeout = 60, .fini = kt_kill_children);
 
-/* The process identity from its start line, malloc'd (waits for it). */
-static char *identity_of(pid_t pid)
-{
-    char *found = NULL;
-    KT_WAIT_UNTIL(({
-        char *log = kt_kiq_log(pid);
-        char *at = strstr(log, ", identity ");
-        if (at) {
-            at += strlen(", identity ");
-            found = strndup(at, strcspn(at, "\n"));
-        }
-        free(log);
-        found != NULL; }), 10);
-    cr_assert(found, "no identity in the log of %d", (int)pid);
-    return found;
-}
-
-static char *wkey(const char *identity)
-{
-    char *k = malloc(512);
-    kiq__fetch_working_key(identity, k, 512);
-    return k;
-}
 
 /* n payloads of cls with args, jids tagged tag; p[0] is fetched first. */
 static char **payloads(const char *cls, const char *args, unsigned tag, size_t n)
@@ -149,7 +126,7 @@ static void term_mid_drain(int in_order)
     enum { N = 20000 };
     redisContext *c = kt_redis();
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     /* Half the jobs take a millisecond, so the processors are busy while
      * jobs wait in the feed; the others none, so many are fetched ahead. */
     char **p = calloc(N, sizeof(char *));
@@ -264,7 +241,7 @@ static void idle_push_to_start(const char *conc)
 {
     enum { PUSHES = 20 };
     pid_t pid = kt_kiq_start((const char *[]){ "-c", conc, NULL });
-    char *id = kt_wait_identity(pid), *w = wkey(id);
+    char *id = kt_wait_identity(pid), *w = kt_working_key(id);
     double lat[PUSHES];
     for (int i = 0; i < PUSHES; i++) {
         /* Idle: nothing fetched, nothing running, nothing to ack, for a
@@ -345,7 +322,7 @@ Test(prefetch, the_prefetch_setting_bounds_what_a_process_holds)
 {
     enum { N = 10000, PREFETCH = 5, CONC = 1, DEEP = 100 };
     pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--prefetch", "5", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     char **p = payloads("RecordJob", "[\"rec\"]", 4, N);
     kt_push_all(kt_redis(), "default", p, N);
     free_all(p, N);

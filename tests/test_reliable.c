@@ -50,29 +50,6 @@ static void push_one(redisContext *c, const char *cls, const char *args, const c
     free(p);
 }
 
-/* The process identity from its start line, malloc'd (waits for it). */
-static char *identity_of(pid_t pid)
-{
-    char *found = NULL;
-    KT_WAIT_UNTIL(({
-        char *log = kt_kiq_log(pid);
-        char *at = strstr(log, ", identity ");
-        if (at) {
-            at += strlen(", identity ");
-            found = strndup(at, strcspn(at, "\n"));
-        }
-        free(log);
-        found != NULL; }), 10);
-    cr_assert(found, "no identity in the log of %d", (int)pid);
-    return found;
-}
-
-static char *wkey(const char *identity)
-{
-    char *k = malloc(512);
-    kiq__fetch_working_key(identity, k, 512);
-    return k;
-}
 
 /* Lines of pid's log that contain both a and b. */
 static int log_lines_with(pid_t pid, const char *a, const char *b)
@@ -130,13 +107,13 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
     pids[0] = pid;
     long inflight = 0;
     for (int k = 0; k < KILLS; k++) {
-        char *id = identity_of(pid);
+        char *id = kt_log_identity(pid);
         cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= at[k], 90),
                   "stalled before kill %d at %lld done: %s", k + 1, kt_int("SCARD rec"),
                   kt_kiq_log(pid));
         kt_sleep((double)(rand() % 200) / 1000.0);
         cr_assert_eq(kt_kiq_stop(pid, SIGKILL, 10), 128 + SIGKILL);
-        char *w = wkey(id);
+        char *w = kt_working_key(id);
         long held = (long)kt_int("LLEN %s", w);
         inflight += held;
         fprintf(stderr, "[chaos] kill %d at %lld done, %ld in its working list\n", k + 1,
@@ -189,7 +166,7 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     char *y = kt_write_file("deploy.yml", FAST_YAML "timeout: 30\n");
     const char *args[] = { "-C", y, "-c", "4", NULL };
     pid_t a = kt_kiq_start(args);
-    char *ida = identity_of(a), *wa = wkey(ida);
+    char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char sj[4][25];
     /* Longer than liveness_ttl: A must keep its liveness key alive while it
      * drains, or B would take these jobs from it. */
@@ -204,7 +181,7 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     kill(a, SIGTERM);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(a, "Pausing to allow workers to finish"), 5));
     pid_t b = kt_kiq_start(args);
-    free(identity_of(b));
+    free(kt_log_identity(b));
     char **p = calloc(300, sizeof(char *));
     for (unsigned i = 0; i < 300; i++) {
         char jid[25];
@@ -245,7 +222,7 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
                                         "recovery_interval: 2\n");
     const char *args[] = { "-C", y, "-c", "3", NULL };
     pid_t a = kt_kiq_start(args);
-    char *ida = identity_of(a), *wa = wkey(ida);
+    char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char sj[3][25];
     for (unsigned i = 0; i < 3; i++) {
         kt_make_jid(sj[i], 9, i);
@@ -371,7 +348,7 @@ static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *con
 {
     *a = kt_kiq_start(args);
     *b = kt_kiq_start(args);
-    char *ida = identity_of(*a), *idb = identity_of(*b), *wa = wkey(ida), *wb = wkey(idb);
+    char *ida = kt_log_identity(*a), *idb = kt_log_identity(*b), *wa = kt_working_key(ida), *wb = kt_working_key(idb);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(*a, "Starting processing") && kt_log_has(*b, "Starting processing"), 10));
     char *p[4], args_json[32];
     snprintf(args_json, sizeof(args_json), "[%s]", ms);
@@ -556,7 +533,7 @@ Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
     kt_push_all(c, "default", &px, 1);
     char *y = kt_write_file("head.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     push_one(c, "RecordJob", "[\"rec\"]", yj);
     push_one(c, "RecordJob", "[\"rec\"]", z);
@@ -585,7 +562,7 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
      * in either order. Its blocking fetch waits up to 1 s, so it is most
      * likely still waiting when the jobs arrive just after TSTP. */
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10));
     kill(pid, SIGTSTP);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "no longer accepting new work"), 5));
@@ -675,7 +652,7 @@ Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
     redisContext *c = kt_redis();
     char *y = kt_write_file("stray.yml", FAST_YAML);
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     char sj[25], rj[25];
     kt_make_jid(sj, 14, 0);
     kt_make_jid(rj, 14, 1);
@@ -708,7 +685,7 @@ Test(reliable, list_working_shows_owners_and_liveness)
     char *y = kt_write_file("stats.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                       "recovery_interval: 600\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10));
     char sj[25];
     kt_make_jid(sj, 15, 0);
@@ -771,7 +748,7 @@ Test(reliable, liveness_ttl_is_configurable_and_checked)
 {
     char *ok = kt_write_file("ttl.yml", "heartbeat_interval: 1\nliveness_ttl: 4.5\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", ok, "-c", "1", NULL });
-    char *id = identity_of(pid);
+    char *id = kt_log_identity(pid);
     char lkey[512];
     kiq__fetch_liveness_key(id, lkey, sizeof(lkey));
     cr_assert(KT_WAIT_UNTIL(kt_int("PTTL %s", lkey) > 0, 5));
@@ -1175,7 +1152,7 @@ Test(reliable, queue_name_of_600_bytes_works_end_to_end)
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:cccccccccccc %s", p[2]));
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "recovered: %s", kt_kiq_log(pid));
     kt_push_all(c, name, &p[3], 1);
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
     char *back = kt_str("LINDEX %s 0", qkey);
@@ -1236,7 +1213,7 @@ Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
     cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "RuntimeError");
     cr_assert_eq(json_integer_value(json_object_get(j, "retry_count")), 0);
     json_decref(j);
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 5), "both acked: %s", kt_kiq_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert_eq(kt_int("ZCARD dead"), 0);
@@ -1262,7 +1239,7 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
     kt_make_jid(sj, 27, 1);
     char *y = kt_write_file("giveback.yml", FAST_YAML "timeout: 8\n");
     pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
-    char *id = identity_of(pid), *w = wkey(id);
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
     push_one(c, "SleepJob", "[3000]", hj);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
     /* The other processor takes the suspect and waits for the sleeper. */
