@@ -7,7 +7,9 @@
  *     role: master
  *     password: ...           # the master's (and username, db, ssl)
  *     sentinel_username: ...  # the sentinels' own
- *     sentinel_password: ... */
+ *     sentinel_password: ...
+ *     sentinel_ssl: true      # TLS to the sentinels too (or ssl: true on
+ *                             # every entry of sentinels:, as redis-client) */
 #include "config/yaml.h"
 
 #include <ctype.h>
@@ -16,6 +18,8 @@
 typedef struct parts {
     char *name, *user, *password, *suser, *spassword, *db, *role;
     int ssl;
+    int sentinel_ssl;
+    size_t nssl;  /* sentinels entries with ssl: true */
     char *hosts;  /* "h:p,h:p" */
     size_t nhosts;
 } parts_t;
@@ -50,8 +54,15 @@ static int sentinel_entry(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
         const char *name = key_name(node(c, q->key));
         char **slot = name && !strcmp(name, "host") ? &host : name && !strcmp(name, "port") ? &port
                                                                                           : NULL;
+        int ssl = 0;
+        if (name && !strcmp(name, "ssl")) {
+            rc = kiq_yaml__flag(c, key, node(c, q->value), &ssl);
+            p->nssl += ssl && rc == 0;
+            continue;
+        }
         rc = slot ? kiq_yaml__scalar(c, node(c, q->value), key, "must be a string", slot)
-                  : kiq_yaml__fail(c, node(c, q->key), key, "a sentinel has host and port only");
+                  : kiq_yaml__fail(c, node(c, q->key), key,
+                                   "a sentinel has host, port and ssl only");
     }
     long pn = 26379;
     if (!rc && (!host || !*host))
@@ -112,6 +123,9 @@ static int read_parts(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
         } else if (name && !strcmp(name, "ssl")) {
             if ((rc = kiq_yaml__flag(c, sub, vn, &p->ssl)) < 0)
                 return rc;
+        } else if (name && !strcmp(name, "sentinel_ssl")) {
+            if ((rc = kiq_yaml__flag(c, sub, vn, &p->sentinel_ssl)) < 0)
+                return rc;
         } else if (name && !strcmp(name, "url")) {
             return kiq_yaml__fail(c, kn, sub, "give either url or sentinels, not both");
         } else if (name && is_tuning(name)) {
@@ -141,6 +155,9 @@ int kiq_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v)
         rc = kiq_yaml__fail(c, v, key, "role: only master is supported (jobs are written)");
     else if (!rc && p.db && (to_long(p.db, &db) || db < 0 || db > 100000))
         rc = kiq_yaml__fail(c, v, key, "db: must be an integer >= 0");
+    else if (!rc && p.nssl && p.nssl != p.nhosts)
+        rc = kiq_yaml__fail(c, v, key, "sentinels: ssl must be on every sentinel or none "
+                                       "(kiq speaks TLS to all of them or none)");
     if (!rc) {
         char dbs[32];
         snprintf(dbs, sizeof(dbs), "/%ld", db);
@@ -157,9 +174,13 @@ int kiq_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v)
             bad |= append(&url, "?sentinel_username=", 0) | append(&url, p.suser, 1);
             sep = "&";
         }
-        if (p.spassword)
+        if (p.spassword) {
             bad |= append(&url, sep, 0) | append(&url, "sentinel_password=", 0)
                    | append(&url, p.spassword, 1);
+            sep = "&";
+        }
+        if (p.sentinel_ssl || p.nssl)
+            bad |= append(&url, sep, 0) | append(&url, "sentinel_ssl=true", 0);
         rc = bad ? nomem(c) : 0;
     }
     if (!rc) {

@@ -566,7 +566,29 @@ Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
                                      "?sentinel_password=spw");
     kiq_config_free(cfg);
     free(y);
+    /* TLS to the sentinels: kiq's sentinel_ssl, or redis-client's ssl on
+     * every sentinel. */
+    static const char *const tls[] = {
+        "redis: {sentinels: [{host: s1}], name: m, ssl: true, sentinel_ssl: true}\n",
+        "redis: {sentinels: [{host: s1, ssl: true}, {host: s2, ssl: true}], name: m, ssl: true}\n",
+    };
+    for (size_t i = 0; i < sizeof(tls) / sizeof(*tls); i++) {
+        y = kt_write_file("tls.yml", tls[i]);
+        cfg = kiq_config_new();
+        cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+        cr_assert(strncmp(cfg->redis_url, "rediss+sentinel://s1:26379", 26) == 0, "%s",
+                  cfg->redis_url);
+        cr_assert(strstr(cfg->redis_url, "/m/0?sentinel_ssl=true"), "%s", cfg->redis_url);
+        kiq_redis_t *r = kiq_redis_new(cfg->redis_url, 1, err);
+        cr_assert(r, "the URL it means is one kiq takes: %s", err);
+        kiq_redis_free(r);
+        kiq_config_free(cfg);
+        free(y);
+    }
     static const char *const bad[][2] = {
+        { "redis: {sentinels: [{host: a, ssl: true}, {host: b}], name: m}\n",
+          "ssl must be on every sentinel or none" },
+        { "redis: {sentinels: [{host: a, tls: true}], name: m}\n", "host, port and ssl only" },
         { "redis: {sentinels: [{host: a}]}\n", "name: the master's name" },
         { "redis: {sentinels: [{host: a}], name: m, role: replica}\n", "role: only master" },
         { "redis: {sentinels: [{host: a, port: 0}], name: m}\n", "port must be" },
