@@ -142,6 +142,19 @@ static kiq_client_t *client_for(const char *port)
     return k;
 }
 
+/* A connected library connection to 127.0.0.1:port. */
+static kiq_redis_t *redis_for(const char *port)
+{
+    char url[64], err[KIQ_ERRLEN];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(port, "port"));
+    kiq_redis_t *r = kiq_redis_new(url, 5.0, err);
+    if (!r)
+        die("%s%s", err, NULL);
+    if (kiq_redis_connect(r))
+        die("cannot connect: %s%s", kiq_redis_error(r), NULL);
+    return r;
+}
+
 static int do_push(int argc, char **argv)
 {
     if (argc != 5 && argc != 6)
@@ -236,13 +249,8 @@ static int do_locks(int argc, char **argv)
     long n = num(argv[1], "cycle count");
     if (n < 1)
         die("need at least one cycle%s%s", NULL, NULL);
-    char url[64], err[KIQ_ERRLEN];
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(argv[0], "port"));
-    kiq_redis_t *r = kiq_redis_new(url, 5.0, err);
-    if (!r)
-        die("%s%s", err, NULL);
-    if (kiq_redis_connect(r))
-        die("cannot connect: %s%s", kiq_redis_error(r), NULL);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = redis_for(argv[0]);
     /* Digests and jids shaped as real ones: "uniquejobs:" + 32 hex, 24 hex. */
     char digest[64], jid[32], largs[32];
     kiq_lock_req_t q = { .jid = jid, .type = KIQ_LOCK_UNTIL_EXECUTED, .cls = "NoopJob",
@@ -282,13 +290,8 @@ static int do_limits(int argc, char **argv)
     if (argc != 3)
         die("usage: limits PORT N SIZE%s%s", NULL, NULL);
     long n = num(argv[1], "cycle count"), size = num(argv[2], "size");
-    char url[64], err[KIQ_ERRLEN];
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(argv[0], "port"));
-    kiq_redis_t *r = kiq_redis_new(url, 5.0, err);
-    if (!r)
-        die("%s%s", err, NULL);
-    if (kiq_redis_connect(r))
-        die("cannot connect: %s%s", kiq_redis_error(r), NULL);
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = redis_for(argv[0]);
     kiq_limiter_t *lim = kiq_limiter_new(KIQ_LIMIT_CONCURRENT, "bench", size, 0, err);
     if (!lim)
         die("%s%s", err, NULL);
