@@ -302,21 +302,17 @@ Test(cli, stats_shows_a_same_host_owner_whose_pid_is_gone_as_dead)
     size_t i;
     json_t *e;
     int seen = 0;
-    json_array_foreach(json_object_get(j, "working"), i, e) {
-        const char *id = json_string_value(json_object_get(e, "identity"));
-        int is_dead = strcmp(id, dead) == 0;
-        cr_assert_eq(json_is_true(json_object_get(e, "alive")), !is_dead, "%s: %s", id, out);
-        cr_assert_eq(json_integer_value(json_object_get(e, "pid_gone")), is_dead ? pid : 0,
-                     "%s: %s", id, out);
-        seen++;
-    }
-    json_array_foreach(json_object_get(j, "processes"), i, e) {
-        const char *id = json_string_value(json_object_get(e, "identity"));
-        int is_dead = strcmp(id, dead) == 0;
-        cr_assert_eq(json_is_true(json_object_get(e, "alive")), !is_dead, "%s: %s", id, out);
-        cr_assert_eq(json_integer_value(json_object_get(e, "pid_gone")), is_dead ? pid : 0,
-                     "%s: %s", id, out);
-        seen++;
+    /* The same judgement in both lists. */
+    static const char *const lists[] = { "working", "processes" };
+    for (size_t l = 0; l < 2; l++) {
+        json_array_foreach(json_object_get(j, lists[l]), i, e) {
+            const char *id = json_string_value(json_object_get(e, "identity"));
+            int is_dead = strcmp(id, dead) == 0;
+            cr_assert_eq(json_is_true(json_object_get(e, "alive")), !is_dead, "%s: %s", id, out);
+            cr_assert_eq(json_integer_value(json_object_get(e, "pid_gone")), is_dead ? pid : 0,
+                         "%s: %s", id, out);
+            seen++;
+        }
     }
     cr_assert_eq(seen, 6, "%s", out);
     json_decref(j);
