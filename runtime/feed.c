@@ -566,7 +566,7 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
         feed_push(feed, job);
     acks = NULL;
     nacks = 0;
-    if (rc == 0 && !ahead) {
+    if (rc == 0 && !ahead && !quiet) {
         pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
         acks = take_acks(feed, &nacks);
     } else {
