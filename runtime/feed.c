@@ -193,9 +193,10 @@ static void feed_wait(kiq_feed_t *feed)
     feed->waiting--;
 }
 
-/* Under feed->mu: leaves d's ack waiting for the next round trip. Returns
- * NULL, or d when there was no memory to keep it (the caller writes it). */
-static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d)
+/* Under feed->mu: leaves d's ack waiting for the next round trip (now:
+ * kiq__mono()). Returns NULL, or d when there was no memory to keep it (the
+ * caller writes it). */
+static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d, double now)
 {
     if (feed->nacks == feed->cap_acks) {
         size_t cap = feed->cap_acks ? feed->cap_acks * 2 : 64;
@@ -208,7 +209,7 @@ static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d)
     if (feed->nacks == feed->cap_acks)
         return d;
     if (!feed->nacks)
-        feed->acks_since = kiq__mono();
+        feed->acks_since = now;
     feed->acks[feed->nacks++] = d;
     return NULL;
 }
@@ -225,7 +226,7 @@ void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
 {
     kiq_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
-    d = ack_later(feed, d);
+    d = ack_later(feed, d, kiq__mono());
     pthread_mutex_unlock(&feed->mu);
     if (d)
         ack_now(s, r, d);
@@ -617,14 +618,15 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     size_t nacks = 0;
     *job = feed_pop(feed);
     wake_for_jobs(rt, feed);
-    if (can_sweep(feed) && kiq__mono() >= feed->dry_until) {
+    double now = kiq__mono();
+    if (can_sweep(feed) && now >= feed->dry_until) {
         size_t want = shortfall(rt, feed);
         if (want && want * 2 >= level(rt, feed))
             return sweep(s, r, job, want);
     }
     int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
     kiq_done_t **acks = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
-                                        || kiq__mono() - feed->acks_since >= ACK_DELAY
+                                        || now - feed->acks_since >= ACK_DELAY
                                         || (last && feed->job_time >= LONG_JOB))
                             ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
@@ -648,7 +650,7 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
-    double now = taken_at > 0 ? kiq__mono() : 0;
+    double now = kiq__mono();
     pthread_mutex_lock(&feed->mu);
     if (taken_at > 0) {
         feed->job_time = 0.9 * feed->job_time + 0.1 * (now - taken_at);
@@ -657,7 +659,7 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
     taken_at = 0;
     /* The last job's ack is left under the same lock as the next is taken:
      * the lock is what every job pays for, once. */
-    if (done && (done = ack_later(feed, done))) {
+    if (done && (done = ack_later(feed, done, now))) {
         pthread_mutex_unlock(&feed->mu);
         ack_now(s, r, done);
         pthread_mutex_lock(&feed->mu);
