@@ -475,17 +475,62 @@ static int read_wait(kiq_fetch_t *f, kiq_redis_t *r)
     return 0;
 }
 
+/* Reads the replies of calls sent. Returns KIQ_EREDIS when the connection
+ * failed. */
+static int read_calls(kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+{
+    for (size_t i = 0; i < ncalls; i++)
+        if (!(calls[i].reply = kiq_redis_get_reply(r)))
+            return KIQ_EREDIS;
+    return 0;
+}
+
+/* Once every reply of the round trip is read: a call refused with NOSCRIPT
+ * runs again on its own (the connection loads the scripts first). */
+static void retry_noscript(kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+{
+    for (size_t i = 0; i < ncalls; i++) {
+        redisReply *rep = calls[i].reply;
+        if (rep && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0) {
+            freeReplyObject(rep);
+            calls[i].reply = kiq__redis_script(r, calls[i].script, calls[i].nkeys,
+                                               calls[i].argc, calls[i].argv, NULL);
+        }
+    }
+}
+
+/* The calls one by one, each in a round trip of its own. */
+static int run_calls(kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+{
+    for (size_t i = 0; i < ncalls; i++)
+        if (!(calls[i].reply = kiq__redis_script(r, calls[i].script, calls[i].nkeys,
+                                                 calls[i].argc, calls[i].argv, NULL)))
+            return KIQ_EREDIS;
+    return 0;
+}
+
 int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
                        kiq_fetched_t *out, size_t max, int block)
+{
+    return kiq__fetch_exchange_calls(f, r, acks, nacks, NULL, 0, out, max, block);
+}
+
+static int exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
+                    kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *out, size_t max,
+                    int block)
 {
     for (size_t i = 0; i < nacks; i++)
         acks[i].rc = KIQ_EREDIS;
     for (size_t i = 0; i < max; i++)
         memset(&out[i], 0, sizeof(out[i]));
+    for (size_t i = 0; i < ncalls; i++)
+        calls[i].reply = NULL;
     if (f->mode == KIQ_FETCH_BASIC) {
         for (size_t i = 0; i < nacks; i++)
             if ((acks[i].rc = kiq__fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
                 return KIQ_EREDIS;
+        if (run_calls(r, calls, ncalls))
+            return KIQ_EREDIS;
         if (!max)
             return 0;
         plan_order(f);
@@ -521,6 +566,10 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
         if (kiq_redis_append(r, 3, argv, NULL))
             return KIQ_EREDIS;
     }
+    for (size_t i = 0; i < ncalls; i++)
+        if (kiq__redis_append_script(r, calls[i].script, calls[i].nkeys, calls[i].argc,
+                                     calls[i].argv, NULL))
+            return KIQ_EREDIS;
     if (max) {
         plan_order(f);
         if (append_fetch(f, r, max, block))
@@ -554,10 +603,22 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
     }
     if (waits && read_wait(f, r))
         return KIQ_EREDIS;
+    if (read_calls(r, calls, ncalls))
+        return KIQ_EREDIS;
     if (!max)
         return 0;
     int rc = finish_fetch(f, r, out, max, block);
     return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+}
+
+int kiq__fetch_exchange_calls(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                             size_t nacks, kiq_script_call_t *calls, size_t ncalls,
+                             kiq_fetched_t *out, size_t max, int block)
+{
+    int rc = exchange(f, r, acks, nacks, calls, ncalls, out, max, block);
+    if (ncalls && kiq_redis_ok(r))
+        retry_noscript(r, calls, ncalls);
+    return rc;
 }
 
 int kiq__fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)

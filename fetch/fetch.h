@@ -14,6 +14,7 @@
 
 #include "kiq/config.h"
 #include "kiq/redis.h"
+#include "redis/scripts.h"
 
 typedef struct kiq_fetch kiq_fetch_t;
 
@@ -92,6 +93,13 @@ typedef struct kiq_ack_item {
  * either way. */
 int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
                        size_t nacks, kiq_fetched_t *out, size_t max, int block);
+/* kiq__fetch_exchange with ncalls script calls sent after the acks and
+ * before the fetch, in the same round trip; each call's reply is left in
+ * it (NULL when the connection failed first). A NOSCRIPT reply is retried
+ * on its own once the connection has loaded the scripts again. */
+int kiq__fetch_exchange_calls(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                             size_t nacks, kiq_script_call_t *calls, size_t ncalls,
+                             kiq_fetched_t *out, size_t max, int block);
 
 /* Returns a fetcher owned by the caller, or NULL with err filled. */
 kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *conf, char *err);

@@ -219,6 +219,8 @@ const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d)
 {
     if (!mw->release_key[0])
         return NULL;
+    if (mw->release_runtime)
+        return mw->release_key;
     if ((d == KIQ_DISPOSE_DONE || d == KIQ_DISPOSE_DEFAULT) && mw->release_on_done)
         return mw->release_key;
     if ((d == KIQ_DISPOSE_DEAD || d == KIQ_DISPOSE_DROP) && mw->release_on_death)

@@ -9,6 +9,7 @@
 #include "kiq/middleware.h"
 #include "kiq/unique.h"
 
+#include "redis/scripts.h"
 #include "support/json.h"
 
 struct kiq_mw {
@@ -40,6 +41,16 @@ struct kiq_mw {
     int release_on_done;         /* until_executed: released after success */
     int release_on_death;        /* until_* : released when the job dies */
     int release_type;            /* its kiq_lock_type_t, for the metric */
+    int release_runtime;         /* a runtime lock: released whatever the
+                                    outcome, the ack written promptly */
+
+    /* server: sends script calls in a round trip that writes the acks
+     * waiting too (runtime/feed.c), or NULL: a round trip of their own. */
+    int (*ride)(void *ud, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls);
+    /* server: writes the acks waiting that release runtime locks (see
+     * kiq_feed_prompt), or NULL */
+    void (*prompt)(void *ud, kiq_redis_t *r);
+    void *ride_ud;
 
     const char *held_digest;     /* server: the fetch saw this digest's lock
                                     held by jid (see kiq_fetched_t) */

@@ -5,6 +5,7 @@
 
 #include "kiq/unique.h"
 #include "redis/keys.h"
+#include "redis/scripts.h"
 
 /* The longest lock_ttl or lock_timeout: a longer one is cut to this, so
  * that seconds times 1000 and the extension by a schedule never overflow. */
@@ -57,6 +58,24 @@ void kiq_unique__spec_clear(kiq_unique_spec_t *s);
 
 /* "<digest>[:RUN]<suffix>" into out. */
 void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const char *suffix);
+/* Sends ncalls script calls in a round trip the runtime makes anyway (it
+ * writes the acks waiting); each call's reply is left in it, NULL when the
+ * connection failed. Returns 0 or KIQ_EREDIS. */
+typedef int (*kiq_ride_fn)(void *ud, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls);
+
+/* kiq_unique_lock (no wait), its call sent through ride when not NULL. */
+int kiq_unique__lock_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride,
+                          void *ud, char *err);
+
+/* until_and_while_executing's start: jid's hold on the until-lock of
+ * req->digest goes and the runtime lock req is taken, in one round trip
+ * (through ride when not NULL). *released is kiq_unique_unlock's result for
+ * the until-lock (err says why when it failed); the runtime lock is given
+ * back at once when it was taken but the release was refused. Returns the
+ * runtime lock's result, as kiq_unique_lock. */
+int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride, void *ud,
+                          int *released, char *err);
+
 /* Counts a lock event in v9's metrics, when the metrics module is linked. */
 void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event);
 

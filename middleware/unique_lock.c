@@ -54,42 +54,72 @@ static char *metadata(const kiq_lock_req_t *q, double now)
     return kiq__buf_take(&b, NULL);
 }
 
-/* One run of lock.lua; waiting (arrival > 0) adds the waiting zset. */
-static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, double cutoff,
-                     char *err)
-{
-    if (!q->digest || !q->jid)
-        return kiq_seterr(err, KIQ_EINVAL, "a lock needs a digest and a jid");
+/* The arguments of one lock.lua call and their storage. */
+typedef struct lock_call {
     char locked[KIQ_DIGEST_MAX + 16], waiting[KIQ_DIGEST_MAX + 16];
     char pttl[32], limit[16], now_s[32], arr[32], cut[32];
+    char *meta; /* owned */
+    const char *argv[11];
+    kiq_script_call_t call;
+} lock_call_t;
+
+/* Fills c for one run of lock.lua; waiting (arrival > 0) adds the waiting
+ * zset. Free with lock_done. */
+static int lock_prepare(lock_call_t *c, const kiq_lock_req_t *q, double arrival, double cutoff,
+                        char *err)
+{
+    memset(c, 0, sizeof(*c));
+    if (!q->digest || !q->jid)
+        return kiq_seterr(err, KIQ_EINVAL, "a lock needs a digest and a jid");
     double now = kiq__now();
-    kiq_unique__key(locked, sizeof(locked), q->digest, q->runtime, KIQ_KEY_LOCKED);
-    kiq_unique__key(waiting, sizeof(waiting), q->digest, q->runtime, ":WAITING");
+    kiq_unique__key(c->locked, sizeof(c->locked), q->digest, q->runtime, KIQ_KEY_LOCKED);
+    kiq_unique__key(c->waiting, sizeof(c->waiting), q->digest, q->runtime, ":WAITING");
     long ttl = q->ttl < KIQ_UNIQUE_MAX_SECONDS ? q->ttl : KIQ_UNIQUE_MAX_SECONDS;
-    snprintf(pttl, sizeof(pttl), "%ld", ttl > 0 ? ttl * 1000 : 0);
-    snprintf(limit, sizeof(limit), "%d", q->limit > 0 ? q->limit : 1);
-    snprintf(now_s, sizeof(now_s), "%.6f", now);
-    snprintf(arr, sizeof(arr), "%.6f", arrival);
-    snprintf(cut, sizeof(cut), "%.6f", cutoff);
-    char *meta = q->metadata ? NULL : metadata(q, now);
-    if (!q->metadata && !meta)
+    snprintf(c->pttl, sizeof(c->pttl), "%ld", ttl > 0 ? ttl * 1000 : 0);
+    snprintf(c->limit, sizeof(c->limit), "%d", q->limit > 0 ? q->limit : 1);
+    snprintf(c->now_s, sizeof(c->now_s), "%.6f", now);
+    snprintf(c->arr, sizeof(c->arr), "%.6f", arrival);
+    snprintf(c->cut, sizeof(c->cut), "%.6f", cutoff);
+    c->meta = q->metadata ? NULL : metadata(q, now);
+    if (!q->metadata && !c->meta)
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    const char *argv[] = { locked, KIQ_UNIQUE_DIGESTS, waiting, q->jid, pttl,
-                           kiq_lock_type_name(q->type), limit, q->metadata ? q->metadata : meta,
-                           now_s, arr, cut };
-    redisReply *rep;
+    const char *meta = q->metadata ? q->metadata : c->meta;
+    const char **a = c->argv;
+    c->call.script = KIQ_SCRIPT_LOCK;
+    c->call.argv = a;
     if (arrival > 0) {
-        rep = kiq__redis_script(r, KIQ_SCRIPT_LOCK, 3, 11, argv, NULL);
+        const char *all[] = { c->locked, KIQ_UNIQUE_DIGESTS, c->waiting, q->jid, c->pttl,
+                              kiq_lock_type_name(q->type), c->limit, meta, c->now_s, c->arr,
+                              c->cut };
+        memcpy(a, all, sizeof(all));
+        c->call.nkeys = 3;
+        c->call.argc = 11;
     } else {
-        const char *a2[] = { argv[0], argv[1], argv[3], argv[4], argv[5], argv[6], argv[7],
-                             argv[8] };
-        rep = kiq__redis_script(r, KIQ_SCRIPT_LOCK, 2, 8, a2, NULL);
+        const char *two[] = { c->locked, KIQ_UNIQUE_DIGESTS, q->jid, c->pttl,
+                              kiq_lock_type_name(q->type), c->limit, meta, c->now_s };
+        memcpy(a, two, sizeof(two));
+        c->call.nkeys = 2;
+        c->call.argc = 8;
     }
-    free(meta);
-    if (!rep)
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    return 0;
+}
+
+static void lock_done(lock_call_t *c)
+{
+    free(c->meta);
+    freeReplyObject(c->call.reply);
+    c->meta = NULL;
+    c->call.reply = NULL;
+}
+
+/* What lock.lua's reply in c says (see lock_once); frees c. */
+static int lock_result(lock_call_t *c, kiq_redis_t *r, char *err)
+{
+    redisReply *rep = c->call.reply;
     int rc;
-    if (rep->type != REDIS_REPLY_INTEGER)
+    if (!rep)
+        rc = kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    else if (rep->type != REDIS_REPLY_INTEGER)
         rc = kiq_seterr(err, KIQ_EREPLY, "lock.lua: %s",
                         rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     else if (rep->integer == 1)
@@ -100,17 +130,70 @@ static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, do
         rc = KIQ_UNIQUE_NOT_YET;
     else
         rc = KIQ_EDENIED;
-    freeReplyObject(rep);
+    lock_done(c);
     return rc;
 }
 
-int kiq_unique_lock(kiq_redis_t *r, const kiq_lock_req_t *req, char *err)
+/* One run of lock.lua, in a round trip of its own. */
+static int lock_once(kiq_redis_t *r, const kiq_lock_req_t *q, double arrival, double cutoff,
+                     char *err)
 {
-    int rc = lock_once(r, req, 0, 0, err);
+    lock_call_t c;
+    int rc = lock_prepare(&c, q, arrival, cutoff, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    c.call.reply = kiq__redis_script(r, KIQ_SCRIPT_LOCK, c.call.nkeys, c.call.argc, c.argv,
+                                     NULL);
+    return lock_result(&c, r, err);
+}
+
+/* Counts v9's metric for a lock attempt's result. */
+static int counted(kiq_redis_t *r, const kiq_lock_req_t *req, int rc)
+{
     if (rc > 0)
         kiq_unique__metric(r, req->type, "locked");
     else if (rc == KIQ_EDENIED)
         kiq_unique__metric(r, req->type, "lock_failed");
+    return rc;
+}
+
+int kiq_unique__lock_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride,
+                          void *ud, char *err)
+{
+    if (!ride)
+        return kiq_unique_lock(r, req, err);
+    lock_call_t c;
+    int rc = lock_prepare(&c, req, 0, 0, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    ride(ud, r, &c.call, 1);
+    return counted(r, req, lock_result(&c, r, err));
+}
+
+int kiq_unique_lock(kiq_redis_t *r, const kiq_lock_req_t *req, char *err)
+{
+    return counted(r, req, lock_once(r, req, 0, 0, err));
+}
+
+/* What unlock.lua's reply says (kiq_unique_unlock's result); frees it. */
+static int unlock_result(redisReply *rep, kiq_redis_t *r, kiq_lock_type_t type, int force,
+                         char *err)
+{
+    int rc;
+    if (!rep)
+        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    if (rep->type != REDIS_REPLY_INTEGER)
+        rc = kiq_seterr(err, KIQ_EREPLY, "unlock.lua: %s",
+                        rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    else
+        rc = rep->integer == 1 ? 0 : KIQ_EDENIED;
+    freeReplyObject(rep);
+    if (!force)
+        kiq_unique__metric(r, type, rc == 0 ? "unlocked" : "unlock_failed");
     return rc;
 }
 
@@ -123,18 +206,46 @@ int kiq_unique_unlock(kiq_redis_t *r, const char *digest, int runtime, const cha
     kiq_unique__key(locked, sizeof(locked), digest, runtime, KIQ_KEY_LOCKED);
     const char *argv[] = { locked, KIQ_UNIQUE_DIGESTS, jid,
                            force ? "force" : kiq_lock_type_name(type) };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL);
-    if (!rep)
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-    int rc;
-    if (rep->type != REDIS_REPLY_INTEGER)
-        rc = kiq_seterr(err, KIQ_EREPLY, "unlock.lua: %s",
-                        rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-    else
-        rc = rep->integer == 1 ? 0 : KIQ_EDENIED;
-    freeReplyObject(rep);
-    if (!force)
-        kiq_unique__metric(r, type, rc == 0 ? "unlocked" : "unlock_failed");
+    return unlock_result(kiq__redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL), r, type,
+                         force, err);
+}
+
+int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride, void *ud,
+                          int *released, char *err)
+{
+    lock_call_t c;
+    int rc = lock_prepare(&c, req, 0, 0, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    char until[KIQ_DIGEST_MAX + 16];
+    kiq_unique__key(until, sizeof(until), req->digest, 0, KIQ_KEY_LOCKED);
+    const char *argv[] = { until, KIQ_UNIQUE_DIGESTS, req->jid, kiq_lock_type_name(req->type) };
+    kiq_script_call_t calls[2] = {
+        { .script = KIQ_SCRIPT_UNLOCK, .nkeys = 2, .argc = 4, .argv = argv },
+        c.call,
+    };
+    if (ride) {
+        ride(ud, r, calls, 2);
+    } else {
+        calls[0].reply = kiq__redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL);
+        if (calls[0].reply)
+            calls[1].reply = kiq__redis_script(r, KIQ_SCRIPT_LOCK, c.call.nkeys, c.call.argc,
+                                               c.argv, NULL);
+    }
+    char uerr[KIQ_ERRLEN] = "";
+    *released = unlock_result(calls[0].reply, r, req->type, 0, uerr);
+    c.call.reply = calls[1].reply;
+    rc = counted(r, req, lock_result(&c, r, err));
+    if (*released == 0)
+        return rc;
+    /* The until-lock is another job's: this one must not run, nor keep a
+     * runtime lock it took for it. */
+    if (rc == KIQ_LOCK_ACQUIRED)
+        (void)kiq_unique_unlock(r, req->digest, 1, req->jid, req->type, 0, err);
+    if (*released < 0)
+        kiq_seterr(err, *released, "%s", uerr);
     return rc;
 }
 
@@ -187,10 +298,5 @@ int kiq_unique_lock_wait(kiq_redis_t *r, const kiq_lock_req_t *req, double timeo
 {
     if (timeout <= 0)
         return kiq_unique_lock(r, req, err);
-    int rc = waiter->wait(waiter->self, r, req, timeout, err);
-    if (rc > 0)
-        kiq_unique__metric(r, req->type, "locked");
-    else if (rc == KIQ_EDENIED)
-        kiq_unique__metric(r, req->type, "lock_failed");
-    return rc;
+    return counted(r, req, waiter->wait(waiter->self, r, req, timeout, err));
 }

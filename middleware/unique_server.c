@@ -96,24 +96,54 @@ void kiq__mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r)
     kiq_unique__metric(r, (kiq_lock_type_t)mw->release_type, "unlocked");
 }
 
-/* Runs the job under the runtime lock "<digest>:RUN:LOCKED", released
- * whatever happens. Sets *ran. */
-static int while_executing(kiq_mw_t *mw, const kiq_unique_spec_t *s, int *ran)
+/* Runs the job under the runtime lock "<digest>:RUN:LOCKED". Without a
+ * wait, the lock is asked for in the round trip that writes the acks
+ * waiting (with until, the job's until-lock goes in the same round trip;
+ * refused, the job does not run: *rc says what then). The runtime lock is
+ * released whatever happens: by the job's ack when the job is done with
+ * it (the ack goes out before the next handler starts), otherwise at once.
+ * Returns 1 when the job ran, 0 when its runtime lock was refused, -1 when
+ * its until-lock could not be released. */
+static int while_executing(kiq_mw_t *mw, const kiq_unique_spec_t *s, int until, int *rc)
 {
     char err[KIQ_ERRLEN];
     kiq_lock_req_t q = request(mw, s, 1);
-    *ran = 0;
-    int lr = kiq_unique_lock_wait(mw->r, &q, (double)s->timeout, err);
-    if (lr == KIQ_EDENIED)
-        return conflict(mw, s, s->timeout > 0 ? "stayed busy for lock_timeout" : "is running");
-    if (lr < 0)
-        return lock_error(mw, err);
-    *ran = 1;
-    int rc = kiq_mw_next(mw);
+    int lr, released = 0;
+    if (until && s->timeout <= 0)
+        lr = kiq_unique__swap_ride(mw->r, &q, mw->ride, mw->ride_ud, &released, err);
+    else if (until && (released = kiq_unique_unlock(mw->r, s->digest, 0, mw->jid, s->type, 0,
+                                                    err)) != 0)
+        lr = released;
+    else if (s->timeout > 0)
+        lr = kiq_unique_lock_wait(mw->r, &q, (double)s->timeout, err);
+    else
+        lr = kiq_unique__lock_ride(mw->r, &q, mw->ride, mw->ride_ud, err);
+    if (released) {
+        lock_stops(mw, s, released, err, rc);
+        return -1;
+    }
+    if (lr == KIQ_EDENIED) {
+        *rc = conflict(mw, s, s->timeout > 0 ? "stayed busy for lock_timeout" : "is running");
+        return 0;
+    }
+    if (lr < 0) {
+        *rc = lock_error(mw, err);
+        return 0;
+    }
+    *rc = kiq_mw_next(mw);
+    /* until_and_while_executing's failed job takes its until-lock again,
+     * which its ack then holds: the runtime lock goes now. */
+    int later = !(until && job_failed(mw));
+    if (later && !mw->release_key[0] && mw->disp != KIQ_DISPOSE_KEEP) {
+        kiq_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 1, KIQ_KEY_LOCKED);
+        mw->release_runtime = 1;
+        mw->release_type = (int)s->type;
+        return 1;
+    }
     if (kiq_unique_unlock(mw->r, s->digest, 1, mw->jid, s->type, 0, err) < 0)
         kiq_error("%s %s: releasing runtime lock %s:RUN failed: %s; it is freed when its "
                   "ttl passes or by the reaper", mw->cls, mw->jid, s->digest, err);
-    return rc;
+    return 1;
 }
 
 int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
@@ -127,6 +157,13 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
     }
     int rc = 0, lr, ran;
     kiq_lock_req_t q = request(mw, &s, 0);
+    /* Runtime locks of jobs finished here are released by their acks; a
+     * lock taken at once carries them, before it. Anything else writes them
+     * now, before it might wait on a lock held by one of those jobs. */
+    int rides = (s.type == KIQ_LOCK_WHILE_EXECUTING || s.type == KIQ_LOCK_WHILE_EXECUTING_REJECT
+                 || s.type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) && s.timeout <= 0 && mw->ride;
+    if (!rides && s.type != KIQ_LOCK_NONE && mw->prompt)
+        mw->prompt(mw->ride_ud, mw->r);
     switch (s.type) {
     case KIQ_LOCK_UNTIL_EXECUTED:
     case KIQ_LOCK_UNTIL_EXPIRED:
@@ -161,13 +198,12 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
         break;
     case KIQ_LOCK_WHILE_EXECUTING:
     case KIQ_LOCK_WHILE_EXECUTING_REJECT:
-        rc = while_executing(mw, &s, &ran);
+        while_executing(mw, &s, 0, &rc);
         break;
     case KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING:
-        lr = kiq_unique_unlock(mw->r, s.digest, 0, mw->jid, s.type, 0, err);
-        if (lock_stops(mw, &s, lr, err, &rc))
+        ran = while_executing(mw, &s, 1, &rc);
+        if (ran < 0)
             break;
-        rc = while_executing(mw, &s, &ran);
         if (!ran || job_failed(mw)) {
             /* Back in line (retry or rescheduled): unique again until it
              * runs; released if it dies or was dropped. */

@@ -21,6 +21,16 @@ redisReply *kiq__redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int arg
 int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                             const char **argv, const size_t *lens);
 
+/* A script call that rides a round trip made for something else (see
+ * kiq__fetch_exchange_calls): its reply, owned by the caller, is NULL when
+ * the round trip failed. */
+typedef struct kiq_script_call {
+    kiq_script_t script;
+    int nkeys, argc;
+    const char **argv;
+    redisReply *reply;
+} kiq_script_call_t;
+
 /* The text of a script, and its SHA1 as Redis reported it (NULL until a
  * connection has loaded the scripts). */
 const char *kiq_script_text(kiq_script_t s);

@@ -12,6 +12,7 @@
  * working list meanwhile, so a crash loses none of them. */
 #include "runtime/feed.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,9 @@ struct kiq_feed {
     double job_time;       /* seconds from taking a job to looking again
                               (moving average) */
     double acks_since;     /* kiq__mono() when the oldest ack waiting came */
+    atomic_size_t prompt;  /* acks waiting that release a runtime lock: they
+                              go before a handler runs or a thread waits
+                              (read without the lock to skip the lock) */
     size_t waiting;        /* threads waiting for one to come back */
     unsigned long long last_seq; /* the newest job's seq seen */
     int inside;            /* threads past the gate in kiq_feed_next: holding
@@ -211,6 +215,8 @@ static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d, double now)
     if (!feed->nacks)
         feed->acks_since = now;
     feed->acks[feed->nacks++] = d;
+    if (d->prompt)
+        atomic_fetch_add(&feed->prompt, 1);
     return NULL;
 }
 
@@ -244,21 +250,26 @@ static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
     memcpy(a, feed->acks, feed->nacks * sizeof(*a));
     *n = feed->nacks;
     feed->nacks = 0;
+    atomic_store(&feed->prompt, 0);
     return a;
 }
 
-/* Writes the acks taken (and fetches up to max jobs into got, in the same
- * round trip). Acks written are released; the others go back to the feed
- * for the next round trip, and *unwritten (when not NULL) counts them.
- * Returns kiq__fetch_exchange's result. */
-static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
-                    kiq_fetched_t *got, size_t max, int block, size_t *unwritten)
+/* Writes the acks taken (and makes the calls, and fetches up to max jobs
+ * into got, in the same round trip). Acks written are released; the others
+ * go back to the feed for the next round trip, and *unwritten (when not
+ * NULL) counts them. Returns kiq__fetch_exchange's result. */
+static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
+                          kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *got,
+                          size_t max, int block, size_t *unwritten)
 {
     kiq_ack_item_t items[nacks ? nacks : 1];
     for (size_t i = 0; i < nacks; i++)
         items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
                                      .ack = acks[i]->ack, .rc = KIQ_EREDIS };
-    int rc = kiq_redis_ok(r) ? kiq__fetch_exchange(s->fetch, r, items, nacks, got, max, block)
+    for (size_t i = 0; i < ncalls; i++)
+        calls[i].reply = NULL;
+    int rc = kiq_redis_ok(r) ? kiq__fetch_exchange_calls(s->fetch, r, items, nacks, calls,
+                                                         ncalls, got, max, block)
                              : KIQ_EREDIS;
     size_t failed = 0;
     for (size_t i = 0; i < nacks; i++) {
@@ -274,6 +285,36 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nac
     if (unwritten)
         *unwritten = failed;
     return rc;
+}
+
+static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
+                    kiq_fetched_t *got, size_t max, int block, size_t *unwritten)
+{
+    return exchange_calls(s, r, acks, nacks, NULL, 0, got, max, block, unwritten);
+}
+
+int kiq_feed_ride(kiq_slot_t *s, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    size_t nacks;
+    pthread_mutex_lock(&feed->mu);
+    kiq_done_t **acks = take_acks(feed, &nacks);
+    pthread_mutex_unlock(&feed->mu);
+    int rc = exchange_calls(s, r, acks, nacks, calls, ncalls, NULL, 0, 0, NULL);
+    return rc < 0 ? rc : 0;
+}
+
+void kiq_feed_prompt(kiq_slot_t *s, kiq_redis_t *r)
+{
+    kiq_feed_t *feed = s->rt->feed;
+    size_t nacks = 0;
+    if (!atomic_load(&feed->prompt))
+        return;
+    pthread_mutex_lock(&feed->mu);
+    kiq_done_t **acks = atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
+    pthread_mutex_unlock(&feed->mu);
+    if (nacks)
+        exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
 }
 
 /* Writes every waiting ack, reconnecting until they are written or the
@@ -665,6 +706,14 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
         pthread_mutex_lock(&feed->mu);
     }
     gate_leave(feed, inside);
+    if (atomic_load(&feed->prompt) && (feed->solo || (!feed->n && !can_sweep(feed)))) {
+        /* A runtime lock is not held while this thread waits. */
+        size_t nacks;
+        kiq_done_t **acks = take_acks(feed, &nacks);
+        pthread_mutex_unlock(&feed->mu);
+        exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
+        pthread_mutex_lock(&feed->mu);
+    }
     while ((feed->solo || (!feed->n && !can_sweep(feed))) && !atomic_load(&rt->quiet))
         feed_wait(feed);
     if (atomic_load(&rt->quiet)) {

@@ -16,6 +16,8 @@ typedef struct kiq_done {
     kiq_job_t job;   /* owns the payload the ack removes */
     kiq_mw_t mw;     /* owns the payload the ack stores */
     kiq_ack_t ack;
+    int prompt;      /* the ack releases a runtime lock: it is written before
+                        this thread (or any) runs a handler or waits */
 } kiq_done_t;
 
 /* Clears d and frees it (NULL is fine). */
@@ -33,6 +35,14 @@ void kiq_done_acked(struct kiq_runtime *rt, kiq_done_t *d, kiq_redis_t *r);
  * (look again), or kiq__fetch_exchange's error. */
 int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t *job,
                   int *inside);
+/* Sends ncalls script calls in one round trip that writes the acks waiting
+ * too; each call's reply is left in it (NULL when the connection failed).
+ * Returns 0 or KIQ_EREDIS. */
+int kiq_feed_ride(kiq_slot_t *s, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls);
+/* Writes the acks waiting when one of them releases a runtime lock: called
+ * before a handler runs, so no such lock outlives its job by more than the
+ * time the next job takes to start. */
+void kiq_feed_prompt(kiq_slot_t *s, kiq_redis_t *r);
 /* Leaves d's ack in the feed for the next round trip; on no memory,
  * writes it at once instead. */
 void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d);

@@ -157,6 +157,7 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
         return;
     }
     d->ack = ack_of(rt, &d->mw, job);
+    d->prompt = d->mw.release_runtime && d->ack.lock_key;
     d->active = 1;
     if (rt->cfg->fetch == KIQ_FETCH_RELIABLE) {
         slot_clear(s); /* the ack goes out with a later round trip */

@@ -14,6 +14,7 @@
 #include "observe/prometheus.h"
 #include "kiq/middleware.h"
 #include "middleware/mw.h"
+#include "runtime/feed.h"
 
 /* Per-job state of the built-in server middleware. */
 typedef struct run {
@@ -161,6 +162,9 @@ static int call_handler(kiq_mw_t *mw, void *udata)
     /* A middleware's command may have broken the connection. */
     if (kiq_processor_connected(run->slot, mw->r))
         return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    /* No runtime lock of a finished job is held while this one runs. */
+    if (run->slot->rt->feed)
+        kiq_feed_prompt(run->slot, mw->r);
     job->redis = kiq_redis_ctx(mw->r);
     if (!run->h && mw->cfg->unknown_class == KIQ_UNKNOWN_SKIP) {
         kiq_job_fail(job, "NameError", "uninitialized constant %s (kiq has no handler; "
@@ -276,6 +280,16 @@ static void requeue_unknown(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job)
     kiq_rt_wait(rt, pause < 1.0 ? pause : 1.0);
 }
 
+static int ride(void *ud, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+{
+    return kiq_feed_ride(ud, r, calls, ncalls);
+}
+
+static void prompt(void *ud, kiq_redis_t *r)
+{
+    kiq_feed_prompt(ud, r);
+}
+
 void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
                     const char *held_digest)
 {
@@ -292,7 +306,8 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
                       .limit = run.h ? run.h->limit : NULL, .job = job,
                       .cls = job->wrapper ? job->wrapper : job->cls,
                       .jid = job->jid, .queue = job->queue, .priv = &run,
-                      .held_digest = held_digest };
+                      .held_digest = held_digest, .ride = rt->feed ? ride : NULL,
+                      .prompt = rt->feed ? prompt : NULL, .ride_ud = s };
     if (run.h)
         requeue_streak = 0;
     else

@@ -244,6 +244,35 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
     free(d);
 }
 
+/* A while_executing job's runtime lock is released by its ack, which goes
+ * out with the round trip that asks for the next job's lock, before it: a
+ * thread running jobs of one digest back to back never finds its own last
+ * job in the way. A failed job's ack releases it too, as the job enters
+ * the retry set. */
+Test(unique, while_executing_lock_goes_with_the_ack_before_the_next_job)
+{
+    char bulk[2048] = "{\"class\":\"RecordJob\",\"lock\":\"while_executing\",\"args\":[";
+    for (int i = 0; i < 30; i++)
+        strcat(bulk, i ? ",[\"wb\"]" : "[\"wb\"]");
+    strcat(bulk, "]}");
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD wb") == 30, 20), "%s", kt_kiq_log(pid));
+    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+    char *d = ruby_digest("RecordJob", "default", "[\"wb\"]");
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0, 5));
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s:RUN", d), 0);
+
+    char *f = ruby_digest("FailJob", "default", "[\"wf\"]");
+    cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"wf\"]", "--lock", "while_executing",
+                                        NULL }, NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", f) == 0, 5), "released in retry");
+    cr_assert_eq(stop(pid), 0);
+    free(d);
+    free(f);
+}
+
 /* lock_limit 2: two jobs with one digest may run at once, never three,
  * across processes; the others wait (lock_timeout) and all run. */
 Test(unique, lock_limit_two_lets_two_run_at_once_and_never_three)
