@@ -193,6 +193,7 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
         if (!rc) { rc = kiq_redis_append(r, 1, exec, NULL); count++; }
     }
     free_entries(fields, values, n);
+    int nbusy = n; /* busy as the work hash just written says, not later */
     if (!rc)
         rc = drain(r, count, NULL, 0);
     if (rc == KIQ_EREDIS)
@@ -208,7 +209,7 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     char beat[32], conc[16], busy[16], rtt[32], rss[32];
     snprintf(beat, sizeof(beat), "%.6f", kiq__now());
     snprintf(conc, sizeof(conc), "%d", rt->cfg->concurrency);
-    snprintf(busy, sizeof(busy), "%d", atomic_load(&rt->busy));
+    snprintf(busy, sizeof(busy), "%d", nbusy);
     snprintf(rtt, sizeof(rtt), "%ld", rtt_us);
     snprintf(rss, sizeof(rss), "%ld", rss_kb());
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
