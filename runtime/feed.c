@@ -70,7 +70,8 @@ kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
     feed->sweepers_max = nslots < 2 ? 2 : nslots < SWEEPERS_MAX ? nslots : SWEEPERS_MAX;
     feed->prefetch = (size_t)(prefetch > 0 ? prefetch : kiq_feed_default_prefetch(nslots));
     /* The feed and the sweeps on their way hold prefetch jobs at most (see
-     * can_sweep), and each thread may return one it took (kiq_feed_return). */
+     * can_sweep), and each thread may put back the one it holds (a sweep
+     * that comes back as the process goes quiet). */
     feed->cap = feed->prefetch + (size_t)nslots;
     feed->jobs = calloc(feed->cap, sizeof(kiq_fetched_t));
     if (!feed->jobs) {
@@ -132,10 +133,10 @@ void kiq_done_free(kiq_done_t *d)
 
 /* Under feed->mu: puts job in the ring in the order Redis fetched it
  * (kiq_fetched_t.seq): usually at the end, but sweeps on their way at once
- * may come back in another order than Redis ran them, and a job taken and
- * returned unstarted goes back in its place. So the feed gives its jobs
- * back in order. The ring has room for every sweep in flight and a job
- * returned by each thread. */
+ * may come back in another order than Redis ran them, and the job a thread
+ * holds as its sweep comes back to a quiet process goes back in its place.
+ * So the feed gives its jobs back in order. The ring has room for every
+ * sweep in flight and a job put back by each thread. */
 static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
 {
     size_t i = feed->n;
@@ -156,13 +157,6 @@ static void number(kiq_feed_t *feed, kiq_fetched_t *jobs, int n)
         if (jobs[i].seq > feed->last_seq)
             feed->last_seq = jobs[i].seq;
     }
-}
-
-void kiq_feed_return(kiq_feed_t *feed, kiq_fetched_t *job)
-{
-    pthread_mutex_lock(&feed->mu);
-    feed_push(feed, job);
-    pthread_mutex_unlock(&feed->mu);
 }
 
 /* Under feed->mu: the oldest job waiting (there is one). */
@@ -633,6 +627,10 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     if (rc == 1) {
         pthread_mutex_lock(&feed->mu);
         number(feed, job, 1);
+        if (atomic_load(&rt->quiet)) {
+            feed_push(feed, job); /* given back by this thread's leave */
+            rc = 0;
+        }
         pthread_mutex_unlock(&feed->mu);
     }
     return rc;

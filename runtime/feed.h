@@ -58,9 +58,6 @@ int kiq_feed_suspect(const kiq_fetched_t *job);
 int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job);
 void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r);
 
-/* A job this thread took from the feed and did not start goes back to it,
- * in its place (the process goes quiet: kiq_feed_leave gives it back). */
-void kiq_feed_return(kiq_feed_t *feed, kiq_fetched_t *job);
 /* Gives back every job waiting in the feed using f and r (reconnecting
  * when connect is set). Returns how many there were. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);

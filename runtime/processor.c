@@ -224,11 +224,11 @@ static void loop(kiq_slot_t *s, kiq_redis_t *r)
         done = NULL;
         if (fetch_refused(rt, r, rc) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
-        if (atomic_load(&rt->quiet)) {
-            if (reliable)
-                kiq_feed_return(rt->feed, &job); /* back in order with the feed's */
-            else
-                kiq_give_back(s->fetch, rt, r, &job, 1);
+        /* The feed hands out no job once the process is quiet (it decides
+         * under its lock, so that every job not taken is in the feed when
+         * the first thread leaves and gives them back, in order). */
+        if (!reliable && atomic_load(&rt->quiet)) {
+            kiq_give_back(s->fetch, rt, r, &job, 1);
             break;
         }
         /* Only the reliable fetch recovers jobs, so only it has suspects. */
