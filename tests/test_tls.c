@@ -291,7 +291,7 @@ Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
     /* Flags: the CA alone is not enough for this server (no client cert). */
     snprintf(cafile, sizeof(cafile), "%s/ca.crt", s.dir);
     pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
-    cr_assert_eq(kt_wait_exit(pid, 30), 78);
+    cr_assert_eq(kt_wait_exit(pid, 30), 78, "%s", kt_kiq_log(pid));
     cr_assert_gt(kt_log_count(pid, "TLS: the server refused this client"), 0);
 
     /* TLS settings with a plain redis:// URL are a mistake, said at once. */
