@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,27 +35,56 @@ void kt_sleep(double s)
     nanosleep(&ts, NULL);
 }
 
+/* Ports are drawn below the kernel's ephemeral range (32768 on): a port
+ * from bind(0) is one an outgoing connection may take before the server
+ * binds it. Never the same one twice in a process, so two servers of one
+ * test never get one port; at random, so test programs running at once
+ * rarely meet (kt_server_start also checks the server is its own). */
+enum { PORT_LO = 10000, PORT_HI = 32000 };
+
 int kt_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t len = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len))
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
+    static unsigned char given[PORT_HI - PORT_LO];
+    static unsigned seed;
+    static pid_t seeded_by; /* a test forked from the runner draws its own */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    if (seeded_by != getpid()) {
+        seeded_by = getpid();
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^ (unsigned)(kt_now() * 1e6);
+    }
+    int port = -1;
+    for (int tries = 0; tries < 1000 && port < 0; tries++) {
+        int p = PORT_LO + (int)(rand_r(&seed) % (PORT_HI - PORT_LO));
+        if (given[p - PORT_LO])
+            continue;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+            given[p - PORT_LO] = 1;
+            port = p;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    pthread_mutex_unlock(&mu);
+    return port;
 }
 
-void kt_server_start(void)
+/* Whether the server on port is the process pid (INFO's process_id): a
+ * server that failed to bind leaves the port to whoever holds it. */
+static int server_is(redisContext *c, pid_t pid)
 {
-    if (getenv("KT_REDIS_PORT"))
-        return;
-    snprintf(server_dir, sizeof(server_dir), "/tmp/kiq-test-XXXXXX");
-    if (!mkdtemp(server_dir)) {
-        perror("mkdtemp");
-        exit(1);
-    }
-    int port = kt_free_port();
+    redisReply *r = redisCommand(c, "INFO server");
+    const char *at = r && r->type == REDIS_REPLY_STRING ? strstr(r->str, "process_id:") : NULL;
+    int mine = at && atol(at + 11) == (long)pid;
+    freeReplyObject(r);
+    return mine;
+}
+
+static int server_start_on(int port)
+{
     char portbuf[16], logf[300];
     snprintf(portbuf, sizeof(portbuf), "%d", port);
     snprintf(logf, sizeof(logf), "%s/redis.log", server_dir);
@@ -67,10 +97,12 @@ void kt_server_start(void)
         _exit(127);
     }
     for (int i = 0; i < 250; i++) {
+        if (waitpid(server_pid, NULL, WNOHANG) == server_pid)
+            return -1; /* it could not have the port */
         redisContext *c = redisConnect("127.0.0.1", port);
         if (c && !c->err) {
             redisReply *r = redisCommand(c, "PING");
-            int ok = r && r->type == REDIS_REPLY_STATUS;
+            int ok = r && r->type == REDIS_REPLY_STATUS && server_is(c, server_pid);
             freeReplyObject(r);
             if (ok && getenv("KT_RESTRICTED_USER")) {
                 /* What managed services allow: everything but @dangerous. */
@@ -78,19 +110,34 @@ void kt_server_start(void)
                 ok = r && r->type == REDIS_REPLY_STATUS;
                 freeReplyObject(r);
             }
+            redisFree(c);
             if (ok) {
                 setenv("KT_REDIS_PORT", portbuf, 1);
                 setenv("KT_TMP", server_dir, 1);
-                redisFree(c);
-                return;
+                return 0;
             }
-            redisFree(c);
         } else {
             redisFree(c);
         }
         kt_sleep(0.02);
     }
     fprintf(stderr, "redis-server did not start on port %d (see %s)\n", port, logf);
+    exit(1);
+}
+
+void kt_server_start(void)
+{
+    if (getenv("KT_REDIS_PORT"))
+        return;
+    snprintf(server_dir, sizeof(server_dir), "/tmp/kiq-test-XXXXXX");
+    if (!mkdtemp(server_dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    for (int tries = 0; tries < 5; tries++)
+        if (server_start_on(kt_free_port()) == 0)
+            return;
+    fprintf(stderr, "redis-server did not start on 5 ports (see %s/redis.log)\n", server_dir);
     exit(1);
 }
 
