@@ -658,11 +658,10 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     *job = feed_pop(feed);
     wake_for_jobs(rt, feed);
     double now = kiq__mono();
-    if (can_sweep(feed) && now >= feed->dry_until) {
-        size_t want = shortfall(rt, feed);
-        if (want && want * 2 >= level(rt, feed))
-            return sweep(s, r, job, want);
-    }
+    /* Below half its level (a sweep asks SWEEP_MAX at most, so the
+     * shortfall alone would never say so of a level above twice that). */
+    if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(rt, feed))
+        return sweep(s, r, job, shortfall(rt, feed));
     int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
     kiq_done_t **acks = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
                                         || now - feed->acks_since >= ACK_DELAY
