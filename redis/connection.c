@@ -322,10 +322,11 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
     if (r->url.sentinel)
         return;
     /* The first connection of an era to hear it starts the next; the
-     * others made in the same era are stale already. */
+     * others made in the same era are stale already, and so is a reply
+     * read late (a round trip read after a job) on a connection of an
+     * earlier era: the server may be a master again by now. */
     int era = r->era;
-    atomic_compare_exchange_strong(&demotions, &era, era + 1);
-    if (!atomic_exchange(&demoted, 1))
+    if (atomic_compare_exchange_strong(&demotions, &era, era + 1) && !atomic_exchange(&demoted, 1))
         kiq_warn("%s answered READONLY: it is a replica now; every connection reconnects, "
                  "with backoff until the address leads to a master", r->name);
 }
