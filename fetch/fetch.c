@@ -301,10 +301,8 @@ static int fetch_block(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 /* The sweep (or the move) whose command was already appended, then, when
  * block, the blocking move when the sweep found nothing. */
 static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
-                        int block)
+                        int block, int script)
 {
-    /* Decided before reading: the jobs read change f->locks_seen. */
-    int script = use_script(f, max);
     int rc = read_fetch(f, r, out, max, script);
     if (rc || !script || !block)
         return rc;
@@ -515,9 +513,119 @@ int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, si
     return kiq__fetch_exchange_calls(f, r, acks, nacks, NULL, 0, out, max, block);
 }
 
-static int exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
-                    kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *out, size_t max,
-                    int block)
+/* A round trip sent and not read yet: what reading its replies needs. */
+struct kiq_exchange {
+    size_t nacks, batches, ncalls, max;
+    int waits, block;
+    int script; /* the fetch is the script (as decided when it was sent:
+                   the jobs read change f->locks_seen) */
+    kiq_script_call_t *calls;
+    char sent[]; /* per ack: 0 nothing sent, 1 its own reply, 2 in a batch */
+};
+
+/* Appends the acks, the calls and the fetch (reliable fetch only). Returns
+ * the state to read them with (kiq__fetch_recv), or NULL with *rc set. */
+static kiq_exchange_t *send_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                                size_t nacks, kiq_script_call_t *calls, size_t ncalls,
+                                size_t max, int block, int *rc)
+{
+    kiq_exchange_t *x = calloc(1, sizeof(*x) + (nacks ? nacks : 1));
+    if (!x) {
+        *rc = KIQ_ENOMEM;
+        return NULL;
+    }
+    *x = (kiq_exchange_t){ .nacks = nacks, .ncalls = ncalls, .calls = calls, .max = max,
+                           .block = block };
+    *rc = KIQ_EREDIS;
+    size_t nbatch = 0;
+    for (size_t i = 0; i < nacks; i++)
+        nbatch += batchable(&acks[i].ack);
+    if (nbatch < 2)
+        nbatch = 0;
+    x->batches = (nbatch + ACKS_PER_CALL - 1) / ACKS_PER_CALL;
+    for (size_t b = 0, i = 0; b < x->batches; b++)
+        if (append_batch(f, r, acks, nacks, &i, x->sent))
+            goto fail;
+    for (size_t i = 0; i < nacks; i++) {
+        int snt;
+        if (nbatch && batchable(&acks[i].ack))
+            continue;
+        if (append_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack, &snt))
+            goto fail;
+        x->sent[i] = (char)snt;
+    }
+    for (size_t i = 0; f->min_replicas && i < nacks && !x->waits; i++)
+        x->waits = x->sent[i] != 0;
+    if (x->waits) {
+        const char *argv[] = { "WAIT", f->wait_args[0], f->wait_args[1] };
+        if (kiq_redis_append(r, 3, argv, NULL))
+            goto fail;
+    }
+    for (size_t i = 0; i < ncalls; i++)
+        if (kiq__redis_append_script(r, calls[i].script, calls[i].nkeys, calls[i].argc,
+                                     calls[i].argv, NULL))
+            goto fail;
+    if (max) {
+        plan_order(f);
+        x->script = use_script(f, max);
+        if (append_fetch(f, r, max, block))
+            goto fail;
+    }
+    *rc = 0;
+    return x;
+fail:
+    free(x);
+    return NULL;
+}
+
+/* Reads what send_all sent, in order, and frees x. An ack refused by an
+ * error reply keeps rc KIQ_EREDIS (the job stays in the working list, to be
+ * acked again); the replies behind it still count. A broken connection
+ * ends the reading. */
+static int recv_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_item_t *acks,
+                    kiq_fetched_t *out)
+{
+    int rc = KIQ_EREDIS;
+    for (size_t b = 0, i = 0; b < x->batches; b++) {
+        int brc = read_ack(r, NULL);
+        if (brc == KIQ_EREDIS)
+            goto done;
+        brc = brc ? KIQ_EREDIS : 0;
+        for (size_t k = 0; k < ACKS_PER_CALL && i < x->nacks; i++)
+            if (x->sent[i] == 2) {
+                acks[i].rc = brc;
+                k++;
+            }
+    }
+    for (size_t i = 0; i < x->nacks; i++) {
+        if (x->sent[i] == 2)
+            continue;
+        if (!x->sent[i]) {
+            acks[i].rc = 0;
+            continue;
+        }
+        int arc = read_ack(r, &acks[i].ack);
+        if (arc == KIQ_EREDIS)
+            goto done;
+        acks[i].rc = arc ? KIQ_EREDIS : 0;
+    }
+    if (x->waits && read_wait(f, r))
+        goto done;
+    if (read_calls(r, x->calls, x->ncalls))
+        goto done;
+    rc = 0;
+    if (x->max) {
+        rc = finish_fetch(f, r, out, x->max, x->block, x->script);
+        rc = rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+    }
+done:
+    free(x);
+    return rc;
+}
+
+/* Clears the results before a round trip. */
+static void reset(kiq_ack_item_t *acks, size_t nacks, kiq_script_call_t *calls, size_t ncalls,
+                  kiq_fetched_t *out, size_t max)
 {
     for (size_t i = 0; i < nacks; i++)
         acks[i].rc = KIQ_EREDIS;
@@ -525,6 +633,13 @@ static int exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t
         memset(&out[i], 0, sizeof(out[i]));
     for (size_t i = 0; i < ncalls; i++)
         calls[i].reply = NULL;
+}
+
+static int exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
+                    kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *out, size_t max,
+                    int block)
+{
+    reset(acks, nacks, calls, ncalls, out, max);
     if (f->mode == KIQ_FETCH_BASIC) {
         for (size_t i = 0; i < nacks; i++)
             if ((acks[i].rc = kiq__fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
@@ -537,78 +652,35 @@ static int exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t
         int rc = fetch_basic(f, r, out);
         return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
     }
-    /* Everything goes out in one write; replies come back in order. sent[i]
-     * is 0 (nothing to send), 1 (its own reply) or 2 (in a batch whose
-     * reply comes first). */
-    char sent[nacks ? nacks : 1];
-    size_t nbatch = 0;
-    for (size_t i = 0; i < nacks; i++)
-        nbatch += batchable(&acks[i].ack);
-    if (nbatch < 2)
-        nbatch = 0;
-    size_t batches = (nbatch + ACKS_PER_CALL - 1) / ACKS_PER_CALL;
-    for (size_t b = 0, i = 0; b < batches; b++)
-        if (append_batch(f, r, acks, nacks, &i, sent))
-            return KIQ_EREDIS;
-    for (size_t i = 0; i < nacks; i++) {
-        int snt;
-        if (nbatch && batchable(&acks[i].ack))
-            continue;
-        if (append_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack, &snt))
-            return KIQ_EREDIS;
-        sent[i] = (char)snt;
+    /* Everything goes out in one write; replies come back in order. */
+    int rc;
+    kiq_exchange_t *x = send_all(f, r, acks, nacks, calls, ncalls, max, block, &rc);
+    return x ? recv_all(f, r, x, acks, out) : rc;
+}
+
+kiq_exchange_t *kiq__fetch_send(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                               size_t nacks, size_t max, int *rc)
+{
+    if (f->mode == KIQ_FETCH_BASIC) {
+        *rc = KIQ_EINVAL;
+        return NULL;
     }
-    int waits = 0;
-    for (size_t i = 0; f->min_replicas && i < nacks && !waits; i++)
-        waits = sent[i] != 0;
-    if (waits) {
-        const char *argv[] = { "WAIT", f->wait_args[0], f->wait_args[1] };
-        if (kiq_redis_append(r, 3, argv, NULL))
-            return KIQ_EREDIS;
+    reset(acks, nacks, NULL, 0, NULL, 0);
+    kiq_exchange_t *x = send_all(f, r, acks, nacks, NULL, 0, max, 0, rc);
+    if (x && kiq__redis_flush(r)) {
+        free(x);
+        *rc = KIQ_EREDIS;
+        return NULL;
     }
-    for (size_t i = 0; i < ncalls; i++)
-        if (kiq__redis_append_script(r, calls[i].script, calls[i].nkeys, calls[i].argc,
-                                     calls[i].argv, NULL))
-            return KIQ_EREDIS;
-    if (max) {
-        plan_order(f);
-        if (append_fetch(f, r, max, block))
-            return KIQ_EREDIS;
-    }
-    /* An ack refused by an error reply keeps rc KIQ_EREDIS (the job stays in
-     * the working list, to be acked again); the replies behind it still
-     * count. A broken connection ends the reading. */
-    for (size_t b = 0, i = 0; b < batches; b++) {
-        int rc = read_ack(r, NULL);
-        if (rc == KIQ_EREDIS)
-            return KIQ_EREDIS;
-        rc = rc ? KIQ_EREDIS : 0;
-        for (size_t k = 0; k < ACKS_PER_CALL && i < nacks; i++)
-            if (sent[i] == 2) {
-                acks[i].rc = rc;
-                k++;
-            }
-    }
-    for (size_t i = 0; i < nacks; i++) {
-        if (sent[i] == 2)
-            continue;
-        if (!sent[i]) {
-            acks[i].rc = 0;
-            continue;
-        }
-        int rc = read_ack(r, &acks[i].ack);
-        if (rc == KIQ_EREDIS)
-            return KIQ_EREDIS;
-        acks[i].rc = rc ? KIQ_EREDIS : 0;
-    }
-    if (waits && read_wait(f, r))
-        return KIQ_EREDIS;
-    if (read_calls(r, calls, ncalls))
-        return KIQ_EREDIS;
-    if (!max)
-        return 0;
-    int rc = finish_fetch(f, r, out, max, block);
-    return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+    return x;
+}
+
+int kiq__fetch_recv(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_item_t *acks,
+                    kiq_fetched_t *out)
+{
+    for (size_t i = 0; i < x->max; i++)
+        memset(&out[i], 0, sizeof(out[i]));
+    return recv_all(f, r, x, acks, out);
 }
 
 int kiq__fetch_exchange_calls(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,

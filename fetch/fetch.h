@@ -101,6 +101,19 @@ int kiq__fetch_exchange_calls(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *ac
                              size_t nacks, kiq_script_call_t *calls, size_t ncalls,
                              kiq_fetched_t *out, size_t max, int block);
 
+/* The two halves of a reliable fetch's kiq__fetch_exchange, for a caller
+ * that does something else while the round trip is on its way: send writes
+ * the acks and a fetch of up to max jobs (not blocking) and returns what
+ * reading the replies needs, or NULL with *rc set (KIQ_EINVAL with the
+ * basic fetch); recv reads them (acks' rc and out as kiq__fetch_exchange
+ * sets them, out with room for max) and frees x. Between the two, r is
+ * used for nothing else. */
+typedef struct kiq_exchange kiq_exchange_t;
+kiq_exchange_t *kiq__fetch_send(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
+                               size_t nacks, size_t max, int *rc);
+int kiq__fetch_recv(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_item_t *acks,
+                    kiq_fetched_t *out);
+
 /* Returns a fetcher owned by the caller, or NULL with err filled. */
 kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *conf, char *err);
 void kiq__fetch_free(kiq_fetch_t *f);

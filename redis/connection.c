@@ -365,6 +365,29 @@ io:
     return REDIS_ERR;
 }
 
+int kiq__redis_flush(kiq_redis_t *r)
+{
+    if (r->broken || !r->c)
+        return KIQ_EREDIS;
+    redisContext *c = r->c;
+    if (r->tls) {
+        int ms = r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
+        if (sdslen(c->obuf) && kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), ms) != 0) {
+            c->err = REDIS_ERR_IO;
+            snprintf(c->errstr, sizeof(c->errstr), "%s", errno ? strerror(errno)
+                                                              : "Server closed the connection");
+            return fail_io(r, "write");
+        }
+        sdsclear(c->obuf);
+        return 0;
+    }
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return fail_io(r, "write");
+    return 0;
+}
+
 static int read_wire(kiq_redis_t *r, redisReply **out)
 {
     void *rep = NULL;

@@ -21,6 +21,11 @@ redisReply *kiq__redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int arg
 int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                             const char **argv, const size_t *lens);
 
+/* Writes the commands appended so far without reading a reply (their
+ * replies are read later with kiq_redis_get_reply). Returns 0 or
+ * KIQ_EREDIS. */
+int kiq__redis_flush(kiq_redis_t *r);
+
 /* A script call that rides a round trip made for something else (see
  * kiq__fetch_exchange_calls): its reply, owned by the caller, is NULL when
  * the round trip failed. */

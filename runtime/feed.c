@@ -23,6 +23,19 @@
  * next thread write them; SWEEPERS_MAX fetches on their way at once. */
 enum { SWEEP_MAX = 100, ACKS_MAX = 64, SWEEPERS_MAX = 4 };
 
+/* A round trip a processor sent on its second connection before running
+ * its job, to read after it (see defer): the acks it writes, the jobs it
+ * fetches. Any thread that would otherwise wait may read it instead. */
+typedef struct pending {
+    kiq_slot_t *owner;
+    kiq_exchange_t *x;
+    kiq_done_t **acks;
+    kiq_ack_item_t *items;
+    size_t nacks, want;
+    int claimed;           /* a thread is sending or reading it */
+    struct pending *next;
+} pending_t;
+
 struct kiq_feed {
     pthread_mutex_t mu;
     pthread_cond_t came;   /* a sweep came back */
@@ -31,6 +44,7 @@ struct kiq_feed {
     kiq_done_t **acks;     /* finished, ack not written */
     size_t nacks, cap_acks;
     int sweeping;          /* sweeps on their way */
+    pending_t *pending;    /* deferred round trips no thread reads yet */
     int sweepers_max;      /* at most this many at once */
     size_t prefetch;       /* jobs fetched and not started: at most this many */
     size_t asked;          /* jobs the sweeps on their way asked for */
@@ -248,6 +262,26 @@ static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
     return a;
 }
 
+/* After a round trip that carried acks (items their results): those
+ * written are released, the others go back to the feed for the next round
+ * trip. Frees acks; returns how many went back. */
+static size_t settle(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks,
+                     const kiq_ack_item_t *items, size_t nacks)
+{
+    size_t failed = 0;
+    for (size_t i = 0; i < nacks; i++) {
+        if (items[i].rc == 0) {
+            kiq_done_acked(s->rt, acks[i], r);
+            kiq_done_free(acks[i]);
+        } else {
+            kiq_feed_ack(s, r, acks[i]);
+            failed++;
+        }
+    }
+    free(acks);
+    return failed;
+}
+
 /* Writes the acks taken (and makes the calls, and fetches up to max jobs
  * into got, in the same round trip). Acks written are released; the others
  * go back to the feed for the next round trip, and *unwritten (when not
@@ -265,17 +299,7 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
     int rc = kiq_redis_ok(r) ? kiq__fetch_exchange_calls(s->fetch, r, items, nacks, calls,
                                                          ncalls, got, max, block)
                              : KIQ_EREDIS;
-    size_t failed = 0;
-    for (size_t i = 0; i < nacks; i++) {
-        if (items[i].rc == 0) {
-            kiq_done_acked(s->rt, acks[i], r);
-            kiq_done_free(acks[i]);
-        } else {
-            kiq_feed_ack(s, r, acks[i]);
-            failed++;
-        }
-    }
-    free(acks);
+    size_t failed = settle(s, r, acks, items, nacks);
     if (unwritten)
         *unwritten = failed;
     return rc;
@@ -509,10 +533,15 @@ void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
  * (a round trip costs CPU on both sides, however short it is), and a
  * millisecond of work is all another process might miss of a shared queue. */
 #define RTT_FLOOR 0.001
+/* Jobs that take this long (seconds) or more defer their round trips (see
+ * defer): a sweep's jobs then come in after the sweeper's job as well. */
+#define DEFER_AFTER 0.001
 static size_t level(kiq_runtime_t *rt, const kiq_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
     double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
+    if (feed->job_time >= DEFER_AFTER)
+        rtt += feed->job_time;
     double want = (double)(idle < 1 ? 1 : idle) + feed->rate * rtt * 2.0;
     return want >= (double)feed->prefetch ? feed->prefetch : (size_t)want;
 }
@@ -556,7 +585,8 @@ static void wake_for_jobs(kiq_runtime_t *rt, kiq_feed_t *feed)
 static void note_sweep(kiq_feed_t *feed, double began, size_t asked, int got)
 {
     double now = kiq__mono(), rtt = now - began, dt = now - feed->rate_t0;
-    feed->rtt = feed->rtt > 0 ? 0.8 * feed->rtt + 0.2 * rtt : rtt;
+    if (began > 0) /* 0: read after a job, the round trip is not known */
+        feed->rtt = feed->rtt > 0 ? 0.8 * feed->rtt + 0.2 * rtt : rtt;
     if (got >= 0 && (size_t)got < asked)
         feed->dry_until = now + DRY_PAUSE;
     if (dt >= 0.05) {
@@ -636,6 +666,154 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     return rc;
 }
 
+/* ---- Round trips read after the job ------------------------------------
+ *
+ * When jobs take long beside a round trip (I/O-bound jobs on a far Redis),
+ * a thread that sweeps ahead or writes the acks waiting before its job
+ * would spend a round trip idle each time. Instead it sends them on its
+ * second connection, runs its job, and reads the replies after it, when
+ * they have long arrived. So that a long job does not hold the jobs fetched
+ * back from the others, a thread that would wait for jobs reads any such
+ * round trip itself; the owner's second connection is not used meanwhile
+ * (it runs a job on its first). */
+
+/* Set when this thread would have deferred but had no second connection:
+ * kiq_feed_next makes one, out of the feed's lock. */
+static _Thread_local int want_aux;
+
+/* Under feed->mu: whether s sends its round trips to read after its job. */
+static int defers(kiq_slot_t *s, const kiq_feed_t *feed)
+{
+    if (feed->job_time < DEFER_AFTER || s->pend)
+        return 0;
+    if (!s->aux || !kiq_redis_ok(s->aux)) {
+        want_aux = 1;
+        return 0;
+    }
+    return 1;
+}
+
+/* Under feed->mu, which it keeps: p (claimed by this thread and out of the
+ * list) is read, its jobs go into the feed in their place and its acks are
+ * settled; the lock is let go meanwhile. */
+static void complete(kiq_runtime_t *rt, kiq_feed_t *feed, pending_t *p)
+{
+    kiq_slot_t *o = p->owner;
+    kiq_fetched_t got[SWEEP_MAX];
+    pthread_mutex_unlock(&feed->mu);
+    int rc = p->x ? kiq__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : KIQ_EREDIS;
+    settle(o, o->aux, p->acks, p->items, p->nacks);
+    pthread_mutex_lock(&feed->mu);
+    if (p->want) {
+        feed->sweeping--;
+        feed->asked -= p->want;
+        note_sweep(feed, 0, p->want, rc);
+        number(feed, got, rc);
+        for (int i = 0; i < rc; i++)
+            feed_push(feed, &got[i]);
+    }
+    o->pend = NULL;
+    free(p->items);
+    free(p);
+    pthread_cond_broadcast(&feed->came);
+    (void)rt;
+}
+
+/* Under feed->mu, which it releases: sends the acks waiting and, when want
+ * is not 0, a sweep for want jobs on s's second connection, to be read
+ * after s's job (or by a thread that waits first). */
+static void defer(kiq_slot_t *s, size_t want)
+{
+    kiq_runtime_t *rt = s->rt;
+    kiq_feed_t *feed = rt->feed;
+    pending_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        pthread_mutex_unlock(&feed->mu);
+        return; /* the acks wait; another round trip sweeps */
+    }
+    p->owner = s;
+    p->want = want;
+    p->claimed = 1;
+    p->acks = take_acks(feed, &p->nacks);
+    if (p->nacks && !(p->items = calloc(p->nacks, sizeof(*p->items)))) {
+        for (size_t i = 0; i < p->nacks; i++)
+            ack_later(feed, p->acks[i], kiq__mono());
+        free(p->acks);
+        free(p);
+        pthread_mutex_unlock(&feed->mu);
+        return;
+    }
+    feed->sweeping += want > 0;
+    feed->asked += want;
+    s->pend = p;
+    pthread_mutex_unlock(&feed->mu);
+
+    for (size_t i = 0; i < p->nacks; i++)
+        p->items[i] = (kiq_ack_item_t){ .raw = p->acks[i]->job.payload,
+                                        .len = p->acks[i]->job.len, .ack = p->acks[i]->ack,
+                                        .rc = KIQ_EREDIS };
+    int rc;
+    p->x = kiq__fetch_send(s->fetch, s->aux, p->items, p->nacks, want, &rc);
+    pthread_mutex_lock(&feed->mu);
+    if (!p->x) {
+        complete(rt, feed, p); /* nothing to read: acks back, the sweep undone */
+    } else {
+        p->claimed = 0;
+        p->next = feed->pending;
+        feed->pending = p;
+    }
+    pthread_mutex_unlock(&feed->mu);
+}
+
+/* Under feed->mu: takes p out of the list of those nobody reads. */
+static void claim(kiq_feed_t *feed, pending_t *p)
+{
+    for (pending_t **pp = &feed->pending; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    p->claimed = 1;
+}
+
+/* Under feed->mu: reads the oldest deferred round trip nobody reads yet,
+ * if any. Returns 1 when it did. */
+static int read_one(kiq_runtime_t *rt, kiq_feed_t *feed)
+{
+    pending_t *p = feed->pending;
+    if (!p)
+        return 0;
+    while (p->next)
+        p = p->next;
+    claim(feed, p);
+    complete(rt, feed, p);
+    return 1;
+}
+
+/* Under feed->mu: this thread's own deferred round trip is read (by it,
+ * or by the thread that claimed it first) before it takes another job. */
+static void settle_own(kiq_slot_t *s, kiq_feed_t *feed)
+{
+    while (s->pend) {
+        if (!s->pend->claimed) {
+            pending_t *p = s->pend;
+            claim(feed, p);
+            complete(s->rt, feed, p);
+        } else {
+            feed_wait(feed);
+        }
+    }
+}
+
+void kiq_feed_read_deferred(kiq_runtime_t *rt)
+{
+    kiq_feed_t *feed = rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    while (read_one(rt, feed))
+        ;
+    pthread_mutex_unlock(&feed->mu);
+}
+
 /* Acks wait at most about this long (seconds) for a round trip to ride
  * while jobs are taken, unless jobs take long (see take_waiting). */
 #define ACK_DELAY 0.002
@@ -660,13 +838,21 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     double now = kiq__mono();
     /* Below half its level (a sweep asks SWEEP_MAX at most, so the
      * shortfall alone would never say so of a level above twice that). */
-    if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(rt, feed))
-        return sweep(s, r, job, shortfall(rt, feed));
+    if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(rt, feed)) {
+        if (!defers(s, feed))
+            return sweep(s, r, job, shortfall(rt, feed));
+        defer(s, shortfall(rt, feed));
+        return 1;
+    }
     int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
-    kiq_done_t **acks = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
-                                        || now - feed->acks_since >= ACK_DELAY
-                                        || (last && feed->job_time >= LONG_JOB))
-                            ? take_acks(feed, &nacks) : NULL;
+    int due = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
+                              || now - feed->acks_since >= ACK_DELAY
+                              || (last && feed->job_time >= LONG_JOB));
+    if (due && defers(s, feed)) {
+        defer(s, 0);
+        return 1;
+    }
+    kiq_done_t **acks = due ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
@@ -688,8 +874,20 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
+    if (want_aux && kiq_redis_ok(r)) {
+        /* One try; without it round trips are not deferred. */
+        char err[KIQ_ERRLEN];
+        want_aux = 0;
+        if (!s->aux)
+            s->aux = kiq_redis_new(rt->cfg->redis_url, 15, err);
+        static _Thread_local int warned;
+        if (s->aux && kiq_redis_connect(s->aux) && !warned++)
+            kiq_warn("processor %d: a second connection failed (%s); its round trips are "
+                     "not deferred", s->index, kiq_redis_error(s->aux));
+    }
     double now = kiq__mono();
     pthread_mutex_lock(&feed->mu);
+    settle_own(s, feed);
     if (taken_at > 0) {
         feed->job_time = 0.9 * feed->job_time + 0.1 * (now - taken_at);
         feed->taken++;
@@ -712,7 +910,8 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
         pthread_mutex_lock(&feed->mu);
     }
     while ((feed->solo || (!feed->n && !can_sweep(feed))) && !atomic_load(&rt->quiet))
-        feed_wait(feed);
+        if (!read_one(rt, feed))
+            feed_wait(feed);
     if (atomic_load(&rt->quiet)) {
         pthread_mutex_unlock(&feed->mu);
         return 0;
@@ -731,10 +930,12 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
     kiq_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
     gate_leave(feed, inside);
+    settle_own(s, feed);
     /* The jobs of a sweep on its way are newer than those in the feed: they
      * go back first, so the feed waits for them (a round trip at most). */
     while (feed->sweeping)
-        feed_wait(feed);
+        if (!read_one(s->rt, feed))
+            feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);
     flush_acks(s, r);
     kiq_feed_give_back(s->rt, s->fetch, r, 1);

@@ -61,6 +61,10 @@ void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r);
 /* Gives back every job waiting in the feed using f and r (reconnecting
  * when connect is set). Returns how many there were. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);
+/* Reads every round trip deferred by a processor whose job still runs, so
+ * that its fetched jobs and acks are in the feed (kiq_feed_holds sees
+ * them) before this process checks its own working list. */
+void kiq_feed_read_deferred(struct kiq_runtime *rt);
 /* Whether this exact payload waits in the feed: to start, to be the
  * suspect, or for its ack. */
 int kiq_feed_holds(kiq_feed_t *feed, const char *payload, size_t len);

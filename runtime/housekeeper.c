@@ -4,6 +4,7 @@
  * fleet-wide lease and reaps orphaned uniqueness locks in v9's reaper role.
  * Lock metrics are flushed with the beat. */
 #include "runtime/rt.h"
+#include "runtime/feed.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -117,6 +118,8 @@ static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
     long n = 0;
     char err[KIQ_ERRLEN];
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
+    if (rt->feed)
+        kiq_feed_read_deferred(rt);
     if (kiq__fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
         kiq_warn("working list check: %s", err);
     else if (n)

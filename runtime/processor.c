@@ -264,6 +264,8 @@ void *kiq_processor_main(void *arg)
     else
         loop(s, r);
     kiq_redis_free(r);
+    kiq_redis_free(s->aux);
+    s->aux = NULL;
     kiq_crash_thread_end();
     pthread_mutex_lock(&s->mu);
     s->exited = 1;

@@ -48,6 +48,11 @@ typedef struct kiq_slot {
     char cls[128];
     char jid[64];          /* cut to fit, like cls */
     kiq_fetch_t *fetch;
+    /* The processor's second connection, for round trips read after its
+     * job (runtime/feed.c), made when first needed; and the one on its
+     * way, under the feed's lock. Owned by the processor thread. */
+    struct kiq_redis *aux;
+    struct pending *pend;
 } kiq_slot_t;
 
 struct kiq_runtime {
