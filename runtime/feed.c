@@ -533,14 +533,15 @@ void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
  * (a round trip costs CPU on both sides, however short it is), and a
  * millisecond of work is all another process might miss of a shared queue. */
 #define RTT_FLOOR 0.001
-/* Jobs that take this long (seconds) or more defer their round trips (see
- * defer): a sweep's jobs then come in after the sweeper's job as well. */
+/* Jobs that take longer than this (seconds) defer their round trips (see
+ * defer): a sweep's jobs then come in after the sweeper's job as well. The
+ * job time starts at this, so nothing is deferred before it is measured. */
 #define DEFER_AFTER 0.001
 static size_t level(kiq_runtime_t *rt, const kiq_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
     double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
-    if (feed->job_time >= DEFER_AFTER)
+    if (feed->job_time > DEFER_AFTER)
         rtt += feed->job_time;
     double want = (double)(idle < 1 ? 1 : idle) + feed->rate * rtt * 2.0;
     return want >= (double)feed->prefetch ? feed->prefetch : (size_t)want;
@@ -684,7 +685,7 @@ static _Thread_local int want_aux;
 /* Under feed->mu: whether s sends its round trips to read after its job. */
 static int defers(kiq_slot_t *s, const kiq_feed_t *feed)
 {
-    if (feed->job_time < DEFER_AFTER || s->pend)
+    if (feed->job_time <= DEFER_AFTER || s->pend)
         return 0;
     if (!s->aux || !kiq_redis_ok(s->aux)) {
         want_aux = 1;
@@ -874,17 +875,6 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
-    if (want_aux && kiq_redis_ok(r)) {
-        /* One try; without it round trips are not deferred. */
-        char err[KIQ_ERRLEN];
-        want_aux = 0;
-        if (!s->aux)
-            s->aux = kiq_redis_new(rt->cfg->redis_url, 15, err);
-        static _Thread_local int warned;
-        if (s->aux && kiq_redis_connect(s->aux) && !warned++)
-            kiq_warn("processor %d: a second connection failed (%s); its round trips are "
-                     "not deferred", s->index, kiq_redis_error(s->aux));
-    }
     double now = kiq__mono();
     pthread_mutex_lock(&feed->mu);
     settle_own(s, feed);
@@ -901,6 +891,20 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
         pthread_mutex_lock(&feed->mu);
     }
     gate_leave(feed, inside);
+    if (want_aux && kiq_redis_ok(r) && !atomic_load(&rt->quiet)) {
+        /* Out of the lock, the last job's ack already in the feed for any
+         * round trip: one try; without it round trips are not deferred. */
+        char err[KIQ_ERRLEN];
+        static _Thread_local int warned;
+        want_aux = 0;
+        pthread_mutex_unlock(&feed->mu);
+        if (!s->aux)
+            s->aux = kiq_redis_new(rt->cfg->redis_url, 15, err);
+        if (s->aux && kiq_redis_connect(s->aux) && !warned++)
+            kiq_warn("processor %d: a second connection failed (%s); its round trips are "
+                     "not deferred", s->index, kiq_redis_error(s->aux));
+        pthread_mutex_lock(&feed->mu);
+    }
     if (atomic_load(&feed->prompt) && (feed->solo || (!feed->n && !can_sweep(feed)))) {
         /* A runtime lock is not held while this thread waits. */
         size_t nacks;
