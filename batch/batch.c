@@ -49,10 +49,7 @@ static kiq_batch_t *handle(kiq_client_t *c, const char *bid, char *err)
     if (bid) {
         snprintf(b->bid, sizeof(b->bid), "%s", bid);
     } else {
-        unsigned char raw[8];
-        kiq__random_bytes(raw, sizeof(raw));
-        for (size_t i = 0; i < sizeof(raw); i++)
-            snprintf(b->bid + 2 * i, 3, "%02x", raw[i]);
+        kiq__random_hex(b->bid, 8);
     }
     kiq__key(b->key, sizeof(b->key), KIQ_KEY_BATCH, b->bid);
     return b;

@@ -85,10 +85,7 @@ kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long cou
     strcpy(lim->name, name);
     lim->count = count;
     lim->ms = (long long)(seconds * 1000 + 0.5);
-    unsigned char rnd[6];
-    kiq__random_bytes(rnd, sizeof(rnd));
-    for (size_t i = 0; i < sizeof(rnd); i++)
-        snprintf(lim->nonce + 2 * i, 3, "%02x", rnd[i]);
+    kiq__random_hex(lim->nonce, 6);
     /* The lease is not part of the meta: it is each holder's own business,
      * while size, count and interval define the limit. */
     if (type == KIQ_LIMIT_CONCURRENT)

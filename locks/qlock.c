@@ -93,10 +93,7 @@ kiq_qlock_client_t *kiq_qlock_client_new(const char *identity, char *err)
     } else {
         /* 8 random bytes in hex, as the gem's SecureRandom.hex(8): keeps two
          * hosts whose pids and thread ids collide apart. */
-        unsigned char b[8];
-        kiq__random_bytes(b, sizeof(b));
-        for (size_t i = 0; i < sizeof(b); i++)
-            snprintf(c->identity + 2 * i, 3, "%02x", b[i]);
+        kiq__random_hex(c->identity, 8);
     }
     return c;
 }

@@ -23,11 +23,8 @@ void kiq__hostname(char *out, size_t n)
 void kiq__identity_make(char *out, size_t n)
 {
     char host[256];
-    unsigned char nonce[6];
     char hex[13];
     kiq__hostname(host, sizeof(host));
-    kiq__random_bytes(nonce, sizeof(nonce));
-    for (size_t i = 0; i < sizeof(nonce); i++)
-        snprintf(hex + 2 * i, 3, "%02x", nonce[i]);
+    kiq__random_hex(hex, 6);
     snprintf(out, n, "%s:%d:%s", host, (int)getpid(), hex);
 }

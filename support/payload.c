@@ -97,8 +97,5 @@ double kiq__ts_parse(const char *v, size_t len)
 
 void kiq__new_jid(char out[25])
 {
-    unsigned char raw[12];
-    kiq__random_bytes(raw, sizeof(raw));
-    for (size_t i = 0; i < sizeof(raw); i++)
-        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    kiq__random_hex(out, 12);
 }

@@ -2,6 +2,7 @@
 #include "support/time.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,4 +65,14 @@ void kiq__random_bytes(void *buf, size_t n)
     }
     for (; got < n; got++)
         p[got] = (unsigned char)(kiq__rand() * 256);
+}
+
+void kiq__random_hex(char *out, size_t nbytes)
+{
+    unsigned char raw[32];
+    nbytes = nbytes < sizeof(raw) ? nbytes : sizeof(raw);
+    kiq__random_bytes(raw, nbytes);
+    for (size_t i = 0; i < nbytes; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    out[2 * nbytes] = '\0';
 }

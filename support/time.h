@@ -17,6 +17,9 @@ void kiq__sleep(double s);
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
  * and identities; falls back to the per-thread generator if it fails. */
 void kiq__random_bytes(void *buf, size_t n);
+/* nbytes such random bytes as 2 * nbytes hex digits and a NUL into out
+ * (room for 2 * nbytes + 1); nbytes is at most 32. */
+void kiq__random_hex(char *out, size_t nbytes);
 /* A uniform random double in [0, 1) from a per-thread generator. */
 double kiq__rand(void);
 
