@@ -262,6 +262,14 @@ static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
     return a;
 }
 
+/* The items that write acks (rc not known yet). */
+static void ack_items(kiq_done_t *const *acks, size_t nacks, kiq_ack_item_t *items)
+{
+    for (size_t i = 0; i < nacks; i++)
+        items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
+                                     .ack = acks[i]->ack, .rc = KIQ_EREDIS };
+}
+
 /* After a round trip that carried acks (items their results): those
  * written are released, the others go back to the feed for the next round
  * trip. Frees acks; returns how many went back. */
@@ -291,9 +299,7 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
                           size_t max, int block, size_t *unwritten)
 {
     kiq_ack_item_t items[nacks ? nacks : 1];
-    for (size_t i = 0; i < nacks; i++)
-        items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
-                                     .ack = acks[i]->ack, .rc = KIQ_EREDIS };
+    ack_items(acks, nacks, items);
     for (size_t i = 0; i < ncalls; i++)
         calls[i].reply = NULL;
     int rc = kiq_redis_ok(r) ? kiq__fetch_exchange_calls(s->fetch, r, items, nacks, calls,
@@ -563,6 +569,13 @@ static int can_sweep(const kiq_feed_t *feed)
     return feed->sweeping < feed->sweepers_max && feed->n + feed->asked < feed->prefetch;
 }
 
+/* Under feed->mu: whether a thread looking for a job has to wait: a suspect
+ * runs alone, or the feed is empty and enough sweeps are on their way. */
+static int must_wait(const kiq_feed_t *feed)
+{
+    return feed->solo || (!feed->n && !can_sweep(feed));
+}
+
 /* A job left in the feed may wait about this long (seconds) for one of
  * the threads running to come back before a waiting thread is woken. */
 #define WAKE_AFTER 0.0005
@@ -697,7 +710,7 @@ static int defers(kiq_slot_t *s, const kiq_feed_t *feed)
 /* Under feed->mu, which it keeps: p (claimed by this thread and out of the
  * list) is read, its jobs go into the feed in their place and its acks are
  * settled; the lock is let go meanwhile. */
-static void complete(kiq_runtime_t *rt, kiq_feed_t *feed, pending_t *p)
+static void complete(kiq_feed_t *feed, pending_t *p)
 {
     kiq_slot_t *o = p->owner;
     kiq_fetched_t got[SWEEP_MAX];
@@ -717,7 +730,6 @@ static void complete(kiq_runtime_t *rt, kiq_feed_t *feed, pending_t *p)
     free(p->items);
     free(p);
     pthread_cond_broadcast(&feed->came);
-    (void)rt;
 }
 
 /* Under feed->mu, which it releases: sends the acks waiting and, when want
@@ -735,29 +747,23 @@ static void defer(kiq_slot_t *s, size_t want)
     p->owner = s;
     p->want = want;
     p->claimed = 1;
-    p->acks = take_acks(feed, &p->nacks);
-    if (p->nacks && !(p->items = calloc(p->nacks, sizeof(*p->items)))) {
-        for (size_t i = 0; i < p->nacks; i++)
-            ack_later(feed, p->acks[i], kiq__mono());
-        free(p->acks);
+    if (feed->nacks && !(p->items = calloc(feed->nacks, sizeof(*p->items)))) {
         free(p);
         pthread_mutex_unlock(&feed->mu);
-        return;
+        return; /* the acks wait for another round trip */
     }
+    p->acks = take_acks(feed, &p->nacks);
     feed->sweeping += want > 0;
     feed->asked += want;
     s->pend = p;
     pthread_mutex_unlock(&feed->mu);
 
-    for (size_t i = 0; i < p->nacks; i++)
-        p->items[i] = (kiq_ack_item_t){ .raw = p->acks[i]->job.payload,
-                                        .len = p->acks[i]->job.len, .ack = p->acks[i]->ack,
-                                        .rc = KIQ_EREDIS };
+    ack_items(p->acks, p->nacks, p->items);
     int rc;
     p->x = kiq__fetch_send(s->fetch, s->aux, p->items, p->nacks, want, &rc);
     pthread_mutex_lock(&feed->mu);
     if (!p->x) {
-        complete(rt, feed, p); /* nothing to read: acks back, the sweep undone */
+        complete(feed, p); /* nothing to read: acks back, the sweep undone */
     } else {
         p->claimed = 0;
         p->next = feed->pending;
@@ -779,7 +785,7 @@ static void claim(kiq_feed_t *feed, pending_t *p)
 
 /* Under feed->mu: reads the oldest deferred round trip nobody reads yet,
  * if any. Returns 1 when it did. */
-static int read_one(kiq_runtime_t *rt, kiq_feed_t *feed)
+static int read_one(kiq_feed_t *feed)
 {
     pending_t *p = feed->pending;
     if (!p)
@@ -787,7 +793,7 @@ static int read_one(kiq_runtime_t *rt, kiq_feed_t *feed)
     while (p->next)
         p = p->next;
     claim(feed, p);
-    complete(rt, feed, p);
+    complete(feed, p);
     return 1;
 }
 
@@ -799,7 +805,7 @@ static void settle_own(kiq_slot_t *s, kiq_feed_t *feed)
         if (!s->pend->claimed) {
             pending_t *p = s->pend;
             claim(feed, p);
-            complete(s->rt, feed, p);
+            complete(feed, p);
         } else {
             feed_wait(feed);
         }
@@ -810,7 +816,7 @@ void kiq_feed_read_deferred(kiq_runtime_t *rt)
 {
     kiq_feed_t *feed = rt->feed;
     pthread_mutex_lock(&feed->mu);
-    while (read_one(rt, feed))
+    while (read_one(feed))
         ;
     pthread_mutex_unlock(&feed->mu);
 }
@@ -905,7 +911,7 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
                      "not deferred", s->index, kiq_redis_error(s->aux));
         pthread_mutex_lock(&feed->mu);
     }
-    if (atomic_load(&feed->prompt) && (feed->solo || (!feed->n && !can_sweep(feed)))) {
+    if (atomic_load(&feed->prompt) && must_wait(feed)) {
         /* A runtime lock is not held while this thread waits. */
         size_t nacks;
         kiq_done_t **acks = take_acks(feed, &nacks);
@@ -913,8 +919,8 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
         pthread_mutex_lock(&feed->mu);
     }
-    while ((feed->solo || (!feed->n && !can_sweep(feed))) && !atomic_load(&rt->quiet))
-        if (!read_one(rt, feed))
+    while (must_wait(feed) && !atomic_load(&rt->quiet))
+        if (!read_one(feed))
             feed_wait(feed);
     if (atomic_load(&rt->quiet)) {
         pthread_mutex_unlock(&feed->mu);
@@ -938,7 +944,7 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
     /* The jobs of a sweep on its way are newer than those in the feed: they
      * go back first, so the feed waits for them (a round trip at most). */
     while (feed->sweeping)
-        if (!read_one(s->rt, feed))
+        if (!read_one(feed))
             feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);
     flush_acks(s, r);
