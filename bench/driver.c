@@ -242,6 +242,15 @@ static int do_fill(int argc, char **argv)
     return 0;
 }
 
+/* The lock and limiter cycles' line: "N SECONDS CYCLES_PER_SECOND". */
+static int print_rate(long n, double dt)
+{
+    if (dt <= 0)
+        dt = 1e-6;
+    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
+    return 0;
+}
+
 static int do_locks(int argc, char **argv)
 {
     if (argc != 2)
@@ -279,10 +288,7 @@ static int do_locks(int argc, char **argv)
         die("writing the lock metrics failed%s%s", NULL, NULL);
     double dt = mono() - t0;
     kiq_redis_free(r);
-    if (dt <= 0)
-        dt = 1e-6;
-    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
-    return 0;
+    return print_rate(n, dt);
 }
 
 static int do_limits(int argc, char **argv)
@@ -306,10 +312,7 @@ static int do_limits(int argc, char **argv)
     double dt = mono() - t0;
     kiq_limiter_free(lim);
     kiq_redis_free(r);
-    if (dt <= 0)
-        dt = 1e-6;
-    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
-    return 0;
+    return print_rate(n, dt);
 }
 
 static redisReply *must(redisReply *rep, redisContext *c, int type)
@@ -357,10 +360,7 @@ static int do_limits_raw(int argc, char **argv)
     }
     double dt = mono() - t0;
     redisFree(c);
-    if (dt <= 0)
-        dt = 1e-6;
-    printf("%ld %.6f %.1f\n", n, dt, (double)n / dt);
-    return 0;
+    return print_rate(n, dt);
 }
 
 static int do_prelock(int argc, char **argv)
