@@ -331,33 +331,9 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
                  "with backoff until the address leads to a master", r->name);
 }
 
-/* redisGetReply for a TLS connection: the commands hiredis holds go out
- * and the reply comes in through the session from this thread, not
- * through the socketpair and the copying thread (two thread wake-ups per
- * round trip fewer). On failure c->err is set, as hiredis would. */
-static int tls_get_reply(kiq_redis_t *r, void **rep)
+/* Marks a TLS connection failed as hiredis marks a socket's. */
+static int tls_io_error(redisContext *c)
 {
-    redisContext *c = r->c;
-    int ms = r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
-    if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
-        return REDIS_ERR;
-    if (*rep)
-        return REDIS_OK;
-    if (sdslen(c->obuf) && kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), ms) == 0)
-        sdsclear(c->obuf);
-    else if (sdslen(c->obuf))
-        goto io;
-    while (!*rep) {
-        char buf[16384];
-        long n = kiq__tls_recv(r->tls, buf, sizeof(buf), ms);
-        if (n <= 0)
-            goto io;
-        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK
-            || redisGetReplyFromReader(c, rep) != REDIS_OK)
-            return REDIS_ERR;
-    }
-    return REDIS_OK;
-io:
     c->err = REDIS_ERR_IO;
     snprintf(c->errstr, sizeof(c->errstr), "%s",
              errno == EAGAIN ? "Resource temporarily unavailable (timeout)"
@@ -365,25 +341,57 @@ io:
     return REDIS_ERR;
 }
 
+static int tls_ms(const kiq_redis_t *r)
+{
+    return r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
+}
+
+/* Sends what hiredis holds for a TLS connection through the session. */
+static int tls_flush(kiq_redis_t *r)
+{
+    redisContext *c = r->c;
+    if (!sdslen(c->obuf))
+        return REDIS_OK;
+    if (kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), tls_ms(r)) != 0)
+        return tls_io_error(c);
+    sdsclear(c->obuf);
+    return REDIS_OK;
+}
+
+/* redisGetReply for a TLS connection: the commands hiredis holds go out
+ * and the reply comes in through the session from this thread, not
+ * through the socketpair and the copying thread (two thread wake-ups per
+ * round trip fewer). On failure c->err is set, as hiredis would. */
+static int tls_get_reply(kiq_redis_t *r, void **rep)
+{
+    redisContext *c = r->c;
+    if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
+        return REDIS_ERR;
+    if (*rep)
+        return REDIS_OK;
+    if (tls_flush(r) != REDIS_OK)
+        return REDIS_ERR;
+    while (!*rep) {
+        char buf[16384];
+        long n = kiq__tls_recv(r->tls, buf, sizeof(buf), tls_ms(r));
+        if (n <= 0)
+            return tls_io_error(c);
+        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK
+            || redisGetReplyFromReader(c, rep) != REDIS_OK)
+            return REDIS_ERR;
+    }
+    return REDIS_OK;
+}
+
 int kiq__redis_flush(kiq_redis_t *r)
 {
     if (r->broken || !r->c)
         return KIQ_EREDIS;
-    redisContext *c = r->c;
-    if (r->tls) {
-        int ms = r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
-        if (sdslen(c->obuf) && kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), ms) != 0) {
-            c->err = REDIS_ERR_IO;
-            snprintf(c->errstr, sizeof(c->errstr), "%s", errno ? strerror(errno)
-                                                              : "Server closed the connection");
-            return fail_io(r, "write");
-        }
-        sdsclear(c->obuf);
-        return 0;
-    }
+    if (r->tls)
+        return tls_flush(r) == REDIS_OK ? 0 : fail_io(r, "write");
     int done = 0;
     while (!done)
-        if (redisBufferWrite(c, &done) != REDIS_OK)
+        if (redisBufferWrite(r->c, &done) != REDIS_OK)
             return fail_io(r, "write");
     return 0;
 }
