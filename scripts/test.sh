@@ -22,6 +22,13 @@ run_suite() {
     total_pass=$((total_pass + p))
     total_fail=$((total_fail + f))
     [ "$rc" -eq 0 ] || total_fail=$((total_fail > 0 ? total_fail : 1))
+    # meson shows a failing program's stderr only; the failed case's own
+    # assertion message is in its TAP output.
+    if [ "$rc" -ne 0 ]; then
+        echo "== failed test cases ($label)"
+        awk '/^not ok /{show=1; print; next} show && /^  /{print; next} {show=0}' \
+            "$dir/meson-logs/testlog.txt" 2>/dev/null | head -c 20000 || true
+    fi
     return "$rc"
 }
 

@@ -25,6 +25,7 @@ typedef struct cluster {
     pid_t sentinel_pid[3];
     int nsentinels;
     char url[256];       /* redis+sentinel://... /mymaster */
+    char dir[512];       /* the servers' logs */
 } cluster_t;
 
 /* Starts redis-server with args in the test's own directory dir. */
@@ -109,6 +110,27 @@ static int master_port(int s)
     return port;
 }
 
+/* The last lines of every sentinel's log, for an assertion about what
+ * the sentinels decided. */
+static const char *sentinel_logs(const cluster_t *k)
+{
+    static char out[6000];
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < k->nsentinels; i++) {
+        char path[600];
+        snprintf(path, sizeof(path), "%s/s%d/sentinel.log", k->dir, i);
+        char *log = kt_read_file(path);
+        size_t n = log ? strlen(log) : 0;
+        len += (size_t)snprintf(out + len, sizeof(out) - len, "\n-- sentinel %d:\n%s", i,
+                                log ? log + (n > 1500 ? n - 1500 : 0) : "(no log)");
+        free(log);
+        if (len >= sizeof(out))
+            break;
+    }
+    return out;
+}
+
 /* The end of the log of kiq process pid: a whole log is too much for an
  * assertion's message. */
 static const char *log_tail(pid_t pid)
@@ -128,6 +150,7 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
 {
     char *dir = kt_tmp("sentinel");
     cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    snprintf(k->dir, sizeof(k->dir), "%s", dir);
     char mp[16], rp[16];
     k->master = kt_free_port();
     master_pw_port = k->master;
@@ -171,7 +194,8 @@ static void cluster_start_pw(cluster_t *k, int with_replica, int nsentinels, int
     sentinel_pw = pw ? "spw" : NULL;
     cr_assert(KT_WAIT_UNTIL(pings(k->master), 30));
     for (int i = 0; i < nsentinels; i++)
-        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 30));
+        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == k->master, 30), "%s",
+                  sentinel_logs(k));
     if (with_replica)
         cr_assert(KT_WAIT_UNTIL(info_has(k->replica, "replication", "master_link_status:up"), 30));
     free(dir);
@@ -277,8 +301,13 @@ static void drain_start(drain_t *d, unsigned n, const char *concurrency, int sle
     memset(d, 0, sizeof(*d));
     d->n = n;
     cluster_start(&d->k, 1, 3);
-    /* Failover needs the sentinels to know the replica. */
-    cr_assert(KT_WAIT_UNTIL(info_has(d->k.sentinel[0], "sentinel", "slaves=1,sentinels=3"), 20));
+    /* Failover needs the sentinels to know the replica, and every one of
+     * them: a sentinel learns of replicas from the master's INFO (every 10
+     * s), so one that missed it cannot learn of it once the master is
+     * killed, and when elected leader it finds no replica to promote. */
+    for (int i = 0; i < d->k.nsentinels; i++)
+        cr_assert(KT_WAIT_UNTIL(info_has(d->k.sentinel[i], "sentinel", "slaves=1,sentinels=3"),
+                                30), "%s", sentinel_logs(&d->k));
     push_paced(d->k.master, d->n, sleep_ms);
     /* The pushes are on the replica, as pushes with min_replicas_ack are:
      * a failover may cost acks, never jobs (see the README). */
@@ -356,10 +385,10 @@ static long long fail_over(const cluster_t *k, int from, int to)
                                int ok = r && r->type == REDIS_REPLY_STATUS;
                                freeReplyObject(r);
                                ok; }), 30), "the sentinels refused the failover");
-    cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[0]) == to, 15));
+    cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[0]) == to, 15), "%s", sentinel_logs(k));
     in_flight += working_left(to);
     for (int i = 1; i < k->nsentinels; i++)
-        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == to, 15));
+        cr_assert(KT_WAIT_UNTIL(master_port(k->sentinel[i]) == to, 15), "%s", sentinel_logs(k));
     return in_flight;
 }
 
@@ -402,7 +431,8 @@ Test(sentinel, jobs_drain_when_the_master_is_killed)
     freeReplyObject(cmd_on(d.k.master, "WAIT 1 %s", "10000"));
     cr_assert_eq(kill(d.k.master_pid, SIGKILL), 0);
     for (int i = 0; i < d.k.nsentinels; i++)
-        cr_assert(KT_WAIT_UNTIL(master_port(d.k.sentinel[i]) == d.k.replica, 30));
+        cr_assert(KT_WAIT_UNTIL(master_port(d.k.sentinel[i]) == d.k.replica, 30), "%s",
+                  sentinel_logs(&d.k));
     long long in_flight = working_left(d.k.replica);
     long long at = int_on(d.k.replica, "SCARD %s", "rec");
     cr_assert_lt(at, d.n, "drained before the failover: too few jobs for the test");
