@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #define MAX_ARGS 64
+#define READ_CHUNK 4096 /* bytes a read takes from the socket at most */
 
 /* A command whose reply the caller has not read yet. */
 typedef struct sent {
@@ -331,8 +332,9 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
                  "with backoff until the address leads to a master", r->name);
 }
 
-/* Marks a TLS connection failed as hiredis marks a socket's. */
-static int tls_io_error(redisContext *c)
+/* Marks a connection failed as hiredis marks a socket's, after a read or
+ * write that went wrong (errno 0: the server closed it). */
+static int io_error(redisContext *c)
 {
     c->err = REDIS_ERR_IO;
     snprintf(c->errstr, sizeof(c->errstr), "%s",
@@ -346,36 +348,72 @@ static int tls_ms(const kiq_redis_t *r)
     return r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
 }
 
-/* Sends what hiredis holds for a TLS connection through the session. */
-static int tls_flush(kiq_redis_t *r)
+/* Sends what hiredis holds: through the TLS session, or the socket. */
+static int send_held(kiq_redis_t *r)
 {
     redisContext *c = r->c;
-    if (!sdslen(c->obuf))
+    if (!r->tls) {
+        int done = 0;
+        while (!done)
+            if (redisBufferWrite(c, &done) != REDIS_OK)
+                return REDIS_ERR;
+        return REDIS_OK;
+    }
+    if (sdslen(c->obuf) == 0)
         return REDIS_OK;
     if (kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), tls_ms(r)) != 0)
-        return tls_io_error(c);
+        return io_error(c);
     sdsclear(c->obuf);
     return REDIS_OK;
 }
 
-/* redisGetReply for a TLS connection: the commands hiredis holds go out
- * and the reply comes in through the session from this thread, not
- * through the socketpair and the copying thread (two thread wake-ups per
- * round trip fewer). On failure c->err is set, as hiredis would. */
-static int tls_get_reply(kiq_redis_t *r, void **rep)
+/* Reads what the server sent into buf (at least a byte, waiting up to the
+ * connection's timeout); 0 or less with errno set on failure. */
+static long recv_some(kiq_redis_t *r, char *buf, size_t len)
+{
+    if (r->tls)
+        return kiq__tls_recv(r->tls, buf, len, tls_ms(r));
+    ssize_t n;
+    do {
+        errno = 0;
+        n = read(r->c->fd, buf, len);
+    } while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* After the last reply a caller waited for, a read buffer left large (a
+ * sweep's reply of a hundred jobs) is given back: hiredis would keep it
+ * until the connection's next read, on every connection of the process. */
+static void trim_reader(redisReader *rd)
+{
+    if (rd->pos != rd->len || sdsalloc(rd->buf) <= READ_CHUNK)
+        return;
+    sds empty = sdsempty();
+    if (!empty)
+        return;
+    sdsfree(rd->buf);
+    rd->buf = empty;
+    rd->pos = rd->len = 0;
+}
+
+/* redisGetReply, with the commands hiredis holds sent and the reply read
+ * by this thread (for TLS, through the session, not the socketpair and
+ * the copying thread), and read in chunks small enough that a thread's
+ * stack stays small. On failure c->err is set, as hiredis would. */
+static int get_reply(kiq_redis_t *r, void **rep)
 {
     redisContext *c = r->c;
     if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
         return REDIS_ERR;
     if (*rep)
         return REDIS_OK;
-    if (tls_flush(r) != REDIS_OK)
+    if (send_held(r) != REDIS_OK)
         return REDIS_ERR;
     while (!*rep) {
-        char buf[16384];
-        long n = kiq__tls_recv(r->tls, buf, sizeof(buf), tls_ms(r));
+        char buf[READ_CHUNK];
+        long n = recv_some(r, buf, sizeof(buf));
         if (n <= 0)
-            return tls_io_error(c);
+            return io_error(c);
         if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK
             || redisGetReplyFromReader(c, rep) != REDIS_OK)
             return REDIS_ERR;
@@ -387,21 +425,16 @@ int kiq__redis_flush(kiq_redis_t *r)
 {
     if (r->broken || !r->c)
         return KIQ_EREDIS;
-    if (r->tls)
-        return tls_flush(r) == REDIS_OK ? 0 : fail_io(r, "write");
-    int done = 0;
-    while (!done)
-        if (redisBufferWrite(r->c, &done) != REDIS_OK)
-            return fail_io(r, "write");
-    return 0;
+    return send_held(r) == REDIS_OK ? 0 : fail_io(r, "write");
 }
 
 static int read_wire(kiq_redis_t *r, redisReply **out)
 {
     void *rep = NULL;
-    int rc = r->tls ? tls_get_reply(r, &rep) : redisGetReply(r->c, &rep);
-    if (rc != REDIS_OK || !rep)
+    if (get_reply(r, &rep) != REDIS_OK || !rep)
         return fail_io(r, "read");
+    if (r->qlen == 0)
+        trim_reader(r->c->reader);
     *out = rep;
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -198,11 +199,16 @@ void kiq_crash_thread_begin(void)
     stack_t cur;
     if (alt_stack || (sigaltstack(NULL, &cur) == 0 && !(cur.ss_flags & SS_DISABLE)))
         return;
-    stack_t st = { .ss_sp = malloc(ALT_STACK), .ss_size = ALT_STACK };
-    if (st.ss_sp && sigaltstack(&st, NULL) == 0)
-        alt_stack = st.ss_sp;
+    /* Mapped, not malloc'd: its pages cost memory only once a crash
+     * touches them, and they leave no hole in the heap. */
+    void *p = mmap(NULL, ALT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+    stack_t st = { .ss_sp = p, .ss_size = ALT_STACK };
+    if (sigaltstack(&st, NULL) == 0)
+        alt_stack = p;
     else
-        free(st.ss_sp);
+        munmap(p, ALT_STACK);
 }
 
 void kiq_crash_thread_end(void)
@@ -211,6 +217,6 @@ void kiq_crash_thread_end(void)
         return;
     stack_t off = { .ss_flags = SS_DISABLE };
     sigaltstack(&off, NULL);
-    free(alt_stack);
+    munmap(alt_stack, ALT_STACK);
     alt_stack = NULL;
 }
