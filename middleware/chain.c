@@ -124,7 +124,9 @@ void kiq__mw_clear(kiq_mw_t *mw)
     free(mw->payload);
     kiq__jobject_free(&mw->obj);
     free(mw->dpayload);
+    free(mw->deny);
     mw->payload = mw->dpayload = NULL;
+    mw->deny = NULL;
 }
 
 int kiq_mw_is_server(const kiq_mw_t *mw) { return mw->server; }
@@ -209,10 +211,13 @@ int kiq_mw_dispose(kiq_mw_t *mw, kiq_dispose_t d, double score, const char *payl
 
 void kiq_mw_deny(kiq_mw_t *mw, const char *fmt, ...)
 {
+    char why[KIQ_ERRLEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(mw->deny, sizeof(mw->deny), fmt, ap);
+    vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
+    free(mw->deny);
+    mw->deny = strdup(why); /* NULL when out of memory: the code says why */
 }
 
 const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d)

@@ -55,7 +55,8 @@ struct kiq_mw {
     const char *held_digest;     /* server: the fetch saw this digest's lock
                                     held by jid (see kiq_fetched_t) */
     void *priv;                  /* the starter's own per-job state */
-    char deny[KIQ_ERRLEN];       /* client: why the push was denied */
+    char *deny;                  /* client: why the push was denied (owned),
+                                    or NULL */
     int accepted;                /* client: the terminal ran */
 };
 

@@ -176,7 +176,11 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
  * written (the reliable fetch leaves it in the feed), or NULL. */
 static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
 {
-    kiq_done_t *d = calloc(1, sizeof(*d));
+    /* malloc and memset, not calloc: glibc's calloc skips the per-thread
+     * cache, and this runs for every job. */
+    kiq_done_t *d = malloc(sizeof(*d));
+    if (d)
+        memset(d, 0, sizeof(*d));
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);

@@ -15,12 +15,24 @@ static int reserve(kiq_buf_t *b, size_t extra)
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->len + extra + 1)
         cap *= 2;
-    char *p = realloc(b->p, cap);
+    char *p = b->on ? malloc(cap) : realloc(b->p, cap);
     if (!p)
         return KIQ_ENOMEM;
+    if (b->on)
+        memcpy(p, b->p, b->len + 1);
     b->p = p;
     b->cap = cap;
+    b->on = 0;
     return 0;
+}
+
+void kiq__buf_on(kiq_buf_t *b, char *storage, size_t size)
+{
+    b->p = storage;
+    b->p[0] = '\0';
+    b->len = 0;
+    b->cap = size;
+    b->on = 1;
 }
 
 int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len)
@@ -74,17 +86,22 @@ char *kiq__buf_take(kiq_buf_t *b, size_t *len)
             return NULL;
         b->p[0] = '\0';
     }
-    char *p = b->p;
+    char *p = b->on ? strndup(b->p, b->len) : b->p;
+    if (!p)
+        return NULL;
     if (len)
         *len = b->len;
     b->p = NULL;
     b->len = b->cap = 0;
+    b->on = 0;
     return p;
 }
 
 void kiq__buf_free(kiq_buf_t *b)
 {
-    free(b->p);
+    if (!b->on)
+        free(b->p);
     b->p = NULL;
     b->len = b->cap = 0;
+    b->on = 0;
 }

@@ -5,9 +5,15 @@
 #include <stddef.h>
 
 typedef struct kiq_buf {
-    char *p;      /* owned, always NUL-terminated when non-NULL */
+    char *p;      /* always NUL-terminated when non-NULL; owned unless on */
     size_t len, cap;
+    int on;       /* p is the caller's storage (kiq__buf_on) until it grows */
 } kiq_buf_t;
+
+/* Starts b empty in the caller's storage of size bytes (at least 1), so
+ * that a short string is built without allocating; it moves to the heap
+ * when it outgrows it. kiq__buf_free is still needed after. */
+void kiq__buf_on(kiq_buf_t *b, char *storage, size_t size);
 
 /* Each returns 0 or KIQ_ENOMEM (the buffer is then unchanged). */
 int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len);

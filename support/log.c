@@ -302,7 +302,9 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     }
     timestamp(ts, sizeof(ts));
 
-    kiq_buf_t b = {0};
+    char line[512]; /* most lines fit: no allocation on a job's path */
+    kiq_buf_t b;
+    kiq__buf_on(&b, line, sizeof(line));
     if (log_fmt == KIQ_LOG_JSON) {
         kiq__buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",\"lvl\":\"%s\",\"msg\":",
                        ts, log_pid, kiq__log_tid(), level_name[lvl]);
