@@ -151,6 +151,58 @@ Test(tls, jobs_pushed_and_run_over_tls_and_after_a_dropped_connection)
     redisFree(s.plain);
 }
 
+/* Jobs of a few milliseconds make the processors send their round trips
+ * (acks, and sweeps of more jobs) on a second connection and read them
+ * after their job; over TLS those connections are sessions of their own.
+ * Every job runs, one cut of every connection mid-drain included, and
+ * nothing stays in a working list or the queue. */
+Test(tls, round_trips_read_after_jobs_over_tls)
+{
+    enum { N = 400 };
+    tls_server_t s;
+    server_start(&s, "tls-defer", 0);
+    char u[1024];
+    snprintf(u, sizeof(u), "%s", url(&s, ca_q(&s, "ca.crt")));
+    char *p[N];
+    for (unsigned i = 0; i < N; i++) {
+        char jid[25];
+        kt_make_jid(jid, 11, i);
+        p[i] = i % 2 ? kt_payload("SleepJob", "[3]", jid, "default")
+                     : kt_payload("RecordJob", "[\"done\"]", jid, "default");
+    }
+    kt_push_all(s.plain, "default", p, N);
+    /* A short heartbeat: a job stranded in the working list goes back
+     * after two checks a heartbeat apart. */
+    char *yml = kt_write_file("tls-defer.yml", "heartbeat_interval: 0.5\n");
+    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "5", "-C", yml, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") >= N / 8, 30), "%s",
+              kt_kiq_log(pid));
+    freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
+    /* A RecordJob cut off in its own commands fails and waits in retry:
+     * it is made due at once. A job whose ack the cut lost goes back from
+     * the working list (and may run twice); none is lost or left behind. */
+    cr_assert(KT_WAIT_UNTIL(({ redisReply *w = redisCommand(s.plain, "KEYS uniquejobs:working:*");
+                               long long left = kt_int_on(s.plain, "LLEN queue:default");
+                               for (size_t i = 0; w && i < w->elements; i++)
+                                   left += kt_int_on(s.plain, "LLEN %s", w->element[i]->str);
+                               freeReplyObject(w);
+                               redisReply *r = redisCommand(s.plain, "ZRANGE retry 0 -1");
+                               for (size_t i = 0; r && i < r->elements; i++)
+                                   freeReplyObject(redisCommand(s.plain, "ZADD retry XX 0 %s",
+                                                                r->element[i]->str));
+                               left += r ? (long long)r->elements : 1;
+                               freeReplyObject(r);
+                               left == 0 && kt_int_on(s.plain, "SCARD done") == N / 2; }), 60),
+              "%lld of %d recorded: %s", kt_int_on(s.plain, "SCARD done"), N / 2,
+              kt_kiq_log(pid));
+    cr_assert_geq(kt_int_on(s.plain, "LLEN done:log"), N / 2);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+    for (unsigned i = 0; i < N; i++)
+        free(p[i]);
+    free(yml);
+    redisFree(s.plain);
+}
+
 /* A mixed fleet: Ruby Sidekiq pushes over plain TCP to the server's other
  * port, kiq runs the jobs over TLS, and Ruby's API reads the process. */
 Test(tls, ruby_pushes_over_plain_tcp_and_kiq_runs_them_over_tls)
