@@ -288,8 +288,10 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
                 rc = class_limit(c, key, ov, &cc);
             else if (oname && !strcmp(oname, "max_limiter_reschedules")) {
                 long n = 0;
-                if (!(rc = class_count(c, key, ov, INT_MAX, &n)))
-                    cc.limit.max_reschedules = (int)n;
+                if (!(rc = class_count(c, key, ov, INT_MAX, &n))) {
+                    cc.limit.max_reschedules = cc.max_limiter_reschedules = (int)n;
+                    cc.has_max_limiter_reschedules = 1;
+                }
             }
             else if (!oname ||
                      (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)

@@ -133,7 +133,10 @@ static int over_limit(kiq_mw_t *mw, const kiq_limit_opts_t *lo, const char *name
 {
     kiq_job_t *job = mw->job;
     long n = job_count(job, "limiter_reschedules");
-    if (n >= lo->max_reschedules) {
+    /* The file's max_limiter_reschedules, even for a limit declared in C. */
+    int max = mw->cc && mw->cc->has_max_limiter_reschedules ? mw->cc->max_limiter_reschedules
+                                                            : lo->max_reschedules;
+    if (n >= max) {
         kiq_job_fail(job, "Kiq::OverLimit",
                      "limiter %s stayed over its limit through %ld reschedules", name, n);
         return 0;
@@ -158,7 +161,7 @@ static int over_limit(kiq_mw_t *mw, const kiq_limit_opts_t *lo, const char *name
     if (bad) /* no memory: leave it for recovery */
         return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
     kiq_info("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld of %d)", mw->cls,
-             mw->jid, name, in, n + 1, lo->max_reschedules);
+             mw->jid, name, in, n + 1, max);
     int rc = kiq_mw_dispose(mw, KIQ_DISPOSE_SCHEDULE, kiq__now() + in, out, len);
     free(out);
     return rc;

@@ -684,6 +684,55 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
 }
 
+/* max_limiter_reschedules in the file applies to a class whose limit is
+ * declared in C: with 0, a job over the limit goes straight to retry. */
+Test(limiter, file_max_reschedules_applies_to_a_limit_declared_in_c)
+{
+    char err[KIQ_ERRLEN];
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
+    cfg->redis_url_explicit = 1;
+    cfg->concurrency = 2;
+    char *y = kt_write_file("cmax.yml", "classes:\n  CLimited:\n    max_limiter_reschedules: 0\n");
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    free(y);
+    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    kiq_limit_opts_t lo = KIQ_LIMIT_OPTS_INIT;
+    lo.type = KIQ_LIMIT_CONCURRENT;
+    lo.name = "cmax";
+    lo.count = 1;
+    lo.seconds = 60;
+    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    opts.limit = &lo;
+    cr_assert_eq(kiq_register(rt, "CLimited", cost_job, "cm", &opts), 0);
+    /* The only slot is the test's. */
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "cmax", 1, 60);
+    kiq_limit_token_t t;
+    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert(c, "%s", err);
+    cr_assert_eq(kiq_client_push(c, "CLimited", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, run_rt, rt), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 0");
+    cr_assert(strstr(rr->element[0]->str, "Kiq::OverLimit"), "%s", rr->element[0]->str);
+    freeReplyObject(rr);
+    cr_assert_eq(kt_int("ZCARD schedule"), 0, "not rescheduled");
+    cr_assert_eq(kt_int("LLEN cm:5"), 0, "not run");
+    kiq_runtime_stop(rt);
+    void *rc;
+    pthread_join(th, &rc);
+    cr_assert_eq((intptr_t)rc, 0);
+    kiq_client_free(c);
+    kiq_runtime_free(rt);
+    kiq_limiter_free(l);
+    kiq_redis_free(r);
+}
+
 /* ---- keys of unused limiters expire ----------------------------------- */
 
 static long long limiter_keys(void)

@@ -57,6 +57,10 @@ typedef struct kiq_class_conf {
     double schedule_in;        /* reschedule delay in seconds */
     kiq_limit_opts_t limit;    /* rate limit, checked when read; its name
                                 * is owned (free((char *)limit.name)) */
+    /* max_limiter_reschedules when the file gives it: it applies to the
+     * class's limit declared in C (kiq_class_opts_t) too. */
+    int has_max_limiter_reschedules;
+    int max_limiter_reschedules;
 } kiq_class_conf_t;
 
 /* TLS settings for a rediss:// URL given apart from it (the file's tls:
