@@ -129,6 +129,27 @@ static long job_count(kiq_job_t *job, const char *name)
     return n > 0 ? n : 0;
 }
 
+/* The payload's own cost into *cost (0 when it gives none). Returns -1
+ * when it gives one that is not an integer >= 1. */
+static int job_cost(kiq_job_t *job, long *cost)
+{
+    size_t len;
+    const char *v = kiq_job_field_raw(job, KIQ_LIMIT_COST_FIELD, &len);
+    *cost = 0;
+    if (!v)
+        return 0;
+    char buf[24], *end;
+    if (len == 0 || len >= sizeof(buf))
+        return -1;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    long n = strtol(buf, &end, 10);
+    if (*end || n < 1 || buf[0] == '-' || buf[0] == '+')
+        return -1;
+    *cost = n;
+    return 0;
+}
+
 static int over_limit(kiq_mw_t *mw, const kiq_limit_opts_t *lo, const char *name, double in)
 {
     kiq_job_t *job = mw->job;
@@ -181,7 +202,14 @@ int kiq__limit_mw(kiq_mw_t *mw, void *udata)
         kiq_job_fail(mw->job, "Kiq::LimiterError", "%s", err);
         return 0;
     }
-    long cost = job_count(mw->job, KIQ_LIMIT_COST_FIELD);
+    long cost = 0;
+    if (job_cost(mw->job, &cost)) {
+        /* Spending some other cost could break the limit the cost is for. */
+        kiq_job_fail(mw->job, "Kiq::LimiterError", "limiter %s: %s must be an integer >= 1",
+                     name, KIQ_LIMIT_COST_FIELD);
+        kiq_limiter_free(lim);
+        return 0;
+    }
     kiq_limit_token_t tok;
     double in = 0;
     int rc = kiq_limiter_acquire_points(lim, mw->r, cost ? cost : lo->cost, lo->wait_timeout, &tok,

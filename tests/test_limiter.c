@@ -416,6 +416,36 @@ Test(limiter, class_limit_clashing_with_the_name_fails_the_job)
     free(y);
 }
 
+/* A payload's limiter_cost that is not a whole number of points fails its
+ * job with a clear error (spending another cost could break the limit);
+ * a valid one runs. */
+Test(limiter, a_bad_cost_in_the_payload_fails_the_job)
+{
+    char *y = limit_yml("cost.yml", "      type: points\n      name: pts\n      points: 10\n"
+                                    "      interval: 1\n");
+    const char *costs[] = { "\"lots\"", "2.5", "-1", "3" };
+    for (unsigned i = 0; i < 4; i++) {
+        char jid[25], *raw = NULL;
+        kt_make_jid(jid, 12, i);
+        char *p = kt_payload("LimitJob", "[\"lc\",1]", jid, "default");
+        p[strlen(p) - 1] = '\0';
+        cr_assert(asprintf(&raw, "%s,\"" KIQ_LIMIT_COST_FIELD "\":%s}", p, costs[i]) > 0);
+        kt_push_all(kt_redis(), "default", &raw, 1);
+        free(raw);
+        free(p);
+    }
+    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3 && kt_int("SCARD lc:jids") == 1, 10), "%s",
+              kt_kiq_log(a));
+    redisReply *rr = kt_cmd("ZRANGE retry 0 -1");
+    for (size_t i = 0; i < rr->elements; i++)
+        cr_assert(strstr(rr->element[i]->str, "limiter pts: limiter_cost must be an integer >= 1"),
+                  "%s", rr->element[i]->str);
+    freeReplyObject(rr);
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    free(y);
+}
+
 /* `kiq limits` shows what a user needs to see why a job waits: every
  * limiter's type and parameters, and for one its holders and their lease
  * left, how full its window is, its tokens left and the wait for a slot. */
