@@ -2,6 +2,8 @@
 #include "helpers.h"
 
 #include "fetch/fetch.h"
+#include "kiq/config.h"
+#include "kiq/runtime.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -10,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,6 +359,39 @@ kiq_redis_t *kt_lib_redis(void)
     cr_assert_not_null(r, "%s", err);
     cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
     return r;
+}
+
+struct kiq_config *kt_config(int concurrency)
+{
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
+    cfg->redis_url_explicit = 1;
+    cfg->concurrency = concurrency;
+    return cfg;
+}
+
+/* The one embedded runtime of this test and its thread. */
+static pthread_t rt_thread;
+
+static void *rt_main(void *rt)
+{
+    char err[KIQ_ERRLEN];
+    return (void *)(intptr_t)kiq_runtime_run(rt, err);
+}
+
+void kt_runtime_start(struct kiq_runtime *rt)
+{
+    cr_assert_eq(pthread_create(&rt_thread, NULL, rt_main, rt), 0);
+}
+
+void kt_runtime_end(struct kiq_runtime *rt)
+{
+    kiq_runtime_stop(rt);
+    void *rc;
+    pthread_join(rt_thread, &rc);
+    cr_assert_eq((intptr_t)rc, 0);
+    kiq_runtime_free(rt);
 }
 
 char *kt_read_file(const char *path)

@@ -109,6 +109,16 @@ char *kt_write_file(const char *name, const char *body);
  * kiq_redis_free it. */
 kiq_redis_t *kt_lib_redis(void);
 
+/* An embedded runtime (kiq/runtime.h) on this test's database:
+ * kt_config gives a configuration for it (concurrency processors), and
+ * kt_runtime_start runs rt on a thread of its own; kt_runtime_end stops
+ * it, checks that kiq_runtime_run returned 0, and frees it. */
+struct kiq_config;
+struct kiq_runtime;
+struct kiq_config *kt_config(int concurrency);
+void kt_runtime_start(struct kiq_runtime *rt);
+void kt_runtime_end(struct kiq_runtime *rt);
+
 /* The identity of the one kiq process of this test, once its first beat
  * is in "processes" (malloc'd; fails the test after 20 s). */
 char *kt_wait_identity(pid_t pid);

@@ -72,22 +72,11 @@ static int count(const int *v)
     return n;
 }
 
-static void *run(void *rt)
-{
-    char err[KIQ_ERRLEN];
-    intptr_t rc = kiq_runtime_run(rt, err);
-    return (void *)rc;
-}
-
 Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_stored)
 {
     cr_assert_eq(sscanf(kt_url(), "redis://%63[^:]:%d/%d", seen.host, &seen.port, &seen.db), 3);
     char err[KIQ_ERRLEN];
-    kiq_config_t *cfg = kiq_config_new();
-    cr_assert(cfg);
-    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
-    cfg->redis_url_explicit = 1;
-    cfg->concurrency = 2;
+    kiq_config_t *cfg = kt_config(2);
     cfg->heartbeat_interval = 1;
     cfg->poll_interval_average = 1;
     kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
@@ -106,8 +95,7 @@ Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_s
     cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
     char retried[25], dying[25];
     cr_assert_eq(kiq_client_push(c, "RetriedJob", "[]", NULL, retried), 0, "%s", kiq_client_error(c));
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, run, rt), 0);
+    kt_runtime_start(rt);
 
     cr_assert(KT_WAIT_UNTIL(count(&seen.errors) == 1, 15), "the error hook ran");
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10));
@@ -130,10 +118,6 @@ Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_s
     pthread_mutex_unlock(&seen.mu);
     cr_assert_eq(count(&seen.errors), 2);
 
-    kiq_runtime_stop(rt);
-    void *rc;
-    pthread_join(th, &rc);
-    cr_assert_eq((intptr_t)rc, 0);
+    kt_runtime_end(rt);
     kiq_client_free(c);
-    kiq_runtime_free(rt);
 }

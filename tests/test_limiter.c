@@ -625,12 +625,6 @@ static int cost_job(kiq_job_t *job, void *ud)
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "CostJob: RPUSH failed");
 }
 
-static void *run_rt(void *rt)
-{
-    char err[KIQ_ERRLEN];
-    return (void *)(intptr_t)kiq_runtime_run(rt, err);
-}
-
 /* A points limit given through kiq_class_opts_t: a budget of 10 a second
  * and jobs costing 5 let 2 jobs run per interval once the first budget is
  * spent; a job whose payload says it costs 10 runs alone in its interval.
@@ -650,11 +644,7 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
     lo.wait_timeout = 10;
     cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), 0, "%s", err);
 
-    kiq_config_t *cfg = kiq_config_new();
-    cr_assert(cfg);
-    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
-    cfg->redis_url_explicit = 1;
-    cfg->concurrency = 4;
+    kiq_config_t *cfg = kt_config(4);
     char *y = kt_write_file("wins.yml", "classes:\n  YamlWins:\n"
                                         "    limit: { type: concurrent, name: yaml, size: 1 }\n");
     cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
@@ -675,8 +665,7 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
     kiq_client_t *c = kiq_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
     cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, run_rt, rt), 0);
+    kt_runtime_start(rt);
 
     for (int i = 0; i < 6; i++)
         cr_assert_eq(kiq_client_push(c, "CostJob", "[]", NULL, NULL), 0, "%s",
@@ -692,12 +681,8 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN yw:5") == 1, 15));
     cr_assert_eq(kt_int("EXISTS limiter:yaml:meta"), 1, "the YAML limit applied");
     cr_assert_eq(kt_int("EXISTS limiter:c-only:meta"), 0, "not the C one");
-    kiq_runtime_stop(rt);
-    void *rc;
-    pthread_join(th, &rc);
-    cr_assert_eq((intptr_t)rc, 0);
+    kt_runtime_end(rt);
     kiq_client_free(c);
-    kiq_runtime_free(rt);
 
     long long t[8];
     for (int i = 0; i < 8; i++)
@@ -719,11 +704,7 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
 Test(limiter, file_max_reschedules_applies_to_a_limit_declared_in_c)
 {
     char err[KIQ_ERRLEN];
-    kiq_config_t *cfg = kiq_config_new();
-    cr_assert(cfg);
-    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
-    cfg->redis_url_explicit = 1;
-    cfg->concurrency = 2;
+    kiq_config_t *cfg = kt_config(2);
     char *y = kt_write_file("cmax.yml", "classes:\n  CLimited:\n    max_limiter_reschedules: 0\n");
     cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
     free(y);
@@ -745,20 +726,15 @@ Test(limiter, file_max_reschedules_applies_to_a_limit_declared_in_c)
     kiq_client_t *c = kiq_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
     cr_assert_eq(kiq_client_push(c, "CLimited", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, run_rt, rt), 0);
+    kt_runtime_start(rt);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15));
     redisReply *rr = kt_cmd("ZRANGE retry 0 0");
     cr_assert(strstr(rr->element[0]->str, "Kiq::OverLimit"), "%s", rr->element[0]->str);
     freeReplyObject(rr);
     cr_assert_eq(kt_int("ZCARD schedule"), 0, "not rescheduled");
     cr_assert_eq(kt_int("LLEN cm:5"), 0, "not run");
-    kiq_runtime_stop(rt);
-    void *rc;
-    pthread_join(th, &rc);
-    cr_assert_eq((intptr_t)rc, 0);
+    kt_runtime_end(rt);
     kiq_client_free(c);
-    kiq_runtime_free(rt);
     kiq_limiter_free(l);
     kiq_redis_free(r);
 }
