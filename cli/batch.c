@@ -2,10 +2,10 @@
  * shows one batch's counts, first failure and which callbacks fired; list
  * shows every batch still stored, one a line; delete and invalidate act on
  * one batch. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -129,26 +129,10 @@ static int cmd_change(kiq_redis_t *r, const char *op, const char *bid)
 
 int kiq_cmd_batch(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        { "redis-url", required_argument, NULL, 'u' }, { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
     const char *url = NULL;
-    int opt;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (opt == 'u') {
-            url = optarg;
-        } else if (opt == 'h') {
-            fputs(usage, stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "kiq batch: %s: unknown option or missing value\n\n%s",
-                    argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
-        }
-    }
+    int done = kiq_cli_options("kiq batch", usage, argc, argv, &url, NULL);
+    if (done >= 0)
+        return done;
     int nops = argc - optind;
     char **ops = argv + optind;
     int list = nops == 1 && strcmp(ops[0], "list") == 0;

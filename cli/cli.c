@@ -2,6 +2,7 @@
  * default) starts a worker; the other subcommands (push, stats, locks, lock,
  * limits, top, batch, version) are tools around the same Redis, one file each. */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,4 +263,32 @@ int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
         return cmd_run(argc, argv, init); /* flags only: run */
     fprintf(stderr, "kiq: unknown command \"%s\"\n\n%s", cmd, main_usage);
     return KIQ_EXIT_USAGE;
+}
+
+int kiq_cli_options(const char *who, const char *usage, int argc, char **argv, const char **url,
+                    int *json)
+{
+    static const struct option with_json[] = {
+        { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
+        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+    };
+    const struct option *longopts = json ? with_json : with_json + 1;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (opt == 'j') {
+            *json = 1;
+        } else if (opt == 'u') {
+            *url = optarg;
+        } else if (opt == 'h') {
+            fputs(usage, stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "%s: %s: unknown option or missing value\n\n%s", who,
+                    argv[optind - 1], usage);
+            return KIQ_EXIT_USAGE;
+        }
+    }
+    return -1;
 }

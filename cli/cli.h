@@ -25,4 +25,11 @@ const char *kiq_cli_redis_url(const char *flag);
  * NULL. */
 kiq_redis_t *kiq_cli_connect(const char *who, const char *url_flag);
 
+/* Parses the options of a subcommand that only reads or manages (who,
+ * "kiq stats"): --redis-url into *url, --json into *json (none when json
+ * is NULL) and --help, which prints usage. The operands start at optind
+ * after it. Returns -1 to go on, else the exit status. */
+int kiq_cli_options(const char *who, const char *usage, int argc, char **argv, const char **url,
+                    int *json);
+
 #endif

@@ -3,11 +3,11 @@
  * info NAME adds what it holds now and the wait until its next free slot,
  * computed as lua/limit_acquire.lua would on the server's clock. Read-only:
  * nothing here takes or frees a slot. */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -278,28 +278,10 @@ static int cmd_list(kiq_redis_t *r, int as_json)
 
 int kiq_cmd_limits(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
-        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
-    };
     const char *url = NULL;
-    int as_json = 0, opt;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (opt == 'j') {
-            as_json = 1;
-        } else if (opt == 'u') {
-            url = optarg;
-        } else if (opt == 'h') {
-            fputs(usage, stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "kiq limits: %s: unknown option or missing value\n\n%s",
-                    argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
-        }
-    }
+    int as_json = 0, done = kiq_cli_options("kiq limits", usage, argc, argv, &url, &as_json);
+    if (done >= 0)
+        return done;
     int nops = argc - optind;
     char **ops = argv + optind;
     int list = nops == 0 || (nops == 1 && strcmp(ops[0], "list") == 0);

@@ -2,7 +2,6 @@
  * processed/failed, queue sizes and latency, schedule/retry/dead sizes,
  * processes, and the reliable fetch's working lists with their owners. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -190,23 +189,10 @@ static void print_text(json_t *o, const char *name)
 
 int kiq_cmd_stats(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
-        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
-    };
     const char *url = NULL;
-    int as_json = 0, opt;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (opt == 'j') as_json = 1;
-        else if (opt == 'u') url = optarg;
-        else if (opt == 'h') { fputs(usage, stdout); return 0; }
-        else {
-            fprintf(stderr, "kiq stats: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
-        }
-    }
+    int as_json = 0, done = kiq_cli_options("kiq stats", usage, argc, argv, &url, &as_json);
+    if (done >= 0)
+        return done;
     char err[KIQ_ERRLEN];
     kiq_redis_t *r = kiq_cli_connect("kiq stats", url);
     if (!r)
