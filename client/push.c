@@ -269,7 +269,7 @@ static int run_chain(kiq_client_t *c, kiq_mw_t *mw, const char *cls, size_t *den
         return 0;
     (*denied)++;
     kiq_seterr(c->err, mrc && mrc != KIQ_EDENIED ? mrc : KIQ_EDENIED, "push of %s denied: %s",
-               cls, mw->deny ? mw->deny : kiq_strerror(mrc ? mrc : KIQ_EDENIED));
+               cls, mw->deny && *mw->deny ? mw->deny : kiq_strerror(mrc ? mrc : KIQ_EDENIED));
     return mrc == KIQ_EREDIS ? KIQ_EREDIS : 0;
 }
 

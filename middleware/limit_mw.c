@@ -129,14 +129,14 @@ static long job_count(kiq_job_t *job, const char *name)
     return n > 0 ? n : 0;
 }
 
-/* The payload's own cost into *cost (0 when it gives none). Returns -1
- * when it gives one that is not an integer >= 1. */
+/* The payload's own cost into *cost (0 when it gives none, or null).
+ * Returns -1 when it gives one that is not an integer >= 1. */
 static int job_cost(kiq_job_t *job, long *cost)
 {
     size_t len;
     const char *v = kiq_job_field_raw(job, KIQ_LIMIT_COST_FIELD, &len);
     *cost = 0;
-    if (!v)
+    if (!v || (len == 4 && memcmp(v, "null", 4) == 0))
         return 0;
     char buf[24], *end;
     if (len == 0 || len >= sizeof(buf))
@@ -203,7 +203,7 @@ int kiq__limit_mw(kiq_mw_t *mw, void *udata)
         return 0;
     }
     long cost = 0;
-    if (job_cost(mw->job, &cost)) {
+    if (lo->type == KIQ_LIMIT_POINTS && job_cost(mw->job, &cost)) {
         /* Spending some other cost could break the limit the cost is for. */
         kiq_job_fail(mw->job, "Kiq::LimiterError", "limiter %s: %s must be an integer >= 1",
                      name, KIQ_LIMIT_COST_FIELD);

@@ -414,8 +414,13 @@ static int get_reply(kiq_redis_t *r, void **rep)
         long n = recv_some(r, buf, sizeof(buf));
         if (n <= 0)
             return io_error(c);
-        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK
-            || redisGetReplyFromReader(c, rep) != REDIS_OK)
+        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+            c->err = c->reader->err ? c->reader->err : REDIS_ERR_OOM;
+            snprintf(c->errstr, sizeof(c->errstr), "%s",
+                     c->reader->err ? c->reader->errstr : "Out of memory");
+            return REDIS_ERR;
+        }
+        if (redisGetReplyFromReader(c, rep) != REDIS_OK)
             return REDIS_ERR;
     }
     return REDIS_OK;

@@ -86,9 +86,12 @@ char *kiq__buf_take(kiq_buf_t *b, size_t *len)
             return NULL;
         b->p[0] = '\0';
     }
-    char *p = b->on ? strndup(b->p, b->len) : b->p;
-    if (!p)
-        return NULL;
+    char *p = b->p;
+    if (b->on) {
+        if (!(p = malloc(b->len + 1)))
+            return NULL;
+        memcpy(p, b->p, b->len + 1);
+    }
     if (len)
         *len = b->len;
     b->p = NULL;

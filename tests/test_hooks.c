@@ -118,6 +118,6 @@ Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_s
     pthread_mutex_unlock(&seen.mu);
     cr_assert_eq(count(&seen.errors), 2);
 
+    kiq_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
-    kiq_client_free(c);
 }

@@ -418,13 +418,14 @@ Test(limiter, class_limit_clashing_with_the_name_fails_the_job)
 
 /* A payload's limiter_cost that is not a whole number of points fails its
  * job with a clear error (spending another cost could break the limit);
- * a valid one runs. */
+ * a valid one runs, and so does null (the class's cost). */
 Test(limiter, a_bad_cost_in_the_payload_fails_the_job)
 {
     char *y = limit_yml("cost.yml", "      type: points\n      name: pts\n      points: 10\n"
                                     "      interval: 1\n");
-    const char *costs[] = { "\"lots\"", "2.5", "-1", "3" };
-    for (unsigned i = 0; i < 4; i++) {
+    /* null is no cost given: the class's applies. */
+    const char *costs[] = { "\"lots\"", "2.5", "-1", "3", "null" };
+    for (unsigned i = 0; i < 5; i++) {
         char jid[25], *raw = NULL;
         kt_make_jid(jid, 12, i);
         char *p = kt_payload("LimitJob", "[\"lc\",1]", jid, "default");
@@ -435,7 +436,7 @@ Test(limiter, a_bad_cost_in_the_payload_fails_the_job)
         free(p);
     }
     pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3 && kt_int("SCARD lc:jids") == 1, 10), "%s",
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3 && kt_int("SCARD lc:jids") == 2, 10), "%s",
               kt_kiq_log(a));
     redisReply *rr = kt_cmd("ZRANGE retry 0 -1");
     for (size_t i = 0; i < rr->elements; i++)
@@ -681,8 +682,8 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN yw:5") == 1, 15));
     cr_assert_eq(kt_int("EXISTS limiter:yaml:meta"), 1, "the YAML limit applied");
     cr_assert_eq(kt_int("EXISTS limiter:c-only:meta"), 0, "not the C one");
+    kiq_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
-    kiq_client_free(c);
 
     long long t[8];
     for (int i = 0; i < 8; i++)
@@ -733,8 +734,8 @@ Test(limiter, file_max_reschedules_applies_to_a_limit_declared_in_c)
     freeReplyObject(rr);
     cr_assert_eq(kt_int("ZCARD schedule"), 0, "not rescheduled");
     cr_assert_eq(kt_int("LLEN cm:5"), 0, "not run");
+    kiq_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
-    kiq_client_free(c);
     kiq_limiter_free(l);
     kiq_redis_free(r);
 }
