@@ -101,6 +101,16 @@ static int info_has(int port, const char *section, const char *needle)
     return yes;
 }
 
+/* The number after field in INFO section on port, or -1. */
+static long long info_num(int port, const char *section, const char *field)
+{
+    redisReply *r = cmd_on(port, "INFO %s", section);
+    const char *at = r && r->type == REDIS_REPLY_STRING ? strstr(r->str, field) : NULL;
+    long long v = at ? atoll(at + strlen(field)) : -1;
+    freeReplyObject(r);
+    return v;
+}
+
 /* The port sentinel s gives for mymaster, or -1. */
 static int master_port(int s)
 {
@@ -110,25 +120,46 @@ static int master_port(int s)
     return port;
 }
 
-/* The last lines of every sentinel's log, for an assertion about what
- * the sentinels decided. */
+/* The last lines of the servers' and every sentinel's logs, for an
+ * assertion about what the sentinels decided or the servers hold. */
 static const char *sentinel_logs(const cluster_t *k)
 {
-    static char out[6000];
+    static char out[9000];
     size_t len = 0;
     out[0] = '\0';
-    for (int i = 0; i < k->nsentinels; i++) {
-        char path[600];
-        snprintf(path, sizeof(path), "%s/s%d/sentinel.log", k->dir, i);
+    for (int i = -2; i < k->nsentinels; i++) {
+        char path[600], name[32];
+        if (i < 0) {
+            snprintf(name, sizeof(name), "%s", i == -2 ? "master" : "replica");
+            snprintf(path, sizeof(path), "%s/%s.log", k->dir, name);
+        } else {
+            snprintf(name, sizeof(name), "sentinel %d", i);
+            snprintf(path, sizeof(path), "%s/s%d/sentinel.log", k->dir, i);
+        }
         char *log = kt_read_file(path);
         size_t n = log ? strlen(log) : 0;
-        len += (size_t)snprintf(out + len, sizeof(out) - len, "\n-- sentinel %d:\n%s", i,
-                                log ? log + (n > 1500 ? n - 1500 : 0) : "(no log)");
+        len += (size_t)snprintf(out + len, sizeof(out) - len, "\n-- %s:\n%s", name,
+                                log ? log + (n > 1200 ? n - 1200 : 0) : "(no log)");
         free(log);
         if (len >= sizeof(out))
             break;
     }
     return out;
+}
+
+/* Waits until the replica has every write the master had taken when
+ * called. WAIT would not do: it waits for the writes of the connection it
+ * is sent on, and the test's own connections write nothing (a fresh
+ * connection's WAIT returns at once). Just after a full resync the master
+ * streams nothing until the replica's first acknowledgement, up to a
+ * second later. */
+static void replica_caught_up(const cluster_t *k)
+{
+    long long off = info_num(k->master, "replication", "master_repl_offset:");
+    cr_assert_geq(off, 0);
+    cr_assert(KT_WAIT_UNTIL(info_num(k->replica, "replication", "slave_repl_offset:") >= off, 20),
+              "the replica is at offset %lld of the master's %lld: %s",
+              info_num(k->replica, "replication", "slave_repl_offset:"), off, sentinel_logs(k));
 }
 
 /* The end of the log of kiq process pid: a whole log is too much for an
@@ -311,7 +342,7 @@ static void drain_start(drain_t *d, unsigned n, const char *concurrency, int sle
     push_paced(d->k.master, d->n, sleep_ms);
     /* The pushes are on the replica, as pushes with min_replicas_ack are:
      * a failover may cost acks, never jobs (see the README). */
-    freeReplyObject(cmd_on(d->k.master, "WAIT 1 %s", "10000"));
+    replica_caught_up(&d->k);
     char body[512];
     snprintf(body, sizeof(body), "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
              "average_scheduled_poll_interval: 0.5\n%s", yaml);
@@ -338,8 +369,9 @@ static long long drain_finish(const drain_t *d, int port)
 {
     cr_assert(KT_WAIT_UNTIL(({ retry_now(port);
                                int_on(port, "SCARD %s", "rec") == d->n; }), 40),
-              "%lld of %u jobs ran: %s", int_on(port, "SCARD %s", "rec"), d->n,
-              log_tail(d->pid));
+              "%lld of %u jobs ran, %lld queued: %s\n-- servers and sentinels:%s",
+              int_on(port, "SCARD %s", "rec"), d->n, int_on(port, "LLEN %s", "queue:default"),
+              log_tail(d->pid), sentinel_logs(&d->k));
     /* A job whose SADD went through but not its RPUSH is retried. */
     cr_assert(KT_WAIT_UNTIL(({ retry_now(port);
                                int_on(port, "ZCARD %s", "retry") == 0 &&
@@ -428,7 +460,7 @@ Test(sentinel, jobs_drain_when_the_master_is_killed)
     /* Asynchronous replication loses what the replica has not got; on a
      * loaded machine that can be seconds of acks, and the duplicates would
      * measure the machine. The kill comes right after the replica caught up. */
-    freeReplyObject(cmd_on(d.k.master, "WAIT 1 %s", "10000"));
+    replica_caught_up(&d.k);
     cr_assert_eq(kill(d.k.master_pid, SIGKILL), 0);
     for (int i = 0; i < d.k.nsentinels; i++)
         cr_assert(KT_WAIT_UNTIL(master_port(d.k.sentinel[i]) == d.k.replica, 30), "%s",
@@ -436,6 +468,9 @@ Test(sentinel, jobs_drain_when_the_master_is_killed)
     long long in_flight = working_left(d.k.replica);
     long long at = int_on(d.k.replica, "SCARD %s", "rec");
     cr_assert_lt(at, d.n, "drained before the failover: too few jobs for the test");
+    /* What the replica acknowledged before the kill is on it. */
+    cr_assert_geq(at, before, "the promoted replica has %lld of the %lld records the master "
+                  "had before it caught up: %s", at, before, sentinel_logs(&d.k));
     long long dups = drain_finish(&d, d.k.replica);
     fprintf(stderr, "[master killed] %u jobs: %lld done at the kill, %lld on the replica when "
             "elected, %lld in flight; all done %.1f s after the kill; %lld ran twice\n", d.n,
