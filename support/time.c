@@ -2,7 +2,6 @@
 #include "support/time.h"
 
 #include <stdint.h>
-#include <stdio.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,8 +70,11 @@ void kiq__random_hex(char *out, size_t nbytes)
 {
     unsigned char raw[32];
     nbytes = nbytes < sizeof(raw) ? nbytes : sizeof(raw);
+    static const char digits[] = "0123456789abcdef";
     kiq__random_bytes(raw, nbytes);
-    for (size_t i = 0; i < nbytes; i++)
-        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    for (size_t i = 0; i < nbytes; i++) {
+        out[2 * i] = digits[raw[i] >> 4];
+        out[2 * i + 1] = digits[raw[i] & 15];
+    }
     out[2 * nbytes] = '\0';
 }
