@@ -179,14 +179,13 @@ static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job
     /* malloc and memset, not calloc: glibc's calloc skips the per-thread
      * cache, and this runs for every job. */
     kiq_done_t *d = malloc(sizeof(*d));
-    if (d)
-        memset(d, 0, sizeof(*d));
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
         kiq__fetched_clear(job);
         return NULL;
     }
+    memset(d, 0, sizeof(*d));
     run_one(s, r, job, d);
     kiq__fetched_clear(job);
     if (d->active)
