@@ -203,15 +203,47 @@ static int use_script(const kiq_fetch_t *f, size_t max)
     return f->nq > 1 || max > 1 || f->locks_seen;
 }
 
+/* Appends the move of the job at queue qi's head, blocking when block,
+ * after a TIME: a move has no clock of its own to order its job among the
+ * sweeps' (see read_sweep). The TIME runs just before the move, and a
+ * blocked move is served as the job is pushed, before any sweep can take
+ * it, so every sweep with a later clock takes a newer job. */
+static int append_move(kiq_fetch_t *f, kiq_redis_t *r, size_t qi, int block)
+{
+    const char *now[] = { "TIME" };
+    const char *argv[] = { block ? "BLMOVE" : "LMOVE", f->keys[qi], f->working, "RIGHT", "LEFT",
+                           f->timeout_s };
+    if (kiq_redis_append(r, 1, now, NULL))
+        return KIQ_EREDIS;
+    return kiq_redis_append(r, block ? 6 : 5, argv, NULL);
+}
+
+/* Reads what append_move asked for into out (its seq from the TIME).
+ * Returns 1 with a job, 0 without, KIQ_EREDIS or KIQ_EREPLY. */
+static int read_move(kiq_fetch_t *f, kiq_redis_t *r, size_t qi, kiq_fetched_t *out)
+{
+    redisReply *t = kiq_redis_get_reply(r), *rep = t ? kiq_redis_get_reply(r) : NULL;
+    int rc = 0;
+    if (!rep)
+        rc = KIQ_EREDIS;
+    else if (rep->type == REDIS_REPLY_ERROR || t->type != REDIS_REPLY_ARRAY || t->elements != 2
+             || t->element[0]->type != REDIS_REPLY_STRING
+             || t->element[1]->type != REDIS_REPLY_STRING)
+        rc = KIQ_EREPLY;
+    else if (rep->type == REDIS_REPLY_STRING && (rc = take(f, rep, qi, out)) == 1)
+        out->seq = (strtoull(t->element[0]->str, NULL, 10) * 1000000ULL
+                    + strtoull(t->element[1]->str, NULL, 10)) * 128;
+    freeReplyObject(t);
+    freeReplyObject(rep);
+    return rc;
+}
+
 /* The reliable fetch's first command: the script that sweeps the queues in
  * order for up to max jobs, or the move itself (blocking when block). */
 static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
 {
-    if (!use_script(f, max)) {
-        const char *argv[] = { block ? "BLMOVE" : "LMOVE", f->keys[0], f->working, "RIGHT",
-                               "LEFT", f->timeout_s };
-        return kiq_redis_append(r, block ? 6 : 5, argv, NULL);
-    }
+    if (!use_script(f, max))
+        return append_move(f, r, 0, block);
     char n[24];
     snprintf(n, sizeof(n), "%zu", max);
     const char *argv[f->nq + 3];
@@ -264,16 +296,16 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
 static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
                       int script)
 {
+    if (!script)
+        return read_move(f, r, 0, out);
     redisReply *rep = kiq_redis_get_reply(r);
     int rc = 0;
     if (!rep)
         return KIQ_EREDIS;
     if (rep->type == REDIS_REPLY_ERROR)
         rc = KIQ_EREPLY;
-    else if (script)
+    else
         rc = read_sweep(f, rep, out, max);
-    else if (rep->type == REDIS_REPLY_STRING)
-        rc = take(f, rep, 0, out);
     freeReplyObject(rep);
     return rc;
 }
@@ -285,17 +317,7 @@ static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t
 static int fetch_block(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 {
     size_t qi = (size_t)f->index % f->nq;
-    const char *argv[] = { "BLMOVE", f->keys[qi], f->working, "RIGHT", "LEFT", f->timeout_s };
-    redisReply *rep = kiq_redis_cmd(r, 6, argv, NULL);
-    int rc = 0;
-    if (!rep)
-        return KIQ_EREDIS;
-    if (rep->type == REDIS_REPLY_STRING)
-        rc = take(f, rep, qi, out);
-    else if (rep->type == REDIS_REPLY_ERROR)
-        rc = KIQ_EREPLY;
-    freeReplyObject(rep);
-    return rc;
+    return append_move(f, r, qi, 1) ? KIQ_EREDIS : read_move(f, r, qi, out);
 }
 
 /* The sweep (or the move) whose command was already appended, then, when

@@ -65,8 +65,8 @@ typedef struct kiq_fetched {
     const char *queue;
     char *held_digest;
     char *held_jid;
-    unsigned long long seq; /* the order Redis ran the fetches in (the fetch
-                               script's clock; 0 from a plain move) */
+    unsigned long long seq; /* the order Redis ran the fetches in (Redis's
+                               clock at the fetch script or the move) */
 } kiq_fetched_t;
 
 void kiq__fetched_clear(kiq_fetched_t *job);

@@ -61,7 +61,6 @@ struct kiq_feed {
                               go before a handler runs or a thread waits
                               (read without the lock to skip the lock) */
     size_t waiting;        /* threads waiting for one to come back */
-    unsigned long long last_seq; /* the newest job's seq seen */
     int inside;            /* threads past the gate in kiq_feed_next: holding
                               a job, or fetching, until they look again */
     int solo;              /* a suspect runs alone: the gate is shut */
@@ -159,18 +158,6 @@ static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
     feed->jobs[(feed->head + i) % feed->cap] = *job;
     feed->n++;
     memset(job, 0, sizeof(*job));
-}
-
-/* Under feed->mu: a job from a plain move (no script, so no clock) counts
- * as fetched after every job seen so far. */
-static void number(kiq_feed_t *feed, kiq_fetched_t *jobs, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (!jobs[i].seq)
-            jobs[i].seq = feed->last_seq + 1;
-        if (jobs[i].seq > feed->last_seq)
-            feed->last_seq = jobs[i].seq;
-    }
 }
 
 /* Under feed->mu: the oldest job waiting (there is one). */
@@ -638,7 +625,6 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     /* Even as the process goes quiet: the feed gives its jobs back in order
      * (kiq_feed_leave waits for the sweeps on their way), the job this
      * thread holds with them. */
-    number(feed, got, rc);
     int quiet = atomic_load(&rt->quiet);
     for (int i = quiet ? 0 : first; i < rc; i++)
         feed_push(feed, &got[i]);
@@ -670,7 +656,6 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     rc = exchange(s, r, acks, nacks, job, 1, 1, NULL);
     if (rc == 1) {
         pthread_mutex_lock(&feed->mu);
-        number(feed, job, 1);
         if (atomic_load(&rt->quiet)) {
             feed_push(feed, job); /* given back by this thread's leave */
             rc = 0;
@@ -722,7 +707,6 @@ static void complete(kiq_feed_t *feed, pending_t *p)
         feed->sweeping--;
         feed->asked -= p->want;
         note_sweep(feed, 0, p->want, rc);
-        number(feed, got, rc);
         for (int i = 0; i < rc; i++)
             feed_push(feed, &got[i]);
     }
