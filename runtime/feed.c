@@ -38,6 +38,7 @@ typedef struct pending {
 
 struct kiq_feed {
     pthread_mutex_t mu;
+    pthread_mutex_t give_mu; /* held by the thread giving jobs back */
     pthread_cond_t came;   /* a sweep came back */
     kiq_fetched_t *jobs;   /* ring, oldest at head */
     size_t head, n, cap;
@@ -94,6 +95,7 @@ kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
     feed->rate_t0 = kiq__mono();
     feed->job_time = 0.001; /* until measured: spread the first jobs */
     pthread_mutex_init(&feed->mu, NULL);
+    pthread_mutex_init(&feed->give_mu, NULL);
     pthread_cond_init(&feed->came, NULL);
     return feed;
 }
@@ -111,6 +113,7 @@ void kiq_feed_free(kiq_feed_t *feed)
     free(feed->acks);
     free(feed->jobs);
     pthread_cond_destroy(&feed->came);
+    pthread_mutex_destroy(&feed->give_mu);
     pthread_mutex_destroy(&feed->mu);
     free(feed);
 }
@@ -412,6 +415,15 @@ int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int co
 {
     kiq_feed_t *feed = rt->feed;
     int total = 0;
+    /* One thread at a time: two giving back runs of one queue at once
+     * could put the older run in place first and the newer in front. The
+     * last give-back at a hard stop (no reconnecting) does not wait for
+     * one that may be reconnecting: that one gives them back, or they stay
+     * in the working list. */
+    if (connect)
+        pthread_mutex_lock(&feed->give_mu);
+    else if (pthread_mutex_trylock(&feed->give_mu) != 0)
+        return 0;
     for (;;) {
         kiq_fetched_t jobs[GIVE_BACK_MAX];
         size_t n = 0;
@@ -422,7 +434,7 @@ int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int co
         }
         pthread_mutex_unlock(&feed->mu);
         if (!n)
-            return total;
+            break;
         for (size_t i = 0, j; i < n; i = j) {
             for (j = i + 1; j < n && strcmp(jobs[j].queue, jobs[i].queue) == 0; j++)
                 ;
@@ -430,6 +442,8 @@ int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int co
         }
         total += (int)n;
     }
+    pthread_mutex_unlock(&feed->give_mu);
+    return total;
 }
 
 /* ---- Suspects ---------------------------------------------------------
