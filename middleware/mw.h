@@ -12,6 +12,25 @@
 #include "redis/scripts.h"
 #include "support/json.h"
 
+/* A runtime lock asked for before its job's turn, with those of the jobs
+ * run after it in one round trip (kiq_unique_prelock): the server
+ * middleware takes the result over instead of asking itself. Free with
+ * kiq_unique_prelock_clear. */
+typedef struct kiq_prelock {
+    int asked;               /* lr, released and err hold the results */
+    int used;                /* the server middleware took them over */
+    int lr, released;        /* as kiq_unique__swap_ride (released: 0
+                                without an until-lock) */
+    kiq_lock_type_t type;
+    long ttl;
+    int limit;
+    char *meta;              /* owned: until_and_while_executing's
+                                metadata, to take its until-lock again */
+    char digest[KIQ_DIGEST_MAX];
+    char jid[64];
+    char err[KIQ_ERRLEN];
+} kiq_prelock_t;
+
 struct kiq_mw {
     const kiq_chain_t *chain;
     size_t pos;                  /* next entry to run */
@@ -54,6 +73,8 @@ struct kiq_mw {
 
     const char *held_digest;     /* server: the fetch saw this digest's lock
                                     held by jid (see kiq_fetched_t) */
+    kiq_prelock_t *prelock;      /* server: the runtime lock asked for
+                                    before the job's turn, or NULL */
     void *priv;                  /* the starter's own per-job state */
     char *deny;                  /* client: why the push was denied (owned),
                                     or NULL */
@@ -68,6 +89,18 @@ void kiq__mw_clear(kiq_mw_t *mw);
 
 /* The lock to release at ack for this outcome, or NULL. */
 const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
+/* Asks for the runtime locks of the jobs of mws[0..n) that take one at
+ * once (while_executing and its kin, without a lock_timeout) in one round
+ * trip through mws[0]->ride, results into pre[i] (pre[i].asked 0 for the
+ * others), in the order the jobs will run. A job whose lock repeats an
+ * earlier one's would be refused by it: the jobs from there on are not
+ * asked for, and the number before it is returned (n when none repeats).
+ * The jobs are parsed and the mws filled as kiq_server_run does. */
+size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre);
+/* Gives back what p holds when its job did not get to use it (it did not
+ * run): the runtime lock, and the until-lock taken again. Then clears p. */
+void kiq_unique_prelock_drop(kiq_redis_t *r, kiq_prelock_t *p);
+void kiq_unique_prelock_clear(kiq_prelock_t *p);
 /* The "limit" server middleware (middleware/limit_mw.c). */
 int kiq__limit_mw(kiq_mw_t *mw, void *udata);
 /* Records v9's "unlocked" metric for a lock the ack released. */

@@ -76,6 +76,14 @@ int kiq_unique__lock_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn
 int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride, void *ud,
                           int *released, char *err);
 
+/* The runtime locks reqs[0..n) in one round trip through ride, each as
+ * kiq_unique__swap_ride when pre[i]->type is until_and_while_executing,
+ * else as kiq_unique__lock_ride; the results go into pre[i] (asked set,
+ * and meta for until_and_while_executing). */
+struct kiq_prelock;
+void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs,
+                           struct kiq_prelock *const *pre, size_t n, kiq_ride_fn ride, void *ud);
+
 /* Counts a lock event in v9's metrics, when the metrics module is linked. */
 void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event);
 

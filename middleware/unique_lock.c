@@ -11,6 +11,7 @@
 #include "support/buf.h"
 #include "support/json.h"
 #include "observe/prometheus.h"
+#include "middleware/mw.h"
 #include "support/time.h"
 #include "middleware/unique_admin_internal.h"
 #include "middleware/unique_internal.h"
@@ -112,6 +113,13 @@ static void lock_done(lock_call_t *c)
     c->call.reply = NULL;
 }
 
+/* A lock script's integer result as kiq_unique_lock returns it. */
+static int lock_code(long long v)
+{
+    return v == 1 ? KIQ_LOCK_ACQUIRED : v == 2 ? KIQ_LOCK_REENTERED
+                                               : v == -1 ? KIQ_UNIQUE_NOT_YET : KIQ_EDENIED;
+}
+
 /* What lock.lua's reply in c says (see lock_once); frees c. */
 static int lock_result(lock_call_t *c, kiq_redis_t *r, char *err)
 {
@@ -122,14 +130,8 @@ static int lock_result(lock_call_t *c, kiq_redis_t *r, char *err)
     else if (rep->type != REDIS_REPLY_INTEGER)
         rc = kiq_seterr(err, KIQ_EREPLY, "lock.lua: %s",
                         rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
-    else if (rep->integer == 1)
-        rc = KIQ_LOCK_ACQUIRED;
-    else if (rep->integer == 2)
-        rc = KIQ_LOCK_REENTERED;
-    else if (rep->integer == -1)
-        rc = KIQ_UNIQUE_NOT_YET;
     else
-        rc = KIQ_EDENIED;
+        rc = lock_code(rep->integer);
     lock_done(c);
     return rc;
 }
@@ -210,34 +212,30 @@ int kiq_unique_unlock(kiq_redis_t *r, const char *digest, int runtime, const cha
                          force, err);
 }
 
-int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride, void *ud,
-                          int *released, char *err)
-{
-    lock_call_t c;
-    int rc = lock_prepare(&c, req, 0, 0, err);
-    if (rc) {
-        lock_done(&c);
-        return rc;
-    }
+/* The until-lock release that goes before until_and_while_executing's
+ * runtime lock, in the same round trip. */
+typedef struct swap_call {
     char until[KIQ_DIGEST_MAX + 16];
-    kiq_unique__key(until, sizeof(until), req->digest, 0, KIQ_KEY_LOCKED);
-    const char *argv[] = { until, KIQ_UNIQUE_DIGESTS, req->jid, kiq_lock_type_name(req->type) };
-    kiq_script_call_t calls[2] = {
-        { .script = KIQ_SCRIPT_UNLOCK, .nkeys = 2, .argc = 4, .argv = argv },
-        c.call,
-    };
-    if (ride) {
-        ride(ud, r, calls, 2);
-    } else {
-        calls[0].reply = kiq__redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, argv, NULL);
-        if (calls[0].reply)
-            calls[1].reply = kiq__redis_script(r, KIQ_SCRIPT_LOCK, c.call.nkeys, c.call.argc,
-                                               c.argv, NULL);
-    }
+    const char *argv[4];
+} swap_call_t;
+
+static kiq_script_call_t swap_prepare(swap_call_t *u, const kiq_lock_req_t *req)
+{
+    kiq_unique__key(u->until, sizeof(u->until), req->digest, 0, KIQ_KEY_LOCKED);
+    const char *argv[] = { u->until, KIQ_UNIQUE_DIGESTS, req->jid, kiq_lock_type_name(req->type) };
+    memcpy(u->argv, argv, sizeof(argv));
+    return (kiq_script_call_t){ .script = KIQ_SCRIPT_UNLOCK, .nkeys = 2, .argc = 4,
+                                .argv = u->argv };
+}
+
+/* What the until-lock release (urep) and the runtime lock (in c) did, as
+ * kiq_unique__swap_ride returns it; frees both replies. */
+static int swap_result(kiq_redis_t *r, const kiq_lock_req_t *req, lock_call_t *c,
+                       redisReply *urep, int *released, char *err)
+{
     char uerr[KIQ_ERRLEN] = "";
-    *released = unlock_result(calls[0].reply, r, req->type, 0, uerr);
-    c.call.reply = calls[1].reply;
-    rc = counted(r, req, lock_result(&c, r, err));
+    *released = unlock_result(urep, r, req->type, 0, uerr);
+    int rc = counted(r, req, lock_result(c, r, err));
     if (*released == 0)
         return rc;
     /* The until-lock is another job's: this one must not run, nor keep a
@@ -247,6 +245,110 @@ int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn
     if (*released < 0)
         kiq_seterr(err, *released, "%s", uerr);
     return rc;
+}
+
+int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn ride, void *ud,
+                          int *released, char *err)
+{
+    lock_call_t c;
+    int rc = lock_prepare(&c, req, 0, 0, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    swap_call_t u;
+    kiq_script_call_t calls[2] = { swap_prepare(&u, req), c.call };
+    if (ride) {
+        ride(ud, r, calls, 2);
+    } else {
+        calls[0].reply = kiq__redis_script(r, KIQ_SCRIPT_UNLOCK, 2, 4, u.argv, NULL);
+        if (calls[0].reply)
+            calls[1].reply = kiq__redis_script(r, KIQ_SCRIPT_LOCK, c.call.nkeys, c.call.argc,
+                                               c.argv, NULL);
+    }
+    c.call.reply = calls[1].reply;
+    return swap_result(r, req, &c, calls[0].reply, released, err);
+}
+
+/* Fills each job's results from locks.lua's reply (err when it failed). */
+static void many_results(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock_t *const *pre,
+                         size_t n, const redisReply *rep)
+{
+    int ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 * n;
+    for (size_t i = 0; i < n; i++) {
+        kiq_prelock_t *p = pre[i];
+        int swap = p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING;
+        const redisReply *rel = ok ? rep->element[2 * i] : NULL;
+        const redisReply *got = ok ? rep->element[2 * i + 1] : NULL;
+        if (!ok || rel->type != REDIS_REPLY_INTEGER || got->type != REDIS_REPLY_INTEGER) {
+            if (!rep)
+                p->lr = kiq_seterr(p->err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+            else
+                p->lr = kiq_seterr(p->err, KIQ_EREPLY, "locks.lua: %s",
+                                   rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+            if (swap)
+                p->released = p->lr;
+            continue;
+        }
+        if (swap) {
+            p->released = rel->integer == 1 ? 0 : KIQ_EDENIED;
+            kiq_unique__metric(r, p->type, p->released == 0 ? "unlocked" : "unlock_failed");
+        }
+        p->lr = p->released ? KIQ_EDENIED : counted(r, &reqs[i], lock_code(got->integer));
+    }
+}
+
+void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock_t *const *pre,
+                           size_t n, kiq_ride_fn ride, void *ud)
+{
+    lock_call_t *c = calloc(n ? n : 1, sizeof(*c));
+    char (*until)[KIQ_DIGEST_MAX + 16] = calloc(n ? n : 1, sizeof(*until));
+    const char **argv = calloc(2 + 7 * n, sizeof(*argv));
+    size_t argc = 2, k = 0;
+    char err[KIQ_ERRLEN] = "";
+    int rc = c && until && argv ? 0 : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n && !rc; i++) {
+        kiq_prelock_t *p = pre[i];
+        if ((rc = lock_prepare(&c[i], &reqs[i], 0, 0, err)))
+            break;
+        if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING)
+            kiq_unique__key(until[i], sizeof(until[i]), reqs[i].digest, 0, KIQ_KEY_LOCKED);
+        /* lock_prepare's arguments for lock.lua without a waiting line:
+         * locked, digests, jid, pttl, type, limit, meta, now. */
+        const char *const *a = c[i].argv;
+        const char *group[] = { a[0], until[i], a[2], a[3], a[4], a[5], a[6] };
+        memcpy(argv + argc, group, sizeof(group));
+        argc += 7;
+        k++;
+    }
+    kiq_script_call_t call = { .script = KIQ_SCRIPT_LOCKS, .nkeys = 1, .argc = (int)argc,
+                               .argv = argv };
+    if (!rc && k) {
+        argv[0] = KIQ_UNIQUE_DIGESTS;
+        argv[1] = c[0].now_s;
+        ride(ud, r, &call, 1);
+        many_results(r, reqs, pre, n, call.reply);
+    }
+    for (size_t i = 0; i < n; i++) {
+        kiq_prelock_t *p = pre[i];
+        p->asked = 1;
+        if (rc) {
+            p->lr = kiq_seterr(p->err, rc, "%s", err);
+            if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING)
+                p->released = p->lr;
+        }
+        if (c && p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) {
+            /* Kept to take the until-lock again if the job does not run. */
+            p->meta = c[i].meta;
+            c[i].meta = NULL;
+        }
+        if (c)
+            lock_done(&c[i]);
+    }
+    freeReplyObject(call.reply);
+    free(argv);
+    free(until);
+    free(c);
 }
 
 static void sleep_s(double s)

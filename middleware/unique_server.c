@@ -7,6 +7,7 @@
  * server strategy runs instead, and its default logs. Locks a job holds
  * while it waits in retry are kept (v9's ack releases them); the ack
  * releases them only when the job is done or dead (mw->release_*). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,20 @@ void kiq__mw_note_released(const kiq_mw_t *mw, kiq_redis_t *r)
     kiq_unique__metric(r, (kiq_lock_type_t)mw->release_type, "unlocked");
 }
 
+/* Whether the job's runtime lock was asked for before its turn (see
+ * kiq_unique_prelock): then *lr, *released and err are what came back. */
+static int prelocked(kiq_mw_t *mw, const kiq_unique_spec_t *s, int *lr, int *released, char *err)
+{
+    kiq_prelock_t *p = mw->prelock;
+    if (!p || !p->asked || p->used || p->type != s->type || strcmp(p->digest, s->digest) != 0)
+        return 0;
+    p->used = 1;
+    *lr = p->lr;
+    *released = p->released;
+    snprintf(err, KIQ_ERRLEN, "%s", p->err);
+    return 1;
+}
+
 /* Runs the job under the runtime lock "<digest>:RUN:LOCKED". Without a
  * wait, the lock is asked for in the round trip that writes the acks
  * waiting (with until, the job's until-lock goes in the same round trip;
@@ -109,7 +124,9 @@ static int while_executing(kiq_mw_t *mw, const kiq_unique_spec_t *s, int until, 
     char err[KIQ_ERRLEN];
     kiq_lock_req_t q = request(mw, s, 1);
     int lr, released = 0;
-    if (until && s->timeout <= 0)
+    if (prelocked(mw, s, &lr, &released, err))
+        ;
+    else if (until && s->timeout <= 0)
         lr = kiq_unique__swap_ride(mw->r, &q, mw->ride, mw->ride_ud, &released, err);
     else if (until && (released = kiq_unique_unlock(mw->r, s->digest, 0, mw->jid, s->type, 0,
                                                     err)) != 0)
@@ -219,4 +236,76 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
     }
     kiq_unique__spec_clear(&s);
     return rc;
+}
+
+/* Lock types whose runtime lock kiq_unique_prelock asks for. */
+static int prelocks(const kiq_unique_spec_t *s)
+{
+    return (s->type == KIQ_LOCK_WHILE_EXECUTING || s->type == KIQ_LOCK_WHILE_EXECUTING_REJECT
+            || s->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) && s->timeout <= 0;
+}
+
+size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
+{
+    kiq_lock_req_t reqs[n ? n : 1];
+    kiq_unique_spec_t specs[n ? n : 1];
+    kiq_prelock_t *asked[n ? n : 1];
+    size_t k = 0, keep = n;
+    memset(pre, 0, n * sizeof(*pre));
+    for (size_t i = 0; i < n && keep == n; i++) {
+        char err[KIQ_ERRLEN];
+        kiq_unique_spec_t *s = &specs[k];
+        if (kiq_unique__resolve(mws[i], s, 1, err)) {
+            keep = i ? i : 1;
+            break;
+        }
+        /* A job that waits for its lock, or takes none at once, ends the
+         * run: the locks after it would be held while it waits. */
+        for (size_t j = 0; j < k && prelocks(s); j++)
+            if (strcmp(asked[j]->digest, s->digest) == 0)
+                keep = i;
+        if (!prelocks(s) || keep < n) {
+            kiq_unique__spec_clear(s);
+            keep = i ? i : 1;
+            break;
+        }
+        kiq_prelock_t *p = &pre[i];
+        p->type = s->type;
+        p->ttl = s->ttl;
+        p->limit = s->limit;
+        snprintf(p->digest, sizeof(p->digest), "%s", s->digest);
+        snprintf(p->jid, sizeof(p->jid), "%s", mws[i]->jid);
+        reqs[k] = request(mws[i], s, 1);
+        asked[k++] = p;
+    }
+    if (k && mws[0]->ride)
+        kiq_unique__lock_many(mws[0]->r, reqs, asked, k, mws[0]->ride, mws[0]->ride_ud);
+    for (size_t j = 0; j < k; j++)
+        kiq_unique__spec_clear(&specs[j]);
+    return keep;
+}
+
+void kiq_unique_prelock_drop(kiq_redis_t *r, kiq_prelock_t *p)
+{
+    char err[KIQ_ERRLEN];
+    if (p->asked && !p->used && p->released == 0
+        && (p->lr == KIQ_LOCK_ACQUIRED || p->lr == KIQ_LOCK_REENTERED)) {
+        if (kiq_unique_unlock(r, p->digest, 1, p->jid, p->type, 0, err) < 0)
+            kiq_warn("%s: releasing runtime lock %s:RUN of a job that did not run failed: %s",
+                     p->jid, p->digest, err);
+        if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING && p->meta) {
+            /* Back in line: unique again until it runs. */
+            kiq_lock_req_t q = { .digest = p->digest, .jid = p->jid, .type = p->type,
+                                 .ttl = p->ttl, .limit = p->limit, .metadata = p->meta };
+            if (kiq_unique_lock(r, &q, err) < 0)
+                kiq_warn("%s: could not take lock %s again: %s", p->jid, p->digest, err);
+        }
+    }
+    kiq_unique_prelock_clear(p);
+}
+
+void kiq_unique_prelock_clear(kiq_prelock_t *p)
+{
+    free(p->meta);
+    memset(p, 0, sizeof(*p));
 }

@@ -58,8 +58,23 @@ int kiq_feed_suspect(const kiq_fetched_t *job);
 int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job);
 void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r);
 
-/* Gives back every job waiting in the feed using f and r (reconnecting
- * when connect is set). Returns how many there were. */
+/* Processor s is about to run *first, which it took from the feed: when
+ * that job takes a runtime lock at once and jobs run short, takes the jobs
+ * of that kind that follow it in the feed, up to max, into out (owned by
+ * the caller), and lists them in s->ahead. Returns how many. */
+size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetched_t *out,
+                           size_t max);
+/* Under s->mu: processor s starts the job it took ahead whose payload this
+ * is. Returns 0, or 1 when the give-back at shutdown took it meanwhile
+ * (as a copy): it must not start. */
+int kiq_feed_ahead_start(kiq_slot_t *s, const char *payload);
+/* Puts jobs[0..n), taken ahead and not started, back in the feed in their
+ * place (or frees those the give-back took meanwhile). */
+void kiq_feed_put_back(kiq_slot_t *s, kiq_fetched_t *jobs, size_t n);
+
+/* Gives back every job waiting in the feed, and those the processors took
+ * ahead, using f and r (reconnecting when connect is set). Returns how
+ * many there were. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);
 /* Reads every round trip deferred by a processor whose job still runs, so
  * that its fetched jobs and acks are in the feed (kiq_feed_holds sees

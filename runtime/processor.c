@@ -12,9 +12,16 @@
 #include "support/log.h"
 #include "support/time.h"
 
-static void slot_set(kiq_slot_t *s, const kiq_job_t *job)
+/* Marks the slot busy with job. A job taken ahead (see kiq_feed_take_ahead)
+ * leaves the slot's list in the same step, unless the give-back at shutdown
+ * took it: then the slot stays free and 1 is returned. */
+static int slot_set(kiq_slot_t *s, const kiq_job_t *job, int ahead)
 {
     pthread_mutex_lock(&s->mu);
+    if (ahead && kiq_feed_ahead_start(s, job->payload)) {
+        pthread_mutex_unlock(&s->mu);
+        return 1;
+    }
     s->busy = 1;
     s->abandoned = 0;
     s->queue = (char *)job->queue;
@@ -25,6 +32,7 @@ static void slot_set(kiq_slot_t *s, const kiq_job_t *job)
     snprintf(s->jid, sizeof(s->jid), "%s", job->jid ? job->jid : "");
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->rt->busy, 1);
+    return 0;
 }
 
 static void slot_clear(kiq_slot_t *s)
@@ -101,14 +109,17 @@ int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r)
 
 /* Parses the fetched job into job and marks the slot busy. Returns 0 when
  * it may run; otherwise it has been dealt with (an invalid payload went to
- * the dead set, or it must not start: see kiq_processor_connected) and the
- * slot is free again. */
-static int take_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_job_t *job)
+ * the dead set, or it must not start: see kiq_processor_connected, and
+ * slot_set for a job taken ahead) and the slot is free again. */
+static int take_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_job_t *job, int ahead)
 {
     char err[KIQ_ERRLEN] = "";
     int rc = kiq_job_init(job, got->payload, got->len, got->queue, err);
     got->payload = NULL; /* the job owns it now */
-    slot_set(s, job);
+    if (slot_set(s, job, ahead)) {
+        kiq_job_clear(job);
+        return 1;
+    }
     if (rc)
         fail_invalid(s, r, got->queue, job->payload, job->len, err);
     if (rc || kiq_processor_connected(s, r)) {
@@ -140,17 +151,25 @@ static kiq_ack_t ack_of(const kiq_runtime_t *rt, const kiq_mw_t *mw, const kiq_j
 }
 
 /* Runs the fetched job into d: d->active when its ack is still to be
- * written (the reliable fetch sends it with a later round trip). */
-static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_t *d)
+ * written (the reliable fetch sends it with a later round trip). pre is
+ * its runtime lock asked for already, or NULL; ahead says it was taken
+ * ahead of its turn. */
+static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_t *d,
+                    kiq_prelock_t *pre, int ahead)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_job_t *job = &d->job;
-    if (take_job(s, r, got, job))
+    if (take_job(s, r, got, job, ahead)) {
+        if (pre)
+            kiq_unique_prelock_drop(r, pre);
         return;
+    }
     /* The fetch saw this job's lock held by this jid: the server need not
      * look again (checked against our own parse of the payload). */
     int held = got->held_jid && strcmp(got->held_jid, job->jid) == 0;
-    kiq_server_run(s, r, job, &d->mw, held ? got->held_digest : NULL);
+    kiq_server_run(s, r, job, &d->mw, held ? got->held_digest : NULL, pre);
+    if (pre)
+        kiq_unique_prelock_drop(r, pre); /* a lock the job did not use */
     if (d->mw.disp == KIQ_DISPOSE_KEEP) {
         slot_clear(s);
         kiq_done_clear(d);
@@ -172,9 +191,11 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
     slot_clear(s);
 }
 
-/* Runs the fetched job. Returns the finished job whose ack is still to be
- * written (the reliable fetch leaves it in the feed), or NULL. */
-static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+/* Runs the fetched job (pre and ahead as run_one has them). Returns the
+ * finished job whose ack is still to be written (the reliable fetch leaves
+ * it in the feed), or NULL. */
+static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job,
+                               kiq_prelock_t *pre, int ahead)
 {
     /* malloc and memset, not calloc: glibc's calloc skips the per-thread
      * cache, and this runs for every job. */
@@ -182,16 +203,55 @@ static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
+        if (pre)
+            kiq_unique_prelock_drop(r, pre);
         kiq__fetched_clear(job);
         return NULL;
     }
     memset(d, 0, sizeof(*d));
-    run_one(s, r, job, d);
+    run_one(s, r, job, d, pre, ahead);
     kiq__fetched_clear(job);
     if (d->active)
         return d;
     kiq_done_free(d);
     return NULL;
+}
+
+/* Runs *first and the short jobs with runtime locks that follow it in the
+ * feed (kiq_feed_take_ahead), their locks asked for in one round trip
+ * (kiq_server_prelock). The acks of all but the last go to the feed as
+ * each finishes; the last is returned as run_fetched returns it. When the
+ * process goes quiet, the jobs not started go back to the feed. */
+static kiq_done_t *run_ahead(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *first)
+{
+    kiq_fetched_t got[KIQ_RUN_MAX];
+    got[0] = *first;
+    memset(first, 0, sizeof(*first));
+    size_t n = 1 + kiq_feed_take_ahead(s, &got[0], got + 1, KIQ_RUN_MAX - 1);
+    /* On the heap: most jobs run alone, and their stack stays small. */
+    kiq_prelock_t *pre = n > 1 ? malloc(n * sizeof(*pre)) : NULL;
+    if (!pre) {
+        if (n > 1)
+            kiq_feed_put_back(s, got + 1, n - 1);
+        return run_fetched(s, r, &got[0], NULL, 0);
+    }
+    size_t keep = kiq_server_prelock(s, r, got, n, pre);
+    if (keep < n)
+        kiq_feed_put_back(s, got + keep, n - keep);
+    kiq_done_t *done = NULL;
+    for (size_t i = 0; i < keep; i++) {
+        if (i && atomic_load(&s->rt->quiet)) {
+            for (size_t j = i; j < keep; j++)
+                kiq_unique_prelock_drop(r, &pre[j]);
+            kiq_feed_put_back(s, got + i, keep - i);
+            break;
+        }
+        if (done)
+            kiq_feed_ack(s, r, done);
+        done = run_fetched(s, r, &got[i], &pre[i], i > 0);
+    }
+    free(pre);
+    return done;
 }
 
 /* An error reply to a fetch: retrying at once would only spin. */
@@ -238,7 +298,7 @@ static void loop(kiq_slot_t *s, kiq_redis_t *r)
         int solo = reliable && kiq_feed_suspect(&job);
         if (solo && !kiq_feed_solo_begin(s, r, &job))
             continue;
-        done = run_fetched(s, r, &job);
+        done = solo || !reliable ? run_fetched(s, r, &job, NULL, 0) : run_ahead(s, r, &job);
         if (solo && done) {
             kiq_feed_ack(s, r, done); /* written before the gate opens */
             done = NULL;
@@ -308,6 +368,8 @@ int kiq_processor_holds(kiq_runtime_t *rt, const char *payload, size_t len)
         kiq_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
         held = s->busy && !s->abandoned && s->len == len && memcmp(s->payload, payload, len) == 0;
+        for (size_t k = 0; k < s->nahead && !held; k++)
+            held = s->ahead[k].len == len && memcmp(s->ahead[k].payload, payload, len) == 0;
         pthread_mutex_unlock(&s->mu);
     }
     return held || (rt->feed && kiq_feed_holds(rt->feed, payload, len));

@@ -32,6 +32,10 @@ typedef struct kiq_hook {
  * TTIN and shutdown. Guarded by mu, except that the fatal-signal handler
  * (crash.c) reads busy, cls, jid and tid without it: they are fixed-size
  * copies, so a torn read garbles a name but never reads past them. */
+/* The most jobs a processor takes at once when their runtime locks can be
+ * asked for in one round trip (processor.c). */
+#define KIQ_RUN_MAX 8
+
 typedef struct kiq_slot {
     pthread_mutex_t mu;
     struct kiq_runtime *rt;
@@ -48,6 +52,20 @@ typedef struct kiq_slot {
     char cls[128];
     char jid[64];          /* cut to fit, like cls */
     kiq_fetch_t *fetch;
+    /* Jobs the processor took from the feed to run after its current one,
+     * in order (a run of short jobs whose runtime locks went in one round
+     * trip: see processor.c): views of payloads it owns, for
+     * kiq_processor_holds and for the give-back at shutdown, which copies
+     * them into the feed and empties the list (the processor then starts
+     * none of them). Under the feed's lock and mu. */
+    struct kiq_ahead {
+        const char *payload, *queue;
+        size_t len;
+        unsigned long long seq;
+    } ahead[KIQ_RUN_MAX - 1];
+    size_t nahead;
+    double run_time;       /* handler time, seconds (moving average), by
+                              the processor's thread only */
     /* The processor's second connection, for round trips read after its
      * job (runtime/feed.c), made when first needed; and the one on its
      * way, under the feed's lock. Owned by the processor thread. */
@@ -131,10 +149,19 @@ void kiq_feed_free(kiq_feed_t *feed);
 /* server_chain.c: runs job through rt->server_chain to its handler on
  * processor s's connection r. mw is filled here and holds the outcome
  * afterwards (disposition, payload to store). held_digest is the lock the
- * fetch saw held by the job's jid, or NULL. */
+ * fetch saw held by the job's jid, or NULL; prelock the runtime lock asked
+ * for before its turn, or NULL. */
 struct kiq_mw;
+struct kiq_prelock;
 void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
-                    const char *held_digest);
+                    const char *held_digest, struct kiq_prelock *prelock);
+/* Asks for the runtime locks of the fetched jobs got[0..n), about to run
+ * in turn on processor s, in one round trip (kiq_unique_prelock); pre[i]
+ * is what job i's server chain uses (with prelock). Returns how many of
+ * the jobs, from the first, should run so (at least 1): the others go back
+ * to the feed. */
+size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, size_t n,
+                          struct kiq_prelock *pre);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */

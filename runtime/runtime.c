@@ -464,6 +464,7 @@ static int start_threads(kiq_runtime_t *rt, char *err)
         pthread_mutex_init(&s->mu, NULL);
         s->rt = rt;
         s->index = i;
+        s->run_time = 0.002; /* not short until measured (see kiq_feed_take_ahead) */
         kiq_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
                                 .nqueues = c->nqueues, .strict = c->strict, .index = i,
                                 .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,

@@ -162,8 +162,10 @@ static int call_handler(kiq_mw_t *mw, void *udata)
     /* A middleware's command may have broken the connection. */
     if (kiq_processor_connected(run->slot, mw->r))
         return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
-    /* No runtime lock of a finished job is held while this one runs. */
-    if (run->slot->rt->feed)
+    /* No runtime lock of a finished job is held while this one runs;
+     * unless it runs in a run of short jobs whose locks were asked for at
+     * once: those acks then ride the next round trip. */
+    if (run->slot->rt->feed && !(mw->prelock && mw->prelock->asked))
         kiq_feed_prompt(run->slot, mw->r);
     job->redis = kiq_redis_ctx(mw->r);
     if (!run->h && mw->cfg->unknown_class == KIQ_UNKNOWN_SKIP) {
@@ -173,7 +175,9 @@ static int call_handler(kiq_mw_t *mw, void *udata)
     } else if (!run->h) {
         kiq_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
+        double t0 = kiq__mono();
         int hrc = run->h->fn(job, run->h->udata);
+        run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (kiq__mono() - t0);
         if (hrc != 0 && !job->err_class)
             kiq_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
     }
@@ -290,8 +294,23 @@ static void prompt(void *ud, kiq_redis_t *r)
     kiq_feed_prompt(ud, r);
 }
 
+/* The middleware state a job's server chain starts with. */
+static kiq_mw_t server_mw(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job,
+                          const kiq_handler_entry_t *h)
+{
+    kiq_runtime_t *rt = s->rt;
+    /* Middleware see the payload's own class (the uniqueness digest is made
+     * of it, as Ruby makes it); the class options are the handler's. */
+    return (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
+                       .unique = h ? h->unique : NULL, .limit = h ? h->limit : NULL, .job = job,
+                       .cls = job->wrapper ? job->wrapper : job->cls,
+                       .jid = job->jid, .queue = job->queue,
+                       .ride = rt->feed ? ride : NULL, .prompt = rt->feed ? prompt : NULL,
+                       .ride_ud = s };
+}
+
 void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
-                    const char *held_digest)
+                    const char *held_digest, kiq_prelock_t *prelock)
 {
     kiq_runtime_t *rt = s->rt;
     job->redis = kiq_redis_ctx(r);
@@ -299,15 +318,10 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
     run_t run = { .slot = s, .h = kiq_registry_find(rt, job->cls) };
     run.tags = tags_of(job);
     run.ctx = (kiq_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
-    /* Middleware see the payload's own class (the uniqueness digest is made
-     * of it, as Ruby makes it); the class options are the handler's. */
-    *mw = (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
-                      .unique = run.h ? run.h->unique : NULL,
-                      .limit = run.h ? run.h->limit : NULL, .job = job,
-                      .cls = job->wrapper ? job->wrapper : job->cls,
-                      .jid = job->jid, .queue = job->queue, .priv = &run,
-                      .held_digest = held_digest, .ride = rt->feed ? ride : NULL,
-                      .prompt = rt->feed ? prompt : NULL, .ride_ud = s };
+    *mw = server_mw(s, r, job, run.h);
+    mw->priv = &run;
+    mw->held_digest = held_digest;
+    mw->prelock = prelock;
     if (run.h)
         requeue_streak = 0;
     else
@@ -319,7 +333,41 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
         kiq__mw_run(rt->server_chain, mw, call_handler, NULL);
     }
     free(run.tags);
-    /* Both point into this call's state and the fetched job. */
+    /* They point into this call's state and the caller's. */
     mw->priv = NULL;
     mw->held_digest = NULL;
+    mw->prelock = NULL;
+}
+
+size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, size_t n,
+                          kiq_prelock_t *pre)
+{
+    kiq_job_t jobs[n];
+    kiq_mw_t mws[n];
+    kiq_mw_t *pm[n];
+    size_t m = 0;
+    /* Parsed here for their lock options only: each is parsed again when
+     * it runs. A job that does not parse or has no handler ends the run. */
+    for (; m < n; m++) {
+        char err[KIQ_ERRLEN];
+        int bad = kiq_job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
+        const kiq_handler_entry_t *h = bad ? NULL : kiq_registry_find(s->rt, jobs[m].cls);
+        if (!h) {
+            jobs[m].payload = NULL; /* the caller's */
+            kiq_job_clear(&jobs[m]);
+            break;
+        }
+        mws[m] = server_mw(s, r, &jobs[m], h);
+        pm[m] = &mws[m];
+    }
+    size_t keep = m ? kiq_unique_prelock(pm, m, pre) : 0;
+    for (size_t i = 0; i < m; i++) {
+        jobs[i].payload = NULL;
+        kiq_job_clear(&jobs[i]);
+    }
+    if (!keep) {
+        memset(pre, 0, sizeof(*pre));
+        keep = 1;
+    }
+    return keep;
 }

@@ -669,6 +669,16 @@ char *kt_payload(const char *cls, const char *args, const char *jid, const char 
     return p;
 }
 
+char *kt_payload_locked(const char *cls, const char *args, const char *jid, const char *queue,
+                        const char *lock, const char *key)
+{
+    char *p = kt_payload(cls, args, jid, queue), *out = NULL;
+    cr_assert(asprintf(&out, "{\"lock\":\"%s\",\"lock_digest\":\"uniquejobs:%s\",%s", lock, key,
+                       p + 1) > 0);
+    free(p);
+    return out;
+}
+
 void kt_push_all(redisContext *c, const char *queue, char **p, size_t n)
 {
     char *key = NULL;

@@ -143,6 +143,10 @@ int kt_log_count(pid_t pid, const char *needle);
 void kt_make_jid(char out[25], unsigned tag, unsigned i);
 /* A job as Sidekiq 7's client writes it (malloc'd). */
 char *kt_payload(const char *cls, const char *args, const char *jid, const char *queue);
+/* kt_payload with v9's lock fields: lock (a lock type) and the lock_digest
+ * "uniquejobs:<key>", so that jobs share a lock only when they share key. */
+char *kt_payload_locked(const char *cls, const char *args, const char *jid, const char *queue,
+                        const char *lock, const char *key);
 /* LPUSHes n payloads to queue:NAME on c in batches of 1,000, as a bulk
  * client would (p[0] is fetched first), and adds NAME to "queues". */
 void kt_push_all(redisContext *c, const char *queue, char **p, size_t n);

@@ -121,7 +121,7 @@ static long given_back(pid_t pid)
  * given back sit at the head, before the ones never fetched; in_order: also
  * that they are in their original order (the queue reads as if the jobs
  * that ran were taken out of it and nothing else happened). */
-static void term_mid_drain(int in_order, int slow)
+static void term_mid_drain(int in_order, int slow, const char *lock)
 {
     enum { N = 20000 };
     redisContext *c = kt_redis();
@@ -135,9 +135,10 @@ static void term_mid_drain(int in_order, int slow)
     for (unsigned i = 0; i < N; i++) {
         char jid[25];
         kt_make_jid(jid, 2, i);
-        p[i] = slow ? kt_payload("SleepJob", "[3]", jid, "default")
-                    : kt_payload(i % 2 ? "NoopJob" : "SleepJob", i % 2 ? "[]" : "[1]", jid,
-                                 "default");
+        const char *cls = slow || i % 2 == 0 ? "SleepJob" : "NoopJob";
+        const char *args = slow ? "[3]" : i % 2 ? "[]" : "[1]";
+        p[i] = lock ? kt_payload_locked(cls, args, jid, "default", lock, jid)
+                    : kt_payload(cls, args, jid, "default");
     }
     kt_push_all(c, "default", p, N);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - (slow ? N / 40 : N / 10), 30),
@@ -199,6 +200,19 @@ static void term_mid_drain(int in_order, int slow)
                            k, order);
         }
     }
+    /* A job that ran released its runtime lock with its ack; one taken
+     * ahead of its turn and given back, when it went back. An
+     * until_and_while_executing job given back so holds its until-lock
+     * again, as one waiting in its queue does. */
+    redisReply *dg = kt_cmd("ZRANGE uniquejobs:digests 0 -1");
+    for (size_t k = 0; k < dg->elements; k++) {
+        const char *d = dg->element[k]->str;
+        cr_assert(lock && strcmp(lock, "until_and_while_executing") == 0, "lock left: %s", d);
+        cr_assert(!strstr(d, ":RUN"), "runtime lock left: %s", d);
+        long i = strtol(d + strlen("uniquejobs:") + 16, NULL, 16);
+        cr_assert(i >= 0 && i < N && state[i] == 'q', "a lock of a job not queued: %s", d);
+    }
+    freeReplyObject(dg);
     free(at);
     free(state);
     free_all(p, N);
@@ -208,21 +222,34 @@ static void term_mid_drain(int in_order, int slow)
 
 Test(prefetch, term_gives_every_fetched_job_back_to_the_head)
 {
-    term_mid_drain(0, 0);
+    term_mid_drain(0, 0, NULL);
 }
 
 /* Strict order: every job given back sits where it was before the fetch,
  * whichever sweep, thread or round trip it came back with. */
 Test(prefetch, term_gives_fetched_jobs_back_in_their_order)
 {
-    term_mid_drain(1, 0);
+    term_mid_drain(1, 0, NULL);
+}
+
+/* Short while_executing jobs: each processor takes several and asks for
+ * their runtime locks in one round trip (runtime/feed.c). Those it holds
+ * unstarted at TERM go back in their place too, their locks released. */
+Test(prefetch, term_gives_jobs_taken_with_their_locks_back_in_order)
+{
+    term_mid_drain(1, 0, "while_executing");
+}
+
+Test(prefetch, term_gives_until_and_while_jobs_back_in_order)
+{
+    term_mid_drain(1, 0, "until_and_while_executing");
 }
 
 /* The same with jobs long enough that round trips are read after them:
  * those still on their way at TERM are read before the jobs go back. */
 Test(prefetch, term_gives_jobs_back_in_order_with_round_trips_read_after_jobs)
 {
-    term_mid_drain(1, 1);
+    term_mid_drain(1, 1, NULL);
 }
 
 /* ---- an idle process starts a job at once ----------------------------- */

@@ -69,14 +69,16 @@ static char *jid_eq(const char *jid)
     return s;
 }
 
-/* (a) kill -9 at five moments of a 20,000-job drain. */
-Test(reliable, chaos_kill9_five_times_loses_nothing)
+/* (a) kill -9 at several moments of a drain (kills of them, in a drain of
+ * records jobs); lock (or NULL) the lock type every recording job has,
+ * each its own lock. */
+enum { EVERY_SLEEP = 50, KILLS_MAX = 5 };
+static void chaos_kill9(long records, int kills, const char *lock)
 {
-    enum { RECORDS = 20000, EVERY_SLEEP = 50, KILLS = 5, CONC = 10 };
     redisContext *c = kt_redis();
-    size_t total = RECORDS + RECORDS / EVERY_SLEEP, n = 0;
+    size_t total = records + records / EVERY_SLEEP, n = 0;
     char **p = calloc(total, sizeof(char *));
-    char (*jids)[25] = calloc(RECORDS, sizeof(*jids));
+    char (*jids)[25] = calloc(records, sizeof(*jids));
     for (unsigned i = 0, r = 0; n < total; n++) {
         char jid[25];
         if (n % (EVERY_SLEEP + 1) == EVERY_SLEEP) {
@@ -84,7 +86,9 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
             p[n] = kt_payload("SleepJob", "[50]", jid, "default");
         } else {
             kt_make_jid(jids[r], 1, r);
-            p[n] = kt_payload("RecordJob", "[\"rec\"]", jids[r], "default");
+            p[n] = lock ? kt_payload_locked("RecordJob", "[\"rec\"]", jids[r], "default", lock,
+                                            jids[r])
+                        : kt_payload("RecordJob", "[\"rec\"]", jids[r], "default");
             r++;
         }
     }
@@ -97,16 +101,16 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
      * kill lands while it is still draining whatever the machine's speed. */
     unsigned seed = (unsigned)getpid() ^ (unsigned)(kt_now() * 1e3);
     srand(seed);
-    long at[KILLS];
-    for (int k = 0; k < KILLS; k++)
-        at[k] = 1000 + (long)k * 3400 + rand() % 2400;
+    long at[KILLS_MAX], span = (records - 3000) / kills;
+    for (int k = 0; k < kills; k++)
+        at[k] = 1000 + (long)k * span + rand() % (span * 2 / 3);
     char *y = kt_write_file("chaos.yml", FAST_YAML "timeout: 5\n");
     const char *args[] = { "-C", y, "-c", "10", NULL };
     double t0 = kt_now();
-    pid_t pid = kt_kiq_start(args), pids[KILLS + 1];
+    pid_t pid = kt_kiq_start(args), pids[KILLS_MAX + 1];
     pids[0] = pid;
     long inflight = 0;
-    for (int k = 0; k < KILLS; k++) {
+    for (int k = 0; k < kills; k++) {
         char *id = kt_log_identity(pid);
         cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= at[k], 90),
                   "stalled before kill %d at %lld done: %s", k + 1, kt_int("SCARD rec"),
@@ -122,7 +126,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
         free(id);
         pid = pids[k + 1] = kt_kiq_start(args);
     }
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == RECORDS && kt_int("LLEN queue:default") == 0
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == records && kt_int("LLEN queue:default") == 0
                             && working_lists(c) == 0, 90),
               "not drained: %lld recorded, %lld queued, %ld working lists\n%s",
               kt_int("SCARD rec"), kt_int("LLEN queue:default"), working_lists(c),
@@ -132,7 +136,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
 
     /* Every jid, not just the count. */
     long missing = 0;
-    for (size_t done = 0; done < RECORDS; done += 1000) {
+    for (long done = 0; done < records; done += 1000) {
         const char *argv[1002] = { "SMISMEMBER", "rec" };
         for (size_t i = 0; i < 1000; i++)
             argv[2 + i] = jids[done + i];
@@ -143,20 +147,37 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
         freeReplyObject(r);
     }
     long runs = (long)kt_int("LLEN rec:log"), dups = runs - (long)kt_int("SCARD rec");
-    fprintf(stderr, "[chaos] seed %u: %d jobs (+%zu SleepJobs), %d kills, %ld in flight at the "
-            "kills, %ld duplicate runs, %.1f s\n", seed, RECORDS, total - RECORDS, KILLS,
-            inflight, dups, wall);
+    fprintf(stderr, "[chaos] seed %u: %ld %s jobs (+%zu SleepJobs), %d kills, %ld in flight at "
+            "the kills, %ld duplicate runs, %.1f s\n", seed, records, lock ? lock : "plain",
+            total - (size_t)records, kills, inflight, dups, wall);
     cr_assert_eq(missing, 0, "%ld jobs lost", missing);
     /* In flight: whatever was in the working list at the kill, i.e. running,
      * fetched in a batch and not started yet, or finished and not acked. */
     cr_assert_leq(dups, inflight, "only jobs in flight at a kill may run twice");
     cr_assert_eq(kt_int("ZCARD dead"), 0, "nothing was taken for a poison pill");
     cr_assert_eq(kt_int("ZCARD retry"), 0);
-    for (int k = 0; k <= KILLS; k++)
+    for (int k = 0; k <= kills; k++)
         cr_assert(!kt_log_has(pids[k], "gave back"), "no job a processor held was given back: %s",
                   kt_kiq_log(pids[k]));
+    /* A job killed holding its runtime lock ran again under the same jid,
+     * which took the lock over and released it. */
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0, "no lock is left");
+    cr_assert(!lock || !kt_log_has(pid, "Skipping job"), "%s", kt_kiq_log(pid));
     free(jids);
     free(y);
+}
+
+Test(reliable, chaos_kill9_five_times_loses_nothing)
+{
+    chaos_kill9(20000, 5, NULL);
+}
+
+/* Short while_executing jobs are taken several at a time with their locks
+ * (runtime/feed.c): killed so, their locks are not in the way of the
+ * jobs' next run. */
+Test(reliable, chaos_kill9_with_runtime_locks_loses_nothing)
+{
+    chaos_kill9(10000, 3, "while_executing");
 }
 
 /* (b) A drains after TERM while B, started meanwhile, takes the new jobs. */

@@ -526,3 +526,123 @@ Test(unique, fetch_lock_check_trusts_only_the_jobs_own_fields)
                  "the holder keeps its lock");
     free(d); free(d2); free(log);
 }
+
+/* ---- runtime locks asked for several at a time ------------------------ */
+
+/* n payloads of cls with args, each with lock type lock and the lock key
+ * keyof(i) gives, pushed on c so that job 0 runs first. */
+static void push_locked(redisContext *c, const char *cls, const char *args, const char *lock,
+                        int n, void (*keyof)(int, char *))
+{
+    char **p = calloc((size_t)n, sizeof(char *));
+    for (int i = 0; i < n; i++) {
+        char jid[25], k[64];
+        kt_make_jid(jid, 7, (unsigned)i);
+        keyof(i, k);
+        p[i] = kt_payload_locked(cls, args, jid, "default", lock, k);
+    }
+    kt_push_all(c, "default", p, (size_t)n);
+    for (int i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+static void own_key(int i, char *k)
+{
+    snprintf(k, 64, "own%05d", i);
+}
+
+static void pair_key(int i, char *k)
+{
+    snprintf(k, 64, "pair%05d", i / 2);
+}
+
+static void held_key(int i, char *k)
+{
+    snprintf(k, 64, i % 50 == 25 ? "held" : "own%05d", i);
+}
+
+/* The calls the server c is connected to counted for cmd. */
+static long long calls_of(redisContext *c, const char *cmd)
+{
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    cr_assert(r && r->type == REDIS_REPLY_STRING);
+    char needle[64];
+    snprintf(needle, sizeof(needle), "cmdstat_%s:calls=", cmd);
+    const char *at = strstr(r->str, needle);
+    long long n = at ? atoll(at + strlen(needle)) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* Short while_executing jobs: a processor takes several from the feed and
+ * asks for their runtime locks in one script call (runtime/feed.c), so
+ * Redis sees fewer script calls than jobs (a call each for the locks
+ * alone, before). Each runs once, and every lock is gone when they are
+ * done. On a server of its own, to count its calls alone. */
+static void short_locked_jobs(const char *lock)
+{
+    enum { N = 3000 };
+    kt_aof_redis_t s;
+    kt_aof_init(&s, "calls");
+    kt_aof_start(&s);
+    redisContext *c = kt_aof_connect(&s);
+    cr_assert(c);
+    push_locked(c, "NoopJob", "[]", lock, N, own_key);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "5", "--redis-url", s.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0
+                            && kt_log_count(pid, "INFO: done") == N, 60),
+              "%d of %d ran\n%s", kt_log_count(pid, "INFO: done"), N, kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
+    long long scripts = calls_of(c, "evalsha");
+    fprintf(stderr, "[unique] %d %s jobs: %lld script calls\n", N, lock, scripts);
+    cr_assert_eq(kt_log_count(pid, "INFO: done"), N, "each ran once");
+    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int_on(c, "ZCARD uniquejobs:digests"), 0, "no lock is left");
+    cr_assert_lt(scripts, N, "%lld script calls for %d jobs", scripts, N);
+    redisFree(c);
+    kt_aof_kill(&s);
+}
+
+Test(unique, short_while_executing_jobs_lock_several_in_one_call)
+{
+    short_locked_jobs("while_executing");
+}
+
+Test(unique, short_until_and_while_jobs_lock_several_in_one_call)
+{
+    short_locked_jobs("until_and_while_executing");
+}
+
+/* Two jobs of one lock next to each other in the queue: a processor that
+ * takes both at once would find the second's lock held by the first, so it
+ * takes the second with the next round trip, after the first's release. */
+Test(unique, jobs_sharing_a_lock_back_to_back_all_run)
+{
+    enum { N = 400 };
+    push_locked(kt_redis(), "RecordJob", "[\"pr\"]", "while_executing", N, pair_key);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD pr") == N, 30), "%lld of %d ran\n%s",
+              kt_int("SCARD pr"), N, kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
+    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0, "no lock is left");
+}
+
+/* A lock another process holds still refuses the job asked for with
+ * others: its server strategy (log: skip) applies to it alone. */
+Test(unique, a_lock_held_elsewhere_refuses_only_its_job)
+{
+    enum { N = 400 };
+    freeReplyObject(kt_cmd("HSET uniquejobs:held:RUN:LOCKED elsewhere {}"));
+    freeReplyObject(kt_cmd("ZADD uniquejobs:digests 1 uniquejobs:held:RUN"));
+    push_locked(kt_redis(), "RecordJob", "[\"hl\"]", "while_executing", N, held_key);
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD hl") == N - N / 50 && kt_int("LLEN queue:default") == 0
+                            && kt_log_count(pid, "Skipping job") == N / 50, 30),
+              "%lld ran\n%s", kt_int("SCARD hl"), kt_kiq_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("SCARD hl"), N - N / 50);
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:held:RUN:LOCKED elsewhere"), 1, "still held");
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 1, "only that lock is left");
+}

@@ -1,0 +1,28 @@
+-- uses: release_hold
+-- uses: drop_lock
+-- uses: take_lock
+-- Take the runtime locks of several jobs about to run, in one call (they
+-- would otherwise cost a script call each): for each job, in order, its
+-- until-lock goes first when it has one (until_and_while_executing), as
+-- unlock.lua does, and then, only if that release was not refused, its
+-- runtime lock is taken as lock.lua takes it without waiting.
+-- KEYS[1] "uniquejobs:digests".
+-- ARGV[1] now (float seconds); then groups of 7: the runtime lock hash
+-- "<digest>:RUN:LOCKED", the until-lock hash to release first ("" for
+-- none), jid, ttl in ms (0 = none), lock type, limit, metadata JSON.
+-- Returns two integers a job: the release's result (1 when there was none)
+-- and the lock's (lib/take_lock.lua; 0 when the release was refused).
+local digests, now, out = KEYS[1], ARGV[1], {}
+for i = 2, #ARGV, 7 do
+  local released, taken = 1, 0
+  if ARGV[i + 1] ~= '' then
+    released = drop_lock(ARGV[i + 1], digests, ARGV[i + 2], ARGV[i + 4])
+  end
+  if released == 1 then
+    taken = take_lock(ARGV[i], digests, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
+                      ARGV[i + 6], now)
+  end
+  out[#out + 1] = released
+  out[#out + 1] = taken
+end
+return out
