@@ -30,10 +30,12 @@ void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const
     snprintf(out, n, "%s%s%s", digest, runtime ? KIQ_KEY_RUN : "", suffix);
 }
 
-/* v9's metadata, keys in its order. */
-static char *metadata(const kiq_lock_req_t *q, double now)
+/* v9's metadata, keys in its order; now_s the time already formatted. */
+static char *metadata(const kiq_lock_req_t *q, const char *now_s)
 {
-    kiq_buf_t b = {0};
+    char store[512];
+    kiq_buf_t b;
+    kiq__buf_on(&b, store, sizeof(store));
     int rc = kiq__buf_puts(&b, "{\"worker\":");
     if (!rc) rc = kiq__json_quote(&b, q->cls ? q->cls : "", strlen(q->cls ? q->cls : ""));
     if (!rc) rc = kiq__buf_puts(&b, ",\"queue\":");
@@ -43,16 +45,17 @@ static char *metadata(const kiq_lock_req_t *q, double now)
     if (!rc) rc = kiq__buf_printf(&b, ",\"timeout\":%ld", q->timeout > 0 ? q->timeout : 0);
     if (!rc) rc = q->ttl > 0 ? kiq__buf_printf(&b, ",\"ttl\":%ld", q->ttl)
                              : kiq__buf_puts(&b, ",\"ttl\":null");
-    if (!rc) rc = kiq__buf_printf(&b, ",\"type\":\"%s\",\"lock_args\":%s,\"time\":%.6f",
-                                 kiq_lock_type_name(q->type),
-                                 q->lock_args ? q->lock_args : "[]", now);
+    if (!rc) rc = kiq__buf_puts(&b, ",\"type\":\"");
+    if (!rc) rc = kiq__buf_puts(&b, kiq_lock_type_name(q->type));
+    if (!rc) rc = kiq__buf_puts(&b, "\",\"lock_args\":");
+    if (!rc) rc = kiq__buf_puts(&b, q->lock_args ? q->lock_args : "[]");
+    if (!rc) rc = kiq__buf_puts(&b, ",\"time\":");
+    if (!rc) rc = kiq__buf_puts(&b, now_s);
     if (!rc) rc = q->at > 0 ? kiq__buf_printf(&b, ",\"at\":%.6f}", q->at)
                             : kiq__buf_puts(&b, ",\"at\":null}");
-    if (rc) {
-        kiq__buf_free(&b);
-        return NULL;
-    }
-    return kiq__buf_take(&b, NULL);
+    char *out = rc ? NULL : kiq__buf_take(&b, NULL);
+    kiq__buf_free(&b);
+    return out;
 }
 
 /* The arguments of one lock.lua call and their storage. */
@@ -79,9 +82,11 @@ static int lock_prepare(lock_call_t *c, const kiq_lock_req_t *q, double arrival,
     snprintf(c->pttl, sizeof(c->pttl), "%ld", ttl > 0 ? ttl * 1000 : 0);
     snprintf(c->limit, sizeof(c->limit), "%d", q->limit > 0 ? q->limit : 1);
     snprintf(c->now_s, sizeof(c->now_s), "%.6f", now);
-    snprintf(c->arr, sizeof(c->arr), "%.6f", arrival);
-    snprintf(c->cut, sizeof(c->cut), "%.6f", cutoff);
-    c->meta = q->metadata ? NULL : metadata(q, now);
+    if (arrival > 0) {
+        snprintf(c->arr, sizeof(c->arr), "%.6f", arrival);
+        snprintf(c->cut, sizeof(c->cut), "%.6f", cutoff);
+    }
+    c->meta = q->metadata ? NULL : metadata(q, c->now_s);
     if (!q->metadata && !c->meta)
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
     const char *meta = q->metadata ? q->metadata : c->meta;
