@@ -26,6 +26,8 @@ typedef struct kiq_prelock {
     int limit;
     char *meta;              /* owned: until_and_while_executing's
                                 metadata, to take its until-lock again */
+    struct kiq_unique_spec *spec; /* owned: the job's options as resolved
+                                for the lock, for its middleware */
     char digest[KIQ_DIGEST_MAX];
     char jid[64];
     char err[KIQ_ERRLEN];

@@ -168,7 +168,11 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
     (void)udata;
     char err[KIQ_ERRLEN] = "";
     kiq_unique_spec_t s;
-    if (kiq_unique__resolve(mw, &s, 1, err)) {
+    if (mw->prelock && mw->prelock->spec) {
+        s = *mw->prelock->spec; /* resolved as its lock was asked for */
+        free(mw->prelock->spec);
+        mw->prelock->spec = NULL;
+    } else if (kiq_unique__resolve(mw, &s, 1, err)) {
         kiq_warn("%s %s: uniqueness skipped: %s", mw->cls, mw->jid, err);
         return kiq_mw_next(mw);
     }
@@ -280,8 +284,14 @@ size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
     }
     if (k && mws[0]->ride)
         kiq_unique__lock_many(mws[0]->r, reqs, asked, k, mws[0]->ride, mws[0]->ride_ud);
-    for (size_t j = 0; j < k; j++)
-        kiq_unique__spec_clear(&specs[j]);
+    /* Each job's middleware takes its options over rather than resolve
+     * them again. */
+    for (size_t j = 0; j < k; j++) {
+        if ((asked[j]->spec = malloc(sizeof(specs[j]))))
+            *asked[j]->spec = specs[j];
+        else
+            kiq_unique__spec_clear(&specs[j]);
+    }
     return keep;
 }
 
@@ -306,6 +316,9 @@ void kiq_unique_prelock_drop(kiq_redis_t *r, kiq_prelock_t *p)
 
 void kiq_unique_prelock_clear(kiq_prelock_t *p)
 {
+    if (p->spec)
+        kiq_unique__spec_clear(p->spec);
+    free(p->spec);
     free(p->meta);
     memset(p, 0, sizeof(*p));
 }

@@ -107,16 +107,33 @@ int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r)
     return abandoned ? KIQ_EDENIED : 0;
 }
 
-/* Parses the fetched job into job and marks the slot busy. Returns 0 when
- * it may run; otherwise it has been dealt with (an invalid payload went to
- * the dead set, or it must not start: see kiq_processor_connected, and
- * slot_set for a job taken ahead) and the slot is free again. */
-static int take_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_job_t *job, int ahead)
+/* A job of a run (run_ahead): its runtime lock asked for already, its
+ * payload parsed (got's until it starts, or payload NULL when it did not
+ * parse), and whether it was taken ahead of its turn. */
+typedef struct run_job {
+    kiq_prelock_t *pre;
+    kiq_job_t *parsed;
+    int ahead;
+} run_job_t;
+
+/* Parses the fetched job into job (or takes rj's parse) and marks the slot
+ * busy. Returns 0 when it may run; otherwise it has been dealt with (an
+ * invalid payload went to the dead set, or it must not start: see
+ * kiq_processor_connected, and slot_set for a job taken ahead) and the
+ * slot is free again. */
+static int take_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_job_t *job,
+                    const run_job_t *rj)
 {
     char err[KIQ_ERRLEN] = "";
-    int rc = kiq_job_init(job, got->payload, got->len, got->queue, err);
+    int rc = 0;
+    if (rj && rj->parsed->payload && rj->parsed->payload == got->payload) {
+        *job = *rj->parsed;
+        memset(rj->parsed, 0, sizeof(*rj->parsed));
+    } else {
+        rc = kiq_job_init(job, got->payload, got->len, got->queue, err);
+    }
     got->payload = NULL; /* the job owns it now */
-    if (slot_set(s, job, ahead)) {
+    if (slot_set(s, job, rj && rj->ahead)) {
         kiq_job_clear(job);
         return 1;
     }
@@ -151,15 +168,15 @@ static kiq_ack_t ack_of(const kiq_runtime_t *rt, const kiq_mw_t *mw, const kiq_j
 }
 
 /* Runs the fetched job into d: d->active when its ack is still to be
- * written (the reliable fetch sends it with a later round trip). pre is
- * its runtime lock asked for already, or NULL; ahead says it was taken
- * ahead of its turn. */
+ * written (the reliable fetch sends it with a later round trip). rj: the
+ * job is part of a run (run_ahead), or NULL. */
 static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_t *d,
-                    kiq_prelock_t *pre, int ahead)
+                    const run_job_t *rj)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_job_t *job = &d->job;
-    if (take_job(s, r, got, job, ahead)) {
+    kiq_prelock_t *pre = rj ? rj->pre : NULL;
+    if (take_job(s, r, got, job, rj)) {
         if (pre)
             kiq_unique_prelock_drop(r, pre);
         return;
@@ -191,11 +208,11 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
     slot_clear(s);
 }
 
-/* Runs the fetched job (pre and ahead as run_one has them). Returns the
- * finished job whose ack is still to be written (the reliable fetch leaves
- * it in the feed), or NULL. */
+/* Runs the fetched job (rj as run_one has it). Returns the finished job
+ * whose ack is still to be written (the reliable fetch leaves it in the
+ * feed), or NULL. */
 static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job,
-                               kiq_prelock_t *pre, int ahead)
+                               const run_job_t *rj)
 {
     /* malloc and memset, not calloc: glibc's calloc skips the per-thread
      * cache, and this runs for every job. */
@@ -203,13 +220,16 @@ static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job
     if (!d) {
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
-        if (pre)
-            kiq_unique_prelock_drop(r, pre);
+        if (rj) {
+            kiq_unique_prelock_drop(r, rj->pre);
+            rj->parsed->payload = NULL; /* job's */
+            kiq_job_clear(rj->parsed);
+        }
         kiq__fetched_clear(job);
         return NULL;
     }
     memset(d, 0, sizeof(*d));
-    run_one(s, r, job, d, pre, ahead);
+    run_one(s, r, job, d, rj);
     kiq__fetched_clear(job);
     if (d->active)
         return d;
@@ -229,28 +249,35 @@ static kiq_done_t *run_ahead(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *first
     memset(first, 0, sizeof(*first));
     size_t n = 1 + kiq_feed_take_ahead(s, &got[0], got + 1, KIQ_RUN_MAX - 1);
     /* On the heap: most jobs run alone, and their stack stays small. */
-    kiq_prelock_t *pre = n > 1 ? malloc(n * sizeof(*pre)) : NULL;
-    if (!pre) {
+    struct run {
+        kiq_prelock_t pre[KIQ_RUN_MAX];
+        kiq_job_t jobs[KIQ_RUN_MAX];
+    } *run = n > 1 ? malloc(sizeof(*run)) : NULL;
+    if (!run) {
         if (n > 1)
             kiq_feed_put_back(s, got + 1, n - 1);
-        return run_fetched(s, r, &got[0], NULL, 0);
+        return run_fetched(s, r, &got[0], NULL);
     }
-    size_t keep = kiq_server_prelock(s, r, got, n, pre);
+    size_t keep = kiq_server_prelock(s, r, got, n, run->pre, run->jobs);
     if (keep < n)
         kiq_feed_put_back(s, got + keep, n - keep);
     kiq_done_t *done = NULL;
-    for (size_t i = 0; i < keep; i++) {
-        if (i && atomic_load(&s->rt->quiet)) {
-            for (size_t j = i; j < keep; j++)
-                kiq_unique_prelock_drop(r, &pre[j]);
-            kiq_feed_put_back(s, got + i, keep - i);
-            break;
-        }
+    size_t i = 0;
+    for (; i < keep && !(i && atomic_load(&s->rt->quiet)); i++) {
         if (done)
             kiq_feed_ack(s, r, done);
-        done = run_fetched(s, r, &got[i], &pre[i], i > 0);
+        run_job_t rj = { .pre = &run->pre[i], .parsed = &run->jobs[i], .ahead = i > 0 };
+        done = run_fetched(s, r, &got[i], &rj);
     }
-    free(pre);
+    /* The process went quiet: the jobs not started go back. */
+    for (size_t j = i; j < keep; j++) {
+        kiq_unique_prelock_drop(r, &run->pre[j]);
+        run->jobs[j].payload = NULL; /* got[j]'s */
+        kiq_job_clear(&run->jobs[j]);
+    }
+    if (i < keep)
+        kiq_feed_put_back(s, got + i, keep - i);
+    free(run);
     return done;
 }
 
@@ -298,7 +325,7 @@ static void loop(kiq_slot_t *s, kiq_redis_t *r)
         int solo = reliable && kiq_feed_suspect(&job);
         if (solo && !kiq_feed_solo_begin(s, r, &job))
             continue;
-        done = solo || !reliable ? run_fetched(s, r, &job, NULL, 0) : run_ahead(s, r, &job);
+        done = solo || !reliable ? run_fetched(s, r, &job, NULL) : run_ahead(s, r, &job);
         if (solo && done) {
             kiq_feed_ack(s, r, done); /* written before the gate opens */
             done = NULL;

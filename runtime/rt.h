@@ -159,9 +159,10 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
  * in turn on processor s, in one round trip (kiq_unique_prelock); pre[i]
  * is what job i's server chain uses (with prelock). Returns how many of
  * the jobs, from the first, should run so (at least 1): the others go back
- * to the feed. */
+ * to the feed. jobs[i], for those, is job i parsed (its payload still
+ * got[i]'s), or zeroed when it did not parse. */
 size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, size_t n,
-                          struct kiq_prelock *pre);
+                          struct kiq_prelock *pre, kiq_job_t *jobs);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */

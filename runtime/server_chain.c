@@ -340,14 +340,13 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
 }
 
 size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, size_t n,
-                          kiq_prelock_t *pre)
+                          kiq_prelock_t *pre, kiq_job_t *jobs)
 {
-    kiq_job_t jobs[n];
     kiq_mw_t mws[n];
     kiq_mw_t *pm[n];
     size_t m = 0;
-    /* Parsed here for their lock options only: each is parsed again when
-     * it runs. A job that does not parse or has no handler ends the run. */
+    memset(jobs, 0, n * sizeof(*jobs));
+    /* A job that does not parse or has no handler ends the run. */
     for (; m < n; m++) {
         char err[KIQ_ERRLEN];
         int bad = kiq_job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
@@ -361,13 +360,13 @@ size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *go
         pm[m] = &mws[m];
     }
     size_t keep = m ? kiq_unique_prelock(pm, m, pre) : 0;
-    for (size_t i = 0; i < m; i++) {
-        jobs[i].payload = NULL;
-        kiq_job_clear(&jobs[i]);
-    }
     if (!keep) {
         memset(pre, 0, sizeof(*pre));
         keep = 1;
+    }
+    for (size_t i = keep; i < m; i++) {
+        jobs[i].payload = NULL;
+        kiq_job_clear(&jobs[i]);
     }
     return keep;
 }
