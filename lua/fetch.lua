@@ -53,6 +53,12 @@ for i = 1, #KEYS - 1 do
     for _, job in ipairs(oldest_first) do
       local digest, jid = '', ''
       local d = check and field(job, '"lock_digest":"')
+      -- The server looks again only at a lock taken at push.
+      local lock = d and field(job, '"lock":"')
+      if lock == 'while_executing' or lock == 'until_and_while_executing'
+          or lock == 'while_executing_reject' then
+        d = nil
+      end
       if d then
         local j = field(job, '"jid":"')
         if j and redis.call('HEXISTS', d .. ':LOCKED', j) == 1 then
