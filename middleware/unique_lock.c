@@ -306,13 +306,16 @@ static void many_results(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock
 void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock_t *const *pre,
                            size_t n, kiq_ride_fn ride, void *ud)
 {
-    lock_call_t *c = calloc(n ? n : 1, sizeof(*c));
-    char (*until)[KIQ_DIGEST_MAX + 16] = calloc(n ? n : 1, sizeof(*until));
-    const char **argv = calloc(2 + 7 * n, sizeof(*argv));
+    /* n is a run's few jobs (KIQ_RUN_MAX): on the stack. */
+    lock_call_t c[n ? n : 1];
+    char until[n ? n : 1][KIQ_DIGEST_MAX + 16];
+    const char *argv[2 + 7 * n];
     size_t argc = 2, k = 0;
     char err[KIQ_ERRLEN] = "";
-    int rc = c && until && argv ? 0 : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    int rc = 0;
+    memset(c, 0, sizeof(c));
     for (size_t i = 0; i < n && !rc; i++) {
+        until[i][0] = '\0';
         kiq_prelock_t *p = pre[i];
         if ((rc = lock_prepare(&c[i], &reqs[i], 0, 0, err)))
             break;
@@ -342,18 +345,14 @@ void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelo
             if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING)
                 p->released = p->lr;
         }
-        if (c && p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) {
+        if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) {
             /* Kept to take the until-lock again if the job does not run. */
             p->meta = c[i].meta;
             c[i].meta = NULL;
         }
-        if (c)
-            lock_done(&c[i]);
+        lock_done(&c[i]);
     }
     freeReplyObject(call.reply);
-    free(argv);
-    free(until);
-    free(c);
 }
 
 static void sleep_s(double s)

@@ -17,11 +17,11 @@ local function take_lock(locked, digests, jid, pttl, type, limit, meta, now)
   end
   redis.call('HSET', locked, jid, meta)
   pttl = tonumber(pttl) or 0
-  local score = tonumber(now)
+  local score = now
   -- v9 adds milliseconds to seconds here, pushing until_expired entries years
   -- ahead of the reaper; the expiry time in seconds is what it meant.
   if type == 'until_expired' and pttl > 0 then
-    score = score + pttl / 1000
+    score = tonumber(now) + pttl / 1000
   end
   redis.call('ZADD', digests, score, (string.gsub(locked, ':LOCKED$', '')))
   if pttl > 0 then
