@@ -375,11 +375,13 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
  * processor takes the ones that follow it in the feed too, up to
  * KIQ_RUN_MAX in all, asks for all their locks in one round trip and runs
  * them in turn (processor.c): a job's lock is then held from that round
- * trip until it has run, at most the run's few milliseconds longer. */
+ * trip until it has run, about RUN_SPAN longer at most. */
 
-/* Jobs run so while the processor's handlers take less than this
- * (seconds) on average. */
+/* Jobs run so while the processor's handlers take less than RUN_JOB_TIME
+ * (seconds) on average, and a run is cut to what they do in RUN_SPAN: no
+ * lock is held much longer before its job starts. */
 #define RUN_JOB_TIME 0.001
+#define RUN_SPAN 0.002
 
 /* Whether the payload names a lock type whose runtime lock is taken at
  * once (Ruby's client writes sidekiq_options into every payload). Plain
@@ -397,10 +399,13 @@ size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetche
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
     size_t n = 0;
-    if (max > KIQ_RUN_MAX - 1)
-        max = KIQ_RUN_MAX - 1;
     if (s->run_time >= RUN_JOB_TIME || !runtime_locked(first))
         return 0;
+    double fit = RUN_SPAN / (s->run_time > 1e-6 ? s->run_time : 1e-6);
+    if (max > KIQ_RUN_MAX - 1)
+        max = KIQ_RUN_MAX - 1;
+    if ((double)max > fit)
+        max = (size_t)fit;
     pthread_mutex_lock(&feed->mu);
     pthread_mutex_lock(&s->mu);
     /* A thread waiting for a job gets one first. */

@@ -107,6 +107,12 @@ int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r)
     return abandoned ? KIQ_EDENIED : 0;
 }
 
+/* What run_ahead keeps for a run of jobs (kiq_slot_t.run). */
+struct kiq_run {
+    kiq_prelock_t pre[KIQ_RUN_MAX];
+    kiq_job_t jobs[KIQ_RUN_MAX];
+};
+
 /* A job of a run (run_ahead): its runtime lock asked for already, its
  * payload parsed (got's until it starts, or payload NULL when it did not
  * parse), and whether it was taken ahead of its turn. */
@@ -248,11 +254,10 @@ static kiq_done_t *run_ahead(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *first
     got[0] = *first;
     memset(first, 0, sizeof(*first));
     size_t n = 1 + kiq_feed_take_ahead(s, &got[0], got + 1, KIQ_RUN_MAX - 1);
-    /* On the heap: most jobs run alone, and their stack stays small. */
-    struct run {
-        kiq_prelock_t pre[KIQ_RUN_MAX];
-        kiq_job_t jobs[KIQ_RUN_MAX];
-    } *run = n > 1 ? malloc(sizeof(*run)) : NULL;
+    /* Made once: most jobs run alone, and their stack stays small. */
+    if (n > 1 && !s->run)
+        s->run = malloc(sizeof(*s->run));
+    struct kiq_run *run = n > 1 ? s->run : NULL;
     if (!run) {
         if (n > 1)
             kiq_feed_put_back(s, got + 1, n - 1);
@@ -277,7 +282,6 @@ static kiq_done_t *run_ahead(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *first
     }
     if (i < keep)
         kiq_feed_put_back(s, got + i, keep - i);
-    free(run);
     return done;
 }
 
@@ -356,6 +360,8 @@ void *kiq_processor_main(void *arg)
     kiq_redis_free(r);
     kiq_redis_free(s->aux);
     s->aux = NULL;
+    free(s->run);
+    s->run = NULL;
     kiq_crash_thread_end();
     pthread_mutex_lock(&s->mu);
     s->exited = 1;

@@ -34,7 +34,7 @@ typedef struct kiq_hook {
  * copies, so a torn read garbles a name but never reads past them. */
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
-#define KIQ_RUN_MAX 8
+#define KIQ_RUN_MAX 16
 
 typedef struct kiq_slot {
     pthread_mutex_t mu;
@@ -66,6 +66,8 @@ typedef struct kiq_slot {
     size_t nahead;
     double run_time;       /* handler time, seconds (moving average), by
                               the processor's thread only */
+    struct kiq_run *run;   /* a run's state (processor.c), made when first
+                              needed; owned by the processor thread */
     /* The processor's second connection, for round trips read after its
      * job (runtime/feed.c), made when first needed; and the one on its
      * way, under the feed's lock. Owned by the processor thread. */
