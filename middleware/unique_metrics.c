@@ -99,8 +99,16 @@ int kiq_unique_metric_record(kiq_redis_t *r, const char *lock_type, const char *
     if (!event || !*event)
         return KIQ_EINVAL;
     if (atomic_load(&buffering)) {
-        char key[64], field[160], total[160];
-        kiq_unique_metrics_key(time(NULL), key, sizeof(key));
+        /* This runs for each lock taken or released: the minute's key is
+         * made once a second per thread (gmtime_r takes a process lock). */
+        static _Thread_local time_t key_at;
+        static _Thread_local char key[64];
+        char field[160], total[160];
+        time_t now = time(NULL);
+        if (now != key_at) {
+            kiq_unique_metrics_key(now, key, sizeof(key));
+            key_at = now;
+        }
         snprintf(field, sizeof(field), "%s|%s", lock_type && *lock_type ? lock_type : "unknown",
                  event);
         snprintf(total, sizeof(total), "total|%s", event);

@@ -147,7 +147,11 @@ static void observe(series_t *d, double seconds)
 void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
                      int failed)
 {
-    kiq_buf_t c = {0}, q = {0};
+    /* Once a job: names of usual length are escaped on the stack. */
+    char cstore[128], qstore[128];
+    kiq_buf_t c, q;
+    kiq__buf_on(&c, cstore, sizeof(cstore));
+    kiq__buf_on(&q, qstore, sizeof(qstore));
     if (!m || kiq_metrics_escape(&c, cls ? cls : "") || kiq_metrics_escape(&q, queue ? queue : ""))
         goto out;
     cls = c.p;
@@ -194,7 +198,9 @@ void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]) && !ev; i++)
         if (!strcmp(event, map[i][0]))
             ev = map[i][1];
-    kiq_buf_t t = {0};
+    char store[64]; /* a lock type's name fits: no allocation per event */
+    kiq_buf_t t;
+    kiq__buf_on(&t, store, sizeof(store));
     if (!ev || kiq_metrics_escape(&t, lock_type && *lock_type ? lock_type : "unknown"))
         goto out;
     pthread_mutex_lock(&m->mu);
