@@ -153,12 +153,12 @@ static int take(kiq_fetch_t *f, redisReply *payload, size_t qi, kiq_fetched_t *o
     return 1;
 }
 
-/* The lock the fetch script saw held by the job's own jid (empty strings
- * when it did not look or it was not held). */
+/* The lock the fetch script saw held by the job's own jid (NULL when it
+ * did not look or it was not held). */
 static int take_hint(const redisReply *digest, const redisReply *jid, kiq_fetched_t *out)
 {
-    if (digest->type != REDIS_REPLY_STRING || jid->type != REDIS_REPLY_STRING || !digest->len
-        || !jid->len)
+    if (!digest || !jid || digest->type != REDIS_REPLY_STRING || jid->type != REDIS_REPLY_STRING
+        || !digest->len || !jid->len)
         return 0;
     out->held_digest = strndup(digest->str, digest->len);
     out->held_jid = strndup(jid->str, jid->len);
@@ -262,21 +262,28 @@ static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
  * place in the batch: the order of every fetch as Redis ran it. */
 static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out, size_t max)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 4 != 1
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 2 != 1
         || rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer < 0)
         return KIQ_EREPLY;
     unsigned long long clock = (unsigned long long)rep->element[0]->integer;
     size_t n = 0;
     int rc = 0;
-    for (size_t i = 1; i < rep->elements && n < max && rc == 0; i += 4) {
+    for (size_t i = 1; i < rep->elements && n < max && rc == 0; i += 2) {
         redisReply **e = rep->element + i;
-        long long qi = e[0]->type == REDIS_REPLY_INTEGER ? e[0]->integer : 0;
+        /* The queue's index, or {index, digest, jid} (see fetch.lua). */
+        const redisReply *meta = e[0], *const *held = NULL;
+        if (meta->type == REDIS_REPLY_ARRAY && meta->elements == 3) {
+            held = (const redisReply *const *)meta->element;
+            meta = held[0];
+        }
+        long long qi = meta->type == REDIS_REPLY_INTEGER ? meta->integer : 0;
         if (qi < 1 || (size_t)qi > f->nq || e[1]->type != REDIS_REPLY_STRING) {
             rc = KIQ_EREPLY;
             break;
         }
         rc = take(f, e[1], f->order[qi - 1], &out[n]);
-        if (rc == 1 && (rc = take_hint(e[2], e[3], &out[n])) == 0) {
+        if (rc == 1 && (rc = take_hint(held ? held[1] : NULL, held ? held[2] : NULL,
+                                       &out[n])) == 0) {
             out[n].seq = clock * 128 + n;
             n++;
         }

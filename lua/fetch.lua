@@ -9,9 +9,10 @@
 -- them with its own parse before trusting the answer.
 -- Returns a flat array: Redis's clock in microseconds (scripts run one at a
 -- time, so it orders the fetches of every connection as Redis ran them),
--- then four entries a job: the queue's index (1-based), the payload, and
--- the digest and jid found held ("" and "" when not checked or not held).
--- The clock alone when every queue is empty.
+-- then two entries a job: the queue's index (1-based), or {index, digest,
+-- jid} when the job's lock was found held by its jid; and the payload. (As
+-- few reply entries as can be: a client allocates each.) The clock alone
+-- when every queue is empty.
 local working = KEYS[#KEYS]
 -- The string value of the first "name":"..." in job, by plain search (a
 -- pattern match costs several times more), or nil.
@@ -51,7 +52,7 @@ for i = 1, #KEYS - 1 do
     redis.call('LPUSH', working, unpack(oldest_first))
     got = got + n
     for _, job in ipairs(oldest_first) do
-      local digest, jid = '', ''
+      local held = i
       local d = check and field(job, '"lock_digest":"')
       -- The server looks again only at a lock taken at push.
       local lock = d and field(job, '"lock":"')
@@ -62,13 +63,11 @@ for i = 1, #KEYS - 1 do
       if d then
         local j = field(job, '"jid":"')
         if j and redis.call('HEXISTS', d .. ':LOCKED', j) == 1 then
-          digest, jid = d, j
+          held = { i, d, j }
         end
       end
-      out[#out + 1] = i
+      out[#out + 1] = held
       out[#out + 1] = job
-      out[#out + 1] = digest
-      out[#out + 1] = jid
     end
   end
   if got >= want then
