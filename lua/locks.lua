@@ -10,8 +10,9 @@
 -- ARGV[1] now (float seconds); then groups of 7: the runtime lock hash
 -- "<digest>:RUN:LOCKED", the until-lock hash to release first ("" for
 -- none), jid, ttl in ms (0 = none), lock type, limit, metadata JSON.
--- Returns two integers a job: the release's result (1 when there was none)
--- and the lock's (lib/take_lock.lua; 0 when the release was refused).
+-- Returns one string, two digits a job (a client allocates each reply
+-- entry): the release's result (1 when there was none) and the lock's
+-- (lib/take_lock.lua; 0 when the release was refused).
 local digests, now, out = KEYS[1], ARGV[1], {}
 for i = 2, #ARGV, 7 do
   local released, taken = 1, 0
@@ -22,7 +23,6 @@ for i = 2, #ARGV, 7 do
     taken = take_lock(ARGV[i], digests, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
                       ARGV[i + 6], now)
   end
-  out[#out + 1] = released
-  out[#out + 1] = taken
+  out[#out + 1] = released .. taken
 end
-return out
+return table.concat(out)

@@ -279,13 +279,14 @@ int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn
 static void many_results(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock_t *const *pre,
                          size_t n, const redisReply *rep)
 {
-    int ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 * n;
+    /* Two digits a job: released, taken (see locks.lua). */
+    int ok = rep && rep->type == REDIS_REPLY_STRING && rep->len == 2 * n;
+    for (size_t i = 0; ok && i < 2 * n; i++)
+        ok = rep->str[i] >= '0' && rep->str[i] <= '2';
     for (size_t i = 0; i < n; i++) {
         kiq_prelock_t *p = pre[i];
         int swap = p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING;
-        const redisReply *rel = ok ? rep->element[2 * i] : NULL;
-        const redisReply *got = ok ? rep->element[2 * i + 1] : NULL;
-        if (!ok || rel->type != REDIS_REPLY_INTEGER || got->type != REDIS_REPLY_INTEGER) {
+        if (!ok) {
             if (!rep)
                 p->lr = kiq_seterr(p->err, KIQ_EREDIS, "%s", kiq_redis_error(r));
             else
@@ -296,10 +297,11 @@ static void many_results(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock
             continue;
         }
         if (swap) {
-            p->released = rel->integer == 1 ? 0 : KIQ_EDENIED;
+            p->released = rep->str[2 * i] == '1' ? 0 : KIQ_EDENIED;
             kiq_unique__metric(r, p->type, p->released == 0 ? "unlocked" : "unlock_failed");
         }
-        p->lr = p->released ? KIQ_EDENIED : counted(r, &reqs[i], lock_code(got->integer));
+        p->lr = p->released ? KIQ_EDENIED
+                            : counted(r, &reqs[i], lock_code(rep->str[2 * i + 1] - '0'));
     }
 }
 
