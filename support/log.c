@@ -343,6 +343,10 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
         pthread_mutex_lock(&mine->mu);
         if (ctx && lvl == KIQ_INFO) {
             double now = mono_now();
+            /* Written before it would pass BATCH_BYTES, so that each
+             * thread's buffer stays that size. */
+            if (mine->buf.len && mine->buf.len + b.len >= BATCH_BYTES)
+                batch_write(mine);
             if (!mine->buf.len)
                 mine->since = now;
             if (kiq__buf_put(&mine->buf, b.p, b.len) != 0)
