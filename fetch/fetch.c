@@ -451,9 +451,15 @@ enum { ACKS_PER_CALL = 64 };
 static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
-    const char *argv[2 + 4 * ACKS_PER_CALL];
-    size_t lens[2 + 4 * ACKS_PER_CALL];
+    /* On the heap: 4 KB of stack here would stay touched in every thread. */
+    const char **argv = malloc((2 + 4 * ACKS_PER_CALL) * sizeof(*argv));
+    size_t *lens = malloc((2 + 4 * ACKS_PER_CALL) * sizeof(*lens));
     int argc = 2;
+    if (!argv || !lens) {
+        free(argv);
+        free(lens);
+        return KIQ_ENOMEM;
+    }
     argv[0] = f->working;
     lens[0] = strlen(f->working);
     argv[1] = KIQ_UNIQUE_DIGESTS;
@@ -478,7 +484,10 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
         sent[i] = 2;
     }
     *from = i;
-    return kiq__redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
+    int rc = kiq__redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
+    free(argv);
+    free(lens);
+    return rc;
 }
 
 /* Reads the reply of the WAIT sent after acks. Replication is

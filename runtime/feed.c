@@ -294,7 +294,18 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
                           kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *got,
                           size_t max, int block, size_t *unwritten)
 {
-    kiq_ack_item_t items[nacks ? nacks : 1];
+    /* A few on the stack; many (up to every ack waiting) on the heap, so
+     * that no thread's stack grows by them. */
+    kiq_ack_item_t few[8];
+    kiq_ack_item_t *items = nacks <= 8 ? few : malloc(nacks * sizeof(*items));
+    if (!items) {
+        for (size_t i = 0; i < nacks; i++)
+            kiq_feed_ack(s, r, acks[i]); /* they wait for the next round trip */
+        free(acks);
+        acks = NULL;
+        nacks = 0;
+        items = few;
+    }
     ack_items(acks, nacks, items);
     for (size_t i = 0; i < ncalls; i++)
         calls[i].reply = NULL;
@@ -302,6 +313,8 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
                                                          ncalls, got, max, block)
                              : KIQ_EREDIS;
     size_t failed = settle(s, r, acks, items, nacks);
+    if (items != few)
+        free(items);
     if (unwritten)
         *unwritten = failed;
     return rc;
