@@ -1,6 +1,7 @@
 /* The thin path end to end: Ruby Sidekiq pushes, the kiq binary runs the
  * jobs with the example handlers, and Sidekiq's API reads the results. */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,4 +39,45 @@ Test(process, ruby_pushed_jobs_run_and_stats_show_them)
     free(log);
     free(stats);
     free(jid);
+}
+
+/* GLIBC_TUNABLES as /proc shows it for pid, or NULL (malloc'd). */
+static char *tunables_of(pid_t pid)
+{
+    char path[64], *env = NULL, *out = NULL;
+    snprintf(path, sizeof(path), "/proc/%d/environ", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    size_t n = 0;
+    while (getdelim(&env, &n, '\0', f) > 0 && !out)
+        if (strncmp(env, "GLIBC_TUNABLES=", 15) == 0)
+            out = strdup(env + 15);
+    free(env);
+    fclose(f);
+    return out;
+}
+
+/* `kiq run` starts itself again once without glibc's per-thread caches of
+ * freed blocks (a megabyte at concurrency 25), keeping its pid; a
+ * GLIBC_TUNABLES the user set is left as it is. */
+Test(process, run_turns_glibc_thread_caches_off_unless_tunables_are_set)
+{
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 20), "%s", kt_kiq_log(pid));
+    char *t = tunables_of(pid);
+    cr_assert(t && strcmp(t, "glibc.malloc.tcache_count=0") == 0, "GLIBC_TUNABLES=%s",
+              t ? t : "(unset)");
+    free(t);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "the pid kt_kiq_start saw is kiq's: %s",
+                 kt_kiq_log(pid));
+
+    setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=3", 1);
+    pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    unsetenv("GLIBC_TUNABLES");
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 20), "%s", kt_kiq_log(pid));
+    t = tunables_of(pid);
+    cr_assert(t && strcmp(t, "glibc.malloc.arena_max=3") == 0, "GLIBC_TUNABLES=%s",
+              t ? t : "(unset)");
+    free(t);
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
 }
