@@ -54,7 +54,8 @@ for i = 1, #KEYS - 1 do
     for _, job in ipairs(oldest_first) do
       local held = i
       local d = check and field(job, '"lock_digest":"')
-      -- The server looks again only at a lock taken at push.
+      -- The server uses the answer for until_executed and until_expired
+      -- jobs only; a runtime lock is never held by a job being fetched.
       local lock = d and field(job, '"lock":"')
       if lock == 'while_executing' or lock == 'until_and_while_executing'
           or lock == 'while_executing_reject' then

@@ -12,9 +12,11 @@
 -- none), jid, ttl in ms (0 = none), lock type, limit, metadata JSON.
 -- Returns one string, two digits a job (a client allocates each reply
 -- entry): the release's result (1 when there was none) and the lock's
--- (lib/take_lock.lua; 0 when the release was refused).
+-- (lib/take_lock.lua; 0 when the release was refused); "99" for a job one
+-- of whose commands failed (a key of another type), which leaves the other
+-- jobs' results as they are.
 local digests, now, out = KEYS[1], ARGV[1], {}
-for i = 2, #ARGV, 7 do
+local function one(i)
   local released, taken = 1, 0
   if ARGV[i + 1] ~= '' then
     released = drop_lock(ARGV[i + 1], digests, ARGV[i + 2], ARGV[i + 4])
@@ -23,6 +25,10 @@ for i = 2, #ARGV, 7 do
     taken = take_lock(ARGV[i], digests, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
                       ARGV[i + 6], now)
   end
-  out[#out + 1] = released .. taken
+  return released .. taken
+end
+for i = 2, #ARGV, 7 do
+  local ok, digits = pcall(one, i)
+  out[#out + 1] = ok and digits or '99'
 end
 return table.concat(out)

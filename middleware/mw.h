@@ -29,7 +29,7 @@ typedef struct kiq_prelock {
     struct kiq_unique_spec *spec; /* owned: the job's options as resolved
                                 for the lock, for its middleware */
     char digest[KIQ_DIGEST_MAX];
-    char jid[64];
+    char *jid;               /* owned */
     char err[KIQ_ERRLEN];
 } kiq_prelock_t;
 
@@ -93,10 +93,13 @@ void kiq__mw_clear(kiq_mw_t *mw);
 const char *kiq__mw_release_key(const kiq_mw_t *mw, kiq_dispose_t d);
 /* Asks for the runtime locks of the jobs of mws[0..n) that take one at
  * once (while_executing and its kin, without a lock_timeout) in one round
- * trip through mws[0]->ride, results into pre[i] (pre[i].asked 0 for the
- * others), in the order the jobs will run. A job whose lock repeats an
- * earlier one's would be refused by it: the jobs from there on are not
- * asked for, and the number before it is returned (n when none repeats).
+ * trip through mws[0]->ride, results into pre[i], in the order the jobs
+ * will run. The run stops before a job whose lock repeats an earlier one's
+ * (it would be refused by it), or that takes no lock at once or cannot be
+ * resolved (its lock would wait): the jobs from there on are not asked
+ * for, and the number before it is returned; 1 when job 0 is such a job
+ * (then nothing is asked), n when none is. pre[i].asked is 0 for a job not
+ * asked for, and also when the reply was lost (its middleware asks again).
  * The jobs are parsed and the mws filled as kiq_server_run does. */
 size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre);
 /* Gives back what p holds when its job did not get to use it (it did not

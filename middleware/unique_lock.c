@@ -279,19 +279,26 @@ int kiq_unique__swap_ride(kiq_redis_t *r, const kiq_lock_req_t *req, kiq_ride_fn
 static void many_results(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelock_t *const *pre,
                          size_t n, const redisReply *rep)
 {
-    /* Two digits a job: released, taken (see locks.lua). */
+    /* Two digits a job: released, taken; "99" its commands failed (see
+     * locks.lua). */
     int ok = rep && rep->type == REDIS_REPLY_STRING && rep->len == 2 * n;
     for (size_t i = 0; ok && i < 2 * n; i++)
-        ok = rep->str[i] >= '0' && rep->str[i] <= '2';
+        ok = (rep->str[i] >= '0' && rep->str[i] <= '2') || rep->str[i] == '9';
     for (size_t i = 0; i < n; i++) {
         kiq_prelock_t *p = pre[i];
         int swap = p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING;
-        if (!ok) {
-            if (!rep)
-                p->lr = kiq_seterr(p->err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-            else
-                p->lr = kiq_seterr(p->err, KIQ_EREPLY, "locks.lua: %s",
-                                   rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        if (!rep) {
+            /* Not known whether the call ran: the job's middleware asks
+             * again, after the reconnect (both steps are idempotent for
+             * one jid). */
+            p->asked = 0;
+            continue;
+        }
+        if (!ok || rep->str[2 * i] == '9') {
+            p->lr = kiq_seterr(p->err, KIQ_EREPLY, "locks.lua: %s",
+                               rep->type == REDIS_REPLY_ERROR ? rep->str
+                               : ok ? "a command on this job's lock keys failed"
+                                    : "unexpected reply");
             if (swap)
                 p->released = p->lr;
             continue;
@@ -333,6 +340,8 @@ void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelo
     }
     kiq_script_call_t call = { .script = KIQ_SCRIPT_LOCKS, .nkeys = 1, .argc = (int)argc,
                                .argv = argv };
+    for (size_t i = 0; i < n; i++)
+        pre[i]->asked = 1;
     if (!rc && k) {
         argv[0] = KIQ_UNIQUE_DIGESTS;
         argv[1] = c[0].now_s;
@@ -341,7 +350,6 @@ void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelo
     }
     for (size_t i = 0; i < n; i++) {
         kiq_prelock_t *p = pre[i];
-        p->asked = 1;
         if (rc) {
             p->lr = kiq_seterr(p->err, rc, "%s", err);
             if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING)

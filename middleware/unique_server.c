@@ -116,7 +116,10 @@ static int prelocked(kiq_mw_t *mw, const kiq_unique_spec_t *s, int *lr, int *rel
  * waiting (with until, the job's until-lock goes in the same round trip;
  * refused, the job does not run: *rc says what then). The runtime lock is
  * released whatever happens: by the job's ack when the job is done with
- * it (the ack goes out before the next handler starts), otherwise at once.
+ * it (the ack goes out before the next handler starts, or inside a run of
+ * short jobs whose locks were asked for at once, with the next round
+ * trip), otherwise at once. The lock may have been asked for already
+ * (mw->prelock).
  * Returns 1 when the job ran, 0 when its runtime lock was refused, -1 when
  * its until-lock could not be released. */
 static int while_executing(kiq_mw_t *mw, const kiq_unique_spec_t *s, int until, int *rc)
@@ -278,7 +281,12 @@ size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
         p->ttl = s->ttl;
         p->limit = s->limit;
         snprintf(p->digest, sizeof(p->digest), "%s", s->digest);
-        snprintf(p->jid, sizeof(p->jid), "%s", mws[i]->jid);
+        p->jid = strdup(mws[i]->jid);
+        if (!p->jid) {
+            kiq_unique__spec_clear(s);
+            keep = i ? i : 1;
+            break;
+        }
         reqs[k] = request(mws[i], s, 1);
         asked[k++] = p;
     }
@@ -298,13 +306,14 @@ size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
 void kiq_unique_prelock_drop(kiq_redis_t *r, kiq_prelock_t *p)
 {
     char err[KIQ_ERRLEN];
-    if (p->asked && !p->used && p->released == 0
-        && (p->lr == KIQ_LOCK_ACQUIRED || p->lr == KIQ_LOCK_REENTERED)) {
-        if (kiq_unique_unlock(r, p->digest, 1, p->jid, p->type, 0, err) < 0)
+    if (p->asked && !p->used && p->released == 0) {
+        if ((p->lr == KIQ_LOCK_ACQUIRED || p->lr == KIQ_LOCK_REENTERED)
+            && kiq_unique_unlock(r, p->digest, 1, p->jid, p->type, 0, err) < 0)
             kiq_warn("%s: releasing runtime lock %s:RUN of a job that did not run failed: %s",
                      p->jid, p->digest, err);
+        /* The until-lock went in the same call, whatever the runtime lock
+         * did: back in line, the job is unique again until it runs. */
         if (p->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING && p->meta) {
-            /* Back in line: unique again until it runs. */
             kiq_lock_req_t q = { .digest = p->digest, .jid = p->jid, .type = p->type,
                                  .ttl = p->ttl, .limit = p->limit, .metadata = p->meta };
             if (kiq_unique_lock(r, &q, err) < 0)
@@ -320,5 +329,6 @@ void kiq_unique_prelock_clear(kiq_prelock_t *p)
         kiq_unique__spec_clear(p->spec);
     free(p->spec);
     free(p->meta);
+    free(p->jid);
     memset(p, 0, sizeof(*p));
 }

@@ -45,6 +45,9 @@ struct kiq_feed {
     kiq_done_t **acks;     /* finished, ack not written */
     size_t nacks, cap_acks;
     int sweeping;          /* sweeps on their way */
+    atomic_int runs;       /* processors in a run (kiq_feed_take_ahead):
+                              a thread leaving gives the feed back after
+                              theirs is in it */
     pending_t *pending;    /* deferred round trips no thread reads yet */
     int sweepers_max;      /* at most this many at once */
     size_t prefetch;       /* jobs fetched and not started: at most this many */
@@ -326,11 +329,17 @@ static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nac
     return exchange_calls(s, r, acks, nacks, NULL, 0, got, max, block, unwritten);
 }
 
+static void settle_own(kiq_slot_t *s, kiq_feed_t *feed);
+
 int kiq_feed_ride(kiq_slot_t *s, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
 {
     kiq_feed_t *feed = s->rt->feed;
     size_t nacks;
     pthread_mutex_lock(&feed->mu);
+    /* This thread's own round trip on its second connection may carry the
+     * release of a lock these calls ask for (its last job's): read first,
+     * or Redis may serve this connection before that one. */
+    settle_own(s, feed);
     kiq_done_t **acks = take_acks(feed, &nacks);
     pthread_mutex_unlock(&feed->mu);
     int rc = exchange_calls(s, r, acks, nacks, calls, ncalls, NULL, 0, 0, NULL);
@@ -415,12 +424,12 @@ size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetche
     if (s->run_time >= RUN_JOB_TIME || !runtime_locked(first))
         return 0;
     double fit = RUN_SPAN / (s->run_time > 1e-6 ? s->run_time : 1e-6);
-    if (max > KIQ_RUN_MAX - 1)
-        max = KIQ_RUN_MAX - 1;
     if ((double)max > fit)
         max = (size_t)fit;
     pthread_mutex_lock(&feed->mu);
     pthread_mutex_lock(&s->mu);
+    if (max > KIQ_RUN_MAX - 1 - s->nahead)
+        max = KIQ_RUN_MAX - 1 - s->nahead;
     /* A thread waiting for a job gets one first. */
     while (n < max && feed->n > feed->waiting && !feed->solo && !atomic_load(&rt->quiet)) {
         const kiq_fetched_t *head = &feed->jobs[feed->head];
@@ -430,6 +439,10 @@ size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetche
         s->ahead[s->nahead++] = (struct kiq_ahead){ .payload = out[n].payload, .len = out[n].len,
                                                     .queue = out[n].queue, .seq = out[n].seq };
         n++;
+    }
+    if (n && !s->in_run) {
+        s->in_run = 1;
+        atomic_fetch_add(&feed->runs, 1);
     }
     pthread_mutex_unlock(&s->mu);
     taken_n += n;
@@ -455,46 +468,84 @@ int kiq_feed_ahead_start(kiq_slot_t *s, const char *payload)
     return ahead_remove(s, payload);
 }
 
-void kiq_feed_put_back(kiq_slot_t *s, kiq_fetched_t *jobs, size_t n)
+void kiq_feed_ahead_locks(kiq_slot_t *s, const kiq_fetched_t *got, kiq_prelock_t *pre, size_t n)
+{
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < s->nahead; k++)
+            if (s->ahead[k].payload == got[i].payload)
+                s->ahead[k].pre = &pre[i];
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kiq_feed_put_back(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *jobs, kiq_prelock_t *pre,
+                       size_t n)
 {
     kiq_feed_t *feed = s->rt->feed;
+    char mine[n ? n : 1];
     pthread_mutex_lock(&feed->mu);
     pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        mine[i] = ahead_remove(s, jobs[i].payload) == 0;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&feed->mu);
+    /* Their locks go before they can be given back and fetched again. */
+    for (size_t i = 0; pre && i < n; i++)
+        if (mine[i])
+            kiq_unique_prelock_drop(r, &pre[i]);
+    pthread_mutex_lock(&feed->mu);
     for (size_t i = 0; i < n; i++) {
-        if (ahead_remove(s, jobs[i].payload) == 0)
+        if (mine[i])
             feed_push(feed, &jobs[i]); /* in its place again, by its seq */
         else
-            kiq__fetched_clear(&jobs[i]); /* given back already, as a copy */
+            kiq__fetched_clear(&jobs[i]); /* the give-back took a copy */
     }
-    pthread_mutex_unlock(&s->mu);
     taken_n = taken_n > n ? taken_n - n : 1;
     pthread_mutex_unlock(&feed->mu);
 }
 
-/* Under feed->mu: copies every job the processors took ahead into the
- * feed, to be given back with it in order, and empties their lists: the
- * processors start none of them. A copy that cannot be made leaves its job
- * in the working list, recovered once this process is gone. */
-static void take_back_ahead(kiq_runtime_t *rt, kiq_feed_t *feed)
+void kiq_feed_run_end(kiq_slot_t *s)
 {
-    for (int i = 0; i < rt->nslots; i++) {
+    if (s->in_run) {
+        s->in_run = 0;
+        atomic_fetch_sub(&s->rt->feed->runs, 1);
+    }
+}
+
+/* Under feed->mu, at a hard stop: copies every job the processors took
+ * ahead and asked the lock of into the feed, to be given back with it in
+ * order, and takes those locks over into *held (to be released before the
+ * jobs go back): the processors start none of them. A job whose lock is
+ * still being asked for, or that cannot be copied, stays in the working
+ * list, recovered once this process is gone. Returns how many locks. */
+static size_t take_back_ahead(kiq_runtime_t *rt, kiq_feed_t *feed, kiq_prelock_t ***held)
+{
+    size_t nheld = 0, cap = (size_t)rt->nslots * (KIQ_RUN_MAX - 1);
+    *held = calloc(cap, sizeof(**held));
+    for (int i = 0; *held && i < rt->nslots; i++) {
         kiq_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
-        for (size_t k = 0; k < s->nahead; k++) {
-            kiq_fetched_t j = { .payload = malloc(s->ahead[k].len + 1), .len = s->ahead[k].len,
-                                .queue = s->ahead[k].queue, .seq = s->ahead[k].seq };
-            if (!j.payload) {
-                kiq_error("out of memory giving back a job of queue:%s; it stays in the working "
-                          "list", j.queue);
+        for (size_t k = 0; k < s->nahead;) {
+            struct kiq_ahead *a = &s->ahead[k];
+            kiq_fetched_t j = { .payload = a->pre ? malloc(a->len + 1) : NULL, .len = a->len,
+                                .queue = a->queue, .seq = a->seq };
+            kiq_prelock_t *p = j.payload ? malloc(sizeof(*p)) : NULL;
+            if (!p) {
+                free(j.payload);
+                k++;
                 continue;
             }
-            memcpy(j.payload, s->ahead[k].payload, j.len);
+            memcpy(j.payload, a->payload, j.len);
             j.payload[j.len] = '\0';
+            *p = *a->pre;
+            memset(a->pre, 0, sizeof(*a->pre)); /* ours now */
+            (*held)[nheld++] = p;
             feed_push(feed, &j);
+            ahead_remove(s, a->payload);
         }
-        s->nahead = 0;
         pthread_mutex_unlock(&s->mu);
     }
+    return nheld;
 }
 
 /* ---- Giving jobs back ------------------------------------------------- */
@@ -559,11 +610,19 @@ int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int co
         pthread_mutex_lock(&feed->give_mu);
     else if (pthread_mutex_trylock(&feed->give_mu) != 0)
         return 0;
+    kiq_prelock_t **held;
+    pthread_mutex_lock(&feed->mu);
+    size_t nheld = take_back_ahead(rt, feed, &held);
+    pthread_mutex_unlock(&feed->mu);
+    for (size_t i = 0; i < nheld; i++) {
+        kiq_unique_prelock_drop(r, held[i]);
+        free(held[i]);
+    }
+    free(held);
     for (;;) {
         kiq_fetched_t jobs[GIVE_BACK_MAX];
         size_t n = 0;
         pthread_mutex_lock(&feed->mu);
-        take_back_ahead(rt, feed);
         while (n < GIVE_BACK_MAX && feed->n) {
             jobs[n] = feed_pop_newest(feed);
             n++;
@@ -1076,8 +1135,11 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
     gate_leave(feed, inside);
     settle_own(s, feed);
     /* The jobs of a sweep on its way are newer than those in the feed: they
-     * go back first, so the feed waits for them (a round trip at most). */
-    while (feed->sweeping)
+     * go back first, so the feed waits for them (a round trip at most). So
+     * it does for the jobs other processors took ahead: each puts back
+     * those it will not start, their locks released, once its job is done
+     * (kiq_feed_put_back). */
+    while (feed->sweeping || atomic_load(&feed->runs))
         if (!read_one(feed))
             feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);

@@ -68,9 +68,17 @@ size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetche
  * is. Returns 0, or 1 when the give-back at shutdown took it meanwhile
  * (as a copy): it must not start. */
 int kiq_feed_ahead_start(kiq_slot_t *s, const char *payload);
+/* The runtime locks of jobs got[0..n), taken ahead, were asked for into
+ * pre[0..n) (the processor's): a give-back at a hard stop may take them
+ * over with the jobs. */
+void kiq_feed_ahead_locks(kiq_slot_t *s, const kiq_fetched_t *got, kiq_prelock_t *pre, size_t n);
 /* Puts jobs[0..n), taken ahead and not started, back in the feed in their
- * place (or frees those the give-back took meanwhile). */
-void kiq_feed_put_back(kiq_slot_t *s, kiq_fetched_t *jobs, size_t n);
+ * place, their locks pre[0..n) (or NULL) released first; frees those the
+ * give-back took meanwhile. */
+void kiq_feed_put_back(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *jobs, kiq_prelock_t *pre,
+                       size_t n);
+/* Processor s's run is over: every job it took ahead started or went back. */
+void kiq_feed_run_end(kiq_slot_t *s);
 
 /* Gives back every job waiting in the feed, and those the processors took
  * ahead, using f and r (reconnecting when connect is set). Returns how

@@ -227,11 +227,16 @@ static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job
         kiq_error("out of memory starting a job from queue:%s; it stays in the working list",
                   job->queue);
         if (rj) {
-            kiq_unique_prelock_drop(r, rj->pre);
             rj->parsed->payload = NULL; /* job's */
             kiq_job_clear(rj->parsed);
         }
-        kiq__fetched_clear(job);
+        if (rj && rj->ahead) {
+            kiq_feed_put_back(s, r, job, rj->pre, 1); /* listed in the slot */
+        } else {
+            if (rj)
+                kiq_unique_prelock_drop(r, rj->pre);
+            kiq__fetched_clear(job);
+        }
         return NULL;
     }
     memset(d, 0, sizeof(*d));
@@ -253,20 +258,24 @@ static kiq_done_t *run_ahead(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *first
     kiq_fetched_t got[KIQ_RUN_MAX];
     got[0] = *first;
     memset(first, 0, sizeof(*first));
-    size_t n = 1 + kiq_feed_take_ahead(s, &got[0], got + 1, KIQ_RUN_MAX - 1);
+    /* A broken connection is mended by the job's own start (take_job). */
+    size_t n = 1 + (kiq_redis_ok(r) ? kiq_feed_take_ahead(s, &got[0], got + 1, KIQ_RUN_MAX - 1)
+                                    : 0);
     /* Made once: most jobs run alone, and their stack stays small. */
     if (n > 1 && !s->run)
         s->run = malloc(sizeof(*s->run));
     struct kiq_run *run = n > 1 ? s->run : NULL;
+    kiq_done_t *done = NULL;
     if (!run) {
         if (n > 1)
-            kiq_feed_put_back(s, got + 1, n - 1);
+            kiq_feed_put_back(s, r, got + 1, NULL, n - 1);
+        kiq_feed_run_end(s);
         return run_fetched(s, r, &got[0], NULL);
     }
     size_t keep = kiq_server_prelock(s, r, got, n, run->pre, run->jobs);
+    kiq_feed_ahead_locks(s, got + 1, run->pre + 1, keep - 1);
     if (keep < n)
-        kiq_feed_put_back(s, got + keep, n - keep);
-    kiq_done_t *done = NULL;
+        kiq_feed_put_back(s, r, got + keep, NULL, n - keep);
     size_t i = 0;
     for (; i < keep && !(i && atomic_load(&s->rt->quiet)); i++) {
         if (done)
@@ -274,14 +283,15 @@ static kiq_done_t *run_ahead(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *first
         run_job_t rj = { .pre = &run->pre[i], .parsed = &run->jobs[i], .ahead = i > 0 };
         done = run_fetched(s, r, &got[i], &rj);
     }
-    /* The process went quiet: the jobs not started go back. */
+    /* The process went quiet: the jobs not started go back, their locks
+     * released first. */
     for (size_t j = i; j < keep; j++) {
-        kiq_unique_prelock_drop(r, &run->pre[j]);
         run->jobs[j].payload = NULL; /* got[j]'s */
         kiq_job_clear(&run->jobs[j]);
     }
     if (i < keep)
-        kiq_feed_put_back(s, got + i, keep - i);
+        kiq_feed_put_back(s, r, got + i, run->pre + i, keep - i);
+    kiq_feed_run_end(s);
     return done;
 }
 

@@ -55,15 +55,19 @@ typedef struct kiq_slot {
     /* Jobs the processor took from the feed to run after its current one,
      * in order (a run of short jobs whose runtime locks went in one round
      * trip: see processor.c): views of payloads it owns, for
-     * kiq_processor_holds and for the give-back at shutdown, which copies
-     * them into the feed and empties the list (the processor then starts
-     * none of them). Under the feed's lock and mu. */
+     * kiq_processor_holds and for the give-back at a hard stop, which
+     * copies them into the feed, takes their locks over and empties the
+     * list (the processor then starts none of them). Under mu (and the
+     * feed's lock too where the feed changes with it). */
     struct kiq_ahead {
         const char *payload, *queue;
         size_t len;
         unsigned long long seq;
+        struct kiq_prelock *pre; /* its runtime lock once asked for (the
+                                    processor's), or NULL until then */
     } ahead[KIQ_RUN_MAX - 1];
     size_t nahead;
+    int in_run;            /* the processor runs a run (see feed.c) */
     double run_time;       /* handler time, seconds (moving average), by
                               the processor's thread only */
     struct kiq_run *run;   /* a run's state (processor.c), made when first

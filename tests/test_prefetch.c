@@ -421,3 +421,103 @@ Test(prefetch, a_long_job_never_holds_short_ones_back)
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN long:log") == 1, 10), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
 }
+
+/* n until_and_while_executing payloads (jid tag 5), half of them 1 ms
+ * SleepJobs, each with its own lock, whose until-locks are taken as a
+ * client's push takes them; every refuse-th job (0: none) finds its runtime
+ * lock held by another process. Pushed so that job 0 runs first. */
+static void push_uawe(long n, long refuse)
+{
+    redisContext *c = kt_redis();
+    char **p = calloc((size_t)n, sizeof(char *));
+    long replies = 0;
+    for (long i = 0; i < n; i++) {
+        char jid[25];
+        kt_make_jid(jid, 5, (unsigned)i);
+        p[i] = kt_payload_locked(i % 2 ? "NoopJob" : "SleepJob", i % 2 ? "[]" : "[1]", jid,
+                                 "default", "until_and_while_executing", jid);
+        redisAppendCommand(c, "HSET uniquejobs:%s:LOCKED %s {}", jid, jid);
+        redisAppendCommand(c, "ZADD uniquejobs:digests 1 uniquejobs:%s", jid);
+        replies += 2;
+        if (refuse && i % refuse == 1) {
+            redisAppendCommand(c, "HSET uniquejobs:%s:RUN:LOCKED elsewhere {}", jid);
+            replies++;
+        }
+    }
+    for (long i = 0; i < replies; i++) {
+        redisReply *r = NULL;
+        cr_assert_eq(redisGetReply(c, (void **)&r), REDIS_OK);
+        freeReplyObject(r);
+    }
+    kt_push_all(c, "default", p, (size_t)n);
+    free_all(p, (size_t)n);
+}
+
+/* TERM while short until_and_while_executing jobs run several at a time:
+ * every job that goes back to the queue holds its until-lock again, as it
+ * did when it was pushed, also one whose runtime lock was refused. */
+Test(prefetch, term_leaves_every_queued_until_and_while_job_its_until_lock)
+{
+    enum { N = 20000 };
+    pid_t pid = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
+    push_uawe(N, 4);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - N / 10, 30), "%s",
+              kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+    redisReply *q = kt_cmd("LRANGE queue:default 0 -1");
+    long missing = 0;
+    for (size_t k = 0; k < q->elements; k++) {
+        char *jid = jid_of(q->element[k]->str);
+        missing += kt_int("HEXISTS uniquejobs:%s:LOCKED %s", jid, jid) == 0;
+        free(jid);
+    }
+    fprintf(stderr, "[prefetch] TERM: %zu queued, %ld without their until-lock\n", q->elements,
+            missing);
+    freeReplyObject(q);
+    cr_assert_eq(missing, 0);
+}
+
+/* Jobs in the log of pid that ran to the end, by index (jid tag 5): adds 1
+ * to ran[i] for each. */
+static void count_done(pid_t pid, int *ran, long n)
+{
+    char *log = kt_kiq_log(pid), *save = NULL;
+    for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *at = strstr(line, " jid=");
+        if (!at || !strstr(line, "INFO: done"))
+            continue;
+        long k = strtol(at + 5 + 16, NULL, 16);
+        cr_assert(k >= 0 && k < n, "%s", line);
+        ran[k]++;
+    }
+    free(log);
+}
+
+/* A rolling deploy of workers running short until_and_while_executing
+ * jobs several at a time: the old process gives back the jobs it took
+ * ahead only once their locks are released (and their until-locks taken
+ * again), so the new one runs each job once and no lock is left behind. */
+Test(prefetch, a_rolling_deploy_with_runtime_locks_leaves_no_lock)
+{
+    enum { N = 20000 };
+    pid_t a = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
+    push_uawe(N, 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - N / 10, 30), "%s", kt_kiq_log(a));
+    pid_t b = kt_kiq_start((const char *[]){ "-c", "10", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s", kt_kiq_log(b));
+    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 20), 0, "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0
+                            && done_in_log(a) + done_in_log(b) >= N, 60),
+              "%d + %d of %d ran", done_in_log(a), done_in_log(b), N);
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 20), 0, "%s", kt_kiq_log(b));
+    int *ran = calloc(N, sizeof(int));
+    count_done(a, ran, N);
+    count_done(b, ran, N);
+    for (long i = 0; i < N; i++)
+        cr_assert_eq(ran[i], 1, "job %ld ran %d times", i, ran[i]);
+    free(ran);
+    redisReply *dg = kt_cmd("ZRANGE uniquejobs:digests 0 4");
+    cr_assert_eq(dg->elements, 0, "no lock is left: %s ...",
+                 dg->elements ? dg->element[0]->str : "");
+    freeReplyObject(dg);
+}
