@@ -43,8 +43,9 @@ struct kiq_redis {
 
 /* How many times a server of this process answered READONLY on a plain
  * URL: it was demoted to a replica behind an address that stays (a
- * managed service's failover name). Every connection made before the last
- * such answer reconnects, the address's new master or not, and then checks
+ * managed service's failover name); or, through sentinels, a connection
+ * found another master than before. Every connection made before the last
+ * such change reconnects, the address's new master or not, and then checks
  * with ROLE that it found a master. */
 static atomic_int demotions;
 /* Set from the first READONLY until a connect finds a master again: the
@@ -181,9 +182,21 @@ int kiq_redis_connect(kiq_redis_t *r)
     r->tls = NULL;
     forget_sent(r);
     r->broken = 1;
+    char was[256] = "";
+    int was_port = r->url.port;
+    if (r->url.sentinel && r->url.host)
+        snprintf(was, sizeof(was), "%s", r->url.host);
     int found = r->url.sentinel ? kiq__sentinel_resolve(&r->url, r->name, r->errstr) : 0;
     if (found)
         return found;
+    /* The sentinels name another master than this connection's last one:
+     * every connection of the process made before is to be made again (as
+     * after a READONLY), and what ran on the old master is known to be
+     * from another era (kiq_redis_era). */
+    if (was[0] && (strcmp(was, r->url.host) != 0 || was_port != r->url.port)) {
+        int era = r->era;
+        atomic_compare_exchange_strong(&demotions, &era, era + 1);
+    }
     struct timeval ctv = tv_of(r->timeout < 5 ? r->timeout : 5);
     if (r->url.tls.on) {
         char why[KIQ_ERRLEN];
@@ -247,6 +260,11 @@ int kiq_redis_connect(kiq_redis_t *r)
     if (era && atomic_exchange(&demoted, 0))
         kiq_info("%s is a master again", r->name);
     return 0;
+}
+
+int kiq_redis_era(const kiq_redis_t *r)
+{
+    return r ? r->era : -1;
 }
 
 /* Made before the last demotion: to be made again. */

@@ -21,6 +21,12 @@ redisReply *kiq__redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int arg
 int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
                             const char **argv, const size_t *lens);
 
+/* Which master r was made to, as a count of the masters this process has
+ * seen replaced (a READONLY on a plain URL, another master named by the
+ * sentinels): what a job wrote through a connection of one era may be lost
+ * with that master, so its ack does not go to another (runtime/feed.c). */
+int kiq_redis_era(const kiq_redis_t *r);
+
 /* Writes the commands appended so far without reading a reply (their
  * replies are read later with kiq_redis_get_reply). Returns 0 or
  * KIQ_EREDIS. */

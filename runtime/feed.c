@@ -227,9 +227,37 @@ static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d, double now)
     return NULL;
 }
 
+/* Acks of jobs that ran on a master this process has seen replaced are
+ * not written to the new one: what the job wrote may be lost with the old
+ * master (a failover loses the writes its replica had not got), while its
+ * ack would make it done. Left in the working list, the job runs again
+ * (the stray check or the recovery gives it back): a failover may cost
+ * acks, never jobs. Frees those of acks[0..n) and returns how many are
+ * left, in order. */
+static size_t drop_stale(kiq_done_t **acks, size_t n, const kiq_redis_t *r)
+{
+    static atomic_int warned_era = -1;
+    int era = kiq_redis_era(r);
+    size_t k = 0, dropped = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (acks[i]->era == era) {
+            acks[k++] = acks[i];
+        } else {
+            kiq_done_free(acks[i]);
+            dropped++;
+        }
+    }
+    if (dropped && atomic_exchange(&warned_era, era) != era)
+        kiq_warn("%zu finished jobs ran on a master that has been replaced since: not "
+                 "acknowledged on the new one, they run again", dropped);
+    return k;
+}
+
 /* Writes d's ack at once and frees d. */
 static void ack_now(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
 {
+    if (!drop_stale(&d, 1, r))
+        return; /* freed: it runs again */
     if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
         kiq_done_acked(s->rt, d, r);
     kiq_done_free(d);
@@ -297,6 +325,7 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
                           kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *got,
                           size_t max, int block, size_t *unwritten)
 {
+    nacks = drop_stale(acks, nacks, r);
     /* A few on the stack; many (up to every ack waiting) on the heap, so
      * that no thread's stack grows by them. */
     kiq_ack_item_t few[8];
@@ -951,6 +980,7 @@ static void defer(kiq_slot_t *s, size_t want)
     s->pend = p;
     pthread_mutex_unlock(&feed->mu);
 
+    p->nacks = drop_stale(p->acks, p->nacks, s->aux);
     ack_items(p->acks, p->nacks, p->items);
     int rc;
     p->x = kiq__fetch_send(s->fetch, s->aux, p->items, p->nacks, want, &rc);

@@ -18,6 +18,7 @@ typedef struct kiq_done {
     kiq_ack_t ack;
     int prompt;      /* the ack releases a runtime lock: it is written before
                         this thread (or any) runs a handler or waits */
+    int era;         /* kiq_redis_era of the connection the job ran on */
 } kiq_done_t;
 
 /* Clears d and frees it (NULL is fine). */

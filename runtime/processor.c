@@ -187,6 +187,7 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
             kiq_unique_prelock_drop(r, pre);
         return;
     }
+    d->era = kiq_redis_era(r);
     /* The fetch saw this job's lock held by this jid: the server need not
      * look again (checked against our own parse of the payload). */
     int held = got->held_jid && strcmp(got->held_jid, job->jid) == 0;
