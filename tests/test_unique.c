@@ -216,6 +216,24 @@ Test(unique, until_expired_outlives_the_job_until_its_ttl)
 
 /* 16 jobs with one digest over 2 processes x 8 threads: lock_timeout makes
  * each wait its turn, and OverlapJob records any two that ran at once. */
+/* Clients of this test's database blocked in a move from a queue (kiq's
+ * idle processors). */
+static int blocked_here(void)
+{
+    const char *url = kt_url();
+    char db[32];
+    snprintf(db, sizeof(db), " db=%s ", strrchr(url, '/') + 1);
+    redisReply *r = kt_cmd("CLIENT LIST");
+    int n = 0;
+    for (const char *l = r->str; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *end = strchr(l, '\n');
+        size_t len = end ? (size_t)(end - l) : strlen(l);
+        n += memmem(l, len, db, strlen(db)) && memmem(l, len, "cmd=blmove", 10);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
 Test(unique, while_executing_never_overlaps_across_threads_and_processes)
 {
     const char *bulk = "{\"class\":\"OverlapJob\",\"lock\":\"while_executing\",\"lock_timeout\":20,"
@@ -233,11 +251,15 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
     cr_assert_eq(stop(a), 0);
     cr_assert_eq(stop(b), 0);
 
-    /* The same jobs without a lock do overlap: the evidence works. */
+    /* The same jobs without a lock do overlap: the evidence works. They
+     * are pushed once the four processors wait on the queue, each for a
+     * job of its own (pushed before, one processor starting ahead of the
+     * others on a loaded machine could run them all in turn). */
     const char *free_bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"fr\",300],[\"fr\",300],"
                             "[\"fr\",300],[\"fr\",300]]}";
-    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", free_bulk, NULL }, NULL), 0);
     a = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(blocked_here() >= 4, 20), "%s", kt_kiq_log(a));
+    cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", free_bulk, NULL }, NULL), 0);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN fr:log") == 4, 20));
     cr_assert(kt_int("GET fr:overlaps") > 0);
     cr_assert_eq(stop(a), 0);
