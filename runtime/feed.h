@@ -82,8 +82,10 @@ void kiq_feed_put_back(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *jobs, kiq_p
 void kiq_feed_run_end(kiq_slot_t *s);
 
 /* Gives back every job waiting in the feed, and those the processors took
- * ahead, using f and r (reconnecting when connect is set). Returns how
- * many there were. */
+ * ahead (their locks released first), using f and r (reconnecting when
+ * connect is set). One thread gives back at a time; without connect (a
+ * hard stop) it does not wait for another, and then gives back nothing.
+ * Returns how many it gave back. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);
 /* Reads every round trip deferred by a processor whose job still runs, so
  * that its fetched jobs and acks are in the feed (kiq_feed_holds sees
