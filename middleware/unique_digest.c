@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "support/buf.h"
+#include "support/time.h"
 #include "support/json.h"
 #include "middleware/unique_internal.h"
 #include "redis/keys.h"
@@ -531,8 +532,7 @@ int kiq_unique_digest(const kiq_digest_input_t *in, char out[KIQ_DIGEST_MAX], ch
         goto out;
     }
     int n = snprintf(out, KIQ_DIGEST_MAX, "%s:", prefix);
-    for (unsigned int k = 0; k < mdlen; k++)
-        n += snprintf(out + n, KIQ_DIGEST_MAX - (size_t)n, "%02x", md[k]);
+    kiq__hex(out + n, md, mdlen); /* fits: checked above */
     if (canon)
         *canon = kiq__buf_take(&b, NULL);
 out:

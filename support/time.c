@@ -66,15 +66,20 @@ void kiq__random_bytes(void *buf, size_t n)
         p[got] = (unsigned char)(kiq__rand() * 256);
 }
 
+void kiq__hex(char *out, const unsigned char *raw, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[raw[i] >> 4];
+        out[2 * i + 1] = digits[raw[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
 void kiq__random_hex(char *out, size_t nbytes)
 {
     unsigned char raw[32];
     nbytes = nbytes < sizeof(raw) ? nbytes : sizeof(raw);
-    static const char digits[] = "0123456789abcdef";
     kiq__random_bytes(raw, nbytes);
-    for (size_t i = 0; i < nbytes; i++) {
-        out[2 * i] = digits[raw[i] >> 4];
-        out[2 * i + 1] = digits[raw[i] & 15];
-    }
-    out[2 * nbytes] = '\0';
+    kiq__hex(out, raw, nbytes);
 }

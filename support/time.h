@@ -17,6 +17,8 @@ void kiq__sleep(double s);
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
  * and identities; falls back to the per-thread generator if it fails. */
 void kiq__random_bytes(void *buf, size_t n);
+/* raw[0..n) as 2 * n lowercase hex digits and a NUL into out. */
+void kiq__hex(char *out, const unsigned char *raw, size_t n);
 /* nbytes such random bytes as 2 * nbytes hex digits and a NUL into out
  * (room for 2 * nbytes + 1); nbytes is at most 32. */
 void kiq__random_hex(char *out, size_t nbytes);
