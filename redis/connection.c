@@ -52,6 +52,15 @@ static atomic_int demotions;
  * episode is logged once, not by every connection. */
 static atomic_int demoted;
 
+/* The master of r's era is gone: the first connection of the era to find
+ * so starts the next, and the others made in it are stale already.
+ * Returns 1 when r started it. */
+static int end_era(const kiq_redis_t *r)
+{
+    int era = r->era;
+    return atomic_compare_exchange_strong(&demotions, &era, era + 1);
+}
+
 /* Forgets every unread reply (the connection is dropped or replaced). */
 static void forget_sent(kiq_redis_t *r)
 {
@@ -193,10 +202,8 @@ int kiq_redis_connect(kiq_redis_t *r)
      * every connection of the process made before is to be made again (as
      * after a READONLY), and what ran on the old master is known to be
      * from another era (kiq_redis_era). */
-    if (was[0] && (strcmp(was, r->url.host) != 0 || was_port != r->url.port)) {
-        int era = r->era;
-        atomic_compare_exchange_strong(&demotions, &era, era + 1);
-    }
+    if (was[0] && (strcmp(was, r->url.host) != 0 || was_port != r->url.port))
+        end_era(r);
     struct timeval ctv = tv_of(r->timeout < 5 ? r->timeout : 5);
     if (r->url.tls.on) {
         char why[KIQ_ERRLEN];
@@ -340,12 +347,10 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
     forget_sent(r);
     if (r->url.sentinel)
         return;
-    /* The first connection of an era to hear it starts the next; the
-     * others made in the same era are stale already, and so is a reply
-     * read late (a round trip read after a job) on a connection of an
-     * earlier era: the server may be a master again by now. */
-    int era = r->era;
-    if (atomic_compare_exchange_strong(&demotions, &era, era + 1) && !atomic_exchange(&demoted, 1))
+    /* A reply read late (a round trip read after a job) on a connection of
+     * an earlier era starts nothing: the server may be a master again by
+     * now. */
+    if (end_era(r) && !atomic_exchange(&demoted, 1))
         kiq_warn("%s answered READONLY: it is a replica now; every connection reconnects, "
                  "with backoff until the address leads to a master", r->name);
 }
