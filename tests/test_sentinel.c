@@ -427,7 +427,10 @@ static long long fail_over(const cluster_t *k, int from, int to)
 Test(sentinel, jobs_drain_through_two_failovers)
 {
     drain_t d;
-    drain_start(&d, failover_jobs(), "2", 1, "");
+    /* Every other job sleeps 2 ms, so the drain outlasts both failovers
+     * (the second waits for the demoted master's full resync) however soon
+     * kiq is on each new master. */
+    drain_start(&d, failover_jobs(), "2", 2, "");
     ran_at_least(&d, d.k.master, d.n / 10);
     double t0 = kt_now(), since = epoch();
     long long in1 = fail_over(&d.k, d.k.master, d.k.replica);
