@@ -166,6 +166,15 @@ static int while_executing(kiq_mw_t *mw, const kiq_unique_spec_t *s, int until, 
     return 1;
 }
 
+/* Whether the job's runtime lock is taken at once, with no wait
+ * (while_executing and its kin without a lock_timeout): it can ride a
+ * round trip made anyway, or one for several jobs (kiq_unique_prelock). */
+static int at_once(const kiq_unique_spec_t *s)
+{
+    return (s->type == KIQ_LOCK_WHILE_EXECUTING || s->type == KIQ_LOCK_WHILE_EXECUTING_REJECT
+            || s->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) && s->timeout <= 0;
+}
+
 int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
 {
     (void)udata;
@@ -184,8 +193,7 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
     /* Runtime locks of jobs finished here are released by their acks; a
      * lock taken at once carries them, before it. Anything else writes them
      * now, before it might wait on a lock held by one of those jobs. */
-    int rides = (s.type == KIQ_LOCK_WHILE_EXECUTING || s.type == KIQ_LOCK_WHILE_EXECUTING_REJECT
-                 || s.type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) && s.timeout <= 0 && mw->ride;
+    int rides = at_once(&s) && mw->ride;
     if (!rides && s.type != KIQ_LOCK_NONE && mw->prompt)
         mw->prompt(mw->ride_ud, mw->r);
     switch (s.type) {
@@ -245,13 +253,6 @@ int kiq_unique_server_mw(kiq_mw_t *mw, void *udata)
     return rc;
 }
 
-/* Lock types whose runtime lock kiq_unique_prelock asks for. */
-static int prelocks(const kiq_unique_spec_t *s)
-{
-    return (s->type == KIQ_LOCK_WHILE_EXECUTING || s->type == KIQ_LOCK_WHILE_EXECUTING_REJECT
-            || s->type == KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING) && s->timeout <= 0;
-}
-
 size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
 {
     kiq_lock_req_t reqs[n ? n : 1];
@@ -259,7 +260,7 @@ size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
     kiq_prelock_t *asked[n ? n : 1];
     size_t k = 0, keep = n;
     memset(pre, 0, n * sizeof(*pre));
-    for (size_t i = 0; i < n && keep == n; i++) {
+    for (size_t i = 0; i < n; i++) {
         char err[KIQ_ERRLEN];
         kiq_unique_spec_t *s = &specs[k];
         if (kiq_unique__resolve(mws[i], s, 1, err)) {
@@ -267,26 +268,21 @@ size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
             break;
         }
         /* A job that waits for its lock, or takes none at once, ends the
-         * run: the locks after it would be held while it waits. */
-        for (size_t j = 0; j < k && prelocks(s); j++)
-            if (strcmp(asked[j]->digest, s->digest) == 0)
-                keep = i;
-        if (!prelocks(s) || keep < n) {
+         * run (the locks after it would be held while it waits); so does
+         * one whose lock repeats an earlier one's. */
+        int ends = !at_once(s);
+        for (size_t j = 0; j < k && !ends; j++)
+            ends = strcmp(asked[j]->digest, s->digest) == 0;
+        kiq_prelock_t *p = &pre[i];
+        if (ends || !(p->jid = strdup(mws[i]->jid))) {
             kiq_unique__spec_clear(s);
             keep = i ? i : 1;
             break;
         }
-        kiq_prelock_t *p = &pre[i];
         p->type = s->type;
         p->ttl = s->ttl;
         p->limit = s->limit;
         snprintf(p->digest, sizeof(p->digest), "%s", s->digest);
-        p->jid = strdup(mws[i]->jid);
-        if (!p->jid) {
-            kiq_unique__spec_clear(s);
-            keep = i ? i : 1;
-            break;
-        }
         reqs[k] = request(mws[i], s, 1);
         asked[k++] = p;
     }
