@@ -3,7 +3,6 @@
  * info NAME adds what it holds now and the wait until its next free slot,
  * computed as lua/limit_acquire.lua would on the server's clock. Read-only:
  * nothing here takes or frees a slot. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "kiq/limiter.h"
 #include "redis/keys.h"
 #include "redis/scan.h"
+#include "support/number.h"
 
 #define EXIT_REDIS 69
 
@@ -153,10 +153,12 @@ static int add_state(kiq_redis_t *r, json_t *o, char *err)
             /* The level drains at size per interval (limit_acquire.lua). */
             double level = fresh ? 0 : atof(h->element[0]->str);
             long long at = fresh ? now : num(h->element[1]);
-            level = fmax(0, level - (double)(now - at) * (double)size / (double)ms);
-            left = (long long)floor((double)size - level);
+            level -= (double)(now - at) * (double)size / (double)ms;
+            if (level < 0)
+                level = 0;
+            left = (long long)kiq__floor((double)size - level);
             if (level + 1 > (double)size)
-                wait = (long long)ceil((level + 1 - (double)size) * (double)ms / (double)size);
+                wait = (long long)kiq__ceil((level + 1 - (double)size) * (double)ms / (double)size);
         }
         freeReplyObject(h);
     }

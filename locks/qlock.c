@@ -19,6 +19,7 @@
 #include "redis/reply.h"
 #include "redis/scripts.h"
 #include "support/log.h"
+#include "support/number.h"
 #include "support/time.h"
 
 #define EV_PREFIX "redis_queued_locks."
@@ -236,7 +237,7 @@ static int acquire_init(acquire_t *a, const char *name, char *err)
     res->ttl = a->o.ttl;
 
     snprintf(a->ttl, sizeof(a->ttl), "%lld", a->o.ttl);
-    snprintf(a->queue_ttl, sizeof(a->queue_ttl), "%lld", (long long)ceil(a->o.queue_ttl * 1000));
+    snprintf(a->queue_ttl, sizeof(a->queue_ttl), "%lld", (long long)kiq__ceil(a->o.queue_ttl * 1000));
     a->argc = 10 + (int)nmeta;
     if (!(a->argv = malloc((size_t)a->argc * sizeof(*a->argv))))
         return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
@@ -340,7 +341,7 @@ static int wait_turn(acquire_t *a, char *err)
                           res->tries);
     }
     double delay =
-        ((double)a->o.retry_delay + floor(kiq__rand() * (double)a->o.retry_jitter)) / 1000.0;
+        ((double)a->o.retry_delay + kiq__floor(kiq__rand() * (double)a->o.retry_jitter)) / 1000.0;
     double now = kiq__mono();
     if (now + delay >= a->deadline) {
         kiq__sleep(a->deadline - now);

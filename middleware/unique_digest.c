@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "support/buf.h"
+#include "support/dl.h"
 #include "support/time.h"
 #include "support/json.h"
 #include "middleware/unique_internal.h"
@@ -237,9 +238,7 @@ static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
 
 static void crypto_load(void)
 {
-    void *h = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        h = dlopen("libcrypto.so", RTLD_NOW | RTLD_LOCAL);
+    void *h = kiq__dlopen_lib("libcrypto", "3");
     if (!h)
         return;
     __typeof__(&EVP_MD_fetch) fetch = (__typeof__(&EVP_MD_fetch))(uintptr_t)dlsym(h, "EVP_MD_fetch");

@@ -13,7 +13,6 @@
 #include "kiq/unique_admin.h"
 
 #include <ctype.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +23,11 @@
 
 #include "middleware/unique_admin_internal.h"
 #include "redis/keys.h"
-#include "support/identity.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
 #include "redis/scripts.h"
+#include "support/identity.h"
+#include "support/number.h"
 #include "support/time.h"
 
 #define CURSOR_TTL "86400"
@@ -632,7 +632,7 @@ static int take_leases(run_t *run, const kiq_reap_opts_t *o, double timeout, con
     if (o->role_ttl > 0) {
         /* v9 keeps the role (its reaper mutex) for interval + 2 %, in whole
          * seconds, and renews it every cycle. */
-        long ms = (long)ceil(o->role_ttl) * 1000;
+        long ms = (long)kiq__ceil(o->role_ttl) * 1000;
         rc = lease(run->r, KIQ_UNIQUE_REAPER_KEY, owner, ms, out->holder, sizeof(out->holder),
                    err);
         if (rc <= 0) {

@@ -2,6 +2,7 @@
  * with a socketpair between them and hiredis and a thread copying bytes
  * between the socketpair and the session (see tls.h and the README). */
 #include "redis/tls.h"
+#include "support/dl.h"
 #include "support/log.h"
 
 #include <arpa/inet.h>
@@ -52,9 +53,7 @@ static pthread_once_t ssl_once = PTHREAD_ONCE_INIT;
 
 static void ssl_load(void)
 {
-    void *h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        h = dlopen("libssl.so", RTLD_NOW | RTLD_LOCAL);
+    void *h = kiq__dlopen_lib("libssl", "3");
     if (!h)
         return;
     int ok = 1;

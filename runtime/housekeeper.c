@@ -6,13 +6,13 @@
 #include "runtime/rt.h"
 #include "runtime/feed.h"
 
-#include <math.h>
 #include <stdio.h>
 
 #include "middleware/unique_admin_internal.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "support/log.h"
+#include "support/number.h"
 #include "support/time.h"
 
 /* Refreshes the liveness key (kiq__fetch_heartbeat). *until is when the key
@@ -96,7 +96,7 @@ static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     o.count = rt->cfg->reaper_count;
     o.timeout = rt->cfg->reaper_timeout;
     o.owner = rt->identity;
-    o.role_ttl = rt->cfg->reaper_interval + ceil(rt->cfg->reaper_interval * 0.02);
+    o.role_ttl = rt->cfg->reaper_interval + kiq__ceil(rt->cfg->reaper_interval * 0.02);
     if (kiq_unique_reap(r, &o, &res, err))
         kiq_warn("uniqueness reaper: %s", err);
     else if (res.removed)

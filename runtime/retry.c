@@ -1,24 +1,28 @@
 /* Sidekiq's retry rules, applied to the payload text (see internal.h). */
 #include "runtime/internal.h"
 
+#include <dlfcn.h>
 #include <limits.h>
-#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
+#include "kiq/error.h"
 #include "support/buf.h"
+#include "support/dl.h"
+#include "support/number.h"
 #include "support/payload.h"
 #include "support/time.h"
-#include "kiq/error.h"
 
 #define MAX_ERROR_MESSAGE 10000
 
 double kiq_retry_delay(long count)
 {
     double c = (double)count;
-    return pow(c, 4) + 15 + floor(kiq__rand() * 10) * (c + 1);
+    return c * c * c * c + 15 + kiq__floor(kiq__rand() * 10) * (c + 1);
 }
 
 void kiq_failure_clear(kiq_failure_t *f)
@@ -85,10 +89,33 @@ static size_t backtrace_lines(const kiq_job_t *job)
     return job->nbacktrace;
 }
 
+/* zlib, opened the first time a backtrace is written (support/dl.h). */
+static struct {
+    __typeof__(&compressBound) bound;
+    __typeof__(&compress2) compress;
+} zlib_fn;
+static int zlib_ok;
+static pthread_once_t zlib_once = PTHREAD_ONCE_INIT;
+
+static void zlib_load(void)
+{
+    void *h = kiq__dlopen_lib("libz", "1");
+    if (!h)
+        return;
+    zlib_fn.bound = (__typeof__(&compressBound))(uintptr_t)dlsym(h, "compressBound");
+    zlib_fn.compress = (__typeof__(&compress2))(uintptr_t)dlsym(h, "compress2");
+    zlib_ok = zlib_fn.bound && zlib_fn.compress;
+}
+
 /* The "error_backtrace" value as Sidekiq writes it: a JSON string holding
- * base64(zlib deflate(JSON array of the lines)), zlib with its header. */
+ * base64(zlib deflate(JSON array of the lines)), zlib with its header.
+ * Nothing is written when zlib cannot be opened: the job is still retried,
+ * without its backtrace. */
 static int backtrace_field(const kiq_job_t *job, size_t n, kiq_buf_t *out)
 {
+    pthread_once(&zlib_once, zlib_load);
+    if (!zlib_ok)
+        return 0;
     kiq_buf_t json = {0};
     unsigned char *z = NULL;
     int rc = kiq__buf_puts(&json, "[");
@@ -100,10 +127,12 @@ static int backtrace_field(const kiq_job_t *job, size_t n, kiq_buf_t *out)
     }
     if (!rc)
         rc = kiq__buf_puts(&json, "]");
-    uLongf zlen = compressBound((uLong)json.len);
+    uLongf zlen = zlib_fn.bound((uLong)json.len);
     if (!rc && !(z = malloc(zlen)))
         rc = KIQ_ENOMEM;
-    if (!rc && compress2(z, &zlen, (const Bytef *)json.p, (uLong)json.len, Z_DEFAULT_COMPRESSION) != Z_OK)
+    if (!rc
+        && zlib_fn.compress(z, &zlen, (const Bytef *)json.p, (uLong)json.len,
+                            Z_DEFAULT_COMPRESSION) != Z_OK)
         rc = KIQ_ENOMEM; /* Z_MEM_ERROR; the buffer is large enough */
     if (!rc) rc = kiq__buf_puts(out, "\"");
     if (!rc) rc = base64(out, z, zlen);
@@ -179,7 +208,8 @@ int kiq_retry_decide(const kiq_job_t *job, const char *err_class, const char *er
         { "error_backtrace", bt.p, bt.len },
     };
     if (!rc)
-        rc = kiq__payload_edit(job->payload, &job->obj, set, nbt ? 7 : 6, &out->payload, &out->len);
+        rc = kiq__payload_edit(job->payload, &job->obj, set, bt.len ? 7 : 6, &out->payload,
+                               &out->len);
     kiq__buf_free(&cls);
     kiq__buf_free(&msg);
     kiq__buf_free(&q);
