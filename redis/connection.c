@@ -154,12 +154,29 @@ static int refused(const char *msg)
     return transient_reply(msg) ? KIQ_EREDIS : KIQ_ECONFIG;
 }
 
+static int get_reply(kiq_redis_t *r, void **rep);
+
+/* redisCommand, with the reply read by get_reply: hiredis's own read puts
+ * 16 KB on the stack, which every thread that connects would keep
+ * resident. NULL on an I/O error (r->c->err set). */
+static redisReply *command(kiq_redis_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = redisvAppendCommand(r->c, fmt, ap);
+    va_end(ap);
+    void *rep = NULL;
+    if (rc != REDIS_OK || get_reply(r, &rep) != REDIS_OK)
+        return NULL;
+    return rep;
+}
+
 /* Returns 0, KIQ_EREDIS on an I/O error, or for an error reply KIQ_EREPLY
  * (*permanent set when waiting will not help: NOAUTH, NOPERM). */
 static int load_scripts_why(kiq_redis_t *r, int *permanent)
 {
     for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
-        redisReply *rep = redisCommand(r->c, "SCRIPT LOAD %s", kiq_script_text((kiq_script_t)i));
+        redisReply *rep = command(r, "SCRIPT LOAD %s", kiq_script_text((kiq_script_t)i));
         if (!rep)
             return fail_io(r, "SCRIPT LOAD");
         int bad = rep->type == REDIS_REPLY_ERROR;
@@ -229,9 +246,9 @@ int kiq_redis_connect(kiq_redis_t *r)
     redisReply *rep = NULL;
     if (r->url.password) {
         if (r->url.user)
-            rep = redisCommand(r->c, "AUTH %s %s", r->url.user, r->url.password);
+            rep = command(r, "AUTH %s %s", r->url.user, r->url.password);
         else
-            rep = redisCommand(r->c, "AUTH %s", r->url.password);
+            rep = command(r, "AUTH %s", r->url.password);
         if (!rep)
             return fail_io(r, "AUTH");
         if (rep->type == REDIS_REPLY_ERROR) {
@@ -243,7 +260,7 @@ int kiq_redis_connect(kiq_redis_t *r)
         freeReplyObject(rep);
     }
     if (r->url.db) {
-        rep = redisCommand(r->c, "SELECT %d", r->url.db);
+        rep = command(r, "SELECT %d", r->url.db);
         if (!rep)
             return fail_io(r, "SELECT");
         int code = rep->type == REDIS_REPLY_ERROR ? refused(rep->str) : 0;
