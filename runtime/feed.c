@@ -31,6 +31,7 @@ typedef struct pending {
     kiq_exchange_t *x;
     kiq_done_t **acks;
     kiq_ack_item_t *items;
+    kiq_fetched_t *got;    /* room for want jobs */
     size_t nacks, want;
     int claimed;           /* a thread is sending or reading it */
     struct pending *next;
@@ -846,8 +847,14 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
 {
     kiq_runtime_t *rt = s->rt;
     kiq_feed_t *feed = rt->feed;
-    kiq_fetched_t got[SWEEP_MAX];
     int ahead = job->payload != NULL, first = ahead ? 0 : 1;
+    /* On the heap, not the stack: each thread's stack keeps resident the
+     * deepest it ever went. */
+    kiq_fetched_t *got = calloc(want ? want : 1, sizeof(*got));
+    if (!got) {
+        pthread_mutex_unlock(&feed->mu);
+        return ahead ? 1 : KIQ_ENOMEM;
+    }
     size_t nacks;
     kiq_done_t **acks = take_acks(feed, &nacks);
     feed->sweeping++;
@@ -877,13 +884,13 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
         wake_for_jobs(rt, feed);
     }
     pthread_mutex_unlock(&feed->mu);
+    if (rc > 0 && !ahead && !quiet)
+        *job = got[0];
+    free(got);
     if (quiet)
         return 0;
-    if (rc > 0) {
-        if (!ahead)
-            *job = got[0];
+    if (rc > 0)
         return 1;
-    }
     /* A thread that fetched ahead runs its job whatever came back: an error
      * shows again in the next sweep of a thread that finds the feed empty. */
     if (ahead)
@@ -936,7 +943,7 @@ static int defers(kiq_slot_t *s, const kiq_feed_t *feed)
 static void complete(kiq_feed_t *feed, pending_t *p)
 {
     kiq_slot_t *o = p->owner;
-    kiq_fetched_t got[SWEEP_MAX];
+    kiq_fetched_t *got = p->got;
     pthread_mutex_unlock(&feed->mu);
     int rc = p->x ? kiq__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : KIQ_EREDIS;
     settle(o, o->aux, p->acks, p->items, p->nacks);
@@ -950,6 +957,7 @@ static void complete(kiq_feed_t *feed, pending_t *p)
     }
     o->pend = NULL;
     free(p->items);
+    free(p->got);
     free(p);
     pthread_cond_broadcast(&feed->came);
 }
@@ -969,7 +977,9 @@ static void defer(kiq_slot_t *s, size_t want)
     p->owner = s;
     p->want = want;
     p->claimed = 1;
-    if (feed->nacks && !(p->items = calloc(feed->nacks, sizeof(*p->items)))) {
+    if ((feed->nacks && !(p->items = calloc(feed->nacks, sizeof(*p->items))))
+        || (want && !(p->got = calloc(want, sizeof(*p->got))))) {
+        free(p->items);
         free(p);
         pthread_mutex_unlock(&feed->mu);
         return; /* the acks wait for another round trip */
