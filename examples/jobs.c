@@ -261,14 +261,20 @@ static long deep(long depth)
     return deep(depth - 1) + frame[0];
 }
 
-/* SegfaultJob ["overflow"]: dies of SIGSEGV, as a handler with a memory
- * bug would (by default at once; "overflow" by running out of stack);
+/* SegfaultJob ["overflow" | "double_free"]: dies as a handler with a memory
+ * bug would: of SIGSEGV (at once, or "overflow" by running out of stack),
+ * or "double_free" of SIGABRT inside malloc, which may hold its lock;
  * shows the crash report in the log. */
 static int segfault_job(kiq_job_t *job, void *ud)
 {
     (void)ud;
     if (strcmp(arg_str(job, 0, ""), "overflow") == 0)
         return (int)deep(LONG_MAX);
+    if (strcmp(arg_str(job, 0, ""), "double_free") == 0) {
+        char *volatile p = malloc(4096); /* past the sizes freed without the lock */
+        free(p);
+        free(p);
+    }
     raise(SIGSEGV);
     return 0;
 }

@@ -1,11 +1,13 @@
 /* The fatal-signal report (crash.h). The handler runs in a process that may
  * be corrupt, so it calls only async-signal-safe functions: write(2) into a
  * buffer on its stack, no malloc, no stdio, no locks. backtrace() is the
- * exception that libgcc makes safe once loaded, which kiq_crash_install
- * does by calling it once. */
+ * exception, last: its first call loads libgcc, which takes locks a crash
+ * may have left held, so an alarm ends the process should it hang. (Loaded
+ * at start, libgcc would stay resident in every worker for its crash.) */
 #include "runtime/crash.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 
 #define ALT_STACK (64 * 1024)
 #define FRAMES 64
+#define BACKTRACE_SECONDS 3
 
 static const int fatal[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
 #define NFATAL (sizeof(fatal) / sizeof(fatal[0]))
@@ -143,6 +146,14 @@ static void report(int sig)
     put_head(&l);
     put(&l, "backtrace:");
     emit(fd, &l);
+    struct sigaction dfl = { .sa_handler = SIG_DFL };
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGALRM, &dfl, NULL);
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_UNBLOCK, &alrm, NULL);
+    alarm(BACKTRACE_SECONDS);
     void *frames[FRAMES];
     backtrace_symbols_fd(frames, backtrace(frames, FRAMES), fd);
 }
@@ -166,8 +177,6 @@ static void on_fatal(int sig)
 
 void kiq_crash_install(void)
 {
-    void *preload[1];
-    backtrace(preload, 1); /* loads libgcc now, not in the handler */
     struct sigaction sa = { .sa_handler = on_fatal, .sa_flags = SA_ONSTACK };
     sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < NFATAL; i++) {
