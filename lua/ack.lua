@@ -1,3 +1,4 @@
+-- uses: zset_batch
 -- uses: release_hold
 -- uses: fits
 -- uses: batch_done

@@ -1,3 +1,4 @@
+-- uses: zset_batch
 -- uses: release_hold
 -- uses: batch_done
 -- Finish several successful jobs at once: each leaves the working list and,
@@ -15,17 +16,18 @@
 -- of lib/batch_done.lua (2: a bid named no batch; the callbacks fired), that
 -- bid or ""}.
 local working, digests = KEYS[1], KEYS[2]
-local removed, flags, acc, unknown = 0, 0, {}, ''
+local removed, flags, acc, unknown, z = 0, 0, {}, '', {}
 for i = 1, #ARGV, 4 do
   -- From the tail, where the oldest (first finished) jobs are.
   if redis.call('LREM', working, -1, ARGV[i]) == 1 then
     removed = removed + 1
     if ARGV[i + 1] ~= '' then
-      release_hold(ARGV[i + 1], digests, ARGV[i + 2])
+      release_hold(ARGV[i + 1], digests, ARGV[i + 2], z)
     end
     if ARGV[i + 3] ~= '' and batch_ok(acc, ARGV[i + 3], ARGV[i + 2]) == 2 then
       flags, unknown = 2, ARGV[i + 3]
     end
   end
 end
+zset_flush(z, digests)
 return { removed, bit.bor(flags, batch_flush(acc)), unknown }

@@ -1,3 +1,4 @@
+-- uses: zset_batch
 -- uses: release_hold
 -- uses: drop_lock
 -- uses: take_lock
@@ -15,15 +16,15 @@
 -- (lib/take_lock.lua; 0 when the release was refused); "99" for a job one
 -- of whose commands failed (a key of another type), which leaves the other
 -- jobs' results as they are.
-local digests, now, out = KEYS[1], ARGV[1], {}
+local digests, now, out, z = KEYS[1], ARGV[1], {}, {}
 local function one(i)
   local released, taken = 1, 0
   if ARGV[i + 1] ~= '' then
-    released = drop_lock(ARGV[i + 1], digests, ARGV[i + 2], ARGV[i + 4])
+    released = drop_lock(ARGV[i + 1], digests, ARGV[i + 2], ARGV[i + 4], z)
   end
   if released == 1 then
     taken = take_lock(ARGV[i], digests, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
-                      ARGV[i + 6], now)
+                      ARGV[i + 6], now, z)
   end
   return released .. taken
 end
@@ -31,4 +32,5 @@ for i = 2, #ARGV, 7 do
   local ok, digits = pcall(one, i)
   out[#out + 1] = ok and digits or '99'
 end
+zset_flush(z, digests)
 return table.concat(out)

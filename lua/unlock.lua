@@ -1,3 +1,4 @@
+-- uses: zset_batch
 -- uses: release_hold
 -- uses: drop_lock
 -- Release one jid's hold on a uniqueness lock (v9's unlock).

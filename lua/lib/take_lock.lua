@@ -1,10 +1,10 @@
--- take_lock(locked, digests, jid, pttl, type, limit, meta, now): takes jid's
--- hold on the uniqueness lock hash locked ("<digest>:LOCKED", jid ->
+-- take_lock(locked, digests, jid, pttl, type, limit, meta, now, z): takes
+-- jid's hold on the uniqueness lock hash locked ("<digest>:LOCKED", jid ->
 -- metadata JSON) and indexes the digest in the digests zset, in v9's
--- format. pttl in ms (0 = none), now in float seconds. Returns 2 when jid
--- held it already (not refreshed, as v9), 1 when taken, 0 when the limit of
--- holders is reached.
-local function take_lock(locked, digests, jid, pttl, type, limit, meta, now)
+-- format (needs zset_batch; z as there). pttl in ms (0 = none), now in
+-- float seconds. Returns 2 when jid held it already (not refreshed, as
+-- v9), 1 when taken, 0 when the limit of holders is reached.
+local function take_lock(locked, digests, jid, pttl, type, limit, meta, now, z)
   local holders = redis.call('HLEN', locked)
   if holders > 0 and redis.call('HEXISTS', locked, jid) == 1 then
     return 2
@@ -23,7 +23,7 @@ local function take_lock(locked, digests, jid, pttl, type, limit, meta, now)
   if type == 'until_expired' and pttl > 0 then
     score = tonumber(now) + pttl / 1000
   end
-  redis.call('ZADD', digests, score, (string.gsub(locked, ':LOCKED$', '')))
+  zset_put(z, digests, locked, score)
   if pttl > 0 then
     redis.call('PEXPIRE', locked, pttl)
   end
