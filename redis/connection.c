@@ -6,6 +6,7 @@
 #include "redis/sentinel.h"
 #include "redis/tls.h"
 #include "redis/url.h"
+#include "support/fmt.h"
 #include "support/log.h"
 
 #include <errno.h>
@@ -322,6 +323,45 @@ static int ensure(kiq_redis_t *r)
     return 0;
 }
 
+/* A command in Redis's protocol, as redisFormatCommandArgv writes it but
+ * without a sprintf per argument (most of what formatting costs). */
+static size_t resp_len(int argc, const size_t *lens)
+{
+    char t[KIQ_FMT_INT];
+    size_t n = 3 + kiq__fmt_uint(t, (unsigned long long)argc);
+    for (int i = 0; i < argc; i++)
+        n += 5 + kiq__fmt_uint(t, lens[i]) + lens[i];
+    return n;
+}
+
+static void resp_put(char *p, int argc, const char **argv, const size_t *lens)
+{
+    *p++ = '*';
+    p += kiq__fmt_uint(p, (unsigned long long)argc);
+    *p++ = '\r';
+    *p++ = '\n';
+    for (int i = 0; i < argc; i++) {
+        *p++ = '$';
+        p += kiq__fmt_uint(p, lens[i]);
+        *p++ = '\r';
+        *p++ = '\n';
+        memcpy(p, argv[i], lens[i]);
+        p += lens[i];
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+}
+
+/* Formats a command into a new buffer (free it); NULL when out of memory. */
+static char *resp_format(int argc, const char **argv, const size_t *lens, size_t *len)
+{
+    *len = resp_len(argc, lens);
+    char *cmd = malloc(*len);
+    if (cmd)
+        resp_put(cmd, argc, argv, lens);
+    return cmd;
+}
+
 int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *lens)
 {
     if (ensure(r))
@@ -336,8 +376,14 @@ int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *
     }
     if (remember_sent(r, NULL, 0))
         return KIQ_ENOMEM;
-    if (redisAppendCommandArgv(r->c, argc, argv, lens) != REDIS_OK)
+    /* Straight into hiredis's output buffer. */
+    size_t len = resp_len(argc, lens);
+    sds buf = sdsMakeRoomFor(r->c->obuf, len);
+    if (!buf)
         return fail_io(r, "append");
+    r->c->obuf = buf;
+    resp_put(buf + sdslen(buf), argc, argv, lens);
+    sdsIncrLen(buf, (int)len);
     return 0;
 }
 
@@ -573,7 +619,7 @@ int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc
 {
     const char *sav[MAX_ARGS + 3], **av = sav;
     size_t sal[MAX_ARGS + 3], *al = sal;
-    char nk[16];
+    char nk[KIQ_FMT_INT];
     if (argc < 0)
         return KIQ_EINVAL;
     if (argc > MAX_ARGS) {
@@ -587,7 +633,7 @@ int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc
     if (!rc && !sha)
         rc = KIQ_EINVAL;
     if (!rc) {
-        snprintf(nk, sizeof(nk), "%d", nkeys);
+        kiq__fmt_int(nk, nkeys);
         av[0] = "EVALSHA";
         av[1] = sha;
         av[2] = nk;
@@ -599,12 +645,12 @@ int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc
         }
         /* Formatted here and kept until its reply is read, to be sent
          * again should it meet NOSCRIPT. */
-        char *cmd = NULL;
-        int len = redisFormatCommandArgv(&cmd, argc + 3, av, al);
-        if (len < 0 || remember_sent(r, cmd, (size_t)len)) {
+        size_t len;
+        char *cmd = resp_format(argc + 3, av, al, &len);
+        if (!cmd || remember_sent(r, cmd, len)) {
             free(cmd);
             rc = KIQ_ENOMEM;
-        } else if (redisAppendFormattedCommand(r->c, cmd, (size_t)len) != REDIS_OK) {
+        } else if (redisAppendFormattedCommand(r->c, cmd, len) != REDIS_OK) {
             rc = fail_io(r, "append");
         }
     }

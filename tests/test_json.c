@@ -1,9 +1,11 @@
 /* The payload scanner: accepts what JSON allows (big integers included),
  * refuses the rest, and finds top-level members without converting them. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "support/buf.h"
+#include "support/fmt.h"
 #include "support/json.h"
 #include "kiq/error.h"
 
@@ -77,4 +79,41 @@ Test(json, quote_escapes_and_replaces_invalid_utf8)
     cr_assert(kiq__utf8_valid("\xc3\xa9", 2));
     cr_assert(!kiq__utf8_valid("\xc3", 1));
     cr_assert(!kiq__utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");
+}
+
+/* The text the hot path writes without printf (support/fmt.h) is the text
+ * printf writes: lock scores and metadata times, lengths in commands. */
+Test(fmt, numbers_read_as_printf_writes_them)
+{
+    char a[64], b[64];
+    const unsigned long long u[] = { 0, 7, 10, 999999, 18446744073709551615ULL };
+    for (size_t i = 0; i < sizeof(u) / sizeof(u[0]); i++) {
+        snprintf(b, sizeof(b), "%llu", u[i]);
+        cr_assert_eq(kiq__fmt_uint(a, u[i]), strlen(b));
+        cr_assert_str_eq(a, b);
+    }
+    const long long s[] = { -1, -9223372036854775807LL - 1, 42 };
+    for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) {
+        snprintf(b, sizeof(b), "%lld", s[i]);
+        cr_assert_eq(kiq__fmt_int(a, s[i]), strlen(b));
+        cr_assert_str_eq(a, b);
+    }
+    const double d[] = { 0, 0.5, 1763880000.123456, 1763880000.0000004, 1763880000.9999996,
+                         12.25, -3.5, 1e15 };
+    for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) {
+        snprintf(b, sizeof(b), "%.6f", d[i]);
+        cr_assert_eq(kiq__fmt_fixed6(a, sizeof(a), d[i]), strlen(b), "%s", b);
+        cr_assert_str_eq(a, b);
+    }
+}
+
+Test(fmt, cat_cuts_as_snprintf_cuts)
+{
+    char a[8];
+    cr_assert_eq(kiq__fmt_cat(a, sizeof(a), "abc", "", "de", NULL), 5);
+    cr_assert_str_eq(a, "abcde");
+    cr_assert_eq(kiq__fmt_cat(a, sizeof(a), "abcd", "efgh", "ij", NULL), 7);
+    cr_assert_str_eq(a, "abcdefg");
+    cr_assert_eq(kiq__fmt_cat(a, sizeof(a), NULL), 0);
+    cr_assert_str_eq(a, "");
 }

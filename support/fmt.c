@@ -1,0 +1,67 @@
+#include "support/fmt.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+size_t kiq__fmt_uint(char *out, unsigned long long v)
+{
+    char t[KIQ_FMT_INT];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        out[i] = t[n - 1 - i];
+    out[n] = '\0';
+    return n;
+}
+
+size_t kiq__fmt_int(char *out, long long v)
+{
+    if (v >= 0)
+        return kiq__fmt_uint(out, (unsigned long long)v);
+    out[0] = '-';
+    return 1 + kiq__fmt_uint(out + 1, 0 - (unsigned long long)v);
+}
+
+size_t kiq__fmt_fixed6(char *out, size_t n, double v)
+{
+    if (!(v >= 0 && v < 1e15) || n < 32) {
+        int w = snprintf(out, n, "%.6f", v);
+        return w < 0 ? 0 : (size_t)w < n ? (size_t)w : n - 1;
+    }
+    /* The whole seconds, and the fraction (exact after the subtraction)
+     * rounded to millionths as printf rounds it. */
+    unsigned long long whole = (unsigned long long)v;
+    unsigned long frac = (unsigned long)((v - (double)whole) * 1e6 + 0.5);
+    if (frac >= 1000000) {
+        whole++;
+        frac -= 1000000;
+    }
+    size_t len = kiq__fmt_uint(out, whole);
+    out[len++] = '.';
+    for (int i = 5; i >= 0; i--, frac /= 10)
+        out[len + (size_t)i] = (char)('0' + frac % 10);
+    len += 6;
+    out[len] = '\0';
+    return len;
+}
+
+size_t kiq__fmt_cat(char *out, size_t n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    size_t len = 0;
+    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *)) {
+        size_t k = strlen(s);
+        if (k > n - 1 - len)
+            k = n - 1 - len;
+        memcpy(out + len, s, k);
+        len += k;
+    }
+    va_end(ap);
+    out[len] = '\0';
+    return len;
+}
