@@ -9,6 +9,7 @@
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
+#include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -244,8 +245,8 @@ static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
 {
     if (!use_script(f, max))
         return append_move(f, r, 0, block);
-    char n[24];
-    snprintf(n, sizeof(n), "%zu", max);
+    char n[KIQ_FMT_INT];
+    kiq__fmt_uint(n, max);
     const char *argv[f->nq + 3];
     for (size_t i = 0; i < f->nq; i++)
         argv[i] = f->keys[f->order[i]];

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "support/buf.h"
+#include "support/fmt.h"
 #include "support/json.h"
 #include "observe/prometheus.h"
 #include "middleware/mw.h"
@@ -27,7 +28,7 @@ void kiq_unique__metric(kiq_redis_t *r, kiq_lock_type_t t, const char *event)
 
 void kiq_unique__key(char *out, size_t n, const char *digest, int runtime, const char *suffix)
 {
-    snprintf(out, n, "%s%s%s", digest, runtime ? KIQ_KEY_RUN : "", suffix);
+    kiq__fmt_cat(out, n, digest, runtime ? KIQ_KEY_RUN : "", suffix, NULL);
 }
 
 /* v9's metadata, keys in its order; now_s the time already formatted. */
@@ -40,19 +41,21 @@ static char *metadata(const kiq_lock_req_t *q, const char *now_s)
     if (!rc) rc = kiq__json_quote(&b, q->cls ? q->cls : "", strlen(q->cls ? q->cls : ""));
     if (!rc) rc = kiq__buf_puts(&b, ",\"queue\":");
     if (!rc) rc = kiq__json_quote(&b, q->queue ? q->queue : "", strlen(q->queue ? q->queue : ""));
-    if (!rc) rc = q->limit > 1 ? kiq__buf_printf(&b, ",\"limit\":%d", q->limit)
-                               : kiq__buf_puts(&b, ",\"limit\":null");
-    if (!rc) rc = kiq__buf_printf(&b, ",\"timeout\":%ld", q->timeout > 0 ? q->timeout : 0);
-    if (!rc) rc = q->ttl > 0 ? kiq__buf_printf(&b, ",\"ttl\":%ld", q->ttl)
-                             : kiq__buf_puts(&b, ",\"ttl\":null");
+    if (!rc) rc = kiq__buf_puts(&b, ",\"limit\":");
+    if (!rc) rc = q->limit > 1 ? kiq__buf_put_int(&b, q->limit) : kiq__buf_puts(&b, "null");
+    if (!rc) rc = kiq__buf_puts(&b, ",\"timeout\":");
+    if (!rc) rc = kiq__buf_put_int(&b, q->timeout > 0 ? q->timeout : 0);
+    if (!rc) rc = kiq__buf_puts(&b, ",\"ttl\":");
+    if (!rc) rc = q->ttl > 0 ? kiq__buf_put_int(&b, q->ttl) : kiq__buf_puts(&b, "null");
     if (!rc) rc = kiq__buf_puts(&b, ",\"type\":\"");
     if (!rc) rc = kiq__buf_puts(&b, kiq_lock_type_name(q->type));
     if (!rc) rc = kiq__buf_puts(&b, "\",\"lock_args\":");
     if (!rc) rc = kiq__buf_puts(&b, q->lock_args ? q->lock_args : "[]");
     if (!rc) rc = kiq__buf_puts(&b, ",\"time\":");
     if (!rc) rc = kiq__buf_puts(&b, now_s);
-    if (!rc) rc = q->at > 0 ? kiq__buf_printf(&b, ",\"at\":%.6f}", q->at)
-                            : kiq__buf_puts(&b, ",\"at\":null}");
+    if (!rc) rc = kiq__buf_puts(&b, ",\"at\":");
+    if (!rc) rc = q->at > 0 ? kiq__buf_put_fixed6(&b, q->at) : kiq__buf_puts(&b, "null");
+    if (!rc) rc = kiq__buf_puts(&b, "}");
     char *out = rc ? NULL : kiq__buf_take(&b, NULL);
     kiq__buf_free(&b);
     return out;
@@ -61,7 +64,7 @@ static char *metadata(const kiq_lock_req_t *q, const char *now_s)
 /* The arguments of one lock.lua call and their storage. */
 typedef struct lock_call {
     char locked[KIQ_DIGEST_MAX + 16], waiting[KIQ_DIGEST_MAX + 16];
-    char pttl[32], limit[16], now_s[32], arr[32], cut[32];
+    char pttl[KIQ_FMT_INT], limit[KIQ_FMT_INT], now_s[32], arr[32], cut[32];
     char *meta; /* owned */
     const char *argv[11];
     kiq_script_call_t call;
@@ -79,12 +82,12 @@ static int lock_prepare(lock_call_t *c, const kiq_lock_req_t *q, double arrival,
     kiq_unique__key(c->locked, sizeof(c->locked), q->digest, q->runtime, KIQ_KEY_LOCKED);
     kiq_unique__key(c->waiting, sizeof(c->waiting), q->digest, q->runtime, ":WAITING");
     long ttl = q->ttl < KIQ_UNIQUE_MAX_SECONDS ? q->ttl : KIQ_UNIQUE_MAX_SECONDS;
-    snprintf(c->pttl, sizeof(c->pttl), "%ld", ttl > 0 ? ttl * 1000 : 0);
-    snprintf(c->limit, sizeof(c->limit), "%d", q->limit > 0 ? q->limit : 1);
-    snprintf(c->now_s, sizeof(c->now_s), "%.6f", now);
+    kiq__fmt_int(c->pttl, ttl > 0 ? ttl * 1000 : 0);
+    kiq__fmt_int(c->limit, q->limit > 0 ? q->limit : 1);
+    kiq__fmt_fixed6(c->now_s, sizeof(c->now_s), now);
     if (arrival > 0) {
-        snprintf(c->arr, sizeof(c->arr), "%.6f", arrival);
-        snprintf(c->cut, sizeof(c->cut), "%.6f", cutoff);
+        kiq__fmt_fixed6(c->arr, sizeof(c->arr), arrival);
+        kiq__fmt_fixed6(c->cut, sizeof(c->cut), cutoff);
     }
     c->meta = q->metadata ? NULL : metadata(q, c->now_s);
     if (!q->metadata && !c->meta)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "redis/keys.h"
+#include "support/fmt.h"
 
 #define METRICS_TTL_STR "28800"
 
@@ -88,8 +89,8 @@ static int pending_add(const char *key, const char *field, long n)
         }
     if (npending == PENDING_MAX)
         return -1;
-    snprintf(pending[npending].key, sizeof(pending[npending].key), "%s", key);
-    snprintf(pending[npending].field, sizeof(pending[npending].field), "%s", field);
+    kiq__fmt_cat(pending[npending].key, sizeof(pending[npending].key), key, NULL);
+    kiq__fmt_cat(pending[npending].field, sizeof(pending[npending].field), field, NULL);
     pending[npending++].n = n;
     return 0;
 }
@@ -109,9 +110,9 @@ int kiq_unique_metric_record(kiq_redis_t *r, const char *lock_type, const char *
             kiq_unique_metrics_key(now, key, sizeof(key));
             key_at = now;
         }
-        snprintf(field, sizeof(field), "%s|%s", lock_type && *lock_type ? lock_type : "unknown",
-                 event);
-        snprintf(total, sizeof(total), "total|%s", event);
+        kiq__fmt_cat(field, sizeof(field), lock_type && *lock_type ? lock_type : "unknown", "|",
+                     event, NULL);
+        kiq__fmt_cat(total, sizeof(total), "total|", event, NULL);
         pthread_mutex_lock(&pending_lock);
         int full = npending + 2 > PENDING_MAX;
         if (!full) {

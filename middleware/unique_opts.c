@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "middleware/mw.h"
@@ -207,10 +208,10 @@ static void payload_prefix(kiq_mw_t *mw, kiq_unique_spec_t *s, const char *prefi
 {
     char *str = field_str(mw, "lock_prefix");
     if (str && *str)
-        snprintf(s->prefix, sizeof(s->prefix), "%s", str);
+        kiq__fmt_cat(s->prefix, sizeof(s->prefix), str, NULL);
     else
-        snprintf(s->prefix, sizeof(s->prefix), "%s",
-                 prefix && *prefix ? prefix : KIQ_KEY_UNIQUE_PREFIX);
+        kiq__fmt_cat(s->prefix, sizeof(s->prefix),
+                     prefix && *prefix ? prefix : KIQ_KEY_UNIQUE_PREFIX, NULL);
     free(str);
 }
 
@@ -247,7 +248,7 @@ static int payload_digest(kiq_mw_t *mw, kiq_unique_spec_t *s)
         size_t n = kiq__key_base(str, KIQ_KEY_RUN);
         if (n)
             str[n] = '\0';
-        snprintf(s->digest, sizeof(s->digest), "%s", str);
+        kiq__fmt_cat(s->digest, sizeof(s->digest), str, NULL);
         s->digest_from_payload = 1;
         taken = 1;
     } else if (str) {

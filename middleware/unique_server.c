@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "middleware/mw.h"
@@ -282,7 +283,7 @@ size_t kiq_unique_prelock(kiq_mw_t *const *mws, size_t n, kiq_prelock_t *pre)
         p->type = s->type;
         p->ttl = s->ttl;
         p->limit = s->limit;
-        snprintf(p->digest, sizeof(p->digest), "%s", s->digest);
+        kiq__fmt_cat(p->digest, sizeof(p->digest), s->digest, NULL);
         reqs[k] = request(mws[i], s, 1);
         asked[k++] = p;
     }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "runtime/crash.h"
+#include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -28,8 +29,8 @@ static int slot_set(kiq_slot_t *s, const kiq_job_t *job, int ahead)
     s->payload = job->payload;
     s->len = job->len;
     s->run_at = (long)kiq__now();
-    snprintf(s->cls, sizeof(s->cls), "%s", job->cls ? job->cls : "");
-    snprintf(s->jid, sizeof(s->jid), "%s", job->jid ? job->jid : "");
+    kiq__fmt_cat(s->cls, sizeof(s->cls), job->cls ? job->cls : "", NULL);
+    kiq__fmt_cat(s->jid, sizeof(s->jid), job->jid ? job->jid : "", NULL);
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->rt->busy, 1);
     return 0;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kiq/error.h"
+#include "support/fmt.h"
 
 static int reserve(kiq_buf_t *b, size_t extra)
 {
@@ -49,6 +50,18 @@ int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len)
 int kiq__buf_puts(kiq_buf_t *b, const char *s)
 {
     return kiq__buf_put(b, s, strlen(s));
+}
+
+int kiq__buf_put_int(kiq_buf_t *b, long long v)
+{
+    char t[KIQ_FMT_INT];
+    return kiq__buf_put(b, t, kiq__fmt_int(t, v));
+}
+
+int kiq__buf_put_fixed6(kiq_buf_t *b, double v)
+{
+    char t[64];
+    return kiq__buf_put(b, t, kiq__fmt_fixed6(t, sizeof(t), v));
 }
 
 int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "support/buf.h"
+#include "support/fmt.h"
 #include "support/json.h"
 #include "kiq/error.h"
 
@@ -293,7 +294,7 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     if (!log_pid)
         log_pid = (int)getpid();
     if (!strchr(fmt, '%')) {
-        snprintf(msg, sizeof(msg), "%s", fmt);
+        kiq__fmt_cat(msg, sizeof(msg), fmt, NULL);
     } else {
         va_list ap;
         va_start(ap, fmt);
