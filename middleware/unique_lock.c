@@ -71,11 +71,13 @@ typedef struct lock_call {
 } lock_call_t;
 
 /* Fills c for one run of lock.lua; waiting (arrival > 0) adds the waiting
- * zset. Free with lock_done. */
+ * zset. Free with lock_done. (Each field read is written: a run's calls
+ * are a few kilobytes to clear otherwise.) */
 static int lock_prepare(lock_call_t *c, const kiq_lock_req_t *q, double arrival, double cutoff,
                         char *err)
 {
-    memset(c, 0, sizeof(*c));
+    c->meta = NULL;
+    c->call = (kiq_script_call_t){ 0 };
     if (!q->digest || !q->jid)
         return kiq_seterr(err, KIQ_EINVAL, "a lock needs a digest and a jid");
     double now = kiq__now();
@@ -325,7 +327,10 @@ void kiq_unique__lock_many(kiq_redis_t *r, const kiq_lock_req_t *reqs, kiq_prelo
     size_t argc = 2, k = 0;
     char err[KIQ_ERRLEN] = "";
     int rc = 0;
-    memset(c, 0, sizeof(c));
+    for (size_t i = 0; i < n; i++) {
+        c[i].meta = NULL; /* what lock_done frees */
+        c[i].call.reply = NULL;
+    }
     for (size_t i = 0; i < n && !rc; i++) {
         until[i][0] = '\0';
         kiq_prelock_t *p = pre[i];

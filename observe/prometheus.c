@@ -262,6 +262,11 @@ int kiq_metrics_escape(kiq_buf_t *b, const char *s)
     size_t len = strlen(s), run = 0; /* run: start of bytes not yet copied */
     int rc = 0;
     for (size_t i = 0; i < len && !rc;) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x80 && ch != '\\' && ch != '"' && ch != '\n') {
+            i++; /* the usual byte, kept */
+            continue;
+        }
         size_t k = kiq__utf8_seq(s + i, len - i);
         const char *rep = !k ? "\xEF\xBF\xBD" /* U+FFFD for a byte outside UTF-8 */
                         : s[i] == '\\' ? "\\\\"

@@ -46,7 +46,15 @@ static int scan_string(scanner_t *sc)
 {
     sc->pos++; /* opening quote */
     while (sc->pos < sc->len) {
-        unsigned char c = (unsigned char)sc->s[sc->pos];
+        /* Most bytes are plain: skipped in a tight loop of locals. */
+        const unsigned char *s = (const unsigned char *)sc->s;
+        size_t pos = sc->pos, len = sc->len;
+        while (pos < len && s[pos] > '"' && s[pos] != '\\')
+            pos++;
+        sc->pos = pos;
+        if (pos >= len)
+            break;
+        unsigned char c = s[pos];
         if (c == '"') {
             sc->pos++;
             return 0;
