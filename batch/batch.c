@@ -324,22 +324,38 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
         return kiq_seterr(b->err, KIQ_ENOMEM, "out of memory");
     }
     o.extra = extra;
-    int rc = b->state == UNWRITTEN ? create(b) : 0;
+    /* The count and the pushes go in one transaction (the caller's, else
+     * one of this call's own): after a lost connection they were both made,
+     * once, or neither, never the jobs without their count or twice. A
+     * reopened batch is checked first, as a failed count inside the
+     * transaction would not stop the pushes. */
+    int own_txn = kiq__client_txn(b->c) == NULL;
+    int rc = b->state == UNWRITTEN ? create(b) : own_txn ? add(b, 0) : 0;
+    if (!rc && own_txn && kiq_client_begin(b->c))
+        rc = kiq_seterr(b->err, KIQ_ENOMEM, "%s", kiq_client_error(b->c));
     if (!rc)
         rc = add(b, (long)n);
     if (!rc) {
         rc = kiq_client_push_bulk(b->c, cls, args, n, &o, own);
         if (rc)
             kiq_seterr(b->err, rc, "%s", kiq_client_error(b->c));
-        /* After a broken connection some may be in: counting them all
-         * keeps the batch from firing early (it then never succeeds,
-         * which a retry of the push does not mend either). */
-        long missing = 0;
-        for (size_t i = 0; rc != KIQ_EREDIS && i < n; i++)
+        long missing = 0; /* refused by the client chain: not counted */
+        for (size_t i = 0; (rc == 0 || rc == KIQ_EDENIED) && i < n; i++)
             missing += own[i][0] == '\0';
         if (missing && add(b, -missing) == 0 && rc == 0)
             rc = KIQ_EDENIED;
     }
+    if (own_txn && kiq__client_txn(b->c)) {
+        if (rc != 0 && rc != KIQ_EDENIED) {
+            kiq_client_rollback(b->c);
+        } else {
+            int sent = kiq_client_commit(b->c);
+            if (sent)
+                rc = kiq_seterr(b->err, sent, "batch %s: %s", b->bid, kiq_client_error(b->c));
+        }
+    }
+    if (rc && rc != KIQ_EDENIED && jids)
+        memset(jids, 0, n * sizeof(*jids)); /* none is known to be in */
     free(extra);
     if (!jids)
         free(own);

@@ -1,12 +1,13 @@
 -- Counts n more jobs in batch bid before they are pushed (so none can
 -- finish uncounted), or takes back -n that could not be pushed, and keeps
--- the batch's data for another expiry seconds.
+-- the batch's data for another expiry seconds; n = 0 only checks that the
+-- batch takes jobs (exists and has not succeeded).
 -- KEYS[1] "batch:BID". ARGV[1] n, ARGV[2] expiry seconds.
 local key, n = KEYS[1], tonumber(ARGV[1])
 if redis.call('EXISTS', key) == 0 then
   return redis.error_reply('NOTFOUND no batch ' .. key)
 end
-if n > 0 and redis.call('HEXISTS', key, 'success_at') == 1 then
+if n >= 0 and redis.call('HEXISTS', key, 'success_at') == 1 then
   return redis.error_reply('DENIED ' .. key .. ' has already succeeded')
 end
 redis.call('HINCRBY', key, 'total', n)

@@ -7,6 +7,9 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <signal.h>
@@ -492,6 +495,138 @@ Test(batch, ruby_makes_the_batch_kiq_runs_it_ruby_gets_the_callback)
     json_decref(s);
     free(out);
     kt_kiq_stop(rb, SIGTERM, 10);
+}
+
+/* ---- a connection lost after Redis ran the push ----------------------- */
+
+/* A TCP relay to the test's Redis that, once armed, passes one EXEC on and
+ * then closes the connection without its reply: Redis has run it, the
+ * client cannot know. */
+typedef struct cut_proxy {
+    int listen_fd, redis_port;
+    atomic_int armed, cuts;
+    char url[128];
+} cut_proxy_t;
+
+typedef struct relay {
+    cut_proxy_t *px;
+    int client;
+} relay_t;
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void *relay_main(void *arg)
+{
+    relay_t *rl = arg;
+    cut_proxy_t *px = rl->px;
+    int server = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)px->redis_port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(server, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        struct pollfd fds[2] = { { .fd = rl->client, .events = POLLIN },
+                                 { .fd = server, .events = POLLIN } };
+        char buf[65536];
+        for (int done = 0; !done && poll(fds, 2, -1) > 0;) {
+            for (int i = 0; i < 2 && !done; i++) {
+                if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                    continue;
+                ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+                if (n <= 0 || write_all(fds[1 - i].fd, buf, (size_t)n)) {
+                    done = 1;
+                } else if (i == 0 && memmem(buf, (size_t)n, "$4\r\nEXEC\r\n", 10)
+                           && atomic_exchange(&px->armed, 0)) {
+                    kt_sleep(0.2); /* Redis runs it; its reply is not passed on */
+                    atomic_fetch_add(&px->cuts, 1);
+                    done = 1;
+                }
+            }
+        }
+    }
+    close(server);
+    close(rl->client);
+    free(rl);
+    return NULL;
+}
+
+static void *accept_main(void *arg)
+{
+    cut_proxy_t *px = arg;
+    for (int fd; (fd = accept(px->listen_fd, NULL, NULL)) >= 0;) {
+        relay_t *rl = malloc(sizeof(*rl));
+        *rl = (relay_t){ px, fd };
+        pthread_t t;
+        pthread_create(&t, NULL, relay_main, rl);
+        pthread_detach(t);
+    }
+    return NULL;
+}
+
+static cut_proxy_t *cut_proxy_start(void)
+{
+    cut_proxy_t *px = calloc(1, sizeof(*px));
+    const char *url = kt_url(), *colon = strrchr(url, ':');
+    px->redis_port = atoi(colon + 1);
+    px->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    cr_assert_eq(bind(px->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(px->listen_fd, 16), 0);
+    cr_assert_eq(getsockname(px->listen_fd, (struct sockaddr *)&a, &len), 0);
+    /* The test's URL with the relay's port. */
+    snprintf(px->url, sizeof(px->url), "%.*s:%d%s", (int)(colon - url), url,
+             ntohs(a.sin_port), strchr(colon, '/'));
+    pthread_t t;
+    pthread_create(&t, NULL, accept_main, px);
+    pthread_detach(t);
+    return px;
+}
+
+/* The reply to a batch push is lost after Redis ran it: its jobs and their
+ * count are in together, once (a second send would push them twice,
+ * counted once, and fire the batch before its last jobs ran), and the
+ * batch succeeds when they have run. */
+Test(batch, a_push_whose_reply_is_lost_is_counted_with_its_jobs_once)
+{
+    cut_proxy_t *px = cut_proxy_start();
+    char err[KIQ_ERRLEN];
+    kiq_client_t *c = kiq_client_new(px->url, err);
+    cr_assert(c, "client: %s", err);
+    kiq_batch_t *b = new_batch(c, "callbacks", "lcb", 0);
+    push_n(b, "RecordJob", 2, record_args);
+    atomic_store(&px->armed, 1);
+    const char *args[] = { "[\"rec\"]", "[\"rec\"]", "[\"rec\"]" };
+    char jids[3][25];
+    int rc = kiq_batch_push_bulk(b, "RecordJob", args, 3, NULL, jids);
+    cr_assert_eq(atomic_load(&px->cuts), 1, "the push went through the cut");
+    cr_assert_eq(rc, KIQ_EREDIS, "the caller learns its push is in doubt: %d %s", rc,
+                 kiq_batch_error(b));
+    cr_assert_str_eq(jids[0], "");
+    cr_assert_eq(kt_int("LLEN queue:default"), 5, "pushed once");
+    cr_assert_eq(kt_int("HGET batch:%s total", kiq_batch_bid(b)), 5, "and counted");
+    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s",
+              kt_kiq_log(pid));
+    json_t *s = NULL;
+    cr_assert_eq(queued("callbacks", "success", &s), 1);
+    cr_assert_eq(num(s, "total"), 5);
+    cr_assert_eq(num(s, "pending"), 0);
+    json_decref(s);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+    close(px->listen_fd);
 }
 
 /* GET /metrics from a kiq on port (the body and headers, malloc'd), or

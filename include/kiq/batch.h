@@ -84,9 +84,12 @@ KIQ_API int kiq_batch_set_parent(kiq_batch_t *b, const char *parent_bid);
 KIQ_API int kiq_batch_set_linger(kiq_batch_t *b, long linger, long expiry);
 
 /* kiq_client_push / kiq_client_push_bulk into the batch: the payloads carry
- * "bid" (added to opts->extra), and the batch counts them before they are
- * pushed, so no job can finish before it is counted. Jobs refused by the
- * client chain are not counted. Returns 0 or a KIQ_E* code with
+ * "bid" (added to opts->extra), and the batch counts them in the same
+ * transaction as they are pushed (the client's open one, else one of the
+ * call's own), so no job can finish before it is counted, and a lost
+ * connection leaves the count and the jobs together (KIQ_EREDIS: all were
+ * pushed and counted, once, or none; the jids are then ""). Jobs refused
+ * by the client chain are not counted. Returns 0 or a KIQ_E* code with
  * kiq_batch_error() saying why (KIQ_EDENIED: some jobs were refused, the
  * others are in; KIQ_EINVAL after the commit). */
 KIQ_API int kiq_batch_push(kiq_batch_t *b, const char *cls, const char *args,
