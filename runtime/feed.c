@@ -440,9 +440,17 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
  * searches: a false match only costs a run of one. */
 static int runtime_locked(const kiq_fetched_t *job)
 {
-    static const char we[] = "\"lock\":\"while_executing", uwe[] = "\"lock\":\"until_and_while";
-    return memmem(job->payload, job->len, we, sizeof(we) - 1)
-           || memmem(job->payload, job->len, uwe, sizeof(uwe) - 1);
+    static const char key[] = "\"lock\":\"";
+    const size_t k = sizeof(key) - 1, t = sizeof("while_executing") - 1;
+    const char *p = job->payload, *end = job->payload + job->len;
+    /* One search for the key, then its value (the two types' names are of
+     * one length), rather than a search a type. */
+    while ((p = memmem(p, (size_t)(end - p), key, k)) && (size_t)(end - p) >= k + t) {
+        p += k;
+        if (!memcmp(p, "while_executing", t) || !memcmp(p, "until_and_while", t))
+            return 1;
+    }
+    return 0;
 }
 
 size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetched_t *out,
