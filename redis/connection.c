@@ -157,17 +157,68 @@ static int refused(const char *msg)
 
 static int get_reply(kiq_redis_t *r, void **rep);
 
+/* A command in Redis's protocol, as redisFormatCommandArgv writes it but
+ * without a sprintf per argument (most of what formatting costs). */
+static size_t resp_len(int argc, const size_t *lens)
+{
+    char t[KIQ_FMT_INT];
+    size_t n = 3 + kiq__fmt_uint(t, (unsigned long long)argc);
+    for (int i = 0; i < argc; i++)
+        n += 5 + kiq__fmt_uint(t, lens[i]) + lens[i];
+    return n;
+}
+
+static void resp_put(char *p, int argc, const char **argv, const size_t *lens)
+{
+    *p++ = '*';
+    p += kiq__fmt_uint(p, (unsigned long long)argc);
+    *p++ = '\r';
+    *p++ = '\n';
+    for (int i = 0; i < argc; i++) {
+        *p++ = '$';
+        p += kiq__fmt_uint(p, lens[i]);
+        *p++ = '\r';
+        *p++ = '\n';
+        memcpy(p, argv[i], lens[i]);
+        p += lens[i];
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+}
+
+/* Formats a command into a new buffer (free it); NULL when out of memory. */
+static char *resp_format(int argc, const char **argv, const size_t *lens, size_t *len)
+{
+    *len = resp_len(argc, lens);
+    char *cmd = malloc(*len);
+    if (cmd)
+        resp_put(cmd, argc, argv, lens);
+    return cmd;
+}
+
+/* Appends a command to what hiredis sends next. */
+static int put_command(redisContext *c, int argc, const char **argv, const size_t *lens)
+{
+    size_t len = resp_len(argc, lens);
+    sds buf = sdsMakeRoomFor(c->obuf, len);
+    if (!buf)
+        return REDIS_ERR;
+    c->obuf = buf;
+    resp_put(buf + sdslen(buf), argc, argv, lens);
+    sdsIncrLen(buf, (int)len);
+    return REDIS_OK;
+}
+
 /* redisCommand, with the reply read by get_reply: hiredis's own read puts
  * 16 KB on the stack, which every thread that connects would keep
  * resident. NULL on an I/O error (r->c->err set). */
-static redisReply *command(kiq_redis_t *r, const char *fmt, ...)
+static redisReply *command(kiq_redis_t *r, int argc, const char **argv)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = redisvAppendCommand(r->c, fmt, ap);
-    va_end(ap);
+    size_t lens[8];
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
     void *rep = NULL;
-    if (rc != REDIS_OK || get_reply(r, &rep) != REDIS_OK)
+    if (put_command(r->c, argc, argv, lens) != REDIS_OK || get_reply(r, &rep) != REDIS_OK)
         return NULL;
     return rep;
 }
@@ -176,23 +227,33 @@ static redisReply *command(kiq_redis_t *r, const char *fmt, ...)
  * (*permanent set when waiting will not help: NOAUTH, NOPERM). */
 static int load_scripts_why(kiq_redis_t *r, int *permanent)
 {
+    /* All sent, then all read: one round trip, not one a script (every
+     * connection of a process makes them again after a restart). */
     for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
-        redisReply *rep = command(r, "SCRIPT LOAD %s", kiq_script_text((kiq_script_t)i));
-        if (!rep)
+        const char *text = kiq_script_text((kiq_script_t)i);
+        const char *argv[] = { "SCRIPT", "LOAD", text };
+        size_t lens[] = { 6, 4, strlen(text) };
+        if (put_command(r->c, 3, argv, lens) != REDIS_OK)
             return fail_io(r, "SCRIPT LOAD");
-        int bad = rep->type == REDIS_REPLY_ERROR;
-        if (bad) {
+    }
+    int rc = 0;
+    for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
+        void *got = NULL;
+        if (get_reply(r, &got) != REDIS_OK || !got)
+            return fail_io(r, "SCRIPT LOAD");
+        redisReply *rep = got;
+        if (rep->type == REDIS_REPLY_ERROR && !rc) {
             snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->name, rep->str);
             *permanent = !transient_reply(rep->str);
+            rc = KIQ_EREPLY;
         } else if (rep->type == REDIS_REPLY_STRING) {
             kiq_script_learn_sha((kiq_script_t)i, rep->str, rep->len);
         }
         freeReplyObject(rep);
-        if (bad)
-            return KIQ_EREPLY;
     }
-    r->need_load = 0;
-    return 0;
+    if (!rc)
+        r->need_load = 0;
+    return rc;
 }
 
 static int load_scripts(kiq_redis_t *r)
@@ -247,9 +308,9 @@ int kiq_redis_connect(kiq_redis_t *r)
     redisReply *rep = NULL;
     if (r->url.password) {
         if (r->url.user)
-            rep = command(r, "AUTH %s %s", r->url.user, r->url.password);
+            rep = command(r, 3, (const char *[]){ "AUTH", r->url.user, r->url.password });
         else
-            rep = command(r, "AUTH %s", r->url.password);
+            rep = command(r, 2, (const char *[]){ "AUTH", r->url.password });
         if (!rep)
             return fail_io(r, "AUTH");
         if (rep->type == REDIS_REPLY_ERROR) {
@@ -261,7 +322,9 @@ int kiq_redis_connect(kiq_redis_t *r)
         freeReplyObject(rep);
     }
     if (r->url.db) {
-        rep = command(r, "SELECT %d", r->url.db);
+        char db[KIQ_FMT_INT];
+        kiq__fmt_int(db, r->url.db);
+        rep = command(r, 2, (const char *[]){ "SELECT", db });
         if (!rep)
             return fail_io(r, "SELECT");
         int code = rep->type == REDIS_REPLY_ERROR ? refused(rep->str) : 0;
@@ -323,45 +386,6 @@ static int ensure(kiq_redis_t *r)
     return 0;
 }
 
-/* A command in Redis's protocol, as redisFormatCommandArgv writes it but
- * without a sprintf per argument (most of what formatting costs). */
-static size_t resp_len(int argc, const size_t *lens)
-{
-    char t[KIQ_FMT_INT];
-    size_t n = 3 + kiq__fmt_uint(t, (unsigned long long)argc);
-    for (int i = 0; i < argc; i++)
-        n += 5 + kiq__fmt_uint(t, lens[i]) + lens[i];
-    return n;
-}
-
-static void resp_put(char *p, int argc, const char **argv, const size_t *lens)
-{
-    *p++ = '*';
-    p += kiq__fmt_uint(p, (unsigned long long)argc);
-    *p++ = '\r';
-    *p++ = '\n';
-    for (int i = 0; i < argc; i++) {
-        *p++ = '$';
-        p += kiq__fmt_uint(p, lens[i]);
-        *p++ = '\r';
-        *p++ = '\n';
-        memcpy(p, argv[i], lens[i]);
-        p += lens[i];
-        *p++ = '\r';
-        *p++ = '\n';
-    }
-}
-
-/* Formats a command into a new buffer (free it); NULL when out of memory. */
-static char *resp_format(int argc, const char **argv, const size_t *lens, size_t *len)
-{
-    *len = resp_len(argc, lens);
-    char *cmd = malloc(*len);
-    if (cmd)
-        resp_put(cmd, argc, argv, lens);
-    return cmd;
-}
-
 int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *lens)
 {
     if (ensure(r))
@@ -376,15 +400,7 @@ int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *
     }
     if (remember_sent(r, NULL, 0))
         return KIQ_ENOMEM;
-    /* Straight into hiredis's output buffer. */
-    size_t len = resp_len(argc, lens);
-    sds buf = sdsMakeRoomFor(r->c->obuf, len);
-    if (!buf)
-        return fail_io(r, "append");
-    r->c->obuf = buf;
-    resp_put(buf + sdslen(buf), argc, argv, lens);
-    sdsIncrLen(buf, (int)len);
-    return 0;
+    return put_command(r->c, argc, argv, lens) == REDIS_OK ? 0 : fail_io(r, "append");
 }
 
 static int is_noscript(const redisReply *rep)
