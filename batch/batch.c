@@ -327,8 +327,9 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
     /* The count and the pushes go in one transaction (the caller's, else
      * one of this call's own): after a lost connection they were both made,
      * once, or neither, never the jobs without their count or twice. A
-     * reopened batch is checked first, as a failed count inside the
-     * transaction would not stop the pushes. */
+     * batch already written is checked first (deleted, expired), as a
+     * failed count inside the transaction would not stop the pushes; while
+     * this handle is not committed the batch cannot succeed meanwhile. */
     int own_txn = kiq__client_txn(b->c) == NULL;
     int rc = b->state == UNWRITTEN ? create(b) : own_txn ? add(b, 0) : 0;
     if (!rc && own_txn && kiq_client_begin(b->c))
@@ -339,22 +340,26 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
         rc = kiq_client_push_bulk(b->c, cls, args, n, &o, own);
         if (rc)
             kiq_seterr(b->err, rc, "%s", kiq_client_error(b->c));
-        long missing = 0; /* refused by the client chain: not counted */
-        for (size_t i = 0; (rc == 0 || rc == KIQ_EDENIED) && i < n; i++)
+        /* Refused by the client chain, or none pushed: not counted (in the
+         * caller's transaction the count is taken back with them). */
+        long missing = 0;
+        for (size_t i = 0; i < n; i++)
             missing += own[i][0] == '\0';
         if (missing && add(b, -missing) == 0 && rc == 0)
             rc = KIQ_EDENIED;
     }
     if (own_txn && kiq__client_txn(b->c)) {
-        if (rc != 0 && rc != KIQ_EDENIED) {
+        if (rc < 0 && rc != KIQ_EDENIED) {
             kiq_client_rollback(b->c);
         } else {
             int sent = kiq_client_commit(b->c);
-            if (sent)
+            if (sent < 0)
                 rc = kiq_seterr(b->err, sent, "batch %s: %s", b->bid, kiq_client_error(b->c));
+            else if (sent > 0 && rc == 0) /* KIQ_PUSH_UNREPLICATED: in, with a warning */
+                rc = kiq_seterr(b->err, sent, "%s", kiq_client_error(b->c));
         }
     }
-    if (rc && rc != KIQ_EDENIED && jids)
+    if (rc < 0 && rc != KIQ_EDENIED && jids)
         memset(jids, 0, n * sizeof(*jids)); /* none is known to be in */
     free(extra);
     if (!jids)

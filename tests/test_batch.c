@@ -497,6 +497,24 @@ Test(batch, ruby_makes_the_batch_kiq_runs_it_ruby_gets_the_callback)
     kt_kiq_stop(rb, SIGTERM, 10);
 }
 
+/* In a client transaction, a push that fails (bad args) takes its count
+ * back with it: the batch counts only the job that is in. */
+Test(batch, a_failed_push_in_a_client_transaction_is_not_counted)
+{
+    kiq_client_t *c = client();
+    cr_assert_eq(kiq_client_begin(c), 0);
+    kiq_batch_t *b = new_batch(c, "callbacks", "fcb", 0);
+    cr_assert_eq(kiq_batch_push(b, "RecordJob", "[\"rec\"]", NULL, NULL), 0);
+    cr_assert_lt(kiq_batch_push(b, "RecordJob", "not json", NULL, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(b), 0);
+    cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(kt_int("LLEN queue:default"), 1);
+    cr_assert_eq(kt_int("HGET batch:%s total", kiq_batch_bid(b)), 1);
+    cr_assert_eq(kt_int("HGET batch:%s pending", kiq_batch_bid(b)), 1);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+}
+
 /* ---- a connection lost after Redis ran the push ----------------------- */
 
 /* A TCP relay to the test's Redis that, once armed, passes one EXEC on and

@@ -385,6 +385,25 @@ Test(client, min_replicas_ack_pushes_wait_for_the_replica)
     cr_assert(took >= 2.9 && took < 6, "took %.2f s", took);
     cr_assert_eq(llen_on(k.master), 24);
     cr_assert(KT_WAIT_UNTIL(llen_on(k.replica) == 24, 10));
+
+    /* So is a push into a batch: the jobs are in, counted, with their jids. */
+    char err[KIQ_ERRLEN];
+    kiq_batch_t *b = kiq_batch_new(c, err);
+    cr_assert(b, "%s", err);
+    cr_assert_eq(kiq_batch_push(b, "WaitJob", "[]", NULL, NULL), 0, "%s", kiq_batch_error(b));
+    kill(k.replica_pid, SIGSTOP);
+    char jids[2][25];
+    rc = kiq_batch_push_bulk(b, "WaitJob", args, 2, NULL, jids);
+    kill(k.replica_pid, SIGCONT);
+    cr_assert_eq(rc, KIQ_PUSH_UNREPLICATED, "%d: %s", rc, kiq_batch_error(b));
+    cr_assert_eq(strlen(jids[1]), 24, "the jobs were pushed and have their jids");
+    cr_assert_eq(llen_on(k.master), 27);
+    redisContext *mc = redisConnect("127.0.0.1", k.master);
+    redisReply *total = redisCommand(mc, "HGET batch:%s total", kiq_batch_bid(b));
+    cr_assert(total && total->type == REDIS_REPLY_STRING && !strcmp(total->str, "3"));
+    freeReplyObject(total);
+    redisFree(mc);
+    kiq_batch_free(b);
     kiq_client_free(c);
     kiq_config_free(cfg);
     free(path);

@@ -89,7 +89,8 @@ KIQ_API int kiq_batch_set_linger(kiq_batch_t *b, long linger, long expiry);
  * call's own), so no job can finish before it is counted, and a lost
  * connection leaves the count and the jobs together (KIQ_EREDIS: all were
  * pushed and counted, once, or none; the jids are then ""). Jobs refused
- * by the client chain are not counted. Returns 0 or a KIQ_E* code with
+ * by the client chain are not counted. Returns 0, KIQ_PUSH_UNREPLICATED
+ * (in, but on fewer replicas than min_replicas_ack) or a KIQ_E* code with
  * kiq_batch_error() saying why (KIQ_EDENIED: some jobs were refused, the
  * others are in; KIQ_EINVAL after the commit). */
 KIQ_API int kiq_batch_push(kiq_batch_t *b, const char *cls, const char *args,
