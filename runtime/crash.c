@@ -2,8 +2,9 @@
  * be corrupt, so it calls only async-signal-safe functions: write(2) into a
  * buffer on its stack, no malloc, no stdio, no locks. backtrace() is the
  * exception, last: its first call loads libgcc, which takes locks a crash
- * may have left held, so an alarm ends the process should it hang. (Loaded
- * at start, libgcc would stay resident in every worker for its crash.) */
+ * may have left held, so should it hang an alarm ends the process with its
+ * signal. (Loaded at start, libgcc would stay resident in every worker for
+ * its crash.) */
 #include "runtime/crash.h"
 
 #include <errno.h>
@@ -117,6 +118,26 @@ static const char *sig_text(int sig)
     }
 }
 
+static volatile sig_atomic_t crash_sig;
+
+/* The backtrace hung: the process dies of the signal being reported, with
+ * its core where enabled, as it would have without the report. Whichever
+ * thread this runs on, the signal is unblocked there with its default. */
+static void on_alarm(int s)
+{
+    (void)s;
+    int sig = crash_sig;
+    struct sigaction dfl = { .sa_handler = SIG_DFL };
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
 static void report(int sig)
 {
     int fd = kiq__log_fd();
@@ -146,9 +167,10 @@ static void report(int sig)
     put_head(&l);
     put(&l, "backtrace:");
     emit(fd, &l);
-    struct sigaction dfl = { .sa_handler = SIG_DFL };
-    sigemptyset(&dfl.sa_mask);
-    sigaction(SIGALRM, &dfl, NULL);
+    crash_sig = sig;
+    struct sigaction al = { .sa_handler = on_alarm };
+    sigemptyset(&al.sa_mask);
+    sigaction(SIGALRM, &al, NULL);
     sigset_t alrm;
     sigemptyset(&alrm);
     sigaddset(&alrm, SIGALRM);
