@@ -1,5 +1,6 @@
 #include "support/fmt.h"
 
+#include <math.h> /* signbit, a macro: no libm */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,16 +27,35 @@ size_t kiq__fmt_int(char *out, long long v)
     return 1 + kiq__fmt_uint(out + 1, 0 - (unsigned long long)v);
 }
 
+/* a * b exactly, as *hi + *lo (Dekker's product: each factor split into
+ * halves whose products are exact). */
+static void exact_product(double a, double b, double *hi, double *lo)
+{
+    const double split = 134217729.0; /* 2^27 + 1 */
+    double ca = split * a, cb = split * b;
+    double ah = ca - (ca - a), al = a - ah, bh = cb - (cb - b), bl = b - bh;
+    *hi = a * b;
+    *lo = ((ah * bh - *hi) + ah * bl + al * bh) + al * bl;
+}
+
 size_t kiq__fmt_fixed6(char *out, size_t n, double v)
 {
-    if (!(v >= 0 && v < 1e15) || n < 32) {
+    if (!(v >= 0 && v < 1e15) || signbit(v) || n < 32) {
         int w = snprintf(out, n, "%.6f", v);
         return w < 0 ? 0 : (size_t)w < n ? (size_t)w : n - 1;
     }
-    /* The whole seconds, and the fraction (exact after the subtraction)
-     * rounded to millionths as printf rounds it. */
+    /* The whole part, and the fraction (exact after the subtraction) in
+     * millionths, rounded as printf rounds: to nearest, an exact half to
+     * even. */
     unsigned long long whole = (unsigned long long)v;
-    unsigned long frac = (unsigned long)((v - (double)whole) * 1e6 + 0.5);
+    double hi, lo;
+    exact_product(v - (double)whole, 1e6, &hi, &lo);
+    unsigned long frac = (unsigned long)hi;
+    double rest = hi - (double)frac; /* exact: both are below 1e6 */
+    /* rest is a multiple of hi's last bit, as is 0.5, and lo is under half
+     * of it: only at rest == 0.5 does lo decide. */
+    if (rest > 0.5 || (rest == 0.5 && (lo > 0 || (lo == 0 && (frac & 1)))))
+        frac++;
     if (frac >= 1000000) {
         whole++;
         frac -= 1000000;

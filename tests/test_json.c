@@ -98,12 +98,26 @@ Test(fmt, numbers_read_as_printf_writes_them)
         cr_assert_eq(kiq__fmt_int(a, s[i]), strlen(b));
         cr_assert_str_eq(a, b);
     }
+    /* Exact halves round to even, as printf's; so do values a hair off. */
     const double d[] = { 0, 0.5, 1763880000.123456, 1763880000.0000004, 1763880000.9999996,
-                         12.25, -3.5, 1e15 };
+                         12.25, -3.5, 1e15, -0.0, 1700000000.0078125, 0.0000005, 2.5e-6,
+                         3.5e-6, 0.9999995, 1.0000005, 999999.9999995 };
     for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) {
         snprintf(b, sizeof(b), "%.6f", d[i]);
         cr_assert_eq(kiq__fmt_fixed6(a, sizeof(a), d[i]), strlen(b), "%s", b);
         cr_assert_str_eq(a, b);
+    }
+    /* Times as the locks write them, and binary fractions (ties). */
+    unsigned long long x = 88172645463325252ULL;
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        double v = i % 2 ? 1.7e9 + (double)(x % 100000000000ULL) / 1e3
+                         : (double)(x % 4000000000ULL) + (double)(x >> 54) / 1024.0;
+        snprintf(b, sizeof(b), "%.6f", v);
+        kiq__fmt_fixed6(a, sizeof(a), v);
+        cr_assert_str_eq(a, b, "%.17g", v);
     }
 }
 
