@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch/batch_internal.h"
 #include "client/txn.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
@@ -510,6 +511,47 @@ void kiq_batch_list_free(char **bids, size_t n)
     free(bids);
 }
 
+/* Whether bid's data is gone (expired); if so both indexes forget it.
+ * -1 on a failure (*rc and err set). */
+static int forget_if_gone(kiq_redis_t *r, const char *bid, char *err, int *rc)
+{
+    redisReply *ex = command(r, err, rc, "EXISTS " KIQ_KEY_BATCH "%s", bid);
+    if (!ex)
+        return -1;
+    int gone = ex->type == REDIS_REPLY_INTEGER && ex->integer == 0;
+    freeReplyObject(ex);
+    if (gone) {
+        freeReplyObject(command(r, err, rc, "ZREM " KIQ_KEY_BATCHES " %s", bid));
+        freeReplyObject(command(r, err, rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid));
+    }
+    return *rc ? -1 : gone;
+}
+
+int kiq__batches_prune(kiq_redis_t *r, char cursor[32], long *removed, char *err)
+{
+    *removed = 0;
+    int rc;
+    redisReply *page = command(r, err, &rc, "ZSCAN " KIQ_KEY_BATCHES_OPEN " %s COUNT 100", cursor);
+    if (!page)
+        return rc;
+    const redisReply *m = page->type == REDIS_REPLY_ARRAY && page->elements == 2
+                              && page->element[0]->type == REDIS_REPLY_STRING
+                              && page->element[1]->type == REDIS_REPLY_ARRAY
+                          ? page->element[1] : NULL;
+    if (!m) {
+        freeReplyObject(page);
+        return kiq_seterr(err, KIQ_EREPLY, "ZSCAN " KIQ_KEY_BATCHES_OPEN ": unexpected reply");
+    }
+    snprintf(cursor, 32, "%s", page->element[0]->str);
+    for (size_t i = 0; i + 1 < m->elements && !rc; i += 2) {
+        int gone = m->element[i]->type == REDIS_REPLY_STRING
+                       ? forget_if_gone(r, m->element[i]->str, err, &rc) : 0;
+        *removed += gone > 0;
+    }
+    freeReplyObject(page);
+    return rc;
+}
+
 int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
 {
     *bids = NULL;
@@ -523,17 +565,11 @@ int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
         rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
     for (size_t i = 0; !rc && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
         const char *bid = rep->element[i]->str;
-        redisReply *ex = command(r, err, &rc, "EXISTS " KIQ_KEY_BATCH "%s", bid);
-        if (!ex)
+        int gone = forget_if_gone(r, bid, err, &rc);
+        if (gone < 0)
             break;
-        int gone = ex->type == REDIS_REPLY_INTEGER && ex->integer == 0;
-        freeReplyObject(ex);
-        if (gone) {
-            /* Its data expired: the index forgets it too. */
-            freeReplyObject(command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES " %s", bid));
-            freeReplyObject(command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid));
-            continue;
-        }
+        if (gone)
+            continue; /* its data expired: the indexes forget it too */
         if (!(out[*n] = strdup(bid)))
             rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
         else

@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 
+#include "batch/batch_internal.h"
 #include "middleware/unique_admin_internal.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
@@ -54,6 +55,15 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     if (!mine)
         return; /* another process of the fleet does this pass */
     kiq_recover_orphans(rt, r);
+    /* A batch that expired before it succeeded leaves the open-batches
+     * index (and kiq_batches_open) here, a page a pass. */
+    static char cursor[32] = "0";
+    char err[KIQ_ERRLEN];
+    long gone = 0;
+    if (kiq__batches_prune(r, cursor, &gone, err))
+        kiq_warn("open-batches index: %s", err);
+    else if (gone)
+        kiq_info("%ld expired batches left the open-batches index", gone);
 }
 
 /* Jobs the last pass left in dead processes' lists because their queue

@@ -515,6 +515,35 @@ Test(batch, a_failed_push_in_a_client_transaction_is_not_counted)
     kiq_client_free(c);
 }
 
+/* A batch whose data expired before it succeeded leaves the open-batches
+ * index (behind the kiq_batches_open gauge) at the next recovery pass,
+ * without anyone listing the batches; a live one stays. */
+Test(batch, an_expired_open_batch_leaves_the_index)
+{
+    kiq_client_t *c = client();
+    kiq_push_opts_t nobody = kiq_push_opts_default();
+    nobody.queue = "nobody"; /* no process runs them */
+    kiq_batch_t *gone = new_batch(c, "callbacks", "xcb", 0);
+    cr_assert_eq(kiq_batch_set_linger(gone, 60, 1), 0);
+    cr_assert_eq(kiq_batch_push(gone, "RecordJob", "[\"rec\"]", &nobody, NULL), 0, "%s",
+                 kiq_batch_error(gone));
+    cr_assert_eq(kiq_batch_commit(gone), 0);
+    kiq_batch_t *live = new_batch(c, "callbacks", "xcb", 0);
+    cr_assert_eq(kiq_batch_push(live, "RecordJob", "[\"rec\"]", &nobody, NULL), 0);
+    cr_assert_eq(kiq_batch_commit(live), 0);
+    cr_assert_eq(kt_int("ZCARD batches:open"), 2);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS batch:%s", kiq_batch_bid(gone)) == 0, 10));
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD batches:open") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(kt_int("ZSCORE batches:open %s", kiq_batch_bid(live)) > 0);
+    cr_assert_eq(kt_int("ZSCORE batches %s", kiq_batch_bid(gone)), 0, "gone from both");
+    cr_assert(kt_log_has(pid, "1 expired batches left the open-batches index"), "%s",
+              kt_kiq_log(pid));
+    kiq_batch_free(gone);
+    kiq_batch_free(live);
+    kiq_client_free(c);
+}
+
 /* ---- a connection lost after Redis ran the push ----------------------- */
 
 /* A TCP relay to the test's Redis that, once armed, passes one EXEC on and
