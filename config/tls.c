@@ -1,6 +1,7 @@
-/* TLS settings given apart from the URL, carried into a rediss:// URL's
- * query, where every connection (the worker's threads, the metrics
- * server) reads them from cfg->redis_url. */
+/* TLS settings given apart from the URL, carried into the query of a URL
+ * that speaks TLS (rediss://, or a sentinel URL with TLS to the master or
+ * the sentinels), where every connection (the worker's threads, the
+ * metrics server) reads them from cfg->redis_url. */
 #include "config/tls.h"
 #include "config/yaml.h"
 #include "redis/url.h"
@@ -98,15 +99,26 @@ static void put_param(FILE *f, const char *name, const char *v)
     }
 }
 
+/* Whether url speaks TLS to a server: rediss://, rediss+sentinel://, or
+ * redis+sentinel:// with sentinel_ssl=true in its query. */
+static int speaks_tls(const char *url)
+{
+    if (!strncmp(url, "rediss://", 9) || !strncmp(url, "rediss+sentinel://", 18))
+        return 1;
+    const char *q = strchr(url, '?');
+    return !strncmp(url, "redis+sentinel://", 17) && q && strstr(q, "sentinel_ssl=true");
+}
+
 int kiq__config_tls_into_url(kiq_config_t *cfg, char *err)
 {
     kiq_tls_conf_t *t = &cfg->tls;
     if (!t->ca_file && !t->ca_path && !t->cert && !t->key && !t->server_name && !t->verify_none)
         return 0;
-    if (!cfg->redis_url || strncmp(cfg->redis_url, "rediss://", 9) != 0) {
+    if (!cfg->redis_url || !speaks_tls(cfg->redis_url)) {
         char shown[512];
         kiq__redis_url_redact(cfg->redis_url ? cfg->redis_url : "", shown, sizeof(shown));
-        return kiq_seterr(err, KIQ_ECONFIG, "tls: settings need a rediss:// URL (got %s)", shown);
+        return kiq_seterr(err, KIQ_ECONFIG, "tls: settings need a URL that speaks TLS "
+                          "(rediss://, or sentinels with ssl or sentinel_ssl; got %s)", shown);
     }
     char *url = NULL;
     size_t n = 0;

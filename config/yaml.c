@@ -364,7 +364,7 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
             rc = redis_url(c, sub, node(c, p->value));
         else if (name && !strcmp(name, "ssl_params"))
             rc = kiq_yaml__warn(c, kn, sub, "not read by kiq; give TLS settings under tls: "
-                                "(ca_file, cert, key, server_name, verify) and a rediss:// url");
+                                "(ca_file, cert, key, server_name, verify) with TLS in the url");
         else if (name && in_list(name, redis_tuning, NELEM(redis_tuning)))
             rc = kiq_yaml__warn(c, kn, sub, "not used by kiq (a Ruby client option); ignored");
         else if (name && in_list(name, redis_target, NELEM(redis_target)))

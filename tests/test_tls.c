@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "kiq/config.h"
 
 TestSuite(tls, .timeout = 90, .fini = kt_kill_children);
 
@@ -350,7 +351,8 @@ Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
     snprintf(u, sizeof(u), "redis://127.0.0.1:%d/0", s.port);
     pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
     cr_assert_eq(kt_wait_exit(pid, 30), 78);
-    cr_assert_gt(kt_log_count(pid, "tls: settings need a rediss:// URL"), 0, "%s", kt_kiq_log(pid));
+    cr_assert_gt(kt_log_count(pid, "tls: settings need a URL that speaks TLS"), 0, "%s",
+                 kt_kiq_log(pid));
     free(file);
     redisFree(s.plain);
 }
@@ -409,6 +411,27 @@ Test(tls, sentinels_over_tls_with_sentinel_ssl)
     pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
     cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+
+    /* The same from the file: sentinels: with ssl, and the tls: mapping
+     * (read into the query of the sentinel URL it makes). */
+    char yml[1200];
+    snprintf(yml, sizeof(yml),
+             "redis:\n  sentinels: [{host: 127.0.0.1, port: %d}]\n  name: mymaster\n"
+             "  ssl: true\n  sentinel_ssl: true\ntls:\n  ca_file: %s/ca.crt\n",
+             tport, s.dir);
+    char *y = kt_write_file("tls-sentinel.yml", yml), err[KIQ_ERRLEN] = "";
+    kiq_config_t *cfg = kiq_config_new();
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    kiq_redis_t *r = kiq_redis_new(cfg->redis_url, 5, err);
+    cr_assert(r, "%s", err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "through the file's sentinels: %s", kiq_redis_error(r));
+    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    cr_assert(pong && pong->type == REDIS_REPLY_STATUS);
+    freeReplyObject(pong);
+    kiq_redis_free(r);
+    kiq_config_free(cfg);
+    free(y);
 
     /* The sentinel's certificate is verified like the master's. */
     snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?sentinel_ssl=true&%s", tport,
