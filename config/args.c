@@ -67,7 +67,7 @@ const char *kiq_config_usage(void)
            "      --redis-url URL      redis://[user:password@]host:port/db or unix:///path?db=N\n"
            "                           (default: $REDIS_URL, else redis://127.0.0.1:6379/0);\n"
            "                           rediss:// for TLS\n"
-           "      --tls-ca-file PATH   CA certificates for rediss:// (default the system's);\n"
+           "      --tls-ca-file PATH   CA certificates for TLS (default the system's);\n"
            "                           also --tls-ca-path DIR, --tls-cert PATH, --tls-key PATH,\n"
            "                           --tls-server-name NAME, --tls-verify none\n"
            "      --fetch MODE         reliable (default) or basic\n"
