@@ -790,7 +790,7 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
                          "the order); ignored");
     assert_warning(2, 14, "redis.size: not used by kiq (a Ruby client option); ignored");
     assert_warning(3, 15, "redis.ssl_params: not read by kiq; give TLS settings under tls: "
-                            "(ca_file, cert, key, server_name, verify) and a rediss:// url");
+                            "(ca_file, cert, key, server_name, verify) with TLS in the url");
     assert_warning(4, 17, "lifecycle_events: not used by kiq (Ruby callbacks); ignored");
     assert_warning(5, 18, "error_handlers: not used by kiq (Ruby callbacks); ignored");
     assert_warning(6, 19, "limits: not used by kiq (sidekiq-limit_fetch); ignored");
