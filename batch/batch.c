@@ -31,6 +31,7 @@ struct kiq_batch {
     char *description, *parent; /* owned; for a new batch only */
     char *cb_class[3], *cb_queue[3], *cb_opts[3];
     long linger, expiry;
+    int create_lost;            /* a creation's reply was lost: it may be in */
 };
 
 static kiq_batch_t *handle(kiq_client_t *c, const char *bid, char *err)
@@ -273,6 +274,11 @@ static int create(kiq_batch_t *b)
         }
     }
     int rc = run(b, KIQ_SCRIPT_BATCH_OPEN, 2, argc, argv, NULL);
+    /* Made again after a lost reply, the batch is found made: by this
+     * handle (bids are random), so it is open. */
+    if (rc == KIQ_EDENIED && b->create_lost && strstr(b->err, "exists already"))
+        rc = 0;
+    b->create_lost = rc == KIQ_EREDIS;
     if (!rc)
         b->state = OPEN;
     return rc;
@@ -337,14 +343,16 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
         rc = kiq_seterr(b->err, KIQ_ENOMEM, "%s", kiq_client_error(b->c));
     if (!rc)
         rc = add(b, (long)n);
+    int tried = !rc;
     if (!rc) {
         rc = kiq_client_push_bulk(b->c, cls, args, n, &o, own);
         if (rc)
             kiq_seterr(b->err, rc, "%s", kiq_client_error(b->c));
-        /* Refused by the client chain, or none pushed: not counted (in the
-         * caller's transaction the count is taken back with them). */
-        long missing = 0;
-        for (size_t i = 0; i < n; i++)
+        /* Refused by the client chain, or none pushed (a failed push drops
+         * all its own, jids maybe unwritten): not counted (in the caller's
+         * transaction the count is taken back with them). */
+        long missing = rc < 0 && rc != KIQ_EDENIED ? (long)n : 0;
+        for (size_t i = 0; !missing && i < n; i++)
             missing += own[i][0] == '\0';
         if (missing && add(b, -missing) == 0 && rc == 0)
             rc = KIQ_EDENIED;
@@ -360,7 +368,7 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
                 rc = kiq_seterr(b->err, sent, "%s", kiq_client_error(b->c));
         }
     }
-    if (rc < 0 && rc != KIQ_EDENIED && jids)
+    if (jids && (!tried || (rc < 0 && rc != KIQ_EDENIED)))
         memset(jids, 0, n * sizeof(*jids)); /* none is known to be in */
     free(extra);
     if (!jids)
@@ -520,11 +528,14 @@ static int forget_if_gone(kiq_redis_t *r, const char *bid, char *err, int *rc)
         return -1;
     int gone = ex->type == REDIS_REPLY_INTEGER && ex->integer == 0;
     freeReplyObject(ex);
-    if (gone) {
-        freeReplyObject(command(r, err, rc, "ZREM " KIQ_KEY_BATCHES " %s", bid));
-        freeReplyObject(command(r, err, rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid));
+    for (int i = 0; gone && i < 2; i++) {
+        redisReply *z = command(r, err, rc, i ? "ZREM " KIQ_KEY_BATCHES_OPEN " %s"
+                                              : "ZREM " KIQ_KEY_BATCHES " %s", bid);
+        if (!z)
+            return -1;
+        freeReplyObject(z);
     }
-    return *rc ? -1 : gone;
+    return gone;
 }
 
 int kiq__batches_prune(kiq_redis_t *r, char cursor[32], long *removed, char *err)

@@ -506,6 +506,10 @@ Test(batch, a_failed_push_in_a_client_transaction_is_not_counted)
     kiq_batch_t *b = new_batch(c, "callbacks", "fcb", 0);
     cr_assert_eq(kiq_batch_push(b, "RecordJob", "[\"rec\"]", NULL, NULL), 0);
     cr_assert_lt(kiq_batch_push(b, "RecordJob", "not json", NULL, NULL), 0);
+    /* Refused before any job was made: the jids hold an earlier push's. */
+    char jids[1][25] = { "c0000000000000000000000f" };
+    cr_assert_lt(kiq_batch_push_bulk(b, "", (const char *[]){ "[]" }, 1, NULL, jids), 0);
+    cr_assert_str_eq(jids[0], "", "no job is said to be in");
     cr_assert_eq(kiq_batch_commit(b), 0);
     cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
@@ -546,12 +550,13 @@ Test(batch, an_expired_open_batch_leaves_the_index)
 
 /* ---- a connection lost after Redis ran the push ----------------------- */
 
-/* A TCP relay to the test's Redis that, once armed, passes one EXEC on and
- * then closes the connection without its reply: Redis has run it, the
- * client cannot know. */
+/* A TCP relay to the test's Redis that, once armed, passes on one command
+ * holding its needle (an EXEC by default) and then closes the connection
+ * without its reply: Redis has run it, the client cannot know. */
 typedef struct cut_proxy {
     int listen_fd, redis_port;
     atomic_int armed, cuts;
+    const char *needle; /* what the client sends before the cut */
     char url[128];
 } cut_proxy_t;
 
@@ -591,7 +596,7 @@ static void *relay_main(void *arg)
                 ssize_t n = read(fds[i].fd, buf, sizeof(buf));
                 if (n <= 0 || write_all(fds[1 - i].fd, buf, (size_t)n)) {
                     done = 1;
-                } else if (i == 0 && memmem(buf, (size_t)n, "$4\r\nEXEC\r\n", 10)
+                } else if (i == 0 && memmem(buf, (size_t)n, px->needle, strlen(px->needle))
                            && atomic_exchange(&px->armed, 0)) {
                     kt_sleep(0.2); /* Redis runs it; its reply is not passed on */
                     atomic_fetch_add(&px->cuts, 1);
@@ -622,6 +627,7 @@ static void *accept_main(void *arg)
 static cut_proxy_t *cut_proxy_start(void)
 {
     cut_proxy_t *px = calloc(1, sizeof(*px));
+    px->needle = "$4\r\nEXEC\r\n";
     const char *url = kt_url(), *colon = strrchr(url, ':');
     px->redis_port = atoi(colon + 1);
     px->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -670,6 +676,42 @@ Test(batch, a_push_whose_reply_is_lost_is_counted_with_its_jobs_once)
     cr_assert_eq(queued("callbacks", "success", &s), 1);
     cr_assert_eq(num(s, "total"), 5);
     cr_assert_eq(num(s, "pending"), 0);
+    json_decref(s);
+    kiq_batch_free(b);
+    kiq_client_free(c);
+    close(px->listen_fd);
+}
+
+/* The reply to a new batch's creation is lost: the push that made it says
+ * so and pushes nothing; the next push finds the batch made (by this
+ * handle) and goes on, and the batch succeeds when its jobs have run. */
+Test(batch, a_creation_whose_reply_is_lost_is_taken_as_made)
+{
+    cut_proxy_t *px = cut_proxy_start();
+    px->needle = "$3\r\nnew\r\n"; /* batch_open.lua's mode argument */
+    char err[KIQ_ERRLEN];
+    kiq_client_t *c = kiq_client_new(px->url, err);
+    cr_assert(c, "client: %s", err);
+    kiq_batch_t *b = new_batch(c, "callbacks", "ncb", 0);
+    atomic_store(&px->armed, 1);
+    char jids[2][25] = { "stale", "stale" };
+    const char *args[] = { "[\"rec\"]", "[\"rec\"]" };
+    int rc = kiq_batch_push_bulk(b, "RecordJob", args, 2, NULL, jids);
+    cr_assert_eq(atomic_load(&px->cuts), 1, "the creation went through the cut");
+    cr_assert_eq(rc, KIQ_EREDIS, "%d %s", rc, kiq_batch_error(b));
+    cr_assert_str_eq(jids[0], "", "nothing pushed");
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert_eq(kt_int("EXISTS batch:%s", kiq_batch_bid(b)), 1, "but the batch was made");
+    cr_assert_eq(kiq_batch_push_bulk(b, "RecordJob", args, 2, NULL, jids), 0, "%s",
+                 kiq_batch_error(b));
+    cr_assert_eq(strlen(jids[1]), 24);
+    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s",
+              kt_kiq_log(pid));
+    json_t *s = NULL;
+    cr_assert_eq(queued("callbacks", "success", &s), 1);
+    cr_assert_eq(num(s, "total"), 2);
     json_decref(s);
     kiq_batch_free(b);
     kiq_client_free(c);
