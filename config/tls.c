@@ -92,7 +92,7 @@ static void put_param(FILE *f, const char *name, const char *v)
         return;
     fprintf(f, "&%s=", name);
     for (; *v; v++) {
-        if (strchr("%&#?+ ", *v) || (unsigned char)*v < 0x20)
+        if (strchr("%&#?+@ ", *v) || (unsigned char)*v < 0x20)
             fprintf(f, "%%%02X", (unsigned char)*v);
         else
             fputc(*v, f);

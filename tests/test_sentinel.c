@@ -653,6 +653,19 @@ Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
         kiq_config_free(cfg);
         free(y);
     }
+    /* The tls: mapping joins the sentinel URL's query, an '@' in a path
+     * escaped (the URL reads a bare one as its user's end). */
+    y = kt_write_file("tls-at.yml", "redis: {sentinels: [{host: s1}], name: m, "
+                                    "sentinel_ssl: true}\ntls: {ca_file: /etc/a@b/ca.pem}\n");
+    cfg = kiq_config_new();
+    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert(strstr(cfg->redis_url, "&ca_file=/etc/a%40b/ca.pem"), "%s", cfg->redis_url);
+    kiq_redis_t *at = kiq_redis_new(cfg->redis_url, 1, err);
+    cr_assert(at, "%s", err);
+    kiq_redis_free(at);
+    kiq_config_free(cfg);
+    free(y);
     static const char *const bad[][2] = {
         { "redis: {sentinels: [{host: a, ssl: true}, {host: b}], name: m}\n",
           "ssl must be on every sentinel or none" },
