@@ -57,10 +57,11 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     kiq_recover_orphans(rt, r);
     /* A batch that expired before it succeeded leaves the open-batches
      * index (and kiq_batches_open) here, a page a pass. */
-    static char cursor[32] = "0";
+    if (!rt->batch_cursor[0])
+        snprintf(rt->batch_cursor, sizeof(rt->batch_cursor), "0");
     char err[KIQ_ERRLEN];
     long gone = 0;
-    if (kiq__batches_prune(r, cursor, &gone, err))
+    if (kiq__batches_prune(r, rt->batch_cursor, &gone, err))
         kiq_warn("open-batches index: %s", err);
     else if (gone)
         kiq_info("%ld expired batches left the open-batches index", gone);
