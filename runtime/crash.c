@@ -120,6 +120,19 @@ static const char *sig_text(int sig)
 
 static volatile sig_atomic_t crash_sig;
 
+/* Gives sig to handler (SIG_DFL or one of these) and unblocks it in this
+ * thread. */
+static void take_signal(int sig, void (*handler)(int))
+{
+    struct sigaction sa = { .sa_handler = handler };
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
 /* The backtrace hung: the process dies of the signal being reported, with
  * its core where enabled, as it would have without the report. Whichever
  * thread this runs on, the signal is unblocked there with its default. */
@@ -127,13 +140,7 @@ static void on_alarm(int s)
 {
     (void)s;
     int sig = crash_sig;
-    struct sigaction dfl = { .sa_handler = SIG_DFL };
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, sig);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    take_signal(sig, SIG_DFL);
     raise(sig);
     _exit(128 + sig);
 }
@@ -168,13 +175,7 @@ static void report(int sig)
     put(&l, "backtrace:");
     emit(fd, &l);
     crash_sig = sig;
-    struct sigaction al = { .sa_handler = on_alarm };
-    sigemptyset(&al.sa_mask);
-    sigaction(SIGALRM, &al, NULL);
-    sigset_t alrm;
-    sigemptyset(&alrm);
-    sigaddset(&alrm, SIGALRM);
-    pthread_sigmask(SIG_UNBLOCK, &alrm, NULL);
+    take_signal(SIGALRM, on_alarm);
     alarm(BACKTRACE_SECONDS);
     void *frames[FRAMES];
     backtrace_symbols_fd(frames, backtrace(frames, FRAMES), fd);

@@ -646,6 +646,21 @@ static cut_proxy_t *cut_proxy_start(void)
     return px;
 }
 
+/* Commits b, runs its jobs (queue default), and checks its success
+ * callback is pushed once, counting total jobs, none pending. */
+static void commit_and_succeed(kiq_batch_t *b, long total)
+{
+    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
+    pid_t pid = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s",
+              kt_kiq_log(pid));
+    json_t *s = NULL;
+    cr_assert_eq(queued("callbacks", "success", &s), 1);
+    cr_assert_eq(num(s, "total"), total);
+    cr_assert_eq(num(s, "pending"), 0);
+    json_decref(s);
+}
+
 /* The reply to a batch push is lost after Redis ran it: its jobs and their
  * count are in together, once (a second send would push them twice,
  * counted once, and fire the batch before its last jobs ran), and the
@@ -668,15 +683,7 @@ Test(batch, a_push_whose_reply_is_lost_is_counted_with_its_jobs_once)
     cr_assert_str_eq(jids[0], "");
     cr_assert_eq(kt_int("LLEN queue:default"), 5, "pushed once");
     cr_assert_eq(kt_int("HGET batch:%s total", kiq_batch_bid(b)), 5, "and counted");
-    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
-    pid_t pid = kiq_start("default");
-    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s",
-              kt_kiq_log(pid));
-    json_t *s = NULL;
-    cr_assert_eq(queued("callbacks", "success", &s), 1);
-    cr_assert_eq(num(s, "total"), 5);
-    cr_assert_eq(num(s, "pending"), 0);
-    json_decref(s);
+    commit_and_succeed(b, 5);
     kiq_batch_free(b);
     kiq_client_free(c);
     close(px->listen_fd);
@@ -705,14 +712,7 @@ Test(batch, a_creation_whose_reply_is_lost_is_taken_as_made)
     cr_assert_eq(kiq_batch_push_bulk(b, "RecordJob", args, 2, NULL, jids), 0, "%s",
                  kiq_batch_error(b));
     cr_assert_eq(strlen(jids[1]), 24);
-    cr_assert_eq(kiq_batch_commit(b), 0, "%s", kiq_batch_error(b));
-    pid_t pid = kiq_start("default");
-    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 1, 20), "%s",
-              kt_kiq_log(pid));
-    json_t *s = NULL;
-    cr_assert_eq(queued("callbacks", "success", &s), 1);
-    cr_assert_eq(num(s, "total"), 2);
-    json_decref(s);
+    commit_and_succeed(b, 2);
     kiq_batch_free(b);
     kiq_client_free(c);
     close(px->listen_fd);
