@@ -54,7 +54,7 @@ static char *metadata(const kiq_lock_req_t *q, const char *now_s)
     if (!rc) rc = kiq__buf_puts(&b, ",\"time\":");
     if (!rc) rc = kiq__buf_puts(&b, now_s);
     if (!rc) rc = kiq__buf_puts(&b, ",\"at\":");
-    if (!rc) rc = q->at > 0 ? kiq__buf_put_fixed6(&b, q->at) : kiq__buf_puts(&b, "null");
+    if (!rc) rc = q->at > 0 ? kiq__buf_put_fixed(&b, q->at, 6) : kiq__buf_puts(&b, "null");
     if (!rc) rc = kiq__buf_puts(&b, "}");
     char *out = rc ? NULL : kiq__buf_take(&b, NULL);
     kiq__buf_free(&b);
@@ -86,10 +86,10 @@ static int lock_prepare(lock_call_t *c, const kiq_lock_req_t *q, double arrival,
     long ttl = q->ttl < KIQ_UNIQUE_MAX_SECONDS ? q->ttl : KIQ_UNIQUE_MAX_SECONDS;
     kiq__fmt_int(c->pttl, ttl > 0 ? ttl * 1000 : 0);
     kiq__fmt_int(c->limit, q->limit > 0 ? q->limit : 1);
-    kiq__fmt_fixed6(c->now_s, sizeof(c->now_s), now);
+    kiq__fmt_fixed(c->now_s, sizeof(c->now_s), now, 6);
     if (arrival > 0) {
-        kiq__fmt_fixed6(c->arr, sizeof(c->arr), arrival);
-        kiq__fmt_fixed6(c->cut, sizeof(c->cut), cutoff);
+        kiq__fmt_fixed(c->arr, sizeof(c->arr), arrival, 6);
+        kiq__fmt_fixed(c->cut, sizeof(c->cut), cutoff, 6);
     }
     c->meta = q->metadata ? NULL : metadata(q, c->now_s);
     if (!q->metadata && !c->meta)

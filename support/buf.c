@@ -58,10 +58,10 @@ int kiq__buf_put_int(kiq_buf_t *b, long long v)
     return kiq__buf_put(b, t, kiq__fmt_int(t, v));
 }
 
-int kiq__buf_put_fixed6(kiq_buf_t *b, double v)
+int kiq__buf_put_fixed(kiq_buf_t *b, double v, int places)
 {
     char t[64];
-    return kiq__buf_put(b, t, kiq__fmt_fixed6(t, sizeof(t), v));
+    return kiq__buf_put(b, t, kiq__fmt_fixed(t, sizeof(t), v, places));
 }
 
 int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)

@@ -20,9 +20,10 @@ int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len);
 int kiq__buf_puts(kiq_buf_t *b, const char *s);
 int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* v in decimal, and v as "%.6f", without printf (support/fmt.h). */
+/* v in decimal, and v as "%.*f" with places decimals, without printf
+ * (support/fmt.h). */
 int kiq__buf_put_int(kiq_buf_t *b, long long v);
-int kiq__buf_put_fixed6(kiq_buf_t *b, double v);
+int kiq__buf_put_fixed(kiq_buf_t *b, double v, int places);
 /* Hands the bytes to the caller (free()) and resets b: always a NUL-terminated
  * string ("" when nothing was put), or NULL when out of memory. */
 char *kiq__buf_take(kiq_buf_t *b, size_t *len);

@@ -38,33 +38,35 @@ static void exact_product(double a, double b, double *hi, double *lo)
     *lo = ((ah * bh - *hi) + ah * bl + al * bh) + al * bl;
 }
 
-size_t kiq__fmt_fixed6(char *out, size_t n, double v)
+size_t kiq__fmt_fixed(char *out, size_t n, double v, int places)
 {
-    if (!(v >= 0 && v < 1e15) || signbit(v) || n < 32) {
-        int w = snprintf(out, n, "%.6f", v);
+    static const double scale[] = { 1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9 };
+    if (!(v >= 0 && v < 1e15) || signbit(v) || n < 32 || places < 1 || places > 9) {
+        int w = snprintf(out, n, "%.*f", places, v);
         return w < 0 ? 0 : (size_t)w < n ? (size_t)w : n - 1;
     }
     /* The whole part, and the fraction (exact after the subtraction) in
-     * millionths, rounded as printf rounds: to nearest, an exact half to
-     * even. */
+     * units of the last place, rounded as printf rounds: to nearest, an
+     * exact half to even. */
     unsigned long long whole = (unsigned long long)v;
+    unsigned long one = (unsigned long)scale[places];
     double hi, lo;
-    exact_product(v - (double)whole, 1e6, &hi, &lo);
+    exact_product(v - (double)whole, scale[places], &hi, &lo);
     unsigned long frac = (unsigned long)hi;
-    double rest = hi - (double)frac; /* exact: both are below 1e6 */
+    double rest = hi - (double)frac; /* exact: both are below 1e9 */
     /* rest is a multiple of hi's last bit, as is 0.5, and lo is under half
      * of it: only at rest == 0.5 does lo decide. */
     if (rest > 0.5 || (rest == 0.5 && (lo > 0 || (lo == 0 && (frac & 1)))))
         frac++;
-    if (frac >= 1000000) {
+    if (frac >= one) {
         whole++;
-        frac -= 1000000;
+        frac -= one;
     }
     size_t len = kiq__fmt_uint(out, whole);
     out[len++] = '.';
-    for (int i = 5; i >= 0; i--, frac /= 10)
+    for (int i = places - 1; i >= 0; i--, frac /= 10)
         out[len + (size_t)i] = (char)('0' + frac % 10);
-    len += 6;
+    len += (size_t)places;
     out[len] = '\0';
     return len;
 }

@@ -11,8 +11,9 @@
 size_t kiq__fmt_uint(char *out, unsigned long long v);
 size_t kiq__fmt_int(char *out, long long v);
 
-/* v as "%.6f" writes it, into out of n bytes (at least 32). */
-size_t kiq__fmt_fixed6(char *out, size_t n, double v);
+/* v as "%.*f" writes it with places decimals (1 to 9), into out of n
+ * bytes (at least 32). */
+size_t kiq__fmt_fixed(char *out, size_t n, double v, int places);
 
 /* The strings after n, up to a NULL, one after another into out of n bytes
  * (n > 0), cut at n - 1 bytes as snprintf would cut them. */

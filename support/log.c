@@ -230,29 +230,6 @@ static const char *pid_tid(void)
     return s;
 }
 
-/* elapsed as "%.3f" would print it, without printf (a line per job). */
-static void put_seconds(kiq_buf_t *b, double sec)
-{
-    if (!(sec >= 0 && sec < 1e9)) {
-        kiq__buf_printf(b, "%.3f", sec);
-        return;
-    }
-    long ms = (long)(sec * 1000.0 + 0.5);
-    char t[32];
-    int n = 0;
-    for (int i = 0; i < 3; i++, ms /= 10)
-        t[n++] = (char)('0' + ms % 10);
-    t[n++] = '.';
-    do {
-        t[n++] = (char)('0' + ms % 10);
-        ms /= 10;
-    } while (ms);
-    char out[32];
-    for (int i = 0; i < n; i++)
-        out[i] = t[n - 1 - i];
-    kiq__buf_put(b, out, (size_t)n);
-}
-
 static void json_ctx_str(kiq_buf_t *b, int *first, const char *k, const char *v)
 {
     if (!v)
@@ -330,7 +307,7 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
             if (ctx->tags) { kiq__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
             if (ctx->elapsed >= 0) {
                 kiq__buf_puts(&b, " elapsed=");
-                put_seconds(&b, ctx->elapsed);
+                kiq__buf_put_fixed(&b, ctx->elapsed, 3); /* a line per job: no printf */
             }
         }
         kiq__buf_puts(&b, " ");

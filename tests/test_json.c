@@ -104,7 +104,13 @@ Test(fmt, numbers_read_as_printf_writes_them)
                          3.5e-6, 0.9999995, 1.0000005, 999999.9999995 };
     for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) {
         snprintf(b, sizeof(b), "%.6f", d[i]);
-        cr_assert_eq(kiq__fmt_fixed6(a, sizeof(a), d[i]), strlen(b), "%s", b);
+        cr_assert_eq(kiq__fmt_fixed(a, sizeof(a), d[i], 6), strlen(b), "%s", b);
+        cr_assert_str_eq(a, b);
+    }
+    const double d3[] = { 0.0625, 0.1875, 1.0005, 2.5e-4, 0, 59.9995, 0.0015 };
+    for (size_t i = 0; i < sizeof(d3) / sizeof(d3[0]); i++) {
+        snprintf(b, sizeof(b), "%.3f", d3[i]);
+        cr_assert_eq(kiq__fmt_fixed(a, sizeof(a), d3[i], 3), strlen(b), "%s", b);
         cr_assert_str_eq(a, b);
     }
     /* Times as the locks write them, and binary fractions (ties). */
@@ -116,8 +122,12 @@ Test(fmt, numbers_read_as_printf_writes_them)
         double v = i % 2 ? 1.7e9 + (double)(x % 100000000000ULL) / 1e3
                          : (double)(x % 4000000000ULL) + (double)(x >> 54) / 1024.0;
         snprintf(b, sizeof(b), "%.6f", v);
-        kiq__fmt_fixed6(a, sizeof(a), v);
+        kiq__fmt_fixed(a, sizeof(a), v, 6);
         cr_assert_str_eq(a, b, "%.17g", v);
+        /* And with 3 places, as log lines give a job's seconds. */
+        snprintf(b, sizeof(b), "%.3f", v / 1e6);
+        kiq__fmt_fixed(a, sizeof(a), v / 1e6, 3);
+        cr_assert_str_eq(a, b, "%.17g", v / 1e6);
     }
 }
 
