@@ -1,4 +1,3 @@
--- uses: zset_batch
 -- uses: release_hold
 -- uses: fits
 -- uses: batch_done

@@ -1,4 +1,3 @@
--- uses: zset_batch
 -- uses: take_lock
 -- Take a uniqueness lock for one jid, in v9's format: the hash
 -- "<digest>:LOCKED" (jid -> metadata JSON) indexed in "uniquejobs:digests".

@@ -1,5 +1,4 @@
 -- uses: zset_batch
--- uses: release_hold
 -- uses: drop_lock
 -- uses: take_lock
 -- Take the runtime locks of several jobs about to run, in one call (they

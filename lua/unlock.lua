@@ -1,5 +1,3 @@
--- uses: zset_batch
--- uses: release_hold
 -- uses: drop_lock
 -- Release one jid's hold on a uniqueness lock (v9's unlock).
 -- KEYS[1] the locked hash, KEYS[2] the digests zset.

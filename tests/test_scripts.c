@@ -30,26 +30,38 @@ static char *append(char *s, const char *more)
     return s;
 }
 
-/* What tools/embed_lua.py embeds for script name: lib/FUNC.lua for each line
- * "-- uses: FUNC", then the script's own file. */
-static char *embedded(const char *dir, const char *name)
+/* Appends to text the lib/FUNC.lua of each line "-- uses: FUNC" of file,
+ * each once (seen: the names taken, space-separated), what a lib uses
+ * before it. */
+static char *uses(const char *dir, const char *file, char *text, char *seen, size_t cap)
 {
     static const char mark[] = "-- uses: ";
-    char path[1024];
+    for (const char *l = file; l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, mark, sizeof(mark) - 1) != 0)
+            continue;
+        const char *fn = l + sizeof(mark) - 1;
+        char name[64], path[1024];
+        snprintf(name, sizeof(name), " %.*s ", (int)strcspn(fn, " \t\n"), fn);
+        if (strstr(seen, name))
+            continue;
+        cr_assert_lt(strlen(seen) + strlen(name), cap);
+        strcat(seen, name);
+        snprintf(path, sizeof(path), "%s/lib/%.*s.lua", dir, (int)strcspn(fn, " \t\n"), fn);
+        char *lib = slurp(path);
+        text = append(uses(dir, lib, text, seen, cap), lib);
+        free(lib);
+    }
+    return text;
+}
+
+/* What tools/embed_lua.py embeds for script name: the lib/ files it uses
+ * (and those they use), then the script's own file. */
+static char *embedded(const char *dir, const char *name)
+{
+    char path[1024], seen[1024] = "";
     snprintf(path, sizeof(path), "%s/%s.lua", dir, name);
     char *file = slurp(path);
-    char *text = calloc(1, 1);
-    for (const char *l = file; l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        if (strncmp(l, mark, sizeof(mark) - 1) == 0) {
-            const char *fn = l + sizeof(mark) - 1;
-            snprintf(path, sizeof(path), "%s/lib/%.*s.lua", dir,
-                     (int)strcspn(fn, " \t\n"), fn);
-            char *lib = slurp(path);
-            text = append(text, lib);
-            free(lib);
-        }
-    }
-    text = append(text, file);
+    char *text = append(uses(dir, file, calloc(1, 1), seen, sizeof(seen)), file);
     free(file);
     return text;
 }

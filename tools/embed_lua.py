@@ -11,7 +11,9 @@ NAME list (lua_scripts in lua/meson.build) is the only list of scripts.
 
 A script that needs a shared Lua function says so on a line of its own,
 "-- uses: FUNC"; the text of lua/lib/FUNC.lua is put before the script's,
-so each embedded script stands alone (Redis runs one text per EVAL). The
+so each embedded script stands alone (Redis runs one text per EVAL). A
+lib file says what it needs the same way: each is put in once, after what
+it uses. The
 second form prints one script as embedded, for tools that load it with
 SCRIPT LOAD themselves.
 """
@@ -24,11 +26,21 @@ USES = re.compile(rb'^-- uses: ([a-z_]+)[ \t]*$', re.M)
 def script_text(lua_dir: str, name: str) -> bytes:
     with open('%s/%s.lua' % (lua_dir, name), 'rb') as f:
         data = f.read()
-    prelude = b''
+    prelude, seen = [], set()
+
+    def need(lib: str) -> None:
+        if lib in seen:
+            return
+        seen.add(lib)
+        with open('%s/lib/%s.lua' % (lua_dir, lib), 'rb') as f:
+            text = f.read()
+        for dep in USES.findall(text):
+            need(dep.decode())
+        prelude.append(text)
+
     for lib in USES.findall(data):
-        with open('%s/lib/%s.lua' % (lua_dir, lib.decode()), 'rb') as f:
-            prelude += f.read()
-    return prelude + data
+        need(lib.decode())
+    return b''.join(prelude) + data
 
 
 def c_string(data: bytes) -> str:

@@ -35,13 +35,21 @@ module Kiq
     end
 
     # A script's text as kiq embeds it: the lib/ functions it names with
-    # "-- uses: NAME" first.
+    # "-- uses: NAME" first, each once, what a lib uses before it.
     def self.script(name)
       @scripts ||= {}
       @scripts[name] ||= begin
         text = File.read(File.join(lua_dir, "#{name}.lua"))
-        libs = text.scan(/^-- uses: ([a-z_]+)[ \t]*$/).flatten
-        libs.map { |l| File.read(File.join(lua_dir, 'lib', "#{l}.lua")) }.join + text
+        libs(text, []).join + text
+      end
+    end
+
+    def self.libs(text, seen)
+      text.scan(/^-- uses: ([a-z_]+)[ \t]*$/).flatten.flat_map do |l|
+        next [] if seen.include?(l)
+        seen << l
+        lib = File.read(File.join(lua_dir, 'lib', "#{l}.lua"))
+        libs(lib, seen) + [lib]
       end
     end
 

@@ -1,9 +1,9 @@
+-- uses: release_hold
 -- drop_lock(locked, digests, jid, type, z): releases jid's hold on the
--- uniqueness lock hash locked, as v9's unlock (needs release_hold; z as in
--- zset_batch). type is the lock type, or "force". Returns 1 when released
--- (or nothing was left to release), 0 when other jids hold it.
--- until_expired locks are released only when forced: their TTL is their
--- life.
+-- uniqueness lock hash locked, as v9's unlock (z as in zset_batch). type is
+-- the lock type, or "force". Returns 1 when released (or nothing was left
+-- to release), 0 when other jids hold it. until_expired locks are released
+-- only when forced: their TTL is their life.
 local function drop_lock(locked, digests, jid, type, z)
   if type == 'until_expired' then
     return 1

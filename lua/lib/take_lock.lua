@@ -1,7 +1,8 @@
+-- uses: zset_batch
 -- take_lock(locked, digests, jid, pttl, type, limit, meta, now, z): takes
 -- jid's hold on the uniqueness lock hash locked ("<digest>:LOCKED", jid ->
 -- metadata JSON) and indexes the digest in the digests zset, in v9's
--- format (needs zset_batch; z as there). pttl in ms (0 = none), now in
+-- format (z as in zset_batch). pttl in ms (0 = none), now in
 -- float seconds. Returns 2 when jid held it already (not refreshed, as
 -- v9), 1 when taken, 0 when the limit of holders is reached.
 local function take_lock(locked, digests, jid, pttl, type, limit, meta, now, z)
