@@ -542,7 +542,8 @@ int kiq__batches_prune(kiq_redis_t *r, char cursor[32], long *removed, char *err
 {
     *removed = 0;
     int rc;
-    redisReply *page = command(r, err, &rc, "ZSCAN " KIQ_KEY_BATCHES_OPEN " %s COUNT 100", cursor);
+    redisReply *page = command(r, err, &rc, "ZSCAN " KIQ_KEY_BATCHES_OPEN " %s COUNT 100",
+                               cursor[0] ? cursor : "0");
     if (!page)
         return rc;
     const redisReply *m = page->type == REDIS_REPLY_ARRAY && page->elements == 2

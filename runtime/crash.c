@@ -8,8 +8,8 @@
 #include "runtime/crash.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <execinfo.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>

@@ -57,8 +57,6 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     kiq_recover_orphans(rt, r);
     /* A batch that expired before it succeeded leaves the open-batches
      * index (and kiq_batches_open) here, a page a pass. */
-    if (!rt->batch_cursor[0])
-        snprintf(rt->batch_cursor, sizeof(rt->batch_cursor), "0");
     char err[KIQ_ERRLEN];
     long gone = 0;
     if (kiq__batches_prune(r, rt->batch_cursor, &gone, err))

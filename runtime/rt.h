@@ -86,7 +86,7 @@ struct kiq_runtime {
     kiq_hook_t *hooks;     /* registered before run, read-only after */
     size_t nhooks;
     char identity[320];
-    char batch_cursor[32]; /* the housekeeper's walk over batches:open ("" = start) */
+    char batch_cursor[32]; /* the housekeeper's walk over batches:open */
     char hostname[256];
     double started_at;
     char *info_json;       /* the process "info" field, built at start */
