@@ -19,7 +19,7 @@ local working, digests = KEYS[1], KEYS[2]
 local removed, flags, acc, unknown, z = 0, 0, {}, '', {}
 for i = 1, #ARGV, 4 do
   -- From the tail, where the oldest (first finished) jobs are.
-  if redis.call('LREM', working, -1, ARGV[i]) == 1 then
+  if redis.call('LREM', working, '-1', ARGV[i]) == 1 then
     removed = removed + 1
     if ARGV[i + 1] ~= '' then
       release_hold(ARGV[i + 1], digests, ARGV[i + 2], z)

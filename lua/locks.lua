@@ -16,6 +16,9 @@
 -- of whose commands failed (a key of another type), which leaves the other
 -- jobs' results as they are.
 local digests, now, out, z = KEYS[1], ARGV[1], {}, {}
+-- Each job's two digits, made once: a number joined to a string goes
+-- through sprintf.
+local DIGITS = { [0] = { [0] = '00', '01', '02' }, [1] = { [0] = '10', '11', '12' } }
 local function one(i)
   local released, taken = 1, 0
   if ARGV[i + 1] ~= '' then
@@ -25,7 +28,7 @@ local function one(i)
     taken = take_lock(ARGV[i], digests, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
                       ARGV[i + 6], now, z)
   end
-  return released .. taken
+  return DIGITS[released][taken]
 end
 for i = 2, #ARGV, 7 do
   local ok, digits = pcall(one, i)
