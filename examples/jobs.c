@@ -181,18 +181,56 @@ static int flaky_job(kiq_job_t *job, void *ud)
     return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "SADD %s failed", key);
 }
 
+/* Adds n RecordJob [key] jobs to the batch job runs in (reopened through
+ * the Redis at url, then committed again). Returns 0, or an error with its
+ * reason in err. */
+static int add_to_own_batch(kiq_job_t *job, const char *url, const char *key, long n,
+                            char err[KIQ_ERRLEN])
+{
+    if (!kiq_job_bid(job)) {
+        snprintf(err, KIQ_ERRLEN, "%s runs in a batch", kiq_job_class(job));
+        return KIQ_EINVAL;
+    }
+    kiq_client_t *c = kiq_client_new(url, err);
+    kiq_batch_t *b = c ? kiq_batch_reopen(c, kiq_job_bid(job), err) : NULL;
+    int rc = b ? 0 : KIQ_EREDIS;
+    char args[256];
+    snprintf(args, sizeof(args), "[\"%s\"]", key);
+    for (long i = 0; i < n && !rc; i++)
+        rc = kiq_batch_push(b, "RecordJob", args, NULL, NULL);
+    if (!rc)
+        rc = kiq_batch_commit(b);
+    if (b && rc)
+        snprintf(err, KIQ_ERRLEN, "%s", kiq_batch_error(b));
+    kiq_batch_free(b);
+    kiq_client_free(c);
+    return rc;
+}
+
 /* BatchCallbackJob [status, options]: a batch callback (kiq/batch.h);
- * RPUSHes the status as JSON to options["key"] (default kiq:callbacks). */
+ * RPUSHes the status as JSON to options["key"] (default kiq:callbacks).
+ * With options {"add": n, "url": redis_url} it first adds n RecordJob
+ * [key:added] to its own batch: a child batch's callback adding the next
+ * step to its parent, as Sidekiq Pro workflows do. */
 static int batch_callback_job(kiq_job_t *job, void *ud)
 {
     (void)ud;
     json_t *args = kiq_job_args(job);
-    const char *key = json_string_value(json_object_get(json_array_get(args, 1), "key"));
+    json_t *opts = json_array_get(args, 1);
+    const char *key = json_string_value(json_object_get(opts, "key"));
+    key = key ? key : "kiq:callbacks";
+    long add = (long)json_integer_value(json_object_get(opts, "add"));
+    if (add > 0) {
+        char err[KIQ_ERRLEN], added[256];
+        snprintf(added, sizeof(added), "%s:added", key);
+        const char *url = json_string_value(json_object_get(opts, "url"));
+        if (add_to_own_batch(job, url, added, add, err))
+            return kiq_job_fail(job, "RuntimeError", "adding to the batch failed: %s", err);
+    }
     char *status = json_dumps(json_array_get(args, 0), JSON_COMPACT | JSON_SORT_KEYS);
     if (!status)
         return kiq_job_fail(job, "ArgumentError", "BatchCallbackJob needs [status, options]");
-    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %s", key ? key : "kiq:callbacks",
-                                 status);
+    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %s", key, status);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     free(status);
@@ -218,23 +256,7 @@ static int reopen_job(kiq_job_t *job, void *ud)
     (void)ud;
     char err[KIQ_ERRLEN];
     const char *key = arg_str(job, 1, "kiq:reopen");
-    long n = arg_long(job, 2, 10);
-    if (!kiq_job_bid(job))
-        return kiq_job_fail(job, "ArgumentError", "ReopenJob runs in a batch");
-    kiq_client_t *c = kiq_client_new(arg_str(job, 0, NULL), err);
-    kiq_batch_t *b = c ? kiq_batch_reopen(c, kiq_job_bid(job), err) : NULL;
-    int rc = b ? 0 : KIQ_EREDIS;
-    char args[256];
-    snprintf(args, sizeof(args), "[\"%s\"]", key);
-    for (long i = 0; i < n && !rc; i++)
-        rc = kiq_batch_push(b, "RecordJob", args, NULL, NULL);
-    if (!rc)
-        rc = kiq_batch_commit(b);
-    if (b && rc)
-        snprintf(err, sizeof(err), "%s", kiq_batch_error(b));
-    kiq_batch_free(b);
-    kiq_client_free(c);
-    if (rc)
+    if (add_to_own_batch(job, arg_str(job, 0, NULL), key, arg_long(job, 2, 10), err))
         return kiq_job_fail(job, "RuntimeError", "reopening the batch failed: %s", err);
     freeReplyObject(redisCommand(kiq_job_redis(job), "SADD %s %s", key, kiq_job_jid(job)));
     return 0;

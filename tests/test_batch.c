@@ -291,15 +291,16 @@ Test(batch, kill9_three_times_still_exactly_once)
     kiq_client_free(c);
 }
 
-/* A parent with 3 child batches of 100 jobs each: the parent's success is
- * pushed once, after the three children's. */
-Test(batch, nested_parent_fires_after_its_children)
+/* A parent with 3 child batches of 100 jobs each: the parent's success runs
+ * once, after the children's callbacks have run (as Sidekiq Pro's does),
+ * since those count as jobs of the parent. */
+Test(batch, nested_parent_fires_after_its_children_callbacks)
 {
     kiq_client_t *c = client();
-    kiq_batch_t *parent = new_batch(c, "callbacks", "ncb", 0);
+    kiq_batch_t *parent = new_batch(c, "default", "ncb", 0);
     kiq_batch_t *kids[3];
     for (int i = 0; i < 3; i++) {
-        kids[i] = new_batch(c, "callbacks", "ncb", 0);
+        kids[i] = new_batch(c, "default", "ncb", 0);
         cr_assert_eq(kiq_batch_set_parent(kids[i], kiq_batch_bid(parent)), 0);
     }
     /* The parent exists before its children name it. */
@@ -311,18 +312,21 @@ Test(batch, nested_parent_fires_after_its_children)
     }
     cr_assert_eq(kiq_batch_commit(parent), 0);
     pid_t pid = kiq_start("default");
-    cr_assert(KT_WAIT_UNTIL(queued("callbacks", "success", NULL) == 4, 60), "%lld done\n%s",
+    cr_assert(KT_WAIT_UNTIL(recorded("ncb", "success", NULL) == 4, 60), "%lld done\n%s",
               kt_int("SCARD rec"), kt_kiq_log(pid));
     kt_sleep(1);
-    /* In the queue, the parent's success is the newest (pushed last). */
-    redisReply *r = kt_cmd("LRANGE queue:callbacks 0 -1");
+    /* The parent's two callbacks ran last of the 8, once each. */
+    redisReply *r = kt_cmd("LRANGE ncb 0 -1");
     cr_assert_eq(r->elements, 8, "4 completes and 4 successes");
-    json_t *job = json_loads(r->element[0]->str, 0, NULL);
-    json_t *st = json_array_get(json_object_get(job, "args"), 0);
-    cr_assert_str_eq(json_string_value(json_object_get(st, "event")), "success");
-    cr_assert_str_eq(json_string_value(json_object_get(st, "bid")), kiq_batch_bid(parent));
-    cr_assert_eq(num(st, "total"), 4, "one job and three children");
-    json_decref(job);
+    for (size_t i = 0; i < 8; i++) {
+        json_t *st = json_loads(r->element[i]->str, 0, NULL);
+        const char *bid = json_string_value(json_object_get(st, "bid"));
+        cr_assert_eq(strcmp(bid, kiq_batch_bid(parent)) == 0, i >= 6, "callback %zu: %s", i,
+                     r->element[i]->str);
+        if (i >= 6 && !strcmp(json_string_value(json_object_get(st, "event")), "success"))
+            cr_assert_eq(num(st, "total"), 10, "one job, three children and their six callbacks");
+        json_decref(st);
+    }
     freeReplyObject(r);
     for (int i = 0; i < 3; i++) {
         kiq_batch_status_t s = status_of(kiq_batch_bid(kids[i]));
@@ -331,6 +335,40 @@ Test(batch, nested_parent_fires_after_its_children)
         kiq_batch_status_clear(&s);
         kiq_batch_free(kids[i]);
     }
+    kiq_batch_free(parent);
+    kiq_client_free(c);
+}
+
+/* Sidekiq Pro's workflow: a child batch's success callback adds the next
+ * step's jobs to the parent, whose success then waits for them. */
+Test(batch, a_child_callback_adds_to_the_parent_before_it_succeeds)
+{
+    kiq_client_t *c = client();
+    char err[KIQ_ERRLEN], opts[512];
+    kiq_batch_t *parent = kiq_batch_new(c, err);
+    cr_assert(parent, "%s", err);
+    cr_assert_eq(kiq_batch_on(parent, KIQ_BATCH_SUCCESS, "BatchCallbackJob", "default",
+                              "{\"key\":\"wcb\"}"), 0);
+    kiq_batch_t *step1 = kiq_batch_new(c, err);
+    cr_assert(step1, "%s", err);
+    snprintf(opts, sizeof(opts), "{\"key\":\"wcb\",\"add\":5,\"url\":\"%s\"}", kt_url());
+    cr_assert_eq(kiq_batch_on(step1, KIQ_BATCH_SUCCESS, "BatchCallbackJob", "default", opts), 0);
+    cr_assert_eq(kiq_batch_set_parent(step1, kiq_batch_bid(parent)), 0);
+    cr_assert_eq(kiq_batch_push(parent, "RecordJob", "[\"wrec\"]", NULL, NULL), 0);
+    push_n(step1, "RecordJob", 3, record_args);
+    cr_assert_eq(kiq_batch_commit(step1), 0, "%s", kiq_batch_error(step1));
+    cr_assert_eq(kiq_batch_commit(parent), 0);
+    pid_t pid = kiq_start("default");
+    json_t *st = NULL;
+    cr_assert(KT_WAIT_UNTIL(recorded("wcb", "success", &st) == 2, 30), "%s", kt_kiq_log(pid));
+    /* The last success recorded is the parent's, after the step's jobs. */
+    cr_assert_str_eq(json_string_value(json_object_get(st, "bid")), kiq_batch_bid(parent));
+    cr_assert_eq(kt_int("SCARD wcb:added"), 5, "the added jobs ran before the parent's success");
+    cr_assert_eq(num(st, "total"), 8, "a job, the child, its callback and the 5 it added");
+    kt_sleep(1);
+    cr_assert_eq(recorded("wcb", "success", NULL), 2);
+    json_decref(st);
+    kiq_batch_free(step1);
     kiq_batch_free(parent);
     kiq_client_free(c);
 }

@@ -16,8 +16,9 @@
  * even when a job runs twice (a crash, a retry). Callbacks fire only once
  * the batch is committed; a batch can be reopened (typically by one of its
  * own jobs, see kiq_job_bid) to add jobs until it has succeeded. A child
- * batch (kiq_batch_set_parent) counts as one job of its parent, so the
- * parent's callbacks fire after the child's.
+ * batch (kiq_batch_set_parent) counts as one job of its parent, and its
+ * callbacks are jobs of the parent: the parent's callbacks fire after the
+ * child's have run and succeeded, which may add jobs to the parent.
  *
  * A kiq_batch_t is a handle on one batch for one client; like the client,
  * not thread-safe. Inside the client's transaction (kiq_client_begin) a

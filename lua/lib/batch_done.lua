@@ -38,7 +38,10 @@ end
 -- Pushes the callback of event, if one was given: a plain Sidekiq job
 -- whose args are [status, options]; its jid is derived from the bid and
 -- event, so even a second push would be the same job. "batch_event" lets a
--- kiq that runs it measure the callback's latency.
+-- kiq that runs it measure the callback's latency. A child batch's callback
+-- is a job of its parent, counted there before the child's member moves, so
+-- the parent's callbacks wait for it to have run (complete) and succeeded
+-- (success), as Sidekiq Pro's do: the callback may add jobs to the parent.
 local function batch_callback(key, bid, event, now)
   local cb = redis.call('HMGET', key, 'cb_' .. event .. '_class', 'cb_' .. event .. '_queue',
     'cb_' .. event .. '_opts', 'description', 'total', 'pending', 'created_at', 'parent')
@@ -50,10 +53,18 @@ local function batch_callback(key, bid, event, now)
     failures = redis.call('HLEN', key .. ':failures'),
     created_at = tonumber(cb[7]) or 0, parent_bid = cb[8] or '' })
   local jid = string.sub(redis.sha1hex(bid .. ':' .. event), 1, 24)
+  local in_parent = ''
+  local pkey = cb[8] and 'batch:' .. cb[8]
+  if pkey and redis.call('EXISTS', pkey) == 1 then
+    for _, field in ipairs({ 'total', 'pending', 'notrun' }) do
+      redis.call('HINCRBY', pkey, field, 1)
+    end
+    in_parent = ',"bid":' .. cjson.encode(cb[8])
+  end
   local job = '{"retry":true,"queue":' .. cjson.encode(cb[2]) .. ',"args":[' .. status .. ','
     .. cb[3] .. '],"class":' .. cjson.encode(cb[1]) .. ',"jid":"' .. jid
     .. '","created_at":' .. now .. ',"enqueued_at":' .. now .. ',"batch_event":"' .. event
-    .. '"}'
+    .. '"' .. in_parent .. '}'
   redis.call('SADD', 'queues', cb[2])
   redis.call('LPUSH', 'queue:' .. cb[2], job)
 end
