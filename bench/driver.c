@@ -39,6 +39,15 @@
  *       the queue is empty and KEY holds the epoch time the worker wrote
  *       after its last job (basic fetch leaves no trace in Redis).
  *       Prints "JOBS SECONDS JOBS_PER_S".
+ *   kiq-bench ceiling PORT QUEUE BATCH DEPTH [LOCK]
+ *       Redis's own limit for what kiq asks of it per job: drains
+ *       queue:QUEUE with the library's fetch.lua, (with LOCK
+ *       while_executing or until_and_while_executing) locks.lua, and
+ *       acks.lua, BATCH jobs a call, with the arguments kiq sends, on one
+ *       connection with DEPTH fetches in flight and every call pipelined:
+ *       a client that costs Redis nothing to wait for. Jobs run for no
+ *       time between their lock and their ack. Prints "JOBS SECONDS
+ *       JOBS_PER_S".
  *   kiq-bench latency PORT QUEUE N KEY
  *       pushes N single LatencyJob jobs (after 5 warm-up ones) into an idle
  *       worker, one at a time with 3-8 ms of idle time between them, waits
@@ -477,6 +486,215 @@ static int do_drain(int argc, char **argv)
     return 0;
 }
 
+/* The raw JSON value of "name" in the payload p (a string without its
+ * quotes, or a flat array), by plain search as fetch.lua finds fields;
+ * NULL when absent. */
+static const char *raw_field(const char *p, const char *name, size_t *len)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "\"%s\":", name);
+    const char *v = strstr(p, key);
+    if (!v)
+        return NULL;
+    v += strlen(key);
+    const char *e = *v == '"' ? strchr(++v, '"') : strchr(v, ']');
+    if (!e)
+        return NULL;
+    *len = (size_t)(e - v) + (*v == '[' || v[-1] != '"');
+    return v;
+}
+
+enum { CEIL_FETCH, CEIL_LOCKS, CEIL_ACKS };
+
+/* Appends EVALSHA of script s with nkeys keys and argv[0..argc). */
+static void ceil_call(redisContext *c, const char *sha, int nkeys, int argc, const char **argv,
+                      const size_t *lens)
+{
+    const char **av = malloc((size_t)(argc + 3) * sizeof(*av));
+    size_t *al = malloc((size_t)(argc + 3) * sizeof(*al));
+    char nk[16];
+    if (!av || !al)
+        die("out of memory%s%s", NULL, NULL);
+    snprintf(nk, sizeof(nk), "%d", nkeys);
+    av[0] = "EVALSHA";
+    av[1] = sha;
+    av[2] = nk;
+    for (int i = 0; i < 3; i++)
+        al[i] = strlen(av[i]);
+    for (int i = 0; i < argc; i++) {
+        av[3 + i] = argv[i];
+        al[3 + i] = lens ? lens[i] : strlen(argv[i]);
+    }
+    if (redisAppendCommandArgv(c, argc + 3, av, al) != REDIS_OK)
+        die("redis: %s%s", c->errstr, NULL);
+    free(av);
+    free(al);
+}
+
+/* The locks.lua and acks.lua calls for the jobs of one fetch reply f. */
+static void ceil_lock_and_ack(redisContext *c, const char *shas[], const redisReply *f,
+                              const char *working, const char *lock)
+{
+    size_t n = (f->elements - 1) / 2;
+    const char **la = calloc(2 + 7 * n, sizeof(*la)), **aa = calloc(2 + 4 * n, sizeof(*aa));
+    size_t *al = calloc(2 + 4 * n, sizeof(*al));
+    char (*keys)[2][160] = calloc(n, sizeof(*keys)), (*jids)[32] = calloc(n, sizeof(*jids));
+    char **metas = calloc(n, sizeof(*metas)), now[32];
+    if (!la || !aa || !al || !keys || !jids || !metas)
+        die("out of memory%s%s", NULL, NULL);
+    snprintf(now, sizeof(now), "%.6f", wall());
+    int until = lock && strcmp(lock, "until_and_while_executing") == 0;
+    size_t nl = 0, na = 0;
+    la[nl++] = "uniquejobs:digests";
+    la[nl++] = now;
+    aa[na] = working;
+    al[na] = strlen(working);
+    na++;
+    aa[na] = "uniquejobs:digests";
+    al[na] = strlen(aa[na]);
+    na++;
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *job = f->element[2 + 2 * i];
+        size_t dl = 0, jl = 0, gl = 0;
+        const char *d = raw_field(job->str, "lock_digest", &dl);
+        const char *j = raw_field(job->str, "jid", &jl);
+        const char *g = raw_field(job->str, "lock_args", &gl);
+        if (!j || jl >= sizeof(jids[i]))
+            die("a payload without a jid: %s%s", job->str, NULL);
+        snprintf(jids[i], sizeof(jids[i]), "%.*s", (int)jl, j);
+        if (lock) {
+            if (!d)
+                die("a payload without a lock_digest: %s%s", job->str, NULL);
+            snprintf(keys[i][0], sizeof(keys[i][0]), "%.*s:RUN:LOCKED", (int)dl, d);
+            snprintf(keys[i][1], sizeof(keys[i][1]), "%.*s:LOCKED", (int)dl, d);
+            size_t ml = 256 + gl;
+            metas[i] = malloc(ml);
+            if (!metas[i])
+                die("out of memory%s%s", NULL, NULL);
+            /* As middleware/unique_lock.c writes it. */
+            snprintf(metas[i], ml,
+                     "{\"worker\":\"NoopJob\",\"queue\":\"bench\",\"limit\":null,\"timeout\":0,"
+                     "\"ttl\":null,\"type\":\"while_executing\",\"lock_args\":%.*s,\"time\":%s,"
+                     "\"at\":null}", (int)(g ? gl : 2), g ? g : "[]", now);
+            const char *one[] = { keys[i][0], until ? keys[i][1] : "", jids[i], "0",
+                                  "while_executing", "1", metas[i] };
+            memcpy(&la[nl], one, sizeof(one));
+            nl += 7;
+        }
+        aa[na] = job->str;
+        al[na++] = job->len;
+        aa[na] = lock ? keys[i][0] : "";
+        al[na] = strlen(aa[na]);
+        na++;
+        aa[na] = jids[i];
+        al[na] = strlen(aa[na]);
+        na++;
+        aa[na] = "";
+        al[na++] = 0;
+    }
+    if (lock)
+        ceil_call(c, shas[CEIL_LOCKS], 1, (int)nl, la, NULL);
+    ceil_call(c, shas[CEIL_ACKS], 2, (int)na, aa, al);
+    for (size_t i = 0; i < n; i++)
+        free(metas[i]);
+    free(metas);
+    free(jids);
+    free(keys);
+    free(al);
+    free(aa);
+    free(la);
+}
+
+static int do_ceiling(int argc, char **argv)
+{
+    if (argc != 4 && argc != 5)
+        die("usage: ceiling PORT QUEUE BATCH DEPTH [LOCK]%s%s", NULL, NULL);
+    const char *lock = argc == 5 ? argv[4] : NULL;
+    if (lock && strcmp(lock, "while_executing") && strcmp(lock, "until_and_while_executing"))
+        die("ceiling: LOCK is while_executing or until_and_while_executing, not %s%s", lock, NULL);
+    long batch = num(argv[2], "batch"), depth = num(argv[3], "depth");
+    if (batch < 1 || depth < 1)
+        die("ceiling: BATCH and DEPTH are at least 1%s%s", NULL, NULL);
+    redisContext *c = connect_port(argv[0]);
+    static const kiq_script_t which[] = { KIQ_SCRIPT_FETCH, KIQ_SCRIPT_LOCKS, KIQ_SCRIPT_ACKS };
+    redisReply *sha[3];
+    const char *shas[3];
+    for (int i = 0; i < 3; i++) {
+        sha[i] = cmd(c, REDIS_REPLY_STRING, "SCRIPT LOAD %s", kiq_script_text(which[i]));
+        shas[i] = sha[i]->str;
+    }
+    char qkey[256], bn[32];
+    const char *working = "uniquejobs:working:bench-ceiling";
+    snprintf(qkey, sizeof(qkey), "queue:%s", argv[1]);
+    snprintf(bn, sizeof(bn), "%ld", batch);
+    redisReply *r = cmd(c, REDIS_REPLY_INTEGER, "LLEN %s", qkey);
+    long long total = r->integer;
+    freeReplyObject(r);
+    if (total <= 0)
+        die("queue %s is empty%s", qkey, NULL);
+    const char *fa[] = { qkey, working, bn, "1" };
+    /* What each reply on its way answers, in order (a ring). */
+    size_t cap = (size_t)depth * 3 + 8, head = 0, nexp = 0;
+    int *expect = malloc(cap * sizeof(*expect));
+    if (!expect)
+        die("out of memory%s%s", NULL, NULL);
+#define CEIL_SEND(kind) (expect[(head + nexp++) % cap] = (kind))
+    double t0 = mono();
+    for (long i = 0; i < depth; i++) {
+        ceil_call(c, shas[CEIL_FETCH], 2, 4, fa, NULL);
+        CEIL_SEND(CEIL_FETCH);
+    }
+    long long acked = 0;
+    int empty = 0;
+    while (nexp > 0) {
+        void *rep = NULL;
+        if (redisGetReply(c, &rep) != REDIS_OK || !rep)
+            die("redis: %s%s", c->errstr, NULL);
+        redisReply *rr = rep;
+        int kind = expect[head];
+        head = (head + 1) % cap;
+        nexp--;
+        if (rr->type == REDIS_REPLY_ERROR)
+            die("ceiling: %s%s", rr->str, NULL);
+        if (kind == CEIL_FETCH) {
+            if (rr->type != REDIS_REPLY_ARRAY || rr->elements < 1)
+                die("ceiling: unexpected fetch reply%s%s", NULL, NULL);
+            if (rr->elements == 1) {
+                empty = 1;
+            } else {
+                ceil_lock_and_ack(c, shas, rr, working, lock);
+                if (lock)
+                    CEIL_SEND(CEIL_LOCKS);
+                CEIL_SEND(CEIL_ACKS);
+                if (!empty) {
+                    ceil_call(c, shas[CEIL_FETCH], 2, 4, fa, NULL);
+                    CEIL_SEND(CEIL_FETCH);
+                }
+            }
+        } else if (kind == CEIL_LOCKS) {
+            if (rr->type != REDIS_REPLY_STRING)
+                die("ceiling: unexpected locks reply%s%s", NULL, NULL);
+            for (size_t i = 0; i + 1 < rr->len; i += 2)
+                if (rr->str[i] != '1' || rr->str[i + 1] != '1')
+                    die("ceiling: a lock was refused: %s%s", rr->str, NULL);
+        } else {
+            if (rr->type != REDIS_REPLY_ARRAY || rr->elements < 1)
+                die("ceiling: unexpected acks reply%s%s", NULL, NULL);
+            acked += rr->element[0]->integer;
+        }
+        freeReplyObject(rep);
+    }
+#undef CEIL_SEND
+    double dt = mono() - t0;
+    free(expect);
+    for (int i = 0; i < 3; i++)
+        freeReplyObject(sha[i]);
+    redisFree(c);
+    if (acked != total)
+        die("ceiling: acked a different count than was queued%s%s", NULL, NULL);
+    return print_rate(total, dt);
+}
+
 static int cmp_ll(const void *a, const void *b)
 {
     long long x = *(const long long *)a, y = *(const long long *)b;
@@ -537,7 +755,7 @@ static int do_latency(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency|locks|limits|prelock ARGS (see bench/driver.c)\n");
+        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency|locks|limits|prelock|ceiling ARGS (see bench/driver.c)\n");
         return 2;
     }
     prog_cmd = argv[1];
@@ -557,6 +775,8 @@ int main(int argc, char **argv)
         return do_limits_raw(argc - 2, argv + 2);
     if (strcmp(argv[1], "prelock") == 0)
         return do_prelock(argc - 2, argv + 2);
+    if (strcmp(argv[1], "ceiling") == 0)
+        return do_ceiling(argc - 2, argv + 2);
     die("unknown command%s%s", NULL, NULL);
     return 2;
 }
