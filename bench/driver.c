@@ -506,34 +506,17 @@ static const char *raw_field(const char *p, const char *name, size_t *len)
 
 enum { CEIL_FETCH, CEIL_LOCKS, CEIL_ACKS };
 
-/* Appends EVALSHA of script s with nkeys keys and argv[0..argc). */
-static void ceil_call(redisContext *c, const char *sha, int nkeys, int argc, const char **argv,
-                      const size_t *lens)
+/* Appends the library's script s (EVALSHA) to c's pipeline. */
+static void ceil_append(kiq_redis_t *c, kiq_script_t s, int nkeys, int argc, const char **argv,
+                        const size_t *lens)
 {
-    const char **av = malloc((size_t)(argc + 3) * sizeof(*av));
-    size_t *al = malloc((size_t)(argc + 3) * sizeof(*al));
-    char nk[16];
-    if (!av || !al)
-        die("out of memory%s%s", NULL, NULL);
-    snprintf(nk, sizeof(nk), "%d", nkeys);
-    av[0] = "EVALSHA";
-    av[1] = sha;
-    av[2] = nk;
-    for (int i = 0; i < 3; i++)
-        al[i] = strlen(av[i]);
-    for (int i = 0; i < argc; i++) {
-        av[3 + i] = argv[i];
-        al[3 + i] = lens ? lens[i] : strlen(argv[i]);
-    }
-    if (redisAppendCommandArgv(c, argc + 3, av, al) != REDIS_OK)
-        die("redis: %s%s", c->errstr, NULL);
-    free(av);
-    free(al);
+    if (kiq__redis_append_script(c, s, nkeys, argc, argv, lens))
+        die("redis: %s%s", kiq_redis_error(c), NULL);
 }
 
 /* The locks.lua and acks.lua calls for the jobs of one fetch reply f. */
-static void ceil_lock_and_ack(redisContext *c, const char *shas[], const redisReply *f,
-                              const char *working, const char *lock)
+static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *working,
+                              const char *lock)
 {
     size_t n = (f->elements - 1) / 2;
     const char **la = calloc(2 + 7 * n, sizeof(*la)), **aa = calloc(2 + 4 * n, sizeof(*aa));
@@ -593,8 +576,8 @@ static void ceil_lock_and_ack(redisContext *c, const char *shas[], const redisRe
         al[na++] = 0;
     }
     if (lock)
-        ceil_call(c, shas[CEIL_LOCKS], 1, (int)nl, la, NULL);
-    ceil_call(c, shas[CEIL_ACKS], 2, (int)na, aa, al);
+        ceil_append(c, KIQ_SCRIPT_LOCKS, 1, (int)nl, la, NULL);
+    ceil_append(c, KIQ_SCRIPT_ACKS, 2, (int)na, aa, al);
     for (size_t i = 0; i < n; i++)
         free(metas[i]);
     free(metas);
@@ -615,20 +598,13 @@ static int do_ceiling(int argc, char **argv)
     long batch = num(argv[2], "batch"), depth = num(argv[3], "depth");
     if (batch < 1 || depth < 1)
         die("ceiling: BATCH and DEPTH are at least 1%s%s", NULL, NULL);
-    redisContext *c = connect_port(argv[0]);
-    static const kiq_script_t which[] = { KIQ_SCRIPT_FETCH, KIQ_SCRIPT_LOCKS, KIQ_SCRIPT_ACKS };
-    redisReply *sha[3];
-    const char *shas[3];
-    for (int i = 0; i < 3; i++) {
-        sha[i] = cmd(c, REDIS_REPLY_STRING, "SCRIPT LOAD %s", kiq_script_text(which[i]));
-        shas[i] = sha[i]->str;
-    }
+    kiq_redis_t *c = redis_for(argv[0]);
     char qkey[256], bn[32];
     const char *working = "uniquejobs:working:bench-ceiling";
     snprintf(qkey, sizeof(qkey), "queue:%s", argv[1]);
     snprintf(bn, sizeof(bn), "%ld", batch);
-    redisReply *r = cmd(c, REDIS_REPLY_INTEGER, "LLEN %s", qkey);
-    long long total = r->integer;
+    redisReply *r = kiq_redis_cmdf(c, "LLEN %s", qkey);
+    long long total = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
     freeReplyObject(r);
     if (total <= 0)
         die("queue %s is empty%s", qkey, NULL);
@@ -639,18 +615,16 @@ static int do_ceiling(int argc, char **argv)
     if (!expect)
         die("out of memory%s%s", NULL, NULL);
 #define CEIL_SEND(kind) (expect[(head + nexp++) % cap] = (kind))
+#define CEIL_FETCH_MORE() (ceil_append(c, KIQ_SCRIPT_FETCH, 2, 4, fa, NULL), CEIL_SEND(CEIL_FETCH))
     double t0 = mono();
-    for (long i = 0; i < depth; i++) {
-        ceil_call(c, shas[CEIL_FETCH], 2, 4, fa, NULL);
-        CEIL_SEND(CEIL_FETCH);
-    }
+    for (long i = 0; i < depth; i++)
+        CEIL_FETCH_MORE();
     long long acked = 0;
     int empty = 0;
     while (nexp > 0) {
-        void *rep = NULL;
-        if (redisGetReply(c, &rep) != REDIS_OK || !rep)
-            die("redis: %s%s", c->errstr, NULL);
-        redisReply *rr = rep;
+        redisReply *rr = kiq_redis_get_reply(c);
+        if (!rr)
+            die("redis: %s%s", kiq_redis_error(c), NULL);
         int kind = expect[head];
         head = (head + 1) % cap;
         nexp--;
@@ -662,14 +636,12 @@ static int do_ceiling(int argc, char **argv)
             if (rr->elements == 1) {
                 empty = 1;
             } else {
-                ceil_lock_and_ack(c, shas, rr, working, lock);
+                ceil_lock_and_ack(c, rr, working, lock);
                 if (lock)
                     CEIL_SEND(CEIL_LOCKS);
                 CEIL_SEND(CEIL_ACKS);
-                if (!empty) {
-                    ceil_call(c, shas[CEIL_FETCH], 2, 4, fa, NULL);
-                    CEIL_SEND(CEIL_FETCH);
-                }
+                if (!empty)
+                    CEIL_FETCH_MORE();
             }
         } else if (kind == CEIL_LOCKS) {
             if (rr->type != REDIS_REPLY_STRING)
@@ -682,14 +654,13 @@ static int do_ceiling(int argc, char **argv)
                 die("ceiling: unexpected acks reply%s%s", NULL, NULL);
             acked += rr->element[0]->integer;
         }
-        freeReplyObject(rep);
+        freeReplyObject(rr);
     }
+#undef CEIL_FETCH_MORE
 #undef CEIL_SEND
     double dt = mono() - t0;
     free(expect);
-    for (int i = 0; i < 3; i++)
-        freeReplyObject(sha[i]);
-    redisFree(c);
+    kiq_redis_free(c);
     if (acked != total)
         die("ceiling: acked a different count than was queued%s%s", NULL, NULL);
     return print_rate(total, dt);
