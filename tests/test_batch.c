@@ -312,8 +312,8 @@ Test(batch, nested_parent_fires_after_its_children_callbacks)
     }
     cr_assert_eq(kiq_batch_commit(parent), 0);
     pid_t pid = kiq_start("default");
-    cr_assert(KT_WAIT_UNTIL(recorded("ncb", "success", NULL) == 4, 60), "%lld done\n%s",
-              kt_int("SCARD rec"), kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ncb") == 8, 60), "%lld done\n%s", kt_int("SCARD rec"),
+              kt_kiq_log(pid));
     kt_sleep(1);
     /* The parent's two callbacks ran last of the 8, once each. */
     redisReply *r = kt_cmd("LRANGE ncb 0 -1");
@@ -531,6 +531,41 @@ Test(batch, ruby_makes_the_batch_kiq_runs_it_ruby_gets_the_callback)
     cr_assert_eq(num(s, "total"), 20);
     cr_assert_eq(kt_int("SCARD rrec"), 20);
     json_decref(s);
+    free(out);
+    kt_kiq_stop(rb, SIGTERM, 10);
+}
+
+/* A batch whose jobs Sidekiq runs (examples/ruby/kiq_batch.rb's server
+ * middleware and death handler): a nested one succeeds, the child's
+ * callback before the parent's; a job that dies fires complete and death. */
+Test(batch, sidekiq_runs_the_jobs_of_a_batch_and_they_count)
+{
+    char *out = NULL;
+    int st = kt_ruby("batch.rb", (const char *[]){ "nested", "5", NULL }, &out);
+    cr_assert_eq(st, 0, "batch.rb exited %d: %s", st, out);
+    out[strcspn(out, "\n")] = '\0';
+    pid_t rb = kt_sidekiq_start("batch_jobs.rb", "callbacks");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rubynest") == 2, 60), "%s", kt_sidekiq_log());
+    char *last = kt_str("LINDEX rubynest 1");
+    json_t *s = json_loads(last, 0, NULL);
+    cr_assert(s, "%s", last);
+    cr_assert_str_eq(json_string_value(json_object_get(s, "bid")), out, "the parent's is last");
+    cr_assert_eq(num(s, "total"), 3, "a job, the child and its callback");
+    cr_assert_eq(kt_int("SCARD rnrec"), 6);
+    json_decref(s);
+    free(last);
+    free(out);
+
+    out = NULL;
+    st = kt_ruby("batch.rb", (const char *[]){ "dies", NULL }, &out);
+    cr_assert_eq(st, 0, "batch.rb exited %d: %s", st, out);
+    out[strcspn(out, "\n")] = '\0';
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rubydie") == 2, 60), "%s", kt_sidekiq_log());
+    cr_assert_eq(recorded("rubydie", "complete", NULL), 1);
+    cr_assert_eq(recorded("rubydie", "death", NULL), 1);
+    cr_assert_eq(kt_int("HGET batch:%s dead", out), 1);
+    cr_assert_eq(kt_int("HLEN batch:%s:failures", out), 1, "the error is kept");
+    cr_assert_eq(kt_int("ZCARD dead"), 1, "Sidekiq's own dead set has it too");
     free(out);
     kt_kiq_stop(rb, SIGTERM, 10);
 }

@@ -19,6 +19,14 @@
 # (bid from the job's payload, "bid"). The Redis steps are kiq's own Lua
 # scripts (lua/ in kiq's source, or KIQ_LUA_DIR), so Ruby and C agree on
 # every key and every rule.
+#
+# In a Sidekiq server process, a job of a batch that Sidekiq runs counts in
+# its batch as under kiq (Kiq::Batch::ServerMiddleware and a death
+# handler): succeeded, failed (a retry is due) or dead. So the batch's jobs,
+# and a child batch's callbacks (jobs of the parent), may run on either.
+# Sidekiq's basic fetch loses a job whose process is killed mid-job; such a
+# job never counts, and its batch never succeeds.
+require 'digest'
 require 'json'
 require 'securerandom'
 require 'sidekiq'
@@ -54,7 +62,30 @@ module Kiq
     end
 
     def self.run(name, keys, argv)
-      Sidekiq.redis { |c| c.eval(script(name), keys: keys, argv: argv.map(&:to_s)) }
+      text = script(name)
+      @shas ||= {}
+      sha = (@shas[name] ||= Digest::SHA1.hexdigest(text))
+      argv = argv.map(&:to_s)
+      Sidekiq.redis do |c|
+        c.evalsha(sha, keys: keys, argv: argv)
+      rescue Redis::CommandError => e
+        raise unless e.message.start_with?('NOSCRIPT')
+        c.eval(text, keys: keys, argv: argv)
+      end
+    end
+
+    # Counts the end of a run of job (a payload Hash with "bid") in its
+    # batch: outcome "s" (succeeded), "f" (failed) or "d" (dead), with the
+    # error kept for "f" and "d". The same step as a kiq worker's ack
+    # (lua/ack.lua, without a working list): a jid counts once.
+    def self.job_done(job, outcome, error = nil)
+      stored = ''
+      if error
+        stored = JSON.generate(job.merge('error_class' => error.class.name,
+                                         'error_message' => error.message.to_s))
+      end
+      run('ack', ['', '', '', '', "batch:#{job['bid']}"],
+          ['', 'drop', 0, stored, 0, 0, '', job['bid'], job['jid'], outcome])
     end
 
     # The batch's fields (counters, description, *_at times), or nil.
@@ -132,6 +163,39 @@ module Kiq
       self.class.run('batch_commit', ["batch:#{@bid}"], [@bid])
     end
 
+    # Sidekiq server middleware: a job of a batch counts in it when it ends.
+    # A job stopped by Sidekiq's shutdown goes back to its queue and counts
+    # nothing.
+    class ServerMiddleware
+      def call(_worker, job, _queue)
+        return yield unless job['bid']
+        begin
+          yield
+        rescue Sidekiq::Shutdown
+          raise
+        rescue Exception => e # rubocop:disable Lint/RescueException
+          Batch.job_done(job, 'f', e) unless ServerMiddleware.shutdown?(e)
+          raise
+        end
+        Batch.job_done(job, 's')
+      end
+
+      def self.shutdown?(error)
+        seen = {}
+        while error && !seen[error.object_id]
+          return true if error.is_a?(Sidekiq::Shutdown)
+          seen[error.object_id] = true
+          error = error.cause
+        end
+        false
+      end
+    end
+
+    # Sidekiq death handler: a job of a batch that died.
+    DEATH = lambda do |job, error|
+      Batch.job_done(job, 'd', error) if job['bid']
+    end
+
     # Sidekiq client middleware: a push inside Batch#jobs carries the bid,
     # counted in the batch before the job reaches its queue.
     class ClientMiddleware
@@ -149,4 +213,11 @@ end
 
 Sidekiq.configure_client do |config|
   config.client_middleware { |chain| chain.add Kiq::Batch::ClientMiddleware }
+end
+
+Sidekiq.configure_server do |config|
+  # A job may make or reopen a batch: its pushes join it too.
+  config.client_middleware { |chain| chain.add Kiq::Batch::ClientMiddleware }
+  config.server_middleware { |chain| chain.add Kiq::Batch::ServerMiddleware }
+  config.death_handlers << Kiq::Batch::DEATH
 end

@@ -17,8 +17,9 @@
  * the batch is committed; a batch can be reopened (typically by one of its
  * own jobs, see kiq_job_bid) to add jobs until it has succeeded. A child
  * batch (kiq_batch_set_parent) counts as one job of its parent, and its
- * callbacks are jobs of the parent: the parent's callbacks fire after the
- * child's have run and succeeded, which may add jobs to the parent.
+ * callbacks are jobs of the parent: the parent's complete and success fire
+ * after the child's callbacks have run and succeeded, which may add jobs to
+ * the parent. A child's death reaches the parent at once.
  *
  * A kiq_batch_t is a handle on one batch for one client; like the client,
  * not thread-safe. Inside the client's transaction (kiq_client_begin) a
@@ -108,7 +109,7 @@ KIQ_API int kiq_batch_commit(kiq_batch_t *b);
 /* What kiq batch status shows. */
 typedef struct kiq_batch_status {
     char *bid, *description, *parent; /* owned; parent NULL when none */
-    long total;        /* jobs (and child batches) added */
+    long total;        /* jobs, child batches and their callbacks added */
     long pending;      /* not succeeded yet */
     long failures;     /* failed and not succeeded since */
     long dead;         /* in the dead set */

@@ -4,6 +4,13 @@
 #   ruby batch.rb create N   N RecordJob ["rrec"] jobs, success callback
 #                            BatchCallbackJob on queue "callbacks" with
 #                            options {"key": "rubycb"}; prints the bid
+#   ruby batch.rb nested N   for Sidekiq alone, on queue "callbacks": a
+#                            parent with one RubyRecordJob ["rnrec"] and a
+#                            child of N of them, each batch with a success
+#                            callback {"key": "rubynest"}; prints the
+#                            parent's bid
+#   ruby batch.rb dies       one RubyDyingJob, complete and death callbacks
+#                            {"key": "rubydie"} on "callbacks"; prints the bid
 require 'sidekiq'
 require_relative '../../examples/ruby/kiq_batch'
 
@@ -24,6 +31,25 @@ when 'create'
     Integer(ARGV[0]).times { Sidekiq::Client.push('class' => 'RecordJob', 'args' => ['rrec']) }
   end
   puts batch.bid
+when 'nested'
+  push = -> { Sidekiq::Client.push('class' => 'RubyRecordJob', 'queue' => 'callbacks', 'args' => ['rnrec']) }
+  parent = Kiq::Batch.new(description: 'parent')
+  parent.on(:success, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubynest' })
+  parent.jobs do
+    child = Kiq::Batch.new(description: 'child', parent_bid: parent.bid)
+    child.on(:success, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubynest' })
+    child.jobs { Integer(ARGV[0]).times { push.call } }
+    push.call
+  end
+  puts parent.bid
+when 'dies'
+  batch = Kiq::Batch.new(description: 'dies')
+  %i[complete death].each do |event|
+    batch.on(event, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubydie' })
+  end
+  # The class is Sidekiq's to load: its retry option goes in the push.
+  batch.jobs { Sidekiq::Client.push('class' => 'RubyDyingJob', 'queue' => 'callbacks', 'args' => [], 'retry' => 0) }
+  puts batch.bid
 else
-  abort('usage: batch.rb create N')
+  abort('usage: batch.rb create N | nested N | dies')
 end

@@ -1,7 +1,9 @@
 # Ruby side of the batch tests (tests/test_batch.c), run by a real Sidekiq
-# 6.4.1 server: the callback jobs kiq pushes when a batch is done.
+# 6.4.1 server: the callback jobs kiq pushes when a batch is done, and jobs
+# of batches that Sidekiq runs (examples/ruby/kiq_batch.rb counts them).
 require 'json'
 require 'sidekiq'
+require_relative '../../examples/ruby/kiq_batch'
 
 Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 
@@ -15,5 +17,24 @@ class BatchCallbackJob
       c.rpush(options['key'], JSON.generate(status.sort.to_h))
       c.rpush("#{options['key']}:opts", JSON.generate(options))
     end
+  end
+end
+
+# RubyRecordJob key: SADD key jid.
+class RubyRecordJob
+  include Sidekiq::Worker
+
+  def perform(key)
+    Sidekiq.redis { |c| c.sadd(key, jid) }
+  end
+end
+
+# RubyDyingJob: fails, with no retries left: dead at once.
+class RubyDyingJob
+  include Sidekiq::Worker
+  sidekiq_options retry: 0
+
+  def perform
+    raise ArgumentError, 'RubyDyingJob always fails'
   end
 end
