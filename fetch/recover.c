@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
@@ -127,10 +128,11 @@ static int apply(kiq_redis_t *r, const char *const keys[4], long long grace_ms, 
     redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
     if (rep && rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
         rc = rep->integer == -1 ? 1 : 2;
-    } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
+    } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 4) {
         out->recovered += rep->element[0]->integer;
         out->killed += rep->element[1]->integer;
         out->left += rep->element[2]->integer;
+        kiq__metrics_batch_fired(kiq__metrics_default(), rep->element[3]->integer);
         rc = 0;
     } else {
         /* Refused (maxmemory, a read-only replica...): nothing moved. */

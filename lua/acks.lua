@@ -30,4 +30,4 @@ for i = 1, #ARGV, 4 do
   end
 end
 zset_flush(z, digests)
-return { removed, bit.bor(flags, batch_flush(acc)), unknown }
+return { removed, flags + batch_flush(acc), unknown }

@@ -18,8 +18,9 @@
 --
 -- A destination of another type would refuse the write after the LREM (a
 -- script is not rolled back), so such a job is left in the working list.
--- Returns {recovered, killed, left}, -1 when the owner is alive, or -2 when
--- it is only a suspect so far.
+-- Returns {recovered, killed, left, what the batches of the poison pills
+-- fired (counted as lib/batch_done.lua says)}, -1 when the owner is alive,
+-- or -2 when it is only a suspect so far.
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('DEL', KEYS[4])
   return -1
@@ -37,7 +38,7 @@ if grace > 0 then
     return -2
   end
 end
-local recovered, killed, left = 0, 0, 0
+local recovered, killed, left, fired = 0, 0, 0, 0
 for i = 3, #ARGV, 4 do
   local dest = ARGV[i + 2]
   if not fits(dest, dest == 'dead' and 'zset' or 'list') then
@@ -49,7 +50,10 @@ for i = 3, #ARGV, 4 do
       -- A poison pill of a batch is one of its dead jobs.
       local ok, job = pcall(cjson.decode, ARGV[i + 1])
       if ok and type(job) == 'table' and type(job.bid) == 'string' and type(job.jid) == 'string' then
-        batch_done(job.bid, job.jid, 'd', ARGV[i + 1])
+        local f = batch_done(job.bid, job.jid, 'd', ARGV[i + 1])
+        if f ~= 2 then -- 2: no such batch
+          fired = fired + f
+        end
       end
     else
       redis.call('RPUSH', dest, ARGV[i + 1])
@@ -60,4 +64,4 @@ end
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[1], KEYS[4])
 end
-return {recovered, killed, left}
+return {recovered, killed, left, fired}

@@ -246,9 +246,9 @@ out:
 
 void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags)
 {
-    kiq__metrics_add(m, KIQ_METRIC_BATCHES_COMPLETED, (flags & 4) != 0);
-    kiq__metrics_add(m, KIQ_METRIC_BATCHES_SUCCEEDED, (flags & 8) != 0);
-    kiq__metrics_add(m, KIQ_METRIC_BATCHES_DIED, (flags & 16) != 0);
+    kiq__metrics_add(m, KIQ_METRIC_BATCHES_COMPLETED, (long)((flags >> 2) & 1023));
+    kiq__metrics_add(m, KIQ_METRIC_BATCHES_SUCCEEDED, (long)((flags >> 12) & 1023));
+    kiq__metrics_add(m, KIQ_METRIC_BATCHES_DIED, (long)((flags >> 22) & 1023));
 }
 
 void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)

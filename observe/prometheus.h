@@ -74,8 +74,8 @@ void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter
  * from its batch being done (the callback's enqueued_at) to now. */
 void kiq__metrics_batch_callback(kiq_metrics_t *m, const char *event, double seconds);
 
-/* The callbacks a batch step fired (lua/lib/batch_done.lua's flags: 4
- * complete, 8 success, 16 death), counted. */
+/* Counts what a batch step fired: lua/lib/batch_done.lua's counts of
+ * completes, successes and deaths, in 10-bit fields from bit 2, 12, 22. */
 void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags);
 
 /* Adds n to a process-wide counter. */

@@ -850,6 +850,46 @@ Test(batch, metrics_and_linger)
     kiq_client_free(c);
 }
 
+/* A step that fires a child and, walking up, its parent counts both in the
+ * metrics: the last ack of the child's jobs fires the two batches' complete
+ * and success (the parent's own job ran before, in another process). */
+Test(batch, metrics_count_each_batch_a_step_fires)
+{
+    kiq_client_t *c = client();
+    char err[KIQ_ERRLEN];
+    kiq_batch_t *parent = new_batch(c, "callbacks", "wcm", 0);
+    cr_assert_eq(kiq_batch_push(parent, "RecordJob", "[\"prec\"]", NULL, NULL), 0);
+    kiq_batch_t *child = kiq_batch_new(c, err);
+    cr_assert(child, "%s", err);
+    cr_assert_eq(kiq_batch_set_parent(child, kiq_batch_bid(parent)), 0);
+    kiq_push_opts_t later = kiq_push_opts_default();
+    later.queue = "later";
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(kiq_batch_push(child, "RecordJob", "[\"crec\"]", &later, NULL), 0, "%s",
+                     kiq_batch_error(child));
+    cr_assert_eq(kiq_batch_commit(child), 0);
+    cr_assert_eq(kiq_batch_commit(parent), 0);
+    pid_t first = kiq_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("HGET batch:%s pending", kiq_batch_bid(parent)) == 1, 20),
+              "the parent's own job ran: %s", kt_kiq_log(first));
+    kt_kiq_stop(first, SIGTERM, 10);
+    int port = kt_free_port();
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_kiq_start((const char *[]){ "-q", "later", "-c", "3", "--metrics-port",
+                                               portstr, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS batch:%s success_at", kiq_batch_bid(parent)), 20),
+              "%s", kt_kiq_log(pid));
+    char *m = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL, 10));
+    cr_assert(strstr(m, "\nkiq_batches_completed_total 2\n"), "%s", m);
+    cr_assert(strstr(m, "\nkiq_batches_succeeded_total 2\n"), "%s", m);
+    free(m);
+    kiq_batch_free(child);
+    kiq_batch_free(parent);
+    kiq_client_free(c);
+}
+
 /* A job that kills every process that runs it becomes a poison pill, sent
  * to dead by the orphan recovery: that is a death in its batch too. */
 Test(batch, poison_pill_is_a_death)
@@ -860,17 +900,26 @@ Test(batch, poison_pill_is_a_death)
     cr_assert_eq(kiq_batch_commit(b), 0);
     char *y = kt_write_file("pill.yml", FAST_YAML "max_recoveries: 1\n");
     pid_t pid = 0;
+    char portstr[16] = "";
     /* Each run kills its process; the next process recovers the job, until
      * it has been recovered once too often. */
     cr_assert(KT_WAIT_UNTIL(({
         if (!pid || waitpid(pid, NULL, WNOHANG) == pid) {
             if (pid)
                 kt_untrack(pid);
-            pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+            snprintf(portstr, sizeof(portstr), "%d", kt_free_port());
+            pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "--metrics-port", portstr,
+                                                 NULL });
         }
         queued("callbacks", "death", NULL) == 1; }), 60), "%lld dead", kt_int("ZCARD dead"));
     cr_assert_eq(queued("callbacks", "complete", NULL), 1);
     cr_assert_eq(queued("callbacks", "success", NULL), 0);
+    /* The process whose recovery sent it to the dead set counted both. */
+    char *m = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(atoi(portstr))) != NULL, 10));
+    cr_assert(strstr(m, "\nkiq_batches_died_total 1\n"), "%s", m);
+    cr_assert(strstr(m, "\nkiq_batches_completed_total 1\n"), "%s", m);
+    free(m);
     free(y);
     kiq_batch_free(b);
     kiq_client_free(c);

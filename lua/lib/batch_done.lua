@@ -8,8 +8,10 @@
 -- condition holds for the first time its callback is pushed (once: its
 -- *_at field marks it), and a child batch reports to its parent the same
 -- way, as one member "b:CHILD". Returns 2 when bid names no batch (the job
--- then ran as a plain job), else 0, plus 4, 8, 16 when this step fired
--- complete, success, death of bid (for the metrics).
+-- then ran as a plain job), else what the step fired, counted for the
+-- metrics: 4 a complete, 4096 a success, 4194304 a death (the counts in
+-- 10-bit fields from bit 2, 12 and 22), of bid and of the parents it
+-- reached.
 -- Keys (documented in the README): batch:BID (hash: counters, options,
 -- callbacks), batch:BID:jids (jid -> s|f|d), batch:BID:failures (jid ->
 -- "Class: message"), batches (zset of bids by creation time), batches:open
@@ -111,11 +113,10 @@ local function batch_mark(key, member, was, outcome, err)
 end
 
 -- Fires what is due on batch bid once it is committed, then walks up to
--- its parent, which sees a child as one member. Returns the flags fired on
--- bid itself.
+-- its parent, which sees a child as one member. Returns what it fired, on
+-- bid and its parents, counted as batch_done says.
 local function batch_check(bid)
   local fired, now = 0, nil
-  local first = true
   while bid do
     local key = 'batch:' .. bid
     local f = redis.call('HMGET', key, 'open', 'notrun', 'pending', 'dead',
@@ -126,13 +127,13 @@ local function batch_check(bid)
     local ran_all = (tonumber(f[2]) or 0) <= 0
     local events = {}
     if not f[7] and (tonumber(f[4]) or 0) > 0 then
-      events[#events + 1] = { 'death', 'death_at', 16, 'd' }
+      events[#events + 1] = { 'death', 'death_at', 4194304, 'd' }
     end
     if not f[5] and ran_all then
       events[#events + 1] = { 'complete', 'complete_at', 4, 'f' }
     end
     if not f[6] and ran_all and (tonumber(f[3]) or 0) <= 0 then
-      events[#events + 1] = { 'success', 'success_at', 8, 's' }
+      events[#events + 1] = { 'success', 'success_at', 4096, 's' }
     end
     if #events == 0 then
       break
@@ -142,9 +143,7 @@ local function batch_check(bid)
     for _, e in ipairs(events) do
       redis.call('HSET', key, e[2], now)
       batch_callback(key, bid, e[1], now)
-      if first then
-        fired = fired + e[3]
-      end
+      fired = fired + e[3]
       if pkey and redis.call('EXISTS', pkey) == 1 then
         local was = redis.call('HGET', pkey .. ':jids', 'b:' .. bid)
         local _, due = batch_mark(pkey, 'b:' .. bid, was, e[4],
@@ -160,7 +159,6 @@ local function batch_check(bid)
         redis.call('EXPIRE', k, linger > 0 and linger or 1)
       end
     end
-    first = false
     bid = moved and f[8] or nil
   end
   return fired
@@ -188,7 +186,7 @@ end
 -- and its counter moves in acc (a table the script keeps), which
 -- batch_flush(acc) writes once per batch before checking it. Same rules as
 -- batch_done. batch_ok returns 2 when bid names no batch, else 0;
--- batch_flush returns the flags fired (several batches' OR'd).
+-- batch_flush returns what the batches fired, counted as batch_done says.
 local function batch_ok(acc, bid, jid)
   -- A batch's key names are made once per call; a bid naming no batch is
   -- remembered as false.
@@ -234,7 +232,7 @@ local function batch_flush(acc)
       end
     end
     if due then
-      fired = bit.bor(fired, batch_check(bid))
+      fired = fired + batch_check(bid)
     end
   end
   return fired
