@@ -77,15 +77,27 @@ module Kiq
     # Counts the end of a run of job (a payload Hash with "bid") in its
     # batch: outcome "s" (succeeded), "f" (failed) or "d" (dead), with the
     # error kept for "f" and "d". The same step as a kiq worker's ack
-    # (lua/ack.lua, without a working list): a jid counts once.
+    # (lua/ack.lua, without a working list): a jid counts once, so the step
+    # is tried again (three times in all) when Redis fails it; then the
+    # error is raised.
     def self.job_done(job, outcome, error = nil)
       stored = ''
       if error
-        stored = JSON.generate(job.merge('error_class' => error.class.name,
-                                         'error_message' => error.message.to_s))
+        # Only the fields the batch keeps, as valid UTF-8 and cut as
+        # Sidekiq cuts a stored message.
+        message = error.message.to_s.dup.force_encoding(Encoding::UTF_8).scrub('?')[0, 10_000]
+        stored = JSON.generate('error_class' => error.class.name, 'error_message' => message)
       end
-      run('ack', ['', '', '', '', "batch:#{job['bid']}"],
-          ['', 'drop', 0, stored, 0, 0, '', job['bid'], job['jid'], outcome])
+      tries = 0
+      begin
+        run('ack', ['', '', '', '', "batch:#{job['bid']}"],
+            ['', 'drop', 0, stored, 0, 0, '', job['bid'], job['jid'], outcome])
+      rescue Redis::BaseError
+        tries += 1
+        raise if tries >= 3
+        sleep(0.05 * tries)
+        retry
+      end
     end
 
     # The batch's fields (counters, description, *_at times), or nil.
@@ -163,12 +175,26 @@ module Kiq
       self.class.run('batch_commit', ["batch:#{@bid}"], [@bid])
     end
 
+    # For a Sidekiq job class: bid, the batch the running job belongs to (or
+    # nil), and batch, a handle that adds jobs to it:
+    #   class Step; include Sidekiq::Worker; include Kiq::Batch::Member
+    #     def perform; batch.jobs { Next.perform_async }; end; end
+    module Member
+      attr_accessor :bid
+
+      def batch
+        bid && Kiq::Batch.new(bid)
+      end
+    end
+
     # Sidekiq server middleware: a job of a batch counts in it when it ends.
     # A job stopped by Sidekiq's shutdown goes back to its queue and counts
-    # nothing.
+    # nothing. An error raised before the middleware runs (a class Sidekiq
+    # cannot load) counts only when the job dies.
     class ServerMiddleware
-      def call(_worker, job, _queue)
+      def call(worker, job, _queue)
         return yield unless job['bid']
+        worker.bid = job['bid'] if worker.respond_to?(:bid=)
         begin
           yield
         rescue Sidekiq::Shutdown
@@ -191,9 +217,14 @@ module Kiq
       end
     end
 
-    # Sidekiq death handler: a job of a batch that died.
+    # Sidekiq death handler: a job of a batch that died. Sidekiq also calls
+    # it for a job it drops (retry: false, or dead: false when the retries
+    # are spent): that is a failure, as kiq counts a dropped job, not a
+    # death (the dead set never holds it).
     DEATH = lambda do |job, error|
-      Batch.job_done(job, 'd', error) if job['bid']
+      next unless job['bid']
+      kept = job['retry'] && job['dead'] != false
+      Batch.job_done(job, kept ? 'd' : 'f', error)
     end
 
     # Sidekiq client middleware: a push inside Batch#jobs carries the bid,

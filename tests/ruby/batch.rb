@@ -11,6 +11,8 @@
 #                            parent's bid
 #   ruby batch.rb dies       one RubyDyingJob, complete and death callbacks
 #                            {"key": "rubydie"} on "callbacks"; prints the bid
+#   ruby batch.rb drops      the same with retry: false (Sidekiq drops it)
+#                            and the key "rubydrop"
 require 'sidekiq'
 require_relative '../../examples/ruby/kiq_batch'
 
@@ -18,7 +20,8 @@ Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
 Sidekiq.logger.level = Logger::WARN
 
-case ARGV.shift
+mode = ARGV.shift
+case mode
 when 'create'
   batch = Kiq::Batch.new(description: 'from Ruby')
   batch.on(:success, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubycb' })
@@ -42,14 +45,19 @@ when 'nested'
     push.call
   end
   puts parent.bid
-when 'dies'
-  batch = Kiq::Batch.new(description: 'dies')
+when 'dies', 'drops'
+  key = mode == 'dies' ? 'rubydie' : 'rubydrop'
+  batch = Kiq::Batch.new(description: mode)
   %i[complete death].each do |event|
-    batch.on(event, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubydie' })
+    batch.on(event, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => key })
   end
   # The class is Sidekiq's to load: its retry option goes in the push.
-  batch.jobs { Sidekiq::Client.push('class' => 'RubyDyingJob', 'queue' => 'callbacks', 'args' => [], 'retry' => 0) }
+  retry_opt = mode == 'dies' ? 0 : false
+  batch.jobs do
+    Sidekiq::Client.push('class' => 'RubyDyingJob', 'queue' => 'callbacks', 'args' => [],
+                         'retry' => retry_opt)
+  end
   puts batch.bid
 else
-  abort('usage: batch.rb create N | nested N | dies')
+  abort('usage: batch.rb create N | nested N | dies | drops')
 end

@@ -20,12 +20,17 @@ class BatchCallbackJob
   end
 end
 
-# RubyRecordJob key: SADD key jid.
+# RubyRecordJob key: SADD key jid, and HSET key:bids jid its batch's bid
+# (Kiq::Batch::Member).
 class RubyRecordJob
   include Sidekiq::Worker
+  include Kiq::Batch::Member
 
   def perform(key)
-    Sidekiq.redis { |c| c.sadd(key, jid) }
+    Sidekiq.redis do |c|
+      c.sadd(key, jid)
+      c.hset("#{key}:bids", jid, bid.to_s)
+    end
   end
 end
 
