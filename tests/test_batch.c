@@ -835,6 +835,16 @@ static char *scrape(int port)
     return buf;
 }
 
+/* The metrics page once it has the line want (the counters move when kiq
+ * reads a step's reply, just after Redis ran it). The caller frees it. */
+static char *scrape_has(int port, const char *want)
+{
+    char *m = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL && strstr(m, want), 10),
+              "no \"%s\" in:\n%s", want, m ? m : "(no page)");
+    return m;
+}
+
 /* The Prometheus series: batches open (from Redis), completed and
  * succeeded (fired by this process), and the callbacks' latency; and a
  * batch's data goes linger seconds after its success. */
@@ -853,9 +863,7 @@ Test(batch, metrics_and_linger)
     pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
                                                portstr, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN mcb") == 2, 20), "%s", kt_kiq_log(pid));
-    char *m = NULL;
-    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL, 10));
-    cr_assert(strstr(m, "\nkiq_batches_open 1\n"), "%s", m);
+    char *m = scrape_has(port, "\nkiq_batches_open 1\n");
     cr_assert(strstr(m, "\nkiq_batches_completed_total 1\n"), "%s", m);
     cr_assert(strstr(m, "\nkiq_batches_succeeded_total 1\n"), "%s", m);
     cr_assert(strstr(m, "kiq_batch_callback_latency_seconds_count{event=\"success\"} 1\n"),
@@ -901,12 +909,7 @@ Test(batch, metrics_count_each_batch_a_step_fires)
                                                portstr, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS batch:%s success_at", kiq_batch_bid(parent)), 20),
               "%s", kt_kiq_log(pid));
-    /* The counters move when kiq reads the step's reply, after Redis wrote
-     * success_at. */
-    char *m = NULL;
-    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL
-                                && strstr(m, "\nkiq_batches_succeeded_total 2\n"), 10),
-              "%s", m ? m : "no scrape");
+    char *m = scrape_has(port, "\nkiq_batches_succeeded_total 2\n");
     cr_assert(strstr(m, "\nkiq_batches_completed_total 2\n"), "%s", m);
     free(m);
     kiq_batch_free(child);
@@ -939,10 +942,7 @@ Test(batch, poison_pill_is_a_death)
     cr_assert_eq(queued("callbacks", "complete", NULL), 1);
     cr_assert_eq(queued("callbacks", "success", NULL), 0);
     /* The process whose recovery sent it to the dead set counted both. */
-    char *m = NULL;
-    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(atoi(portstr))) != NULL
-                                && strstr(m, "\nkiq_batches_died_total 1\n"), 10),
-              "%s", m ? m : "no scrape");
+    char *m = scrape_has(atoi(portstr), "\nkiq_batches_died_total 1\n");
     cr_assert(strstr(m, "\nkiq_batches_completed_total 1\n"), "%s", m);
     free(m);
     free(y);
