@@ -538,10 +538,12 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
     na++;
     for (size_t i = 0; i < n; i++) {
         const redisReply *job = f->element[2 + 2 * i];
-        size_t dl = 0, jl = 0, gl = 0;
+        size_t dl = 0, jl = 0, gl = 0, cl = 0, ql = 0;
         const char *d = raw_field(job->str, "lock_digest", &dl);
         const char *j = raw_field(job->str, "jid", &jl);
         const char *g = raw_field(job->str, "lock_args", &gl);
+        const char *cls = raw_field(job->str, "class", &cl);
+        const char *q = raw_field(job->str, "queue", &ql);
         if (!j || jl >= sizeof(jids[i]))
             die("a payload without a jid: %s%s", job->str, NULL);
         snprintf(jids[i], sizeof(jids[i]), "%.*s", (int)jl, j);
@@ -550,17 +552,19 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
                 die("a payload without a lock_digest: %s%s", job->str, NULL);
             snprintf(keys[i][0], sizeof(keys[i][0]), "%.*s:RUN:LOCKED", (int)dl, d);
             snprintf(keys[i][1], sizeof(keys[i][1]), "%.*s:LOCKED", (int)dl, d);
-            size_t ml = 256 + gl;
+            size_t ml = 256 + gl + cl + ql;
             metas[i] = malloc(ml);
             if (!metas[i])
                 die("out of memory%s%s", NULL, NULL);
-            /* As middleware/unique_lock.c writes it. */
+            /* As middleware/unique_lock.c writes it (the payload's class and
+             * queue are plain names here). */
             snprintf(metas[i], ml,
-                     "{\"worker\":\"NoopJob\",\"queue\":\"bench\",\"limit\":null,\"timeout\":0,"
-                     "\"ttl\":null,\"type\":\"while_executing\",\"lock_args\":%.*s,\"time\":%s,"
-                     "\"at\":null}", (int)(g ? gl : 2), g ? g : "[]", now);
-            const char *one[] = { keys[i][0], until ? keys[i][1] : "", jids[i], "0",
-                                  "while_executing", "1", metas[i] };
+                     "{\"worker\":\"%.*s\",\"queue\":\"%.*s\",\"limit\":null,\"timeout\":0,"
+                     "\"ttl\":null,\"type\":\"%s\",\"lock_args\":%.*s,\"time\":%s,\"at\":null}",
+                     (int)(cls ? cl : 0), cls ? cls : "", (int)(q ? ql : 0), q ? q : "", lock,
+                     (int)(g ? gl : 2), g ? g : "[]", now);
+            const char *one[] = { keys[i][0], until ? keys[i][1] : "", jids[i], "0", lock, "1",
+                                  metas[i] };
             memcpy(&la[nl], one, sizeof(one));
             nl += 7;
         }
@@ -644,7 +648,7 @@ static int do_ceiling(int argc, char **argv)
                     CEIL_FETCH_MORE();
             }
         } else if (kind == CEIL_LOCKS) {
-            if (rr->type != REDIS_REPLY_STRING)
+            if (rr->type != REDIS_REPLY_STRING || rr->len % 2)
                 die("ceiling: unexpected locks reply%s%s", NULL, NULL);
             for (size_t i = 0; i + 1 < rr->len; i += 2)
                 if (rr->str[i] != '1' || rr->str[i + 1] != '1')
