@@ -73,6 +73,7 @@
 
 #include "middleware/unique_admin_internal.h"
 #include "redis/scripts.h"
+#include "support/json.h"
 #include <kiq/unique.h>
 #include <kiq/unique_admin.h>
 
@@ -486,21 +487,21 @@ static int do_drain(int argc, char **argv)
     return 0;
 }
 
-/* The raw JSON value of "name" in the payload p (a string without its
- * quotes, or a flat array), by plain search as fetch.lua finds fields;
- * NULL when absent. */
-static const char *raw_field(const char *p, const char *name, size_t *len)
+/* The value of the top-level member name of the payload p, scanned into
+ * o (a string without its quotes, escapes left as they are); NULL when
+ * absent. */
+static const char *raw_field(const kiq_jobject_t *o, const char *p, const char *name,
+                             size_t *len)
 {
-    char key[64];
-    snprintf(key, sizeof(key), "\"%s\":", name);
-    const char *v = strstr(p, key);
-    if (!v)
+    const kiq_jmember_t *m = kiq__jobject_get(o, p, name);
+    if (!m)
         return NULL;
-    v += strlen(key);
-    const char *e = *v == '"' ? strchr(++v, '"') : strchr(v, ']');
-    if (!e)
-        return NULL;
-    *len = (size_t)(e - v) + (*v == '[' || v[-1] != '"');
+    const char *v = p + m->vstart;
+    *len = m->vlen;
+    if (*len >= 2 && *v == '"') {
+        v++;
+        *len -= 2;
+    }
     return v;
 }
 
@@ -527,6 +528,7 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
         die("out of memory%s%s", NULL, NULL);
     snprintf(now, sizeof(now), "%.6f", wall());
     int until = lock && strcmp(lock, "until_and_while_executing") == 0;
+    kiq_jobject_t o = { 0 };
     size_t nl = 0, na = 0;
     la[nl++] = "uniquejobs:digests";
     la[nl++] = now;
@@ -538,12 +540,14 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
     na++;
     for (size_t i = 0; i < n; i++) {
         const redisReply *job = f->element[2 + 2 * i];
+        if (kiq__json_scan_object(job->str, job->len, &o, NULL))
+            die("a payload that is not a JSON object: %s%s", job->str, NULL);
         size_t dl = 0, jl = 0, gl = 0, cl = 0, ql = 0;
-        const char *d = raw_field(job->str, "lock_digest", &dl);
-        const char *j = raw_field(job->str, "jid", &jl);
-        const char *g = raw_field(job->str, "lock_args", &gl);
-        const char *cls = raw_field(job->str, "class", &cl);
-        const char *q = raw_field(job->str, "queue", &ql);
+        const char *d = raw_field(&o, job->str, "lock_digest", &dl);
+        const char *j = raw_field(&o, job->str, "jid", &jl);
+        const char *g = raw_field(&o, job->str, "lock_args", &gl);
+        const char *cls = raw_field(&o, job->str, "class", &cl);
+        const char *q = raw_field(&o, job->str, "queue", &ql);
         if (!j || jl >= sizeof(jids[i]))
             die("a payload without a jid: %s%s", job->str, NULL);
         snprintf(jids[i], sizeof(jids[i]), "%.*s", (int)jl, j);
@@ -582,6 +586,7 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
     if (lock)
         ceil_append(c, KIQ_SCRIPT_LOCKS, 1, (int)nl, la, NULL);
     ceil_append(c, KIQ_SCRIPT_ACKS, 2, (int)na, aa, al);
+    kiq__jobject_free(&o);
     for (size_t i = 0; i < n; i++)
         free(metas[i]);
     free(metas);
