@@ -44,7 +44,8 @@ end
 -- is a job of its parent, counted there before the child's member moves, so
 -- the parent's callbacks wait for it to have run (complete) and succeeded
 -- (success), as Sidekiq Pro's do: the callback may add jobs to the parent.
-local function batch_callback(key, bid, event, now)
+-- pkey is the parent's key when there is one and it exists, else nil.
+local function batch_callback(key, bid, event, now, pkey)
   local cb = redis.call('HMGET', key, 'cb_' .. event .. '_class', 'cb_' .. event .. '_queue',
     'cb_' .. event .. '_opts', 'description', 'total', 'pending', 'created_at', 'parent')
   if not cb[1] then
@@ -56,8 +57,7 @@ local function batch_callback(key, bid, event, now)
     created_at = tonumber(cb[7]) or 0, parent_bid = cb[8] or '' })
   local jid = string.sub(redis.sha1hex(bid .. ':' .. event), 1, 24)
   local in_parent = ''
-  local pkey = cb[8] and 'batch:' .. cb[8]
-  if pkey and redis.call('EXISTS', pkey) == 1 then
+  if pkey then
     for _, field in ipairs({ 'total', 'pending', 'notrun' }) do
       redis.call('HINCRBY', pkey, field, 1)
     end
@@ -140,11 +140,14 @@ local function batch_check(bid)
     end
     now = now or batch_now()
     local moved, pkey = false, f[8] and 'batch:' .. f[8]
+    if pkey and redis.call('EXISTS', pkey) == 0 then
+      pkey = nil
+    end
     for _, e in ipairs(events) do
       redis.call('HSET', key, e[2], now)
-      batch_callback(key, bid, e[1], now)
+      batch_callback(key, bid, e[1], now, pkey)
       fired = fired + e[3]
-      if pkey and redis.call('EXISTS', pkey) == 1 then
+      if pkey then
         local was = redis.call('HGET', pkey .. ':jids', 'b:' .. bid)
         local _, due = batch_mark(pkey, 'b:' .. bid, was, e[4],
           'child batch ' .. bid .. ' has failures')
