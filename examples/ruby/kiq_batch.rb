@@ -197,8 +197,6 @@ module Kiq
         worker.bid = job['bid'] if worker.respond_to?(:bid=)
         begin
           yield
-        rescue Sidekiq::Shutdown
-          raise
         rescue Exception => e # rubocop:disable Lint/RescueException
           Batch.job_done(job, 'f', e) unless ServerMiddleware.shutdown?(e)
           raise
