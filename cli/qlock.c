@@ -2,9 +2,12 @@
  * does for one machine, plus a look at the locks (info, list) and the
  * clean-up of dead requests. The lease is refreshed while the command runs,
  * so a command may outlive --ttl; if the lock is lost anyway (Redis out of
- * reach for a whole ttl) the command is stopped rather than left running
- * unprotected, and if kiq lock itself dies, even by SIGKILL, the kernel
- * kills the command (PR_SET_PDEATHSIG) before its lease can lapse. */
+ * reach for a whole ttl, or kiq lock frozen past it) the command is stopped
+ * rather than left running unprotected: SIGTERM, then SIGKILL after a short
+ * grace, since a command that ignores SIGTERM would otherwise run on beside
+ * the next holder for as long as it likes. If kiq lock itself dies, even by
+ * SIGKILL, the kernel kills the command (PR_SET_PDEATHSIG) before its lease
+ * can lapse. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -30,6 +33,13 @@
 #define EXIT_LOST 70         /* EX_SOFTWARE: the lock went away under the command */
 #define EXIT_REDIS 69        /* EX_UNAVAILABLE */
 #define MAX_META 32
+/* Seconds between SIGTERM and SIGKILL once the lock is lost: long enough
+ * for a command to clean up after itself, short because it overlaps the
+ * next holder all that time. */
+#define KILL_AFTER_DEFAULT 5.0
+/* Every second of grace is a second beside the next holder; a larger value
+ * is most likely milliseconds typed for seconds (--ttl takes MS). */
+#define KILL_AFTER_MAX 300.0
 
 static const char *usage =
     "Usage: kiq lock NAME [options] -- COMMAND [ARGS...]\n"
@@ -48,6 +58,8 @@ static const char *usage =
     "  --queue-ttl S       a waiter silent this long loses its place (default 15)\n"
     "  --retry-delay MS    pause between attempts (default 200, plus up to 1/8 jitter)\n"
     "  --fail-fast         give up at once when the lock is held\n"
+    "  --kill-after S      once the lock is lost, SIGKILL COMMAND S seconds after\n"
+    "                      its SIGTERM (default 5, at most 300; 0: at once)\n"
     "  --meta FIELD=VALUE  store in the lock (repeatable; default host=HOSTNAME)\n"
     "  -v, --verbose       log every attempt to stderr\n"
     "      --redis-url URL default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
@@ -60,21 +72,27 @@ static const char *usage =
     "\n"
     "Exit status: COMMAND's (128+N when a signal N ended it); 75 when the lock\n"
     "was not obtained (timeout or --fail-fast); 70 when the lock was lost while\n"
-    "COMMAND ran (COMMAND gets SIGTERM); 69 when Redis failed; 64 for bad usage;\n"
-    "126/127 when COMMAND cannot be run.\n"
+    "COMMAND ran (COMMAND gets SIGTERM, then SIGKILL after --kill-after); 69 when\n"
+    "Redis failed; 64 for bad usage; 126/127 when COMMAND cannot be run.\n"
+    "\n"
+    "A lost lock may already be someone else's: between the lease's end and\n"
+    "COMMAND's exit (how long kiq lock was frozen or cut off, then up to\n"
+    "--kill-after) both run. KIQ_LOCK_FENCE guards that window: a resource\n"
+    "that refuses writes with a token lower than the last one it saw is safe.\n"
     "\n"
     "If kiq lock dies (even by kill -9), COMMAND is killed with it (SIGKILL), so\n"
     "it never runs without the lock. Processes COMMAND started are not: a shell\n"
     "COMMAND should `exec` its last program or wait for its children.\n";
 
 enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL,
-       OPT_JSON, OPT_DEADTTL };
+       OPT_JSON, OPT_DEADTTL, OPT_KILLAFTER };
 
 struct lock_args {
     kiq_qlock_opts_t o;
     const char *url;
     int verbose, json;
     long long dead_ttl;
+    double kill_after;
     const char *meta[2 * MAX_META + 3];
     char *meta_buf[MAX_META];
     int nmeta_buf;
@@ -118,6 +136,7 @@ static int parse(int argc, char **argv, struct lock_args *a)
         { "fail-fast", no_argument, NULL, OPT_FAILFAST }, { "meta", required_argument, NULL, OPT_META },
         { "redis-url", required_argument, NULL, OPT_URL }, { "json", no_argument, NULL, OPT_JSON },
         { "dead-ttl", required_argument, NULL, OPT_DEADTTL },
+        { "kill-after", required_argument, NULL, OPT_KILLAFTER },
         { "verbose", no_argument, NULL, 'v' }, { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -147,6 +166,13 @@ static int parse(int argc, char **argv, struct lock_args *a)
         case OPT_DEADTTL:
             if (num("--dead-ttl", optarg, 0, &d)) return KIQ_EXIT_USAGE;
             a->dead_ttl = (long long)d;
+            break;
+        case OPT_KILLAFTER:
+            if (kiq__parse_number(optarg, 0, 0, KILL_AFTER_MAX, &a->kill_after)) {
+                fprintf(stderr, "kiq lock: --kill-after: expected seconds from 0 to %g: %s\n", KILL_AFTER_MAX,
+                        optarg);
+                return KIQ_EXIT_USAGE;
+            }
             break;
         case OPT_FAILFAST: a->o.fail_fast = 1; break;
         case OPT_URL: a->url = optarg; break;
@@ -261,8 +287,9 @@ static int status_of(int st)
 }
 
 /* Runs cmd under the held lock, refreshing the lease; returns the exit
- * status. */
-static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
+ * status. Once the lock is lost, cmd gets SIGTERM, and SIGKILL kill_after
+ * seconds later if it is still there. */
+static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd, double kill_after)
 {
     char fence[32], err[KIQ_ERRLEN];
     snprintf(fence, sizeof(fence), "%lld", held->fence);
@@ -295,7 +322,8 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
 
     double period = (double)held->ttl / 3000.0;
     double next = kiq__mono() + period;
-    int st = 0, lost = 0;
+    int st = 0, lost = 0, killed = 0;
+    double kill_at = 0;
     for (;;) {
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid)
@@ -309,13 +337,21 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
                 kiq_redis_connect(r);
             int rc = kiq_qlock_extend(r, held, held->ttl, 1, NULL, err);
             if (rc == KIQ_EDENIED || (rc && kiq__mono() >= held->deadline)) {
-                fprintf(stderr, "kiq lock: lost the lock %s while %s ran (%s); stopping it\n",
-                        held->name, cmd[0], rc == KIQ_EDENIED ? "taken or expired" : err);
+                fprintf(stderr, "kiq lock: lost the lock %s while %s ran (%s); stopping it "
+                        "(SIGTERM, SIGKILL in %g s)\n",
+                        held->name, cmd[0], rc == KIQ_EDENIED ? "taken or expired" : err, kill_after);
                 lost = 1;
+                kill_at = kiq__mono() + kill_after;
                 kill(pid, SIGTERM);
             }
             /* After a failed refresh, try again soon: the lease still runs. */
             next = kiq__mono() + (rc ? period / 4 : period);
+        }
+        if (lost && !killed && kiq__mono() >= kill_at) {
+            fprintf(stderr, "kiq lock: %s still ran %g s after SIGTERM; killing it (SIGKILL)\n", cmd[0],
+                    kill_after);
+            killed = 1;
+            kill(pid, SIGKILL);
         }
         kiq__sleep(0.005);
     }
@@ -330,7 +366,7 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd)
 
 int kiq_cmd_lock(int argc, char **argv)
 {
-    struct lock_args a = { .o = kiq_qlock_opts_default(), .dead_ttl = -1 };
+    struct lock_args a = { .o = kiq_qlock_opts_default(), .dead_ttl = -1, .kill_after = KILL_AFTER_DEFAULT };
     a.o.ttl = 10000;
     a.o.timeout = KIQ_QLOCK_UNLIMITED;
     a.o.retry_count = KIQ_QLOCK_UNLIMITED;
@@ -406,7 +442,7 @@ int kiq_cmd_lock(int argc, char **argv)
         status = rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : EXIT_REDIS;
         goto out;
     }
-    status = run_held(r, &held, argv + dd + 1);
+    status = run_held(r, &held, argv + dd + 1, a.kill_after);
 out:
     for (int i = 0; i < a.nmeta_buf; i++)
         free(a.meta_buf[i]);

@@ -19,7 +19,7 @@
 #include "kiq/qlock.h"
 #include "kiq/redis.h"
 
-TestSuite(qlock, .timeout = 120);
+TestSuite(qlock, .timeout = 120, .fini = kt_kill_children);
 
 static kiq_redis_t *conn_new(const char *url)
 {
@@ -972,4 +972,73 @@ Test(qlock, kiq_lock_killed_outright_takes_its_command_with_it)
     free(out);
     free(pidfile);
     free(log);
+}
+
+/* A command that ignores SIGTERM must not run on beside the next holder
+ * once the lease is lost: kiq lock, frozen past its lease (as a paused VM
+ * or a long stop would), finds the lock gone when it wakes, and the
+ * SIGKILL after --kill-after ends the command even though it traps TERM. */
+Test(qlock, kiq_lock_kills_a_command_that_ignores_sigterm_after_the_grace)
+{
+    char *pidfile = kt_tmp("stubborn.pid");
+    char *log = kt_tmp("stubborn.out");
+    char script[512];
+    /* exec keeps the pid and the ignored TERM (an ignored signal stays
+     * ignored across exec), so the pid in the file is what must die. */
+    snprintf(script, sizeof(script), "trap '' TERM; echo $$ > '%s'; exec sleep 60", pidfile);
+    pid_t p = kt_track(spawn_kiq((const char *[]){ "lock", "stubborn", "--ttl", "600", "--kill-after", "1",
+                                                   "--", "sh", "-c", script, NULL }, log));
+    pid_t child = 0;
+    cr_assert(KT_WAIT_UNTIL((child = read_pid(pidfile)) > 0, 10), "%s", kt_read_file(log));
+    cr_assert(running(child));
+
+    /* Frozen until the lease ran out in Redis and another caller holds the
+     * lock: the overlap the fencing token is for. */
+    cr_assert_eq(kill(p, SIGSTOP), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS rql:lock:stubborn") == 0, 10), "the lease never lapsed");
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_qlock_client_t *c = client(NULL);
+    kiq_qlock_result_t next;
+    char err[KIQ_ERRLEN];
+    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    o.ttl = 30000;
+    cr_assert_eq(kiq_qlock_lock(c, r, "stubborn", &o, &next, err), 0, "%s", err);
+    cr_assert_eq(kill(p, SIGCONT), 0);
+    double woke = kt_now();
+
+    /* It notices within a refresh period (ttl/3), sends SIGTERM, which the
+     * command ignores, then SIGKILL a second later: 1 s grace plus 3 s of
+     * margin for a loaded machine, where the old code never killed it. */
+    bool gone = KT_WAIT_UNTIL(!running(child), 4);
+    double took = kt_now() - woke;
+    int st = kt_wait_exit(p, 5);
+    char *out = kt_read_file(log);
+    if (!gone)
+        kill(child, SIGKILL); /* not ours to reap: kiq lock's child */
+    cr_assert(gone, "the command ignoring SIGTERM still ran %.1f s after the lock was lost: %s", took, out);
+    cr_assert_geq(took, 0.9, "killed before its grace (%.2f s): %s", took, out);
+    cr_assert_eq(st, 70, "%s", out);
+    cr_assert(strstr(out, "lost the lock stubborn") && strstr(out, "SIGKILL"), "%s", out);
+    free(out);
+    cr_assert_eq(kiq_qlock_release(c, r, &next, err), 0, "%s", err);
+    kiq_qlock_client_free(c);
+    kiq_redis_free(r);
+    free(pidfile);
+    free(log);
+}
+
+Test(qlock, kiq_lock_checks_kill_after)
+{
+    const char *bad[] = { "-1", "x", "5s", "301", "inf", "", NULL };
+    for (int i = 0; bad[i]; i++) {
+        char *out = NULL;
+        cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "ka", "--kill-after", bad[i], "--", "true", NULL },
+                                &out), 64, "--kill-after '%s': %s", bad[i], out);
+        cr_assert(strstr(out, "--kill-after"), "%s", out);
+        free(out);
+    }
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "ka", "--kill-after", "0", "--", "true", NULL }, &out), 0,
+                 "%s", out);
+    free(out);
 }
