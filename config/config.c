@@ -3,6 +3,7 @@
  * yaml.c and args.c only translate their syntax into calls here. */
 #include "kiq/config.h"
 #include "support/number.h"
+#include "config/bounds.h"
 #include "config/tls.h"
 
 #include <ctype.h>
@@ -215,10 +216,22 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
     if (cfg->prefetch < 0 || cfg->prefetch > 100000)
         return kiq_seterr(err, KIQ_ECONFIG,
                           "prefetch: must be an integer between 0 and 100000");
-    if (!(cfg->timeout > 0))
-        return kiq_seterr(err, KIQ_ECONFIG, "timeout: must be a number greater than 0");
-    if (!(cfg->startup_timeout >= 0))
-        return kiq_seterr(err, KIQ_ECONFIG, "startup_timeout: must be a number >= 0");
+    /* Periods, with the file's floors (config/bounds.h). */
+    const struct { const char *key; double v; int zero_ok; } periods[] = {
+        { "timeout", cfg->timeout, 0 },
+        { "startup_timeout", cfg->startup_timeout, 1 },
+        { "poll_interval_average", cfg->poll_interval_average, 1 },
+        { "average_scheduled_poll_interval", cfg->average_scheduled_poll_interval, 0 },
+        { "heartbeat_interval", cfg->heartbeat_interval, 0 },
+        { "recovery_interval", cfg->recovery_interval, 0 },
+        { "liveness_ttl", cfg->liveness_ttl, 0 },
+    };
+    for (size_t i = 0; i < sizeof(periods) / sizeof(periods[0]); i++)
+        if (!kiq__config_period_ok(periods[i].key, periods[i].zero_ok, periods[i].v)) {
+            char want[96];
+            kiq__config_period_want(periods[i].key, periods[i].zero_ok, want, sizeof(want));
+            return kiq_seterr(err, KIQ_ECONFIG, "%s: %s", periods[i].key, want);
+        }
     if (cfg->max_retries < 0)
         return kiq_seterr(err, KIQ_ECONFIG, "max_retries: must be an integer >= 0");
     if (cfg->dead_max_jobs < 1)
@@ -226,25 +239,14 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
     if (cfg->dead_timeout < 1)
         return kiq_seterr(err, KIQ_ECONFIG,
                           "dead_timeout_in_seconds: must be an integer >= 1");
-    if (!(cfg->poll_interval_average >= 0))
-        return kiq_seterr(err, KIQ_ECONFIG, "poll_interval_average: must be a number >= 0");
-    if (!(cfg->average_scheduled_poll_interval > 0))
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "average_scheduled_poll_interval: must be a number greater than 0");
-    if (!(cfg->heartbeat_interval > 0))
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "heartbeat_interval: must be a number greater than 0");
-    if (!(cfg->recovery_interval > 0))
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "recovery_interval: must be a number greater than 0");
-    if (!(cfg->liveness_ttl > 0))
-        return kiq_seterr(err, KIQ_ECONFIG, "liveness_ttl: must be a number greater than 0");
     /* Two refreshes may fail (a Redis blip) before the key lapses and the
-     * fleet takes this live process's jobs. */
-    if (cfg->heartbeat_interval * 3 > cfg->liveness_ttl)
+     * fleet takes this live process's jobs. Only a file sets the two, so
+     * the message names it when there is one. */
+    if (cfg->heartbeat_interval * KIQ__LIVENESS_BEATS > cfg->liveness_ttl)
         return kiq_seterr(err, KIQ_ECONFIG,
-                          "liveness_ttl: must be at least 3 times heartbeat_interval (%g s)",
-                          cfg->heartbeat_interval);
+                          "%s%sliveness_ttl: must be at least %d times heartbeat_interval (%g s)",
+                          cfg->config_file ? cfg->config_file : "", cfg->config_file ? ": " : "",
+                          KIQ__LIVENESS_BEATS, cfg->heartbeat_interval);
     /* A duration past ten years is a typo, and would overflow once turned
      * into milliseconds or a timespec. */
     const struct { const char *key; double v; } durations[] = {

@@ -7,6 +7,7 @@
  * sidekiq.yml loads as it is. A top-level key holding a mapping of settings
  * is an environment section, applied over the top level only when it names
  * the current environment. */
+#include "config/bounds.h"
 #include "config/yaml.h"
 #include "support/number.h"
 
@@ -168,16 +169,18 @@ static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *
     return rc;
 }
 
-/* A number of seconds; k->min 1 asks for > 0, 0 allows 0 too. */
+/* A number of seconds; k->min 1 asks for > 0, 0 allows 0 too (off, or
+ * chosen by kiq). A period with a floor (config/bounds.h) may not be
+ * shorter, 0 aside. */
 static int set_seconds(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
-    const char *want = k->min ? "must be a number greater than 0" : "must be a number >= 0";
-    char *s = NULL;
+    char want[96], *s = NULL;
     double d;
+    kiq__config_period_want(k->name, !k->min, want, sizeof(want));
     int rc = kiq_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
-    if (to_double(s, &d) < 0 || d < 0 || (k->min && d == 0))
+    if (to_double(s, &d) < 0 || !kiq__config_period_ok(k->name, !k->min, d))
         rc = kiq_yaml__fail(c, v, key, "%s", want);
     else
         *(double *)((char *)c->cfg + k->off) = d;

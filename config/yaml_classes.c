@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/bounds.h"
 #include "config/yaml.h"
 #include "kiq/limiter.h"
 #include "kiq/unique.h"
@@ -191,6 +192,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
     long n;
     int rc = 0;
     yaml_node_t *count_node = NULL, *interval_node = NULL, *cost_node = NULL;
+    const char *interval_key = "interval";
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
          p < v->data.mapping.pairs.top && rc == 0; p++) {
         const char *o = key_name(node(c, p->key));
@@ -210,6 +212,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
                 lo->cost = n;
         } else if (o && (!strcmp(o, "interval") || !strcmp(o, "lock_timeout"))) {
             interval_node = ov;
+            interval_key = o;
             rc = limit_seconds(c, sub, ov, !strcmp(o, "interval"), &lo->seconds);
         } else if (o && !strcmp(o, "wait_timeout")) {
             if (!(rc = class_count(c, sub, ov, 86400, &n)))
@@ -231,6 +234,11 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
         const char *what = t == KIQ_LIMIT_CONCURRENT ? "size" : "count";
         snprintf(sub, sizeof(sub), "%s.%s", key, what);
         rc = kiq_yaml__fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
+    }
+    if (!rc && t == KIQ_LIMIT_CONCURRENT && lo->seconds > 0 && lo->seconds < KIQ__MIN_LIMIT_LEASE) {
+        snprintf(sub, sizeof(sub), "%s.%s", key, interval_key);
+        rc = kiq_yaml__fail(c, interval_node, sub, "a concurrent slot's lease must be at least %g s",
+                            KIQ__MIN_LIMIT_LEASE);
     }
     if (!rc && t != KIQ_LIMIT_CONCURRENT && lo->seconds <= 0) {
         snprintf(sub, sizeof(sub), "%s.interval", key);

@@ -551,6 +551,31 @@ Test(cli, run_with_a_database_redis_does_not_have_exits_78)
     free(log);
 }
 
+/* A beat every microsecond floods Redis and a liveness key of ten
+ * microseconds lapses between refreshes: refused before the worker starts,
+ * not run (the old behaviour, which this bounds in time). */
+Test(cli, run_with_periods_below_their_floor_exits_78_naming_file_and_key)
+{
+    static const struct {
+        const char *yaml, *key;
+    } cases[] = {
+        { "heartbeat_interval: 0.000001\nliveness_ttl: 0.00001\n", "heartbeat_interval" },
+        { "liveness_ttl: 0.00001\n", "liveness_ttl" },
+        { "average_scheduled_poll_interval: 0.000001\n", "average_scheduled_poll_interval" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *conf = kt_write_file("floor.yml", cases[i].yaml);
+        char *log = NULL;
+        int st = run_until_exit(kt_url(), (const char *[]){ "-C", conf, NULL }, 10, &log, NULL);
+        cr_assert_eq(st, 78, "%s: exit %d: %s", cases[i].yaml, st, log);
+        char where[512];
+        snprintf(where, sizeof(where), "%s:1: %s: must be", conf, cases[i].key);
+        cr_assert(strstr(log, where) && one_line(log), "%s: %s", cases[i].yaml, log);
+        free(log);
+        free(conf);
+    }
+}
+
 Test(cli, run_with_a_malformed_url_exits_78)
 {
     const char *urls[] = { "redis://no such host/0", "redis//localhost", "redis://h:99999/0" };

@@ -365,8 +365,8 @@ Test(config, other_bad_values_are_errors)
         {"max_retries: -1\n", "max_retries: must be an integer >= 0"},
         {"dead_max_jobs: 0\n", "dead_max_jobs: must be an integer >= 1"},
         {"dead_timeout_in_seconds: 1.5\n", "dead_timeout_in_seconds: must be an integer >= 1"},
-        {"poll_interval_average: -2\n", "poll_interval_average: must be a number >= 0"},
-        {"heartbeat_interval: 0\n", "heartbeat_interval: must be a number greater than 0"},
+        {"poll_interval_average: -2\n", "poll_interval_average: must be 0 or a number >= 0.1"},
+        {"heartbeat_interval: 0\n", "heartbeat_interval: must be a number >= 0.5"},
         {"max_recoveries: 0\n", "max_recoveries: must be an integer >= 1"},
         {"verbose: maybe\n", "verbose: must be true or false"},
         {"fetch: super\n", "fetch: must be reliable or basic"},
@@ -599,6 +599,90 @@ Test(config, validate_rejects_out_of_range_values)
     cfg->recovery_interval = -1;
     cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
     cr_assert_str_eq(err, "recovery_interval: must be a number greater than 0");
+}
+
+/* A period far too short floods Redis (a beat every microsecond) or lets
+ * the process's own liveness key lapse between refreshes, so other
+ * processes take its jobs: refused where the file says it. */
+Test(config, periods_below_their_floor_are_refused)
+{
+    static const struct {
+        const char *yaml, *msg;
+    } cases[] = {
+        {"heartbeat_interval: 0.000001\nliveness_ttl: 0.00001\n",
+         "heartbeat_interval: must be a number >= 0.5"},
+        {"heartbeat_interval: 0.49\n", "heartbeat_interval: must be a number >= 0.5"},
+        {"liveness_ttl: 0.00001\n", "liveness_ttl: must be a number >= 2"},
+        {"liveness_ttl: 1.9\n", "liveness_ttl: must be a number >= 2"},
+        {"poll_interval_average: 0.001\n", "poll_interval_average: must be 0 or a number >= 0.1"},
+        {"average_scheduled_poll_interval: 0.01\n",
+         "average_scheduled_poll_interval: must be a number >= 0.1"},
+        {"classes:\n  J:\n    limit: {type: concurrent, size: 2, lock_timeout: 0.01}\n",
+         "classes.J.limit.lock_timeout: a concurrent slot's lease must be at least 1 s"},
+        {"classes:\n  J:\n    limit: {type: concurrent, size: 2, interval: 0.5}\n",
+         "classes.J.limit.interval: a concurrent slot's lease must be at least 1 s"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kiq_config_free(cfg);
+        cfg = kiq_config_new();
+        if (path) {
+            unlink(path);
+            free(path);
+            path = NULL;
+        }
+        cr_assert_eq(load(cases[i].yaml), KIQ_ECONFIG, "%s", cases[i].yaml);
+        int line = strncmp(cases[i].yaml, "classes", 7) == 0 ? 3 : 1;
+        assert_err(line, cases[i].msg);
+    }
+}
+
+Test(config, periods_at_their_floor_are_taken)
+{
+    cr_assert_eq(load("heartbeat_interval: 0.5\nliveness_ttl: 2\npoll_interval_average: 0.1\n"
+                      "average_scheduled_poll_interval: 0.1\n"
+                      "classes:\n"
+                      "  C: {limit: {type: concurrent, size: 2, lock_timeout: 1}}\n"
+                      "  W: {limit: {type: window, count: 5, interval: 0.5}}\n"),
+                 0, "%s", err);
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg->heartbeat_interval, 0.5);
+    cr_assert_eq(cfg->liveness_ttl, 2);
+    cr_assert_eq(kiq_config_class(cfg, "W")->limit.seconds, 0.5, "a window is not a lease");
+    kiq_config_free(cfg);
+    cfg = kiq_config_new();
+    unlink(path);
+    free(path);
+    path = NULL;
+    cr_assert_eq(load("poll_interval_average: 0\n"), 0, "0 still means scaled: %s", err);
+}
+
+/* Settings made in C meet the same floors; the check of one against the
+ * other names the file both came from. */
+Test(config, validate_applies_the_floors)
+{
+    cfg->heartbeat_interval = 0.000001;
+    cfg->liveness_ttl = 0.00001;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "heartbeat_interval: must be a number >= 0.5");
+    cfg->heartbeat_interval = 0.5;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "liveness_ttl: must be a number >= 2");
+    cfg->liveness_ttl = 2;
+    cfg->poll_interval_average = 0.05;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "poll_interval_average: must be 0 or a number >= 0.1");
+    cfg->poll_interval_average = 0;
+    cfg->average_scheduled_poll_interval = 0.05;
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_str_eq(err, "average_scheduled_poll_interval: must be a number >= 0.1");
+    cfg->average_scheduled_poll_interval = 5;
+    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+
+    cr_assert_eq(load("heartbeat_interval: 5\nliveness_ttl: 10\n"), 0, "%s", err);
+    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    char want[KIQ_ERRLEN * 2];
+    snprintf(want, sizeof(want), "%s: liveness_ttl: must be at least 3 times heartbeat_interval (5 s)", path);
+    cr_assert_str_eq(err, want);
 }
 
 Test(config, validate_rejects_bad_queue_lists)
