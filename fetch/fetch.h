@@ -67,6 +67,7 @@ typedef struct kiq_fetched {
     char *held_jid;
     unsigned long long seq; /* the order Redis ran the fetches in (Redis's
                                clock at the fetch script or the move) */
+    unsigned long long hash; /* the caller's, to count what it holds by */
 } kiq_fetched_t;
 
 void kiq__fetched_clear(kiq_fetched_t *job);
@@ -199,12 +200,16 @@ int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveri
  * least min_age seconds apart goes back to the fetched end of its queue
  * (not counted as a recovery: it never ran).
  *
- * held(payload, len, udata) says whether a processor holds that job; it is
- * called from the caller's thread. st carries suspects between passes: one
+ * held(payload, len, since, udata) says whether this process holds that
+ * job: 1 it does, 0 it does not, 2 it cannot tell yet (a fetch whose reply
+ * is not read may have moved it: the job stays a suspect, not judged this
+ * pass). since is kiq__mono() before the list was read at the pass that
+ * first saw it unheld, or -1 for a job not seen before. It is called from
+ * the caller's thread. st carries suspects between passes: one
  * per process, from kiq__strays_new (NULL when out of memory), freed with
  * kiq__strays_free (NULL is fine). Not thread-safe. Returns 0 with
  * *reclaimed set, or KIQ_EREDIS / KIQ_EREPLY / KIQ_ENOMEM with err filled. */
-typedef int (*kiq_fetch_held_fn)(const char *payload, size_t len, void *udata);
+typedef int (*kiq_fetch_held_fn)(const char *payload, size_t len, double since, void *udata);
 typedef struct kiq_strays kiq_strays_t;
 
 kiq_strays_t *kiq__strays_new(void);

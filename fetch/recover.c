@@ -494,6 +494,7 @@ int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, d
     char wkey[512];
     kiq__fetch_working_key(identity, wkey, sizeof(wkey));
     *reclaimed = 0;
+    double asked = kiq__mono();
     redisReply *list = kiq_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
     kiq_strays_t next = {0};
     int rc = 0;
@@ -515,13 +516,14 @@ int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, d
      * so is fetched first. */
     for (size_t i = 0; i < list->elements && rc == 0; i++) {
         const redisReply *e = list->element[i];
-        if (e->type != REDIS_REPLY_STRING || held(e->str, e->len, udata))
+        if (e->type != REDIS_REPLY_STRING)
             continue;
-        /* A processor registers the job it fetched a moment after the
-         * fetch, and this pass may fall in between: only a job unheld at
-         * every pass for min_age is a stray. */
+        /* Only a job unheld at every pass for min_age is a stray. */
         double since = suspect_since(st, e->str, e->len);
-        if (since >= 0 && now - since >= min_age) {
+        int h = held(e->str, e->len, since, udata);
+        if (h == 1)
+            continue;
+        if (h == 0 && since >= 0 && now - since >= min_age) {
             int bad = 0, moved = give_back(r, wkey, e->str, e->len, &bad);
             if (moved >= 0) {
                 *reclaimed += moved;
@@ -541,7 +543,7 @@ int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, d
         }
         memcpy(next.payload[next.n], e->str, e->len);
         next.len[next.n] = e->len;
-        next.since[next.n++] = since >= 0 ? since : now;
+        next.since[next.n++] = since >= 0 ? since : asked;
     }
     if (rc == 0) {
         strays_clear(st);

@@ -33,9 +33,17 @@ typedef struct pending {
     kiq_ack_item_t *items;
     kiq_fetched_t *got;    /* room for want jobs */
     size_t nacks, want;
+    double sent;           /* kiq__mono() before its fetch was sent */
     int claimed;           /* a thread is sending or reading it */
     struct pending *next;
 } pending_t;
+
+/* One payload this process holds, by its hash and length (see hold). */
+typedef struct held {
+    unsigned long long hash;
+    size_t len;
+    size_t count; /* 0: an empty place */
+} held_t;
 
 struct kiq_feed {
     pthread_mutex_t mu;
@@ -69,8 +77,10 @@ struct kiq_feed {
     int inside;            /* threads past the gate in kiq_feed_next: holding
                               a job, or fetching, until they look again */
     int solo;              /* a suspect runs alone: the gate is shut */
-    kiq_fetched_t suspect; /* the suspect waiting for the others (its
-                              thread owns the payload) */
+    held_t *held;          /* the jobs this process holds (see hold) */
+    size_t held_cap, held_n;
+    int held_lost;         /* no memory to count one: hold every job */
+    double gave_back_at;   /* kiq__mono() of the last give-back */
 };
 
 /* When this thread took its last job (kiq__mono()), 0 when it holds none;
@@ -122,10 +132,160 @@ void kiq_feed_free(kiq_feed_t *feed)
     }
     free(feed->acks);
     free(feed->jobs);
+    free(feed->held);
     pthread_cond_destroy(&feed->came);
     pthread_mutex_destroy(&feed->give_mu);
     pthread_mutex_destroy(&feed->mu);
     free(feed);
+}
+
+/* ---- What this process holds -------------------------------------------
+ *
+ * A job is this process's from the reply that fetched it until its ack is
+ * written or it is given back, wherever it is meanwhile: in the feed, taken
+ * by a processor, running, taken ahead, waiting to run alone, finished with
+ * its ack waiting or on its way. The check for strays in the working list
+ * (kiq_feed_holds) must see it in every one of those states; looking in
+ * each place would miss a job on its way between two, and some of those
+ * ways last a round trip or a reconnect. So the feed counts the jobs it let
+ * in and has not let go, by their payloads' hash and length, in a small
+ * open-addressed table. Only the jobs of a fetch whose reply is not read
+ * yet are unknown to it: kiq_feed_holds waits for those fetches. */
+
+/* Eight bytes a step, a multiply and a shift each: every fetched job pays
+ * for it once. Two payloads that collide only keep a stray waiting for the
+ * recovery after this process exits. */
+unsigned long long kiq_feed_hash(const char *payload, size_t len)
+{
+    unsigned long long h = 0x9e3779b97f4a7c15ULL ^ len, w;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&w, payload + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+    }
+    w = 0;
+    memcpy(&w, payload + i, len - i);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 29);
+}
+
+/* Under feed->mu: the place of (hash, len), or of the empty place where it
+ * would go. feed->held_cap is a power of two and never full. */
+static size_t held_place(const kiq_feed_t *feed, unsigned long long hash, size_t len)
+{
+    size_t mask = feed->held_cap - 1, i = (size_t)hash & mask;
+    while (feed->held[i].count && !(feed->held[i].hash == hash && feed->held[i].len == len))
+        i = (i + 1) & mask;
+    return i;
+}
+
+/* Under feed->mu: makes room for one more entry. Returns 0, or -1 without
+ * memory. */
+static int held_grow(kiq_feed_t *feed)
+{
+    if ((feed->held_n + 1) * 2 <= feed->held_cap)
+        return 0;
+    size_t cap = feed->held_cap ? feed->held_cap * 2 : 256;
+    held_t *old = feed->held, *t = calloc(cap, sizeof(*t));
+    if (!t)
+        return -1;
+    size_t ocap = feed->held_cap;
+    feed->held = t;
+    feed->held_cap = cap;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].count)
+            t[held_place(feed, old[i].hash, old[i].len)] = old[i];
+    free(old);
+    return 0;
+}
+
+/* Under feed->mu: the jobs got[0..n) are this process's now. Without the
+ * memory to count one, every job counts as held from then on: a stray then
+ * waits for the recovery after this process exits, never runs twice. */
+static void hold(kiq_feed_t *feed, const kiq_fetched_t *got, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (held_grow(feed)) {
+            feed->held_lost = 1;
+            return;
+        }
+        size_t i = held_place(feed, got[k].hash, got[k].len);
+        if (!feed->held[i].count++) {
+            feed->held[i].hash = got[k].hash;
+            feed->held[i].len = got[k].len;
+            feed->held_n++;
+        }
+    }
+}
+
+/* Under feed->mu: one job of (hash, len) is no longer this process's. The
+ * entries after an emptied place move back, so no search stops short. */
+static void let_go(kiq_feed_t *feed, unsigned long long hash, size_t len)
+{
+    if (!feed->held_cap)
+        return;
+    size_t mask = feed->held_cap - 1, i = held_place(feed, hash, len);
+    if (!feed->held[i].count || --feed->held[i].count)
+        return;
+    feed->held_n--;
+    for (size_t j = (i + 1) & mask; feed->held[j].count; j = (j + 1) & mask) {
+        size_t home = (size_t)feed->held[j].hash & mask;
+        /* j's entry may fill the hole at i unless its home lies in (i, j]. */
+        if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
+            feed->held[i] = feed->held[j];
+            feed->held[j].count = 0;
+            i = j;
+        }
+    }
+}
+
+void kiq_feed_let_go(kiq_runtime_t *rt, unsigned long long hash, size_t len)
+{
+    if (!rt->feed)
+        return;
+    pthread_mutex_lock(&rt->feed->mu);
+    let_go(rt->feed, hash, len);
+    pthread_mutex_unlock(&rt->feed->mu);
+}
+
+/* Under feed->mu: whether a fetch sent at or before t (kiq__mono()), or
+ * any when t is negative, has a reply no thread has read yet. */
+static int unread_since(kiq_runtime_t *rt, double t)
+{
+    for (int i = 0; i < rt->nslots; i++) {
+        const kiq_slot_t *s = &rt->slots[i];
+        double a = s->fetch_sent, b = s->pend && s->pend->want ? s->pend->sent : 0;
+        if ((a > 0 && (t < 0 || a <= t)) || (b > 0 && (t < 0 || b <= t)))
+            return 1;
+    }
+    return 0;
+}
+
+/* The hashes of jobs[0..n), computed out of the feed's lock. */
+static void hash_all(kiq_fetched_t *jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        jobs[i].hash = kiq_feed_hash(jobs[i].payload, jobs[i].len);
+}
+
+int kiq_feed_holds(kiq_runtime_t *rt, const char *payload, size_t len, double since)
+{
+    kiq_feed_t *feed = rt->feed;
+    unsigned long long hash = kiq_feed_hash(payload, len);
+    pthread_mutex_lock(&feed->mu);
+    int held = feed->held_lost
+               || (feed->held_cap && feed->held[held_place(feed, hash, len)].count);
+    /* Since the job was first seen, this process gave jobs back and a fetch
+     * is on its way: the same payload may have gone back to its queue and
+     * be fetched again. It counts as held, and is seen anew next pass. */
+    held = held || (since >= 0 && feed->gave_back_at >= since && unread_since(rt, -1));
+    /* A fetch sent before the list was read may have moved it, its reply
+     * not read yet: not known until that reply is read. */
+    if (!held && since >= 0 && unread_since(rt, since))
+        held = 2;
+    pthread_mutex_unlock(&feed->mu);
+    return held;
 }
 
 /* ---- Finished jobs ---------------------------------------------------- */
@@ -235,7 +395,7 @@ static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d, double now)
  * (the stray check or the recovery gives it back): a failover may cost
  * acks, never jobs. Frees those of acks[0..n) and returns how many are
  * left, in order. */
-static size_t drop_stale(kiq_done_t **acks, size_t n, const kiq_redis_t *r)
+static size_t drop_stale(kiq_feed_t *feed, kiq_done_t **acks, size_t n, const kiq_redis_t *r)
 {
     static atomic_int warned_era = -1;
     int era = kiq_redis_era(r);
@@ -244,7 +404,11 @@ static size_t drop_stale(kiq_done_t **acks, size_t n, const kiq_redis_t *r)
         if (acks[i]->era == era) {
             acks[k++] = acks[i];
         } else {
-            kiq_done_free(acks[i]);
+            kiq_done_t *d = acks[i];
+            pthread_mutex_lock(&feed->mu);
+            let_go(feed, d->hash, d->job.len); /* a stray now: given back */
+            pthread_mutex_unlock(&feed->mu);
+            kiq_done_free(d);
             dropped++;
         }
     }
@@ -257,9 +421,12 @@ static size_t drop_stale(kiq_done_t **acks, size_t n, const kiq_redis_t *r)
 /* Writes d's ack at once and frees d. */
 static void ack_now(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
 {
-    if (!drop_stale(&d, 1, r))
+    if (!drop_stale(s->rt->feed, &d, 1, r))
         return; /* freed: it runs again */
-    if (kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) == 0)
+    int rc = kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack);
+    /* Written, or left in the working list for the stray check. */
+    kiq_feed_let_go(s->rt, d->hash, d->job.len);
+    if (rc == 0)
         kiq_done_acked(s->rt, d, r);
     kiq_done_free(d);
 }
@@ -305,6 +472,12 @@ static size_t settle(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks,
                      const kiq_ack_item_t *items, size_t nacks)
 {
     size_t failed = 0;
+    kiq_feed_t *feed = s->rt->feed;
+    pthread_mutex_lock(&feed->mu);
+    for (size_t i = 0; i < nacks; i++)
+        if (items[i].rc == 0)
+            let_go(feed, acks[i]->hash, acks[i]->job.len);
+    pthread_mutex_unlock(&feed->mu);
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             kiq_done_acked(s->rt, acks[i], r);
@@ -326,7 +499,7 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
                           kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *got,
                           size_t max, int block, size_t *unwritten)
 {
-    nacks = drop_stale(acks, nacks, r);
+    nacks = drop_stale(s->rt->feed, acks, nacks, r);
     /* A few on the stack; many (up to every ack waiting) on the heap, so
      * that no thread's stack grows by them. */
     kiq_ack_item_t few[8];
@@ -411,6 +584,8 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
                        || kiq_rt_connect(rt, r, &rt->housekeeper_stop))) {
             pthread_mutex_lock(&feed->mu);
             acks = take_acks(feed, &n);
+            for (size_t i = 0; i < n; i++)
+                let_go(feed, acks[i]->hash, acks[i]->job.len);
             pthread_mutex_unlock(&feed->mu);
             for (size_t i = 0; i < n; i++)
                 kiq_done_free(acks[i]);
@@ -575,6 +750,7 @@ static size_t take_back_ahead(kiq_runtime_t *rt, kiq_feed_t *feed, kiq_prelock_t
             }
             memcpy(j.payload, a->payload, j.len);
             j.payload[j.len] = '\0';
+            j.hash = kiq_feed_hash(j.payload, j.len); /* counted once, as this copy */
             *p = *a->pre;
             memset(a->pre, 0, sizeof(*a->pre)); /* ours now */
             (*held)[nheld++] = p;
@@ -601,6 +777,15 @@ static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq
     for (size_t i = 0; i < n; i++) {
         raws[i] = jobs[i].payload;
         lens[i] = jobs[i].len;
+    }
+    /* Gone from the working list, or left there for the stray check; and
+     * the same payload may now be fetched again (see kiq_feed_holds). */
+    if (rt->feed) {
+        pthread_mutex_lock(&rt->feed->mu);
+        for (size_t i = 0; i < n; i++)
+            let_go(rt->feed, jobs[i].hash, jobs[i].len);
+        rt->feed->gave_back_at = kiq__mono();
+        pthread_mutex_unlock(&rt->feed->mu);
     }
     const char *queue = jobs[0].queue;
     int back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
@@ -726,7 +911,6 @@ int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     int mine = !feed->solo;
     if (mine) {
         feed->solo = 1;
-        feed->suspect = *job; /* kiq_feed_holds sees it while it waits */
         while (feed->inside > 1 && !atomic_load(&rt->quiet))
             feed_wait(feed);
     }
@@ -736,11 +920,11 @@ int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
         flush_acks(s, r);
         kiq_feed_give_back(rt, s->fetch, r, 1);
     }
-    pthread_mutex_lock(&feed->mu);
-    memset(&feed->suspect, 0, sizeof(feed->suspect)); /* *job still owns it */
-    if (mine && quiet)
+    if (mine && quiet) {
+        pthread_mutex_lock(&feed->mu);
         feed->solo = 0;
-    pthread_mutex_unlock(&feed->mu);
+        pthread_mutex_unlock(&feed->mu);
+    }
     if (mine && !quiet)
         return 1;
     kiq_give_back(s->fetch, rt, r, job, 1);
@@ -867,11 +1051,17 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     kiq_done_t **acks = take_acks(feed, &nacks);
     feed->sweeping++;
     feed->asked += want;
+    double began = kiq__mono();
+    s->fetch_sent = began;
     pthread_mutex_unlock(&feed->mu);
 
-    double began = kiq__mono();
     int rc = exchange(s, r, acks, nacks, got, want, 0, NULL);
+    if (rc > 0)
+        hash_all(got, (size_t)rc);
     pthread_mutex_lock(&feed->mu);
+    if (rc > 0)
+        hold(feed, got, (size_t)rc);
+    s->fetch_sent = 0;
     feed->sweeping--;
     feed->asked -= want;
     note_sweep(feed, began, want, rc);
@@ -905,16 +1095,24 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
         return 1;
     if (rc < 0)
         return rc;
-    /* Every queue was empty: wait on them (see kiq__fetch_exchange). */
+    /* Every queue was empty: wait on them (see kiq__fetch_exchange). A
+     * suspect waits for this too (it is inside the gate): a job it moves
+     * into the working list would share the suspect's fate in a crash. */
+    pthread_mutex_lock(&feed->mu);
+    s->fetch_sent = kiq__mono();
+    pthread_mutex_unlock(&feed->mu);
     rc = exchange(s, r, acks, nacks, job, 1, 1, NULL);
-    if (rc == 1) {
-        pthread_mutex_lock(&feed->mu);
-        if (atomic_load(&rt->quiet)) {
-            feed_push(feed, job); /* given back by this thread's leave */
-            rc = 0;
-        }
-        pthread_mutex_unlock(&feed->mu);
+    if (rc == 1)
+        hash_all(job, 1);
+    pthread_mutex_lock(&feed->mu);
+    s->fetch_sent = 0;
+    if (rc == 1)
+        hold(feed, job, 1);
+    if (rc == 1 && atomic_load(&rt->quiet)) {
+        feed_push(feed, job); /* given back by this thread's leave */
+        rc = 0;
     }
+    pthread_mutex_unlock(&feed->mu);
     return rc;
 }
 
@@ -954,8 +1152,12 @@ static void complete(kiq_feed_t *feed, pending_t *p)
     kiq_fetched_t *got = p->got;
     pthread_mutex_unlock(&feed->mu);
     int rc = p->x ? kiq__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : KIQ_EREDIS;
+    if (rc > 0)
+        hash_all(got, (size_t)rc);
     settle(o, o->aux, p->acks, p->items, p->nacks);
     pthread_mutex_lock(&feed->mu);
+    if (rc > 0)
+        hold(feed, got, (size_t)rc);
     if (p->want) {
         feed->sweeping--;
         feed->asked -= p->want;
@@ -984,6 +1186,7 @@ static void defer(kiq_slot_t *s, size_t want)
     }
     p->owner = s;
     p->want = want;
+    p->sent = kiq__mono();
     p->claimed = 1;
     if ((feed->nacks && !(p->items = calloc(feed->nacks, sizeof(*p->items))))
         || (want && !(p->got = calloc(want, sizeof(*p->got))))) {
@@ -998,7 +1201,7 @@ static void defer(kiq_slot_t *s, size_t want)
     s->pend = p;
     pthread_mutex_unlock(&feed->mu);
 
-    p->nacks = drop_stale(p->acks, p->nacks, s->aux);
+    p->nacks = drop_stale(feed, p->acks, p->nacks, s->aux);
     ack_items(p->acks, p->nacks, p->items);
     int rc;
     p->x = kiq__fetch_send(s->fetch, s->aux, p->items, p->nacks, want, &rc);
@@ -1193,24 +1396,4 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
     pthread_mutex_unlock(&feed->mu);
     flush_acks(s, r);
     kiq_feed_give_back(s->rt, s->fetch, r, 1);
-}
-
-static int same(const char *a, size_t alen, const char *b, size_t blen)
-{
-    return a && alen == blen && memcmp(a, b, blen) == 0;
-}
-
-int kiq_feed_holds(kiq_feed_t *feed, const char *payload, size_t len)
-{
-    int held = 0;
-    pthread_mutex_lock(&feed->mu);
-    for (size_t i = 0; i < feed->n && !held; i++) {
-        const kiq_fetched_t *j = &feed->jobs[(feed->head + i) % feed->cap];
-        held = same(j->payload, j->len, payload, len);
-    }
-    held = held || same(feed->suspect.payload, feed->suspect.len, payload, len);
-    for (size_t i = 0; i < feed->nacks && !held; i++)
-        held = same(feed->acks[i]->job.payload, feed->acks[i]->job.len, payload, len);
-    pthread_mutex_unlock(&feed->mu);
-    return held;
 }

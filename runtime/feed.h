@@ -19,6 +19,7 @@ typedef struct kiq_done {
     int prompt;      /* the ack releases a runtime lock: it is written before
                         this thread (or any) runs a handler or waits */
     int era;         /* kiq_redis_era of the connection the job ran on */
+    unsigned long long hash; /* the fetched payload's (kiq_feed_hash) */
 } kiq_done_t;
 
 /* Clears d and frees it (NULL is fine). */
@@ -88,12 +89,23 @@ void kiq_feed_run_end(kiq_slot_t *s);
  * Returns how many it gave back. */
 int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect);
 /* Reads every round trip deferred by a processor whose job still runs, so
- * that its fetched jobs and acks are in the feed (kiq_feed_holds sees
- * them) before this process checks its own working list. */
+ * that the jobs they fetched are counted (kiq_feed_holds) before this
+ * process checks its own working list. */
 void kiq_feed_read_deferred(struct kiq_runtime *rt);
-/* Whether this exact payload waits in the feed: to start, to be the
- * suspect, or for its ack. */
-int kiq_feed_holds(kiq_feed_t *feed, const char *payload, size_t len);
+/* Whether this process holds a job with this exact payload, fetched and
+ * not yet acked or given back (in the feed, taken, running, finished): 1
+ * it does, 0 it does not, 2 it cannot tell yet (a fetch whose reply is not
+ * read may have moved it). since is kiq__mono() when the working list was
+ * read at the pass that first saw the job unheld, -1 at first sight: a
+ * fetch sent after that cannot have moved it (unless this process gave
+ * jobs back since, and so may fetch the same payload again). */
+int kiq_feed_holds(struct kiq_runtime *rt, const char *payload, size_t len, double since);
+/* The hash the feed counts a payload by. */
+unsigned long long kiq_feed_hash(const char *payload, size_t len);
+/* A job the feed counted (by its hash and length) is no longer this
+ * process's: it is done, or left in the working list for the stray check
+ * (no-op without the reliable fetch). */
+void kiq_feed_let_go(struct kiq_runtime *rt, unsigned long long hash, size_t len);
 
 /* Gives a fetched job that did not start back to its queue (and frees
  * *job). When connect is set a broken connection is reconnected and the

@@ -114,10 +114,24 @@ static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
     kiq_reap_result_clear(&res);
 }
 
-/* kiq_fetch_held_fn over the processors. */
-static int slot_holds(const char *payload, size_t len, void *ud)
+/* kiq_fetch_held_fn over what the feed counts. */
+static int feed_holds(const char *payload, size_t len, double since, void *ud)
 {
-    return kiq_processor_holds(ud, payload, len);
+    return kiq_feed_holds(ud, payload, len, since);
+}
+
+/* Acks that found their job gone: this process was cut off or frozen long
+ * enough for another to take its jobs. Said once a pass, with the count,
+ * so a partitioned worker's own log shows it. */
+static void late_acks(void)
+{
+    static long said;
+    long n = kiq__metrics_get(kiq__metrics_default(), KIQ_METRIC_LATE_ACKS);
+    if (n > said)
+        kiq_warn("%ld finished jobs were no longer in this process's working list when acked: "
+                 "another process recovered them while this one was cut off from Redis or "
+                 "frozen (or a hard stop gave them back); they may run again there", n - said);
+    said = n;
 }
 
 /* Recovery never touches a live process's list, so a job stranded in our
@@ -129,7 +143,7 @@ static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
     if (rt->feed)
         kiq_feed_read_deferred(rt);
-    if (kiq__fetch_reclaim(r, rt->identity, st, min_age, slot_holds, rt, &n, err))
+    if (kiq__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt, &n, err))
         kiq_warn("working list check: %s", err);
     else if (n)
         kiq_warn("gave back %ld jobs that sat in this process's working list with no processor "
@@ -174,6 +188,7 @@ void *kiq_housekeeper_main(void *arg)
             continue;
         if (strays)
             reclaim_pass(rt, r, strays);
+        late_acks();
         if (kiq__mono() >= next_recovery) {
             next_recovery = kiq__mono() + rt->cfg->recovery_interval;
             recovery_pass(rt, r);

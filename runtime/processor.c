@@ -124,10 +124,10 @@ typedef struct run_job {
 } run_job_t;
 
 /* Parses the fetched job into job (or takes rj's parse) and marks the slot
- * busy. Returns 0 when it may run; otherwise it has been dealt with (an
- * invalid payload went to the dead set, or it must not start: see
- * kiq_processor_connected, and slot_set for a job taken ahead) and the
- * slot is free again. */
+ * busy. Returns 0 when it may run; otherwise the slot is free again and
+ * the job was dealt with: 1 when an invalid payload went to the dead set
+ * or it must not start (see kiq_processor_connected), 2 when the give-back
+ * at a hard stop took a copy of a job taken ahead (see slot_set). */
 static int take_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_job_t *job,
                     const run_job_t *rj)
 {
@@ -142,7 +142,7 @@ static int take_job(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_job_t
     got->payload = NULL; /* the job owns it now */
     if (slot_set(s, job, rj && rj->ahead)) {
         kiq_job_clear(job);
-        return 1;
+        return 2;
     }
     if (rc)
         fail_invalid(s, r, got->queue, job->payload, job->len, err);
@@ -183,9 +183,14 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
     kiq_runtime_t *rt = s->rt;
     kiq_job_t *job = &d->job;
     kiq_prelock_t *pre = rj ? rj->pre : NULL;
-    if (take_job(s, r, got, job, rj)) {
+    d->hash = got->hash;
+    size_t len = got->len;
+    int taken = take_job(s, r, got, job, rj);
+    if (taken) {
         if (pre)
             kiq_unique_prelock_drop(r, pre);
+        if (taken == 1) /* a copy the give-back took is let go as that copy */
+            kiq_feed_let_go(rt, d->hash, len);
         return;
     }
     d->era = kiq_redis_era(r);
@@ -196,6 +201,7 @@ static void run_one(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *got, kiq_done_
     if (pre)
         kiq_unique_prelock_drop(r, pre); /* a lock the job did not use */
     if (d->mw.disp == KIQ_DISPOSE_KEEP) {
+        kiq_feed_let_go(rt, d->hash, job->len); /* for the stray check */
         slot_clear(s);
         kiq_done_clear(d);
         return;
@@ -237,6 +243,7 @@ static kiq_done_t *run_fetched(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job
         } else {
             if (rj)
                 kiq_unique_prelock_drop(r, rj->pre);
+            kiq_feed_let_go(s->rt, job->hash, job->len); /* for the stray check */
             kiq__fetched_clear(job);
         }
         return NULL;
@@ -404,18 +411,4 @@ int kiq_processor_requeue_busy(kiq_runtime_t *rt, kiq_redis_t *r)
     if (rt->feed && rt->nslots)
         n += kiq_feed_give_back(rt, rt->slots[0].fetch, r, 0);
     return n;
-}
-
-int kiq_processor_holds(kiq_runtime_t *rt, const char *payload, size_t len)
-{
-    int held = 0;
-    for (int i = 0; i < rt->nslots && !held; i++) {
-        kiq_slot_t *s = &rt->slots[i];
-        pthread_mutex_lock(&s->mu);
-        held = s->busy && !s->abandoned && s->len == len && memcmp(s->payload, payload, len) == 0;
-        for (size_t k = 0; k < s->nahead && !held; k++)
-            held = s->ahead[k].len == len && memcmp(s->ahead[k].payload, payload, len) == 0;
-        pthread_mutex_unlock(&s->mu);
-    }
-    return held || (rt->feed && kiq_feed_holds(rt->feed, payload, len));
 }

@@ -54,8 +54,8 @@ typedef struct kiq_slot {
     kiq_fetch_t *fetch;
     /* Jobs the processor took from the feed to run after its current one,
      * in order (a run of short jobs whose runtime locks went in one round
-     * trip: see processor.c): views of payloads it owns, for
-     * kiq_processor_holds and for the give-back at a hard stop, which
+     * trip: see processor.c): views of payloads it owns, for the
+     * give-back at a hard stop, which
      * copies them into the feed, takes their locks over and empties the
      * list (the processor then starts none of them). Under mu (and the
      * feed's lock too where the feed changes with it). */
@@ -77,6 +77,10 @@ typedef struct kiq_slot {
      * way, under the feed's lock. Owned by the processor thread. */
     struct kiq_redis *aux;
     struct pending *pend;
+    /* kiq__mono() when the fetch this processor waits for was sent, 0 when
+     * none is on its way: its jobs are in the working list before the
+     * feed counts them (see kiq_feed_holds). Under the feed's lock. */
+    double fetch_sent;
 } kiq_slot_t;
 
 struct kiq_runtime {
@@ -136,9 +140,6 @@ void *kiq_processor_main(void *slot);
 /* Puts back every job still running (marking its slot abandoned), using r.
  * Returns the number requeued. */
 int kiq_processor_requeue_busy(struct kiq_runtime *rt, kiq_redis_t *r);
-/* Whether this exact payload is running, fetched and waiting to start, or
- * finished and waiting for its ack (not a stray). */
-int kiq_processor_holds(struct kiq_runtime *rt, const char *payload, size_t len);
 /* Reconnects r when it broke, so that a handler always gets a connected
  * context. Returns 0 when slot s's job may start, nonzero when it must not
  * (the process exits, or shutdown gave the job back). */

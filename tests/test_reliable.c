@@ -1248,6 +1248,145 @@ Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
     free(y);
 }
 
+/* Starts of jid in pid's log once its jobs are done: waits for at least one
+ * "done" line, then for the queue and pid's working list to empty. */
+static int started_once_done(redisContext *c, pid_t pid, const char *w, const char *jid)
+{
+    char *j = jid_eq(jid);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") >= 1, 20), "%s never ran: %s",
+              jid, kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0
+                            && kt_int_on(c, "LLEN %s", w) == 0, 20), "%s", kt_kiq_log(pid));
+    int n = log_lines_with(pid, j, "INFO: start");
+    free(j);
+    return n;
+}
+
+/* Recovered jobs carry recovery_count, so each runs alone. They reach a
+ * process whose other processors are busy with long jobs: one processor
+ * takes a suspect and waits for the long jobs to end, the other free ones
+ * give theirs back. The waiting suspect is this process's own, however long
+ * it waits, so the check for strays in the working list must not give it
+ * back too: every recovered job starts exactly once. Twenty rounds. */
+Test(reliable, recovered_jobs_waiting_to_run_alone_start_once_each)
+{
+    enum { ROUNDS = 20 };
+    redisContext *c = kt_redis();
+    char *y = kt_write_file("alone.yml", FAST_YAML);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", NULL });
+    char *id = kt_log_identity(pid), *w = kt_working_key(id);
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        char lj[2][25], sj[4][25];
+        for (unsigned i = 0; i < 2; i++) {
+            kt_make_jid(lj[i], 60 + round, i);
+            push_one(c, "SleepJob", "[1600]", lj[i]);
+        }
+        for (unsigned i = 0; i < 2; i++) {
+            char *j = jid_eq(lj[i]);
+            cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s",
+                      kt_kiq_log(pid));
+            free(j);
+        }
+        char *p[4];
+        for (unsigned i = 0; i < 4; i++) {
+            kt_make_jid(sj[i], 60 + round, 2 + i);
+            p[i] = recovered_payload("SleepJob", "[20]", sj[i]);
+        }
+        kt_push_all(c, "default", p, 4);
+        for (unsigned i = 0; i < 4; i++) {
+            cr_assert_eq(started_once_done(c, pid, w, sj[i]), 1,
+                         "round %u: recovered job %s started more than once:\n%s", round, sj[i],
+                         kt_kiq_log(pid));
+            free(p[i]);
+        }
+        for (unsigned i = 0; i < 2; i++)
+            cr_assert_eq(started_once_done(c, pid, w, lj[i]), 1, "%s", kt_kiq_log(pid));
+    }
+    cr_assert(!kt_log_has(pid, "gave back"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    free(id);
+    free(w);
+    free(y);
+}
+
+/* The scenario as it happens: a process is killed running four jobs, and a
+ * live process whose processors are busy with long jobs recovers them.
+ * Each of the four starts once there (twice in all: the killed run and one
+ * recovery), never more. */
+Test(reliable, jobs_of_a_killed_process_start_once_more_on_a_busy_one)
+{
+    redisContext *c = kt_redis();
+    char *y = kt_write_file("busy.yml", FAST_YAML);
+    const char *args[] = { "-C", y, "-c", "4", NULL };
+    pid_t a = kt_kiq_start(args);
+    char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
+    char kj[4][25], lj[3][25];
+    for (unsigned i = 0; i < 4; i++) {
+        kt_make_jid(kj[i], 90, i);
+        push_one(c, "SleepJob", "[3000]", kj[i]);
+    }
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(a, "SleepJob", "INFO: start") == 4, 10), "%s",
+              kt_kiq_log(a));
+    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "6", NULL });
+    char *idb = kt_log_identity(b), *wb = kt_working_key(idb);
+    /* Three long jobs keep three of b's six processors busy past the
+     * recovery; the other three take the recovered jobs. */
+    for (unsigned i = 0; i < 3; i++) {
+        kt_make_jid(lj[i], 91, i);
+        push_one(c, "SleepJob", "[6000]", lj[i]);
+    }
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(b, "SleepJob", "INFO: start") == 3, 10), "%s",
+              kt_kiq_log(b));
+    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
+    cr_assert(KT_WAIT_UNTIL(!kt_int("EXISTS %s", wa), 15), "not recovered: %s", kt_kiq_log(b));
+    for (unsigned i = 0; i < 4; i++)
+        cr_assert_eq(started_once_done(c, b, wb, kj[i]), 1, "%s started more than once more:\n%s",
+                     kj[i], kt_kiq_log(b));
+    cr_assert(!kt_log_has(b, "gave back"), "%s", kt_kiq_log(b));
+    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+    free(ida);
+    free(wa);
+    free(idb);
+    free(wb);
+    free(y);
+}
+
+/* A worker cut off from Redis long enough for another process to recover
+ * its list learns it when its acks find the jobs gone, and says so in its
+ * own log, with the count. The recovery here is the library's own, run on
+ * the list of a worker whose only processor is busy. */
+Test(reliable, worker_whose_jobs_were_recovered_says_so_when_it_acks)
+{
+    redisContext *c = kt_redis();
+    char *y = kt_write_file("late.yml", FAST_YAML);
+    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    char *id = kt_log_identity(pid);
+    char jid[25];
+    kt_make_jid(jid, 95, 0);
+    push_one(c, "SleepJob", "[1000]", jid);
+    char *j = jid_eq(jid);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s", kt_kiq_log(pid));
+    kiq_redis_t *r = kt_lib_redis();
+    kiq_recovery_t rec = {0};
+    char err[KIQ_ERRLEN], lkey[512];
+    /* As if its liveness key had lapsed while it was cut off. */
+    kiq__fetch_liveness_key(id, lkey, sizeof(lkey));
+    freeReplyObject(kt_cmd("DEL %s", lkey));
+    cr_assert_eq(kiq_fetch_recover_one(r, id, 3, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(rec.recovered, 1);
+    /* The worker finishes its run, finds the job gone, says so, then runs
+     * the recovered copy (the one duplicate a recovery of a live worker
+     * costs). */
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "1 finished jobs were no longer in this process's "
+                                            "working list"), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") == 2, 10), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    kiq_redis_free(r);
+    free(j);
+    free(id);
+    free(y);
+}
+
 /* A suspect waiting for its turn when the process goes quiet goes back to
  * its queue; when that key holds another type than a list by then, the
  * error reply is said once and the job stays in the working list (no
