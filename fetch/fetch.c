@@ -404,8 +404,10 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
 
 /* Reads one ack's reply: 0, KIQ_EREPLY (an error reply) or KIQ_EREDIS (the
  * connection broke). ack (may be NULL) is the ack the reply is for: a job
- * whose bid names no batch ran as a plain job, which is worth a warning. */
-static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack)
+ * whose bid names no batch ran as a plain job, which is worth a warning.
+ * jobs: how many jobs the call acked, each expected in the working list
+ * (0 with the basic fetch); those it no longer found are counted. */
+static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack, long jobs)
 {
     redisReply *rep = kiq_redis_get_reply(r);
     if (!rep)
@@ -413,8 +415,14 @@ static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack)
     int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
     /* acks.lua answers {removed, flags, a bid naming no batch or ""}. */
     int many = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3
+               && rep->element[0]->type == REDIS_REPLY_INTEGER
                && rep->element[1]->type == REDIS_REPLY_INTEGER
                && rep->element[2]->type == REDIS_REPLY_STRING;
+    /* ack.lua answers 0 when the job was gone, with or without a batch. */
+    long found = many ? (long)rep->element[0]->integer
+               : rep->type == REDIS_REPLY_INTEGER ? (rep->integer > 0) : jobs;
+    if (jobs > found)
+        kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_LATE_ACKS, jobs - found);
     long long flags = many ? rep->element[1]->integer
                     : ack && ack->bid && rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
     kiq__metrics_batch_fired(kiq__metrics_default(), flags);
@@ -432,7 +440,7 @@ int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
     if (rc || !sent)
         return rc ? KIQ_EREDIS : 0;
-    return read_ack(r, ack) ? KIQ_EREDIS : 0;
+    return read_ack(r, ack, f->mode == KIQ_FETCH_BASIC ? 0 : 1) ? KIQ_EREDIS : 0;
 }
 
 /* A success, with or without a lock to release or a batch to move: several
@@ -626,7 +634,10 @@ static int recv_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_i
 {
     int rc = KIQ_EREDIS;
     for (size_t b = 0, i = 0; b < x->batches; b++) {
-        int brc = read_ack(r, NULL);
+        long jobs = 0;
+        for (size_t k = i; k < x->nacks && jobs < ACKS_PER_CALL; k++)
+            jobs += x->sent[k] == 2;
+        int brc = read_ack(r, NULL, f->mode == KIQ_FETCH_BASIC ? 0 : jobs);
         if (brc == KIQ_EREDIS)
             goto done;
         brc = brc ? KIQ_EREDIS : 0;
@@ -643,7 +654,7 @@ static int recv_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_i
             acks[i].rc = 0;
             continue;
         }
-        int arc = read_ack(r, &acks[i].ack);
+        int arc = read_ack(r, &acks[i].ack, f->mode == KIQ_FETCH_BASIC ? 0 : 1);
         if (arc == KIQ_EREDIS)
             goto done;
         acks[i].rc = arc ? KIQ_EREDIS : 0;

@@ -257,6 +257,11 @@ void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
         atomic_fetch_add(&m->counters[c], n);
 }
 
+long kiq__metrics_get(kiq_metrics_t *m, kiq_metric_counter_t c)
+{
+    return m && c >= 0 && c < KIQ_METRIC_COUNTER_COUNT ? (long)atomic_load(&m->counters[c]) : 0;
+}
+
 int kiq_metrics_escape(kiq_buf_t *b, const char *s)
 {
     size_t len = strlen(s), run = 0; /* run: start of bytes not yet copied */
@@ -464,6 +469,10 @@ int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
             "Batches whose success callback an ack or commit of this process fired." },
         [KIQ_METRIC_BATCHES_DIED] = { "kiq_batches_died_total",
             "Batches whose death callback an ack or commit of this process fired." },
+        [KIQ_METRIC_LATE_ACKS] = { "kiq_late_acks_total",
+            "Finished jobs that were no longer in this process's working list when it acked "
+            "them: another process recovered them while this one was cut off or frozen, or "
+            "they were given back at a hard stop; they may run again." },
     };
     if (!m)
         return KIQ_EINVAL;

@@ -29,6 +29,8 @@ typedef enum kiq_metric_counter {
     KIQ_METRIC_BATCHES_COMPLETED,     /* batch callbacks fired by this process's acks */
     KIQ_METRIC_BATCHES_SUCCEEDED,
     KIQ_METRIC_BATCHES_DIED,
+    KIQ_METRIC_LATE_ACKS,             /* finished jobs no longer in the working
+                                         list when acked (taken meanwhile) */
     KIQ_METRIC_COUNTER_COUNT
 } kiq_metric_counter_t;
 
@@ -80,6 +82,8 @@ void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags);
 
 /* Adds n to a process-wide counter. */
 void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);
+/* The counter's value since the process started (0 for a NULL m). */
+long kiq__metrics_get(kiq_metrics_t *m, kiq_metric_counter_t c);
 
 /* Appends the counters and histograms, with HELP and TYPE lines, in the
  * Prometheus text format 0.0.4 to b; series sorted by label values.
