@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "config/names.h"
 #include "support/number.h"
 #include "kiq/kiq.h"
 #include "kiq/unique.h"
@@ -27,7 +28,8 @@ static const char *usage =
     "  -C, --config FILE       read the class's retry, queue and lock options (and\n"
     "                          redis_url) from FILE's classes: section; with\n"
     "                          min_replicas_ack: N, wait for N replicas to have it\n"
-    "  -q, --queue NAME        queue (default: the class's, else \"default\")\n"
+    "  -q, --queue NAME        queue (default: the class's, else \"default\"); not\n"
+    "                          empty and without spaces, as for kiq run\n"
     "      --in SECONDS        run it this many seconds from now\n"
     "      --at EPOCH          run it at this Unix time (seconds)\n"
     "      --retry N|true|false  retry option written into the payload\n"
@@ -138,6 +140,11 @@ int kiq_cmd_push(int argc, char **argv)
         fputs(usage, stderr);
         return KIQ_EXIT_USAGE;
     }
+    char err[KIQ_ERRLEN], jid[25];
+    if (o.queue && kiq__config_queue_name_check(o.queue, err)) {
+        fprintf(stderr, "kiq push: --queue: %s\n", err);
+        return KIQ_EXIT_USAGE;
+    }
     if (in > 0 && at > 0) {
         fprintf(stderr, "kiq push: give --in or --at, not both\n");
         return KIQ_EXIT_USAGE;
@@ -151,7 +158,6 @@ int kiq_cmd_push(int argc, char **argv)
     const char *cls = argv[optind];
     const char *args = optind + 1 < argc ? argv[optind + 1] : "[]";
     o.at = at > 0 ? at : in; /* the client reads small values as "from now" */
-    char err[KIQ_ERRLEN], jid[25];
     kiq_config_t *cfg = conf ? kiq_config_new() : NULL;
     if (conf && (!cfg || kiq_config_load_file(cfg, conf, err))) {
         fprintf(stderr, "kiq push: %s\n", cfg ? err : "out of memory");

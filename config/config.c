@@ -4,6 +4,7 @@
 #include "kiq/config.h"
 #include "support/number.h"
 #include "config/bounds.h"
+#include "config/names.h"
 #include "config/tls.h"
 
 #include <ctype.h>
@@ -196,11 +197,13 @@ out:
     return rc;
 }
 
-static int has_space(const char *s)
+int kiq__config_queue_name_check(const char *name, char *err)
 {
-    for (; *s; s++)
-        if (isspace((unsigned char)*s))
-            return 1;
+    if (!*name)
+        return kiq_seterr(err, KIQ_ECONFIG, "a queue name is empty");
+    for (const char *p = name; *p; p++)
+        if (isspace((unsigned char)*p))
+            return kiq_seterr(err, KIQ_ECONFIG, "queue name \"%s\" contains a space", name);
     return 0;
 }
 
@@ -273,11 +276,9 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
     int weighted = 0;
     for (size_t i = 0; i < cfg->nqueues; i++) {
         const kiq_queue_conf_t *q = &cfg->queues[i];
-        if (!*q->name)
-            return kiq_seterr(err, KIQ_ECONFIG, "queues: a queue name is empty");
-        if (has_space(q->name))
-            return kiq_seterr(err, KIQ_ECONFIG,
-                              "queues: queue name \"%s\" contains a space", q->name);
+        char why[KIQ_ERRLEN];
+        if (kiq__config_queue_name_check(q->name, why))
+            return kiq_seterr(err, KIQ_ECONFIG, "queues: %s", why);
         if (q->weight < 0)
             return kiq_seterr(err, KIQ_ECONFIG,
                               "queues: weight of %s must be an integer >= 1", q->name);

@@ -8,6 +8,7 @@
  * is an environment section, applied over the top level only when it names
  * the current environment. */
 #include "config/bounds.h"
+#include "config/names.h"
 #include "config/yaml.h"
 #include "support/number.h"
 
@@ -510,15 +511,9 @@ static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, kiq_config_t
         }
     }
     char *name = trim(raw);
-    if (!*name) {
-        rc = kiq_yaml__fail(c, item, key, "a queue name is empty");
+    if (kiq__config_queue_name_check(name, msg)) {
+        rc = kiq_yaml__fail(c, item, key, "%s", msg);
         goto out;
-    }
-    for (char *p = name; *p; p++) {
-        if (isspace((unsigned char)*p)) {
-            rc = kiq_yaml__fail(c, item, key, "queue name \"%s\" contains a space", name);
-            goto out;
-        }
     }
     if (wtext && (to_long(trim(wtext), &weight) < 0 || weight < 1 || weight > INT_MAX)) {
         rc = kiq_yaml__fail(c, item, key, "weight of %s must be an integer >= 1", name);

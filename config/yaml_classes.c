@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config/bounds.h"
+#include "config/names.h"
 #include "config/yaml.h"
 #include "kiq/limiter.h"
 #include "kiq/unique.h"
@@ -288,8 +289,12 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
             yaml_node_t *opt = node(c, p->key), *ov = node(c, p->value);
             const char *oname = key_name(opt);
             snprintf(key, sizeof(key), "classes.%s.%s", name, oname ? oname : "?");
-            if (oname && !strcmp(oname, "queue"))
+            if (oname && !strcmp(oname, "queue")) {
+                char why[KIQ_ERRLEN];
                 rc = kiq_yaml__set_string(c, key, ov, &cc.queue, NULL);
+                if (!rc && cc.queue && kiq__config_queue_name_check(cc.queue, why))
+                    rc = kiq_yaml__fail(c, ov, key, "%s", why);
+            }
             else if (oname && !strcmp(oname, "retry"))
                 rc = class_retry(c, key, ov, &cc.retry);
             else if (oname && !strcmp(oname, "limit"))

@@ -82,6 +82,37 @@ Test(cli, push_refuses_bad_input)
     cr_assert_eq(kt_int("ZCARD schedule"), 0, "nothing was scheduled");
 }
 
+/* `queue:` and `queue:a b` are queues no worker can be told to read (the
+ * queues: setting and -q refuse those names): push refuses them too, from
+ * the flag and from a class's queue: in -C FILE, and writes nothing. */
+Test(cli, push_refuses_queue_names_the_config_refuses)
+{
+    const char *names[] = { "", "a b", "tab\there", " lead" };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char *out = NULL;
+        int st = kt_kiq_run((const char *[]){ "push", "NoopJob", "--queue", names[i], NULL }, &out);
+        cr_assert_eq(st, 64, "--queue '%s': exit %d: %s", names[i], st, out);
+        cr_assert(strstr(out, "--queue") && (strstr(out, "empty") || strstr(out, "contains a space")),
+                  "%s", out);
+        free(out);
+    }
+    char *conf = kt_write_file("spaced.yml", "classes:\n  NoopJob:\n    queue: a b\n");
+    char *out = NULL;
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "-C", conf, NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "spaced.yml:3: classes.NoopJob.queue: queue name \"a b\" contains a space"),
+              "%s", out);
+    free(out);
+    free(conf);
+    cr_assert_eq(kt_int("EXISTS queue:"), 0);
+    cr_assert_eq(kt_int("EXISTS queue:a b"), 0);
+    cr_assert_eq(kt_int("SCARD queues"), 0, "no queue was registered");
+    /* A plain name still goes through. */
+    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--queue", "a_b-c.d:e", NULL }, &out), 0,
+                 "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:a_b-c.d:e"), 1);
+}
+
 /* A kiq.yml with fast scheduler polls and beats, plus extra; caller frees. */
 static char *fast_conf(const char *name, const char *extra)
 {

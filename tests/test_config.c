@@ -685,6 +685,19 @@ Test(config, validate_applies_the_floors)
     cr_assert_str_eq(err, want);
 }
 
+Test(config, a_class_queue_follows_the_queue_name_rule)
+{
+    cr_assert_eq(load("classes:\n  J:\n    queue: \"a b\"\n"), KIQ_ECONFIG);
+    assert_err(3, "classes.J.queue: queue name \"a b\" contains a space");
+    kiq_config_free(cfg);
+    cfg = kiq_config_new();
+    unlink(path);
+    free(path);
+    path = NULL;
+    cr_assert_eq(load("classes:\n  J: {queue: ''}\n"), KIQ_ECONFIG);
+    assert_err(2, "classes.J.queue: a queue name is empty");
+}
+
 Test(config, validate_rejects_bad_queue_lists)
 {
     cr_assert_eq(kiq_config_add_queue(cfg, "two words", err), 0);
