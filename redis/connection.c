@@ -2,6 +2,7 @@
  * connection broken on I/O errors, and EVALSHA that, on NOSCRIPT, loads the
  * scripts again and resends, in a pipeline too. */
 #include "kiq/redis.h"
+#include "redis/nopipe.h"
 #include "redis/scripts.h"
 #include "redis/sentinel.h"
 #include "redis/tls.h"
@@ -450,23 +451,28 @@ static int tls_ms(const kiq_redis_t *r)
     return r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
 }
 
-/* Sends what hiredis holds: through the TLS session, or the socket. */
+/* Sends what hiredis holds: through the TLS session, or the socket. A
+ * server that closed the connection makes the write fail with EPIPE, never
+ * kill the program with SIGPIPE (nopipe.h). */
 static int send_held(kiq_redis_t *r)
 {
     redisContext *c = r->c;
-    if (!r->tls) {
-        int done = 0;
-        while (!done)
-            if (redisBufferWrite(c, &done) != REDIS_OK)
-                return REDIS_ERR;
-        return REDIS_OK;
-    }
     if (sdslen(c->obuf) == 0)
         return REDIS_OK;
-    if (kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), tls_ms(r)) != 0)
-        return io_error(c);
-    sdsclear(c->obuf);
-    return REDIS_OK;
+    kiq_nopipe_t np;
+    kiq__nopipe_begin(&np);
+    int rc = REDIS_OK;
+    if (!r->tls) {
+        int done = 0;
+        while (!done && rc == REDIS_OK)
+            rc = redisBufferWrite(c, &done);
+    } else if (kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), tls_ms(r)) != 0) {
+        rc = io_error(c);
+    } else {
+        sdsclear(c->obuf);
+    }
+    kiq__nopipe_end(&np, rc != REDIS_OK);
+    return rc;
 }
 
 /* Reads what the server sent into buf (at least a byte, waiting up to the

@@ -3,9 +3,11 @@
  * turn, then the server checked to be a master), so every connection
  * follows a failover by reconnecting. */
 #include "redis/sentinel.h"
+#include "redis/nopipe.h"
 #include "redis/tls.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,22 @@ struct kiq_sentinel {
     char *password;
     int tls;         /* sentinel_ssl=true: TLS to the sentinels too */
 };
+
+/* redisCommand, whose write to a sentinel or server that closed the
+ * connection fails with EPIPE, never killing the program (nopipe.h). */
+static redisReply *command(redisContext *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static redisReply *command(redisContext *c, const char *fmt, ...)
+{
+    kiq_nopipe_t np;
+    kiq__nopipe_begin(&np);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    kiq__nopipe_end(&np, rep == NULL);
+    return rep;
+}
 
 int kiq__sentinel_scheme(const char *url)
 {
@@ -114,7 +132,7 @@ static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
  * sentinel, ACL) leave the list as it is. */
 static void learn_peers(kiq_sentinel_t *s, redisContext *c)
 {
-    redisReply *rep = redisCommand(c, "SENTINEL SENTINELS %s", s->master);
+    redisReply *rep = command(c, "SENTINEL SENTINELS %s", s->master);
     for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
         const redisReply *e = rep->element[i];
         const char *ip = NULL;
@@ -281,8 +299,8 @@ static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const cha
     redisSetTimeout(l->c, tv);
     if (!s->password)
         return 0;
-    redisReply *rep = s->user ? redisCommand(l->c, "AUTH %s %s", s->user, s->password)
-                              : redisCommand(l->c, "AUTH %s", s->password);
+    redisReply *rep = s->user ? command(l->c, "AUTH %s %s", s->user, s->password)
+                              : command(l->c, "AUTH %s", s->password);
     int bad = !rep || rep->type == REDIS_REPLY_ERROR;
     if (bad) {
         snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: AUTH: %s", name, a->host, a->port,
@@ -307,7 +325,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
         if (failed)
             continue;
         redisContext *c = l.c;
-        redisReply *rep = redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->master);
+        redisReply *rep = command(c, "SENTINEL get-master-addr-by-name %s", s->master);
         if (!rep) {
             snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
                      c->errstr);
@@ -346,7 +364,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
 
 int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr)
 {
-    redisReply *rep = redisCommand(c, "ROLE");
+    redisReply *rep = command(c, "ROLE");
     if (!rep) {
         snprintf(errstr, KIQ_ERRLEN, "%s: ROLE: %s", name, c->errstr);
         return KIQ_EREDIS;

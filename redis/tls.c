@@ -2,6 +2,7 @@
  * with a socketpair between them and hiredis and a thread copying bytes
  * between the socketpair and the session (see tls.h and the README). */
 #include "redis/tls.h"
+#include "redis/nopipe.h"
 #include "support/dl.h"
 #include "support/log.h"
 
@@ -431,10 +432,15 @@ long kiq__tls_recv(kiq_tls_t *t, char *buf, size_t cap, int timeout_ms)
     /* Wait first: the reply is seldom there the moment the command has
      * gone, and a read that finds nothing is a system call for naught. */
     if (SSL_has_pending(t->ssl) || wait_sock(t, POLLIN, timeout_ms) == 0) {
+        /* SSL_read writes too (the answer to a server's key update), to a
+         * server that may have gone (nopipe.h). */
+        kiq_nopipe_t np;
+        kiq__nopipe_begin(&np);
         do {
             errno = 0;
             r = SSL_read(t->ssl, buf, cap > 1 << 30 ? 1 << 30 : (int)cap);
         } while (r <= 0 && retry_after(t, r, timeout_ms) == 0);
+        kiq__nopipe_end(&np, r <= 0);
     }
     pthread_mutex_unlock(&t->lock);
     return r > 0 ? r : -1;
@@ -508,19 +514,27 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
     }
     ERR_clear_error();
     errno = 0;
+    /* The handshake and the PING write from the caller's thread, to a
+     * server that may drop the connection midway (nopipe.h). */
+    kiq_nopipe_t np;
+    kiq__nopipe_begin(&np);
     int hs = SSL_connect(t->ssl);
+    int hs_err = hs == 1 ? SSL_ERROR_NONE : SSL_get_error(t->ssl, hs), refused = 0;
+    if (hs == 1) {
+        ERR_clear_error();
+        errno = 0;
+        refused = accepted(t->ssl) != 0;
+    }
+    kiq__nopipe_end(&np, hs != 1 || refused);
     if (hs != 1) {
-        int e = SSL_get_error(t->ssl, hs);
         /* A TLS-level failure (a bad certificate, no common protocol, a
          * server not speaking TLS) stays until the settings change; a
          * dropped or silent connection may pass. */
-        rc = e == SSL_ERROR_SSL ? KIQ_ECONFIG : KIQ_EREDIS;
+        rc = hs_err == SSL_ERROR_SSL ? KIQ_ECONFIG : KIQ_EREDIS;
         kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), t->ssl));
         goto fail;
     }
-    ERR_clear_error();
-    errno = 0;
-    if (accepted(t->ssl)) {
+    if (refused) {
         int ssl_err = ERR_peek_last_error() != 0;
         rc = ssl_err ? KIQ_ECONFIG : KIQ_EREDIS;
         kiq_seterr(err, rc, "TLS: the server refused this client: %s",

@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include "fetch/fetch.h"
+#include "kiq/client.h"
 #include "kiq/config.h"
 #include "kiq/runtime.h"
 
@@ -702,4 +703,46 @@ void kt_push_all(redisContext *c, const char *queue, char **p, size_t n)
     }
     free(key);
     freeReplyObject(redisCommand(c, "SADD queues %s", queue));
+}
+
+int kt_commit_after_client_kill(const char *url, int kill_port)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        /* Criterion or the shell may have left SIGPIPE ignored or blocked;
+         * the program this stands for did neither. */
+        signal(SIGPIPE, SIG_DFL);
+        sigset_t pipe_set;
+        sigemptyset(&pipe_set);
+        sigaddset(&pipe_set, SIGPIPE);
+        sigprocmask(SIG_UNBLOCK, &pipe_set, NULL);
+        char err[KIQ_ERRLEN];
+        kiq_client_t *c = kiq_client_new(url, err);
+        if (!c)
+            _exit(2);
+        redisReply *id = kiq_redis_cmdf(kiq_client_redis(c), "CLIENT ID");
+        if (!id || id->type != REDIS_REPLY_INTEGER)
+            _exit(3);
+        redisContext *k = redisConnect("127.0.0.1", kill_port);
+        redisReply *kr = k && !k->err ? redisCommand(k, "CLIENT KILL ID %lld", id->integer)
+                                      : NULL;
+        if (!kr || kr->type != REDIS_REPLY_INTEGER || kr->integer != 1)
+            _exit(4);
+        /* The server's FIN has arrived: the commit's first write draws a
+         * reset, and the next one EPIPE. */
+        kt_sleep(0.2);
+        char arg[2048];
+        memset(arg, 'x', sizeof(arg));
+        memcpy(arg, "[\"", 2);
+        memcpy(arg + sizeof(arg) - 3, "\"]", 3);
+        if (kiq_client_begin(c))
+            _exit(5);
+        for (int i = 0; i < 2000; i++)
+            if (kiq_client_push(c, "TxJob", arg, NULL, NULL))
+                _exit(6);
+        _exit(kiq_client_commit(c) == KIQ_EREDIS ? 0 : 7);
+    }
+    kt_track(pid);
+    return kt_wait_exit(pid, 60);
 }

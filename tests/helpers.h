@@ -151,6 +151,16 @@ char *kt_payload_locked(const char *cls, const char *args, const char *jid, cons
  * client would (p[0] is fetched first), and adds NAME to "queues". */
 void kt_push_all(redisContext *c, const char *queue, char **p, size_t n);
 
+/* Runs, in a child that takes SIGPIPE's default action (death), as a
+ * program that never heard of the signal does: a client on url whose
+ * connection the server then closes (CLIENT KILL, sent on the plain port
+ * kill_port of the same server), and a commit of 2,000 pushes (4 MB, more
+ * than a socket takes at once) after that. Returns the child's status as
+ * kt_wait_exit does: 0 when the commit failed with KIQ_EREDIS, 128 +
+ * SIGPIPE when the library let the signal reach the program, another code
+ * for a step that went wrong (see helpers.c). */
+int kt_commit_after_client_kill(const char *url, int kill_port);
+
 /* Every test program linked with the helpers (link_whole) starts the
  * server in a PRE_ALL hook and stops it in POST_ALL (helpers.c). */
 

@@ -249,6 +249,18 @@ Test(client, a_connection_failure_during_commit_is_reported)
     redisFree(r);
 }
 
+/* The server closed the connection (CLIENT KILL; a restart or its idle
+ * timeout does the same) before the commit: writing to it raises SIGPIPE,
+ * which must not kill a program that does not ignore it. The commit fails
+ * with an error instead, and none of its pushes is made. */
+Test(client, a_commit_on_a_connection_the_server_closed_fails_without_sigpipe)
+{
+    int st = kt_commit_after_client_kill(kt_url(), atoi(strrchr(kt_url(), ':') + 1));
+    cr_assert_neq(st, 128 + SIGPIPE, "the client library killed its caller with SIGPIPE");
+    cr_assert_eq(st, 0, "the commit did not fail with KIQ_EREDIS (step %d, see helpers.c)", st);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0, "a push of the failed commit was made");
+}
+
 /* Redis refuses the whole transaction (a read-only replica): none of it is
  * written. */
 static void refused_by(const char *url)

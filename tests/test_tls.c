@@ -289,6 +289,20 @@ Test(tls, a_wrong_ca_or_host_name_is_a_configuration_error_at_start)
     redisFree(s.plain);
 }
 
+/* As in test_client.c, over TLS: the server closes the connection before
+ * a commit, whose writes through the TLS session must fail with an error,
+ * not raise SIGPIPE in the program. */
+Test(tls, a_commit_on_a_connection_the_server_closed_fails_without_sigpipe)
+{
+    tls_server_t s;
+    server_start(&s, "tls-sigpipe", 0);
+    int st = kt_commit_after_client_kill(url(&s, ca_q(&s, "ca.crt")), s.port);
+    cr_assert_neq(st, 128 + SIGPIPE, "the client library killed its caller with SIGPIPE");
+    cr_assert_eq(st, 0, "the commit did not fail with KIQ_EREDIS (step %d, see helpers.c)", st);
+    cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 0);
+    redisFree(s.plain);
+}
+
 Test(tls, mutual_tls_needs_the_client_certificate)
 {
     tls_server_t s;

@@ -41,7 +41,9 @@ KIQ_API kiq_push_opts_t kiq_push_opts_default(void);
 /* Connects to url (NULL = REDIS_URL or redis://127.0.0.1:6379/0). Returns a
  * client owned by the caller (kiq_client_free), or NULL with err filled.
  * A client is not thread-safe: use one per thread. kiq_client_free rolls
- * back an open transaction (see kiq_client_begin). */
+ * back an open transaction (see kiq_client_begin). A connection the server
+ * has closed makes a push or commit fail with KIQ_EREDIS; the library's
+ * writes never raise SIGPIPE in the program, which need not ignore it. */
 KIQ_API kiq_client_t *kiq_client_new(const char *url, char *err);
 KIQ_API void kiq_client_free(kiq_client_t *c);
 

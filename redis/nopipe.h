@@ -1,0 +1,28 @@
+/* Internal: keeps the SIGPIPE that a write to a connection the peer has
+ * closed raises from reaching the program. The worker ignores SIGPIPE,
+ * but a program using the client API need not, and a commit after Redis
+ * dropped the connection (a restart, CLIENT KILL, its idle timeout) would
+ * kill it (exit 141) instead of returning an error. hiredis 0.14 and
+ * OpenSSL write with write(2), which takes no MSG_NOSIGNAL: SIGPIPE is
+ * blocked in the calling thread around the library's own writes, and one
+ * they raised is taken off the pending signals before it is unblocked.
+ * A signal raised by a write goes to the thread that wrote, so nothing
+ * another thread does is touched. */
+#ifndef KIQ_REDIS_NOPIPE_H
+#define KIQ_REDIS_NOPIPE_H
+
+#include <signal.h>
+
+typedef struct kiq_nopipe {
+    sigset_t old;      /* the thread's mask before */
+    int was_pending;   /* a SIGPIPE of the caller's was pending already: it stays */
+} kiq_nopipe_t;
+
+/* Blocks SIGPIPE in the calling thread until kiq__nopipe_end. */
+void kiq__nopipe_begin(kiq_nopipe_t *p);
+/* Restores the thread's mask. failed: a write since kiq__nopipe_begin
+ * failed, and may have raised SIGPIPE (a write that succeeded raises
+ * none), which is discarded first. errno is left as it was. */
+void kiq__nopipe_end(kiq_nopipe_t *p, int failed);
+
+#endif
