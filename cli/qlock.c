@@ -81,8 +81,8 @@ static const char *usage =
     "that refuses writes with a token lower than the last one it saw is safe.\n"
     "\n"
     "If kiq lock dies (even by kill -9), COMMAND is killed with it (SIGKILL), so\n"
-    "it never runs without the lock. Processes COMMAND started are not: a shell\n"
-    "COMMAND should `exec` its last program or wait for its children.\n";
+    "it does not run on after kiq lock. Processes COMMAND started are not: a\n"
+    "shell COMMAND should `exec` its last program or wait for its children.\n";
 
 enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL,
        OPT_JSON, OPT_DEADTTL, OPT_KILLAFTER };
