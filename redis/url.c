@@ -44,6 +44,15 @@ static int parse_int(const char *s, size_t n, int lo, int hi, int *out)
 
 char *kiq__url_decode(const char *s, size_t n) { return pct_decode(s, n); }
 
+static void tls_conf_clear(kiq_redis_tls_conf_t *t)
+{
+    free(t->ca_file);
+    free(t->ca_path);
+    free(t->cert);
+    free(t->key);
+    free(t->server_name);
+}
+
 void kiq__redis_url_clear(kiq_redis_url_t *u)
 {
     if (!u)
@@ -53,13 +62,11 @@ void kiq__redis_url_clear(kiq_redis_url_t *u)
     free(u->path);
     free(u->user);
     free(u->password);
-    free(u->tls.ca_file);
-    free(u->tls.ca_path);
-    free(u->tls.cert);
-    free(u->tls.key);
-    free(u->tls.server_name);
+    tls_conf_clear(&u->tls);
     memset(u, 0, sizeof(*u));
 }
+
+static int parse_query(const char *q, kiq_redis_url_t *u, int db_in_path, char *err);
 
 static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const char *url)
 {
@@ -67,21 +74,9 @@ static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const cha
     size_t plen = q ? (size_t)(q - rest) : strlen(rest);
     if (plen == 0 || rest[0] != '/')
         return kiq_seterr(err, KIQ_EINVAL, "redis url %s: unix socket path must be absolute", url);
-    u->path = strndup(rest, plen);
-    while (q && *q) {
-        q++;
-        const char *amp = strchr(q, '&');
-        size_t n = amp ? (size_t)(amp - q) : strlen(q);
-        if (n > 3 && strncmp(q, "db=", 3) == 0) {
-            if (parse_int(q + 3, n - 3, 0, 100000, &u->db))
-                return kiq_seterr(err, KIQ_EINVAL, "redis url %s: bad db number", url);
-        } else if (n > 9 && strncmp(q, "password=", 9) == 0) {
-            free(u->password);
-            u->password = pct_decode(q + 9, n - 9);
-        }
-        q = amp;
-    }
-    return u->path ? 0 : KIQ_ENOMEM;
+    if (!(u->path = strndup(rest, plen)))
+        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    return q ? parse_query(q + 1, u, 0, err) : 0;
 }
 
 int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char *err)
@@ -112,19 +107,65 @@ int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char 
     return 1;
 }
 
-/* A rediss:// URL's query: name=value&... with redis-rb's ssl_params names. */
-static int parse_tls_query(const char *q, kiq_redis_tls_conf_t *t, char *err)
+/* Whether name=value (n bytes at q) is a TLS setting. */
+static int is_tls_param(const char *q, size_t n)
 {
+    kiq_redis_tls_conf_t scratch = { 0 };
+    char err[KIQ_ERRLEN];
+    int rc = kiq__redis_tls_param(q, n, &scratch, err);
+    tls_conf_clear(&scratch);
+    return rc != 1;
+}
+
+/* The query of a redis://, rediss:// or unix:// URL (q after the '?'),
+ * read by one rule for all three: db and password on every URL, the TLS
+ * settings (redis-rb's ssl_params names) on rediss:// only, and any other
+ * name refused, as sentinel URLs refuse theirs, so that no setting is
+ * silently ignored (redis://host:port?db=3 used to push to db 0). A
+ * setting the URL gives twice (/N and db=, a password before the '@' and
+ * password=) is refused too: neither could be said to win.
+ * db_in_path: the URL's path named a database. */
+static int parse_query(const char *q, kiq_redis_url_t *u, int db_in_path, char *err)
+{
+    int password_in_userinfo = u->password != NULL;
     while (q && *q) {
         const char *amp = strchr(q, '&');
         size_t n = amp ? (size_t)(amp - q) : strlen(q);
-        int rc = n ? kiq__redis_tls_param(q, n, t, err) : 0;
-        if (rc == 1) {
-            const char *eq = memchr(q, '=', n);
-            size_t kn = eq ? (size_t)(eq - q) : n;
-            return kiq_seterr(err, KIQ_EINVAL,
-                              "redis url: unknown parameter %.*s (known: ca_file, ca_path, "
-                              "cert, key, server_name, verify)", (int)(kn > 40 ? 40 : kn), q);
+        const char *eq = memchr(q, '=', n);
+        size_t kn = eq ? (size_t)(eq - q) : n;
+        const char *v = eq ? eq + 1 : q + n;
+        size_t vn = (size_t)(q + n - v);
+        int shown = (int)(kn > 40 ? 40 : kn), rc = 0;
+        if (n == 0) {
+            /* "a&&b", or a URL ending in "?": nothing said */
+        } else if (kn == 2 && strncmp(q, "db", 2) == 0) {
+            if (db_in_path)
+                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: the database is given twice "
+                                "(in the path and as db=): give one");
+            else if (parse_int(v, vn, 0, 100000, &u->db))
+                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad db number");
+        } else if (kn == 8 && strncmp(q, "password", 8) == 0) {
+            if (password_in_userinfo)
+                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: the password is given twice "
+                                "(before the @ and as password=): give one");
+            else if (vn) {   /* an empty one is no password, as before the '@' */
+                free(u->password);
+                if (!(u->password = pct_decode(v, vn)))
+                    rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            }
+        } else if (u->tls.on) {
+            rc = kiq__redis_tls_param(q, n, &u->tls, err);
+            if (rc == 1)
+                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: unknown parameter %.*s (known: "
+                                "db, password, ca_file, ca_path, cert, key, server_name, "
+                                "verify)", shown, q);
+        } else if (is_tls_param(q, n)) {
+            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: %.*s is a TLS setting: it needs a "
+                            "rediss:// URL", shown, q);
+        } else {
+            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: unknown parameter %.*s (known: db, "
+                            "password; and for rediss:// ca_file, ca_path, cert, key, "
+                            "server_name, verify)", shown, q);
         }
         if (rc)
             return rc;
@@ -200,6 +241,7 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad port");
         goto out;
     }
+    int db_in_path = 0;
     if (slash && *slash == '/' && slash[1]) {
         const char *q = strchr(slash + 1, '?');
         size_t n = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
@@ -207,11 +249,12 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
             rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad db number");
             goto out;
         }
+        db_in_path = n > 0;
     }
     if (!u->host)
-        rc = KIQ_ENOMEM;
-    if (!rc && query && u->tls.on)
-        rc = parse_tls_query(query + 1, &u->tls, err);
+        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    if (!rc && query)
+        rc = parse_query(query + 1, u, db_in_path, err);
 out:
     if (rc)
         kiq__redis_url_clear(u);

@@ -30,9 +30,12 @@ typedef struct kiq_redis_url {
     struct kiq_sentinel *sentinel; /* a sentinel URL's sentinels and master name, or NULL */
 } kiq_redis_url_t;
 
-/* Parses "redis[s]://[user:password@]host[:port][/db][?tls settings]" or
- * "unix:///path[?db=N]" (percent-escapes in user and password are decoded).
- * Returns 0 or KIQ_EINVAL with err filled; free the strings with
+/* Parses "redis[s]://[user:password@]host[:port][/db][?query]" or
+ * "unix:///path[?query]" (percent-escapes in user and password are
+ * decoded). Every query takes db=N and password=P, a rediss:// one the
+ * TLS settings too; any other name, a TLS setting without rediss://, or a
+ * database or password given twice is refused. Returns 0 or KIQ_EINVAL
+ * (KIQ_ENOMEM) with err filled; free the strings with
  * kiq__redis_url_clear. */
 int kiq__redis_url_parse(const char *url, kiq_redis_url_t *out, char *err);
 void kiq__redis_url_clear(kiq_redis_url_t *u);

@@ -1,6 +1,7 @@
 /* The redis/ helpers against a real redis-server: the SCAN iterator visits
- * every matching key once across many pages, and a failed command becomes a
- * KIQ_E* code with the reason in err. */
+ * every matching key once across many pages, a failed command becomes a
+ * KIQ_E* code with the reason in err, and a URL's query is read by one rule
+ * whatever its scheme. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "kiq/redis.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
+#include "redis/url.h"
 
 TestSuite(redis, .timeout = 60);
 
@@ -123,4 +125,67 @@ Test(redis, reply_error_says_what_failed)
     cr_assert_str_eq(err, want);
     cr_assert_gt(strlen(err), strlen("PING: "));
     kiq_redis_free(r);
+}
+
+/* redis://host:port?db=N used to connect to db 0, the query ignored, while
+ * rediss:// refused what it did not know: every scheme now honours the
+ * parameters it knows and refuses the others, saying which. */
+Test(redis, url_query_parameters_follow_one_rule_on_every_scheme)
+{
+    const char *base = kt_url(), *slash = strrchr(base, '/');
+    char url[128], err[KIQ_ERRLEN];
+    snprintf(url, sizeof(url), "%.*s?db=%s", (int)(slash - base), base, slash + 1);
+    kiq_redis_t *r = kiq_redis_new(url, 2, err);
+    cr_assert_not_null(r, "%s: %s", url, err);
+    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    freeReplyObject(kiq_redis_cmdf(r, "SET url-query-db here"));
+    kiq_redis_free(r);
+    char *got = kt_str("GET url-query-db");
+    cr_assert(got && strcmp(got, "here") == 0, "db= in the query of %s was not used", url);
+    free(got);
+
+    /* password= is used too: this server has none, and says so to AUTH. */
+    snprintf(url, sizeof(url), "%.*s?db=%s&password=not-set", (int)(slash - base), base,
+             slash + 1);
+    r = kiq_redis_new(url, 2, err);
+    cr_assert_not_null(r, "%s", err);
+    cr_assert_neq(kiq_redis_connect(r), 0);
+    cr_assert(strstr(kiq_redis_error(r), "AUTH refused"), "%s", kiq_redis_error(r));
+    cr_assert(strstr(kiq_redis_name(r), "password=***"), "%s", kiq_redis_name(r));
+    kiq_redis_free(r);
+
+    kiq_redis_url_t u;
+    cr_assert_eq(kiq__redis_url_parse("unix:///run/redis.sock?db=2&password=s%40", &u, err), 0,
+                 "%s", err);
+    cr_assert_eq(u.db, 2);
+    cr_assert_str_eq(u.password, "s@");
+    kiq__redis_url_clear(&u);
+    cr_assert_eq(kiq__redis_url_parse("rediss://h:6380?db=4&verify=none&password=p", &u, err),
+                 0, "%s", err);
+    cr_assert(u.db == 4 && u.tls.on && u.tls.verify_none && strcmp(u.password, "p") == 0);
+    kiq__redis_url_clear(&u);
+    cr_assert_eq(kiq__redis_url_parse("redis://h:6379/?db=5&", &u, err), 0, "%s", err);
+    cr_assert_eq(u.db, 5);
+    kiq__redis_url_clear(&u);
+
+    static const char *const bad[][2] = {
+        { "redis://127.0.0.1:6379?dbb=3", "unknown parameter dbb (known: db, password" },
+        { "redis://127.0.0.1:6379/0?x=1", "unknown parameter x (known: db, password" },
+        { "unix:///run/redis.sock?db=1&x=1", "unknown parameter x (known: db, password" },
+        { "rediss://127.0.0.1:6380/0?x=1", "unknown parameter x (known: db, password, ca_file" },
+        { "redis://127.0.0.1:6379/0?ca_file=/etc/ca.pem",
+          "ca_file is a TLS setting: it needs a rediss:// URL" },
+        { "unix:///run/redis.sock?verify=none", "verify is a TLS setting" },
+        { "redis://127.0.0.1:6379/2?db=3", "the database is given twice" },
+        { "rediss://127.0.0.1:6380/2?db=2", "the database is given twice" },
+        { "redis://:pw@127.0.0.1:6379?password=x", "the password is given twice" },
+        { "redis://127.0.0.1:6379?db=x", "bad db number" },
+        { "unix:///run/redis.sock?db=", "bad db number" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        err[0] = '\0';
+        r = kiq_redis_new(bad[i][0], 1, err);
+        cr_assert_null(r, "%s was accepted", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
 }
