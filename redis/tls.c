@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -194,6 +195,19 @@ static int no_passphrase(char *buf, int size, int rw, void *u)
     return 0;
 }
 
+/* Why path cannot be read as a file (dir: as a directory), from the
+ * system, or NULL when it can. */
+static const char *unreadable(const char *path, int dir)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0));
+    if (fd < 0)
+        return strerror(errno);
+    struct stat st;
+    int is_dir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+    close(fd);
+    return !dir && is_dir ? strerror(EISDIR) : NULL;
+}
+
 static SSL_CTX *make_ctx(const kiq_redis_tls_conf_t *t, char *err)
 {
     char why[256];
@@ -208,22 +222,43 @@ static SSL_CTX *make_ctx(const kiq_redis_tls_conf_t *t, char *err)
      * its body (see pump). */
     SSL_CTX_set_read_ahead(ctx, 1);
     SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
-    const char *bad = NULL;
-    if (t->ca_file || t->ca_path) {
-        if (SSL_CTX_load_verify_locations(ctx, t->ca_file, t->ca_path) != 1)
+    /* What did not load, and its path: OpenSSL's reason for a file it
+     * cannot open is only "system lib". */
+    const char *bad = NULL, *path = NULL, *note = "";
+    int dir = 0;
+    /* OpenSSL reads a ca_path only when a certificate is verified, and a
+     * directory that is not there then fails as an unknown issuer. */
+    if (t->ca_path && unreadable(t->ca_path, 1)) {
+        bad = "ca_path";
+        path = t->ca_path;
+        dir = 1;
+    } else if (t->ca_file || t->ca_path) {
+        if (SSL_CTX_load_verify_locations(ctx, t->ca_file, t->ca_path) != 1) {
             bad = t->ca_file ? "ca_file" : "ca_path";
+            path = t->ca_file ? t->ca_file : t->ca_path;
+            dir = !t->ca_file;
+        }
     } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
         bad = "the system's CA certificates";
     }
-    if (!bad && t->cert && SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1)
+    if (!bad && t->cert && SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1) {
         bad = "cert";
-    if (!bad && t->key && SSL_CTX_use_PrivateKey_file(ctx, t->key, SSL_FILETYPE_PEM) != 1)
+        path = t->cert;
+    }
+    if (!bad && t->key && SSL_CTX_use_PrivateKey_file(ctx, t->key, SSL_FILETYPE_PEM) != 1) {
         bad = "key";
-    if (!bad && t->cert && t->key && SSL_CTX_check_private_key(ctx) != 1)
-        bad = "key (it does not match cert)";
+        path = t->key;
+    }
+    if (!bad && t->cert && t->key && SSL_CTX_check_private_key(ctx) != 1) {
+        bad = "key";
+        path = t->key;
+        note = " (it does not match cert)";
+    }
     if (bad) {
-        kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load %s: %s", bad,
-                   ssl_reason(why, sizeof(why), NULL));
+        const char *sys = path ? unreadable(path, dir) : NULL;
+        ssl_reason(why, sizeof(why), NULL);   /* and clears OpenSSL's errors */
+        kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load %s%s%s%s: %s", bad, path ? " " : "",
+                   path ? path : "", note, sys ? sys : why);
         SSL_CTX_free(ctx);
         return NULL;
     }
@@ -467,6 +502,17 @@ void kiq__tls_free(kiq_tls_t *t)
     free_parts(t);
 }
 
+/* Whether OpenSSL's error e says the peer's bytes were no TLS record at
+ * all: a plain Redis port answers a ClientHello that happens to hold a
+ * newline with "-ERR ...", an HTTP server with "HTTP/1.1 ...". */
+static int not_tls(unsigned long e)
+{
+    int r = ERR_GET_REASON(e);
+    return ERR_GET_LIB(e) == ERR_LIB_SSL
+           && (r == SSL_R_WRONG_VERSION_NUMBER || r == SSL_R_PACKET_LENGTH_TOO_LONG
+               || r == SSL_R_HTTP_REQUEST || r == SSL_R_HTTPS_PROXY_REQUEST);
+}
+
 /* Warned once a process: every connection would say it again. */
 static atomic_int warned_verify_none;
 
@@ -531,7 +577,22 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
          * server not speaking TLS) stays until the settings change; a
          * dropped or silent connection may pass. */
         rc = hs_err == SSL_ERROR_SSL ? KIQ_ECONFIG : KIQ_EREDIS;
-        kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), t->ssl));
+        if (hs_err == SSL_ERROR_WANT_READ || hs_err == SSL_ERROR_WANT_WRITE
+            || (hs_err == SSL_ERROR_SYSCALL && errno == EAGAIN)) {
+            /* The socket's timeout ran out. A plain Redis port reads the
+             * ClientHello as the start of an inline command and waits for
+             * its end: the system's "Resource temporarily unavailable"
+             * would not lead anyone there. A slow server may pass. */
+            ERR_clear_error();
+            kiq_seterr(err, rc, "TLS: the server did not answer the TLS handshake within %g s: "
+                       "is it a TLS port?", timeout);
+        } else if (hs_err == SSL_ERROR_SSL && not_tls(ERR_peek_last_error())) {
+            kiq_seterr(err, rc, "TLS: the server answered the TLS handshake with something "
+                       "else than TLS (%s): is it a TLS port?",
+                       ssl_reason(why, sizeof(why), t->ssl));
+        } else {
+            kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), t->ssl));
+        }
         goto fail;
     }
     if (refused) {

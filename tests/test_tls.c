@@ -303,6 +303,63 @@ Test(tls, a_commit_on_a_connection_the_server_closed_fails_without_sigpipe)
     redisFree(s.plain);
 }
 
+/* kiq_redis_connect to u fails (code want), its error holding what. */
+static void connect_fails(const char *u, int want, const char *what)
+{
+    char err[KIQ_ERRLEN];
+    kiq_redis_t *r = kiq_redis_new(u, 1, err);
+    cr_assert_not_null(r, "%s", err);
+    int rc = kiq_redis_connect(r);
+    cr_assert_eq(rc, want, "%s: %d: %s", u, rc, kiq_redis_error(r));
+    cr_assert(strstr(kiq_redis_error(r), what), "%s: the error does not say \"%s\": %s", u,
+              what, kiq_redis_error(r));
+    kiq_redis_free(r);
+}
+
+/* A TLS connection that cannot be made says why in words that lead to the
+ * fix: a rediss:// URL to a plain port used to say "Resource temporarily
+ * unavailable" on every try, and a missing CA file "system lib". */
+Test(tls, tls_failures_name_their_cause)
+{
+    tls_server_t s;
+    server_start(&s, "tls-why", 0);
+    /* The server's plain port: Redis waits for the end of what it takes
+     * for an inline command (no answer), or, when the ClientHello holds a
+     * newline, answers "-ERR" (no TLS). Either way the message names it. */
+    char u[1024], err[KIQ_ERRLEN];
+    snprintf(u, sizeof(u), "rediss://127.0.0.1:%d/0?%s", s.port, ca_q(&s, "ca.crt"));
+    for (int i = 0; i < 3; i++) {
+        kiq_redis_t *r = kiq_redis_new(u, 0.5, err);
+        cr_assert_not_null(r, "%s", err);
+        int rc = kiq_redis_connect(r);
+        const char *e = kiq_redis_error(r);
+        cr_assert(rc == KIQ_EREDIS || rc == KIQ_ECONFIG, "%d: %s", rc, e);
+        cr_assert(strstr(e, "TLS: the server did not answer the TLS handshake within 0.5 s: "
+                            "is it a TLS port?")
+                  || strstr(e, "TLS: the server answered the TLS handshake with something else "
+                               "than TLS ("), "%s", e);
+        cr_assert(strstr(e, "is it a TLS port?") && !strstr(e, "temporarily"), "%s", e);
+        kiq_redis_free(r);
+    }
+
+    connect_fails(url(&s, "ca_file=/nonexistent/ca.pem"), KIQ_ECONFIG,
+                  "TLS: cannot load ca_file /nonexistent/ca.pem: No such file or directory");
+    connect_fails(url(&s, "ca_path=/nonexistent/certs"), KIQ_ECONFIG,
+                  "TLS: cannot load ca_path /nonexistent/certs: No such file or directory");
+    char q[1400];
+    snprintf(q, sizeof(q), "ca_file=%s", s.dir);
+    connect_fails(url(&s, q), KIQ_ECONFIG, "TLS: cannot load ca_file ");
+    connect_fails(url(&s, q), KIQ_ECONFIG, ": Is a directory");
+    /* (No ca_file: the error, after the URL, must fit in KIQ_ERRLEN.) */
+    snprintf(q, sizeof(q), "cert=%s/none.crt&key=%s/client.key", s.dir, s.dir);
+    connect_fails(url(&s, q), KIQ_ECONFIG, "/none.crt: No such file or directory");
+    /* A file that is there but holds no certificate: OpenSSL's reason, with
+     * the file's name. */
+    snprintf(q, sizeof(q), "ca_file=%s/san.cnf", s.dir);
+    connect_fails(url(&s, q), KIQ_ECONFIG, "/san.cnf: ");
+    redisFree(s.plain);
+}
+
 Test(tls, mutual_tls_needs_the_client_certificate)
 {
     tls_server_t s;
