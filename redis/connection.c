@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -457,20 +458,30 @@ static int tls_ms(const kiq_redis_t *r)
 static int send_held(kiq_redis_t *r)
 {
     redisContext *c = r->c;
-    if (sdslen(c->obuf) == 0)
+    size_t len = sdslen(c->obuf);
+    if (len == 0)
         return REDIS_OK;
+    if (!r->tls) {
+        /* send(2) takes MSG_NOSIGNAL: no signal mask to change on every
+         * round trip of the plain path. */
+        for (size_t off = 0; off < len;) {
+            ssize_t n = send(c->fd, c->obuf + off, len - off, MSG_NOSIGNAL);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                return io_error(c);
+            off += (size_t)n;
+        }
+        sdsclear(c->obuf);
+        return REDIS_OK;
+    }
     kiq_nopipe_t np;
     kiq__nopipe_begin(&np);
     int rc = REDIS_OK;
-    if (!r->tls) {
-        int done = 0;
-        while (!done && rc == REDIS_OK)
-            rc = redisBufferWrite(c, &done);
-    } else if (kiq__tls_send(r->tls, c->obuf, sdslen(c->obuf), tls_ms(r)) != 0) {
+    if (kiq__tls_send(r->tls, c->obuf, len, tls_ms(r)) != 0)
         rc = io_error(c);
-    } else {
+    else
         sdsclear(c->obuf);
-    }
     kiq__nopipe_end(&np, rc != REDIS_OK);
     return rc;
 }
