@@ -1,7 +1,7 @@
-/* Batches from C (kiq/batch.h): creating, reopening and committing them,
+/* Batches from C (capstan/batch.h): creating, reopening and committing them,
  * pushing their jobs through a client, and reading them back. What a job's
  * ack does to its batch is in lua/lib/batch_done.lua. */
-#include "kiq/batch.h"
+#include "capstan/batch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,27 +22,27 @@ static const char *const events[] = { "complete", "success", "death" };
 
 typedef enum state { UNWRITTEN = 0, OPEN, COMMITTED } state_t;
 
-struct kiq_batch {
-    kiq_client_t *c;            /* borrowed */
+struct capstan_batch {
+    capstan_client_t *c;        /* borrowed */
     state_t state;
     char bid[33];
     char key[40];               /* "batch:BID" */
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     char *description, *parent; /* owned; for a new batch only */
     char *cb_class[3], *cb_queue[3], *cb_opts[3];
     long linger, expiry;
     int create_lost;            /* a creation's reply was lost: it may be in */
 };
 
-static kiq_batch_t *handle(kiq_client_t *c, const char *bid, char *err)
+static capstan_batch_t *handle(capstan_client_t *c, const char *bid, char *err)
 {
     if (!c) {
-        kiq_seterr(err, KIQ_EINVAL, "a batch needs a client");
+        capstan_seterr(err, CAPSTAN_EINVAL, "a batch needs a client");
         return NULL;
     }
-    kiq_batch_t *b = calloc(1, sizeof(*b));
+    capstan_batch_t *b = calloc(1, sizeof(*b));
     if (!b) {
-        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         return NULL;
     }
     b->c = c;
@@ -51,13 +51,13 @@ static kiq_batch_t *handle(kiq_client_t *c, const char *bid, char *err)
     if (bid) {
         snprintf(b->bid, sizeof(b->bid), "%s", bid);
     } else {
-        kiq__random_hex(b->bid, 8);
+        capstan__random_hex(b->bid, 8);
     }
-    kiq__key(b->key, sizeof(b->key), KIQ_KEY_BATCH, b->bid);
+    capstan__key(b->key, sizeof(b->key), CAPSTAN_KEY_BATCH, b->bid);
     return b;
 }
 
-void kiq_batch_free(kiq_batch_t *b)
+void capstan_batch_free(capstan_batch_t *b)
 {
     if (!b)
         return;
@@ -71,48 +71,48 @@ void kiq_batch_free(kiq_batch_t *b)
     free(b);
 }
 
-const char *kiq_batch_bid(const kiq_batch_t *b) { return b->bid; }
-const char *kiq_batch_error(const kiq_batch_t *b) { return b->err; }
+const char *capstan_batch_bid(const capstan_batch_t *b) { return b->bid; }
+const char *capstan_batch_error(const capstan_batch_t *b) { return b->err; }
 
 /* Runs script s on the client's connection (reconnecting first when it is
  * broken). Never sent twice: a step whose reply was lost may have been
  * applied, and counting jobs twice would keep the batch from succeeding.
  * An error reply's first word says which code it is (see
  * lua/batch_open.lua). *out gets an integer reply (may be NULL). */
-static int run(kiq_batch_t *b, kiq_script_t s, int nkeys, int argc, const char **argv,
+static int run(capstan_batch_t *b, capstan_script_t s, int nkeys, int argc, const char **argv,
                long long *out)
 {
-    kiq_txn_t *t = kiq__client_txn(b->c);
+    capstan_txn_t *t = capstan__client_txn(b->c);
     if (t) {
         /* Inside the client's transaction the step waits with the pushes,
-         * and lands with them in kiq_client_commit or never. */
+         * and lands with them in capstan_client_commit or never. */
         char n[16];
         snprintf(n, sizeof(n), "%d", nkeys);
         const char *av[argc + 3];
         av[0] = "EVAL";
-        av[1] = kiq_lua_texts[s];
+        av[1] = capstan__lua_texts[s];
         av[2] = n;
         memcpy(av + 3, argv, (size_t)argc * sizeof(*argv));
         if (out)
             *out = 0;
-        return kiq__txn_add(t, argc + 3, av, NULL) ? kiq_seterr(b->err, KIQ_ENOMEM, "out of memory")
+        return capstan__txn_add(t, argc + 3, av, NULL) ? capstan_seterr(b->err, CAPSTAN_ENOMEM, "out of memory")
                                                    : 0;
     }
-    kiq_redis_t *r = kiq_client_redis(b->c);
-    if (!kiq_redis_ok(r) && kiq_redis_connect(r))
-        return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s", b->bid, kiq_redis_error(r));
-    redisReply *rep = kiq__redis_script(r, s, nkeys, argc, argv, NULL);
+    capstan_redis_t *r = capstan_client_redis(b->c);
+    if (!capstan_redis_ok(r) && capstan_redis_connect(r))
+        return capstan_seterr(b->err, CAPSTAN_EREDIS, "batch %s: %s", b->bid, capstan_redis_error(r));
+    redisReply *rep = capstan__redis_script(r, s, nkeys, argc, argv, NULL);
     if (!rep)
-        return kiq_seterr(b->err, KIQ_EREDIS, "batch %s: %s (the step may have been applied)",
-                          b->bid, kiq_redis_error(r));
+        return capstan_seterr(b->err, CAPSTAN_EREDIS, "batch %s: %s (the step may have been applied)",
+                              b->bid, capstan_redis_error(r));
     int rc = 0;
     if (rep->type == REDIS_REPLY_ERROR) {
-        rc = strncmp(rep->str, "NOTFOUND ", 9) == 0 ? KIQ_ENOTFOUND
+        rc = strncmp(rep->str, "NOTFOUND ", 9) == 0 ? CAPSTAN_ENOTFOUND
            : strncmp(rep->str, "DENIED ", 7) == 0 || strncmp(rep->str, "EXISTS ", 7) == 0
-               ? KIQ_EDENIED
-               : KIQ_EREPLY;
+               ? CAPSTAN_EDENIED
+               : CAPSTAN_EREPLY;
         const char *text = strchr(rep->str, ' ');
-        kiq_seterr(b->err, rc, "%s", rc == KIQ_EREPLY || !text ? rep->str : text + 1);
+        capstan_seterr(b->err, rc, "%s", rc == CAPSTAN_EREPLY || !text ? rep->str : text + 1);
     } else if (out) {
         *out = rep->type == REDIS_REPLY_INTEGER ? rep->integer
              : rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : 0;
@@ -121,27 +121,27 @@ static int run(kiq_batch_t *b, kiq_script_t s, int nkeys, int argc, const char *
     return rc;
 }
 
-kiq_batch_t *kiq_batch_new(kiq_client_t *c, char *err)
+capstan_batch_t *capstan_batch_new(capstan_client_t *c, char *err)
 {
     return handle(c, NULL, err);
 }
 
-kiq_batch_t *kiq_batch_reopen(kiq_client_t *c, const char *bid, char *err)
+capstan_batch_t *capstan_batch_reopen(capstan_client_t *c, const char *bid, char *err)
 {
     if (!bid || !*bid || strlen(bid) > 32) {
-        kiq_seterr(err, KIQ_EINVAL, "not a batch id: \"%.40s\"", bid ? bid : "");
+        capstan_seterr(err, CAPSTAN_EINVAL, "not a batch id: \"%.40s\"", bid ? bid : "");
         return NULL;
     }
-    kiq_batch_t *b = handle(c, bid, err);
+    capstan_batch_t *b = handle(c, bid, err);
     if (!b)
         return NULL;
     char expiry[24];
     snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
-    const char *argv[] = { b->key, KIQ_KEY_BATCHES, b->bid, "reopen", "", expiry };
-    int rc = run(b, KIQ_SCRIPT_BATCH_OPEN, 2, 6, argv, NULL);
+    const char *argv[] = { b->key, CAPSTAN_KEY_BATCHES, b->bid, "reopen", "", expiry };
+    int rc = run(b, CAPSTAN_SCRIPT_BATCH_OPEN, 2, 6, argv, NULL);
     if (rc) {
-        kiq_seterr(err, rc, "%s", b->err);
-        kiq_batch_free(b);
+        capstan_seterr(err, rc, "%s", b->err);
+        capstan_batch_free(b);
         return NULL;
     }
     b->state = OPEN;
@@ -149,27 +149,27 @@ kiq_batch_t *kiq_batch_reopen(kiq_client_t *c, const char *bid, char *err)
 }
 
 /* The setters are for a batch not written yet. */
-static int settable(kiq_batch_t *b)
+static int settable(capstan_batch_t *b)
 {
     if (b->state == UNWRITTEN)
         return 0;
-    return kiq_seterr(b->err, KIQ_EINVAL,
-                      "batch %s: description, callbacks, parent and linger are set before its "
-                      "first push",
-                      b->bid);
+    return capstan_seterr(b->err, CAPSTAN_EINVAL,
+                          "batch %s: description, callbacks, parent and linger are set before its "
+                          "first push",
+                          b->bid);
 }
 
-static int set_str(kiq_batch_t *b, char **field, const char *value)
+static int set_str(capstan_batch_t *b, char **field, const char *value)
 {
     char *copy = value ? strdup(value) : NULL;
     if (value && !copy)
-        return kiq_seterr(b->err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(b->err, CAPSTAN_ENOMEM, "out of memory");
     free(*field);
     *field = copy;
     return 0;
 }
 
-int kiq_batch_describe(kiq_batch_t *b, const char *description)
+int capstan_batch_describe(capstan_batch_t *b, const char *description)
 {
     int rc = settable(b);
     return rc ? rc : set_str(b, &b->description, description);
@@ -186,65 +186,65 @@ static int queue_name_ok(const char *q)
     return 1;
 }
 
-int kiq_batch_on(kiq_batch_t *b, kiq_batch_event_t event, const char *cls, const char *queue,
-                 const char *options)
+int capstan_batch_on(capstan_batch_t *b, capstan_batch_event_t event, const char *cls, const char *queue,
+                     const char *options)
 {
     int rc = settable(b);
     if (rc)
         return rc;
-    if ((int)event < 0 || event > KIQ_BATCH_DEATH)
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: no such callback event %d", b->bid,
-                          (int)event);
+    if ((int)event < 0 || event > CAPSTAN_BATCH_DEATH)
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: no such callback event %d", b->bid,
+                              (int)event);
     const char *ev = events[event];
     if (!cls || !*cls || strlen(cls) > 200 || !queue_name_ok(cls))
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: the %s callback needs a class name",
-                          b->bid, ev);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: the %s callback needs a class name",
+                              b->bid, ev);
     if (!queue)
         queue = "default";
     if (!queue_name_ok(queue))
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: the %s callback's queue \"%.60s\" is "
-                          "not a queue name", b->bid, ev, queue);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: the %s callback's queue \"%.60s\" is "
+                              "not a queue name", b->bid, ev, queue);
     if (!options)
         options = "{}";
-    kiq_jobject_t obj = {0};
-    char why[KIQ_ERRLEN] = "";
-    rc = kiq__json_scan_object(options, strlen(options), &obj, why);
-    kiq__jobject_free(&obj);
+    capstan_jobject_t obj = {0};
+    char why[CAPSTAN_ERRLEN] = "";
+    rc = capstan__json_scan_object(options, strlen(options), &obj, why);
+    capstan__jobject_free(&obj);
     if (rc)
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: the %s callback's options must be a "
-                          "JSON object (%s): %.60s", b->bid, ev, why, options);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: the %s callback's options must be a "
+                              "JSON object (%s): %.60s", b->bid, ev, why, options);
     if ((rc = set_str(b, &b->cb_class[event], cls)) || (rc = set_str(b, &b->cb_queue[event], queue))
         || (rc = set_str(b, &b->cb_opts[event], options)))
         return rc;
     return 0;
 }
 
-int kiq_batch_set_parent(kiq_batch_t *b, const char *parent_bid)
+int capstan_batch_set_parent(capstan_batch_t *b, const char *parent_bid)
 {
     int rc = settable(b);
     if (rc)
         return rc;
     if (parent_bid && (!*parent_bid || strlen(parent_bid) > 32 || !strcmp(parent_bid, b->bid)))
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: not a parent batch id: \"%.40s\"",
-                          b->bid, parent_bid);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: not a parent batch id: \"%.40s\"",
+                              b->bid, parent_bid);
     return set_str(b, &b->parent, parent_bid);
 }
 
-int kiq_batch_set_linger(kiq_batch_t *b, long linger, long expiry)
+int capstan_batch_set_linger(capstan_batch_t *b, long linger, long expiry)
 {
     int rc = settable(b);
     if (rc)
         return rc;
     if (linger <= 0 || expiry <= 0)
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: linger and expiry are seconds > 0",
-                          b->bid);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: linger and expiry are seconds > 0",
+                              b->bid);
     b->linger = linger;
     b->expiry = expiry;
     return 0;
 }
 
 /* Writes a new batch: its fields, and its place in its parent. */
-static int create(kiq_batch_t *b)
+static int create(capstan_batch_t *b)
 {
     char expiry[24], linger[24];
     snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
@@ -253,7 +253,7 @@ static int create(kiq_batch_t *b)
     const char *argv[8 + 2 + 9 * 2];
     int argc = 0;
     argv[argc++] = b->key;
-    argv[argc++] = KIQ_KEY_BATCHES;
+    argv[argc++] = CAPSTAN_KEY_BATCHES;
     argv[argc++] = b->bid;
     argv[argc++] = "new";
     argv[argc++] = b->parent ? b->parent : "";
@@ -273,62 +273,62 @@ static int create(kiq_batch_t *b)
             argv[argc++] = values[p];
         }
     }
-    int rc = run(b, KIQ_SCRIPT_BATCH_OPEN, 2, argc, argv, NULL);
+    int rc = run(b, CAPSTAN_SCRIPT_BATCH_OPEN, 2, argc, argv, NULL);
     /* Made again after a lost reply, the batch is found made: by this
      * handle (bids are random), so it is open. */
-    if (rc == KIQ_EDENIED && b->create_lost && strstr(b->err, "exists already"))
+    if (rc == CAPSTAN_EDENIED && b->create_lost && strstr(b->err, "exists already"))
         rc = 0;
-    b->create_lost = rc == KIQ_EREDIS;
+    b->create_lost = rc == CAPSTAN_EREDIS;
     if (!rc)
         b->state = OPEN;
     return rc;
 }
 
 /* Counts n more jobs in the batch (n < 0 takes them back). */
-static int add(kiq_batch_t *b, long n)
+static int add(capstan_batch_t *b, long n)
 {
     char count[24], expiry[24];
     snprintf(count, sizeof(count), "%ld", n);
     snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
     const char *argv[] = { b->key, count, expiry };
-    return run(b, KIQ_SCRIPT_BATCH_ADD, 1, 3, argv, NULL);
+    return run(b, CAPSTAN_SCRIPT_BATCH_ADD, 1, 3, argv, NULL);
 }
 
 /* opts->extra with "bid" first (malloc'd), or NULL when out of memory. */
-static char *extra_with_bid(const kiq_batch_t *b, const char *extra)
+static char *extra_with_bid(const capstan_batch_t *b, const char *extra)
 {
-    kiq_buf_t buf = {0};
+    capstan_buf_t buf = {0};
     const char *rest = "}";
     if (extra) {
         rest = extra + strspn(extra, " \t\r\n");
         rest = *rest == '{' ? rest + 1 : "}";
         rest += strspn(rest, " \t\r\n");
     }
-    int rc = kiq__buf_printf(&buf, "{\"bid\":\"%s\"%s%s", b->bid, *rest == '}' ? "" : ",", rest);
+    int rc = capstan__buf_printf(&buf, "{\"bid\":\"%s\"%s%s", b->bid, *rest == '}' ? "" : ",", rest);
     if (rc) {
-        kiq__buf_free(&buf);
+        capstan__buf_free(&buf);
         return NULL;
     }
-    return kiq__buf_take(&buf, NULL);
+    return capstan__buf_take(&buf, NULL);
 }
 
-int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args, size_t n,
-                        const kiq_push_opts_t *opts, char (*jids)[25])
+int capstan_batch_push_bulk(capstan_batch_t *b, const char *cls, const char *const *args, size_t n,
+                            const capstan_push_opts_t *opts, char (*jids)[25])
 {
     b->err[0] = '\0';
     if (b->state == COMMITTED)
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: this handle is committed; reopen the "
-                          "batch to add jobs", b->bid);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: this handle is committed; reopen the "
+                              "batch to add jobs", b->bid);
     if (n == 0)
         return 0;
-    kiq_push_opts_t o = opts ? *opts : kiq_push_opts_default();
+    capstan_push_opts_t o = opts ? *opts : capstan_push_opts_default();
     char *extra = extra_with_bid(b, o.extra);
     char (*own)[25] = jids ? jids : calloc(n, sizeof(*own));
     if (!extra || !own) {
         free(extra);
         if (!jids)
             free(own);
-        return kiq_seterr(b->err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(b->err, CAPSTAN_ENOMEM, "out of memory");
     }
     o.extra = extra;
     /* The count and the pushes go in one transaction (the caller's, else
@@ -337,38 +337,38 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
      * batch already written is checked first (deleted, expired), as a
      * failed count inside the transaction would not stop the pushes; while
      * this handle is not committed the batch cannot succeed meanwhile. */
-    int own_txn = kiq__client_txn(b->c) == NULL;
+    int own_txn = capstan__client_txn(b->c) == NULL;
     int rc = b->state == UNWRITTEN ? create(b) : own_txn ? add(b, 0) : 0;
-    if (!rc && own_txn && kiq_client_begin(b->c))
-        rc = kiq_seterr(b->err, KIQ_ENOMEM, "%s", kiq_client_error(b->c));
+    if (!rc && own_txn && capstan_client_begin(b->c))
+        rc = capstan_seterr(b->err, CAPSTAN_ENOMEM, "%s", capstan_client_error(b->c));
     if (!rc)
         rc = add(b, (long)n);
     int tried = !rc;
     if (!rc) {
-        rc = kiq_client_push_bulk(b->c, cls, args, n, &o, own);
+        rc = capstan_client_push_bulk(b->c, cls, args, n, &o, own);
         if (rc)
-            kiq_seterr(b->err, rc, "%s", kiq_client_error(b->c));
+            capstan_seterr(b->err, rc, "%s", capstan_client_error(b->c));
         /* Refused by the client chain, or none pushed (a failed push drops
          * all its own, jids maybe unwritten): not counted (in the caller's
          * transaction the count is taken back with them). */
-        long missing = rc < 0 && rc != KIQ_EDENIED ? (long)n : 0;
+        long missing = rc < 0 && rc != CAPSTAN_EDENIED ? (long)n : 0;
         for (size_t i = 0; !missing && i < n; i++)
             missing += own[i][0] == '\0';
         if (missing && add(b, -missing) == 0 && rc == 0)
-            rc = KIQ_EDENIED;
+            rc = CAPSTAN_EDENIED;
     }
-    if (own_txn && kiq__client_txn(b->c)) {
-        if (rc < 0 && rc != KIQ_EDENIED) {
-            kiq_client_rollback(b->c);
+    if (own_txn && capstan__client_txn(b->c)) {
+        if (rc < 0 && rc != CAPSTAN_EDENIED) {
+            capstan_client_rollback(b->c);
         } else {
-            int sent = kiq_client_commit(b->c);
+            int sent = capstan_client_commit(b->c);
             if (sent < 0)
-                rc = kiq_seterr(b->err, sent, "batch %s: %s", b->bid, kiq_client_error(b->c));
-            else if (sent > 0 && rc == 0) /* KIQ_PUSH_UNREPLICATED: in, with a warning */
-                rc = kiq_seterr(b->err, sent, "%s", kiq_client_error(b->c));
+                rc = capstan_seterr(b->err, sent, "batch %s: %s", b->bid, capstan_client_error(b->c));
+            else if (sent > 0 && rc == 0) /* CAPSTAN_PUSH_UNREPLICATED: in, with a warning */
+                rc = capstan_seterr(b->err, sent, "%s", capstan_client_error(b->c));
         }
     }
-    if (jids && (!tried || (rc < 0 && rc != KIQ_EDENIED)))
+    if (jids && (!tried || (rc < 0 && rc != CAPSTAN_EDENIED)))
         memset(jids, 0, n * sizeof(*jids)); /* none is known to be in */
     free(extra);
     if (!jids)
@@ -376,31 +376,31 @@ int kiq_batch_push_bulk(kiq_batch_t *b, const char *cls, const char *const *args
     return rc;
 }
 
-int kiq_batch_push(kiq_batch_t *b, const char *cls, const char *args,
-                   const kiq_push_opts_t *opts, char jid[25])
+int capstan_batch_push(capstan_batch_t *b, const char *cls, const char *args,
+                       const capstan_push_opts_t *opts, char jid[25])
 {
     const char *one[] = { args };
     char jids[1][25] = { "" };
-    int rc = kiq_batch_push_bulk(b, cls, one, 1, opts, jids);
+    int rc = capstan_batch_push_bulk(b, cls, one, 1, opts, jids);
     if (jid)
         memcpy(jid, jids[0], 25);
     return rc;
 }
 
-int kiq_batch_commit(kiq_batch_t *b)
+int capstan_batch_commit(capstan_batch_t *b)
 {
     b->err[0] = '\0';
     if (b->state == COMMITTED)
-        return kiq_seterr(b->err, KIQ_EINVAL, "batch %s: already committed", b->bid);
+        return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: already committed", b->bid);
     int rc = b->state == UNWRITTEN ? create(b) : 0;
     if (rc)
         return rc;
     const char *argv[] = { b->key, b->bid };
     long long fired = 0;
-    rc = run(b, KIQ_SCRIPT_BATCH_COMMIT, 1, 2, argv, &fired);
+    rc = run(b, CAPSTAN_SCRIPT_BATCH_COMMIT, 1, 2, argv, &fired);
     if (!rc) {
         b->state = COMMITTED;
-        kiq__metrics_batch_fired(kiq__metrics_default(), fired);
+        capstan__metrics_batch_fired(capstan__metrics_default(), fired);
     }
     return rc;
 }
@@ -411,25 +411,25 @@ static int bid_ok(const char *bid, char *err)
 {
     if (bid && *bid && strlen(bid) <= 32)
         return 0;
-    return kiq_seterr(err, KIQ_EINVAL, "not a batch id: \"%.40s\"", bid ? bid : "");
+    return capstan_seterr(err, CAPSTAN_EINVAL, "not a batch id: \"%.40s\"", bid ? bid : "");
 }
 
 /* Runs fmt with bid in each of its %s. Returns the reply, or NULL with
- * *rc KIQ_EREDIS or KIQ_EREPLY (an error reply) and err filled. */
-static redisReply *command(kiq_redis_t *r, char *err, int *rc, const char *fmt, const char *bid)
+ * *rc CAPSTAN_EREDIS or CAPSTAN_EREPLY (an error reply) and err filled. */
+static redisReply *command(capstan_redis_t *r, char *err, int *rc, const char *fmt, const char *bid)
 {
-    *rc = KIQ_EREDIS;
-    if (!kiq_redis_ok(r) && kiq_redis_connect(r)) {
-        kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    *rc = CAPSTAN_EREDIS;
+    if (!capstan_redis_ok(r) && capstan_redis_connect(r)) {
+        capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
         return NULL;
     }
-    redisReply *rep = kiq_redis_cmdf(r, fmt, bid, bid, bid);
+    redisReply *rep = capstan_redis_cmdf(r, fmt, bid, bid, bid);
     if (!rep) {
-        kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+        capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
-        *rc = kiq_seterr(err, KIQ_EREPLY, "%s", rep->str);
+        *rc = capstan_seterr(err, CAPSTAN_EREPLY, "%s", rep->str);
         freeReplyObject(rep);
         return NULL;
     }
@@ -447,7 +447,7 @@ static double num_elem(const redisReply *e)
     return e->type == REDIS_REPLY_STRING ? atof(e->str) : 0;
 }
 
-void kiq_batch_status_clear(kiq_batch_status_t *s)
+void capstan_batch_status_clear(capstan_batch_status_t *s)
 {
     if (!s)
         return;
@@ -459,25 +459,25 @@ void kiq_batch_status_clear(kiq_batch_status_t *s)
     memset(s, 0, sizeof(*s));
 }
 
-int kiq_batch_status(kiq_redis_t *r, const char *bid, kiq_batch_status_t *out, char *err)
+int capstan_batch_status(capstan_redis_t *r, const char *bid, capstan_batch_status_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
     int rc = bid_ok(bid, err);
     if (rc)
         return rc;
     redisReply *rep = command(r, err, &rc,
-        "HMGET " KIQ_KEY_BATCH "%s created_at description parent total pending dead open "
+        "HMGET " CAPSTAN_KEY_BATCH "%s created_at description parent total pending dead open "
         "invalidated complete_at success_at death_at", bid);
     if (!rep)
         return rc;
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 11) {
         freeReplyObject(rep);
-        return kiq_seterr(err, KIQ_EREPLY, "batch %s: unexpected reply", bid);
+        return capstan_seterr(err, CAPSTAN_EREPLY, "batch %s: unexpected reply", bid);
     }
     redisReply **e = rep->element;
     if (e[0]->type != REDIS_REPLY_STRING) {
         freeReplyObject(rep);
-        return kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s (expired or deleted?)", bid);
+        return capstan_seterr(err, CAPSTAN_ENOTFOUND, "no batch %s (expired or deleted?)", bid);
     }
     out->bid = strdup(bid);
     out->created_at = num_elem(e[0]);
@@ -492,13 +492,13 @@ int kiq_batch_status(kiq_redis_t *r, const char *bid, kiq_batch_status_t *out, c
     out->success_at = num_elem(e[9]);
     out->death_at = num_elem(e[10]);
     freeReplyObject(rep);
-    rc = out->bid ? 0 : kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    if (!rc && (rep = command(r, err, &rc, "HLEN " KIQ_KEY_BATCH "%s:failures", bid))) {
+    rc = out->bid ? 0 : capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    if (!rc && (rep = command(r, err, &rc, "HLEN " CAPSTAN_KEY_BATCH "%s:failures", bid))) {
         out->failures = rep->type == REDIS_REPLY_INTEGER ? (long)rep->integer : 0;
         freeReplyObject(rep);
     }
     if (!rc && out->failures
-        && (rep = command(r, err, &rc, "HSCAN " KIQ_KEY_BATCH "%s:failures 0 COUNT 1", bid))) {
+        && (rep = command(r, err, &rc, "HSCAN " CAPSTAN_KEY_BATCH "%s:failures 0 COUNT 1", bid))) {
         /* Any one of them: a hash keeps no order. */
         if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
             && rep->element[1]->type == REDIS_REPLY_ARRAY && rep->element[1]->elements >= 2) {
@@ -508,11 +508,11 @@ int kiq_batch_status(kiq_redis_t *r, const char *bid, kiq_batch_status_t *out, c
         freeReplyObject(rep);
     }
     if (rc)
-        kiq_batch_status_clear(out);
+        capstan_batch_status_clear(out);
     return rc;
 }
 
-void kiq_batch_list_free(char **bids, size_t n)
+void capstan_batch_list_free(char **bids, size_t n)
 {
     for (size_t i = 0; bids && i < n; i++)
         free(bids[i]);
@@ -521,16 +521,16 @@ void kiq_batch_list_free(char **bids, size_t n)
 
 /* Whether bid's data is gone (expired); if so both indexes forget it.
  * -1 on a failure (*rc and err set). */
-static int forget_if_gone(kiq_redis_t *r, const char *bid, char *err, int *rc)
+static int forget_if_gone(capstan_redis_t *r, const char *bid, char *err, int *rc)
 {
-    redisReply *ex = command(r, err, rc, "EXISTS " KIQ_KEY_BATCH "%s", bid);
+    redisReply *ex = command(r, err, rc, "EXISTS " CAPSTAN_KEY_BATCH "%s", bid);
     if (!ex)
         return -1;
     int gone = ex->type == REDIS_REPLY_INTEGER && ex->integer == 0;
     freeReplyObject(ex);
     for (int i = 0; gone && i < 2; i++) {
-        redisReply *z = command(r, err, rc, i ? "ZREM " KIQ_KEY_BATCHES_OPEN " %s"
-                                              : "ZREM " KIQ_KEY_BATCHES " %s", bid);
+        redisReply *z = command(r, err, rc, i ? "ZREM " CAPSTAN_KEY_BATCHES_OPEN " %s"
+                                              : "ZREM " CAPSTAN_KEY_BATCHES " %s", bid);
         if (!z)
             return -1;
         freeReplyObject(z);
@@ -538,11 +538,11 @@ static int forget_if_gone(kiq_redis_t *r, const char *bid, char *err, int *rc)
     return gone;
 }
 
-int kiq__batches_prune(kiq_redis_t *r, char cursor[32], long *removed, char *err)
+int capstan__batches_prune(capstan_redis_t *r, char cursor[32], long *removed, char *err)
 {
     *removed = 0;
     int rc;
-    redisReply *page = command(r, err, &rc, "ZSCAN " KIQ_KEY_BATCHES_OPEN " %s COUNT 100",
+    redisReply *page = command(r, err, &rc, "ZSCAN " CAPSTAN_KEY_BATCHES_OPEN " %s COUNT 100",
                                cursor[0] ? cursor : "0");
     if (!page)
         return rc;
@@ -552,7 +552,7 @@ int kiq__batches_prune(kiq_redis_t *r, char cursor[32], long *removed, char *err
                           ? page->element[1] : NULL;
     if (!m) {
         freeReplyObject(page);
-        return kiq_seterr(err, KIQ_EREPLY, "ZSCAN " KIQ_KEY_BATCHES_OPEN ": unexpected reply");
+        return capstan_seterr(err, CAPSTAN_EREPLY, "ZSCAN " CAPSTAN_KEY_BATCHES_OPEN ": unexpected reply");
     }
     snprintf(cursor, 32, "%s", page->element[0]->str);
     for (size_t i = 0; i + 1 < m->elements && !rc; i += 2) {
@@ -564,17 +564,17 @@ int kiq__batches_prune(kiq_redis_t *r, char cursor[32], long *removed, char *err
     return rc;
 }
 
-int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
+int capstan_batch_list(capstan_redis_t *r, char ***bids, size_t *n, char *err)
 {
     *bids = NULL;
     *n = 0;
     int rc;
-    redisReply *rep = command(r, err, &rc, "ZRANGE " KIQ_KEY_BATCHES " 0 -1%s", "");
+    redisReply *rep = command(r, err, &rc, "ZRANGE " CAPSTAN_KEY_BATCHES " 0 -1%s", "");
     if (!rep)
         return rc;
     char **out = rep->elements ? calloc(rep->elements, sizeof(*out)) : NULL;
     if (rep->elements && !out)
-        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     for (size_t i = 0; !rc && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
         const char *bid = rep->element[i]->str;
         int gone = forget_if_gone(r, bid, err, &rc);
@@ -583,13 +583,13 @@ int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
         if (gone)
             continue; /* its data expired: the indexes forget it too */
         if (!(out[*n] = strdup(bid)))
-            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         else
             (*n)++;
     }
     freeReplyObject(rep);
     if (rc) {
-        kiq_batch_list_free(out, *n);
+        capstan_batch_list_free(out, *n);
         *n = 0;
         return rc;
     }
@@ -597,57 +597,57 @@ int kiq_batch_list(kiq_redis_t *r, char ***bids, size_t *n, char *err)
     return 0;
 }
 
-int kiq_batch_delete(kiq_redis_t *r, const char *bid, char *err)
+int capstan_batch_delete(capstan_redis_t *r, const char *bid, char *err)
 {
     int rc = bid_ok(bid, err);
     if (rc)
         return rc;
     redisReply *rep = command(r, err, &rc,
-        "DEL " KIQ_KEY_BATCH "%s " KIQ_KEY_BATCH "%s:jids " KIQ_KEY_BATCH "%s:failures", bid);
+        "DEL " CAPSTAN_KEY_BATCH "%s " CAPSTAN_KEY_BATCH "%s:jids " CAPSTAN_KEY_BATCH "%s:failures", bid);
     if (!rep)
         return rc;
     int found = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
     freeReplyObject(rep);
-    if (!(rep = command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES " %s", bid)))
+    if (!(rep = command(r, err, &rc, "ZREM " CAPSTAN_KEY_BATCHES " %s", bid)))
         return rc;
     freeReplyObject(rep);
-    if (!(rep = command(r, err, &rc, "ZREM " KIQ_KEY_BATCHES_OPEN " %s", bid)))
+    if (!(rep = command(r, err, &rc, "ZREM " CAPSTAN_KEY_BATCHES_OPEN " %s", bid)))
         return rc;
     freeReplyObject(rep);
-    return found ? 0 : kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s", bid);
+    return found ? 0 : capstan_seterr(err, CAPSTAN_ENOTFOUND, "no batch %s", bid);
 }
 
-int kiq_batch_invalidate(kiq_redis_t *r, const char *bid, char *err)
+int capstan_batch_invalidate(capstan_redis_t *r, const char *bid, char *err)
 {
     int rc = bid_ok(bid, err);
     if (rc)
         return rc;
     /* HSET only where the batch exists: an expired one stays gone. */
-    redisReply *rep = command(r, err, &rc, "EXISTS " KIQ_KEY_BATCH "%s", bid);
+    redisReply *rep = command(r, err, &rc, "EXISTS " CAPSTAN_KEY_BATCH "%s", bid);
     if (!rep)
         return rc;
     int found = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
     freeReplyObject(rep);
     if (!found)
-        return kiq_seterr(err, KIQ_ENOTFOUND, "no batch %s", bid);
-    if (!(rep = command(r, err, &rc, "HSET " KIQ_KEY_BATCH "%s invalidated 1", bid)))
+        return capstan_seterr(err, CAPSTAN_ENOTFOUND, "no batch %s", bid);
+    if (!(rep = command(r, err, &rc, "HSET " CAPSTAN_KEY_BATCH "%s invalidated 1", bid)))
         return rc;
     freeReplyObject(rep);
     return 0;
 }
 
-int kiq_batch_valid(kiq_job_t *job)
+int capstan_batch_valid(capstan_job_t *job)
 {
-    const char *bid = kiq_job_bid(job);
+    const char *bid = capstan_job_bid(job);
     if (!bid)
         return 1;
-    redisReply *rep = redisCommand(kiq_job_redis(job), "HMGET " KIQ_KEY_BATCH "%s created_at invalidated", bid);
+    redisReply *rep = redisCommand(capstan_job_redis(job), "HMGET " CAPSTAN_KEY_BATCH "%s created_at invalidated", bid);
     if (!rep)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     int valid = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
                 && rep->element[0]->type == REDIS_REPLY_STRING
                 && rep->element[1]->type != REDIS_REPLY_STRING;
-    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : valid;
+    int rc = rep->type == REDIS_REPLY_ERROR ? CAPSTAN_EREPLY : valid;
     freeReplyObject(rep);
     return rc;
 }

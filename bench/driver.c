@@ -1,37 +1,37 @@
-/* kiq-bench: the measuring side of bench/run. It talks to the private
+/* capstan-bench: the measuring side of bench/run. It talks to the private
  * redis-server directly (never through the delay proxy), so it adds no
  * latency to what it measures.
  *
- *   kiq-bench push PORT QUEUE CLASS JOBS BATCH [LOCK]
- *       pushes JOBS jobs of CLASS (args [i]) with kiq_client_push_bulk,
+ *   capstan-bench push PORT QUEUE CLASS JOBS BATCH [LOCK]
+ *       pushes JOBS jobs of CLASS (args [i]) with capstan_client_push_bulk,
  *       BATCH per round trip, as Sidekiq::Client.push_bulk does; with LOCK
  *       (until_executed, while_executing, ...) every push carries v9's lock
  *       fields and the client middleware takes the lock where the type says;
- *       with LOCK "batch" every job goes into one batch (kiq/batch.h),
+ *       with LOCK "batch" every job goes into one batch (capstan/batch.h),
  *       committed after the last push
- *   kiq-bench locks PORT N
- *       N lock+unlock cycles through the C API (kiq_unique_lock, then
- *       kiq_unique_unlock, until_executed, a distinct digest each), on one
+ *   capstan-bench locks PORT N
+ *       N lock+unlock cycles through the C API (capstan_unique_lock, then
+ *       capstan_unique_unlock, until_executed, a distinct digest each), on one
  *       connection; prints "N SECONDS CYCLES_PER_S"
- *   kiq-bench limits PORT N SIZE
+ *   capstan-bench limits PORT N SIZE
  *       N acquire+release cycles of the concurrent limiter "bench" of SIZE
- *       slots through the C API (kiq_limiter_acquire, no wait, then
- *       kiq_limiter_release), on one connection; prints "N SECONDS
+ *       slots through the C API (capstan_limiter_acquire, no wait, then
+ *       capstan_limiter_release), on one connection; prints "N SECONDS
  *       CYCLES_PER_S"
- *   kiq-bench limits-raw PORT N SIZE
+ *   capstan-bench limits-raw PORT N SIZE
  *       the same N cycles as plain EVALSHA of the library's own
  *       lua/limit_acquire.lua and lua/limit_release.lua, with the keys and
  *       arguments the C API sends, on one hiredis connection: the ceiling
  *       the C API is measured against; prints the same
- *   kiq-bench prelock PORT COUNT JID METADATA
+ *   capstan-bench prelock PORT COUNT JID METADATA
  *       takes COUNT locks "uniquejobs:<20 zeros><12 digits>:LOCKED" (k =
  *       0..COUNT-1, the keys redis-benchmark's __rand_int__ makes) for JID,
  *       pipelined HSET + ZADD, so that the raw unlock benchmark finds a
  *       held lock behind (almost) every key it draws
- *   kiq-bench fill PORT QUEUE COUNT
+ *   capstan-bench fill PORT QUEUE COUNT
  *       LPUSHes COUNT copies of one real NoopJob payload to queue:QUEUE (the
  *       redis-benchmark ceiling needs identical payloads) and prints it
- *   kiq-bench drain PORT QUEUE MODE TIMEOUT_S
+ *   capstan-bench drain PORT QUEUE MODE TIMEOUT_S
  *       times the drain of queue:QUEUE. Start: the first poll that sees the
  *       queue shorter than at the beginning (the first fetch). End, MODE
  *       "working": the first poll that sees the queue and the working
@@ -39,16 +39,16 @@
  *       the queue is empty and KEY holds the epoch time the worker wrote
  *       after its last job (basic fetch leaves no trace in Redis).
  *       Prints "JOBS SECONDS JOBS_PER_S".
- *   kiq-bench ceiling PORT QUEUE BATCH DEPTH [LOCK]
- *       Redis's own limit for what kiq asks of it per job: drains
+ *   capstan-bench ceiling PORT QUEUE BATCH DEPTH [LOCK]
+ *       Redis's own limit for what capstan asks of it per job: drains
  *       queue:QUEUE with the library's fetch.lua, (with LOCK
  *       while_executing or until_and_while_executing) locks.lua, and
- *       acks.lua, BATCH jobs a call, with the arguments kiq sends, on one
+ *       acks.lua, BATCH jobs a call, with the arguments capstan sends, on one
  *       connection with DEPTH fetches in flight and every call pipelined:
  *       a client that costs Redis nothing to wait for. Jobs run for no
  *       time between their lock and their ack. Prints "JOBS SECONDS
  *       JOBS_PER_S".
- *   kiq-bench latency PORT QUEUE N KEY
+ *   capstan-bench latency PORT QUEUE N KEY
  *       pushes N single LatencyJob jobs (after 5 warm-up ones) into an idle
  *       worker, one at a time with 3-8 ms of idle time between them, waits
  *       for the microseconds each job RPUSHes to KEY, and prints
@@ -65,23 +65,23 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
-#include <kiq/batch.h>
-#include <kiq/client.h>
-#include <kiq/error.h>
-#include <kiq/limiter.h>
-#include <kiq/redis.h>
+#include <capstan/batch.h>
+#include <capstan/client.h>
+#include <capstan/error.h>
+#include <capstan/limiter.h>
+#include <capstan/redis.h>
 
-#include "middleware/unique_admin_internal.h"
+#include "unique/admin_internal.h"
 #include "redis/scripts.h"
 #include "support/json.h"
-#include <kiq/unique.h>
-#include <kiq/unique_admin.h>
+#include <capstan/unique.h>
+#include <capstan/unique_admin.h>
 
 static const char *prog_cmd = "";
 
 static void die(const char *fmt, const char *a, const char *b)
 {
-    fprintf(stderr, "kiq-bench %s: ", prog_cmd);
+    fprintf(stderr, "capstan-bench %s: ", prog_cmd);
     fprintf(stderr, fmt, a ? a : "", b ? b : "");
     fputc('\n', stderr);
     exit(1);
@@ -142,26 +142,26 @@ static redisReply *cmd(redisContext *c, int type, const char *fmt, ...)
     return r;
 }
 
-static kiq_client_t *client_for(const char *port)
+static capstan_client_t *client_for(const char *port)
 {
-    char url[64], err[KIQ_ERRLEN];
+    char url[64], err[CAPSTAN_ERRLEN];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(port, "port"));
-    kiq_client_t *k = kiq_client_new(url, err);
+    capstan_client_t *k = capstan_client_new(url, err);
     if (!k)
         die("%s%s", err, NULL);
     return k;
 }
 
 /* A connected library connection to 127.0.0.1:port. */
-static kiq_redis_t *redis_for(const char *port)
+static capstan_redis_t *redis_for(const char *port)
 {
-    char url[64], err[KIQ_ERRLEN];
+    char url[64], err[CAPSTAN_ERRLEN];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%ld/0", num(port, "port"));
-    kiq_redis_t *r = kiq_redis_new(url, 5.0, err);
+    capstan_redis_t *r = capstan_redis_new(url, 5.0, err);
     if (!r)
         die("%s%s", err, NULL);
-    if (kiq_redis_connect(r))
-        die("cannot connect: %s%s", kiq_redis_error(r), NULL);
+    if (capstan_redis_connect(r))
+        die("cannot connect: %s%s", capstan_redis_error(r), NULL);
     return r;
 }
 
@@ -169,22 +169,22 @@ static int do_push(int argc, char **argv)
 {
     if (argc != 5 && argc != 6)
         die("usage: push PORT QUEUE CLASS JOBS BATCH [LOCK]%s%s", NULL, NULL);
-    kiq_client_t *k = client_for(argv[0]);
+    capstan_client_t *k = client_for(argv[0]);
     long jobs = num(argv[3], "job count"), batch = num(argv[4], "batch size");
     if (batch < 1)
         batch = 1;
-    kiq_push_opts_t o = kiq_push_opts_default();
+    capstan_push_opts_t o = capstan_push_opts_default();
     o.queue = argv[1];
-    kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
-    kiq_batch_t *b = NULL;
-    char err[KIQ_ERRLEN];
+    capstan_unique_opts_t uo = CAPSTAN_UNIQUE_OPTS_INIT;
+    capstan_batch_t *b = NULL;
+    char err[CAPSTAN_ERRLEN];
     if (argc == 6 && strcmp(argv[5], "batch") == 0) {
-        if (!(b = kiq_batch_new(k, err)))
+        if (!(b = capstan_batch_new(k, err)))
             die("batch: %s%s", err, NULL);
     } else if (argc == 6) {
-        if (kiq_lock_type_parse(argv[5], &uo.lock))
+        if (capstan_lock_type_parse(argv[5], &uo.lock))
             die("unknown lock type %s%s", argv[5], NULL);
-        if (uo.lock != KIQ_LOCK_NONE)
+        if (uo.lock != CAPSTAN_LOCK_NONE)
             o.unique = &uo;
     }
     char (*text)[32] = malloc((size_t)batch * sizeof(*text));
@@ -197,17 +197,17 @@ static int do_push(int argc, char **argv)
             snprintf(text[i], sizeof(text[i]), "[%ld]", done + i);
             args[i] = text[i];
         }
-        if (b ? kiq_batch_push_bulk(b, argv[2], args, (size_t)n, &o, NULL)
-              : kiq_client_push_bulk(k, argv[2], args, (size_t)n, &o, NULL))
-            die("push_bulk: %s%s", b ? kiq_batch_error(b) : kiq_client_error(k), NULL);
+        if (b ? capstan_batch_push_bulk(b, argv[2], args, (size_t)n, &o, NULL)
+              : capstan_client_push_bulk(k, argv[2], args, (size_t)n, &o, NULL))
+            die("push_bulk: %s%s", b ? capstan_batch_error(b) : capstan_client_error(k), NULL);
         done += n;
     }
-    if (b && kiq_batch_commit(b))
-        die("batch commit: %s%s", kiq_batch_error(b), NULL);
-    kiq_batch_free(b);
+    if (b && capstan_batch_commit(b))
+        die("batch commit: %s%s", capstan_batch_error(b), NULL);
+    capstan_batch_free(b);
     free(text);
     free(args);
-    kiq_client_free(k);
+    capstan_client_free(k);
     return 0;
 }
 
@@ -216,12 +216,12 @@ static int do_fill(int argc, char **argv)
     if (argc != 3)
         die("usage: fill PORT QUEUE COUNT%s%s", NULL, NULL);
     long count = num(argv[2], "count");
-    kiq_client_t *k = client_for(argv[0]);
-    kiq_push_opts_t o = kiq_push_opts_default();
+    capstan_client_t *k = client_for(argv[0]);
+    capstan_push_opts_t o = capstan_push_opts_default();
     o.queue = argv[1];
-    if (kiq_client_push(k, "NoopJob", "[0]", &o, NULL))
-        die("push: %s%s", kiq_client_error(k), NULL);
-    kiq_client_free(k);
+    if (capstan_client_push(k, "NoopJob", "[0]", &o, NULL))
+        die("push: %s%s", capstan_client_error(k), NULL);
+    capstan_client_free(k);
     redisContext *c = connect_port(argv[0]);
     char qkey[256];
     snprintf(qkey, sizeof(qkey), "queue:%s", argv[1]);
@@ -268,16 +268,16 @@ static int do_locks(int argc, char **argv)
     long n = num(argv[1], "cycle count");
     if (n < 1)
         die("need at least one cycle%s%s", NULL, NULL);
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = redis_for(argv[0]);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = redis_for(argv[0]);
     /* Digests and jids shaped as real ones: "uniquejobs:" + 32 hex, 24 hex. */
     char digest[64], jid[32], largs[32];
-    kiq_lock_req_t q = { .jid = jid, .type = KIQ_LOCK_UNTIL_EXECUTED, .cls = "NoopJob",
+    capstan_lock_req_t q = { .jid = jid, .type = CAPSTAN_LOCK_UNTIL_EXECUTED, .cls = "NoopJob",
                          .queue = "bench", .lock_args = largs };
     q.digest = digest;
     /* As in a running worker, v9's lock metrics are counted in memory and
-     * written in one pipeline (kiq__unique_metrics_flush, timed below). */
-    kiq__unique_metrics_buffer(1);
+     * written in one pipeline (capstan__unique_metrics_flush, timed below). */
+    capstan__unique_metrics_buffer(1);
     /* One warm-up cycle: the scripts get loaded, the connection is hot. */
     double t0 = 0;
     for (long i = -1; i < n; i++) {
@@ -287,17 +287,17 @@ static int do_locks(int argc, char **argv)
         snprintf(digest, sizeof(digest), "uniquejobs:%032lx", k);
         snprintf(jid, sizeof(jid), "%024lx", 0xb0000000UL + k);
         snprintf(largs, sizeof(largs), "[%lu]", k);
-        int rc = kiq_unique_lock(r, &q, err);
-        if (rc != KIQ_LOCK_ACQUIRED)
-            die("kiq_unique_lock: %s%s", rc < 0 ? err : "not newly acquired", NULL);
-        rc = kiq_unique_unlock(r, digest, 0, jid, KIQ_LOCK_UNTIL_EXECUTED, 0, err);
+        int rc = capstan_unique_lock(r, &q, err);
+        if (rc != CAPSTAN_LOCK_ACQUIRED)
+            die("capstan_unique_lock: %s%s", rc < 0 ? err : "not newly acquired", NULL);
+        rc = capstan_unique_unlock(r, digest, 0, jid, CAPSTAN_LOCK_UNTIL_EXECUTED, 0, err);
         if (rc != 0)
-            die("kiq_unique_unlock: %s%s", rc == KIQ_EDENIED ? "held by another jid" : err, NULL);
+            die("capstan_unique_unlock: %s%s", rc == CAPSTAN_EDENIED ? "held by another jid" : err, NULL);
     }
-    if (kiq__unique_metrics_flush(r))
+    if (capstan__unique_metrics_flush(r))
         die("writing the lock metrics failed%s%s", NULL, NULL);
     double dt = mono() - t0;
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return print_rate(n, dt);
 }
 
@@ -306,22 +306,22 @@ static int do_limits(int argc, char **argv)
     if (argc != 3)
         die("usage: limits PORT N SIZE%s%s", NULL, NULL);
     long n = num(argv[1], "cycle count"), size = num(argv[2], "size");
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = redis_for(argv[0]);
-    kiq_limiter_t *lim = kiq_limiter_new(KIQ_LIMIT_CONCURRENT, "bench", size, 0, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = redis_for(argv[0]);
+    capstan_limiter_t *lim = capstan_limiter_new(CAPSTAN_LIMIT_CONCURRENT, "bench", size, 0, err);
     if (!lim)
         die("%s%s", err, NULL);
-    kiq_limit_token_t t;
+    capstan_limit_token_t t;
     double t0 = 0;
     for (long i = -1; i < n; i++) { /* one warm-up cycle, as in do_locks */
         if (i == 0)
             t0 = mono();
-        if (kiq_limiter_acquire(lim, r, 0, &t, NULL, err) || kiq_limiter_release(lim, r, &t, err))
+        if (capstan_limiter_acquire(lim, r, 0, &t, NULL, err) || capstan_limiter_release(lim, r, &t, err))
             die("limiter: %s%s", err, NULL);
     }
     double dt = mono() - t0;
-    kiq_limiter_free(lim);
-    kiq_redis_free(r);
+    capstan_limiter_free(lim);
+    capstan_redis_free(r);
     return print_rate(n, dt);
 }
 
@@ -342,14 +342,14 @@ static int do_limits_raw(int argc, char **argv)
     if (!c || c->err)
         die("cannot connect: %s%s", c ? c->errstr : "no memory", NULL);
     char sha[2][41];
-    kiq_script_t scripts[2] = { KIQ_SCRIPT_LIMIT_ACQUIRE, KIQ_SCRIPT_LIMIT_RELEASE };
+    capstan_script_t scripts[2] = { CAPSTAN_SCRIPT_LIMIT_ACQUIRE, CAPSTAN_SCRIPT_LIMIT_RELEASE };
     for (int i = 0; i < 2; i++) {
-        redisReply *rep = must(redisCommand(c, "SCRIPT LOAD %s", kiq_script_text(scripts[i])), c,
+        redisReply *rep = must(redisCommand(c, "SCRIPT LOAD %s", capstan__script_text(scripts[i])), c,
                                REDIS_REPLY_STRING);
         snprintf(sha[i], sizeof(sha[i]), "%s", rep->str);
         freeReplyObject(rep);
     }
-    char meta[64], count[24], id[KIQ_LIMIT_TOKEN_MAX];
+    char meta[64], count[24], id[CAPSTAN_LIMIT_TOKEN_MAX];
     snprintf(meta, sizeof(meta), "concurrent size=%ld", size);
     snprintf(count, sizeof(count), "%ld", size);
     const char *acq[] = { "EVALSHA", sha[0], "2", "limiter:bench:meta", "limiter:bench:held",
@@ -421,7 +421,7 @@ static int do_prelock(int argc, char **argv)
 }
 
 /* One poll: {LLEN queue, total length of the working lists, stamp or false}.
- * The lists are found through the "processes" set (kiq registers there
+ * The lists are found through the "processes" set (capstan registers there
  * before its first fetch): a KEYS pattern would walk the whole keyspace on
  * every poll, and with a uniqueness lock per queued job that stalls Redis. */
 static const char *POLL_LUA =
@@ -490,10 +490,10 @@ static int do_drain(int argc, char **argv)
 /* The value of the top-level member name of the payload p, scanned into
  * o (a string without its quotes, escapes left as they are); NULL when
  * absent. */
-static const char *raw_field(const kiq_jobject_t *o, const char *p, const char *name,
+static const char *raw_field(const capstan_jobject_t *o, const char *p, const char *name,
                              size_t *len)
 {
-    const kiq_jmember_t *m = kiq__jobject_get(o, p, name);
+    const capstan_jmember_t *m = capstan__jobject_get(o, p, name);
     if (!m)
         return NULL;
     const char *v = p + m->vstart;
@@ -508,15 +508,15 @@ static const char *raw_field(const kiq_jobject_t *o, const char *p, const char *
 enum { CEIL_FETCH, CEIL_LOCKS, CEIL_ACKS };
 
 /* Appends the library's script s (EVALSHA) to c's pipeline. */
-static void ceil_append(kiq_redis_t *c, kiq_script_t s, int nkeys, int argc, const char **argv,
+static void ceil_append(capstan_redis_t *c, capstan_script_t s, int nkeys, int argc, const char **argv,
                         const size_t *lens)
 {
-    if (kiq__redis_append_script(c, s, nkeys, argc, argv, lens))
-        die("redis: %s%s", kiq_redis_error(c), NULL);
+    if (capstan__redis_append_script(c, s, nkeys, argc, argv, lens))
+        die("redis: %s%s", capstan_redis_error(c), NULL);
 }
 
 /* The locks.lua and acks.lua calls for the jobs of one fetch reply f. */
-static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *working,
+static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const char *working,
                               const char *lock)
 {
     size_t n = (f->elements - 1) / 2;
@@ -528,7 +528,7 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
         die("out of memory%s%s", NULL, NULL);
     snprintf(now, sizeof(now), "%.6f", wall());
     int until = lock && strcmp(lock, "until_and_while_executing") == 0;
-    kiq_jobject_t o = { 0 };
+    capstan_jobject_t o = { 0 };
     size_t nl = 0, na = 0;
     la[nl++] = "uniquejobs:digests";
     la[nl++] = now;
@@ -540,7 +540,7 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
     na++;
     for (size_t i = 0; i < n; i++) {
         const redisReply *job = f->element[2 + 2 * i];
-        if (kiq__json_scan_object(job->str, job->len, &o, NULL))
+        if (capstan__json_scan_object(job->str, job->len, &o, NULL))
             die("a payload that is not a JSON object: %s%s", job->str, NULL);
         size_t dl = 0, jl = 0, gl = 0, cl = 0, ql = 0;
         const char *d = raw_field(&o, job->str, "lock_digest", &dl);
@@ -560,7 +560,7 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
             metas[i] = malloc(ml);
             if (!metas[i])
                 die("out of memory%s%s", NULL, NULL);
-            /* As middleware/unique_lock.c writes it (the payload's class and
+            /* As unique/lock.c writes it (the payload's class and
              * queue are plain names here). */
             snprintf(metas[i], ml,
                      "{\"worker\":\"%.*s\",\"queue\":\"%.*s\",\"limit\":null,\"timeout\":0,"
@@ -584,9 +584,9 @@ static void ceil_lock_and_ack(kiq_redis_t *c, const redisReply *f, const char *w
         al[na++] = 0;
     }
     if (lock)
-        ceil_append(c, KIQ_SCRIPT_LOCKS, 1, (int)nl, la, NULL);
-    ceil_append(c, KIQ_SCRIPT_ACKS, 2, (int)na, aa, al);
-    kiq__jobject_free(&o);
+        ceil_append(c, CAPSTAN_SCRIPT_LOCKS, 1, (int)nl, la, NULL);
+    ceil_append(c, CAPSTAN_SCRIPT_ACKS, 2, (int)na, aa, al);
+    capstan__jobject_free(&o);
     for (size_t i = 0; i < n; i++)
         free(metas[i]);
     free(metas);
@@ -607,12 +607,12 @@ static int do_ceiling(int argc, char **argv)
     long batch = num(argv[2], "batch"), depth = num(argv[3], "depth");
     if (batch < 1 || depth < 1)
         die("ceiling: BATCH and DEPTH are at least 1%s%s", NULL, NULL);
-    kiq_redis_t *c = redis_for(argv[0]);
+    capstan_redis_t *c = redis_for(argv[0]);
     char qkey[256], bn[32];
     const char *working = "uniquejobs:working:bench-ceiling";
     snprintf(qkey, sizeof(qkey), "queue:%s", argv[1]);
     snprintf(bn, sizeof(bn), "%ld", batch);
-    redisReply *r = kiq_redis_cmdf(c, "LLEN %s", qkey);
+    redisReply *r = capstan_redis_cmdf(c, "LLEN %s", qkey);
     long long total = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
     freeReplyObject(r);
     if (total <= 0)
@@ -624,16 +624,16 @@ static int do_ceiling(int argc, char **argv)
     if (!expect)
         die("out of memory%s%s", NULL, NULL);
 #define CEIL_SEND(kind) (expect[(head + nexp++) % cap] = (kind))
-#define CEIL_FETCH_MORE() (ceil_append(c, KIQ_SCRIPT_FETCH, 2, 4, fa, NULL), CEIL_SEND(CEIL_FETCH))
+#define CEIL_FETCH_MORE() (ceil_append(c, CAPSTAN_SCRIPT_FETCH, 2, 4, fa, NULL), CEIL_SEND(CEIL_FETCH))
     double t0 = mono();
     for (long i = 0; i < depth; i++)
         CEIL_FETCH_MORE();
     long long acked = 0;
     int empty = 0;
     while (nexp > 0) {
-        redisReply *rr = kiq_redis_get_reply(c);
+        redisReply *rr = capstan_redis_get_reply(c);
         if (!rr)
-            die("redis: %s%s", kiq_redis_error(c), NULL);
+            die("redis: %s%s", capstan_redis_error(c), NULL);
         int kind = expect[head];
         head = (head + 1) % cap;
         nexp--;
@@ -669,7 +669,7 @@ static int do_ceiling(int argc, char **argv)
 #undef CEIL_SEND
     double dt = mono() - t0;
     free(expect);
-    kiq_redis_free(c);
+    capstan_redis_free(c);
     if (acked != total)
         die("ceiling: acked a different count than was queued%s%s", NULL, NULL);
     return print_rate(total, dt);
@@ -700,10 +700,10 @@ static int do_latency(int argc, char **argv)
     if (n < 1)
         die("need at least one push%s%s", NULL, NULL);
     const long warm = 5;
-    kiq_client_t *k = client_for(argv[0]);
+    capstan_client_t *k = client_for(argv[0]);
     redisContext *c = connect_port(argv[0]);
     freeReplyObject(cmd(c, -1, "DEL %s", argv[3]));
-    kiq_push_opts_t o = kiq_push_opts_default();
+    capstan_push_opts_t o = capstan_push_opts_default();
     o.queue = argv[1];
     char args[300];
     snprintf(args, sizeof(args), "[\"%s\"]", argv[3]);
@@ -713,8 +713,8 @@ static int do_latency(int argc, char **argv)
     srand((unsigned)time(NULL));
     for (long i = 0; i < n + warm; i++) {
         sleep_us(3000 + rand() % 5000); /* the worker goes back to its blocking fetch */
-        if (kiq_client_push(k, "LatencyJob", args, &o, NULL))
-            die("push: %s%s", kiq_client_error(k), NULL);
+        if (capstan_client_push(k, "LatencyJob", args, &o, NULL))
+            die("push: %s%s", capstan_client_error(k), NULL);
         redisReply *r = cmd(c, -1, "BLPOP %s 10", argv[3]);
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2)
             die("no LatencyJob result on %s within 10 s (is the worker running queue %s?)",
@@ -728,14 +728,14 @@ static int do_latency(int argc, char **argv)
            (double)v[n - 1] / 1000.0);
     free(v);
     redisFree(c);
-    kiq_client_free(k);
+    capstan_client_free(k);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: kiq-bench push|fill|drain|latency|locks|limits|prelock|ceiling ARGS (see bench/driver.c)\n");
+        fprintf(stderr, "usage: capstan-bench push|fill|drain|latency|locks|limits|prelock|ceiling ARGS (see bench/driver.c)\n");
         return 2;
     }
     prog_cmd = argv[1];

@@ -1,6 +1,6 @@
 /* Handler plugin for bench/run: the job classes the benchmarks push.
- * Load: kiq run -r build/bench/libkiq-bench.so. Like examples/jobs.c it
- * resolves kiq_* symbols from the kiq binary and does not link libkiq.
+ * Load: capstan run -r build/bench/libcapstan-bench.so. Like examples/jobs.c it
+ * resolves capstan_* symbols from the capstan binary and does not link libcapstan.
  *
  *   NoopJob [...]        does nothing (throughput, memory)
  *   SleepJob [...]       sleeps 2 ms, as a job waiting on I/O would
@@ -11,16 +11,16 @@
 #include <string.h>
 #include <time.h>
 
-#include <kiq/kiq.h>
+#include <capstan/capstan.h>
 
-static int noop_job(kiq_job_t *job, void *ud)
+static int noop_job(capstan_job_t *job, void *ud)
 {
     (void)job;
     (void)ud;
     return 0;
 }
 
-static int sleep_job(kiq_job_t *job, void *ud)
+static int sleep_job(capstan_job_t *job, void *ud)
 {
     (void)job;
     (void)ud;
@@ -39,10 +39,10 @@ static double wall_now(void)
 
 /* enqueued_at as epoch seconds: float seconds (Sidekiq 6/7) or integer
  * milliseconds (Sidekiq 8), or a negative number when absent. */
-static double enqueued_at(kiq_job_t *job)
+static double enqueued_at(capstan_job_t *job)
 {
     size_t len;
-    const char *v = kiq_job_field_raw(job, "enqueued_at", &len);
+    const char *v = capstan_job_field_raw(job, "enqueued_at", &len);
     char text[64];
     if (!v || len == 0 || len >= sizeof(text))
         return -1;
@@ -54,34 +54,34 @@ static double enqueued_at(kiq_job_t *job)
     return t;
 }
 
-static int latency_job(kiq_job_t *job, void *ud)
+static int latency_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
     double start = wall_now(); /* first thing: the figure is push-to-start */
     double enq = enqueued_at(job);
     if (enq <= 0)
-        return kiq_job_fail(job, "ArgumentError", "no enqueued_at in the payload");
-    json_t *args = kiq_job_args(job);
+        return capstan_job_fail(job, "ArgumentError", "no enqueued_at in the payload");
+    json_t *args = capstan_job_args(job);
     const char *key = json_string_value(json_array_get(args, 0));
     if (!key)
-        return kiq_job_fail(job, "ArgumentError", "LatencyJob needs a result key");
-    redisContext *c = kiq_job_redis(job);
+        return capstan_job_fail(job, "ArgumentError", "LatencyJob needs a result key");
+    redisContext *c = capstan_job_redis(job);
     if (!c)
-        return kiq_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
+        return capstan_job_fail(job, "Redis::CannotConnectError", "no Redis connection");
     char us[32];
     snprintf(us, sizeof(us), "%lld", (long long)((start - enq) * 1e6));
     redisReply *r = redisCommand(c, "RPUSH %s %s", key, us);
     int ok = r && r->type != REDIS_REPLY_ERROR;
     freeReplyObject(r);
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "RPUSH %s failed", key);
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "RPUSH %s failed", key);
 }
 
-__attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
+__attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t *rt)
 {
-    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
     int rc = 0;
-    rc |= kiq_register(rt, "NoopJob", noop_job, NULL, &opts);
-    rc |= kiq_register(rt, "SleepJob", sleep_job, NULL, &opts);
-    rc |= kiq_register(rt, "LatencyJob", latency_job, NULL, &opts);
+    rc |= capstan_register(rt, "NoopJob", noop_job, NULL, &opts);
+    rc |= capstan_register(rt, "SleepJob", sleep_job, NULL, &opts);
+    rc |= capstan_register(rt, "LatencyJob", latency_job, NULL, &opts);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* `kiq batch`: the batches on a Redis (include/kiq/batch.h). status BID
+/* `capstan batch`: the batches on a Redis (include/capstan/batch.h). status BID
  * shows one batch's counts, first failure and which callbacks fired; list
  * shows every batch still stored, one a line; delete and invalidate act on
  * one batch. */
@@ -9,15 +9,15 @@
 #include <time.h>
 
 #include "cli/cli.h"
-#include "kiq/batch.h"
+#include "capstan/batch.h"
 
 #define EXIT_REDIS 69
 #define EXIT_NOTFOUND 1
 
 static const char *usage =
-    "Usage: kiq batch status BID\n"
-    "       kiq batch list\n"
-    "       kiq batch delete BID | invalidate BID\n"
+    "Usage: capstan batch status BID\n"
+    "       capstan batch list\n"
+    "       capstan batch delete BID | invalidate BID\n"
     "\n"
     "status shows a batch's description, total, pending, failures (with one\n"
     "failed job's error), dead jobs, and when each callback fired. list shows\n"
@@ -40,7 +40,7 @@ static const char *when(double t, char *buf, size_t n)
     return buf;
 }
 
-static const char *state_of(const kiq_batch_status_t *s)
+static const char *state_of(const capstan_batch_status_t *s)
 {
     if (s->success_at > 0)
         return "succeeded";
@@ -51,14 +51,14 @@ static const char *state_of(const kiq_batch_status_t *s)
     return "running";
 }
 
-static int cmd_status(kiq_redis_t *r, const char *bid)
+static int cmd_status(capstan_redis_t *r, const char *bid)
 {
-    char err[KIQ_ERRLEN], t[4][40];
-    kiq_batch_status_t s;
-    int rc = kiq_batch_status(r, bid, &s, err);
+    char err[CAPSTAN_ERRLEN], t[4][40];
+    capstan_batch_status_t s;
+    int rc = capstan_batch_status(r, bid, &s, err);
     if (rc) {
-        fprintf(stderr, "kiq batch: %s\n", err);
-        return rc == KIQ_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REDIS;
+        fprintf(stderr, "capstan batch: %s\n", err);
+        return rc == CAPSTAN_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REDIS;
     }
     printf("bid:          %s\n"
            "description:  %s\n"
@@ -80,57 +80,57 @@ static int cmd_status(kiq_redis_t *r, const char *bid)
            "  death:      %s\n",
            when(s.complete_at, t[1], sizeof(t[1])), when(s.success_at, t[2], sizeof(t[2])),
            when(s.death_at, t[3], sizeof(t[3])));
-    kiq_batch_status_clear(&s);
+    capstan_batch_status_clear(&s);
     return 0;
 }
 
-static int cmd_list(kiq_redis_t *r)
+static int cmd_list(capstan_redis_t *r)
 {
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     char **bids;
     size_t n;
-    if (kiq_batch_list(r, &bids, &n, err)) {
-        fprintf(stderr, "kiq batch: %s\n", err);
+    if (capstan_batch_list(r, &bids, &n, err)) {
+        fprintf(stderr, "capstan batch: %s\n", err);
         return EXIT_REDIS;
     }
     printf("%-20s %-10s %8s %8s %8s  %s\n", "BID", "STATE", "TOTAL", "PENDING", "FAILURES",
            "DESCRIPTION");
     int status = 0;
     for (size_t i = 0; i < n; i++) {
-        kiq_batch_status_t s;
-        int rc = kiq_batch_status(r, bids[i], &s, err);
-        if (rc == KIQ_ENOTFOUND)
+        capstan_batch_status_t s;
+        int rc = capstan_batch_status(r, bids[i], &s, err);
+        if (rc == CAPSTAN_ENOTFOUND)
             continue; /* expired meanwhile */
         if (rc) {
-            fprintf(stderr, "kiq batch: %s\n", err);
+            fprintf(stderr, "capstan batch: %s\n", err);
             status = EXIT_REDIS;
             break;
         }
         printf("%-20s %-10s %8ld %8ld %8ld  %s\n", s.bid, state_of(&s), s.total, s.pending,
                s.failures, s.description ? s.description : "");
-        kiq_batch_status_clear(&s);
+        capstan_batch_status_clear(&s);
     }
-    kiq_batch_list_free(bids, n);
+    capstan_batch_list_free(bids, n);
     return status;
 }
 
-static int cmd_change(kiq_redis_t *r, const char *op, const char *bid)
+static int cmd_change(capstan_redis_t *r, const char *op, const char *bid)
 {
-    char err[KIQ_ERRLEN];
-    int rc = strcmp(op, "delete") == 0 ? kiq_batch_delete(r, bid, err)
-                                       : kiq_batch_invalidate(r, bid, err);
+    char err[CAPSTAN_ERRLEN];
+    int rc = strcmp(op, "delete") == 0 ? capstan_batch_delete(r, bid, err)
+                                       : capstan_batch_invalidate(r, bid, err);
     if (rc) {
-        fprintf(stderr, "kiq batch: %s\n", err);
-        return rc == KIQ_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REDIS;
+        fprintf(stderr, "capstan batch: %s\n", err);
+        return rc == CAPSTAN_ENOTFOUND ? EXIT_NOTFOUND : EXIT_REDIS;
     }
     printf("%s %s\n", strcmp(op, "delete") == 0 ? "deleted" : "invalidated", bid);
     return 0;
 }
 
-int kiq_cmd_batch(int argc, char **argv)
+int capstan__cmd_batch(int argc, char **argv)
 {
     const char *url = NULL;
-    int done = kiq_cli_options("kiq batch", usage, argc, argv, &url, NULL);
+    int done = capstan__cli_options("capstan batch", usage, argc, argv, &url, NULL);
     if (done >= 0)
         return done;
     int nops = argc - optind;
@@ -139,16 +139,16 @@ int kiq_cmd_batch(int argc, char **argv)
     int one = nops == 2 && (strcmp(ops[0], "status") == 0 || strcmp(ops[0], "delete") == 0
                             || strcmp(ops[0], "invalidate") == 0);
     if (!list && !one) {
-        fprintf(stderr, "kiq batch: expected status BID, list, delete BID or invalidate BID\n\n%s",
+        fprintf(stderr, "capstan batch: expected status BID, list, delete BID or invalidate BID\n\n%s",
                 usage);
-        return KIQ_EXIT_USAGE;
+        return CAPSTAN_EXIT_USAGE;
     }
-    kiq_redis_t *r = kiq_cli_connect("kiq batch", url);
+    capstan_redis_t *r = capstan__cli_connect("capstan batch", url);
     if (!r)
         return EXIT_REDIS;
     int status = list ? cmd_list(r)
                : strcmp(ops[0], "status") == 0 ? cmd_status(r, ops[1])
                : cmd_change(r, ops[0], ops[1]);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return status;
 }

@@ -1,4 +1,4 @@
-/* kiq_main: the kiq command line and its command table. `kiq run` (the
+/* capstan_main: the capstan command line and its command table. `capstan run` (the
  * default) starts a worker; the other subcommands (push, stats, locks, lock,
  * limits, top, batch, version) are tools around the same Redis, one file each. */
 #include <errno.h>
@@ -10,27 +10,27 @@
 
 #include "cli/cli.h"
 #include "support/log.h"
-#include "kiq/kiq.h"
-#include "kiq/redis.h"
+#include "capstan/capstan.h"
+#include "capstan/redis.h"
 #include "redis/url.h"
 
 static const char *main_usage =
-    "Usage: kiq [COMMAND] [options]\n"
+    "Usage: capstan [COMMAND] [options]\n"
     "\n"
     "Commands:\n"
     "  run       process jobs (the default when no command is given)\n"
-    "  push      push a job: kiq push CLASS [ARGS_JSON] [options]\n"
+    "  push      push a job: capstan push CLASS [ARGS_JSON] [options]\n"
     "  stats     processed/failed counts, queues, sets, processes, working lists\n"
     "  locks     uniqueness locks: list, info, delete, metrics, reap, upgrade\n"
-    "  lock      run a command under a FIFO lock: kiq lock NAME [options] -- CMD...\n"
+    "  lock      run a command under a FIFO lock: capstan lock NAME [options] -- CMD...\n"
     "  limits    rate limiters: list, info NAME (holders, window fill, wait)\n"
     "  top       live view: queues, processes, throughput, retries/dead, contended locks\n"
     "  batch     batches: status BID, list, delete BID, invalidate BID\n"
     "  version   print the version\n"
     "\n"
-    "`kiq COMMAND --help` describes each command's options.\n";
+    "`capstan COMMAND --help` describes each command's options.\n";
 
-const char *kiq_cli_redis_url(const char *flag)
+const char *capstan__cli_redis_url(const char *flag)
 {
     if (flag && *flag)
         return flag;
@@ -41,17 +41,17 @@ const char *kiq_cli_redis_url(const char *flag)
     return url && *url ? url : "redis://127.0.0.1:6379/0";
 }
 
-kiq_redis_t *kiq_cli_connect(const char *who, const char *url_flag)
+capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag)
 {
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kiq_cli_redis_url(url_flag), 10, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(capstan__cli_redis_url(url_flag), 10, err);
     if (!r) {
         fprintf(stderr, "%s: %s\n", who, err);
         return NULL;
     }
-    if (kiq_redis_connect(r)) {
-        fprintf(stderr, "%s: %s\n", who, kiq_redis_error(r));
-        kiq_redis_free(r);
+    if (capstan_redis_connect(r)) {
+        fprintf(stderr, "%s: %s\n", who, capstan_redis_error(r));
+        capstan_redis_free(r);
         return NULL;
     }
     return r;
@@ -119,124 +119,124 @@ static int write_pidfile(const char *path, char *err)
         int e = errno;
         if (f)
             unlink(path);
-        return kiq_seterr(err, KIQ_ECONFIG, "pidfile: cannot write %s: %s", path, strerror(e));
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "pidfile: cannot write %s: %s", path, strerror(e));
     }
     return 0;
 }
 
-/* The exit status for what kiq_runtime_run returned: a refusal by Redis
+/* The exit status for what capstan_runtime_run returned: a refusal by Redis
  * is a configuration error, a Redis that never answered is unavailable. */
 static int run_status(int rc)
 {
-    if (rc == KIQ_ECONFIG)
-        return KIQ_EXIT_CONFIG;
-    if (rc == KIQ_EREDIS)
-        return KIQ_EXIT_UNAVAILABLE;
+    if (rc == CAPSTAN_ECONFIG)
+        return CAPSTAN_EXIT_CONFIG;
+    if (rc == CAPSTAN_EREDIS)
+        return CAPSTAN_EXIT_UNAVAILABLE;
     return rc ? 1 : 0;
 }
 
-static int cmd_run(int argc, char **argv, kiq_plugin_init_fn init)
+static int cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
 {
-    char err[KIQ_ERRLEN] = "";
-    kiq_config_t *cfg = kiq_config_new();
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_config_t *cfg = capstan_config_new();
     if (!cfg) {
-        fprintf(stderr, "kiq: out of memory\n");
+        fprintf(stderr, "capstan: out of memory\n");
         return 1;
     }
-    int rc = kiq_config_parse_args(cfg, argc, argv, err);
-    if (rc == KIQ_ENOTFOUND) {
-        fputs(kiq_config_usage(), stdout);
-        kiq_config_free(cfg);
+    int rc = capstan_config_parse_args(cfg, argc, argv, err);
+    if (rc == CAPSTAN_ENOTFOUND) {
+        fputs(capstan_config_usage(), stdout);
+        capstan_config_free(cfg);
         return 0;
     }
     if (!rc)
-        rc = kiq_config_validate(cfg, err);
+        rc = capstan_config_validate(cfg, err);
     /* A URL that can never work is a configuration error (78), found before
      * the worker starts rather than as a runtime failure. */
-    kiq_redis_url_t url;
-    if (!rc && !(rc = kiq__redis_url_parse(cfg->redis_url, &url, err))) {
+    capstan_redis_url_t url;
+    if (!rc && !(rc = capstan__redis_url_parse(cfg->redis_url, &url, err))) {
         if (url.host && url.host[strcspn(url.host, " \t\r\n")])
-            rc = kiq_seterr(err, KIQ_ECONFIG, "redis url: the host \"%s\" contains a space",
-                            url.host);
-        kiq__redis_url_clear(&url);
+            rc = capstan_seterr(err, CAPSTAN_ECONFIG, "redis url: the host \"%s\" contains a space",
+                                url.host);
+        capstan__redis_url_clear(&url);
     }
     if (rc) {
-        fprintf(stderr, "kiq: %s\n", err);
-        kiq_config_free(cfg);
-        return KIQ_EXIT_CONFIG;
+        fprintf(stderr, "capstan: %s\n", err);
+        capstan_config_free(cfg);
+        return CAPSTAN_EXIT_CONFIG;
     }
-    if (kiq__log_setup(cfg->log_format, cfg->verbose, cfg->log_file)) {
-        fprintf(stderr, "kiq: log_file: cannot open %s\n", cfg->log_file);
-        kiq_config_free(cfg);
-        return KIQ_EXIT_CONFIG;
+    if (capstan__log_setup(cfg->log_format, cfg->verbose, cfg->log_file)) {
+        fprintf(stderr, "capstan: log_file: cannot open %s\n", cfg->log_file);
+        capstan_config_free(cfg);
+        return CAPSTAN_EXIT_CONFIG;
     }
     if (argv_had_password)
-        kiq_warn("%s", password_warning);
+        capstan_warn("%s", password_warning);
     for (size_t i = 0; i < cfg->nwarnings; i++)
-        kiq_warn("%s", cfg->warnings[i]);
+        capstan_warn("%s", cfg->warnings[i]);
     if (cfg->config_file)
-        kiq_debug("read %s (environment %s)", cfg->config_file, kiq_config_environment(cfg));
+        capstan_debug("read %s (environment %s)", cfg->config_file, capstan_config_environment(cfg));
     /* A copy: the runtime frees cfg before the file is removed. */
     char *pidfile = NULL;
     if (cfg->pidfile && !(pidfile = strdup(cfg->pidfile)))
-        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     else if (pidfile && (rc = write_pidfile(pidfile, err)) != 0)
         free(pidfile);
     if (rc) {
-        fprintf(stderr, "kiq: %s\n", err);
-        kiq_config_free(cfg);
-        return rc == KIQ_ENOMEM ? 1 : KIQ_EXIT_CONFIG;
+        fprintf(stderr, "capstan: %s\n", err);
+        capstan_config_free(cfg);
+        return rc == CAPSTAN_ENOMEM ? 1 : CAPSTAN_EXIT_CONFIG;
     }
-    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
     if (!rt) {
-        fprintf(stderr, "kiq: %s\n", err);
-        kiq_config_free(cfg);
+        fprintf(stderr, "capstan: %s\n", err);
+        capstan_config_free(cfg);
         rc = 1;
         goto out;
     }
     for (size_t i = 0; i < cfg->nplugins && !rc; i++)
-        if (!(rc = kiq_runtime_load_plugin(rt, cfg->plugins[i], err)))
-            kiq_debug("loaded plugin %s", cfg->plugins[i]);
+        if (!(rc = capstan_runtime_load_plugin(rt, cfg->plugins[i], err)))
+            capstan_debug("loaded plugin %s", cfg->plugins[i]);
     if (!rc && init && init(rt) != 0)
-        rc = kiq_seterr(err, KIQ_EINVAL, "the program's handler registration failed");
+        rc = capstan_seterr(err, CAPSTAN_EINVAL, "the program's handler registration failed");
     if (rc) {
-        fprintf(stderr, "kiq: %s\n", err);
-        kiq_runtime_free(rt);
-        rc = KIQ_EXIT_CONFIG;
+        fprintf(stderr, "capstan: %s\n", err);
+        capstan_runtime_free(rt);
+        rc = CAPSTAN_EXIT_CONFIG;
         goto out;
     }
-    rc = kiq_runtime_run(rt, err);
+    rc = capstan_runtime_run(rt, err);
     if (rc)
-        kiq_error("%s", err);
+        capstan_error("%s", err);
     rc = run_status(rc);
     if (pidfile)
         unlink(pidfile);
     free(pidfile);
     pidfile = NULL;
-    if (kiq_runtime_abandoned(rt)) {
+    if (capstan_runtime_abandoned(rt)) {
         /* Handlers still running own memory we cannot reclaim; their jobs
          * are back in their queues. Leave without running exit handlers. */
-        kiq__log_flush();
+        capstan__log_flush();
         fflush(NULL);
         _exit(rc);
     }
-    kiq_runtime_free(rt);
+    capstan_runtime_free(rt);
 out:
     if (pidfile)
         unlink(pidfile);
     free(pidfile);
-    kiq__log_close();
+    capstan__log_close();
     return rc;
 }
 
-int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
+int capstan_main(int argc, char **argv, capstan_plugin_init_fn init)
 {
     const char *cmd = argc > 1 ? argv[1] : "run";
     hide_passwords(argc, argv);
     if (argv_had_password && strcmp(cmd, "run") != 0 && cmd[0] != '-')
-        fprintf(stderr, "kiq: %s\n", password_warning);
+        fprintf(stderr, "capstan: %s\n", password_warning);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
-        printf("kiq %s\n", KIQ_VERSION);
+        printf("capstan %s\n", CAPSTAN_VERSION);
         return 0;
     }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
@@ -244,29 +244,29 @@ int kiq_main(int argc, char **argv, kiq_plugin_init_fn init)
         return 0;
     }
     if (strcmp(cmd, "push") == 0)
-        return kiq_cmd_push(argc - 1, argv + 1);
+        return capstan__cmd_push(argc - 1, argv + 1);
     if (strcmp(cmd, "stats") == 0)
-        return kiq_cmd_stats(argc - 1, argv + 1);
+        return capstan__cmd_stats(argc - 1, argv + 1);
     if (strcmp(cmd, "locks") == 0)
-        return kiq_cmd_locks(argc - 1, argv + 1);
+        return capstan__cmd_locks(argc - 1, argv + 1);
     if (strcmp(cmd, "lock") == 0)
-        return kiq_cmd_lock(argc - 1, argv + 1);
+        return capstan__cmd_lock(argc - 1, argv + 1);
     if (strcmp(cmd, "limits") == 0)
-        return kiq_cmd_limits(argc - 1, argv + 1);
+        return capstan__cmd_limits(argc - 1, argv + 1);
     if (strcmp(cmd, "top") == 0)
-        return kiq_cmd_top(argc - 1, argv + 1);
+        return capstan__cmd_top(argc - 1, argv + 1);
     if (strcmp(cmd, "batch") == 0)
-        return kiq_cmd_batch(argc - 1, argv + 1);
+        return capstan__cmd_batch(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - 1, argv + 1, init);
     if (cmd[0] == '-')
         return cmd_run(argc, argv, init); /* flags only: run */
-    fprintf(stderr, "kiq: unknown command \"%s\"\n\n%s", cmd, main_usage);
-    return KIQ_EXIT_USAGE;
+    fprintf(stderr, "capstan: unknown command \"%s\"\n\n%s", cmd, main_usage);
+    return CAPSTAN_EXIT_USAGE;
 }
 
-int kiq_cli_options(const char *who, const char *usage, int argc, char **argv, const char **url,
-                    int *json)
+int capstan__cli_options(const char *who, const char *usage, int argc, char **argv, const char **url,
+                         int *json)
 {
     static const struct option with_json[] = {
         { "json", no_argument, NULL, 'j' }, { "redis-url", required_argument, NULL, 'u' },
@@ -287,7 +287,7 @@ int kiq_cli_options(const char *who, const char *usage, int argc, char **argv, c
         } else {
             fprintf(stderr, "%s: %s: unknown option or missing value\n\n%s", who,
                     argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
+            return CAPSTAN_EXIT_USAGE;
         }
     }
     return -1;

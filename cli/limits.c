@@ -1,4 +1,4 @@
-/* `kiq limits`: the rate limiters on a Redis (include/kiq/limiter.h). list
+/* `capstan limits`: the rate limiters on a Redis (include/capstan/limiter.h). list
  * shows each name with the type and parameters of its limiter:NAME:meta;
  * info NAME adds what it holds now and the wait until its next free slot,
  * computed as lua/limit_acquire.lua would on the server's clock. Read-only:
@@ -11,7 +11,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
-#include "kiq/limiter.h"
+#include "capstan/limiter.h"
 #include "redis/keys.h"
 #include "redis/scan.h"
 #include "support/number.h"
@@ -19,8 +19,8 @@
 #define EXIT_REDIS 69
 
 static const char *usage =
-    "Usage: kiq limits [list] [--json]\n"
-    "       kiq limits info NAME [--json]\n"
+    "Usage: capstan limits [list] [--json]\n"
+    "       capstan limits info NAME [--json]\n"
     "\n"
     "list shows every rate limiter: its name, type and parameters. info NAME\n"
     "adds its state: the holders of a concurrent limiter and their lease left,\n"
@@ -34,13 +34,13 @@ static const char *usage =
 /* The limiter named name as its meta records it ("concurrent size=N" or
  * "TYPE count=N interval_ms=M"), or NULL when there is none; err says why
  * when Redis failed (rc). */
-static json_t *read_meta(kiq_redis_t *r, const char *name, int *rc, char *err)
+static json_t *read_meta(capstan_redis_t *r, const char *name, int *rc, char *err)
 {
-    redisReply *rep = kiq_redis_cmdf(r, "GET %s%s:meta", KIQ_KEY_LIMITER, name);
+    redisReply *rep = capstan_redis_cmdf(r, "GET %s%s:meta", CAPSTAN_KEY_LIMITER, name);
     *rc = 0;
     if (!rep || rep->type == REDIS_REPLY_ERROR) {
-        snprintf(err, KIQ_ERRLEN, "%s", rep ? rep->str : kiq_redis_error(r));
-        *rc = KIQ_EREDIS;
+        snprintf(err, CAPSTAN_ERRLEN, "%s", rep ? rep->str : capstan_redis_error(r));
+        *rc = CAPSTAN_EREDIS;
         freeReplyObject(rep);
         return NULL;
     }
@@ -49,12 +49,12 @@ static json_t *read_meta(kiq_redis_t *r, const char *name, int *rc, char *err)
     long count = 0;
     long long ms = 0;
     if (rep->type == REDIS_REPLY_STRING) {
-        kiq_limit_type_t t;
+        capstan_limit_type_t t;
         if (sscanf(rep->str, "concurrent size=%ld", &count) == 1)
             o = json_pack("{s:s, s:s, s:I}", "name", name, "type", "concurrent", "size",
                           (json_int_t)count);
         else if (sscanf(rep->str, "%15s count=%ld interval_ms=%lld", type, &count, &ms) == 3
-                 && kiq_limit_type_parse(type, &t) == 0)
+                 && capstan_limit_type_parse(type, &t) == 0)
             o = json_pack("{s:s, s:s, s:I, s:f}", "name", name, "type", type, "count",
                           (json_int_t)count, "interval", (double)ms / 1000);
         else
@@ -65,11 +65,11 @@ static json_t *read_meta(kiq_redis_t *r, const char *name, int *rc, char *err)
 }
 
 /* The reply to argv, or NULL with err filled. */
-static redisReply *run(kiq_redis_t *r, int argc, const char **argv, char *err)
+static redisReply *run(capstan_redis_t *r, int argc, const char **argv, char *err)
 {
-    redisReply *rep = kiq_redis_cmd(r, argc, argv, NULL);
+    redisReply *rep = capstan_redis_cmd(r, argc, argv, NULL);
     if (!rep || rep->type == REDIS_REPLY_ERROR) {
-        snprintf(err, KIQ_ERRLEN, "%s", rep ? rep->str : kiq_redis_error(r));
+        snprintf(err, CAPSTAN_ERRLEN, "%s", rep ? rep->str : capstan_redis_error(r));
         freeReplyObject(rep);
         return NULL;
     }
@@ -85,8 +85,8 @@ static long long num(const redisReply *e)
 /* Adds the limiter's state to o (from read_meta): holders (concurrent),
  * used (concurrent, window, sliding), left (slots or tokens) and
  * wait_seconds until the next is free (0: one is free now). Returns 0 or
- * KIQ_EREDIS. */
-static int add_state(kiq_redis_t *r, json_t *o, char *err)
+ * CAPSTAN_EREDIS. */
+static int add_state(capstan_redis_t *r, json_t *o, char *err)
 {
     const char *name = json_string_value(json_object_get(o, "name"));
     const char *type = json_string_value(json_object_get(o, "type"));
@@ -97,19 +97,19 @@ static int add_state(kiq_redis_t *r, json_t *o, char *err)
     long long ms = (long long)(json_real_value(json_object_get(o, "interval")) * 1000 + 0.5);
     redisReply *t = run(r, 1, (const char *[]){ "TIME" }, err);
     if (!t)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     long long now = t->elements == 2 ? num(t->element[0]) * 1000 + num(t->element[1]) / 1000 : 0;
     freeReplyObject(t);
-    char key[KIQ_LIMIT_NAME_MAX + 64], lo[32];
+    char key[CAPSTAN_LIMIT_NAME_MAX + 64], lo[32];
     long long used = 0, left = 0, wait = 0;
     if (strcmp(type, "concurrent") == 0 || strcmp(type, "sliding") == 0) {
         int conc = type[0] == 'c';
-        snprintf(key, sizeof(key), "%s%s:%s", KIQ_KEY_LIMITER, name, conc ? "held" : "sliding");
+        snprintf(key, sizeof(key), "%s%s:%s", CAPSTAN_KEY_LIMITER, name, conc ? "held" : "sliding");
         snprintf(lo, sizeof(lo), "(%lld", conc ? now : now - ms);
         redisReply *z = run(r, 5, (const char *[]){ "ZRANGEBYSCORE", key, lo, "+inf", "WITHSCORES" },
                             err);
         if (!z)
-            return KIQ_EREDIS;
+            return CAPSTAN_EREDIS;
         used = (long long)z->elements / 2;
         if (conc) {
             json_t *holders = json_array();
@@ -127,10 +127,10 @@ static int add_state(kiq_redis_t *r, json_t *o, char *err)
         left = size - used;
     } else if (strcmp(type, "window") == 0) {
         long long start = now - now % ms;
-        snprintf(key, sizeof(key), "%s%s:w:%lld", KIQ_KEY_LIMITER, name, start);
+        snprintf(key, sizeof(key), "%s%s:w:%lld", CAPSTAN_KEY_LIMITER, name, start);
         redisReply *g = run(r, 2, (const char *[]){ "GET", key }, err);
         if (!g)
-            return KIQ_EREDIS;
+            return CAPSTAN_EREDIS;
         used = num(g);
         freeReplyObject(g);
         left = size - used;
@@ -138,11 +138,11 @@ static int add_state(kiq_redis_t *r, json_t *o, char *err)
             wait = start + ms - now;
     } else {
         int bucket = strcmp(type, "bucket") == 0;
-        snprintf(key, sizeof(key), "%s%s:%s", KIQ_KEY_LIMITER, name, type);
+        snprintf(key, sizeof(key), "%s%s:%s", CAPSTAN_KEY_LIMITER, name, type);
         redisReply *h = run(r, 4, (const char *[]){ "HMGET", key, bucket ? "tokens" : "level",
                                                     bucket ? "refill_at" : "at" }, err);
         if (!h)
-            return KIQ_EREDIS;
+            return CAPSTAN_EREDIS;
         int fresh = h->elements != 2 || h->element[0]->type != REDIS_REPLY_STRING;
         if (bucket) {
             long long refill = fresh ? 0 : num(h->element[1]);
@@ -156,9 +156,9 @@ static int add_state(kiq_redis_t *r, json_t *o, char *err)
             level -= (double)(now - at) * (double)size / (double)ms;
             if (level < 0)
                 level = 0;
-            left = (long long)kiq__floor((double)size - level);
+            left = (long long)capstan__floor((double)size - level);
             if (level + 1 > (double)size)
-                wait = (long long)kiq__ceil((level + 1 - (double)size) * (double)ms / (double)size);
+                wait = (long long)capstan__ceil((level + 1 - (double)size) * (double)ms / (double)size);
         }
         freeReplyObject(h);
     }
@@ -190,17 +190,17 @@ static void print_json(json_t *o)
     putchar('\n');
 }
 
-static int cmd_info(kiq_redis_t *r, const char *name, int as_json)
+static int cmd_info(capstan_redis_t *r, const char *name, int as_json)
 {
-    char err[KIQ_ERRLEN] = "";
+    char err[CAPSTAN_ERRLEN] = "";
     int rc;
     json_t *o = read_meta(r, name, &rc, err);
     if (!rc && !o) {
-        fprintf(stderr, "kiq limits info: no limiter named %s\n", name);
+        fprintf(stderr, "capstan limits info: no limiter named %s\n", name);
         return 1;
     }
     if (rc || (rc = add_state(r, o, err))) {
-        fprintf(stderr, "kiq limits info: %s\n", err);
+        fprintf(stderr, "capstan limits info: %s\n", err);
         json_decref(o);
         return EXIT_REDIS;
     }
@@ -228,16 +228,16 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int cmd_list(kiq_redis_t *r, int as_json)
+static int cmd_list(capstan_redis_t *r, int as_json)
 {
-    char err[KIQ_ERRLEN] = "";
+    char err[CAPSTAN_ERRLEN] = "";
     json_t *names = json_object(); /* a set: SCAN may return a key twice */
-    kiq_scan_t s;
+    capstan_scan_t s;
     const redisReply *page;
     int rc;
-    size_t pre = strlen(KIQ_KEY_LIMITER), suf = strlen(":meta");
-    kiq__scan_init(&s, r, NULL, KIQ_KEY_LIMITER "*:meta", 1000);
-    while ((rc = kiq__scan_next(&s, &page, err)) > 0)
+    size_t pre = strlen(CAPSTAN_KEY_LIMITER), suf = strlen(":meta");
+    capstan__scan_init(&s, r, NULL, CAPSTAN_KEY_LIMITER "*:meta", 1000);
+    while ((rc = capstan__scan_next(&s, &page, err)) > 0)
         for (size_t i = 0; i < page->elements; i++) {
             const char *k = page->element[i]->str;
             size_t len = strlen(k);
@@ -247,7 +247,7 @@ static int cmd_list(kiq_redis_t *r, int as_json)
                 free(name);
             }
         }
-    kiq__scan_close(&s);
+    capstan__scan_close(&s);
     size_t n = json_object_size(names), i = 0;
     const char **sorted = calloc(n ? n : 1, sizeof(*sorted));
     const char *name;
@@ -262,7 +262,7 @@ static int cmd_list(kiq_redis_t *r, int as_json)
             json_array_append_new(out, o); /* NULL: deleted since the scan */
     }
     if (rc) {
-        fprintf(stderr, "kiq limits list: %s\n", err);
+        fprintf(stderr, "capstan limits list: %s\n", err);
     } else if (as_json) {
         print_json(out);
     } else {
@@ -278,10 +278,10 @@ static int cmd_list(kiq_redis_t *r, int as_json)
     return rc ? EXIT_REDIS : 0;
 }
 
-int kiq_cmd_limits(int argc, char **argv)
+int capstan__cmd_limits(int argc, char **argv)
 {
     const char *url = NULL;
-    int as_json = 0, done = kiq_cli_options("kiq limits", usage, argc, argv, &url, &as_json);
+    int as_json = 0, done = capstan__cli_options("capstan limits", usage, argc, argv, &url, &as_json);
     if (done >= 0)
         return done;
     int nops = argc - optind;
@@ -289,13 +289,13 @@ int kiq_cmd_limits(int argc, char **argv)
     int list = nops == 0 || (nops == 1 && strcmp(ops[0], "list") == 0);
     int info = nops == 2 && strcmp(ops[0], "info") == 0;
     if (!list && !info) {
-        fprintf(stderr, "kiq limits: expected list or info NAME\n\n%s", usage);
-        return KIQ_EXIT_USAGE;
+        fprintf(stderr, "capstan limits: expected list or info NAME\n\n%s", usage);
+        return CAPSTAN_EXIT_USAGE;
     }
-    kiq_redis_t *r = kiq_cli_connect("kiq limits", url);
+    capstan_redis_t *r = capstan__cli_connect("capstan limits", url);
     if (!r)
         return EXIT_REDIS;
     int status = list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return status;
 }

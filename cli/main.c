@@ -1,15 +1,15 @@
-/* The kiq binary: the command line with handlers loaded from plugins. */
+/* The capstan binary: the command line with handlers loaded from plugins. */
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "kiq/runtime.h"
+#include "capstan/runtime.h"
 
 /* glibc keeps freed blocks in a cache per thread, up to 7 of each size:
  * with 25 processor threads that held 1.3 MB of a 6.8 MB peak, for no
  * measurable speed. The cache can only be sized from the environment as
- * the process starts, so `kiq run` starts itself again once with it off,
+ * the process starts, so `capstan run` starts itself again once with it off,
  * unless GLIBC_TUNABLES is set already (then it is the user's choice) or
  * it runs under valgrind (which would lose it). The process keeps its pid;
  * if the new start fails, it goes on as it is. */
@@ -35,5 +35,5 @@ int main(int argc, char **argv)
      * that mostly wait on Redis; MALLOC_ARENA_MAX still decides when set. */
     if (!getenv("MALLOC_ARENA_MAX"))
         mallopt(M_ARENA_MAX, 2);
-    return kiq_main(argc, argv, NULL);
+    return capstan_main(argc, argv, NULL);
 }

@@ -1,5 +1,5 @@
-/* `kiq push CLASS [ARGS_JSON] [-C FILE] [-q Q] [--in S | --at T]
- * [--retry N|false]`: pushes one job with kiq's client and prints its jid.
+/* `capstan push CLASS [ARGS_JSON] [-C FILE] [-q Q] [--in S | --at T]
+ * [--retry N|false]`: pushes one job with capstan's client and prints its jid.
  * The classes: section of FILE gives the class's retry, queue and lock
  * options, as a worker's sidekiq_options do for Ruby's client, and its
  * min_replicas_ack makes the push wait for the replicas (a shortfall is a
@@ -13,15 +13,15 @@
 #include "cli/cli.h"
 #include "config/names.h"
 #include "support/number.h"
-#include "kiq/kiq.h"
-#include "kiq/unique.h"
+#include "capstan/capstan.h"
+#include "capstan/unique.h"
 
 /* Exit status when a uniqueness lock (or another client middleware)
  * refused the push. */
 #define EXIT_DENIED 3
 
 static const char *usage =
-    "Usage: kiq push CLASS [ARGS_JSON] [options]\n"
+    "Usage: capstan push CLASS [ARGS_JSON] [options]\n"
     "\n"
     "Pushes one job and prints its jid. ARGS_JSON is a JSON array (default []).\n"
     "\n"
@@ -29,7 +29,7 @@ static const char *usage =
     "                          redis_url) from FILE's classes: section; with\n"
     "                          min_replicas_ack: N, wait for N replicas to have it\n"
     "  -q, --queue NAME        queue (default: the class's, else \"default\"); not\n"
-    "                          empty and without spaces, as for kiq run\n"
+    "                          empty and without spaces, as for capstan run\n"
     "      --in SECONDS        run it this many seconds from now\n"
     "      --at EPOCH          run it at this Unix time (seconds)\n"
     "      --retry N|true|false  retry option written into the payload\n"
@@ -46,7 +46,7 @@ static const char *usage =
 enum { OPT_IN = 1000, OPT_AT, OPT_RETRY, OPT_URL, OPT_TS, OPT_LOCK, OPT_LOCK_TTL,
        OPT_LOCK_TIMEOUT, OPT_ON_CONFLICT };
 
-int kiq_cmd_push(int argc, char **argv)
+int capstan__cmd_push(int argc, char **argv)
 {
     static const struct option longopts[] = {
         { "config", required_argument, NULL, 'C' }, { "queue", required_argument, NULL, 'q' }, { "in", required_argument, NULL, OPT_IN },
@@ -59,8 +59,8 @@ int kiq_cmd_push(int argc, char **argv)
         { "on-conflict", required_argument, NULL, OPT_ON_CONFLICT },
         { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
     };
-    kiq_push_opts_t o = kiq_push_opts_default();
-    kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
+    capstan_push_opts_t o = capstan_push_opts_default();
+    capstan_unique_opts_t uo = CAPSTAN_UNIQUE_OPTS_INIT;
     int lock_opts = 0;
     const char *url = NULL, *conf = NULL;
     double in = 0, at = 0;
@@ -73,120 +73,120 @@ int kiq_cmd_push(int argc, char **argv)
         case 'q': o.queue = optarg; break;
         case OPT_URL: url = optarg; break;
         case OPT_IN:
-            if (kiq__parse_number(optarg, 0, 0, HUGE_VAL, &in)) {
-                fprintf(stderr, "kiq push: --in: not a number of seconds: %s\n", optarg);
-                return KIQ_EXIT_USAGE;
+            if (capstan__parse_number(optarg, 0, 0, HUGE_VAL, &in)) {
+                fprintf(stderr, "capstan push: --in: not a number of seconds: %s\n", optarg);
+                return CAPSTAN_EXIT_USAGE;
             }
             break;
         case OPT_AT:
-            if (kiq__parse_number(optarg, 0, 1e9, HUGE_VAL, &at)) {
-                fprintf(stderr, "kiq push: --at: not an epoch time in seconds: %s\n", optarg);
-                return KIQ_EXIT_USAGE;
+            if (capstan__parse_number(optarg, 0, 1e9, HUGE_VAL, &at)) {
+                fprintf(stderr, "capstan push: --at: not an epoch time in seconds: %s\n", optarg);
+                return CAPSTAN_EXIT_USAGE;
             }
             break;
         case OPT_RETRY:
-            if (strcmp(optarg, "false") == 0) o.retry = KIQ_RETRY_NONE;
-            else if (strcmp(optarg, "true") == 0) o.retry = KIQ_RETRY_DEFAULT;
+            if (strcmp(optarg, "false") == 0) o.retry = CAPSTAN_RETRY_NONE;
+            else if (strcmp(optarg, "true") == 0) o.retry = CAPSTAN_RETRY_DEFAULT;
             else {
                 double n;
-                if (kiq__parse_number(optarg, 1, 0, 1000000, &n)) {
-                    fprintf(stderr, "kiq push: --retry: must be a count, true or false: %s\n", optarg);
-                    return KIQ_EXIT_USAGE;
+                if (capstan__parse_number(optarg, 1, 0, 1000000, &n)) {
+                    fprintf(stderr, "capstan push: --retry: must be a count, true or false: %s\n", optarg);
+                    return CAPSTAN_EXIT_USAGE;
                 }
                 o.retry = (int)n;
             }
             break;
         case OPT_TS:
-            if (strcmp(optarg, "millis") == 0) o.timestamps = KIQ_TS_MILLIS;
+            if (strcmp(optarg, "millis") == 0) o.timestamps = CAPSTAN_TS_MILLIS;
             else if (strcmp(optarg, "float") != 0) {
-                fprintf(stderr, "kiq push: --timestamps: float or millis\n");
-                return KIQ_EXIT_USAGE;
+                fprintf(stderr, "capstan push: --timestamps: float or millis\n");
+                return CAPSTAN_EXIT_USAGE;
             }
             break;
         case OPT_LOCK:
-            if (kiq_lock_type_parse(optarg, &uo.lock)) {
-                fprintf(stderr, "kiq push: --lock: unknown lock type %s\n", optarg);
-                return KIQ_EXIT_USAGE;
+            if (capstan_lock_type_parse(optarg, &uo.lock)) {
+                fprintf(stderr, "capstan push: --lock: unknown lock type %s\n", optarg);
+                return CAPSTAN_EXIT_USAGE;
             }
             break;
         case OPT_LOCK_TTL:
         case OPT_LOCK_TIMEOUT: {
             double v;
-            if (kiq__parse_number(optarg, 1, 0, 100000000, &v)) {
-                fprintf(stderr, "kiq push: --%s: not a number of seconds >= 0: %s\n",
+            if (capstan__parse_number(optarg, 1, 0, 100000000, &v)) {
+                fprintf(stderr, "capstan push: --%s: not a number of seconds >= 0: %s\n",
                         opt == OPT_LOCK_TTL ? "lock-ttl" : "lock-timeout", optarg);
-                return KIQ_EXIT_USAGE;
+                return CAPSTAN_EXIT_USAGE;
             }
             *(opt == OPT_LOCK_TTL ? &uo.lock_ttl : &uo.lock_timeout) = (long)v;
             lock_opts = 1;
             break;
         }
         case OPT_ON_CONFLICT:
-            if (kiq_on_conflict_parse(optarg, &uo.on_conflict_client)) {
-                fprintf(stderr, "kiq push: --on-conflict: unknown strategy %s "
+            if (capstan_on_conflict_parse(optarg, &uo.on_conflict_client)) {
+                fprintf(stderr, "capstan push: --on-conflict: unknown strategy %s "
                                 "(log, raise, reject, replace, reschedule)\n", optarg);
-                return KIQ_EXIT_USAGE;
+                return CAPSTAN_EXIT_USAGE;
             }
             uo.on_conflict_server = uo.on_conflict_client;
             lock_opts = 1;
             break;
         case 'h': fputs(usage, stdout); return 0;
         default:
-            fprintf(stderr, "kiq push: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
+            fprintf(stderr, "capstan push: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
+            return CAPSTAN_EXIT_USAGE;
         }
     }
     if (optind >= argc || argc - optind > 2) {
         fputs(usage, stderr);
-        return KIQ_EXIT_USAGE;
+        return CAPSTAN_EXIT_USAGE;
     }
-    char err[KIQ_ERRLEN], jid[25];
-    if (o.queue && kiq__config_queue_name_check(o.queue, err)) {
-        fprintf(stderr, "kiq push: --queue: %s\n", err);
-        return KIQ_EXIT_USAGE;
+    char err[CAPSTAN_ERRLEN], jid[25];
+    if (o.queue && capstan__config_queue_name_check(o.queue, err)) {
+        fprintf(stderr, "capstan push: --queue: %s\n", err);
+        return CAPSTAN_EXIT_USAGE;
     }
     if (in > 0 && at > 0) {
-        fprintf(stderr, "kiq push: give --in or --at, not both\n");
-        return KIQ_EXIT_USAGE;
+        fprintf(stderr, "capstan push: give --in or --at, not both\n");
+        return CAPSTAN_EXIT_USAGE;
     }
-    if (lock_opts && uo.lock == KIQ_LOCK_NONE) {
-        fprintf(stderr, "kiq push: --lock-ttl, --lock-timeout and --on-conflict need --lock\n");
-        return KIQ_EXIT_USAGE;
+    if (lock_opts && uo.lock == CAPSTAN_LOCK_NONE) {
+        fprintf(stderr, "capstan push: --lock-ttl, --lock-timeout and --on-conflict need --lock\n");
+        return CAPSTAN_EXIT_USAGE;
     }
-    if (uo.lock != KIQ_LOCK_NONE)
+    if (uo.lock != CAPSTAN_LOCK_NONE)
         o.unique = &uo;
     const char *cls = argv[optind];
     const char *args = optind + 1 < argc ? argv[optind + 1] : "[]";
     o.at = at > 0 ? at : in; /* the client reads small values as "from now" */
-    kiq_config_t *cfg = conf ? kiq_config_new() : NULL;
-    if (conf && (!cfg || kiq_config_load_file(cfg, conf, err))) {
-        fprintf(stderr, "kiq push: %s\n", cfg ? err : "out of memory");
-        kiq_config_free(cfg);
-        return KIQ_EXIT_CONFIG;
+    capstan_config_t *cfg = conf ? capstan_config_new() : NULL;
+    if (conf && (!cfg || capstan_config_load_file(cfg, conf, err))) {
+        fprintf(stderr, "capstan push: %s\n", cfg ? err : "out of memory");
+        capstan_config_free(cfg);
+        return CAPSTAN_EXIT_CONFIG;
     }
     if (!url && cfg && cfg->redis_url_explicit)
         url = cfg->redis_url;
-    kiq_client_t *c = kiq_client_new(kiq_cli_redis_url(url), err);
+    capstan_client_t *c = capstan_client_new(capstan__cli_redis_url(url), err);
     if (!c) {
-        fprintf(stderr, "kiq push: %s\n", err);
-        kiq_config_free(cfg);
+        fprintf(stderr, "capstan push: %s\n", err);
+        capstan_config_free(cfg);
         return 1;
     }
-    kiq_client_use_config(c, cfg);
-    int rc = kiq_client_push(c, cls, args, &o, jid), status = 0;
-    if (rc == KIQ_EDENIED) {
-        fprintf(stderr, "kiq push: denied: %s\n", kiq_client_error(c));
+    capstan_client_use_config(c, cfg);
+    int rc = capstan_client_push(c, cls, args, &o, jid), status = 0;
+    if (rc == CAPSTAN_EDENIED) {
+        fprintf(stderr, "capstan push: denied: %s\n", capstan_client_error(c));
         status = EXIT_DENIED;
     } else if (rc < 0) {
-        fprintf(stderr, "kiq push: %s\n", kiq_client_error(c));
-        status = rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : 1;
+        fprintf(stderr, "capstan push: %s\n", capstan_client_error(c));
+        status = rc == CAPSTAN_EINVAL ? CAPSTAN_EXIT_USAGE : 1;
     } else {
         printf("%s\n", jid);
         /* Pushed: a replica shortfall is worth saying, not a failure. */
-        if (rc == KIQ_PUSH_UNREPLICATED)
-            fprintf(stderr, "kiq push: warning: %s\n", kiq_client_error(c));
+        if (rc == CAPSTAN_PUSH_UNREPLICATED)
+            fprintf(stderr, "capstan push: warning: %s\n", capstan_client_error(c));
     }
-    kiq_client_free(c);
-    kiq_config_free(cfg);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
     return status;
 }

@@ -1,11 +1,11 @@
-/* `kiq lock`: run a command while holding a queued (FIFO) lock, as flock(1)
+/* `capstan lock`: run a command while holding a queued (FIFO) lock, as flock(1)
  * does for one machine, plus a look at the locks (info, list) and the
  * clean-up of dead requests. The lease is refreshed while the command runs,
  * so a command may outlive --ttl; if the lock is lost anyway (Redis out of
- * reach for a whole ttl, or kiq lock frozen past it) the command is stopped
+ * reach for a whole ttl, or capstan lock frozen past it) the command is stopped
  * rather than left running unprotected: SIGTERM, then SIGKILL after a short
  * grace, since a command that ignores SIGTERM would otherwise run on beside
- * the next holder for as long as it likes. If kiq lock itself dies, even by
+ * the next holder for as long as it likes. If capstan lock itself dies, even by
  * SIGKILL, the kernel kills the command (PR_SET_PDEATHSIG) before its lease
  * can lapse. */
 #include <errno.h>
@@ -26,8 +26,8 @@
 #include "support/number.h"
 #include "support/identity.h"
 #include "support/time.h"
-#include "kiq/qlock.h"
-#include "kiq/redis.h"
+#include "capstan/qlock.h"
+#include "capstan/redis.h"
 
 #define EXIT_NOT_OBTAINED 75 /* EX_TEMPFAIL: try again later */
 #define EXIT_LOST 70         /* EX_SOFTWARE: the lock went away under the command */
@@ -42,15 +42,15 @@
 #define KILL_AFTER_MAX 300.0
 
 static const char *usage =
-    "Usage: kiq lock NAME [options] -- COMMAND [ARGS...]\n"
-    "       kiq lock info NAME\n"
-    "       kiq lock list [--json]\n"
-    "       kiq lock clear-dead [--dead-ttl MS]\n"
+    "Usage: capstan lock NAME [options] -- COMMAND [ARGS...]\n"
+    "       capstan lock info NAME\n"
+    "       capstan lock list [--json]\n"
+    "       capstan lock clear-dead [--dead-ttl MS]\n"
     "\n"
     "Runs COMMAND while holding the queued lock NAME: callers on any machine get\n"
     "it one at a time, in the order they asked (redis_queued_locks' keys, so Ruby\n"
     "processes using that gem take turns too). The lease is refreshed every ttl/3\n"
-    "while COMMAND runs. COMMAND sees KIQ_LOCK_NAME and KIQ_LOCK_FENCE (a fencing\n"
+    "while COMMAND runs. COMMAND sees CAPSTAN_LOCK_NAME and CAPSTAN_LOCK_FENCE (a fencing\n"
     "token larger than that of every earlier holder of NAME).\n"
     "\n"
     "  --ttl MS            lease; refreshed while COMMAND runs (default 10000)\n"
@@ -76,19 +76,19 @@ static const char *usage =
     "Redis failed; 64 for bad usage; 126/127 when COMMAND cannot be run.\n"
     "\n"
     "A lost lock may already be someone else's: between the lease's end and\n"
-    "COMMAND's exit (how long kiq lock was frozen or cut off, then up to\n"
-    "--kill-after) both run. KIQ_LOCK_FENCE guards that window: a resource\n"
+    "COMMAND's exit (how long capstan lock was frozen or cut off, then up to\n"
+    "--kill-after) both run. CAPSTAN_LOCK_FENCE guards that window: a resource\n"
     "that refuses writes with a token lower than the last one it saw is safe.\n"
     "\n"
-    "If kiq lock dies (even by kill -9), COMMAND is killed with it (SIGKILL), so\n"
-    "it does not run on after kiq lock. Processes COMMAND started are not: a\n"
+    "If capstan lock dies (even by kill -9), COMMAND is killed with it (SIGKILL), so\n"
+    "it does not run on after capstan lock. Processes COMMAND started are not: a\n"
     "shell COMMAND should `exec` its last program or wait for its children.\n";
 
 enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL,
        OPT_JSON, OPT_DEADTTL, OPT_KILLAFTER };
 
 struct lock_args {
-    kiq_qlock_opts_t o;
+    capstan_qlock_opts_t o;
     const char *url;
     int verbose, json;
     long long dead_ttl;
@@ -111,15 +111,15 @@ static void forward(int sig)
 static void log_stderr(const char *line, void *udata)
 {
     (void)udata;
-    fprintf(stderr, "kiq lock: %s\n", line);
+    fprintf(stderr, "capstan lock: %s\n", line);
 }
 
 static int num(const char *flag, const char *v, double min, double *out)
 {
     /* 1e12 ms or s is past any sane lease or wait, and far from the
      * overflow of the integer fields the values go to. */
-    if (kiq__parse_number(v, 0, min, 1e12, out)) {
-        fprintf(stderr, "kiq lock: %s: not a valid number: %s\n", flag, v);
+    if (capstan__parse_number(v, 0, min, 1e12, out)) {
+        fprintf(stderr, "capstan lock: %s: not a valid number: %s\n", flag, v);
         return -1;
     }
     return 0;
@@ -147,31 +147,31 @@ static int parse(int argc, char **argv, struct lock_args *a)
     while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
         switch (opt) {
         case OPT_TTL:
-            if (num("--ttl", optarg, 1, &d)) return KIQ_EXIT_USAGE;
+            if (num("--ttl", optarg, 1, &d)) return CAPSTAN_EXIT_USAGE;
             a->o.ttl = (long long)d;
             break;
         case OPT_TIMEOUT:
-            if (num("--timeout", optarg, 0, &d)) return KIQ_EXIT_USAGE;
+            if (num("--timeout", optarg, 0, &d)) return CAPSTAN_EXIT_USAGE;
             a->o.timeout = d;
             break;
         case OPT_QTTL:
-            if (num("--queue-ttl", optarg, 0.001, &d)) return KIQ_EXIT_USAGE;
+            if (num("--queue-ttl", optarg, 0.001, &d)) return CAPSTAN_EXIT_USAGE;
             a->o.queue_ttl = d;
             break;
         case OPT_DELAY:
-            if (num("--retry-delay", optarg, 0, &d)) return KIQ_EXIT_USAGE;
+            if (num("--retry-delay", optarg, 0, &d)) return CAPSTAN_EXIT_USAGE;
             a->o.retry_delay = (long)d;
             a->o.retry_jitter = (long)d / 8;
             break;
         case OPT_DEADTTL:
-            if (num("--dead-ttl", optarg, 0, &d)) return KIQ_EXIT_USAGE;
+            if (num("--dead-ttl", optarg, 0, &d)) return CAPSTAN_EXIT_USAGE;
             a->dead_ttl = (long long)d;
             break;
         case OPT_KILLAFTER:
-            if (kiq__parse_number(optarg, 0, 0, KILL_AFTER_MAX, &a->kill_after)) {
-                fprintf(stderr, "kiq lock: --kill-after: expected seconds from 0 to %g: %s\n", KILL_AFTER_MAX,
+            if (capstan__parse_number(optarg, 0, 0, KILL_AFTER_MAX, &a->kill_after)) {
+                fprintf(stderr, "capstan lock: --kill-after: expected seconds from 0 to %g: %s\n", KILL_AFTER_MAX,
                         optarg);
-                return KIQ_EXIT_USAGE;
+                return CAPSTAN_EXIT_USAGE;
             }
             break;
         case OPT_FAILFAST: a->o.fail_fast = 1; break;
@@ -181,8 +181,8 @@ static int parse(int argc, char **argv, struct lock_args *a)
         case OPT_META: {
             const char *eq = strchr(optarg, '=');
             if (!eq || eq == optarg || nmeta >= MAX_META) {
-                fprintf(stderr, "kiq lock: --meta: expected FIELD=VALUE (at most %d): %s\n", MAX_META, optarg);
-                return KIQ_EXIT_USAGE;
+                fprintf(stderr, "capstan lock: --meta: expected FIELD=VALUE (at most %d): %s\n", MAX_META, optarg);
+                return CAPSTAN_EXIT_USAGE;
             }
             char *field = strndup(optarg, (size_t)(eq - optarg));
             a->meta_buf[a->nmeta_buf++] = field;
@@ -193,20 +193,20 @@ static int parse(int argc, char **argv, struct lock_args *a)
         }
         case 'h': fputs(usage, stdout); return -1;
         default:
-            fprintf(stderr, "kiq lock: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
+            fprintf(stderr, "capstan lock: %s: unknown option or missing value\n\n%s", argv[optind - 1], usage);
+            return CAPSTAN_EXIT_USAGE;
         }
     }
     a->meta[2 * nmeta] = NULL;
     return 0;
 }
 
-static int cmd_info(kiq_redis_t *r, const char *name)
+static int cmd_info(capstan_redis_t *r, const char *name)
 {
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     json_t *info = NULL, *queue = NULL;
-    if (kiq_qlock_info(r, name, &info, err) || kiq_qlock_queue_info(r, name, &queue, err)) {
-        fprintf(stderr, "kiq lock info: %s\n", err);
+    if (capstan_qlock_info(r, name, &info, err) || capstan_qlock_queue_info(r, name, &queue, err)) {
+        fprintf(stderr, "capstan lock info: %s\n", err);
         json_decref(info);
         return EXIT_REDIS;
     }
@@ -219,14 +219,14 @@ static int cmd_info(kiq_redis_t *r, const char *name)
     return 0;
 }
 
-static int cmd_list(kiq_redis_t *r, int as_json)
+static int cmd_list(capstan_redis_t *r, int as_json)
 {
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     json_t *locks = NULL, *queues = NULL, *v;
     size_t i;
     int rc = EXIT_REDIS;
-    if (kiq_qlock_locks_info(r, 0, &locks, err) || kiq_qlock_queues_info(r, 0, &queues, err)) {
-        fprintf(stderr, "kiq lock list: %s\n", err);
+    if (capstan_qlock_locks_info(r, 0, &locks, err) || capstan_qlock_queues_info(r, 0, &queues, err)) {
+        fprintf(stderr, "capstan lock list: %s\n", err);
         goto out;
     }
     rc = 0;
@@ -241,12 +241,12 @@ static int cmd_list(kiq_redis_t *r, int as_json)
     json_t *names = json_object();
     json_array_foreach(locks, i, v) {
         const char *key = json_string_value(json_object_get(v, "lock"));
-        json_object_set_new(names, key + strlen(KIQ_KEY_QLOCK),
+        json_object_set_new(names, key + strlen(CAPSTAN_KEY_QLOCK),
                             json_pack("{s:O}", "info", json_object_get(v, "info")));
     }
     json_array_foreach(queues, i, v) {
         const char *key = json_string_value(json_object_get(v, "queue"))
-                          + strlen(KIQ_KEY_QLOCK_QUEUE);
+                          + strlen(CAPSTAN_KEY_QLOCK_QUEUE);
         if (!json_object_get(names, key))
             json_object_set_new(names, key, json_object());
         json_object_set(json_object_get(names, key), "requests", json_object_get(v, "requests"));
@@ -257,7 +257,7 @@ static int cmd_list(kiq_redis_t *r, int as_json)
         const char *holder = json_string_value(json_object_get(info, "acq_id"));
         printf("%s\t%s\trem_ttl=%lld\tfence=%lld\twaiting=%zu\n", name, holder ? holder : "-",
                (long long)json_integer_value(json_object_get(info, "rem_ttl")),
-               (long long)json_integer_value(json_object_get(info, "kiq_fence")),
+               (long long)json_integer_value(json_object_get(info, "capstan_fence")),
                json_array_size(json_object_get(v, "requests")));
     }
     json_decref(names);
@@ -267,13 +267,13 @@ out:
     return rc;
 }
 
-static int cmd_clear_dead(kiq_redis_t *r, long long dead_ttl)
+static int cmd_clear_dead(capstan_redis_t *r, long long dead_ttl)
 {
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     json_t *done = NULL;
     long long n = 0;
-    if (kiq_qlock_clear_dead_requests(r, dead_ttl, 0, &done, &n, err)) {
-        fprintf(stderr, "kiq lock clear-dead: %s\n", err);
+    if (capstan_qlock_clear_dead_requests(r, dead_ttl, 0, &done, &n, err)) {
+        fprintf(stderr, "capstan lock clear-dead: %s\n", err);
         return EXIT_REDIS;
     }
     printf("dropped %lld dead requests from %zu queues\n", n, json_array_size(done));
@@ -289,9 +289,9 @@ static int status_of(int st)
 /* Runs cmd under the held lock, refreshing the lease; returns the exit
  * status. Once the lock is lost, cmd gets SIGTERM, and SIGKILL kill_after
  * seconds later if it is still there. */
-static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd, double kill_after)
+static int run_held(capstan_redis_t *r, capstan_qlock_result_t *held, char **cmd, double kill_after)
 {
-    char fence[32], err[KIQ_ERRLEN];
+    char fence[32], err[CAPSTAN_ERRLEN];
     snprintf(fence, sizeof(fence), "%lld", held->fence);
     struct sigaction sa = { .sa_handler = forward };
     sigemptyset(&sa.sa_mask);
@@ -300,20 +300,20 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd, double
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
-        fprintf(stderr, "kiq lock: fork: %s\n", strerror(errno));
+        fprintf(stderr, "capstan lock: fork: %s\n", strerror(errno));
         return 1;
     }
     if (pid == 0) {
-        /* Nothing refreshes the lease once kiq lock is gone, so COMMAND must
+        /* Nothing refreshes the lease once capstan lock is gone, so COMMAND must
          * not outlive it, even a kill -9: the kernel kills it then. Had the
          * parent died before this call, nobody would send the signal. */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
             _exit(EXIT_LOST);
-        setenv("KIQ_LOCK_NAME", held->name, 1);
-        setenv("KIQ_LOCK_FENCE", fence, 1);
+        setenv("CAPSTAN_LOCK_NAME", held->name, 1);
+        setenv("CAPSTAN_LOCK_FENCE", fence, 1);
         execvp(cmd[0], cmd);
         int e = errno;
-        fprintf(stderr, "kiq lock: %s: %s\n", cmd[0], strerror(e));
+        fprintf(stderr, "capstan lock: %s: %s\n", cmd[0], strerror(e));
         _exit(e == ENOENT ? 127 : 126);
     }
     child_pid = pid;
@@ -321,7 +321,7 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd, double
         sigaction(sigs[i], &sa, NULL);
 
     double period = (double)held->ttl / 3000.0;
-    double next = kiq__mono() + period;
+    double next = capstan__mono() + period;
     int st = 0, lost = 0, killed = 0;
     double kill_at = 0;
     for (;;) {
@@ -332,48 +332,48 @@ static int run_held(kiq_redis_t *r, kiq_qlock_result_t *held, char **cmd, double
             st = 1 << 8;
             break;
         }
-        if (!lost && kiq__mono() >= next) {
-            if (!kiq_redis_ok(r))
-                kiq_redis_connect(r);
-            int rc = kiq_qlock_extend(r, held, held->ttl, 1, NULL, err);
-            if (rc == KIQ_EDENIED || (rc && kiq__mono() >= held->deadline)) {
-                fprintf(stderr, "kiq lock: lost the lock %s while %s ran (%s); stopping it "
+        if (!lost && capstan__mono() >= next) {
+            if (!capstan_redis_ok(r))
+                capstan_redis_connect(r);
+            int rc = capstan_qlock_extend(r, held, held->ttl, 1, NULL, err);
+            if (rc == CAPSTAN_EDENIED || (rc && capstan__mono() >= held->deadline)) {
+                fprintf(stderr, "capstan lock: lost the lock %s while %s ran (%s); stopping it "
                         "(SIGTERM, SIGKILL in %g s)\n",
-                        held->name, cmd[0], rc == KIQ_EDENIED ? "taken or expired" : err, kill_after);
+                        held->name, cmd[0], rc == CAPSTAN_EDENIED ? "taken or expired" : err, kill_after);
                 lost = 1;
-                kill_at = kiq__mono() + kill_after;
+                kill_at = capstan__mono() + kill_after;
                 kill(pid, SIGTERM);
             }
             /* After a failed refresh, try again soon: the lease still runs. */
-            next = kiq__mono() + (rc ? period / 4 : period);
+            next = capstan__mono() + (rc ? period / 4 : period);
         }
-        if (lost && !killed && kiq__mono() >= kill_at) {
-            fprintf(stderr, "kiq lock: %s still ran %g s after SIGTERM; killing it (SIGKILL)\n", cmd[0],
+        if (lost && !killed && capstan__mono() >= kill_at) {
+            fprintf(stderr, "capstan lock: %s still ran %g s after SIGTERM; killing it (SIGKILL)\n", cmd[0],
                     kill_after);
             killed = 1;
             kill(pid, SIGKILL);
         }
-        kiq__sleep(0.005);
+        capstan__sleep(0.005);
     }
     child_pid = 0;
     if (lost)
         return EXIT_LOST;
-    int rc = kiq_qlock_release(NULL, r, held, err);
+    int rc = capstan_qlock_release(NULL, r, held, err);
     if (rc)
-        fprintf(stderr, "kiq lock: releasing %s: %s\n", held->name, err);
+        fprintf(stderr, "capstan lock: releasing %s: %s\n", held->name, err);
     return status_of(st);
 }
 
-int kiq_cmd_lock(int argc, char **argv)
+int capstan__cmd_lock(int argc, char **argv)
 {
-    struct lock_args a = { .o = kiq_qlock_opts_default(), .dead_ttl = -1, .kill_after = KILL_AFTER_DEFAULT };
+    struct lock_args a = { .o = capstan_qlock_opts_default(), .dead_ttl = -1, .kill_after = KILL_AFTER_DEFAULT };
     a.o.ttl = 10000;
-    a.o.timeout = KIQ_QLOCK_UNLIMITED;
-    a.o.retry_count = KIQ_QLOCK_UNLIMITED;
-    kiq_redis_t *r = NULL;
-    kiq_qlock_client_t *c = NULL;
-    char err[KIQ_ERRLEN];
-    int status = KIQ_EXIT_USAGE;
+    a.o.timeout = CAPSTAN_QLOCK_UNLIMITED;
+    a.o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
+    capstan_redis_t *r = NULL;
+    capstan_qlock_client_t *c = NULL;
+    char err[CAPSTAN_ERRLEN];
+    int status = CAPSTAN_EXIT_USAGE;
 
     int dd = 0; /* index of "--" */
     for (int i = 1; i < argc; i++)
@@ -392,61 +392,61 @@ int kiq_cmd_lock(int argc, char **argv)
     if (!dd) {
         const char *sub = nops > 0 ? ops[0] : "";
         if (strcmp(sub, "info") == 0 && nops == 2) {
-            if ((r = kiq_cli_connect("kiq lock", a.url)))
+            if ((r = capstan__cli_connect("capstan lock", a.url)))
                 status = cmd_info(r, ops[1]);
             else
                 status = EXIT_REDIS;
         } else if (strcmp(sub, "list") == 0 && nops == 1) {
-            status = (r = kiq_cli_connect("kiq lock", a.url)) ? cmd_list(r, a.json) : EXIT_REDIS;
+            status = (r = capstan__cli_connect("capstan lock", a.url)) ? cmd_list(r, a.json) : EXIT_REDIS;
         } else if (strcmp(sub, "clear-dead") == 0 && nops == 1) {
-            status = (r = kiq_cli_connect("kiq lock", a.url)) ? cmd_clear_dead(r, a.dead_ttl) : EXIT_REDIS;
+            status = (r = capstan__cli_connect("capstan lock", a.url)) ? cmd_clear_dead(r, a.dead_ttl) : EXIT_REDIS;
         } else {
-            fprintf(stderr, "kiq lock: expected NAME [options] -- COMMAND, info NAME, list or clear-dead\n\n%s",
+            fprintf(stderr, "capstan lock: expected NAME [options] -- COMMAND, info NAME, list or clear-dead\n\n%s",
                     usage);
         }
         goto out;
     }
     if (nops != 1 || dd + 1 >= argc) {
-        fprintf(stderr, "kiq lock: expected NAME [options] -- COMMAND [ARGS...]\n\n%s", usage);
+        fprintf(stderr, "capstan lock: expected NAME [options] -- COMMAND [ARGS...]\n\n%s", usage);
         goto out;
     }
     const char *name = ops[0];
     char host[256];
     if (!a.meta[0]) {
-        kiq__hostname(host, sizeof(host));
+        capstan__hostname(host, sizeof(host));
         a.meta[0] = "host";
         a.meta[1] = host;
         a.meta[2] = NULL;
     }
     a.o.meta = a.meta;
-    if (!(c = kiq_qlock_client_new(NULL, err))) {
-        fprintf(stderr, "kiq lock: %s\n", err);
+    if (!(c = capstan_qlock_client_new(NULL, err))) {
+        fprintf(stderr, "capstan lock: %s\n", err);
         status = 1;
         goto out;
     }
     if (a.verbose)
-        kiq_qlock_client_on_log(c, log_stderr, NULL, 1);
-    if (!(r = kiq_cli_connect("kiq lock", a.url))) {
+        capstan_qlock_client_on_log(c, log_stderr, NULL, 1);
+    if (!(r = capstan__cli_connect("capstan lock", a.url))) {
         status = EXIT_REDIS;
         goto out;
     }
-    kiq_qlock_result_t held;
-    rc = kiq_qlock_lock(c, r, name, &a.o, &held, err);
-    if (rc == KIQ_EDENIED) {
-        fprintf(stderr, "kiq lock: %s: not obtained (%s)\n", name, kiq_qlock_status_name(held.status));
+    capstan_qlock_result_t held;
+    rc = capstan_qlock_lock(c, r, name, &a.o, &held, err);
+    if (rc == CAPSTAN_EDENIED) {
+        fprintf(stderr, "capstan lock: %s: not obtained (%s)\n", name, capstan_qlock_status_name(held.status));
         status = EXIT_NOT_OBTAINED;
         goto out;
     }
     if (rc) {
-        fprintf(stderr, "kiq lock: %s\n", err);
-        status = rc == KIQ_EINVAL ? KIQ_EXIT_USAGE : EXIT_REDIS;
+        fprintf(stderr, "capstan lock: %s\n", err);
+        status = rc == CAPSTAN_EINVAL ? CAPSTAN_EXIT_USAGE : EXIT_REDIS;
         goto out;
     }
     status = run_held(r, &held, argv + dd + 1, a.kill_after);
 out:
     for (int i = 0; i < a.nmeta_buf; i++)
         free(a.meta_buf[i]);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
     return status;
 }

@@ -1,4 +1,4 @@
-/* `kiq stats [--json]`: what Sidekiq's dashboard shows, from the shell —
+/* `capstan stats [--json]`: what Sidekiq's dashboard shows, from the shell —
  * processed/failed, queue sizes and latency, schedule/retry/dead sizes,
  * processes, and the reliable fetch's working lists with their owners. */
 #include <errno.h>
@@ -14,11 +14,11 @@
 #include "observe/overview.h"
 #include "fetch/fetch.h"
 #include "support/identity.h"
-#include "kiq/kiq.h"
-#include "kiq/redis.h"
+#include "capstan/capstan.h"
+#include "capstan/redis.h"
 
 static const char *usage =
-    "Usage: kiq stats [--json] [--redis-url URL]\n"
+    "Usage: capstan stats [--json] [--redis-url URL]\n"
     "\n"
     "Prints processed and failed counts, each queue's size and latency (age of\n"
     "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
@@ -52,7 +52,7 @@ static json_t *opt_integer(long long v)
     return v < 0 ? json_null() : json_integer(v);
 }
 
-static json_t *queues_json(const kiq_overview_t *ov)
+static json_t *queues_json(const capstan_overview_t *ov)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < ov->nqueues; i++) {
@@ -65,11 +65,11 @@ static json_t *queues_json(const kiq_overview_t *ov)
     return arr;
 }
 
-static json_t *processes_json(const kiq_overview_t *ov, const char *host)
+static json_t *processes_json(const capstan_overview_t *ov, const char *host)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < ov->nprocesses; i++) {
-        const kiq_overview_process_t *pr = &ov->processes[i];
+        const capstan_overview_process_t *pr = &ov->processes[i];
         json_t *p = json_object();
         json_t *info = json_loads(pr->info, 0, NULL);
         json_object_set_new(p, "identity", json_string(pr->identity));
@@ -90,13 +90,13 @@ static json_t *processes_json(const kiq_overview_t *ov, const char *host)
     return arr;
 }
 
-static json_t *working_json(kiq_redis_t *r, const char *host)
+static json_t *working_json(capstan_redis_t *r, const char *host)
 {
     json_t *arr = json_array();
-    kiq_working_info_t *w = NULL;
+    capstan_working_info_t *w = NULL;
     size_t n = 0;
-    char err[KIQ_ERRLEN];
-    if (kiq__fetch_list_working(r, &w, &n, err) == 0) {
+    char err[CAPSTAN_ERRLEN];
+    if (capstan__fetch_list_working(r, &w, &n, err) == 0) {
         for (size_t i = 0; i < n; i++) {
             json_t *o = json_object();
             json_object_set_new(o, "identity", json_string(w[i].identity));
@@ -109,20 +109,20 @@ static json_t *working_json(kiq_redis_t *r, const char *host)
             json_array_append_new(arr, o);
         }
     }
-    kiq__fetch_working_info_free(w, n);
+    capstan__fetch_working_info_free(w, n);
     return arr;
 }
 
-/* Everything `kiq stats` shows, or NULL with err filled. */
-static json_t *collect(kiq_redis_t *r, char *err)
+/* Everything `capstan stats` shows, or NULL with err filled. */
+static json_t *collect(capstan_redis_t *r, char *err)
 {
-    kiq_overview_t ov;
-    if (kiq__overview_read(r, 1, &ov, err)) {
-        kiq__overview_clear(&ov);
+    capstan_overview_t ov;
+    if (capstan__overview_read(r, 1, &ov, err)) {
+        capstan__overview_clear(&ov);
         return NULL;
     }
     char host[256];
-    kiq__hostname(host, sizeof(host));
+    capstan__hostname(host, sizeof(host));
     json_t *o = json_object();
     json_object_set_new(o, "processed", json_integer(ov.processed));
     json_object_set_new(o, "failed", json_integer(ov.failed));
@@ -132,7 +132,7 @@ static json_t *collect(kiq_redis_t *r, char *err)
     json_object_set_new(o, "queues", queues_json(&ov));
     json_object_set_new(o, "processes", processes_json(&ov, host));
     json_object_set_new(o, "working", working_json(r, host));
-    kiq__overview_clear(&ov);
+    capstan__overview_clear(&ov);
     return o;
 }
 
@@ -140,7 +140,7 @@ static void print_text(json_t *o, const char *name)
 {
     size_t i;
     json_t *e;
-    printf("kiq %s  %s\n\n", KIQ_VERSION, name);
+    printf("capstan %s  %s\n\n", CAPSTAN_VERSION, name);
     printf("Processed: %lld  Failed: %lld\n",
            json_integer_value(json_object_get(o, "processed")),
            json_integer_value(json_object_get(o, "failed")));
@@ -187,20 +187,20 @@ static void print_text(json_t *o, const char *name)
     }
 }
 
-int kiq_cmd_stats(int argc, char **argv)
+int capstan__cmd_stats(int argc, char **argv)
 {
     const char *url = NULL;
-    int as_json = 0, done = kiq_cli_options("kiq stats", usage, argc, argv, &url, &as_json);
+    int as_json = 0, done = capstan__cli_options("capstan stats", usage, argc, argv, &url, &as_json);
     if (done >= 0)
         return done;
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_cli_connect("kiq stats", url);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan__cli_connect("capstan stats", url);
     if (!r)
         return 1;
     json_t *o = collect(r, err);
     if (!o) {
-        fprintf(stderr, "kiq stats: %s\n", err);
-        kiq_redis_free(r);
+        fprintf(stderr, "capstan stats: %s\n", err);
+        capstan_redis_free(r);
         return 1;
     }
     if (as_json) {
@@ -208,9 +208,9 @@ int kiq_cmd_stats(int argc, char **argv)
         printf("%s\n", s);
         free(s);
     } else {
-        print_text(o, kiq_redis_name(r));
+        print_text(o, capstan_redis_name(r));
     }
     json_decref(o);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return 0;
 }

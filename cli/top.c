@@ -1,4 +1,4 @@
-/* `kiq top`: a live view of the whole fleet, redrawn every interval on a
+/* `capstan top`: a live view of the whole fleet, redrawn every interval on a
  * terminal (like sidekiqmon, but live): queues with size and latency,
  * processes with busy/total and RSS, throughput over the last minute,
  * schedule/retry/dead sizes and the most contended uniqueness lock types.
@@ -21,12 +21,12 @@
 #include "support/number.h"
 #include "observe/overview.h"
 #include "support/time.h"
-#include "kiq/kiq.h"
-#include "kiq/redis.h"
-#include "kiq/unique_admin.h"
+#include "capstan/capstan.h"
+#include "capstan/redis.h"
+#include "capstan/unique_admin.h"
 
 static const char *usage =
-    "Usage: kiq top [--interval SECONDS] [--redis-url URL]\n"
+    "Usage: capstan top [--interval SECONDS] [--redis-url URL]\n"
     "\n"
     "A live view of the queues (size, latency), the processes (busy/total\n"
     "threads, RSS), throughput over the last minute, the schedule/retry/dead\n"
@@ -42,7 +42,7 @@ static const char *usage =
 #define TOP_LOCKS 5
 
 typedef struct sample {
-    double t;            /* kiq__mono() */
+    double t;            /* capstan__mono() */
     long long processed, failed;
 } sample_t;
 
@@ -100,7 +100,7 @@ static void history_rate(const history_t *h, double *proc, double *fail, double 
 
 static int by_denied(const void *x, const void *y)
 {
-    const kiq_unique_metrics_row_t *a = x, *b = y;
+    const capstan_unique_metrics_row_t *a = x, *b = y;
     if (a->denied != b->denied)
         return a->denied < b->denied ? 1 : -1;
     return strcmp(a->type, b->type);
@@ -117,41 +117,41 @@ static void human_secs(char *out, size_t n, double s)
 }
 
 /* One frame of the view into b. */
-static void render(kiq_buf_t *b, const char *name, const kiq_overview_t *ov,
-                   kiq_unique_metrics_t *locks, const history_t *h, double interval, int live)
+static void render(capstan_buf_t *b, const char *name, const capstan_overview_t *ov,
+                   capstan_unique_metrics_t *locks, const history_t *h, double interval, int live)
 {
     char when[32], lat[32];
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
     strftime(when, sizeof(when), "%H:%M:%S", &tm);
-    kiq__buf_printf(b, "kiq top  %s  %s", name, when);
+    capstan__buf_printf(b, "capstan top  %s  %s", name, when);
     if (live)
-        kiq__buf_printf(b, "  (every %gs; q quits)", interval);
-    kiq__buf_puts(b, "\n");
+        capstan__buf_printf(b, "  (every %gs; q quits)", interval);
+    capstan__buf_puts(b, "\n");
 
     double rp, rf, span;
     history_rate(h, &rp, &rf, &span);
-    kiq__buf_printf(b, "Processed: %lld  Failed: %lld  ", ov->processed, ov->failed);
+    capstan__buf_printf(b, "Processed: %lld  Failed: %lld  ", ov->processed, ov->failed);
     if (span > 0)
-        kiq__buf_printf(b, "Throughput: %.1f jobs/s, %.1f failed/s (last %.0fs)\n", rp, rf, span);
+        capstan__buf_printf(b, "Throughput: %.1f jobs/s, %.1f failed/s (last %.0fs)\n", rp, rf, span);
     else
-        kiq__buf_puts(b, "Throughput: - (measured over the next minute)\n");
-    kiq__buf_printf(b, "Scheduled: %lld  Retries: %lld  Dead: %lld\n\n", ov->scheduled,
-                   ov->retries, ov->dead);
+        capstan__buf_puts(b, "Throughput: - (measured over the next minute)\n");
+    capstan__buf_printf(b, "Scheduled: %lld  Retries: %lld  Dead: %lld\n\n", ov->scheduled,
+                        ov->retries, ov->dead);
 
-    kiq__buf_printf(b, "%-32s %10s %12s\n", "QUEUE", "SIZE", "LATENCY");
+    capstan__buf_printf(b, "%-32s %10s %12s\n", "QUEUE", "SIZE", "LATENCY");
     for (size_t i = 0; i < ov->nqueues; i++) {
         human_secs(lat, sizeof(lat), ov->queues[i].latency);
-        kiq__buf_printf(b, "%-32s %10lld %12s\n", ov->queues[i].name, ov->queues[i].size, lat);
+        capstan__buf_printf(b, "%-32s %10lld %12s\n", ov->queues[i].name, ov->queues[i].size, lat);
     }
     if (!ov->nqueues)
-        kiq__buf_puts(b, "(no queues)\n");
+        capstan__buf_puts(b, "(no queues)\n");
 
-    kiq__buf_printf(b, "\n%-48s %9s %10s %8s\n", "PROCESS", "BUSY", "RSS", "BEAT");
-    double wall = kiq__now();
+    capstan__buf_printf(b, "\n%-48s %9s %10s %8s\n", "PROCESS", "BUSY", "RSS", "BEAT");
+    double wall = capstan__now();
     for (size_t i = 0; i < ov->nprocesses; i++) {
-        const kiq_overview_process_t *p = &ov->processes[i];
+        const capstan_overview_process_t *p = &ov->processes[i];
         char busy[48], rss[32], beat[32];
         snprintf(busy, sizeof(busy), "%lld/%lld", p->busy < 0 ? 0 : p->busy,
                  p->concurrency < 0 ? 0 : p->concurrency);
@@ -163,71 +163,71 @@ static void render(kiq_buf_t *b, const char *name, const kiq_overview_t *ov,
             human_secs(beat, sizeof(beat), wall - p->beat < 0 ? 0 : wall - p->beat);
         else
             snprintf(beat, sizeof(beat), "-");
-        kiq__buf_printf(b, "%-48s %9s %10s %8s%s\n", p->identity, busy, rss, beat,
-                       p->quiet == 1 ? "  quiet" : "");
+        capstan__buf_printf(b, "%-48s %9s %10s %8s%s\n", p->identity, busy, rss, beat,
+                            p->quiet == 1 ? "  quiet" : "");
     }
     if (!ov->nprocesses)
-        kiq__buf_puts(b, "(no live processes)\n");
+        capstan__buf_puts(b, "(no live processes)\n");
 
-    kiq__buf_printf(b, "\n%-32s %8s %9s %9s %9s\n", "CONTENDED LOCKS (last hour)", "DENIED",
-                   "ACQUIRED", "RELEASED", "FAILURES");
+    capstan__buf_printf(b, "\n%-32s %8s %9s %9s %9s\n", "CONTENDED LOCKS (last hour)", "DENIED",
+                        "ACQUIRED", "RELEASED", "FAILURES");
     size_t shown = 0;
     if (locks && locks->n > 1) {
         /* The total row stays last in the reader's order; rank the others. */
         qsort(locks->rows, locks->n - 1, sizeof(*locks->rows), by_denied);
         for (size_t i = 0; i + 1 < locks->n && shown < TOP_LOCKS; i++) {
-            const kiq_unique_metrics_row_t *r = &locks->rows[i];
+            const capstan_unique_metrics_row_t *r = &locks->rows[i];
             if (r->denied <= 0)
                 continue;
-            kiq__buf_printf(b, "%-32s %8lld %9lld %9lld %9lld\n", r->type, r->denied, r->acquired,
-                           r->released, r->failures);
+            capstan__buf_printf(b, "%-32s %8lld %9lld %9lld %9lld\n", r->type, r->denied, r->acquired,
+                                r->released, r->failures);
             shown++;
         }
     }
     if (!shown)
-        kiq__buf_puts(b, locks ? "(no lock was denied)\n" : "(lock metrics unavailable)\n");
+        capstan__buf_puts(b, locks ? "(no lock was denied)\n" : "(lock metrics unavailable)\n");
 }
 
-/* Reads everything a frame shows. Returns 0 or KIQ_EREDIS with err. */
-static int sample(kiq_redis_t *r, kiq_overview_t *ov, kiq_unique_metrics_t *locks,
+/* Reads everything a frame shows. Returns 0 or CAPSTAN_EREDIS with err. */
+static int sample(capstan_redis_t *r, capstan_overview_t *ov, capstan_unique_metrics_t *locks,
                   int *have_locks, history_t *h, char *err)
 {
-    if (!kiq_redis_ok(r) && kiq_redis_connect(r))
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
-    int rc = kiq__overview_read(r, 1, ov, err);
+    if (!capstan_redis_ok(r) && capstan_redis_connect(r))
+        return capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
+    int rc = capstan__overview_read(r, 1, ov, err);
     if (rc)
         return rc;
-    history_add(h, kiq__mono(), ov->processed, ov->failed);
-    char lerr[KIQ_ERRLEN];
-    *have_locks = kiq_unique_metrics_read(r, 60, locks, lerr) == 0;
+    history_add(h, capstan__mono(), ov->processed, ov->failed);
+    char lerr[CAPSTAN_ERRLEN];
+    *have_locks = capstan_unique_metrics_read(r, 60, locks, lerr) == 0;
     return 0;
 }
 
-static int snapshot(kiq_redis_t *r)
+static int snapshot(capstan_redis_t *r)
 {
     history_t *h = calloc(1, sizeof(*h));
-    kiq_overview_t ov;
-    kiq_unique_metrics_t locks = {0};
+    capstan_overview_t ov;
+    capstan_unique_metrics_t locks = {0};
     int have_locks = 0, status = 0;
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     memset(&ov, 0, sizeof(ov));
     if (!h) {
-        fprintf(stderr, "kiq top: out of memory\n");
+        fprintf(stderr, "capstan top: out of memory\n");
         return 1;
     }
     if (sample(r, &ov, &locks, &have_locks, h, err)) {
-        fprintf(stderr, "kiq top: %s\n", err);
+        fprintf(stderr, "capstan top: %s\n", err);
         status = 1;
         goto out;
     }
-    kiq_buf_t b = {0};
-    render(&b, kiq_redis_name(r), &ov, have_locks ? &locks : NULL, h, 0, 0);
+    capstan_buf_t b = {0};
+    render(&b, capstan_redis_name(r), &ov, have_locks ? &locks : NULL, h, 0, 0);
     if (b.p)
         fputs(b.p, stdout);
-    kiq__buf_free(&b);
+    capstan__buf_free(&b);
 out:
-    kiq__overview_clear(&ov);
-    kiq_unique_metrics_clear(&locks);
+    capstan__overview_clear(&ov);
+    capstan_unique_metrics_clear(&locks);
     free(h);
     return status;
 }
@@ -242,17 +242,17 @@ static void draw(const char *frame)
         cols = ws.ws_col;
         rows = ws.ws_row;
     }
-    kiq_buf_t out = {0};
-    kiq__buf_puts(&out, "\033[H");
+    capstan_buf_t out = {0};
+    capstan__buf_puts(&out, "\033[H");
     int line = 0;
     for (const char *p = frame; *p && line < rows; line++) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p) : strlen(p);
-        kiq__buf_put(&out, p, len < (size_t)cols ? len : (size_t)cols);
-        kiq__buf_puts(&out, line + 1 < rows ? "\033[K\r\n" : "\033[K");
+        capstan__buf_put(&out, p, len < (size_t)cols ? len : (size_t)cols);
+        capstan__buf_puts(&out, line + 1 < rows ? "\033[K\r\n" : "\033[K");
         p += len + (nl != NULL);
     }
-    kiq__buf_puts(&out, "\033[J");
+    capstan__buf_puts(&out, "\033[J");
     for (size_t off = 0; out.p && off < out.len;) {
         ssize_t w = write(STDOUT_FILENO, out.p + off, out.len - off);
         if (w < 0 && errno == EINTR)
@@ -261,7 +261,7 @@ static void draw(const char *frame)
             break;
         off += (size_t)w;
     }
-    kiq__buf_free(&out);
+    capstan__buf_free(&out);
 }
 
 static void put_str(const char *s)
@@ -270,7 +270,7 @@ static void put_str(const char *s)
     (void)w;
 }
 
-static int live(kiq_redis_t *r, double interval)
+static int live(capstan_redis_t *r, double interval)
 {
     struct termios saved, raw;
     int have_tty_in = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
@@ -295,26 +295,26 @@ static int live(kiq_redis_t *r, double interval)
     put_str("\033[?1049h\033[?25l\033[2J"); /* alternate screen, cursor hidden */
 
     history_t *h = calloc(1, sizeof(*h));
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     while (h && !stop_flag) {
-        kiq_overview_t ov;
-        kiq_unique_metrics_t locks = {0};
+        capstan_overview_t ov;
+        capstan_unique_metrics_t locks = {0};
         int have_locks = 0;
         memset(&ov, 0, sizeof(ov));
-        kiq_buf_t frame = {0};
+        capstan_buf_t frame = {0};
         if (sample(r, &ov, &locks, &have_locks, h, err) == 0)
-            render(&frame, kiq_redis_name(r), &ov, have_locks ? &locks : NULL, h, interval, 1);
+            render(&frame, capstan_redis_name(r), &ov, have_locks ? &locks : NULL, h, interval, 1);
         else
-            kiq__buf_printf(&frame, "kiq top  %s\n\n%s\nretrying every %gs; q quits\n",
-                           kiq_redis_name(r), err, interval);
+            capstan__buf_printf(&frame, "capstan top  %s\n\n%s\nretrying every %gs; q quits\n",
+                                capstan_redis_name(r), err, interval);
         draw(frame.p ? frame.p : "");
-        kiq__buf_free(&frame);
-        kiq__overview_clear(&ov);
-        kiq_unique_metrics_clear(&locks);
+        capstan__buf_free(&frame);
+        capstan__overview_clear(&ov);
+        capstan_unique_metrics_clear(&locks);
 
-        double until = kiq__mono() + interval;
+        double until = capstan__mono() + interval;
         while (!stop_flag && !resized) {
-            double left = until - kiq__mono();
+            double left = until - capstan__mono();
             if (left <= 0)
                 break;
             struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
@@ -339,7 +339,7 @@ static int live(kiq_redis_t *r, double interval)
     return 0;
 }
 
-int kiq_cmd_top(int argc, char **argv)
+int capstan__cmd_top(int argc, char **argv)
 {
     static const struct option longopts[] = {
         { "interval", required_argument, NULL, 'i' },
@@ -356,29 +356,29 @@ int kiq_cmd_top(int argc, char **argv)
         if (opt == 'u') {
             url = optarg;
         } else if (opt == 'i') {
-            if (kiq__parse_number(optarg, 0, 0.1, 3600, &interval)) {
-                fprintf(stderr, "kiq top: --interval: must be a number of seconds between 0.1 "
+            if (capstan__parse_number(optarg, 0, 0.1, 3600, &interval)) {
+                fprintf(stderr, "capstan top: --interval: must be a number of seconds between 0.1 "
                         "and 3600 (got \"%s\")\n", optarg);
-                return KIQ_EXIT_USAGE;
+                return CAPSTAN_EXIT_USAGE;
             }
         } else if (opt == 'h') {
             fputs(usage, stdout);
             return 0;
         } else {
-            fprintf(stderr, "kiq top: %s: unknown option or missing value\n\n%s",
+            fprintf(stderr, "capstan top: %s: unknown option or missing value\n\n%s",
                     argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
+            return CAPSTAN_EXIT_USAGE;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "kiq top: unexpected argument \"%s\"\n\n%s", argv[optind], usage);
-        return KIQ_EXIT_USAGE;
+        fprintf(stderr, "capstan top: unexpected argument \"%s\"\n\n%s", argv[optind], usage);
+        return CAPSTAN_EXIT_USAGE;
     }
     /* A wrong URL is better said once than redrawn every second. */
-    kiq_redis_t *r = kiq_cli_connect("kiq top", url);
+    capstan_redis_t *r = capstan__cli_connect("capstan top", url);
     if (!r)
         return 1;
     int status = isatty(STDOUT_FILENO) ? live(r, interval) : snapshot(r);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return status;
 }

@@ -1,4 +1,4 @@
-/* `kiq locks`: what sidekiq-unique-jobs v9's web UI and CLI show and do,
+/* `capstan locks`: what sidekiq-unique-jobs v9's web UI and CLI show and do,
  * from the shell and on v9's own keys, so it works the same on locks Ruby
  * took: list, info, delete, the metrics table, a reaper run and the v8 -> v9
  * migration. */
@@ -12,14 +12,14 @@
 #include "cli/cli.h"
 #include "support/number.h"
 #include "support/time.h"
-#include "kiq/redis.h"
-#include "kiq/unique_admin.h"
-#include "middleware/unique_admin_internal.h"
+#include "capstan/redis.h"
+#include "capstan/unique_admin.h"
+#include "unique/admin_internal.h"
 #include "redis/keys.h"
 #include "redis/scan.h"
 
 static const char *usage =
-    "Usage: kiq locks COMMAND [options]\n"
+    "Usage: capstan locks COMMAND [options]\n"
     "\n"
     "Uniqueness locks (sidekiq-unique-jobs v9 keys, whoever took them):\n"
     "  list [PATTERN] [--json] [--limit N]\n"
@@ -69,34 +69,34 @@ static int parse(const char *sub, int argc, char **argv, args_t *a, int want_pos
         case 'h': fputs(usage, stdout); return 0;
         case 'l': case 'c': case 'm': {
             double v;
-            if (kiq__parse_number(optarg, 1, 1, 1e15, &v)) {
-                fprintf(stderr, "kiq locks %s: %s: must be an integer >= 1\n", sub, argv[optind - 1]);
-                return KIQ_EXIT_USAGE;
+            if (capstan__parse_number(optarg, 1, 1, 1e15, &v)) {
+                fprintf(stderr, "capstan locks %s: %s: must be an integer >= 1\n", sub, argv[optind - 1]);
+                return CAPSTAN_EXIT_USAGE;
             }
             *(opt == 'l' ? &a->limit : opt == 'c' ? &a->count : &a->minutes) = (long)v;
             break;
         }
         case 't': case 'g': {
             double v;
-            if (kiq__parse_number(optarg, 0, 0, 1e9, &v)) {
-                fprintf(stderr, "kiq locks %s: %s: must be a number of seconds >= 0\n", sub,
+            if (capstan__parse_number(optarg, 0, 0, 1e9, &v)) {
+                fprintf(stderr, "capstan locks %s: %s: must be a number of seconds >= 0\n", sub,
                         argv[optind - 1]);
-                return KIQ_EXIT_USAGE;
+                return CAPSTAN_EXIT_USAGE;
             }
             *(opt == 't' ? &a->timeout : &a->grace) = v;
             break;
         }
         default:
-            fprintf(stderr, "kiq locks %s: %s: unknown option or missing value\n\n%s", sub,
+            fprintf(stderr, "capstan locks %s: %s: unknown option or missing value\n\n%s", sub,
                     argv[optind - 1], usage);
-            return KIQ_EXIT_USAGE;
+            return CAPSTAN_EXIT_USAGE;
         }
     }
     int npos = argc - optind;
     if (npos > 1 || (npos == 1 && !want_pos)) {
-        fprintf(stderr, "kiq locks %s: unexpected argument \"%s\"\n", sub,
+        fprintf(stderr, "capstan locks %s: unexpected argument \"%s\"\n", sub,
                 argv[optind + (npos > 1 ? 1 : 0)]);
-        return KIQ_EXIT_USAGE;
+        return CAPSTAN_EXIT_USAGE;
     }
     if (npos == 1)
         a->pos = argv[optind];
@@ -114,10 +114,10 @@ static void print_json(json_t *o)
 /* What a lock hash holds: {"key", "ttl" (s or null), "holders": {jid: meta}}
  * with meta the parsed JSON (or v8's time string), or NULL when there is no
  * such hash. *type and *locked_at come from the first holder's metadata. */
-static json_t *lock_json(kiq_redis_t *r, const char *key, const char **type, double *locked_at)
+static json_t *lock_json(capstan_redis_t *r, const char *key, const char **type, double *locked_at)
 {
-    redisReply *h = kiq_redis_cmdf(r, "HGETALL %s", key);
-    redisReply *t = kiq_redis_cmdf(r, "PTTL %s", key);
+    redisReply *h = capstan_redis_cmdf(r, "HGETALL %s", key);
+    redisReply *t = capstan_redis_cmdf(r, "PTTL %s", key);
     json_t *o = NULL;
     if (h && h->type == REDIS_REPLY_ARRAY && h->elements >= 2) {
         o = json_object();
@@ -146,12 +146,12 @@ static json_t *lock_json(kiq_redis_t *r, const char *key, const char **type, dou
 }
 
 /* One row of `list`: digest, type, holders, ttl, age. */
-static json_t *row_json(kiq_redis_t *r, const char *digest, double score)
+static json_t *row_json(capstan_redis_t *r, const char *digest, double score)
 {
     char key[1100];
     const char *type = NULL;
-    double at = 0, now = kiq__now();
-    kiq__key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
+    double at = 0, now = capstan__now();
+    capstan__key(key, sizeof(key), digest, CAPSTAN_KEY_LOCKED);
     json_t *lock = lock_json(r, key, &type, &at);
     json_t *o = json_object();
     json_object_set_new(o, "digest", json_string(digest));
@@ -188,23 +188,23 @@ static void fmt_secs(char *out, size_t n, json_t *v, const char *none)
         snprintf(out, n, "%.0fs", s);
 }
 
-static int cmd_list(kiq_redis_t *r, const args_t *a)
+static int cmd_list(capstan_redis_t *r, const args_t *a)
 {
     const char *pattern = a->pos ? a->pos : "*";
     long limit = a->limit > 0 ? a->limit : 1000;
     json_t *rows = json_array();
     const redisReply *items;
-    char err[KIQ_ERRLEN];
-    kiq_scan_t s;
+    char err[CAPSTAN_ERRLEN];
+    capstan_scan_t s;
     int rc = 0, more = 0;
-    kiq__scan_init(&s, r, KIQ_UNIQUE_DIGESTS, pattern, 500);
-    while ((long)json_array_size(rows) < limit && (more = kiq__scan_next(&s, &items, err)) > 0)
+    capstan__scan_init(&s, r, CAPSTAN_UNIQUE_DIGESTS, pattern, 500);
+    while ((long)json_array_size(rows) < limit && (more = capstan__scan_next(&s, &items, err)) > 0)
         for (size_t i = 0; i + 1 < items->elements && (long)json_array_size(rows) < limit; i += 2)
             json_array_append_new(rows, row_json(r, items->element[i]->str,
                                                  strtod(items->element[i + 1]->str, NULL)));
-    kiq__scan_close(&s);
+    capstan__scan_close(&s);
     if (more < 0) {
-        fprintf(stderr, "kiq locks list: %s\n", err);
+        fprintf(stderr, "capstan locks list: %s\n", err);
         rc = 1;
         goto out;
     }
@@ -240,33 +240,33 @@ out:
 /* The digest argument, checked; prints why not and returns 64 when bad. */
 static int digest_arg(const char *sub, const args_t *a, char *out, size_t n)
 {
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     if (!a->pos) {
-        fprintf(stderr, "kiq locks %s: missing DIGEST (see kiq locks list)\n", sub);
-        return KIQ_EXIT_USAGE;
+        fprintf(stderr, "capstan locks %s: missing DIGEST (see capstan locks list)\n", sub);
+        return CAPSTAN_EXIT_USAGE;
     }
-    if (kiq__unique_digest_parse(a->pos, out, n, err)) {
-        fprintf(stderr, "kiq locks %s: %s\n", sub, err);
-        return KIQ_EXIT_USAGE;
+    if (capstan__unique_digest_parse(a->pos, out, n, err)) {
+        fprintf(stderr, "capstan locks %s: %s\n", sub, err);
+        return CAPSTAN_EXIT_USAGE;
     }
     return 0;
 }
 
-static json_t *index_json(kiq_redis_t *r, const char *member)
+static json_t *index_json(capstan_redis_t *r, const char *member)
 {
-    redisReply *z = kiq_redis_cmdf(r, "ZSCORE %s %s", KIQ_UNIQUE_DIGESTS, member);
+    redisReply *z = capstan_redis_cmdf(r, "ZSCORE %s %s", CAPSTAN_UNIQUE_DIGESTS, member);
     json_t *v = z && z->type == REDIS_REPLY_STRING ? json_real(strtod(z->str, NULL)) : json_null();
     freeReplyObject(z);
     return v;
 }
 
-static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
+static int cmd_info(capstan_redis_t *r, const char *digest, const args_t *a)
 {
     char key[1100], run[1100], run_key[1100];
-    int is_run = kiq__key_base(digest, KIQ_KEY_RUN) > 0;
-    kiq__key(key, sizeof(key), digest, KIQ_KEY_LOCKED);
-    kiq__key(run, sizeof(run), digest, KIQ_KEY_RUN);
-    kiq__key(run_key, sizeof(run_key), run, KIQ_KEY_LOCKED);
+    int is_run = capstan__key_base(digest, CAPSTAN_KEY_RUN) > 0;
+    capstan__key(key, sizeof(key), digest, CAPSTAN_KEY_LOCKED);
+    capstan__key(run, sizeof(run), digest, CAPSTAN_KEY_RUN);
+    capstan__key(run_key, sizeof(run_key), run, CAPSTAN_KEY_LOCKED);
     const char *type = NULL;
     double at = 0;
     json_t *o = json_object();
@@ -283,7 +283,7 @@ static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
     int found = lock || rlock || !json_is_null(json_object_get(o, "score"))
              || !json_is_null(json_object_get(o, "run_score"));
     if (!found) {
-        fprintf(stderr, "kiq locks info: no lock with digest %s\n", digest);
+        fprintf(stderr, "capstan locks info: no lock with digest %s\n", digest);
         json_decref(o);
         return 1;
     }
@@ -295,7 +295,7 @@ static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
     printf("digest:  %s\n", digest);
     json_t *score = json_object_get(o, "score");
     if (json_is_number(score))
-        printf("indexed: %s score %.6f\n", KIQ_UNIQUE_DIGESTS, json_number_value(score));
+        printf("indexed: %s score %.6f\n", CAPSTAN_UNIQUE_DIGESTS, json_number_value(score));
     else
         printf("indexed: no\n");
     const char *names[] = { "lock", "run_lock" };
@@ -323,7 +323,7 @@ static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
         printf("type:    %s\n", type);
     if (at > 0) {
         char age[32];
-        json_t *secs = json_real(kiq__now() - at);
+        json_t *secs = json_real(capstan__now() - at);
         fmt_secs(age, sizeof(age), secs, "?");
         json_decref(secs);
         printf("age:     %s\n", age);
@@ -332,30 +332,30 @@ static int cmd_info(kiq_redis_t *r, const char *digest, const args_t *a)
     return 0;
 }
 
-static int cmd_delete(kiq_redis_t *r, const char *digest)
+static int cmd_delete(capstan_redis_t *r, const char *digest)
 {
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     long n = 0;
-    int rc = kiq_unique_lock_delete(r, digest, &n, err);
-    if (rc == KIQ_ENOTFOUND) {
-        fprintf(stderr, "kiq locks delete: %s\n", err);
+    int rc = capstan_unique_lock_delete(r, digest, &n, err);
+    if (rc == CAPSTAN_ENOTFOUND) {
+        fprintf(stderr, "capstan locks delete: %s\n", err);
         return 1;
     }
     if (rc) {
-        fprintf(stderr, "kiq locks delete: %s\n", err);
+        fprintf(stderr, "capstan locks delete: %s\n", err);
         return 1;
     }
     printf("deleted %s (%ld keys and index entries)\n", digest, n);
     return 0;
 }
 
-static int cmd_metrics(kiq_redis_t *r, const args_t *a)
+static int cmd_metrics(capstan_redis_t *r, const args_t *a)
 {
-    kiq_unique_metrics_t m;
-    char err[KIQ_ERRLEN];
+    capstan_unique_metrics_t m;
+    char err[CAPSTAN_ERRLEN];
     int minutes = a->minutes > 0 ? (int)(a->minutes > 100000 ? 100000 : a->minutes) : 60;
-    if (kiq_unique_metrics_read(r, minutes, &m, err)) {
-        fprintf(stderr, "kiq locks metrics: %s\n", err);
+    if (capstan_unique_metrics_read(r, minutes, &m, err)) {
+        fprintf(stderr, "capstan locks metrics: %s\n", err);
         return 1;
     }
     if (a->json) {
@@ -378,15 +378,15 @@ static int cmd_metrics(kiq_redis_t *r, const args_t *a)
         if (m.n == 0)
             printf("(no lock events recorded)\n");
     }
-    kiq_unique_metrics_clear(&m);
+    capstan_unique_metrics_clear(&m);
     return 0;
 }
 
-static int cmd_reap(kiq_redis_t *r, const args_t *a)
+static int cmd_reap(capstan_redis_t *r, const args_t *a)
 {
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    char err[CAPSTAN_ERRLEN];
     if (a->count > 0)
         o.count = a->count;
     if (a->timeout > 0)
@@ -394,15 +394,15 @@ static int cmd_reap(kiq_redis_t *r, const args_t *a)
     if (a->grace >= 0)
         o.grace = a->grace;
     o.force = a->force;
-    int rc = kiq_unique_reap(r, &o, &res, err);
+    int rc = capstan_unique_reap(r, &o, &res, err);
     int status = 0;
     if (rc) {
-        fprintf(stderr, "kiq locks reap: %s\n", err);
+        fprintf(stderr, "capstan locks reap: %s\n", err);
         status = 1;
     } else if (res.busy) {
-        fprintf(stderr, "kiq locks reap: another reaper is running (%s); --force runs anyway\n",
+        fprintf(stderr, "capstan locks reap: another reaper is running (%s); --force runs anyway\n",
                 res.holder);
-        status = KIQ_EXIT_DENIED;
+        status = CAPSTAN_EXIT_DENIED;
     } else if (a->json) {
         json_t *d = json_array();
         for (size_t i = 0; i < res.ndigests; i++)
@@ -422,35 +422,35 @@ static int cmd_reap(kiq_redis_t *r, const args_t *a)
                res.timed_out ? "; stopped by the time budget" : "",
                res.incomplete ? "; the job sweep did not finish, locks with holders kept" : "");
     }
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
     return status;
 }
 
-static int cmd_upgrade(kiq_redis_t *r)
+static int cmd_upgrade(capstan_redis_t *r)
 {
-    kiq_upgrade_result_t u;
-    char err[KIQ_ERRLEN];
-    if (kiq_unique_upgrade(r, &u, err)) {
-        fprintf(stderr, "kiq locks upgrade: %s\n", err);
+    capstan_upgrade_result_t u;
+    char err[CAPSTAN_ERRLEN];
+    if (capstan_unique_upgrade(r, &u, err)) {
+        fprintf(stderr, "capstan locks upgrade: %s\n", err);
         return 1;
     }
     if (u.already)
-        printf("already upgraded (%s has %s)\n", KIQ_UNIQUE_UPGRADED_KEY,
-               KIQ_UNIQUE_UPGRADE_VERSION);
+        printf("already upgraded (%s has %s)\n", CAPSTAN_UNIQUE_UPGRADED_KEY,
+               CAPSTAN_UNIQUE_UPGRADE_VERSION);
     else if (u.legacy)
-        printf("skipped: " KIQ_KEY_UNIQUE_V8_DEAD " exists (a pre-v7 layout; v9 skips it too)\n");
+        printf("skipped: " CAPSTAN_KEY_UNIQUE_V8_DEAD " exists (a pre-v7 layout; v9 skips it too)\n");
     else
         printf("upgraded: %ld locks, %ld v8 keys removed, %ld expiring digests merged, "
                "%ld runtime locks indexed\n", u.locks, u.deleted, u.merged, u.indexed);
     return 0;
 }
 
-int kiq_cmd_locks(int argc, char **argv)
+int capstan__cmd_locks(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")
         || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? KIQ_EXIT_USAGE : 0;
+        return argc < 2 ? CAPSTAN_EXIT_USAGE : 0;
     }
     const char *sub = argv[1];
     static const char *const subs[] = { "list", "info", "delete", "metrics", "reap", "upgrade" };
@@ -458,8 +458,8 @@ int kiq_cmd_locks(int argc, char **argv)
     for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++)
         known |= !strcmp(sub, subs[i]);
     if (!known) {
-        fprintf(stderr, "kiq locks: unknown command \"%s\"\n\n%s", sub, usage);
-        return KIQ_EXIT_USAGE;
+        fprintf(stderr, "capstan locks: unknown command \"%s\"\n\n%s", sub, usage);
+        return CAPSTAN_EXIT_USAGE;
     }
     args_t a = { .grace = -1 };
     int want_pos = !strcmp(sub, "list") || !strcmp(sub, "info") || !strcmp(sub, "delete");
@@ -471,8 +471,8 @@ int kiq_cmd_locks(int argc, char **argv)
         if ((st = digest_arg(sub, &a, digest, sizeof(digest))))
             return st;
     char who[64];
-    snprintf(who, sizeof(who), "kiq locks %s", sub);
-    kiq_redis_t *r = kiq_cli_connect(who, a.url);
+    snprintf(who, sizeof(who), "capstan locks %s", sub);
+    capstan_redis_t *r = capstan__cli_connect(who, a.url);
     if (!r)
         return 1;
     if (!strcmp(sub, "list"))
@@ -487,6 +487,6 @@ int kiq_cmd_locks(int argc, char **argv)
         st = cmd_reap(r, &a);
     else
         st = cmd_upgrade(r);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return st;
 }

@@ -15,23 +15,23 @@ typedef struct txn_cmd {
 
 typedef struct txn_hold {
     char *digest;
-    kiq_lock_type_t type;
+    capstan_lock_type_t type;
     char jid[25];
 } txn_hold_t;
 
-struct kiq_txn {
+struct capstan_txn {
     txn_cmd_t *cmds;
     size_t ncmds, capcmds;
     txn_hold_t *holds;
     size_t nholds, capholds;
 };
 
-kiq_txn_t *kiq__txn_new(void)
+capstan_txn_t *capstan__txn_new(void)
 {
-    return calloc(1, sizeof(kiq_txn_t));
+    return calloc(1, sizeof(capstan_txn_t));
 }
 
-static void drop(kiq_txn_t *t, kiq_txn_mark_t mark)
+static void drop(capstan_txn_t *t, capstan_txn_mark_t mark)
 {
     for (size_t i = mark.ncmds; i < t->ncmds; i++)
         free(t->cmds[i].argv);
@@ -41,17 +41,17 @@ static void drop(kiq_txn_t *t, kiq_txn_mark_t mark)
     t->nholds = mark.nholds;
 }
 
-void kiq__txn_free(kiq_txn_t *t)
+void capstan__txn_free(capstan_txn_t *t)
 {
     if (!t)
         return;
-    drop(t, (kiq_txn_mark_t){ 0, 0 });
+    drop(t, (capstan_txn_mark_t){ 0, 0 });
     free(t->cmds);
     free(t->holds);
     free(t);
 }
 
-size_t kiq__txn_len(const kiq_txn_t *t)
+size_t capstan__txn_len(const capstan_txn_t *t)
 {
     return t->ncmds;
 }
@@ -64,22 +64,22 @@ static int grow(void *p, size_t n, size_t *cap, size_t sz)
     size_t ncap = *cap ? 2 * *cap : 8;
     void *q = realloc(*(void **)p, ncap * sz);
     if (!q)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     *(void **)p = q;
     *cap = ncap;
     return 0;
 }
 
-int kiq__txn_add(kiq_txn_t *t, int argc, const char *const *argv, const size_t *lens)
+int capstan__txn_add(capstan_txn_t *t, int argc, const char *const *argv, const size_t *lens)
 {
     size_t bytes = 0, n = (size_t)argc;
     for (size_t i = 0; i < n; i++)
         bytes += (lens ? lens[i] : strlen(argv[i])) + 1;
     if (grow(&t->cmds, t->ncmds, &t->capcmds, sizeof(*t->cmds)))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     char *mem = malloc(n * (sizeof(char *) + sizeof(size_t)) + bytes);
     if (!mem)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     txn_cmd_t *cmd = &t->cmds[t->ncmds++];
     cmd->argc = argc;
     cmd->argv = (const char **)(void *)mem;
@@ -95,12 +95,12 @@ int kiq__txn_add(kiq_txn_t *t, int argc, const char *const *argv, const size_t *
     return 0;
 }
 
-int kiq__txn_hold(kiq_txn_t *t, const char *digest, kiq_lock_type_t type, const char *jid)
+int capstan__txn_hold(capstan_txn_t *t, const char *digest, capstan_lock_type_t type, const char *jid)
 {
     char *d = strdup(digest);
     if (!d || grow(&t->holds, t->nholds, &t->capholds, sizeof(*t->holds))) {
         free(d);
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     }
     txn_hold_t *h = &t->holds[t->nholds++];
     h->digest = d;
@@ -109,42 +109,42 @@ int kiq__txn_hold(kiq_txn_t *t, const char *digest, kiq_lock_type_t type, const 
     return 0;
 }
 
-kiq_txn_mark_t kiq__txn_mark(const kiq_txn_t *t)
+capstan_txn_mark_t capstan__txn_mark(const capstan_txn_t *t)
 {
-    return (kiq_txn_mark_t){ t->ncmds, t->nholds };
+    return (capstan_txn_mark_t){ t->ncmds, t->nholds };
 }
 
-void kiq__txn_undo(kiq_txn_t *t, kiq_redis_t *r, kiq_txn_mark_t mark)
+void capstan__txn_undo(capstan_txn_t *t, capstan_redis_t *r, capstan_txn_mark_t mark)
 {
-    char err[KIQ_ERRLEN];
-    if (t->nholds > mark.nholds && !kiq_redis_ok(r))
-        (void)kiq_redis_connect(r);
+    char err[CAPSTAN_ERRLEN];
+    if (t->nholds > mark.nholds && !capstan_redis_ok(r))
+        (void)capstan_redis_connect(r);
     /* force: until_expired is released too, as the job never existed. */
-    for (size_t i = mark.nholds; i < t->nholds && kiq_redis_ok(r); i++)
-        (void)kiq_unique_unlock(r, t->holds[i].digest, 0, t->holds[i].jid, t->holds[i].type,
-                                1, err);
+    for (size_t i = mark.nholds; i < t->nholds && capstan_redis_ok(r); i++)
+        (void)capstan_unique_unlock(r, t->holds[i].digest, 0, t->holds[i].jid, t->holds[i].type,
+                                    1, err);
     drop(t, mark);
 }
 
-int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, int replicas, long wait_ms, char *err)
+int capstan__txn_exec(const capstan_txn_t *t, capstan_redis_t *r, int replicas, long wait_ms, char *err)
 {
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     char nrep[16], ms[32];
     snprintf(nrep, sizeof(nrep), "%d", replicas);
     snprintf(ms, sizeof(ms), "%ld", wait_ms);
     const char *wait[] = { "WAIT", nrep, ms };
-    int rc = kiq_redis_append(r, 1, multi, NULL);
+    int rc = capstan_redis_append(r, 1, multi, NULL);
     for (size_t i = 0; i < t->ncmds && !rc; i++)
-        rc = kiq_redis_append(r, t->cmds[i].argc, t->cmds[i].argv, t->cmds[i].lens);
-    if (!rc) rc = kiq_redis_append(r, 1, exec, NULL);
-    if (!rc && replicas > 0) rc = kiq_redis_append(r, 3, wait, NULL);
+        rc = capstan_redis_append(r, t->cmds[i].argc, t->cmds[i].argv, t->cmds[i].lens);
+    if (!rc) rc = capstan_redis_append(r, 1, exec, NULL);
+    if (!rc && replicas > 0) rc = capstan_redis_append(r, 3, wait, NULL);
     /* MULTI's reply, one QUEUED (or an error) per command, then EXEC's. */
     redisReply *last = NULL;
     char refused[256] = "";
     for (size_t i = 0; i < t->ncmds + 2 && !rc; i++) {
-        redisReply *rep = kiq_redis_get_reply(r);
+        redisReply *rep = capstan_redis_get_reply(r);
         if (!rep)
-            rc = KIQ_EREDIS;
+            rc = CAPSTAN_EREDIS;
         else if (i == t->ncmds + 1)
             last = rep;
         else if (rep->type == REDIS_REPLY_ERROR && !refused[0])
@@ -156,32 +156,32 @@ int kiq__txn_exec(const kiq_txn_t *t, kiq_redis_t *r, int replicas, long wait_ms
      * drops the connection so it is made again) aborts EXEC: nothing was
      * written, whether or not EXEC's own reply could be read. */
     if (rc && refused[0])
-        return kiq_seterr(err, KIQ_EREPLY, "push failed: %s", refused);
+        return capstan_seterr(err, CAPSTAN_EREPLY, "push failed: %s", refused);
     if (rc) {
         freeReplyObject(last);
-        return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+        return capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
     }
     /* Read whatever EXEC said, so that the next command gets its own reply. */
-    redisReply *rep = replicas > 0 ? kiq_redis_get_reply(r) : NULL;
+    redisReply *rep = replicas > 0 ? capstan_redis_get_reply(r) : NULL;
     if (last->type != REDIS_REPLY_ARRAY)
         /* EXECABORT (a command refused while queued), READONLY, OOM... */
-        rc = kiq_seterr(err, KIQ_EREPLY, "push failed: %s",
-                        last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
+        rc = capstan_seterr(err, CAPSTAN_EREPLY, "push failed: %s",
+                            last->type == REDIS_REPLY_ERROR ? last->str : "transaction aborted");
     /* A command that failed as it ran (a key of the wrong type): EXEC does
      * not undo the others. */
     for (size_t i = 0; !rc && i < last->elements; i++)
         if (last->element[i]->type == REDIS_REPLY_ERROR)
-            rc = kiq_seterr(err, KIQ_EREPLY, "push failed: %s", last->element[i]->str);
+            rc = capstan_seterr(err, CAPSTAN_EREPLY, "push failed: %s", last->element[i]->str);
     /* Written: whatever WAIT says now is a warning, never a failure. */
     long long got = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
     if (!rc && replicas > 0 && got < replicas)
-        rc = got < 0 ? kiq_seterr(err, KIQ_PUSH_UNREPLICATED,
-                                  "pushed, but WAIT for %d replicas failed: %s", replicas,
-                                  rep && rep->type == REDIS_REPLY_ERROR ? rep->str
-                                                                        : kiq_redis_error(r))
-                     : kiq_seterr(err, KIQ_PUSH_UNREPLICATED,
-                                  "pushed, but only %lld of %d replicas had it within %ld ms",
-                                  got, replicas, wait_ms);
+        rc = got < 0 ? capstan_seterr(err, CAPSTAN_PUSH_UNREPLICATED,
+                                      "pushed, but WAIT for %d replicas failed: %s", replicas,
+                                      rep && rep->type == REDIS_REPLY_ERROR ? rep->str
+                                                                        : capstan_redis_error(r))
+                     : capstan_seterr(err, CAPSTAN_PUSH_UNREPLICATED,
+                                      "pushed, but only %lld of %d replicas had it within %ld ms",
+                                      got, replicas, wait_ms);
     freeReplyObject(last);
     freeReplyObject(rep);
     return rc;

@@ -1,5 +1,5 @@
-/* The flags of `kiq run`, applied over the config file. */
-#include "kiq/config.h"
+/* The flags of `capstan run`, applied over the config file. */
+#include "capstan/config.h"
 #include "redis/url.h"
 #include "config/tls.h"
 #include "support/number.h"
@@ -48,14 +48,14 @@ static const struct option longopts[] = {
 
 static const char *shortopts = "+c:q:r:C:t:g:e:vL:P:h";
 
-const char *kiq_config_usage(void)
+const char *capstan_config_usage(void)
 {
-    return "Usage: kiq [run] [options]\n"
+    return "Usage: capstan [run] [options]\n"
            "\n"
            "Runs the jobs of Sidekiq-format Redis queues with C handlers.\n"
            "\n"
            "  -r, --require PATH       load a handler plugin (.so); repeatable\n"
-           "  -C, --config PATH        YAML config file (sidekiq.yml keys + kiq's own)\n"
+           "  -C, --config PATH        YAML config file (sidekiq.yml keys + capstan's own)\n"
            "  -c, --concurrency N      processor threads (default 10)\n"
            "  -q, --queue NAME[,W]     queue to fetch, with optional weight; repeatable\n"
            "  -t, --timeout SECONDS    shutdown grace period (default 25)\n"
@@ -93,13 +93,13 @@ static int parse_number(const char *flag, const char *v, int integer, double lo,
                         double *out, char *err)
 {
     double d = 0;
-    int bad = kiq__parse_number(v, integer, lo, hi, &d) || (!integer && d == lo);
+    int bad = capstan__parse_number(v, integer, lo, hi, &d) || (!integer && d == lo);
     if (bad && integer)
-        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be an integer between %.0f and %.0f (got \"%s\")",
-                          flag, lo, hi, v);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: must be an integer between %.0f and %.0f (got \"%s\")",
+                              flag, lo, hi, v);
     if (bad)
-        return kiq_seterr(err, KIQ_ECONFIG, "%s: must be a number greater than %g (got \"%s\")", flag,
-                          lo, v);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: must be a number greater than %g (got \"%s\")", flag,
+                              lo, v);
     *out = d;
     return 0;
 }
@@ -108,15 +108,15 @@ static int push_str(char ***arr, size_t *n, const char *v)
 {
     char **p = realloc(*arr, (*n + 1) * sizeof(char *));
     if (!p)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     *arr = p;
     if (!(p[*n] = strdup(v)))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     (*n)++;
     return 0;
 }
 
-static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
+static int apply(capstan_config_t *cfg, int opt, const char *v, char *err)
 {
     double n = 0;
     int rc = 0;
@@ -125,18 +125,18 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
         if (!(rc = parse_number("--concurrency", v, 1, 1, 1000, &n, err)))
             cfg->concurrency = (int)n;
         return rc;
-    case 'q': return kiq_config_add_queue(cfg, v, err);
+    case 'q': return capstan_config_add_queue(cfg, v, err);
     case 'r': return push_str(&cfg->plugins, &cfg->nplugins, v);
     case 't': return parse_number("--timeout", v, 0, 0, HUGE_VAL, &cfg->timeout, err);
-    case 'g': return kiq_config_set_str(&cfg->tag, v);
-    case 'e': return kiq_config_set_str(&cfg->environment, v);
+    case 'g': return capstan_config_set_str(&cfg->tag, v);
+    case 'e': return capstan_config_set_str(&cfg->environment, v);
     case 'v': cfg->verbose = 1; return 0;
-    case 'L': return kiq_config_set_str(&cfg->log_file, v);
-    case 'P': return kiq_config_set_str(&cfg->pidfile, v);
+    case 'L': return capstan_config_set_str(&cfg->log_file, v);
+    case 'P': return capstan_config_set_str(&cfg->pidfile, v);
     case OPT_STARTUP_TIMEOUT:
-        if (kiq__parse_number(v, 0, 0, HUGE_VAL, &n))
-            return kiq_seterr(err, KIQ_ECONFIG,
-                              "--startup-timeout: must be a number >= 0 (got \"%s\")", v);
+        if (capstan__parse_number(v, 0, 0, HUGE_VAL, &n))
+            return capstan_seterr(err, CAPSTAN_ECONFIG,
+                                  "--startup-timeout: must be a number >= 0 (got \"%s\")", v);
         cfg->startup_timeout = n;
         return 0;
     case OPT_LABEL: return push_str(&cfg->labels, &cfg->nlabels, v);
@@ -144,40 +144,40 @@ static int apply(kiq_config_t *cfg, int opt, const char *v, char *err)
         if (!(rc = parse_number("--metrics-port", v, 1, 1, 65535, &n, err)))
             cfg->metrics_port = (int)n;
         return rc;
-    case OPT_METRICS_BIND: return kiq_config_set_str(&cfg->metrics_bind, v);
+    case OPT_METRICS_BIND: return capstan_config_set_str(&cfg->metrics_bind, v);
     case OPT_REDIS_URL:
         cfg->redis_url_explicit = 1;
-        return kiq_config_set_str(&cfg->redis_url, v);
+        return capstan_config_set_str(&cfg->redis_url, v);
     case OPT_PREFETCH:
         if (!(rc = parse_number("--prefetch", v, 1, 0, 100000, &n, err)))
             cfg->prefetch = (int)n;
         return rc;
     case OPT_FETCH:
-        if (strcmp(v, "reliable") == 0) cfg->fetch = KIQ_FETCH_RELIABLE;
-        else if (strcmp(v, "basic") == 0) cfg->fetch = KIQ_FETCH_BASIC;
-        else return kiq_seterr(err, KIQ_ECONFIG, "--fetch: must be reliable or basic (got \"%s\")", v);
+        if (strcmp(v, "reliable") == 0) cfg->fetch = CAPSTAN_FETCH_RELIABLE;
+        else if (strcmp(v, "basic") == 0) cfg->fetch = CAPSTAN_FETCH_BASIC;
+        else return capstan_seterr(err, CAPSTAN_ECONFIG, "--fetch: must be reliable or basic (got \"%s\")", v);
         return 0;
     case OPT_TIMESTAMPS:
-        if (strcmp(v, "float") == 0) cfg->timestamps = KIQ_TS_FLOAT;
-        else if (strcmp(v, "millis") == 0) cfg->timestamps = KIQ_TS_MILLIS;
-        else return kiq_seterr(err, KIQ_ECONFIG, "--timestamps: must be float or millis (got \"%s\")", v);
+        if (strcmp(v, "float") == 0) cfg->timestamps = CAPSTAN_TS_FLOAT;
+        else if (strcmp(v, "millis") == 0) cfg->timestamps = CAPSTAN_TS_MILLIS;
+        else return capstan_seterr(err, CAPSTAN_ECONFIG, "--timestamps: must be float or millis (got \"%s\")", v);
         return 0;
     case OPT_UNKNOWN_CLASS:
-        if (kiq_config_unknown_class(v, &cfg->unknown_class))
-            return kiq_seterr(err, KIQ_ECONFIG,
-                              "--unknown-class: must be fail, requeue or skip (got \"%s\")", v);
+        if (capstan_config_unknown_class(v, &cfg->unknown_class))
+            return capstan_seterr(err, CAPSTAN_ECONFIG,
+                                  "--unknown-class: must be fail, requeue or skip (got \"%s\")", v);
         return 0;
     case OPT_LOG_FORMAT:
-        if (strcmp(v, "pretty") == 0) cfg->log_format = KIQ_LOG_PRETTY;
-        else if (strcmp(v, "json") == 0) cfg->log_format = KIQ_LOG_JSON;
-        else return kiq_seterr(err, KIQ_ECONFIG, "--log-format: must be pretty or json (got \"%s\")", v);
+        if (strcmp(v, "pretty") == 0) cfg->log_format = CAPSTAN_LOG_PRETTY;
+        else if (strcmp(v, "json") == 0) cfg->log_format = CAPSTAN_LOG_JSON;
+        else return capstan_seterr(err, CAPSTAN_ECONFIG, "--log-format: must be pretty or json (got \"%s\")", v);
         return 0;
     default:
         return 0;
     }
 }
 
-int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err)
+int capstan_config_parse_args(capstan_config_t *cfg, int argc, char **argv, char *err)
 {
     const char *file = NULL;
     int opt, rc = 0;
@@ -187,43 +187,43 @@ int kiq_config_parse_args(kiq_config_t *cfg, int argc, char **argv, char *err)
     while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
         if (opt == 'C')
             file = optarg;
-        else if (opt == 'e' && (rc = kiq_config_set_str(&cfg->environment, optarg)))
+        else if (opt == 'e' && (rc = capstan_config_set_str(&cfg->environment, optarg)))
             return rc;
         else if (opt == 'h')
-            return KIQ_ENOTFOUND;
+            return CAPSTAN_ENOTFOUND;
         else if (opt == '?')
-            return kiq_seterr(err, KIQ_ECONFIG, "%s: unknown option or missing value (see --help)",
-                              argv[optind - 1]);
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: unknown option or missing value (see --help)",
+                                  argv[optind - 1]);
     }
     if (optind < argc) {
         /* A stray URL may hold a password: never echo it. */
         char shown[512];
-        kiq__redis_url_redact(argv[optind], shown, sizeof(shown));
-        return kiq_seterr(err, KIQ_ECONFIG, "unexpected argument \"%s\" (see --help)", shown);
+        capstan__redis_url_redact(argv[optind], shown, sizeof(shown));
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "unexpected argument \"%s\" (see --help)", shown);
     }
     /* A -C file that cannot be read is a configuration error (78), said in
      * one line, never mistaken for --help. */
-    if (file && (rc = kiq_config_load_file(cfg, file, err)) == KIQ_ENOTFOUND) {
-        char reason[KIQ_ERRLEN];
+    if (file && (rc = capstan_config_load_file(cfg, file, err)) == CAPSTAN_ENOTFOUND) {
+        char reason[CAPSTAN_ERRLEN];
         snprintf(reason, sizeof(reason), "%s", err);
-        return kiq_seterr(err, KIQ_ECONFIG, "cannot read the config file %s", reason);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "cannot read the config file %s", reason);
     }
     if (rc)
         return rc;
     /* Pass 2: every flag, in order. Queues given as flags replace the
-     * file's (kiq_config_add_queue's first call starts a new list). */
+     * file's (capstan_config_add_queue's first call starts a new list). */
     optind = 1;
     int idx = -1;
     while ((opt = getopt_long(argc, argv, shortopts, longopts, &idx)) != -1) {
         if (opt == 'C' || opt == 'e')
             continue;
         if (opt == OPT_TLS)
-            rc = kiq__config_tls_flag(cfg, longopts[idx].name, optarg, err);
+            rc = capstan__config_tls_flag(cfg, longopts[idx].name, optarg, err);
         else
             rc = apply(cfg, opt, optarg, err);
         if (rc)
             return rc;
     }
-    kiq_config_apply_env(cfg);
+    capstan_config_apply_env(cfg);
     return 0;
 }

@@ -1,7 +1,7 @@
 /* The configuration struct itself: defaults, the checks every source of
  * settings shares (file, flags, environment), and small setters, so that
  * yaml.c and args.c only translate their syntax into calls here. */
-#include "kiq/config.h"
+#include "capstan/config.h"
 #include "support/number.h"
 #include "config/bounds.h"
 #include "config/names.h"
@@ -15,19 +15,19 @@
 
 #define DEFAULT_REDIS_URL "redis://127.0.0.1:6379/0"
 
-int kiq_config_set_str(char **slot, const char *value)
+int capstan_config_set_str(char **slot, const char *value)
 {
     char *copy = NULL;
     if (value && !(copy = strdup(value)))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     free(*slot);
     *slot = copy;
     return 0;
 }
 
-kiq_config_t *kiq_config_new(void)
+capstan_config_t *capstan_config_new(void)
 {
-    kiq_config_t *cfg = calloc(1, sizeof(*cfg));
+    capstan_config_t *cfg = calloc(1, sizeof(*cfg));
     if (!cfg)
         return NULL;
     cfg->concurrency = 10;
@@ -46,21 +46,21 @@ kiq_config_t *kiq_config_new(void)
     cfg->reaper_count = 1000;
     cfg->reaper_timeout = 10;
     cfg->min_replicas_timeout = 1000;
-    cfg->fetch = KIQ_FETCH_RELIABLE;
-    cfg->timestamps = KIQ_TS_FLOAT;
-    cfg->log_format = KIQ_LOG_PRETTY;
+    cfg->fetch = CAPSTAN_FETCH_RELIABLE;
+    cfg->timestamps = CAPSTAN_TS_FLOAT;
+    cfg->log_format = CAPSTAN_LOG_PRETTY;
     cfg->strict = 1;
     cfg->redis_url = strdup(DEFAULT_REDIS_URL);
     cfg->tag = strdup("");
     if (!cfg->redis_url || !cfg->tag ||
-        kiq_config_append_queue(cfg, "default", 0, NULL) < 0) {
-        kiq_config_free(cfg);
+        capstan_config_append_queue(cfg, "default", 0, NULL) < 0) {
+        capstan_config_free(cfg);
         return NULL;
     }
     return cfg;
 }
 
-static void free_queues(kiq_queue_conf_t *q, size_t n)
+static void free_queues(capstan_queue_conf_t *q, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(q[i].name);
@@ -74,7 +74,7 @@ static void free_strv(char **v, size_t n)
     free(v);
 }
 
-void kiq_config_free(kiq_config_t *cfg)
+void capstan_config_free(capstan_config_t *cfg)
 {
     if (!cfg)
         return;
@@ -100,11 +100,11 @@ void kiq_config_free(kiq_config_t *cfg)
     free_strv(cfg->warnings, cfg->nwarnings);
     free(cfg->config_file);
     free(cfg->metrics_bind);
-    kiq__config_tls_clear(&cfg->tls);
+    capstan__config_tls_clear(&cfg->tls);
     free(cfg);
 }
 
-const char *kiq_config_environment(const kiq_config_t *cfg)
+const char *capstan_config_environment(const capstan_config_t *cfg)
 {
     static const char *vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV"};
     if (cfg->environment && *cfg->environment)
@@ -117,7 +117,7 @@ const char *kiq_config_environment(const kiq_config_t *cfg)
     return "development";
 }
 
-void kiq_config_apply_env(kiq_config_t *cfg)
+void capstan_config_apply_env(capstan_config_t *cfg)
 {
     if (cfg->redis_url_explicit)
         return;
@@ -126,21 +126,21 @@ void kiq_config_apply_env(kiq_config_t *cfg)
     const char *provider = getenv("REDIS_PROVIDER");
     const char *url = getenv(provider && *provider ? provider : "REDIS_URL");
     if (url && *url)
-        kiq_config_set_str(&cfg->redis_url, url); /* keeps the old URL on ENOMEM */
+        capstan_config_set_str(&cfg->redis_url, url); /* keeps the old URL on ENOMEM */
 }
 
-int kiq_config_append_queue(kiq_config_t *cfg, const char *name, int weight,
-                            char *err)
+int capstan_config_append_queue(capstan_config_t *cfg, const char *name, int weight,
+                                char *err)
 {
     for (size_t i = 0; i < cfg->nqueues; i++)
         if (strcmp(cfg->queues[i].name, name) == 0)
-            return kiq_seterr(err, KIQ_ECONFIG, "queue %s is given twice", name);
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "queue %s is given twice", name);
     char *copy = strdup(name);
-    kiq_queue_conf_t *q = copy ? realloc(cfg->queues, (cfg->nqueues + 1) * sizeof(*q))
+    capstan_queue_conf_t *q = copy ? realloc(cfg->queues, (cfg->nqueues + 1) * sizeof(*q))
                                : NULL;
     if (!q) {
         free(copy);
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     }
     q[cfg->nqueues].name = copy;
     q[cfg->nqueues].weight = weight;
@@ -149,43 +149,43 @@ int kiq_config_append_queue(kiq_config_t *cfg, const char *name, int weight,
     return 0;
 }
 
-/* Parses a whole decimal integer in [1, INT_MAX]; 0 or KIQ_EINVAL. */
+/* Parses a whole decimal integer in [1, INT_MAX]; 0 or CAPSTAN_EINVAL. */
 static int parse_weight(const char *s, int *out)
 {
     double v;
-    if (kiq__parse_number(s, 1, 1, INT_MAX, &v))
-        return KIQ_EINVAL;
+    if (capstan__parse_number(s, 1, 1, INT_MAX, &v))
+        return CAPSTAN_EINVAL;
     *out = (int)v;
     return 0;
 }
 
-int kiq_config_add_queue(kiq_config_t *cfg, const char *word, char *err)
+int capstan_config_add_queue(capstan_config_t *cfg, const char *word, char *err)
 {
-    kiq_config_t fresh = {0};
+    capstan_config_t fresh = {0};
     int rc = 0, weight = 0;
     char *name = strdup(word);
     if (!name)
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     char *comma = strchr(name, ',');
     if (comma) {
         *comma = '\0';
         if (parse_weight(comma + 1, &weight) < 0) {
-            rc = kiq_seterr(err, KIQ_ECONFIG,
-                            "queue %s: weight must be an integer >= 1", word);
+            rc = capstan_seterr(err, CAPSTAN_ECONFIG,
+                                "queue %s: weight must be an integer >= 1", word);
             goto out;
         }
     }
     if (!*name) {
-        rc = kiq_seterr(err, KIQ_ECONFIG, "queue %s: name is empty", word);
+        rc = capstan_seterr(err, CAPSTAN_ECONFIG, "queue %s: name is empty", word);
         goto out;
     }
     if (cfg->queues_from_flags) {
-        rc = kiq_config_append_queue(cfg, name, weight, err);
+        rc = capstan_config_append_queue(cfg, name, weight, err);
         goto out;
     }
     /* The first flag replaces the file's or the default list; build the new
      * list aside so cfg is untouched if this fails. */
-    rc = kiq_config_append_queue(&fresh, name, weight, err);
+    rc = capstan_config_append_queue(&fresh, name, weight, err);
     if (rc < 0)
         goto out;
     free_queues(cfg->queues, cfg->nqueues);
@@ -197,28 +197,28 @@ out:
     return rc;
 }
 
-int kiq__config_queue_name_check(const char *name, char *err)
+int capstan__config_queue_name_check(const char *name, char *err)
 {
     if (!*name)
-        return kiq_seterr(err, KIQ_ECONFIG, "a queue name is empty");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "a queue name is empty");
     for (const char *p = name; *p; p++)
         if (isspace((unsigned char)*p))
-            return kiq_seterr(err, KIQ_ECONFIG, "queue name \"%s\" contains a space", name);
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "queue name \"%s\" contains a space", name);
     return 0;
 }
 
-#define KIQ_CONFIG_MAX_SECONDS (10.0 * 365 * 24 * 3600)
+#define CAPSTAN_CONFIG_MAX_SECONDS (10.0 * 365 * 24 * 3600)
 
-int kiq_config_validate(kiq_config_t *cfg, char *err)
+int capstan_config_validate(capstan_config_t *cfg, char *err)
 {
     /* The same wording as yaml.c uses, so a value reads the same whichever
      * way it was given. */
     if (cfg->concurrency < 1 || cfg->concurrency > 1000)
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "concurrency: must be an integer between 1 and 1000");
+        return capstan_seterr(err, CAPSTAN_ECONFIG,
+                              "concurrency: must be an integer between 1 and 1000");
     if (cfg->prefetch < 0 || cfg->prefetch > 100000)
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "prefetch: must be an integer between 0 and 100000");
+        return capstan_seterr(err, CAPSTAN_ECONFIG,
+                              "prefetch: must be an integer between 0 and 100000");
     /* Periods, with the file's floors (config/bounds.h). */
     const struct { const char *key; double v; int zero_ok; } periods[] = {
         { "timeout", cfg->timeout, 0 },
@@ -230,26 +230,26 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
         { "liveness_ttl", cfg->liveness_ttl, 0 },
     };
     for (size_t i = 0; i < sizeof(periods) / sizeof(periods[0]); i++)
-        if (!kiq__config_period_ok(periods[i].key, periods[i].zero_ok, periods[i].v)) {
+        if (!capstan__config_period_ok(periods[i].key, periods[i].zero_ok, periods[i].v)) {
             char want[96];
-            kiq__config_period_want(periods[i].key, periods[i].zero_ok, want, sizeof(want));
-            return kiq_seterr(err, KIQ_ECONFIG, "%s: %s", periods[i].key, want);
+            capstan__config_period_want(periods[i].key, periods[i].zero_ok, want, sizeof(want));
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: %s", periods[i].key, want);
         }
     if (cfg->max_retries < 0)
-        return kiq_seterr(err, KIQ_ECONFIG, "max_retries: must be an integer >= 0");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "max_retries: must be an integer >= 0");
     if (cfg->dead_max_jobs < 1)
-        return kiq_seterr(err, KIQ_ECONFIG, "dead_max_jobs: must be an integer >= 1");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "dead_max_jobs: must be an integer >= 1");
     if (cfg->dead_timeout < 1)
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "dead_timeout_in_seconds: must be an integer >= 1");
+        return capstan_seterr(err, CAPSTAN_ECONFIG,
+                              "dead_timeout_in_seconds: must be an integer >= 1");
     /* Two refreshes may fail (a Redis blip) before the key lapses and the
      * fleet takes this live process's jobs. Only a file sets the two, so
      * the message names it when there is one. */
-    if (cfg->heartbeat_interval * KIQ__LIVENESS_BEATS > cfg->liveness_ttl)
-        return kiq_seterr(err, KIQ_ECONFIG,
-                          "%s%sliveness_ttl: must be at least %d times heartbeat_interval (%g s)",
-                          cfg->config_file ? cfg->config_file : "", cfg->config_file ? ": " : "",
-                          KIQ__LIVENESS_BEATS, cfg->heartbeat_interval);
+    if (cfg->heartbeat_interval * CAPSTAN__LIVENESS_BEATS > cfg->liveness_ttl)
+        return capstan_seterr(err, CAPSTAN_ECONFIG,
+                              "%s%sliveness_ttl: must be at least %d times heartbeat_interval (%g s)",
+                              cfg->config_file ? cfg->config_file : "", cfg->config_file ? ": " : "",
+                              CAPSTAN__LIVENESS_BEATS, cfg->heartbeat_interval);
     /* A duration past ten years is a typo, and would overflow once turned
      * into milliseconds or a timespec. */
     const struct { const char *key; double v; } durations[] = {
@@ -263,34 +263,34 @@ int kiq_config_validate(kiq_config_t *cfg, char *err)
         { "liveness_ttl", cfg->liveness_ttl },
     };
     for (size_t i = 0; i < sizeof(durations) / sizeof(durations[0]); i++)
-        if (durations[i].v > KIQ_CONFIG_MAX_SECONDS)
-            return kiq_seterr(err, KIQ_ECONFIG, "%s: must be at most %.0f seconds (ten years)",
-                              durations[i].key, KIQ_CONFIG_MAX_SECONDS);
+        if (durations[i].v > CAPSTAN_CONFIG_MAX_SECONDS)
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: must be at most %.0f seconds (ten years)",
+                                  durations[i].key, CAPSTAN_CONFIG_MAX_SECONDS);
     if (cfg->max_recoveries < 1)
-        return kiq_seterr(err, KIQ_ECONFIG, "max_recoveries: must be an integer >= 1");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "max_recoveries: must be an integer >= 1");
     if (!cfg->redis_url || !*cfg->redis_url)
-        return kiq_seterr(err, KIQ_ECONFIG, "redis_url: must not be empty");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "redis_url: must not be empty");
     if (cfg->nqueues == 0)
-        return kiq_seterr(err, KIQ_ECONFIG, "queues: must list at least one queue");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "queues: must list at least one queue");
 
     int weighted = 0;
     for (size_t i = 0; i < cfg->nqueues; i++) {
-        const kiq_queue_conf_t *q = &cfg->queues[i];
-        char why[KIQ_ERRLEN];
-        if (kiq__config_queue_name_check(q->name, why))
-            return kiq_seterr(err, KIQ_ECONFIG, "queues: %s", why);
+        const capstan_queue_conf_t *q = &cfg->queues[i];
+        char why[CAPSTAN_ERRLEN];
+        if (capstan__config_queue_name_check(q->name, why))
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "queues: %s", why);
         if (q->weight < 0)
-            return kiq_seterr(err, KIQ_ECONFIG,
-                              "queues: weight of %s must be an integer >= 1", q->name);
+            return capstan_seterr(err, CAPSTAN_ECONFIG,
+                                  "queues: weight of %s must be an integer >= 1", q->name);
         if (q->weight > 0)
             weighted = 1;
     }
     /* Sidekiq ignores a `strict:` setting: only weights decide the order. */
     cfg->strict = !weighted;
-    return kiq__config_tls_into_url(cfg, err);
+    return capstan__config_tls_into_url(cfg, err);
 }
 
-const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg, const char *name)
+const capstan_class_conf_t *capstan_config_class(const capstan_config_t *cfg, const char *name)
 {
     for (size_t i = 0; i < cfg->nclasses; i++)
         if (strcmp(cfg->classes[i].name, name) == 0)
@@ -299,20 +299,20 @@ const kiq_class_conf_t *kiq_config_class(const kiq_config_t *cfg, const char *na
 }
 
 static const char *const unknown_names[] = {
-    [KIQ_UNKNOWN_FAIL] = "fail", [KIQ_UNKNOWN_REQUEUE] = "requeue", [KIQ_UNKNOWN_SKIP] = "skip",
+    [CAPSTAN_UNKNOWN_FAIL] = "fail", [CAPSTAN_UNKNOWN_REQUEUE] = "requeue", [CAPSTAN_UNKNOWN_SKIP] = "skip",
 };
 
-int kiq_config_unknown_class(const char *word, kiq_unknown_class_t *out)
+int capstan_config_unknown_class(const char *word, capstan_unknown_class_t *out)
 {
     for (size_t i = 0; i < sizeof(unknown_names) / sizeof(*unknown_names); i++)
         if (word && strcmp(word, unknown_names[i]) == 0) {
-            *out = (kiq_unknown_class_t)i;
+            *out = (capstan_unknown_class_t)i;
             return 0;
         }
-    return KIQ_ECONFIG;
+    return CAPSTAN_ECONFIG;
 }
 
-const char *kiq_config_unknown_class_name(kiq_unknown_class_t v)
+const char *capstan_config_unknown_class_name(capstan_unknown_class_t v)
 {
     return (unsigned)v < sizeof(unknown_names) / sizeof(*unknown_names) ? unknown_names[v] : "fail";
 }

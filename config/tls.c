@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-void kiq__config_tls_clear(kiq_tls_conf_t *t)
+void capstan__config_tls_clear(capstan_tls_conf_t *t)
 {
     free(t->ca_file);
     free(t->ca_path);
@@ -19,7 +19,7 @@ void kiq__config_tls_clear(kiq_tls_conf_t *t)
 }
 
 /* The setting called name (ca_file, cert, ...), or NULL for verify. */
-static char **slot(kiq_tls_conf_t *t, const char *name)
+static char **slot(capstan_tls_conf_t *t, const char *name)
 {
     if (!strcmp(name, "ca_file")) return &t->ca_file;
     if (!strcmp(name, "ca_path")) return &t->ca_path;
@@ -29,16 +29,16 @@ static char **slot(kiq_tls_conf_t *t, const char *name)
     return NULL;
 }
 
-static int set_verify(kiq_tls_conf_t *t, const char *v)
+static int set_verify(capstan_tls_conf_t *t, const char *v)
 {
     if (!strcmp(v, "none") || !strcmp(v, "peer")) {
         t->verify_none = !strcmp(v, "none");
         return 0;
     }
-    return KIQ_EINVAL;
+    return CAPSTAN_EINVAL;
 }
 
-int kiq__config_tls_flag(kiq_config_t *cfg, const char *flag, const char *v, char *err)
+int capstan__config_tls_flag(capstan_config_t *cfg, const char *flag, const char *v, char *err)
 {
     char name[32];   /* "tls-ca-file" -> "ca_file" */
     snprintf(name, sizeof(name), "%s", flag + 4);
@@ -47,35 +47,35 @@ int kiq__config_tls_flag(kiq_config_t *cfg, const char *flag, const char *v, cha
             *p = '_';
     char **s = slot(&cfg->tls, name);
     if (s)
-        return kiq_config_set_str(s, v);
+        return capstan_config_set_str(s, v);
     if (set_verify(&cfg->tls, v))
-        return kiq_seterr(err, KIQ_ECONFIG, "--tls-verify: must be peer or none (got \"%s\")", v);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "--tls-verify: must be peer or none (got \"%s\")", v);
     return 0;
 }
 
 /* The tls: mapping: ca_file, ca_path, cert, key, server_name, verify. */
-int kiq_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+int capstan_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
     if (v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, v, key, "must be a mapping (ca_file, ca_path, cert, key, "
+        return capstan_yaml__fail(c, v, key, "must be a mapping (ca_file, ca_path, cert, key, "
                                          "server_name, verify)");
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         const char *name = key_name(node(c, p->key));
-        char sub[KIQ_ERRLEN];
+        char sub[CAPSTAN_ERRLEN];
         snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
         char **s = name ? slot(&c->cfg->tls, name) : NULL;
         int rc;
         if (s) {
-            rc = kiq_yaml__set_string(c, sub, node(c, p->value), s, NULL);
+            rc = capstan_yaml__set_string(c, sub, node(c, p->value), s, NULL);
         } else if (name && !strcmp(name, "verify")) {
             char *val = NULL;
-            rc = kiq_yaml__scalar(c, node(c, p->value), sub, "must be peer or none", &val);
+            rc = capstan_yaml__scalar(c, node(c, p->value), sub, "must be peer or none", &val);
             if (rc >= 0 && set_verify(&c->cfg->tls, val))
-                rc = kiq_yaml__fail(c, node(c, p->value), sub, "must be peer or none");
+                rc = capstan_yaml__fail(c, node(c, p->value), sub, "must be peer or none");
             free(val);
         } else {
-            rc = kiq_yaml__fail(c, node(c, p->key), sub, "unknown key (known: ca_file, ca_path, "
+            rc = capstan_yaml__fail(c, node(c, p->key), sub, "unknown key (known: ca_file, ca_path, "
                                                          "cert, key, server_name, verify)");
         }
         if (rc < 0)
@@ -109,22 +109,22 @@ static int speaks_tls(const char *url)
     return !strncmp(url, "redis+sentinel://", 17) && q && strstr(q, "sentinel_ssl=true");
 }
 
-int kiq__config_tls_into_url(kiq_config_t *cfg, char *err)
+int capstan__config_tls_into_url(capstan_config_t *cfg, char *err)
 {
-    kiq_tls_conf_t *t = &cfg->tls;
+    capstan_tls_conf_t *t = &cfg->tls;
     if (!t->ca_file && !t->ca_path && !t->cert && !t->key && !t->server_name && !t->verify_none)
         return 0;
     if (!cfg->redis_url || !speaks_tls(cfg->redis_url)) {
         char shown[512];
-        kiq__redis_url_redact(cfg->redis_url ? cfg->redis_url : "", shown, sizeof(shown));
-        return kiq_seterr(err, KIQ_ECONFIG, "tls: settings need a URL that speaks TLS "
-                          "(rediss://, or sentinels with ssl or sentinel_ssl; got %s)", shown);
+        capstan__redis_url_redact(cfg->redis_url ? cfg->redis_url : "", shown, sizeof(shown));
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "tls: settings need a URL that speaks TLS "
+                              "(rediss://, or sentinels with ssl or sentinel_ssl; got %s)", shown);
     }
     char *url = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&url, &n);
     if (!f)
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     fputs(cfg->redis_url, f);
     put_param(f, "ca_file", t->ca_file);
     put_param(f, "ca_path", t->ca_path);
@@ -135,7 +135,7 @@ int kiq__config_tls_into_url(kiq_config_t *cfg, char *err)
         fputs("&verify=none", f);
     if (fclose(f) || !url) {
         free(url);
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     }
     /* The first parameter starts the query unless the URL has one. */
     char *amp = url + strlen(cfg->redis_url);
@@ -143,6 +143,6 @@ int kiq__config_tls_into_url(kiq_config_t *cfg, char *err)
         *amp = '?';
     free(cfg->redis_url);
     cfg->redis_url = url;
-    kiq__config_tls_clear(t);
+    capstan__config_tls_clear(t);
     return 0;
 }

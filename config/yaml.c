@@ -1,9 +1,9 @@
-/* Reads a kiq.yml (or an existing sidekiq.yml) into a kiq_config_t.
+/* Reads a capstan.yml (or an existing sidekiq.yml) into a capstan_config_t.
  *
  * It exists so that a Sidekiq file works unchanged and every mistake in it is
  * reported as one "file:line: key: problem" line. Unknown keys are errors to
  * catch typos (with the nearest known key as a suggestion); keys that Sidekiq
- * or its plugins read but kiq has no use for are warnings, so a Rails app's
+ * or its plugins read but capstan has no use for are warnings, so a Rails app's
  * sidekiq.yml loads as it is. A top-level key holding a mapping of settings
  * is an environment section, applied over the top level only when it names
  * the current environment. */
@@ -35,10 +35,10 @@ static unsigned long line_of(const yaml_node_t *n)
     return (unsigned long)n->start_mark.line + 1;
 }
 
-int kiq_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int capstan_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
 {
-    kiq_config_t *cfg = c->cfg;
-    char problem[KIQ_ERRLEN], *line = NULL;
+    capstan_config_t *cfg = c->cfg;
+    char problem[CAPSTAN_ERRLEN], *line = NULL;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(problem, sizeof(problem), fmt, ap);
@@ -53,29 +53,29 @@ int kiq_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *
     return 0;
 }
 
-int kiq_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int capstan_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
 {
-    char problem[KIQ_ERRLEN];
+    char problem[CAPSTAN_ERRLEN];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(problem, sizeof(problem), fmt, ap);
     va_end(ap);
-    return kiq_seterr(c->err, KIQ_ECONFIG, "%s:%lu: %s: %s", c->path, line_of(n),
-                      key, problem);
+    return capstan_seterr(c->err, CAPSTAN_ECONFIG, "%s:%lu: %s: %s", c->path, line_of(n),
+                          key, problem);
 }
 
 /* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
  * ${VAR:-default} replaced from the environment, as a shell would: the
  * default also covers a variable that is set but empty. want is the problem
  * to report when v is not a scalar. */
-int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
-                     char **out)
+int capstan_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+                         char **out)
 {
     if (v->type != YAML_SCALAR_NODE)
-        return kiq_yaml__fail(c, v, key, "%s", want);
+        return capstan_yaml__fail(c, v, key, "%s", want);
     const char *s = text(v);
     if (strstr(s, "<%"))
-        return kiq_yaml__fail(c, v, key, "ERB (<%%= ... %%>) is not evaluated by kiq; "
+        return capstan_yaml__fail(c, v, key, "ERB (<%%= ... %%>) is not evaluated by capstan; "
                                          "use ${VAR} or ${VAR:-default}");
     size_t len = v->data.scalar.length;
     char *buf = NULL, *name = NULL;
@@ -101,7 +101,7 @@ int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want
                 def_len++;
         }
         if (j >= len || s[j] != '}' || name_len == 0) {
-            rc = kiq_yaml__fail(c, v, key, "malformed ${...} reference");
+            rc = capstan_yaml__fail(c, v, key, "malformed ${...} reference");
             break;
         }
         free(name);
@@ -115,7 +115,7 @@ int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want
         else if (def)
             fwrite(def, 1, def_len, f);
         else
-            rc = kiq_yaml__fail(c, v, key, "environment variable %s is not set", name);
+            rc = capstan_yaml__fail(c, v, key, "environment variable %s is not set", name);
         i = j + 1;
     }
     free(name);
@@ -131,7 +131,7 @@ int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want
 
 static int to_double(const char *s, double *out)
 {
-    return kiq__parse_number(s, 0, -HUGE_VAL, HUGE_VAL, out);
+    return capstan__parse_number(s, 0, -HUGE_VAL, HUGE_VAL, out);
 }
 
 static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
@@ -143,11 +143,11 @@ static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v
     else
         snprintf(want, sizeof(want), "must be an integer between %ld and %ld",
                  k->min, k->max);
-    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) < 0 || n < k->min || n > k->max)
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     else
         *(int *)((char *)c->cfg + k->off) = (int)n;
     free(s);
@@ -159,11 +159,11 @@ static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *
     char want[96], *s = NULL;
     long n;
     snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
-    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) < 0 || n < k->min)
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     else
         *(long *)((char *)c->cfg + k->off) = n;
     free(s);
@@ -171,18 +171,18 @@ static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *
 }
 
 /* A number of seconds; k->min 1 asks for > 0, 0 allows 0 too (off, or
- * chosen by kiq). A period with a floor (config/bounds.h) may not be
+ * chosen by capstan). A period with a floor (config/bounds.h) may not be
  * shorter, 0 aside. */
 static int set_seconds(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     char want[96], *s = NULL;
     double d;
-    kiq__config_period_want(k->name, !k->min, want, sizeof(want));
-    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    capstan__config_period_want(k->name, !k->min, want, sizeof(want));
+    int rc = capstan_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
-    if (to_double(s, &d) < 0 || !kiq__config_period_ok(k->name, !k->min, d))
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+    if (to_double(s, &d) < 0 || !capstan__config_period_ok(k->name, !k->min, d))
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     else
         *(double *)((char *)c->cfg + k->off) = d;
     free(s);
@@ -195,7 +195,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
 {
     char want[96], *s = NULL;
     snprintf(want, sizeof(want), "must be %s or %s", a, b);
-    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (!strcmp(s, a))
@@ -203,7 +203,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
     else if (!strcmp(s, b))
         *out = 1;
     else
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -213,7 +213,7 @@ static int set_fetch(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
     (void)k;
     int i = 0, rc = choice(c, key, v, "reliable", "basic", &i);
     if (rc == 0)
-        c->cfg->fetch = i ? KIQ_FETCH_BASIC : KIQ_FETCH_RELIABLE;
+        c->cfg->fetch = i ? CAPSTAN_FETCH_BASIC : CAPSTAN_FETCH_RELIABLE;
     return rc;
 }
 
@@ -222,7 +222,7 @@ static int set_timestamps(ctx_t *c, const key_def_t *k, const char *key, yaml_no
     (void)k;
     int i = 0, rc = choice(c, key, v, "float", "millis", &i);
     if (rc == 0)
-        c->cfg->timestamps = i ? KIQ_TS_MILLIS : KIQ_TS_FLOAT;
+        c->cfg->timestamps = i ? CAPSTAN_TS_MILLIS : CAPSTAN_TS_FLOAT;
     return rc;
 }
 
@@ -231,7 +231,7 @@ static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_no
     (void)k;
     int i = 0, rc = choice(c, key, v, "pretty", "json", &i);
     if (rc == 0)
-        c->cfg->log_format = i ? KIQ_LOG_JSON : KIQ_LOG_PRETTY;
+        c->cfg->log_format = i ? CAPSTAN_LOG_JSON : CAPSTAN_LOG_PRETTY;
     return rc;
 }
 
@@ -240,19 +240,19 @@ static int set_unknown_class(ctx_t *c, const key_def_t *k, const char *key, yaml
     (void)k;
     const char *want = "must be fail, requeue or skip";
     char *s = NULL;
-    int rc = kiq_yaml__scalar(c, v, key, want, &s);
-    if (rc == 0 && kiq_config_unknown_class(s, &c->cfg->unknown_class))
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    if (rc == 0 && capstan_config_unknown_class(s, &c->cfg->unknown_class))
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
 
-int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+int capstan_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
 {
     char *s = NULL;
-    int rc = kiq_yaml__scalar(c, v, key, "must be true or false", &s);
+    int rc = capstan_yaml__scalar(c, v, key, "must be true or false", &s);
     if (rc == 0 && to_bool(s, out))
-        rc = kiq_yaml__fail(c, v, key, "must be true or false");
+        rc = capstan_yaml__fail(c, v, key, "must be true or false");
     free(s);
     return rc;
 }
@@ -260,16 +260,16 @@ int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
 static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return kiq_yaml__flag(c, key, v, &c->cfg->verbose);
+    return capstan_yaml__flag(c, key, v, &c->cfg->verbose);
 }
 
-int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
-                         const char *null_value)
+int capstan_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+                             const char *null_value)
 {
     char *s = NULL;
     if (is_null(v))
-        return kiq_config_set_str(slot, null_value) < 0 ? nomem(c) : 0;
-    int rc = kiq_yaml__scalar(c, v, key, "must be a string", &s);
+        return capstan_config_set_str(slot, null_value) < 0 ? nomem(c) : 0;
+    int rc = capstan_yaml__scalar(c, v, key, "must be a string", &s);
     if (rc < 0)
         return rc;
     free(*slot);
@@ -280,36 +280,36 @@ int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
 static int set_tag(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return kiq_yaml__set_string(c, key, v, &c->cfg->tag, "");
+    return capstan_yaml__set_string(c, key, v, &c->cfg->tag, "");
 }
 
 static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return kiq_yaml__set_string(c, key, v, &c->cfg->log_file, NULL);
+    return capstan_yaml__set_string(c, key, v, &c->cfg->log_file, NULL);
 }
 
 static int set_pidfile(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return kiq_yaml__set_string(c, key, v, &c->cfg->pidfile, NULL);
+    return capstan_yaml__set_string(c, key, v, &c->cfg->pidfile, NULL);
 }
 
 static int set_metrics_bind(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return kiq_yaml__set_string(c, key, v, &c->cfg->metrics_bind, NULL);
+    return capstan_yaml__set_string(c, key, v, &c->cfg->metrics_bind, NULL);
 }
 
 static int redis_url(ctx_t *c, const char *key, yaml_node_t *v)
 {
     char *s = NULL;
-    int rc = kiq_yaml__scalar(c, v, key, "must be a redis:// URL", &s);
+    int rc = capstan_yaml__scalar(c, v, key, "must be a redis:// URL", &s);
     if (rc < 0)
         return rc;
     if (!*s) {
         free(s);
-        return kiq_yaml__fail(c, v, key, "must not be empty");
+        return capstan_yaml__fail(c, v, key, "must not be empty");
     }
     free(c->cfg->redis_url);
     c->cfg->redis_url = s;
@@ -324,14 +324,14 @@ static int set_redis_url(ctx_t *c, const key_def_t *k, const char *key, yaml_nod
 }
 
 /* Options of Ruby's Redis clients that tune a connection pool or socket
- * kiq manages its own way. */
+ * capstan manages its own way. */
 static const char *const redis_tuning[] = {
     "size", "pool_timeout", "network_timeout", "connect_timeout", "read_timeout",
     "write_timeout", "timeout", "reconnect_attempts", "driver", "id",
 };
 
 /* Options that choose which server or database to use: ignoring one would
- * connect kiq somewhere else than the Ruby processes. */
+ * connect capstan somewhere else than the Ruby processes. */
 static const char *const redis_target[] = {
     "host", "port", "path", "db", "password", "username", "ssl", "sentinels", "role",
     "name", "namespace",
@@ -354,33 +354,33 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
 {
     (void)k;
     if (v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, v, key, "must be a mapping with a url");
+        return capstan_yaml__fail(c, v, key, "must be a mapping with a url");
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++)
         if (key_name(node(c, p->key)) && !strcmp(key_name(node(c, p->key)), "sentinels"))
-            return kiq_yaml__set_sentinels(c, key, v);
+            return capstan_yaml__set_sentinels(c, key, v);
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key);
         const char *name = key_name(kn);
-        char sub[KIQ_ERRLEN];
+        char sub[CAPSTAN_ERRLEN];
         snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
         int rc;
         if (name && !strcmp(name, "url"))
             rc = redis_url(c, sub, node(c, p->value));
         else if (name && !strcmp(name, "ssl_params"))
-            rc = kiq_yaml__warn(c, kn, sub, "not read by kiq; give TLS settings under tls: "
-                                "(ca_file, cert, key, server_name, verify) with TLS in the url");
+            rc = capstan_yaml__warn(c, kn, sub, "not read by capstan; give TLS settings under tls: "
+                                    "(ca_file, cert, key, server_name, verify) with TLS in the url");
         else if (name && in_list(name, redis_tuning, NELEM(redis_tuning)))
-            rc = kiq_yaml__warn(c, kn, sub, "not used by kiq (a Ruby client option); ignored");
+            rc = capstan_yaml__warn(c, kn, sub, "not used by capstan (a Ruby client option); ignored");
         else if (name && in_list(name, redis_target, NELEM(redis_target)))
-            rc = kiq_yaml__fail(c, kn, sub, "not supported; give the server in url "
+            rc = capstan_yaml__fail(c, kn, sub, "not supported; give the server in url "
                                             "(redis://[user:password@]host:port/db)");
         else {
             const char *const all[] = {"url"};
             const char *near = name ? nearest(name, all, 1) : NULL;
             if (!near)
                 near = name ? nearest(name, redis_tuning, NELEM(redis_tuning)) : NULL;
-            rc = near ? kiq_yaml__fail(c, kn, sub, "unknown key; did you mean %s?", near)
-                      : kiq_yaml__fail(c, kn, sub, "unknown key");
+            rc = near ? capstan_yaml__fail(c, kn, sub, "unknown key; did you mean %s?", near)
+                      : capstan_yaml__fail(c, kn, sub, "unknown key");
         }
         if (rc < 0)
             return rc;
@@ -400,14 +400,14 @@ static int string_list(ctx_t *c, const char *key, yaml_node_t *v, const char *pr
     if (is_null(v))
         goto out;
     if (v->type != YAML_SEQUENCE_NODE)
-        return kiq_yaml__fail(c, v, key, "%s", want);
+        return capstan_yaml__fail(c, v, key, "%s", want);
     size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
     if (cap && !(list = calloc(cap, sizeof(*list))))
         return nomem(c);
     for (yaml_node_item_t *it = v->data.sequence.items.start;
          it < v->data.sequence.items.top; it++) {
         yaml_node_t *item = node(c, *it);
-        if ((rc = kiq_yaml__scalar(c, item, key, want, &s)) < 0)
+        if ((rc = capstan_yaml__scalar(c, item, key, want, &s)) < 0)
             goto out;
         if (prefix && *s != '/') {
             char *joined = NULL;
@@ -450,7 +450,7 @@ static int set_labels(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
     return 0;
 }
 
-/* Plugin paths are relative to the file, not to wherever kiq was started,
+/* Plugin paths are relative to the file, not to wherever capstan was started,
  * so a config directory can be moved as a whole. A file given without a
  * directory gets "./" so that dlopen does not search the library path. */
 static int set_plugins(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
@@ -485,24 +485,24 @@ static char *trim(char *s)
 
 /* One entry of `queues:`: "name", "name,weight" (Sidekiq 7), [name] or
  * [name, weight]. Appends it to list. */
-static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, kiq_config_t *list)
+static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, capstan_config_t *list)
 {
     const char *want = "each queue must be name, \"name,weight\", [name] or [name, weight]";
-    char *raw = NULL, *wraw = NULL, *wtext = NULL, msg[KIQ_ERRLEN];
+    char *raw = NULL, *wraw = NULL, *wtext = NULL, msg[CAPSTAN_ERRLEN];
     long weight = 0;
     int rc;
     if (item->type == YAML_SEQUENCE_NODE) {
         yaml_node_item_t *it = item->data.sequence.items.start;
         ptrdiff_t n = item->data.sequence.items.top - it;
         if (n < 1 || n > 2)
-            return kiq_yaml__fail(c, item, key, "%s", want);
-        if ((rc = kiq_yaml__scalar(c, node(c, it[0]), key, want, &raw)) < 0)
+            return capstan_yaml__fail(c, item, key, "%s", want);
+        if ((rc = capstan_yaml__scalar(c, node(c, it[0]), key, want, &raw)) < 0)
             goto out;
-        if (n == 2 && (rc = kiq_yaml__scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
+        if (n == 2 && (rc = capstan_yaml__scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
             goto out;
         wtext = wraw;
     } else {
-        if ((rc = kiq_yaml__scalar(c, item, key, want, &raw)) < 0)
+        if ((rc = capstan_yaml__scalar(c, item, key, want, &raw)) < 0)
             goto out;
         char *comma = strchr(raw, ',');
         if (comma) {
@@ -511,17 +511,17 @@ static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, kiq_config_t
         }
     }
     char *name = trim(raw);
-    if (kiq__config_queue_name_check(name, msg)) {
-        rc = kiq_yaml__fail(c, item, key, "%s", msg);
+    if (capstan__config_queue_name_check(name, msg)) {
+        rc = capstan_yaml__fail(c, item, key, "%s", msg);
         goto out;
     }
     if (wtext && (to_long(trim(wtext), &weight) < 0 || weight < 1 || weight > INT_MAX)) {
-        rc = kiq_yaml__fail(c, item, key, "weight of %s must be an integer >= 1", name);
+        rc = capstan_yaml__fail(c, item, key, "weight of %s must be an integer >= 1", name);
         goto out;
     }
-    rc = kiq_config_append_queue(list, name, (int)weight, msg);
-    if (rc == KIQ_ECONFIG)
-        rc = kiq_yaml__fail(c, item, key, "%s", msg);
+    rc = capstan_config_append_queue(list, name, (int)weight, msg);
+    if (rc == CAPSTAN_ECONFIG)
+        rc = capstan_yaml__fail(c, item, key, "%s", msg);
     else if (rc < 0)
         rc = nomem(c);
 out:
@@ -533,11 +533,11 @@ out:
 static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    kiq_config_t fresh = {0}; /* only its queue list is used */
+    capstan_config_t fresh = {0}; /* only its queue list is used */
     int rc = 0;
     if (v->type != YAML_SEQUENCE_NODE ||
         v->data.sequence.items.top == v->data.sequence.items.start)
-        return kiq_yaml__fail(c, v, key, "must be a non-empty list of queues");
+        return capstan_yaml__fail(c, v, key, "must be a non-empty list of queues");
     for (yaml_node_item_t *it = v->data.sequence.items.start;
          it < v->data.sequence.items.top && rc == 0; it++)
         rc = queue_item(c, key, node(c, *it), &fresh);
@@ -555,7 +555,7 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
     return 0;
 }
 
-#define OFF(field) offsetof(kiq_config_t, field)
+#define OFF(field) offsetof(capstan_config_t, field)
 
 static const key_def_t keys[] = {
     {"concurrency", set_int, OFF(concurrency), 1, 1000},
@@ -574,7 +574,7 @@ static const key_def_t keys[] = {
     {"verbose", set_verbose, 0, 0, 0},
     {"redis_url", set_redis_url, 0, 0, 0},
     {"redis", set_redis, 0, 0, 0},
-    {"tls", kiq_yaml__set_tls, 0, 0, 0},
+    {"tls", capstan_yaml__set_tls, 0, 0, 0},
     {"plugins", set_plugins, 0, 0, 0},
     {"fetch", set_fetch, 0, 0, 0},
     {"prefetch", set_int, OFF(prefetch), 0, 100000},
@@ -595,22 +595,22 @@ static const key_def_t keys[] = {
     {"metrics_bind", set_metrics_bind, 0, 0, 0},
     {"min_replicas_ack", set_int, OFF(min_replicas_ack), 0, 100},
     {"min_replicas_timeout", set_long, OFF(min_replicas_timeout), 1, 600000},
-    {"classes", kiq_yaml__set_classes, 0, 0, 0},
+    {"classes", capstan_yaml__set_classes, 0, 0, 0},
 };
 
-/* Keys that Sidekiq or a common plugin reads and kiq does not: a warning
+/* Keys that Sidekiq or a common plugin reads and capstan does not: a warning
  * each, so a Rails app's sidekiq.yml works as it is. */
 static const struct {
     const char *name, *why;
 } unused[] = {
-    {"require", "Ruby code to load; kiq's handlers come from plugins"},
+    {"require", "Ruby code to load; capstan's handlers come from plugins"},
     {"strict", "Sidekiq drops it too: queue weights decide the order"},
     {"environment", "the environment is chosen before the file is read; use -e or RAILS_ENV"},
     {"lifecycle_events", "Ruby callbacks"},
     {"error_handlers", "Ruby callbacks"},
     {"death_handlers", "Ruby callbacks"},
-    {"daemon", "removed in Sidekiq 6; run kiq under a supervisor"},
-    {"capsules", "Sidekiq 7 capsules; kiq runs the top-level queues and concurrency"},
+    {"daemon", "removed in Sidekiq 6; run capstan under a supervisor"},
+    {"capsules", "Sidekiq 7 capsules; capstan runs the top-level queues and concurrency"},
     {"on_complex_arguments", "a Ruby client option"},
     {"max_iteration_runtime", "Ruby iterable jobs"},
     {"logged_job_attributes", "Ruby logging"},
@@ -705,8 +705,8 @@ static int unknown_key(ctx_t *c, yaml_node_t *kn, const char *name)
 {
     const char *near = suggest(name);
     if (near)
-        return kiq_yaml__fail(c, kn, name, "unknown key; did you mean %s?", near);
-    return kiq_yaml__fail(c, kn, name, "unknown key");
+        return capstan_yaml__fail(c, kn, name, "unknown key; did you mean %s?", near);
+    return capstan_yaml__fail(c, kn, name, "unknown key");
 }
 
 /* Environment names a Rails app uses, always taken for sections. */
@@ -742,7 +742,7 @@ static int check_section(ctx_t *c, yaml_node_t *kn, const char *name, yaml_node_
     if (!known && !near && !is_env_name(name))
         return unknown_key(c, kn, name);
     if (!key_name(bad))
-        return kiq_yaml__fail(c, bad, "?", "a key must be a plain word");
+        return capstan_yaml__fail(c, bad, "?", "a key must be a plain word");
     return unknown_key(c, bad, key_name(bad));
 }
 
@@ -755,9 +755,9 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
                          *end = map->data.mapping.pairs.top;
     int rc = 0;
     if (depth > MAX_MERGE_DEPTH)
-        return kiq_yaml__fail(c, map, "<<", "merges nest too deeply");
+        return capstan_yaml__fail(c, map, "<<", "merges nest too deeply");
     if (depth > 0 && ++c->merged > MAX_MERGED)
-        return kiq_yaml__fail(c, map, "<<", "more than %d mappings merged", MAX_MERGED);
+        return capstan_yaml__fail(c, map, "<<", "more than %d mappings merged", MAX_MERGED);
     for (p = start; p < end && rc == 0; p++) {
         const char *name = key_name(node(c, p->key));
         yaml_node_t *v = node(c, p->value);
@@ -771,10 +771,10 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
                 yaml_node_t *m = node(c, *it);
                 rc = m->type == YAML_MAPPING_NODE
                          ? apply_mapping(c, m, top, depth + 1)
-                         : kiq_yaml__fail(c, m, "<<", "must be a mapping or a list of mappings");
+                         : capstan_yaml__fail(c, m, "<<", "must be a mapping or a list of mappings");
             }
         } else {
-            rc = kiq_yaml__fail(c, v, "<<", "must be a mapping or a list of mappings");
+            rc = capstan_yaml__fail(c, v, "<<", "must be a mapping or a list of mappings");
         }
     }
     for (p = start; p < end && rc == 0; p++) {
@@ -786,9 +786,9 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
         if (k)
             rc = k->set(c, k, name, v);
         else if (!name)
-            rc = kiq_yaml__fail(c, kn, "?", "a key must be a plain word");
+            rc = capstan_yaml__fail(c, kn, "?", "a key must be a plain word");
         else if (unused_why(name))
-            rc = kiq_yaml__warn(c, kn, name, "not used by kiq (%s); ignored", unused_why(name));
+            rc = capstan_yaml__warn(c, kn, name, "not used by capstan (%s); ignored", unused_why(name));
         else if (top && !strcmp(name, c->env))
             continue; /* applied by the caller, after the top level */
         else if (top)
@@ -811,7 +811,7 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
         if (is_null(v))
             continue;
         if (v->type != YAML_MAPPING_NODE)
-            return kiq_yaml__fail(c, v, name, "must be a mapping of settings for environment %s",
+            return capstan_yaml__fail(c, v, name, "must be a mapping of settings for environment %s",
                         c->env);
         int rc = apply_mapping(c, v, 0, 0);
         if (rc < 0)
@@ -845,13 +845,13 @@ static int check_depth(FILE *f, const char *path, char *err)
     yaml_event_t ev;
     int depth = 0, rc = 0, done = 0;
     if (!yaml_parser_initialize(&p))
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     yaml_parser_set_input_file(&p, f);
     while (!done && !rc && yaml_parser_parse(&p, &ev)) {
         if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
             if (++depth > MAX_DEPTH)
-                rc = kiq_seterr(err, KIQ_ECONFIG, "%s:%lu: nesting deeper than %d levels", path,
-                                (unsigned long)ev.start_mark.line + 1, MAX_DEPTH);
+                rc = capstan_seterr(err, CAPSTAN_ECONFIG, "%s:%lu: nesting deeper than %d levels", path,
+                                    (unsigned long)ev.start_mark.line + 1, MAX_DEPTH);
         } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
             depth--;
         } else if (ev.type == YAML_STREAM_END_EVENT) {
@@ -864,20 +864,20 @@ static int check_depth(FILE *f, const char *path, char *err)
     return rc;
 }
 
-int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
+int capstan_config_load_file(capstan_config_t *cfg, const char *path, char *err)
 {
-    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = kiq_config_environment(cfg)};
+    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = capstan_config_environment(cfg)};
     yaml_parser_t parser;
     int parser_ready = 0, loaded = 0, rc = 0;
     FILE *f = fopen(path, "rb");
     struct stat st;
     if (!f)
-        return kiq_seterr(err, KIQ_ENOTFOUND, "%s: %s", path, strerror(errno));
+        return capstan_seterr(err, CAPSTAN_ENOTFOUND, "%s: %s", path, strerror(errno));
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(f);
-        return kiq_seterr(err, KIQ_ENOTFOUND, "%s: %s", path, strerror(EISDIR));
+        return capstan_seterr(err, CAPSTAN_ENOTFOUND, "%s: %s", path, strerror(EISDIR));
     }
-    if (kiq_config_set_str(&cfg->config_file, path) < 0) {
+    if (capstan_config_set_str(&cfg->config_file, path) < 0) {
         rc = nomem(&c);
         goto out;
     }
@@ -894,8 +894,8 @@ int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
         unsigned long line = parser.error == YAML_READER_ERROR
                                  ? line_at(f, parser.problem_offset)
                                  : (unsigned long)parser.problem_mark.line + 1;
-        rc = kiq_seterr(err, KIQ_EPARSE, "%s:%lu: %s", path, line,
-                        parser.problem ? parser.problem : "invalid YAML");
+        rc = capstan_seterr(err, CAPSTAN_EPARSE, "%s:%lu: %s", path, line,
+                            parser.problem ? parser.problem : "invalid YAML");
         goto out;
     }
     loaded = 1;
@@ -903,8 +903,8 @@ int kiq_config_load_file(kiq_config_t *cfg, const char *path, char *err)
     if (!root || is_null(root))
         goto out; /* an empty file changes nothing */
     if (root->type != YAML_MAPPING_NODE) {
-        rc = kiq_seterr(err, KIQ_ECONFIG, "%s:%lu: the file must be a mapping of settings",
-                        path, line_of(root));
+        rc = capstan_seterr(err, CAPSTAN_ECONFIG, "%s:%lu: the file must be a mapping of settings",
+                            path, line_of(root));
         goto out;
     }
     rc = apply_mapping(&c, root, 1, 0);

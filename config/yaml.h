@@ -2,8 +2,8 @@
  * file and its top-level settings, config/yaml_classes.c the classes:
  * section. The parse state, the node helpers and the one way to report a
  * "file:line: key: problem" error. Not public. */
-#ifndef KIQ_CONFIG_YAML_H
-#define KIQ_CONFIG_YAML_H
+#ifndef CAPSTAN_CONFIG_YAML_H
+#define CAPSTAN_CONFIG_YAML_H
 
 #include <errno.h>
 #include <stdlib.h>
@@ -11,10 +11,10 @@
 #include <strings.h>
 #include <yaml.h>
 
-#include "kiq/config.h"
+#include "capstan/config.h"
 
 typedef struct ctx {
-    kiq_config_t *cfg;
+    capstan_config_t *cfg;
     yaml_document_t doc;
     const char *path;
     const char *env; /* environment whose section applies */
@@ -29,47 +29,47 @@ typedef int (*setter_fn)(ctx_t *c, const key_def_t *k, const char *key,
 struct key_def {
     const char *name;
     setter_fn set;
-    size_t off;    /* field of kiq_config_t, for the generic number setters */
+    size_t off;    /* field of capstan_config_t, for the generic number setters */
     long min, max; /* integer range; max INT_MAX or LONG_MAX = no upper bound */
 };
 
 /* Fills c->err with "path:line: key: problem" for node n and returns
- * KIQ_ECONFIG. */
-int kiq_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+ * CAPSTAN_ECONFIG. */
+int capstan_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Adds "path:line: key: problem" for node n to c->cfg->warnings. Returns 0
- * or KIQ_ENOMEM. */
-int kiq_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+ * or CAPSTAN_ENOMEM. */
+int capstan_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
  * ${VAR:-default} replaced from the environment. want is the problem to
  * report when v is not a scalar. ERB (<%= %>) is an error: it is not
  * evaluated here, and taken literally it would be a wrong value. */
-int kiq_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
-                     char **out);
+int capstan_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+                         char **out);
 
 /* Replaces *slot with the expanded scalar; null gives null_value. */
-int kiq_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
-                         const char *null_value);
+int capstan_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+                             const char *null_value);
 
 /* A YAML 1.1 boolean into *out. */
-int kiq_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
+int capstan_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
 
 /* The classes: section (config/yaml_classes.c). */
 /* A redis: mapping with sentinels: (yaml_sentinel.c), into a
  * redis+sentinel:// URL. */
-int kiq_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v);
+int capstan_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v);
 
-int kiq_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+int capstan_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
 /* The tls: mapping (config/tls.c). */
-int kiq_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+int capstan_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
 static inline int nomem(ctx_t *c)
 {
-    return kiq_seterr(c->err, KIQ_ENOMEM, "out of memory");
+    return capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
 }
 
 static inline yaml_node_t *node(ctx_t *c, int index)
@@ -107,7 +107,7 @@ static inline int to_long(const char *s, long *out)
     errno = 0;
     long v = strtol(s, &end, 10);
     if (end == s || *end || errno)
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     *out = v;
     return 0;
 }
@@ -122,7 +122,7 @@ static inline int to_bool(const char *s, int *out)
             return 0;
         }
     }
-    return KIQ_EINVAL;
+    return CAPSTAN_EINVAL;
 }
 
 #endif

@@ -1,4 +1,4 @@
-/* The classes: section of a kiq.yml: per-class options (queue, retry and
+/* The classes: section of a capstan.yml: per-class options (queue, retry and
  * the uniqueness options of sidekiq-unique-jobs and Sidekiq Enterprise),
  * each checked as it is read so that a typo is a config error. */
 #include <limits.h>
@@ -9,8 +9,8 @@
 #include "config/bounds.h"
 #include "config/names.h"
 #include "config/yaml.h"
-#include "kiq/limiter.h"
-#include "kiq/unique.h"
+#include "capstan/limiter.h"
+#include "capstan/unique.h"
 #include "support/number.h"
 
 /* retry: true (max_retries), false (no retries) or a count. */
@@ -19,15 +19,15 @@ static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
     const char *want = "must be true, false or an integer >= 0";
     char *s = NULL;
     long n;
-    int b, rc = kiq_yaml__scalar(c, v, key, want, &s);
+    int b, rc = capstan_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_bool(s, &b) == 0)
-        *out = b ? KIQ_RETRY_DEFAULT : KIQ_RETRY_NONE;
+        *out = b ? CAPSTAN_RETRY_DEFAULT : CAPSTAN_RETRY_NONE;
     else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
         *out = (int)n;
     else
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -37,11 +37,11 @@ static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long
 {
     char *s = NULL;
     long n;
-    int rc = kiq_yaml__scalar(c, v, key, "must be an integer >= 0", &s);
+    int rc = capstan_yaml__scalar(c, v, key, "must be an integer >= 0", &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) || n < 0 || n > max)
-        rc = kiq_yaml__fail(c, v, key, "must be an integer between 0 and %ld", max);
+        rc = capstan_yaml__fail(c, v, key, "must be an integer between 0 and %ld", max);
     else
         *out = n;
     free(s);
@@ -52,20 +52,20 @@ static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long
 static int class_name(ctx_t *c, const char *key, yaml_node_t *v, int strategy, char **slot)
 {
     char *s = NULL;
-    int rc = kiq_yaml__scalar(c, v, key, "must be a name", &s);
+    int rc = capstan_yaml__scalar(c, v, key, "must be a name", &s);
     if (rc < 0)
         return rc;
-    kiq_lock_type_t t;
-    kiq_on_conflict_t st;
-    if (strategy ? kiq_on_conflict_parse(s, &st) : kiq_lock_type_parse(s, &t)) {
-        rc = kiq_yaml__fail(c, v, key,
-                            strategy ? "unknown strategy %s (log, raise, reject, replace, reschedule)"
+    capstan_lock_type_t t;
+    capstan_on_conflict_t st;
+    if (strategy ? capstan_on_conflict_parse(s, &st) : capstan_lock_type_parse(s, &t)) {
+        rc = capstan_yaml__fail(c, v, key,
+                                strategy ? "unknown strategy %s (log, raise, reject, replace, reschedule)"
                                      : "unknown lock type %s", s);
         free(s);
         return rc;
     }
     free(*slot);
-    *slot = strdup(strategy ? kiq_on_conflict_name(st) : kiq_lock_type_name(t));
+    *slot = strdup(strategy ? capstan_on_conflict_name(st) : capstan_lock_type_name(t));
     free(s);
     return *slot ? 0 : nomem(c);
 }
@@ -73,7 +73,7 @@ static int class_name(ctx_t *c, const char *key, yaml_node_t *v, int strategy, c
 /* The uniqueness options of a class entry. Returns 1 when oname is not one
  * of them. until is where unique_until goes until the entry is complete. */
 static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_t *ov,
-                        kiq_class_conf_t *cc, long *unique_for, char **until)
+                        capstan_class_conf_t *cc, long *unique_for, char **until)
 {
     long n = 0;
     int rc = 0;
@@ -102,13 +102,13 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
         return rc;
     }
     if (!strcmp(oname, "lock_prefix"))
-        return kiq_yaml__set_string(c, key, ov, &cc->lock_prefix, NULL);
+        return capstan_yaml__set_string(c, key, ov, &cc->lock_prefix, NULL);
     if (!strcmp(oname, "unique_until"))
-        return kiq_yaml__set_string(c, key, ov, until, NULL);
+        return capstan_yaml__set_string(c, key, ov, until, NULL);
     if (!strcmp(oname, "unique_across_queues"))
-        return kiq_yaml__flag(c, key, ov, &cc->unique_across_queues);
+        return capstan_yaml__flag(c, key, ov, &cc->unique_across_queues);
     if (!strcmp(oname, "unique_across_workers"))
-        return kiq_yaml__flag(c, key, ov, &cc->unique_across_workers);
+        return capstan_yaml__flag(c, key, ov, &cc->unique_across_workers);
     if (!strcmp(oname, "on_conflict")) {
         if (ov->type == YAML_SCALAR_NODE) {
             rc = class_name(c, key, ov, 1, &cc->on_conflict_client);
@@ -117,25 +117,25 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
             return rc;
         }
         if (ov->type != YAML_MAPPING_NODE)
-            return kiq_yaml__fail(c, ov, key,
-                                  "must be a strategy name or {client: NAME, server: NAME}");
+            return capstan_yaml__fail(c, ov, key,
+                                      "must be a strategy name or {client: NAME, server: NAME}");
         for (yaml_node_pair_t *p = ov->data.mapping.pairs.start;
              p < ov->data.mapping.pairs.top && rc == 0; p++) {
             const char *side = key_name(node(c, p->key));
-            char sub[KIQ_ERRLEN];
+            char sub[CAPSTAN_ERRLEN];
             snprintf(sub, sizeof(sub), "%s.%s", key, side ? side : "?");
             if (side && !strcmp(side, "client"))
                 rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_client);
             else if (side && !strcmp(side, "server"))
                 rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_server);
             else
-                rc = kiq_yaml__fail(c, node(c, p->key), sub, "unknown key (client or server)");
+                rc = capstan_yaml__fail(c, node(c, p->key), sub, "unknown key (client or server)");
         }
         return rc;
     }
     if (!strcmp(oname, "lock_args")) {
         if (ov->type != YAML_SEQUENCE_NODE)
-            return kiq_yaml__fail(c, ov, key, "must be a list of argument indexes");
+            return capstan_yaml__fail(c, ov, key, "must be a list of argument indexes");
         size_t cnt = (size_t)(ov->data.sequence.items.top - ov->data.sequence.items.start);
         int *idx = calloc(cnt ? cnt : 1, sizeof(int));
         if (!idx)
@@ -166,7 +166,7 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
     const char *want = words ? "must be second, minute, hour, day or a number of seconds > 0"
                              : "must be a number of seconds > 0";
     char *s = NULL;
-    int rc = kiq_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan_yaml__scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     int found = 0;
@@ -175,8 +175,8 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
             *out = named[i].s;
             found = 1;
         }
-    if (!found && kiq__parse_number(s, 0, 0.001, 366 * 86400.0, out))
-        rc = kiq_yaml__fail(c, v, key, "%s", want);
+    if (!found && capstan__parse_number(s, 0, 0.001, 366 * 86400.0, out))
+        rc = capstan_yaml__fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -184,12 +184,12 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
 /* `limit: {type: concurrent, name: stripe, size: 5}` (window and bucket
  * take count: and interval:, points cost:), checked whole so a bad limit
  * fails at start. */
-static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf_t *cc)
+static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_conf_t *cc)
 {
     if (v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, v, key, "must be a mapping (type, name, size or count, ...)");
-    kiq_limit_opts_t *lo = &cc->limit;
-    char sub[KIQ_ERRLEN], *type = NULL, *name = NULL;
+        return capstan_yaml__fail(c, v, key, "must be a mapping (type, name, size or count, ...)");
+    capstan_limit_opts_t *lo = &cc->limit;
+    char sub[CAPSTAN_ERRLEN], *type = NULL, *name = NULL;
     long n;
     int rc = 0;
     yaml_node_t *count_node = NULL, *interval_node = NULL, *cost_node = NULL;
@@ -200,9 +200,9 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
         yaml_node_t *ov = node(c, p->value);
         snprintf(sub, sizeof(sub), "%s.%s", key, o ? o : "?");
         if (o && !strcmp(o, "type"))
-            rc = kiq_yaml__set_string(c, sub, ov, &type, NULL);
+            rc = capstan_yaml__set_string(c, sub, ov, &type, NULL);
         else if (o && !strcmp(o, "name"))
-            rc = kiq_yaml__set_string(c, sub, ov, &name, NULL);
+            rc = capstan_yaml__set_string(c, sub, ov, &name, NULL);
         else if (o && (!strcmp(o, "size") || !strcmp(o, "count") || !strcmp(o, "points"))) {
             count_node = ov;
             if (!(rc = class_count(c, sub, ov, INT_MAX, &n)))
@@ -219,38 +219,38 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
             if (!(rc = class_count(c, sub, ov, 86400, &n)))
                 lo->wait_timeout = (double)n;
         } else
-            rc = kiq_yaml__fail(c, node(c, p->key), sub,
-                                "unknown key (type, name, size, count, points, cost, interval, "
-                                "lock_timeout, wait_timeout)");
+            rc = capstan_yaml__fail(c, node(c, p->key), sub,
+                                    "unknown key (type, name, size, count, points, cost, interval, "
+                                    "lock_timeout, wait_timeout)");
     }
     free((char *)lo->name);
     lo->name = name;
-    kiq_limit_type_t t = 0;
-    if (!rc && (!type || kiq_limit_type_parse(type, &t))) {
+    capstan_limit_type_t t = 0;
+    if (!rc && (!type || capstan_limit_type_parse(type, &t))) {
         snprintf(sub, sizeof(sub), "%s.type", key);
-        rc = kiq_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
-                            type ? "unknown limiter type " : "is required", type ? type : "");
+        rc = capstan_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
+                                type ? "unknown limiter type " : "is required", type ? type : "");
     }
     if (!rc && lo->count < 1) {
-        const char *what = t == KIQ_LIMIT_CONCURRENT ? "size" : "count";
+        const char *what = t == CAPSTAN_LIMIT_CONCURRENT ? "size" : "count";
         snprintf(sub, sizeof(sub), "%s.%s", key, what);
-        rc = kiq_yaml__fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
+        rc = capstan_yaml__fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
     }
-    if (!rc && t == KIQ_LIMIT_CONCURRENT && lo->seconds > 0 && lo->seconds < KIQ__MIN_LIMIT_LEASE) {
+    if (!rc && t == CAPSTAN_LIMIT_CONCURRENT && lo->seconds > 0 && lo->seconds < CAPSTAN__MIN_LIMIT_LEASE) {
         snprintf(sub, sizeof(sub), "%s.%s", key, interval_key);
-        rc = kiq_yaml__fail(c, interval_node, sub, "a concurrent slot's lease must be at least %g s",
-                            KIQ__MIN_LIMIT_LEASE);
+        rc = capstan_yaml__fail(c, interval_node, sub, "a concurrent slot's lease must be at least %g s",
+                                CAPSTAN__MIN_LIMIT_LEASE);
     }
-    if (!rc && t != KIQ_LIMIT_CONCURRENT && lo->seconds <= 0) {
+    if (!rc && t != CAPSTAN_LIMIT_CONCURRENT && lo->seconds <= 0) {
         snprintf(sub, sizeof(sub), "%s.interval", key);
-        rc = kiq_yaml__fail(c, interval_node ? interval_node : v, sub, "is required for %s", type);
+        rc = capstan_yaml__fail(c, interval_node ? interval_node : v, sub, "is required for %s", type);
     }
-    if (!rc && cost_node && (t != KIQ_LIMIT_POINTS || lo->cost < 1 || lo->cost > lo->count)) {
+    if (!rc && cost_node && (t != CAPSTAN_LIMIT_POINTS || lo->cost < 1 || lo->cost > lo->count)) {
         snprintf(sub, sizeof(sub), "%s.cost", key);
-        rc = t != KIQ_LIMIT_POINTS
-                 ? kiq_yaml__fail(c, cost_node, sub, "is for points limiters only")
-                 : kiq_yaml__fail(c, cost_node, sub, "must be between 1 and the limit's %ld points",
-                                  lo->count);
+        rc = t != CAPSTAN_LIMIT_POINTS
+                 ? capstan_yaml__fail(c, cost_node, sub, "is for points limiters only")
+                 : capstan_yaml__fail(c, cost_node, sub, "must be between 1 and the limit's %ld points",
+                                      lo->count);
     }
     if (!rc)
         lo->type = t;
@@ -258,7 +258,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, kiq_class_conf
     return rc;
 }
 
-static void class_opts_free(kiq_class_conf_t *cc)
+static void class_opts_free(capstan_class_conf_t *cc)
 {
     free((char *)cc->limit.name);
     free(cc->lock);
@@ -269,20 +269,20 @@ static void class_opts_free(kiq_class_conf_t *cc)
 }
 
 /* One `Name: {queue: q, retry: r}` entry, added to or updating list. */
-static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *list)
+static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config_t *list)
 {
-    char key[KIQ_ERRLEN];
-    kiq_class_conf_t cc = { .retry = KIQ_RETRY_UNSET, .limit = KIQ_LIMIT_OPTS_INIT };
+    char key[CAPSTAN_ERRLEN];
+    capstan_class_conf_t cc = { .retry = CAPSTAN_RETRY_UNSET, .limit = CAPSTAN_LIMIT_OPTS_INIT };
     long unique_for = 0;
     char *until = NULL;
     int rc = 0;
     const char *name = key_name(kn);
     if (!name || !*name)
-        return kiq_yaml__fail(c, kn, "classes", "a class name must be a non-empty string");
+        return capstan_yaml__fail(c, kn, "classes", "a class name must be a non-empty string");
     snprintf(key, sizeof(key), "classes.%s", name);
     if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, v, key,
-                              "must be a mapping of class options (queue, retry, lock, ...)");
+        return capstan_yaml__fail(c, v, key,
+                                  "must be a mapping of class options (queue, retry, lock, ...)");
     if (v->type == YAML_MAPPING_NODE) {
         for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
              p < v->data.mapping.pairs.top && rc == 0; p++) {
@@ -290,10 +290,10 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
             const char *oname = key_name(opt);
             snprintf(key, sizeof(key), "classes.%s.%s", name, oname ? oname : "?");
             if (oname && !strcmp(oname, "queue")) {
-                char why[KIQ_ERRLEN];
-                rc = kiq_yaml__set_string(c, key, ov, &cc.queue, NULL);
-                if (!rc && cc.queue && kiq__config_queue_name_check(cc.queue, why))
-                    rc = kiq_yaml__fail(c, ov, key, "%s", why);
+                char why[CAPSTAN_ERRLEN];
+                rc = capstan_yaml__set_string(c, key, ov, &cc.queue, NULL);
+                if (!rc && cc.queue && capstan__config_queue_name_check(cc.queue, why))
+                    rc = capstan_yaml__fail(c, ov, key, "%s", why);
             }
             else if (oname && !strcmp(oname, "retry"))
                 rc = class_retry(c, key, ov, &cc.retry);
@@ -308,21 +308,21 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
             }
             else if (!oname ||
                      (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)
-                rc = kiq_yaml__fail(c, opt, key, "unknown key");
+                rc = capstan_yaml__fail(c, opt, key, "unknown key");
         }
         if (rc < 0)
             goto out;
         /* Sidekiq Enterprise's unique_for/unique_until name a lock type. */
         if (unique_for || until) {
-            kiq_unique_opts_t uo = KIQ_UNIQUE_OPTS_INIT;
+            capstan_unique_opts_t uo = CAPSTAN_UNIQUE_OPTS_INIT;
             snprintf(key, sizeof(key), "classes.%s.unique_until", name);
-            if (!unique_for || kiq_unique_for(&uo, unique_for, until)) {
-                rc = kiq_yaml__fail(c, v, key, unique_for ? "must be start or success"
+            if (!unique_for || capstan_unique_for(&uo, unique_for, until)) {
+                rc = capstan_yaml__fail(c, v, key, unique_for ? "must be start or success"
                                                 : "needs unique_for (seconds)");
                 goto out;
             }
             free(cc.lock);
-            cc.lock = strdup(kiq_lock_type_name(uo.lock));
+            cc.lock = strdup(capstan_lock_type_name(uo.lock));
             if (!cc.lock) {
                 rc = nomem(c);
                 goto out;
@@ -332,12 +332,12 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, kiq_config_t *
         }
     }
     /* A class listed twice: the later entry wins, as with any YAML key. */
-    kiq_class_conf_t *slot = NULL;
+    capstan_class_conf_t *slot = NULL;
     for (size_t i = 0; i < list->nclasses && !slot; i++)
         if (!strcmp(list->classes[i].name, name))
             slot = &list->classes[i];
     if (!slot) {
-        kiq_class_conf_t *grown = realloc(list->classes, (list->nclasses + 1) * sizeof(*grown));
+        capstan_class_conf_t *grown = realloc(list->classes, (list->nclasses + 1) * sizeof(*grown));
         if (grown)
             list->classes = grown;
         if (!grown || !(cc.name = strdup(name))) {
@@ -361,7 +361,7 @@ out:
     return rc;
 }
 
-static void free_classes(kiq_class_conf_t *cls, size_t n)
+static void free_classes(capstan_class_conf_t *cls, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         free(cls[i].name);
@@ -371,13 +371,13 @@ static void free_classes(kiq_class_conf_t *cls, size_t n)
     free(cls);
 }
 
-int kiq_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+int capstan_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    kiq_config_t fresh = {0}; /* only its class list is used */
+    capstan_config_t fresh = {0}; /* only its class list is used */
     int rc = 0;
     if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, v, key, "must be a mapping of class name to options");
+        return capstan_yaml__fail(c, v, key, "must be a mapping of class name to options");
     if (v->type == YAML_MAPPING_NODE) {
         for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
              p < v->data.mapping.pairs.top && rc == 0; p++)

@@ -30,7 +30,7 @@ static int append(char **buf, const char *s, int escape)
     size_t have = *buf ? strlen(*buf) : 0, n = strlen(s);
     char *b = realloc(*buf, have + 3 * n + 1);
     if (!b)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     char *o = b + have;
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
@@ -49,26 +49,26 @@ static int sentinel_entry(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
     char *host = NULL, *port = NULL;
     int rc = 0;
     if (v->type != YAML_MAPPING_NODE)
-        return kiq_yaml__fail(c, v, key, "each sentinel must be a mapping with host and port");
+        return capstan_yaml__fail(c, v, key, "each sentinel must be a mapping with host and port");
     for (yaml_node_pair_t *q = v->data.mapping.pairs.start; !rc && q < v->data.mapping.pairs.top; q++) {
         const char *name = key_name(node(c, q->key));
         char **slot = name && !strcmp(name, "host") ? &host : name && !strcmp(name, "port") ? &port
                                                                                           : NULL;
         int ssl = 0;
         if (name && !strcmp(name, "ssl")) {
-            rc = kiq_yaml__flag(c, key, node(c, q->value), &ssl);
+            rc = capstan_yaml__flag(c, key, node(c, q->value), &ssl);
             p->nssl += ssl && rc == 0;
             continue;
         }
-        rc = slot ? kiq_yaml__scalar(c, node(c, q->value), key, "must be a string", slot)
-                  : kiq_yaml__fail(c, node(c, q->key), key,
-                                   "a sentinel has host, port and ssl only");
+        rc = slot ? capstan_yaml__scalar(c, node(c, q->value), key, "must be a string", slot)
+                  : capstan_yaml__fail(c, node(c, q->key), key,
+                                       "a sentinel has host, port and ssl only");
     }
     long pn = 26379;
     if (!rc && (!host || !*host))
-        rc = kiq_yaml__fail(c, v, key, "a sentinel needs a host");
+        rc = capstan_yaml__fail(c, v, key, "a sentinel needs a host");
     if (!rc && port && (to_long(port, &pn) || pn < 1 || pn > 65535))
-        rc = kiq_yaml__fail(c, v, key, "port must be an integer between 1 and 65535");
+        rc = capstan_yaml__fail(c, v, key, "port must be an integer between 1 and 65535");
     char hp[300];
     if (!rc) {
         snprintf(hp, sizeof(hp), "%s%s%s%s:%ld", p->nhosts++ ? "," : "", strchr(host, ':') ? "[" : "",
@@ -97,7 +97,7 @@ static int read_parts(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
     for (yaml_node_pair_t *q = v->data.mapping.pairs.start; q < v->data.mapping.pairs.top; q++) {
         yaml_node_t *kn = node(c, q->key), *vn = node(c, q->value);
         const char *name = key_name(kn);
-        char sub[KIQ_ERRLEN];
+        char sub[CAPSTAN_ERRLEN];
         snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
         static const char *const names[] = { "name", "master_name", "username", "password",
                                              "sentinel_username", "sentinel_password", "db",
@@ -109,55 +109,55 @@ static int read_parts(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
             if (!strcmp(name, names[i])) {
                 free(*slots[i]);
                 *slots[i] = NULL;
-                rc = kiq_yaml__scalar(c, vn, sub, "must be a string", slots[i]);
+                rc = capstan_yaml__scalar(c, vn, sub, "must be a string", slots[i]);
             }
         if (rc != -1) {
             if (rc < 0)
                 return rc;
         } else if (name && !strcmp(name, "sentinels")) {
             if (vn->type != YAML_SEQUENCE_NODE)
-                return kiq_yaml__fail(c, vn, sub, "must be a list of {host, port}");
+                return capstan_yaml__fail(c, vn, sub, "must be a list of {host, port}");
             for (yaml_node_item_t *i = vn->data.sequence.items.start; i < vn->data.sequence.items.top; i++)
                 if ((rc = sentinel_entry(c, sub, node(c, *i), p)) < 0)
                     return rc;
         } else if (name && !strcmp(name, "ssl")) {
-            if ((rc = kiq_yaml__flag(c, sub, vn, &p->ssl)) < 0)
+            if ((rc = capstan_yaml__flag(c, sub, vn, &p->ssl)) < 0)
                 return rc;
         } else if (name && !strcmp(name, "sentinel_ssl")) {
-            if ((rc = kiq_yaml__flag(c, sub, vn, &p->sentinel_ssl)) < 0)
+            if ((rc = capstan_yaml__flag(c, sub, vn, &p->sentinel_ssl)) < 0)
                 return rc;
         } else if (name && !strcmp(name, "url")) {
-            return kiq_yaml__fail(c, kn, sub, "give either url or sentinels, not both");
+            return capstan_yaml__fail(c, kn, sub, "give either url or sentinels, not both");
         } else if (name && is_tuning(name)) {
             /* Pool and socket tuning: as for a plain redis: mapping. */
-            if ((rc = kiq_yaml__warn(c, kn, sub, "not used by kiq (a Ruby client option); "
+            if ((rc = capstan_yaml__warn(c, kn, sub, "not used by capstan (a Ruby client option); "
                                                  "ignored")) < 0)
                 return rc;
         } else {
-            return kiq_yaml__fail(c, kn, sub, "unknown key");
+            return capstan_yaml__fail(c, kn, sub, "unknown key");
         }
     }
     return 0;
 }
 
-int kiq_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v)
+int capstan_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v)
 {
     parts_t p = { 0 };
     char *url = NULL;
     long db = 0;
     int rc = read_parts(c, key, v, &p);
     if (!rc && !p.nhosts)
-        rc = kiq_yaml__fail(c, v, key, "sentinels: must list at least one {host, port}");
+        rc = capstan_yaml__fail(c, v, key, "sentinels: must list at least one {host, port}");
     else if (!rc && (!p.name || !*p.name))
-        rc = kiq_yaml__fail(c, v, key, "name: the master's name (as the sentinels monitor it) "
+        rc = capstan_yaml__fail(c, v, key, "name: the master's name (as the sentinels monitor it) "
                                        "is missing");
     else if (!rc && p.role && strcmp(p.role, "master"))
-        rc = kiq_yaml__fail(c, v, key, "role: only master is supported (jobs are written)");
+        rc = capstan_yaml__fail(c, v, key, "role: only master is supported (jobs are written)");
     else if (!rc && p.db && (to_long(p.db, &db) || db < 0 || db > 100000))
-        rc = kiq_yaml__fail(c, v, key, "db: must be an integer >= 0");
+        rc = capstan_yaml__fail(c, v, key, "db: must be an integer >= 0");
     else if (!rc && p.nssl && p.nssl != p.nhosts)
-        rc = kiq_yaml__fail(c, v, key, "sentinels: ssl must be on every sentinel or none "
-                                       "(kiq speaks TLS to all of them or none)");
+        rc = capstan_yaml__fail(c, v, key, "sentinels: ssl must be on every sentinel or none "
+                                       "(capstan speaks TLS to all of them or none)");
     if (!rc) {
         char dbs[32];
         snprintf(dbs, sizeof(dbs), "/%ld", db);

@@ -1,31 +1,31 @@
-/* A program that links libkiq and registers its own handler, then runs the
- * kiq command line (run, push, stats all work):
+/* A program that links libcapstan and registers its own handler, then runs the
+ * capstan command line (run, push, stats all work):
  *
- *   ./kiq-embed run -q default
- *   ./kiq-embed push HelloJob '["world"]'
+ *   ./capstan-embed run -q default
+ *   ./capstan-embed push HelloJob '["world"]'
  */
 #include <stdio.h>
 
-#include <kiq/kiq.h>
+#include <capstan/capstan.h>
 
-static int hello_job(kiq_job_t *job, void *ud)
+static int hello_job(capstan_job_t *job, void *ud)
 {
     const char *greeting = ud;
-    json_t *args = kiq_job_args(job);
+    json_t *args = capstan_job_args(job);
     const char *who = json_string_value(json_array_get(args, 0));
-    printf("%s, %s! (jid %s)\n", greeting, who ? who : "stranger", kiq_job_jid(job));
+    printf("%s, %s! (jid %s)\n", greeting, who ? who : "stranger", capstan_job_jid(job));
     fflush(stdout);
     return 0;
 }
 
-static int register_handlers(kiq_runtime_t *rt)
+static int register_handlers(capstan_runtime_t *rt)
 {
-    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
     opts.retry = 3;
-    return kiq_register(rt, "HelloJob", hello_job, "Hello", &opts);
+    return capstan_register(rt, "HelloJob", hello_job, "Hello", &opts);
 }
 
 int main(int argc, char **argv)
 {
-    return kiq_main(argc, argv, register_handlers);
+    return capstan_main(argc, argv, register_handlers);
 }

@@ -1,31 +1,31 @@
 /* Example handler plugin: the job classes the README, the demo and the
- * tests use. Build: part of the meson build (examples/libkiq-examples.so);
- * load: kiq run -r path/to/libkiq-examples.so. */
+ * tests use. Build: part of the meson build (examples/libcapstan-examples.so);
+ * load: capstan run -r path/to/libcapstan-examples.so. */
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <kiq/kiq.h>
+#include <capstan/capstan.h>
 
 /* The first argument as an integer, or def. */
-static long arg_long(kiq_job_t *job, size_t i, long def)
+static long arg_long(capstan_job_t *job, size_t i, long def)
 {
-    json_t *args = kiq_job_args(job);
+    json_t *args = capstan_job_args(job);
     json_t *v = args ? json_array_get(args, i) : NULL;
     return json_is_integer(v) ? (long)json_integer_value(v) : def;
 }
 
-static const char *arg_str(kiq_job_t *job, size_t i, const char *def)
+static const char *arg_str(capstan_job_t *job, size_t i, const char *def)
 {
-    json_t *args = kiq_job_args(job);
+    json_t *args = capstan_job_args(job);
     json_t *v = args ? json_array_get(args, i) : NULL;
     return json_is_string(v) ? json_string_value(v) : def;
 }
 
 /* NoopJob: does nothing (benchmarks, smoke tests). */
-static int noop_job(kiq_job_t *job, void *ud)
+static int noop_job(capstan_job_t *job, void *ud)
 {
     (void)job;
     (void)ud;
@@ -33,7 +33,7 @@ static int noop_job(kiq_job_t *job, void *ud)
 }
 
 /* SleepJob [ms]: sleeps, to keep a processor busy. */
-static int sleep_job(kiq_job_t *job, void *ud)
+static int sleep_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
     long ms = arg_long(job, 0, 1000);
@@ -45,35 +45,35 @@ static int sleep_job(kiq_job_t *job, void *ud)
 
 /* FailJob [message, [backtrace lines]]: fails with RuntimeError, with the
  * backtrace when one is given. */
-static int fail_job(kiq_job_t *job, void *ud)
+static int fail_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    json_t *args = kiq_job_args(job);
+    json_t *args = capstan_job_args(job);
     json_t *bt = args ? json_array_get(args, 1) : NULL;
     const char *lines[16];
     size_t n = 0;
     for (; n < json_array_size(bt) && n < 16; n++)
         lines[n] = json_string_value(json_array_get(bt, n));
-    if (n && kiq_job_set_backtrace(job, lines, n))
-        return kiq_job_fail(job, "NoMemoryError", "no memory for the backtrace");
-    return kiq_job_fail(job, "RuntimeError", "%s", arg_str(job, 0, "FailJob failed on purpose"));
+    if (n && capstan_job_set_backtrace(job, lines, n))
+        return capstan_job_fail(job, "NoMemoryError", "no memory for the backtrace");
+    return capstan_job_fail(job, "RuntimeError", "%s", arg_str(job, 0, "FailJob failed on purpose"));
 }
 
 /* RecordJob [key]: SADD key jid and RPUSH key:log jid on the job's own
  * connection, so tests can see each execution. */
-static int record_job(kiq_job_t *job, void *ud)
+static int record_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    const char *key = arg_str(job, 0, "kiq:records");
-    redisContext *c = kiq_job_redis(job); /* connected when the handler starts */
-    redisReply *a = redisCommand(c, "SADD %s %s", key, kiq_job_jid(job));
-    redisReply *b = a ? redisCommand(c, "RPUSH %s:log %s", key, kiq_job_jid(job)) : NULL;
+    const char *key = arg_str(job, 0, "capstan:records");
+    redisContext *c = capstan_job_redis(job); /* connected when the handler starts */
+    redisReply *a = redisCommand(c, "SADD %s %s", key, capstan_job_jid(job));
+    redisReply *b = a ? redisCommand(c, "RPUSH %s:log %s", key, capstan_job_jid(job)) : NULL;
     int ok = a && b && a->type != REDIS_REPLY_ERROR && b->type != REDIS_REPLY_ERROR;
     freeReplyObject(a);
     freeReplyObject(b);
     /* The connection can still break under a command (c->errstr says why). */
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "recording %s failed: %s",
-                                 kiq_job_jid(job), c->err ? c->errstr : "error reply");
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "recording %s failed: %s",
+                                     capstan_job_jid(job), c->err ? c->errstr : "error reply");
 }
 
 /* OverlapJob [key, ms]: evidence of overlapping runs, kept in Redis so it
@@ -82,12 +82,12 @@ static int record_job(kiq_job_t *job, void *ud)
  * sleep ms (default 100); DECR key:running; RPUSH key:log jid. A
  * while_executing lock must leave key:overlaps unset; with lock_limit N no
  * level may pass N. */
-static int overlap_job(kiq_job_t *job, void *ud)
+static int overlap_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    const char *key = arg_str(job, 0, "kiq:overlap");
+    const char *key = arg_str(job, 0, "capstan:overlap");
     long ms = arg_long(job, 1, 100);
-    redisContext *c = kiq_job_redis(job);
+    redisContext *c = capstan_job_redis(job);
     redisReply *r = redisCommand(c, "INCR %s:running", key);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     if (ok)
@@ -99,15 +99,15 @@ static int overlap_job(kiq_job_t *job, void *ud)
     while (nanosleep(&ts, &ts) != 0)
         ;
     freeReplyObject(redisCommand(c, "DECR %s:running", key));
-    freeReplyObject(redisCommand(c, "RPUSH %s:log %s", key, kiq_job_jid(job)));
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "INCR %s:running failed", key);
+    freeReplyObject(redisCommand(c, "RPUSH %s:log %s", key, capstan_job_jid(job)));
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "INCR %s:running failed", key);
 }
 
 /* LimitJob [key, ms]: what a rate limit lets through, kept in Redis so it
  * spans processes. At start, in one step: INCR key:running, raise key:max to
  * it if higher, RPUSH the Redis clock (ms) to key:starts and SADD the jid to
  * key:jids; then sleep ms (default 50) and DECR key:running. */
-static int limit_job(kiq_job_t *job, void *ud)
+static int limit_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
     static const char start[] =
@@ -118,10 +118,10 @@ static int limit_job(kiq_job_t *job, void *ud)
         "redis.call('RPUSH', KEYS[1] .. ':starts', t[1] * 1000 + math.floor(t[2] / 1000))\n"
         "redis.call('SADD', KEYS[1] .. ':jids', ARGV[1])\n"
         "return n\n";
-    const char *key = arg_str(job, 0, "kiq:limit");
+    const char *key = arg_str(job, 0, "capstan:limit");
     long ms = arg_long(job, 1, 50);
-    redisContext *c = kiq_job_redis(job);
-    redisReply *r = redisCommand(c, "EVAL %s 1 %s %s", start, key, kiq_job_jid(job));
+    redisContext *c = capstan_job_redis(job);
+    redisReply *r = redisCommand(c, "EVAL %s 1 %s %s", start, key, capstan_job_jid(job));
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
@@ -129,142 +129,142 @@ static int limit_job(kiq_job_t *job, void *ud)
         ;
     if (ok)
         freeReplyObject(redisCommand(c, "DECR %s:running", key));
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "LimitJob %s: start failed", key);
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "LimitJob %s: start failed", key);
 }
 
-/* AjRecordJob (an ActiveJob class): RPUSH to "kiq:aj" the JSON of
- * {"class": kiq_job_class, "jid": ..., "arguments": kiq_job_aj_args}, to show
+/* AjRecordJob (an ActiveJob class): RPUSH to "capstan:aj" the JSON of
+ * {"class": capstan_job_class, "jid": ..., "arguments": capstan_job_aj_args}, to show
  * what a handler receives from perform_later. */
-static int aj_record_job(kiq_job_t *job, void *ud)
+static int aj_record_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    json_t *rec = json_pack("{s:s, s:s, s:O?}", "class", kiq_job_class(job), "jid",
-                            kiq_job_jid(job), "arguments", kiq_job_aj_args(job));
+    json_t *rec = json_pack("{s:s, s:s, s:O?}", "class", capstan_job_class(job), "jid",
+                            capstan_job_jid(job), "arguments", capstan_job_aj_args(job));
     char *text = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(rec);
     if (!text)
-        return kiq_job_fail(job, "NoMemoryError", "no memory to record %s", kiq_job_jid(job));
-    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH kiq:aj %s", text);
+        return capstan_job_fail(job, "NoMemoryError", "no memory to record %s", capstan_job_jid(job));
+    redisReply *r = redisCommand(capstan_job_redis(job), "RPUSH capstan:aj %s", text);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     free(text);
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "RPUSH kiq:aj failed");
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "RPUSH capstan:aj failed");
 }
 
 /* FailingAjJob (an ActiveJob class): always fails with ArgumentError. */
-static int failing_aj_job(kiq_job_t *job, void *ud)
+static int failing_aj_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    return kiq_job_fail(job, "ArgumentError", "%s failed on purpose", kiq_job_class(job));
+    return capstan_job_fail(job, "ArgumentError", "%s failed on purpose", capstan_job_class(job));
 }
 
 /* FlakyJob [key, fail_first]: RPUSH key:runs jid at every run; when
  * fail_first is true, fails the first time its jid runs (remembered in
  * key:seen, so across processes and crashes); else SADD key jid. */
-static int flaky_job(kiq_job_t *job, void *ud)
+static int flaky_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    const char *key = arg_str(job, 0, "kiq:flaky");
-    json_t *args = kiq_job_args(job);
+    const char *key = arg_str(job, 0, "capstan:flaky");
+    json_t *args = capstan_job_args(job);
     int fail_first = json_is_true(json_array_get(args, 1));
-    redisContext *c = kiq_job_redis(job);
-    const char *jid = kiq_job_jid(job);
+    redisContext *c = capstan_job_redis(job);
+    const char *jid = capstan_job_jid(job);
     freeReplyObject(redisCommand(c, "RPUSH %s:runs %s", key, jid));
     redisReply *r = fail_first ? redisCommand(c, "SADD %s:seen %s", key, jid) : NULL;
     int first = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
     freeReplyObject(r);
     if (first)
-        return kiq_job_fail(job, "RuntimeError", "FlakyJob %s fails its first run", jid);
+        return capstan_job_fail(job, "RuntimeError", "FlakyJob %s fails its first run", jid);
     r = redisCommand(c, "SADD %s %s", key, jid);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "SADD %s failed", key);
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "SADD %s failed", key);
 }
 
 /* Adds n RecordJob [key] jobs to the batch job runs in (reopened through
  * the Redis at url, then committed again). Returns 0, or an error with its
  * reason in err. */
-static int add_to_own_batch(kiq_job_t *job, const char *url, const char *key, long n,
-                            char err[KIQ_ERRLEN])
+static int add_to_own_batch(capstan_job_t *job, const char *url, const char *key, long n,
+                            char err[CAPSTAN_ERRLEN])
 {
-    if (!kiq_job_bid(job)) {
-        snprintf(err, KIQ_ERRLEN, "%s runs in a batch", kiq_job_class(job));
-        return KIQ_EINVAL;
+    if (!capstan_job_bid(job)) {
+        snprintf(err, CAPSTAN_ERRLEN, "%s runs in a batch", capstan_job_class(job));
+        return CAPSTAN_EINVAL;
     }
-    kiq_client_t *c = kiq_client_new(url, err);
-    kiq_batch_t *b = c ? kiq_batch_reopen(c, kiq_job_bid(job), err) : NULL;
-    int rc = b ? 0 : KIQ_EREDIS;
+    capstan_client_t *c = capstan_client_new(url, err);
+    capstan_batch_t *b = c ? capstan_batch_reopen(c, capstan_job_bid(job), err) : NULL;
+    int rc = b ? 0 : CAPSTAN_EREDIS;
     char args[256];
     snprintf(args, sizeof(args), "[\"%s\"]", key);
     for (long i = 0; i < n && !rc; i++)
-        rc = kiq_batch_push(b, "RecordJob", args, NULL, NULL);
+        rc = capstan_batch_push(b, "RecordJob", args, NULL, NULL);
     if (!rc)
-        rc = kiq_batch_commit(b);
+        rc = capstan_batch_commit(b);
     if (b && rc)
-        snprintf(err, KIQ_ERRLEN, "%s", kiq_batch_error(b));
-    kiq_batch_free(b);
-    kiq_client_free(c);
+        snprintf(err, CAPSTAN_ERRLEN, "%s", capstan_batch_error(b));
+    capstan_batch_free(b);
+    capstan_client_free(c);
     return rc;
 }
 
-/* BatchCallbackJob [status, options]: a batch callback (kiq/batch.h);
- * RPUSHes the status as JSON to options["key"] (default kiq:callbacks).
+/* BatchCallbackJob [status, options]: a batch callback (capstan/batch.h);
+ * RPUSHes the status as JSON to options["key"] (default capstan:callbacks).
  * With options {"add": n, "url": redis_url} it first adds n RecordJob
  * [key:added] to its own batch: a child batch's callback adding the next
  * step to its parent, as Sidekiq Pro workflows do. */
-static int batch_callback_job(kiq_job_t *job, void *ud)
+static int batch_callback_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    json_t *args = kiq_job_args(job);
+    json_t *args = capstan_job_args(job);
     json_t *opts = json_array_get(args, 1);
     const char *key = json_string_value(json_object_get(opts, "key"));
-    key = key ? key : "kiq:callbacks";
+    key = key ? key : "capstan:callbacks";
     long add = (long)json_integer_value(json_object_get(opts, "add"));
     if (add > 0) {
-        char err[KIQ_ERRLEN], added[256];
+        char err[CAPSTAN_ERRLEN], added[256];
         snprintf(added, sizeof(added), "%s:added", key);
         const char *url = json_string_value(json_object_get(opts, "url"));
         if (add_to_own_batch(job, url, added, add, err))
-            return kiq_job_fail(job, "RuntimeError", "adding to the batch failed: %s", err);
+            return capstan_job_fail(job, "RuntimeError", "adding to the batch failed: %s", err);
     }
     char *status = json_dumps(json_array_get(args, 0), JSON_COMPACT | JSON_SORT_KEYS);
     if (!status)
-        return kiq_job_fail(job, "ArgumentError", "BatchCallbackJob needs [status, options]");
-    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %s", key, status);
+        return capstan_job_fail(job, "ArgumentError", "BatchCallbackJob needs [status, options]");
+    redisReply *r = redisCommand(capstan_job_redis(job), "RPUSH %s %s", key, status);
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     free(status);
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "RPUSH failed");
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "RPUSH failed");
 }
 
-/* BatchValidJob [key]: RPUSH key kiq_batch_valid(job): 1 when the job's
+/* BatchValidJob [key]: RPUSH key capstan_batch_valid(job): 1 when the job's
  * batch is valid (or it has none), 0 when it was invalidated or deleted. */
-static int batch_valid_job(kiq_job_t *job, void *ud)
+static int batch_valid_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    int valid = kiq_batch_valid(job);
-    redisReply *r = redisCommand(kiq_job_redis(job), "RPUSH %s %d",
-                                 arg_str(job, 0, "kiq:valid"), valid);
+    int valid = capstan_batch_valid(job);
+    redisReply *r = redisCommand(capstan_job_redis(job), "RPUSH %s %d",
+                                 arg_str(job, 0, "capstan:valid"), valid);
     freeReplyObject(r);
     return 0;
 }
 
 /* ReopenJob [redis_url, key, n]: adds n RecordJob [key] jobs to its own
  * batch (reopened, then committed again), then SADD key jid itself. */
-static int reopen_job(kiq_job_t *job, void *ud)
+static int reopen_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    char err[KIQ_ERRLEN];
-    const char *key = arg_str(job, 1, "kiq:reopen");
+    char err[CAPSTAN_ERRLEN];
+    const char *key = arg_str(job, 1, "capstan:reopen");
     if (add_to_own_batch(job, arg_str(job, 0, NULL), key, arg_long(job, 2, 10), err))
-        return kiq_job_fail(job, "RuntimeError", "reopening the batch failed: %s", err);
-    freeReplyObject(redisCommand(kiq_job_redis(job), "SADD %s %s", key, kiq_job_jid(job)));
+        return capstan_job_fail(job, "RuntimeError", "reopening the batch failed: %s", err);
+    freeReplyObject(redisCommand(capstan_job_redis(job), "SADD %s %s", key, capstan_job_jid(job)));
     return 0;
 }
 
 /* CrashJob: kills the whole process (SIGKILL), as a handler with a fatal
  * bug would; shows recovery and the poison-pill limit. */
-static int crash_job(kiq_job_t *job, void *ud)
+static int crash_job(capstan_job_t *job, void *ud)
 {
     (void)job;
     (void)ud;
@@ -287,7 +287,7 @@ static long deep(long depth)
  * bug would: of SIGSEGV (at once, or "overflow" by running out of stack),
  * or "double_free" of SIGABRT inside malloc, which may hold its lock;
  * shows the crash report in the log. */
-static int segfault_job(kiq_job_t *job, void *ud)
+static int segfault_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
     if (strcmp(arg_str(job, 0, ""), "overflow") == 0)
@@ -301,23 +301,23 @@ static int segfault_job(kiq_job_t *job, void *ud)
     return 0;
 }
 
-__attribute__((visibility("default"))) int kiq_plugin_init(kiq_runtime_t *rt)
+__attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t *rt)
 {
-    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
     int rc = 0;
-    rc |= kiq_register(rt, "NoopJob", noop_job, NULL, &opts);
-    rc |= kiq_register(rt, "SleepJob", sleep_job, NULL, &opts);
-    rc |= kiq_register(rt, "FailJob", fail_job, NULL, &opts);
-    rc |= kiq_register(rt, "RecordJob", record_job, NULL, &opts);
-    rc |= kiq_register(rt, "CrashJob", crash_job, NULL, &opts);
-    rc |= kiq_register(rt, "OverlapJob", overlap_job, NULL, &opts);
-    rc |= kiq_register(rt, "LimitJob", limit_job, NULL, &opts);
-    rc |= kiq_register(rt, "SegfaultJob", segfault_job, NULL, &opts);
-    rc |= kiq_register(rt, "AjRecordJob", aj_record_job, NULL, &opts);
-    rc |= kiq_register(rt, "FailingAjJob", failing_aj_job, NULL, &opts);
-    rc |= kiq_register(rt, "FlakyJob", flaky_job, NULL, &opts);
-    rc |= kiq_register(rt, "BatchCallbackJob", batch_callback_job, NULL, &opts);
-    rc |= kiq_register(rt, "ReopenJob", reopen_job, NULL, &opts);
-    rc |= kiq_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
+    rc |= capstan_register(rt, "NoopJob", noop_job, NULL, &opts);
+    rc |= capstan_register(rt, "SleepJob", sleep_job, NULL, &opts);
+    rc |= capstan_register(rt, "FailJob", fail_job, NULL, &opts);
+    rc |= capstan_register(rt, "RecordJob", record_job, NULL, &opts);
+    rc |= capstan_register(rt, "CrashJob", crash_job, NULL, &opts);
+    rc |= capstan_register(rt, "OverlapJob", overlap_job, NULL, &opts);
+    rc |= capstan_register(rt, "LimitJob", limit_job, NULL, &opts);
+    rc |= capstan_register(rt, "SegfaultJob", segfault_job, NULL, &opts);
+    rc |= capstan_register(rt, "AjRecordJob", aj_record_job, NULL, &opts);
+    rc |= capstan_register(rt, "FailingAjJob", failing_aj_job, NULL, &opts);
+    rc |= capstan_register(rt, "FlakyJob", flaky_job, NULL, &opts);
+    rc |= capstan_register(rt, "BatchCallbackJob", batch_callback_job, NULL, &opts);
+    rc |= capstan_register(rt, "ReopenJob", reopen_job, NULL, &opts);
+    rc |= capstan_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
     return rc;
 }

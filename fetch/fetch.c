@@ -13,8 +13,8 @@
 #include "support/log.h"
 #include "support/time.h"
 
-struct kiq_fetch {
-    kiq_fetch_mode_t mode;
+struct capstan_fetch {
+    capstan_fetch_mode_t mode;
     int strict, index;
     double block_timeout;
     size_t nq;
@@ -29,20 +29,20 @@ struct kiq_fetch {
     int locks_seen;      /* the last job fetched carried a lock_digest */
     int min_replicas;    /* WAIT after acks for this many replicas; 0 = no WAIT */
     char wait_args[2][32];
-    double wait_warned;  /* kiq__mono() of the last warning that WAIT fell short */
+    double wait_warned;  /* capstan__mono() of the last warning that WAIT fell short */
 };
 
-void kiq__fetch_working_key(const char *identity, char *out, size_t n)
+void capstan__fetch_working_key(const char *identity, char *out, size_t n)
 {
-    kiq__key(out, n, KIQ_KEY_WORKING, identity);
+    capstan__key(out, n, CAPSTAN_KEY_WORKING, identity);
 }
 
-void kiq__fetch_liveness_key(const char *identity, char *out, size_t n)
+void capstan__fetch_liveness_key(const char *identity, char *out, size_t n)
 {
-    kiq__key(out, n, KIQ_KEY_HEARTBEAT, identity);
+    capstan__key(out, n, CAPSTAN_KEY_HEARTBEAT, identity);
 }
 
-void kiq__fetch_free(kiq_fetch_t *f)
+void capstan__fetch_free(capstan_fetch_t *f)
 {
     if (!f)
         return;
@@ -58,13 +58,13 @@ void kiq__fetch_free(kiq_fetch_t *f)
     free(f);
 }
 
-kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *c, char *err)
+capstan_fetch_t *capstan__fetch_new(const capstan_fetch_conf_t *c, char *err)
 {
     if (!c->nqueues || !c->identity) {
-        kiq_seterr(err, KIQ_EINVAL, "fetch needs an identity and at least one queue");
+        capstan_seterr(err, CAPSTAN_EINVAL, "fetch needs an identity and at least one queue");
         return NULL;
     }
-    kiq_fetch_t *f = calloc(1, sizeof(*f));
+    capstan_fetch_t *f = calloc(1, sizeof(*f));
     if (!f)
         goto nomem;
     f->mode = c->mode;
@@ -87,26 +87,26 @@ kiq_fetch_t *kiq__fetch_new(const kiq_fetch_conf_t *c, char *err)
         f->weights[i] = w;
         f->nexp += (size_t)w;
         f->names[i] = strdup(c->queues[i].name);
-        f->keys[i] = kiq__key_dup(KIQ_KEY_QUEUE, c->queues[i].name);
+        f->keys[i] = capstan__key_dup(CAPSTAN_KEY_QUEUE, c->queues[i].name);
         if (!f->names[i] || !f->keys[i])
             goto nomem;
     }
     f->expanded = calloc(f->nexp, sizeof(size_t));
     if (!f->expanded)
         goto nomem;
-    kiq__fetch_working_key(c->identity, f->working, sizeof(f->working));
+    capstan__fetch_working_key(c->identity, f->working, sizeof(f->working));
     snprintf(f->timeout_s, sizeof(f->timeout_s), "%.3f", f->block_timeout);
     return f;
 nomem:
-    kiq__fetch_free(f);
-    kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    capstan__fetch_free(f);
+    capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     return NULL;
 }
 
 /* Fills f->order for this fetch: the configured order when strict, else
  * Sidekiq's rule: shuffle the weight-expanded list, keep first occurrences,
  * so a queue of weight w leads with probability w / total. */
-static void plan_order(kiq_fetch_t *f)
+static void plan_order(capstan_fetch_t *f)
 {
     if (f->strict || f->nq == 1) {
         for (size_t i = 0; i < f->nq; i++)
@@ -118,7 +118,7 @@ static void plan_order(kiq_fetch_t *f)
         for (int w = 0; w < f->weights[i]; w++)
             f->expanded[k++] = i;
     for (size_t i = f->nexp; i > 1; i--) {
-        size_t j = (size_t)(kiq__rand() * (double)i);
+        size_t j = (size_t)(capstan__rand() * (double)i);
         size_t t = f->expanded[i - 1];
         f->expanded[i - 1] = f->expanded[j];
         f->expanded[j] = t;
@@ -133,7 +133,7 @@ static void plan_order(kiq_fetch_t *f)
     }
 }
 
-void kiq__fetched_clear(kiq_fetched_t *j)
+void capstan__fetched_clear(capstan_fetched_t *j)
 {
     free(j->payload);
     free(j->held_digest);
@@ -143,7 +143,7 @@ void kiq__fetched_clear(kiq_fetched_t *j)
 
 /* Takes the payload string out of the reply (hiredis allocates it with
  * malloc, NUL-terminated, and frees a NULL one as nothing): no copy. */
-static int take(kiq_fetch_t *f, redisReply *payload, size_t qi, kiq_fetched_t *out)
+static int take(capstan_fetch_t *f, redisReply *payload, size_t qi, capstan_fetched_t *out)
 {
     memset(out, 0, sizeof(*out));
     out->payload = payload->str;
@@ -156,7 +156,7 @@ static int take(kiq_fetch_t *f, redisReply *payload, size_t qi, kiq_fetched_t *o
 
 /* The lock the fetch script saw held by the job's own jid (NULL when it
  * did not look or it was not held). */
-static int take_hint(const redisReply *digest, const redisReply *jid, kiq_fetched_t *out)
+static int take_hint(const redisReply *digest, const redisReply *jid, capstan_fetched_t *out)
 {
     if (!digest || !jid || digest->type != REDIS_REPLY_STRING || jid->type != REDIS_REPLY_STRING
         || !digest->len || !jid->len)
@@ -165,11 +165,11 @@ static int take_hint(const redisReply *digest, const redisReply *jid, kiq_fetche
     out->held_jid = strndup(jid->str, jid->len);
     if (out->held_digest && out->held_jid)
         return 0;
-    kiq__fetched_clear(out);
-    return KIQ_ENOMEM;
+    capstan__fetched_clear(out);
+    return CAPSTAN_ENOMEM;
 }
 
-static size_t queue_of_key(const kiq_fetch_t *f, const char *key)
+static size_t queue_of_key(const capstan_fetch_t *f, const char *key)
 {
     for (size_t i = 0; i < f->nq; i++)
         if (strcmp(f->keys[i], key) == 0)
@@ -177,21 +177,21 @@ static size_t queue_of_key(const kiq_fetch_t *f, const char *key)
     return 0;
 }
 
-static int fetch_basic(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+static int fetch_basic(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out)
 {
     const char *argv[f->nq + 2];
     argv[0] = "BRPOP";
     for (size_t i = 0; i < f->nq; i++)
         argv[1 + i] = f->keys[f->order[i]];
     argv[f->nq + 1] = f->timeout_s;
-    redisReply *rep = kiq_redis_cmd(r, (int)f->nq + 2, argv, NULL);
+    redisReply *rep = capstan_redis_cmd(r, (int)f->nq + 2, argv, NULL);
     if (!rep)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     int rc = 0;
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2)
         rc = take(f, rep->element[1], queue_of_key(f, rep->element[0]->str), out);
     else if (rep->type == REDIS_REPLY_ERROR)
-        rc = KIQ_EREPLY;
+        rc = CAPSTAN_EREPLY;
     freeReplyObject(rep);
     return rc;
 }
@@ -199,7 +199,7 @@ static int fetch_basic(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
 /* Whether the next fetch goes through the script: several queues, several
  * jobs, or jobs with locks (the script checks them on the way). With one
  * queue, one job and no locks the blocking move alone is cheapest. */
-static int use_script(const kiq_fetch_t *f, size_t max)
+static int use_script(const capstan_fetch_t *f, size_t max)
 {
     return f->nq > 1 || max > 1 || f->locks_seen;
 }
@@ -209,28 +209,28 @@ static int use_script(const kiq_fetch_t *f, size_t max)
  * sweeps' (see read_sweep). The TIME runs just before the move, and a
  * blocked move is served as the job is pushed, before any sweep can take
  * it, so every sweep with a later clock takes a newer job. */
-static int append_move(kiq_fetch_t *f, kiq_redis_t *r, size_t qi, int block)
+static int append_move(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, int block)
 {
     const char *now[] = { "TIME" };
     const char *argv[] = { block ? "BLMOVE" : "LMOVE", f->keys[qi], f->working, "RIGHT", "LEFT",
                            f->timeout_s };
-    if (kiq_redis_append(r, 1, now, NULL))
-        return KIQ_EREDIS;
-    return kiq_redis_append(r, block ? 6 : 5, argv, NULL);
+    if (capstan_redis_append(r, 1, now, NULL))
+        return CAPSTAN_EREDIS;
+    return capstan_redis_append(r, block ? 6 : 5, argv, NULL);
 }
 
 /* Reads what append_move asked for into out (its seq from the TIME).
- * Returns 1 with a job, 0 without, KIQ_EREDIS or KIQ_EREPLY. */
-static int read_move(kiq_fetch_t *f, kiq_redis_t *r, size_t qi, kiq_fetched_t *out)
+ * Returns 1 with a job, 0 without, CAPSTAN_EREDIS or CAPSTAN_EREPLY. */
+static int read_move(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_fetched_t *out)
 {
-    redisReply *t = kiq_redis_get_reply(r), *rep = t ? kiq_redis_get_reply(r) : NULL;
+    redisReply *t = capstan_redis_get_reply(r), *rep = t ? capstan_redis_get_reply(r) : NULL;
     int rc = 0;
     if (!rep)
-        rc = KIQ_EREDIS;
+        rc = CAPSTAN_EREDIS;
     else if (rep->type == REDIS_REPLY_ERROR || t->type != REDIS_REPLY_ARRAY || t->elements != 2
              || t->element[0]->type != REDIS_REPLY_STRING
              || t->element[1]->type != REDIS_REPLY_STRING)
-        rc = KIQ_EREPLY;
+        rc = CAPSTAN_EREPLY;
     else if (rep->type == REDIS_REPLY_STRING && (rc = take(f, rep, qi, out)) == 1)
         out->seq = (strtoull(t->element[0]->str, NULL, 10) * 1000000ULL
                     + strtoull(t->element[1]->str, NULL, 10)) * 128;
@@ -241,31 +241,31 @@ static int read_move(kiq_fetch_t *f, kiq_redis_t *r, size_t qi, kiq_fetched_t *o
 
 /* The reliable fetch's first command: the script that sweeps the queues in
  * order for up to max jobs, or the move itself (blocking when block). */
-static int append_fetch(kiq_fetch_t *f, kiq_redis_t *r, size_t max, int block)
+static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int block)
 {
     if (!use_script(f, max))
         return append_move(f, r, 0, block);
-    char n[KIQ_FMT_INT];
-    kiq__fmt_uint(n, max);
+    char n[CAPSTAN_FMT_INT];
+    capstan__fmt_uint(n, max);
     const char *argv[f->nq + 3];
     for (size_t i = 0; i < f->nq; i++)
         argv[i] = f->keys[f->order[i]];
     argv[f->nq] = f->working;
     argv[f->nq + 1] = n;
     argv[f->nq + 2] = "1";
-    return kiq__redis_append_script(r, KIQ_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 3, argv,
-                                   NULL);
+    return capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 3, argv,
+                                        NULL);
 }
 
 /* Reads the script's reply into out[0..max). Returns the number of jobs,
- * or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM (nothing in out then). Each job's
+ * or CAPSTAN_EREDIS, CAPSTAN_EREPLY, CAPSTAN_ENOMEM (nothing in out then). Each job's
  * seq is Redis's clock at the fetch (microseconds) times 128 plus its
  * place in the batch: the order of every fetch as Redis ran it. */
-static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out, size_t max)
+static int read_sweep(capstan_fetch_t *f, const redisReply *rep, capstan_fetched_t *out, size_t max)
 {
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 2 != 1
         || rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer < 0)
-        return KIQ_EREPLY;
+        return CAPSTAN_EREPLY;
     unsigned long long clock = (unsigned long long)rep->element[0]->integer;
     size_t n = 0;
     int rc = 0;
@@ -279,7 +279,7 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
         }
         long long qi = meta->type == REDIS_REPLY_INTEGER ? meta->integer : 0;
         if (qi < 1 || (size_t)qi > f->nq || e[1]->type != REDIS_REPLY_STRING) {
-            rc = KIQ_EREPLY;
+            rc = CAPSTAN_EREPLY;
             break;
         }
         rc = take(f, e[1], f->order[qi - 1], &out[n]);
@@ -293,25 +293,25 @@ static int read_sweep(kiq_fetch_t *f, const redisReply *rep, kiq_fetched_t *out,
         /* Jobs already moved stay in the working list: the stray check
          * gives them back. */
         while (n)
-            kiq__fetched_clear(&out[--n]);
+            capstan__fetched_clear(&out[--n]);
         return rc;
     }
     return (int)n;
 }
 
 /* Reads what append_fetch asked for (the script when script). Returns the
- * number of jobs, or KIQ_EREDIS, KIQ_EREPLY, KIQ_ENOMEM. */
-static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
+ * number of jobs, or CAPSTAN_EREDIS, CAPSTAN_EREPLY, CAPSTAN_ENOMEM. */
+static int read_fetch(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out, size_t max,
                       int script)
 {
     if (!script)
         return read_move(f, r, 0, out);
-    redisReply *rep = kiq_redis_get_reply(r);
+    redisReply *rep = capstan_redis_get_reply(r);
     int rc = 0;
     if (!rep)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     if (rep->type == REDIS_REPLY_ERROR)
-        rc = KIQ_EREPLY;
+        rc = CAPSTAN_EREPLY;
     else
         rc = read_sweep(f, rep, out, max);
     freeReplyObject(rep);
@@ -322,15 +322,15 @@ static int read_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t
  * processors spread over the queues (by index), so a job pushed to any
  * queue wakes one of them at once while there are at least as many
  * processors as queues. */
-static int fetch_block(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+static int fetch_block(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out)
 {
     size_t qi = (size_t)f->index % f->nq;
-    return append_move(f, r, qi, 1) ? KIQ_EREDIS : read_move(f, r, qi, out);
+    return append_move(f, r, qi, 1) ? CAPSTAN_EREDIS : read_move(f, r, qi, out);
 }
 
 /* The sweep (or the move) whose command was already appended, then, when
  * block, the blocking move when the sweep found nothing. */
-static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size_t max,
+static int finish_fetch(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out, size_t max,
                         int block, int script)
 {
     int rc = read_fetch(f, r, out, max, script);
@@ -343,18 +343,18 @@ static int finish_fetch(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out, size
  * no script: LREM alone, the cheapest command that is still guarded (a job
  * requeued or recovered meanwhile is simply not there). Sets *sent to 0
  * when nothing had to be sent. */
-static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
-                      const kiq_ack_t *ack, int *sent)
+static int append_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
+                      const capstan_ack_t *ack, int *sent)
 {
     static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
-    static const char *sets[] = { KIQ_KEY_RETRY, KIQ_KEY_RETRY, KIQ_KEY_DEAD, KIQ_KEY_RETRY,
-                                  KIQ_KEY_SCHEDULE };
+    static const char *sets[] = { CAPSTAN_KEY_RETRY, CAPSTAN_KEY_RETRY, CAPSTAN_KEY_DEAD, CAPSTAN_KEY_RETRY,
+                                  CAPSTAN_KEY_SCHEDULE };
     /* What the job's outcome is to its batch: a reschedule is none. */
     static const char *outcomes[] = { "s", "f", "d", "f", "" };
-    int basic = f->mode == KIQ_FETCH_BASIC;
+    int basic = f->mode == CAPSTAN_FETCH_BASIC;
     int lock = ack->lock_key && ack->lock_jid;
     int batch = ack->bid && ack->lock_jid;
-    int plain = (ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP) && !batch;
+    int plain = (ack->kind == CAPSTAN_ACK_OK || ack->kind == CAPSTAN_ACK_DROP) && !batch;
     *sent = 0;
     if (basic && !lock && plain)
         return 0; /* BRPOP already took it; nothing to write */
@@ -364,14 +364,14 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
          * there (the fetch pushes on the left). */
         const char *argv[] = { "LREM", f->working, "-1", raw };
         size_t lens[] = { 4, strlen(f->working), 2, len };
-        return kiq_redis_append(r, 4, argv, lens);
+        return capstan_redis_append(r, 4, argv, lens);
     }
     char score[32], cutoff[32], max[32];
     snprintf(score, sizeof(score), "%.6f", ack->score);
     snprintf(cutoff, sizeof(cutoff), "%.6f", ack->dead_cutoff);
     snprintf(max, sizeof(max), "%ld", ack->dead_max > 0 ? ack->dead_max : 10000);
     const char *argv[] = { basic ? "" : f->working, sets[ack->kind],
-                           lock ? ack->lock_key : NULL, lock ? KIQ_UNIQUE_DIGESTS : NULL,
+                           lock ? ack->lock_key : NULL, lock ? CAPSTAN_UNIQUE_DIGESTS : NULL,
                            raw, modes[ack->kind], score,
                            ack->payload ? ack->payload : "", cutoff, max,
                            lock ? ack->lock_jid : NULL };
@@ -380,9 +380,9 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
                       ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
                       lock ? strlen(argv[10]) : 0 };
     if (batch) {
-        char *bkey = kiq__key_dup(KIQ_KEY_BATCH, ack->bid);
+        char *bkey = capstan__key_dup(CAPSTAN_KEY_BATCH, ack->bid);
         if (!bkey)
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         const char *b[] = { argv[0], argv[1], lock ? argv[2] : "", lock ? argv[3] : "", bkey,
                             raw, argv[5], score, argv[7], cutoff, max,
                             lock ? argv[10] : "", ack->bid, ack->lock_jid,
@@ -390,29 +390,29 @@ static int append_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t le
         size_t bl[] = { lens[0], lens[1], lens[2], lens[3], strlen(bkey), len, lens[5],
                         lens[6], lens[7], lens[8], lens[9], lens[10], strlen(ack->bid),
                         strlen(ack->lock_jid), strlen(outcomes[ack->kind]) };
-        int rc = kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 5, 15, b, bl);
+        int rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 5, 15, b, bl);
         free(bkey);
         return rc;
     }
     if (lock)
-        return kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 4, 11, argv, lens);
+        return capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 4, 11, argv, lens);
     /* Without a lock the script gets its original two keys. */
     const char *a2[] = { argv[0], argv[1], argv[4], argv[5], argv[6], argv[7], argv[8], argv[9] };
     size_t l2[] = { lens[0], lens[1], lens[4], lens[5], lens[6], lens[7], lens[8], lens[9] };
-    return kiq__redis_append_script(r, KIQ_SCRIPT_ACK, 2, 8, a2, l2);
+    return capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 2, 8, a2, l2);
 }
 
-/* Reads one ack's reply: 0, KIQ_EREPLY (an error reply) or KIQ_EREDIS (the
+/* Reads one ack's reply: 0, CAPSTAN_EREPLY (an error reply) or CAPSTAN_EREDIS (the
  * connection broke). ack (may be NULL) is the ack the reply is for: a job
  * whose bid names no batch ran as a plain job, which is worth a warning.
  * jobs: how many jobs the call acked, each expected in the working list
  * (0 with the basic fetch); those it no longer found are counted. */
-static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack, long jobs)
+static int read_ack(capstan_redis_t *r, const capstan_ack_t *ack, long jobs)
 {
-    redisReply *rep = kiq_redis_get_reply(r);
+    redisReply *rep = capstan_redis_get_reply(r);
     if (!rep)
-        return KIQ_EREDIS;
-    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREPLY : 0;
+        return CAPSTAN_EREDIS;
+    int rc = rep->type == REDIS_REPLY_ERROR ? CAPSTAN_EREPLY : 0;
     /* acks.lua answers {removed, flags, a bid naming no batch or ""}. */
     int many = rep->type == REDIS_REPLY_ARRAY && rep->elements == 3
                && rep->element[0]->type == REDIS_REPLY_INTEGER
@@ -422,42 +422,42 @@ static int read_ack(kiq_redis_t *r, const kiq_ack_t *ack, long jobs)
     long found = many ? (long)rep->element[0]->integer
                : rep->type == REDIS_REPLY_INTEGER ? (rep->integer > 0) : jobs;
     if (jobs > found)
-        kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_LATE_ACKS, jobs - found);
+        capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_LATE_ACKS, jobs - found);
     long long flags = many ? rep->element[1]->integer
                     : ack && ack->bid && rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
-    kiq__metrics_batch_fired(kiq__metrics_default(), flags);
+    capstan__metrics_batch_fired(capstan__metrics_default(), flags);
     if (flags & 2)
-        kiq_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
-                 "as a plain job", many ? "(one of several)" : ack->lock_jid,
-                 many ? rep->element[2]->str : ack->bid);
+        capstan_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
+                     "as a plain job", many ? "(one of several)" : ack->lock_jid,
+                     many ? rep->element[2]->str : ack->bid);
     freeReplyObject(rep);
     return rc;
 }
 
-int kiq__fetch_ack(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
-                  const kiq_ack_t *ack)
+int capstan__fetch_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
+                       const capstan_ack_t *ack)
 {
     int sent, rc = append_ack(f, r, raw, len, ack, &sent);
     if (rc || !sent)
-        return rc ? KIQ_EREDIS : 0;
-    return read_ack(r, ack, f->mode == KIQ_FETCH_BASIC ? 0 : 1) ? KIQ_EREDIS : 0;
+        return rc ? CAPSTAN_EREDIS : 0;
+    return read_ack(r, ack, f->mode == CAPSTAN_FETCH_BASIC ? 0 : 1) ? CAPSTAN_EREDIS : 0;
 }
 
 /* A success, with or without a lock to release or a batch to move: several
  * of them go in one acks.lua call (a failure stores a payload and goes
  * through ack.lua; so does a dropped job of a batch, a failure to it). */
-static int batchable(const kiq_ack_t *ack)
+static int batchable(const capstan_ack_t *ack)
 {
     if (ack->bid)
-        return ack->kind == KIQ_ACK_OK && ack->lock_jid;
-    return ack->kind == KIQ_ACK_OK || ack->kind == KIQ_ACK_DROP;
+        return ack->kind == CAPSTAN_ACK_OK && ack->lock_jid;
+    return ack->kind == CAPSTAN_ACK_OK || ack->kind == CAPSTAN_ACK_DROP;
 }
 
 enum { ACKS_PER_CALL = 64 };
 
 /* Appends one acks.lua call for the next ACKS_PER_CALL batchable acks from
  * *from on, marking them sent 2. */
-static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *acks,
+static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
     /* On the heap: 4 KB of stack here would stay touched in every thread. */
@@ -467,15 +467,15 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
     if (!argv || !lens) {
         free(argv);
         free(lens);
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     }
     argv[0] = f->working;
     lens[0] = strlen(f->working);
-    argv[1] = KIQ_UNIQUE_DIGESTS;
+    argv[1] = CAPSTAN_UNIQUE_DIGESTS;
     lens[1] = strlen(argv[1]);
     size_t i = *from;
     for (; i < nacks && argc < 2 + 4 * ACKS_PER_CALL; i++) {
-        const kiq_ack_t *a = &acks[i].ack;
+        const capstan_ack_t *a = &acks[i].ack;
         if (!batchable(a))
             continue;
         argv[argc] = acks[i].raw;
@@ -493,7 +493,7 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
         sent[i] = 2;
     }
     *from = i;
-    int rc = kiq__redis_append_script(r, KIQ_SCRIPT_ACKS, 2, argc, argv, lens);
+    int rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACKS, 2, argc, argv, lens);
     free(argv);
     free(lens);
     return rc;
@@ -504,86 +504,86 @@ static int append_batch(kiq_fetch_t *f, kiq_redis_t *r, const kiq_ack_item_t *ac
  * failover, and the job runs again. Waiting makes that rarer (and slows
  * this processor down to what the replicas keep up with); falling short is
  * only reported, as the acks are written on the master either way. */
-static int read_wait(kiq_fetch_t *f, kiq_redis_t *r)
+static int read_wait(capstan_fetch_t *f, capstan_redis_t *r)
 {
-    redisReply *rep = kiq_redis_get_reply(r);
+    redisReply *rep = capstan_redis_get_reply(r);
     if (!rep)
-        return KIQ_EREDIS;
-    double now = kiq__mono();
+        return CAPSTAN_EREDIS;
+    double now = capstan__mono();
     if (rep->type == REDIS_REPLY_INTEGER && rep->integer < f->min_replicas
         && now - f->wait_warned > 60) {
         f->wait_warned = now;
-        kiq_warn("acks reached %lld of min_replicas_ack %d replicas within %s ms",
-                 rep->integer, f->min_replicas, f->wait_args[1]);
+        capstan_warn("acks reached %lld of min_replicas_ack %d replicas within %s ms",
+                     rep->integer, f->min_replicas, f->wait_args[1]);
     }
     freeReplyObject(rep);
     return 0;
 }
 
-/* Reads the replies of calls sent. Returns KIQ_EREDIS when the connection
+/* Reads the replies of calls sent. Returns CAPSTAN_EREDIS when the connection
  * failed. */
-static int read_calls(kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+static int read_calls(capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
     for (size_t i = 0; i < ncalls; i++)
-        if (!(calls[i].reply = kiq_redis_get_reply(r)))
-            return KIQ_EREDIS;
+        if (!(calls[i].reply = capstan_redis_get_reply(r)))
+            return CAPSTAN_EREDIS;
     return 0;
 }
 
 /* Once every reply of the round trip is read: a call refused with NOSCRIPT
  * runs again on its own (the connection loads the scripts first). */
-static void retry_noscript(kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+static void retry_noscript(capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
     for (size_t i = 0; i < ncalls; i++) {
         redisReply *rep = calls[i].reply;
         if (rep && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0) {
             freeReplyObject(rep);
-            calls[i].reply = kiq__redis_script(r, calls[i].script, calls[i].nkeys,
-                                               calls[i].argc, calls[i].argv, NULL);
+            calls[i].reply = capstan__redis_script(r, calls[i].script, calls[i].nkeys,
+                                                   calls[i].argc, calls[i].argv, NULL);
         }
     }
 }
 
 /* The calls one by one, each in a round trip of its own. */
-static int run_calls(kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+static int run_calls(capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
     for (size_t i = 0; i < ncalls; i++)
-        if (!(calls[i].reply = kiq__redis_script(r, calls[i].script, calls[i].nkeys,
-                                                 calls[i].argc, calls[i].argv, NULL)))
-            return KIQ_EREDIS;
+        if (!(calls[i].reply = capstan__redis_script(r, calls[i].script, calls[i].nkeys,
+                                                     calls[i].argc, calls[i].argv, NULL)))
+            return CAPSTAN_EREDIS;
     return 0;
 }
 
-int kiq__fetch_exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
-                       kiq_fetched_t *out, size_t max, int block)
+int capstan__fetch_exchange(capstan_fetch_t *f, capstan_redis_t *r, capstan_ack_item_t *acks, size_t nacks,
+                            capstan_fetched_t *out, size_t max, int block)
 {
-    return kiq__fetch_exchange_calls(f, r, acks, nacks, NULL, 0, out, max, block);
+    return capstan__fetch_exchange_calls(f, r, acks, nacks, NULL, 0, out, max, block);
 }
 
 /* A round trip sent and not read yet: what reading its replies needs. */
-struct kiq_exchange {
+struct capstan_exchange {
     size_t nacks, batches, ncalls, max;
     int waits, block;
     int script; /* the fetch is the script (as decided when it was sent:
                    the jobs read change f->locks_seen) */
-    kiq_script_call_t *calls;
+    capstan_script_call_t *calls;
     char sent[]; /* per ack: 0 nothing sent, 1 its own reply, 2 in a batch */
 };
 
 /* Appends the acks, the calls and the fetch (reliable fetch only). Returns
- * the state to read them with (kiq__fetch_recv), or NULL with *rc set. */
-static kiq_exchange_t *send_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
-                                size_t nacks, kiq_script_call_t *calls, size_t ncalls,
-                                size_t max, int block, int *rc)
+ * the state to read them with (capstan__fetch_recv), or NULL with *rc set. */
+static capstan_exchange_t *send_all(capstan_fetch_t *f, capstan_redis_t *r, capstan_ack_item_t *acks,
+                                    size_t nacks, capstan_script_call_t *calls, size_t ncalls,
+                                    size_t max, int block, int *rc)
 {
-    kiq_exchange_t *x = calloc(1, sizeof(*x) + (nacks ? nacks : 1));
+    capstan_exchange_t *x = calloc(1, sizeof(*x) + (nacks ? nacks : 1));
     if (!x) {
-        *rc = KIQ_ENOMEM;
+        *rc = CAPSTAN_ENOMEM;
         return NULL;
     }
-    *x = (kiq_exchange_t){ .nacks = nacks, .ncalls = ncalls, .calls = calls, .max = max,
+    *x = (capstan_exchange_t){ .nacks = nacks, .ncalls = ncalls, .calls = calls, .max = max,
                            .block = block };
-    *rc = KIQ_EREDIS;
+    *rc = CAPSTAN_EREDIS;
     size_t nbatch = 0;
     for (size_t i = 0; i < nacks; i++)
         nbatch += batchable(&acks[i].ack);
@@ -605,12 +605,12 @@ static kiq_exchange_t *send_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *
         x->waits = x->sent[i] != 0;
     if (x->waits) {
         const char *argv[] = { "WAIT", f->wait_args[0], f->wait_args[1] };
-        if (kiq_redis_append(r, 3, argv, NULL))
+        if (capstan_redis_append(r, 3, argv, NULL))
             goto fail;
     }
     for (size_t i = 0; i < ncalls; i++)
-        if (kiq__redis_append_script(r, calls[i].script, calls[i].nkeys, calls[i].argc,
-                                     calls[i].argv, NULL))
+        if (capstan__redis_append_script(r, calls[i].script, calls[i].nkeys, calls[i].argc,
+                                         calls[i].argv, NULL))
             goto fail;
     if (max) {
         plan_order(f);
@@ -626,21 +626,21 @@ fail:
 }
 
 /* Reads what send_all sent, in order, and frees x. An ack refused by an
- * error reply keeps rc KIQ_EREDIS (the job stays in the working list, to be
+ * error reply keeps rc CAPSTAN_EREDIS (the job stays in the working list, to be
  * acked again); the replies behind it still count. A broken connection
  * ends the reading. */
-static int recv_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_item_t *acks,
-                    kiq_fetched_t *out)
+static int recv_all(capstan_fetch_t *f, capstan_redis_t *r, capstan_exchange_t *x, capstan_ack_item_t *acks,
+                    capstan_fetched_t *out)
 {
-    int rc = KIQ_EREDIS;
+    int rc = CAPSTAN_EREDIS;
     for (size_t b = 0, i = 0; b < x->batches; b++) {
         long jobs = 0;
         for (size_t k = i; k < x->nacks && jobs < ACKS_PER_CALL; k++)
             jobs += x->sent[k] == 2;
-        int brc = read_ack(r, NULL, f->mode == KIQ_FETCH_BASIC ? 0 : jobs);
-        if (brc == KIQ_EREDIS)
+        int brc = read_ack(r, NULL, f->mode == CAPSTAN_FETCH_BASIC ? 0 : jobs);
+        if (brc == CAPSTAN_EREDIS)
             goto done;
-        brc = brc ? KIQ_EREDIS : 0;
+        brc = brc ? CAPSTAN_EREDIS : 0;
         for (size_t k = 0; k < ACKS_PER_CALL && i < x->nacks; i++)
             if (x->sent[i] == 2) {
                 acks[i].rc = brc;
@@ -654,10 +654,10 @@ static int recv_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_i
             acks[i].rc = 0;
             continue;
         }
-        int arc = read_ack(r, &acks[i].ack, f->mode == KIQ_FETCH_BASIC ? 0 : 1);
-        if (arc == KIQ_EREDIS)
+        int arc = read_ack(r, &acks[i].ack, f->mode == CAPSTAN_FETCH_BASIC ? 0 : 1);
+        if (arc == CAPSTAN_EREDIS)
             goto done;
-        acks[i].rc = arc ? KIQ_EREDIS : 0;
+        acks[i].rc = arc ? CAPSTAN_EREDIS : 0;
     }
     if (x->waits && read_wait(f, r))
         goto done;
@@ -666,7 +666,7 @@ static int recv_all(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_i
     rc = 0;
     if (x->max) {
         rc = finish_fetch(f, r, out, x->max, x->block, x->script);
-        rc = rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+        rc = rc == CAPSTAN_EREPLY ? CAPSTAN_EREDIS : rc;
     }
 done:
     free(x);
@@ -674,159 +674,159 @@ done:
 }
 
 /* Clears the results before a round trip. */
-static void reset(kiq_ack_item_t *acks, size_t nacks, kiq_script_call_t *calls, size_t ncalls,
-                  kiq_fetched_t *out, size_t max)
+static void reset(capstan_ack_item_t *acks, size_t nacks, capstan_script_call_t *calls, size_t ncalls,
+                  capstan_fetched_t *out, size_t max)
 {
     for (size_t i = 0; i < nacks; i++)
-        acks[i].rc = KIQ_EREDIS;
+        acks[i].rc = CAPSTAN_EREDIS;
     for (size_t i = 0; i < max; i++)
         memset(&out[i], 0, sizeof(out[i]));
     for (size_t i = 0; i < ncalls; i++)
         calls[i].reply = NULL;
 }
 
-static int exchange(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks, size_t nacks,
-                    kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *out, size_t max,
+static int exchange(capstan_fetch_t *f, capstan_redis_t *r, capstan_ack_item_t *acks, size_t nacks,
+                    capstan_script_call_t *calls, size_t ncalls, capstan_fetched_t *out, size_t max,
                     int block)
 {
     reset(acks, nacks, calls, ncalls, out, max);
-    if (f->mode == KIQ_FETCH_BASIC) {
+    if (f->mode == CAPSTAN_FETCH_BASIC) {
         for (size_t i = 0; i < nacks; i++)
-            if ((acks[i].rc = kiq__fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
-                return KIQ_EREDIS;
+            if ((acks[i].rc = capstan__fetch_ack(f, r, acks[i].raw, acks[i].len, &acks[i].ack)))
+                return CAPSTAN_EREDIS;
         if (run_calls(r, calls, ncalls))
-            return KIQ_EREDIS;
+            return CAPSTAN_EREDIS;
         if (!max)
             return 0;
         plan_order(f);
         int rc = fetch_basic(f, r, out);
-        return rc == KIQ_EREPLY ? KIQ_EREDIS : rc;
+        return rc == CAPSTAN_EREPLY ? CAPSTAN_EREDIS : rc;
     }
     /* Everything goes out in one write; replies come back in order. */
     int rc;
-    kiq_exchange_t *x = send_all(f, r, acks, nacks, calls, ncalls, max, block, &rc);
+    capstan_exchange_t *x = send_all(f, r, acks, nacks, calls, ncalls, max, block, &rc);
     return x ? recv_all(f, r, x, acks, out) : rc;
 }
 
-kiq_exchange_t *kiq__fetch_send(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
-                               size_t nacks, size_t max, int *rc)
+capstan_exchange_t *capstan__fetch_send(capstan_fetch_t *f, capstan_redis_t *r, capstan_ack_item_t *acks,
+                                        size_t nacks, size_t max, int *rc)
 {
-    if (f->mode == KIQ_FETCH_BASIC) {
-        *rc = KIQ_EINVAL;
+    if (f->mode == CAPSTAN_FETCH_BASIC) {
+        *rc = CAPSTAN_EINVAL;
         return NULL;
     }
     reset(acks, nacks, NULL, 0, NULL, 0);
-    kiq_exchange_t *x = send_all(f, r, acks, nacks, NULL, 0, max, 0, rc);
-    if (x && kiq__redis_flush(r)) {
+    capstan_exchange_t *x = send_all(f, r, acks, nacks, NULL, 0, max, 0, rc);
+    if (x && capstan__redis_flush(r)) {
         free(x);
-        *rc = KIQ_EREDIS;
+        *rc = CAPSTAN_EREDIS;
         return NULL;
     }
     return x;
 }
 
-int kiq__fetch_recv(kiq_fetch_t *f, kiq_redis_t *r, kiq_exchange_t *x, kiq_ack_item_t *acks,
-                    kiq_fetched_t *out)
+int capstan__fetch_recv(capstan_fetch_t *f, capstan_redis_t *r, capstan_exchange_t *x, capstan_ack_item_t *acks,
+                        capstan_fetched_t *out)
 {
     for (size_t i = 0; i < x->max; i++)
         memset(&out[i], 0, sizeof(out[i]));
     return recv_all(f, r, x, acks, out);
 }
 
-int kiq__fetch_exchange_calls(kiq_fetch_t *f, kiq_redis_t *r, kiq_ack_item_t *acks,
-                             size_t nacks, kiq_script_call_t *calls, size_t ncalls,
-                             kiq_fetched_t *out, size_t max, int block)
+int capstan__fetch_exchange_calls(capstan_fetch_t *f, capstan_redis_t *r, capstan_ack_item_t *acks,
+                                  size_t nacks, capstan_script_call_t *calls, size_t ncalls,
+                                  capstan_fetched_t *out, size_t max, int block)
 {
     int rc = exchange(f, r, acks, nacks, calls, ncalls, out, max, block);
-    if (ncalls && kiq_redis_ok(r))
+    if (ncalls && capstan_redis_ok(r))
         retry_noscript(r, calls, ncalls);
     return rc;
 }
 
-int kiq__fetch_next(kiq_fetch_t *f, kiq_redis_t *r, kiq_fetched_t *out)
+int capstan__fetch_next(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out)
 {
-    return kiq__fetch_exchange(f, r, NULL, 0, out, 1, 1);
+    return capstan__fetch_exchange(f, r, NULL, 0, out, 1, 1);
 }
 
-int kiq_fetch_ack_next(kiq_fetch_t *f, kiq_redis_t *r, const char *raw, size_t len,
-                       const kiq_ack_t *ack, int *ack_rc, kiq_fetched_t *out)
+int capstan__fetch_ack_next(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
+                            const capstan_ack_t *ack, int *ack_rc, capstan_fetched_t *out)
 {
-    kiq_ack_item_t item = { .raw = raw, .len = len, .ack = *ack };
-    int rc = kiq__fetch_exchange(f, r, &item, 1, out, 1, 1);
+    capstan_ack_item_t item = { .raw = raw, .len = len, .ack = *ack };
+    int rc = capstan__fetch_exchange(f, r, &item, 1, out, 1, 1);
     *ack_rc = item.rc;
     return rc;
 }
 
-int kiq__fetch_requeue(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
-                      const char *raw, size_t len)
+int capstan__fetch_requeue(capstan_fetch_t *f, capstan_redis_t *r, const char *queue,
+                           const char *raw, size_t len)
 {
-    return kiq__fetch_requeue_n(f, r, queue, &raw, &len, 1);
+    return capstan__fetch_requeue_n(f, r, queue, &raw, &len, 1);
 }
 
-int kiq__fetch_requeue_n(kiq_fetch_t *f, kiq_redis_t *r, const char *queue,
-                        const char *const *raws, const size_t *lens, size_t n)
+int capstan__fetch_requeue_n(capstan_fetch_t *f, capstan_redis_t *r, const char *queue,
+                             const char *const *raws, const size_t *lens, size_t n)
 {
-    char *key = kiq__key_dup(KIQ_KEY_QUEUE, queue);
+    char *key = capstan__key_dup(CAPSTAN_KEY_QUEUE, queue);
     const char **argv = malloc((n + 2) * sizeof(*argv));
     size_t *alens = malloc((n + 2) * sizeof(*alens));
     if (!key || !argv || !alens) {
         free(key);
         free(argv);
         free(alens);
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     }
     /* Basic fetch: RPUSH key raws...; reliable: requeue.lua, the working
      * list and the queue as keys. Either way the last one given ends at the
      * head of the queue. */
-    int basic = f->mode == KIQ_FETCH_BASIC;
+    int basic = f->mode == CAPSTAN_FETCH_BASIC;
     argv[0] = basic ? "RPUSH" : f->working;
     argv[1] = key;
     alens[0] = strlen(argv[0]);
     alens[1] = strlen(key);
     memcpy(argv + 2, raws, n * sizeof(*argv));
     memcpy(alens + 2, lens, n * sizeof(*alens));
-    redisReply *rep = basic ? kiq_redis_cmd(r, (int)n + 2, argv, alens)
-                            : kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, (int)n + 2, argv, alens);
+    redisReply *rep = basic ? capstan_redis_cmd(r, (int)n + 2, argv, alens)
+                            : capstan__redis_script(r, CAPSTAN_SCRIPT_REQUEUE, 2, (int)n + 2, argv, alens);
     free(argv);
     free(alens);
     free(key);
     if (!rep)
-        return KIQ_EREDIS;
-    int rc = rep->type == REDIS_REPLY_ERROR ? KIQ_EREDIS : 0;
+        return CAPSTAN_EREDIS;
+    int rc = rep->type == REDIS_REPLY_ERROR ? CAPSTAN_EREDIS : 0;
     if (rep->type == REDIS_REPLY_INTEGER && rep->integer < 0)
-        rc = KIQ_EREPLY; /* the queue key is not a list: the job stays */
+        rc = CAPSTAN_EREPLY; /* the queue key is not a list: the job stays */
     freeReplyObject(rep);
     return rc;
 }
 
-int kiq__fetch_heartbeat(kiq_redis_t *r, const char *identity, double ttl)
+int capstan__fetch_heartbeat(capstan_redis_t *r, const char *identity, double ttl)
 {
     char key[512];
-    kiq__fetch_liveness_key(identity, key, sizeof(key));
+    capstan__fetch_liveness_key(identity, key, sizeof(key));
     /* PX, so a sub-second TTL is not rounded to 0 (an error) or down. */
     long long ms = (long long)(ttl * 1000.0);
     ms = ms > 0 ? ms : 1;
     /* PEXPIRE first: Redis at maxmemory still takes it, where it refuses
      * SET, so a key that exists stays alive through such an episode. */
-    redisReply *rep = kiq_redis_cmdf(r, "PEXPIRE %s %lld", key, ms);
+    redisReply *rep = capstan_redis_cmdf(r, "PEXPIRE %s %lld", key, ms);
     if (!rep)
-        return KIQ_EREDIS;
-    int rc = rep->type == REDIS_REPLY_INTEGER ? (int)(rep->integer == 0) : KIQ_EREPLY;
+        return CAPSTAN_EREDIS;
+    int rc = rep->type == REDIS_REPLY_INTEGER ? (int)(rep->integer == 0) : CAPSTAN_EREPLY;
     freeReplyObject(rep);
     if (rc != 1)
         return rc;
     /* Gone (lapsed, lost in a restart, or never set): create it, and clear
      * any suspicion a recovery pass recorded meanwhile (lua/recover.lua). */
-    rep = kiq_redis_cmdf(r, "SET %s 1 PX %lld", key, ms);
+    rep = capstan_redis_cmdf(r, "SET %s 1 PX %lld", key, ms);
     if (!rep)
-        return KIQ_EREDIS;
-    rc = rep->type == REDIS_REPLY_STATUS ? 1 : KIQ_EREPLY;
+        return CAPSTAN_EREDIS;
+    rc = rep->type == REDIS_REPLY_STATUS ? 1 : CAPSTAN_EREPLY;
     freeReplyObject(rep);
     if (rc != 1)
         return rc;
-    rep = kiq_redis_cmdf(r, "DEL " KIQ_KEY_ORPHAN "%s", identity);
+    rep = capstan_redis_cmdf(r, "DEL " CAPSTAN_KEY_ORPHAN "%s", identity);
     if (!rep)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     freeReplyObject(rep);
     return 1;
 }

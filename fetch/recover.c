@@ -5,7 +5,7 @@
  * takes a list only at a pass a grace period after the one that first saw
  * its liveness key missing (lua/recover.lua says why).
  * Also here, because they read working lists the same way: giving back
- * strays from a live process's own list, and the listing `kiq stats` shows. */
+ * strays from a live process's own list, and the listing `capstan stats` shows. */
 #include "fetch/fetch.h"
 
 #include <limits.h>
@@ -38,25 +38,25 @@ typedef struct moved {
 } moved_t;
 
 /* Works out where one orphan goes and what it looks like there. */
-static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_format_t ts,
+static int plan_job(const char *raw, size_t len, int max_recoveries, capstan_ts_format_t ts,
                     double now, moved_t *m)
 {
-    kiq_jobject_t obj = {0};
+    capstan_jobject_t obj = {0};
     int rc = 0;
-    if (kiq__json_scan_object(raw, len, &obj, NULL) != 0) {
+    if (capstan__json_scan_object(raw, len, &obj, NULL) != 0) {
         /* Not JSON: hand it back unchanged; the processor that fetches it
          * sends it to the dead set with the reason. */
-        m->dest = kiq__key_dup(KIQ_KEY_QUEUE, "default");
+        m->dest = capstan__key_dup(CAPSTAN_KEY_QUEUE, "default");
         m->next = malloc(len ? len : 1);
         if (!m->next || !m->dest)
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         memcpy(m->next, raw, len);
         m->nlen = len;
         goto out;
     }
-    const kiq_jmember_t *q = kiq__jobject_get(&obj, raw, "queue");
-    char *qname = q ? kiq__json_string_dup(raw + q->vstart, q->vlen) : NULL;
-    const kiq_jmember_t *rc_m = kiq__jobject_get(&obj, raw, "recovery_count");
+    const capstan_jmember_t *q = capstan__jobject_get(&obj, raw, "queue");
+    char *qname = q ? capstan__json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    const capstan_jmember_t *rc_m = capstan__jobject_get(&obj, raw, "recovery_count");
     long count = 1;
     if (rc_m) {
         char tmp[32];
@@ -71,45 +71,45 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, kiq_ts_form
     char cnt[32], when[32], msg[160];
     snprintf(cnt, sizeof(cnt), "%ld", count);
     if (count >= max_recoveries) {
-        kiq__ts_json(when, now, ts);
+        capstan__ts_json(when, now, ts);
         snprintf(msg, sizeof(msg),
                  "\"recovered from crashed processes %ld times; its worker died each time\"", count);
-        kiq_field_t set[] = {
+        capstan_field_t set[] = {
             { "recovery_count", cnt, 0 },
-            { "error_class", "\"Kiq::PoisonPill\"", 0 },
+            { "error_class", "\"Capstan::PoisonPill\"", 0 },
             { "error_message", msg, 0 },
             { "failed_at", when, 0 },
         };
-        rc = kiq__payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
-        m->dest = strdup(KIQ_KEY_DEAD);
-        const kiq_jmember_t *c = kiq__jobject_get(&obj, raw, "class");
-        const kiq_jmember_t *j = kiq__jobject_get(&obj, raw, "jid");
-        m->cls = c ? kiq__json_string_dup(raw + c->vstart, c->vlen) : NULL;
-        m->jid = j ? kiq__json_string_dup(raw + j->vstart, j->vlen) : NULL;
+        rc = capstan__payload_edit(raw, &obj, set, 4, &m->next, &m->nlen);
+        m->dest = strdup(CAPSTAN_KEY_DEAD);
+        const capstan_jmember_t *c = capstan__jobject_get(&obj, raw, "class");
+        const capstan_jmember_t *j = capstan__jobject_get(&obj, raw, "jid");
+        m->cls = c ? capstan__json_string_dup(raw + c->vstart, c->vlen) : NULL;
+        m->jid = j ? capstan__json_string_dup(raw + j->vstart, j->vlen) : NULL;
         m->count = count;
     } else {
-        kiq_field_t set[] = { { "recovery_count", cnt, 0 } };
-        rc = kiq__payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
-        m->dest = kiq__key_dup(KIQ_KEY_QUEUE, qname && *qname ? qname : "default");
+        capstan_field_t set[] = { { "recovery_count", cnt, 0 } };
+        rc = capstan__payload_edit(raw, &obj, set, 1, &m->next, &m->nlen);
+        m->dest = capstan__key_dup(CAPSTAN_KEY_QUEUE, qname && *qname ? qname : "default");
     }
     free(qname);
     if (rc == 0 && !m->dest)
-        rc = KIQ_ENOMEM;
+        rc = CAPSTAN_ENOMEM;
 out:
-    kiq__jobject_free(&obj);
+    capstan__jobject_free(&obj);
     return rc;
 }
 
 /* Runs the recover script over jobs[0..n). Returns 0, 1 when the owner
- * turned out alive, 2 when it is only a suspect so far, or KIQ_EREDIS. */
-static int apply(kiq_redis_t *r, const char *const keys[4], long long grace_ms, moved_t *jobs,
-                 size_t n, double now, kiq_recovery_t *out, char *err)
+ * turned out alive, 2 when it is only a suspect so far, or CAPSTAN_EREDIS. */
+static int apply(capstan_redis_t *r, const char *const keys[4], long long grace_ms, moved_t *jobs,
+                 size_t n, double now, capstan_recovery_t *out, char *err)
 {
     size_t argc = 6 + 4 * n;
     const char **argv = calloc(argc, sizeof(*argv));
     size_t *lens = calloc(argc, sizeof(*lens));
     char score[32], grace[32];
-    int rc = KIQ_ENOMEM;
+    int rc = CAPSTAN_ENOMEM;
     if (!argv || !lens)
         goto out;
     snprintf(score, sizeof(score), "%.6f", now);
@@ -125,21 +125,21 @@ static int apply(kiq_redis_t *r, const char *const keys[4], long long grace_ms, 
         argv[k + 2] = jobs[i].dest; lens[k + 2] = strlen(jobs[i].dest);
         argv[k + 3] = score;        lens[k + 3] = strlen(score);
     }
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
     if (rep && rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
         rc = rep->integer == -1 ? 1 : 2;
     } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 4) {
         out->recovered += rep->element[0]->integer;
         out->killed += rep->element[1]->integer;
         out->left += rep->element[2]->integer;
-        kiq__metrics_batch_fired(kiq__metrics_default(), rep->element[3]->integer);
+        capstan__metrics_batch_fired(capstan__metrics_default(), rep->element[3]->integer);
         rc = 0;
     } else {
         /* Refused (maxmemory, a read-only replica...): nothing moved. */
         char what[600];
         snprintf(what, sizeof(what), "recovering %s", keys[0]);
-        kiq__reply_error(r, rep, what, err);
-        rc = KIQ_EREDIS;
+        capstan__reply_error(r, rep, what, err);
+        rc = CAPSTAN_EREDIS;
     }
     freeReplyObject(rep);
 out:
@@ -156,45 +156,45 @@ static void log_poison_pills(const moved_t *jobs, size_t n, long sent)
 {
     long planned = 0;
     for (size_t i = 0; i < n; i++)
-        planned += strcmp(jobs[i].dest, KIQ_KEY_DEAD) == 0;
+        planned += strcmp(jobs[i].dest, CAPSTAN_KEY_DEAD) == 0;
     for (size_t i = 0; i < n && sent > 0; i++)
-        if (strcmp(jobs[i].dest, KIQ_KEY_DEAD) == 0)
-            kiq_warn("poison pill %s jid=%s %s to the dead set: recovered from crashed "
-                     "processes %ld times, its worker died each time",
-                     jobs[i].cls ? jobs[i].cls : "(no class)", jobs[i].jid ? jobs[i].jid : "(none)",
-                     sent == planned ? "sent" : "may have been sent", jobs[i].count);
+        if (strcmp(jobs[i].dest, CAPSTAN_KEY_DEAD) == 0)
+            capstan_warn("poison pill %s jid=%s %s to the dead set: recovered from crashed "
+                         "processes %ld times, its worker died each time",
+                         jobs[i].cls ? jobs[i].cls : "(no class)", jobs[i].jid ? jobs[i].jid : "(none)",
+                         sent == planned ? "sent" : "may have been sent", jobs[i].count);
 }
 
-/* kiq__reply_error for an LRANGE of key. */
-static int lrange_error(kiq_redis_t *r, const redisReply *rep, const char *key, char *err)
+/* capstan__reply_error for an LRANGE of key. */
+static int lrange_error(capstan_redis_t *r, const redisReply *rep, const char *key, char *err)
 {
     char what[600];
     snprintf(what, sizeof(what), "LRANGE %s", key);
-    return kiq__reply_error(r, rep, what, err);
+    return capstan__reply_error(r, rep, what, err);
 }
 
 /* Recovers one identity's list, after a grace of grace_ms by Redis's clock
  * since a pass first saw its liveness key missing (0: at once). */
-static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms,
-                        int max_recoveries, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
+static int recover_list(capstan_redis_t *r, const char *identity, long long grace_ms,
+                        int max_recoveries, capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
 {
-    char *keys[4] = { kiq__key_dup(KIQ_KEY_WORKING, identity),
-                      kiq__key_dup(KIQ_KEY_HEARTBEAT, identity),
-                      KIQ_KEY_DEAD, kiq__key_dup(KIQ_KEY_ORPHAN, identity) };
+    char *keys[4] = { capstan__key_dup(CAPSTAN_KEY_WORKING, identity),
+                      capstan__key_dup(CAPSTAN_KEY_HEARTBEAT, identity),
+                      CAPSTAN_KEY_DEAD, capstan__key_dup(CAPSTAN_KEY_ORPHAN, identity) };
     redisReply *list = NULL;
     int rc = 0;
     if (!keys[0] || !keys[1] || !keys[3]) {
-        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
     }
     const char *wkey = keys[0];
     const char *argv[] = { "LRANGE", wkey, "0", "-1" };
-    list = kiq_redis_cmd(r, 4, argv, NULL);
+    list = capstan_redis_cmd(r, 4, argv, NULL);
     if (!list || list->type != REDIS_REPLY_ARRAY) {
         rc = lrange_error(r, list, wkey, err);
         goto out;
     }
-    double now = kiq__now();
+    double now = capstan__now();
     moved_t jobs[BATCH];
     size_t total = list->elements, done = 0;
     rc = 0;
@@ -232,9 +232,9 @@ static int recover_list(kiq_redis_t *r, const char *identity, long long grace_ms
     } else if (rc == 2) {
         out->suspects++;
         rc = 0;
-    } else if (rc && rc != KIQ_EREDIS) {
-        kiq_seterr(err, rc, "recovering %s: %s", wkey,
-                   rc == KIQ_ENOMEM ? "out of memory" : "could not edit a payload");
+    } else if (rc && rc != CAPSTAN_EREDIS) {
+        capstan_seterr(err, rc, "recovering %s: %s", wkey,
+                       rc == CAPSTAN_ENOMEM ? "out of memory" : "could not edit a payload");
     } else if (rc == 0 && total) {
         out->lists++;
     }
@@ -246,25 +246,25 @@ out:
     return rc;
 }
 
-int kiq_fetch_recover_one(kiq_redis_t *r, const char *identity, int max_recoveries,
-                          kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
+int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
+                               capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
 {
     return recover_list(r, identity, 0, max_recoveries, ts, out, err);
 }
 
-int kiq__fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recoveries,
-                      double liveness_ttl, kiq_ts_format_t ts, kiq_recovery_t *out, char *err)
+int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max_recoveries,
+                           double liveness_ttl, capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
     /* Longer than the owners' refresh interval (at most a third of the TTL),
      * so a live owner that can write to Redis has re-created its key. */
     long long grace_ms = (long long)(liveness_ttl * 500.0);
-    size_t plen = strlen(KIQ_KEY_WORKING);
-    kiq_scan_t scan;
+    size_t plen = strlen(CAPSTAN_KEY_WORKING);
+    capstan_scan_t scan;
     const redisReply *keys;
     int rc = 0, more;
-    kiq__scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
-    while (rc == 0 && (more = kiq__scan_next(&scan, &keys, err)) != 0) {
+    capstan__scan_init(&scan, r, NULL, CAPSTAN_KEY_WORKING "*", 200);
+    while (rc == 0 && (more = capstan__scan_next(&scan, &keys, err)) != 0) {
         if (more < 0) {
             rc = more;
             break;
@@ -278,9 +278,9 @@ int kiq__fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recover
                 continue;
             /* The script checks liveness again; this only spares reading
              * the lists of live owners. */
-            redisReply *ex = kiq_redis_cmdf(r, "EXISTS " KIQ_KEY_HEARTBEAT "%s", id);
+            redisReply *ex = capstan_redis_cmdf(r, "EXISTS " CAPSTAN_KEY_HEARTBEAT "%s", id);
             if (!ex) {
-                rc = kiq__reply_error(r, NULL, "EXISTS", err);
+                rc = capstan__reply_error(r, NULL, "EXISTS", err);
                 break;
             }
             int alive = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
@@ -289,18 +289,18 @@ int kiq__fetch_recover(kiq_redis_t *r, const char *own_identity, int max_recover
                 rc = recover_list(r, id, grace_ms, max_recoveries, ts, out, err);
         }
     }
-    kiq__scan_close(&scan);
+    capstan__scan_close(&scan);
     return rc;
 }
 
-/* Orders listings by identity, so `kiq stats` prints a stable table. */
+/* Orders listings by identity, so `capstan stats` prints a stable table. */
 static int cmp_info(const void *a, const void *b)
 {
-    return strcmp(((const kiq_working_info_t *)a)->identity,
-                  ((const kiq_working_info_t *)b)->identity);
+    return strcmp(((const capstan_working_info_t *)a)->identity,
+                  ((const capstan_working_info_t *)b)->identity);
 }
 
-void kiq__fetch_working_info_free(kiq_working_info_t *info, size_t n)
+void capstan__fetch_working_info_free(capstan_working_info_t *info, size_t n)
 {
     if (!info)
         return;
@@ -311,44 +311,44 @@ void kiq__fetch_working_info_free(kiq_working_info_t *info, size_t n)
 
 /* Appends the identity of every working-list key in keys to *v (SCAN may
  * return a key twice; duplicates are removed after sorting). */
-static int collect(const redisReply *keys, kiq_working_info_t **v, size_t *n, size_t *cap)
+static int collect(const redisReply *keys, capstan_working_info_t **v, size_t *n, size_t *cap)
 {
-    size_t plen = strlen(KIQ_KEY_WORKING);
+    size_t plen = strlen(CAPSTAN_KEY_WORKING);
     for (size_t i = 0; i < keys->elements; i++) {
         const redisReply *k = keys->element[i];
         if (k->type != REDIS_REPLY_STRING || k->len <= plen)
             continue;
         if (*n == *cap) {
             size_t nc = *cap ? *cap * 2 : 16;
-            kiq_working_info_t *nv = realloc(*v, nc * sizeof(*nv));
+            capstan_working_info_t *nv = realloc(*v, nc * sizeof(*nv));
             if (!nv)
-                return KIQ_ENOMEM;
+                return CAPSTAN_ENOMEM;
             *v = nv;
             *cap = nc;
         }
-        kiq_working_info_t *e = &(*v)[*n];
+        capstan_working_info_t *e = &(*v)[*n];
         memset(e, 0, sizeof(*e));
         if (!(e->identity = strndup(k->str + plen, k->len - plen)))
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         (*n)++;
     }
     return 0;
 }
 
-int kiq__fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *nout, char *err)
+int capstan__fetch_list_working(capstan_redis_t *r, capstan_working_info_t **out, size_t *nout, char *err)
 {
-    kiq_working_info_t *v = NULL;
+    capstan_working_info_t *v = NULL;
     size_t n = 0, cap = 0, kept = 0;
-    kiq_scan_t scan;
+    capstan_scan_t scan;
     const redisReply *page;
     int rc;
-    kiq__scan_init(&scan, r, NULL, KIQ_KEY_WORKING "*", 200);
-    while ((rc = kiq__scan_next(&scan, &page, err)) > 0)
+    capstan__scan_init(&scan, r, NULL, CAPSTAN_KEY_WORKING "*", 200);
+    while ((rc = capstan__scan_next(&scan, &page, err)) > 0)
         if ((rc = collect(page, &v, &n, &cap)) != 0) {
-            kiq_seterr(err, rc, "out of memory");
+            capstan_seterr(err, rc, "out of memory");
             break;
         }
-    kiq__scan_close(&scan);
+    capstan__scan_close(&scan);
     if (rc)
         goto out;
     if (n)
@@ -364,24 +364,24 @@ int kiq__fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *no
     /* One round trip for all of them: LLEN and PTTL per identity. */
     for (size_t i = 0; i < n && rc == 0; i++) {
         char wkey[512], lkey[512];
-        kiq__fetch_working_key(v[i].identity, wkey, sizeof(wkey));
-        kiq__fetch_liveness_key(v[i].identity, lkey, sizeof(lkey));
+        capstan__fetch_working_key(v[i].identity, wkey, sizeof(wkey));
+        capstan__fetch_liveness_key(v[i].identity, lkey, sizeof(lkey));
         const char *llen[] = { "LLEN", wkey }, *pttl[] = { "PTTL", lkey };
-        rc = kiq_redis_append(r, 2, llen, NULL);
+        rc = capstan_redis_append(r, 2, llen, NULL);
         if (!rc)
-            rc = kiq_redis_append(r, 2, pttl, NULL);
+            rc = capstan_redis_append(r, 2, pttl, NULL);
     }
     /* Every reply is read even after an odd one, so none is left for the
      * connection's next command. */
-    for (size_t i = 0; i < n && rc != KIQ_EREDIS; i++) {
+    for (size_t i = 0; i < n && rc != CAPSTAN_EREDIS; i++) {
         for (int k = 0; k < 2; k++) {
-            redisReply *x = kiq_redis_get_reply(r);
+            redisReply *x = capstan_redis_get_reply(r);
             if (!x) {
-                rc = KIQ_EREDIS;
+                rc = CAPSTAN_EREDIS;
                 break;
             }
             if (x->type != REDIS_REPLY_INTEGER)
-                rc = rc ? rc : KIQ_EREPLY;
+                rc = rc ? rc : CAPSTAN_EREPLY;
             else if (k == 0)
                 v[i].length = x->integer;
             else
@@ -393,8 +393,8 @@ int kiq__fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *no
             v[i].liveness_ms = 0;
     }
     if (rc) {
-        kiq_seterr(err, rc, "listing working lists: %s",
-                   rc == KIQ_EREDIS ? kiq_redis_error(r) : "unexpected reply");
+        capstan_seterr(err, rc, "listing working lists: %s",
+                       rc == CAPSTAN_EREDIS ? capstan_redis_error(r) : "unexpected reply");
         goto out;
     }
     /* A list emptied since SCAN no longer exists: it has no jobs to show. */
@@ -408,7 +408,7 @@ int kiq__fetch_list_working(kiq_redis_t *r, kiq_working_info_t **out, size_t *no
     n = kept;
 out:
     if (rc) {
-        kiq__fetch_working_info_free(v, n);
+        capstan__fetch_working_info_free(v, n);
         return rc;
     }
     *out = v;
@@ -418,19 +418,19 @@ out:
 
 /* Entries of our own working list seen unheld at the last pass, each with
  * the time it was first seen so. */
-struct kiq_strays {
+struct capstan_strays {
     char **payload;
     size_t *len;
-    double *since;  /* kiq__mono() */
+    double *since;  /* capstan__mono() */
     size_t n;
 };
 
-kiq_strays_t *kiq__strays_new(void)
+capstan_strays_t *capstan__strays_new(void)
 {
-    return calloc(1, sizeof(kiq_strays_t));
+    return calloc(1, sizeof(capstan_strays_t));
 }
 
-static void strays_clear(kiq_strays_t *s)
+static void strays_clear(capstan_strays_t *s)
 {
     for (size_t i = 0; i < s->n; i++)
         free(s->payload[i]);
@@ -440,7 +440,7 @@ static void strays_clear(kiq_strays_t *s)
     memset(s, 0, sizeof(*s));
 }
 
-void kiq__strays_free(kiq_strays_t *s)
+void capstan__strays_free(capstan_strays_t *s)
 {
     if (!s)
         return;
@@ -449,7 +449,7 @@ void kiq__strays_free(kiq_strays_t *s)
 }
 
 /* When p was first seen unheld, or -1 if it was held (or absent) last pass. */
-static double suspect_since(const kiq_strays_t *s, const char *p, size_t len)
+static double suspect_since(const capstan_strays_t *s, const char *p, size_t len)
 {
     for (size_t i = 0; i < s->n; i++)
         if (s->len[i] == len && memcmp(s->payload[i], p, len) == 0)
@@ -459,56 +459,56 @@ static double suspect_since(const kiq_strays_t *s, const char *p, size_t len)
 
 /* Puts one stray back at the fetched end of its queue, only if it is still
  * in our list (requeue.lua), so a processor that gives it back at the same
- * moment cannot double it. Returns 1 when moved, 0 when gone, or KIQ_E*
- * (KIQ_EREPLY with *bad set when the queue key holds another type: the job
+ * moment cannot double it. Returns 1 when moved, 0 when gone, or CAPSTAN_E*
+ * (CAPSTAN_EREPLY with *bad set when the queue key holds another type: the job
  * stays). */
-static int give_back(kiq_redis_t *r, const char *wkey, const char *raw, size_t len, int *bad)
+static int give_back(capstan_redis_t *r, const char *wkey, const char *raw, size_t len, int *bad)
 {
-    kiq_jobject_t obj = {0};
+    capstan_jobject_t obj = {0};
     char *name = NULL;
-    if (kiq__json_scan_object(raw, len, &obj, NULL) == 0) {
-        const kiq_jmember_t *q = kiq__jobject_get(&obj, raw, "queue");
-        name = q ? kiq__json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    if (capstan__json_scan_object(raw, len, &obj, NULL) == 0) {
+        const capstan_jmember_t *q = capstan__jobject_get(&obj, raw, "queue");
+        name = q ? capstan__json_string_dup(raw + q->vstart, q->vlen) : NULL;
     }
-    kiq__jobject_free(&obj);
-    char *qkey = kiq__key_dup(KIQ_KEY_QUEUE, name && *name ? name : "default");
+    capstan__jobject_free(&obj);
+    char *qkey = capstan__key_dup(CAPSTAN_KEY_QUEUE, name && *name ? name : "default");
     free(name);
     if (!qkey)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     const char *argv[] = { wkey, qkey, raw };
     size_t lens[] = { strlen(wkey), strlen(qkey), len };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_REQUEUE, 2, 3, argv, lens);
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_REQUEUE, 2, 3, argv, lens);
     free(qkey);
     if (!rep)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     int rc = rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0 ? (int)rep->integer
-                                                                   : KIQ_EREPLY;
+                                                                   : CAPSTAN_EREPLY;
     *bad = rep->type == REDIS_REPLY_INTEGER && rep->integer == -1;
     freeReplyObject(rep);
     return rc;
 }
 
-int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, double min_age,
-                      kiq_fetch_held_fn held, void *udata, long *reclaimed, char *err)
+int capstan__fetch_reclaim(capstan_redis_t *r, const char *identity, capstan_strays_t *st, double min_age,
+                           capstan_fetch_held_fn held, void *udata, long *reclaimed, char *err)
 {
     char wkey[512];
-    kiq__fetch_working_key(identity, wkey, sizeof(wkey));
+    capstan__fetch_working_key(identity, wkey, sizeof(wkey));
     *reclaimed = 0;
-    double asked = kiq__mono();
-    redisReply *list = kiq_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
-    kiq_strays_t next = {0};
+    double asked = capstan__mono();
+    redisReply *list = capstan_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
+    capstan_strays_t next = {0};
     int rc = 0;
     if (!list || list->type != REDIS_REPLY_ARRAY) {
         rc = lrange_error(r, list, wkey, err);
         goto out;
     }
-    double now = kiq__mono();
+    double now = capstan__mono();
     if (list->elements) {
         next.payload = calloc(list->elements, sizeof(char *));
         next.len = calloc(list->elements, sizeof(size_t));
         next.since = calloc(list->elements, sizeof(double));
         if (!next.payload || !next.len || !next.since) {
-            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             goto out;
         }
     }
@@ -530,15 +530,15 @@ int kiq__fetch_reclaim(kiq_redis_t *r, const char *identity, kiq_strays_t *st, d
                 continue;
             }
             if (!bad) {
-                rc = kiq_seterr(err, moved, "giving back a job of %s: %s", wkey,
-                                moved == KIQ_EREDIS ? kiq_redis_error(r) : "unexpected reply");
+                rc = capstan_seterr(err, moved, "giving back a job of %s: %s", wkey,
+                                    moved == CAPSTAN_EREDIS ? capstan_redis_error(r) : "unexpected reply");
                 continue;
             }
             /* Its queue key holds another type: it stays, and is tried
              * again at the next pass. */
         }
         if (!(next.payload[next.n] = malloc(e->len ? e->len : 1))) {
-            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             break;
         }
         memcpy(next.payload[next.n], e->str, e->len);

@@ -18,7 +18,7 @@
  * returns it unescaped (malloc'd) for comparison with the input. */
 static char *unescape(const char *v, size_t len)
 {
-    CHECK(kiq__utf8_valid(v, len));
+    CHECK(capstan__utf8_valid(v, len));
     char *out = malloc(len + 1), *o = out;
     CHECK(out != NULL);
     for (size_t i = 0; i < len; i++) {
@@ -44,7 +44,7 @@ static char *expected(const char *s)
     char *out = malloc(3 * len + 1), *o = out;
     CHECK(out != NULL);
     for (size_t i = 0; i < len;) {
-        size_t k = kiq__utf8_seq(s + i, len - i);
+        size_t k = capstan__utf8_seq(s + i, len - i);
         if (k) {
             memcpy(o, s + i, k);
             o += k;
@@ -61,14 +61,14 @@ static char *expected(const char *s)
 
 static void check_escape(const char *s)
 {
-    kiq_buf_t b = {0};
-    CHECK(kiq_metrics_escape(&b, s) == 0);
+    capstan_buf_t b = {0};
+    CHECK(capstan__metrics_escape(&b, s) == 0);
     CHECK(b.p != NULL);
     char *back = unescape(b.p, b.len), *want = expected(s);
     CHECK(strcmp(back, want) == 0);
     free(back);
     free(want);
-    kiq__buf_free(&b);
+    capstan__buf_free(&b);
 }
 
 /* One sample line: name{l="v",...} value, every value well-formed. */
@@ -121,14 +121,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_escape(queue);
     check_escape(type);
 
-    kiq_metrics_t *m = kiq_metrics_new();
+    capstan_metrics_t *m = capstan__metrics_new();
     CHECK(m != NULL);
-    kiq__metrics_job(m, cls, queue, (double)size / 100, size & 1);
-    kiq__metrics_job(m, queue, cls, 0.5, 0);
-    kiq__metrics_lock_event(m, type, "locked");
-    kiq_buf_t b = {0};
-    CHECK(kiq_metrics_render(m, &b) == 0);
-    CHECK(kiq__utf8_valid(b.p, b.len));
+    capstan__metrics_job(m, cls, queue, (double)size / 100, size & 1);
+    capstan__metrics_job(m, queue, cls, 0.5, 0);
+    capstan__metrics_lock_event(m, type, "locked");
+    capstan_buf_t b = {0};
+    CHECK(capstan__metrics_render(m, &b) == 0);
+    CHECK(capstan__utf8_valid(b.p, b.len));
     for (const char *p = b.p, *end = b.p + b.len; p < end;) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         CHECK(nl != NULL);
@@ -136,8 +136,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_sample(p, (size_t)(nl - p));
         p = nl + 1;
     }
-    kiq__buf_free(&b);
-    kiq_metrics_free(m);
+    capstan__buf_free(&b);
+    capstan__metrics_free(m);
     free(s);
     return 0;
 }

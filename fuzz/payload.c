@@ -12,10 +12,10 @@
 #include <string.h>
 
 #include "support/buf.h"
-#include "runtime/internal.h"
+#include "job/job.h"
 #include "support/json.h"
 #include "support/payload.h"
-#include "kiq/error.h"
+#include "capstan/error.h"
 
 #define CHECK(c) ((c) ? (void)0 : abort())
 
@@ -32,7 +32,7 @@ static int jansson_ok(const char *s, size_t len)
     return j != NULL;
 }
 
-static char *raw_key(const char *s, const kiq_jmember_t *m)
+static char *raw_key(const char *s, const capstan_jmember_t *m)
 {
     char *k = strndup(s + m->kstart, m->klen);
     CHECK(k != NULL);
@@ -40,8 +40,8 @@ static char *raw_key(const char *s, const kiq_jmember_t *m)
 }
 
 /* out[m] equals in[m] for a member m of in whose key is not in skip. */
-static void check_kept(const char *in, const kiq_jobject_t *io, const char *out,
-                       const kiq_jobject_t *oo, const char *const *skip, size_t nskip)
+static void check_kept(const char *in, const capstan_jobject_t *io, const char *out,
+                       const capstan_jobject_t *oo, const char *const *skip, size_t nskip)
 {
     for (size_t i = 0; i < io->n; i++) {
         char *k = raw_key(in, &io->m[i]);
@@ -49,7 +49,7 @@ static void check_kept(const char *in, const kiq_jobject_t *io, const char *out,
         for (size_t j = 0; j < nskip; j++)
             skipped |= skip[j] && !strcmp(skip[j], k);
         if (!skipped) {
-            const kiq_jmember_t *a = kiq__jobject_get(io, in, k), *b = kiq__jobject_get(oo, out, k);
+            const capstan_jmember_t *a = capstan__jobject_get(io, in, k), *b = capstan__jobject_get(oo, out, k);
             CHECK(a && b && a->vlen == b->vlen);
             CHECK(memcmp(in + a->vstart, out + b->vstart, a->vlen) == 0);
         }
@@ -57,32 +57,32 @@ static void check_kept(const char *in, const kiq_jobject_t *io, const char *out,
     }
 }
 
-static void check_members(const char *s, size_t len, const kiq_jobject_t *o)
+static void check_members(const char *s, size_t len, const capstan_jobject_t *o)
 {
     for (size_t i = 0; i < o->n; i++) {
-        const kiq_jmember_t *m = &o->m[i];
+        const capstan_jmember_t *m = &o->m[i];
         CHECK(m->kstart >= 2 && m->kstart + m->klen < len);
         CHECK(s[m->kstart - 1] == '"' && s[m->kstart + m->klen] == '"');
         CHECK(m->vstart + m->vlen <= len && m->vlen > 0);
-        CHECK(kiq__json_validate(s + m->vstart, m->vlen, NULL) == 0);
-        free(kiq__json_string_dup(s + m->kstart - 1, m->klen + 2));
+        CHECK(capstan__json_validate(s + m->vstart, m->vlen, NULL) == 0);
+        free(capstan__json_string_dup(s + m->kstart - 1, m->klen + 2));
         if (s[m->vstart] == '"') {
-            char *v = kiq__json_string_dup(s + m->vstart, m->vlen);
+            char *v = capstan__json_string_dup(s + m->vstart, m->vlen);
             CHECK(v != NULL);
             free(v);
         }
         char *k = raw_key(s, m);
-        const kiq_jmember_t *last = kiq__jobject_get(o, s, k);
+        const capstan_jmember_t *last = capstan__jobject_get(o, s, k);
         CHECK(last && last >= m);
         free(k);
     }
 }
 
 /* Replaces the first member, removes the last, adds two, as retry does. */
-static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jok)
+static void check_edit(const char *s, size_t len, const capstan_jobject_t *o, int jok)
 {
-    kiq_buf_t msg = {0};
-    CHECK(kiq__json_quote(&msg, s, len) == 0);
+    capstan_buf_t msg = {0};
+    CHECK(capstan__json_quote(&msg, s, len) == 0);
     char *first = o->n ? raw_key(s, &o->m[0]) : NULL;
     char *last = o->n ? raw_key(s, &o->m[o->n - 1]) : NULL;
     /* A key given twice in one edit is the caller's mistake: avoid it. */
@@ -94,7 +94,7 @@ static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jo
         free(last);
         last = NULL;
     }
-    kiq_field_t set[4] = {
+    capstan_field_t set[4] = {
         { "retry_count", "7", 0 },
         { "error_message", msg.p, msg.len },
         { first ? first : "class", "null", 0 },
@@ -102,86 +102,86 @@ static void check_edit(const char *s, size_t len, const kiq_jobject_t *o, int jo
     };
     char *out = NULL;
     size_t outlen = 0;
-    CHECK(kiq__payload_edit(s, o, set, 4, &out, &outlen) == 0);
-    kiq_jobject_t oo = {0};
-    CHECK(kiq__json_scan_object(out, outlen, &oo, NULL) == 0);
+    CHECK(capstan__payload_edit(s, o, set, 4, &out, &outlen) == 0);
+    capstan_jobject_t oo = {0};
+    CHECK(capstan__json_scan_object(out, outlen, &oo, NULL) == 0);
     CHECK(!jok || jansson_ok(out, outlen));
-    const kiq_jmember_t *m = kiq__jobject_get(&oo, out, "retry_count");
+    const capstan_jmember_t *m = capstan__jobject_get(&oo, out, "retry_count");
     CHECK(m && m->vlen == 1 && out[m->vstart] == '7');
     if (strcmp(set[3].key, set[2].key))
-        CHECK(kiq__jobject_get(&oo, out, set[3].key) == NULL);
+        CHECK(capstan__jobject_get(&oo, out, set[3].key) == NULL);
     const char *skip[] = { "retry_count", "error_message", set[2].key, set[3].key };
     check_kept(s, o, out, &oo, skip, 4);
-    kiq__jobject_free(&oo);
+    capstan__jobject_free(&oo);
     free(out);
     free(first);
     free(last);
-    kiq__buf_free(&msg);
+    capstan__buf_free(&msg);
 }
 
 /* A failed job through Sidekiq's retry rules. */
-static void check_retry(const char *s, size_t len, const kiq_config_t *cfg, int jok)
+static void check_retry(const char *s, size_t len, const capstan_config_t *cfg, int jok)
 {
-    char *copy = malloc(len ? len : 1), err[KIQ_ERRLEN];
+    char *copy = malloc(len ? len : 1), err[CAPSTAN_ERRLEN];
     CHECK(copy != NULL);
     memcpy(copy, s, len);
-    kiq_job_t job;
-    if (kiq_job_init(&job, copy, len, "default", err) == 0) {
+    capstan_job_t job;
+    if (capstan__job_init(&job, copy, len, "default", err) == 0) {
         CHECK(job.cls && job.cls[0] && job.jid && job.jid[0]);
-        kiq_failure_t f;
-        CHECK(kiq_retry_decide(&job, "Bad\xff" "Error", "line\n\"quoted\"\x80", KIQ_RETRY_UNSET,
-                               cfg, now, &f) == 0);
+        capstan_failure_t f;
+        CHECK(capstan__retry_decide(&job, "Bad\xff" "Error", "line\n\"quoted\"\x80", CAPSTAN_RETRY_UNSET,
+                                    cfg, now, &f) == 0);
         if (f.payload) {
-            kiq_jobject_t oo = {0};
-            CHECK(kiq__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
+            capstan_jobject_t oo = {0};
+            CHECK(capstan__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
             CHECK(!jok || jansson_ok(f.payload, f.len));
-            CHECK(kiq__jobject_get(&oo, f.payload, "retry_count") != NULL);
+            CHECK(capstan__jobject_get(&oo, f.payload, "retry_count") != NULL);
             const char *skip[] = { "queue", "error_message", "error_class", "failed_at",
                                    "retried_at", "retry_count" };
             check_kept(job.payload, &job.obj, f.payload, &oo, skip, 6);
-            kiq__jobject_free(&oo);
+            capstan__jobject_free(&oo);
         } else {
-            CHECK(f.fate == KIQ_FATE_DROP);
+            CHECK(f.fate == CAPSTAN_FATE_DROP);
         }
-        kiq_failure_clear(&f);
+        capstan__failure_clear(&f);
     }
-    kiq_job_clear(&job);
+    capstan__job_clear(&job);
 }
 
 /* A payload that cannot run becomes a dead-set entry. */
-static void check_invalid(const char *s, size_t len, const kiq_config_t *cfg, int is_object,
+static void check_invalid(const char *s, size_t len, const capstan_config_t *cfg, int is_object,
                           int jok)
 {
-    kiq_failure_t f;
-    CHECK(kiq_retry_invalid(s, len, "default", "no class", cfg, now, &f) == 0);
-    CHECK(f.fate == KIQ_FATE_DEAD && f.payload);
-    kiq_jobject_t oo = {0};
-    CHECK(kiq__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
+    capstan_failure_t f;
+    CHECK(capstan__retry_invalid(s, len, "default", "no class", cfg, now, &f) == 0);
+    CHECK(f.fate == CAPSTAN_FATE_DEAD && f.payload);
+    capstan_jobject_t oo = {0};
+    CHECK(capstan__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
     /* The envelope for text that is no object is strict JSON (UTF-8). */
     CHECK((is_object && !jok) || jansson_ok(f.payload, f.len));
-    kiq__jobject_free(&oo);
-    kiq_failure_clear(&f);
+    capstan__jobject_free(&oo);
+    capstan__failure_clear(&f);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static kiq_config_t *cfg;
+    static capstan_config_t *cfg;
     if (!cfg)
-        CHECK((cfg = kiq_config_new()) != NULL);
+        CHECK((cfg = capstan_config_new()) != NULL);
     const char *s = (const char *)data;
-    int valid = kiq__json_validate(s, size, NULL) == 0;
+    int valid = capstan__json_validate(s, size, NULL) == 0;
     /* Strict JSON by jansson's reading (which stops at a NUL byte). */
     int jok = !memchr(s, '\0', size) && jansson_ok(s, size);
     CHECK(!jok || valid || size > COMPARE_MAX);
 
-    kiq_jobject_t o = {0};
-    int is_object = kiq__json_scan_object(s, size, &o, NULL) == 0;
+    capstan_jobject_t o = {0};
+    int is_object = capstan__json_scan_object(s, size, &o, NULL) == 0;
     if (is_object) {
         CHECK(valid);
         check_members(s, size, &o);
         check_edit(s, size, &o, jok);
     }
-    kiq__jobject_free(&o);
+    capstan__jobject_free(&o);
     check_retry(s, size, cfg, jok);
     check_invalid(s, size, cfg, is_object, jok);
     return 0;

@@ -1,6 +1,6 @@
-/* The kiq.yml loader: any file loads or is refused with one
+/* The capstan.yml loader: any file loads or is refused with one
  * "path:line: ..." message, and a loaded config passes or fails
- * kiq_config_validate cleanly. The loader reads a path, so each input is
+ * capstan_config_validate cleanly. The loader reads a path, so each input is
  * written over one temporary file. */
 #include <stdint.h>
 #include <stdio.h>
@@ -8,12 +8,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kiq/config.h"
-#include "kiq/error.h"
+#include "capstan/config.h"
+#include "capstan/error.h"
 
 #define CHECK(c) ((c) ? (void)0 : abort())
 
-static char path[] = "/dev/shm/kiq-fuzz-yaml-XXXXXX";
+static char path[] = "/dev/shm/capstan-fuzz-yaml-XXXXXX";
 static int fd = -1;
 
 static void remove_file(void)
@@ -28,24 +28,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(fd >= 0);
         atexit(remove_file);
         /* ${VAR} references expand: one set, one empty, others unset. */
-        setenv("KIQ_FUZZ_SET", "redis://127.0.0.1:6379/1", 1);
-        setenv("KIQ_FUZZ_EMPTY", "", 1);
+        setenv("CAPSTAN_FUZZ_SET", "redis://127.0.0.1:6379/1", 1);
+        setenv("CAPSTAN_FUZZ_EMPTY", "", 1);
     }
     CHECK(ftruncate(fd, 0) == 0);
     CHECK(pwrite(fd, data, size, 0) == (ssize_t)size);
 
-    char err[KIQ_ERRLEN] = "";
-    kiq_config_t *cfg = kiq_config_new();
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_config_t *cfg = capstan_config_new();
     CHECK(cfg != NULL);
-    int rc = kiq_config_load_file(cfg, path, err);
+    int rc = capstan_config_load_file(cfg, path, err);
     if (rc == 0) {
-        rc = kiq_config_validate(cfg, err);
-        CHECK(rc == 0 || rc == KIQ_ECONFIG);
+        rc = capstan_config_validate(cfg, err);
+        CHECK(rc == 0 || rc == CAPSTAN_ECONFIG);
         CHECK(rc == 0 || err[0] != '\0');
     } else {
-        CHECK(rc == KIQ_ECONFIG || rc == KIQ_EPARSE);
+        CHECK(rc == CAPSTAN_ECONFIG || rc == CAPSTAN_EPARSE);
         CHECK(strncmp(err, path, strlen(path)) == 0 && err[strlen(path)] == ':');
     }
-    kiq_config_free(cfg);
+    capstan_config_free(cfg);
     return 0;
 }

@@ -1,5 +1,5 @@
-/* Rate limiters (include/kiq/limiter.h): the C side of lua/limit_*.lua. */
-#include "kiq/limiter.h"
+/* Rate limiters (include/capstan/limiter.h): the C side of lua/limit_*.lua. */
+#include "capstan/limiter.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,13 +14,13 @@
 
 #define LEASE_DEFAULT 30.0 /* s: a concurrent slot's lease */
 #define POLL_MAX 0.05      /* s: a concurrent waiter rechecks this often */
-#define KEY_MAX (KIQ_LIMIT_NAME_MAX + 32)
+#define KEY_MAX (CAPSTAN_LIMIT_NAME_MAX + 32)
 
-struct kiq_limiter {
-    kiq_limit_type_t type;
+struct capstan_limiter {
+    capstan_limit_type_t type;
     long count;
     long long ms;           /* interval or lease */
-    char name[KIQ_LIMIT_NAME_MAX + 1];
+    char name[CAPSTAN_LIMIT_NAME_MAX + 1];
     char meta[96];          /* what limiter:NAME:meta holds */
     char nonce[13];         /* random hex: holder ids of this handle */
     char meta_key[KEY_MAX];
@@ -28,99 +28,99 @@ struct kiq_limiter {
 };
 
 static const char *const type_names[] = {
-    [KIQ_LIMIT_CONCURRENT] = "concurrent",
-    [KIQ_LIMIT_WINDOW] = "window",
-    [KIQ_LIMIT_BUCKET] = "bucket",
-    [KIQ_LIMIT_SLIDING] = "sliding",
-    [KIQ_LIMIT_LEAKY] = "leaky",
-    [KIQ_LIMIT_POINTS] = "points",
+    [CAPSTAN_LIMIT_CONCURRENT] = "concurrent",
+    [CAPSTAN_LIMIT_WINDOW] = "window",
+    [CAPSTAN_LIMIT_BUCKET] = "bucket",
+    [CAPSTAN_LIMIT_SLIDING] = "sliding",
+    [CAPSTAN_LIMIT_LEAKY] = "leaky",
+    [CAPSTAN_LIMIT_POINTS] = "points",
 };
-#define TYPE_LAST KIQ_LIMIT_POINTS
+#define TYPE_LAST CAPSTAN_LIMIT_POINTS
 
-const char *kiq_limit_type_name(kiq_limit_type_t t)
+const char *capstan_limit_type_name(capstan_limit_type_t t)
 {
-    return t >= KIQ_LIMIT_CONCURRENT && t <= TYPE_LAST ? type_names[t] : "unknown";
+    return t >= CAPSTAN_LIMIT_CONCURRENT && t <= TYPE_LAST ? type_names[t] : "unknown";
 }
 
-int kiq_limit_type_parse(const char *s, kiq_limit_type_t *out)
+int capstan_limit_type_parse(const char *s, capstan_limit_type_t *out)
 {
-    for (int t = KIQ_LIMIT_CONCURRENT; s && t <= TYPE_LAST; t++)
+    for (int t = CAPSTAN_LIMIT_CONCURRENT; s && t <= TYPE_LAST; t++)
         if (strcmp(s, type_names[t]) == 0) {
-            *out = (kiq_limit_type_t)t;
+            *out = (capstan_limit_type_t)t;
             return 0;
         }
-    return KIQ_EINVAL;
+    return CAPSTAN_EINVAL;
 }
 
-kiq_limiter_t *kiq_limiter_new(kiq_limit_type_t type, const char *name, long count,
-                               double seconds, char *err)
+capstan_limiter_t *capstan_limiter_new(capstan_limit_type_t type, const char *name, long count,
+                                       double seconds, char *err)
 {
-    if (strcmp(kiq_limit_type_name(type), "unknown") == 0) {
-        kiq_seterr(err, KIQ_EINVAL, "unknown limiter type %d", (int)type);
+    if (strcmp(capstan_limit_type_name(type), "unknown") == 0) {
+        capstan_seterr(err, CAPSTAN_EINVAL, "unknown limiter type %d", (int)type);
         return NULL;
     }
-    if (!name || !*name || strlen(name) > KIQ_LIMIT_NAME_MAX) {
-        kiq_seterr(err, KIQ_EINVAL, "a limiter name must have 1 to %d bytes", KIQ_LIMIT_NAME_MAX);
+    if (!name || !*name || strlen(name) > CAPSTAN_LIMIT_NAME_MAX) {
+        capstan_seterr(err, CAPSTAN_EINVAL, "a limiter name must have 1 to %d bytes", CAPSTAN_LIMIT_NAME_MAX);
         return NULL;
     }
     if (count < 1) {
-        kiq_seterr(err, KIQ_EINVAL, "limiter %s: %s must be >= 1", name,
-                   type == KIQ_LIMIT_CONCURRENT ? "size" : "count");
+        capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: %s must be >= 1", name,
+                       type == CAPSTAN_LIMIT_CONCURRENT ? "size" : "count");
         return NULL;
     }
-    if (type == KIQ_LIMIT_CONCURRENT && seconds == 0)
+    if (type == CAPSTAN_LIMIT_CONCURRENT && seconds == 0)
         seconds = LEASE_DEFAULT;
     /* At least a millisecond, at most a year. */
     if (!(seconds >= 0.001 && seconds <= 366 * 86400.0)) {
-        kiq_seterr(err, KIQ_EINVAL, "limiter %s: %s must be between 0.001 and 31622400 seconds",
-                   name, type == KIQ_LIMIT_CONCURRENT ? "lock_timeout" : "interval");
+        capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: %s must be between 0.001 and 31622400 seconds",
+                       name, type == CAPSTAN_LIMIT_CONCURRENT ? "lock_timeout" : "interval");
         return NULL;
     }
-    kiq_limiter_t *lim = calloc(1, sizeof(*lim));
+    capstan_limiter_t *lim = calloc(1, sizeof(*lim));
     if (!lim) {
-        kiq_seterr(err, KIQ_ENOMEM, "no memory for limiter %s", name);
+        capstan_seterr(err, CAPSTAN_ENOMEM, "no memory for limiter %s", name);
         return NULL;
     }
     lim->type = type;
     strcpy(lim->name, name);
     lim->count = count;
     lim->ms = (long long)(seconds * 1000 + 0.5);
-    kiq__random_hex(lim->nonce, 6);
+    capstan__random_hex(lim->nonce, 6);
     /* The lease is not part of the meta: it is each holder's own business,
      * while size, count and interval define the limit. */
-    if (type == KIQ_LIMIT_CONCURRENT)
+    if (type == CAPSTAN_LIMIT_CONCURRENT)
         snprintf(lim->meta, sizeof(lim->meta), "concurrent size=%ld", count);
     else
         snprintf(lim->meta, sizeof(lim->meta), "%s count=%ld interval_ms=%lld",
                  type_names[type], count, lim->ms);
-    snprintf(lim->meta_key, sizeof(lim->meta_key), "%s%s:meta", KIQ_KEY_LIMITER, name);
-    snprintf(lim->state_key, sizeof(lim->state_key), "%s%s:%s", KIQ_KEY_LIMITER, name,
-             type == KIQ_LIMIT_CONCURRENT ? "held" : type == KIQ_LIMIT_WINDOW ? "w:"
+    snprintf(lim->meta_key, sizeof(lim->meta_key), "%s%s:meta", CAPSTAN_KEY_LIMITER, name);
+    snprintf(lim->state_key, sizeof(lim->state_key), "%s%s:%s", CAPSTAN_KEY_LIMITER, name,
+             type == CAPSTAN_LIMIT_CONCURRENT ? "held" : type == CAPSTAN_LIMIT_WINDOW ? "w:"
                                                                                : type_names[type]);
     return lim;
 }
 
-int kiq_limit_opts_check(const kiq_limit_opts_t *o, const char *cls, char *err)
+int capstan_limit_opts_check(const capstan_limit_opts_t *o, const char *cls, char *err)
 {
     if (!o)
-        return kiq_seterr(err, KIQ_EINVAL, "no limit options");
+        return capstan_seterr(err, CAPSTAN_EINVAL, "no limit options");
     if (!o->type)
         return 0;
     /* The limiter itself checks the type, name, size and interval. */
-    kiq_limiter_t *l = kiq_limiter_new(o->type, o->name ? o->name : cls, o->count, o->seconds, err);
+    capstan_limiter_t *l = capstan_limiter_new(o->type, o->name ? o->name : cls, o->count, o->seconds, err);
     if (!l)
-        return KIQ_EINVAL;
-    kiq_limiter_free(l);
-    if (o->type == KIQ_LIMIT_POINTS && (o->cost < 1 || o->cost > o->count))
-        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: cost must be between 1 and its %ld points",
-                          o->name ? o->name : cls, o->count);
+        return CAPSTAN_EINVAL;
+    capstan_limiter_free(l);
+    if (o->type == CAPSTAN_LIMIT_POINTS && (o->cost < 1 || o->cost > o->count))
+        return capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: cost must be between 1 and its %ld points",
+                              o->name ? o->name : cls, o->count);
     if (o->wait_timeout < 0 || o->max_reschedules < 0)
-        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: wait_timeout and max_reschedules must "
-                          "be >= 0", o->name ? o->name : cls);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: wait_timeout and max_reschedules must "
+                              "be >= 0", o->name ? o->name : cls);
     return 0;
 }
 
-void kiq_limiter_free(kiq_limiter_t *lim)
+void capstan_limiter_free(capstan_limiter_t *lim)
 {
     free(lim);
 }
@@ -128,14 +128,14 @@ void kiq_limiter_free(kiq_limiter_t *lim)
 /* A holder id no other acquisition shares: pid, the handle's random
  * nonce (drawn once, not per acquisition: a system call saved on every
  * one) and a process-wide counter. */
-static void new_holder(const kiq_limiter_t *lim, kiq_limit_token_t *t)
+static void new_holder(const capstan_limiter_t *lim, capstan_limit_token_t *t)
 {
     static _Atomic unsigned long seq;
     snprintf(t->id, sizeof(t->id), "%ld:%s:%lu", (long)getpid(), lim->nonce, ++seq);
 }
 
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
-static int attempt(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *t, long points,
+static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *t, long points,
                    long long *wait_ms, char *err)
 {
     char count[24], ms[24], cost[24];
@@ -144,128 +144,128 @@ static int attempt(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *
     snprintf(cost, sizeof(cost), "%ld", points);
     const char *argv[] = { lim->meta_key, lim->state_key, type_names[lim->type], lim->meta,
                            count, ms, t->id, cost };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_ACQUIRE, 2, 8, argv, NULL);
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_LIMIT_ACQUIRE, 2, 8, argv, NULL);
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_INTEGER) {
-        int rc = kiq__reply_error(r, rep, "limiter", err);
+        int rc = capstan__reply_error(r, rep, "limiter", err);
         freeReplyObject(rep);
         return rc;
     }
     long long st = rep->element[0]->integer;
     int rc = st == 1 ? 1 : 0;
     if (st == -1)
-        rc = kiq_seterr(err, KIQ_ECONFIG,
-                        "limiter %s is in use as \"%s\", not \"%s\" (to redefine it, stop its "
-                        "users and DEL %s)", lim->name,
-                        rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "?",
-                        lim->meta, lim->meta_key);
+        rc = capstan_seterr(err, CAPSTAN_ECONFIG,
+                            "limiter %s is in use as \"%s\", not \"%s\" (to redefine it, stop its "
+                            "users and DEL %s)", lim->name,
+                            rep->element[1]->type == REDIS_REPLY_STRING ? rep->element[1]->str : "?",
+                            lim->meta, lim->meta_key);
     else if (st == 0)
         *wait_ms = rep->element[1]->type == REDIS_REPLY_INTEGER ? rep->element[1]->integer : 0;
     freeReplyObject(rep);
     return rc;
 }
 
-int kiq_limiter_acquire(kiq_limiter_t *lim, kiq_redis_t *r, double wait_timeout,
-                        kiq_limit_token_t *token, double *retry_in, char *err)
+int capstan_limiter_acquire(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,
+                            capstan_limit_token_t *token, double *retry_in, char *err)
 {
-    return kiq_limiter_acquire_points(lim, r, 1, wait_timeout, token, retry_in, err);
+    return capstan_limiter_acquire_points(lim, r, 1, wait_timeout, token, retry_in, err);
 }
 
-int kiq_limiter_acquire_points(kiq_limiter_t *lim, kiq_redis_t *r, long points,
-                               double wait_timeout, kiq_limit_token_t *token, double *retry_in,
-                               char *err)
+int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, long points,
+                                   double wait_timeout, capstan_limit_token_t *token, double *retry_in,
+                                   char *err)
 {
     if (!lim || !r || !token)
-        return kiq_seterr(err, KIQ_EINVAL, "kiq_limiter_acquire: NULL argument");
-    if (lim->type != KIQ_LIMIT_POINTS)
+        return capstan_seterr(err, CAPSTAN_EINVAL, "capstan_limiter_acquire: NULL argument");
+    if (lim->type != CAPSTAN_LIMIT_POINTS)
         points = 1;
     if (points < 1 || points > lim->count)
-        return kiq_seterr(err, KIQ_EINVAL, "limiter %s: a cost of %ld points does not fit in "
-                          "its budget of %ld", lim->name, points, lim->count);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: a cost of %ld points does not fit in "
+                              "its budget of %ld", lim->name, points, lim->count);
     memset(token, 0, sizeof(*token));
-    if (lim->type == KIQ_LIMIT_CONCURRENT || lim->type == KIQ_LIMIT_SLIDING)
+    if (lim->type == CAPSTAN_LIMIT_CONCURRENT || lim->type == CAPSTAN_LIMIT_SLIDING)
         new_holder(lim, token);
-    double start = kiq__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
+    double start = capstan__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {
         long long wait_ms = 0;
         int rc = attempt(lim, r, token, points, &wait_ms, err);
         if (rc == 1) {
-            kiq__metrics_limiter(kiq__metrics_default(), lim->name, KIQ_LIMITER_ACQUIRED,
-                                 kiq__mono() - start, lim->type == KIQ_LIMIT_CONCURRENT);
+            capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_ACQUIRED,
+                                     capstan__mono() - start, lim->type == CAPSTAN_LIMIT_CONCURRENT);
             return 0;
         }
         if (rc < 0)
             return rc;
         double wait = wait_ms > 0 ? (double)wait_ms / 1000 : 0.001;
-        double left = end - kiq__mono();
+        double left = end - capstan__mono();
         if (retry_in)
             *retry_in = wait;
         /* A concurrent slot frees when its holder releases, usually long
          * before its lease ends: a waiter looks again every POLL_MAX for as
          * long as it may wait. The others know when the next slot comes. */
-        if (lim->type == KIQ_LIMIT_CONCURRENT && wait > POLL_MAX)
+        if (lim->type == CAPSTAN_LIMIT_CONCURRENT && wait > POLL_MAX)
             wait = left > 0 ? (left < POLL_MAX ? left : POLL_MAX) : wait;
         if (wait > left) {
-            kiq__metrics_limiter(kiq__metrics_default(), lim->name, KIQ_LIMITER_OVER_LIMIT,
-                                 kiq__mono() - start, 0);
-            return kiq_seterr(err, KIQ_EDENIED, "limiter %s is over its limit for %.3f s more",
-                              lim->name, retry_in ? *retry_in : wait);
+            capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_OVER_LIMIT,
+                                     capstan__mono() - start, 0);
+            return capstan_seterr(err, CAPSTAN_EDENIED, "limiter %s is over its limit for %.3f s more",
+                                  lim->name, retry_in ? *retry_in : wait);
         }
-        kiq__sleep(wait);
+        capstan__sleep(wait);
     }
 }
 
-static int owner_call(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *token,
+static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
                       int extend, char *err)
 {
     if (!lim || !r || !token)
-        return kiq_seterr(err, KIQ_EINVAL, "limiter: NULL argument");
-    if (lim->type != KIQ_LIMIT_CONCURRENT)
+        return capstan_seterr(err, CAPSTAN_EINVAL, "limiter: NULL argument");
+    if (lim->type != CAPSTAN_LIMIT_CONCURRENT)
         return 0;
     char ms[24] = "";
     if (extend)
         snprintf(ms, sizeof(ms), "%lld", lim->ms);
     const char *argv[] = { lim->state_key, lim->meta_key, token->id, ms };
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_LIMIT_RELEASE, 2, 4, argv, NULL);
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_LIMIT_RELEASE, 2, 4, argv, NULL);
     int rc;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
-        rc = kiq__reply_error(r, rep, extend ? "limiter extend" : "limiter release", err);
+        rc = capstan__reply_error(r, rep, extend ? "limiter extend" : "limiter release", err);
     else if (rep->integer == 1)
         rc = 0;
     else
-        rc = kiq_seterr(err, KIQ_ENOTFOUND, "%s does not hold %s (its lease lapsed)", token->id,
-                        lim->state_key);
+        rc = capstan_seterr(err, CAPSTAN_ENOTFOUND, "%s does not hold %s (its lease lapsed)", token->id,
+                            lim->state_key);
     freeReplyObject(rep);
     return rc;
 }
 
-int kiq_limiter_release(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *token,
-                        char *err)
+int capstan_limiter_release(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                            char *err)
 {
     int rc = owner_call(lim, r, token, 0, err);
     /* Given back, or lapsed: either way this process holds it no more. */
-    if ((rc == 0 || rc == KIQ_ENOTFOUND) && lim->type == KIQ_LIMIT_CONCURRENT)
-        kiq__metrics_limiter(kiq__metrics_default(), lim->name, KIQ_LIMITER_RELEASED, 0, 1);
+    if ((rc == 0 || rc == CAPSTAN_ENOTFOUND) && lim->type == CAPSTAN_LIMIT_CONCURRENT)
+        capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_RELEASED, 0, 1);
     return rc;
 }
 
-int kiq_limiter_extend(kiq_limiter_t *lim, kiq_redis_t *r, const kiq_limit_token_t *token,
-                       char *err)
+int capstan_limiter_extend(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                           char *err)
 {
     return owner_call(lim, r, token, 1, err);
 }
 
-int kiq_limiter_within(kiq_limiter_t *lim, kiq_redis_t *r, double wait_timeout,
-                       int (*fn)(void *udata), void *udata, char *err)
+int capstan_limiter_within(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,
+                           int (*fn)(void *udata), void *udata, char *err)
 {
-    kiq_limit_token_t t;
+    capstan_limit_token_t t;
     if (!fn)
-        return kiq_seterr(err, KIQ_EINVAL, "kiq_limiter_within: NULL fn");
-    int rc = kiq_limiter_acquire(lim, r, wait_timeout, &t, NULL, err);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "capstan_limiter_within: NULL fn");
+    int rc = capstan_limiter_acquire(lim, r, wait_timeout, &t, NULL, err);
     if (rc)
         return rc;
     rc = fn(udata);
     /* A lapsed lease is fn's overrun, not a failure of fn. */
-    kiq_limiter_release(lim, r, &t, NULL);
+    capstan_limiter_release(lim, r, &t, NULL);
     return rc;
 }

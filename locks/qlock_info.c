@@ -1,7 +1,7 @@
 /* Queued locks seen from outside: lock and queue info, SCAN listings, and
  * the admin steps (force unlock, clear all, clear dead requests). These work
- * on any lock in the layout, whether kiq or the Ruby gem took it. */
-#include "kiq/qlock.h"
+ * on any lock in the layout, whether capstan or the Ruby gem took it. */
+#include "capstan/qlock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +13,8 @@
 #include "redis/scripts.h"
 #include "support/time.h"
 
-#define QL_LOCK_PATTERN KIQ_KEY_QLOCK "*"
-#define QL_QUEUE_PATTERN KIQ_KEY_QLOCK_QUEUE "*"
+#define QL_LOCK_PATTERN CAPSTAN_KEY_QLOCK "*"
+#define QL_QUEUE_PATTERN CAPSTAN_KEY_QLOCK_QUEUE "*"
 
 /* The gem returns ts as a Float and the counters as Integers; everything
  * else (metadata included) stays a string. */
@@ -22,7 +22,7 @@ static json_t *field_value(const char *k, const char *v)
 {
     if (strcmp(k, "ts") == 0 || strcmp(k, "l_spc_ts") == 0 || strcmp(k, "l_spc_ext_ts") == 0)
         return json_real(atof(v));
-    if (strcmp(k, "ini_ttl") == 0 || strcmp(k, "kiq_fence") == 0 || strcmp(k, "spc_cnt") == 0 ||
+    if (strcmp(k, "ini_ttl") == 0 || strcmp(k, "capstan_fence") == 0 || strcmp(k, "spc_cnt") == 0 ||
         strcmp(k, "spc_ext_ttl") == 0 || strcmp(k, "l_spc_ext_ini_ttl") == 0)
         return json_integer(atoll(v));
     return json_string(v);
@@ -30,24 +30,24 @@ static json_t *field_value(const char *k, const char *v)
 
 /* HGETALL and PTTL of a lock key in one MULTI; *out = info object, or NULL
  * when the key is gone. */
-static int lock_info_key(kiq_redis_t *r, const char *key, json_t **out, char *err)
+static int lock_info_key(capstan_redis_t *r, const char *key, json_t **out, char *err)
 {
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     const char *hg[] = { "HGETALL", key }, *pt[] = { "PTTL", key };
     redisReply *rep = NULL;
     int rc = 0;
     *out = NULL;
-    if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, hg, NULL) ||
-        kiq_redis_append(r, 2, pt, NULL) || kiq_redis_append(r, 1, exec, NULL))
-        return kiq__reply_error(r, NULL, "lock info", err);
+    if (capstan_redis_append(r, 1, multi, NULL) || capstan_redis_append(r, 2, hg, NULL) ||
+        capstan_redis_append(r, 2, pt, NULL) || capstan_redis_append(r, 1, exec, NULL))
+        return capstan__reply_error(r, NULL, "lock info", err);
     for (int i = 0; i < 4; i++) {
         freeReplyObject(rep);
-        if (!(rep = kiq_redis_get_reply(r)))
-            return kiq__reply_error(r, NULL, "lock info", err);
+        if (!(rep = capstan_redis_get_reply(r)))
+            return capstan__reply_error(r, NULL, "lock info", err);
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_ARRAY || rep->element[1]->type != REDIS_REPLY_INTEGER) {
-        rc = kiq__reply_error(r, rep, "lock info", err);
+        rc = capstan__reply_error(r, rep, "lock info", err);
         goto out;
     }
     redisReply *h = rep->element[0];
@@ -64,21 +64,21 @@ out:
     return rc;
 }
 
-int kiq_qlock_info(kiq_redis_t *r, const char *name, json_t **out, char *err)
+int capstan_qlock_info(capstan_redis_t *r, const char *name, json_t **out, char *err)
 {
     ql_keys_t k;
-    int rc = kiq__qlock_keys(name, &k, err);
+    int rc = capstan__qlock_keys(name, &k, err);
     *out = NULL;
     return rc ? rc : lock_info_key(r, k.lock, out, err);
 }
 
-static int queue_requests(kiq_redis_t *r, const char *key, json_t **out, char *err)
+static int queue_requests(capstan_redis_t *r, const char *key, json_t **out, char *err)
 {
     const char *argv[] = { "ZRANGE", key, "0", "-1", "WITHSCORES" };
-    redisReply *rep = kiq_redis_cmd(r, 5, argv, NULL);
+    redisReply *rep = capstan_redis_cmd(r, 5, argv, NULL);
     *out = NULL;
     if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        int rc = kiq__reply_error(r, rep, "queue info", err);
+        int rc = capstan__reply_error(r, rep, "queue info", err);
         freeReplyObject(rep);
         return rc;
     }
@@ -91,11 +91,11 @@ static int queue_requests(kiq_redis_t *r, const char *key, json_t **out, char *e
     return 0;
 }
 
-int kiq_qlock_queue_info(kiq_redis_t *r, const char *name, json_t **out, char *err)
+int capstan_qlock_queue_info(capstan_redis_t *r, const char *name, json_t **out, char *err)
 {
     ql_keys_t k;
     json_t *reqs = NULL;
-    int rc = kiq__qlock_keys(name, &k, err);
+    int rc = capstan__qlock_keys(name, &k, err);
     *out = NULL;
     if (rc || (rc = queue_requests(r, k.queue, &reqs, err)))
         return rc;
@@ -107,36 +107,36 @@ int kiq_qlock_queue_info(kiq_redis_t *r, const char *name, json_t **out, char *e
     return 0;
 }
 
-static int exists(kiq_redis_t *r, const char *name, int queue, char *err)
+static int exists(capstan_redis_t *r, const char *name, int queue, char *err)
 {
     ql_keys_t k;
-    int rc = kiq__qlock_keys(name, &k, err);
+    int rc = capstan__qlock_keys(name, &k, err);
     if (rc)
         return rc;
     const char *argv[] = { "EXISTS", queue ? k.queue : k.lock };
-    redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
+    redisReply *rep = capstan_redis_cmd(r, 2, argv, NULL);
     rc = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer > 0
-                                                 : kiq__reply_error(r, rep, "EXISTS", err);
+                                                 : capstan__reply_error(r, rep, "EXISTS", err);
     freeReplyObject(rep);
     return rc;
 }
 
-int kiq_qlock_locked(kiq_redis_t *r, const char *name, char *err) { return exists(r, name, 0, err); }
-int kiq_qlock_queued(kiq_redis_t *r, const char *name, char *err) { return exists(r, name, 1, err); }
+int capstan_qlock_locked(capstan_redis_t *r, const char *name, char *err) { return exists(r, name, 0, err); }
+int capstan_qlock_queued(capstan_redis_t *r, const char *name, char *err) { return exists(r, name, 1, err); }
 
 /* SCANs pattern into a new array of distinct key names. */
-static int scan(kiq_redis_t *r, const char *pattern, size_t count, json_t **out, char *err)
+static int scan(capstan_redis_t *r, const char *pattern, size_t count, json_t **out, char *err)
 {
     json_t *seen = json_object();
     const redisReply *page;
-    kiq_scan_t s;
+    capstan_scan_t s;
     int rc;
     *out = NULL;
-    kiq__scan_init(&s, r, NULL, pattern, count ? (long)count : 500);
-    while ((rc = kiq__scan_next(&s, &page, err)) > 0)
+    capstan__scan_init(&s, r, NULL, pattern, count ? (long)count : 500);
+    while ((rc = capstan__scan_next(&s, &page, err)) > 0)
         for (size_t i = 0; i < page->elements; i++)
             json_object_set_new(seen, page->element[i]->str, json_true());
-    kiq__scan_close(&s);
+    capstan__scan_close(&s);
     if (rc)
         goto out;
     json_t *a = json_array();
@@ -150,14 +150,14 @@ out:
     return rc;
 }
 
-int kiq_qlock_locks(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_LOCK_PATTERN, n, out, err); }
-int kiq_qlock_queues(kiq_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_QUEUE_PATTERN, n, out, err); }
-int kiq_qlock_keys(kiq_redis_t *r, size_t n, json_t **out, char *err)
+int capstan_qlock_locks(capstan_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_LOCK_PATTERN, n, out, err); }
+int capstan_qlock_queues(capstan_redis_t *r, size_t n, json_t **out, char *err) { return scan(r, QL_QUEUE_PATTERN, n, out, err); }
+int capstan_qlock_keys(capstan_redis_t *r, size_t n, json_t **out, char *err)
 {
-    return scan(r, KIQ_KEY_QLOCK_ANY, n, out, err);
+    return scan(r, CAPSTAN_KEY_QLOCK_ANY, n, out, err);
 }
 
-int kiq_qlock_locks_info(kiq_redis_t *r, size_t scan_size, json_t **out, char *err)
+int capstan_qlock_locks_info(capstan_redis_t *r, size_t scan_size, json_t **out, char *err)
 {
     json_t *keys = NULL, *a = NULL, *v;
     size_t i;
@@ -183,7 +183,7 @@ out:
     return rc;
 }
 
-int kiq_qlock_queues_info(kiq_redis_t *r, size_t scan_size, json_t **out, char *err)
+int capstan_qlock_queues_info(capstan_redis_t *r, size_t scan_size, json_t **out, char *err)
 {
     json_t *keys = NULL, *a = NULL, *v;
     size_t i;
@@ -206,71 +206,71 @@ out:
     return rc;
 }
 
-int kiq_qlock_force_unlock(kiq_qlock_client_t *c, kiq_redis_t *r, const char *name,
-                           int *lock_released, int *queue_released, char *err)
+int capstan_qlock_force_unlock(capstan_qlock_client_t *c, capstan_redis_t *r, const char *name,
+                               int *lock_released, int *queue_released, char *err)
 {
     ql_keys_t k;
     redisReply *rep = NULL;
-    int rc = kiq__qlock_keys(name, &k, err);
+    int rc = capstan__qlock_keys(name, &k, err);
     if (rc)
         return rc;
-    double t0 = kiq__mono();
+    double t0 = capstan__mono();
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     const char *dq[] = { "DEL", k.queue }, *dl[] = { "DEL", k.lock }, *ds[] = { "DEL", k.seen };
-    if (kiq_redis_append(r, 1, multi, NULL) || kiq_redis_append(r, 2, dq, NULL) ||
-        kiq_redis_append(r, 2, dl, NULL) || kiq_redis_append(r, 2, ds, NULL) ||
-        kiq_redis_append(r, 1, exec, NULL))
-        return kiq__reply_error(r, NULL, "unlock", err);
+    if (capstan_redis_append(r, 1, multi, NULL) || capstan_redis_append(r, 2, dq, NULL) ||
+        capstan_redis_append(r, 2, dl, NULL) || capstan_redis_append(r, 2, ds, NULL) ||
+        capstan_redis_append(r, 1, exec, NULL))
+        return capstan__reply_error(r, NULL, "unlock", err);
     for (int i = 0; i < 5; i++) {
         freeReplyObject(rep);
-        if (!(rep = kiq_redis_get_reply(r)))
-            return kiq__reply_error(r, NULL, "unlock", err);
+        if (!(rep = capstan_redis_get_reply(r)))
+            return capstan__reply_error(r, NULL, "unlock", err);
     }
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3) {
-        rc = kiq__reply_error(r, rep, "unlock", err);
+        rc = capstan__reply_error(r, rep, "unlock", err);
         goto out;
     }
     if (queue_released)
         *queue_released = rep->element[0]->integer > 0;
     if (lock_released)
         *lock_released = rep->element[1]->integer > 0;
-    kiq_qlock_event_t ev = { .name = "redis_queued_locks.explicit_lock_release", .lock_key = k.lock,
-                             .lock_key_queue = k.queue, .rel_time = (kiq__mono() - t0) * 1000.0,
-                             .at = kiq__now() };
-    kiq__qlock_emit(c, &ev);
+    capstan_qlock_event_t ev = { .name = "redis_queued_locks.explicit_lock_release", .lock_key = k.lock,
+                             .lock_key_queue = k.queue, .rel_time = (capstan__mono() - t0) * 1000.0,
+                             .at = capstan__now() };
+    capstan__qlock_emit(c, &ev);
 out:
     freeReplyObject(rep);
     return rc;
 }
 
-/* DELs keys[from, to) and, for queues, kiq's side hash; returns the number
+/* DELs keys[from, to) and, for queues, capstan's side hash; returns the number
  * of lock and queue keys that existed, or a negative code. */
-static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to, char *err)
+static long long del_batch(capstan_redis_t *r, json_t *keys, size_t from, size_t to, char *err)
 {
     long long n = 0;
     for (size_t i = from; i < to; i++) {
         const char *key = json_string_value(json_array_get(keys, i));
         const char *del[] = { "DEL", key };
         char seen[QL_KEY_MAX + 32];
-        if (kiq_redis_append(r, 2, del, NULL))
-            return kiq__reply_error(r, NULL, "clear locks", err);
-        if (strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0) {
-            kiq__key(seen, sizeof(seen), KIQ_KEY_QLOCK_SEEN, key + strlen(KIQ_KEY_QLOCK_QUEUE));
+        if (capstan_redis_append(r, 2, del, NULL))
+            return capstan__reply_error(r, NULL, "clear locks", err);
+        if (strncmp(key, CAPSTAN_KEY_QLOCK_QUEUE, strlen(CAPSTAN_KEY_QLOCK_QUEUE)) == 0) {
+            capstan__key(seen, sizeof(seen), CAPSTAN_KEY_QLOCK_SEEN, key + strlen(CAPSTAN_KEY_QLOCK_QUEUE));
             const char *ds[] = { "DEL", seen };
-            if (kiq_redis_append(r, 2, ds, NULL))
-                return kiq__reply_error(r, NULL, "clear locks", err);
+            if (capstan_redis_append(r, 2, ds, NULL))
+                return capstan__reply_error(r, NULL, "clear locks", err);
         }
     }
     int rc = 0;
     for (size_t i = from; i < to; i++) {
         const char *key = json_string_value(json_array_get(keys, i));
-        int queue = strncmp(key, KIQ_KEY_QLOCK_QUEUE, strlen(KIQ_KEY_QLOCK_QUEUE)) == 0;
+        int queue = strncmp(key, CAPSTAN_KEY_QLOCK_QUEUE, strlen(CAPSTAN_KEY_QLOCK_QUEUE)) == 0;
         for (int j = 0; j <= queue; j++) {
-            redisReply *rep = kiq_redis_get_reply(r);
+            redisReply *rep = capstan_redis_get_reply(r);
             if (!rep)
-                return kiq__reply_error(r, NULL, "clear locks", err);
+                return capstan__reply_error(r, NULL, "clear locks", err);
             if (rep->type != REDIS_REPLY_INTEGER && !rc)
-                rc = kiq__reply_error(r, rep, "clear locks", err);
+                rc = capstan__reply_error(r, rep, "clear locks", err);
             else if (j == 0 && rep->type == REDIS_REPLY_INTEGER)
                 n += rep->integer;
             freeReplyObject(rep);
@@ -279,12 +279,12 @@ static long long del_batch(kiq_redis_t *r, json_t *keys, size_t from, size_t to,
     return rc ? rc : n;
 }
 
-int kiq_qlock_clear_locks(kiq_qlock_client_t *c, kiq_redis_t *r, size_t batch, long long *count, char *err)
+int capstan_qlock_clear_locks(capstan_qlock_client_t *c, capstan_redis_t *r, size_t batch, long long *count, char *err)
 {
     json_t *keys = NULL;
-    double t0 = kiq__mono();
+    double t0 = capstan__mono();
     long long n = 0;
-    int rc = scan(r, KIQ_KEY_QLOCK_ANY, batch, &keys, err);
+    int rc = scan(r, CAPSTAN_KEY_QLOCK_ANY, batch, &keys, err);
     if (rc)
         return rc;
     size_t step = batch ? batch : 100, total = json_array_size(keys);
@@ -298,17 +298,17 @@ int kiq_qlock_clear_locks(kiq_qlock_client_t *c, kiq_redis_t *r, size_t batch, l
     }
     if (count)
         *count = n;
-    kiq_qlock_event_t ev = { .name = "redis_queued_locks.explicit_all_locks_release",
-                             .rel_time = (kiq__mono() - t0) * 1000.0, .at = kiq__now(),
+    capstan_qlock_event_t ev = { .name = "redis_queued_locks.explicit_all_locks_release",
+                             .rel_time = (capstan__mono() - t0) * 1000.0, .at = capstan__now(),
                              .rel_key_cnt = n };
-    kiq__qlock_emit(c, &ev);
+    capstan__qlock_emit(c, &ev);
 out:
     json_decref(keys);
     return rc;
 }
 
-int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t scan_size,
-                                  json_t **processed, long long *dropped, char *err)
+int capstan_qlock_clear_dead_requests(capstan_redis_t *r, long long dead_ttl, size_t scan_size,
+                                      json_t **processed, long long *dropped, char *err)
 {
     json_t *keys = NULL, *done = json_array(), *v;
     long long total = 0;
@@ -321,17 +321,17 @@ int kiq_qlock_clear_dead_requests(kiq_redis_t *r, long long dead_ttl, size_t sca
     json_array_foreach(keys, i, v) {
         ql_keys_t k;
         const char *key = json_string_value(v);
-        if (kiq__qlock_keys(key + strlen(KIQ_KEY_QLOCK_QUEUE), &k, NULL))
+        if (capstan__qlock_keys(key + strlen(CAPSTAN_KEY_QLOCK_QUEUE), &k, NULL))
             continue; /* a name too long to be ours: leave it */
         const char *argv[] = { k.queue, k.seen, ttl };
-        redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_QLOCK_PURGE, 2, 3, argv, NULL);
+        redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_QLOCK_PURGE, 2, 3, argv, NULL);
         if (!rep || rep->type != REDIS_REPLY_INTEGER) {
             /* A key of another type under the pattern is not a queue. */
             if (rep && rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "WRONGTYPE")) {
                 freeReplyObject(rep);
                 continue;
             }
-            rc = kiq__reply_error(r, rep, "clear dead requests", err);
+            rc = capstan__reply_error(r, rep, "clear dead requests", err);
             freeReplyObject(rep);
             goto out;
         }

@@ -1,4 +1,4 @@
--- One attempt to take a rate limiter (include/kiq/limiter.h).
+-- One attempt to take a rate limiter (include/capstan/limiter.h).
 -- KEYS[1] limiter:NAME:meta (the type and parameters the name was first
 -- used with), KEYS[2] the state key: limiter:NAME:held (concurrent: zset of
 -- holder ids scored by lease expiry, ms), limiter:NAME:bucket (hash tokens,

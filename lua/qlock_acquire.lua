@@ -75,7 +75,7 @@ if redis.call('ZCARD', queue) == 0 then
   redis.call('DEL', seen)
 end
 local token = redis.call('INCR', fence)
-local fields = {'acq_id', me, 'hst_id', host, 'ts', now, 'ini_ttl', ttl, 'kiq_fence', token}
+local fields = {'acq_id', me, 'hst_id', host, 'ts', now, 'ini_ttl', ttl, 'capstan_fence', token}
 for i = 7, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end

@@ -8,7 +8,7 @@
  * Queue sizes and latencies are read from Redis at scrape time (not cached
  * by the housekeeper) so a scrape shows the queues as they are, at the cost
  * of a few pipelined round trips on the server's own connection, each
- * bounded by KIQ_HTTP_REDIS_TIMEOUT. */
+ * bounded by CAPSTAN_HTTP_REDIS_TIMEOUT. */
 #include "observe/http.h"
 
 #include <errno.h>
@@ -38,93 +38,93 @@
 
 typedef struct conn {
     int fd;
-    double deadline;           /* kiq__mono() */
+    double deadline;           /* capstan__mono() */
     char *out;                 /* the answer, once the request is in */
     size_t olen, sent, got;
     char req[MAX_REQUEST];
 } conn_t;
 
-struct kiq_http {
-    struct kiq_runtime *rt;
-    kiq_redis_t *r;            /* used only by the server's thread */
+struct capstan_http {
+    struct capstan_runtime *rt;
+    capstan_redis_t *r;        /* used only by the server's thread */
     int redis_warned;          /* an unreachable Redis is logged once per outage */
     int lfd, wake[2];          /* listening socket; a byte on wake stops the thread */
-    double accept_after;       /* kiq__mono(): out of descriptors until then */
+    double accept_after;       /* capstan__mono(): out of descriptors until then */
     pthread_t thread;
     int started;
     conn_t *conns[MAX_CONNS];
     size_t n;
 };
 
-static int gauge(kiq_buf_t *b, const char *name, const char *help)
+static int gauge(capstan_buf_t *b, const char *name, const char *help)
 {
-    return kiq__buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    return capstan__buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
 }
 
-static int queue_gauges(kiq_buf_t *b, const kiq_overview_t *ov)
+static int queue_gauges(capstan_buf_t *b, const capstan_overview_t *ov)
 {
-    int rc = gauge(b, "kiq_queue_size", "Jobs waiting in each queue.");
+    int rc = gauge(b, "capstan_queue_size", "Jobs waiting in each queue.");
     for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = kiq__buf_puts(b, "kiq_queue_size{queue=\"");
-        if (!rc) rc = kiq_metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = kiq__buf_printf(b, "\"} %lld\n", ov->queues[i].size);
+        rc = capstan__buf_puts(b, "capstan_queue_size{queue=\"");
+        if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
+        if (!rc) rc = capstan__buf_printf(b, "\"} %lld\n", ov->queues[i].size);
     }
     if (!rc)
-        rc = gauge(b, "kiq_queue_latency_seconds",
+        rc = gauge(b, "capstan_queue_latency_seconds",
                    "Age of the oldest job in each queue (0 when empty).");
     for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = kiq__buf_puts(b, "kiq_queue_latency_seconds{queue=\"");
-        if (!rc) rc = kiq_metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = kiq__buf_printf(b, "\"} %.6f\n", ov->queues[i].latency);
+        rc = capstan__buf_puts(b, "capstan_queue_latency_seconds{queue=\"");
+        if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
+        if (!rc) rc = capstan__buf_printf(b, "\"} %.6f\n", ov->queues[i].latency);
     }
     return rc;
 }
 
-int kiq_http_scrape(struct kiq_runtime *rt, kiq_redis_t *r, kiq_buf_t *b)
+int capstan__http_scrape(struct capstan_runtime *rt, capstan_redis_t *r, capstan_buf_t *b)
 {
-    int rc = kiq_metrics_render(kiq__metrics_default(), b);
-    if (!rc) rc = gauge(b, "kiq_busy_threads", "Processor threads running a job.");
-    if (!rc) rc = kiq__buf_printf(b, "kiq_busy_threads %d\n", atomic_load(&rt->busy));
-    if (!rc) rc = gauge(b, "kiq_threads", "Processor threads (concurrency).");
-    if (!rc) rc = kiq__buf_printf(b, "kiq_threads %d\n", rt->cfg->concurrency);
+    int rc = capstan__metrics_render(capstan__metrics_default(), b);
+    if (!rc) rc = gauge(b, "capstan_busy_threads", "Processor threads running a job.");
+    if (!rc) rc = capstan__buf_printf(b, "capstan_busy_threads %d\n", atomic_load(&rt->busy));
+    if (!rc) rc = gauge(b, "capstan_threads", "Processor threads (concurrency).");
+    if (!rc) rc = capstan__buf_printf(b, "capstan_threads %d\n", rt->cfg->concurrency);
     if (rc)
         return rc;
 
-    char err[KIQ_ERRLEN] = "";
-    kiq_overview_t ov;
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_overview_t ov;
     memset(&ov, 0, sizeof(ov));
     double rtt = -1;
-    int up = kiq_redis_ok(r) || kiq_redis_connect(r) == 0;
+    int up = capstan_redis_ok(r) || capstan_redis_connect(r) == 0;
     if (up) {
-        double t0 = kiq__mono();
-        redisReply *pong = kiq_redis_cmdf(r, "PING");
-        rtt = kiq__mono() - t0;
+        double t0 = capstan__mono();
+        redisReply *pong = capstan_redis_cmdf(r, "PING");
+        rtt = capstan__mono() - t0;
         up = pong != NULL;
         freeReplyObject(pong);
     }
-    if (up && kiq__overview_read(r, 0, &ov, err))
+    if (up && capstan__overview_read(r, 0, &ov, err))
         up = 0;
-    rc = gauge(b, "kiq_redis_up", "1 when this scrape could read Redis; the Redis series "
+    rc = gauge(b, "capstan_redis_up", "1 when this scrape could read Redis; the Redis series "
                                   "are left out when it is 0.");
-    if (!rc) rc = kiq__buf_printf(b, "kiq_redis_up %d\n", up);
+    if (!rc) rc = capstan__buf_printf(b, "capstan_redis_up %d\n", up);
     if (up) {
-        if (!rc) rc = gauge(b, "kiq_redis_rtt_seconds", "Round trip of a PING at this scrape.");
-        if (!rc) rc = kiq__buf_printf(b, "kiq_redis_rtt_seconds %.6f\n", rtt);
+        if (!rc) rc = gauge(b, "capstan_redis_rtt_seconds", "Round trip of a PING at this scrape.");
+        if (!rc) rc = capstan__buf_printf(b, "capstan_redis_rtt_seconds %.6f\n", rtt);
         if (!rc) rc = queue_gauges(b, &ov);
-        if (!rc) rc = gauge(b, "kiq_schedule_size", "Jobs in the schedule set.");
-        if (!rc) rc = kiq__buf_printf(b, "kiq_schedule_size %lld\n", ov.scheduled);
-        if (!rc) rc = gauge(b, "kiq_retry_size", "Jobs in the retry set.");
-        if (!rc) rc = kiq__buf_printf(b, "kiq_retry_size %lld\n", ov.retries);
-        if (!rc) rc = gauge(b, "kiq_dead_size", "Jobs in the dead set.");
-        if (!rc) rc = kiq__buf_printf(b, "kiq_dead_size %lld\n", ov.dead);
+        if (!rc) rc = gauge(b, "capstan_schedule_size", "Jobs in the schedule set.");
+        if (!rc) rc = capstan__buf_printf(b, "capstan_schedule_size %lld\n", ov.scheduled);
+        if (!rc) rc = gauge(b, "capstan_retry_size", "Jobs in the retry set.");
+        if (!rc) rc = capstan__buf_printf(b, "capstan_retry_size %lld\n", ov.retries);
+        if (!rc) rc = gauge(b, "capstan_dead_size", "Jobs in the dead set.");
+        if (!rc) rc = capstan__buf_printf(b, "capstan_dead_size %lld\n", ov.dead);
     }
-    redisReply *open = up ? kiq_redis_cmdf(r, "ZCARD " KIQ_KEY_BATCHES_OPEN) : NULL;
+    redisReply *open = up ? capstan_redis_cmdf(r, "ZCARD " CAPSTAN_KEY_BATCHES_OPEN) : NULL;
     if (!rc && open && open->type == REDIS_REPLY_INTEGER) {
-        rc = gauge(b, "kiq_batches_open", "Batches stored that have not succeeded yet.");
-        if (!rc) rc = kiq__buf_printf(b, "kiq_batches_open %lld\n", open->integer);
+        rc = gauge(b, "capstan_batches_open", "Batches stored that have not succeeded yet.");
+        if (!rc) rc = capstan__buf_printf(b, "capstan_batches_open %lld\n", open->integer);
     }
     freeReplyObject(open);
-    kiq__overview_clear(&ov);
+    capstan__overview_clear(&ov);
     return rc;
 }
 
@@ -144,21 +144,21 @@ static const char *reason(int status)
  * only the headers. Without memory the connection is just closed. */
 static void answer(conn_t *c, int status, const char *body, size_t blen, int head)
 {
-    kiq_buf_t b = {0};
-    int rc = kiq__buf_printf(&b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s"
-                            "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                            status, reason(status),
-                            status == 200 ? CONTENT_TYPE : "text/plain; charset=utf-8",
-                            status == 405 ? "Allow: GET, HEAD\r\n" : "", blen);
+    capstan_buf_t b = {0};
+    int rc = capstan__buf_printf(&b, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s"
+                                 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                                 status, reason(status),
+                                 status == 200 ? CONTENT_TYPE : "text/plain; charset=utf-8",
+                                 status == 405 ? "Allow: GET, HEAD\r\n" : "", blen);
     if (!rc && !head)
-        rc = kiq__buf_put(&b, body, blen);
+        rc = capstan__buf_put(&b, body, blen);
     if (rc) {
-        kiq__buf_free(&b);
+        capstan__buf_free(&b);
         c->deadline = 0; /* closed at the next turn */
         return;
     }
-    c->out = kiq__buf_take(&b, &c->olen);
-    c->deadline = kiq__mono() + SEND_SECONDS;
+    c->out = capstan__buf_take(&b, &c->olen);
+    c->deadline = capstan__mono() + SEND_SECONDS;
 }
 
 static void plain(conn_t *c, int status, const char *text)
@@ -179,7 +179,7 @@ static int has_body(const char *req)
     return 0;
 }
 
-static void respond(kiq_http_t *h, conn_t *c)
+static void respond(capstan_http_t *h, conn_t *c)
 {
     char method[16], target[1024], minor[2];
     if (sscanf(c->req, "%15[A-Z] %1023[^ \r\n] HTTP/1.%1[0-9]", method, target, minor) != 3)
@@ -192,21 +192,21 @@ static void respond(kiq_http_t *h, conn_t *c)
     target[strcspn(target, "?")] = '\0';
     if (strcmp(target, "/metrics") != 0)
         return plain(c, 404, "not found: try /metrics\n");
-    kiq_buf_t b = {0};
-    int rc = kiq_http_scrape(h->rt, h->r, &b);
-    int up = kiq_redis_ok(h->r);
+    capstan_buf_t b = {0};
+    int rc = capstan__http_scrape(h->rt, h->r, &b);
+    int up = capstan_redis_ok(h->r);
     if (!up && !h->redis_warned)
-        kiq_warn("metrics: %s; serving /metrics without the Redis series",
-                 kiq_redis_error(h->r));
+        capstan_warn("metrics: %s; serving /metrics without the Redis series",
+                     capstan_redis_error(h->r));
     h->redis_warned = !up;
     if (rc)
         plain(c, 500, "out of memory\n");
     else
         answer(c, 200, b.p ? b.p : "", b.len, head);
-    kiq__buf_free(&b);
+    capstan__buf_free(&b);
 }
 
-static void drop(kiq_http_t *h, size_t i)
+static void drop(capstan_http_t *h, size_t i)
 {
     conn_t *c = h->conns[i];
     close(c->fd);
@@ -216,7 +216,7 @@ static void drop(kiq_http_t *h, size_t i)
 }
 
 /* Reads what c sent or sends what it is owed; 0 when it is done with. */
-static int step(kiq_http_t *h, conn_t *c)
+static int step(capstan_http_t *h, conn_t *c)
 {
     ssize_t n;
     if (c->out && c->sent < c->olen) {
@@ -249,7 +249,7 @@ static int step(kiq_http_t *h, conn_t *c)
 
 /* Takes the connections waiting on the listening socket; at MAX_CONNS the
  * one closest to its deadline goes first. */
-static void accept_all(kiq_http_t *h)
+static void accept_all(capstan_http_t *h)
 {
     for (int k = 0; k < 64; k++) {
         int fd = accept4(h->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -257,7 +257,7 @@ static void accept_all(kiq_http_t *h)
             /* Out of descriptors the socket stays readable: rest a while
              * rather than spin (the deadlines free some). */
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-                h->accept_after = kiq__mono() + 0.1;
+                h->accept_after = capstan__mono() + 0.1;
             return;
         }
         conn_t *c = malloc(sizeof(*c));
@@ -272,7 +272,7 @@ static void accept_all(kiq_http_t *h)
                     old = i;
             drop(h, old);
         }
-        *c = (conn_t){ .fd = fd, .deadline = kiq__mono() + REQUEST_SECONDS };
+        *c = (conn_t){ .fd = fd, .deadline = capstan__mono() + REQUEST_SECONDS };
         c->req[0] = '\0';
         h->conns[h->n++] = c;
     }
@@ -280,10 +280,10 @@ static void accept_all(kiq_http_t *h)
 
 static void *serve(void *arg)
 {
-    kiq_http_t *h = arg;
+    capstan_http_t *h = arg;
     struct pollfd pf[MAX_CONNS + 2];
     for (;;) {
-        double now = kiq__mono(), next = now + 60;
+        double now = capstan__mono(), next = now + 60;
         for (size_t i = h->n; i-- > 0;) {
             if (h->conns[i]->deadline <= now)
                 drop(h, i);
@@ -303,7 +303,7 @@ static void *serve(void *arg)
         if (poll(pf, h->n + 2, ms) < 0) {
             if (errno == EINTR)
                 continue;
-            kiq_error("metrics: poll: %s; /metrics is no longer served", strerror(errno));
+            capstan_error("metrics: poll: %s; /metrics is no longer served", strerror(errno));
             return NULL;
         }
         if (pf[0].revents)
@@ -327,7 +327,7 @@ static int listen_on(const char *addr, int port, char *err)
     snprintf(service, sizeof(service), "%d", port);
     int gai = getaddrinfo(addr, service, &hints, &res);
     if (gai) {
-        kiq_seterr(err, KIQ_ECONFIG, "metrics_bind %s: %s", addr, gai_strerror(gai));
+        capstan_seterr(err, CAPSTAN_ECONFIG, "metrics_bind %s: %s", addr, gai_strerror(gai));
         return -1;
     }
     int fd = -1, e = 0;
@@ -349,47 +349,47 @@ static int listen_on(const char *addr, int port, char *err)
     }
     freeaddrinfo(res);
     if (fd < 0)
-        kiq_seterr(err, KIQ_ESYS, "metrics_port %d: cannot listen on %s port %d: %s", port, addr,
-                   port, strerror(e));
+        capstan_seterr(err, CAPSTAN_ESYS, "metrics_port %d: cannot listen on %s port %d: %s", port, addr,
+                       port, strerror(e));
     return fd;
 }
 
-int kiq__http_start(struct kiq_runtime *rt, kiq_http_t **out, char *err)
+int capstan__http_start(struct capstan_runtime *rt, capstan_http_t **out, char *err)
 {
-    const kiq_config_t *c = rt->cfg;
+    const capstan_config_t *c = rt->cfg;
     const char *addr = c->metrics_bind && *c->metrics_bind ? c->metrics_bind : "127.0.0.1";
     int rc = 0;
     *out = NULL;
-    kiq_http_t *h = calloc(1, sizeof(*h));
+    capstan_http_t *h = calloc(1, sizeof(*h));
     if (!h)
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     h->rt = rt;
     h->lfd = h->wake[0] = h->wake[1] = -1;
-    if (!(h->r = kiq_redis_new(c->redis_url, KIQ_HTTP_REDIS_TIMEOUT, err))) {
-        rc = KIQ_ECONFIG;
+    if (!(h->r = capstan_redis_new(c->redis_url, CAPSTAN_HTTP_REDIS_TIMEOUT, err))) {
+        rc = CAPSTAN_ECONFIG;
         goto out;
     }
     if ((h->lfd = listen_on(addr, c->metrics_port, err)) < 0) {
-        rc = KIQ_ESYS;
+        rc = CAPSTAN_ESYS;
         goto out;
     }
     if (fcntl(h->lfd, F_SETFL, O_NONBLOCK) != 0 || pipe2(h->wake, O_CLOEXEC) != 0
         || pthread_create(&h->thread, NULL, serve, h) != 0) {
-        rc = kiq_seterr(err, KIQ_ESYS, "metrics_port %d: cannot start the HTTP server on %s",
-                        c->metrics_port, addr);
+        rc = capstan_seterr(err, CAPSTAN_ESYS, "metrics_port %d: cannot start the HTTP server on %s",
+                            c->metrics_port, addr);
         goto out;
     }
     h->started = 1;
-    kiq_info("serving Prometheus metrics on http://%s%s%s:%d/metrics",
-             strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", c->metrics_port);
+    capstan_info("serving Prometheus metrics on http://%s%s%s:%d/metrics",
+                 strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", c->metrics_port);
     *out = h;
     h = NULL;
 out:
-    kiq__http_stop(h);
+    capstan__http_stop(h);
     return rc;
 }
 
-void kiq__http_stop(kiq_http_t *h)
+void capstan__http_stop(capstan_http_t *h)
 {
     if (!h)
         return;
@@ -408,6 +408,6 @@ void kiq__http_stop(kiq_http_t *h)
         close(h->wake[0]);
         close(h->wake[1]);
     }
-    kiq_redis_free(h->r);
+    capstan_redis_free(h->r);
     free(h);
 }

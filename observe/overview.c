@@ -26,41 +26,41 @@ static double age(const redisReply *rep, double now)
 {
     double lat = 0;
     if (rep->type == REDIS_REPLY_STRING) {
-        kiq_jobject_t o = {0};
-        if (kiq__json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
-            const kiq_jmember_t *m = kiq__jobject_get(&o, rep->str, "enqueued_at");
-            double t = m ? kiq__ts_parse(rep->str + m->vstart, m->vlen) : 0;
+        capstan_jobject_t o = {0};
+        if (capstan__json_scan_object(rep->str, rep->len, &o, NULL) == 0) {
+            const capstan_jmember_t *m = capstan__jobject_get(&o, rep->str, "enqueued_at");
+            double t = m ? capstan__ts_parse(rep->str + m->vstart, m->vlen) : 0;
             if (t > 0)
                 lat = now - t;
         }
-        kiq__jobject_free(&o);
+        capstan__jobject_free(&o);
     }
     return lat < 0 ? 0 : lat;
 }
 
-static int io_error(kiq_redis_t *r, char *err)
+static int io_error(capstan_redis_t *r, char *err)
 {
-    return kiq_seterr(err, KIQ_EREDIS, "%s", kiq_redis_error(r));
+    return capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
 }
 
 static int by_name(const void *a, const void *b)
 {
-    return strcmp(((const kiq_overview_queue_t *)a)->name,
-                  ((const kiq_overview_queue_t *)b)->name);
+    return strcmp(((const capstan_overview_queue_t *)a)->name,
+                  ((const capstan_overview_queue_t *)b)->name);
 }
 
-static int read_totals(kiq_redis_t *r, kiq_overview_t *o, char *err)
+static int read_totals(capstan_redis_t *r, capstan_overview_t *o, char *err)
 {
     static const char *const cmds[][2] = {
-        { "GET", KIQ_KEY_PROCESSED },  { "GET", KIQ_KEY_FAILED }, { "ZCARD", KIQ_KEY_SCHEDULE },
-        { "ZCARD", KIQ_KEY_RETRY },    { "ZCARD", KIQ_KEY_DEAD },
+        { "GET", CAPSTAN_KEY_PROCESSED },  { "GET", CAPSTAN_KEY_FAILED }, { "ZCARD", CAPSTAN_KEY_SCHEDULE },
+        { "ZCARD", CAPSTAN_KEY_RETRY },    { "ZCARD", CAPSTAN_KEY_DEAD },
     };
     long long *dst[] = { &o->processed, &o->failed, &o->scheduled, &o->retries, &o->dead };
     for (size_t i = 0; i < 5; i++)
-        if (kiq_redis_append(r, 2, (const char **)cmds[i], NULL))
+        if (capstan_redis_append(r, 2, (const char **)cmds[i], NULL))
             return io_error(r, err);
     for (size_t i = 0; i < 5; i++) {
-        redisReply *rep = kiq_redis_get_reply(r);
+        redisReply *rep = capstan_redis_get_reply(r);
         if (!rep)
             return io_error(r, err);
         *dst[i] = num(rep);
@@ -69,23 +69,23 @@ static int read_totals(kiq_redis_t *r, kiq_overview_t *o, char *err)
     return 0;
 }
 
-static int read_queues(kiq_redis_t *r, kiq_overview_t *o, char *err)
+static int read_queues(capstan_redis_t *r, capstan_overview_t *o, char *err)
 {
     int rc = 0;
-    redisReply *names = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_QUEUES);
+    redisReply *names = capstan_redis_cmdf(r, "SMEMBERS %s", CAPSTAN_KEY_QUEUES);
     if (!names)
         return io_error(r, err);
     if (names->type != REDIS_REPLY_ARRAY || names->elements == 0)
         goto out;
     if (!(o->queues = calloc(names->elements, sizeof(*o->queues)))) {
-        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < names->elements; i++) {
         if (names->element[i]->type != REDIS_REPLY_STRING)
             continue;
         if (!(o->queues[o->nqueues].name = strdup(names->element[i]->str))) {
-            rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             goto out;
         }
         o->nqueues++;
@@ -93,16 +93,16 @@ static int read_queues(kiq_redis_t *r, kiq_overview_t *o, char *err)
     qsort(o->queues, o->nqueues, sizeof(*o->queues), by_name);
     for (size_t i = 0; i < o->nqueues && !rc; i++) {
         char key[600];
-        kiq__key(key, sizeof(key), KIQ_KEY_QUEUE, o->queues[i].name);
+        capstan__key(key, sizeof(key), CAPSTAN_KEY_QUEUE, o->queues[i].name);
         const char *llen[] = { "LLEN", key };
         const char *lindex[] = { "LINDEX", key, "-1" };
-        if (kiq_redis_append(r, 2, llen, NULL) || kiq_redis_append(r, 3, lindex, NULL))
+        if (capstan_redis_append(r, 2, llen, NULL) || capstan_redis_append(r, 3, lindex, NULL))
             rc = io_error(r, err);
     }
-    double now = kiq__now();
+    double now = capstan__now();
     for (size_t i = 0; i < o->nqueues && !rc; i++) {
-        redisReply *len = kiq_redis_get_reply(r);
-        redisReply *old = len ? kiq_redis_get_reply(r) : NULL;
+        redisReply *len = capstan_redis_get_reply(r);
+        redisReply *old = len ? capstan_redis_get_reply(r) : NULL;
         if (!old)
             rc = io_error(r, err);
         else {
@@ -122,23 +122,23 @@ static long long opt_int(const redisReply *v)
     return v->type == REDIS_REPLY_STRING ? atoll(v->str) : -1;
 }
 
-static int read_processes(kiq_redis_t *r, kiq_overview_t *o, char *err)
+static int read_processes(capstan_redis_t *r, capstan_overview_t *o, char *err)
 {
     int rc = 0;
-    redisReply *ids = kiq_redis_cmdf(r, "SMEMBERS %s", KIQ_KEY_PROCESSES);
+    redisReply *ids = capstan_redis_cmdf(r, "SMEMBERS %s", CAPSTAN_KEY_PROCESSES);
     if (!ids)
         return io_error(r, err);
     if (ids->type != REDIS_REPLY_ARRAY || ids->elements == 0)
         goto out;
     if (!(o->processes = calloc(ids->elements, sizeof(*o->processes)))) {
-        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < ids->elements && !rc; i++) {
         const char *id = ids->element[i]->str;
         if (!id)
             continue;
-        redisReply *h = kiq_redis_cmdf(r, "HMGET %s info busy beat quiet rss", id);
+        redisReply *h = capstan_redis_cmdf(r, "HMGET %s info busy beat quiet rss", id);
         if (!h) {
             rc = io_error(r, err);
             break;
@@ -147,13 +147,13 @@ static int read_processes(kiq_redis_t *r, kiq_overview_t *o, char *err)
          * leaving the set; Sidekiq's ProcessSet skips it too. */
         if (h->type == REDIS_REPLY_ARRAY && h->elements == 5
             && h->element[0]->type == REDIS_REPLY_STRING) {
-            kiq_overview_process_t *p = &o->processes[o->nprocesses];
+            capstan_overview_process_t *p = &o->processes[o->nprocesses];
             p->identity = strdup(id);
             p->info = strdup(h->element[0]->str);
             if (!p->identity || !p->info) {
                 free(p->identity);
                 free(p->info);
-                rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+                rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             } else {
                 json_t *info = json_loads(p->info, 0, NULL);
                 json_t *conc = json_object_get(info, "concurrency");
@@ -174,7 +174,7 @@ out:
     return rc;
 }
 
-int kiq__overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, char *err)
+int capstan__overview_read(capstan_redis_t *r, int with_processes, capstan_overview_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
     int rc = read_totals(r, out, err);
@@ -185,7 +185,7 @@ int kiq__overview_read(kiq_redis_t *r, int with_processes, kiq_overview_t *out, 
     return rc;
 }
 
-void kiq__overview_clear(kiq_overview_t *o)
+void capstan__overview_clear(capstan_overview_t *o)
 {
     if (!o)
         return;

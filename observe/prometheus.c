@@ -13,14 +13,14 @@
 #include <string.h>
 
 #include "support/json.h"
-#include "kiq/error.h"
+#include "capstan/error.h"
 
 #define NBUCKETS_TABLE 256
 #define NB 13
 
-const double kiq_metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+const double capstan__metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                          1,     2.5,  5,     10,   30,  60 };
-const size_t kiq_metrics_nbuckets = NB;
+const size_t capstan__metrics_nbuckets = NB;
 
 /* What a series is; also the order families are rendered in. */
 typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_CALLBACK, K_COUNT } kind_t;
@@ -37,22 +37,22 @@ typedef struct series {
     double sum;
 } series_t;
 
-struct kiq_metrics {
+struct capstan_metrics {
     pthread_mutex_t mu;
     series_t *table[NBUCKETS_TABLE];
     size_t nseries;
-    atomic_long counters[KIQ_METRIC_COUNTER_COUNT];
+    atomic_long counters[CAPSTAN_METRIC_COUNTER_COUNT];
 };
 
-kiq_metrics_t *kiq_metrics_new(void)
+capstan_metrics_t *capstan__metrics_new(void)
 {
-    kiq_metrics_t *m = calloc(1, sizeof(*m));
+    capstan_metrics_t *m = calloc(1, sizeof(*m));
     if (m)
         pthread_mutex_init(&m->mu, NULL);
     return m;
 }
 
-void kiq_metrics_free(kiq_metrics_t *m)
+void capstan__metrics_free(capstan_metrics_t *m)
 {
     if (!m)
         return;
@@ -70,15 +70,15 @@ void kiq_metrics_free(kiq_metrics_t *m)
     free(m);
 }
 
-static kiq_metrics_t *default_registry;
+static capstan_metrics_t *default_registry;
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 
 static void make_default(void)
 {
-    default_registry = kiq_metrics_new();
+    default_registry = capstan__metrics_new();
 }
 
-kiq_metrics_t *kiq__metrics_default(void)
+capstan_metrics_t *capstan__metrics_default(void)
 {
     pthread_once(&default_once, make_default);
     return default_registry;
@@ -97,7 +97,7 @@ static uint32_t hash(kind_t k, const char *a, const char *b)
 
 /* The series for (k, a, b), added when missing. Called with m->mu held.
  * NULL when out of memory. */
-static series_t *find(kiq_metrics_t *m, kind_t k, const char *a, const char *b)
+static series_t *find(capstan_metrics_t *m, kind_t k, const char *a, const char *b)
 {
     uint32_t h = hash(k, a, b) % NBUCKETS_TABLE;
     for (series_t *s = m->table[h]; s; s = s->next)
@@ -118,9 +118,9 @@ static series_t *find(kiq_metrics_t *m, kind_t k, const char *a, const char *b)
 }
 
 /* find(), folding new class labels into "_other" once the table is full. */
-static series_t *find_capped(kiq_metrics_t *m, kind_t k, const char *a, const char *b)
+static series_t *find_capped(capstan_metrics_t *m, kind_t k, const char *a, const char *b)
 {
-    if (m->nseries >= KIQ_METRICS_MAX_SERIES) {
+    if (m->nseries >= CAPSTAN_METRICS_MAX_SERIES) {
         uint32_t h = hash(k, a, b) % NBUCKETS_TABLE;
         for (series_t *s = m->table[h]; s; s = s->next)
             if (s->kind == k && !strcmp(s->a, a) && !strcmp(s->b, b))
@@ -136,7 +136,7 @@ static void observe(series_t *d, double seconds)
     if (!d)
         return;
     size_t i = 0;
-    while (i < NB && seconds > kiq_metrics_buckets[i])
+    while (i < NB && seconds > capstan__metrics_buckets[i])
         i++;
     if (i < NB)
         d->bucket[i]++;
@@ -144,15 +144,15 @@ static void observe(series_t *d, double seconds)
     d->sum += seconds;
 }
 
-void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
-                     int failed)
+void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,
+                          int failed)
 {
     /* Once a job: names of usual length are escaped on the stack. */
     char cstore[128], qstore[128];
-    kiq_buf_t c, q;
-    kiq__buf_on(&c, cstore, sizeof(cstore));
-    kiq__buf_on(&q, qstore, sizeof(qstore));
-    if (!m || kiq_metrics_escape(&c, cls ? cls : "") || kiq_metrics_escape(&q, queue ? queue : ""))
+    capstan_buf_t c, q;
+    capstan__buf_on(&c, cstore, sizeof(cstore));
+    capstan__buf_on(&q, qstore, sizeof(qstore));
+    if (!m || capstan__metrics_escape(&c, cls ? cls : "") || capstan__metrics_escape(&q, queue ? queue : ""))
         goto out;
     cls = c.p;
     queue = q.p;
@@ -167,14 +167,14 @@ void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, doub
     observe(find_capped(m, K_DURATION, cls, ""), seconds);
     pthread_mutex_unlock(&m->mu);
 out:
-    kiq__buf_free(&c);
-    kiq__buf_free(&q);
+    capstan__buf_free(&c);
+    capstan__buf_free(&q);
 }
 
-void kiq__metrics_batch_callback(kiq_metrics_t *m, const char *event, double seconds)
+void capstan__metrics_batch_callback(capstan_metrics_t *m, const char *event, double seconds)
 {
-    kiq_buf_t e = {0};
-    if (!m || kiq_metrics_escape(&e, event ? event : ""))
+    capstan_buf_t e = {0};
+    if (!m || capstan__metrics_escape(&e, event ? event : ""))
         goto out;
     if (!(seconds >= 0))
         seconds = 0;
@@ -182,10 +182,10 @@ void kiq__metrics_batch_callback(kiq_metrics_t *m, const char *event, double sec
     observe(find_capped(m, K_CALLBACK, e.p, ""), seconds);
     pthread_mutex_unlock(&m->mu);
 out:
-    kiq__buf_free(&e);
+    capstan__buf_free(&e);
 }
 
-void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event)
+void capstan__metrics_lock_event(capstan_metrics_t *m, const char *lock_type, const char *event)
 {
     static const char *const map[][2] = {
         { "locked", "acquired" },         { "lock_failed", "denied" },
@@ -199,9 +199,9 @@ void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char
         if (!strcmp(event, map[i][0]))
             ev = map[i][1];
     char store[64]; /* a lock type's name fits: no allocation per event */
-    kiq_buf_t t;
-    kiq__buf_on(&t, store, sizeof(store));
-    if (!ev || kiq_metrics_escape(&t, lock_type && *lock_type ? lock_type : "unknown"))
+    capstan_buf_t t;
+    capstan__buf_on(&t, store, sizeof(store));
+    if (!ev || capstan__metrics_escape(&t, lock_type && *lock_type ? lock_type : "unknown"))
         goto out;
     pthread_mutex_lock(&m->mu);
     series_t *s = find_capped(m, K_LOCK, t.p, ev);
@@ -209,60 +209,60 @@ void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char
         s->n1++;
     pthread_mutex_unlock(&m->mu);
 out:
-    kiq__buf_free(&t);
+    capstan__buf_free(&t);
 }
 
-void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter_t ev,
-                          double seconds, int held)
+void capstan__metrics_limiter(capstan_metrics_t *m, const char *name, capstan_metric_limiter_t ev,
+                              double seconds, int held)
 {
-    kiq_buf_t l = {0};
-    if (!m || kiq_metrics_escape(&l, name ? name : ""))
+    capstan_buf_t l = {0};
+    if (!m || capstan__metrics_escape(&l, name ? name : ""))
         goto out;
     if (!(seconds >= 0))
         seconds = 0;
     pthread_mutex_lock(&m->mu);
     series_t *s = find_capped(m, K_LIMITER, l.p, "");
-    if (s && ev == KIQ_LIMITER_RELEASED) {
+    if (s && ev == CAPSTAN_LIMITER_RELEASED) {
         /* Not below 0: a release of a token some other process took. */
         s->held -= s->held > 0;
     } else if (s) {
         /* The wait histogram's count is acquired + over limit. */
-        if (ev == KIQ_LIMITER_ACQUIRED)
+        if (ev == CAPSTAN_LIMITER_ACQUIRED)
             s->n1++;
         else
             s->n2++;
         size_t i = 0;
-        while (i < NB && seconds > kiq_metrics_buckets[i])
+        while (i < NB && seconds > capstan__metrics_buckets[i])
             i++;
         if (i < NB)
             s->bucket[i]++;
         s->sum += seconds;
-        s->held += ev == KIQ_LIMITER_ACQUIRED && held;
+        s->held += ev == CAPSTAN_LIMITER_ACQUIRED && held;
     }
     pthread_mutex_unlock(&m->mu);
 out:
-    kiq__buf_free(&l);
+    capstan__buf_free(&l);
 }
 
-void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags)
+void capstan__metrics_batch_fired(capstan_metrics_t *m, long long flags)
 {
-    kiq__metrics_add(m, KIQ_METRIC_BATCHES_COMPLETED, (long)((flags >> 2) & 1023));
-    kiq__metrics_add(m, KIQ_METRIC_BATCHES_SUCCEEDED, (long)((flags >> 12) & 1023));
-    kiq__metrics_add(m, KIQ_METRIC_BATCHES_DIED, (long)((flags >> 22) & 1023));
+    capstan__metrics_add(m, CAPSTAN_METRIC_BATCHES_COMPLETED, (long)((flags >> 2) & 1023));
+    capstan__metrics_add(m, CAPSTAN_METRIC_BATCHES_SUCCEEDED, (long)((flags >> 12) & 1023));
+    capstan__metrics_add(m, CAPSTAN_METRIC_BATCHES_DIED, (long)((flags >> 22) & 1023));
 }
 
-void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n)
+void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long n)
 {
-    if (m && c >= 0 && c < KIQ_METRIC_COUNTER_COUNT && n > 0)
+    if (m && c >= 0 && c < CAPSTAN_METRIC_COUNTER_COUNT && n > 0)
         atomic_fetch_add(&m->counters[c], n);
 }
 
-long kiq__metrics_get(kiq_metrics_t *m, kiq_metric_counter_t c)
+long capstan__metrics_get(capstan_metrics_t *m, capstan_metric_counter_t c)
 {
-    return m && c >= 0 && c < KIQ_METRIC_COUNTER_COUNT ? (long)atomic_load(&m->counters[c]) : 0;
+    return m && c >= 0 && c < CAPSTAN_METRIC_COUNTER_COUNT ? (long)atomic_load(&m->counters[c]) : 0;
 }
 
-int kiq_metrics_escape(kiq_buf_t *b, const char *s)
+int capstan__metrics_escape(capstan_buf_t *b, const char *s)
 {
     size_t len = strlen(s), run = 0; /* run: start of bytes not yet copied */
     int rc = 0;
@@ -272,7 +272,7 @@ int kiq_metrics_escape(kiq_buf_t *b, const char *s)
             i++; /* the usual byte, kept */
             continue;
         }
-        size_t k = kiq__utf8_seq(s + i, len - i);
+        size_t k = capstan__utf8_seq(s + i, len - i);
         const char *rep = !k ? "\xEF\xBF\xBD" /* U+FFFD for a byte outside UTF-8 */
                         : s[i] == '\\' ? "\\\\"
                         : s[i] == '"' ? "\\\""
@@ -282,13 +282,13 @@ int kiq_metrics_escape(kiq_buf_t *b, const char *s)
             i += k;
             continue;
         }
-        rc = kiq__buf_put(b, s + run, i - run);
+        rc = capstan__buf_put(b, s + run, i - run);
         if (!rc)
-            rc = kiq__buf_puts(b, rep);
+            rc = capstan__buf_puts(b, rep);
         i += k ? k : 1;
         run = i;
     }
-    return rc ? rc : kiq__buf_put(b, s + run, len - run);
+    return rc ? rc : capstan__buf_put(b, s + run, len - run);
 }
 
 static int by_labels(const void *x, const void *y)
@@ -302,7 +302,7 @@ static int by_labels(const void *x, const void *y)
 
 /* A copy of every series (labels borrowed by pointer into fresh strdups),
  * sorted; owned by the caller, free with free_copy. */
-static series_t *copy_all(kiq_metrics_t *m, size_t *n)
+static series_t *copy_all(capstan_metrics_t *m, size_t *n)
 {
     pthread_mutex_lock(&m->mu);
     size_t cnt = 0;
@@ -331,23 +331,23 @@ static void free_copy(series_t *s, size_t n)
     free(s);
 }
 
-static int family(kiq_buf_t *b, const char *name, const char *type, const char *help)
+static int family(capstan_buf_t *b, const char *name, const char *type, const char *help)
 {
-    return kiq__buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    return capstan__buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* name{l1="v1"[,l2="v2"]}; the values are escaped already. */
-static int sample_head(kiq_buf_t *b, const char *name, const char *l1, const char *v1,
+static int sample_head(capstan_buf_t *b, const char *name, const char *l1, const char *v1,
                        const char *l2, const char *v2)
 {
     if (l2)
-        return kiq__buf_printf(b, "%s{%s=\"%s\",%s=\"%s\"", name, l1, v1, l2, v2);
-    return kiq__buf_printf(b, "%s{%s=\"%s\"", name, l1, v1);
+        return capstan__buf_printf(b, "%s{%s=\"%s\",%s=\"%s\"", name, l1, v1, l2, v2);
+    return capstan__buf_printf(b, "%s{%s=\"%s\"", name, l1, v1);
 }
 
-static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)
+static int render_jobs(capstan_buf_t *b, const series_t *s, size_t n, int failed)
 {
-    const char *name = failed ? "kiq_jobs_failed_total" : "kiq_jobs_processed_total";
+    const char *name = failed ? "capstan_jobs_failed_total" : "capstan_jobs_processed_total";
     int rc = family(b, name, "counter",
                     failed ? "Jobs that failed, by class and queue."
                            : "Jobs run to the end (failed ones included), by class and queue.");
@@ -355,13 +355,13 @@ static int render_jobs(kiq_buf_t *b, const series_t *s, size_t n, int failed)
         if (s[i].kind != K_JOB)
             continue;
         rc = sample_head(b, name, "class", s[i].a, "queue", s[i].b);
-        if (!rc) rc = kiq__buf_printf(b, "} %llu\n", failed ? s[i].n2 : s[i].n1);
+        if (!rc) rc = capstan__buf_printf(b, "} %llu\n", failed ? s[i].n2 : s[i].n1);
     }
     return rc;
 }
 
 /* The histograms of kind, one per value of its label. */
-static int render_histograms(kiq_buf_t *b, const series_t *s, size_t n, kind_t kind,
+static int render_histograms(capstan_buf_t *b, const series_t *s, size_t n, kind_t kind,
                              const char *name, const char *label, const char *help)
 {
     int rc = family(b, name, "histogram", help);
@@ -374,28 +374,28 @@ static int render_histograms(kiq_buf_t *b, const series_t *s, size_t n, kind_t k
             char le[32];
             if (k < NB) {
                 cum += s[i].bucket[k];
-                snprintf(le, sizeof(le), "%g", kiq_metrics_buckets[k]);
+                snprintf(le, sizeof(le), "%g", capstan__metrics_buckets[k]);
             } else {
                 cum = s[i].n1;
                 snprintf(le, sizeof(le), "+Inf");
             }
             snprintf(sample, sizeof(sample), "%s_bucket", name);
             rc = sample_head(b, sample, label, s[i].a, "le", le);
-            if (!rc) rc = kiq__buf_printf(b, "} %llu\n", cum);
+            if (!rc) rc = capstan__buf_printf(b, "} %llu\n", cum);
         }
         snprintf(sample, sizeof(sample), "%s_sum", name);
         if (!rc) rc = sample_head(b, sample, label, s[i].a, NULL, NULL);
-        if (!rc) rc = kiq__buf_printf(b, "} %.9g\n", s[i].sum);
+        if (!rc) rc = capstan__buf_printf(b, "} %.9g\n", s[i].sum);
         snprintf(sample, sizeof(sample), "%s_count", name);
         if (!rc) rc = sample_head(b, sample, label, s[i].a, NULL, NULL);
-        if (!rc) rc = kiq__buf_printf(b, "} %llu\n", s[i].n1);
+        if (!rc) rc = capstan__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
 }
 
-static int render_locks(kiq_buf_t *b, const series_t *s, size_t n)
+static int render_locks(capstan_buf_t *b, const series_t *s, size_t n)
 {
-    const char *name = "kiq_lock_events_total";
+    const char *name = "capstan_lock_events_total";
     int rc = family(b, name, "counter",
                     "Uniqueness lock events of this process by lock type: acquired, denied, "
                     "released, failures (v9's locked, lock_failed, unlocked, "
@@ -404,21 +404,21 @@ static int render_locks(kiq_buf_t *b, const series_t *s, size_t n)
         if (s[i].kind != K_LOCK)
             continue;
         rc = sample_head(b, name, "type", s[i].a, "event", s[i].b);
-        if (!rc) rc = kiq__buf_printf(b, "} %llu\n", s[i].n1);
+        if (!rc) rc = capstan__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
 }
 
-static int render_limiters(kiq_buf_t *b, const series_t *s, size_t n)
+static int render_limiters(capstan_buf_t *b, const series_t *s, size_t n)
 {
     static const struct { const char *name, *type, *help; } fam[] = {
-        { "kiq_limiter_acquired_total", "counter",
+        { "capstan_limiter_acquired_total", "counter",
           "Acquisitions of a rate limiter by this process that took a slot." },
-        { "kiq_limiter_over_limit_total", "counter",
+        { "capstan_limiter_over_limit_total", "counter",
           "Acquisitions of a rate limiter by this process that found it over its limit "
           "for their whole wait." },
-        { "kiq_limiter_held", "gauge", "Concurrent limiter slots this process holds now." },
-        { "kiq_limiter_wait_seconds", "histogram",
+        { "capstan_limiter_held", "gauge", "Concurrent limiter slots this process holds now." },
+        { "capstan_limiter_wait_seconds", "histogram",
           "Time acquisitions of a rate limiter took, taken or not." },
     };
     int rc = 0;
@@ -430,7 +430,7 @@ static int render_limiters(kiq_buf_t *b, const series_t *s, size_t n)
             if (f < 3) {
                 rc = sample_head(b, fam[f].name, "limiter", s[i].a, NULL, NULL);
                 if (!rc)
-                    rc = kiq__buf_printf(b, "} %lld\n", f == 0 ? (long long)s[i].n1
+                    rc = capstan__buf_printf(b, "} %lld\n", f == 0 ? (long long)s[i].n1
                                                      : f == 1 ? (long long)s[i].n2 : s[i].held);
                 continue;
             }
@@ -439,65 +439,65 @@ static int render_limiters(kiq_buf_t *b, const series_t *s, size_t n)
                 char le[32];
                 cum = k < NB ? cum + s[i].bucket[k] : count;
                 if (k < NB)
-                    snprintf(le, sizeof(le), "%g", kiq_metrics_buckets[k]);
+                    snprintf(le, sizeof(le), "%g", capstan__metrics_buckets[k]);
                 else
                     snprintf(le, sizeof(le), "+Inf");
-                rc = sample_head(b, "kiq_limiter_wait_seconds_bucket", "limiter", s[i].a, "le", le);
-                if (!rc) rc = kiq__buf_printf(b, "} %llu\n", cum);
+                rc = sample_head(b, "capstan_limiter_wait_seconds_bucket", "limiter", s[i].a, "le", le);
+                if (!rc) rc = capstan__buf_printf(b, "} %llu\n", cum);
             }
-            if (!rc) rc = sample_head(b, "kiq_limiter_wait_seconds_sum", "limiter", s[i].a, NULL, NULL);
-            if (!rc) rc = kiq__buf_printf(b, "} %.9g\n", s[i].sum);
-            if (!rc) rc = sample_head(b, "kiq_limiter_wait_seconds_count", "limiter", s[i].a, NULL, NULL);
-            if (!rc) rc = kiq__buf_printf(b, "} %llu\n", count);
+            if (!rc) rc = sample_head(b, "capstan_limiter_wait_seconds_sum", "limiter", s[i].a, NULL, NULL);
+            if (!rc) rc = capstan__buf_printf(b, "} %.9g\n", s[i].sum);
+            if (!rc) rc = sample_head(b, "capstan_limiter_wait_seconds_count", "limiter", s[i].a, NULL, NULL);
+            if (!rc) rc = capstan__buf_printf(b, "} %llu\n", count);
         }
     }
     return rc;
 }
 
-int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b)
+int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
 {
-    static const struct { const char *name, *help; } counters[KIQ_METRIC_COUNTER_COUNT] = {
-        [KIQ_METRIC_ORPHANS_RECOVERED] = { "kiq_orphans_recovered_total",
+    static const struct { const char *name, *help; } counters[CAPSTAN_METRIC_COUNTER_COUNT] = {
+        [CAPSTAN_METRIC_ORPHANS_RECOVERED] = { "capstan_orphans_recovered_total",
             "Jobs this process put back from the working lists of dead processes." },
-        [KIQ_METRIC_POISON_PILLS] = { "kiq_poison_pills_total",
+        [CAPSTAN_METRIC_POISON_PILLS] = { "capstan_poison_pills_total",
             "Jobs this process sent to the dead set after max_recoveries recoveries." },
-        [KIQ_METRIC_REDIS_RECONNECTS] = { "kiq_redis_reconnects_total",
+        [CAPSTAN_METRIC_REDIS_RECONNECTS] = { "capstan_redis_reconnects_total",
             "Redis connections this process re-established after they broke." },
-        [KIQ_METRIC_BATCHES_COMPLETED] = { "kiq_batches_completed_total",
+        [CAPSTAN_METRIC_BATCHES_COMPLETED] = { "capstan_batches_completed_total",
             "Batches whose complete callback an ack or commit of this process fired." },
-        [KIQ_METRIC_BATCHES_SUCCEEDED] = { "kiq_batches_succeeded_total",
+        [CAPSTAN_METRIC_BATCHES_SUCCEEDED] = { "capstan_batches_succeeded_total",
             "Batches whose success callback an ack or commit of this process fired." },
-        [KIQ_METRIC_BATCHES_DIED] = { "kiq_batches_died_total",
+        [CAPSTAN_METRIC_BATCHES_DIED] = { "capstan_batches_died_total",
             "Batches whose death callback an ack or commit of this process fired." },
-        [KIQ_METRIC_LATE_ACKS] = { "kiq_late_acks_total",
+        [CAPSTAN_METRIC_LATE_ACKS] = { "capstan_late_acks_total",
             "Finished jobs that were no longer in this process's working list when it acked "
             "them: another process recovered them while this one was cut off or frozen, or "
             "they were given back at a hard stop; they may run again." },
     };
     if (!m)
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     size_t n = 0;
     series_t *s = copy_all(m, &n);
     if (!s)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     for (size_t i = 0; i < n; i++)
         if (!s[i].a || !s[i].b) {
             free_copy(s, n);
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         }
     int rc = render_jobs(b, s, n, 0);
     if (!rc) rc = render_jobs(b, s, n, 1);
-    if (!rc) rc = render_histograms(b, s, n, K_DURATION, "kiq_job_duration_seconds", "class",
+    if (!rc) rc = render_histograms(b, s, n, K_DURATION, "capstan_job_duration_seconds", "class",
                                     "Time jobs took in the middleware chain and handler.");
     if (!rc) rc = render_locks(b, s, n);
     if (!rc) rc = render_limiters(b, s, n);
-    if (!rc) rc = render_histograms(b, s, n, K_CALLBACK, "kiq_batch_callback_latency_seconds",
+    if (!rc) rc = render_histograms(b, s, n, K_CALLBACK, "capstan_batch_callback_latency_seconds",
                                     "event", "Time from a batch being done to its callback "
                                     "starting here, by event (complete, success, death).");
-    for (int c = 0; c < KIQ_METRIC_COUNTER_COUNT && !rc; c++) {
+    for (int c = 0; c < CAPSTAN_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
         if (!rc)
-            rc = kiq__buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
+            rc = capstan__buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
     }
     free_copy(s, n);
     return rc;

@@ -12,93 +12,93 @@
  * Every function is thread-safe: processor threads update under one short
  * mutex, the HTTP thread copies the series out under it and formats them
  * outside it. */
-#ifndef KIQ_OBSERVE_PROMETHEUS_H
-#define KIQ_OBSERVE_PROMETHEUS_H
+#ifndef CAPSTAN_OBSERVE_PROMETHEUS_H
+#define CAPSTAN_OBSERVE_PROMETHEUS_H
 
 #include <stddef.h>
 
 #include "support/buf.h"
 
-typedef struct kiq_metrics kiq_metrics_t;
+typedef struct capstan_metrics capstan_metrics_t;
 
 /* Process-wide counters without labels. */
-typedef enum kiq_metric_counter {
-    KIQ_METRIC_ORPHANS_RECOVERED = 0, /* jobs put back from dead processes' lists */
-    KIQ_METRIC_POISON_PILLS,          /* jobs sent to dead after max_recoveries */
-    KIQ_METRIC_REDIS_RECONNECTS,      /* connections re-established after a break */
-    KIQ_METRIC_BATCHES_COMPLETED,     /* batch callbacks fired by this process's acks */
-    KIQ_METRIC_BATCHES_SUCCEEDED,
-    KIQ_METRIC_BATCHES_DIED,
-    KIQ_METRIC_LATE_ACKS,             /* finished jobs no longer in the working
+typedef enum capstan_metric_counter {
+    CAPSTAN_METRIC_ORPHANS_RECOVERED = 0, /* jobs put back from dead processes' lists */
+    CAPSTAN_METRIC_POISON_PILLS,      /* jobs sent to dead after max_recoveries */
+    CAPSTAN_METRIC_REDIS_RECONNECTS,  /* connections re-established after a break */
+    CAPSTAN_METRIC_BATCHES_COMPLETED, /* batch callbacks fired by this process's acks */
+    CAPSTAN_METRIC_BATCHES_SUCCEEDED,
+    CAPSTAN_METRIC_BATCHES_DIED,
+    CAPSTAN_METRIC_LATE_ACKS,         /* finished jobs no longer in the working
                                          list when acked (taken meanwhile) */
-    KIQ_METRIC_COUNTER_COUNT
-} kiq_metric_counter_t;
+    CAPSTAN_METRIC_COUNTER_COUNT
+} capstan_metric_counter_t;
 
 /* Distinct label sets kept per registry; jobs of further classes are
  * counted under class "_other" so a stream of bad payloads with made-up
  * class names cannot grow the process without bound. */
-#define KIQ_METRICS_MAX_SERIES 2000
+#define CAPSTAN_METRICS_MAX_SERIES 2000
 
-/* A new empty registry owned by the caller (kiq_metrics_free), or NULL. */
-kiq_metrics_t *kiq_metrics_new(void);
-void kiq_metrics_free(kiq_metrics_t *m);
+/* A new empty registry owned by the caller (capstan__metrics_free), or NULL. */
+capstan_metrics_t *capstan__metrics_new(void);
+void capstan__metrics_free(capstan_metrics_t *m);
 
 /* The registry the runtime records into (created on first use, lives
  * until the process exits; never NULL unless out of memory at first use). */
-kiq_metrics_t *kiq__metrics_default(void);
+capstan_metrics_t *capstan__metrics_default(void);
 
 /* Counts one finished job: processed (and failed when failed != 0) for
  * (cls, queue), and seconds into the duration histogram of cls. NULL
  * strings count as "". A no-op when m is NULL or memory runs out. */
-void kiq__metrics_job(kiq_metrics_t *m, const char *cls, const char *queue, double seconds,
-                     int failed);
+void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,
+                          int failed);
 
 /* Counts one uniqueness lock event as v9 names it (locked, lock_failed,
  * unlocked, unlock_failed, execution_failed), folded into the exported
  * events acquired / denied / released / failures. Unknown events are
  * ignored. */
-void kiq__metrics_lock_event(kiq_metrics_t *m, const char *lock_type, const char *event);
+void capstan__metrics_lock_event(capstan_metrics_t *m, const char *lock_type, const char *event);
 
-/* What a process did with a rate limiter (kiq/limiter.h). */
-typedef enum kiq_metric_limiter {
-    KIQ_LIMITER_ACQUIRED = 0, /* an acquisition took a slot after waiting seconds */
-    KIQ_LIMITER_OVER_LIMIT,   /* an acquisition gave up after waiting seconds */
-    KIQ_LIMITER_RELEASED,     /* a concurrent slot taken was given back */
-} kiq_metric_limiter_t;
+/* What a process did with a rate limiter (capstan/limiter.h). */
+typedef enum capstan_metric_limiter {
+    CAPSTAN_LIMITER_ACQUIRED = 0, /* an acquisition took a slot after waiting seconds */
+    CAPSTAN_LIMITER_OVER_LIMIT, /* an acquisition gave up after waiting seconds */
+    CAPSTAN_LIMITER_RELEASED, /* a concurrent slot taken was given back */
+} capstan_metric_limiter_t;
 
 /* Counts ev for the limiter name: acquired and over_limit observe seconds
  * in the wait histogram; a concurrent slot taken (held != 0) or released
  * moves the gauge of slots this process holds. */
-void kiq__metrics_limiter(kiq_metrics_t *m, const char *name, kiq_metric_limiter_t ev,
-                          double seconds, int held);
+void capstan__metrics_limiter(capstan_metrics_t *m, const char *name, capstan_metric_limiter_t ev,
+                              double seconds, int held);
 
 /* Observes the latency of a batch callback this process starts: seconds
  * from its batch being done (the callback's enqueued_at) to now. */
-void kiq__metrics_batch_callback(kiq_metrics_t *m, const char *event, double seconds);
+void capstan__metrics_batch_callback(capstan_metrics_t *m, const char *event, double seconds);
 
 /* Counts what a batch step fired: lua/lib/batch_done.lua's counts of
  * completes, successes and deaths, in 10-bit fields from bit 2, 12, 22. */
-void kiq__metrics_batch_fired(kiq_metrics_t *m, long long flags);
+void capstan__metrics_batch_fired(capstan_metrics_t *m, long long flags);
 
 /* Adds n to a process-wide counter. */
-void kiq__metrics_add(kiq_metrics_t *m, kiq_metric_counter_t c, long n);
+void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long n);
 /* The counter's value since the process started (0 for a NULL m). */
-long kiq__metrics_get(kiq_metrics_t *m, kiq_metric_counter_t c);
+long capstan__metrics_get(capstan_metrics_t *m, capstan_metric_counter_t c);
 
 /* Appends the counters and histograms, with HELP and TYPE lines, in the
  * Prometheus text format 0.0.4 to b; series sorted by label values.
- * Returns 0 or KIQ_ENOMEM (b may then hold part of the text). */
-int kiq_metrics_render(kiq_metrics_t *m, kiq_buf_t *b);
+ * Returns 0 or CAPSTAN_ENOMEM (b may then hold part of the text). */
+int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b);
 
 /* Appends s as a label value: backslash, double quote and newline
  * escaped as the format requires, and every byte that does not begin a
  * valid UTF-8 sequence replaced by U+FFFD, since one such byte makes
  * Prometheus reject the whole scrape. Every label value (class, queue,
- * lock type) goes through it. Returns 0 or KIQ_ENOMEM. */
-int kiq_metrics_escape(kiq_buf_t *b, const char *s);
+ * lock type) goes through it. Returns 0 or CAPSTAN_ENOMEM. */
+int capstan__metrics_escape(capstan_buf_t *b, const char *s);
 
 /* The upper bounds of the duration histogram (seconds), +Inf excluded. */
-extern const double kiq_metrics_buckets[];
-extern const size_t kiq_metrics_nbuckets;
+extern const double capstan__metrics_buckets[];
+extern const size_t capstan__metrics_nbuckets;
 
 #endif

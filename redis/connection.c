@@ -1,7 +1,7 @@
 /* Redis connections: URL, connect with AUTH/SELECT, commands that mark the
  * connection broken on I/O errors, and EVALSHA that, on NOSCRIPT, loads the
  * scripts again and resends, in a pipeline too. */
-#include "kiq/redis.h"
+#include "capstan/redis.h"
 #include "redis/nopipe.h"
 #include "redis/scripts.h"
 #include "redis/sentinel.h"
@@ -30,18 +30,18 @@ typedef struct sent {
     redisReply *early;    /* its reply, read ahead while another was sent again */
 } sent_t;
 
-struct kiq_redis {
-    kiq_redis_url_t url;
+struct capstan_redis {
+    capstan_redis_url_t url;
     char name[512];       /* URL with the password redacted */
     double timeout;
     redisContext *c;
-    kiq_tls_t *tls;       /* the TLS session under c for rediss://, else NULL */
+    capstan_tls_t *tls;   /* the TLS session under c for rediss://, else NULL */
     int broken;
     sent_t *q;            /* the unread replies' commands, oldest at q[qhead] */
     size_t qhead, qlen, qcap;
     int need_load;        /* a NOSCRIPT reached a caller: load before the next command */
     int era;              /* the value of demotions when this connection was made */
-    char errstr[KIQ_ERRLEN];
+    char errstr[CAPSTAN_ERRLEN];
 };
 
 /* How many times a server of this process answered READONLY on a plain
@@ -58,14 +58,14 @@ static atomic_int demoted;
 /* The master of r's era is gone: the first connection of the era to find
  * so starts the next, and the others made in it are stale already.
  * Returns 1 when r started it. */
-static int end_era(const kiq_redis_t *r)
+static int end_era(const capstan_redis_t *r)
 {
     int era = r->era;
     return atomic_compare_exchange_strong(&demotions, &era, era + 1);
 }
 
 /* Forgets every unread reply (the connection is dropped or replaced). */
-static void forget_sent(kiq_redis_t *r)
+static void forget_sent(capstan_redis_t *r)
 {
     for (size_t i = 0; i < r->qlen; i++) {
         free(r->q[r->qhead + i].cmd);
@@ -74,7 +74,7 @@ static void forget_sent(kiq_redis_t *r)
     r->qhead = r->qlen = 0;
 }
 
-static int remember_sent(kiq_redis_t *r, char *cmd, size_t len)
+static int remember_sent(capstan_redis_t *r, char *cmd, size_t len)
 {
     if (r->qhead + r->qlen == r->qcap) {
         if (r->qhead) {
@@ -84,7 +84,7 @@ static int remember_sent(kiq_redis_t *r, char *cmd, size_t len)
             size_t cap = r->qcap ? 2 * r->qcap : 16;
             sent_t *q = realloc(r->q, cap * sizeof(*q));
             if (!q)
-                return KIQ_ENOMEM;
+                return CAPSTAN_ENOMEM;
             r->q = q;
             r->qcap = cap;
         }
@@ -93,32 +93,32 @@ static int remember_sent(kiq_redis_t *r, char *cmd, size_t len)
     return 0;
 }
 
-kiq_redis_t *kiq_redis_new(const char *url, double timeout, char *err)
+capstan_redis_t *capstan_redis_new(const char *url, double timeout, char *err)
 {
-    kiq_redis_t *r = calloc(1, sizeof(*r));
+    capstan_redis_t *r = calloc(1, sizeof(*r));
     if (!r) {
-        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         return NULL;
     }
-    if (kiq__redis_url_parse(url, &r->url, err)) {
+    if (capstan__redis_url_parse(url, &r->url, err)) {
         free(r);
         return NULL;
     }
-    kiq__redis_url_redact(url, r->name, sizeof(r->name));
+    capstan__redis_url_redact(url, r->name, sizeof(r->name));
     r->timeout = timeout > 0 ? timeout : 10;
     r->broken = 1;
     return r;
 }
 
-void kiq_redis_free(kiq_redis_t *r)
+void capstan_redis_free(capstan_redis_t *r)
 {
     if (!r)
         return;
     redisFree(r->c);
-    kiq__tls_free(r->tls);
+    capstan__tls_free(r->tls);
     forget_sent(r);
     free(r->q);
-    kiq__redis_url_clear(&r->url);
+    capstan__redis_url_clear(&r->url);
     free(r);
 }
 
@@ -129,13 +129,13 @@ static struct timeval tv_of(double s)
     return tv;
 }
 
-static int fail_io(kiq_redis_t *r, const char *what)
+static int fail_io(capstan_redis_t *r, const char *what)
 {
     r->broken = 1;
     forget_sent(r);
     snprintf(r->errstr, sizeof(r->errstr), "%s: %s (%s)", r->name, what,
              r->c && r->c->errstr[0] ? r->c->errstr : "connection lost");
-    return KIQ_EREDIS;
+    return CAPSTAN_EREDIS;
 }
 
 /* An error reply while setting up a connection that may pass by itself
@@ -154,31 +154,31 @@ static int transient_reply(const char *msg)
 /* The code for a connection that the server refused with reply msg. */
 static int refused(const char *msg)
 {
-    return transient_reply(msg) ? KIQ_EREDIS : KIQ_ECONFIG;
+    return transient_reply(msg) ? CAPSTAN_EREDIS : CAPSTAN_ECONFIG;
 }
 
-static int get_reply(kiq_redis_t *r, void **rep);
+static int get_reply(capstan_redis_t *r, void **rep);
 
 /* A command in Redis's protocol, as redisFormatCommandArgv writes it but
  * without a sprintf per argument (most of what formatting costs). */
 static size_t resp_len(int argc, const size_t *lens)
 {
-    char t[KIQ_FMT_INT];
-    size_t n = 3 + kiq__fmt_uint(t, (unsigned long long)argc);
+    char t[CAPSTAN_FMT_INT];
+    size_t n = 3 + capstan__fmt_uint(t, (unsigned long long)argc);
     for (int i = 0; i < argc; i++)
-        n += 5 + kiq__fmt_uint(t, lens[i]) + lens[i];
+        n += 5 + capstan__fmt_uint(t, lens[i]) + lens[i];
     return n;
 }
 
 static void resp_put(char *p, int argc, const char **argv, const size_t *lens)
 {
     *p++ = '*';
-    p += kiq__fmt_uint(p, (unsigned long long)argc);
+    p += capstan__fmt_uint(p, (unsigned long long)argc);
     *p++ = '\r';
     *p++ = '\n';
     for (int i = 0; i < argc; i++) {
         *p++ = '$';
-        p += kiq__fmt_uint(p, lens[i]);
+        p += capstan__fmt_uint(p, lens[i]);
         *p++ = '\r';
         *p++ = '\n';
         memcpy(p, argv[i], lens[i]);
@@ -214,7 +214,7 @@ static int put_command(redisContext *c, int argc, const char **argv, const size_
 /* redisCommand, with the reply read by get_reply: hiredis's own read puts
  * 16 KB on the stack, which every thread that connects would keep
  * resident. NULL on an I/O error (r->c->err set). */
-static redisReply *command(kiq_redis_t *r, int argc, const char **argv)
+static redisReply *command(capstan_redis_t *r, int argc, const char **argv)
 {
     size_t lens[8];
     for (int i = 0; i < argc; i++)
@@ -225,21 +225,21 @@ static redisReply *command(kiq_redis_t *r, int argc, const char **argv)
     return rep;
 }
 
-/* Returns 0, KIQ_EREDIS on an I/O error, or for an error reply KIQ_EREPLY
+/* Returns 0, CAPSTAN_EREDIS on an I/O error, or for an error reply CAPSTAN_EREPLY
  * (*permanent set when waiting will not help: NOAUTH, NOPERM). */
-static int load_scripts_why(kiq_redis_t *r, int *permanent)
+static int load_scripts_why(capstan_redis_t *r, int *permanent)
 {
     /* All sent, then all read: one round trip, not one a script (every
      * connection of a process makes them again after a restart). */
-    for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
-        const char *text = kiq_script_text((kiq_script_t)i);
+    for (int i = 0; i < CAPSTAN_SCRIPT_COUNT; i++) {
+        const char *text = capstan__script_text((capstan_script_t)i);
         const char *argv[] = { "SCRIPT", "LOAD", text };
         size_t lens[] = { 6, 4, strlen(text) };
         if (put_command(r->c, 3, argv, lens) != REDIS_OK)
             return fail_io(r, "SCRIPT LOAD");
     }
     int rc = 0;
-    for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
+    for (int i = 0; i < CAPSTAN_SCRIPT_COUNT; i++) {
         void *got = NULL;
         if (get_reply(r, &got) != REDIS_OK || !got)
             return fail_io(r, "SCRIPT LOAD");
@@ -247,9 +247,9 @@ static int load_scripts_why(kiq_redis_t *r, int *permanent)
         if (rep->type == REDIS_REPLY_ERROR && !rc) {
             snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->name, rep->str);
             *permanent = !transient_reply(rep->str);
-            rc = KIQ_EREPLY;
+            rc = CAPSTAN_EREPLY;
         } else if (rep->type == REDIS_REPLY_STRING) {
-            kiq_script_learn_sha((kiq_script_t)i, rep->str, rep->len);
+            capstan__script_learn_sha((capstan_script_t)i, rep->str, rep->len);
         }
         freeReplyObject(rep);
     }
@@ -258,17 +258,17 @@ static int load_scripts_why(kiq_redis_t *r, int *permanent)
     return rc;
 }
 
-static int load_scripts(kiq_redis_t *r)
+static int load_scripts(capstan_redis_t *r)
 {
     int permanent = 0;
     return load_scripts_why(r, &permanent);
 }
 
-int kiq_redis_connect(kiq_redis_t *r)
+int capstan_redis_connect(capstan_redis_t *r)
 {
     redisFree(r->c);   /* closes hiredis's end, which ends the TLS thread */
     r->c = NULL;
-    kiq__tls_free(r->tls);
+    capstan__tls_free(r->tls);
     r->tls = NULL;
     forget_sent(r);
     r->broken = 1;
@@ -276,23 +276,23 @@ int kiq_redis_connect(kiq_redis_t *r)
     int was_port = r->url.port;
     if (r->url.sentinel && r->url.host)
         snprintf(was, sizeof(was), "%s", r->url.host);
-    int found = r->url.sentinel ? kiq__sentinel_resolve(&r->url, r->name, r->errstr) : 0;
+    int found = r->url.sentinel ? capstan__sentinel_resolve(&r->url, r->name, r->errstr) : 0;
     if (found)
         return found;
     /* The sentinels name another master than this connection's last one:
      * every connection of the process made before is to be made again (as
      * after a READONLY), and what ran on the old master is known to be
-     * from another era (kiq_redis_era). */
+     * from another era (capstan__redis_era). */
     if (was[0] && (strcmp(was, r->url.host) != 0 || was_port != r->url.port))
         end_era(r);
     struct timeval ctv = tv_of(r->timeout < 5 ? r->timeout : 5);
     if (r->url.tls.on) {
-        char why[KIQ_ERRLEN];
-        int fd = -1, rc = kiq__tls_connect(&r->url, r->timeout < 5 ? r->timeout : 5, &r->tls,
-                                           &fd, why);
+        char why[CAPSTAN_ERRLEN];
+        int fd = -1, rc = capstan__tls_connect(&r->url, r->timeout < 5 ? r->timeout : 5, &r->tls,
+                                               &fd, why);
         if (rc) {
             snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, why);
-            return rc == KIQ_ECONFIG ? KIQ_ECONFIG : KIQ_EREDIS;
+            return rc == CAPSTAN_ECONFIG ? CAPSTAN_ECONFIG : CAPSTAN_EREDIS;
         }
         if (!(r->c = redisConnectFd(fd)))
             close(fd);
@@ -302,7 +302,7 @@ int kiq_redis_connect(kiq_redis_t *r)
         r->c = redisConnectWithTimeout(r->url.host, r->url.port, ctv);
     if (!r->c) {
         snprintf(r->errstr, sizeof(r->errstr), "%s: cannot allocate a connection", r->name);
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     }
     if (r->c->err)
         return fail_io(r, "connect");
@@ -324,8 +324,8 @@ int kiq_redis_connect(kiq_redis_t *r)
         freeReplyObject(rep);
     }
     if (r->url.db) {
-        char db[KIQ_FMT_INT];
-        kiq__fmt_int(db, r->url.db);
+        char db[CAPSTAN_FMT_INT];
+        capstan__fmt_int(db, r->url.db);
         rep = command(r, 2, (const char *[]){ "SELECT", db });
         if (!rep)
             return fail_io(r, "SELECT");
@@ -337,41 +337,41 @@ int kiq_redis_connect(kiq_redis_t *r)
             return code;
     }
     int era = atomic_load(&demotions);
-    if ((r->url.sentinel || era) && kiq__sentinel_check_role(r->c, r->name, r->errstr))
-        return KIQ_EREDIS;
+    if ((r->url.sentinel || era) && capstan__sentinel_check_role(r->c, r->name, r->errstr))
+        return CAPSTAN_EREDIS;
     int permanent = 0, rc = load_scripts_why(r, &permanent);
-    if (rc == KIQ_EREPLY)
-        return permanent ? KIQ_ECONFIG : KIQ_EREDIS;
+    if (rc == CAPSTAN_EREPLY)
+        return permanent ? CAPSTAN_ECONFIG : CAPSTAN_EREDIS;
     if (rc)
         return rc;
     r->broken = 0;
     r->era = era;
     r->errstr[0] = '\0';
     if (era && atomic_exchange(&demoted, 0))
-        kiq_info("%s is a master again", r->name);
+        capstan_info("%s is a master again", r->name);
     return 0;
 }
 
-int kiq_redis_era(const kiq_redis_t *r)
+int capstan__redis_era(const capstan_redis_t *r)
 {
     return r ? r->era : -1;
 }
 
 /* Made before the last demotion: to be made again. */
-static int stale(const kiq_redis_t *r) { return r->era != atomic_load(&demotions); }
+static int stale(const capstan_redis_t *r) { return r->era != atomic_load(&demotions); }
 
-int kiq_redis_ok(const kiq_redis_t *r)
+int capstan_redis_ok(const capstan_redis_t *r)
 {
     return r && r->c && !r->broken && !r->c->err && !stale(r);
 }
-const char *kiq_redis_error(const kiq_redis_t *r) { return r->errstr; }
-const char *kiq_redis_name(const kiq_redis_t *r) { return r->name; }
-redisContext *kiq_redis_ctx(kiq_redis_t *r) { return r->broken ? NULL : r->c; }
+const char *capstan_redis_error(const capstan_redis_t *r) { return r->errstr; }
+const char *capstan_redis_name(const capstan_redis_t *r) { return r->name; }
+redisContext *capstan_redis_ctx(capstan_redis_t *r) { return r->broken ? NULL : r->c; }
 
-static int ensure(kiq_redis_t *r)
+static int ensure(capstan_redis_t *r)
 {
     if (!r->broken && r->c && r->c->err)
-        fail_io(r, "connection"); /* a handler's own command on kiq_job_redis() failed */
+        fail_io(r, "connection"); /* a handler's own command on capstan_job_redis() failed */
     if (!r->broken && stale(r)) {
         r->broken = 1;
         forget_sent(r);
@@ -381,27 +381,27 @@ static int ensure(kiq_redis_t *r)
     if (r->broken || !r->c) {
         if (!r->errstr[0])
             snprintf(r->errstr, sizeof(r->errstr), "%s: not connected", r->name);
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     }
     if (r->need_load && r->qlen == 0)
-        return load_scripts(r) ? KIQ_EREDIS : 0;
+        return load_scripts(r) ? CAPSTAN_EREDIS : 0;
     return 0;
 }
 
-int kiq_redis_append(kiq_redis_t *r, int argc, const char **argv, const size_t *lens)
+int capstan_redis_append(capstan_redis_t *r, int argc, const char **argv, const size_t *lens)
 {
     if (ensure(r))
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     size_t l[MAX_ARGS];
     if (!lens) {
         if (argc > MAX_ARGS)
-            return KIQ_EINVAL;
+            return CAPSTAN_EINVAL;
         for (int i = 0; i < argc; i++)
             l[i] = strlen(argv[i]);
         lens = l;
     }
     if (remember_sent(r, NULL, 0))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     return put_command(r->c, argc, argv, lens) == REDIS_OK ? 0 : fail_io(r, "append");
 }
 
@@ -417,7 +417,7 @@ static int is_noscript(const redisReply *rep)
  * the address may now lead to the new master (a managed service's
  * failover name), and every connection of the process reconnects, since
  * all were made to the demoted server. */
-static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
+static void drop_if_demoted(capstan_redis_t *r, const redisReply *rep)
 {
     if (!rep || rep->type != REDIS_REPLY_ERROR)
         return;
@@ -432,8 +432,8 @@ static void drop_if_demoted(kiq_redis_t *r, const redisReply *rep)
      * an earlier era starts nothing: the server may be a master again by
      * now. */
     if (end_era(r) && !atomic_exchange(&demoted, 1))
-        kiq_warn("%s answered READONLY: it is a replica now; every connection reconnects, "
-                 "with backoff until the address leads to a master", r->name);
+        capstan_warn("%s answered READONLY: it is a replica now; every connection reconnects, "
+                     "with backoff until the address leads to a master", r->name);
 }
 
 /* Marks a connection failed as hiredis marks a socket's, after a read or
@@ -447,7 +447,7 @@ static int io_error(redisContext *c)
     return REDIS_ERR;
 }
 
-static int tls_ms(const kiq_redis_t *r)
+static int tls_ms(const capstan_redis_t *r)
 {
     return r->timeout < 2e6 ? (int)(r->timeout * 1000) : 2000000000;
 }
@@ -455,7 +455,7 @@ static int tls_ms(const kiq_redis_t *r)
 /* Sends what hiredis holds: through the TLS session, or the socket. A
  * server that closed the connection makes the write fail with EPIPE, never
  * kill the program with SIGPIPE (nopipe.h). */
-static int send_held(kiq_redis_t *r)
+static int send_held(capstan_redis_t *r)
 {
     redisContext *c = r->c;
     size_t len = sdslen(c->obuf);
@@ -475,23 +475,23 @@ static int send_held(kiq_redis_t *r)
         sdsclear(c->obuf);
         return REDIS_OK;
     }
-    kiq_nopipe_t np;
-    kiq__nopipe_begin(&np);
+    capstan_nopipe_t np;
+    capstan__nopipe_begin(&np);
     int rc = REDIS_OK;
-    if (kiq__tls_send(r->tls, c->obuf, len, tls_ms(r)) != 0)
+    if (capstan__tls_send(r->tls, c->obuf, len, tls_ms(r)) != 0)
         rc = io_error(c);
     else
         sdsclear(c->obuf);
-    kiq__nopipe_end(&np, rc != REDIS_OK);
+    capstan__nopipe_end(&np, rc != REDIS_OK);
     return rc;
 }
 
 /* Reads what the server sent into buf (at least a byte, waiting up to the
  * connection's timeout); 0 or less with errno set on failure. */
-static long recv_some(kiq_redis_t *r, char *buf, size_t len)
+static long recv_some(capstan_redis_t *r, char *buf, size_t len)
 {
     if (r->tls)
-        return kiq__tls_recv(r->tls, buf, len, tls_ms(r));
+        return capstan__tls_recv(r->tls, buf, len, tls_ms(r));
     ssize_t n;
     do {
         errno = 0;
@@ -519,7 +519,7 @@ static void trim_reader(redisReader *rd)
  * by this thread (for TLS, through the session, not the socketpair and
  * the copying thread), and read in chunks small enough that a thread's
  * stack stays small. On failure c->err is set, as hiredis would. */
-static int get_reply(kiq_redis_t *r, void **rep)
+static int get_reply(capstan_redis_t *r, void **rep)
 {
     redisContext *c = r->c;
     if (c->err || redisGetReplyFromReader(c, rep) != REDIS_OK)
@@ -545,14 +545,14 @@ static int get_reply(kiq_redis_t *r, void **rep)
     return REDIS_OK;
 }
 
-int kiq__redis_flush(kiq_redis_t *r)
+int capstan__redis_flush(capstan_redis_t *r)
 {
     if (r->broken || !r->c)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     return send_held(r) == REDIS_OK ? 0 : fail_io(r, "write");
 }
 
-static int read_wire(kiq_redis_t *r, redisReply **out)
+static int read_wire(capstan_redis_t *r, redisReply **out)
 {
     void *rep = NULL;
     if (get_reply(r, &rep) != REDIS_OK || !rep)
@@ -569,7 +569,7 @@ static int read_wire(kiq_redis_t *r, redisReply **out)
  * replies to the commands sent after it are read first and kept for their
  * turn. fresh: rep came off the wire now, so the scripts are surely gone;
  * a kept one is first sent again as it is, as they were loaded since. */
-static redisReply *send_again(kiq_redis_t *r, const sent_t *e, redisReply *rep, int fresh)
+static redisReply *send_again(capstan_redis_t *r, const sent_t *e, redisReply *rep, int fresh)
 {
     for (size_t i = 0; i < r->qlen; i++) {
         sent_t *x = &r->q[r->qhead + i];
@@ -594,7 +594,7 @@ fail:
     return NULL;
 }
 
-redisReply *kiq_redis_get_reply(kiq_redis_t *r)
+redisReply *capstan_redis_get_reply(capstan_redis_t *r)
 {
     if (r->broken || !r->c)
         return NULL;
@@ -618,14 +618,14 @@ redisReply *kiq_redis_get_reply(kiq_redis_t *r)
     return rr;
 }
 
-redisReply *kiq_redis_cmd(kiq_redis_t *r, int argc, const char **argv, const size_t *lens)
+redisReply *capstan_redis_cmd(capstan_redis_t *r, int argc, const char **argv, const size_t *lens)
 {
-    if (kiq_redis_append(r, argc, argv, lens))
+    if (capstan_redis_append(r, argc, argv, lens))
         return NULL;
-    return kiq_redis_get_reply(r);
+    return capstan_redis_get_reply(r);
 }
 
-redisReply *kiq_redis_cmdf(kiq_redis_t *r, const char *fmt, ...)
+redisReply *capstan_redis_cmdf(capstan_redis_t *r, const char *fmt, ...)
 {
     if (ensure(r))
         return NULL;
@@ -642,31 +642,31 @@ redisReply *kiq_redis_cmdf(kiq_redis_t *r, const char *fmt, ...)
         fail_io(r, "out of memory");
         return NULL;
     }
-    return kiq_redis_get_reply(r);
+    return capstan_redis_get_reply(r);
 }
 
 /* Appends EVALSHA sha nkeys args... (stack arrays for the usual short
  * calls, heap for long recovery batches). */
-int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
-                            const char **argv, const size_t *lens)
+int capstan__redis_append_script(capstan_redis_t *r, capstan_script_t s, int nkeys, int argc,
+                                 const char **argv, const size_t *lens)
 {
     const char *sav[MAX_ARGS + 3], **av = sav;
     size_t sal[MAX_ARGS + 3], *al = sal;
-    char nk[KIQ_FMT_INT];
+    char nk[CAPSTAN_FMT_INT];
     if (argc < 0)
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     if (argc > MAX_ARGS) {
         av = malloc((size_t)(argc + 3) * sizeof(*av));
         al = malloc((size_t)(argc + 3) * sizeof(*al));
     }
-    int rc = av && al ? ensure(r) : KIQ_ENOMEM;
+    int rc = av && al ? ensure(r) : CAPSTAN_ENOMEM;
     /* ensure() has connected, and so loaded the scripts and learnt their
      * digests. */
-    const char *sha = rc ? NULL : kiq_script_sha(s);
+    const char *sha = rc ? NULL : capstan__script_sha(s);
     if (!rc && !sha)
-        rc = KIQ_EINVAL;
+        rc = CAPSTAN_EINVAL;
     if (!rc) {
-        kiq__fmt_int(nk, nkeys);
+        capstan__fmt_int(nk, nkeys);
         av[0] = "EVALSHA";
         av[1] = sha;
         av[2] = nk;
@@ -682,7 +682,7 @@ int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc
         char *cmd = resp_format(argc + 3, av, al, &len);
         if (!cmd || remember_sent(r, cmd, len)) {
             free(cmd);
-            rc = KIQ_ENOMEM;
+            rc = CAPSTAN_ENOMEM;
         } else if (redisAppendFormattedCommand(r->c, cmd, len) != REDIS_OK) {
             rc = fail_io(r, "append");
         }
@@ -694,11 +694,11 @@ int kiq__redis_append_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc
     return rc;
 }
 
-redisReply *kiq__redis_script(kiq_redis_t *r, kiq_script_t s, int nkeys, int argc,
-                             const char **argv, const size_t *lens)
+redisReply *capstan__redis_script(capstan_redis_t *r, capstan_script_t s, int nkeys, int argc,
+                                  const char **argv, const size_t *lens)
 {
-    /* A NOSCRIPT is dealt with by kiq_redis_get_reply. */
-    if (kiq__redis_append_script(r, s, nkeys, argc, argv, lens))
+    /* A NOSCRIPT is dealt with by capstan_redis_get_reply. */
+    if (capstan__redis_append_script(r, s, nkeys, argc, argv, lens))
         return NULL;
-    return kiq_redis_get_reply(r);
+    return capstan_redis_get_reply(r);
 }

@@ -12,7 +12,7 @@ static void pipe_only(sigset_t *s)
     sigaddset(s, SIGPIPE);
 }
 
-void kiq__nopipe_begin(kiq_nopipe_t *p)
+void capstan__nopipe_begin(capstan_nopipe_t *p)
 {
     sigset_t pipe_set, pending;
     pipe_only(&pipe_set);
@@ -23,7 +23,7 @@ void kiq__nopipe_begin(kiq_nopipe_t *p)
                      && sigismember(&pending, SIGPIPE);
 }
 
-void kiq__nopipe_end(kiq_nopipe_t *p, int failed)
+void capstan__nopipe_end(capstan_nopipe_t *p, int failed)
 {
     int saved = errno;
     if (failed && !p->was_pending) {

@@ -8,21 +8,21 @@
  * they raised is taken off the pending signals before it is unblocked.
  * A signal raised by a write goes to the thread that wrote, so nothing
  * another thread does is touched. */
-#ifndef KIQ_REDIS_NOPIPE_H
-#define KIQ_REDIS_NOPIPE_H
+#ifndef CAPSTAN_REDIS_NOPIPE_H
+#define CAPSTAN_REDIS_NOPIPE_H
 
 #include <signal.h>
 
-typedef struct kiq_nopipe {
+typedef struct capstan_nopipe {
     sigset_t old;      /* the thread's mask before */
     int was_pending;   /* a SIGPIPE of the caller's was pending already: it stays */
-} kiq_nopipe_t;
+} capstan_nopipe_t;
 
-/* Blocks SIGPIPE in the calling thread until kiq__nopipe_end. */
-void kiq__nopipe_begin(kiq_nopipe_t *p);
-/* Restores the thread's mask. failed: a write since kiq__nopipe_begin
+/* Blocks SIGPIPE in the calling thread until capstan__nopipe_end. */
+void capstan__nopipe_begin(capstan_nopipe_t *p);
+/* Restores the thread's mask. failed: a write since capstan__nopipe_begin
  * failed, and may have raised SIGPIPE (a write that succeeded raises
  * none), which is discarded first. errno is left as it was. */
-void kiq__nopipe_end(kiq_nopipe_t *p, int failed);
+void capstan__nopipe_end(capstan_nopipe_t *p, int failed);
 
 #endif

@@ -6,8 +6,8 @@
 
 #include "redis/reply.h"
 
-void kiq__scan_init(kiq_scan_t *s, kiq_redis_t *r, const char *key, const char *match,
-                   long count)
+void capstan__scan_init(capstan_scan_t *s, capstan_redis_t *r, const char *key, const char *match,
+                        long count)
 {
     memset(s, 0, sizeof(*s));
     s->r = r;
@@ -18,7 +18,7 @@ void kiq__scan_init(kiq_scan_t *s, kiq_redis_t *r, const char *key, const char *
     strcpy(s->cursor, "0");
 }
 
-int kiq__scan_next(kiq_scan_t *s, const redisReply **page, char *err)
+int capstan__scan_next(capstan_scan_t *s, const redisReply **page, char *err)
 {
     freeReplyObject(s->reply);
     s->reply = NULL;
@@ -39,11 +39,11 @@ int kiq__scan_next(kiq_scan_t *s, const redisReply **page, char *err)
         argv[argc++] = "COUNT";
         argv[argc++] = s->count;
     }
-    redisReply *rep = kiq_redis_cmd(s->r, argc, argv, NULL);
+    redisReply *rep = capstan_redis_cmd(s->r, argc, argv, NULL);
     if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2
         || rep->element[0]->type != REDIS_REPLY_STRING
         || rep->element[1]->type != REDIS_REPLY_ARRAY) {
-        int rc = kiq__reply_error(s->r, rep, argv[0], err);
+        int rc = capstan__reply_error(s->r, rep, argv[0], err);
         freeReplyObject(rep);
         s->done = 1;
         return rc;
@@ -55,7 +55,7 @@ int kiq__scan_next(kiq_scan_t *s, const redisReply **page, char *err)
     return 1;
 }
 
-void kiq__scan_close(kiq_scan_t *s)
+void capstan__scan_close(capstan_scan_t *s)
 {
     freeReplyObject(s->reply);
     s->reply = NULL;

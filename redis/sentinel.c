@@ -24,7 +24,7 @@ typedef struct addr {
     int port;
 } addr_t;
 
-struct kiq_sentinel {
+struct capstan_sentinel {
     addr_t *sentinels;
     size_t n;
     char *master;    /* the name the sentinels monitor it by */
@@ -39,23 +39,23 @@ static redisReply *command(redisContext *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static redisReply *command(redisContext *c, const char *fmt, ...)
 {
-    kiq_nopipe_t np;
-    kiq__nopipe_begin(&np);
+    capstan_nopipe_t np;
+    capstan__nopipe_begin(&np);
     va_list ap;
     va_start(ap, fmt);
     redisReply *rep = redisvCommand(c, fmt, ap);
     va_end(ap);
-    kiq__nopipe_end(&np, rep == NULL);
+    capstan__nopipe_end(&np, rep == NULL);
     return rep;
 }
 
-int kiq__sentinel_scheme(const char *url)
+int capstan__sentinel_scheme(const char *url)
 {
     return url && (strncmp(url, "redis+sentinel://", 17) == 0
                    || strncmp(url, "rediss+sentinel://", 18) == 0);
 }
 
-void kiq__sentinel_free(kiq_sentinel_t *s)
+void capstan__sentinel_free(capstan_sentinel_t *s)
 {
     if (!s)
         return;
@@ -85,7 +85,7 @@ static int parse_port(const char *s, size_t n, int *out)
 }
 
 /* Adds host:port to the list unless it is there. */
-static int add_addr(kiq_sentinel_t *s, const char *host, size_t hl, int port)
+static int add_addr(capstan_sentinel_t *s, const char *host, size_t hl, int port)
 {
     for (size_t i = 0; i < s->n; i++)
         if (s->sentinels[i].port == port && strlen(s->sentinels[i].host) == hl
@@ -93,44 +93,44 @@ static int add_addr(kiq_sentinel_t *s, const char *host, size_t hl, int port)
             return 0;
     addr_t *a = realloc(s->sentinels, (s->n + 1) * sizeof(*a));
     if (!a)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     s->sentinels = a;
     if (!(a[s->n].host = strndup(host, hl)))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     a[s->n++].port = port;
     return 0;
 }
 
 /* One "host[:port]" or "[v6][:port]" of the list; the port defaults to
  * Sentinel's own, 26379. */
-static int add_sentinel(kiq_sentinel_t *s, const char *p, size_t n)
+static int add_sentinel(capstan_sentinel_t *s, const char *p, size_t n)
 {
     const char *hp = p, *colon = NULL;
     size_t hl = n;
     if (n && p[0] == '[') {
         const char *close = memchr(p, ']', n);
         if (!close)
-            return KIQ_EINVAL;
+            return CAPSTAN_EINVAL;
         hp = p + 1;
         hl = (size_t)(close - hp);
         if (close + 1 < p + n)
             colon = close[1] == ':' ? close + 1 : NULL;
         if (close + 1 < p + n && !colon)
-            return KIQ_EINVAL;
+            return CAPSTAN_EINVAL;
     } else if ((colon = memchr(p, ':', n)) != NULL) {
         hl = (size_t)(colon - p);
     }
     int port = 26379;
     if (hl == 0 || (colon && parse_port(colon + 1, (size_t)(p + n - colon - 1), &port)))
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     return add_addr(s, hp, hl, port);
 }
 
 /* The sentinels a sentinel names as its peers: each one the list does not
- * hold yet is added at its end, so that a sentinel started after kiq was
+ * hold yet is added at its end, so that a sentinel started after capstan was
  * configured is asked when the configured ones are down. Errors (an old
  * sentinel, ACL) leave the list as it is. */
-static void learn_peers(kiq_sentinel_t *s, redisContext *c)
+static void learn_peers(capstan_sentinel_t *s, redisContext *c)
 {
     redisReply *rep = command(c, "SENTINEL SENTINELS %s", s->master);
     for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements; i++) {
@@ -155,9 +155,9 @@ static void learn_peers(kiq_sentinel_t *s, redisContext *c)
 /* The query: the sentinels' credentials, sentinel_ssl, and the TLS
  * settings of a rediss:// URL (for the master, and for the sentinels
  * with sentinel_ssl=true). */
-static int query(const char *q, kiq_redis_url_t *u, char *err)
+static int query(const char *q, capstan_redis_url_t *u, char *err)
 {
-    kiq_sentinel_t *s = u->sentinel;
+    capstan_sentinel_t *s = u->sentinel;
     while (q && *q) {
         q++;
         const char *amp = strchr(q, '&');
@@ -170,23 +170,23 @@ static int query(const char *q, kiq_redis_url_t *u, char *err)
             slot = &s->user, k = 18;
         if (slot) {
             free(*slot);
-            if (!(*slot = kiq__url_decode(q + k, n - k)))
-                return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+            if (!(*slot = capstan__url_decode(q + k, n - k)))
+                return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         } else if (n >= 13 && strncmp(q, "sentinel_ssl=", 13) == 0) {
             if (n == 17 && strncmp(q + 13, "true", 4) == 0)
                 s->tls = 1;
             else if (n == 18 && strncmp(q + 13, "false", 5) == 0)
                 s->tls = 0;
             else
-                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: sentinel_ssl must be "
-                                  "true or false");
+                return capstan_seterr(err, CAPSTAN_EINVAL, "redis sentinel url: sentinel_ssl must be "
+                                      "true or false");
         } else if (n) {
-            int rc = kiq__redis_tls_param(q, n, &u->tls, err);
+            int rc = capstan__redis_tls_param(q, n, &u->tls, err);
             if (rc == 1)
-                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: unknown parameter "
-                                  "%.*s (known: sentinel_username, sentinel_password, "
-                                  "sentinel_ssl, ca_file, ca_path, cert, key, server_name, "
-                                  "verify)", (int)(n > 40 ? 40 : n), q);
+                return capstan_seterr(err, CAPSTAN_EINVAL, "redis sentinel url: unknown parameter "
+                                      "%.*s (known: sentinel_username, sentinel_password, "
+                                      "sentinel_ssl, ca_file, ca_path, cert, key, server_name, "
+                                      "verify)", (int)(n > 40 ? 40 : n), q);
             if (rc)
                 return rc;
         }
@@ -195,11 +195,11 @@ static int query(const char *q, kiq_redis_url_t *u, char *err)
     return 0;
 }
 
-int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
+int capstan__sentinel_parse(const char *url, capstan_redis_url_t *u, char *err)
 {
-    kiq_sentinel_t *s = calloc(1, sizeof(*s));
+    capstan_sentinel_t *s = calloc(1, sizeof(*s));
     if (!s)
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     u->sentinel = s;
     u->tls.on = url[5] == 's';
     const char *rest = strstr(url, "://") + 3;
@@ -208,31 +208,31 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
     /* One '@', ending the user info: any other would read differently
      * here and where the URL is redacted for logs. */
     if (strchr(rest, '@') != strrchr(rest, '@') || (!at && strchr(rest, '@')))
-        return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: an '@' other than the one "
-                          "after the password (percent-escape an '@' as %%40)");
+        return capstan_seterr(err, CAPSTAN_EINVAL, "redis sentinel url: an '@' other than the one "
+                              "after the password (percent-escape an '@' as %%40)");
     if (at) {
         const char *colon = memchr(rest, ':', (size_t)(at - rest));
-        if (colon && colon > rest && !(u->user = kiq__url_decode(rest, (size_t)(colon - rest))))
-            return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        if (colon && colon > rest && !(u->user = capstan__url_decode(rest, (size_t)(colon - rest))))
+            return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         const char *pw = colon ? colon + 1 : rest;
-        if (at > pw && !(u->password = kiq__url_decode(pw, (size_t)(at - pw))))
-            return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        if (at > pw && !(u->password = capstan__url_decode(pw, (size_t)(at - pw))))
+            return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         rest = at + 1;
     }
     if (!slash || !slash[1] || slash[1] == '?' || slash[1] == '/')
-        return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: the master's name is missing "
-                          "(redis+sentinel://host:port[,host:port...]/MASTER_NAME[/DB])");
+        return capstan_seterr(err, CAPSTAN_EINVAL, "redis sentinel url: the master's name is missing "
+                              "(redis+sentinel://host:port[,host:port...]/MASTER_NAME[/DB])");
     for (const char *p = rest; p < slash;) {
         const char *comma = memchr(p, ',', (size_t)(slash - p));
         const char *end = comma ? comma : slash;
         int rc = add_sentinel(s, p, (size_t)(end - p));
         if (rc)
-            return kiq_seterr(err, rc, rc == KIQ_ENOMEM ? "out of memory"
-                              : "redis sentinel url: bad sentinel address (want host:port)");
+            return capstan_seterr(err, rc, rc == CAPSTAN_ENOMEM ? "out of memory"
+                                  : "redis sentinel url: bad sentinel address (want host:port)");
         p = end + (comma != NULL);
     }
     if (s->n == 0)
-        return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: no sentinel given");
+        return capstan_seterr(err, CAPSTAN_EINVAL, "redis sentinel url: no sentinel given");
     const char *name = slash + 1, *q = strchr(name, '?');
     size_t nlen = q ? (size_t)(q - name) : strlen(name);
     const char *dbs = memchr(name, '/', nlen);
@@ -243,46 +243,46 @@ int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err)
             /* The bound redis:// URLs have, checked after each digit. */
             if (!isdigit((unsigned char)dbs[1 + i])
                 || (db = db * 10 + (dbs[1 + i] - '0')) > 100000)
-                return kiq_seterr(err, KIQ_EINVAL, "redis sentinel url: bad db number");
+                return capstan_seterr(err, CAPSTAN_EINVAL, "redis sentinel url: bad db number");
         }
         u->db = db;
         nlen = (size_t)(dbs - name);
     }
-    if (!(s->master = kiq__url_decode(name, nlen)))
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    if (!(s->master = capstan__url_decode(name, nlen)))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     return query(q, u, err);
 }
 
 /* A connection to one sentinel, and its TLS session when sentinel_ssl. */
 typedef struct link {
     redisContext *c;
-    kiq_tls_t *tls;
+    capstan_tls_t *tls;
 } link_t;
 
 static void link_close(link_t *l)
 {
     redisFree(l->c);   /* closes hiredis's end, which ends the TLS thread */
-    kiq__tls_free(l->tls);
+    capstan__tls_free(l->tls);
 }
 
 /* Connects to one sentinel (TLS with the URL's settings, verified by the
  * sentinel's own address, when sentinel_ssl) and authenticates. Returns 0,
  * or -1 with errstr filled and l closed. */
-static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const char *name,
+static int sentinel_connect(const capstan_redis_url_t *u, const addr_t *a, const char *name,
                             char *errstr, int *refused, link_t *l)
 {
-    const kiq_sentinel_t *s = u->sentinel;
+    const capstan_sentinel_t *s = u->sentinel;
     struct timeval tv = { 0, SENTINEL_TIMEOUT_US };
     *l = (link_t){ 0 };
     if (s->tls) {
-        kiq_redis_url_t su = { .host = a->host, .port = a->port, .tls = u->tls };
+        capstan_redis_url_t su = { .host = a->host, .port = a->port, .tls = u->tls };
         su.tls.server_name = NULL;
-        char why[KIQ_ERRLEN];
+        char why[CAPSTAN_ERRLEN];
         int fd = -1;
-        int rc = kiq__tls_connect(&su, SENTINEL_TIMEOUT_US / 1e6, &l->tls, &fd, why);
+        int rc = capstan__tls_connect(&su, SENTINEL_TIMEOUT_US / 1e6, &l->tls, &fd, why);
         if (rc) {
-            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port, why);
-            *refused = rc == KIQ_ECONFIG;
+            snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port, why);
+            *refused = rc == CAPSTAN_ECONFIG;
             return -1;
         }
         if (!(l->c = redisConnectFd(fd)))
@@ -291,7 +291,7 @@ static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const cha
         l->c = redisConnectWithTimeout(a->host, a->port, tv);
     }
     if (!l->c || l->c->err) {
-        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
+        snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
                  l->c ? l->c->errstr : "out of memory");
         link_close(l);
         return -1;
@@ -303,7 +303,7 @@ static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const cha
                               : command(l->c, "AUTH %s", s->password);
     int bad = !rep || rep->type == REDIS_REPLY_ERROR;
     if (bad) {
-        snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: AUTH: %s", name, a->host, a->port,
+        snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d: AUTH: %s", name, a->host, a->port,
                  rep ? rep->str : l->c->errstr);
         *refused = rep != NULL;
         link_close(l);
@@ -312,9 +312,9 @@ static int sentinel_connect(const kiq_redis_url_t *u, const addr_t *a, const cha
     return bad ? -1 : 0;
 }
 
-int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
+int capstan__sentinel_resolve(capstan_redis_url_t *u, const char *name, char *errstr)
 {
-    kiq_sentinel_t *s = u->sentinel;
+    capstan_sentinel_t *s = u->sentinel;
     size_t answered = 0, unknown = 0, refused = 0;
     for (size_t i = 0; i < s->n; i++) {
         const addr_t *a = &s->sentinels[i];
@@ -327,7 +327,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
         redisContext *c = l.c;
         redisReply *rep = command(c, "SENTINEL get-master-addr-by-name %s", s->master);
         if (!rep) {
-            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
+            snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d: %s", name, a->host, a->port,
                      c->errstr);
         } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
                    && rep->element[0]->type == REDIS_REPLY_STRING
@@ -348,7 +348,7 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
             answered++;
             if (rep->type == REDIS_REPLY_NIL || (rep->type == REDIS_REPLY_ARRAY && !rep->elements))
                 unknown++;
-            snprintf(errstr, KIQ_ERRLEN, "%s: sentinel %s:%d knows no master named %s%s%s", name,
+            snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d knows no master named %s%s%s", name,
                      a->host, a->port, s->master, rep->type == REDIS_REPLY_ERROR ? ": " : "",
                      rep->type == REDIS_REPLY_ERROR ? rep->str : "");
         }
@@ -358,28 +358,28 @@ int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr)
     /* Every sentinel that answered knows no such master, or every one
      * refused the credentials: waiting will not help. */
     if ((answered && unknown == answered) || refused == s->n)
-        return KIQ_ECONFIG;
-    return KIQ_EREDIS;
+        return CAPSTAN_ECONFIG;
+    return CAPSTAN_EREDIS;
 }
 
-int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr)
+int capstan__sentinel_check_role(redisContext *c, const char *name, char *errstr)
 {
     redisReply *rep = command(c, "ROLE");
     if (!rep) {
-        snprintf(errstr, KIQ_ERRLEN, "%s: ROLE: %s", name, c->errstr);
-        return KIQ_EREDIS;
+        snprintf(errstr, CAPSTAN_ERRLEN, "%s: ROLE: %s", name, c->errstr);
+        return CAPSTAN_EREDIS;
     }
     int replica = rep->type == REDIS_REPLY_ARRAY && rep->elements > 0
                   && rep->element[0]->type == REDIS_REPLY_STRING
                   && strcmp(rep->element[0]->str, "master") != 0;
     if (replica)
-        snprintf(errstr, KIQ_ERRLEN, "%s: the server is a %s, not a master (a failover "
+        snprintf(errstr, CAPSTAN_ERRLEN, "%s: the server is a %s, not a master (a failover "
                  "under way?)", name, rep->element[0]->str);
     freeReplyObject(rep);
-    return replica ? KIQ_EREDIS : 0;
+    return replica ? CAPSTAN_EREDIS : 0;
 }
 
-void kiq__sentinel_redact(char *out, size_t n)
+void capstan__sentinel_redact(char *out, size_t n)
 {
     char *pw = strstr(out, "sentinel_password=");
     if (!pw)

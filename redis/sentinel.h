@@ -1,8 +1,8 @@
 /* Internal: Redis Sentinel. A redis+sentinel:// URL names sentinels and a
  * master; every connect asks the sentinels where the master is now, so a
  * reconnect after a failover finds the new one. */
-#ifndef KIQ_REDIS_SENTINEL_H
-#define KIQ_REDIS_SENTINEL_H
+#ifndef CAPSTAN_REDIS_SENTINEL_H
+#define CAPSTAN_REDIS_SENTINEL_H
 
 #include <stddef.h>
 #include <hiredis/hiredis.h>
@@ -10,10 +10,10 @@
 #include "redis/url.h"
 
 /* The sentinels and the master's name of a sentinel URL. */
-typedef struct kiq_sentinel kiq_sentinel_t;
+typedef struct capstan_sentinel capstan_sentinel_t;
 
 /* Whether url has a sentinel scheme (redis+sentinel://, rediss+sentinel://). */
-int kiq__sentinel_scheme(const char *url);
+int capstan__sentinel_scheme(const char *url);
 
 /* Parses
  *   redis+sentinel://[[user]:password@]host:port[,host:port...]/MASTER[/DB]
@@ -21,27 +21,27 @@ int kiq__sentinel_scheme(const char *url);
  * (rediss+sentinel:// sets u->tls.on; the TLS settings are a rediss://
  * URL's, for the master and, with sentinel_ssl=true, the sentinels) into
  * u: user, password, db and TLS settings are the master's, u->sentinel the
- * rest. An unknown parameter is an error. Returns 0 or KIQ_EINVAL / KIQ_ENOMEM
+ * rest. An unknown parameter is an error. Returns 0 or CAPSTAN_EINVAL / CAPSTAN_ENOMEM
  * with err filled. */
-int kiq__sentinel_parse(const char *url, kiq_redis_url_t *u, char *err);
-void kiq__sentinel_free(kiq_sentinel_t *s);
+int capstan__sentinel_parse(const char *url, capstan_redis_url_t *u, char *err);
+void capstan__sentinel_free(capstan_sentinel_t *s);
 
 /* Asks the sentinels in turn where the master is and writes it into
  * u->host and u->port; the sentinel that answered is asked for its peers
- * too, and those not in the list yet are added to it for the next time. Returns 0, KIQ_EREDIS when no sentinel answered (or
- * none knows a master yet), or KIQ_ECONFIG when every sentinel that
+ * too, and those not in the list yet are added to it for the next time. Returns 0, CAPSTAN_EREDIS when no sentinel answered (or
+ * none knows a master yet), or CAPSTAN_ECONFIG when every sentinel that
  * answered knows no master of that name or refused the sentinel
- * credentials; errstr (KIQ_ERRLEN) says why, prefixed with name. */
-int kiq__sentinel_resolve(kiq_redis_url_t *u, const char *name, char *errstr);
+ * credentials; errstr (CAPSTAN_ERRLEN) says why, prefixed with name. */
+int capstan__sentinel_resolve(capstan_redis_url_t *u, const char *name, char *errstr);
 
 /* Checks that c is a master (a replica is what a stale sentinel, an
  * unfinished failover or a failover name not yet moved gives).
  * A ROLE refused by ACL counts as a master: a READONLY reply will tell.
- * Returns 0 or KIQ_EREDIS with errstr filled. */
-int kiq__sentinel_check_role(redisContext *c, const char *name, char *errstr);
+ * Returns 0 or CAPSTAN_EREDIS with errstr filled. */
+int capstan__sentinel_check_role(redisContext *c, const char *name, char *errstr);
 
 /* Replaces the value of sentinel_password= in the redacted URL out (n
  * bytes) by "***". */
-void kiq__sentinel_redact(char *out, size_t n);
+void capstan__sentinel_redact(char *out, size_t n);
 
 #endif

@@ -1,4 +1,4 @@
-/* TLS for rediss:// URLs: kiq's own TCP connection and OpenSSL session,
+/* TLS for rediss:// URLs: capstan's own TCP connection and OpenSSL session,
  * with a socketpair between them and hiredis and a thread copying bytes
  * between the socketpair and the session (see tls.h and the README). */
 #include "redis/tls.h"
@@ -55,7 +55,7 @@ static pthread_once_t ssl_once = PTHREAD_ONCE_INIT;
 
 static void ssl_load(void)
 {
-    void *h = kiq__dlopen_lib("libssl", "3");
+    void *h = capstan__dlopen_lib("libssl", "3");
     if (!h)
         return;
     int ok = 1;
@@ -98,13 +98,13 @@ static void ssl_load(void)
 #define ERR_reason_error_string (*ssl_fn.ERR_reason_error_string)
 #define ERR_clear_error (*ssl_fn.ERR_clear_error)
 
-struct kiq_tls {
+struct capstan_tls {
     SSL *ssl;
     int sock;      /* the TCP connection under ssl */
     int pair;      /* our end of the socketpair; hiredis holds the other */
     pthread_t thread;
     /* Held by whoever uses ssl: the pump, or the connection's owner
-     * through kiq__tls_send and kiq__tls_recv. */
+     * through capstan__tls_send and capstan__tls_recv. */
     pthread_mutex_t lock;
     /* Set by the owner's direct use, cleared when hiredis writes to the
      * socketpair: while set, the server's bytes are the owner's to read
@@ -144,7 +144,7 @@ static int tcp_connect(const char *host, int port, double timeout, char *err)
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai, *a;
     int gai = getaddrinfo(host, ps, &hints, &ai);
     if (gai) {
-        kiq_seterr(err, KIQ_EREDIS, "connect: %s", gai_strerror(gai));
+        capstan_seterr(err, CAPSTAN_EREDIS, "connect: %s", gai_strerror(gai));
         return -1;
     }
     int fd = -1, saved = 0;
@@ -175,7 +175,7 @@ static int tcp_connect(const char *host, int port, double timeout, char *err)
     }
     freeaddrinfo(ai);
     if (fd < 0) {
-        kiq_seterr(err, KIQ_EREDIS, "connect: %s", strerror(saved ? saved : ECONNREFUSED));
+        capstan_seterr(err, CAPSTAN_EREDIS, "connect: %s", strerror(saved ? saved : ECONNREFUSED));
         return -1;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
@@ -208,12 +208,12 @@ static const char *unreadable(const char *path, int dir)
     return !dir && is_dir ? strerror(EISDIR) : NULL;
 }
 
-static SSL_CTX *make_ctx(const kiq_redis_tls_conf_t *t, char *err)
+static SSL_CTX *make_ctx(const capstan_redis_tls_conf_t *t, char *err)
 {
     char why[256];
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
     if (!ctx) {
-        kiq_seterr(err, KIQ_ENOMEM, "TLS: %s", ssl_reason(why, sizeof(why), NULL));
+        capstan_seterr(err, CAPSTAN_ENOMEM, "TLS: %s", ssl_reason(why, sizeof(why), NULL));
         return NULL;
     }
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
@@ -257,8 +257,8 @@ static SSL_CTX *make_ctx(const kiq_redis_tls_conf_t *t, char *err)
     if (bad) {
         const char *sys = path ? unreadable(path, dir) : NULL;
         ssl_reason(why, sizeof(why), NULL);   /* and clears OpenSSL's errors */
-        kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load %s%s%s%s: %s", bad, path ? " " : "",
-                   path ? path : "", note, sys ? sys : why);
+        capstan_seterr(err, CAPSTAN_ECONFIG, "TLS: cannot load %s%s%s%s: %s", bad, path ? " " : "",
+                       path ? path : "", note, sys ? sys : why);
         SSL_CTX_free(ctx);
         return NULL;
     }
@@ -298,10 +298,10 @@ static int accepted(SSL *ssl)
 
 /* Copies bytes both ways between the socketpair and the TLS session until
  * either side ends or fails, then closes both, so that hiredis sees a
- * broken connection and kiq connects afresh. It carries what goes through
+ * broken connection and capstan connects afresh. It carries what goes through
  * hiredis's own I/O (the connect's AUTH, SELECT and SCRIPT LOAD, and a
- * handler's commands on kiq_job_redis()); kiq's own commands go through
- * kiq__tls_send and kiq__tls_recv in the calling thread, with no hop
+ * handler's commands on capstan_job_redis()); capstan's own commands go through
+ * capstan__tls_send and capstan__tls_recv in the calling thread, with no hop
  * through here.
  *
  * It reads a side only when poll says it is readable (poll is
@@ -310,7 +310,7 @@ static int accepted(SSL *ssl)
  * body, in one read. */
 static void *pump(void *arg)
 {
-    kiq_tls_t *t = arg;
+    capstan_tls_t *t = arg;
     /* A write to a server that has gone fails with EPIPE here, rather
      * than killing a process that did not ignore SIGPIPE. */
     sigset_t pipe_set;
@@ -415,7 +415,7 @@ out:
 
 /* Waits up to timeout_ms for the socket to be ready for ev; -1 with errno
  * EAGAIN on a timeout, as hiredis reports one. */
-static int wait_sock(const kiq_tls_t *t, short ev, int timeout_ms)
+static int wait_sock(const capstan_tls_t *t, short ev, int timeout_ms)
 {
     struct pollfd p = { .fd = t->sock, .events = ev };
     int rc;
@@ -429,7 +429,7 @@ static int wait_sock(const kiq_tls_t *t, short ev, int timeout_ms)
 
 /* SSL_write or SSL_read's result r: 0 to try again once the socket is
  * ready, else -1 (errno set; 0 for a connection the server closed). */
-static int retry_after(kiq_tls_t *t, int r, int timeout_ms)
+static int retry_after(capstan_tls_t *t, int r, int timeout_ms)
 {
     int e = SSL_get_error(t->ssl, r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
@@ -440,7 +440,7 @@ static int retry_after(kiq_tls_t *t, int r, int timeout_ms)
     return -1;
 }
 
-int kiq__tls_send(kiq_tls_t *t, const char *buf, size_t len, int timeout_ms)
+int capstan__tls_send(capstan_tls_t *t, const char *buf, size_t len, int timeout_ms)
 {
     int rc = 0;
     pthread_mutex_lock(&t->lock);
@@ -459,7 +459,7 @@ int kiq__tls_send(kiq_tls_t *t, const char *buf, size_t len, int timeout_ms)
     return rc;
 }
 
-long kiq__tls_recv(kiq_tls_t *t, char *buf, size_t cap, int timeout_ms)
+long capstan__tls_recv(capstan_tls_t *t, char *buf, size_t cap, int timeout_ms)
 {
     int r = -1;
     pthread_mutex_lock(&t->lock);
@@ -469,19 +469,19 @@ long kiq__tls_recv(kiq_tls_t *t, char *buf, size_t cap, int timeout_ms)
     if (SSL_has_pending(t->ssl) || wait_sock(t, POLLIN, timeout_ms) == 0) {
         /* SSL_read writes too (the answer to a server's key update), to a
          * server that may have gone (nopipe.h). */
-        kiq_nopipe_t np;
-        kiq__nopipe_begin(&np);
+        capstan_nopipe_t np;
+        capstan__nopipe_begin(&np);
         do {
             errno = 0;
             r = SSL_read(t->ssl, buf, cap > 1 << 30 ? 1 << 30 : (int)cap);
         } while (r <= 0 && retry_after(t, r, timeout_ms) == 0);
-        kiq__nopipe_end(&np, r <= 0);
+        capstan__nopipe_end(&np, r <= 0);
     }
     pthread_mutex_unlock(&t->lock);
     return r > 0 ? r : -1;
 }
 
-static void free_parts(kiq_tls_t *t)
+static void free_parts(capstan_tls_t *t)
 {
     if (!t)
         return;
@@ -493,7 +493,7 @@ static void free_parts(kiq_tls_t *t)
     free(t);
 }
 
-void kiq__tls_free(kiq_tls_t *t)
+void capstan__tls_free(capstan_tls_t *t)
 {
     if (!t)
         return;
@@ -516,31 +516,31 @@ static int not_tls(unsigned long e)
 /* Warned once a process: every connection would say it again. */
 static atomic_int warned_verify_none;
 
-int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, int *fd,
-                     char *err)
+int capstan__tls_connect(const capstan_redis_url_t *u, double timeout, capstan_tls_t **out, int *fd,
+                         char *err)
 {
-    const kiq_redis_tls_conf_t *conf = &u->tls;
+    const capstan_redis_tls_conf_t *conf = &u->tls;
     const char *name = conf->server_name ? conf->server_name : u->host;
     char why[256];
     err[0] = '\0';
     pthread_once(&ssl_once, ssl_load);
     if (!ssl_loaded)
-        return kiq_seterr(err, KIQ_ECONFIG, "TLS: cannot load libssl.so.3 (install libssl3)");
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "TLS: cannot load libssl.so.3 (install libssl3)");
     if (conf->verify_none && !atomic_exchange(&warned_verify_none, 1))
-        kiq_warn("TLS: verify=none: the Redis server's certificate is not checked; "
-                 "anyone on the path can read and change the traffic");
+        capstan_warn("TLS: verify=none: the Redis server's certificate is not checked; "
+                     "anyone on the path can read and change the traffic");
     SSL_CTX *ctx = make_ctx(conf, err);
     if (!ctx)
-        return KIQ_ECONFIG;
-    kiq_tls_t *t = calloc(1, sizeof(*t));
+        return CAPSTAN_ECONFIG;
+    capstan_tls_t *t = calloc(1, sizeof(*t));
     int pair[2] = { -1, -1 };
-    int rc = KIQ_ENOMEM;
+    int rc = CAPSTAN_ENOMEM;
     if (!t)
         goto fail;
     t->sock = t->pair = -1;
     t->sock = tcp_connect(u->host, u->port, timeout, err);
     if (t->sock < 0) {
-        rc = KIQ_EREDIS;
+        rc = CAPSTAN_EREDIS;
         goto fail;
     }
     t->ssl = SSL_new(ctx);
@@ -562,8 +562,8 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
     errno = 0;
     /* The handshake and the PING write from the caller's thread, to a
      * server that may drop the connection midway (nopipe.h). */
-    kiq_nopipe_t np;
-    kiq__nopipe_begin(&np);
+    capstan_nopipe_t np;
+    capstan__nopipe_begin(&np);
     int hs = SSL_connect(t->ssl);
     int hs_err = hs == 1 ? SSL_ERROR_NONE : SSL_get_error(t->ssl, hs), refused = 0;
     if (hs == 1) {
@@ -571,12 +571,12 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
         errno = 0;
         refused = accepted(t->ssl) != 0;
     }
-    kiq__nopipe_end(&np, hs != 1 || refused);
+    capstan__nopipe_end(&np, hs != 1 || refused);
     if (hs != 1) {
         /* A TLS-level failure (a bad certificate, no common protocol, a
          * server not speaking TLS) stays until the settings change; a
          * dropped or silent connection may pass. */
-        rc = hs_err == SSL_ERROR_SSL ? KIQ_ECONFIG : KIQ_EREDIS;
+        rc = hs_err == SSL_ERROR_SSL ? CAPSTAN_ECONFIG : CAPSTAN_EREDIS;
         if (hs_err == SSL_ERROR_WANT_READ || hs_err == SSL_ERROR_WANT_WRITE
             || (hs_err == SSL_ERROR_SYSCALL && errno == EAGAIN)) {
             /* The socket's timeout ran out. A plain Redis port reads the
@@ -584,33 +584,33 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
              * its end: the system's "Resource temporarily unavailable"
              * would not lead anyone there. A slow server may pass. */
             ERR_clear_error();
-            kiq_seterr(err, rc, "TLS: the server did not answer the TLS handshake within %g s: "
-                       "is it a TLS port?", timeout);
+            capstan_seterr(err, rc, "TLS: the server did not answer the TLS handshake within %g s: "
+                           "is it a TLS port?", timeout);
         } else if (hs_err == SSL_ERROR_SSL && not_tls(ERR_peek_last_error())) {
-            kiq_seterr(err, rc, "TLS: the server answered the TLS handshake with something "
-                       "else than TLS (%s): is it a TLS port?",
-                       ssl_reason(why, sizeof(why), t->ssl));
+            capstan_seterr(err, rc, "TLS: the server answered the TLS handshake with something "
+                           "else than TLS (%s): is it a TLS port?",
+                           ssl_reason(why, sizeof(why), t->ssl));
         } else {
-            kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), t->ssl));
+            capstan_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), t->ssl));
         }
         goto fail;
     }
     if (refused) {
         int ssl_err = ERR_peek_last_error() != 0;
-        rc = ssl_err ? KIQ_ECONFIG : KIQ_EREDIS;
-        kiq_seterr(err, rc, "TLS: the server refused this client: %s",
-                   ssl_reason(why, sizeof(why), NULL));
+        rc = ssl_err ? CAPSTAN_ECONFIG : CAPSTAN_EREDIS;
+        capstan_seterr(err, rc, "TLS: the server refused this client: %s",
+                       ssl_reason(why, sizeof(why), NULL));
         goto fail;
     }
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) {
-        rc = kiq_seterr(err, KIQ_ESYS, "TLS: socketpair: %s", strerror(errno));
+        rc = capstan_seterr(err, CAPSTAN_ESYS, "TLS: socketpair: %s", strerror(errno));
         goto fail;
     }
     t->pair = pair[0];
     fcntl(t->pair, F_SETFL, fcntl(t->pair, F_GETFL) | O_NONBLOCK);
     fcntl(t->sock, F_SETFL, fcntl(t->sock, F_GETFL) | O_NONBLOCK);
     if (pthread_mutex_init(&t->lock, NULL) || pthread_create(&t->thread, NULL, pump, t)) {
-        rc = kiq_seterr(err, KIQ_ESYS, "TLS: cannot start a thread");
+        rc = capstan_seterr(err, CAPSTAN_ESYS, "TLS: cannot start a thread");
         goto fail;
     }
     SSL_CTX_free(ctx);   /* the session holds its own reference */
@@ -618,8 +618,8 @@ int kiq__tls_connect(const kiq_redis_url_t *u, double timeout, kiq_tls_t **out, 
     *fd = pair[1];
     return 0;
 fail:
-    if (rc == KIQ_ENOMEM && !err[0])
-        kiq_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), NULL));
+    if (rc == CAPSTAN_ENOMEM && !err[0])
+        capstan_seterr(err, rc, "TLS: %s", ssl_reason(why, sizeof(why), NULL));
     if (pair[1] >= 0)
         close(pair[1]);
     free_parts(t);

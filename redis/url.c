@@ -42,9 +42,9 @@ static int parse_int(const char *s, size_t n, int lo, int hi, int *out)
     return 0;
 }
 
-char *kiq__url_decode(const char *s, size_t n) { return pct_decode(s, n); }
+char *capstan__url_decode(const char *s, size_t n) { return pct_decode(s, n); }
 
-static void tls_conf_clear(kiq_redis_tls_conf_t *t)
+static void tls_conf_clear(capstan_redis_tls_conf_t *t)
 {
     free(t->ca_file);
     free(t->ca_path);
@@ -53,11 +53,11 @@ static void tls_conf_clear(kiq_redis_tls_conf_t *t)
     free(t->server_name);
 }
 
-void kiq__redis_url_clear(kiq_redis_url_t *u)
+void capstan__redis_url_clear(capstan_redis_url_t *u)
 {
     if (!u)
         return;
-    kiq__sentinel_free(u->sentinel);
+    capstan__sentinel_free(u->sentinel);
     free(u->host);
     free(u->path);
     free(u->user);
@@ -66,20 +66,20 @@ void kiq__redis_url_clear(kiq_redis_url_t *u)
     memset(u, 0, sizeof(*u));
 }
 
-static int parse_query(const char *q, kiq_redis_url_t *u, int db_in_path, char *err);
+static int parse_query(const char *q, capstan_redis_url_t *u, int db_in_path, char *err);
 
-static int parse_unix(const char *rest, kiq_redis_url_t *u, char *err, const char *url)
+static int parse_unix(const char *rest, capstan_redis_url_t *u, char *err, const char *url)
 {
     const char *q = strchr(rest, '?');
     size_t plen = q ? (size_t)(q - rest) : strlen(rest);
     if (plen == 0 || rest[0] != '/')
-        return kiq_seterr(err, KIQ_EINVAL, "redis url %s: unix socket path must be absolute", url);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "redis url %s: unix socket path must be absolute", url);
     if (!(u->path = strndup(rest, plen)))
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     return q ? parse_query(q + 1, u, 0, err) : 0;
 }
 
-int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char *err)
+int capstan__redis_tls_param(const char *q, size_t n, capstan_redis_tls_conf_t *t, char *err)
 {
     static const char *const names[] = { "ca_file", "ca_path", "cert", "key", "server_name" };
     char **fields[] = { &t->ca_file, &t->ca_path, &t->cert, &t->key, &t->server_name };
@@ -91,7 +91,7 @@ int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char 
         if (kn == strlen(names[i]) && strncmp(q, names[i], kn) == 0) {
             free(*fields[i]);
             if (!(*fields[i] = pct_decode(v, vn)))
-                return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+                return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             return 0;
         }
     }
@@ -101,7 +101,7 @@ int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char 
         else if (vn == 4 && strncmp(v, "peer", 4) == 0)
             t->verify_none = 0;
         else
-            return kiq_seterr(err, KIQ_EINVAL, "redis url: verify must be peer or none");
+            return capstan_seterr(err, CAPSTAN_EINVAL, "redis url: verify must be peer or none");
         return 0;
     }
     return 1;
@@ -110,9 +110,9 @@ int kiq__redis_tls_param(const char *q, size_t n, kiq_redis_tls_conf_t *t, char 
 /* Whether name=value (n bytes at q) is a TLS setting. */
 static int is_tls_param(const char *q, size_t n)
 {
-    kiq_redis_tls_conf_t scratch = { 0 };
-    char err[KIQ_ERRLEN];
-    int rc = kiq__redis_tls_param(q, n, &scratch, err);
+    capstan_redis_tls_conf_t scratch = { 0 };
+    char err[CAPSTAN_ERRLEN];
+    int rc = capstan__redis_tls_param(q, n, &scratch, err);
     tls_conf_clear(&scratch);
     return rc != 1;
 }
@@ -125,7 +125,7 @@ static int is_tls_param(const char *q, size_t n)
  * setting the URL gives twice (/N and db=, a password before the '@' and
  * password=) is refused too: neither could be said to win.
  * db_in_path: the URL's path named a database. */
-static int parse_query(const char *q, kiq_redis_url_t *u, int db_in_path, char *err)
+static int parse_query(const char *q, capstan_redis_url_t *u, int db_in_path, char *err)
 {
     int password_in_userinfo = u->password != NULL;
     while (q && *q) {
@@ -140,32 +140,32 @@ static int parse_query(const char *q, kiq_redis_url_t *u, int db_in_path, char *
             /* "a&&b", or a URL ending in "?": nothing said */
         } else if (kn == 2 && strncmp(q, "db", 2) == 0) {
             if (db_in_path)
-                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: the database is given twice "
-                                "(in the path and as db=): give one");
+                rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: the database is given twice "
+                                    "(in the path and as db=): give one");
             else if (parse_int(v, vn, 0, 100000, &u->db))
-                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad db number");
+                rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: bad db number");
         } else if (kn == 8 && strncmp(q, "password", 8) == 0) {
             if (password_in_userinfo)
-                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: the password is given twice "
-                                "(before the @ and as password=): give one");
+                rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: the password is given twice "
+                                    "(before the @ and as password=): give one");
             else if (vn) {   /* an empty one is no password, as before the '@' */
                 free(u->password);
                 if (!(u->password = pct_decode(v, vn)))
-                    rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+                    rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             }
         } else if (u->tls.on) {
-            rc = kiq__redis_tls_param(q, n, &u->tls, err);
+            rc = capstan__redis_tls_param(q, n, &u->tls, err);
             if (rc == 1)
-                rc = kiq_seterr(err, KIQ_EINVAL, "redis url: unknown parameter %.*s (known: "
-                                "db, password, ca_file, ca_path, cert, key, server_name, "
-                                "verify)", shown, q);
+                rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: unknown parameter %.*s (known: "
+                                    "db, password, ca_file, ca_path, cert, key, server_name, "
+                                    "verify)", shown, q);
         } else if (is_tls_param(q, n)) {
-            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: %.*s is a TLS setting: it needs a "
-                            "rediss:// URL", shown, q);
+            rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: %.*s is a TLS setting: it needs a "
+                                "rediss:// URL", shown, q);
         } else {
-            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: unknown parameter %.*s (known: db, "
-                            "password; and for rediss:// ca_file, ca_path, cert, key, "
-                            "server_name, verify)", shown, q);
+            rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: unknown parameter %.*s (known: db, "
+                                "password; and for rediss:// ca_file, ca_path, cert, key, "
+                                "server_name, verify)", shown, q);
         }
         if (rc)
             return rc;
@@ -174,22 +174,22 @@ static int parse_query(const char *q, kiq_redis_url_t *u, int db_in_path, char *
     return 0;
 }
 
-int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
+int capstan__redis_url_parse(const char *url, capstan_redis_url_t *u, char *err)
 {
     memset(u, 0, sizeof(*u));
     u->port = 6379;
     int rc = 0;
     const char *rest;
     if (!url || !*url) {
-        rc = kiq_seterr(err, KIQ_EINVAL, "redis url is empty");
+        rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url is empty");
         goto out;
     }
     if (strncmp(url, "unix://", 7) == 0) {
         rc = parse_unix(url + 7, u, err, "(unix)");
         goto out;
     }
-    if (kiq__sentinel_scheme(url)) {
-        rc = kiq__sentinel_parse(url, u, err);
+    if (capstan__sentinel_scheme(url)) {
+        rc = capstan__sentinel_parse(url, u, err);
         goto out;
     }
     if (strncmp(url, "redis://", 8) == 0) {
@@ -198,10 +198,10 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         rest = url + 9;
         u->tls.on = 1;
     } else {
-        rc = kiq_seterr(err, KIQ_EINVAL,
-                        "redis url must start with redis://, rediss:// or unix:// "
-                        "(got a %zu-byte string)",
-                        strlen(url));
+        rc = capstan_seterr(err, CAPSTAN_EINVAL,
+                            "redis url must start with redis://, rediss:// or unix:// "
+                            "(got a %zu-byte string)",
+                            strlen(url));
         goto out;
     }
     const char *at = strrchr(rest, '@');
@@ -226,7 +226,7 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
     if (hp[0] == '[') { /* [ipv6]:port */
         const char *close = memchr(hp, ']', hostlen);
         if (!close) {
-            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: unterminated [ in host");
+            rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: unterminated [ in host");
             goto out;
         }
         u->host = strndup(hp + 1, (size_t)(close - hp - 1));
@@ -238,7 +238,7 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         u->host = hl ? strndup(hp, hl) : strdup("127.0.0.1");
     }
     if (portsep && parse_int(portsep + 1, (size_t)(hp + hostlen - portsep - 1), 1, 65535, &u->port)) {
-        rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad port");
+        rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: bad port");
         goto out;
     }
     int db_in_path = 0;
@@ -246,22 +246,22 @@ int kiq__redis_url_parse(const char *url, kiq_redis_url_t *u, char *err)
         const char *q = strchr(slash + 1, '?');
         size_t n = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
         if (n && parse_int(slash + 1, n, 0, 100000, &u->db)) {
-            rc = kiq_seterr(err, KIQ_EINVAL, "redis url: bad db number");
+            rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: bad db number");
             goto out;
         }
         db_in_path = n > 0;
     }
     if (!u->host)
-        rc = kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     if (!rc && query)
         rc = parse_query(query + 1, u, db_in_path, err);
 out:
     if (rc)
-        kiq__redis_url_clear(u);
+        capstan__redis_url_clear(u);
     return rc;
 }
 
-void kiq__redis_url_redact(const char *url, char *out, size_t n)
+void capstan__redis_url_redact(const char *url, char *out, size_t n)
 {
     const char *scheme = strstr(url, "://");
     /* A unix socket has no user info, and its path may hold an '@'. */
@@ -278,5 +278,5 @@ void kiq__redis_url_redact(const char *url, char *out, size_t n)
         else
             snprintf(out, n, "%s", url);
     }
-    kiq__sentinel_redact(out, n);
+    capstan__sentinel_redact(out, n);
 }

@@ -28,7 +28,7 @@ static const int fatal[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
 
 static struct sigaction old_action[NFATAL];
 static int installed[NFATAL];
-static kiq_slot_t *_Atomic watched;
+static capstan_slot_t *_Atomic watched;
 static atomic_int nwatched;
 static atomic_flag reporting = ATOMIC_FLAG_INIT;
 static _Thread_local void *alt_stack;
@@ -147,17 +147,17 @@ static void on_alarm(int s)
 
 static void report(int sig)
 {
-    int fd = kiq__log_fd();
+    int fd = capstan__log_fd();
     line_t l = { .n = 0 };
     put_head(&l);
     put(&l, "received ");
     put(&l, sig_text(sig));
     put(&l, "; the jobs running and a backtrace follow");
     emit(fd, &l);
-    kiq_slot_t *slots = atomic_load(&watched);
+    capstan_slot_t *slots = atomic_load(&watched);
     int n = atomic_load(&nwatched);
     for (int i = 0; slots && i < n; i++) {
-        const kiq_slot_t *s = &slots[i];
+        const capstan_slot_t *s = &slots[i];
         if (!s->busy)
             continue;
         put_head(&l);
@@ -198,7 +198,7 @@ static void on_fatal(int sig)
     raise(sig);
 }
 
-void kiq_crash_install(void)
+void capstan__crash_install(void)
 {
     struct sigaction sa = { .sa_handler = on_fatal, .sa_flags = SA_ONSTACK };
     sigemptyset(&sa.sa_mask);
@@ -207,26 +207,26 @@ void kiq_crash_install(void)
         installed[i] = sigaction(fatal[i], NULL, &cur) == 0 && cur.sa_handler == SIG_DFL
                     && sigaction(fatal[i], &sa, &old_action[i]) == 0;
     }
-    kiq_crash_thread_begin();
+    capstan__crash_thread_begin();
 }
 
-void kiq_crash_uninstall(void)
+void capstan__crash_uninstall(void)
 {
     for (size_t i = 0; i < NFATAL; i++)
         if (installed[i])
             sigaction(fatal[i], &old_action[i], NULL);
     memset(installed, 0, sizeof(installed));
-    kiq_crash_thread_end();
+    capstan__crash_thread_end();
 }
 
-void kiq_crash_watch(kiq_slot_t *slots, int nslots)
+void capstan__crash_watch(capstan_slot_t *slots, int nslots)
 {
     atomic_store(&nwatched, 0);
     atomic_store(&watched, slots);
     atomic_store(&nwatched, slots ? nslots : 0);
 }
 
-void kiq_crash_thread_begin(void)
+void capstan__crash_thread_begin(void)
 {
     stack_t cur;
     if (alt_stack || (sigaltstack(NULL, &cur) == 0 && !(cur.ss_flags & SS_DISABLE)))
@@ -243,7 +243,7 @@ void kiq_crash_thread_begin(void)
         munmap(p, ALT_STACK);
 }
 
-void kiq_crash_thread_end(void)
+void capstan__crash_thread_end(void)
 {
     if (!alt_stack)
         return;

@@ -18,6 +18,7 @@
 
 #include "support/log.h"
 #include "support/time.h"
+#include "unique/prelock.h"
 
 /* SWEEP_MAX jobs at most in one fetch call; ACKS_MAX acks waiting make the
  * next thread write them; SWEEPERS_MAX fetches on their way at once. */
@@ -27,13 +28,13 @@ enum { SWEEP_MAX = 100, ACKS_MAX = 64, SWEEPERS_MAX = 4 };
  * its job, to read after it (see defer): the acks it writes, the jobs it
  * fetches. Any thread that would otherwise wait may read it instead. */
 typedef struct pending {
-    kiq_slot_t *owner;
-    kiq_exchange_t *x;
-    kiq_done_t **acks;
-    kiq_ack_item_t *items;
-    kiq_fetched_t *got;    /* room for want jobs */
+    capstan_slot_t *owner;
+    capstan_exchange_t *x;
+    capstan_done_t **acks;
+    capstan_ack_item_t *items;
+    capstan_fetched_t *got; /* room for want jobs */
     size_t nacks, want;
-    double sent;           /* kiq__mono() before its fetch was sent */
+    double sent;           /* capstan__mono() before its fetch was sent */
     int claimed;           /* a thread is sending or reading it */
     struct pending *next;
 } pending_t;
@@ -45,16 +46,16 @@ typedef struct held {
     size_t count; /* 0: an empty place */
 } held_t;
 
-struct kiq_feed {
+struct capstan_feed {
     pthread_mutex_t mu;
     pthread_mutex_t give_mu; /* held by the thread giving jobs back */
     pthread_cond_t came;   /* a sweep came back */
-    kiq_fetched_t *jobs;   /* ring, oldest at head */
+    capstan_fetched_t *jobs; /* ring, oldest at head */
     size_t head, n, cap;
-    kiq_done_t **acks;     /* finished, ack not written */
+    capstan_done_t **acks; /* finished, ack not written */
     size_t nacks, cap_acks;
     int sweeping;          /* sweeps on their way */
-    atomic_int runs;       /* processors in a run (kiq_feed_take_ahead):
+    atomic_int runs;       /* processors in a run (capstan__feed_take_ahead):
                               a thread leaving gives the feed back after
                               theirs is in it */
     pending_t *pending;    /* deferred round trips no thread reads yet */
@@ -65,54 +66,54 @@ struct kiq_feed {
     double rate;           /* jobs taken per second (moving average) */
     size_t taken;          /* jobs taken (and done) since rate_t0 */
     double rate_t0;
-    double dry_until;      /* kiq__mono(): a sweep came back short (the queues
+    double dry_until;      /* capstan__mono(): a sweep came back short (the queues
                               are about empty): none ahead of need till then */
     double job_time;       /* seconds from taking a job to looking again
                               (moving average) */
-    double acks_since;     /* kiq__mono() when the oldest ack waiting came */
+    double acks_since;     /* capstan__mono() when the oldest ack waiting came */
     atomic_size_t prompt;  /* acks waiting that release a runtime lock: they
                               go before a handler runs or a thread waits
                               (read without the lock to skip the lock) */
     size_t waiting;        /* threads waiting for one to come back */
-    int inside;            /* threads past the gate in kiq_feed_next: holding
+    int inside;            /* threads past the gate in capstan__feed_next: holding
                               a job, or fetching, until they look again */
     int solo;              /* a suspect runs alone: the gate is shut */
     held_t *held;          /* the jobs this process holds (see hold) */
     size_t held_cap, held_n;
     int held_lost;         /* no memory to count one: hold every job */
-    double gave_back_at;   /* kiq__mono() of the last give-back */
+    double gave_back_at;   /* capstan__mono() of the last give-back */
 };
 
-/* When this thread took its last job (kiq__mono()), 0 when it holds none;
- * and how many it took then (see kiq_feed_take_ahead). */
+/* When this thread took its last job (capstan__mono()), 0 when it holds none;
+ * and how many it took then (see capstan__feed_take_ahead). */
 static _Thread_local double taken_at;
 static _Thread_local size_t taken_n;
 
-int kiq_feed_default_prefetch(int nslots)
+int capstan__feed_default_prefetch(int nslots)
 {
     return nslots * 10 < 500 ? 500 : nslots * 10;
 }
 
-kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
+capstan_feed_t *capstan__feed_new(int nslots, int prefetch)
 {
-    kiq_feed_t *feed = calloc(1, sizeof(*feed));
+    capstan_feed_t *feed = calloc(1, sizeof(*feed));
     if (!feed)
         return NULL;
     /* Two sweeps at least, so one is on its way while another's jobs are
      * taken; more when there are threads to make them. */
     feed->sweepers_max = nslots < 2 ? 2 : nslots < SWEEPERS_MAX ? nslots : SWEEPERS_MAX;
-    feed->prefetch = (size_t)(prefetch > 0 ? prefetch : kiq_feed_default_prefetch(nslots));
+    feed->prefetch = (size_t)(prefetch > 0 ? prefetch : capstan__feed_default_prefetch(nslots));
     /* The feed and the sweeps on their way hold prefetch jobs at most (see
      * can_sweep), and each thread may put back the one it holds (a sweep
      * that comes back as the process goes quiet, and the jobs it took
-     * ahead of their turn: see kiq_feed_take_ahead). */
-    feed->cap = feed->prefetch + (size_t)nslots * KIQ_RUN_MAX;
-    feed->jobs = calloc(feed->cap, sizeof(kiq_fetched_t));
+     * ahead of their turn: see capstan__feed_take_ahead). */
+    feed->cap = feed->prefetch + (size_t)nslots * CAPSTAN_RUN_MAX;
+    feed->jobs = calloc(feed->cap, sizeof(capstan_fetched_t));
     if (!feed->jobs) {
         free(feed);
         return NULL;
     }
-    feed->rate_t0 = kiq__mono();
+    feed->rate_t0 = capstan__mono();
     feed->job_time = 0.001; /* until measured: spread the first jobs */
     pthread_mutex_init(&feed->mu, NULL);
     pthread_mutex_init(&feed->give_mu, NULL);
@@ -120,14 +121,14 @@ kiq_feed_t *kiq_feed_new(int nslots, int prefetch)
     return feed;
 }
 
-void kiq_feed_free(kiq_feed_t *feed)
+void capstan__feed_free(capstan_feed_t *feed)
 {
     if (!feed)
         return;
     for (size_t i = 0; i < feed->n; i++)
-        kiq__fetched_clear(&feed->jobs[(feed->head + i) % feed->cap]);
+        capstan__fetched_clear(&feed->jobs[(feed->head + i) % feed->cap]);
     for (size_t i = 0; i < feed->nacks; i++) {
-        kiq_done_clear(feed->acks[i]);
+        capstan__done_clear(feed->acks[i]);
         free(feed->acks[i]);
     }
     free(feed->acks);
@@ -145,17 +146,17 @@ void kiq_feed_free(kiq_feed_t *feed)
  * written or it is given back, wherever it is meanwhile: in the feed, taken
  * by a processor, running, taken ahead, waiting to run alone, finished with
  * its ack waiting or on its way. The check for strays in the working list
- * (kiq_feed_holds) must see it in every one of those states; looking in
+ * (capstan__feed_holds) must see it in every one of those states; looking in
  * each place would miss a job on its way between two, and some of those
  * ways last a round trip or a reconnect. So the feed counts the jobs it let
  * in and has not let go, by their payloads' hash and length, in a small
  * open-addressed table. Only the jobs of a fetch whose reply is not read
- * yet are unknown to it: kiq_feed_holds waits for those fetches. */
+ * yet are unknown to it: capstan__feed_holds waits for those fetches. */
 
 /* Eight bytes a step, a multiply and a shift each: every fetched job pays
  * for it once. Two payloads that collide only keep a stray waiting for the
  * recovery after this process exits. */
-unsigned long long kiq_feed_hash(const char *payload, size_t len)
+unsigned long long capstan__feed_hash(const char *payload, size_t len)
 {
     unsigned long long h = 0x9e3779b97f4a7c15ULL ^ len, w;
     size_t i = 0;
@@ -172,7 +173,7 @@ unsigned long long kiq_feed_hash(const char *payload, size_t len)
 
 /* Under feed->mu: the place of (hash, len), or of the empty place where it
  * would go. feed->held_cap is a power of two and never full. */
-static size_t held_place(const kiq_feed_t *feed, unsigned long long hash, size_t len)
+static size_t held_place(const capstan_feed_t *feed, unsigned long long hash, size_t len)
 {
     size_t mask = feed->held_cap - 1, i = (size_t)hash & mask;
     while (feed->held[i].count && !(feed->held[i].hash == hash && feed->held[i].len == len))
@@ -182,7 +183,7 @@ static size_t held_place(const kiq_feed_t *feed, unsigned long long hash, size_t
 
 /* Under feed->mu: makes room for one more entry. Returns 0, or -1 without
  * memory. */
-static int held_grow(kiq_feed_t *feed)
+static int held_grow(capstan_feed_t *feed)
 {
     if ((feed->held_n + 1) * 2 <= feed->held_cap)
         return 0;
@@ -203,7 +204,7 @@ static int held_grow(kiq_feed_t *feed)
 /* Under feed->mu: the jobs got[0..n) are this process's now. Without the
  * memory to count one, every job counts as held from then on: a stray then
  * waits for the recovery after this process exits, never runs twice. */
-static void hold(kiq_feed_t *feed, const kiq_fetched_t *got, size_t n)
+static void hold(capstan_feed_t *feed, const capstan_fetched_t *got, size_t n)
 {
     for (size_t k = 0; k < n; k++) {
         if (held_grow(feed)) {
@@ -221,7 +222,7 @@ static void hold(kiq_feed_t *feed, const kiq_fetched_t *got, size_t n)
 
 /* Under feed->mu: one job of (hash, len) is no longer this process's. The
  * entries after an emptied place move back, so no search stops short. */
-static void let_go(kiq_feed_t *feed, unsigned long long hash, size_t len)
+static void let_go(capstan_feed_t *feed, unsigned long long hash, size_t len)
 {
     if (!feed->held_cap)
         return;
@@ -240,7 +241,7 @@ static void let_go(kiq_feed_t *feed, unsigned long long hash, size_t len)
     }
 }
 
-void kiq_feed_let_go(kiq_runtime_t *rt, unsigned long long hash, size_t len)
+void capstan__feed_let_go(capstan_runtime_t *rt, unsigned long long hash, size_t len)
 {
     if (!rt->feed)
         return;
@@ -249,12 +250,12 @@ void kiq_feed_let_go(kiq_runtime_t *rt, unsigned long long hash, size_t len)
     pthread_mutex_unlock(&rt->feed->mu);
 }
 
-/* Under feed->mu: whether a fetch sent at or before t (kiq__mono()), or
+/* Under feed->mu: whether a fetch sent at or before t (capstan__mono()), or
  * any when t is negative, has a reply no thread has read yet. */
-static int unread_since(kiq_runtime_t *rt, double t)
+static int unread_since(capstan_runtime_t *rt, double t)
 {
     for (int i = 0; i < rt->nslots; i++) {
-        const kiq_slot_t *s = &rt->slots[i];
+        const capstan_slot_t *s = &rt->slots[i];
         double a = s->fetch_sent, b = s->pend && s->pend->want ? s->pend->sent : 0;
         if ((a > 0 && (t < 0 || a <= t)) || (b > 0 && (t < 0 || b <= t)))
             return 1;
@@ -263,16 +264,16 @@ static int unread_since(kiq_runtime_t *rt, double t)
 }
 
 /* The hashes of jobs[0..n), computed out of the feed's lock. */
-static void hash_all(kiq_fetched_t *jobs, size_t n)
+static void hash_all(capstan_fetched_t *jobs, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        jobs[i].hash = kiq_feed_hash(jobs[i].payload, jobs[i].len);
+        jobs[i].hash = capstan__feed_hash(jobs[i].payload, jobs[i].len);
 }
 
-int kiq_feed_holds(kiq_runtime_t *rt, const char *payload, size_t len, double since)
+int capstan__feed_holds(capstan_runtime_t *rt, const char *payload, size_t len, double since)
 {
-    kiq_feed_t *feed = rt->feed;
-    unsigned long long hash = kiq_feed_hash(payload, len);
+    capstan_feed_t *feed = rt->feed;
+    unsigned long long hash = capstan__feed_hash(payload, len);
     pthread_mutex_lock(&feed->mu);
     int held = feed->held_lost
                || (feed->held_cap && feed->held[held_place(feed, hash, len)].count);
@@ -290,40 +291,40 @@ int kiq_feed_holds(kiq_runtime_t *rt, const char *payload, size_t len, double si
 
 /* ---- Finished jobs ---------------------------------------------------- */
 
-void kiq_done_clear(kiq_done_t *d)
+void capstan__done_clear(capstan_done_t *d)
 {
-    kiq__mw_clear(&d->mw);
-    kiq_job_clear(&d->job);
+    capstan__mw_clear(&d->mw);
+    capstan__job_clear(&d->job);
     d->active = 0;
 }
 
-void kiq_done_acked(kiq_runtime_t *rt, kiq_done_t *d, kiq_redis_t *r)
+void capstan__done_acked(capstan_runtime_t *rt, capstan_done_t *d, capstan_redis_t *r)
 {
     if (d->ack.lock_key)
-        kiq__mw_note_released(&d->mw, r);
+        capstan__mw_note_released(&d->mw, r);
     /* After the ack: the job is in the dead set when the hook runs. */
-    if (d->ack.kind == KIQ_ACK_DEAD)
-        kiq_hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);
-    kiq_done_clear(d);
+    if (d->ack.kind == CAPSTAN_ACK_DEAD)
+        capstan__hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);
+    capstan__done_clear(d);
 }
 
-void kiq_done_free(kiq_done_t *d)
+void capstan__done_free(capstan_done_t *d)
 {
     if (!d)
         return;
-    kiq_done_clear(d);
+    capstan__done_clear(d);
     free(d);
 }
 
 /* ---- The ring of fetched jobs and the acks waiting -------------------- */
 
 /* Under feed->mu: puts job in the ring in the order Redis fetched it
- * (kiq_fetched_t.seq): usually at the end, but sweeps on their way at once
+ * (capstan_fetched_t.seq): usually at the end, but sweeps on their way at once
  * may come back in another order than Redis ran them, and the job a thread
  * holds as its sweep comes back to a quiet process goes back in its place.
  * So the feed gives its jobs back in order. The ring has room for every
  * sweep in flight and a job put back by each thread. */
-static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
+static void feed_push(capstan_feed_t *feed, capstan_fetched_t *job)
 {
     size_t i = feed->n;
     for (; i > 0 && feed->jobs[(feed->head + i - 1) % feed->cap].seq > job->seq; i--)
@@ -334,18 +335,18 @@ static void feed_push(kiq_feed_t *feed, kiq_fetched_t *job)
 }
 
 /* Under feed->mu: the oldest job waiting (there is one). */
-static kiq_fetched_t feed_pop(kiq_feed_t *feed)
+static capstan_fetched_t feed_pop(capstan_feed_t *feed)
 {
-    kiq_fetched_t j = feed->jobs[feed->head];
+    capstan_fetched_t j = feed->jobs[feed->head];
     feed->head = (feed->head + 1) % feed->cap;
     feed->n--;
     return j;
 }
 
 /* Under feed->mu: the newest job waiting, or a zeroed one when none is. */
-static kiq_fetched_t feed_pop_newest(kiq_feed_t *feed)
+static capstan_fetched_t feed_pop_newest(capstan_feed_t *feed)
 {
-    kiq_fetched_t j = {0};
+    capstan_fetched_t j = {0};
     if (feed->n) {
         feed->n--;
         j = feed->jobs[(feed->head + feed->n) % feed->cap];
@@ -357,22 +358,22 @@ static kiq_fetched_t feed_pop_newest(kiq_feed_t *feed)
  * left in the feed because the threads running were thought quick (see
  * wake_for_jobs) is then taken by a waiter within WAIT_MAX. */
 #define WAIT_MAX 0.01
-static void feed_wait(kiq_feed_t *feed)
+static void feed_wait(capstan_feed_t *feed)
 {
-    struct timespec until = kiq__timespec(kiq__now() + WAIT_MAX);
+    struct timespec until = capstan__timespec(capstan__now() + WAIT_MAX);
     feed->waiting++;
     pthread_cond_timedwait(&feed->came, &feed->mu, &until);
     feed->waiting--;
 }
 
 /* Under feed->mu: leaves d's ack waiting for the next round trip (now:
- * kiq__mono()). Returns NULL, or d when there was no memory to keep it (the
+ * capstan__mono()). Returns NULL, or d when there was no memory to keep it (the
  * caller writes it). */
-static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d, double now)
+static capstan_done_t *ack_later(capstan_feed_t *feed, capstan_done_t *d, double now)
 {
     if (feed->nacks == feed->cap_acks) {
         size_t cap = feed->cap_acks ? feed->cap_acks * 2 : 64;
-        kiq_done_t **a = realloc(feed->acks, cap * sizeof(*a));
+        capstan_done_t **a = realloc(feed->acks, cap * sizeof(*a));
         if (a) {
             feed->acks = a;
             feed->cap_acks = cap;
@@ -395,59 +396,59 @@ static kiq_done_t *ack_later(kiq_feed_t *feed, kiq_done_t *d, double now)
  * (the stray check or the recovery gives it back): a failover may cost
  * acks, never jobs. Frees those of acks[0..n) and returns how many are
  * left, in order. */
-static size_t drop_stale(kiq_feed_t *feed, kiq_done_t **acks, size_t n, const kiq_redis_t *r)
+static size_t drop_stale(capstan_feed_t *feed, capstan_done_t **acks, size_t n, const capstan_redis_t *r)
 {
     static atomic_int warned_era = -1;
-    int era = kiq_redis_era(r);
+    int era = capstan__redis_era(r);
     size_t k = 0, dropped = 0;
     for (size_t i = 0; i < n; i++) {
         if (acks[i]->era == era) {
             acks[k++] = acks[i];
         } else {
-            kiq_done_t *d = acks[i];
+            capstan_done_t *d = acks[i];
             pthread_mutex_lock(&feed->mu);
             let_go(feed, d->hash, d->job.len); /* a stray now: given back */
             pthread_mutex_unlock(&feed->mu);
-            kiq_done_free(d);
+            capstan__done_free(d);
             dropped++;
         }
     }
     if (dropped && atomic_exchange(&warned_era, era) != era)
-        kiq_warn("%zu finished jobs ran on a master that has been replaced since: not "
-                 "acknowledged on the new one, they run again", dropped);
+        capstan_warn("%zu finished jobs ran on a master that has been replaced since: not "
+                     "acknowledged on the new one, they run again", dropped);
     return k;
 }
 
 /* Writes d's ack at once and frees d. */
-static void ack_now(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+static void ack_now(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
 {
     if (!drop_stale(s->rt->feed, &d, 1, r))
         return; /* freed: it runs again */
-    int rc = kiq__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack);
+    int rc = capstan__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack);
     /* Written, or left in the working list for the stray check. */
-    kiq_feed_let_go(s->rt, d->hash, d->job.len);
+    capstan__feed_let_go(s->rt, d->hash, d->job.len);
     if (rc == 0)
-        kiq_done_acked(s->rt, d, r);
-    kiq_done_free(d);
+        capstan__done_acked(s->rt, d, r);
+    capstan__done_free(d);
 }
 
-void kiq_feed_ack(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *d)
+void capstan__feed_ack(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
 {
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
-    d = ack_later(feed, d, kiq__mono());
+    d = ack_later(feed, d, capstan__mono());
     pthread_mutex_unlock(&feed->mu);
     if (d)
         ack_now(s, r, d);
 }
 
 /* Under feed->mu: takes every waiting ack, to be written by the caller. */
-static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
+static capstan_done_t **take_acks(capstan_feed_t *feed, size_t *n)
 {
     *n = 0;
     if (!feed->nacks)
         return NULL;
-    kiq_done_t **a = malloc(feed->nacks * sizeof(*a));
+    capstan_done_t **a = malloc(feed->nacks * sizeof(*a));
     if (!a)
         return NULL; /* they wait for the next taker */
     memcpy(a, feed->acks, feed->nacks * sizeof(*a));
@@ -458,21 +459,21 @@ static kiq_done_t **take_acks(kiq_feed_t *feed, size_t *n)
 }
 
 /* The items that write acks (rc not known yet). */
-static void ack_items(kiq_done_t *const *acks, size_t nacks, kiq_ack_item_t *items)
+static void ack_items(capstan_done_t *const *acks, size_t nacks, capstan_ack_item_t *items)
 {
     for (size_t i = 0; i < nacks; i++)
-        items[i] = (kiq_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
-                                     .ack = acks[i]->ack, .rc = KIQ_EREDIS };
+        items[i] = (capstan_ack_item_t){ .raw = acks[i]->job.payload, .len = acks[i]->job.len,
+                                     .ack = acks[i]->ack, .rc = CAPSTAN_EREDIS };
 }
 
 /* After a round trip that carried acks (items their results): those
  * written are released, the others go back to the feed for the next round
  * trip. Frees acks; returns how many went back. */
-static size_t settle(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks,
-                     const kiq_ack_item_t *items, size_t nacks)
+static size_t settle(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks,
+                     const capstan_ack_item_t *items, size_t nacks)
 {
     size_t failed = 0;
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
     for (size_t i = 0; i < nacks; i++)
         if (items[i].rc == 0)
@@ -480,10 +481,10 @@ static size_t settle(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks,
     pthread_mutex_unlock(&feed->mu);
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
-            kiq_done_acked(s->rt, acks[i], r);
-            kiq_done_free(acks[i]);
+            capstan__done_acked(s->rt, acks[i], r);
+            capstan__done_free(acks[i]);
         } else {
-            kiq_feed_ack(s, r, acks[i]);
+            capstan__feed_ack(s, r, acks[i]);
             failed++;
         }
     }
@@ -494,19 +495,19 @@ static size_t settle(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks,
 /* Writes the acks taken (and makes the calls, and fetches up to max jobs
  * into got, in the same round trip). Acks written are released; the others
  * go back to the feed for the next round trip, and *unwritten (when not
- * NULL) counts them. Returns kiq__fetch_exchange's result. */
-static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
-                          kiq_script_call_t *calls, size_t ncalls, kiq_fetched_t *got,
+ * NULL) counts them. Returns capstan__fetch_exchange's result. */
+static int exchange_calls(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
+                          capstan_script_call_t *calls, size_t ncalls, capstan_fetched_t *got,
                           size_t max, int block, size_t *unwritten)
 {
     nacks = drop_stale(s->rt->feed, acks, nacks, r);
     /* A few on the stack; many (up to every ack waiting) on the heap, so
      * that no thread's stack grows by them. */
-    kiq_ack_item_t few[8];
-    kiq_ack_item_t *items = nacks <= 8 ? few : malloc(nacks * sizeof(*items));
+    capstan_ack_item_t few[8];
+    capstan_ack_item_t *items = nacks <= 8 ? few : malloc(nacks * sizeof(*items));
     if (!items) {
         for (size_t i = 0; i < nacks; i++)
-            kiq_feed_ack(s, r, acks[i]); /* they wait for the next round trip */
+            capstan__feed_ack(s, r, acks[i]); /* they wait for the next round trip */
         free(acks);
         acks = NULL;
         nacks = 0;
@@ -515,9 +516,9 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
     ack_items(acks, nacks, items);
     for (size_t i = 0; i < ncalls; i++)
         calls[i].reply = NULL;
-    int rc = kiq_redis_ok(r) ? kiq__fetch_exchange_calls(s->fetch, r, items, nacks, calls,
-                                                         ncalls, got, max, block)
-                             : KIQ_EREDIS;
+    int rc = capstan_redis_ok(r) ? capstan__fetch_exchange_calls(s->fetch, r, items, nacks, calls,
+                                                                 ncalls, got, max, block)
+                             : CAPSTAN_EREDIS;
     size_t failed = settle(s, r, acks, items, nacks);
     if (items != few)
         free(items);
@@ -526,37 +527,37 @@ static int exchange_calls(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size
     return rc;
 }
 
-static int exchange(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t **acks, size_t nacks,
-                    kiq_fetched_t *got, size_t max, int block, size_t *unwritten)
+static int exchange(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
+                    capstan_fetched_t *got, size_t max, int block, size_t *unwritten)
 {
     return exchange_calls(s, r, acks, nacks, NULL, 0, got, max, block, unwritten);
 }
 
-static void settle_own(kiq_slot_t *s, kiq_feed_t *feed);
+static void settle_own(capstan_slot_t *s, capstan_feed_t *feed);
 
-int kiq_feed_ride(kiq_slot_t *s, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     size_t nacks;
     pthread_mutex_lock(&feed->mu);
     /* This thread's own round trip on its second connection may carry the
      * release of a lock these calls ask for (its last job's): read first,
      * or Redis may serve this connection before that one. */
     settle_own(s, feed);
-    kiq_done_t **acks = take_acks(feed, &nacks);
+    capstan_done_t **acks = take_acks(feed, &nacks);
     pthread_mutex_unlock(&feed->mu);
     int rc = exchange_calls(s, r, acks, nacks, calls, ncalls, NULL, 0, 0, NULL);
     return rc < 0 ? rc : 0;
 }
 
-void kiq_feed_prompt(kiq_slot_t *s, kiq_redis_t *r)
+void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r)
 {
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     size_t nacks = 0;
     if (!atomic_load(&feed->prompt))
         return;
     pthread_mutex_lock(&feed->mu);
-    kiq_done_t **acks = atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
+    capstan_done_t **acks = atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
@@ -565,14 +566,14 @@ void kiq_feed_prompt(kiq_slot_t *s, kiq_redis_t *r)
 /* Writes every waiting ack, reconnecting until they are written or the
  * process is about to exit (then their jobs stay in the working list and
  * are recovered once this process is gone). */
-static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
+static void flush_acks(capstan_slot_t *s, capstan_redis_t *r)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
     for (;;) {
         size_t n;
         pthread_mutex_lock(&feed->mu);
-        kiq_done_t **acks = take_acks(feed, &n);
+        capstan_done_t **acks = take_acks(feed, &n);
         pthread_mutex_unlock(&feed->mu);
         if (!n)
             return;
@@ -581,14 +582,14 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
         /* Acks other threads queued meanwhile simply go in the next turn;
          * only a failure of these calls for a new connection. */
         if (failed && (atomic_load(&rt->housekeeper_stop)
-                       || kiq_rt_connect(rt, r, &rt->housekeeper_stop))) {
+                       || capstan__rt_connect(rt, r, &rt->housekeeper_stop))) {
             pthread_mutex_lock(&feed->mu);
             acks = take_acks(feed, &n);
             for (size_t i = 0; i < n; i++)
                 let_go(feed, acks[i]->hash, acks[i]->job.len);
             pthread_mutex_unlock(&feed->mu);
             for (size_t i = 0; i < n; i++)
-                kiq_done_free(acks[i]);
+                capstan__done_free(acks[i]);
             free(acks);
             return;
         }
@@ -600,7 +601,7 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
  * A job that takes a runtime lock (while_executing and its kin) waits for a
  * round trip of its own before it starts. When such jobs are short, a
  * processor takes the ones that follow it in the feed too, up to
- * KIQ_RUN_MAX in all, asks for all their locks in one round trip and runs
+ * CAPSTAN_RUN_MAX in all, asks for all their locks in one round trip and runs
  * them in turn (processor.c): a job's lock is then held from that round
  * trip until it has run, about RUN_SPAN longer at most. */
 
@@ -613,7 +614,7 @@ static void flush_acks(kiq_slot_t *s, kiq_redis_t *r)
 /* Whether the payload names a lock type whose runtime lock is taken at
  * once (Ruby's client writes sidekiq_options into every payload). Plain
  * searches: a false match only costs a run of one. */
-static int runtime_locked(const kiq_fetched_t *job)
+static int runtime_locked(const capstan_fetched_t *job)
 {
     static const char key[] = "\"lock\":\"";
     const size_t k = sizeof(key) - 1, t = sizeof("while_executing") - 1;
@@ -628,11 +629,11 @@ static int runtime_locked(const kiq_fetched_t *job)
     return 0;
 }
 
-size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetched_t *out,
-                           size_t max)
+size_t capstan__feed_take_ahead(capstan_slot_t *s, const capstan_fetched_t *first, capstan_fetched_t *out,
+                                size_t max)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
     size_t n = 0;
     if (s->run_time >= RUN_JOB_TIME || !runtime_locked(first))
         return 0;
@@ -641,15 +642,15 @@ size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetche
         max = (size_t)fit;
     pthread_mutex_lock(&feed->mu);
     pthread_mutex_lock(&s->mu);
-    if (max > KIQ_RUN_MAX - 1 - s->nahead)
-        max = KIQ_RUN_MAX - 1 - s->nahead;
+    if (max > CAPSTAN_RUN_MAX - 1 - s->nahead)
+        max = CAPSTAN_RUN_MAX - 1 - s->nahead;
     /* A thread waiting for a job gets one first. */
     while (n < max && feed->n > feed->waiting && !feed->solo && !atomic_load(&rt->quiet)) {
-        const kiq_fetched_t *head = &feed->jobs[feed->head];
-        if (!runtime_locked(head) || kiq_feed_suspect(head))
+        const capstan_fetched_t *head = &feed->jobs[feed->head];
+        if (!runtime_locked(head) || capstan__feed_suspect(head))
             break;
         out[n] = feed_pop(feed);
-        s->ahead[s->nahead++] = (struct kiq_ahead){ .payload = out[n].payload, .len = out[n].len,
+        s->ahead[s->nahead++] = (struct capstan_ahead){ .payload = out[n].payload, .len = out[n].len,
                                                     .queue = out[n].queue, .seq = out[n].seq };
         n++;
     }
@@ -665,7 +666,7 @@ size_t kiq_feed_take_ahead(kiq_slot_t *s, const kiq_fetched_t *first, kiq_fetche
 
 /* Under s->mu: removes the view of payload from s->ahead. Returns 0 when
  * it was there, 1 when a give-back took it. */
-static int ahead_remove(kiq_slot_t *s, const char *payload)
+static int ahead_remove(capstan_slot_t *s, const char *payload)
 {
     for (size_t i = 0; i < s->nahead; i++)
         if (s->ahead[i].payload == payload) {
@@ -676,12 +677,12 @@ static int ahead_remove(kiq_slot_t *s, const char *payload)
     return 1;
 }
 
-int kiq_feed_ahead_start(kiq_slot_t *s, const char *payload)
+int capstan__feed_ahead_start(capstan_slot_t *s, const char *payload)
 {
     return ahead_remove(s, payload);
 }
 
-void kiq_feed_ahead_locks(kiq_slot_t *s, const kiq_fetched_t *got, kiq_prelock_t *pre, size_t n)
+void capstan__feed_ahead_locks(capstan_slot_t *s, const capstan_fetched_t *got, capstan_prelock_t *pre, size_t n)
 {
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n; i++)
@@ -691,10 +692,10 @@ void kiq_feed_ahead_locks(kiq_slot_t *s, const kiq_fetched_t *got, kiq_prelock_t
     pthread_mutex_unlock(&s->mu);
 }
 
-void kiq_feed_put_back(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *jobs, kiq_prelock_t *pre,
-                       size_t n)
+void capstan__feed_put_back(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *jobs, capstan_prelock_t *pre,
+                            size_t n)
 {
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     char mine[n ? n : 1];
     pthread_mutex_lock(&feed->mu);
     pthread_mutex_lock(&s->mu);
@@ -705,19 +706,19 @@ void kiq_feed_put_back(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *jobs, kiq_p
     /* Their locks go before they can be given back and fetched again. */
     for (size_t i = 0; pre && i < n; i++)
         if (mine[i])
-            kiq_unique_prelock_drop(r, &pre[i]);
+            capstan__unique_prelock_drop(r, &pre[i]);
     pthread_mutex_lock(&feed->mu);
     for (size_t i = 0; i < n; i++) {
         if (mine[i])
             feed_push(feed, &jobs[i]); /* in its place again, by its seq */
         else
-            kiq__fetched_clear(&jobs[i]); /* the give-back took a copy */
+            capstan__fetched_clear(&jobs[i]); /* the give-back took a copy */
     }
     taken_n = taken_n > n ? taken_n - n : 1;
     pthread_mutex_unlock(&feed->mu);
 }
 
-void kiq_feed_run_end(kiq_slot_t *s)
+void capstan__feed_run_end(capstan_slot_t *s)
 {
     if (s->in_run) {
         s->in_run = 0;
@@ -731,18 +732,18 @@ void kiq_feed_run_end(kiq_slot_t *s)
  * jobs go back): the processors start none of them. A job whose lock is
  * still being asked for, or that cannot be copied, stays in the working
  * list, recovered once this process is gone. Returns how many locks. */
-static size_t take_back_ahead(kiq_runtime_t *rt, kiq_feed_t *feed, kiq_prelock_t ***held)
+static size_t take_back_ahead(capstan_runtime_t *rt, capstan_feed_t *feed, capstan_prelock_t ***held)
 {
-    size_t nheld = 0, cap = (size_t)rt->nslots * (KIQ_RUN_MAX - 1);
+    size_t nheld = 0, cap = (size_t)rt->nslots * (CAPSTAN_RUN_MAX - 1);
     *held = calloc(cap, sizeof(**held));
     for (int i = 0; *held && i < rt->nslots; i++) {
-        kiq_slot_t *s = &rt->slots[i];
+        capstan_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
         for (size_t k = 0; k < s->nahead;) {
-            struct kiq_ahead *a = &s->ahead[k];
-            kiq_fetched_t j = { .payload = a->pre ? malloc(a->len + 1) : NULL, .len = a->len,
+            struct capstan_ahead *a = &s->ahead[k];
+            capstan_fetched_t j = { .payload = a->pre ? malloc(a->len + 1) : NULL, .len = a->len,
                                 .queue = a->queue, .seq = a->seq };
-            kiq_prelock_t *p = j.payload ? malloc(sizeof(*p)) : NULL;
+            capstan_prelock_t *p = j.payload ? malloc(sizeof(*p)) : NULL;
             if (!p) {
                 free(j.payload);
                 k++;
@@ -750,7 +751,7 @@ static size_t take_back_ahead(kiq_runtime_t *rt, kiq_feed_t *feed, kiq_prelock_t
             }
             memcpy(j.payload, a->payload, j.len);
             j.payload[j.len] = '\0';
-            j.hash = kiq_feed_hash(j.payload, j.len); /* counted once, as this copy */
+            j.hash = capstan__feed_hash(j.payload, j.len); /* counted once, as this copy */
             *p = *a->pre;
             memset(a->pre, 0, sizeof(*a->pre)); /* ours now */
             (*held)[nheld++] = p;
@@ -769,7 +770,7 @@ enum { GIVE_BACK_MAX = 100 };
 
 /* Gives n (at most GIVE_BACK_MAX) fetched jobs of one queue back in one
  * call, newest first, and frees them. */
-static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *jobs,
+static void give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *jobs,
                           size_t n, int connect)
 {
     const char *raws[GIVE_BACK_MAX] = {0};
@@ -779,50 +780,50 @@ static void give_back_run(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq
         lens[i] = jobs[i].len;
     }
     /* Gone from the working list, or left there for the stray check; and
-     * the same payload may now be fetched again (see kiq_feed_holds). */
+     * the same payload may now be fetched again (see capstan__feed_holds). */
     if (rt->feed) {
         pthread_mutex_lock(&rt->feed->mu);
         for (size_t i = 0; i < n; i++)
             let_go(rt->feed, jobs[i].hash, jobs[i].len);
-        rt->feed->gave_back_at = kiq__mono();
+        rt->feed->gave_back_at = capstan__mono();
         pthread_mutex_unlock(&rt->feed->mu);
     }
     const char *queue = jobs[0].queue;
-    int back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
+    int back = capstan__fetch_requeue_n(f, r, queue, raws, lens, n);
     /* Only a broken connection is worth another try: an error reply (the
      * queue key holds another type than a list) would only come again. */
-    while (back == KIQ_EREDIS && !kiq_redis_ok(r) && connect
-           && kiq_rt_connect(rt, r, &rt->housekeeper_stop) == 0)
-        back = kiq__fetch_requeue_n(f, r, queue, raws, lens, n);
+    while (back == CAPSTAN_EREDIS && !capstan_redis_ok(r) && connect
+           && capstan__rt_connect(rt, r, &rt->housekeeper_stop) == 0)
+        back = capstan__fetch_requeue_n(f, r, queue, raws, lens, n);
     if (back == 0 && n == 1)
-        kiq_info("a fetched job that had not started went back to queue:%s", queue);
+        capstan_info("a fetched job that had not started went back to queue:%s", queue);
     else if (back == 0)
-        kiq_info("%zu fetched jobs that had not started went back to queue:%s", n, queue);
+        capstan_info("%zu fetched jobs that had not started went back to queue:%s", n, queue);
     else if (n == 1)
-        kiq_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
-                  "list and is recovered or reclaimed later", queue,
-                  back == KIQ_EREPLY ? "the key holds another type than a list"
-                                     : kiq_redis_error(r));
+        capstan_error("could not give a fetched job back to queue:%s: %s; it stays in the working "
+                      "list and is recovered or reclaimed later", queue,
+                      back == CAPSTAN_EREPLY ? "the key holds another type than a list"
+                                     : capstan_redis_error(r));
     else
-        kiq_error("could not give %zu fetched jobs back to queue:%s: %s; they stay in the "
-                  "working list and are recovered or reclaimed later", n, queue,
-                  back == KIQ_EREPLY ? "the key holds another type than a list"
-                                     : kiq_redis_error(r));
+        capstan_error("could not give %zu fetched jobs back to queue:%s: %s; they stay in the "
+                      "working list and are recovered or reclaimed later", n, queue,
+                      back == CAPSTAN_EREPLY ? "the key holds another type than a list"
+                                     : capstan_redis_error(r));
     for (size_t i = 0; i < n; i++)
-        kiq__fetched_clear(&jobs[i]);
+        capstan__fetched_clear(&jobs[i]);
 }
 
-void kiq_give_back(kiq_fetch_t *f, kiq_runtime_t *rt, kiq_redis_t *r, kiq_fetched_t *job,
-                   int connect)
+void capstan__give_back(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *job,
+                        int connect)
 {
     give_back_run(f, rt, r, job, 1, connect);
 }
 
 /* Newest first, so that each queue's oldest ends up fetched first again;
  * a run of jobs of one queue goes back in one call. */
-int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int connect)
+int capstan__feed_give_back(capstan_runtime_t *rt, capstan_fetch_t *f, capstan_redis_t *r, int connect)
 {
-    kiq_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = rt->feed;
     int total = 0;
     /* One thread at a time: two giving back runs of one queue at once
      * could put the older run in place first and the newer in front. The
@@ -833,17 +834,17 @@ int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int co
         pthread_mutex_lock(&feed->give_mu);
     else if (pthread_mutex_trylock(&feed->give_mu) != 0)
         return 0;
-    kiq_prelock_t **held;
+    capstan_prelock_t **held;
     pthread_mutex_lock(&feed->mu);
     size_t nheld = take_back_ahead(rt, feed, &held);
     pthread_mutex_unlock(&feed->mu);
     for (size_t i = 0; i < nheld; i++) {
-        kiq_unique_prelock_drop(r, held[i]);
+        capstan__unique_prelock_drop(r, held[i]);
         free(held[i]);
     }
     free(held);
     for (;;) {
-        kiq_fetched_t jobs[GIVE_BACK_MAX];
+        capstan_fetched_t jobs[GIVE_BACK_MAX];
         size_t n = 0;
         pthread_mutex_lock(&feed->mu);
         while (n < GIVE_BACK_MAX && feed->n) {
@@ -877,12 +878,12 @@ int kiq_feed_give_back(kiq_runtime_t *rt, kiq_fetch_t *f, kiq_redis_t *r, int co
  * head of their queues, and no thread fetches until the suspect is done
  * and acked. A crash then leaves only the suspect in the working list, and
  * only the job at fault counts recoveries. A suspect that fails normally
- * loses the count (see kiq_retry_decide): it did not crash the process.
+ * loses the count (see capstan__retry_decide): it did not crash the process.
  * Suspects are rare (only after a crash); otherwise this costs a memmem per
- * job and a counter kept under the lock kiq_feed_next takes anyway. */
+ * job and a counter kept under the lock capstan__feed_next takes anyway. */
 
 /* Under feed->mu: this thread looks for a job again, so it holds none. */
-static void gate_leave(kiq_feed_t *feed, int *inside)
+static void gate_leave(capstan_feed_t *feed, int *inside)
 {
     if (!*inside)
         return;
@@ -892,7 +893,7 @@ static void gate_leave(kiq_feed_t *feed, int *inside)
         pthread_cond_broadcast(&feed->came); /* the suspect waits for this */
 }
 
-int kiq_feed_suspect(const kiq_fetched_t *job)
+int capstan__feed_suspect(const capstan_fetched_t *job)
 {
     /* A plain search: a nested field of that name only costs a solo run. */
     static const char key[] = "\"recovery_count\"";
@@ -903,10 +904,10 @@ int kiq_feed_suspect(const kiq_fetched_t *job)
  * gives back the jobs waiting in the feed. The suspect goes back to its
  * queue instead when another suspect runs (this one runs after it) or the
  * process goes quiet. */
-int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
     pthread_mutex_lock(&feed->mu);
     int mine = !feed->solo;
     if (mine) {
@@ -918,7 +919,7 @@ int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     int quiet = atomic_load(&rt->quiet);
     if (mine && !quiet) {
         flush_acks(s, r);
-        kiq_feed_give_back(rt, s->fetch, r, 1);
+        capstan__feed_give_back(rt, s->fetch, r, 1);
     }
     if (mine && quiet) {
         pthread_mutex_lock(&feed->mu);
@@ -927,15 +928,15 @@ int kiq_feed_solo_begin(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
     }
     if (mine && !quiet)
         return 1;
-    kiq_give_back(s->fetch, rt, r, job, 1);
+    capstan__give_back(s->fetch, rt, r, job, 1);
     return 0;
 }
 
 /* The suspect is done: its ack is written before any other job is
  * fetched, then the gate opens. */
-void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
+void capstan__feed_solo_end(capstan_slot_t *s, capstan_redis_t *r)
 {
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     flush_acks(s, r);
     pthread_mutex_lock(&feed->mu);
     feed->solo = 0;
@@ -961,7 +962,7 @@ void kiq_feed_solo_end(kiq_slot_t *s, kiq_redis_t *r)
  * defer): a sweep's jobs then come in after the sweeper's job as well. The
  * job time starts at this, so nothing is deferred before it is measured. */
 #define DEFER_AFTER 0.001
-static size_t level(kiq_runtime_t *rt, const kiq_feed_t *feed)
+static size_t level(capstan_runtime_t *rt, const capstan_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
     double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
@@ -973,7 +974,7 @@ static size_t level(kiq_runtime_t *rt, const kiq_feed_t *feed)
 
 /* Under feed->mu: the jobs a sweep would ask for to bring the feed to its
  * level, at most SWEEP_MAX; 0 when it is there. */
-static size_t shortfall(kiq_runtime_t *rt, const kiq_feed_t *feed)
+static size_t shortfall(capstan_runtime_t *rt, const capstan_feed_t *feed)
 {
     size_t want = level(rt, feed), have = feed->n + feed->asked;
     if (want <= have)
@@ -982,14 +983,14 @@ static size_t shortfall(kiq_runtime_t *rt, const kiq_feed_t *feed)
 }
 
 /* Under feed->mu: whether one more sweep may go out. */
-static int can_sweep(const kiq_feed_t *feed)
+static int can_sweep(const capstan_feed_t *feed)
 {
     return feed->sweeping < feed->sweepers_max && feed->n + feed->asked < feed->prefetch;
 }
 
 /* Under feed->mu: whether a thread looking for a job has to wait: a suspect
  * runs alone, or the feed is empty and enough sweeps are on their way. */
-static int must_wait(const kiq_feed_t *feed)
+static int must_wait(const capstan_feed_t *feed)
 {
     return feed->solo || (!feed->n && !can_sweep(feed));
 }
@@ -1002,7 +1003,7 @@ static int must_wait(const kiq_feed_t *feed)
  * not take the jobs left soon, as the time jobs take says. Waking one for
  * every job would cost a context switch a job when jobs are short; the
  * woken thread wakes the next in turn while that holds. */
-static void wake_for_jobs(kiq_runtime_t *rt, kiq_feed_t *feed)
+static void wake_for_jobs(capstan_runtime_t *rt, capstan_feed_t *feed)
 {
     if (!feed->waiting || !feed->n)
         return;
@@ -1014,9 +1015,9 @@ static void wake_for_jobs(kiq_runtime_t *rt, kiq_feed_t *feed)
 
 /* Under feed->mu: a sweep that asked for asked jobs came back with got (or
  * an error) after a round trip begun at began: the averages move. */
-static void note_sweep(kiq_feed_t *feed, double began, size_t asked, int got)
+static void note_sweep(capstan_feed_t *feed, double began, size_t asked, int got)
 {
-    double now = kiq__mono(), rtt = now - began, dt = now - feed->rate_t0;
+    double now = capstan__mono(), rtt = now - began, dt = now - feed->rate_t0;
     if (began > 0) /* 0: read after a job, the round trip is not known */
         feed->rtt = feed->rtt > 0 ? 0.8 * feed->rtt + 0.2 * rtt : rtt;
     if (got >= 0 && (size_t)got < asked)
@@ -1034,24 +1035,24 @@ static void note_sweep(kiq_feed_t *feed, double began, size_t asked, int got)
  * feed empty (job->payload NULL) keeps the first job for itself, and when
  * every queue was empty blocks on them for one; a thread that holds a job
  * already fetches ahead for the others. Returns 1 with a job in *job, 0
- * without, or kiq__fetch_exchange's error. */
-static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
+ * without, or capstan__fetch_exchange's error. */
+static int sweep(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job, size_t want)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
     int ahead = job->payload != NULL, first = ahead ? 0 : 1;
     /* On the heap, not the stack: each thread's stack keeps resident the
      * deepest it ever went. */
-    kiq_fetched_t *got = calloc(want ? want : 1, sizeof(*got));
+    capstan_fetched_t *got = calloc(want ? want : 1, sizeof(*got));
     if (!got) {
         pthread_mutex_unlock(&feed->mu);
-        return ahead ? 1 : KIQ_ENOMEM;
+        return ahead ? 1 : CAPSTAN_ENOMEM;
     }
     size_t nacks;
-    kiq_done_t **acks = take_acks(feed, &nacks);
+    capstan_done_t **acks = take_acks(feed, &nacks);
     feed->sweeping++;
     feed->asked += want;
-    double began = kiq__mono();
+    double began = capstan__mono();
     s->fetch_sent = began;
     pthread_mutex_unlock(&feed->mu);
 
@@ -1066,7 +1067,7 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
     feed->asked -= want;
     note_sweep(feed, began, want, rc);
     /* Even as the process goes quiet: the feed gives its jobs back in order
-     * (kiq_feed_leave waits for the sweeps on their way), the job this
+     * (capstan__feed_leave waits for the sweeps on their way), the job this
      * thread holds with them. */
     int quiet = atomic_load(&rt->quiet);
     for (int i = quiet ? 0 : first; i < rc; i++)
@@ -1095,11 +1096,11 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
         return 1;
     if (rc < 0)
         return rc;
-    /* Every queue was empty: wait on them (see kiq__fetch_exchange). A
+    /* Every queue was empty: wait on them (see capstan__fetch_exchange). A
      * suspect waits for this too (it is inside the gate): a job it moves
      * into the working list would share the suspect's fate in a crash. */
     pthread_mutex_lock(&feed->mu);
-    s->fetch_sent = kiq__mono();
+    s->fetch_sent = capstan__mono();
     pthread_mutex_unlock(&feed->mu);
     rc = exchange(s, r, acks, nacks, job, 1, 1, NULL);
     if (rc == 1)
@@ -1128,15 +1129,15 @@ static int sweep(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job, size_t want)
  * (it runs a job on its first). */
 
 /* Set when this thread would have deferred but had no second connection:
- * kiq_feed_next makes one, out of the feed's lock. */
+ * capstan__feed_next makes one, out of the feed's lock. */
 static _Thread_local int want_aux;
 
 /* Under feed->mu: whether s sends its round trips to read after its job. */
-static int defers(kiq_slot_t *s, const kiq_feed_t *feed)
+static int defers(capstan_slot_t *s, const capstan_feed_t *feed)
 {
     if (feed->job_time <= DEFER_AFTER || s->pend)
         return 0;
-    if (!s->aux || !kiq_redis_ok(s->aux)) {
+    if (!s->aux || !capstan_redis_ok(s->aux)) {
         want_aux = 1;
         return 0;
     }
@@ -1146,12 +1147,12 @@ static int defers(kiq_slot_t *s, const kiq_feed_t *feed)
 /* Under feed->mu, which it keeps: p (claimed by this thread and out of the
  * list) is read, its jobs go into the feed in their place and its acks are
  * settled; the lock is let go meanwhile. */
-static void complete(kiq_feed_t *feed, pending_t *p)
+static void complete(capstan_feed_t *feed, pending_t *p)
 {
-    kiq_slot_t *o = p->owner;
-    kiq_fetched_t *got = p->got;
+    capstan_slot_t *o = p->owner;
+    capstan_fetched_t *got = p->got;
     pthread_mutex_unlock(&feed->mu);
-    int rc = p->x ? kiq__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : KIQ_EREDIS;
+    int rc = p->x ? capstan__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : CAPSTAN_EREDIS;
     if (rc > 0)
         hash_all(got, (size_t)rc);
     settle(o, o->aux, p->acks, p->items, p->nacks);
@@ -1175,10 +1176,10 @@ static void complete(kiq_feed_t *feed, pending_t *p)
 /* Under feed->mu, which it releases: sends the acks waiting and, when want
  * is not 0, a sweep for want jobs on s's second connection, to be read
  * after s's job (or by a thread that waits first). */
-static void defer(kiq_slot_t *s, size_t want)
+static void defer(capstan_slot_t *s, size_t want)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
     pending_t *p = calloc(1, sizeof(*p));
     if (!p) {
         pthread_mutex_unlock(&feed->mu);
@@ -1186,7 +1187,7 @@ static void defer(kiq_slot_t *s, size_t want)
     }
     p->owner = s;
     p->want = want;
-    p->sent = kiq__mono();
+    p->sent = capstan__mono();
     p->claimed = 1;
     if ((feed->nacks && !(p->items = calloc(feed->nacks, sizeof(*p->items))))
         || (want && !(p->got = calloc(want, sizeof(*p->got))))) {
@@ -1204,7 +1205,7 @@ static void defer(kiq_slot_t *s, size_t want)
     p->nacks = drop_stale(feed, p->acks, p->nacks, s->aux);
     ack_items(p->acks, p->nacks, p->items);
     int rc;
-    p->x = kiq__fetch_send(s->fetch, s->aux, p->items, p->nacks, want, &rc);
+    p->x = capstan__fetch_send(s->fetch, s->aux, p->items, p->nacks, want, &rc);
     pthread_mutex_lock(&feed->mu);
     if (!p->x) {
         complete(feed, p); /* nothing to read: acks back, the sweep undone */
@@ -1217,7 +1218,7 @@ static void defer(kiq_slot_t *s, size_t want)
 }
 
 /* Under feed->mu: takes p out of the list of those nobody reads. */
-static void claim(kiq_feed_t *feed, pending_t *p)
+static void claim(capstan_feed_t *feed, pending_t *p)
 {
     for (pending_t **pp = &feed->pending; *pp; pp = &(*pp)->next)
         if (*pp == p) {
@@ -1229,7 +1230,7 @@ static void claim(kiq_feed_t *feed, pending_t *p)
 
 /* Under feed->mu: reads the oldest deferred round trip nobody reads yet,
  * if any. Returns 1 when it did. */
-static int read_one(kiq_feed_t *feed)
+static int read_one(capstan_feed_t *feed)
 {
     pending_t *p = feed->pending;
     if (!p)
@@ -1243,7 +1244,7 @@ static int read_one(kiq_feed_t *feed)
 
 /* Under feed->mu: this thread's own deferred round trip is read (by it,
  * or by the thread that claimed it first) before it takes another job. */
-static void settle_own(kiq_slot_t *s, kiq_feed_t *feed)
+static void settle_own(capstan_slot_t *s, capstan_feed_t *feed)
 {
     while (s->pend) {
         if (!s->pend->claimed) {
@@ -1256,9 +1257,9 @@ static void settle_own(kiq_slot_t *s, kiq_feed_t *feed)
     }
 }
 
-void kiq_feed_read_deferred(kiq_runtime_t *rt)
+void capstan__feed_read_deferred(capstan_runtime_t *rt)
 {
-    kiq_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = rt->feed;
     pthread_mutex_lock(&feed->mu);
     while (read_one(feed))
         ;
@@ -1279,14 +1280,14 @@ void kiq_feed_read_deferred(kiq_runtime_t *rt)
  * ACK_DELAY, or this thread is the last one free and jobs take long: nobody
  * would send them before a job ends. Writing them costs this thread a round
  * trip, so not for every job. */
-static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
+static int take_waiting(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
     size_t nacks = 0;
     *job = feed_pop(feed);
     wake_for_jobs(rt, feed);
-    double now = kiq__mono();
+    double now = capstan__mono();
     /* Below half its level (a sweep asks SWEEP_MAX at most, so the
      * shortfall alone would never say so of a level above twice that). */
     if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(rt, feed)) {
@@ -1303,7 +1304,7 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
         defer(s, 0);
         return 1;
     }
-    kiq_done_t **acks = due ? take_acks(feed, &nacks) : NULL;
+    capstan_done_t **acks = due ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
@@ -1318,12 +1319,12 @@ static int take_waiting(kiq_slot_t *s, kiq_redis_t *r, kiq_fetched_t *job)
  * round trips and the others are not woken for each job). When the queues
  * are empty every thread blocks on one of them. */
 
-int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t *job,
-                  int *inside)
+int capstan__feed_next(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *done, capstan_fetched_t *job,
+                       int *inside)
 {
-    kiq_runtime_t *rt = s->rt;
-    kiq_feed_t *feed = rt->feed;
-    double now = kiq__mono();
+    capstan_runtime_t *rt = s->rt;
+    capstan_feed_t *feed = rt->feed;
+    double now = capstan__mono();
     pthread_mutex_lock(&feed->mu);
     settle_own(s, feed);
     if (taken_at > 0) {
@@ -1339,24 +1340,24 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
         pthread_mutex_lock(&feed->mu);
     }
     gate_leave(feed, inside);
-    if (want_aux && kiq_redis_ok(r) && !atomic_load(&rt->quiet)) {
+    if (want_aux && capstan_redis_ok(r) && !atomic_load(&rt->quiet)) {
         /* Out of the lock, the last job's ack already in the feed for any
          * round trip: one try; without it round trips are not deferred. */
-        char err[KIQ_ERRLEN];
+        char err[CAPSTAN_ERRLEN];
         static _Thread_local int warned;
         want_aux = 0;
         pthread_mutex_unlock(&feed->mu);
         if (!s->aux)
-            s->aux = kiq_redis_new(rt->cfg->redis_url, 15, err);
-        if (s->aux && kiq_redis_connect(s->aux) && !warned++)
-            kiq_warn("processor %d: a second connection failed (%s); its round trips are "
-                     "not deferred", s->index, kiq_redis_error(s->aux));
+            s->aux = capstan_redis_new(rt->cfg->redis_url, 15, err);
+        if (s->aux && capstan_redis_connect(s->aux) && !warned++)
+            capstan_warn("processor %d: a second connection failed (%s); its round trips are "
+                         "not deferred", s->index, capstan_redis_error(s->aux));
         pthread_mutex_lock(&feed->mu);
     }
     if (atomic_load(&feed->prompt) && must_wait(feed)) {
         /* A runtime lock is not held while this thread waits. */
         size_t nacks;
-        kiq_done_t **acks = take_acks(feed, &nacks);
+        capstan_done_t **acks = take_acks(feed, &nacks);
         pthread_mutex_unlock(&feed->mu);
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
         pthread_mutex_lock(&feed->mu);
@@ -1373,15 +1374,15 @@ int kiq_feed_next(kiq_slot_t *s, kiq_redis_t *r, kiq_done_t *done, kiq_fetched_t
     size_t want = feed->n ? 0 : shortfall(rt, feed);
     int rc = feed->n ? take_waiting(s, r, job) : sweep(s, r, job, want ? want : 1);
     if (rc == 1) {
-        taken_at = kiq__mono();
+        taken_at = capstan__mono();
         taken_n = 1;
     }
     return rc;
 }
 
-void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
+void capstan__feed_leave(capstan_slot_t *s, capstan_redis_t *r, int *inside)
 {
-    kiq_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
     gate_leave(feed, inside);
     settle_own(s, feed);
@@ -1389,11 +1390,11 @@ void kiq_feed_leave(kiq_slot_t *s, kiq_redis_t *r, int *inside)
      * go back first, so the feed waits for them (a round trip at most). So
      * it does for the jobs other processors took ahead: each puts back
      * those it will not start, their locks released, once its job is done
-     * (kiq_feed_put_back). */
+     * (capstan__feed_put_back). */
     while (feed->sweeping || atomic_load(&feed->runs))
         if (!read_one(feed))
             feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);
     flush_acks(s, r);
-    kiq_feed_give_back(s->rt, s->fetch, r, 1);
+    capstan__feed_give_back(s->rt, s->fetch, r, 1);
 }

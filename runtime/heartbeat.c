@@ -15,21 +15,21 @@
 #include "support/buf.h"
 #include "support/log.h"
 #include "support/time.h"
-#include "middleware/unique_admin_internal.h"
+#include "unique/admin_internal.h"
 
 #define STATS_TTL "157680000" /* 5 years, as Sidekiq */
 
 /* Reads replies for n appended commands; returns 0 when all arrived. */
-static int drain(kiq_redis_t *r, int n, redisReply **keep, int keep_index)
+static int drain(capstan_redis_t *r, int n, redisReply **keep, int keep_index)
 {
     int rc = 0;
     for (int i = 0; i < n; i++) {
-        redisReply *rep = kiq_redis_get_reply(r);
+        redisReply *rep = capstan_redis_get_reply(r);
         if (!rep)
-            return KIQ_EREDIS;
+            return CAPSTAN_EREDIS;
         if (rep->type == REDIS_REPLY_ERROR) {
-            kiq_warn("heartbeat: %s", rep->str);
-            rc = KIQ_EREPLY;
+            capstan_warn("heartbeat: %s", rep->str);
+            rc = CAPSTAN_EREPLY;
         }
         if (keep && i == keep_index)
             *keep = rep;
@@ -39,7 +39,7 @@ static int drain(kiq_redis_t *r, int n, redisReply **keep, int keep_index)
     return rc;
 }
 
-int kiq_stats_flush(kiq_runtime_t *rt, kiq_redis_t *r)
+int capstan__stats_flush(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     long p = atomic_exchange(&rt->processed, 0);
     long f = atomic_exchange(&rt->failed, 0);
@@ -50,20 +50,20 @@ int kiq_stats_flush(kiq_runtime_t *rt, kiq_redis_t *r)
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(day, sizeof(day), "%Y-%m-%d", &tm);
-    snprintf(kp, sizeof(kp), "%s:%s", KIQ_KEY_PROCESSED, day);
-    snprintf(kf, sizeof(kf), "%s:%s", KIQ_KEY_FAILED, day);
+    snprintf(kp, sizeof(kp), "%s:%s", CAPSTAN_KEY_PROCESSED, day);
+    snprintf(kf, sizeof(kf), "%s:%s", CAPSTAN_KEY_FAILED, day);
     snprintf(np, sizeof(np), "%ld", p);
     snprintf(nf, sizeof(nf), "%ld", f);
     const char *cmds[][3] = {
-        { "INCRBY", KIQ_KEY_PROCESSED, np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
-        { "INCRBY", KIQ_KEY_FAILED, nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
+        { "INCRBY", CAPSTAN_KEY_PROCESSED, np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
+        { "INCRBY", CAPSTAN_KEY_FAILED, nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
     };
     int n = 0, rc = 0;
     for (int i = 0; i < 6 && !rc; i++, n++)
-        rc = kiq_redis_append(r, 3, cmds[i], NULL);
+        rc = capstan_redis_append(r, 3, cmds[i], NULL);
     if (!rc)
         rc = drain(r, n, NULL, 0);
-    if (rc == KIQ_EREDIS) {
+    if (rc == CAPSTAN_EREDIS) {
         /* Not written: count them again at the next flush. The replies that
          * did arrive were for INCRBYs that may have run; a lost connection
          * mid-pipeline can at worst count a beat's worth twice or not at all. */
@@ -88,25 +88,25 @@ static long rss_kb(void)
 }
 
 /* Builds {"queue":…,"payload":"<raw>","run_at":N} for each busy slot. */
-static int work_entries(kiq_runtime_t *rt, char ***fields, char ***values, int *n)
+static int work_entries(capstan_runtime_t *rt, char ***fields, char ***values, int *n)
 {
     *fields = calloc((size_t)rt->nslots, sizeof(char *));
     *values = calloc((size_t)rt->nslots, sizeof(char *));
     *n = 0;
     if (!*fields || !*values)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     for (int i = 0; i < rt->nslots; i++) {
-        kiq_slot_t *s = &rt->slots[i];
+        capstan_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
         if (s->busy && !s->abandoned) {
-            kiq_buf_t b = {0};
-            kiq__buf_puts(&b, "{\"queue\":");
-            kiq__json_quote(&b, s->queue, strlen(s->queue));
-            kiq__buf_puts(&b, ",\"payload\":");
-            kiq__json_quote(&b, s->payload, s->len);
-            kiq__buf_printf(&b, ",\"run_at\":%ld}", s->run_at);
+            capstan_buf_t b = {0};
+            capstan__buf_puts(&b, "{\"queue\":");
+            capstan__json_quote(&b, s->queue, strlen(s->queue));
+            capstan__buf_puts(&b, ",\"payload\":");
+            capstan__json_quote(&b, s->payload, s->len);
+            capstan__buf_printf(&b, ",\"run_at\":%ld}", s->run_at);
             (*fields)[*n] = strdup(s->tid);
-            (*values)[*n] = kiq__buf_take(&b, NULL);
+            (*values)[*n] = capstan__buf_take(&b, NULL);
             (*n)++;
         }
         pthread_mutex_unlock(&s->mu);
@@ -125,37 +125,37 @@ static void free_entries(char **fields, char **values, int n)
 }
 
 /* Rewrites one work hash (<identity>:work or :workers for 6.4 readers). */
-static int append_work(kiq_redis_t *r, const char *key, char **fields, char **values, int n,
+static int append_work(capstan_redis_t *r, const char *key, char **fields, char **values, int n,
                        int *count)
 {
     const char *unlink[] = { "UNLINK", key };
-    int rc = kiq_redis_append(r, 2, unlink, NULL);
+    int rc = capstan_redis_append(r, 2, unlink, NULL);
     (*count)++;
     if (n == 0 || rc)
         return rc;
     const char **argv = calloc((size_t)(2 + 2 * n), sizeof(char *));
     if (!argv)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     argv[0] = "HSET";
     argv[1] = key;
     for (int i = 0; i < n; i++) {
         argv[2 + 2 * i] = fields[i] ? fields[i] : "?";
         argv[3 + 2 * i] = values[i] ? values[i] : "{}";
     }
-    rc = kiq_redis_append(r, 2 + 2 * n, argv, NULL);
+    rc = capstan_redis_append(r, 2 + 2 * n, argv, NULL);
     free(argv);
     if (rc)
         return rc;
     (*count)++;
     const char *exp[] = { "EXPIRE", key, "60" };
-    rc = kiq_redis_append(r, 3, exp, NULL);
+    rc = capstan_redis_append(r, 3, exp, NULL);
     (*count)++;
     return rc;
 }
 
-static void deliver(kiq_runtime_t *rt, const char *sig)
+static void deliver(capstan_runtime_t *rt, const char *sig)
 {
-    kiq_info("received %s from Redis", sig);
+    capstan_info("received %s from Redis", sig);
     if (strcmp(sig, "TSTP") == 0 || strcmp(sig, "USR1") == 0)
         kill(getpid(), SIGTSTP);
     else if (strcmp(sig, "TERM") == 0 || strcmp(sig, "INT") == 0)
@@ -163,51 +163,51 @@ static void deliver(kiq_runtime_t *rt, const char *sig)
     else if (strcmp(sig, "TTIN") == 0)
         kill(getpid(), SIGTTIN);
     else
-        kiq_warn("No signal handler registered for %s, ignoring", sig);
+        capstan_warn("No signal handler registered for %s, ignoring", sig);
     (void)rt;
 }
 
-int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
+int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final)
 {
     (void)final;
-    int rc = kiq_stats_flush(rt, r);
-    if (rc != KIQ_EREDIS)
-        rc = kiq__unique_metrics_flush(r);
-    if (rc == KIQ_EREDIS)
+    int rc = capstan__stats_flush(rt, r);
+    if (rc != CAPSTAN_EREDIS)
+        rc = capstan__unique_metrics_flush(r);
+    if (rc == CAPSTAN_EREDIS)
         return rc;
     char key_work[400], key_workers[400], key_sig[400];
-    kiq__key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
-    kiq__key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
-    kiq__key(key_sig, sizeof(key_sig), rt->identity, KIQ_KEY_SIGNALS);
+    capstan__key(key_work, sizeof(key_work), rt->identity, CAPSTAN_KEY_WORK);
+    capstan__key(key_workers, sizeof(key_workers), rt->identity, CAPSTAN_KEY_WORKERS);
+    capstan__key(key_sig, sizeof(key_sig), rt->identity, CAPSTAN_KEY_SIGNALS);
 
     char **fields = NULL, **values = NULL;
     int n = 0, count = 0;
     rc = work_entries(rt, &fields, &values, &n);
     if (!rc) {
         const char *multi[] = { "MULTI" };
-        rc = kiq_redis_append(r, 1, multi, NULL);
+        rc = capstan_redis_append(r, 1, multi, NULL);
         count++;
         if (!rc) rc = append_work(r, key_work, fields, values, n, &count);
         if (!rc) rc = append_work(r, key_workers, fields, values, n, &count);
         const char *exec[] = { "EXEC" };
-        if (!rc) { rc = kiq_redis_append(r, 1, exec, NULL); count++; }
+        if (!rc) { rc = capstan_redis_append(r, 1, exec, NULL); count++; }
     }
     free_entries(fields, values, n);
     int nbusy = n; /* busy as the work hash just written says, not later */
     if (!rc)
         rc = drain(r, count, NULL, 0);
-    if (rc == KIQ_EREDIS)
+    if (rc == CAPSTAN_EREDIS)
         return rc;
 
-    double t0 = kiq__mono();
-    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    double t0 = capstan__mono();
+    redisReply *pong = capstan_redis_cmdf(r, "PING");
     if (!pong)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     freeReplyObject(pong);
-    long rtt_us = (long)((kiq__mono() - t0) * 1e6);
+    long rtt_us = (long)((capstan__mono() - t0) * 1e6);
 
     char beat[32], conc[16], busy[16], rtt[32], rss[32];
-    snprintf(beat, sizeof(beat), "%.6f", kiq__now());
+    snprintf(beat, sizeof(beat), "%.6f", capstan__now());
     snprintf(conc, sizeof(conc), "%d", rt->cfg->concurrency);
     snprintf(busy, sizeof(busy), "%d", nbusy);
     snprintf(rtt, sizeof(rtt), "%ld", rtt_us);
@@ -215,18 +215,18 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
     const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
                            "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss };
-    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", KIQ_KEY_PROCESSES, rt->identity },
+    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", CAPSTAN_KEY_PROCESSES, rt->identity },
                               { "EXISTS", rt->identity, NULL } };
-    rc = kiq_redis_append(r, 1, cmds[0], NULL);
-    if (!rc) rc = kiq_redis_append(r, 3, cmds[1], NULL);
-    if (!rc) rc = kiq_redis_append(r, 2, cmds[2], NULL);
-    if (!rc) rc = kiq_redis_append(r, 16, hset, NULL);
+    rc = capstan_redis_append(r, 1, cmds[0], NULL);
+    if (!rc) rc = capstan_redis_append(r, 3, cmds[1], NULL);
+    if (!rc) rc = capstan_redis_append(r, 2, cmds[2], NULL);
+    if (!rc) rc = capstan_redis_append(r, 16, hset, NULL);
     const char *exp[] = { "EXPIRE", rt->identity, "60" };
     const char *rpop[] = { "RPOP", key_sig };
     const char *exec[] = { "EXEC" };
-    if (!rc) rc = kiq_redis_append(r, 3, exp, NULL);
-    if (!rc) rc = kiq_redis_append(r, 2, rpop, NULL);
-    if (!rc) rc = kiq_redis_append(r, 1, exec, NULL);
+    if (!rc) rc = capstan_redis_append(r, 3, exp, NULL);
+    if (!rc) rc = capstan_redis_append(r, 2, rpop, NULL);
+    if (!rc) rc = capstan_redis_append(r, 1, exec, NULL);
     redisReply *res = NULL;
     if (!rc)
         rc = drain(r, 7, &res, 6);
@@ -235,18 +235,18 @@ int kiq_heartbeat_beat(kiq_runtime_t *rt, kiq_redis_t *r, int final)
         && res->element[4]->type == REDIS_REPLY_STRING)
         deliver(rt, res->element[4]->str);
     freeReplyObject(res);
-    return rc == KIQ_EREDIS ? rc : 0;
+    return rc == CAPSTAN_EREDIS ? rc : 0;
 }
 
-int kiq_heartbeat_clear(kiq_runtime_t *rt, kiq_redis_t *r)
+int capstan__heartbeat_clear(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     char key_work[400], key_workers[400];
-    kiq__key(key_work, sizeof(key_work), rt->identity, KIQ_KEY_WORK);
-    kiq__key(key_workers, sizeof(key_workers), rt->identity, KIQ_KEY_WORKERS);
-    const char *srem[] = { "SREM", KIQ_KEY_PROCESSES, rt->identity };
+    capstan__key(key_work, sizeof(key_work), rt->identity, CAPSTAN_KEY_WORK);
+    capstan__key(key_workers, sizeof(key_workers), rt->identity, CAPSTAN_KEY_WORKERS);
+    const char *srem[] = { "SREM", CAPSTAN_KEY_PROCESSES, rt->identity };
     const char *unl[] = { "UNLINK", key_work, key_workers };
-    int rc = kiq_redis_append(r, 3, srem, NULL);
+    int rc = capstan_redis_append(r, 3, srem, NULL);
     if (!rc)
-        rc = kiq_redis_append(r, 3, unl, NULL);
+        rc = capstan_redis_append(r, 3, unl, NULL);
     return rc ? rc : drain(r, 2, NULL, 0);
 }

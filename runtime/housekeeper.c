@@ -9,28 +9,28 @@
 #include <stdio.h>
 
 #include "batch/batch_internal.h"
-#include "middleware/unique_admin_internal.h"
+#include "unique/admin_internal.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "support/log.h"
 #include "support/number.h"
 #include "support/time.h"
 
-/* Refreshes the liveness key (kiq__fetch_heartbeat). *until is when the key
+/* Refreshes the liveness key (capstan__fetch_heartbeat). *until is when the key
  * lapses by this process's clock, if no refresh gets through before. A
  * refresh that finds the key gone re-creates it at once and says so. While
  * the key is gone others may take this process's jobs, but only once a
  * pass has seen it missing for liveness_ttl / 2 with Redis taking writes
  * (lua/recover.lua); this process re-creates it sooner as long as it
  * reaches Redis, since it refreshes at least every liveness_ttl / 3. */
-static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, int *warned)
+static void refresh_liveness(capstan_runtime_t *rt, capstan_redis_t *r, double *until, int *warned)
 {
-    double ttl = rt->cfg->liveness_ttl, t0 = kiq__mono();
-    int rc = kiq__fetch_heartbeat(r, rt->identity, ttl);
+    double ttl = rt->cfg->liveness_ttl, t0 = capstan__mono();
+    int rc = capstan__fetch_heartbeat(r, rt->identity, ttl);
     if (rc >= 0) {
         if (rc == 1)
-            kiq_warn("liveness key " KIQ_KEY_HEARTBEAT "%s was gone (%s); re-created it",
-                     rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
+            capstan_warn("liveness key " CAPSTAN_KEY_HEARTBEAT "%s was gone (%s); re-created it",
+                         rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
                                                : "Redis lost it");
         *until = t0 + ttl;
         *warned = 0;
@@ -38,31 +38,31 @@ static void refresh_liveness(kiq_runtime_t *rt, kiq_redis_t *r, double *until, i
     }
     if (t0 > *until && !*warned) {
         *warned = 1;
-        kiq_error("liveness key not refreshed for %.1f s, longer than liveness_ttl (%s); it is "
-                  "re-created as soon as Redis takes it, before another process may take this "
-                  "process's jobs, unless this process cannot reach Redis while others can",
-                  t0 - *until + ttl, rc == KIQ_EREDIS ? kiq_redis_error(r) : "refused");
+        capstan_error("liveness key not refreshed for %.1f s, longer than liveness_ttl (%s); it is "
+                      "re-created as soon as Redis takes it, before another process may take this "
+                      "process's jobs, unless this process cannot reach Redis while others can",
+                      t0 - *until + ttl, rc == CAPSTAN_EREDIS ? capstan_redis_error(r) : "refused");
     }
 }
 
-static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
+static void recovery_pass(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
-    redisReply *lease = kiq_redis_cmdf(r, "SET %s %s NX EX %s", KIQ_KEY_RECOVERY_LEASE, rt->identity, ttl);
+    redisReply *lease = capstan_redis_cmdf(r, "SET %s %s NX EX %s", CAPSTAN_KEY_RECOVERY_LEASE, rt->identity, ttl);
     int mine = lease && lease->type == REDIS_REPLY_STATUS;
     freeReplyObject(lease);
     if (!mine)
         return; /* another process of the fleet does this pass */
-    kiq_recover_orphans(rt, r);
+    capstan__recover_orphans(rt, r);
     /* A batch that expired before it succeeded leaves the open-batches
-     * index (and kiq_batches_open) here, a page a pass. */
-    char err[KIQ_ERRLEN];
+     * index (and capstan_batches_open) here, a page a pass. */
+    char err[CAPSTAN_ERRLEN];
     long gone = 0;
-    if (kiq__batches_prune(r, rt->batch_cursor, &gone, err))
-        kiq_warn("open-batches index: %s", err);
+    if (capstan__batches_prune(r, rt->batch_cursor, &gone, err))
+        capstan_warn("open-batches index: %s", err);
     else if (gone)
-        kiq_info("%ld expired batches left the open-batches index", gone);
+        capstan_info("%ld expired batches left the open-batches index", gone);
 }
 
 /* Jobs the last pass left in dead processes' lists because their queue
@@ -70,54 +70,54 @@ static void recovery_pass(kiq_runtime_t *rt, kiq_redis_t *r)
  * pass. Passes run one at a time (at start, then in the housekeeper). */
 static long last_left;
 
-void kiq_recover_orphans(kiq_runtime_t *rt, kiq_redis_t *r)
+void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
 {
-    kiq_recovery_t rec = {0};
-    char err[KIQ_ERRLEN];
-    if (kiq__fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
-                          rt->cfg->timestamps, &rec, err)) {
-        kiq_warn("orphan recovery: %s", err);
+    capstan_recovery_t rec = {0};
+    char err[CAPSTAN_ERRLEN];
+    if (capstan__fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
+                               rt->cfg->timestamps, &rec, err)) {
+        capstan_warn("orphan recovery: %s", err);
         return;
     }
     if (rec.recovered || rec.killed)
-        kiq_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
-                 rec.recovered, rec.lists, rec.killed);
+        capstan_warn("recovered %ld orphaned jobs from %ld dead processes; %ld poison pills sent to the dead set",
+                     rec.recovered, rec.lists, rec.killed);
     if (rec.suspects)
-        kiq_info("%ld working lists have no liveness key; recovered after %.1f s if still so",
-                 rec.suspects, rt->cfg->liveness_ttl / 2);
+        capstan_info("%ld working lists have no liveness key; recovered after %.1f s if still so",
+                     rec.suspects, rt->cfg->liveness_ttl / 2);
     if (rec.left != last_left && rec.left)
-        kiq_error("%ld orphaned jobs stay in dead processes' working lists: their queue key "
-                  "holds another type than a list (or \"dead\" is not a sorted set); they move "
-                  "once it is fixed", rec.left);
+        capstan_error("%ld orphaned jobs stay in dead processes' working lists: their queue key "
+                      "holds another type than a list (or \"dead\" is not a sorted set); they move "
+                      "once it is fixed", rec.left);
     last_left = rec.left;
-    kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_ORPHANS_RECOVERED, rec.recovered);
-    kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_POISON_PILLS, rec.killed);
+    capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_ORPHANS_RECOVERED, rec.recovered);
+    capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_POISON_PILLS, rec.killed);
 }
 
 /* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
  * the interval plus 2 % and renewed each run), so that one process of a
- * mixed Ruby/kiq fleet reaps at a time. */
-static void reaper_pass(kiq_runtime_t *rt, kiq_redis_t *r)
+ * mixed Ruby/capstan fleet reaps at a time. */
+static void reaper_pass(capstan_runtime_t *rt, capstan_redis_t *r)
 {
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    char err[CAPSTAN_ERRLEN];
     o.count = rt->cfg->reaper_count;
     o.timeout = rt->cfg->reaper_timeout;
     o.owner = rt->identity;
-    o.role_ttl = rt->cfg->reaper_interval + kiq__ceil(rt->cfg->reaper_interval * 0.02);
-    if (kiq_unique_reap(r, &o, &res, err))
-        kiq_warn("uniqueness reaper: %s", err);
+    o.role_ttl = rt->cfg->reaper_interval + capstan__ceil(rt->cfg->reaper_interval * 0.02);
+    if (capstan_unique_reap(r, &o, &res, err))
+        capstan_warn("uniqueness reaper: %s", err);
     else if (res.removed)
-        kiq_info("uniqueness reaper removed %ld orphaned locks (%ld examined)", res.removed,
-                 res.examined);
-    kiq_reap_result_clear(&res);
+        capstan_info("uniqueness reaper removed %ld orphaned locks (%ld examined)", res.removed,
+                     res.examined);
+    capstan_reap_result_clear(&res);
 }
 
-/* kiq_fetch_held_fn over what the feed counts. */
+/* capstan_fetch_held_fn over what the feed counts. */
 static int feed_holds(const char *payload, size_t len, double since, void *ud)
 {
-    return kiq_feed_holds(ud, payload, len, since);
+    return capstan__feed_holds(ud, payload, len, since);
 }
 
 /* Acks that found their job gone: this process was cut off or frozen long
@@ -126,81 +126,81 @@ static int feed_holds(const char *payload, size_t len, double since, void *ud)
 static void late_acks(void)
 {
     static long said;
-    long n = kiq__metrics_get(kiq__metrics_default(), KIQ_METRIC_LATE_ACKS);
+    long n = capstan__metrics_get(capstan__metrics_default(), CAPSTAN_METRIC_LATE_ACKS);
     if (n > said)
-        kiq_warn("%ld finished jobs were no longer in this process's working list when acked: "
-                 "another process recovered them while this one was cut off from Redis or "
-                 "frozen (or a hard stop gave them back); they may run again there", n - said);
+        capstan_warn("%ld finished jobs were no longer in this process's working list when acked: "
+                     "another process recovered them while this one was cut off from Redis or "
+                     "frozen (or a hard stop gave them back); they may run again there", n - said);
     said = n;
 }
 
 /* Recovery never touches a live process's list, so a job stranded in our
  * own (its fetch reply lost with the connection) is ours to give back. */
-static void reclaim_pass(kiq_runtime_t *rt, kiq_redis_t *r, kiq_strays_t *st)
+static void reclaim_pass(capstan_runtime_t *rt, capstan_redis_t *r, capstan_strays_t *st)
 {
     long n = 0;
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
     if (rt->feed)
-        kiq_feed_read_deferred(rt);
-    if (kiq__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt, &n, err))
-        kiq_warn("working list check: %s", err);
+        capstan__feed_read_deferred(rt);
+    if (capstan__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt, &n, err))
+        capstan_warn("working list check: %s", err);
     else if (n)
-        kiq_warn("gave back %ld jobs that sat in this process's working list with no processor "
-                 "running them", n);
+        capstan_warn("gave back %ld jobs that sat in this process's working list with no processor "
+                     "running them", n);
 }
 
-void *kiq_housekeeper_main(void *arg)
+void *capstan__housekeeper_main(void *arg)
 {
-    kiq_runtime_t *rt = arg;
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 10, err);
+    capstan_runtime_t *rt = arg;
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(rt->cfg->redis_url, 10, err);
     if (!r) {
-        kiq_error("housekeeper: %s", err);
+        capstan_error("housekeeper: %s", err);
         return NULL;
     }
-    double next_recovery = kiq__mono() + rt->cfg->recovery_interval;
+    double next_recovery = capstan__mono() + rt->cfg->recovery_interval;
     /* As v9, the first run is one interval after start. */
-    double next_reap = kiq__mono() + rt->cfg->reaper_interval;
-    kiq_strays_t *strays = rt->cfg->fetch == KIQ_FETCH_RELIABLE ? kiq__strays_new() : NULL;
+    double next_reap = capstan__mono() + rt->cfg->reaper_interval;
+    capstan_strays_t *strays = rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE ? capstan__strays_new() : NULL;
     int was_connected = 0, warned = 0;
     /* The key was set at start, just before this thread. */
-    double lease_until = kiq__mono() + rt->cfg->liveness_ttl;
+    double lease_until = capstan__mono() + rt->cfg->liveness_ttl;
     while (!atomic_load(&rt->housekeeper_stop)) {
-        kiq_rt_wait(rt, rt->cfg->heartbeat_interval);
+        capstan__rt_wait(rt, rt->cfg->heartbeat_interval);
         if (atomic_load(&rt->housekeeper_stop))
             break;
-        if (!kiq_redis_ok(r)) {
+        if (!capstan_redis_ok(r)) {
             /* Tried every beat, not backing off further: the liveness key
              * must be back well within the recovery grace. */
-            if (kiq_rt_connect_every(rt, r, &rt->housekeeper_stop, rt->cfg->heartbeat_interval))
+            if (capstan__rt_connect_every(rt, r, &rt->housekeeper_stop, rt->cfg->heartbeat_interval))
                 break;
             /* Cut off from Redis, so maybe the whole fleet was: the others'
              * liveness keys may have lapsed while they lived on. Give them
              * a full TTL to refresh before judging any of them dead. */
-            double after = kiq__mono() + rt->cfg->liveness_ttl;
+            double after = capstan__mono() + rt->cfg->liveness_ttl;
             if (was_connected && next_recovery < after)
                 next_recovery = after;
             was_connected = 1;
         }
         refresh_liveness(rt, r, &lease_until, &warned);
-        if (kiq_heartbeat_beat(rt, r, 0) == KIQ_EREDIS)
+        if (capstan__heartbeat_beat(rt, r, 0) == CAPSTAN_EREDIS)
             continue;
         if (strays)
             reclaim_pass(rt, r, strays);
         late_acks();
-        if (kiq__mono() >= next_recovery) {
-            next_recovery = kiq__mono() + rt->cfg->recovery_interval;
+        if (capstan__mono() >= next_recovery) {
+            next_recovery = capstan__mono() + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
         }
-        if (rt->cfg->reaper_interval > 0 && kiq__mono() >= next_reap) {
-            next_reap = kiq__mono() + rt->cfg->reaper_interval;
+        if (rt->cfg->reaper_interval > 0 && capstan__mono() >= next_reap) {
+            next_reap = capstan__mono() + rt->cfg->reaper_interval;
             reaper_pass(rt, r);
         }
     }
-    if (rt->cfg->reaper_interval > 0 && kiq_redis_ok(r))
-        kiq__unique_reaper_release(r, rt->identity); /* let another take over now */
-    kiq__strays_free(strays);
-    kiq_redis_free(r);
+    if (rt->cfg->reaper_interval > 0 && capstan_redis_ok(r))
+        capstan__unique_reaper_release(r, rt->identity); /* let another take over now */
+    capstan__strays_free(strays);
+    capstan_redis_free(r);
     return NULL;
 }

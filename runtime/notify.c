@@ -1,5 +1,5 @@
 /* systemd's notify protocol (Type=notify), spoken directly rather than
- * through libsystemd so kiq has no such dependency: one datagram per state
+ * through libsystemd so capstan has no such dependency: one datagram per state
  * change to the unix socket named by $NOTIFY_SOCKET. Without that variable
  * every call is a no-op, so the same binary runs under any supervisor. */
 #include "runtime/rt.h"
@@ -14,18 +14,18 @@
 
 #include "support/time.h"
 
-int kiq_notify(const char *state)
+int capstan__notify(const char *state)
 {
     const char *path = getenv("NOTIFY_SOCKET");
     if (!path || !*path)
         return 0;
     /* Only the two unix forms; systemd's vsock addresses are for VMs. */
     if (path[0] != '/' && path[0] != '@')
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     size_t len = strlen(path);
     if (len >= sizeof(sa.sun_path))
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     memcpy(sa.sun_path, path, len);
     socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
     if (path[0] == '@')
@@ -34,10 +34,10 @@ int kiq_notify(const char *state)
         salen++;
     int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return KIQ_ESYS;
+        return CAPSTAN_ESYS;
     int rc = 0;
     if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, salen) < 0)
-        rc = KIQ_ESYS;
+        rc = CAPSTAN_ESYS;
     int saved = errno;
     close(fd);
     errno = saved;
@@ -65,7 +65,7 @@ static double watchdog_every(void)
 /* Only the main thread pings (see rt.h), so plain statics suffice. */
 static double wd_every = -1, wd_next;
 
-void kiq_notify_watchdog(void)
+void capstan__notify_watchdog(void)
 {
     if (wd_every < 0) {
         wd_every = watchdog_every();
@@ -73,14 +73,14 @@ void kiq_notify_watchdog(void)
     }
     if (wd_every == 0)
         return;
-    double now = kiq__mono();
+    double now = capstan__mono();
     if (now < wd_next)
         return;
     wd_next = now + wd_every;
-    kiq_notify("WATCHDOG=1");
+    capstan__notify("WATCHDOG=1");
 }
 
-double kiq_notify_watchdog_every(void)
+double capstan__notify_watchdog_every(void)
 {
     if (wd_every < 0)
         wd_every = watchdog_every();

@@ -8,9 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kiq/client.h"
+#include "capstan/client.h"
 
-const kiq_handler_entry_t *kiq_registry_find(const kiq_runtime_t *rt, const char *cls)
+const capstan_handler_entry_t *capstan__registry_find(const capstan_runtime_t *rt, const char *cls)
 {
     for (size_t i = 0; i < rt->nhandlers; i++)
         if (strcmp(rt->handlers[i].cls, cls) == 0)
@@ -18,87 +18,87 @@ const kiq_handler_entry_t *kiq_registry_find(const kiq_runtime_t *rt, const char
     return NULL;
 }
 
-int kiq_register(kiq_runtime_t *rt, const char *cls, kiq_handler_fn fn, void *udata,
-                 const kiq_class_opts_t *opts)
+int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn fn, void *udata,
+                     const capstan_class_opts_t *opts)
 {
     if (!rt || !cls || !*cls || !fn)
-        return KIQ_EINVAL;
-    if (opts && opts->limit && kiq_limit_opts_check(opts->limit, cls, NULL))
-        return KIQ_EINVAL;
-    kiq_handler_entry_t *e = (kiq_handler_entry_t *)kiq_registry_find(rt, cls);
+        return CAPSTAN_EINVAL;
+    if (opts && opts->limit && capstan_limit_opts_check(opts->limit, cls, NULL))
+        return CAPSTAN_EINVAL;
+    capstan_handler_entry_t *e = (capstan_handler_entry_t *)capstan__registry_find(rt, cls);
     if (!e) {
-        kiq_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
+        capstan_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
         if (!p)
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         rt->handlers = p;
         e = &rt->handlers[rt->nhandlers];
         memset(e, 0, sizeof(*e));
         if (!(e->cls = strdup(cls)))
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         rt->nhandlers++;
     }
     e->fn = fn;
     e->udata = udata;
     free(e->queue);
     e->queue = opts && opts->queue ? strdup(opts->queue) : NULL;
-    e->retry = opts ? opts->retry : KIQ_RETRY_UNSET;
+    e->retry = opts ? opts->retry : CAPSTAN_RETRY_UNSET;
     e->unique = opts ? opts->unique : NULL;
     e->limit = opts && opts->limit && opts->limit->type ? opts->limit : NULL;
     return 0;
 }
 
-int kiq_client_use_runtime(kiq_client_t *c, const kiq_runtime_t *rt)
+int capstan_client_use_runtime(capstan_client_t *c, const capstan_runtime_t *rt)
 {
     if (!c || !rt)
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     for (size_t i = 0; i < rt->nhandlers; i++) {
-        const kiq_handler_entry_t *h = &rt->handlers[i];
-        kiq_class_opts_t o = { .queue = h->queue, .retry = h->retry, .unique = h->unique };
-        int rc = kiq_client_set_class(c, h->cls, &o);
+        const capstan_handler_entry_t *h = &rt->handlers[i];
+        capstan_class_opts_t o = { .queue = h->queue, .retry = h->retry, .unique = h->unique };
+        int rc = capstan_client_set_class(c, h->cls, &o);
         if (rc)
             return rc;
     }
-    kiq_client_use_config(c, rt->cfg);
+    capstan_client_use_config(c, rt->cfg);
     return 0;
 }
 
-int kiq_runtime_load_plugin(kiq_runtime_t *rt, const char *path, char *err)
+int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *path, char *err)
 {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h)
-        return kiq_seterr(err, KIQ_ENOTFOUND, "cannot load plugin %s: %s", path, dlerror());
-    kiq_plugin_init_fn init = (kiq_plugin_init_fn)(uintptr_t)dlsym(h, KIQ_PLUGIN_INIT);
+        return capstan_seterr(err, CAPSTAN_ENOTFOUND, "cannot load plugin %s: %s", path, dlerror());
+    capstan_plugin_init_fn init = (capstan_plugin_init_fn)(uintptr_t)dlsym(h, CAPSTAN_PLUGIN_INIT);
     if (!init)
-        return kiq_seterr(err, KIQ_EINVAL, "plugin %s does not export %s", path, KIQ_PLUGIN_INIT);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s does not export %s", path, CAPSTAN_PLUGIN_INIT);
     int rc = init(rt);
     if (rc)
-        return kiq_seterr(err, KIQ_EINVAL, "plugin %s: %s returned %d", path, KIQ_PLUGIN_INIT, rc);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s: %s returned %d", path, CAPSTAN_PLUGIN_INIT, rc);
     return 0;
 }
 
-static int add_hook(kiq_runtime_t *rt, int death, kiq_hook_fn fn, void *udata)
+static int add_hook(capstan_runtime_t *rt, int death, capstan_hook_fn fn, void *udata)
 {
     if (!rt || !fn)
-        return KIQ_EINVAL;
-    kiq_hook_t *p = realloc(rt->hooks, (rt->nhooks + 1) * sizeof(*p));
+        return CAPSTAN_EINVAL;
+    capstan_hook_t *p = realloc(rt->hooks, (rt->nhooks + 1) * sizeof(*p));
     if (!p)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     rt->hooks = p;
-    rt->hooks[rt->nhooks++] = (kiq_hook_t){ .death = death, .fn = fn, .udata = udata };
+    rt->hooks[rt->nhooks++] = (capstan_hook_t){ .death = death, .fn = fn, .udata = udata };
     return 0;
 }
 
-int kiq_on_error(kiq_runtime_t *rt, kiq_hook_fn fn, void *udata)
+int capstan_on_error(capstan_runtime_t *rt, capstan_hook_fn fn, void *udata)
 {
     return add_hook(rt, 0, fn, udata);
 }
 
-int kiq_on_death(kiq_runtime_t *rt, kiq_hook_fn fn, void *udata)
+int capstan_on_death(capstan_runtime_t *rt, capstan_hook_fn fn, void *udata)
 {
     return add_hook(rt, 1, fn, udata);
 }
 
-static void run_hooks(const kiq_runtime_t *rt, int death, kiq_job_t *job, const char *cls,
+static void run_hooks(const capstan_runtime_t *rt, int death, capstan_job_t *job, const char *cls,
                       const char *msg)
 {
     for (size_t i = 0; i < rt->nhooks; i++)
@@ -106,12 +106,12 @@ static void run_hooks(const kiq_runtime_t *rt, int death, kiq_job_t *job, const 
             rt->hooks[i].fn(job, cls ? cls : "RuntimeError", msg ? msg : "", rt->hooks[i].udata);
 }
 
-void kiq_hooks_error(const kiq_runtime_t *rt, kiq_job_t *job, const char *cls, const char *msg)
+void capstan__hooks_error(const capstan_runtime_t *rt, capstan_job_t *job, const char *cls, const char *msg)
 {
     run_hooks(rt, 0, job, cls, msg);
 }
 
-void kiq_hooks_death(const kiq_runtime_t *rt, kiq_job_t *job, const char *cls, const char *msg)
+void capstan__hooks_death(const capstan_runtime_t *rt, capstan_job_t *job, const char *cls, const char *msg)
 {
     /* The job's connection is the thread's that ran it; the ack may have
      * been written by another thread, which could be using it now. */
@@ -121,7 +121,7 @@ void kiq_hooks_death(const kiq_runtime_t *rt, kiq_job_t *job, const char *cls, c
     job->redis = c;
 }
 
-void kiq_registry_free(kiq_runtime_t *rt)
+void capstan__registry_free(capstan_runtime_t *rt)
 {
     for (size_t i = 0; i < rt->nhandlers; i++) {
         free(rt->handlers[i].cls);

@@ -1,32 +1,32 @@
 /* The runtime's own state, shared by the files of runtime/: its threads
  * (processor, housekeeper, scheduler), the feed and the server chain. */
-#ifndef KIQ_RUNTIME_RT_H
-#define KIQ_RUNTIME_RT_H
+#ifndef CAPSTAN_RUNTIME_RT_H
+#define CAPSTAN_RUNTIME_RT_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "runtime/internal.h"
+#include "job/job.h"
 #include "fetch/fetch.h"
-#include "kiq/redis.h"
-#include "kiq/runtime.h"
+#include "capstan/redis.h"
+#include "capstan/runtime.h"
 
-typedef struct kiq_handler_entry {
+typedef struct capstan_handler_entry {
     char *cls;
-    kiq_handler_fn fn;
+    capstan_handler_fn fn;
     void *udata;
     char *queue;
     int retry;
-    const struct kiq_unique_opts *unique; /* registered uniqueness, or NULL */
-    const struct kiq_limit_opts *limit;   /* registered rate limit, or NULL */
-} kiq_handler_entry_t;
+    const struct capstan_unique_opts *unique; /* registered uniqueness, or NULL */
+    const struct capstan_limit_opts *limit; /* registered rate limit, or NULL */
+} capstan_handler_entry_t;
 
-/* One kiq_on_error or kiq_on_death registration. */
-typedef struct kiq_hook {
+/* One capstan_on_error or capstan_on_death registration. */
+typedef struct capstan_hook {
     int death;         /* 0 = error hook */
-    kiq_hook_fn fn;
+    capstan_hook_fn fn;
     void *udata;
-} kiq_hook_t;
+} capstan_hook_t;
 
 /* What one processor thread is doing, read by the heartbeat (work hash),
  * TTIN and shutdown. Guarded by mu, except that the fatal-signal handler
@@ -34,11 +34,11 @@ typedef struct kiq_hook {
  * copies, so a torn read garbles a name but never reads past them. */
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
-#define KIQ_RUN_MAX 16
+#define CAPSTAN_RUN_MAX 16
 
-typedef struct kiq_slot {
+typedef struct capstan_slot {
     pthread_mutex_t mu;
-    struct kiq_runtime *rt;
+    struct capstan_runtime *rt;
     int index;
     pthread_t thread;
     int started, exited;   /* exited is written under mu */
@@ -51,7 +51,7 @@ typedef struct kiq_slot {
     long run_at;
     char cls[128];
     char jid[64];          /* cut to fit, like cls */
-    kiq_fetch_t *fetch;
+    capstan_fetch_t *fetch;
     /* Jobs the processor took from the feed to run after its current one,
      * in order (a run of short jobs whose runtime locks went in one round
      * trip: see processor.c): views of payloads it owns, for the
@@ -59,35 +59,35 @@ typedef struct kiq_slot {
      * copies them into the feed, takes their locks over and empties the
      * list (the processor then starts none of them). Under mu (and the
      * feed's lock too where the feed changes with it). */
-    struct kiq_ahead {
+    struct capstan_ahead {
         const char *payload, *queue;
         size_t len;
         unsigned long long seq;
-        struct kiq_prelock *pre; /* its runtime lock once asked for (the
+        struct capstan_prelock *pre; /* its runtime lock once asked for (the
                                     processor's), or NULL until then */
-    } ahead[KIQ_RUN_MAX - 1];
+    } ahead[CAPSTAN_RUN_MAX - 1];
     size_t nahead;
     int in_run;            /* the processor runs a run (see feed.c) */
     double run_time;       /* handler time, seconds (moving average), by
                               the processor's thread only */
-    struct kiq_run *run;   /* a run's state (processor.c), made when first
+    struct capstan_run *run; /* a run's state (processor.c), made when first
                               needed; owned by the processor thread */
     /* The processor's second connection, for round trips read after its
      * job (runtime/feed.c), made when first needed; and the one on its
      * way, under the feed's lock. Owned by the processor thread. */
-    struct kiq_redis *aux;
+    struct capstan_redis *aux;
     struct pending *pend;
-    /* kiq__mono() when the fetch this processor waits for was sent, 0 when
+    /* capstan__mono() when the fetch this processor waits for was sent, 0 when
      * none is on its way: its jobs are in the working list before the
-     * feed counts them (see kiq_feed_holds). Under the feed's lock. */
+     * feed counts them (see capstan__feed_holds). Under the feed's lock. */
     double fetch_sent;
-} kiq_slot_t;
+} capstan_slot_t;
 
-struct kiq_runtime {
-    kiq_config_t *cfg;
-    kiq_handler_entry_t *handlers;
+struct capstan_runtime {
+    capstan_config_t *cfg;
+    capstan_handler_entry_t *handlers;
     size_t nhandlers;
-    kiq_hook_t *hooks;     /* registered before run, read-only after */
+    capstan_hook_t *hooks; /* registered before run, read-only after */
     size_t nhooks;
     char identity[320];
     char batch_cursor[32]; /* the housekeeper's walk over batches:open */
@@ -97,12 +97,12 @@ struct kiq_runtime {
 
     atomic_int quiet;      /* stop fetching */
     atomic_int stopping;   /* shutting down (handlers may look) */
-    atomic_int stop_req;   /* kiq_runtime_stop or a remote TERM */
+    atomic_int stop_req;   /* capstan_runtime_stop or a remote TERM */
     atomic_int quiet_req;
     atomic_long processed, failed;  /* since the last flush */
     atomic_int busy;
 
-    kiq_slot_t *slots;
+    capstan_slot_t *slots;
     int nslots;
     pthread_t housekeeper, scheduler;
     int housekeeper_started, scheduler_started;
@@ -112,11 +112,11 @@ struct kiq_runtime {
     int abandoned;
     atomic_int redis_down;         /* a thread cannot reach Redis: one outage
                                       is logged once, not once per thread */
-    _Atomic double redis_down_at;  /* kiq__mono() when it was noticed */
+    _Atomic double redis_down_at;  /* capstan__mono() when it was noticed */
     atomic_int fetch_failing;      /* fetches get error replies (logged once) */
-    struct kiq_chain *server_chain; /* middleware around every job; built
+    struct capstan_chain *server_chain; /* middleware around every job; built
                                        before the processors start */
-    struct kiq_feed *feed;         /* reliable fetch: the processors' shared
+    struct capstan_feed *feed;     /* reliable fetch: the processors' shared
                                       batch of fetched and finished jobs */
     char **unknown;                /* classes without a handler whose policy
                                       was logged (server_chain.c's lock) */
@@ -124,106 +124,106 @@ struct kiq_runtime {
 };
 
 /* registry.c */
-const kiq_handler_entry_t *kiq_registry_find(const struct kiq_runtime *rt, const char *cls);
-void kiq_registry_free(struct kiq_runtime *rt);
-/* Run the error hooks (kiq_on_error) for job, failed with cls and msg:
+const capstan_handler_entry_t *capstan__registry_find(const struct capstan_runtime *rt, const char *cls);
+void capstan__registry_free(struct capstan_runtime *rt);
+/* Run the error hooks (capstan_on_error) for job, failed with cls and msg:
  * called by the retry middleware when the rest of the chain returns. */
-void kiq_hooks_error(const struct kiq_runtime *rt, kiq_job_t *job, const char *cls,
-                     const char *msg);
-/* Run the death hooks (kiq_on_death) for job: called once the ack that
+void capstan__hooks_error(const struct capstan_runtime *rt, capstan_job_t *job, const char *cls,
+                          const char *msg);
+/* Run the death hooks (capstan_on_death) for job: called once the ack that
  * wrote it to the dead set succeeded. */
-void kiq_hooks_death(const struct kiq_runtime *rt, kiq_job_t *job, const char *cls,
-                     const char *msg);
+void capstan__hooks_death(const struct capstan_runtime *rt, capstan_job_t *job, const char *cls,
+                          const char *msg);
 
 /* processor.c: the thread loop, fetch -> run the server chain -> ack. */
-void *kiq_processor_main(void *slot);
+void *capstan__processor_main(void *slot);
 /* Puts back every job still running (marking its slot abandoned), using r.
  * Returns the number requeued. */
-int kiq_processor_requeue_busy(struct kiq_runtime *rt, kiq_redis_t *r);
+int capstan__processor_requeue_busy(struct capstan_runtime *rt, capstan_redis_t *r);
 /* Reconnects r when it broke, so that a handler always gets a connected
  * context. Returns 0 when slot s's job may start, nonzero when it must not
  * (the process exits, or shutdown gave the job back). */
-int kiq_processor_connected(kiq_slot_t *s, kiq_redis_t *r);
+int capstan__processor_connected(capstan_slot_t *s, capstan_redis_t *r);
 
 /* feed.c: the reliable fetch's batch shared by nslots processors, holding
  * at most prefetch jobs fetched and not started (0: the default, see
- * kiq_feed_default_prefetch). The operations are in feed.h. */
-typedef struct kiq_feed kiq_feed_t;
-kiq_feed_t *kiq_feed_new(int nslots, int prefetch);
+ * capstan__feed_default_prefetch). The operations are in feed.h. */
+typedef struct capstan_feed capstan_feed_t;
+capstan_feed_t *capstan__feed_new(int nslots, int prefetch);
 /* The prefetch bound when none is set: ten jobs a processor, 500 at least. */
-int kiq_feed_default_prefetch(int nslots);
-void kiq_feed_free(kiq_feed_t *feed);
+int capstan__feed_default_prefetch(int nslots);
+void capstan__feed_free(capstan_feed_t *feed);
 
 /* server_chain.c: runs job through rt->server_chain to its handler on
  * processor s's connection r. mw is filled here and holds the outcome
  * afterwards (disposition, payload to store). held_digest is the lock the
  * fetch saw held by the job's jid, or NULL; prelock the runtime lock asked
  * for before its turn, or NULL. */
-struct kiq_mw;
-struct kiq_prelock;
-void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
-                    const char *held_digest, struct kiq_prelock *prelock);
+struct capstan_mw;
+struct capstan_prelock;
+void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, struct capstan_mw *mw,
+                         const char *held_digest, struct capstan_prelock *prelock);
 /* Asks for the runtime locks of the fetched jobs got[0..n), about to run
- * in turn on processor s, in one round trip (kiq_unique_prelock); pre[i]
+ * in turn on processor s, in one round trip (capstan__unique_prelock); pre[i]
  * is what job i's server chain uses (with prelock). Returns how many of
  * the jobs, from the first, should run so (at least 1): the others go back
  * to the feed. jobs[i], for those, is job i parsed (its payload still
  * got[i]'s), or zeroed when it did not parse. */
-size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, size_t n,
-                          struct kiq_prelock *pre, kiq_job_t *jobs);
+size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
+                               struct capstan_prelock *pre, capstan_job_t *jobs);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */
-void *kiq_housekeeper_main(void *rt);
-/* One orphan-recovery pass (see kiq__fetch_recover), logged and counted in
+void *capstan__housekeeper_main(void *rt);
+/* One orphan-recovery pass (see capstan__fetch_recover), logged and counted in
  * the metrics. The periodic passes take a fleet-wide lease first; the one
  * at start does not need it (each job moves under a guarded script). */
-void kiq_recover_orphans(struct kiq_runtime *rt, kiq_redis_t *r);
+void capstan__recover_orphans(struct capstan_runtime *rt, capstan_redis_t *r);
 
 /* heartbeat.c: the beat (process record, work hashes, signals, stats).
  * Writes one beat now (used at start so the process shows at once). */
-int kiq_heartbeat_beat(struct kiq_runtime *rt, kiq_redis_t *r, int final);
+int capstan__heartbeat_beat(struct capstan_runtime *rt, capstan_redis_t *r, int final);
 /* Flushes the in-memory counters. */
-int kiq_stats_flush(struct kiq_runtime *rt, kiq_redis_t *r);
+int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);
 /* Removes the process from "processes" and its work hashes (at stop). */
-int kiq_heartbeat_clear(struct kiq_runtime *rt, kiq_redis_t *r);
+int capstan__heartbeat_clear(struct capstan_runtime *rt, capstan_redis_t *r);
 
 /* scheduler.c */
-void *kiq_scheduler_main(void *rt);
+void *capstan__scheduler_main(void *rt);
 /* Due jobs left in retry/schedule because their queue key holds another
  * type than a list: how many, and the first such key (cut to 200 bytes). */
-typedef struct kiq_sched_blocked {
+typedef struct capstan_sched_blocked {
     long n;
     char key[208];
-} kiq_sched_blocked_t;
+} capstan_sched_blocked_t;
 /* Moves every due job of "retry" then "schedule" to its queue; returns the
- * number moved or KIQ_EREDIS, with *blocked filled. */
-long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now,
-                               kiq_sched_blocked_t *blocked);
+ * number moved or CAPSTAN_EREDIS, with *blocked filled. */
+long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, double now,
+                                    capstan_sched_blocked_t *blocked);
 
 /* notify.c: systemd's Type=notify protocol over $NOTIFY_SOCKET (a no-op
- * when it is unset). kiq_notify sends one state ("READY=1", "STOPPING=1")
- * and returns 0, KIQ_EINVAL for an address it cannot use, or KIQ_ESYS.
- * kiq_notify_watchdog sends "WATCHDOG=1" when half of WATCHDOG_USEC has
+ * when it is unset). capstan__notify sends one state ("READY=1", "STOPPING=1")
+ * and returns 0, CAPSTAN_EINVAL for an address it cannot use, or CAPSTAN_ESYS.
+ * capstan__notify_watchdog sends "WATCHDOG=1" when half of WATCHDOG_USEC has
  * passed since the last one; only the main thread calls it, from its signal
  * loop, so a Redis outage (which the other threads wait out) never gets the
  * process restarted, while a wedged main thread does.
- * kiq_notify_watchdog_every is that half interval in seconds, 0 when off. */
-int kiq_notify(const char *state);
-void kiq_notify_watchdog(void);
-double kiq_notify_watchdog_every(void);
+ * capstan__notify_watchdog_every is that half interval in seconds, 0 when off. */
+int capstan__notify(const char *state);
+void capstan__notify_watchdog(void);
+double capstan__notify_watchdog_every(void);
 
 /* Sleeps up to s seconds on rt->wake; returns early when woken. */
-void kiq_rt_wait(struct kiq_runtime *rt, double s);
-/* Wakes every thread sleeping in kiq_rt_wait. */
-void kiq_rt_wake(struct kiq_runtime *rt);
+void capstan__rt_wait(struct capstan_runtime *rt, double s);
+/* Wakes every thread sleeping in capstan__rt_wait. */
+void capstan__rt_wake(struct capstan_runtime *rt);
 
 /* Connects r, retrying with exponential backoff capped at 5 s until it
  * works or give_up() says so. An outage is logged once for the whole
  * process (by the first thread to notice it), and so is the recovery. */
-int kiq_rt_connect(struct kiq_runtime *rt, kiq_redis_t *r, atomic_int *give_up);
+int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up);
 /* Same with the backoff capped at max_delay seconds. */
-int kiq_rt_connect_every(struct kiq_runtime *rt, kiq_redis_t *r, atomic_int *give_up,
-                         double max_delay);
+int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
+                              double max_delay);
 
 #endif

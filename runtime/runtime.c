@@ -16,33 +16,33 @@
 #include "support/log.h"
 #include "observe/prometheus.h"
 #include "support/time.h"
-#include "kiq/kiq.h"
-#include "kiq/unique_admin.h"
-#include "kiq/middleware.h"
-#include "middleware/unique_admin_internal.h"
+#include "capstan/capstan.h"
+#include "capstan/unique_admin.h"
+#include "capstan/middleware.h"
+#include "unique/admin_internal.h"
 
 #define PAUSE 0.1
 
-kiq_runtime_t *kiq_runtime_new(kiq_config_t *cfg, char *err)
+capstan_runtime_t *capstan_runtime_new(capstan_config_t *cfg, char *err)
 {
     if (!cfg) {
-        kiq_seterr(err, KIQ_EINVAL, "no configuration");
+        capstan_seterr(err, CAPSTAN_EINVAL, "no configuration");
         return NULL;
     }
-    kiq_runtime_t *rt = calloc(1, sizeof(*rt));
+    capstan_runtime_t *rt = calloc(1, sizeof(*rt));
     if (!rt) {
-        kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         return NULL;
     }
     rt->cfg = cfg;
     pthread_mutex_init(&rt->wake_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
-    kiq__identity_make(rt->identity, sizeof(rt->identity));
-    kiq__hostname(rt->hostname, sizeof(rt->hostname));
+    capstan__identity_make(rt->identity, sizeof(rt->identity));
+    capstan__hostname(rt->hostname, sizeof(rt->hostname));
     return rt;
 }
 
-void kiq_runtime_free(kiq_runtime_t *rt)
+void capstan_runtime_free(capstan_runtime_t *rt)
 {
     if (!rt)
         return;
@@ -50,57 +50,57 @@ void kiq_runtime_free(kiq_runtime_t *rt)
         /* Threads still running a handler use rt: leave it to the exit. */
         return;
     }
-    kiq_crash_watch(NULL, 0);
+    capstan__crash_watch(NULL, 0);
     for (int i = 0; i < rt->nslots; i++) {
-        kiq__fetch_free(rt->slots[i].fetch);
+        capstan__fetch_free(rt->slots[i].fetch);
         pthread_mutex_destroy(&rt->slots[i].mu);
     }
-    kiq_feed_free(rt->feed);
+    capstan__feed_free(rt->feed);
     free(rt->slots);
-    kiq_chain_free(rt->server_chain);
-    kiq_registry_free(rt);
+    capstan_chain_free(rt->server_chain);
+    capstan__registry_free(rt);
     free(rt->info_json);
-    kiq_config_free(rt->cfg);
+    capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
     pthread_cond_destroy(&rt->wake);
     free(rt);
 }
 
-const char *kiq_runtime_identity(const kiq_runtime_t *rt) { return rt->identity; }
-int kiq_runtime_abandoned(const kiq_runtime_t *rt) { return rt->abandoned; }
+const char *capstan_runtime_identity(const capstan_runtime_t *rt) { return rt->identity; }
+int capstan_runtime_abandoned(const capstan_runtime_t *rt) { return rt->abandoned; }
 
-void kiq_runtime_quiet(kiq_runtime_t *rt)
+void capstan_runtime_quiet(capstan_runtime_t *rt)
 {
     atomic_store(&rt->quiet_req, 1);
 }
 
-void kiq_runtime_stop(kiq_runtime_t *rt)
+void capstan_runtime_stop(capstan_runtime_t *rt)
 {
     atomic_store(&rt->stop_req, 1);
 }
 
-void kiq_rt_wait(kiq_runtime_t *rt, double s)
+void capstan__rt_wait(capstan_runtime_t *rt, double s)
 {
-    struct timespec ts = kiq__timespec(kiq__now() + s);
+    struct timespec ts = capstan__timespec(capstan__now() + s);
     pthread_mutex_lock(&rt->wake_mu);
     pthread_cond_timedwait(&rt->wake, &rt->wake_mu, &ts);
     pthread_mutex_unlock(&rt->wake_mu);
 }
 
-void kiq_rt_wake(kiq_runtime_t *rt)
+void capstan__rt_wake(capstan_runtime_t *rt)
 {
     pthread_mutex_lock(&rt->wake_mu);
     pthread_cond_broadcast(&rt->wake);
     pthread_mutex_unlock(&rt->wake_mu);
 }
 
-int kiq_rt_connect(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up)
+int capstan__rt_connect(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *give_up)
 {
-    return kiq_rt_connect_every(rt, r, give_up, 5);
+    return capstan__rt_connect_every(rt, r, give_up, 5);
 }
 
-int kiq_rt_connect_every(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up,
-                         double max_delay)
+int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *give_up,
+                              double max_delay)
 {
     /* Each thread owns one connection and (re)connects it only here, so
      * a thread's second success onwards is a reconnect. */
@@ -109,33 +109,33 @@ int kiq_rt_connect_every(kiq_runtime_t *rt, kiq_redis_t *r, atomic_int *give_up,
     for (;;) {
         /* Every thread notices an outage on its own connection; the first
          * to fail reports it and the first back reports the recovery. */
-        if (kiq_redis_connect(r) == 0) {
+        if (capstan_redis_connect(r) == 0) {
             if (connected_before++)
-                kiq__metrics_add(kiq__metrics_default(), KIQ_METRIC_REDIS_RECONNECTS, 1);
+                capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_REDIS_RECONNECTS, 1);
             if (atomic_exchange(&rt->redis_down, 0))
-                kiq_info("Redis is online, %.3f sec downtime",
-                         kiq__mono() - atomic_load(&rt->redis_down_at));
+                capstan_info("Redis is online, %.3f sec downtime",
+                             capstan__mono() - atomic_load(&rt->redis_down_at));
             return 0;
         }
         int was_up = 0;
-        double now = kiq__mono();
+        double now = capstan__mono();
         if (atomic_compare_exchange_strong(&rt->redis_down, &was_up, 1)) {
             atomic_store(&rt->redis_down_at, now);
-            kiq_warn("%s; retrying with backoff", kiq_redis_error(r));
+            capstan_warn("%s; retrying with backoff", capstan_redis_error(r));
         }
-        double until = kiq__mono() + delay;
-        while (kiq__mono() < until) {
+        double until = capstan__mono() + delay;
+        while (capstan__mono() < until) {
             if (give_up && atomic_load(give_up))
-                return KIQ_EREDIS;
-            kiq_rt_wait(rt, until - kiq__mono() < 0.2 ? until - kiq__mono() : 0.2);
+                return CAPSTAN_EREDIS;
+            capstan__rt_wait(rt, until - capstan__mono() < 0.2 ? until - capstan__mono() : 0.2);
         }
         delay = delay * 2 > max_delay ? max_delay : delay * 2;
     }
 }
 
-static char *build_info(kiq_runtime_t *rt)
+static char *build_info(capstan_runtime_t *rt)
 {
-    kiq_config_t *c = rt->cfg;
+    capstan_config_t *c = rt->cfg;
     json_t *o = json_object(), *queues = json_array(), *labels = json_array();
     json_t *weights = json_object(), *capw = json_object();
     for (size_t i = 0; i < c->nqueues; i++) {
@@ -153,7 +153,7 @@ static char *build_info(kiq_runtime_t *rt)
     json_object_set_new(o, "queues", queues);
     json_object_set_new(o, "labels", labels);
     json_object_set_new(o, "identity", json_string(rt->identity));
-    json_object_set_new(o, "version", json_string(KIQ_VERSION));
+    json_object_set_new(o, "version", json_string(CAPSTAN_VERSION));
     json_t *warr = json_array();
     json_array_append_new(warr, weights);
     json_object_set_new(o, "weights", warr);
@@ -169,21 +169,21 @@ static char *build_info(kiq_runtime_t *rt)
     return s;
 }
 
-static void dump_threads(kiq_runtime_t *rt)
+static void dump_threads(capstan_runtime_t *rt)
 {
-    double now = kiq__now();
+    double now = capstan__now();
     for (int i = 0; i < rt->nslots; i++) {
-        kiq_slot_t *s = &rt->slots[i];
+        capstan_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
         if (s->busy)
-            kiq_warn("Thread TID-%s processor-%d: running %s for %.1fs", s->tid, i, s->cls,
-                     now - (double)s->run_at);
+            capstan_warn("Thread TID-%s processor-%d: running %s for %.1fs", s->tid, i, s->cls,
+                         now - (double)s->run_at);
         else
-            kiq_warn("Thread TID-%s processor-%d: %s", s->tid, i, s->exited ? "exited" : "waiting for a job");
+            capstan_warn("Thread TID-%s processor-%d: %s", s->tid, i, s->exited ? "exited" : "waiting for a job");
         pthread_mutex_unlock(&s->mu);
     }
-    kiq_warn("Thread housekeeper: heartbeat every %.0fs; scheduler: %s", rt->cfg->heartbeat_interval,
-             atomic_load(&rt->quiet) ? "stopped" : "polling");
+    capstan_warn("Thread housekeeper: heartbeat every %.0fs; scheduler: %s", rt->cfg->heartbeat_interval,
+                 atomic_load(&rt->quiet) ? "stopped" : "polling");
 }
 
 /* The name a signal is logged under, as Sidekiq names them. */
@@ -199,17 +199,17 @@ static const char *sig_name(int sig)
     }
 }
 
-static void go_quiet(kiq_runtime_t *rt)
+static void go_quiet(capstan_runtime_t *rt)
 {
     if (atomic_exchange(&rt->quiet, 1))
         return;
-    kiq_info("Terminating quiet workers");
-    kiq_rt_wake(rt);
+    capstan_info("Terminating quiet workers");
+    capstan__rt_wake(rt);
 }
 
 /* Waits up to timeout for one of our signals, or a request made through
  * the API. Returns the signal, 0 on timeout. */
-static int next_signal(kiq_runtime_t *rt, const sigset_t *set, double timeout)
+static int next_signal(capstan_runtime_t *rt, const sigset_t *set, double timeout)
 {
     if (atomic_exchange(&rt->stop_req, 0))
         return SIGTERM;
@@ -222,27 +222,27 @@ static int next_signal(kiq_runtime_t *rt, const sigset_t *set, double timeout)
 }
 
 /* Handles signals that do not stop the process; returns 1 for TERM/INT. */
-static int handle_signal(kiq_runtime_t *rt, int sig)
+static int handle_signal(capstan_runtime_t *rt, int sig)
 {
     if (sig)
-        kiq_debug("Got %s signal", sig_name(sig));
+        capstan_debug("Got %s signal", sig_name(sig));
     switch (sig) {
     case SIGTERM:
     case SIGINT:
         return 1;
     case SIGTSTP:
         if (!atomic_load(&rt->quiet))
-            kiq_info("Received TSTP, no longer accepting new work");
+            capstan_info("Received TSTP, no longer accepting new work");
         go_quiet(rt);
         break;
     case SIGTTIN:
         dump_threads(rt);
         break;
     case SIGUSR2:
-        if (kiq__log_reopen())
-            kiq_error("cannot reopen the log file: %s", strerror(errno));
+        if (capstan__log_reopen())
+            capstan_error("cannot reopen the log file: %s", strerror(errno));
         else
-            kiq_info("log file reopened");
+            capstan_info("log file reopened");
         break;
     default:
         break;
@@ -253,15 +253,15 @@ static int handle_signal(kiq_runtime_t *rt, int sig)
 /* The main thread's connection sits idle from start to stop, so a Redis
  * restart in between goes unnoticed until a write of the shutdown fails
  * (the requeue, or leaving the process set). Checks it first. */
-static void live_conn(kiq_redis_t *r)
+static void live_conn(capstan_redis_t *r)
 {
-    redisReply *pong = kiq_redis_ok(r) ? kiq_redis_cmdf(r, "PING") : NULL;
+    redisReply *pong = capstan_redis_ok(r) ? capstan_redis_cmdf(r, "PING") : NULL;
     if (!pong)
-        kiq_redis_connect(r);
+        capstan_redis_connect(r);
     freeReplyObject(pong);
 }
 
-static int busy_slots(kiq_runtime_t *rt)
+static int busy_slots(capstan_runtime_t *rt)
 {
     int n = 0;
     for (int i = 0; i < rt->nslots; i++) {
@@ -272,39 +272,39 @@ static int busy_slots(kiq_runtime_t *rt)
     return n;
 }
 
-static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set, int why)
+static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, int why)
 {
-    kiq_notify("STOPPING=1");
+    capstan__notify("STOPPING=1");
     if (why)
-        kiq_info("Received %s, shutting down", sig_name(why));
+        capstan_info("Received %s, shutting down", sig_name(why));
     else
-        kiq_info("Shutting down");
+        capstan_info("Shutting down");
     atomic_store(&rt->stopping, 1);
     go_quiet(rt);
-    double deadline = kiq__mono() + rt->cfg->timeout;
+    double deadline = capstan__mono() + rt->cfg->timeout;
     if (busy_slots(rt))
-        kiq_info("Pausing to allow workers to finish...");
-    while (busy_slots(rt) && kiq__mono() < deadline) {
-        kiq_notify_watchdog();
-        kiq__log_flush();
+        capstan_info("Pausing to allow workers to finish...");
+    while (busy_slots(rt) && capstan__mono() < deadline) {
+        capstan__notify_watchdog();
+        capstan__log_flush();
         int sig = next_signal(rt, set, PAUSE);
         if (sig == SIGTERM || sig == SIGINT) {
-            kiq_info("Second %s: not waiting any longer", sig_name(sig));
+            capstan_info("Second %s: not waiting any longer", sig_name(sig));
             break;
         }
         handle_signal(rt, sig);
     }
     int busy = busy_slots(rt);
     if (busy) {
-        kiq_info("Terminating %d busy worker threads", busy);
+        capstan_info("Terminating %d busy worker threads", busy);
         live_conn(r);
-        int n = kiq_processor_requeue_busy(rt, r);
-        kiq_info("Pushed %d jobs back to Redis", n);
+        int n = capstan__processor_requeue_busy(rt, r);
+        capstan_info("Pushed %d jobs back to Redis", n);
     }
     /* Idle processors leave their blocking fetch within its timeout. */
-    double join_deadline = kiq__mono() + 3;
+    double join_deadline = capstan__mono() + 3;
     for (int i = 0; i < rt->nslots; i++) {
-        kiq_slot_t *s = &rt->slots[i];
+        capstan_slot_t *s = &rt->slots[i];
         if (!s->started)
             continue;
         for (;;) {
@@ -315,48 +315,48 @@ static void shutdown_all(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set,
                 pthread_join(s->thread, NULL);
                 break;
             }
-            if (busy_now || kiq__mono() > join_deadline) {
+            if (busy_now || capstan__mono() > join_deadline) {
                 pthread_detach(s->thread);
                 rt->abandoned++;
                 break;
             }
-            kiq_rt_wait(rt, 0.05);
+            capstan__rt_wait(rt, 0.05);
         }
     }
-    kiq_rt_wake(rt);
+    capstan__rt_wake(rt);
     if (rt->scheduler_started)
         pthread_join(rt->scheduler, NULL);
     atomic_store(&rt->housekeeper_stop, 1);
-    kiq_rt_wake(rt);
+    capstan__rt_wake(rt);
     if (rt->housekeeper_started)
         pthread_join(rt->housekeeper, NULL);
     live_conn(r);
-    kiq_stats_flush(rt, r);
-    kiq__unique_metrics_flush(r);
-    kiq_heartbeat_clear(rt, r);
+    capstan__stats_flush(rt, r);
+    capstan__unique_metrics_flush(r);
+    capstan__heartbeat_clear(rt, r);
     char wkey[512], lkey[512];
-    kiq__fetch_working_key(rt->identity, wkey, sizeof(wkey));
-    kiq__fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
-    redisReply *len = kiq_redis_cmdf(r, "LLEN %s", wkey);
+    capstan__fetch_working_key(rt->identity, wkey, sizeof(wkey));
+    capstan__fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
+    redisReply *len = capstan_redis_cmdf(r, "LLEN %s", wkey);
     if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
-        redisReply *del = kiq_redis_cmdf(r, "DEL %s", lkey);
+        redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
         freeReplyObject(del);
     } else if (len && len->type == REDIS_REPLY_INTEGER) {
-        kiq_warn("%lld jobs remain in %s; they are recovered once this process is gone",
-                 len->integer, wkey);
+        capstan_warn("%lld jobs remain in %s; they are recovered once this process is gone",
+                     len->integer, wkey);
     }
     freeReplyObject(len);
-    kiq__log_flush();
-    kiq_info("Bye!");
+    capstan__log_flush();
+    capstan_info("Bye!");
 }
 
 /* "critical:3, default:1" or "a, b" (no weights), cut to fit n. */
-static void queue_list(const kiq_config_t *c, char *out, size_t n)
+static void queue_list(const capstan_config_t *c, char *out, size_t n)
 {
     size_t len = 0;
     out[0] = '\0';
     for (size_t i = 0; i < c->nqueues && len < n; i++) {
-        const kiq_queue_conf_t *q = &c->queues[i];
+        const capstan_queue_conf_t *q = &c->queues[i];
         int w = q->weight > 0 ? snprintf(out + len, n - len, "%s%s:%d", i ? ", " : "", q->name, q->weight)
                               : snprintf(out + len, n - len, "%s%s", i ? ", " : "", q->name);
         len += w > 0 ? (size_t)w : 0;
@@ -364,7 +364,7 @@ static void queue_list(const kiq_config_t *c, char *out, size_t n)
 }
 
 /* The registered classes, the first few by name. */
-static void class_list(const kiq_runtime_t *rt, char *out, size_t n)
+static void class_list(const capstan_runtime_t *rt, char *out, size_t n)
 {
     enum { SHOWN = 8 };
     size_t len = 0;
@@ -378,25 +378,25 @@ static void class_list(const kiq_runtime_t *rt, char *out, size_t n)
 }
 
 /* One line saying what this process will do, then the details at debug. */
-static void log_start(kiq_runtime_t *rt, kiq_redis_t *r)
+static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
 {
-    const kiq_config_t *c = rt->cfg;
+    const capstan_config_t *c = rt->cfg;
     char queues[512], classes[512];
     queue_list(c, queues, sizeof(queues));
     class_list(rt, classes, sizeof(classes));
-    kiq_info("kiq %s starting: %s, environment %s, queues [%s] (%s), concurrency %d, %s fetch, "
-             "%zu classes [%s], unknown classes %s, identity %s",
-             KIQ_VERSION, kiq_redis_name(r), kiq_config_environment(c), queues,
-             c->strict ? "strict order" : "weighted", c->concurrency,
-             c->fetch == KIQ_FETCH_BASIC ? "basic" : "reliable", rt->nhandlers, classes,
-             kiq_config_unknown_class_name(c->unknown_class), rt->identity);
-    if (rt->nhandlers == 0 && c->unknown_class == KIQ_UNKNOWN_FAIL)
-        kiq_warn("no job classes are registered: every job will fail with NameError");
-    kiq_debug("config file %s; timeout %g s, startup_timeout %g s, heartbeat every %g s, "
-              "liveness %g s, recovery every %g s (max %d), scheduler poll %g s average",
-              c->config_file ? c->config_file : "(none)", c->timeout, c->startup_timeout,
-              c->heartbeat_interval, c->liveness_ttl, c->recovery_interval, c->max_recoveries,
-              c->poll_interval_average > 0 ? c->poll_interval_average
+    capstan_info("capstan %s starting: %s, environment %s, queues [%s] (%s), concurrency %d, %s fetch, "
+                 "%zu classes [%s], unknown classes %s, identity %s",
+                 CAPSTAN_VERSION, capstan_redis_name(r), capstan_config_environment(c), queues,
+                 c->strict ? "strict order" : "weighted", c->concurrency,
+                 c->fetch == CAPSTAN_FETCH_BASIC ? "basic" : "reliable", rt->nhandlers, classes,
+                 capstan_config_unknown_class_name(c->unknown_class), rt->identity);
+    if (rt->nhandlers == 0 && c->unknown_class == CAPSTAN_UNKNOWN_FAIL)
+        capstan_warn("no job classes are registered: every job will fail with NameError");
+    capstan_debug("config file %s; timeout %g s, startup_timeout %g s, heartbeat every %g s, "
+                  "liveness %g s, recovery every %g s (max %d), scheduler poll %g s average",
+                  c->config_file ? c->config_file : "(none)", c->timeout, c->startup_timeout,
+                  c->heartbeat_interval, c->liveness_ttl, c->recovery_interval, c->max_recoveries,
+                  c->poll_interval_average > 0 ? c->poll_interval_average
                                            : c->average_scheduled_poll_interval);
 }
 
@@ -404,26 +404,26 @@ static void log_start(kiq_runtime_t *rt, kiq_redis_t *r)
  * (nothing listening, LOADING) is retried with backoff, the warning
  * repeated each time, for up to startup_timeout; one that will not (wrong
  * password, ACL, DB index) ends the start at once. TERM/INT are answered
- * meanwhile. Returns 0 once connected, 1 after TERM/INT, or KIQ_ECONFIG /
- * KIQ_EREDIS with err filled. Once running, outages are waited out
- * without end (kiq_rt_connect). */
-static int wait_for_redis(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set, char *err)
+ * meanwhile. Returns 0 once connected, 1 after TERM/INT, or CAPSTAN_ECONFIG /
+ * CAPSTAN_EREDIS with err filled. Once running, outages are waited out
+ * without end (capstan__rt_connect). */
+static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, char *err)
 {
     double limit = rt->cfg->startup_timeout;
-    double give_up = kiq__mono() + limit, delay = 0.1;
+    double give_up = capstan__mono() + limit, delay = 0.1;
     int rc;
-    while ((rc = kiq_redis_connect(r)) != 0) {
-        if (rc == KIQ_ECONFIG)
-            return kiq_seterr(err, KIQ_ECONFIG, "%s", kiq_redis_error(r));
-        double left = give_up - kiq__mono();
+    while ((rc = capstan_redis_connect(r)) != 0) {
+        if (rc == CAPSTAN_ECONFIG)
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "%s", capstan_redis_error(r));
+        double left = give_up - capstan__mono();
         if (limit > 0 && left <= 0)
-            return kiq_seterr(err, KIQ_EREDIS, "%s; gave up after startup_timeout (%g s)",
-                              kiq_redis_error(r), limit);
+            return capstan_seterr(err, CAPSTAN_EREDIS, "%s; gave up after startup_timeout (%g s)",
+                                  capstan_redis_error(r), limit);
         double wait = limit > 0 && left < delay ? left : delay;
-        kiq_warn("%s; waiting for Redis, next try in %.1f s", kiq_redis_error(r), wait);
+        capstan_warn("%s; waiting for Redis, next try in %.1f s", capstan_redis_error(r), wait);
         int sig = next_signal(rt, set, wait);
         if (sig == SIGTERM || sig == SIGINT) {
-            kiq_info("Received %s while waiting for Redis. Bye!", sig_name(sig));
+            capstan_info("Received %s while waiting for Redis. Bye!", sig_name(sig));
             return 1;
         }
         delay = delay * 2 > 5 ? 5 : delay * 2;
@@ -431,67 +431,67 @@ static int wait_for_redis(kiq_runtime_t *rt, kiq_redis_t *r, const sigset_t *set
     return 0;
 }
 
-/* Redis Cluster spreads keys over nodes, and kiq's scripts move jobs
+/* Redis Cluster spreads keys over nodes, and capstan's scripts move jobs
  * between keys of different slots: refuse it at start, as Sidekiq does,
  * rather than fail later with MOVED or CROSSSLOT. CLUSTER INFO is allowed
  * even to users without @dangerous commands; a standalone server answers it
  * with an error. */
-static int refuse_cluster(kiq_redis_t *r, char *err)
+static int refuse_cluster(capstan_redis_t *r, char *err)
 {
     const char *argv[] = { "CLUSTER", "INFO" };
-    redisReply *rep = kiq_redis_cmd(r, 2, argv, NULL);
+    redisReply *rep = capstan_redis_cmd(r, 2, argv, NULL);
     int cluster = rep && rep->type == REDIS_REPLY_STRING && strstr(rep->str, "cluster_state:");
     freeReplyObject(rep);
     if (cluster)
-        return kiq_seterr(err, KIQ_ECONFIG, "%s is a Redis Cluster node; kiq, like Sidekiq, needs a "
-                          "standalone (or Sentinel-managed) Redis", kiq_redis_name(r));
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "%s is a Redis Cluster node; capstan, like Sidekiq, needs a "
+                              "standalone (or Sentinel-managed) Redis", capstan_redis_name(r));
     return 0;
 }
 
-static int start_threads(kiq_runtime_t *rt, char *err)
+static int start_threads(capstan_runtime_t *rt, char *err)
 {
-    kiq_config_t *c = rt->cfg;
-    if (!kiq_runtime_server_chain(rt))
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+    capstan_config_t *c = rt->cfg;
+    if (!capstan_runtime_server_chain(rt))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     rt->nslots = c->concurrency;
-    rt->slots = calloc((size_t)rt->nslots, sizeof(kiq_slot_t));
+    rt->slots = calloc((size_t)rt->nslots, sizeof(capstan_slot_t));
     if (!rt->slots)
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
-    if (c->fetch == KIQ_FETCH_RELIABLE && !(rt->feed = kiq_feed_new(rt->nslots, c->prefetch)))
-        return kiq_seterr(err, KIQ_ENOMEM, "out of memory");
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    if (c->fetch == CAPSTAN_FETCH_RELIABLE && !(rt->feed = capstan__feed_new(rt->nslots, c->prefetch)))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     for (int i = 0; i < rt->nslots; i++) {
-        kiq_slot_t *s = &rt->slots[i];
+        capstan_slot_t *s = &rt->slots[i];
         pthread_mutex_init(&s->mu, NULL);
         s->rt = rt;
         s->index = i;
-        s->run_time = 0.002; /* not short until measured (see kiq_feed_take_ahead) */
-        kiq_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
+        s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
+        capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
                                 .nqueues = c->nqueues, .strict = c->strict, .index = i,
                                 .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
                                 .min_replicas_timeout = c->min_replicas_timeout };
-        if (!(s->fetch = kiq__fetch_new(&fc, err)))
-            return KIQ_ENOMEM;
+        if (!(s->fetch = capstan__fetch_new(&fc, err)))
+            return CAPSTAN_ENOMEM;
     }
-    kiq_crash_watch(rt->slots, rt->nslots);
+    capstan__crash_watch(rt->slots, rt->nslots);
     for (int i = 0; i < rt->nslots; i++) {
-        int e = pthread_create(&rt->slots[i].thread, NULL, kiq_processor_main, &rt->slots[i]);
+        int e = pthread_create(&rt->slots[i].thread, NULL, capstan__processor_main, &rt->slots[i]);
         if (e)
-            return kiq_seterr(err, KIQ_ESYS, "cannot start a processor thread: %s", strerror(e));
+            return capstan_seterr(err, CAPSTAN_ESYS, "cannot start a processor thread: %s", strerror(e));
         rt->slots[i].started = 1;
     }
-    if (pthread_create(&rt->housekeeper, NULL, kiq_housekeeper_main, rt) == 0)
+    if (pthread_create(&rt->housekeeper, NULL, capstan__housekeeper_main, rt) == 0)
         rt->housekeeper_started = 1;
-    if (pthread_create(&rt->scheduler, NULL, kiq_scheduler_main, rt) == 0)
+    if (pthread_create(&rt->scheduler, NULL, capstan__scheduler_main, rt) == 0)
         rt->scheduler_started = 1;
     if (!rt->housekeeper_started || !rt->scheduler_started)
-        return kiq_seterr(err, KIQ_ESYS, "cannot start the housekeeper or scheduler thread");
+        return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the housekeeper or scheduler thread");
     return 0;
 }
 
-int kiq_runtime_run(kiq_runtime_t *rt, char *err)
+int capstan_runtime_run(capstan_runtime_t *rt, char *err)
 {
-    kiq_config_t *c = rt->cfg;
-    int rc = kiq_config_validate(c, err);
+    capstan_config_t *c = rt->cfg;
+    int rc = capstan_config_validate(c, err);
     if (rc)
         return rc;
     sigset_t set, old;
@@ -506,20 +506,20 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
     struct sigaction pipe_sa;
     if (sigaction(SIGPIPE, NULL, &pipe_sa) == 0 && pipe_sa.sa_handler == SIG_DFL)
         signal(SIGPIPE, SIG_IGN);
-    kiq_crash_install();
+    capstan__crash_install();
 
     /* Before anything else, so a port in use stops the start at once
      * instead of leaving a worker running without its metrics. */
-    kiq_http_t *http = NULL;
-    kiq_redis_t *r = NULL;
-    if (c->metrics_port > 0 && (rc = kiq__http_start(rt, &http, err)) != 0)
+    capstan_http_t *http = NULL;
+    capstan_redis_t *r = NULL;
+    if (c->metrics_port > 0 && (rc = capstan__http_start(rt, &http, err)) != 0)
         goto out;
-    rt->started_at = kiq__now();
-    kiq__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
+    rt->started_at = capstan__now();
+    capstan__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
     rt->info_json = build_info(rt);
-    r = kiq_redis_new(c->redis_url, 10, err);
+    r = capstan_redis_new(c->redis_url, 10, err);
     if (!r || !rt->info_json) {
-        rc = r ? kiq_seterr(err, KIQ_ENOMEM, "out of memory") : KIQ_ECONFIG;
+        rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
         goto out;
     }
     log_start(rt, r);
@@ -527,36 +527,36 @@ int kiq_runtime_run(kiq_runtime_t *rt, char *err)
         rc = rc > 0 ? 0 : rc;
         goto out;
     }
-    kiq_debug("connected to %s", kiq_redis_name(r));
+    capstan_debug("connected to %s", capstan_redis_name(r));
     if ((rc = refuse_cluster(r, err)) != 0)
         goto out;
-    if (c->fetch == KIQ_FETCH_RELIABLE) {
-        kiq__fetch_heartbeat(r, rt->identity, c->liveness_ttl);
-        kiq_recover_orphans(rt, r);
+    if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
+        capstan__fetch_heartbeat(r, rt->identity, c->liveness_ttl);
+        capstan__recover_orphans(rt, r);
     }
-    kiq_heartbeat_beat(rt, r, 0);
+    capstan__heartbeat_beat(rt, r, 0);
     if ((rc = start_threads(rt, err)) != 0) {
-        kiq_error("%s", err);
+        capstan_error("%s", err);
         shutdown_all(rt, r, &set, 0);
         goto out;
     }
-    kiq_info("Starting processing, hit Ctrl-C to stop");
-    kiq_notify("READY=1");
-    double tick = kiq_notify_watchdog_every();
+    capstan_info("Starting processing, hit Ctrl-C to stop");
+    capstan__notify("READY=1");
+    double tick = capstan__notify_watchdog_every();
     tick = tick > 0 && tick < 0.2 ? tick : 0.2;
     int sig;
     for (;;) {
-        kiq_notify_watchdog();
-        kiq__log_flush();
+        capstan__notify_watchdog();
+        capstan__log_flush();
         sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;
     }
     shutdown_all(rt, r, &set, sig);
 out:
-    kiq__http_stop(http);
-    kiq_redis_free(r);
-    kiq_crash_uninstall();
+    capstan__http_stop(http);
+    capstan_redis_free(r);
+    capstan__crash_uninstall();
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
 }

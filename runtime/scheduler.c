@@ -17,49 +17,49 @@
 
 /* Prepares the payload pushed for a due member: enqueued_at = now and no
  * "at" (it would schedule the job again). */
-static int prepare(const char *raw, size_t len, kiq_ts_format_t ts, double now,
+static int prepare(const char *raw, size_t len, capstan_ts_format_t ts, double now,
                    char **out, size_t *outlen, char **queue)
 {
-    kiq_jobject_t obj = {0};
+    capstan_jobject_t obj = {0};
     *queue = NULL;
-    if (kiq__json_scan_object(raw, len, &obj, NULL) != 0) {
+    if (capstan__json_scan_object(raw, len, &obj, NULL) != 0) {
         /* Unreadable: push it unchanged; the processor dead-letters it. */
         *out = malloc(len ? len : 1);
         if (!*out)
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         memcpy(*out, raw, len);
         *outlen = len;
         *queue = strdup("default");
-        return *queue ? 0 : KIQ_ENOMEM;
+        return *queue ? 0 : CAPSTAN_ENOMEM;
     }
-    const kiq_jmember_t *q = kiq__jobject_get(&obj, raw, "queue");
-    *queue = q ? kiq__json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    const capstan_jmember_t *q = capstan__jobject_get(&obj, raw, "queue");
+    *queue = q ? capstan__json_string_dup(raw + q->vstart, q->vlen) : NULL;
     if (!*queue || !**queue) {
         free(*queue);
         *queue = strdup("default");
     }
     char when[32];
-    kiq__ts_json(when, now, ts);
-    kiq_field_t set[] = { { "enqueued_at", when, 0 }, { "at", NULL, 0 } };
-    int rc = kiq__payload_edit(raw, &obj, set, 2, out, outlen);
-    kiq__jobject_free(&obj);
+    capstan__ts_json(when, now, ts);
+    capstan_field_t set[] = { { "enqueued_at", when, 0 }, { "at", NULL, 0 } };
+    int rc = capstan__payload_edit(raw, &obj, set, 2, out, outlen);
+    capstan__jobject_free(&obj);
     return rc;
 }
 
 /* Moves up to BATCH due members of key, skipping the first st->blocked
- * (left there by earlier batches); returns how many moved, or KIQ_EREDIS.
+ * (left there by earlier batches); returns how many moved, or CAPSTAN_EREDIS.
  * *more is set when the batch was full. A member whose queue key holds
  * another type than a list stays (schedule.lua) and is counted in st. */
-static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, double now, int *more,
-                       kiq_sched_blocked_t *st)
+static long move_batch(capstan_redis_t *r, const char *key, capstan_ts_format_t ts, double now, int *more,
+                       capstan_sched_blocked_t *st)
 {
     char nows[32];
     snprintf(nows, sizeof(nows), "%.6f", now);
-    redisReply *due = kiq_redis_cmdf(r, "ZRANGEBYSCORE %s -inf %s LIMIT %ld %d", key, nows,
-                                     st->n, BATCH);
+    redisReply *due = capstan_redis_cmdf(r, "ZRANGEBYSCORE %s -inf %s LIMIT %ld %d", key, nows,
+                                         st->n, BATCH);
     *more = 0;
     if (!due)
-        return KIQ_EREDIS;
+        return CAPSTAN_EREDIS;
     if (due->type != REDIS_REPLY_ARRAY) {
         freeReplyObject(due);
         return 0;
@@ -68,17 +68,17 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
     size_t n = due->elements, sent = 0;
     char **qkeys = calloc(n ? n : 1, sizeof(char *));
     long moved = 0;
-    int rc = qkeys ? 0 : KIQ_ENOMEM;
+    int rc = qkeys ? 0 : CAPSTAN_ENOMEM;
     for (size_t i = 0; i < n && !rc; i++) {
         redisReply *m = due->element[i];
         char *payload = NULL, *queue = NULL;
         size_t plen = 0;
         if (prepare(m->str, m->len, ts, now, &payload, &plen, &queue) == 0
-            && (qkeys[sent] = kiq__key_dup(KIQ_KEY_QUEUE, queue)) != NULL) {
-            const char *argv[] = { key, qkeys[sent], KIQ_KEY_QUEUES, m->str, payload, queue };
-            size_t lens[] = { strlen(key), strlen(qkeys[sent]), strlen(KIQ_KEY_QUEUES), m->len,
+            && (qkeys[sent] = capstan__key_dup(CAPSTAN_KEY_QUEUE, queue)) != NULL) {
+            const char *argv[] = { key, qkeys[sent], CAPSTAN_KEY_QUEUES, m->str, payload, queue };
+            size_t lens[] = { strlen(key), strlen(qkeys[sent]), strlen(CAPSTAN_KEY_QUEUES), m->len,
                               plen, strlen(queue) };
-            rc = kiq__redis_append_script(r, KIQ_SCRIPT_SCHEDULE, 3, 6, argv, lens);
+            rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_SCHEDULE, 3, 6, argv, lens);
             if (!rc)
                 sent++;
         }
@@ -86,9 +86,9 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
         free(queue);
     }
     for (size_t i = 0; i < sent; i++) {
-        redisReply *rep = kiq_redis_get_reply(r);
+        redisReply *rep = capstan_redis_get_reply(r);
         if (!rep) {
-            rc = KIQ_EREDIS;
+            rc = CAPSTAN_EREDIS;
             break;
         }
         if (rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0) {
@@ -97,7 +97,7 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
             if (!st->n++)
                 snprintf(st->key, sizeof(st->key), "%.200s", qkeys[i]);
         } else if (rep->type == REDIS_REPLY_ERROR) {
-            kiq_warn("scheduler: %s", rep->str);
+            capstan_warn("scheduler: %s", rep->str);
         }
         freeReplyObject(rep);
     }
@@ -105,19 +105,19 @@ static long move_batch(kiq_redis_t *r, const char *key, kiq_ts_format_t ts, doub
         free(qkeys[i]);
     free(qkeys);
     freeReplyObject(due);
-    return rc ? KIQ_EREDIS : moved;
+    return rc ? CAPSTAN_EREDIS : moved;
 }
 
-long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now,
-                               kiq_sched_blocked_t *blocked)
+long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, double now,
+                                    capstan_sched_blocked_t *blocked)
 {
-    static const char *sets[] = { KIQ_KEY_RETRY, KIQ_KEY_SCHEDULE };
+    static const char *sets[] = { CAPSTAN_KEY_RETRY, CAPSTAN_KEY_SCHEDULE };
     long total = 0;
     blocked->n = 0;
     blocked->key[0] = '\0';
     for (int s = 0; s < 2; s++) {
         int more = 1;
-        kiq_sched_blocked_t st = { 0 };
+        capstan_sched_blocked_t st = { 0 };
         while (more) {
             long n = move_batch(r, sets[s], ts, now, &more, &st);
             if (n < 0)
@@ -131,53 +131,53 @@ long kiq_scheduler_enqueue_due(kiq_redis_t *r, kiq_ts_format_t ts, double now,
     return total;
 }
 
-static double poll_average(kiq_runtime_t *rt, kiq_redis_t *r, long *procs)
+static double poll_average(capstan_runtime_t *rt, capstan_redis_t *r, long *procs)
 {
     if (rt->cfg->poll_interval_average > 0) {
         *procs = 1;
         return rt->cfg->poll_interval_average;
     }
-    redisReply *rep = kiq_redis_cmdf(r, "SCARD " KIQ_KEY_PROCESSES);
+    redisReply *rep = capstan_redis_cmdf(r, "SCARD " CAPSTAN_KEY_PROCESSES);
     long n = rep && rep->type == REDIS_REPLY_INTEGER ? (long)rep->integer : 1;
     freeReplyObject(rep);
     *procs = n < 1 ? 1 : n;
     return (double)*procs * rt->cfg->average_scheduled_poll_interval;
 }
 
-void *kiq_scheduler_main(void *arg)
+void *capstan__scheduler_main(void *arg)
 {
-    kiq_runtime_t *rt = arg;
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(rt->cfg->redis_url, 10, err);
+    capstan_runtime_t *rt = arg;
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(rt->cfg->redis_url, 10, err);
     if (!r) {
-        kiq_error("scheduler: %s", err);
+        capstan_error("scheduler: %s", err);
         return NULL;
     }
     /* Sidekiq waits before its first poll so a fleet that starts together
      * does not poll together; an explicit average skips that. */
     if (rt->cfg->poll_interval_average <= 0)
-        kiq_rt_wait(rt, 5 + 5 * kiq__rand());
+        capstan__rt_wait(rt, 5 + 5 * capstan__rand());
     long last_blocked = 0;
     while (!atomic_load(&rt->quiet)) {
-        if (!kiq_redis_ok(r) && kiq_rt_connect(rt, r, &rt->quiet))
+        if (!capstan_redis_ok(r) && capstan__rt_connect(rt, r, &rt->quiet))
             break;
-        kiq_sched_blocked_t blocked;
-        if (kiq_scheduler_enqueue_due(r, rt->cfg->timestamps, kiq__now(), &blocked) == KIQ_EREDIS)
+        capstan_sched_blocked_t blocked;
+        if (capstan__scheduler_enqueue_due(r, rt->cfg->timestamps, capstan__now(), &blocked) == CAPSTAN_EREDIS)
             continue;
         /* Said when it changes, not at every poll. */
         if (blocked.n && blocked.n != last_blocked)
-            kiq_error("scheduler: %ld due jobs stay in retry/schedule: their queue key holds "
-                      "another type than a list (the first: %s); they move once it is fixed",
-                      blocked.n, blocked.key);
+            capstan_error("scheduler: %ld due jobs stay in retry/schedule: their queue key holds "
+                          "another type than a list (the first: %s); they move once it is fixed",
+                          blocked.n, blocked.key);
         else if (!blocked.n && last_blocked)
-            kiq_info("scheduler: the due jobs held back by a queue key of another type moved");
+            capstan_info("scheduler: the due jobs held back by a queue key of another type moved");
         last_blocked = blocked.n;
         long procs;
         double avg = poll_average(rt, r, &procs);
-        double wait = procs < 10 ? avg * kiq__rand() + avg / 2 : avg * kiq__rand();
-        kiq_rt_wait(rt, wait);
+        double wait = procs < 10 ? avg * capstan__rand() + avg / 2 : avg * capstan__rand();
+        capstan__rt_wait(rt, wait);
     }
-    kiq_info("Scheduler exiting...");
-    kiq_redis_free(r);
+    capstan_info("Scheduler exiting...");
+    capstan_redis_free(r);
     return NULL;
 }

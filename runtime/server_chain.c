@@ -12,191 +12,193 @@
 #include "support/payload.h"
 #include "support/time.h"
 #include "observe/prometheus.h"
-#include "kiq/middleware.h"
+#include "capstan/middleware.h"
 #include "middleware/mw.h"
 #include "runtime/feed.h"
+#include "unique/prelock.h"
+#include "locks/limit_mw.h"
 
 /* Per-job state of the built-in server middleware. */
 typedef struct run {
-    kiq_slot_t *slot;
-    const kiq_handler_entry_t *h;
-    kiq_logctx_t ctx;
+    capstan_slot_t *slot;
+    const capstan_handler_entry_t *h;
+    capstan_logctx_t ctx;
     char *tags;
 } run_t;
 
 /* Joins the "tags" array of a payload with ',' for the log line. */
-static char *tags_of(kiq_job_t *job)
+static char *tags_of(capstan_job_t *job)
 {
     size_t len;
-    const char *v = kiq_job_field_raw(job, "tags", &len);
+    const char *v = capstan_job_field_raw(job, "tags", &len);
     if (!v)
         return NULL;
     json_t *arr = json_loadb(v, len, 0, NULL);
-    kiq_buf_t b = {0};
+    capstan_buf_t b = {0};
     size_t i;
     json_t *e;
     if (json_is_array(arr))
         json_array_foreach(arr, i, e) {
             if (json_is_string(e)) {
                 if (b.len)
-                    kiq__buf_put(&b, ",", 1);
-                kiq__buf_puts(&b, json_string_value(e));
+                    capstan__buf_put(&b, ",", 1);
+                capstan__buf_puts(&b, json_string_value(e));
             }
         }
     json_decref(arr);
     /* No string among the tags: the log line shows no tags at all. */
     if (!b.len) {
-        kiq__buf_free(&b);
+        capstan__buf_free(&b);
         return NULL;
     }
-    return kiq__buf_take(&b, NULL);
+    return capstan__buf_take(&b, NULL);
 }
 
-static int class_retry(kiq_runtime_t *rt, const kiq_handler_entry_t *h, const char *cls)
+static int class_retry(capstan_runtime_t *rt, const capstan_handler_entry_t *h, const char *cls)
 {
-    const kiq_class_conf_t *cc = kiq_config_class(rt->cfg, cls);
-    if (cc && cc->retry != KIQ_RETRY_UNSET)
+    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, cls);
+    if (cc && cc->retry != CAPSTAN_RETRY_UNSET)
         return cc->retry;
-    return h ? h->retry : KIQ_RETRY_UNSET;
+    return h ? h->retry : CAPSTAN_RETRY_UNSET;
 }
 
 /* A batch callback (lua/lib/batch_done.lua marks it "batch_event") at its
  * first run: how long after its batch was done (its enqueued_at) it
  * starts. */
-static void batch_callback_latency(const kiq_job_t *job)
+static void batch_callback_latency(const capstan_job_t *job)
 {
     size_t elen = 0, tlen = 0;
-    const char *ev = job->retry_count < 0 ? kiq_job_field_raw(job, "batch_event", &elen) : NULL;
-    const char *at = ev ? kiq_job_field_raw(job, "enqueued_at", &tlen) : NULL;
+    const char *ev = job->retry_count < 0 ? capstan_job_field_raw(job, "batch_event", &elen) : NULL;
+    const char *at = ev ? capstan_job_field_raw(job, "enqueued_at", &tlen) : NULL;
     if (!at || elen < 3 || elen > 18 || ev[0] != '"')
         return;
     char event[16];
     memcpy(event, ev + 1, elen - 2);
     event[elen - 2] = '\0';
-    kiq__metrics_batch_callback(kiq__metrics_default(), event, kiq__now() - kiq__ts_parse(at, tlen));
+    capstan__metrics_batch_callback(capstan__metrics_default(), event, capstan__now() - capstan__ts_parse(at, tlen));
 }
 
 /* "stats": the start/done/fail log lines and the processed/failed counts,
  * around everything else so they see the final outcome. */
-static int stats_mw(kiq_mw_t *mw, void *udata)
+static int stats_mw(capstan_mw_t *mw, void *udata)
 {
-    kiq_runtime_t *rt = udata;
+    capstan_runtime_t *rt = udata;
     run_t *run = mw->priv;
-    kiq_job_t *job = mw->job;
-    kiq__log(KIQ_INFO, &run->ctx, "start");
+    capstan_job_t *job = mw->job;
+    capstan__log(CAPSTAN_INFO, &run->ctx, "start");
     batch_callback_latency(job);
-    double t0 = kiq__mono();
-    int rc = kiq_mw_next(mw);
-    run->ctx.elapsed = kiq__mono() - t0;
+    double t0 = capstan__mono();
+    int rc = capstan_mw_next(mw);
+    run->ctx.elapsed = capstan__mono() - t0;
     if (job->err_class) {
-        kiq__log(KIQ_INFO, &run->ctx, "fail");
-        kiq__log(KIQ_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
-        if (mw->disp == KIQ_DISPOSE_DEAD)
-            kiq__log(KIQ_INFO, &run->ctx, "Adding dead %s job %s", job->cls, job->jid);
+        capstan__log(CAPSTAN_INFO, &run->ctx, "fail");
+        capstan__log(CAPSTAN_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
+        if (mw->disp == CAPSTAN_DISPOSE_DEAD)
+            capstan__log(CAPSTAN_INFO, &run->ctx, "Adding dead %s job %s", job->cls, job->jid);
         atomic_fetch_add(&rt->failed, 1);
     } else {
-        kiq__log(KIQ_INFO, &run->ctx, "done");
+        capstan__log(CAPSTAN_INFO, &run->ctx, "done");
     }
     atomic_fetch_add(&rt->processed, 1);
-    kiq__metrics_job(kiq__metrics_default(), job->cls, job->queue, run->ctx.elapsed,
-                    job->err_class != NULL);
+    capstan__metrics_job(capstan__metrics_default(), job->cls, job->queue, run->ctx.elapsed,
+                         job->err_class != NULL);
     return rc;
 }
 
 /* "retry": Sidekiq's retry rules for a job that failed inside it, unless
  * an inner middleware already decided its fate. */
-static int retry_mw(kiq_mw_t *mw, void *udata)
+static int retry_mw(capstan_mw_t *mw, void *udata)
 {
-    kiq_runtime_t *rt = udata;
+    capstan_runtime_t *rt = udata;
     run_t *run = mw->priv;
-    kiq_job_t *job = mw->job;
-    int rc = kiq_mw_next(mw);
+    capstan_job_t *job = mw->job;
+    int rc = capstan_mw_next(mw);
     if (job->err_class)
-        kiq_hooks_error(rt, job, job->err_class, job->err_msg);
-    if (!job->err_class || mw->disp != KIQ_DISPOSE_DEFAULT)
+        capstan__hooks_error(rt, job, job->err_class, job->err_msg);
+    if (!job->err_class || mw->disp != CAPSTAN_DISPOSE_DEFAULT)
         return rc;
-    kiq_failure_t f = {0};
-    double now = kiq__now();
-    if (kiq_retry_decide(job, job->err_class, job->err_msg, class_retry(rt, run->h, job->cls),
-                         rt->cfg, now, &f) == 0) {
-        kiq_dispose_t d = f.fate == KIQ_FATE_RETRY ? KIQ_DISPOSE_RETRY
-                        : f.fate == KIQ_FATE_DEAD ? KIQ_DISPOSE_DEAD : KIQ_DISPOSE_DROP;
-        if (kiq_mw_dispose(mw, d, f.score, f.payload, f.len))
-            kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    capstan_failure_t f = {0};
+    double now = capstan__now();
+    if (capstan__retry_decide(job, job->err_class, job->err_msg, class_retry(rt, run->h, job->cls),
+                              rt->cfg, now, &f) == 0) {
+        capstan_dispose_t d = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_DISPOSE_RETRY
+                        : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_DISPOSE_DEAD : CAPSTAN_DISPOSE_DROP;
+        if (capstan_mw_dispose(mw, d, f.score, f.payload, f.len))
+            capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     } else {
         /* No memory to write the failure: leave it in the working list. */
-        kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     }
-    kiq_failure_clear(&f);
+    capstan__failure_clear(&f);
     return rc;
 }
 
 /* unknown_class: skip. The job goes to the dead set at once, every byte
  * kept, with the error fields the Web UI shows; out of memory it is left
  * to the retry middleware (as unknown_class: fail). */
-static void bury(kiq_mw_t *mw, kiq_job_t *job)
+static void bury(capstan_mw_t *mw, capstan_job_t *job)
 {
-    double now = kiq__now();
+    double now = capstan__now();
     char ts[32], *out = NULL;
     size_t len;
-    kiq__ts_json(ts, now, mw->cfg->timestamps);
-    kiq_buf_t msg = {0};
-    int rc = kiq__json_quote(&msg, job->err_msg, strlen(job->err_msg));
-    kiq_field_t set[] = {
+    capstan__ts_json(ts, now, mw->cfg->timestamps);
+    capstan_buf_t msg = {0};
+    int rc = capstan__json_quote(&msg, job->err_msg, strlen(job->err_msg));
+    capstan_field_t set[] = {
         { "error_class", "\"NameError\"", 0 },
         { "error_message", msg.p, msg.len },
         { "failed_at", ts, 0 },
     };
-    if (!rc && kiq__payload_edit(job->payload, &job->obj, set, 3, &out, &len) == 0)
-        kiq_mw_dispose(mw, KIQ_DISPOSE_DEAD, now, out, len);
+    if (!rc && capstan__payload_edit(job->payload, &job->obj, set, 3, &out, &len) == 0)
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DEAD, now, out, len);
     free(out);
-    kiq__buf_free(&msg);
+    capstan__buf_free(&msg);
 }
 
 /* The end of the server chain: the handler. */
-static int call_handler(kiq_mw_t *mw, void *udata)
+static int call_handler(capstan_mw_t *mw, void *udata)
 {
     (void)udata;
     run_t *run = mw->priv;
-    kiq_job_t *job = mw->job;
+    capstan_job_t *job = mw->job;
     /* A middleware's command may have broken the connection. */
-    if (kiq_processor_connected(run->slot, mw->r))
-        return kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+    if (capstan__processor_connected(run->slot, mw->r))
+        return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     /* No runtime lock of a finished job is held while this one runs;
      * unless it runs in a run of short jobs whose locks were asked for at
      * once: those acks then ride the next round trip. */
     if (run->slot->rt->feed && !(mw->prelock && mw->prelock->asked))
-        kiq_feed_prompt(run->slot, mw->r);
-    job->redis = kiq_redis_ctx(mw->r);
-    if (!run->h && mw->cfg->unknown_class == KIQ_UNKNOWN_SKIP) {
-        kiq_job_fail(job, "NameError", "uninitialized constant %s (kiq has no handler; "
-                     "unknown_class: skip)", job->cls);
+        capstan__feed_prompt(run->slot, mw->r);
+    job->redis = capstan_redis_ctx(mw->r);
+    if (!run->h && mw->cfg->unknown_class == CAPSTAN_UNKNOWN_SKIP) {
+        capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
+                         "unknown_class: skip)", job->cls);
         bury(mw, job);
     } else if (!run->h) {
-        kiq_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
+        capstan_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
-        double t0 = kiq__mono();
+        double t0 = capstan__mono();
         int hrc = run->h->fn(job, run->h->udata);
-        run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (kiq__mono() - t0);
+        run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);
         if (hrc != 0 && !job->err_class)
-            kiq_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
+            capstan_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
     }
     /* A handler may leave replies unread or break the connection; the next
      * fetch notices and reconnects. */
     return 0;
 }
 
-kiq_chain_t *kiq_runtime_server_chain(kiq_runtime_t *rt)
+capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
 {
     if (!rt)
         return NULL;
     if (rt->server_chain)
         return rt->server_chain;
-    kiq_chain_t *c = kiq_chain_new();
-    if (!c || kiq_chain_add(c, "stats", stats_mw, rt) || kiq_chain_add(c, "retry", retry_mw, rt) ||
-        kiq_chain_add(c, "unique", kiq_unique_server_mw, NULL) ||
-        kiq_chain_add(c, "limit", kiq__limit_mw, NULL)) {
-        kiq_chain_free(c);
+    capstan_chain_t *c = capstan_chain_new();
+    if (!c || capstan_chain_add(c, "stats", stats_mw, rt) || capstan_chain_add(c, "retry", retry_mw, rt) ||
+        capstan_chain_add(c, "unique", capstan_unique_server_mw, NULL) ||
+        capstan_chain_add(c, "limit", capstan__limit_mw, NULL)) {
+        capstan_chain_free(c);
         return NULL;
     }
     rt->server_chain = c;
@@ -209,12 +211,12 @@ static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Logs, once per class and process, what the unknown_class policy does
  * with cls's jobs. */
-static void note_unknown(kiq_runtime_t *rt, const char *cls, const char *queue)
+static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue)
 {
     static const char *const what[] = {
-        [KIQ_UNKNOWN_FAIL] = "they fail with NameError and are retried",
-        [KIQ_UNKNOWN_REQUEUE] = "they go back to the end of their queue for a Ruby process",
-        [KIQ_UNKNOWN_SKIP] = "they go to the dead set, not retried",
+        [CAPSTAN_UNKNOWN_FAIL] = "they fail with NameError and are retried",
+        [CAPSTAN_UNKNOWN_REQUEUE] = "they go back to the end of their queue for a Ruby process",
+        [CAPSTAN_UNKNOWN_SKIP] = "they go to the dead set, not retried",
     };
     pthread_mutex_lock(&unknown_mu);
     int first = 1;
@@ -228,9 +230,9 @@ static void note_unknown(kiq_runtime_t *rt, const char *cls, const char *queue)
     }
     pthread_mutex_unlock(&unknown_mu);
     if (first)
-        kiq_warn("no handler for %s (queue:%s); unknown_class: %s: %s", cls, queue,
-                 kiq_config_unknown_class_name(rt->cfg->unknown_class),
-                 what[rt->cfg->unknown_class]);
+        capstan_warn("no handler for %s (queue:%s); unknown_class: %s: %s", cls, queue,
+                     capstan_config_unknown_class_name(rt->cfg->unknown_class),
+                     what[rt->cfg->unknown_class]);
 }
 
 /* Puts a job back at the end of its queue fetched last, untouched, and
@@ -245,63 +247,63 @@ static const char requeue_lua[] =
     "return 1\n";
 
 /* Jobs this processor thread requeued in a row, with no job run between
- * them: when only unknown classes come, kiq may be the only reader of the
+ * them: when only unknown classes come, capstan may be the only reader of the
  * queue and would fetch them again and again. */
 static _Thread_local int requeue_streak;
 
 /* unknown_class: requeue. The slot lock keeps shutdown from giving the job
  * back too (as the ack does); once moved, the slot is marked given back. */
-static void requeue_unknown(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job)
+static void requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job)
 {
-    kiq_runtime_t *rt = s->rt;
+    capstan_runtime_t *rt = s->rt;
     char working[512] = "", qkey[512];
-    if (rt->cfg->fetch == KIQ_FETCH_RELIABLE)
-        kiq__fetch_working_key(rt->identity, working, sizeof(working));
-    kiq__key(qkey, sizeof(qkey), KIQ_KEY_QUEUE, job->queue);
+    if (rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE)
+        capstan__fetch_working_key(rt->identity, working, sizeof(working));
+    capstan__key(qkey, sizeof(qkey), CAPSTAN_KEY_QUEUE, job->queue);
     const char *argv[] = { "EVAL", requeue_lua, "2", working, qkey, job->payload };
     size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(qkey), job->len };
     /* -2: the connection broke (once reconnected, try again: with the
      * basic fetch the job exists nowhere else); -3: an error reply. */
     long long moved = -2;
     for (int tries = 0; moved == -2 && tries < 2; tries++) {
-        if (tries && kiq_processor_connected(s, r))
+        if (tries && capstan__processor_connected(s, r))
             break;
         pthread_mutex_lock(&s->mu);
-        redisReply *rep = s->abandoned ? NULL : kiq_redis_cmd(r, 6, argv, lens);
+        redisReply *rep = s->abandoned ? NULL : capstan_redis_cmd(r, 6, argv, lens);
         moved = s->abandoned ? 0 : !rep ? -2 : rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
         s->abandoned = s->abandoned || moved == 1;
         pthread_mutex_unlock(&s->mu);
         freeReplyObject(rep);
     }
     if (moved < 0)
-        kiq_error("could not put %s %s back in %s: %s; %s", job->cls, job->jid, qkey,
-                  moved == -1 ? "it holds another type than a list" : kiq_redis_error(r),
-                  working[0] ? "it stays in the working list" : "it is lost (basic fetch)");
+        capstan_error("could not put %s %s back in %s: %s; %s", job->cls, job->jid, qkey,
+                      moved == -1 ? "it holds another type than a list" : capstan_redis_error(r),
+                      working[0] ? "it stays in the working list" : "it is lost (basic fetch)");
     if (moved != 1 || ++requeue_streak < 2)
         return;
     /* 50 ms, doubling up to 1 s; shutdown wakes it. */
     double pause = 0.05 * (double)(1 << (requeue_streak < 7 ? requeue_streak - 2 : 5));
-    kiq_rt_wait(rt, pause < 1.0 ? pause : 1.0);
+    capstan__rt_wait(rt, pause < 1.0 ? pause : 1.0);
 }
 
-static int ride(void *ud, kiq_redis_t *r, kiq_script_call_t *calls, size_t ncalls)
+static int ride(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
-    return kiq_feed_ride(ud, r, calls, ncalls);
+    return capstan__feed_ride(ud, r, calls, ncalls);
 }
 
-static void prompt(void *ud, kiq_redis_t *r)
+static void prompt(void *ud, capstan_redis_t *r)
 {
-    kiq_feed_prompt(ud, r);
+    capstan__feed_prompt(ud, r);
 }
 
 /* The middleware state a job's server chain starts with. */
-static kiq_mw_t server_mw(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job,
-                          const kiq_handler_entry_t *h)
+static capstan_mw_t server_mw(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job,
+                              const capstan_handler_entry_t *h)
 {
-    kiq_runtime_t *rt = s->rt;
+    capstan_runtime_t *rt = s->rt;
     /* Middleware see the payload's own class (the uniqueness digest is made
      * of it, as Ruby makes it); the class options are the handler's. */
-    return (kiq_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = kiq_config_class(rt->cfg, job->cls),
+    return (capstan_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = capstan_config_class(rt->cfg, job->cls),
                        .unique = h ? h->unique : NULL, .limit = h ? h->limit : NULL, .job = job,
                        .cls = job->wrapper ? job->wrapper : job->cls,
                        .jid = job->jid, .queue = job->queue,
@@ -309,15 +311,15 @@ static kiq_mw_t server_mw(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job,
                        .ride_ud = s };
 }
 
-void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw *mw,
-                    const char *held_digest, kiq_prelock_t *prelock)
+void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, struct capstan_mw *mw,
+                         const char *held_digest, capstan_prelock_t *prelock)
 {
-    kiq_runtime_t *rt = s->rt;
-    job->redis = kiq_redis_ctx(r);
+    capstan_runtime_t *rt = s->rt;
+    job->redis = capstan_redis_ctx(r);
     job->stopping = &rt->stopping;
-    run_t run = { .slot = s, .h = kiq_registry_find(rt, job->cls) };
+    run_t run = { .slot = s, .h = capstan__registry_find(rt, job->cls) };
     run.tags = tags_of(job);
-    run.ctx = (kiq_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
+    run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
     *mw = server_mw(s, r, job, run.h);
     mw->priv = &run;
     mw->held_digest = held_digest;
@@ -326,11 +328,11 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
         requeue_streak = 0;
     else
         note_unknown(rt, job->cls, job->queue);
-    if (!run.h && rt->cfg->unknown_class == KIQ_UNKNOWN_REQUEUE) {
+    if (!run.h && rt->cfg->unknown_class == CAPSTAN_UNKNOWN_REQUEUE) {
         requeue_unknown(s, r, job);
-        kiq_mw_dispose(mw, KIQ_DISPOSE_KEEP, 0, NULL, 0);
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     } else {
-        kiq__mw_run(rt->server_chain, mw, call_handler, NULL);
+        capstan__mw_run(rt->server_chain, mw, call_handler, NULL);
     }
     free(run.tags);
     /* They point into this call's state and the caller's. */
@@ -339,34 +341,34 @@ void kiq_server_run(kiq_slot_t *s, kiq_redis_t *r, kiq_job_t *job, struct kiq_mw
     mw->prelock = NULL;
 }
 
-size_t kiq_server_prelock(kiq_slot_t *s, kiq_redis_t *r, const kiq_fetched_t *got, size_t n,
-                          kiq_prelock_t *pre, kiq_job_t *jobs)
+size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
+                               capstan_prelock_t *pre, capstan_job_t *jobs)
 {
-    kiq_mw_t mws[n];
-    kiq_mw_t *pm[n];
+    capstan_mw_t mws[n];
+    capstan_mw_t *pm[n];
     size_t m = 0;
     memset(jobs, 0, n * sizeof(*jobs));
     /* A job that does not parse or has no handler ends the run. */
     for (; m < n; m++) {
-        char err[KIQ_ERRLEN];
-        int bad = kiq_job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
-        const kiq_handler_entry_t *h = bad ? NULL : kiq_registry_find(s->rt, jobs[m].cls);
+        char err[CAPSTAN_ERRLEN];
+        int bad = capstan__job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
+        const capstan_handler_entry_t *h = bad ? NULL : capstan__registry_find(s->rt, jobs[m].cls);
         if (!h) {
             jobs[m].payload = NULL; /* the caller's */
-            kiq_job_clear(&jobs[m]);
+            capstan__job_clear(&jobs[m]);
             break;
         }
         mws[m] = server_mw(s, r, &jobs[m], h);
         pm[m] = &mws[m];
     }
-    size_t keep = m ? kiq_unique_prelock(pm, m, pre) : 0;
+    size_t keep = m ? capstan__unique_prelock(pm, m, pre) : 0;
     if (!keep) {
         memset(pre, 0, sizeof(*pre));
         keep = 1;
     }
     for (size_t i = keep; i < m; i++) {
         jobs[i].payload = NULL;
-        kiq_job_clear(&jobs[i]);
+        capstan__job_clear(&jobs[i]);
     }
     return keep;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures (once) and builds kiq in DIR (default build/) with warnings as
+# Configures (once) and builds capstan in DIR (default build/) with warnings as
 # errors. Extra arguments go to `meson setup`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

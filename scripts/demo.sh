@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo: builds kiq, starts a private redis-server unless REDIS_URL is
+# The demo: builds capstan, starts a private redis-server unless REDIS_URL is
 # set, pushes a few example jobs and runs a worker on them until Ctrl-C
 # (or for DEMO_SECONDS seconds).
 set -euo pipefail
@@ -28,23 +28,23 @@ if [ -z "${REDIS_URL:-}" ]; then
     echo "started a private redis-server at $REDIS_URL"
 fi
 
-kiq=build/kiq
+capstan=build/capstan
 echo "pushing example jobs"
-for i in 1 2 3; do $kiq push NoopJob "[$i]" >/dev/null; done
-$kiq push SleepJob '[1500]' >/dev/null
-$kiq push RecordJob '["demo:records"]' -q critical >/dev/null
-$kiq push FailJob '["this one fails and is retried"]' --retry 1 >/dev/null
-$kiq push RecordJob '["demo:records"]' --in 3 >/dev/null
-$kiq push NoSuchJob '[]' --retry false >/dev/null
+for i in 1 2 3; do $capstan push NoopJob "[$i]" >/dev/null; done
+$capstan push SleepJob '[1500]' >/dev/null
+$capstan push RecordJob '["demo:records"]' -q critical >/dev/null
+$capstan push FailJob '["this one fails and is retried"]' --retry 1 >/dev/null
+$capstan push RecordJob '["demo:records"]' --in 3 >/dev/null
+$capstan push NoSuchJob '[]' --retry false >/dev/null
 
-echo "running: $kiq run -C examples/kiq.yml (Ctrl-C to stop)"
+echo "running: $capstan run -C examples/capstan.yml (Ctrl-C to stop)"
 if [ -n "${DEMO_SECONDS:-}" ]; then
-    $kiq run -C examples/kiq.yml --redis-url "$REDIS_URL" &
+    $capstan run -C examples/capstan.yml --redis-url "$REDIS_URL" &
     worker=$!
     sleep "$DEMO_SECONDS"
     kill -TERM "$worker"
     wait "$worker"
-    $kiq stats --redis-url "$REDIS_URL" || true
+    $capstan stats --redis-url "$REDIS_URL" || true
 else
-    $kiq run -C examples/kiq.yml --redis-url "$REDIS_URL"
+    $capstan run -C examples/capstan.yml --redis-url "$REDIS_URL"
 fi

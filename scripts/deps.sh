@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what kiq needs to build, test, fuzz and run its demo, from Debian's
+# Installs what capstan needs to build, test, fuzz and run its demo, from Debian's
 # packages. Does nothing when everything is already there.
 set -euo pipefail
 

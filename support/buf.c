@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kiq/error.h"
+#include "capstan/error.h"
 #include "support/fmt.h"
 
-static int reserve(kiq_buf_t *b, size_t extra)
+static int reserve(capstan_buf_t *b, size_t extra)
 {
     if (b->len + extra + 1 <= b->cap)
         return 0;
@@ -18,7 +18,7 @@ static int reserve(kiq_buf_t *b, size_t extra)
         cap *= 2;
     char *p = b->on ? malloc(cap) : realloc(b->p, cap);
     if (!p)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     if (b->on)
         memcpy(p, b->p, b->len + 1);
     b->p = p;
@@ -27,7 +27,7 @@ static int reserve(kiq_buf_t *b, size_t extra)
     return 0;
 }
 
-void kiq__buf_on(kiq_buf_t *b, char *storage, size_t size)
+void capstan__buf_on(capstan_buf_t *b, char *storage, size_t size)
 {
     b->p = storage;
     b->p[0] = '\0';
@@ -36,10 +36,10 @@ void kiq__buf_on(kiq_buf_t *b, char *storage, size_t size)
     b->on = 1;
 }
 
-int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len)
+int capstan__buf_put(capstan_buf_t *b, const char *s, size_t len)
 {
     if (reserve(b, len))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     if (len)
         memcpy(b->p + b->len, s, len);
     b->len += len;
@@ -47,41 +47,41 @@ int kiq__buf_put(kiq_buf_t *b, const char *s, size_t len)
     return 0;
 }
 
-int kiq__buf_puts(kiq_buf_t *b, const char *s)
+int capstan__buf_puts(capstan_buf_t *b, const char *s)
 {
-    return kiq__buf_put(b, s, strlen(s));
+    return capstan__buf_put(b, s, strlen(s));
 }
 
-int kiq__buf_put_int(kiq_buf_t *b, long long v)
+int capstan__buf_put_int(capstan_buf_t *b, long long v)
 {
-    char t[KIQ_FMT_INT];
-    return kiq__buf_put(b, t, kiq__fmt_int(t, v));
+    char t[CAPSTAN_FMT_INT];
+    return capstan__buf_put(b, t, capstan__fmt_int(t, v));
 }
 
-int kiq__buf_put_fixed(kiq_buf_t *b, double v, int places)
+int capstan__buf_put_fixed(capstan_buf_t *b, double v, int places)
 {
     char t[64];
-    return kiq__buf_put(b, t, kiq__fmt_fixed(t, sizeof(t), v, places));
+    return capstan__buf_put(b, t, capstan__fmt_fixed(t, sizeof(t), v, places));
 }
 
-int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)
+int capstan__buf_printf(capstan_buf_t *b, const char *fmt, ...)
 {
     /* Format straight into the free space; only a line that does not fit
      * is formatted a second time, after growing (log lines and payload
      * edits are on every job's path). */
     if (reserve(b, 64))
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     size_t room = b->cap - b->len;
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(b->p + b->len, room, fmt, ap);
     va_end(ap);
     if (n < 0)
-        return KIQ_ENOMEM;
+        return CAPSTAN_ENOMEM;
     if ((size_t)n >= room) {
         if (reserve(b, (size_t)n)) {
             b->p[b->len] = '\0'; /* drop the truncated attempt */
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         }
         va_start(ap, fmt);
         vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
@@ -91,7 +91,7 @@ int kiq__buf_printf(kiq_buf_t *b, const char *fmt, ...)
     return 0;
 }
 
-char *kiq__buf_take(kiq_buf_t *b, size_t *len)
+char *capstan__buf_take(capstan_buf_t *b, size_t *len)
 {
     /* An empty buffer was never written to: it is handed over as "". */
     if (!b->p) {
@@ -113,7 +113,7 @@ char *kiq__buf_take(kiq_buf_t *b, size_t *len)
     return p;
 }
 
-void kiq__buf_free(kiq_buf_t *b)
+void capstan__buf_free(capstan_buf_t *b)
 {
     if (!b->on)
         free(b->p);

@@ -3,7 +3,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 
-void *kiq__dlopen_lib(const char *base, const char *version)
+void *capstan__dlopen_lib(const char *base, const char *version)
 {
     char name[128];
     snprintf(name, sizeof(name), "%s.so.%s", base, version);

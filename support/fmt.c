@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-size_t kiq__fmt_uint(char *out, unsigned long long v)
+size_t capstan__fmt_uint(char *out, unsigned long long v)
 {
-    char t[KIQ_FMT_INT];
+    char t[CAPSTAN_FMT_INT];
     size_t n = 0;
     do {
         t[n++] = (char)('0' + v % 10);
@@ -19,12 +19,12 @@ size_t kiq__fmt_uint(char *out, unsigned long long v)
     return n;
 }
 
-size_t kiq__fmt_int(char *out, long long v)
+size_t capstan__fmt_int(char *out, long long v)
 {
     if (v >= 0)
-        return kiq__fmt_uint(out, (unsigned long long)v);
+        return capstan__fmt_uint(out, (unsigned long long)v);
     out[0] = '-';
-    return 1 + kiq__fmt_uint(out + 1, 0 - (unsigned long long)v);
+    return 1 + capstan__fmt_uint(out + 1, 0 - (unsigned long long)v);
 }
 
 /* a * b exactly, as *hi + *lo (Dekker's product: each factor split into
@@ -38,7 +38,7 @@ static void exact_product(double a, double b, double *hi, double *lo)
     *lo = ((ah * bh - *hi) + ah * bl + al * bh) + al * bl;
 }
 
-size_t kiq__fmt_fixed(char *out, size_t n, double v, int places)
+size_t capstan__fmt_fixed(char *out, size_t n, double v, int places)
 {
     static const double scale[] = { 1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9 };
     if (!(v >= 0 && v < 1e15) || signbit(v) || n < 32 || places < 1 || places > 9) {
@@ -62,7 +62,7 @@ size_t kiq__fmt_fixed(char *out, size_t n, double v, int places)
         whole++;
         frac -= one;
     }
-    size_t len = kiq__fmt_uint(out, whole);
+    size_t len = capstan__fmt_uint(out, whole);
     out[len++] = '.';
     for (int i = places - 1; i >= 0; i--, frac /= 10)
         out[len + (size_t)i] = (char)('0' + frac % 10);
@@ -71,7 +71,7 @@ size_t kiq__fmt_fixed(char *out, size_t n, double v, int places)
     return len;
 }
 
-size_t kiq__fmt_cat(char *out, size_t n, ...)
+size_t capstan__fmt_cat(char *out, size_t n, ...)
 {
     va_list ap;
     va_start(ap, n);

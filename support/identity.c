@@ -8,7 +8,7 @@
 
 #include "support/time.h"
 
-void kiq__hostname(char *out, size_t n)
+void capstan__hostname(char *out, size_t n)
 {
     const char *dyno = getenv("DYNO");
     if (dyno && *dyno) {
@@ -20,11 +20,11 @@ void kiq__hostname(char *out, size_t n)
     out[n - 1] = '\0';
 }
 
-void kiq__identity_make(char *out, size_t n)
+void capstan__identity_make(char *out, size_t n)
 {
     char host[256];
     char hex[13];
-    kiq__hostname(host, sizeof(host));
-    kiq__random_hex(hex, 6);
+    capstan__hostname(host, sizeof(host));
+    capstan__random_hex(hex, 6);
     snprintf(out, n, "%s:%d:%s", host, (int)getpid(), hex);
 }

@@ -1,13 +1,13 @@
 /* The process identity Sidekiq's API shows: "hostname:pid:12hex". */
-#ifndef KIQ_SUPPORT_IDENTITY_H
-#define KIQ_SUPPORT_IDENTITY_H
+#ifndef CAPSTAN_SUPPORT_IDENTITY_H
+#define CAPSTAN_SUPPORT_IDENTITY_H
 
 #include <stddef.h>
 
 /* Writes a fresh identity into out (n bytes). The hostname is $DYNO when set,
  * as Sidekiq does, else gethostname(). */
-void kiq__identity_make(char *out, size_t n);
+void capstan__identity_make(char *out, size_t n);
 /* The hostname part used above, into out. */
-void kiq__hostname(char *out, size_t n);
+void capstan__hostname(char *out, size_t n);
 
 #endif

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "support/buf.h"
-#include "kiq/error.h"
+#include "capstan/error.h"
 
 #define MAX_DEPTH 512
 
@@ -20,8 +20,8 @@ typedef struct scanner {
 
 static int fail(scanner_t *sc, const char *what)
 {
-    return kiq_seterr(sc->err, KIQ_EPARSE, "invalid JSON at byte %zu: %s",
-                      sc->pos, what);
+    return capstan_seterr(sc->err, CAPSTAN_EPARSE, "invalid JSON at byte %zu: %s",
+                          sc->pos, what);
 }
 
 static void skip_ws(scanner_t *sc)
@@ -94,18 +94,18 @@ static int scan_number(scanner_t *sc)
     if (sc->pos < sc->len && sc->s[sc->pos] == '0')
         sc->pos++;
     else if (scan_digits(sc))
-        return KIQ_EPARSE;
+        return CAPSTAN_EPARSE;
     if (sc->pos < sc->len && sc->s[sc->pos] == '.') {
         sc->pos++;
         if (scan_digits(sc))
-            return KIQ_EPARSE;
+            return CAPSTAN_EPARSE;
     }
     if (sc->pos < sc->len && (sc->s[sc->pos] == 'e' || sc->s[sc->pos] == 'E')) {
         sc->pos++;
         if (sc->pos < sc->len && (sc->s[sc->pos] == '+' || sc->s[sc->pos] == '-'))
             sc->pos++;
         if (scan_digits(sc))
-            return KIQ_EPARSE;
+            return CAPSTAN_EPARSE;
     }
     return 0;
 }
@@ -119,15 +119,15 @@ static int scan_literal(scanner_t *sc, const char *lit)
     return 0;
 }
 
-static int scan_value(scanner_t *sc, int depth, kiq_jobject_t *top);
+static int scan_value(scanner_t *sc, int depth, capstan_jobject_t *top);
 
-static int add_member(kiq_jobject_t *obj, kiq_jmember_t m)
+static int add_member(capstan_jobject_t *obj, capstan_jmember_t m)
 {
     if (obj->n == obj->cap) {
         size_t cap = obj->cap ? obj->cap * 2 : 16;
-        kiq_jmember_t *p = realloc(obj->m, cap * sizeof(*p));
+        capstan_jmember_t *p = realloc(obj->m, cap * sizeof(*p));
         if (!p)
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         obj->m = p;
         obj->cap = cap;
     }
@@ -135,7 +135,7 @@ static int add_member(kiq_jobject_t *obj, kiq_jmember_t m)
     return 0;
 }
 
-static int scan_object(scanner_t *sc, int depth, kiq_jobject_t *top)
+static int scan_object(scanner_t *sc, int depth, capstan_jobject_t *top)
 {
     sc->pos++; /* { */
     skip_ws(sc);
@@ -147,9 +147,9 @@ static int scan_object(scanner_t *sc, int depth, kiq_jobject_t *top)
         skip_ws(sc);
         if (sc->pos >= sc->len || sc->s[sc->pos] != '"')
             return fail(sc, "object key expected");
-        kiq_jmember_t m = { .kstart = sc->pos + 1 };
+        capstan_jmember_t m = { .kstart = sc->pos + 1 };
         if (scan_string(sc))
-            return KIQ_EPARSE;
+            return CAPSTAN_EPARSE;
         m.klen = sc->pos - 1 - m.kstart;
         skip_ws(sc);
         if (sc->pos >= sc->len || sc->s[sc->pos] != ':')
@@ -162,7 +162,7 @@ static int scan_object(scanner_t *sc, int depth, kiq_jobject_t *top)
             return rc;
         m.vlen = sc->pos - m.vstart;
         if (top && add_member(top, m))
-            return KIQ_ENOMEM;
+            return CAPSTAN_ENOMEM;
         skip_ws(sc);
         if (sc->pos >= sc->len)
             return fail(sc, "unterminated object");
@@ -202,7 +202,7 @@ static int scan_array(scanner_t *sc, int depth)
     }
 }
 
-static int scan_value(scanner_t *sc, int depth, kiq_jobject_t *top)
+static int scan_value(scanner_t *sc, int depth, capstan_jobject_t *top)
 {
     if (depth > MAX_DEPTH)
         return fail(sc, "nested too deeply");
@@ -222,7 +222,7 @@ static int scan_value(scanner_t *sc, int depth, kiq_jobject_t *top)
     }
 }
 
-static int scan_whole(const char *s, size_t len, kiq_jobject_t *top, char *err)
+static int scan_whole(const char *s, size_t len, capstan_jobject_t *top, char *err)
 {
     scanner_t sc = { .s = s, .len = len, .err = err };
     skip_ws(&sc);
@@ -237,18 +237,18 @@ static int scan_whole(const char *s, size_t len, kiq_jobject_t *top, char *err)
     return 0;
 }
 
-int kiq__json_validate(const char *s, size_t len, char *err)
+int capstan__json_validate(const char *s, size_t len, char *err)
 {
     return scan_whole(s, len, NULL, err);
 }
 
-int kiq__json_scan_object(const char *s, size_t len, kiq_jobject_t *obj, char *err)
+int capstan__json_scan_object(const char *s, size_t len, capstan_jobject_t *obj, char *err)
 {
     obj->n = 0;
     return scan_whole(s, len, obj, err);
 }
 
-void kiq__jobject_free(kiq_jobject_t *obj)
+void capstan__jobject_free(capstan_jobject_t *obj)
 {
     if (!obj)
         return;
@@ -257,12 +257,12 @@ void kiq__jobject_free(kiq_jobject_t *obj)
     obj->n = obj->cap = 0;
 }
 
-const kiq_jmember_t *kiq__jobject_get(const kiq_jobject_t *obj, const char *s,
-                                     const char *key)
+const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, const char *s,
+                                              const char *key)
 {
     size_t klen = strlen(key);
     for (size_t i = obj->n; i-- > 0;) {
-        const kiq_jmember_t *m = &obj->m[i];
+        const capstan_jmember_t *m = &obj->m[i];
         if (m->klen == klen && memcmp(s + m->kstart, key, klen) == 0)
             return m;
     }
@@ -295,7 +295,7 @@ static uint32_t hex4(const char *p)
     return (uint32_t)(hexval(p[0]) << 12 | hexval(p[1]) << 8 | hexval(p[2]) << 4 | hexval(p[3]));
 }
 
-char *kiq__json_string_dup(const char *v, size_t len)
+char *capstan__json_string_dup(const char *v, size_t len)
 {
     if (len < 2 || v[0] != '"' || v[len - 1] != '"')
         return NULL;
@@ -336,7 +336,7 @@ char *kiq__json_string_dup(const char *v, size_t len)
     return out;
 }
 
-size_t kiq__utf8_seq(const char *str, size_t n)
+size_t capstan__utf8_seq(const char *str, size_t n)
 {
     const unsigned char *s = (const unsigned char *)str;
     if (s[0] < 0x80) return 1;
@@ -357,10 +357,10 @@ size_t kiq__utf8_seq(const char *str, size_t n)
     return need;
 }
 
-int kiq__utf8_valid(const char *s, size_t len)
+int capstan__utf8_valid(const char *s, size_t len)
 {
     for (size_t i = 0; i < len;) {
-        size_t k = kiq__utf8_seq(s + i, len - i);
+        size_t k = capstan__utf8_seq(s + i, len - i);
         if (!k)
             return 0;
         i += k;
@@ -368,13 +368,13 @@ int kiq__utf8_valid(const char *s, size_t len)
     return 1;
 }
 
-int kiq__json_quote(kiq_buf_t *b, const char *s, size_t len)
+int capstan__json_quote(capstan_buf_t *b, const char *s, size_t len)
 {
-    int rc = kiq__buf_put(b, "\"", 1);
+    int rc = capstan__buf_put(b, "\"", 1);
     size_t run = 0; /* start of the pending run of bytes copied verbatim */
     for (size_t i = 0; i < len && !rc;) {
         unsigned char c = (unsigned char)s[i];
-        size_t k = kiq__utf8_seq(s + i, len - i);
+        size_t k = capstan__utf8_seq(s + i, len - i);
         const char *rep = NULL;
         char tmp[8];
         if (k == 0) rep = "\xEF\xBF\xBD";
@@ -385,9 +385,9 @@ int kiq__json_quote(kiq_buf_t *b, const char *s, size_t len)
         else if (c == '\t') rep = "\\t";
         else if (c < 0x20) { snprintf(tmp, sizeof(tmp), "\\u%04x", c); rep = tmp; }
         if (rep) {
-            rc = kiq__buf_put(b, s + run, i - run);
+            rc = capstan__buf_put(b, s + run, i - run);
             if (!rc)
-                rc = kiq__buf_puts(b, rep);
+                 rc = capstan__buf_puts(b, rep);
             i += k ? k : 1;
             run = i;
         } else {
@@ -395,8 +395,8 @@ int kiq__json_quote(kiq_buf_t *b, const char *s, size_t len)
         }
     }
     if (!rc)
-        rc = kiq__buf_put(b, s + run, len - run);
+        rc = capstan__buf_put(b, s + run, len - run);
     if (!rc)
-        rc = kiq__buf_put(b, "\"", 1);
+        rc = capstan__buf_put(b, "\"", 1);
     return rc;
 }

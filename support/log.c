@@ -3,10 +3,10 @@
  * from different threads never interleave.
  *
  * The start/done/fail lines of jobs are the bulk of a busy worker's output;
- * writing each with its own system call cost a third of kiq's throughput.
+ * writing each with its own system call cost a third of capstan's throughput.
  * They collect in a per-thread batch that goes out when it holds 4 KB, when
  * its oldest line is 50 ms old, before any other line of the same thread
- * (so a thread's lines keep their order), and whenever kiq__log_flush runs
+ * (so a thread's lines keep their order), and whenever capstan__log_flush runs
  * (the main thread calls it five times a second, and at exit). A kill -9
  * can therefore lose the last 50 ms of job lines; warnings and errors are
  * always written at once. */
@@ -26,25 +26,25 @@
 #include "support/buf.h"
 #include "support/fmt.h"
 #include "support/json.h"
-#include "kiq/error.h"
+#include "capstan/error.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *log_out;           /* NULL = stderr */
 static char *log_path;
-static atomic_int log_fd = 2;   /* log_out's descriptor, for kiq__log_fd */
-static kiq_log_format_t log_fmt = KIQ_LOG_PRETTY;
-static kiq_level_t log_min = KIQ_INFO;
+static atomic_int log_fd = 2;   /* log_out's descriptor, for capstan__log_fd */
+static capstan_log_format_t log_fmt = CAPSTAN_LOG_PRETTY;
+static capstan_level_t log_min = CAPSTAN_INFO;
 
 static const char *level_name[] = { "DEBUG", "INFO", "WARN", "ERROR" };
 
 #define BATCH_BYTES 4096
 #define BATCH_AGE 0.05
 
-/* One thread's pending job lines; registered for kiq__log_flush and kept
- * until kiq__log_close (threads come and go, their last lines must not). */
+/* One thread's pending job lines; registered for capstan__log_flush and kept
+ * until capstan__log_close (threads come and go, their last lines must not). */
 typedef struct batch {
     pthread_mutex_t mu;
-    kiq_buf_t buf;
+    capstan_buf_t buf;
     double since;            /* monotonic time of the oldest pending line */
     struct batch *next;
 } batch_t;
@@ -95,7 +95,7 @@ static batch_t *batch_mine(void)
     return my_batch;
 }
 
-void kiq__log_flush(void)
+void capstan__log_flush(void)
 {
     pthread_mutex_lock(&batches_lock);
     for (batch_t *b = batches; b; b = b->next) {
@@ -106,11 +106,11 @@ void kiq__log_flush(void)
     pthread_mutex_unlock(&batches_lock);
 }
 
-int kiq__log_setup(kiq_log_format_t fmt, int verbose, const char *path)
+int capstan__log_setup(capstan_log_format_t fmt, int verbose, const char *path)
 {
     FILE *f = NULL;
     if (path && !(f = fopen(path, "a")))
-        return KIQ_ESYS;
+        return CAPSTAN_ESYS;
     if (f)
         setvbuf(f, NULL, _IOLBF, 0);
     pthread_mutex_lock(&log_lock);
@@ -121,15 +121,15 @@ int kiq__log_setup(kiq_log_format_t fmt, int verbose, const char *path)
     free(log_path);
     log_path = path ? strdup(path) : NULL;
     log_fmt = fmt;
-    log_min = verbose ? KIQ_DEBUG : KIQ_INFO;
+    log_min = verbose ? CAPSTAN_DEBUG : CAPSTAN_INFO;
     pthread_mutex_unlock(&log_lock);
     return 0;
 }
 
-int kiq__log_reopen(void)
+int capstan__log_reopen(void)
 {
     int rc = 0;
-    kiq__log_flush(); /* what was logged before the signal goes to the old file */
+    capstan__log_flush(); /* what was logged before the signal goes to the old file */
     pthread_mutex_lock(&log_lock);
     if (log_path) {
         FILE *f = fopen(log_path, "a");
@@ -139,21 +139,21 @@ int kiq__log_reopen(void)
             fclose(log_out);
             log_out = f;
         } else {
-            rc = KIQ_ESYS;
+            rc = CAPSTAN_ESYS;
         }
     }
     pthread_mutex_unlock(&log_lock);
     return rc;
 }
 
-void kiq__log_close(void)
+void capstan__log_close(void)
 {
-    kiq__log_flush();
+    capstan__log_flush();
     pthread_mutex_lock(&batches_lock);
     while (batches) {
         batch_t *b = batches;
         batches = b->next;
-        kiq__buf_free(&b->buf);
+        capstan__buf_free(&b->buf);
         pthread_mutex_destroy(&b->mu);
         free(b);
     }
@@ -168,12 +168,12 @@ void kiq__log_close(void)
     pthread_mutex_unlock(&log_lock);
 }
 
-int kiq__log_fd(void)
+int capstan__log_fd(void)
 {
     return atomic_load(&log_fd);
 }
 
-const char *kiq__log_tid(void)
+const char *capstan__log_tid(void)
 {
     static _Thread_local char tid[16];
     if (!tid[0]) {
@@ -224,45 +224,45 @@ static const char *pid_tid(void)
     static _Thread_local char s[64];
     static _Thread_local int for_pid;
     if (for_pid != log_pid) {
-        snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, kiq__log_tid());
+        snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, capstan__log_tid());
         for_pid = log_pid;
     }
     return s;
 }
 
-static void json_ctx_str(kiq_buf_t *b, int *first, const char *k, const char *v)
+static void json_ctx_str(capstan_buf_t *b, int *first, const char *k, const char *v)
 {
     if (!v)
         return;
-    kiq__buf_printf(b, "%s\"%s\":", *first ? "" : ",", k);
-    kiq__json_quote(b, v, strlen(v));
+    capstan__buf_printf(b, "%s\"%s\":", *first ? "" : ",", k);
+    capstan__json_quote(b, v, strlen(v));
     *first = 0;
 }
 
 /* Appends s with control characters escaped (\n, \t, \r, \xNN), so that a
  * class name, jid, tag or error message taken from a payload cannot split
  * a text line in two or forge one. Plain runs go out in one append. */
-static void put_escaped(kiq_buf_t *b, const char *s)
+static void put_escaped(capstan_buf_t *b, const char *s)
 {
     const char *run = s;
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         if (*c >= 0x20 && *c != 0x7f)
             continue;
-        kiq__buf_put(b, run, (size_t)((const char *)c - run));
+        capstan__buf_put(b, run, (size_t)((const char *)c - run));
         if (*c == '\n')
-            kiq__buf_puts(b, "\\n");
+            capstan__buf_puts(b, "\\n");
         else if (*c == '\t')
-            kiq__buf_puts(b, "\\t");
+            capstan__buf_puts(b, "\\t");
         else if (*c == '\r')
-            kiq__buf_puts(b, "\\r");
+            capstan__buf_puts(b, "\\r");
         else
-            kiq__buf_printf(b, "\\x%02x", *c);
+            capstan__buf_printf(b, "\\x%02x", *c);
         run = (const char *)c + 1;
     }
-    kiq__buf_puts(b, run);
+    capstan__buf_puts(b, run);
 }
 
-void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
+void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *fmt, ...)
 {
     if (lvl < log_min)
         return;
@@ -271,7 +271,7 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     if (!log_pid)
         log_pid = (int)getpid();
     if (!strchr(fmt, '%')) {
-        kiq__fmt_cat(msg, sizeof(msg), fmt, NULL);
+        capstan__fmt_cat(msg, sizeof(msg), fmt, NULL);
     } else {
         va_list ap;
         va_start(ap, fmt);
@@ -281,45 +281,45 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     timestamp(ts, sizeof(ts));
 
     char line[512]; /* most lines fit: no allocation on a job's path */
-    kiq_buf_t b;
-    kiq__buf_on(&b, line, sizeof(line));
-    if (log_fmt == KIQ_LOG_JSON) {
-        kiq__buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",\"lvl\":\"%s\",\"msg\":",
-                       ts, log_pid, kiq__log_tid(), level_name[lvl]);
-        kiq__json_quote(&b, msg, strlen(msg));
-        kiq__buf_puts(&b, ",\"ctx\":{");
+    capstan_buf_t b;
+    capstan__buf_on(&b, line, sizeof(line));
+    if (log_fmt == CAPSTAN_LOG_JSON) {
+        capstan__buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",\"lvl\":\"%s\",\"msg\":",
+                            ts, log_pid, capstan__log_tid(), level_name[lvl]);
+        capstan__json_quote(&b, msg, strlen(msg));
+        capstan__buf_puts(&b, ",\"ctx\":{");
         int first = 1;
         if (ctx) {
             json_ctx_str(&b, &first, "class", ctx->cls);
             json_ctx_str(&b, &first, "jid", ctx->jid);
             json_ctx_str(&b, &first, "tags", ctx->tags);
             if (ctx->elapsed >= 0)
-                kiq__buf_printf(&b, "%s\"elapsed\":%.3f", first ? "" : ",", ctx->elapsed);
+                capstan__buf_printf(&b, "%s\"elapsed\":%.3f", first ? "" : ",", ctx->elapsed);
         }
-        kiq__buf_puts(&b, "}}\n");
+        capstan__buf_puts(&b, "}}\n");
     } else {
         /* Built with plain appends: this runs twice per job. */
-        kiq__buf_puts(&b, ts);
-        kiq__buf_puts(&b, pid_tid());
+        capstan__buf_puts(&b, ts);
+        capstan__buf_puts(&b, pid_tid());
         if (ctx) {
-            if (ctx->cls) { kiq__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
-            if (ctx->jid) { kiq__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
-            if (ctx->tags) { kiq__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
+            if (ctx->cls) { capstan__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
+            if (ctx->jid) { capstan__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
+            if (ctx->tags) { capstan__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
             if (ctx->elapsed >= 0) {
-                kiq__buf_puts(&b, " elapsed=");
-                kiq__buf_put_fixed(&b, ctx->elapsed, 3); /* a line per job: no printf */
+                capstan__buf_puts(&b, " elapsed=");
+                capstan__buf_put_fixed(&b, ctx->elapsed, 3); /* a line per job: no printf */
             }
         }
-        kiq__buf_puts(&b, " ");
-        kiq__buf_puts(&b, level_name[lvl]);
-        kiq__buf_puts(&b, ": ");
+        capstan__buf_puts(&b, " ");
+        capstan__buf_puts(&b, level_name[lvl]);
+        capstan__buf_puts(&b, ": ");
         put_escaped(&b, msg); /* messages quote payloads too (errors, class names) */
-        kiq__buf_puts(&b, "\n");
+        capstan__buf_puts(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;
     if (mine) {
         pthread_mutex_lock(&mine->mu);
-        if (ctx && lvl == KIQ_INFO) {
+        if (ctx && lvl == CAPSTAN_INFO) {
             double now = mono_now();
             /* Written before it would pass BATCH_BYTES, so that each
              * thread's buffer stays that size. */
@@ -327,7 +327,7 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
                 batch_write(mine);
             if (!mine->buf.len)
                 mine->since = now;
-            if (kiq__buf_put(&mine->buf, b.p, b.len) != 0)
+            if (capstan__buf_put(&mine->buf, b.p, b.len) != 0)
                 write_out(b.p, b.len);
             if (mine->buf.len >= BATCH_BYTES || now - mine->since >= BATCH_AGE)
                 batch_write(mine);
@@ -339,6 +339,6 @@ void kiq__log(kiq_level_t lvl, const kiq_logctx_t *ctx, const char *fmt, ...)
     } else if (b.p) {
         write_out(b.p, b.len);
     }
-    kiq__buf_free(&b);
+    capstan__buf_free(&b);
     errno = saved;
 }

@@ -5,15 +5,15 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kiq/error.h"
+#include "capstan/error.h"
 
-int kiq__parse_number(const char *text, int integer, double lo, double hi, double *out)
+int capstan__parse_number(const char *text, int integer, double lo, double hi, double *out)
 {
     char *end;
     errno = 0;
     double d = integer ? (double)strtol(text, &end, 10) : strtod(text, &end);
     if (end == text || *end || errno || !isfinite(d) || d < lo || d > hi)
-        return KIQ_EINVAL;
+        return CAPSTAN_EINVAL;
     *out = d;
     return 0;
 }

@@ -1,22 +1,22 @@
 /* Strict numbers from text (flags, subcommand options): the whole word, no
  * trailing junk, finite, and within bounds. */
-#ifndef KIQ_SUPPORT_NUMBER_H
-#define KIQ_SUPPORT_NUMBER_H
+#ifndef CAPSTAN_SUPPORT_NUMBER_H
+#define CAPSTAN_SUPPORT_NUMBER_H
 
 /* Parses text as a number (a base-10 integer when integer is set) in
- * [lo, hi] into *out. Returns 0, or KIQ_EINVAL for "", "5s", "inf", "nan",
+ * [lo, hi] into *out. Returns 0, or CAPSTAN_EINVAL for "", "5s", "inf", "nan",
  * an overflow or a value out of bounds (*out unchanged). */
-int kiq__parse_number(const char *text, int integer, double lo, double hi, double *out);
+int capstan__parse_number(const char *text, int integer, double lo, double hi, double *out);
 
 /* floor() and ceil() for |x| < 2^63, without libm: mapped, libm would add
  * about 300 KB to every worker's resident memory for these two. */
-static inline double kiq__floor(double x)
+static inline double capstan__floor(double x)
 {
     double t = (double)(long long)x;
     return t > x ? t - 1 : t;
 }
 
-static inline double kiq__ceil(double x)
+static inline double capstan__ceil(double x)
 {
     double t = (double)(long long)x;
     return t < x ? t + 1 : t;

@@ -7,10 +7,10 @@
 
 #include "support/buf.h"
 #include "support/time.h"
-#include "kiq/error.h"
+#include "capstan/error.h"
 
-static const kiq_field_t *find_set(const char *s, const kiq_jmember_t *m,
-                                   const kiq_field_t *set, size_t nset, size_t *idx)
+static const capstan_field_t *find_set(const char *s, const capstan_jmember_t *m,
+                                       const capstan_field_t *set, size_t nset, size_t *idx)
 {
     for (size_t i = 0; i < nset; i++) {
         size_t kl = strlen(set[i].key);
@@ -22,31 +22,31 @@ static const kiq_field_t *find_set(const char *s, const kiq_jmember_t *m,
     return NULL;
 }
 
-static int put_member(kiq_buf_t *b, int *first, const char *key, size_t klen,
+static int put_member(capstan_buf_t *b, int *first, const char *key, size_t klen,
                       const char *v, size_t vlen)
 {
     int rc = 0;
     if (!*first)
-        rc = kiq__buf_put(b, ",", 1);
+        rc = capstan__buf_put(b, ",", 1);
     *first = 0;
-    if (!rc) rc = kiq__buf_put(b, "\"", 1);
-    if (!rc) rc = kiq__buf_put(b, key, klen);
-    if (!rc) rc = kiq__buf_put(b, "\":", 2);
-    if (!rc) rc = kiq__buf_put(b, v, vlen);
+    if (!rc) rc = capstan__buf_put(b, "\"", 1);
+    if (!rc) rc = capstan__buf_put(b, key, klen);
+    if (!rc) rc = capstan__buf_put(b, "\":", 2);
+    if (!rc) rc = capstan__buf_put(b, v, vlen);
     return rc;
 }
 
-int kiq__payload_edit(const char *s, const kiq_jobject_t *obj,
-                     const kiq_field_t *set, size_t nset,
-                     char **out, size_t *outlen)
+int capstan__payload_edit(const char *s, const capstan_jobject_t *obj,
+                          const capstan_field_t *set, size_t nset,
+                          char **out, size_t *outlen)
 {
-    kiq_buf_t b = {0};
+    capstan_buf_t b = {0};
     unsigned char *done = calloc(nset ? nset : 1, 1);
-    int first = 1, rc = done ? kiq__buf_put(&b, "{", 1) : KIQ_ENOMEM;
+    int first = 1, rc = done ? capstan__buf_put(&b, "{", 1) : CAPSTAN_ENOMEM;
     for (size_t i = 0; i < obj->n && !rc; i++) {
-        const kiq_jmember_t *m = &obj->m[i];
+        const capstan_jmember_t *m = &obj->m[i];
         size_t idx;
-        const kiq_field_t *f = find_set(s, m, set, nset, &idx);
+        const capstan_field_t *f = find_set(s, m, set, nset, &idx);
         if (!f) {
             rc = put_member(&b, &first, s + m->kstart, m->klen, s + m->vstart, m->vlen);
         } else if (!done[idx]) {
@@ -61,25 +61,25 @@ int kiq__payload_edit(const char *s, const kiq_jobject_t *obj,
             rc = put_member(&b, &first, set[i].key, strlen(set[i].key), set[i].value,
                             set[i].vlen ? set[i].vlen : strlen(set[i].value));
     if (!rc)
-        rc = kiq__buf_put(&b, "}", 1);
+        rc = capstan__buf_put(&b, "}", 1);
     free(done);
     if (rc) {
-        kiq__buf_free(&b);
+        capstan__buf_free(&b);
         return rc;
     }
-    *out = kiq__buf_take(&b, outlen);
+    *out = capstan__buf_take(&b, outlen);
     return 0;
 }
 
-void kiq__ts_json(char *buf, double now, kiq_ts_format_t fmt)
+void capstan__ts_json(char *buf, double now, capstan_ts_format_t fmt)
 {
-    if (fmt == KIQ_TS_MILLIS)
+    if (fmt == CAPSTAN_TS_MILLIS)
         snprintf(buf, 32, "%lld", (long long)(now * 1000.0));
     else
         snprintf(buf, 32, "%.6f", now);
 }
 
-double kiq__ts_parse(const char *v, size_t len)
+double capstan__ts_parse(const char *v, size_t len)
 {
     char tmp[64];
     if (len == 0 || len >= sizeof(tmp))
@@ -95,7 +95,7 @@ double kiq__ts_parse(const char *v, size_t len)
     return d / 1000.0;
 }
 
-void kiq__new_jid(char out[25])
+void capstan__new_jid(char out[25])
 {
-    kiq__random_hex(out, 12);
+    capstan__random_hex(out, 12);
 }

@@ -1,36 +1,36 @@
 /* Edits of a job payload's text: replace or add top-level fields and leave
  * every other byte as the client wrote it. */
-#ifndef KIQ_SUPPORT_PAYLOAD_H
-#define KIQ_SUPPORT_PAYLOAD_H
+#ifndef CAPSTAN_SUPPORT_PAYLOAD_H
+#define CAPSTAN_SUPPORT_PAYLOAD_H
 
 #include <stddef.h>
 
 #include "support/json.h"
-#include "kiq/config.h"
+#include "capstan/config.h"
 
-typedef struct kiq_field {
+typedef struct capstan_field {
     const char *key;
     const char *value; /* raw JSON text of the new value; NULL removes the key */
     size_t vlen;       /* 0 = strlen(value) */
-} kiq_field_t;
+} capstan_field_t;
 
 /* Builds a new payload from s (scanned into obj): fields in set replace the
  * value of an existing member in place (all duplicates collapse into one) or
  * are appended at the end in order. *out is owned by the caller (free()).
- * Returns 0 or KIQ_ENOMEM. */
-int kiq__payload_edit(const char *s, const kiq_jobject_t *obj,
-                     const kiq_field_t *set, size_t nset,
-                     char **out, size_t *outlen);
+ * Returns 0 or CAPSTAN_ENOMEM. */
+int capstan__payload_edit(const char *s, const capstan_jobject_t *obj,
+                          const capstan_field_t *set, size_t nset,
+                          char **out, size_t *outlen);
 
 /* Writes now as a JSON timestamp of the given format into buf (32 bytes):
  * float seconds always carry a '.', millis are an integer. */
-void kiq__ts_json(char *buf, double now, kiq_ts_format_t fmt);
+void capstan__ts_json(char *buf, double now, capstan_ts_format_t fmt);
 
 /* Reads a JSON timestamp: a number with '.' or an exponent is seconds, an
  * integer is milliseconds. Returns epoch seconds or 0 when v is not a number. */
-double kiq__ts_parse(const char *v, size_t len);
+double capstan__ts_parse(const char *v, size_t len);
 
 /* A new random jid (24 lowercase hex chars + NUL) into out. */
-void kiq__new_jid(char out[25]);
+void capstan__new_jid(char out[25]);
 
 #endif

@@ -6,43 +6,43 @@
 #include <time.h>
 #include <unistd.h>
 
-double kiq__now(void)
+double capstan__now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-double kiq__mono(void)
+double capstan__mono(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-struct timespec kiq__timespec(double s)
+struct timespec capstan__timespec(double s)
 {
     struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
     return ts;
 }
 
-void kiq__sleep(double s)
+void capstan__sleep(double s)
 {
     if (s <= 0)
         return;
-    struct timespec ts = kiq__timespec(s);
+    struct timespec ts = capstan__timespec(s);
     while (nanosleep(&ts, &ts) != 0)
         ;
 }
 
-double kiq__rand(void)
+double capstan__rand(void)
 {
     /* xorshift64*, seeded per thread from the clock and the thread's stack
      * address; jitter and queue shuffles need spread, not secrecy. */
     static _Thread_local uint64_t state;
     if (!state) {
         int local;
-        state = (uint64_t)(kiq__mono() * 1e9) ^ (uint64_t)(uintptr_t)&local ^ (uint64_t)getpid() << 32;
+        state = (uint64_t)(capstan__mono() * 1e9) ^ (uint64_t)(uintptr_t)&local ^ (uint64_t)getpid() << 32;
         if (!state)
             state = 0x9E3779B97F4A7C15ull;
     }
@@ -52,7 +52,7 @@ double kiq__rand(void)
     return (double)((state * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
 }
 
-void kiq__random_bytes(void *buf, size_t n)
+void capstan__random_bytes(void *buf, size_t n)
 {
     unsigned char *p = buf;
     size_t got = 0;
@@ -63,10 +63,10 @@ void kiq__random_bytes(void *buf, size_t n)
         got += (size_t)k;
     }
     for (; got < n; got++)
-        p[got] = (unsigned char)(kiq__rand() * 256);
+        p[got] = (unsigned char)(capstan__rand() * 256);
 }
 
-void kiq__hex(char *out, const unsigned char *raw, size_t n)
+void capstan__hex(char *out, const unsigned char *raw, size_t n)
 {
     static const char digits[] = "0123456789abcdef";
     for (size_t i = 0; i < n; i++) {
@@ -76,10 +76,10 @@ void kiq__hex(char *out, const unsigned char *raw, size_t n)
     out[2 * n] = '\0';
 }
 
-void kiq__random_hex(char *out, size_t nbytes)
+void capstan__random_hex(char *out, size_t nbytes)
 {
     unsigned char raw[32];
     nbytes = nbytes < sizeof(raw) ? nbytes : sizeof(raw);
-    kiq__random_bytes(raw, nbytes);
-    kiq__hex(out, raw, nbytes);
+    capstan__random_bytes(raw, nbytes);
+    capstan__hex(out, raw, nbytes);
 }

@@ -1,28 +1,28 @@
 /* Clocks, sleeps and randomness. */
-#ifndef KIQ_SUPPORT_TIME_H
-#define KIQ_SUPPORT_TIME_H
+#ifndef CAPSTAN_SUPPORT_TIME_H
+#define CAPSTAN_SUPPORT_TIME_H
 
 #include <stddef.h>
 #include <time.h>
 
 /* Wall-clock epoch seconds (for timestamps written to Redis). */
-double kiq__now(void);
+double capstan__now(void);
 /* Monotonic seconds (for intervals and deadlines). */
-double kiq__mono(void);
-/* s seconds as a timespec: an epoch time (kiq__now() + s) for the deadline
+double capstan__mono(void);
+/* s seconds as a timespec: an epoch time (capstan__now() + s) for the deadline
  * of pthread_cond_timedwait, or a duration. s >= 0. */
-struct timespec kiq__timespec(double s);
+struct timespec capstan__timespec(double s);
 /* Sleeps for s seconds (no-op for s <= 0). */
-void kiq__sleep(double s);
+void capstan__sleep(double s);
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
  * and identities; falls back to the per-thread generator if it fails. */
-void kiq__random_bytes(void *buf, size_t n);
+void capstan__random_bytes(void *buf, size_t n);
 /* raw[0..n) as 2 * n lowercase hex digits and a NUL into out. */
-void kiq__hex(char *out, const unsigned char *raw, size_t n);
+void capstan__hex(char *out, const unsigned char *raw, size_t n);
 /* nbytes such random bytes as 2 * nbytes hex digits and a NUL into out
  * (room for 2 * nbytes + 1); nbytes is at most 32. */
-void kiq__random_hex(char *out, size_t nbytes);
+void capstan__random_hex(char *out, size_t nbytes);
 /* A uniform random double in [0, 1) from a per-thread generator. */
-double kiq__rand(void);
+double capstan__rand(void);
 
 #endif

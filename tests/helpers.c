@@ -2,9 +2,9 @@
 #include "helpers.h"
 
 #include "fetch/fetch.h"
-#include "kiq/client.h"
-#include "kiq/config.h"
-#include "kiq/runtime.h"
+#include "capstan/client.h"
+#include "capstan/config.h"
+#include "capstan/runtime.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -110,7 +110,7 @@ static int server_start_on(int port)
             freeReplyObject(r);
             if (ok && getenv("KT_RESTRICTED_USER")) {
                 /* What managed services allow: everything but @dangerous. */
-                r = redisCommand(c, "ACL SETUSER kiq on >kiq-secret ~* &* +@all -@dangerous");
+                r = redisCommand(c, "ACL SETUSER capstan on >capstan-secret ~* &* +@all -@dangerous");
                 ok = r && r->type == REDIS_REPLY_STATUS;
                 freeReplyObject(r);
             }
@@ -133,7 +133,7 @@ void kt_server_start(void)
 {
     if (getenv("KT_REDIS_PORT"))
         return;
-    snprintf(server_dir, sizeof(server_dir), "/tmp/kiq-test-XXXXXX");
+    snprintf(server_dir, sizeof(server_dir), "/tmp/capstan-test-XXXXXX");
     if (!mkdtemp(server_dir)) {
         perror("mkdtemp");
         exit(1);
@@ -198,11 +198,11 @@ static int db(void)
 
 const char *kt_url(void)
 {
-    /* kiq and Ruby connect as the restricted user when there is one; the
+    /* capstan and Ruby connect as the restricted user when there is one; the
      * fixture's own connection (kt_redis) stays the default user. */
     if (!url[0])
         snprintf(url, sizeof(url), "redis://%s127.0.0.1:%d/%d",
-                 getenv("KT_RESTRICTED_USER") ? "kiq:kiq-secret@" : "", port(), db());
+                 getenv("KT_RESTRICTED_USER") ? "capstan:capstan-secret@" : "", port(), db());
     return url;
 }
 
@@ -355,20 +355,20 @@ char *kt_write_file(const char *name, const char *body)
     return path;
 }
 
-kiq_redis_t *kt_lib_redis(void)
+capstan_redis_t *kt_lib_redis(void)
 {
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(kt_url(), 10, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(kt_url(), 10, err);
     cr_assert_not_null(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    cr_assert_eq(capstan_redis_connect(r), 0, "%s", capstan_redis_error(r));
     return r;
 }
 
-struct kiq_config *kt_config(int concurrency)
+struct capstan_config *kt_config(int concurrency)
 {
-    kiq_config_t *cfg = kiq_config_new();
+    capstan_config_t *cfg = capstan_config_new();
     cr_assert(cfg);
-    cr_assert_eq(kiq_config_set_str(&cfg->redis_url, kt_url()), 0);
+    cr_assert_eq(capstan_config_set_str(&cfg->redis_url, kt_url()), 0);
     cfg->redis_url_explicit = 1;
     cfg->concurrency = concurrency;
     return cfg;
@@ -379,22 +379,22 @@ static pthread_t rt_thread;
 
 static void *rt_main(void *rt)
 {
-    char err[KIQ_ERRLEN];
-    return (void *)(intptr_t)kiq_runtime_run(rt, err);
+    char err[CAPSTAN_ERRLEN];
+    return (void *)(intptr_t)capstan_runtime_run(rt, err);
 }
 
-void kt_runtime_start(struct kiq_runtime *rt)
+void kt_runtime_start(struct capstan_runtime *rt)
 {
     cr_assert_eq(pthread_create(&rt_thread, NULL, rt_main, rt), 0);
 }
 
-void kt_runtime_end(struct kiq_runtime *rt)
+void kt_runtime_end(struct capstan_runtime *rt)
 {
-    kiq_runtime_stop(rt);
+    capstan_runtime_stop(rt);
     void *rc;
     pthread_join(rt_thread, &rc);
     cr_assert_eq((intptr_t)rc, 0);
-    kiq_runtime_free(rt);
+    capstan_runtime_free(rt);
 }
 
 char *kt_read_file(const char *path)
@@ -415,7 +415,7 @@ char *kt_read_file(const char *path)
 static char *log_path(pid_t pid)
 {
     char name[64];
-    snprintf(name, sizeof(name), "kiq-%d.log", (int)pid);
+    snprintf(name, sizeof(name), "capstan-%d.log", (int)pid);
     return kt_tmp(name);
 }
 
@@ -476,27 +476,27 @@ void kt_kill_children(void)
     }
 }
 
-pid_t kt_kiq_start(const char *const *args)
+pid_t kt_capstan_start(const char *const *args)
 {
     const char *argv[64];
     int n = 0;
-    argv[n++] = getenv("KIQ_BIN");
+    argv[n++] = getenv("CAPSTAN_BIN");
     argv[n++] = "run";
     argv[n++] = "-r";
-    argv[n++] = getenv("KIQ_PLUGIN");
+    argv[n++] = getenv("CAPSTAN_PLUGIN");
     argv[n++] = "--redis-url";
     argv[n++] = kt_url();
     for (int i = 0; args && args[i] && n < 63; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    cr_assert(argv[0] && argv[3], "KIQ_BIN and KIQ_PLUGIN must be set (run through meson test)");
-    char *pattern = kt_tmp("kiq-%d.log");
+    cr_assert(argv[0] && argv[3], "CAPSTAN_BIN and CAPSTAN_PLUGIN must be set (run through meson test)");
+    char *pattern = kt_tmp("capstan-%d.log");
     pid_t pid = spawn(argv, pattern, kt_url(), 0);
     free(pattern);
     return kt_track(pid);
 }
 
-char *kt_kiq_log(pid_t pid)
+char *kt_capstan_log(pid_t pid)
 {
     char *path = log_path(pid);
     char *s = kt_read_file(path);
@@ -526,7 +526,7 @@ int kt_wait_exit(pid_t pid, double timeout)
     }
 }
 
-int kt_kiq_stop(pid_t pid, int sig, double timeout)
+int kt_capstan_stop(pid_t pid, int sig, double timeout)
 {
     kill(pid, sig);
     return kt_wait_exit(pid, timeout);
@@ -547,11 +547,11 @@ static int run_capture(const char *const *argv, char **out, double timeout, int 
     return st;
 }
 
-int kt_kiq_run(const char *const *args, char **out)
+int kt_capstan_run(const char *const *args, char **out)
 {
     const char *argv[64];
     int n = 0;
-    argv[n++] = getenv("KIQ_BIN");
+    argv[n++] = getenv("CAPSTAN_BIN");
     for (int i = 0; args && args[i] && n < 63; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
@@ -561,7 +561,7 @@ int kt_kiq_run(const char *const *args, char **out)
 int kt_ruby(const char *script, const char *const *args, char **out)
 {
     char path[1024];
-    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("KIQ_SRC"), script);
+    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("CAPSTAN_SRC"), script);
     const char *argv[64];
     int n = 0;
     argv[n++] = "ruby";
@@ -574,8 +574,8 @@ int kt_ruby(const char *script, const char *const *args, char **out)
 
 char *kt_wait_identity(pid_t pid)
 {
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "kiq did not start: %s",
-              kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "capstan did not start: %s",
+              kt_capstan_log(pid));
     char *id = kt_str("SRANDMEMBER processes");
     cr_assert(id);
     return id;
@@ -585,7 +585,7 @@ char *kt_log_identity(pid_t pid)
 {
     char *found = NULL;
     KT_WAIT_UNTIL(({
-        char *log = kt_kiq_log(pid);
+        char *log = kt_capstan_log(pid);
         char *at = log ? strstr(log, ", identity ") : NULL;
         if (at) {
             at += strlen(", identity ");
@@ -601,14 +601,14 @@ char *kt_working_key(const char *identity)
 {
     char *k = malloc(512);
     cr_assert(k);
-    kiq__fetch_working_key(identity, k, 512);
+    capstan__fetch_working_key(identity, k, 512);
     return k;
 }
 
 pid_t kt_sidekiq_start(const char *jobs, const char *queue)
 {
     char path[1024];
-    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("KIQ_SRC"), jobs);
+    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("CAPSTAN_SRC"), jobs);
     char *logp = kt_tmp("sidekiq.log");
     pid_t pid = fork();
     cr_assert(pid >= 0);
@@ -643,7 +643,7 @@ int kt_log_has(pid_t pid, const char *needle)
 
 int kt_log_count(pid_t pid, const char *needle)
 {
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     int n = 0;
     for (const char *at = log; (at = strstr(at, needle)); at += strlen(needle))
         n++;
@@ -717,11 +717,11 @@ int kt_commit_after_client_kill(const char *url, int kill_port)
         sigemptyset(&pipe_set);
         sigaddset(&pipe_set, SIGPIPE);
         sigprocmask(SIG_UNBLOCK, &pipe_set, NULL);
-        char err[KIQ_ERRLEN];
-        kiq_client_t *c = kiq_client_new(url, err);
+        char err[CAPSTAN_ERRLEN];
+        capstan_client_t *c = capstan_client_new(url, err);
         if (!c)
             _exit(2);
-        redisReply *id = kiq_redis_cmdf(kiq_client_redis(c), "CLIENT ID");
+        redisReply *id = capstan_redis_cmdf(capstan_client_redis(c), "CLIENT ID");
         if (!id || id->type != REDIS_REPLY_INTEGER)
             _exit(3);
         redisContext *k = redisConnect("127.0.0.1", kill_port);
@@ -736,12 +736,12 @@ int kt_commit_after_client_kill(const char *url, int kill_port)
         memset(arg, 'x', sizeof(arg));
         memcpy(arg, "[\"", 2);
         memcpy(arg + sizeof(arg) - 3, "\"]", 3);
-        if (kiq_client_begin(c))
+        if (capstan_client_begin(c))
             _exit(5);
         for (int i = 0; i < 2000; i++)
-            if (kiq_client_push(c, "TxJob", arg, NULL, NULL))
+            if (capstan_client_push(c, "TxJob", arg, NULL, NULL))
                 _exit(6);
-        _exit(kiq_client_commit(c) == KIQ_EREDIS ? 0 : 7);
+        _exit(capstan_client_commit(c) == CAPSTAN_EREDIS ? 0 : 7);
     }
     kt_track(pid);
     return kt_wait_exit(pid, 60);

@@ -1,8 +1,8 @@
 /* Test fixture: one private redis-server per test program (started before
  * the first test, stopped after the last), a fresh database per test, and
- * helpers to run the kiq binary and Ruby Sidekiq scripts against it. */
-#ifndef KIQ_TEST_HELPERS_H
-#define KIQ_TEST_HELPERS_H
+ * helpers to run the capstan binary and Ruby Sidekiq scripts against it. */
+#ifndef CAPSTAN_TEST_HELPERS_H
+#define CAPSTAN_TEST_HELPERS_H
 
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-#include "kiq/redis.h"
+#include "capstan/redis.h"
 
 /* Starts/stops the shared server; called from the report hooks. */
 void kt_server_start(void);
@@ -57,28 +57,28 @@ void kt_aof_kill(kt_aof_redis_t *s);
 /* String result of a command, malloc'd, or NULL for nil. */
 char *kt_str(const char *fmt, ...);
 
-/* Child processes a test starts (kiq workers, private servers, Ruby):
- * kt_track remembers one (kt_kiq_start does it itself), kt_untrack forgets
+/* Child processes a test starts (capstan workers, private servers, Ruby):
+ * kt_track remembers one (kt_capstan_start does it itself), kt_untrack forgets
  * one, and kt_kill_children — the suites' .fini — SIGKILLs and reaps every
  * one still running, so a failed assertion leaves nothing behind. */
 pid_t kt_track(pid_t pid);
 void kt_untrack(pid_t pid);
 void kt_kill_children(void);
 
-/* Runs the kiq binary: `kiq run -r <plugin> --redis-url <kt_url()> args...`
+/* Runs the capstan binary: `capstan run -r <plugin> --redis-url <kt_url()> args...`
  * (args NULL-terminated), stdout+stderr to a log file. Returns its pid,
  * tracked for kt_kill_children. */
-pid_t kt_kiq_start(const char *const *args);
-/* Runs `kiq <args...>` to completion with output captured (malloc'd into
+pid_t kt_capstan_start(const char *const *args);
+/* Runs `capstan <args...>` to completion with output captured (malloc'd into
  * *out if out is not NULL). Returns the exit status, or -1. */
-int kt_kiq_run(const char *const *args, char **out);
-/* The log of a kiq started by kt_kiq_start, malloc'd. */
-char *kt_kiq_log(pid_t pid);
+int kt_capstan_run(const char *const *args, char **out);
+/* The log of a capstan started by kt_capstan_start, malloc'd. */
+char *kt_capstan_log(pid_t pid);
 /* Sends sig to pid and waits up to timeout seconds for it to exit.
  * Returns the exit status, 128+signal if killed, or -1 on timeout (then it
  * is killed with SIGKILL). */
-int kt_kiq_stop(pid_t pid, int sig, double timeout);
-/* Waits for pid to exit by itself, like kt_kiq_stop without a signal. */
+int kt_capstan_stop(pid_t pid, int sig, double timeout);
+/* Waits for pid to exit by itself, like kt_capstan_stop without a signal. */
 int kt_wait_exit(pid_t pid, double timeout);
 
 /* Runs `ruby tests/ruby/<script> args...` with REDIS_URL=kt_url(); stdout
@@ -105,24 +105,24 @@ int kt_free_port(void);
 char *kt_tmp(const char *name);
 /* Writes body to kt_tmp(name); returns that path (malloc'd). */
 char *kt_write_file(const char *name, const char *body);
-/* A connected library connection (kiq_redis_t) to this test's database;
- * kiq_redis_free it. */
-kiq_redis_t *kt_lib_redis(void);
+/* A connected library connection (capstan_redis_t) to this test's database;
+ * capstan_redis_free it. */
+capstan_redis_t *kt_lib_redis(void);
 
-/* An embedded runtime (kiq/runtime.h) on this test's database:
+/* An embedded runtime (capstan/runtime.h) on this test's database:
  * kt_config gives a configuration for it (concurrency processors), and
  * kt_runtime_start runs rt on a thread of its own; kt_runtime_end stops
- * it, checks that kiq_runtime_run returned 0, and frees it. */
-struct kiq_config;
-struct kiq_runtime;
-struct kiq_config *kt_config(int concurrency);
-void kt_runtime_start(struct kiq_runtime *rt);
-void kt_runtime_end(struct kiq_runtime *rt);
+ * it, checks that capstan_runtime_run returned 0, and frees it. */
+struct capstan_config;
+struct capstan_runtime;
+struct capstan_config *kt_config(int concurrency);
+void kt_runtime_start(struct capstan_runtime *rt);
+void kt_runtime_end(struct capstan_runtime *rt);
 
-/* The identity of the one kiq process of this test, once its first beat
+/* The identity of the one capstan process of this test, once its first beat
  * is in "processes" (malloc'd; fails the test after 20 s). */
 char *kt_wait_identity(pid_t pid);
-/* The identity kiq process pid names in its start line (malloc'd; waits
+/* The identity capstan process pid names in its start line (malloc'd; waits
  * for the line, fails the test after 10 s): for tests with several. */
 char *kt_log_identity(pid_t pid);
 /* The working list key of a process identity (malloc'd). */
@@ -134,7 +134,7 @@ char *kt_working_key(const char *identity);
 pid_t kt_sidekiq_start(const char *jobs, const char *queue);
 /* What that Sidekiq has written so far (malloc'd). */
 char *kt_sidekiq_log(void);
-/* Whether pid's log (kt_kiq_log) holds needle, and how many times. */
+/* Whether pid's log (kt_capstan_log) holds needle, and how many times. */
 int kt_log_has(pid_t pid, const char *needle);
 int kt_log_count(pid_t pid, const char *needle);
 
@@ -156,7 +156,7 @@ void kt_push_all(redisContext *c, const char *queue, char **p, size_t n);
  * connection the server then closes (CLIENT KILL, sent on the plain port
  * kill_port of the same server), and a commit of 2,000 pushes (4 MB, more
  * than a socket takes at once) after that. Returns the child's status as
- * kt_wait_exit does: 0 when the commit failed with KIQ_EREDIS, 128 +
+ * kt_wait_exit does: 0 when the commit failed with CAPSTAN_EREDIS, 128 +
  * SIGPIPE when the library let the signal reach the program, another code
  * for a step that went wrong (see helpers.c). */
 int kt_commit_after_client_kill(const char *url, int kill_port);

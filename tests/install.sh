@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What `meson install` gives a user, checked on a copy installed with
 # --destdir: the README's two build commands (a plugin and an embedding
-# program) work against the installed headers and kiq.pc, the installed kiq
+# program) work against the installed headers and capstan.pc, the installed capstan
 # loads the plugin and the installed example plugin and runs their jobs
 # with the installed sample config, the man page documents every option
 # of every subcommand, the systemd unit passes `systemd-analyze verify`,
@@ -38,68 +38,68 @@ until_ok() {
 
 D=$tmp/dest
 meson install -C "$build" --no-rebuild --destdir "$D" --quiet >/dev/null
-pc=$(find "$D" -name kiq.pc | head -1)
-[ -n "$pc" ] || fail "no kiq.pc installed"
+pc=$(find "$D" -name capstan.pc | head -1)
+[ -n "$pc" ] || fail "no capstan.pc installed"
 # pkg-config finds the installed tree as it would under / (its flags get
 # the destdir in front).
 export PKG_CONFIG_PATH=$(dirname "$pc")
-prefix=$(pkg-config --variable=prefix kiq)
-libdir=$D$(pkg-config --variable=libdir kiq)
+prefix=$(pkg-config --variable=prefix capstan)
+libdir=$D$(pkg-config --variable=libdir capstan)
 export PKG_CONFIG_SYSROOT_DIR=$D
-kiq=$D$prefix/bin/kiq
-[ -x "$kiq" ] || fail "no kiq in $D$prefix/bin"
+capstan=$D$prefix/bin/capstan
+[ -x "$capstan" ] || fail "no capstan in $D$prefix/bin"
 
 # The README's handler example and build commands, as a user runs them.
 cd "$tmp"
 awk '/^## Writing handlers/ {on = 1} on && /^```c$/ {c = 1; next} c && /^```$/ {exit} c' \
     "$src/README.md" > myjobs.c
-grep -q kiq_plugin_init myjobs.c || fail "README's handler example not found"
-cmd=$(grep -o 'cc -shared -fPIC -o libmyjobs.so myjobs.c \$(pkg-config --cflags kiq)' "$src/README.md" | head -1)
+grep -q capstan_plugin_init myjobs.c || fail "README's handler example not found"
+cmd=$(grep -o 'cc -shared -fPIC -o libmyjobs.so myjobs.c \$(pkg-config --cflags capstan)' "$src/README.md" | head -1)
 [ -n "$cmd" ] || fail "README lacks the plugin build command"
 eval "$cmd" || fail "plugin build: $cmd"
 cp "$src/examples/embed.c" main.c
-cmd=$(grep -o 'cc -o myworker main.c \$(pkg-config --cflags --libs kiq)' "$src/README.md" | head -1)
+cmd=$(grep -o 'cc -o myworker main.c \$(pkg-config --cflags --libs capstan)' "$src/README.md" | head -1)
 [ -n "$cmd" ] || fail "README lacks the embedding build command"
 eval "$cmd" 2>cc.err || fail "embedding build: $cmd: $(cat cc.err)"
-# After ldconfig (README), the installed libkiq is found; here the
-# destdir's copy stands in for it. A sanitized libkiq needs its runtimes
+# After ldconfig (README), the installed libcapstan is found; here the
+# destdir's copy stands in for it. A sanitized libcapstan needs its runtimes
 # loaded first by a program built without them.
 myworker() {
     local pre=""
     [ "$sanitize" = none ] || pre="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libubsan.so)"
     LD_PRELOAD=$pre LD_LIBRARY_PATH=$libdir ./myworker "$@"
 }
-[ "$(myworker version)" = "$("$kiq" version)" ] || fail "myworker version"
+[ "$(myworker version)" = "$("$capstan" version)" ] || fail "myworker version"
 
 # A private Redis, the installed sample config (pointing into the destdir),
-# the installed kiq with the README's plugin.
+# the installed capstan with the README's plugin.
 redis-server --port 0 --unixsocket "$tmp/redis.sock" --save '' --appendonly no >/dev/null &
 pids+=($!)
 until_ok 10 redis-cli -s "$tmp/redis.sock" ping || fail "redis-server did not start"
 export REDIS_URL="unix://$tmp/redis.sock"
-conf=$(find "$D" -path '*/kiq/kiq.yml' | head -1)
+conf=$(find "$D" -path '*/capstan/capstan.yml' | head -1)
 [ -n "$conf" ] || fail "no sample config installed"
-sed "s|$prefix/|$D$prefix/|g" "$conf" > kiq.yml
-sed -i 's/^poll_interval_average:.*//; $a poll_interval_average: 1' kiq.yml
-"$kiq" run -C kiq.yml -r ./libmyjobs.so > kiq.log 2>&1 &
+sed "s|$prefix/|$D$prefix/|g" "$conf" > capstan.yml
+sed -i 's/^poll_interval_average:.*//; $a poll_interval_average: 1' capstan.yml
+"$capstan" run -C capstan.yml -r ./libmyjobs.so > capstan.log 2>&1 &
 pids+=($!)
-"$kiq" push HardJob '["bob"]' >/dev/null
-"$kiq" push FailJob '["from the installed example plugin"]' >/dev/null
+"$capstan" push HardJob '["bob"]' >/dev/null
+"$capstan" push FailJob '["from the installed example plugin"]' >/dev/null
 myworker push HardJob '["ann"]' >/dev/null
 hello() { [ "$(redis-cli -s "$tmp/redis.sock" get "hello:$1")" = 1 ]; }
-until_ok 20 hello bob || fail "the plugin's job did not run: $(cat kiq.log)"
-until_ok 20 hello ann || fail "the job myworker pushed did not run: $(cat kiq.log)"
+until_ok 20 hello bob || fail "the plugin's job did not run: $(cat capstan.log)"
+until_ok 20 hello ann || fail "the job myworker pushed did not run: $(cat capstan.log)"
 retried() { [ "$(redis-cli -s "$tmp/redis.sock" zcard retry)" = 1 ]; }
-until_ok 20 retried || fail "the example plugin's FailJob did not fail into retry: $(cat kiq.log)"
+until_ok 20 retried || fail "the example plugin's FailJob did not fail into retry: $(cat capstan.log)"
 # The Dockerfile's health check, as it runs it.
-hc=$(sed -n 's/^HEALTHCHECK.*CMD \["kiq", \(.*\)\]$/\1/p' "$src/examples/Dockerfile" | tr -d '",')
+hc=$(sed -n 's/^HEALTHCHECK.*CMD \["capstan", \(.*\)\]$/\1/p' "$src/examples/Dockerfile" | tr -d '",')
 [ -n "$hc" ] || fail "no HEALTHCHECK in examples/Dockerfile"
-"$kiq" $hc >/dev/null || fail "health check kiq $hc failed"
+"$capstan" $hc >/dev/null || fail "health check capstan $hc failed"
 
-# Every library the installed kiq links comes from a package the
+# Every library the installed capstan links comes from a package the
 # Dockerfile's runtime stage installs (libc and libgcc are in the base
 # image; the sanitizers' runtimes are only in a sanitized build).
-for lib in $(ldd "$kiq" | awk '$3 ~ /^\// {print $3}'); do
+for lib in $(ldd "$capstan" | awk '$3 ~ /^\// {print $3}'); do
     b=$(basename "$lib")
     case $b in libc.so*|libm.so*|libdl.so*|libpthread.so*|libgcc_s.so*|libstdc++.so*|libasan.so*|libubsan.so*) continue ;; esac
     found=0
@@ -111,13 +111,13 @@ done
 
 # The man page: every subcommand, and every long option each one's --help
 # lists.
-man=$(find "$D" -name kiq.1 | head -1)
+man=$(find "$D" -name capstan.1 | head -1)
 [ -n "$man" ] || fail "no man page installed"
 if command -v man >/dev/null; then
     text=$(LC_ALL=C MANWIDTH=200 man -l "$man" 2>/dev/null)
     for c in run push stats locks lock limits top version; do
         grep -q "^   $c\b\|^  *$c\b" <<<"$text" || fail "the man page has no $c section"
-        for o in $("$kiq" "$c" --help 2>&1 | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+        for o in $("$capstan" "$c" --help 2>&1 | grep -o -- '--[a-z][a-z-]*' | sort -u); do
             grep -q -- "$o" <<<"$text" || fail "the man page lacks $c's $o"
         done
     done
@@ -127,12 +127,12 @@ fi
 
 # The unit, with its paths moved into the destdir, as systemd would load
 # it (MANPATH lets verify find the man page its Documentation= names).
-unit=$(find "$D" -name kiq.service | head -1)
+unit=$(find "$D" -name capstan.service | head -1)
 [ -n "$unit" ] || fail "no systemd unit installed"
-grep -q "^ExecStart=$prefix/bin/kiq run -C .*/kiq/kiq.yml$" "$unit" || fail "ExecStart: $(grep ExecStart "$unit")"
+grep -q "^ExecStart=$prefix/bin/capstan run -C .*/capstan/capstan.yml$" "$unit" || fail "ExecStart: $(grep ExecStart "$unit")"
 if command -v systemd-analyze >/dev/null; then
-    sed "s|$prefix/|$D$prefix/|g" "$unit" > kiq.service
-    MANPATH=$(dirname "$(dirname "$man")") systemd-analyze verify ./kiq.service \
+    sed "s|$prefix/|$D$prefix/|g" "$unit" > capstan.service
+    MANPATH=$(dirname "$(dirname "$man")") systemd-analyze verify ./capstan.service \
         || fail "systemd-analyze verify"
 else
     echo "systemd-analyze is not installed: the unit was not verified"

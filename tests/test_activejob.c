@@ -1,6 +1,6 @@
 /* Jobs a Rails app enqueues through ActiveJob's Sidekiq adapter, enqueued
- * by real Ruby ActiveJob (tests/ruby/activejob.rb) and run by kiq's C
- * handlers (examples/jobs.c), and jobs of classes kiq has no handler for
+ * by real Ruby ActiveJob (tests/ruby/activejob.rb) and run by capstan's C
+ * handlers (examples/jobs.c), and jobs of classes capstan has no handler for
  * (the unknown_class policy), as a Sidekiq user would see them. */
 #include <jansson.h>
 #include <signal.h>
@@ -12,13 +12,13 @@
 
 TestSuite(activejob, .timeout = 90, .fini = kt_kill_children);
 
-/* A kiq.yml with fast scheduler polls and beats, plus extra. */
+/* A capstan.yml with fast scheduler polls and beats, plus extra. */
 static char *write_conf(const char *extra)
 {
     char *body = NULL;
     cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s",
                        extra ? extra : "") > 0);
-    char *path = kt_write_file("kiq.yml", body);
+    char *path = kt_write_file("capstan.yml", body);
     free(body);
     return path;
 }
@@ -48,17 +48,17 @@ static char *jid_of(json_t *v)
 
 static void stop_ok(pid_t pid)
 {
-    int st = kt_kiq_stop(pid, SIGTERM, 30);
+    int st = kt_capstan_stop(pid, SIGTERM, 30);
     kt_untrack(pid);
-    char *log = kt_kiq_log(pid);
-    cr_assert_eq(st, 0, "kiq exits 0 (got %d): %s", st, log);
+    char *log = kt_capstan_log(pid);
+    cr_assert_eq(st, 0, "capstan exits 0 (got %d): %s", st, log);
     free(log);
 }
 
-/* The record AjRecordJob left for jid in kiq:aj, or NULL. */
+/* The record AjRecordJob left for jid in capstan:aj, or NULL. */
 static json_t *record_of(const char *jid)
 {
-    redisReply *r = kt_cmd("LRANGE kiq:aj 0 -1");
+    redisReply *r = kt_cmd("LRANGE capstan:aj 0 -1");
     json_t *found = NULL;
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && !found; i++) {
         json_t *v = json_loads(r->element[i]->str, 0, NULL);
@@ -90,14 +90,14 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     cr_assert_eq(kt_int("ZCARD schedule"), 1, "set(wait:) lands in the schedule");
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN kiq:aj") == 3, 20), "the three jobs ran: %s",
-              kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN capstan:aj") == 3, 20), "the three jobs ran: %s",
+              kt_capstan_log(pid));
 
     json_t *rec = record_of(now);
     cr_assert(rec, "AjRecordJob ran %s", now);
     cr_assert_str_eq(json_string_value(json_object_get(rec, "class")), "AjRecordJob",
-                     "kiq_job_class is the wrapped class");
+                     "capstan_job_class is the wrapped class");
     assert_json(json_object_get(rec, "arguments"),
                 "[\"sym\", {\"a\": 1, \"b\": \"c\"}, [1, 2], \"str\", 1.5, null, true,"
                 " \"gid://app/Model/7\", {\"x\": 1}, \"2026-01-02T03:04:05.000000000Z\", 259200,"
@@ -107,7 +107,7 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     rec = record_of(big);
     cr_assert(rec, "AjRecordJob ran %s", big);
     cr_assert(json_is_null(json_object_get(rec, "arguments")),
-              "an integer past 64 bits: NULL, as kiq_job_args");
+              "an integer past 64 bits: NULL, as capstan_job_args");
     json_decref(rec);
     rec = record_of(later);
     cr_assert(rec, "the scheduled job ran once due");
@@ -115,7 +115,7 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     json_decref(rec);
 
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "class=AjRecordJob"), 5),
-              "the log lines name the wrapped class: %s", kt_kiq_log(pid));
+              "the log lines name the wrapped class: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_log_has(pid, "class=ActiveJob::"), 0, "not the wrapper");
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     stop_ok(pid);
@@ -142,8 +142,8 @@ Test(activejob, a_failing_job_shows_in_the_retry_set_as_sidekiqs_adapter_leaves_
     char *args = args_text(orig);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "the job failed: %s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "the job failed: %s", kt_capstan_log(pid));
     stop_ok(pid);
 
     json_t *all = AJ("retries");
@@ -179,7 +179,7 @@ Test(activejob, a_failing_job_shows_in_the_retry_set_as_sidekiqs_adapter_leaves_
 }
 
 /* A job of a class only Ruby knows, pushed by Sidekiq's client to the
- * default queue, then a RecordJob kiq runs; kiq starts with policy. */
+ * default queue, then a RecordJob capstan runs; capstan starts with policy. */
 static pid_t start_with_unknown(const char *policy, const char *fetch, char **orig)
 {
     json_t *v = SIDEKIQ("push", "{\"class\":\"RubyOnlyJob\",\"args\":[1,\"x\"]}");
@@ -188,12 +188,12 @@ static pid_t start_with_unknown(const char *policy, const char *fetch, char **or
     v = SIDEKIQ("push", "{\"class\":\"RecordJob\",\"args\":[\"rec\"]}");
     json_decref(v);
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", "--fetch", fetch,
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--fetch", fetch,
                                                "--unknown-class", policy, NULL });
     free(cfg);
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 1, 20), "the known job ran: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 1, 20), "the known job ran: %s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "no handler for RubyOnlyJob"), 10),
-              "the policy is logged: %s", kt_kiq_log(pid));
+              "the policy is logged: %s", kt_capstan_log(pid));
     return pid;
 }
 
@@ -210,12 +210,12 @@ static void requeue_leaves_the_job_for_ruby(const char *fetch)
 {
     char *orig;
     pid_t pid = start_with_unknown("requeue", fetch, &orig);
-    /* Fetched and put back several times meanwhile (kiq is the only
+    /* Fetched and put back several times meanwhile (capstan is the only
      * reader here), never run, retried or changed. */
     cr_assert(KT_WAIT_UNTIL(queue_is_only(orig), 10), "the job is back in its queue, byte for byte: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     kt_sleep(0.5);
-    cr_assert(KT_WAIT_UNTIL(queue_is_only(orig), 10), "still there: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(queue_is_only(orig), 10), "still there: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0, "neither retried nor dead");
     cr_assert_eq(kt_log_count(pid, "no handler for RubyOnlyJob"), 1, "logged once");
     cr_assert_eq(kt_log_has(pid, "unknown_class: requeue"), 1);
@@ -238,7 +238,7 @@ Test(activejob, unknown_class_fail_retries_with_name_error)
 {
     char *orig;
     pid_t pid = start_with_unknown("fail", "reliable", &orig);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "retried: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "retried: %s", kt_capstan_log(pid));
     stop_ok(pid);
     json_t *all = SIDEKIQ("retries");
     json_t *item = json_object_get(json_array_get(all, 0), "item");
@@ -254,7 +254,7 @@ Test(activejob, unknown_class_skip_sends_it_to_the_dead_set_unretried)
 {
     char *orig;
     pid_t pid = start_with_unknown("skip", "reliable", &orig);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 10), "dead: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 10), "dead: %s", kt_capstan_log(pid));
     stop_ok(pid);
     cr_assert_eq(kt_int("ZCARD retry"), 0, "not retried");
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
@@ -277,12 +277,12 @@ Test(activejob, unknown_class_skip_sends_it_to_the_dead_set_unretried)
 Test(activejob, unknown_class_takes_only_fail_requeue_or_skip)
 {
     char *out = NULL;
-    int st = kt_kiq_run((const char *[]){ "run", "--unknown-class", "drop", NULL }, &out);
+    int st = kt_capstan_run((const char *[]){ "run", "--unknown-class", "drop", NULL }, &out);
     cr_assert_eq(st, 78, "a bad value is a config error: %d %s", st, out);
     cr_assert(strstr(out, "--unknown-class: must be fail, requeue or skip"), "%s", out);
     free(out);
     char *cfg = write_conf("unknown_class: maybe\n");
-    st = kt_kiq_run((const char *[]){ "run", "-C", cfg, NULL }, &out);
+    st = kt_capstan_run((const char *[]){ "run", "-C", cfg, NULL }, &out);
     cr_assert_eq(st, 78, "%d %s", st, out);
     cr_assert(strstr(out, "unknown_class: must be fail, requeue or skip"), "%s", out);
     free(out);
@@ -302,8 +302,8 @@ Test(activejob, sidekiq7_wrapper_and_a_payload_without_wrapped_run_too)
         "{\"class\":\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\",\"queue\":\"default\","
         "\"args\":[{\"job_class\":\"AjRecordJob\",\"job_id\":\"j2\",\"arguments\":[2]}]}"));
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN kiq:aj") == 2, 20), "both ran: %s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN capstan:aj") == 2, 20), "both ran: %s", kt_capstan_log(pid));
     json_t *ra = record_of(a), *rb = record_of(b);
     cr_assert(ra && rb);
     assert_json(json_object_get(ra, "arguments"), "[\"s7\"]", "Sidekiq 7 wrapper");

@@ -1,6 +1,6 @@
 /* Bad input never crashes the worker or loses a job: payloads pushed by hand
  * that are not JSON, lack class or jid, are huge, carry bytes that are not
- * UTF-8, or have the wrong shape; and `kiq run` given a bad flag, config
+ * UTF-8, or have the wrong shape; and `capstan run` given a bad flag, config
  * file, Redis URL or plugin. */
 #include <jansson.h>
 #include <signal.h>
@@ -20,13 +20,13 @@ typedef struct worker {
     char *identity;
 } worker_t;
 
-/* Starts `kiq run -c 2` and waits for its first heartbeat, which names the
+/* Starts `capstan run -c 2` and waits for its first heartbeat, which names the
  * process (and so its working list). */
 static worker_t start_worker(void)
 {
-    worker_t w = { .pid = kt_kiq_start((const char *[]){ "-c", "2", NULL }) };
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "kiq did not start: %s",
-              kt_kiq_log(w.pid));
+    worker_t w = { .pid = kt_capstan_start((const char *[]){ "-c", "2", NULL }) };
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "capstan did not start: %s",
+              kt_capstan_log(w.pid));
     w.identity = kt_str("SRANDMEMBER processes");
     cr_assert(w.identity);
     return w;
@@ -57,13 +57,13 @@ static long long working_len(const worker_t *w)
  * working list, and the worker still stops cleanly. */
 static void still_works_then_stop(worker_t *w, const char *jid)
 {
-    cr_assert_eq(kill(w->pid, 0), 0, "the worker died: %s", kt_kiq_log(w->pid));
+    cr_assert_eq(kill(w->pid, 0), 0, "the worker died: %s", kt_capstan_log(w->pid));
     push_job("RecordJob", jid, "[\"" REC "\"]");
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER " REC " %s", jid) == 1, 20),
-              "a job pushed after the bad one did not run: %s", kt_kiq_log(w->pid));
+              "a job pushed after the bad one did not run: %s", kt_capstan_log(w->pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 && working_len(w) == 0, 10),
               "queue %lld, working list %lld", kt_int("LLEN queue:default"), working_len(w));
-    cr_assert_eq(kt_kiq_stop(w->pid, SIGTERM, 30), 0, "graceful stop: %s", kt_kiq_log(w->pid));
+    cr_assert_eq(kt_capstan_stop(w->pid, SIGTERM, 30), 0, "graceful stop: %s", kt_capstan_log(w->pid));
     cr_assert_eq(working_len(w), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     free(w->identity);
@@ -73,7 +73,7 @@ static void still_works_then_stop(worker_t *w, const char *jid)
 static json_t *the_dead_entry(const worker_t *w)
 {
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "dead set has %lld entries: %s",
-              kt_int("ZCARD dead"), kt_kiq_log(w->pid));
+              kt_int("ZCARD dead"), kt_capstan_log(w->pid));
     redisReply *r = kt_cmd("ZRANGE dead 0 0");
     cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
     json_error_t e;
@@ -94,7 +94,7 @@ static const char *str_field(json_t *o, const char *k)
 
 static void assert_invalid_entry(json_t *o, const char *why_part)
 {
-    cr_assert_str_eq(str_field(o, "error_class"), "Kiq::InvalidPayload");
+    cr_assert_str_eq(str_field(o, "error_class"), "Capstan::InvalidPayload");
     const char *msg = str_field(o, "error_message");
     cr_assert(strstr(msg, why_part), "error_message \"%s\" should mention \"%s\"", msg, why_part);
     cr_assert(json_is_string(json_object_get(o, "jid")), "the dead entry needs a jid for the Web UI");
@@ -106,7 +106,7 @@ static void assert_invalid_entry(json_t *o, const char *why_part)
  * its one argument. */
 static void assert_kept_as_arg(json_t *o, const char *raw)
 {
-    cr_assert_str_eq(str_field(o, "class"), "Kiq::InvalidPayload");
+    cr_assert_str_eq(str_field(o, "class"), "Capstan::InvalidPayload");
     json_t *args = json_object_get(o, "args");
     cr_assert(json_is_array(args) && json_array_size(args) == 1);
     cr_assert_str_eq(json_string_value(json_array_get(args, 0)), raw);
@@ -123,7 +123,7 @@ Test(badinput, malformed_json_goes_to_dead_with_its_text)
     json_decref(o);
     /* The dead entry is written first, then the line. */
     cr_assert(KT_WAIT_UNTIL(kt_log_count(w.pid, "invalid payload from queue:default") >= 1, 10),
-              "not logged: %s", kt_kiq_log(w.pid));
+              "not logged: %s", kt_capstan_log(w.pid));
     kt_sleep(0.2);
     cr_assert_eq(kt_log_count(w.pid, "invalid payload from queue:default"), 1, "logged once");
     still_works_then_stop(&w, "b0000000000000000000000a");
@@ -170,7 +170,7 @@ Test(badinput, payload_without_jid_goes_to_dead_with_a_new_jid)
     cr_assert_str_eq(str_field(o, "class"), "NoopJob");
     cr_assert_eq(strlen(str_field(o, "jid")), 24, "a jid the Web UI can address");
     json_decref(o);
-    char *log = kt_kiq_log(w.pid);
+    char *log = kt_capstan_log(w.pid);
     cr_assert_null(strstr(log, "class=NoopJob"), "the job must not run: %s", log);
     free(log);
     still_works_then_stop(&w, "b0000000000000000000000d");
@@ -211,7 +211,7 @@ Test(badinput, five_megabyte_payload_runs_and_fails_byte_exact)
     push_raw(rec, (size_t)nr);
     push_raw(fail, (size_t)nf);
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER " REC " c0000000000000000000000a") == 1, 30),
-              "the 5 MB RecordJob did not run: %.2000s", kt_kiq_log(w.pid));
+              "the 5 MB RecordJob did not run: %.2000s", kt_capstan_log(w.pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 30), "the 5 MB FailJob was not retried");
     redisReply *r = kt_cmd("ZRANGE retry 0 0");
     cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
@@ -240,7 +240,7 @@ Test(badinput, non_utf8_args_are_kept_exactly_in_the_retry_entry)
     worker_t w = start_worker();
     push_raw(raw, sizeof(raw) - 1);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "no retry entry: %s (dead %lld)",
-              kt_kiq_log(w.pid), kt_int("ZCARD dead"));
+              kt_capstan_log(w.pid), kt_int("ZCARD dead"));
     redisReply *r = kt_cmd("ZRANGE retry 0 0");
     const redisReply *e = r->element[0];
     cr_assert(memmem(e->str, e->len, args, sizeof(args) - 1), "bytes changed: %.*s", (int)e->len, e->str);
@@ -276,7 +276,7 @@ Test(badinput, every_payload_is_accounted_for)
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == (long long)nbad && kt_int("ZCARD retry") == 1
                             && kt_int("SCARD " REC) == (long long)nbad, 30),
               "dead %lld (want %zu), retry %lld, records %lld: %s", kt_int("ZCARD dead"), nbad,
-              kt_int("ZCARD retry"), kt_int("SCARD " REC), kt_kiq_log(w.pid));
+              kt_int("ZCARD retry"), kt_int("SCARD " REC), kt_capstan_log(w.pid));
     /* The not-UTF-8 text is kept in base64, the rest as the argument. */
     redisReply *r = kt_cmd("ZRANGE dead 0 -1");
     int b64 = 0;
@@ -287,16 +287,16 @@ Test(badinput, every_payload_is_accounted_for)
     still_works_then_stop(&w, "b00000000000000000000011");
 }
 
-/* `kiq run` refuses bad settings before it starts: one line, exit 78. */
+/* `capstan run` refuses bad settings before it starts: one line, exit 78. */
 static void assert_config_error(const char *const *args, const char *want1, const char *want2)
 {
-    const char *argv[16] = { "run", "-r", getenv("KIQ_PLUGIN") };
+    const char *argv[16] = { "run", "-r", getenv("CAPSTAN_PLUGIN") };
     int n = 3;
     for (int i = 0; args[i]; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
     char *out = NULL;
-    int st = kt_kiq_run(argv, &out);
+    int st = kt_capstan_run(argv, &out);
     cr_assert_eq(st, 78, "exit status %d: %s", st, out);
     size_t len = strlen(out);
     cr_assert(len > 0 && out[len - 1] == '\n' && !memchr(out, '\n', len - 1),
@@ -360,12 +360,12 @@ Test(badinput, queue_key_of_wrong_type_is_reported_not_spun_on)
     freeReplyObject(kt_cmd("SET queue:default not-a-list"));
     worker_t w = start_worker();
     cr_assert(KT_WAIT_UNTIL(kt_log_count(w.pid, "WRONGTYPE") >= 1, 10), "not reported: %s",
-              kt_kiq_log(w.pid));
+              kt_capstan_log(w.pid));
     double c0 = cpu_seconds(w.pid);
     kt_sleep(2);
     double used = cpu_seconds(w.pid) - c0;
     cr_assert(used < 0.5, "the worker spins on the error (%.2f CPU s in 2 s)", used);
-    cr_assert_eq(kt_log_count(w.pid, "WRONGTYPE"), 1, "reported once: %s", kt_kiq_log(w.pid));
+    cr_assert_eq(kt_log_count(w.pid, "WRONGTYPE"), 1, "reported once: %s", kt_capstan_log(w.pid));
     freeReplyObject(kt_cmd("DEL queue:default"));
     still_works_then_stop(&w, "b00000000000000000000012");
 }
@@ -397,9 +397,9 @@ Test(badinput, tags_without_strings_log_no_tags)
         push_raw(p, strlen(p));
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD " REC) == 4, 20), "ran %lld of 4: %s",
-              kt_int("SCARD " REC), kt_kiq_log(w.pid));
+              kt_int("SCARD " REC), kt_capstan_log(w.pid));
     still_works_then_stop(&w, "b00000000000000000000012");
-    char *log = kt_kiq_log(w.pid);
+    char *log = kt_capstan_log(w.pid);
     for (const unsigned char *c = (const unsigned char *)log; *c; c++)
         cr_assert(*c == '\n' || (*c >= 0x20 && *c < 0x7f), "byte 0x%02x at %zu in the log: %s",
                   *c, (size_t)(c - (const unsigned char *)log), log);
@@ -426,9 +426,9 @@ Test(badinput, control_characters_in_a_payload_cannot_split_a_log_line)
                     "\"queue\":\"default\",\"jid\":\"e0000000000000000000000a\\r\","
                     "\"tags\":[\"t\\n2026-01-01T00:00:00.000Z pid=1 tid=x INFO: forged\"]}";
     push_raw(p, strlen(p));
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "not failed: %s", kt_kiq_log(w.pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "not failed: %s", kt_capstan_log(w.pid));
     still_works_then_stop(&w, "b00000000000000000000013");
-    char *log = kt_kiq_log(w.pid);
+    char *log = kt_capstan_log(w.pid);
     for (const char *line = log; *line; line = strchr(line, '\n') + 1) {
         cr_assert(strncmp(line, "20", 2) == 0 && line[4] == '-' && line[10] == 'T',
                   "a line that is not a log line: %.80s\nin %s", line, log);

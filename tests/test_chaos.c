@@ -1,4 +1,4 @@
-/* Hostile conditions a worker meets in production, end to end with the kiq
+/* Hostile conditions a worker meets in production, end to end with the capstan
  * binary: its Redis connections killed over and over while jobs flow, and a
  * job that crashes the process fetched together with innocent ones. What a
  * user checks afterwards: the worker did not crash, every job ran, and only
@@ -54,7 +54,7 @@ static void *kill_loop(void *arg)
 }
 
 /* The acks of finished jobs share a round trip with the next fetch; a
- * connection killed in it must not reach a handler (kiq_job_redis is never
+ * connection killed in it must not reach a handler (capstan_job_redis is never
  * NULL: RecordJob uses it unchecked, as the README's example does). Only a
  * command of the handler's own, cut by a kill, may fail a job. */
 Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
@@ -78,8 +78,8 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     char *y = kt_write_file("kill.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                         "recovery_interval: 1\n"
                                         "average_scheduled_poll_interval: 0.5\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "8", "--redis-url", url, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "8", "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10), "%s", kt_capstan_log(pid));
 
     killer_t k = { .user = user };
     cr_assert_eq(pthread_create(&k.thread, NULL, kill_loop, &k), 0);
@@ -94,9 +94,9 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     atomic_store(&k.stop, 1);
     pthread_join(k.thread, NULL);
     long done_under_fire = (long)kt_int("SCARD rec");
-    cr_assert(alive, "the worker crashed after %ld jobs:\n%s", done_under_fire, kt_kiq_log(pid));
+    cr_assert(alive, "the worker crashed after %ld jobs:\n%s", done_under_fire, kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(({ retry_now(); kt_int("SCARD rec") == N; }), 60),
-              "%lld of %d jobs ran: %s", kt_int("SCARD rec"), N, kt_kiq_log(pid));
+              "%lld of %d jobs ran: %s", kt_int("SCARD rec"), N, kt_capstan_log(pid));
     int cut = kt_log_count(pid, "Redis::CommandError: recording");
     fprintf(stderr, "[kill] %ld kill rounds (%ld connections) in %.1f s, %ld of %d jobs done "
             "meanwhile; %d handler commands cut\n", k.rounds, k.killed, kt_now() - t0,
@@ -104,8 +104,8 @@ Test(chaos, handlers_get_a_connected_redis_while_connections_are_killed)
     cr_assert_gt(k.killed, 0);
     cr_assert_eq(kt_int("ZCARD dead"), 0);
     /* Each failure is a handler's own command cut by a kill, nothing else. */
-    cr_assert_eq(kt_log_count(pid, "INFO: fail"), cut, "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_log_count(pid, "INFO: fail"), cut, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     freeReplyObject(kt_cmd("ACL DELUSER %s", user));
     free(y);
 }
@@ -157,7 +157,7 @@ static void crasher_among_innocents(int conc)
     snprintf(conc_s, sizeof(conc_s), "%d", conc);
     const char *args[] = { "-C", y, "-c", conc_s, NULL };
     int crashes = 0;
-    pid_t pid = kt_kiq_start(args);
+    pid_t pid = kt_capstan_start(args);
     for (int round = 0; round < 6; round++) {
         int st = -1;
         KT_WAIT_UNTIL(({
@@ -167,14 +167,14 @@ static void crasher_among_innocents(int conc)
             break; /* alive: the crasher went dead */
         kt_untrack(pid);
         cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "worker %d should have crashed: %s",
-                  (int)pid, kt_kiq_log(pid));
+                  (int)pid, kt_capstan_log(pid));
         crashes++;
-        pid = kt_kiq_start(args);
+        pid = kt_capstan_start(args);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == nrec && kt_int("LLEN slow:log") >= SLOW, 20),
               "%lld of %d quick and %lld of %d slow innocent jobs ran; dead: %lld\n%s",
               kt_int("SCARD rec"), nrec, kt_int("LLEN slow:log"), SLOW, kt_int("ZCARD dead"),
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     long dead = (long)kt_int("ZCARD dead");
     fprintf(stderr, "[pill -c %d] %d crashes; %ld in the dead set\n", conc, crashes, dead);
     cr_assert_eq(dead, 1, "only the crasher is dead, not %ld jobs", dead);
@@ -185,19 +185,19 @@ static void crasher_among_innocents(int conc)
     cr_assert(j, "%s", entry->element[0]->str);
     cr_assert_str_eq(json_string_value(json_object_get(j, "jid")), crash);
     cr_assert_str_eq(json_string_value(json_object_get(j, "class")), "CrashJob");
-    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "Kiq::PoisonPill");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "Capstan::PoisonPill");
     json_decref(j);
     freeReplyObject(entry);
     for (int i = 0; i < nrec; i++)
         cr_assert(kt_int("SISMEMBER rec %s", rec[i]), "%s ran", rec[i]);
     for (int i = 0; i < SLOW; i++)
         cr_assert(in_list("LRANGE", "slow:log", slow[i]), "%s ran", slow[i]);
-    cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(KT_WAIT_UNTIL(!in_list("KEYS", "uniquejobs:working:*", ""), 10),
               "no working list is left");
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     free(rec);
     free(y);
 }

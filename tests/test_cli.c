@@ -1,4 +1,4 @@
-/* The kiq command's small tools: push, stats, version, help. */
+/* The capstan command's small tools: push, stats, version, help. */
 #include <jansson.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/client.h"
+#include "capstan/client.h"
 
 TestSuite(cli, .timeout = 60, .fini = kt_kill_children);
 
@@ -22,7 +22,7 @@ static char *first_line(char *s)
 Test(cli, push_prints_the_jid_and_enqueues_a_sidekiq_payload)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"k\", 12345678901234567890123]",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"k\", 12345678901234567890123]",
                                              "-q", "critical", "--retry", "3", NULL }, &out), 0, "%s", out);
     char *jid = first_line(out);
     cr_assert_eq(strlen(jid), 24, "a 24-hex jid: %s", jid);
@@ -45,7 +45,7 @@ Test(cli, push_prints_the_jid_and_enqueues_a_sidekiq_payload)
 Test(cli, push_in_schedules_without_enqueued_at)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--in", "60", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "--in", "60", NULL }, &out), 0, "%s", out);
     cr_assert_eq(kt_int("ZCARD schedule"), 1);
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     redisReply *r = kt_cmd("ZRANGE schedule 0 -1 WITHSCORES");
@@ -61,20 +61,20 @@ Test(cli, push_in_schedules_without_enqueued_at)
 Test(cli, push_refuses_bad_input)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "{\"not\":\"an array\"}", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "{\"not\":\"an array\"}", NULL }, &out), 64);
     cr_assert(strstr(out, "JSON array"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "[1", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "[1", NULL }, &out), 64);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--retry", "maybe", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "--retry", "maybe", NULL }, &out), 64);
     cr_assert(strstr(out, "--retry"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", NULL }, &out), 64);
     free(out);
     const char *bad_times[][2] = { { "--in", "inf" }, { "--in", "nan" }, { "--at", "inf" }, { "--at", "nan" } };
     for (size_t i = 0; i < sizeof(bad_times) / sizeof(bad_times[0]); i++) {
-        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", bad_times[i][0], bad_times[i][1], NULL },
-                                &out), 64, "%s %s: %s", bad_times[i][0], bad_times[i][1], out);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", bad_times[i][0], bad_times[i][1], NULL },
+                                    &out), 64, "%s %s: %s", bad_times[i][0], bad_times[i][1], out);
         cr_assert(strstr(out, bad_times[i][0]), "%s", out);
         free(out);
     }
@@ -90,7 +90,7 @@ Test(cli, push_refuses_queue_names_the_config_refuses)
     const char *names[] = { "", "a b", "tab\there", " lead" };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char *out = NULL;
-        int st = kt_kiq_run((const char *[]){ "push", "NoopJob", "--queue", names[i], NULL }, &out);
+        int st = kt_capstan_run((const char *[]){ "push", "NoopJob", "--queue", names[i], NULL }, &out);
         cr_assert_eq(st, 64, "--queue '%s': exit %d: %s", names[i], st, out);
         cr_assert(strstr(out, "--queue") && (strstr(out, "empty") || strstr(out, "contains a space")),
                   "%s", out);
@@ -98,7 +98,7 @@ Test(cli, push_refuses_queue_names_the_config_refuses)
     }
     char *conf = kt_write_file("spaced.yml", "classes:\n  NoopJob:\n    queue: a b\n");
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "-C", conf, NULL }, &out), 78, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "-C", conf, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "spaced.yml:3: classes.NoopJob.queue: queue name \"a b\" contains a space"),
               "%s", out);
     free(out);
@@ -107,13 +107,13 @@ Test(cli, push_refuses_queue_names_the_config_refuses)
     cr_assert_eq(kt_int("EXISTS queue:a b"), 0);
     cr_assert_eq(kt_int("SCARD queues"), 0, "no queue was registered");
     /* A plain name still goes through. */
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--queue", "a_b-c.d:e", NULL }, &out), 0,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "--queue", "a_b-c.d:e", NULL }, &out), 0,
                  "%s", out);
     free(out);
     cr_assert_eq(kt_int("LLEN queue:a_b-c.d:e"), 1);
 }
 
-/* A kiq.yml with fast scheduler polls and beats, plus extra; caller frees. */
+/* A capstan.yml with fast scheduler polls and beats, plus extra; caller frees. */
 static char *fast_conf(const char *name, const char *extra)
 {
     char *body = NULL;
@@ -123,28 +123,28 @@ static char *fast_conf(const char *name, const char *extra)
     return path;
 }
 
-/* Runs the one FailJob waiting in queue:Q on a kiq that has no class
+/* Runs the one FailJob waiting in queue:Q on a capstan that has no class
  * options of its own (the payload must carry them), makes its retry due at
  * once, and asserts it is dead after exactly one retry. */
 static void dies_after_one_retry(const char *queue, const char *jid)
 {
     char *conf = fast_conf("server.yml", "");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", conf, "-q", queue, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-q", queue, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "first failure retried: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     redisReply *r = kt_cmd("ZRANGE retry 0 0");
     cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
     cr_assert(strstr(r->element[0]->str, jid), "%s", r->element[0]->str);
     cr_assert_eq(kt_int("ZADD retry XX CH 1 %b", r->element[0]->str, r->element[0]->len), 1);
     freeReplyObject(r);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "dead after one retry: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     redisReply *dead = kt_cmd("ZRANGE dead 0 0");
     cr_assert(dead->type == REDIS_REPLY_ARRAY && dead->elements == 1);
     const char *item = dead->element[0]->str;
     cr_assert(strstr(item, jid) && strstr(item, "\"retry_count\":1"), "%s", item);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
     freeReplyObject(dead);
     free(conf);
 }
@@ -154,7 +154,7 @@ Test(cli, push_with_a_config_file_writes_the_class_options)
     char *conf = kt_write_file("push.yml", "classes:\n  FailJob:\n    retry: 1\n    queue: low\n"
                                            "  RecordJob:\n    lock: until_executed\n");
     char *out = NULL;
-    int st = kt_kiq_run((const char *[]){ "push", "FailJob", "[\"x\"]", "-C", conf, NULL }, &out);
+    int st = kt_capstan_run((const char *[]){ "push", "FailJob", "[\"x\"]", "-C", conf, NULL }, &out);
     cr_assert_eq(st, 0, "%s", out);
     char *jid = first_line(out);
     char *payload = kt_str("LINDEX queue:low 0");
@@ -164,25 +164,25 @@ Test(cli, push_with_a_config_file_writes_the_class_options)
 
     /* The flags still win, as a push's own options do in Sidekiq. */
     char *out2 = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "FailJob", "-C", conf, "--retry", "4", "-q",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", "-C", conf, "--retry", "4", "-q",
                                               "other", NULL }, &out2), 0, "%s", out2);
     char *p2 = kt_str("LINDEX queue:other 0");
     cr_assert(p2 && strstr(p2, "\"retry\":4,"), "%s", p2);
     free(out2);
 
     /* The class's lock: a second push of the same args is refused. */
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"u\"]", "-C", conf, NULL }, &out2), 0,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"u\"]", "-C", conf, NULL }, &out2), 0,
                  "%s", out2);
     free(out2);
     char *p3 = kt_str("LINDEX queue:default 0");
     cr_assert(p3 && strstr(p3, "\"lock\":\"until_executed\""), "%s", p3);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"u\"]", "-C", conf, NULL }, &out2), 3,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"u\"]", "-C", conf, NULL }, &out2), 3,
                  "%s", out2);
     free(out2);
 
     /* A bad file is a config error naming the file. */
     char *bad = kt_write_file("bad.yml", "classes:\n  FailJob:\n    retry: lots\n");
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "FailJob", "-C", bad, NULL }, &out2), 78, "%s", out2);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", "-C", bad, NULL }, &out2), 78, "%s", out2);
     cr_assert(strstr(out2, "bad.yml"), "%s", out2);
     free(out2);
 
@@ -197,27 +197,27 @@ Test(cli, push_with_a_config_file_writes_the_class_options)
 
 Test(cli, the_c_client_writes_registered_and_configured_class_options)
 {
-    char err[KIQ_ERRLEN], jid[25], jid2[25];
-    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    char err[CAPSTAN_ERRLEN], jid[25], jid2[25];
+    capstan_client_t *c = capstan_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
-    kiq_class_opts_t o = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t o = CAPSTAN_CLASS_OPTS_INIT;
     o.retry = 1;
     o.queue = "low";
-    cr_assert_eq(kiq_client_set_class(c, "FailJob", &o), 0);
-    cr_assert_eq(kiq_client_push(c, "FailJob", "[\"x\"]", NULL, jid), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_set_class(c, "FailJob", &o), 0);
+    cr_assert_eq(capstan_client_push(c, "FailJob", "[\"x\"]", NULL, jid), 0, "%s", capstan_client_error(c));
     char *payload = kt_str("LINDEX queue:low 0");
     cr_assert(payload && strstr(payload, "\"retry\":1,"), "%s", payload);
 
     /* A configured classes: section comes first, as on the server. */
-    kiq_config_t *cfg = kiq_config_new();
+    capstan_config_t *cfg = capstan_config_new();
     char *conf = kt_write_file("client.yml", "classes:\n  FailJob:\n    retry: false\n    queue: q2\n");
-    cr_assert_eq(kiq_config_load_file(cfg, conf, err), 0, "%s", err);
-    kiq_client_use_config(c, cfg);
-    cr_assert_eq(kiq_client_push(c, "FailJob", "[]", NULL, jid2), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_config_load_file(cfg, conf, err), 0, "%s", err);
+    capstan_client_use_config(c, cfg);
+    cr_assert_eq(capstan_client_push(c, "FailJob", "[]", NULL, jid2), 0, "%s", capstan_client_error(c));
     char *p2 = kt_str("LINDEX queue:q2 0");
     cr_assert(p2 && strstr(p2, "\"retry\":false,"), "%s", p2);
-    kiq_client_free(c);
-    kiq_config_free(cfg);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
 
     dies_after_one_retry("low", jid);
     free(p2);
@@ -228,8 +228,8 @@ Test(cli, the_c_client_writes_registered_and_configured_class_options)
 Test(cli, push_reports_an_unreachable_redis)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--redis-url", "redis://127.0.0.1:1/0", NULL },
-                            &out), 1);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "--redis-url", "redis://127.0.0.1:1/0", NULL },
+                                &out), 1);
     cr_assert(strstr(out, "127.0.0.1:1"), "%s", out);
     free(out);
 }
@@ -248,7 +248,7 @@ Test(cli, stats_json_shows_counts_queues_latency_and_working_lists)
     kt_cmd("ZADD dead 1 y 2 z");
     kt_cmd("LPUSH uniquejobs:working:deadhost:1:abcdefabcdef %s", payload);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
     json_t *j = json_loads(out, 0, NULL);
     cr_assert_not_null(j, "%s", out);
     cr_assert_eq(json_integer_value(json_object_get(j, "processed")), 42);
@@ -269,7 +269,7 @@ Test(cli, stats_json_shows_counts_queues_latency_and_working_lists)
     json_decref(j);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", NULL }, &out), 0);
     cr_assert(strstr(out, "Processed: 42  Failed: 3"), "%s", out);
     cr_assert(strstr(out, "deadhost:1:abcdefabcdef  1 jobs  owner DEAD"), "%s", out);
     free(out);
@@ -277,10 +277,10 @@ Test(cli, stats_json_shows_counts_queues_latency_and_working_lists)
 
 Test(cli, stats_lists_a_running_process)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "-g", "stat-tag", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "3", "-g", "stat-tag", NULL });
     char *out = NULL;
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20));
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", NULL }, &out), 0);
     json_t *j = json_loads(out, 0, NULL);
     json_t *p = json_array_get(json_object_get(j, "processes"), 0);
     cr_assert_not_null(p, "%s", out);
@@ -289,7 +289,7 @@ Test(cli, stats_lists_a_running_process)
     cr_assert(json_is_false(json_object_get(p, "quiet")));
     json_decref(j);
     free(out);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
 }
 
 /* A pid that no process has: a child's, once it has exited and been reaped. */
@@ -327,7 +327,7 @@ Test(cli, stats_shows_a_same_host_owner_whose_pid_is_gone_as_dead)
                                ids[i], (long)time(NULL)));
     }
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
     json_t *j = json_loads(out, 0, NULL);
     cr_assert_not_null(j, "%s", out);
     size_t i;
@@ -349,7 +349,7 @@ Test(cli, stats_shows_a_same_host_owner_whose_pid_is_gone_as_dead)
     json_decref(j);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", NULL }, &out), 0);
     char want[600];
     snprintf(want, sizeof(want), "%s  1 jobs  owner dead (pid %d gone", dead, (int)pid);
     cr_assert(strstr(out, want), "%s", out);
@@ -366,19 +366,19 @@ Test(cli, stats_shows_a_same_host_owner_whose_pid_is_gone_as_dead)
 Test(cli, version_help_and_unknown_commands)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "version", NULL }, &out), 0);
-    cr_assert(strncmp(out, "kiq ", 4) == 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "version", NULL }, &out), 0);
+    cr_assert(strncmp(out, "capstan ", 8) == 0, "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "--help", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "--help", NULL }, &out), 0);
     cr_assert(strstr(out, "push") && strstr(out, "stats"), "%s", out);
     free(out);
     const char *subs[] = { "run", "push", "stats" };
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(kt_kiq_run((const char *[]){ subs[i], "--help", NULL }, &out), 0, "%s --help", subs[i]);
-        cr_assert(strstr(out, "Usage: kiq"), "%s", out);
+        cr_assert_eq(kt_capstan_run((const char *[]){ subs[i], "--help", NULL }, &out), 0, "%s --help", subs[i]);
+        cr_assert(strstr(out, "Usage: capstan"), "%s", out);
         free(out);
     }
-    cr_assert_eq(kt_kiq_run((const char *[]){ "frobnicate", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "frobnicate", NULL }, &out), 64);
     cr_assert(strstr(out, "unknown command"), "%s", out);
     free(out);
 }
@@ -389,7 +389,7 @@ Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
                                { "--timeout", "1e999" }, { "-c", "1e3" }, { "--metrics-port", "99999" } };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *out = NULL;
-        int st = kt_kiq_run((const char *[]){ "run", cases[i][0], cases[i][1], NULL }, &out);
+        int st = kt_capstan_run((const char *[]){ "run", cases[i][0], cases[i][1], NULL }, &out);
         cr_assert_eq(st, 78, "%s %s: exit %d: %s", cases[i][0], cases[i][1], st, out);
         const char *flag = cases[i][0][1] == 't' ? "--timeout" : cases[i][0][1] == 'c' ? "--concurrency"
                                                                                         : cases[i][0];
@@ -397,7 +397,7 @@ Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
         free(out);
     }
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "x", "--ttl", "inf", "--", "true", NULL }, &out), 64,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "x", "--ttl", "inf", "--", "true", NULL }, &out), 64,
                  "%s", out);
     cr_assert(strstr(out, "--ttl"), "%s", out);
     free(out);
@@ -409,13 +409,13 @@ Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
                                          { "push", "NoopJob", "--in", "1e999", NULL } };
     for (size_t i = 0; i < sizeof(sub_cases) / sizeof(sub_cases[0]); i++) {
         out = NULL;
-        int st = kt_kiq_run(sub_cases[i], &out);
+        int st = kt_capstan_run(sub_cases[i], &out);
         cr_assert_eq(st, 64, "%s %s: exit %d: %s", sub_cases[i][0], sub_cases[i][1], st, out);
         free(out);
     }
     /* A number the flag parser takes but no duration should be. */
     out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-t", "1e300", NULL }, &out), 78, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-t", "1e300", NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "timeout: must be at most"), "%s", out);
     free(out);
 }
@@ -433,48 +433,48 @@ static size_t read_bytes(const char *path, char *buf, size_t cap)
 
 Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
 {
-    kt_cmd("ACL SETUSER kiqpw on >s3cr3tpw ~* &* +@all");
+    kt_cmd("ACL SETUSER capstanpw on >s3cr3tpw ~* &* +@all");
     const char *plain = kt_url(); /* redis://127.0.0.1:PORT/DB */
     char url[256];
-    snprintf(url, sizeof(url), "redis://kiqpw:s3cr3tpw@%s", plain + strlen("redis://"));
+    snprintf(url, sizeof(url), "redis://capstanpw:s3cr3tpw@%s", plain + strlen("redis://"));
     /* A URL given without its flag is refused, and not echoed whole. */
     char *stray = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", url, NULL }, &stray), 78, "%s", stray);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", url, NULL }, &stray), 78, "%s", stray);
     cr_assert(strstr(stray, "unexpected argument") && !strstr(stray, "s3cr3tpw"), "%s", stray);
     free(stray);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", url, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
 
     char path[64], cmdline[8192];
     snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     size_t n = read_bytes(path, cmdline, sizeof(cmdline));
     cr_assert_gt(n, 0);
     cr_assert_null(memmem(cmdline, n, "s3cr3tpw", 8), "the password is in ps");
-    cr_assert_not_null(memmem(cmdline, n, "kiqpw:", 6), "the rest of the URL stays");
+    cr_assert_not_null(memmem(cmdline, n, "capstanpw:", 10), "the rest of the URL stays");
 
     char *ident = kt_str("SRANDMEMBER processes");
     char *info = kt_str("HGET %s info", ident);
     cr_assert(info && !strstr(info, "s3cr3tpw"), "%s", info);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--redis-url", url, NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--redis-url", url, NULL }, &out), 0, "%s", out);
     cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", "--redis-url", url, NULL }, &out), 0, "%s",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", "--redis-url", url, NULL }, &out), 0, "%s",
                  out);
     cr_assert(!strstr(out, "s3cr3tpw"), "%s", out);
     free(out);
 
-    /* kiq lock runs for as long as its command: it connects with the
+    /* capstan lock runs for as long as its command: it connects with the
      * password, yet its command line (read by the command) lacks it. */
     char flag[300];
     snprintf(flag, sizeof(flag), "--redis-url=%s", url);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "pw", flag, "--", "sh", "-c",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "pw", flag, "--", "sh", "-c",
                                               "tr '\\0' ' ' < /proc/$PPID/cmdline", NULL }, &out), 0, "%s", out);
-    cr_assert(strstr(out, "kiqpw:") && strstr(out, "lock pw") && !strstr(out, "s3cr3tpw"), "%s", out);
+    cr_assert(strstr(out, "capstanpw:") && strstr(out, "lock pw") && !strstr(out, "s3cr3tpw"), "%s", out);
     free(out);
 
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
-    char *log = kt_kiq_log(pid);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "REDIS_URL or the config file"), "%s", log);
     cr_assert(!strstr(log, "s3cr3tpw"), "%s", log);
     free(log);
@@ -482,7 +482,7 @@ Test(cli, a_password_in_redis_url_is_not_shown_anywhere)
     free(ident);
 }
 
-/* ---- `kiq run` failures that explain themselves ------------------------ */
+/* ---- `capstan run` failures that explain themselves ------------------------ */
 
 /* True when s is exactly one line. */
 static int one_line(const char *s)
@@ -494,7 +494,7 @@ static int one_line(const char *s)
 Test(cli, run_with_a_missing_config_file_exits_78_in_one_line)
 {
     char *out = NULL;
-    int st = kt_kiq_run((const char *[]){ "run", "-C", "/nonexistent/sidekiq.yml", NULL }, &out);
+    int st = kt_capstan_run((const char *[]){ "run", "-C", "/nonexistent/sidekiq.yml", NULL }, &out);
     cr_assert_eq(st, 78, "exit %d: %s", st, out);
     cr_assert(strstr(out, "/nonexistent/sidekiq.yml") && strstr(out, "No such file or directory"),
               "%s", out);
@@ -515,7 +515,7 @@ static void start_locked_redis(kt_aof_redis_t *srv)
     redisFree(c);
 }
 
-/* Starts kiq on url and waits up to limit seconds for it to exit by
+/* Starts capstan on url and waits up to limit seconds for it to exit by
  * itself; returns its status (-1 if it did not) with its log in *log. */
 static int run_until_exit(const char *url, const char *const *extra, double limit, char **log,
                           double *took)
@@ -526,11 +526,11 @@ static int run_until_exit(const char *url, const char *const *extra, double limi
         args[n++] = extra[i];
     args[n] = NULL;
     double t0 = kt_now();
-    pid_t pid = kt_kiq_start(args);
+    pid_t pid = kt_capstan_start(args);
     int st = kt_wait_exit(pid, limit);
     if (took)
         *took = kt_now() - t0;
-    *log = kt_kiq_log(pid);
+    *log = kt_capstan_log(pid);
     return st;
 }
 
@@ -555,7 +555,7 @@ Test(cli, run_with_a_wrong_password_exits_78_at_once)
     cr_assert(strstr(log, "NOAUTH"), "%s", log);
     free(log);
 
-    /* An ACL user without the right to load kiq's scripts: NOPERM. */
+    /* An ACL user without the right to load capstan's scripts: NOPERM. */
     snprintf(url, sizeof(url), "redis://noscript:pw@127.0.0.1:%d/0", srv.port);
     st = run_until_exit(url, NULL, 10, &log, NULL);
     cr_assert_eq(st, 78, "exit %d: %s", st, log);
@@ -635,25 +635,25 @@ Test(cli, run_exits_69_when_redis_stays_unreachable_for_startup_timeout)
 
 Test(cli, pidfile_is_written_and_removed_and_a_rails_file_warns_in_the_log)
 {
-    char *pid_path = kt_tmp("kiq.pid"), *log_path = kt_tmp("kiq.log");
+    char *pid_path = kt_tmp("capstan.pid"), *log_path = kt_tmp("capstan.log");
     char yml[1024];
     snprintf(yml, sizeof(yml),
              ":concurrency: 2\n:pidfile: %s\n:logfile: %s\n:require: ./app\n:strict: false\n"
              ":schedule:\n  nightly:\n    cron: '0 3 * * *'\n    class: NightlyJob\n",
              pid_path, log_path);
     char *cfg = kt_write_file("sidekiq.yml", yml);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, NULL });
     char want[32];
     snprintf(want, sizeof(want), "%d\n", (int)pid);
     cr_assert(KT_WAIT_UNTIL(({ char *p = kt_read_file(pid_path); int ok = !strcmp(p, want);
                                free(p); ok; }), 20), "no pidfile %s", pid_path);
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_read_file(log_path));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
     cr_assert_eq(access(pid_path, F_OK), -1, "the pidfile is removed at exit");
     char *log = kt_read_file(log_path);
-    cr_assert(strstr(log, "WARN: ") && strstr(log, ":4: require: not used by kiq"), "%s", log);
-    cr_assert(strstr(log, ":5: strict: not used by kiq"), "%s", log);
-    cr_assert(strstr(log, ":6: schedule: not used by kiq"), "%s", log);
+    cr_assert(strstr(log, "WARN: ") && strstr(log, ":4: require: not used by capstan"), "%s", log);
+    cr_assert(strstr(log, ":5: strict: not used by capstan"), "%s", log);
+    cr_assert(strstr(log, ":6: schedule: not used by capstan"), "%s", log);
     cr_assert(strstr(log, "Bye!"), "logfile is honoured: %s", log);
     free(log);
     free(cfg);

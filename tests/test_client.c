@@ -1,6 +1,6 @@
 /* The C client's transactions and replica acknowledgement, against real
- * Redis servers: pushes between kiq_client_begin and kiq_client_rollback
- * never reach Redis; between begin and kiq_client_commit they reach it
+ * Redis servers: pushes between capstan_client_begin and capstan_client_rollback
+ * never reach Redis; between begin and capstan_client_commit they reach it
  * together; and with min_replicas_ack a push returns once the replica has
  * it, or says that it does not. */
 #include <errno.h>
@@ -12,16 +12,16 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/kiq.h"
-#include "kiq/unique.h"
+#include "capstan/capstan.h"
+#include "capstan/unique.h"
 
 TestSuite(client, .timeout = 60, .fini = kt_kill_children);
 
-static kiq_client_t *client_at(const char *url)
+static capstan_client_t *client_at(const char *url)
 {
-    char err[KIQ_ERRLEN];
-    kiq_client_t *c = kiq_client_new(url, err);
-    cr_assert(c, "kiq_client_new: %s", err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_client_t *c = capstan_client_new(url, err);
+    cr_assert(c, "capstan_client_new: %s", err);
     return c;
 }
 
@@ -41,35 +41,35 @@ static long long locks_held(void)
 }
 
 /* One push of each kind: single, bulk of three, scheduled, another queue. */
-static void push_each_kind(kiq_client_t *c)
+static void push_each_kind(capstan_client_t *c)
 {
     const char *args[] = { "[1]", "[2]", "[3]" };
     char jids[3][25], jid[25];
-    kiq_push_opts_t later = kiq_push_opts_default(), other = kiq_push_opts_default();
+    capstan_push_opts_t later = capstan_push_opts_default(), other = capstan_push_opts_default();
     later.at = 60;
     other.queue = "other";
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[0]", NULL, jid), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[0]", NULL, jid), 0, "%s", capstan_client_error(c));
     cr_assert_eq(strlen(jid), 24);
     cr_assert_eq(written(), 0);
-    cr_assert_eq(kiq_client_push_bulk(c, "TxJob", args, 3, NULL, jids), 0);
+    cr_assert_eq(capstan_client_push_bulk(c, "TxJob", args, 3, NULL, jids), 0);
     cr_assert_eq(strlen(jids[2]), 24);
     cr_assert_eq(written(), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[4]", &later, NULL), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[5]", &other, NULL), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[4]", &later, NULL), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[5]", &other, NULL), 0);
     cr_assert_eq(written(), 0, "a push in a transaction reached Redis before the commit");
 }
 
 Test(client, pushes_between_begin_and_rollback_never_reach_redis)
 {
-    kiq_client_t *c = client_at(kt_url());
-    cr_assert_eq(kiq_client_begin(c), 0);
+    capstan_client_t *c = client_at(kt_url());
+    cr_assert_eq(capstan_client_begin(c), 0);
     push_each_kind(c);
-    cr_assert_eq(kiq_client_rollback(c), 0);
+    cr_assert_eq(capstan_client_rollback(c), 0);
     cr_assert_eq(written(), 0);
     /* The transaction is over: the next push goes out at once. */
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[6]", NULL, NULL), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[6]", NULL, NULL), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
-    kiq_client_free(c);
+    capstan_client_free(c);
 }
 
 /* The commands MONITOR shows for this test's database from its last MULTI
@@ -113,10 +113,10 @@ Test(client, pushes_between_begin_and_commit_arrive_together)
     struct timeval tv = { 10, 0 };
     redisSetTimeout(m, tv);
     freeReplyObject(redisCommand(m, "MONITOR"));
-    kiq_client_t *c = client_at(kt_url());
-    cr_assert_eq(kiq_client_begin(c), 0);
+    capstan_client_t *c = client_at(kt_url());
+    cr_assert_eq(capstan_client_begin(c), 0);
     push_each_kind(c);
-    cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_commit(c), 0, "%s", capstan_client_error(c));
     /* All in one MULTI/EXEC: SADD queues and LPUSH for each push due now,
      * ZADD for the scheduled one. */
     char *seen = monitored_until_exec(m);
@@ -132,46 +132,46 @@ Test(client, pushes_between_begin_and_commit_arrive_together)
     cr_assert(first && strstr(first, "\"args\":[0]") && strstr(first, "\"class\":\"TxJob\""),
               "%s", first);
     free(first);
-    kiq_client_free(c);
+    capstan_client_free(c);
 }
 
 Test(client, begin_twice_commit_or_rollback_without_begin_are_refused)
 {
-    kiq_client_t *c = client_at(kt_url());
-    cr_assert_eq(kiq_client_commit(c), KIQ_EINVAL);
-    cr_assert(strstr(kiq_client_error(c), "no transaction"));
-    cr_assert_eq(kiq_client_rollback(c), KIQ_EINVAL);
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
-    cr_assert_eq(kiq_client_begin(c), KIQ_EINVAL);
-    cr_assert(strstr(kiq_client_error(c), "already open"));
+    capstan_client_t *c = client_at(kt_url());
+    cr_assert_eq(capstan_client_commit(c), CAPSTAN_EINVAL);
+    cr_assert(strstr(capstan_client_error(c), "no transaction"));
+    cr_assert_eq(capstan_client_rollback(c), CAPSTAN_EINVAL);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
+    cr_assert_eq(capstan_client_begin(c), CAPSTAN_EINVAL);
+    cr_assert(strstr(capstan_client_error(c), "already open"));
     /* The open one kept its push. */
-    cr_assert_eq(kiq_client_commit(c), 0);
+    cr_assert_eq(capstan_client_commit(c), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
     /* Nothing buffered: nothing to send, and a success. */
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_commit(c), 0);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_commit(c), 0);
     /* A bad push in a transaction fails at once and buffers nothing. */
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "{}", NULL, NULL), KIQ_EINVAL);
-    cr_assert_eq(kiq_client_commit(c), 0);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "{}", NULL, NULL), CAPSTAN_EINVAL);
+    cr_assert_eq(capstan_client_commit(c), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
     /* A command that fails as it runs is reported, not taken for success. */
     freeReplyObject(kt_cmd("SET queue:broken x"));
-    kiq_push_opts_t o = kiq_push_opts_default();
+    capstan_push_opts_t o = capstan_push_opts_default();
     o.queue = "broken";
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[1]", &o, NULL), 0);
-    cr_assert_eq(kiq_client_commit(c), KIQ_EREPLY);
-    cr_assert(strstr(kiq_client_error(c), "WRONGTYPE"), "%s", kiq_client_error(c));
-    kiq_client_free(c);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[1]", &o, NULL), 0);
+    cr_assert_eq(capstan_client_commit(c), CAPSTAN_EREPLY);
+    cr_assert(strstr(capstan_client_error(c), "WRONGTYPE"), "%s", capstan_client_error(c));
+    capstan_client_free(c);
 }
 
-static kiq_push_opts_t locked(kiq_unique_opts_t *uo)
+static capstan_push_opts_t locked(capstan_unique_opts_t *uo)
 {
-    *uo = (kiq_unique_opts_t)KIQ_UNIQUE_OPTS_INIT;
-    uo->lock = KIQ_LOCK_UNTIL_EXECUTED;
-    kiq_push_opts_t o = kiq_push_opts_default();
+    *uo = (capstan_unique_opts_t)CAPSTAN_UNIQUE_OPTS_INIT;
+    uo->lock = CAPSTAN_LOCK_UNTIL_EXECUTED;
+    capstan_push_opts_t o = capstan_push_opts_default();
     o.unique = uo;
     return o;
 }
@@ -180,36 +180,36 @@ static kiq_push_opts_t locked(kiq_unique_opts_t *uo)
  * rollback (or a free with pushes buffered) gives the lock back. */
 Test(client, until_executed_locks_are_taken_at_push_and_released_by_rollback)
 {
-    kiq_unique_opts_t uo;
-    kiq_push_opts_t o = locked(&uo);
-    kiq_client_t *c = client_at(kt_url());
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), 0, "%s",
-                 kiq_client_error(c));
+    capstan_unique_opts_t uo;
+    capstan_push_opts_t o = locked(&uo);
+    capstan_client_t *c = client_at(kt_url());
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), 0, "%s",
+                 capstan_client_error(c));
     cr_assert_eq(locks_held(), 1);
-    cr_assert_eq(kiq_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), KIQ_EDENIED);
-    cr_assert_eq(kiq_client_rollback(c), 0);
+    cr_assert_eq(capstan_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), CAPSTAN_EDENIED);
+    cr_assert_eq(capstan_client_rollback(c), 0);
     cr_assert_eq(locks_held(), 0);
     cr_assert_eq(written(), 0);
 
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), 0);
-    kiq_client_free(c); /* discards the push and its lock */
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), 0);
+    capstan_client_free(c); /* discards the push and its lock */
     cr_assert_eq(locks_held(), 0);
     cr_assert_eq(written(), 0);
 
     c = client_at(kt_url());
     char jid[25];
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "UniqueTx", "[\"u\"]", &o, jid), 0);
-    cr_assert_eq(kiq_client_commit(c), 0);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "UniqueTx", "[\"u\"]", &o, jid), 0);
+    cr_assert_eq(capstan_client_commit(c), 0);
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
     cr_assert_eq(locks_held(), 1, "a committed push keeps its lock until it is executed");
     char *job = kt_str("LINDEX queue:default 0");
     cr_assert(strstr(job, jid) && strstr(job, "\"lock\":\"until_executed\""), "%s", job);
     free(job);
-    cr_assert_eq(kiq_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), KIQ_EDENIED);
-    kiq_client_free(c);
+    cr_assert_eq(capstan_client_push(c, "UniqueTx", "[\"u\"]", &o, NULL), CAPSTAN_EDENIED);
+    capstan_client_free(c);
 }
 
 /* The connection fails during the commit: nothing is sent twice, and the
@@ -219,28 +219,28 @@ Test(client, a_connection_failure_during_commit_is_reported)
     kt_aof_redis_t s;
     kt_aof_init(&s, "down");
     kt_aof_start(&s);
-    kiq_unique_opts_t uo;
-    kiq_push_opts_t o = locked(&uo);
-    kiq_client_t *c = client_at(s.url);
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
+    capstan_unique_opts_t uo;
+    capstan_push_opts_t o = locked(&uo);
+    capstan_client_t *c = client_at(s.url);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
     kt_aof_kill(&s);
     /* Taking a lock finds the server gone; the commit then cannot connect,
      * so it surely sent nothing. */
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[2]", &o, NULL), KIQ_EREDIS);
-    cr_assert_eq(kiq_client_commit(c), KIQ_EREDIS);
-    cr_assert(strstr(kiq_client_error(c), "nothing was pushed"), "%s", kiq_client_error(c));
-    cr_assert_eq(kiq_client_commit(c), KIQ_EINVAL, "the transaction ended");
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[2]", &o, NULL), CAPSTAN_EREDIS);
+    cr_assert_eq(capstan_client_commit(c), CAPSTAN_EREDIS);
+    cr_assert(strstr(capstan_client_error(c), "nothing was pushed"), "%s", capstan_client_error(c));
+    cr_assert_eq(capstan_client_commit(c), CAPSTAN_EINVAL, "the transaction ended");
 
     /* The server goes while the commit is sent: the client cannot tell
      * whether EXEC ran before it went, and does not send it again. */
     kt_aof_start(&s);
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[3]", NULL, NULL), 0);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[3]", NULL, NULL), 0);
     kt_aof_kill(&s);
-    cr_assert_eq(kiq_client_commit(c), KIQ_EREDIS);
-    cr_assert(strstr(kiq_client_error(c), "unknown which"), "%s", kiq_client_error(c));
-    kiq_client_free(c);
+    cr_assert_eq(capstan_client_commit(c), CAPSTAN_EREDIS);
+    cr_assert(strstr(capstan_client_error(c), "unknown which"), "%s", capstan_client_error(c));
+    capstan_client_free(c);
 
     kt_aof_start(&s);
     redisContext *r = kt_aof_connect(&s);
@@ -257,7 +257,7 @@ Test(client, a_commit_on_a_connection_the_server_closed_fails_without_sigpipe)
 {
     int st = kt_commit_after_client_kill(kt_url(), atoi(strrchr(kt_url(), ':') + 1));
     cr_assert_neq(st, 128 + SIGPIPE, "the client library killed its caller with SIGPIPE");
-    cr_assert_eq(st, 0, "the commit did not fail with KIQ_EREDIS (step %d, see helpers.c)", st);
+    cr_assert_eq(st, 0, "the commit did not fail with CAPSTAN_EREDIS (step %d, see helpers.c)", st);
     cr_assert_eq(kt_int("LLEN queue:default"), 0, "a push of the failed commit was made");
 }
 
@@ -265,14 +265,14 @@ Test(client, a_commit_on_a_connection_the_server_closed_fails_without_sigpipe)
  * written. */
 static void refused_by(const char *url)
 {
-    kiq_client_t *c = client_at(url);
-    cr_assert_eq(kiq_client_begin(c), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
-    cr_assert_eq(kiq_client_push(c, "TxJob", "[2]", NULL, NULL), 0);
-    cr_assert_eq(kiq_client_commit(c), KIQ_EREPLY);
-    cr_assert(strstr(kiq_client_error(c), "READONLY") || strstr(kiq_client_error(c), "EXECABORT"),
-              "%s", kiq_client_error(c));
-    kiq_client_free(c);
+    capstan_client_t *c = client_at(url);
+    cr_assert_eq(capstan_client_begin(c), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[1]", NULL, NULL), 0);
+    cr_assert_eq(capstan_client_push(c, "TxJob", "[2]", NULL, NULL), 0);
+    cr_assert_eq(capstan_client_commit(c), CAPSTAN_EREPLY);
+    cr_assert(strstr(capstan_client_error(c), "READONLY") || strstr(capstan_client_error(c), "EXECABORT"),
+              "%s", capstan_client_error(c));
+    capstan_client_free(c);
 }
 
 /* A master and a replica of the test's own. */
@@ -338,14 +338,14 @@ static long long llen_on(int port)
     return n;
 }
 
-static kiq_config_t *wait_config(const char *name, long ms, char **path)
+static capstan_config_t *wait_config(const char *name, long ms, char **path)
 {
-    char body[128], err[KIQ_ERRLEN];
+    char body[128], err[CAPSTAN_ERRLEN];
     snprintf(body, sizeof(body), "min_replicas_ack: 1\nmin_replicas_timeout: %ld\n", ms);
     *path = kt_write_file(name, body);
-    kiq_config_t *cfg = kiq_config_new();
+    capstan_config_t *cfg = capstan_config_new();
     cr_assert(cfg);
-    cr_assert_eq(kiq_config_load_file(cfg, *path, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_load_file(cfg, *path, err), 0, "%s", err);
     return cfg;
 }
 
@@ -356,18 +356,18 @@ Test(client, min_replicas_ack_pushes_wait_for_the_replica)
     pair_t k;
     pair_start(&k);
     char *path;
-    kiq_config_t *cfg = wait_config("wait.yml", 3000, &path);
-    kiq_client_t *c = client_at(k.master_url);
-    kiq_client_use_config(c, cfg);
+    capstan_config_t *cfg = wait_config("wait.yml", 3000, &path);
+    capstan_client_t *c = client_at(k.master_url);
+    capstan_client_use_config(c, cfg);
     for (int i = 0; i < 20; i++) {
-        cr_assert_eq(kiq_client_push(c, "WaitJob", "[]", NULL, NULL), 0, "%s",
-                     kiq_client_error(c));
+        cr_assert_eq(capstan_client_push(c, "WaitJob", "[]", NULL, NULL), 0, "%s",
+                     capstan_client_error(c));
         cr_assert_eq(llen_on(k.replica), i + 1, "the push returned before the replica had it");
     }
-    cr_assert_eq(kiq_client_begin(c), 0);
+    cr_assert_eq(capstan_client_begin(c), 0);
     const char *args[] = { "[1]", "[2]" };
-    cr_assert_eq(kiq_client_push_bulk(c, "WaitJob", args, 2, NULL, NULL), 0);
-    cr_assert_eq(kiq_client_commit(c), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push_bulk(c, "WaitJob", args, 2, NULL, NULL), 0);
+    cr_assert_eq(capstan_client_commit(c), 0, "%s", capstan_client_error(c));
     cr_assert_eq(llen_on(k.replica), 22);
 
     /* A replica refuses writes: the whole transaction is refused. */
@@ -378,70 +378,70 @@ Test(client, min_replicas_ack_pushes_wait_for_the_replica)
     cr_assert(m && !m->err);
     freeReplyObject(redisCommand(m, "SET queue:broken x"));
     redisFree(m);
-    kiq_push_opts_t broken = kiq_push_opts_default();
+    capstan_push_opts_t broken = capstan_push_opts_default();
     broken.queue = "broken";
-    cr_assert_eq(kiq_client_push(c, "WaitJob", "[]", &broken, NULL), KIQ_EREPLY);
-    cr_assert_eq(kiq_client_push(c, "WaitJob", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push(c, "WaitJob", "[]", &broken, NULL), CAPSTAN_EREPLY);
+    cr_assert_eq(capstan_client_push(c, "WaitJob", "[]", NULL, NULL), 0, "%s", capstan_client_error(c));
     cr_assert_eq(llen_on(k.replica), 23);
 
     kill(k.replica_pid, SIGSTOP);
     double t0 = kt_now();
     char jid[25] = "";
-    int rc = kiq_client_push(c, "WaitJob", "[]", NULL, jid);
+    int rc = capstan_client_push(c, "WaitJob", "[]", NULL, jid);
     double took = kt_now() - t0;
     kill(k.replica_pid, SIGCONT);
-    cr_assert_eq(rc, KIQ_PUSH_UNREPLICATED, "%d: %s", rc, kiq_client_error(c));
+    cr_assert_eq(rc, CAPSTAN_PUSH_UNREPLICATED, "%d: %s", rc, capstan_client_error(c));
     cr_assert_eq(strlen(jid), 24, "the job was pushed and has its jid");
-    cr_assert(strstr(kiq_client_error(c), "only 0 of 1 replicas had it within 3000 ms"), "%s",
-              kiq_client_error(c));
+    cr_assert(strstr(capstan_client_error(c), "only 0 of 1 replicas had it within 3000 ms"), "%s",
+              capstan_client_error(c));
     cr_assert(took >= 2.9 && took < 6, "took %.2f s", took);
     cr_assert_eq(llen_on(k.master), 24);
     cr_assert(KT_WAIT_UNTIL(llen_on(k.replica) == 24, 10));
 
     /* So is a push into a batch: the jobs are in, counted, with their jids. */
-    char err[KIQ_ERRLEN];
-    kiq_batch_t *b = kiq_batch_new(c, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_batch_t *b = capstan_batch_new(c, err);
     cr_assert(b, "%s", err);
-    cr_assert_eq(kiq_batch_push(b, "WaitJob", "[]", NULL, NULL), 0, "%s", kiq_batch_error(b));
+    cr_assert_eq(capstan_batch_push(b, "WaitJob", "[]", NULL, NULL), 0, "%s", capstan_batch_error(b));
     kill(k.replica_pid, SIGSTOP);
     char jids[2][25];
-    rc = kiq_batch_push_bulk(b, "WaitJob", args, 2, NULL, jids);
+    rc = capstan_batch_push_bulk(b, "WaitJob", args, 2, NULL, jids);
     kill(k.replica_pid, SIGCONT);
-    cr_assert_eq(rc, KIQ_PUSH_UNREPLICATED, "%d: %s", rc, kiq_batch_error(b));
+    cr_assert_eq(rc, CAPSTAN_PUSH_UNREPLICATED, "%d: %s", rc, capstan_batch_error(b));
     cr_assert_eq(strlen(jids[1]), 24, "the jobs were pushed and have their jids");
     cr_assert_eq(llen_on(k.master), 27);
     redisContext *mc = redisConnect("127.0.0.1", k.master);
-    redisReply *total = redisCommand(mc, "HGET batch:%s total", kiq_batch_bid(b));
+    redisReply *total = redisCommand(mc, "HGET batch:%s total", capstan_batch_bid(b));
     cr_assert(total && total->type == REDIS_REPLY_STRING && !strcmp(total->str, "3"));
     freeReplyObject(total);
     redisFree(mc);
-    kiq_batch_free(b);
-    kiq_client_free(c);
-    kiq_config_free(cfg);
+    capstan_batch_free(b);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
     free(path);
 }
 
-/* kiq push -C with min_replicas_ack: the job is pushed either way; a
+/* capstan push -C with min_replicas_ack: the job is pushed either way; a
  * shortfall is a warning, not a failure. */
-Test(client, kiq_push_warns_when_the_replicas_fall_short)
+Test(client, capstan_push_warns_when_the_replicas_fall_short)
 {
     pair_t k;
     pair_start(&k);
     char *path;
-    kiq_config_t *cfg = wait_config("cli.yml", 2000, &path);
-    kiq_config_free(cfg);
+    capstan_config_t *cfg = wait_config("cli.yml", 2000, &path);
+    capstan_config_free(cfg);
     char *out = NULL;
     const char *args[] = { "push", "CliJob", "[1]", "-C", path, "--redis-url", k.master_url,
                            NULL };
-    cr_assert_eq(kt_kiq_run(args, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run(args, &out), 0, "%s", out);
     cr_assert(!strstr(out, "warning"), "%s", out);
     cr_assert_eq(llen_on(k.replica), 1);
     free(out);
 
     kill(k.replica_pid, SIGSTOP);
-    cr_assert_eq(kt_kiq_run(args, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run(args, &out), 0, "%s", out);
     kill(k.replica_pid, SIGCONT);
-    cr_assert(strstr(out, "kiq push: warning: pushed, but only 0 of 1 replicas had it "
+    cr_assert(strstr(out, "capstan push: warning: pushed, but only 0 of 1 replicas had it "
                           "within 2000 ms"), "%s", out);
     cr_assert_eq(llen_on(k.master), 2);
     free(out);

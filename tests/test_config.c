@@ -9,19 +9,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kiq/config.h"
-#include "kiq/redis.h"
+#include "capstan/config.h"
+#include "capstan/redis.h"
 #include "redis/url.h"
 
-static kiq_config_t *cfg;
+static capstan_config_t *cfg;
 static char *path; /* the current test's YAML file */
-static char err[KIQ_ERRLEN];
+static char err[CAPSTAN_ERRLEN];
 
 /* Variables a test may set; cleared around each test so that neither the
  * caller's environment nor an earlier test (under --no-fork) leaks in. */
 static const char *env_vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV", "REDIS_URL",
-                                 "REDIS_PROVIDER", "MY_REDIS", "KIQ_T_CONC",
-                                 "KIQ_T_EMPTY", "KIQ_T_UNSET"};
+                                 "REDIS_PROVIDER", "MY_REDIS", "CAPSTAN_T_CONC",
+                                 "CAPSTAN_T_EMPTY", "CAPSTAN_T_UNSET"};
 
 static void clear_env(void)
 {
@@ -32,14 +32,14 @@ static void clear_env(void)
 static void setup(void)
 {
     clear_env();
-    cfg = kiq_config_new();
+    cfg = capstan_config_new();
     cr_assert_not_null(cfg);
     err[0] = '\0';
 }
 
 static void teardown(void)
 {
-    kiq_config_free(cfg);
+    capstan_config_free(cfg);
     cfg = NULL;
     if (path) {
         unlink(path);
@@ -53,7 +53,7 @@ TestSuite(config, .init = setup, .fini = teardown, .timeout = 10);
 
 static char *write_yaml(const char *text)
 {
-    char *p = strdup("/tmp/kiq-test-config-XXXXXX");
+    char *p = strdup("/tmp/capstan-test-config-XXXXXX");
     cr_assert_not_null(p);
     int fd = mkstemp(p);
     cr_assert(fd >= 0);
@@ -67,13 +67,13 @@ static char *write_yaml(const char *text)
 static int load(const char *text)
 {
     path = write_yaml(text);
-    return kiq_config_load_file(cfg, path, err);
+    return capstan_config_load_file(cfg, path, err);
 }
 
 /* Asserts err is exactly "PATH:LINE: rest". */
 static void assert_err(int line, const char *rest)
 {
-    char want[KIQ_ERRLEN * 2];
+    char want[CAPSTAN_ERRLEN * 2];
     snprintf(want, sizeof(want), "%s:%d: %s", path, line, rest);
     cr_assert_str_eq(err, want);
 }
@@ -97,22 +97,22 @@ Test(config, defaults_match_sidekiq)
     cr_assert_eq(cfg->heartbeat_interval, 5);
     cr_assert_eq(cfg->recovery_interval, 60);
     cr_assert_eq(cfg->max_recoveries, 3);
-    cr_assert_eq(cfg->fetch, KIQ_FETCH_RELIABLE);
-    cr_assert_eq(cfg->timestamps, KIQ_TS_FLOAT);
-    cr_assert_eq(cfg->log_format, KIQ_LOG_PRETTY);
+    cr_assert_eq(cfg->fetch, CAPSTAN_FETCH_RELIABLE);
+    cr_assert_eq(cfg->timestamps, CAPSTAN_TS_FLOAT);
+    cr_assert_eq(cfg->log_format, CAPSTAN_LOG_PRETTY);
     cr_assert_null(cfg->log_file);
     cr_assert_eq(cfg->verbose, 0);
     cr_assert_eq(cfg->nplugins, 0);
     cr_assert_eq(cfg->nclasses, 0);
     cr_assert_null(cfg->config_file);
     cr_assert_eq(cfg->redis_url_explicit, 0);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0);
     cr_assert_eq(cfg->strict, 1);
 }
 
 Test(config, free_null_is_a_no_op)
 {
-    kiq_config_free(NULL);
+    capstan_config_free(NULL);
 }
 
 Test(config, load_file_parses_every_key)
@@ -133,11 +133,11 @@ Test(config, load_file_parses_every_key)
                       "require: ./app\n"
                       "strict: false\n"
                       "redis_url: redis://db:6380/2\n"
-                      "plugins: [/opt/kiq/jobs.so]\n"
+                      "plugins: [/opt/capstan/jobs.so]\n"
                       "fetch: basic\n"
                       "timestamps: millis\n"
                       "log_format: json\n"
-                      "log_file: /var/log/kiq.log\n"
+                      "log_file: /var/log/capstan.log\n"
                       "heartbeat_interval: 2\n"
                       "recovery_interval: 30\n"
                       "max_recoveries: 5\n"
@@ -162,17 +162,17 @@ Test(config, load_file_parses_every_key)
     cr_assert_str_eq(cfg->redis_url, "redis://db:6380/2");
     cr_assert_eq(cfg->redis_url_explicit, 1);
     cr_assert_eq(cfg->nplugins, 1);
-    cr_assert_str_eq(cfg->plugins[0], "/opt/kiq/jobs.so");
-    cr_assert_eq(cfg->fetch, KIQ_FETCH_BASIC);
-    cr_assert_eq(cfg->timestamps, KIQ_TS_MILLIS);
-    cr_assert_eq(cfg->log_format, KIQ_LOG_JSON);
-    cr_assert_str_eq(cfg->log_file, "/var/log/kiq.log");
+    cr_assert_str_eq(cfg->plugins[0], "/opt/capstan/jobs.so");
+    cr_assert_eq(cfg->fetch, CAPSTAN_FETCH_BASIC);
+    cr_assert_eq(cfg->timestamps, CAPSTAN_TS_MILLIS);
+    cr_assert_eq(cfg->log_format, CAPSTAN_LOG_JSON);
+    cr_assert_str_eq(cfg->log_file, "/var/log/capstan.log");
     cr_assert_eq(cfg->heartbeat_interval, 2);
     cr_assert_eq(cfg->recovery_interval, 30);
     cr_assert_eq(cfg->max_recoveries, 5);
     cr_assert_eq(cfg->nclasses, 1);
     cr_assert_str_eq(cfg->config_file, path);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
 }
 
 Test(config, ruby_symbol_keys_are_accepted)
@@ -204,32 +204,32 @@ Test(config, queue_forms_give_names_and_weights)
         cr_assert_str_eq(cfg->queues[i].name, names[i]);
         cr_assert_eq(cfg->queues[i].weight, weights[i], "queue %zu", i);
     }
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
     cr_assert_eq(cfg->strict, 0, "a weight makes the order weighted-random");
 }
 
 Test(config, queues_without_weights_are_strict_whatever_strict_says)
 {
     cr_assert_eq(load("strict: false\nqueues: [a, b, [c]]\n"), 0, "%s", err);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
     cr_assert_eq(cfg->strict, 1);
 }
 
 Test(config, duplicate_queue_in_file_is_an_error)
 {
-    cr_assert_eq(load("queues:\n  - a\n  - [b, 2]\n  - [a, 3]\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("queues:\n  - a\n  - [b, 2]\n  - [a, 3]\n"), CAPSTAN_ECONFIG);
     assert_err(4, "queues: queue a is given twice");
 }
 
 Test(config, bad_queue_weight_in_file_is_an_error)
 {
-    cr_assert_eq(load("queues:\n  - [a, heavy]\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("queues:\n  - [a, heavy]\n"), CAPSTAN_ECONFIG);
     assert_err(2, "queues: weight of a must be an integer >= 1");
 }
 
 Test(config, empty_queue_list_is_an_error)
 {
-    cr_assert_eq(load("queues: []\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("queues: []\n"), CAPSTAN_ECONFIG);
     assert_err(1, "queues: must be a non-empty list of queues");
 }
 
@@ -251,7 +251,7 @@ Test(config, development_section_is_merged_over_top_level)
 Test(config, section_follows_cfg_environment_over_env_vars)
 {
     setenv("RAILS_ENV", "staging", 1);
-    kiq_config_set_str(&cfg->environment, "production");
+    capstan_config_set_str(&cfg->environment, "production");
     cr_assert_eq(load("concurrency: 5\n"
                       "staging: {concurrency: 7}\n"
                       "production: {concurrency: 50}\n"),
@@ -266,16 +266,16 @@ Test(config, section_follows_app_env_then_rails_env)
                  0, "%s", err);
     cr_assert_eq(cfg->concurrency, 7);
 
-    kiq_config_free(cfg);
-    cfg = kiq_config_new();
+    capstan_config_free(cfg);
+    cfg = capstan_config_new();
     setenv("APP_ENV", "production", 1);
-    cr_assert_eq(kiq_config_load_file(cfg, path, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_load_file(cfg, path, err), 0, "%s", err);
     cr_assert_eq(cfg->concurrency, 50);
 }
 
 Test(config, typo_inside_another_section_is_reported)
 {
-    cr_assert_eq(load("production:\n  concurrency: 5\n  queus: [a]\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("production:\n  concurrency: 5\n  queus: [a]\n"), CAPSTAN_ECONFIG);
     assert_err(3, "queus: unknown key; did you mean queues?");
 }
 
@@ -294,12 +294,12 @@ Test(config, merge_key_brings_in_anchor_and_own_keys_win)
 
 Test(config, env_vars_are_expanded_in_values)
 {
-    setenv("KIQ_T_CONC", "12", 1);
-    setenv("KIQ_T_EMPTY", "", 1);
-    cr_assert_eq(load("concurrency: ${KIQ_T_CONC}\n"
-                      "tag: \"${KIQ_T_UNSET:-fallback}-x\"\n"
-                      "labels: [\"${KIQ_T_EMPTY:-was-empty}\", \"a${KIQ_T_EMPTY}b\", $HOME]\n"
-                      "redis_url: redis://${KIQ_T_UNSET:-cache}:6379/${KIQ_T_CONC}\n"),
+    setenv("CAPSTAN_T_CONC", "12", 1);
+    setenv("CAPSTAN_T_EMPTY", "", 1);
+    cr_assert_eq(load("concurrency: ${CAPSTAN_T_CONC}\n"
+                      "tag: \"${CAPSTAN_T_UNSET:-fallback}-x\"\n"
+                      "labels: [\"${CAPSTAN_T_EMPTY:-was-empty}\", \"a${CAPSTAN_T_EMPTY}b\", $HOME]\n"
+                      "redis_url: redis://${CAPSTAN_T_UNSET:-cache}:6379/${CAPSTAN_T_CONC}\n"),
                  0, "%s", err);
     cr_assert_eq(cfg->concurrency, 12);
     cr_assert_str_eq(cfg->tag, "fallback-x");
@@ -311,49 +311,49 @@ Test(config, env_vars_are_expanded_in_values)
 
 Test(config, unset_env_var_without_default_is_an_error)
 {
-    cr_assert_eq(load("concurrency: 5\nredis_url: ${KIQ_T_UNSET}\n"), KIQ_ECONFIG);
-    assert_err(2, "redis_url: environment variable KIQ_T_UNSET is not set");
+    cr_assert_eq(load("concurrency: 5\nredis_url: ${CAPSTAN_T_UNSET}\n"), CAPSTAN_ECONFIG);
+    assert_err(2, "redis_url: environment variable CAPSTAN_T_UNSET is not set");
 }
 
 Test(config, malformed_reference_is_an_error)
 {
-    cr_assert_eq(load("tag: ${OOPS\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("tag: ${OOPS\n"), CAPSTAN_ECONFIG);
     assert_err(1, "tag: malformed ${...} reference");
 }
 
 Test(config, unknown_key_names_file_line_and_key)
 {
-    cr_assert_eq(load("# kiq\nqueues: [a]\nconcurrncy: 5\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("# capstan\nqueues: [a]\nconcurrncy: 5\n"), CAPSTAN_ECONFIG);
     assert_err(3, "concurrncy: unknown key; did you mean concurrency?");
 }
 
 Test(config, unknown_symbol_key_is_named_without_colon)
 {
-    cr_assert_eq(load(":timout: 5\n"), KIQ_ECONFIG);
+    cr_assert_eq(load(":timout: 5\n"), CAPSTAN_ECONFIG);
     assert_err(1, "timout: unknown key; did you mean timeout?");
 }
 
 Test(config, non_integer_concurrency_is_an_error)
 {
-    cr_assert_eq(load("tag: a\nconcurrency: abc\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("tag: a\nconcurrency: abc\n"), CAPSTAN_ECONFIG);
     assert_err(2, "concurrency: must be an integer between 1 and 1000");
 }
 
 Test(config, zero_concurrency_is_an_error)
 {
-    cr_assert_eq(load("concurrency: 0\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("concurrency: 0\n"), CAPSTAN_ECONFIG);
     assert_err(1, "concurrency: must be an integer between 1 and 1000");
 }
 
 Test(config, list_for_a_number_is_an_error)
 {
-    cr_assert_eq(load("concurrency: [1]\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("concurrency: [1]\n"), CAPSTAN_ECONFIG);
     assert_err(1, "concurrency: must be an integer between 1 and 1000");
 }
 
 Test(config, negative_timeout_is_an_error)
 {
-    cr_assert_eq(load("timeout: -1\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("timeout: -1\n"), CAPSTAN_ECONFIG);
     assert_err(1, "timeout: must be a number greater than 0");
 }
 
@@ -376,14 +376,14 @@ Test(config, other_bad_values_are_errors)
         {"redis: {hots: x}\n", "redis.hots: unknown key"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        kiq_config_free(cfg);
-        cfg = kiq_config_new();
+        capstan_config_free(cfg);
+        cfg = capstan_config_new();
         if (path) {
             unlink(path);
             free(path);
             path = NULL;
         }
-        cr_assert_eq(load(cases[i].yaml), KIQ_ECONFIG, "%s", cases[i].yaml);
+        cr_assert_eq(load(cases[i].yaml), CAPSTAN_ECONFIG, "%s", cases[i].yaml);
         assert_err(1, cases[i].msg);
     }
 }
@@ -398,42 +398,42 @@ Test(config, classes_give_queue_and_retry)
                       "  Plain:\n"),
                  0, "%s", err);
     cr_assert_eq(cfg->nclasses, 4);
-    const kiq_class_conf_t *c = kiq_config_class(cfg, "HardJob");
+    const capstan_class_conf_t *c = capstan_config_class(cfg, "HardJob");
     cr_assert_not_null(c);
     cr_assert_str_eq(c->queue, "critical");
     cr_assert_eq(c->retry, 5);
-    c = kiq_config_class(cfg, "Mailer");
+    c = capstan_config_class(cfg, "Mailer");
     cr_assert_null(c->queue);
-    cr_assert_eq(c->retry, KIQ_RETRY_NONE);
-    cr_assert_eq(kiq_config_class(cfg, "Report")->retry, KIQ_RETRY_DEFAULT);
-    cr_assert_eq(kiq_config_class(cfg, "Plain")->retry, KIQ_RETRY_UNSET);
-    cr_assert_null(kiq_config_class(cfg, "Nobody"));
+    cr_assert_eq(c->retry, CAPSTAN_RETRY_NONE);
+    cr_assert_eq(capstan_config_class(cfg, "Report")->retry, CAPSTAN_RETRY_DEFAULT);
+    cr_assert_eq(capstan_config_class(cfg, "Plain")->retry, CAPSTAN_RETRY_UNSET);
+    cr_assert_null(capstan_config_class(cfg, "Nobody"));
 }
 
 Test(config, bad_class_retry_is_an_error)
 {
-    cr_assert_eq(load("classes:\n  HardJob:\n    queue: q\n    retry: maybe\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("classes:\n  HardJob:\n    queue: q\n    retry: maybe\n"), CAPSTAN_ECONFIG);
     assert_err(4, "classes.HardJob.retry: must be true, false or an integer >= 0");
 }
 
 Test(config, unknown_class_option_is_an_error)
 {
-    cr_assert_eq(load("classes:\n  HardJob: {queue: q, retries: 3}\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("classes:\n  HardJob: {queue: q, retries: 3}\n"), CAPSTAN_ECONFIG);
     assert_err(2, "classes.HardJob.retries: unknown key");
 }
 
 Test(config, yaml_syntax_error_is_a_parse_error_with_line)
 {
-    cr_assert_eq(load("concurrency: 5\nqueues: [a, b\ntag: x\n"), KIQ_EPARSE);
-    char want[KIQ_ERRLEN];
+    cr_assert_eq(load("concurrency: 5\nqueues: [a, b\ntag: x\n"), CAPSTAN_EPARSE);
+    char want[CAPSTAN_ERRLEN];
     snprintf(want, sizeof(want), "%s:3: ", path);
     cr_assert(strncmp(err, want, strlen(want)) == 0, "got %s", err);
 }
 
 Test(config, bad_indentation_is_a_parse_error)
 {
-    cr_assert_eq(load("concurrency: 5\n  timeout: 3\n"), KIQ_EPARSE);
-    char want[KIQ_ERRLEN];
+    cr_assert_eq(load("concurrency: 5\n  timeout: 3\n"), CAPSTAN_EPARSE);
+    char want[CAPSTAN_ERRLEN];
     snprintf(want, sizeof(want), "%s:2: mapping values are not allowed in this context",
              path);
     cr_assert_str_eq(err, want);
@@ -441,26 +441,26 @@ Test(config, bad_indentation_is_a_parse_error)
 
 Test(config, invalid_utf8_reports_its_line)
 {
-    cr_assert_eq(load("concurrency: 5\ntag: \xff\n"), KIQ_EPARSE);
+    cr_assert_eq(load("concurrency: 5\ntag: \xff\n"), CAPSTAN_EPARSE);
     assert_err(2, "invalid leading UTF-8 octet");
 }
 
 Test(config, merge_into_itself_is_an_error_not_a_hang)
 {
-    cr_assert_eq(load("development: &a\n  concurrency: 3\n  <<: *a\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("development: &a\n  concurrency: 3\n  <<: *a\n"), CAPSTAN_ECONFIG);
     assert_err(1, "<<: merges nest too deeply");
 }
 
 Test(config, unknown_mapping_key_is_not_taken_for_a_section)
 {
-    cr_assert_eq(load("workers:\n  single:\n    concurrency: 1\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("workers:\n  single:\n    concurrency: 1\n"), CAPSTAN_ECONFIG);
     assert_err(1, "workers: unknown key");
 }
 
 Test(config, missing_file_is_not_found)
 {
-    cr_assert_eq(kiq_config_load_file(cfg, "/nonexistent/kiq.yml", err), KIQ_ENOTFOUND);
-    cr_assert_str_eq(err, "/nonexistent/kiq.yml: No such file or directory");
+    cr_assert_eq(capstan_config_load_file(cfg, "/nonexistent/capstan.yml", err), CAPSTAN_ENOTFOUND);
+    cr_assert_str_eq(err, "/nonexistent/capstan.yml: No such file or directory");
 }
 
 Test(config, empty_file_changes_nothing)
@@ -472,7 +472,7 @@ Test(config, empty_file_changes_nothing)
 
 Test(config, top_level_list_is_an_error)
 {
-    cr_assert_eq(load("- a\n- b\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("- a\n- b\n"), CAPSTAN_ECONFIG);
     assert_err(1, "the file must be a mapping of settings");
 }
 
@@ -485,7 +485,7 @@ Test(config, redis_mapping_sets_url)
 
 Test(config, file_lists_replace_earlier_values)
 {
-    cr_assert_eq(kiq_config_add_queue(cfg, "flagq", err), 0);
+    cr_assert_eq(capstan_config_add_queue(cfg, "flagq", err), 0);
     cr_assert_eq(load("labels: [a]\nqueues: [x, y]\ntag:\nlog_file: ~\n"), 0, "%s", err);
     cr_assert_eq(cfg->nqueues, 2);
     cr_assert_str_eq(cfg->queues[1].name, "y");
@@ -503,16 +503,16 @@ Test(config, relative_plugin_path_is_resolved_against_config_dir)
 
 Test(config, plugin_next_to_a_bare_config_name_gets_dot_slash)
 {
-    char dir[] = "/tmp/kiq-test-dir-XXXXXX", old[4096];
+    char dir[] = "/tmp/capstan-test-dir-XXXXXX", old[4096];
     cr_assert_not_null(mkdtemp(dir));
     cr_assert_not_null(getcwd(old, sizeof(old)));
     cr_assert_eq(chdir(dir), 0);
-    FILE *f = fopen("kiq.yml", "w");
+    FILE *f = fopen("capstan.yml", "w");
     cr_assert_not_null(f);
     fputs("plugins: [jobs.so]\n", f);
     fclose(f);
-    int rc = kiq_config_load_file(cfg, "kiq.yml", err);
-    unlink("kiq.yml");
+    int rc = capstan_config_load_file(cfg, "capstan.yml", err);
+    unlink("capstan.yml");
     cr_assert_eq(chdir(old), 0);
     rmdir(dir);
     cr_assert_eq(rc, 0, "%s", err);
@@ -521,20 +521,20 @@ Test(config, plugin_next_to_a_bare_config_name_gets_dot_slash)
 
 Test(config, add_queue_parses_name_and_weight)
 {
-    cr_assert_eq(kiq_config_add_queue(cfg, "critical,3", err), 0, "%s", err);
-    cr_assert_eq(kiq_config_add_queue(cfg, "low", err), 0, "%s", err);
+    cr_assert_eq(capstan_config_add_queue(cfg, "critical,3", err), 0, "%s", err);
+    cr_assert_eq(capstan_config_add_queue(cfg, "low", err), 0, "%s", err);
     cr_assert_eq(cfg->nqueues, 2, "the first flag replaces the default list");
     cr_assert_str_eq(cfg->queues[0].name, "critical");
     cr_assert_eq(cfg->queues[0].weight, 3);
     cr_assert_str_eq(cfg->queues[1].name, "low");
     cr_assert_eq(cfg->queues[1].weight, 0);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
     cr_assert_eq(cfg->strict, 0);
 }
 
 Test(config, add_queue_rejects_zero_weight)
 {
-    cr_assert_eq(kiq_config_add_queue(cfg, "x,0", err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_add_queue(cfg, "x,0", err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "queue x,0: weight must be an integer >= 1");
     cr_assert_eq(cfg->nqueues, 1);
     cr_assert_str_eq(cfg->queues[0].name, "default", "a failed call leaves the list");
@@ -542,16 +542,16 @@ Test(config, add_queue_rejects_zero_weight)
 
 Test(config, add_queue_rejects_non_numeric_weight)
 {
-    cr_assert_eq(kiq_config_add_queue(cfg, "x,abc", err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_add_queue(cfg, "x,abc", err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "queue x,abc: weight must be an integer >= 1");
 }
 
 Test(config, add_queue_rejects_duplicates_and_empty_names)
 {
-    cr_assert_eq(kiq_config_add_queue(cfg, "a", err), 0);
-    cr_assert_eq(kiq_config_add_queue(cfg, "a,2", err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_add_queue(cfg, "a", err), 0);
+    cr_assert_eq(capstan_config_add_queue(cfg, "a,2", err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "queue a is given twice");
-    cr_assert_eq(kiq_config_add_queue(cfg, ",2", err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_add_queue(cfg, ",2", err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "queue ,2: name is empty");
     cr_assert_eq(cfg->nqueues, 1);
 }
@@ -559,7 +559,7 @@ Test(config, add_queue_rejects_duplicates_and_empty_names)
 Test(config, apply_env_uses_redis_url)
 {
     setenv("REDIS_URL", "redis://env:6379/1", 1);
-    kiq_config_apply_env(cfg);
+    capstan_config_apply_env(cfg);
     cr_assert_str_eq(cfg->redis_url, "redis://env:6379/1");
 }
 
@@ -568,7 +568,7 @@ Test(config, apply_env_uses_variable_named_by_redis_provider)
     setenv("REDIS_URL", "redis://ignored:6379/1", 1);
     setenv("REDIS_PROVIDER", "MY_REDIS", 1);
     setenv("MY_REDIS", "redis://provider:6379/4", 1);
-    kiq_config_apply_env(cfg);
+    capstan_config_apply_env(cfg);
     cr_assert_str_eq(cfg->redis_url, "redis://provider:6379/4");
 }
 
@@ -576,28 +576,28 @@ Test(config, apply_env_keeps_explicit_url)
 {
     setenv("REDIS_URL", "redis://env:6379/1", 1);
     cr_assert_eq(load("redis_url: redis://file:6379/0\n"), 0, "%s", err);
-    kiq_config_apply_env(cfg);
+    capstan_config_apply_env(cfg);
     cr_assert_str_eq(cfg->redis_url, "redis://file:6379/0");
 }
 
 Test(config, apply_env_without_variables_keeps_default)
 {
-    kiq_config_apply_env(cfg);
+    capstan_config_apply_env(cfg);
     cr_assert_str_eq(cfg->redis_url, "redis://127.0.0.1:6379/0");
 }
 
 Test(config, validate_rejects_out_of_range_values)
 {
     cfg->concurrency = 1001;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "concurrency: must be an integer between 1 and 1000");
     cfg->concurrency = 10;
     cfg->timeout = 0;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "timeout: must be a number greater than 0");
     cfg->timeout = 1;
     cfg->recovery_interval = -1;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "recovery_interval: must be a number greater than 0");
 }
 
@@ -623,14 +623,14 @@ Test(config, periods_below_their_floor_are_refused)
          "classes.J.limit.interval: a concurrent slot's lease must be at least 1 s"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        kiq_config_free(cfg);
-        cfg = kiq_config_new();
+        capstan_config_free(cfg);
+        cfg = capstan_config_new();
         if (path) {
             unlink(path);
             free(path);
             path = NULL;
         }
-        cr_assert_eq(load(cases[i].yaml), KIQ_ECONFIG, "%s", cases[i].yaml);
+        cr_assert_eq(load(cases[i].yaml), CAPSTAN_ECONFIG, "%s", cases[i].yaml);
         int line = strncmp(cases[i].yaml, "classes", 7) == 0 ? 3 : 1;
         assert_err(line, cases[i].msg);
     }
@@ -644,12 +644,12 @@ Test(config, periods_at_their_floor_are_taken)
                       "  C: {limit: {type: concurrent, size: 2, lock_timeout: 1}}\n"
                       "  W: {limit: {type: window, count: 5, interval: 0.5}}\n"),
                  0, "%s", err);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
     cr_assert_eq(cfg->heartbeat_interval, 0.5);
     cr_assert_eq(cfg->liveness_ttl, 2);
-    cr_assert_eq(kiq_config_class(cfg, "W")->limit.seconds, 0.5, "a window is not a lease");
-    kiq_config_free(cfg);
-    cfg = kiq_config_new();
+    cr_assert_eq(capstan_config_class(cfg, "W")->limit.seconds, 0.5, "a window is not a lease");
+    capstan_config_free(cfg);
+    cfg = capstan_config_new();
     unlink(path);
     free(path);
     path = NULL;
@@ -662,52 +662,52 @@ Test(config, validate_applies_the_floors)
 {
     cfg->heartbeat_interval = 0.000001;
     cfg->liveness_ttl = 0.00001;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "heartbeat_interval: must be a number >= 0.5");
     cfg->heartbeat_interval = 0.5;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "liveness_ttl: must be a number >= 2");
     cfg->liveness_ttl = 2;
     cfg->poll_interval_average = 0.05;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "poll_interval_average: must be 0 or a number >= 0.1");
     cfg->poll_interval_average = 0;
     cfg->average_scheduled_poll_interval = 0.05;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "average_scheduled_poll_interval: must be a number >= 0.1");
     cfg->average_scheduled_poll_interval = 5;
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
 
     cr_assert_eq(load("heartbeat_interval: 5\nliveness_ttl: 10\n"), 0, "%s", err);
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
-    char want[KIQ_ERRLEN * 2];
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
+    char want[CAPSTAN_ERRLEN * 2];
     snprintf(want, sizeof(want), "%s: liveness_ttl: must be at least 3 times heartbeat_interval (5 s)", path);
     cr_assert_str_eq(err, want);
 }
 
 Test(config, a_class_queue_follows_the_queue_name_rule)
 {
-    cr_assert_eq(load("classes:\n  J:\n    queue: \"a b\"\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("classes:\n  J:\n    queue: \"a b\"\n"), CAPSTAN_ECONFIG);
     assert_err(3, "classes.J.queue: queue name \"a b\" contains a space");
-    kiq_config_free(cfg);
-    cfg = kiq_config_new();
+    capstan_config_free(cfg);
+    cfg = capstan_config_new();
     unlink(path);
     free(path);
     path = NULL;
-    cr_assert_eq(load("classes:\n  J: {queue: ''}\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("classes:\n  J: {queue: ''}\n"), CAPSTAN_ECONFIG);
     assert_err(2, "classes.J.queue: a queue name is empty");
 }
 
 Test(config, validate_rejects_bad_queue_lists)
 {
-    cr_assert_eq(kiq_config_add_queue(cfg, "two words", err), 0);
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_add_queue(cfg, "two words", err), 0);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "queues: queue name \"two words\" contains a space");
     free(cfg->queues[0].name);
     free(cfg->queues);
     cfg->queues = NULL;
     cfg->nqueues = 0;
-    cr_assert_eq(kiq_config_validate(cfg, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "queues: must list at least one queue");
 }
 
@@ -715,23 +715,23 @@ Test(config, set_str_replaces_and_copies)
 {
     char buf[] = "one";
     char *slot = NULL;
-    cr_assert_eq(kiq_config_set_str(&slot, buf), 0);
+    cr_assert_eq(capstan_config_set_str(&slot, buf), 0);
     buf[0] = 'x';
     cr_assert_str_eq(slot, "one");
-    cr_assert_eq(kiq_config_set_str(&slot, NULL), 0);
+    cr_assert_eq(capstan_config_set_str(&slot, NULL), 0);
     cr_assert_null(slot);
 }
 
 /* What YAML refuses, the flags refuse too, naming the flag. */
 static void flag_rejected(const char *flag, const char *value)
 {
-    kiq_config_t *c = kiq_config_new();
-    char e[KIQ_ERRLEN] = "";
-    char *argv[] = {"kiq", (char *)flag, (char *)value, NULL};
-    cr_assert_eq(kiq_config_parse_args(c, 3, argv, e), KIQ_ECONFIG, "%s %s accepted", flag, value);
+    capstan_config_t *c = capstan_config_new();
+    char e[CAPSTAN_ERRLEN] = "";
+    char *argv[] = {"capstan", (char *)flag, (char *)value, NULL};
+    cr_assert_eq(capstan_config_parse_args(c, 3, argv, e), CAPSTAN_ECONFIG, "%s %s accepted", flag, value);
     cr_assert(strstr(e, flag), "%s %s: %s", flag, value, e);
     cr_assert_null(strchr(e, '\n'), "one line: %s", e);
-    kiq_config_free(c);
+    capstan_config_free(c);
 }
 
 Test(config, numeric_flags_refuse_what_the_file_refuses)
@@ -747,8 +747,8 @@ Test(config, numeric_flags_refuse_what_the_file_refuses)
     flag_rejected("--metrics-port", "65536");
     flag_rejected("--metrics-port", "inf");
 
-    char *argv[] = {"kiq", "-t", "2.5", "-c", "7", NULL};
-    cr_assert_eq(kiq_config_parse_args(cfg, 5, argv, err), 0, "%s", err);
+    char *argv[] = {"capstan", "-t", "2.5", "-c", "7", NULL};
+    cr_assert_eq(capstan_config_parse_args(cfg, 5, argv, err), 0, "%s", err);
     cr_assert_float_eq(cfg->timeout, 2.5, 1e-9);
     cr_assert_eq(cfg->concurrency, 7);
 }
@@ -766,14 +766,14 @@ Test(config, deep_nesting_fails_fast_with_its_line)
     free(text);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    cr_assert_eq(kiq_config_load_file(cfg, path, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_load_file(cfg, path, err), CAPSTAN_ECONFIG);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     cr_assert(strstr(err, ":2: nesting deeper than"), "%s", err);
     cr_assert_lt(took, 2.0, "took %.1f s", took);
 }
 
-/* The redacted URL is what logs, kiq stats and kiq top show. A unix
+/* The redacted URL is what logs, capstan stats and capstan top show. A unix
  * socket's password is in the query; an '@' in the socket's path is not
  * a user-info separator and must not let the password through. */
 Test(config, redacted_url_never_shows_the_password)
@@ -788,7 +788,7 @@ Test(config, redacted_url_never_shows_the_password)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char out[256];
-        kiq__redis_url_redact(cases[i].url, out, sizeof(out));
+        capstan__redis_url_redact(cases[i].url, out, sizeof(out));
         cr_expect_str_eq(out, cases[i].want, "%s", cases[i].url);
         cr_expect_null(strstr(out, "secret"), "%s -> %s", cases[i].url, out);
     }
@@ -807,7 +807,7 @@ Test(config, merges_that_multiply_fail_fast)
     path = write_yaml(text);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    cr_assert_eq(kiq_config_load_file(cfg, path, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_config_load_file(cfg, path, err), CAPSTAN_ECONFIG);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     cr_assert(strstr(err, "<<: more than 1000 mappings merged"), "%s", err);
@@ -831,7 +831,7 @@ static char *warnings(void)
 /* Asserts warning i is exactly "PATH:LINE: rest". */
 static void assert_warning(size_t i, int line, const char *rest)
 {
-    char want[KIQ_ERRLEN * 2];
+    char want[CAPSTAN_ERRLEN * 2];
     cr_assert_lt(i, cfg->nwarnings, "only %zu warnings:\n%s", cfg->nwarnings, warnings());
     snprintf(want, sizeof(want), "%s:%d: %s", path, line, rest);
     cr_assert_str_eq(cfg->warnings[i], want);
@@ -842,7 +842,7 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
     setenv("RAILS_ENV", "production", 1);
     cr_assert_eq(load("---\n"
                       ":concurrency: 5\n"                                   /* 2 */
-                      ":pidfile: /tmp/kiq-test-sidekiq.pid\n"
+                      ":pidfile: /tmp/capstan-test-sidekiq.pid\n"
                       ":logfile: ./log/sidekiq.log\n"
                       ":require: ./app\n"                                   /* 5 */
                       ":strict: false\n"
@@ -872,26 +872,26 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
                       "  :concurrency: 20\n"                                /* 30 */
                       "  :logfile: /var/log/sidekiq.log\n"),
                  0, "%s", err);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
     cr_assert_eq(cfg->concurrency, 20, "the production section applies");
     cr_assert_str_eq(cfg->log_file, "/var/log/sidekiq.log", "logfile is honoured");
-    cr_assert_str_eq(cfg->pidfile, "/tmp/kiq-test-sidekiq.pid", "pidfile is honoured");
+    cr_assert_str_eq(cfg->pidfile, "/tmp/capstan-test-sidekiq.pid", "pidfile is honoured");
     cr_assert_eq(cfg->timeout, 40, "shutdown_timeout is an alias of timeout");
     cr_assert_str_eq(cfg->redis_url, "redis://cache:6379/1");
     cr_assert_eq(cfg->nqueues, 3);
     cr_assert_eq(cfg->queues[0].weight, 3);
     cr_assert_eq(cfg->nwarnings, 8, "%s", warnings());
-    assert_warning(0, 5, "require: not used by kiq (Ruby code to load; kiq's handlers come from "
+    assert_warning(0, 5, "require: not used by capstan (Ruby code to load; capstan's handlers come from "
                          "plugins); ignored");
-    assert_warning(1, 6, "strict: not used by kiq (Sidekiq drops it too: queue weights decide "
+    assert_warning(1, 6, "strict: not used by capstan (Sidekiq drops it too: queue weights decide "
                          "the order); ignored");
-    assert_warning(2, 14, "redis.size: not used by kiq (a Ruby client option); ignored");
-    assert_warning(3, 15, "redis.ssl_params: not read by kiq; give TLS settings under tls: "
+    assert_warning(2, 14, "redis.size: not used by capstan (a Ruby client option); ignored");
+    assert_warning(3, 15, "redis.ssl_params: not read by capstan; give TLS settings under tls: "
                             "(ca_file, cert, key, server_name, verify) with TLS in the url");
-    assert_warning(4, 17, "lifecycle_events: not used by kiq (Ruby callbacks); ignored");
-    assert_warning(5, 18, "error_handlers: not used by kiq (Ruby callbacks); ignored");
-    assert_warning(6, 19, "limits: not used by kiq (sidekiq-limit_fetch); ignored");
-    assert_warning(7, 21, "schedule: not used by kiq (recurring jobs of sidekiq-scheduler or "
+    assert_warning(4, 17, "lifecycle_events: not used by capstan (Ruby callbacks); ignored");
+    assert_warning(5, 18, "error_handlers: not used by capstan (Ruby callbacks); ignored");
+    assert_warning(6, 19, "limits: not used by capstan (sidekiq-limit_fetch); ignored");
+    assert_warning(7, 21, "schedule: not used by capstan (recurring jobs of sidekiq-scheduler or "
                           "sidekiq-cron); ignored");
 }
 
@@ -899,7 +899,7 @@ Test(config, unused_keys_in_the_selected_section_warn_too)
 {
     cr_assert_eq(load("development:\n  :daemon: true\n"), 0, "%s", err);
     cr_assert_eq(cfg->nwarnings, 1, "%s", warnings());
-    assert_warning(0, 2, "daemon: not used by kiq (removed in Sidekiq 6; run kiq under a "
+    assert_warning(0, 2, "daemon: not used by capstan (removed in Sidekiq 6; run capstan under a "
                          "supervisor); ignored");
 }
 
@@ -917,56 +917,56 @@ Test(config, logfile_pidfile_and_shutdown_timeout_are_honoured_without_warnings)
 
 Test(config, typo_alone_in_an_unselected_section_names_the_key)
 {
-    cr_assert_eq(load("concurrency: 5\nproduction:\n  :concurency: 25\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("concurrency: 5\nproduction:\n  :concurency: 25\n"), CAPSTAN_ECONFIG);
     assert_err(3, "concurency: unknown key; did you mean concurrency?");
 }
 
 Test(config, unknown_key_suggests_the_nearest_known_one)
 {
-    cr_assert_eq(load("concurency: 5\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("concurency: 5\n"), CAPSTAN_ECONFIG);
     assert_err(1, "concurency: unknown key; did you mean concurrency?");
 }
 
 Test(config, unknown_key_far_from_every_key_has_no_suggestion)
 {
-    cr_assert_eq(load("frobnicate: 5\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("frobnicate: 5\n"), CAPSTAN_ECONFIG);
     assert_err(1, "frobnicate: unknown key");
 }
 
 Test(config, unknown_redis_option_suggests_and_target_options_are_errors)
 {
-    cr_assert_eq(load("redis:\n  uri: redis://x:1/0\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("redis:\n  uri: redis://x:1/0\n"), CAPSTAN_ECONFIG);
     assert_err(2, "redis.uri: unknown key; did you mean url?");
-    kiq_config_free(cfg);
-    cfg = kiq_config_new();
+    capstan_config_free(cfg);
+    cfg = capstan_config_new();
     unlink(path);
     free(path);
-    cr_assert_eq(load("redis:\n  host: cache\n"), KIQ_ECONFIG);
+    cr_assert_eq(load("redis:\n  host: cache\n"), CAPSTAN_ECONFIG);
     assert_err(2, "redis.host: not supported; give the server in url "
                   "(redis://[user:password@]host:port/db)");
 }
 
 Test(config, erb_value_says_erb_is_not_evaluated)
 {
-    cr_assert_eq(load("concurrency: 5\ntag: <%= ENV['APP'] %>\n"), KIQ_ECONFIG);
-    assert_err(2, "tag: ERB (<%= ... %>) is not evaluated by kiq; use ${VAR} or ${VAR:-default}");
+    cr_assert_eq(load("concurrency: 5\ntag: <%= ENV['APP'] %>\n"), CAPSTAN_ECONFIG);
+    assert_err(2, "tag: ERB (<%= ... %>) is not evaluated by capstan; use ${VAR} or ${VAR:-default}");
 }
 
 Test(config, missing_or_unreadable_file_given_to_C_is_a_config_error)
 {
-    char *argv[] = {"kiq", "-C", "/nonexistent/sidekiq.yml", NULL};
-    cr_assert_eq(kiq_config_parse_args(cfg, 3, argv, err), KIQ_ECONFIG);
+    char *argv[] = {"capstan", "-C", "/nonexistent/sidekiq.yml", NULL};
+    cr_assert_eq(capstan_config_parse_args(cfg, 3, argv, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "cannot read the config file /nonexistent/sidekiq.yml: "
                           "No such file or directory");
-    char *dir_argv[] = {"kiq", "-C", "/tmp", NULL};
-    cr_assert_eq(kiq_config_parse_args(cfg, 3, dir_argv, err), KIQ_ECONFIG);
+    char *dir_argv[] = {"capstan", "-C", "/tmp", NULL};
+    cr_assert_eq(capstan_config_parse_args(cfg, 3, dir_argv, err), CAPSTAN_ECONFIG);
     cr_assert_str_eq(err, "cannot read the config file /tmp: Is a directory");
 }
 
 Test(config, startup_timeout_flag_and_pidfile_flag)
 {
-    char *argv[] = {"kiq", "--startup-timeout", "0", "-P", "/tmp/x.pid", NULL};
-    cr_assert_eq(kiq_config_parse_args(cfg, 5, argv, err), 0, "%s", err);
+    char *argv[] = {"capstan", "--startup-timeout", "0", "-P", "/tmp/x.pid", NULL};
+    cr_assert_eq(capstan_config_parse_args(cfg, 5, argv, err), 0, "%s", err);
     cr_assert_eq(cfg->startup_timeout, 0);
     cr_assert_str_eq(cfg->pidfile, "/tmp/x.pid");
     flag_rejected("--startup-timeout", "-1");

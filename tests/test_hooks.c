@@ -1,4 +1,4 @@
-/* Error and death hooks (kiq_on_error, kiq_on_death), Sidekiq's
+/* Error and death hooks (capstan_on_error, capstan_on_death), Sidekiq's
  * error_handlers and death_handlers, seen from a program embedding the
  * runtime. */
 #include <pthread.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "helpers.h"
-#include "kiq/client.h"
-#include "kiq/runtime.h"
+#include "capstan/client.h"
+#include "capstan/runtime.h"
 
 TestSuite(hooks, .timeout = 60, .fini = kt_kill_children);
 
@@ -23,18 +23,18 @@ static struct {
     int port, db;
 } seen = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
-static int failing(kiq_job_t *job, void *udata)
+static int failing(capstan_job_t *job, void *udata)
 {
     (void)udata;
-    return kiq_job_fail(job, "ArgumentError", "bad input %d", 7);
+    return capstan_job_fail(job, "ArgumentError", "bad input %d", 7);
 }
 
-static void on_error(kiq_job_t *job, const char *cls, const char *msg, void *udata)
+static void on_error(capstan_job_t *job, const char *cls, const char *msg, void *udata)
 {
     pthread_mutex_lock(&seen.mu);
     seen.errors += udata == &seen; /* the udata registered */
-    seen.redis_in_error = kiq_job_redis(job) != NULL;
-    snprintf(seen.error, sizeof(seen.error), "%s: %s %s", cls, msg, kiq_job_jid(job));
+    seen.redis_in_error = capstan_job_redis(job) != NULL;
+    snprintf(seen.error, sizeof(seen.error), "%s: %s %s", cls, msg, capstan_job_jid(job));
     pthread_mutex_unlock(&seen.mu);
 }
 
@@ -53,14 +53,14 @@ static int in_dead_set(const char *jid)
     return found;
 }
 
-static void on_death(kiq_job_t *job, const char *cls, const char *msg, void *udata)
+static void on_death(capstan_job_t *job, const char *cls, const char *msg, void *udata)
 {
-    int dead = in_dead_set(kiq_job_jid(job));
+    int dead = in_dead_set(capstan_job_jid(job));
     pthread_mutex_lock(&seen.mu);
     seen.deaths += udata == &seen;
     seen.dead_at_death = dead;
-    seen.redis_in_death = kiq_job_redis(job) != NULL;
-    snprintf(seen.death, sizeof(seen.death), "%s: %s %s", cls, msg, kiq_job_jid(job));
+    seen.redis_in_death = capstan_job_redis(job) != NULL;
+    snprintf(seen.death, sizeof(seen.death), "%s: %s %s", cls, msg, capstan_job_jid(job));
     pthread_mutex_unlock(&seen.mu);
 }
 
@@ -75,26 +75,26 @@ static int count(const int *v)
 Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_stored)
 {
     cr_assert_eq(sscanf(kt_url(), "redis://%63[^:]:%d/%d", seen.host, &seen.port, &seen.db), 3);
-    char err[KIQ_ERRLEN];
-    kiq_config_t *cfg = kt_config(2);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = kt_config(2);
     cfg->heartbeat_interval = 1;
     cfg->poll_interval_average = 1;
-    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
     cr_assert(rt, "%s", err);
-    kiq_class_opts_t once = KIQ_CLASS_OPTS_INIT, never = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t once = CAPSTAN_CLASS_OPTS_INIT, never = CAPSTAN_CLASS_OPTS_INIT;
     once.retry = 1;
     never.retry = 0;
-    cr_assert_eq(kiq_register(rt, "RetriedJob", failing, NULL, &once), 0);
-    cr_assert_eq(kiq_register(rt, "DyingJob", failing, NULL, &never), 0);
-    cr_assert_eq(kiq_on_error(rt, on_error, &seen), 0);
-    cr_assert_eq(kiq_on_death(rt, on_death, &seen), 0);
-    cr_assert_eq(kiq_on_error(rt, NULL, NULL), KIQ_EINVAL);
+    cr_assert_eq(capstan_register(rt, "RetriedJob", failing, NULL, &once), 0);
+    cr_assert_eq(capstan_register(rt, "DyingJob", failing, NULL, &never), 0);
+    cr_assert_eq(capstan_on_error(rt, on_error, &seen), 0);
+    cr_assert_eq(capstan_on_death(rt, on_death, &seen), 0);
+    cr_assert_eq(capstan_on_error(rt, NULL, NULL), CAPSTAN_EINVAL);
 
-    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    capstan_client_t *c = capstan_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
-    cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
+    cr_assert_eq(capstan_client_use_runtime(c, rt), 0);
     char retried[25], dying[25];
-    cr_assert_eq(kiq_client_push(c, "RetriedJob", "[]", NULL, retried), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push(c, "RetriedJob", "[]", NULL, retried), 0, "%s", capstan_client_error(c));
     kt_runtime_start(rt);
 
     cr_assert(KT_WAIT_UNTIL(count(&seen.errors) == 1, 15), "the error hook ran");
@@ -107,7 +107,7 @@ Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_s
     pthread_mutex_unlock(&seen.mu);
     cr_assert_eq(count(&seen.deaths), 0, "a job with a retry left is not dead");
 
-    cr_assert_eq(kiq_client_push(c, "DyingJob", "[]", NULL, dying), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push(c, "DyingJob", "[]", NULL, dying), 0, "%s", capstan_client_error(c));
     cr_assert(KT_WAIT_UNTIL(count(&seen.deaths) == 1, 15), "the death hook ran");
     pthread_mutex_lock(&seen.mu);
     snprintf(want, sizeof(want), "ArgumentError: bad input 7 %s", dying);
@@ -118,6 +118,6 @@ Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_s
     pthread_mutex_unlock(&seen.mu);
     cr_assert_eq(count(&seen.errors), 2);
 
-    kiq_client_free(c); /* before the runtime it may use */
+    capstan_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
 }

@@ -1,7 +1,7 @@
 /* Sidekiq-compatibility acceptance tests of the runtime core: real Ruby
- * Sidekiq 6.4.1 pushes jobs and reads back what kiq wrote (Stats,
+ * Sidekiq 6.4.1 pushes jobs and reads back what capstan wrote (Stats,
  * ProcessSet, Workers, RetrySet, DeadSet, the Web UI's Quiet/Stop), and a
- * real Sidekiq server runs jobs pushed by kiq's client. Each test asserts
+ * real Sidekiq server runs jobs pushed by capstan's client. Each test asserts
  * what a Sidekiq user would see, on the exact Redis bytes where Ruby's
  * parsing would hide a difference (big integers, unknown fields,
  * timestamp formats). */
@@ -29,7 +29,7 @@ static double wall(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A kiq.yml in the test's temp dir: fast scheduler polls and beats (an
+/* A capstan.yml in the test's temp dir: fast scheduler polls and beats (an
  * explicit poll_interval_average also skips the initial wait), plus extra.
  * Caller frees the path. */
 static char *write_conf(const char *extra)
@@ -37,18 +37,18 @@ static char *write_conf(const char *extra)
     char *body = NULL;
     cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s",
                        extra ? extra : "") > 0);
-    char *path = kt_write_file("kiq.yml", body);
+    char *path = kt_write_file("capstan.yml", body);
     free(body);
     return path;
 }
 
-/* Stops kiq with sig and asserts it exits 0 within timeout. */
-static void kiq_stop_ok(pid_t pid, int sig, double timeout)
+/* Stops capstan with sig and asserts it exits 0 within timeout. */
+static void capstan_stop_ok(pid_t pid, int sig, double timeout)
 {
-    int st = kt_kiq_stop(pid, sig, timeout);
+    int st = kt_capstan_stop(pid, sig, timeout);
     kt_untrack(pid);
-    char *log = kt_kiq_log(pid);
-    cr_assert_eq(st, 0, "kiq exits 0 (got %d): %s", st, log);
+    char *log = kt_capstan_log(pid);
+    cr_assert_eq(st, 0, "capstan exits 0 (got %d): %s", st, log);
     free(log);
 }
 
@@ -76,14 +76,14 @@ static char *ruby_push(const char *job)
     return jid;
 }
 
-/* Runs `kiq push args...` and returns the printed jid (malloc'd). */
-static char *kiq_push(const char *const *args)
+/* Runs `capstan push args...` and returns the printed jid (malloc'd). */
+static char *capstan_push(const char *const *args)
 {
     char *out = NULL;
-    int st = kt_kiq_run(args, &out);
-    cr_assert_eq(st, 0, "kiq push exited %d: %s", st, out);
+    int st = kt_capstan_run(args, &out);
+    cr_assert_eq(st, 0, "capstan push exited %d: %s", st, out);
     out[strcspn(out, "\n")] = '\0';
-    cr_assert_eq(strlen(out), 24, "kiq push prints a jid: %s", out);
+    cr_assert_eq(strlen(out), 24, "capstan push prints a jid: %s", out);
     return out;
 }
 
@@ -159,13 +159,13 @@ Test(interop, ruby_push_bulk_and_scheduled_jobs_run_and_stats_count_them)
     free(member);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= 4, 20), "the queued jobs ran: %s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= 4, 20), "the queued jobs ran: %s", kt_capstan_log(pid));
     if (wall() < at - 0.3)
         cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(sched)), 0,
                      "the scheduled job does not run before its time");
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 5 && kt_int("LLEN rec:log") >= 5, 20),
-              "the scheduled job ran: %s", kt_kiq_log(pid));
+              "the scheduled job ran: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SISMEMBER rec %s", jid), 1);
     for (size_t i = 0; i < 3; i++)
         cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(json_array_get(bulk, i))), 1);
@@ -183,7 +183,7 @@ Test(interop, ruby_push_bulk_and_scheduled_jobs_run_and_stats_count_them)
     strftime(day, sizeof(day), "%Y-%m-%d", &tm);
     snprintf(key, sizeof(key), "stat:processed:%s", day);
     cr_assert_gt(kt_int("TTL %s", key), 157680000 - 60, "daily stats kept 5 years, as Sidekiq");
-    kiq_stop_ok(pid, SIGTERM, 30);
+    capstan_stop_ok(pid, SIGTERM, 30);
 
     json_t *stats = RUBY("stats");
     cr_assert_eq(num_of(stats, "processed"), 5);
@@ -206,11 +206,11 @@ Test(interop, process_set_and_workers_show_the_running_process)
     char *jd = ruby_push("{\"class\":\"SleepJob\",\"args\":[8000]}");
     char *cfg = write_conf(NULL);
     double t0 = wall();
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
                                             "-g", "mytag", "--label", "lbl1", NULL });
     char *id = kt_wait_identity(pid);
     cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "busy", "2"), 15), "both jobs show as busy: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
 
     char host[256], want_prefix[300];
     const char *dyno = getenv("DYNO");
@@ -276,7 +276,7 @@ Test(interop, process_set_and_workers_show_the_running_process)
     cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "busy", "0"), 20), "busy drops to 0");
     json_t *after = RUBY("workers");
     cr_assert_eq(json_array_size(after), 0, "Workers is empty once the jobs finished");
-    kiq_stop_ok(pid, SIGTERM, 30);
+    capstan_stop_ok(pid, SIGTERM, 30);
     json_decref(after);
     json_decref(workers);
     json_decref(procs);
@@ -290,9 +290,9 @@ Test(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
 {
     char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"boom\"]}");
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "the failure is in retry: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
 
     json_t *set = RUBY("retries");
     cr_assert_eq(json_array_size(set), 1);
@@ -319,7 +319,7 @@ Test(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
     snprintf(now, sizeof(now), "%.6f", wall() - 1);
     cr_assert_eq(kt_int("ZADD retry XX CH %s %s", now, raw), 1);
     cr_assert(KT_WAIT_UNTIL(zset_has("retry", "\"retry_count\":1"), 20),
-              "second failure back in retry: %s", kt_kiq_log(pid));
+              "second failure back in retry: %s", kt_capstan_log(pid));
 
     json_t *set2 = RUBY("retries");
     cr_assert_eq(json_array_size(set2), 1);
@@ -336,7 +336,7 @@ Test(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
 
     cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 2, 10), "two failures counted");
     cr_assert_eq(kt_int("GET stat:processed"), 2);
-    kiq_stop_ok(pid, SIGTERM, 30);
+    capstan_stop_ok(pid, SIGTERM, 30);
     json_decref(set);
     json_decref(set2);
     free(raw);
@@ -350,12 +350,12 @@ Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_er
     char *gone = ruby_push("{\"class\":\"FailJob\",\"args\":[\"gone\"],\"retry\":false}");
     char *nosuch = ruby_push("{\"class\":\"NoSuchJob\",\"args\":[1]}");
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 3, 15), "three failures counted: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     cr_assert_eq(kt_int("GET stat:processed"), 3);
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
-    kiq_stop_ok(pid, SIGTERM, 30);
+    capstan_stop_ok(pid, SIGTERM, 30);
 
     json_t *d = RUBY("dead");
     cr_assert_eq(json_array_size(d), 1, "only the retry:0 job is dead");
@@ -385,7 +385,7 @@ Test(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class_is_name_er
     cr_assert_eq(num_of(stats, "processed"), 3);
     cr_assert_eq(num_of(stats, "retry_size"), 1);
     cr_assert_eq(num_of(stats, "dead_size"), 1);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "Adding dead FailJob job"), "%s", log);
     free(log);
     json_decref(stats);
@@ -405,14 +405,14 @@ Test(interop, a_ruby_job_without_retry_gets_the_class_retry_from_the_config)
     char *raw = kt_str("LINDEX queue:default 0");
     cr_assert(raw && !strstr(raw, "\"retry\""), "pushed without retry: %s", raw);
     char *cfg = write_conf("classes:\n  FailJob:\n    retry: 1\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "first failure retried: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     char *member = only_member("retry", NULL);
     cr_assert_eq(kt_int("ZADD retry XX CH 1 %s", member), 1);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "dead after one retry: %s",
-              kt_kiq_log(pid));
-    kiq_stop_ok(pid, SIGTERM, 30);
+              kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
     json_t *d = RUBY("dead");
     json_t *item = json_object_get(json_array_get(d, 0), "item");
     cr_assert_str_eq(str_of(item, "jid"), jid);
@@ -431,9 +431,9 @@ Test(interop, a_handler_backtrace_is_sidekiqs_error_backtrace)
     char *cut = ruby_push("{\"class\":\"FailJob\",\"backtrace\":1,\"args\":[\"bt\",[\"first\",\"second\"]]}");
     char *none = ruby_push("{\"class\":\"FailJob\",\"backtrace\":false,\"args\":[\"bt\",[\"x\"]]}");
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3, 15), "three failures: %s", kt_kiq_log(pid));
-    kiq_stop_ok(pid, SIGTERM, 30);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3, 15), "three failures: %s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
 
     json_t *set = RUBY("retries");
     int checked = 0;
@@ -461,12 +461,12 @@ Test(interop, a_handler_backtrace_is_sidekiqs_error_backtrace)
 Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 {
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     char *id = kt_wait_identity(pid);
     json_t *ok = RUBY("quiet", id);
     json_decref(ok);
     cr_assert(KT_WAIT_UNTIL(hash_field_is(id, "quiet", "true"), 10), "quiet within a beat: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     json_t *procs = RUBY("processes");
     cr_assert_eq(json_array_size(procs), 1, "a quiet process stays listed");
     cr_assert_str_eq(str_of(json_array_get(procs, 0), "quiet"), "true");
@@ -478,7 +478,7 @@ Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
         char *b = kt_str("HGET %s beat", id);
         double beat = b ? atof(b) : 0;
         free(b);
-        beat > pushed + 2; }), 10), "kiq keeps beating while quiet");
+        beat > pushed + 2; }), 10), "capstan keeps beating while quiet");
     cr_assert_eq(kt_int("LLEN queue:default"), 1, "a quiet process fetches no new job");
     cr_assert_eq(kt_int("SCARD rec"), 0);
 
@@ -486,7 +486,7 @@ Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
     json_decref(ok2);
     int st = kt_wait_exit(pid, 20);
     kt_untrack(pid);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert_eq(st, 0, "stop! makes it exit 0 (got %d): %s", st, log);
     cr_assert(strstr(log, "Received TSTP"), "%s", log);
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0, "it left the process set");
@@ -503,11 +503,11 @@ Test(interop, web_ui_quiet_stops_fetching_and_stop_exits)
 }
 
 
-Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
+Test(interop, jobs_pushed_by_capstan_run_on_ruby_sidekiq)
 {
-    char *now = kiq_push((const char *[]){ "push", "RecordJob", "[\"k\"]", NULL });
-    char *later = kiq_push((const char *[]){ "push", "RecordJob", "[\"k\"]", "--in", "1", NULL });
-    char *big = kiq_push((const char *[]){ "push", "RecordJob", "[\"k\"," BIGINT "]", NULL });
+    char *now = capstan_push((const char *[]){ "push", "RecordJob", "[\"k\"]", NULL });
+    char *later = capstan_push((const char *[]){ "push", "RecordJob", "[\"k\"]", "--in", "1", NULL });
+    char *big = capstan_push((const char *[]){ "push", "RecordJob", "[\"k\"," BIGINT "]", NULL });
     cr_assert_eq(kt_int("LLEN queue:default"), 2);
     cr_assert_eq(kt_int("ZCARD schedule"), 1, "--in schedules the job");
     cr_assert_eq(kt_int("SISMEMBER queues default"), 1);
@@ -516,7 +516,7 @@ Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
     /* RecordJob writes its set, then its log, then its args: wait for all. */
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD k") == 3 && kt_int("LLEN k:log") == 3
                             && kt_int("EXISTS k:args") == 1, 30),
-              "Sidekiq ran kiq's jobs: %s", kt_sidekiq_log());
+              "Sidekiq ran capstan's jobs: %s", kt_sidekiq_log());
     cr_assert_eq(kt_int("SISMEMBER k %s", now), 1);
     cr_assert_eq(kt_int("SISMEMBER k %s", later), 1, "the scheduled one too");
     cr_assert_eq(kt_int("SISMEMBER k %s", big), 1);
@@ -524,7 +524,7 @@ Test(interop, jobs_pushed_by_kiq_run_on_ruby_sidekiq)
     char *args = kt_str("LINDEX k:args 0");
     cr_assert(args);
     cr_assert_str_eq(args, "[" BIGINT "]", "the big integer reached Ruby unchanged");
-    int st = kt_kiq_stop(pid, SIGTERM, 20);
+    int st = kt_capstan_stop(pid, SIGTERM, 20);
     kt_untrack(pid);
     cr_assert_eq(st, 0, "sidekiq exited %d: %s", st, kt_sidekiq_log());
     cr_assert_eq(kt_int("ZCARD retry"), 0, "no job failed in Ruby");
@@ -546,9 +546,9 @@ Test(interop, big_integers_and_unknown_fields_survive_a_failure_byte_exact)
     cr_assert(created && enqueued);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_kiq_log(pid));
-    kiq_stop_ok(pid, SIGTERM, 30);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
 
     char *raw = only_member("retry", NULL);
     char want[128];
@@ -580,8 +580,8 @@ static int is_float_literal(const char *lit)
 
 Test(interop, float_timestamps_by_default_all_contain_a_point)
 {
-    char *now = kiq_push((const char *[]){ "push", "FailJob", "[\"now\"]", NULL });
-    char *later = kiq_push((const char *[]){ "push", "FailJob", "[\"later\"]", "--in", "1", NULL });
+    char *now = capstan_push((const char *[]){ "push", "FailJob", "[\"now\"]", NULL });
+    char *later = capstan_push((const char *[]){ "push", "FailJob", "[\"later\"]", "--in", "1", NULL });
     char *sched = only_member("schedule", NULL);
     char *lit = number_literal(sched, "created_at");
     cr_assert(is_float_literal(lit), "scheduled created_at %s: %s", lit, sched);
@@ -589,16 +589,16 @@ Test(interop, float_timestamps_by_default_all_contain_a_point)
     free(sched);
 
     char *cfg = write_conf(NULL);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     char *id = kt_wait_identity(pid);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 20), "%s", kt_capstan_log(pid));
 
     redisReply *r = kt_cmd("ZRANGE retry 0 -1");
     cr_assert_eq(r->elements, 2);
     for (size_t i = 0; i < 2; i++) {
         const char *m = r->element[i]->str;
         cr_assert(strstr(m, now) || strstr(m, later));
-        /* "later" was enqueued by kiq's scheduler, "now" by kiq's client. */
+        /* "later" was enqueued by capstan's scheduler, "now" by capstan's client. */
         static const char *keys[] = { "created_at", "enqueued_at", "failed_at" };
         for (size_t k = 0; k < 3; k++) {
             char *v = number_literal(m, keys[k]);
@@ -612,7 +612,7 @@ Test(interop, float_timestamps_by_default_all_contain_a_point)
     char *info = kt_str("HGET %s info", id);
     char *started = number_literal(info, "started_at");
     cr_assert(is_float_literal(started), "started_at %s: %s", started, info);
-    kiq_stop_ok(pid, SIGTERM, 30);
+    capstan_stop_ok(pid, SIGTERM, 30);
     free(beat);
     free(info);
     free(started);
@@ -627,9 +627,9 @@ Test(interop, millis_timestamps_are_integers_and_ruby_6_4_still_loads)
     char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"ms\"]}");
     char *cfg = write_conf(NULL);
     double t0 = wall();
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_kiq_log(pid));
-    kiq_stop_ok(pid, SIGTERM, 30);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
 
     double score;
     char *raw = only_member("retry", &score);

@@ -7,11 +7,11 @@
 #include "support/buf.h"
 #include "support/fmt.h"
 #include "support/json.h"
-#include "kiq/error.h"
+#include "capstan/error.h"
 
 static int valid(const char *s)
 {
-    return kiq__json_validate(s, strlen(s), NULL) == 0;
+    return capstan__json_validate(s, strlen(s), NULL) == 0;
 }
 
 Test(json, accepts_every_json_value_kind)
@@ -31,54 +31,54 @@ Test(json, refuses_malformed_text)
 
 Test(json, error_names_the_byte_offset)
 {
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq__json_validate("{\"a\":x}", 7, err), KIQ_EPARSE);
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__json_validate("{\"a\":x}", 7, err), CAPSTAN_EPARSE);
     cr_assert(strstr(err, "byte 5"), "%s", err);
 }
 
 Test(json, scan_keeps_member_text_byte_exact)
 {
     const char *s = "{\"args\":[123456789012345678901234567890,1.50],\"class\":\"A\",\"class\":\"B\"}";
-    kiq_jobject_t o = {0};
-    cr_assert_eq(kiq__json_scan_object(s, strlen(s), &o, NULL), 0);
+    capstan_jobject_t o = {0};
+    cr_assert_eq(capstan__json_scan_object(s, strlen(s), &o, NULL), 0);
     cr_assert_eq(o.n, 3);
-    const kiq_jmember_t *a = kiq__jobject_get(&o, s, "args");
+    const capstan_jmember_t *a = capstan__jobject_get(&o, s, "args");
     cr_assert_not_null(a);
     cr_assert_eq(a->vlen, strlen("[123456789012345678901234567890,1.50]"));
     cr_assert(strncmp(s + a->vstart, "[123456789012345678901234567890,1.50]", a->vlen) == 0);
-    const kiq_jmember_t *c = kiq__jobject_get(&o, s, "class");
+    const capstan_jmember_t *c = capstan__jobject_get(&o, s, "class");
     cr_assert(strncmp(s + c->vstart, "\"B\"", c->vlen) == 0, "the last duplicate wins");
-    cr_assert_null(kiq__jobject_get(&o, s, "jid"));
-    kiq__jobject_free(&o);
+    cr_assert_null(capstan__jobject_get(&o, s, "jid"));
+    capstan__jobject_free(&o);
 }
 
 Test(json, scan_refuses_non_objects)
 {
-    kiq_jobject_t o = {0};
-    cr_assert_eq(kiq__json_scan_object("[1]", 3, &o, NULL), KIQ_EPARSE);
-    kiq__jobject_free(&o);
+    capstan_jobject_t o = {0};
+    cr_assert_eq(capstan__json_scan_object("[1]", 3, &o, NULL), CAPSTAN_EPARSE);
+    capstan__jobject_free(&o);
 }
 
 Test(json, string_dup_decodes_escapes_and_surrogates)
 {
     const char *v = "\"a\\\"b\\\\c\\u00e9\\ud83d\\ude00\"";
-    char *s = kiq__json_string_dup(v, strlen(v));
+    char *s = capstan__json_string_dup(v, strlen(v));
     cr_assert_str_eq(s, "a\"b\\c\xc3\xa9\xf0\x9f\x98\x80");
     free(s);
-    cr_assert_null(kiq__json_string_dup("12", 2));
+    cr_assert_null(capstan__json_string_dup("12", 2));
 }
 
 Test(json, quote_escapes_and_replaces_invalid_utf8)
 {
-    kiq_buf_t b = {0};
+    capstan_buf_t b = {0};
     const char in[] = "a\"b\n\x01\xff\xc3\xa9";
-    cr_assert_eq(kiq__json_quote(&b, in, sizeof(in) - 1), 0);
+    cr_assert_eq(capstan__json_quote(&b, in, sizeof(in) - 1), 0);
     cr_assert_str_eq(b.p, "\"a\\\"b\\n\\u0001\xef\xbf\xbd\xc3\xa9\"");
     cr_assert(valid(b.p));
-    kiq__buf_free(&b);
-    cr_assert(kiq__utf8_valid("\xc3\xa9", 2));
-    cr_assert(!kiq__utf8_valid("\xc3", 1));
-    cr_assert(!kiq__utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");
+    capstan__buf_free(&b);
+    cr_assert(capstan__utf8_valid("\xc3\xa9", 2));
+    cr_assert(!capstan__utf8_valid("\xc3", 1));
+    cr_assert(!capstan__utf8_valid("\xed\xa0\x80", 3), "surrogates are not UTF-8");
 }
 
 /* The text the hot path writes without printf (support/fmt.h) is the text
@@ -89,13 +89,13 @@ Test(fmt, numbers_read_as_printf_writes_them)
     const unsigned long long u[] = { 0, 7, 10, 999999, 18446744073709551615ULL };
     for (size_t i = 0; i < sizeof(u) / sizeof(u[0]); i++) {
         snprintf(b, sizeof(b), "%llu", u[i]);
-        cr_assert_eq(kiq__fmt_uint(a, u[i]), strlen(b));
+        cr_assert_eq(capstan__fmt_uint(a, u[i]), strlen(b));
         cr_assert_str_eq(a, b);
     }
     const long long s[] = { -1, -9223372036854775807LL - 1, 42 };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) {
         snprintf(b, sizeof(b), "%lld", s[i]);
-        cr_assert_eq(kiq__fmt_int(a, s[i]), strlen(b));
+        cr_assert_eq(capstan__fmt_int(a, s[i]), strlen(b));
         cr_assert_str_eq(a, b);
     }
     /* Exact halves round to even, as printf's; so do values a hair off. */
@@ -104,13 +104,13 @@ Test(fmt, numbers_read_as_printf_writes_them)
                          3.5e-6, 0.9999995, 1.0000005, 999999.9999995 };
     for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) {
         snprintf(b, sizeof(b), "%.6f", d[i]);
-        cr_assert_eq(kiq__fmt_fixed(a, sizeof(a), d[i], 6), strlen(b), "%s", b);
+        cr_assert_eq(capstan__fmt_fixed(a, sizeof(a), d[i], 6), strlen(b), "%s", b);
         cr_assert_str_eq(a, b);
     }
     const double d3[] = { 0.0625, 0.1875, 1.0005, 2.5e-4, 0, 59.9995, 0.0015 };
     for (size_t i = 0; i < sizeof(d3) / sizeof(d3[0]); i++) {
         snprintf(b, sizeof(b), "%.3f", d3[i]);
-        cr_assert_eq(kiq__fmt_fixed(a, sizeof(a), d3[i], 3), strlen(b), "%s", b);
+        cr_assert_eq(capstan__fmt_fixed(a, sizeof(a), d3[i], 3), strlen(b), "%s", b);
         cr_assert_str_eq(a, b);
     }
     /* Times as the locks write them, and binary fractions (ties). */
@@ -122,11 +122,11 @@ Test(fmt, numbers_read_as_printf_writes_them)
         double v = i % 2 ? 1.7e9 + (double)(x % 100000000000ULL) / 1e3
                          : (double)(x % 4000000000ULL) + (double)(x >> 54) / 1024.0;
         snprintf(b, sizeof(b), "%.6f", v);
-        kiq__fmt_fixed(a, sizeof(a), v, 6);
+        capstan__fmt_fixed(a, sizeof(a), v, 6);
         cr_assert_str_eq(a, b, "%.17g", v);
         /* And with 3 places, as log lines give a job's seconds. */
         snprintf(b, sizeof(b), "%.3f", v / 1e6);
-        kiq__fmt_fixed(a, sizeof(a), v / 1e6, 3);
+        capstan__fmt_fixed(a, sizeof(a), v / 1e6, 3);
         cr_assert_str_eq(a, b, "%.17g", v / 1e6);
     }
 }
@@ -134,10 +134,10 @@ Test(fmt, numbers_read_as_printf_writes_them)
 Test(fmt, cat_cuts_as_snprintf_cuts)
 {
     char a[8];
-    cr_assert_eq(kiq__fmt_cat(a, sizeof(a), "abc", "", "de", NULL), 5);
+    cr_assert_eq(capstan__fmt_cat(a, sizeof(a), "abc", "", "de", NULL), 5);
     cr_assert_str_eq(a, "abcde");
-    cr_assert_eq(kiq__fmt_cat(a, sizeof(a), "abcd", "efgh", "ij", NULL), 7);
+    cr_assert_eq(capstan__fmt_cat(a, sizeof(a), "abcd", "efgh", "ij", NULL), 7);
     cr_assert_str_eq(a, "abcdefg");
-    cr_assert_eq(kiq__fmt_cat(a, sizeof(a), NULL), 0);
+    cr_assert_eq(capstan__fmt_cat(a, sizeof(a), NULL), 0);
     cr_assert_str_eq(a, "");
 }

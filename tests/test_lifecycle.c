@@ -91,11 +91,11 @@ static int list_holds_exactly(const char *key, char **want, size_t n)
 
 Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-t", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", "-t", "2", NULL });
     char *id = kt_wait_identity(pid);
     push("NoopJob", "10000000000000000000000a", "[]");
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "jid=10000000000000000000000a elapsed=") == 1, 20),
-              "NoopJob did not finish: %s", kt_kiq_log(pid));
+              "NoopJob did not finish: %s", kt_capstan_log(pid));
     char *sleeps[4];
     for (int i = 0; i < 4; i++) {
         char jid[32];
@@ -104,12 +104,12 @@ Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
         freeReplyObject(kt_cmd("LPUSH queue:default %s", sleeps[i]));
     }
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 4 && working_len(id) == 4, 20),
-              "the SleepJobs did not start: %s", kt_kiq_log(pid));
+              "the SleepJobs did not start: %s", kt_capstan_log(pid));
 
     double t0 = kt_now();
-    int st = kt_kiq_stop(pid, SIGTERM, 15);
+    int st = kt_capstan_stop(pid, SIGTERM, 15);
     double took = kt_now() - t0;
-    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_capstan_log(pid));
     cr_assert(took >= 1.5, "it should wait for the timeout (took %.2fs)", took);
     cr_assert(took < 2 + 4, "exit within timeout + a few seconds (took %.2fs)", took);
 
@@ -120,7 +120,7 @@ Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
     cr_assert_eq(kt_int("LLEN %s", wkey), 0, "working list left non-empty");
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0, "the process is still listed");
     cr_assert_eq(kt_int("EXISTS %s:work", id), 0);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "Pushed 4 jobs back to Redis"), "%s", log);
     cr_assert(strstr(log, "Bye!"), "%s", log);
     free(log);
@@ -131,21 +131,21 @@ Test(lifecycle, term_requeues_unfinished_jobs_byte_identical)
 
 Test(lifecycle, second_term_skips_the_wait)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-t", "20", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "-t", "20", NULL });
     char *id = kt_wait_identity(pid);
     push("SleepJob", "30000000000000000000000a", "[20000]");
     push("SleepJob", "30000000000000000000000b", "[20000]");
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_capstan_log(pid));
 
     double t0 = kt_now();
     kill(pid, SIGTERM);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Pausing to allow workers to finish") == 1, 10),
-              "%s", kt_kiq_log(pid));
-    int st = kt_kiq_stop(pid, SIGTERM, 15);
+              "%s", kt_capstan_log(pid));
+    int st = kt_capstan_stop(pid, SIGTERM, 15);
     double took = kt_now() - t0;
-    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_capstan_log(pid));
     cr_assert(took < 8, "the second TERM should end the 20 s wait (took %.2fs)", took);
-    cr_assert_eq(kt_log_count(pid, "Second TERM: not waiting any longer"), 1, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_log_count(pid, "Second TERM: not waiting any longer"), 1, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 2, "both jobs requeued");
     cr_assert_eq(working_len(id), 0);
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
@@ -154,12 +154,12 @@ Test(lifecycle, second_term_skips_the_wait)
 
 Test(lifecycle, term_when_idle_exits_at_once)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", NULL });
     char *id = kt_wait_identity(pid);
     double t0 = kt_now();
-    int st = kt_kiq_stop(pid, SIGTERM, 10);
+    int st = kt_capstan_stop(pid, SIGTERM, 10);
     double took = kt_now() - t0;
-    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_capstan_log(pid));
     cr_assert(took < 3.5, "an idle worker stops within ~3 s (took %.2fs)", took);
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:heartbeat:%s", id), 0,
@@ -172,7 +172,7 @@ Test(lifecycle, term_when_idle_exits_at_once)
 Test(lifecycle, tstp_makes_it_quiet)
 {
     char *cfg = kt_write_file("quiet.yml", "heartbeat_interval: 1\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-C", cfg, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "-C", cfg, NULL });
     char *id = kt_wait_identity(pid);
     char *q = kt_str("HGET %s quiet", id);
     cr_assert_str_eq(q, "false");
@@ -181,19 +181,19 @@ Test(lifecycle, tstp_makes_it_quiet)
     kill(pid, SIGTSTP);
     cr_assert(KT_WAIT_UNTIL(({ char *v = kt_str("HGET %s quiet", id);
                                int t = v && !strcmp(v, "true"); free(v); t; }), 10),
-              "the process hash should say quiet=true: %s", kt_kiq_log(pid));
+              "the process hash should say quiet=true: %s", kt_capstan_log(pid));
     push("RecordJob", "40000000000000000000000a", "[\"rec\"]");
     /* A quiet process fetches nothing: give it a few beats to prove it. */
     kt_sleep(2.5);
-    cr_assert_eq(kt_int("LLEN queue:default"), 1, "a quiet process took a job: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "a quiet process took a job: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SCARD rec"), 0);
     cr_assert_eq(working_len(id), 0);
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 1, "quiet is not stopped");
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "Received TSTP, no longer accepting new work"), "%s", log);
     free(log);
 
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 1, "the job waits for another worker");
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
     free(id);
@@ -204,20 +204,20 @@ Test(lifecycle, tstp_makes_it_quiet)
 
 Test(lifecycle, ttin_dumps_every_thread)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "-t", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "3", "-t", "1", NULL });
     char *id = kt_wait_identity(pid);
     push("SleepJob", "50000000000000000000000a", "[20000]");
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_capstan_log(pid));
     kill(pid, SIGTTIN);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Thread TID-") >= 3, 10),
-              "one line per processor thread: %s", kt_kiq_log(pid));
-    char *log = kt_kiq_log(pid);
+              "one line per processor thread: %s", kt_capstan_log(pid));
+    char *log = kt_capstan_log(pid);
     cr_assert_eq(count_of(log, "Thread TID-"), 3, "%s", log);
     const char *line = strstr(log, "Thread TID-");
     cr_assert(strstr(line, "SleepJob"), "the running job's class is named: %s", log);
     cr_assert(strstr(log, "WARN: Thread TID-"), "%s", log);
     free(log);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
     free(id);
 }
@@ -227,7 +227,7 @@ Test(lifecycle, usr2_reopens_the_log_file)
     char *path = kt_tmp("worker.log");
     char old[600];
     snprintf(old, sizeof(old), "%s.1", path);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-L", path, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "-L", path, NULL });
     free(kt_wait_identity(pid));
     cr_assert(KT_WAIT_UNTIL(file_has(path, "Starting processing"), 10));
     cr_assert_eq(rename(path, old), 0);
@@ -239,25 +239,25 @@ Test(lifecycle, usr2_reopens_the_log_file)
               "the job's done line is not in the new file: %s", kt_read_file(path));
     cr_assert(file_has(path, "INFO: done"));
     cr_assert(!file_has(old, "60000000000000000000000a"), "written to the renamed file");
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
     cr_assert(file_has(path, "Bye!"));
     free(path);
 }
 
 Test(lifecycle, json_log_lines_are_objects)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
     free(kt_wait_identity(pid));
     push("NoopJob", "70000000000000000000000a", "[]");
     push("FailJob", "70000000000000000000000b", "[\"said \\\"no\\\"\\n twice\"]");
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1
                             && kt_log_count(pid, "70000000000000000000000a") >= 2, 20),
-              "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
     kill(pid, SIGTTIN);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Thread TID-") >= 2, 10));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0, "%s", kt_capstan_log(pid));
 
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     int lines = 0, job_lines = 0;
     for (char *save = NULL, *line = strtok_r(log, "\n", &save); line;
          line = strtok_r(NULL, "\n", &save), lines++) {
@@ -297,10 +297,10 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     kt_aof_init(&srv, "priv-redis");
     kt_aof_start(&srv);
     char *cfg = kt_write_file("restart.yml", "heartbeat_interval: 1\npoll_interval_average: 1\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", "-C", cfg, "--redis-url", srv.url, NULL });
     redisContext *c = kt_aof_connect(&srv);
     cr_assert(c);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
     redisReply *idr = redisCommand(c, "SRANDMEMBER processes");
     char *id = strdup(idr->str);
     freeReplyObject(idr);
@@ -319,14 +319,14 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
         pushed++;
         kt_sleep(0.003);
     }
-    cr_assert(kt_int_on(c, "SCARD rec") > 0, "jobs were flowing: %s", kt_kiq_log(pid));
+    cr_assert(kt_int_on(c, "SCARD rec") > 0, "jobs were flowing: %s", kt_capstan_log(pid));
     kt_aof_kill(&srv);
     redisFree(c);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "retrying with backoff") >= 1, 10),
-              "the outage is not logged: %s", kt_kiq_log(pid));
+              "the outage is not logged: %s", kt_capstan_log(pid));
     kt_sleep(1);
     char how[64];
-    cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_kiq_log(pid));
+    cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_capstan_log(pid));
 
     kt_aof_start(&srv);
     c = kt_aof_connect(&srv);
@@ -347,7 +347,7 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
               "%lld of %d recorded; queue %lld, retry %lld, working %lld: %s",
               kt_int_on(c, "SCARD rec"), pushed, kt_int_on(c, "LLEN queue:default"),
               kt_int_on(c, "ZCARD retry"), kt_int_on(c, "LLEN uniquejobs:working:%s", id),
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     for (int i = 0; i < pushed; i++)
         cr_assert_eq(kt_int_on(c, "SISMEMBER rec %s", jids[i]), 1, "%s lost", jids[i]);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0
@@ -356,12 +356,12 @@ Test(lifecycle, redis_restart_while_jobs_flow_loses_nothing)
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SISMEMBER processes %s", id) == 1, 10),
               "the heartbeat resumes after the restart");
 
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert_eq(count_of(log, "retrying with backoff"), 1, "the outage is logged once: %s", log);
     cr_assert(strstr(log, "Redis is online"), "%s", log);
     cr_assert_eq(count_of(log, "Redis is online"), 1, "%s", log);
     free(log);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int_on(c, "SISMEMBER processes %s", id), 0);
     redisFree(c);
     kt_aof_kill(&srv);
@@ -373,11 +373,11 @@ Test(lifecycle, starts_when_redis_comes_up)
 {
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis");
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "waiting for Redis") >= 1, 10), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "--redis-url", srv.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "waiting for Redis") >= 1, 10), "%s", kt_capstan_log(pid));
     kt_sleep(0.5);
     char how[64];
-    cr_assert(alive(pid, how, sizeof(how)), "kiq gave up (%s): %s", how, kt_kiq_log(pid));
+    cr_assert(alive(pid, how, sizeof(how)), "capstan gave up (%s): %s", how, kt_capstan_log(pid));
     kt_aof_start(&srv);
     redisContext *c = kt_aof_connect(&srv);
     cr_assert(c);
@@ -385,9 +385,9 @@ Test(lifecycle, starts_when_redis_comes_up)
     freeReplyObject(redisCommand(c, "LPUSH queue:default %s", p));
     free(p);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SISMEMBER rec 90000000000000000000000a") == 1, 20),
-              "the job did not run once Redis came up: %s", kt_kiq_log(pid));
+              "the job did not run once Redis came up: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int_on(c, "SCARD processes"), 1);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int_on(c, "SCARD processes"), 0);
     redisFree(c);
     kt_aof_kill(&srv);
@@ -397,13 +397,13 @@ Test(lifecycle, term_while_waiting_for_redis_exits_0)
 {
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis"); /* never started */
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", srv.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "waiting for Redis") >= 1, 10), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", srv.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "waiting for Redis") >= 1, 10), "%s", kt_capstan_log(pid));
     double t0 = kt_now();
-    int st = kt_kiq_stop(pid, SIGTERM, 10);
-    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    int st = kt_capstan_stop(pid, SIGTERM, 10);
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_capstan_log(pid));
     cr_assert(kt_now() - t0 < 3, "TERM should not wait for Redis");
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "Bye!"), "%s", log);
     free(log);
 }
@@ -416,9 +416,9 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis");
     kt_aof_start(&srv);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--redis-url", srv.url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "--redis-url", srv.url, NULL });
     redisContext *c = kt_aof_connect(&srv);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
     size_t big = 4u << 20;
     char *pad = malloc(big + 1);
     memset(pad, 'x', big);
@@ -428,22 +428,22 @@ Test(lifecycle, big_ack_after_redis_restart_does_not_kill_the_worker)
                      "\"jid\":\"a1000000000000000000000a\",\"queue\":\"default\"}", pad);
     freeReplyObject(redisCommand(c, "LPUSH queue:default %b", p, (size_t)n));
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob jid=a1000000000000000000000a INFO: start") == 1, 20),
-              "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
     redisFree(c);
     kt_aof_kill(&srv);
     kt_aof_start(&srv);
     c = kt_aof_connect(&srv);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "jid=a1000000000000000000000a elapsed=") == 1, 20),
-              "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
     kt_sleep(0.5);
     char how[64];
-    cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_kiq_log(pid));
+    cr_assert(alive(pid, how, sizeof(how)), "the worker %s: %s", how, kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(({ redisReply *r = redisCommand(c, "KEYS uniquejobs:working:*");
                                int e = r && r->type == REDIS_REPLY_ARRAY && r->elements == 0;
                                freeReplyObject(r); e; }), 15),
-              "the job stayed in the working list: %s", kt_kiq_log(pid));
+              "the job stayed in the working list: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int_on(c, "LLEN queue:default"), 0);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
     redisFree(c);
     kt_aof_kill(&srv);
     free(pad);
@@ -458,22 +458,22 @@ Test(lifecycle, term_after_redis_restart_still_requeues)
     kt_aof_redis_t srv;
     kt_aof_init(&srv, "priv-redis");
     kt_aof_start(&srv);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", "-t", "1", "--redis-url", srv.url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "-t", "1", "--redis-url", srv.url, NULL });
     redisContext *c = kt_aof_connect(&srv);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
     char *jobs[2] = { payload_of("SleepJob", "b1000000000000000000000a", "[20000]"),
                       payload_of("SleepJob", "b1000000000000000000000b", "[20000]") };
     for (int i = 0; i < 2; i++)
         freeReplyObject(redisCommand(c, "LPUSH queue:default %s", jobs[i]));
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_capstan_log(pid));
     redisFree(c);
     kt_aof_kill(&srv);
     kt_aof_start(&srv);
     c = kt_aof_connect(&srv);
-    int st = kt_kiq_stop(pid, SIGTERM, 15);
-    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_kiq_log(pid));
+    int st = kt_capstan_stop(pid, SIGTERM, 15);
+    cr_assert_eq(st, 0, "exit status %d: %s", st, kt_capstan_log(pid));
     redisReply *r = redisCommand(c, "LRANGE queue:default 0 -1");
-    cr_assert(r && r->elements == 2, "jobs not requeued: %s", kt_kiq_log(pid));
+    cr_assert(r && r->elements == 2, "jobs not requeued: %s", kt_capstan_log(pid));
     for (size_t i = 0; i < 2; i++)
         cr_assert(!strcmp(r->element[i]->str, jobs[0]) || !strcmp(r->element[i]->str, jobs[1]));
     freeReplyObject(r);
@@ -494,10 +494,10 @@ Test(lifecycle, each_signal_is_named_in_the_log)
     const int sigs[] = { SIGTERM, SIGINT };
     const char *names[] = { "Received TERM", "Received INT" };
     for (int i = 0; i < 2; i++) {
-        pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+        pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
         free(kt_wait_identity(pid));
-        cr_assert_eq(kt_kiq_stop(pid, sigs[i], 10), 0, "%s", kt_kiq_log(pid));
-        char *log = kt_kiq_log(pid);
+        cr_assert_eq(kt_capstan_stop(pid, sigs[i], 10), 0, "%s", kt_capstan_log(pid));
+        char *log = kt_capstan_log(pid);
         cr_assert(strstr(log, names[i]), "%s", log);
         cr_assert_null(strstr(log, "TSTP"), "a stop is not a quiet: %s", log);
         free(log);
@@ -506,16 +506,16 @@ Test(lifecycle, each_signal_is_named_in_the_log)
 
 Test(lifecycle, double_int_logs_a_line_per_requeued_job)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "-t", "20", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "3", "-t", "20", NULL });
     char *id = kt_wait_identity(pid);
     push("SleepJob", "a0000000000000000000000a", "[20000]");
     push("SleepJob", "a0000000000000000000000b", "[20000]");
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 20), "%s", kt_capstan_log(pid));
     kill(pid, SIGINT);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Pausing to allow workers to finish") == 1, 10),
-              "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGINT, 15), 0, "%s", kt_kiq_log(pid));
-    char *log = kt_kiq_log(pid);
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGINT, 15), 0, "%s", kt_capstan_log(pid));
+    char *log = kt_capstan_log(pid);
     cr_assert_eq(count_of(log, "Second INT: not waiting any longer"), 1, "%s", log);
     cr_assert_eq(count_of(log, "requeued SleepJob"), 2, "one line per job: %s", log);
     cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000a"), "%s", log);
@@ -528,16 +528,16 @@ Test(lifecycle, double_int_logs_a_line_per_requeued_job)
 
 Test(lifecycle, verbose_logs_debug_lines)
 {
-    pid_t quiet = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t quiet = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     free(kt_wait_identity(quiet));
-    cr_assert_eq(kt_kiq_stop(quiet, SIGTERM, 10), 0);
-    cr_assert_eq(kt_log_count(quiet, " DEBUG: "), 0, "%s", kt_kiq_log(quiet));
+    cr_assert_eq(kt_capstan_stop(quiet, SIGTERM, 10), 0);
+    cr_assert_eq(kt_log_count(quiet, " DEBUG: "), 0, "%s", kt_capstan_log(quiet));
     freeReplyObject(kt_cmd("DEL processes"));
 
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "-v", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "-v", NULL });
     free(kt_wait_identity(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
-    char *log = kt_kiq_log(pid);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "DEBUG: connected to "), "%s", log);
     cr_assert(strstr(log, "DEBUG: Got TERM signal"), "%s", log);
     free(log);
@@ -545,11 +545,11 @@ Test(lifecycle, verbose_logs_debug_lines)
 
 Test(lifecycle, startup_line_names_queues_environment_classes_and_fetch)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "-q", "critical,3", "-q", "default,1",
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "-q", "critical,3", "-q", "default,1",
                                                "-e", "staging", "--fetch", "basic", NULL });
     free(kt_wait_identity(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 10), 0);
-    char *log = kt_kiq_log(pid);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
+    char *log = kt_capstan_log(pid);
     const char *line = strstr(log, "starting: ");
     cr_assert(line, "%s", log);
     char *end = strchr(line, '\n');
@@ -569,19 +569,19 @@ Test(lifecycle, startup_line_names_queues_environment_classes_and_fetch)
 static char *crash_log(const char *args, int *st)
 {
     /* No core file in the test directory; and a sanitizer's SEGV handler
-     * would report instead of kiq's (and exit 1, not die of the signal). */
+     * would report instead of capstan's (and exit 1, not die of the signal). */
     setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
     const char *asan = getenv("ASAN_OPTIONS");
     char opts[512];
     snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     free(kt_wait_identity(pid));
     push("SleepJob", "c0000000000000000000000a", "[20000]");
-    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_capstan_log(pid));
     push("SegfaultJob", "c0000000000000000000000b", args);
     *st = kt_wait_exit(pid, 20);
-    return kt_kiq_log(pid);
+    return kt_capstan_log(pid);
 }
 
 static void assert_crash_report(const char *log, int st)

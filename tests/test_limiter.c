@@ -1,5 +1,5 @@
 /* Rate limiters: the C API against a real redis-server, and the per-class
- * `limit:` option with kiq processes sharing one limit. */
+ * `limit:` option with capstan processes sharing one limit. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -11,48 +11,48 @@
 #include <jansson.h>
 
 #include "helpers.h"
-#include "kiq/client.h"
-#include "kiq/limiter.h"
-#include "kiq/runtime.h"
+#include "capstan/client.h"
+#include "capstan/limiter.h"
+#include "capstan/runtime.h"
 
 TestSuite(limiter, .init = NULL, .fini = kt_kill_children);
 
-static kiq_limiter_t *mk(kiq_limit_type_t t, const char *name, long n, double s)
+static capstan_limiter_t *mk(capstan_limit_type_t t, const char *name, long n, double s)
 {
-    char err[KIQ_ERRLEN] = "";
-    kiq_limiter_t *l = kiq_limiter_new(t, name, n, s, err);
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_limiter_t *l = capstan_limiter_new(t, name, n, s, err);
     cr_assert(l, "%s", err);
     return l;
 }
 
 Test(limiter, concurrent_slots_are_owned_leases)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "api", 2, 0.5);
-    kiq_limit_token_t a, b, c;
-    char err[KIQ_ERRLEN];
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "api", 2, 0.5);
+    capstan_limit_token_t a, b, c;
+    char err[CAPSTAN_ERRLEN];
     double in = 0;
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &a, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &b, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &c, &in, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &a, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &b, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &c, &in, err), CAPSTAN_EDENIED);
     cr_assert(in > 0 && in <= 0.5, "%f", in);
     cr_assert_eq(kt_int("ZCARD limiter:api:held"), 2);
     /* Only the holder releases its slot. */
-    kiq_limit_token_t other;
+    capstan_limit_token_t other;
     strcpy(other.id, "someone-else");
-    cr_assert_eq(kiq_limiter_release(l, r, &other, err), KIQ_ENOTFOUND);
-    cr_assert_eq(kiq_limiter_release(l, r, &a, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &c, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_release(l, r, &other, err), CAPSTAN_ENOTFOUND);
+    cr_assert_eq(capstan_limiter_release(l, r, &a, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &c, NULL, err), 0, "%s", err);
     /* A waiter gets the slot as soon as the holders' leases lapse. */
     double t0 = kt_now();
-    cr_assert_eq(kiq_limiter_acquire(l, r, 2, &a, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 2, &a, NULL, err), 0, "%s", err);
     double waited = kt_now() - t0;
     cr_assert(waited > 0.3 && waited < 1.0, "%f", waited);
     /* b's lease lapsed: it holds nothing any more. */
-    cr_assert_eq(kiq_limiter_extend(l, r, &b, err), KIQ_ENOTFOUND);
-    cr_assert_eq(kiq_limiter_extend(l, r, &a, err), 0, "%s", err);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_limiter_extend(l, r, &b, err), CAPSTAN_ENOTFOUND);
+    cr_assert_eq(capstan_limiter_extend(l, r, &a, err), 0, "%s", err);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
 static int bump(void *ud)
@@ -63,45 +63,45 @@ static int bump(void *ud)
 
 Test(limiter, within_runs_under_the_limit_and_releases)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "mutex", 1, 0);
-    char err[KIQ_ERRLEN];
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "mutex", 1, 0);
+    char err[CAPSTAN_ERRLEN];
     int n = 0;
-    cr_assert_eq(kiq_limiter_within(l, r, 0, bump, &n, err), 7);
-    cr_assert_eq(kiq_limiter_within(l, r, 0, bump, &n, err), 7);
+    cr_assert_eq(capstan_limiter_within(l, r, 0, bump, &n, err), 7);
+    cr_assert_eq(capstan_limiter_within(l, r, 0, bump, &n, err), 7);
     cr_assert_eq(n, 2);
     cr_assert_eq(kt_int("ZCARD limiter:mutex:held"), 0);
-    kiq_limit_token_t t;
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0);
-    cr_assert_eq(kiq_limiter_within(l, r, 0.1, bump, &n, err), KIQ_EDENIED);
+    capstan_limit_token_t t;
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0);
+    cr_assert_eq(capstan_limiter_within(l, r, 0.1, bump, &n, err), CAPSTAN_EDENIED);
     cr_assert_eq(n, 2);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
 Test(limiter, a_name_keeps_its_type_and_parameters)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t t;
-    kiq_limiter_t *a = mk(KIQ_LIMIT_CONCURRENT, "stripe", 5, 0);
-    kiq_limiter_t *b = mk(KIQ_LIMIT_WINDOW, "stripe", 5, 1);
-    kiq_limiter_t *c = mk(KIQ_LIMIT_CONCURRENT, "stripe", 6, 0);
-    cr_assert_eq(kiq_limiter_acquire(a, r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(b, r, 0, &t, NULL, err), KIQ_ECONFIG);
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t t;
+    capstan_limiter_t *a = mk(CAPSTAN_LIMIT_CONCURRENT, "stripe", 5, 0);
+    capstan_limiter_t *b = mk(CAPSTAN_LIMIT_WINDOW, "stripe", 5, 1);
+    capstan_limiter_t *c = mk(CAPSTAN_LIMIT_CONCURRENT, "stripe", 6, 0);
+    cr_assert_eq(capstan_limiter_acquire(a, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(b, r, 0, &t, NULL, err), CAPSTAN_ECONFIG);
     cr_assert(strstr(err, "limiter stripe is in use as \"concurrent size=5\""), "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(c, r, 1, &t, NULL, err), KIQ_ECONFIG);
+    cr_assert_eq(capstan_limiter_acquire(c, r, 1, &t, NULL, err), CAPSTAN_ECONFIG);
     cr_assert_eq(kt_int("ZCARD limiter:stripe:held"), 1);
-    kiq_limiter_free(a);
-    kiq_limiter_free(b);
-    kiq_limiter_free(c);
+    capstan_limiter_free(a);
+    capstan_limiter_free(b);
+    capstan_limiter_free(c);
     /* Bad parameters never reach Redis. */
-    cr_assert_null(kiq_limiter_new(KIQ_LIMIT_CONCURRENT, "x", 0, 0, err));
+    cr_assert_null(capstan_limiter_new(CAPSTAN_LIMIT_CONCURRENT, "x", 0, 0, err));
     cr_assert(strstr(err, "size must be >= 1"), "%s", err);
-    cr_assert_null(kiq_limiter_new(KIQ_LIMIT_WINDOW, "x", 3, -1, err));
+    cr_assert_null(capstan_limiter_new(CAPSTAN_LIMIT_WINDOW, "x", 3, -1, err));
     cr_assert(strstr(err, "interval"), "%s", err);
-    cr_assert_null(kiq_limiter_new((kiq_limit_type_t)99, "x", 3, 1, err));
-    kiq_redis_free(r);
+    cr_assert_null(capstan_limiter_new((capstan_limit_type_t)99, "x", 3, 1, err));
+    capstan_redis_free(r);
 }
 
 /* Waits for the next calendar second to begin plus a margin, so a test of
@@ -121,43 +121,43 @@ static void next_second(void)
 
 Test(limiter, window_counts_per_calendar_window_and_says_when_it_reopens)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_WINDOW, "search", 3, 1);
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t t;
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_WINDOW, "search", 3, 1);
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t t;
     double in = 0;
     next_second();
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, &in, err), KIQ_EDENIED);
+        cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, &in, err), CAPSTAN_EDENIED);
     cr_assert(in > 0.5 && in <= 1.0, "%f", in);
     /* Waiting is exact: the 4th gets in right after the second turns. */
-    cr_assert_eq(kiq_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
     double now = wall(), frac = now - (double)(long)now;
     cr_assert(frac < 0.3, "%f", frac);
-    cr_assert_eq(kiq_limiter_release(l, r, &t, err), 0);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_limiter_release(l, r, &t, err), 0);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
 Test(limiter, bucket_refills_at_the_start_of_each_interval)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_BUCKET, "tokens", 2, 1);
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t t;
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_BUCKET, "tokens", 2, 1);
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t t;
     next_second();
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), CAPSTAN_EDENIED);
     cr_assert_eq(kt_int("HGET limiter:tokens:bucket tokens"), 0);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
     cr_assert_eq(kt_int("HGET limiter:tokens:bucket tokens"), 1);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
-/* ---- the `limit:` class option, with kiq processes -------------------- */
+/* ---- the `limit:` class option, with capstan processes -------------------- */
 
 /* Pushes n LimitJob [key, ms] to "default". */
 static void push_limit_jobs(unsigned tag, const char *key, long ms, size_t n)
@@ -221,18 +221,18 @@ Test(limiter, concurrent_limit_is_fleet_wide)
 {
     char *y = limit_yml("conc.yml", "      type: concurrent\n      name: stripe\n      size: 3\n"
                                     "      wait_timeout: 5\n");
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
-    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
     push_limit_jobs(1, "lc", 50, 200);
     /* 200 x 50 ms through 3 slots is 3.4 s of work at best. */
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lc:jids") == 200, 40), "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lc:jids") == 200, 40), "%s", kt_capstan_log(a));
     cr_assert(KT_WAIT_UNTIL(kt_int("GET lc:running") == 0, 5));
     cr_assert_eq(kt_int("LLEN lc:starts"), 200, "a job ran twice");
     cr_assert_eq(kt_int("GET lc:max"), 3);
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
     cr_assert_eq(kt_int("ZCARD limiter:stripe:held"), 0, "every slot was given back");
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
     free(y);
 }
 
@@ -242,13 +242,13 @@ Test(limiter, window_limit_reschedules_and_runs_everything)
 {
     char *y = limit_yml("win.yml", "      type: window\n      name: search\n      count: 10\n"
                                    "      interval: second\n");
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
-    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
-    pid_t c = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t c = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
     push_limit_jobs(2, "lw", 10, 100);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD schedule") > 0, 5), "no job was rescheduled");
     /* 100 at 10 a second: 10 s at best. */
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lw:jids") == 100, 40), "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lw:jids") == 100, 40), "%s", kt_capstan_log(a));
     cr_assert_eq(kt_int("LLEN lw:starts"), 100, "a job ran twice");
     size_t got;
     long long *t = job_starts("lw", &got);
@@ -258,9 +258,9 @@ Test(limiter, window_limit_reschedules_and_runs_everything)
     cr_assert(kt_log_has(a, "limiter search is over its limit; rescheduled in") ||
               kt_log_has(b, "limiter search is over its limit; rescheduled in") ||
               kt_log_has(c, "limiter search is over its limit; rescheduled in"));
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
-    cr_assert_eq(kt_kiq_stop(c, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(c, SIGTERM, 10), 0);
     free(y);
 }
 
@@ -270,21 +270,21 @@ Test(limiter, killed_holder_frees_its_slots_when_the_lease_lapses)
 {
     char *y = limit_yml("kill.yml", "      type: concurrent\n      name: gpu\n      size: 2\n"
                                     "      lock_timeout: 1.5\n");
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     push_limit_jobs(3, "lk", 20000, 2);
-    cr_assert(KT_WAIT_UNTIL(kt_int("GET lk:running") == 2, 10), "%s", kt_kiq_log(a));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "gpu", 2, 1.5);
-    kiq_limit_token_t t;
-    char err[KIQ_ERRLEN];
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET lk:running") == 2, 10), "%s", kt_capstan_log(a));
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "gpu", 2, 1.5);
+    capstan_limit_token_t t;
+    char err[CAPSTAN_ERRLEN];
     /* Twice the lease: still held while the jobs run. */
-    cr_assert_eq(kiq_limiter_acquire(l, r, 3, &t, NULL, err), KIQ_EDENIED, "%s", err);
-    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 5), 128 + SIGKILL);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 3, &t, NULL, err), CAPSTAN_EDENIED, "%s", err);
+    cr_assert_eq(kt_capstan_stop(a, SIGKILL, 5), 128 + SIGKILL);
     double t0 = kt_now();
-    cr_assert_eq(kiq_limiter_acquire(l, r, 2.5, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 2.5, &t, NULL, err), 0, "%s", err);
     cr_assert_lt(kt_now() - t0, 2.5);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
     free(y);
 }
 
@@ -295,25 +295,25 @@ Test(limiter, too_many_reschedules_go_through_retry)
     char *y = kt_write_file("max.yml", "poll_interval_average: 0.3\nclasses:\n"
                                       "  LimitJob:\n    max_limiter_reschedules: 1\n"
                                       "    limit: { type: concurrent, name: one, size: 1 }\n");
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "one", 1, 60);
-    kiq_limit_token_t t;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "one", 1, 60);
+    capstan_limit_token_t t;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     push_limit_jobs(4, "lm", 10, 1);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_capstan_log(a));
     redisReply *rr = kt_cmd("ZRANGE retry 0 0");
     cr_assert_eq(rr->elements, 1);
     char *job = strdup(rr->element[0]->str);
     freeReplyObject(rr);
     cr_assert(strstr(job, "\"limiter_reschedules\":1"), "%s", job);
-    cr_assert(strstr(job, "Kiq::OverLimit"), "%s", job);
+    cr_assert(strstr(job, "Capstan::OverLimit"), "%s", job);
     cr_assert_eq(kt_int("SCARD lm:jids"), 0);
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
     free(job);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
     free(y);
 }
 
@@ -332,7 +332,7 @@ Test(limiter, bad_limit_configuration_fails_at_start)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *y = limit_yml("bad.yml", cases[i][0]), *out = NULL;
-        cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
         cr_assert(strstr(out, cases[i][1]), "%s", out);
         cr_assert(strstr(out, "bad.yml:"), "%s", out);
         free(out);
@@ -342,58 +342,58 @@ Test(limiter, bad_limit_configuration_fails_at_start)
 
 Test(limiter, sliding_counts_any_interval_and_leaky_drains_evenly)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t t;
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t t;
     double in = 0;
-    kiq_limiter_t *s = mk(KIQ_LIMIT_SLIDING, "slide", 3, 0.6);
+    capstan_limiter_t *s = mk(CAPSTAN_LIMIT_SLIDING, "slide", 3, 0.6);
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(kiq_limiter_acquire(s, r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(s, r, 0, &t, &in, err), KIQ_EDENIED);
+        cr_assert_eq(capstan_limiter_acquire(s, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(s, r, 0, &t, &in, err), CAPSTAN_EDENIED);
     cr_assert(in > 0.4 && in <= 0.6, "%f", in);
     double t0 = kt_now();
-    cr_assert_eq(kiq_limiter_acquire(s, r, 1, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(s, r, 1, &t, NULL, err), 0, "%s", err);
     cr_assert(kt_now() - t0 > 0.4, "%f", kt_now() - t0);
     /* The first entry left the window; the others too only if they were
      * taken in the same millisecond, which a loaded machine does not do. */
     long long in_window = kt_int("ZCARD limiter:slide:sliding");
     cr_assert(in_window >= 1 && in_window <= 3, "%lld", in_window);
-    kiq_limiter_free(s);
+    capstan_limiter_free(s);
     /* 4 per second: a burst of 4, then one every 0.25 s. */
-    kiq_limiter_t *l = mk(KIQ_LIMIT_LEAKY, "drip", 4, 1);
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_LEAKY, "drip", 4, 1);
     for (int i = 0; i < 4; i++)
-        cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, &in, err), KIQ_EDENIED);
+        cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, &in, err), CAPSTAN_EDENIED);
     cr_assert(in > 0.15 && in <= 0.25, "%f", in);
     t0 = kt_now();
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(kiq_limiter_acquire(l, r, 1, &t, NULL, err), 0, "%s", err);
+        cr_assert_eq(capstan_limiter_acquire(l, r, 1, &t, NULL, err), 0, "%s", err);
     double took = kt_now() - t0;
     cr_assert(took > 0.4 && took < 1.0, "%f", took);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
 Test(limiter, points_spend_a_cost_from_a_restoring_budget)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t t;
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t t;
     double in = 0;
     /* 100 points, restored at 100 per second. */
-    kiq_limiter_t *l = mk(KIQ_LIMIT_POINTS, "graphql", 100, 1);
-    cr_assert_eq(kiq_limiter_acquire_points(l, r, 70, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire_points(l, r, 50, 0, &t, &in, err), KIQ_EDENIED);
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_POINTS, "graphql", 100, 1);
+    cr_assert_eq(capstan_limiter_acquire_points(l, r, 70, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire_points(l, r, 50, 0, &t, &in, err), CAPSTAN_EDENIED);
     cr_assert(in > 0.1 && in <= 0.2, "%f", in);
-    cr_assert_eq(kiq_limiter_acquire_points(l, r, 20, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire_points(l, r, 101, 5, &t, NULL, err), KIQ_EINVAL);
+    cr_assert_eq(capstan_limiter_acquire_points(l, r, 20, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire_points(l, r, 101, 5, &t, NULL, err), CAPSTAN_EINVAL);
     cr_assert(strstr(err, "does not fit"), "%s", err);
     double t0 = kt_now();
-    cr_assert_eq(kiq_limiter_acquire_points(l, r, 60, 2, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire_points(l, r, 60, 2, &t, NULL, err), 0, "%s", err);
     double took = kt_now() - t0;
     cr_assert(took > 0.4 && took < 1.2, "%f", took);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
 /* A class whose limit clashes with the name's recorded type fails its job
@@ -402,17 +402,17 @@ Test(limiter, class_limit_clashing_with_the_name_fails_the_job)
 {
     kt_int("SET limiter:shared:meta %s", "window count=5 interval_ms=1000");
     char *y = limit_yml("clash.yml", "      type: concurrent\n      name: shared\n      size: 3\n");
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     push_limit_jobs(5, "lx", 10, 1);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_capstan_log(a));
     redisReply *rr = kt_cmd("ZRANGE retry 0 0");
     cr_assert_eq(rr->elements, 1);
-    cr_assert(strstr(rr->element[0]->str, "Kiq::LimiterConfigError"), "%s", rr->element[0]->str);
+    cr_assert(strstr(rr->element[0]->str, "Capstan::LimiterConfigError"), "%s", rr->element[0]->str);
     cr_assert(strstr(rr->element[0]->str, "limiter shared is in use as"), "%s", rr->element[0]->str);
     freeReplyObject(rr);
     cr_assert_eq(kt_int("SCARD lx:jids"), 0);
     cr_assert_eq(kt_int("EXISTS limiter:shared:held"), 0);
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
     free(y);
 }
 
@@ -430,47 +430,47 @@ Test(limiter, a_bad_cost_in_the_payload_fails_the_job)
         kt_make_jid(jid, 12, i);
         char *p = kt_payload("LimitJob", "[\"lc\",1]", jid, "default");
         p[strlen(p) - 1] = '\0';
-        cr_assert(asprintf(&raw, "%s,\"" KIQ_LIMIT_COST_FIELD "\":%s}", p, costs[i]) > 0);
+        cr_assert(asprintf(&raw, "%s,\"" CAPSTAN_LIMIT_COST_FIELD "\":%s}", p, costs[i]) > 0);
         kt_push_all(kt_redis(), "default", &raw, 1);
         free(raw);
         free(p);
     }
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3 && kt_int("SCARD lc:jids") == 2, 10), "%s",
-              kt_kiq_log(a));
+              kt_capstan_log(a));
     redisReply *rr = kt_cmd("ZRANGE retry 0 -1");
     for (size_t i = 0; i < rr->elements; i++)
         cr_assert(strstr(rr->element[i]->str, "limiter pts: limiter_cost must be an integer >= 1"),
                   "%s", rr->element[i]->str);
     freeReplyObject(rr);
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
     free(y);
 }
 
-/* `kiq limits` shows what a user needs to see why a job waits: every
+/* `capstan limits` shows what a user needs to see why a job waits: every
  * limiter's type and parameters, and for one its holders and their lease
  * left, how full its window is, its tokens left and the wait for a slot. */
-Test(limiter, kiq_limits_lists_and_shows_each_limiter)
+Test(limiter, capstan_limits_lists_and_shows_each_limiter)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN], *out = NULL;
-    kiq_limit_token_t t1, t2;
-    kiq_limiter_t *c = mk(KIQ_LIMIT_CONCURRENT, "stripe", 2, 60);
-    kiq_limiter_t *w = mk(KIQ_LIMIT_WINDOW, "search", 3, 3600);
-    kiq_limiter_t *b = mk(KIQ_LIMIT_BUCKET, "api", 5, 3600);
-    cr_assert_eq(kiq_limiter_acquire(c, r, 0, &t1, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(c, r, 0, &t2, NULL, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN], *out = NULL;
+    capstan_limit_token_t t1, t2;
+    capstan_limiter_t *c = mk(CAPSTAN_LIMIT_CONCURRENT, "stripe", 2, 60);
+    capstan_limiter_t *w = mk(CAPSTAN_LIMIT_WINDOW, "search", 3, 3600);
+    capstan_limiter_t *b = mk(CAPSTAN_LIMIT_BUCKET, "api", 5, 3600);
+    cr_assert_eq(capstan_limiter_acquire(c, r, 0, &t1, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(c, r, 0, &t2, NULL, err), 0, "%s", err);
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(kiq_limiter_acquire(w, r, 0, &t1, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(b, r, 0, &t1, NULL, err), 0, "%s", err);
+        cr_assert_eq(capstan_limiter_acquire(w, r, 0, &t1, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(b, r, 0, &t1, NULL, err), 0, "%s", err);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "api\tbucket\tcount=5\tinterval=3600s\n"), "%s", out);
     cr_assert(strstr(out, "search\twindow\tcount=3\tinterval=3600s\n"), "%s", out);
     cr_assert(strstr(out, "stripe\tconcurrent\tsize=2\n"), "%s", out);
     cr_assert(strstr(out, "api") < strstr(out, "search"), "sorted by name: %s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "list", "--json", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "list", "--json", NULL }, &out), 0);
     json_t *j = json_loads(out, 0, NULL);
     cr_assert(json_is_array(j) && json_array_size(j) == 3, "%s", out);
     cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 2), "type")),
@@ -479,7 +479,7 @@ Test(limiter, kiq_limits_lists_and_shows_each_limiter)
     free(out);
 
     /* Full: both holders with the lease they have left, and the wait. */
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "stripe", "--json", NULL }, &out),
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "stripe", "--json", NULL }, &out),
                  0, "%s", out);
     j = json_loads(out, 0, NULL);
     cr_assert(j, "%s", out);
@@ -500,11 +500,11 @@ Test(limiter, kiq_limits_lists_and_shows_each_limiter)
     json_decref(j);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "search", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "search", NULL }, &out), 0);
     cr_assert(strstr(out, "search\twindow\tcount=3\tinterval=3600s\tused=3\tleft=0\twait="), "%s",
               out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "api", "--json", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "api", "--json", NULL }, &out), 0);
     j = json_loads(out, 0, NULL);
     cr_assert_eq(json_integer_value(json_object_get(j, "left")), 4, "%s", out);
     cr_assert_float_eq(json_real_value(json_object_get(j, "wait_seconds")), 0, 1e-9, "%s", out);
@@ -512,19 +512,19 @@ Test(limiter, kiq_limits_lists_and_shows_each_limiter)
     free(out);
 
     /* A release shows at once. */
-    cr_assert_eq(kiq_limiter_release(c, r, &t2, err), 0, "%s", err);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "stripe", NULL }, &out), 0);
+    cr_assert_eq(capstan_limiter_release(c, r, &t2, err), 0, "%s", err);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "stripe", NULL }, &out), 0);
     cr_assert(strstr(out, "stripe\tconcurrent\tsize=2\tused=1\tleft=1\twait=0.000s\n"), "%s", out);
     cr_assert_null(strstr(out, t2.id), "%s", out);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "limits", "info", "nope", NULL }, &out), 1);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "nope", NULL }, &out), 1);
     cr_assert(strstr(out, "no limiter named nope"), "%s", out);
     free(out);
-    kiq_limiter_free(c);
-    kiq_limiter_free(w);
-    kiq_limiter_free(b);
-    kiq_redis_free(r);
+    capstan_limiter_free(c);
+    capstan_limiter_free(w);
+    capstan_limiter_free(b);
+    capstan_redis_free(r);
 }
 
 /* ---- long-run rates, measured by the jobs themselves ------------------- */
@@ -537,14 +537,14 @@ static long long *run_limited(const char *file, const char *limit, unsigned tag,
                               const char *key, size_t n)
 {
     char *y = limit_yml(file, limit);
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
-    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
     push_limit_jobs(tag, key, 10, n);
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD %s:jids", key) == (long long)n, 30), "%s",
-              kt_kiq_log(a));
+              kt_capstan_log(a));
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 10), 0);
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
     free(y);
     size_t got;
     long long *t = job_starts(key, &got);
@@ -612,77 +612,77 @@ Test(limiter, bucket_keeps_its_rate_over_seconds)
 /* CostJob: appends the Redis clock (ms) to PREFIX:10 when its payload says
  * "limiter_cost" (10 in the test), else to PREFIX:5 (the class's cost);
  * udata is PREFIX. */
-static int cost_job(kiq_job_t *job, void *ud)
+static int cost_job(capstan_job_t *job, void *ud)
 {
     size_t len;
-    const char *own = kiq_job_field_raw(job, KIQ_LIMIT_COST_FIELD, &len);
-    redisReply *r = redisCommand(kiq_job_redis(job), "EVAL %s 1 %s:%s",
+    const char *own = capstan_job_field_raw(job, CAPSTAN_LIMIT_COST_FIELD, &len);
+    redisReply *r = redisCommand(capstan_job_redis(job), "EVAL %s 1 %s:%s",
                                  "local t = redis.call('TIME')\n"
                                  "return redis.call('RPUSH', KEYS[1], "
                                  "t[1] * 1000 + math.floor(t[2] / 1000))",
                                  (const char *)ud, own ? "10" : "5");
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
-    return ok ? 0 : kiq_job_fail(job, "Redis::CommandError", "CostJob: RPUSH failed");
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "CostJob: RPUSH failed");
 }
 
-/* A points limit given through kiq_class_opts_t: a budget of 10 a second
+/* A points limit given through capstan_class_opts_t: a budget of 10 a second
  * and jobs costing 5 let 2 jobs run per interval once the first budget is
  * spent; a job whose payload says it costs 10 runs alone in its interval.
  * A YAML limit for a class wins over its C one. */
 Test(limiter, class_limit_from_c_spends_each_jobs_cost)
 {
-    char err[KIQ_ERRLEN];
-    kiq_limit_opts_t lo = KIQ_LIMIT_OPTS_INIT;
-    lo.type = KIQ_LIMIT_POINTS;
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_opts_t lo = CAPSTAN_LIMIT_OPTS_INIT;
+    lo.type = CAPSTAN_LIMIT_POINTS;
     lo.name = "budget";
     lo.count = 10;
     lo.seconds = 1;
     lo.cost = 11;
-    cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), KIQ_EINVAL);
+    cr_assert_eq(capstan_limit_opts_check(&lo, "CostJob", err), CAPSTAN_EINVAL);
     cr_assert(strstr(err, "cost must be between 1 and its 10 points"), "%s", err);
     lo.cost = 5;
     lo.wait_timeout = 10;
-    cr_assert_eq(kiq_limit_opts_check(&lo, "CostJob", err), 0, "%s", err);
+    cr_assert_eq(capstan_limit_opts_check(&lo, "CostJob", err), 0, "%s", err);
 
-    kiq_config_t *cfg = kt_config(4);
+    capstan_config_t *cfg = kt_config(4);
     char *y = kt_write_file("wins.yml", "classes:\n  YamlWins:\n"
                                         "    limit: { type: concurrent, name: yaml, size: 1 }\n");
-    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
     free(y);
-    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
     cr_assert(rt, "%s", err);
-    kiq_limit_opts_t bad = lo;
+    capstan_limit_opts_t bad = lo;
     bad.count = 0;
-    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
     opts.limit = &bad;
-    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, "cj", &opts), KIQ_EINVAL);
+    cr_assert_eq(capstan_register(rt, "CostJob", cost_job, "cj", &opts), CAPSTAN_EINVAL);
     opts.limit = &lo;
-    cr_assert_eq(kiq_register(rt, "CostJob", cost_job, "cj", &opts), 0);
-    kiq_limit_opts_t c_only = lo;
+    cr_assert_eq(capstan_register(rt, "CostJob", cost_job, "cj", &opts), 0);
+    capstan_limit_opts_t c_only = lo;
     c_only.name = "c-only";
     opts.limit = &c_only;
-    cr_assert_eq(kiq_register(rt, "YamlWins", cost_job, "yw", &opts), 0);
-    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    cr_assert_eq(capstan_register(rt, "YamlWins", cost_job, "yw", &opts), 0);
+    capstan_client_t *c = capstan_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
-    cr_assert_eq(kiq_client_use_runtime(c, rt), 0);
+    cr_assert_eq(capstan_client_use_runtime(c, rt), 0);
     kt_runtime_start(rt);
 
     for (int i = 0; i < 6; i++)
-        cr_assert_eq(kiq_client_push(c, "CostJob", "[]", NULL, NULL), 0, "%s",
-                     kiq_client_error(c));
+        cr_assert_eq(capstan_client_push(c, "CostJob", "[]", NULL, NULL), 0, "%s",
+                     capstan_client_error(c));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:5") == 6, 15));
-    kiq_push_opts_t po = kiq_push_opts_default();
-    po.extra = "{\"" KIQ_LIMIT_COST_FIELD "\":10}";
+    capstan_push_opts_t po = capstan_push_opts_default();
+    po.extra = "{\"" CAPSTAN_LIMIT_COST_FIELD "\":10}";
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(kiq_client_push(c, "CostJob", "[]", &po, NULL), 0, "%s",
-                     kiq_client_error(c));
+        cr_assert_eq(capstan_client_push(c, "CostJob", "[]", &po, NULL), 0, "%s",
+                     capstan_client_error(c));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN cj:10") == 2, 15));
-    cr_assert_eq(kiq_client_push(c, "YamlWins", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push(c, "YamlWins", "[]", NULL, NULL), 0, "%s", capstan_client_error(c));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN yw:5") == 1, 15));
     cr_assert_eq(kt_int("EXISTS limiter:yaml:meta"), 1, "the YAML limit applied");
     cr_assert_eq(kt_int("EXISTS limiter:c-only:meta"), 0, "not the C one");
-    kiq_client_free(c); /* before the runtime it may use */
+    capstan_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
 
     long long t[8];
@@ -704,40 +704,40 @@ Test(limiter, class_limit_from_c_spends_each_jobs_cost)
  * declared in C: with 0, a job over the limit goes straight to retry. */
 Test(limiter, file_max_reschedules_applies_to_a_limit_declared_in_c)
 {
-    char err[KIQ_ERRLEN];
-    kiq_config_t *cfg = kt_config(2);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = kt_config(2);
     char *y = kt_write_file("cmax.yml", "classes:\n  CLimited:\n    max_limiter_reschedules: 0\n");
-    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
     free(y);
-    kiq_runtime_t *rt = kiq_runtime_new(cfg, err);
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
     cr_assert(rt, "%s", err);
-    kiq_limit_opts_t lo = KIQ_LIMIT_OPTS_INIT;
-    lo.type = KIQ_LIMIT_CONCURRENT;
+    capstan_limit_opts_t lo = CAPSTAN_LIMIT_OPTS_INIT;
+    lo.type = CAPSTAN_LIMIT_CONCURRENT;
     lo.name = "cmax";
     lo.count = 1;
     lo.seconds = 60;
-    kiq_class_opts_t opts = KIQ_CLASS_OPTS_INIT;
+    capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
     opts.limit = &lo;
-    cr_assert_eq(kiq_register(rt, "CLimited", cost_job, "cm", &opts), 0);
+    cr_assert_eq(capstan_register(rt, "CLimited", cost_job, "cm", &opts), 0);
     /* The only slot is the test's. */
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_limiter_t *l = mk(KIQ_LIMIT_CONCURRENT, "cmax", 1, 60);
-    kiq_limit_token_t t;
-    cr_assert_eq(kiq_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "cmax", 1, 60);
+    capstan_limit_token_t t;
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    capstan_client_t *c = capstan_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
-    cr_assert_eq(kiq_client_push(c, "CLimited", "[]", NULL, NULL), 0, "%s", kiq_client_error(c));
+    cr_assert_eq(capstan_client_push(c, "CLimited", "[]", NULL, NULL), 0, "%s", capstan_client_error(c));
     kt_runtime_start(rt);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15));
     redisReply *rr = kt_cmd("ZRANGE retry 0 0");
-    cr_assert(strstr(rr->element[0]->str, "Kiq::OverLimit"), "%s", rr->element[0]->str);
+    cr_assert(strstr(rr->element[0]->str, "Capstan::OverLimit"), "%s", rr->element[0]->str);
     freeReplyObject(rr);
     cr_assert_eq(kt_int("ZCARD schedule"), 0, "not rescheduled");
     cr_assert_eq(kt_int("LLEN cm:5"), 0, "not run");
-    kiq_client_free(c); /* before the runtime it may use */
+    capstan_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
-    kiq_limiter_free(l);
-    kiq_redis_free(r);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
 }
 
 /* ---- keys of unused limiters expire ----------------------------------- */
@@ -751,18 +751,18 @@ static long long limiter_keys(void)
  * holder that keeps extending its lease keeps them all. */
 Test(limiter, an_unused_limiters_keys_expire)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t t, kept;
-    kiq_limiter_t *l[] = {
-        mk(KIQ_LIMIT_CONCURRENT, "e1", 2, 0.2), mk(KIQ_LIMIT_WINDOW, "e2", 2, 0.2),
-        mk(KIQ_LIMIT_BUCKET, "e3", 2, 0.2),     mk(KIQ_LIMIT_SLIDING, "e4", 2, 0.2),
-        mk(KIQ_LIMIT_LEAKY, "e5", 2, 0.2),      mk(KIQ_LIMIT_POINTS, "e6", 2, 0.2),
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t t, kept;
+    capstan_limiter_t *l[] = {
+        mk(CAPSTAN_LIMIT_CONCURRENT, "e1", 2, 0.2), mk(CAPSTAN_LIMIT_WINDOW, "e2", 2, 0.2),
+        mk(CAPSTAN_LIMIT_BUCKET, "e3", 2, 0.2),     mk(CAPSTAN_LIMIT_SLIDING, "e4", 2, 0.2),
+        mk(CAPSTAN_LIMIT_LEAKY, "e5", 2, 0.2),      mk(CAPSTAN_LIMIT_POINTS, "e6", 2, 0.2),
     };
     for (size_t i = 0; i < 6; i++)
-        cr_assert_eq(kiq_limiter_acquire(l[i], r, 0, &t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_release(l[5], r, &t, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(l[0], r, 0, &kept, NULL, err), 0, "%s", err);
+        cr_assert_eq(capstan_limiter_acquire(l[i], r, 0, &t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_release(l[5], r, &t, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(l[0], r, 0, &kept, NULL, err), 0, "%s", err);
     for (int i = 1; i <= 6; i++) {
         long long ttl = kt_int("PTTL limiter:e%d:meta", i);
         cr_assert(ttl > 0 && ttl <= 400, "limiter:e%d:meta PTTL %lld", i, ttl);
@@ -770,7 +770,7 @@ Test(limiter, an_unused_limiters_keys_expire)
     /* Three leases on: e1's holder extended its slot all along. */
     for (int i = 0; i < 6; i++) {
         kt_sleep(0.1);
-        cr_assert_eq(kiq_limiter_extend(l[0], r, &kept, err), 0, "%s", err);
+        cr_assert_eq(capstan_limiter_extend(l[0], r, &kept, err), 0, "%s", err);
     }
     cr_assert_gt(kt_int("PTTL limiter:e1:held"), 0);
     cr_assert_gt(kt_int("PTTL limiter:e1:meta"), 0);
@@ -780,26 +780,26 @@ Test(limiter, an_unused_limiters_keys_expire)
     cr_assert(KT_WAIT_UNTIL(limiter_keys() == 0, 2), "%lld keys left", limiter_keys());
     cr_assert_lt(kt_now() - t0, 0.5);
     for (size_t i = 0; i < 6; i++)
-        kiq_limiter_free(l[i]);
-    kiq_redis_free(r);
+        capstan_limiter_free(l[i]);
+    capstan_redis_free(r);
 }
 
 /* The lease is each process's own (not in the meta): a newcomer with a
  * short one never cuts the life of the holder set under a longer one. */
 Test(limiter, a_short_lease_never_shortens_a_longer_one)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN];
-    kiq_limit_token_t long_t, short_t;
-    kiq_limiter_t *slow = mk(KIQ_LIMIT_CONCURRENT, "lease", 2, 5);
-    kiq_limiter_t *quick = mk(KIQ_LIMIT_CONCURRENT, "lease", 2, 0.1);
-    cr_assert_eq(kiq_limiter_acquire(slow, r, 0, &long_t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_acquire(quick, r, 0, &short_t, NULL, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_extend(quick, r, &short_t, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_limit_token_t long_t, short_t;
+    capstan_limiter_t *slow = mk(CAPSTAN_LIMIT_CONCURRENT, "lease", 2, 5);
+    capstan_limiter_t *quick = mk(CAPSTAN_LIMIT_CONCURRENT, "lease", 2, 0.1);
+    cr_assert_eq(capstan_limiter_acquire(slow, r, 0, &long_t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_acquire(quick, r, 0, &short_t, NULL, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_extend(quick, r, &short_t, err), 0, "%s", err);
     kt_sleep(0.3);
-    cr_assert_eq(kiq_limiter_extend(slow, r, &long_t, err), 0, "%s", err);
-    cr_assert_eq(kiq_limiter_release(slow, r, &long_t, err), 0, "%s", err);
-    kiq_limiter_free(slow);
-    kiq_limiter_free(quick);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_limiter_extend(slow, r, &long_t, err), 0, "%s", err);
+    cr_assert_eq(capstan_limiter_release(slow, r, &long_t, err), 0, "%s", err);
+    capstan_limiter_free(slow);
+    capstan_limiter_free(quick);
+    capstan_redis_free(r);
 }

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/config.h"
+#include "capstan/config.h"
 #include "support/buf.h"
 #include "observe/prometheus.h"
 
@@ -116,24 +116,24 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
     }
     freeReplyObject(kt_cmd("SADD queues idle"));
     for (int i = 0; i < 5; i++)
-        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "FailJob", NULL }, NULL), 0);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", NULL }, NULL), 0);
 
     int port = free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
-    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
+    pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
                                                portstr, NULL });
     char *resp = NULL;
     bool done = KT_WAIT_UNTIL(
         (free(resp), resp = http_get(port, "/metrics", &status),
          resp && value(body_of(resp),
-                       "kiq_jobs_processed_total{class=\"NoopJob\",queue=\"default\"}") == 5
+                       "capstan_jobs_processed_total{class=\"NoopJob\",queue=\"default\"}") == 5
               && value(body_of(resp),
-                       "kiq_jobs_processed_total{class=\"FailJob\",queue=\"default\"}") == 2),
+                       "capstan_jobs_processed_total{class=\"FailJob\",queue=\"default\"}") == 2),
         15);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(done, "scrape never showed 5 NoopJob + 2 FailJob:\n%s\nlog:\n%s",
               resp ? resp : "(no answer)", log);
     free(log);
@@ -141,36 +141,36 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
     cr_assert_eq(status, 200);
     cr_assert(strstr(resp, "text/plain; version=0.0.4"), "%s", resp);
 
-    cr_assert_eq(value(body, "kiq_jobs_failed_total{class=\"FailJob\",queue=\"default\"}"), 2);
-    cr_assert_leq(value(body, "kiq_jobs_failed_total{class=\"NoopJob\",queue=\"default\"}"), 0);
-    cr_assert_eq(value(body, "kiq_job_duration_seconds_count{class=\"NoopJob\"}"), 5);
-    cr_assert_eq(value(body, "kiq_job_duration_seconds_count{class=\"FailJob\"}"), 2);
-    cr_assert_eq(value(body, "kiq_job_duration_seconds_bucket{class=\"NoopJob\",le=\"+Inf\"}"), 5);
-    cr_assert_eq(value(body, "kiq_job_duration_seconds_bucket{class=\"FailJob\",le=\"60\"}"), 2);
-    cr_assert_geq(value(body, "kiq_job_duration_seconds_sum{class=\"NoopJob\"}"), 0);
-    cr_assert_eq(value(body, "kiq_threads"), 3);
-    cr_assert_eq(value(body, "kiq_busy_threads"), 0);
-    cr_assert_eq(value(body, "kiq_redis_up"), 1);
-    cr_assert_geq(value(body, "kiq_redis_rtt_seconds"), 0);
-    cr_assert_eq(value(body, "kiq_queue_size{queue=\"idle\"}"), 3);
-    cr_assert_eq(value(body, "kiq_queue_size{queue=\"default\"}"), 0);
-    double lat = value(body, "kiq_queue_latency_seconds{queue=\"idle\"}");
+    cr_assert_eq(value(body, "capstan_jobs_failed_total{class=\"FailJob\",queue=\"default\"}"), 2);
+    cr_assert_leq(value(body, "capstan_jobs_failed_total{class=\"NoopJob\",queue=\"default\"}"), 0);
+    cr_assert_eq(value(body, "capstan_job_duration_seconds_count{class=\"NoopJob\"}"), 5);
+    cr_assert_eq(value(body, "capstan_job_duration_seconds_count{class=\"FailJob\"}"), 2);
+    cr_assert_eq(value(body, "capstan_job_duration_seconds_bucket{class=\"NoopJob\",le=\"+Inf\"}"), 5);
+    cr_assert_eq(value(body, "capstan_job_duration_seconds_bucket{class=\"FailJob\",le=\"60\"}"), 2);
+    cr_assert_geq(value(body, "capstan_job_duration_seconds_sum{class=\"NoopJob\"}"), 0);
+    cr_assert_eq(value(body, "capstan_threads"), 3);
+    cr_assert_eq(value(body, "capstan_busy_threads"), 0);
+    cr_assert_eq(value(body, "capstan_redis_up"), 1);
+    cr_assert_geq(value(body, "capstan_redis_rtt_seconds"), 0);
+    cr_assert_eq(value(body, "capstan_queue_size{queue=\"idle\"}"), 3);
+    cr_assert_eq(value(body, "capstan_queue_size{queue=\"default\"}"), 0);
+    double lat = value(body, "capstan_queue_latency_seconds{queue=\"idle\"}");
     cr_assert(lat >= 99 && lat < 130, "latency %f", lat);
-    cr_assert_eq(value(body, "kiq_retry_size"), 2, "FailJob retries by default");
-    cr_assert_eq(value(body, "kiq_dead_size"), 0);
-    cr_assert_eq(value(body, "kiq_schedule_size"), 0);
-    cr_assert_eq(value(body, "kiq_orphans_recovered_total"), 0);
-    cr_assert_eq(value(body, "kiq_poison_pills_total"), 0);
-    cr_assert_eq(value(body, "kiq_redis_reconnects_total"), 0);
-    cr_assert(strstr(body, "# TYPE kiq_job_duration_seconds histogram"), "%s", body);
-    cr_assert(strstr(body, "# TYPE kiq_lock_events_total counter"), "%s", body);
+    cr_assert_eq(value(body, "capstan_retry_size"), 2, "FailJob retries by default");
+    cr_assert_eq(value(body, "capstan_dead_size"), 0);
+    cr_assert_eq(value(body, "capstan_schedule_size"), 0);
+    cr_assert_eq(value(body, "capstan_orphans_recovered_total"), 0);
+    cr_assert_eq(value(body, "capstan_poison_pills_total"), 0);
+    cr_assert_eq(value(body, "capstan_redis_reconnects_total"), 0);
+    cr_assert(strstr(body, "# TYPE capstan_job_duration_seconds histogram"), "%s", body);
+    cr_assert(strstr(body, "# TYPE capstan_lock_events_total counter"), "%s", body);
     cr_assert_eq(promtool(body), 0, "promtool rejected:\n%s", body);
 
     free(resp);
     resp = http_get(port, "/other", &status);
     cr_assert_eq(status, 404, "%s", resp);
     free(resp);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     cr_assert_null(http_get(port, "/metrics", &status), "the server stops with the worker");
 }
 
@@ -215,10 +215,10 @@ Test(metrics, slow_clients_neither_block_a_scrape_nor_stay_connected)
     int port = free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--metrics-port", portstr, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "--metrics-port", portstr, NULL });
     char *resp = NULL;
     cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status)) != NULL, 10),
-              "no answer: %s", kt_kiq_log(pid));
+              "no answer: %s", kt_capstan_log(pid));
     free(resp);
 
     slow_t s = {0};
@@ -280,26 +280,26 @@ Test(metrics, bad_label_bytes_keep_the_scrape_valid)
     int port = free_port(), status = 0;
     char portstr[16], series[256];
     snprintf(portstr, sizeof(portstr), "%d", port);
-    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "--metrics-port", portstr, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "--metrics-port", portstr, NULL });
     char *resp = NULL;
     bool done = KT_WAIT_UNTIL(
         (free(resp), resp = http_get(port, "/metrics", &status),
          resp && strstr(resp, "class=\"Cut") && strstr(resp, "class=\"Q\\\"B")
               && kt_int("LLEN queue:default") == 0),
         15);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(done, "the bad classes never showed:\n%s\nlog:\n%s", resp ? resp : "(no answer)", log);
     free(log);
     const char *body = body_of(resp);
     cr_assert_eq(promtool(body), 0, "promtool rejected:\n%s", body);
     for (size_t i = 0; i < ncls; i++) {
         snprintf(series, sizeof(series),
-                 "kiq_jobs_processed_total{class=\"%s\",queue=\"default\"}", cls[i].label);
+                 "capstan_jobs_processed_total{class=\"%s\",queue=\"default\"}", cls[i].label);
         cr_assert_eq(value(body, series), 1, "%s missing:\n%s", series, body);
     }
-    cr_assert_eq(value(body, "kiq_queue_size{queue=\"bad\xEF\xBF\xBDq\"}"), 1, "%s", body);
+    cr_assert_eq(value(body, "capstan_queue_size{queue=\"bad\xEF\xBF\xBDq\"}"), 1, "%s", body);
     free(resp);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
 }
 
 /* A limited class: the scrape counts each acquisition that took a slot and
@@ -310,37 +310,37 @@ Test(metrics, limiter_series_count_acquisitions_waits_and_holds)
     char *y = kt_write_file("lim.yml", "poll_interval_average: 0.3\nclasses:\n  LimitJob:\n"
                                        "    limit: { type: concurrent, name: 'we\"b', size: 1 }\n");
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "LimitJob", "[\"lm\", 1000]", NULL },
-                                NULL), 0);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "LimitJob", "[\"lm\", 1000]", NULL },
+                                    NULL), 0);
     int port = free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "3", "--metrics-port", portstr,
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", "--metrics-port", portstr,
                                                NULL });
-    const char *held = "kiq_limiter_held{limiter=\"we\\\"b\"}";
-    const char *acq = "kiq_limiter_acquired_total{limiter=\"we\\\"b\"}";
+    const char *held = "capstan_limiter_held{limiter=\"we\\\"b\"}";
+    const char *acq = "capstan_limiter_acquired_total{limiter=\"we\\\"b\"}";
     char *resp = NULL;
     cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status),
                              resp && value(body_of(resp), held) == 1), 10),
               "no slot held while a job ran:\n%s", resp ? resp : "(no answer)");
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lm:jids") == 3, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lm:jids") == 3, 20), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status),
                              resp && value(body_of(resp), acq) == 3
                                   && value(body_of(resp), held) == 0), 5),
               "%s", resp ? resp : "(no answer)");
     const char *body = body_of(resp);
-    double over = value(body, "kiq_limiter_over_limit_total{limiter=\"we\\\"b\"}");
+    double over = value(body, "capstan_limiter_over_limit_total{limiter=\"we\\\"b\"}");
     cr_assert_geq(over, 1, "three jobs, one slot, no wait: some found it full\n%s", body);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "limiter we\"b is over its limit") == (int)over, 5),
               "%d reschedules logged, %g counted", kt_log_count(pid, "is over its limit"), over);
-    cr_assert_eq(value(body, "kiq_limiter_wait_seconds_count{limiter=\"we\\\"b\"}"), 3 + over,
+    cr_assert_eq(value(body, "capstan_limiter_wait_seconds_count{limiter=\"we\\\"b\"}"), 3 + over,
                  "%s", body);
-    cr_assert_eq(value(body, "kiq_limiter_wait_seconds_bucket{limiter=\"we\\\"b\",le=\"+Inf\"}"),
+    cr_assert_eq(value(body, "capstan_limiter_wait_seconds_bucket{limiter=\"we\\\"b\",le=\"+Inf\"}"),
                  3 + over, "%s", body);
-    cr_assert(strstr(body, "# TYPE kiq_limiter_held gauge"), "%s", body);
+    cr_assert(strstr(body, "# TYPE capstan_limiter_held gauge"), "%s", body);
     cr_assert_eq(promtool(body), 0, "promtool rejected:\n%s", body);
     free(resp);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     free(y);
 }
 
@@ -350,9 +350,9 @@ Test(metrics, port_in_use_stops_the_start_with_one_line)
     int fd = listener(&port);
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
-    pid_t pid = kt_kiq_start((const char *[]){ "--metrics-port", portstr, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--metrics-port", portstr, NULL });
     int st = kt_wait_exit(pid, 15);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     close(fd);
     cr_assert(st != 0 && st != -1, "exit %d:\n%s", st, log);
     char want[64];
@@ -366,7 +366,7 @@ Test(metrics, port_in_use_stops_the_start_with_one_line)
 Test(metrics, bad_port_flag_is_a_config_error)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "--metrics-port", "70000", NULL }, &out), 78,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "--metrics-port", "70000", NULL }, &out), 78,
                  "%s", out);
     cr_assert(strstr(out, "--metrics-port"), "%s", out);
     free(out);
@@ -375,68 +375,68 @@ Test(metrics, bad_port_flag_is_a_config_error)
 Test(metrics, yaml_keys_set_port_and_bind)
 {
     char *path = kt_write_file("metrics.yml", "metrics_port: 9394\nmetrics_bind: 0.0.0.0\n");
-    char err[KIQ_ERRLEN] = "";
-    kiq_config_t *cfg = kiq_config_new();
-    cr_assert_eq(kiq_config_load_file(cfg, path, err), 0, "%s", err);
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert_eq(capstan_config_load_file(cfg, path, err), 0, "%s", err);
     cr_assert_eq(cfg->metrics_port, 9394);
     cr_assert_str_eq(cfg->metrics_bind, "0.0.0.0");
-    kiq_config_free(cfg);
+    capstan_config_free(cfg);
 
     free(kt_write_file("metrics.yml", "metrics_port: 70000\n"));
-    cfg = kiq_config_new();
-    cr_assert_neq(kiq_config_load_file(cfg, path, err), 0);
+    cfg = capstan_config_new();
+    cr_assert_neq(capstan_config_load_file(cfg, path, err), 0);
     cr_assert(strstr(err, "metrics_port"), "%s", err);
-    kiq_config_free(cfg);
+    capstan_config_free(cfg);
     free(path);
 }
 
 Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
 {
-    kiq_metrics_t *m = kiq_metrics_new();
-    kiq__metrics_job(m, "We\"ird\\Job\nX", "q", 0.003, 0);
-    kiq__metrics_job(m, "We\"ird\\Job\nX", "q", 0.2, 1);
-    kiq__metrics_job(m, "We\"ird\\Job\nX", "q", 100, 0);
-    kiq__metrics_lock_event(m, "until_executed", "lock_failed");
-    kiq__metrics_lock_event(m, "until_executed", "lock_failed");
-    kiq__metrics_lock_event(m, "until_executed", "locked");
-    kiq__metrics_lock_event(m, "while_executing", "execution_failed");
-    kiq__metrics_lock_event(m, "while_executing", "unlock_failed");
-    kiq__metrics_lock_event(m, "while_executing", "no_such_event");
-    kiq__metrics_add(m, KIQ_METRIC_POISON_PILLS, 2);
+    capstan_metrics_t *m = capstan__metrics_new();
+    capstan__metrics_job(m, "We\"ird\\Job\nX", "q", 0.003, 0);
+    capstan__metrics_job(m, "We\"ird\\Job\nX", "q", 0.2, 1);
+    capstan__metrics_job(m, "We\"ird\\Job\nX", "q", 100, 0);
+    capstan__metrics_lock_event(m, "until_executed", "lock_failed");
+    capstan__metrics_lock_event(m, "until_executed", "lock_failed");
+    capstan__metrics_lock_event(m, "until_executed", "locked");
+    capstan__metrics_lock_event(m, "while_executing", "execution_failed");
+    capstan__metrics_lock_event(m, "while_executing", "unlock_failed");
+    capstan__metrics_lock_event(m, "while_executing", "no_such_event");
+    capstan__metrics_add(m, CAPSTAN_METRIC_POISON_PILLS, 2);
     /* Different bytes that read alike are one series, not two with the
      * same labels. */
-    kiq__metrics_job(m, "X\xff", "q", 1, 0);
-    kiq__metrics_job(m, "X\xfe", "q", 1, 0);
-    kiq__metrics_lock_event(m, "t\xc0", "locked");
-    kiq_buf_t b = {0};
-    cr_assert_eq(kiq_metrics_render(m, &b), 0);
+    capstan__metrics_job(m, "X\xff", "q", 1, 0);
+    capstan__metrics_job(m, "X\xfe", "q", 1, 0);
+    capstan__metrics_lock_event(m, "t\xc0", "locked");
+    capstan_buf_t b = {0};
+    cr_assert_eq(capstan__metrics_render(m, &b), 0);
     const char *t = b.p;
     const char *cls = "class=\"We\\\"ird\\\\Job\\nX\"";
     char s[256];
-    snprintf(s, sizeof(s), "kiq_jobs_processed_total{%s,queue=\"q\"}", cls);
+    snprintf(s, sizeof(s), "capstan_jobs_processed_total{%s,queue=\"q\"}", cls);
     cr_assert_eq(value(t, s), 3, "%s", t);
-    snprintf(s, sizeof(s), "kiq_jobs_failed_total{%s,queue=\"q\"}", cls);
+    snprintf(s, sizeof(s), "capstan_jobs_failed_total{%s,queue=\"q\"}", cls);
     cr_assert_eq(value(t, s), 1, "%s", t);
     const struct { const char *le; int n; } want[] = {
         { "0.005", 1 }, { "0.1", 1 }, { "0.25", 2 }, { "60", 2 }, { "+Inf", 3 },
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-        snprintf(s, sizeof(s), "kiq_job_duration_seconds_bucket{%s,le=\"%s\"}", cls, want[i].le);
+        snprintf(s, sizeof(s), "capstan_job_duration_seconds_bucket{%s,le=\"%s\"}", cls, want[i].le);
         cr_assert_eq(value(t, s), want[i].n, "%s\n%s", s, t);
     }
-    snprintf(s, sizeof(s), "kiq_job_duration_seconds_sum{%s}", cls);
+    snprintf(s, sizeof(s), "capstan_job_duration_seconds_sum{%s}", cls);
     cr_assert_float_eq(value(t, s), 100.203, 1e-6);
-    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"until_executed\",event=\"denied\"}"), 2);
-    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"until_executed\",event=\"acquired\"}"), 1);
-    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"while_executing\",event=\"failures\"}"), 2);
-    cr_assert_eq(value(t, "kiq_poison_pills_total"), 2);
+    cr_assert_eq(value(t, "capstan_lock_events_total{type=\"until_executed\",event=\"denied\"}"), 2);
+    cr_assert_eq(value(t, "capstan_lock_events_total{type=\"until_executed\",event=\"acquired\"}"), 1);
+    cr_assert_eq(value(t, "capstan_lock_events_total{type=\"while_executing\",event=\"failures\"}"), 2);
+    cr_assert_eq(value(t, "capstan_poison_pills_total"), 2);
     cr_assert_null(strstr(t, "no_such_event"));
-    cr_assert_eq(value(t, "kiq_jobs_processed_total{class=\"X\xEF\xBF\xBD\",queue=\"q\"}"), 2,
+    cr_assert_eq(value(t, "capstan_jobs_processed_total{class=\"X\xEF\xBF\xBD\",queue=\"q\"}"), 2,
                  "%s", t);
-    cr_assert_eq(value(t, "kiq_job_duration_seconds_count{class=\"X\xEF\xBF\xBD\"}"), 2, "%s", t);
-    cr_assert_eq(value(t, "kiq_lock_events_total{type=\"t\xEF\xBF\xBD\",event=\"acquired\"}"), 1,
+    cr_assert_eq(value(t, "capstan_job_duration_seconds_count{class=\"X\xEF\xBF\xBD\"}"), 2, "%s", t);
+    cr_assert_eq(value(t, "capstan_lock_events_total{type=\"t\xEF\xBF\xBD\",event=\"acquired\"}"), 1,
                  "%s", t);
     cr_assert_eq(promtool(t), 0, "promtool rejected:\n%s", t);
-    kiq__buf_free(&b);
-    kiq_metrics_free(m);
+    capstan__buf_free(&b);
+    capstan__metrics_free(m);
 }

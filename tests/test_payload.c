@@ -2,25 +2,25 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "runtime/internal.h"
+#include "job/job.h"
 #include "support/payload.h"
-#include "kiq/config.h"
+#include "capstan/config.h"
 
-static char *edit(const char *s, const kiq_field_t *set, size_t n)
+static char *edit(const char *s, const capstan_field_t *set, size_t n)
 {
-    kiq_jobject_t o = {0};
-    cr_assert_eq(kiq__json_scan_object(s, strlen(s), &o, NULL), 0);
+    capstan_jobject_t o = {0};
+    cr_assert_eq(capstan__json_scan_object(s, strlen(s), &o, NULL), 0);
     char *out;
     size_t len;
-    cr_assert_eq(kiq__payload_edit(s, &o, set, n, &out, &len), 0);
+    cr_assert_eq(capstan__payload_edit(s, &o, set, n, &out, &len), 0);
     cr_assert_eq(len, strlen(out));
-    kiq__jobject_free(&o);
+    capstan__jobject_free(&o);
     return out;
 }
 
 Test(payload, edit_replaces_in_place_and_appends_new_fields)
 {
-    kiq_field_t set[] = { { "retry_count", "1", 0 }, { "error_class", "\"E\"", 0 },
+    capstan_field_t set[] = { { "retry_count", "1", 0 }, { "error_class", "\"E\"", 0 },
                           { "at", NULL, 0 } };
     char *out = edit("{\"a\":[1, 2],\"retry_count\":0,\"at\":1.5,\"z\":{\"k\":99999999999999999999999}}", set, 3);
     cr_assert_str_eq(out, "{\"a\":[1, 2],\"retry_count\":1,\"z\":{\"k\":99999999999999999999999},\"error_class\":\"E\"}");
@@ -30,66 +30,66 @@ Test(payload, edit_replaces_in_place_and_appends_new_fields)
 Test(payload, timestamps_in_both_formats)
 {
     char buf[32];
-    kiq__ts_json(buf, 1700000000.0, KIQ_TS_FLOAT);
+    capstan__ts_json(buf, 1700000000.0, CAPSTAN_TS_FLOAT);
     cr_assert(strchr(buf, '.'), "float seconds always carry a point: %s", buf);
-    kiq__ts_json(buf, 1700000000.25, KIQ_TS_MILLIS);
+    capstan__ts_json(buf, 1700000000.25, CAPSTAN_TS_MILLIS);
     cr_assert_str_eq(buf, "1700000000250");
-    cr_assert_float_eq(kiq__ts_parse("1700000000250", 13), 1700000000.25, 1e-6);
-    cr_assert_float_eq(kiq__ts_parse("1700000000.5", 12), 1700000000.5, 1e-6);
-    cr_assert_float_eq(kiq__ts_parse("1.7e9", 5), 1.7e9, 1e-6);
+    cr_assert_float_eq(capstan__ts_parse("1700000000250", 13), 1700000000.25, 1e-6);
+    cr_assert_float_eq(capstan__ts_parse("1700000000.5", 12), 1700000000.5, 1e-6);
+    cr_assert_float_eq(capstan__ts_parse("1.7e9", 5), 1.7e9, 1e-6);
 }
 
 Test(payload, jids_are_24_hex_and_distinct)
 {
     char a[25], b[25];
-    kiq__new_jid(a);
-    kiq__new_jid(b);
+    capstan__new_jid(a);
+    capstan__new_jid(b);
     cr_assert_eq(strlen(a), 24);
     cr_assert_eq(strspn(a, "0123456789abcdef"), 24);
     cr_assert_str_neq(a, b);
 }
 
-static kiq_job_t job_of(const char *s)
+static capstan_job_t job_of(const char *s)
 {
-    kiq_job_t job;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_job_init(&job, strdup(s), strlen(s), "default", err), 0, "%s", err);
+    capstan_job_t job;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__job_init(&job, strdup(s), strlen(s), "default", err), 0, "%s", err);
     return job;
 }
 
 Test(payload, job_init_reports_missing_class_or_jid)
 {
-    kiq_job_t job;
-    char err[KIQ_ERRLEN];
+    capstan_job_t job;
+    char err[CAPSTAN_ERRLEN];
     const char *s = "{\"jid\":\"abc\",\"args\":[]}";
-    cr_assert_eq(kiq_job_init(&job, strdup(s), strlen(s), "q", err), KIQ_EINVAL);
+    cr_assert_eq(capstan__job_init(&job, strdup(s), strlen(s), "q", err), CAPSTAN_EINVAL);
     cr_assert(strstr(err, "class"));
-    kiq_job_clear(&job);
+    capstan__job_clear(&job);
     s = "not json";
-    cr_assert_eq(kiq_job_init(&job, strdup(s), strlen(s), "q", err), KIQ_EPARSE);
-    kiq_job_clear(&job);
+    cr_assert_eq(capstan__job_init(&job, strdup(s), strlen(s), "q", err), CAPSTAN_EPARSE);
+    capstan__job_clear(&job);
 }
 
 Test(payload, the_error_a_handler_gave_is_readable)
 {
-    kiq_job_t job = job_of("{\"class\":\"A\",\"jid\":\"j\",\"args\":[]}");
-    cr_assert_null(kiq_job_error_class(&job));
-    cr_assert_null(kiq_job_error_message(&job));
-    cr_assert_eq(kiq_job_fail(&job, "ArgumentError", "need %d args", 2), KIQ_EJOB);
-    cr_assert_str_eq(kiq_job_error_class(&job), "ArgumentError");
-    cr_assert_str_eq(kiq_job_error_message(&job), "need 2 args");
-    kiq_job_fail(&job, NULL, "again");
-    cr_assert_str_eq(kiq_job_error_class(&job), "RuntimeError");
-    kiq_job_clear(&job);
+    capstan_job_t job = job_of("{\"class\":\"A\",\"jid\":\"j\",\"args\":[]}");
+    cr_assert_null(capstan_job_error_class(&job));
+    cr_assert_null(capstan_job_error_message(&job));
+    cr_assert_eq(capstan_job_fail(&job, "ArgumentError", "need %d args", 2), CAPSTAN_EJOB);
+    cr_assert_str_eq(capstan_job_error_class(&job), "ArgumentError");
+    cr_assert_str_eq(capstan_job_error_message(&job), "need 2 args");
+    capstan_job_fail(&job, NULL, "again");
+    cr_assert_str_eq(capstan_job_error_class(&job), "RuntimeError");
+    capstan__job_clear(&job);
 }
 
 Test(payload, first_failure_sets_failed_at_and_count_zero)
 {
-    kiq_config_t *cfg = kiq_config_new();
-    kiq_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[18446744073709551616],\"class\":\"A\",\"jid\":\"j\",\"custom\":{\"x\":1}}");
-    kiq_failure_t f;
-    cr_assert_eq(kiq_retry_decide(&job, "RuntimeError", "boom \"quoted\"", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
-    cr_assert_eq(f.fate, KIQ_FATE_RETRY);
+    capstan_config_t *cfg = capstan_config_new();
+    capstan_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[18446744073709551616],\"class\":\"A\",\"jid\":\"j\",\"custom\":{\"x\":1}}");
+    capstan_failure_t f;
+    cr_assert_eq(capstan__retry_decide(&job, "RuntimeError", "boom \"quoted\"", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     cr_assert(f.score >= 1015.0 && f.score < 1025.0, "15 + rand(10)*(0+1): %f", f.score);
     cr_assert(strstr(f.payload, "\"args\":[18446744073709551616]"), "%s", f.payload);
     cr_assert(strstr(f.payload, "\"custom\":{\"x\":1}"));
@@ -98,31 +98,31 @@ Test(payload, first_failure_sets_failed_at_and_count_zero)
     cr_assert(strstr(f.payload, "\"error_message\":\"boom \\\"quoted\\\"\""));
     cr_assert(strstr(f.payload, "\"error_class\":\"RuntimeError\""));
     cr_assert_null(strstr(f.payload, "retried_at"));
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
-    kiq_config_free(cfg);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    capstan_config_free(cfg);
 }
 
 Test(payload, later_failures_count_up_and_exhaust_to_dead)
 {
-    kiq_config_t *cfg = kiq_config_new();
-    kiq_job_t job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":0,\"failed_at\":5.0}");
-    kiq_failure_t f;
-    cr_assert_eq(kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
-    cr_assert_eq(f.fate, KIQ_FATE_RETRY);
+    capstan_config_t *cfg = capstan_config_new();
+    capstan_job_t job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":0,\"failed_at\":5.0}");
+    capstan_failure_t f;
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     cr_assert(f.score >= 1000.0 + 16 && f.score < 1000.0 + 16 + 20);
     cr_assert(strstr(f.payload, "\"retry_count\":1") && strstr(f.payload, "\"retried_at\":"));
     cr_assert(strstr(f.payload, "\"failed_at\":5.0"), "failed_at is kept");
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
 
     job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":1}");
-    cr_assert_eq(kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
-    cr_assert_eq(f.fate, KIQ_FATE_DEAD, "retry: 2 allows two retries");
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "retry: 2 allows two retries");
     cr_assert_float_eq(f.score, 1000.0, 1e-9);
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
-    kiq_config_free(cfg);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    capstan_config_free(cfg);
 }
 
 /* Ruby's Integer does not overflow: a retry_count at the top of the range
@@ -130,88 +130,88 @@ Test(payload, later_failures_count_up_and_exhaust_to_dead)
  * years. A negative one counts as absent (a first failure). */
 Test(payload, absurd_retry_counts_are_exhausted_or_restart)
 {
-    kiq_config_t *cfg = kiq_config_new();
-    kiq_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
-                           "\"retry_count\":9223372036854775807}");
-    kiq_failure_t f;
-    cr_assert_eq(kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
-    cr_assert_eq(f.fate, KIQ_FATE_DEAD, "fate %d score %g: %s", f.fate, f.score, f.payload);
+    capstan_config_t *cfg = capstan_config_new();
+    capstan_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
+                               "\"retry_count\":9223372036854775807}");
+    capstan_failure_t f;
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "fate %d score %g: %s", f.fate, f.score, f.payload);
     cr_assert_float_eq(f.score, 1000.0, 1e-9);
     cr_assert(strstr(f.payload, "\"retry_count\":9223372036854775807"), "%s", f.payload);
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
 
     job = job_of("{\"retry\":3,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
                  "\"retry_count\":-9223372036854775808}");
-    cr_assert_eq(kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.0, &f), 0);
-    cr_assert_eq(f.fate, KIQ_FATE_RETRY);
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     cr_assert(f.score >= 1015.0 && f.score < 1025.0, "a first retry's delay: %f", f.score);
     cr_assert(strstr(f.payload, "\"retry_count\":0") && strstr(f.payload, "\"failed_at\":"),
               "%s", f.payload);
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
-    kiq_config_free(cfg);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    capstan_config_free(cfg);
 }
 
 Test(payload, retry_zero_false_and_dead_false)
 {
-    kiq_config_t *cfg = kiq_config_new();
-    kiq_failure_t f;
-    kiq_job_t job = job_of("{\"retry\":0,\"class\":\"A\",\"jid\":\"j\"}");
-    kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1.0, &f);
-    cr_assert_eq(f.fate, KIQ_FATE_DEAD, "retry: 0 goes straight to dead");
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
+    capstan_config_t *cfg = capstan_config_new();
+    capstan_failure_t f;
+    capstan_job_t job = job_of("{\"retry\":0,\"class\":\"A\",\"jid\":\"j\"}");
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1.0, &f);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "retry: 0 goes straight to dead");
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
     job = job_of("{\"retry\":false,\"class\":\"A\",\"jid\":\"j\"}");
-    kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1.0, &f);
-    cr_assert_eq(f.fate, KIQ_FATE_DROP);
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1.0, &f);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DROP);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
     job = job_of("{\"retry\":0,\"dead\":false,\"class\":\"A\",\"jid\":\"j\"}");
-    kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1.0, &f);
-    cr_assert_eq(f.fate, KIQ_FATE_DROP, "dead: false keeps it out of the morgue");
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1.0, &f);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DROP, "dead: false keeps it out of the morgue");
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
     job = job_of("{\"class\":\"A\",\"jid\":\"j\"}");
-    kiq_retry_decide(&job, "E", "m", KIQ_RETRY_NONE, cfg, 1.0, &f);
-    cr_assert_eq(f.fate, KIQ_FATE_DROP, "the class option applies when the payload has no retry");
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
-    kiq_config_free(cfg);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_NONE, cfg, 1.0, &f);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DROP, "the class option applies when the payload has no retry");
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    capstan_config_free(cfg);
 }
 
 Test(payload, retry_queue_and_millis_timestamps)
 {
-    kiq_config_t *cfg = kiq_config_new();
-    cfg->timestamps = KIQ_TS_MILLIS;
-    kiq_failure_t f;
-    kiq_job_t job = job_of("{\"queue\":\"a\",\"retry_queue\":\"slow\",\"class\":\"A\",\"jid\":\"j\"}");
-    kiq_retry_decide(&job, "E", "m", KIQ_RETRY_UNSET, cfg, 1000.5, &f);
+    capstan_config_t *cfg = capstan_config_new();
+    cfg->timestamps = CAPSTAN_TS_MILLIS;
+    capstan_failure_t f;
+    capstan_job_t job = job_of("{\"queue\":\"a\",\"retry_queue\":\"slow\",\"class\":\"A\",\"jid\":\"j\"}");
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.5, &f);
     cr_assert(strstr(f.payload, "\"queue\":\"slow\""), "%s", f.payload);
     cr_assert(strstr(f.payload, "\"failed_at\":1000500"), "%s", f.payload);
-    kiq_failure_clear(&f);
-    kiq_job_clear(&job);
-    kiq_config_free(cfg);
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    capstan_config_free(cfg);
 }
 
 Test(payload, invalid_payloads_become_readable_dead_entries)
 {
-    kiq_config_t *cfg = kiq_config_new();
-    kiq_failure_t f;
-    cr_assert_eq(kiq_retry_invalid("{oops", 5, "q", "invalid JSON at byte 1", cfg, 1.0, &f), 0);
-    cr_assert_eq(f.fate, KIQ_FATE_DEAD);
+    capstan_config_t *cfg = capstan_config_new();
+    capstan_failure_t f;
+    cr_assert_eq(capstan__retry_invalid("{oops", 5, "q", "invalid JSON at byte 1", cfg, 1.0, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD);
     cr_assert(strstr(f.payload, "\"args\":[\"{oops\"]"), "%s", f.payload);
-    cr_assert(strstr(f.payload, "\"error_class\":\"Kiq::InvalidPayload\""));
-    cr_assert_eq(kiq__json_validate(f.payload, f.len, NULL), 0);
-    kiq_failure_clear(&f);
+    cr_assert(strstr(f.payload, "\"error_class\":\"Capstan::InvalidPayload\""));
+    cr_assert_eq(capstan__json_validate(f.payload, f.len, NULL), 0);
+    capstan__failure_clear(&f);
 
-    cr_assert_eq(kiq_retry_invalid("\xff\xfe", 2, "q", "bad", cfg, 1.0, &f), 0);
+    cr_assert_eq(capstan__retry_invalid("\xff\xfe", 2, "q", "bad", cfg, 1.0, &f), 0);
     cr_assert(strstr(f.payload, "\"payload_base64\":\"//4=\""), "%s", f.payload);
-    kiq_failure_clear(&f);
+    capstan__failure_clear(&f);
 
     const char *noclass = "{\"jid\":\"abc\",\"args\":[1]}";
-    cr_assert_eq(kiq_retry_invalid(noclass, strlen(noclass), "q", "no class", cfg, 1.0, &f), 0);
+    cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", cfg, 1.0, &f), 0);
     cr_assert(strncmp(f.payload, "{\"jid\":\"abc\",\"args\":[1],", 24) == 0, "%s", f.payload);
-    kiq_failure_clear(&f);
-    kiq_config_free(cfg);
+    capstan__failure_clear(&f);
+    capstan_config_free(cfg);
 }

@@ -56,10 +56,10 @@ Test(prefetch, two_saturated_processes_share_one_queue)
 {
     enum { N = 4000 };
     const char *args[] = { "-c", "5", NULL };
-    pid_t a = kt_kiq_start(args), b = kt_kiq_start(args);
+    pid_t a = kt_capstan_start(args), b = kt_capstan_start(args);
     /* Both wait on the queue before the first job comes. */
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s\n%s", kt_kiq_log(a),
-              kt_kiq_log(b));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s\n%s", kt_capstan_log(a),
+              kt_capstan_log(b));
     /* All in one command: the first process to look finds them all. */
     char **p = payloads("SleepJob", "[1]", 1, N);
     const char **argv = calloc(N + 2, sizeof(char *));
@@ -72,8 +72,8 @@ Test(prefetch, two_saturated_processes_share_one_queue)
     /* The queue empties before the last jobs fetched have run. */
     cr_assert(KT_WAIT_UNTIL(done_in_log(a) + done_in_log(b) >= N, 30), "not drained: %d + %d",
               done_in_log(a), done_in_log(b));
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 15), 0, "%s", kt_kiq_log(a));
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0, "%s", kt_kiq_log(b));
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 15), 0, "%s", kt_capstan_log(a));
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 15), 0, "%s", kt_capstan_log(b));
     int ra = done_in_log(a), rb = done_in_log(b);
     fprintf(stderr, "[prefetch] %d jobs: %d in A, %d in B\n", N, ra, rb);
     cr_assert_eq(ra + rb, N, "every job ran once: %d + %d", ra, rb);
@@ -98,7 +98,7 @@ static long index_of(char **p, long n, const char *raw, size_t len)
  * jobs that had not started went back ..." counts N. */
 static long given_back(pid_t pid)
 {
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     long n = 0;
     for (char *l = log; l && (l = strstr(l, "had not started went back to queue:default")); l++) {
         char *start = l;
@@ -118,7 +118,7 @@ static long given_back(pid_t pid)
  * digits, kt_make_jid): adds 1 to ran[i] for each. */
 static void count_done(pid_t pid, int *ran, long n)
 {
-    char *log = kt_kiq_log(pid), *save = NULL;
+    char *log = kt_capstan_log(pid), *save = NULL;
     for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *at = strstr(line, " jid=");
         if (!at || !strstr(line, "INFO: done"))
@@ -141,7 +141,7 @@ static void term_mid_drain(int in_order, int slow, const char *lock)
 {
     enum { N = 20000 };
     redisContext *c = kt_redis();
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     /* Half the jobs take a millisecond, so the processors are busy while
      * jobs wait in the feed; the others none, so many are fetched ahead.
@@ -158,8 +158,8 @@ static void term_mid_drain(int in_order, int slow, const char *lock)
     }
     kt_push_all(c, "default", p, N);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - (slow ? N / 40 : N / 10), 30),
-              "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN %s", w), 0, "the working list is empty after exit");
 
     char *state = calloc(N, 1); /* 'r' ran, 'q' waits in the queue */
@@ -290,21 +290,21 @@ static int cmp_double(const void *a, const void *b)
 static void idle_push_to_start(const char *conc)
 {
     enum { PUSHES = 20 };
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", conc, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", conc, NULL });
     char *id = kt_wait_identity(pid), *w = kt_working_key(id);
     double lat[PUSHES];
     for (int i = 0; i < PUSHES; i++) {
         /* Idle: nothing fetched, nothing running, nothing to ack, for a
          * while (any pause after a job has passed), and for a time that
          * varies so that no poll lines up with the pushes. */
-        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 10), "%s", kt_kiq_log(pid));
+        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 10), "%s", kt_capstan_log(pid));
         kt_sleep(0.05 + 0.01 * (i * 7 % PUSHES));
         char jid[25];
         kt_make_jid(jid, 3, (unsigned)i);
         char *raw = kt_payload("LimitJob", "[\"lat\", 0]", jid, "default");
         long long pushed = push_at(raw);
         free(raw);
-        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN lat:starts") == i + 1, 10), "%s", kt_kiq_log(pid));
+        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN lat:starts") == i + 1, 10), "%s", kt_capstan_log(pid));
         long long started = kt_int("LINDEX lat:starts -1");
         /* The start is in whole milliseconds (floored). */
         lat[i] = (double)started - (double)pushed / 1000.0;
@@ -314,7 +314,7 @@ static void idle_push_to_start(const char *conc)
             "max %.1f ms\n", conc, lat[0], lat[PUSHES / 2], lat[PUSHES - 1]);
     cr_assert_lt(lat[PUSHES / 2], 20.0, "-c %s: p50 push to start %.1f ms", conc,
                  lat[PUSHES / 2]);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
     free(w);
     free(id);
 }
@@ -336,7 +336,7 @@ Test(prefetch, a_bad_prefetch_exits_78_naming_it)
     const char *bad[] = { "-1", "x", "100001" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char *out = NULL;
-        int st = kt_kiq_run((const char *[]){ "run", "--prefetch", bad[i], NULL }, &out);
+        int st = kt_capstan_run((const char *[]){ "run", "--prefetch", bad[i], NULL }, &out);
         cr_assert_eq(st, 78, "--prefetch %s: exit %d: %s", bad[i], st, out);
         cr_assert(strstr(out, "--prefetch:"), "%s", out);
         free(out);
@@ -345,7 +345,7 @@ Test(prefetch, a_bad_prefetch_exits_78_naming_it)
         snprintf(body, sizeof(body), "concurrency: 2\nprefetch: %s\n", bad[i]);
         char *y = kt_write_file("bad.yml", body), *want = NULL;
         cr_assert(asprintf(&want, "%s:2: prefetch:", y) > 0);
-        st = kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out);
+        st = kt_capstan_run((const char *[]){ "run", "-C", y, NULL }, &out);
         cr_assert_eq(st, 78, "prefetch: %s: exit %d: %s", bad[i], st, out);
         cr_assert(strstr(out, want), "expected %s in: %s", want, out);
         free(out);
@@ -371,7 +371,7 @@ static const char unstarted_script[] =
 Test(prefetch, the_prefetch_setting_bounds_what_a_process_holds)
 {
     enum { N = 10000, PREFETCH = 5, CONC = 1, DEEP = 100 };
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", "--prefetch", "5", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "--prefetch", "5", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     char **p = payloads("RecordJob", "[\"rec\"]", 4, N);
     kt_push_all(kt_redis(), "default", p, N);
@@ -396,8 +396,8 @@ Test(prefetch, the_prefetch_setting_bounds_what_a_process_holds)
             "%ld in the working list\n", PREFETCH, CONC, samples, most, most_held);
     cr_assert_geq(samples, 20, "the queue drained before it could be watched");
     cr_assert_leq(most, PREFETCH + CONC, "%ld jobs fetched and not started", most);
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == N, 30), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == N, 30), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
     free(w);
     free(id);
 }
@@ -407,7 +407,7 @@ Test(prefetch, the_prefetch_setting_bounds_what_a_process_holds)
 Test(prefetch, a_long_job_never_holds_short_ones_back)
 {
     enum { SHORT = 50 };
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", NULL });
     free(kt_wait_identity(pid));
     /* One LPUSH: the long job is fetched first, the short ones with it or
      * right behind it. */
@@ -423,15 +423,15 @@ Test(prefetch, a_long_job_never_holds_short_ones_back)
     kt_push_all(kt_redis(), "default", p, SHORT + 1);
     free_all(p, SHORT + 1);
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD short") == SHORT, 10), "%lld short jobs done: %s",
-              kt_int("SCARD short"), kt_kiq_log(pid));
+              kt_int("SCARD short"), kt_capstan_log(pid));
     double took = kt_now() - t0;
     cr_assert_eq(kt_int("GET long:running"), 1, "the long job is still running");
     cr_assert_eq(kt_int("LLEN long:log"), 0, "the long job has not finished");
     fprintf(stderr, "[prefetch] %d short jobs done %.3f s after the push, beside a 3 s job\n",
             SHORT, took);
     cr_assert_lt(took, 2.0, "the short jobs waited %.2f s", took);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN long:log") == 1, 10), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN long:log") == 1, 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
 }
 
 /* n until_and_while_executing payloads (jid tag 5), half of them 1 ms
@@ -471,11 +471,11 @@ static void push_uawe(long n, long refuse)
 Test(prefetch, term_leaves_every_queued_until_and_while_job_its_until_lock)
 {
     enum { N = 20000 };
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
     push_uawe(N, 4);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - N / 10, 30), "%s",
-              kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+              kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     redisReply *q = kt_cmd("LRANGE queue:default 0 -1");
     long missing = 0;
     for (size_t k = 0; k < q->elements; k++) {
@@ -496,16 +496,16 @@ Test(prefetch, term_leaves_every_queued_until_and_while_job_its_until_lock)
 Test(prefetch, a_rolling_deploy_with_runtime_locks_leaves_no_lock)
 {
     enum { N = 20000 };
-    pid_t a = kt_kiq_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-c", "10", "--prefetch", "2000", NULL });
     push_uawe(N, 0);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - N / 10, 30), "%s", kt_kiq_log(a));
-    pid_t b = kt_kiq_start((const char *[]){ "-c", "10", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s", kt_kiq_log(b));
-    cr_assert_eq(kt_kiq_stop(a, SIGTERM, 20), 0, "%s", kt_kiq_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") <= N - N / 10, 30), "%s", kt_capstan_log(a));
+    pid_t b = kt_capstan_start((const char *[]){ "-c", "10", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s", kt_capstan_log(b));
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 20), 0, "%s", kt_capstan_log(a));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0
                             && done_in_log(a) + done_in_log(b) >= N, 60),
               "%d + %d of %d ran", done_in_log(a), done_in_log(b), N);
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 20), 0, "%s", kt_kiq_log(b));
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 20), 0, "%s", kt_capstan_log(b));
     int *ran = calloc(N, sizeof(int));
     count_done(a, ran, N);
     count_done(b, ran, N);

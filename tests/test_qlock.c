@@ -1,6 +1,6 @@
 /* Queued (FIFO) locks: the gem's key layout, one-step attempts, owner-checked
  * release and extend, fencing tokens, dead waiters, interop with the Ruby
- * gem's layout, and `kiq lock` from the shell. */
+ * gem's layout, and `capstan lock` from the shell. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -16,26 +16,26 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/qlock.h"
-#include "kiq/redis.h"
+#include "capstan/qlock.h"
+#include "capstan/redis.h"
 
 TestSuite(qlock, .timeout = 120, .fini = kt_kill_children);
 
-static kiq_redis_t *conn_new(const char *url)
+static capstan_redis_t *conn_new(const char *url)
 {
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(url, 10, err);
-    if (!r || kiq_redis_connect(r)) {
-        kiq_redis_free(r);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(url, 10, err);
+    if (!r || capstan_redis_connect(r)) {
+        capstan_redis_free(r);
         return NULL;
     }
     return r;
 }
 
-static kiq_qlock_client_t *client(const char *identity)
+static capstan_qlock_client_t *client(const char *identity)
 {
-    char err[KIQ_ERRLEN];
-    kiq_qlock_client_t *c = kiq_qlock_client_new(identity, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_client_t *c = capstan_qlock_client_new(identity, err);
     cr_assert_not_null(c, "%s", err);
     return c;
 }
@@ -66,7 +66,7 @@ struct events {
     int n;
 };
 
-static void on_event(const kiq_qlock_event_t *ev, void *udata)
+static void on_event(const capstan_qlock_event_t *ev, void *udata)
 {
     struct events *e = udata;
     pthread_mutex_lock(&e->mu);
@@ -88,19 +88,19 @@ static void on_event(const kiq_qlock_event_t *ev, void *udata)
 
 Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
     struct events ev = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    kiq_qlock_client_on_event(c, on_event, &ev);
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_qlock_client_on_event(c, on_event, &ev);
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 3000;
     o.meta = (const char *[]){ "job", "ReportJob", "shard", "7", NULL };
     o.instrument = "{\"x\":1}";
-    kiq_qlock_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_qlock_result_t res;
+    char err[CAPSTAN_ERRLEN];
     double before = wall();
-    cr_assert_eq(kiq_qlock_lock(c, r, "report", &o, &res, err), 0, "%s", err);
-    cr_assert_eq(res.status, KIQ_QLOCK_OBTAINED);
+    cr_assert_eq(capstan_qlock_lock(c, r, "report", &o, &res, err), 0, "%s", err);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_OBTAINED);
     cr_assert_eq(res.fence, 1);
     cr_assert_eq(res.tries, 1);
     cr_assert_str_eq(res.lock_key, "rql:lock:report");
@@ -127,7 +127,7 @@ Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
     cr_assert(atof(s) > before - 2 && atof(s) < wall() + 2, "ts %s", s);
     free(s);
     cr_assert_eq(kt_int("HGET rql:lock:report ini_ttl"), 3000);
-    cr_assert_eq(kt_int("HGET rql:lock:report kiq_fence"), 1);
+    cr_assert_eq(kt_int("HGET rql:lock:report capstan_fence"), 1);
     s = kt_str("HGET rql:lock:report job");
     cr_assert_str_eq(s, "ReportJob");
     free(s);
@@ -137,13 +137,13 @@ Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
     cr_assert_eq(kt_int("GET rql:fence:report"), 1);
     cr_assert_eq(kt_int("TTL rql:fence:report"), -1, "the counter never expires");
 
-    cr_assert_eq(kiq_qlock_release(c, r, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_release(c, r, &res, err), 0, "%s", err);
     cr_assert_eq(kt_int("EXISTS rql:lock:report"), 0);
-    kiq_qlock_result_t res2;
-    cr_assert_eq(kiq_qlock_lock(c, r, "report", &o, &res2, err), 0, "%s", err);
+    capstan_qlock_result_t res2;
+    cr_assert_eq(capstan_qlock_lock(c, r, "report", &o, &res2, err), 0, "%s", err);
     cr_assert_eq(res2.fence, 2, "tokens grow with each grant");
     cr_assert(res2.ts >= res.ts);
-    cr_assert_eq(kiq_qlock_release(c, r, &res2, err), 0);
+    cr_assert_eq(capstan_qlock_release(c, r, &res2, err), 0);
 
     cr_assert_eq(ev.n, 4);
     cr_assert_str_eq(ev.names[0], "redis_queued_locks.lock_obtained");
@@ -154,81 +154,81 @@ Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
 
     /* The gem's reserved fields cannot be metadata. */
     o.meta = (const char *[]){ "ts", "1", NULL };
-    cr_assert_eq(kiq_qlock_lock(c, r, "report", &o, &res, err), KIQ_EINVAL);
+    cr_assert_eq(capstan_qlock_lock(c, r, "report", &o, &res, err), CAPSTAN_EINVAL);
     cr_assert(strstr(err, "reserved"), "%s", err);
     o.meta = (const char *[]){ "lonely", NULL };
-    cr_assert_eq(kiq_qlock_lock(c, r, "report", &o, &res, err), KIQ_EINVAL);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_qlock_lock(c, r, "report", &o, &res, err), CAPSTAN_EINVAL);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 Test(qlock, results_say_why_the_lock_was_not_obtained)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *holder = client("aaaaaaaaaaaaaaaa"), *other = client("bbbbbbbbbbbbbbbb");
-    kiq_qlock_result_t held, res;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *holder = client("aaaaaaaaaaaaaaaa"), *other = client("bbbbbbbbbbbbbbbb");
+    capstan_qlock_result_t held, res;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 20000;
-    cr_assert_eq(kiq_qlock_lock(holder, r, "busy", &o, &held, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_lock(holder, r, "busy", &o, &held, err), 0, "%s", err);
 
-    kiq_qlock_opts_t ff = o;
+    capstan_qlock_opts_t ff = o;
     ff.fail_fast = 1;
-    cr_assert_eq(kiq_qlock_lock(other, r, "busy", &ff, &res, err), KIQ_EDENIED);
-    cr_assert_eq(res.status, KIQ_QLOCK_FAIL_FAST_NO_TRY);
-    cr_assert_str_eq(kiq_qlock_status_name(res.status), "fail_fast_no_try");
+    cr_assert_eq(capstan_qlock_lock(other, r, "busy", &ff, &res, err), CAPSTAN_EDENIED);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_FAIL_FAST_NO_TRY);
+    cr_assert_str_eq(capstan_qlock_status_name(res.status), "fail_fast_no_try");
     cr_assert_eq(kt_int("EXISTS rql:lock_queue:busy"), 0, "never queued");
 
-    kiq_qlock_opts_t rl = o;
+    capstan_qlock_opts_t rl = o;
     rl.retry_count = 2;
     rl.retry_delay = 10;
     rl.retry_jitter = 0;
-    cr_assert_eq(kiq_qlock_lock(other, r, "busy", &rl, &res, err), KIQ_EDENIED);
-    cr_assert_eq(res.status, KIQ_QLOCK_RETRY_LIMIT);
+    cr_assert_eq(capstan_qlock_lock(other, r, "busy", &rl, &res, err), CAPSTAN_EDENIED);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_RETRY_LIMIT);
     cr_assert_eq(res.tries, 2, "retry_count counts attempts in all");
     cr_assert_eq(kt_int("EXISTS rql:lock_queue:busy"), 0, "left the queue on giving up");
 
-    kiq_qlock_opts_t to = o;
-    to.retry_count = KIQ_QLOCK_UNLIMITED;
+    capstan_qlock_opts_t to = o;
+    to.retry_count = CAPSTAN_QLOCK_UNLIMITED;
     to.timeout = 0.3;
     to.retry_delay = 20;
     double t0 = kt_now();
-    cr_assert_eq(kiq_qlock_lock(other, r, "busy", &to, &res, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_qlock_lock(other, r, "busy", &to, &res, err), CAPSTAN_EDENIED);
     double took = kt_now() - t0;
-    cr_assert_eq(res.status, KIQ_QLOCK_TIMEOUT);
-    cr_assert_str_eq(kiq_qlock_status_name(res.status), "timeout_reached");
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_TIMEOUT);
+    cr_assert_str_eq(capstan_qlock_status_name(res.status), "timeout_reached");
     cr_assert(took >= 0.29 && took < 2, "took %f", took);
     cr_assert(res.tries > 3, "tries %d", res.tries);
     cr_assert_eq(kt_int("EXISTS rql:lock_queue:busy"), 0);
 
     /* fail_fast after a try: the lock is free but someone is ahead. */
-    cr_assert_eq(kiq_qlock_release(holder, r, &held, err), 0);
+    cr_assert_eq(capstan_qlock_release(holder, r, &held, err), 0);
     kt_cmd("ZADD rql:lock_queue:busy %f rql:acq:1/2/0/0/cccccccccccccccc", wall());
-    cr_assert_eq(kiq_qlock_lock(other, r, "busy", &ff, &res, err), KIQ_EDENIED);
-    cr_assert_eq(res.status, KIQ_QLOCK_FAIL_FAST_AFTER_TRY);
+    cr_assert_eq(capstan_qlock_lock(other, r, "busy", &ff, &res, err), CAPSTAN_EDENIED);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_FAIL_FAST_AFTER_TRY);
     cr_assert_eq(kt_int("ZCARD rql:lock_queue:busy"), 1, "only the other waiter is left");
-    kiq_qlock_client_free(holder);
-    kiq_qlock_client_free(other);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(holder);
+    capstan_qlock_client_free(other);
+    capstan_redis_free(r);
 }
 
 Test(qlock, an_expired_holder_cannot_release_or_extend_the_next_holders_lock)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *a = client("aaaaaaaaaaaaaaaa"), *b = client("bbbbbbbbbbbbbbbb");
-    kiq_qlock_result_t ra, rb, ra2;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *a = client("aaaaaaaaaaaaaaaa"), *b = client("bbbbbbbbbbbbbbbb");
+    capstan_qlock_result_t ra, rb, ra2;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 150;
-    cr_assert_eq(kiq_qlock_lock(a, r, "lease", &o, &ra, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_lock(a, r, "lease", &o, &ra, err), 0, "%s", err);
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS rql:lock:lease") == 0, 3));
     o.ttl = 5000;
-    cr_assert_eq(kiq_qlock_lock(b, r, "lease", &o, &rb, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_lock(b, r, "lease", &o, &rb, err), 0, "%s", err);
     cr_assert_gt(rb.fence, ra.fence);
 
-    cr_assert_eq(kiq_qlock_release(a, r, &ra, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_qlock_release(a, r, &ra, err), CAPSTAN_EDENIED);
     cr_assert(strstr(err, "no longer held"), "%s", err);
-    cr_assert_eq(kiq_qlock_extend(r, &ra, 60000, 0, NULL, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_qlock_extend(r, &ra, 60000, 0, NULL, err), CAPSTAN_EDENIED);
     char *holder = kt_str("HGET rql:lock:lease acq_id");
     cr_assert_str_eq(holder, rb.acq_id, "b still holds it");
     free(holder);
@@ -237,30 +237,30 @@ Test(qlock, an_expired_holder_cannot_release_or_extend_the_next_holders_lock)
 
     /* The holder itself extends (adding, as the gem) and refreshes. */
     long long left = 0;
-    cr_assert_eq(kiq_qlock_extend(r, &rb, 10000, 0, &left, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_extend(r, &rb, 10000, 0, &left, err), 0, "%s", err);
     cr_assert(left > 10000 && left <= 15000, "%lld", left);
-    cr_assert_eq(kiq_qlock_extend(r, &rb, 2000, 1, &left, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_extend(r, &rb, 2000, 1, &left, err), 0, "%s", err);
     cr_assert_eq(left, 2000);
     cr_assert(kt_int("PTTL rql:lock:lease") <= 2000);
-    cr_assert_eq(kiq_qlock_release(b, r, &rb, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_release(b, r, &rb, err), 0, "%s", err);
 
     /* Same acquirer, later grant: the stale result's token no longer fits. */
     o.ttl = 150;
-    cr_assert_eq(kiq_qlock_lock(a, r, "lease", &o, &ra, err), 0);
+    cr_assert_eq(capstan_qlock_lock(a, r, "lease", &o, &ra, err), 0);
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS rql:lock:lease") == 0, 3));
     o.ttl = 5000;
-    cr_assert_eq(kiq_qlock_lock(a, r, "lease", &o, &ra2, err), 0);
+    cr_assert_eq(capstan_qlock_lock(a, r, "lease", &o, &ra2, err), 0);
     cr_assert_str_eq(ra.acq_id, ra2.acq_id);
-    cr_assert_eq(kiq_qlock_release(a, r, &ra, err), KIQ_EDENIED, "an old grant cannot release a new one");
-    cr_assert_eq(kiq_qlock_extend(r, &ra, 1000, 0, NULL, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_qlock_release(a, r, &ra, err), CAPSTAN_EDENIED, "an old grant cannot release a new one");
+    cr_assert_eq(capstan_qlock_extend(r, &ra, 1000, 0, NULL, err), CAPSTAN_EDENIED);
     cr_assert_eq(kt_int("EXISTS rql:lock:lease"), 1);
-    cr_assert_eq(kiq_qlock_release(a, r, &ra2, err), 0);
-    kiq_qlock_client_free(a);
-    kiq_qlock_client_free(b);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_qlock_release(a, r, &ra2, err), 0);
+    capstan_qlock_client_free(a);
+    capstan_qlock_client_free(b);
+    capstan_redis_free(r);
 }
 
-static int check_held(const kiq_qlock_result_t *res, void *udata)
+static int check_held(const capstan_qlock_result_t *res, void *udata)
 {
     char *holder = kt_str("HGET %s acq_id", res->lock_key);
     int ok = holder && strcmp(holder, res->acq_id) == 0;
@@ -271,7 +271,7 @@ static int check_held(const kiq_qlock_result_t *res, void *udata)
 
 static atomic_int slow_done;
 
-static int slow(const kiq_qlock_result_t *res, void *udata)
+static int slow(const capstan_qlock_result_t *res, void *udata)
 {
     (void)res;
     (void)udata;
@@ -282,13 +282,13 @@ static int slow(const kiq_qlock_result_t *res, void *udata)
 
 Test(qlock, run_holds_the_lock_around_the_function_and_timed_stops_waiting)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t res;
+    char err[CAPSTAN_ERRLEN];
     int held = 0, rc = 0;
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
-    cr_assert_eq(kiq_qlock_run(c, r, "job", &o, check_held, &held, &res, &rc, err), 0, "%s", err);
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
+    cr_assert_eq(capstan_qlock_run(c, r, "job", &o, check_held, &held, &res, &rc, err), 0, "%s", err);
     cr_assert_eq(held, 1, "the function ran under the lock");
     cr_assert_eq(rc, 42);
     cr_assert_eq(res.lost, 0);
@@ -297,7 +297,7 @@ Test(qlock, run_holds_the_lock_around_the_function_and_timed_stops_waiting)
     o.timed = 1;
     o.ttl = 200;
     double t0 = kt_now();
-    cr_assert_eq(kiq_qlock_run(c, r, "job", &o, slow, NULL, &res, &rc, err), KIQ_EJOB);
+    cr_assert_eq(capstan_qlock_run(c, r, "job", &o, slow, NULL, &res, &rc, err), CAPSTAN_EJOB);
     double took = kt_now() - t0;
     cr_assert(took < 0.45, "stopped waiting at the ttl, not the function's end: %f", took);
     cr_assert(strstr(err, "still running"), "%s", err);
@@ -307,25 +307,25 @@ Test(qlock, run_holds_the_lock_around_the_function_and_timed_stops_waiting)
 
     /* Timed, finishing in time. */
     o.ttl = 2000;
-    cr_assert_eq(kiq_qlock_run(c, r, "job", &o, check_held, &held, &res, &rc, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_run(c, r, "job", &o, check_held, &held, &res, &rc, err), 0, "%s", err);
     cr_assert_eq(rc, 42);
     cr_assert_eq(held, 1);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 /* --- FIFO and exclusion ------------------------------------------------ */
 
 struct waiter {
     const char *url;
-    kiq_qlock_client_t *c;
-    kiq_qlock_opts_t o;
+    capstan_qlock_client_t *c;
+    capstan_qlock_opts_t o;
     const char *name;
     int n;                 /* acquisitions to make */
     int failures;
     double obtained_at;    /* kt_now() of the last grant */
-    kiq_qlock_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_qlock_result_t res;
+    char err[CAPSTAN_ERRLEN];
 };
 
 /* Takes the lock w->n times; inside, checks on Redis that nobody else is
@@ -333,27 +333,27 @@ struct waiter {
 static void *hammer(void *arg)
 {
     struct waiter *w = arg;
-    kiq_redis_t *r = conn_new(w->url);
+    capstan_redis_t *r = conn_new(w->url);
     if (!r) {
         w->failures = w->n;
         return NULL;
     }
     for (int i = 0; i < w->n; i++) {
-        if (kiq_qlock_lock(w->c, r, w->name, &w->o, &w->res, w->err)) {
+        if (capstan_qlock_lock(w->c, r, w->name, &w->o, &w->res, w->err)) {
             w->failures++;
             continue;
         }
         w->obtained_at = kt_now();
-        redisReply *rep = kiq_redis_cmdf(r, "INCR ql:inside");
+        redisReply *rep = capstan_redis_cmdf(r, "INCR ql:inside");
         if (!rep || rep->integer != 1)
-            freeReplyObject(kiq_redis_cmdf(r, "INCR ql:overlap"));
+            freeReplyObject(capstan_redis_cmdf(r, "INCR ql:overlap"));
         freeReplyObject(rep);
-        freeReplyObject(kiq_redis_cmdf(r, "RPUSH ql:log %lld:%.6f", w->res.fence, w->res.requested_at));
-        freeReplyObject(kiq_redis_cmdf(r, "DECR ql:inside"));
-        if (kiq_qlock_release(w->c, r, &w->res, w->err))
+        freeReplyObject(capstan_redis_cmdf(r, "RPUSH ql:log %lld:%.6f", w->res.fence, w->res.requested_at));
+        freeReplyObject(capstan_redis_cmdf(r, "DECR ql:inside"));
+        if (capstan_qlock_release(w->c, r, &w->res, w->err))
             w->failures++;
     }
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     return NULL;
 }
 
@@ -378,13 +378,13 @@ static void check_log(long long expect)
 
 Test(qlock, waiters_get_the_lock_in_the_order_they_asked)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t held;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t held;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 10000;
-    cr_assert_eq(kiq_qlock_lock(c, r, "line", &o, &held, err), 0);
+    cr_assert_eq(capstan_qlock_lock(c, r, "line", &o, &held, err), 0);
     enum { N = 5 };
     struct waiter w[N];
     pthread_t th[N];
@@ -392,7 +392,7 @@ Test(qlock, waiters_get_the_lock_in_the_order_they_asked)
         /* Shorter delays for later waiters: polling faster must not jump the line. */
         w[i] = (struct waiter){ .url = kt_url(), .c = c, .o = o, .name = "line", .n = 1 };
         w[i].o.timeout = 20;
-        w[i].o.retry_count = KIQ_QLOCK_UNLIMITED;
+        w[i].o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
         w[i].o.retry_delay = 60 - 10 * i;
         w[i].o.retry_jitter = 5;
         pthread_create(&th[i], NULL, hammer, &w[i]);
@@ -401,7 +401,7 @@ Test(qlock, waiters_get_the_lock_in_the_order_they_asked)
     redisReply *q = kt_cmd("ZRANGE rql:lock_queue:line 0 -1");
     cr_assert_eq(q->elements, N);
     freeReplyObject(q);
-    cr_assert_eq(kiq_qlock_release(c, r, &held, err), 0);
+    cr_assert_eq(capstan_qlock_release(c, r, &held, err), 0);
     for (int i = 0; i < N; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < N; i++) {
@@ -411,8 +411,8 @@ Test(qlock, waiters_get_the_lock_in_the_order_they_asked)
             cr_assert_lt(w[i - 1].obtained_at, w[i].obtained_at);
     }
     check_log(N);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 Test(qlock, five_processes_of_four_threads_never_overlap_and_keep_fifo_order)
@@ -424,17 +424,17 @@ Test(qlock, five_processes_of_four_threads_never_overlap_and_keep_fifo_order)
         pids[p] = fork();
         cr_assert_geq(pids[p], 0);
         if (pids[p] == 0) {
-            char err[KIQ_ERRLEN];
-            kiq_qlock_client_t *c = kiq_qlock_client_new(NULL, err);
+            char err[CAPSTAN_ERRLEN];
+            capstan_qlock_client_t *c = capstan_qlock_client_new(NULL, err);
             struct waiter w[THREADS];
             pthread_t th[THREADS];
             for (int i = 0; i < THREADS; i++) {
                 w[i] = (struct waiter){ .url = url, .c = c, .name = "shared", .n = TIMES };
-                w[i].o = kiq_qlock_opts_default();
+                w[i].o = capstan_qlock_opts_default();
                 w[i].o.ttl = 10000;
                 w[i].o.queue_ttl = 60;
                 w[i].o.timeout = 80;
-                w[i].o.retry_count = KIQ_QLOCK_UNLIMITED;
+                w[i].o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
                 w[i].o.retry_delay = 2;
                 w[i].o.retry_jitter = 3;
                 pthread_create(&th[i], NULL, hammer, &w[i]);
@@ -446,7 +446,7 @@ Test(qlock, five_processes_of_four_threads_never_overlap_and_keep_fifo_order)
                 if (w[i].failures)
                     fprintf(stderr, "child %d thread %d: %s\n", (int)getpid(), i, w[i].err);
             }
-            kiq_qlock_client_free(c);
+            capstan_qlock_client_free(c);
             _exit(failures ? 1 : 0);
         }
     }
@@ -456,31 +456,31 @@ Test(qlock, five_processes_of_four_threads_never_overlap_and_keep_fifo_order)
     cr_assert_eq(kt_int("GET rql:fence:shared"), PROCS * THREADS * TIMES);
     cr_assert_eq(kt_int("EXISTS rql:lock:shared"), 0);
     cr_assert_eq(kt_int("EXISTS rql:lock_queue:shared"), 0);
-    cr_assert_eq(kt_int("EXISTS rql:kiq:seen:shared"), 0, "kiq's side hash goes with the queue");
+    cr_assert_eq(kt_int("EXISTS rql:capstan:seen:shared"), 0, "capstan's side hash goes with the queue");
 }
 
 Test(qlock, a_waiter_killed_in_the_queue_stops_blocking_after_its_queue_ttl)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t held;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t held;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 20000;
-    cr_assert_eq(kiq_qlock_lock(c, r, "door", &o, &held, err), 0);
+    cr_assert_eq(capstan_qlock_lock(c, r, "door", &o, &held, err), 0);
     const char *url = kt_url();
     pid_t dead = fork();
     cr_assert_geq(dead, 0);
     if (dead == 0) {
-        kiq_redis_t *cr = conn_new(url);
-        kiq_qlock_client_t *cc = kiq_qlock_client_new(NULL, err);
-        kiq_qlock_opts_t wo = kiq_qlock_opts_default();
+        capstan_redis_t *cr = conn_new(url);
+        capstan_qlock_client_t *cc = capstan_qlock_client_new(NULL, err);
+        capstan_qlock_opts_t wo = capstan_qlock_opts_default();
         wo.queue_ttl = 1;
         wo.timeout = 60;
-        wo.retry_count = KIQ_QLOCK_UNLIMITED;
+        wo.retry_count = CAPSTAN_QLOCK_UNLIMITED;
         wo.retry_delay = 50;
-        kiq_qlock_result_t res;
-        kiq_qlock_lock(cc, cr, "door", &wo, &res, err);
+        capstan_qlock_result_t res;
+        capstan_qlock_lock(cc, cr, "door", &wo, &res, err);
         _exit(0);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD rql:lock_queue:door") == 1, 5));
@@ -493,13 +493,13 @@ Test(qlock, a_waiter_killed_in_the_queue_stops_blocking_after_its_queue_ttl)
 
     struct waiter w = { .url = url, .c = c, .o = o, .name = "door", .n = 1 };
     w.o.timeout = 10;
-    w.o.retry_count = KIQ_QLOCK_UNLIMITED;
+    w.o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
     w.o.retry_delay = 20;
     w.o.queue_ttl = 10;
     pthread_t th;
     pthread_create(&th, NULL, hammer, &w);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD rql:lock_queue:door") == 2, 5));
-    cr_assert_eq(kiq_qlock_release(c, r, &held, err), 0);
+    cr_assert_eq(capstan_qlock_release(c, r, &held, err), 0);
     pthread_join(th, NULL);
     cr_assert_eq(w.failures, 0, "%s", w.err);
     double waited = w.obtained_at - killed;
@@ -507,118 +507,118 @@ Test(qlock, a_waiter_killed_in_the_queue_stops_blocking_after_its_queue_ttl)
      * (at most 75 ms before the kill), then stopped blocking. */
     cr_assert(waited > 0.8 && waited < 3, "obtained %.3f s after the kill", waited);
     cr_assert_eq(kt_int("ZSCORE rql:lock_queue:door %s", dead_id), 0);
-    cr_assert_eq(kt_int("HEXISTS rql:kiq:seen:door %s", dead_id), 0);
+    cr_assert_eq(kt_int("HEXISTS rql:capstan:seen:door %s", dead_id), 0);
     free(dead_id);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 Test(qlock, a_short_queue_ttl_does_not_evict_live_waiters)
 {
     /* The gem purges every place older than the caller's queue_ttl; here a
      * caller with 50 ms must not evict a live waiter that asked earlier. */
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t held, res;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t held, res;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 20000;
-    cr_assert_eq(kiq_qlock_lock(c, r, "pier", &o, &held, err), 0);
+    cr_assert_eq(capstan_qlock_lock(c, r, "pier", &o, &held, err), 0);
     struct waiter w = { .url = kt_url(), .c = c, .o = o, .name = "pier", .n = 1 };
     w.o.queue_ttl = 5;
     w.o.retry_delay = 100;
     w.o.timeout = 20;
-    w.o.retry_count = KIQ_QLOCK_UNLIMITED;
+    w.o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
     pthread_t th;
     pthread_create(&th, NULL, hammer, &w);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD rql:lock_queue:pier") == 1, 5));
     char *first = zhead("rql:lock_queue:pier");
     char *score = kt_str("ZSCORE rql:lock_queue:pier %s", first);
-    kiq_qlock_client_t *hasty = client(NULL);
-    kiq_qlock_opts_t ho = o;
+    capstan_qlock_client_t *hasty = client(NULL);
+    capstan_qlock_opts_t ho = o;
     ho.queue_ttl = 0.05;
     ho.retry_count = 6;
     ho.retry_delay = 100;
-    cr_assert_eq(kiq_qlock_lock(hasty, r, "pier", &ho, &res, err), KIQ_EDENIED);
-    cr_assert_eq(res.status, KIQ_QLOCK_RETRY_LIMIT);
+    cr_assert_eq(capstan_qlock_lock(hasty, r, "pier", &ho, &res, err), CAPSTAN_EDENIED);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_RETRY_LIMIT);
     char *score2 = kt_str("ZSCORE rql:lock_queue:pier %s", first);
     cr_assert_not_null(score2, "the live waiter kept its place");
     cr_assert_str_eq(score, score2, "and its request time");
-    cr_assert_eq(kiq_qlock_release(c, r, &held, err), 0);
+    cr_assert_eq(capstan_qlock_release(c, r, &held, err), 0);
     pthread_join(th, NULL);
     cr_assert_eq(w.failures, 0, "%s", w.err);
     cr_assert_str_eq(w.res.acq_id, first);
     free(first);
     free(score);
     free(score2);
-    kiq_qlock_client_free(hasty);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(hasty);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 /* --- inspection, admin, logging ---------------------------------------- */
 
 Test(qlock, info_listings_and_admin_calls)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
     struct events ev = { .mu = PTHREAD_MUTEX_INITIALIZER };
-    kiq_qlock_client_on_event(c, on_event, &ev);
-    kiq_qlock_result_t a, b;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_qlock_client_on_event(c, on_event, &ev);
+    capstan_qlock_result_t a, b;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 30000;
     o.meta = (const char *[]){ "who", "me", NULL };
-    cr_assert_eq(kiq_qlock_lock(c, r, "alpha", &o, &a, err), 0);
-    cr_assert_eq(kiq_qlock_lock(c, r, "beta", &o, &b, err), 0);
+    cr_assert_eq(capstan_qlock_lock(c, r, "alpha", &o, &a, err), 0);
+    cr_assert_eq(capstan_qlock_lock(c, r, "beta", &o, &b, err), 0);
     double now = wall();
     kt_cmd("ZADD rql:lock_queue:alpha %f rql:acq:9/9/0/0/dddddddddddddddd", now);
     kt_cmd("ZADD rql:lock_queue:gamma %f rql:acq:9/8/0/0/dddddddddddddddd", now - 200000);
 
     json_t *info = NULL, *q = NULL;
-    cr_assert_eq(kiq_qlock_info(r, "alpha", &info, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_info(r, "alpha", &info, err), 0, "%s", err);
     cr_assert_not_null(info);
     cr_assert_str_eq(json_string_value(json_object_get(info, "acq_id")), a.acq_id);
     cr_assert_str_eq(json_string_value(json_object_get(info, "lock_key")), "rql:lock:alpha");
     cr_assert_str_eq(json_string_value(json_object_get(info, "who")), "me");
     cr_assert(json_is_real(json_object_get(info, "ts")));
     cr_assert_eq(json_integer_value(json_object_get(info, "ini_ttl")), 30000);
-    cr_assert_eq(json_integer_value(json_object_get(info, "kiq_fence")), a.fence);
+    cr_assert_eq(json_integer_value(json_object_get(info, "capstan_fence")), a.fence);
     cr_assert(json_integer_value(json_object_get(info, "rem_ttl")) > 25000);
     json_decref(info);
-    cr_assert_eq(kiq_qlock_info(r, "nope", &info, err), 0);
+    cr_assert_eq(capstan_qlock_info(r, "nope", &info, err), 0);
     cr_assert_null(info);
 
-    cr_assert_eq(kiq_qlock_queue_info(r, "alpha", &q, err), 0);
+    cr_assert_eq(capstan_qlock_queue_info(r, "alpha", &q, err), 0);
     cr_assert_str_eq(json_string_value(json_object_get(q, "lock_queue")), "rql:lock_queue:alpha");
     json_t *first = json_array_get(json_object_get(q, "queue"), 0);
     cr_assert_str_eq(json_string_value(json_object_get(first, "acq_id")), "rql:acq:9/9/0/0/dddddddddddddddd");
     cr_assert_float_eq(json_real_value(json_object_get(first, "score")), now, 0.001);
     json_decref(q);
-    cr_assert_eq(kiq_qlock_queue_info(r, "beta", &q, err), 0);
+    cr_assert_eq(capstan_qlock_queue_info(r, "beta", &q, err), 0);
     cr_assert_null(q);
 
-    cr_assert_eq(kiq_qlock_locked(r, "alpha", err), 1);
-    cr_assert_eq(kiq_qlock_locked(r, "gamma", err), 0);
-    cr_assert_eq(kiq_qlock_queued(r, "alpha", err), 1);
-    cr_assert_eq(kiq_qlock_queued(r, "beta", err), 0);
+    cr_assert_eq(capstan_qlock_locked(r, "alpha", err), 1);
+    cr_assert_eq(capstan_qlock_locked(r, "gamma", err), 0);
+    cr_assert_eq(capstan_qlock_queued(r, "alpha", err), 1);
+    cr_assert_eq(capstan_qlock_queued(r, "beta", err), 0);
 
     json_t *l = NULL;
-    cr_assert_eq(kiq_qlock_locks(r, 10, &l, err), 0);
+    cr_assert_eq(capstan_qlock_locks(r, 10, &l, err), 0);
     cr_assert_eq(json_array_size(l), 2);
     json_decref(l);
-    cr_assert_eq(kiq_qlock_queues(r, 10, &l, err), 0);
+    cr_assert_eq(capstan_qlock_queues(r, 10, &l, err), 0);
     cr_assert_eq(json_array_size(l), 2);
     json_decref(l);
-    cr_assert_eq(kiq_qlock_keys(r, 10, &l, err), 0);
-    cr_assert_eq(json_array_size(l), 4, "locks and queues, not kiq's side keys or counters");
+    cr_assert_eq(capstan_qlock_keys(r, 10, &l, err), 0);
+    cr_assert_eq(json_array_size(l), 4, "locks and queues, not capstan's side keys or counters");
     json_decref(l);
-    cr_assert_eq(kiq_qlock_locks_info(r, 0, &l, err), 0);
+    cr_assert_eq(capstan_qlock_locks_info(r, 0, &l, err), 0);
     cr_assert_eq(json_array_size(l), 2);
     cr_assert_str_eq(json_string_value(json_object_get(json_array_get(l, 0), "status")), "alive");
     cr_assert_not_null(json_object_get(json_object_get(json_array_get(l, 0), "info"), "acq_id"));
     json_decref(l);
-    cr_assert_eq(kiq_qlock_queues_info(r, 0, &l, err), 0);
+    cr_assert_eq(capstan_qlock_queues_info(r, 0, &l, err), 0);
     cr_assert_eq(json_array_size(l), 2);
     cr_assert_eq(json_array_size(json_object_get(json_array_get(l, 0), "requests")), 1);
     json_decref(l);
@@ -627,7 +627,7 @@ Test(qlock, info_listings_and_admin_calls)
      * (recent) stays. */
     json_t *done = NULL;
     long long dropped = 0;
-    cr_assert_eq(kiq_qlock_clear_dead_requests(r, 100000, 0, &done, &dropped, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_clear_dead_requests(r, 100000, 0, &done, &dropped, err), 0, "%s", err);
     cr_assert_eq(dropped, 1);
     cr_assert_str_eq(json_string_value(json_array_get(done, 0)), "rql:lock_queue:gamma");
     json_decref(done);
@@ -635,21 +635,21 @@ Test(qlock, info_listings_and_admin_calls)
     cr_assert_eq(kt_int("ZCARD rql:lock_queue:alpha"), 1);
 
     int lr = 0, qr = 0;
-    cr_assert_eq(kiq_qlock_force_unlock(c, r, "alpha", &lr, &qr, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_force_unlock(c, r, "alpha", &lr, &qr, err), 0, "%s", err);
     cr_assert(lr && qr);
-    cr_assert_eq(kiq_qlock_force_unlock(c, r, "alpha", &lr, &qr, err), 0);
+    cr_assert_eq(capstan_qlock_force_unlock(c, r, "alpha", &lr, &qr, err), 0);
     cr_assert(!lr && !qr);
     long long n = 0;
     kt_cmd("ZADD rql:lock_queue:delta %f x", now);
-    cr_assert_eq(kiq_qlock_clear_locks(c, r, 1, &n, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_clear_locks(c, r, 1, &n, err), 0, "%s", err);
     cr_assert_eq(n, 2, "beta's lock and delta's queue");
     cr_assert_eq(kt_int("EXISTS rql:lock:beta rql:lock_queue:delta"), 0);
     cr_assert_eq(kt_int("GET rql:fence:beta"), b.fence, "counters survive, so tokens keep growing");
     cr_assert_str_eq(ev.names[2], "redis_queued_locks.explicit_lock_release");
     cr_assert_str_eq(ev.names[4], "redis_queued_locks.explicit_all_locks_release");
     cr_assert_eq(ev.rel_key_cnt, 2);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 struct lines {
@@ -675,16 +675,16 @@ static int count(const char *hay, const char *needle)
 
 Test(qlock, debug_log_shows_each_try_when_asked)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *holder = client(NULL), *c = client(NULL);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *holder = client(NULL), *c = client(NULL);
     struct lines l = { .len = 0 };
-    kiq_qlock_client_on_log(c, collect, &l, 1);
-    kiq_qlock_result_t held, res;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
-    cr_assert_eq(kiq_qlock_lock(holder, r, "noisy", &o, &held, err), 0);
+    capstan_qlock_client_on_log(c, collect, &l, 1);
+    capstan_qlock_result_t held, res;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
+    cr_assert_eq(capstan_qlock_lock(holder, r, "noisy", &o, &held, err), 0);
     o.retry_delay = 5;
-    cr_assert_eq(kiq_qlock_lock(c, r, "noisy", &o, &res, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_qlock_lock(c, r, "noisy", &o, &res, err), CAPSTAN_EDENIED);
     cr_assert_eq(count(l.buf, "start_lock_obtaining"), 1, "%s", l.buf);
     cr_assert_eq(count(l.buf, "try_lock.held"), 3, "%s", l.buf);
     cr_assert_eq(count(l.buf, "fail_fast_or_limits_reached__dequeue"), 1, "%s", l.buf);
@@ -692,13 +692,13 @@ Test(qlock, debug_log_shows_each_try_when_asked)
     /* Without log_lock_try, only the milestones. */
     l.len = 0;
     l.buf[0] = '\0';
-    kiq_qlock_client_on_log(c, collect, &l, 0);
-    cr_assert_eq(kiq_qlock_lock(c, r, "noisy", &o, &res, err), KIQ_EDENIED);
+    capstan_qlock_client_on_log(c, collect, &l, 0);
+    cr_assert_eq(capstan_qlock_lock(c, r, "noisy", &o, &res, err), CAPSTAN_EDENIED);
     cr_assert_eq(count(l.buf, "try_lock."), 0, "%s", l.buf);
     cr_assert_eq(count(l.buf, "start_lock_obtaining"), 1);
-    kiq_qlock_client_free(holder);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(holder);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
 /* --- interop with the Ruby gem's layout -------------------------------- */
@@ -714,43 +714,43 @@ static json_t *ruby_json(const char *const *args)
     return j;
 }
 
-Test(qlock, a_lock_held_in_the_gems_layout_blocks_kiq_and_the_reverse)
+Test(qlock, a_lock_held_in_the_gems_layout_blocks_capstan_and_the_reverse)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t res;
+    char err[CAPSTAN_ERRLEN];
 
-    /* Ruby takes it as the gem does; kiq waits. */
+    /* Ruby takes it as the gem does; capstan waits. */
     json_t *j = ruby_json((const char *[]){ "try", "bridge", "20000", NULL });
     cr_assert(json_is_true(json_object_get(j, "ok")), "%s", json_dumps(j, 0));
     char *ruby_acq = strdup(json_string_value(json_object_get(j, "acq_id")));
     json_decref(j);
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.fail_fast = 1;
-    cr_assert_eq(kiq_qlock_lock(c, r, "bridge", &o, &res, err), KIQ_EDENIED);
-    cr_assert_eq(res.status, KIQ_QLOCK_FAIL_FAST_NO_TRY);
+    cr_assert_eq(capstan_qlock_lock(c, r, "bridge", &o, &res, err), CAPSTAN_EDENIED);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_FAIL_FAST_NO_TRY);
     o.fail_fast = 0;
     o.timeout = 0.3;
-    o.retry_count = KIQ_QLOCK_UNLIMITED;
+    o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
     o.retry_delay = 20;
-    cr_assert_eq(kiq_qlock_lock(c, r, "bridge", &o, &res, err), KIQ_EDENIED);
-    cr_assert_eq(res.status, KIQ_QLOCK_TIMEOUT);
+    cr_assert_eq(capstan_qlock_lock(c, r, "bridge", &o, &res, err), CAPSTAN_EDENIED);
+    cr_assert_eq(res.status, CAPSTAN_QLOCK_TIMEOUT);
     json_t *info = NULL;
-    cr_assert_eq(kiq_qlock_info(r, "bridge", &info, err), 0);
+    cr_assert_eq(capstan_qlock_info(r, "bridge", &info, err), 0);
     cr_assert_str_eq(json_string_value(json_object_get(info, "acq_id")), ruby_acq);
     cr_assert_str_eq(json_string_value(json_object_get(info, "owner")), "ruby");
     json_decref(info);
-    /* kiq cannot release what Ruby holds... */
+    /* capstan cannot release what Ruby holds... */
     res.fence = 0;
     snprintf(res.lock_key, sizeof(res.lock_key), "rql:lock:bridge");
-    cr_assert_eq(kiq_qlock_release(c, r, &res, err), KIQ_EDENIED);
+    cr_assert_eq(capstan_qlock_release(c, r, &res, err), CAPSTAN_EDENIED);
     /* ...and gets it once the gem lets go. */
     json_decref(ruby_json((const char *[]){ "unlock", "bridge", NULL }));
     o.timeout = 5;
-    cr_assert_eq(kiq_qlock_lock(c, r, "bridge", &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_lock(c, r, "bridge", &o, &res, err), 0, "%s", err);
 
-    /* kiq holds it; the gem's check sees kiq's holder and cannot take it. */
+    /* capstan holds it; the gem's check sees capstan's holder and cannot take it. */
     j = ruby_json((const char *[]){ "info", "bridge", NULL });
     cr_assert(json_is_true(json_object_get(j, "locked")));
     json_t *ri = json_object_get(j, "info");
@@ -764,33 +764,33 @@ Test(qlock, a_lock_held_in_the_gems_layout_blocks_kiq_and_the_reverse)
     cr_assert(json_is_false(json_object_get(j, "ok")));
     cr_assert_str_eq(json_string_value(json_object_get(j, "result")), "lock_is_still_acquired");
     json_decref(j);
-    cr_assert_eq(kiq_qlock_release(c, r, &res, err), 0);
+    cr_assert_eq(capstan_qlock_release(c, r, &res, err), 0);
     j = ruby_json((const char *[]){ "try", "bridge", "5000", NULL });
-    cr_assert(json_is_true(json_object_get(j, "ok")), "the gem takes it after kiq's release");
+    cr_assert(json_is_true(json_object_get(j, "ok")), "the gem takes it after capstan's release");
     json_decref(j);
 
-    /* A gem waiter's place (no kiq deadline) lasts queue_ttl from its request. */
+    /* A gem waiter's place (no capstan deadline) lasts queue_ttl from its request. */
     json_decref(ruby_json((const char *[]){ "unlock", "bridge", NULL }));
     kt_cmd("ZADD rql:lock_queue:bridge %f rql:acq:1/2/3/4/eeeeeeeeeeeeeeee", wall() - 60);
     o.timeout = 1;
-    cr_assert_eq(kiq_qlock_lock(c, r, "bridge", &o, &res, err), 0, "a stale gem place does not block: %s", err);
+    cr_assert_eq(capstan_qlock_lock(c, r, "bridge", &o, &res, err), 0, "a stale gem place does not block: %s", err);
     cr_assert_eq(res.tries, 1);
     cr_assert_eq(kt_int("EXISTS rql:lock_queue:bridge"), 0);
     free(ruby_acq);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
-/* --- kiq lock ---------------------------------------------------------- */
+/* --- capstan lock ---------------------------------------------------------- */
 
-static pid_t spawn_kiq(const char *const *args, const char *out_path)
+static pid_t spawn_capstan(const char *const *args, const char *out_path)
 {
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         const char *argv[32];
         int n = 0;
-        argv[n++] = getenv("KIQ_BIN");
+        argv[n++] = getenv("CAPSTAN_BIN");
         for (int i = 0; args[i] && n < 31; i++)
             argv[n++] = args[i];
         argv[n] = NULL;
@@ -807,76 +807,76 @@ static pid_t spawn_kiq(const char *const *args, const char *out_path)
     return pid;
 }
 
-Test(qlock, kiq_lock_runs_the_command_and_passes_its_status)
+Test(qlock, capstan_lock_runs_the_command_and_passes_its_status)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--", "sh", "-c",
-                                             "echo \"$KIQ_LOCK_NAME $KIQ_LOCK_FENCE\"; exit 7", NULL },
-                            &out), 7, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--", "sh", "-c",
+                                             "echo \"$CAPSTAN_LOCK_NAME $CAPSTAN_LOCK_FENCE\"; exit 7", NULL },
+                                &out), 7, "%s", out);
     cr_assert(strstr(out, "cron 1"), "%s", out);
     free(out);
     cr_assert_eq(kt_int("EXISTS rql:lock:cron"), 0, "released after the command");
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--", "true", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--", "true", NULL }, &out), 0);
     free(out);
     cr_assert_eq(kt_int("GET rql:fence:cron"), 2);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--", "/no/such/cmd", NULL }, &out), 127);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--", "/no/such/cmd", NULL }, &out), 127);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", NULL }, &out), 64);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--ttl", "x", "--", "true", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--ttl", "x", "--", "true", NULL }, &out), 64);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "--help", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "--help", NULL }, &out), 0);
     cr_assert(strstr(out, "Exit status"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--redis-url", "redis://127.0.0.1:1/0",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--redis-url", "redis://127.0.0.1:1/0",
                                              "--", "true", NULL }, &out), 69, "%s", out);
     free(out);
 
     /* Held elsewhere: 75, and the command never runs. */
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t held;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t held;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 20000;
     o.meta = (const char *[]){ "purpose", "test", NULL };
-    cr_assert_eq(kiq_qlock_lock(c, r, "cron", &o, &held, err), 0);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--fail-fast", "--", "sh", "-c", "echo RAN", NULL },
-                            &out), 75, "%s", out);
+    cr_assert_eq(capstan_qlock_lock(c, r, "cron", &o, &held, err), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--fail-fast", "--", "sh", "-c", "echo RAN", NULL },
+                                &out), 75, "%s", out);
     cr_assert(strstr(out, "fail_fast_no_try") && !strstr(out, "RAN"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "cron", "--timeout", "0.3", "--retry-delay", "20", "--",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "cron", "--timeout", "0.3", "--retry-delay", "20", "--",
                                              "true", NULL }, &out), 75, "%s", out);
     cr_assert(strstr(out, "timeout_reached"), "%s", out);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "info", "cron", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "info", "cron", NULL }, &out), 0, "%s", out);
     json_t *j = json_loads(out, 0, NULL);
     cr_assert_not_null(j, "%s", out);
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "lock"), "acq_id")), held.acq_id);
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "lock"), "purpose")), "test");
     json_decref(j);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "list", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "list", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "cron\t") && strstr(out, held.acq_id), "%s", out);
     free(out);
     kt_cmd("ZADD rql:lock_queue:old %f rql:acq:1/1/0/0/ffffffffffffffff", wall() - 200000);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "clear-dead", "--dead-ttl", "100000", NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "clear-dead", "--dead-ttl", "100000", NULL }, &out), 0);
     cr_assert(strstr(out, "dropped 1 dead requests from 1 queues"), "%s", out);
     free(out);
-    cr_assert_eq(kiq_qlock_release(c, r, &held, err), 0);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_qlock_release(c, r, &held, err), 0);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
 }
 
-Test(qlock, kiq_lock_keeps_the_lease_while_a_long_command_runs)
+Test(qlock, capstan_lock_keeps_the_lease_while_a_long_command_runs)
 {
     char *log = kt_tmp("long.out");
-    pid_t p = spawn_kiq((const char *[]){ "lock", "slow", "--ttl", "300", "--", "sleep", "1.2", NULL }, log);
+    pid_t p = spawn_capstan((const char *[]){ "lock", "slow", "--ttl", "300", "--", "sleep", "1.2", NULL }, log);
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS rql:lock:slow") == 1, 5));
     kt_sleep(0.8); /* well past the 300 ms ttl */
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "slow", "--fail-fast", "--", "true", NULL }, &out), 75,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "slow", "--fail-fast", "--", "true", NULL }, &out), 75,
                  "%s", out);
     free(out);
     cr_assert_eq(kt_wait_exit(p, 10), 0);
@@ -884,20 +884,20 @@ Test(qlock, kiq_lock_keeps_the_lease_while_a_long_command_runs)
     free(log);
 }
 
-Test(qlock, kiq_lock_from_ten_shells_never_overlaps)
+Test(qlock, capstan_lock_from_ten_shells_never_overlaps)
 {
     enum { N = 10 };
     char *marks = kt_tmp("marks.txt");
     char *log = kt_tmp("shells.out");
     char script[1024];
     snprintf(script, sizeof(script),
-             "echo \"start $$ $KIQ_LOCK_FENCE\" >> '%s'; sleep 0.05; echo \"end $$\" >> '%s'", marks, marks);
+             "echo \"start $$ $CAPSTAN_LOCK_FENCE\" >> '%s'; sleep 0.05; echo \"end $$\" >> '%s'", marks, marks);
     pid_t pids[N];
     for (int i = 0; i < N; i++)
-        pids[i] = spawn_kiq((const char *[]){ "lock", "shell", "--retry-delay", "20", "--timeout", "60",
+        pids[i] = spawn_capstan((const char *[]){ "lock", "shell", "--retry-delay", "20", "--timeout", "60",
                                               "--", "sh", "-c", script, NULL }, log);
     for (int i = 0; i < N; i++)
-        cr_assert_eq(kt_wait_exit(pids[i], 80), 0, "kiq lock %d failed: %s", i, kt_read_file(log));
+        cr_assert_eq(kt_wait_exit(pids[i], 80), 0, "capstan lock %d failed: %s", i, kt_read_file(log));
     char *s = kt_read_file(marks);
     char *save = NULL, *line = strtok_r(s, "\n", &save);
     int starts = 0;
@@ -943,30 +943,30 @@ static pid_t read_pid(const char *path)
     return pid;
 }
 
-Test(qlock, kiq_lock_killed_outright_takes_its_command_with_it)
+Test(qlock, capstan_lock_killed_outright_takes_its_command_with_it)
 {
     char *pidfile = kt_tmp("child.pid");
     char *log = kt_tmp("killed.out");
     char script[512];
     snprintf(script, sizeof(script), "echo $$ > '%s'; exec sleep 30", pidfile);
-    pid_t p = kt_track(spawn_kiq((const char *[]){ "lock", "killed", "--ttl", "500", "--", "sh", "-c",
+    pid_t p = kt_track(spawn_capstan((const char *[]){ "lock", "killed", "--ttl", "500", "--", "sh", "-c",
                                                    script, NULL }, log));
     pid_t child = 0;
     cr_assert(KT_WAIT_UNTIL((child = read_pid(pidfile)) > 0, 10), "%s",
               kt_read_file(log));
     cr_assert(running(child));
-    cr_assert_eq(kt_kiq_stop(p, SIGKILL, 5), 128 + SIGKILL);
+    cr_assert_eq(kt_capstan_stop(p, SIGKILL, 5), 128 + SIGKILL);
     bool gone = KT_WAIT_UNTIL(!running(child), 3);
     if (!gone)
         kill(child, SIGKILL);
-    cr_assert(gone, "the command outlived kiq lock, and so its lock");
+    cr_assert(gone, "the command outlived capstan lock, and so its lock");
     /* The next caller gets in once the dead holder's lease ran out, and
      * by then nothing runs under the old holding. */
     char check[256];
     snprintf(check, sizeof(check), "if kill -0 %d 2>/dev/null; then echo OVERLAP; else echo ALONE; fi",
              (int)child);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "killed", "--timeout", "10", "--", "sh", "-c", check,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "killed", "--timeout", "10", "--", "sh", "-c", check,
                                               NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "ALONE"), "%s", out);
     free(out);
@@ -975,10 +975,10 @@ Test(qlock, kiq_lock_killed_outright_takes_its_command_with_it)
 }
 
 /* A command that ignores SIGTERM must not run on beside the next holder
- * once the lease is lost: kiq lock, frozen past its lease (as a paused VM
+ * once the lease is lost: capstan lock, frozen past its lease (as a paused VM
  * or a long stop would), finds the lock gone when it wakes, and the
  * SIGKILL after --kill-after ends the command even though it traps TERM. */
-Test(qlock, kiq_lock_kills_a_command_that_ignores_sigterm_after_the_grace)
+Test(qlock, capstan_lock_kills_a_command_that_ignores_sigterm_after_the_grace)
 {
     char *pidfile = kt_tmp("stubborn.pid");
     char *log = kt_tmp("stubborn.out");
@@ -986,7 +986,7 @@ Test(qlock, kiq_lock_kills_a_command_that_ignores_sigterm_after_the_grace)
     /* exec keeps the pid and the ignored TERM (an ignored signal stays
      * ignored across exec), so the pid in the file is what must die. */
     snprintf(script, sizeof(script), "trap '' TERM; echo $$ > '%s'; exec sleep 60", pidfile);
-    pid_t p = kt_track(spawn_kiq((const char *[]){ "lock", "stubborn", "--ttl", "600", "--kill-after", "1",
+    pid_t p = kt_track(spawn_capstan((const char *[]){ "lock", "stubborn", "--ttl", "600", "--kill-after", "1",
                                                    "--", "sh", "-c", script, NULL }, log));
     pid_t child = 0;
     cr_assert(KT_WAIT_UNTIL((child = read_pid(pidfile)) > 0, 10), "%s", kt_read_file(log));
@@ -996,13 +996,13 @@ Test(qlock, kiq_lock_kills_a_command_that_ignores_sigterm_after_the_grace)
      * lock: the overlap the fencing token is for. */
     cr_assert_eq(kill(p, SIGSTOP), 0);
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS rql:lock:stubborn") == 0, 10), "the lease never lapsed");
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_qlock_client_t *c = client(NULL);
-    kiq_qlock_result_t next;
-    char err[KIQ_ERRLEN];
-    kiq_qlock_opts_t o = kiq_qlock_opts_default();
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    capstan_qlock_result_t next;
+    char err[CAPSTAN_ERRLEN];
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
     o.ttl = 30000;
-    cr_assert_eq(kiq_qlock_lock(c, r, "stubborn", &o, &next, err), 0, "%s", err);
+    cr_assert_eq(capstan_qlock_lock(c, r, "stubborn", &o, &next, err), 0, "%s", err);
     cr_assert_eq(kill(p, SIGCONT), 0);
     double woke = kt_now();
 
@@ -1014,31 +1014,31 @@ Test(qlock, kiq_lock_kills_a_command_that_ignores_sigterm_after_the_grace)
     int st = kt_wait_exit(p, 5);
     char *out = kt_read_file(log);
     if (!gone)
-        kill(child, SIGKILL); /* not ours to reap: kiq lock's child */
+        kill(child, SIGKILL); /* not ours to reap: capstan lock's child */
     cr_assert(gone, "the command ignoring SIGTERM still ran %.1f s after the lock was lost: %s", took, out);
     cr_assert_geq(took, 0.9, "killed before its grace (%.2f s): %s", took, out);
     cr_assert_eq(st, 70, "%s", out);
     cr_assert(strstr(out, "lost the lock stubborn") && strstr(out, "SIGKILL"), "%s", out);
     free(out);
-    cr_assert_eq(kiq_qlock_release(c, r, &next, err), 0, "%s", err);
-    kiq_qlock_client_free(c);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_qlock_release(c, r, &next, err), 0, "%s", err);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
     free(pidfile);
     free(log);
 }
 
-Test(qlock, kiq_lock_checks_kill_after)
+Test(qlock, capstan_lock_checks_kill_after)
 {
     const char *bad[] = { "-1", "x", "5s", "301", "inf", "", NULL };
     for (int i = 0; bad[i]; i++) {
         char *out = NULL;
-        cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "ka", "--kill-after", bad[i], "--", "true", NULL },
-                                &out), 64, "--kill-after '%s': %s", bad[i], out);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "ka", "--kill-after", bad[i], "--", "true", NULL },
+                                    &out), 64, "--kill-after '%s': %s", bad[i], out);
         cr_assert(strstr(out, "--kill-after"), "%s", out);
         free(out);
     }
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "lock", "ka", "--kill-after", "0", "--", "true", NULL }, &out), 0,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "ka", "--kill-after", "0", "--", "true", NULL }, &out), 0,
                  "%s", out);
     free(out);
 }

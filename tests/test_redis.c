@@ -1,13 +1,13 @@
 /* The redis/ helpers against a real redis-server: the SCAN iterator visits
  * every matching key once across many pages, a failed command becomes a
- * KIQ_E* code with the reason in err, and a URL's query is read by one rule
+ * CAPSTAN_E* code with the reason in err, and a URL's query is read by one rule
  * whatever its scheme. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "helpers.h"
-#include "kiq/redis.h"
+#include "capstan/redis.h"
 #include "redis/reply.h"
 #include "redis/scan.h"
 #include "redis/url.h"
@@ -34,15 +34,15 @@ static int scan_all(const char *script, const char *key, const char *match, long
                     const char *prefix, int pairs)
 {
     freeReplyObject(kt_cmd("EVAL %s 0", script));
-    kiq_redis_t *r = kt_lib_redis();
+    capstan_redis_t *r = kt_lib_redis();
     int seen[NKEYS + 1] = {0};
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     const redisReply *page;
-    kiq_scan_t s;
+    capstan_scan_t s;
     int pages = 0, more;
     size_t step = pairs ? 2 : 1;
-    kiq__scan_init(&s, r, key, match, count);
-    while ((more = kiq__scan_next(&s, &page, err)) > 0) {
+    capstan__scan_init(&s, r, key, match, count);
+    while ((more = capstan__scan_next(&s, &page, err)) > 0) {
         pages++;
         cr_assert_eq(page->elements % step, 0);
         for (size_t i = 0; i < page->elements; i += step) {
@@ -55,9 +55,9 @@ static int scan_all(const char *script, const char *key, const char *match, long
     }
     cr_assert_eq(more, 0, "%s", err);
     /* Another call after the end stays at the end. */
-    cr_assert_eq(kiq__scan_next(&s, &page, err), 0);
-    kiq__scan_close(&s);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan__scan_next(&s, &page, err), 0);
+    capstan__scan_close(&s);
+    capstan_redis_free(r);
     for (int k = 1; k <= NKEYS; k++)
         cr_assert_eq(seen[k], 1, "%s%d seen %d times", prefix, k, seen[k]);
     return pages;
@@ -81,50 +81,50 @@ Test(redis, zscan_pages_members_and_scores)
 Test(redis, scan_of_the_wrong_type_is_a_reply_error)
 {
     freeReplyObject(kt_cmd("SET z text"));
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN] = "";
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN] = "";
     const redisReply *page;
-    kiq_scan_t s;
-    kiq__scan_init(&s, r, "z", NULL, 0);
-    cr_assert_eq(kiq__scan_next(&s, &page, err), KIQ_EREPLY);
+    capstan_scan_t s;
+    capstan__scan_init(&s, r, "z", NULL, 0);
+    cr_assert_eq(capstan__scan_next(&s, &page, err), CAPSTAN_EREPLY);
     cr_assert_null(page);
     cr_assert(strncmp(err, "ZSCAN: WRONGTYPE", 16) == 0, "%s", err);
-    cr_assert_eq(kiq__scan_next(&s, &page, err), 0, "an error ends the scan");
-    kiq__scan_close(&s);
-    kiq_redis_free(r);
+    cr_assert_eq(capstan__scan_next(&s, &page, err), 0, "an error ends the scan");
+    capstan__scan_close(&s);
+    capstan_redis_free(r);
 }
 
 Test(redis, reply_error_says_what_failed)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN] = "";
-    redisReply *rep = kiq_redis_cmdf(r, "SET onlyonearg");
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN] = "";
+    redisReply *rep = capstan_redis_cmdf(r, "SET onlyonearg");
     cr_assert_eq(rep->type, REDIS_REPLY_ERROR);
-    cr_assert_eq(kiq__reply_error(r, rep, "SET", err), KIQ_EREPLY);
+    cr_assert_eq(capstan__reply_error(r, rep, "SET", err), CAPSTAN_EREPLY);
     cr_assert_str_eq(err, "SET: ERR wrong number of arguments for 'set' command");
     freeReplyObject(rep);
 
-    rep = kiq_redis_cmdf(r, "INCR n");
-    cr_assert_eq(kiq__reply_error(r, rep, "INCR", err), KIQ_EREPLY);
+    rep = capstan_redis_cmdf(r, "INCR n");
+    cr_assert_eq(capstan__reply_error(r, rep, "INCR", err), CAPSTAN_EREPLY);
     cr_assert_str_eq(err, "INCR: unexpected reply type 3");
     freeReplyObject(rep);
-    cr_assert_eq(kiq__reply_error(r, NULL, "X", NULL), KIQ_EREDIS, "err may be NULL");
-    kiq_redis_free(r);
+    cr_assert_eq(capstan__reply_error(r, NULL, "X", NULL), CAPSTAN_EREDIS, "err may be NULL");
+    capstan_redis_free(r);
 
     /* No server at all: the connection's own reason. */
     char url[64];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", kt_free_port());
-    r = kiq_redis_new(url, 1, err);
+    r = capstan_redis_new(url, 1, err);
     cr_assert_not_null(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), KIQ_EREDIS);
-    rep = kiq_redis_cmdf(r, "PING");
+    cr_assert_eq(capstan_redis_connect(r), CAPSTAN_EREDIS);
+    rep = capstan_redis_cmdf(r, "PING");
     cr_assert_null(rep);
-    cr_assert_eq(kiq__reply_error(r, rep, "PING", err), KIQ_EREDIS);
-    char want[KIQ_ERRLEN];
-    snprintf(want, sizeof(want), "PING: %s", kiq_redis_error(r));
+    cr_assert_eq(capstan__reply_error(r, rep, "PING", err), CAPSTAN_EREDIS);
+    char want[CAPSTAN_ERRLEN];
+    snprintf(want, sizeof(want), "PING: %s", capstan_redis_error(r));
     cr_assert_str_eq(err, want);
     cr_assert_gt(strlen(err), strlen("PING: "));
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 /* redis://host:port?db=N used to connect to db 0, the query ignored, while
@@ -133,13 +133,13 @@ Test(redis, reply_error_says_what_failed)
 Test(redis, url_query_parameters_follow_one_rule_on_every_scheme)
 {
     const char *base = kt_url(), *slash = strrchr(base, '/');
-    char url[128], err[KIQ_ERRLEN];
+    char url[128], err[CAPSTAN_ERRLEN];
     snprintf(url, sizeof(url), "%.*s?db=%s", (int)(slash - base), base, slash + 1);
-    kiq_redis_t *r = kiq_redis_new(url, 2, err);
+    capstan_redis_t *r = capstan_redis_new(url, 2, err);
     cr_assert_not_null(r, "%s: %s", url, err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
-    freeReplyObject(kiq_redis_cmdf(r, "SET url-query-db here"));
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_redis_connect(r), 0, "%s", capstan_redis_error(r));
+    freeReplyObject(capstan_redis_cmdf(r, "SET url-query-db here"));
+    capstan_redis_free(r);
     char *got = kt_str("GET url-query-db");
     cr_assert(got && strcmp(got, "here") == 0, "db= in the query of %s was not used", url);
     free(got);
@@ -147,26 +147,26 @@ Test(redis, url_query_parameters_follow_one_rule_on_every_scheme)
     /* password= is used too: this server has none, and says so to AUTH. */
     snprintf(url, sizeof(url), "%.*s?db=%s&password=not-set", (int)(slash - base), base,
              slash + 1);
-    r = kiq_redis_new(url, 2, err);
+    r = capstan_redis_new(url, 2, err);
     cr_assert_not_null(r, "%s", err);
-    cr_assert_neq(kiq_redis_connect(r), 0);
-    cr_assert(strstr(kiq_redis_error(r), "AUTH refused"), "%s", kiq_redis_error(r));
-    cr_assert(strstr(kiq_redis_name(r), "password=***"), "%s", kiq_redis_name(r));
-    kiq_redis_free(r);
+    cr_assert_neq(capstan_redis_connect(r), 0);
+    cr_assert(strstr(capstan_redis_error(r), "AUTH refused"), "%s", capstan_redis_error(r));
+    cr_assert(strstr(capstan_redis_name(r), "password=***"), "%s", capstan_redis_name(r));
+    capstan_redis_free(r);
 
-    kiq_redis_url_t u;
-    cr_assert_eq(kiq__redis_url_parse("unix:///run/redis.sock?db=2&password=s%40", &u, err), 0,
+    capstan_redis_url_t u;
+    cr_assert_eq(capstan__redis_url_parse("unix:///run/redis.sock?db=2&password=s%40", &u, err), 0,
                  "%s", err);
     cr_assert_eq(u.db, 2);
     cr_assert_str_eq(u.password, "s@");
-    kiq__redis_url_clear(&u);
-    cr_assert_eq(kiq__redis_url_parse("rediss://h:6380?db=4&verify=none&password=p", &u, err),
+    capstan__redis_url_clear(&u);
+    cr_assert_eq(capstan__redis_url_parse("rediss://h:6380?db=4&verify=none&password=p", &u, err),
                  0, "%s", err);
     cr_assert(u.db == 4 && u.tls.on && u.tls.verify_none && strcmp(u.password, "p") == 0);
-    kiq__redis_url_clear(&u);
-    cr_assert_eq(kiq__redis_url_parse("redis://h:6379/?db=5&", &u, err), 0, "%s", err);
+    capstan__redis_url_clear(&u);
+    cr_assert_eq(capstan__redis_url_parse("redis://h:6379/?db=5&", &u, err), 0, "%s", err);
     cr_assert_eq(u.db, 5);
-    kiq__redis_url_clear(&u);
+    capstan__redis_url_clear(&u);
 
     static const char *const bad[][2] = {
         { "redis://127.0.0.1:6379?dbb=3", "unknown parameter dbb (known: db, password" },
@@ -184,7 +184,7 @@ Test(redis, url_query_parameters_follow_one_rule_on_every_scheme)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         err[0] = '\0';
-        r = kiq_redis_new(bad[i][0], 1, err);
+        r = capstan_redis_new(bad[i][0], 1, err);
         cr_assert_null(r, "%s was accepted", bad[i][0]);
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }

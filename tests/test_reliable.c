@@ -1,8 +1,8 @@
-/* Reliable fetch end to end: the kiq binary against a real redis-server,
+/* Reliable fetch end to end: the capstan binary against a real redis-server,
  * killed, restarted, deployed over and cut off from Redis, and what a user
  * would check afterwards: every job ran, none ran twice beyond the ones in
  * flight at a crash, nothing is left in a queue or a working list. Also the
- * working-list listing `kiq stats` uses, and systemd's notify protocol. */
+ * working-list listing `capstan stats` uses, and systemd's notify protocol. */
 #include <errno.h>
 #include <jansson.h>
 #include <poll.h>
@@ -54,7 +54,7 @@ static void push_one(redisContext *c, const char *cls, const char *args, const c
 /* Lines of pid's log that contain both a and b. */
 static int log_lines_with(pid_t pid, const char *a, const char *b)
 {
-    char *log = kt_kiq_log(pid), *save = NULL;
+    char *log = kt_capstan_log(pid), *save = NULL;
     int n = 0;
     for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
         n += strstr(line, a) && (!b || strstr(line, b));
@@ -107,16 +107,16 @@ static void chaos_kill9(long records, int kills, const char *lock)
     char *y = kt_write_file("chaos.yml", FAST_YAML "timeout: 5\n");
     const char *args[] = { "-C", y, "-c", "10", NULL };
     double t0 = kt_now();
-    pid_t pid = kt_kiq_start(args), pids[KILLS_MAX + 1];
+    pid_t pid = kt_capstan_start(args), pids[KILLS_MAX + 1];
     pids[0] = pid;
     long inflight = 0;
     for (int k = 0; k < kills; k++) {
         char *id = kt_log_identity(pid);
         cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= at[k], 90),
                   "stalled before kill %d at %lld done: %s", k + 1, kt_int("SCARD rec"),
-                  kt_kiq_log(pid));
+                  kt_capstan_log(pid));
         kt_sleep((double)(rand() % 200) / 1000.0);
-        cr_assert_eq(kt_kiq_stop(pid, SIGKILL, 10), 128 + SIGKILL);
+        cr_assert_eq(kt_capstan_stop(pid, SIGKILL, 10), 128 + SIGKILL);
         char *w = kt_working_key(id);
         long held = (long)kt_int("LLEN %s", w);
         inflight += held;
@@ -124,15 +124,15 @@ static void chaos_kill9(long records, int kills, const char *lock)
                 kt_int("SCARD rec"), held);
         free(w);
         free(id);
-        pid = pids[k + 1] = kt_kiq_start(args);
+        pid = pids[k + 1] = kt_capstan_start(args);
     }
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == records && kt_int("LLEN queue:default") == 0
                             && working_lists(c) == 0, 90),
               "not drained: %lld recorded, %lld queued, %ld working lists\n%s",
               kt_int("SCARD rec"), kt_int("LLEN queue:default"), working_lists(c),
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     double wall = kt_now() - t0;
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
 
     /* Every jid, not just the count. */
     long missing = 0;
@@ -158,11 +158,11 @@ static void chaos_kill9(long records, int kills, const char *lock)
     cr_assert_eq(kt_int("ZCARD retry"), 0);
     for (int k = 0; k <= kills; k++)
         cr_assert(!kt_log_has(pids[k], "gave back"), "no job a processor held was given back: %s",
-                  kt_kiq_log(pids[k]));
+                  kt_capstan_log(pids[k]));
     /* A job killed holding its runtime lock ran again under the same jid,
      * which took the lock over and released it. */
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0, "no lock is left");
-    cr_assert(!lock || !kt_log_has(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+    cr_assert(!lock || !kt_log_has(pid, "Skipping job"), "%s", kt_capstan_log(pid));
     free(jids);
     free(y);
 }
@@ -186,7 +186,7 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     redisContext *c = kt_redis();
     char *y = kt_write_file("deploy.yml", FAST_YAML "timeout: 30\n");
     const char *args[] = { "-C", y, "-c", "4", NULL };
-    pid_t a = kt_kiq_start(args);
+    pid_t a = kt_capstan_start(args);
     char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char sj[4][25];
     /* Longer than liveness_ttl: A must keep its liveness key alive while it
@@ -198,10 +198,10 @@ Test(reliable, rolling_deploy_runs_each_job_once)
     /* Started, not only fetched: a job fetched as A goes quiet is put back
      * (for B), as Sidekiq does. */
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 4 && log_lines_with(a, "SleepJob", "INFO: start") == 4, 10),
-              "%s", kt_kiq_log(a));
+              "%s", kt_capstan_log(a));
     kill(a, SIGTERM);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(a, "Pausing to allow workers to finish"), 5));
-    pid_t b = kt_kiq_start(args);
+    pid_t b = kt_capstan_start(args);
     free(kt_log_identity(b));
     char **p = calloc(300, sizeof(char *));
     for (unsigned i = 0; i < 300; i++) {
@@ -210,22 +210,22 @@ Test(reliable, rolling_deploy_runs_each_job_once)
         p[i] = kt_payload("RecordJob", "[\"rec\"]", jid, "default");
     }
     kt_push_all(c, "default", p, 300);
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 300, 20), "%s", kt_kiq_log(b));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 300, 20), "%s", kt_capstan_log(b));
     cr_assert(alive(a), "A is still draining while B works");
-    cr_assert_eq(kt_wait_exit(a, 20), 0, "A exits 0 once drained: %s", kt_kiq_log(a));
+    cr_assert_eq(kt_wait_exit(a, 20), 0, "A exits 0 once drained: %s", kt_capstan_log(a));
     for (int i = 0; i < 4; i++) {
         char *j = jid_eq(sj[i]);
         int done = log_lines_with(a, j, "INFO: done");
-        cr_assert_eq(done, 1, "%s finished in A %d times:\n%s", sj[i], done, kt_kiq_log(a));
+        cr_assert_eq(done, 1, "%s finished in A %d times:\n%s", sj[i], done, kt_capstan_log(a));
         cr_assert_eq(log_lines_with(b, j, NULL), 0, "%s never ran in B", sj[i]);
         free(j);
     }
-    cr_assert(!kt_log_has(a, "Pushed"), "nothing was requeued: %s", kt_kiq_log(a));
-    cr_assert(!kt_log_has(b, "recovered"), "B never touched A's list: %s", kt_kiq_log(b));
+    cr_assert(!kt_log_has(a, "Pushed"), "nothing was requeued: %s", kt_capstan_log(a));
+    cr_assert(!kt_log_has(b, "recovered"), "B never touched A's list: %s", kt_capstan_log(b));
     cr_assert_eq(kt_int("LLEN rec:log"), 300, "no job ran twice");
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 15), 0);
     for (unsigned i = 0; i < 300; i++)
         free(p[i]);
     free(p);
@@ -242,26 +242,26 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     char *y = kt_write_file("recover.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
                                         "recovery_interval: 2\n");
     const char *args[] = { "-C", y, "-c", "3", NULL };
-    pid_t a = kt_kiq_start(args);
+    pid_t a = kt_capstan_start(args);
     char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char sj[3][25];
     for (unsigned i = 0; i < 3; i++) {
         kt_make_jid(sj[i], 9, i);
         push_one(c, "SleepJob", "[2500]", sj[i]);
     }
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 3, 10), "%s", kt_kiq_log(a));
-    pid_t b = kt_kiq_start(args);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", wa) == 3, 10), "%s", kt_capstan_log(a));
+    pid_t b = kt_capstan_start(args);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "Starting processing"), 10));
     char lkey[512];
-    kiq__fetch_liveness_key(ida, lkey, sizeof(lkey));
+    capstan__fetch_liveness_key(ida, lkey, sizeof(lkey));
     double left = (double)kt_int("PTTL %s", lkey) / 1000.0;
-    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
+    cr_assert_eq(kt_capstan_stop(a, SIGKILL, 10), 128 + SIGKILL);
     double t0 = kt_now();
     /* A pass first only marks the list a suspect; one at least ttl / 2
      * later takes it (the grace a live owner has to re-create its key). */
     const double grace = ttl / 2;
     cr_assert(KT_WAIT_UNTIL(!kt_int("EXISTS %s", wa), ttl + grace + 2 * interval + 5),
-              "not recovered: %s", kt_kiq_log(b));
+              "not recovered: %s", kt_capstan_log(b));
     double latency = kt_now() - t0;
     fprintf(stderr, "[recovery] jobs back %.2f s after the kill (liveness had %.2f s left; "
             "ttl %.0f s, interval %.0f s)\n", latency, left, ttl, interval);
@@ -269,14 +269,14 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     cr_assert_leq(latency, ttl + grace + 2 * interval, "within about ttl + grace + 2 intervals");
     for (int i = 0; i < 3; i++) {
         char *j = jid_eq(sj[i]);
-        cr_assert(KT_WAIT_UNTIL(log_lines_with(b, j, "INFO: done") == 1, 10), "%s", kt_kiq_log(b));
+        cr_assert(KT_WAIT_UNTIL(log_lines_with(b, j, "INFO: done") == 1, 10), "%s", kt_capstan_log(b));
         free(j);
     }
     cr_assert(alive(b), "B was never restarted");
-    cr_assert(kt_log_has(b, "recovered 3 orphaned jobs from 1 dead processes"), "%s", kt_kiq_log(b));
+    cr_assert(kt_log_has(b, "recovered 3 orphaned jobs from 1 dead processes"), "%s", kt_capstan_log(b));
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 15), 0);
     free(ida);
     free(wa);
     free(y);
@@ -305,8 +305,8 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
     kt_push_all(c, "default", p, n);
     char *y = kt_write_file("restart.yml", FAST_YAML "average_scheduled_poll_interval: 0.5\n");
     const char *args[] = { "-C", y, "-c", "5", "--redis-url", s.url, NULL };
-    pid_t pid = kt_kiq_start(args);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") >= N / 4, 30), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start(args);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") >= N / 4, 30), "%s", kt_capstan_log(pid));
     redisFree(c);
     kt_aof_kill(&s);
     /* An outage of a fixed length: long enough for every thread to notice. */
@@ -330,15 +330,15 @@ Test(reliable, redis_restart_mid_run_loses_nothing)
             && kt_int_on(c, "ZCARD retry") == 0 && working_lists(c) == 0; }), 60);
     cr_assert(ok, "after the restart: %lld recorded, %lld queued, %lld in retry, %ld working lists\n%s",
               kt_int_on(c, "SCARD rec"), kt_int_on(c, "LLEN queue:default"), kt_int_on(c, "ZCARD retry"),
-              working_lists(c), kt_kiq_log(pid));
+              working_lists(c), kt_capstan_log(pid));
     long dups = (long)(kt_int_on(c, "LLEN rec:log") - kt_int_on(c, "SCARD rec"));
     fprintf(stderr, "[redis-restart] %d jobs, %ld done before the restart, %ld failed with Redis "
             "gone and retried, %ld duplicates\n", N, before, retried, dups);
-    cr_assert(alive(pid), "kiq rode out the outage");
-    cr_assert(kt_log_has(pid, "Redis is online"), "%s", kt_kiq_log(pid));
+    cr_assert(alive(pid), "capstan rode out the outage");
+    cr_assert(kt_log_has(pid, "Redis is online"), "%s", kt_capstan_log(pid));
     cr_assert_leq(dups, CONC, "only jobs in flight at the outage may run twice");
     cr_assert_eq(kt_int_on(c, "ZCARD dead"), 0);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     redisFree(c);
     kill(s.pid, SIGTERM);
     waitpid(s.pid, NULL, 0);
@@ -367,8 +367,8 @@ static int starts(const pid_t *procs, int n, const char *jid)
 static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *const *args,
                              pid_t *a, pid_t *b, char sj[4][25], unsigned tag, const char *ms)
 {
-    *a = kt_kiq_start(args);
-    *b = kt_kiq_start(args);
+    *a = kt_capstan_start(args);
+    *b = kt_capstan_start(args);
     char *ida = kt_log_identity(*a), *idb = kt_log_identity(*b), *wa = kt_working_key(ida), *wb = kt_working_key(idb);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(*a, "Starting processing") && kt_log_has(*b, "Starting processing"), 10));
     char *p[4], args_json[32];
@@ -379,7 +379,7 @@ static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *con
     }
     kt_push_all(c, "default", p, 4);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN %s", wa) + kt_int_on(c, "LLEN %s", wb) == 4, 10),
-              "%s\n%s", kt_kiq_log(*a), kt_kiq_log(*b));
+              "%s\n%s", kt_capstan_log(*a), kt_capstan_log(*b));
     for (int i = 0; i < 4; i++)
         free(p[i]);
     free(ida);
@@ -393,9 +393,9 @@ static void two_busy_workers(kt_aof_redis_t *s, redisContext *c, const char *con
 static void each_ran_once(redisContext *c, pid_t *procs, int n, char sj[4][25])
 {
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0 && working_lists(c) == 0, 30),
-              "not drained:\n%s\n%s", kt_kiq_log(procs[0]), kt_kiq_log(procs[n - 1]));
+              "not drained:\n%s\n%s", kt_capstan_log(procs[0]), kt_capstan_log(procs[n - 1]));
     for (int i = 0; i < n; i++)
-        cr_assert_eq(kt_kiq_stop(procs[i], SIGTERM, 20), 0, "%s", kt_kiq_log(procs[i]));
+        cr_assert_eq(kt_capstan_stop(procs[i], SIGTERM, 20), 0, "%s", kt_capstan_log(procs[i]));
     int twice = 0;
     for (int i = 0; i < 4; i++) {
         int runs = starts(procs, n, sj[i]);
@@ -403,8 +403,8 @@ static void each_ran_once(redisContext *c, pid_t *procs, int n, char sj[4][25])
         twice += runs > 1;
     }
     fprintf(stderr, "[liveness] %d of 4 jobs of live workers ran twice\n", twice);
-    cr_assert_eq(twice, 0, "jobs of live workers ran twice:\n%s\n%s", kt_kiq_log(procs[0]),
-                 kt_kiq_log(procs[n - 1]));
+    cr_assert_eq(twice, 0, "jobs of live workers ran twice:\n%s\n%s", kt_capstan_log(procs[0]),
+                 kt_capstan_log(procs[n - 1]));
 }
 
 /* Redis comes back after an outage longer than liveness_ttl: every liveness
@@ -445,7 +445,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     char *y = kt_write_file("pill.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "2", NULL };
     int crashes = 0;
-    pid_t pid = kt_kiq_start(args);
+    pid_t pid = kt_capstan_start(args);
     for (int round = 0; round < 5; round++) {
         int st = -1;
         KT_WAIT_UNTIL(({
@@ -454,9 +454,9 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
         if (kt_int("ZCARD dead") == 1)
             break;
         cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "worker %d should have crashed: %s",
-                  (int)pid, kt_kiq_log(pid));
+                  (int)pid, kt_capstan_log(pid));
         crashes++;
-        pid = kt_kiq_start(args);
+        pid = kt_capstan_start(args);
     }
     cr_assert_eq(crashes, 3, "the pill ran (and crashed a worker) three times");
     redisReply *dr = kt_cmd("ZRANGE dead 0 0");
@@ -465,7 +465,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     freeReplyObject(dr);
     json_t *j = json_loads(dead, 0, NULL);
     cr_assert(j, "%s", dead);
-    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "Kiq::PoisonPill");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error_class")), "Capstan::PoisonPill");
     cr_assert_eq(json_integer_value(json_object_get(j, "recovery_count")), 3, "%s", dead);
     cr_assert_str_eq(json_string_value(json_object_get(j, "jid")), pill);
     cr_assert_str_eq(json_string_value(json_object_get(j, "class")), "CrashJob");
@@ -479,13 +479,13 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
         kt_make_jid(jid, 6, i);
         push_one(c, "RecordJob", "[\"rec\"]", jid);
     }
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 20, 10), "%s", kt_capstan_log(pid));
     cr_assert(alive(pid));
-    cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "1 poison pills sent to the dead set"), "%s", kt_capstan_log(pid));
     char named[128];
     snprintf(named, sizeof(named), "poison pill CrashJob jid=%s sent to the dead set", pill);
-    cr_assert(kt_log_has(pid, named), "the pill is named: %s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert(kt_log_has(pid, named), "the pill is named: %s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     free(y);
 }
 
@@ -515,27 +515,27 @@ Test(reliable, v9_working_lists_are_recovered_only_when_their_owner_is_gone)
     freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:otherhost:456:0123456789ab 1 EX 60"));
 
     char *y = kt_write_file("v9.yml", FAST_YAML);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]) && kt_int("SISMEMBER rec %s", j[1]), 10),
-              "the dead owner's jobs ran: %s", kt_kiq_log(pid));
+              "the dead owner's jobs ran: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("EXISTS %s", dead1), 0);
-    cr_assert(kt_log_has(pid, "recovered 2 orphaned jobs"), "at startup: %s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "recovered 2 orphaned jobs"), "at startup: %s", kt_capstan_log(pid));
 
     /* A list orphaned after the start shows a periodic pass has run too. */
     freeReplyObject(kt_cmd("LPUSH %s %s", dead2, p[3]));
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[3]), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[3]), 10), "%s", kt_capstan_log(pid));
     redisReply *r = kt_cmd("LRANGE %s 0 -1", live);
     cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
     cr_assert_str_eq(r->element[0]->str, p[2], "a live owner's list is left byte for byte");
     freeReplyObject(r);
     cr_assert_eq(kt_int("SISMEMBER rec %s", j[2]), 0);
 
-    /* Its owner dies: now it is kiq's to recover. */
+    /* Its owner dies: now it is capstan's to recover. */
     freeReplyObject(kt_cmd("DEL uniquejobs:heartbeat:otherhost:456:0123456789ab"));
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "%s", kt_capstan_log(pid));
     /* RecordJob adds to the set, then to the log: wait for the log too. */
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rec:log") >= 4 && working_lists(c) == 0, 5));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     cr_assert_eq(kt_int("LLEN rec:log"), 4, "each ran once");
     for (int i = 0; i < 4; i++)
         free(p[i]);
@@ -553,13 +553,13 @@ Test(reliable, shutdown_requeue_puts_unfinished_job_at_the_head)
     char *px = kt_payload("SleepJob", "[10000]", x, "default");
     kt_push_all(c, "default", &px, 1);
     char *y = kt_write_file("head.yml", FAST_YAML);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_capstan_log(pid));
     push_one(c, "RecordJob", "[\"rec\"]", yj);
     push_one(c, "RecordJob", "[\"rec\"]", z);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
-    cr_assert(kt_log_has(pid, "Pushed 1 jobs back"), "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "Pushed 1 jobs back"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 3);
     char *head = kt_str("LINDEX queue:default -1");
     cr_assert_str_eq(head, px, "the interrupted job is fetched next, unchanged");
@@ -582,7 +582,7 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
     /* One processor, so the two jobs cannot be given back by two threads
      * in either order. Its blocking fetch waits up to 1 s, so it is most
      * likely still waiting when the jobs arrive just after TSTP. */
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10));
     kill(pid, SIGTSTP);
@@ -598,7 +598,7 @@ Test(reliable, job_fetched_while_going_quiet_goes_back_to_the_head)
     cr_assert_str_eq(head, px, "the first pushed is still the next fetched");
     cr_assert_eq(kt_int("SCARD rec"), 0, "a quiet process runs nothing new");
     cr_assert_eq(kt_int("EXISTS %s", w), 0);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     free(head);
     free(px);
     free(py);
@@ -618,10 +618,10 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
      * (LMOVE RIGHT LEFT leaves the first taken at the right end). */
     freeReplyObject(kt_cmd("LPUSH queue:default %s", p[0]));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:aaaaaaaaaaaa %s %s %s", p[1], p[2], p[3]));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_recovery_t rec;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_recovery_t rec;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 3);
     cr_assert_eq(rec.lists, 1);
     /* Fetched next first: p[1], then p[2], p[3], and p[0] after them. */
@@ -632,7 +632,7 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
             cr_assert(strstr(e, "\"recovery_count\":1"), "%s", e);
         free(e);
     }
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     for (int i = 0; i < 4; i++)
         free(p[i]);
 }
@@ -646,10 +646,10 @@ Test(reliable, recovery_count_saturates_and_ignores_negatives)
                            "\"args\":[],\"recovery_count\":9223372036854775807}",
                            "{\"class\":\"RecordJob\",\"queue\":\"default\",\"jid\":\"neg\","
                            "\"args\":[],\"recovery_count\":-5}"));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_recovery_t rec;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_recovery_t rec;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
     cr_assert_eq(rec.killed, 1);
     redisReply *dr = kt_cmd("ZRANGE dead 0 0");
@@ -663,7 +663,7 @@ Test(reliable, recovery_count_saturates_and_ignores_negatives)
               && strstr(queued, "\"recovery_count\":1"), "%s", queued);
     free(dead);
     free(queued);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 /* A job stranded in a live process's own list (its fetch reply lost with the
@@ -672,24 +672,24 @@ Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
 {
     redisContext *c = kt_redis();
     char *y = kt_write_file("stray.yml", FAST_YAML);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     char sj[25], rj[25];
     kt_make_jid(sj, 14, 0);
     kt_make_jid(rj, 14, 1);
     push_one(c, "SleepJob", "[4000]", sj);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_capstan_log(pid));
     char *pr = kt_payload("RecordJob", "[\"rec\"]", rj, "default");
     freeReplyObject(kt_cmd("LPUSH %s %s", w, pr));
     double t0 = kt_now();
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", rj), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", rj), 10), "%s", kt_capstan_log(pid));
     fprintf(stderr, "[stray] ran %.2f s after it was stranded\n", kt_now() - t0);
-    cr_assert(kt_log_has(pid, "gave back 1 jobs"), "%s", kt_kiq_log(pid));
+    cr_assert(kt_log_has(pid, "gave back 1 jobs"), "%s", kt_capstan_log(pid));
     char *j = jid_eq(sj);
     cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") == 1, 10));
     cr_assert_eq(log_lines_with(pid, j, "INFO: start"), 1, "the running job was not given back");
     cr_assert(KT_WAIT_UNTIL(working_lists(c) == 0, 5));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     free(j);
     free(pr);
     free(id);
@@ -697,7 +697,7 @@ Test(reliable, job_stranded_in_a_live_processs_own_list_runs)
     free(y);
 }
 
-/* What `kiq stats` shows: each working list, its owner, alive or not. */
+/* What `capstan stats` shows: each working list, its owner, alive or not. */
 Test(reliable, list_working_shows_owners_and_liveness)
 {
     redisContext *c = kt_redis();
@@ -705,27 +705,27 @@ Test(reliable, list_working_shows_owners_and_liveness)
      * after the startup pass: it must stay for the listing to show it. */
     char *y = kt_write_file("stats.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                       "recovery_interval: 600\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", "-t", "1", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10));
     char sj[25];
     kt_make_jid(sj, 15, 0);
     push_one(c, "SleepJob", "[5000]", sj);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_capstan_log(pid));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:h1:1:aaaaaaaaaaaa a b c"));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:h0:2:bbbbbbbbbbbb d"));
     freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:h0:2:bbbbbbbbbbbb 1 EX 60"));
     /* A live owner with nothing in flight has no list to show. */
     freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:h2:3:cccccccccccc 1 EX 60"));
 
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_working_info_t *info = NULL;
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_working_info_t *info = NULL;
     size_t n = 0;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq__fetch_list_working(r, &info, &n, err), 0, "%s", err);
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__fetch_list_working(r, &info, &n, err), 0, "%s", err);
     cr_assert_eq(n, 3);
     const char *want[3] = { "h0:2:bbbbbbbbbbbb", "h1:1:aaaaaaaaaaaa", id };
-    /* Sorted by identity; kiq's own hostname may sort anywhere. */
+    /* Sorted by identity; capstan's own hostname may sort anywhere. */
     for (size_t k = 0; k < 3; k++) {
         size_t i = 0;
         while (i < n && strcmp(info[i].identity, want[k]) != 0)
@@ -741,25 +741,25 @@ Test(reliable, list_working_shows_owners_and_liveness)
             cr_assert_eq(info[i].liveness_ms, 0);
         } else {
             cr_assert_eq(info[i].length, 1);
-            cr_assert(info[i].alive, "a running kiq is alive");
+            cr_assert(info[i].alive, "a running capstan is alive");
             cr_assert(info[i].liveness_ms > 0 && info[i].liveness_ms <= 2000,
                       "liveness_ttl 2 s: %lld ms", info[i].liveness_ms);
         }
     }
     for (size_t i = 1; i < n; i++)
         cr_assert_lt(strcmp(info[i - 1].identity, info[i].identity), 0);
-    kiq__fetch_working_info_free(info, n);
-    kiq__fetch_working_info_free(NULL, 0);
+    capstan__fetch_working_info_free(info, n);
+    capstan__fetch_working_info_free(NULL, 0);
 
     /* An empty database lists nothing. */
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     freeReplyObject(kt_cmd("DEL uniquejobs:working:h1:1:aaaaaaaaaaaa uniquejobs:working:h0:2:bbbbbbbbbbbb"));
     freeReplyObject(kt_cmd("DEL queue:default"));
-    info = (kiq_working_info_t *)1;
-    cr_assert_eq(kiq__fetch_list_working(r, &info, &n, err), 0, "%s", err);
+    info = (capstan_working_info_t *)1;
+    cr_assert_eq(capstan__fetch_list_working(r, &info, &n, err), 0, "%s", err);
     cr_assert_eq(n, 0);
     cr_assert_null(info);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     free(id);
     free(w);
     free(y);
@@ -768,23 +768,23 @@ Test(reliable, list_working_shows_owners_and_liveness)
 Test(reliable, liveness_ttl_is_configurable_and_checked)
 {
     char *ok = kt_write_file("ttl.yml", "heartbeat_interval: 1\nliveness_ttl: 4.5\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", ok, "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", ok, "-c", "1", NULL });
     char *id = kt_log_identity(pid);
     char lkey[512];
-    kiq__fetch_liveness_key(id, lkey, sizeof(lkey));
+    capstan__fetch_liveness_key(id, lkey, sizeof(lkey));
     cr_assert(KT_WAIT_UNTIL(kt_int("PTTL %s", lkey) > 0, 5));
     long long ms = kt_int("PTTL %s", lkey);
     cr_assert(ms > 0 && ms <= 4500, "PTTL %lld", ms);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     cr_assert_eq(kt_int("EXISTS %s", lkey), 0, "a clean exit with nothing in flight removes it");
 
     char *slow = kt_write_file("ttl-slow.yml", "heartbeat_interval: 5\nliveness_ttl: 10\n");
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", slow, NULL }, &out), 78, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", slow, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "liveness_ttl: must be at least 3 times heartbeat_interval"), "%s", out);
     free(out);
     char *zero = kt_write_file("ttl-zero.yml", "liveness_ttl: 0\n");
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", zero, NULL }, &out), 78, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", zero, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "liveness_ttl"), "%s", out);
     free(out);
     free(id);
@@ -839,16 +839,16 @@ Test(reliable, systemd_notify_ready_watchdog_stopping)
     int fd = notify_socket(path, 0);
     setenv("NOTIFY_SOCKET", path, 1);
     setenv("WATCHDOG_USEC", "400000", 1);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     int pings = 0;
-    cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_kiq_log(pid));
+    cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_capstan_log(pid));
     cr_assert(kt_log_has(pid, "Starting processing"), "ready only once processing");
     cr_assert(recv_until(fd, "NEVER", 1.0, &pings) == 0);
     cr_assert_geq(pings, 3, "WATCHDOG=1 every 0.2 s: %d in 1 s", pings);
     kill(pid, SIGTERM);
-    cr_assert(recv_until(fd, "STOPPING=1", 10, NULL), "no STOPPING=1: %s", kt_kiq_log(pid));
+    cr_assert(recv_until(fd, "STOPPING=1", 10, NULL), "no STOPPING=1: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_wait_exit(pid, 15), 0);
     close(fd);
     unlink(path);
@@ -858,15 +858,15 @@ Test(reliable, systemd_notify_ready_watchdog_stopping)
 Test(reliable, systemd_notify_abstract_socket_without_watchdog)
 {
     char name[108];
-    snprintf(name, sizeof(name), "@kiq-test-%d-%s", (int)getpid(), kt_url() + 8);
+    snprintf(name, sizeof(name), "@capstan-test-%d-%s", (int)getpid(), kt_url() + 8);
     int fd = notify_socket(name, 1);
     setenv("NOTIFY_SOCKET", name, 1);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     unsetenv("NOTIFY_SOCKET");
     int pings = 0;
-    cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_kiq_log(pid));
+    cr_assert(recv_until(fd, "READY=1", 10, &pings), "no READY=1: %s", kt_capstan_log(pid));
     kill(pid, SIGTERM);
-    cr_assert(recv_until(fd, "STOPPING=1", 10, &pings), "no STOPPING=1: %s", kt_kiq_log(pid));
+    cr_assert(recv_until(fd, "STOPPING=1", 10, &pings), "no STOPPING=1: %s", kt_capstan_log(pid));
     cr_assert_eq(pings, 0, "no watchdog without WATCHDOG_USEC");
     cr_assert_eq(kt_wait_exit(pid, 15), 0);
     close(fd);
@@ -890,12 +890,12 @@ Test(reliable, jobs_fetched_together_never_wait_behind_a_long_one)
     for (int i = 0; i < 4; i++)
         free(p[i]);
     double t0 = kt_now();
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "4", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD hol") == 3, 20), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD hol") == 3, 20), "%s", kt_capstan_log(pid));
     double took = kt_now() - t0;
     /* Done before the long job could have finished: they did not wait. */
-    cr_assert_lt(took, 5.5, "the three took %.1f s: %s", took, kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_lt(took, 5.5, "the three took %.1f s: %s", took, kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
     cr_assert_eq(kt_int("SCARD hol"), 3, "each ran once");
     cr_assert_eq(kt_int("LLEN hol:log"), 3);
 }
@@ -918,15 +918,15 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
         kt_int("ZADD uniquejobs:digests 1 %s", digest[i]);
     }
     kt_push_all(kt_redis(), "ba", p, 3);
-    kiq_redis_t *r = kt_lib_redis();
-    char err[KIQ_ERRLEN];
-    kiq_queue_conf_t q = { .name = "ba" };
-    kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "batch-test", .queues = &q,
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_queue_conf_t q = { .name = "ba" };
+    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = "batch-test", .queues = &q,
                             .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
-    kiq_fetch_t *f = kiq__fetch_new(&fc, err);
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
-    kiq_fetched_t got[4];
-    cr_assert_eq(kiq__fetch_exchange(f, r, NULL, 0, got, 4, 0), 3, "one call, three jobs");
+    capstan_fetched_t got[4];
+    cr_assert_eq(capstan__fetch_exchange(f, r, NULL, 0, got, 4, 0), 3, "one call, three jobs");
     for (unsigned i = 0; i < 3; i++) {
         cr_assert(strstr(got[i].payload, jid[i]), "in queue order: %s", got[i].payload);
         cr_assert_str_eq(got[i].queue, "ba");
@@ -937,15 +937,15 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     cr_assert_eq(kt_int("LLEN uniquejobs:working:batch-test"), 3);
     /* Job 1 was taken back meanwhile (as a recovery would). */
     kt_int("LREM uniquejobs:working:batch-test 1 %s", p[1]);
-    kiq_ack_item_t acks[3];
+    capstan_ack_item_t acks[3];
     char keys[3][80];
     for (unsigned i = 0; i < 3; i++) {
         snprintf(keys[i], sizeof(keys[i]), "%s:LOCKED", digest[i]);
-        acks[i] = (kiq_ack_item_t){ .raw = got[i].payload, .len = got[i].len,
-                                    .ack = { .kind = KIQ_ACK_OK, .lock_key = keys[i],
+        acks[i] = (capstan_ack_item_t){ .raw = got[i].payload, .len = got[i].len,
+                                    .ack = { .kind = CAPSTAN_ACK_OK, .lock_key = keys[i],
                                              .lock_jid = jid[i] } };
     }
-    cr_assert_eq(kiq__fetch_exchange(f, r, acks, 3, NULL, 0, 0), 0);
+    cr_assert_eq(capstan__fetch_exchange(f, r, acks, 3, NULL, 0, 0), 0);
     for (unsigned i = 0; i < 3; i++)
         cr_assert_eq(acks[i].rc, 0, "ack %u written", i);
     cr_assert_eq(kt_int("LLEN uniquejobs:working:batch-test"), 0);
@@ -954,13 +954,13 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     cr_assert_eq(kt_int("HEXISTS %s %s", keys[1], jid[1]), 1, "kept: its job was taken back");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 1);
     /* Nothing left: a non-blocking fetch returns at once with none. */
-    cr_assert_eq(kiq__fetch_exchange(f, r, NULL, 0, got, 4, 0), 0);
+    cr_assert_eq(capstan__fetch_exchange(f, r, NULL, 0, got, 4, 0), 0);
     for (unsigned i = 0; i < 3; i++) {
-        kiq__fetched_clear(&got[i]);
+        capstan__fetched_clear(&got[i]);
         free(p[i]);
     }
-    kiq__fetch_free(f);
-    kiq_redis_free(r);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
 }
 
 /* SCRIPT FLUSH (or a failover to a replica without the scripts) while jobs
@@ -976,9 +976,9 @@ Test(reliable, script_flush_mid_drain_reloads_at_once)
     redisContext *c = kt_aof_connect(&s);
     cr_assert(c);
     char *y = kt_write_file("flush.yml", FAST_YAML "average_scheduled_poll_interval: 0.2\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", "-q", "a", "-q", "b", "--redis-url",
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "4", "-q", "a", "-q", "b", "--redis-url",
                                                s.url, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "identity"), 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "identity"), 10), "%s", kt_capstan_log(pid));
     for (unsigned round = 0; round < ROUNDS; round++) {
         char *p[PER + FAILS];
         size_t n = 0;
@@ -1003,7 +1003,7 @@ Test(reliable, script_flush_mid_drain_reloads_at_once)
                                     && kt_int_on(c, "LLEN queue:a") + kt_int_on(c, "LLEN queue:b") == 0,
                                 30),
                   "round %u: %lld of %ld recorded, %lld in retry\n%s", round, kt_int_on(c, "SCARD rec"),
-                  want, kt_int_on(c, "ZCARD retry"), kt_kiq_log(pid));
+                  want, kt_int_on(c, "ZCARD retry"), kt_capstan_log(pid));
         for (size_t i = 0; i < n; i++)
             free(p[i]);
     }
@@ -1015,8 +1015,8 @@ Test(reliable, script_flush_mid_drain_reloads_at_once)
     kt_push_all(c, "b", &last, 1);
     free(last);
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD rec") == ROUNDS * (PER - PER / 10) + 1, 10));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
-    char *log = kt_kiq_log(pid);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    char *log = kt_capstan_log(pid);
     cr_assert(!strstr(log, "fetch failed"), "%s", log);
     cr_assert(!strstr(log, "NOSCRIPT"), "%s", log);
     cr_assert_eq(kt_int_on(c, "LLEN rec:log"), kt_int_on(c, "SCARD rec"), "a job ran twice");
@@ -1047,7 +1047,7 @@ Test(reliable, maxmemory_longer_than_liveness_ttl_takes_no_live_jobs)
     freeReplyObject(r);
     kt_sleep(3.0); /* longer than liveness_ttl (2 s) */
     freeReplyObject(redisCommand(c, "CONFIG SET maxmemory 0"));
-    procs[2] = kt_kiq_start(args);
+    procs[2] = kt_capstan_start(args);
     each_ran_once(c, procs, 3, sj);
     redisFree(c);
     kill(s.pid, SIGTERM);
@@ -1083,7 +1083,7 @@ Test(reliable, redis_restart_without_info_permission_takes_no_live_jobs)
     c = kt_aof_connect(&s);
     cr_assert(c);
     freeReplyObject(redisCommand(c, acl)); /* users are not in the AOF */
-    procs[2] = kt_kiq_start(args);
+    procs[2] = kt_capstan_start(args);
     each_ran_once(c, procs, 3, sj);
     redisFree(c);
     kill(s.pid, SIGTERM);
@@ -1108,40 +1108,40 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
     freeReplyObject(kt_cmd("LPUSH %s %s", dead, p[0]));
     freeReplyObject(kt_cmd("LPUSH %s %s", own, p[1]));
     freeReplyObject(kt_cmd("ZADD retry 1 %s", p[2]));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_recovery_t rec;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_recovery_t rec;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 0);
     cr_assert_eq(kt_int("LLEN %s", dead), 1, "the orphan stays in its working list");
-    kiq_queue_conf_t q = { .name = "default" };
-    kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "me:2:bbbbbbbbbbbb",
+    capstan_queue_conf_t q = { .name = "default" };
+    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = "me:2:bbbbbbbbbbbb",
                             .queues = &q, .nqueues = 1 };
-    kiq_fetch_t *f = kiq__fetch_new(&fc, err);
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
-    cr_assert_neq(kiq__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
+    cr_assert_neq(capstan__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
     cr_assert_eq(kt_int("LLEN %s", own), 1, "the requeued job stays in the working list");
     /* The scheduler of a running worker (that fetches another queue and
      * leaves recovery to this test). */
     char *y = kt_write_file("bogus.yml", "recovery_interval: 600\npoll_interval_average: 0.2\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", "-q", "other", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", "-q", "other", NULL });
     KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0 || kt_log_has(pid, "queue:bogus"), 10);
-    cr_assert_eq(kt_int("ZCARD retry"), 1, "the due retry stays in retry: %s", kt_kiq_log(pid));
-    cr_assert(kt_log_has(pid, "queue:bogus"), "the key is named: %s", kt_kiq_log(pid));
+    cr_assert_eq(kt_int("ZCARD retry"), 1, "the due retry stays in retry: %s", kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "queue:bogus"), "the key is named: %s", kt_capstan_log(pid));
     kt_sleep(1.0); /* a few more polls */
-    cr_assert_eq(log_lines_with(pid, "queue:bogus", NULL), 1, "said once: %s", kt_kiq_log(pid));
+    cr_assert_eq(log_lines_with(pid, "queue:bogus", NULL), 1, "said once: %s", kt_capstan_log(pid));
 
     freeReplyObject(kt_cmd("DEL queue:bogus"));
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0, 10), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kiq__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0, 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
-    cr_assert_eq(kiq__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
+    cr_assert_eq(capstan__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
     cr_assert_eq(kt_int("LLEN queue:bogus"), 3, "all three are queued");
     cr_assert_eq(kt_int("EXISTS %s", dead), 0);
     cr_assert_eq(kt_int("LLEN %s", own), 0);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
-    kiq__fetch_free(f);
-    kiq_redis_free(r);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
     for (int i = 0; i < 3; i++)
         free(p[i]);
     free(y);
@@ -1158,26 +1158,26 @@ Test(reliable, queue_name_of_600_bytes_works_end_to_end)
     name[600] = '\0';
     snprintf(qkey, sizeof(qkey), "queue:%s", name);
     char *y = kt_write_file("long.yml", FAST_YAML "poll_interval_average: 0.2\ntimeout: 1\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", "-q", name, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", "-q", name, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "Starting processing"), 10), "%s", kt_capstan_log(pid));
     char j[4][25], *p[4];
     for (unsigned i = 0; i < 4; i++) {
         kt_make_jid(j[i], 25, i);
         p[i] = kt_payload(i == 3 ? "SleepJob" : "RecordJob", i == 3 ? "[20000]" : "[\"rec\"]", j[i],
-                       name);
+                          name);
     }
     kt_push_all(c, name, &p[0], 1);
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]), 10), "pushed: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[0]), 10), "pushed: %s", kt_capstan_log(pid));
     freeReplyObject(kt_cmd("ZADD retry 1 %s", p[1]));
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[1]), 10), "retried: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[1]), 10), "retried: %s", kt_capstan_log(pid));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:cccccccccccc %s", p[2]));
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "recovered: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", j[2]), 10), "recovered: %s", kt_capstan_log(pid));
     kt_push_all(c, name, &p[3], 1);
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
     char *back = kt_str("LINDEX %s 0", qkey);
-    cr_assert(back && strstr(back, j[3]), "requeued to its queue: %s", kt_kiq_log(pid));
+    cr_assert(back && strstr(back, j[3]), "requeued to its queue: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN %s", qkey), 1);
     cr_assert_eq(kt_int("LLEN rec:log"), 3, "each ran once");
     free(back);
@@ -1214,9 +1214,9 @@ Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
                   recovered_payload("RecordJob", "[\"rec\"]", rj) };
     kt_push_all(c, "default", p, 2);
     char *y = kt_write_file("suspect.yml", FAST_YAML);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1 && kt_int("SISMEMBER rec %s", rj) == 1, 10),
-              "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
     redisReply *rr = kt_cmd("ZRANGE retry 0 0");
     cr_assert(rr->type == REDIS_REPLY_ARRAY && rr->elements == 1);
     char *entry = strdup(rr->element[0]->str);
@@ -1235,10 +1235,10 @@ Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
     cr_assert_eq(json_integer_value(json_object_get(j, "retry_count")), 0);
     json_decref(j);
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 5), "both acked: %s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0, 5), "both acked: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert_eq(kt_int("ZCARD dead"), 0);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     free(entry);
     free(kept);
     free(id);
@@ -1254,9 +1254,9 @@ static int started_once_done(redisContext *c, pid_t pid, const char *w, const ch
 {
     char *j = jid_eq(jid);
     cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") >= 1, 20), "%s never ran: %s",
-              jid, kt_kiq_log(pid));
+              jid, kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0
-                            && kt_int_on(c, "LLEN %s", w) == 0, 20), "%s", kt_kiq_log(pid));
+                            && kt_int_on(c, "LLEN %s", w) == 0, 20), "%s", kt_capstan_log(pid));
     int n = log_lines_with(pid, j, "INFO: start");
     free(j);
     return n;
@@ -1273,7 +1273,7 @@ Test(reliable, recovered_jobs_waiting_to_run_alone_start_once_each)
     enum { ROUNDS = 20 };
     redisContext *c = kt_redis();
     char *y = kt_write_file("alone.yml", FAST_YAML);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "4", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     for (unsigned round = 0; round < ROUNDS; round++) {
         char lj[2][25], sj[4][25];
@@ -1284,7 +1284,7 @@ Test(reliable, recovered_jobs_waiting_to_run_alone_start_once_each)
         for (unsigned i = 0; i < 2; i++) {
             char *j = jid_eq(lj[i]);
             cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s",
-                      kt_kiq_log(pid));
+                      kt_capstan_log(pid));
             free(j);
         }
         char *p[4];
@@ -1296,14 +1296,14 @@ Test(reliable, recovered_jobs_waiting_to_run_alone_start_once_each)
         for (unsigned i = 0; i < 4; i++) {
             cr_assert_eq(started_once_done(c, pid, w, sj[i]), 1,
                          "round %u: recovered job %s started more than once:\n%s", round, sj[i],
-                         kt_kiq_log(pid));
+                         kt_capstan_log(pid));
             free(p[i]);
         }
         for (unsigned i = 0; i < 2; i++)
-            cr_assert_eq(started_once_done(c, pid, w, lj[i]), 1, "%s", kt_kiq_log(pid));
+            cr_assert_eq(started_once_done(c, pid, w, lj[i]), 1, "%s", kt_capstan_log(pid));
     }
-    cr_assert(!kt_log_has(pid, "gave back"), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert(!kt_log_has(pid, "gave back"), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     free(id);
     free(w);
     free(y);
@@ -1318,7 +1318,7 @@ Test(reliable, jobs_of_a_killed_process_start_once_more_on_a_busy_one)
     redisContext *c = kt_redis();
     char *y = kt_write_file("busy.yml", FAST_YAML);
     const char *args[] = { "-C", y, "-c", "4", NULL };
-    pid_t a = kt_kiq_start(args);
+    pid_t a = kt_capstan_start(args);
     char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char kj[4][25], lj[3][25];
     for (unsigned i = 0; i < 4; i++) {
@@ -1326,8 +1326,8 @@ Test(reliable, jobs_of_a_killed_process_start_once_more_on_a_busy_one)
         push_one(c, "SleepJob", "[3000]", kj[i]);
     }
     cr_assert(KT_WAIT_UNTIL(log_lines_with(a, "SleepJob", "INFO: start") == 4, 10), "%s",
-              kt_kiq_log(a));
-    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "6", NULL });
+              kt_capstan_log(a));
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "6", NULL });
     char *idb = kt_log_identity(b), *wb = kt_working_key(idb);
     /* Three long jobs keep three of b's six processors busy past the
      * recovery; the other three take the recovered jobs. */
@@ -1336,14 +1336,14 @@ Test(reliable, jobs_of_a_killed_process_start_once_more_on_a_busy_one)
         push_one(c, "SleepJob", "[6000]", lj[i]);
     }
     cr_assert(KT_WAIT_UNTIL(log_lines_with(b, "SleepJob", "INFO: start") == 3, 10), "%s",
-              kt_kiq_log(b));
-    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
-    cr_assert(KT_WAIT_UNTIL(!kt_int("EXISTS %s", wa), 15), "not recovered: %s", kt_kiq_log(b));
+              kt_capstan_log(b));
+    cr_assert_eq(kt_capstan_stop(a, SIGKILL, 10), 128 + SIGKILL);
+    cr_assert(KT_WAIT_UNTIL(!kt_int("EXISTS %s", wa), 15), "not recovered: %s", kt_capstan_log(b));
     for (unsigned i = 0; i < 4; i++)
         cr_assert_eq(started_once_done(c, b, wb, kj[i]), 1, "%s started more than once more:\n%s",
-                     kj[i], kt_kiq_log(b));
-    cr_assert(!kt_log_has(b, "gave back"), "%s", kt_kiq_log(b));
-    cr_assert_eq(kt_kiq_stop(b, SIGTERM, 15), 0);
+                     kj[i], kt_capstan_log(b));
+    cr_assert(!kt_log_has(b, "gave back"), "%s", kt_capstan_log(b));
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 15), 0);
     free(ida);
     free(wa);
     free(idb);
@@ -1359,29 +1359,29 @@ Test(reliable, worker_whose_jobs_were_recovered_says_so_when_it_acks)
 {
     redisContext *c = kt_redis();
     char *y = kt_write_file("late.yml", FAST_YAML);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
     char *id = kt_log_identity(pid);
     char jid[25];
     kt_make_jid(jid, 95, 0);
     push_one(c, "SleepJob", "[1000]", jid);
     char *j = jid_eq(jid);
-    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s", kt_kiq_log(pid));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_recovery_t rec = {0};
-    char err[KIQ_ERRLEN], lkey[512];
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_recovery_t rec = {0};
+    char err[CAPSTAN_ERRLEN], lkey[512];
     /* As if its liveness key had lapsed while it was cut off. */
-    kiq__fetch_liveness_key(id, lkey, sizeof(lkey));
+    capstan__fetch_liveness_key(id, lkey, sizeof(lkey));
     freeReplyObject(kt_cmd("DEL %s", lkey));
-    cr_assert_eq(kiq_fetch_recover_one(r, id, 3, KIQ_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover_one(r, id, 3, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
     /* The worker finishes its run, finds the job gone, says so, then runs
      * the recovered copy (the one duplicate a recovery of a live worker
      * costs). */
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "1 finished jobs were no longer in this process's "
-                                            "working list"), 10), "%s", kt_kiq_log(pid));
-    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") == 2, 10), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
-    kiq_redis_free(r);
+                                            "working list"), 10), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") == 2, 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    capstan_redis_free(r);
     free(j);
     free(id);
     free(y);
@@ -1398,30 +1398,30 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
     kt_make_jid(hj, 27, 0);
     kt_make_jid(sj, 27, 1);
     char *y = kt_write_file("giveback.yml", FAST_YAML "timeout: 8\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     push_one(c, "SleepJob", "[3000]", hj);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_capstan_log(pid));
     /* The other processor takes the suspect and waits for the sleeper. */
     char *ps = recovered_payload("RecordJob", "[\"rec\"]", sj);
     kt_push_all(c, "default", &ps, 1);
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 2, 10), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 2, 10), "%s", kt_capstan_log(pid));
     kt_sleep(0.3);
     freeReplyObject(kt_cmd("SET queue:default not-a-list"));
     kill(pid, SIGTSTP);
     const char *said = "could not give a fetched job back to queue:default";
-    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, said), 5), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0, "%s", kt_kiq_log(pid));
-    cr_assert_eq(log_lines_with(pid, said, NULL), 1, "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, said), 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(log_lines_with(pid, said, NULL), 1, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SISMEMBER rec %s", sj), 0, "the suspect did not run");
     char *left = kt_str("LINDEX %s 0", w);
     cr_assert(left && strstr(left, sj), "the suspect stays in the working list: %s", left);
     cr_assert_eq(kt_int("LLEN %s", w), 1, "the sleeper finished and was acked");
     /* Once the key is a list again, a new process recovers and runs it. */
     freeReplyObject(kt_cmd("DEL queue:default"));
-    pid_t next = kt_kiq_start((const char *[]){ "-C", y, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", sj) == 1, 15), "%s", kt_kiq_log(next));
-    cr_assert_eq(kt_kiq_stop(next, SIGTERM, 15), 0);
+    pid_t next = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rec %s", sj) == 1, 15), "%s", kt_capstan_log(next));
+    cr_assert_eq(kt_capstan_stop(next, SIGTERM, 15), 0);
     free(left);
     free(ps);
     free(id);
@@ -1434,27 +1434,27 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
  * is right again: the failed job is never lost between the two. */
 Test(reliable, failure_ack_to_a_retry_key_of_wrong_type_keeps_the_job)
 {
-    char jid[25], err[KIQ_ERRLEN];
+    char jid[25], err[CAPSTAN_ERRLEN];
     kt_make_jid(jid, 25, 0);
     char *p = kt_payload("FailJob", "[]", jid, "default");
     const char *own = "uniquejobs:working:me:3:cccccccccccc";
     freeReplyObject(kt_cmd("LPUSH %s %s", own, p));
     freeReplyObject(kt_cmd("SET retry not-a-zset"));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_queue_conf_t q = { .name = "default" };
-    kiq_fetch_conf_t fc = { .mode = KIQ_FETCH_RELIABLE, .identity = "me:3:cccccccccccc",
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_queue_conf_t q = { .name = "default" };
+    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = "me:3:cccccccccccc",
                             .queues = &q, .nqueues = 1 };
-    kiq_fetch_t *f = kiq__fetch_new(&fc, err);
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
-    kiq_ack_t ack = { .kind = KIQ_ACK_RETRY, .score = 1, .payload = p, .len = strlen(p),
+    capstan_ack_t ack = { .kind = CAPSTAN_ACK_RETRY, .score = 1, .payload = p, .len = strlen(p),
                       .dead_max = 10 };
-    cr_assert_neq(kiq__fetch_ack(f, r, p, strlen(p), &ack), 0, "the ack is refused");
+    cr_assert_neq(capstan__fetch_ack(f, r, p, strlen(p), &ack), 0, "the ack is refused");
     cr_assert_eq(kt_int("LLEN %s", own), 1, "the job stays in the working list");
     freeReplyObject(kt_cmd("DEL retry"));
-    cr_assert_eq(kiq__fetch_ack(f, r, p, strlen(p), &ack), 0);
+    cr_assert_eq(capstan__fetch_ack(f, r, p, strlen(p), &ack), 0);
     cr_assert_eq(kt_int("LLEN %s", own), 0);
     cr_assert_eq(kt_int("ZCARD retry"), 1, "the failure is written once the key is right");
-    kiq__fetch_free(f);
-    kiq_redis_free(r);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
     free(p);
 }

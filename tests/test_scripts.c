@@ -1,6 +1,6 @@
 /* The Redis scripts compiled into the library are the lua/ files, byte for
  * byte (after the shared functions they name), in the order of enum
- * kiq_script (both generated from lua/meson.build). */
+ * capstan_script (both generated from lua/meson.build). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,24 +68,24 @@ static char *embedded(const char *dir, const char *name)
 
 Test(scripts, embedded_text_matches_the_lua_files)
 {
-    const char *dir = getenv("KIQ_LUA_DIR");
+    const char *dir = getenv("CAPSTAN_LUA_DIR");
     cr_assert_not_null(dir);
-    for (int i = 0; i < KIQ_SCRIPT_COUNT; i++) {
-        char *want = embedded(dir, kiq_lua_names[i]);
-        cr_assert_str_eq(kiq_script_text((kiq_script_t)i), want, "%s.lua differs", kiq_lua_names[i]);
+    for (int i = 0; i < CAPSTAN_SCRIPT_COUNT; i++) {
+        char *want = embedded(dir, capstan__lua_names[i]);
+        cr_assert_str_eq(capstan__script_text((capstan_script_t)i), want, "%s.lua differs", capstan__lua_names[i]);
         free(want);
     }
 }
 
 Test(scripts, enum_names_the_scripts_it_indexes)
 {
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_FETCH], "fetch");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_ACK], "ack");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_RECOVER], "recover");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_LOCK], "lock");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_UNLOCK], "unlock");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_QLOCK_ACQUIRE], "qlock_acquire");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_REAP], "reap");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_REPLACE], "replace");
-    cr_assert_str_eq(kiq_lua_names[KIQ_SCRIPT_ACKS], "acks");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_FETCH], "fetch");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_ACK], "ack");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_RECOVER], "recover");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_LOCK], "lock");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_UNLOCK], "unlock");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_QLOCK_ACQUIRE], "qlock_acquire");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_REAP], "reap");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_REPLACE], "replace");
+    cr_assert_str_eq(capstan__lua_names[CAPSTAN_SCRIPT_ACKS], "acks");
 }

@@ -1,5 +1,5 @@
-/* Redis Sentinel, end to end with the kiq binary: a master, a replica and
- * three sentinels of the test's own. What a user checks: kiq given a
+/* Redis Sentinel, end to end with the capstan binary: a master, a replica and
+ * three sentinels of the test's own. What a user checks: capstan given a
  * redis+sentinel:// URL works, keeps working through a failover with every
  * job run (some twice at most, those in flight), registers on the new
  * master, and names the problem when the master's name is wrong. */
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/config.h"
+#include "capstan/config.h"
 
 TestSuite(sentinel, .timeout = 120, .fini = kt_kill_children);
 
@@ -162,12 +162,12 @@ static void replica_caught_up(const cluster_t *k)
               info_num(k->replica, "replication", "slave_repl_offset:"), off, sentinel_logs(k));
 }
 
-/* The end of the log of kiq process pid: a whole log is too much for an
+/* The end of the log of capstan process pid: a whole log is too much for an
  * assertion's message. */
 static const char *log_tail(pid_t pid)
 {
     static char tail[4000];
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     size_t n = log ? strlen(log) : 0;
     snprintf(tail, sizeof(tail), "%s", log ? log + (n > 3000 ? n - 3000 : 0) : "(no log)");
     free(log);
@@ -279,15 +279,15 @@ static void retry_now(int port)
     redisFree(c);
 }
 
-Test(sentinel, kiq_run_finds_the_master_through_the_sentinels)
+Test(sentinel, capstan_run_finds_the_master_through_the_sentinels)
 {
     cluster_t k = { 0 };
     cluster_start(&k, 0, 3);
     push_records(k.master, 50);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", k.url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", k.url, NULL });
     cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 50, 20), "%s",
               log_tail(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }
 
 /* Whether any uniquejobs:working:* list on port holds anything. */
@@ -316,7 +316,7 @@ static double epoch(void)
     return (double)tv.tv_sec + tv.tv_usec / 1e6;
 }
 
-/* A master with a replica and three sentinels, n RecordJobs queued and kiq
+/* A master with a replica and three sentinels, n RecordJobs queued and capstan
  * draining them through the sentinels. */
 typedef struct drain {
     cluster_t k;
@@ -347,7 +347,7 @@ static void drain_start(drain_t *d, unsigned n, const char *concurrency, int sle
     snprintf(body, sizeof(body), "heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
              "average_scheduled_poll_interval: 0.5\n%s", yaml);
     d->yml = kt_write_file("sentinel.yml", body);
-    d->pid = kt_kiq_start((const char *[]){ "-C", d->yml, "-c", concurrency, "--redis-url",
+    d->pid = kt_capstan_start((const char *[]){ "-C", d->yml, "-c", concurrency, "--redis-url",
                                             d->k.url, NULL });
     cr_assert(KT_WAIT_UNTIL(int_on(d->k.master, "SCARD %s", "processes") == 1, 20), "%s",
               log_tail(d->pid));
@@ -399,7 +399,7 @@ static void listed_by_sidekiq(const drain_t *d, int port, double since)
 
 static void drain_stop(drain_t *d)
 {
-    cr_assert_eq(kt_kiq_stop(d->pid, SIGTERM, 20), 0, "%s", log_tail(d->pid));
+    cr_assert_eq(kt_capstan_stop(d->pid, SIGTERM, 20), 0, "%s", log_tail(d->pid));
     free(d->identity);
     free(d->yml);
 }
@@ -429,7 +429,7 @@ Test(sentinel, jobs_drain_through_two_failovers)
     drain_t d;
     /* Every other job sleeps 2 ms, so the drain outlasts both failovers
      * (the second waits for the demoted master's full resync) however soon
-     * kiq is on each new master. */
+     * capstan is on each new master. */
     drain_start(&d, failover_jobs(), "2", 2, "");
     ran_at_least(&d, d.k.master, d.n / 10);
     double t0 = kt_now(), since = epoch();
@@ -452,7 +452,7 @@ Test(sentinel, jobs_drain_through_two_failovers)
 }
 
 /* The master killed: the sentinels see it down after 1 s and elect the
- * replica; kiq goes on there. */
+ * replica; capstan goes on there. */
 Test(sentinel, jobs_drain_when_the_master_is_killed)
 {
     drain_t d;
@@ -564,7 +564,7 @@ Test(sentinel, an_unknown_master_name_stops_the_start)
     snprintf(url, sizeof(url), "%s", k.url);
     strcpy(strstr(url, "/mymaster"), "/nosuchmaster");
     char *out = NULL;
-    int rc = kt_kiq_run((const char *[]){ "run", "-r", getenv("KIQ_PLUGIN"), "--redis-url", url,
+    int rc = kt_capstan_run((const char *[]){ "run", "-r", getenv("CAPSTAN_PLUGIN"), "--redis-url", url,
                                           NULL }, &out);
     cr_assert_eq(rc, 78, "%s", out);
     cr_assert(strstr(out, "knows no master named nosuchmaster"), "%s", out);
@@ -578,9 +578,9 @@ Test(sentinel, passwords_of_the_sentinels_and_of_the_master)
     cluster_t k = { 0 };
     cluster_start_pw(&k, 0, 2, 1);
     push_records(k.master, 20);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", k.url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", k.url, NULL });
     cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 20, 20), "%s", log_tail(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
     cr_assert(!kt_log_has(pid, "spw") && !kt_log_has(pid, "mpw"), "%s", log_tail(pid));
     cr_assert(kt_log_has(pid, "sentinel_password=***"), "%s", log_tail(pid));
 }
@@ -592,25 +592,25 @@ Test(sentinel, a_readonly_reply_drops_the_connection)
 {
     cluster_t k = { 0 };
     cluster_start(&k, 1, 1);
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(k.url, 2, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(k.url, 2, err);
     cr_assert(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    cr_assert_eq(capstan_redis_connect(r), 0, "%s", capstan_redis_error(r));
     char rp[16];
     snprintf(rp, sizeof(rp), "%d", k.replica);
     redisContext *c = on(k.master);
     freeReplyObject(redisCommand(c, "REPLICAOF 127.0.0.1 %s", rp));
     redisFree(c);
-    redisReply *rep = kiq_redis_cmdf(r, "SET a 1");
+    redisReply *rep = capstan_redis_cmdf(r, "SET a 1");
     cr_assert(rep && rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "READONLY", 8));
     freeReplyObject(rep);
-    cr_assert(!kiq_redis_ok(r), "still taken for usable after READONLY");
-    cr_assert(strstr(kiq_redis_error(r), "READONLY"), "%s", kiq_redis_error(r));
+    cr_assert(!capstan_redis_ok(r), "still taken for usable after READONLY");
+    cr_assert(strstr(capstan_redis_error(r), "READONLY"), "%s", capstan_redis_error(r));
     /* The sentinels have not noticed yet: the reconnect finds a replica
      * where they say the master is, and waits rather than use it. */
-    cr_assert_eq(kiq_redis_connect(r), KIQ_EREDIS);
-    cr_assert(strstr(kiq_redis_error(r), "is a slave, not a master"), "%s", kiq_redis_error(r));
-    kiq_redis_free(r);
+    cr_assert_eq(capstan_redis_connect(r), CAPSTAN_EREDIS);
+    cr_assert(strstr(capstan_redis_error(r), "is a slave, not a master"), "%s", capstan_redis_error(r));
+    capstan_redis_free(r);
 }
 
 /* Sidekiq's redis: hash with sentinels (redis-client's options) reads as
@@ -627,14 +627,14 @@ Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
                             "  password: \"p@ss/word\"\n"
                             "  db: 3\n"
                             "  sentinel_password: spw\n");
-    kiq_config_t *cfg = kiq_config_new();
-    char err[KIQ_ERRLEN] = "";
-    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+    capstan_config_t *cfg = capstan_config_new();
+    char err[CAPSTAN_ERRLEN] = "";
+    cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
     cr_assert_str_eq(cfg->redis_url, "redis+sentinel://:p%40ss%2Fword@s1:26380,s2:26379/mymaster/3"
                                      "?sentinel_password=spw");
-    kiq_config_free(cfg);
+    capstan_config_free(cfg);
     free(y);
-    /* TLS to the sentinels: kiq's sentinel_ssl, or redis-client's ssl on
+    /* TLS to the sentinels: capstan's sentinel_ssl, or redis-client's ssl on
      * every sentinel. */
     static const char *const tls[] = {
         "redis: {sentinels: [{host: s1}], name: m, ssl: true, sentinel_ssl: true}\n",
@@ -642,29 +642,29 @@ Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
     };
     for (size_t i = 0; i < sizeof(tls) / sizeof(*tls); i++) {
         y = kt_write_file("tls.yml", tls[i]);
-        cfg = kiq_config_new();
-        cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
+        cfg = capstan_config_new();
+        cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
         cr_assert(strncmp(cfg->redis_url, "rediss+sentinel://s1:26379", 26) == 0, "%s",
                   cfg->redis_url);
         cr_assert(strstr(cfg->redis_url, "/m/0?sentinel_ssl=true"), "%s", cfg->redis_url);
-        kiq_redis_t *r = kiq_redis_new(cfg->redis_url, 1, err);
-        cr_assert(r, "the URL it means is one kiq takes: %s", err);
-        kiq_redis_free(r);
-        kiq_config_free(cfg);
+        capstan_redis_t *r = capstan_redis_new(cfg->redis_url, 1, err);
+        cr_assert(r, "the URL it means is one capstan takes: %s", err);
+        capstan_redis_free(r);
+        capstan_config_free(cfg);
         free(y);
     }
     /* The tls: mapping joins the sentinel URL's query, an '@' in a path
      * escaped (the URL reads a bare one as its user's end). */
     y = kt_write_file("tls-at.yml", "redis: {sentinels: [{host: s1}], name: m, "
                                     "sentinel_ssl: true}\ntls: {ca_file: /etc/a@b/ca.pem}\n");
-    cfg = kiq_config_new();
-    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
+    cfg = capstan_config_new();
+    cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
     cr_assert(strstr(cfg->redis_url, "&ca_file=/etc/a%40b/ca.pem"), "%s", cfg->redis_url);
-    kiq_redis_t *at = kiq_redis_new(cfg->redis_url, 1, err);
+    capstan_redis_t *at = capstan_redis_new(cfg->redis_url, 1, err);
     cr_assert(at, "%s", err);
-    kiq_redis_free(at);
-    kiq_config_free(cfg);
+    capstan_redis_free(at);
+    capstan_config_free(cfg);
     free(y);
     static const char *const bad[][2] = {
         { "redis: {sentinels: [{host: a, ssl: true}, {host: b}], name: m}\n",
@@ -680,17 +680,17 @@ Test(sentinel, yaml_sentinels_read_as_a_sentinel_url)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         y = kt_write_file("bad.yml", bad[i][0]);
-        cfg = kiq_config_new();
-        cr_assert_eq(kiq_config_load_file(cfg, y, err), KIQ_ECONFIG, "%s", bad[i][0]);
+        cfg = capstan_config_new();
+        cr_assert_eq(capstan_config_load_file(cfg, y, err), CAPSTAN_ECONFIG, "%s", bad[i][0]);
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
-        kiq_config_free(cfg);
+        capstan_config_free(cfg);
         free(y);
     }
 }
 
-/* The same with the kiq binary and real sentinels: the file's sentinels
+/* The same with the capstan binary and real sentinels: the file's sentinels
  * and credentials are the ones used. */
-Test(sentinel, kiq_run_with_sentinels_from_the_yaml_file)
+Test(sentinel, capstan_run_with_sentinels_from_the_yaml_file)
 {
     cluster_t k = { 0 };
     cluster_start_pw(&k, 0, 2, 1);
@@ -702,13 +702,13 @@ Test(sentinel, kiq_run_with_sentinels_from_the_yaml_file)
              "  name: mymaster\n  password: mpw\n  sentinel_password: spw\n",
              k.sentinel[0], k.sentinel[1]);
     char *y = kt_write_file("run-sentinels.yml", body);
-    /* Not kt_kiq_start: its --redis-url would override the file's redis:. */
+    /* Not kt_capstan_start: its --redis-url would override the file's redis:. */
     char *logf = kt_tmp("run-sentinels.log");
     pid_t pid = fork();
     if (pid == 0) {
         freopen(logf, "w", stdout);
         dup2(1, 2);
-        execl(getenv("KIQ_BIN"), "kiq", "run", "-r", getenv("KIQ_PLUGIN"), "-C", y, (char *)NULL);
+        execl(getenv("CAPSTAN_BIN"), "capstan", "run", "-r", getenv("CAPSTAN_PLUGIN"), "-C", y, (char *)NULL);
         _exit(127);
     }
     kt_track(pid);
@@ -726,7 +726,7 @@ Test(sentinel, kiq_run_with_sentinels_from_the_yaml_file)
 }
 
 /* min_replicas_ack: the acks are followed by WAIT; with the replica up it
- * has them in time, without one the jobs still run and kiq says the acks
+ * has them in time, without one the jobs still run and capstan says the acks
  * were not replicated. */
 static pid_t run_with_wait(const cluster_t *k, unsigned n, int timeout_ms)
 {
@@ -735,7 +735,7 @@ static pid_t run_with_wait(const cluster_t *k, unsigned n, int timeout_ms)
     snprintf(yml, sizeof(yml), "min_replicas_ack: 1\nmin_replicas_timeout: %d\n", timeout_ms);
     char *y = kt_write_file("wait.yml", yml);
     push_records(k->master, n);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "4", "--redis-url", url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "4", "--redis-url", url, NULL });
     cr_assert(KT_WAIT_UNTIL(int_on(k->master, "SCARD %s", "rec") == (long long)n, 30), "%s",
               log_tail(pid));
     cr_assert(KT_WAIT_UNTIL(working_left(k->master) == 0, 10), "%s", log_tail(pid));
@@ -752,7 +752,7 @@ Test(sentinel, min_replicas_ack_waits_for_the_replica)
     cr_assert(info_has(k.master, "commandstats", "cmdstat_wait:calls="), "no WAIT was sent");
     cr_assert(!kt_log_has(pid, "acks reached"), "%s", log_tail(pid));
     cr_assert_eq(int_on(k.replica, "SCARD %s", "rec"), 200);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }
 
 Test(sentinel, min_replicas_ack_without_replicas_still_runs_and_says_so)
@@ -762,7 +762,7 @@ Test(sentinel, min_replicas_ack_without_replicas_still_runs_and_says_so)
     pid_t pid = run_with_wait(&k, 50, 200);
     cr_assert(kt_log_has(pid, "acks reached 0 of min_replicas_ack 1 replicas within 200 ms"),
               "%s", log_tail(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }
 
 /* A malformed sentinel URL is refused when read, naming what is wrong. */
@@ -777,23 +777,23 @@ Test(sentinel, bad_sentinel_urls_are_refused)
         { "redis+sentinel://a:1/m?x=1", "unknown parameter x=1" },
         { "redis+sentinel://a:1/m?sentinel_ssl=yes", "sentinel_ssl must be true or false" },
     };
-    char err[KIQ_ERRLEN];
+    char err[CAPSTAN_ERRLEN];
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         err[0] = '\0';
-        kiq_redis_t *r = kiq_redis_new(bad[i][0], 1, err);
+        capstan_redis_t *r = capstan_redis_new(bad[i][0], 1, err);
         cr_assert_null(r, "%s", bad[i][0]);
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
-    kiq_redis_t *r = kiq_redis_new("rediss+sentinel://u:secret@a:1,[::1]:2,c/m/2?"
-                                   "sentinel_password=s3&verify=peer", 1, err);
+    capstan_redis_t *r = capstan_redis_new("rediss+sentinel://u:secret@a:1,[::1]:2,c/m/2?"
+                                           "sentinel_password=s3&verify=peer", 1, err);
     cr_assert(r, "%s", err);
-    cr_assert_str_eq(kiq_redis_name(r), "rediss+sentinel://u:***@a:1,[::1]:2,c/m/2?"
+    cr_assert_str_eq(capstan_redis_name(r), "rediss+sentinel://u:***@a:1,[::1]:2,c/m/2?"
                                         "sentinel_password=***&verify=peer");
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 /* Without sentinels, behind one address that a managed service moves on
- * failover: the server kiq runs against is demoted to a replica (REPLICAOF
+ * failover: the server capstan runs against is demoted to a replica (REPLICAOF
  * a master that is not there, so it keeps its data), then promoted again.
  * Every connection reconnects on READONLY, waits with backoff while the
  * address leads to a replica, and the jobs resume: all run, none is left
@@ -815,7 +815,7 @@ Test(sentinel, a_server_demoted_behind_a_plain_url_is_followed)
     d.yml = kt_write_file("demoted.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                          "recovery_interval: 1\n");
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", port);
-    d.pid = kt_kiq_start((const char *[]){ "-C", d.yml, "-c", "5", "--redis-url", url, NULL });
+    d.pid = kt_capstan_start((const char *[]){ "-C", d.yml, "-c", "5", "--redis-url", url, NULL });
     ran_at_least(&d, port, 300);
     redisReply *r = cmd_on(port, "REPLICAOF 127.0.0.1 %s", nowhere);
     cr_assert(r && r->type == REDIS_REPLY_STATUS);
@@ -833,11 +833,11 @@ Test(sentinel, a_server_demoted_behind_a_plain_url_is_followed)
     drain_finish(&d, port);
     cr_assert_eq(kt_log_count(d.pid, "answered READONLY"), 1, "%s", log_tail(d.pid));
     cr_assert(kt_log_count(d.pid, "is a master again") >= 1, "%s", log_tail(d.pid));
-    cr_assert_eq(kt_kiq_stop(d.pid, SIGTERM, 20), 0, "%s", log_tail(d.pid));
+    cr_assert_eq(kt_capstan_stop(d.pid, SIGTERM, 20), 0, "%s", log_tail(d.pid));
     free(d.yml);
 }
 
-/* Given one sentinel, kiq learns the others from it: once that one is
+/* Given one sentinel, capstan learns the others from it: once that one is
  * killed, a failover is still followed through them. */
 Test(sentinel, the_other_sentinels_are_learnt_from_the_one_given)
 {
@@ -847,7 +847,7 @@ Test(sentinel, the_other_sentinels_are_learnt_from_the_one_given)
     char url[128];
     snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d/mymaster", k.sentinel[0]);
     push_records(k.master, 50);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "3", "--redis-url", url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "3", "--redis-url", url, NULL });
     cr_assert(KT_WAIT_UNTIL(int_on(k.master, "SCARD %s", "rec") == 50, 20), "%s", log_tail(pid));
     kill(k.sentinel_pid[0], SIGKILL);
     /* The first sentinel is gone: the others carry the failover. */
@@ -859,5 +859,5 @@ Test(sentinel, the_other_sentinels_are_learnt_from_the_one_given)
     push_records(k.replica, 100);
     cr_assert(KT_WAIT_UNTIL(int_on(k.replica, "SCARD %s", "rec") >= 100, 30), "%s",
               log_tail(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
 }

@@ -1,4 +1,4 @@
-/* rediss://: kiq run, push and stats against a real redis-server that
+/* rediss://: capstan run, push and stats against a real redis-server that
  * speaks TLS (certificates made here with the openssl command), beside a
  * plain port for the test's own connection, as Ruby clients would use. */
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/config.h"
+#include "capstan/config.h"
 
 TestSuite(tls, .timeout = 90, .fini = kt_kill_children);
 
@@ -53,7 +53,7 @@ static void make_certs(const char *dir)
        "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
        "-out server.crt -days 2 -extfile san.cnf 2>/dev/null && "
        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout client.key "
-       "-out client.csr -subj /CN=kiq-client 2>/dev/null && "
+       "-out client.csr -subj /CN=capstan-client 2>/dev/null && "
        "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
        "-out client.crt -days 2 2>/dev/null", dir);
 }
@@ -127,27 +127,27 @@ Test(tls, jobs_pushed_and_run_over_tls_and_after_a_dropped_connection)
     snprintf(u, sizeof(u), "%s", url(&s, ca_q(&s, "ca.crt")));
 
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
                                              NULL }, &out), 0, "%s", out);
     free(out);
-    cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 1, "kiq push over TLS enqueued it");
+    cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 1, "capstan push over TLS enqueued it");
 
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_capstan_log(pid));
 
     /* Every client of the worker is cut off; it connects again, over TLS. */
     freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
     char *jid = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
                                              NULL }, &jid), 0, "%s", jid);
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 2, 30), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 2, 30), "%s", kt_capstan_log(pid));
     free(jid);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--json", "--redis-url", u, NULL }, &out),
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", "--redis-url", u, NULL }, &out),
                  0, "%s", out);
     cr_assert(strstr(out, "\"concurrency\":2"), "the worker's process is listed: %s", out);
     free(out);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
     cr_assert_eq(kt_log_count(pid, "verify"), 0, "no warning while verifying");
     redisFree(s.plain);
 }
@@ -175,9 +175,9 @@ Test(tls, round_trips_read_after_jobs_over_tls)
     /* A short heartbeat: a job stranded in the working list goes back
      * after two checks a heartbeat apart. */
     char *yml = kt_write_file("tls-defer.yml", "heartbeat_interval: 0.5\n");
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "5", "-C", yml, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, "-c", "5", "-C", yml, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") >= N / 8, 30), "%s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
     /* A RecordJob cut off in its own commands fails and waits in retry:
      * it is made due at once. A job whose ack the cut lost goes back from
@@ -195,9 +195,9 @@ Test(tls, round_trips_read_after_jobs_over_tls)
                                freeReplyObject(r);
                                left == 0 && kt_int_on(s.plain, "SCARD done") == N / 2; }), 60),
               "%lld of %d recorded: %s", kt_int_on(s.plain, "SCARD done"), N / 2,
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     cr_assert_geq(kt_int_on(s.plain, "LLEN done:log"), N / 2);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     for (unsigned i = 0; i < N; i++)
         free(p[i]);
     free(yml);
@@ -205,8 +205,8 @@ Test(tls, round_trips_read_after_jobs_over_tls)
 }
 
 /* A mixed fleet: Ruby Sidekiq pushes over plain TCP to the server's other
- * port, kiq runs the jobs over TLS, and Ruby's API reads the process. */
-Test(tls, ruby_pushes_over_plain_tcp_and_kiq_runs_them_over_tls)
+ * port, capstan runs the jobs over TLS, and Ruby's API reads the process. */
+Test(tls, ruby_pushes_over_plain_tcp_and_capstan_runs_them_over_tls)
 {
     tls_server_t s;
     server_start(&s, "tls-ruby", 0);
@@ -218,8 +218,8 @@ Test(tls, ruby_pushes_over_plain_tcp_and_kiq_runs_them_over_tls)
                  0, "%s", out);
     free(out);
     cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 3);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 3, 20), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 3, 20), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 0);
     /* The counters are flushed with the beat. */
     cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "EVAL %s 0",
@@ -230,16 +230,16 @@ Test(tls, ruby_pushes_over_plain_tcp_and_kiq_runs_them_over_tls)
     cr_assert(strstr(out, "\"processed\":3"), "Sidekiq::Stats over plain TCP: %s", out);
     cr_assert(strstr(out, "\"processes_size\":1"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     redisFree(s.plain);
 }
 
-/* kiq run against u exits 78 at once, its log saying what. */
+/* capstan run against u exits 78 at once, its log saying what. */
 static void refused_at_start(const char *u, const char *what)
 {
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, NULL });
     int st = kt_wait_exit(pid, 30);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert_eq(st, 78, "exit %d: %s", st, log);
     cr_assert(strstr(log, what), "the log says %s: %s", what, log);
     free(log);
@@ -263,7 +263,7 @@ Test(tls, a_wrong_ca_or_host_name_is_a_configuration_error_at_start)
     /* A password in the URL is never in the log or the command line. */
     snprintf(u, sizeof(u), "rediss://app:tls-s3cret@127.0.0.1:%d/0?%s", s.tls_port,
              ca_q(&s, "otherca.crt"));
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, NULL });
     char path[64], *cmdline = NULL;
     snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "starting") > 0, 20));
@@ -281,7 +281,7 @@ Test(tls, a_wrong_ca_or_host_name_is_a_configuration_error_at_start)
     cr_assert_gt(kt_log_count(pid, "rediss://app:***@127.0.0.1"), 0);
 
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "stats", "--redis-url", url(&s, ca_q(&s, "otherca.crt")),
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--redis-url", url(&s, ca_q(&s, "otherca.crt")),
                                              NULL }, &out), 1);
     cr_assert(strstr(out, "TLS: certificate verify failed"), "%s", out);
     free(out);
@@ -298,22 +298,22 @@ Test(tls, a_commit_on_a_connection_the_server_closed_fails_without_sigpipe)
     server_start(&s, "tls-sigpipe", 0);
     int st = kt_commit_after_client_kill(url(&s, ca_q(&s, "ca.crt")), s.port);
     cr_assert_neq(st, 128 + SIGPIPE, "the client library killed its caller with SIGPIPE");
-    cr_assert_eq(st, 0, "the commit did not fail with KIQ_EREDIS (step %d, see helpers.c)", st);
+    cr_assert_eq(st, 0, "the commit did not fail with CAPSTAN_EREDIS (step %d, see helpers.c)", st);
     cr_assert_eq(kt_int_on(s.plain, "LLEN queue:default"), 0);
     redisFree(s.plain);
 }
 
-/* kiq_redis_connect to u fails (code want), its error holding what. */
+/* capstan_redis_connect to u fails (code want), its error holding what. */
 static void connect_fails(const char *u, int want, const char *what)
 {
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(u, 1, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(u, 1, err);
     cr_assert_not_null(r, "%s", err);
-    int rc = kiq_redis_connect(r);
-    cr_assert_eq(rc, want, "%s: %d: %s", u, rc, kiq_redis_error(r));
-    cr_assert(strstr(kiq_redis_error(r), what), "%s: the error does not say \"%s\": %s", u,
-              what, kiq_redis_error(r));
-    kiq_redis_free(r);
+    int rc = capstan_redis_connect(r);
+    cr_assert_eq(rc, want, "%s: %d: %s", u, rc, capstan_redis_error(r));
+    cr_assert(strstr(capstan_redis_error(r), what), "%s: the error does not say \"%s\": %s", u,
+              what, capstan_redis_error(r));
+    capstan_redis_free(r);
 }
 
 /* A TLS connection that cannot be made says why in words that lead to the
@@ -326,37 +326,37 @@ Test(tls, tls_failures_name_their_cause)
     /* The server's plain port: Redis waits for the end of what it takes
      * for an inline command (no answer), or, when the ClientHello holds a
      * newline, answers "-ERR" (no TLS). Either way the message names it. */
-    char u[1024], err[KIQ_ERRLEN];
+    char u[1024], err[CAPSTAN_ERRLEN];
     snprintf(u, sizeof(u), "rediss://127.0.0.1:%d/0?%s", s.port, ca_q(&s, "ca.crt"));
     for (int i = 0; i < 3; i++) {
-        kiq_redis_t *r = kiq_redis_new(u, 0.5, err);
+        capstan_redis_t *r = capstan_redis_new(u, 0.5, err);
         cr_assert_not_null(r, "%s", err);
-        int rc = kiq_redis_connect(r);
-        const char *e = kiq_redis_error(r);
-        cr_assert(rc == KIQ_EREDIS || rc == KIQ_ECONFIG, "%d: %s", rc, e);
+        int rc = capstan_redis_connect(r);
+        const char *e = capstan_redis_error(r);
+        cr_assert(rc == CAPSTAN_EREDIS || rc == CAPSTAN_ECONFIG, "%d: %s", rc, e);
         cr_assert(strstr(e, "TLS: the server did not answer the TLS handshake within 0.5 s: "
                             "is it a TLS port?")
                   || strstr(e, "TLS: the server answered the TLS handshake with something else "
                                "than TLS ("), "%s", e);
         cr_assert(strstr(e, "is it a TLS port?") && !strstr(e, "temporarily"), "%s", e);
-        kiq_redis_free(r);
+        capstan_redis_free(r);
     }
 
-    connect_fails(url(&s, "ca_file=/nonexistent/ca.pem"), KIQ_ECONFIG,
+    connect_fails(url(&s, "ca_file=/nonexistent/ca.pem"), CAPSTAN_ECONFIG,
                   "TLS: cannot load ca_file /nonexistent/ca.pem: No such file or directory");
-    connect_fails(url(&s, "ca_path=/nonexistent/certs"), KIQ_ECONFIG,
+    connect_fails(url(&s, "ca_path=/nonexistent/certs"), CAPSTAN_ECONFIG,
                   "TLS: cannot load ca_path /nonexistent/certs: No such file or directory");
     char q[1400];
     snprintf(q, sizeof(q), "ca_file=%s", s.dir);
-    connect_fails(url(&s, q), KIQ_ECONFIG, "TLS: cannot load ca_file ");
-    connect_fails(url(&s, q), KIQ_ECONFIG, ": Is a directory");
-    /* (No ca_file: the error, after the URL, must fit in KIQ_ERRLEN.) */
+    connect_fails(url(&s, q), CAPSTAN_ECONFIG, "TLS: cannot load ca_file ");
+    connect_fails(url(&s, q), CAPSTAN_ECONFIG, ": Is a directory");
+    /* (No ca_file: the error, after the URL, must fit in CAPSTAN_ERRLEN.) */
     snprintf(q, sizeof(q), "cert=%s/none.crt&key=%s/client.key", s.dir, s.dir);
-    connect_fails(url(&s, q), KIQ_ECONFIG, "/none.crt: No such file or directory");
+    connect_fails(url(&s, q), CAPSTAN_ECONFIG, "/none.crt: No such file or directory");
     /* A file that is there but holds no certificate: OpenSSL's reason, with
      * the file's name. */
     snprintf(q, sizeof(q), "ca_file=%s/san.cnf", s.dir);
-    connect_fails(url(&s, q), KIQ_ECONFIG, "/san.cnf: ");
+    connect_fails(url(&s, q), CAPSTAN_ECONFIG, "/san.cnf: ");
     redisFree(s.plain);
 }
 
@@ -369,12 +369,12 @@ Test(tls, mutual_tls_needs_the_client_certificate)
              s.dir);
     snprintf(u, sizeof(u), "%s", url(&s, q));
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
                                              NULL }, &out), 0, "%s", out);
     free(out);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
 
     refused_at_start(url(&s, ca_q(&s, "ca.crt")), "TLS: the server refused this client: ");
     redisFree(s.plain);
@@ -384,9 +384,9 @@ Test(tls, verify_none_connects_and_warns)
 {
     tls_server_t s;
     server_start(&s, "tls-none", 0);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", url(&s, "verify=none"), NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD processes") == 1, 20), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", url(&s, "verify=none"), NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
     cr_assert_eq(kt_log_count(pid, "TLS: verify=none"), 1, "warned once");
     redisFree(s.plain);
 }
@@ -408,22 +408,22 @@ Test(tls, settings_from_the_file_or_flags_apply_to_a_rediss_url)
     char *job = kt_payload("RecordJob", "[\"done\"]", "0123456789abcdef01234567", "default");
     cr_assert_eq(kt_int_on(s.plain, "RPUSH queue:default %s", job), 1);
     free(job);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-C", file, NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, "-C", file, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
 
     /* Flags: the CA alone is not enough for this server (no client cert). */
     snprintf(cafile, sizeof(cafile), "%s/ca.crt", s.dir);
-    pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
-    cr_assert_eq(kt_wait_exit(pid, 30), 78, "%s", kt_kiq_log(pid));
+    pid = kt_capstan_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
+    cr_assert_eq(kt_wait_exit(pid, 30), 78, "%s", kt_capstan_log(pid));
     cr_assert_gt(kt_log_count(pid, "TLS: the server refused this client"), 0);
 
     /* TLS settings with a plain redis:// URL are a mistake, said at once. */
     snprintf(u, sizeof(u), "redis://127.0.0.1:%d/0", s.port);
-    pid = kt_kiq_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
+    pid = kt_capstan_start((const char *[]){ "--redis-url", u, "--tls-ca-file", cafile, NULL });
     cr_assert_eq(kt_wait_exit(pid, 30), 78);
     cr_assert_gt(kt_log_count(pid, "tls: settings need a URL that speaks TLS"), 0, "%s",
-                 kt_kiq_log(pid));
+                 kt_capstan_log(pid));
     free(file);
     redisFree(s.plain);
 }
@@ -476,12 +476,12 @@ Test(tls, sentinels_over_tls_with_sentinel_ssl)
     char u[1200], *out = NULL;
     snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?sentinel_ssl=true&%s", tport,
              ca_q(&s, "ca.crt"));
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"done\"]", "--redis-url", u,
                                              NULL }, &out), 0, "%s", out);
     free(out);
-    pid_t pid = kt_kiq_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0, "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", u, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD done") == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
 
     /* The same from the file: sentinels: with ssl, and the tls: mapping
      * (read into the query of the sentinel URL it makes). */
@@ -490,18 +490,18 @@ Test(tls, sentinels_over_tls_with_sentinel_ssl)
              "redis:\n  sentinels: [{host: 127.0.0.1, port: %d}]\n  name: mymaster\n"
              "  ssl: true\n  sentinel_ssl: true\ntls:\n  ca_file: %s/ca.crt\n",
              tport, s.dir);
-    char *y = kt_write_file("tls-sentinel.yml", yml), err[KIQ_ERRLEN] = "";
-    kiq_config_t *cfg = kiq_config_new();
-    cr_assert_eq(kiq_config_load_file(cfg, y, err), 0, "%s", err);
-    cr_assert_eq(kiq_config_validate(cfg, err), 0, "%s", err);
-    kiq_redis_t *r = kiq_redis_new(cfg->redis_url, 5, err);
+    char *y = kt_write_file("tls-sentinel.yml", yml), err[CAPSTAN_ERRLEN] = "";
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    capstan_redis_t *r = capstan_redis_new(cfg->redis_url, 5, err);
     cr_assert(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "through the file's sentinels: %s", kiq_redis_error(r));
-    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    cr_assert_eq(capstan_redis_connect(r), 0, "through the file's sentinels: %s", capstan_redis_error(r));
+    redisReply *pong = capstan_redis_cmdf(r, "PING");
     cr_assert(pong && pong->type == REDIS_REPLY_STATUS);
     freeReplyObject(pong);
-    kiq_redis_free(r);
-    kiq_config_free(cfg);
+    capstan_redis_free(r);
+    capstan_config_free(cfg);
     free(y);
 
     /* The sentinel's certificate is verified like the master's. */
@@ -512,7 +512,7 @@ Test(tls, sentinels_over_tls_with_sentinel_ssl)
      * and never answers. */
     snprintf(u, sizeof(u), "rediss+sentinel://127.0.0.1:%d/mymaster?%s", tport,
              ca_q(&s, "ca.crt"));
-    cr_assert_neq(kt_kiq_run((const char *[]){ "stats", "--redis-url", u, NULL }, &out), 0,
+    cr_assert_neq(kt_capstan_run((const char *[]){ "stats", "--redis-url", u, NULL }, &out), 0,
                   "%s", out);
     free(out);
     redisFree(s.plain);
@@ -526,7 +526,7 @@ static double cpu_seconds(void)
            + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-/* kiq's own commands go through the session from the calling thread, a
+/* capstan's own commands go through the session from the calling thread, a
  * handler's through hiredis and the copying thread, in turns on one
  * connection; a connection the server reset costs no CPU until it is
  * made again. */
@@ -534,35 +534,35 @@ Test(tls, own_and_hiredis_commands_in_turns_and_a_reset_connection)
 {
     tls_server_t s;
     server_start(&s, "tls-turns", 0);
-    char err[KIQ_ERRLEN];
-    kiq_redis_t *r = kiq_redis_new(url(&s, ca_q(&s, "ca.crt")), 2, err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(url(&s, ca_q(&s, "ca.crt")), 2, err);
     cr_assert(r, "%s", err);
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
+    cr_assert_eq(capstan_redis_connect(r), 0, "%s", capstan_redis_error(r));
     for (int i = 0; i < 50; i++) {
-        redisReply *a = kiq_redis_cmdf(r, "INCR own");
+        redisReply *a = capstan_redis_cmdf(r, "INCR own");
         cr_assert(a && a->type == REDIS_REPLY_INTEGER && a->integer == i + 1);
         freeReplyObject(a);
-        redisReply *b = redisCommand(kiq_redis_ctx(r), "INCR raw");
+        redisReply *b = redisCommand(capstan_redis_ctx(r), "INCR raw");
         cr_assert(b && b->type == REDIS_REPLY_INTEGER && b->integer == i + 1);
         freeReplyObject(b);
     }
-    /* The last command kiq's own: the session is the owner's. */
-    redisReply *pong = kiq_redis_cmdf(r, "PING");
+    /* The last command capstan's own: the session is the owner's. */
+    redisReply *pong = capstan_redis_cmdf(r, "PING");
     cr_assert(pong && pong->type == REDIS_REPLY_STATUS);
     freeReplyObject(pong);
     freeReplyObject(redisCommand(s.plain, "CLIENT KILL TYPE normal SKIPME yes"));
-    redisReply *gone = kiq_redis_cmdf(r, "GET own");
+    redisReply *gone = capstan_redis_cmdf(r, "GET own");
     cr_assert_null(gone);
-    cr_assert(!kiq_redis_ok(r));
+    cr_assert(!capstan_redis_ok(r));
     /* The server reset the connection; until the owner makes it again
      * (after a backoff, in a worker), nothing runs for it. */
     double before = cpu_seconds();
     usleep(500000);
     cr_assert_lt(cpu_seconds() - before, 0.1, "the process spun while the connection was down");
-    cr_assert_eq(kiq_redis_connect(r), 0, "%s", kiq_redis_error(r));
-    redisReply *back = kiq_redis_cmdf(r, "GET own");
+    cr_assert_eq(capstan_redis_connect(r), 0, "%s", capstan_redis_error(r));
+    redisReply *back = capstan_redis_cmdf(r, "GET own");
     cr_assert(back && back->type == REDIS_REPLY_STRING && !strcmp(back->str, "50"));
     freeReplyObject(back);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
     redisFree(s.plain);
 }

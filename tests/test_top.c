@@ -1,4 +1,4 @@
-/* `kiq top`: one plain snapshot when stdout is a pipe, a live view under a
+/* `capstan top`: one plain snapshot when stdout is a pipe, a live view under a
  * real terminal (tmux) that `q` quits, the lock types ranked by denials,
  * and its flags. */
 #include <signal.h>
@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "helpers.h"
-#include "kiq/redis.h"
-#include "kiq/unique_admin.h"
-#include "middleware/unique_admin_internal.h"
+#include "capstan/redis.h"
+#include "capstan/unique_admin.h"
+#include "unique/admin_internal.h"
 
 TestSuite(top, .timeout = 30, .fini = kt_kill_children);
 
@@ -20,12 +20,12 @@ TestSuite(top, .timeout = 30, .fini = kt_kill_children);
 static pid_t fleet(char **identity)
 {
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "-q", "waiting", NULL },
-                                NULL), 0);
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "-q", "waiting", NULL },
+                                    NULL), 0);
     freeReplyObject(kt_cmd("ZADD retry 2000000000 %s", "{\"class\":\"FailJob\",\"jid\":\"r1\"}"));
     freeReplyObject(kt_cmd("ZADD dead 1 %s", "{\"class\":\"FailJob\",\"jid\":\"d1\"}"));
     freeReplyObject(kt_cmd("ZADD dead 2 %s", "{\"class\":\"FailJob\",\"jid\":\"d2\"}"));
-    pid_t pid = kt_kiq_start((const char *[]){ "-q", "default", "-c", "4", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "-c", "4", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 10), "the worker never beat");
     *identity = kt_str("SRANDMEMBER processes");
     return pid;
@@ -36,7 +36,7 @@ Test(top, snapshot_to_a_pipe_is_plain_and_exits)
     char *id = NULL;
     pid_t pid = fleet(&id);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "top", "--redis-url", kt_url(), NULL }, &out), 0,
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", "--redis-url", kt_url(), NULL }, &out), 0,
                  "%s", out);
     cr_assert(strstr(out, "waiting"), "%s", out);
     cr_assert(strstr(out, id), "the process %s:\n%s", id, out);
@@ -46,7 +46,7 @@ Test(top, snapshot_to_a_pipe_is_plain_and_exits)
     cr_assert_null(strchr(out, '\033'), "no terminal escapes in a snapshot:\n%s", out);
     free(out);
     free(id);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
 }
 
 /* Runs a tmux command on the test's private server; returns its exit
@@ -77,9 +77,9 @@ Test(top, live_under_tmux_shows_queues_and_process_and_q_quits)
     char *id = NULL;
     pid_t pid = fleet(&id);
     char sock[64], args[1536];
-    snprintf(sock, sizeof(sock), "kiq-top-test-%d", (int)getpid());
+    snprintf(sock, sizeof(sock), "capstan-top-test-%d", (int)getpid());
     snprintf(args, sizeof(args), "new-session -d -x 120 -y 40 '%s top --redis-url %s'",
-             getenv("KIQ_BIN"), kt_url());
+             getenv("CAPSTAN_BIN"), kt_url());
     cr_assert_eq(tmux(sock, args, NULL), 0);
     char *screen = NULL;
     bool shown = KT_WAIT_UNTIL(
@@ -93,21 +93,21 @@ Test(top, live_under_tmux_shows_queues_and_process_and_q_quits)
     tmux(sock, "send-keys q", NULL);
     bool quit = KT_WAIT_UNTIL(tmux(sock, "has-session", NULL) != 0, 5);
     tmux(sock, "kill-server", NULL);
-    cr_assert(quit, "q did not quit kiq top");
+    cr_assert(quit, "q did not quit capstan top");
     free(id);
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
 }
 
 Test(top, contended_locks_ranked_by_denials)
 {
-    kiq_redis_t *r = kt_lib_redis();
+    capstan_redis_t *r = kt_lib_redis();
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(kiq_unique_metric(r, "until_executed", "lock_failed"), 0);
-    cr_assert_eq(kiq_unique_metric(r, "while_executing", "lock_failed"), 0);
-    cr_assert_eq(kiq_unique_metric(r, "until_expired", "locked"), 0);
-    kiq_redis_free(r);
+        cr_assert_eq(capstan__unique_metric(r, "until_executed", "lock_failed"), 0);
+    cr_assert_eq(capstan__unique_metric(r, "while_executing", "lock_failed"), 0);
+    cr_assert_eq(capstan__unique_metric(r, "until_expired", "locked"), 0);
+    capstan_redis_free(r);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "top", "--redis-url", kt_url(), NULL }, &out), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", "--redis-url", kt_url(), NULL }, &out), 0);
     const char *sec = strstr(out, "CONTENDED LOCKS");
     cr_assert_not_null(sec, "%s", out);
     const char *a = strstr(sec, "until_executed"), *b = strstr(sec, "while_executing");
@@ -119,15 +119,15 @@ Test(top, contended_locks_ranked_by_denials)
 Test(top, flags_and_an_unreachable_redis)
 {
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "top", "--help", NULL }, &out), 0);
-    cr_assert(strstr(out, "Usage: kiq top") && strstr(out, "--interval"), "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", "--help", NULL }, &out), 0);
+    cr_assert(strstr(out, "Usage: capstan top") && strstr(out, "--interval"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "top", "--interval", "0", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", "--interval", "0", NULL }, &out), 64);
     cr_assert(strstr(out, "--interval"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "top", "--bogus", NULL }, &out), 64);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", "--bogus", NULL }, &out), 64);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "top", "--redis-url", "redis://127.0.0.1:1/0",
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", "--redis-url", "redis://127.0.0.1:1/0",
                                               NULL }, &out), 1);
     cr_assert(strstr(out, "127.0.0.1:1"), "%s", out);
     free(out);

@@ -1,5 +1,5 @@
-/* Uniqueness locks end to end: `kiq push --lock` on the client side, the
- * kiq binary's server middleware, v9's keys as a Ruby process writes and
+/* Uniqueness locks end to end: `capstan push --lock` on the client side, the
+ * capstan binary's server middleware, v9's keys as a Ruby process writes and
  * reads them, and the lifecycle of reference §4.8 per lock type, including
  * the fixes over v9 (retry keeps an until_executed lock, no silent drops,
  * bad input falls back with a log line). */
@@ -14,14 +14,14 @@
 
 static int stop(pid_t pid)
 {
-    return kt_kiq_stop(pid, SIGTERM, 30);
+    return kt_capstan_stop(pid, SIGTERM, 30);
 }
 
 TestSuite(unique, .timeout = 60, .fini = kt_kill_children);
 
 static int log_says(pid_t pid, const char *what)
 {
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     int yes = log && strstr(log, what);
     free(log);
     return yes;
@@ -53,12 +53,12 @@ static char *ruby_digest(const char *cls, const char *queue, const char *args)
     return out;
 }
 
-/* `kiq push` with lock flags; returns the exit status, and its last output
+/* `capstan push` with lock flags; returns the exit status, and its last output
  * line (the jid, or why it was denied) into out. */
 static int push(const char *const *argv, char **out)
 {
     char *all = NULL;
-    int rc = kt_kiq_run(argv, &all);
+    int rc = kt_capstan_run(argv, &all);
     if (all) {
         size_t n = strlen(all);
         while (n && all[n - 1] == '\n')
@@ -80,7 +80,7 @@ Test(unique, until_executed_denies_duplicates_and_releases_after_success)
     char *jid = NULL, *out = NULL;
     cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ue\"]", "--lock", "until_executed",
                                         NULL }, &jid), 0, "%s", jid);
-    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kiq's lock has Ruby's digest %s", d);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "capstan's lock has Ruby's digest %s", d);
     cr_assert(kt_int("ZSCORE uniquejobs:digests %s", d) > 1e9);
     char *meta = kt_str("HGET %s:LOCKED %s", d, jid);
     cr_assert(strstr(meta, "{\"worker\":\"RecordJob\",\"queue\":\"default\",\"limit\":null,"
@@ -94,8 +94,8 @@ Test(unique, until_executed_denies_duplicates_and_releases_after_success)
     cr_assert(strstr(out, "denied"), "%s", out);
     cr_assert_eq(kt_int("LLEN queue:default"), 1);
 
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD ue") == 1, 20), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD ue") == 1, 20), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 10), "released after success");
     cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", d), 0);
     /* v9's metrics see the locks (the push's, and the server's re-entrant
@@ -103,7 +103,7 @@ Test(unique, until_executed_denies_duplicates_and_releases_after_success)
     const char *want = "\"type\":\"until_executed\",\"acquired\":2,\"denied\":1,\"released\":1";
     char *metrics = NULL;
     cr_assert(KT_WAIT_UNTIL((free(metrics), metrics = NULL,
-                             kt_kiq_run((const char *[]){ "locks", "metrics", "--json", NULL }, &metrics) == 0
+                             kt_capstan_run((const char *[]){ "locks", "metrics", "--json", NULL }, &metrics) == 0
                              && strstr(metrics, want)), 10), "%s", metrics);
     free(metrics);
     cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ue\"]", "--lock", "until_executed",
@@ -119,9 +119,9 @@ Test(unique, until_executed_lock_survives_retry_and_is_released_at_death)
     char *jid = NULL, *out = NULL;
     cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"boom\"]", "--lock", "until_executed",
                                         "--retry", "1", NULL }, &jid), 0, "%s", jid);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
-    /* v9's ack drops it here; kiq keeps it while the job waits in retry. */
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_capstan_log(pid));
+    /* v9's ack drops it here; capstan keeps it while the job waits in retry. */
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "the lock is kept in retry");
     cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"boom\"]", "--lock", "until_executed",
                                         NULL }, &out), 3, "no duplicate piles up in retry: %s", out);
@@ -129,7 +129,7 @@ Test(unique, until_executed_lock_survives_retry_and_is_released_at_death)
     char *member = first_member("retry");
     redisReply *z = kt_cmd("ZADD retry 0 %b", member, strlen(member));
     freeReplyObject(z);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 30), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 30), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 5), "death releases the lock");
     cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", d), 0);
     cr_assert_eq(stop(pid), 0);
@@ -144,7 +144,7 @@ Test(unique, until_executing_releases_before_perform_and_relocks_on_failure)
                                         NULL }, &jid), 0, "%s", jid);
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1500]", "--lock", "until_executing",
                                         NULL }, NULL), 3, "denied while queued");
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 &&
                             kt_int("EXISTS %s:LOCKED", d) == 0, 10), "unlocked as it starts");
     char *jid2 = NULL;
@@ -158,8 +158,8 @@ Test(unique, until_executing_releases_before_perform_and_relocks_on_failure)
     char *fj = NULL;
     cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"ux\"]", "--lock", "until_executing",
                                         NULL }, &fj), 0);
-    pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
+    pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:LOCKED %s", df, fj) == 1, 5), "re-locked in retry");
     cr_assert_eq(stop(pid), 0);
     free(d); free(jid); free(jid2); free(df); free(fj);
@@ -173,9 +173,9 @@ Test(unique, until_and_while_executing_swaps_locks_around_perform)
                                         "until_and_while_executing", NULL }, &jid), 0, "%s", jid);
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1200]", "--lock",
                                         "until_and_while_executing", NULL }, NULL), 3);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:RUN:LOCKED %s", d, jid) == 1, 10),
-              "runtime lock while it runs: %s", kt_kiq_log(pid));
+              "runtime lock while it runs: %s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("EXISTS %s:LOCKED", d), 0, "until-lock released before perform");
     char *jid2 = NULL;
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1200]", "--lock",
@@ -185,9 +185,9 @@ Test(unique, until_and_while_executing_swaps_locks_around_perform)
      * strategy logs it (never silently). Both locks are gone at the end. */
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0 &&
                             kt_int("EXISTS %s:LOCKED", d) == 0 &&
-                            kt_int("LLEN queue:default") == 0, 15), "%s", kt_kiq_log(pid));
+                            kt_int("LLEN queue:default") == 0, 15), "%s", kt_capstan_log(pid));
     cr_assert_eq(stop(pid), 0);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, jid2), "%s", log);
     free(d); free(jid); free(jid2); free(log);
 }
@@ -203,7 +203,7 @@ Test(unique, until_expired_outlives_the_job_until_its_ttl)
     char *score = kt_str("ZSCORE uniquejobs:digests %s", d);
     double now = (double)time(NULL);
     cr_assert(atof(score) < now + 10, "score is the expiry in seconds, not now+ms (%s)", score);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
     kt_sleep(0.3);
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kept after the run");
@@ -216,7 +216,7 @@ Test(unique, until_expired_outlives_the_job_until_its_ttl)
 
 /* 16 jobs with one digest over 2 processes x 8 threads: lock_timeout makes
  * each wait its turn, and OverlapJob records any two that ran at once. */
-/* Clients of this test's database blocked in a move from a queue (kiq's
+/* Clients of this test's database blocked in a move from a queue (capstan's
  * idle processors). */
 static int blocked_here(void)
 {
@@ -241,10 +241,10 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
                        "[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],"
                        "[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60],[\"ov\",60]]}";
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
-    pid_t a = kt_kiq_start((const char *[]){ "-c", "8", NULL });
-    pid_t b = kt_kiq_start((const char *[]){ "-c", "8", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ov:log") == 16, 40), "A: %s\nB: %s", kt_kiq_log(a),
-              kt_kiq_log(b));
+    pid_t a = kt_capstan_start((const char *[]){ "-c", "8", NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-c", "8", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ov:log") == 16, 40), "A: %s\nB: %s", kt_capstan_log(a),
+              kt_capstan_log(b));
     cr_assert_eq(kt_int("GET ov:overlaps"), 0, "no two ran at once");
     char *d = ruby_digest("OverlapJob", "default", "[\"ov\",60]");
     cr_assert_eq(kt_int("EXISTS %s:RUN:LOCKED", d), 0);
@@ -257,8 +257,8 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
      * others on a loaded machine could run them all in turn). */
     const char *free_bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"fr\",300],[\"fr\",300],"
                             "[\"fr\",300],[\"fr\",300]]}";
-    a = kt_kiq_start((const char *[]){ "-c", "4", NULL });
-    cr_assert(KT_WAIT_UNTIL(blocked_here() >= 4, 20), "%s", kt_kiq_log(a));
+    a = kt_capstan_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(blocked_here() >= 4, 20), "%s", kt_capstan_log(a));
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", free_bulk, NULL }, NULL), 0);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN fr:log") == 4, 20));
     cr_assert(kt_int("GET fr:overlaps") > 0);
@@ -278,9 +278,9 @@ Test(unique, while_executing_lock_goes_with_the_ack_before_the_next_job)
         strcat(bulk, i ? ",[\"wb\"]" : "[\"wb\"]");
     strcat(bulk, "]}");
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD wb") == 30, 20), "%s", kt_kiq_log(pid));
-    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD wb") == 30, 20), "%s", kt_capstan_log(pid));
+    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_capstan_log(pid));
     char *d = ruby_digest("RecordJob", "default", "[\"wb\"]");
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0, 5));
     cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s:RUN", d), 0);
@@ -288,7 +288,7 @@ Test(unique, while_executing_lock_goes_with_the_ack_before_the_next_job)
     char *f = ruby_digest("FailJob", "default", "[\"wf\"]");
     cr_assert_eq(push((const char *[]){ "push", "FailJob", "[\"wf\"]", "--lock", "while_executing",
                                         NULL }, NULL), 0);
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_kiq_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", f) == 0, 5), "released in retry");
     cr_assert_eq(stop(pid), 0);
     free(d);
@@ -303,10 +303,10 @@ Test(unique, lock_limit_two_lets_two_run_at_once_and_never_three)
                        "\"lock_timeout\":20,\"args\":[[\"ll\",150],[\"ll\",150],[\"ll\",150],"
                        "[\"ll\",150],[\"ll\",150],[\"ll\",150],[\"ll\",150],[\"ll\",150]]}";
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
-    pid_t a = kt_kiq_start((const char *[]){ "-c", "4", NULL });
-    pid_t b = kt_kiq_start((const char *[]){ "-c", "4", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ll:log") == 8, 40), "A: %s\nB: %s", kt_kiq_log(a),
-              kt_kiq_log(b));
+    pid_t a = kt_capstan_start((const char *[]){ "-c", "4", NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ll:log") == 8, 40), "A: %s\nB: %s", kt_capstan_log(a),
+              kt_capstan_log(b));
     redisReply *r = kt_cmd("LRANGE ll:levels 0 -1");
     cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 8, "every job recorded its level");
     long max = 0;
@@ -336,10 +336,10 @@ Test(unique, server_strategies_reject_reschedule_log_raise)
         cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ss\"]", "--lock",
                                             "while_executing", "--on-conflict", names[i], NULL },
                           &jids[i]), 0, "%s", jids[i]);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 && kt_int("ZCARD dead") == 1 &&
                             kt_int("ZCARD schedule") == 1 && kt_int("ZCARD retry") == 1, 15),
-              "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
     cr_assert_eq(stop(pid), 0);
     cr_assert_eq(kt_int("SCARD ss"), 0, "none ran");
     char *dead = first_member("dead"), *sch = first_member("schedule");
@@ -348,7 +348,7 @@ Test(unique, server_strategies_reject_reschedule_log_raise)
     cr_assert(strstr(sch, jids[1]), "reschedule -> schedule: %s", sch);
     cr_assert(strstr(retry, jids[3]) && strstr(retry, "SidekiqUniqueJobs::Conflict"),
               "raise -> retry: %s", retry);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "Skipping job with id") && strstr(log, jids[2]), "log says so: %s", log);
     cr_assert_eq(kt_int("HLEN %s:RUN:LOCKED", d), 1, "the holder's lock is untouched");
     free(d); free(dead); free(sch); free(retry); free(log);
@@ -379,7 +379,7 @@ Test(unique, client_strategies_reject_and_reschedule)
 }
 
 /* A lock a Ruby v9 client wrote (keys and metadata as the gem writes them)
- * is honoured by kiq's push and released by kiq's server. */
+ * is honoured by capstan's push and released by capstan's server. */
 Test(unique, ruby_v9_lock_is_honoured_and_released)
 {
     char *out = NULL;
@@ -391,12 +391,12 @@ Test(unique, ruby_v9_lock_is_honoured_and_released)
     char *denied = NULL;
     cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"rb\"]", "--lock", "until_executed",
                                         NULL }, &denied), 3, "Ruby's lock holds: %s", denied);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rb %s", jid) == 1, 20), "%s", kt_kiq_log(pid));
-    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", digest) == 0, 5), "kiq released it");
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER rb %s", jid) == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", digest) == 0, 5), "capstan released it");
     cr_assert_eq(kt_int("ZSCORE uniquejobs:digests %s", digest), 0);
     cr_assert_eq(stop(pid), 0);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert_null(strstr(log, "uniqueness_lapsed"), "the lock was found: %s", log);
     free(out); free(denied); free(log);
 }
@@ -408,17 +408,17 @@ Test(unique, kill_9_and_recovery_keep_the_lock)
     char *jid = NULL;
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[4000]", "--lock", "until_executed",
                                         NULL }, &jid), 0);
-    pid_t a = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
     kt_sleep(0.3);
-    cr_assert_eq(kt_kiq_stop(a, SIGKILL, 10), 128 + SIGKILL);
+    cr_assert_eq(kt_capstan_stop(a, SIGKILL, 10), 128 + SIGKILL);
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "kept with the orphan");
-    pid_t b = kt_kiq_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 1 || kt_int("LLEN queue:default") == 0,
                             1));
     /* Recovered, run to completion by B, and only then released. */
-    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 25), "%s", kt_kiq_log(b));
-    char *log = kt_kiq_log(b);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 25), "%s", kt_capstan_log(b));
+    char *log = kt_capstan_log(b);
     cr_assert(strstr(log, jid), "B ran it: %s", log);
     cr_assert_null(strstr(log, "uniqueness_lapsed"), "%s", log);
     cr_assert_eq(stop(b), 0);
@@ -436,13 +436,13 @@ Test(unique, bad_lock_input_falls_back_with_a_log_line)
     };
     for (int i = 0; i < 4; i++)
         cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push", jobs[i], NULL }, NULL), 0);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD bad") == 4, 20), "all ran: %s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD bad") == 4, 20), "all ran: %s", kt_capstan_log(pid));
     char *d = ruby_digest("RecordJob", "default", "[\"bad\",2]");
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", d) == 0, 5), "computed digest released");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0);
     cr_assert_eq(stop(pid), 0);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "unknown lock type \"until_forever\""), "%s", log);
     cr_assert(strstr(log, "lock_ttl must be a number of seconds >= 0"), "%s", log);
     cr_assert(strstr(log, "is not a digest"), "%s", log);
@@ -451,15 +451,15 @@ Test(unique, bad_lock_input_falls_back_with_a_log_line)
     /* Bad configuration: clear errors, exit 78 (file) and 64 (flags). */
     char *y = kt_write_file("bad.yml", "classes:\n  RecordJob:\n    lock: until_forever\n");
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", y, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "classes.RecordJob.lock: unknown lock type until_forever"), "%s", out);
     free(out);
     char *y2 = kt_write_file("bad2.yml", "classes:\n  RecordJob:\n    lock: until_executed\n"
                                       "    lock_ttl: -3\n");
-    cr_assert_eq(kt_kiq_run((const char *[]){ "run", "-C", y2, NULL }, &out), 78, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", y2, NULL }, &out), 78, "%s", out);
     cr_assert(strstr(out, "classes.RecordJob.lock_ttl"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "push", "NoopJob", "--lock", "bogus", NULL }, &out),
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "--lock", "bogus", NULL }, &out),
                  64, "%s", out);
     cr_assert(strstr(out, "unknown lock type bogus"), "%s", out);
     free(out);
@@ -476,16 +476,16 @@ Test(unique, absurd_lock_times_are_cut_to_ten_years)
                       "\"queue\":\"default\",\"lock\":\"while_executing\",\"lock_ttl\":1e17,"
                       "\"lock_timeout\":1e300,\"lock_limit\":1e20}";
     freeReplyObject(kt_cmd("LPUSH queue:default %s", raw));
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 1, 20), "locked: %s",
-              kt_kiq_log(pid));
+              kt_capstan_log(pid));
     long long pttl = kt_int("PTTL %s:RUN:LOCKED", d);
     cr_assert(pttl > ten_years_ms - 60000 && pttl <= ten_years_ms, "PTTL %lld", pttl);
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0, 10), "released: %s",
-              kt_kiq_log(pid));
-    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
-    cr_assert(log_says(pid, "lock_ttl 1e+17 is more than 10 years"), "%s", kt_kiq_log(pid));
-    cr_assert(log_says(pid, "lock_timeout 1e+300 is more than 10 years"), "%s", kt_kiq_log(pid));
+              kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_capstan_log(pid));
+    cr_assert(log_says(pid, "lock_ttl 1e+17 is more than 10 years"), "%s", kt_capstan_log(pid));
+    cr_assert(log_says(pid, "lock_timeout 1e+300 is more than 10 years"), "%s", kt_capstan_log(pid));
     free(d);
 }
 
@@ -493,13 +493,13 @@ Test(unique, absurd_lock_times_are_cut_to_ten_years)
 Test(unique, yaml_class_options_lock_jobs_without_lock_fields)
 {
     char *y = kt_write_file("classes.yml",
-                         "classes:\n  OverlapJob:\n    lock: while_executing\n    lock_timeout: 20\n"
-                         "  RecordJob:\n    unique_for: 60\n    unique_until: success\n");
+                            "classes:\n  OverlapJob:\n    lock: while_executing\n    lock_timeout: 20\n"
+                            "  RecordJob:\n    unique_for: 60\n    unique_until: success\n");
     const char *bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"ym\",80],[\"ym\",80],[\"ym\",80],"
                        "[\"ym\",80],[\"ym\",80],[\"ym\",80]]}";
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", bulk, NULL }, NULL), 0);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", y, "-c", "6", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ym:log") == 6, 20), "%s", kt_kiq_log(pid));
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "6", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ym:log") == 6, 20), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("GET ym:overlaps"), 0);
     cr_assert_eq(stop(pid), 0);
     free(y);
@@ -532,11 +532,11 @@ Test(unique, fetch_lock_check_trusts_only_the_jobs_own_fields)
              "\"lock_digest\":\"%s\",\"created_at\":1,\"enqueued_at\":1}", d2);
     redisReply *r = kt_cmd("LPUSH queue:default %s %s", p1, p2);
     freeReplyObject(r);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD fd") == 1 && log_says(pid, "Skipping job with id"), 15),
-              "%s", kt_kiq_log(pid));
+              "%s", kt_capstan_log(pid));
     cr_assert_eq(stop(pid), 0);
-    char *log = kt_kiq_log(pid);
+    char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "uniqueness_lapsed: RecordJob f00000000000000000000001"),
               "job 1 re-took its own lock rather than trust the decoy: %s", log);
     cr_assert_eq(kt_int("EXISTS %s:LOCKED", d), 0, "and released it after success");
@@ -611,15 +611,15 @@ static void short_locked_jobs(const char *lock)
     redisContext *c = kt_aof_connect(&s);
     cr_assert(c);
     push_locked(c, "NoopJob", "[]", lock, N, own_key);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "5", "--redis-url", s.url, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "5", "--redis-url", s.url, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:default") == 0
                             && kt_log_count(pid, "INFO: done") == N, 60),
-              "%d of %d ran\n%s", kt_log_count(pid, "INFO: done"), N, kt_kiq_log(pid));
-    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
+              "%d of %d ran\n%s", kt_log_count(pid, "INFO: done"), N, kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_capstan_log(pid));
     long long scripts = calls_of(c, "evalsha");
     fprintf(stderr, "[unique] %d %s jobs: %lld script calls\n", N, lock, scripts);
     cr_assert_eq(kt_log_count(pid, "INFO: done"), N, "each ran once");
-    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int_on(c, "ZCARD uniquejobs:digests"), 0, "no lock is left");
     cr_assert_lt(scripts, N, "%lld script calls for %d jobs", scripts, N);
     redisFree(c);
@@ -643,11 +643,11 @@ Test(unique, jobs_sharing_a_lock_back_to_back_all_run)
 {
     enum { N = 400 };
     push_locked(kt_redis(), "RecordJob", "[\"pr\"]", "while_executing", N, pair_key);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD pr") == N, 30), "%lld of %d ran\n%s",
-              kt_int("SCARD pr"), N, kt_kiq_log(pid));
-    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
-    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_kiq_log(pid));
+              kt_int("SCARD pr"), N, kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_capstan_log(pid));
+    cr_assert(!log_says(pid, "Skipping job"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0, "no lock is left");
 }
 
@@ -659,11 +659,11 @@ Test(unique, a_lock_held_elsewhere_refuses_only_its_job)
     freeReplyObject(kt_cmd("HSET uniquejobs:held:RUN:LOCKED elsewhere {}"));
     freeReplyObject(kt_cmd("ZADD uniquejobs:digests 1 uniquejobs:held:RUN"));
     push_locked(kt_redis(), "RecordJob", "[\"hl\"]", "while_executing", N, held_key);
-    pid_t pid = kt_kiq_start((const char *[]){ "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD hl") == N - N / 50 && kt_int("LLEN queue:default") == 0
                             && kt_log_count(pid, "Skipping job") == N / 50, 30),
-              "%lld ran\n%s", kt_int("SCARD hl"), kt_kiq_log(pid));
-    cr_assert_eq(stop(pid), 0, "%s", kt_kiq_log(pid));
+              "%lld ran\n%s", kt_int("SCARD hl"), kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SCARD hl"), N - N / 50);
     cr_assert_eq(kt_int("HEXISTS uniquejobs:held:RUN:LOCKED elsewhere"), 1, "still held");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 1, "only that lock is left");

@@ -1,6 +1,6 @@
 /* Uniqueness housekeeping and visibility against a real redis-server: v9's
  * metrics hashes, the reaper (what it removes, what it keeps, its bounds and
- * leases, the until_expired score leak), `kiq locks` and the v8 -> v9
+ * leases, the until_expired score leak), `capstan locks` and the v8 -> v9
  * migration. Locks are written directly in v9's key format, as a Ruby
  * process would leave them. */
 #include <jansson.h>
@@ -11,9 +11,9 @@
 #include <time.h>
 
 #include "helpers.h"
-#include "kiq/client.h"
-#include "kiq/unique_admin.h"
-#include "middleware/unique_admin_internal.h"
+#include "capstan/client.h"
+#include "capstan/unique_admin.h"
+#include "unique/admin_internal.h"
 #include "redis/scripts.h"
 
 TestSuite(unique_admin, .timeout = 60, .fini = kt_kill_children);
@@ -59,7 +59,7 @@ static int in_index(const char *digest)
     return yes;
 }
 
-static int has(kiq_reap_result_t *res, const char *digest)
+static int has(capstan_reap_result_t *res, const char *digest)
 {
     for (size_t i = 0; i < res->ndigests; i++)
         if (!strcmp(res->digests[i], digest))
@@ -73,27 +73,27 @@ Test(unique_admin, metrics_key_pads_the_minute_but_not_the_hour)
 {
     struct tm tm = { .tm_year = 126, .tm_mon = 2, .tm_mday = 31, .tm_hour = 1, .tm_min = 5 };
     char key[64];
-    kiq_unique_metrics_key(timegm(&tm), key, sizeof(key));
+    capstan__unique_metrics_key(timegm(&tm), key, sizeof(key));
     cr_assert_str_eq(key, "uniquejobs:metrics|260331|1:05");
     tm.tm_hour = 13;
     tm.tm_min = 0;
     tm.tm_mon = 0;
     tm.tm_mday = 9;
-    kiq_unique_metrics_key(timegm(&tm), key, sizeof(key));
+    capstan__unique_metrics_key(timegm(&tm), key, sizeof(key));
     cr_assert_str_eq(key, "uniquejobs:metrics|260109|13:00");
 }
 
 Test(unique_admin, metric_writes_v9_fields_and_ttl)
 {
-    kiq_redis_t *r = kt_lib_redis();
+    capstan_redis_t *r = kt_lib_redis();
     time_t t = time(NULL);
     char key[64];
-    kiq_unique_metrics_key(t, key, sizeof(key));
-    cr_assert_eq(kiq_unique_metric_at(r, "until_executed", "locked", t), 0);
-    cr_assert_eq(kiq_unique_metric_at(r, "until_executed", "locked", t), 0);
-    cr_assert_eq(kiq_unique_metric_at(r, "until_executed", "lock_failed", t), 0);
-    cr_assert_eq(kiq_unique_metric_at(r, NULL, "unlocked", t), 0);
-    cr_assert_eq(kiq_unique_metric_at(r, "x", "", t), KIQ_EINVAL);
+    capstan__unique_metrics_key(t, key, sizeof(key));
+    cr_assert_eq(capstan__unique_metric_at(r, "until_executed", "locked", t), 0);
+    cr_assert_eq(capstan__unique_metric_at(r, "until_executed", "locked", t), 0);
+    cr_assert_eq(capstan__unique_metric_at(r, "until_executed", "lock_failed", t), 0);
+    cr_assert_eq(capstan__unique_metric_at(r, NULL, "unlocked", t), 0);
+    cr_assert_eq(capstan__unique_metric_at(r, "x", "", t), CAPSTAN_EINVAL);
     cr_assert_eq(kt_int("HGET %s until_executed|locked", key), 2);
     cr_assert_eq(kt_int("HGET %s total|locked", key), 2);
     cr_assert_eq(kt_int("HGET %s until_executed|lock_failed", key), 1);
@@ -105,29 +105,29 @@ Test(unique_admin, metric_writes_v9_fields_and_ttl)
 
     /* The current-minute form writes the bucket of now. */
     time_t before = time(NULL);
-    cr_assert_eq(kiq_unique_metric(r, "while_executing", "locked"), 0);
+    cr_assert_eq(capstan__unique_metric(r, "while_executing", "locked"), 0);
     time_t after = time(NULL);
     char k1[64], k2[64];
-    kiq_unique_metrics_key(before, k1, sizeof(k1));
-    kiq_unique_metrics_key(after, k2, sizeof(k2));
+    capstan__unique_metrics_key(before, k1, sizeof(k1));
+    capstan__unique_metrics_key(after, k2, sizeof(k2));
     cr_assert(kt_int("HGET %s while_executing|locked", k1) + (strcmp(k1, k2) ? kt_int("HGET %s while_executing|locked", k2) : 0) == 1);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
 {
-    kiq_redis_t *r = kt_lib_redis();
-    kiq__unique_metrics_buffer(1);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan__unique_metrics_buffer(1);
     time_t t0 = time(NULL);
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(kiq_unique_metric_record(r, "until_executed", "locked"), 0);
-    cr_assert_eq(kiq_unique_metric_record(r, "while_executing", "lock_failed"), 0);
+        cr_assert_eq(capstan__unique_metric_record(r, "until_executed", "locked"), 0);
+    cr_assert_eq(capstan__unique_metric_record(r, "while_executing", "lock_failed"), 0);
     time_t t1 = time(NULL);
     char k0[64], k1[64];
-    kiq_unique_metrics_key(t0, k0, sizeof(k0));
-    kiq_unique_metrics_key(t1, k1, sizeof(k1));
+    capstan__unique_metrics_key(t0, k0, sizeof(k0));
+    capstan__unique_metrics_key(t1, k1, sizeof(k1));
     cr_assert_eq(kt_int("EXISTS %s", k0), 0, "nothing is written before the flush");
-    cr_assert_eq(kiq__unique_metrics_flush(r), 0);
+    cr_assert_eq(capstan__unique_metrics_flush(r), 0);
     long long locked = kt_int("HGET %s until_executed|locked", k0)
                      + (strcmp(k0, k1) ? kt_int("HGET %s until_executed|locked", k1) : 0);
     long long total = kt_int("HGET %s total|locked", k0)
@@ -138,11 +138,11 @@ Test(unique_admin, buffered_metrics_are_written_by_the_flush_in_one_pipeline)
                  + (strcmp(k0, k1) ? kt_int("HGET %s while_executing|lock_failed", k0) : 0), 1);
     long long ttl = kt_int("TTL %s", k1);
     cr_assert(ttl > 28790 && ttl <= 28800, "ttl %lld", ttl);
-    cr_assert_eq(kiq__unique_metrics_flush(r), 0, "an empty flush is fine");
+    cr_assert_eq(capstan__unique_metrics_flush(r), 0, "an empty flush is fine");
     cr_assert_eq(kt_int("HGET %s total|locked", k0) + (strcmp(k0, k1) ? kt_int("HGET %s total|locked", k1) : 0),
                  3, "and writes nothing twice");
-    kiq__unique_metrics_buffer(0);
-    kiq_redis_free(r);
+    capstan__unique_metrics_buffer(0);
+    capstan_redis_free(r);
 }
 
 static json_t *row_of(json_t *types, const char *type)
@@ -155,15 +155,15 @@ static json_t *row_of(json_t *types, const char *type)
     return NULL;
 }
 
-Test(unique_admin, metrics_command_sums_the_last_hour_from_ruby_and_kiq)
+Test(unique_admin, metrics_command_sums_the_last_hour_from_ruby_and_capstan)
 {
-    kiq_redis_t *r = kt_lib_redis();
+    capstan_redis_t *r = kt_lib_redis();
     time_t t = time(NULL);
     char k5[64], k90[64];
     /* As a Ruby process writes them: five minutes ago, and an hour and a half
      * ago (outside the window). */
-    kiq_unique_metrics_key(t - 5 * 60, k5, sizeof(k5));
-    kiq_unique_metrics_key(t - 90 * 60, k90, sizeof(k90));
+    capstan__unique_metrics_key(t - 5 * 60, k5, sizeof(k5));
+    capstan__unique_metrics_key(t - 90 * 60, k90, sizeof(k90));
     freeReplyObject(kt_cmd("HINCRBY %s while_executing|locked 3", k5));
     freeReplyObject(kt_cmd("HINCRBY %s total|locked 3", k5));
     freeReplyObject(kt_cmd("HINCRBY %s until_executed|execution_failed 1", k5));
@@ -173,21 +173,21 @@ Test(unique_admin, metrics_command_sums_the_last_hour_from_ruby_and_kiq)
     freeReplyObject(kt_cmd("EXPIRE %s 28800", k5));
     freeReplyObject(kt_cmd("HINCRBY %s until_executed|locked 100", k90));
     freeReplyObject(kt_cmd("HINCRBY %s total|locked 100", k90));
-    /* And by kiq, now. */
-    cr_assert_eq(kiq_unique_metric_at(r, "until_executed", "locked", t), 0);
-    cr_assert_eq(kiq_unique_metric_at(r, "until_executed", "lock_failed", t), 0);
-    cr_assert_eq(kiq_unique_metric_at(r, "until_executed", "unlocked", t), 0);
+    /* And by capstan, now. */
+    cr_assert_eq(capstan__unique_metric_at(r, "until_executed", "locked", t), 0);
+    cr_assert_eq(capstan__unique_metric_at(r, "until_executed", "lock_failed", t), 0);
+    cr_assert_eq(capstan__unique_metric_at(r, "until_executed", "unlocked", t), 0);
 
-    kiq_unique_metrics_t m;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_unique_metrics_read(r, 60, &m, err), 0, "%s", err);
+    capstan_unique_metrics_t m;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_unique_metrics_read(r, 60, &m, err), 0, "%s", err);
     cr_assert_eq(m.n, 3);
     cr_assert_str_eq(m.rows[2].type, "total", "total comes last");
-    kiq_unique_metrics_clear(&m);
-    kiq_redis_free(r);
+    capstan_unique_metrics_clear(&m);
+    capstan_redis_free(r);
 
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "metrics", "--json", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "metrics", "--json", NULL }, &out), 0, "%s", out);
     json_t *j = json_loads(out, 0, NULL);
     cr_assert_not_null(j, "%s", out);
     json_t *types = json_object_get(j, "types");
@@ -204,7 +204,7 @@ Test(unique_admin, metrics_command_sums_the_last_hour_from_ruby_and_kiq)
     json_decref(j);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "metrics", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "metrics", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "ACQUIRED") && strstr(out, "DENIED") && strstr(out, "RELEASED")
               && strstr(out, "FAILURES"), "%s", out);
     cr_assert(strstr(out, "while_executing"), "%s", out);
@@ -252,11 +252,11 @@ Test(unique_admin, reaper_removes_orphans_and_keeps_every_live_holder)
     /* Young: locked a moment ago, its job maybe not pushed yet. */
     lock_v9("uniquejobs:young", J(07), "until_executed", now_s(), 0);
 
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 0);
     cr_assert_eq(res.removed, 3, "removed %ld", res.removed);
     cr_assert_eq(res.stale, 1);
@@ -271,21 +271,21 @@ Test(unique_admin, reaper_removes_orphans_and_keeps_every_live_holder)
         cr_assert(in_index(kept[i]), "%s kept in the index", kept[i]);
         cr_assert_eq(kt_int("EXISTS %s:LOCKED", kept[i]), 1, "%s kept", kept[i]);
     }
-    cr_assert_eq(kt_int("EXISTS kiq:reaper:running"), 0, "the run lease is given back");
-    kiq_reap_result_clear(&res);
+    cr_assert_eq(kt_int("EXISTS capstan:reaper:running"), 0, "the run lease is given back");
+    capstan_reap_result_clear(&res);
 
     /* Once the job is finished everywhere, the next run frees its lock. */
     freeReplyObject(kt_cmd("DEL queue:x"));
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1);
     cr_assert(has(&res, "uniquejobs:queued"));
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
 
     json_decref(work);
     json_decref(work6);
     free(w5); free(w6);
     free(p1); free(p2); free(p3); free(p4); free(p5); free(p6);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 /* A queue name longer than any fixed key buffer: the push lands in the whole
@@ -295,27 +295,27 @@ Test(unique_admin, reaper_keeps_a_lock_whose_job_waits_in_a_long_named_queue)
     char name[601];
     memset(name, 'q', 600);
     name[600] = '\0';
-    char err[KIQ_ERRLEN];
-    kiq_client_t *c = kiq_client_new(kt_url(), err);
+    char err[CAPSTAN_ERRLEN];
+    capstan_client_t *c = capstan_client_new(kt_url(), err);
     cr_assert(c, "%s", err);
-    kiq_push_opts_t po = kiq_push_opts_default();
+    capstan_push_opts_t po = capstan_push_opts_default();
     po.queue = name;
     char jid[25];
-    cr_assert_eq(kiq_client_push(c, "RecordJob", "[\"long\"]", &po, jid), 0, "%s",
-                 kiq_client_error(c));
-    kiq_client_free(c);
+    cr_assert_eq(capstan_client_push(c, "RecordJob", "[\"long\"]", &po, jid), 0, "%s",
+                 capstan_client_error(c));
+    capstan_client_free(c);
     cr_assert_eq(kt_int("LLEN queue:%s", name), 1, "pushed to the whole name's queue");
     double old = now_s() - 300;
     lock_v9("uniquejobs:longqueue", jid, "until_executed", old, 0);
 
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 0, "removed %ld", res.removed);
     cr_assert(in_index("uniquejobs:longqueue"));
-    kiq_reap_result_clear(&res);
-    kiq_redis_free(r);
+    capstan_reap_result_clear(&res);
+    capstan_redis_free(r);
 }
 
 Test(unique_admin, reaper_rechecks_a_batch_atomically)
@@ -331,14 +331,14 @@ Test(unique_admin, reaper_rechecks_a_batch_atomically)
     const char *argv[] = { "uniquejobs:digests", "uniquejobs:working:h:2:000000000000", "100",
                            "uniquejobs:relocked", "1", J(10),
                            "uniquejobs:moved", "1", J(11) };
-    kiq_redis_t *r = kt_lib_redis();
-    redisReply *rep = kiq__redis_script(r, KIQ_SCRIPT_REAP, 2, 9, argv, NULL);
+    capstan_redis_t *r = kt_lib_redis();
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_REAP, 2, 9, argv, NULL);
     cr_assert(rep && rep->type == REDIS_REPLY_ARRAY, "%s", rep && rep->str ? rep->str : "");
     cr_assert_eq(rep->elements, 0);
     freeReplyObject(rep);
     cr_assert(in_index("uniquejobs:relocked") && in_index("uniquejobs:moved"));
     free(p);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 static void many_orphans(int n, double base)
@@ -361,95 +361,95 @@ static void many_orphans(int n, double base)
 Test(unique_admin, reaper_stops_at_the_count_and_the_next_run_continues)
 {
     many_orphans(5000, now_s() - 3600);
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1000, "removed %ld", res.removed);
     cr_assert_eq(res.wrapped, 0);
     cr_assert(has(&res, "uniquejobs:o00000") && has(&res, "uniquejobs:o00999"));
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 4000);
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
 
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1000);
     cr_assert(has(&res, "uniquejobs:o01000") && has(&res, "uniquejobs:o01999"),
               "the second run continues where the first stopped");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 3000);
     cr_assert_eq(kt_int("EXISTS uniquejobs:o01001:LOCKED"), 0);
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
 
     /* A tiny time budget stops a run early, without error. */
     o.timeout = 0.000001;
     o.count = 100000;
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.timed_out, 1);
     cr_assert(res.removed < 3000, "removed %ld", res.removed);
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
 
     /* Unbounded, everything goes and the walk wraps. */
     o.timeout = 20;
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.wrapped, 1);
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0);
-    cr_assert_eq(kt_int("EXISTS kiq:reaper:cursor"), 0);
-    kiq_reap_result_clear(&res);
-    kiq_redis_free(r);
+    cr_assert_eq(kt_int("EXISTS capstan:reaper:cursor"), 0);
+    capstan_reap_result_clear(&res);
+    capstan_redis_free(r);
 }
 
 Test(unique_admin, leases_keep_reapers_apart)
 {
     freeReplyObject(kt_cmd("ZADD uniquejobs:digests %.6f uniquejobs:stale", now_s() - 300));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    char err[CAPSTAN_ERRLEN];
 
     /* Another run in progress. */
-    freeReplyObject(kt_cmd("SET kiq:reaper:running other:1 PX 20000"));
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    freeReplyObject(kt_cmd("SET capstan:reaper:running other:1 PX 20000"));
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 1);
     cr_assert_str_eq(res.holder, "other:1");
     cr_assert_eq(res.removed, 0);
     cr_assert(in_index("uniquejobs:stale"));
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "reap", NULL }, &out), 3, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "reap", NULL }, &out), 3, "%s", out);
     cr_assert(strstr(out, "another reaper is running"), "%s", out);
     free(out);
 
     /* A Ruby process holds v9's reaper role (its pid). */
-    freeReplyObject(kt_cmd("DEL kiq:reaper:running"));
+    freeReplyObject(kt_cmd("DEL capstan:reaper:running"));
     freeReplyObject(kt_cmd("SET uniquejobs:reaper 4242 EX 612"));
     o.owner = "me:1:abc";
     o.role_ttl = 612;
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 1);
     cr_assert_str_eq(res.holder, "4242");
     cr_assert(in_index("uniquejobs:stale"));
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
 
     /* Free: we take the role for interval + 2 %, and keep it next time. */
     freeReplyObject(kt_cmd("DEL uniquejobs:reaper"));
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 0);
     cr_assert_eq(res.removed, 1);
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
     char *holder = kt_str("GET uniquejobs:reaper");
     cr_assert_str_eq(holder, "me:1:abc");
     free(holder);
     long long ttl = kt_int("TTL uniquejobs:reaper");
     cr_assert(ttl > 600 && ttl <= 612, "ttl %lld", ttl);
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 0);
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
     /* Someone else's release does nothing; ours frees it. */
-    cr_assert_eq(kiq__unique_reaper_release(r, "4242"), 0);
+    cr_assert_eq(capstan__unique_reaper_release(r, "4242"), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:reaper"), 1);
-    cr_assert_eq(kiq__unique_reaper_release(r, "me:1:abc"), 0);
+    cr_assert_eq(capstan__unique_reaper_release(r, "me:1:abc"), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:reaper"), 0);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }
 
 Test(unique_admin, reaper_fixes_the_until_expired_score_leak)
@@ -465,25 +465,25 @@ Test(unique_admin, reaper_fixes_the_until_expired_score_leak)
     /* until_expired without a TTL: freed once the job is gone, as in v9. */
     lock_v9("uniquejobs:forever", J(22), "until_expired", now - 300, 0);
 
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_reap_opts_t o = KIQ_REAP_OPTS_INIT;
-    kiq_reap_result_t res;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
+    capstan_reap_result_t res;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 2, "removed %ld", res.removed);
     cr_assert(has(&res, "uniquejobs:leaked") && has(&res, "uniquejobs:forever"));
     cr_assert(in_index("uniquejobs:expiring") && in_index("uniquejobs:expiring_future"));
     cr_assert_eq(kt_int("EXISTS uniquejobs:expiring:LOCKED"), 1);
-    kiq_reap_result_clear(&res);
+    capstan_reap_result_clear(&res);
 
     /* When Redis expires the hash, the next run frees the entry. */
     freeReplyObject(kt_cmd("PEXPIRE uniquejobs:expiring_future:LOCKED 1"));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS uniquejobs:expiring_future:LOCKED") == 0, 5));
-    cr_assert_eq(kiq_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1);
     cr_assert(has(&res, "uniquejobs:expiring_future"));
-    kiq_reap_result_clear(&res);
-    kiq_redis_free(r);
+    capstan_reap_result_clear(&res);
+    capstan_redis_free(r);
 }
 
 Test(unique_admin, housekeeper_runs_the_reaper_on_its_interval)
@@ -495,15 +495,15 @@ Test(unique_admin, housekeeper_runs_the_reaper_on_its_interval)
     fputs("heartbeat_interval: 1\nliveness_ttl: 10\nreaper_interval: 1\nreaper_count: 10\n"
           "reaper_timeout: 2\n", f);
     fclose(f);
-    pid_t pid = kt_kiq_start((const char *[]){ "-C", cfg, NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD uniquejobs:digests") == 0, 15),
-              "the housekeeper reaped: %s", kt_kiq_log(pid));
-    cr_assert_eq(kt_kiq_stop(pid, SIGTERM, 30), 0);
+              "the housekeeper reaped: %s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:reaper"), 0, "the role is given up at exit");
     free(cfg);
 }
 
-/* ---- kiq locks ------------------------------------------------------------ */
+/* ---- capstan locks ------------------------------------------------------------ */
 
 #define D1 "uniquejobs:0f3a5b6c7d8e9f00112233445566778"
 
@@ -515,13 +515,13 @@ Test(unique_admin, locks_list_info_delete)
     lock_v9("other:abc", J(31), "while_executing", now - 5, 0);
 
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "list", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "list", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, D1) && strstr(out, "until_executed") && strstr(out, J(30))
               && strstr(out, "other:abc") && strstr(out, "3 locks"), "%s", out);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "list", "--json", "uniquejobs:*", NULL },
-                            &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "list", "--json", "uniquejobs:*", NULL },
+                                &out), 0, "%s", out);
     json_t *rows = json_loads(out, 0, NULL);
     cr_assert(json_is_array(rows), "%s", out);
     cr_assert_eq(json_array_size(rows), 2, "the pattern filters: %s", out);
@@ -543,11 +543,11 @@ Test(unique_admin, locks_list_info_delete)
     json_decref(rows);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "info", D1, NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "info", D1, NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, D1 ":LOCKED") && strstr(out, D1 ":RUN:LOCKED") && strstr(out, J(30))
               && strstr(out, "\"worker\":\"MyJob\"") && strstr(out, "until_executed"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "info", "--json", D1 ":LOCKED", NULL }, &out),
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "info", "--json", D1 ":LOCKED", NULL }, &out),
                  0, "%s", out);
     json_t *info = json_loads(out, 0, NULL);
     cr_assert_not_null(info, "%s", out);
@@ -556,17 +556,17 @@ Test(unique_admin, locks_list_info_delete)
     json_decref(info);
     free(out);
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "delete", D1, NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "delete", D1, NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "deleted " D1), "%s", out);
     free(out);
     cr_assert_eq(kt_int("EXISTS " D1 ":LOCKED " D1 ":RUN:LOCKED"), 0);
     cr_assert(!in_index(D1) && !in_index(D1 ":RUN"));
     cr_assert(in_index("other:abc"), "other locks untouched");
 
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "delete", D1, NULL }, &out), 1, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "delete", D1, NULL }, &out), 1, "%s", out);
     cr_assert(strstr(out, "no lock with digest"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "info", D1, NULL }, &out), 1, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "info", D1, NULL }, &out), 1, "%s", out);
     cr_assert(strstr(out, "no lock with digest"), "%s", out);
     free(out);
 }
@@ -576,7 +576,7 @@ Test(unique_admin, locks_reap_prints_what_it_removed)
     freeReplyObject(kt_cmd("ZADD uniquejobs:digests %.6f uniquejobs:gone1", now_s() - 300));
     lock_v9("uniquejobs:gone2", J(40), "until_executed", now_s() - 300, 0);
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "reap", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "reap", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "uniquejobs:gone1\n") && strstr(out, "uniquejobs:gone2\n")
               && strstr(out, "removed 2 orphaned locks"), "%s", out);
     free(out);
@@ -601,25 +601,25 @@ Test(unique_admin, locks_rejects_bad_input_clearly)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *out = NULL;
-        int st = kt_kiq_run(cases[i].args, &out);
+        int st = kt_capstan_run(cases[i].args, &out);
         cr_assert_eq(st, cases[i].status, "case %zu: status %d: %s", i, st, out);
         cr_assert(strstr(out, cases[i].says), "case %zu: %s", i, out);
         free(out);
     }
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "reap", "--help", NULL }, &out), 0);
-    cr_assert(strstr(out, "Usage: kiq locks"), "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "reap", "--help", NULL }, &out), 0);
+    cr_assert(strstr(out, "Usage: capstan locks"), "%s", out);
     free(out);
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "list", "--redis-url", "redis://127.0.0.1:1/0", NULL }, &out), 1);
-    cr_assert(strstr(out, "kiq locks list:"), "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "list", "--redis-url", "redis://127.0.0.1:1/0", NULL }, &out), 1);
+    cr_assert(strstr(out, "capstan locks list:"), "%s", out);
     free(out);
 
     /* The library says the same. */
-    char d[600], err[KIQ_ERRLEN];
-    cr_assert_eq(kiq__unique_digest_parse("uniquejobs:abc:LOCKED", d, sizeof(d), err), 0);
+    char d[600], err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__unique_digest_parse("uniquejobs:abc:LOCKED", d, sizeof(d), err), 0);
     cr_assert_str_eq(d, "uniquejobs:abc");
-    cr_assert_eq(kiq__unique_digest_parse(":abc", d, sizeof(d), err), KIQ_EINVAL);
-    cr_assert_eq(kiq__unique_digest_parse(NULL, d, sizeof(d), err), KIQ_EINVAL);
+    cr_assert_eq(capstan__unique_digest_parse(":abc", d, sizeof(d), err), CAPSTAN_EINVAL);
+    cr_assert_eq(capstan__unique_digest_parse(NULL, d, sizeof(d), err), CAPSTAN_EINVAL);
 }
 
 /* ---- v8 -> v9 ---------------------------------------------------------------- */
@@ -646,7 +646,7 @@ Test(unique_admin, upgrade_migrates_a_v8_layout_once)
     freeReplyObject(kt_cmd("HSET uniquejobs:6c6c:LOCKED %s 1774912345.4", J(52)));
 
     char *out = NULL;
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "upgrade", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "upgrade", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "upgraded:"), "%s", out);
     free(out);
     const char *gone[] = { "", ":QUEUED", ":PRIMED", ":INFO", ":RUN", ":RUN:QUEUED", ":RUN:PRIMED",
@@ -669,7 +669,7 @@ Test(unique_admin, upgrade_migrates_a_v8_layout_once)
 
     /* Idempotent: the marker stops a second pass. */
     freeReplyObject(kt_cmd("LPUSH %s:QUEUED %s", d, J(50)));
-    cr_assert_eq(kt_kiq_run((const char *[]){ "locks", "upgrade", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "upgrade", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "already upgraded"), "%s", out);
     free(out);
     cr_assert_eq(kt_int("EXISTS %s:QUEUED", d), 1);
@@ -680,12 +680,12 @@ Test(unique_admin, upgrade_skips_a_legacy_layout_as_v9)
     freeReplyObject(kt_cmd("SET uniquejobs:dead 1"));
     freeReplyObject(kt_cmd("HSET uniquejobs:1a:LOCKED %s 1", J(60)));
     freeReplyObject(kt_cmd("LPUSH uniquejobs:1a:QUEUED %s", J(60)));
-    kiq_redis_t *r = kt_lib_redis();
-    kiq_upgrade_result_t u;
-    char err[KIQ_ERRLEN];
-    cr_assert_eq(kiq_unique_upgrade(r, &u, err), 0, "%s", err);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_upgrade_result_t u;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_unique_upgrade(r, &u, err), 0, "%s", err);
     cr_assert_eq(u.legacy, 1);
     cr_assert_eq(kt_int("EXISTS uniquejobs:1a:QUEUED"), 1);
     cr_assert_eq(kt_int("EXISTS uniquejobs:live:UPGRADED"), 0);
-    kiq_redis_free(r);
+    capstan_redis_free(r);
 }

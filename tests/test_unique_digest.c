@@ -6,74 +6,74 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kiq/unique.h"
-#include "middleware/unique_internal.h"
+#include "capstan/unique.h"
+#include "unique/internal.h"
 
 TestSuite(unique_digest, .timeout = 10);
 
-static const char *digest(const kiq_digest_input_t *in)
+static const char *digest(const capstan_digest_input_t *in)
 {
-    static char out[KIQ_DIGEST_MAX];
-    char err[KIQ_ERRLEN] = "";
-    cr_assert_eq(kiq_unique_digest(in, out, NULL, err), 0, "%s", err);
+    static char out[CAPSTAN_DIGEST_MAX];
+    char err[CAPSTAN_ERRLEN] = "";
+    cr_assert_eq(capstan_unique_digest(in, out, NULL, err), 0, "%s", err);
     return out;
 }
 
 Test(unique_digest, reference_vectors_md5)
 {
-    kiq_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]" };
+    capstan_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]" };
     char *canon = NULL;
-    char out[KIQ_DIGEST_MAX];
-    cr_assert_eq(kiq_unique_digest(&a, out, &canon, NULL), 0);
+    char out[CAPSTAN_DIGEST_MAX];
+    cr_assert_eq(capstan_unique_digest(&a, out, &canon, NULL), 0);
     cr_assert_str_eq(canon, "[[\"class\",\"MyUniqueJob\"],[\"lock_args\",[1,2]],[\"queue\",\"anotherqueue\"]]");
     cr_assert_str_eq(out, "uniquejobs:6b6835a019cad7c2a7a4e53e20a9184c");
     free(canon);
 
-    kiq_digest_input_t b = { .cls = "UntilExecutedJob", .queue = "working", .lock_args = "[]" };
+    capstan_digest_input_t b = { .cls = "UntilExecutedJob", .queue = "working", .lock_args = "[]" };
     cr_assert_str_eq(digest(&b), "uniquejobs:41459093fde370420ea1d1f446b60281");
     b.lock_args = NULL; /* no args at all is [] */
     cr_assert_str_eq(digest(&b), "uniquejobs:41459093fde370420ea1d1f446b60281");
 
-    kiq_digest_input_t c = { .cls = "NotifyWorker", .queue = "notify_worker",
+    capstan_digest_input_t c = { .cls = "NotifyWorker", .queue = "notify_worker",
                              .lock_args = "[183,\"xxxx\"]" };
     cr_assert_str_eq(digest(&c), "uniquejobs:ae503400be25bde0465cebd14f6f0daf");
 }
 
 Test(unique_digest, lock_prefix_changes_only_the_prefix)
 {
-    kiq_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
+    capstan_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
                              .lock_prefix = "custom_prefix" };
     cr_assert_str_eq(digest(&a), "custom_prefix:6b6835a019cad7c2a7a4e53e20a9184c");
 }
 
 Test(unique_digest, sha3_256_vector)
 {
-    kiq_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
-                             .alg = KIQ_DIGEST_SHA3_256 };
+    capstan_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
+                             .alg = CAPSTAN_DIGEST_SHA3_256 };
     cr_assert_str_eq(digest(&a),
         "uniquejobs:6a7de54d814e785f40610421fa3ff975107c6b9d6ab0cfef3d1f202a27b4706e");
 }
 
 Test(unique_digest, apartment_and_across_queues_and_workers)
 {
-    kiq_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
+    capstan_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
                              .apartment = "\"public\"" };
     cr_assert_str_eq(digest(&a), "uniquejobs:89ad185f63519f23f689d633c4796815");
 
-    kiq_digest_input_t q = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
+    capstan_digest_input_t q = { .cls = "MyUniqueJob", .queue = "anotherqueue", .lock_args = "[1,2]",
                              .unique_across_queues = 1 };
     cr_assert_str_eq(digest(&q), "uniquejobs:d78c6b3abca120dd438f24264d114ec5");
     q.queue = "elsewhere";
     cr_assert_str_eq(digest(&q), "uniquejobs:d78c6b3abca120dd438f24264d114ec5");
 
     char *canon = NULL;
-    char out[KIQ_DIGEST_MAX];
-    kiq_digest_input_t w = { .cls = "AnyJob", .queue = "q", .lock_args = "[1]",
+    char out[CAPSTAN_DIGEST_MAX];
+    capstan_digest_input_t w = { .cls = "AnyJob", .queue = "q", .lock_args = "[1]",
                              .unique_across_workers = 1 };
-    cr_assert_eq(kiq_unique_digest(&w, out, &canon, NULL), 0);
+    cr_assert_eq(capstan_unique_digest(&w, out, &canon, NULL), 0);
     cr_assert_str_eq(canon, "[[\"lock_args\",[1]],[\"queue\",\"q\"]]");
     free(canon);
-    char first[KIQ_DIGEST_MAX];
+    char first[CAPSTAN_DIGEST_MAX];
     strcpy(first, out);
     w.cls = "OtherJob";
     cr_assert_str_eq(digest(&w), first, "the class does not matter across workers");
@@ -81,7 +81,7 @@ Test(unique_digest, apartment_and_across_queues_and_workers)
 
 Test(unique_digest, args_spacing_does_not_change_the_digest)
 {
-    kiq_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue",
+    capstan_digest_input_t a = { .cls = "MyUniqueJob", .queue = "anotherqueue",
                              .lock_args = " [ 1 ,\n 2 ] " };
     cr_assert_str_eq(digest(&a), "uniquejobs:6b6835a019cad7c2a7a4e53e20a9184c");
 }
@@ -99,80 +99,80 @@ Test(unique_digest, ruby_json_forms)
           "[{\"b\":1,\"a\":[true,false,null]},12345678901234567890123,0]" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        char *got = kiq_ruby_json_dup(cases[i].in, strlen(cases[i].in), NULL);
+        char *got = capstan__ruby_json_dup(cases[i].in, strlen(cases[i].in), NULL);
         cr_assert_not_null(got, "case %zu", i);
         cr_assert_str_eq(got, cases[i].want, "case %zu", i);
         free(got);
     }
-    cr_assert_null(kiq_ruby_json_dup("[1,", 3, NULL));
+    cr_assert_null(capstan__ruby_json_dup("[1,", 3, NULL));
 }
 
 Test(unique_digest, lock_args_selects_arguments)
 {
     const char *args = "[1, \"two\", {\"x\": 3}, 4]";
-    char *all = kiq_unique_lock_args(args, strlen(args), NULL, 0);
+    char *all = capstan__unique_lock_args(args, strlen(args), NULL, 0);
     cr_assert_str_eq(all, "[1,\"two\",{\"x\":3},4]");
     int idx[] = { 2, 0, 9 };
-    char *some = kiq_unique_lock_args(args, strlen(args), idx, 3);
+    char *some = capstan__unique_lock_args(args, strlen(args), idx, 3);
     cr_assert_str_eq(some, "[{\"x\":3},1]", "indexes past the end are skipped");
-    cr_assert_null(kiq_unique_lock_args("{\"a\":1}", 7, NULL, 0));
+    cr_assert_null(capstan__unique_lock_args("{\"a\":1}", 7, NULL, 0));
     free(all);
     free(some);
 }
 
 Test(unique_digest, bad_input_is_an_error_not_a_crash)
 {
-    char out[KIQ_DIGEST_MAX], err[KIQ_ERRLEN] = "";
-    kiq_digest_input_t a = { .cls = "X", .queue = "q", .lock_args = "[1," };
-    cr_assert_eq(kiq_unique_digest(&a, out, NULL, err), KIQ_EPARSE);
+    char out[CAPSTAN_DIGEST_MAX], err[CAPSTAN_ERRLEN] = "";
+    capstan_digest_input_t a = { .cls = "X", .queue = "q", .lock_args = "[1," };
+    cr_assert_eq(capstan_unique_digest(&a, out, NULL, err), CAPSTAN_EPARSE);
     cr_assert(strstr(err, "lock_args"), "%s", err);
-    kiq_digest_input_t b = { .cls = NULL, .queue = "q" };
-    cr_assert_eq(kiq_unique_digest(&b, out, NULL, err), KIQ_EINVAL);
+    capstan_digest_input_t b = { .cls = NULL, .queue = "q" };
+    cr_assert_eq(capstan_unique_digest(&b, out, NULL, err), CAPSTAN_EINVAL);
     char prefix[400];
     memset(prefix, 'p', sizeof(prefix) - 1);
     prefix[sizeof(prefix) - 1] = '\0';
-    kiq_digest_input_t c = { .cls = "X", .queue = "q", .lock_prefix = prefix };
-    cr_assert_eq(kiq_unique_digest(&c, out, NULL, err), KIQ_EINVAL);
+    capstan_digest_input_t c = { .cls = "X", .queue = "q", .lock_prefix = prefix };
+    cr_assert_eq(capstan_unique_digest(&c, out, NULL, err), CAPSTAN_EINVAL);
 }
 
 Test(unique_digest, digest_shape_check)
 {
-    cr_assert(kiq_unique_digest_valid("uniquejobs:6b6835a019cad7c2a7a4e53e20a9184c"));
-    cr_assert(kiq_unique_digest_valid("uniquejobs:6b6835a019cad7c2a7a4e53e20a9184c:RUN"));
-    cr_assert(kiq_unique_digest_valid(
+    cr_assert(capstan__unique_digest_valid("uniquejobs:6b6835a019cad7c2a7a4e53e20a9184c"));
+    cr_assert(capstan__unique_digest_valid("uniquejobs:6b6835a019cad7c2a7a4e53e20a9184c:RUN"));
+    cr_assert(capstan__unique_digest_valid(
         "a:6a7de54d814e785f40610421fa3ff975107c6b9d6ab0cfef3d1f202a27b4706e"));
-    cr_assert_not(kiq_unique_digest_valid("garbage"));
-    cr_assert_not(kiq_unique_digest_valid(":6b6835a019cad7c2a7a4e53e20a9184c"));
-    cr_assert(kiq_unique_digest_valid("uniquejobs:0123456789abcdef01234567"));
-    cr_assert_not(kiq_unique_digest_valid("uniquejobs:"));
-    cr_assert_not(kiq_unique_digest_valid("uniquejobs:with space"));
-    cr_assert_not(kiq_unique_digest_valid("$$garbage$$"));
-    cr_assert_not(kiq_unique_digest_valid(NULL));
+    cr_assert_not(capstan__unique_digest_valid("garbage"));
+    cr_assert_not(capstan__unique_digest_valid(":6b6835a019cad7c2a7a4e53e20a9184c"));
+    cr_assert(capstan__unique_digest_valid("uniquejobs:0123456789abcdef01234567"));
+    cr_assert_not(capstan__unique_digest_valid("uniquejobs:"));
+    cr_assert_not(capstan__unique_digest_valid("uniquejobs:with space"));
+    cr_assert_not(capstan__unique_digest_valid("$$garbage$$"));
+    cr_assert_not(capstan__unique_digest_valid(NULL));
 }
 
 Test(unique_digest, lock_type_and_strategy_names)
 {
-    kiq_lock_type_t t;
-    cr_assert_eq(kiq_lock_type_parse("until_completed", &t), 0);
-    cr_assert_eq(t, KIQ_LOCK_UNTIL_EXECUTED);
-    cr_assert_eq(kiq_lock_type_parse("while_busy", &t), 0);
-    cr_assert_eq(t, KIQ_LOCK_WHILE_EXECUTING);
-    cr_assert_eq(kiq_lock_type_parse(":while_enqueued", &t), 0);
-    cr_assert_eq(t, KIQ_LOCK_UNTIL_EXECUTING);
-    cr_assert_eq(kiq_lock_type_parse("until_forever", &t), KIQ_EINVAL);
-    cr_assert_str_eq(kiq_lock_type_name(KIQ_LOCK_UNTIL_AND_WHILE_EXECUTING),
+    capstan_lock_type_t t;
+    cr_assert_eq(capstan_lock_type_parse("until_completed", &t), 0);
+    cr_assert_eq(t, CAPSTAN_LOCK_UNTIL_EXECUTED);
+    cr_assert_eq(capstan_lock_type_parse("while_busy", &t), 0);
+    cr_assert_eq(t, CAPSTAN_LOCK_WHILE_EXECUTING);
+    cr_assert_eq(capstan_lock_type_parse(":while_enqueued", &t), 0);
+    cr_assert_eq(t, CAPSTAN_LOCK_UNTIL_EXECUTING);
+    cr_assert_eq(capstan_lock_type_parse("until_forever", &t), CAPSTAN_EINVAL);
+    cr_assert_str_eq(capstan_lock_type_name(CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING),
                      "until_and_while_executing");
-    kiq_on_conflict_t s;
-    cr_assert_eq(kiq_on_conflict_parse("reschedule", &s), 0);
-    cr_assert_eq(s, KIQ_CONFLICT_RESCHEDULE);
-    cr_assert_eq(kiq_on_conflict_parse("explode", &s), KIQ_EINVAL);
+    capstan_on_conflict_t s;
+    cr_assert_eq(capstan_on_conflict_parse("reschedule", &s), 0);
+    cr_assert_eq(s, CAPSTAN_CONFLICT_RESCHEDULE);
+    cr_assert_eq(capstan_on_conflict_parse("explode", &s), CAPSTAN_EINVAL);
 
-    kiq_unique_opts_t o = KIQ_UNIQUE_OPTS_INIT;
-    cr_assert_eq(kiq_unique_for(&o, 3600, "start"), 0);
-    cr_assert_eq(o.lock, KIQ_LOCK_UNTIL_EXECUTING);
+    capstan_unique_opts_t o = CAPSTAN_UNIQUE_OPTS_INIT;
+    cr_assert_eq(capstan_unique_for(&o, 3600, "start"), 0);
+    cr_assert_eq(o.lock, CAPSTAN_LOCK_UNTIL_EXECUTING);
     cr_assert_eq(o.lock_ttl, 3600);
-    cr_assert_eq(kiq_unique_for(&o, 60, NULL), 0);
-    cr_assert_eq(o.lock, KIQ_LOCK_UNTIL_EXECUTED);
-    cr_assert_eq(kiq_unique_for(&o, 60, "later"), KIQ_EINVAL);
-    cr_assert_eq(kiq_unique_for(&o, -1, "start"), KIQ_EINVAL);
+    cr_assert_eq(capstan_unique_for(&o, 60, NULL), 0);
+    cr_assert_eq(o.lock, CAPSTAN_LOCK_UNTIL_EXECUTED);
+    cr_assert_eq(capstan_unique_for(&o, 60, "later"), CAPSTAN_EINVAL);
+    cr_assert_eq(capstan_unique_for(&o, -1, "start"), CAPSTAN_EINVAL);
 }

@@ -4,8 +4,8 @@
 usage: embed_lua.py OUT.c OUT.h LUA_DIR NAME...
        embed_lua.py --print LUA_DIR NAME
 
-The first form writes OUT.h, the enum kiq_script_t (KIQ_SCRIPT_<NAME> in
-the order of the NAME arguments, then KIQ_SCRIPT_COUNT) and the tables'
+The first form writes OUT.h, the enum capstan_script_t (CAPSTAN_SCRIPT_<NAME> in
+the order of the NAME arguments, then CAPSTAN_SCRIPT_COUNT) and the tables'
 declarations, and OUT.c, the names and texts indexed by that enum. The
 NAME list (lua_scripts in lua/meson.build) is the only list of scripts.
 
@@ -58,24 +58,24 @@ def c_string(data: bytes) -> str:
 def header(names) -> str:
     parts = ['/* Generated from lua_scripts in lua/meson.build by tools/embed_lua.py;',
              ' * do not edit. */',
-             '#ifndef KIQ_LUA_H', '#define KIQ_LUA_H', '',
+             '#ifndef CAPSTAN_LUA_H', '#define CAPSTAN_LUA_H', '',
              '/* The scripts in lua/, compiled into the library. */',
-             'typedef enum kiq_script {']
-    parts += ['    KIQ_SCRIPT_%s,' % n.upper() for n in names]
-    parts += ['    KIQ_SCRIPT_COUNT', '} kiq_script_t;', '',
+             'typedef enum capstan_script {']
+    parts += ['    CAPSTAN_SCRIPT_%s,' % n.upper() for n in names]
+    parts += ['    CAPSTAN_SCRIPT_COUNT', '} capstan_script_t;', '',
               '/* Each script\'s name (its file in lua/) and its text. */',
-              'extern const char *const kiq_lua_names[KIQ_SCRIPT_COUNT];',
-              'extern const char *const kiq_lua_texts[KIQ_SCRIPT_COUNT];', '',
+              'extern const char *const capstan__lua_names[CAPSTAN_SCRIPT_COUNT];',
+              'extern const char *const capstan__lua_texts[CAPSTAN_SCRIPT_COUNT];', '',
               '#endif']
     return '\n'.join(parts) + '\n'
 
 
 def source(lua_dir: str, names) -> str:
     parts = ['/* Generated from the lua/ scripts by tools/embed_lua.py; do not edit. */',
-             '#include "lua/kiq_lua.h"', '',
-             'const char *const kiq_lua_names[KIQ_SCRIPT_COUNT] = {']
+             '#include "lua/capstan_lua.h"', '',
+             'const char *const capstan__lua_names[CAPSTAN_SCRIPT_COUNT] = {']
     parts += ['    "%s",' % n for n in names]
-    parts += ['};', 'const char *const kiq_lua_texts[KIQ_SCRIPT_COUNT] = {']
+    parts += ['};', 'const char *const capstan__lua_texts[CAPSTAN_SCRIPT_COUNT] = {']
     parts += [c_string(script_text(lua_dir, n)) + ',' for n in names]
     parts.append('};')
     return '\n'.join(parts) + '\n'

@@ -40,7 +40,7 @@ end
 -- Pushes the callback of event, if one was given: a plain Sidekiq job
 -- whose args are [status, options]; its jid is derived from the bid and
 -- event, so even a second push would be the same job. "batch_event" lets a
--- kiq that runs it measure the callback's latency. A child batch's callback
+-- capstan that runs it measure the callback's latency. A child batch's callback
 -- is a job of its parent, counted there before the child's member moves, so
 -- the parent's callbacks wait for it to have run (complete) and succeeded
 -- (success), as Sidekiq Pro's do: the callback may add jobs to the parent.

@@ -3,5 +3,5 @@
 -- belong to the next holder.
 local function holds_qlock(key, acq_id, fence)
   return redis.call('HGET', key, 'acq_id') == acq_id
-    and (fence == '' or redis.call('HGET', key, 'kiq_fence') == fence)
+    and (fence == '' or redis.call('HGET', key, 'capstan_fence') == fence)
 end

@@ -1,4 +1,4 @@
-# Makes a kiq batch from Ruby with examples/ruby/kiq_batch.rb, as a Ruby app
+# Makes a capstan batch from Ruby with examples/ruby/capstan_batch.rb, as a Ruby app
 # would, for tests/test_batch.c.
 #
 #   ruby batch.rb create N   N RecordJob ["rrec"] jobs, success callback
@@ -14,7 +14,7 @@
 #   ruby batch.rb drops      the same with retry: false (Sidekiq drops it)
 #                            and the key "rubydrop"
 require 'sidekiq'
-require_relative '../../examples/ruby/kiq_batch'
+require_relative '../../examples/ruby/capstan_batch'
 
 Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
@@ -23,7 +23,7 @@ Sidekiq.logger.level = Logger::WARN
 mode = ARGV.shift
 case mode
 when 'create'
-  batch = Kiq::Batch.new(description: 'from Ruby')
+  batch = Capstan::Batch.new(description: 'from Ruby')
   batch.on(:success, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubycb' })
   begin
     batch.on(:success, 'Bad', options: [1])
@@ -36,10 +36,10 @@ when 'create'
   puts batch.bid
 when 'nested'
   push = -> { Sidekiq::Client.push('class' => 'RubyRecordJob', 'queue' => 'callbacks', 'args' => ['rnrec']) }
-  parent = Kiq::Batch.new(description: 'parent')
+  parent = Capstan::Batch.new(description: 'parent')
   parent.on(:success, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubynest' })
   parent.jobs do
-    child = Kiq::Batch.new(description: 'child', parent_bid: parent.bid)
+    child = Capstan::Batch.new(description: 'child', parent_bid: parent.bid)
     child.on(:success, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => 'rubynest' })
     child.jobs { Integer(ARGV[0]).times { push.call } }
     push.call
@@ -47,7 +47,7 @@ when 'nested'
   puts parent.bid
 when 'dies', 'drops'
   key = mode == 'dies' ? 'rubydie' : 'rubydrop'
-  batch = Kiq::Batch.new(description: mode)
+  batch = Capstan::Batch.new(description: mode)
   %i[complete death].each do |event|
     batch.on(event, 'BatchCallbackJob', queue: 'callbacks', options: { 'key' => key })
   end

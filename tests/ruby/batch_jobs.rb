@@ -1,9 +1,9 @@
 # Ruby side of the batch tests (tests/test_batch.c), run by a real Sidekiq
-# 6.4.1 server: the callback jobs kiq pushes when a batch is done, and jobs
-# of batches that Sidekiq runs (examples/ruby/kiq_batch.rb counts them).
+# 6.4.1 server: the callback jobs capstan pushes when a batch is done, and jobs
+# of batches that Sidekiq runs (examples/ruby/capstan_batch.rb counts them).
 require 'json'
 require 'sidekiq'
-require_relative '../../examples/ruby/kiq_batch'
+require_relative '../../examples/ruby/capstan_batch'
 
 Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 
@@ -21,10 +21,10 @@ class BatchCallbackJob
 end
 
 # RubyRecordJob key: SADD key jid, and HSET key:bids jid its batch's bid
-# (Kiq::Batch::Member).
+# (Capstan::Batch::Member).
 class RubyRecordJob
   include Sidekiq::Worker
-  include Kiq::Batch::Member
+  include Capstan::Batch::Member
 
   def perform(key)
     Sidekiq.redis do |c|

@@ -1,5 +1,5 @@
 # Ruby job classes for the interop tests that run a real Sidekiq 6.4.1
-# server (`sidekiq -r tests/ruby/jobs.rb`) on jobs pushed by kiq's client.
+# server (`sidekiq -r tests/ruby/jobs.rb`) on jobs pushed by capstan's client.
 # RecordJob leaves the same trace as the C example handler, so a test reads
 # one format whichever side ran the job.
 require 'json'

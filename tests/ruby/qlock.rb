@@ -1,7 +1,7 @@
 # Takes, reads and drops queued locks exactly as the redis_queued_locks gem
 # (1.16) does, with the plain redis gem, since the gem itself is not
 # installed: same keys, fields, acquirer ids, and the same WATCH/MULTI
-# attempt. The qlock tests use it to show kiq and the gem contend for one
+# attempt. The qlock tests use it to show capstan and the gem contend for one
 # lock.
 #
 #   ruby qlock.rb try NAME TTL_MS [QUEUE_TTL_S]  one attempt; prints JSON

@@ -1,0 +1,252 @@
+# Capstan::Batch: capstan batches (see capstan's README, "Batches") from a Ruby app that
+# uses Sidekiq OSS, so the app can fan out jobs to capstan workers and have a
+# callback run when they are done, by capstan or by the app's own Sidekiq.
+#
+#   require 'capstan_batch'
+#   batch = Capstan::Batch.new(description: 'Import 2026-11')
+#   batch.on(:success, 'ImportDone', queue: 'default', options: { 'import_id' => 7 })
+#   batch.jobs do
+#     rows.each { |r| ImportRow.perform_async(r) }   # any push in the block joins
+#   end
+#
+#   class ImportDone
+#     include Sidekiq::Worker
+#     def perform(status, options)   # status: bid, event, total, pending, failures, ...
+#     end
+#   end
+#
+# A job of the batch can add more jobs: Capstan::Batch.new(bid).jobs { ... }
+# (bid from the job's payload, "bid"). The Redis steps are capstan's own Lua
+# scripts (lua/ in capstan's source, or CAPSTAN_LUA_DIR), so Ruby and C agree on
+# every key and every rule.
+#
+# In a Sidekiq server process, a job of a batch that Sidekiq runs counts in
+# its batch as under capstan (Capstan::Batch::ServerMiddleware and a death
+# handler): succeeded, failed (a retry is due) or dead. So the batch's jobs,
+# and a child batch's callbacks (jobs of the parent), may run on either.
+# Sidekiq's basic fetch loses a job whose process is killed mid-job; such a
+# job never counts, and its batch never succeeds.
+require 'digest'
+require 'json'
+require 'securerandom'
+require 'sidekiq'
+
+module Capstan
+  class Batch
+    EVENTS = %w[complete success death].freeze
+    DAYS_30 = 30 * 24 * 3600
+
+    attr_reader :bid
+
+    def self.lua_dir
+      ENV['CAPSTAN_LUA_DIR'] || File.expand_path('../../lua', __dir__)
+    end
+
+    # A script's text as capstan embeds it: the lib/ functions it names with
+    # "-- uses: NAME" first, each once, what a lib uses before it.
+    def self.script(name)
+      @scripts ||= {}
+      @scripts[name] ||= begin
+        text = File.read(File.join(lua_dir, "#{name}.lua"))
+        libs(text, []).join + text
+      end
+    end
+
+    def self.libs(text, seen)
+      text.scan(/^-- uses: ([a-z_]+)[ \t]*$/).flatten.flat_map do |l|
+        next [] if seen.include?(l)
+        seen << l
+        lib = File.read(File.join(lua_dir, 'lib', "#{l}.lua"))
+        libs(lib, seen) + [lib]
+      end
+    end
+
+    def self.run(name, keys, argv)
+      text = script(name)
+      @shas ||= {}
+      sha = (@shas[name] ||= Digest::SHA1.hexdigest(text))
+      argv = argv.map(&:to_s)
+      Sidekiq.redis do |c|
+        c.evalsha(sha, keys: keys, argv: argv)
+      rescue Redis::CommandError => e
+        raise unless e.message.start_with?('NOSCRIPT')
+        c.eval(text, keys: keys, argv: argv)
+      end
+    end
+
+    # Counts the end of a run of job (a payload Hash with "bid") in its
+    # batch: outcome "s" (succeeded), "f" (failed) or "d" (dead), with the
+    # error kept for "f" and "d". The same step as a capstan worker's ack
+    # (lua/ack.lua, without a working list): a jid counts once, so the step
+    # is tried again (three times in all) when Redis fails it; then the
+    # error is raised.
+    def self.job_done(job, outcome, error = nil)
+      stored = ''
+      if error
+        # Only the fields the batch keeps, as valid UTF-8 and cut as
+        # Sidekiq cuts a stored message.
+        message = error.message.to_s.dup.force_encoding(Encoding::UTF_8).scrub('?')[0, 10_000]
+        stored = JSON.generate('error_class' => error.class.name, 'error_message' => message)
+      end
+      tries = 0
+      begin
+        run('ack', ['', '', '', '', "batch:#{job['bid']}"],
+            ['', 'drop', 0, stored, 0, 0, '', job['bid'], job['jid'], outcome])
+      rescue Redis::BaseError
+        tries += 1
+        raise if tries >= 3
+        sleep(0.05 * tries)
+        retry
+      end
+    end
+
+    # The batch's fields (counters, description, *_at times), or nil.
+    def self.status(bid)
+      h = Sidekiq.redis { |c| c.hgetall("batch:#{bid}") }
+      return nil if h.empty?
+      h.merge('failures' => Sidekiq.redis { |c| c.hlen("batch:#{bid}:failures") })
+    end
+
+    # With a bid: reopens that batch (jobs go on adding to it); without, a
+    # new batch, written at its first push.
+    def initialize(bid = nil, description: nil, parent_bid: nil, linger: DAYS_30, expiry: DAYS_30)
+      @reopen = !bid.nil?
+      @bid = bid || SecureRandom.hex(8)
+      @description = description
+      @parent_bid = parent_bid
+      @linger = Integer(linger)
+      @expiry = Integer(expiry)
+      @callbacks = {}
+      @open = false
+    end
+
+    # The callback for event: a job of klass on queue with args [status,
+    # options]. A malformed one is refused here, before anything is written.
+    def on(event, klass, queue: 'default', options: {})
+      event = event.to_s
+      raise ArgumentError, "no such batch event #{event.inspect}" unless EVENTS.include?(event)
+      raise ArgumentError, 'callbacks are set on a new batch' if @reopen || @open
+      klass = klass.to_s
+      raise ArgumentError, "the #{event} callback needs a class name" if klass.empty? || klass =~ /\s/
+      raise ArgumentError, "bad queue name #{queue.inspect}" if queue.to_s.empty? || queue.to_s =~ /\s/
+      raise ArgumentError, "the #{event} callback's options must be a Hash" unless options.is_a?(Hash)
+      @callbacks[event] = [klass, queue.to_s, JSON.generate(options)]
+      self
+    end
+
+    # Pushes made in the block (by this thread) join the batch; then it is
+    # committed: its callbacks may fire from then on.
+    def jobs
+      open!
+      outer = Thread.current[:capstan_batch]
+      Thread.current[:capstan_batch] = self
+      begin
+        yield
+      ensure
+        Thread.current[:capstan_batch] = outer
+      end
+      commit
+    end
+
+    # Counts n more jobs before they are pushed (ClientMiddleware).
+    def add(n)
+      open!
+      self.class.run('batch_add', ["batch:#{@bid}"], [n, @expiry])
+    end
+
+    private
+
+    def open!
+      return if @open
+      if @reopen
+        self.class.run('batch_open', ["batch:#{@bid}", 'batches'], [@bid, 'reopen', '', @expiry])
+      else
+        fields = ['linger', @linger, 'description', @description.to_s]
+        @callbacks.each do |event, (klass, queue, opts)|
+          fields += ["cb_#{event}_class", klass, "cb_#{event}_queue", queue, "cb_#{event}_opts", opts]
+        end
+        self.class.run('batch_open', ["batch:#{@bid}", 'batches'],
+                       [@bid, 'new', @parent_bid.to_s, @expiry] + fields)
+      end
+      @open = true
+    end
+
+    def commit
+      self.class.run('batch_commit', ["batch:#{@bid}"], [@bid])
+    end
+
+    # For a Sidekiq job class: bid, the batch the running job belongs to (or
+    # nil), and batch, a handle that adds jobs to it:
+    #   class Step; include Sidekiq::Worker; include Capstan::Batch::Member
+    #     def perform; batch.jobs { Next.perform_async }; end; end
+    module Member
+      attr_accessor :bid
+
+      def batch
+        bid && Capstan::Batch.new(bid)
+      end
+    end
+
+    # Sidekiq server middleware: a job of a batch counts in it when it ends.
+    # A job stopped by Sidekiq's shutdown goes back to its queue and counts
+    # nothing. An error raised before the middleware runs (a class Sidekiq
+    # cannot load) counts only when the job dies.
+    class ServerMiddleware
+      def call(worker, job, _queue)
+        return yield unless job['bid']
+        worker.bid = job['bid'] if worker.respond_to?(:bid=)
+        begin
+          yield
+        rescue Exception => e # rubocop:disable Lint/RescueException
+          Batch.job_done(job, 'f', e) unless ServerMiddleware.shutdown?(e)
+          raise
+        end
+        Batch.job_done(job, 's')
+      end
+
+      def self.shutdown?(error)
+        seen = {}
+        while error && !seen[error.object_id]
+          return true if error.is_a?(Sidekiq::Shutdown)
+          seen[error.object_id] = true
+          error = error.cause
+        end
+        false
+      end
+    end
+
+    # Sidekiq death handler: a job of a batch that died. Sidekiq also calls
+    # it for a job it drops (retry: false, or dead: false when the retries
+    # are spent): that is a failure, as capstan counts a dropped job, not a
+    # death (the dead set never holds it).
+    DEATH = lambda do |job, error|
+      next unless job['bid']
+      kept = job['retry'] && job['dead'] != false
+      Batch.job_done(job, kept ? 'd' : 'f', error)
+    end
+
+    # Sidekiq client middleware: a push inside Batch#jobs carries the bid,
+    # counted in the batch before the job reaches its queue.
+    class ClientMiddleware
+      def call(_worker_class, job, _queue, _redis_pool)
+        batch = Thread.current[:capstan_batch]
+        if batch && !job.key?('bid')
+          batch.add(1)
+          job['bid'] = batch.bid
+        end
+        yield
+      end
+    end
+  end
+end
+
+Sidekiq.configure_client do |config|
+  config.client_middleware { |chain| chain.add Capstan::Batch::ClientMiddleware }
+end
+
+Sidekiq.configure_server do |config|
+  # A job may make or reopen a batch: its pushes join it too.
+  config.client_middleware { |chain| chain.add Capstan::Batch::ClientMiddleware }
+  config.server_middleware { |chain| chain.add Capstan::Batch::ServerMiddleware }
+  config.death_handlers << Capstan::Batch::DEATH
+end

@@ -1,0 +1,136 @@
+/* Pushing jobs from C, in the payload format every Sidekiq version reads. */
+#ifndef CAPSTAN_CLIENT_H
+#define CAPSTAN_CLIENT_H
+
+#include <stddef.h>
+
+#include "config.h"
+#include "error.h"
+#include "redis.h"
+#include "runtime.h"
+
+typedef struct capstan_client capstan_client_t;
+
+/* A push's (or a commit's) success with a warning: the jobs are in Redis,
+ * but with min_replicas_ack: N configured (capstan_client_use_config), fewer
+ * than N replicas had them within min_replicas_timeout, so a failover now
+ * could lose them. capstan_client_error() says how many did. Positive: not an
+ * error, and nothing to push again. */
+#define CAPSTAN_PUSH_UNREPLICATED 1
+
+/* A field left unset (NULL, CAPSTAN_RETRY_UNSET) takes the class's option (see
+ * capstan_client_use_config and capstan_client_set_class), else the default. */
+typedef struct capstan_push_opts {
+    const char *queue;   /* NULL = the class's queue, else "default" */
+    int retry;           /* CAPSTAN_RETRY_UNSET (the class's, else true),
+                            CAPSTAN_RETRY_DEFAULT (true), CAPSTAN_RETRY_NONE (false)
+                            or a count */
+    double at;           /* run at this epoch time (seconds); 0 = now */
+    capstan_ts_format_t timestamps; /* created_at/enqueued_at format */
+    const char *extra;   /* raw JSON object whose members are added to the
+                            payload (e.g. "{\"tags\":[\"a\"]}"), or NULL */
+    const struct capstan_unique_opts *unique; /* uniqueness lock to take on push
+                            (capstan/unique.h), or NULL for the class's; must
+                            outlive the call. Replaces every lock option of
+                            the class. */
+} capstan_push_opts_t;
+
+/* The defaults: queue "default", retry unset, now, float timestamps. */
+CAPSTAN_API capstan_push_opts_t capstan_push_opts_default(void);
+
+/* Connects to url (NULL = REDIS_URL or redis://127.0.0.1:6379/0). Returns a
+ * client owned by the caller (capstan_client_free), or NULL with err filled.
+ * A client is not thread-safe: use one per thread. capstan_client_free rolls
+ * back an open transaction (see capstan_client_begin). A connection the server
+ * has closed makes a push or commit fail with CAPSTAN_EREDIS; the library's
+ * writes never raise SIGPIPE in the program, which need not ignore it. */
+CAPSTAN_API capstan_client_t *capstan_client_new(const char *url, char *err);
+CAPSTAN_API void capstan_client_free(capstan_client_t *c);
+
+/* Pushes one job of class cls with args (a JSON array text, NULL = "[]"),
+ * through the client middleware chain. Writes its jid into jid (25 bytes,
+ * may be NULL). Returns 0, CAPSTAN_PUSH_UNREPLICATED, or a CAPSTAN_E* code
+ * (CAPSTAN_EDENIED when a middleware, such as a uniqueness lock, refused the
+ * push); capstan_client_error() then says why. With min_replicas_ack: N, the
+ * push is followed by WAIT N min_replicas_timeout. */
+CAPSTAN_API int capstan_client_push(capstan_client_t *c, const char *cls, const char *args,
+                                    const capstan_push_opts_t *opts, char jid[25]);
+
+/* Pushes n jobs of one class in one round trip (one LPUSH, or one ZADD when
+ * opts->at is in the future). jids may be NULL or hold n entries. Each job
+ * goes through the client chain; a denied job gets an empty jid, the others
+ * are pushed, and the call returns CAPSTAN_EDENIED (ahead of
+ * CAPSTAN_PUSH_UNREPLICATED). */
+CAPSTAN_API int capstan_client_push_bulk(capstan_client_t *c, const char *cls,
+                                         const char *const *args, size_t n,
+                                         const capstan_push_opts_t *opts, char (*jids)[25]);
+
+/* Class options, as a worker's sidekiq_options are to Sidekiq's client:
+ * every push of cls writes opts->retry, opts->queue and the lock options of
+ * opts->unique into the payload, unless the push options give their own.
+ * Copied, but opts->unique must outlive c. Setting a class again replaces
+ * its options. Returns 0, CAPSTAN_EINVAL or CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_client_set_class(capstan_client_t *c, const char *cls,
+                                         const capstan_class_opts_t *opts);
+
+/* Reads the classes: section of cfg on every push (retry, queue and the
+ * lock options), ahead of capstan_client_set_class's options, as the server
+ * reads them, and its min_replicas_ack and min_replicas_timeout. cfg is
+ * borrowed and must outlive c; NULL stops. */
+CAPSTAN_API void capstan_client_use_config(capstan_client_t *c, const capstan_config_t *cfg);
+
+/* Both at once from a runtime: the options its classes were registered
+ * with and its configuration's classes: section. rt must outlive c. This
+ * is how a handler's own client pushes jobs of the runtime's classes.
+ * Returns 0 or CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_client_use_runtime(capstan_client_t *c, const capstan_runtime_t *rt);
+
+/* Transactions: pushes that wait for the caller's own commit, so that
+ * enqueueing can follow a database transaction. After capstan_client_begin,
+ * every push (single, bulk, scheduled, with class options or a lock) runs
+ * its client chain and returns as usual (jids, CAPSTAN_EDENIED), but its
+ * writes wait in the client; capstan_client_commit sends them all in one
+ * MULTI/EXEC, so a worker sees all of them or none, and
+ * capstan_client_rollback drops them. Nothing is refused inside a transaction,
+ * but a push there still needs the connection (CAPSTAN_EREDIS without it):
+ * its chain may take a lock.
+ *
+ * Uniqueness locks (until_executed and the other until_* types) are taken
+ * when the push is made, not at commit: a conflicting push is denied at
+ * once, as outside a transaction, and the lock is held for the buffered
+ * job. A rollback, capstan_client_free, or a commit that surely did not push
+ * releases those locks. What middleware itself writes to Redis (a user's,
+ * or the reject and replace conflict strategies) is written at push time
+ * and not undone.
+ *
+ * capstan_client_begin returns 0, CAPSTAN_ENOMEM, or CAPSTAN_EINVAL when a transaction
+ * is already open (that one stays as it was). */
+CAPSTAN_API int capstan_client_begin(capstan_client_t *c);
+/* Sends the buffered pushes (nothing to send is a success) and ends the
+ * transaction, whatever the outcome. Returns
+ *   0 or CAPSTAN_PUSH_UNREPLICATED: all were pushed (then the WAIT of
+ *     min_replicas_ack, as for any push);
+ *   CAPSTAN_EREPLY: Redis refused the transaction (a read-only replica, out
+ *     of memory): none was pushed, and their locks are released. (Or,
+ *     rarer, a command failed as it ran, such as an LPUSH onto a key that
+ *     is not a list: MULTI/EXEC does not undo the others.);
+ *   CAPSTAN_EREDIS: the connection failed. When it failed before anything was
+ *     sent, none was pushed (the error says "nothing was pushed", and the
+ *     locks are released if Redis can be reached, else they expire or go
+ *     to the reaper); when it failed after, MULTI/EXEC made them all or
+ *     none, but which is unknown (the error says "unknown which"), and the
+ *     locks are kept. A commit is never sent twice;
+ *   CAPSTAN_EINVAL: no transaction is open. */
+CAPSTAN_API int capstan_client_commit(capstan_client_t *c);
+/* Drops the buffered pushes, releases their locks and ends the
+ * transaction. Returns 0, or CAPSTAN_EINVAL when none is open. */
+CAPSTAN_API int capstan_client_rollback(capstan_client_t *c);
+
+/* The last error's text; valid until the next call. */
+CAPSTAN_API const char *capstan_client_error(const capstan_client_t *c);
+
+/* The client's own connection (borrowed), for commands that go with its
+ * pushes, such as a batch's (capstan/batch.h). */
+CAPSTAN_API capstan_redis_t *capstan_client_redis(capstan_client_t *c);
+
+#endif

@@ -1,0 +1,106 @@
+/* A job as a handler sees it.
+ *
+ * capstan keeps the payload exactly as the client wrote it (unknown fields and big
+ * integers survive byte for byte); the accessors below read the few fields a
+ * handler needs. A capstan_job_t is owned by the runtime and valid only for the
+ * duration of the handler call. */
+#ifndef CAPSTAN_JOB_H
+#define CAPSTAN_JOB_H
+
+#include <stddef.h>
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+
+#include "error.h"
+
+typedef struct capstan_job capstan_job_t;
+
+/* Handler for one job class. Return 0 on success. On failure call
+ * capstan_job_fail() (or not: a plain nonzero return fails with RuntimeError) and
+ * return nonzero. udata is what was given at registration. */
+typedef int (*capstan_handler_fn)(capstan_job_t *job, void *udata);
+
+/* The class whose handler runs the job. For a job enqueued through Rails'
+ * ActiveJob (payload class ActiveJob::QueueAdapters::SidekiqAdapter::
+ * JobWrapper, or Sidekiq::ActiveJob::Wrapper since Sidekiq 7) it is the
+ * wrapped class ("wrapped", e.g. HelloJob), which also names the job in the
+ * log lines and metrics; the payload's own "class" stays readable with
+ * capstan_job_field_raw(job, "class", &len). */
+CAPSTAN_API const char *capstan_job_class(const capstan_job_t *job);
+CAPSTAN_API const char *capstan_job_jid(const capstan_job_t *job);
+/* The batch the job belongs to (its "bid", see capstan/batch.h), or NULL. */
+CAPSTAN_API const char *capstan_job_bid(const capstan_job_t *job);
+/* The queue the job was fetched from (without the "queue:" prefix). */
+CAPSTAN_API const char *capstan_job_queue(const capstan_job_t *job);
+
+/* The raw JSON text of "args" as the client wrote it ("[]" when absent).
+ * Not NUL-terminated inside the payload: *len receives its length. */
+CAPSTAN_API const char *capstan_job_args_raw(const capstan_job_t *job, size_t *len);
+
+/* "args" parsed by jansson, or NULL when jansson cannot represent it (for
+ * example an integer wider than 64 bits): then use capstan_job_args_raw. The
+ * returned array is borrowed from the job; do not decref it. */
+CAPSTAN_API json_t *capstan_job_args(capstan_job_t *job);
+
+/* The arguments the job's perform method receives. For an ActiveJob
+ * payload: args[0]["arguments"] with ActiveJob's serialization undone, as
+ * JSON: a symbol ({"_aj_serialized": "...SymbolSerializer", "value": "sym"})
+ * becomes its name "sym"; any other serializer with a "value" (Time, Date,
+ * DateTime, TimeWithZone, Duration, BigDecimal, Module) becomes that value
+ * (an ISO 8601 string, seconds, a decimal string, a name); one without
+ * (Range, custom serializers) stays an object, "_aj_serialized" included;
+ * a GlobalID ({"_aj_globalid": ...}) becomes its "gid://app/Model/1"
+ * string; the markers "_aj_symbol_keys", "_aj_ruby2_keywords" and
+ * "_aj_hash_with_indifferent_access" are removed from hashes. For any other
+ * job: capstan_job_args. NULL when jansson cannot represent the arguments (an
+ * integer wider than 64 bits, as capstan_job_args) or args[0] is not an
+ * ActiveJob serialization. capstan_job_args and capstan_job_args_raw keep returning
+ * the payload's own "args" (for ActiveJob, the wrapper's one-element array).
+ * Borrowed from the job; do not decref it. */
+CAPSTAN_API json_t *capstan_job_aj_args(capstan_job_t *job);
+
+/* retry_count from the payload, or -1 when the job has never failed. */
+CAPSTAN_API long capstan_job_retry_count(const capstan_job_t *job);
+
+/* The whole payload, byte-exact as fetched; *len receives its length. */
+CAPSTAN_API const char *capstan_job_payload(const capstan_job_t *job, size_t *len);
+
+/* The value text of any top-level payload field (for example "tags"), or
+ * NULL when absent. Strings are returned with their quotes. */
+CAPSTAN_API const char *capstan_job_field_raw(const capstan_job_t *job, const char *key,
+                                              size_t *len);
+
+/* The Redis connection owned by the thread running this job. Never NULL
+ * inside a handler: the runtime reconnects before the handler starts (a job
+ * never starts without a connection; it waits in the working list). A
+ * command can still fail when the connection breaks under it; check its
+ * reply. Handlers may issue commands on it; they must leave it without
+ * pending replies. */
+CAPSTAN_API redisContext *capstan_job_redis(capstan_job_t *job);
+
+/* Marks the job failed with an error class (e.g. "RuntimeError") and a
+ * printf-style message. Returns CAPSTAN_EJOB so a handler can
+ * `return capstan_job_fail(job, "ArgumentError", "need %d args", 2);`. */
+CAPSTAN_API int capstan_job_fail(capstan_job_t *job, const char *error_class,
+                                 const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Gives the failure a backtrace: n lines (copied), stored in the retry and
+ * dead entries as Sidekiq's "error_backtrace", which the Web UI shows under
+ * the error. A payload's "backtrace" option keeps the first N lines when it
+ * is an integer N, and none when it is false. Call it before or after
+ * capstan_job_fail; it replaces an earlier one. Returns 0, CAPSTAN_EINVAL or
+ * CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_job_set_backtrace(capstan_job_t *job, const char *const *lines,
+                                          size_t n);
+
+/* What capstan_job_fail recorded: the error class and the message, or NULL
+ * while the job has not failed (so far). Borrowed from the job. */
+CAPSTAN_API const char *capstan_job_error_class(const capstan_job_t *job);
+CAPSTAN_API const char *capstan_job_error_message(const capstan_job_t *job);
+
+/* True once the process is shutting down: long handlers may check it and
+ * return early (failing the job makes it retry later). */
+CAPSTAN_API int capstan_job_stopping(const capstan_job_t *job);
+
+#endif

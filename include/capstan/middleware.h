@@ -1,0 +1,113 @@
+/* Middleware chains: ordered lists of functions that run around every job
+ * (server chain) and around every push from capstan's client and CLI (client
+ * chain), as Sidekiq's middleware does.
+ *
+ * Server chain, outermost first: "stats" (log lines and counters), "retry"
+ * (Sidekiq's retry rules), "unique" (uniqueness locks), then whatever users
+ * add, then the handler. Client chain: "unique", then user middleware, then
+ * the push itself.
+ *
+ * A middleware is a function that receives the invocation and calls
+ * capstan_mw_next() to run the rest of the chain (or does not, to stop the job
+ * or the push here). Each one returns 0 or a CAPSTAN_E* code.
+ *
+ * Chains are edited before the runtime starts (or, for a client, between
+ * pushes); they are read concurrently by processor threads afterwards and
+ * must not change then. */
+#ifndef CAPSTAN_MIDDLEWARE_H
+#define CAPSTAN_MIDDLEWARE_H
+
+#include <stddef.h>
+
+#include "client.h"
+#include "config.h"
+#include "error.h"
+#include "job.h"
+#include "redis.h"
+#include "runtime.h"
+
+typedef struct capstan_chain capstan_chain_t;
+typedef struct capstan_mw capstan_mw_t;
+
+typedef int (*capstan_mw_fn)(capstan_mw_t *mw, void *udata);
+
+/* A new empty chain owned by the caller (capstan_chain_free), or NULL. */
+CAPSTAN_API capstan_chain_t *capstan_chain_new(void);
+CAPSTAN_API void capstan_chain_free(capstan_chain_t *c);
+
+/* Appends fn under name (copied) as the innermost middleware, just before
+ * the handler or the push. udata must outlive the chain. Returns 0,
+ * CAPSTAN_EINVAL (no name or fn, or the name is taken) or CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_chain_add(capstan_chain_t *c, const char *name, capstan_mw_fn fn, void *udata);
+/* Inserts fn just outside (before) the middleware named before; a NULL
+ * before means outermost. Returns 0, CAPSTAN_ENOTFOUND, CAPSTAN_EINVAL, CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_chain_insert_before(capstan_chain_t *c, const char *before, const char *name,
+                                            capstan_mw_fn fn, void *udata);
+/* Removes the middleware named name. Returns 0 or CAPSTAN_ENOTFOUND. */
+CAPSTAN_API int capstan_chain_remove(capstan_chain_t *c, const char *name);
+CAPSTAN_API size_t capstan_chain_len(const capstan_chain_t *c);
+/* The name of entry i (outermost is 0), or NULL past the end. */
+CAPSTAN_API const char *capstan_chain_name(const capstan_chain_t *c, size_t i);
+
+/* The runtime's server chain (built with the defaults on first call),
+ * owned by the runtime. Edit it before capstan_runtime_run. */
+CAPSTAN_API capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt);
+/* The client's chain (defaults included), owned by the client. */
+CAPSTAN_API capstan_chain_t *capstan_client_chain(capstan_client_t *c);
+
+/* Runs the rest of the chain and returns what it returns. */
+CAPSTAN_API int capstan_mw_next(capstan_mw_t *mw);
+
+/* 1 in the server chain, 0 in the client chain. */
+CAPSTAN_API int capstan_mw_is_server(const capstan_mw_t *mw);
+/* The job being run (server chain only; NULL in the client chain). */
+CAPSTAN_API capstan_job_t *capstan_mw_job(capstan_mw_t *mw);
+CAPSTAN_API const char *capstan_mw_class(const capstan_mw_t *mw);
+CAPSTAN_API const char *capstan_mw_jid(const capstan_mw_t *mw);
+CAPSTAN_API const char *capstan_mw_queue(const capstan_mw_t *mw);
+/* The payload as it stands (server: as fetched; client: as it will be
+ * pushed), *len its length. Borrowed; valid until the payload is edited. */
+CAPSTAN_API const char *capstan_mw_payload(const capstan_mw_t *mw, size_t *len);
+/* The raw JSON of a top-level payload field, or NULL. */
+CAPSTAN_API const char *capstan_mw_field_raw(const capstan_mw_t *mw, const char *key, size_t *len);
+/* Client chain only: sets top-level field key to the raw JSON value (NULL
+ * removes it), keeping every other byte. Returns 0, CAPSTAN_EINVAL (server
+ * chain, or value is not JSON) or CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_mw_set_field(capstan_mw_t *mw, const char *key, const char *value);
+/* Client chain only: when the job runs (epoch seconds; 0 = now). */
+CAPSTAN_API double capstan_mw_at(const capstan_mw_t *mw);
+CAPSTAN_API void capstan_mw_set_at(capstan_mw_t *mw, double at);
+/* This invocation's Redis connection (the processor's or the client's). */
+CAPSTAN_API capstan_redis_t *capstan_mw_redis(capstan_mw_t *mw);
+/* The configuration (server chain; NULL in the client chain). */
+CAPSTAN_API const capstan_config_t *capstan_mw_config(const capstan_mw_t *mw);
+
+/* What happens to the job once the chain returns (server chain). The
+ * default is what the retry middleware decides, or DONE. */
+typedef enum capstan_dispose {
+    CAPSTAN_DISPOSE_DEFAULT = 0, /* nothing decided yet */
+    CAPSTAN_DISPOSE_DONE,    /* forget it */
+    CAPSTAN_DISPOSE_RETRY,   /* "retry" zset at score */
+    CAPSTAN_DISPOSE_DEAD,    /* "dead" zset at score */
+    CAPSTAN_DISPOSE_DROP,    /* failed, kept nowhere */
+    CAPSTAN_DISPOSE_SCHEDULE, /* "schedule" zset at score */
+    CAPSTAN_DISPOSE_KEEP,    /* leave it in the working list (recovered later) */
+} capstan_dispose_t;
+
+/* Decides the job's fate. payload (copied; NULL = as fetched) is what is
+ * stored for RETRY, DEAD and SCHEDULE. Returns 0, CAPSTAN_EINVAL, CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_mw_dispose(capstan_mw_t *mw, capstan_dispose_t d, double score,
+                                   const char *payload, size_t len);
+CAPSTAN_API capstan_dispose_t capstan_mw_disposition(const capstan_mw_t *mw);
+
+/* A client middleware that does not call capstan_mw_next denies the push;
+ * it may say why (printf-style), which capstan_client_error then returns. */
+CAPSTAN_API void capstan_mw_deny(capstan_mw_t *mw, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The built-in uniqueness middleware, installed as "unique" in both
+ * default chains (see unique.h). */
+CAPSTAN_API int capstan_unique_server_mw(capstan_mw_t *mw, void *udata);
+CAPSTAN_API int capstan_unique_client_mw(capstan_mw_t *mw, void *udata);
+
+#endif

@@ -1,0 +1,165 @@
+/* The job a handler sees: a payload kept byte-exact plus the few decoded
+ * fields the runtime and handlers read. */
+#include "job/job.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capstan/error.h"
+
+static char *member_str(const capstan_job_t *job, const char *key)
+{
+    const capstan_jmember_t *m = capstan__jobject_get(&job->obj, job->payload, key);
+    return m ? capstan__json_string_dup(job->payload + m->vstart, m->vlen) : NULL;
+}
+
+int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err)
+{
+    memset(job, 0, sizeof(*job));
+    job->payload = payload;
+    job->len = len;
+    job->queue = queue;
+    job->retry_count = -1;
+    int rc = capstan__json_scan_object(payload, len, &job->obj, err);
+    if (rc)
+        return rc;
+    job->cls = member_str(job, "class");
+    job->jid = member_str(job, "jid");
+    if (!job->cls || !job->cls[0])
+        return capstan_seterr(err, CAPSTAN_EINVAL, "the payload has no \"class\" string");
+    if (!job->jid || !job->jid[0])
+        return capstan_seterr(err, CAPSTAN_EINVAL, "the payload has no \"jid\" string");
+    /* A bid that is not a short string names no batch capstan made; the job
+     * then runs as a plain one. */
+    job->bid = member_str(job, "bid");
+    if (job->bid && (!job->bid[0] || strlen(job->bid) > 64)) {
+        free(job->bid);
+        job->bid = NULL;
+    }
+    /* Sidekiq's client refuses such a job; a handler is promised an array. */
+    const capstan_jmember_t *am = capstan__jobject_get(&job->obj, payload, "args");
+    if (am && payload[am->vstart] != '[')
+        return capstan_seterr(err, CAPSTAN_EINVAL, "the payload's \"args\" is not an array");
+    capstan__aj_unwrap(job);
+    const capstan_jmember_t *rcm = capstan__jobject_get(&job->obj, payload, "retry_count");
+    if (rcm) {
+        char tmp[32];
+        size_t n = rcm->vlen < sizeof(tmp) - 1 ? rcm->vlen : sizeof(tmp) - 1;
+        memcpy(tmp, payload + rcm->vstart, n);
+        tmp[n] = '\0';
+        char *end;
+        long v = strtol(tmp, &end, 10);
+        if (end != tmp && v >= 0)
+            job->retry_count = v;
+    }
+    return 0;
+}
+
+void capstan__job_clear(capstan_job_t *job)
+{
+    free(job->payload);
+    capstan__jobject_free(&job->obj);
+    free(job->cls);
+    free(job->jid);
+    free(job->bid);
+    free(job->wrapper);
+    json_decref(job->args);
+    json_decref(job->aj_args);
+    free(job->err_class);
+    free(job->err_msg);
+    for (size_t i = 0; i < job->nbacktrace; i++)
+        free(job->backtrace[i]);
+    free(job->backtrace);
+    memset(job, 0, sizeof(*job));
+}
+
+const char *capstan_job_class(const capstan_job_t *job) { return job->cls; }
+const char *capstan_job_jid(const capstan_job_t *job) { return job->jid; }
+const char *capstan_job_bid(const capstan_job_t *job) { return job->bid; }
+const char *capstan_job_queue(const capstan_job_t *job) { return job->queue; }
+long capstan_job_retry_count(const capstan_job_t *job) { return job->retry_count; }
+redisContext *capstan_job_redis(capstan_job_t *job) { return job->redis; }
+
+const char *capstan_job_payload(const capstan_job_t *job, size_t *len)
+{
+    if (len)
+        *len = job->len;
+    return job->payload;
+}
+
+const char *capstan_job_field_raw(const capstan_job_t *job, const char *key, size_t *len)
+{
+    const capstan_jmember_t *m = capstan__jobject_get(&job->obj, job->payload, key);
+    if (!m)
+        return NULL;
+    if (len)
+        *len = m->vlen;
+    return job->payload + m->vstart;
+}
+
+const char *capstan_job_args_raw(const capstan_job_t *job, size_t *len)
+{
+    const char *v = capstan_job_field_raw(job, "args", len);
+    if (!v) {
+        v = "[]";
+        if (len)
+            *len = 2;
+    }
+    return v;
+}
+
+json_t *capstan_job_args(capstan_job_t *job)
+{
+    if (!job->args_tried) {
+        job->args_tried = 1;
+        size_t len;
+        const char *v = capstan_job_args_raw(job, &len);
+        job->args = json_loadb(v, len, JSON_DECODE_ANY, NULL);
+    }
+    return job->args;
+}
+
+int capstan_job_fail(capstan_job_t *job, const char *error_class, const char *fmt, ...)
+{
+    char msg[10240];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    free(job->err_class);
+    free(job->err_msg);
+    job->err_class = strdup(error_class && *error_class ? error_class : "RuntimeError");
+    job->err_msg = strdup(msg);
+    return CAPSTAN_EJOB;
+}
+
+int capstan_job_set_backtrace(capstan_job_t *job, const char *const *lines, size_t n)
+{
+    if (!job || (n && !lines))
+        return CAPSTAN_EINVAL;
+    char **copy = n ? calloc(n, sizeof(*copy)) : NULL;
+    int rc = n && !copy ? CAPSTAN_ENOMEM : 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        if (!(copy[i] = strdup(lines[i] ? lines[i] : "")))
+            rc = CAPSTAN_ENOMEM;
+    char **old = rc ? copy : job->backtrace;
+    size_t nold = rc ? n : job->nbacktrace;
+    for (size_t i = 0; i < nold; i++)
+        free(old[i]);
+    free(old);
+    if (!rc) {
+        job->backtrace = copy;
+        job->nbacktrace = n;
+    }
+    return rc;
+}
+
+const char *capstan_job_error_class(const capstan_job_t *job) { return job->err_class; }
+const char *capstan_job_error_message(const capstan_job_t *job) { return job->err_msg; }
+
+int capstan_job_stopping(const capstan_job_t *job)
+{
+    return job->stopping ? atomic_load(job->stopping) : 0;
+}

@@ -1,0 +1,82 @@
+/* The job as the modules see it (struct capstan_job, behind the public
+ * capstan_job_t), ActiveJob unwrapping, and the retry rules for a failed job
+ * (retry.c); not part of the public API. */
+#ifndef CAPSTAN_JOB_JOB_H
+#define CAPSTAN_JOB_JOB_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "support/json.h"
+#include "capstan/config.h"
+#include "capstan/job.h"
+
+struct capstan_job {
+    char *payload;          /* owned, byte-exact as fetched */
+    size_t len;
+    capstan_jobject_t obj;  /* member spans of payload */
+    char *bid;              /* owned: the batch it belongs to ("bid"), or NULL */
+    char *cls, *jid;        /* owned, decoded; cls is the class capstan runs:
+                               an ActiveJob payload's wrapped class */
+    char *wrapper;          /* owned: the payload's "class" when it is
+                               ActiveJob's wrapper (then cls differs), else NULL */
+    const char *queue;      /* the queue it was fetched from (borrowed) */
+    long retry_count;       /* -1 when absent */
+    json_t *args;           /* parsed on demand */
+    int args_tried;
+    json_t *aj_args;        /* ActiveJob's arguments, deserialized on demand */
+    int aj_tried;
+    redisContext *redis;    /* the processor's connection (borrowed) */
+    char *err_class, *err_msg; /* set by capstan_job_fail */
+    char **backtrace;       /* set by capstan_job_set_backtrace, owned */
+    size_t nbacktrace;
+    const atomic_int *stopping;
+};
+
+/* Parses payload (ownership moves to job, even on failure) fetched from
+ * queue. Returns 0; CAPSTAN_EPARSE when the payload is not a JSON object;
+ * CAPSTAN_EINVAL when class or jid is missing or not a string, or args is not an
+ * array. err says which. */
+int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err);
+void capstan__job_clear(capstan_job_t *job);
+
+/* activejob.c: when job's payload class is ActiveJob's Sidekiq wrapper
+ * (Rails' ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper or Sidekiq
+ * 7+'s Sidekiq::ActiveJob::Wrapper), moves it to job->wrapper and sets
+ * job->cls to the wrapped class ("wrapped", else args[0]["job_class"], as
+ * Sidekiq's display_class reads it). Out of memory it leaves the job as it
+ * is: it then fails with NameError and is retried, as a Ruby process
+ * without the class would. */
+void capstan__aj_unwrap(capstan_job_t *job);
+
+/* What happens to a failed job. */
+typedef enum { CAPSTAN_FATE_RETRY = 0, CAPSTAN_FATE_DEAD, CAPSTAN_FATE_DROP } capstan_fate_t;
+
+typedef struct capstan_failure {
+    capstan_fate_t fate;
+    double score;     /* retry: when to run again; dead: time of death */
+    char *payload;    /* owned: the payload to store (NULL for drop) */
+    size_t len;
+} capstan_failure_t;
+
+/* Applies Sidekiq's retry rules to a failed job: error fields, retry_count,
+ * failed_at/retried_at, the backoff count^4 + 15 + rand(10)*(count+1), and
+ * exhaustion to the dead set (or nowhere for retry: false / dead: false).
+ * "recovery_count" goes: only a job that crashes its process keeps it.
+ * class_retry is the class option (CAPSTAN_RETRY_*), used when the payload has
+ * no "retry". Returns 0 or CAPSTAN_ENOMEM. */
+int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const char *err_msg,
+                          int class_retry, const capstan_config_t *cfg, double now,
+                          capstan_failure_t *out);
+
+/* A payload that cannot be run (not JSON, no class or jid): a dead-set entry
+ * that keeps the original text and says why. Returns 0 or CAPSTAN_ENOMEM. */
+int capstan__retry_invalid(const char *raw, size_t len, const char *queue, const char *why,
+                           const capstan_config_t *cfg, double now, capstan_failure_t *out);
+
+/* Delay in seconds before retry number count (0-based), with jitter. */
+double capstan__retry_delay(long count);
+
+void capstan__failure_clear(capstan_failure_t *f);
+
+#endif

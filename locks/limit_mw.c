@@ -1,0 +1,241 @@
+/* The "limit" server middleware: runs a job whose class has a limit (YAML
+ * `limit:` or capstan_class_opts_t.limit, capstan/limiter.h) only within its rate
+ * limiter, spending the job's "limiter_cost" or the class's cost.
+ *
+ * Over the limit, the job neither runs nor fails: it goes to the schedule
+ * set for when the limiter says a slot may be free (a concurrent limiter
+ * only knows when the oldest lease lapses, so its jobs back off from 0.5 s,
+ * doubling, up to that), counting its reschedules in the payload's
+ * "limiter_reschedules". Past max_limiter_reschedules it fails with
+ * Capstan::OverLimit and the retry rules take over.
+ *
+ * A concurrent slot is a lease of lock_timeout. While the handler runs, one
+ * thread per process (the extender, running only while some job holds a
+ * slot) renews the lease every lock_timeout / 3 on its own connection, so
+ * a live job never loses its slot and a killed process's slots free
+ * themselves when their leases lapse. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capstan/limiter.h"
+#include "middleware/mw.h"
+#include "support/log.h"
+#include "support/payload.h"
+#include "support/time.h"
+#include "locks/limit_mw.h"
+
+/* A slot being held by a running job; lives on that job's stack. */
+typedef struct hold {
+    struct hold *next;
+    capstan_limiter_t *lim;
+    capstan_limit_token_t tok;
+    const char *name;
+    double every, next_at; /* epoch s */
+} hold_t;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    hold_t *list;
+    int running;
+} ext = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0 };
+
+/* Renews due leases until no job holds a slot, then exits. The mutex is
+ * held across each renewal so that a hold is never unlinked (and its stack
+ * frame gone) while in use. */
+static void *extender(void *arg)
+{
+    char *url = arg, err[CAPSTAN_ERRLEN];
+    capstan_redis_t *r = capstan_redis_new(url, 10, err);
+    free(url);
+    pthread_mutex_lock(&ext.mu);
+    while (ext.list) {
+        double now = capstan__now(), soonest = now + 60;
+        for (hold_t *h = ext.list; h; h = h->next) {
+            if (h->next_at <= now) {
+                int rc = !r ? CAPSTAN_EREDIS : capstan_redis_ok(r) ? 0 : capstan_redis_connect(r);
+                if (!rc)
+                    rc = capstan_limiter_extend(h->lim, r, &h->tok, err);
+                else if (r)
+                    snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
+                if (rc)
+                    capstan_warn("limiter %s: could not extend the lease of %s: %s", h->name,
+                                 h->tok.id, r ? err : "no connection");
+                /* A lapsed lease cannot come back; a Redis error may pass. */
+                h->next_at = rc == CAPSTAN_ENOTFOUND ? now + 86400 : now + h->every;
+            }
+            if (h->next_at < soonest)
+                soonest = h->next_at;
+        }
+        double in = soonest - capstan__now();
+        struct timespec ts = capstan__timespec(in > 0 ? in : 0);
+        pthread_cond_timedwait(&ext.cv, &ext.mu, &ts);
+    }
+    ext.running = 0;
+    pthread_mutex_unlock(&ext.mu);
+    capstan_redis_free(r);
+    return NULL;
+}
+
+static void hold_start(hold_t *h, const char *url)
+{
+    pthread_mutex_lock(&ext.mu);
+    h->next = ext.list;
+    ext.list = h;
+    /* Its lease may be shorter than any the extender is waiting on. */
+    pthread_cond_signal(&ext.cv);
+    if (!ext.running) {
+        pthread_t t;
+        pthread_attr_t a;
+        char *u = strdup(url);
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (u && pthread_create(&t, &a, extender, u) == 0)
+            ext.running = 1;
+        else {
+            free(u);
+            capstan_warn("limiter %s: no thread to extend leases; a job longer than its "
+                         "lock_timeout loses its slot", h->name);
+        }
+        pthread_attr_destroy(&a);
+    }
+    pthread_mutex_unlock(&ext.mu);
+}
+
+static void hold_end(hold_t *h)
+{
+    pthread_mutex_lock(&ext.mu);
+    for (hold_t **p = &ext.list; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            break;
+        }
+    pthread_cond_signal(&ext.cv);
+    pthread_mutex_unlock(&ext.mu);
+}
+
+/* The payload's integer field name, or 0 when absent or not > 0. */
+static long job_count(capstan_job_t *job, const char *name)
+{
+    size_t len;
+    const char *v = capstan_job_field_raw(job, name, &len);
+    char buf[24];
+    if (!v || len >= sizeof(buf))
+        return 0;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    long n = strtol(buf, NULL, 10);
+    return n > 0 ? n : 0;
+}
+
+/* The payload's own cost into *cost (0 when it gives none, or null).
+ * Returns -1 when it gives one that is not an integer >= 1. */
+static int job_cost(capstan_job_t *job, long *cost)
+{
+    size_t len;
+    const char *v = capstan_job_field_raw(job, CAPSTAN_LIMIT_COST_FIELD, &len);
+    *cost = 0;
+    if (!v || (len == 4 && memcmp(v, "null", 4) == 0))
+        return 0;
+    char buf[24], *end;
+    if (len == 0 || len >= sizeof(buf))
+        return -1;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    long n = strtol(buf, &end, 10);
+    if (*end || n < 1 || buf[0] == '-' || buf[0] == '+')
+        return -1;
+    *cost = n;
+    return 0;
+}
+
+static int over_limit(capstan_mw_t *mw, const capstan_limit_opts_t *lo, const char *name, double in)
+{
+    capstan_job_t *job = mw->job;
+    long n = job_count(job, "limiter_reschedules");
+    /* The file's max_limiter_reschedules, even for a limit declared in C. */
+    int max = mw->cc && mw->cc->has_max_limiter_reschedules ? mw->cc->max_limiter_reschedules
+                                                            : lo->max_reschedules;
+    if (n >= max) {
+        capstan_job_fail(job, "Capstan::OverLimit",
+                         "limiter %s stayed over its limit through %ld reschedules", name, n);
+        return 0;
+    }
+    if (lo->type == CAPSTAN_LIMIT_CONCURRENT) {
+        double backoff = 0.5 * (double)(1L << (n < 6 ? n : 6));
+        if (in > backoff)
+            in = backoff;
+    }
+    /* Spread the jobs a little so that they do not all come back at once. */
+    in += capstan__rand() * (in < 1 ? in : 1) * 0.1;
+    char count[24], *out = NULL;
+    size_t len;
+    snprintf(count, sizeof(count), "%ld", n + 1);
+    capstan_field_t set[] = { { "limiter_reschedules", count, 0 } };
+    size_t plen;
+    const char *payload = capstan_mw_payload(mw, &plen);
+    capstan_jobject_t obj = {0};
+    int bad = capstan__json_scan_object(payload, plen, &obj, NULL) ||
+              capstan__payload_edit(payload, &obj, set, 1, &out, &len);
+    capstan__jobject_free(&obj);
+    if (bad) /* no memory: leave it for recovery */
+        return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+    capstan_info("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld of %d)", mw->cls,
+                 mw->jid, name, in, n + 1, max);
+    int rc = capstan_mw_dispose(mw, CAPSTAN_DISPOSE_SCHEDULE, capstan__now() + in, out, len);
+    free(out);
+    return rc;
+}
+
+int capstan__limit_mw(capstan_mw_t *mw, void *udata)
+{
+    (void)udata;
+    /* The class's YAML limit, else the one it was registered with. */
+    const capstan_limit_opts_t *lo = mw->cc && mw->cc->limit.type ? &mw->cc->limit : mw->limit;
+    if (!lo || !lo->type)
+        return capstan_mw_next(mw);
+    char err[CAPSTAN_ERRLEN];
+    const char *name = lo->name ? lo->name : mw->cc ? mw->cc->name : capstan_job_class(mw->job);
+    capstan_limiter_t *lim = capstan_limiter_new(lo->type, name, lo->count, lo->seconds, err);
+    if (!lim) {
+        capstan_job_fail(mw->job, "Capstan::LimiterError", "%s", err);
+        return 0;
+    }
+    long cost = 0;
+    if (lo->type == CAPSTAN_LIMIT_POINTS && job_cost(mw->job, &cost)) {
+        /* Spending some other cost could break the limit the cost is for. */
+        capstan_job_fail(mw->job, "Capstan::LimiterError", "limiter %s: %s must be an integer >= 1",
+                         name, CAPSTAN_LIMIT_COST_FIELD);
+        capstan_limiter_free(lim);
+        return 0;
+    }
+    capstan_limit_token_t tok;
+    double in = 0;
+    int rc = capstan_limiter_acquire_points(lim, mw->r, cost ? cost : lo->cost, lo->wait_timeout, &tok,
+                                            &in, err);
+    if (rc == CAPSTAN_EDENIED) {
+        rc = over_limit(mw, lo, name, in);
+    } else if (rc < 0) {
+        /* The name is in use with other parameters, the job's cost does
+         * not fit, or Redis failed: the job cannot run within its limit,
+         * so it fails and is retried. */
+        capstan_job_fail(mw->job, rc == CAPSTAN_ECONFIG ? "Capstan::LimiterConfigError" : "Capstan::LimiterError",
+                         "%s", err);
+        rc = 0;
+    } else if (lo->type != CAPSTAN_LIMIT_CONCURRENT) {
+        rc = capstan_mw_next(mw);
+    } else {
+        double lease = lo->seconds > 0 ? lo->seconds : 30;
+        hold_t h = { .lim = lim, .tok = tok, .name = name, .every = lease / 3,
+                     .next_at = capstan__now() + lease / 3 };
+        hold_start(&h, mw->cfg->redis_url);
+        rc = capstan_mw_next(mw);
+        hold_end(&h);
+        if (capstan_limiter_release(lim, mw->r, &tok, err))
+            capstan_warn("%s %s: limiter %s: %s", mw->cls, mw->jid, name, err);
+    }
+    capstan_limiter_free(lim);
+    return rc;
+}

@@ -1,0 +1,427 @@
+/* Taking, releasing and waiting for uniqueness locks: one Lua script each
+ * way (lua/lock.lua, lua/unlock.lua), in v9's key and metadata format. */
+#include "capstan/unique.h"
+#include "capstan/unique_admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "support/buf.h"
+#include "support/fmt.h"
+#include "support/json.h"
+#include "observe/prometheus.h"
+#include "middleware/mw.h"
+#include "support/time.h"
+#include "unique/admin_internal.h"
+#include "unique/internal.h"
+#include "redis/scripts.h"
+#include "unique/prelock.h"
+
+/* Metrics are recorded where the lock happens, as v9 does; a failure to
+ * count never fails the lock. */
+void capstan_unique__metric(capstan_redis_t *r, capstan_lock_type_t t, const char *event)
+{
+    capstan__metrics_lock_event(capstan__metrics_default(), capstan_lock_type_name(t), event);
+    (void)capstan__unique_metric_record(r, capstan_lock_type_name(t), event);
+}
+
+void capstan_unique__key(char *out, size_t n, const char *digest, int runtime, const char *suffix)
+{
+    capstan__fmt_cat(out, n, digest, runtime ? CAPSTAN_KEY_RUN : "", suffix, NULL);
+}
+
+/* v9's metadata, keys in its order; now_s the time already formatted. */
+static char *metadata(const capstan_lock_req_t *q, const char *now_s)
+{
+    char store[512];
+    capstan_buf_t b;
+    capstan__buf_on(&b, store, sizeof(store));
+    int rc = capstan__buf_puts(&b, "{\"worker\":");
+    if (!rc) rc = capstan__json_quote(&b, q->cls ? q->cls : "", strlen(q->cls ? q->cls : ""));
+    if (!rc) rc = capstan__buf_puts(&b, ",\"queue\":");
+    if (!rc) rc = capstan__json_quote(&b, q->queue ? q->queue : "", strlen(q->queue ? q->queue : ""));
+    if (!rc) rc = capstan__buf_puts(&b, ",\"limit\":");
+    if (!rc) rc = q->limit > 1 ? capstan__buf_put_int(&b, q->limit) : capstan__buf_puts(&b, "null");
+    if (!rc) rc = capstan__buf_puts(&b, ",\"timeout\":");
+    if (!rc) rc = capstan__buf_put_int(&b, q->timeout > 0 ? q->timeout : 0);
+    if (!rc) rc = capstan__buf_puts(&b, ",\"ttl\":");
+    if (!rc) rc = q->ttl > 0 ? capstan__buf_put_int(&b, q->ttl) : capstan__buf_puts(&b, "null");
+    if (!rc) rc = capstan__buf_puts(&b, ",\"type\":\"");
+    if (!rc) rc = capstan__buf_puts(&b, capstan_lock_type_name(q->type));
+    if (!rc) rc = capstan__buf_puts(&b, "\",\"lock_args\":");
+    if (!rc) rc = capstan__buf_puts(&b, q->lock_args ? q->lock_args : "[]");
+    if (!rc) rc = capstan__buf_puts(&b, ",\"time\":");
+    if (!rc) rc = capstan__buf_puts(&b, now_s);
+    if (!rc) rc = capstan__buf_puts(&b, ",\"at\":");
+    if (!rc) rc = q->at > 0 ? capstan__buf_put_fixed(&b, q->at, 6) : capstan__buf_puts(&b, "null");
+    if (!rc) rc = capstan__buf_puts(&b, "}");
+    char *out = rc ? NULL : capstan__buf_take(&b, NULL);
+    capstan__buf_free(&b);
+    return out;
+}
+
+/* The arguments of one lock.lua call and their storage. */
+typedef struct lock_call {
+    char locked[CAPSTAN_DIGEST_MAX + 16], waiting[CAPSTAN_DIGEST_MAX + 16];
+    char pttl[CAPSTAN_FMT_INT], limit[CAPSTAN_FMT_INT], now_s[32], arr[32], cut[32];
+    char *meta; /* owned */
+    const char *argv[11];
+    capstan_script_call_t call;
+} lock_call_t;
+
+/* Fills c for one run of lock.lua; waiting (arrival > 0) adds the waiting
+ * zset. Free with lock_done. (Each field read is written: a run's calls
+ * are a few kilobytes to clear otherwise.) */
+static int lock_prepare(lock_call_t *c, const capstan_lock_req_t *q, double arrival, double cutoff,
+                        char *err)
+{
+    c->meta = NULL;
+    c->call = (capstan_script_call_t){ 0 };
+    if (!q->digest || !q->jid)
+        return capstan_seterr(err, CAPSTAN_EINVAL, "a lock needs a digest and a jid");
+    double now = capstan__now();
+    capstan_unique__key(c->locked, sizeof(c->locked), q->digest, q->runtime, CAPSTAN_KEY_LOCKED);
+    capstan_unique__key(c->waiting, sizeof(c->waiting), q->digest, q->runtime, ":WAITING");
+    long ttl = q->ttl < CAPSTAN_UNIQUE_MAX_SECONDS ? q->ttl : CAPSTAN_UNIQUE_MAX_SECONDS;
+    capstan__fmt_int(c->pttl, ttl > 0 ? ttl * 1000 : 0);
+    capstan__fmt_int(c->limit, q->limit > 0 ? q->limit : 1);
+    capstan__fmt_fixed(c->now_s, sizeof(c->now_s), now, 6);
+    if (arrival > 0) {
+        capstan__fmt_fixed(c->arr, sizeof(c->arr), arrival, 6);
+        capstan__fmt_fixed(c->cut, sizeof(c->cut), cutoff, 6);
+    }
+    c->meta = q->metadata ? NULL : metadata(q, c->now_s);
+    if (!q->metadata && !c->meta)
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    const char *meta = q->metadata ? q->metadata : c->meta;
+    const char **a = c->argv;
+    c->call.script = CAPSTAN_SCRIPT_LOCK;
+    c->call.argv = a;
+    if (arrival > 0) {
+        const char *all[] = { c->locked, CAPSTAN_UNIQUE_DIGESTS, c->waiting, q->jid, c->pttl,
+                              capstan_lock_type_name(q->type), c->limit, meta, c->now_s, c->arr,
+                              c->cut };
+        memcpy(a, all, sizeof(all));
+        c->call.nkeys = 3;
+        c->call.argc = 11;
+    } else {
+        const char *two[] = { c->locked, CAPSTAN_UNIQUE_DIGESTS, q->jid, c->pttl,
+                              capstan_lock_type_name(q->type), c->limit, meta, c->now_s };
+        memcpy(a, two, sizeof(two));
+        c->call.nkeys = 2;
+        c->call.argc = 8;
+    }
+    return 0;
+}
+
+static void lock_done(lock_call_t *c)
+{
+    free(c->meta);
+    freeReplyObject(c->call.reply);
+    c->meta = NULL;
+    c->call.reply = NULL;
+}
+
+/* A lock script's integer result as capstan_unique_lock returns it. */
+static int lock_code(long long v)
+{
+    return v == 1 ? CAPSTAN_LOCK_ACQUIRED : v == 2 ? CAPSTAN_LOCK_REENTERED
+                                               : v == -1 ? CAPSTAN_UNIQUE_NOT_YET : CAPSTAN_EDENIED;
+}
+
+/* What lock.lua's reply in c says (see lock_once); frees c. */
+static int lock_result(lock_call_t *c, capstan_redis_t *r, char *err)
+{
+    redisReply *rep = c->call.reply;
+    int rc;
+    if (!rep)
+        rc = capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
+    else if (rep->type != REDIS_REPLY_INTEGER)
+        rc = capstan_seterr(err, CAPSTAN_EREPLY, "lock.lua: %s",
+                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    else
+        rc = lock_code(rep->integer);
+    lock_done(c);
+    return rc;
+}
+
+/* One run of lock.lua, in a round trip of its own. */
+static int lock_once(capstan_redis_t *r, const capstan_lock_req_t *q, double arrival, double cutoff,
+                     char *err)
+{
+    lock_call_t c;
+    int rc = lock_prepare(&c, q, arrival, cutoff, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    c.call.reply = capstan__redis_script(r, CAPSTAN_SCRIPT_LOCK, c.call.nkeys, c.call.argc, c.argv,
+                                         NULL);
+    return lock_result(&c, r, err);
+}
+
+/* Counts v9's metric for a lock attempt's result. */
+static int counted(capstan_redis_t *r, const capstan_lock_req_t *req, int rc)
+{
+    if (rc > 0)
+        capstan_unique__metric(r, req->type, "locked");
+    else if (rc == CAPSTAN_EDENIED)
+        capstan_unique__metric(r, req->type, "lock_failed");
+    return rc;
+}
+
+int capstan_unique__lock_ride(capstan_redis_t *r, const capstan_lock_req_t *req, capstan_ride_fn ride,
+                              void *ud, char *err)
+{
+    if (!ride)
+        return capstan_unique_lock(r, req, err);
+    lock_call_t c;
+    int rc = lock_prepare(&c, req, 0, 0, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    ride(ud, r, &c.call, 1);
+    return counted(r, req, lock_result(&c, r, err));
+}
+
+int capstan_unique_lock(capstan_redis_t *r, const capstan_lock_req_t *req, char *err)
+{
+    return counted(r, req, lock_once(r, req, 0, 0, err));
+}
+
+/* What unlock.lua's reply says (capstan_unique_unlock's result); frees it. */
+static int unlock_result(redisReply *rep, capstan_redis_t *r, capstan_lock_type_t type, int force,
+                         char *err)
+{
+    int rc;
+    if (!rep)
+        return capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
+    if (rep->type != REDIS_REPLY_INTEGER)
+        rc = capstan_seterr(err, CAPSTAN_EREPLY, "unlock.lua: %s",
+                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    else
+        rc = rep->integer == 1 ? 0 : CAPSTAN_EDENIED;
+    freeReplyObject(rep);
+    if (!force)
+        capstan_unique__metric(r, type, rc == 0 ? "unlocked" : "unlock_failed");
+    return rc;
+}
+
+int capstan_unique_unlock(capstan_redis_t *r, const char *digest, int runtime, const char *jid,
+                          capstan_lock_type_t type, int force, char *err)
+{
+    if (!digest || !jid)
+        return capstan_seterr(err, CAPSTAN_EINVAL, "an unlock needs a digest and a jid");
+    char locked[CAPSTAN_DIGEST_MAX + 16];
+    capstan_unique__key(locked, sizeof(locked), digest, runtime, CAPSTAN_KEY_LOCKED);
+    const char *argv[] = { locked, CAPSTAN_UNIQUE_DIGESTS, jid,
+                           force ? "force" : capstan_lock_type_name(type) };
+    return unlock_result(capstan__redis_script(r, CAPSTAN_SCRIPT_UNLOCK, 2, 4, argv, NULL), r, type,
+                         force, err);
+}
+
+/* The until-lock release that goes before until_and_while_executing's
+ * runtime lock, in the same round trip. */
+typedef struct swap_call {
+    char until[CAPSTAN_DIGEST_MAX + 16];
+    const char *argv[4];
+} swap_call_t;
+
+static capstan_script_call_t swap_prepare(swap_call_t *u, const capstan_lock_req_t *req)
+{
+    capstan_unique__key(u->until, sizeof(u->until), req->digest, 0, CAPSTAN_KEY_LOCKED);
+    const char *argv[] = { u->until, CAPSTAN_UNIQUE_DIGESTS, req->jid, capstan_lock_type_name(req->type) };
+    memcpy(u->argv, argv, sizeof(argv));
+    return (capstan_script_call_t){ .script = CAPSTAN_SCRIPT_UNLOCK, .nkeys = 2, .argc = 4,
+                                .argv = u->argv };
+}
+
+/* What the until-lock release (urep) and the runtime lock (in c) did, as
+ * capstan_unique__swap_ride returns it; frees both replies. */
+static int swap_result(capstan_redis_t *r, const capstan_lock_req_t *req, lock_call_t *c,
+                       redisReply *urep, int *released, char *err)
+{
+    char uerr[CAPSTAN_ERRLEN] = "";
+    *released = unlock_result(urep, r, req->type, 0, uerr);
+    int rc = counted(r, req, lock_result(c, r, err));
+    if (*released == 0)
+        return rc;
+    /* The until-lock is another job's: this one must not run, nor keep a
+     * runtime lock it took for it. */
+    if (rc == CAPSTAN_LOCK_ACQUIRED)
+        (void)capstan_unique_unlock(r, req->digest, 1, req->jid, req->type, 0, err);
+    if (*released < 0)
+        capstan_seterr(err, *released, "%s", uerr);
+    return rc;
+}
+
+int capstan_unique__swap_ride(capstan_redis_t *r, const capstan_lock_req_t *req, capstan_ride_fn ride, void *ud,
+                              int *released, char *err)
+{
+    lock_call_t c;
+    int rc = lock_prepare(&c, req, 0, 0, err);
+    if (rc) {
+        lock_done(&c);
+        return rc;
+    }
+    swap_call_t u;
+    capstan_script_call_t calls[2] = { swap_prepare(&u, req), c.call };
+    if (ride) {
+        ride(ud, r, calls, 2);
+    } else {
+        calls[0].reply = capstan__redis_script(r, CAPSTAN_SCRIPT_UNLOCK, 2, 4, u.argv, NULL);
+        if (calls[0].reply)
+            calls[1].reply = capstan__redis_script(r, CAPSTAN_SCRIPT_LOCK, c.call.nkeys, c.call.argc,
+                                                   c.argv, NULL);
+    }
+    c.call.reply = calls[1].reply;
+    return swap_result(r, req, &c, calls[0].reply, released, err);
+}
+
+/* Fills each job's results from locks.lua's reply (err when it failed). */
+static void many_results(capstan_redis_t *r, const capstan_lock_req_t *reqs, capstan_prelock_t *const *pre,
+                         size_t n, const redisReply *rep)
+{
+    /* Two digits a job: released, taken; "99" its commands failed (see
+     * locks.lua). */
+    int ok = rep && rep->type == REDIS_REPLY_STRING && rep->len == 2 * n;
+    for (size_t i = 0; ok && i < 2 * n; i++)
+        ok = (rep->str[i] >= '0' && rep->str[i] <= '2') || rep->str[i] == '9';
+    for (size_t i = 0; i < n; i++) {
+        capstan_prelock_t *p = pre[i];
+        int swap = p->type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING;
+        if (!rep) {
+            /* Not known whether the call ran: the job's middleware asks
+             * again, after the reconnect (both steps are idempotent for
+             * one jid). */
+            p->asked = 0;
+            continue;
+        }
+        if (!ok || rep->str[2 * i] == '9') {
+            p->lr = capstan_seterr(p->err, CAPSTAN_EREPLY, "locks.lua: %s",
+                                   rep->type == REDIS_REPLY_ERROR ? rep->str
+                                   : ok ? "a command on this job's lock keys failed"
+                                    : "unexpected reply");
+            if (swap)
+                p->released = p->lr;
+            continue;
+        }
+        if (swap) {
+            p->released = rep->str[2 * i] == '1' ? 0 : CAPSTAN_EDENIED;
+            capstan_unique__metric(r, p->type, p->released == 0 ? "unlocked" : "unlock_failed");
+        }
+        p->lr = p->released ? CAPSTAN_EDENIED
+                            : counted(r, &reqs[i], lock_code(rep->str[2 * i + 1] - '0'));
+    }
+}
+
+void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *reqs, capstan_prelock_t *const *pre,
+                               size_t n, capstan_ride_fn ride, void *ud)
+{
+    /* n is a run's few jobs (CAPSTAN_RUN_MAX): on the stack. */
+    lock_call_t c[n ? n : 1];
+    char until[n ? n : 1][CAPSTAN_DIGEST_MAX + 16];
+    const char *argv[2 + 7 * n];
+    size_t argc = 2, k = 0;
+    char err[CAPSTAN_ERRLEN] = "";
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        c[i].meta = NULL; /* what lock_done frees */
+        c[i].call.reply = NULL;
+    }
+    for (size_t i = 0; i < n && !rc; i++) {
+        until[i][0] = '\0';
+        capstan_prelock_t *p = pre[i];
+        if ((rc = lock_prepare(&c[i], &reqs[i], 0, 0, err)))
+            break;
+        if (p->type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING)
+            capstan_unique__key(until[i], sizeof(until[i]), reqs[i].digest, 0, CAPSTAN_KEY_LOCKED);
+        /* lock_prepare's arguments for lock.lua without a waiting line:
+         * locked, digests, jid, pttl, type, limit, meta, now. */
+        const char *const *a = c[i].argv;
+        const char *group[] = { a[0], until[i], a[2], a[3], a[4], a[5], a[6] };
+        memcpy(argv + argc, group, sizeof(group));
+        argc += 7;
+        k++;
+    }
+    capstan_script_call_t call = { .script = CAPSTAN_SCRIPT_LOCKS, .nkeys = 1, .argc = (int)argc,
+                               .argv = argv };
+    for (size_t i = 0; i < n; i++)
+        pre[i]->asked = 1;
+    if (!rc && k) {
+        argv[0] = CAPSTAN_UNIQUE_DIGESTS;
+        argv[1] = c[0].now_s;
+        ride(ud, r, &call, 1);
+        many_results(r, reqs, pre, n, call.reply);
+    }
+    for (size_t i = 0; i < n; i++) {
+        capstan_prelock_t *p = pre[i];
+        if (rc) {
+            p->lr = capstan_seterr(p->err, rc, "%s", err);
+            if (p->type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING)
+                p->released = p->lr;
+        }
+        if (p->type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING) {
+            /* Kept to take the until-lock again if the job does not run. */
+            p->meta = c[i].meta;
+            c[i].meta = NULL;
+        }
+        lock_done(&c[i]);
+    }
+    freeReplyObject(call.reply);
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* The default waiter: in line by arrival time in "<key>:WAITING", polling
+ * with a short capped backoff. Entries older than this wait's timeout plus
+ * a margin belong to waiters that crashed and are dropped by lock.lua. */
+static int poll_wait(void *self, capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
+                     char *err)
+{
+    (void)self;
+    double arrival = capstan__now(), end = capstan__mono() + timeout, pause = 0.01;
+    int rc;
+    for (;;) {
+        rc = lock_once(r, req, arrival, capstan__now() - timeout - 5, err);
+        if (rc > 0 || (rc < 0 && rc != CAPSTAN_EDENIED && rc != CAPSTAN_UNIQUE_NOT_YET))
+            break;
+        if (capstan__mono() >= end) {
+            rc = CAPSTAN_EDENIED;
+            break;
+        }
+        sleep_s(pause);
+        pause = pause * 2 > 0.1 ? 0.1 : pause * 2;
+    }
+    if (rc <= 0) {
+        /* Leave the line so those behind need not wait out our entry. */
+        char waiting[CAPSTAN_DIGEST_MAX + 16];
+        capstan_unique__key(waiting, sizeof(waiting), req->digest, req->runtime, ":WAITING");
+        redisReply *rep = capstan_redis_cmdf(r, "ZREM %s %s", waiting, req->jid);
+        freeReplyObject(rep);
+    }
+    return rc;
+}
+
+static const capstan_lock_waiter_t default_waiter = { poll_wait, NULL };
+static const capstan_lock_waiter_t *waiter = &default_waiter;
+
+void capstan_unique_set_waiter(const capstan_lock_waiter_t *w)
+{
+    waiter = w && w->wait ? w : &default_waiter;
+}
+
+int capstan_unique_lock_wait(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout, char *err)
+{
+    if (timeout <= 0)
+        return capstan_unique_lock(r, req, err);
+    return counted(r, req, waiter->wait(waiter->self, r, req, timeout, err));
+}
