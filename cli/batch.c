@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "capstan/batch.h"
 
 #define EXIT_REDIS 69

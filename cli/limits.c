@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "capstan/limiter.h"
 #include "redis/keys.h"
 #include "redis/scan.h"

@@ -11,14 +11,11 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "config/names.h"
 #include "support/number.h"
 #include "capstan/capstan.h"
 #include "capstan/unique.h"
-
-/* Exit status when a uniqueness lock (or another client middleware)
- * refused the push. */
-#define EXIT_DENIED 3
 
 static const char *usage =
     "Usage: capstan push CLASS [ARGS_JSON] [options]\n"
@@ -176,7 +173,7 @@ int capstan__cmd_push(int argc, char **argv)
     int rc = capstan_client_push(c, cls, args, &o, jid), status = 0;
     if (rc == CAPSTAN_EDENIED) {
         fprintf(stderr, "capstan push: denied: %s\n", capstan_client_error(c));
-        status = EXIT_DENIED;
+        status = CAPSTAN_EXIT_DENIED;
     } else if (rc < 0) {
         fprintf(stderr, "capstan push: %s\n", capstan_client_error(c));
         status = rc == CAPSTAN_EINVAL ? CAPSTAN_EXIT_USAGE : 1;

@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "redis/keys.h"
 #include "support/number.h"
 #include "support/identity.h"

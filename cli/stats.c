@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "observe/overview.h"
 #include "fetch/fetch.h"
 #include "support/identity.h"

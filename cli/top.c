@@ -18,6 +18,7 @@
 
 #include "support/buf.h"
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "support/number.h"
 #include "observe/overview.h"
 #include "support/time.h"

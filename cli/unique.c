@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "support/number.h"
 #include "support/time.h"
 #include "capstan/redis.h"

@@ -1,0 +1,32 @@
+/* What every subcommand of the capstan command shares: its exit statuses,
+ * the Redis it talks to, and the options of the commands that only read or
+ * manage. */
+#ifndef CAPSTAN_CLI_COMMON_H
+#define CAPSTAN_CLI_COMMON_H
+
+#include "capstan/redis.h"
+
+/* A bad command line (EX_USAGE). */
+#define CAPSTAN_EXIT_USAGE 64
+/* What was asked was refused: a push (by a uniqueness lock or another
+ * client middleware), or a reaper run (another reaper holds the lease). */
+#define CAPSTAN_EXIT_DENIED 3
+
+/* The Redis URL for a subcommand: --redis-url, else $REDIS_URL (or the
+ * variable named by $REDIS_PROVIDER), else the default. Borrowed from flag
+ * or the environment. */
+const char *capstan__cli_redis_url(const char *flag);
+
+/* A connection to that Redis for the command who ("capstan stats"), owned by
+ * the caller. On failure it prints "who: reason" on stderr and returns
+ * NULL. */
+capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag);
+
+/* Parses the options of a subcommand that only reads or manages (who,
+ * "capstan stats"): --redis-url into *url, --json into *json (none when json
+ * is NULL) and --help, which prints usage. The operands start at optind
+ * after it. Returns -1 to go on, else the exit status. */
+int capstan__cli_options(const char *who, const char *usage, int argc, char **argv, const char **url,
+                         int *json);
+
+#endif
