@@ -748,15 +748,6 @@ int capstan__fetch_next(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_
     return capstan__fetch_exchange(f, r, NULL, 0, out, 1, 1);
 }
 
-int capstan__fetch_ack_next(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
-                            const capstan_ack_t *ack, int *ack_rc, capstan_fetched_t *out)
-{
-    capstan_ack_item_t item = { .raw = raw, .len = len, .ack = *ack };
-    int rc = capstan__fetch_exchange(f, r, &item, 1, out, 1, 1);
-    *ack_rc = item.rc;
-    return rc;
-}
-
 int capstan__fetch_requeue(capstan_fetch_t *f, capstan_redis_t *r, const char *queue,
                            const char *raw, size_t len)
 {

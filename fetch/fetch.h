@@ -131,13 +131,6 @@ int capstan__fetch_next(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_
 int capstan__fetch_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
                        const capstan_ack_t *ack);
 
-/* capstan__fetch_ack then capstan__fetch_next in one round trip: the reliable fetch
- * sends the ack and the next fetch together (the basic fetch does them one
- * after the other). *ack_rc receives the ack's result (0, or CAPSTAN_EREDIS:
- * ack again); the return value is capstan__fetch_next's. */
-int capstan__fetch_ack_next(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
-                            const capstan_ack_t *ack, int *ack_rc, capstan_fetched_t *out);
-
 /* Puts an unfinished job back at the end of queue that is fetched next.
  * Returns 0, CAPSTAN_EREDIS, or CAPSTAN_EREPLY when queue:NAME holds another type
  * than a list (the job then stays in the working list). */
@@ -188,8 +181,12 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
                            double liveness_ttl, capstan_ts_format_t ts, capstan_recovery_t *out,
                            char *err);
 
-/* Same, for one identity's list only, at once (no suspect marker; used by
- * tests and tools on a list known to be dead). */
+/* Same, for one identity's list only and at once: no suspect marker, so
+ * the list is taken at the first call that finds the liveness key gone.
+ * Nothing in capstan calls it: it is how a test recovers the list of a
+ * worker that is still running once it has deleted the worker's liveness
+ * key, which capstan__fetch_recover would only mark a suspect (the worker
+ * re-creates its key before a later pass). */
 int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
                                capstan_ts_format_t ts, capstan_recovery_t *out, char *err);
 

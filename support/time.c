@@ -52,7 +52,9 @@ double capstan__rand(void)
     return (double)((state * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
 }
 
-void capstan__random_bytes(void *buf, size_t n)
+/* Fills buf with n bytes from the kernel's CSPRNG; falls back to the
+ * per-thread generator if it fails. */
+static void random_bytes(void *buf, size_t n)
 {
     unsigned char *p = buf;
     size_t got = 0;
@@ -80,6 +82,6 @@ void capstan__random_hex(char *out, size_t nbytes)
 {
     unsigned char raw[32];
     nbytes = nbytes < sizeof(raw) ? nbytes : sizeof(raw);
-    capstan__random_bytes(raw, nbytes);
+    random_bytes(raw, nbytes);
     capstan__hex(out, raw, nbytes);
 }

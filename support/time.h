@@ -14,13 +14,12 @@ double capstan__mono(void);
 struct timespec capstan__timespec(double s);
 /* Sleeps for s seconds (no-op for s <= 0). */
 void capstan__sleep(double s);
-/* Fills buf with n bytes from the kernel's CSPRNG (getrandom), for jids
- * and identities; falls back to the per-thread generator if it fails. */
-void capstan__random_bytes(void *buf, size_t n);
 /* raw[0..n) as 2 * n lowercase hex digits and a NUL into out. */
 void capstan__hex(char *out, const unsigned char *raw, size_t n);
-/* nbytes such random bytes as 2 * nbytes hex digits and a NUL into out
- * (room for 2 * nbytes + 1); nbytes is at most 32. */
+/* nbytes random bytes from the kernel's CSPRNG (getrandom; the per-thread
+ * generator if it fails), for jids and identities, as 2 * nbytes hex
+ * digits and a NUL into out (room for 2 * nbytes + 1); nbytes is at most
+ * 32. */
 void capstan__random_hex(char *out, size_t nbytes);
 /* A uniform random double in [0, 1) from a per-thread generator. */
 double capstan__rand(void);
