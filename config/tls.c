@@ -54,11 +54,11 @@ int capstan__config_tls_flag(capstan_config_t *cfg, const char *flag, const char
 }
 
 /* The tls: mapping: ca_file, ca_path, cert, key, server_name, verify. */
-int capstan_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+int capstan__yaml_set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
     if (v->type != YAML_MAPPING_NODE)
-        return capstan_yaml__fail(c, v, key, "must be a mapping (ca_file, ca_path, cert, key, "
+        return capstan__yaml_fail(c, v, key, "must be a mapping (ca_file, ca_path, cert, key, "
                                          "server_name, verify)");
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         const char *name = key_name(node(c, p->key));
@@ -67,15 +67,15 @@ int capstan_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_no
         char **s = name ? slot(&c->cfg->tls, name) : NULL;
         int rc;
         if (s) {
-            rc = capstan_yaml__set_string(c, sub, node(c, p->value), s, NULL);
+            rc = capstan__yaml_set_string(c, sub, node(c, p->value), s, NULL);
         } else if (name && !strcmp(name, "verify")) {
             char *val = NULL;
-            rc = capstan_yaml__scalar(c, node(c, p->value), sub, "must be peer or none", &val);
+            rc = capstan__yaml_scalar(c, node(c, p->value), sub, "must be peer or none", &val);
             if (rc >= 0 && set_verify(&c->cfg->tls, val))
-                rc = capstan_yaml__fail(c, node(c, p->value), sub, "must be peer or none");
+                rc = capstan__yaml_fail(c, node(c, p->value), sub, "must be peer or none");
             free(val);
         } else {
-            rc = capstan_yaml__fail(c, node(c, p->key), sub, "unknown key (known: ca_file, ca_path, "
+            rc = capstan__yaml_fail(c, node(c, p->key), sub, "unknown key (known: ca_file, ca_path, "
                                                          "cert, key, server_name, verify)");
         }
         if (rc < 0)

@@ -35,7 +35,7 @@ static unsigned long line_of(const yaml_node_t *n)
     return (unsigned long)n->start_mark.line + 1;
 }
 
-int capstan_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int capstan__yaml_warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
 {
     capstan_config_t *cfg = c->cfg;
     char problem[CAPSTAN_ERRLEN], *line = NULL;
@@ -53,7 +53,7 @@ int capstan_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const ch
     return 0;
 }
 
-int capstan_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int capstan__yaml_fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
 {
     char problem[CAPSTAN_ERRLEN];
     va_list ap;
@@ -68,14 +68,14 @@ int capstan_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const ch
  * ${VAR:-default} replaced from the environment, as a shell would: the
  * default also covers a variable that is set but empty. want is the problem
  * to report when v is not a scalar. */
-int capstan_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+int capstan__yaml_scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
                          char **out)
 {
     if (v->type != YAML_SCALAR_NODE)
-        return capstan_yaml__fail(c, v, key, "%s", want);
+        return capstan__yaml_fail(c, v, key, "%s", want);
     const char *s = text(v);
     if (strstr(s, "<%"))
-        return capstan_yaml__fail(c, v, key, "ERB (<%%= ... %%>) is not evaluated by capstan; "
+        return capstan__yaml_fail(c, v, key, "ERB (<%%= ... %%>) is not evaluated by capstan; "
                                          "use ${VAR} or ${VAR:-default}");
     size_t len = v->data.scalar.length;
     char *buf = NULL, *name = NULL;
@@ -101,7 +101,7 @@ int capstan_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *
                 def_len++;
         }
         if (j >= len || s[j] != '}' || name_len == 0) {
-            rc = capstan_yaml__fail(c, v, key, "malformed ${...} reference");
+            rc = capstan__yaml_fail(c, v, key, "malformed ${...} reference");
             break;
         }
         free(name);
@@ -115,7 +115,7 @@ int capstan_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *
         else if (def)
             fwrite(def, 1, def_len, f);
         else
-            rc = capstan_yaml__fail(c, v, key, "environment variable %s is not set", name);
+            rc = capstan__yaml_fail(c, v, key, "environment variable %s is not set", name);
         i = j + 1;
     }
     free(name);
@@ -143,11 +143,11 @@ static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v
     else
         snprintf(want, sizeof(want), "must be an integer between %ld and %ld",
                  k->min, k->max);
-    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) < 0 || n < k->min || n > k->max)
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     else
         *(int *)((char *)c->cfg + k->off) = (int)n;
     free(s);
@@ -159,11 +159,11 @@ static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *
     char want[96], *s = NULL;
     long n;
     snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
-    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) < 0 || n < k->min)
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     else
         *(long *)((char *)c->cfg + k->off) = n;
     free(s);
@@ -178,11 +178,11 @@ static int set_seconds(ctx_t *c, const key_def_t *k, const char *key, yaml_node_
     char want[96], *s = NULL;
     double d;
     capstan__config_period_want(k->name, !k->min, want, sizeof(want));
-    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_double(s, &d) < 0 || !capstan__config_period_ok(k->name, !k->min, d))
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     else
         *(double *)((char *)c->cfg + k->off) = d;
     free(s);
@@ -195,7 +195,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
 {
     char want[96], *s = NULL;
     snprintf(want, sizeof(want), "must be %s or %s", a, b);
-    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (!strcmp(s, a))
@@ -203,7 +203,7 @@ static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
     else if (!strcmp(s, b))
         *out = 1;
     else
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -240,19 +240,19 @@ static int set_unknown_class(ctx_t *c, const key_def_t *k, const char *key, yaml
     (void)k;
     const char *want = "must be fail, requeue or skip";
     char *s = NULL;
-    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc == 0 && capstan_config_unknown_class(s, &c->cfg->unknown_class))
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
 
-int capstan_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+int capstan__yaml_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
 {
     char *s = NULL;
-    int rc = capstan_yaml__scalar(c, v, key, "must be true or false", &s);
+    int rc = capstan__yaml_scalar(c, v, key, "must be true or false", &s);
     if (rc == 0 && to_bool(s, out))
-        rc = capstan_yaml__fail(c, v, key, "must be true or false");
+        rc = capstan__yaml_fail(c, v, key, "must be true or false");
     free(s);
     return rc;
 }
@@ -260,16 +260,16 @@ int capstan_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
 static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return capstan_yaml__flag(c, key, v, &c->cfg->verbose);
+    return capstan__yaml_flag(c, key, v, &c->cfg->verbose);
 }
 
-int capstan_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+int capstan__yaml_set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
                              const char *null_value)
 {
     char *s = NULL;
     if (is_null(v))
         return capstan_config_set_str(slot, null_value) < 0 ? nomem(c) : 0;
-    int rc = capstan_yaml__scalar(c, v, key, "must be a string", &s);
+    int rc = capstan__yaml_scalar(c, v, key, "must be a string", &s);
     if (rc < 0)
         return rc;
     free(*slot);
@@ -280,36 +280,36 @@ int capstan_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **s
 static int set_tag(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return capstan_yaml__set_string(c, key, v, &c->cfg->tag, "");
+    return capstan__yaml_set_string(c, key, v, &c->cfg->tag, "");
 }
 
 static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return capstan_yaml__set_string(c, key, v, &c->cfg->log_file, NULL);
+    return capstan__yaml_set_string(c, key, v, &c->cfg->log_file, NULL);
 }
 
 static int set_pidfile(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return capstan_yaml__set_string(c, key, v, &c->cfg->pidfile, NULL);
+    return capstan__yaml_set_string(c, key, v, &c->cfg->pidfile, NULL);
 }
 
 static int set_metrics_bind(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    return capstan_yaml__set_string(c, key, v, &c->cfg->metrics_bind, NULL);
+    return capstan__yaml_set_string(c, key, v, &c->cfg->metrics_bind, NULL);
 }
 
 static int redis_url(ctx_t *c, const char *key, yaml_node_t *v)
 {
     char *s = NULL;
-    int rc = capstan_yaml__scalar(c, v, key, "must be a redis:// URL", &s);
+    int rc = capstan__yaml_scalar(c, v, key, "must be a redis:// URL", &s);
     if (rc < 0)
         return rc;
     if (!*s) {
         free(s);
-        return capstan_yaml__fail(c, v, key, "must not be empty");
+        return capstan__yaml_fail(c, v, key, "must not be empty");
     }
     free(c->cfg->redis_url);
     c->cfg->redis_url = s;
@@ -354,10 +354,10 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
 {
     (void)k;
     if (v->type != YAML_MAPPING_NODE)
-        return capstan_yaml__fail(c, v, key, "must be a mapping with a url");
+        return capstan__yaml_fail(c, v, key, "must be a mapping with a url");
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++)
         if (key_name(node(c, p->key)) && !strcmp(key_name(node(c, p->key)), "sentinels"))
-            return capstan_yaml__set_sentinels(c, key, v);
+            return capstan__yaml_set_sentinels(c, key, v);
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key);
         const char *name = key_name(kn);
@@ -367,20 +367,20 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
         if (name && !strcmp(name, "url"))
             rc = redis_url(c, sub, node(c, p->value));
         else if (name && !strcmp(name, "ssl_params"))
-            rc = capstan_yaml__warn(c, kn, sub, "not read by capstan; give TLS settings under tls: "
+            rc = capstan__yaml_warn(c, kn, sub, "not read by capstan; give TLS settings under tls: "
                                     "(ca_file, cert, key, server_name, verify) with TLS in the url");
         else if (name && in_list(name, redis_tuning, NELEM(redis_tuning)))
-            rc = capstan_yaml__warn(c, kn, sub, "not used by capstan (a Ruby client option); ignored");
+            rc = capstan__yaml_warn(c, kn, sub, "not used by capstan (a Ruby client option); ignored");
         else if (name && in_list(name, redis_target, NELEM(redis_target)))
-            rc = capstan_yaml__fail(c, kn, sub, "not supported; give the server in url "
+            rc = capstan__yaml_fail(c, kn, sub, "not supported; give the server in url "
                                             "(redis://[user:password@]host:port/db)");
         else {
             const char *const all[] = {"url"};
             const char *near = name ? nearest(name, all, 1) : NULL;
             if (!near)
                 near = name ? nearest(name, redis_tuning, NELEM(redis_tuning)) : NULL;
-            rc = near ? capstan_yaml__fail(c, kn, sub, "unknown key; did you mean %s?", near)
-                      : capstan_yaml__fail(c, kn, sub, "unknown key");
+            rc = near ? capstan__yaml_fail(c, kn, sub, "unknown key; did you mean %s?", near)
+                      : capstan__yaml_fail(c, kn, sub, "unknown key");
         }
         if (rc < 0)
             return rc;
@@ -400,14 +400,14 @@ static int string_list(ctx_t *c, const char *key, yaml_node_t *v, const char *pr
     if (is_null(v))
         goto out;
     if (v->type != YAML_SEQUENCE_NODE)
-        return capstan_yaml__fail(c, v, key, "%s", want);
+        return capstan__yaml_fail(c, v, key, "%s", want);
     size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
     if (cap && !(list = calloc(cap, sizeof(*list))))
         return nomem(c);
     for (yaml_node_item_t *it = v->data.sequence.items.start;
          it < v->data.sequence.items.top; it++) {
         yaml_node_t *item = node(c, *it);
-        if ((rc = capstan_yaml__scalar(c, item, key, want, &s)) < 0)
+        if ((rc = capstan__yaml_scalar(c, item, key, want, &s)) < 0)
             goto out;
         if (prefix && *s != '/') {
             char *joined = NULL;
@@ -495,14 +495,14 @@ static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, capstan_conf
         yaml_node_item_t *it = item->data.sequence.items.start;
         ptrdiff_t n = item->data.sequence.items.top - it;
         if (n < 1 || n > 2)
-            return capstan_yaml__fail(c, item, key, "%s", want);
-        if ((rc = capstan_yaml__scalar(c, node(c, it[0]), key, want, &raw)) < 0)
+            return capstan__yaml_fail(c, item, key, "%s", want);
+        if ((rc = capstan__yaml_scalar(c, node(c, it[0]), key, want, &raw)) < 0)
             goto out;
-        if (n == 2 && (rc = capstan_yaml__scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
+        if (n == 2 && (rc = capstan__yaml_scalar(c, node(c, it[1]), key, want, &wraw)) < 0)
             goto out;
         wtext = wraw;
     } else {
-        if ((rc = capstan_yaml__scalar(c, item, key, want, &raw)) < 0)
+        if ((rc = capstan__yaml_scalar(c, item, key, want, &raw)) < 0)
             goto out;
         char *comma = strchr(raw, ',');
         if (comma) {
@@ -512,16 +512,16 @@ static int queue_item(ctx_t *c, const char *key, yaml_node_t *item, capstan_conf
     }
     char *name = trim(raw);
     if (capstan__config_queue_name_check(name, msg)) {
-        rc = capstan_yaml__fail(c, item, key, "%s", msg);
+        rc = capstan__yaml_fail(c, item, key, "%s", msg);
         goto out;
     }
     if (wtext && (to_long(trim(wtext), &weight) < 0 || weight < 1 || weight > INT_MAX)) {
-        rc = capstan_yaml__fail(c, item, key, "weight of %s must be an integer >= 1", name);
+        rc = capstan__yaml_fail(c, item, key, "weight of %s must be an integer >= 1", name);
         goto out;
     }
     rc = capstan_config_append_queue(list, name, (int)weight, msg);
     if (rc == CAPSTAN_ECONFIG)
-        rc = capstan_yaml__fail(c, item, key, "%s", msg);
+        rc = capstan__yaml_fail(c, item, key, "%s", msg);
     else if (rc < 0)
         rc = nomem(c);
 out:
@@ -537,7 +537,7 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
     int rc = 0;
     if (v->type != YAML_SEQUENCE_NODE ||
         v->data.sequence.items.top == v->data.sequence.items.start)
-        return capstan_yaml__fail(c, v, key, "must be a non-empty list of queues");
+        return capstan__yaml_fail(c, v, key, "must be a non-empty list of queues");
     for (yaml_node_item_t *it = v->data.sequence.items.start;
          it < v->data.sequence.items.top && rc == 0; it++)
         rc = queue_item(c, key, node(c, *it), &fresh);
@@ -574,7 +574,7 @@ static const key_def_t keys[] = {
     {"verbose", set_verbose, 0, 0, 0},
     {"redis_url", set_redis_url, 0, 0, 0},
     {"redis", set_redis, 0, 0, 0},
-    {"tls", capstan_yaml__set_tls, 0, 0, 0},
+    {"tls", capstan__yaml_set_tls, 0, 0, 0},
     {"plugins", set_plugins, 0, 0, 0},
     {"fetch", set_fetch, 0, 0, 0},
     {"prefetch", set_int, OFF(prefetch), 0, 100000},
@@ -595,7 +595,7 @@ static const key_def_t keys[] = {
     {"metrics_bind", set_metrics_bind, 0, 0, 0},
     {"min_replicas_ack", set_int, OFF(min_replicas_ack), 0, 100},
     {"min_replicas_timeout", set_long, OFF(min_replicas_timeout), 1, 600000},
-    {"classes", capstan_yaml__set_classes, 0, 0, 0},
+    {"classes", capstan__yaml_set_classes, 0, 0, 0},
 };
 
 /* Keys that Sidekiq or a common plugin reads and capstan does not: a warning
@@ -705,8 +705,8 @@ static int unknown_key(ctx_t *c, yaml_node_t *kn, const char *name)
 {
     const char *near = suggest(name);
     if (near)
-        return capstan_yaml__fail(c, kn, name, "unknown key; did you mean %s?", near);
-    return capstan_yaml__fail(c, kn, name, "unknown key");
+        return capstan__yaml_fail(c, kn, name, "unknown key; did you mean %s?", near);
+    return capstan__yaml_fail(c, kn, name, "unknown key");
 }
 
 /* Environment names a Rails app uses, always taken for sections. */
@@ -742,7 +742,7 @@ static int check_section(ctx_t *c, yaml_node_t *kn, const char *name, yaml_node_
     if (!known && !near && !is_env_name(name))
         return unknown_key(c, kn, name);
     if (!key_name(bad))
-        return capstan_yaml__fail(c, bad, "?", "a key must be a plain word");
+        return capstan__yaml_fail(c, bad, "?", "a key must be a plain word");
     return unknown_key(c, bad, key_name(bad));
 }
 
@@ -755,9 +755,9 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
                          *end = map->data.mapping.pairs.top;
     int rc = 0;
     if (depth > MAX_MERGE_DEPTH)
-        return capstan_yaml__fail(c, map, "<<", "merges nest too deeply");
+        return capstan__yaml_fail(c, map, "<<", "merges nest too deeply");
     if (depth > 0 && ++c->merged > MAX_MERGED)
-        return capstan_yaml__fail(c, map, "<<", "more than %d mappings merged", MAX_MERGED);
+        return capstan__yaml_fail(c, map, "<<", "more than %d mappings merged", MAX_MERGED);
     for (p = start; p < end && rc == 0; p++) {
         const char *name = key_name(node(c, p->key));
         yaml_node_t *v = node(c, p->value);
@@ -771,10 +771,10 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
                 yaml_node_t *m = node(c, *it);
                 rc = m->type == YAML_MAPPING_NODE
                          ? apply_mapping(c, m, top, depth + 1)
-                         : capstan_yaml__fail(c, m, "<<", "must be a mapping or a list of mappings");
+                         : capstan__yaml_fail(c, m, "<<", "must be a mapping or a list of mappings");
             }
         } else {
-            rc = capstan_yaml__fail(c, v, "<<", "must be a mapping or a list of mappings");
+            rc = capstan__yaml_fail(c, v, "<<", "must be a mapping or a list of mappings");
         }
     }
     for (p = start; p < end && rc == 0; p++) {
@@ -786,9 +786,9 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
         if (k)
             rc = k->set(c, k, name, v);
         else if (!name)
-            rc = capstan_yaml__fail(c, kn, "?", "a key must be a plain word");
+            rc = capstan__yaml_fail(c, kn, "?", "a key must be a plain word");
         else if (unused_why(name))
-            rc = capstan_yaml__warn(c, kn, name, "not used by capstan (%s); ignored", unused_why(name));
+            rc = capstan__yaml_warn(c, kn, name, "not used by capstan (%s); ignored", unused_why(name));
         else if (top && !strcmp(name, c->env))
             continue; /* applied by the caller, after the top level */
         else if (top)
@@ -811,7 +811,7 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
         if (is_null(v))
             continue;
         if (v->type != YAML_MAPPING_NODE)
-            return capstan_yaml__fail(c, v, name, "must be a mapping of settings for environment %s",
+            return capstan__yaml_fail(c, v, name, "must be a mapping of settings for environment %s",
                         c->env);
         int rc = apply_mapping(c, v, 0, 0);
         if (rc < 0)

@@ -1,7 +1,8 @@
-/* What the two halves of the YAML reader share: config/yaml.c reads the
- * file and its top-level settings, config/yaml_classes.c the classes:
- * section. The parse state, the node helpers and the one way to report a
- * "file:line: key: problem" error. Not public. */
+/* What the files of the YAML reader share: config/yaml.c reads the file
+ * and its top-level settings, config/yaml_classes.c the classes: section,
+ * config/yaml_sentinel.c a redis: mapping with sentinels: and
+ * config/tls.c the tls: mapping. The parse state, the node helpers and the
+ * one way to report a "file:line: key: problem" error. Not public. */
 #ifndef CAPSTAN_CONFIG_YAML_H
 #define CAPSTAN_CONFIG_YAML_H
 
@@ -35,37 +36,37 @@ struct key_def {
 
 /* Fills c->err with "path:line: key: problem" for node n and returns
  * CAPSTAN_ECONFIG. */
-int capstan_yaml__fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int capstan__yaml_fail(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Adds "path:line: key: problem" for node n to c->cfg->warnings. Returns 0
  * or CAPSTAN_ENOMEM. */
-int capstan_yaml__warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
+int capstan__yaml_warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
  * ${VAR:-default} replaced from the environment. want is the problem to
  * report when v is not a scalar. ERB (<%= %>) is an error: it is not
  * evaluated here, and taken literally it would be a wrong value. */
-int capstan_yaml__scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
+int capstan__yaml_scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
                          char **out);
 
 /* Replaces *slot with the expanded scalar; null gives null_value. */
-int capstan_yaml__set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
+int capstan__yaml_set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
                              const char *null_value);
 
 /* A YAML 1.1 boolean into *out. */
-int capstan_yaml__flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
+int capstan__yaml_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
+
+/* A redis: mapping with sentinels: (config/yaml_sentinel.c), into a
+ * redis+sentinel:// URL. */
+int capstan__yaml_set_sentinels(ctx_t *c, const char *key, yaml_node_t *v);
 
 /* The classes: section (config/yaml_classes.c). */
-/* A redis: mapping with sentinels: (yaml_sentinel.c), into a
- * redis+sentinel:// URL. */
-int capstan_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v);
-
-int capstan_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+int capstan__yaml_set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
 /* The tls: mapping (config/tls.c). */
-int capstan_yaml__set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+int capstan__yaml_set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
 static inline int nomem(ctx_t *c)
 {

@@ -19,7 +19,7 @@ static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
     const char *want = "must be true, false or an integer >= 0";
     char *s = NULL;
     long n;
-    int b, rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int b, rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     if (to_bool(s, &b) == 0)
@@ -27,7 +27,7 @@ static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
     else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
         *out = (int)n;
     else
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -37,11 +37,11 @@ static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long
 {
     char *s = NULL;
     long n;
-    int rc = capstan_yaml__scalar(c, v, key, "must be an integer >= 0", &s);
+    int rc = capstan__yaml_scalar(c, v, key, "must be an integer >= 0", &s);
     if (rc < 0)
         return rc;
     if (to_long(s, &n) || n < 0 || n > max)
-        rc = capstan_yaml__fail(c, v, key, "must be an integer between 0 and %ld", max);
+        rc = capstan__yaml_fail(c, v, key, "must be an integer between 0 and %ld", max);
     else
         *out = n;
     free(s);
@@ -52,13 +52,13 @@ static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long
 static int class_name(ctx_t *c, const char *key, yaml_node_t *v, int strategy, char **slot)
 {
     char *s = NULL;
-    int rc = capstan_yaml__scalar(c, v, key, "must be a name", &s);
+    int rc = capstan__yaml_scalar(c, v, key, "must be a name", &s);
     if (rc < 0)
         return rc;
     capstan_lock_type_t t;
     capstan_on_conflict_t st;
     if (strategy ? capstan_on_conflict_parse(s, &st) : capstan_lock_type_parse(s, &t)) {
-        rc = capstan_yaml__fail(c, v, key,
+        rc = capstan__yaml_fail(c, v, key,
                                 strategy ? "unknown strategy %s (log, raise, reject, replace, reschedule)"
                                      : "unknown lock type %s", s);
         free(s);
@@ -102,13 +102,13 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
         return rc;
     }
     if (!strcmp(oname, "lock_prefix"))
-        return capstan_yaml__set_string(c, key, ov, &cc->lock_prefix, NULL);
+        return capstan__yaml_set_string(c, key, ov, &cc->lock_prefix, NULL);
     if (!strcmp(oname, "unique_until"))
-        return capstan_yaml__set_string(c, key, ov, until, NULL);
+        return capstan__yaml_set_string(c, key, ov, until, NULL);
     if (!strcmp(oname, "unique_across_queues"))
-        return capstan_yaml__flag(c, key, ov, &cc->unique_across_queues);
+        return capstan__yaml_flag(c, key, ov, &cc->unique_across_queues);
     if (!strcmp(oname, "unique_across_workers"))
-        return capstan_yaml__flag(c, key, ov, &cc->unique_across_workers);
+        return capstan__yaml_flag(c, key, ov, &cc->unique_across_workers);
     if (!strcmp(oname, "on_conflict")) {
         if (ov->type == YAML_SCALAR_NODE) {
             rc = class_name(c, key, ov, 1, &cc->on_conflict_client);
@@ -117,7 +117,7 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
             return rc;
         }
         if (ov->type != YAML_MAPPING_NODE)
-            return capstan_yaml__fail(c, ov, key,
+            return capstan__yaml_fail(c, ov, key,
                                       "must be a strategy name or {client: NAME, server: NAME}");
         for (yaml_node_pair_t *p = ov->data.mapping.pairs.start;
              p < ov->data.mapping.pairs.top && rc == 0; p++) {
@@ -129,13 +129,13 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
             else if (side && !strcmp(side, "server"))
                 rc = class_name(c, sub, node(c, p->value), 1, &cc->on_conflict_server);
             else
-                rc = capstan_yaml__fail(c, node(c, p->key), sub, "unknown key (client or server)");
+                rc = capstan__yaml_fail(c, node(c, p->key), sub, "unknown key (client or server)");
         }
         return rc;
     }
     if (!strcmp(oname, "lock_args")) {
         if (ov->type != YAML_SEQUENCE_NODE)
-            return capstan_yaml__fail(c, ov, key, "must be a list of argument indexes");
+            return capstan__yaml_fail(c, ov, key, "must be a list of argument indexes");
         size_t cnt = (size_t)(ov->data.sequence.items.top - ov->data.sequence.items.start);
         int *idx = calloc(cnt ? cnt : 1, sizeof(int));
         if (!idx)
@@ -166,7 +166,7 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
     const char *want = words ? "must be second, minute, hour, day or a number of seconds > 0"
                              : "must be a number of seconds > 0";
     char *s = NULL;
-    int rc = capstan_yaml__scalar(c, v, key, want, &s);
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc < 0)
         return rc;
     int found = 0;
@@ -176,7 +176,7 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
             found = 1;
         }
     if (!found && capstan__parse_number(s, 0, 0.001, 366 * 86400.0, out))
-        rc = capstan_yaml__fail(c, v, key, "%s", want);
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
     free(s);
     return rc;
 }
@@ -187,7 +187,7 @@ static int limit_seconds(ctx_t *c, const char *key, yaml_node_t *v, int words, d
 static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_conf_t *cc)
 {
     if (v->type != YAML_MAPPING_NODE)
-        return capstan_yaml__fail(c, v, key, "must be a mapping (type, name, size or count, ...)");
+        return capstan__yaml_fail(c, v, key, "must be a mapping (type, name, size or count, ...)");
     capstan_limit_opts_t *lo = &cc->limit;
     char sub[CAPSTAN_ERRLEN], *type = NULL, *name = NULL;
     long n;
@@ -200,9 +200,9 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_
         yaml_node_t *ov = node(c, p->value);
         snprintf(sub, sizeof(sub), "%s.%s", key, o ? o : "?");
         if (o && !strcmp(o, "type"))
-            rc = capstan_yaml__set_string(c, sub, ov, &type, NULL);
+            rc = capstan__yaml_set_string(c, sub, ov, &type, NULL);
         else if (o && !strcmp(o, "name"))
-            rc = capstan_yaml__set_string(c, sub, ov, &name, NULL);
+            rc = capstan__yaml_set_string(c, sub, ov, &name, NULL);
         else if (o && (!strcmp(o, "size") || !strcmp(o, "count") || !strcmp(o, "points"))) {
             count_node = ov;
             if (!(rc = class_count(c, sub, ov, INT_MAX, &n)))
@@ -219,7 +219,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_
             if (!(rc = class_count(c, sub, ov, 86400, &n)))
                 lo->wait_timeout = (double)n;
         } else
-            rc = capstan_yaml__fail(c, node(c, p->key), sub,
+            rc = capstan__yaml_fail(c, node(c, p->key), sub,
                                     "unknown key (type, name, size, count, points, cost, interval, "
                                     "lock_timeout, wait_timeout)");
     }
@@ -228,28 +228,28 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_
     capstan_limit_type_t t = 0;
     if (!rc && (!type || capstan_limit_type_parse(type, &t))) {
         snprintf(sub, sizeof(sub), "%s.type", key);
-        rc = capstan_yaml__fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
+        rc = capstan__yaml_fail(c, v, sub, "%s%s (concurrent, window, bucket, sliding, leaky, points)",
                                 type ? "unknown limiter type " : "is required", type ? type : "");
     }
     if (!rc && lo->count < 1) {
         const char *what = t == CAPSTAN_LIMIT_CONCURRENT ? "size" : "count";
         snprintf(sub, sizeof(sub), "%s.%s", key, what);
-        rc = capstan_yaml__fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
+        rc = capstan__yaml_fail(c, count_node ? count_node : v, sub, "must be an integer >= 1");
     }
     if (!rc && t == CAPSTAN_LIMIT_CONCURRENT && lo->seconds > 0 && lo->seconds < CAPSTAN__MIN_LIMIT_LEASE) {
         snprintf(sub, sizeof(sub), "%s.%s", key, interval_key);
-        rc = capstan_yaml__fail(c, interval_node, sub, "a concurrent slot's lease must be at least %g s",
+        rc = capstan__yaml_fail(c, interval_node, sub, "a concurrent slot's lease must be at least %g s",
                                 CAPSTAN__MIN_LIMIT_LEASE);
     }
     if (!rc && t != CAPSTAN_LIMIT_CONCURRENT && lo->seconds <= 0) {
         snprintf(sub, sizeof(sub), "%s.interval", key);
-        rc = capstan_yaml__fail(c, interval_node ? interval_node : v, sub, "is required for %s", type);
+        rc = capstan__yaml_fail(c, interval_node ? interval_node : v, sub, "is required for %s", type);
     }
     if (!rc && cost_node && (t != CAPSTAN_LIMIT_POINTS || lo->cost < 1 || lo->cost > lo->count)) {
         snprintf(sub, sizeof(sub), "%s.cost", key);
         rc = t != CAPSTAN_LIMIT_POINTS
-                 ? capstan_yaml__fail(c, cost_node, sub, "is for points limiters only")
-                 : capstan_yaml__fail(c, cost_node, sub, "must be between 1 and the limit's %ld points",
+                 ? capstan__yaml_fail(c, cost_node, sub, "is for points limiters only")
+                 : capstan__yaml_fail(c, cost_node, sub, "must be between 1 and the limit's %ld points",
                                       lo->count);
     }
     if (!rc)
@@ -278,10 +278,10 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
     int rc = 0;
     const char *name = key_name(kn);
     if (!name || !*name)
-        return capstan_yaml__fail(c, kn, "classes", "a class name must be a non-empty string");
+        return capstan__yaml_fail(c, kn, "classes", "a class name must be a non-empty string");
     snprintf(key, sizeof(key), "classes.%s", name);
     if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return capstan_yaml__fail(c, v, key,
+        return capstan__yaml_fail(c, v, key,
                                   "must be a mapping of class options (queue, retry, lock, ...)");
     if (v->type == YAML_MAPPING_NODE) {
         for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
@@ -291,9 +291,9 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
             snprintf(key, sizeof(key), "classes.%s.%s", name, oname ? oname : "?");
             if (oname && !strcmp(oname, "queue")) {
                 char why[CAPSTAN_ERRLEN];
-                rc = capstan_yaml__set_string(c, key, ov, &cc.queue, NULL);
+                rc = capstan__yaml_set_string(c, key, ov, &cc.queue, NULL);
                 if (!rc && cc.queue && capstan__config_queue_name_check(cc.queue, why))
-                    rc = capstan_yaml__fail(c, ov, key, "%s", why);
+                    rc = capstan__yaml_fail(c, ov, key, "%s", why);
             }
             else if (oname && !strcmp(oname, "retry"))
                 rc = class_retry(c, key, ov, &cc.retry);
@@ -308,7 +308,7 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
             }
             else if (!oname ||
                      (rc = class_unique(c, key, oname, ov, &cc, &unique_for, &until)) == 1)
-                rc = capstan_yaml__fail(c, opt, key, "unknown key");
+                rc = capstan__yaml_fail(c, opt, key, "unknown key");
         }
         if (rc < 0)
             goto out;
@@ -317,7 +317,7 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
             capstan_unique_opts_t uo = CAPSTAN_UNIQUE_OPTS_INIT;
             snprintf(key, sizeof(key), "classes.%s.unique_until", name);
             if (!unique_for || capstan_unique_for(&uo, unique_for, until)) {
-                rc = capstan_yaml__fail(c, v, key, unique_for ? "must be start or success"
+                rc = capstan__yaml_fail(c, v, key, unique_for ? "must be start or success"
                                                 : "needs unique_for (seconds)");
                 goto out;
             }
@@ -371,13 +371,13 @@ static void free_classes(capstan_class_conf_t *cls, size_t n)
     free(cls);
 }
 
-int capstan_yaml__set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+int capstan__yaml_set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
     capstan_config_t fresh = {0}; /* only its class list is used */
     int rc = 0;
     if (!is_null(v) && v->type != YAML_MAPPING_NODE)
-        return capstan_yaml__fail(c, v, key, "must be a mapping of class name to options");
+        return capstan__yaml_fail(c, v, key, "must be a mapping of class name to options");
     if (v->type == YAML_MAPPING_NODE) {
         for (yaml_node_pair_t *p = v->data.mapping.pairs.start;
              p < v->data.mapping.pairs.top && rc == 0; p++)

@@ -49,26 +49,26 @@ static int sentinel_entry(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
     char *host = NULL, *port = NULL;
     int rc = 0;
     if (v->type != YAML_MAPPING_NODE)
-        return capstan_yaml__fail(c, v, key, "each sentinel must be a mapping with host and port");
+        return capstan__yaml_fail(c, v, key, "each sentinel must be a mapping with host and port");
     for (yaml_node_pair_t *q = v->data.mapping.pairs.start; !rc && q < v->data.mapping.pairs.top; q++) {
         const char *name = key_name(node(c, q->key));
         char **slot = name && !strcmp(name, "host") ? &host : name && !strcmp(name, "port") ? &port
                                                                                           : NULL;
         int ssl = 0;
         if (name && !strcmp(name, "ssl")) {
-            rc = capstan_yaml__flag(c, key, node(c, q->value), &ssl);
+            rc = capstan__yaml_flag(c, key, node(c, q->value), &ssl);
             p->nssl += ssl && rc == 0;
             continue;
         }
-        rc = slot ? capstan_yaml__scalar(c, node(c, q->value), key, "must be a string", slot)
-                  : capstan_yaml__fail(c, node(c, q->key), key,
+        rc = slot ? capstan__yaml_scalar(c, node(c, q->value), key, "must be a string", slot)
+                  : capstan__yaml_fail(c, node(c, q->key), key,
                                        "a sentinel has host, port and ssl only");
     }
     long pn = 26379;
     if (!rc && (!host || !*host))
-        rc = capstan_yaml__fail(c, v, key, "a sentinel needs a host");
+        rc = capstan__yaml_fail(c, v, key, "a sentinel needs a host");
     if (!rc && port && (to_long(port, &pn) || pn < 1 || pn > 65535))
-        rc = capstan_yaml__fail(c, v, key, "port must be an integer between 1 and 65535");
+        rc = capstan__yaml_fail(c, v, key, "port must be an integer between 1 and 65535");
     char hp[300];
     if (!rc) {
         snprintf(hp, sizeof(hp), "%s%s%s%s:%ld", p->nhosts++ ? "," : "", strchr(host, ':') ? "[" : "",
@@ -109,54 +109,54 @@ static int read_parts(ctx_t *c, const char *key, yaml_node_t *v, parts_t *p)
             if (!strcmp(name, names[i])) {
                 free(*slots[i]);
                 *slots[i] = NULL;
-                rc = capstan_yaml__scalar(c, vn, sub, "must be a string", slots[i]);
+                rc = capstan__yaml_scalar(c, vn, sub, "must be a string", slots[i]);
             }
         if (rc != -1) {
             if (rc < 0)
                 return rc;
         } else if (name && !strcmp(name, "sentinels")) {
             if (vn->type != YAML_SEQUENCE_NODE)
-                return capstan_yaml__fail(c, vn, sub, "must be a list of {host, port}");
+                return capstan__yaml_fail(c, vn, sub, "must be a list of {host, port}");
             for (yaml_node_item_t *i = vn->data.sequence.items.start; i < vn->data.sequence.items.top; i++)
                 if ((rc = sentinel_entry(c, sub, node(c, *i), p)) < 0)
                     return rc;
         } else if (name && !strcmp(name, "ssl")) {
-            if ((rc = capstan_yaml__flag(c, sub, vn, &p->ssl)) < 0)
+            if ((rc = capstan__yaml_flag(c, sub, vn, &p->ssl)) < 0)
                 return rc;
         } else if (name && !strcmp(name, "sentinel_ssl")) {
-            if ((rc = capstan_yaml__flag(c, sub, vn, &p->sentinel_ssl)) < 0)
+            if ((rc = capstan__yaml_flag(c, sub, vn, &p->sentinel_ssl)) < 0)
                 return rc;
         } else if (name && !strcmp(name, "url")) {
-            return capstan_yaml__fail(c, kn, sub, "give either url or sentinels, not both");
+            return capstan__yaml_fail(c, kn, sub, "give either url or sentinels, not both");
         } else if (name && is_tuning(name)) {
             /* Pool and socket tuning: as for a plain redis: mapping. */
-            if ((rc = capstan_yaml__warn(c, kn, sub, "not used by capstan (a Ruby client option); "
+            if ((rc = capstan__yaml_warn(c, kn, sub, "not used by capstan (a Ruby client option); "
                                                  "ignored")) < 0)
                 return rc;
         } else {
-            return capstan_yaml__fail(c, kn, sub, "unknown key");
+            return capstan__yaml_fail(c, kn, sub, "unknown key");
         }
     }
     return 0;
 }
 
-int capstan_yaml__set_sentinels(ctx_t *c, const char *key, yaml_node_t *v)
+int capstan__yaml_set_sentinels(ctx_t *c, const char *key, yaml_node_t *v)
 {
     parts_t p = { 0 };
     char *url = NULL;
     long db = 0;
     int rc = read_parts(c, key, v, &p);
     if (!rc && !p.nhosts)
-        rc = capstan_yaml__fail(c, v, key, "sentinels: must list at least one {host, port}");
+        rc = capstan__yaml_fail(c, v, key, "sentinels: must list at least one {host, port}");
     else if (!rc && (!p.name || !*p.name))
-        rc = capstan_yaml__fail(c, v, key, "name: the master's name (as the sentinels monitor it) "
+        rc = capstan__yaml_fail(c, v, key, "name: the master's name (as the sentinels monitor it) "
                                        "is missing");
     else if (!rc && p.role && strcmp(p.role, "master"))
-        rc = capstan_yaml__fail(c, v, key, "role: only master is supported (jobs are written)");
+        rc = capstan__yaml_fail(c, v, key, "role: only master is supported (jobs are written)");
     else if (!rc && p.db && (to_long(p.db, &db) || db < 0 || db > 100000))
-        rc = capstan_yaml__fail(c, v, key, "db: must be an integer >= 0");
+        rc = capstan__yaml_fail(c, v, key, "db: must be an integer >= 0");
     else if (!rc && p.nssl && p.nssl != p.nhosts)
-        rc = capstan_yaml__fail(c, v, key, "sentinels: ssl must be on every sentinel or none "
+        rc = capstan__yaml_fail(c, v, key, "sentinels: ssl must be on every sentinel or none "
                                        "(capstan speaks TLS to all of them or none)");
     if (!rc) {
         char dbs[32];
