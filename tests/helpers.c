@@ -421,8 +421,19 @@ static char *log_path(pid_t pid)
 
 /* Runs argv with stdout to out_path, and stderr there too unless
  * keep_stderr (then it goes to the test's own stderr, shown on failure). */
+static pid_t spawn_env(const char *const *argv, const char *out_path, const char *redis_url,
+                       int keep_stderr, const char *const *env);
+
 static pid_t spawn(const char *const *argv, const char *out_path, const char *redis_url,
                    int keep_stderr)
+{
+    return spawn_env(argv, out_path, redis_url, keep_stderr, NULL);
+}
+
+/* spawn, with env (NAME, VALUE pairs, NULL-terminated; NULL for none) set
+ * in the child. */
+static pid_t spawn_env(const char *const *argv, const char *out_path, const char *redis_url,
+                       int keep_stderr, const char *const *env)
 {
     pid_t pid = fork();
     cr_assert(pid >= 0);
@@ -438,6 +449,8 @@ static pid_t spawn(const char *const *argv, const char *out_path, const char *re
             close(fd);
         }
         setenv("REDIS_URL", redis_url, 1);
+        for (int i = 0; env && env[i] && env[i + 1]; i += 2)
+            setenv(env[i], env[i + 1], 1);
         execvp(argv[0], (char *const *)argv);
         perror(argv[0]);
         _exit(127);
@@ -532,19 +545,25 @@ int kt_capstan_stop(pid_t pid, int sig, double timeout)
     return kt_wait_exit(pid, timeout);
 }
 
-static int run_capture(const char *const *argv, char **out, double timeout, int keep_stderr)
+static int run_capture_env(const char *const *argv, char **out, double timeout, int keep_stderr,
+                           const char *const *env)
 {
     char *path = kt_tmp("run-XXXXXX");
     int fd = mkstemp(path);
     if (fd >= 0)
         close(fd);
-    pid_t pid = spawn(argv, path, kt_url(), keep_stderr);
+    pid_t pid = spawn_env(argv, path, kt_url(), keep_stderr, env);
     int st = kt_wait_exit(pid, timeout);
     if (out)
         *out = kt_read_file(path);
     unlink(path);
     free(path);
     return st;
+}
+
+static int run_capture(const char *const *argv, char **out, double timeout, int keep_stderr)
+{
+    return run_capture_env(argv, out, timeout, keep_stderr, NULL);
 }
 
 int kt_capstan_run(const char *const *args, char **out)
@@ -558,18 +577,103 @@ int kt_capstan_run(const char *const *args, char **out)
     return run_capture(argv, out, 60, 0);
 }
 
-int kt_ruby(const char *script, const char *const *args, char **out)
+static const char *const sidekiq_versions[] = { KT_SIDEKIQ_DEBIAN, "7.3.10", "8.0.10", NULL };
+
+const char *const *kt_sidekiq_versions(void)
 {
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("CAPSTAN_SRC"), script);
-    const char *argv[64];
-    int n = 0;
+    return sidekiq_versions;
+}
+
+/* What tests/vendor.sh said for each vendored version, once per process:
+ * the RUBYLIB, or (missing set) the line saying why it cannot run. */
+static struct {
+    int known, missing;
+    char line[4096];
+} vendored[sizeof(sidekiq_versions) / sizeof(sidekiq_versions[0])];
+
+static int version_index(const char *version)
+{
+    for (int i = 0; sidekiq_versions[i]; i++)
+        if (strcmp(sidekiq_versions[i], version) == 0)
+            return i;
+    cr_assert_fail("no Sidekiq %s in the tests (kt_sidekiq_versions)", version);
+    return -1;
+}
+
+const char *kt_sidekiq_rubylib(const char *version)
+{
+    int i = version_index(version);
+    if (strcmp(version, KT_SIDEKIQ_DEBIAN) == 0)
+        return "";
+    if (!vendored[i].known) {
+        const char *src = getenv("CAPSTAN_SRC"), *dest = getenv("KT_VENDOR_DIR");
+        cr_assert(src, "CAPSTAN_SRC must be set (run through meson test)");
+        char cmd[2048], *line = vendored[i].line;
+        snprintf(cmd, sizeof(cmd), "bash '%s/tests/vendor.sh' '%s' '%s'", src,
+                 dest ? dest : "/tmp/capstan-test-vendor", version);
+        FILE *p = popen(cmd, "r");
+        cr_assert(p, "%s: %s", cmd, strerror(errno));
+        size_t got = fread(line, 1, sizeof(vendored[i].line) - 1, p);
+        line[got] = '\0';
+        line[strcspn(line, "\n")] = '\0';
+        int st = pclose(p);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        cr_assert(code == 0 || code == 77, "%s exited %d: %s", cmd, code, line);
+        vendored[i].missing = code == 77;
+        vendored[i].known = 1;
+    }
+    if (vendored[i].missing)
+        cr_skip_test("%s", vendored[i].line);
+    return vendored[i].line;
+}
+
+void kt_sidekiq_need(const char *version)
+{
+    (void)kt_sidekiq_rubylib(version);
+}
+
+/* The argv of `ruby` running tests/ruby/SCRIPT under version (the prelude
+ * that checks it first for a vendored one) into argv, with the
+ * environment it needs in env (pairs, see spawn_env). Returns argc. */
+static int ruby_argv(const char *version, const char *script, const char **argv, char *path,
+                     char *prelude, size_t size, const char **env, char *rubylib, size_t libsize)
+{
+    const char *lib = kt_sidekiq_rubylib(version);
+    const char *src = getenv("CAPSTAN_SRC");
+    int n = 0, e = 0;
+    snprintf(path, size, "%s/tests/ruby/%s", src, script);
     argv[n++] = "ruby";
+    env[e++] = "KT_SIDEKIQ_VERSION";
+    env[e++] = version;
+    if (*lib) {
+        snprintf(prelude, size, "%s/tests/ruby/sidekiq_version.rb", src);
+        argv[n++] = "-r";
+        argv[n++] = prelude;
+        const char *was = getenv("RUBYLIB");
+        snprintf(rubylib, libsize, "%s%s%s", lib, was && *was ? ":" : "", was && *was ? was : "");
+        env[e++] = "RUBYLIB";
+        env[e++] = rubylib;
+    }
+    env[e] = NULL;
     argv[n++] = path;
+    return n;
+}
+
+int kt_ruby_v(const char *version, const char *script, const char *const *args, char **out)
+{
+    char path[1024], prelude[1024], rubylib[8192];
+    const char *argv[64], *env[8];
+    int n = ruby_argv(version, script, argv, path, prelude, sizeof(path), env, rubylib,
+                      sizeof(rubylib));
     for (int i = 0; args && args[i] && n < 63; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    return run_capture(argv, out, 120, 1);
+    return run_capture_env(argv, out, 120, 1, env);
+}
+
+int kt_ruby(const char *script, const char *const *args, char **out)
+{
+    return kt_ruby_v(KT_SIDEKIQ_DEBIAN, script, args, out);
 }
 
 char *kt_wait_identity(pid_t pid)
@@ -607,23 +711,29 @@ char *kt_working_key(const char *identity)
 
 pid_t kt_sidekiq_start(const char *jobs, const char *queue)
 {
-    char path[1024];
+    return kt_sidekiq_start_v(KT_SIDEKIQ_DEBIAN, jobs, queue);
+}
+
+pid_t kt_sidekiq_start_v(const char *version, const char *jobs, const char *queue)
+{
+    char path[1024], server[1024], prelude[1024], rubylib[8192];
+    const char *argv[32], *env[8];
     snprintf(path, sizeof(path), "%s/tests/ruby/%s", getenv("CAPSTAN_SRC"), jobs);
-    char *logp = kt_tmp("sidekiq.log");
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        setenv("REDIS_URL", kt_admin_url(), 1);
-        execlp("sidekiq", "sidekiq", "-r", path, "-c", "2", "-q", queue, "-t", "5", (char *)NULL);
-        perror("sidekiq");
-        _exit(127);
+    /* Debian's own `sidekiq` command for its version; for a vendored one,
+     * the same command line in tests/ruby/sidekiq_server.rb (Debian's
+     * command would activate its own gem). */
+    int n = ruby_argv(version, "sidekiq_server.rb", argv, server, prelude, sizeof(server), env,
+                      rubylib, sizeof(rubylib));
+    if (strcmp(version, KT_SIDEKIQ_DEBIAN) == 0) {
+        n = 0;
+        argv[n++] = "sidekiq";
     }
+    const char *rest[] = { "-r", path, "-c", "2", "-q", queue, "-t", "5", NULL };
+    for (int i = 0; rest[i]; i++)
+        argv[n++] = rest[i];
+    argv[n] = NULL;
+    char *logp = kt_tmp("sidekiq.log");
+    pid_t pid = spawn_env(argv, logp, kt_admin_url(), 0, env);
     free(logp);
     return kt_track(pid);
 }

@@ -86,6 +86,48 @@ int kt_wait_exit(pid_t pid, double timeout);
  * test's stderr. Returns exit status. */
 int kt_ruby(const char *script, const char *const *args, char **out);
 
+/* Ruby Sidekiq in several versions: Debian's 6.4.1 (the `sidekiq` and
+ * `ruby` a test runs by default), and 7.3.10 and 8.0.10 from the tarballs
+ * in ../shared/vendor beside the repository (or $CAPSTAN_VENDOR), which
+ * tests/vendor.sh unpacks once into the build directory (KT_VENDOR_DIR).
+ * Where those sources are missing, a test of 7.3 or 8.0 is skipped with
+ * one line saying so, never failed. */
+#define KT_SIDEKIQ_DEBIAN "6.4.1"
+/* Every version the interop tests know, oldest first, NULL-terminated
+ * (whether or not their sources are here). */
+const char *const *kt_sidekiq_versions(void);
+/* Skips the test (cr_skip_test) when version's sources are not found;
+ * fails it for a version kt_sidekiq_versions() does not list. kt_ruby_v
+ * and kt_sidekiq_start_v call it themselves: call it first only to skip
+ * before other work. */
+void kt_sidekiq_need(const char *version);
+/* The RUBYLIB that loads version ahead of Debian's gems ("" for Debian's
+ * own; owned by the helpers); skips the test as kt_sidekiq_need does. */
+const char *kt_sidekiq_rubylib(const char *version);
+/* kt_ruby with Sidekiq version: for 7.3/8.0 the script runs with their
+ * sources on RUBYLIB after tests/ruby/sidekiq_version.rb (8.0's Ruby 3.2
+ * shim, and a check that version is the Sidekiq loaded). The script sees
+ * KT_SIDEKIQ_VERSION=version in every case. */
+int kt_ruby_v(const char *version, const char *script, const char *const *args, char **out);
+/* KT_SIDEKIQ_TEST(suite, name[, Test options]) { body }: one test per
+ * version, name_6_4, name_7_3 and name_8_0, each running body with the
+ * const char *sidekiq naming its version (for kt_ruby_v and
+ * kt_sidekiq_start_v). */
+#define KT_SIDEKIQ_TEST(suite, name, ...)                                                        \
+    static void name##_with(const char *sidekiq);                                               \
+    Test(suite, name##_6_4, ##__VA_ARGS__) { name##_with("6.4.1"); }                            \
+    Test(suite, name##_7_3, ##__VA_ARGS__)                                                      \
+    {                                                                                            \
+        kt_sidekiq_need("7.3.10");                                                               \
+        name##_with("7.3.10");                                                                   \
+    }                                                                                            \
+    Test(suite, name##_8_0, ##__VA_ARGS__)                                                      \
+    {                                                                                            \
+        kt_sidekiq_need("8.0.10");                                                               \
+        name##_with("8.0.10");                                                                   \
+    }                                                                                            \
+    static void name##_with(const char *sidekiq)
+
 /* Polls cond every 20 ms for up to timeout seconds; true if it held. */
 double kt_now(void);
 #define KT_WAIT_UNTIL(cond, timeout_s) ({                       \
@@ -132,6 +174,9 @@ char *kt_working_key(const char *identity);
  * the fixture's admin user (Sidekiq runs INFO at boot). Tracked: it is
  * killed with the test's other children. */
 pid_t kt_sidekiq_start(const char *jobs, const char *queue);
+/* The same server in Sidekiq version (see kt_ruby_v; the job file sees
+ * KT_SIDEKIQ_VERSION too). */
+pid_t kt_sidekiq_start_v(const char *version, const char *jobs, const char *queue);
 /* What that Sidekiq has written so far (malloc'd). */
 char *kt_sidekiq_log(void);
 /* Whether pid's log (kt_capstan_log) holds needle, and how many times. */

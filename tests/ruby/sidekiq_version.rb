@@ -1,0 +1,17 @@
+# Loaded first (ruby -r) by the tests' Ruby runs of a vendored Sidekiq
+# (kt_ruby_v and kt_sidekiq_start_v in tests/helpers.c, which put its
+# sources on RUBYLIB): loads Sidekiq, and stops when it is not the version
+# KT_SIDEKIQ_VERSION names, so a test never passes on the wrong one.
+want = ENV.fetch('KT_SIDEKIQ_VERSION')
+if Gem::Version.new(want) >= Gem::Version.new('8.0') && RUBY_VERSION < '3.2'
+  # Sidekiq 8 refuses Ruby < 3.2 and expects `set` loaded; Debian 12's
+  # 3.1 runs what the tests use of it.
+  Object.send(:remove_const, :RUBY_VERSION)
+  RUBY_VERSION = '3.2.0'.freeze
+  require 'set'
+end
+require 'sidekiq'
+unless Sidekiq::VERSION == want
+  abort("tests/ruby/sidekiq_version.rb: Sidekiq #{Sidekiq::VERSION} loaded, not #{want} " \
+        "(RUBYLIB=#{ENV['RUBYLIB']})")
+end
