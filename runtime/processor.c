@@ -1,7 +1,8 @@
-/* Processor threads: each owns one Redis connection and loops
+/* Processor threads: each owns its Redis connections and loops
  * fetch -> run the server chain (server_chain.c) -> acknowledge, until the
- * process goes quiet. With the reliable fetch the processors share what
- * they fetch and the acks they owe through the feed (feed.c). */
+ * process goes quiet, its job marked in its slot (slot.c) from start to
+ * ack. With the reliable fetch the processors share what they fetch and
+ * the acks they owe through the feed (feed.c). */
 #include "runtime/feed.h"
 
 #include <stdio.h>
@@ -9,68 +10,10 @@
 #include <string.h>
 
 #include "runtime/crash.h"
-#include "support/fmt.h"
+#include "runtime/slot.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "unique/prelock.h"
-
-/* Marks the slot busy with job. A job taken ahead (see capstan__feed_take_ahead)
- * leaves the slot's list in the same step, unless the give-back at shutdown
- * took it: then the slot stays free and 1 is returned. */
-static int slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
-{
-    pthread_mutex_lock(&s->mu);
-    if (ahead && capstan__feed_ahead_start(s, job->payload)) {
-        pthread_mutex_unlock(&s->mu);
-        return 1;
-    }
-    s->busy = 1;
-    s->abandoned = 0;
-    s->queue = (char *)job->queue;
-    s->payload = job->payload;
-    s->len = job->len;
-    s->run_at = (long)capstan__now();
-    capstan__fmt_cat(s->cls, sizeof(s->cls), job->cls ? job->cls : "", NULL);
-    capstan__fmt_cat(s->jid, sizeof(s->jid), job->jid ? job->jid : "", NULL);
-    pthread_mutex_unlock(&s->mu);
-    atomic_fetch_add(&s->rt->busy, 1);
-    return 0;
-}
-
-static void slot_clear(capstan_slot_t *s)
-{
-    pthread_mutex_lock(&s->mu);
-    s->busy = 0;
-    s->abandoned = 0;
-    s->queue = NULL;
-    s->payload = NULL;
-    s->len = 0;
-    s->cls[0] = '\0';
-    s->jid[0] = '\0';
-    pthread_mutex_unlock(&s->mu);
-    atomic_fetch_sub(&s->rt->busy, 1);
-}
-
-/* Acknowledges until it is written (0), unless shutdown gave the job back
- * meanwhile (CAPSTAN_EDENIED). The slot lock is held across each attempt so the shutdown's
- * requeue and this ack never both happen. */
-static int ack_job(capstan_slot_t *s, capstan_redis_t *r, const char *raw, size_t len,
-                   const capstan_ack_t *ack)
-{
-    capstan_runtime_t *rt = s->rt;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        int abandoned = s->abandoned;
-        int rc = abandoned ? CAPSTAN_EDENIED
-                           : (capstan_redis_ok(r) ? capstan__fetch_ack(s->fetch, r, raw, len, ack)
-                                              : CAPSTAN_EREDIS);
-        pthread_mutex_unlock(&s->mu);
-        if (rc != CAPSTAN_EREDIS || atomic_load(&rt->housekeeper_stop))
-            return rc;
-        if (capstan__rt_connect(rt, r, &rt->housekeeper_stop))
-            return rc;
-    }
-}
 
 static void fail_invalid(capstan_slot_t *s, capstan_redis_t *r, const char *queue, const char *raw,
                          size_t len, const char *why)
@@ -86,27 +29,9 @@ static void fail_invalid(capstan_slot_t *s, capstan_redis_t *r, const char *queu
     capstan_ack_t ack = { .kind = CAPSTAN_ACK_DEAD, .score = f.score, .payload = f.payload, .len = f.len,
                       .dead_cutoff = now - (double)rt->cfg->dead_timeout,
                       .dead_max = rt->cfg->dead_max_jobs };
-    ack_job(s, r, raw, len, &ack);
+    capstan__slot_ack(s, r, raw, len, &ack);
     capstan_error("invalid payload from queue:%s moved to the dead set: %s", queue, why);
     capstan__failure_clear(&f);
-}
-
-/* The connection may have broken in the round trip that wrote the acks
- * just before this job was taken from the feed. The job is in its slot
- * meanwhile: a shutdown gives it back as it does a running job. A job that
- * must not start stays where it is, in the working list or back in its
- * queue. */
-int capstan__processor_connected(capstan_slot_t *s, capstan_redis_t *r)
-{
-    capstan_runtime_t *rt = s->rt;
-    if (capstan_redis_ok(r))
-        return 0;
-    if (capstan__rt_connect(rt, r, &rt->housekeeper_stop))
-        return CAPSTAN_EREDIS;
-    pthread_mutex_lock(&s->mu);
-    int abandoned = s->abandoned;
-    pthread_mutex_unlock(&s->mu);
-    return abandoned ? CAPSTAN_EDENIED : 0;
 }
 
 /* What run_ahead keeps for a run of jobs (capstan_slot_t.run). */
@@ -127,8 +52,8 @@ typedef struct run_job {
 /* Parses the fetched job into job (or takes rj's parse) and marks the slot
  * busy. Returns 0 when it may run; otherwise the slot is free again and
  * the job was dealt with: 1 when an invalid payload went to the dead set
- * or it must not start (see capstan__processor_connected), 2 when the give-back
- * at a hard stop took a copy of a job taken ahead (see slot_set). */
+ * or it must not start (see capstan__slot_connected), 2 when the give-back
+ * at a hard stop took a copy of a job taken ahead (see capstan__slot_set). */
 static int take_job(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *got, capstan_job_t *job,
                     const run_job_t *rj)
 {
@@ -141,14 +66,14 @@ static int take_job(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
         rc = capstan__job_init(job, got->payload, got->len, got->queue, err);
     }
     got->payload = NULL; /* the job owns it now */
-    if (slot_set(s, job, rj && rj->ahead)) {
+    if (capstan__slot_set(s, job, rj && rj->ahead)) {
         capstan__job_clear(job);
         return 2;
     }
     if (rc)
         fail_invalid(s, r, got->queue, job->payload, job->len, err);
-    if (rc || capstan__processor_connected(s, r)) {
-        slot_clear(s);
+    if (rc || capstan__slot_connected(s, r)) {
+        capstan__slot_clear(s);
         capstan__job_clear(job);
         return 1;
     }
@@ -203,7 +128,7 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
         capstan__unique_prelock_drop(r, pre); /* a lock the job did not use */
     if (d->mw.disp == CAPSTAN_DISPOSE_KEEP) {
         capstan__feed_let_go(rt, d->hash, job->len); /* for the stray check */
-        slot_clear(s);
+        capstan__slot_clear(s);
         capstan__done_clear(d);
         return;
     }
@@ -211,16 +136,16 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     d->prompt = d->mw.release_runtime && d->ack.lock_key;
     d->active = 1;
     if (rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE) {
-        slot_clear(s); /* the ack goes out with a later round trip */
+        capstan__slot_clear(s); /* the ack goes out with a later round trip */
         return;
     }
     /* The basic fetch has no working list to guard the ack against the
      * shutdown's requeue: the slot lock does. */
-    if (ack_job(s, r, job->payload, job->len, &d->ack) == 0)
+    if (capstan__slot_ack(s, r, job->payload, job->len, &d->ack) == 0)
         capstan__done_acked(s->rt, d, r);
     else
         capstan__done_clear(d);
-    slot_clear(s);
+    capstan__slot_clear(s);
 }
 
 /* Runs the fetched job (rj as run_one has it). Returns the finished job
@@ -388,28 +313,4 @@ void *capstan__processor_main(void *arg)
     pthread_mutex_unlock(&s->mu);
     capstan__rt_wake(rt);
     return NULL;
-}
-
-int capstan__processor_requeue_busy(capstan_runtime_t *rt, capstan_redis_t *r)
-{
-    int n = 0;
-    for (int i = 0; i < rt->nslots; i++) {
-        capstan_slot_t *s = &rt->slots[i];
-        pthread_mutex_lock(&s->mu);
-        if (s->busy && !s->abandoned) {
-            s->abandoned = 1;
-            if (capstan__fetch_requeue(s->fetch, r, s->queue, s->payload, s->len) == 0) {
-                n++;
-                capstan_warn("requeued %s jid=%s from thread TID-%s", s->cls, s->jid, s->tid);
-            } else {
-                capstan_error("could not requeue %s jid=%s from TID-%s: %s; it stays in the working "
-                              "list and is recovered after this process is gone",
-                              s->cls, s->jid, s->tid, capstan_redis_error(r));
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
-    if (rt->feed && rt->nslots)
-        n += capstan__feed_give_back(rt, rt->slots[0].fetch, r, 0);
-    return n;
 }

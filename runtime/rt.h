@@ -1,5 +1,7 @@
 /* The runtime's own state, shared by the files of runtime/: its threads
- * (processor, housekeeper, scheduler), the feed and the server chain. */
+ * (processor, housekeeper, scheduler), their slots, the feed and the
+ * server chain; and what each file of runtime/ offers the others, the
+ * waits and reconnects of rt.c first. */
 #ifndef CAPSTAN_RUNTIME_RT_H
 #define CAPSTAN_RUNTIME_RT_H
 
@@ -11,31 +13,14 @@
 #include "capstan/redis.h"
 #include "capstan/runtime.h"
 
-typedef struct capstan_handler_entry {
-    char *cls;
-    capstan_handler_fn fn;
-    void *udata;
-    char *queue;
-    int retry;
-    const struct capstan_unique_opts *unique; /* registered uniqueness, or NULL */
-    const struct capstan_limit_opts *limit; /* registered rate limit, or NULL */
-} capstan_handler_entry_t;
-
-/* One capstan_on_error or capstan_on_death registration. */
-typedef struct capstan_hook {
-    int death;         /* 0 = error hook */
-    capstan_hook_fn fn;
-    void *udata;
-} capstan_hook_t;
-
-/* What one processor thread is doing, read by the heartbeat (work hash),
- * TTIN and shutdown. Guarded by mu, except that the fatal-signal handler
- * (crash.c) reads busy, cls, jid and tid without it: they are fixed-size
- * copies, so a torn read garbles a name but never reads past them. */
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
 #define CAPSTAN_RUN_MAX 16
 
+/* What one processor thread is doing (its functions are in slot.h).
+ * Guarded by mu, except that the fatal-signal handler (crash.c) reads
+ * busy, cls, jid and tid without it: they are fixed-size copies, so a torn
+ * read garbles a name but never reads past them. */
 typedef struct capstan_slot {
     pthread_mutex_t mu;
     struct capstan_runtime *rt;
@@ -45,8 +30,8 @@ typedef struct capstan_slot {
     char tid[16];
     int busy;
     int abandoned;         /* shutdown gave the job back; do not ack it */
-    char *queue;           /* owned copies while busy */
-    char *payload;
+    char *queue;           /* while busy: the running job's own (the */
+    char *payload;         /* job owns them until its ack) */
     size_t len;
     long run_at;
     char cls[128];
@@ -54,11 +39,10 @@ typedef struct capstan_slot {
     capstan_fetch_t *fetch;
     /* Jobs the processor took from the feed to run after its current one,
      * in order (a run of short jobs whose runtime locks went in one round
-     * trip: see processor.c): views of payloads it owns, for the
-     * give-back at a hard stop, which
-     * copies them into the feed, takes their locks over and empties the
-     * list (the processor then starts none of them). Under mu (and the
-     * feed's lock too where the feed changes with it). */
+     * trip: see processor.c): views of payloads it owns, for the give-back
+     * at a hard stop, which copies them into the feed, takes their locks
+     * over and empties the list (the processor then starts none of them).
+     * Under mu (and the feed's lock too where the feed changes with it). */
     struct capstan_ahead {
         const char *payload, *queue;
         size_t len;
@@ -82,6 +66,23 @@ typedef struct capstan_slot {
      * feed counts them (see capstan__feed_holds). Under the feed's lock. */
     double fetch_sent;
 } capstan_slot_t;
+
+typedef struct capstan_handler_entry {
+    char *cls;
+    capstan_handler_fn fn;
+    void *udata;
+    char *queue;
+    int retry;
+    const struct capstan_unique_opts *unique; /* registered uniqueness, or NULL */
+    const struct capstan_limit_opts *limit; /* registered rate limit, or NULL */
+} capstan_handler_entry_t;
+
+/* One capstan_on_error or capstan_on_death registration. */
+typedef struct capstan_hook {
+    int death;         /* 0 = error hook */
+    capstan_hook_fn fn;
+    void *udata;
+} capstan_hook_t;
 
 struct capstan_runtime {
     capstan_config_t *cfg;
@@ -107,7 +108,8 @@ struct capstan_runtime {
     pthread_t housekeeper, scheduler;
     int housekeeper_started, scheduler_started;
     atomic_int housekeeper_stop;
-    pthread_mutex_t wake_mu;       /* housekeeper/scheduler sleep on wake */
+    pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
+                                      (rt.c), which quiet and stop cut short */
     pthread_cond_t wake;
     int abandoned;
     atomic_int redis_down;         /* a thread cannot reach Redis: one outage
@@ -123,6 +125,20 @@ struct capstan_runtime {
     size_t nunknown;
 };
 
+/* rt.c: the waits and reconnects every thread of the runtime goes through. */
+/* Sleeps up to s seconds on rt->wake; returns early when woken. */
+void capstan__rt_wait(struct capstan_runtime *rt, double s);
+/* Wakes every thread sleeping in capstan__rt_wait. */
+void capstan__rt_wake(struct capstan_runtime *rt);
+
+/* Connects r, retrying with exponential backoff capped at 5 s until it
+ * works (0) or *give_up is set (CAPSTAN_EREDIS; give_up may be NULL). An outage is logged once for the whole
+ * process (by the first thread to notice it), and so is the recovery. */
+int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up);
+/* Same with the backoff capped at max_delay seconds. */
+int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
+                              double max_delay);
+
 /* registry.c */
 const capstan_handler_entry_t *capstan__registry_find(const struct capstan_runtime *rt, const char *cls);
 void capstan__registry_free(struct capstan_runtime *rt);
@@ -137,13 +153,6 @@ void capstan__hooks_death(const struct capstan_runtime *rt, capstan_job_t *job, 
 
 /* processor.c: the thread loop, fetch -> run the server chain -> ack. */
 void *capstan__processor_main(void *slot);
-/* Puts back every job still running (marking its slot abandoned), using r.
- * Returns the number requeued. */
-int capstan__processor_requeue_busy(struct capstan_runtime *rt, capstan_redis_t *r);
-/* Reconnects r when it broke, so that a handler always gets a connected
- * context. Returns 0 when slot s's job may start, nonzero when it must not
- * (the process exits, or shutdown gave the job back). */
-int capstan__processor_connected(capstan_slot_t *s, capstan_redis_t *r);
 
 /* feed.c: the reliable fetch's batch shared by nslots processors, holding
  * at most prefetch jobs fetched and not started (0: the default, see
@@ -212,18 +221,5 @@ long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, 
 int capstan__notify(const char *state);
 void capstan__notify_watchdog(void);
 double capstan__notify_watchdog_every(void);
-
-/* Sleeps up to s seconds on rt->wake; returns early when woken. */
-void capstan__rt_wait(struct capstan_runtime *rt, double s);
-/* Wakes every thread sleeping in capstan__rt_wait. */
-void capstan__rt_wake(struct capstan_runtime *rt);
-
-/* Connects r, retrying with exponential backoff capped at 5 s until it
- * works or give_up() says so. An outage is logged once for the whole
- * process (by the first thread to notice it), and so is the recovery. */
-int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up);
-/* Same with the backoff capped at max_delay seconds. */
-int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
-                              double max_delay);
 
 #endif

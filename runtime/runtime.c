@@ -12,9 +12,9 @@
 
 #include "observe/http.h"
 #include "runtime/crash.h"
+#include "runtime/slot.h"
 #include "support/identity.h"
 #include "support/log.h"
-#include "observe/prometheus.h"
 #include "support/time.h"
 #include "capstan/capstan.h"
 #include "capstan/unique_admin.h"
@@ -51,12 +51,8 @@ void capstan_runtime_free(capstan_runtime_t *rt)
         return;
     }
     capstan__crash_watch(NULL, 0);
-    for (int i = 0; i < rt->nslots; i++) {
-        capstan__fetch_free(rt->slots[i].fetch);
-        pthread_mutex_destroy(&rt->slots[i].mu);
-    }
+    capstan__slots_free(rt);
     capstan__feed_free(rt->feed);
-    free(rt->slots);
     capstan_chain_free(rt->server_chain);
     capstan__registry_free(rt);
     free(rt->info_json);
@@ -77,60 +73,6 @@ void capstan_runtime_quiet(capstan_runtime_t *rt)
 void capstan_runtime_stop(capstan_runtime_t *rt)
 {
     atomic_store(&rt->stop_req, 1);
-}
-
-void capstan__rt_wait(capstan_runtime_t *rt, double s)
-{
-    struct timespec ts = capstan__timespec(capstan__now() + s);
-    pthread_mutex_lock(&rt->wake_mu);
-    pthread_cond_timedwait(&rt->wake, &rt->wake_mu, &ts);
-    pthread_mutex_unlock(&rt->wake_mu);
-}
-
-void capstan__rt_wake(capstan_runtime_t *rt)
-{
-    pthread_mutex_lock(&rt->wake_mu);
-    pthread_cond_broadcast(&rt->wake);
-    pthread_mutex_unlock(&rt->wake_mu);
-}
-
-int capstan__rt_connect(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *give_up)
-{
-    return capstan__rt_connect_every(rt, r, give_up, 5);
-}
-
-int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *give_up,
-                              double max_delay)
-{
-    /* Each thread owns one connection and (re)connects it only here, so
-     * a thread's second success onwards is a reconnect. */
-    static _Thread_local int connected_before;
-    double delay = 0.05;
-    for (;;) {
-        /* Every thread notices an outage on its own connection; the first
-         * to fail reports it and the first back reports the recovery. */
-        if (capstan_redis_connect(r) == 0) {
-            if (connected_before++)
-                capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_REDIS_RECONNECTS, 1);
-            if (atomic_exchange(&rt->redis_down, 0))
-                capstan_info("Redis is online, %.3f sec downtime",
-                             capstan__mono() - atomic_load(&rt->redis_down_at));
-            return 0;
-        }
-        int was_up = 0;
-        double now = capstan__mono();
-        if (atomic_compare_exchange_strong(&rt->redis_down, &was_up, 1)) {
-            atomic_store(&rt->redis_down_at, now);
-            capstan_warn("%s; retrying with backoff", capstan_redis_error(r));
-        }
-        double until = capstan__mono() + delay;
-        while (capstan__mono() < until) {
-            if (give_up && atomic_load(give_up))
-                return CAPSTAN_EREDIS;
-            capstan__rt_wait(rt, until - capstan__mono() < 0.2 ? until - capstan__mono() : 0.2);
-        }
-        delay = delay * 2 > max_delay ? max_delay : delay * 2;
-    }
 }
 
 static char *build_info(capstan_runtime_t *rt)
@@ -261,17 +203,6 @@ static void live_conn(capstan_redis_t *r)
     freeReplyObject(pong);
 }
 
-static int busy_slots(capstan_runtime_t *rt)
-{
-    int n = 0;
-    for (int i = 0; i < rt->nslots; i++) {
-        pthread_mutex_lock(&rt->slots[i].mu);
-        n += rt->slots[i].busy && !rt->slots[i].abandoned;
-        pthread_mutex_unlock(&rt->slots[i].mu);
-    }
-    return n;
-}
-
 static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, int why)
 {
     capstan__notify("STOPPING=1");
@@ -282,9 +213,9 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     atomic_store(&rt->stopping, 1);
     go_quiet(rt);
     double deadline = capstan__mono() + rt->cfg->timeout;
-    if (busy_slots(rt))
+    if (capstan__slots_busy(rt))
         capstan_info("Pausing to allow workers to finish...");
-    while (busy_slots(rt) && capstan__mono() < deadline) {
+    while (capstan__slots_busy(rt) && capstan__mono() < deadline) {
         capstan__notify_watchdog();
         capstan__log_flush();
         int sig = next_signal(rt, set, PAUSE);
@@ -294,11 +225,11 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
         }
         handle_signal(rt, sig);
     }
-    int busy = busy_slots(rt);
+    int busy = capstan__slots_busy(rt);
     if (busy) {
         capstan_info("Terminating %d busy worker threads", busy);
         live_conn(r);
-        int n = capstan__processor_requeue_busy(rt, r);
+        int n = capstan__slots_requeue_busy(rt, r);
         capstan_info("Pushed %d jobs back to Redis", n);
     }
     /* Idle processors leave their blocking fetch within its timeout. */
@@ -453,25 +384,11 @@ static int start_threads(capstan_runtime_t *rt, char *err)
     capstan_config_t *c = rt->cfg;
     if (!capstan_runtime_server_chain(rt))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    rt->nslots = c->concurrency;
-    rt->slots = calloc((size_t)rt->nslots, sizeof(capstan_slot_t));
-    if (!rt->slots)
+    if (c->fetch == CAPSTAN_FETCH_RELIABLE && !(rt->feed = capstan__feed_new(c->concurrency, c->prefetch)))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    if (c->fetch == CAPSTAN_FETCH_RELIABLE && !(rt->feed = capstan__feed_new(rt->nslots, c->prefetch)))
-        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    for (int i = 0; i < rt->nslots; i++) {
-        capstan_slot_t *s = &rt->slots[i];
-        pthread_mutex_init(&s->mu, NULL);
-        s->rt = rt;
-        s->index = i;
-        s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
-        capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
-                                .nqueues = c->nqueues, .strict = c->strict, .index = i,
-                                .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
-                                .min_replicas_timeout = c->min_replicas_timeout };
-        if (!(s->fetch = capstan__fetch_new(&fc, err)))
-            return CAPSTAN_ENOMEM;
-    }
+    int rc = capstan__slots_new(rt, err);
+    if (rc)
+        return rc;
     capstan__crash_watch(rt->slots, rt->nslots);
     for (int i = 0; i < rt->nslots; i++) {
         int e = pthread_create(&rt->slots[i].thread, NULL, capstan__processor_main, &rt->slots[i]);

@@ -15,6 +15,7 @@
 #include "capstan/middleware.h"
 #include "middleware/mw.h"
 #include "runtime/feed.h"
+#include "runtime/slot.h"
 #include "unique/prelock.h"
 #include "locks/limit_mw.h"
 
@@ -162,7 +163,7 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     run_t *run = mw->priv;
     capstan_job_t *job = mw->job;
     /* A middleware's command may have broken the connection. */
-    if (capstan__processor_connected(run->slot, mw->r))
+    if (capstan__slot_connected(run->slot, mw->r))
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     /* No runtime lock of a finished job is held while this one runs;
      * unless it runs in a run of short jobs whose locks were asked for at
@@ -266,7 +267,7 @@ static void requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t
      * basic fetch the job exists nowhere else); -3: an error reply. */
     long long moved = -2;
     for (int tries = 0; moved == -2 && tries < 2; tries++) {
-        if (tries && capstan__processor_connected(s, r))
+        if (tries && capstan__slot_connected(s, r))
             break;
         pthread_mutex_lock(&s->mu);
         redisReply *rep = s->abandoned ? NULL : capstan_redis_cmd(r, 6, argv, lens);
