@@ -27,7 +27,6 @@
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "observe/overview.h"
-#include "runtime/rt.h"
 #include "support/time.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
@@ -45,7 +44,7 @@ typedef struct conn {
 } conn_t;
 
 struct capstan_http {
-    struct capstan_runtime *rt;
+    capstan_http_conf_t conf;
     capstan_redis_t *r;        /* used only by the server's thread */
     int redis_warned;          /* an unreachable Redis is logged once per outage */
     int lfd, wake[2];          /* listening socket; a byte on wake stops the thread */
@@ -80,13 +79,14 @@ static int queue_gauges(capstan_buf_t *b, const capstan_overview_t *ov)
     return rc;
 }
 
-int capstan__http_scrape(struct capstan_runtime *rt, capstan_redis_t *r, capstan_buf_t *b)
+int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, capstan_buf_t *b)
 {
     int rc = capstan__metrics_render(capstan__metrics_default(), b);
+    int busy = conf->busy_threads ? conf->busy_threads(conf->ud) : 0;
     if (!rc) rc = gauge(b, "capstan_busy_threads", "Processor threads running a job.");
-    if (!rc) rc = capstan__buf_printf(b, "capstan_busy_threads %d\n", atomic_load(&rt->busy));
+    if (!rc) rc = capstan__buf_printf(b, "capstan_busy_threads %d\n", busy);
     if (!rc) rc = gauge(b, "capstan_threads", "Processor threads (concurrency).");
-    if (!rc) rc = capstan__buf_printf(b, "capstan_threads %d\n", rt->cfg->concurrency);
+    if (!rc) rc = capstan__buf_printf(b, "capstan_threads %d\n", conf->threads);
     if (rc)
         return rc;
 
@@ -193,7 +193,7 @@ static void respond(capstan_http_t *h, conn_t *c)
     if (strcmp(target, "/metrics") != 0)
         return plain(c, 404, "not found: try /metrics\n");
     capstan_buf_t b = {0};
-    int rc = capstan__http_scrape(h->rt, h->r, &b);
+    int rc = capstan__http_scrape(&h->conf, h->r, &b);
     int up = capstan_redis_ok(h->r);
     if (!up && !h->redis_warned)
         capstan_warn("metrics: %s; serving /metrics without the Redis series",
@@ -354,34 +354,33 @@ static int listen_on(const char *addr, int port, char *err)
     return fd;
 }
 
-int capstan__http_start(struct capstan_runtime *rt, capstan_http_t **out, char *err)
+int capstan__http_start(const capstan_http_conf_t *conf, capstan_http_t **out, char *err)
 {
-    const capstan_config_t *c = rt->cfg;
-    const char *addr = c->metrics_bind && *c->metrics_bind ? c->metrics_bind : "127.0.0.1";
+    const char *addr = conf->bind && *conf->bind ? conf->bind : "127.0.0.1";
     int rc = 0;
     *out = NULL;
     capstan_http_t *h = calloc(1, sizeof(*h));
     if (!h)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    h->rt = rt;
+    h->conf = *conf;
     h->lfd = h->wake[0] = h->wake[1] = -1;
-    if (!(h->r = capstan_redis_new(c->redis_url, CAPSTAN_HTTP_REDIS_TIMEOUT, err))) {
+    if (!(h->r = capstan_redis_new(conf->redis_url, CAPSTAN_HTTP_REDIS_TIMEOUT, err))) {
         rc = CAPSTAN_ECONFIG;
         goto out;
     }
-    if ((h->lfd = listen_on(addr, c->metrics_port, err)) < 0) {
+    if ((h->lfd = listen_on(addr, conf->port, err)) < 0) {
         rc = CAPSTAN_ESYS;
         goto out;
     }
     if (fcntl(h->lfd, F_SETFL, O_NONBLOCK) != 0 || pipe2(h->wake, O_CLOEXEC) != 0
         || pthread_create(&h->thread, NULL, serve, h) != 0) {
         rc = capstan_seterr(err, CAPSTAN_ESYS, "metrics_port %d: cannot start the HTTP server on %s",
-                            c->metrics_port, addr);
+                            conf->port, addr);
         goto out;
     }
     h->started = 1;
     capstan_info("serving Prometheus metrics on http://%s%s%s:%d/metrics",
-                 strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", c->metrics_port);
+                 strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", conf->port);
     *out = h;
     h = NULL;
 out:

@@ -7,28 +7,41 @@
 #include "support/buf.h"
 #include "capstan/redis.h"
 
-struct capstan_runtime;
 typedef struct capstan_http capstan_http_t;
+
+/* What the endpoint serves, handed over by the process that starts it (the
+ * runtime fills it), so that observe/ reads no state of the runtime's own.
+ * The strings and ud must outlive the server. */
+typedef struct capstan_http_conf {
+    const char *bind;          /* address to listen on; NULL or "": 127.0.0.1 */
+    int port;
+    const char *redis_url;     /* where the queue, set and Redis gauges are read */
+    int threads;               /* the capstan_threads gauge: processor threads */
+    /* The capstan_busy_threads gauge: processor threads running a job, read
+     * at each scrape on the server's thread (NULL: 0). */
+    int (*busy_threads)(void *ud);
+    void *ud;
+} capstan_http_conf_t;
 
 /* Seconds a scrape waits for Redis (connect and each command) before it
  * answers without the Redis-derived series. */
 #define CAPSTAN_HTTP_REDIS_TIMEOUT 2.0
 
-/* Listens on cfg->metrics_bind (NULL: 127.0.0.1) port cfg->metrics_port
- * and serves /metrics for rt until capstan__http_stop. The listening socket is
- * bound here, synchronously, so a port in use is an error at start rather
- * than a worker silently without metrics. rt must outlive the server.
- * On success *out is owned by the caller. Returns 0, or CAPSTAN_ESYS /
- * CAPSTAN_ECONFIG / CAPSTAN_ENOMEM with err naming the address and port. */
-int capstan__http_start(struct capstan_runtime *rt, capstan_http_t **out, char *err);
+/* Listens on conf->bind port conf->port and serves /metrics until
+ * capstan__http_stop (conf is copied). The listening socket is bound here,
+ * synchronously, so a port in use is an error at start rather than a
+ * worker silently without metrics. On success *out is owned by the caller.
+ * Returns 0, or CAPSTAN_ESYS / CAPSTAN_ECONFIG / CAPSTAN_ENOMEM with err
+ * naming the address and port. */
+int capstan__http_start(const capstan_http_conf_t *conf, capstan_http_t **out, char *err);
 /* Stops serving and frees h (NULL is fine). Waits for a scrape in progress. */
 void capstan__http_stop(capstan_http_t *h);
 
-/* Appends the whole /metrics text for rt to b: this process's counters,
- * its thread gauges, and the queue, set and Redis gauges read on r (each
- * scrape reads them fresh; when Redis does not answer they are left out
- * and capstan_redis_up is 0). r is connected when it is not. Returns 0 or
- * CAPSTAN_ENOMEM. */
-int capstan__http_scrape(struct capstan_runtime *rt, capstan_redis_t *r, capstan_buf_t *b);
+/* Appends the whole /metrics text to b: this process's counters, the
+ * thread gauges conf gives, and the queue, set and Redis gauges read on r
+ * (each scrape reads them fresh; when Redis does not answer they are left
+ * out and capstan_redis_up is 0). r is connected when it is not. Returns 0
+ * or CAPSTAN_ENOMEM. */
+int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, capstan_buf_t *b);
 
 #endif

@@ -405,6 +405,12 @@ static int start_threads(capstan_runtime_t *rt, char *err)
     return 0;
 }
 
+/* The /metrics gauge of processors running a job (observe/http.h). */
+static int busy_threads(void *rt)
+{
+    return atomic_load(&((capstan_runtime_t *)rt)->busy);
+}
+
 int capstan_runtime_run(capstan_runtime_t *rt, char *err)
 {
     capstan_config_t *c = rt->cfg;
@@ -429,7 +435,10 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
      * instead of leaving a worker running without its metrics. */
     capstan_http_t *http = NULL;
     capstan_redis_t *r = NULL;
-    if (c->metrics_port > 0 && (rc = capstan__http_start(rt, &http, err)) != 0)
+    capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
+                               .redis_url = c->redis_url, .threads = c->concurrency,
+                               .busy_threads = busy_threads, .ud = rt };
+    if (c->metrics_port > 0 && (rc = capstan__http_start(&hc, &http, err)) != 0)
         goto out;
     rt->started_at = capstan__now();
     capstan__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
