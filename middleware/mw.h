@@ -73,7 +73,5 @@ void capstan__mw_clear(capstan_mw_t *mw);
 
 /* The lock to release at ack for this outcome, or NULL. */
 const char *capstan__mw_release_key(const capstan_mw_t *mw, capstan_dispose_t d);
-/* Records v9's "unlocked" metric for a lock the ack released. */
-void capstan__mw_note_released(const capstan_mw_t *mw, capstan_redis_t *r);
 
 #endif

@@ -19,6 +19,7 @@
 #include "support/log.h"
 #include "support/time.h"
 #include "unique/prelock.h"
+#include "unique/server.h"
 
 /* SWEEP_MAX jobs at most in one fetch call; ACKS_MAX acks waiting make the
  * next thread write them; SWEEPERS_MAX fetches on their way at once. */
@@ -301,7 +302,7 @@ void capstan__done_clear(capstan_done_t *d)
 void capstan__done_acked(capstan_runtime_t *rt, capstan_done_t *d, capstan_redis_t *r)
 {
     if (d->ack.lock_key)
-        capstan__mw_note_released(&d->mw, r);
+        capstan__unique_note_released(&d->mw, r);
     /* After the ack: the job is in the dead set when the hook runs. */
     if (d->ack.kind == CAPSTAN_ACK_DEAD)
         capstan__hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);

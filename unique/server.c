@@ -17,6 +17,7 @@
 #include "middleware/mw.h"
 #include "unique/internal.h"
 #include "unique/prelock.h"
+#include "unique/server.h"
 
 static int job_failed(capstan_mw_t *mw)
 {
@@ -94,7 +95,7 @@ static void hold_until(capstan_mw_t *mw, const capstan_unique_spec_t *s, int on_
     mw->release_type = (int)s->type;
 }
 
-void capstan__mw_note_released(const capstan_mw_t *mw, capstan_redis_t *r)
+void capstan__unique_note_released(const capstan_mw_t *mw, capstan_redis_t *r)
 {
     capstan_unique__metric(r, (capstan_lock_type_t)mw->release_type, "unlocked");
 }
