@@ -17,8 +17,14 @@
 #
 # A job of the batch can add more jobs: Capstan::Batch.new(bid).jobs { ... }
 # (bid from the job's payload, "bid"). The Redis steps are capstan's own Lua
-# scripts (lua/ in capstan's source, or CAPSTAN_LUA_DIR), so Ruby and C agree on
-# every key and every rule.
+# scripts, so Ruby and C agree on every key and every rule. They are read
+# from beside this file: `meson install` puts it in share/capstan/ruby and
+# them in share/capstan/lua (require it from there, with its full path or
+# that folder on the load path); in capstan's source tree, lua/ is found
+# too. Only a copy of this file kept elsewhere needs CAPSTAN_LUA_DIR.
+#
+# It works on Sidekiq 6.x (redis-rb connections) and 7.x and 8.x
+# (redis-client connections).
 #
 # In a Sidekiq server process, a job of a batch that Sidekiq runs counts in
 # its batch as under capstan (Capstan::Batch::ServerMiddleware and a death
@@ -38,8 +44,18 @@ module Capstan
 
     attr_reader :bid
 
+    # Where the scripts are: share/capstan/lua beside share/capstan/ruby as
+    # installed, lua/ two levels up in capstan's source tree (so the scripts
+    # always match this file), and only then CAPSTAN_LUA_DIR.
     def self.lua_dir
-      ENV['CAPSTAN_LUA_DIR'] || File.expand_path('../../lua', __dir__)
+      @lua_dir ||= begin
+        beside = [File.expand_path('../lua', __dir__), File.expand_path('../../lua', __dir__)]
+        env = ENV['CAPSTAN_LUA_DIR'].to_s
+        dir = beside.find { |d| File.file?(File.join(d, 'batch_open.lua')) }
+        dir ||= env unless env.empty?
+        dir or raise "capstan's Lua scripts are not in #{beside.join(' or ')}: " \
+                     'install capstan (meson install), or set CAPSTAN_LUA_DIR to its lua/ folder'
+      end
     end
 
     # A script's text as capstan embeds it: the lib/ functions it names with
@@ -61,16 +77,63 @@ module Capstan
       end
     end
 
+    # What differs between the two Redis clients Sidekiq hands out: how a
+    # script is called, and the errors raised.
+    #
+    # redis-rb: Sidekiq 6.x's connections (Redis, or Redis::Namespace).
+    module RedisRbApi
+      def self.script(conn, command, script, keys, argv)
+        conn.public_send(command, script, keys: keys, argv: argv)
+      end
+
+      def self.error?(error, command_only: false)
+        error.is_a?(command_only ? ::Redis::CommandError : ::Redis::BaseError)
+      end
+    end
+
+    # redis-client: Sidekiq 7.x's and 8.x's connections (and 6.5's when
+    # configured so), which take commands as words.
+    module RedisClientApi
+      def self.script(conn, command, script, keys, argv)
+        conn.call(command.to_s.upcase, script, keys.size, *keys, *argv)
+      end
+
+      def self.error?(error, command_only: false)
+        error.is_a?(command_only ? ::RedisClient::CommandError : ::RedisClient::Error)
+      end
+    end
+
+    # The API of Sidekiq's connections, found on the first one.
+    def self.api(conn)
+      @api ||=
+        if defined?(::RedisClient) &&
+           (conn.is_a?(::RedisClient) ||
+            (defined?(::RedisClient::Decorator::Client) && conn.is_a?(::RedisClient::Decorator::Client)))
+          RedisClientApi
+        else
+          RedisRbApi
+        end
+    end
+
+    # Whether error came from Redis (a command's error or a lost
+    # connection), once a connection told which client is in use.
+    def self.redis_error?(error)
+      !@api.nil? && @api.error?(error)
+    end
+
     def self.run(name, keys, argv)
       text = script(name)
       @shas ||= {}
       sha = (@shas[name] ||= Digest::SHA1.hexdigest(text))
       argv = argv.map(&:to_s)
       Sidekiq.redis do |c|
-        c.evalsha(sha, keys: keys, argv: argv)
-      rescue Redis::CommandError => e
-        raise unless e.message.start_with?('NOSCRIPT')
-        c.eval(text, keys: keys, argv: argv)
+        redis = api(c)
+        begin
+          redis.script(c, :evalsha, sha, keys, argv)
+        rescue StandardError => e
+          raise unless redis.error?(e, command_only: true) && e.message.start_with?('NOSCRIPT')
+          redis.script(c, :eval, text, keys, argv)
+        end
       end
     end
 
@@ -92,9 +155,9 @@ module Capstan
       begin
         run('ack', ['', '', '', '', "batch:#{job['bid']}"],
             ['', 'drop', 0, stored, 0, 0, '', job['bid'], job['jid'], outcome])
-      rescue Redis::BaseError
+      rescue StandardError => e
         tries += 1
-        raise if tries >= 3
+        raise if tries >= 3 || !redis_error?(e)
         sleep(0.05 * tries)
         retry
       end

@@ -16,7 +16,7 @@
 require 'sidekiq'
 require_relative '../../examples/ruby/capstan_batch'
 
-Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
+Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
 Sidekiq.logger.level = Logger::WARN
 

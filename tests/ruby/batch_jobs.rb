@@ -1,11 +1,12 @@
 # Ruby side of the batch tests (tests/test_batch.c), run by a real Sidekiq
-# 6.4.1 server: the callback jobs capstan pushes when a batch is done, and jobs
-# of batches that Sidekiq runs (examples/ruby/capstan_batch.rb counts them).
+# server (6.4.1, 7.3 or 8.0): the callback jobs capstan pushes when a batch is
+# done, and jobs of batches that Sidekiq runs (examples/ruby/capstan_batch.rb
+# counts them).
 require 'json'
 require 'sidekiq'
 require_relative '../../examples/ruby/capstan_batch'
 
-Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
+Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
 
 # BatchCallbackJob status, options: RPUSH options['key'] the status (keys
 # sorted) and key:opts the options, as Ruby parsed them.
