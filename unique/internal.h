@@ -1,11 +1,13 @@
 /* What the uniqueness files share: the options of one job resolved from
- * its payload, its class and its registration. Not public. */
+ * its payload, its class and its registration, whose lock_args are Ruby's
+ * JSON (ruby_json.h). Not public. */
 #ifndef CAPSTAN_UNIQUE_INTERNAL_H
 #define CAPSTAN_UNIQUE_INTERNAL_H
 
 #include "capstan/unique.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
+#include "unique/ruby_json.h"
 
 /* The longest lock_ttl or lock_timeout: a longer one is cut to this, so
  * that seconds times 1000 and the extension by a schedule never overflow. */
@@ -15,13 +17,6 @@
 #define CAPSTAN_UNIQUE_NOT_YET (-100)
 
 struct capstan_mw;
-
-/* The JSON that Ruby's JSON.generate writes for the JSON value in[0..len):
- * compact, "/" unescaped, raw UTF-8, Ruby's Float#to_s for floats, integers
- * of any size kept, object keys in their order. Returns a string owned by
- * the caller (*outlen its length, may be NULL), or NULL when in is not one
- * JSON value or memory ran out. */
-char *capstan__ruby_json_dup(const char *in, size_t len, size_t *outlen);
 
 /* lock_args: the elements of the args array at the given indexes (skipping
  * indexes past its end), or all of args when idx is NULL, as Ruby JSON.
