@@ -9,11 +9,16 @@
  * "limiter_reschedules". Past max_limiter_reschedules it fails with
  * Capstan::OverLimit and the retry rules take over.
  *
- * A concurrent slot is a lease of lock_timeout. While the handler runs, one
- * thread per process (the extender, running only while some job holds a
- * slot) renews the lease every lock_timeout / 3 on its own connection, so
- * a live job never loses its slot and a killed process's slots free
- * themselves when their leases lapse. */
+ * A concurrent slot is a lease of lock_timeout, so that a killed process's
+ * slots free themselves when their leases lapse. While the handler runs,
+ * one thread per process (the extender, running only while some job holds
+ * a slot) renews the lease every lock_timeout / 3 on its own connection.
+ * That keeps a running job's slot only while the extender gets through:
+ * a process frozen (SIGSTOP, a paused VM, a host stalled in swap) or cut
+ * off from Redis for longer than lock_timeout loses its slots while its
+ * jobs still run, other processes take them, and the limit is exceeded
+ * until those jobs end. A lapsed lease cannot be renewed: the extender
+ * stops trying and the job's release finds it gone. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

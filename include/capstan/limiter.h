@@ -1,11 +1,15 @@
 /* Rate limiters: named limits shared by every process that uses the same
  * Redis, in the spirit of Sidekiq Enterprise's Sidekiq::Limiter.
  *
- *   concurrent  at most `count` holders at once. A slot is a lease: the
- *               zset limiter:NAME:held maps holder ids to lease expiry, so
- *               a holder killed with -9 frees its slot when its lease
- *               (lock_timeout, default 30 s) lapses; a live holder extends
- *               it (capstan's middleware does, every lock_timeout / 3).
+ *   concurrent  at most `count` holders at once, while every holder
+ *               renews its lease. A slot is a lease: the zset
+ *               limiter:NAME:held maps holder ids to lease expiry, so a
+ *               holder killed with -9 frees its slot when its lease
+ *               (lock_timeout, default 30 s) lapses. A holder extends it
+ *               while it runs (capstan's middleware does, every
+ *               lock_timeout / 3); one that cannot for longer than the
+ *               lease (frozen, or cut off from Redis) loses its slot while
+ *               it still runs, and others may take it.
  *   window      at most `count` acquisitions per calendar window of
  *               `interval` seconds (1 = each second, 60 = each minute...,
  *               aligned on the epoch, in UTC): limiter:NAME:w:<start ms>.
