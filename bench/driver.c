@@ -75,7 +75,7 @@
 #include "redis/scripts.h"
 #include "support/json.h"
 #include <capstan/unique.h>
-#include <capstan/unique_admin.h>
+#include "unique/admin.h"
 
 static const char *prog_cmd = "";
 

@@ -24,7 +24,7 @@
 #include "support/time.h"
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 
 static const char *usage =
     "Usage: capstan top [--interval SECONDS] [--redis-url URL]\n"
@@ -200,7 +200,7 @@ static int sample(capstan_redis_t *r, capstan_overview_t *ov, capstan_unique_met
         return rc;
     history_add(h, capstan__mono(), ov->processed, ov->failed);
     char lerr[CAPSTAN_ERRLEN];
-    *have_locks = capstan_unique_metrics_read(r, 60, locks, lerr) == 0;
+    *have_locks = capstan__unique_metrics_read(r, 60, locks, lerr) == 0;
     return 0;
 }
 
@@ -228,7 +228,7 @@ static int snapshot(capstan_redis_t *r)
     capstan__buf_free(&b);
 out:
     capstan__overview_clear(&ov);
-    capstan_unique_metrics_clear(&locks);
+    capstan__unique_metrics_clear(&locks);
     free(h);
     return status;
 }
@@ -311,7 +311,7 @@ static int live(capstan_redis_t *r, double interval)
         draw(frame.p ? frame.p : "");
         capstan__buf_free(&frame);
         capstan__overview_clear(&ov);
-        capstan_unique_metrics_clear(&locks);
+        capstan__unique_metrics_clear(&locks);
 
         double until = capstan__mono() + interval;
         while (!stop_flag && !resized) {

@@ -14,7 +14,7 @@
 #include "support/number.h"
 #include "support/time.h"
 #include "capstan/redis.h"
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 #include "unique/admin_internal.h"
 #include "redis/keys.h"
 #include "redis/scan.h"
@@ -337,7 +337,7 @@ static int cmd_delete(capstan_redis_t *r, const char *digest)
 {
     char err[CAPSTAN_ERRLEN];
     long n = 0;
-    int rc = capstan_unique_lock_delete(r, digest, &n, err);
+    int rc = capstan__unique_lock_delete(r, digest, &n, err);
     if (rc == CAPSTAN_ENOTFOUND) {
         fprintf(stderr, "capstan locks delete: %s\n", err);
         return 1;
@@ -355,7 +355,7 @@ static int cmd_metrics(capstan_redis_t *r, const args_t *a)
     capstan_unique_metrics_t m;
     char err[CAPSTAN_ERRLEN];
     int minutes = a->minutes > 0 ? (int)(a->minutes > 100000 ? 100000 : a->minutes) : 60;
-    if (capstan_unique_metrics_read(r, minutes, &m, err)) {
+    if (capstan__unique_metrics_read(r, minutes, &m, err)) {
         fprintf(stderr, "capstan locks metrics: %s\n", err);
         return 1;
     }
@@ -379,7 +379,7 @@ static int cmd_metrics(capstan_redis_t *r, const args_t *a)
         if (m.n == 0)
             printf("(no lock events recorded)\n");
     }
-    capstan_unique_metrics_clear(&m);
+    capstan__unique_metrics_clear(&m);
     return 0;
 }
 
@@ -395,7 +395,7 @@ static int cmd_reap(capstan_redis_t *r, const args_t *a)
     if (a->grace >= 0)
         o.grace = a->grace;
     o.force = a->force;
-    int rc = capstan_unique_reap(r, &o, &res, err);
+    int rc = capstan__unique_reap(r, &o, &res, err);
     int status = 0;
     if (rc) {
         fprintf(stderr, "capstan locks reap: %s\n", err);
@@ -423,7 +423,7 @@ static int cmd_reap(capstan_redis_t *r, const args_t *a)
                res.timed_out ? "; stopped by the time budget" : "",
                res.incomplete ? "; the job sweep did not finish, locks with holders kept" : "");
     }
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     return status;
 }
 
@@ -431,7 +431,7 @@ static int cmd_upgrade(capstan_redis_t *r)
 {
     capstan_upgrade_result_t u;
     char err[CAPSTAN_ERRLEN];
-    if (capstan_unique_upgrade(r, &u, err)) {
+    if (capstan__unique_upgrade(r, &u, err)) {
         fprintf(stderr, "capstan locks upgrade: %s\n", err);
         return 1;
     }

@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capstan/unique_admin.h" /* CAPSTAN_UNIQUE_DIGESTS, _REAPER_KEY, _UPGRADED_KEY */
-
 /* ---- Sidekiq ------------------------------------------------------------ */
 
 #define CAPSTAN_KEY_QUEUE "queue:"          /* + name: list of payloads */
@@ -31,13 +29,15 @@
 /* ---- sidekiq-unique-jobs v9 ----------------------------------------------- */
 
 #define CAPSTAN_KEY_UNIQUE_PREFIX "uniquejobs" /* the default digest prefix */
-/* CAPSTAN_UNIQUE_DIGESTS "uniquejobs:digests": zset of digests by lock time. */
+#define CAPSTAN_UNIQUE_DIGESTS "uniquejobs:digests" /* zset of digests by lock time */
 #define CAPSTAN_KEY_LOCKED ":LOCKED"        /* digest +: hash of holder jids */
 #define CAPSTAN_KEY_RUN ":RUN"              /* digest +: the runtime lock's digest */
 #define CAPSTAN_KEY_WORKING "uniquejobs:working:" /* + identity: reliable fetch list */
 #define CAPSTAN_KEY_HEARTBEAT "uniquejobs:heartbeat:" /* + identity: liveness */
 #define CAPSTAN_KEY_ORPHAN "uniquejobs:orphan:" /* + identity: recovery's suspect marker */
 #define CAPSTAN_KEY_METRICS "uniquejobs:metrics|" /* + yymmdd|H:MM: counters */
+#define CAPSTAN_UNIQUE_REAPER_KEY "uniquejobs:reaper" /* the fleet's reaper role */
+#define CAPSTAN_UNIQUE_UPGRADED_KEY "uniquejobs:live:UPGRADED" /* the v8 -> v9 migration's marker */
 /* v8 keys the upgrade removes or merges. */
 #define CAPSTAN_KEY_EXPIRING_DIGESTS "uniquejobs:expiring_digests"
 #define CAPSTAN_KEY_UNIQUE_V8_DEAD "uniquejobs:dead"

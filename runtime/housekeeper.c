@@ -106,12 +106,12 @@ static void reaper_pass(capstan_runtime_t *rt, capstan_redis_t *r)
     o.timeout = rt->cfg->reaper_timeout;
     o.owner = rt->identity;
     o.role_ttl = rt->cfg->reaper_interval + capstan__ceil(rt->cfg->reaper_interval * 0.02);
-    if (capstan_unique_reap(r, &o, &res, err))
+    if (capstan__unique_reap(r, &o, &res, err))
         capstan_warn("uniqueness reaper: %s", err);
     else if (res.removed)
         capstan_info("uniqueness reaper removed %ld orphaned locks (%ld examined)", res.removed,
                      res.examined);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 }
 
 /* capstan_fetch_held_fn over what the feed counts. */

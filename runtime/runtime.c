@@ -17,7 +17,7 @@
 #include "support/log.h"
 #include "support/time.h"
 #include "capstan/capstan.h"
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 #include "capstan/middleware.h"
 #include "unique/admin_internal.h"
 

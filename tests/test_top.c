@@ -10,7 +10,7 @@
 
 #include "helpers.h"
 #include "capstan/redis.h"
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 #include "unique/admin_internal.h"
 
 TestSuite(top, .timeout = 30, .fini = kt_kill_children);

@@ -12,7 +12,7 @@
 
 #include "helpers.h"
 #include "capstan/client.h"
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 #include "unique/admin_internal.h"
 #include "redis/scripts.h"
 
@@ -180,10 +180,10 @@ Test(unique_admin, metrics_command_sums_the_last_hour_from_ruby_and_capstan)
 
     capstan_unique_metrics_t m;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan_unique_metrics_read(r, 60, &m, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_metrics_read(r, 60, &m, err), 0, "%s", err);
     cr_assert_eq(m.n, 3);
     cr_assert_str_eq(m.rows[2].type, "total", "total comes last");
-    capstan_unique_metrics_clear(&m);
+    capstan__unique_metrics_clear(&m);
     capstan_redis_free(r);
 
     char *out = NULL;
@@ -256,7 +256,7 @@ Test(unique_admin, reaper_removes_orphans_and_keeps_every_live_holder)
     capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
     capstan_reap_result_t res;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 0);
     cr_assert_eq(res.removed, 3, "removed %ld", res.removed);
     cr_assert_eq(res.stale, 1);
@@ -272,14 +272,14 @@ Test(unique_admin, reaper_removes_orphans_and_keeps_every_live_holder)
         cr_assert_eq(kt_int("EXISTS %s:LOCKED", kept[i]), 1, "%s kept", kept[i]);
     }
     cr_assert_eq(kt_int("EXISTS capstan:reaper:running"), 0, "the run lease is given back");
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
     /* Once the job is finished everywhere, the next run frees its lock. */
     freeReplyObject(kt_cmd("DEL queue:x"));
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1);
     cr_assert(has(&res, "uniquejobs:queued"));
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
     json_decref(work);
     json_decref(work6);
@@ -311,10 +311,10 @@ Test(unique_admin, reaper_keeps_a_lock_whose_job_waits_in_a_long_named_queue)
     capstan_redis_t *r = kt_lib_redis();
     capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
     capstan_reap_result_t res;
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 0, "removed %ld", res.removed);
     cr_assert(in_index("uniquejobs:longqueue"));
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     capstan_redis_free(r);
 }
 
@@ -365,36 +365,36 @@ Test(unique_admin, reaper_stops_at_the_count_and_the_next_run_continues)
     capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
     capstan_reap_result_t res;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1000, "removed %ld", res.removed);
     cr_assert_eq(res.wrapped, 0);
     cr_assert(has(&res, "uniquejobs:o00000") && has(&res, "uniquejobs:o00999"));
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 4000);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1000);
     cr_assert(has(&res, "uniquejobs:o01000") && has(&res, "uniquejobs:o01999"),
               "the second run continues where the first stopped");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 3000);
     cr_assert_eq(kt_int("EXISTS uniquejobs:o01001:LOCKED"), 0);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
     /* A tiny time budget stops a run early, without error. */
     o.timeout = 0.000001;
     o.count = 100000;
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.timed_out, 1);
     cr_assert(res.removed < 3000, "removed %ld", res.removed);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
     /* Unbounded, everything goes and the walk wraps. */
     o.timeout = 20;
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.wrapped, 1);
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0);
     cr_assert_eq(kt_int("EXISTS capstan:reaper:cursor"), 0);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     capstan_redis_free(r);
 }
 
@@ -408,12 +408,12 @@ Test(unique_admin, leases_keep_reapers_apart)
 
     /* Another run in progress. */
     freeReplyObject(kt_cmd("SET capstan:reaper:running other:1 PX 20000"));
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 1);
     cr_assert_str_eq(res.holder, "other:1");
     cr_assert_eq(res.removed, 0);
     cr_assert(in_index("uniquejobs:stale"));
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     char *out = NULL;
     cr_assert_eq(kt_capstan_run((const char *[]){ "locks", "reap", NULL }, &out), 3, "%s", out);
     cr_assert(strstr(out, "another reaper is running"), "%s", out);
@@ -424,26 +424,26 @@ Test(unique_admin, leases_keep_reapers_apart)
     freeReplyObject(kt_cmd("SET uniquejobs:reaper 4242 EX 612"));
     o.owner = "me:1:abc";
     o.role_ttl = 612;
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 1);
     cr_assert_str_eq(res.holder, "4242");
     cr_assert(in_index("uniquejobs:stale"));
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
     /* Free: we take the role for interval + 2 %, and keep it next time. */
     freeReplyObject(kt_cmd("DEL uniquejobs:reaper"));
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 0);
     cr_assert_eq(res.removed, 1);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     char *holder = kt_str("GET uniquejobs:reaper");
     cr_assert_str_eq(holder, "me:1:abc");
     free(holder);
     long long ttl = kt_int("TTL uniquejobs:reaper");
     cr_assert(ttl > 600 && ttl <= 612, "ttl %lld", ttl);
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.busy, 0);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     /* Someone else's release does nothing; ours frees it. */
     cr_assert_eq(capstan__unique_reaper_release(r, "4242"), 0);
     cr_assert_eq(kt_int("EXISTS uniquejobs:reaper"), 1);
@@ -469,20 +469,20 @@ Test(unique_admin, reaper_fixes_the_until_expired_score_leak)
     capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
     capstan_reap_result_t res;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 2, "removed %ld", res.removed);
     cr_assert(has(&res, "uniquejobs:leaked") && has(&res, "uniquejobs:forever"));
     cr_assert(in_index("uniquejobs:expiring") && in_index("uniquejobs:expiring_future"));
     cr_assert_eq(kt_int("EXISTS uniquejobs:expiring:LOCKED"), 1);
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
 
     /* When Redis expires the hash, the next run frees the entry. */
     freeReplyObject(kt_cmd("PEXPIRE uniquejobs:expiring_future:LOCKED 1"));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS uniquejobs:expiring_future:LOCKED") == 0, 5));
-    cr_assert_eq(capstan_unique_reap(r, &o, &res, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_reap(r, &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.removed, 1);
     cr_assert(has(&res, "uniquejobs:expiring_future"));
-    capstan_reap_result_clear(&res);
+    capstan__reap_result_clear(&res);
     capstan_redis_free(r);
 }
 
@@ -683,7 +683,7 @@ Test(unique_admin, upgrade_skips_a_legacy_layout_as_v9)
     capstan_redis_t *r = kt_lib_redis();
     capstan_upgrade_result_t u;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan_unique_upgrade(r, &u, err), 0, "%s", err);
+    cr_assert_eq(capstan__unique_upgrade(r, &u, err), 0, "%s", err);
     cr_assert_eq(u.legacy, 1);
     cr_assert_eq(kt_int("EXISTS uniquejobs:1a:QUEUED"), 1);
     cr_assert_eq(kt_int("EXISTS uniquejobs:live:UPGRADED"), 0);

@@ -35,7 +35,7 @@ int capstan__unique_digest_parse(const char *arg, char *out, size_t n, char *err
     return 0;
 }
 
-int capstan_unique_lock_delete(capstan_redis_t *r, const char *digest, long *removed, char *err)
+int capstan__unique_lock_delete(capstan_redis_t *r, const char *digest, long *removed, char *err)
 {
     char locked[600], run[600], run_locked[600];
     int is_run = capstan__key_base(digest, CAPSTAN_KEY_RUN) > 0;

@@ -1,13 +1,14 @@
-/* Internal: the uniqueness housekeeping that capstan's runtime, CLI and tests
- * use and programs using capstan do not (capstan/unique_admin.h is the public
- * part). */
+/* Internal: the uniqueness housekeeping beside unique/admin.h that the lock
+ * code and the runtime's heartbeat use (counting lock events into v9's
+ * metrics hashes, giving up the reaper's role), and reading a digest from
+ * the command line. */
 #ifndef CAPSTAN_UNIQUE_ADMIN_INTERNAL_H
 #define CAPSTAN_UNIQUE_ADMIN_INTERNAL_H
 
 #include <stddef.h>
 #include <time.h>
 
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 
 /* Counts one lock event as v9's LockMetrics.record does: HINCRBY of
  * "<lock_type>|<event>" and "total|<event>" in the hash of the current UTC

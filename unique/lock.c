@@ -1,7 +1,7 @@
 /* Taking, releasing and waiting for uniqueness locks: one Lua script each
  * way (lua/lock.lua, lua/unlock.lua), in v9's key and metadata format. */
 #include "capstan/unique.h"
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -172,7 +172,7 @@ int capstan__unique_metrics_flush(capstan_redis_t *r)
     return rc;
 }
 
-void capstan_unique_metrics_clear(capstan_unique_metrics_t *m)
+void capstan__unique_metrics_clear(capstan_unique_metrics_t *m)
 {
     if (!m)
         return;
@@ -236,7 +236,7 @@ static int by_type_total_last(const void *a, const void *b)
     return strcmp(x->type, y->type);
 }
 
-int capstan_unique_metrics_read(capstan_redis_t *r, int minutes, capstan_unique_metrics_t *out, char *err)
+int capstan__unique_metrics_read(capstan_redis_t *r, int minutes, capstan_unique_metrics_t *out, char *err)
 {
     int rc = 0, sent = 0, got = 0;
     out->rows = NULL;
@@ -273,6 +273,6 @@ int capstan_unique_metrics_read(capstan_redis_t *r, int minutes, capstan_unique_
         qsort(out->rows, out->n, sizeof(*out->rows), by_type_total_last);
 out:
     if (rc)
-        capstan_unique_metrics_clear(out);
+        capstan__unique_metrics_clear(out);
     return rc;
 }

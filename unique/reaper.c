@@ -10,7 +10,7 @@
  * before or after its move. What a job can move into behind the sweep's
  * back (a working list, a work hash, the fetched end of a queue) is checked
  * again together with the removal in lua/reap.lua, atomically. */
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 
 #include <ctype.h>
 #include <stdint.h>
@@ -594,7 +594,7 @@ static void default_owner(char *out, size_t n)
     snprintf(out, n, "%s:%ld", host, (long)getpid());
 }
 
-void capstan_reap_result_clear(capstan_reap_result_t *out)
+void capstan__reap_result_clear(capstan_reap_result_t *out)
 {
     if (!out)
         return;
@@ -782,8 +782,8 @@ static int walk(run_t *run, char *err)
     return rc;
 }
 
-int capstan_unique_reap(capstan_redis_t *r, const capstan_reap_opts_t *opts, capstan_reap_result_t *out,
-                        char *err)
+int capstan__unique_reap(capstan_redis_t *r, const capstan_reap_opts_t *opts, capstan_reap_result_t *out,
+                         char *err)
 {
     capstan_reap_opts_t o = CAPSTAN_REAP_OPTS_INIT;
     if (opts)

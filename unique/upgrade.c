@@ -2,7 +2,7 @@
  * two-key layout (reference/unique-jobs.md §9), so a fleet moving from v8
  * to capstan (or to v9 and capstan) does not keep thirteen keys per lock forever.
  * It writes v9's own marker, so neither capstan nor a v9 process runs it twice. */
-#include "capstan/unique_admin.h"
+#include "unique/admin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +119,7 @@ static int merge_expiring(capstan_redis_t *r, capstan_upgrade_result_t *out, cha
     return rc;
 }
 
-int capstan_unique_upgrade(capstan_redis_t *r, capstan_upgrade_result_t *out, char *err)
+int capstan__unique_upgrade(capstan_redis_t *r, capstan_upgrade_result_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
     int rc = 0;

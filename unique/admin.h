@@ -1,11 +1,13 @@
-/* Housekeeping and visibility for uniqueness locks: the metrics hashes, the
- * reaper, the v8 -> v9 key migration and the admin operations behind
- * `capstan locks`.
+/* Internal: housekeeping and visibility for uniqueness locks, the metrics
+ * hashes, the reaper, the v8 -> v9 key migration and deleting a lock, for
+ * `capstan locks`, `capstan top` and the runtime's housekeeper (which runs
+ * the reaper). Not part of the public API: a program using capstan gets all
+ * of it from the capstan command and the runtime.
  *
  * Every key here is sidekiq-unique-jobs v9's (reference/unique-jobs.md §1),
  * so a mixed fleet of Ruby and capstan processes shares one set of metrics, one
  * reaper at a time and one migration marker. The few keys v9 has no
- * equivalent for live under "capstan:".
+ * equivalent for live under "capstan:" (redis/keys.h).
  *
  * No function here is thread-safe on one capstan_redis_t; each thread passes
  * its own connection. */
@@ -15,13 +17,10 @@
 #include <stddef.h>
 #include <time.h>
 
-#include "error.h"
-#include "redis.h"
+#include "capstan/error.h"
+#include "capstan/redis.h"
+#include "redis/keys.h"
 
-#define CAPSTAN_UNIQUE_DIGESTS "uniquejobs:digests"
-#define CAPSTAN_UNIQUE_METRICS_TTL 28800    /* 8 h, as v9 */
-#define CAPSTAN_UNIQUE_REAPER_KEY "uniquejobs:reaper"
-#define CAPSTAN_UNIQUE_UPGRADED_KEY "uniquejobs:live:UPGRADED"
 /* The field v9 writes into the upgrade marker: its VERSION constant, which
  * still reads alpha1 at the alpha2 tag. Writing the same field stops a v9
  * process started later from running the migration again (which would drop
@@ -46,12 +45,12 @@ typedef struct capstan_unique_metrics {
 
 /* Sums the metrics hashes of the last `minutes` UTC minutes (<= 0: 60),
  * whoever wrote them, into out (owned by the caller: free with
- * capstan_unique_metrics_clear). The total row is the written total|* fields.
+ * capstan__unique_metrics_clear). The total row is the written total|* fields.
  * Returns 0, or CAPSTAN_EREDIS / CAPSTAN_EREPLY / CAPSTAN_ENOMEM with err filled and out
  * empty. */
-CAPSTAN_API int capstan_unique_metrics_read(capstan_redis_t *r, int minutes, capstan_unique_metrics_t *out,
-                                            char *err);
-CAPSTAN_API void capstan_unique_metrics_clear(capstan_unique_metrics_t *m);
+int capstan__unique_metrics_read(capstan_redis_t *r, int minutes, capstan_unique_metrics_t *out,
+                                 char *err);
+void capstan__unique_metrics_clear(capstan_unique_metrics_t *m);
 
 /* ---- reaper --------------------------------------------------------------- */
 
@@ -82,7 +81,7 @@ typedef struct capstan_reap_result {
     int incomplete;     /* 1: the job sweep did not finish in time, so digests
                            with holders were kept (fail closed) */
     char **digests;     /* the removed digests, owned by out: free with
-                           capstan_reap_result_clear */
+                           capstan__reap_result_clear */
     size_t ndigests;
 } capstan_reap_result_t;
 
@@ -98,12 +97,12 @@ typedef struct capstan_reap_result {
  * (lua/reap.lua), so a lock re-taken or a job moved meanwhile is kept.
  *
  * At most one run at a time across the fleet (capstan:reaper:running) unless
- * opts->force. out is owned by the caller: capstan_reap_result_clear. Returns 0
+ * opts->force. out is owned by the caller: capstan__reap_result_clear. Returns 0
  * (out->busy says whether anything ran), CAPSTAN_EINVAL, CAPSTAN_EREDIS or
  * CAPSTAN_EREPLY with err filled; out then holds what was removed so far. */
-CAPSTAN_API int capstan_unique_reap(capstan_redis_t *r, const capstan_reap_opts_t *opts,
-                                    capstan_reap_result_t *out, char *err);
-CAPSTAN_API void capstan_reap_result_clear(capstan_reap_result_t *out);
+int capstan__unique_reap(capstan_redis_t *r, const capstan_reap_opts_t *opts,
+                         capstan_reap_result_t *out, char *err);
+void capstan__reap_result_clear(capstan_reap_result_t *out);
 
 /* ---- admin ---------------------------------------------------------------- */
 
@@ -112,8 +111,7 @@ CAPSTAN_API void capstan_reap_result_clear(capstan_reap_result_t *out);
  * lock <digest>:RUN:LOCKED and <digest>:RUN. *removed (may be NULL) gets the
  * number of keys and index entries that existed. Returns 0, CAPSTAN_ENOTFOUND
  * when there was nothing, CAPSTAN_EREDIS or CAPSTAN_EREPLY with err filled. */
-CAPSTAN_API int capstan_unique_lock_delete(capstan_redis_t *r, const char *digest, long *removed,
-                                           char *err);
+int capstan__unique_lock_delete(capstan_redis_t *r, const char *digest, long *removed, char *err);
 
 /* ---- v8 -> v9 migration ------------------------------------------------------ */
 
@@ -134,6 +132,6 @@ typedef struct capstan_upgrade_result {
  * <digest>:RUN:LOCKED (a runtime lock of a job still running during a
  * rolling upgrade) and indexes it so the reaper frees it once that job is
  * gone. Idempotent. Returns 0, CAPSTAN_EREDIS or CAPSTAN_EREPLY with err filled. */
-CAPSTAN_API int capstan_unique_upgrade(capstan_redis_t *r, capstan_upgrade_result_t *out, char *err);
+int capstan__unique_upgrade(capstan_redis_t *r, capstan_upgrade_result_t *out, char *err);
 
 #endif
