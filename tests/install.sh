@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What `meson install` gives a user, checked on a copy installed with
 # --destdir: the README's two build commands (a plugin and an embedding
-# program) work against the installed headers and capstan.pc, the installed capstan
+# program) work against the installed headers and capstan.pc, every C
+# sample of README.md and doc/*.md compiles against them, the installed capstan
 # loads the plugin and the installed example plugin and runs their jobs
 # with the installed sample config, the man page documents every option
 # of every subcommand, the systemd unit passes `systemd-analyze verify`,
@@ -51,7 +52,7 @@ capstan=$D$prefix/bin/capstan
 
 # The README's handler example and build commands, as a user runs them.
 cd "$tmp"
-awk '/^## Writing handlers/ {on = 1} on && /^```c$/ {c = 1; next} c && /^```$/ {exit} c' \
+awk '/^## A handler/ {on = 1} on && /^```c$/ {c = 1; next} c && /^```$/ {exit} c' \
     "$src/README.md" > myjobs.c
 grep -q capstan_plugin_init myjobs.c || fail "README's handler example not found"
 cmd=$(grep -o 'cc -shared -fPIC -o libmyjobs.so myjobs.c \$(pkg-config --cflags capstan)' "$src/README.md" | head -1)
@@ -61,6 +62,44 @@ cp "$src/examples/embed.c" main.c
 cmd=$(grep -o 'cc -o myworker main.c \$(pkg-config --cflags --libs capstan)' "$src/README.md" | head -1)
 [ -n "$cmd" ] || fail "README lacks the embedding build command"
 eval "$cmd" 2>cc.err || fail "embedding build: $cmd: $(cat cc.err)"
+
+# Every C sample of the README and doc/ compiles against the installed
+# headers, so none can fall behind the API (doc/development.md, "The
+# install test", is the convention): a ```c block with an #include line is
+# a whole file; any other is a fragment, compiled as the body of a function
+# given rt, client and job. #line makes the compiler name the .md line.
+mkdir samples
+nsamples=0
+for md in "$src/README.md" "$src"/doc/*.md; do
+    rm -f samples/*
+    awk -v dir=samples '
+        /^[ \t]*```c[ \t]*$/ { c = 1; f = sprintf("%s/%04d.c", dir, NR + 1); next }
+        c && /^[ \t]*```[ \t]*$/ { c = 0; close(f); next }
+        c { print > f }' "$md"
+    for f in samples/*.c; do
+        [ -e "$f" ] || continue
+        line=$(basename "$f" .c); line=$((10#$line))
+        name=${md#"$src"/}
+        where=$name:$line
+        if grep -q '^[ \t]*#[ \t]*include' "$f"; then
+            { echo "#line $line \"$name\""; cat "$f"; } > sample.c
+        else
+            { echo '#include <capstan/capstan.h>'
+              echo 'int sample(capstan_runtime_t *rt, capstan_client_t *client, capstan_job_t *job);'
+              echo 'int sample(capstan_runtime_t *rt, capstan_client_t *client, capstan_job_t *job)'
+              echo '{'
+              echo "#line $line \"$name\""
+              cat "$f"
+              echo 'return 0;'
+              echo '}'; } > sample.c
+        fi
+        cc -c -Wall -Werror -o sample.o sample.c $(pkg-config --cflags capstan) 2>cc.err \
+            || fail "the C sample at $where does not compile: $(cat cc.err)"
+        nsamples=$((nsamples + 1))
+    done
+done
+[ "$nsamples" -gt 0 ] || fail "no C sample found in README.md or doc/"
+
 # After ldconfig (README), the installed libcapstan is found; here the
 # destdir's copy stands in for it. A sanitized libcapstan needs its runtimes
 # loaded first by a program built without them.
