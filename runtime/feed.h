@@ -27,7 +27,8 @@ typedef struct capstan_done {
 void capstan__done_free(capstan_done_t *d);
 /* Frees what d holds; d stays allocated. */
 void capstan__done_clear(capstan_done_t *d);
-/* d's ack was written: notes the lock it released, then clears d. */
+/* d's ack was written: notes the lock it released, runs the death hooks
+ * when it wrote the job to the dead set, then clears d. */
 void capstan__done_acked(struct capstan_runtime *rt, capstan_done_t *d, capstan_redis_t *r);
 
 /* One job for processor s into *job, from the feed or fetched by s for
