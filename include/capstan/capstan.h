@@ -1,11 +1,12 @@
 /* capstan: a job worker runtime for Sidekiq-format Redis queues. One include for
- * the whole public API. */
+ * the whole public API: every header meson installs. */
 #ifndef CAPSTAN_H
 #define CAPSTAN_H
 
 #define CAPSTAN_VERSION "0.1.0"
 
 #include "error.h"
+#include "redis.h"
 #include "config.h"
 #include "job.h"
 #include "runtime.h"
@@ -13,6 +14,7 @@
 #include "unique.h"
 #include "middleware.h"
 #include "limiter.h"
+#include "qlock.h"
 #include "batch.h"
 
 #endif
