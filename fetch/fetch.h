@@ -120,7 +120,7 @@ capstan_fetch_t *capstan__fetch_new(const capstan_fetch_conf_t *conf, char *err)
 void capstan__fetch_free(capstan_fetch_t *f);
 
 /* Waits up to block_timeout for a job. Returns 1 with *out filled, 0 when
- * no job came, or CAPSTAN_EREDIS when the connection failed. */
+ * no job came, CAPSTAN_EREDIS when the connection failed or CAPSTAN_ENOMEM. */
 int capstan__fetch_next(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out);
 
 /* Finishes a job fetched by f (raw is the payload as fetched). With the

@@ -2,10 +2,12 @@
  * closed raises from reaching the program. The worker ignores SIGPIPE,
  * but a program using the client API need not, and a commit after Redis
  * dropped the connection (a restart, CLIENT KILL, its idle timeout) would
- * kill it (exit 141) instead of returning an error. hiredis 0.14 and
- * OpenSSL write with write(2), which takes no MSG_NOSIGNAL: SIGPIPE is
- * blocked in the calling thread around the library's own writes, and one
- * they raised is taken off the pending signals before it is unblocked.
+ * kill it (exit 141) instead of returning an error. A plain connection
+ * sends with send(2) and MSG_NOSIGNAL (redis/connection.c), but hiredis
+ * 0.14 (the queries to sentinels) and OpenSSL (TLS sessions) write with
+ * write(2), which takes no such flag: around those writes SIGPIPE is
+ * blocked in the calling thread, and one they raised is taken off the
+ * pending signals before it is unblocked.
  * A signal raised by a write goes to the thread that wrote, so nothing
  * another thread does is touched. */
 #ifndef CAPSTAN_REDIS_NOPIPE_H

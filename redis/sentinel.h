@@ -28,7 +28,8 @@ void capstan__sentinel_free(capstan_sentinel_t *s);
 
 /* Asks the sentinels in turn where the master is and writes it into
  * u->host and u->port; the sentinel that answered is asked for its peers
- * too, and those not in the list yet are added to it for the next time. Returns 0, CAPSTAN_EREDIS when no sentinel answered (or
+ * too, and those not in the list yet are added to it for the next time.
+ * Returns 0, CAPSTAN_EREDIS when no sentinel answered (or
  * none knows a master yet), or CAPSTAN_ECONFIG when every sentinel that
  * answered knows no master of that name or refused the sentinel
  * credentials; errstr (CAPSTAN_ERRLEN) says why, prefixed with name. */

@@ -1,4 +1,5 @@
-/* Internal: redis://, rediss:// and unix:// URLs, parsed and redacted. */
+/* Internal: redis://, rediss://, unix:// and sentinel URLs, parsed and
+ * redacted. */
 #ifndef CAPSTAN_REDIS_URL_H
 #define CAPSTAN_REDIS_URL_H
 
@@ -34,7 +35,9 @@ typedef struct capstan_redis_url {
  * "unix:///path[?query]" (percent-escapes in user and password are
  * decoded). Every query takes db=N and password=P, a rediss:// one the
  * TLS settings too; any other name, a TLS setting without rediss://, or a
- * database or password given twice is refused. Returns 0 or CAPSTAN_EINVAL
+ * database or password given twice is refused. A redis+sentinel:// or
+ * rediss+sentinel:// URL is parsed as capstan__sentinel_parse says
+ * (redis/sentinel.h). Returns 0 or CAPSTAN_EINVAL
  * (CAPSTAN_ENOMEM) with err filled; free the strings with
  * capstan__redis_url_clear. */
 int capstan__redis_url_parse(const char *url, capstan_redis_url_t *out, char *err);

@@ -11,8 +11,9 @@
 size_t capstan__fmt_uint(char *out, unsigned long long v);
 size_t capstan__fmt_int(char *out, long long v);
 
-/* v as "%.*f" writes it with places decimals (1 to 9), into out of n
- * bytes (at least 32). */
+/* v with places decimals, as "%.*f" writes it, into out of n bytes. Fast
+ * for 0 <= v < 1e15, 1 to 9 places and n >= 32; anything else goes
+ * through snprintf. */
 size_t capstan__fmt_fixed(char *out, size_t n, double v, int places);
 
 /* The strings after n, up to a NULL, one after another into out of n bytes

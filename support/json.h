@@ -39,8 +39,8 @@ const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, cons
  * string or on allocation failure. */
 char *capstan__json_string_dup(const char *v, size_t len);
 
-/* Appends s[0..len) to *buf as a JSON string literal (with quotes). Bytes that
- * are not valid UTF-8 become U+FFFD. buf is a growable capstan_buf. */
+/* Appends s[0..len) to b as a JSON string literal (with quotes). Bytes that
+ * are not valid UTF-8 become U+FFFD. Returns 0 or CAPSTAN_ENOMEM. */
 struct capstan_buf;
 int capstan__json_quote(struct capstan_buf *b, const char *s, size_t len);
 

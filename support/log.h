@@ -2,7 +2,9 @@
  *
  *   2026-11-21T23:09:49.756Z pid=11252 tid=97o class=OkJob jid=6cd… elapsed=0.0 INFO: done
  *
- * The logger is process-wide: the runtime configures it once at start. */
+ * The logger is process-wide: `capstan run` configures it once at start
+ * (cli/run.c); until then, and in a program that does not, lines go to
+ * stderr at INFO. */
 #ifndef CAPSTAN_SUPPORT_LOG_H
 #define CAPSTAN_SUPPORT_LOG_H
 

@@ -26,7 +26,7 @@
  * batch's steps wait with its pushes and land with them at
  * capstan_client_commit, or never (capstan_client_rollback); errors Redis finds then
  * (a parent that does not exist) are not reported, and such jobs run as
- * plain jobs. The keys are described in the README. */
+ * plain jobs. The keys are described in doc/features.md (Batches). */
 #ifndef CAPSTAN_BATCH_H
 #define CAPSTAN_BATCH_H
 

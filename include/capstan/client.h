@@ -35,7 +35,8 @@ typedef struct capstan_push_opts {
                             the class. */
 } capstan_push_opts_t;
 
-/* The defaults: queue "default", retry unset, now, float timestamps. */
+/* The defaults: no queue (the class's, else "default"), retry unset, now,
+ * float timestamps, no extra fields, the class's lock. */
 CAPSTAN_API capstan_push_opts_t capstan_push_opts_default(void);
 
 /* Connects to url (NULL = REDIS_URL or redis://127.0.0.1:6379/0). Returns a
