@@ -4,7 +4,8 @@
 # program) work against the installed headers and capstan.pc, every C
 # sample of README.md and doc/*.md compiles against them, the installed capstan
 # loads the plugin and the installed example plugin and runs their jobs
-# with the installed sample config, the man page documents every option
+# with the installed sample config, the installed Ruby batch module finds
+# the installed Lua scripts, the man page documents every option
 # of every subcommand, the systemd unit passes `systemd-analyze verify`,
 # and the Dockerfile's runtime packages and health check match.
 # Usage: install.sh BUILD_DIR SOURCE_DIR [B_SANITIZE]. Exits 77 (skipped)
@@ -130,6 +131,24 @@ until_ok 20 hello bob || fail "the plugin's job did not run: $(cat capstan.log)"
 until_ok 20 hello ann || fail "the job myworker pushed did not run: $(cat capstan.log)"
 retried() { [ "$(redis-cli -s "$tmp/redis.sock" zcard retry)" = 1 ]; }
 until_ok 20 retried || fail "the example plugin's FailJob did not fail into retry: $(cat capstan.log)"
+# The installed Ruby batch module reads the Lua scripts installed beside it
+# (never CAPSTAN_LUA_DIR's): a batch made from Ruby, run by capstan.
+rb=$(find "$D" -path '*/share/capstan/ruby/capstan_batch.rb' | head -1)
+[ -n "$rb" ] || fail "no Ruby batch module installed in share/capstan/ruby"
+[ -f "$(dirname "$(dirname "$rb")")/lua/lib/batch_done.lua" ] || fail "no Lua scripts installed in share/capstan/lua"
+if command -v ruby >/dev/null && ruby -e 'require "sidekiq"' 2>/dev/null; then
+    out=$(CAPSTAN_LUA_DIR=/nonexistent ruby -e '
+        require ARGV[0]
+        batch = Capstan::Batch.new(description: "installed")
+        batch.jobs { Sidekiq::Client.push("class" => "HardJob", "args" => ["batch"]) }
+        puts Capstan::Batch.lua_dir, batch.bid' "$rb" 2>rb.err) || fail "the installed Ruby batch module: $(cat rb.err)"
+    [ "$(head -1 <<<"$out")" = "$(dirname "$(dirname "$rb")")/lua" ] || fail "the installed Ruby batch module read $out"
+    bid=$(tail -1 <<<"$out")
+    batch_done() { [ "$(redis-cli -s "$tmp/redis.sock" hget "batch:$bid" pending)" = 0 ]; }
+    until_ok 20 batch_done || fail "the batch made from Ruby did not finish: $(cat capstan.log)"
+else
+    echo "ruby-sidekiq is not installed: the Ruby batch module was not run"
+fi
 # The Dockerfile's health check, as it runs it.
 hc=$(sed -n 's/^HEALTHCHECK.*CMD \["capstan", \(.*\)\]$/\1/p' "$src/examples/Dockerfile" | tr -d '",')
 [ -n "$hc" ] || fail "no HEALTHCHECK in examples/Dockerfile"
