@@ -133,13 +133,24 @@ static int limit_job(capstan_job_t *job, void *ud)
 }
 
 /* AjRecordJob (an ActiveJob class): RPUSH to "capstan:aj" the JSON of
- * {"class": capstan_job_class, "jid": ..., "arguments": capstan_job_aj_args}, to show
- * what a handler receives from perform_later. */
+ * {"class": capstan_job_class, "jid": ..., "arguments": capstan_job_args,
+ * "job_class": the wrapper's args[0]["job_class"]}, plus "raw" (the text of
+ * capstan_job_args_raw) when the arguments do not fit jansson, to show what
+ * a handler receives from perform_later. */
 static int aj_record_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    json_t *rec = json_pack("{s:s, s:s, s:O?}", "class", capstan_job_class(job), "jid",
-                            capstan_job_jid(job), "arguments", capstan_job_aj_args(job));
+    json_t *args = capstan_job_args(job);
+    json_t *wrapped = json_array_get(capstan_job_wrapper_args(job), 0);
+    size_t rawlen;
+    const char *raw = capstan_job_args_raw(job, &rawlen);
+    json_t *rec = json_pack("{s:s, s:s, s:O?, s:O?}", "class", capstan_job_class(job), "jid",
+                            capstan_job_jid(job), "arguments", args, "job_class",
+                            json_object_get(wrapped, "job_class"));
+    if (rec && !args && json_object_set_new(rec, "raw", json_stringn(raw, rawlen))) {
+        json_decref(rec);
+        rec = NULL;
+    }
     char *text = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(rec);
     if (!text)

@@ -7,41 +7,77 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capstan/error.h"
+
 static int is_wrapper(const char *cls)
 {
     return strcmp(cls, "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper") == 0 ||
            strcmp(cls, "Sidekiq::ActiveJob::Wrapper") == 0;
 }
 
-/* args[0], the serialized job, when it is an object. Borrowed. */
-static json_t *aj_job(capstan_job_t *job)
+static int is_ws(char c)
 {
-    json_t *j = json_array_get(capstan_job_args(job), 0);
-    return json_is_object(j) ? j : NULL;
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Scans args[0] of the payload into *inner, which starts at *at in the
+ * payload: read from the text, not through jansson, so that an argument
+ * too wide for jansson neither hides the class nor the arguments' text.
+ * The adapter writes a one-element array; anything else is not scanned
+ * (returns nonzero). */
+static int scan_aj_job(const capstan_job_t *job, capstan_jobject_t *inner, size_t *at)
+{
+    const capstan_jmember_t *m = capstan__jobject_get(&job->obj, job->payload, "args");
+    if (!m)
+        return -1;
+    size_t b = m->vstart + 1, e = m->vstart + m->vlen - 1; /* inside [ ] */
+    while (b < e && is_ws(job->payload[b]))
+        b++;
+    while (e > b && is_ws(job->payload[e - 1]))
+        e--;
+    if (b >= e || job->payload[b] != '{')
+        return -1;
+    *at = b;
+    return capstan__json_scan_object(job->payload + b, e - b, inner, NULL);
 }
 
 void capstan__aj_unwrap(capstan_job_t *job)
 {
     if (!is_wrapper(job->cls))
         return;
+    capstan_jobject_t inner = {0};
+    size_t at = 0;
+    int rc = scan_aj_job(job, &inner, &at), scanned = rc == 0;
+    if (rc == CAPSTAN_ENOMEM) {
+        capstan__jobject_free(&inner);
+        return;
+    }
+    const char *itext = job->payload + at;
     char *name = NULL;
     const capstan_jmember_t *m = capstan__jobject_get(&job->obj, job->payload, "wrapped");
     if (m && job->payload[m->vstart] == '"')
         name = capstan__json_string_dup(job->payload + m->vstart, m->vlen);
-    if (!name) {
-        const char *jc = json_string_value(json_object_get(aj_job(job), "job_class"));
-        name = jc ? strdup(jc) : NULL;
+    if (!name && scanned) {
+        const capstan_jmember_t *jc = capstan__jobject_get(&inner, itext, "job_class");
+        name = jc ? capstan__json_string_dup(itext + jc->vstart, jc->vlen) : NULL;
     }
     if (!name || !name[0]) {
         free(name);
+        capstan__jobject_free(&inner);
         return;
     }
+    const capstan_jmember_t *a = scanned ? capstan__jobject_get(&inner, itext, "arguments") : NULL;
+    if (a && itext[a->vstart] == '[') {
+        job->aj_raw = at + a->vstart;
+        job->aj_rawlen = a->vlen;
+    }
+    capstan__jobject_free(&inner);
     job->wrapper = job->cls;
     job->cls = name;
 }
 
 /* What ActiveJob::Arguments.deserialize makes of v, as JSON: see
- * capstan_job_aj_args in capstan/job.h. A new reference, or NULL out of memory. */
+ * capstan_job_args in capstan/job.h. A new reference, or NULL out of memory. */
 static json_t *deserialize(json_t *v)
 {
     if (json_is_array(v)) {
@@ -80,14 +116,17 @@ static json_t *deserialize(json_t *v)
     return out;
 }
 
-json_t *capstan_job_aj_args(capstan_job_t *job)
+json_t *capstan_job_args(capstan_job_t *job)
 {
     if (!job->wrapper)
-        return capstan_job_args(job);
+        return capstan_job_wrapper_args(job);
     if (!job->aj_tried) {
         job->aj_tried = 1;
-        json_t *a = json_object_get(aj_job(job), "arguments");
+        /* From the text capstan_job_args_raw gives, so the two agree. */
+        json_t *a = job->aj_rawlen ? json_loadb(job->payload + job->aj_raw, job->aj_rawlen, 0, NULL)
+                                   : NULL;
         job->aj_args = json_is_array(a) ? deserialize(a) : NULL;
+        json_decref(a);
     }
     return job->aj_args;
 }

@@ -65,7 +65,7 @@ void capstan__job_clear(capstan_job_t *job)
     free(job->jid);
     free(job->bid);
     free(job->wrapper);
-    json_decref(job->args);
+    json_decref(job->wrapper_args);
     json_decref(job->aj_args);
     free(job->err_class);
     free(job->err_msg);
@@ -99,26 +99,43 @@ const char *capstan_job_field_raw(const capstan_job_t *job, const char *key, siz
     return job->payload + m->vstart;
 }
 
-const char *capstan_job_args_raw(const capstan_job_t *job, size_t *len)
+/* The payload's own "args" text, "[]" when absent. */
+static const char *payload_args(const capstan_job_t *job, size_t *len)
 {
     const char *v = capstan_job_field_raw(job, "args", len);
     if (!v) {
         v = "[]";
-        if (len)
-            *len = 2;
+        *len = 2;
     }
     return v;
 }
 
-json_t *capstan_job_args(capstan_job_t *job)
+const char *capstan_job_args_raw(const capstan_job_t *job, size_t *len)
 {
-    if (!job->args_tried) {
-        job->args_tried = 1;
-        size_t len;
-        const char *v = capstan_job_args_raw(job, &len);
-        job->args = json_loadb(v, len, JSON_DECODE_ANY, NULL);
+    size_t n;
+    const char *v;
+    /* A handler reads the arguments perform receives, whatever the
+     * wrapper around them; an ActiveJob payload without them has none. */
+    if (job->wrapper) {
+        v = job->aj_rawlen ? job->payload + job->aj_raw : "[]";
+        n = job->aj_rawlen ? job->aj_rawlen : 2;
+    } else {
+        v = payload_args(job, &n);
     }
-    return job->args;
+    if (len)
+        *len = n;
+    return v;
+}
+
+json_t *capstan_job_wrapper_args(capstan_job_t *job)
+{
+    if (!job->wrapper_args_tried) {
+        job->wrapper_args_tried = 1;
+        size_t len;
+        const char *v = payload_args(job, &len);
+        job->wrapper_args = json_loadb(v, len, JSON_DECODE_ANY, NULL);
+    }
+    return job->wrapper_args;
 }
 
 int capstan_job_fail(capstan_job_t *job, const char *error_class, const char *fmt, ...)

@@ -22,10 +22,12 @@ struct capstan_job {
                                ActiveJob's wrapper (then cls differs), else NULL */
     const char *queue;      /* the queue it was fetched from (borrowed) */
     long retry_count;       /* -1 when absent */
-    json_t *args;           /* parsed on demand */
-    int args_tried;
+    json_t *wrapper_args;   /* the payload's own "args", parsed on demand */
+    int wrapper_args_tried;
     json_t *aj_args;        /* ActiveJob's arguments, deserialized on demand */
     int aj_tried;
+    size_t aj_raw, aj_rawlen; /* ActiveJob: where args[0]["arguments"] lies in
+                               payload (aj_rawlen 0: not found) */
     redisContext *redis;    /* the processor's connection (borrowed) */
     char *err_class, *err_msg; /* set by capstan_job_fail */
     char **backtrace;       /* set by capstan_job_set_backtrace, owned */
@@ -42,9 +44,10 @@ void capstan__job_clear(capstan_job_t *job);
 
 /* activejob.c: when job's payload class is ActiveJob's Sidekiq wrapper
  * (Rails' ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper or Sidekiq
- * 7+'s Sidekiq::ActiveJob::Wrapper), moves it to job->wrapper and sets
+ * 7+'s Sidekiq::ActiveJob::Wrapper), moves it to job->wrapper, sets
  * job->cls to the wrapped class ("wrapped", else args[0]["job_class"], as
- * Sidekiq's display_class reads it). Out of memory it leaves the job as it
+ * Sidekiq's display_class reads it) and finds the text of
+ * args[0]["arguments"] (job->aj_raw). Out of memory it leaves the job as it
  * is: it then fails with NameError and is retried, as a Ruby process
  * without the class would. */
 void capstan__aj_unwrap(capstan_job_t *job);

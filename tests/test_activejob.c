@@ -98,6 +98,9 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     cr_assert(rec, "AjRecordJob ran %s", now);
     cr_assert_str_eq(json_string_value(json_object_get(rec, "class")), "AjRecordJob",
                      "capstan_job_class is the wrapped class");
+    cr_assert_str_eq(json_string_value(json_object_get(rec, "job_class")), "AjRecordJob",
+                     "capstan_job_wrapper_args keeps ActiveJob's serialized job");
+    cr_assert_null(json_object_get(rec, "raw"), "no raw text recorded when the arguments parse");
     assert_json(json_object_get(rec, "arguments"),
                 "[\"sym\", {\"a\": 1, \"b\": \"c\"}, [1, 2], \"str\", 1.5, null, true,"
                 " \"gid://app/Model/7\", {\"x\": 1}, \"2026-01-02T03:04:05.000000000Z\", 259200,"
@@ -107,7 +110,9 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     rec = record_of(big);
     cr_assert(rec, "AjRecordJob ran %s", big);
     cr_assert(json_is_null(json_object_get(rec, "arguments")),
-              "an integer past 64 bits: NULL, as capstan_job_args");
+              "an integer past 64 bits: capstan_job_args is NULL");
+    cr_assert_str_eq(json_string_value(json_object_get(rec, "raw")), "[12345678901234567890,\"str\"]",
+                     "capstan_job_args_raw is the arguments' text, not the wrapper's");
     json_decref(rec);
     rec = record_of(later);
     cr_assert(rec, "the scheduled job ran once due");
@@ -123,6 +128,25 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     free(now);
     free(big);
     free(later);
+}
+
+/* A handler written for plain Sidekiq jobs reads its arguments with
+ * capstan_job_args; the same handler gets perform's arguments from an
+ * ActiveJob job, not the wrapper's [{"job_class": ...}] (which made the
+ * examples' RecordJob record under its default key and report done). */
+Test(activejob, a_plain_handler_reads_perform_later_arguments_with_capstan_job_args)
+{
+    char *jid = jid_of(AJ("record", "aj:records"));
+    char *cfg = write_conf(NULL);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER aj:records %s", jid) == 1, 20),
+              "RecordJob recorded its jid under the key it was given: %s", kt_capstan_log(pid));
+    stop_ok(pid);
+    cr_assert_eq(kt_int("EXISTS capstan:records"), 0, "not under the handler's default key");
+    cr_assert_eq(kt_int("LLEN aj:records:log"), 1, "ran once");
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+    free(cfg);
+    free(jid);
 }
 
 /* The text of "args":[...] in a payload, up to the next top-level key

@@ -1,5 +1,8 @@
 /* Payload edits and Sidekiq's retry rules on the payload text. */
 #include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "job/job.h"
@@ -80,6 +83,82 @@ Test(payload, the_error_a_handler_gave_is_readable)
     cr_assert_str_eq(capstan_job_error_message(&job), "need 2 args");
     capstan_job_fail(&job, NULL, "again");
     cr_assert_str_eq(capstan_job_error_class(&job), "RuntimeError");
+    capstan__job_clear(&job);
+}
+
+static void assert_raw(const char *got, size_t len, const char *want)
+{
+    cr_assert(len == strlen(want) && memcmp(got, want, len) == 0, "got %.*s, want %s", (int)len, got,
+              want);
+}
+
+static void assert_json_is(json_t *got, const char *want_text)
+{
+    json_t *want = json_loads(want_text, 0, NULL);
+    cr_assert(want, "%s parses", want_text);
+    char *g = got ? json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    cr_assert(json_equal(got, want), "got %s, want %s", g ? g : "NULL", want_text);
+    free(g);
+    json_decref(want);
+}
+
+/* A handler reads the arguments perform receives with capstan_job_args and
+ * capstan_job_args_raw, for a plain job and an ActiveJob one alike; the
+ * wrapper's own array is capstan_job_wrapper_args. */
+Test(payload, job_args_are_performs_arguments_for_activejob_too)
+{
+    const char *aj_args = "[{\"_aj_serialized\":\"ActiveJob::Serializers::SymbolSerializer\","
+                          "\"value\":\"s\"}, 1,{\"a\":1,\"_aj_symbol_keys\":[\"a\"]}]";
+    char *p = NULL;
+    cr_assert(asprintf(&p, "{\"class\":\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\","
+                           "\"wrapped\":\"HelloJob\",\"args\":[ {\"job_class\":\"HelloJob\","
+                           "\"job_id\":\"x\",\"arguments\":%s} ],\"jid\":\"j\"}", aj_args) > 0);
+    capstan_job_t job = job_of(p);
+    cr_assert_str_eq(capstan_job_class(&job), "HelloJob");
+    assert_json_is(capstan_job_args(&job), "[\"s\",1,{\"a\":1}]");
+    size_t len;
+    const char *raw = capstan_job_args_raw(&job, &len);
+    assert_raw(raw, len, aj_args);
+    json_t *w = capstan_job_wrapper_args(&job);
+    cr_assert_eq(json_array_size(w), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(w, 0), "job_id")), "x");
+    raw = capstan_job_field_raw(&job, "args", &len);
+    cr_assert(len > 2 && strncmp(raw, "[ {\"job_class\"", 14) == 0, "the payload's own args");
+    capstan__job_clear(&job);
+    free(p);
+
+    /* Too wide for jansson: the class and the text still come from the
+     * payload; only the parsed forms are NULL. */
+    job = job_of("{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"args\":[{\"job_class\":\"BigJob\","
+                 "\"arguments\":[18446744073709551616,\"x\"]}],\"jid\":\"j\"}");
+    cr_assert_str_eq(capstan_job_class(&job), "BigJob", "args[0][\"job_class\"] without \"wrapped\"");
+    cr_assert_null(capstan_job_args(&job));
+    cr_assert_null(capstan_job_wrapper_args(&job));
+    raw = capstan_job_args_raw(&job, &len);
+    assert_raw(raw, len, "[18446744073709551616,\"x\"]");
+    capstan__job_clear(&job);
+
+    /* No arguments to give: NULL, and no text either. */
+    job = job_of("{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"wrapped\":\"X\","
+                 "\"args\":[{\"job_class\":\"X\"}],\"jid\":\"j\"}");
+    cr_assert_str_eq(capstan_job_class(&job), "X");
+    cr_assert_null(capstan_job_args(&job));
+    raw = capstan_job_args_raw(&job, &len);
+    assert_raw(raw, len, "[]");
+    capstan__job_clear(&job);
+
+    /* Any other job: the payload's args, through every accessor. */
+    job = job_of("{\"class\":\"A\",\"args\":[{\"job_class\":\"B\",\"arguments\":[1]}],\"jid\":\"j\"}");
+    cr_assert_str_eq(capstan_job_class(&job), "A");
+    assert_json_is(capstan_job_args(&job), "[{\"job_class\":\"B\",\"arguments\":[1]}]");
+    cr_assert_eq(capstan_job_args(&job), capstan_job_wrapper_args(&job));
+    raw = capstan_job_args_raw(&job, &len);
+    assert_raw(raw, len, "[{\"job_class\":\"B\",\"arguments\":[1]}]");
+    capstan__job_clear(&job);
+    job = job_of("{\"class\":\"A\",\"jid\":\"j\"}");
+    assert_json_is(capstan_job_args(&job), "[]");
+    raw = capstan_job_args_raw(&job, &len);
+    assert_raw(raw, len, "[]");
     capstan__job_clear(&job);
 }
 

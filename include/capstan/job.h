@@ -33,31 +33,43 @@ CAPSTAN_API const char *capstan_job_bid(const capstan_job_t *job);
 /* The queue the job was fetched from (without the "queue:" prefix). */
 CAPSTAN_API const char *capstan_job_queue(const capstan_job_t *job);
 
-/* The raw JSON text of "args" as the client wrote it ("[]" when absent).
- * Not NUL-terminated inside the payload: *len receives its length. */
-CAPSTAN_API const char *capstan_job_args_raw(const capstan_job_t *job, size_t *len);
-
-/* "args" parsed by jansson, or NULL when jansson cannot represent it (for
- * example an integer wider than 64 bits): then use capstan_job_args_raw. The
- * returned array is borrowed from the job; do not decref it. */
+/* The arguments the job's perform method receives, parsed by jansson. For
+ * most jobs that is the payload's "args". For a job enqueued through
+ * ActiveJob it is args[0]["arguments"] with ActiveJob's serialization
+ * undone, as JSON: a symbol ({"_aj_serialized": "...SymbolSerializer",
+ * "value": "sym"}) becomes its name "sym"; any other serializer with a
+ * "value" (Time, Date, DateTime, TimeWithZone, Duration, BigDecimal,
+ * Module) becomes that value (an ISO 8601 string, seconds, a decimal
+ * string, a name); one without (Range, custom serializers) stays an object,
+ * "_aj_serialized" included; a GlobalID ({"_aj_globalid": ...}) becomes its
+ * "gid://app/Model/1" string; the markers "_aj_symbol_keys",
+ * "_aj_ruby2_keywords" and "_aj_hash_with_indifferent_access" are removed
+ * from hashes. So one handler reads its arguments the same way whether
+ * Ruby pushed the job with perform_async or perform_later.
+ * NULL when jansson cannot represent the arguments (for example an integer
+ * wider than 64 bits: then use capstan_job_args_raw), or when an ActiveJob
+ * payload carries no "arguments" array in args[0].
+ * Borrowed from the job (valid until the handler returns); do not decref
+ * it. */
 CAPSTAN_API json_t *capstan_job_args(capstan_job_t *job);
 
-/* The arguments the job's perform method receives. For an ActiveJob
- * payload: args[0]["arguments"] with ActiveJob's serialization undone, as
- * JSON: a symbol ({"_aj_serialized": "...SymbolSerializer", "value": "sym"})
- * becomes its name "sym"; any other serializer with a "value" (Time, Date,
- * DateTime, TimeWithZone, Duration, BigDecimal, Module) becomes that value
- * (an ISO 8601 string, seconds, a decimal string, a name); one without
- * (Range, custom serializers) stays an object, "_aj_serialized" included;
- * a GlobalID ({"_aj_globalid": ...}) becomes its "gid://app/Model/1"
- * string; the markers "_aj_symbol_keys", "_aj_ruby2_keywords" and
- * "_aj_hash_with_indifferent_access" are removed from hashes. For any other
- * job: capstan_job_args. NULL when jansson cannot represent the arguments (an
- * integer wider than 64 bits, as capstan_job_args) or args[0] is not an
- * ActiveJob serialization. capstan_job_args and capstan_job_args_raw keep returning
- * the payload's own "args" (for ActiveJob, the wrapper's one-element array).
+/* The same arguments as JSON text, byte-exact as the client wrote them
+ * (big integers included), for when capstan_job_args is NULL. For an
+ * ActiveJob job that is args[0]["arguments"], still in ActiveJob's
+ * serialized form (text cannot be deserialized); "[]" when the payload has
+ * no "args" or an ActiveJob payload no "arguments". Borrowed from the job
+ * (it points into the payload) and not NUL-terminated: *len (may be NULL)
+ * receives its length. */
+CAPSTAN_API const char *capstan_job_args_raw(const capstan_job_t *job, size_t *len);
+
+/* The payload's own "args", parsed by jansson: for an ActiveJob job the
+ * adapter's one-element array [{"job_class": ..., "job_id": ...,
+ * "arguments": [...], "executions": ..., "locale": ..., ...}], ActiveJob's
+ * serialized job, for a handler that needs more of it than the arguments;
+ * for any other job the same array as capstan_job_args. NULL when jansson
+ * cannot represent it. Its text is capstan_job_field_raw(job, "args", &len).
  * Borrowed from the job; do not decref it. */
-CAPSTAN_API json_t *capstan_job_aj_args(capstan_job_t *job);
+CAPSTAN_API json_t *capstan_job_wrapper_args(capstan_job_t *job);
 
 /* retry_count from the payload, or -1 when the job has never failed. */
 CAPSTAN_API long capstan_job_retry_count(const capstan_job_t *job);

@@ -6,6 +6,8 @@
 #   ruby activejob.rb enqueue    (AjRecordJob with every kind of argument)
 #   ruby activejob.rb bigint     (AjRecordJob with an integer past 64 bits)
 #   ruby activejob.rb schedule SECONDS  (AjRecordJob.set(wait: SECONDS))
+#   ruby activejob.rb record KEY (RecordJob, a class the examples' handler
+#                                 reads its key from: its first argument)
 #   ruby activejob.rb fail       (FailingAjJob)
 #   ruby activejob.rb retries    (RetrySet as the Web UI shows it)
 # Each enqueue prints the Sidekiq jid (provider_job_id).
@@ -46,6 +48,11 @@ class FailingAjJob < ActiveJob::Base
   def perform(*args); end
 end
 
+# The examples' RecordJob, as a Rails app would declare it: perform(key).
+class RecordJob < ActiveJob::Base
+  def perform(key); end
+end
+
 def jid(job)
   job.provider_job_id or abort('not enqueued')
 end
@@ -60,6 +67,7 @@ out =
           Time.utc(2026, 1, 2, 3, 4, 5), 3.days, kw: :v))
   when 'bigint' then jid(AjRecordJob.perform_later(12_345_678_901_234_567_890, 'str'))
   when 'schedule' then jid(AjRecordJob.set(wait: ARGV[0].to_f).perform_later('later'))
+  when 'record' then jid(RecordJob.perform_later(ARGV[0]))
   when 'fail' then jid(FailingAjJob.perform_later(:x, 1))
   when 'retries'
     Sidekiq::RetrySet.new.map do |e|
