@@ -37,7 +37,9 @@ typedef struct moved {
     long count;                /* recoveries so far, for the dead only */
 } moved_t;
 
-/* Works out where one orphan goes and what it looks like there. */
+/* Works out where one orphan goes and what it looks like there. A poison
+ * pill's failed_at takes the unit of the payload's own timestamps; ts only
+ * decides for a payload without any. */
 static int plan_job(const char *raw, size_t len, int max_recoveries, capstan_ts_format_t ts,
                     double now, moved_t *m)
 {
@@ -71,7 +73,7 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, capstan_ts_
     char cnt[32], when[32], msg[160];
     snprintf(cnt, sizeof(cnt), "%ld", count);
     if (count >= max_recoveries) {
-        capstan__ts_json(when, now, ts);
+        capstan__ts_json(when, now, capstan__ts_format_of(raw, &obj, ts));
         snprintf(msg, sizeof(msg),
                  "\"recovered from crashed processes %ld times; its worker died each time\"", count);
         capstan_field_t set[] = {

@@ -63,8 +63,10 @@ typedef struct capstan_failure {
 } capstan_failure_t;
 
 /* Applies Sidekiq's retry rules to a failed job: error fields, retry_count,
- * failed_at/retried_at, the backoff count^4 + 15 + rand(10)*(count+1), and
- * exhaustion to the dead set (or nowhere for retry: false / dead: false).
+ * failed_at/retried_at (in the unit of the payload's own timestamps,
+ * cfg->timestamps for one without: support/payload.h), the backoff
+ * count^4 + 15 + rand(10)*(count+1), and exhaustion to the dead set (or
+ * nowhere for retry: false / dead: false).
  * "recovery_count" goes: only a job that crashes its process keeps it.
  * class_retry is the class option (CAPSTAN_RETRY_*), used when the payload has
  * no "retry". Returns 0 or CAPSTAN_ENOMEM. */
@@ -73,7 +75,9 @@ int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const
                           capstan_failure_t *out);
 
 /* A payload that cannot be run (not JSON, no class or jid): a dead-set entry
- * that keeps the original text and says why. Returns 0 or CAPSTAN_ENOMEM. */
+ * that keeps the original text and says why, its failed_at in the unit of
+ * the payload's timestamps as capstan__retry_decide. Returns 0 or
+ * CAPSTAN_ENOMEM. */
 int capstan__retry_invalid(const char *raw, size_t len, const char *queue, const char *why,
                            const capstan_config_t *cfg, double now, capstan_failure_t *out);
 

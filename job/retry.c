@@ -182,7 +182,7 @@ int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const
     }
 
     char ts[32], cnt[32];
-    capstan__ts_json(ts, now, cfg->timestamps);
+    capstan__ts_json(ts, now, capstan__ts_format_of(job->payload, &job->obj, cfg->timestamps));
     snprintf(cnt, sizeof(cnt), "%ld", count);
     capstan_buf_t cls = {0}, msg = {0}, q = {0}, bt = {0};
     size_t nbt = backtrace_lines(job);
@@ -237,11 +237,13 @@ int capstan__retry_invalid(const char *raw, size_t len, const char *queue, const
     out->fate = CAPSTAN_FATE_DEAD;
     out->score = now;
     char ts[32], jid[25];
-    capstan__ts_json(ts, now, cfg->timestamps);
     capstan_jobject_t obj = {0};
     capstan_buf_t b = {0}, msg = {0};
     int rc = capstan__json_quote(&msg, why, strlen(why));
-    if (!rc && capstan__json_scan_object(raw, len, &obj, NULL) == 0) {
+    int scanned = !rc && capstan__json_scan_object(raw, len, &obj, NULL) == 0;
+    capstan__ts_json(ts, now, scanned ? capstan__ts_format_of(raw, &obj, cfg->timestamps)
+                                      : cfg->timestamps);
+    if (scanned) {
         /* Valid JSON without class or jid: keep every byte and add why. */
         char jidq[32];
         capstan__new_jid(jid);

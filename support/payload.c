@@ -79,6 +79,25 @@ void capstan__ts_json(char *buf, double now, capstan_ts_format_t fmt)
         snprintf(buf, 32, "%.6f", now);
 }
 
+capstan_ts_format_t capstan__ts_format_of(const char *s, const capstan_jobject_t *obj,
+                                          capstan_ts_format_t fallback)
+{
+    /* created_at first: the client that made the job wrote it and nothing
+     * rewrites it, so it names the Sidekiq line that pushed the job. */
+    static const char *const keys[] = { "created_at", "enqueued_at", "failed_at", "retried_at" };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const capstan_jmember_t *m = capstan__jobject_get(obj, s, keys[i]);
+        if (!m || !m->vlen || !(s[m->vstart] == '-' || (s[m->vstart] >= '0' && s[m->vstart] <= '9')))
+            continue;
+        const char *v = s + m->vstart;
+        for (size_t k = 0; k < m->vlen; k++)
+            if (v[k] == '.' || v[k] == 'e' || v[k] == 'E')
+                return CAPSTAN_TS_FLOAT;
+        return CAPSTAN_TS_MILLIS;
+    }
+    return fallback;
+}
+
 double capstan__ts_parse(const char *v, size_t len)
 {
     char tmp[64];

@@ -26,6 +26,15 @@ int capstan__payload_edit(const char *s, const capstan_jobject_t *obj,
  * float seconds always carry a '.', millis are an integer. */
 void capstan__ts_json(char *buf, double now, capstan_ts_format_t fmt);
 
+/* The unit of the timestamps payload s (scanned into obj) already carries:
+ * that of its created_at, else enqueued_at, failed_at or retried_at (an
+ * integer is Sidekiq 8's milliseconds, a number with '.' or an exponent
+ * seconds); fallback when it has none of them as a number. A field capstan
+ * writes takes this unit, so the readers of a payload never see two units
+ * in it and a Sidekiq 8 job stays in milliseconds under timestamps: float. */
+capstan_ts_format_t capstan__ts_format_of(const char *s, const capstan_jobject_t *obj,
+                                          capstan_ts_format_t fallback);
+
 /* Reads a JSON timestamp: a number with '.' or an exponent is seconds, an
  * integer is milliseconds. Returns epoch seconds or 0 when v is not a number. */
 double capstan__ts_parse(const char *v, size_t len);

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fetch/fetch.h"
 #include "helpers.h"
 
 #define BIGINT "123456789012345678901234567890"
@@ -622,9 +623,13 @@ Test(interop, float_timestamps_by_default_all_contain_a_point)
     free(later);
 }
 
+/* The setting decides the unit only for a payload without timestamps, as a
+ * client that writes none leaves it (Ruby's client always writes them). */
 Test(interop, millis_timestamps_are_integers_and_ruby_6_4_still_loads)
 {
-    char *jid = ruby_push("{\"class\":\"FailJob\",\"args\":[\"ms\"]}");
+    const char *jid = "6d5a1b0e4c3f2a1908172635";
+    freeReplyObject(kt_cmd("LPUSH queue:default {\"retry\":true,\"queue\":\"default\",\"args\":[\"ms\"],"
+                           "\"class\":\"FailJob\",\"jid\":\"%s\"}", jid));
     char *cfg = write_conf(NULL);
     double t0 = wall();
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
@@ -652,5 +657,173 @@ Test(interop, millis_timestamps_are_integers_and_ruby_6_4_still_loads)
     free(fa);
     free(raw);
     free(cfg);
+}
+
+/* Recovery writes failed_at too: a poison pill sent to the dead set keeps
+ * the unit of its payload's timestamps, and the setting decides for one
+ * without any. */
+Test(interop, a_poison_pills_failed_at_keeps_the_payloads_unit)
+{
+    const char *id = "gone-host:4242:0123456789ab";
+    char *wkey = kt_working_key(id);
+    char j8[25], j6[25], j0[25];
+    kt_make_jid(j8, 96, 0);
+    kt_make_jid(j6, 96, 1);
+    kt_make_jid(j0, 96, 2);
+    freeReplyObject(kt_cmd("LPUSH %s {\"class\":\"CrashJob\",\"args\":[],\"jid\":\"%s\","
+                           "\"created_at\":1700000000000,\"enqueued_at\":1700000000000}", wkey, j8));
+    freeReplyObject(kt_cmd("LPUSH %s {\"class\":\"CrashJob\",\"args\":[],\"jid\":\"%s\","
+                           "\"created_at\":1700000000.5,\"enqueued_at\":1700000000.5}", wkey, j6));
+    freeReplyObject(kt_cmd("LPUSH %s {\"class\":\"CrashJob\",\"args\":[],\"jid\":\"%s\"}", wkey, j0));
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_recovery_t rec = {0};
+    char err[CAPSTAN_ERRLEN];
+    double t0 = wall();
+    /* max_recoveries 1: this recovery is the one too many. */
+    cr_assert_eq(capstan__fetch_recover_one(r, id, 1, CAPSTAN_TS_MILLIS, &rec, err), 0, "%s", err);
+    cr_assert_eq(rec.killed, 3);
+    const char *jids[] = { j8, j6, j0 };
+    for (size_t i = 0; i < 3; i++) {
+        redisReply *d = kt_cmd("ZRANGE dead 0 -1");
+        char *entry = NULL;
+        for (size_t k = 0; d->type == REDIS_REPLY_ARRAY && k < d->elements && !entry; k++)
+            if (strstr(d->element[k]->str, jids[i]))
+                entry = strdup(d->element[k]->str);
+        freeReplyObject(d);
+        cr_assert(entry, "%s is dead", jids[i]);
+        char *fa = number_literal(entry, "failed_at");
+        int want_float = i == 1; /* the float payload; the others ms */
+        cr_assert(fa && is_float_literal(fa) == want_float, "failed_at %s: %s", fa, entry);
+        double at = atof(fa) / (want_float ? 1 : 1000);
+        cr_assert(at >= t0 - 1 && at <= wall() + 1, "failed_at %s is now", fa);
+        free(fa);
+        free(entry);
+    }
+    capstan_redis_free(r);
+    free(wkey);
+}
+
+/* Runs tests/ruby/sidekiq.rb under Sidekiq version; returns its JSON. */
+static json_t *ruby_v(const char *version, const char *const *args)
+{
+    char *out = NULL;
+    int st = kt_ruby_v(version, "sidekiq.rb", args, &out);
+    cr_assert_eq(st, 0, "sidekiq.rb %s under %s exited %d: %s", args[0], version, st, out);
+    json_t *v = json_loads(out, JSON_DECODE_ANY, NULL);
+    cr_assert(v, "sidekiq.rb %s under %s printed no JSON: %s", args[0], version, out);
+    free(out);
+    return v;
+}
+
+/* A job that the Sidekiq client of each version pushed, failed by capstan
+ * under the default setting: its failed_at is in the unit that Sidekiq
+ * wrote (float seconds from 6.4 and 7.3, integer milliseconds from 8.0),
+ * and that Sidekiq reads the retry back as such. */
+KT_SIDEKIQ_TEST(interop, failed_at_takes_the_unit_of_the_sidekiq_that_pushed_the_job)
+{
+    json_t *v = ruby_v(sidekiq, (const char *[]){ "push", "{\"class\":\"FailJob\",\"args\":[\"v\"]}", NULL });
+    cr_assert(json_is_string(v), "push printed a jid");
+    char *jid = strdup(json_string_value(v));
+    json_decref(v);
+    char *queued = kt_str("LINDEX queue:default 0");
+    char *ca = number_literal(queued, "created_at");
+    int ms = !is_float_literal(ca);
+    cr_assert_eq(ms, strcmp(sidekiq, "8.0.10") == 0, "Sidekiq %s wrote created_at %s", sidekiq, ca);
+
+    char *cfg = write_conf(NULL);
+    double t0 = wall();
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
+
+    double score;
+    char *raw = only_member("retry", &score);
+    char *fa = number_literal(raw, "failed_at");
+    cr_assert(fa && is_float_literal(fa) == !ms, "failed_at %s in the unit of created_at %s: %s", fa, ca,
+              raw);
+    double at = atof(fa) / (ms ? 1000 : 1);
+    cr_assert(at >= t0 - 1 && at <= wall() + 1, "failed_at %s is now", fa);
+    cr_assert(score > at + 14 && score < at + 26, "the score stays in seconds: %f", score);
+
+    json_t *set = ruby_v(sidekiq, (const char *[]){ "retries", NULL });
+    cr_assert_eq(json_array_size(set), 1, "Sidekiq %s lists the retry", sidekiq);
+    json_t *item = json_object_get(json_array_get(set, 0), "item");
+    cr_assert_str_eq(str_of(item, "jid"), jid);
+    json_t *f = json_object_get(item, "failed_at");
+    cr_assert(ms ? json_is_integer(f) : json_is_real(f), "Sidekiq %s reads failed_at as %s", sidekiq,
+              ms ? "an Integer (ms)" : "a Float (s)");
+    json_decref(set);
+    free(fa);
+    free(raw);
+    free(cfg);
+    free(ca);
+    free(queued);
     free(jid);
+}
+
+/* The retry entry of jid, as stored (malloc'd). */
+static char *retry_entry(const char *jid)
+{
+    redisReply *r = kt_cmd("ZRANGE retry 0 -1");
+    char *found = NULL;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && !found; i++)
+        if (strstr(r->element[i]->str, jid))
+            found = strdup(r->element[i]->str);
+    freeReplyObject(r);
+    cr_assert(found, "%s is in the retry set", jid);
+    return found;
+}
+
+/* A failure is written in the unit the payload already carries, whatever
+ * the setting: a job Sidekiq 8 pushed (integer milliseconds) under the
+ * default float setting, one Ruby 6.4 pushed (float seconds) under
+ * --timestamps millis. */
+Test(interop, failure_timestamps_keep_the_unit_the_payload_carries)
+{
+    const char *jid8 = "8a8a8a8a8a8a8a8a8a8a8a8a";
+    double t0 = wall();
+    long long ms0 = (long long)(t0 * 1000);
+    freeReplyObject(kt_cmd("LPUSH queue:default {\"retry\":true,\"queue\":\"default\",\"args\":[\"s8\"],"
+                           "\"class\":\"FailJob\",\"jid\":\"%s\",\"created_at\":%lld,\"enqueued_at\":%lld}",
+                           jid8, ms0, ms0));
+    char *jid6 = ruby_push("{\"class\":\"FailJob\",\"args\":[\"s6\"]}");
+    char *cfg = write_conf(NULL);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 15), "%s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
+
+    char *e8 = retry_entry(jid8), *fa = number_literal(e8, "failed_at");
+    cr_assert(fa && strspn(fa, "0123456789") == strlen(fa), "Sidekiq 8's job: integer ms: %s", e8);
+    cr_assert(atof(fa) >= (t0 - 1) * 1000 && atof(fa) <= (wall() + 1) * 1000, "in ms: %s", fa);
+    char *ca = number_literal(e8, "created_at"), want[32];
+    snprintf(want, sizeof(want), "%lld", ms0);
+    cr_assert_str_eq(ca, want, "created_at untouched");
+    free(fa);
+    free(ca);
+    char *e6 = retry_entry(jid6);
+    fa = number_literal(e6, "failed_at");
+    cr_assert(is_float_literal(fa), "Ruby 6.4's job: float seconds: %s", e6);
+    free(fa);
+    free(e6);
+    free(jid6);
+
+    /* Under millis, Ruby 6.4's float seconds stay float seconds. */
+    freeReplyObject(kt_cmd("DEL retry"));
+    jid6 = ruby_push("{\"class\":\"FailJob\",\"args\":[\"s6\"]}");
+    pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 30);
+    e6 = retry_entry(jid6);
+    fa = number_literal(e6, "failed_at");
+    cr_assert(is_float_literal(fa), "a float payload stays float under millis: %s", e6);
+    json_t *set = RUBY("retries");
+    cr_assert_eq(json_array_size(set), 1);
+    cr_assert(json_is_real(json_object_get(json_object_get(json_array_get(set, 0), "item"), "failed_at")),
+              "Ruby 6.4 reads float seconds");
+    json_decref(set);
+    free(fa);
+    free(e6);
+    free(e8);
+    free(jid6);
+    free(cfg);
 }

@@ -273,6 +273,107 @@ Test(payload, retry_queue_and_millis_timestamps)
     capstan_config_free(cfg);
 }
 
+/* The value text of key in payload s (malloc'd), or NULL. */
+static char *literal(const char *s, const char *key)
+{
+    capstan_jobject_t o = {0};
+    cr_assert_eq(capstan__json_scan_object(s, strlen(s), &o, NULL), 0, "%s", s);
+    const capstan_jmember_t *m = capstan__jobject_get(&o, s, key);
+    char *v = m ? strndup(s + m->vstart, m->vlen) : NULL;
+    capstan__jobject_free(&o);
+    return v;
+}
+
+static void assert_literal(const char *payload, const char *key, const char *want)
+{
+    char *v = literal(payload, key);
+    cr_assert(v && strcmp(v, want) == 0, "%s is %s, want %s: %s", key, v ? v : "absent", want, payload);
+    free(v);
+}
+
+/* Fails the job in payload at now under cfg; returns the payload stored. */
+static char *fail_once(const char *payload, const capstan_config_t *cfg, double now)
+{
+    capstan_job_t job = job_of(payload);
+    capstan_failure_t f;
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, now, &f), 0);
+    cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
+    char *out = f.payload;
+    f.payload = NULL;
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    return out;
+}
+
+/* Sidekiq 8 writes integer milliseconds, 6.x and 7.x float seconds: a
+ * failure is written in the unit the payload already carries, whatever the
+ * setting, which decides only for a payload without timestamps. */
+Test(payload, failure_timestamps_follow_the_payloads_unit)
+{
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert_eq(cfg->timestamps, CAPSTAN_TS_FLOAT, "float is the default");
+    char *first = fail_once("{\"class\":\"A\",\"jid\":\"j\",\"args\":[],"
+                            "\"created_at\":1700000000000,\"enqueued_at\":1700000000100}",
+                            cfg, 1700000001.25);
+    assert_literal(first, "failed_at", "1700000001250");
+    assert_literal(first, "created_at", "1700000000000");
+    char *second = fail_once(first, cfg, 1700000030.5);
+    assert_literal(second, "retried_at", "1700000030500");
+    assert_literal(second, "failed_at", "1700000001250");
+    assert_literal(second, "retry_count", "1");
+    free(first);
+    free(second);
+
+    cfg->timestamps = CAPSTAN_TS_MILLIS;
+    first = fail_once("{\"class\":\"A\",\"jid\":\"j\",\"created_at\":1700000000.1234,"
+                      "\"enqueued_at\":1700000000.5}", cfg, 1700000001.25);
+    assert_literal(first, "failed_at", "1700000001.250000");
+    second = fail_once(first, cfg, 1700000030.5);
+    assert_literal(second, "retried_at", "1700000030.500000");
+    free(first);
+    free(second);
+
+    /* Only a failed_at (an entry from elsewhere) still names the unit. */
+    cfg->timestamps = CAPSTAN_TS_FLOAT;
+    first = fail_once("{\"class\":\"A\",\"jid\":\"j\",\"retry_count\":0,\"failed_at\":1700000000000}",
+                      cfg, 1700000001.25);
+    assert_literal(first, "retried_at", "1700000001250");
+    free(first);
+
+    /* None: the setting. */
+    first = fail_once("{\"class\":\"A\",\"jid\":\"j\"}", cfg, 1700000001.25);
+    assert_literal(first, "failed_at", "1700000001.250000");
+    free(first);
+    cfg->timestamps = CAPSTAN_TS_MILLIS;
+    first = fail_once("{\"class\":\"A\",\"jid\":\"j\"}", cfg, 1700000001.25);
+    assert_literal(first, "failed_at", "1700000001250");
+    free(first);
+    capstan_config_free(cfg);
+}
+
+Test(payload, the_unit_is_read_from_the_first_timestamp_that_is_a_number)
+{
+    static const struct {
+        const char *payload;
+        capstan_ts_format_t fallback, want;
+    } cases[] = {
+        { "{\"created_at\":1700000000000,\"enqueued_at\":1700000000.5}", CAPSTAN_TS_FLOAT, CAPSTAN_TS_MILLIS },
+        { "{\"created_at\":1700000000.0,\"enqueued_at\":1700000000500}", CAPSTAN_TS_MILLIS, CAPSTAN_TS_FLOAT },
+        { "{\"created_at\":1.7e9}", CAPSTAN_TS_MILLIS, CAPSTAN_TS_FLOAT },
+        { "{\"created_at\":\"2026-01-01\",\"enqueued_at\":1700000000500}", CAPSTAN_TS_FLOAT, CAPSTAN_TS_MILLIS },
+        { "{\"created_at\":null,\"retried_at\":17.5}", CAPSTAN_TS_MILLIS, CAPSTAN_TS_FLOAT },
+        { "{\"at\":1700000000.5,\"args\":[1700000000000]}", CAPSTAN_TS_MILLIS, CAPSTAN_TS_MILLIS },
+        { "{}", CAPSTAN_TS_FLOAT, CAPSTAN_TS_FLOAT },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        capstan_jobject_t o = {0};
+        const char *p = cases[i].payload;
+        cr_assert_eq(capstan__json_scan_object(p, strlen(p), &o, NULL), 0);
+        cr_assert_eq(capstan__ts_format_of(p, &o, cases[i].fallback), cases[i].want, "%s", p);
+        capstan__jobject_free(&o);
+    }
+}
+
 Test(payload, invalid_payloads_become_readable_dead_entries)
 {
     capstan_config_t *cfg = capstan_config_new();
@@ -291,6 +392,13 @@ Test(payload, invalid_payloads_become_readable_dead_entries)
     const char *noclass = "{\"jid\":\"abc\",\"args\":[1]}";
     cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", cfg, 1.0, &f), 0);
     cr_assert(strncmp(f.payload, "{\"jid\":\"abc\",\"args\":[1],", 24) == 0, "%s", f.payload);
+    assert_literal(f.payload, "failed_at", "1.000000");
+    capstan__failure_clear(&f);
+
+    /* A Sidekiq 8 payload keeps its milliseconds. */
+    noclass = "{\"jid\":\"abc\",\"created_at\":1700000000000}";
+    cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", cfg, 1700000001.5, &f), 0);
+    assert_literal(f.payload, "failed_at", "1700000001500");
     capstan__failure_clear(&f);
     capstan_config_free(cfg);
 }

@@ -13,7 +13,8 @@ require 'json'
 require 'sidekiq'
 require 'sidekiq/api'
 
-Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
+# Sidekiq 7+ speaks redis-client: no Redis constant to configure.
+Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
 Sidekiq.logger.level = Logger::WARN
 
