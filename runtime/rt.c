@@ -31,8 +31,9 @@ int capstan__rt_connect(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *g
 int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *give_up,
                               double max_delay)
 {
-    /* Each thread owns one connection and (re)connects it only here, so
-     * a thread's second success onwards is a reconnect. */
+    /* Each thread (re)connects its own main connection only here (a
+     * processor's second one, feed.c's, is not counted), so a thread's
+     * second success onwards is a reconnect. */
     static _Thread_local int connected_before;
     double delay = 0.05;
     for (;;) {
