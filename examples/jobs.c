@@ -9,7 +9,9 @@
 
 #include <capstan/capstan.h>
 
-/* The first argument as an integer, or def. */
+/* Argument i as an integer, or def. capstan_job_args gives the arguments
+ * perform receives, so these handlers serve a class a Rails app enqueues
+ * with perform_later as well as one it pushes with perform_async. */
 static long arg_long(capstan_job_t *job, size_t i, long def)
 {
     json_t *args = capstan_job_args(job);

@@ -162,6 +162,33 @@ Test(payload, job_args_are_performs_arguments_for_activejob_too)
     capstan__job_clear(&job);
 }
 
+/* A wrapper payload that is not as the adapter writes it (one serialized
+ * job in args) still runs under "wrapped", with no arguments to give. */
+Test(payload, activejob_payloads_of_other_shapes_have_no_arguments)
+{
+    static const char *const args[] = { "[]", "[ ]", "[1]", "[{}]", "[{\"arguments\":[1]},{\"b\":2}]",
+                                        "[{\"arguments\":{\"a\":1}}]", "[ {\"arguments\":\"x\"} ]" };
+    for (size_t i = 0; i < sizeof(args) / sizeof(args[0]); i++) {
+        char *p = NULL;
+        cr_assert(asprintf(&p, "{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"wrapped\":\"W\","
+                               "\"args\":%s,\"jid\":\"j\"}", args[i]) > 0);
+        capstan_job_t job = job_of(p);
+        cr_assert_str_eq(capstan_job_class(&job), "W", "%s", p);
+        cr_assert_null(capstan_job_args(&job), "%s", p);
+        size_t len;
+        const char *raw = capstan_job_args_raw(&job, &len);
+        assert_raw(raw, len, "[]");
+        capstan__job_clear(&job);
+        free(p);
+    }
+    /* Without "wrapped" nor a readable job_class it is no ActiveJob job. */
+    capstan_job_t job = job_of("{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"args\":[{\"arguments\":[1]}],"
+                               "\"jid\":\"j\"}");
+    cr_assert_str_eq(capstan_job_class(&job), "Sidekiq::ActiveJob::Wrapper");
+    assert_json_is(capstan_job_args(&job), "[{\"arguments\":[1]}]");
+    capstan__job_clear(&job);
+}
+
 Test(payload, first_failure_sets_failed_at_and_count_zero)
 {
     capstan_config_t *cfg = capstan_config_new();
