@@ -183,10 +183,10 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
 
 /* Same, for one identity's list only and at once: no suspect marker, so
  * the list is taken at the first call that finds the liveness key gone.
- * Nothing in capstan calls it: it is how a test recovers the list of a
- * worker that is still running once it has deleted the worker's liveness
- * key, which capstan__fetch_recover would only mark a suspect (the worker
- * re-creates its key before a later pass). */
+ * Nothing in capstan calls it; tests do, to recover exactly the list they
+ * name: capstan__fetch_recover takes every list whose key is gone, and of a
+ * worker still running whose key a test deleted it only marks the list a
+ * suspect (the worker re-creates its key before a later pass). */
 int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
                                capstan_ts_format_t ts, capstan_recovery_t *out, char *err);
 
