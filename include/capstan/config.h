@@ -176,10 +176,10 @@ CAPSTAN_API const capstan_class_conf_t *capstan_config_class(const capstan_confi
                                                              const char *name);
 
 /* Parses the flags of `capstan run` (argv[0] is the command name): -C is read
- * first, then every flag overrides the file. Returns 0, CAPSTAN_ENOTFOUND for
- * --help (the caller prints capstan_config_usage()), or CAPSTAN_ECONFIG /
- * CAPSTAN_EPARSE with err filled (a -C file that cannot be read is
- * CAPSTAN_ECONFIG). */
+ * first, then every flag overrides the file, then capstan_config_apply_env
+ * runs. Returns 0, CAPSTAN_ENOTFOUND for --help (the caller prints
+ * capstan_config_usage()), or CAPSTAN_ECONFIG / CAPSTAN_EPARSE with err
+ * filled (a -C file that cannot be read is CAPSTAN_ECONFIG). */
 CAPSTAN_API int capstan_config_parse_args(capstan_config_t *cfg, int argc, char **argv, char *err);
 /* The help text of `capstan run`'s flags. */
 CAPSTAN_API const char *capstan_config_usage(void);

@@ -18,11 +18,12 @@ typedef struct capstan_redis capstan_redis_t;
 CAPSTAN_API capstan_redis_t *capstan_redis_new(const char *url, double timeout, char *err);
 CAPSTAN_API void capstan_redis_free(capstan_redis_t *r);
 
-/* Connects (or reconnects) now: TCP/unix connect, AUTH, SELECT. Returns 0,
- * CAPSTAN_EREDIS when it may work later (no answer, refused, LOADING), or
- * CAPSTAN_ECONFIG when the server refused the URL's password, user, ACL
- * rights or database; capstan_redis_error() says why (never with the
- * password). */
+/* Connects (or reconnects) now: TCP or unix socket (to the master the
+ * sentinels name, for a sentinel URL), the TLS handshake of rediss://,
+ * AUTH, SELECT. Returns 0, CAPSTAN_EREDIS when it may work later (no
+ * answer, refused, LOADING), or CAPSTAN_ECONFIG when the server refused the
+ * URL's password, user, ACL rights or database; capstan_redis_error() says
+ * why (never with the password). */
 CAPSTAN_API int capstan_redis_connect(capstan_redis_t *r);
 /* True while the connection is believed usable. An I/O error on any command
  * marks it broken; the owner then calls capstan_redis_connect again. */
