@@ -48,6 +48,7 @@ capstan_config_t *capstan_config_new(void)
     cfg->min_replicas_timeout = 1000;
     cfg->fetch = CAPSTAN_FETCH_RELIABLE;
     cfg->timestamps = CAPSTAN_TS_FLOAT;
+    cfg->sidekiq_metrics = 3;
     cfg->log_format = CAPSTAN_LOG_PRETTY;
     cfg->strict = 1;
     cfg->redis_url = strdup(DEFAULT_REDIS_URL);

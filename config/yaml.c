@@ -226,6 +226,27 @@ static int set_timestamps(ctx_t *c, const key_def_t *k, const char *key, yaml_no
     return rc;
 }
 
+/* both, 7, 8 or off: the layouts of Sidekiq's execution metrics to write. */
+static int set_sidekiq_metrics(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    static const char *const words[] = { "off", "7", "8", "both" };
+    (void)k;
+    char *s = NULL;
+    const char *want = "must be both, 7, 8 or off";
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    int i = 0;
+    while (i < 4 && strcmp(s, words[i]))
+        i++;
+    if (i < 4)
+        c->cfg->sidekiq_metrics = i;
+    else
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
 static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
@@ -579,6 +600,7 @@ static const key_def_t keys[] = {
     {"fetch", set_fetch, 0, 0, 0},
     {"prefetch", set_int, OFF(prefetch), 0, 100000},
     {"timestamps", set_timestamps, 0, 0, 0},
+    {"sidekiq_metrics", set_sidekiq_metrics, 0, 0, 0},
     {"log_format", set_log_format, 0, 0, 0},
     {"unknown_class", set_unknown_class, 0, 0, 0},
     {"log_file", set_log_file, 0, 0, 0},

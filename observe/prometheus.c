@@ -35,6 +35,11 @@ typedef struct series {
     long long held;          /* a limiter's slots held now */
     unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
     double sum;
+    /* K_DURATION only: the class as the job named it, and what it did since
+     * the last capstan__metrics_exec_take, as Sidekiq's execution metrics
+     * count it (observe/execution.h). */
+    char *raw;
+    capstan_exec_t exec;
 } series_t;
 
 struct capstan_metrics {
@@ -62,6 +67,7 @@ void capstan__metrics_free(capstan_metrics_t *m)
             series_t *next = s->next;
             free(s->a);
             free(s->b);
+            free(s->raw);
             free(s);
             s = next;
         }
@@ -148,6 +154,7 @@ void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *que
                           int failed)
 {
     /* Once a job: names of usual length are escaped on the stack. */
+    const char *raw_cls = cls;
     char cstore[128], qstore[128];
     capstan_buf_t c, q;
     capstan__buf_on(&c, cstore, sizeof(cstore));
@@ -164,7 +171,10 @@ void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *que
         j->n1++;
         j->n2 += failed != 0;
     }
-    observe(find_capped(m, K_DURATION, cls, ""), seconds);
+    series_t *d = find_capped(m, K_DURATION, cls, "");
+    observe(d, seconds);
+    if (d && (d->raw || (d->raw = strdup(raw_cls ? raw_cls : ""))))
+        capstan__exec_count(&d->exec, seconds, failed);
     pthread_mutex_unlock(&m->mu);
 out:
     capstan__buf_free(&c);
@@ -255,6 +265,31 @@ void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long
 {
     if (m && c >= 0 && c < CAPSTAN_METRIC_COUNTER_COUNT && n > 0)
         atomic_fetch_add(&m->counters[c], n);
+}
+
+size_t capstan__metrics_exec_take(capstan_metrics_t *m, capstan_exec_t **out)
+{
+    *out = NULL;
+    if (!m)
+        return 0;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < NBUCKETS_TABLE; i++)
+        for (series_t *s = m->table[i]; s; s = s->next)
+            cap += s->kind == K_DURATION && s->exec.processed;
+    capstan_exec_t *e = cap ? calloc(cap, sizeof(*e)) : NULL;
+    for (size_t i = 0; e && i < NBUCKETS_TABLE; i++)
+        for (series_t *s = m->table[i]; s; s = s->next) {
+            if (s->kind != K_DURATION || !s->exec.processed || !(e[n].cls = strdup(s->raw)))
+                continue;
+            char *cls = e[n].cls;
+            e[n] = s->exec;
+            e[n++].cls = cls;
+            memset(&s->exec, 0, sizeof(s->exec));
+        }
+    pthread_mutex_unlock(&m->mu);
+    *out = e;
+    return n;
 }
 
 long capstan__metrics_get(capstan_metrics_t *m, capstan_metric_counter_t c)

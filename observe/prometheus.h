@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 
+#include "observe/execution.h"
 #include "support/buf.h"
 
 typedef struct capstan_metrics capstan_metrics_t;
@@ -82,6 +83,11 @@ void capstan__metrics_batch_fired(capstan_metrics_t *m, long long flags);
 
 /* Adds n to a process-wide counter. */
 void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long n);
+/* Takes what every class did since the last take, as Sidekiq's execution
+ * metrics count it, and starts counting again from zero. *out is an array
+ * of the returned count, owned by the caller (capstan__exec_free), NULL
+ * when none ran (or no memory: those counts are then kept for the next). */
+size_t capstan__metrics_exec_take(capstan_metrics_t *m, capstan_exec_t **out);
 /* The counter's value since the process started (0 for a NULL m). */
 long capstan__metrics_get(capstan_metrics_t *m, capstan_metric_counter_t c);
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "support/buf.h"
 #include "support/log.h"
@@ -39,8 +40,22 @@ static int drain(capstan_redis_t *r, int n, redisReply **keep, int keep_index)
     return rc;
 }
 
+/* Sidekiq's execution metrics of the jobs run since the last flush
+ * (observe/execution.h). A write that fails drops them, as Sidekiq's does:
+ * a broken connection is the beat's to report. */
+static void exec_flush(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    capstan_exec_t *e;
+    size_t n = capstan__metrics_exec_take(capstan__metrics_default(), &e);
+    char err[CAPSTAN_ERRLEN];
+    if (n && capstan__exec_flush(r, e, n, rt->cfg->sidekiq_metrics, time(NULL), err) == CAPSTAN_EREPLY)
+        capstan_warn("%s", err);
+    capstan__exec_free(e, n);
+}
+
 int capstan__stats_flush(capstan_runtime_t *rt, capstan_redis_t *r)
 {
+    exec_flush(rt, r);
     long p = atomic_exchange(&rt->processed, 0);
     long f = atomic_exchange(&rt->failed, 0);
     if (!p && !f)

@@ -440,3 +440,99 @@ Test(metrics, registry_escapes_labels_fills_buckets_and_maps_lock_events)
     capstan__buf_free(&b);
     capstan__metrics_free(m);
 }
+
+/* Sidekiq 7 and 8 keep execution metrics in Redis (the Web UI's Metrics
+ * tab, Sidekiq::Metrics::Query); capstan writes them, in both layouts by
+ * default, so the classes a team runs in C show there. Each version's own
+ * API reads what capstan counted: jobs, failures, the successful jobs'
+ * milliseconds and their histogram. */
+static void metrics_tab_shows_c_jobs(const char *sidekiq)
+{
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "SleepJob", "[30]", NULL }, NULL), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", NULL }, NULL), 0);
+    char *y = kt_write_file("exec.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", "-c", "3", NULL });
+    char *out = NULL;
+    const char *args[] = { "NoopJob", "SleepJob", "FailJob", NULL };
+    bool done = KT_WAIT_UNTIL((free(out), out = NULL, kt_ruby_v(sidekiq, "metrics_query.rb", args, &out),
+                               out && strstr(out, "NoopJob p=20 ") && strstr(out, "FailJob p=3 ")
+                                   && strstr(out, "SleepJob p=4 ")),
+                              15);
+    cr_assert(done, "Sidekiq %s's Metrics API read:\n%s\ncapstan's log:\n%s", sidekiq,
+              out ? out : "(nothing)", kt_capstan_log(pid));
+    fprintf(stderr, "[metrics tab, Sidekiq %s]\n%s", sidekiq, out);
+    cr_assert(strstr(out, "NoopJob p=20 f=0 "), "%s", out);
+    cr_assert(strstr(out, " hist=20\n"), "every successful NoopJob in the histogram: %s", out);
+    cr_assert(strstr(out, "FailJob p=3 f=3 ms=0 hist=0"), "failures count no time: %s", out);
+    /* 4 jobs of 30 ms: at least 120 ms, in the 30-45 ms bucket or above. */
+    const char *sl = strstr(out, "SleepJob p=4 f=0 ms=");
+    cr_assert(sl, "%s", out);
+    long ms = strtol(sl + strlen("SleepJob p=4 f=0 ms="), NULL, 10);
+    cr_assert(ms >= 120 && ms < 4000, "SleepJob ms=%ld: %s", ms, out);
+    cr_assert(strstr(out, "top FailJob,NoopJob,SleepJob"), "the Metrics tab lists them: %s", out);
+    if (!strcmp(sidekiq, "7.3.10")) {
+        /* 7.3's Web UI runs on Debian's rack (8.0's needs rack 3): its
+         * Metrics pages list and chart the C classes. */
+        char *web = NULL;
+        cr_assert_eq(kt_ruby_v(sidekiq, "metrics_web.rb", args, &web), 0, "%s", web ? web : "");
+        fprintf(stderr, "%s", web);
+        cr_assert(strstr(web, "metrics 200 NoopJob=true SleepJob=true FailJob=true"), "%s", web);
+        cr_assert(strstr(web, "metrics/NoopJob 200 true") && strstr(web, "metrics/FailJob 200 true"),
+                  "%s", web);
+        free(web);
+    }
+    /* Both layouts by default, each with its expiry. */
+    redisReply *k7 = kt_cmd("KEYS j|20*");
+    redisReply *k8 = kt_cmd("KEYS h|NoopJob-*");
+    cr_assert(k7->elements >= 1 && k8->elements >= 1, "7.x and 8.x layouts both written");
+    cr_assert_gt(kt_int("TTL %s", k7->element[0]->str), 7 * 3600);
+    freeReplyObject(k7);
+    freeReplyObject(k8);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    free(out);
+    free(y);
+}
+
+Test(metrics, sidekiq_7_3_metrics_tab_shows_c_jobs)
+{
+    kt_sidekiq_need("7.3.10");
+    metrics_tab_shows_c_jobs("7.3.10");
+}
+
+Test(metrics, sidekiq_8_0_metrics_tab_shows_c_jobs)
+{
+    kt_sidekiq_need("8.0.10");
+    metrics_tab_shows_c_jobs("8.0.10");
+}
+
+/* sidekiq_metrics: off writes none; 8 writes only Sidekiq 8's layout. */
+Test(metrics, sidekiq_metrics_setting_picks_the_layouts)
+{
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
+    char *y = kt_write_file("exec8.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
+                                         "sidekiq_metrics: 8\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", NULL });
+    cr_assert(KT_WAIT_UNTIL(({
+                  redisReply *k = kt_cmd("KEYS h|NoopJob-*");
+                  size_t n = k->elements;
+                  freeReplyObject(k);
+                  n; }) == 1, 10), "%s", kt_capstan_log(pid));
+    redisReply *k7 = kt_cmd("KEYS j|20*");
+    redisReply *h7 = kt_cmd("KEYS NoopJob-*");
+    cr_assert_eq(k7->elements + h7->elements, 0, "no 7.x keys");
+    freeReplyObject(k7);
+    freeReplyObject(h7);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    char *bad = kt_write_file("execbad.yml", "sidekiq_metrics: 9\n");
+    char *log = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", bad, NULL }, &log), 78);
+    cr_assert(strstr(log, "sidekiq_metrics") && strstr(log, "both, 7, 8 or off"), "%s", log);
+    free(log);
+    free(bad);
+    free(y);
+}

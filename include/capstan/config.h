@@ -104,6 +104,10 @@ typedef struct capstan_config {
                                  started, at most; 0 = 10 per processor, at
                                  least 500 */
     capstan_ts_format_t timestamps;
+    /* Sidekiq's execution metrics (the Web UI's Metrics tab), written once a
+     * heartbeat: 1 the 7.x layout, 2 the 8.x layout, 3 both (the default),
+     * 0 none. The file's sidekiq_metrics: both, 7, 8 or off. */
+    int sidekiq_metrics;
     capstan_log_format_t log_format;
     capstan_unknown_class_t unknown_class; /* default CAPSTAN_UNKNOWN_FAIL */
     char *log_file;           /* NULL = stderr */
