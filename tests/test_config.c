@@ -51,6 +51,19 @@ static void teardown(void)
 
 TestSuite(config, .init = setup, .fini = teardown, .timeout = 10);
 
+/* A fresh configuration and no YAML file, for the next load in a test. */
+static void fresh(void)
+{
+    capstan_config_free(cfg);
+    cfg = capstan_config_new();
+    cr_assert_not_null(cfg);
+    if (path) {
+        unlink(path);
+        free(path);
+        path = NULL;
+    }
+}
+
 static char *write_yaml(const char *text)
 {
     char *p = strdup("/tmp/capstan-test-config-XXXXXX");
@@ -376,13 +389,7 @@ Test(config, other_bad_values_are_errors)
         {"redis: {hots: x}\n", "redis.hots: unknown key"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        capstan_config_free(cfg);
-        cfg = capstan_config_new();
-        if (path) {
-            unlink(path);
-            free(path);
-            path = NULL;
-        }
+        fresh();
         cr_assert_eq(load(cases[i].yaml), CAPSTAN_ECONFIG, "%s", cases[i].yaml);
         assert_err(1, cases[i].msg);
     }
@@ -623,13 +630,7 @@ Test(config, periods_below_their_floor_are_refused)
          "classes.J.limit.interval: a concurrent slot's lease must be at least 1 s"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        capstan_config_free(cfg);
-        cfg = capstan_config_new();
-        if (path) {
-            unlink(path);
-            free(path);
-            path = NULL;
-        }
+        fresh();
         cr_assert_eq(load(cases[i].yaml), CAPSTAN_ECONFIG, "%s", cases[i].yaml);
         int line = strncmp(cases[i].yaml, "classes", 7) == 0 ? 3 : 1;
         assert_err(line, cases[i].msg);
@@ -648,11 +649,7 @@ Test(config, periods_at_their_floor_are_taken)
     cr_assert_eq(cfg->heartbeat_interval, 0.5);
     cr_assert_eq(cfg->liveness_ttl, 2);
     cr_assert_eq(capstan_config_class(cfg, "W")->limit.seconds, 0.5, "a window is not a lease");
-    capstan_config_free(cfg);
-    cfg = capstan_config_new();
-    unlink(path);
-    free(path);
-    path = NULL;
+    fresh();
     cr_assert_eq(load("poll_interval_average: 0\n"), 0, "0 still means scaled: %s", err);
 }
 
@@ -689,11 +686,7 @@ Test(config, a_class_queue_follows_the_queue_name_rule)
 {
     cr_assert_eq(load("classes:\n  J:\n    queue: \"a b\"\n"), CAPSTAN_ECONFIG);
     assert_err(3, "classes.J.queue: queue name \"a b\" contains a space");
-    capstan_config_free(cfg);
-    cfg = capstan_config_new();
-    unlink(path);
-    free(path);
-    path = NULL;
+    fresh();
     cr_assert_eq(load("classes:\n  J: {queue: ''}\n"), CAPSTAN_ECONFIG);
     assert_err(2, "classes.J.queue: a queue name is empty");
 }
