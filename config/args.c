@@ -166,6 +166,7 @@ static int apply(capstan_config_t *cfg, int opt, const char *v, char *err)
         if (capstan_config_unknown_class(v, &cfg->unknown_class))
             return capstan_seterr(err, CAPSTAN_ECONFIG,
                                   "--unknown-class: must be fail, requeue or skip (got \"%s\")", v);
+        cfg->unknown_class_explicit = 1;
         return 0;
     case OPT_LOG_FORMAT:
         if (strcmp(v, "pretty") == 0) cfg->log_format = CAPSTAN_LOG_PRETTY;

@@ -264,6 +264,9 @@ static int set_unknown_class(ctx_t *c, const key_def_t *k, const char *key, yaml
     int rc = capstan__yaml_scalar(c, v, key, want, &s);
     if (rc == 0 && capstan_config_unknown_class(s, &c->cfg->unknown_class))
         rc = capstan__yaml_fail(c, v, key, "%s", want);
+    /* Even "fail", the default, said in the file outweighs the fleet. */
+    if (rc == 0)
+        c->cfg->unknown_class_explicit = 1;
     free(s);
     return rc;
 }

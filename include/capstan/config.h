@@ -110,6 +110,10 @@ typedef struct capstan_config {
     int sidekiq_metrics;
     capstan_log_format_t log_format;
     capstan_unknown_class_t unknown_class; /* default CAPSTAN_UNKNOWN_FAIL */
+    int unknown_class_explicit; /* 1 once a file or flag set unknown_class (a
+                                 program that sets it sets this too): left at
+                                 0, the runtime uses requeue on the queues a
+                                 Ruby Sidekiq process reads too */
     char *log_file;           /* NULL = stderr */
     char *pidfile;            /* written at start, removed at exit; NULL = none */
     char **warnings;          /* "file:line: key: problem" for keys of the file
