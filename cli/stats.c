@@ -23,7 +23,8 @@ static const char *usage =
     "\n"
     "Prints processed and failed counts, each queue's size and latency (age of\n"
     "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
-    "reliable fetch's working lists with whether their owner is alive. An owner\n"
+    "reliable fetch's working lists with whether their owner is alive. Each\n"
+    "process shows whether it is capstan or Ruby Sidekiq, and its queues. An owner\n"
     "on this host whose pid is gone shows as dead at once (recovery still waits\n"
     "for its liveness key to lapse).\n";
 
@@ -74,7 +75,13 @@ static json_t *processes_json(const capstan_overview_t *ov, const char *host)
         json_t *p = json_object();
         json_t *info = json_loads(pr->info, 0, NULL);
         json_object_set_new(p, "identity", json_string(pr->identity));
-        json_object_set(p, "queues", info ? json_object_get(info, "queues") : json_null());
+        /* A mixed fleet: which processes run capstan and which Ruby. */
+        json_object_set_new(p, "runtime", json_string(pr->capstan ? "capstan" : "sidekiq"));
+        json_object_set_new(p, "version", pr->version ? json_string(pr->version) : json_null());
+        json_t *queues = json_array();
+        for (size_t q = 0; q < pr->nqueues; q++)
+            json_array_append_new(queues, json_string(pr->queues[q]));
+        json_object_set_new(p, "queues", queues);
         json_object_set(p, "concurrency", info ? json_object_get(info, "concurrency") : json_null());
         json_object_set(p, "tag", info ? json_object_get(info, "tag") : json_null());
         json_object_set_new(p, "busy", opt_integer(pr->busy));
@@ -137,6 +144,27 @@ static json_t *collect(capstan_redis_t *r, char *err)
     return o;
 }
 
+/* "capstan 0.1.0", "Ruby Sidekiq 7.3.10", or "Ruby Sidekiq" for 6.x,
+ * which writes no version. */
+static void runtime_name(json_t *p, char *out, size_t n)
+{
+    const char *v = json_string_value(json_object_get(p, "version"));
+    int capstan = strcmp(json_string_value(json_object_get(p, "runtime")), "capstan") == 0;
+    snprintf(out, n, "%s%s%s", capstan ? "capstan" : "Ruby Sidekiq", v ? " " : "", v ? v : "");
+}
+
+/* "a, b", cut to fit n. */
+static void queue_names(json_t *queues, char *out, size_t n)
+{
+    size_t i, len = 0;
+    json_t *q;
+    out[0] = '\0';
+    json_array_foreach(queues, i, q) {
+        int w = len < n ? snprintf(out + len, n - len, "%s%s", i ? ", " : "", json_string_value(q)) : 0;
+        len += w > 0 ? (size_t)w : 0;
+    }
+}
+
 static void print_text(json_t *o, const char *name)
 {
     size_t i;
@@ -163,11 +191,14 @@ static void print_text(json_t *o, const char *name)
         else
             snprintf(state, sizeof(state), "%s",
                      json_is_true(json_object_get(e, "quiet")) ? "quiet" : "running");
-        printf("  %s  busy %lld of %lld  %s  rss %lld KB\n",
+        char kind[96], queues[512];
+        runtime_name(e, kind, sizeof(kind));
+        queue_names(json_object_get(e, "queues"), queues, sizeof(queues));
+        printf("  %s  busy %lld of %lld  %s  rss %lld KB  %s  queues [%s]\n",
                json_string_value(json_object_get(e, "identity")),
                json_integer_value(json_object_get(e, "busy")),
                json_integer_value(json_object_get(e, "concurrency")), state,
-               json_integer_value(json_object_get(e, "rss")));
+               json_integer_value(json_object_get(e, "rss")), kind, queues);
     }
     printf("\nWorking lists (reliable fetch)\n");
     json_array_foreach(json_object_get(o, "working"), i, e) {

@@ -1,6 +1,6 @@
 /* `capstan top`: a live view of the whole fleet, redrawn every interval on a
  * terminal (like sidekiqmon, but live): queues with size and latency,
- * processes with busy/total and RSS, throughput over the last minute,
+ * processes (capstan or Ruby) with busy/total and RSS, throughput over the last minute,
  * schedule/retry/dead sizes and the most contended uniqueness lock types.
  * With stdout not a terminal it prints one plain snapshot and exits, so it
  * can be piped or run from cron. */
@@ -29,8 +29,8 @@
 static const char *usage =
     "Usage: capstan top [--interval SECONDS] [--redis-url URL]\n"
     "\n"
-    "A live view of the queues (size, latency), the processes (busy/total\n"
-    "threads, RSS), throughput over the last minute, the schedule/retry/dead\n"
+    "A live view of the queues (size, latency), the processes (capstan or\n"
+    "Ruby Sidekiq, busy/total threads, RSS), throughput over the last minute, the schedule/retry/dead\n"
     "sizes and the uniqueness lock types denied most in the last hour.\n"
     "Redrawn every SECONDS (default 1) on a terminal; q or Ctrl-C quits.\n"
     "When stdout is not a terminal, prints one snapshot and exits.\n";
@@ -149,11 +149,15 @@ static void render(capstan_buf_t *b, const char *name, const capstan_overview_t 
     if (!ov->nqueues)
         capstan__buf_puts(b, "(no queues)\n");
 
-    capstan__buf_printf(b, "\n%-48s %9s %10s %8s\n", "PROCESS", "BUSY", "RSS", "BEAT");
+    /* RUNTIME tells a mixed fleet apart: capstan and its version, or ruby
+     * and the Sidekiq version (none before 7.0). */
+    capstan__buf_printf(b, "\n%-36s %-14s %8s %10s %8s\n", "PROCESS", "RUNTIME", "BUSY", "RSS", "BEAT");
     double wall = capstan__now();
     for (size_t i = 0; i < ov->nprocesses; i++) {
         const capstan_overview_process_t *p = &ov->processes[i];
-        char busy[48], rss[32], beat[32];
+        char busy[48], rss[32], beat[32], kind[48];
+        snprintf(kind, sizeof(kind), "%s%s%s", p->capstan ? "capstan" : "ruby", p->version ? " " : "",
+                 p->version ? p->version : "");
         snprintf(busy, sizeof(busy), "%lld/%lld", p->busy < 0 ? 0 : p->busy,
                  p->concurrency < 0 ? 0 : p->concurrency);
         if (p->rss >= 0)
@@ -164,7 +168,7 @@ static void render(capstan_buf_t *b, const char *name, const capstan_overview_t 
             human_secs(beat, sizeof(beat), wall - p->beat < 0 ? 0 : wall - p->beat);
         else
             snprintf(beat, sizeof(beat), "-");
-        capstan__buf_printf(b, "%-48s %9s %10s %8s%s\n", p->identity, busy, rss, beat,
+        capstan__buf_printf(b, "%-36s %-14s %8s %10s %8s%s\n", p->identity, kind, busy, rss, beat,
                             p->quiet == 1 ? "  quiet" : "");
     }
     if (!ov->nprocesses)

@@ -122,6 +122,48 @@ static long long opt_int(const redisReply *v)
     return v->type == REDIS_REPLY_STRING ? atoll(v->str) : -1;
 }
 
+/* Adds name to p's queues unless listed. Returns 0 or -1 out of memory. */
+static int add_queue(capstan_overview_process_t *p, const char *name)
+{
+    for (size_t i = 0; i < p->nqueues; i++)
+        if (strcmp(p->queues[i], name) == 0)
+            return 0;
+    char **q = realloc(p->queues, (p->nqueues + 1) * sizeof(*q));
+    if (!q)
+        return -1;
+    p->queues = q;
+    if (!(q[p->nqueues] = strdup(name)))
+        return -1;
+    p->nqueues++;
+    return 0;
+}
+
+/* What p's info says beyond its counts: who wrote it, its version and its
+ * queues. The queues are info's "queues" and the weights of 8.x's
+ * "capsules", which 9.0 is to keep alone. Returns 0 or -1 out of memory. */
+static int read_info(capstan_overview_process_t *p, json_t *info)
+{
+    json_t *conc = json_object_get(info, "concurrency");
+    p->concurrency = json_is_integer(conc) ? json_integer_value(conc) : -1;
+    const char *v = json_string_value(json_object_get(info, "version"));
+    /* Capstan 0.x wrote its version before it wrote its marker; Sidekiq's
+     * own versions there start at 7. */
+    p->capstan = json_object_get(info, CAPSTAN_INFO_MARKER) != NULL || (v && strncmp(v, "0.", 2) == 0);
+    if (v && !(p->version = strdup(v)))
+        return -1;
+    size_t i;
+    json_t *e, *cap;
+    const char *name, *queue;
+    json_array_foreach(json_object_get(info, "queues"), i, e)
+        if (json_is_string(e) && add_queue(p, json_string_value(e)))
+            return -1;
+    json_object_foreach(json_object_get(info, "capsules"), name, cap)
+        json_object_foreach(json_object_get(cap, "weights"), queue, e)
+            if (add_queue(p, queue))
+                return -1;
+    return 0;
+}
+
 static int read_processes(capstan_redis_t *r, capstan_overview_t *o, char *err)
 {
     int rc = 0;
@@ -156,8 +198,8 @@ static int read_processes(capstan_redis_t *r, capstan_overview_t *o, char *err)
                 rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
             } else {
                 json_t *info = json_loads(p->info, 0, NULL);
-                json_t *conc = json_object_get(info, "concurrency");
-                p->concurrency = json_is_integer(conc) ? json_integer_value(conc) : -1;
+                if (read_info(p, info))
+                    rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
                 json_decref(info);
                 p->busy = opt_int(h->element[1]);
                 p->beat = h->element[2]->type == REDIS_REPLY_STRING ? atof(h->element[2]->str) : -1;
@@ -185,6 +227,12 @@ int capstan__overview_read(capstan_redis_t *r, int with_processes, capstan_overv
     return rc;
 }
 
+int capstan__overview_processes(capstan_redis_t *r, capstan_overview_t *out, char *err)
+{
+    memset(out, 0, sizeof(*out));
+    return read_processes(r, out, err);
+}
+
 void capstan__overview_clear(capstan_overview_t *o)
 {
     if (!o)
@@ -192,8 +240,13 @@ void capstan__overview_clear(capstan_overview_t *o)
     for (size_t i = 0; i < o->nqueues; i++)
         free(o->queues[i].name);
     for (size_t i = 0; i < o->nprocesses; i++) {
-        free(o->processes[i].identity);
-        free(o->processes[i].info);
+        capstan_overview_process_t *p = &o->processes[i];
+        free(p->identity);
+        free(p->info);
+        free(p->version);
+        for (size_t q = 0; q < p->nqueues; q++)
+            free(p->queues[q]);
+        free(p->queues);
     }
     free(o->queues);
     free(o->processes);

@@ -20,6 +20,12 @@ typedef struct capstan_overview_queue {
 typedef struct capstan_overview_process {
     char *identity;
     char *info;           /* the raw "info" JSON of the heartbeat */
+    int capstan;          /* 1 a capstan process, 0 a Ruby Sidekiq one (see
+                             capstan__overview_info_is_capstan) */
+    char *version;        /* info's "version" (Sidekiq 7.0.2+ and capstan),
+                             or NULL */
+    char **queues;        /* the queues it reads, as its info lists them */
+    size_t nqueues;
     long long busy;       /* -1 when a field is absent */
     long long rss;        /* KB */
     long long concurrency;/* from info */
@@ -42,5 +48,15 @@ typedef struct capstan_overview {
  * failed part-way (out then holds what was read), or CAPSTAN_ENOMEM. */
 int capstan__overview_read(capstan_redis_t *r, int with_processes, capstan_overview_t *out, char *err);
 void capstan__overview_clear(capstan_overview_t *o);
+
+/* Only the live processes, for the runtime's look at its fleet: fills
+ * out->processes as capstan__overview_read does, nothing else. */
+int capstan__overview_processes(capstan_redis_t *r, capstan_overview_t *out, char *err);
+
+/* The key capstan writes into its process's info JSON, with its version,
+ * so that anyone reading the process set tells it from a Ruby Sidekiq
+ * process (whose info carries Sidekiq's own "version" from 7.0.2 on, and
+ * no version at all before). */
+#define CAPSTAN_INFO_MARKER "capstan"
 
 #endif
