@@ -1,7 +1,8 @@
 /* The housekeeper thread: every beat it refreshes the fetch liveness key
  * and writes the beat (heartbeat.c), gives back strays from this process's
  * own working list, and now and then recovers orphaned jobs under a
- * fleet-wide lease and reaps orphaned uniqueness locks in v9's reaper role.
+ * fleet-wide lease, looks at which queues Ruby processes read (fleet.c)
+ * and reaps orphaned uniqueness locks in v9's reaper role.
  * Lock metrics are flushed with the beat. */
 #include "runtime/rt.h"
 #include "runtime/feed.h"
@@ -162,6 +163,10 @@ void *capstan__housekeeper_main(void *arg)
     double next_recovery = capstan__mono() + rt->cfg->recovery_interval;
     /* As v9, the first run is one interval after start. */
     double next_reap = capstan__mono() + rt->cfg->reaper_interval;
+    /* Ruby processes come and go with deploys: looked at again as often
+     * as orphans are, by every process (fleet.c; the first look was at
+     * start). */
+    double next_look = capstan__mono() + rt->cfg->recovery_interval;
     capstan_strays_t *strays = rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE ? capstan__strays_new() : NULL;
     int was_connected = 0, warned = 0;
     /* The key was set at start, just before this thread. */
@@ -192,6 +197,10 @@ void *capstan__housekeeper_main(void *arg)
         if (capstan__mono() >= next_recovery) {
             next_recovery = capstan__mono() + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
+        }
+        if (capstan__mono() >= next_look) {
+            next_look = capstan__mono() + rt->cfg->recovery_interval;
+            capstan__fleet_look(rt, r);
         }
         if (rt->cfg->reaper_interval > 0 && capstan__mono() >= next_reap) {
             next_reap = capstan__mono() + rt->cfg->reaper_interval;

@@ -123,6 +123,8 @@ struct capstan_runtime {
     char **unknown;                /* classes without a handler whose policy
                                       was logged (server_chain.c's lock) */
     size_t nunknown;
+    struct capstan_fleet *fleet;   /* the queues Ruby processes read too
+                                      (fleet.c); made at start */
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */
@@ -180,6 +182,24 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
  * got[i]'s), or zeroed when it did not parse. */
 size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
                                struct capstan_prelock *pre, capstan_job_t *jobs);
+
+/* fleet.c: which of this process's queues a Ruby Sidekiq process reads
+ * too, and so what becomes of a job whose class has no handler here. */
+struct capstan_fleet;
+/* Makes rt->fleet (nothing shared yet). Returns 0 or CAPSTAN_ENOMEM. */
+int capstan__fleet_new(struct capstan_runtime *rt);
+void capstan__fleet_free(struct capstan_fleet *f);
+/* Reads the process set and each process's info on r, notes the queues of
+ * ours a Ruby process reads, and logs one line when that changes. Called
+ * by one thread at a time (at start, then the housekeeper). */
+void capstan__fleet_look(struct capstan_runtime *rt, capstan_redis_t *r);
+/* Whether a Ruby process read queue at one of the looks of the last ten
+ * minutes. Any thread. */
+int capstan__fleet_shared(const struct capstan_runtime *rt, const char *queue);
+/* The unknown_class policy for a job of queue: the config's when it sets
+ * unknown_class, else requeue for a shared queue and the default for the
+ * others. Any thread. */
+capstan_unknown_class_t capstan__unknown_policy(const struct capstan_runtime *rt, const char *queue);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */

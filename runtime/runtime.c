@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "observe/http.h"
+#include "observe/overview.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
 #include "support/identity.h"
@@ -56,6 +57,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan_chain_free(rt->server_chain);
     capstan__registry_free(rt);
     free(rt->info_json);
+    capstan__fleet_free(rt->fleet);
     capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
     pthread_cond_destroy(&rt->wake);
@@ -96,6 +98,10 @@ static char *build_info(capstan_runtime_t *rt)
     json_object_set_new(o, "labels", labels);
     json_object_set_new(o, "identity", json_string(rt->identity));
     json_object_set_new(o, "version", json_string(CAPSTAN_VERSION));
+    /* Sidekiq writes its own version above: this tells the process set's
+     * readers (capstan stats, the fleet look of fleet.c) a capstan
+     * process from a Ruby one. Sidekiq ignores the key. */
+    json_object_set_new(o, CAPSTAN_INFO_MARKER, json_string(CAPSTAN_VERSION));
     json_t *warr = json_array();
     json_array_append_new(warr, weights);
     json_object_set_new(o, "weights", warr);
@@ -316,13 +322,17 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
     queue_list(c, queues, sizeof(queues));
     class_list(rt, classes, sizeof(classes));
     capstan_info("capstan %s starting: %s, environment %s, queues [%s] (%s), concurrency %d, %s fetch, "
-                 "%zu classes [%s], unknown classes %s, identity %s",
+                 "%zu classes [%s], unknown classes %s%s, identity %s",
                  CAPSTAN_VERSION, capstan_redis_name(r), capstan_config_environment(c), queues,
                  c->strict ? "strict order" : "weighted", c->concurrency,
                  c->fetch == CAPSTAN_FETCH_BASIC ? "basic" : "reliable", rt->nhandlers, classes,
-                 capstan_config_unknown_class_name(c->unknown_class), rt->identity);
+                 capstan_config_unknown_class_name(c->unknown_class),
+                 c->unknown_class_explicit || c->unknown_class == CAPSTAN_UNKNOWN_REQUEUE
+                     ? "" : " (requeue on queues a Ruby Sidekiq process reads)",
+                 rt->identity);
     if (rt->nhandlers == 0 && c->unknown_class == CAPSTAN_UNKNOWN_FAIL)
-        capstan_warn("no job classes are registered: every job will fail with NameError");
+        capstan_warn("no job classes are registered: every job will fail with NameError%s",
+                     c->unknown_class_explicit ? "" : " unless a Ruby Sidekiq process reads its queue");
     capstan_debug("config file %s; timeout %g s, startup_timeout %g s, heartbeat every %g s, "
                   "liveness %g s, recovery every %g s (max %d), scheduler poll %g s average",
                   c->config_file ? c->config_file : "(none)", c->timeout, c->startup_timeout,
@@ -444,7 +454,7 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     capstan__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
     rt->info_json = build_info(rt);
     r = capstan_redis_new(c->redis_url, 10, err);
-    if (!r || !rt->info_json) {
+    if (!r || !rt->info_json || (!rt->fleet && capstan__fleet_new(rt))) {
         rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
         goto out;
     }
@@ -461,6 +471,9 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
         capstan__recover_orphans(rt, r);
     }
     capstan__heartbeat_beat(rt, r, 0);
+    /* Before the first fetch: a Ruby process reading our queues must not
+     * lose its jobs to NameError in the first minute. */
+    capstan__fleet_look(rt, r);
     if ((rc = start_threads(rt, err)) != 0) {
         capstan_error("%s", err);
         shutdown_all(rt, r, &set, 0);

@@ -3,6 +3,7 @@
 #include "runtime/rt.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,7 @@
 typedef struct run {
     capstan_slot_t *slot;
     const capstan_handler_entry_t *h;
+    capstan_unknown_class_t policy; /* for a job without a handler */
     capstan_logctx_t ctx;
     char *tags;
 } run_t;
@@ -171,7 +173,7 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     if (run->slot->rt->feed && !(mw->prelock && mw->prelock->asked))
         capstan__feed_prompt(run->slot, mw->r);
     job->redis = capstan_redis_ctx(mw->r);
-    if (!run->h && mw->cfg->unknown_class == CAPSTAN_UNKNOWN_SKIP) {
+    if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
                          "unknown_class: skip)", job->cls);
         bury(mw, job);
@@ -212,7 +214,8 @@ static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Logs, once per class and process, what the unknown_class policy does
  * with cls's jobs. */
-static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue)
+static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue,
+                         capstan_unknown_class_t policy)
 {
     static const char *const what[] = {
         [CAPSTAN_UNKNOWN_FAIL] = "they fail with NameError and are retried",
@@ -231,20 +234,24 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
     }
     pthread_mutex_unlock(&unknown_mu);
     if (first)
-        capstan_warn("no handler for %s (queue:%s); unknown_class: %s: %s", cls, queue,
-                     capstan_config_unknown_class_name(rt->cfg->unknown_class),
-                     what[rt->cfg->unknown_class]);
+        capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s: %s", cls, queue,
+                     capstan_config_unknown_class_name(policy),
+                     policy != rt->cfg->unknown_class ? " (a Ruby Sidekiq process reads the queue)" : "",
+                     what[policy]);
 }
 
-/* Puts a job back at the end of its queue fetched last, untouched, and
- * takes it out of the working list (reliable fetch) in the same step, only
- * if it is still there. A queue key of another type is checked first, as
- * the push would fail after the LREM. Returns 1 moved, 0 gone, -1 type. */
+/* Puts a job back untouched, at the end of its queue fetched last, or
+ * (ARGV[2], a score) in the retry set, and takes it out of the working
+ * list (reliable fetch) in the same step, only if it is still there. A
+ * key of another type is checked first, as the push would fail after the
+ * LREM. Returns 1 moved, 0 gone, -1 type. */
 static const char requeue_lua[] =
+    "local zset = ARGV[2] ~= ''\n"
     "local t = redis.call('TYPE', KEYS[2]).ok\n"
-    "if t ~= 'list' and t ~= 'none' then return -1 end\n"
+    "if t ~= (zset and 'zset' or 'list') and t ~= 'none' then return -1 end\n"
     "if KEYS[1] ~= '' and redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end\n"
-    "redis.call('LPUSH', KEYS[2], ARGV[1])\n"
+    "if zset then redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])\n"
+    "else redis.call('LPUSH', KEYS[2], ARGV[1]) end\n"
     "return 1\n";
 
 /* Jobs this processor thread requeued in a row, with no job run between
@@ -252,17 +259,24 @@ static const char requeue_lua[] =
  * queue and would fetch them again and again. */
 static _Thread_local int requeue_streak;
 
-/* unknown_class: requeue. The slot lock keeps shutdown from giving the job
- * back too (as the ack does); once moved, the slot is marked given back. */
-static void requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job)
+/* Gives a job without a handler back untouched: to its queue (at < 0), or
+ * to the retry set at score at. The slot lock keeps shutdown from giving
+ * the job back too (as the ack does); once moved, the slot is marked given
+ * back. Returns 1 when it moved. */
+static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, double at)
 {
     capstan_runtime_t *rt = s->rt;
-    char working[512] = "", qkey[512];
+    char working[512] = "", key[512], score[32] = "";
     if (rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE)
         capstan__fetch_working_key(rt->identity, working, sizeof(working));
-    capstan__key(qkey, sizeof(qkey), CAPSTAN_KEY_QUEUE, job->queue);
-    const char *argv[] = { "EVAL", requeue_lua, "2", working, qkey, job->payload };
-    size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(qkey), job->len };
+    if (at < 0)
+        capstan__key(key, sizeof(key), CAPSTAN_KEY_QUEUE, job->queue);
+    else {
+        snprintf(key, sizeof(key), "%s", CAPSTAN_KEY_RETRY);
+        snprintf(score, sizeof(score), "%.6f", at);
+    }
+    const char *argv[] = { "EVAL", requeue_lua, "2", working, key, job->payload, score };
+    size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(key), job->len, strlen(score) };
     /* -2: the connection broke (once reconnected, try again: with the
      * basic fetch the job exists nowhere else); -3: an error reply. */
     long long moved = -2;
@@ -270,21 +284,64 @@ static void requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t
         if (tries && capstan__slot_connected(s, r))
             break;
         pthread_mutex_lock(&s->mu);
-        redisReply *rep = s->abandoned ? NULL : capstan_redis_cmd(r, 6, argv, lens);
+        redisReply *rep = s->abandoned ? NULL : capstan_redis_cmd(r, 7, argv, lens);
         moved = s->abandoned ? 0 : !rep ? -2 : rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
         s->abandoned = s->abandoned || moved == 1;
         pthread_mutex_unlock(&s->mu);
         freeReplyObject(rep);
     }
     if (moved < 0)
-        capstan_error("could not put %s %s back in %s: %s; %s", job->cls, job->jid, qkey,
-                      moved == -1 ? "it holds another type than a list" : capstan_redis_error(r),
+        capstan_error("could not put %s %s back in %s: %s; %s", job->cls, job->jid, key,
+                      moved == -1 ? (at < 0 ? "it holds another type than a list" : "it is not a sorted set")
+                                  : capstan_redis_error(r),
                       working[0] ? "it stays in the working list" : "it is lost (basic fetch)");
-    if (moved != 1 || ++requeue_streak < 2)
-        return;
+    if (moved != 1 || at >= 0 || ++requeue_streak < 2)
+        return moved == 1;
     /* 50 ms, doubling up to 1 s; shutdown wakes it. */
     double pause = 0.05 * (double)(1 << (requeue_streak < 7 ? requeue_streak - 2 : 5));
     capstan__rt_wait(rt, pause < 1.0 ? pause : 1.0);
+    return 1;
+}
+
+/* Whether the job carries an error of its own that a NameError from here
+ * would overwrite: it failed before, elsewhere, under a real error (Ruby's,
+ * retried by the scheduler or from the Web UI). Not the NameError that a
+ * process without the class wrote, capstan or Ruby: failing it again loses
+ * nothing, and under unknown_class: fail it then dies as Sidekiq's would. */
+static int earlier_error(const capstan_job_t *job)
+{
+    size_t clen = 0, mlen = 0;
+    const char *cls = capstan_job_field_raw(job, "error_class", &clen);
+    if (!cls || clen < 2 || cls[0] != '"')
+        return 0;
+    if (clen != 11 || memcmp(cls, "\"NameError\"", 11) != 0)
+        return 1;
+    const char *msg = capstan_job_field_raw(job, "error_message", &mlen);
+    char want[300];
+    int n = snprintf(want, sizeof(want), "\"uninitialized constant %s", job->cls);
+    if (!msg || n <= 0 || (size_t)n >= sizeof(want) || mlen <= (size_t)n || memcmp(msg, want, (size_t)n) != 0)
+        return 1;
+    /* Ruby may add "Did you mean?" on a new line; capstan's skip adds why. */
+    return !(msg[n] == '"' || msg[n] == ' ' || msg[n] == '\\');
+}
+
+/* Where a job that already carries a real error goes when it has no
+ * handler here, whatever the policy: untouched, to its queue when a Ruby
+ * process reads it, else to the retry set, as far ahead as its last retry
+ * was (retry_count**4 + 15 s, Sidekiq's delay without the jitter), so that
+ * it waits for a process that knows its class, its error shown in the
+ * Retries tab, instead of going round a queue only capstan reads. */
+static void hand_back(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job)
+{
+    int to_queue = capstan__fleet_shared(s->rt, job->queue);
+    double c = job->retry_count > 0 ? (double)job->retry_count : 0;
+    double at = to_queue ? -1 : capstan__now() + c * c * c * c + 15;
+    size_t len = 0;
+    const char *ec = capstan_job_field_raw(job, "error_class", &len);
+    if (requeue_unknown(s, r, job, at))
+        capstan_info("%s %s has no handler here and already failed with %.*s: back %s untouched, its "
+                     "error kept", job->cls, job->jid, (int)(len > 2 ? len - 2 : 0), ec + 1,
+                     to_queue ? "in its queue for Ruby" : "in the retry set");
 }
 
 static int ride(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
@@ -325,12 +382,17 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     mw->priv = &run;
     mw->held_digest = held_digest;
     mw->prelock = prelock;
-    if (run.h)
+    if (run.h) {
         requeue_streak = 0;
-    else
-        note_unknown(rt, job->cls, job->queue);
-    if (!run.h && rt->cfg->unknown_class == CAPSTAN_UNKNOWN_REQUEUE) {
-        requeue_unknown(s, r, job);
+    } else {
+        run.policy = capstan__unknown_policy(rt, job->queue);
+        note_unknown(rt, job->cls, job->queue, run.policy);
+    }
+    if (!run.h && run.policy == CAPSTAN_UNKNOWN_REQUEUE) {
+        requeue_unknown(s, r, job, -1);
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+    } else if (!run.h && earlier_error(job)) {
+        hand_back(s, r, job);
         capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     } else {
         capstan__mw_run(rt->server_chain, mw, call_handler, NULL);
