@@ -144,7 +144,8 @@ static void bury(capstan_mw_t *mw, capstan_job_t *job)
     double now = capstan__now();
     char ts[32], *out = NULL;
     size_t len;
-    capstan__ts_json(ts, now, mw->cfg->timestamps);
+    /* A Sidekiq 8 job keeps its milliseconds under timestamps: float. */
+    capstan__ts_json(ts, now, capstan__ts_format_of(job->payload, &job->obj, mw->cfg->timestamps));
     capstan_buf_t msg = {0};
     int rc = capstan__json_quote(&msg, job->err_msg, strlen(job->err_msg));
     capstan_field_t set[] = {
