@@ -16,7 +16,9 @@
 #define BATCH 100
 
 /* Prepares the payload pushed for a due member: enqueued_at = now and no
- * "at" (it would schedule the job again). */
+ * "at" (it would schedule the job again). enqueued_at takes the unit the
+ * payload already carries (ts only decides for one that carries none), so a
+ * Sidekiq 8 job back from retry or schedule keeps integer milliseconds. */
 static int prepare(const char *raw, size_t len, capstan_ts_format_t ts, double now,
                    char **out, size_t *outlen, char **queue)
 {
@@ -39,7 +41,7 @@ static int prepare(const char *raw, size_t len, capstan_ts_format_t ts, double n
         *queue = strdup("default");
     }
     char when[32];
-    capstan__ts_json(when, now, ts);
+    capstan__ts_json(when, now, capstan__ts_format_of(raw, &obj, ts));
     capstan_field_t set[] = { { "enqueued_at", when, 0 }, { "at", NULL, 0 } };
     int rc = capstan__payload_edit(raw, &obj, set, 2, out, outlen);
     capstan__jobject_free(&obj);

@@ -803,3 +803,42 @@ Test(limiter, a_short_lease_never_shortens_a_longer_one)
     capstan_limiter_free(quick);
     capstan_redis_free(r);
 }
+
+/* ---- the scheduler -------------------------------------------------- */
+
+/* A job due in retry or schedule goes back to its queue with enqueued_at
+ * in the unit its payload carries: a Sidekiq 8 job keeps integer
+ * milliseconds under the default timestamps: float; one with float seconds
+ * keeps seconds, and one with neither gets the configured unit. */
+Test(limiter, the_scheduler_keeps_the_payloads_timestamp_unit)
+{
+    static const char *const jobs[] = {
+        "{\"class\":\"Nobody\",\"jid\":\"0000000000000000000000s8\",\"queue\":\"unrun\",\"args\":[],"
+        "\"created_at\":1760000000123,\"enqueued_at\":1760000000123}",
+        "{\"class\":\"Nobody\",\"jid\":\"0000000000000000000000s7\",\"queue\":\"unrun\",\"args\":[],"
+        "\"created_at\":1760000000.123,\"enqueued_at\":1760000000.123}",
+        "{\"class\":\"Nobody\",\"jid\":\"0000000000000000000000s0\",\"queue\":\"unrun\",\"args\":[]}",
+    };
+    for (int i = 0; i < 3; i++)
+        freeReplyObject(kt_cmd("ZADD %s 1 %s", i == 1 ? "retry" : "schedule", jobs[i]));
+    char *y = kt_write_file("sched.yml", "poll_interval_average: 0.3\n");
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:unrun") == 3, 10), "%s", kt_capstan_log(a));
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    double now = wall();
+    for (int i = 0; i < 3; i++) {
+        redisReply *rep = kt_cmd("LINDEX queue:unrun %d", i);
+        json_t *j = json_loads(rep->str, JSON_DECODE_ANY, NULL);
+        cr_assert(j, "%s", rep->str);
+        const char *jid = json_string_value(json_object_get(j, "jid"));
+        json_t *at = json_object_get(j, "enqueued_at");
+        int ms = strcmp(jid + 22, "s8") == 0;
+        cr_assert(ms ? json_is_integer(at) : json_is_real(at), "%s", rep->str);
+        double secs = ms ? (double)json_integer_value(at) / 1000 : json_real_value(at);
+        cr_assert(secs > now - 30 && secs <= now + 1, "%s", rep->str);
+        cr_assert_null(json_object_get(j, "at"));
+        json_decref(j);
+        freeReplyObject(rep);
+    }
+    free(y);
+}
