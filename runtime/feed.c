@@ -306,6 +306,9 @@ void capstan__done_acked(capstan_runtime_t *rt, capstan_done_t *d, capstan_redis
     /* After the ack: the job is in the dead set when the hook runs. */
     if (d->ack.kind == CAPSTAN_ACK_DEAD)
         capstan__hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);
+    /* After the ack too: the job is in the schedule set when it wakes. */
+    if (d->ack.kind == CAPSTAN_ACK_SCHEDULE)
+        capstan__scheduler_wake_at(rt, d->ack.score);
     capstan__done_clear(d);
 }
 

@@ -20,6 +20,8 @@ void capstan__rt_wake(capstan_runtime_t *rt)
 {
     pthread_mutex_lock(&rt->wake_mu);
     pthread_cond_broadcast(&rt->wake);
+    /* The scheduler sleeps on a condition of its own (scheduler.c). */
+    pthread_cond_broadcast(&rt->sched_wake.cv);
     pthread_mutex_unlock(&rt->wake_mu);
 }
 

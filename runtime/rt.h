@@ -77,6 +77,20 @@ typedef struct capstan_handler_entry {
     const struct capstan_limit_opts *limit; /* registered rate limit, or NULL */
 } capstan_handler_entry_t;
 
+/* When the scheduler thread should wake, besides its poll: the times that
+ * jobs this process put in the schedule set fall due (scheduler.c), so a
+ * job rescheduled for a moment's time comes back then rather than at the
+ * next poll, seconds later. Under the runtime's wake_mu. */
+#define CAPSTAN_SCHED_DUES 32
+typedef struct capstan_sched_wake {
+    pthread_cond_t cv;     /* the scheduler sleeps on it; capstan__rt_wake
+                              and a due sooner than its wake-up signal it */
+    double until;          /* epoch s the sleeping scheduler wakes at, 0
+                              while it is not asleep */
+    int n;
+    double due[CAPSTAN_SCHED_DUES]; /* epoch s, unordered */
+} capstan_sched_wake_t;
+
 /* One capstan_on_error or capstan_on_death registration. */
 typedef struct capstan_hook {
     int death;         /* 0 = error hook */
@@ -111,6 +125,7 @@ struct capstan_runtime {
     pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
                                       (rt.c), which quiet and stop cut short */
     pthread_cond_t wake;
+    capstan_sched_wake_t sched_wake; /* under wake_mu */
     int abandoned;
     atomic_int redis_down;         /* a thread cannot reach Redis: one outage
                                       is logged once, not once per thread */
@@ -229,6 +244,10 @@ typedef struct capstan_sched_blocked {
  * number moved or CAPSTAN_EREDIS, with *blocked filled. */
 long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, double now,
                                     capstan_sched_blocked_t *blocked);
+/* Has the scheduler thread move due jobs at epoch time at (or a few ms
+ * after), as well as at its polls: called once a job is written to the
+ * schedule set at that score. */
+void capstan__scheduler_wake_at(struct capstan_runtime *rt, double at);
 
 /* notify.c: systemd's Type=notify protocol over $NOTIFY_SOCKET (a no-op
  * when it is unset). capstan__notify sends one state ("READY=1", "STOPPING=1")

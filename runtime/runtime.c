@@ -38,6 +38,7 @@ capstan_runtime_t *capstan_runtime_new(capstan_config_t *cfg, char *err)
     rt->cfg = cfg;
     pthread_mutex_init(&rt->wake_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
+    pthread_cond_init(&rt->sched_wake.cv, NULL);
     capstan__identity_make(rt->identity, sizeof(rt->identity));
     capstan__hostname(rt->hostname, sizeof(rt->hostname));
     return rt;
@@ -61,6 +62,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
     pthread_cond_destroy(&rt->wake);
+    pthread_cond_destroy(&rt->sched_wake.cv);
     free(rt);
 }
 

@@ -1,6 +1,8 @@
 /* The scheduler thread: moves due jobs from "retry" and "schedule" to their
  * queues, each in one script whose ZREM decides, so two processes never
- * enqueue the same job twice. Polls at Sidekiq's randomised interval. */
+ * enqueue the same job twice. Polls at Sidekiq's randomised interval, and
+ * wakes besides when a job this process rescheduled (a limiter's or a
+ * lock's reschedule: often a fraction of a second) falls due. */
 #include "runtime/rt.h"
 
 #include <stdio.h>
@@ -133,6 +135,69 @@ long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, 
     return total;
 }
 
+/* Merged with a due time this close to it: the scheduler then wakes at
+ * the later of the two, a job at most this late. */
+#define DUE_MERGE 0.02
+
+void capstan__scheduler_wake_at(capstan_runtime_t *rt, double at)
+{
+    capstan_sched_wake_t *sw = &rt->sched_wake;
+    pthread_mutex_lock(&rt->wake_mu);
+    int i, late = 0;
+    for (i = 0; i < sw->n; i++)
+        if (at > sw->due[i] - DUE_MERGE && at < sw->due[i] + DUE_MERGE)
+            break;
+    if (i < sw->n) {
+        if (at > sw->due[i])
+            sw->due[i] = at;
+    } else if (sw->n < CAPSTAN_SCHED_DUES) {
+        sw->due[sw->n++] = at;
+    } else {
+        /* Full: the latest due is left to the polls. */
+        for (int j = 1; j < sw->n; j++)
+            if (sw->due[j] > sw->due[late])
+                late = j;
+        if (at < sw->due[late])
+            sw->due[late] = at;
+    }
+    if (sw->until > 0 && at < sw->until)
+        pthread_cond_signal(&sw->cv);
+    pthread_mutex_unlock(&rt->wake_mu);
+}
+
+/* Sleeps s seconds, or less: until the first due time asked for, or until
+ * capstan__rt_wake (quiet, stop). The due times that have come are then
+ * forgotten, as the poll that follows moves their jobs. */
+static void sched_sleep(capstan_runtime_t *rt, double s)
+{
+    capstan_sched_wake_t *sw = &rt->sched_wake;
+    double until = capstan__now() + s;
+    pthread_mutex_lock(&rt->wake_mu);
+    for (;;) {
+        double at = until, now = capstan__now();
+        for (int i = 0; i < sw->n; i++)
+            if (sw->due[i] < at)
+                at = sw->due[i];
+        if (at <= now || atomic_load(&rt->quiet))
+            break;
+        sw->until = at;
+        struct timespec ts = capstan__timespec(at);
+        pthread_cond_timedwait(&sw->cv, &rt->wake_mu, &ts);
+        /* Woken for a sooner due, the loop sleeps again until it; a
+         * capstan__rt_wake ends the sleep, as it ends every thread's. */
+        if (atomic_load(&rt->quiet) || atomic_load(&rt->stop_req))
+            break;
+    }
+    sw->until = 0;
+    double now = capstan__now();
+    for (int i = 0; i < sw->n;)
+        if (sw->due[i] <= now)
+            sw->due[i] = sw->due[--sw->n];
+        else
+            i++;
+    pthread_mutex_unlock(&rt->wake_mu);
+}
+
 static double poll_average(capstan_runtime_t *rt, capstan_redis_t *r, long *procs)
 {
     if (rt->cfg->poll_interval_average > 0) {
@@ -158,7 +223,7 @@ void *capstan__scheduler_main(void *arg)
     /* Sidekiq waits before its first poll so a fleet that starts together
      * does not poll together; an explicit average skips that. */
     if (rt->cfg->poll_interval_average <= 0)
-        capstan__rt_wait(rt, 5 + 5 * capstan__rand());
+        sched_sleep(rt, 5 + 5 * capstan__rand());
     long last_blocked = 0;
     while (!atomic_load(&rt->quiet)) {
         if (!capstan_redis_ok(r) && capstan__rt_connect(rt, r, &rt->quiet))
@@ -177,7 +242,7 @@ void *capstan__scheduler_main(void *arg)
         long procs;
         double avg = poll_average(rt, r, &procs);
         double wait = procs < 10 ? avg * capstan__rand() + avg / 2 : avg * capstan__rand();
-        capstan__rt_wait(rt, wait);
+        sched_sleep(rt, wait);
     }
     capstan_info("Scheduler exiting...");
     capstan_redis_free(r);
