@@ -354,8 +354,8 @@ static int do_limits_raw(int argc, char **argv)
     snprintf(count, sizeof(count), "%ld", size);
     const char *acq[] = { "EVALSHA", sha[0], "2", "limiter:bench:meta", "limiter:bench:held",
                           "concurrent", meta, count, "30000", id, "1" };
-    const char *rel[] = { "EVALSHA", sha[1], "2", "limiter:bench:held", "limiter:bench:meta",
-                          id, "" };
+    const char *rel[] = { "EVALSHA", sha[1], "3", "limiter:bench:held", "limiter:bench:meta",
+                          "limiter:bench:free", id, "release", "30000", count };
     double t0 = 0;
     for (long i = -1; i < n; i++) { /* one warm-up cycle, as in do_limits */
         if (i == 0)
@@ -366,7 +366,7 @@ static int do_limits_raw(int argc, char **argv)
         if (a->elements != 2 || a->element[0]->integer != 1)
             die("limits-raw: an acquisition was refused%s%s", "", "");
         freeReplyObject(a);
-        freeReplyObject(must(redisCommandArgv(c, 7, rel, NULL), c, REDIS_REPLY_INTEGER));
+        freeReplyObject(must(redisCommandArgv(c, 10, rel, NULL), c, REDIS_REPLY_INTEGER));
     }
     double dt = mono() - t0;
     redisFree(c);

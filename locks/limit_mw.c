@@ -2,12 +2,17 @@
  * `limit:` or capstan_class_opts_t.limit, capstan/limiter.h) only within its rate
  * limiter, spending the job's "limiter_cost" or the class's cost.
  *
- * Over the limit, the job neither runs nor fails: it goes to the schedule
- * set for when the limiter says a slot may be free (a concurrent limiter
- * only knows when the oldest lease lapses, so its jobs back off from 0.5 s,
- * doubling, up to that), counting its reschedules in the payload's
- * "limiter_reschedules". Past max_limiter_reschedules it fails with
- * Capstan::OverLimit and the retry rules take over.
+ * Over the limit, the job first waits in its processor, up to the limit's
+ * wait_timeout: a concurrent waiter blocks on its own connection (one per
+ * processor thread, made when first needed, so the processor's own never
+ * blocks) until a release wakes it. Still over, the job neither runs nor
+ * fails: it goes to the schedule set for when the limiter says a slot may
+ * be free (a concurrent limiter only knows when the oldest lease lapses,
+ * so its jobs back off from 0.5 s, doubling, up to that), counting its
+ * reschedules in the payload's "limiter_reschedules". Past
+ * max_limiter_reschedules it fails with Capstan::OverLimit and the retry
+ * rules take over; a concurrent limit's reschedules do not count, as its
+ * slots come back whenever its jobs end.
  *
  * A concurrent slot is a lease of lock_timeout, so that a killed process's
  * slots free themselves when their leases lapse. While the handler runs,
@@ -30,6 +35,7 @@
 #include "support/payload.h"
 #include "support/time.h"
 #include "locks/limit_mw.h"
+#include "locks/limiter_internal.h"
 
 /* A slot being held by a running job; lives on that job's stack. */
 typedef struct hold {
@@ -121,6 +127,43 @@ static void hold_end(hold_t *h)
     pthread_mutex_unlock(&ext.mu);
 }
 
+/* ---- the connection a concurrent waiter blocks on ----------------------- */
+
+static pthread_key_t waiter_key;
+static pthread_once_t waiter_once = PTHREAD_ONCE_INIT;
+static int waiter_key_ok;
+
+static void waiter_free(void *r)
+{
+    capstan_redis_free(r);
+}
+
+static void waiter_init(void)
+{
+    waiter_key_ok = pthread_key_create(&waiter_key, waiter_free) == 0;
+}
+
+/* This thread's connection for blocking waits (freed when the thread
+ * ends), connected; or NULL when none can be had now, and the waiter
+ * rechecks on a timer instead. Its timeout outlasts the longest BLPOP. */
+static capstan_redis_t *waiter_conn(const char *url)
+{
+    pthread_once(&waiter_once, waiter_init);
+    if (!waiter_key_ok)
+        return NULL;
+    capstan_redis_t *w = pthread_getspecific(waiter_key);
+    if (!w) {
+        char err[CAPSTAN_ERRLEN];
+        if (!(w = capstan_redis_new(url, 10, err)))
+            return NULL;
+        if (pthread_setspecific(waiter_key, w)) {
+            capstan_redis_free(w);
+            return NULL;
+        }
+    }
+    return capstan_redis_ok(w) || capstan_redis_connect(w) == 0 ? w : NULL;
+}
+
 /* The payload's integer field name, or 0 when absent or not > 0. */
 static long job_count(capstan_job_t *job, const char *name)
 {
@@ -163,7 +206,9 @@ static int over_limit(capstan_mw_t *mw, const capstan_limit_opts_t *lo, const ch
     /* The file's max_limiter_reschedules, even for a limit declared in C. */
     int max = mw->cc && mw->cc->has_max_limiter_reschedules ? mw->cc->max_limiter_reschedules
                                                             : lo->max_reschedules;
-    if (n >= max) {
+    /* Busy concurrent slots free as their jobs end: a job that found them
+     * so waits its turn however long the backlog, rather than failing. */
+    if (n >= max && lo->type != CAPSTAN_LIMIT_CONCURRENT) {
         capstan_job_fail(job, "Capstan::OverLimit",
                          "limiter %s stayed over its limit through %ld reschedules", name, n);
         return 0;
@@ -187,8 +232,14 @@ static int over_limit(capstan_mw_t *mw, const capstan_limit_opts_t *lo, const ch
     capstan__jobject_free(&obj);
     if (bad) /* no memory: leave it for recovery */
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
-    capstan_info("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld of %d)", mw->cls,
-                 mw->jid, name, in, n + 1, max);
+    /* Routine under a backlog, so not at info: a busy limit would flood
+     * the log with it. */
+    if (lo->type == CAPSTAN_LIMIT_CONCURRENT)
+        capstan_debug("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld so far)",
+                      mw->cls, mw->jid, name, in, n + 1);
+    else
+        capstan_debug("%s %s: limiter %s is over its limit; rescheduled in %.2f s (%ld of %d)",
+                      mw->cls, mw->jid, name, in, n + 1, max);
     int rc = capstan_mw_dispose(mw, CAPSTAN_DISPOSE_SCHEDULE, capstan__now() + in, out, len);
     free(out);
     return rc;
@@ -218,8 +269,10 @@ int capstan__limit_mw(capstan_mw_t *mw, void *udata)
     }
     capstan_limit_token_t tok;
     double in = 0;
-    int rc = capstan_limiter_acquire_points(lim, mw->r, cost ? cost : lo->cost, lo->wait_timeout, &tok,
-                                            &in, err);
+    capstan_redis_t *w = lo->type == CAPSTAN_LIMIT_CONCURRENT && lo->wait_timeout > 0
+                         ? waiter_conn(mw->cfg->redis_url) : NULL;
+    int rc = capstan__limiter_acquire_wait(lim, mw->r, w, cost ? cost : lo->cost, lo->wait_timeout,
+                                           &tok, &in, err);
     if (rc == CAPSTAN_EDENIED) {
         rc = over_limit(mw, lo, name, in);
     } else if (rc < 0) {

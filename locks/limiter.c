@@ -1,5 +1,6 @@
 /* Rate limiters (include/capstan/limiter.h): the C side of lua/limit_*.lua. */
 #include "capstan/limiter.h"
+#include "locks/limiter_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,12 @@
 #include "support/time.h"
 
 #define LEASE_DEFAULT 30.0 /* s: a concurrent slot's lease */
-#define POLL_MAX 0.05      /* s: a concurrent waiter rechecks this often */
+#define POLL_MAX 0.05      /* s: a concurrent waiter with no connection to
+                              block on rechecks this often */
+#define RECHECK 1.0        /* s: the longest a concurrent waiter blocks for
+                              a release before it looks again, in case a
+                              wake-up was lost (or was taken by a waiter
+                              that then lost the slot to a newcomer) */
 #define KEY_MAX (CAPSTAN_LIMIT_NAME_MAX + 32)
 
 struct capstan_limiter {
@@ -25,6 +31,7 @@ struct capstan_limiter {
     char nonce[13];         /* random hex: holder ids of this handle */
     char meta_key[KEY_MAX];
     char state_key[KEY_MAX];
+    char free_key[KEY_MAX]; /* concurrent: what releases push to wake waiters */
 };
 
 static const char *const type_names[] = {
@@ -97,6 +104,7 @@ capstan_limiter_t *capstan_limiter_new(capstan_limit_type_t type, const char *na
     snprintf(lim->state_key, sizeof(lim->state_key), "%s%s:%s", CAPSTAN_KEY_LIMITER, name,
              type == CAPSTAN_LIMIT_CONCURRENT ? "held" : type == CAPSTAN_LIMIT_WINDOW ? "w:"
                                                                                : type_names[type]);
+    snprintf(lim->free_key, sizeof(lim->free_key), "%s%s:free", CAPSTAN_KEY_LIMITER, name);
     return lim;
 }
 
@@ -168,12 +176,38 @@ static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_lim
 int capstan_limiter_acquire(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,
                             capstan_limit_token_t *token, double *retry_in, char *err)
 {
-    return capstan_limiter_acquire_points(lim, r, 1, wait_timeout, token, retry_in, err);
+    return capstan__limiter_acquire_wait(lim, r, r, 1, wait_timeout, token, retry_in, err);
 }
 
 int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, long points,
                                    double wait_timeout, capstan_limit_token_t *token, double *retry_in,
                                    char *err)
+{
+    return capstan__limiter_acquire_wait(lim, r, r, points, wait_timeout, token, retry_in, err);
+}
+
+/* Blocks on w until a holder of lim releases a slot or s seconds pass.
+ * Any outcome is followed by another attempt, so an error only costs the
+ * wait: it sleeps instead, as if no wake-up came. */
+static void wait_release(capstan_limiter_t *lim, capstan_redis_t *w, double s)
+{
+    /* Under a millisecond BLPOP cannot express (0 would block forever). */
+    if (!w || !capstan_redis_ok(w) || s < 0.001) {
+        capstan__sleep(s < POLL_MAX ? s : POLL_MAX);
+        return;
+    }
+    char secs[32];
+    snprintf(secs, sizeof(secs), "%.3f", s);
+    const char *argv[] = { "BLPOP", lim->free_key, secs };
+    redisReply *rep = capstan_redis_cmd(w, 3, argv, NULL);
+    if (!rep || rep->type == REDIS_REPLY_ERROR)
+        capstan__sleep(s < POLL_MAX ? s : POLL_MAX);
+    freeReplyObject(rep);
+}
+
+int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, capstan_redis_t *w,
+                                  long points, double wait_timeout, capstan_limit_token_t *token,
+                                  double *retry_in, char *err)
 {
     if (!lim || !r || !token)
         return capstan_seterr(err, CAPSTAN_EINVAL, "capstan_limiter_acquire: NULL argument");
@@ -201,17 +235,22 @@ int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, l
         if (retry_in)
             *retry_in = wait;
         /* A concurrent slot frees when its holder releases, usually long
-         * before its lease ends: a waiter looks again every POLL_MAX for as
-         * long as it may wait. The others know when the next slot comes. */
-        if (lim->type == CAPSTAN_LIMIT_CONCURRENT && wait > POLL_MAX)
-            wait = left > 0 ? (left < POLL_MAX ? left : POLL_MAX) : wait;
-        if (wait > left) {
+         * before its lease ends: the waiter blocks until a release wakes
+         * it, or the oldest lease lapses, for as long as it may wait. The
+         * others know when the next slot comes. */
+        int concurrent = lim->type == CAPSTAN_LIMIT_CONCURRENT;
+        if (concurrent ? left <= 0 : wait > left) {
             capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_OVER_LIMIT,
                                      capstan__mono() - start, 0);
             return capstan_seterr(err, CAPSTAN_EDENIED, "limiter %s is over its limit for %.3f s more",
-                                  lim->name, retry_in ? *retry_in : wait);
+                                  lim->name, wait);
         }
-        capstan__sleep(wait);
+        if (concurrent) {
+            double s = wait < left ? wait : left;
+            wait_release(lim, w, s < RECHECK ? s : RECHECK);
+        } else {
+            capstan__sleep(wait);
+        }
     }
 }
 
@@ -222,11 +261,12 @@ static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_
         return capstan_seterr(err, CAPSTAN_EINVAL, "limiter: NULL argument");
     if (lim->type != CAPSTAN_LIMIT_CONCURRENT)
         return 0;
-    char ms[24] = "";
-    if (extend)
-        snprintf(ms, sizeof(ms), "%lld", lim->ms);
-    const char *argv[] = { lim->state_key, lim->meta_key, token->id, ms };
-    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_LIMIT_RELEASE, 2, 4, argv, NULL);
+    char ms[24], size[24];
+    snprintf(ms, sizeof(ms), "%lld", lim->ms);
+    snprintf(size, sizeof(size), "%ld", lim->count);
+    const char *argv[] = { lim->state_key, lim->meta_key, lim->free_key, token->id,
+                           extend ? "extend" : "release", ms, size };
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_LIMIT_RELEASE, 3, 7, argv, NULL);
     int rc;
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
         rc = capstan__reply_error(r, rep, extend ? "limiter extend" : "limiter release", err);

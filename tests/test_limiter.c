@@ -119,6 +119,16 @@ static void next_second(void)
     kt_sleep((double)(long)now + 1.05 - now);
 }
 
+/* Waits, if need be, for a calendar minute with 10 s or more left, so that
+ * a window of a minute spent now stays spent through the test: a job the
+ * window refused is rescheduled for its end, which must not come first. */
+static void minute_room(void)
+{
+    double now = wall(), into = now - (double)((long long)now / 60 * 60);
+    if (into >= 50)
+        kt_sleep(60 - into + 0.05);
+}
+
 Test(limiter, window_counts_per_calendar_window_and_says_when_it_reopens)
 {
     capstan_redis_t *r = kt_lib_redis();
@@ -236,13 +246,14 @@ Test(limiter, concurrent_limit_is_fleet_wide)
     free(y);
 }
 
-/* A window of 10 per second over three processes: no calendar second sees
- * more than 10 starts; the others wait in the schedule set and all run. */
+/* A window of 10 per second over three processes, with no wait in the
+ * processor: no calendar second sees more than 10 starts; the others wait
+ * in the schedule set and all run. A reschedule is logged at debug only. */
 Test(limiter, window_limit_reschedules_and_runs_everything)
 {
     char *y = limit_yml("win.yml", "      type: window\n      name: search\n      count: 10\n"
-                                   "      interval: second\n");
-    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
+                                   "      interval: second\n      wait_timeout: 0\n");
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", "-v", NULL });
     pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
     pid_t c = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
     push_limit_jobs(2, "lw", 10, 100);
@@ -255,9 +266,10 @@ Test(limiter, window_limit_reschedules_and_runs_everything)
     check_calendar(t, got, 10);
     free(t);
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
-    cr_assert(kt_log_has(a, "limiter search is over its limit; rescheduled in") ||
-              kt_log_has(b, "limiter search is over its limit; rescheduled in") ||
-              kt_log_has(c, "limiter search is over its limit; rescheduled in"));
+    cr_assert(kt_log_has(a, "limiter search is over its limit; rescheduled in"), "%s",
+              kt_capstan_log(a));
+    cr_assert(!kt_log_has(b, "rescheduled in") && !kt_log_has(c, "rescheduled in"),
+              "a reschedule was logged above debug");
     cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
     cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
     cr_assert_eq(kt_capstan_stop(c, SIGTERM, 10), 0);
@@ -289,19 +301,31 @@ Test(limiter, killed_holder_frees_its_slots_when_the_lease_lapses)
 }
 
 /* Past max_limiter_reschedules the job fails into the retry set, its
- * reschedule count in the payload. */
+ * reschedule count in the payload. The limit is a window spent for a
+ * minute (the test's), so the job comes back when the test says. */
 Test(limiter, too_many_reschedules_go_through_retry)
 {
     char *y = kt_write_file("max.yml", "poll_interval_average: 0.3\nclasses:\n"
                                       "  LimitJob:\n    max_limiter_reschedules: 1\n"
-                                      "    limit: { type: concurrent, name: one, size: 1 }\n");
+                                      "    limit: { type: window, name: one, count: 1, "
+                                      "interval: minute }\n");
     capstan_redis_t *r = kt_lib_redis();
-    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "one", 1, 60);
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_WINDOW, "one", 1, 60);
     capstan_limit_token_t t;
     char err[CAPSTAN_ERRLEN];
+    minute_room();
     cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
     pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
     push_limit_jobs(4, "lm", 10, 1);
+    /* Its first refusal reschedules it (the window's wait is longer than
+     * wait_timeout, so it does not wait); the test makes it due now. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD schedule") == 1, 10), "%s", kt_capstan_log(a));
+    redisReply *sr = kt_cmd("ZRANGE schedule 0 0");
+    char *first = strdup(sr->element[0]->str);
+    freeReplyObject(sr);
+    cr_assert(strstr(first, "\"limiter_reschedules\":1"), "%s", first);
+    freeReplyObject(kt_cmd("ZADD schedule 0 %s", first));
+    free(first);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 10), "%s", kt_capstan_log(a));
     redisReply *rr = kt_cmd("ZRANGE retry 0 0");
     cr_assert_eq(rr->elements, 1);
@@ -712,16 +736,17 @@ Test(limiter, file_max_reschedules_applies_to_a_limit_declared_in_c)
     capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
     cr_assert(rt, "%s", err);
     capstan_limit_opts_t lo = CAPSTAN_LIMIT_OPTS_INIT;
-    lo.type = CAPSTAN_LIMIT_CONCURRENT;
+    lo.type = CAPSTAN_LIMIT_WINDOW;
     lo.name = "cmax";
     lo.count = 1;
     lo.seconds = 60;
     capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
     opts.limit = &lo;
     cr_assert_eq(capstan_register(rt, "CLimited", cost_job, "cm", &opts), 0);
-    /* The only slot is the test's. */
+    /* The window's only acquisition is the test's. */
     capstan_redis_t *r = kt_lib_redis();
-    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "cmax", 1, 60);
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_WINDOW, "cmax", 1, 60);
+    minute_room();
     capstan_limit_token_t t;
     cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
     capstan_client_t *c = capstan_client_new(kt_url(), err);
@@ -804,6 +829,207 @@ Test(limiter, a_short_lease_never_shortens_a_longer_one)
     capstan_redis_free(r);
 }
 
+/* ---- a limit is reached, not merely kept ------------------------------- */
+
+/* LimitJob under limit, with a schedule poll only every 15 to 45 s (and
+ * none at start): a rescheduled job back sooner came back because its
+ * process woke its scheduler for it. */
+static char *slow_poll_yml(const char *name, const char *limit)
+{
+    char *body;
+    cr_assert(asprintf(&body, "poll_interval_average: 30\nclasses:\n  LimitJob:\n    limit:\n%s",
+                       limit) > 0);
+    char *y = kt_write_file(name, body);
+    free(body);
+    return y;
+}
+
+typedef struct burst {
+    size_t ran;     /* jobs that started within the bound */
+    double secs;    /* from the push to the last end, or to the bound */
+    long long *t;   /* their starts (ms, Redis clock), ascending */
+} burst_t;
+
+/* Pushes n LimitJobs of ms each under limit to procs processes of 10
+ * processors once they are up, and waits at most bound seconds for them
+ * all to end. Prints what ran in how long, with what. */
+static burst_t run_burst(const char *what, const char *limit, unsigned tag, const char *key, long ms,
+                         size_t n, int procs, double bound)
+{
+    char *y = slow_poll_yml("burst.yml", limit);
+    pid_t p[2];
+    for (int i = 0; i < procs; i++)
+        p[i] = kt_capstan_start((const char *[]){ "-C", y, "-c", "10", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == procs, 20), "%s", kt_capstan_log(p[0]));
+    double t0 = kt_now();
+    push_limit_jobs(tag, key, ms, n);
+    int done = KT_WAIT_UNTIL(kt_int("SCARD %s:jids", key) == (long long)n &&
+                             kt_int("GET %s:running", key) == 0, bound);
+    burst_t b = { 0 };
+    b.secs = kt_now() - t0;
+    b.t = job_starts(key, &b.ran);
+    fprintf(stderr, "limiter figures: %s: %zu of %zu jobs of %ld ms ran in %.2f s%s\n", what, b.ran,
+            n, ms, b.secs, done ? "" : " (the bound)");
+    for (int i = 0; i < procs; i++)
+        cr_assert_eq(kt_capstan_stop(p[i], SIGTERM, 10), 0);
+    free(y);
+    cr_assert(done, "%zu of %zu jobs ran in %.0f s", b.ran, n, bound);
+    cr_assert_eq(kt_int("LLEN %s:starts", key), (long long)n, "a job ran twice");
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
+    return b;
+}
+
+/* The share of size x span that the jobs of b, ms each, kept busy, from
+ * the first start to the last job's end. A job's end is taken as its start
+ * plus its ms: it sleeps that long after recording its start, so the
+ * figure is a lower bound. */
+static double busy_share(const burst_t *b, long ms, long size)
+{
+    double span = (double)(b->t[b->ran - 1] + ms - b->t[0]);
+    return (double)b->ran * (double)ms / ((double)size * span);
+}
+
+/* A concurrent limit of 2 with a backlog: the jobs over it wait in their
+ * processors (wait_timeout's default, 5 s) and each release hands its slot
+ * to a waiter at once, so both slots stay busy. */
+Test(limiter, a_concurrent_limit_keeps_its_slots_busy)
+{
+    burst_t b = run_burst("concurrent size 2, one process", "      type: concurrent\n"
+                          "      name: busy2\n      size: 2\n", 20, "lu", 100, 20, 1, 60);
+    double share = busy_share(&b, 100, 2);
+    fprintf(stderr, "limiter figures: concurrent size 2: slots busy %.1f%% of the time\n",
+            100 * share);
+    cr_assert_eq(kt_int("GET lu:max"), 2);
+    cr_assert_geq(share, 0.9, "slots busy %.1f%% of the time", 100 * share);
+    free(b.t);
+}
+
+/* The same across processes: a release in one wakes a waiter in the
+ * other, as they block on the same list. */
+Test(limiter, a_concurrent_limit_keeps_its_slots_busy_across_processes)
+{
+    burst_t b = run_burst("concurrent size 3, two processes", "      type: concurrent\n"
+                          "      name: busy3\n      size: 3\n", 21, "lv", 100, 60, 2, 60);
+    double share = busy_share(&b, 100, 3);
+    fprintf(stderr, "limiter figures: concurrent size 3, two processes: slots busy %.1f%% of the "
+            "time\n", 100 * share);
+    cr_assert_eq(kt_int("GET lv:max"), 3);
+    cr_assert_geq(share, 0.9, "slots busy %.1f%% of the time", 100 * share);
+    free(b.t);
+}
+
+/* A window of 5 a second lets 5 jobs start in each calendar second while
+ * work is queued: the whole seconds between the first start and the last
+ * average at least 90% of that, and none has more. */
+Test(limiter, a_window_limit_runs_at_its_rate)
+{
+    burst_t b = run_burst("window 5 a second", "      type: window\n      name: rate5\n"
+                          "      count: 5\n      interval: second\n", 22, "lr", 10, 40, 1, 60);
+    check_calendar(b.t, b.ran, 5);
+    long long first = b.t[0] / 1000, last = b.t[b.ran - 1] / 1000, inner = 0;
+    for (size_t i = 0; i < b.ran; i++)
+        inner += b.t[i] / 1000 > first && b.t[i] / 1000 < last;
+    cr_assert_geq(last - first, 2, "%lld", last - first);
+    double rate = (double)inner / (double)(last - first - 1);
+    fprintf(stderr, "limiter figures: window 5 a second: %.2f a second over the whole seconds\n",
+            rate);
+    cr_assert_geq(rate, 4.5, "%.2f a second, not 5", rate);
+    free(b.t);
+}
+
+/* A job rescheduled off a busy concurrent slot (no wait here) comes back
+ * when its backoff ends, though no poll comes for 15 s or more; and its
+ * reschedules do not use up max_limiter_reschedules, however many. */
+Test(limiter, a_rescheduled_job_comes_back_when_due)
+{
+    char *y = slow_poll_yml("due.yml", "      type: concurrent\n      name: due\n      size: 1\n"
+                                       "      wait_timeout: 0\n");
+    char *body = kt_read_file(y), *yml;
+    cr_assert(asprintf(&yml, "%s    max_limiter_reschedules: 1\n", body) > 0);
+    free(y);
+    y = kt_write_file("due.yml", yml);
+    free(body);
+    free(yml);
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "due", 1, 60);
+    capstan_limit_token_t t;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_capstan_log(a));
+    push_limit_jobs(23, "ld", 10, 1);
+    /* Refused at 0, 0.5 and 1.5 s at least: past the maximum of 1. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD schedule") == 1, 10), "%s", kt_capstan_log(a));
+    kt_sleep(2.5);
+    cr_assert_eq(kt_int("ZCARD retry"), 0, "failed with %lld of 1 reschedules",
+                 kt_int("ZCARD retry"));
+    double t0 = kt_now();
+    cr_assert_eq(capstan_limiter_release(l, r, &t, err), 0, "%s", err);
+    /* Its backoff is at most 4 s by now (0.5 s, doubling). */
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD ld:jids") == 1, 10), "not back within 10 s: %s",
+              kt_capstan_log(a));
+    fprintf(stderr, "limiter figures: a rescheduled job ran %.2f s after its slot freed\n",
+            kt_now() - t0);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("ZCARD schedule"), 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
+    free(y);
+}
+
+typedef struct releaser {
+    capstan_limiter_t *l;
+    capstan_redis_t *r;
+    const capstan_limit_token_t *t;
+    int rc;
+} releaser_t;
+
+static void *release_later(void *arg)
+{
+    releaser_t *rel = arg;
+    char err[CAPSTAN_ERRLEN];
+    kt_sleep(0.3);
+    rel->rc = capstan_limiter_release(rel->l, rel->r, rel->t, err);
+    return NULL;
+}
+
+/* A waiter on a concurrent slot gets it the moment its holder gives it
+ * back (woken by the release, not by a timer); the list that wakes it stays short and expires. */
+Test(limiter, a_release_wakes_a_waiter_at_once)
+{
+    capstan_redis_t *r = kt_lib_redis(), *r2 = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "wake", 1, 2);
+    capstan_limit_token_t held, got;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &held, NULL, err), 0, "%s", err);
+    /* The releaser frees the slot 0.3 s from now, on its own connection;
+     * the timer fallback alone would take up to 1 s. */
+    releaser_t rel = { l, r2, &held, -1 };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, release_later, &rel), 0);
+    double t0 = kt_now();
+    cr_assert_eq(capstan_limiter_acquire(l, r, 5, &got, NULL, err), 0, "%s", err);
+    double waited = kt_now() - t0;
+    pthread_join(th, NULL);
+    cr_assert_eq(rel.rc, 0);
+    fprintf(stderr, "limiter figures: a waiter got a released slot after %.3f s (released at 0.3)\n",
+            waited);
+    cr_assert(waited >= 0.25 && waited < 0.6, "%.3f s", waited);
+    cr_assert_eq(capstan_limiter_release(l, r, &got, err), 0, "%s", err);
+    /* Releases nobody waited for: no more than the size are kept, and
+     * they expire with the lease. */
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(capstan_limiter_acquire(l, r, 0, &got, NULL, err), 0, "%s", err);
+        cr_assert_eq(capstan_limiter_release(l, r, &got, err), 0, "%s", err);
+    }
+    cr_assert_eq(kt_int("LLEN limiter:wake:free"), 1);
+    long long ttl = kt_int("PTTL limiter:wake:free");
+    cr_assert(ttl > 0 && ttl <= 2000, "%lld", ttl);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
+    capstan_redis_free(r2);
+}
+
 /* ---- the scheduler -------------------------------------------------- */
 
 /* A job due in retry or schedule goes back to its queue with enqueued_at
@@ -840,5 +1066,23 @@ Test(limiter, the_scheduler_keeps_the_payloads_timestamp_unit)
         json_decref(j);
         freeReplyObject(rep);
     }
+    free(y);
+}
+
+/* A limit waits 5 s by default, given in C or in YAML, as Sidekiq
+ * Enterprise's does; the file may set 0 (no wait). */
+Test(limiter, a_limit_waits_five_seconds_by_default)
+{
+    capstan_limit_opts_t lo = CAPSTAN_LIMIT_OPTS_INIT;
+    cr_assert_eq(lo.wait_timeout, 5);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = kt_config(1);
+    char *y = kt_write_file("wait.yml", "classes:\n  A: {limit: {type: concurrent, size: 2}}\n"
+                                        "  B: {limit: {type: window, count: 5, interval: 1, "
+                                        "wait_timeout: 0}}\n");
+    cr_assert_eq(capstan_config_load_file(cfg, y, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_class(cfg, "A")->limit.wait_timeout, 5);
+    cr_assert_eq(capstan_config_class(cfg, "B")->limit.wait_timeout, 0);
+    capstan_config_free(cfg);
     free(y);
 }

@@ -307,8 +307,10 @@ Test(metrics, bad_label_bytes_keep_the_scrape_valid)
  * waits, and the slots held right now; the limiter's name is a label. */
 Test(metrics, limiter_series_count_acquisitions_waits_and_holds)
 {
+    /* No wait, so the jobs over the limit are rescheduled; -v logs each. */
     char *y = kt_write_file("lim.yml", "poll_interval_average: 0.3\nclasses:\n  LimitJob:\n"
-                                       "    limit: { type: concurrent, name: 'we\"b', size: 1 }\n");
+                                       "    limit: { type: concurrent, name: 'we\"b', size: 1, "
+                                       "wait_timeout: 0 }\n");
     for (int i = 0; i < 3; i++)
         cr_assert_eq(kt_capstan_run((const char *[]){ "push", "LimitJob", "[\"lm\", 1000]", NULL },
                                     NULL), 0);
@@ -316,7 +318,7 @@ Test(metrics, limiter_series_count_acquisitions_waits_and_holds)
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", "--metrics-port", portstr,
-                                               NULL });
+                                               "-v", NULL });
     const char *held = "capstan_limiter_held{limiter=\"we\\\"b\"}";
     const char *acq = "capstan_limiter_acquired_total{limiter=\"we\\\"b\"}";
     char *resp = NULL;

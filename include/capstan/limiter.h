@@ -24,9 +24,12 @@
  *               as GraphQL APIs with query costs do (limiter:NAME:points).
  *
  * Each attempt is one Lua step on the Redis server's clock. A refusal tells
- * how long until a slot may be free, so a waiter sleeps exactly that (a
- * concurrent waiter rechecks at least every 50 ms, as a holder may release
- * early). The first use of a name records its type and parameters in
+ * how long until a slot may be free, so a waiter sleeps exactly that. A
+ * concurrent slot is usually given back long before its lease ends, so a
+ * waiter there does not sleep: each release pushes to limiter:NAME:free
+ * (a short list, trimmed to `count`, expiring with the lease) and a waiter
+ * blocks on it (BLPOP, at most a second at a time, which stays as the
+ * recheck should a wake-up be lost) and tries again at once. The first use of a name records its type and parameters in
  * limiter:NAME:meta; using the name with others is an error (CAPSTAN_ECONFIG),
  * never a silent mix.
  *
@@ -63,9 +66,12 @@ typedef struct capstan_limit_token {
  * class's `limit:` (which fills this same structure, and wins over the C
  * one). Start from CAPSTAN_LIMIT_OPTS_INIT.
  *
- * A job over the limit waits up to wait_timeout in its processor, then is
- * rescheduled for when a slot may be free; past max_reschedules of those it
- * fails with Capstan::OverLimit into the retry rules. A job's payload may carry
+ * A job over the limit waits up to wait_timeout (default 5 s) in its
+ * processor, then is rescheduled for when a slot may be free; past
+ * max_reschedules of those it fails with Capstan::OverLimit into the retry
+ * rules. A concurrent limit's reschedules do not count towards
+ * max_reschedules: its slots come back as its jobs end, so a job that
+ * found them busy is only waiting its turn behind a backlog. A job's payload may carry
  * "limiter_cost": N (an integer >= 1), the points it spends instead of
  * cost. */
 typedef struct capstan_limit_opts {
@@ -80,7 +86,9 @@ typedef struct capstan_limit_opts {
 } capstan_limit_opts_t;
 
 #define CAPSTAN_LIMIT_RESCHEDULES_DEFAULT 20
-#define CAPSTAN_LIMIT_OPTS_INIT { 0, NULL, 0, 0, 0, 1, CAPSTAN_LIMIT_RESCHEDULES_DEFAULT }
+#define CAPSTAN_LIMIT_WAIT_DEFAULT 5.0 /* s, as Sidekiq Enterprise's wait_timeout */
+#define CAPSTAN_LIMIT_OPTS_INIT { 0, NULL, 0, 0, CAPSTAN_LIMIT_WAIT_DEFAULT, 1, \
+                                  CAPSTAN_LIMIT_RESCHEDULES_DEFAULT }
 #define CAPSTAN_LIMIT_COST_FIELD "limiter_cost" /* a job's own cost, in its payload */
 
 /* Whether o describes a limit capstan can apply: 0, or CAPSTAN_EINVAL with err
@@ -102,7 +110,8 @@ CAPSTAN_API const char *capstan_limit_type_name(capstan_limit_type_t t);
 CAPSTAN_API int capstan_limit_type_parse(const char *s, capstan_limit_type_t *out);
 
 /* Takes the limiter, waiting at most wait_timeout seconds (0: one attempt).
- * Returns 0 (token filled), CAPSTAN_EDENIED when over the limit for the whole
+ * A concurrent waiter blocks on r itself (BLPOP for up to a second at a
+ * time), so r's timeout must be longer than that. Returns 0 (token filled), CAPSTAN_EDENIED when over the limit for the whole
  * budget (*retry_in, if not NULL, then holds the seconds until a slot may
  * be free), CAPSTAN_ECONFIG when the name is in use with another type or
  * parameters, or a Redis error; err says why. */

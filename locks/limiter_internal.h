@@ -1,0 +1,16 @@
+/* What the limiter (locks/limiter.c) offers its middleware beyond the
+ * public capstan/limiter.h. Not part of the public API. */
+#ifndef CAPSTAN_LOCKS_LIMITER_INTERNAL_H
+#define CAPSTAN_LOCKS_LIMITER_INTERNAL_H
+
+#include "capstan/limiter.h"
+
+/* capstan_limiter_acquire_points with the attempts on r and a concurrent
+ * waiter's blocking wait for a release on w: a connection of the caller's
+ * thread that nothing else uses meanwhile (it may be r). w NULL, or not
+ * connected: the waiter rechecks every 50 ms instead. */
+int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, capstan_redis_t *w,
+                                  long points, double wait_timeout, capstan_limit_token_t *token,
+                                  double *retry_in, char *err);
+
+#endif
