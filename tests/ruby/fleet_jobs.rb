@@ -1,0 +1,42 @@
+# Ruby side of the mixed-fleet tests (tests/test_fleet.c), run by a real
+# Sidekiq server (6.4.1, 7.3 or 8.0) on a queue capstan reads too: classes
+# that only Ruby has, so that capstan must hand their jobs back.
+require 'sidekiq'
+
+Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
+# The tests wait for retries Ruby's poller moves: poll every second (an
+# explicit average also skips the poller's initial wait).
+if Sidekiq.respond_to?(:default_configuration)
+  Sidekiq.default_configuration[:poll_interval_average] = 1
+else
+  Sidekiq.options[:poll_interval_average] = 1
+end
+
+# RubyOnlyJob key: SADD key jid and RPUSH key:log jid, so a test sees that
+# each job ran, and ran once.
+class RubyOnlyJob
+  include Sidekiq::Worker
+
+  def perform(key)
+    Sidekiq.redis do |c|
+      c.sadd(key, jid)
+      c.rpush("#{key}:log", jid)
+    end
+  end
+end
+
+# RubyFlakyJob key: fails its first run with a real Ruby error (INCR
+# key:runs counts the runs), then does what RubyOnlyJob does.
+class RubyFlakyJob
+  include Sidekiq::Worker
+
+  def perform(key)
+    runs = Sidekiq.redis { |c| c.incr("#{key}:runs") }
+    raise "flaky: first try" if runs.to_i == 1
+
+    Sidekiq.redis do |c|
+      c.sadd(key, jid)
+      c.rpush("#{key}:log", jid)
+    end
+  end
+end
