@@ -121,6 +121,21 @@ static int run(capstan_batch_t *b, capstan_script_t s, int nkeys, int argc, cons
     return rc;
 }
 
+/* The batch's own keys beside b->key, for the scripts to declare: every key
+ * a script touches is in its KEYS, which Dragonfly and cluster proxies
+ * need (doc/internals.md). */
+typedef struct batch_keys {
+    char jids[48], failures[48];
+} batch_keys_t;
+
+static batch_keys_t own_keys(const capstan_batch_t *b)
+{
+    batch_keys_t k;
+    snprintf(k.jids, sizeof(k.jids), "%s:jids", b->key);
+    snprintf(k.failures, sizeof(k.failures), "%s:failures", b->key);
+    return k;
+}
+
 capstan_batch_t *capstan_batch_new(capstan_client_t *c, char *err)
 {
     return handle(c, NULL, err);
@@ -250,10 +265,19 @@ static int create(capstan_batch_t *b)
     snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
     snprintf(linger, sizeof(linger), "%ld", b->linger);
     char names[3][3][24];
-    const char *argv[8 + 2 + 9 * 2];
+    const char *argv[5 + 4 + 2 * 2 + 9 * 2]; /* keys, 4 args, linger and description, callbacks */
     int argc = 0;
+    batch_keys_t k = own_keys(b);
+    char pkey[48];
+    if (b->parent)
+        capstan__key(pkey, sizeof(pkey), CAPSTAN_KEY_BATCH, b->parent);
     argv[argc++] = b->key;
     argv[argc++] = CAPSTAN_KEY_BATCHES;
+    argv[argc++] = k.jids;
+    argv[argc++] = CAPSTAN_KEY_BATCHES_OPEN;
+    if (b->parent)
+        argv[argc++] = pkey;
+    int nkeys = argc;
     argv[argc++] = b->bid;
     argv[argc++] = "new";
     argv[argc++] = b->parent ? b->parent : "";
@@ -273,7 +297,7 @@ static int create(capstan_batch_t *b)
             argv[argc++] = values[p];
         }
     }
-    int rc = run(b, CAPSTAN_SCRIPT_BATCH_OPEN, 2, argc, argv, NULL);
+    int rc = run(b, CAPSTAN_SCRIPT_BATCH_OPEN, nkeys, argc, argv, NULL);
     /* Made again after a lost reply, the batch is found made: by this
      * handle (bids are random), so it is open. */
     if (rc == CAPSTAN_EDENIED && b->create_lost && strstr(b->err, "exists already"))
@@ -290,8 +314,9 @@ static int add(capstan_batch_t *b, long n)
     char count[24], expiry[24];
     snprintf(count, sizeof(count), "%ld", n);
     snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
-    const char *argv[] = { b->key, count, expiry };
-    return run(b, CAPSTAN_SCRIPT_BATCH_ADD, 1, 3, argv, NULL);
+    batch_keys_t k = own_keys(b);
+    const char *argv[] = { b->key, k.jids, k.failures, count, expiry };
+    return run(b, CAPSTAN_SCRIPT_BATCH_ADD, 3, 5, argv, NULL);
 }
 
 /* opts->extra with "bid" first (malloc'd), or NULL when out of memory. */
@@ -395,9 +420,13 @@ int capstan_batch_commit(capstan_batch_t *b)
     int rc = b->state == UNWRITTEN ? create(b) : 0;
     if (rc)
         return rc;
-    const char *argv[] = { b->key, b->bid };
+    /* What firing the callbacks touches, as far as it can be known here:
+     * a parent's keys and the callbacks' queues are read in the script. */
+    batch_keys_t k = own_keys(b);
+    const char *argv[] = { b->key, k.jids, k.failures, CAPSTAN_KEY_BATCHES_OPEN, CAPSTAN_KEY_QUEUES,
+                           b->bid };
     long long fired = 0;
-    rc = run(b, CAPSTAN_SCRIPT_BATCH_COMMIT, 1, 2, argv, &fired);
+    rc = run(b, CAPSTAN_SCRIPT_BATCH_COMMIT, 5, 6, argv, &fired);
     if (!rc) {
         b->state = COMMITTED;
         capstan__metrics_batch_fired(capstan__metrics_default(), fired);

@@ -1,8 +1,9 @@
 -- Opens batch bid for additions: creates it ("new") or reopens it
 -- ("reopen"); either way one more handle holds it open, and its callbacks
 -- wait until every handle has committed (batch_commit.lua).
--- KEYS[1] "batch:BID", KEYS[2] "batches" (and "batches:open", the bids
--- not succeeded yet).
+-- KEYS[1] "batch:BID", KEYS[2] "batches"; for "new", KEYS[3]
+-- "batch:BID:jids", KEYS[4] "batches:open" (the bids not succeeded yet) and,
+-- with a parent, KEYS[5] "batch:PARENT".
 -- ARGV[1] bid, ARGV[2] "new" | "reopen", ARGV[3] parent bid or "",
 -- ARGV[4] seconds the data lives after the last addition, ARGV[5..] field,
 -- value pairs stored with a new batch (description, linger, callbacks).
@@ -28,7 +29,7 @@ if redis.call('EXISTS', key) == 1 then
 end
 if parent ~= '' then
   -- The child is one job of its parent, pending until the child succeeds.
-  local pkey = 'batch:' .. parent
+  local pkey = KEYS[5]
   local refused = usable(pkey, parent)
   if refused then
     return refused
@@ -49,9 +50,9 @@ if parent ~= '' then
 end
 -- The jids hash exists from the start (its field "" is no jid), so the
 -- acks that fill it need not give it an expiry each.
-redis.call('HSET', key .. ':jids', '', '')
+redis.call('HSET', KEYS[3], '', '')
 redis.call('EXPIRE', key, ARGV[4])
-redis.call('EXPIRE', key .. ':jids', ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[4])
 redis.call('ZADD', KEYS[2], now, bid)
-redis.call('ZADD', KEYS[2] .. ':open', now, bid)
+redis.call('ZADD', KEYS[4], now, bid)
 return 1

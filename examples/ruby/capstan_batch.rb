@@ -214,7 +214,7 @@ module Capstan
     # Counts n more jobs before they are pushed (ClientMiddleware).
     def add(n)
       open!
-      self.class.run('batch_add', ["batch:#{@bid}"], [n, @expiry])
+      self.class.run('batch_add', own_keys, [n, @expiry])
     end
 
     private
@@ -228,14 +228,21 @@ module Capstan
         @callbacks.each do |event, (klass, queue, opts)|
           fields += ["cb_#{event}_class", klass, "cb_#{event}_queue", queue, "cb_#{event}_opts", opts]
         end
-        self.class.run('batch_open', ["batch:#{@bid}", 'batches'],
-                       [@bid, 'new', @parent_bid.to_s, @expiry] + fields)
+        # Every key the script touches is declared (Dragonfly, cluster proxies).
+        keys = ["batch:#{@bid}", 'batches', "batch:#{@bid}:jids", 'batches:open']
+        keys << "batch:#{@parent_bid}" if @parent_bid && !@parent_bid.to_s.empty?
+        self.class.run('batch_open', keys, [@bid, 'new', @parent_bid.to_s, @expiry] + fields)
       end
       @open = true
     end
 
     def commit
-      self.class.run('batch_commit', ["batch:#{@bid}"], [@bid])
+      self.class.run('batch_commit', own_keys + ['batches:open', 'queues'], [@bid])
+    end
+
+    # The batch's keys, in the order the scripts declare them.
+    def own_keys
+      ["batch:#{@bid}", "batch:#{@bid}:jids", "batch:#{@bid}:failures"]
     end
 
     # For a Sidekiq job class: bid, the batch the running job belongs to (or
