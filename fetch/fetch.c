@@ -380,18 +380,30 @@ static int append_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, s
                       ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
                       lock ? strlen(argv[10]) : 0 };
     if (batch) {
+        /* The batch's keys are declared too, though lib/batch_done.lua
+         * names them itself: every key a script touches is in KEYS, for
+         * Dragonfly and cluster proxies. */
         char *bkey = capstan__key_dup(CAPSTAN_KEY_BATCH, ack->bid);
-        if (!bkey)
+        size_t bn = bkey ? strlen(bkey) : 0;
+        char *jids = bkey ? malloc(2 * bn + 16) : NULL, *failures = jids ? jids + bn + 6 : NULL;
+        if (!jids) {
+            free(bkey);
             return CAPSTAN_ENOMEM;
+        }
+        snprintf(jids, bn + 6, "%s:jids", bkey);
+        snprintf(failures, bn + 10, "%s:failures", bkey);
         const char *b[] = { argv[0], argv[1], lock ? argv[2] : "", lock ? argv[3] : "", bkey,
+                            jids, failures, CAPSTAN_KEY_BATCHES_OPEN, CAPSTAN_KEY_QUEUES,
                             raw, argv[5], score, argv[7], cutoff, max,
                             lock ? argv[10] : "", ack->bid, ack->lock_jid,
                             outcomes[ack->kind] };
-        size_t bl[] = { lens[0], lens[1], lens[2], lens[3], strlen(bkey), len, lens[5],
+        size_t bl[] = { lens[0], lens[1], lens[2], lens[3], bn, bn + 5, bn + 9,
+                        strlen(CAPSTAN_KEY_BATCHES_OPEN), strlen(CAPSTAN_KEY_QUEUES), len, lens[5],
                         lens[6], lens[7], lens[8], lens[9], lens[10], strlen(ack->bid),
                         strlen(ack->lock_jid), strlen(outcomes[ack->kind]) };
-        int rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 5, 15, b, bl);
+        int rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 9, 19, b, bl);
         free(bkey);
+        free(jids);
         return rc;
     }
     if (lock)
@@ -456,44 +468,76 @@ static int batchable(const capstan_ack_t *ack)
 enum { ACKS_PER_CALL = 64 };
 
 /* Appends one acks.lua call for the next ACKS_PER_CALL batchable acks from
- * *from on, marking them sent 2. */
+ * *from on, marking them sent 2. Every key the call touches is declared in
+ * KEYS (Dragonfly, cluster proxies): the working list, the digests, each
+ * lock hash, each batch's three keys and then "batches:open" and "queues". */
 static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
+    enum { MAX_KEYS = 2 + 4 * ACKS_PER_CALL + 2, MAX_ARGS = MAX_KEYS + 4 * ACKS_PER_CALL };
     /* On the heap: 4 KB of stack here would stay touched in every thread. */
-    const char **argv = malloc((2 + 4 * ACKS_PER_CALL) * sizeof(*argv));
-    size_t *lens = malloc((2 + 4 * ACKS_PER_CALL) * sizeof(*lens));
-    int argc = 2;
-    if (!argv || !lens) {
-        free(argv);
-        free(lens);
-        return CAPSTAN_ENOMEM;
+    const char **argv = malloc(MAX_ARGS * sizeof(*argv));
+    size_t *lens = malloc(MAX_ARGS * sizeof(*lens));
+    size_t *picked = malloc(ACKS_PER_CALL * sizeof(*picked));
+    char **owned = calloc(3 * ACKS_PER_CALL, sizeof(*owned));
+    size_t npicked = 0, nowned = 0;
+    int nkeys = 2, rc = 0;
+    if (!argv || !lens || !picked || !owned) {
+        rc = CAPSTAN_ENOMEM;
+        goto out;
     }
     argv[0] = f->working;
-    lens[0] = strlen(f->working);
     argv[1] = CAPSTAN_UNIQUE_DIGESTS;
-    lens[1] = strlen(argv[1]);
     size_t i = *from;
-    for (; i < nacks && argc < 2 + 4 * ACKS_PER_CALL; i++) {
+    for (; i < nacks && npicked < ACKS_PER_CALL; i++) {
         const capstan_ack_t *a = &acks[i].ack;
         if (!batchable(a))
             continue;
-        argv[argc] = acks[i].raw;
-        lens[argc++] = acks[i].len;
-        int lock = a->lock_key && a->lock_jid;
-        argv[argc] = lock ? a->lock_key : "";
-        lens[argc] = strlen(argv[argc]);
-        argc++;
-        argv[argc] = a->lock_jid ? a->lock_jid : "";
-        lens[argc] = strlen(argv[argc]);
-        argc++;
-        argv[argc] = a->bid ? a->bid : "";
-        lens[argc] = strlen(argv[argc]);
-        argc++;
-        sent[i] = 2;
+        picked[npicked++] = i;
+        if (a->lock_key && a->lock_jid)
+            argv[nkeys++] = a->lock_key;
+        int seen = !a->bid;
+        for (size_t k = 0; !seen && k + 1 < npicked; k++)
+            seen = acks[picked[k]].ack.bid && strcmp(acks[picked[k]].ack.bid, a->bid) == 0;
+        if (seen)
+            continue;
+        static const char *const tails[] = { "", ":jids", ":failures" };
+        for (int t = 0; t < 3; t++) {
+            size_t n = strlen(CAPSTAN_KEY_BATCH) + strlen(a->bid) + strlen(tails[t]) + 1;
+            if (!(owned[nowned] = malloc(n))) {
+                rc = CAPSTAN_ENOMEM;
+                goto out;
+            }
+            snprintf(owned[nowned], n, "%s%s%s", CAPSTAN_KEY_BATCH, a->bid, tails[t]);
+            argv[nkeys++] = owned[nowned++];
+        }
     }
     *from = i;
-    int rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACKS, 2, argc, argv, lens);
+    if (nowned) {
+        argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
+        argv[nkeys++] = CAPSTAN_KEY_QUEUES;
+    }
+    int argc = nkeys;
+    for (size_t k = 0; k < npicked; k++) {
+        const capstan_ack_item_t *it = &acks[picked[k]];
+        const capstan_ack_t *a = &it->ack;
+        int lock = a->lock_key && a->lock_jid;
+        argv[argc++] = it->raw;
+        argv[argc++] = lock ? a->lock_key : "";
+        argv[argc++] = a->lock_jid ? a->lock_jid : "";
+        argv[argc++] = a->bid ? a->bid : "";
+        sent[picked[k]] = 2;
+    }
+    for (int k = 0; k < argc; k++)
+        lens[k] = strlen(argv[k]);
+    for (size_t k = 0; k < npicked; k++)
+        lens[nkeys + 4 * (int)k] = acks[picked[k]].len;
+    rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACKS, nkeys, argc, argv, lens);
+out:
+    for (size_t k = 0; k < nowned; k++)
+        free(owned[k]);
+    free(owned);
+    free(picked);
     free(argv);
     free(lens);
     return rc;

@@ -34,6 +34,7 @@ typedef struct moved {
     char *next; size_t nlen;   /* owned */
     char *dest;                /* owned: "dead" or "queue:NAME" */
     char *cls, *jid;           /* owned, for the dead only: named in the log */
+    char *bid;                 /* owned, for the dead only: its batch's keys are declared */
     long count;                /* recoveries so far, for the dead only */
 } moved_t;
 
@@ -88,6 +89,8 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, capstan_ts_
         const capstan_jmember_t *j = capstan__jobject_get(&obj, raw, "jid");
         m->cls = c ? capstan__json_string_dup(raw + c->vstart, c->vlen) : NULL;
         m->jid = j ? capstan__json_string_dup(raw + j->vstart, j->vlen) : NULL;
+        const capstan_jmember_t *b = capstan__jobject_get(&obj, raw, "bid");
+        m->bid = b && m->jid ? capstan__json_string_dup(raw + b->vstart, b->vlen) : NULL;
         m->count = count;
     } else {
         capstan_field_t set[] = { { "recovery_count", cnt, 0 } };
@@ -104,30 +107,69 @@ out:
 
 /* Runs the recover script over jobs[0..n). Returns 0, 1 when the owner
  * turned out alive, 2 when it is only a suspect so far, or CAPSTAN_EREDIS. */
+/* Whether s is one of list[0..n). */
+static int listed(const char *const *list, size_t n, const char *s)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i], s) == 0)
+            return 1;
+    return 0;
+}
+
 static int apply(capstan_redis_t *r, const char *const keys[4], long long grace_ms, moved_t *jobs,
                  size_t n, double now, capstan_recovery_t *out, char *err)
 {
-    size_t argc = 6 + 4 * n;
+    /* Every key the script touches is declared in KEYS (Dragonfly, cluster
+     * proxies): the four given, each destination queue, and each poison
+     * pill's batch (its three keys, then "batches:open" and "queues"). */
+    size_t maxkeys = 4 + n + 3 * n + 2, argc = maxkeys + 2 + 4 * n;
     const char **argv = calloc(argc, sizeof(*argv));
     size_t *lens = calloc(argc, sizeof(*lens));
+    char **owned = calloc(3 * n + 1, sizeof(*owned));
+    size_t nowned = 0, nkeys = 4;
     char score[32], grace[32];
     int rc = CAPSTAN_ENOMEM;
-    if (!argv || !lens)
+    if (!argv || !lens || !owned)
         goto out;
+    argv[0] = keys[0]; argv[1] = keys[1]; argv[2] = keys[2]; argv[3] = keys[3];
+    for (size_t i = 0; i < n; i++)
+        if (!listed(argv, nkeys, jobs[i].dest))
+            argv[nkeys++] = jobs[i].dest;
+    for (size_t i = 0; i < n; i++) {
+        static const char *const tails[] = { "", ":jids", ":failures" };
+        char key[300];
+        if (!jobs[i].bid || strlen(jobs[i].bid) > 200)
+            continue; /* a bid that long names no batch of capstan's or Sidekiq's */
+        snprintf(key, sizeof(key), "%s%s", CAPSTAN_KEY_BATCH, jobs[i].bid);
+        if (listed(argv, nkeys, key))
+            continue;
+        for (int t = 0; t < 3; t++) {
+            snprintf(key, sizeof(key), "%s%s%s", CAPSTAN_KEY_BATCH, jobs[i].bid, tails[t]);
+            if (!(owned[nowned] = strdup(key)))
+                goto out;
+            argv[nkeys++] = owned[nowned++];
+        }
+    }
+    if (nowned) {
+        argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
+        argv[nkeys++] = CAPSTAN_KEY_QUEUES;
+    }
+    for (size_t i = 0; i < nkeys; i++)
+        lens[i] = strlen(argv[i]);
+    size_t base = nkeys + 2;
+    argc = base + 4 * n;
     snprintf(score, sizeof(score), "%.6f", now);
     snprintf(grace, sizeof(grace), "%lld", grace_ms);
-    argv[0] = keys[0]; argv[1] = keys[1]; argv[2] = keys[2]; argv[3] = keys[3];
-    argv[4] = grace; argv[5] = MARKER_TTL_MS;
-    for (size_t i = 0; i < 6; i++)
-        lens[i] = strlen(argv[i]);
+    argv[nkeys] = grace; argv[nkeys + 1] = MARKER_TTL_MS;
+    lens[nkeys] = strlen(grace); lens[nkeys + 1] = strlen(MARKER_TTL_MS);
     for (size_t i = 0; i < n; i++) {
-        size_t k = 6 + 4 * i;
+        size_t k = base + 4 * i;
         argv[k] = jobs[i].orig;     lens[k] = jobs[i].olen;
         argv[k + 1] = jobs[i].next; lens[k + 1] = jobs[i].nlen;
         argv[k + 2] = jobs[i].dest; lens[k + 2] = strlen(jobs[i].dest);
         argv[k + 3] = score;        lens[k + 3] = strlen(score);
     }
-    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_RECOVER, 4, (int)argc, argv, lens);
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_RECOVER, (int)nkeys, (int)argc, argv, lens);
     if (rep && rep->type == REDIS_REPLY_INTEGER && (rep->integer == -1 || rep->integer == -2)) {
         rc = rep->integer == -1 ? 1 : 2;
     } else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 4) {
@@ -145,6 +187,9 @@ static int apply(capstan_redis_t *r, const char *const keys[4], long long grace_
     }
     freeReplyObject(rep);
 out:
+    for (size_t i = 0; i < nowned; i++)
+        free(owned[i]);
+    free(owned);
     free(argv);
     free(lens);
     return rc;
@@ -226,6 +271,7 @@ static int recover_list(capstan_redis_t *r, const char *identity, long long grac
             free(jobs[i].dest);
             free(jobs[i].cls);
             free(jobs[i].jid);
+            free(jobs[i].bid);
         }
         done += n;
     }

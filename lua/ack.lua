@@ -16,7 +16,10 @@
 -- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs,
 -- ARGV[7] the jid whose hold on KEYS[3] is released.
 -- With a batch (the job's "bid"), KEYS[3] and KEYS[4] are "" when there is
--- no lock, KEYS[5] is "batch:BID", ARGV[8] the bid, ARGV[9] the jid and
+-- no lock, KEYS[5] is "batch:BID", KEYS[6..9] "batch:BID:jids",
+-- "batch:BID:failures", "batches:open" and "queues" (declared for
+-- lib/batch_done.lua, which names them itself; a parent's keys and the
+-- callbacks' queues cannot be: doc/internals.md), ARGV[8] the bid, ARGV[9] the jid and
 -- ARGV[10] the outcome for the batch ("s", "f", "d", or "" for none): the
 -- batch moves in the same step as the job leaves the working list, and only
 -- then, so a late or repeated ack never counts (lib/batch_done.lua).

@@ -9,7 +9,11 @@
 -- meanwhile) keeps its lock and counts nothing, for the copy that will run.
 -- One script call for a batch of acks instead of a command per job: the
 -- per-command cost, not the removal, is most of what an ack costs Redis.
--- KEYS[1] working list, KEYS[2] "uniquejobs:digests".
+-- KEYS[1] working list, KEYS[2] "uniquejobs:digests", then, declared for
+-- the jobs' groups below (which name them again): each lock hash, each
+-- batch's "batch:BID", "batch:BID:jids" and "batch:BID:failures", and with
+-- a batch "batches:open" and "queues" (a parent's keys and the callbacks'
+-- queues, read from a batch, cannot be declared: doc/internals.md).
 -- ARGV: groups of 4: payload as fetched, "<digest>:LOCKED" ("" without a
 -- lock), jid, bid ("" without a batch).
 -- Returns {how many of the jobs were still in the working list, the flags

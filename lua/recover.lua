@@ -3,7 +3,11 @@
 -- Give back the jobs of a process that died: only when its liveness key is
 -- gone, and each job only if it is still in the dead process's working list.
 -- KEYS[1] working list, KEYS[2] liveness key, KEYS[3] dead zset,
--- KEYS[4] suspect marker.
+-- KEYS[4] suspect marker, then, declared for the groups below (which name
+-- them again): each destination queue, and each poison pill's batch
+-- ("batch:BID", "batch:BID:jids", "batch:BID:failures", then
+-- "batches:open" and "queues"; a parent's keys and the callbacks' queues,
+-- read from a batch, cannot be declared: doc/internals.md).
 -- ARGV[1] grace in ms, ARGV[2] marker TTL in ms, then groups of 4: payload
 -- as listed, payload to write, destination ("queue:NAME" list or "dead"),
 -- score (dead only).
