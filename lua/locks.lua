@@ -6,7 +6,8 @@
 -- until-lock goes first when it has one (until_and_while_executing), as
 -- unlock.lua does, and then, only if that release was not refused, its
 -- runtime lock is taken as lock.lua takes it without waiting.
--- KEYS[1] "uniquejobs:digests".
+-- KEYS[1] "uniquejobs:digests", then each job's lock hashes below, declared
+-- (every key a script touches is in KEYS: Dragonfly, cluster proxies).
 -- ARGV[1] now (float seconds); then groups of 7: the runtime lock hash
 -- "<digest>:RUN:LOCKED", the until-lock hash to release first ("" for
 -- none), jid, ttl in ms (0 = none), lock type, limit, metadata JSON.

@@ -324,8 +324,12 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
     /* n is a run's few jobs (CAPSTAN_RUN_MAX): on the stack. */
     lock_call_t c[n ? n : 1];
     char until[n ? n : 1][CAPSTAN_DIGEST_MAX + 16];
-    const char *argv[2 + 7 * n];
-    size_t argc = 2, k = 0;
+    /* KEYS: the digests and each job's lock hashes (every key the script
+     * touches is declared, for Dragonfly and cluster proxies); then now and
+     * the groups, which name the hashes again. */
+    const char *argv[1 + 2 * n + 1 + 7 * n];
+    const char *groups[7 * n + 1];
+    size_t argc = 1, ng = 0, k = 0;
     char err[CAPSTAN_ERRLEN] = "";
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -343,17 +347,25 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
          * locked, digests, jid, pttl, type, limit, meta, now. */
         const char *const *a = c[i].argv;
         const char *group[] = { a[0], until[i], a[2], a[3], a[4], a[5], a[6] };
-        memcpy(argv + argc, group, sizeof(group));
-        argc += 7;
+        memcpy(groups + ng, group, sizeof(group));
+        ng += 7;
+        argv[argc++] = a[0];
+        if (until[i][0])
+            argv[argc++] = until[i];
         k++;
     }
-    capstan_script_call_t call = { .script = CAPSTAN_SCRIPT_LOCKS, .nkeys = 1, .argc = (int)argc,
+    int nkeys = (int)argc;
+    argv[0] = CAPSTAN_UNIQUE_DIGESTS;
+    if (!rc && k) {
+        argv[argc++] = c[0].now_s;
+        memcpy(argv + argc, groups, ng * sizeof(*groups));
+        argc += ng;
+    }
+    capstan_script_call_t call = { .script = CAPSTAN_SCRIPT_LOCKS, .nkeys = nkeys, .argc = (int)argc,
                                .argv = argv };
     for (size_t i = 0; i < n; i++)
         pre[i]->asked = 1;
     if (!rc && k) {
-        argv[0] = CAPSTAN_UNIQUE_DIGESTS;
-        argv[1] = c[0].now_s;
         ride(ud, r, &call, 1);
         many_results(r, reqs, pre, n, call.reply);
     }
