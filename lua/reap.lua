@@ -9,7 +9,10 @@
 -- own sweep of schedule, retry and whole queues came first; these are the
 -- places a job can move into while that sweep ran.
 --
--- KEYS[1] uniquejobs:digests; KEYS[2..] working lists the reaper found.
+-- KEYS[1] uniquejobs:digests, KEYS[2] processes, KEYS[3] queues; KEYS[4..]
+-- the working lists the reaper found and the <digest>:LOCKED hashes of the
+-- digests below (declared: every key known ahead is; the keys of the live
+-- processes and queues read here cannot be, doc/internals.md).
 -- ARGV[1] how many jobs at the fetched end of each queue to look at;
 -- then per digest: digest, n, and its n holder jids as seen (n = 0: the
 -- hash was empty).
@@ -34,10 +37,11 @@ local function live_jids()
       add_jids(set, job)
     end
   end
-  for i = 2, #KEYS do
+  -- The lock hashes among them are not lists: scan_list passes them by.
+  for i = 4, #KEYS do
     scan_list(KEYS[i], 0)
   end
-  for _, id in ipairs(redis.call('SMEMBERS', 'processes')) do
+  for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
     scan_list('uniquejobs:working:' .. id, 0)
     if redis.call('EXISTS', id) == 1 then
       for _, work in ipairs(redis.call('HVALS', id .. ':work')) do
@@ -45,7 +49,7 @@ local function live_jids()
       end
     end
   end
-  for _, q in ipairs(redis.call('SMEMBERS', 'queues')) do
+  for _, q in ipairs(redis.call('SMEMBERS', KEYS[3])) do
     scan_list('queue:' .. q, -tail)
   end
   return set

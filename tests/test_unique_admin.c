@@ -328,11 +328,13 @@ Test(unique_admin, reaper_rechecks_a_batch_atomically)
     freeReplyObject(kt_cmd("HSET uniquejobs:relocked:LOCKED %s {}", J(12)));
     char *p = payload(J(11), "uniquejobs:moved");
     freeReplyObject(kt_cmd("LPUSH uniquejobs:working:h:2:000000000000 %s", p));
-    const char *argv[] = { "uniquejobs:digests", "uniquejobs:working:h:2:000000000000", "100",
+    const char *argv[] = { "uniquejobs:digests", "processes", "queues",
+                           "uniquejobs:working:h:2:000000000000", "uniquejobs:relocked:LOCKED",
+                           "uniquejobs:moved:LOCKED", "100",
                            "uniquejobs:relocked", "1", J(10),
                            "uniquejobs:moved", "1", J(11) };
     capstan_redis_t *r = kt_lib_redis();
-    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_REAP, 2, 9, argv, NULL);
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_REAP, 6, 13, argv, NULL);
     cr_assert(rep && rep->type == REDIS_REPLY_ARRAY, "%s", rep && rep->str ? rep->str : "");
     cr_assert_eq(rep->elements, 0);
     freeReplyObject(rep);

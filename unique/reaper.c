@@ -446,9 +446,31 @@ static int flush(capstan_redis_t *r, sweep_t *sw, cand_t *cands, const int *susp
     batch_t b = {0};
     char counts[PAGE][24];
     int rc = 0, any = 0;
+    /* Every key the script touches that can be known here is declared
+     * (Dragonfly, cluster proxies): with the working lists, "processes",
+     * "queues" and each suspect's lock hash. What the script reads from
+     * those sets (live processes' keys, queues) cannot be: doc/internals.md. */
+    char **locked = calloc(to > from ? to - from : 1, sizeof(*locked));
+    if (!locked)
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     rc = batch_push(&b, CAPSTAN_UNIQUE_DIGESTS);
+    if (!rc)
+        rc = batch_push(&b, CAPSTAN_KEY_PROCESSES);
+    if (!rc)
+        rc = batch_push(&b, CAPSTAN_KEY_QUEUES);
     for (size_t i = 0; !rc && i < sw->nworking; i++)
         rc = batch_push(&b, sw->working[i]);
+    for (size_t i = from; !rc && i < to; i++) {
+        if (!suspect[i])
+            continue;
+        size_t n = strlen(cands[i].digest) + sizeof(":LOCKED");
+        if (!(locked[i - from] = malloc(n)))
+            rc = CAPSTAN_ENOMEM;
+        else {
+            snprintf(locked[i - from], n, "%s:LOCKED", cands[i].digest);
+            rc = batch_push(&b, locked[i - from]);
+        }
+    }
     int nkeys = (int)b.argc;
     if (!rc)
         rc = batch_push(&b, QUEUE_TAIL);
@@ -491,6 +513,9 @@ static int flush(capstan_redis_t *r, sweep_t *sw, cand_t *cands, const int *susp
     }
     freeReplyObject(rep);
 out:
+    for (size_t i = from; i < to; i++)
+        free(locked[i - from]);
+    free(locked);
     free(b.argv);
     return rc;
 }
