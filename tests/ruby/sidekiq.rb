@@ -1,11 +1,14 @@
-# Drives real Ruby Sidekiq (Debian's ruby-sidekiq) against REDIS_URL for the
-# interop tests: pushes jobs with Sidekiq::Client and prints what the
-# Sidekiq API reads back, as one JSON document on stdout.
+# Drives real Ruby Sidekiq against REDIS_URL for the interop tests: pushes
+# jobs with Sidekiq::Client and prints what the Sidekiq API reads back, as
+# one JSON document on stdout. Debian's 6.4.1 by default; 7.3 and 8.0 when
+# the tests run it after tests/ruby/sidekiq_version.rb (kt_ruby_v), with
+# one output format for all three.
 #
 #   ruby sidekiq.rb push '{"class":"RecordJob","args":["k"]}'
 #   ruby sidekiq.rb push_bulk '{"class":"RecordJob","args":[["k"],["k"]]}'
 #   ruby sidekiq.rb push_raw '{"class":"FailJob","args":[]}'  (LPUSH as is, plus jid and
-#       timestamps: a payload without "retry", as another client may write)
+#       timestamps in the unit of the version's client: a payload without
+#       "retry", as another client may write)
 #   ruby sidekiq.rb push_in SECONDS '{"class":"RecordJob","args":["k"]}'  (as perform_in)
 #   ruby sidekiq.rb stats | processes | workers | retries | dead | scheduled
 #   ruby sidekiq.rb quiet IDENTITY | stop IDENTITY
@@ -18,8 +21,49 @@ Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
 Sidekiq.logger.level = Logger::WARN
 
+SIDEKIQ8 = Gem::Version.new(Sidekiq::VERSION) >= Gem::Version.new('8.0')
+
+# Now as the version's own client writes created_at/enqueued_at: float
+# seconds up to 7.x, integer milliseconds from 8.0.
+def client_now
+  SIDEKIQ8 ? (Time.now.to_f * 1000).to_i : Time.now.to_f
+end
+
+TIMES = %w[created_at enqueued_at failed_at retried_at].freeze
+
+# The timestamps of an entry in seconds, as the version reads them: 8.0's
+# JobRecord turns an Integer into milliseconds and a Float into seconds;
+# older ones (and their Web UI) take the number as seconds.
+def seconds(e)
+  TIMES.each_with_object({}) do |k, h|
+    next if e[k].nil?
+
+    h[k] = SIDEKIQ8 ? e.public_send(k).to_f : Time.at(e[k]).to_f
+  end
+end
+
 def entries(set)
-  set.map { |e| { 'score' => e.score, 'item' => e.item, 'error_backtrace' => e.error_backtrace } }
+  set.map do |e|
+    { 'score' => e.score, 'item' => e.item, 'error_backtrace' => e.error_backtrace,
+      'seconds' => seconds(e) }
+  end
+end
+
+# WorkSet yields a Hash with the payload parsed up to 6.x, a Sidekiq::Work
+# from 7.0 (its payload the job's JSON string, its job a JobRecord).
+def works
+  Sidekiq::WorkSet.new.map do |pid, tid, work|
+    if work.is_a?(Hash)
+      raw = work
+      job = Sidekiq::JobRecord.new(work['payload'])
+    else
+      raw = work.instance_variable_get(:@hsh)
+      job = work.job
+    end
+    { 'process' => pid, 'thread' => tid,
+      'work' => { 'queue' => raw['queue'], 'run_at' => raw['run_at'], 'payload' => job.item },
+      'klass' => job.display_class, 'jid' => job.jid }
+  end
 end
 
 def find_process(identity)
@@ -33,7 +77,7 @@ out =
   when 'push_raw'
     job = JSON.parse(ARGV[0])
     job['jid'] ||= SecureRandom.hex(12)
-    job['created_at'] = job['enqueued_at'] = Time.now.to_f
+    job['created_at'] = job['enqueued_at'] = client_now
     q = job['queue'] ||= 'default'
     Sidekiq.redis { |c| c.sadd('queues', q); c.lpush("queue:#{q}", JSON.generate(job)) }
     job['jid']
@@ -48,8 +92,7 @@ out =
       'history_processed' => Sidekiq::Stats::History.new(1).processed.values.first,
       'history_failed' => Sidekiq::Stats::History.new(1).failed.values.first }
   when 'processes' then Sidekiq::ProcessSet.new.map { |p| p.instance_variable_get(:@attribs) }
-  when 'workers'
-    Sidekiq::Workers.new.map { |pid, tid, work| { 'process' => pid, 'thread' => tid, 'work' => work } }
+  when 'workers' then works
   when 'retries' then entries(Sidekiq::RetrySet.new)
   when 'dead' then entries(Sidekiq::DeadSet.new)
   when 'scheduled' then entries(Sidekiq::ScheduledSet.new)
