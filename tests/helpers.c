@@ -33,6 +33,23 @@ double kt_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+double kt_wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+char *kt_write_conf(const char *extra)
+{
+    char *body = NULL;
+    cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s",
+                       extra ? extra : "") > 0);
+    char *path = kt_write_file("capstan.yml", body);
+    free(body);
+    return path;
+}
+
 void kt_sleep(double s)
 {
     struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };

@@ -130,6 +130,12 @@ int kt_ruby_v(const char *version, const char *script, const char *const *args, 
 
 /* Polls cond every 20 ms for up to timeout seconds; true if it held. */
 double kt_now(void);
+/* Wall-clock time (CLOCK_REALTIME), seconds: what Redis and Sidekiq stamp. */
+double kt_wall(void);
+/* A capstan.yml in the test's temp dir with fast scheduler polls and beats
+ * (an explicit poll_interval_average also skips the initial wait), then
+ * extra (NULL for none). Caller frees the path. */
+char *kt_write_conf(const char *extra);
 #define KT_WAIT_UNTIL(cond, timeout_s) ({                       \
         double _end = kt_now() + (timeout_s);                   \
         bool _ok = false;                                       \

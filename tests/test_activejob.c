@@ -12,17 +12,6 @@
 
 TestSuite(activejob, .timeout = 90, .fini = kt_kill_children);
 
-/* A capstan.yml with fast scheduler polls and beats, plus extra. */
-static char *write_conf(const char *extra)
-{
-    char *body = NULL;
-    cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s",
-                       extra ? extra : "") > 0);
-    char *path = kt_write_file("capstan.yml", body);
-    free(body);
-    return path;
-}
-
 static json_t *ruby_in(const char *script, const char *const *args)
 {
     char *out = NULL;
@@ -89,7 +78,7 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
     cr_assert_eq(kt_int("LLEN queue:default"), 2);
     cr_assert_eq(kt_int("ZCARD schedule"), 1, "set(wait:) lands in the schedule");
 
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN capstan:aj") == 3, 20), "the three jobs ran: %s",
               kt_capstan_log(pid));
@@ -137,7 +126,7 @@ Test(activejob, perform_later_runs_the_wrapped_class_with_its_arguments_deserial
 Test(activejob, a_plain_handler_reads_perform_later_arguments_with_capstan_job_args)
 {
     char *jid = jid_of(AJ("record", "aj:records"));
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER aj:records %s", jid) == 1, 20),
               "RecordJob recorded its jid under the key it was given: %s", kt_capstan_log(pid));
@@ -165,7 +154,7 @@ Test(activejob, a_failing_job_shows_in_the_retry_set_as_sidekiqs_adapter_leaves_
     char *orig = kt_str("LINDEX queue:default 0");
     char *args = args_text(orig);
 
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "the job failed: %s", kt_capstan_log(pid));
     stop_ok(pid);
@@ -211,7 +200,7 @@ static pid_t start_with_unknown(const char *policy, const char *fetch, char **or
     *orig = kt_str("LINDEX queue:default 0");
     v = SIDEKIQ("push", "{\"class\":\"RecordJob\",\"args\":[\"rec\"]}");
     json_decref(v);
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--fetch", fetch,
                                                "--unknown-class", policy, NULL });
     free(cfg);
@@ -305,7 +294,7 @@ Test(activejob, unknown_class_takes_only_fail_requeue_or_skip)
     cr_assert_eq(st, 78, "a bad value is a config error: %d %s", st, out);
     cr_assert(strstr(out, "--unknown-class: must be fail, requeue or skip"), "%s", out);
     free(out);
-    char *cfg = write_conf("unknown_class: maybe\n");
+    char *cfg = kt_write_conf("unknown_class: maybe\n");
     st = kt_capstan_run((const char *[]){ "run", "-C", cfg, NULL }, &out);
     cr_assert_eq(st, 78, "%d %s", st, out);
     cr_assert(strstr(out, "unknown_class: must be fail, requeue or skip"), "%s", out);
@@ -325,7 +314,7 @@ Test(activejob, sidekiq7_wrapper_and_a_payload_without_wrapped_run_too)
     char *b = jid_of(SIDEKIQ("push_raw",
         "{\"class\":\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\",\"queue\":\"default\","
         "\"args\":[{\"job_class\":\"AjRecordJob\",\"job_id\":\"j2\",\"arguments\":[2]}]}"));
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN capstan:aj") == 2, 20), "both ran: %s", kt_capstan_log(pid));
     json_t *ra = record_of(a), *rb = record_of(b);

@@ -17,21 +17,12 @@
 
 TestSuite(fleet, .timeout = 150, .fini = kt_kill_children);
 
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* A capstan.yml in the test's temp dir: fast polls and beats, a look at
- * the fleet every second (recovery_interval), plus extra. */
+/* kt_write_conf with a look at the fleet every second (recovery_interval). */
 static char *write_conf(const char *extra)
 {
     char *body = NULL;
-    cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\nrecovery_interval: 1\n%s",
-                       extra ? extra : "") > 0);
-    char *path = kt_write_file("capstan.yml", body);
+    cr_assert(asprintf(&body, "recovery_interval: 1\n%s", extra ? extra : "") > 0);
+    char *path = kt_write_conf(body);
     free(body);
     return path;
 }
@@ -200,7 +191,7 @@ KT_SIDEKIQ_TEST(fleet, a_job_retrying_under_a_ruby_error_keeps_it)
     cr_assert(fa);
     size_t falen = strcspn(fa, ",}");
     cr_assert(memmem(kept, strlen(kept), fa, falen), "%.*s kept: %s", (int)falen, fa, kept);
-    cr_assert(score > wall() + 5, "at its retry position, not going round: %f", score - wall());
+    cr_assert(score > kt_wall() + 5, "at its retry position, not going round: %f", score - kt_wall());
     cr_assert_eq(kt_int("ZCARD dead"), 0);
     cr_assert_eq(kt_int("GET g:runs"), 1, "only Ruby ran it");
     cr_assert(kt_log_has(pid, "already failed with RuntimeError: back in the retry set untouched"), "%s",
@@ -273,7 +264,7 @@ Test(fleet, the_config_tells_unset_from_set_to_fail)
  * timestamps: float. */
 Test(fleet, skip_writes_failed_at_in_the_unit_of_the_payload)
 {
-    long long ms = (long long)(wall() * 1000);
+    long long ms = (long long)(kt_wall() * 1000);
     freeReplyObject(kt_cmd("LPUSH queue:default {\"retry\":true,\"queue\":\"default\",\"args\":[],"
                            "\"class\":\"NoSuchJob\",\"jid\":\"5a5a5a5a5a5a5a5a5a5a5a5a\",\"created_at\":%lld,"
                            "\"enqueued_at\":%lld}", ms, ms));
@@ -287,13 +278,13 @@ Test(fleet, skip_writes_failed_at_in_the_unit_of_the_payload)
     char *dead = strdup(r->element[0]->str);
     score = atof(r->element[1]->str);
     freeReplyObject(r);
-    cr_assert(score < wall() + 1 && score > wall() - 60, "the score stays in seconds: %f", score);
+    cr_assert(score < kt_wall() + 1 && score > kt_wall() - 60, "the score stays in seconds: %f", score);
     const char *fa = strstr(dead, "\"failed_at\":");
     cr_assert(fa, "%s", dead);
     fa += strlen("\"failed_at\":");
     size_t n = strspn(fa, "0123456789");
     cr_assert(n >= 13 && (fa[n] == ',' || fa[n] == '}'), "integer milliseconds: %s", dead);
-    cr_assert(atof(fa) >= (double)ms - 1000 && atof(fa) <= (wall() + 1) * 1000, "%s", dead);
+    cr_assert(atof(fa) >= (double)ms - 1000 && atof(fa) <= (kt_wall() + 1) * 1000, "%s", dead);
     free(dead);
     free(cfg);
 }

@@ -24,25 +24,6 @@
 
 TestSuite(interop, .timeout = 90, .fini = kt_kill_children);
 
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* A capstan.yml in the test's temp dir: fast scheduler polls and beats (an
- * explicit poll_interval_average also skips the initial wait), plus extra.
- * Caller frees the path. */
-static char *write_conf(const char *extra)
-{
-    char *body = NULL;
-    cr_assert(asprintf(&body, "poll_interval_average: 1\nheartbeat_interval: 1\n%s",
-                       extra ? extra : "") > 0);
-    char *path = kt_write_file("capstan.yml", body);
-    free(body);
-    return path;
-}
 
 /* Stops capstan with sig and asserts it exits 0 within timeout. */
 static void capstan_stop_ok(pid_t pid, int sig, double timeout)
@@ -199,10 +180,10 @@ KT_SIDEKIQ_TEST(interop, ruby_push_bulk_and_scheduled_jobs_run_and_stats_count_t
     cr_assert(strstr(member, json_string_value(sched)));
     free(member);
 
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") >= 4, 20), "the queued jobs ran: %s", kt_capstan_log(pid));
-    if (wall() < at - 0.3)
+    if (kt_wall() < at - 0.3)
         cr_assert_eq(kt_int("SISMEMBER rec %s", json_string_value(sched)), 0,
                      "the scheduled job does not run before its time");
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rec") == 5 && kt_int("LLEN rec:log") >= 5, 20),
@@ -247,8 +228,8 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
 {
     char *jc = ruby_push_v(sidekiq, "{\"class\":\"SleepJob\",\"args\":[8000],\"queue\":\"critical\"}");
     char *jd = ruby_push_v(sidekiq, "{\"class\":\"SleepJob\",\"args\":[8000]}");
-    char *cfg = write_conf(NULL);
-    double t0 = wall();
+    char *cfg = kt_write_conf(NULL);
+    double t0 = kt_wall();
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "critical,2", "-q", "default",
                                             "-g", "mytag", "--label", "lbl1", NULL });
     char *id = kt_wait_identity(pid);
@@ -285,7 +266,7 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
     cr_assert_str_eq(json_string_value(json_array_get(labels, 0)), "lbl1");
     cr_assert_eq(num_of(p, "busy"), 2);
     cr_assert_str_eq(str_of(p, "quiet"), "false");
-    cr_assert(num_of(p, "beat") > t0 - 1 && num_of(p, "beat") < wall() + 1, "beat is now, in seconds");
+    cr_assert(num_of(p, "beat") > t0 - 1 && num_of(p, "beat") < kt_wall() + 1, "beat is now, in seconds");
     cr_assert(num_of(p, "started_at") >= t0 - 1 && num_of(p, "started_at") <= num_of(p, "beat"));
     cr_assert_gt(num_of(p, "rss"), 0, "rss in KB");
 
@@ -313,7 +294,7 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
         json_t *run_at = json_object_get(work, "run_at");
         cr_assert(json_is_integer(run_at), "run_at is integer seconds");
         cr_assert(json_integer_value(run_at) >= (long long)t0 - 1
-                  && json_integer_value(run_at) <= (long long)wall() + 1);
+                  && json_integer_value(run_at) <= (long long)kt_wall() + 1);
     }
     cr_assert(seen_c == 1 && seen_d == 1, "both jids appear once");
 
@@ -337,7 +318,7 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
 KT_SIDEKIQ_TEST(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
 {
     char *jid = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"args\":[\"boom\"]}");
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "the failure is in retry: %s",
               kt_capstan_log(pid));
@@ -358,14 +339,14 @@ KT_SIDEKIQ_TEST(interop, failed_job_lands_in_retry_set_with_sidekiq_fields)
     cr_assert(in_unit_of(sidekiq, fa), "failed_at in the unit of Sidekiq %s's created_at", sidekiq);
     cr_assert_null(json_object_get(item, "retried_at"));
     double failed_at = secs_of(e, "failed_at");
-    cr_assert(failed_at > wall() - 30 && failed_at <= wall());
+    cr_assert(failed_at > kt_wall() - 30 && failed_at <= kt_wall());
     double delay = num_of(e, "score") - failed_at;
     cr_assert(delay >= 15 - 0.01 && delay < 25, "first retry in 15 + rand(10) s, got %.3f", delay);
 
     /* Make it due; the scheduler re-enqueues it and it fails again. */
     char *raw = only_member("retry", NULL);
     char now[32];
-    snprintf(now, sizeof(now), "%.6f", wall() - 1);
+    snprintf(now, sizeof(now), "%.6f", kt_wall() - 1);
     cr_assert_eq(kt_int("ZADD retry XX CH %s %s", now, raw), 1);
     cr_assert(KT_WAIT_UNTIL(zset_has("retry", "\"retry_count\":1"), 20),
               "second failure back in retry: %s", kt_capstan_log(pid));
@@ -398,7 +379,7 @@ KT_SIDEKIQ_TEST(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class
     char *dead = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"args\":[\"die\"],\"retry\":0}");
     char *gone = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"args\":[\"gone\"],\"retry\":false}");
     char *nosuch = ruby_push_v(sidekiq, "{\"class\":\"NoSuchJob\",\"args\":[1]}");
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 3, 15), "three failures counted: %s",
               kt_capstan_log(pid));
@@ -454,7 +435,7 @@ KT_SIDEKIQ_TEST(interop, a_ruby_job_without_retry_gets_the_class_retry_from_the_
     json_decref(v);
     char *raw = kt_str("LINDEX queue:default 0");
     cr_assert(raw && !strstr(raw, "\"retry\""), "pushed without retry: %s", raw);
-    char *cfg = write_conf("classes:\n  FailJob:\n    retry: 1\n");
+    char *cfg = kt_write_conf("classes:\n  FailJob:\n    retry: 1\n");
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "first failure retried: %s",
               kt_capstan_log(pid));
@@ -480,7 +461,7 @@ KT_SIDEKIQ_TEST(interop, a_handler_backtrace_is_sidekiqs_error_backtrace)
     char *all = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"args\":[\"bt\",[\"jobs.c:10:in fail\",\"main.c:3\",\"ü\\\"\"]]}");
     char *cut = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"backtrace\":1,\"args\":[\"bt\",[\"first\",\"second\"]]}");
     char *none = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"backtrace\":false,\"args\":[\"bt\",[\"x\"]]}");
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3, 15), "three failures: %s", kt_capstan_log(pid));
     capstan_stop_ok(pid, SIGTERM, 30);
@@ -512,7 +493,7 @@ KT_SIDEKIQ_TEST(interop, a_handler_backtrace_is_sidekiqs_error_backtrace)
  * buttons call) reach capstan through its signals list. */
 KT_SIDEKIQ_TEST(interop, api_quiet_stops_fetching_and_stop_exits)
 {
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     char *id = kt_wait_identity(pid);
     json_t *ok = RUBY_V("quiet", id);
@@ -525,7 +506,7 @@ KT_SIDEKIQ_TEST(interop, api_quiet_stops_fetching_and_stop_exits)
 
     char *jid = ruby_push_v(sidekiq, "{\"class\":\"RecordJob\",\"args\":[\"rec\"]}");
     /* Two full beats later the job is still waiting: nothing fetches it. */
-    double pushed = wall();
+    double pushed = kt_wall();
     cr_assert(KT_WAIT_UNTIL(({
         char *b = kt_str("HGET %s beat", id);
         double beat = b ? atof(b) : 0;
@@ -598,7 +579,7 @@ KT_SIDEKIQ_TEST(interop, big_integers_and_unknown_fields_survive_a_failure_byte_
     char *enqueued = number_literal(queued, "enqueued_at");
     cr_assert(created && enqueued);
 
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
     capstan_stop_ok(pid, SIGTERM, 30);
@@ -641,7 +622,7 @@ Test(interop, float_timestamps_by_default_all_contain_a_point)
     free(lit);
     free(sched);
 
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     char *id = kt_wait_identity(pid);
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 20), "%s", kt_capstan_log(pid));
@@ -683,8 +664,8 @@ KT_SIDEKIQ_TEST(interop, millis_timestamps_are_integers_and_every_sidekiq_still_
     const char *jid = "6d5a1b0e4c3f2a1908172635";
     freeReplyObject(kt_cmd("LPUSH queue:default {\"retry\":true,\"queue\":\"default\",\"args\":[\"ms\"],"
                            "\"class\":\"FailJob\",\"jid\":\"%s\"}", jid));
-    char *cfg = write_conf(NULL);
-    double t0 = wall();
+    char *cfg = kt_write_conf(NULL);
+    double t0 = kt_wall();
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--timestamps", "millis", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
     capstan_stop_ok(pid, SIGTERM, 30);
@@ -694,7 +675,7 @@ KT_SIDEKIQ_TEST(interop, millis_timestamps_are_integers_and_every_sidekiq_still_
     char *fa = number_literal(raw, "failed_at");
     cr_assert(fa && strspn(fa, "0123456789") == strlen(fa), "failed_at is an integer: %s", raw);
     double ms = atof(fa);
-    cr_assert(ms >= (t0 - 1) * 1000 && ms <= (wall() + 1) * 1000, "failed_at in ms: %s", fa);
+    cr_assert(ms >= (t0 - 1) * 1000 && ms <= (kt_wall() + 1) * 1000, "failed_at in ms: %s", fa);
     cr_assert(score > ms / 1000 + 14 && score < ms / 1000 + 26, "the score stays in seconds: %f", score);
 
     json_t *stats = RUBY_V("stats");
@@ -707,7 +688,7 @@ KT_SIDEKIQ_TEST(interop, millis_timestamps_are_integers_and_every_sidekiq_still_
     cr_assert(json_is_integer(json_object_get(item, "failed_at")));
     if (writes_ms(sidekiq)) {
         double at = secs_of(json_array_get(set, 0), "failed_at");
-        cr_assert(at >= t0 - 1 && at <= wall() + 1, "Sidekiq 8 reads failed_at as now: %f", at);
+        cr_assert(at >= t0 - 1 && at <= kt_wall() + 1, "Sidekiq 8 reads failed_at as now: %f", at);
     }
     json_decref(stats);
     json_decref(set);
@@ -735,7 +716,7 @@ Test(interop, a_poison_pills_failed_at_keeps_the_payloads_unit)
     capstan_redis_t *r = kt_lib_redis();
     capstan_recovery_t rec = {0};
     char err[CAPSTAN_ERRLEN];
-    double t0 = wall();
+    double t0 = kt_wall();
     /* max_recoveries 1: this recovery is the one too many. */
     cr_assert_eq(capstan__fetch_recover_one(r, id, 1, CAPSTAN_TS_MILLIS, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.killed, 3);
@@ -752,7 +733,7 @@ Test(interop, a_poison_pills_failed_at_keeps_the_payloads_unit)
         int want_float = i == 1; /* the float payload; the others ms */
         cr_assert(fa && is_float_literal(fa) == want_float, "failed_at %s: %s", fa, entry);
         double at = atof(fa) / (want_float ? 1 : 1000);
-        cr_assert(at >= t0 - 1 && at <= wall() + 1, "failed_at %s is now", fa);
+        cr_assert(at >= t0 - 1 && at <= kt_wall() + 1, "failed_at %s is now", fa);
         free(fa);
         free(entry);
     }
@@ -775,8 +756,8 @@ KT_SIDEKIQ_TEST(interop, failed_at_takes_the_unit_of_the_sidekiq_that_pushed_the
     int ms = !is_float_literal(ca);
     cr_assert_eq(ms, strcmp(sidekiq, "8.0.10") == 0, "Sidekiq %s wrote created_at %s", sidekiq, ca);
 
-    char *cfg = write_conf(NULL);
-    double t0 = wall();
+    char *cfg = kt_write_conf(NULL);
+    double t0 = kt_wall();
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 15), "%s", kt_capstan_log(pid));
     capstan_stop_ok(pid, SIGTERM, 30);
@@ -787,7 +768,7 @@ KT_SIDEKIQ_TEST(interop, failed_at_takes_the_unit_of_the_sidekiq_that_pushed_the
     cr_assert(fa && is_float_literal(fa) == !ms, "failed_at %s in the unit of created_at %s: %s", fa, ca,
               raw);
     double at = atof(fa) / (ms ? 1000 : 1);
-    cr_assert(at >= t0 - 1 && at <= wall() + 1, "failed_at %s is now", fa);
+    cr_assert(at >= t0 - 1 && at <= kt_wall() + 1, "failed_at %s is now", fa);
     cr_assert(score > at + 14 && score < at + 26, "the score stays in seconds: %f", score);
 
     json_t *set = ruby_v(sidekiq, (const char *[]){ "retries", NULL });
@@ -826,20 +807,20 @@ static char *retry_entry(const char *jid)
 Test(interop, failure_timestamps_keep_the_unit_the_payload_carries)
 {
     const char *jid8 = "8a8a8a8a8a8a8a8a8a8a8a8a";
-    double t0 = wall();
+    double t0 = kt_wall();
     long long ms0 = (long long)(t0 * 1000);
     freeReplyObject(kt_cmd("LPUSH queue:default {\"retry\":true,\"queue\":\"default\",\"args\":[\"s8\"],"
                            "\"class\":\"FailJob\",\"jid\":\"%s\",\"created_at\":%lld,\"enqueued_at\":%lld}",
                            jid8, ms0, ms0));
     char *jid6 = ruby_push("{\"class\":\"FailJob\",\"args\":[\"s6\"]}");
-    char *cfg = write_conf(NULL);
+    char *cfg = kt_write_conf(NULL);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 2, 15), "%s", kt_capstan_log(pid));
     capstan_stop_ok(pid, SIGTERM, 30);
 
     char *e8 = retry_entry(jid8), *fa = number_literal(e8, "failed_at");
     cr_assert(fa && strspn(fa, "0123456789") == strlen(fa), "Sidekiq 8's job: integer ms: %s", e8);
-    cr_assert(atof(fa) >= (t0 - 1) * 1000 && atof(fa) <= (wall() + 1) * 1000, "in ms: %s", fa);
+    cr_assert(atof(fa) >= (t0 - 1) * 1000 && atof(fa) <= (kt_wall() + 1) * 1000, "in ms: %s", fa);
     char *ca = number_literal(e8, "created_at"), want[32];
     snprintf(want, sizeof(want), "%lld", ms0);
     cr_assert_str_eq(ca, want, "created_at untouched");

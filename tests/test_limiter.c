@@ -106,16 +106,9 @@ Test(limiter, a_name_keeps_its_type_and_parameters)
 
 /* Waits for the next calendar second to begin plus a margin, so a test of
  * one window does not straddle two. */
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void next_second(void)
 {
-    double now = wall();
+    double now = kt_wall();
     kt_sleep((double)(long)now + 1.05 - now);
 }
 
@@ -124,7 +117,7 @@ static void next_second(void)
  * window refused is rescheduled for its end, which must not come first. */
 static void minute_room(void)
 {
-    double now = wall(), into = now - (double)((long long)now / 60 * 60);
+    double now = kt_wall(), into = now - (double)((long long)now / 60 * 60);
     if (into >= 50)
         kt_sleep(60 - into + 0.05);
 }
@@ -143,7 +136,7 @@ Test(limiter, window_counts_per_calendar_window_and_says_when_it_reopens)
     cr_assert(in > 0.5 && in <= 1.0, "%f", in);
     /* Waiting is exact: the 4th gets in right after the second turns. */
     cr_assert_eq(capstan_limiter_acquire(l, r, 2, &t, NULL, err), 0, "%s", err);
-    double now = wall(), frac = now - (double)(long)now;
+    double now = kt_wall(), frac = now - (double)(long)now;
     cr_assert(frac < 0.3, "%f", frac);
     cr_assert_eq(capstan_limiter_release(l, r, &t, err), 0);
     capstan_limiter_free(l);
@@ -1051,7 +1044,7 @@ Test(limiter, the_scheduler_keeps_the_payloads_timestamp_unit)
     pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:unrun") == 3, 10), "%s", kt_capstan_log(a));
     cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
-    double now = wall();
+    double now = kt_wall();
     for (int i = 0; i < 3; i++) {
         redisReply *rep = kt_cmd("LINDEX queue:unrun %d", i);
         json_t *j = json_loads(rep->str, JSON_DECODE_ANY, NULL);

@@ -49,13 +49,6 @@ static char *zhead(const char *key)
     return s;
 }
 
-static double wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Events seen by a client, for the instrumentation checks. */
 struct events {
     pthread_mutex_t mu;
@@ -98,7 +91,7 @@ Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
     o.instrument = "{\"x\":1}";
     capstan_qlock_result_t res;
     char err[CAPSTAN_ERRLEN];
-    double before = wall();
+    double before = kt_wall();
     cr_assert_eq(capstan_qlock_lock(c, r, "report", &o, &res, err), 0, "%s", err);
     cr_assert_eq(res.status, CAPSTAN_QLOCK_OBTAINED);
     cr_assert_eq(res.fence, 1);
@@ -124,7 +117,7 @@ Test(qlock, lock_writes_the_gems_layout_with_a_fencing_token)
     cr_assert_str_eq(s, res.hst_id);
     free(s);
     s = kt_str("HGET rql:lock:report ts");
-    cr_assert(atof(s) > before - 2 && atof(s) < wall() + 2, "ts %s", s);
+    cr_assert(atof(s) > before - 2 && atof(s) < kt_wall() + 2, "ts %s", s);
     free(s);
     cr_assert_eq(kt_int("HGET rql:lock:report ini_ttl"), 3000);
     cr_assert_eq(kt_int("HGET rql:lock:report capstan_fence"), 1);
@@ -203,7 +196,7 @@ Test(qlock, results_say_why_the_lock_was_not_obtained)
 
     /* fail_fast after a try: the lock is free but someone is ahead. */
     cr_assert_eq(capstan_qlock_release(holder, r, &held, err), 0);
-    kt_cmd("ZADD rql:lock_queue:busy %f rql:acq:1/2/0/0/cccccccccccccccc", wall());
+    kt_cmd("ZADD rql:lock_queue:busy %f rql:acq:1/2/0/0/cccccccccccccccc", kt_wall());
     cr_assert_eq(capstan_qlock_lock(other, r, "busy", &ff, &res, err), CAPSTAN_EDENIED);
     cr_assert_eq(res.status, CAPSTAN_QLOCK_FAIL_FAST_AFTER_TRY);
     cr_assert_eq(kt_int("ZCARD rql:lock_queue:busy"), 1, "only the other waiter is left");
@@ -571,7 +564,7 @@ Test(qlock, info_listings_and_admin_calls)
     o.meta = (const char *[]){ "who", "me", NULL };
     cr_assert_eq(capstan_qlock_lock(c, r, "alpha", &o, &a, err), 0);
     cr_assert_eq(capstan_qlock_lock(c, r, "beta", &o, &b, err), 0);
-    double now = wall();
+    double now = kt_wall();
     kt_cmd("ZADD rql:lock_queue:alpha %f rql:acq:9/9/0/0/dddddddddddddddd", now);
     kt_cmd("ZADD rql:lock_queue:gamma %f rql:acq:9/8/0/0/dddddddddddddddd", now - 200000);
 
@@ -771,7 +764,7 @@ Test(qlock, a_lock_held_in_the_gems_layout_blocks_capstan_and_the_reverse)
 
     /* A gem waiter's place (no capstan deadline) lasts queue_ttl from its request. */
     json_decref(ruby_json((const char *[]){ "unlock", "bridge", NULL }));
-    kt_cmd("ZADD rql:lock_queue:bridge %f rql:acq:1/2/3/4/eeeeeeeeeeeeeeee", wall() - 60);
+    kt_cmd("ZADD rql:lock_queue:bridge %f rql:acq:1/2/3/4/eeeeeeeeeeeeeeee", kt_wall() - 60);
     o.timeout = 1;
     cr_assert_eq(capstan_qlock_lock(c, r, "bridge", &o, &res, err), 0, "a stale gem place does not block: %s", err);
     cr_assert_eq(res.tries, 1);
@@ -860,7 +853,7 @@ Test(qlock, capstan_lock_runs_the_command_and_passes_its_status)
     cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "list", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "cron\t") && strstr(out, held.acq_id), "%s", out);
     free(out);
-    kt_cmd("ZADD rql:lock_queue:old %f rql:acq:1/1/0/0/ffffffffffffffff", wall() - 200000);
+    kt_cmd("ZADD rql:lock_queue:old %f rql:acq:1/1/0/0/ffffffffffffffff", kt_wall() - 200000);
     cr_assert_eq(kt_capstan_run((const char *[]){ "lock", "clear-dead", "--dead-ttl", "100000", NULL }, &out), 0);
     cr_assert(strstr(out, "dropped 1 dead requests from 1 queues"), "%s", out);
     free(out);

@@ -1,16 +1,7 @@
 # Ruby side of the mixed-fleet tests (tests/test_fleet.c), run by a real
 # Sidekiq server (6.4.1, 7.3 or 8.0) on a queue capstan reads too: classes
 # that only Ruby has, so that capstan must hand their jobs back.
-require 'sidekiq'
-
-Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
-# The tests wait for retries Ruby's poller moves: poll every second (an
-# explicit average also skips the poller's initial wait).
-if Sidekiq.respond_to?(:default_configuration)
-  Sidekiq.default_configuration[:poll_interval_average] = 1
-else
-  Sidekiq.options[:poll_interval_average] = 1
-end
+require_relative 'sidekiq_setup'
 
 # RubyOnlyJob key: SADD key jid and RPUSH key:log jid, so a test sees that
 # each job ran, and ran once.

@@ -3,18 +3,7 @@
 # capstan's client. RecordJob leaves the same trace as the C example
 # handler, so a test reads one format whichever side ran the job.
 require 'json'
-require 'sidekiq'
-
-# Sidekiq 7+ speaks redis-client: no Redis constant to configure.
-Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
-# The tests wait for scheduled jobs: poll often, and with the average set
-# explicitly Sidekiq also skips its initial wait. 7.0 moved the options
-# from Sidekiq.options to the default configuration.
-if Sidekiq.respond_to?(:default_configuration)
-  Sidekiq.default_configuration[:poll_interval_average] = 1
-else
-  Sidekiq.options[:poll_interval_average] = 1
-end
+require_relative 'sidekiq_setup'
 
 # RecordJob key [more...]: SADD key jid and RPUSH key:log jid, as the C
 # handler does; any further arguments are appended to key:args as the JSON
