@@ -261,6 +261,30 @@ out:
     return rc;
 }
 
+/* Every "password=" value in out (n bytes) becomes "***": a password may
+ * come in the query of any URL, with or without user info before it. */
+static void redact_query(char *out, size_t n)
+{
+    static const char key[] = "password=";
+    char *copy = n ? strdup(out) : NULL;
+    if (!copy) {
+        char *pw = n ? strstr(out, key) : NULL;
+        if (pw) /* no memory: cut the URL there rather than show it */
+            snprintf(pw, n - (size_t)(pw - out), "%s***", key);
+        return;
+    }
+    size_t len = 0;
+    const char *p = copy, *pw;
+    while ((pw = strstr(p, key)) && len < n) {
+        pw += sizeof(key) - 1;
+        len += (size_t)snprintf(out + len, n - len, "%.*s***", (int)(pw - p), p);
+        p = pw + strcspn(pw, "&");
+    }
+    if (len < n)
+        snprintf(out + len, n - len, "%s", p);
+    free(copy);
+}
+
 void capstan__redis_url_redact(const char *url, char *out, size_t n)
 {
     const char *scheme = strstr(url, "://");
@@ -272,11 +296,8 @@ void capstan__redis_url_redact(const char *url, char *out, size_t n)
     } else if (at) {
         snprintf(out, n, "%.*s***%s", (int)(scheme + 3 - url), url, at);
     } else {
-        const char *pw = strstr(url, "password=");
-        if (pw)
-            snprintf(out, n, "%.*spassword=***", (int)(pw - url), url);
-        else
-            snprintf(out, n, "%s", url);
+        snprintf(out, n, "%s", url);
     }
+    redact_query(out, n);
     capstan__sentinel_redact(out, n);
 }

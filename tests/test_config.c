@@ -778,6 +778,10 @@ Test(config, redacted_url_never_shows_the_password)
         { "unix:///run/redis.sock?db=2&password=secret", "unix:///run/redis.sock?db=2&password=***" },
         { "unix:///run/redis@6379/sock?password=secret", "unix:///run/redis@6379/sock?password=***" },
         { "unix:///run/a:b@c?password=secret", "unix:///run/a:b@c?password=***" },
+        /* Every scheme takes password= in its query, beside user info too. */
+        { "redis://cache:6379?db=3&password=secret", "redis://cache:6379?db=3&password=***" },
+        { "redis://@cache?db=4&password=secret&x=1", "redis://***@cache?db=4&password=***&x=1" },
+        { "rediss://u:p1@cache?password=secret", "rediss://u:***@cache?password=***" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char out[256];
