@@ -3,12 +3,10 @@
 # that only Ruby has, so that capstan must hand their jobs back.
 require_relative 'sidekiq_setup'
 
-# RubyOnlyJob key: SADD key jid and RPUSH key:log jid, so a test sees that
-# each job ran, and ran once.
-class RubyOnlyJob
-  include Sidekiq::Worker
-
-  def perform(key)
+# What each job leaves once it ran: SADD key jid and RPUSH key:log jid, so
+# a test sees that it ran, and ran once.
+module Recording
+  def record(key)
     Sidekiq.redis do |c|
       c.sadd(key, jid)
       c.rpush("#{key}:log", jid)
@@ -16,18 +14,26 @@ class RubyOnlyJob
   end
 end
 
+# RubyOnlyJob key: records its run.
+class RubyOnlyJob
+  include Sidekiq::Worker
+  include Recording
+
+  def perform(key)
+    record(key)
+  end
+end
+
 # RubyFlakyJob key: fails its first run with a real Ruby error (INCR
 # key:runs counts the runs), then does what RubyOnlyJob does.
 class RubyFlakyJob
   include Sidekiq::Worker
+  include Recording
 
   def perform(key)
     runs = Sidekiq.redis { |c| c.incr("#{key}:runs") }
     raise "flaky: first try" if runs.to_i == 1
 
-    Sidekiq.redis do |c|
-      c.sadd(key, jid)
-      c.rpush("#{key}:log", jid)
-    end
+    record(key)
   end
 end
