@@ -8,15 +8,16 @@ require_relative '../../examples/ruby/capstan_batch'
 
 Redis.sadd_returns_boolean = false if defined?(Redis) && Redis.respond_to?(:sadd_returns_boolean=)
 
-# BatchCallbackJob status, options: RPUSH options['key'] the status (keys
-# sorted) and key:opts the options, as Ruby parsed them.
+# BatchCallbackJob status, options: RPUSH key:opts the options, as Ruby parsed
+# them, then options['key'] the status (keys sorted): a test that waits for
+# the status finds the options already there.
 class BatchCallbackJob
   include Sidekiq::Worker
 
   def perform(status, options)
     Sidekiq.redis do |c|
-      c.rpush(options['key'], JSON.generate(status.sort.to_h))
       c.rpush("#{options['key']}:opts", JSON.generate(options))
+      c.rpush(options['key'], JSON.generate(status.sort.to_h))
     end
   end
 end
