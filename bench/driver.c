@@ -38,7 +38,9 @@
  *       list of every process in "processes" empty (the last ack); MODE "stamp:KEY":
  *       the queue is empty and KEY holds the epoch time the worker wrote
  *       after its last job (basic fetch leaves no trace in Redis).
- *       Prints "JOBS SECONDS JOBS_PER_S".
+ *       Prints "JOBS SECONDS JOBS_PER_S WORKING_MAX", the last the most
+ *       jobs seen in the working lists at one poll (fetched ahead, running,
+ *       or finished with their ack not written yet).
  *   capstan-bench ceiling PORT QUEUE BATCH DEPTH [LOCK]
  *       Redis's own limit for what capstan asks of it per job: drains
  *       queue:QUEUE with the library's fetch.lua, (with LOCK
@@ -458,9 +460,12 @@ static int do_drain(int argc, char **argv)
 
     double deadline = mono() + timeout, t0 = 0, t1 = 0;
     int started = 0;
+    long long wmax = 0; /* the most jobs seen in working lists at once */
     while (mono() < deadline) {
         r = cmd(c, REDIS_REPLY_ARRAY, "EVALSHA %s 1 %s %s", sha->str, qkey, stamp);
         long long q = r->element[0]->integer, w = r->element[1]->integer;
+        if (w > wmax)
+            wmax = w;
         const redisReply *s = r->element[2];
         double now = wall();
         if (!started && q < n0) {
@@ -483,7 +488,7 @@ static int do_drain(int argc, char **argv)
                     : "no fetch within %s s%s", argv[3], NULL);
     if (t1 <= t0)
         t1 = t0 + 1e-6;
-    printf("%lld %.6f %.1f\n", n0, t1 - t0, (double)n0 / (t1 - t0));
+    printf("%lld %.6f %.1f %lld\n", n0, t1 - t0, (double)n0 / (t1 - t0), wmax);
     return 0;
 }
 

@@ -4,6 +4,7 @@
  *
  *   NoopJob [...]        does nothing (throughput, memory)
  *   SleepJob [...]       sleeps 2 ms, as a job waiting on I/O would
+ *   SlowJob [...]        sleeps 50 ms, as a job calling a slow service would
  *   LatencyJob KEY       RPUSHes to KEY the microseconds between the job's
  *                        enqueued_at and the moment its handler starts */
 #include <stdio.h>
@@ -20,13 +21,26 @@ static int noop_job(capstan_job_t *job, void *ud)
     return 0;
 }
 
+static void sleep_ms(long ms)
+{
+    struct timespec ts = { 0, ms * 1000000 };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
 static int sleep_job(capstan_job_t *job, void *ud)
 {
     (void)job;
     (void)ud;
-    struct timespec ts = { 0, 2000000 };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
+    sleep_ms(2);
+    return 0;
+}
+
+static int slow_job(capstan_job_t *job, void *ud)
+{
+    (void)job;
+    (void)ud;
+    sleep_ms(50);
     return 0;
 }
 
@@ -82,6 +96,7 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     int rc = 0;
     rc |= capstan_register(rt, "NoopJob", noop_job, NULL, &opts);
     rc |= capstan_register(rt, "SleepJob", sleep_job, NULL, &opts);
+    rc |= capstan_register(rt, "SlowJob", slow_job, NULL, &opts);
     rc |= capstan_register(rt, "LatencyJob", latency_job, NULL, &opts);
     return rc;
 }

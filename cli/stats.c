@@ -14,6 +14,7 @@
 #include "cli/common.h"
 #include "observe/overview.h"
 #include "fetch/fetch.h"
+#include "redis/keys.h"
 #include "support/identity.h"
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
@@ -22,7 +23,9 @@ static const char *usage =
     "Usage: capstan stats [--json] [--redis-url URL]\n"
     "\n"
     "Prints processed and failed counts, each queue's size and latency (age of\n"
-    "its oldest job), the schedule/retry/dead sizes, the live processes, and the\n"
+    "its oldest job) and the jobs live processes fetched from it ahead and have\n"
+    "not started (in their working lists: not in the size), the\n"
+    "schedule/retry/dead sizes, the live processes, and the\n"
     "reliable fetch's working lists with whether their owner is alive. Each\n"
     "process shows whether it is capstan or Ruby Sidekiq, and its queues. An owner\n"
     "on this host whose pid is gone shows as dead at once (recovery still waits\n"
@@ -54,7 +57,69 @@ static json_t *opt_integer(long long v)
     return v < 0 ? json_null() : json_integer(v);
 }
 
-static json_t *queues_json(const capstan_overview_t *ov)
+/* Adds one to counts[queue] for each JSON text in reply (an array) whose
+ * "queue" is a string: direct, or under "payload" (a running job's entry
+ * in its process's work hash, whose payload is a JSON text before
+ * Sidekiq 8 and an object from 8 on). by is +1 or -1. */
+static void count_queues(const redisReply *reply, json_t *counts, int by)
+{
+    for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
+        const redisReply *e = reply->element[i];
+        if (e->type != REDIS_REPLY_STRING)
+            continue;
+        json_t *o = json_loadb(e->str, e->len, 0, NULL), *p = json_object_get(o, "payload");
+        json_t *inner = json_is_string(p) ? json_loads(json_string_value(p), 0, NULL) : json_incref(p);
+        const char *q = json_string_value(json_object_get(o, "queue"));
+        if (!q)
+            q = json_string_value(json_object_get(inner, "queue"));
+        if (q)
+            json_object_set_new(counts, q,
+                                json_integer(json_integer_value(json_object_get(counts, q)) + by));
+        json_decref(inner);
+        json_decref(o);
+    }
+}
+
+/* Jobs fetched ahead and not started, by queue: in a live owner's working
+ * list and not in its work hash (the jobs it runs). Sidekiq's queue size
+ * and latency do not see them. Leaves counts as far as it got when Redis
+ * fails. */
+static void prefetched(capstan_redis_t *r, json_t *counts)
+{
+    capstan_working_info_t *w = NULL;
+    size_t n = 0;
+    char err[CAPSTAN_ERRLEN];
+    if (capstan__fetch_list_working(r, &w, &n, err) != 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (!w[i].alive)
+            continue;
+        char wkey[512], hkey[512];
+        capstan__fetch_working_key(w[i].identity, wkey, sizeof(wkey));
+        snprintf(hkey, sizeof(hkey), "%s%s", w[i].identity, CAPSTAN_KEY_WORK);
+        json_t *mine = json_object();
+        redisReply *list = capstan_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
+        redisReply *work = list ? capstan_redis_cmdf(r, "HVALS %s", hkey) : NULL;
+        count_queues(list, mine, 1);
+        count_queues(work, mine, -1);
+        const char *q;
+        json_t *v;
+        json_object_foreach(mine, q, v) {
+            long long k = json_integer_value(v);
+            if (k > 0)
+                json_object_set_new(counts, q,
+                                    json_integer(json_integer_value(json_object_get(counts, q)) + k));
+        }
+        json_decref(mine);
+        freeReplyObject(work);
+        freeReplyObject(list);
+        if (!list || !work)
+            break;
+    }
+    capstan__fetch_working_info_free(w, n);
+}
+
+static json_t *queues_json(const capstan_overview_t *ov, json_t *ahead)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < ov->nqueues; i++) {
@@ -62,6 +127,8 @@ static json_t *queues_json(const capstan_overview_t *ov)
         json_object_set_new(q, "name", json_string(ov->queues[i].name));
         json_object_set_new(q, "size", json_integer(ov->queues[i].size));
         json_object_set_new(q, "latency", json_real(ov->queues[i].latency));
+        json_object_set_new(q, "prefetched",
+                            json_integer(json_integer_value(json_object_get(ahead, ov->queues[i].name))));
         json_array_append_new(arr, q);
     }
     return arr;
@@ -137,7 +204,10 @@ static json_t *collect(capstan_redis_t *r, char *err)
     json_object_set_new(o, "scheduled", json_integer(ov.scheduled));
     json_object_set_new(o, "retries", json_integer(ov.retries));
     json_object_set_new(o, "dead", json_integer(ov.dead));
-    json_object_set_new(o, "queues", queues_json(&ov));
+    json_t *ahead = json_object();
+    prefetched(r, ahead);
+    json_object_set_new(o, "queues", queues_json(&ov, ahead));
+    json_decref(ahead);
     json_object_set_new(o, "processes", processes_json(&ov, host));
     json_object_set_new(o, "working", working_json(r, host));
     capstan__overview_clear(&ov);
@@ -177,11 +247,12 @@ static void print_text(json_t *o, const char *name)
            json_integer_value(json_object_get(o, "scheduled")),
            json_integer_value(json_object_get(o, "retries")),
            json_integer_value(json_object_get(o, "dead")));
-    printf("%-30s %10s %12s\n", "Queue", "Size", "Latency (s)");
+    printf("%-30s %10s %12s %11s\n", "Queue", "Size", "Latency (s)", "Prefetched");
     json_array_foreach(json_object_get(o, "queues"), i, e)
-        printf("%-30s %10lld %12.3f\n", json_string_value(json_object_get(e, "name")),
+        printf("%-30s %10lld %12.3f %11lld\n", json_string_value(json_object_get(e, "name")),
                json_integer_value(json_object_get(e, "size")),
-               json_real_value(json_object_get(e, "latency")));
+               json_real_value(json_object_get(e, "latency")),
+               json_integer_value(json_object_get(e, "prefetched")));
     printf("\nProcesses\n");
     json_array_foreach(json_object_get(o, "processes"), i, e) {
         char state[64];
