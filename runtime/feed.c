@@ -347,6 +347,21 @@ static capstan_fetched_t feed_pop(capstan_feed_t *feed)
     return j;
 }
 
+void capstan__feed_count(capstan_feed_t *feed, const char *const *names, long long *counts, size_t n)
+{
+    memset(counts, 0, n * sizeof(*counts));
+    pthread_mutex_lock(&feed->mu);
+    for (size_t i = 0; i < feed->n; i++) {
+        const char *q = feed->jobs[(feed->head + i) % feed->cap].queue;
+        for (size_t k = 0; q && k < n; k++)
+            if (strcmp(q, names[k]) == 0) {
+                counts[k]++;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&feed->mu);
+}
+
 /* Under feed->mu: the newest job waiting, or a zeroed one when none is. */
 static capstan_fetched_t feed_pop_newest(capstan_feed_t *feed)
 {
@@ -966,13 +981,21 @@ void capstan__feed_solo_end(capstan_slot_t *s, capstan_redis_t *r)
  * defer): a sweep's jobs then come in after the sweeper's job as well. The
  * job time starts at this, so nothing is deferred before it is measured. */
 #define DEFER_AFTER 0.001
+/* Jobs fetched beyond the free threads are out of sight of the queue's
+ * size and latency as Sidekiq reads them (and of autoscalers built on
+ * those): at most what the process takes in this long (seconds), however
+ * long jobs run. Two round trips of jobs fit within it unless a round trip
+ * (with a deferred one, the job it waits for) takes over half of it; then
+ * the threads fetch a little more often for themselves. */
+#define AHEAD_MAX 0.02
 static size_t level(capstan_runtime_t *rt, const capstan_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
     double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
     if (feed->job_time > DEFER_AFTER)
         rtt += feed->job_time;
-    double want = (double)(idle < 1 ? 1 : idle) + feed->rate * rtt * 2.0;
+    double ahead = rtt * 2.0 < AHEAD_MAX ? rtt * 2.0 : AHEAD_MAX;
+    double want = (double)(idle < 1 ? 1 : idle) + feed->rate * ahead;
     return want >= (double)feed->prefetch ? feed->prefetch : (size_t)want;
 }
 

@@ -366,6 +366,20 @@ static const char unstarted_script[] =
     "end\n"
     "return {n, #w, redis.call('LLEN', KEYS[3])}\n";
 
+/* OverlapJobs [KEYS[2], ms] in the working list KEYS[1] not started, beyond
+ * one for each of the ARGV[1] processors not running one: {the jobs there
+ * not finished (not in KEYS[2]:log) less those running (KEYS[2]:running)
+ * less the free processors, LLEN of the queue KEYS[3]}, in one step. */
+static const char unstarted_overlap_script[] =
+    "local n = 0\n"
+    "for _, job in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do\n"
+    "  local jid = string.match(job, '\"jid\":\"(%x+)\"')\n"
+    "  if not redis.call('LPOS', KEYS[2] .. ':log', jid) then n = n + 1 end\n"
+    "end\n"
+    "local running = tonumber(redis.call('GET', KEYS[2] .. ':running') or '0')\n"
+    "n = n - running - (tonumber(ARGV[1]) - running)\n"
+    "return {n, redis.call('LLEN', KEYS[3])}\n";
+
 /* Short jobs at one processor make the feed want more than 5 ahead (a
  * round trip's worth); --prefetch 5 must cap it while the queue is deep. */
 Test(prefetch, the_prefetch_setting_bounds_what_a_process_holds)
@@ -516,4 +530,37 @@ Test(prefetch, a_rolling_deploy_with_runtime_locks_leaves_no_lock)
     cr_assert_eq(dg->elements, 0, "no lock is left: %s ...",
                  dg->elements ? dg->element[0]->str : "");
     freeReplyObject(dg);
+}
+
+/* Long jobs: the jobs fetched beyond the free processors are what the
+ * process takes in a few tens of milliseconds (at most 20 ms of its rate,
+ * here less than one job), not what it takes in two round trips that each
+ * wait for a job (two job lengths: 8 jobs of 100 ms at 4 processors). */
+Test(prefetch, long_jobs_are_fetched_a_few_tens_of_ms_ahead_at_most)
+{
+    enum { N = 60, CONC = 4 };
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", NULL });
+    char *id = kt_wait_identity(pid), *w = kt_working_key(id);
+    char **p = payloads("OverlapJob", "[\"ov\", 100]", 7, N);
+    kt_push_all(kt_redis(), "default", p, N);
+    free_all(p, N);
+    long most = 0, samples = 0;
+    double end = kt_now() + 20;
+    while (kt_now() < end) {
+        redisReply *r = kt_cmd("EVAL %s 3 %s ov queue:default %d", unstarted_overlap_script, w, CONC);
+        long hidden = (long)r->element[0]->integer, queued = (long)r->element[1]->integer;
+        freeReplyObject(r);
+        if (queued < CONC)
+            break;
+        samples++;
+        most = hidden > most ? hidden : most;
+        kt_sleep(0.003);
+    }
+    fprintf(stderr, "[prefetch] 100 ms jobs at -c %d: at most %ld jobs ahead of the free processors "
+            "(%ld samples)\n", CONC, most, samples);
+    cr_assert_geq(samples, 50, "the queue drained before it could be watched");
+    cr_assert_leq(most, 1, "%ld jobs of 100 ms fetched ahead of 4 processors", most);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
+    free(w);
+    free(id);
 }
