@@ -14,7 +14,6 @@
 #include "cli/common.h"
 #include "observe/overview.h"
 #include "fetch/fetch.h"
-#include "redis/keys.h"
 #include "support/identity.h"
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
@@ -23,9 +22,9 @@ static const char *usage =
     "Usage: capstan stats [--json] [--redis-url URL]\n"
     "\n"
     "Prints processed and failed counts, each queue's size and latency (age of\n"
-    "its oldest job) and the jobs live processes fetched from it ahead and have\n"
-    "not started (in their working lists: not in the size), the\n"
-    "schedule/retry/dead sizes, the live processes, and the\n"
+    "its oldest job) and the jobs capstan processes fetched from it ahead and\n"
+    "have not started (in their working lists, not in the size; as of their\n"
+    "last heartbeat), the schedule/retry/dead sizes, the live processes, and the\n"
     "reliable fetch's working lists with whether their owner is alive. Each\n"
     "process shows whether it is capstan or Ruby Sidekiq, and its queues. An owner\n"
     "on this host whose pid is gone shows as dead at once (recovery still waits\n"
@@ -57,66 +56,22 @@ static json_t *opt_integer(long long v)
     return v < 0 ? json_null() : json_integer(v);
 }
 
-/* Adds one to counts[queue] for each JSON text in reply (an array) whose
- * "queue" is a string: direct, or under "payload" (a running job's entry
- * in its process's work hash, whose payload is a JSON text before
- * Sidekiq 8 and an object from 8 on). by is +1 or -1. */
-static void count_queues(const redisReply *reply, json_t *counts, int by)
+/* Jobs fetched ahead and not started, by queue, as each live capstan
+ * process counted them at its last beat: in its working list, so not in
+ * Sidekiq's queue size and latency. */
+static json_t *prefetched(const capstan_overview_t *ov)
 {
-    for (size_t i = 0; reply && reply->type == REDIS_REPLY_ARRAY && i < reply->elements; i++) {
-        const redisReply *e = reply->element[i];
-        if (e->type != REDIS_REPLY_STRING)
-            continue;
-        json_t *o = json_loadb(e->str, e->len, 0, NULL), *p = json_object_get(o, "payload");
-        json_t *inner = json_is_string(p) ? json_loads(json_string_value(p), 0, NULL) : json_incref(p);
-        const char *q = json_string_value(json_object_get(o, "queue"));
-        if (!q)
-            q = json_string_value(json_object_get(inner, "queue"));
-        if (q)
-            json_object_set_new(counts, q,
-                                json_integer(json_integer_value(json_object_get(counts, q)) + by));
-        json_decref(inner);
-        json_decref(o);
-    }
-}
-
-/* Jobs fetched ahead and not started, by queue: in a live owner's working
- * list and not in its work hash (the jobs it runs). Sidekiq's queue size
- * and latency do not see them. Leaves counts as far as it got when Redis
- * fails. */
-static void prefetched(capstan_redis_t *r, json_t *counts)
-{
-    capstan_working_info_t *w = NULL;
-    size_t n = 0;
-    char err[CAPSTAN_ERRLEN];
-    if (capstan__fetch_list_working(r, &w, &n, err) != 0)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        if (!w[i].alive)
-            continue;
-        char wkey[512], hkey[512];
-        capstan__fetch_working_key(w[i].identity, wkey, sizeof(wkey));
-        snprintf(hkey, sizeof(hkey), "%s%s", w[i].identity, CAPSTAN_KEY_WORK);
-        json_t *mine = json_object();
-        redisReply *list = capstan_redis_cmdf(r, "LRANGE %s 0 -1", wkey);
-        redisReply *work = list ? capstan_redis_cmdf(r, "HVALS %s", hkey) : NULL;
-        count_queues(list, mine, 1);
-        count_queues(work, mine, -1);
+    json_t *sum = json_object();
+    for (size_t i = 0; i < ov->nprocesses; i++) {
+        json_t *mine = ov->processes[i].prefetched ? json_loads(ov->processes[i].prefetched, 0, NULL) : NULL;
         const char *q;
         json_t *v;
-        json_object_foreach(mine, q, v) {
-            long long k = json_integer_value(v);
-            if (k > 0)
-                json_object_set_new(counts, q,
-                                    json_integer(json_integer_value(json_object_get(counts, q)) + k));
-        }
+        json_object_foreach(mine, q, v)
+            json_object_set_new(sum, q, json_integer(json_integer_value(json_object_get(sum, q))
+                                                     + json_integer_value(v)));
         json_decref(mine);
-        freeReplyObject(work);
-        freeReplyObject(list);
-        if (!list || !work)
-            break;
     }
-    capstan__fetch_working_info_free(w, n);
+    return sum;
 }
 
 static json_t *queues_json(const capstan_overview_t *ov, json_t *ahead)
@@ -204,8 +159,7 @@ static json_t *collect(capstan_redis_t *r, char *err)
     json_object_set_new(o, "scheduled", json_integer(ov.scheduled));
     json_object_set_new(o, "retries", json_integer(ov.retries));
     json_object_set_new(o, "dead", json_integer(ov.dead));
-    json_t *ahead = json_object();
-    prefetched(r, ahead);
+    json_t *ahead = prefetched(&ov);
     json_object_set_new(o, "queues", queues_json(&ov, ahead));
     json_decref(ahead);
     json_object_set_new(o, "processes", processes_json(&ov, host));

@@ -79,6 +79,28 @@ static int queue_gauges(capstan_buf_t *b, const capstan_overview_t *ov)
     return rc;
 }
 
+/* Jobs this process fetched ahead and has not started, by queue: in its
+ * working list, so out of the queue's size and latency. */
+static int prefetched_gauge(const capstan_http_conf_t *conf, capstan_buf_t *b)
+{
+    if (!conf->prefetched || !conf->nqueues)
+        return 0;
+    long long *counts = calloc(conf->nqueues, sizeof(*counts));
+    if (!counts)
+        return CAPSTAN_ENOMEM;
+    conf->prefetched(conf->ud, conf->queues, conf->nqueues, counts);
+    int rc = gauge(b, "capstan_prefetched_jobs",
+                   "Jobs this process fetched ahead and has not started, by queue: in its working "
+                   "list, not in the queue's size and latency.");
+    for (size_t i = 0; i < conf->nqueues && !rc; i++) {
+        rc = capstan__buf_puts(b, "capstan_prefetched_jobs{queue=\"");
+        if (!rc) rc = capstan__metrics_escape(b, conf->queues[i]);
+        if (!rc) rc = capstan__buf_printf(b, "\"} %lld\n", counts[i]);
+    }
+    free(counts);
+    return rc;
+}
+
 int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, capstan_buf_t *b)
 {
     int rc = capstan__metrics_render(capstan__metrics_default(), b);
@@ -87,6 +109,7 @@ int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, ca
     if (!rc) rc = capstan__buf_printf(b, "capstan_busy_threads %d\n", busy);
     if (!rc) rc = gauge(b, "capstan_threads", "Processor threads (concurrency).");
     if (!rc) rc = capstan__buf_printf(b, "capstan_threads %d\n", conf->threads);
+    if (!rc) rc = prefetched_gauge(conf, b);
     if (rc)
         return rc;
 

@@ -20,6 +20,12 @@ typedef struct capstan_http_conf {
     /* The capstan_busy_threads gauge: processor threads running a job, read
      * at each scrape on the server's thread (NULL: 0). */
     int (*busy_threads)(void *ud);
+    /* The capstan_prefetched_jobs gauge: jobs fetched ahead and not started,
+     * for each of the n queues named, read at each scrape into counts[0..n)
+     * (NULL: the gauge is left out). */
+    const char *const *queues;
+    size_t nqueues;
+    void (*prefetched)(void *ud, const char *const *queues, size_t n, long long *counts);
     void *ud;
 } capstan_http_conf_t;
 

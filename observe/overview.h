@@ -31,6 +31,9 @@ typedef struct capstan_overview_process {
     long long concurrency;/* from info */
     double beat;          /* epoch seconds; < 0 when absent */
     int quiet;            /* 0, 1, or -1 when absent */
+    char *prefetched;     /* capstan's jobs fetched ahead and not started, by
+                             queue, at its last beat: a JSON object, or NULL
+                             (Ruby Sidekiq) */
 } capstan_overview_process_t;
 
 typedef struct capstan_overview {

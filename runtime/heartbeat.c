@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "support/buf.h"
@@ -181,6 +183,33 @@ static void deliver(capstan_runtime_t *rt, const char *sig)
         capstan_warn("No signal handler registered for %s, ignoring", sig);
     (void)rt;
 }
+/* The jobs fetched ahead and not started, by queue, as the JSON object the
+ * process hash's "prefetched" field holds ({} without the reliable fetch):
+ * capstan stats adds them up, since Sidekiq's queue size does not count
+ * them. NULL when out of memory. */
+static char *prefetched_json(capstan_runtime_t *rt)
+{
+    size_t n = rt->cfg->nqueues;
+    const char **names = calloc(n ? n : 1, sizeof(*names));
+    long long *counts = calloc(n ? n : 1, sizeof(*counts));
+    json_t *o = json_object();
+    char *s = NULL;
+    if (names && counts && o) {
+        for (size_t i = 0; i < n; i++)
+            names[i] = rt->cfg->queues[i].name;
+        if (rt->feed)
+            capstan__feed_count(rt->feed, names, counts, n);
+        for (size_t i = 0; i < n; i++)
+            if (counts[i])
+                json_object_set_new(o, names[i], json_integer(counts[i]));
+        s = json_dumps(o, JSON_COMPACT);
+    }
+    json_decref(o);
+    free(counts);
+    free(names);
+    return s;
+}
+
 
 int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final)
 {
@@ -228,14 +257,19 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     snprintf(rtt, sizeof(rtt), "%ld", rtt_us);
     snprintf(rss, sizeof(rss), "%ld", rss_kb());
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
+    char *ahead = prefetched_json(rt);
+    if (!ahead)
+        return 0; /* no memory: the next beat tries again */
     const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
-                           "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss };
+                           "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss,
+                           "prefetched", ahead };
     const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", CAPSTAN_KEY_PROCESSES, rt->identity },
                               { "EXISTS", rt->identity, NULL } };
     rc = capstan_redis_append(r, 1, cmds[0], NULL);
     if (!rc) rc = capstan_redis_append(r, 3, cmds[1], NULL);
     if (!rc) rc = capstan_redis_append(r, 2, cmds[2], NULL);
-    if (!rc) rc = capstan_redis_append(r, 16, hset, NULL);
+    if (!rc) rc = capstan_redis_append(r, 18, hset, NULL);
+    free(ahead);
     const char *exp[] = { "EXPIRE", rt->identity, "60" };
     const char *rpop[] = { "RPOP", key_sig };
     const char *exec[] = { "EXEC" };

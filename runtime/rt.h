@@ -179,6 +179,10 @@ capstan_feed_t *capstan__feed_new(int nslots, int prefetch);
 /* The prefetch bound when none is set: ten jobs a processor, 500 at least. */
 int capstan__feed_default_prefetch(int nslots);
 void capstan__feed_free(capstan_feed_t *feed);
+/* The jobs waiting in the feed, fetched and not started, by queue:
+ * counts[i] for names[i], i < n (a job of a queue not named is not
+ * counted). */
+void capstan__feed_count(capstan_feed_t *feed, const char *const *names, long long *counts, size_t n);
 
 /* server_chain.c: runs job through rt->server_chain to its handler on
  * processor s's connection r. mw is filled here and holds the outcome

@@ -393,10 +393,7 @@ static int refuse_cluster(capstan_redis_t *r, char *err)
 
 static int start_threads(capstan_runtime_t *rt, char *err)
 {
-    capstan_config_t *c = rt->cfg;
     if (!capstan_runtime_server_chain(rt))
-        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    if (c->fetch == CAPSTAN_FETCH_RELIABLE && !(rt->feed = capstan__feed_new(c->concurrency, c->prefetch)))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     int rc = capstan__slots_new(rt, err);
     if (rc)
@@ -423,6 +420,12 @@ static int busy_threads(void *rt)
     return atomic_load(&((capstan_runtime_t *)rt)->busy);
 }
 
+/* The /metrics gauge of jobs fetched ahead, by queue (observe/http.h). */
+static void prefetched(void *ud, const char *const *queues, size_t n, long long *counts)
+{
+    capstan__feed_count(((capstan_runtime_t *)ud)->feed, queues, counts, n);
+}
+
 int capstan_runtime_run(capstan_runtime_t *rt, char *err)
 {
     capstan_config_t *c = rt->cfg;
@@ -447,9 +450,23 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
      * instead of leaving a worker running without its metrics. */
     capstan_http_t *http = NULL;
     capstan_redis_t *r = NULL;
+    /* The feed is there before the metrics thread can count it. */
+    const char **qnames = calloc(c->nqueues ? c->nqueues : 1, sizeof(*qnames));
+    if (!qnames || (c->fetch == CAPSTAN_FETCH_RELIABLE && !rt->feed
+                    && !(rt->feed = capstan__feed_new(c->concurrency, c->prefetch)))) {
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < c->nqueues; i++)
+        qnames[i] = c->queues[i].name;
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
                                .busy_threads = busy_threads, .ud = rt };
+    if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
+        hc.queues = qnames;
+        hc.nqueues = c->nqueues;
+        hc.prefetched = prefetched;
+    }
     if (c->metrics_port > 0 && (rc = capstan__http_start(&hc, &http, err)) != 0)
         goto out;
     rt->started_at = capstan__now();
@@ -496,6 +513,7 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     shutdown_all(rt, r, &set, sig);
 out:
     capstan__http_stop(http);
+    free(qnames);
     capstan_redis_free(r);
     capstan__crash_uninstall();
     pthread_sigmask(SIG_SETMASK, &old, NULL);

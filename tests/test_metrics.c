@@ -3,6 +3,7 @@
  * use stops the start; the registry escapes labels and fills buckets; the
  * config keys and flag. */
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -537,4 +538,70 @@ Test(metrics, sidekiq_metrics_setting_picks_the_layouts)
     free(log);
     free(bad);
     free(y);
+}
+
+/* capstan stats --json into *out (replaced), and its entry for queue into
+ * *q (replaced) once it counts some prefetched jobs: 1 then, else 0. */
+static int stats_queue(char **out, const char *queue, json_t **q)
+{
+    free(*out);
+    *out = NULL;
+    json_decref(*q);
+    *q = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", "--redis-url", kt_url(), NULL }, out),
+                 0, "%s", *out);
+    json_t *o = json_loads(*out, 0, NULL), *e;
+    size_t i;
+    cr_assert(o, "%s", *out);
+    json_array_foreach(json_object_get(o, "queues"), i, e)
+        if (strcmp(json_string_value(json_object_get(e, "name")), queue) == 0)
+            *q = json_incref(e);
+    json_decref(o);
+    return *q && json_integer_value(json_object_get(*q, "prefetched")) > 0;
+}
+
+/* Jobs a process fetched ahead sit in its working list, out of the queue's
+ * size: /metrics and `capstan stats` count them by queue. Two processors
+ * start on a full queue and each runs a long job; the one that took the
+ * second fetched one more ahead (a job for the next free processor) before
+ * it ran its own. */
+Test(metrics, jobs_fetched_ahead_show_by_queue_in_metrics_and_stats)
+{
+    enum { N = 10 };
+    int port = free_port(), status = 0;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    char *p[N];
+    for (int i = 0; i < N; i++) {
+        char jid[25];
+        kt_make_jid(jid, 9, (unsigned)i);
+        p[i] = kt_payload("SleepJob", "[20000]", jid, "slow");
+    }
+    kt_push_all(kt_redis(), "slow", p, N);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    char *conf = kt_write_conf("heartbeat_interval: 0.5\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-q", "slow", "-c", "2", "--metrics-port",
+                                                   portstr, NULL });
+    free(conf);
+    char *resp = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(resp), resp = http_get(port, "/metrics", &status),
+                             resp && strstr(resp, "capstan_prefetched_jobs{queue=\"slow\"} 1\n")), 10),
+              "%s\n%s", resp ? resp : "(no answer)", kt_capstan_log(pid));
+    free(resp);
+    /* Two running, one ahead, the rest in the queue; stats counts as of
+     * the last heartbeat. */
+    cr_assert_eq(kt_int("LLEN queue:slow"), N - 3);
+    char *out = NULL;
+    json_t *slow = NULL;
+    cr_assert(KT_WAIT_UNTIL(stats_queue(&out, "slow", &slow), 10), "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(slow, "size")), N - 3, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(slow, "prefetched")), 1, "%s", out);
+    json_decref(slow);
+    free(out);
+    out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--redis-url", kt_url(), NULL }, &out), 0);
+    cr_assert(strstr(out, "Prefetched"), "%s", out);
+    free(out);
+    kt_capstan_stop(pid, SIGKILL, 5);
 }
