@@ -156,6 +156,42 @@ static void class_defaults(const capstan_client_t *c, const char *cls, capstan_p
         o->unique = set->unique;
 }
 
+long long capstan_client_cancel(capstan_client_t *c, const char *jid)
+{
+    if (!jid || !*jid) {
+        capstan_seterr(c->err, CAPSTAN_EINVAL, "a jid is needed");
+        return -1;
+    }
+    char *key = capstan__key_dup(CAPSTAN_KEY_ITERATION, jid), now[32], ttl[32];
+    if (!key) {
+        capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
+        return -1;
+    }
+    snprintf(now, sizeof(now), "%lld", (long long)capstan__now());
+    snprintf(ttl, sizeof(ttl), "%d", CAPSTAN_ITERATION_TTL);
+    const char *hsetnx[] = { "HSETNX", key, "cancelled", now }, *hget[] = { "HGET", key, "cancelled" },
+               *expire[] = { "EXPIRE", key, ttl, "NX" };
+    int rc = capstan_redis_ok(c->r) ? 0 : capstan_redis_connect(c->r);
+    if (!rc) rc = capstan_redis_append(c->r, 4, hsetnx, NULL);
+    if (!rc) rc = capstan_redis_append(c->r, 3, hget, NULL);
+    if (!rc) rc = capstan_redis_append(c->r, 4, expire, NULL);
+    free(key);
+    long long at = -1;
+    for (int i = 0; i < 3 && !rc; i++) {
+        redisReply *r = capstan_redis_get_reply(c->r);
+        if (!r)
+            rc = CAPSTAN_EREDIS;
+        else if (r->type == REDIS_REPLY_ERROR)
+            rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: %s", jid, r->str);
+        else if (i == 1 && r->type == REDIS_REPLY_STRING)
+            at = strtoll(r->str, NULL, 10);
+        freeReplyObject(r);
+    }
+    if (rc == CAPSTAN_EREDIS)
+        capstan_seterr(c->err, rc, "cancel %s: %s", jid, capstan_redis_error(c->r));
+    return rc ? -1 : at;
+}
+
 const char *capstan_client_error(const capstan_client_t *c)
 {
     return c->err;

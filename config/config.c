@@ -229,6 +229,7 @@ int capstan_config_validate(capstan_config_t *cfg, char *err)
         { "heartbeat_interval", cfg->heartbeat_interval, 0 },
         { "recovery_interval", cfg->recovery_interval, 0 },
         { "liveness_ttl", cfg->liveness_ttl, 0 },
+        { "max_iteration_runtime", cfg->max_iteration_runtime, 1 },
     };
     for (size_t i = 0; i < sizeof(periods) / sizeof(periods[0]); i++)
         if (!capstan__config_period_ok(periods[i].key, periods[i].zero_ok, periods[i].v)) {
@@ -256,6 +257,7 @@ int capstan_config_validate(capstan_config_t *cfg, char *err)
     const struct { const char *key; double v; } durations[] = {
         { "timeout", cfg->timeout },
         { "startup_timeout", cfg->startup_timeout },
+        { "max_iteration_runtime", cfg->max_iteration_runtime },
         { "dead_timeout_in_seconds", (double)cfg->dead_timeout },
         { "poll_interval_average", cfg->poll_interval_average },
         { "average_scheduled_poll_interval", cfg->average_scheduled_poll_interval },

@@ -610,6 +610,7 @@ static const key_def_t keys[] = {
     {"logfile", set_log_file, 0, 0, 0}, /* Sidekiq 5's spelling */
     {"pidfile", set_pidfile, 0, 0, 0},
     {"heartbeat_interval", set_seconds, OFF(heartbeat_interval), 1, 0},
+    {"max_iteration_runtime", set_seconds, OFF(max_iteration_runtime), 0, 0},
     {"recovery_interval", set_seconds, OFF(recovery_interval), 1, 0},
     {"max_recoveries", set_int, OFF(max_recoveries), 1, INT_MAX},
     {"liveness_ttl", set_seconds, OFF(liveness_ttl), 1, 0},
@@ -637,7 +638,6 @@ static const struct {
     {"daemon", "removed in Sidekiq 6; run capstan under a supervisor"},
     {"capsules", "Sidekiq 7 capsules; capstan runs the top-level queues and concurrency"},
     {"on_complex_arguments", "a Ruby client option"},
-    {"max_iteration_runtime", "Ruby iterable jobs"},
     {"logged_job_attributes", "Ruby logging"},
     {"redis_idle_timeout", "a Ruby client option"},
     {"schedule", "recurring jobs of sidekiq-scheduler or sidekiq-cron"},

@@ -96,6 +96,11 @@ static int class_unique(ctx_t *c, const char *key, const char *oname, yaml_node_
     }
     if (!strcmp(oname, "unique_for"))
         return class_count(c, key, ov, LONG_MAX / 1000, unique_for);
+    if (!strcmp(oname, "max_iteration_runtime")) {
+        if (!(rc = class_count(c, key, ov, 86400 * 365, &n)))
+            cc->max_iteration_runtime = n;
+        return rc;
+    }
     if (!strcmp(oname, "schedule_in")) {
         if (!(rc = class_count(c, key, ov, 86400 * 365, &n)))
             cc->schedule_in = (double)n;

@@ -346,11 +346,17 @@ static int finish_fetch(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_
 static int append_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, size_t len,
                       const capstan_ack_t *ack, int *sent)
 {
-    static const char *modes[] = { "ok", "retry", "dead", "drop", "retry" };
+    static const char *modes[] = { "ok", "retry", "dead", "drop", "retry", "queue" };
     static const char *sets[] = { CAPSTAN_KEY_RETRY, CAPSTAN_KEY_RETRY, CAPSTAN_KEY_DEAD, CAPSTAN_KEY_RETRY,
-                                  CAPSTAN_KEY_SCHEDULE };
-    /* What the job's outcome is to its batch: a reschedule is none. */
-    static const char *outcomes[] = { "s", "f", "d", "f", "" };
+                                  CAPSTAN_KEY_SCHEDULE, NULL };
+    /* What the job's outcome is to its batch: a reschedule or a requeue is
+     * none. */
+    static const char *outcomes[] = { "s", "f", "d", "f", "", "" };
+    /* A requeue's key is its queue's. */
+    char qkey[512];
+    if (ack->kind == CAPSTAN_ACK_REQUEUE)
+        capstan__key(qkey, sizeof(qkey), CAPSTAN_KEY_QUEUE, ack->queue ? ack->queue : "default");
+    const char *set = ack->kind == CAPSTAN_ACK_REQUEUE ? qkey : sets[ack->kind];
     int basic = f->mode == CAPSTAN_FETCH_BASIC;
     int lock = ack->lock_key && ack->lock_jid;
     int batch = ack->bid && ack->lock_jid;
@@ -370,7 +376,7 @@ static int append_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, s
     snprintf(score, sizeof(score), "%.6f", ack->score);
     snprintf(cutoff, sizeof(cutoff), "%.6f", ack->dead_cutoff);
     snprintf(max, sizeof(max), "%ld", ack->dead_max > 0 ? ack->dead_max : 10000);
-    const char *argv[] = { basic ? "" : f->working, sets[ack->kind],
+    const char *argv[] = { basic ? "" : f->working, set,
                            lock ? ack->lock_key : NULL, lock ? CAPSTAN_UNIQUE_DIGESTS : NULL,
                            raw, modes[ack->kind], score,
                            ack->payload ? ack->payload : "", cutoff, max,

@@ -37,6 +37,7 @@ typedef enum {
     CAPSTAN_ACK_DEAD, /* store payload in "dead" at score, trimmed */
     CAPSTAN_ACK_DROP, /* failed, kept nowhere (retry: false) */
     CAPSTAN_ACK_SCHEDULE, /* store payload in "schedule" at score (rescheduled) */
+    CAPSTAN_ACK_REQUEUE, /* push payload to the end of queue:<queue> (interrupted) */
 } capstan_ack_kind_t;
 
 typedef struct capstan_ack {
@@ -49,6 +50,7 @@ typedef struct capstan_ack {
     const char *lock_key; /* "<digest>:LOCKED" whose hold by lock_jid is */
     const char *lock_jid; /*   released with the ack, or NULL; the job's jid */
     const char *bid;      /* the job's batch, moved in the ack's step, or NULL */
+    const char *queue;    /* REQUEUE: the queue's name */
 } capstan_ack_t;
 
 /* A fetched job: payload owned by the caller, queue borrowed from the

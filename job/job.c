@@ -72,6 +72,7 @@ void capstan__job_clear(capstan_job_t *job)
     for (size_t i = 0; i < job->nbacktrace; i++)
         free(job->backtrace[i]);
     free(job->backtrace);
+    capstan__job_iter_free(job);
     memset(job, 0, sizeof(*job));
 }
 

@@ -33,6 +33,9 @@ struct capstan_job {
     char **backtrace;       /* set by capstan_job_set_backtrace, owned */
     size_t nbacktrace;
     const atomic_int *stopping;
+    const atomic_int *quiet;      /* the process goes quiet: iterations stop */
+    double max_iteration_runtime; /* seconds a run may iterate; 0: no limit */
+    struct capstan_iter *iter;    /* iterate.c: the iteration state, once read */
 };
 
 /* Parses payload (ownership moves to job, even on failure) fetched from
@@ -51,6 +54,21 @@ void capstan__job_clear(capstan_job_t *job);
  * is: it then fails with NameError and is retried, as a Ruby process
  * without the class would. */
 void capstan__aj_unwrap(capstan_job_t *job);
+
+/* iterate.c: what became of a run that iterated (capstan/job.h). */
+typedef enum {
+    CAPSTAN_ITERATED_NOT = 0,   /* it did not iterate */
+    CAPSTAN_ITERATED_ALL,       /* it walked everything */
+    CAPSTAN_ITERATED_STOPPED,   /* interrupted: back to its queue */
+    CAPSTAN_ITERATED_CANCELLED, /* cancelled: done */
+} capstan_iterated_t;
+
+/* After the handler returned: a run that iterated and failed flushes its
+ * state (a retry resumes from the cursor); one that walked everything or
+ * was cancelled deletes it-<jid>. Returns what became of the run. */
+capstan_iterated_t capstan__job_iter_end(capstan_job_t *job);
+/* Frees the iteration state (capstan__job_clear calls it). */
+void capstan__job_iter_free(capstan_job_t *job);
 
 /* What happens to a failed job. */
 typedef enum { CAPSTAN_FATE_RETRY = 0, CAPSTAN_FATE_DEAD, CAPSTAN_FATE_DROP } capstan_fate_t;

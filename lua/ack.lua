@@ -6,12 +6,15 @@
 -- double it. With a working list, the failure is written only if the job
 -- was still there: a job requeued at shutdown or recovered from a process
 -- presumed dead is not written a second time by a late ack.
--- KEYS[1] working list ("" with the basic fetch), KEYS[2] retry or dead zset,
+-- KEYS[1] working list ("" with the basic fetch), KEYS[2] retry or dead zset
+-- (or, for "queue", the job's queue list),
 -- KEYS[3] and KEYS[4] (optional) a uniqueness lock "<digest>:LOCKED" and
 -- "uniquejobs:digests": the job's hold on it is released in the same step,
 -- so a lock outlives its job neither after a crash between the two nor
 -- when a late ack finds the job recovered (then the lock stays with it).
--- ARGV[1] payload as fetched, ARGV[2] "ok" | "retry" | "dead" | "drop",
+-- ARGV[1] payload as fetched, ARGV[2] "ok" | "retry" | "dead" | "drop" |
+-- "queue" (an interrupted iterable job: ARGV[4] goes to the end of its
+-- queue, as Sidekiq's re-push puts it),
 -- ARGV[3] zset score, ARGV[4] payload to store,
 -- ARGV[5] dead cutoff score (older entries are trimmed), ARGV[6] dead_max_jobs,
 -- ARGV[7] the jid whose hold on KEYS[3] is released.
@@ -29,10 +32,12 @@ local mode = ARGV[2]
 -- A retry or dead key of another type would refuse the ZADD after the LREM
 -- (a script is not rolled back) and the job would be lost: refuse first,
 -- and the job stays in the working list.
-if mode == 'retry' or mode == 'dead' then
-  local ok, t = fits(KEYS[2], 'zset')
+if mode == 'retry' or mode == 'dead' or mode == 'queue' then
+  local want = mode == 'queue' and 'list' or 'zset'
+  local ok, t = fits(KEYS[2], want)
   if not ok then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is a ' .. t .. ', not a sorted set')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is a ' .. t .. ', not a ' ..
+      (want == 'list' and 'list' or 'sorted set'))
   end
 end
 local removed = 1
@@ -45,6 +50,8 @@ if KEYS[1] ~= '' then
 end
 if mode == 'retry' then
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+elseif mode == 'queue' then
+  redis.call('LPUSH', KEYS[2], ARGV[4])
 elseif mode == 'dead' then
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])

@@ -192,7 +192,7 @@ int capstan_mw_set_field(capstan_mw_t *mw, const char *key, const char *value)
 
 int capstan_mw_dispose(capstan_mw_t *mw, capstan_dispose_t d, double score, const char *payload, size_t len)
 {
-    if (!mw->server || d < CAPSTAN_DISPOSE_DEFAULT || d > CAPSTAN_DISPOSE_KEEP)
+    if (!mw->server || d < CAPSTAN_DISPOSE_DEFAULT || d > CAPSTAN_DISPOSE_REQUEUE)
         return CAPSTAN_EINVAL;
     char *copy = NULL;
     if (payload) {

@@ -508,6 +508,13 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
             "Finished jobs that were no longer in this process's working list when it acked "
             "them: another process recovered them while this one was cut off or frozen, or "
             "they were given back at a hard stop; they may run again." },
+        [CAPSTAN_METRIC_ITERATIONS_INTERRUPTED] = { "capstan_iterations_interrupted_total",
+            "Runs of iterable jobs stopped between two steps (quiet, shutdown or "
+            "max_iteration_runtime) and put back in their queue." },
+        [CAPSTAN_METRIC_ITERATIONS_RESUMED] = { "capstan_iterations_resumed_total",
+            "Runs of iterable jobs that went on from a saved cursor." },
+        [CAPSTAN_METRIC_ITERATIONS_CANCELLED] = { "capstan_iterations_cancelled_total",
+            "Runs of iterable jobs that stopped because the job was cancelled." },
     };
     if (!m)
         return CAPSTAN_EINVAL;

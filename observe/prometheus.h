@@ -32,6 +32,9 @@ typedef enum capstan_metric_counter {
     CAPSTAN_METRIC_BATCHES_DIED,
     CAPSTAN_METRIC_LATE_ACKS,         /* finished jobs no longer in the working
                                          list when acked (taken meanwhile) */
+    CAPSTAN_METRIC_ITERATIONS_INTERRUPTED, /* iterating runs stopped and re-queued */
+    CAPSTAN_METRIC_ITERATIONS_RESUMED, /* iterating runs that went on from a cursor */
+    CAPSTAN_METRIC_ITERATIONS_CANCELLED, /* iterating runs that saw a cancel */
     CAPSTAN_METRIC_COUNTER_COUNT
 } capstan_metric_counter_t;
 

@@ -24,6 +24,8 @@
 #define CAPSTAN_KEY_PROCESSES "processes"   /* set of identities; each a hash */
 #define CAPSTAN_KEY_WORK ":work"            /* identity +: hash of running jobs */
 #define CAPSTAN_KEY_WORKERS ":workers"      /* the same, for Sidekiq 6.4 readers */
+#define CAPSTAN_KEY_ITERATION "it-"         /* + jid: an iterable job's state (Sidekiq 7.3+) */
+#define CAPSTAN_ITERATION_TTL 2592000       /* seconds it-<jid> lives: 30 days, as Sidekiq */
 #define CAPSTAN_KEY_SIGNALS "-signals"      /* identity +: list of signals */
 
 /* ---- sidekiq-unique-jobs v9 ----------------------------------------------- */

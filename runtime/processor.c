@@ -87,17 +87,17 @@ static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_mw_t *mw,
         [CAPSTAN_DISPOSE_DEFAULT] = CAPSTAN_ACK_OK, [CAPSTAN_DISPOSE_DONE] = CAPSTAN_ACK_OK,
         [CAPSTAN_DISPOSE_RETRY] = CAPSTAN_ACK_RETRY, [CAPSTAN_DISPOSE_DEAD] = CAPSTAN_ACK_DEAD,
         [CAPSTAN_DISPOSE_DROP] = CAPSTAN_ACK_DROP, [CAPSTAN_DISPOSE_SCHEDULE] = CAPSTAN_ACK_SCHEDULE,
-        [CAPSTAN_DISPOSE_KEEP] = CAPSTAN_ACK_OK,
+        [CAPSTAN_DISPOSE_KEEP] = CAPSTAN_ACK_OK, [CAPSTAN_DISPOSE_REQUEUE] = CAPSTAN_ACK_REQUEUE,
     };
     int stores = mw->disp == CAPSTAN_DISPOSE_RETRY || mw->disp == CAPSTAN_DISPOSE_DEAD ||
-                 mw->disp == CAPSTAN_DISPOSE_SCHEDULE;
+                 mw->disp == CAPSTAN_DISPOSE_SCHEDULE || mw->disp == CAPSTAN_DISPOSE_REQUEUE;
     return (capstan_ack_t){ .kind = kinds[mw->disp], .score = mw->score,
                         .payload = stores ? (mw->dpayload ? mw->dpayload : job->payload) : NULL,
                         .len = stores ? (mw->dpayload ? mw->dlen : job->len) : 0,
                         .dead_cutoff = capstan__now() - (double)rt->cfg->dead_timeout,
                         .dead_max = rt->cfg->dead_max_jobs,
                         .lock_key = capstan__mw_release_key(mw, mw->disp), .lock_jid = job->jid,
-                        .bid = job->bid };
+                        .bid = job->bid, .queue = job->queue };
 }
 
 /* Runs the fetched job into d: d->active when its ack is still to be

@@ -159,6 +159,37 @@ static void bury(capstan_mw_t *mw, capstan_job_t *job)
     capstan__buf_free(&msg);
 }
 
+/* After an iterating handler (capstan/job.h): an interrupted run goes back
+ * to the end of its queue, same jid, enqueued_at now, as Sidekiq's
+ * re-push does (not through retry: it did not fail); a cancelled or
+ * complete one is done, its state deleted. */
+static void iterated(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
+{
+    capstan_metrics_t *m = capstan__metrics_default();
+    long ex = capstan_job_executions(job);
+    capstan_iterated_t how = capstan__job_iter_end(job);
+    if (how != CAPSTAN_ITERATED_NOT && ex > 1)
+        capstan__metrics_add(m, CAPSTAN_METRIC_ITERATIONS_RESUMED, 1);
+    if (how == CAPSTAN_ITERATED_CANCELLED) {
+        capstan__metrics_add(m, CAPSTAN_METRIC_ITERATIONS_CANCELLED, 1);
+        capstan__log(CAPSTAN_INFO, &run->ctx, "cancelled after %ld executions", ex);
+    }
+    if (how != CAPSTAN_ITERATED_STOPPED)
+        return;
+    capstan__metrics_add(m, CAPSTAN_METRIC_ITERATIONS_INTERRUPTED, 1);
+    char ts[32], *out = NULL;
+    size_t len = 0;
+    capstan__ts_json(ts, capstan__now(), capstan__ts_format_of(job->payload, &job->obj, mw->cfg->timestamps));
+    capstan_field_t set[] = { { "enqueued_at", ts, 0 } };
+    if (capstan__payload_edit(job->payload, &job->obj, set, 1, &out, &len) == 0
+        && capstan_mw_dispose(mw, CAPSTAN_DISPOSE_REQUEUE, 0, out, len) == 0)
+        capstan__log(CAPSTAN_INFO, &run->ctx, "interrupted after %ld executions: back to queue:%s",
+                     ex, job->queue);
+    else /* no memory: it stays in the working list, recovered later */
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+    free(out);
+}
+
 /* The end of the server chain: the handler. */
 static int call_handler(capstan_mw_t *mw, void *udata)
 {
@@ -186,6 +217,7 @@ static int call_handler(capstan_mw_t *mw, void *udata)
         run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);
         if (hrc != 0 && !job->err_class)
             capstan_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
+        iterated(mw, run, job);
     }
     /* A handler may leave replies unread or break the connection; the next
      * fetch notices and reconnects. */
@@ -376,6 +408,10 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     capstan_runtime_t *rt = s->rt;
     job->redis = capstan_redis_ctx(r);
     job->stopping = &rt->stopping;
+    job->quiet = &rt->quiet;
+    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, job->cls);
+    job->max_iteration_runtime = cc && cc->max_iteration_runtime > 0 ? (double)cc->max_iteration_runtime
+                               : rt->cfg->max_iteration_runtime;
     run_t run = { .slot = s, .h = capstan__registry_find(rt, job->cls) };
     run.tags = tags_of(job);
     run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };

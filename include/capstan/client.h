@@ -127,6 +127,14 @@ CAPSTAN_API int capstan_client_commit(capstan_client_t *c);
  * transaction. Returns 0, or CAPSTAN_EINVAL when none is open. */
 CAPSTAN_API int capstan_client_rollback(capstan_client_t *c);
 
+/* Cancels job jid as Sidekiq::Client#cancel! does (Sidekiq 7.3+): marks its
+ * iteration state it-<jid> cancelled, once; an iterating handler
+ * (capstan_job_checkpoint) stops at its next flush, the job ends without
+ * retry and its state goes; any handler may poll capstan_job_cancelled.
+ * Returns the epoch second the job was cancelled at (the first cancel's
+ * when it already was), or -1 (capstan_client_error says why). */
+CAPSTAN_API long long capstan_client_cancel(capstan_client_t *c, const char *jid);
+
 /* The last error's text; valid until the next call. */
 CAPSTAN_API const char *capstan_client_error(const capstan_client_t *c);
 

@@ -61,6 +61,9 @@ typedef struct capstan_class_conf {
      * class's limit declared in C (capstan_class_opts_t) too. */
     int has_max_limiter_reschedules;
     int max_limiter_reschedules;
+    long max_iteration_runtime; /* seconds an iterating run goes on before it
+                                   is interrupted and re-queued; 0 = the
+                                   process's setting */
 } capstan_class_conf_t;
 
 /* TLS settings for a rediss:// URL given apart from it (the file's tls:
@@ -93,6 +96,9 @@ typedef struct capstan_config {
     double poll_interval_average;   /* 0 = scale with process count */
     double average_scheduled_poll_interval; /* default 5 */
     double heartbeat_interval;      /* seconds, default 5 */
+    double max_iteration_runtime;   /* seconds an iterating run (capstan_job_checkpoint)
+                                       goes on before it is interrupted and
+                                       re-queued; 0 = no limit (the default) */
     double recovery_interval;       /* seconds between orphan passes, default 60 */
     int max_recoveries;             /* poison-pill limit, default 3 */
     char **plugins;           /* shared objects to load (-r) */

@@ -115,4 +115,52 @@ CAPSTAN_API const char *capstan_job_error_message(const capstan_job_t *job);
  * return early (failing the job makes it retry later). */
 CAPSTAN_API int capstan_job_stopping(const capstan_job_t *job);
 
+/* ---- Iterable jobs (Sidekiq 7.3+'s Sidekiq::IterableJob) ----------------
+ * A handler that walks many items keeps a cursor in Sidekiq's own hash
+ * it-<jid>, so a deploy, a quiet process or max_iteration_runtime stops it
+ * between two steps and the next run (here or on a Ruby process with the
+ * class) resumes there:
+ *
+ *     const json_t *c = capstan_job_cursor(job);     // NULL the first time
+ *     for (long i = c ? json_integer_value(c) : 0; i < n; i += 100) {
+ *         json_t *at = json_integer(i);
+ *         int go = capstan_job_checkpoint(job, at);  // before each step
+ *         json_decref(at);
+ *         if (go != CAPSTAN_ITER_NEXT)
+ *             return 0;                             // capstan does the rest
+ *         process(i, i + 100);
+ *     }
+ *     return 0;                                     // done: the state goes
+ *
+ * The cursor is the position of the next step (what a resumed run starts
+ * from), any JSON value. Returning 0 after CAPSTAN_ITER_STOP puts the same
+ * payload (same jid) back at the end of its queue, not through retry;
+ * after CAPSTAN_ITER_CANCELLED, or when the handler returns 0 having walked
+ * everything, the job is done and it-<jid> is deleted. A failure keeps the
+ * cursor, so a retry resumes too. */
+enum {
+    CAPSTAN_ITER_NEXT = 0,      /* go on with the step */
+    CAPSTAN_ITER_STOP = 1,      /* return now: the job is interrupted */
+    CAPSTAN_ITER_CANCELLED = 2, /* return now: the job was cancelled */
+};
+
+/* The saved cursor (borrowed from the job), or NULL on the first run. The
+ * first call of this or capstan_job_checkpoint in a run reads the job's
+ * iteration state from Redis and counts this run as one more execution. */
+CAPSTAN_API const json_t *capstan_job_cursor(capstan_job_t *job);
+/* Records cursor (the job keeps a reference; NULL means JSON null) as where
+ * the step about to run starts, and says whether to run it: the process is
+ * going quiet or stopping, or this run passed max_iteration_runtime
+ * (CAPSTAN_ITER_STOP: the state is flushed first), the job was cancelled
+ * (CAPSTAN_ITER_CANCELLED; seen at the first call, then at each flush), or
+ * neither. The state is flushed every 5 seconds, as Sidekiq does. */
+CAPSTAN_API int capstan_job_checkpoint(capstan_job_t *job, json_t *cursor);
+/* How many runs this job has had, this one included (Sidekiq's "ex"); 0
+ * before capstan_job_cursor or capstan_job_checkpoint was called. */
+CAPSTAN_API long capstan_job_executions(const capstan_job_t *job);
+/* Whether someone cancelled this job (Sidekiq::Client#cancel!, `capstan
+ * cancel`, capstan_client_cancel): any handler may poll it between its own
+ * steps. Reads Redis at most once a second. */
+CAPSTAN_API int capstan_job_cancelled(capstan_job_t *job);
+
 #endif

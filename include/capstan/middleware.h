@@ -93,10 +93,12 @@ typedef enum capstan_dispose {
     CAPSTAN_DISPOSE_DROP,    /* failed, kept nowhere */
     CAPSTAN_DISPOSE_SCHEDULE, /* "schedule" zset at score */
     CAPSTAN_DISPOSE_KEEP,    /* leave it in the working list (recovered later) */
+    CAPSTAN_DISPOSE_REQUEUE, /* back to the end of its queue (an interrupted
+                                iterable job), as payload */
 } capstan_dispose_t;
 
 /* Decides the job's fate. payload (copied; NULL = as fetched) is what is
- * stored for RETRY, DEAD and SCHEDULE. Returns 0, CAPSTAN_EINVAL, CAPSTAN_ENOMEM. */
+ * stored for RETRY, DEAD, SCHEDULE and REQUEUE. Returns 0, CAPSTAN_EINVAL, CAPSTAN_ENOMEM. */
 CAPSTAN_API int capstan_mw_dispose(capstan_mw_t *mw, capstan_dispose_t d, double score,
                                    const char *payload, size_t len);
 CAPSTAN_API capstan_dispose_t capstan_mw_disposition(const capstan_mw_t *mw);
