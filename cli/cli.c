@@ -23,6 +23,7 @@ static const struct command {
     { "limits", "rate limiters: list, info NAME (holders, window fill, wait)", capstan__cmd_limits },
     { "top", "live view: queues, processes, throughput, retries/dead, contended locks", capstan__cmd_top },
     { "batch", "batches: status BID, list, delete BID, invalidate BID", capstan__cmd_batch },
+    { "cancel", "cancel jobs as Sidekiq::Client#cancel! does: capstan cancel JID...", capstan__cmd_cancel },
     { "version", "print the version", NULL },
 };
 
