@@ -45,6 +45,42 @@ static int sleep_job(capstan_job_t *job, void *ud)
     return 0;
 }
 
+/* IterateJob [key, n, step, ms]: walks items 0..n-1, step at a time
+ * (default 100), resumable: the cursor is the index of the next step, as a
+ * Ruby Sidekiq::IterableJob walking array_enumerator((0...n/step).to_a)
+ * keeps it. Each step RPUSHes its first item to key:steps and sleeps ms
+ * (default 0); at the end RPUSH key:done "jid-executions". A deploy, a
+ * quiet process or max_iteration_runtime stops it between two steps; the
+ * next run starts at the saved step. */
+static int iterate_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    const char *key = arg_str(job, 0, "capstan:iterate");
+    long n = arg_long(job, 1, 1000), step = arg_long(job, 2, 100), ms = arg_long(job, 3, 0);
+    if (step < 1)
+        return capstan_job_fail(job, "ArgumentError", "step must be at least 1");
+    redisContext *c = capstan_job_redis(job);
+    const json_t *cursor = capstan_job_cursor(job);
+    for (long k = cursor ? (long)json_integer_value(cursor) : 0; k * step < n; k++) {
+        json_t *at = json_integer(k);
+        int go = capstan_job_checkpoint(job, at);
+        json_decref(at);
+        if (go != CAPSTAN_ITER_NEXT)
+            return 0;
+        redisReply *r = redisCommand(c, "RPUSH %s:steps %ld", key, k * step);
+        int ok = r && r->type == REDIS_REPLY_INTEGER;
+        freeReplyObject(r);
+        if (!ok)
+            return capstan_job_fail(job, "Redis::CommandError", "RPUSH %s:steps failed", key);
+        struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+        while (ms > 0 && nanosleep(&ts, &ts) != 0)
+            ;
+    }
+    freeReplyObject(redisCommand(c, "RPUSH %s:done %s-%ld", key, capstan_job_jid(job),
+                                 capstan_job_executions(job)));
+    return 0;
+}
+
 /* FailJob [message, [backtrace lines]]: fails with RuntimeError, with the
  * backtrace when one is given. */
 static int fail_job(capstan_job_t *job, void *ud)
@@ -320,6 +356,7 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     int rc = 0;
     rc |= capstan_register(rt, "NoopJob", noop_job, NULL, &opts);
     rc |= capstan_register(rt, "SleepJob", sleep_job, NULL, &opts);
+    rc |= capstan_register(rt, "IterateJob", iterate_job, NULL, &opts);
     rc |= capstan_register(rt, "FailJob", fail_job, NULL, &opts);
     rc |= capstan_register(rt, "RecordJob", record_job, NULL, &opts);
     rc |= capstan_register(rt, "CrashJob", crash_job, NULL, &opts);
