@@ -700,3 +700,39 @@ Test(cli, run_against_a_cluster_node_exits_78)
     kt_untrack(srv);
     free(dir);
 }
+
+/* A Rails sidekiq.yml with ERB runs as it is: the process Sidekiq's API sees
+ * has the concurrency the environment gave, and a tag it cannot evaluate
+ * stops the start in one line naming the file, line and tag. */
+Test(cli, run_renders_the_erb_of_a_sidekiq_yml)
+{
+    setenv("CAPSTAN_T_THREADS", "3", 1);
+    char *yml = kt_write_file("sidekiq.yml",
+                              "<%# from the environment, as Rails does %>\n"
+                              ":concurrency: <%= ENV.fetch(\"CAPSTAN_T_THREADS\", 5).to_i %>\n"
+                              ":queues:\n  - <%= ENV.fetch('CAPSTAN_T_UNSET_QUEUE') { 'erbq' } %>\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", yml, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
+    char *ident = kt_str("SRANDMEMBER processes");
+    char *info = kt_str("HGET %s info", ident);
+    json_t *j = json_loads(info ? info : "", 0, NULL);
+    cr_assert(j, "%s", info);
+    cr_assert_eq(json_integer_value(json_object_get(j, "concurrency")), 3, "%s", info);
+    json_t *queues = json_object_get(j, "queues");
+    cr_assert(json_array_size(queues) == 1 && !strcmp(json_string_value(json_array_get(queues, 0)), "erbq"),
+              "%s", info);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
+    json_decref(j);
+    free(info);
+    free(ident);
+
+    char *bad = kt_write_file("rails.yml", ":concurrency: 2\n:tag: <%= Rails.application.name %>\n");
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", bad, NULL }, &out), 78, "%s", out);
+    char want[600];
+    snprintf(want, sizeof(want), "capstan: %s:2: unsupported ERB <%%= Rails.application.name %%>\n", bad);
+    cr_assert_str_eq(out, want);
+    free(out);
+    free(bad);
+    free(yml);
+}
