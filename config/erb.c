@@ -31,6 +31,7 @@ typedef struct val {
 /* The expression of one tag being parsed (and, where live, evaluated). */
 typedef struct parse {
     const char *p, *end;
+    int depth;                /* nested expressions, bounded */
     int rc;                   /* 0, CAPSTAN_ECONFIG or CAPSTAN_ENOMEM */
     char why[CAPSTAN_ERRLEN]; /* what Ruby would raise; "" = not supported */
 } parse_t;
@@ -259,6 +260,7 @@ static int str_integer(const char *s, size_t n, long long *out)
 }
 
 static int expr(parse_t *st, int live, val_t *out);
+static int or_expr(parse_t *st, int live, val_t *out);
 
 /* ENV[...] and ENV.fetch(...), after the word ENV. */
 static int env_ref(parse_t *st, int live, val_t *out)
@@ -360,7 +362,7 @@ static int postfix(parse_t *st, int live, val_t *out)
         if (word(st, "to_i")) {
             long long i = out->k == V_INT ? out->i : 0;
             if (live && out->k == V_STR && str_to_i(out->s, &i))
-                return ruby_raise(st, "%s.to_i is out of range", "the value");
+                return ruby_raise(st, "\"%s\".to_i is out of range", out->s);
             val_free(out);
             out->k = V_INT;
             out->i = i;
@@ -382,8 +384,22 @@ static int postfix(parse_t *st, int live, val_t *out)
     return 0;
 }
 
+/* Deeper than any real default needs; a file of "((((" must not exhaust
+ * the stack. */
+#define MAX_NESTING 16
+
 /* a || b: b (evaluated only then) when a is nil. */
 static int expr(parse_t *st, int live, val_t *out)
+{
+    if (st->depth >= MAX_NESTING)
+        return fail(st);
+    st->depth++;
+    int rc = or_expr(st, live, out);
+    st->depth--;
+    return rc;
+}
+
+static int or_expr(parse_t *st, int live, val_t *out)
 {
     if (postfix(st, live, out))
         return -1;

@@ -1035,6 +1035,8 @@ Test(config, erb_it_cannot_evaluate_is_refused_naming_file_line_and_tag)
          "ERB <%= Integer(ENV['CAPSTAN_T_EMPTY']) %>: invalid value for Integer(): \"\""},
         {"concurrency: <%= Integer(ENV['CAPSTAN_T_UNSET']) %>\n", 1,
          "ERB <%= Integer(ENV['CAPSTAN_T_UNSET']) %>: can't convert nil into Integer"},
+        {"tag: <%= ((((((((((((((((((((1)))))))))))))))))))) %>\n", 1,
+         "unsupported ERB <%= ((((((((((((((((((((1)))))))))))))))))))) %>"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         fresh();
