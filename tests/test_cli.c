@@ -204,6 +204,8 @@ Test(cli, the_c_client_writes_registered_and_configured_class_options)
     o.retry = 1;
     o.queue = "low";
     cr_assert_eq(capstan_client_set_class(c, "FailJob", &o), 0);
+    cr_assert_str_eq(capstan_client_class_queue(c, "FailJob"), "low");
+    cr_assert_null(capstan_client_class_queue(c, "NoopJob"), "no queue: a push falls back to default");
     cr_assert_eq(capstan_client_push(c, "FailJob", "[\"x\"]", NULL, jid), 0, "%s", capstan_client_error(c));
     char *payload = kt_str("LINDEX queue:low 0");
     cr_assert(payload && strstr(payload, "\"retry\":1,"), "%s", payload);
@@ -213,6 +215,7 @@ Test(cli, the_c_client_writes_registered_and_configured_class_options)
     char *conf = kt_write_file("client.yml", "classes:\n  FailJob:\n    retry: false\n    queue: q2\n");
     cr_assert_eq(capstan_config_load_file(cfg, conf, err), 0, "%s", err);
     capstan_client_use_config(c, cfg);
+    cr_assert_str_eq(capstan_client_class_queue(c, "FailJob"), "q2");
     cr_assert_eq(capstan_client_push(c, "FailJob", "[]", NULL, jid2), 0, "%s", capstan_client_error(c));
     char *p2 = kt_str("LINDEX queue:q2 0");
     cr_assert(p2 && strstr(p2, "\"retry\":false,"), "%s", p2);
