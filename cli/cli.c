@@ -13,18 +13,20 @@
 static const struct command {
     const char *name;
     const char *summary;                /* one line of the usage */
-    int (*fn)(int argc, char **argv);   /* NULL: run and version, below */
+    int (*fn)(int argc, char **argv);   /* NULL: run, push and version, below */
+    /* run and push: they see the classes the program registers (init) */
+    int (*fn_init)(int argc, char **argv, capstan_plugin_init_fn init);
 } commands[] = {
-    { "run", "process jobs (the default when no command is given)", NULL },
-    { "push", "push a job: capstan push CLASS [ARGS_JSON] [options]", capstan__cmd_push },
-    { "stats", "processed/failed counts, queues, sets, processes, working lists", capstan__cmd_stats },
-    { "locks", "uniqueness locks: list, info, delete, metrics, reap, upgrade", capstan__cmd_locks },
-    { "lock", "run a command under a FIFO lock: capstan lock NAME [options] -- CMD...", capstan__cmd_lock },
-    { "limits", "rate limiters: list, info NAME (holders, window fill, wait)", capstan__cmd_limits },
-    { "top", "live view: queues, processes, throughput, retries/dead, contended locks", capstan__cmd_top },
-    { "batch", "batches: status BID, list, delete BID, invalidate BID", capstan__cmd_batch },
-    { "cancel", "cancel jobs as Sidekiq::Client#cancel! does: capstan cancel JID...", capstan__cmd_cancel },
-    { "version", "print the version", NULL },
+    { "run", "process jobs (the default when no command is given)", NULL, capstan__cmd_run },
+    { "push", "push a job: capstan push CLASS [ARGS_JSON] [options]", NULL, capstan__cmd_push },
+    { "stats", "processed/failed counts, queues, sets, processes, working lists", capstan__cmd_stats, NULL },
+    { "locks", "uniqueness locks: list, info, delete, metrics, reap, upgrade", capstan__cmd_locks, NULL },
+    { "lock", "run a command under a FIFO lock: capstan lock NAME [options] -- CMD...", capstan__cmd_lock, NULL },
+    { "limits", "rate limiters: list, info NAME (holders, window fill, wait)", capstan__cmd_limits, NULL },
+    { "top", "live view: queues, processes, throughput, retries/dead, contended locks", capstan__cmd_top, NULL },
+    { "batch", "batches: status BID, list, delete BID, invalidate BID", capstan__cmd_batch, NULL },
+    { "cancel", "cancel jobs as Sidekiq::Client#cancel! does: capstan cancel JID...", capstan__cmd_cancel, NULL },
+    { "version", "print the version", NULL, NULL },
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -62,8 +64,8 @@ int capstan_main(int argc, char **argv, capstan_plugin_init_fn init)
     const struct command *c = find(cmd);
     if (c && c->fn)
         return c->fn(argc - 1, argv + 1);
-    if (c) /* run */
-        return capstan__cmd_run(argc - 1, argv + 1, init);
+    if (c && c->fn_init)
+        return c->fn_init(argc - 1, argv + 1, init);
     if (cmd[0] == '-')
         return capstan__cmd_run(argc, argv, init); /* flags only: run */
     fprintf(stderr, "capstan: unknown command \"%s\"\n\n", cmd);

@@ -9,7 +9,9 @@
 /* `capstan run`: init, when not NULL, registers the program's own handlers
  * after the plugins' (capstan_main's argument). */
 int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init);
-int capstan__cmd_push(int argc, char **argv);
+/* `capstan push`: init, when not NULL, registers the program's own classes,
+ * whose options a push takes as run's handlers do. */
+int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init);
 int capstan__cmd_stats(int argc, char **argv);
 int capstan__cmd_locks(int argc, char **argv);
 int capstan__cmd_lock(int argc, char **argv);

@@ -149,11 +149,22 @@ static void class_defaults(const capstan_client_t *c, const char *cls, capstan_p
     if (o->retry == CAPSTAN_RETRY_UNSET)
         o->retry = conf && conf->retry != CAPSTAN_RETRY_UNSET ? conf->retry
                  : set ? set->retry : CAPSTAN_RETRY_UNSET;
-    if (!o->queue || !*o->queue)
-        o->queue = conf && conf->queue ? conf->queue : set && set->queue ? set->queue : "default";
+    if (!o->queue || !*o->queue) {
+        const char *q = capstan_client_class_queue(c, cls);
+        o->queue = q ? q : "default";
+    }
     *cc = o->unique ? NULL : conf;
     if (!o->unique && set)
         o->unique = set->unique;
+}
+
+const char *capstan_client_class_queue(const capstan_client_t *c, const char *cls)
+{
+    if (!c || !cls)
+        return NULL;
+    const capstan_class_conf_t *conf = c->cfg ? capstan_config_class(c->cfg, cls) : NULL;
+    const client_class_t *set = find_class(c, cls);
+    return conf && conf->queue ? conf->queue : set && set->queue ? set->queue : NULL;
 }
 
 long long capstan_client_cancel(capstan_client_t *c, const char *jid)

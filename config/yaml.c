@@ -30,10 +30,14 @@
 #define MAX_MERGE_DEPTH 16
 #define MAX_MERGED 1000
 
-static unsigned long line_of(const yaml_node_t *n)
+/* The file's line of a node: its line in the text rendered from the
+ * file's ERB, mapped back. */
+static unsigned long file_line(const capstan_erb_t *erb, size_t mark_line)
 {
-    return (unsigned long)n->start_mark.line + 1;
+    return capstan__erb_line(erb, (unsigned long)mark_line + 1);
 }
+
+#define line_of(n) file_line(c->erb, (n)->start_mark.line)
 
 int capstan__yaml_warn(ctx_t *c, const yaml_node_t *n, const char *key, const char *fmt, ...)
 {
@@ -74,9 +78,6 @@ int capstan__yaml_scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *
     if (v->type != YAML_SCALAR_NODE)
         return capstan__yaml_fail(c, v, key, "%s", want);
     const char *s = text(v);
-    if (strstr(s, "<%"))
-        return capstan__yaml_fail(c, v, key, "ERB (<%%= ... %%>) is not evaluated by capstan; "
-                                         "use ${VAR} or ${VAR:-default}");
     size_t len = v->data.scalar.length;
     char *buf = NULL, *name = NULL;
     size_t blen = 0;
@@ -846,15 +847,13 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
 }
 
 /* libyaml gives only a byte offset for bad encoding; count lines up to it. */
-static unsigned long line_at(FILE *f, size_t offset)
+static unsigned long line_at(const capstan_erb_t *erb, size_t offset)
 {
     unsigned long line = 1;
-    int ch;
-    rewind(f);
-    for (size_t i = 0; i < offset && (ch = getc(f)) != EOF; i++)
-        if (ch == '\n')
+    for (size_t i = 0; i < offset && i < erb->len; i++)
+        if (erb->text[i] == '\n')
             line++;
-    return line;
+    return capstan__erb_line(erb, line);
 }
 
 /* libyaml's loader spends time quadratic in the nesting depth before it
@@ -864,19 +863,19 @@ static unsigned long line_at(FILE *f, size_t offset)
  * which reports them. */
 enum { MAX_DEPTH = 64 };
 
-static int check_depth(FILE *f, const char *path, char *err)
+static int check_depth(const capstan_erb_t *erb, const char *path, char *err)
 {
     yaml_parser_t p;
     yaml_event_t ev;
     int depth = 0, rc = 0, done = 0;
     if (!yaml_parser_initialize(&p))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    yaml_parser_set_input_file(&p, f);
+    yaml_parser_set_input_string(&p, (const unsigned char *)erb->text, erb->len);
     while (!done && !rc && yaml_parser_parse(&p, &ev)) {
         if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
             if (++depth > MAX_DEPTH)
                 rc = capstan_seterr(err, CAPSTAN_ECONFIG, "%s:%lu: nesting deeper than %d levels", path,
-                                    (unsigned long)ev.start_mark.line + 1, MAX_DEPTH);
+                                    file_line(erb, ev.start_mark.line), MAX_DEPTH);
         } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
             depth--;
         } else if (ev.type == YAML_STREAM_END_EVENT) {
@@ -885,15 +884,58 @@ static int check_depth(FILE *f, const char *path, char *err)
         yaml_event_delete(&ev);
     }
     yaml_parser_delete(&p);
-    rewind(f);
     return rc;
+}
+
+/* A config file bigger than this is not one: refuse it rather than read a
+ * device or a log given to -C by mistake into memory. */
+#define MAX_FILE_BYTES (16u << 20)
+
+/* Reads all of f into *out (malloc'd, NUL-terminated) and *len. Returns 0,
+ * CAPSTAN_ENOMEM, or CAPSTAN_ECONFIG for a read error or an oversized file. */
+static int read_all(FILE *f, const char *path, char **out, size_t *len, char *err)
+{
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (cap - n < 4096) {
+            if (cap > MAX_FILE_BYTES) {
+                free(buf);
+                return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: larger than %u MiB, not a config file",
+                                      path, MAX_FILE_BYTES >> 20);
+            }
+            char *p = realloc(buf, cap = cap ? cap * 2 : 8192);
+            if (!p) {
+                free(buf);
+                return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+            }
+            buf = p;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        int e = errno;
+        free(buf);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "%s: %s", path, strerror(e));
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
 }
 
 int capstan_config_load_file(capstan_config_t *cfg, const char *path, char *err)
 {
-    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = capstan_config_environment(cfg)};
+    capstan_erb_t erb = {0};
+    ctx_t c = {.cfg = cfg, .path = path, .err = err, .env = capstan_config_environment(cfg),
+               .erb = &erb};
     yaml_parser_t parser;
     int parser_ready = 0, loaded = 0, rc = 0;
+    char *raw = NULL;
+    size_t raw_len = 0;
     FILE *f = fopen(path, "rb");
     struct stat st;
     if (!f)
@@ -906,7 +948,11 @@ int capstan_config_load_file(capstan_config_t *cfg, const char *path, char *err)
         rc = nomem(&c);
         goto out;
     }
-    if ((rc = check_depth(f, path, err)))
+    /* Sidekiq renders the file's ERB before it reads the YAML; so do we. */
+    if ((rc = read_all(f, path, &raw, &raw_len, err)) ||
+        (rc = capstan__erb_render(path, raw, raw_len, &erb, err)))
+        goto out;
+    if ((rc = check_depth(&erb, path, err)))
         goto out;
     /* libyaml answers 1 for success and 0 for failure. */
     if (!yaml_parser_initialize(&parser)) {
@@ -914,11 +960,11 @@ int capstan_config_load_file(capstan_config_t *cfg, const char *path, char *err)
         goto out;
     }
     parser_ready = 1;
-    yaml_parser_set_input_file(&parser, f);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)erb.text, erb.len);
     if (!yaml_parser_load(&parser, &c.doc)) {
         unsigned long line = parser.error == YAML_READER_ERROR
-                                 ? line_at(f, parser.problem_offset)
-                                 : (unsigned long)parser.problem_mark.line + 1;
+                                 ? line_at(&erb, parser.problem_offset)
+                                 : file_line(&erb, parser.problem_mark.line);
         rc = capstan_seterr(err, CAPSTAN_EPARSE, "%s:%lu: %s", path, line,
                             parser.problem ? parser.problem : "invalid YAML");
         goto out;
@@ -929,7 +975,7 @@ int capstan_config_load_file(capstan_config_t *cfg, const char *path, char *err)
         goto out; /* an empty file changes nothing */
     if (root->type != YAML_MAPPING_NODE) {
         rc = capstan_seterr(err, CAPSTAN_ECONFIG, "%s:%lu: the file must be a mapping of settings",
-                            path, line_of(root));
+                            path, file_line(&erb, root->start_mark.line));
         goto out;
     }
     rc = apply_mapping(&c, root, 1, 0);
@@ -940,6 +986,8 @@ out:
         yaml_document_delete(&c.doc);
     if (parser_ready)
         yaml_parser_delete(&parser);
+    capstan__erb_clear(&erb);
+    free(raw);
     fclose(f);
     return rc;
 }

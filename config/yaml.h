@@ -13,6 +13,7 @@
 #include <yaml.h>
 
 #include "capstan/config.h"
+#include "config/erb.h"
 
 typedef struct ctx {
     capstan_config_t *cfg;
@@ -21,6 +22,7 @@ typedef struct ctx {
     const char *env; /* environment whose section applies */
     char *err;
     unsigned merged; /* mappings merged in with << so far */
+    const capstan_erb_t *erb; /* the rendered file, whose lines map to the file's */
 } ctx_t;
 
 typedef struct key_def key_def_t;
@@ -46,8 +48,8 @@ int capstan__yaml_warn(ctx_t *c, const yaml_node_t *n, const char *key, const ch
 
 /* Copies a scalar's text into *out (owned by the caller) with ${VAR} and
  * ${VAR:-default} replaced from the environment. want is the problem to
- * report when v is not a scalar. ERB (<%= %>) is an error: it is not
- * evaluated here, and taken literally it would be a wrong value. */
+ * report when v is not a scalar. (ERB was rendered before the YAML was
+ * read: config/erb.h.) */
 int capstan__yaml_scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *want,
                          char **out);
 

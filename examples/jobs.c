@@ -350,9 +350,22 @@ static int segfault_job(capstan_job_t *job, void *ud)
     return 0;
 }
 
+/* DigestJob's lock: one job per args until it has run. Static, because the
+ * runtime (and a client that takes the class's options) keeps a pointer. */
+static capstan_unique_opts_t digest_lock = CAPSTAN_UNIQUE_OPTS_INIT;
+
 __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t *rt)
 {
     capstan_class_opts_t opts = CAPSTAN_CLASS_OPTS_INIT;
+    /* DigestJob [key]: RecordJob's work with class options, as a Ruby
+     * worker's sidekiq_options (queue "digests", 3 retries, until_executed):
+     * `capstan push -r` and capstan_client_use_runtime write them into the
+     * payload. */
+    capstan_class_opts_t digest = CAPSTAN_CLASS_OPTS_INIT;
+    digest_lock.lock = CAPSTAN_LOCK_UNTIL_EXECUTED;
+    digest.queue = "digests";
+    digest.retry = 3;
+    digest.unique = &digest_lock;
     int rc = 0;
     rc |= capstan_register(rt, "NoopJob", noop_job, NULL, &opts);
     rc |= capstan_register(rt, "SleepJob", sleep_job, NULL, &opts);
@@ -369,5 +382,6 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "BatchCallbackJob", batch_callback_job, NULL, &opts);
     rc |= capstan_register(rt, "ReopenJob", reopen_job, NULL, &opts);
     rc |= capstan_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
+    rc |= capstan_register(rt, "DigestJob", record_job, NULL, &digest);
     return rc;
 }

@@ -1,5 +1,5 @@
-/* The capstan.yml loader: any file loads or is refused with one
- * "path:line: ..." message, and a loaded config passes or fails
+/* The capstan.yml loader, its ERB rendering included: any file loads or is
+ * refused with one "path:line: ..." message, and a loaded config passes or fails
  * capstan_config_validate cleanly. The loader reads a path, so each input is
  * written over one temporary file. */
 #include <stdint.h>
@@ -27,9 +27,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fd = mkstemp(path);
         CHECK(fd >= 0);
         atexit(remove_file);
-        /* ${VAR} references expand: one set, one empty, others unset. */
+        /* ${VAR} references and ERB's ENV expand: one set, one empty,
+         * one an integer, others unset. */
         setenv("CAPSTAN_FUZZ_SET", "redis://127.0.0.1:6379/1", 1);
         setenv("CAPSTAN_FUZZ_EMPTY", "", 1);
+        setenv("CAPSTAN_FUZZ_INT", " 0x1_f ", 1);
     }
     CHECK(ftruncate(fd, 0) == 0);
     CHECK(pwrite(fd, data, size, 0) == (ssize_t)size);

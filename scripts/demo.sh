@@ -30,12 +30,14 @@ fi
 
 capstan=build/capstan
 echo "pushing example jobs"
-for i in 1 2 3; do $capstan push NoopJob "[$i]" >/dev/null; done
-$capstan push SleepJob '[1500]' >/dev/null
+# -q default: the example classes have no queue of their own, which push
+# would warn about.
+for i in 1 2 3; do $capstan push NoopJob "[$i]" -q default >/dev/null; done
+$capstan push SleepJob '[1500]' -q default >/dev/null
 $capstan push RecordJob '["demo:records"]' -q critical >/dev/null
-$capstan push FailJob '["this one fails and is retried"]' --retry 1 >/dev/null
-$capstan push RecordJob '["demo:records"]' --in 3 >/dev/null
-$capstan push NoSuchJob '[]' --retry false >/dev/null
+$capstan push FailJob '["this one fails and is retried"]' --retry 1 -q default >/dev/null
+$capstan push RecordJob '["demo:records"]' --in 3 -q default >/dev/null
+$capstan push NoSuchJob '[]' --retry false -q default >/dev/null
 
 echo "running: $capstan run -C examples/capstan.yml (Ctrl-C to stop)"
 if [ -n "${DEMO_SECONDS:-}" ]; then

@@ -204,6 +204,8 @@ Test(cli, the_c_client_writes_registered_and_configured_class_options)
     o.retry = 1;
     o.queue = "low";
     cr_assert_eq(capstan_client_set_class(c, "FailJob", &o), 0);
+    cr_assert_str_eq(capstan_client_class_queue(c, "FailJob"), "low");
+    cr_assert_null(capstan_client_class_queue(c, "NoopJob"), "no queue: a push falls back to default");
     cr_assert_eq(capstan_client_push(c, "FailJob", "[\"x\"]", NULL, jid), 0, "%s", capstan_client_error(c));
     char *payload = kt_str("LINDEX queue:low 0");
     cr_assert(payload && strstr(payload, "\"retry\":1,"), "%s", payload);
@@ -213,6 +215,7 @@ Test(cli, the_c_client_writes_registered_and_configured_class_options)
     char *conf = kt_write_file("client.yml", "classes:\n  FailJob:\n    retry: false\n    queue: q2\n");
     cr_assert_eq(capstan_config_load_file(cfg, conf, err), 0, "%s", err);
     capstan_client_use_config(c, cfg);
+    cr_assert_str_eq(capstan_client_class_queue(c, "FailJob"), "q2");
     cr_assert_eq(capstan_client_push(c, "FailJob", "[]", NULL, jid2), 0, "%s", capstan_client_error(c));
     char *p2 = kt_str("LINDEX queue:q2 0");
     cr_assert(p2 && strstr(p2, "\"retry\":false,"), "%s", p2);
@@ -699,4 +702,154 @@ Test(cli, run_against_a_cluster_node_exits_78)
     waitpid(srv, NULL, 0);
     kt_untrack(srv);
     free(dir);
+}
+
+/* A Rails sidekiq.yml with ERB runs as it is: the process Sidekiq's API sees
+ * has the concurrency the environment gave, and a tag it cannot evaluate
+ * stops the start in one line naming the file, line and tag. */
+Test(cli, run_renders_the_erb_of_a_sidekiq_yml)
+{
+    setenv("CAPSTAN_T_THREADS", "3", 1);
+    char *yml = kt_write_file("sidekiq.yml",
+                              "<%# from the environment, as Rails does %>\n"
+                              ":concurrency: <%= ENV.fetch(\"CAPSTAN_T_THREADS\", 5).to_i %>\n"
+                              ":queues:\n  - <%= ENV.fetch('CAPSTAN_T_UNSET_QUEUE') { 'erbq' } %>\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", yml, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
+    char *ident = kt_str("SRANDMEMBER processes");
+    char *info = kt_str("HGET %s info", ident);
+    json_t *j = json_loads(info ? info : "", 0, NULL);
+    cr_assert(j, "%s", info);
+    cr_assert_eq(json_integer_value(json_object_get(j, "concurrency")), 3, "%s", info);
+    json_t *queues = json_object_get(j, "queues");
+    cr_assert(json_array_size(queues) == 1 && !strcmp(json_string_value(json_array_get(queues, 0)), "erbq"),
+              "%s", info);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
+    json_decref(j);
+    free(info);
+    free(ident);
+
+    char *bad = kt_write_file("rails.yml", ":concurrency: 2\n:tag: <%= Rails.application.name %>\n");
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", bad, NULL }, &out), 78, "%s", out);
+    char want[600];
+    snprintf(want, sizeof(want), "capstan: %s:2: unsupported ERB <%%= Rails.application.name %%>\n", bad);
+    cr_assert_str_eq(out, want);
+    free(out);
+    free(bad);
+    free(yml);
+}
+
+/* push -r loads a plugin as run does and takes the options its classes are
+ * registered with (the example plugin's DigestJob: queue digests, retry 3,
+ * an until_executed lock, taken through the client middleware), quietly. */
+Test(cli, push_with_a_plugin_takes_its_registered_class_options)
+{
+    const char *plugin = getenv("CAPSTAN_PLUGIN");
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-r", plugin, "DigestJob", "[1]", NULL }, &out), 0,
+                 "%s", out);
+    cr_assert_eq(strlen(out), 25, "the jid alone, no warning: %s", out);
+    char *payload = kt_str("LINDEX queue:digests 0");
+    cr_assert(payload && strstr(payload, "\"retry\":3,") && strstr(payload, "\"queue\":\"digests\"") &&
+                  strstr(payload, "\"lock\":\"until_executed\"") && strstr(payload, first_line(out)),
+              "%s", payload);
+    cr_assert_eq(kt_int("SISMEMBER queues digests"), 1);
+    free(out);
+    /* The class's lock, through the client middleware: the same args again
+     * are denied (exit 3), other args pass. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "DigestJob", "[1]", "--require", plugin, NULL }, &out),
+                 3, "%s", out);
+    cr_assert(strstr(out, "denied"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-r", plugin, "DigestJob", "[2]", NULL }, &out), 0,
+                 "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:digests"), 2);
+    /* The config's classes: section comes first, as on the server; a
+     * plugins: entry in it is loaded as run loads it. */
+    char yml[1024];
+    snprintf(yml, sizeof(yml), "plugins: [%s]\nclasses:\n  DigestJob:\n    retry: 1\n", plugin);
+    char *conf = kt_write_file("plugins.yml", yml);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-C", conf, "DigestJob", "[3]", NULL }, &out), 0,
+                 "%s", out);
+    free(out);
+    free(payload);
+    payload = kt_str("LINDEX queue:digests 0");
+    cr_assert(payload && strstr(payload, "\"retry\":1,") && strstr(payload, "\"lock\":\"until_executed\""),
+              "%s", payload);
+    /* A plugin that cannot be loaded is a configuration error, pushing
+     * nothing. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-r", "/nonexistent/plugin.so", "DigestJob", "[4]",
+                                                  NULL }, &out), 78, "%s", out);
+    cr_assert(strstr(out, "cannot load plugin /nonexistent/plugin.so"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:digests"), 3);
+    free(payload);
+    free(conf);
+}
+
+/* A class without a queue goes to "default", where a Ruby process of a
+ * mixed fleet may take it: push says so on stderr, after the jid, naming
+ * the class and how to give it one. Not when the queue was chosen. */
+Test(cli, push_warns_when_a_class_without_a_queue_falls_back_to_default)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-r", getenv("CAPSTAN_PLUGIN"), "NoopJob", NULL }, &out),
+                 0, "%s", out);
+    char *warning = strchr(out, '\n');
+    cr_assert(warning && strstr(warning, "capstan push: warning: NoopJob has no queue") &&
+                  strstr(warning, "\"default\"") && strstr(warning, "-q QUEUE") &&
+                  strstr(warning, "plugin") && strstr(warning, "classes:"),
+              "%s", out);
+    cr_assert_eq(strchr(warning + 1, '\n'), warning + strlen(warning) - 1, "one line: %s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1);
+    /* Without the plugin, DigestJob has no queue either. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "DigestJob", "[1]", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "warning: DigestJob has no queue"), "%s", out);
+    free(out);
+    /* A queue given by -q (even "default") or the config: no warning. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "-q", "default", NULL }, &out), 0, "%s", out);
+    cr_assert_eq(strlen(out), 25, "%s", out);
+    free(out);
+    char *conf = kt_write_file("queued.yml", "classes:\n  NoopJob:\n    queue: noops\n");
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", "-C", conf, NULL }, &out), 0, "%s", out);
+    cr_assert_eq(strlen(out), 25, "%s", out);
+    free(out);
+    free(conf);
+    cr_assert_eq(kt_int("LLEN queue:default"), 3);
+    cr_assert_eq(kt_int("LLEN queue:noops"), 1);
+}
+
+/* push -e ENV reads the file's ENV section, as run -e does, and RAILS_ENV
+ * chooses it when -e is not given. */
+Test(cli, push_reads_the_environment_section_as_run_does)
+{
+    unsetenv("APP_ENV");
+    unsetenv("RAILS_ENV");
+    unsetenv("RACK_ENV");
+    char *conf = kt_write_file("envs.yml", "classes:\n  FailJob:\n    queue: devq\n"
+                                           "production:\n  classes:\n    FailJob:\n      queue: prodq\n"
+                                           "      retry: 2\n");
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-C", conf, "FailJob", NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:devq"), 1);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-C", conf, "-e", "production", "FailJob", NULL }, &out),
+                 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", "--environment=production", "-C", conf, NULL },
+                                &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:prodq"), 2);
+    char *payload = kt_str("LINDEX queue:prodq 0");
+    cr_assert(payload && strstr(payload, "\"retry\":2,"), "%s", payload);
+    free(payload);
+    setenv("RAILS_ENV", "production", 1);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-C", conf, "FailJob", NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:prodq"), 3);
+    cr_assert_eq(kt_int("LLEN queue:devq"), 1);
+    free(conf);
 }

@@ -943,10 +943,107 @@ Test(config, unknown_redis_option_suggests_and_target_options_are_errors)
                   "(redis://[user:password@]host:port/db)");
 }
 
-Test(config, erb_value_says_erb_is_not_evaluated)
+/* A Rails sidekiq.yml reads the environment through ERB, which Sidekiq
+ * renders before the YAML: each form such files use gives what Ruby gives. */
+Test(config, erb_reads_the_environment_as_ruby_does)
 {
-    cr_assert_eq(load("concurrency: 5\ntag: <%= ENV['APP'] %>\n"), CAPSTAN_ECONFIG);
-    assert_err(2, "tag: ERB (<%= ... %>) is not evaluated by capstan; use ${VAR} or ${VAR:-default}");
+    setenv("CAPSTAN_T_CONC", "12", 1);
+    setenv("CAPSTAN_T_EMPTY", "", 1);
+    cr_assert_eq(load("concurrency: <%= ENV[\"CAPSTAN_T_CONC\"] %>\n"
+                      "tag: <%= ENV['CAPSTAN_T_CONC'] %>x\n"
+                      "labels:\n"
+                      "  - <%= ENV.fetch(\"CAPSTAN_T_UNSET\", \"dflt\") %>\n"
+                      "  - <%= ENV.fetch('CAPSTAN_T_CONC', 3) %>\n"                     /* 5 */
+                      "  - <%= ENV.fetch(\"CAPSTAN_T_UNSET\") { 'blk' } %>\n"
+                      "  - <%= ENV.fetch(\"CAPSTAN_T_UNSET\", 5).to_i %>\n"
+                      "  - <%= Integer(ENV[\"CAPSTAN_T_CONC\"]) %>\n"
+                      "  - \"[<%= ENV.fetch(\"CAPSTAN_T_UNSET\", nil) %>]\"\n"
+                      "  - <%= ENV[\"CAPSTAN_T_UNSET\"] || 'or' %>\n"                   /* 10 */
+                      "  - <%= ENV.fetch( 'CAPSTAN_T_UNSET' , -1_000 ) %>\n"
+                      "  - <%= Integer(ENV.fetch(\"CAPSTAN_T_UNSET\", \"0x1A\")) %>\n"
+                      "  - <%= ENV[\"CAPSTAN_T_EMPTY\"].to_i %>\n"
+                      "  - \"[<%= ENV['CAPSTAN_T_EMPTY'] || 'not nil' %>]\"\n"
+                      "  - <%= ENV.fetch(\"CAPSTAN_T_CONC\") { ENV.fetch(\"CAPSTAN_T_UNSET\") } %>\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 12);
+    cr_assert_str_eq(cfg->tag, "12x");
+    const char *want[] = {"dflt", "12", "blk", "5", "12", "[]", "or", "-1000", "26", "0",
+                          "[]", "12"};
+    cr_assert_eq(cfg->nlabels, sizeof(want) / sizeof(want[0]));
+    for (size_t i = 0; i < cfg->nlabels; i++)
+        cr_assert_str_eq(cfg->labels[i], want[i], "label %zu", i);
+}
+
+/* <%# %> comments, Ruby comments in code tags and the -%> / <%- trimming
+ * render as Sidekiq's ERB (trim_mode "-") does, and an error further down
+ * still names the line of the file, not of the rendered text. */
+Test(config, erb_comments_and_trimming_keep_file_lines)
+{
+    setenv("CAPSTAN_T_CONC", "7", 1);
+    cr_assert_eq(load("<%# threads come from the environment %>\n"
+                      "concurrency: <%= ENV.fetch(\"CAPSTAN_T_CONC\", 5) -%>\n"
+                      "\n"
+                      "<%- # a code comment -%>\n"
+                      "  <%- # indented, dropped with its line -%>\n"                   /* 5 */
+                      "tag: t<%# inline %>\n"
+                      "labels: [\"<%%= literal %>\"]\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 7);
+    cr_assert_str_eq(cfg->tag, "t");
+    cr_assert_eq(cfg->nlabels, 1);
+    cr_assert_str_eq(cfg->labels[0], "<%= literal %>");
+    fresh();
+    cr_assert_eq(load("<%#\n  a comment\n  on lines\n%>\n"
+                      "concurrency: <%= ENV.fetch(\"CAPSTAN_T_CONC\", 5) %>\n"           /* 5 */
+                      "<%- # dropped -%>\n"
+                      "tag: x\n"
+                      "concurrncy: 3\n"),
+                 CAPSTAN_ECONFIG);
+    assert_err(8, "concurrncy: unknown key; did you mean concurrency?");
+    fresh();
+    cr_assert_eq(load("<%- # dropped -%>\nconcurrency: [1\n"), CAPSTAN_EPARSE);
+    cr_assert(strncmp(err, path, strlen(path)) == 0 && strstr(err, ":3: "), "%s", err);
+}
+
+/* A value taken from the environment is data: ERB in it is not rendered. */
+Test(config, erb_in_an_environment_value_is_kept_as_it_is)
+{
+    setenv("CAPSTAN_T_CONC", "<%= Rails.env %>", 1);
+    cr_assert_eq(load("tag: '<%= ENV[\"CAPSTAN_T_CONC\"] %>'\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg->tag, "<%= Rails.env %>");
+}
+
+/* Anything else is Ruby capstan cannot run: refused with one line naming
+ * the file, the line and the tag, rather than a value guessed wrong. */
+Test(config, erb_it_cannot_evaluate_is_refused_naming_file_line_and_tag)
+{
+    static const struct { const char *yaml; int line; const char *rest; } cases[] = {
+        {"concurrency: 5\ntag: <%= Rails.env %>\n", 2, "unsupported ERB <%= Rails.env %>"},
+        {"<% if ENV['X'] %>\nconcurrency: 5\n<% end %>\n", 1, "unsupported ERB <% if ENV['X'] %>"},
+        {"tag: <%= `hostname`.strip %>\n", 1, "unsupported ERB <%= `hostname`.strip %>"},
+        {"tag: <%= ENV[\"CAPSTAN_T_CONC\"].upcase %>\n", 1,
+         "unsupported ERB <%= ENV[\"CAPSTAN_T_CONC\"].upcase %>"},
+        {"tag: \"<%= \"#{ENV['A']}\" %>\"\n", 1, "unsupported ERB <%= \"#{ENV['A']}\" %>"},
+        {"concurrency: <%= ENV.fetch('CAPSTAN_T_CONC', 2.5) %>\n", 1,
+         "unsupported ERB <%= ENV.fetch('CAPSTAN_T_CONC', 2.5) %>"},
+        {"a: 1\n\ntag: <%= ENV['CAPSTAN_T_CONC']\n", 3,
+         "unterminated ERB tag <%= ENV['CAPSTAN_T_CONC'] "},
+        {"<%#\n%>\ntag: <%= ENV.fetch(\"CAPSTAN_T_UNSET\") %>\n", 3,
+         "ERB <%= ENV.fetch(\"CAPSTAN_T_UNSET\") %>: key not found: \"CAPSTAN_T_UNSET\" "
+         "(the environment variable is not set)"},
+        {"concurrency: <%= Integer(ENV['CAPSTAN_T_EMPTY']) %>\n", 1,
+         "ERB <%= Integer(ENV['CAPSTAN_T_EMPTY']) %>: invalid value for Integer(): \"\""},
+        {"concurrency: <%= Integer(ENV['CAPSTAN_T_UNSET']) %>\n", 1,
+         "ERB <%= Integer(ENV['CAPSTAN_T_UNSET']) %>: can't convert nil into Integer"},
+        {"tag: <%= ((((((((((((((((((((1)))))))))))))))))))) %>\n", 1,
+         "unsupported ERB <%= ((((((((((((((((((((1)))))))))))))))))))) %>"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        fresh();
+        setenv("CAPSTAN_T_EMPTY", "", 1);
+        cr_assert_eq(load(cases[i].yaml), CAPSTAN_ECONFIG, "case %zu: %s", i, err);
+        assert_err(cases[i].line, cases[i].rest);
+    }
 }
 
 Test(config, missing_or_unreadable_file_given_to_C_is_a_config_error)

@@ -80,6 +80,12 @@ CAPSTAN_API int capstan_client_set_class(capstan_client_t *c, const char *cls,
  * borrowed and must outlive c; NULL stops. */
 CAPSTAN_API void capstan_client_use_config(capstan_client_t *c, const capstan_config_t *cfg);
 
+/* The queue a push of cls goes to when the push names none: the classes:
+ * section's (capstan_client_use_config), else capstan_client_set_class's;
+ * NULL when neither gives one (the push then goes to "default"). Borrowed:
+ * valid while those options are. */
+CAPSTAN_API const char *capstan_client_class_queue(const capstan_client_t *c, const char *cls);
+
 /* Both at once from a runtime: the options its classes were registered
  * with and its configuration's classes: section. rt must outlive c. This
  * is how a handler's own client pushes jobs of the runtime's classes.
