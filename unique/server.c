@@ -53,16 +53,24 @@ static int conflict(capstan_mw_t *mw, const capstan_unique_spec_t *s, const char
     case CAPSTAN_CONFLICT_REJECT:
         capstan_warn("Rejecting job with id (%s) to the dead set because lock_digest: (%s) %s",
                      mw->jid, s->digest, what);
+        /* The error is what its dead-set entry and the death hooks show
+         * (the server chain writes it into the entry); the job did not
+         * run, so it is neither processed nor failed. */
+        mw->skipped = "rejected";
+        capstan_job_fail(mw->job, CAPSTAN_UNIQUE_REJECTED, "%s lock_digest %s %s (on_conflict: reject)",
+                         capstan_lock_type_name(s->type), s->digest, what);
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DEAD, capstan__now(), NULL, 0);
     case CAPSTAN_CONFLICT_RESCHEDULE: {
         double in = s->schedule_in > 0 ? s->schedule_in : 5;
         capstan_info("Rescheduling job with id (%s) in %.0fs because lock_digest: (%s) %s",
                      mw->jid, in, s->digest, what);
+        mw->skipped = "rescheduled";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_SCHEDULE, capstan__now() + in, NULL, 0);
     }
     default:
         capstan_warn("Skipping job with id (%s) because lock_digest: (%s) %s",
                      mw->jid, s->digest, what);
+        mw->skipped = "skipped";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
     }
 }
