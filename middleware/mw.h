@@ -37,8 +37,9 @@ struct capstan_mw {
     capstan_dispose_t disp;      /* server outcome */
     const char *skipped;         /* server: why the handler was not run though
                                     the job is finished ("rejected",
-                                    "skipped", "rescheduled"; static), or
-                                    NULL: it is not counted as processed */
+                                    "skipped", "rescheduled", "expired";
+                                    static), or NULL: it is not counted as
+                                    processed */
     double score;
     char *dpayload;              /* owned */
     size_t dlen;

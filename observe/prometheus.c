@@ -417,8 +417,8 @@ static int render_skipped(capstan_buf_t *b, const series_t *s, size_t n)
     const char *name = "capstan_jobs_skipped_total";
     int rc = family(b, name, "counter",
                     "Jobs finished without their handler running, by class and reason: "
-                    "rejected, skipped or rescheduled by a uniqueness conflict; not in "
-                    "capstan_jobs_processed_total.");
+                    "rejected, skipped or rescheduled by a uniqueness conflict, or expired "
+                    "(expires_at passed); not in capstan_jobs_processed_total.");
     for (size_t i = 0; i < n && !rc; i++) {
         if (s[i].kind != K_SKIP)
             continue;

@@ -1,5 +1,6 @@
 /* The server chain a job runs through: the built-in middleware ("stats",
- * "retry", "unique", "limit"), those a plugin adds, and at its end the handler. */
+ * "retry", "expiry", "unique", "limit"), those a plugin adds, and at its end
+ * the handler. */
 #include "runtime/rt.h"
 
 #include <pthread.h>
@@ -18,6 +19,7 @@
 #include "runtime/feed.h"
 #include "runtime/slot.h"
 #include "unique/prelock.h"
+#include "unique/server.h"
 #include "locks/limit_mw.h"
 
 /* Per-job state of the built-in server middleware. */
@@ -83,8 +85,8 @@ static void batch_callback_latency(const capstan_job_t *job)
 
 /* "stats": the start/done/fail log lines and the processed/failed counts,
  * around everything else so they see the final outcome. A job finished
- * without its handler running (mw->skipped: a uniqueness conflict) is
- * logged by what happened to it and counted apart, neither
+ * without its handler running (mw->skipped: a uniqueness conflict, or
+ * expired) is logged by what happened to it and counted apart, neither
  * processed nor failed. */
 static int stats_mw(capstan_mw_t *mw, void *udata)
 {
@@ -180,6 +182,25 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     return rc;
 }
 
+/* "expiry": a job whose expires_at (capstan__job_expires_at) has passed
+ * is done with, its handler not run: no retry, not dead, a success to its
+ * batch (the ack moves it as one), its uniqueness lock released as after
+ * a run. Before "unique" and "limit", so it takes no lock or slot. */
+static int expiry_mw(capstan_mw_t *mw, void *udata)
+{
+    (void)udata;
+    run_t *run = mw->priv;
+    capstan_job_t *job = mw->job;
+    double at = capstan__job_expires_at(job), late = at > 0 ? capstan__now() - at : 0;
+    if (!(late > 0))
+        return capstan_mw_next(mw);
+    capstan__log(CAPSTAN_INFO, run ? &run->ctx : NULL, "expired %.3fs ago (expires_at %.3f): dropped, not run",
+                 late, at);
+    mw->skipped = "expired";
+    capstan__unique_server_skip(mw);
+    return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
+}
+
 /* The end of the server chain: the handler. */
 static int call_handler(capstan_mw_t *mw, void *udata)
 {
@@ -221,6 +242,7 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
         return rt->server_chain;
     capstan_chain_t *c = capstan_chain_new();
     if (!c || capstan_chain_add(c, "stats", stats_mw, rt) || capstan_chain_add(c, "retry", retry_mw, rt) ||
+        capstan_chain_add(c, "expiry", expiry_mw, NULL) ||
         capstan_chain_add(c, "unique", capstan_unique_server_mw, NULL) ||
         capstan_chain_add(c, "limit", capstan__limit_mw, NULL)) {
         capstan_chain_free(c);
@@ -433,12 +455,15 @@ size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const caps
     capstan_mw_t *pm[n];
     size_t m = 0;
     memset(jobs, 0, n * sizeof(*jobs));
-    /* A job that does not parse or has no handler ends the run. */
+    /* A job that does not parse, has no handler, or has expired (or will
+     * within the second the run may take) ends the run: an expired job
+     * must take no lock. */
     for (; m < n; m++) {
         char err[CAPSTAN_ERRLEN];
         int bad = capstan__job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
         const capstan_handler_entry_t *h = bad ? NULL : capstan__registry_find(s->rt, jobs[m].cls);
-        if (!h) {
+        double exp = h ? capstan__job_expires_at(&jobs[m]) : 0;
+        if (!h || (exp > 0 && exp < capstan__now() + 1)) {
             jobs[m].payload = NULL; /* the caller's */
             capstan__job_clear(&jobs[m]);
             break;

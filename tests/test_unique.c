@@ -376,6 +376,31 @@ Test(unique, server_strategies_reject_reschedule_log_raise)
         free(jids[i]);
 }
 
+/* A job that expired before its turn does not run, and the lock it holds
+ * goes as after a run: until_executed's, and until_and_while_executing's
+ * until-lock. */
+Test(unique, an_expired_job_releases_its_lock_as_after_a_run)
+{
+    char *d1 = ruby_digest("RecordJob", "default", "[\"xl\"]");
+    char *d2 = ruby_digest("RecordJob", "default", "[\"xw\"]");
+    char *j1 = NULL, *j2 = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"xl\"]", "--lock", "until_executed",
+                                        "--expires-in", "0.001", NULL }, &j1), 0, "%s", j1);
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"xw\"]", "--lock", "until_and_while_executing",
+                                        "--expires-in", "0.001", NULL }, &j2), 0, "%s", j2);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d1, j1), 1);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d2, j2), 1);
+    kt_sleep(0.01);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 && kt_int("EXISTS %s:LOCKED", d1) == 0
+                            && kt_int("EXISTS %s:LOCKED", d2) == 0, 15), "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    cr_assert_eq(kt_int("SCARD xl") + kt_int("SCARD xw"), 0, "neither ran");
+    cr_assert_eq(kt_int("EXISTS %s:RUN:LOCKED", d2), 0, "no runtime lock was taken");
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0);
+    free(d1); free(d2); free(j1); free(j2);
+}
+
 /* The dead-set entry of a rejected duplicate, as Sidekiq's API (and so its
  * Dead page) reads it: the class, and the error that says why. */
 KT_SIDEKIQ_TEST(unique, a_rejected_duplicate_shows_its_error_in_sidekiqs_dead_set)

@@ -264,6 +264,35 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
     return rc;
 }
 
+void capstan__unique_server_skip(capstan_mw_t *mw)
+{
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_unique_spec_t s;
+    if (mw->prelock && mw->prelock->spec) {
+        s = *mw->prelock->spec;
+        free(mw->prelock->spec);
+        mw->prelock->spec = NULL;
+    } else if (capstan_unique__resolve(mw, &s, 1, err)) {
+        capstan_warn("%s %s: uniqueness skipped: %s", mw->cls, mw->jid, err);
+        return;
+    }
+    int lr, released;
+    if (prelocked(mw, &s, &lr, &released, err)) {
+        /* Its runtime lock was taken ahead (and until_and_while_executing's
+         * until-lock let go in the same call): the ack gives it back. */
+        if (lr == CAPSTAN_LOCK_ACQUIRED || lr == CAPSTAN_LOCK_REENTERED) {
+            capstan_unique__key(mw->release_key, sizeof(mw->release_key), s.digest, 1, CAPSTAN_KEY_LOCKED);
+            mw->release_runtime = 1;
+            mw->release_type = (int)s.type;
+        }
+    } else if (s.type == CAPSTAN_LOCK_UNTIL_EXECUTED || s.type == CAPSTAN_LOCK_UNTIL_EXECUTING
+               || s.type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING) {
+        /* The lock taken at push goes as after a run, with the ack. */
+        hold_until(mw, &s, 1);
+    }
+    capstan_unique__spec_clear(&s);
+}
+
 size_t capstan__unique_prelock(capstan_mw_t *const *mws, size_t n, capstan_prelock_t *pre)
 {
     capstan_lock_req_t reqs[n ? n : 1];
