@@ -1,13 +1,13 @@
 /* `capstan push CLASS [ARGS_JSON] [-C FILE] [-e ENV] [-r PLUGIN] [-q Q]
- * [--in S | --at T] [--retry N|false]`: pushes one job with capstan's client
- * and prints its jid. It reads what `capstan run` reads, the same way: FILE
- * with ENV's section, then the plugins (FILE's and -r's) and the program's
- * own handlers, whose registered class options (queue, retry, lock) a push
- * takes as a worker's sidekiq_options are taken by Ruby's client; FILE's
- * classes: section comes first, as on the server. Its min_replicas_ack makes
- * the push wait for the replicas (a shortfall is a warning: the job was
- * pushed). A class without a queue goes to "default", with a warning: in a
- * mixed fleet a Ruby process may take it there. */
+ * [--in S | --at T] [--retry N|false] [--expires-in S]`: pushes one job with
+ * capstan's client and prints its jid. It reads what `capstan run` reads,
+ * the same way: FILE with ENV's section, then the plugins (FILE's and -r's)
+ * and the program's own handlers, whose registered class options (queue,
+ * retry, lock) a push takes as a worker's sidekiq_options are taken by
+ * Ruby's client; FILE's classes: section comes first, as on the server. Its
+ * min_replicas_ack makes the push wait for the replicas (a shortfall is a
+ * warning: the job was pushed). A class without a queue goes to "default",
+ * with a warning: in a mixed fleet a Ruby process may take it there. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -40,6 +40,8 @@ static const char *usage =
     "      --in SECONDS        run it this many seconds from now\n"
     "      --at EPOCH          run it at this Unix time (seconds)\n"
     "      --retry N|true|false  retry option written into the payload\n"
+    "      --expires-in S      drop it unrun if it has not started S seconds after it\n"
+    "                          is due (writes expires_at)\n"
     "      --timestamps FORMAT float (default) or millis\n"
     "      --lock TYPE         take a uniqueness lock (until_executed, until_executing,\n"
     "                          until_expired, while_executing, until_and_while_executing)\n"
@@ -51,7 +53,7 @@ static const char *usage =
     "  -h, --help              this help\n";
 
 enum { OPT_IN = 1000, OPT_AT, OPT_RETRY, OPT_URL, OPT_TS, OPT_LOCK, OPT_LOCK_TTL,
-       OPT_LOCK_TIMEOUT, OPT_ON_CONFLICT };
+       OPT_LOCK_TIMEOUT, OPT_ON_CONFLICT, OPT_EXPIRES_IN };
 
 /* What `capstan run` would know of the classes: FILE read with env's
  * section, then FILE's plugins, the -r ones and the program's handlers
@@ -114,6 +116,7 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
         { "lock-ttl", required_argument, NULL, OPT_LOCK_TTL },
         { "lock-timeout", required_argument, NULL, OPT_LOCK_TIMEOUT },
         { "on-conflict", required_argument, NULL, OPT_ON_CONFLICT },
+        { "expires-in", required_argument, NULL, OPT_EXPIRES_IN },
         { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
     };
     capstan_push_opts_t o = capstan_push_opts_default();
@@ -147,6 +150,12 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
             if (capstan__parse_number(optarg, 0, 1e9, HUGE_VAL, &at)) {
                 fprintf(stderr, "capstan push: --at: not an epoch time in seconds: %s\n", optarg);
                 status = CAPSTAN_EXIT_USAGE;
+            }
+            break;
+        case OPT_EXPIRES_IN:
+            if (capstan__parse_number(optarg, 0, 0, 1e9, &o.expires_in) || !(o.expires_in > 0)) {
+                fprintf(stderr, "capstan push: --expires-in: not a number of seconds > 0: %s\n", optarg);
+                return CAPSTAN_EXIT_USAGE;
             }
             break;
         case OPT_RETRY:

@@ -250,6 +250,8 @@ static int build(capstan_client_t *c, capstan_buf_t *b, const char *cls, const c
     if (!rc) rc = capstan__buf_printf(b, ",\"jid\":\"%s\",\"created_at\":%s", jid, ts);
     if (!rc && !(o->at > now))
         rc = capstan__buf_printf(b, ",\"enqueued_at\":%s", ts);
+    if (!rc && o->expires_in > 0 && !capstan__jobject_get(&extra, o->extra, "expires_at"))
+        rc = capstan__buf_printf(b, ",\"expires_at\":%.3f", (o->at > now ? o->at : now) + o->expires_in);
     if (!rc) rc = capstan__buf_puts(b, "}");
     capstan__jobject_free(&extra);
     return rc;

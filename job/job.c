@@ -181,3 +181,21 @@ int capstan_job_stopping(const capstan_job_t *job)
 {
     return job->stopping ? atomic_load(job->stopping) : 0;
 }
+
+double capstan__job_expires_at(const capstan_job_t *job)
+{
+    size_t len = 0;
+    const char *v = capstan_job_field_raw(job, "expires_at", &len);
+    char tmp[64];
+    if (!v || len == 0 || len >= sizeof(tmp))
+        return 0;
+    memcpy(tmp, v, len);
+    tmp[len] = '\0';
+    char *end;
+    double at = strtod(tmp, &end);
+    if (end == tmp || *end || !(at > 0))
+        return 0;
+    /* The convention is float seconds; a client that wrote milliseconds
+     * (as Sidekiq 8 stamps its own times) is read as it meant. */
+    return at > 1e11 ? at / 1000.0 : at;
+}

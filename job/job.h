@@ -45,6 +45,12 @@ struct capstan_job {
 int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err);
 void capstan__job_clear(capstan_job_t *job);
 
+/* The time after which the job is not to start: its top-level
+ * "expires_at" (epoch seconds, as Sidekiq Pro's expiry and the
+ * sidekiq-expiring-jobs gem write it; a value too large for seconds is
+ * read as milliseconds). 0 when it has none, or not a positive number. */
+double capstan__job_expires_at(const capstan_job_t *job);
+
 /* activejob.c: when job's payload class is ActiveJob's Sidekiq wrapper
  * (Rails' ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper or Sidekiq
  * 7+'s Sidekiq::ActiveJob::Wrapper), moves it to job->wrapper, sets

@@ -35,6 +35,11 @@ struct capstan_mw {
     double at;                   /* client: scheduled time, 0 = now */
 
     capstan_dispose_t disp;      /* server outcome */
+    const char *skipped;         /* server: why the handler was not run though
+                                    the job is finished ("rejected",
+                                    "skipped", "rescheduled", "expired";
+                                    static), or NULL: it is not counted as
+                                    processed */
     double score;
     char *dpayload;              /* owned */
     size_t dlen;

@@ -23,14 +23,15 @@ const double capstan__metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 const size_t capstan__metrics_nbuckets = NB;
 
 /* What a series is; also the order families are rendered in. */
-typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_CALLBACK, K_COUNT } kind_t;
+typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_CALLBACK, K_SKIP, K_COUNT } kind_t;
 
 typedef struct series {
     struct series *next;
     kind_t kind;
     char *a, *b;             /* escaped labels: class+queue, class, type+event, limiter,
-                                batch event */
-    unsigned long long n1;   /* processed / histogram count / lock events / acquired */
+                                batch event, class+reason */
+    unsigned long long n1;   /* processed / histogram count / lock events / acquired /
+                                skipped */
     unsigned long long n2;   /* failed / over limit */
     long long held;          /* a limiter's slots held now */
     unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
@@ -179,6 +180,22 @@ void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *que
 out:
     capstan__buf_free(&c);
     capstan__buf_free(&q);
+}
+
+void capstan__metrics_skipped(capstan_metrics_t *m, const char *cls, const char *reason)
+{
+    char store[128];
+    capstan_buf_t c;
+    capstan__buf_on(&c, store, sizeof(store));
+    if (!m || !reason || capstan__metrics_escape(&c, cls ? cls : ""))
+        goto out;
+    pthread_mutex_lock(&m->mu);
+    series_t *s = find_capped(m, K_SKIP, c.p, reason);
+    if (s)
+        s->n1++;
+    pthread_mutex_unlock(&m->mu);
+out:
+    capstan__buf_free(&c);
 }
 
 void capstan__metrics_batch_callback(capstan_metrics_t *m, const char *event, double seconds)
@@ -395,6 +412,22 @@ static int render_jobs(capstan_buf_t *b, const series_t *s, size_t n, int failed
     return rc;
 }
 
+static int render_skipped(capstan_buf_t *b, const series_t *s, size_t n)
+{
+    const char *name = "capstan_jobs_skipped_total";
+    int rc = family(b, name, "counter",
+                    "Jobs finished without their handler running, by class and reason: "
+                    "rejected, skipped or rescheduled by a uniqueness conflict, or expired "
+                    "(expires_at passed); not in capstan_jobs_processed_total.");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (s[i].kind != K_SKIP)
+            continue;
+        rc = sample_head(b, name, "class", s[i].a, "reason", s[i].b);
+        if (!rc) rc = capstan__buf_printf(b, "} %llu\n", s[i].n1);
+    }
+    return rc;
+}
+
 /* The histograms of kind, one per value of its label. */
 static int render_histograms(capstan_buf_t *b, const series_t *s, size_t n, kind_t kind,
                              const char *name, const char *label, const char *help)
@@ -529,6 +562,7 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
         }
     int rc = render_jobs(b, s, n, 0);
     if (!rc) rc = render_jobs(b, s, n, 1);
+    if (!rc) rc = render_skipped(b, s, n);
     if (!rc) rc = render_histograms(b, s, n, K_DURATION, "capstan_job_duration_seconds", "class",
                                     "Time jobs took in the middleware chain and handler.");
     if (!rc) rc = render_locks(b, s, n);

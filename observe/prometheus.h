@@ -57,6 +57,11 @@ capstan_metrics_t *capstan__metrics_default(void);
 void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,
                           int failed);
 
+/* Counts one job finished without its handler running, by class and
+ * reason (a static word: "rejected", "skipped", "rescheduled",
+ * "expired"); such a job is not counted by capstan__metrics_job. */
+void capstan__metrics_skipped(capstan_metrics_t *m, const char *cls, const char *reason);
+
 /* Counts one uniqueness lock event as v9 names it (locked, lock_failed,
  * unlocked, unlock_failed, execution_failed), folded into the exported
  * events acquired / denied / released / failures. Unknown events are

@@ -1,5 +1,6 @@
 /* The server chain a job runs through: the built-in middleware ("stats",
- * "retry", "unique", "limit"), those a plugin adds, and at its end the handler. */
+ * "retry", "expiry", "unique", "limit"), those a plugin adds, and at its end
+ * the handler. */
 #include "runtime/rt.h"
 
 #include <pthread.h>
@@ -18,6 +19,7 @@
 #include "runtime/feed.h"
 #include "runtime/slot.h"
 #include "unique/prelock.h"
+#include "unique/server.h"
 #include "locks/limit_mw.h"
 
 /* Per-job state of the built-in server middleware. */
@@ -82,7 +84,10 @@ static void batch_callback_latency(const capstan_job_t *job)
 }
 
 /* "stats": the start/done/fail log lines and the processed/failed counts,
- * around everything else so they see the final outcome. */
+ * around everything else so they see the final outcome. A job finished
+ * without its handler running (mw->skipped: a uniqueness conflict, or
+ * expired) is logged by what happened to it and counted apart, neither
+ * processed nor failed. */
 static int stats_mw(capstan_mw_t *mw, void *udata)
 {
     capstan_runtime_t *rt = udata;
@@ -93,6 +98,11 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
     double t0 = capstan__mono();
     int rc = capstan_mw_next(mw);
     run->ctx.elapsed = capstan__mono() - t0;
+    if (mw->skipped) {
+        capstan__log(CAPSTAN_INFO, &run->ctx, "%s", mw->skipped);
+        capstan__metrics_skipped(capstan__metrics_default(), job->cls, mw->skipped);
+        return rc;
+    }
     if (job->err_class) {
         capstan__log(CAPSTAN_INFO, &run->ctx, "fail");
         capstan__log(CAPSTAN_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
@@ -108,6 +118,36 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
     return rc;
 }
 
+/* Sends a job that failed with job->err_class to the dead set at once,
+ * not retried (unknown_class: skip, a rejected duplicate), every byte
+ * kept, with the error fields the Web UI shows. Out of memory the
+ * disposition stays as it was: the retry middleware then applies the
+ * retry rules (as unknown_class: fail), or a DEAD already chosen stores
+ * the payload as fetched. */
+static void bury(capstan_mw_t *mw, capstan_job_t *job)
+{
+    double now = capstan__now();
+    char ts[32], *out = NULL;
+    size_t len;
+    /* A Sidekiq 8 job keeps its milliseconds under timestamps: float. */
+    capstan__ts_json(ts, now, capstan__ts_format_of(job->payload, &job->obj, mw->cfg->timestamps));
+    capstan_buf_t cls = {0}, msg = {0};
+    const char *m = job->err_msg ? job->err_msg : "";
+    int rc = capstan__json_quote(&cls, job->err_class, strlen(job->err_class));
+    if (!rc)
+        rc = capstan__json_quote(&msg, m, strlen(m));
+    capstan_field_t set[] = {
+        { "error_class", cls.p, cls.len },
+        { "error_message", msg.p, msg.len },
+        { "failed_at", ts, 0 },
+    };
+    if (!rc && capstan__payload_edit(job->payload, &job->obj, set, 3, &out, &len) == 0)
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DEAD, now, out, len);
+    free(out);
+    capstan__buf_free(&cls);
+    capstan__buf_free(&msg);
+}
+
 /* "retry": Sidekiq's retry rules for a job that failed inside it, unless
  * an inner middleware already decided its fate. */
 static int retry_mw(capstan_mw_t *mw, void *udata)
@@ -116,7 +156,13 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     run_t *run = mw->priv;
     capstan_job_t *job = mw->job;
     int rc = capstan_mw_next(mw);
-    if (job->err_class)
+    /* A job sent to the dead set with an error but no payload of its own
+     * (a rejected duplicate): the entry says why, as a failure's does. */
+    if (job->err_class && mw->disp == CAPSTAN_DISPOSE_DEAD && !mw->dpayload)
+        bury(mw, job);
+    /* A job that did not run (mw->skipped) did not fail: its error, if
+     * any, is for its dead-set entry and the death hooks. */
+    if (job->err_class && !mw->skipped)
         capstan__hooks_error(rt, job, job->err_class, job->err_msg);
     if (!job->err_class || mw->disp != CAPSTAN_DISPOSE_DEFAULT)
         return rc;
@@ -136,27 +182,23 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     return rc;
 }
 
-/* unknown_class: skip. The job goes to the dead set at once, every byte
- * kept, with the error fields the Web UI shows; out of memory it is left
- * to the retry middleware (as unknown_class: fail). */
-static void bury(capstan_mw_t *mw, capstan_job_t *job)
+/* "expiry": a job whose expires_at (capstan__job_expires_at) has passed
+ * is done with, its handler not run: no retry, not dead, a success to its
+ * batch (the ack moves it as one), its uniqueness lock released as after
+ * a run. Before "unique" and "limit", so it takes no lock or slot. */
+static int expiry_mw(capstan_mw_t *mw, void *udata)
 {
-    double now = capstan__now();
-    char ts[32], *out = NULL;
-    size_t len;
-    /* A Sidekiq 8 job keeps its milliseconds under timestamps: float. */
-    capstan__ts_json(ts, now, capstan__ts_format_of(job->payload, &job->obj, mw->cfg->timestamps));
-    capstan_buf_t msg = {0};
-    int rc = capstan__json_quote(&msg, job->err_msg, strlen(job->err_msg));
-    capstan_field_t set[] = {
-        { "error_class", "\"NameError\"", 0 },
-        { "error_message", msg.p, msg.len },
-        { "failed_at", ts, 0 },
-    };
-    if (!rc && capstan__payload_edit(job->payload, &job->obj, set, 3, &out, &len) == 0)
-        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DEAD, now, out, len);
-    free(out);
-    capstan__buf_free(&msg);
+    (void)udata;
+    run_t *run = mw->priv;
+    capstan_job_t *job = mw->job;
+    double at = capstan__job_expires_at(job), late = at > 0 ? capstan__now() - at : 0;
+    if (!(late > 0))
+        return capstan_mw_next(mw);
+    capstan__log(CAPSTAN_INFO, run ? &run->ctx : NULL, "expired %.3fs ago (expires_at %.3f): dropped, not run",
+                 late, at);
+    mw->skipped = "expired";
+    capstan__unique_server_skip(mw);
+    return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
 }
 
 /* After an iterating handler (capstan/job.h): an interrupted run goes back
@@ -232,6 +274,7 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
         return rt->server_chain;
     capstan_chain_t *c = capstan_chain_new();
     if (!c || capstan_chain_add(c, "stats", stats_mw, rt) || capstan_chain_add(c, "retry", retry_mw, rt) ||
+        capstan_chain_add(c, "expiry", expiry_mw, NULL) ||
         capstan_chain_add(c, "unique", capstan_unique_server_mw, NULL) ||
         capstan_chain_add(c, "limit", capstan__limit_mw, NULL)) {
         capstan_chain_free(c);
@@ -448,12 +491,15 @@ size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const caps
     capstan_mw_t *pm[n];
     size_t m = 0;
     memset(jobs, 0, n * sizeof(*jobs));
-    /* A job that does not parse or has no handler ends the run. */
+    /* A job that does not parse, has no handler, or has expired (or will
+     * within the second the run may take) ends the run: an expired job
+     * must take no lock. */
     for (; m < n; m++) {
         char err[CAPSTAN_ERRLEN];
         int bad = capstan__job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
         const capstan_handler_entry_t *h = bad ? NULL : capstan__registry_find(s->rt, jobs[m].cls);
-        if (!h) {
+        double exp = h ? capstan__job_expires_at(&jobs[m]) : 0;
+        if (!h || (exp > 0 && exp < capstan__now() + 1)) {
             jobs[m].payload = NULL; /* the caller's */
             capstan__job_clear(&jobs[m]);
             break;

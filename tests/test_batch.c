@@ -1012,3 +1012,34 @@ Test(batch, in_a_client_transaction)
     capstan_batch_free(b);
     capstan_client_free(c);
 }
+
+/* A job of a batch that expired before its turn counts as a success of its
+ * batch, as Sidekiq Pro counts it: the batch completes and succeeds though
+ * the job never ran. */
+Test(batch, an_expired_job_counts_as_a_success_of_its_batch)
+{
+    capstan_client_t *c = client();
+    capstan_batch_t *b = new_batch(c, "default", "ecb", 1);
+    capstan_push_opts_t o = capstan_push_opts_default();
+    char extra[64];
+    snprintf(extra, sizeof(extra), "{\"expires_at\":%.3f}", kt_wall() - 5);
+    o.extra = extra;
+    cr_assert_eq(capstan_batch_push(b, "RecordJob", "[\"erec\"]", &o, NULL), 0, "%s", capstan_batch_error(b));
+    cr_assert_eq(capstan_batch_push(b, "RecordJob", "[\"erec\"]", NULL, NULL), 0, "%s", capstan_batch_error(b));
+    cr_assert_eq(capstan_batch_commit(b), 0, "%s", capstan_batch_error(b));
+    pid_t pid = capstan_start("default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ecb") == 2, 20), "callbacks: %lld\n%s", kt_int("LLEN ecb"),
+              kt_capstan_log(pid));
+    json_t *st = NULL;
+    cr_assert_eq(recorded("ecb", "complete", NULL), 1);
+    cr_assert_eq(recorded("ecb", "success", &st), 1);
+    cr_assert_eq(recorded("ecb", "death", NULL), 0);
+    cr_assert_eq(num(st, "total"), 2);
+    cr_assert_eq(num(st, "pending"), 0);
+    cr_assert_eq(num(st, "failures"), 0);
+    cr_assert_eq(kt_int("SCARD erec"), 1, "the expired job did not run");
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "INFO: expired"), 5), "%s", kt_capstan_log(pid));
+    json_decref(st);
+    capstan_batch_free(b);
+    capstan_client_free(c);
+}

@@ -2,13 +2,17 @@
  * error_handlers and death_handlers, seen from a program embedding the
  * runtime. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "helpers.h"
 #include "capstan/client.h"
 #include "capstan/runtime.h"
+#include "observe/prometheus.h"
+#include "support/buf.h"
 
 TestSuite(hooks, .timeout = 60, .fini = kt_kill_children);
 
@@ -120,4 +124,76 @@ Test(hooks, error_hooks_see_every_failure_death_hooks_the_dead_job_after_it_is_s
 
     capstan_client_free(c); /* before the runtime it may use */
     kt_runtime_end(rt);
+}
+
+static atomic_int runs;
+
+static int counting(capstan_job_t *job, void *udata)
+{
+    (void)job;
+    (void)udata;
+    atomic_fetch_add(&runs, 1);
+    return 0;
+}
+
+/* A duplicate rejected to the dead set (its runtime lock held by another
+ * jid): the death hooks get why, the error hooks nothing (it did not run),
+ * its dead-set entry says why, and it is counted apart from the processed
+ * jobs, in Redis (stat:processed and the day's) and in Prometheus. */
+Test(hooks, a_rejected_duplicate_reaches_death_hooks_with_its_reason_and_is_not_processed)
+{
+    cr_assert_eq(sscanf(kt_url(), "redis://%63[^:]:%d/%d", seen.host, &seen.port, &seen.db), 3);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = kt_config(2);
+    cfg->heartbeat_interval = 1;
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    cr_assert_eq(capstan_register(rt, "LockedJob", counting, NULL, NULL), 0);
+    cr_assert_eq(capstan_on_error(rt, on_error, &seen), 0);
+    cr_assert_eq(capstan_on_death(rt, on_death, &seen), 0);
+    freeReplyObject(kt_cmd("HSET uniquejobs:rj:RUN:LOCKED 000000000000000000000001 {}"));
+    char dup[25], free_one[25];
+    kt_make_jid(dup, 71, 0);
+    kt_make_jid(free_one, 71, 1);
+    char *p1 = kt_payload_locked("LockedJob", "[1]", dup, "default", "while_executing_reject", "rj");
+    char *p2 = kt_payload_locked("LockedJob", "[2]", free_one, "default", "while_executing_reject", "rf");
+    freeReplyObject(kt_cmd("LPUSH queue:default %s %s", p1, p2));
+    freeReplyObject(kt_cmd("SADD queues default"));
+    kt_runtime_start(rt);
+
+    cr_assert(KT_WAIT_UNTIL(count(&seen.deaths) == 1 && atomic_load(&runs) == 1, 15), "the death hook ran");
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:processed") == 1, 10), "the job that ran is counted");
+    pthread_mutex_lock(&seen.mu);
+    char want[256];
+    snprintf(want, sizeof(want), "Capstan::UniqueJobRejected: while_executing_reject lock_digest "
+             "uniquejobs:rj is running (on_conflict: reject) %s", dup);
+    cr_assert_str_eq(seen.death, want);
+    cr_assert(seen.dead_at_death);
+    pthread_mutex_unlock(&seen.mu);
+    cr_assert_eq(count(&seen.errors), 0, "a rejected job did not fail: no error hook");
+    redisReply *r = kt_cmd("ZRANGE dead 0 0");
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 1);
+    char *dead = strdup(r->element[0]->str);
+    freeReplyObject(r);
+    cr_assert(dead && strstr(dead, dup) && strstr(dead, "\"error_class\":\"Capstan::UniqueJobRejected\"")
+              && strstr(dead, "\"error_message\":\"while_executing_reject lock_digest uniquejobs:rj is running")
+              && strstr(dead, "\"failed_at\":"), "%s", dead);
+
+    kt_runtime_end(rt); /* flushes the counts left */
+    char day[16], key[48];
+    time_t t = time(NULL);
+    strftime(day, sizeof(day), "%Y-%m-%d", gmtime(&t));
+    snprintf(key, sizeof(key), "stat:processed:%s", day);
+    cr_assert_eq(kt_int("GET stat:processed"), 1, "the rejected job is not processed");
+    cr_assert_eq(kt_int("GET %s", key), 1);
+    cr_assert_eq(kt_int("GET stat:failed"), 0, "nor failed");
+    capstan_buf_t b = {0};
+    cr_assert_eq(capstan__metrics_render(capstan__metrics_default(), &b), 0);
+    cr_assert(strstr(b.p, "capstan_jobs_skipped_total{class=\"LockedJob\",reason=\"rejected\"} 1\n")
+              && strstr(b.p, "capstan_jobs_processed_total{class=\"LockedJob\",queue=\"default\"} 1\n"),
+              "%s", b.p);
+    capstan__buf_free(&b);
+    free(dead);
+    free(p1);
+    free(p2);
 }

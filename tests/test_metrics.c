@@ -605,3 +605,50 @@ Test(metrics, jobs_fetched_ahead_show_by_queue_in_metrics_and_stats)
     free(out);
     kt_capstan_stop(pid, SIGKILL, 5);
 }
+
+/* Jobs whose expires_at has passed when their turn comes (pushed by
+ * `capstan push --expires-in` and by Ruby, as Sidekiq Pro's expiry and the
+ * sidekiq-expiring-jobs gem write it) are dropped unrun: logged, counted
+ * apart from the processed ones, kept nowhere; those still in time run. */
+Test(metrics, expired_jobs_are_dropped_unrun_and_counted_apart)
+{
+    char *out = NULL, ruby[160];
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"ex\"]", "--expires-in", "0.001",
+                                                  NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"ex\"]", "--expires-in", "600",
+                                                  NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "expires_at") == NULL, "prints the jid only: %s", out);
+    free(out);
+    char *p = kt_str("LINDEX queue:default 0");
+    cr_assert(p && strstr(p, "\"expires_at\":"), "the push wrote expires_at: %s", p);
+    free(p);
+    for (int late = 0; late < 2; late++) {
+        snprintf(ruby, sizeof(ruby), "{\"class\":\"RecordJob\",\"args\":[\"ex\"],\"expires_at\":%.3f}",
+                 kt_wall() + (late ? -5 : 600));
+        cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push", ruby, NULL }, NULL), 0);
+    }
+    kt_sleep(0.01); /* the first push's 1 ms has passed */
+    char *conf = kt_write_conf(NULL);
+    int port = free_port(), status = 0;
+    char portstr[16];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-c", "2", "--metrics-port", portstr, NULL });
+    char *resp = NULL;
+    bool done = KT_WAIT_UNTIL(
+        (free(resp), resp = http_get(port, "/metrics", &status),
+         resp && value(body_of(resp), "capstan_jobs_skipped_total{class=\"RecordJob\",reason=\"expired\"}") == 2
+              && value(body_of(resp), "capstan_jobs_processed_total{class=\"RecordJob\",queue=\"default\"}") == 2),
+        15);
+    cr_assert(done, "%s\n%s", resp ? resp : "(no answer)", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD ex"), 2, "only the two in time ran");
+    /* Job lines are written in batches, soon after. */
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "INFO: expired\n") == 2, 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "s ago (expires_at "), 2, "how late: %s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_int("GET stat:processed"), 2, "the expired jobs are not processed");
+    cr_assert_eq(kt_int("GET stat:failed"), 0);
+    cr_assert_eq(kt_int("LLEN queue:default") + kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0, "kept nowhere");
+    free(resp);
+    free(conf);
+}

@@ -351,9 +351,76 @@ Test(unique, server_strategies_reject_reschedule_log_raise)
     char *log = kt_capstan_log(pid);
     cr_assert(strstr(log, "Skipping job with id") && strstr(log, jids[2]), "log says so: %s", log);
     cr_assert_eq(kt_int("HLEN %s:RUN:LOCKED", d), 1, "the holder's lock is untouched");
+    /* Only the raise counts (its Conflict is a failure, as in Sidekiq); the
+     * three that did not run say what happened to them, not "done". */
+    cr_assert(strstr(dead, "\"error_class\":\"Capstan::UniqueJobRejected\"")
+              && strstr(dead, "\"error_message\":\"while_executing lock_digest "), "%s", dead);
+    cr_assert_eq(kt_int("GET stat:processed"), 1);
+    cr_assert_eq(kt_int("GET stat:failed"), 1);
+    const char *outcome[] = { "INFO: rejected", "INFO: rescheduled", "INFO: skipped" };
+    for (int i = 0; i < 3; i++) {
+        char line[128];
+        snprintf(line, sizeof(line), "jid=%s", jids[i]);
+        const char *at = strstr(log, line);
+        int found = 0;
+        for (; at && !found; at = strstr(at + 1, line)) {
+            const char *eol = strchr(at, '\n');
+            found = eol && (size_t)(eol - at) > strlen(outcome[i])
+                    && memcmp(eol - strlen(outcome[i]), outcome[i], strlen(outcome[i])) == 0;
+        }
+        cr_assert(found, "%s: %s\n%s", jids[i], outcome[i], log);
+    }
+    cr_assert(!strstr(log, "INFO: done"), "none was done: %s", log);
     free(d); free(dead); free(sch); free(retry); free(log);
     for (int i = 0; i < 4; i++)
         free(jids[i]);
+}
+
+/* A job that expired before its turn does not run, and the lock it holds
+ * goes as after a run: until_executed's, and until_and_while_executing's
+ * until-lock. */
+Test(unique, an_expired_job_releases_its_lock_as_after_a_run)
+{
+    char *d1 = ruby_digest("RecordJob", "default", "[\"xl\"]");
+    char *d2 = ruby_digest("RecordJob", "default", "[\"xw\"]");
+    char *j1 = NULL, *j2 = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"xl\"]", "--lock", "until_executed",
+                                        "--expires-in", "0.001", NULL }, &j1), 0, "%s", j1);
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"xw\"]", "--lock", "until_and_while_executing",
+                                        "--expires-in", "0.001", NULL }, &j2), 0, "%s", j2);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d1, j1), 1);
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d2, j2), 1);
+    kt_sleep(0.01);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 && kt_int("EXISTS %s:LOCKED", d1) == 0
+                            && kt_int("EXISTS %s:LOCKED", d2) == 0, 15), "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    cr_assert_eq(kt_int("SCARD xl") + kt_int("SCARD xw"), 0, "neither ran");
+    cr_assert_eq(kt_int("EXISTS %s:RUN:LOCKED", d2), 0, "no runtime lock was taken");
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0);
+    free(d1); free(d2); free(j1); free(j2);
+}
+
+/* The dead-set entry of a rejected duplicate, as Sidekiq's API (and so its
+ * Dead page) reads it: the class, and the error that says why. */
+KT_SIDEKIQ_TEST(unique, a_rejected_duplicate_shows_its_error_in_sidekiqs_dead_set)
+{
+    freeReplyObject(kt_cmd("HSET uniquejobs:rd:RUN:LOCKED 000000000000000000000001 {}"));
+    char jid[25];
+    kt_make_jid(jid, 72, 0);
+    char *p = kt_payload_locked("RecordJob", "[\"rd\"]", jid, "default", "while_executing_reject", "rd");
+    freeReplyObject(kt_cmd("LPUSH queue:default %s", p));
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 15), "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    char *out = NULL;
+    cr_assert_eq(kt_ruby_v(sidekiq, "sidekiq.rb", (const char *[]){ "dead", NULL }, &out), 0);
+    cr_assert(strstr(out, "\"display_class\":\"RecordJob\"")
+              && strstr(out, "\"error\":\"Capstan::UniqueJobRejected: while_executing_reject lock_digest "
+                             "uniquejobs:rd is running (on_conflict: reject)\""), "%s", out);
+    cr_assert_eq(kt_int("SCARD rd"), 0, "it did not run");
+    free(p);
+    free(out);
 }
 
 Test(unique, client_strategies_reject_and_reschedule)

@@ -53,16 +53,24 @@ static int conflict(capstan_mw_t *mw, const capstan_unique_spec_t *s, const char
     case CAPSTAN_CONFLICT_REJECT:
         capstan_warn("Rejecting job with id (%s) to the dead set because lock_digest: (%s) %s",
                      mw->jid, s->digest, what);
+        /* The error is what its dead-set entry and the death hooks show
+         * (the server chain writes it into the entry); the job did not
+         * run, so it is neither processed nor failed. */
+        mw->skipped = "rejected";
+        capstan_job_fail(mw->job, CAPSTAN_UNIQUE_REJECTED, "%s lock_digest %s %s (on_conflict: reject)",
+                         capstan_lock_type_name(s->type), s->digest, what);
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DEAD, capstan__now(), NULL, 0);
     case CAPSTAN_CONFLICT_RESCHEDULE: {
         double in = s->schedule_in > 0 ? s->schedule_in : 5;
         capstan_info("Rescheduling job with id (%s) in %.0fs because lock_digest: (%s) %s",
                      mw->jid, in, s->digest, what);
+        mw->skipped = "rescheduled";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_SCHEDULE, capstan__now() + in, NULL, 0);
     }
     default:
         capstan_warn("Skipping job with id (%s) because lock_digest: (%s) %s",
                      mw->jid, s->digest, what);
+        mw->skipped = "skipped";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
     }
 }
@@ -254,6 +262,35 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
     }
     capstan_unique__spec_clear(&s);
     return rc;
+}
+
+void capstan__unique_server_skip(capstan_mw_t *mw)
+{
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_unique_spec_t s;
+    if (mw->prelock && mw->prelock->spec) {
+        s = *mw->prelock->spec;
+        free(mw->prelock->spec);
+        mw->prelock->spec = NULL;
+    } else if (capstan_unique__resolve(mw, &s, 1, err)) {
+        capstan_warn("%s %s: uniqueness skipped: %s", mw->cls, mw->jid, err);
+        return;
+    }
+    int lr, released;
+    if (prelocked(mw, &s, &lr, &released, err)) {
+        /* Its runtime lock was taken ahead (and until_and_while_executing's
+         * until-lock let go in the same call): the ack gives it back. */
+        if (lr == CAPSTAN_LOCK_ACQUIRED || lr == CAPSTAN_LOCK_REENTERED) {
+            capstan_unique__key(mw->release_key, sizeof(mw->release_key), s.digest, 1, CAPSTAN_KEY_LOCKED);
+            mw->release_runtime = 1;
+            mw->release_type = (int)s.type;
+        }
+    } else if (s.type == CAPSTAN_LOCK_UNTIL_EXECUTED || s.type == CAPSTAN_LOCK_UNTIL_EXECUTING
+               || s.type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING) {
+        /* The lock taken at push goes as after a run, with the ack. */
+        hold_until(mw, &s, 1);
+    }
+    capstan_unique__spec_clear(&s);
 }
 
 size_t capstan__unique_prelock(capstan_mw_t *const *mws, size_t n, capstan_prelock_t *pre)

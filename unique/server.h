@@ -11,4 +11,10 @@
  * ack, written later with other acks, knows that it went. */
 void capstan__unique_note_released(const capstan_mw_t *mw, capstan_redis_t *r);
 
+/* The job of mw will not run though it is done with (it expired): the
+ * uniqueness lock it holds goes as after a successful run, with its ack
+ * (until_executed, until_executing, until_and_while_executing's until-lock,
+ * a runtime lock asked for ahead); until_expired's stays until its ttl. */
+void capstan__unique_server_skip(capstan_mw_t *mw);
+
 #endif

@@ -33,10 +33,15 @@ typedef struct capstan_push_opts {
                             (capstan/unique.h), or NULL for the class's; must
                             outlive the call. Replaces every lock option of
                             the class. */
+    double expires_in;   /* seconds after it is due (at, else now) past which
+                            the job is dropped unstarted: writes "expires_at"
+                            (float epoch seconds, as Sidekiq Pro's expiry
+                            does; see doc/features.md); 0 = never. An
+                            "expires_at" of extra's takes precedence. */
 } capstan_push_opts_t;
 
 /* The defaults: no queue (the class's, else "default"), retry unset, now,
- * float timestamps, no extra fields, the class's lock. */
+ * float timestamps, no extra fields, the class's lock, no expiry. */
 CAPSTAN_API capstan_push_opts_t capstan_push_opts_default(void);
 
 /* Connects to url (NULL = REDIS_URL or redis://127.0.0.1:6379/0). Returns a

@@ -3,7 +3,8 @@
  * chain), as Sidekiq's middleware does.
  *
  * Server chain, outermost first: "stats" (log lines and counters), "retry"
- * (Sidekiq's retry rules), "unique" (uniqueness locks), "limit" (the rate
+ * (Sidekiq's retry rules), "expiry" (drops a job whose "expires_at" has
+ * passed, unrun), "unique" (uniqueness locks), "limit" (the rate
  * limiter of a class that has one, capstan/limiter.h), then whatever users
  * add, then the handler. Client chain: "unique", then user middleware, then
  * the push itself.

@@ -65,6 +65,11 @@ typedef struct capstan_unique_opts {
 /* Reads a lock type or one of v9's aliases (until_completed, while_busy,
  * ...). Returns 0 with *out set, or CAPSTAN_EINVAL for an unknown name. */
 CAPSTAN_API int capstan_lock_type_parse(const char *name, capstan_lock_type_t *out);
+/* The error class of a job the server rejected because its lock was held
+ * (on_conflict: reject, while_executing_reject): its dead-set entry's
+ * error_class and what death hooks (capstan_on_death) get. */
+#define CAPSTAN_UNIQUE_REJECTED "Capstan::UniqueJobRejected"
+
 /* The canonical v9 name ("until_executed"), or "" for CAPSTAN_LOCK_NONE. */
 CAPSTAN_API const char *capstan_lock_type_name(capstan_lock_type_t t);
 

@@ -45,7 +45,8 @@ end
 def entries(set)
   set.map do |e|
     { 'score' => e.score, 'item' => e.item, 'error_backtrace' => e.error_backtrace,
-      'seconds' => seconds(e) }
+      'seconds' => seconds(e), 'display_class' => e.display_class,
+      'error' => "#{e['error_class']}: #{e['error_message']}" }
   end
 end
 
