@@ -54,12 +54,17 @@ static char *ruby_digest(const char *cls, const char *queue, const char *args)
 }
 
 /* `capstan push` with lock flags; returns the exit status, and its last output
- * line (the jid, or why it was denied) into out. */
+ * line that is not a warning (the jid, or why it was denied) into out. */
 static int push(const char *const *argv, char **out)
 {
     char *all = NULL;
     int rc = kt_capstan_run(argv, &all);
     if (all) {
+        char *warn;
+        while ((warn = strstr(all, "capstan push: warning:"))) {
+            char *end = strchr(warn, '\n');
+            memmove(warn, end ? end + 1 : warn + strlen(warn), strlen(end ? end + 1 : "") + 1);
+        }
         size_t n = strlen(all);
         while (n && all[n - 1] == '\n')
             all[--n] = '\0';
