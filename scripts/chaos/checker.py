@@ -1,0 +1,270 @@
+"""The checker of the fault-injection harness (harness.py): reads the ledger
+(tests/chaos/ledger.c) and Redis's final state and says, for one run, which
+jobs were lost, which ran more than once and which fault each extra run
+comes from (against that fault's bound), which runs of one runtime-locked
+digest overlapped, and when a concurrent limiter had more holders than its
+size."""
+import collections
+import glob
+import json
+import os
+
+# Faults on one process, and what a job of that process can do through them.
+PROCESS_FAULTS = {"kill9_worker", "stop_worker", "partition", "partition_oneway"}
+# A frozen or cut-off process's jobs are recovered by others while it may
+# still run them: duplicates bounded by its working list at that moment.
+FREEZES = {"stop_worker", "partition", "partition_oneway"}
+
+
+class Fault:
+    def __init__(self, kind, start):
+        self.kind, self.start, self.end = kind, start, None
+        self.pid = None       # the process it hit, for a process fault
+        self.held = None      # the jids in its working list just before
+                              # (None: Redis did not answer)
+        self.bound = 0        # extra runs it may cause (set by check)
+        self.dups = 0         # extra runs attributed to it
+        self.overlaps = 0     # lock overlaps and limiter excesses attributed to it
+
+    def window(self):
+        return self.start, (self.end or self.start)
+
+
+class Run:
+    __slots__ = ("jid", "pid", "start", "end", "cls", "args")
+
+    def __init__(self, jid, pid, start, cls, args):
+        self.jid, self.pid, self.start, self.end, self.cls, self.args = jid, pid, start, None, cls, args
+
+
+def read_ledger(dir):
+    """Every run in the ledger files of dir, by jid, in start order."""
+    runs = collections.defaultdict(list)
+    open_runs = {}
+    lines = []
+    for path in glob.glob(os.path.join(dir, "ledger.*")):
+        with open(path) as f:
+            for line in f:
+                if line.endswith("\n"):
+                    lines.append(line.rstrip("\n").split(" ", 5))
+    lines.sort(key=lambda p: float(p[3]))
+    for p in lines:
+        jid, pid, t = p[1], int(p[2]), float(p[3])
+        if p[0] == "S":
+            r = Run(jid, pid, t, p[4] if len(p) > 4 else "", p[5] if len(p) > 5 else "")
+            runs[jid].append(r)
+            open_runs[(jid, pid)] = r
+        elif p[0] == "E" and (jid, pid) in open_runs:
+            open_runs.pop((jid, pid)).end = t
+    return runs
+
+
+def ended_jids(runs):
+    return {j for j, rs in runs.items() if any(r.end is not None for r in rs)}
+
+
+class State:
+    def __init__(self):
+        self.queued, self.schedule, self.retry, self.dead, self.working = set(), set(), set(), set(), set()
+
+
+def _jids(payloads):
+    out = set()
+    for p in payloads or []:
+        try:
+            out.add(json.loads(p)["jid"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return out
+
+
+def read_redis(c):
+    st = State()
+    for q in c.cmd("KEYS", "queue:*") or []:
+        st.queued |= _jids(c.cmd("LRANGE", q, 0, -1))
+    for k in c.cmd("KEYS", "uniquejobs:working:*") or []:
+        st.working |= _jids(c.cmd("LRANGE", k, 0, -1))
+    st.schedule = _jids(c.cmd("ZRANGE", "schedule", 0, -1))
+    st.retry = _jids(c.cmd("ZRANGE", "retry", 0, -1))
+    st.dead = _jids(c.cmd("ZRANGE", "dead", 0, -1))
+    st.queued |= st.schedule
+    return st
+
+
+class Report:
+    def __init__(self):
+        self.pushed = self.ended = self.starts = 0
+        self.lost, self.unexpected, self.unattributed = [], [], []
+        self.dead = self.retry = 0
+        self.faults = []
+        self.overlaps_unattributed, self.limit_unattributed = [], []
+        self.overlaps_attributed = self.limit_attributed = 0
+        self.drained, self.seed, self.seconds, self.dir = True, 0, 0, ""
+        self.sanitizer = []
+
+    def over_bound(self):
+        return [f for f in self.faults if f.dups > f.bound]
+
+    def ok(self):
+        return (self.drained and not self.lost and not self.unattributed and not self.over_bound()
+                and not self.overlaps_unattributed and not self.limit_unattributed and not self.unexpected
+                and not self.sanitizer)
+
+    def text(self):
+        out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
+               "  pushed %d, ended %d, starts %d; lost %d; extra starts %d (%d not explained by a fault); "
+               "dead %d, retry %d%s" % (self.pushed, self.ended, self.starts, len(self.lost),
+                                        sum(f.dups for f in self.faults) + len(self.unattributed),
+                                        len(self.unattributed), self.dead, self.retry,
+                                        "" if self.drained else "; the queues did not drain"),
+               "  runtime-locked runs overlapping: %d after a freeze of a holder, %d otherwise; "
+               "limiter over its size: %d after a freeze, %d otherwise"
+               % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
+                  len(self.limit_unattributed)),
+               "  %-18s %8s %12s %14s %10s" % ("fault", "injected", "extra runs", "bound (sum)", "over it")]
+        by = collections.OrderedDict()
+        for f in self.faults:
+            e = by.setdefault(f.kind, [0, 0, 0, 0])
+            e[0] += 1
+            e[1] += f.dups
+            e[2] += f.bound
+            e[3] += f.dups > f.bound
+        for k, e in by.items():
+            out.append("  %-18s %8d %12d %14d %10d" % (k, e[0], e[1], e[2], e[3]))
+        for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
+                            ("unexpected", self.unexpected),
+                            ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
+                            ("sanitizer", self.sanitizer)):
+            for x in items[:10]:
+                out.append("  %s: %s" % (what, x))
+        return "\n".join(out)
+
+
+def _fault_for(faults, prev, new):
+    """The fault that explains run new of a job whose previous run was prev:
+    the kill of prev's process after prev started; else a freeze or cut of
+    prev's process (its jobs recovered by another) or of new's (a stale copy
+    run after it came back) that began before new started and had not ended
+    long before prev started. The latest such fault is the one."""
+    kills = [f for f in faults if f.kind == "kill9_worker" and f.pid == prev.pid
+             and prev.start <= f.start <= new.start]
+    if kills:
+        return max(kills, key=lambda f: f.start)
+    freezes = [f for f in faults if f.kind in FREEZES and f.pid in (prev.pid, new.pid)
+               and f.start <= new.start and (f.end or new.start) >= prev.start - 5]
+    return max(freezes, key=lambda f: f.start) if freezes else None
+
+
+def _freeze_near(faults, pids, t0, t1):
+    for f in faults:
+        s, e = f.window()
+        if f.kind in FREEZES and f.pid in pids and s <= t1 + 5 and e >= t0 - 5:
+            return f
+    return None
+
+
+def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None):
+    """pushed: the jids Redis took (they must end, or be in a set); tried:
+    those sent whose answer was lost (they may have been taken)."""
+    r = Report()
+    r.faults = faults
+    r.pushed = len(pushed)
+    r.dead, r.retry = len(state.dead), len(state.retry)
+    present = state.queued | state.retry | state.dead | state.working
+    ended = ended_jids(runs)
+    r.ended = len(ended)
+    kills = {f.pid: f.start for f in faults if f.kind == "kill9_worker"}
+    # A killed process's started jobs whose acks were not written run again:
+    # those running at the kill, and those in its working list just before
+    # that had started there (finished, the ack riding a later round trip).
+    # A frozen or cut-off one's whole working list may be taken by another
+    # process, and the jobs it held may still run when it comes back.
+    for f in faults:
+        if f.kind == "kill9_worker":
+            mine = {x.jid for rs in runs.values() for x in rs if x.pid == f.pid and x.start <= f.start}
+            running = {x.jid for rs in runs.values() for x in rs
+                       if x.pid == f.pid and x.start <= f.start and (x.end is None or x.end > f.start)}
+            f.bound = len(running | (mine & (f.held or set())))
+        elif f.kind in FREEZES:
+            f.bound = len(f.held) if f.held is not None else 10 ** 6
+    for jid in pushed:
+        if jid not in ended and jid not in present:
+            r.lost.append(jid)
+    for jid, rs in runs.items():
+        r.starts += len(rs)
+        if jid not in pushed and jid not in tried:
+            r.unexpected.append(jid)
+        for prev, new in zip(rs, rs[1:]):
+            f = _fault_for(faults, prev, new)
+            if f:
+                f.dups += 1
+            else:
+                r.unattributed.append("%s ran on %d at %.3f and on %d at %.3f"
+                                      % (jid, prev.pid, prev.start, new.pid, new.start))
+    # Runs of one runtime-locked digest (the lock's args: all of them) must
+    # not overlap.
+    def span(x):
+        return x.start, (x.end if x.end is not None else kills.get(x.pid, x.start))
+    by_digest = collections.defaultdict(list)
+    for rs in runs.values():
+        for x in rs:
+            if x.cls in lock_classes:
+                try:
+                    key = json.dumps(json.loads(x.args)[1:])  # lock_args: [1]
+                except (ValueError, IndexError):
+                    key = x.args
+                by_digest[key].append(x)
+    for key, xs in by_digest.items():
+        xs.sort(key=lambda x: x.start)
+        for a, b in zip(xs, xs[1:]):
+            a0, a1 = span(a)
+            b0, _ = span(b)
+            if b0 < a1 - 1e-4:
+                f = _freeze_near(faults, (a.pid, b.pid), a0, a1)
+                if f:
+                    f.overlaps += 1
+                    r.overlaps_attributed += 1
+                else:
+                    r.overlaps_unattributed.append("%s: %s on %d and %s on %d" % (key, a.jid, a.pid, b.jid, b.pid))
+    for cls, size in (limits or {}).items():
+        edges = []
+        for rs in runs.values():
+            for x in rs:
+                if x.cls == cls:
+                    s, e = span(x)
+                    edges += [(s, 1, x), (e, -1, x)]
+        edges.sort(key=lambda e: (e[0], e[1]))
+        held = set()
+        for t, d, x in edges:
+            if d > 0:
+                held.add(x)
+                if len(held) > size:
+                    f = _freeze_near(faults, {y.pid for y in held}, t, t)
+                    if f:
+                        f.overlaps += 1
+                        r.limit_attributed += 1
+                    else:
+                        r.limit_unattributed.append("%d %s holders at %.3f" % (len(held), cls, t))
+            else:
+                held.discard(x)
+    return r
+
+
+def summary(reports):
+    """One table over several runs, per fault kind."""
+    by = collections.OrderedDict()
+    for r in reports:
+        for f in r.faults:
+            e = by.setdefault(f.kind, [0, 0, 0, 0])
+            e[0] += 1
+            e[1] += f.dups
+            e[2] += f.bound
+            e[3] += f.dups > f.bound
+    out = ["chaos: %d runs (seeds %s), %d jobs pushed, %d lost, %d extra starts not explained, %d over a bound"
+           % (len(reports), ",".join(str(r.seed) for r in reports), sum(r.pushed for r in reports),
+              sum(len(r.lost) for r in reports), sum(len(r.unattributed) for r in reports),
+              sum(len(r.over_bound()) for r in reports)),
+           "  %-18s %8s %12s %14s %10s" % ("fault", "injected", "extra runs", "bound (sum)", "over it")]
+    for k, e in by.items():
+        out.append("  %-18s %8d %12d %14d %10d" % (k, e[0], e[1], e[2], e[3]))
+    return "\n".join(out)

@@ -1,0 +1,570 @@
+#!/usr/bin/env python3
+"""The fault-injection harness behind scripts/chaos.sh.
+
+Runs capstan workers (tests/chaos/ledger.c: every start and end of a job in
+a local file per process) against a private redis-server with
+`appendfsync always`, pushes jobs of several kinds while a nemesis injects
+faults chosen at random from a seed, lets the queues drain with every fault
+healed, and checks the ledger and Redis's final state (checker.py).
+
+Everything it starts (redis-server, workers, network namespaces, veth
+pairs) is its own and removed at the end; it uses only loopback and
+addresses inside the namespaces it makes.
+"""
+import argparse
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checker  # noqa: E402
+
+FAULTS = ["kill9_worker", "stop_worker", "partition", "partition_oneway", "stop_redis",
+          "restart_redis", "client_kill", "maxmemory"]
+
+
+# ---- a small Redis client (RESP2) ------------------------------------------
+
+class RedisError(Exception):
+    pass
+
+
+class Redis:
+    def __init__(self, host, port, timeout=2.0):
+        self.addr = (host, port)
+        self.timeout = timeout
+        self.sock = None
+        self.buf = b""
+
+    def close(self):
+        if self.sock:
+            self.sock.close()
+        self.sock, self.buf = None, b""
+
+    def _connect(self):
+        self.sock = socket.create_connection(self.addr, timeout=self.timeout)
+        self.sock.settimeout(self.timeout)
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed")
+            self.buf += data
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n + 2:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed")
+            self.buf += data
+        out, self.buf = self.buf[:n], self.buf[n + 2:]
+        return out
+
+    def _reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return RedisError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n).decode("utf-8", "replace")
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise ConnectionError("bad reply")
+
+    def pipeline(self, cmds):
+        """Sends every command, returns every reply (errors as RedisError
+        objects); raises OSError when the connection fails."""
+        if not self.sock:
+            self._connect()
+        out = []
+        for c in cmds:
+            out.append(b"*%d\r\n" % len(c))
+            for a in c:
+                a = a if isinstance(a, bytes) else str(a).encode()
+                out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        try:
+            self.sock.sendall(b"".join(out))
+            return [self._reply() for _ in cmds]
+        except (OSError, ConnectionError, ValueError):
+            self.close()
+            raise OSError("redis connection failed")
+
+    def cmd(self, *args):
+        r = self.pipeline([args])[0]
+        if isinstance(r, RedisError):
+            raise r
+        return r
+
+
+# ---- the pieces --------------------------------------------------------------
+
+def sh(*args, check=True):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=check)
+
+
+class Net:
+    """One network namespace and veth pair per worker: the worker reaches
+    Redis at 10.213.<i>.1 from 10.213.<i>.2, so a blackhole route cuts it
+    off, both ways or one way."""
+
+    def __init__(self, tag, n):
+        self.tag, self.n, self.ok, self.made = tag, n, False, []
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            self.why = "not root, or no ip(8)"
+            return
+        try:
+            for i in range(n):
+                ns, host, peer = self.ns(i), "cv%s%dh" % (tag, i), "cv%s%dn" % (tag, i)
+                sh("ip", "netns", "add", ns)
+                self.made.append(i)
+                sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer)
+                sh("ip", "link", "set", peer, "netns", ns)
+                sh("ip", "addr", "add", self.host_ip(i) + "/30", "dev", host)
+                sh("ip", "link", "set", host, "up")
+                sh("ip", "netns", "exec", ns, "ip", "addr", "add", self.ns_ip(i) + "/30", "dev", peer)
+                sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
+                sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            self.ok = True
+        except subprocess.CalledProcessError as e:
+            self.why = "cannot make network namespaces: %s" % (e.stdout or "").strip()
+            self.close()
+
+    def ns(self, i):
+        return "capstan-chaos-%s-%d" % (self.tag, i)
+
+    def host_ip(self, i):
+        return "10.213.%d.1" % i
+
+    def ns_ip(self, i):
+        return "10.213.%d.2" % i
+
+    def cut(self, i, oneway):
+        """Both ways: the worker's packets to Redis are dropped. One way:
+        Redis's packets to the worker are dropped, the worker's still
+        arrive."""
+        if oneway:
+            sh("ip", "route", "add", "blackhole", self.ns_ip(i) + "/32", check=False)
+        else:
+            sh("ip", "netns", "exec", self.ns(i), "ip", "route", "add", "blackhole",
+               self.host_ip(i) + "/32", check=False)
+
+    def heal(self, i):
+        sh("ip", "route", "del", "blackhole", self.ns_ip(i) + "/32", check=False)
+        sh("ip", "netns", "exec", self.ns(i), "ip", "route", "del", "blackhole",
+           self.host_ip(i) + "/32", check=False)
+
+    def close(self):
+        for i in self.made:
+            self.heal(i)
+            sh("ip", "link", "del", "cv%s%dh" % (self.tag, i), check=False)
+            sh("ip", "netns", "del", self.ns(i), check=False)
+        self.made = []
+
+
+class RedisServer:
+    def __init__(self, dir, binds):
+        self.dir, self.binds, self.proc = dir, binds, None
+        self.port = free_port()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", " ".join(self.binds),
+             "--protected-mode", "no", "--dir", self.dir, "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always",
+             "--logfile", os.path.join(self.dir, "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = Redis("127.0.0.1", self.port, 1)
+        for _ in range(200):
+            try:
+                if c.cmd("PING") == "PONG":
+                    c.close()
+                    return
+            except (OSError, RedisError):
+                time.sleep(0.05)
+        raise SystemExit("chaos: redis-server did not start (see %s/redis.log)" % self.dir)
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Worker:
+    def __init__(self, h, i):
+        self.h, self.i, self.proc, self.starts = h, i, None, 0
+
+    def start(self):
+        h = self.h
+        host = h.net.host_ip(self.i) if h.net.ok else "127.0.0.1"
+        cmd = [h.capstan, "run", "-r", h.plugin, "-C", h.conf, "-c", str(h.concurrency),
+               "-q", "chaos", "-t", "5", "--redis-url", "redis://%s:%d/0" % (host, h.redis.port)]
+        if h.net.ok:
+            cmd = ["ip", "netns", "exec", h.net.ns(self.i)] + cmd
+        self.starts += 1
+        log = open(os.path.join(h.dir, "worker%d.%d.log" % (self.i, self.starts)), "w")
+        env = dict(os.environ, CAPSTAN_LEDGER_DIR=h.dir)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def alive(self):
+        return self.proc and self.proc.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def stop(self, grace=10):
+        if not self.proc:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---- the run ---------------------------------------------------------------
+
+class Harness:
+    def __init__(self, a):
+        self.a = a
+        # The faults and their timing come from the seed alone; the jobs
+        # from a second generator, so how many pushes a run makes does not
+        # move its faults.
+        self.rng = random.Random(a.seed)
+        self.jobs_rng = random.Random(a.seed * 7919 + 1)
+        self.dir = tempfile.mkdtemp(prefix="capstan-chaos.")
+        self.capstan, self.plugin = a.capstan, a.plugin
+        self.concurrency = a.concurrency
+        self.faults = [f for f in (a.faults.split(",") if a.faults else FAULTS)]
+        self.net = Net("%04x" % (a.seed % 65536), a.workers)
+        if not self.net.ok:
+            print("chaos: no network partitions (%s)" % self.net.why)
+            self.faults = [f for f in self.faults if not f.startswith("partition")]
+        binds = ["127.0.0.1"] + ([self.net.host_ip(i) for i in range(a.workers)] if self.net.ok else [])
+        self.redis = RedisServer(self.dir, binds)
+        self.conf = os.path.join(self.dir, "chaos.yml")
+        with open(self.conf, "w") as f:
+            f.write("heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
+                    "poll_interval_average: 0.5\nmax_recoveries: 1000\n"
+                    "classes:\n"
+                    "  LedgerLockJob:\n    lock: while_executing\n    lock_args: [1]\n"
+                    "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
+                    "  LedgerLimitJob:\n"
+                    "    limit: { type: concurrent, name: chaos, size: 3, lock_timeout: 10 }\n")
+        self.workers = [Worker(self, i) for i in range(a.workers)]
+        self.pushed = {}   # jid -> (class, args, time): Redis said it took them
+        self.tried = set()  # jids sent whose reply never came: they may be there
+        self.events = []   # checker.Fault
+        self.active = []   # (heal time, fault, heal function)
+        self.seq = 0
+
+    def client(self):
+        return Redis("127.0.0.1", self.redis.port, 2)
+
+    # -- the workload --
+    def push_some(self, c, n):
+        """n jobs: plain ones of mixed lengths, a few with a runtime lock on
+        a handful of keys, some under a concurrent limiter; every fifth chunk
+        as one transaction (MULTI/EXEC). Recorded once Redis said yes."""
+        jobs = []
+        for _ in range(n):
+            self.seq += 1
+            r = self.jobs_rng.random()
+            if r < 0.1:
+                cls, args = "LedgerLockJob", [self.jobs_rng.choice([5, 20, 50]), "k%d" % self.jobs_rng.randrange(4)]
+            elif r < 0.2:
+                cls, args = "LedgerLimitJob", [self.jobs_rng.choice([5, 20]), self.seq]
+            else:
+                cls, args = "LedgerJob", [self.jobs_rng.choice([0, 0, 1, 5, 20, 100]), self.seq]
+            jid = uuid.uuid4().hex[:24]
+            now = time.time()
+            payload = ('{"class":"%s","args":[%s],"queue":"chaos","retry":true,"jid":"%s",'
+                       '"created_at":%.6f,"enqueued_at":%.6f}'
+                       % (cls, ",".join(('"%s"' % x) if isinstance(x, str) else str(x) for x in args),
+                          jid, now, now))
+            jobs.append((jid, cls, args, payload))
+        txn = self.jobs_rng.random() < 0.2
+        cmds = ([["MULTI"]] if txn else []) + [["LPUSH", "queue:chaos", j[3]] for j in jobs] + \
+               [["SADD", "queues", "chaos"]] + ([["EXEC"]] if txn else [])
+        self.tried.update(j[0] for j in jobs)
+        try:
+            replies = c.pipeline(cmds)
+        except OSError:
+            return 0
+        ok = replies[-1] if txn else replies[:-1]
+        if txn and not isinstance(ok, list):
+            return 0
+        t = time.time()
+        for j, r in zip(jobs, ok if txn else ok):
+            if isinstance(r, int):
+                self.pushed[j[0]] = (j[1], j[2], t)
+        return len(jobs)
+
+    # -- the nemesis --
+    def worker_wl(self, w):
+        """The jids in the worker's working list now: what a freeze or a kill
+        can hand to another process (None when Redis does not say)."""
+        try:
+            c = self.client()
+            for ident in c.cmd("SMEMBERS", "processes") or []:
+                if ident.split(":")[1:2] == [str(w.pid)]:
+                    return checker._jids(c.cmd("LRANGE", "uniquejobs:working:" + ident, 0, -1))
+        except (OSError, RedisError, IndexError):
+            pass
+        return None
+
+    def settled_wl(self, w):
+        """The worker's working list once what it sent before the fault has
+        landed (it can send nothing more): what another process may take
+        from it."""
+        time.sleep(0.1)
+        return self.worker_wl(w)
+
+    def inject(self, kind, now):
+        rng = self.rng
+        live = [w for w in self.workers if w.alive()]
+        f = checker.Fault(kind, now)
+        if kind == "kill9_worker" and live:
+            w = rng.choice(live)
+            f.pid, f.start = w.pid, time.time()
+            w.signal(signal.SIGKILL)
+            w.proc.wait()
+            f.held = self.settled_wl(w)
+            self.active.append((now + rng.uniform(0.2, 1.5), f, w.start))
+        elif kind == "stop_worker" and live:
+            w = rng.choice(live)
+            f.pid, f.start = w.pid, time.time()
+            w.signal(signal.SIGSTOP)
+            f.held = self.settled_wl(w)
+            self.active.append((now + rng.uniform(0.5, 6), f, lambda w=w: w.signal(signal.SIGCONT)))
+        elif kind in ("partition", "partition_oneway") and live and self.net.ok:
+            w = rng.choice(live)
+            f.pid, f.start = w.pid, time.time()
+            self.net.cut(w.i, kind == "partition_oneway")
+            f.held = self.settled_wl(w)
+            self.active.append((now + rng.uniform(0.5, 6), f, lambda i=w.i: self.net.heal(i)))
+        elif kind == "stop_redis":
+            self.redis.signal(signal.SIGSTOP)
+            self.active.append((now + rng.uniform(0.3, 3), f, lambda: self.redis.signal(signal.SIGCONT)))
+        elif kind == "restart_redis":
+            self.redis.kill9()
+
+            def back():
+                self.redis.start()
+            self.active.append((now + rng.uniform(0.2, 1.5), f, back))
+        elif kind == "client_kill":
+            try:
+                c = self.client()
+                for _ in range(rng.randrange(1, 4)):
+                    c.cmd("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+                    time.sleep(0.05)
+            except (OSError, RedisError):
+                pass
+            self.active.append((now, f, lambda: None))
+        elif kind == "maxmemory":
+            try:
+                c = self.client()
+                used = int([l for l in c.cmd("INFO", "memory").split("\r\n")
+                            if l.startswith("used_memory:")][0].split(":")[1])
+                c.cmd("CONFIG", "SET", "maxmemory", str(used + 64 * 1024))
+                c.cmd("CONFIG", "SET", "maxmemory-policy", "noeviction")
+
+                def lift():
+                    try:
+                        self.client().cmd("CONFIG", "SET", "maxmemory", "0")
+                    except (OSError, RedisError):
+                        pass
+                self.active.append((now + rng.uniform(0.5, 3), f, lift))
+            except (OSError, RedisError, IndexError, ValueError):
+                return
+        else:
+            return
+        self.events.append(f)
+
+    def heal_due(self, now, all_=False):
+        keep = []
+        for t, f, heal in self.active:
+            if all_ or t <= now:
+                heal()
+                f.end = time.time()
+            else:
+                keep.append((t, f, heal))
+        self.active = keep
+
+    # -- a whole run --
+    def run(self):
+        a = self.a
+        self.redis.start()
+        for w in self.workers:
+            w.start()
+        c = self.client()
+        t0 = time.time()
+        end = t0 + a.seconds
+        next_fault = t0 + self.rng.uniform(0.5, a.fault_every)
+        next_push = t0
+        while time.time() < end:
+            now = time.time()
+            self.heal_due(now)
+            if now >= next_push:
+                self.push_some(c, a.rate // 20)
+                next_push = now + 0.05
+            if now >= next_fault and not any(f.kind != "client_kill" for _, f, _ in self.active):
+                self.inject(self.rng.choice(self.faults), now)
+                next_fault = now + self.rng.uniform(0.5, a.fault_every)
+            time.sleep(0.01)
+        self.heal_due(0, all_=True)
+        for w in self.workers:
+            if not w.alive():
+                w.start()
+        drained = self.drain(a.drain)
+        for w in self.workers:
+            w.stop()
+        if not drained:
+            self.dump_locks()
+        state = checker.read_redis(self.client())
+        self.redis.stop()
+        self.net.close()
+        with open(os.path.join(self.dir, "faults.txt"), "w") as out:
+            for f in self.events:
+                out.write("%.3f %.3f %s pid=%s held=%s\n" % (f.start, f.end or f.start, f.kind, f.pid,
+                                                            None if f.held is None else len(f.held)))
+        report = checker.check(self.pushed, self.tried, checker.read_ledger(self.dir), state, self.events,
+                               lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3})
+        report.drained = drained
+        report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
+        report.sanitizer = self.sanitizer_reports()
+        return report
+
+    def sanitizer_reports(self):
+        """Lines of the workers' logs where AddressSanitizer or
+        UndefinedBehaviorSanitizer reported (an ASan+UBSan build)."""
+        found = []
+        for path in sorted(os.listdir(self.dir)):
+            if path.startswith("worker") and path.endswith(".log"):
+                with open(os.path.join(self.dir, path), errors="replace") as f:
+                    for line in f:
+                        if "ERROR: AddressSanitizer" in line or "ERROR: LeakSanitizer" in line \
+                                or "runtime error:" in line:
+                            found.append("%s: %s" % (path, line.strip()[:200]))
+        return found
+
+    def dump_locks(self):
+        """For a run that did not drain: every uniqueness lock still held,
+        with its holders, into locks.txt in the scratch directory."""
+        try:
+            c = self.client()
+            with open(os.path.join(self.dir, "locks.txt"), "w") as f:
+                for k in sorted(c.cmd("KEYS", "uniquejobs:*:LOCKED") or []):
+                    f.write("%s %s\n" % (k, c.cmd("HGETALL", k)))
+        except (OSError, RedisError):
+            pass
+
+    def drain(self, timeout):
+        """Waits until every pushed job ended or is in the retry or dead set
+        (the scheduler moves limiter reschedules back), at most timeout s."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            ended = checker.ended_jids(checker.read_ledger(self.dir))
+            try:
+                st = checker.read_redis(self.client())
+            except (OSError, RedisError):
+                time.sleep(0.2)
+                continue
+            parked = st.retry | st.dead
+            if all(j in ended or j in parked for j in self.pushed) and not st.working and not st.queued:
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def main():
+    p = argparse.ArgumentParser(prog="scripts/chaos.sh", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", help="comma-separated seeds, one run each (overrides --seed)")
+    p.add_argument("--seconds", type=float, default=20, help="faults and pushes last this long")
+    p.add_argument("--minutes", type=float, help="as --seconds, in minutes")
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=5)
+    p.add_argument("--rate", type=int, default=400, help="jobs pushed per second")
+    p.add_argument("--fault-every", type=float, default=2.0, help="mean seconds between faults, x2")
+    p.add_argument("--faults", help="comma-separated kinds (default all): " + ",".join(FAULTS))
+    p.add_argument("--drain", type=float, default=90, help="seconds to wait for the queues to empty")
+    p.add_argument("--build", default="build", help="build directory")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    a = p.parse_args()
+    if a.minutes:
+        a.seconds = a.minutes * 60
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    build = a.build if os.path.isabs(a.build) else os.path.join(root, a.build)
+    a.capstan = os.path.join(build, "capstan")
+    a.plugin = os.path.join(build, "tests", "libcapstan-ledger.so")
+    for f in (a.capstan, a.plugin):
+        if not os.path.exists(f):
+            raise SystemExit("chaos: %s not built (ninja -C %s)" % (f, build))
+    seeds = [int(s) for s in a.seeds.split(",")] if a.seeds else [a.seed]
+    reports, status = [], 0
+    for s in seeds:
+        a.seed = s
+        h = Harness(a)
+        try:
+            r = h.run()
+        finally:
+            for w in h.workers:
+                if w.proc and w.proc.poll() is None:
+                    w.proc.kill()
+            h.redis.stop()
+            h.net.close()
+        print(r.text())
+        reports.append(r)
+        if not r.ok():
+            status = 1
+            print("chaos: scratch kept in %s" % h.dir)
+        elif not a.keep:
+            shutil.rmtree(h.dir, ignore_errors=True)
+    if len(reports) > 1:
+        print(checker.summary(reports))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
