@@ -265,6 +265,8 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     capstan__rt_wake(rt);
     if (rt->scheduler_started)
         pthread_join(rt->scheduler, NULL);
+    if (rt->periodic_started)
+        pthread_join(rt->periodic, NULL);
     atomic_store(&rt->housekeeper_stop, 1);
     capstan__rt_wake(rt);
     if (rt->housekeeper_started)
@@ -411,6 +413,11 @@ static int start_threads(capstan_runtime_t *rt, char *err)
         rt->scheduler_started = 1;
     if (!rt->housekeeper_started || !rt->scheduler_started)
         return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the housekeeper or scheduler thread");
+    if (rt->cfg->nperiodic) {
+        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, rt))
+            return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the periodic thread");
+        rt->periodic_started = 1;
+    }
     return 0;
 }
 
