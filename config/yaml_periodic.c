@@ -228,8 +228,15 @@ int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, ya
         char origin[CAPSTAN_ERRLEN], why[CAPSTAN_ERRLEN];
         rc = read_schedule(c, name, kn, node(c, p->value), &s);
         snprintf(origin, sizeof(origin), "%s:%lu", c->path, (unsigned long)kn->start_mark.line + 1);
-        if (!rc && (rc = capstan__periodic_add(c->cfg, &s.o, origin, why)) != 0)
-            rc = rc == CAPSTAN_ECONFIG ? capstan__yaml_fail(c, kn, key, "%s", why) : nomem(c);
+        if (!rc && (rc = capstan__periodic_add(c->cfg, &s.o, origin, why)) != 0) {
+            /* why names the schedule as "periodic NAME: "; the file's
+             * wording is "periodic.NAME: ". */
+            char sub[CAPSTAN_ERRLEN];
+            size_t skip = strlen("periodic ") + strlen(name) + 2;
+            snprintf(sub, sizeof(sub), "periodic.%s", name);
+            rc = rc != CAPSTAN_ECONFIG ? nomem(c)
+                 : capstan__yaml_fail(c, kn, sub, "%s", strlen(why) > skip ? why + skip : why);
+        }
         sched_free(&s);
     }
     return rc;
