@@ -311,6 +311,7 @@ Test(periodic, bad_expression_stops_the_start_with_one_line)
     free(conf);
     conf = kt_write_conf("periodic:\n"
                          "  zoned: {cron: \"@daily\", class: A, tz: Europe/Atlantis}\n");
+    args[2] = conf;
     st = kt_capstan_run(args, &out);
     cr_assert_eq(st, CAPSTAN_EXIT_CONFIG, "status %d: %s", st, out);
     cr_assert(strstr(out, "capstan.yml:4: periodic.zoned: tz: unknown time zone Europe/Atlantis"), "%s", out);
