@@ -3,6 +3,8 @@
  * still running, leave the process set). */
 #include "runtime/rt.h"
 
+#include "config/periodic.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -334,6 +336,15 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
                  c->unknown_class_explicit || c->unknown_class == CAPSTAN_UNKNOWN_REQUEUE
                      ? "" : " (requeue on queues a Ruby Sidekiq process reads)",
                  rt->identity);
+    if (c->nperiodic) {
+        char list[512] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < c->nperiodic && len < sizeof(list); i++)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s (%s%s%s)", i ? ", " : "",
+                                    c->periodic[i].name, c->periodic[i].cron, c->periodic[i].tz ? ", " : "",
+                                    c->periodic[i].tz ? c->periodic[i].tz : "");
+        capstan_info("periodic: %zu schedule%s [%s]", c->nperiodic, c->nperiodic == 1 ? "" : "s", list);
+    }
     if (rt->nhandlers == 0 && c->unknown_class == CAPSTAN_UNKNOWN_FAIL)
         capstan_warn("no job classes are registered: every job will fail with NameError%s",
                      c->unknown_class_explicit ? "" : " unless a Ruby Sidekiq process reads its queue");
