@@ -26,6 +26,7 @@ static const struct command {
     { "top", "live view: queues, processes, throughput, retries/dead, contended locks", capstan__cmd_top, NULL },
     { "batch", "batches: status BID, list, delete BID, invalidate BID", capstan__cmd_batch, NULL },
     { "cancel", "cancel jobs as Sidekiq::Client#cancel! does: capstan cancel JID...", capstan__cmd_cancel, NULL },
+    { "periodic", "periodic schedules: last and next tick, where declared (-C FILE)", capstan__cmd_periodic, NULL },
     { "version", "print the version", NULL, NULL },
 };
 

@@ -19,5 +19,6 @@ int capstan__cmd_top(int argc, char **argv);
 int capstan__cmd_limits(int argc, char **argv);
 int capstan__cmd_batch(int argc, char **argv);
 int capstan__cmd_cancel(int argc, char **argv);
+int capstan__cmd_periodic(int argc, char **argv);
 
 #endif

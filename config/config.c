@@ -5,6 +5,7 @@
 #include "support/number.h"
 #include "config/bounds.h"
 #include "config/names.h"
+#include "config/periodic.h"
 #include "config/tls.h"
 
 #include <ctype.h>
@@ -102,6 +103,7 @@ void capstan_config_free(capstan_config_t *cfg)
     free(cfg->config_file);
     free(cfg->metrics_bind);
     capstan__config_tls_clear(&cfg->tls);
+    capstan__periodic_conf_free(cfg);
     free(cfg);
 }
 

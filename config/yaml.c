@@ -623,6 +623,7 @@ static const key_def_t keys[] = {
     {"min_replicas_ack", set_int, OFF(min_replicas_ack), 0, 100},
     {"min_replicas_timeout", set_long, OFF(min_replicas_timeout), 1, 600000},
     {"classes", capstan__yaml_set_classes, 0, 0, 0},
+    {"periodic", capstan__yaml_set_periodic, 0, 0, 0},
 };
 
 /* Keys that Sidekiq or a common plugin reads and capstan does not: a warning

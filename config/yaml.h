@@ -67,6 +67,9 @@ int capstan__yaml_set_sentinels(ctx_t *c, const char *key, yaml_node_t *v);
 /* The classes: section (config/yaml_classes.c). */
 int capstan__yaml_set_classes(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
+/* The periodic: section (config/yaml_periodic.c). */
+int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+
 /* The tls: mapping (config/tls.c). */
 int capstan__yaml_set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 

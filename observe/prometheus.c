@@ -23,16 +23,16 @@ const double capstan__metrics_buckets[NB] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 const size_t capstan__metrics_nbuckets = NB;
 
 /* What a series is; also the order families are rendered in. */
-typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_CALLBACK, K_SKIP, K_COUNT } kind_t;
+typedef enum kind { K_JOB = 0, K_DURATION, K_LOCK, K_LIMITER, K_CALLBACK, K_SKIP, K_PERIODIC, K_COUNT } kind_t;
 
 typedef struct series {
     struct series *next;
     kind_t kind;
     char *a, *b;             /* escaped labels: class+queue, class, type+event, limiter,
-                                batch event, class+reason */
+                                batch event, class+reason, schedule */
     unsigned long long n1;   /* processed / histogram count / lock events / acquired /
-                                skipped */
-    unsigned long long n2;   /* failed / over limit */
+                                skipped / ticks enqueued */
+    unsigned long long n2;   /* failed / over limit / ticks missed */
     long long held;          /* a limiter's slots held now */
     unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
     double sum;
@@ -207,6 +207,22 @@ void capstan__metrics_batch_callback(capstan_metrics_t *m, const char *event, do
         seconds = 0;
     pthread_mutex_lock(&m->mu);
     observe(find_capped(m, K_CALLBACK, e.p, ""), seconds);
+    pthread_mutex_unlock(&m->mu);
+out:
+    capstan__buf_free(&e);
+}
+
+void capstan__metrics_periodic(capstan_metrics_t *m, const char *schedule, long enqueued, long missed)
+{
+    capstan_buf_t e = {0};
+    if (!m || capstan__metrics_escape(&e, schedule ? schedule : ""))
+        goto out;
+    pthread_mutex_lock(&m->mu);
+    series_t *s = find_capped(m, K_PERIODIC, e.p, "");
+    if (s) {
+        s->n1 += enqueued > 0 ? (unsigned long long)enqueued : 0;
+        s->n2 += missed > 0 ? (unsigned long long)missed : 0;
+    }
     pthread_mutex_unlock(&m->mu);
 out:
     capstan__buf_free(&e);
@@ -522,6 +538,29 @@ static int render_limiters(capstan_buf_t *b, const series_t *s, size_t n)
     return rc;
 }
 
+static int render_periodic(capstan_buf_t *b, const series_t *s, size_t n)
+{
+    static const struct { const char *name, *help; } fam[] = {
+        { "capstan_periodic_enqueued_total",
+          "Ticks of a periodic schedule this process enqueued (each tick is enqueued by one "
+          "process of the fleet)." },
+        { "capstan_periodic_missed_total",
+          "Ticks of a periodic schedule no process enqueued at their time, that this process "
+          "found and let go by the schedule's missed policy." },
+    };
+    int rc = 0;
+    for (size_t f = 0; f < 2 && !rc; f++) {
+        rc = family(b, fam[f].name, "counter", fam[f].help);
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (s[i].kind != K_PERIODIC)
+                continue;
+            rc = sample_head(b, fam[f].name, "schedule", s[i].a, NULL, NULL);
+            if (!rc) rc = capstan__buf_printf(b, "} %llu\n", f == 0 ? s[i].n1 : s[i].n2);
+        }
+    }
+    return rc;
+}
+
 int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
 {
     static const struct { const char *name, *help; } counters[CAPSTAN_METRIC_COUNTER_COUNT] = {
@@ -570,6 +609,7 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
     if (!rc) rc = render_histograms(b, s, n, K_CALLBACK, "capstan_batch_callback_latency_seconds",
                                     "event", "Time from a batch being done to its callback "
                                     "starting here, by event (complete, success, death).");
+    if (!rc) rc = render_periodic(b, s, n);
     for (int c = 0; c < CAPSTAN_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
         if (!rc)

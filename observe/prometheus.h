@@ -1,7 +1,7 @@
 /* In-memory metrics of this process for the Prometheus endpoint: job
  * counters by class and queue, a job duration histogram by class, lock
  * event counters by lock type, rate limiter series by limiter name (for
- * the limiters this process used), and a few process-wide counters (orphans
+ * the limiters this process used), periodic ticks by schedule, and a few process-wide counters (orphans
  * recovered, poison pills, Redis reconnects).
  *
  * They count what this process did since it started, as Prometheus
@@ -88,6 +88,10 @@ void capstan__metrics_batch_callback(capstan_metrics_t *m, const char *event, do
 /* Counts what a batch step fired: lua/lib/batch_done.lua's counts of
  * completes, successes and deaths, in 10-bit fields from bit 2, 12, 22. */
 void capstan__metrics_batch_fired(capstan_metrics_t *m, long long flags);
+
+/* Counts what this process did for the periodic schedule named
+ * schedule: ticks it enqueued, and missed ticks it let go. */
+void capstan__metrics_periodic(capstan_metrics_t *m, const char *schedule, long enqueued, long missed);
 
 /* Adds n to a process-wide counter. */
 void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long n);

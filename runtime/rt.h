@@ -119,8 +119,8 @@ struct capstan_runtime {
 
     capstan_slot_t *slots;
     int nslots;
-    pthread_t housekeeper, scheduler;
-    int housekeeper_started, scheduler_started;
+    pthread_t housekeeper, scheduler, periodic;
+    int housekeeper_started, scheduler_started, periodic_started;
     atomic_int housekeeper_stop;
     pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
                                       (rt.c), which quiet and stop cut short */
@@ -235,6 +235,13 @@ int capstan__heartbeat_beat(struct capstan_runtime *rt, capstan_redis_t *r, int 
 int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);
 /* Removes the process from "processes" and its work hashes (at stop). */
 int capstan__heartbeat_clear(struct capstan_runtime *rt, capstan_redis_t *r);
+
+/* periodic.c: the thread that enqueues the ticks of the config's periodic
+ * schedules (started only when there are some). */
+void *capstan__periodic_main(void *rt);
+/* The jid of schedule name's tick at epoch second tick: 24 hex digits
+ * derived from the two, the same in every process. */
+void capstan__periodic_jid(const char *name, int64_t tick, char out[25]);
 
 /* scheduler.c */
 void *capstan__scheduler_main(void *rt);

@@ -3,6 +3,8 @@
  * still running, leave the process set). */
 #include "runtime/rt.h"
 
+#include "config/periodic.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -265,6 +267,8 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     capstan__rt_wake(rt);
     if (rt->scheduler_started)
         pthread_join(rt->scheduler, NULL);
+    if (rt->periodic_started)
+        pthread_join(rt->periodic, NULL);
     atomic_store(&rt->housekeeper_stop, 1);
     capstan__rt_wake(rt);
     if (rt->housekeeper_started)
@@ -332,6 +336,15 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
                  c->unknown_class_explicit || c->unknown_class == CAPSTAN_UNKNOWN_REQUEUE
                      ? "" : " (requeue on queues a Ruby Sidekiq process reads)",
                  rt->identity);
+    if (c->nperiodic) {
+        char list[512] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < c->nperiodic && len < sizeof(list); i++)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s (%s%s%s)", i ? ", " : "",
+                                    c->periodic[i].name, c->periodic[i].cron, c->periodic[i].tz ? ", " : "",
+                                    c->periodic[i].tz ? c->periodic[i].tz : "");
+        capstan_info("periodic: %zu schedule%s [%s]", c->nperiodic, c->nperiodic == 1 ? "" : "s", list);
+    }
     if (rt->nhandlers == 0 && c->unknown_class == CAPSTAN_UNKNOWN_FAIL)
         capstan_warn("no job classes are registered: every job will fail with NameError%s",
                      c->unknown_class_explicit ? "" : " unless a Ruby Sidekiq process reads its queue");
@@ -411,6 +424,11 @@ static int start_threads(capstan_runtime_t *rt, char *err)
         rt->scheduler_started = 1;
     if (!rt->housekeeper_started || !rt->scheduler_started)
         return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the housekeeper or scheduler thread");
+    if (rt->cfg->nperiodic) {
+        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, rt))
+            return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the periodic thread");
+        rt->periodic_started = 1;
+    }
     return 0;
 }
 

@@ -12,6 +12,8 @@
 #include "capstan/config.h"
 #include "capstan/redis.h"
 #include "redis/url.h"
+#include "capstan/periodic.h"
+#include "config/periodic.h"
 
 static capstan_config_t *cfg;
 static char *path; /* the current test's YAML file */
@@ -1065,4 +1067,87 @@ Test(config, startup_timeout_flag_and_pidfile_flag)
     cr_assert_str_eq(cfg->pidfile, "/tmp/x.pid");
     flag_rejected("--startup-timeout", "-1");
     flag_rejected("--startup-timeout", "inf");
+}
+
+/* The periodic: section: every option read, args and options as JSON, the
+ * line each schedule came from; errors at the line of what is wrong. */
+Test(config, periodic_section_and_its_errors)
+{
+    cr_assert_eq(load("periodic:\n"
+                      "  nightly_report:\n"
+                      "    cron: \"0 30 2 * * *\"\n"
+                      "    tz: Europe/Berlin\n"
+                      "    class: ReportJob\n"
+                      "    queue: reports\n"
+                      "    args: [7, \"7\", true, ~, 1.5, {a: [x]}]\n"
+                      "    retry: 3\n"
+                      "    missed: last\n"
+                      "    tags: [cron]\n"
+                      "  hourly: {cron: \"@hourly\", class: H}\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->nperiodic, 2);
+    const struct capstan_periodic_conf *p = cfg->periodic;
+    cr_assert_str_eq(p->name, "nightly_report");
+    cr_assert_str_eq(p->tz, "Europe/Berlin");
+    cr_assert_str_eq(p->queue, "reports");
+    cr_assert_str_eq(p->args, "[7,\"7\",true,null,1.5,{\"a\":[\"x\"]}]");
+    cr_assert_str_eq(p->extra, "{\"tags\":[\"cron\"]}");
+    cr_assert_eq(p->retry, 3);
+    cr_assert_eq(p->missed, CAPSTAN_MISSED_LAST);
+    char origin[512];
+    snprintf(origin, sizeof(origin), "%s:2", path);
+    cr_assert_str_eq(p->origin, origin);
+    cr_assert_str_eq(p[1].queue, "default");
+    cr_assert_str_eq(p[1].args, "[]");
+    cr_assert_null(p[1].tz);
+    cr_assert_eq(p[1].missed, CAPSTAN_MISSED_SKIP);
+
+    static const struct { const char *yaml; int line; const char *rest; } bad[] = {
+        { "periodic:\n  a:\n    class: A\n    cron: \"* * *\"\n", 4,
+          "periodic.a: cron: \"* * *\": expected five fields (minute hour day month weekday) or six "
+          "(seconds first)" },
+        { "periodic:\n  a:\n    class: A\n", 2, "periodic.a: cron: must be given" },
+        { "periodic:\n  a: {cron: \"@daily\", class: A, missed: some}\n", 2,
+          "periodic.a.missed: must be skip, last or all" },
+        { "periodic:\n  a: {cron: \"@daily\", class: A, quue: q}\n", 2,
+          "periodic.a.quue: unknown key (cron, tz, class, queue, args, retry, missed, tags, backtrace, "
+          "dead, retry_for, retry_queue)" },
+        { "periodic:\n  a: {cron: \"@daily\", class: A, args: 7}\n", 2, "periodic.a.args: must be a list" },
+        { "periodic:\n  a: {cron: \"0 0 30 2 *\", class: A}\n", 2,
+          "periodic.a: cron: \"0 0 30 2 *\" never fires" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        fresh();
+        cr_assert_eq(load(bad[i].yaml), CAPSTAN_ECONFIG, "%s", bad[i].yaml);
+        assert_err(bad[i].line, bad[i].rest);
+    }
+}
+
+/* capstan_periodic_add: the C call checks what the file's reader checks. */
+Test(config, periodic_add_from_c)
+{
+    capstan_periodic_opts_t o = CAPSTAN_PERIODIC_OPTS_INIT;
+    o.name = "report";
+    o.cron = "*/5 * * * *";
+    o.cls = "ReportJob";
+    o.args = "[1]";
+    o.missed = CAPSTAN_MISSED_ALL;
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), 0, "%s", err);
+    cr_assert_eq(cfg->nperiodic, 1);
+    cr_assert_str_eq(cfg->periodic[0].origin, "C");
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert_str_eq(err, "periodic report: the name is given twice");
+    o.name = "other";
+    o.tz = "Nowhere/Special";
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, "periodic other: tz: unknown time zone Nowhere/Special"), "%s", err);
+    o.tz = NULL;
+    o.args = "{}";
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert_str_eq(err, "periodic other: args: must be a JSON array");
+    o.args = NULL;
+    o.cron = "* * * * * * *";
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, "periodic other: cron:"), "%s", err);
+    cr_assert_eq(cfg->nperiodic, 1, "a refused schedule leaves the config as it was");
 }

@@ -290,12 +290,13 @@ static void check_lines(check_t *ck, const monitor_t *m, redisContext *keys_c)
 
 /* ---- the workload --------------------------------------------------------- */
 
-/* Fast beats, polls, recovery and reaper: every background script runs
- * within seconds. */
+/* Fast beats, polls, recovery and reaper, and an every-second periodic
+ * schedule: every background script runs within seconds. */
 #define FAST_YAML                                                                              \
     "poll_interval_average: 0.5\nheartbeat_interval: 0.5\nliveness_ttl: 2\n"                   \
     "recovery_interval: 1\ntimeout: 1\nreaper_interval: 1\nreaper_count: 10\n"                 \
-    "reaper_timeout: 2\n"
+    "reaper_timeout: 2\n"                                                                    \
+    "periodic:\n  sk_tick: {cron: \"* * * * * *\", class: NoopJob, queue: sk_ticks}\n"
 
 static void push(const char *const *argv)
 {
@@ -389,6 +390,8 @@ static void workload(void)
                             && kt_int("SCARD sk:scheduled") == 1, 30), "%s", kt_capstan_log(w1));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN sk:child") + kt_int("LLEN sk:parent") >= 3, 30),
               "the batches' callbacks ran: %s", kt_capstan_log(w1));
+    /* A periodic tick (periodic_enqueue). */
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:sk_ticks") >= 1, 10), "%s", kt_capstan_log(w1));
 
     /* The retries made due now run again: "once" dies (the batch's
      * failure goes back to retry). */

@@ -16,5 +16,6 @@
 #include "limiter.h"
 #include "qlock.h"
 #include "batch.h"
+#include "periodic.h"
 
 #endif

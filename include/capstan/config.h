@@ -143,6 +143,8 @@ typedef struct capstan_config {
     int min_replicas_ack;     /* after writing acks, WAIT for this many replicas
                                  to have them; 0 (default) = do not wait */
     long min_replicas_timeout; /* milliseconds that WAIT may take, default 1000 */
+    struct capstan_periodic_conf *periodic; /* schedules (capstan/periodic.h) */
+    size_t nperiodic;
 } capstan_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with

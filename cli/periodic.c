@@ -1,0 +1,178 @@
+/* `capstan periodic`: the periodic schedules of a config file, each with
+ * its last tick (from its record in Redis), its next tick (computed here
+ * as a worker computes it) and where it was declared; then the tick
+ * records in Redis that no schedule of the file owns (a schedule declared
+ * in C by a program, or one removed from the file). Read-only. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "config/periodic.h"
+#include "redis/keys.h"
+#include "redis/scan.h"
+#include "support/cron.h"
+#include "support/time.h"
+#include "support/tz.h"
+
+static const char *usage =
+    "Usage: capstan periodic -C FILE [--json]\n"
+    "\n"
+    "Lists the periodic schedules of FILE's periodic: section: expression, zone,\n"
+    "class, queue, missed policy, the last tick enqueued by any process (from\n"
+    "Redis), the next tick, and the file and line that declare it. Tick records\n"
+    "in Redis that no schedule of FILE owns follow, with their last tick.\n"
+    "Times are in each schedule's zone, with its offset; --json gives them as\n"
+    "epoch seconds.\n"
+    "\n"
+    "  -C, --config FILE   the capstan.yml to read\n"
+    "  -e, --environment ENV  the environment whose section applies\n"
+    "      --json          print JSON\n"
+    "      --redis-url URL default: the file's, else $REDIS_URL, else\n"
+    "                      redis://127.0.0.1:6379/0\n"
+    "  -h, --help          this help\n";
+
+/* t (UTC epoch) as ISO 8601 in zone tz with its offset, or "-". */
+static void format_time(char *out, size_t n, int64_t t, const capstan_tz_t *tz)
+{
+    if (t < 0) {
+        snprintf(out, n, "-");
+        return;
+    }
+    long off = capstan__tz_offset(tz, t);
+    int64_t w = t + off, days = w / 86400 - (w % 86400 < 0), y;
+    long sod = (long)(w - days * 86400);
+    unsigned m, d;
+    capstan__civil_from_days(days, &y, &m, &d);
+    long aoff = off < 0 ? -off : off;
+    snprintf(out, n, "%04" PRId64 "-%02u-%02uT%02ld:%02ld:%02ld%c%02ld:%02ld", y, m, d, sod / 3600,
+             sod / 60 % 60, sod % 60, off < 0 ? '-' : '+', aoff / 3600, aoff / 60 % 60);
+}
+
+/* The last tick recorded for key, or -1 (none, or Redis unreachable). */
+static int64_t last_tick(capstan_redis_t *r, const char *key)
+{
+    if (!r)
+        return -1;
+    redisReply *rep = capstan_redis_cmdf(r, "HGET %s last", key);
+    int64_t v = rep && rep->type == REDIS_REPLY_STRING ? strtoll(rep->str, NULL, 10) : -1;
+    freeReplyObject(rep);
+    return v;
+}
+
+int capstan__cmd_periodic(int argc, char **argv)
+{
+    enum { OPT_URL = 256, OPT_JSON };
+    static const struct option longopts[] = {
+        { "config", required_argument, NULL, 'C' }, { "environment", required_argument, NULL, 'e' },
+        { "redis-url", required_argument, NULL, OPT_URL }, { "json", no_argument, NULL, OPT_JSON },
+        { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+    };
+    const char *url = NULL, *conf = NULL, *env = NULL;
+    int json = 0, opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "C:e:h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'C': conf = optarg; break;
+        case 'e': env = optarg; break;
+        case OPT_URL: url = optarg; break;
+        case OPT_JSON: json = 1; break;
+        case 'h': fputs(usage, stdout); return 0;
+        default:
+            fprintf(stderr, "capstan periodic: %s: unknown option or missing value\n\n%s",
+                    argv[optind - 1], usage);
+            return CAPSTAN_EXIT_USAGE;
+        }
+    }
+    if (!conf || optind < argc) {
+        fputs(usage, stderr);
+        return CAPSTAN_EXIT_USAGE;
+    }
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = capstan_config_new();
+    if (cfg && env)
+        capstan_config_set_str(&cfg->environment, env);
+    if (!cfg || capstan_config_load_file(cfg, conf, err)) {
+        fprintf(stderr, "capstan periodic: %s\n", cfg ? err : "out of memory");
+        capstan_config_free(cfg);
+        return CAPSTAN_EXIT_CONFIG;
+    }
+    capstan_config_apply_env(cfg);
+    if (!url && cfg->redis_url_explicit)
+        url = cfg->redis_url;
+    capstan_redis_t *r = capstan__cli_connect("capstan periodic", url);
+    if (!r)
+        fprintf(stderr, "capstan periodic: last ticks unknown\n");
+    json_t *list = json_array();
+    if (!json)
+        printf("%-20s %-16s %-16s %-16s %-10s %-6s %-25s %-25s %s\n", "NAME", "CRON", "TZ", "CLASS",
+               "QUEUE", "MISSED", "LAST TICK", "NEXT TICK", "FROM");
+    double now = capstan__now();
+    for (size_t i = 0; i < cfg->nperiodic; i++) {
+        const struct capstan_periodic_conf *p = &cfg->periodic[i];
+        capstan_cron_t c;
+        capstan_tz_t *tz = capstan__tz_load(p->tz, err);
+        char *key = capstan__key_dup(CAPSTAN_KEY_PERIODIC, p->name), last[40], next[40];
+        int64_t nt = tz && !capstan__cron_parse(p->cron, &c, err) ? capstan__cron_next(&c, tz, (int64_t)now) : -1;
+        int64_t lt = key ? last_tick(r, key) : -1;
+        format_time(last, sizeof(last), lt, tz);
+        format_time(next, sizeof(next), nt, tz);
+        if (json)
+            json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:o, s:o, s:s}",
+                "name", p->name, "cron", p->cron, "tz", p->tz ? p->tz : "UTC", "class", p->cls,
+                "queue", p->queue, "missed", capstan_periodic_missed_name(p->missed),
+                "last", lt >= 0 ? json_integer(lt) : json_null(),
+                "next", nt >= 0 ? json_integer(nt) : json_null(), "from", p->origin));
+        else
+            printf("%-20s %-16s %-16s %-16s %-10s %-6s %-25s %-25s %s\n", p->name, p->cron,
+                   p->tz ? p->tz : "UTC", p->cls, p->queue, capstan_periodic_missed_name(p->missed), last,
+                   next, p->origin);
+        free(key);
+        capstan__tz_free(tz);
+    }
+    /* Records no schedule of the file owns. */
+    capstan_scan_t sc;
+    const redisReply *page;
+    int rc = 0;
+    if (r)
+        capstan__scan_init(&sc, r, NULL, CAPSTAN_KEY_PERIODIC "*", 1000);
+    while (r && (rc = capstan__scan_next(&sc, &page, err)) > 0)
+        for (size_t i = 0; i < page->elements; i++) {
+            const char *name = page->element[i]->str + strlen(CAPSTAN_KEY_PERIODIC);
+            size_t k;
+            for (k = 0; k < cfg->nperiodic && strcmp(cfg->periodic[k].name, name); k++)
+                ;
+            if (k < cfg->nperiodic)
+                continue;
+            char last[40];
+            int64_t lt = last_tick(r, page->element[i]->str);
+            format_time(last, sizeof(last), lt, NULL);
+            if (json)
+                json_array_append_new(list, json_pack("{s:s, s:o, s:s}", "name", name, "last",
+                                                      lt >= 0 ? json_integer(lt) : json_null(),
+                                                      "from", "redis"));
+            else
+                printf("%-20s %-16s %-16s %-16s %-10s %-6s %-25s %-25s %s\n", name, "?", "?", "?", "?", "?",
+                       last, "-", "redis only (declared in C, or no longer in this file)");
+        }
+    if (r)
+        capstan__scan_close(&sc);
+    if (rc < 0)
+        fprintf(stderr, "capstan periodic: %s\n", err);
+    if (json) {
+        char *s = json_dumps(list, JSON_INDENT(2));
+        if (s)
+            puts(s);
+        free(s);
+    }
+    json_decref(list);
+    capstan_redis_free(r);
+    capstan_config_free(cfg);
+    return 0;
+}

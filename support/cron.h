@@ -1,0 +1,34 @@
+/* Cron expressions: five fields (minute hour day-of-month month
+ * day-of-week), or six with seconds first as sidekiq-cron writes them, or
+ * a shorthand (@yearly, @annually, @monthly, @weekly, @daily, @midnight,
+ * @hourly). A field is *, ? (as *), a value, a range a-b, a step * /n (written without the space),
+ * a-b/n or a/n, or a comma list of those; months and weekdays take their
+ * three-letter English names, and weekday 7 is Sunday as 0 is. When both
+ * day fields are restricted a day matches either, as in cron. */
+#ifndef CAPSTAN_SUPPORT_CRON_H
+#define CAPSTAN_SUPPORT_CRON_H
+
+#include <stdint.h>
+
+#include "support/tz.h"
+
+typedef struct capstan_cron {
+    uint64_t sec, min;   /* bit n set: value n matches */
+    uint32_t hour, dom;  /* dom: bits 1..31 */
+    uint16_t mon;        /* bits 1..12 */
+    uint8_t dow;         /* bits 0..6, Sunday 0 */
+    int dom_any, dow_any; /* the field was * or ? */
+} capstan_cron_t;
+
+/* Parses expr into *out. Returns 0, or CAPSTAN_ECONFIG with err
+ * (CAPSTAN_ERRLEN) saying which field is wrong and why. */
+int capstan__cron_parse(const char *expr, capstan_cron_t *out, char *err);
+
+/* The first tick strictly after the UTC instant after, in zone tz (NULL =
+ * UTC), as a UTC instant; -1 when there is none within ten years (a
+ * February 30th). A local time that does not exist (clocks turned
+ * forward) ticks at the instant of the jump; one that occurs twice (clocks
+ * turned back) ticks once, at its first occurrence. */
+int64_t capstan__cron_next(const capstan_cron_t *c, const capstan_tz_t *tz, int64_t after);
+
+#endif

@@ -1,0 +1,167 @@
+/* Cron expressions and time zones for periodic jobs: parsing, next ticks,
+ * and the daylight-saving changes of a zone driven by explicit instants
+ * (no clock, no sleeps). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capstan/error.h"
+#include "support/cron.h"
+#include "support/tz.h"
+
+static capstan_cron_t parse(const char *expr)
+{
+    capstan_cron_t c;
+    char err[CAPSTAN_ERRLEN] = "";
+    cr_assert_eq(capstan__cron_parse(expr, &c, err), 0, "%s: %s", expr, err);
+    return c;
+}
+
+static capstan_tz_t *zone(const char *name)
+{
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_tz_t *tz = capstan__tz_load(name, err);
+    cr_assert(tz, "%s: %s", name, err);
+    return tz;
+}
+
+/* The n ticks after t, in UTC instants. */
+static void ticks(const char *expr, const capstan_tz_t *tz, int64_t t, int64_t *out, int n)
+{
+    capstan_cron_t c = parse(expr);
+    for (int i = 0; i < n; i++)
+        t = out[i] = capstan__cron_next(&c, tz, t);
+}
+
+Test(cron, five_and_six_fields_steps_lists_and_names)
+{
+    const int64_t t = 1795687620; /* 2026-11-26T10:07:00Z, a Thursday */
+    int64_t got[3];
+    ticks("*/15 * * * *", NULL, t, got, 3);
+    cr_assert_eq(got[0], t + 8 * 60);
+    cr_assert_eq(got[1], t + 23 * 60);
+    cr_assert_eq(got[2], t + 38 * 60);
+    ticks("*/20 * * * * *", NULL, t, got, 3); /* seconds first */
+    cr_assert_eq(got[0], t + 20);
+    cr_assert_eq(got[2], t + 60);
+    ticks("5,10-12 3/10 * * * *", NULL, t, got, 3); /* 10:13:05, 10:13:10, 10:13:11 */
+    cr_assert_eq(got[0], t + 6 * 60 + 5);
+    cr_assert_eq(got[1], t + 6 * 60 + 10);
+    cr_assert_eq(got[2], t + 6 * 60 + 11);
+    ticks("0 9 * jan-mar MON", NULL, t, got, 1); /* Monday 2027-01-04 09:00 */
+    cr_assert_eq(got[0], 1799053200);
+    ticks("@monthly", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1796083200); /* 2026-12-01T00:00Z */
+    cr_assert_eq(got[1], 1796083200 + 31 * 86400);
+    ticks("0 0 * * 7", NULL, t, got, 1); /* Sunday as 7 */
+    cr_assert_eq(got[0], 1795910400);    /* 2026-11-29T00:00Z */
+    /* Both day fields restricted: either matches (the 13th or a Friday). */
+    ticks("0 0 13 * fri", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1795737600); /* Friday 2026-11-27 */
+    cr_assert_eq(got[1], 1796342400); /* Friday 2026-12-04 */
+    ticks("@hourly", NULL, t, got, 1);
+    cr_assert_eq(got[0], t + 53 * 60);
+}
+
+Test(cron, bad_expressions_say_which_field)
+{
+    static const struct { const char *expr, *says; } bad[] = {
+        { "* * * *", "five fields" },
+        { "* * * * * * *", "more than six" },
+        { "60 * * * *", "minutes field \"60\": values must be between 0 and 59" },
+        { "* 24 * * *", "hours field" },
+        { "* * 0 * *", "day of month field" },
+        { "* * * 13 *", "month field" },
+        { "* * * * 8", "day of week field" },
+        { "*/0 * * * *", "step" },
+        { "5-1 * * * *", "must go up" },
+        { "* * * foo *", "month field" },
+        { "@every_minute", "unknown shorthand" },
+        { "1,,2 * * * *", "minutes field" },
+        { "L * * * *", "minutes field" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        capstan_cron_t c;
+        char err[CAPSTAN_ERRLEN] = "";
+        cr_assert_eq(capstan__cron_parse(bad[i].expr, &c, err), CAPSTAN_ECONFIG, "%s", bad[i].expr);
+        cr_assert(strstr(err, bad[i].says), "%s: %s", bad[i].expr, err);
+    }
+    capstan_cron_t c = parse("0 0 30 2 *"); /* never: February 30th */
+    cr_assert_eq(capstan__cron_next(&c, NULL, 1795687620), -1);
+}
+
+Test(cron, zones_from_tzif_files_and_their_footer_rules)
+{
+    capstan_tz_t *berlin = zone("Europe/Berlin"), *sydney = zone("Australia/Sydney"),
+                 *ny = zone("America/New_York");
+    cr_assert_eq(capstan__tz_offset(berlin, 1768435200), 3600);  /* January */
+    cr_assert_eq(capstan__tz_offset(berlin, 1784073600), 7200);  /* July */
+    cr_assert_eq(capstan__tz_offset(sydney, 1768435200), 39600); /* southern summer */
+    cr_assert_eq(capstan__tz_offset(sydney, 1784073600), 36000);
+    cr_assert_eq(capstan__tz_offset(ny, 1772953200 - 1), -5 * 3600); /* 2026-03-08 07:00Z */
+    cr_assert_eq(capstan__tz_offset(ny, 1772953200), -4 * 3600);
+    /* Past the file's last transition the footer's rule applies. */
+    cr_assert_eq(capstan__tz_offset(berlin, 2216250000 - 1), 3600); /* 2040-03-25T01:00Z */
+    cr_assert_eq(capstan__tz_offset(berlin, 2216250000), 7200);
+    capstan__tz_free(berlin);
+    capstan__tz_free(sydney);
+    capstan__tz_free(ny);
+    char err[CAPSTAN_ERRLEN] = "";
+    cr_assert_null(capstan__tz_load("Mars/Olympus_Mons", err));
+    cr_assert(strstr(err, "unknown time zone Mars/Olympus_Mons"), "%s", err);
+    cr_assert_null(capstan__tz_load("../../etc/passwd", err));
+    capstan_tz_t *utc = zone("UTC");
+    cr_assert_eq(capstan__tz_offset(utc, 1784073600), 0);
+    capstan__tz_free(utc);
+}
+
+/* Berlin, 2026-03-29: clocks go from 02:00 CET to 03:00 CEST at 01:00Z. */
+Test(cron, dst_gap_ticks_at_the_jump_once)
+{
+    capstan_tz_t *tz = zone("Europe/Berlin");
+    const int64_t jump = 1774746000;
+    int64_t got[3];
+    ticks("0 30 2 * * *", tz, jump - 3600, got, 3);
+    cr_assert_eq(got[0], jump); /* 02:30 does not exist: at the jump, 03:00 CEST */
+    cr_assert_eq(got[1], 1774830600); /* 2026-03-30 02:30 CEST = 00:30Z */
+    cr_assert_eq(got[2], 1774830600 + 86400);
+    /* Hourly: 02:00 is folded into the jump, and 03:00 is that same
+     * instant: one tick, none doubled, none lost. */
+    int64_t h[4];
+    ticks("0 * * * *", tz, jump - 2 * 3600 - 1, h, 4);
+    cr_assert_eq(h[0], jump - 2 * 3600); /* 00:00 CET */
+    cr_assert_eq(h[1], jump - 3600);     /* 01:00 CET */
+    cr_assert_eq(h[2], jump);            /* 03:00 CEST */
+    cr_assert_eq(h[3], jump + 3600);     /* 04:00 CEST */
+    /* Every minute through the gap: the skipped hour's minutes are one
+     * tick at the jump, then 03:01. */
+    ticks("* * * * *", tz, jump - 61, h, 4);
+    cr_assert_eq(h[0], jump - 60); /* 01:59 CET */
+    cr_assert_eq(h[1], jump);
+    cr_assert_eq(h[2], jump + 60);
+    capstan__tz_free(tz);
+}
+
+/* Berlin, 2026-10-25: clocks go from 03:00 CEST back to 02:00 CET at
+ * 01:00Z; the hour 02:00-03:00 occurs twice and ticks once, the first
+ * time. */
+Test(cron, dst_repeat_ticks_once)
+{
+    capstan_tz_t *tz = zone("Europe/Berlin");
+    const int64_t back = 1792890000;
+    int64_t got[2];
+    ticks("0 30 2 * * *", tz, back - 3 * 3600, got, 2);
+    cr_assert_eq(got[0], 1792888200); /* 02:30 CEST = 00:30Z */
+    cr_assert_eq(got[1], 1792978200); /* the next day's 02:30 CET, not 01:30Z today */
+    int64_t h[4];
+    ticks("0 * * * *", tz, back - 2 * 3600 - 1, h, 4);
+    cr_assert_eq(h[0], back - 2 * 3600); /* 01:00 CEST */
+    cr_assert_eq(h[1], back - 3600);     /* 02:00 CEST */
+    cr_assert_eq(h[2], back + 3600);     /* 03:00 CET: 02:00 CET is not run again */
+    cr_assert_eq(h[3], back + 7200);
+    /* Started inside the repeated hour (its second pass), nothing ticks
+     * until the wall clock passes it. */
+    ticks("*/10 * * * *", tz, back + 5 * 60, h, 1);
+    cr_assert_eq(h[0], back + 3600);
+    capstan__tz_free(tz);
+}

@@ -1,0 +1,333 @@
+/* Periodic jobs against a real Redis and real capstan processes: each tick
+ * of an every-second schedule enqueued exactly once by three processes
+ * while they are killed and restarted; the missed-tick policies after
+ * every process was down; a changed expression enqueuing no phantom
+ * ticks; a bad expression stopping the start with one line; `capstan
+ * periodic`. The ledger is the queue itself, which no process reads: each
+ * payload names its tick (periodic_at). */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "capstan/capstan.h"
+#include "helpers.h"
+#include "runtime/rt.h"
+
+TestSuite(periodic, .timeout = 120, .fini = kt_kill_children);
+
+/* A tick as its payload in the queue shows it. */
+typedef struct tick {
+    long long at;       /* periodic_at */
+    double enqueued_at;
+    char jid[32];
+} tick_t;
+
+static int by_at(const void *a, const void *b)
+{
+    long long x = ((const tick_t *)a)->at, y = ((const tick_t *)b)->at;
+    return x < y ? -1 : x > y;
+}
+
+/* Every payload of queue:q, sorted by tick; *n gets the count. */
+static tick_t *ticks_of(const char *q, size_t *n)
+{
+    redisReply *r = kt_cmd("LRANGE queue:%s 0 -1", q);
+    tick_t *v = calloc(r->elements + 1, sizeof(*v));
+    for (size_t i = 0; i < r->elements; i++) {
+        json_error_t je;
+        json_t *o = json_loads(r->element[i]->str, 0, &je);
+        cr_assert(o, "payload is JSON: %s", r->element[i]->str);
+        v[i].at = json_integer_value(json_object_get(o, "periodic_at"));
+        v[i].enqueued_at = json_number_value(json_object_get(o, "enqueued_at"));
+        snprintf(v[i].jid, sizeof(v[i].jid), "%s", json_string_value(json_object_get(o, "jid")));
+        cr_assert(v[i].at > 0 && v[i].enqueued_at > 0, "%s", r->element[i]->str);
+        json_decref(o);
+    }
+    *n = r->elements;
+    freeReplyObject(r);
+    qsort(v, *n, sizeof(*v), by_at);
+    return v;
+}
+
+/* The newest tick in queue:q, or 0. */
+static long long newest(const char *q)
+{
+    size_t n;
+    tick_t *v = ticks_of(q, &n);
+    long long at = n ? v[n - 1].at : 0;
+    free(v);
+    return at;
+}
+
+/* Enqueued a second or more after its time: for an every-second
+ * schedule, not the latest due tick when it was enqueued, so a missed one
+ * caught up once a process was back (an on-time tick goes within ms). */
+static int late(const tick_t *t)
+{
+    return t->enqueued_at - (double)t->at >= 1.0;
+}
+
+static pid_t start(const char *conf, int metrics_port)
+{
+    char port[16];
+    snprintf(port, sizeof(port), "%d", metrics_port);
+    const char *with_port[] = { "-C", conf, "--metrics-port", port, NULL };
+    const char *plain[] = { "-C", conf, NULL };
+    return kt_capstan_start(metrics_port ? with_port : plain);
+}
+
+static void stop(pid_t pid, int sig)
+{
+    int st = kt_capstan_stop(pid, sig, 30);
+    kt_untrack(pid);
+    cr_assert(sig == SIGKILL ? st == 128 + SIGKILL : st == 0, "capstan %d stopped (status %d): %s", (int)pid,
+              st, kt_capstan_log(pid));
+}
+
+Test(periodic, every_tick_once_across_three_processes_killed_and_restarted)
+{
+    char *conf = kt_write_conf("queues: [other]\n"
+                               "periodic:\n"
+                               "  each_second:\n"
+                               "    cron: \"* * * * * *\"\n"
+                               "    class: TickJob\n"
+                               "    queue: ticks\n"
+                               "    missed: all\n");
+    /* KT_PERIODIC_SCALE=4 stretches the run to about a minute (not in CI). */
+    double f = getenv("KT_PERIODIC_SCALE") ? atof(getenv("KT_PERIODIC_SCALE")) : 1;
+    f = f >= 1 ? f : 1;
+    pid_t p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = start(conf, 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:ticks") >= 2, 15), "ticks come: %s", kt_capstan_log(p[0]));
+    double t0 = kt_wall();
+    /* kill -9 one, restart it; a rolling restart of the two others; kill
+     * -9 the first again and restart it. */
+    kt_sleep(3 * f);
+    stop(p[0], SIGKILL);
+    p[0] = start(conf, 0);
+    kt_sleep(3 * f);
+    for (int i = 1; i < 3; i++) {
+        stop(p[i], SIGTERM);
+        p[i] = start(conf, 0);
+        kt_sleep(1.5 * f);
+    }
+    kt_sleep(1.5 * f);
+    stop(p[0], SIGKILL);
+    p[0] = start(conf, 0);
+    long long until = (long long)kt_wall() + 3;
+    cr_assert(KT_WAIT_UNTIL(newest("ticks") >= until, 10));
+    for (int i = 0; i < 3; i++)
+        stop(p[i], SIGTERM);
+    size_t n;
+    tick_t *v = ticks_of("ticks", &n);
+    long long span = v[n - 1].at - v[0].at + 1;
+    size_t doubled = 0, lost = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (v[i].at == v[i - 1].at)
+            doubled++;
+        else if (v[i].at != v[i - 1].at + 1)
+            lost += (size_t)(v[i].at - v[i - 1].at - 1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        char jid[25];
+        capstan__periodic_jid("each_second", v[i].at, jid);
+        cr_assert_str_eq(v[i].jid, jid, "the jid of tick %lld is derived from name and time", v[i].at);
+    }
+    double worst = 0, sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        double lag = v[i].enqueued_at - (double)v[i].at;
+        sum += lag;
+        worst = lag > worst ? lag : worst;
+    }
+    fprintf(stderr, "periodic: 3 processes, 2 kill -9 and a rolling restart over %.1f s: %zu jobs for "
+                    "%lld ticks, %zu doubled, %zu lost; enqueued %.1f ms after the tick on average, "
+                    "%.1f ms at worst\n", kt_wall() - t0, n, span, doubled, lost, sum / (double)n * 1000,
+            worst * 1000);
+    cr_assert_eq(doubled, 0, "never two jobs for one tick");
+    cr_assert_eq(lost, 0, "never a tick without its job");
+    cr_assert_eq((long long)n, span);
+    free(v);
+    free(conf);
+}
+
+/* GET /metrics on port; the body, malloc'd, or NULL. */
+static char *metrics(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while ((got = read(fd, buf + len, cap - len - 1)) > 0)
+        len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* The value of series name{schedule="sched"} in a scrape, or 0. */
+static long series(const char *scrape, const char *name, const char *sched)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "%s{schedule=\"%s\"} ", name, sched);
+    const char *at = scrape ? strstr(scrape, want) : NULL;
+    return at ? atol(at + strlen(want)) : 0;
+}
+
+Test(periodic, missed_ticks_skip_last_all_after_every_process_was_down)
+{
+    char *conf = kt_write_conf("queues: [other]\n"
+                               "periodic:\n"
+                               "  skip_s: {cron: \"* * * * * *\", class: TickJob, queue: t_skip}\n"
+                               "  last_s: {cron: \"* * * * * *\", class: TickJob, queue: t_last, missed: last}\n"
+                               "  all_s: {cron: \"* * * * * *\", class: TickJob, queue: t_all, missed: all}\n");
+    static const char *const queues[] = { "t_skip", "t_last", "t_all" };
+    pid_t p[2] = { start(conf, 0), start(conf, 0) };
+    for (int q = 0; q < 3; q++)
+        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:%s", queues[q]) >= 2, 15), "%s", kt_capstan_log(p[0]));
+    stop(p[0], SIGKILL);
+    stop(p[1], SIGKILL);
+    double down = kt_wall();
+    /* KT_PERIODIC_SCALE=2 keeps them down 10 s (not in CI). */
+    double f = getenv("KT_PERIODIC_SCALE") ? atof(getenv("KT_PERIODIC_SCALE")) : 1;
+    kt_sleep(5 * (f >= 1 ? f : 1));
+    double up = kt_wall();
+    int ports[2] = { kt_free_port(), kt_free_port() };
+    p[0] = start(conf, ports[0]);
+    p[1] = start(conf, ports[1]);
+    for (int q = 0; q < 3; q++)
+        cr_assert(KT_WAIT_UNTIL(newest(queues[q]) >= (long long)up + 2, 10));
+    char *scrape[2] = { metrics(ports[0]), metrics(ports[1]) };
+    stop(p[0], SIGTERM);
+    stop(p[1], SIGTERM);
+    long caught[3];
+    for (int q = 0; q < 3; q++) {
+        size_t n;
+        tick_t *v = ticks_of(queues[q], &n);
+        long long before = 0, first_on_time = 0;
+        caught[q] = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (i)
+                cr_assert_neq(v[i].at, v[i - 1].at, "%s: never two jobs for one tick", queues[q]);
+            if (v[i].enqueued_at < down)
+                before = v[i].at;
+            else if (late(&v[i]))
+                caught[q]++;
+            else if (!first_on_time)
+                first_on_time = v[i].at;
+        }
+        long long gap = first_on_time - before - 1;
+        fprintf(stderr, "periodic: missed %s, all down %.1f s: %lld ticks missed, %ld enqueued late\n",
+                queues[q] + 2, up - down, gap, caught[q]);
+        cr_assert_geq(gap, 4, "%s: the down time shows as missed ticks", queues[q]);
+        if (q == 2)
+            cr_assert_eq(caught[q], gap, "all: each missed tick once");
+        free(v);
+    }
+    cr_assert_eq(caught[0], 0, "skip: nothing for the gap");
+    cr_assert_eq(caught[1], 1, "last: the latest missed tick once");
+    long let_go = series(scrape[0], "capstan_periodic_missed_total", "skip_s") +
+                  series(scrape[1], "capstan_periodic_missed_total", "skip_s");
+    long all_enq = series(scrape[0], "capstan_periodic_enqueued_total", "all_s") +
+                   series(scrape[1], "capstan_periodic_enqueued_total", "all_s");
+    cr_assert_geq(let_go, 4, "/metrics counts the ticks skip let go: %s", scrape[0]);
+    cr_assert_geq(all_enq, caught[2] + 1, "/metrics counts the ticks enqueued: %s", scrape[0]);
+    free(scrape[0]);
+    free(scrape[1]);
+    free(conf);
+}
+
+Test(periodic, changed_expression_starts_fresh_and_capstan_periodic_lists_it)
+{
+    char *conf = kt_write_conf("queues: [other]\n"
+                               "periodic:\n"
+                               "  sched:\n"
+                               "    cron: \"* * * * * *\"\n"
+                               "    class: TickJob\n"
+                               "    queue: ticks\n"
+                               "    missed: all\n");
+    pid_t p = start(conf, 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:ticks") >= 2, 15), "%s", kt_capstan_log(p));
+    stop(p, SIGTERM);
+    free(conf);
+    conf = kt_write_conf("queues: [other]\n"
+                         "periodic:\n"
+                         "  sched:\n"
+                         "    cron: \"*/2 * * * * *\"\n"
+                         "    class: TickJob\n"
+                         "    queue: ticks\n"
+                         "    missed: all\n");
+    kt_sleep(3.5);
+    double up = kt_wall();
+    p = start(conf, 0);
+    cr_assert(KT_WAIT_UNTIL(newest("ticks") >= (long long)up + 2, 10));
+    char *log = kt_capstan_log(p);
+    stop(p, SIGTERM);
+    size_t n;
+    tick_t *v = ticks_of("ticks", &n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(!late(&v[i]), "no phantom tick of the new expression in the gap: tick %lld enqueued at %.3f",
+                  v[i].at, v[i].enqueued_at);
+    cr_assert(strstr(log, "periodic sched: its expression changed"), "%s", log);
+    free(v);
+    free(log);
+
+    char *out = NULL;
+    const char *args[] = { "periodic", "-C", conf, "--redis-url", kt_url(), NULL };
+    cr_assert_eq(kt_capstan_run(args, &out), 0, "%s", out);
+    char *last = kt_str("HGET capstan:periodic:sched last");
+    cr_assert(strstr(out, "*/2 * * * * *") && strstr(out, "capstan.yml:5") && strstr(out, "+00:00"), "%s", out);
+    free(out);
+    const char *jargs[] = { "periodic", "-C", conf, "--redis-url", kt_url(), "--json", NULL };
+    cr_assert_eq(kt_capstan_run(jargs, &out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert(j && json_array_size(j) == 1, "%s", out);
+    json_t *s = json_array_get(j, 0);
+    cr_assert_eq(json_integer_value(json_object_get(s, "last")), atoll(last), "%s", out);
+    cr_assert_gt(json_integer_value(json_object_get(s, "next")), atoll(last));
+    cr_assert_eq(json_integer_value(json_object_get(s, "next")) % 2, 0);
+    json_decref(j);
+    free(out);
+    free(last);
+    free(conf);
+}
+
+Test(periodic, bad_expression_stops_the_start_with_one_line)
+{
+    char *conf = kt_write_conf("periodic:\n"
+                               "  fine: {cron: \"@hourly\", class: A}\n"
+                               "  broken:\n"
+                               "    class: B\n"
+                               "    cron: \"0 61 * * * *\"\n");
+    char *out = NULL;
+    const char *args[] = { "run", "-C", conf, "--redis-url", kt_url(), NULL };
+    int st = kt_capstan_run(args, &out);
+    cr_assert_eq(st, CAPSTAN_EXIT_CONFIG, "status %d: %s", st, out);
+    cr_assert(strstr(out, "capstan.yml:7: periodic.broken: cron: minutes field \"61\": values must be "
+                          "between 0 and 59"), "%s", out);
+    cr_assert_eq(strchr(out, '\n'), strrchr(out, '\n'), "one line: %s", out);
+    free(out);
+    free(conf);
+    conf = kt_write_conf("periodic:\n"
+                         "  zoned: {cron: \"@daily\", class: A, tz: Europe/Atlantis}\n");
+    args[2] = conf;
+    st = kt_capstan_run(args, &out);
+    cr_assert_eq(st, CAPSTAN_EXIT_CONFIG, "status %d: %s", st, out);
+    cr_assert(strstr(out, "capstan.yml:4: periodic.zoned: tz: unknown time zone Europe/Atlantis"), "%s", out);
+    free(out);
+    free(conf);
+}
