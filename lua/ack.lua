@@ -11,7 +11,8 @@
 -- KEYS[3] and KEYS[4] (optional) a uniqueness lock "<digest>:LOCKED" and
 -- "uniquejobs:digests": the job's hold on it is released in the same step,
 -- so a lock outlives its job neither after a crash between the two nor
--- when a late ack finds the job recovered (then the lock stays with it).
+-- when a late ack finds the job recovered (then an until-lock stays with
+-- it; a runtime lock, taken by this run, goes).
 -- ARGV[1] payload as fetched, ARGV[2] "ok" | "retry" | "dead" | "drop" |
 -- "queue" (an interrupted iterable job: ARGV[4] goes to the end of its
 -- queue, as Sidekiq's re-push puts it),
@@ -45,6 +46,13 @@ if KEYS[1] ~= '' then
   -- From the tail, where the oldest (first finished) jobs are.
   removed = redis.call('LREM', KEYS[1], -1, ARGV[1])
   if removed == 0 then
+    -- A late ack: the job went back or to another process meanwhile and
+    -- keeps its until-lock for that copy. A runtime lock is this run's
+    -- own (the copy takes its own when it runs), so it goes, or nothing
+    -- would ever release a hold this run took after the copy finished.
+    if KEYS[4] and KEYS[4] ~= '' and ARGV[7] and string.sub(KEYS[3], -11) == ':RUN:LOCKED' then
+      release_hold(KEYS[3], KEYS[4], ARGV[7])
+    end
     return 0
   end
 end

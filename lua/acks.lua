@@ -6,7 +6,8 @@
 -- "<digest>:LOCKED" goes, as in ack.lua, and when it belongs to a batch the
 -- batch counts it, as lib/batch_done.lua says (each batch's counters move
 -- once per call). A job no longer in the list (requeued or recovered
--- meanwhile) keeps its lock and counts nothing, for the copy that will run.
+-- meanwhile) keeps its until-lock and counts nothing, for the copy that
+-- will run; a runtime lock (":RUN:LOCKED") is this run's own and goes.
 -- One script call for a batch of acks instead of a command per job: the
 -- per-command cost, not the removal, is most of what an ack costs Redis.
 -- KEYS[1] working list, KEYS[2] "uniquejobs:digests", then, declared for
@@ -31,6 +32,9 @@ for i = 1, #ARGV, 4 do
     if ARGV[i + 3] ~= '' and batch_ok(acc, ARGV[i + 3], ARGV[i + 2]) == 2 then
       flags, unknown = 2, ARGV[i + 3]
     end
+  elseif string.sub(ARGV[i + 1], -11) == ':RUN:LOCKED' then
+    -- A late ack's runtime lock is this run's own: it goes (see ack.lua).
+    release_hold(ARGV[i + 1], digests, ARGV[i + 2], z)
   end
 end
 zset_flush(z, digests)

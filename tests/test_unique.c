@@ -740,3 +740,35 @@ Test(unique, a_lock_held_elsewhere_refuses_only_its_job)
     cr_assert_eq(kt_int("HEXISTS uniquejobs:held:RUN:LOCKED elsewhere"), 1, "still held");
     cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 1, "only that lock is left");
 }
+
+/* A late ack (the job left this process's working list while it ran: a
+ * freeze or a partition past the liveness lease, found by the fault
+ * harness) releases the runtime lock its run took: the copy that went
+ * elsewhere takes its own, and nothing else would release this hold, so
+ * the digest stayed locked until the reaper. The until-lock stays for the
+ * copy. Here the process is frozen mid-job and its job taken from its
+ * working list, as a recovery would; the run's hold is left as a run that
+ * took it after the copy finished leaves it. */
+Test(unique, a_late_ack_releases_the_runtime_lock_its_run_took)
+{
+    char *d = ruby_digest("SleepJob", "default", "[1500]");
+    char *jid = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[1500]", "--lock", "until_and_while_executing",
+                                        NULL }, &jid), 0, "%s", jid);
+    pid_t a = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    char *id = kt_wait_identity(a), *w = kt_working_key(id);
+    cr_assert(KT_WAIT_UNTIL(kt_int("HEXISTS %s:RUN:LOCKED %s", d, jid) == 1, 10), "%s", kt_capstan_log(a));
+    kill(a, SIGSTOP);
+    char *payload = kt_str("LINDEX %s 0", w);
+    cr_assert(payload && strstr(payload, jid), "%s", payload ? payload : "(none)");
+    cr_assert_eq(kt_int("LREM %s 1 %s", w, payload), 1);
+    /* The copy's until-lock, as a recovery leaves it when it requeues. */
+    cr_assert_eq(kt_int("HSET %s:LOCKED %s {}", d, jid), 1);
+    kill(a, SIGCONT);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, "elapsed=") == 1, 10), "%s", kt_capstan_log(a));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:RUN:LOCKED", d) == 0, 5), "the runtime lock leaked: %s",
+              kt_capstan_log(a));
+    cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "the until-lock stays for the copy");
+    cr_assert_eq(stop(a), 0);
+    free(payload); free(w); free(id); free(d); free(jid);
+}
