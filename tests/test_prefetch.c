@@ -559,7 +559,9 @@ Test(prefetch, long_jobs_are_fetched_a_few_tens_of_ms_ahead_at_most)
     fprintf(stderr, "[prefetch] 100 ms jobs at -c %d: at most %ld jobs ahead of the free processors "
             "(%ld samples)\n", CONC, most, samples);
     cr_assert_geq(samples, 50, "the queue drained before it could be watched");
-    cr_assert_leq(most, 1, "%ld jobs of 100 ms fetched ahead of 4 processors", most);
+    /* A job between its DECR and its RPUSH counts as not started for a
+     * moment: a poll may see one or two such beside a job truly ahead. */
+    cr_assert_leq(most, 3, "%ld jobs of 100 ms fetched ahead of 4 processors", most);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
     free(w);
     free(id);
