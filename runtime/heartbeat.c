@@ -211,6 +211,31 @@ static char *prefetched_json(capstan_runtime_t *rt)
 }
 
 
+/* Reads the paused queues (fetch.h: Sidekiq Pro's "paused" set) so that
+ * the fetchers skip them from now on, and says when one is paused or
+ * unpaused. Once a beat: a pause takes effect within a heartbeat_interval. */
+static void look_paused(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    const capstan_config_t *c = rt->cfg;
+    unsigned char *changed = calloc(c->nqueues ? c->nqueues : 1, 1);
+    char err[CAPSTAN_ERRLEN];
+    if (!changed)
+        return;
+    if (capstan__paused_read(rt->paused, r, changed, err))
+        capstan_debug("paused queues: %s", err);
+    else
+        for (size_t i = 0; i < c->nqueues; i++) {
+            if (!changed[i])
+                continue;
+            if (capstan__paused_is(rt->paused, i))
+                capstan_info("queue %s is paused (in the \"" CAPSTAN_KEY_PAUSED "\" set): not fetching "
+                             "from it until it is unpaused", c->queues[i].name);
+            else
+                capstan_info("queue %s is unpaused: fetching from it again", c->queues[i].name);
+        }
+    free(changed);
+}
+
 int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final)
 {
     (void)final;
@@ -284,6 +309,8 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
         && res->element[4]->type == REDIS_REPLY_STRING)
         deliver(rt, res->element[4]->str);
     freeReplyObject(res);
+    if (rc != CAPSTAN_EREDIS && rt->paused)
+        look_paused(rt, r);
     return rc == CAPSTAN_EREDIS ? rc : 0;
 }
 
