@@ -196,6 +196,23 @@ static size_t queue_of_key(const capstan_fetch_t *f, const char *key)
     return 0;
 }
 
+/* A blocking fetch waits up to the block timeout, and its queue may be
+ * paused meanwhile: then the job it got (out, from queue qi) goes back to
+ * the fetched end of its queue. Returns 1 (keep it) or 0 (given back).
+ * Should the give-back fail, the reliable fetch's job stays in the working
+ * list, where the stray check finds it; the basic fetch's, which exists
+ * nowhere else, runs rather than be lost. */
+static int give_back_paused(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_fetched_t *out)
+{
+    if (!capstan__paused_is(f->paused, qi))
+        return 1;
+    if (capstan__fetch_requeue(f, r, f->names[qi], out->payload, out->len) != 0
+        && f->mode == CAPSTAN_FETCH_BASIC)
+        return 1;
+    capstan__fetched_clear(out);
+    return 0;
+}
+
 /* Every queue is paused: wait as a blocking fetch of empty queues would,
  * so that processors do not spin. */
 static int wait_paused(const capstan_fetch_t *f)
@@ -217,12 +234,13 @@ static int fetch_basic(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t
     if (!rep)
         return CAPSTAN_EREDIS;
     int rc = 0;
+    size_t qi = 0;
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2)
-        rc = take(f, rep->element[1], queue_of_key(f, rep->element[0]->str), out);
+        rc = take(f, rep->element[1], qi = queue_of_key(f, rep->element[0]->str), out);
     else if (rep->type == REDIS_REPLY_ERROR)
         rc = CAPSTAN_EREPLY;
     freeReplyObject(rep);
-    return rc;
+    return rc == 1 ? give_back_paused(f, r, qi, out) : rc;
 }
 
 /* Whether the next fetch goes through the script: several queues, several
@@ -362,15 +380,7 @@ static int fetch_block(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t
             break;
         }
     int rc = append_move(f, r, qi, 1) ? CAPSTAN_EREDIS : read_move(f, r, qi, out);
-    if (rc == 1 && capstan__paused_is(f->paused, qi)) {
-        /* Paused while the move waited (up to the block timeout): the job
-         * goes back to the fetched end of its queue. Should that fail, it
-         * stays in the working list, where the stray check finds it. */
-        (void)capstan__fetch_requeue(f, r, f->names[qi], out->payload, out->len);
-        capstan__fetched_clear(out);
-        rc = 0;
-    }
-    return rc;
+    return rc == 1 ? give_back_paused(f, r, qi, out) : rc;
 }
 
 /* The sweep (or the move) whose command was already appended, then, when

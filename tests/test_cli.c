@@ -914,3 +914,25 @@ Test(cli, paused_queues_are_not_fetched_until_unpaused)
     kt_untrack(pid);
     free(cfg);
 }
+
+/* The same with the basic fetch (BRPOP): only the queues not paused. */
+Test(cli, paused_queues_are_skipped_by_the_basic_fetch_too)
+{
+    kt_cmd("SADD paused slow");
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"b:slow\"]", "-q", "slow", NULL },
+                                NULL), 0);
+    char *cfg = kt_write_conf(NULL);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--fetch", "basic", "-q", "slow",
+                                                   "-q", "fast", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "queue slow is paused"), 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"b:fast\"]", "-q", "fast", NULL },
+                                NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD b:fast") == 1, 10), "%s", kt_capstan_log(pid));
+    kt_sleep(1.0);
+    cr_assert_eq(kt_int("LLEN queue:slow"), 1, "the paused queue's job stays in it");
+    kt_cmd("SREM paused slow");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD b:slow") == 1, 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0);
+    kt_untrack(pid);
+    free(cfg);
+}
