@@ -210,7 +210,6 @@ static char *prefetched_json(capstan_runtime_t *rt)
     return s;
 }
 
-
 /* Reads the paused queues (fetch.h: Sidekiq Pro's "paused" set) so that
  * the fetchers skip them from now on, and says when one is paused or
  * unpaused. Once a beat: a pause takes effect within a heartbeat_interval. */
@@ -221,9 +220,19 @@ static void look_paused(capstan_runtime_t *rt, capstan_redis_t *r)
     char err[CAPSTAN_ERRLEN];
     if (!changed)
         return;
-    if (capstan__paused_read(rt->paused, r, changed, err))
+    /* Read one thread at a time (at start, then the housekeeper). */
+    static int refused;
+    int rc = capstan__paused_read(rt->paused, r, changed, err);
+    if (rc == CAPSTAN_EREPLY && !refused) {
+        /* SMISMEMBER needs Redis 6.2; Sidekiq 7 needs it too. */
+        capstan_warn("cannot read which queues are paused (%s); until it can, a pause is not seen", err);
+        refused = 1;
+    } else if (rc) {
         capstan_debug("paused queues: %s", err);
-    else
+    } else {
+        refused = 0;
+    }
+    if (!rc)
         for (size_t i = 0; i < c->nqueues; i++) {
             if (!changed[i])
                 continue;
