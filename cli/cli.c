@@ -27,6 +27,8 @@ static const struct command {
     { "batch", "batches: status BID, list, delete BID, invalidate BID", capstan__cmd_batch, NULL },
     { "cancel", "cancel jobs as Sidekiq::Client#cancel! does: capstan cancel JID...", capstan__cmd_cancel, NULL },
     { "periodic", "periodic schedules: last and next tick, where declared (-C FILE)", capstan__cmd_periodic, NULL },
+    { "pause", "pause queues as Sidekiq Pro does: capstan pause QUEUE...", capstan__cmd_pause, NULL },
+    { "unpause", "resume paused queues: capstan unpause QUEUE...", capstan__cmd_unpause, NULL },
     { "version", "print the version", NULL, NULL },
 };
 

@@ -20,5 +20,7 @@ int capstan__cmd_limits(int argc, char **argv);
 int capstan__cmd_batch(int argc, char **argv);
 int capstan__cmd_cancel(int argc, char **argv);
 int capstan__cmd_periodic(int argc, char **argv);
+int capstan__cmd_pause(int argc, char **argv);
+int capstan__cmd_unpause(int argc, char **argv);
 
 #endif

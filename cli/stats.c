@@ -24,8 +24,9 @@ static const char *usage =
     "Prints processed and failed counts, each queue's size and latency (age of\n"
     "its oldest job) and the jobs capstan processes fetched from it ahead and\n"
     "have not started (in their working lists, not in the size; as of their\n"
-    "last heartbeat), the schedule/retry/dead sizes, the live processes, and the\n"
-    "reliable fetch's working lists with whether their owner is alive. Each\n"
+    "last heartbeat), and whether it is paused; the schedule/retry/dead sizes,\n"
+    "the live processes, and the reliable fetch's working lists with whether\n"
+    "their owner is alive. Each\n"
     "process shows whether it is capstan or Ruby Sidekiq, and its queues. An owner\n"
     "on this host whose pid is gone shows as dead at once (recovery still waits\n"
     "for its liveness key to lapse).\n";
@@ -84,6 +85,7 @@ static json_t *queues_json(const capstan_overview_t *ov, json_t *ahead)
         json_object_set_new(q, "latency", json_real(ov->queues[i].latency));
         json_object_set_new(q, "prefetched",
                             json_integer(json_integer_value(json_object_get(ahead, ov->queues[i].name))));
+        json_object_set_new(q, "paused", json_boolean(ov->queues[i].paused));
         json_array_append_new(arr, q);
     }
     return arr;
@@ -203,10 +205,11 @@ static void print_text(json_t *o, const char *name)
            json_integer_value(json_object_get(o, "dead")));
     printf("%-30s %10s %12s %11s\n", "Queue", "Size", "Latency (s)", "Prefetched");
     json_array_foreach(json_object_get(o, "queues"), i, e)
-        printf("%-30s %10lld %12.3f %11lld\n", json_string_value(json_object_get(e, "name")),
+        printf("%-30s %10lld %12.3f %11lld%s\n", json_string_value(json_object_get(e, "name")),
                json_integer_value(json_object_get(e, "size")),
                json_real_value(json_object_get(e, "latency")),
-               json_integer_value(json_object_get(e, "prefetched")));
+               json_integer_value(json_object_get(e, "prefetched")),
+               json_is_true(json_object_get(e, "paused")) ? "  paused" : "");
     printf("\nProcesses\n");
     json_array_foreach(json_object_get(o, "processes"), i, e) {
         char state[64];

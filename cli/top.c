@@ -1,5 +1,5 @@
 /* `capstan top`: a live view of the whole fleet, redrawn every interval on a
- * terminal (like sidekiqmon, but live): queues with size and latency,
+ * terminal (like sidekiqmon, but live): queues with size, latency and whether paused,
  * processes (capstan or Ruby) with busy/total and RSS, throughput over the last minute,
  * schedule/retry/dead sizes and the most contended uniqueness lock types.
  * With stdout not a terminal it prints one plain snapshot and exits, so it
@@ -29,7 +29,7 @@
 static const char *usage =
     "Usage: capstan top [--interval SECONDS] [--redis-url URL]\n"
     "\n"
-    "A live view of the queues (size, latency), the processes (capstan or\n"
+    "A live view of the queues (size, latency, paused), the processes (capstan or\n"
     "Ruby Sidekiq, busy/total threads, RSS), throughput over the last minute, the schedule/retry/dead\n"
     "sizes and the uniqueness lock types denied most in the last hour.\n"
     "Redrawn every SECONDS (default 1) on a terminal; q or Ctrl-C quits.\n"
@@ -144,7 +144,8 @@ static void render(capstan_buf_t *b, const char *name, const capstan_overview_t 
     capstan__buf_printf(b, "%-32s %10s %12s\n", "QUEUE", "SIZE", "LATENCY");
     for (size_t i = 0; i < ov->nqueues; i++) {
         human_secs(lat, sizeof(lat), ov->queues[i].latency);
-        capstan__buf_printf(b, "%-32s %10lld %12s\n", ov->queues[i].name, ov->queues[i].size, lat);
+        capstan__buf_printf(b, "%-32s %10lld %12s%s\n", ov->queues[i].name, ov->queues[i].size, lat,
+                            ov->queues[i].paused ? "  paused" : "");
     }
     if (!ov->nqueues)
         capstan__buf_puts(b, "(no queues)\n");

@@ -12,6 +12,7 @@
 #include "support/json.h"
 #include "support/payload.h"
 #include "support/time.h"
+#include "support/trace.h"
 #include "capstan/middleware.h"
 #include "capstan/redis.h"
 #include "middleware/mw.h"
@@ -213,6 +214,26 @@ capstan_redis_t *capstan_client_redis(capstan_client_t *c)
     return c->r;
 }
 
+/* Appends the trace context of the job this thread runs, if any, unless
+ * the push's extra fields give a traceparent of their own: the W3C
+ * "traceparent" as it came (capstan makes no span of its own, so the
+ * parent a span of the pushed job links to is the one the running job
+ * was pushed under) and its "tracestate", as OpenTelemetry's Sidekiq
+ * client middleware writes them. */
+static int put_trace(capstan_buf_t *b, const capstan_jobject_t *extra, const char *extra_text)
+{
+    const char *tp = capstan__trace_parent(), *ts = capstan__trace_state();
+    if (!tp || (extra_text && capstan__jobject_get(extra, extra_text, "traceparent")))
+        return 0;
+    int rc = capstan__buf_puts(b, ",\"traceparent\":");
+    if (!rc) rc = capstan__json_quote(b, tp, strlen(tp));
+    if (!rc && ts && !(extra_text && capstan__jobject_get(extra, extra_text, "tracestate"))) {
+        rc = capstan__buf_puts(b, ",\"tracestate\":");
+        if (!rc) rc = capstan__json_quote(b, ts, strlen(ts));
+    }
+    return rc;
+}
+
 /* Appends the payload of one job to b. */
 static int build(capstan_client_t *c, capstan_buf_t *b, const char *cls, const char *args,
                  const capstan_push_opts_t *o, const char *queue, double now, char jid[25])
@@ -243,6 +264,7 @@ static int build(capstan_client_t *c, capstan_buf_t *b, const char *cls, const c
         rc = capstan__buf_printf(b, ",\"%.*s\":%.*s", (int)m->klen, o->extra + m->kstart,
                                  (int)m->vlen, o->extra + m->vstart);
     }
+    if (!rc) rc = put_trace(b, &extra, o->extra);
     if (!rc) rc = capstan__buf_puts(b, ",\"args\":");
     if (!rc) rc = capstan__buf_put(b, args, alen);
     if (!rc) rc = capstan__buf_puts(b, ",\"class\":");

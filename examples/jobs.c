@@ -311,6 +311,44 @@ static int reopen_job(capstan_job_t *job, void *ud)
     return 0;
 }
 
+/* TraceJob [key, redis_url, child_queue]: RPUSHes to key what it sees of
+ * its W3C trace context, {"jid", "traceparent", "tracestate"} (null when
+ * absent); given a child queue, it first pushes TraceJob [key] there
+ * through a client on redis_url, which carries the context on. */
+static int trace_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    const char *key = arg_str(job, 0, "capstan:traces");
+    const char *child = arg_str(job, 2, NULL);
+    if (child) {
+        char err[CAPSTAN_ERRLEN], args[256];
+        capstan_client_t *c = capstan_client_new(arg_str(job, 1, NULL), err);
+        capstan_push_opts_t o = capstan_push_opts_default();
+        o.queue = child;
+        json_t *a = json_pack("[s]", key);
+        char *text = a ? json_dumps(a, JSON_COMPACT) : NULL;
+        snprintf(args, sizeof(args), "%s", text ? text : "[]");
+        free(text);
+        json_decref(a);
+        int rc = c ? capstan_client_push(c, "TraceJob", args, &o, NULL) : CAPSTAN_EREDIS;
+        if (c && rc)
+            snprintf(err, sizeof(err), "%s", capstan_client_error(c));
+        capstan_client_free(c);
+        if (rc)
+            return capstan_job_fail(job, "RuntimeError", "pushing the child failed: %s", err);
+    }
+    const char *tp = capstan_job_traceparent(job), *ts = capstan_job_tracestate(job);
+    json_t *rec = json_pack("{s:s, s:s?, s:s?}", "jid", capstan_job_jid(job), "traceparent", tp,
+                            "tracestate", ts);
+    char *s = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
+    json_decref(rec);
+    redisReply *r = s ? redisCommand(capstan_job_redis(job), "RPUSH %s %s", key, s) : NULL;
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    free(s);
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "RPUSH %s failed", key);
+}
+
 /* CrashJob: kills the whole process (SIGKILL), as a handler with a fatal
  * bug would; shows recovery and the poison-pill limit. */
 static int crash_job(capstan_job_t *job, void *ud)
@@ -383,5 +421,6 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "ReopenJob", reopen_job, NULL, &opts);
     rc |= capstan_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
     rc |= capstan_register(rt, "DigestJob", record_job, NULL, &digest);
+    rc |= capstan_register(rt, "TraceJob", trace_job, NULL, &opts);
     return rc;
 }

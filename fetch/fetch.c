@@ -22,7 +22,10 @@ struct capstan_fetch {
     char **keys;         /* "queue:NAME", configured order */
     int *weights;
     size_t nexp;         /* weighted expansion length */
-    size_t *order;       /* scratch: queue indexes in this fetch's order */
+    size_t *order;       /* scratch: queue indexes in this fetch's order,
+                            the nact not paused */
+    size_t nact;
+    const capstan_paused_t *paused; /* borrowed, or NULL */
     size_t *expanded;    /* scratch: weighted expansion */
     char working[512];
     char timeout_s[32];
@@ -72,6 +75,8 @@ capstan_fetch_t *capstan__fetch_new(const capstan_fetch_conf_t *c, char *err)
     f->index = c->index;
     f->block_timeout = c->block_timeout > 0 ? c->block_timeout : 1.0;
     f->min_replicas = c->min_replicas;
+    f->paused = c->paused;
+    f->nact = c->nqueues;
     snprintf(f->wait_args[0], sizeof(f->wait_args[0]), "%d", c->min_replicas);
     snprintf(f->wait_args[1], sizeof(f->wait_args[1]), "%ld",
              c->min_replicas_timeout > 0 ? c->min_replicas_timeout : 1000);
@@ -103,14 +108,27 @@ nomem:
     return NULL;
 }
 
+/* Leaves the paused queues out of f->order[0..nq), keeping the order of
+ * the others, and sets f->nact to their number. */
+static void skip_paused(capstan_fetch_t *f)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < f->nq; i++)
+        if (!capstan__paused_is(f->paused, f->order[i]))
+            f->order[n++] = f->order[i];
+    f->nact = n;
+}
+
 /* Fills f->order for this fetch: the configured order when strict, else
  * Sidekiq's rule: shuffle the weight-expanded list, keep first occurrences,
- * so a queue of weight w leads with probability w / total. */
+ * so a queue of weight w leads with probability w / total. Paused queues
+ * are then left out (skip_paused). */
 static void plan_order(capstan_fetch_t *f)
 {
     if (f->strict || f->nq == 1) {
         for (size_t i = 0; i < f->nq; i++)
             f->order[i] = i;
+        skip_paused(f);
         return;
     }
     size_t k = 0;
@@ -131,6 +149,7 @@ static void plan_order(capstan_fetch_t *f)
         if (!seen)
             f->order[n++] = q;
     }
+    skip_paused(f);
 }
 
 void capstan__fetched_clear(capstan_fetched_t *j)
@@ -177,23 +196,51 @@ static size_t queue_of_key(const capstan_fetch_t *f, const char *key)
     return 0;
 }
 
+/* A blocking fetch waits up to the block timeout, and its queue may be
+ * paused meanwhile: then the job it got (out, from queue qi) goes back to
+ * the fetched end of its queue. Returns 1 (keep it) or 0 (given back).
+ * Should the give-back fail, the reliable fetch's job stays in the working
+ * list, where the stray check finds it; the basic fetch's, which exists
+ * nowhere else, runs rather than be lost. */
+static int give_back_paused(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_fetched_t *out)
+{
+    if (!capstan__paused_is(f->paused, qi))
+        return 1;
+    if (capstan__fetch_requeue(f, r, f->names[qi], out->payload, out->len) != 0
+        && f->mode == CAPSTAN_FETCH_BASIC)
+        return 1;
+    capstan__fetched_clear(out);
+    return 0;
+}
+
+/* Every queue is paused: wait as a blocking fetch of empty queues would,
+ * so that processors do not spin. */
+static int wait_paused(const capstan_fetch_t *f)
+{
+    capstan__sleep(f->block_timeout);
+    return 0;
+}
+
 static int fetch_basic(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out)
 {
-    const char *argv[f->nq + 2];
+    if (!f->nact)
+        return wait_paused(f);
+    const char *argv[f->nact + 2];
     argv[0] = "BRPOP";
-    for (size_t i = 0; i < f->nq; i++)
+    for (size_t i = 0; i < f->nact; i++)
         argv[1 + i] = f->keys[f->order[i]];
-    argv[f->nq + 1] = f->timeout_s;
-    redisReply *rep = capstan_redis_cmd(r, (int)f->nq + 2, argv, NULL);
+    argv[f->nact + 1] = f->timeout_s;
+    redisReply *rep = capstan_redis_cmd(r, (int)f->nact + 2, argv, NULL);
     if (!rep)
         return CAPSTAN_EREDIS;
     int rc = 0;
+    size_t qi = 0;
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2)
-        rc = take(f, rep->element[1], queue_of_key(f, rep->element[0]->str), out);
+        rc = take(f, rep->element[1], qi = queue_of_key(f, rep->element[0]->str), out);
     else if (rep->type == REDIS_REPLY_ERROR)
         rc = CAPSTAN_EREPLY;
     freeReplyObject(rep);
-    return rc;
+    return rc == 1 ? give_back_paused(f, r, qi, out) : rc;
 }
 
 /* Whether the next fetch goes through the script: several queues, several
@@ -201,7 +248,7 @@ static int fetch_basic(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t
  * queue, one job and no locks the blocking move alone is cheapest. */
 static int use_script(const capstan_fetch_t *f, size_t max)
 {
-    return f->nq > 1 || max > 1 || f->locks_seen;
+    return f->nact > 1 || max > 1 || f->locks_seen;
 }
 
 /* Appends the move of the job at queue qi's head, blocking when block,
@@ -244,17 +291,17 @@ static int read_move(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_
 static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int block)
 {
     if (!use_script(f, max))
-        return append_move(f, r, 0, block);
+        return append_move(f, r, f->order[0], block);
     char n[CAPSTAN_FMT_INT];
     capstan__fmt_uint(n, max);
-    const char *argv[f->nq + 3];
-    for (size_t i = 0; i < f->nq; i++)
+    const char *argv[f->nact + 3];
+    for (size_t i = 0; i < f->nact; i++)
         argv[i] = f->keys[f->order[i]];
-    argv[f->nq] = f->working;
-    argv[f->nq + 1] = n;
-    argv[f->nq + 2] = "1";
-    return capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)f->nq + 1, (int)f->nq + 3, argv,
-                                        NULL);
+    argv[f->nact] = f->working;
+    argv[f->nact + 1] = n;
+    argv[f->nact + 2] = "1";
+    return capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)f->nact + 1, (int)f->nact + 3,
+                                        argv, NULL);
 }
 
 /* Reads the script's reply into out[0..max). Returns the number of jobs,
@@ -278,7 +325,7 @@ static int read_sweep(capstan_fetch_t *f, const redisReply *rep, capstan_fetched
             meta = held[0];
         }
         long long qi = meta->type == REDIS_REPLY_INTEGER ? meta->integer : 0;
-        if (qi < 1 || (size_t)qi > f->nq || e[1]->type != REDIS_REPLY_STRING) {
+        if (qi < 1 || (size_t)qi > f->nact || e[1]->type != REDIS_REPLY_STRING) {
             rc = CAPSTAN_EREPLY;
             break;
         }
@@ -305,7 +352,7 @@ static int read_fetch(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t 
                       int script)
 {
     if (!script)
-        return read_move(f, r, 0, out);
+        return read_move(f, r, f->order[0], out);
     redisReply *rep = capstan_redis_get_reply(r);
     int rc = 0;
     if (!rep)
@@ -319,13 +366,21 @@ static int read_fetch(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t 
 }
 
 /* Every queue was empty: block on one of them rather than poll. Idle
- * processors spread over the queues (by index), so a job pushed to any
- * queue wakes one of them at once while there are at least as many
- * processors as queues. */
+ * processors spread over the queues not paused (by index, in configured
+ * order), so a job pushed to any of them wakes one at once while there are
+ * at least as many processors as queues. */
 static int fetch_block(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out)
 {
-    size_t qi = (size_t)f->index % f->nq;
-    return append_move(f, r, qi, 1) ? CAPSTAN_EREDIS : read_move(f, r, qi, out);
+    if (!f->nact)
+        return wait_paused(f);
+    size_t k = (size_t)f->index % f->nact, qi = 0;
+    for (size_t i = 0; i < f->nq; i++)
+        if (!capstan__paused_is(f->paused, i) && k-- == 0) {
+            qi = i;
+            break;
+        }
+    int rc = append_move(f, r, qi, 1) ? CAPSTAN_EREDIS : read_move(f, r, qi, out);
+    return rc == 1 ? give_back_paused(f, r, qi, out) : rc;
 }
 
 /* The sweep (or the move) whose command was already appended, then, when
@@ -616,6 +671,7 @@ struct capstan_exchange {
     int waits, block;
     int script; /* the fetch is the script (as decided when it was sent:
                    the jobs read change f->locks_seen) */
+    int all_paused; /* no fetch was sent: every queue is paused */
     capstan_script_call_t *calls;
     char sent[]; /* per ack: 0 nothing sent, 1 its own reply, 2 in a batch */
 };
@@ -664,8 +720,9 @@ static capstan_exchange_t *send_all(capstan_fetch_t *f, capstan_redis_t *r, caps
             goto fail;
     if (max) {
         plan_order(f);
+        x->all_paused = !f->nact;
         x->script = use_script(f, max);
-        if (append_fetch(f, r, max, block))
+        if (!x->all_paused && append_fetch(f, r, max, block))
             goto fail;
     }
     *rc = 0;
@@ -714,7 +771,9 @@ static int recv_all(capstan_fetch_t *f, capstan_redis_t *r, capstan_exchange_t *
     if (read_calls(r, x->calls, x->ncalls))
         goto done;
     rc = 0;
-    if (x->max) {
+    if (x->max && x->all_paused)
+        rc = x->block ? wait_paused(f) : 0;
+    else if (x->max) {
         rc = finish_fetch(f, r, out, x->max, x->block, x->script);
         rc = rc == CAPSTAN_EREPLY ? CAPSTAN_EREDIS : rc;
     }

@@ -18,6 +18,33 @@
 
 typedef struct capstan_fetch capstan_fetch_t;
 
+/* Sidekiq Pro's paused queues: Pro pauses a queue by adding its name
+ * (without "queue:") to the set "paused", and its fetchers skip the queues
+ * there until the name leaves it. One capstan_paused_t per process: one
+ * thread reads the set (capstan__paused_read, at most once a beat: never
+ * per fetch) and every fetcher looks at the flags before each fetch,
+ * without a lock. */
+typedef struct capstan_paused capstan_paused_t;
+
+/* Flags for queues[0..n) (copied), none paused yet. Owned by the caller
+ * (capstan__paused_free, NULL is fine); NULL when out of memory. */
+capstan_paused_t *capstan__paused_new(const capstan_queue_conf_t *queues, size_t n);
+void capstan__paused_free(capstan_paused_t *p);
+/* Whether queue i (configured order) was paused at the last read. Any
+ * thread; p may be NULL (nothing paused). */
+int capstan__paused_is(const capstan_paused_t *p, size_t i);
+/* Reads which of p's queues are in "paused" (one SMISMEMBER) and sets the
+ * flags; changed[i] (when changed is not NULL: room for every queue) says
+ * whether queue i's flag flipped. Returns 0, or CAPSTAN_EREDIS /
+ * CAPSTAN_EREPLY / CAPSTAN_ENOMEM with err filled and the flags as they
+ * were. One thread at a time. */
+int capstan__paused_read(capstan_paused_t *p, capstan_redis_t *r, unsigned char *changed, char *err);
+/* Pauses (SADD) or unpauses (SREM) queues[0..n), n >= 1, as Sidekiq Pro
+ * does; *count gets how many names were added or removed. Returns 0, or
+ * CAPSTAN_EREDIS / CAPSTAN_EREPLY / CAPSTAN_ENOMEM with err filled. */
+int capstan__paused_set(capstan_redis_t *r, const char *const *queues, size_t n, int pause,
+                        long long *count, char *err);
+
 typedef struct capstan_fetch_conf {
     capstan_fetch_mode_t mode;
     const char *identity;          /* process identity (working list name) */
@@ -29,6 +56,9 @@ typedef struct capstan_fetch_conf {
     double block_timeout;          /* seconds to block when all are empty */
     int min_replicas;              /* reliable: WAIT for this many replicas after acks */
     long min_replicas_timeout;     /* ms */
+    const capstan_paused_t *paused; /* the process's paused queues (same
+                                      queues, same order), borrowed; NULL:
+                                      none is ever paused */
 } capstan_fetch_conf_t;
 
 typedef enum {
@@ -85,7 +115,11 @@ typedef struct capstan_ack_item {
     int rc;
 } capstan_ack_item_t;
 
-/* Writes nacks acks, then fetches up to max jobs into out[0..max): with the
+/* Paused queues (conf->paused) are left out of every fetch; when all are
+ * paused a fetch finds nothing, and a blocking one waits out the block
+ * timeout first, as an empty queue would make it.
+ *
+ * Writes nacks acks, then fetches up to max jobs into out[0..max): with the
  * reliable fetch all in one round trip, the jobs moved from the first
  * non-empty queues in order by one script, and, when block is set and all
  * were empty, one blocking move for one job (up to the block timeout). The

@@ -8,11 +8,30 @@
 #include <string.h>
 
 #include "capstan/error.h"
+#include "support/trace.h"
 
 static char *member_str(const capstan_job_t *job, const char *key)
 {
     const capstan_jmember_t *m = capstan__jobject_get(&job->obj, job->payload, key);
     return m ? capstan__json_string_dup(job->payload + m->vstart, m->vlen) : NULL;
+}
+
+/* The W3C trace context of the payload, kept only when valid. */
+static void read_trace(capstan_job_t *job)
+{
+    char *tp = member_str(job, "traceparent");
+    if (!tp || !capstan__traceparent_valid(tp, strlen(tp))) {
+        free(tp);
+        return;
+    }
+    job->traceparent = tp;
+    memcpy(job->trace_id, tp + 3, 32);
+    job->trace_id[32] = '\0';
+    char *ts = member_str(job, "tracestate");
+    if (ts && capstan__tracestate_valid(ts, strlen(ts)))
+        job->tracestate = ts;
+    else
+        free(ts);
 }
 
 int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err)
@@ -43,6 +62,7 @@ int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char 
     if (am && payload[am->vstart] != '[')
         return capstan_seterr(err, CAPSTAN_EINVAL, "the payload's \"args\" is not an array");
     capstan__aj_unwrap(job);
+    read_trace(job);
     const capstan_jmember_t *rcm = capstan__jobject_get(&job->obj, payload, "retry_count");
     if (rcm) {
         char tmp[32];
@@ -65,6 +85,8 @@ void capstan__job_clear(capstan_job_t *job)
     free(job->jid);
     free(job->bid);
     free(job->wrapper);
+    free(job->traceparent);
+    free(job->tracestate);
     json_decref(job->wrapper_args);
     json_decref(job->aj_args);
     free(job->err_class);
@@ -80,6 +102,8 @@ const char *capstan_job_class(const capstan_job_t *job) { return job->cls; }
 const char *capstan_job_jid(const capstan_job_t *job) { return job->jid; }
 const char *capstan_job_bid(const capstan_job_t *job) { return job->bid; }
 const char *capstan_job_queue(const capstan_job_t *job) { return job->queue; }
+const char *capstan_job_traceparent(const capstan_job_t *job) { return job->traceparent; }
+const char *capstan_job_tracestate(const capstan_job_t *job) { return job->tracestate; }
 long capstan_job_retry_count(const capstan_job_t *job) { return job->retry_count; }
 redisContext *capstan_job_redis(capstan_job_t *job) { return job->redis; }
 

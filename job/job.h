@@ -21,6 +21,9 @@ struct capstan_job {
     char *wrapper;          /* owned: the payload's "class" when it is
                                ActiveJob's wrapper (then cls differs), else NULL */
     const char *queue;      /* the queue it was fetched from (borrowed) */
+    char *traceparent;      /* owned: valid W3C "traceparent", or NULL */
+    char *tracestate;       /* owned: its "tracestate", or NULL */
+    char trace_id[33];      /* the traceparent's trace id, "" without one */
     long retry_count;       /* -1 when absent */
     json_t *wrapper_args;   /* the payload's own "args", parsed on demand */
     int wrapper_args_tried;

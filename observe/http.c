@@ -76,6 +76,14 @@ static int queue_gauges(capstan_buf_t *b, const capstan_overview_t *ov)
         if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
         if (!rc) rc = capstan__buf_printf(b, "\"} %.6f\n", ov->queues[i].latency);
     }
+    if (!rc)
+        rc = gauge(b, "capstan_queue_paused",
+                   "1 for a queue in Sidekiq Pro's paused set (not fetched), else 0.");
+    for (size_t i = 0; i < ov->nqueues && !rc; i++) {
+        rc = capstan__buf_puts(b, "capstan_queue_paused{queue=\"");
+        if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
+        if (!rc) rc = capstan__buf_printf(b, "\"} %d\n", ov->queues[i].paused);
+    }
     return rc;
 }
 

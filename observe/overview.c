@@ -1,5 +1,5 @@
-/* Reads the dashboard numbers (see overview.h). Queue sizes and latencies
- * are pipelined, two commands per queue, so a scrape or a refresh costs a
+/* Reads the dashboard numbers (see overview.h). Queue sizes, latencies and
+ * paused flags are pipelined, three commands per queue, so a scrape or a refresh costs a
  * few round trips whatever the number of queues. */
 #include "observe/overview.h"
 
@@ -96,21 +96,26 @@ static int read_queues(capstan_redis_t *r, capstan_overview_t *o, char *err)
         capstan__key(key, sizeof(key), CAPSTAN_KEY_QUEUE, o->queues[i].name);
         const char *llen[] = { "LLEN", key };
         const char *lindex[] = { "LINDEX", key, "-1" };
-        if (capstan_redis_append(r, 2, llen, NULL) || capstan_redis_append(r, 3, lindex, NULL))
+        const char *paused[] = { "SISMEMBER", CAPSTAN_KEY_PAUSED, o->queues[i].name };
+        if (capstan_redis_append(r, 2, llen, NULL) || capstan_redis_append(r, 3, lindex, NULL)
+            || capstan_redis_append(r, 3, paused, NULL))
             rc = io_error(r, err);
     }
     double now = capstan__now();
     for (size_t i = 0; i < o->nqueues && !rc; i++) {
         redisReply *len = capstan_redis_get_reply(r);
         redisReply *old = len ? capstan_redis_get_reply(r) : NULL;
-        if (!old)
+        redisReply *paused = old ? capstan_redis_get_reply(r) : NULL;
+        if (!paused)
             rc = io_error(r, err);
         else {
             o->queues[i].size = num(len);
             o->queues[i].latency = age(old, now);
+            o->queues[i].paused = num(paused) == 1;
         }
         freeReplyObject(len);
         freeReplyObject(old);
+        freeReplyObject(paused);
     }
 out:
     freeReplyObject(names);

@@ -1,6 +1,7 @@
 /* What Sidekiq's dashboard shows, read from Redis in one place for
  * `capstan stats`, `capstan top` and the /metrics endpoint: processed/failed
- * totals, schedule/retry/dead sizes, each queue's size and latency, and
+ * totals, schedule/retry/dead sizes, each queue's size, latency and
+ * whether it is paused, and
  * the live processes' heartbeats.
  *
  * Not thread-safe on one capstan_redis_t: each caller passes its own. */
@@ -15,6 +16,7 @@ typedef struct capstan_overview_queue {
     char *name;           /* without "queue:" */
     long long size;
     double latency;       /* seconds since its oldest job was enqueued; 0 when empty */
+    int paused;           /* in Sidekiq Pro's "paused" set: not fetched */
 } capstan_overview_queue_t;
 
 typedef struct capstan_overview_process {

@@ -27,6 +27,8 @@
 #define CAPSTAN_KEY_ITERATION "it-"         /* + jid: an iterable job's state (Sidekiq 7.3+) */
 #define CAPSTAN_ITERATION_TTL 2592000       /* seconds it-<jid> lives: 30 days, as Sidekiq */
 #define CAPSTAN_KEY_SIGNALS "-signals"      /* identity +: list of signals */
+#define CAPSTAN_KEY_PAUSED "paused"         /* Sidekiq Pro: set of paused queue
+                                               names (without "queue:") */
 
 /* ---- sidekiq-unique-jobs v9 ----------------------------------------------- */
 

@@ -210,6 +210,40 @@ static char *prefetched_json(capstan_runtime_t *rt)
     return s;
 }
 
+/* Reads the paused queues (fetch.h: Sidekiq Pro's "paused" set) so that
+ * the fetchers skip them from now on, and says when one is paused or
+ * unpaused. Once a beat: a pause takes effect within a heartbeat_interval. */
+static void look_paused(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    const capstan_config_t *c = rt->cfg;
+    unsigned char *changed = calloc(c->nqueues ? c->nqueues : 1, 1);
+    char err[CAPSTAN_ERRLEN];
+    if (!changed)
+        return;
+    /* Read one thread at a time (at start, then the housekeeper). */
+    static int refused;
+    int rc = capstan__paused_read(rt->paused, r, changed, err);
+    if (rc == CAPSTAN_EREPLY && !refused) {
+        /* SMISMEMBER needs Redis 6.2; Sidekiq 7 needs it too. */
+        capstan_warn("cannot read which queues are paused (%s); until it can, a pause is not seen", err);
+        refused = 1;
+    } else if (rc) {
+        capstan_debug("paused queues: %s", err);
+    } else {
+        refused = 0;
+    }
+    if (!rc)
+        for (size_t i = 0; i < c->nqueues; i++) {
+            if (!changed[i])
+                continue;
+            if (capstan__paused_is(rt->paused, i))
+                capstan_info("queue %s is paused (in the \"" CAPSTAN_KEY_PAUSED "\" set): not fetching "
+                             "from it until it is unpaused", c->queues[i].name);
+            else
+                capstan_info("queue %s is unpaused: fetching from it again", c->queues[i].name);
+        }
+    free(changed);
+}
 
 int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final)
 {
@@ -284,6 +318,8 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
         && res->element[4]->type == REDIS_REPLY_STRING)
         deliver(rt, res->element[4]->str);
     freeReplyObject(res);
+    if (rc != CAPSTAN_EREDIS && rt->paused)
+        look_paused(rt, r);
     return rc == CAPSTAN_EREDIS ? rc : 0;
 }
 

@@ -140,6 +140,9 @@ struct capstan_runtime {
     size_t nunknown;
     struct capstan_fleet *fleet;   /* the queues Ruby processes read too
                                       (fleet.c); made at start */
+    capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
+                                      Pro's "paused" set), read with each
+                                      beat (heartbeat.c); made at start */
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */
@@ -228,8 +231,10 @@ void *capstan__housekeeper_main(void *rt);
  * at start does not need it (each job moves under a guarded script). */
 void capstan__recover_orphans(struct capstan_runtime *rt, capstan_redis_t *r);
 
-/* heartbeat.c: the beat (process record, work hashes, signals, stats).
- * Writes one beat now (used at start so the process shows at once). */
+/* heartbeat.c: the beat (process record, work hashes, signals, stats,
+ * paused queues).
+ * Writes one beat now (used at start so the process shows at once), and
+ * reads which queues are paused, logging each change. */
 int capstan__heartbeat_beat(struct capstan_runtime *rt, capstan_redis_t *r, int final);
 /* Flushes the in-memory counters. */
 int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);

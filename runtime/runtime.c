@@ -61,6 +61,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan__registry_free(rt);
     free(rt->info_json);
     capstan__fleet_free(rt->fleet);
+    capstan__paused_free(rt->paused);
     capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
     pthread_cond_destroy(&rt->wake);
@@ -491,7 +492,9 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     capstan__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
     rt->info_json = build_info(rt);
     r = capstan_redis_new(c->redis_url, 10, err);
-    if (!r || !rt->info_json || (!rt->fleet && capstan__fleet_new(rt))) {
+    if (!rt->paused)
+        rt->paused = capstan__paused_new(c->queues, c->nqueues);
+    if (!r || !rt->info_json || !rt->paused || (!rt->fleet && capstan__fleet_new(rt))) {
         rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
         goto out;
     }

@@ -13,6 +13,7 @@
 #include "support/log.h"
 #include "support/payload.h"
 #include "support/time.h"
+#include "support/trace.h"
 #include "observe/prometheus.h"
 #include "capstan/middleware.h"
 #include "middleware/mw.h"
@@ -457,7 +458,8 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
                                : rt->cfg->max_iteration_runtime;
     run_t run = { .slot = s, .h = capstan__registry_find(rt, job->cls) };
     run.tags = tags_of(job);
-    run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags, .elapsed = -1 };
+    run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
+                                  .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
     *mw = server_mw(s, r, job, run.h);
     mw->priv = &run;
     mw->held_digest = held_digest;
@@ -475,7 +477,10 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
         hand_back(s, r, job);
         capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     } else {
+        /* The jobs the handler (or a middleware) pushes carry its trace. */
+        capstan__trace_enter(job->traceparent, job->tracestate);
         capstan__mw_run(rt->server_chain, mw, call_handler, NULL);
+        capstan__trace_leave();
     }
     free(run.tags);
     /* They point into this call's state and the caller's. */

@@ -30,7 +30,8 @@ int capstan__slots_new(capstan_runtime_t *rt, char *err)
         capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
                                 .nqueues = c->nqueues, .strict = c->strict, .index = i,
                                 .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
-                                .min_replicas_timeout = c->min_replicas_timeout };
+                                .min_replicas_timeout = c->min_replicas_timeout,
+                                .paused = rt->paused };
         if (!(s->fetch = capstan__fetch_new(&fc, err)))
             return CAPSTAN_ENOMEM;
     }

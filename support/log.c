@@ -293,6 +293,7 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
             json_ctx_str(&b, &first, "class", ctx->cls);
             json_ctx_str(&b, &first, "jid", ctx->jid);
             json_ctx_str(&b, &first, "tags", ctx->tags);
+            json_ctx_str(&b, &first, "trace_id", ctx->trace_id);
             if (ctx->elapsed >= 0)
                 capstan__buf_printf(&b, "%s\"elapsed\":%.3f", first ? "" : ",", ctx->elapsed);
         }
@@ -305,6 +306,7 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
             if (ctx->cls) { capstan__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
             if (ctx->jid) { capstan__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
             if (ctx->tags) { capstan__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
+            if (ctx->trace_id) { capstan__buf_puts(&b, " trace_id="); put_escaped(&b, ctx->trace_id); }
             if (ctx->elapsed >= 0) {
                 capstan__buf_puts(&b, " elapsed=");
                 capstan__buf_put_fixed(&b, ctx->elapsed, 3); /* a line per job: no printf */

@@ -2,6 +2,9 @@
  *
  *   2026-11-21T23:09:49.756Z pid=11252 tid=97o class=OkJob jid=6cd… elapsed=0.0 INFO: done
  *
+ * (with trace_id=<32 hex> after the jid and tags of a job pushed with a
+ * W3C traceparent, so a log search finds the job's lines by its trace).
+ *
  * The logger is process-wide: `capstan run` configures it once at start
  * (cli/run.c); until then, and in a program that does not, lines go to
  * stderr at INFO. */
@@ -18,6 +21,7 @@ typedef struct capstan_logctx {
     const char *cls;
     const char *jid;
     const char *tags;   /* already joined with ',' */
+    const char *trace_id; /* W3C trace id (32 hex) of the job's traceparent */
     double elapsed;
 } capstan_logctx_t;
 

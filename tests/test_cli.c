@@ -853,3 +853,86 @@ Test(cli, push_reads_the_environment_section_as_run_does)
     cr_assert_eq(kt_int("LLEN queue:devq"), 1);
     free(conf);
 }
+
+/* Sidekiq Pro's paused queues: `capstan pause` adds the bare name to the
+ * set "paused", as Pro does; a running capstan reads the set each beat and
+ * fetches nothing from a paused queue while it runs the others' jobs;
+ * `capstan unpause` (or Pro's own SREM) resumes it; stats and top say
+ * which queues are paused (the metrics gauge: test_metrics.c). */
+Test(cli, paused_queues_are_not_fetched_until_unpaused)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "pause", "slow", NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("SISMEMBER paused slow"), 1, "the bare name, as Sidekiq Pro stores it");
+    cr_assert_eq(kt_int("EXISTS paused:slow") + kt_int("SISMEMBER paused queue:slow"), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"p:slow\"]", "-q", "slow", NULL },
+                                NULL), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"p:fast\"]", "-q", "fast", NULL },
+                                NULL), 0);
+    char *cfg = kt_write_conf(NULL);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "3", "-q", "slow", "-q", "fast", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD p:fast") == 1, 10), "the other queue's job ran: %s",
+              kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "queue slow is paused"), "the log says so: %s", kt_capstan_log(pid));
+    /* A beat later, and a job of the other queue pushed meanwhile ran. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"p:fast\"]", "-q", "fast", NULL },
+                                NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD p:fast") == 2, 10), "%s", kt_capstan_log(pid));
+    kt_sleep(1.0);
+    cr_assert_eq(kt_int("LLEN queue:slow"), 1, "the paused queue's job stays in it");
+    cr_assert_eq(kt_int("EXISTS p:slow"), 0);
+
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", "--json", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "{\"name\":\"slow\",\"size\":1,") && strstr(out, "\"paused\":true"), "%s", out);
+    cr_assert(strstr(out, "\"paused\":false"), "the other queue is not paused: %s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "top", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "paused"), "top marks the paused queue: %s", out);
+    free(out);
+
+    cr_assert_eq(kt_capstan_run((const char *[]){ "unpause", "slow", NULL }, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("EXISTS paused"), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD p:slow") == 1, 5), "unpaused, its job runs: %s",
+              kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "queue slow is unpaused"), "%s", kt_capstan_log(pid));
+
+    /* Paused again the way Sidekiq Pro does it, while capstan runs. */
+    kt_cmd("SADD paused slow");
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "queue slow is paused") == 2, 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"p:slow\"]", "-q", "slow", NULL },
+                                NULL), 0);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"p:fast\"]", "-q", "fast", NULL },
+                                NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD p:fast") == 3, 10), "%s", kt_capstan_log(pid));
+    kt_sleep(1.0);
+    cr_assert_eq(kt_int("LLEN queue:slow"), 1, "paused again: not fetched");
+    kt_cmd("SREM paused slow");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD p:slow") == 2, 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0);
+    kt_untrack(pid);
+    free(cfg);
+}
+
+/* The same with the basic fetch (BRPOP): only the queues not paused. */
+Test(cli, paused_queues_are_skipped_by_the_basic_fetch_too)
+{
+    kt_cmd("SADD paused slow");
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"b:slow\"]", "-q", "slow", NULL },
+                                NULL), 0);
+    char *cfg = kt_write_conf(NULL);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", "--fetch", "basic", "-q", "slow",
+                                                   "-q", "fast", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "queue slow is paused"), 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"b:fast\"]", "-q", "fast", NULL },
+                                NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD b:fast") == 1, 10), "%s", kt_capstan_log(pid));
+    kt_sleep(1.0);
+    cr_assert_eq(kt_int("LLEN queue:slow"), 1, "the paused queue's job stays in it");
+    kt_cmd("SREM paused slow");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD b:slow") == 1, 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0);
+    kt_untrack(pid);
+    free(cfg);
+}

@@ -853,3 +853,97 @@ Test(interop, failure_timestamps_keep_the_unit_the_payload_carries)
     free(jid6);
     free(cfg);
 }
+
+/* ---- W3C trace context (OpenTelemetry's Sidekiq instrumentation) ---- */
+
+#define TRACE_ID "4bf92f3577b34da6a3ce929d0e0e4736"
+#define TRACEPARENT "00-" TRACE_ID "-00f067aa0ba902b7-01"
+#define TRACESTATE "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+
+/* The records TraceJob left in key, by jid (a JSON object). */
+static json_t *trace_records(const char *key)
+{
+    json_t *all = json_object();
+    redisReply *r = kt_cmd("LRANGE %s 0 -1", key);
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        json_t *v = json_loads(r->element[i]->str, 0, NULL);
+        cr_assert(v, "a record: %s", r->element[i]->str);
+        json_object_set_new(all, json_string_value(json_object_get(v, "jid")), v);
+    }
+    freeReplyObject(r);
+    return all;
+}
+
+/* A job pushed with a traceparent: its handler sees it (and its
+ * tracestate), every log line of the job carries the trace id in the text
+ * and the JSON format, and the job its handler pushes carries the same
+ * context. An invalid traceparent counts as absent. */
+Test(interop, a_traceparent_reaches_the_handler_its_log_lines_and_the_jobs_it_pushes)
+{
+    const char *fmts[] = { "pretty", "json" };
+    for (int f = 0; f < 2; f++) {
+        char key[32], args[256], jid[25], bad_jid[25], *p = NULL;
+        snprintf(key, sizeof(key), "traces:%d", f);
+        snprintf(args, sizeof(args), "[\"%s\",\"%s\",\"default\"]", key, kt_url());
+        kt_make_jid(jid, 80, (unsigned)f);
+        kt_make_jid(bad_jid, 81, (unsigned)f);
+        cr_assert(asprintf(&p, "{\"class\":\"TraceJob\",\"args\":%s,\"jid\":\"%s\",\"queue\":\"default\","
+                               "\"traceparent\":\"" TRACEPARENT "\",\"tracestate\":\"" TRACESTATE "\","
+                               "\"created_at\":1767225600.1,\"enqueued_at\":1767225600.1}", args, jid) > 0);
+        freeReplyObject(kt_cmd("LPUSH queue:default %s", p));
+        free(p);
+        /* Upper-case hex: not a traceparent W3C allows. */
+        cr_assert(asprintf(&p, "{\"class\":\"TraceJob\",\"args\":[\"%s\"],\"jid\":\"%s\",\"queue\":\"default\","
+                               "\"traceparent\":\"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01\","
+                               "\"tracestate\":\"x=1\",\"created_at\":1767225600.1,"
+                               "\"enqueued_at\":1767225600.1}", key, bad_jid) > 0);
+        freeReplyObject(kt_cmd("LPUSH queue:default %s", p));
+        free(p);
+        pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "--log-format", fmts[f], NULL });
+        cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", key) == 3, 15), "parent, child and the bad one ran: %s",
+                  kt_capstan_log(pid));
+        json_t *recs = trace_records(key);
+        json_t *parent = json_object_get(recs, jid), *bad = json_object_get(recs, bad_jid), *child = NULL;
+        const char *k;
+        json_t *v;
+        json_object_foreach(recs, k, v)
+            if (strcmp(k, jid) != 0 && strcmp(k, bad_jid) != 0)
+                child = v;
+        cr_assert(parent && bad && child, "three records");
+        cr_assert_str_eq(str_of(parent, "traceparent"), TRACEPARENT, "the handler sees it");
+        cr_assert_str_eq(str_of(parent, "tracestate"), TRACESTATE);
+        cr_assert_str_eq(str_of(child, "traceparent"), TRACEPARENT,
+                         "the pushed job carries the same context");
+        cr_assert_str_eq(str_of(child, "tracestate"), TRACESTATE);
+        cr_assert(json_is_null(json_object_get(bad, "traceparent")), "invalid counts as absent");
+        cr_assert(json_is_null(json_object_get(bad, "tracestate")));
+        json_decref(recs);
+        /* The start and done lines of parent and child, and none of the
+         * bad one's (its lines hold no trace id at all). */
+        const char *needle = f ? "\"trace_id\":\"" TRACE_ID "\"" : " trace_id=" TRACE_ID " ";
+        cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, needle) == 4, 5), "4 lines with %s: %s", needle,
+                  kt_capstan_log(pid));
+        cr_assert_eq(kt_log_count(pid, "trace_id"), 4, "%s", kt_capstan_log(pid));
+        capstan_stop_ok(pid, SIGTERM, 20);
+    }
+}
+
+/* A job a Ruby app pushes with OpenTelemetry's context at the top level
+ * of the payload (as opentelemetry-instrumentation-sidekiq writes it) is
+ * seen with it by the C handler. */
+KT_SIDEKIQ_TEST(interop, a_ruby_pushed_traceparent_reaches_the_handler)
+{
+    char *jid = ruby_push_v(sidekiq, "{\"class\":\"TraceJob\",\"args\":[\"traces\"],"
+                                     "\"traceparent\":\"" TRACEPARENT "\",\"tracestate\":\"" TRACESTATE "\"}");
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN traces") == 1, 15), "%s", kt_capstan_log(pid));
+    json_t *recs = trace_records("traces");
+    json_t *rec = json_object_get(recs, jid);
+    cr_assert(rec, "TraceJob ran %s", jid);
+    cr_assert_str_eq(str_of(rec, "traceparent"), TRACEPARENT);
+    cr_assert_str_eq(str_of(rec, "tracestate"), TRACESTATE);
+    json_decref(recs);
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "trace_id=" TRACE_ID) == 2, 5), "%s", kt_capstan_log(pid));
+    capstan_stop_ok(pid, SIGTERM, 20);
+    free(jid);
+}

@@ -116,6 +116,7 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
         freeReplyObject(kt_cmd("LPUSH queue:idle %s", payload));
     }
     freeReplyObject(kt_cmd("SADD queues idle"));
+    freeReplyObject(kt_cmd("SADD paused idle")); /* as Sidekiq Pro pauses it */
     for (int i = 0; i < 5; i++)
         cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
     for (int i = 0; i < 2; i++)
@@ -155,6 +156,8 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
     cr_assert_geq(value(body, "capstan_redis_rtt_seconds"), 0);
     cr_assert_eq(value(body, "capstan_queue_size{queue=\"idle\"}"), 3);
     cr_assert_eq(value(body, "capstan_queue_size{queue=\"default\"}"), 0);
+    cr_assert_eq(value(body, "capstan_queue_paused{queue=\"idle\"}"), 1);
+    cr_assert_eq(value(body, "capstan_queue_paused{queue=\"default\"}"), 0);
     double lat = value(body, "capstan_queue_latency_seconds{queue=\"idle\"}");
     cr_assert(lat >= 99 && lat < 130, "latency %f", lat);
     cr_assert_eq(value(body, "capstan_retry_size"), 2, "FailJob retries by default");

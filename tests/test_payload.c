@@ -7,6 +7,7 @@
 
 #include "job/job.h"
 #include "support/payload.h"
+#include "support/trace.h"
 #include "capstan/config.h"
 
 static char *edit(const char *s, const capstan_field_t *set, size_t n)
@@ -428,4 +429,45 @@ Test(payload, invalid_payloads_become_readable_dead_entries)
     assert_literal(f.payload, "failed_at", "1700000001500");
     capstan__failure_clear(&f);
     capstan_config_free(cfg);
+}
+
+/* W3C's rules for a version-00 traceparent: what capstan_job_traceparent
+ * keeps, and what it treats as absent; and the job reads both fields. */
+Test(payload, traceparent_is_kept_only_when_w3c_valid)
+{
+    static const char *ok[] = {
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+    };
+    static const char *bad[] = {
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01", /* zero trace id */
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", /* zero parent id */
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", /* upper case */
+        "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", /* another version */
+        "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  /* short */
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-", /* long */
+        "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-01",
+        "",
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        cr_assert(capstan__traceparent_valid(ok[i], strlen(ok[i])), "%s", ok[i]);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_not(capstan__traceparent_valid(bad[i], strlen(bad[i])), "%s", bad[i]);
+
+    const char *text = "{\"class\":\"X\",\"jid\":\"j\",\"args\":[],"
+                       "\"traceparent\":\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\","
+                       "\"tracestate\":\"rojo=1\"}";
+    capstan_job_t job;
+    cr_assert_eq(capstan__job_init(&job, strdup(text), strlen(text), "q", NULL), 0);
+    cr_assert_str_eq(capstan_job_traceparent(&job), ok[0]);
+    cr_assert_str_eq(capstan_job_tracestate(&job), "rojo=1");
+    cr_assert_str_eq(job.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    capstan__job_clear(&job);
+    text = "{\"class\":\"X\",\"jid\":\"j\",\"args\":[],\"traceparent\":7,\"tracestate\":\"rojo=1\"}";
+    cr_assert_eq(capstan__job_init(&job, strdup(text), strlen(text), "q", NULL), 0);
+    cr_assert_null(capstan_job_traceparent(&job));
+    cr_assert_null(capstan_job_tracestate(&job), "no tracestate without a traceparent");
+    cr_assert_eq(job.trace_id[0], '\0');
+    capstan__job_clear(&job);
 }

@@ -33,6 +33,19 @@ CAPSTAN_API const char *capstan_job_bid(const capstan_job_t *job);
 /* The queue the job was fetched from (without the "queue:" prefix). */
 CAPSTAN_API const char *capstan_job_queue(const capstan_job_t *job);
 
+/* The W3C trace context the job was pushed with: the payload's top-level
+ * "traceparent" and "tracestate", where OpenTelemetry's Sidekiq
+ * instrumentation puts them (and capstan's client, for the jobs a handler
+ * pushes: see doc/handlers.md). capstan_job_traceparent is NULL when the
+ * payload has none or one that is not "00-<32 hex>-<16 hex>-<2 hex>" in
+ * lowercase with non-zero ids (an invalid one counts as absent, as W3C
+ * says); capstan_job_tracestate is NULL without a valid traceparent, or
+ * when the payload has none (or not a string of at most 512 printable
+ * characters). The trace id (characters 3 to 34 of the traceparent) is in
+ * every log line of the job. Borrowed from the job. */
+CAPSTAN_API const char *capstan_job_traceparent(const capstan_job_t *job);
+CAPSTAN_API const char *capstan_job_tracestate(const capstan_job_t *job);
+
 /* The arguments the job's perform method receives, parsed by jansson. For
  * most jobs that is the payload's "args". For a job enqueued through
  * ActiveJob it is args[0]["arguments"] with ActiveJob's serialization
