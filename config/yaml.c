@@ -282,6 +282,24 @@ int capstan__yaml_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
     return rc;
 }
 
+int capstan__yaml_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
+{
+    const char *want = "must be true, false or an integer >= 0";
+    char *s = NULL;
+    long n;
+    int b, rc = capstan__yaml_scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (to_bool(s, &b) == 0)
+        *out = b ? CAPSTAN_RETRY_DEFAULT : CAPSTAN_RETRY_NONE;
+    else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
+        *out = (int)n;
+    else
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
 static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;

@@ -59,6 +59,9 @@ int capstan__yaml_set_string(ctx_t *c, const char *key, yaml_node_t *v, char **s
 
 /* A YAML 1.1 boolean into *out. */
 int capstan__yaml_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out);
+/* A job's retry: true (max_retries), false (none) or a count, into *out
+ * (CAPSTAN_RETRY_DEFAULT, CAPSTAN_RETRY_NONE or the count). */
+int capstan__yaml_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out);
 
 /* A redis: mapping with sentinels: (config/yaml_sentinel.c), into a
  * redis+sentinel:// URL. */

@@ -13,25 +13,6 @@
 #include "capstan/unique.h"
 #include "support/number.h"
 
-/* retry: true (max_retries), false (no retries) or a count. */
-static int class_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
-{
-    const char *want = "must be true, false or an integer >= 0";
-    char *s = NULL;
-    long n;
-    int b, rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    if (to_bool(s, &b) == 0)
-        *out = b ? CAPSTAN_RETRY_DEFAULT : CAPSTAN_RETRY_NONE;
-    else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
-        *out = (int)n;
-    else
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    free(s);
-    return rc;
-}
-
 /* A non-negative whole number of seconds (or a count) for a class option. */
 static int class_count(ctx_t *c, const char *key, yaml_node_t *v, long max, long *out)
 {
@@ -301,7 +282,7 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
                     rc = capstan__yaml_fail(c, ov, key, "%s", why);
             }
             else if (oname && !strcmp(oname, "retry"))
-                rc = class_retry(c, key, ov, &cc.retry);
+                rc = capstan__yaml_retry(c, key, ov, &cc.retry);
             else if (oname && !strcmp(oname, "limit"))
                 rc = class_limit(c, key, ov, &cc);
             else if (oname && !strcmp(oname, "max_limiter_reschedules")) {

@@ -102,24 +102,6 @@ static void sched_free(sched_t *s)
     capstan__buf_free(&s->extra);
 }
 
-static int retry_value(ctx_t *c, const char *key, yaml_node_t *v, int *out)
-{
-    const char *want = "must be true, false or an integer >= 0";
-    char *s = NULL;
-    long n;
-    int b, rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    if (to_bool(s, &b) == 0)
-        *out = b ? CAPSTAN_RETRY_DEFAULT : CAPSTAN_RETRY_NONE;
-    else if (to_long(s, &n) == 0 && n >= 0 && n <= INT_MAX)
-        *out = (int)n;
-    else
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    free(s);
-    return rc;
-}
-
 static int read_schedule(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_t *v, sched_t *s)
 {
     char key[CAPSTAN_ERRLEN], why[CAPSTAN_ERRLEN];
@@ -154,7 +136,7 @@ static int read_schedule(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_
                 capstan_periodic_missed(s->missed, &s->o.missed))
                 rc = capstan__yaml_fail(c, ov, sub, "must be skip, last or all");
         } else if (!strcmp(o, "retry")) {
-            rc = retry_value(c, sub, ov, &s->o.retry);
+            rc = capstan__yaml_retry(c, sub, ov, &s->o.retry);
         } else if (!strcmp(o, "args")) {
             capstan_buf_t b = { 0 };
             if (ov->type != YAML_SEQUENCE_NODE && !is_null(ov))

@@ -121,16 +121,7 @@ class Report:
                "limiter over its size: %d after a freeze, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               "  %-18s %8s %12s %14s %10s" % ("fault", "injected", "extra runs", "bound (sum)", "over it")]
-        by = collections.OrderedDict()
-        for f in self.faults:
-            e = by.setdefault(f.kind, [0, 0, 0, 0])
-            e[0] += 1
-            e[1] += f.dups
-            e[2] += f.bound
-            e[3] += f.dups > f.bound
-        for k, e in by.items():
-            out.append("  %-18s %8d %12d %14d %10d" % (k, e[0], e[1], e[2], e[3]))
+               ] + fault_table(self.faults)
         for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
                             ("unexpected", self.unexpected),
                             ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
@@ -163,7 +154,7 @@ def _freeze_near(faults, pids, t0, t1):
     return None
 
 
-def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None):
+def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0):
     """pushed: the jids Redis took (they must end, or be in a set); tried:
     those sent whose answer was lost (they may have been taken)."""
     r = Report()
@@ -185,8 +176,24 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None):
             running = {x.jid for rs in runs.values() for x in rs
                        if x.pid == f.pid and x.start <= f.start and (x.end is None or x.end > f.start)}
             f.bound = len(running | (mine & (f.held or set())))
-        elif f.kind in FREEZES:
-            f.bound = len(f.held) if f.held is not None else 10 ** 6
+    # A freeze's bound: its working list when it began, plus one job for
+    # each processor blocked on an empty queue (Redis moves a job pushed
+    # meanwhile into the frozen process's list), plus what a freeze of the
+    # same process just before it held (its dups may surface after this one).
+    last = {}
+    for f in sorted(faults, key=lambda f: f.start):
+        if f.kind not in FREEZES:
+            continue
+        if f.held is None:
+            f.bound = 10 ** 6
+            continue
+        held = set(f.held)
+        prev = last.get(f.pid)
+        if prev is not None and prev.held is not None and (prev.end or prev.start) >= f.start - 10:
+            held |= prev.held
+        f.held = held
+        f.bound = len(held) + concurrency
+        last[f.pid] = f
     for jid in pushed:
         if jid not in ended and jid not in present:
             r.lost.append(jid)
@@ -250,21 +257,26 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None):
     return r
 
 
+def fault_table(faults):
+    """Lines of a table per fault kind: injected, extra runs, their bound,
+    faults over their bound."""
+    by = collections.OrderedDict()
+    for f in faults:
+        e = by.setdefault(f.kind, [0, 0, 0, 0])
+        e[0] += 1
+        e[1] += f.dups
+        e[2] += f.bound
+        e[3] += f.dups > f.bound
+    out = ["  %-18s %8s %12s %14s %10s" % ("fault", "injected", "extra runs", "bound (sum)", "over it")]
+    for k, e in by.items():
+        out.append("  %-18s %8d %12d %14d %10d" % (k, e[0], e[1], e[2], e[3]))
+    return out
+
+
 def summary(reports):
     """One table over several runs, per fault kind."""
-    by = collections.OrderedDict()
-    for r in reports:
-        for f in r.faults:
-            e = by.setdefault(f.kind, [0, 0, 0, 0])
-            e[0] += 1
-            e[1] += f.dups
-            e[2] += f.bound
-            e[3] += f.dups > f.bound
     out = ["chaos: %d runs (seeds %s), %d jobs pushed, %d lost, %d extra starts not explained, %d over a bound"
            % (len(reports), ",".join(str(r.seed) for r in reports), sum(r.pushed for r in reports),
               sum(len(r.lost) for r in reports), sum(len(r.unattributed) for r in reports),
-              sum(len(r.over_bound()) for r in reports)),
-           "  %-18s %8s %12s %14s %10s" % ("fault", "injected", "extra runs", "bound (sum)", "over it")]
-    for k, e in by.items():
-        out.append("  %-18s %8d %12d %14d %10d" % (k, e[0], e[1], e[2], e[3]))
-    return "\n".join(out)
+              sum(len(r.over_bound()) for r in reports))]
+    return "\n".join(out + fault_table([f for r in reports for f in r.faults]))
