@@ -14,6 +14,7 @@
 #include "cli/common.h"
 #include "observe/overview.h"
 #include "fetch/fetch.h"
+#include "redis/keys.h"
 #include "support/identity.h"
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
@@ -145,6 +146,47 @@ static json_t *working_json(capstan_redis_t *r, const char *host)
     return arr;
 }
 
+/* The running jobs that iterate (Sidekiq 7.3+'s it-<jid> exists for them),
+ * as Sidekiq's Busy page shows them: jid, class, process, executions,
+ * cursor, seconds run before this run, and when cancelled. */
+static json_t *iterating_json(capstan_redis_t *r, const capstan_overview_t *ov)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ov->nprocesses; i++) {
+        const char *id = ov->processes[i].identity;
+        redisReply *work = capstan_redis_cmdf(r, "HVALS %s%s", id, CAPSTAN_KEY_WORK);
+        for (size_t k = 0; work && work->type == REDIS_REPLY_ARRAY && k < work->elements; k++) {
+            json_t *e = json_loadb(work->element[k]->str, work->element[k]->len, 0, NULL);
+            json_t *p = json_object_get(e, "payload");
+            json_t *job = json_is_string(p) ? json_loads(json_string_value(p), 0, NULL) : json_incref(p);
+            const char *jid = json_string_value(json_object_get(job, "jid"));
+            redisReply *st = jid ? capstan_redis_cmdf(r, "HMGET %s%s ex c rt cancelled", CAPSTAN_KEY_ITERATION, jid)
+                                 : NULL;
+            if (st && st->type == REDIS_REPLY_ARRAY && st->elements == 4 && st->element[0]->type == REDIS_REPLY_STRING) {
+                json_t *it = json_object();
+                json_object_set_new(it, "jid", json_string(jid));
+                json_object_set(it, "class", json_object_get(job, "class"));
+                json_object_set_new(it, "process", json_string(id));
+                json_object_set_new(it, "executions", json_integer(strtoll(st->element[0]->str, NULL, 10)));
+                json_t *c = st->element[1]->type == REDIS_REPLY_STRING
+                          ? json_loads(st->element[1]->str, JSON_DECODE_ANY, NULL) : NULL;
+                json_object_set_new(it, "cursor", c ? c : json_null());
+                json_object_set_new(it, "runtime", json_real(st->element[2]->type == REDIS_REPLY_STRING
+                                                                 ? strtod(st->element[2]->str, NULL) : 0));
+                json_object_set_new(it, "cancelled", st->element[3]->type == REDIS_REPLY_STRING
+                                                         ? json_integer(strtoll(st->element[3]->str, NULL, 10))
+                                                         : json_null());
+                json_array_append_new(arr, it);
+            }
+            freeReplyObject(st);
+            json_decref(job);
+            json_decref(e);
+        }
+        freeReplyObject(work);
+    }
+    return arr;
+}
+
 /* Everything `capstan stats` shows, or NULL with err filled. */
 static json_t *collect(capstan_redis_t *r, char *err)
 {
@@ -166,6 +208,7 @@ static json_t *collect(capstan_redis_t *r, char *err)
     json_decref(ahead);
     json_object_set_new(o, "processes", processes_json(&ov, host));
     json_object_set_new(o, "working", working_json(r, host));
+    json_object_set_new(o, "iterating", iterating_json(r, &ov));
     capstan__overview_clear(&ov);
     return o;
 }
@@ -244,6 +287,19 @@ static void print_text(json_t *o, const char *name)
             snprintf(owner, sizeof(owner), "%s", key ? "alive" : "DEAD (recovered at the next pass)");
         printf("  %s  %lld jobs  owner %s\n", json_string_value(json_object_get(e, "identity")),
                json_integer_value(json_object_get(e, "size")), owner);
+    }
+    json_t *its = json_object_get(o, "iterating");
+    if (json_array_size(its))
+        printf("\nIterating jobs (it-<jid>)\n");
+    json_array_foreach(its, i, e) {
+        char *cursor = json_dumps(json_object_get(e, "cursor"), JSON_COMPACT | JSON_ENCODE_ANY);
+        printf("  %s %s on %s  execution %lld  cursor %s  %.1f s before this run%s\n",
+               json_string_value(json_object_get(e, "class")), json_string_value(json_object_get(e, "jid")),
+               json_string_value(json_object_get(e, "process")),
+               json_integer_value(json_object_get(e, "executions")), cursor ? cursor : "?",
+               json_real_value(json_object_get(e, "runtime")),
+               json_is_integer(json_object_get(e, "cancelled")) ? "  CANCELLED" : "");
+        free(cursor);
     }
 }
 

@@ -77,7 +77,7 @@ Test(iterable, term_mid_run_resumes_at_the_saved_cursor)
 {
     enum { N = 100000, STEP = 100 };
     char jid[25], itkey[64];
-    push_iterate("it", N, STEP, 2, jid);
+    push_iterate("it", N, STEP, 4, jid);
     snprintf(itkey, sizeof(itkey), "it-%s", jid);
     pid_t a = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN it:steps") >= 300, 20), "%s", kt_capstan_log(a));
@@ -97,7 +97,20 @@ Test(iterable, term_mid_run_resumes_at_the_saved_cursor)
     cr_assert(cursor >= ran - 1 && cursor <= ran, "cursor %ld after %ld steps", cursor, ran);
     cr_assert_gt(kt_int("TTL %s", itkey), 29 * 86400, "Sidekiq's 30-day expiry");
 
-    pid_t b = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    /* capstan stats shows the running iteration, as Sidekiq's Busy page. */
+    char *conf = kt_write_conf("heartbeat_interval: 0.5\n"), *out = NULL;
+    pid_t b = kt_capstan_start((const char *[]){ "-C", conf, "-c", "2", NULL });
+    free(conf);
+    char want[128];
+    snprintf(want, sizeof(want), "\"jid\":\"%s\",\"class\":\"IterateJob\"", jid);
+    cr_assert(KT_WAIT_UNTIL((free(out), out = NULL,
+                             kt_capstan_run((const char *[]){ "stats", "--json", NULL }, &out) == 0
+                                 && strstr(out, want)), 10),
+              "%s", out);
+    char cur[64];
+    snprintf(cur, sizeof(cur), "\"executions\":1,\"cursor\":%ld", cursor);
+    cr_assert(strstr(out, cur), "%s", out);
+    free(out);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN it:done") == 1, 30), "%s", kt_capstan_log(b));
     cr_assert_eq(executions_done("it", jid), 2);
     check_steps("it", N, STEP, 1);
