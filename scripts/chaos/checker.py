@@ -14,6 +14,11 @@ PROCESS_FAULTS = {"kill9_worker", "stop_worker", "partition", "partition_oneway"
 # A frozen or cut-off process's jobs are recovered by others while it may
 # still run them: duplicates bounded by its working list at that moment.
 FREEZES = {"stop_worker", "partition", "partition_oneway"}
+# Seconds a job's first line in the ledger may come after it was fetched:
+# its handler starts once its runtime lock (lock_timeout 5 s in the
+# harness's config, then a reschedule of 1 s) or its limiter slot
+# (wait_timeout 5 s) is had.
+START_LAG = 15
 
 
 class Fault:
@@ -142,7 +147,7 @@ def _fault_for(faults, prev, new):
     if kills:
         return max(kills, key=lambda f: f.start)
     freezes = [f for f in faults if f.kind in FREEZES and f.pid in (prev.pid, new.pid)
-               and f.start <= new.start and (f.end or new.start) >= prev.start - 5]
+               and f.start <= new.start and (f.end or new.start) >= prev.start - START_LAG]
     return max(freezes, key=lambda f: f.start) if freezes else None
 
 
