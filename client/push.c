@@ -181,26 +181,46 @@ long long capstan_client_cancel(capstan_client_t *c, const char *jid)
     }
     snprintf(now, sizeof(now), "%lld", (long long)capstan__now());
     snprintf(ttl, sizeof(ttl), "%d", CAPSTAN_ITERATION_TTL);
+    /* One MULTI, so a job that completes (and deletes its state) between
+     * the mark and the read cannot make the read come back empty. EXPIRE
+     * without NX, as Sidekiq 7.3 sends it: NX needs Redis 7. */
+    const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     const char *hsetnx[] = { "HSETNX", key, "cancelled", now }, *hget[] = { "HGET", key, "cancelled" },
-               *expire[] = { "EXPIRE", key, ttl, "NX" };
+               *expire[] = { "EXPIRE", key, ttl };
     int rc = capstan_redis_ok(c->r) ? 0 : capstan_redis_connect(c->r);
-    if (!rc) rc = capstan_redis_append(c->r, 4, hsetnx, NULL);
-    if (!rc) rc = capstan_redis_append(c->r, 3, hget, NULL);
-    if (!rc) rc = capstan_redis_append(c->r, 4, expire, NULL);
+    int sent = 0;
+    if (!rc && !(rc = capstan_redis_append(c->r, 1, multi, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(c->r, 4, hsetnx, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(c->r, 3, hget, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(c->r, 3, expire, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(c->r, 1, exec, NULL))) sent++;
     free(key);
     long long at = -1;
-    for (int i = 0; i < 3 && !rc; i++) {
+    /* Every reply is read, whatever came before, so none is left for the
+     * client's next command; the EXEC's is the last. */
+    for (int i = 0; i < sent; i++) {
         redisReply *r = capstan_redis_get_reply(c->r);
-        if (!r)
+        if (!r) {
             rc = CAPSTAN_EREDIS;
-        else if (r->type == REDIS_REPLY_ERROR)
+            break;
+        }
+        if (r->type == REDIS_REPLY_ERROR && !rc)
             rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: %s", jid, r->str);
-        else if (i == 1 && r->type == REDIS_REPLY_STRING)
-            at = strtoll(r->str, NULL, 10);
+        if (i == sent - 1 && r->type == REDIS_REPLY_ARRAY && r->elements == 3) {
+            const redisReply *v = r->element[1];
+            if (v->type == REDIS_REPLY_STRING)
+                at = strtoll(v->str, NULL, 10);
+            else if (v->type == REDIS_REPLY_ERROR && !rc)
+                rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: %s", jid, v->str);
+            if (r->element[0]->type == REDIS_REPLY_ERROR && !rc)
+                rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: %s", jid, r->element[0]->str);
+        }
         freeReplyObject(r);
     }
     if (rc == CAPSTAN_EREDIS)
         capstan_seterr(c->err, rc, "cancel %s: %s", jid, capstan_redis_error(c->r));
+    else if (!rc && at < 0)
+        rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: the mark did not stay", jid);
     return rc ? -1 : at;
 }
 

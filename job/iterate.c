@@ -31,7 +31,10 @@ struct capstan_iter {
     double polled;          /* capstan__mono() of the last read of "cancelled" */
     int stop;               /* CAPSTAN_ITER_STOP or _CANCELLED once said */
     int cancelled;
-    int failed;             /* the state could not be read or written */
+    int unread;             /* the state could not be read: this run fails
+                               rather than start over and overwrite it */
+    int iterated;           /* capstan_job_cursor or _checkpoint was called
+                               (capstan_job_cancelled alone is no iteration) */
 };
 
 /* The field named name in an HGETALL reply, or NULL. */
@@ -58,8 +61,14 @@ static struct capstan_iter *state(capstan_job_t *job)
     job->iter = it;
     it->started = it->flushed = it->polled = capstan__mono();
     redisReply *r = job->redis ? redisCommand(job->redis, "HGETALL %s", it->key) : NULL;
-    if (!r || r->type != REDIS_REPLY_ARRAY)
-        it->failed = 1;
+    if (!r || r->type != REDIS_REPLY_ARRAY) {
+        /* As Ruby raises here: the job fails and its retry resumes from
+         * the saved state, which this run must not overwrite. */
+        it->unread = 1;
+        capstan_job_fail(job, "Redis::CannotConnectError", "reading %s: %s", it->key,
+                         r && r->type == REDIS_REPLY_ERROR ? r->str
+                         : job->redis && job->redis->err ? job->redis->errstr : "no connection");
+    }
     const redisReply *ex = field(r, "ex"), *c = field(r, "c"), *rt = field(r, "rt"),
                      *cancelled = field(r, "cancelled");
     if (ex && ex->type == REDIS_REPLY_STRING)
@@ -85,6 +94,8 @@ static void flush(capstan_job_t *job, struct capstan_iter *it)
 {
     const char *key = it->key;
     char ex[32], rt[32], ttl[32];
+    if (it->unread)
+        return;
     char *c = it->cursor ? json_dumps(it->cursor, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     snprintf(ex, sizeof(ex), "%ld", it->executions);
     snprintf(rt, sizeof(rt), "%.6f", it->runtime + (capstan__mono() - it->started));
@@ -92,42 +103,44 @@ static void flush(capstan_job_t *job, struct capstan_iter *it)
     redisContext *r = job->redis;
     it->flushed = it->polled = capstan__mono();
     if (!r || (it->cursor && !c)) {
-        it->failed = 1;
         free(c);
         return;
     }
+    /* EXPIRE without NX, as Sidekiq 7.3 sends it (NX needs Redis 7; the
+     * 30 days start again at each write, which Sidekiq 8's NX does not). */
     const char *hset[] = { "HSET", key, "ex", ex, "c", c ? c : "null", "rt", rt };
-    const char *expire[] = { "EXPIRE", key, ttl, "NX" };
+    const char *expire[] = { "EXPIRE", key, ttl };
     const char *hget[] = { "HGET", key, "cancelled" };
     redisAppendCommand(r, "MULTI");
     redisAppendCommandArgv(r, 8, hset, NULL);
-    redisAppendCommandArgv(r, 4, expire, NULL);
+    redisAppendCommandArgv(r, 3, expire, NULL);
     redisAppendCommandArgv(r, 3, hget, NULL);
     redisAppendCommand(r, "EXEC");
     free(c);
     redisReply *last = NULL;
     for (int i = 0; i < 5; i++) {
         redisReply *rep = NULL;
-        if (redisGetReply(r, (void **)&rep) != REDIS_OK) {
-            it->failed = 1;
+        if (redisGetReply(r, (void **)&rep) != REDIS_OK)
             break;
-        }
         freeReplyObject(last);
         last = rep;
     }
-    /* EXEC's reply: HSET, EXPIRE, HGET. */
+    /* EXEC's reply: HSET, EXPIRE, HGET. A write that failed is tried again
+     * at the next flush; a run cut off from Redis ends at a hard stop and
+     * resumes from the last write that landed. */
     if (last && last->type == REDIS_REPLY_ARRAY && last->elements == 3
         && last->element[2]->type == REDIS_REPLY_STRING)
         it->cancelled = 1;
-    else if (!last || last->type != REDIS_REPLY_ARRAY)
-        it->failed = 1;
     freeReplyObject(last);
 }
 
 const json_t *capstan_job_cursor(capstan_job_t *job)
 {
     struct capstan_iter *it = state(job);
-    return it ? it->cursor : NULL;
+    if (!it)
+        return NULL;
+    it->iterated = 1;
+    return it->cursor;
 }
 
 long capstan_job_executions(const capstan_job_t *job)
@@ -148,6 +161,9 @@ int capstan_job_checkpoint(capstan_job_t *job, json_t *cursor)
     struct capstan_iter *it = state(job);
     if (!it)
         return CAPSTAN_ITER_NEXT; /* no memory: go on; a stop cannot be kept */
+    it->iterated = 1;
+    if (it->unread)
+        return it->stop = CAPSTAN_ITER_STOP; /* the job has failed: see state() */
     if (it->stop)
         return it->stop;
     json_t *old = it->cursor;
@@ -182,8 +198,8 @@ int capstan_job_cancelled(capstan_job_t *job)
 capstan_iterated_t capstan__job_iter_end(capstan_job_t *job)
 {
     struct capstan_iter *it = job->iter;
-    if (!it)
-        return CAPSTAN_ITERATED_NOT;
+    if (!it || !it->iterated || it->unread)
+        return CAPSTAN_ITERATED_NOT; /* only polled for a cancel, or failed */
     if (job->err_class) {
         flush(job, it); /* a retry resumes from the cursor */
         return CAPSTAN_ITERATED_NOT;

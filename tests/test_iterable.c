@@ -273,3 +273,37 @@ Test(iterable, ruby_8_0_and_capstan_resume_each_other)
     kt_sidekiq_need("8.0.10");
     ruby_and_capstan_hand_over("8.0.10");
 }
+
+/* An interrupted run goes back in line still unique: its until-lock is
+ * taken again (a duplicate push is refused while it waits), its runtime
+ * lock goes; the run that completes releases the until-lock. */
+Test(iterable, an_interrupted_job_keeps_its_until_lock_in_the_queue)
+{
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-q", "default", "IterateJob", "[\"ul\", 3000, 100, 50]",
+                                                  "--lock", "until_and_while_executing", NULL }, &out),
+                 0, "%s", out);
+    free(out);
+    char *payload = kt_str("LINDEX queue:default 0");
+    const char *d = strstr(payload, "\"lock_digest\":\"");
+    cr_assert(d, "%s", payload);
+    d += strlen("\"lock_digest\":\"");
+    char digest[128];
+    snprintf(digest, sizeof(digest), "%.*s", (int)strcspn(d, "\""), d);
+    free(payload);
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ul:steps") >= 3, 10), "%s", kt_capstan_log(p));
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "back in its queue");
+    cr_assert_eq(kt_int("EXISTS %s:LOCKED", digest), 1, "its until-lock held again while it waits");
+    cr_assert_eq(kt_int("EXISTS %s:RUN:LOCKED", digest), 0, "its runtime lock gone");
+    out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "-q", "default", "IterateJob", "[\"ul\", 3000, 100, 50]",
+                                                  "--lock", "until_and_while_executing", NULL }, &out),
+                 3, "a duplicate is refused: %s", out);
+    free(out);
+    p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ul:done") == 1, 20), "%s", kt_capstan_log(p));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", digest) == 0, 5), "released when it completed");
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}

@@ -19,9 +19,13 @@
 #include "unique/prelock.h"
 #include "unique/server.h"
 
-static int job_failed(capstan_mw_t *mw)
+/* The job goes back in line instead of ending: it failed (retry), or an
+ * iterating run was interrupted (back to its queue). Either way it stays
+ * unique while it waits, as Sidekiq's re-push through the client takes its
+ * lock again. */
+static int back_in_line(capstan_mw_t *mw)
 {
-    return capstan_job_error_class(mw->job) != NULL;
+    return capstan_job_error_class(mw->job) != NULL || mw->disp == CAPSTAN_DISPOSE_REQUEUE;
 }
 
 static capstan_lock_req_t request(capstan_mw_t *mw, const capstan_unique_spec_t *s, int runtime)
@@ -164,7 +168,7 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
     *rc = capstan_mw_next(mw);
     /* until_and_while_executing's failed job takes its until-lock again,
      * which its ack then holds: the runtime lock goes now. */
-    int later = !(until && job_failed(mw));
+    int later = !(until && back_in_line(mw));
     if (later && !mw->release_key[0] && mw->disp != CAPSTAN_DISPOSE_KEEP) {
         capstan_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 1, CAPSTAN_KEY_LOCKED);
         mw->release_runtime = 1;
@@ -231,7 +235,7 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
             capstan_info("%s %s: lock %s is held by another job; running anyway (until_executing)",
                          mw->cls, mw->jid, s.digest);
         rc = capstan_mw_next(mw);
-        if (job_failed(mw)) {
+        if (back_in_line(mw)) {
             /* Stay unique while waiting in retry. */
             if (capstan_unique_lock(mw->r, &q, err) < 0)
                 capstan_warn("%s %s: could not take lock %s again after the failure: %s",
@@ -247,7 +251,7 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
         ran = while_executing(mw, &s, 1, &rc);
         if (ran < 0)
             break;
-        if (!ran || job_failed(mw)) {
+        if (!ran || back_in_line(mw)) {
             /* Back in line (retry or rescheduled): unique again until it
              * runs; released if it dies or was dropped. */
             if (capstan_unique_lock(mw->r, &q, err) < 0)

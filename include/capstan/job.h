@@ -157,11 +157,15 @@ enum {
     CAPSTAN_ITER_CANCELLED = 2, /* return now: the job was cancelled */
 };
 
-/* The saved cursor (borrowed from the job), or NULL on the first run. The
- * first call of this or capstan_job_checkpoint in a run reads the job's
- * iteration state from Redis and counts this run as one more execution. */
+/* The saved cursor (borrowed from the job, valid until the next
+ * capstan_job_checkpoint: copy what you keep), or NULL on the first run.
+ * The first call of this or capstan_job_checkpoint in a run reads the job's
+ * iteration state from Redis and counts this run as one more execution;
+ * when Redis cannot be read, the job fails (its retry resumes from the
+ * saved state) and capstan_job_checkpoint says CAPSTAN_ITER_STOP. */
 CAPSTAN_API const json_t *capstan_job_cursor(capstan_job_t *job);
-/* Records cursor (the job keeps a reference; NULL means JSON null) as where
+/* Records cursor (the job keeps a reference: do not change it afterwards;
+ * NULL means JSON null) as where
  * the step about to run starts, and says whether to run it: the process is
  * going quiet or stopping, or this run passed max_iteration_runtime
  * (CAPSTAN_ITER_STOP: the state is flushed first), the job was cancelled
