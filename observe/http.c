@@ -98,8 +98,8 @@ static int prefetched_gauge(const capstan_http_conf_t *conf, capstan_buf_t *b)
         return CAPSTAN_ENOMEM;
     conf->prefetched(conf->ud, conf->queues, conf->nqueues, counts);
     int rc = gauge(b, "capstan_prefetched_jobs",
-                   "Jobs this process fetched ahead and has not started, by queue: in its working "
-                   "list, not in the queue's size and latency.");
+                   "Jobs this process fetched ahead and holds waiting for a processor, by queue: in "
+                   "its working list, not in the queue's size and latency.");
     for (size_t i = 0; i < conf->nqueues && !rc; i++) {
         rc = capstan__buf_puts(b, "capstan_prefetched_jobs{queue=\"");
         if (!rc) rc = capstan__metrics_escape(b, conf->queues[i]);

@@ -984,17 +984,23 @@ void capstan__feed_solo_end(capstan_slot_t *s, capstan_redis_t *r)
 /* Jobs fetched beyond the free threads are out of sight of the queue's
  * size and latency as Sidekiq reads them (and of autoscalers built on
  * those): at most what the process takes in this long (seconds), however
- * long jobs run. Two round trips of jobs fit within it unless a round trip
- * (with a deferred one, the job it waits for) takes over half of it; then
- * the threads fetch a little more often for themselves. */
+ * long jobs run, unless two network round trips take longer. A deferred
+ * round trip waits for its sender's job: the cap keeps that wait from
+ * adding to what is fetched ahead, and the threads fetch a little more
+ * often for themselves. */
 #define AHEAD_MAX 0.02
 static size_t level(capstan_runtime_t *rt, const capstan_feed_t *feed)
 {
     long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
-    double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR;
+    double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR, net = rtt * 2.0;
     if (feed->job_time > DEFER_AFTER)
         rtt += feed->job_time;
+    /* The cap takes back only what the jobs' own length added: a distant
+     * Redis still gets its two round trips, or it would starve the
+     * processors. */
     double ahead = rtt * 2.0 < AHEAD_MAX ? rtt * 2.0 : AHEAD_MAX;
+    if (ahead < net)
+        ahead = net;
     double want = (double)(idle < 1 ? 1 : idle) + feed->rate * ahead;
     return want >= (double)feed->prefetch ? feed->prefetch : (size_t)want;
 }

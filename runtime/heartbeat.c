@@ -291,12 +291,10 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     snprintf(rtt, sizeof(rtt), "%ld", rtt_us);
     snprintf(rss, sizeof(rss), "%ld", rss_kb());
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
-    char *ahead = prefetched_json(rt);
-    if (!ahead)
-        return 0; /* no memory: the next beat tries again */
+    char *ahead = prefetched_json(rt), none[] = "{}";
     const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
                            "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss,
-                           "prefetched", ahead };
+                           "prefetched", ahead ? ahead : none };
     const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", CAPSTAN_KEY_PROCESSES, rt->identity },
                               { "EXISTS", rt->identity, NULL } };
     rc = capstan_redis_append(r, 1, cmds[0], NULL);
