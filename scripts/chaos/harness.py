@@ -468,7 +468,8 @@ class Harness:
                 out.write("%.3f %.3f %s pid=%s held=%s\n" % (f.start, f.end or f.start, f.kind, f.pid,
                                                             None if f.held is None else len(f.held)))
         report = checker.check(self.pushed, self.tried, checker.read_ledger(self.dir), state, self.events,
-                               lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3})
+                               lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
+                               concurrency=self.concurrency)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
