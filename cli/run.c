@@ -13,6 +13,7 @@
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
 #include "redis/url.h"
+#include "runtime/supervisor.h"
 
 /* Writes this process's id to path, for supervisors that want one. */
 static int write_pidfile(const char *path, char *err)
@@ -107,6 +108,17 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         capstan_runtime_free(rt);
         rc = CAPSTAN_EXIT_CONFIG;
         goto out;
+    }
+    if (!cfg->no_supervisor) {
+        int worker = 0;
+        rc = capstan__supervise(rt, &worker);
+        if (!worker) {
+            capstan_runtime_free(rt);
+            goto out;
+        }
+        /* A worker: the pidfile is its supervisor's. */
+        free(pidfile);
+        pidfile = NULL;
     }
     rc = capstan_runtime_run(rt, err);
     if (rc)
