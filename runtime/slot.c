@@ -99,7 +99,6 @@ void capstan__slot_clear(capstan_slot_t *s)
     s->cls[0] = '\0';
     s->jid[0] = '\0';
     s->deadline = 0;
-    capstan__board_run(s->rt, s->index, NULL);
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_sub(&s->rt->busy, 1);
 }

@@ -73,17 +73,15 @@ typedef struct sup {
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
 {
     capstan_board_t *b = rt->board;
-    if (!b || index < 0 || index >= b->nslots)
+    if (!b || !jid || index < 0 || index >= b->nslots)
         return;
-    if (!jid) {
-        b->jid[index][0] = '\0';
-        return;
-    }
+    capstan_board_row_t *row = &b->row[index];
+    char *at = row->jid[row->next++ % CAPSTAN_BOARD_RING];
     size_t n = strlen(jid);
     if (n >= CAPSTAN_BOARD_JID)
         n = CAPSTAN_BOARD_JID - 1;
-    memcpy(b->jid[index], jid, n);
-    b->jid[index][n] = '\0';
+    memcpy(at, jid, n);
+    at[n] = '\0';
 }
 
 static const char *sig_name(int sig)
@@ -164,7 +162,7 @@ static int spawn(sup_t *s, int slot)
             w = &s->w[i];
     if (!w)
         return 0;
-    size_t size = sizeof(capstan_board_t) + (size_t)s->rt->cfg->concurrency * CAPSTAN_BOARD_JID;
+    size_t size = sizeof(capstan_board_t) + (size_t)s->rt->cfg->concurrency * sizeof(capstan_board_row_t);
     void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) {
         capstan_error("cannot start worker %d: mmap: %s", slot, strerror(errno));
@@ -227,21 +225,26 @@ static void recover(sup_t *s, worker_t *w)
         return; /* it died before it touched Redis */
     double t0 = capstan__mono();
     char err[CAPSTAN_ERRLEN] = "";
-    const char *jids[1000];
+    const char **jids = calloc((size_t)w->board->nslots * CAPSTAN_BOARD_RING, sizeof(char *));
     size_t n = 0;
-    for (int i = 0; i < w->board->nslots && n < 1000; i++) {
-        w->board->jid[i][CAPSTAN_BOARD_JID - 1] = '\0';
-        if (w->board->jid[i][0])
-            jids[n++] = w->board->jid[i];
-    }
+    for (int i = 0; jids && i < w->board->nslots; i++)
+        for (int k = 0; k < CAPSTAN_BOARD_RING; k++) {
+            char *jid = w->board->row[i].jid[k];
+            jid[CAPSTAN_BOARD_JID - 1] = '\0';
+            if (jid[0])
+                jids[n++] = jid;
+        }
+    if (!jids)
+        capstan_warn("out of memory: every job of worker %d counts as started", w->slot);
     capstan_started_t started = { jids, n };
+    const capstan_started_t *startedp = jids ? &started : NULL;
     capstan_recovery_t out = {0};
     capstan_redis_t *r = capstan_redis_new(c->redis_url, 5, err);
     int rc = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
     if (r && rc)
         snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
     if (!rc && c->fetch == CAPSTAN_FETCH_RELIABLE)
-        rc = capstan__fetch_recover_dead(r, id, &started, c->max_recoveries, c->timestamps, &out, err);
+        rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps, &out, err);
     if (!rc) {
         char work[400], workers[400];
         snprintf(work, sizeof(work), "%s%s", id, CAPSTAN_KEY_WORK);
@@ -252,15 +255,16 @@ static void recover(sup_t *s, worker_t *w)
         freeReplyObject(capstan_redis_cmd(r, 3, unl, NULL));
     }
     capstan_redis_free(r);
+    free(jids);
     if (rc) {
         capstan_error("worker %d (pid %d): its jobs wait for orphan recovery: %s", w->slot, (int)w->pid,
                       err);
         return;
     }
     if (out.recovered || out.killed || out.left)
-        capstan_warn("worker %d (pid %d): %ld jobs back in their queues (%zu had started), %ld poison "
-                     "pills to the dead set, %ld left, in %.0f ms",
-                     w->slot, (int)w->pid, out.recovered, n, out.killed, out.left,
+        capstan_warn("worker %d (pid %d): %ld jobs back in their queues, %ld poison pills to the dead "
+                     "set, %ld left, in %.0f ms",
+                     w->slot, (int)w->pid, out.recovered, out.killed, out.left,
                      (capstan__mono() - t0) * 1000);
 }
 

@@ -8,9 +8,11 @@
  *
  * A worker and its supervisor share a board: a little shared memory made
  * before the fork, in which the worker writes its identity, its readiness,
- * why it leaves, and the jid each processor runs. The supervisor reads the
- * jids only once it reaped the worker, so it knows which jobs of the dead
- * worker's list had started. Not part of the public API. */
+ * why it leaves, and the jids of the jobs each processor started last. The
+ * supervisor reads the jids only once it reaped the worker, so it knows
+ * which jobs of the dead worker's list had started: the running ones, and
+ * the finished ones whose ack was still to ride a round trip. Not part of
+ * the public API. */
 #ifndef CAPSTAN_RUNTIME_SUPERVISOR_H
 #define CAPSTAN_RUNTIME_SUPERVISOR_H
 
@@ -26,14 +28,22 @@ enum {
 };
 
 #define CAPSTAN_BOARD_JID 64
+/* The jids a processor's row keeps: more than its acks still to be
+ * written can be (a run of CAPSTAN_RUN_MAX jobs and the ones before). */
+#define CAPSTAN_BOARD_RING 32
+
+typedef struct capstan_board_row {
+    unsigned next;          /* where the next start goes, mod the ring */
+    char jid[CAPSTAN_BOARD_RING][CAPSTAN_BOARD_JID]; /* "" unused */
+} capstan_board_row_t;
 
 typedef struct capstan_board {
     char identity[320];     /* written before the worker touches Redis */
     atomic_int ready;       /* 1 once the worker processes jobs */
     atomic_int leaving;     /* CAPSTAN_LEAVE_*, set before it goes quiet */
     atomic_llong rss;       /* bytes, as the worker last read it */
-    int nslots;             /* processors, the rows of jid */
-    char jid[][CAPSTAN_BOARD_JID]; /* per processor: the jid it runs, "" idle */
+    int nslots;             /* processors, the rows */
+    capstan_board_row_t row[]; /* per processor: the jobs it started last */
 } capstan_board_t;
 
 /* Runs the supervisor for rt (config read, plugins loaded, nothing
@@ -45,9 +55,8 @@ typedef struct capstan_board {
  * exits. */
 int capstan__supervise(struct capstan_runtime *rt, int *worker);
 
-/* Marks the job jid started on processor index of a supervised worker's
- * board, or idle (jid NULL); a no-op without a board. Any processor thread,
- * for its own index. */
+/* Notes the job jid started on processor index of a supervised worker's
+ * board; a no-op without a board. Any processor thread, for its own index. */
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid);
 
 #endif

@@ -123,9 +123,10 @@ static int gone(pid_t pid)
 
 /* A segfault among jobs, at processes 2 with one processor each: every
  * processor of the crashed worker ran the crasher, so each other job of its
- * list had been fetched ahead and not started. They go back at once,
- * untouched, and start once in all; the crasher is a poison pill at its
- * third crash. */
+ * list had been fetched ahead and not started (bar one at most a crash: a
+ * job finished just before whose ack was still to be written, which counts
+ * as started and runs again). They go back at once, untouched, and start
+ * once in all; the crasher is a poison pill at its third crash. */
 Test(supervisor, a_segfault_gives_the_workers_jobs_back_at_once_and_buries_the_crasher)
 {
     enum { N = 300 };
@@ -139,8 +140,10 @@ Test(supervisor, a_segfault_gives_the_workers_jobs_back_at_once_and_buries_the_c
               "%lld dead, %lld of %d done: %s", kt_int("ZCARD dead"), kt_int("LLEN seg:done"), N,
               kt_capstan_log(pid));
     long n, twice = started_twice("seg", &n);
+    fprintf(stderr, "[segfault] %ld of %d jobs started twice (finished, their ack not yet written)\n",
+            twice, N);
     cr_assert_eq(n, N);
-    cr_assert_eq(twice, 0, "%ld jobs started twice", twice);
+    cr_assert_leq(twice, 3, "%ld jobs started twice", twice);
     char *dead = members("dead");
     cr_assert(strstr(dead, "Capstan::PoisonPill") && strstr(dead, "SegfaultJob"), "%s", dead);
     free(dead);
@@ -159,7 +162,8 @@ Test(supervisor, a_segfault_gives_the_workers_jobs_back_at_once_and_buries_the_c
 
 /* kill -9 of a worker mid-drain: its list is back in its queue within a
  * second (with the default 60 s liveness lease), nothing is lost, and only
- * jobs it had started run again. */
+ * jobs it had started run again: those running, and those finished whose
+ * ack was still to ride a round trip (a few a processor at most). */
 Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
 {
     enum { N = 2000, C = 4 };
@@ -191,7 +195,7 @@ Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
     fprintf(stderr, "[kill -9] %ld of %d jobs started twice (the killed worker ran %d at a time)\n", twice,
             N, C);
     cr_assert_eq(n, N);
-    cr_assert_leq(twice, C);
+    cr_assert_leq(twice, 4 * C);
     cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0);
     free(wkey);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
