@@ -439,6 +439,9 @@ int capstan__supervise(struct capstan_runtime *rt, int *worker)
         case SIGTTIN:
             forward(&s, sig);
             break;
+        case SIGHUP:
+            capstan_info("Received HUP: ignored (restart the service to load new code)");
+            break;
         default:
             break;
         }
