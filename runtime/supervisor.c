@@ -293,7 +293,9 @@ static void reaped(sup_t *s, worker_t *w, int status)
         cause = CAUSE_CRASH;
     if (cause >= 0 && !s->stopping)
         ws->restarts[cause]++;
-    if (!s->stopping && code > 0 && !ws->ever_ready && !w->ready) {
+    if (atomic_load(&w->board->ready))
+        ws->ever_ready = w->ready = 1; /* between two looks */
+    if (!s->stopping && code > 0 && !ws->ever_ready) {
         /* It could not start at all (a bad URL, Redis away past
          * startup_timeout, a port in use): neither will its replacement. */
         capstan_error("worker %d could not start; stopping", w->slot);
