@@ -523,7 +523,8 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
         qnames[i] = c->queues[i].name;
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
-                               .busy_threads = busy_threads, .ud = rt };
+                               .busy_threads = busy_threads, .ud = rt,
+                               .reuse_port = rt->board != NULL };
     if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
         hc.queues = qnames;
         hc.nqueues = c->nqueues;
