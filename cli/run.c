@@ -82,7 +82,8 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         capstan_debug("read %s (environment %s)", cfg->config_file, capstan_config_environment(cfg));
     /* A copy: the runtime frees cfg before the file is removed. */
     char *pidfile = NULL;
-    if (cfg->pidfile && !(pidfile = strdup(cfg->pidfile)))
+    /* A worker started by a reload leaves the pidfile to its supervisor. */
+    if (cfg->pidfile && !getenv(CAPSTAN_WORKER_ENV) && !(pidfile = strdup(cfg->pidfile)))
         rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     else if (pidfile && (rc = write_pidfile(pidfile, err)) != 0)
         free(pidfile);
@@ -109,9 +110,17 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         rc = CAPSTAN_EXIT_CONFIG;
         goto out;
     }
-    if (!cfg->no_supervisor) {
+    if (getenv(CAPSTAN_WORKER_ENV)) {
+        /* Started by a supervisor's reload, from the binary on disk. */
+        if ((rc = capstan__supervised(rt, err)) != 0) {
+            fprintf(stderr, "capstan: %s\n", err);
+            capstan_runtime_free(rt);
+            rc = 1;
+            goto out;
+        }
+    } else if (!cfg->no_supervisor) {
         int worker = 0;
-        rc = capstan__supervise(rt, &worker);
+        rc = capstan__supervise(rt, argc, argv, &worker);
         if (!worker) {
             capstan_runtime_free(rt);
             goto out;

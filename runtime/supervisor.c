@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "fetch/fetch.h"
+#include "observe/http.h"
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "runtime/rt.h"
 #include "support/identity.h"
@@ -38,6 +40,8 @@ typedef struct worker {
     int slot;
     capstan_board_t *board;   /* shared with the worker */
     size_t board_size;
+    int fd;                   /* the board's memfd, open until the fork */
+    int fresh;                /* started by a reload, not yet serving */
     double started;           /* capstan__mono() at the fork */
     int ready;                /* seen ready once */
     int leaving;              /* leaving of its own accord, or told to */
@@ -54,7 +58,8 @@ typedef struct wslot {
     int ever_ready;           /* a worker of this slot was ready once */
     int stopped;              /* its worker was stopped from outside (the
                                  Web UI's Stop): it is not replaced */
-    long restarts[NCAUSES];
+    atomic_long *restarts;    /* [NCAUSES], in the table shared with the
+                                 workers (worker 0 serves it on /metrics) */
 } wslot_t;
 
 typedef struct sup {
@@ -68,6 +73,14 @@ typedef struct sup {
     int ready_sent;
     pid_t self;
     sigset_t set, old;
+    atomic_long *table;       /* n * NCAUSES restart counts, shared */
+    size_t table_size;
+    int table_fd;             /* its memfd, for workers started by exec */
+    char *exe;                /* the binary on disk, which a reload runs */
+    int argc;                 /* `capstan run`'s arguments, for a reload */
+    char **argv;
+    int reloading;            /* a HUP's rolling restart is under way */
+    int reload_slot;          /* the slot it replaces now */
 } sup_t;
 
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
@@ -118,43 +131,121 @@ static void forward(sup_t *s, int sig)
             kill(s->w[i].pid, sig);
 }
 
-/* In a new worker: what the fork must not keep of the supervisor, and the
- * worker's own identity and board. */
-static void become_worker(sup_t *s, worker_t *me)
+/* The supervisor's death (even kill -9) reaches the worker as a TERM: it
+ * finishes its jobs, and leases cover what remains. A terminal's Ctrl-C
+ * reaches the supervisor alone, which forwards it: a worker seeing it
+ * twice would take it for a second INT. Both outlive an exec. */
+static void detach(pid_t supervisor)
 {
-    struct capstan_runtime *rt = s->rt;
-    /* The supervisor's death (even kill -9) reaches the worker as a TERM:
-     * it finishes its jobs, and leases cover what remains. */
-    capstan__log_forked();
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != s->self)
+    if (getppid() != supervisor)
         raise(SIGTERM);
-    /* A terminal's Ctrl-C reaches the supervisor alone, which forwards it:
-     * a worker seeing it twice would take it for a second INT. */
     setpgid(0, 0);
-    /* systemd hears the supervisor only. */
+}
+
+/* A worker's own identity and board; systemd hears the supervisor only. */
+static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, int slot, atomic_long *table,
+                         int nslots)
+{
+    capstan__log_forked();
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
-    rt->board = me->board;
-    rt->worker_slot = me->slot;
+    rt->board = board;
+    rt->worker_slot = slot;
     capstan__identity_make(rt->identity, sizeof(rt->identity));
-    memcpy(me->board->identity, rt->identity, sizeof(me->board->identity));
-    /* One /metrics port per host: the first worker serves it. */
-    if (me->slot > 0)
+    memcpy(board->identity, rt->identity, sizeof(board->identity));
+    /* One /metrics port per host: the first worker serves it, with the
+     * supervisor's restart counts. */
+    if (slot > 0)
         rt->cfg->metrics_port = 0;
+    else if (table)
+        capstan__metrics_restarts(capstan__metrics_default(), table, nslots, cause_names, NCAUSES);
+}
+
+/* In a new worker: what the fork must not keep of the supervisor. */
+static void become_worker(sup_t *s, worker_t *me)
+{
+    detach(s->self);
+    worker_setup(s->rt, me->board, me->slot, s->table, s->n);
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].board && &s->w[i] != me)
             munmap(s->w[i].board, s->w[i].board_size);
+    close(me->fd);
+    close(s->table_fd);
     sigset_t old = s->old;
     free(s->w);
     free(s->slots);
+    free(s->exe);
     sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
-/* Forks a worker for slot. Returns 1 in the new worker, 0 in the
- * supervisor (also when the fork failed: it is tried again later). */
-static int spawn(sup_t *s, int slot)
+/* In a new worker started from the binary on disk (a reload): it reads the
+ * configuration and loads the plugins itself, then capstan__supervised
+ * finds its board through CAPSTAN_WORKER. Never returns. */
+static void exec_worker(sup_t *s, worker_t *me)
+{
+    char spec[128];
+    snprintf(spec, sizeof(spec), "%d:%zu:%d:%d:%d:%d", me->fd, me->board_size, s->table_fd, me->slot, s->n,
+             (int)s->self);
+    detach(s->self);
+    sigprocmask(SIG_SETMASK, &s->old, NULL);
+    setenv(CAPSTAN_WORKER_ENV, spec, 1);
+    const char **argv = calloc((size_t)s->argc + 3, sizeof(char *));
+    if (argv) {
+        argv[0] = s->exe;
+        argv[1] = "run";
+        for (int i = 1; i < s->argc; i++)
+            argv[i + 1] = s->argv[i];
+        execv(s->exe, (char *const *)argv);
+    }
+    capstan_error("cannot start %s: %s", s->exe, strerror(errno));
+    capstan__log_flush();
+    _exit(127);
+}
+
+int capstan__supervised(struct capstan_runtime *rt, char *err)
+{
+    const char *spec = getenv(CAPSTAN_WORKER_ENV);
+    int bfd, tfd, slot, n, parent;
+    size_t size;
+    if (!spec || sscanf(spec, "%d:%zu:%d:%d:%d:%d", &bfd, &size, &tfd, &slot, &n, &parent) != 6)
+        return capstan_seterr(err, CAPSTAN_EINVAL, "%s: not a worker's", CAPSTAN_WORKER_ENV);
+    unsetenv(CAPSTAN_WORKER_ENV);
+    capstan_board_t *board = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, bfd, 0);
+    size_t tsize = (size_t)n * NCAUSES * sizeof(atomic_long);
+    atomic_long *table = mmap(NULL, tsize, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+    close(bfd);
+    close(tfd);
+    if (board == MAP_FAILED)
+        return capstan_seterr(err, CAPSTAN_ESYS, "%s: mmap: %s", CAPSTAN_WORKER_ENV, strerror(errno));
+    if (getppid() != parent)
+        raise(SIGTERM);
+    worker_setup(rt, board, slot, table == MAP_FAILED ? NULL : table, n);
+    return 0;
+}
+
+/* Shared memory that an exec'd worker can map again: a memfd (left open
+ * across exec), or -1. */
+static void *shared(size_t size, int *fd)
+{
+    *fd = memfd_create("capstan", 0);
+    if (*fd < 0)
+        return MAP_FAILED;
+    void *mem = ftruncate(*fd, (off_t)size) == 0
+                    ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0) : MAP_FAILED;
+    if (mem == MAP_FAILED) {
+        close(*fd);
+        *fd = -1;
+    }
+    return mem;
+}
+
+/* Forks a worker for slot, which runs on from this process's image, or
+ * with exec set starts the binary on disk. Returns 1 in a forked worker,
+ * 0 in the supervisor (also when the fork failed: it is tried again
+ * later). */
+static int spawn(sup_t *s, int slot, int exec)
 {
     worker_t *w = NULL;
     for (int i = 0; i < s->nw && !w; i++)
@@ -163,7 +254,8 @@ static int spawn(sup_t *s, int slot)
     if (!w)
         return 0;
     size_t size = sizeof(capstan_board_t) + (size_t)s->rt->cfg->concurrency * sizeof(capstan_board_row_t);
-    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    int fd;
+    void *mem = shared(size, &fd);
     if (mem == MAP_FAILED) {
         capstan_error("cannot start worker %d: mmap: %s", slot, strerror(errno));
         s->slots[slot].start_at = capstan__mono() + 1;
@@ -172,6 +264,8 @@ static int spawn(sup_t *s, int slot)
     memset(w, 0, sizeof(*w));
     w->board = mem;
     w->board_size = size;
+    w->fd = fd;
+    w->fresh = exec;
     w->board->nslots = s->rt->cfg->concurrency;
     w->slot = slot;
     capstan__log_flush();
@@ -180,17 +274,22 @@ static int spawn(sup_t *s, int slot)
     if (pid < 0) {
         capstan_error("cannot start worker %d: fork: %s", slot, strerror(errno));
         munmap(mem, size);
+        close(fd);
         memset(w, 0, sizeof(*w));
         s->slots[slot].start_at = capstan__mono() + 1;
         return 0;
     }
     if (pid == 0) {
+        if (exec)
+            exec_worker(s, w);
         become_worker(s, w);
         return 1;
     }
+    close(fd);
+    w->fd = -1;
     w->pid = pid;
     w->started = capstan__mono();
-    capstan_info("worker %d started (pid %d)", slot, (int)pid);
+    capstan_info("worker %d started (pid %d)%s", slot, (int)pid, exec ? " from the binary on disk" : "");
     return 0;
 }
 
@@ -206,7 +305,7 @@ static int start_missing(sup_t *s)
         int serving = 0;
         for (int i = 0; i < s->nw; i++)
             serving += s->w[i].pid > 0 && s->w[i].slot == slot && !s->w[i].leaving;
-        if (!serving && spawn(s, slot))
+        if (!serving && spawn(s, slot, 0))
             return 1;
     }
     return 0;
@@ -292,7 +391,7 @@ static void reaped(sup_t *s, worker_t *w, int status)
     else if (sig || code != 0)
         cause = CAUSE_CRASH;
     if (cause >= 0 && !s->stopping)
-        ws->restarts[cause]++;
+        atomic_fetch_add(&ws->restarts[cause], 1);
     if (atomic_load(&w->board->ready))
         ws->ever_ready = w->ready = 1; /* between two looks */
     if (!s->stopping && code > 0 && !ws->ever_ready) {
@@ -364,6 +463,43 @@ static void watch(sup_t *s)
     }
 }
 
+/* One step of a rolling restart (HUP): for the slot in turn, a worker
+ * from the binary on disk is started; once it is ready the old ones of the
+ * slot are told to leave (TERM: they finish their jobs and give back the
+ * rest), and the next slot follows. */
+static void reload_step(sup_t *s)
+{
+    if (!s->reloading || s->stopping)
+        return;
+    int slot = s->reload_slot;
+    worker_t *fresh = NULL;
+    for (int i = 0; i < s->nw && !fresh; i++)
+        if (s->w[i].pid > 0 && s->w[i].slot == slot && s->w[i].fresh)
+            fresh = &s->w[i];
+    if (!fresh) {
+        if (!s->slots[slot].stopped && capstan__mono() >= s->slots[slot].start_at)
+            spawn(s, slot, 1);
+        return;
+    }
+    if (!atomic_load(&fresh->board->ready))
+        return;
+    double now = capstan__mono();
+    for (int i = 0; i < s->nw; i++) {
+        worker_t *w = &s->w[i];
+        if (w->pid > 0 && w->slot == slot && w != fresh && !w->told) {
+            w->told = w->leaving = 1;
+            w->kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+            kill(w->pid, SIGTERM);
+        }
+    }
+    fresh->fresh = 0;
+    if (++s->reload_slot >= s->n) {
+        s->reloading = 0;
+        capstan_info("reload done: %d workers from the binary on disk", s->n);
+        capstan__notify("READY=1");
+    }
+}
+
 static void stop_all(sup_t *s, int sig)
 {
     double now = capstan__mono();
@@ -381,19 +517,34 @@ static void stop_all(sup_t *s, int sig)
     forward(s, sig);
 }
 
-int capstan__supervise(struct capstan_runtime *rt, int *worker)
+int capstan__supervise(struct capstan_runtime *rt, int argc, char **argv, int *worker)
 {
-    sup_t s = { .rt = rt, .n = rt->cfg->processes, .self = getpid() };
+    sup_t s = { .rt = rt, .n = rt->cfg->processes, .self = getpid(), .argc = argc, .argv = argv };
     *worker = 0;
+    char err[CAPSTAN_ERRLEN];
+    if (rt->cfg->metrics_port > 0 && capstan__http_check(rt->cfg->metrics_bind, rt->cfg->metrics_port, err)) {
+        capstan_error("%s", err);
+        return 1;
+    }
     s.nw = 2 * s.n;
     s.slots = calloc((size_t)s.n, sizeof(*s.slots));
     s.w = calloc((size_t)s.nw, sizeof(*s.w));
-    if (!s.slots || !s.w) {
+    s.table_size = (size_t)s.n * NCAUSES * sizeof(atomic_long);
+    s.table = shared(s.table_size, &s.table_fd);
+    s.exe = realpath("/proc/self/exe", NULL);
+    if (!s.slots || !s.w || s.table == MAP_FAILED || !s.exe) {
         free(s.slots);
         free(s.w);
+        free(s.exe);
+        if (s.table != MAP_FAILED) {
+            munmap(s.table, s.table_size);
+            close(s.table_fd);
+        }
         capstan_error("out of memory");
         return 1;
     }
+    for (int i = 0; i < s.n; i++)
+        s.slots[i].restarts = s.table + (size_t)i * NCAUSES;
     sigemptyset(&s.set);
     int sigs[] = { SIGTERM, SIGINT, SIGTSTP, SIGTTIN, SIGUSR2, SIGHUP, SIGCHLD };
     for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
@@ -409,6 +560,7 @@ int capstan__supervise(struct capstan_runtime *rt, int *worker)
             return 0;
         }
         watch(&s);
+        reload_step(&s);
         if ((s.stopping || s.quiet) && live(&s) == 0)
             break;
         if (!s.stopping && live(&s) == 0) {
@@ -442,7 +594,15 @@ int capstan__supervise(struct capstan_runtime *rt, int *worker)
             forward(&s, sig);
             break;
         case SIGHUP:
-            capstan_info("Received HUP: ignored (restart the service to load new code)");
+            if (s.reloading || s.stopping || s.quiet) {
+                capstan_info("Received HUP: ignored (%s)", s.reloading ? "a reload is under way"
+                                                           : "stopping or quiet");
+                break;
+            }
+            capstan_info("Received HUP: replacing the workers one at a time from %s", s.exe);
+            capstan__notify("RELOADING=1");
+            s.reloading = 1;
+            s.reload_slot = 0;
             break;
         default:
             break;
@@ -453,10 +613,14 @@ int capstan__supervise(struct capstan_runtime *rt, int *worker)
     capstan__log_flush();
     for (int i = 0; i < s.n; i++)
         for (int c = 0; c < NCAUSES; c++)
-            if (s.slots[i].restarts[c])
-                capstan_debug("worker %d: %ld restarts (%s)", i, s.slots[i].restarts[c], cause_names[c]);
+            if (atomic_load(&s.slots[i].restarts[c]))
+                capstan_debug("worker %d: %ld restarts (%s)", i, atomic_load(&s.slots[i].restarts[c]),
+                              cause_names[c]);
     free(s.w);
     free(s.slots);
+    free(s.exe);
+    munmap(s.table, s.table_size);
+    close(s.table_fd);
     sigprocmask(SIG_SETMASK, &s.old, NULL);
     return s.status;
 }

@@ -13,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -107,6 +110,29 @@ static pid_t worker_pid(pid_t sup, int slot)
     return pid;
 }
 
+/* The body of GET /metrics on 127.0.0.1:port (malloc'd; "" when nothing
+ * answers). */
+static char *scrape(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = { 5, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = calloc(1, cap);
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, req, sizeof(req) - 1) > 0) {
+        ssize_t got;
+        while ((got = read(fd, buf + len, cap - len - 1)) > 0)
+            if ((len += (size_t)got) + 1024 > cap)
+                buf = realloc(buf, cap *= 2);
+        buf[len] = '\0';
+    }
+    close(fd);
+    return buf;
+}
+
 /* Whether pid is gone (or a zombie nobody reaped: it has exited). */
 static int gone(pid_t pid)
 {
@@ -176,7 +202,9 @@ Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
 {
     enum { N = 2000, C = 4 };
     push_ledger("k9", N, 2, NULL, 0, 2);
-    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", NULL });
+    char port[16];
+    snprintf(port, sizeof(port), "%d", kt_free_port());
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", "--metrics-port", port, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN k9:done") > 200, 15), "%s", kt_capstan_log(pid));
     pid_t victim = worker_pid(pid, 0);
     cr_assert_gt(victim, 0);
@@ -197,6 +225,11 @@ Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
     fprintf(stderr, "[kill -9] jobs back in %.0f ms, a replacement processing %.0f ms after the kill\n",
             back * 1000, replaced * 1000);
     cr_assert_lt(back, 1.0);
+    /* The replacement of worker 0 serves /metrics, with the restart. */
+    cr_assert(KT_WAIT_UNTIL(({ char *m = scrape(atoi(port));
+                               int ok = strstr(m, "capstan_worker_restarts_total{slot=\"0\",cause=\"crash\"} 1\n") &&
+                                        strstr(m, "capstan_worker_restarts_total{slot=\"1\",cause=\"crash\"} 0\n");
+                               free(m); ok; }), 5), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN k9:done") >= N, 30), "%lld of %d: %s", kt_int("LLEN k9:done"), N,
               kt_capstan_log(pid));
     long n, twice = started_twice("k9", &n);
@@ -301,5 +334,33 @@ Test(supervisor, a_killed_supervisor_has_its_workers_leave_gracefully)
     kt_wait_exit(pid, 5);
     cr_assert(KT_WAIT_UNTIL(gone(a) && gone(b), 10), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_log_count(pid, "Bye!"), 2, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+}
+
+/* HUP during a drain: each worker is replaced in turn by one started from
+ * the binary on disk, ready before the old one is told to leave; nothing
+ * is lost and nothing runs twice. */
+Test(supervisor, hup_replaces_the_workers_one_at_a_time_without_losing_or_repeating_a_job)
+{
+    enum { N = 3000 };
+    push_ledger("hup", N, 2, NULL, 0, 7);
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hup:done") > 300, 15), "%s", kt_capstan_log(pid));
+    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    double t0 = kt_now();
+    kill(pid, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 2 workers"), 15), "%s", kt_capstan_log(pid));
+    fprintf(stderr, "[hup] both workers replaced in %.2f s, %lld of %d jobs done by then\n", kt_now() - t0,
+            kt_int("LLEN hup:done"), N);
+    cr_assert(KT_WAIT_UNTIL(gone(a) && gone(b), 15), "%s", kt_capstan_log(pid));
+    cr_assert(worker_pid(pid, 0) != a && worker_pid(pid, 1) != b);
+    cr_assert_eq(kt_log_count(pid, ") from the binary on disk"), 2, "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hup:done") >= N, 30), "%lld of %d: %s", kt_int("LLEN hup:done"), N,
+              kt_capstan_log(pid));
+    long n, twice = started_twice("hup", &n);
+    cr_assert_eq(n, N);
+    cr_assert_eq(twice, 0, "%ld jobs started twice", twice);
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SCARD processes"), 0);
 }
