@@ -150,6 +150,7 @@ struct capstan_runtime {
     struct capstan_board *board;   /* shared with the supervisor
                                       (supervisor.h), NULL when unsupervised */
     int worker_slot;               /* which of the supervisor's workers */
+    int supervisor_pid;            /* and the supervisor's pid */
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */

@@ -108,6 +108,11 @@ static char *build_info(capstan_runtime_t *rt)
      * readers (capstan stats, the fleet look of fleet.c) a capstan
      * process from a Ruby one. Sidekiq ignores the key. */
     json_object_set_new(o, CAPSTAN_INFO_MARKER, json_string(CAPSTAN_VERSION));
+    /* A supervised worker names its supervisor and slot, for capstan stats. */
+    if (rt->board) {
+        json_object_set_new(o, "capstan_supervisor", json_integer(rt->supervisor_pid));
+        json_object_set_new(o, "capstan_worker", json_integer(rt->worker_slot));
+    }
     json_t *warr = json_array();
     json_array_append_new(warr, weights);
     json_object_set_new(o, "weights", warr);

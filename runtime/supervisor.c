@@ -153,6 +153,7 @@ static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, int
     unsetenv("WATCHDOG_PID");
     rt->board = board;
     rt->worker_slot = slot;
+    rt->supervisor_pid = (int)getppid();
     capstan__identity_make(rt->identity, sizeof(rt->identity));
     memcpy(board->identity, rt->identity, sizeof(board->identity));
     /* One /metrics port per host: the first worker serves it, with the

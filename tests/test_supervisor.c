@@ -317,6 +317,14 @@ Test(supervisor, term_to_the_supervisor_ends_every_worker)
     pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
     cr_assert(a > 0 && b > 0);
     cr_assert_eq(kt_int("SCARD processes"), 2);
+    /* capstan stats names each worker's slot and supervisor. */
+    char *out = NULL, want[64];
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", NULL }, &out), 0, "%s", out);
+    for (int slot = 0; slot < 2; slot++) {
+        snprintf(want, sizeof(want), "worker %d of supervisor %d", slot, (int)pid);
+        cr_assert(strstr(out, want), "%s", out);
+    }
+    free(out);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     cr_assert(gone(a) && gone(b));
     cr_assert_eq(kt_log_count(pid, "Bye!"), 2, "%s", kt_capstan_log(pid));
