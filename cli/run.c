@@ -13,6 +13,7 @@
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
 #include "redis/url.h"
+#include "runtime/supervisor.h"
 
 /* Writes this process's id to path, for supervisors that want one. */
 static int write_pidfile(const char *path, char *err)
@@ -81,7 +82,8 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         capstan_debug("read %s (environment %s)", cfg->config_file, capstan_config_environment(cfg));
     /* A copy: the runtime frees cfg before the file is removed. */
     char *pidfile = NULL;
-    if (cfg->pidfile && !(pidfile = strdup(cfg->pidfile)))
+    /* A worker started by a reload leaves the pidfile to its supervisor. */
+    if (cfg->pidfile && !getenv(CAPSTAN_WORKER_ENV) && !(pidfile = strdup(cfg->pidfile)))
         rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     else if (pidfile && (rc = write_pidfile(pidfile, err)) != 0)
         free(pidfile);
@@ -107,6 +109,25 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         capstan_runtime_free(rt);
         rc = CAPSTAN_EXIT_CONFIG;
         goto out;
+    }
+    if (getenv(CAPSTAN_WORKER_ENV)) {
+        /* Started by a supervisor's reload, from the binary on disk. */
+        if ((rc = capstan__supervised(rt, err)) != 0) {
+            fprintf(stderr, "capstan: %s\n", err);
+            capstan_runtime_free(rt);
+            rc = 1;
+            goto out;
+        }
+    } else if (!cfg->no_supervisor) {
+        int worker = 0;
+        rc = capstan__supervise(rt, argc, argv, &worker);
+        if (!worker) {
+            capstan_runtime_free(rt);
+            goto out;
+        }
+        /* A worker: the pidfile is its supervisor's. */
+        free(pidfile);
+        pidfile = NULL;
     }
     rc = capstan_runtime_run(rt, err);
     if (rc)

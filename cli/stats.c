@@ -109,6 +109,11 @@ static json_t *processes_json(const capstan_overview_t *ov, const char *host)
         json_object_set_new(p, "queues", queues);
         json_object_set(p, "concurrency", info ? json_object_get(info, "concurrency") : json_null());
         json_object_set(p, "tag", info ? json_object_get(info, "tag") : json_null());
+        json_t *sup = info ? json_object_get(info, "capstan_supervisor") : NULL;
+        if (json_is_integer(sup)) {
+            json_object_set(p, "supervisor", sup);
+            json_object_set(p, "worker", json_object_get(info, "capstan_worker"));
+        }
         json_object_set_new(p, "busy", opt_integer(pr->busy));
         json_object_set_new(p, "beat", pr->beat < 0 ? json_null() : json_real(pr->beat));
         json_object_set_new(p, "quiet", pr->quiet < 0 ? json_null() : json_boolean(pr->quiet));
@@ -265,11 +270,16 @@ static void print_text(json_t *o, const char *name)
         char kind[96], queues[512];
         runtime_name(e, kind, sizeof(kind));
         queue_names(json_object_get(e, "queues"), queues, sizeof(queues));
-        printf("  %s  busy %lld of %lld  %s  rss %lld KB  %s  queues [%s]\n",
+        char sup[64] = "";
+        if (json_is_integer(json_object_get(e, "supervisor")))
+            snprintf(sup, sizeof(sup), "  worker %lld of supervisor %lld",
+                     json_integer_value(json_object_get(e, "worker")),
+                     json_integer_value(json_object_get(e, "supervisor")));
+        printf("  %s  busy %lld of %lld  %s  rss %lld KB  %s%s  queues [%s]\n",
                json_string_value(json_object_get(e, "identity")),
                json_integer_value(json_object_get(e, "busy")),
                json_integer_value(json_object_get(e, "concurrency")), state,
-               json_integer_value(json_object_get(e, "rss")), kind, queues);
+               json_integer_value(json_object_get(e, "rss")), kind, sup, queues);
     }
     printf("\nWorking lists (reliable fetch)\n");
     json_array_foreach(json_object_get(o, "working"), i, e) {

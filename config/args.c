@@ -12,7 +12,8 @@
 #include <string.h>
 
 enum { OPT_REDIS_URL = 1000, OPT_FETCH, OPT_PREFETCH, OPT_TIMESTAMPS, OPT_LOG_FORMAT, OPT_LABEL,
-       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT, OPT_UNKNOWN_CLASS, OPT_TLS };
+       OPT_METRICS_PORT, OPT_METRICS_BIND, OPT_STARTUP_TIMEOUT, OPT_UNKNOWN_CLASS, OPT_TLS,
+       OPT_PROCESSES, OPT_NO_SUPERVISOR, OPT_MAX_MEMORY };
 
 static const struct option longopts[] = {
     { "concurrency", required_argument, NULL, 'c' },
@@ -37,6 +38,9 @@ static const struct option longopts[] = {
     { "metrics-port", required_argument, NULL, OPT_METRICS_PORT },
     { "metrics-bind", required_argument, NULL, OPT_METRICS_BIND },
     { "unknown-class", required_argument, NULL, OPT_UNKNOWN_CLASS },
+    { "processes", required_argument, NULL, OPT_PROCESSES },
+    { "no-supervisor", no_argument, NULL, OPT_NO_SUPERVISOR },
+    { "max-memory", required_argument, NULL, OPT_MAX_MEMORY },
     { "tls-ca-file", required_argument, NULL, OPT_TLS },
     { "tls-ca-path", required_argument, NULL, OPT_TLS },
     { "tls-cert", required_argument, NULL, OPT_TLS },
@@ -57,6 +61,10 @@ const char *capstan_config_usage(void)
            "  -r, --require PATH       load a handler plugin (.so); repeatable\n"
            "  -C, --config PATH        YAML config file (sidekiq.yml keys + capstan's own)\n"
            "  -c, --concurrency N      processor threads (default 10)\n"
+           "      --processes N        worker processes, forked and watched by a supervisor\n"
+           "                           (default 1)\n"
+           "      --no-supervisor      run the worker in this process (no supervisor)\n"
+           "      --max-memory SIZE    recycle a worker whose RSS exceeds SIZE (e.g. 512MB)\n"
            "  -q, --queue NAME[,W]     queue to fetch, with optional weight; repeatable\n"
            "  -t, --timeout SECONDS    shutdown grace period (default 25)\n"
            "      --startup-timeout S  give up (exit 69) when Redis stays unreachable this long\n"
@@ -138,6 +146,16 @@ static int apply(capstan_config_t *cfg, int opt, const char *v, char *err)
             return capstan_seterr(err, CAPSTAN_ECONFIG,
                                   "--startup-timeout: must be a number >= 0 (got \"%s\")", v);
         cfg->startup_timeout = n;
+        return 0;
+    case OPT_PROCESSES:
+        if (!(rc = parse_number("--processes", v, 1, 1, CAPSTAN_MAX_PROCESSES, &n, err)))
+            cfg->processes = (int)n;
+        return rc;
+    case OPT_NO_SUPERVISOR: cfg->no_supervisor = 1; return 0;
+    case OPT_MAX_MEMORY:
+        if (capstan__parse_size(v, &cfg->max_memory))
+            return capstan_seterr(err, CAPSTAN_ECONFIG,
+                                  "--max-memory: must be a size such as 512MB or 2GB (got \"%s\")", v);
         return 0;
     case OPT_LABEL: return push_str(&cfg->labels, &cfg->nlabels, v);
     case OPT_METRICS_PORT:

@@ -32,6 +32,7 @@ capstan_config_t *capstan_config_new(void)
     if (!cfg)
         return NULL;
     cfg->concurrency = 10;
+    cfg->processes = 1;
     cfg->timeout = 25;
     cfg->startup_timeout = 30;
     cfg->max_retries = 25;
@@ -219,6 +220,11 @@ int capstan_config_validate(capstan_config_t *cfg, char *err)
     if (cfg->concurrency < 1 || cfg->concurrency > 1000)
         return capstan_seterr(err, CAPSTAN_ECONFIG,
                               "concurrency: must be an integer between 1 and 1000");
+    if (cfg->processes < 1 || cfg->processes > CAPSTAN_MAX_PROCESSES)
+        return capstan_seterr(err, CAPSTAN_ECONFIG,
+                              "processes: must be an integer between 1 and %d", CAPSTAN_MAX_PROCESSES);
+    if (cfg->max_memory < 0)
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "max_memory: must be a size >= 0");
     if (cfg->prefetch < 0 || cfg->prefetch > 100000)
         return capstan_seterr(err, CAPSTAN_ECONFIG,
                               "prefetch: must be an integer between 0 and 100000");

@@ -332,6 +332,21 @@ static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node
     return capstan__yaml_set_string(c, key, v, &c->cfg->log_file, NULL);
 }
 
+/* max_memory: "512MB", "2GB", or a number of megabytes. */
+static int set_max_memory(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    const char *want = "must be a size such as 512MB or 2GB (a bare number counts megabytes)";
+    char *s = NULL;
+    int rc = capstan__yaml_scalar(c, v, key, want, &s);
+    if (rc < 0)
+        return rc;
+    if (capstan__parse_size(s, &c->cfg->max_memory))
+        rc = capstan__yaml_fail(c, v, key, "%s", want);
+    free(s);
+    return rc;
+}
+
 static int set_pidfile(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
@@ -602,6 +617,8 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
 
 static const key_def_t keys[] = {
     {"concurrency", set_int, OFF(concurrency), 1, 1000},
+    {"processes", set_int, OFF(processes), 1, CAPSTAN_MAX_PROCESSES},
+    {"max_memory", set_max_memory, 0, 0, 0},
     {"queues", set_queues, 0, 0, 0},
     {"timeout", set_seconds, OFF(timeout), 1, 0},
     {"shutdown_timeout", set_seconds, OFF(timeout), 1, 0}, /* an alias some apps use */

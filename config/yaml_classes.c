@@ -285,6 +285,11 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
                 rc = capstan__yaml_retry(c, key, ov, &cc.retry);
             else if (oname && !strcmp(oname, "limit"))
                 rc = class_limit(c, key, ov, &cc);
+            else if (oname && !strcmp(oname, "timeout")) {
+                long n = 0;
+                if (!(rc = class_count(c, key, ov, 86400 * 365, &n)))
+                    cc.timeout = n;
+            }
             else if (oname && !strcmp(oname, "max_limiter_reschedules")) {
                 long n = 0;
                 if (!(rc = class_count(c, key, ov, INT_MAX, &n))) {

@@ -388,6 +388,53 @@ static int segfault_job(capstan_job_t *job, void *ud)
     return 0;
 }
 
+/* LedgerJob [key, ms]: HINCRBY key jid 1 as it starts (a ledger of starts
+ * per jid, across processes), sleeps ms (default 0), then RPUSH key:done
+ * jid. */
+static int ledger_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    const char *key = arg_str(job, 0, "capstan:ledger");
+    long ms = arg_long(job, 1, 0);
+    redisContext *c = capstan_job_redis(job);
+    redisReply *r = redisCommand(c, "HINCRBY %s %s 1", key, capstan_job_jid(job));
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(r);
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+    while (ms > 0 && nanosleep(&ts, &ts) != 0)
+        ;
+    freeReplyObject(redisCommand(c, "RPUSH %s:done %s", key, capstan_job_jid(job)));
+    return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "HINCRBY %s failed", key);
+}
+
+/* HangJob [key]: RPUSH key jid, then never returns, as a handler stuck in a
+ * deadlock or a read without a timeout; shows hard timeouts. */
+static int hang_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    redisContext *c = capstan_job_redis(job);
+    freeReplyObject(redisCommand(c, "RPUSH %s %s", arg_str(job, 0, "capstan:hung"), capstan_job_jid(job)));
+    for (;;)
+        pause();
+    return 0;
+}
+
+/* LeakJob [mb]: allocates mb megabytes (default 8), touches them and never
+ * frees them, as a leaking handler; shows max_memory. */
+static void *volatile leaked;
+
+static int leak_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    long mb = arg_long(job, 0, 8);
+    char *p = malloc((size_t)mb << 20);
+    if (!p)
+        return capstan_job_fail(job, "NoMemoryError", "cannot leak %ld MB", mb);
+    memset(p, 1, (size_t)mb << 20);
+    leaked = p; /* kept where the compiler must assume it is read */
+    return 0;
+}
+
 /* DigestJob's lock: one job per args until it has run. Static, because the
  * runtime (and a client that takes the class's options) keeps a pointer. */
 static capstan_unique_opts_t digest_lock = CAPSTAN_UNIQUE_OPTS_INIT;
@@ -422,5 +469,8 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "BatchValidJob", batch_valid_job, NULL, &opts);
     rc |= capstan_register(rt, "DigestJob", record_job, NULL, &digest);
     rc |= capstan_register(rt, "TraceJob", trace_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "HangJob", hang_job, NULL, &opts);
+    rc |= capstan_register(rt, "LeakJob", leak_job, NULL, &opts);
     return rc;
 }

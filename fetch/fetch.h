@@ -226,6 +226,21 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
 int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
                                capstan_ts_format_t ts, capstan_recovery_t *out, char *err);
 
+/* For a worker known to be dead (its supervisor reaped it), so no lease
+ * need lapse: deletes its liveness key and recovers its list at once. Only
+ * a job whose jid is in started counts a recovery (and may so become a
+ * poison pill); a job it had fetched ahead and not started goes back to
+ * the fetched end of its queue untouched. started NULL counts every job,
+ * as orphan recovery does. Returns as capstan__fetch_recover. */
+typedef struct capstan_started {
+    const char *const *jids;
+    size_t n;
+} capstan_started_t;
+
+int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const capstan_started_t *started,
+                                int max_recoveries, capstan_ts_format_t ts, capstan_recovery_t *out,
+                                char *err);
+
 /* Strays: jobs in this process's own working list that no processor holds,
  * such as a job moved by a fetch whose reply was lost with the connection.
  * Recovery never looks at a live process's list, so without this such a job

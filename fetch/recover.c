@@ -41,8 +41,23 @@ typedef struct moved {
 /* Works out where one orphan goes and what it looks like there. A poison
  * pill's failed_at takes the unit of the payload's own timestamps; ts only
  * decides for a payload without any. */
+/* Whether a job ran: started is NULL when every job counts (orphan
+ * recovery cannot tell), else the jids of the jobs that had started. */
+static int was_started(const char *raw, const capstan_jobject_t *obj, const capstan_started_t *started)
+{
+    if (!started)
+        return 1;
+    const capstan_jmember_t *j = capstan__jobject_get(obj, raw, "jid");
+    char *jid = j ? capstan__json_string_dup(raw + j->vstart, j->vlen) : NULL;
+    int found = 0;
+    for (size_t i = 0; jid && i < started->n && !found; i++)
+        found = strcmp(started->jids[i], jid) == 0;
+    free(jid);
+    return found;
+}
+
 static int plan_job(const char *raw, size_t len, int max_recoveries, capstan_ts_format_t ts,
-                    double now, moved_t *m)
+                    double now, const capstan_started_t *started, moved_t *m)
 {
     capstan_jobject_t obj = {0};
     int rc = 0;
@@ -59,6 +74,19 @@ static int plan_job(const char *raw, size_t len, int max_recoveries, capstan_ts_
     }
     const capstan_jmember_t *q = capstan__jobject_get(&obj, raw, "queue");
     char *qname = q ? capstan__json_string_dup(raw + q->vstart, q->vlen) : NULL;
+    if (!was_started(raw, &obj, started)) {
+        /* Fetched ahead, never run: back untouched, as a TERM gives it. */
+        m->dest = capstan__key_dup(CAPSTAN_KEY_QUEUE, qname && *qname ? qname : "default");
+        m->next = malloc(len ? len : 1);
+        free(qname);
+        if (!m->next || !m->dest)
+            rc = CAPSTAN_ENOMEM;
+        else {
+            memcpy(m->next, raw, len);
+            m->nlen = len;
+        }
+        goto out;
+    }
     const capstan_jmember_t *rc_m = capstan__jobject_get(&obj, raw, "recovery_count");
     long count = 1;
     if (rc_m) {
@@ -223,7 +251,8 @@ static int lrange_error(capstan_redis_t *r, const redisReply *rep, const char *k
 /* Recovers one identity's list, after a grace of grace_ms by Redis's clock
  * since a pass first saw its liveness key missing (0: at once). */
 static int recover_list(capstan_redis_t *r, const char *identity, long long grace_ms,
-                        int max_recoveries, capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
+                        int max_recoveries, capstan_ts_format_t ts, const capstan_started_t *started,
+                        capstan_recovery_t *out, char *err)
 {
     char *keys[4] = { capstan__key_dup(CAPSTAN_KEY_WORKING, identity),
                       capstan__key_dup(CAPSTAN_KEY_HEARTBEAT, identity),
@@ -256,7 +285,7 @@ static int recover_list(capstan_redis_t *r, const char *identity, long long grac
             memset(&jobs[n], 0, sizeof(jobs[n]));
             jobs[n].orig = e->str;
             jobs[n].olen = e->len;
-            if ((rc = plan_job(e->str, e->len, max_recoveries, ts, now, &jobs[n]))) {
+            if ((rc = plan_job(e->str, e->len, max_recoveries, ts, now, started, &jobs[n]))) {
                 n++;
                 break;
             }
@@ -297,7 +326,21 @@ out:
 int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
                                capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
 {
-    return recover_list(r, identity, 0, max_recoveries, ts, out, err);
+    return recover_list(r, identity, 0, max_recoveries, ts, NULL, out, err);
+}
+
+int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const capstan_started_t *started,
+                                int max_recoveries, capstan_ts_format_t ts, capstan_recovery_t *out,
+                                char *err)
+{
+    char *lkey = capstan__key_dup(CAPSTAN_KEY_HEARTBEAT, identity);
+    if (!lkey)
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
+    int rc = del && del->type == REDIS_REPLY_INTEGER ? 0 : capstan__reply_error(r, del, "DEL", err);
+    freeReplyObject(del);
+    free(lkey);
+    return rc ? rc : recover_list(r, identity, 0, max_recoveries, ts, started, out, err);
 }
 
 int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max_recoveries,
@@ -334,7 +377,7 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
             int alive = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
             freeReplyObject(ex);
             if (!alive)
-                rc = recover_list(r, id, grace_ms, max_recoveries, ts, out, err);
+                rc = recover_list(r, id, grace_ms, max_recoveries, ts, NULL, out, err);
         }
     }
     capstan__scan_close(&scan);

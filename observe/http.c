@@ -349,7 +349,7 @@ static void *serve(void *arg)
 }
 
 /* Binds and listens on addr:port; returns the socket or -1 with err. */
-static int listen_on(const char *addr, int port, char *err)
+static int listen_on(const char *addr, int port, int reuse_port, char *err)
 {
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                               .ai_flags = AI_PASSIVE };
@@ -372,6 +372,8 @@ static int listen_on(const char *addr, int port, char *err)
          * Linux it never lets two sockets listen on one port. */
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (reuse_port)
+            setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
         if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
             e = errno;
             close(fd);
@@ -383,6 +385,15 @@ static int listen_on(const char *addr, int port, char *err)
         capstan_seterr(err, CAPSTAN_ESYS, "metrics_port %d: cannot listen on %s port %d: %s", port, addr,
                        port, strerror(e));
     return fd;
+}
+
+int capstan__http_check(const char *bind, int port, char *err)
+{
+    int fd = listen_on(bind && *bind ? bind : "127.0.0.1", port, 0, err);
+    if (fd < 0)
+        return CAPSTAN_ESYS;
+    close(fd);
+    return 0;
 }
 
 int capstan__http_start(const capstan_http_conf_t *conf, capstan_http_t **out, char *err)
@@ -399,7 +410,7 @@ int capstan__http_start(const capstan_http_conf_t *conf, capstan_http_t **out, c
         rc = CAPSTAN_ECONFIG;
         goto out;
     }
-    if ((h->lfd = listen_on(addr, conf->port, err)) < 0) {
+    if ((h->lfd = listen_on(addr, conf->port, conf->reuse_port, err)) < 0) {
         rc = CAPSTAN_ESYS;
         goto out;
     }

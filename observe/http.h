@@ -27,6 +27,8 @@ typedef struct capstan_http_conf {
     size_t nqueues;
     void (*prefetched)(void *ud, const char *const *queues, size_t n, long long *counts);
     void *ud;
+    int reuse_port;            /* SO_REUSEPORT: a supervised worker's successor
+                                  listens while the worker it replaces still does */
 } capstan_http_conf_t;
 
 /* Seconds a scrape waits for Redis (connect and each command) before it
@@ -40,6 +42,11 @@ typedef struct capstan_http_conf {
  * Returns 0, or CAPSTAN_ESYS / CAPSTAN_ECONFIG / CAPSTAN_ENOMEM with err
  * naming the address and port. */
 int capstan__http_start(const capstan_http_conf_t *conf, capstan_http_t **out, char *err);
+/* Whether bind (NULL: 127.0.0.1) and port can be listened on now, as
+ * capstan__http_start would: 0, or CAPSTAN_ESYS / CAPSTAN_ECONFIG with err
+ * as it fills it. A supervisor checks before it forks the worker that
+ * serves the port, so a port in use stops the start with one line. */
+int capstan__http_check(const char *bind, int port, char *err);
 /* Stops serving and frees h (NULL is fine). Waits for a scrape in progress. */
 void capstan__http_stop(capstan_http_t *h);
 

@@ -48,6 +48,10 @@ struct capstan_metrics {
     series_t *table[NBUCKETS_TABLE];
     size_t nseries;
     atomic_long counters[CAPSTAN_METRIC_COUNTER_COUNT];
+    /* The supervisor's restart counts (capstan__metrics_restarts), or NULL. */
+    const atomic_long *restarts;
+    int restart_slots, restart_causes;
+    const char *const *restart_cause_names;
 };
 
 capstan_metrics_t *capstan__metrics_new(void)
@@ -83,6 +87,15 @@ static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static void make_default(void)
 {
     default_registry = capstan__metrics_new();
+}
+
+void capstan__metrics_restarts(capstan_metrics_t *m, const atomic_long *counts, int nslots,
+                               const char *const *causes, int ncauses)
+{
+    m->restarts = counts;
+    m->restart_slots = nslots;
+    m->restart_causes = ncauses;
+    m->restart_cause_names = causes;
 }
 
 capstan_metrics_t *capstan__metrics_default(void)
@@ -615,6 +628,15 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
         if (!rc)
             rc = capstan__buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
     }
+    if (!rc && m->restarts)
+        rc = family(b, "capstan_worker_restarts_total", "counter",
+                    "Worker processes the supervisor replaced, by worker slot and cause (crash, "
+                    "timeout, memory, reload).");
+    for (int i = 0; !rc && m->restarts && i < m->restart_slots; i++)
+        for (int c = 0; !rc && c < m->restart_causes; c++)
+            rc = capstan__buf_printf(b, "capstan_worker_restarts_total{slot=\"%d\",cause=\"%s\"} %ld\n", i,
+                                     m->restart_cause_names[c],
+                                     atomic_load(&m->restarts[i * m->restart_causes + c]));
     free_copy(s, n);
     return rc;
 }

@@ -15,6 +15,7 @@
 #ifndef CAPSTAN_OBSERVE_PROMETHEUS_H
 #define CAPSTAN_OBSERVE_PROMETHEUS_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "observe/execution.h"
@@ -102,6 +103,12 @@ void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long
 size_t capstan__metrics_exec_take(capstan_metrics_t *m, capstan_exec_t **out);
 /* The counter's value since the process started (0 for a NULL m). */
 long capstan__metrics_get(capstan_metrics_t *m, capstan_metric_counter_t c);
+/* Renders capstan_worker_restarts_total{slot,cause} from counts[slot *
+ * ncauses + cause] (nslots rows), read at each scrape: the supervisor's
+ * table in memory it shares with its workers, which must outlive m. Set
+ * once, before the metrics are served. */
+void capstan__metrics_restarts(capstan_metrics_t *m, const atomic_long *counts, int nslots,
+                               const char *const *causes, int ncauses);
 
 /* Appends the counters and histograms, with HELP and TYPE lines, in the
  * Prometheus text format 0.0.4 to b; series sorted by label values.

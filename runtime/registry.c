@@ -44,6 +44,7 @@ int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn 
     e->retry = opts ? opts->retry : CAPSTAN_RETRY_UNSET;
     e->unique = opts ? opts->unique : NULL;
     e->limit = opts && opts->limit && opts->limit->type ? opts->limit : NULL;
+    e->timeout = opts && opts->timeout > 0 ? opts->timeout : 0;
     return 0;
 }
 

@@ -34,6 +34,8 @@ typedef struct capstan_slot {
     char *payload;         /* job owns them until its ack) */
     size_t len;
     long run_at;
+    double deadline;       /* capstan__mono() past which the running job
+                              breaks its class's hard timeout; 0 = none */
     char cls[128];
     char jid[64];          /* cut to fit, like cls */
     capstan_fetch_t *fetch;
@@ -75,6 +77,8 @@ typedef struct capstan_handler_entry {
     int retry;
     const struct capstan_unique_opts *unique; /* registered uniqueness, or NULL */
     const struct capstan_limit_opts *limit; /* registered rate limit, or NULL */
+    double timeout;        /* hard timeout in seconds (the config's for the
+                              class first), 0 = none */
 } capstan_handler_entry_t;
 
 /* When the scheduler thread should wake, besides its poll: the times that
@@ -143,6 +147,10 @@ struct capstan_runtime {
     capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
                                       Pro's "paused" set), read with each
                                       beat (heartbeat.c); made at start */
+    struct capstan_board *board;   /* shared with the supervisor
+                                      (supervisor.h), NULL when unsupervised */
+    int worker_slot;               /* which of the supervisor's workers */
+    int supervisor_pid;            /* and the supervisor's pid */
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */

@@ -16,6 +16,7 @@
 #include "observe/overview.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
+#include "runtime/supervisor.h"
 #include "support/identity.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -107,6 +108,11 @@ static char *build_info(capstan_runtime_t *rt)
      * readers (capstan stats, the fleet look of fleet.c) a capstan
      * process from a Ruby one. Sidekiq ignores the key. */
     json_object_set_new(o, CAPSTAN_INFO_MARKER, json_string(CAPSTAN_VERSION));
+    /* A supervised worker names its supervisor and slot, for capstan stats. */
+    if (rt->board) {
+        json_object_set_new(o, "capstan_supervisor", json_integer(rt->supervisor_pid));
+        json_object_set_new(o, "capstan_worker", json_integer(rt->worker_slot));
+    }
     json_t *warr = json_array();
     json_array_append_new(warr, weights);
     json_object_set_new(o, "weights", warr);
@@ -292,6 +298,48 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     freeReplyObject(len);
     capstan__log_flush();
     capstan_info("Bye!");
+}
+
+/* This process's resident memory in bytes, or -1. */
+static long long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long size = 0, resident = -1;
+    if (!f)
+        return -1;
+    if (fscanf(f, "%lld %lld", &size, &resident) != 2)
+        resident = -1;
+    fclose(f);
+    return resident < 0 ? -1 : resident * sysconf(_SC_PAGESIZE);
+}
+
+/* A supervised worker's limits, checked by its main thread: a job past its
+ * class's hard timeout fails (Capstan::Timeout), and the worker leaves, as
+ * it does once its RSS passes max_memory; the supervisor starts its
+ * successor as soon as the board says so. Returns 1 when the worker
+ * leaves. */
+static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    int leave = CAPSTAN_LEAVE_NONE;
+    if (capstan__slots_overdue(rt)) {
+        live_conn(r);
+        if (capstan__slots_timeouts(rt, r))
+            leave = CAPSTAN_LEAVE_TIMEOUT;
+    }
+    if (!leave) {
+        long long rss = rss_bytes();
+        atomic_store(&rt->board->rss, rss);
+        if (rt->cfg->max_memory > 0 && rss > rt->cfg->max_memory) {
+            capstan_warn("RSS %lld MB is over max_memory (%lld MB): finishing the jobs, then leaving",
+                         rss >> 20, rt->cfg->max_memory >> 20);
+            leave = CAPSTAN_LEAVE_MEMORY;
+        }
+    }
+    if (leave == CAPSTAN_LEAVE_TIMEOUT)
+        capstan_warn("a job ran over its timeout: this worker finishes its other jobs, then leaves");
+    if (leave)
+        atomic_store(&rt->board->leaving, leave);
+    return leave != CAPSTAN_LEAVE_NONE;
 }
 
 /* "critical:3, default:1" or "a, b" (no weights), cut to fit n. */
@@ -480,7 +528,8 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
         qnames[i] = c->queues[i].name;
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
-                               .busy_threads = busy_threads, .ud = rt };
+                               .busy_threads = busy_threads, .ud = rt,
+                               .reuse_port = rt->board != NULL };
     if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
         hc.queues = qnames;
         hc.nqueues = c->nqueues;
@@ -521,6 +570,8 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     }
     capstan_info("Starting processing, hit Ctrl-C to stop");
     capstan__notify("READY=1");
+    if (rt->board)
+        atomic_store(&rt->board->ready, 1);
     double tick = capstan__notify_watchdog_every();
     tick = tick > 0 && tick < 0.2 ? tick : 0.2;
     int sig;
@@ -530,6 +581,10 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
         sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;
+        if (rt->board && over_limits(rt, r)) {
+            sig = 0;
+            break;
+        }
     }
     shutdown_all(rt, r, &set, sig);
 out:

@@ -4,11 +4,13 @@
  * its processor or given back by shutdown, never both. */
 #include "runtime/slot.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/feed.h"
 #include "runtime/rt.h"
+#include "runtime/supervisor.h"
 #include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -47,6 +49,19 @@ void capstan__slots_free(capstan_runtime_t *rt)
     free(rt->slots);
 }
 
+/* A class's hard timeout in seconds: the config's, else its registration's;
+ * 0 = none. */
+static double job_timeout(const capstan_runtime_t *rt, const char *cls)
+{
+    if (!cls)
+        return 0;
+    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, cls);
+    if (cc && cc->timeout > 0)
+        return (double)cc->timeout;
+    const capstan_handler_entry_t *h = capstan__registry_find(rt, cls);
+    return h ? h->timeout : 0;
+}
+
 int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
 {
     pthread_mutex_lock(&s->mu);
@@ -62,6 +77,12 @@ int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
     s->run_at = (long)capstan__now();
     capstan__fmt_cat(s->cls, sizeof(s->cls), job->cls ? job->cls : "", NULL);
     capstan__fmt_cat(s->jid, sizeof(s->jid), job->jid ? job->jid : "", NULL);
+    s->deadline = 0;
+    if (s->rt->board) {
+        double limit = job_timeout(s->rt, job->cls);
+        s->deadline = limit > 0 ? capstan__mono() + limit : 0;
+        capstan__board_run(s->rt, s->index, s->jid);
+    }
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->rt->busy, 1);
     return 0;
@@ -77,6 +98,7 @@ void capstan__slot_clear(capstan_slot_t *s)
     s->len = 0;
     s->cls[0] = '\0';
     s->jid[0] = '\0';
+    s->deadline = 0;
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_sub(&s->rt->busy, 1);
 }
@@ -151,5 +173,87 @@ int capstan__slots_requeue_busy(capstan_runtime_t *rt, capstan_redis_t *r)
     }
     if (rt->feed && rt->nslots)
         n += capstan__feed_give_back(rt, rt->slots[0].fetch, r, 0);
+    return n;
+}
+
+/* The retry option of a class: the config's, else its registration's. */
+static int class_retry(const capstan_runtime_t *rt, const char *cls)
+{
+    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, cls);
+    if (cc && cc->retry != CAPSTAN_RETRY_UNSET)
+        return cc->retry;
+    const capstan_handler_entry_t *h = capstan__registry_find(rt, cls);
+    return h ? h->retry : CAPSTAN_RETRY_UNSET;
+}
+
+/* Fails s's job, past its deadline, with Capstan::Timeout (under s->mu). */
+static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
+{
+    capstan_runtime_t *rt = s->rt;
+    char err[CAPSTAN_ERRLEN], msg[128], *copy = malloc(s->len ? s->len : 1);
+    capstan_job_t job = {0};
+    capstan_failure_t f = {0};
+    double now = capstan__now();
+    int rc = CAPSTAN_ENOMEM;
+    if (!copy)
+        goto out;
+    memcpy(copy, s->payload, s->len);
+    if ((rc = capstan__job_init(&job, copy, s->len, s->queue, err)) != 0)
+        goto out;
+    snprintf(msg, sizeof(msg), "ran longer than its timeout of %.0f s; its worker process is replaced", limit);
+    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, class_retry(rt, s->cls), rt->cfg, now,
+                                    &f)) != 0)
+        goto out;
+    capstan_ack_t ack = { .kind = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_ACK_RETRY
+                                  : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_ACK_DEAD : CAPSTAN_ACK_DROP,
+                          .score = f.score, .payload = f.payload, .len = f.len,
+                          .dead_cutoff = now - (double)rt->cfg->dead_timeout,
+                          .dead_max = rt->cfg->dead_max_jobs };
+    rc = capstan__fetch_ack(s->fetch, r, s->payload, s->len, &ack);
+    if (rc == 0)
+        atomic_fetch_add(&rt->failed, 1);
+out:
+    capstan__failure_clear(&f);
+    capstan__job_clear(&job);
+    return rc;
+}
+
+int capstan__slots_timeouts(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    int n = 0;
+    double now = capstan__mono();
+    for (int i = 0; i < rt->nslots; i++) {
+        capstan_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        if (s->busy && !s->abandoned && s->deadline > 0 && now > s->deadline) {
+            double limit = job_timeout(rt, s->cls);
+            /* Its processor's own ack, should the handler ever return, is
+             * refused: the failure below is the job's end. */
+            s->abandoned = 1;
+            int rc = fail_timeout(s, r, limit);
+            if (rc == 0)
+                capstan_warn("%s jid=%s on TID-%s ran over its timeout of %.0f s: failed with "
+                             "Capstan::Timeout", s->cls, s->jid, s->tid, limit);
+            else
+                capstan_error("%s jid=%s on TID-%s ran over its timeout of %.0f s; its failure could not "
+                              "be written, it is recovered once this worker is gone", s->cls, s->jid,
+                              s->tid, limit);
+            n++;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return n;
+}
+
+int capstan__slots_overdue(capstan_runtime_t *rt)
+{
+    int n = 0;
+    double now = capstan__mono();
+    for (int i = 0; i < rt->nslots; i++) {
+        capstan_slot_t *s = &rt->slots[i];
+        pthread_mutex_lock(&s->mu);
+        n += s->busy && !s->abandoned && s->deadline > 0 && now > s->deadline;
+        pthread_mutex_unlock(&s->mu);
+    }
     return n;
 }

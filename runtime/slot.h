@@ -38,4 +38,12 @@ int capstan__slots_busy(struct capstan_runtime *rt);
  * jobs the feed holds, using r. Returns the number requeued. */
 int capstan__slots_requeue_busy(struct capstan_runtime *rt, capstan_redis_t *r);
 
+/* Fails every job running past its class's hard timeout with
+ * Capstan::Timeout under the retry rules (written with its removal from
+ * the working list, on r), and marks its slot abandoned so that its
+ * processor never acks it. Returns how many jobs timed out. */
+int capstan__slots_timeouts(struct capstan_runtime *rt, capstan_redis_t *r);
+/* How many jobs run past their hard timeout (not failed yet). */
+int capstan__slots_overdue(struct capstan_runtime *rt);
+
 #endif

@@ -173,6 +173,11 @@ int capstan__log_fd(void)
     return atomic_load(&log_fd);
 }
 
+void capstan__log_forked(void)
+{
+    log_pid = (int)getpid();
+}
+
 const char *capstan__log_tid(void)
 {
     static _Thread_local char tid[16];

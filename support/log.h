@@ -30,6 +30,8 @@ typedef struct capstan_logctx {
 int capstan__log_setup(capstan_log_format_t fmt, int verbose, const char *path);
 /* Writes every thread's batched job lines now (see log.c). */
 void capstan__log_flush(void);
+/* In a child after fork: its lines carry its own pid from now on. */
+void capstan__log_forked(void);
 /* Reopens the log file (after rotation; USR2). */
 int capstan__log_reopen(void);
 void capstan__log_close(void);

@@ -7,6 +7,10 @@
  * [lo, hi] into *out. Returns 0, or CAPSTAN_EINVAL for "", "5s", "inf", "nan",
  * an overflow or a value out of bounds (*out unchanged). */
 int capstan__parse_number(const char *text, int integer, double lo, double hi, double *out);
+/* Parses a memory size: a whole number with an optional unit KB, MB or GB
+ * (K, M, G; powers of 1024), a bare number counting megabytes, into bytes
+ * (*out). Returns 0, or CAPSTAN_EINVAL (*out unchanged). */
+int capstan__parse_size(const char *text, long long *out);
 
 /* floor() and ceil() for |x| < 2^63, without libm: mapped, libm would add
  * about 300 KB to every worker's resident memory for these two. */

@@ -534,6 +534,22 @@ char *kt_capstan_log(pid_t pid)
     return s;
 }
 
+pid_t kt_parent_pid(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    char state;
+    int ppid;
+    return paren && sscanf(paren + 1, " %c %d", &state, &ppid) == 2 ? (pid_t)ppid : -1;
+}
+
 int kt_wait_exit(pid_t pid, double timeout)
 {
     double end = kt_now() + timeout;

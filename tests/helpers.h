@@ -78,6 +78,8 @@ char *kt_capstan_log(pid_t pid);
  * Returns the exit status, 128+signal if killed, or -1 on timeout (then it
  * is killed with SIGKILL). */
 int kt_capstan_stop(pid_t pid, int sig, double timeout);
+/* The parent of process pid (from /proc), or -1. */
+pid_t kt_parent_pid(pid_t pid);
 /* Waits for pid to exit by itself, like kt_capstan_stop without a signal. */
 int kt_wait_exit(pid_t pid, double timeout);
 

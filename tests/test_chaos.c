@@ -155,7 +155,7 @@ static void crasher_among_innocents(int conc)
     char *y = kt_write_file("pill.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n"
                                         "recovery_interval: 1\n");
     snprintf(conc_s, sizeof(conc_s), "%d", conc);
-    const char *args[] = { "-C", y, "-c", conc_s, NULL };
+    const char *args[] = { "--no-supervisor", "-C", y, "-c", conc_s, NULL };
     int crashes = 0;
     pid_t pid = kt_capstan_start(args);
     for (int round = 0; round < 6; round++) {

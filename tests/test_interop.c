@@ -242,7 +242,10 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
         snprintf(host, sizeof(host), "%s", dyno);
     else
         gethostname(host, sizeof(host));
-    snprintf(want_prefix, sizeof(want_prefix), "%s:%d:", host, (int)pid);
+    /* The worker is the supervisor's child: its own pid names it. */
+    pid_t wpid = (pid_t)atoi(strchr(id + strlen(host), ':') + 1);
+    cr_assert_eq(kt_parent_pid(wpid), pid, "identity %s names a worker of %d", id, (int)pid);
+    snprintf(want_prefix, sizeof(want_prefix), "%s:%d:", host, (int)wpid);
     cr_assert(strncmp(id, want_prefix, strlen(want_prefix)) == 0, "identity %s is host:pid:nonce", id);
     const char *nonce = id + strlen(want_prefix);
     cr_assert_eq(strlen(nonce), 12, "12 hex nonce: %s", id);
@@ -254,7 +257,7 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
     json_t *p = json_array_get(procs, 0);
     cr_assert_str_eq(str_of(p, "identity"), id);
     cr_assert_str_eq(str_of(p, "hostname"), host);
-    cr_assert_eq(num_of(p, "pid"), pid);
+    cr_assert_eq(num_of(p, "pid"), wpid);
     cr_assert_eq(num_of(p, "concurrency"), 3);
     json_t *q = json_object_get(p, "queues");
     cr_assert_eq(json_array_size(q), 2);

@@ -246,7 +246,8 @@ Test(lifecycle, usr2_reopens_the_log_file)
 
 Test(lifecycle, json_log_lines_are_objects)
 {
-    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "--log-format", "json", NULL });
+    /* One process, so every line carries its pid. */
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-c", "2", "--log-format", "json", NULL });
     free(kt_wait_identity(pid));
     push("NoopJob", "70000000000000000000000a", "[]");
     push("FailJob", "70000000000000000000000b", "[\"said \\\"no\\\"\\n twice\"]");
@@ -575,7 +576,9 @@ static char *crash_log(const char *args, int *st)
     char opts[512];
     snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
-    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    /* The worker's own death: without a supervisor, which would replace
+     * it (test_supervisor.c has that). */
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-c", "2", NULL });
     free(kt_wait_identity(pid));
     push("SleepJob", "c0000000000000000000000a", "[20000]");
     cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 1, 20), "%s", kt_capstan_log(pid));

@@ -275,7 +275,7 @@ Test(limiter, killed_holder_frees_its_slots_when_the_lease_lapses)
 {
     char *y = limit_yml("kill.yml", "      type: concurrent\n      name: gpu\n      size: 2\n"
                                     "      lock_timeout: 1.5\n");
-    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "2", NULL });
     push_limit_jobs(3, "lk", 20000, 2);
     cr_assert(KT_WAIT_UNTIL(kt_int("GET lk:running") == 2, 10), "%s", kt_capstan_log(a));
     capstan_redis_t *r = kt_lib_redis();

@@ -105,7 +105,7 @@ static void chaos_kill9(long records, int kills, const char *lock)
     for (int k = 0; k < kills; k++)
         at[k] = 1000 + (long)k * span + rand() % (span * 2 / 3);
     char *y = kt_write_file("chaos.yml", FAST_YAML "timeout: 5\n");
-    const char *args[] = { "-C", y, "-c", "10", NULL };
+    const char *args[] = { "--no-supervisor", "-C", y, "-c", "10", NULL };
     double t0 = kt_now();
     pid_t pid = kt_capstan_start(args), pids[KILLS_MAX + 1];
     pids[0] = pid;
@@ -241,7 +241,7 @@ Test(reliable, live_process_recovers_a_dead_ones_jobs)
     redisContext *c = kt_redis();
     char *y = kt_write_file("recover.yml", "heartbeat_interval: 0.5\nliveness_ttl: 3\n"
                                         "recovery_interval: 2\n");
-    const char *args[] = { "-C", y, "-c", "3", NULL };
+    const char *args[] = { "--no-supervisor", "-C", y, "-c", "3", NULL };
     pid_t a = kt_capstan_start(args);
     char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char sj[3][25];
@@ -443,7 +443,7 @@ Test(reliable, poison_pill_goes_dead_after_three_recoveries)
     kt_make_jid(pill, 5, 0);
     push_one(c, "CrashJob", "[]", pill);
     char *y = kt_write_file("pill.yml", FAST_YAML);
-    const char *args[] = { "-C", y, "-c", "2", NULL };
+    const char *args[] = { "--no-supervisor", "-C", y, "-c", "2", NULL };
     int crashes = 0;
     pid_t pid = kt_capstan_start(args);
     for (int round = 0; round < 5; round++) {
@@ -1317,7 +1317,7 @@ Test(reliable, jobs_of_a_killed_process_start_once_more_on_a_busy_one)
 {
     redisContext *c = kt_redis();
     char *y = kt_write_file("busy.yml", FAST_YAML);
-    const char *args[] = { "-C", y, "-c", "4", NULL };
+    const char *args[] = { "--no-supervisor", "-C", y, "-c", "4", NULL };
     pid_t a = kt_capstan_start(args);
     char *ida = kt_log_identity(a), *wa = kt_working_key(ida);
     char kj[4][25], lj[3][25];

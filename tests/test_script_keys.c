@@ -400,7 +400,7 @@ static void workload(void)
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 3, 20), "%s", kt_capstan_log(w1));
 
     /* A worker killed with a job in hand: w1 gives the job back (recover). */
-    pid_t w2 = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", "-q", "slow", NULL });
+    pid_t w2 = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "1", "-q", "slow", NULL });
     char *id2 = kt_log_identity(w2);
     char *wk2 = kt_working_key(id2);
     push((const char *[]){ "push", "SleepJob", "[30000]", "-q", "slow", NULL });

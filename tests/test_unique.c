@@ -480,7 +480,7 @@ Test(unique, kill_9_and_recovery_keep_the_lock)
     char *jid = NULL;
     cr_assert_eq(push((const char *[]){ "push", "SleepJob", "[4000]", "--lock", "until_executed",
                                         NULL }, &jid), 0);
-    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    pid_t a = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0, 10));
     kt_sleep(0.3);
     cr_assert_eq(kt_capstan_stop(a, SIGKILL, 10), 128 + SIGKILL);

@@ -19,6 +19,9 @@
 #define CAPSTAN_EXIT_UNAVAILABLE 69
 
 /* retry option values besides a plain count N >= 0. */
+/* The most worker processes one supervisor forks (processes:). */
+#define CAPSTAN_MAX_PROCESSES 256
+
 #define CAPSTAN_RETRY_DEFAULT (-1) /* retry: true, use max_retries */
 #define CAPSTAN_RETRY_NONE (-2) /* retry: false, drop after failure */
 #define CAPSTAN_RETRY_UNSET (-3) /* option not given */
@@ -64,6 +67,8 @@ typedef struct capstan_class_conf {
     long max_iteration_runtime; /* seconds an iterating run goes on before it
                                    is interrupted and re-queued; 0 = the
                                    process's setting */
+    long timeout;              /* hard timeout in seconds (supervised
+                                  workers only), 0 = none */
 } capstan_class_conf_t;
 
 /* TLS settings for a rediss:// URL given apart from it (the file's tls:
@@ -145,6 +150,10 @@ typedef struct capstan_config {
     long min_replicas_timeout; /* milliseconds that WAIT may take, default 1000 */
     struct capstan_periodic_conf *periodic; /* schedules (capstan/periodic.h) */
     size_t nperiodic;
+    int processes;            /* worker processes the supervisor forks, default 1 */
+    int no_supervisor;        /* 1: run the worker in this process, no supervisor */
+    long long max_memory;     /* bytes of RSS a supervised worker may reach before
+                                 it is recycled; 0 (default) = no limit */
 } capstan_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with

@@ -31,9 +31,13 @@ typedef struct capstan_class_opts {
     const struct capstan_limit_opts *limit; /* rate limit (capstan/limiter.h), or
                           NULL; must outlive the runtime. A YAML limit: for
                           the class takes precedence. */
+    double timeout;    /* hard timeout in seconds, 0 = none: a job running
+                          longer fails with Capstan::Timeout and its worker
+                          process is replaced (supervised workers only; the
+                          YAML classes: timeout takes precedence) */
 } capstan_class_opts_t;
 
-#define CAPSTAN_CLASS_OPTS_INIT { NULL, CAPSTAN_RETRY_UNSET, NULL, NULL }
+#define CAPSTAN_CLASS_OPTS_INIT { NULL, CAPSTAN_RETRY_UNSET, NULL, NULL, 0 }
 
 /* Sidekiq's error_handlers and death_handlers. A hook gets the job, its
  * error class and message (what capstan_job_fail recorded, or the runtime's own

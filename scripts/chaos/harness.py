@@ -228,7 +228,9 @@ class Worker:
     def start(self):
         h = self.h
         host = h.net.host_ip(self.i) if h.net.ok else "127.0.0.1"
-        cmd = [h.capstan, "run", "-r", h.plugin, "-C", h.conf, "-c", str(h.concurrency),
+        # One process a worker: the faults (kill -9, SIGSTOP) aim at the
+        # worker itself, not at a supervisor that would replace it.
+        cmd = [h.capstan, "run", "--no-supervisor", "-r", h.plugin, "-C", h.conf, "-c", str(h.concurrency),
                "-q", "chaos", "-t", "5", "--redis-url", "redis://%s:%d/0" % (host, h.redis.port)]
         if h.net.ok:
             cmd = ["ip", "netns", "exec", h.net.ns(self.i)] + cmd

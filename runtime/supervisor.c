@@ -1,0 +1,627 @@
+/* The supervisor (supervisor.h): forks the workers, forwards signals to
+ * them, reaps them, gives back a dead worker's jobs at once and starts its
+ * replacement, with a backoff when a worker keeps dying. Single-threaded:
+ * it waits for signals with sigtimedwait and polls the boards and
+ * waitpid every 50 ms, and connects to Redis only to recover a dead
+ * worker's jobs, closing the connection again before any later fork. */
+#include "runtime/supervisor.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fetch/fetch.h"
+#include "observe/http.h"
+#include "observe/prometheus.h"
+#include "redis/keys.h"
+#include "runtime/rt.h"
+#include "support/identity.h"
+#include "support/log.h"
+#include "support/time.h"
+#include "capstan/capstan.h"
+
+#define TICK 0.05          /* seconds between two looks at the workers */
+#define MAX_DELAY 60.0     /* the longest backoff before a restart */
+#define HEALTHY 60.0       /* a worker that lived this long resets its backoff */
+#define KILL_MARGIN 10.0   /* past the shutdown grace, a leaving worker is killed */
+
+typedef enum { CAUSE_CRASH, CAUSE_TIMEOUT, CAUSE_MEMORY, CAUSE_RELOAD, NCAUSES } cause_t;
+static const char *const cause_names[NCAUSES] = { "crash", "timeout", "memory", "reload" };
+
+/* One worker process, running or leaving. */
+typedef struct worker {
+    pid_t pid;                /* 0: a free entry */
+    int slot;
+    capstan_board_t *board;   /* shared with the worker */
+    size_t board_size;
+    int fd;                   /* the board's memfd, open until the fork */
+    int fresh;                /* started by a reload, not yet serving */
+    double started;           /* capstan__mono() at the fork */
+    int ready;                /* seen ready once */
+    int leaving;              /* leaving of its own accord, or told to */
+    int told;                 /* the supervisor sent it TERM (reload, stop) */
+    double kill_at;           /* capstan__mono() when it is killed if still
+                                 running; 0 = not due */
+} worker_t;
+
+/* One of the processes: slots, each served by one worker at a time (two
+ * while one leaves and its successor starts). */
+typedef struct wslot {
+    double delay;             /* the next restart's backoff, seconds */
+    double start_at;          /* capstan__mono(): no worker starts before */
+    int ever_ready;           /* a worker of this slot was ready once */
+    int stopped;              /* its worker was stopped from outside (the
+                                 Web UI's Stop): it is not replaced */
+    atomic_long *restarts;    /* [NCAUSES], in the table shared with the
+                                 workers (worker 0 serves it on /metrics) */
+} wslot_t;
+
+typedef struct sup {
+    struct capstan_runtime *rt;
+    int n;                    /* slots */
+    wslot_t *slots;
+    worker_t *w;              /* 2n entries */
+    int nw;
+    int stopping, quiet;
+    int status;               /* the supervisor's exit status */
+    int ready_sent;
+    pid_t self;
+    sigset_t set, old;
+    atomic_long *table;       /* n * NCAUSES restart counts, shared */
+    size_t table_size;
+    int table_fd;             /* its memfd, for workers started by exec */
+    char *exe;                /* the binary on disk, which a reload runs */
+    int argc;                 /* `capstan run`'s arguments, for a reload */
+    char **argv;
+    int reloading;            /* a HUP's rolling restart is under way */
+    int reload_slot;          /* the slot it replaces now */
+} sup_t;
+
+void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
+{
+    capstan_board_t *b = rt->board;
+    if (!b || !jid || index < 0 || index >= b->nslots)
+        return;
+    capstan_board_row_t *row = &b->row[index];
+    char *at = row->jid[row->next++ % CAPSTAN_BOARD_RING];
+    size_t n = strlen(jid);
+    if (n >= CAPSTAN_BOARD_JID)
+        n = CAPSTAN_BOARD_JID - 1;
+    memcpy(at, jid, n);
+    at[n] = '\0';
+}
+
+static const char *sig_name(int sig)
+{
+    switch (sig) {
+    case SIGTERM: return "TERM";
+    case SIGINT: return "INT";
+    case SIGTSTP: return "TSTP";
+    case SIGTTIN: return "TTIN";
+    case SIGUSR2: return "USR2";
+    case SIGHUP: return "HUP";
+    case SIGKILL: return "KILL";
+    case SIGSEGV: return "SEGV";
+    case SIGABRT: return "ABRT";
+    case SIGBUS: return "BUS";
+    case SIGFPE: return "FPE";
+    case SIGILL: return "ILL";
+    default: return "?";
+    }
+}
+
+static int live(const sup_t *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->nw; i++)
+        n += s->w[i].pid > 0;
+    return n;
+}
+
+static void forward(sup_t *s, int sig)
+{
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].pid > 0)
+            kill(s->w[i].pid, sig);
+}
+
+/* The supervisor's death (even kill -9) reaches the worker as a TERM: it
+ * finishes its jobs, and leases cover what remains. A terminal's Ctrl-C
+ * reaches the supervisor alone, which forwards it: a worker seeing it
+ * twice would take it for a second INT. Both outlive an exec. */
+static void detach(pid_t supervisor)
+{
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != supervisor)
+        raise(SIGTERM);
+    setpgid(0, 0);
+}
+
+/* A worker's own identity and board; systemd hears the supervisor only. */
+static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, int slot, atomic_long *table,
+                         int nslots)
+{
+    capstan__log_forked();
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    unsetenv("WATCHDOG_PID");
+    rt->board = board;
+    rt->worker_slot = slot;
+    rt->supervisor_pid = (int)getppid();
+    capstan__identity_make(rt->identity, sizeof(rt->identity));
+    memcpy(board->identity, rt->identity, sizeof(board->identity));
+    /* One /metrics port per host: the first worker serves it, with the
+     * supervisor's restart counts. */
+    if (slot > 0)
+        rt->cfg->metrics_port = 0;
+    else if (table)
+        capstan__metrics_restarts(capstan__metrics_default(), table, nslots, cause_names, NCAUSES);
+}
+
+/* In a new worker: what the fork must not keep of the supervisor. */
+static void become_worker(sup_t *s, worker_t *me)
+{
+    detach(s->self);
+    worker_setup(s->rt, me->board, me->slot, s->table, s->n);
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].board && &s->w[i] != me)
+            munmap(s->w[i].board, s->w[i].board_size);
+    close(me->fd);
+    close(s->table_fd);
+    sigset_t old = s->old;
+    free(s->w);
+    free(s->slots);
+    free(s->exe);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
+/* In a new worker started from the binary on disk (a reload): it reads the
+ * configuration and loads the plugins itself, then capstan__supervised
+ * finds its board through CAPSTAN_WORKER. Never returns. */
+static void exec_worker(sup_t *s, worker_t *me)
+{
+    char spec[128];
+    snprintf(spec, sizeof(spec), "%d:%zu:%d:%d:%d:%d", me->fd, me->board_size, s->table_fd, me->slot, s->n,
+             (int)s->self);
+    detach(s->self);
+    sigprocmask(SIG_SETMASK, &s->old, NULL);
+    setenv(CAPSTAN_WORKER_ENV, spec, 1);
+    const char **argv = calloc((size_t)s->argc + 3, sizeof(char *));
+    if (argv) {
+        argv[0] = s->exe;
+        argv[1] = "run";
+        for (int i = 1; i < s->argc; i++)
+            argv[i + 1] = s->argv[i];
+        execv(s->exe, (char *const *)argv);
+    }
+    capstan_error("cannot start %s: %s", s->exe, strerror(errno));
+    capstan__log_flush();
+    _exit(127);
+}
+
+int capstan__supervised(struct capstan_runtime *rt, char *err)
+{
+    const char *spec = getenv(CAPSTAN_WORKER_ENV);
+    int bfd, tfd, slot, n, parent;
+    size_t size;
+    if (!spec || sscanf(spec, "%d:%zu:%d:%d:%d:%d", &bfd, &size, &tfd, &slot, &n, &parent) != 6)
+        return capstan_seterr(err, CAPSTAN_EINVAL, "%s: not a worker's", CAPSTAN_WORKER_ENV);
+    unsetenv(CAPSTAN_WORKER_ENV);
+    capstan_board_t *board = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, bfd, 0);
+    size_t tsize = (size_t)n * NCAUSES * sizeof(atomic_long);
+    atomic_long *table = mmap(NULL, tsize, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+    close(bfd);
+    close(tfd);
+    if (board == MAP_FAILED)
+        return capstan_seterr(err, CAPSTAN_ESYS, "%s: mmap: %s", CAPSTAN_WORKER_ENV, strerror(errno));
+    if (getppid() != parent)
+        raise(SIGTERM);
+    worker_setup(rt, board, slot, table == MAP_FAILED ? NULL : table, n);
+    return 0;
+}
+
+/* Shared memory that an exec'd worker can map again: a memfd (left open
+ * across exec), or -1. */
+static void *shared(size_t size, int *fd)
+{
+    *fd = memfd_create("capstan", 0);
+    if (*fd < 0)
+        return MAP_FAILED;
+    void *mem = ftruncate(*fd, (off_t)size) == 0
+                    ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0) : MAP_FAILED;
+    if (mem == MAP_FAILED) {
+        close(*fd);
+        *fd = -1;
+    }
+    return mem;
+}
+
+/* Forks a worker for slot, which runs on from this process's image, or
+ * with exec set starts the binary on disk. Returns 1 in a forked worker,
+ * 0 in the supervisor (also when the fork failed: it is tried again
+ * later). */
+static int spawn(sup_t *s, int slot, int exec)
+{
+    worker_t *w = NULL;
+    for (int i = 0; i < s->nw && !w; i++)
+        if (s->w[i].pid == 0)
+            w = &s->w[i];
+    if (!w)
+        return 0;
+    size_t size = sizeof(capstan_board_t) + (size_t)s->rt->cfg->concurrency * sizeof(capstan_board_row_t);
+    int fd;
+    void *mem = shared(size, &fd);
+    if (mem == MAP_FAILED) {
+        capstan_error("cannot start worker %d: mmap: %s", slot, strerror(errno));
+        s->slots[slot].start_at = capstan__mono() + 1;
+        return 0;
+    }
+    memset(w, 0, sizeof(*w));
+    w->board = mem;
+    w->board_size = size;
+    w->fd = fd;
+    w->fresh = exec;
+    w->board->nslots = s->rt->cfg->concurrency;
+    w->slot = slot;
+    capstan__log_flush();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        capstan_error("cannot start worker %d: fork: %s", slot, strerror(errno));
+        munmap(mem, size);
+        close(fd);
+        memset(w, 0, sizeof(*w));
+        s->slots[slot].start_at = capstan__mono() + 1;
+        return 0;
+    }
+    if (pid == 0) {
+        if (exec)
+            exec_worker(s, w);
+        become_worker(s, w);
+        return 1;
+    }
+    close(fd);
+    w->fd = -1;
+    w->pid = pid;
+    w->started = capstan__mono();
+    capstan_info("worker %d started (pid %d)%s", slot, (int)pid, exec ? " from the binary on disk" : "");
+    return 0;
+}
+
+/* Starts a worker for each slot that has none running (and not leaving).
+ * Returns 1 in a new worker. */
+static int start_missing(sup_t *s)
+{
+    double now = capstan__mono();
+    for (int slot = 0; slot < s->n; slot++) {
+        wslot_t *ws = &s->slots[slot];
+        if (ws->stopped || now < ws->start_at)
+            continue;
+        int serving = 0;
+        for (int i = 0; i < s->nw; i++)
+            serving += s->w[i].pid > 0 && s->w[i].slot == slot && !s->w[i].leaving;
+        if (!serving && spawn(s, slot, 0))
+            return 1;
+    }
+    return 0;
+}
+
+/* Gives back the jobs of a reaped worker: it is dead for certain, so its
+ * list need not wait for its lease, and the board says which of its jobs
+ * had started. Also takes it off Sidekiq's process set. */
+static void recover(sup_t *s, worker_t *w)
+{
+    const capstan_config_t *c = s->rt->cfg;
+    char id[sizeof(w->board->identity)];
+    memcpy(id, w->board->identity, sizeof(id));
+    id[sizeof(id) - 1] = '\0';
+    if (!id[0])
+        return; /* it died before it touched Redis */
+    double t0 = capstan__mono();
+    char err[CAPSTAN_ERRLEN] = "";
+    const char **jids = calloc((size_t)w->board->nslots * CAPSTAN_BOARD_RING, sizeof(char *));
+    size_t n = 0;
+    for (int i = 0; jids && i < w->board->nslots; i++)
+        for (int k = 0; k < CAPSTAN_BOARD_RING; k++) {
+            char *jid = w->board->row[i].jid[k];
+            jid[CAPSTAN_BOARD_JID - 1] = '\0';
+            if (jid[0])
+                jids[n++] = jid;
+        }
+    if (!jids)
+        capstan_warn("out of memory: every job of worker %d counts as started", w->slot);
+    capstan_started_t started = { jids, n };
+    const capstan_started_t *startedp = jids ? &started : NULL;
+    capstan_recovery_t out = {0};
+    capstan_redis_t *r = capstan_redis_new(c->redis_url, 5, err);
+    int rc = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
+    if (r && rc)
+        snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
+    if (!rc && c->fetch == CAPSTAN_FETCH_RELIABLE)
+        rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps, &out, err);
+    if (!rc) {
+        char work[400], workers[400];
+        snprintf(work, sizeof(work), "%s%s", id, CAPSTAN_KEY_WORK);
+        snprintf(workers, sizeof(workers), "%s%s", id, CAPSTAN_KEY_WORKERS);
+        const char *srem[] = { "SREM", CAPSTAN_KEY_PROCESSES, id };
+        const char *unl[] = { "UNLINK", work, workers };
+        freeReplyObject(capstan_redis_cmd(r, 3, srem, NULL));
+        freeReplyObject(capstan_redis_cmd(r, 3, unl, NULL));
+    }
+    capstan_redis_free(r);
+    free(jids);
+    if (rc) {
+        capstan_error("worker %d (pid %d): its jobs wait for orphan recovery: %s", w->slot, (int)w->pid,
+                      err);
+        return;
+    }
+    if (out.recovered || out.killed || out.left)
+        capstan_warn("worker %d (pid %d): %ld jobs back in their queues, %ld poison pills to the dead "
+                     "set, %ld left, in %.0f ms",
+                     w->slot, (int)w->pid, out.recovered, out.killed, out.left,
+                     (capstan__mono() - t0) * 1000);
+}
+
+/* What became of a reaped worker, and its replacement. */
+static void reaped(sup_t *s, worker_t *w, int status)
+{
+    wslot_t *ws = &s->slots[w->slot];
+    double now = capstan__mono();
+    int leave = atomic_load(&w->board->leaving);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (sig)
+        capstan_warn("worker %d (pid %d) was killed by signal %d (SIG%s)", w->slot, (int)w->pid, sig,
+                     sig_name(sig));
+    else
+        capstan_info("worker %d (pid %d) exited with status %d", w->slot, (int)w->pid, code);
+    recover(s, w);
+    int cause = -1;
+    if (leave == CAPSTAN_LEAVE_TIMEOUT)
+        cause = CAUSE_TIMEOUT;
+    else if (leave == CAPSTAN_LEAVE_MEMORY)
+        cause = CAUSE_MEMORY;
+    else if (w->told && !s->stopping)
+        cause = CAUSE_RELOAD;
+    else if (sig || code != 0)
+        cause = CAUSE_CRASH;
+    if (cause >= 0 && !s->stopping)
+        atomic_fetch_add(&ws->restarts[cause], 1);
+    if (atomic_load(&w->board->ready))
+        ws->ever_ready = w->ready = 1; /* between two looks */
+    if (!s->stopping && code > 0 && !ws->ever_ready) {
+        /* It could not start at all (a bad URL, Redis away past
+         * startup_timeout, a port in use): neither will its replacement. */
+        capstan_error("worker %d could not start; stopping", w->slot);
+        s->status = code;
+        s->stopping = 1;
+        forward(s, SIGTERM);
+    } else if (cause < 0 && !s->stopping && !w->told) {
+        capstan_info("worker %d was stopped (Web UI or API); it is not replaced", w->slot);
+        ws->stopped = 1;
+    } else if (cause == CAUSE_CRASH && !s->stopping) {
+        if (now - w->started >= HEALTHY)
+            ws->delay = 0;
+        ws->start_at = now + ws->delay;
+        if (ws->delay > 0)
+            capstan_warn("worker %d keeps dying: restarting it in %.0f s", w->slot, ws->delay);
+        ws->delay = ws->delay == 0 ? 1 : ws->delay * 2 > MAX_DELAY ? MAX_DELAY : ws->delay * 2;
+    }
+    munmap(w->board, w->board_size);
+    memset(w, 0, sizeof(*w));
+}
+
+static void reap(sup_t *s)
+{
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].pid == pid) {
+                reaped(s, &s->w[i], status);
+                break;
+            }
+}
+
+/* Workers that said they leave (timeout, memory): their successor starts
+ * now, and a worker that outstays its grace is killed. */
+static void watch(sup_t *s)
+{
+    double now = capstan__mono();
+    int ready = 0;
+    for (int i = 0; i < s->nw; i++) {
+        worker_t *w = &s->w[i];
+        if (w->pid <= 0)
+            continue;
+        if (!w->ready && atomic_load(&w->board->ready)) {
+            w->ready = 1;
+            s->slots[w->slot].ever_ready = 1;
+        }
+        int leave = atomic_load(&w->board->leaving);
+        if (leave && !w->leaving) {
+            w->leaving = 1;
+            w->kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+            capstan_info("worker %d (pid %d) is leaving (%s): starting its successor", w->slot, (int)w->pid,
+                         cause_names[leave == CAPSTAN_LEAVE_TIMEOUT ? CAUSE_TIMEOUT : CAUSE_MEMORY]);
+        }
+        if (w->kill_at > 0 && now > w->kill_at) {
+            capstan_warn("worker %d (pid %d) outstayed its shutdown grace: killing it", w->slot, (int)w->pid);
+            kill(w->pid, SIGKILL);
+            w->kill_at = 0;
+        }
+        ready += w->ready && !w->leaving;
+    }
+    if (!s->ready_sent && ready >= s->n) {
+        s->ready_sent = 1;
+        capstan_info("all %d workers ready", s->n);
+        capstan__notify("READY=1");
+    }
+}
+
+/* One step of a rolling restart (HUP): for the slot in turn, a worker
+ * from the binary on disk is started; once it is ready the old ones of the
+ * slot are told to leave (TERM: they finish their jobs and give back the
+ * rest), and the next slot follows. */
+static void reload_step(sup_t *s)
+{
+    if (!s->reloading || s->stopping)
+        return;
+    int slot = s->reload_slot;
+    worker_t *fresh = NULL;
+    for (int i = 0; i < s->nw && !fresh; i++)
+        if (s->w[i].pid > 0 && s->w[i].slot == slot && s->w[i].fresh)
+            fresh = &s->w[i];
+    if (!fresh) {
+        if (!s->slots[slot].stopped && capstan__mono() >= s->slots[slot].start_at)
+            spawn(s, slot, 1);
+        return;
+    }
+    if (!atomic_load(&fresh->board->ready))
+        return;
+    double now = capstan__mono();
+    for (int i = 0; i < s->nw; i++) {
+        worker_t *w = &s->w[i];
+        if (w->pid > 0 && w->slot == slot && w != fresh && !w->told) {
+            w->told = w->leaving = 1;
+            w->kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+            kill(w->pid, SIGTERM);
+        }
+    }
+    fresh->fresh = 0;
+    if (++s->reload_slot >= s->n) {
+        s->reloading = 0;
+        capstan_info("reload done: %d workers from the binary on disk", s->n);
+        capstan__notify("READY=1");
+    }
+}
+
+static void stop_all(sup_t *s, int sig)
+{
+    double now = capstan__mono();
+    if (!s->stopping) {
+        capstan_info("Received %s, stopping %d workers", sig_name(sig), live(s));
+        capstan__notify("STOPPING=1");
+        s->stopping = 1;
+    }
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].pid > 0) {
+            s->w[i].told = 1;
+            if (!s->w[i].kill_at)
+                s->w[i].kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+        }
+    forward(s, sig);
+}
+
+int capstan__supervise(struct capstan_runtime *rt, int argc, char **argv, int *worker)
+{
+    sup_t s = { .rt = rt, .n = rt->cfg->processes, .self = getpid(), .argc = argc, .argv = argv };
+    *worker = 0;
+    char err[CAPSTAN_ERRLEN];
+    if (rt->cfg->metrics_port > 0 && capstan__http_check(rt->cfg->metrics_bind, rt->cfg->metrics_port, err)) {
+        capstan_error("%s", err);
+        return 1;
+    }
+    s.nw = 2 * s.n;
+    s.slots = calloc((size_t)s.n, sizeof(*s.slots));
+    s.w = calloc((size_t)s.nw, sizeof(*s.w));
+    s.table_size = (size_t)s.n * NCAUSES * sizeof(atomic_long);
+    s.table = shared(s.table_size, &s.table_fd);
+    s.exe = realpath("/proc/self/exe", NULL);
+    if (!s.slots || !s.w || s.table == MAP_FAILED || !s.exe) {
+        free(s.slots);
+        free(s.w);
+        free(s.exe);
+        if (s.table != MAP_FAILED) {
+            munmap(s.table, s.table_size);
+            close(s.table_fd);
+        }
+        capstan_error("out of memory");
+        return 1;
+    }
+    for (int i = 0; i < s.n; i++)
+        s.slots[i].restarts = s.table + (size_t)i * NCAUSES;
+    sigemptyset(&s.set);
+    int sigs[] = { SIGTERM, SIGINT, SIGTSTP, SIGTTIN, SIGUSR2, SIGHUP, SIGCHLD };
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        sigaddset(&s.set, sigs[i]);
+    sigprocmask(SIG_BLOCK, &s.set, &s.old);
+    capstan_info("supervisor started (pid %d): %d worker%s of %d threads", (int)s.self, s.n,
+                 s.n == 1 ? "" : "s", rt->cfg->concurrency);
+    double tick = capstan__notify_watchdog_every();
+    tick = tick > 0 && tick < TICK ? tick : TICK;
+    for (;;) {
+        if (!s.stopping && !s.quiet && start_missing(&s)) {
+            *worker = 1;
+            return 0;
+        }
+        watch(&s);
+        reload_step(&s);
+        if ((s.stopping || s.quiet) && live(&s) == 0)
+            break;
+        if (!s.stopping && live(&s) == 0) {
+            int waiting = 0;
+            for (int i = 0; i < s.n; i++)
+                waiting += !s.slots[i].stopped;
+            if (!waiting)
+                break;
+        }
+        capstan__notify_watchdog();
+        capstan__log_flush();
+        struct timespec ts = { 0, (long)(tick * 1e9) };
+        int sig = sigtimedwait(&s.set, NULL, &ts);
+        switch (sig) {
+        case SIGTERM:
+        case SIGINT:
+            stop_all(&s, sig);
+            break;
+        case SIGTSTP:
+            if (!s.quiet)
+                capstan_info("Received TSTP: workers go quiet and are not replaced");
+            s.quiet = 1;
+            forward(&s, sig);
+            break;
+        case SIGUSR2:
+            if (capstan__log_reopen())
+                capstan_error("cannot reopen the log file: %s", strerror(errno));
+            forward(&s, sig);
+            break;
+        case SIGTTIN:
+            forward(&s, sig);
+            break;
+        case SIGHUP:
+            if (s.reloading || s.stopping || s.quiet) {
+                capstan_info("Received HUP: ignored (%s)", s.reloading ? "a reload is under way"
+                                                           : "stopping or quiet");
+                break;
+            }
+            capstan_info("Received HUP: replacing the workers one at a time from %s", s.exe);
+            capstan__notify("RELOADING=1");
+            s.reloading = 1;
+            s.reload_slot = 0;
+            break;
+        default:
+            break;
+        }
+        reap(&s);
+    }
+    capstan_info("supervisor: every worker has ended");
+    capstan__log_flush();
+    for (int i = 0; i < s.n; i++)
+        for (int c = 0; c < NCAUSES; c++)
+            if (atomic_load(&s.slots[i].restarts[c]))
+                capstan_debug("worker %d: %ld restarts (%s)", i, atomic_load(&s.slots[i].restarts[c]),
+                              cause_names[c]);
+    free(s.w);
+    free(s.slots);
+    free(s.exe);
+    munmap(s.table, s.table_size);
+    close(s.table_fd);
+    sigprocmask(SIG_SETMASK, &s.old, NULL);
+    return s.status;
+}

@@ -1,0 +1,374 @@
+/* The supervisor end to end: `capstan run --processes N` forks N workers
+ * and watches them. A worker that crashes or is killed has its jobs back in
+ * their queues at once (the supervisor reaped it: no lease to wait for) and
+ * a replacement running; a job over its class's timeout fails with
+ * Capstan::Timeout and its worker is replaced; a worker over max_memory is
+ * recycled without losing a job; TERM reaches every worker, and the death
+ * of the supervisor makes its workers leave gracefully.
+ *
+ * Ledgers: LedgerJob counts its starts per jid (HINCRBY at its start), so
+ * "ran once" means started once. Recovery times are printed for the
+ * record, read from the log's timestamps. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+TestSuite(supervisor, .timeout = 60, .fini = kt_kill_children);
+
+/* Pushes n LedgerJobs recording into key (each sleeping ms), with the job
+ * extra (a payload, or NULL) after the first at jobs. */
+static void push_ledger(const char *key, int n, int ms, const char *extra, int at, unsigned tag)
+{
+    char **p = calloc((size_t)n + 1, sizeof(char *));
+    char args[128];
+    snprintf(args, sizeof(args), "[\"%s\", %d]", key, ms);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (extra && i == at)
+            p[k++] = strdup(extra);
+        char jid[25];
+        kt_make_jid(jid, tag, (unsigned)i);
+        p[k++] = kt_payload("LedgerJob", args, jid, "default");
+    }
+    kt_push_all(kt_redis(), "default", p, (size_t)k);
+    for (int i = 0; i < k; i++)
+        free(p[i]);
+    free(p);
+}
+
+/* How many jids of the ledger key started more than once (and, in *n, how
+ * many started at all). */
+static long started_twice(const char *key, long *n)
+{
+    redisReply *r = kt_cmd("HVALS %s", key);
+    long twice = 0;
+    *n = r->type == REDIS_REPLY_ARRAY ? (long)r->elements : 0;
+    for (long i = 0; i < *n; i++)
+        twice += atol(r->element[i]->str) > 1;
+    freeReplyObject(r);
+    return twice;
+}
+
+/* The members of zset key, one a line (malloc'd). */
+static char *members(const char *key)
+{
+    redisReply *r = kt_cmd("ZRANGE %s 0 -1", key);
+    size_t len = 1;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        len += r->element[i]->len + 1;
+    char *out = calloc(1, len);
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        strcat(out, r->element[i]->str);
+        strcat(out, "\n");
+    }
+    freeReplyObject(r);
+    return out;
+}
+
+/* Seconds of the day of the log line's ISO timestamp. */
+static double line_time(const char *line)
+{
+    const char *t = strchr(line, 'T');
+    int h, m;
+    double s;
+    if (!t || sscanf(t + 1, "%d:%d:%lf", &h, &m, &s) != 3)
+        return -1;
+    return h * 3600 + m * 60 + s;
+}
+
+/* The time of the first line of pid's log holding needle at or after
+ * since (seconds of the day), or -1. */
+static double log_time(pid_t pid, const char *needle, double since)
+{
+    char *log = kt_capstan_log(pid), *save = NULL;
+    double at = -1;
+    for (char *line = strtok_r(log, "\n", &save); line && at < 0; line = strtok_r(NULL, "\n", &save))
+        if (strstr(line, needle) && line_time(line) >= since)
+            at = line_time(line);
+    free(log);
+    return at;
+}
+
+/* The pid of worker slot as the supervisor's log names it last. */
+static pid_t worker_pid(pid_t sup, int slot)
+{
+    char *log = kt_capstan_log(sup), want[64];
+    snprintf(want, sizeof(want), "worker %d started (pid ", slot);
+    pid_t pid = 0;
+    for (char *at = strstr(log, want); at; at = strstr(at + 1, want))
+        pid = (pid_t)atoi(at + strlen(want));
+    free(log);
+    return pid;
+}
+
+/* The body of GET /metrics on 127.0.0.1:port (malloc'd; "" when nothing
+ * answers). */
+static char *scrape(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = { 5, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = calloc(1, cap);
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && write(fd, req, sizeof(req) - 1) > 0) {
+        ssize_t got;
+        while ((got = read(fd, buf + len, cap - len - 1)) > 0)
+            if ((len += (size_t)got) + 1024 > cap)
+                buf = realloc(buf, cap *= 2);
+        buf[len] = '\0';
+    }
+    close(fd);
+    return buf;
+}
+
+/* Whether pid is gone (or a zombie nobody reaped: it has exited). */
+static int gone(pid_t pid)
+{
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return !paren || (paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* A segfault among jobs, at processes 2 with one processor each: every
+ * processor of the crashed worker ran the crasher, so each other job of its
+ * list had been fetched ahead and not started (bar one at most a crash: a
+ * job finished just before whose ack was still to be written, which counts
+ * as started and runs again). They go back at once, untouched, and start
+ * once in all; the crasher is a poison pill at its third crash. */
+Test(supervisor, a_segfault_gives_the_workers_jobs_back_at_once_and_buries_the_crasher)
+{
+    enum { N = 300 };
+    char jid[25];
+    kt_make_jid(jid, 9, 0);
+    char *crasher = kt_payload("SegfaultJob", "[]", jid, "default");
+    push_ledger("seg", N, 2, crasher, 20, 1);
+    free(crasher);
+    /* No core files; and a sanitizer's SEGV handler would exit 1 instead
+     * of letting the worker die of the signal. */
+    setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[512];
+    snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1 && kt_int("LLEN seg:done") == N, 20),
+              "%lld dead, %lld of %d done: %s", kt_int("ZCARD dead"), kt_int("LLEN seg:done"), N,
+              kt_capstan_log(pid));
+    long n, twice = started_twice("seg", &n);
+    fprintf(stderr, "[segfault] %ld of %d jobs started twice (finished, their ack not yet written)\n",
+            twice, N);
+    cr_assert_eq(n, N);
+    cr_assert_leq(twice, 3, "%ld jobs started twice", twice);
+    char *dead = members("dead");
+    cr_assert(strstr(dead, "Capstan::PoisonPill") && strstr(dead, "SegfaultJob"), "%s", dead);
+    free(dead);
+    cr_assert_eq(kt_log_count(pid, "was killed by signal 11"), 3, "%s", kt_capstan_log(pid));
+    /* The first crash: its jobs back and its replacement processing. */
+    double crash = log_time(pid, "received SIGSEGV", 0);
+    double back = log_time(pid, "back in their queues", crash);
+    double replaced = log_time(pid, "Starting processing", crash);
+    fprintf(stderr, "[segfault] crash report to jobs back: %.0f ms; to a replacement processing: %.0f ms\n",
+            (back - crash) * 1000, (replaced - crash) * 1000);
+    cr_assert(crash > 0 && back >= crash && back - crash < 1.0, "%s", kt_capstan_log(pid));
+    cr_assert(replaced >= crash && replaced - crash < 1.0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+}
+
+/* kill -9 of a worker mid-drain: its list is back in its queue within a
+ * second (with the default 60 s liveness lease), nothing is lost, and only
+ * jobs it had started run again: those running, and those finished whose
+ * ack was still to ride a round trip (a few a processor at most). */
+Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
+{
+    enum { N = 2000, C = 4 };
+    push_ledger("k9", N, 2, NULL, 0, 2);
+    char port[16];
+    snprintf(port, sizeof(port), "%d", kt_free_port());
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", "--metrics-port", port, NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN k9:done") > 200, 15), "%s", kt_capstan_log(pid));
+    pid_t victim = worker_pid(pid, 0);
+    cr_assert_gt(victim, 0);
+    char *wkey = NULL;
+    redisReply *keys = kt_cmd("KEYS uniquejobs:working:*:%d:*", (int)victim);
+    cr_assert(keys->type == REDIS_REPLY_ARRAY && keys->elements == 1, "no working list of pid %d", (int)victim);
+    wkey = strdup(keys->element[0]->str);
+    freeReplyObject(keys);
+    cr_assert_gt(kt_int("LLEN %s", wkey), 0);
+    double t0 = kt_now();
+    kill(victim, SIGKILL);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s", wkey) == 0, 5), "%s", kt_capstan_log(pid));
+    double back = kt_now() - t0;
+    double t1 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(worker_pid(pid, 0) != victim && kt_log_count(pid, "Starting processing") >= 3, 5),
+              "%s", kt_capstan_log(pid));
+    double replaced = kt_now() - t1 + back;
+    fprintf(stderr, "[kill -9] jobs back in %.0f ms, a replacement processing %.0f ms after the kill\n",
+            back * 1000, replaced * 1000);
+    cr_assert_lt(back, 1.0);
+    /* The replacement of worker 0 serves /metrics, with the restart. */
+    cr_assert(KT_WAIT_UNTIL(({ char *m = scrape(atoi(port));
+                               int ok = strstr(m, "capstan_worker_restarts_total{slot=\"0\",cause=\"crash\"} 1\n") &&
+                                        strstr(m, "capstan_worker_restarts_total{slot=\"1\",cause=\"crash\"} 0\n");
+                               free(m); ok; }), 5), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN k9:done") >= N, 30), "%lld of %d: %s", kt_int("LLEN k9:done"), N,
+              kt_capstan_log(pid));
+    long n, twice = started_twice("k9", &n);
+    fprintf(stderr, "[kill -9] %ld of %d jobs started twice (the killed worker ran %d at a time)\n", twice,
+            N, C);
+    cr_assert_eq(n, N);
+    cr_assert_leq(twice, 4 * C);
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0);
+    free(wkey);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+}
+
+/* A job that never returns, with timeout: 2, beside jobs that outlast it:
+ * it is in the retry set with Capstan::Timeout after 2-3 s, the others
+ * finish, and its worker is replaced. */
+Test(supervisor, a_job_over_its_timeout_fails_with_capstan_timeout_and_its_worker_is_replaced)
+{
+    char *y = kt_write_conf("classes:\n  HangJob:\n    timeout: 2\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 1 workers ready"), 10), "%s", kt_capstan_log(pid));
+    char jid[25];
+    kt_make_jid(jid, 3, 0);
+    char *hang = kt_payload("HangJob", "[\"hung\"]", jid, "default");
+    push_ledger("tl", 2, 2600, hang, 0, 4);
+    free(hang);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hung") == 1, 5), "%s", kt_capstan_log(pid));
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 5), "%s", kt_capstan_log(pid));
+    double took = kt_now() - t0;
+    fprintf(stderr, "[timeout] the hung job was in the retry set %.2f s after it started\n", took);
+    cr_assert(took > 1.5 && took < 3.0, "%.2f s", took);
+    char *retry = members("retry");
+    cr_assert(strstr(retry, "\"error_class\":\"Capstan::Timeout\"") && strstr(retry, jid), "%s", retry);
+    free(retry);
+    /* The others finished where they ran, once. */
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN tl:done") == 2, 5), "%s", kt_capstan_log(pid));
+    long n, twice = started_twice("tl", &n);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(twice, 0);
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "Starting processing") == 2 &&
+                            kt_log_has(pid, "worker 0 (pid "), 10), "%s", kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "is leaving (timeout)"), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("LLEN hung"), 1, "the hung job ran again");
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    free(y);
+}
+
+/* A leaking handler: its worker goes over max_memory, finishes its jobs,
+ * leaves, and a fresh one carries on; no job is lost, failed or run
+ * twice. */
+Test(supervisor, a_worker_over_max_memory_is_recycled_without_losing_a_job)
+{
+    enum { N = 60 };
+    char **p = calloc(12, sizeof(char *));
+    for (unsigned i = 0; i < 12; i++) {
+        char jid[25];
+        kt_make_jid(jid, 5, i);
+        p[i] = kt_payload("LeakJob", "[20]", jid, "default");
+    }
+    kt_push_all(kt_redis(), "default", p, 12);
+    for (unsigned i = 0; i < 12; i++)
+        free(p[i]);
+    free(p);
+    push_ledger("mem", N, 50, NULL, 0, 6);
+    pid_t pid = kt_capstan_start((const char *[]){ "--max-memory", "160MB", "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN mem:done") == N && kt_int("LLEN queue:default") == 0, 30),
+              "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("EVAL \"local n = 0 for _, k in ipairs(redis.call('KEYS', "
+                                   "'uniquejobs:working:*')) do n = n + redis.call('LLEN', k) end "
+                                   "return n\" 0") == 0, 10), "%s", kt_capstan_log(pid));
+    cr_assert_geq(kt_log_count(pid, "is leaving (memory)"), 1, "%s", kt_capstan_log(pid));
+    long n, twice = started_twice("mem", &n);
+    cr_assert_eq(n, N);
+    cr_assert_eq(twice, 0);
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+}
+
+/* TERM to the supervisor reaches every worker; it exits once they all
+ * have finished. */
+Test(supervisor, term_to_the_supervisor_ends_every_worker)
+{
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
+    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    cr_assert(a > 0 && b > 0);
+    cr_assert_eq(kt_int("SCARD processes"), 2);
+    /* capstan stats names each worker's slot and supervisor. */
+    char *out = NULL, want[64];
+    cr_assert_eq(kt_capstan_run((const char *[]){ "stats", NULL }, &out), 0, "%s", out);
+    for (int slot = 0; slot < 2; slot++) {
+        snprintf(want, sizeof(want), "worker %d of supervisor %d", slot, (int)pid);
+        cr_assert(strstr(out, want), "%s", out);
+    }
+    free(out);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    cr_assert(gone(a) && gone(b));
+    cr_assert_eq(kt_log_count(pid, "Bye!"), 2, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+}
+
+/* kill -9 of the supervisor: each worker notices and shuts down
+ * gracefully, leaving the process set. */
+Test(supervisor, a_killed_supervisor_has_its_workers_leave_gracefully)
+{
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
+    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    kill(pid, SIGKILL);
+    kt_wait_exit(pid, 5);
+    cr_assert(KT_WAIT_UNTIL(gone(a) && gone(b), 10), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "Bye!"), 2, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+}
+
+/* HUP during a drain: each worker is replaced in turn by one started from
+ * the binary on disk, ready before the old one is told to leave; nothing
+ * is lost and nothing runs twice. */
+Test(supervisor, hup_replaces_the_workers_one_at_a_time_without_losing_or_repeating_a_job)
+{
+    enum { N = 3000 };
+    push_ledger("hup", N, 2, NULL, 0, 7);
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hup:done") > 300, 15), "%s", kt_capstan_log(pid));
+    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    double t0 = kt_now();
+    kill(pid, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 2 workers"), 15), "%s", kt_capstan_log(pid));
+    fprintf(stderr, "[hup] both workers replaced in %.2f s, %lld of %d jobs done by then\n", kt_now() - t0,
+            kt_int("LLEN hup:done"), N);
+    cr_assert(KT_WAIT_UNTIL(gone(a) && gone(b), 15), "%s", kt_capstan_log(pid));
+    cr_assert(worker_pid(pid, 0) != a && worker_pid(pid, 1) != b);
+    cr_assert_eq(kt_log_count(pid, ") from the binary on disk"), 2, "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hup:done") >= N, 30), "%lld of %d: %s", kt_int("LLEN hup:done"), N,
+              kt_capstan_log(pid));
+    long n, twice = started_twice("hup", &n);
+    cr_assert_eq(n, N);
+    cr_assert_eq(twice, 0, "%ld jobs started twice", twice);
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+}
