@@ -10,7 +10,12 @@ import json
 import os
 
 # Faults on one process, and what a job of that process can do through them.
-PROCESS_FAULTS = {"kill9_worker", "stop_worker", "partition", "partition_oneway"}
+PROCESS_FAULTS = {"kill9_worker", "kill9_supervised", "kill9_supervisor", "stop_worker", "partition",
+                  "partition_oneway"}
+# The faults that end the jobs a process was running: a kill -9 of it
+# (alone, or under a supervisor that recovers its jobs at once), or of its
+# supervisor (then it stops as on TERM: jobs past the grace go back).
+KILLS = {"kill9_worker", "kill9_supervised", "kill9_supervisor"}
 # A frozen or cut-off process's jobs are recovered by others while it may
 # still run them: duplicates bounded by its working list at that moment.
 FREEZES = {"stop_worker", "partition", "partition_oneway"}
@@ -142,8 +147,9 @@ def _fault_for(faults, prev, new):
     prev's process (its jobs recovered by another) or of new's (a stale copy
     run after it came back) that began before new started and had not ended
     long before prev started. The latest such fault is the one."""
-    kills = [f for f in faults if f.kind == "kill9_worker" and f.pid == prev.pid
-             and prev.start <= f.start <= new.start]
+    kills = [f for f in faults if f.kind in KILLS and f.pid == prev.pid
+             and prev.start <= f.start <= new.start
+             and (prev.end is None or prev.end > f.start or prev.jid in (f.held or ()))]
     if kills:
         return max(kills, key=lambda f: f.start)
     freezes = [f for f in faults if f.kind in FREEZES and f.pid in (prev.pid, new.pid)
@@ -169,14 +175,14 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
     present = state.queued | state.retry | state.dead | state.working
     ended = ended_jids(runs)
     r.ended = len(ended)
-    kills = {f.pid: f.start for f in faults if f.kind == "kill9_worker"}
+    kills = {f.pid: f.start for f in faults if f.kind in ("kill9_worker", "kill9_supervised")}
     # A killed process's started jobs whose acks were not written run again:
     # those running at the kill, and those in its working list just before
     # that had started there (finished, the ack riding a later round trip).
     # A frozen or cut-off one's whole working list may be taken by another
     # process, and the jobs it held may still run when it comes back.
     for f in faults:
-        if f.kind == "kill9_worker":
+        if f.kind in KILLS:
             mine = {x.jid for rs in runs.values() for x in rs if x.pid == f.pid and x.start <= f.start}
             running = {x.jid for rs in runs.values() for x in rs
                        if x.pid == f.pid and x.start <= f.start and (x.end is None or x.end > f.start)}

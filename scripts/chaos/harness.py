@@ -26,8 +26,8 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checker  # noqa: E402
 
-FAULTS = ["kill9_worker", "stop_worker", "partition", "partition_oneway", "stop_redis",
-          "restart_redis", "client_kill", "maxmemory"]
+FAULTS = ["kill9_worker", "kill9_supervisor", "stop_worker", "partition", "partition_oneway",
+          "stop_redis", "restart_redis", "client_kill", "maxmemory"]
 
 
 # ---- a small Redis client (RESP2) ------------------------------------------
@@ -120,11 +120,12 @@ def sh(*args, check=True):
 
 class Net:
     """One network namespace and veth pair per worker: the worker reaches
-    Redis at 10.213.<i>.1 from 10.213.<i>.2, so a blackhole route cuts it
-    off, both ways or one way."""
+    Redis at 10.<net>.<i>.1 from 10.<net>.<i>.2 (net from the seed, so two
+    runs at once do not share addresses), so a blackhole route cuts it off,
+    both ways or one way."""
 
-    def __init__(self, tag, n):
-        self.tag, self.n, self.ok, self.made = tag, n, False, []
+    def __init__(self, tag, n, net):
+        self.tag, self.n, self.ok, self.made, self.net = tag, n, False, [], net
         if os.geteuid() != 0 or not shutil.which("ip"):
             self.why = "not root, or no ip(8)"
             return
@@ -149,10 +150,10 @@ class Net:
         return "capstan-chaos-%s-%d" % (self.tag, i)
 
     def host_ip(self, i):
-        return "10.213.%d.1" % i
+        return "10.%d.%d.1" % (self.net, i)
 
     def ns_ip(self, i):
-        return "10.213.%d.2" % i
+        return "10.%d.%d.2" % (self.net, i)
 
     def cut(self, i, oneway):
         """Both ways: the worker's packets to Redis are dropped. One way:
@@ -222,15 +223,19 @@ def free_port():
 
 
 class Worker:
-    def __init__(self, h, i):
-        self.h, self.i, self.proc, self.starts = h, i, None, 0
+    """One `capstan run`: worker 0 as capstan runs by default, a supervisor
+    with one worker process under it (which replaces and recovers a worker
+    that dies at once); the others alone (--no-supervisor), so the harness
+    restarts them itself and their jobs wait for their liveness lease."""
+
+    def __init__(self, h, i, supervised):
+        self.h, self.i, self.proc, self.starts, self.supervised = h, i, None, 0, supervised
 
     def start(self):
         h = self.h
         host = h.net.host_ip(self.i) if h.net.ok else "127.0.0.1"
-        # One process a worker: the faults (kill -9, SIGSTOP) aim at the
-        # worker itself, not at a supervisor that would replace it.
-        cmd = [h.capstan, "run", "--no-supervisor", "-r", h.plugin, "-C", h.conf, "-c", str(h.concurrency),
+        cmd = [h.capstan, "run"] + ([] if self.supervised else ["--no-supervisor"]) + \
+              ["-r", h.plugin, "-C", h.conf, "-c", str(h.concurrency),
                "-q", "chaos", "-t", "5", "--redis-url", "redis://%s:%d/0" % (host, h.redis.port)]
         if h.net.ok:
             cmd = ["ip", "netns", "exec", h.net.ns(self.i)] + cmd
@@ -243,6 +248,18 @@ class Worker:
     @property
     def pid(self):
         return self.proc.pid
+
+    def job_pid(self):
+        """The process that runs the jobs (whose ledger lines count): the
+        supervisor's worker, or the process itself; None between two."""
+        if not self.supervised:
+            return self.pid
+        try:
+            with open("/proc/%d/task/%d/children" % (self.pid, self.pid)) as f:
+                kids = [int(x) for x in f.read().split()]
+            return kids[0] if kids else None
+        except (OSError, ValueError):
+            return None
 
     def alive(self):
         return self.proc and self.proc.poll() is None
@@ -277,7 +294,7 @@ class Harness:
         self.capstan, self.plugin = a.capstan, a.plugin
         self.concurrency = a.concurrency
         self.faults = [f for f in (a.faults.split(",") if a.faults else FAULTS)]
-        self.net = Net("%04x" % (a.seed % 65536), a.workers)
+        self.net = Net("%04x" % (a.seed % 65536), a.workers, 100 + a.seed % 100)
         if not self.net.ok:
             print("chaos: no network partitions (%s)" % self.net.why)
             self.faults = [f for f in self.faults if not f.startswith("partition")]
@@ -292,7 +309,7 @@ class Harness:
                     "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
                     "  LedgerLimitJob:\n"
                     "    limit: { type: concurrent, name: chaos, size: 3, lock_timeout: 10 }\n")
-        self.workers = [Worker(self, i) for i in range(a.workers)]
+        self.workers = [Worker(self, i, i == 0) for i in range(a.workers)]
         self.pushed = {}   # jid -> (class, args, time): Redis said it took them
         self.tried = set()  # jids sent whose reply never came: they may be there
         self.events = []   # checker.Fault
@@ -342,47 +359,60 @@ class Harness:
         return len(jobs)
 
     # -- the nemesis --
-    def worker_wl(self, w):
-        """The jids in the worker's working list now: what a freeze or a kill
-        can hand to another process (None when Redis does not say)."""
+    def worker_wl(self, pid):
+        """The jids in the working list of the process pid now: what a freeze
+        or a kill can hand to another process (None when Redis does not
+        say)."""
         try:
             c = self.client()
             for ident in c.cmd("SMEMBERS", "processes") or []:
-                if ident.split(":")[1:2] == [str(w.pid)]:
+                if ident.split(":")[1:2] == [str(pid)]:
                     return checker._jids(c.cmd("LRANGE", "uniquejobs:working:" + ident, 0, -1))
         except (OSError, RedisError, IndexError):
             pass
         return None
 
-    def settled_wl(self, w):
-        """The worker's working list once what it sent before the fault has
-        landed (it can send nothing more): what another process may take
-        from it."""
+    def settled_wl(self, pid):
+        """The working list of the process pid once what it sent before the
+        fault has landed (it can send nothing more): what another process
+        may take from it."""
         time.sleep(0.1)
-        return self.worker_wl(w)
+        return self.worker_wl(pid)
 
     def inject(self, kind, now):
         rng = self.rng
         live = [w for w in self.workers if w.alive()]
         f = checker.Fault(kind, now)
-        if kind == "kill9_worker" and live:
-            w = rng.choice(live)
-            f.pid, f.start = w.pid, time.time()
-            w.signal(signal.SIGKILL)
-            w.proc.wait()
-            f.held = self.settled_wl(w)
-            self.active.append((now + rng.uniform(0.2, 1.5), f, w.start))
-        elif kind == "stop_worker" and live:
-            w = rng.choice(live)
-            f.pid, f.start = w.pid, time.time()
-            w.signal(signal.SIGSTOP)
-            f.held = self.settled_wl(w)
-            self.active.append((now + rng.uniform(0.5, 6), f, lambda w=w: w.signal(signal.SIGCONT)))
-        elif kind in ("partition", "partition_oneway") and live and self.net.ok:
-            w = rng.choice(live)
-            f.pid, f.start = w.pid, time.time()
+        pick = rng.choice(live) if live else None
+        pid = pick.job_pid() if pick else None
+        if kind == "kill9_worker" and pid:
+            f.pid, f.start = pid, time.time()
+            os.kill(pid, signal.SIGKILL)
+            if pick.supervised:
+                f.kind = "kill9_supervised"  # its supervisor recovers and replaces it
+                f.held = self.settled_wl(pid)
+                self.active.append((now, f, lambda: None))
+            else:
+                pick.proc.wait()
+                f.held = self.settled_wl(pid)
+                self.active.append((now + rng.uniform(0.2, 1.5), f, pick.start))
+        elif kind == "kill9_supervisor" and pid and pick.supervised:
+            # Its worker sees it gone and stops as on TERM: running jobs
+            # finish or go back after the grace.
+            f.pid, f.held, f.start = pid, self.worker_wl(pid), time.time()
+            pick.signal(signal.SIGKILL)
+            pick.proc.wait()
+            self.active.append((now + rng.uniform(0.5, 2), f, pick.start))
+        elif kind == "stop_worker" and pid:
+            f.pid, f.start = pid, time.time()
+            os.kill(pid, signal.SIGSTOP)
+            f.held = self.settled_wl(pid)
+            self.active.append((now + rng.uniform(0.5, 6), f, lambda p=pid: os.kill(p, signal.SIGCONT)))
+        elif kind in ("partition", "partition_oneway") and pid and self.net.ok:
+            w = pick
+            f.pid, f.start = pid, time.time()
             self.net.cut(w.i, kind == "partition_oneway")
-            f.held = self.settled_wl(w)
+            f.held = self.settled_wl(pid)
             self.active.append((now + rng.uniform(0.5, 6), f, lambda i=w.i: self.net.heal(i)))
         elif kind == "stop_redis":
             self.redis.signal(signal.SIGSTOP)
