@@ -49,6 +49,10 @@ struct capstan_mw {
     int release_on_done;         /* until_executed: released after success */
     int release_on_death;        /* until_* : released when the job dies */
     int release_type;            /* its capstan_lock_type_t, for the metric */
+    /* The runtime lock ("<digest>:RUN:LOCKED") the job holds while its
+     * handler runs, or "": a hard timeout's failure, written while the
+     * handler still runs, releases it. */
+    char held_runtime[CAPSTAN_DIGEST_MAX + 16];
     int release_runtime;         /* a runtime lock: released whatever the
                                     outcome, the ack written promptly */
 

@@ -12,6 +12,7 @@
 #include "fetch/fetch.h"
 #include "capstan/redis.h"
 #include "capstan/runtime.h"
+#include "capstan/unique.h"
 
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
@@ -38,6 +39,8 @@ typedef struct capstan_slot {
                               breaks its class's hard timeout; 0 = none */
     char cls[128];
     char jid[64];          /* cut to fit, like cls */
+    char lock_key[CAPSTAN_DIGEST_MAX + 16]; /* while busy: the runtime lock its
+                              job holds (a hard timeout releases it), or "" */
     capstan_fetch_t *fetch;
     /* Jobs the processor took from the feed to run after its current one,
      * in order (a run of short jobs whose runtime locks went in one round

@@ -255,6 +255,11 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     } else if (!run->h) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
+        if (mw->held_runtime[0]) {
+            pthread_mutex_lock(&run->slot->mu);
+            snprintf(run->slot->lock_key, sizeof(run->slot->lock_key), "%s", mw->held_runtime);
+            pthread_mutex_unlock(&run->slot->mu);
+        }
         double t0 = capstan__mono();
         int hrc = run->h->fn(job, run->h->udata);
         run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);

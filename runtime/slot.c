@@ -98,6 +98,7 @@ void capstan__slot_clear(capstan_slot_t *s)
     s->len = 0;
     s->cls[0] = '\0';
     s->jid[0] = '\0';
+    s->lock_key[0] = '\0';
     s->deadline = 0;
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_sub(&s->rt->busy, 1);
@@ -208,7 +209,10 @@ static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
                                   : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_ACK_DEAD : CAPSTAN_ACK_DROP,
                           .score = f.score, .payload = f.payload, .len = f.len,
                           .dead_cutoff = now - (double)rt->cfg->dead_timeout,
-                          .dead_max = rt->cfg->dead_max_jobs };
+                          .dead_max = rt->cfg->dead_max_jobs,
+                          /* Its runtime lock goes with it: the hung handler
+                           * never returns to let it go. */
+                          .lock_key = s->lock_key[0] ? s->lock_key : NULL, .lock_jid = job.jid };
     rc = capstan__fetch_ack(s->fetch, r, s->payload, s->len, &ack);
     if (rc == 0)
         atomic_fetch_add(&rt->failed, 1);

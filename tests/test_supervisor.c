@@ -372,3 +372,26 @@ Test(supervisor, hup_replaces_the_workers_one_at_a_time_without_losing_or_repeat
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SCARD processes"), 0);
 }
+
+/* A hung job that holds a runtime lock: its Capstan::Timeout failure,
+ * written while its handler still runs, releases the lock too (the handler
+ * never returns to release it; before, the digest stayed locked until the
+ * reaper). */
+Test(supervisor, a_timed_out_job_releases_its_runtime_lock)
+{
+    char *y = kt_write_conf("classes:\n  HangJob:\n    timeout: 2\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 1 workers ready"), 10), "%s", kt_capstan_log(pid));
+    char jid[25];
+    kt_make_jid(jid, 7, 0);
+    char *p = kt_payload_locked("HangJob", "[\"hunglock\"]", jid, "default", "while_executing",
+                                "hanglockdigest");
+    kt_push_all(kt_redis(), "default", &p, 1);
+    free(p);
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS uniquejobs:hanglockdigest:RUN:LOCKED") == 1, 5), "%s",
+              kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 5), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("EXISTS uniquejobs:hanglockdigest:RUN:LOCKED"), 0, "the runtime lock outlived the job");
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    free(y);
+}

@@ -165,7 +165,9 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
         *rc = lock_error(mw, err);
         return 0;
     }
+    capstan_unique__key(mw->held_runtime, sizeof(mw->held_runtime), s->digest, 1, CAPSTAN_KEY_LOCKED);
     *rc = capstan_mw_next(mw);
+    mw->held_runtime[0] = '\0';
     /* until_and_while_executing's failed job takes its until-lock again,
      * which its ack then holds: the runtime lock goes now. */
     int later = !(until && back_in_line(mw));
