@@ -290,6 +290,9 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     redisReply *len = capstan_redis_cmdf(r, "LLEN %s", wkey);
     if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
         redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
+        /* Nothing left for a supervisor to recover: it need not connect. */
+        if (del && del->type == REDIS_REPLY_INTEGER && rt->board)
+            rt->board->identity[0] = '\0';
         freeReplyObject(del);
     } else if (len && len->type == REDIS_REPLY_INTEGER) {
         capstan_warn("%lld jobs remain in %s; they are recovered once this process is gone",

@@ -322,7 +322,7 @@ static void recover(sup_t *s, worker_t *w)
     memcpy(id, w->board->identity, sizeof(id));
     id[sizeof(id) - 1] = '\0';
     if (!id[0])
-        return; /* it died before it touched Redis */
+        return; /* it died before it touched Redis, or left nothing behind */
     double t0 = capstan__mono();
     char err[CAPSTAN_ERRLEN] = "";
     const char **jids = calloc((size_t)w->board->nslots * CAPSTAN_BOARD_RING, sizeof(char *));

@@ -387,7 +387,7 @@ Test(tls, verify_none_connects_and_warns)
     pid_t pid = kt_capstan_start((const char *[]){ "--redis-url", url(&s, "verify=none"), NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int_on(s.plain, "SCARD processes") == 1, 20), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
-    cr_assert_eq(kt_log_count(pid, "TLS: verify=none"), 1, "warned once");
+    cr_assert_eq(kt_log_count(pid, "TLS: verify=none"), 1, "warned once: %s", kt_capstan_log(pid));
     redisFree(s.plain);
 }
 
