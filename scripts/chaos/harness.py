@@ -495,10 +495,16 @@ class Harness:
         state = checker.read_redis(self.client())
         self.redis.stop()
         self.net.close()
+        # What the checker reads besides the ledger, kept for a second look
+        # at a failed run: the faults (with the jids each held), the pushes.
         with open(os.path.join(self.dir, "faults.txt"), "w") as out:
             for f in self.events:
                 out.write("%.3f %.3f %s pid=%s held=%s\n" % (f.start, f.end or f.start, f.kind, f.pid,
-                                                            None if f.held is None else len(f.held)))
+                                                            "-" if f.held is None else ",".join(sorted(f.held))))
+        with open(os.path.join(self.dir, "pushed.txt"), "w") as out:
+            out.writelines("%s\n" % j for j in self.pushed)
+        with open(os.path.join(self.dir, "tried.txt"), "w") as out:
+            out.writelines("%s\n" % j for j in self.tried - set(self.pushed))
         report = checker.check(self.pushed, self.tried, checker.read_ledger(self.dir), state, self.events,
                                lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
                                concurrency=self.concurrency)
