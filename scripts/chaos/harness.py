@@ -26,6 +26,10 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checker  # noqa: E402
 
+# --cycle: the kinds still to inject in this turn, kept across the runs of
+# one invocation so that several short runs inject every kind between them.
+CYCLE = []
+
 FAULTS = ["kill9_worker", "kill9_supervisor", "stop_worker", "partition", "partition_oneway",
           "stop_redis", "restart_redis", "client_kill", "maxmemory"]
 
@@ -372,6 +376,17 @@ class Harness:
             pass
         return None
 
+    def next_kind(self):
+        """The next fault's kind: at random from the seed, or with --cycle
+        each kind in turn (in an order the seed shuffles), so that short
+        runs still inject every kind."""
+        if not self.a.cycle:
+            return self.rng.choice(self.faults)
+        if not CYCLE:
+            CYCLE.extend(self.faults)
+            self.rng.shuffle(CYCLE)
+        return CYCLE.pop()
+
     def settled_wl(self, pid):
         """The working list of the process pid once what it sent before the
         fault has landed (it can send nothing more): what another process
@@ -383,6 +398,8 @@ class Harness:
         rng = self.rng
         live = [w for w in self.workers if w.alive()]
         f = checker.Fault(kind, now)
+        if kind == "kill9_supervisor":
+            live = [w for w in live if w.supervised]
         pick = rng.choice(live) if live else None
         pid = pick.job_pid() if pick else None
         if kind == "kill9_worker" and pid:
@@ -480,7 +497,7 @@ class Harness:
                 self.push_some(c, a.rate // 20)
                 next_push = now + 0.05
             if now >= next_fault and not any(f.kind != "client_kill" for _, f, _ in self.active):
-                self.inject(self.rng.choice(self.faults), now)
+                self.inject(self.next_kind(), now)
                 next_fault = now + self.rng.uniform(0.5, a.fault_every)
             time.sleep(0.01)
         self.heal_due(0, all_=True)
@@ -567,6 +584,8 @@ def main():
     p.add_argument("--rate", type=int, default=400, help="jobs pushed per second")
     p.add_argument("--fault-every", type=float, default=2.0, help="mean seconds between faults, x2")
     p.add_argument("--faults", help="comma-separated kinds (default all): " + ",".join(FAULTS))
+    p.add_argument("--cycle", action="store_true",
+                   help="inject the kinds in turn (shuffled by the seed) rather than at random")
     p.add_argument("--drain", type=float, default=90, help="seconds to wait for the queues to empty")
     p.add_argument("--build", default="build", help="build directory")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
