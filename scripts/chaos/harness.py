@@ -403,11 +403,13 @@ class Harness:
         pick = rng.choice(live) if live else None
         pid = pick.job_pid() if pick else None
         if kind == "kill9_worker" and pid:
+            # A supervisor recovers its worker's list at once: read it first.
+            held = self.worker_wl(pid) if pick.supervised else None
             f.pid, f.start = pid, time.time()
             os.kill(pid, signal.SIGKILL)
             if pick.supervised:
                 f.kind = "kill9_supervised"  # its supervisor recovers and replaces it
-                f.held = self.settled_wl(pid)
+                f.held = held
                 self.active.append((now, f, lambda: None))
             else:
                 pick.proc.wait()
