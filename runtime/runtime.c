@@ -145,8 +145,7 @@ static void dump_threads(capstan_runtime_t *rt)
                  atomic_load(&rt->quiet) ? "stopped" : "polling");
 }
 
-/* The name a signal is logged under, as Sidekiq names them. */
-static const char *sig_name(int sig)
+const char *capstan__sig_name(int sig)
 {
     switch (sig) {
     case SIGTERM: return "TERM";
@@ -154,6 +153,13 @@ static const char *sig_name(int sig)
     case SIGTSTP: return "TSTP";
     case SIGTTIN: return "TTIN";
     case SIGUSR2: return "USR2";
+    case SIGHUP: return "HUP";
+    case SIGKILL: return "KILL";
+    case SIGSEGV: return "SEGV";
+    case SIGABRT: return "ABRT";
+    case SIGBUS: return "BUS";
+    case SIGFPE: return "FPE";
+    case SIGILL: return "ILL";
     default: return "?";
     }
 }
@@ -184,7 +190,7 @@ static int next_signal(capstan_runtime_t *rt, const sigset_t *set, double timeou
 static int handle_signal(capstan_runtime_t *rt, int sig)
 {
     if (sig)
-        capstan_debug("Got %s signal", sig_name(sig));
+        capstan_debug("Got %s signal", capstan__sig_name(sig));
     switch (sig) {
     case SIGTERM:
     case SIGINT:
@@ -224,7 +230,7 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
 {
     capstan__notify("STOPPING=1");
     if (why)
-        capstan_info("Received %s, shutting down", sig_name(why));
+        capstan_info("Received %s, shutting down", capstan__sig_name(why));
     else
         capstan_info("Shutting down");
     atomic_store(&rt->stopping, 1);
@@ -237,7 +243,7 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
         capstan__log_flush();
         int sig = next_signal(rt, set, PAUSE);
         if (sig == SIGTERM || sig == SIGINT) {
-            capstan_info("Second %s: not waiting any longer", sig_name(sig));
+            capstan_info("Second %s: not waiting any longer", capstan__sig_name(sig));
             break;
         }
         handle_signal(rt, sig);
@@ -431,7 +437,7 @@ static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigse
         capstan_warn("%s; waiting for Redis, next try in %.1f s", capstan_redis_error(r), wait);
         int sig = next_signal(rt, set, wait);
         if (sig == SIGTERM || sig == SIGINT) {
-            capstan_info("Received %s while waiting for Redis. Bye!", sig_name(sig));
+            capstan_info("Received %s while waiting for Redis. Bye!", capstan__sig_name(sig));
             return 1;
         }
         delay = delay * 2 > 5 ? 5 : delay * 2;

@@ -97,24 +97,6 @@ void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
     at[n] = '\0';
 }
 
-static const char *sig_name(int sig)
-{
-    switch (sig) {
-    case SIGTERM: return "TERM";
-    case SIGINT: return "INT";
-    case SIGTSTP: return "TSTP";
-    case SIGTTIN: return "TTIN";
-    case SIGUSR2: return "USR2";
-    case SIGHUP: return "HUP";
-    case SIGKILL: return "KILL";
-    case SIGSEGV: return "SEGV";
-    case SIGABRT: return "ABRT";
-    case SIGBUS: return "BUS";
-    case SIGFPE: return "FPE";
-    case SIGILL: return "ILL";
-    default: return "?";
-    }
-}
 
 static int live(const sup_t *s)
 {
@@ -378,7 +360,7 @@ static void reaped(sup_t *s, worker_t *w, int status)
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     if (sig)
         capstan_warn("worker %d (pid %d) was killed by signal %d (SIG%s)", w->slot, (int)w->pid, sig,
-                     sig_name(sig));
+                     capstan__sig_name(sig));
     else
         capstan_info("worker %d (pid %d) exited with status %d", w->slot, (int)w->pid, code);
     recover(s, w);
@@ -505,7 +487,7 @@ static void stop_all(sup_t *s, int sig)
 {
     double now = capstan__mono();
     if (!s->stopping) {
-        capstan_info("Received %s, stopping %d workers", sig_name(sig), live(s));
+        capstan_info("Received %s, stopping %d workers", capstan__sig_name(sig), live(s));
         capstan__notify("STOPPING=1");
         s->stopping = 1;
     }

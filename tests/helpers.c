@@ -889,3 +889,24 @@ int kt_commit_after_client_kill(const char *url, int kill_port)
     kt_track(pid);
     return kt_wait_exit(pid, 60);
 }
+
+char *kt_scrape(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while (len < cap - 1 && (got = read(fd, buf + len, cap - len - 1)) > 0)
+        len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}

@@ -187,6 +187,9 @@ pid_t kt_sidekiq_start(const char *jobs, const char *queue);
 pid_t kt_sidekiq_start_v(const char *version, const char *jobs, const char *queue);
 /* What that Sidekiq has written so far (malloc'd). */
 char *kt_sidekiq_log(void);
+/* GET /metrics from a capstan listening on 127.0.0.1:port: the response,
+ * headers and body (malloc'd), or NULL when nothing answers. */
+char *kt_scrape(int port);
 /* Whether pid's log (kt_capstan_log) holds needle, and how many times. */
 int kt_log_has(pid_t pid, const char *needle);
 int kt_log_count(pid_t pid, const char *needle);

@@ -836,35 +836,12 @@ Test(batch, a_creation_whose_reply_is_lost_is_taken_as_made)
     close(px->listen_fd);
 }
 
-/* GET /metrics from a capstan on port (the body and headers, malloc'd), or
- * NULL when nothing answers. */
-static char *scrape(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return NULL;
-    }
-    const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
-    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap);
-    ssize_t got;
-    while (len < cap - 1 && (got = read(fd, buf + len, cap - len - 1)) > 0)
-        len += (size_t)got;
-    close(fd);
-    buf[len] = '\0';
-    return buf;
-}
-
 /* The metrics page once it has the line want (the counters move when capstan
  * reads a step's reply, just after Redis ran it). The caller frees it. */
 static char *scrape_has(int port, const char *want)
 {
     char *m = NULL;
-    cr_assert(KT_WAIT_UNTIL((free(m), m = scrape(port)) != NULL && strstr(m, want), 10),
+    cr_assert(KT_WAIT_UNTIL((free(m), m = kt_scrape(port)) != NULL && strstr(m, want), 10),
               "no \"%s\" in:\n%s", want, m ? m : "(no page)");
     return m;
 }

@@ -157,28 +157,6 @@ Test(periodic, every_tick_once_across_three_processes_killed_and_restarted)
     free(conf);
 }
 
-/* GET /metrics on port; the body, malloc'd, or NULL. */
-static char *metrics(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return NULL;
-    }
-    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    cr_assert_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap);
-    ssize_t got;
-    while ((got = read(fd, buf + len, cap - len - 1)) > 0)
-        len += (size_t)got;
-    close(fd);
-    buf[len] = '\0';
-    return buf;
-}
-
 /* The value of series name{schedule="sched"} in a scrape, or 0. */
 static long series(const char *scrape, const char *name, const char *sched)
 {
@@ -211,7 +189,7 @@ Test(periodic, missed_ticks_skip_last_all_after_every_process_was_down)
     p[1] = start(conf, ports[1]);
     for (int q = 0; q < 3; q++)
         cr_assert(KT_WAIT_UNTIL(newest(queues[q]) >= (long long)up + 2, 10));
-    char *scrape[2] = { metrics(ports[0]), metrics(ports[1]) };
+    char *scrape[2] = { kt_scrape(ports[0]), kt_scrape(ports[1]) };
     stop(p[0], SIGTERM);
     stop(p[1], SIGTERM);
     long caught[3];
