@@ -169,8 +169,11 @@ static void render(capstan_buf_t *b, const char *name, const capstan_overview_t 
             human_secs(beat, sizeof(beat), wall - p->beat < 0 ? 0 : wall - p->beat);
         else
             snprintf(beat, sizeof(beat), "-");
-        capstan__buf_printf(b, "%-36s %-14s %8s %10s %8s%s\n", p->identity, kind, busy, rss, beat,
-                            p->quiet == 1 ? "  quiet" : "");
+        char sup[64] = "";
+        if (p->supervisor > 0)
+            snprintf(sup, sizeof(sup), "  worker %lld of supervisor %lld", p->worker, p->supervisor);
+        capstan__buf_printf(b, "%-36s %-14s %8s %10s %8s%s%s\n", p->identity, kind, busy, rss, beat,
+                            p->quiet == 1 ? "  quiet" : "", sup);
     }
     if (!ov->nprocesses)
         capstan__buf_puts(b, "(no live processes)\n");

@@ -150,6 +150,9 @@ static int read_info(capstan_overview_process_t *p, json_t *info)
 {
     json_t *conc = json_object_get(info, "concurrency");
     p->concurrency = json_is_integer(conc) ? json_integer_value(conc) : -1;
+    json_t *sup = json_object_get(info, "capstan_supervisor"), *slot = json_object_get(info, "capstan_worker");
+    p->supervisor = json_is_integer(sup) ? json_integer_value(sup) : -1;
+    p->worker = json_is_integer(slot) ? json_integer_value(slot) : -1;
     const char *v = json_string_value(json_object_get(info, "version"));
     /* Capstan 0.x wrote its version before it wrote its marker; Sidekiq's
      * own versions there start at 7. */

@@ -33,6 +33,8 @@ typedef struct capstan_overview_process {
     long long concurrency;/* from info */
     double beat;          /* epoch seconds; < 0 when absent */
     int quiet;            /* 0, 1, or -1 when absent */
+    long long supervisor; /* a supervised capstan worker's supervisor pid and */
+    long long worker;     /* its slot there, or -1 */
     char *prefetched;     /* capstan's jobs fetched ahead and not started, by
                              queue, at its last beat: a JSON object, or NULL
                              (Ruby Sidekiq) */

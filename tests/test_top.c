@@ -41,6 +41,9 @@ Test(top, snapshot_to_a_pipe_is_plain_and_exits)
     cr_assert(strstr(out, "waiting"), "%s", out);
     cr_assert(strstr(out, id), "the process %s:\n%s", id, out);
     cr_assert(strstr(out, "/4"), "busy/total threads:\n%s", out);
+    char sup[64];
+    snprintf(sup, sizeof(sup), "worker 0 of supervisor %d", (int)pid);
+    cr_assert(strstr(out, sup), "the process's supervisor (%s):\n%s", sup, out);
     cr_assert(strstr(out, "Retries: 1") && strstr(out, "Dead: 2"), "%s", out);
     cr_assert(strstr(out, "CONTENDED LOCKS"), "%s", out);
     cr_assert_null(strchr(out, '\033'), "no terminal escapes in a snapshot:\n%s", out);
