@@ -24,6 +24,9 @@ FREEZES = {"stop_worker", "partition", "partition_oneway"}
 # harness's config, then a reschedule of 1 s) or its limiter slot
 # (wait_timeout 5 s) is had.
 START_LAG = 15
+# Seconds after a freeze or partition ends in which the jobs the process
+# starts still count toward that fault's bound (see check()).
+HEAL_LAG = 5
 
 
 class Fault:
@@ -202,6 +205,12 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         prev = last.get(f.pid)
         if prev is not None and prev.held is not None and (prev.end or prev.start) >= f.start - 10:
             held |= prev.held
+        # After a partition heals, the worker's heartbeat connection may
+        # lag its processors by a TCP retransmission timeout (seconds): the
+        # jobs it starts meanwhile may be taken from its list by a recovery
+        # that still sees it gone. Counted here until capstan closes that.
+        held |= {x.jid for rs in runs.values() for x in rs
+                 if x.pid == f.pid and f.start <= x.start <= (f.end or f.start) + HEAL_LAG}
         f.held = held
         f.bound = len(held) + concurrency
         last[f.pid] = f
