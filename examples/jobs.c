@@ -26,6 +26,14 @@ static const char *arg_str(capstan_job_t *job, size_t i, const char *def)
     return json_is_string(v) ? json_string_value(v) : def;
 }
 
+/* Sleeps ms milliseconds, through signals (none for ms <= 0). */
+static void sleep_ms(long ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+    while (ms > 0 && nanosleep(&ts, &ts) != 0)
+        ;
+}
+
 /* NoopJob: does nothing (benchmarks, smoke tests). */
 static int noop_job(capstan_job_t *job, void *ud)
 {
@@ -39,9 +47,7 @@ static int sleep_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
     long ms = arg_long(job, 0, 1000);
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
+    sleep_ms(ms);
     return 0;
 }
 
@@ -72,9 +78,7 @@ static int iterate_job(capstan_job_t *job, void *ud)
         freeReplyObject(r);
         if (!ok)
             return capstan_job_fail(job, "Redis::CommandError", "RPUSH %s:steps failed", key);
-        struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
-        while (ms > 0 && nanosleep(&ts, &ts) != 0)
-            ;
+        sleep_ms(ms);
     }
     freeReplyObject(redisCommand(c, "RPUSH %s:done %s-%ld", key, capstan_job_jid(job),
                                  capstan_job_executions(job)));
@@ -133,9 +137,7 @@ static int overlap_job(capstan_job_t *job, void *ud)
     if (ok && r->integer > 1)
         freeReplyObject(redisCommand(c, "INCR %s:overlaps", key));
     freeReplyObject(r);
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
+    sleep_ms(ms);
     freeReplyObject(redisCommand(c, "DECR %s:running", key));
     freeReplyObject(redisCommand(c, "RPUSH %s:log %s", key, capstan_job_jid(job)));
     return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "INCR %s:running failed", key);
@@ -162,9 +164,7 @@ static int limit_job(capstan_job_t *job, void *ud)
     redisReply *r = redisCommand(c, "EVAL %s 1 %s %s", start, key, capstan_job_jid(job));
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
+    sleep_ms(ms);
     if (ok)
         freeReplyObject(redisCommand(c, "DECR %s:running", key));
     return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "LimitJob %s: start failed", key);
@@ -400,9 +400,7 @@ static int ledger_job(capstan_job_t *job, void *ud)
     redisReply *r = redisCommand(c, "HINCRBY %s %s 1", key, capstan_job_jid(job));
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
-    while (ms > 0 && nanosleep(&ts, &ts) != 0)
-        ;
+    sleep_ms(ms);
     freeReplyObject(redisCommand(c, "RPUSH %s:done %s", key, capstan_job_jid(job)));
     return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "HINCRBY %s failed", key);
 }
