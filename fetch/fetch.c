@@ -26,6 +26,7 @@ struct capstan_fetch {
                             the nact not paused */
     size_t nact;
     const capstan_paused_t *paused; /* borrowed, or NULL */
+    capstan_liveness_t *liveness; /* borrowed, or NULL */
     size_t *expanded;    /* scratch: weighted expansion */
     char working[512];
     char timeout_s[32];
@@ -76,6 +77,7 @@ capstan_fetch_t *capstan__fetch_new(const capstan_fetch_conf_t *c, char *err)
     f->block_timeout = c->block_timeout > 0 ? c->block_timeout : 1.0;
     f->min_replicas = c->min_replicas;
     f->paused = c->paused;
+    f->liveness = c->mode == CAPSTAN_FETCH_RELIABLE ? c->liveness : NULL;
     f->nact = c->nqueues;
     snprintf(f->wait_args[0], sizeof(f->wait_args[0]), "%d", c->min_replicas);
     snprintf(f->wait_args[1], sizeof(f->wait_args[1]), "%ld",
@@ -672,6 +674,8 @@ struct capstan_exchange {
     int script; /* the fetch is the script (as decided when it was sent:
                    the jobs read change f->locks_seen) */
     int all_paused; /* no fetch was sent: every queue is paused */
+    int live;       /* the liveness key's refresh went first */
+    double live_sent;
     capstan_script_call_t *calls;
     char sent[]; /* per ack: 0 nothing sent, 1 its own reply, 2 in a batch */
 };
@@ -690,6 +694,13 @@ static capstan_exchange_t *send_all(capstan_fetch_t *f, capstan_redis_t *r, caps
     *x = (capstan_exchange_t){ .nacks = nacks, .ncalls = ncalls, .calls = calls, .max = max,
                            .block = block };
     *rc = CAPSTAN_EREDIS;
+    /* First, so that every job this round trip fetches is in the list of
+     * a process Redis knows alive. */
+    if (capstan__liveness_due(f->liveness)) {
+        x->live = 1;
+        if (capstan__liveness_append(f->liveness, r, &x->live_sent))
+            goto fail;
+    }
     size_t nbatch = 0;
     for (size_t i = 0; i < nacks; i++)
         nbatch += batchable(&acks[i].ack);
@@ -740,6 +751,8 @@ static int recv_all(capstan_fetch_t *f, capstan_redis_t *r, capstan_exchange_t *
                     capstan_fetched_t *out)
 {
     int rc = CAPSTAN_EREDIS;
+    if (x->live && capstan__liveness_read(f->liveness, r, x->live_sent))
+        goto done;
     for (size_t b = 0, i = 0; b < x->batches; b++) {
         long jobs = 0;
         for (size_t k = i; k < x->nacks && jobs < ACKS_PER_CALL; k++)
@@ -897,36 +910,4 @@ int capstan__fetch_requeue_n(capstan_fetch_t *f, capstan_redis_t *r, const char 
         rc = CAPSTAN_EREPLY; /* the queue key is not a list: the job stays */
     freeReplyObject(rep);
     return rc;
-}
-
-int capstan__fetch_heartbeat(capstan_redis_t *r, const char *identity, double ttl)
-{
-    char key[512];
-    capstan__fetch_liveness_key(identity, key, sizeof(key));
-    /* PX, so a sub-second TTL is not rounded to 0 (an error) or down. */
-    long long ms = (long long)(ttl * 1000.0);
-    ms = ms > 0 ? ms : 1;
-    /* PEXPIRE first: Redis at maxmemory still takes it, where it refuses
-     * SET, so a key that exists stays alive through such an episode. */
-    redisReply *rep = capstan_redis_cmdf(r, "PEXPIRE %s %lld", key, ms);
-    if (!rep)
-        return CAPSTAN_EREDIS;
-    int rc = rep->type == REDIS_REPLY_INTEGER ? (int)(rep->integer == 0) : CAPSTAN_EREPLY;
-    freeReplyObject(rep);
-    if (rc != 1)
-        return rc;
-    /* Gone (lapsed, lost in a restart, or never set): create it, and clear
-     * any suspicion a recovery pass recorded meanwhile (lua/recover.lua). */
-    rep = capstan_redis_cmdf(r, "SET %s 1 PX %lld", key, ms);
-    if (!rep)
-        return CAPSTAN_EREDIS;
-    rc = rep->type == REDIS_REPLY_STATUS ? 1 : CAPSTAN_EREPLY;
-    freeReplyObject(rep);
-    if (rc != 1)
-        return rc;
-    rep = capstan_redis_cmdf(r, "DEL " CAPSTAN_KEY_ORPHAN "%s", identity);
-    if (!rep)
-        return CAPSTAN_EREDIS;
-    freeReplyObject(rep);
-    return 1;
 }

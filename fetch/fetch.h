@@ -24,6 +24,7 @@ typedef struct capstan_fetch capstan_fetch_t;
  * thread reads the set (capstan__paused_read, at most once a beat: never
  * per fetch) and every fetcher looks at the flags before each fetch,
  * without a lock. */
+typedef struct capstan_liveness capstan_liveness_t; /* below */
 typedef struct capstan_paused capstan_paused_t;
 
 /* Flags for queues[0..n) (copied), none paused yet. Owned by the caller
@@ -59,6 +60,9 @@ typedef struct capstan_fetch_conf {
     const capstan_paused_t *paused; /* the process's paused queues (same
                                       queues, same order), borrowed; NULL:
                                       none is ever paused */
+    capstan_liveness_t *liveness;  /* reliable: the process's liveness key,
+                                      borrowed; a round trip refreshes it
+                                      when it is due; NULL: never */
 } capstan_fetch_conf_t;
 
 typedef enum {
@@ -181,13 +185,26 @@ int capstan__fetch_requeue_n(capstan_fetch_t *f, capstan_redis_t *r, const char 
 void capstan__fetch_working_key(const char *identity, char *out, size_t n);
 void capstan__fetch_liveness_key(const char *identity, char *out, size_t n);
 
-/* Marks identity alive for ttl seconds (v9 uses 60; refresh at least every
- * ttl/3). Until the key lapses no recovery touches identity's working list.
- * Extends the key with PEXPIRE (which Redis at maxmemory still takes) and
+/* A process's liveness key: identity is alive while it exists. v9 uses a
+ * TTL of 60 s, refreshed at least every TTL / 3; until the key lapses no
+ * recovery touches identity's working list. One per process, shared by its
+ * housekeeper and its fetchers (which refresh it too when the housekeeper
+ * has not for half the TTL). NULL when out of memory. */
+capstan_liveness_t *capstan__liveness_new(const char *identity, double ttl);
+void capstan__liveness_free(capstan_liveness_t *l);
+/* Extends the key with PEXPIRE (which Redis at maxmemory still takes) and
  * creates it only when it is gone, then clears recovery's suspect marker.
  * Returns 0 (extended), 1 (it was gone and is created again), CAPSTAN_EREDIS or
  * CAPSTAN_EREPLY (refused, e.g. at maxmemory while the key is gone). */
-int capstan__fetch_heartbeat(capstan_redis_t *r, const char *identity, double ttl);
+int capstan__liveness_refresh(capstan_liveness_t *l, capstan_redis_t *r);
+/* Whether no refresh was taken for half the TTL (l may be NULL: never).
+ * Any thread. */
+int capstan__liveness_due(const capstan_liveness_t *l);
+/* Appends the key's creation and the marker's deletion to r's pipeline
+ * (*sent: when), and reads their replies. Return 0 or CAPSTAN_EREDIS; a
+ * refused write is not an error here (the housekeeper says it). */
+int capstan__liveness_append(capstan_liveness_t *l, capstan_redis_t *r, double *sent);
+int capstan__liveness_read(capstan_liveness_t *l, capstan_redis_t *r, double sent);
 
 /* Orphan recovery: for every working list whose owner's liveness key is
  * gone, puts its jobs back at the fetched end of their queues, keeping their

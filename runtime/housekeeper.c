@@ -17,7 +17,8 @@
 #include "support/number.h"
 #include "support/time.h"
 
-/* Refreshes the liveness key (capstan__fetch_heartbeat). *until is when the key
+/* Refreshes the liveness key (capstan__liveness_refresh; fetchers refresh
+ * it too when this has not for half its TTL). *until is when the key
  * lapses by this process's clock, if no refresh gets through before. A
  * refresh that finds the key gone re-creates it at once and says so. While
  * the key is gone others may take this process's jobs, but only once a
@@ -27,7 +28,7 @@
 static void refresh_liveness(capstan_runtime_t *rt, capstan_redis_t *r, double *until, int *warned)
 {
     double ttl = rt->cfg->liveness_ttl, t0 = capstan__mono();
-    int rc = capstan__fetch_heartbeat(r, rt->identity, ttl);
+    int rc = capstan__liveness_refresh(rt->liveness, r);
     if (rc >= 0) {
         if (rc == 1)
             capstan_warn("liveness key " CAPSTAN_KEY_HEARTBEAT "%s was gone (%s); re-created it",

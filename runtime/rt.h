@@ -150,6 +150,9 @@ struct capstan_runtime {
     capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
                                       Pro's "paused" set), read with each
                                       beat (heartbeat.c); made at start */
+    capstan_liveness_t *liveness;  /* its liveness key, refreshed by the
+                                      housekeeper and by fetchers when it is
+                                      due; made at start */
     struct capstan_board *board;   /* shared with the supervisor
                                       (supervisor.h), NULL when unsupervised */
     int worker_slot;               /* which of the supervisor's workers */

@@ -63,6 +63,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     free(rt->info_json);
     capstan__fleet_free(rt->fleet);
     capstan__paused_free(rt->paused);
+    capstan__liveness_free(rt->liveness);
     capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
     pthread_cond_destroy(&rt->wake);
@@ -552,7 +553,9 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     r = capstan_redis_new(c->redis_url, 10, err);
     if (!rt->paused)
         rt->paused = capstan__paused_new(c->queues, c->nqueues);
-    if (!r || !rt->info_json || !rt->paused || (!rt->fleet && capstan__fleet_new(rt))) {
+    if (!rt->liveness)
+        rt->liveness = capstan__liveness_new(rt->identity, c->liveness_ttl);
+    if (!r || !rt->info_json || !rt->paused || !rt->liveness || (!rt->fleet && capstan__fleet_new(rt))) {
         rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
         goto out;
     }
@@ -565,7 +568,7 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     if ((rc = refuse_cluster(r, err)) != 0)
         goto out;
     if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
-        capstan__fetch_heartbeat(r, rt->identity, c->liveness_ttl);
+        capstan__liveness_refresh(rt->liveness, r);
         capstan__recover_orphans(rt, r);
     }
     capstan__heartbeat_beat(rt, r, 0);

@@ -33,7 +33,7 @@ int capstan__slots_new(capstan_runtime_t *rt, char *err)
                                 .nqueues = c->nqueues, .strict = c->strict, .index = i,
                                 .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
                                 .min_replicas_timeout = c->min_replicas_timeout,
-                                .paused = rt->paused };
+                                .paused = rt->paused, .liveness = rt->liveness };
         if (!(s->fetch = capstan__fetch_new(&fc, err)))
             return CAPSTAN_ENOMEM;
     }

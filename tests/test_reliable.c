@@ -1458,3 +1458,66 @@ Test(reliable, failure_ack_to_a_retry_key_of_wrong_type_keeps_the_job)
     capstan_redis_free(r);
     free(p);
 }
+
+/* Fetches for about 2.4 s, a job every 0.2 s, from a process whose
+ * liveness key was set once with a TTL of 1 s and never refreshed by its
+ * housekeeper (a connection that lags the others, as one with a write in
+ * flight does after a network partition heals), while another process's
+ * recovery passes run every 0.25 s. Returns how many of the jobs fetched
+ * were taken from the list by those passes. */
+static long fetch_beside_recovery(capstan_liveness_t *l)
+{
+    const char *me = "me:7:dddddddddddd", *w = "uniquejobs:working:me:7:dddddddddddd";
+    char err[CAPSTAN_ERRLEN];
+    freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:%s 1 PX 1000", me));
+    for (unsigned i = 0; i < 12; i++) {
+        char jid[25];
+        kt_make_jid(jid, 26, i);
+        char *p = kt_payload("RecordJob", "[\"rec\"]", jid, "live");
+        freeReplyObject(kt_cmd("LPUSH queue:live %s", p));
+        free(p);
+    }
+    capstan_queue_conf_t q = { .name = "live" };
+    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = me, .queues = &q,
+                                .nqueues = 1, .liveness = l };
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    capstan_redis_t *mine = kt_lib_redis(), *other = kt_lib_redis();
+    long fetched = 0, taken = 0;
+    for (int i = 0; i < 12; i++) {
+        capstan_fetched_t job;
+        int rc = capstan__fetch_exchange(f, mine, NULL, 0, &job, 1, 0);
+        cr_assert_geq(rc, 0);
+        fetched += rc;
+        if (rc == 1)
+            capstan__fetched_clear(&job);
+        kt_sleep(0.1);
+        capstan_recovery_t rec;
+        cr_assert_eq(capstan__fetch_recover(other, "other:1:eeeeeeeeeeee", 1000, 1.0, CAPSTAN_TS_FLOAT, &rec,
+                                            err), 0, "%s", err);
+        taken += rec.recovered;
+        kt_sleep(0.1);
+    }
+    cr_assert_eq(fetched, 12);
+    cr_assert_eq(kt_int("LLEN %s", w) + taken, 12, "every job is in the list or was taken");
+    freeReplyObject(kt_cmd("DEL %s queue:live uniquejobs:heartbeat:%s uniquejobs:orphan:%s", w, me, me));
+    capstan__fetch_free(f);
+    capstan_redis_free(mine);
+    capstan_redis_free(other);
+    return taken;
+}
+
+/* A process whose fetches get through is alive, whatever its housekeeper's
+ * connection does: each fetch that finds the liveness key not refreshed
+ * for half its TTL refreshes it in the same round trip, so no recovery
+ * takes the jobs it fetches (which it would run, and the fleet again).
+ * Without that, the key lapses and the jobs are taken. */
+Test(reliable, a_process_that_fetches_keeps_its_liveness_key_while_its_housekeeper_lags)
+{
+    (void)kt_redis();
+    cr_assert_gt(fetch_beside_recovery(NULL), 0, "without the fetchers' refresh the jobs are taken");
+    capstan_liveness_t *l = capstan__liveness_new("me:7:dddddddddddd", 1.0);
+    cr_assert(l);
+    cr_assert_eq(fetch_beside_recovery(l), 0, "a process that fetches keeps its jobs");
+    capstan__liveness_free(l);
+}
