@@ -1046,12 +1046,24 @@ static void wake_for_jobs(capstan_runtime_t *rt, capstan_feed_t *feed)
         pthread_cond_signal(&feed->came);
 }
 
+/* How many times the average round trip one sweep's may count for. */
+#define RTT_STEP 4.0
+
 /* Under feed->mu: a sweep that asked for asked jobs came back with got (or
  * an error) after a round trip begun at began: the averages move. */
 static void note_sweep(capstan_feed_t *feed, double began, size_t asked, int got)
 {
     double now = capstan__mono(), rtt = now - began, dt = now - feed->rate_t0;
-    if (began > 0) /* 0: read after a job, the round trip is not known */
+    /* A round trip that spans a stall (the process stopped, Redis frozen,
+     * a partition) says nothing of the network: counted in full it would
+     * have the feed fetch seconds of jobs ahead, which a fault that came
+     * next would hand to another process to run again. One sample moves
+     * the average by a factor of 1.6 at most; a Redis that really is
+     * farther away is reached in a few sweeps. 0: read after a job, the
+     * round trip is not known; an error tells nothing either. */
+    if (feed->rtt > 0 && rtt > RTT_STEP * feed->rtt)
+        rtt = RTT_STEP * feed->rtt;
+    if (began > 0 && got >= 0)
         feed->rtt = feed->rtt > 0 ? 0.8 * feed->rtt + 0.2 * rtt : rtt;
     if (got >= 0 && (size_t)got < asked)
         feed->dry_until = now + DRY_PAUSE;

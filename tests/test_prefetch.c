@@ -566,3 +566,42 @@ Test(prefetch, long_jobs_are_fetched_a_few_tens_of_ms_ahead_at_most)
     free(w);
     free(id);
 }
+
+/* The most jobs in w, the working list, over the next s seconds. */
+static long most_in_list(const char *w, double s)
+{
+    long most = 0;
+    for (double end = kt_now() + s; kt_now() < end; kt_sleep(0.002)) {
+        long n = kt_int("LLEN %s", w);
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
+/* Redis paused for a second and a half (CLIENT PAUSE here; a frozen Redis,
+ * a stopped process or a network partition do the same) makes round trips
+ * that span the stall. Counted as network time, they had the process fetch
+ * seconds of jobs ahead once Redis answered again (353 of 1 ms jobs at
+ * -c 4, against 22 before the stall): out of sight of Sidekiq's queue
+ * size, and a fault that came next handed them all to another process to
+ * run again. */
+Test(prefetch, a_stalled_round_trip_does_not_make_the_process_fetch_seconds_ahead)
+{
+    enum { N = 12000 };
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-c", "4", NULL });
+    char *id = kt_wait_identity(pid), *w = kt_working_key(id);
+    char **p = payloads("SleepJob", "[1]", 8, N);
+    kt_push_all(kt_redis(), "default", p, N);
+    free_all(p, N);
+    long before = most_in_list(w, 0.4);
+    freeReplyObject(kt_cmd("CLIENT PAUSE 1500 ALL"));
+    kt_sleep(1.5);
+    long after = most_in_list(w, 0.6);
+    cr_assert_gt(kt_int("LLEN queue:default"), 0, "the queue drained while it was watched");
+    fprintf(stderr, "[prefetch] 1 ms jobs at -c 4: at most %ld in the working list before Redis paused for "
+            "1.5 s, %ld after\n", before, after);
+    cr_assert_leq(after, before * 2 + 10, "%ld jobs held after the stall, %ld before", after, before);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0, "%s", kt_capstan_log(pid));
+    free(w);
+    free(id);
+}
