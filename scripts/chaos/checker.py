@@ -24,9 +24,6 @@ FREEZES = {"stop_worker", "partition", "partition_oneway"}
 # harness's config, then a reschedule of 1 s) or its limiter slot
 # (wait_timeout 5 s) is had.
 START_LAG = 15
-# Seconds after a freeze or partition ends in which the jobs the process
-# starts still count toward that fault's bound (see check()).
-HEAL_LAG = 5
 
 
 class Fault:
@@ -149,7 +146,8 @@ def _fault_for(faults, prev, new):
     the kill of prev's process after prev started; else a freeze or cut of
     prev's process (its jobs recovered by another) or of new's (a stale copy
     run after it came back) that began before new started and had not ended
-    long before prev started. The latest such fault is the one."""
+    long before prev started. The latest such fault whose process held the
+    job is the one, else the latest such fault."""
     kills = [f for f in faults if f.kind in KILLS and f.pid == prev.pid
              and prev.start <= f.start <= new.start
              and (prev.end is None or prev.end > f.start or prev.jid in (f.held or ()))]
@@ -157,6 +155,10 @@ def _fault_for(faults, prev, new):
         return max(kills, key=lambda f: f.start)
     freezes = [f for f in faults if f.kind in FREEZES and f.pid in (prev.pid, new.pid)
                and f.start <= new.start and (f.end or new.start) >= prev.start - START_LAG]
+    # Of those, one whose process held the job when it began is the cause;
+    # a later freeze of a process that never held it only happened nearby.
+    held = [f for f in freezes if prev.jid in (f.held or ())]
+    freezes = held or freezes
     return max(freezes, key=lambda f: f.start) if freezes else None
 
 
@@ -205,12 +207,6 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         prev = last.get(f.pid)
         if prev is not None and prev.held is not None and (prev.end or prev.start) >= f.start - 10:
             held |= prev.held
-        # After a partition heals, the worker's heartbeat connection may
-        # lag its processors by a TCP retransmission timeout (seconds): the
-        # jobs it starts meanwhile may be taken from its list by a recovery
-        # that still sees it gone. Counted here until capstan closes that.
-        held |= {x.jid for rs in runs.values() for x in rs
-                 if x.pid == f.pid and f.start <= x.start <= (f.end or f.start) + HEAL_LAG}
         f.held = held
         f.bound = len(held) + concurrency
         last[f.pid] = f
