@@ -460,7 +460,10 @@ static void metrics_tab_shows_c_jobs(const char *sidekiq)
         cr_assert_eq(kt_capstan_run((const char *[]){ "push", "SleepJob", "[30]", NULL }, NULL), 0);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", NULL }, NULL), 0);
-    char *y = kt_write_file("exec.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n");
+    int port = kt_free_port();
+    char yml[128];
+    snprintf(yml, sizeof(yml), "heartbeat_interval: 0.5\nliveness_ttl: 2\nmetrics_port: %d\n", port);
+    char *y = kt_write_file("exec.yml", yml);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", "-c", "3", NULL });
     char *out = NULL;
     const char *args[] = { "NoopJob", "SleepJob", "FailJob", NULL };
@@ -471,6 +474,19 @@ static void metrics_tab_shows_c_jobs(const char *sidekiq)
     cr_assert(done, "Sidekiq %s's Metrics API read:\n%s\ncapstan's log:\n%s", sidekiq,
               out ? out : "(nothing)", kt_capstan_log(pid));
     fprintf(stderr, "[metrics tab, Sidekiq %s]\n%s", sidekiq, out);
+    /* capstan's own counters say the same. */
+    char *m = kt_scrape(port);
+    cr_assert(m, "no /metrics page");
+    for (const char **c = args; *c; c++) {
+        char want[128];
+        snprintf(want, sizeof(want), "class=\"%s\"", *c);
+        for (const char *l = m; (l = strstr(l, "\ncapstan_jobs_")) != NULL; l++)
+            if (strstr(l, want) && strstr(l, want) < strchr(l + 1, '\n'))
+                fprintf(stderr, "[capstan /metrics] %.*s\n", (int)(strchr(l + 1, '\n') - l - 1), l + 1);
+    }
+    cr_assert(strstr(m, "capstan_jobs_processed_total{class=\"NoopJob\",queue=\"default\"} 20"), "%s", m);
+    cr_assert(strstr(m, "capstan_jobs_failed_total{class=\"FailJob\",queue=\"default\"} 3"), "%s", m);
+    free(m);
     cr_assert(strstr(out, "NoopJob p=20 f=0 "), "%s", out);
     cr_assert(strstr(out, " hist=20\n"), "every successful NoopJob in the histogram: %s", out);
     cr_assert(strstr(out, "FailJob p=3 f=3 ms=0 hist=0"), "failures count no time: %s", out);
