@@ -13,7 +13,6 @@
 #include "capstan/capstan.h"
 #include "capstan/redis.h"
 #include "redis/url.h"
-#include "runtime/supervisor.h"
 
 /* Writes this process's id to path, for supervisors that want one. */
 static int write_pidfile(const char *path, char *err)
@@ -110,19 +109,14 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         rc = CAPSTAN_EXIT_CONFIG;
         goto out;
     }
-    if (getenv(CAPSTAN_WORKER_ENV)) {
-        /* Started by a supervisor's reload, from the binary on disk. */
-        if ((rc = capstan__supervised(rt, err)) != 0) {
-            fprintf(stderr, "capstan: %s\n", err);
-            capstan_runtime_free(rt);
-            rc = 1;
-            goto out;
-        }
-    } else if (!cfg->no_supervisor) {
+    if (!cfg->no_supervisor || getenv(CAPSTAN_WORKER_ENV)) {
         int worker = 0;
-        rc = capstan__supervise(rt, argc, argv, &worker);
-        if (!worker) {
+        rc = capstan_runtime_supervise(rt, argc, argv, &worker, err);
+        if (!worker || rc) {
+            if (worker)
+                fprintf(stderr, "capstan: %s\n", err);
             capstan_runtime_free(rt);
+            rc = worker ? 1 : rc;
             goto out;
         }
         /* A worker: the pidfile is its supervisor's. */

@@ -187,7 +187,7 @@ static void exec_worker(sup_t *s, worker_t *me)
     _exit(127);
 }
 
-int capstan__supervised(struct capstan_runtime *rt, char *err)
+static int supervised(struct capstan_runtime *rt, char *err)
 {
     const char *spec = getenv(CAPSTAN_WORKER_ENV);
     int bfd, tfd, slot, n, parent;
@@ -500,7 +500,7 @@ static void stop_all(sup_t *s, int sig)
     forward(s, sig);
 }
 
-int capstan__supervise(struct capstan_runtime *rt, int argc, char **argv, int *worker)
+static int supervise(struct capstan_runtime *rt, int argc, char **argv, int *worker)
 {
     sup_t s = { .rt = rt, .n = rt->cfg->processes, .self = getpid(), .argc = argc, .argv = argv };
     *worker = 0;
@@ -606,4 +606,14 @@ int capstan__supervise(struct capstan_runtime *rt, int argc, char **argv, int *w
     close(s.table_fd);
     sigprocmask(SIG_SETMASK, &s.old, NULL);
     return s.status;
+}
+
+int capstan_runtime_supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker, char *err)
+{
+    if (getenv(CAPSTAN_WORKER_ENV)) {
+        /* Started by a supervisor's reload, from the binary on disk. */
+        *worker = 1;
+        return supervised(rt, err);
+    }
+    return supervise(rt, argc, argv, worker);
 }

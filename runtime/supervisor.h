@@ -46,27 +46,6 @@ typedef struct capstan_board {
     capstan_board_row_t row[]; /* per processor: the jobs it started last */
 } capstan_board_t;
 
-/* Runs the supervisor for rt (config read, plugins loaded, nothing
- * connected). Returns twice, as fork does: in the supervisor once every
- * worker has ended, with *worker 0 and the exit status (0, or the status a
- * worker that could not start exited with, such as CAPSTAN_EXIT_CONFIG); in
- * each worker with *worker 1 and 0, rt made that worker's (its own
- * identity and board): the caller then runs capstan_runtime_run(rt) and
- * exits. argv[1..argc) are `capstan run`'s arguments, which a reload
- * (HUP) passes to the binary on disk. */
-int capstan__supervise(struct capstan_runtime *rt, int argc, char **argv, int *worker);
-
-/* The environment variable through which a worker started by a reload
- * (the binary on disk, with `capstan run`'s arguments argv[1..argc))
- * finds its board. */
-#define CAPSTAN_WORKER_ENV "CAPSTAN_WORKER"
-
-/* In a process started so (CAPSTAN_WORKER_ENV set), after it read its
- * configuration and loaded its plugins: makes rt that worker's, as
- * capstan__supervise does for a forked one. Returns 0, or CAPSTAN_EINVAL /
- * CAPSTAN_ESYS with err filled. */
-int capstan__supervised(struct capstan_runtime *rt, char *err);
-
 /* Notes the job jid started on processor index of a supervised worker's
  * board; a no-op without a board. Any processor thread, for its own index. */
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid);

@@ -51,6 +51,20 @@ export PKG_CONFIG_SYSROOT_DIR=$D
 capstan=$D$prefix/bin/capstan
 [ -x "$capstan" ] || fail "no capstan in $D$prefix/bin"
 
+# The library exports the public API alone: every dynamic symbol is
+# capstan_, none a module's capstan__ internals.
+lib=$(find "$D" -name 'libcapstan.so.*' -type f | head -1)
+[ -n "$lib" ] || fail "no libcapstan.so installed"
+other=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^capstan_' | grep -v '^_' || true)
+[ -z "$other" ] || fail "libcapstan.so exports $other"
+! nm -D --defined-only "$lib" | awk '{print $3}' | grep -q '^capstan__' \
+    || fail "libcapstan.so exports internals: $(nm -D --defined-only "$lib" | grep ' capstan__' | head -3)"
+# The layers run one way: only runtime/ includes runtime/'s headers.
+files=$(cd "$src" && find . -path ./runtime -prune -o -path ./tests -prune -o -path './build*' -prune \
+    -o -name '*.[ch]' -print)
+up=$(cd "$src" && grep -l '#include "runtime/' $files || true)
+[ -z "$up" ] || fail "outside runtime/, these include a runtime/ header: $up"
+
 # The README's handler example and build commands, as a user runs them.
 cd "$tmp"
 awk '/^## A handler/ {on = 1} on && /^```c$/ {c = 1; next} c && /^```$/ {exit} c' \

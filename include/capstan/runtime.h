@@ -96,6 +96,23 @@ CAPSTAN_API const char *capstan_runtime_identity(const capstan_runtime_t *rt);
  * (their jobs were put back in their queues). */
 CAPSTAN_API int capstan_runtime_abandoned(const capstan_runtime_t *rt);
 
+/* Runs rt under a supervisor, as `capstan run` does unless
+ * --no-supervisor: the config read and the plugins loaded, nothing
+ * connected yet. The supervisor forks the worker processes (the config's
+ * processes), runs no jobs itself, gives a dead worker's jobs back at once
+ * and replaces it, forwards the signals, and on HUP replaces every worker
+ * in turn from the binary on disk with `capstan run`'s arguments
+ * argv[1..argc). Returns as fork does: in the supervisor once every worker
+ * ended, with *worker 0 and the exit status to leave with; in a worker,
+ * with *worker 1 and 0 (rt is that worker's: call capstan_runtime_run),
+ * or a CAPSTAN_E* code with err filled (the worker should exit 1). A
+ * process a reload started (CAPSTAN_WORKER_ENV in its environment) is a
+ * worker at once: a program's main must leave its pidfile to its
+ * supervisor then. */
+#define CAPSTAN_WORKER_ENV "CAPSTAN_WORKER"
+CAPSTAN_API int capstan_runtime_supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker,
+                                          char *err);
+
 /* The capstan command line (run, the default, and every subcommand `capstan --help`
  * lists) with extra handlers registered by init (may be NULL). Returns the
  * process exit status. */
