@@ -35,6 +35,7 @@ struct capstan_iter {
                                rather than start over and overwrite it */
     int iterated;           /* capstan_job_cursor or _checkpoint was called
                                (capstan_job_cancelled alone is no iteration) */
+    int unsaved;            /* the last write did not land */
 };
 
 /* The field named name in an HGETALL reply, or NULL. */
@@ -89,7 +90,8 @@ static struct capstan_iter *state(capstan_job_t *job)
 }
 
 /* Writes ex, c and rt, sets the expiry if none is set, and reads
- * "cancelled", in one MULTI, as Sidekiq's flush does. */
+ * "cancelled", in one MULTI, as Sidekiq's flush does. Sets it->unsaved
+ * when the write did not land (a broken connection, a refused write). */
 static void flush(capstan_job_t *job, struct capstan_iter *it)
 {
     const char *key = it->key;
@@ -126,12 +128,22 @@ static void flush(capstan_job_t *job, struct capstan_iter *it)
         last = rep;
     }
     /* EXEC's reply: HSET, EXPIRE, HGET. A write that failed is tried again
-     * at the next flush; a run cut off from Redis ends at a hard stop and
-     * resumes from the last write that landed. */
-    if (last && last->type == REDIS_REPLY_ARRAY && last->elements == 3
-        && last->element[2]->type == REDIS_REPLY_STRING)
+     * at the next flush, and before an interrupted run goes back to its
+     * queue (capstan__job_iter_save); a run cut off from Redis ends at a
+     * hard stop and resumes from the last write that landed. */
+    it->unsaved = !(last && last->type == REDIS_REPLY_ARRAY && last->elements == 3);
+    if (!it->unsaved && last->element[2]->type == REDIS_REPLY_STRING)
         it->cancelled = 1;
     freeReplyObject(last);
+}
+
+int capstan__job_iter_save(capstan_job_t *job)
+{
+    struct capstan_iter *it = job->iter;
+    if (!it || !it->unsaved)
+        return 0;
+    flush(job, it);
+    return it->unsaved ? CAPSTAN_EREDIS : 0;
 }
 
 const json_t *capstan_job_cursor(capstan_job_t *job)

@@ -76,6 +76,9 @@ typedef enum {
  * state (a retry resumes from the cursor); one that walked everything or
  * was cancelled deletes it-<jid>. Returns what became of the run. */
 capstan_iterated_t capstan__job_iter_end(capstan_job_t *job);
+/* Writes the state again when the run's last write did not land (job->redis
+ * is then a new connection): 0 when it is saved (or was), CAPSTAN_EREDIS. */
+int capstan__job_iter_save(capstan_job_t *job);
 /* Frees the iteration state (capstan__job_clear calls it). */
 void capstan__job_iter_free(capstan_job_t *job);
 

@@ -202,6 +202,33 @@ static int expiry_mw(capstan_mw_t *mw, void *udata)
     return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
 }
 
+/* Seconds an interrupted run tries again to save its cursor. */
+#define SAVE_FOR 5.0
+
+/* An interrupted run's cursor must be in Redis before the job goes back to
+ * its queue, or the next run repeats the steps since the last save (up to
+ * the seconds between two): a write a Redis fault lost (a restart, CLIENT
+ * KILL, maxmemory) is tried again, on a new connection where the old one
+ * broke, for SAVE_FOR seconds. */
+static void save_iteration(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
+{
+    if (!capstan__job_iter_save(job))
+        return;
+    capstan__log(CAPSTAN_WARN, &run->ctx, "its cursor was not saved (%s); trying again before it goes "
+                 "back to its queue", capstan_redis_ok(mw->r) ? "Redis refused the write" : "connection lost");
+    for (double until = capstan__mono() + SAVE_FOR; capstan__mono() < until; capstan__sleep(0.1)) {
+        if (capstan__slot_connected(run->slot, mw->r))
+            break;
+        job->redis = capstan_redis_ctx(mw->r);
+        if (!capstan__job_iter_save(job)) {
+            capstan__log(CAPSTAN_INFO, &run->ctx, "its cursor is saved");
+            return;
+        }
+    }
+    capstan__log(CAPSTAN_WARN, &run->ctx, "its cursor could not be saved: the next run repeats the steps "
+                 "since the last save");
+}
+
 /* After an iterating handler (capstan/job.h): an interrupted run goes back
  * to the end of its queue, same jid, enqueued_at now, as Sidekiq's
  * re-push does (not through retry: it did not fail); a cancelled or
@@ -220,6 +247,7 @@ static void iterated(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
     if (how != CAPSTAN_ITERATED_STOPPED)
         return;
     capstan__metrics_add(m, CAPSTAN_METRIC_ITERATIONS_INTERRUPTED, 1);
+    save_iteration(mw, run, job);
     char ts[32], *out = NULL;
     size_t len = 0;
     capstan__ts_json(ts, capstan__now(), capstan__ts_format_of(job->payload, &job->obj, mw->cfg->timestamps));
