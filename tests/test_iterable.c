@@ -163,30 +163,35 @@ Test(iterable, max_iteration_runtime_requeues_until_it_finishes)
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
 }
 
-/* A Redis that refuses the write of an interrupted run's cursor (here
- * maxmemory reached; a restart or a killed connection do the same) had the
- * job go back to its queue without it, and the next run repeat every step
- * since the last save. The write is tried again until it lands. */
+/* A Redis that refuses the write of an interrupted run's cursor (here an
+ * ACL that takes HSET away from the worker's user for a moment; maxmemory,
+ * a restart or a killed connection do the same) had the job go back to its
+ * queue without it, and the next run repeat every step since the last
+ * save. The write is tried again until it lands. */
 Test(iterable, an_interrupted_runs_cursor_is_saved_after_a_refused_write)
 {
     enum { N = 500, STEP = 100 };
-    char jid[25];
+    char jid[25], user[64], url[256], *db = strrchr(kt_url(), '/') + 1;
+    snprintf(user, sizeof(user), "iter%s", db);
+    freeReplyObject(kt_cmd("ACL SETUSER %s on >pw ~* &* +@all", user));
+    snprintf(url, sizeof(url), "redis://%s:pw@127.0.0.1:%s/%s", user, getenv("KT_REDIS_PORT"), db);
     char *conf = kt_write_conf("classes:\n  IterateJob:\n    max_iteration_runtime: 1\n");
     push_iterate("refused", N, STEP, 400, jid); /* 5 steps of 400 ms */
-    pid_t p = kt_capstan_start((const char *[]){ "-C", conf, "-c", "1", NULL });
+    pid_t p = kt_capstan_start((const char *[]){ "-C", conf, "-c", "1", "--redis-url", url, NULL });
     free(conf);
     /* Steps 0, 1 and 2 have run at 0, 0.4 and 0.8 s; the run stops at the
      * checkpoint of 1.2 s, its first write. */
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN refused:steps") == 3, 10), "%s", kt_capstan_log(p));
-    freeReplyObject(kt_cmd("CONFIG SET maxmemory 1"));
+    freeReplyObject(kt_cmd("ACL SETUSER %s -hset", user));
     bool refused = KT_WAIT_UNTIL(kt_log_has(p, "its cursor was not saved"), 10);
-    freeReplyObject(kt_cmd("CONFIG SET maxmemory 0"));
+    freeReplyObject(kt_cmd("ACL SETUSER %s +hset", user));
     cr_assert(refused, "%s", kt_capstan_log(p));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN refused:done") == 1, 20), "%s", kt_capstan_log(p));
     check_steps("refused", N, STEP, 0);
     cr_assert(kt_log_has(p, "its cursor is saved"), "%s", kt_capstan_log(p));
     cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+    freeReplyObject(kt_cmd("ACL DELUSER %s", user));
 }
 
 /* Waits until the job with state itkey stopped for its cancel: its state is
