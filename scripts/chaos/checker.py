@@ -111,6 +111,8 @@ class Report:
         self.overlaps_attributed = self.limit_attributed = 0
         self.drained, self.seed, self.seconds, self.dir = True, 0, 0, ""
         self.sanitizer = []
+        self.workload = []           # one line per check of check_workload()
+        self.workload_problems = []  # what those checks found wrong
 
     def over_bound(self):
         return [f for f in self.faults if f.dups > f.bound]
@@ -118,7 +120,7 @@ class Report:
     def ok(self):
         return (self.drained and not self.lost and not self.unattributed and not self.over_bound()
                 and not self.overlaps_unattributed and not self.limit_unattributed and not self.unexpected
-                and not self.sanitizer)
+                and not self.sanitizer and not self.workload_problems)
 
     def text(self):
         out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
@@ -131,11 +133,11 @@ class Report:
                "limiter over its size: %d after a freeze, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               ] + fault_table(self.faults)
+               ] + ["  " + x for x in self.workload] + fault_table(self.faults)
         for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
                             ("unexpected", self.unexpected),
                             ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
-                            ("sanitizer", self.sanitizer)):
+                            ("sanitizer", self.sanitizer), ("workload", self.workload_problems)):
             for x in items[:10]:
                 out.append("  %s: %s" % (what, x))
         return "\n".join(out)
@@ -297,3 +299,173 @@ def summary(reports):
               sum(len(r.lost) for r in reports), sum(len(r.unattributed) for r in reports),
               sum(len(r.over_bound()) for r in reports))]
     return "\n".join(out + fault_table([f for r in reports for f in r.faults]))
+
+
+# ---- batches and periodic ticks ---------------------------------------------
+# Jobs that capstan, not the harness, enqueues: a batch's callbacks, a
+# periodic schedule's ticks, and the jobs of a batch whose push went
+# unanswered. Their ledger lines carry [enqueued_at, ...] as args (see
+# tests/chaos/ledger.c), so two enqueues of one jid (a callback's and a
+# tick's jid are derived from the batch and event, or the schedule and the
+# tick) are told apart from a job recovered and run again, which keeps its
+# enqueued_at.
+
+BATCH_JOB, BATCH_CALLBACK, TICK_JOB = "LedgerBatchJob", "LedgerBatchCallback", "LedgerTickJob"
+
+
+class Batch:
+    """One batch the harness asked tests/chaos/batch.c to make."""
+
+    def __init__(self, tag):
+        self.tag, self.bid, self.jids = tag, None, []
+        self.pushed = False     # its jobs are in (the maker printed their jids)
+        self.committed = False  # the maker's commit returned
+
+
+def _args(x):
+    try:
+        return json.loads(x.args)
+    except ValueError:
+        return None
+
+
+def _callback(args):
+    """(tag, bid, event, enqueued_at) of a callback's ledger args."""
+    try:
+        enq, (status, opts) = args
+        return opts["tag"], status["bid"], status["event"], enq
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def read_enqueued(c):
+    """The callbacks and ticks still in Redis at the end (in a queue, a
+    working list, the schedule, retry or dead set): (class, jid, ledger-like
+    args) each."""
+    payloads = []
+    for k in (c.cmd("KEYS", "queue:*") or []) + (c.cmd("KEYS", "uniquejobs:working:*") or []):
+        payloads += c.cmd("LRANGE", k, 0, -1) or []
+    for z in ("schedule", "retry", "dead"):
+        payloads += c.cmd("ZRANGE", z, 0, -1) or []
+    out = []
+    for p in payloads:
+        try:
+            j = json.loads(p)
+            if j["class"] == TICK_JOB:
+                out.append((TICK_JOB, j["jid"], [j["enqueued_at"], j["periodic_at"]]))
+            elif j["class"] == BATCH_CALLBACK:
+                out.append((BATCH_CALLBACK, j["jid"], [j["enqueued_at"], j["args"]]))
+        except (ValueError, KeyError, TypeError):
+            pass
+    return out
+
+
+def workload_jids(runs, batches):
+    """The jids in the ledger that capstan enqueued for the harness (see
+    above): check() must not call them unexpected. A batch job is the
+    harness's when its tag names a batch it asked for."""
+    out = set()
+    for jid, rs in runs.items():
+        x = rs[0]
+        a = _args(x)
+        if x.cls == TICK_JOB:
+            out.add(jid)
+        elif x.cls == BATCH_CALLBACK and _callback(a) and _callback(a)[0] in batches:
+            out.add(jid)
+        elif x.cls == BATCH_JOB and isinstance(a, list) and len(a) > 1 and a[1] in batches:
+            out.add(jid)
+    return out
+
+
+def check_workload(r, runs, state, enqueued, batches, tick_every=0):
+    """Adds to report r the batches' and periodic ticks' checks."""
+    if batches:
+        _check_batches(r, runs, state, enqueued, batches)
+    if tick_every:
+        _check_ticks(r, runs, enqueued, tick_every)
+
+
+def _check_batches(r, runs, state, enqueued, batches):
+    """Every committed batch whose jobs all ended, none failed, fires its
+    complete and its success callback each exactly once, not before its last
+    job's first end; no batch fires one twice (two enqueues of the callback's
+    jid), committed or not."""
+    fired = collections.defaultdict(set)   # (tag, event) -> {enqueued_at}
+    first = {}                             # (tag, event) -> first start
+    bids = {}
+    seen = [(x.jid, _args(x), x.start) for rs in runs.values() for x in rs if x.cls == BATCH_CALLBACK]
+    seen += [(jid, a, None) for cls, jid, a in enqueued if cls == BATCH_CALLBACK]
+    for jid, a, t in seen:
+        cb = _callback(a)
+        if not cb or cb[0] not in batches:
+            r.workload_problems.append("batch callback %s for no batch the harness made: %s" % (jid, a))
+            continue
+        tag, bid, event, enq = cb
+        fired[(tag, event)].add(enq)
+        bids[tag] = bid
+        if t is not None:
+            first[(tag, event)] = min(t, first.get((tag, event), t))
+    ends = collections.defaultdict(list)  # jid -> its runs' ends
+    members = collections.defaultdict(set)
+    for jid, rs in runs.items():
+        for x in rs:
+            if x.cls == BATCH_JOB:
+                a = _args(x)
+                if isinstance(a, list) and len(a) > 1:
+                    members[a[1]].add(jid)
+                if x.end is not None:
+                    ends[jid].append(x.end)
+    missing = twice = early = judged = 0
+    for tag, b in sorted(batches.items()):
+        jids = set(b.jids) if b.pushed else members[tag]
+        if b.bid and tag in bids and bids[tag] != b.bid:
+            r.workload_problems.append("batch %s: callbacks name bid %s, not %s" % (tag, bids[tag], b.bid))
+        for event in ("complete", "success"):
+            n = len(fired[(tag, event)])
+            if n > 1:
+                twice += 1
+                r.workload_problems.append("batch %s (%s): %s fired %d times" % (tag, b.bid, event, n))
+        done = jids and all(ends.get(j) for j in jids)
+        failed = jids & (state.retry | state.dead)
+        if not (b.committed and done and not failed):
+            continue
+        judged += 1
+        last_end = max(min(ends[j]) for j in jids)
+        for event in ("complete", "success"):
+            if not fired[(tag, event)]:
+                missing += 1
+                r.workload_problems.append("batch %s (%s): %s never fired" % (tag, b.bid, event))
+            elif first.get((tag, event), last_end) < last_end:
+                early += 1
+                r.workload_problems.append("batch %s (%s): %s ran at %.3f, before its last job ended at %.3f"
+                                           % (tag, b.bid, event, first[(tag, event)], last_end))
+    r.workload.append("batch callbacks: %d batches (%d committed with every job done), %d missing, "
+                      "%d twice, %d before their jobs ended"
+                      % (len(batches), judged, missing, twice, early))
+
+
+def _check_ticks(r, runs, enqueued, every):
+    """Each tick of the periodic schedule (every `every` seconds, missed:
+    all) from the first seen to the last seen is enqueued exactly once:
+    one enqueued_at per tick, whatever ran it how often."""
+    enq = collections.defaultdict(set)
+    seen = [_args(x) for rs in runs.values() for x in rs if x.cls == TICK_JOB]
+    seen += [a for cls, _, a in enqueued if cls == TICK_JOB]
+    for a in seen:
+        try:
+            enq[int(a[1])].add(a[0])
+        except (TypeError, ValueError, IndexError):
+            r.workload_problems.append("tick with no periodic_at: %s" % (a,))
+    if not enq:
+        r.workload_problems.append("periodic: no tick enqueued")
+        r.workload.append("periodic ticks: none")
+        return
+    lo, hi = min(enq), max(enq)
+    missed = [t for t in range(lo, hi + 1, every) if not enq.get(t)]
+    twice = [t for t in sorted(enq) if len(enq[t]) > 1]
+    for t in missed[:10]:
+        r.workload_problems.append("periodic tick %d never enqueued" % t)
+    for t in twice[:10]:
+        r.workload_problems.append("periodic tick %d enqueued %d times" % (t, len(enq[t])))
+    r.workload.append("periodic ticks: %d from the first to the last, %d missed, %d twice"
+                      % ((hi - lo) // every + 1, len(missed), len(twice)))

@@ -312,13 +312,16 @@ class Harness:
                     "  LedgerLockJob:\n    lock: while_executing\n    lock_args: [1]\n"
                     "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
                     "  LedgerLimitJob:\n"
-                    "    limit: { type: concurrent, name: chaos, size: 3, lock_timeout: 10 }\n")
+                    "    limit: { type: concurrent, name: chaos, size: 3, lock_timeout: 10 }\n"
+                    + self.workload_config())
         self.workers = [Worker(self, i, i == 0) for i in range(a.workers)]
         self.pushed = {}   # jid -> (class, args, time): Redis said it took them
         self.tried = set()  # jids sent whose reply never came: they may be there
         self.events = []   # checker.Fault
         self.active = []   # (heal time, fault, heal function)
         self.seq = 0
+        self.batches = {}     # tag -> checker.Batch
+        self.batch_procs = []  # (Batch, Popen) still running
 
     def client(self):
         return Redis("127.0.0.1", self.redis.port, 2)
@@ -361,6 +364,57 @@ class Harness:
             if isinstance(r, int):
                 self.pushed[j[0]] = (j[1], j[2], t)
         return len(jobs)
+
+    # -- batches and a periodic schedule --
+    TICK_EVERY = 1
+
+    def workload_config(self):
+        """The config's periodic schedule: a LedgerTickJob every second,
+        every missed tick enqueued once a process is back (missed: all), so
+        the checker can hold each tick to exactly one enqueue."""
+        return ("periodic:\n  chaos_tick:\n    cron: \"*/%d * * * * *\"\n    class: LedgerTickJob\n"
+                "    queue: chaos\n    args: [0]\n    missed: all\n" % self.TICK_EVERY)
+
+    def start_batch(self):
+        """One batch of 5 to 30 LedgerBatchJob jobs with complete and
+        success callbacks, made by tests/chaos/batch.c through the C client
+        API (as an application makes one), without waiting for it."""
+        b = checker.Batch("b%d" % (len(self.batches) + 1))
+        self.batches[b.tag] = b
+        n = self.jobs_rng.randint(5, 30)
+        proc = subprocess.Popen([self.a.batch_maker, "redis://127.0.0.1:%d/0" % self.redis.port, b.tag, str(n)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.batch_procs.append((b, proc))
+
+    def poll_batches(self, wait=0):
+        """Reads the makers that have ended (waiting up to wait s for all,
+        then killing those left: their batches are judged as pushed and
+        committed or not by what they printed)."""
+        deadline = time.time() + wait
+        left = []
+        for b, proc in self.batch_procs:
+            try:
+                proc.wait(max(0.0, deadline - time.time()) if wait else 0)
+            except subprocess.TimeoutExpired:
+                if wait:
+                    proc.kill()
+                    proc.wait()
+                else:
+                    left.append((b, proc))
+                    continue
+            t = time.time()
+            for line in proc.stdout.read().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "bid":
+                    b.bid = v
+                elif k == "jid":
+                    b.jids.append(v)
+                    self.pushed[v] = (checker.BATCH_JOB, [b.tag], t)
+                elif k == "committed":
+                    b.committed = True
+            b.pushed = bool(b.jids)
+            proc.stdout.close()
+        self.batch_procs = left
 
     # -- the nemesis --
     def worker_wl(self, pid):
@@ -492,17 +546,23 @@ class Harness:
         end = t0 + a.seconds
         next_fault = t0 + self.rng.uniform(0.5, a.fault_every)
         next_push = t0
+        next_batch = t0 + 1
         while time.time() < end:
             now = time.time()
             self.heal_due(now)
             if now >= next_push:
                 self.push_some(c, a.rate // 20)
                 next_push = now + 0.05
+            if now >= next_batch:
+                self.start_batch()
+                next_batch = now + 2
+            self.poll_batches()
             if now >= next_fault and not any(f.kind != "client_kill" for _, f, _ in self.active):
                 self.inject(self.next_kind(), now)
                 next_fault = now + self.rng.uniform(0.5, a.fault_every)
             time.sleep(0.01)
         self.heal_due(0, all_=True)
+        self.poll_batches(wait=15)
         for w in self.workers:
             if not w.alive():
                 w.start()
@@ -512,6 +572,7 @@ class Harness:
         if not drained:
             self.dump_locks()
         state = checker.read_redis(self.client())
+        enqueued = checker.read_enqueued(self.client())
         self.redis.stop()
         self.net.close()
         # What the checker reads besides the ledger, kept for a second look
@@ -524,9 +585,14 @@ class Harness:
             out.writelines("%s\n" % j for j in self.pushed)
         with open(os.path.join(self.dir, "tried.txt"), "w") as out:
             out.writelines("%s\n" % j for j in self.tried - set(self.pushed))
-        report = checker.check(self.pushed, self.tried, checker.read_ledger(self.dir), state, self.events,
-                               lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
+        with open(os.path.join(self.dir, "batches.txt"), "w") as out:
+            for b in self.batches.values():
+                out.write("%s %s pushed=%d committed=%d %s\n" % (b.tag, b.bid, b.pushed, b.committed, ",".join(b.jids)))
+        runs = checker.read_ledger(self.dir)
+        report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches), runs, state,
+                               self.events, lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
                                concurrency=self.concurrency)
+        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
@@ -598,7 +664,8 @@ def main():
     build = a.build if os.path.isabs(a.build) else os.path.join(root, a.build)
     a.capstan = os.path.join(build, "capstan")
     a.plugin = os.path.join(build, "tests", "libcapstan-ledger.so")
-    for f in (a.capstan, a.plugin):
+    a.batch_maker = os.path.join(build, "tests", "capstan-chaos-batch")
+    for f in (a.capstan, a.plugin, a.batch_maker):
         if not os.path.exists(f):
             raise SystemExit("chaos: %s not built (ninja -C %s)" % (f, build))
     seeds = [int(s) for s in a.seeds.split(",")] if a.seeds else [a.seed]

@@ -10,9 +10,13 @@
  * one a kill -9 interrupts is either written whole or not at all.
  *
  *   LedgerJob [ms, ...]       sleeps ms (the rest of the args tells jobs
- *   LedgerLockJob [ms, ...]   apart); the two others differ only in name,
- *   LedgerLimitJob [ms, ...]  which the harness's config gives a lock and a
- *                             limit. */
+ *   LedgerLockJob [ms, ...]   apart); the others differ only in name,
+ *   LedgerLimitJob [ms, ...]  which the harness's config gives a lock or a
+ *   LedgerBatchJob [ms, ...]  limit, or which tests/chaos/batch.c pushes in
+ *   LedgerBatchCallback       a batch; its callbacks and a periodic
+ *   LedgerTickJob             schedule's jobs write [enqueued_at, args] and
+ *                             [enqueued_at, periodic_at] as their args, so
+ *                             the checker tells enqueues of one jid apart. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -50,14 +54,31 @@ static int note(capstan_job_t *job, const char *line, int len)
     return 0;
 }
 
+/* The args column of a line that tells enqueues apart: [enqueued_at, the
+ * payload's field named (its args when "")]. A job run again after a
+ * recovery keeps its enqueued_at; a second enqueue has its own. */
+static int enqueue_args(capstan_job_t *job, const char *field, char *out, size_t size)
+{
+    size_t elen = 0, flen = 0;
+    const char *enq = capstan_job_field_raw(job, "enqueued_at", &elen);
+    const char *f = *field ? capstan_job_field_raw(job, field, &flen) : capstan_job_args_raw(job, &flen);
+    return snprintf(out, size, "[%.*s,%.*s]", enq ? (int)(elen < 64 ? elen : 64) : 4, enq ? enq : "null",
+                    f ? (int)(flen < 900 ? flen : 900) : 4, f ? f : "null");
+}
+
 static int ledger_job(capstan_job_t *job, void *ud)
 {
-    (void)ud;
     pthread_once(&ledger_once, ledger_open);
     if (ledger_fd < 0)
         return capstan_job_fail(job, "IOError", "no ledger file in $CAPSTAN_LEDGER_DIR");
     size_t alen = 0;
     const char *args = capstan_job_args_raw(job, &alen);
+    char enq[1024];
+    if (ud) {
+        int n = enqueue_args(job, ud, enq, sizeof(enq));
+        args = enq;
+        alen = n < 0 ? 0 : (size_t)n < sizeof(enq) ? (size_t)n : sizeof(enq) - 1;
+    }
     char line[4096];
     int len = snprintf(line, sizeof(line), "S %s %d %.6f %s %.*s\n", capstan_job_jid(job), (int)getpid(),
                        wall(), capstan_job_class(job), (int)(alen < 1024 ? alen : 1024), args ? args : "");
@@ -80,5 +101,8 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "LedgerJob", ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerLockJob", ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerLimitJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerBatchJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerBatchCallback", ledger_job, (void *)"", &opts);
+    rc |= capstan_register(rt, "LedgerTickJob", ledger_job, (void *)"periodic_at", &opts);
     return rc;
 }
