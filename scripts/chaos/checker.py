@@ -172,9 +172,11 @@ def _freeze_near(faults, pids, t0, t1):
     return None
 
 
-def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0):
+def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0, handed_back=()):
     """pushed: the jids Redis took (they must end, or be in a set); tried:
-    those sent whose answer was lost (they may have been taken)."""
+    those sent whose answer was lost (they may have been taken); handed_back:
+    (jid, start) of the runs an iterable job's interruption put back in its
+    queue (read_steps), whose next run is no extra run."""
     r = Report()
     r.faults = faults
     r.pushed = len(pushed)
@@ -220,6 +222,8 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         if jid not in pushed and jid not in tried:
             r.unexpected.append(jid)
         for prev, new in zip(rs, rs[1:]):
+            if (jid, prev.start) in handed_back:
+                continue
             f = _fault_for(faults, prev, new)
             if f:
                 f.dups += 1
@@ -377,12 +381,92 @@ def workload_jids(runs, batches):
     return out
 
 
-def check_workload(r, runs, state, enqueued, batches, tick_every=0):
-    """Adds to report r the batches' and periodic ticks' checks."""
+def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=()):
+    """Adds to report r the checks of the batches, the periodic ticks and
+    the iterable jobs' steps (read_steps)."""
     if batches:
         _check_batches(r, runs, state, enqueued, batches)
     if tick_every:
         _check_ticks(r, runs, enqueued, tick_every)
+    if steps is not None:
+        _check_steps(r, runs, state, steps, faults)
+
+
+ITER_JOB = "LedgerIterJob"
+
+
+def read_steps(dir, runs):
+    """The iterable jobs' steps in the ledger files of dir, jid -> [(time,
+    pid, index)] in time order, and the runs (of runs, read_ledger's) that
+    their interruption handed back, {(jid, start)}."""
+    steps, back = collections.defaultdict(list), set()
+    for path in glob.glob(os.path.join(dir, "ledger.*")):
+        with open(path) as f:
+            for line in f:
+                p = line.split()
+                if line.endswith("\n") and len(p) == 5 and p[0] == "I":
+                    steps[p[1]].append((float(p[3]), int(p[2]), int(p[4])))
+                elif line.endswith("\n") and len(p) == 4 and p[0] == "H":
+                    run = _run_at(runs.get(p[1], ()), int(p[2]), float(p[3]))
+                    if run:
+                        back.add((p[1], run.start))
+    for s in steps.values():
+        s.sort()
+    return steps, back
+
+
+def _run_at(rs, pid, t):
+    """The run of rs on process pid going on at t: the latest started."""
+    return max((x for x in rs if x.pid == pid and x.start <= t), key=lambda x: x.start, default=None)
+
+
+def _step_fault(faults, prev, new):
+    """The fault that lets run new take again a step run prev took: one
+    that explains new (_fault_for), except a kill of the supervisor: its
+    worker stops as on TERM, and an iterating run stopped so saves its
+    cursor before it goes back to the queue."""
+    f = _fault_for(faults, prev, new)
+    return f if f and f.kind != "kill9_supervisor" else None
+
+
+def _check_steps(r, runs, state, steps, faults):
+    """Every step of every iterable job that finished was taken; a step
+    taken twice only by two runs of the job with a kill -9, freeze or
+    partition of the process of one run between them (_step_fault): a run
+    that resumes takes up at the last saved cursor, which a killed or
+    frozen run saved up to 5 s before it stopped."""
+    unfinished = state.queued | state.working | state.retry | state.dead
+    jobs = nsteps = missing = after = other = 0
+    for jid, rs in runs.items():
+        if rs[0].cls != ITER_JOB:
+            continue
+        jobs += 1
+        a = _args(rs[0])
+        n = a[1] if isinstance(a, list) and len(a) > 1 and isinstance(a[1], int) else 0
+        taken = collections.defaultdict(list)  # index -> runs that took it
+        for t, pid, i in steps.get(jid, []):
+            taken[i].append(_run_at(rs, pid, t))
+            nsteps += 1
+        if jid not in unfinished:
+            gone = [i for i in range(n) if i not in taken]
+            missing += len(gone)
+            if gone:
+                r.workload_problems.append("iterable %s: step%s %s of %d never taken"
+                                           % (jid, "s" if len(gone) > 1 else "", ",".join(map(str, gone[:10])), n))
+        order = {id(x): k for k, x in enumerate(rs)}
+        for i, by in sorted(taken.items()):
+            for ra, rb in zip(by, by[1:]):
+                if ra is not None and rb is not None and ra is not rb and any(
+                        _step_fault(faults, p, q) for p, q in zip(rs[order[id(ra)]:order[id(rb)]],
+                                                                   rs[order[id(ra)] + 1:order[id(rb)] + 1])):
+                    after += 1
+                else:
+                    other += 1
+                    r.workload_problems.append("iterable %s: step %d taken again by %s without a fault between"
+                                               % (jid, i, "the same run" if ra is rb else "another run"))
+    r.workload.append("iterable jobs: %d, %d steps taken, %d never taken, %d taken again after a fault "
+                      "of their process, %d otherwise"
+                      % (jobs, nsteps, missing, after, other))
 
 
 def _check_batches(r, runs, state, enqueued, batches):

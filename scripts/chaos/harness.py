@@ -329,7 +329,8 @@ class Harness:
     # -- the workload --
     def push_some(self, c, n):
         """n jobs: plain ones of mixed lengths, a few with a runtime lock on
-        a handful of keys, some under a concurrent limiter; every fifth chunk
+        a handful of keys, some under a concurrent limiter, a few iterable
+        ones (a step a line in the ledger); every fifth chunk
         as one transaction (MULTI/EXEC). Recorded once Redis said yes."""
         jobs = []
         for _ in range(n):
@@ -339,6 +340,8 @@ class Harness:
                 cls, args = "LedgerLockJob", [self.jobs_rng.choice([5, 20, 50]), "k%d" % self.jobs_rng.randrange(4)]
             elif r < 0.2:
                 cls, args = "LedgerLimitJob", [self.jobs_rng.choice([5, 20]), self.seq]
+            elif r < 0.205:
+                cls, args = "LedgerIterJob", [10, self.jobs_rng.choice([20, 50, 150]), self.seq]
             else:
                 cls, args = "LedgerJob", [self.jobs_rng.choice([0, 0, 1, 5, 20, 100]), self.seq]
             jid = uuid.uuid4().hex[:24]
@@ -369,10 +372,13 @@ class Harness:
     TICK_EVERY = 1
 
     def workload_config(self):
-        """The config's periodic schedule: a LedgerTickJob every second,
-        every missed tick enqueued once a process is back (missed: all), so
-        the checker can hold each tick to exactly one enqueue."""
-        return ("periodic:\n  chaos_tick:\n    cron: \"*/%d * * * * *\"\n    class: LedgerTickJob\n"
+        """The config's iterable class, interrupted after a second (so its
+        longer jobs resume from their cursor, maybe elsewhere), and its
+        periodic schedule: a LedgerTickJob every second, every missed tick
+        enqueued once a process is back (missed: all), so the checker can
+        hold each tick to exactly one enqueue."""
+        return ("  LedgerIterJob:\n    max_iteration_runtime: 1\n"
+                "periodic:\n  chaos_tick:\n    cron: \"*/%d * * * * *\"\n    class: LedgerTickJob\n"
                 "    queue: chaos\n    args: [0]\n    missed: all\n" % self.TICK_EVERY)
 
     def start_batch(self):
@@ -589,10 +595,11 @@ class Harness:
             for b in self.batches.values():
                 out.write("%s %s pushed=%d committed=%d %s\n" % (b.tag, b.bid, b.pushed, b.committed, ",".join(b.jids)))
         runs = checker.read_ledger(self.dir)
+        steps, handed_back = checker.read_steps(self.dir, runs)
         report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches), runs, state,
                                self.events, lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
-                               concurrency=self.concurrency)
-        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY)
+                               concurrency=self.concurrency, handed_back=handed_back)
+        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
