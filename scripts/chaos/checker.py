@@ -239,7 +239,7 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         for x in rs:
             if x.cls in lock_classes:
                 try:
-                    key = json.dumps(json.loads(x.args)[1:])  # lock_args: [1]
+                    key = json.dumps([x.cls, json.loads(x.args)[1]])  # lock_args: [1]
                 except (ValueError, IndexError):
                     key = x.args
                 by_digest[key].append(x)
@@ -364,15 +364,19 @@ def read_enqueued(c):
     return out
 
 
-def workload_jids(runs, batches):
+def workload_jids(runs, batches, lock_pushes=()):
     """The jids in the ledger that capstan enqueued for the harness (see
     above): check() must not call them unexpected. A batch job is the
-    harness's when its tag names a batch it asked for."""
+    harness's when its tag names a batch it asked for; an until-locked job
+    when its push's answer never came (its args' seq says which)."""
     out = set()
+    unknown = {p.args[2] for p in lock_pushes if p.status != "accepted"}
     for jid, rs in runs.items():
         x = rs[0]
         a = _args(x)
-        if x.cls == TICK_JOB:
+        if x.cls in UNTIL_LOCKS and isinstance(a, list) and len(a) > 2 and a[2] in unknown:
+            out.add(jid)
+        elif x.cls == TICK_JOB:
             out.add(jid)
         elif x.cls == BATCH_CALLBACK and _callback(a) and _callback(a)[0] in batches:
             out.add(jid)
@@ -381,9 +385,11 @@ def workload_jids(runs, batches):
     return out
 
 
-def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=()):
-    """Adds to report r the checks of the batches, the periodic ticks and
-    the iterable jobs' steps (read_steps)."""
+def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=(), lock_pushes=None):
+    """Adds to report r the checks of the batches, the periodic ticks, the
+    iterable jobs' steps (read_steps) and the until-locks' pushes."""
+    if lock_pushes is not None:
+        _check_until_locks(r, runs, lock_pushes)
     if batches:
         _check_batches(r, runs, state, enqueued, batches)
     if tick_every:
@@ -553,3 +559,66 @@ def _check_ticks(r, runs, enqueued, every):
         r.workload_problems.append("periodic tick %d enqueued %d times" % (t, len(enq[t])))
     r.workload.append("periodic ticks: %d from the first to the last, %d missed, %d twice"
                       % ((hi - lo) // every + 1, len(missed), len(twice)))
+
+
+# ---- until-locks --------------------------------------------------------------
+# Classes whose lock `capstan push` takes at push (lock_args: [1], the key),
+# each pushed with args [ms, key, seq].
+UNTIL_LOCKS = {"LedgerUntilExecutedJob": "until_executed", "LedgerUntilExpiredJob": "until_expired",
+               "LedgerUntilWhileJob": "until_and_while_executing"}
+UNTIL_EXPIRED_TTL = 1
+
+
+class LockPush:
+    """One `capstan push` of an until-locked job: sent before its lock was
+    asked for, replied after its answer (so a lock taken by the push was
+    taken between the two)."""
+
+    def __init__(self, cls, args):
+        self.cls, self.args = cls, args
+        self.sent = self.replied = None
+        self.status = None   # accepted, refused (the lock was held), unknown
+        self.jid, self.proc = None, None
+
+
+def _check_until_locks(r, runs, pushes):
+    """until_executed: the lock goes with the job's successful ack (after
+    its run's end line), so a push of the key that takes it comes after the
+    end of the job that held it before: of two accepted jobs of a key, the
+    later to start was accepted after the earlier one's first end.
+    until_expired: a lock lasts its ttl whatever the job does, so two
+    accepted pushes of a key took it at least ttl apart: from the first
+    send to the last reply of the two is at least ttl. (until_and_while_executing's
+    runtime half is check()'s lock overlap rule; until_executing's release,
+    as its job starts, is not in the ledger: not judged here.)"""
+    first = {}
+    for jid, rs in runs.items():
+        first[jid] = (min(x.start for x in rs), min((x.end for x in rs if x.end is not None), default=None))
+    by = collections.defaultdict(list)
+    counts = collections.Counter()
+    for p in pushes:
+        counts[p.status] += 1
+        if p.status == "accepted":
+            by[(p.cls, p.args[1])].append(p)
+    bad = 0
+    for (cls, key), ps in sorted(by.items()):
+        if UNTIL_LOCKS[cls] == "until_executed":
+            ran = sorted((first[p.jid][0], p) for p in ps if p.jid in first)
+            for (_, a), (_, b) in zip(ran, ran[1:]):
+                end = first[a.jid][1]
+                if end is None or b.replied <= end:
+                    bad += 1
+                    r.workload_problems.append(
+                        "%s %s: %s accepted at %.3f before %s (which ran first) ended%s"
+                        % (cls, key, b.jid, b.replied, a.jid, "" if end is None else " at %.3f" % end))
+        elif UNTIL_LOCKS[cls] == "until_expired":
+            for i, a in enumerate(ps):
+                for b in ps[i + 1:]:
+                    if max(a.replied, b.replied) - min(a.sent, b.sent) < UNTIL_EXPIRED_TTL:
+                        bad += 1
+                        r.workload_problems.append("%s %s: %s and %s both took the lock within %.3f s (ttl %d s)"
+                                                   % (cls, key, a.jid, b.jid, max(a.replied, b.replied)
+                                                      - min(a.sent, b.sent), UNTIL_EXPIRED_TTL))
+    r.workload.append("until-locks: %d pushes, %d accepted, %d refused by the lock, %d unanswered; "
+                      "%d taken while held" % (len(pushes), counts["accepted"], counts["refused"],
+                                               len(pushes) - counts["accepted"] - counts["refused"], bad))

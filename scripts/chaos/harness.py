@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+import json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checker  # noqa: E402
@@ -322,6 +323,8 @@ class Harness:
         self.seq = 0
         self.batches = {}     # tag -> checker.Batch
         self.batch_procs = []  # (Batch, Popen) still running
+        self.lock_pushes = []  # checker.LockPush, in the order sent
+        self.maker_log = open(os.path.join(self.dir, "batch-maker.log"), "w")  # their stderr
 
     def client(self):
         return Redis("127.0.0.1", self.redis.port, 2)
@@ -378,6 +381,12 @@ class Harness:
         enqueued once a process is back (missed: all), so the checker can
         hold each tick to exactly one enqueue."""
         return ("  LedgerIterJob:\n    max_iteration_runtime: 1\n"
+                "  LedgerUntilExecutedJob:\n    lock: until_executed\n    lock_args: [1]\n"
+                "  LedgerUntilExpiredJob:\n    lock: until_expired\n    lock_args: [1]\n    lock_ttl: %d\n"
+                "    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
+                "  LedgerUntilWhileJob:\n    lock: until_and_while_executing\n    lock_args: [1]\n"
+                "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
+                % checker.UNTIL_EXPIRED_TTL +
                 "periodic:\n  chaos_tick:\n    cron: \"*/%d * * * * *\"\n    class: LedgerTickJob\n"
                 "    queue: chaos\n    args: [0]\n    missed: all\n" % self.TICK_EVERY)
 
@@ -389,8 +398,48 @@ class Harness:
         self.batches[b.tag] = b
         n = self.jobs_rng.randint(5, 30)
         proc = subprocess.Popen([self.a.batch_maker, "redis://127.0.0.1:%d/0" % self.redis.port, b.tag, str(n)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                stdout=subprocess.PIPE, stderr=self.maker_log, text=True)
         self.batch_procs.append((b, proc))
+
+    def start_lock_push(self):
+        """One job of an until-lock class on one of three keys, pushed by
+        `capstan push -C` (which takes the class's lock as an application's
+        client does), without waiting for it: refused (status 3) while the
+        key's lock is held."""
+        self.seq += 1
+        cls = self.jobs_rng.choice(sorted(checker.UNTIL_LOCKS))
+        key = "k%d" % self.jobs_rng.randrange(3)
+        p = checker.LockPush(cls, [self.jobs_rng.choice([5, 20, 50]), key, self.seq])
+        p.sent = time.time()
+        p.proc = subprocess.Popen([self.capstan, "push", cls, json.dumps(p.args), "-C", self.conf, "-q", "chaos",
+                                   "--redis-url", "redis://127.0.0.1:%d/0" % self.redis.port],
+                                  stdout=subprocess.PIPE, stderr=self.maker_log, text=True)
+        self.lock_pushes.append(p)
+
+    def poll_lock_pushes(self, wait=0):
+        """Reads the pushes that have ended (waiting up to wait s for all,
+        then killing those left): status 0 accepted (the jid on stdout),
+        3 refused by the lock, else not known."""
+        deadline = time.time() + wait
+        for p in self.lock_pushes:
+            if p.proc is None:
+                continue
+            try:
+                rc = p.proc.wait(max(0.0, deadline - time.time()) if wait else 0)
+            except subprocess.TimeoutExpired:
+                if not wait:
+                    continue
+                p.proc.kill()
+                rc = p.proc.wait()
+            p.replied = time.time()
+            out = p.proc.stdout.read().split()
+            p.proc.stdout.close()
+            p.proc = None
+            if rc == 0 and out:
+                p.status, p.jid = "accepted", out[0]
+                self.pushed[p.jid] = (p.cls, p.args, p.replied)
+            else:
+                p.status = "refused" if rc == 3 else "unknown"
 
     def poll_batches(self, wait=0):
         """Reads the makers that have ended (waiting up to wait s for all,
@@ -553,6 +602,7 @@ class Harness:
         next_fault = t0 + self.rng.uniform(0.5, a.fault_every)
         next_push = t0
         next_batch = t0 + 1
+        next_lock_push = t0
         while time.time() < end:
             now = time.time()
             self.heal_due(now)
@@ -562,13 +612,19 @@ class Harness:
             if now >= next_batch:
                 self.start_batch()
                 next_batch = now + 2
+            if now >= next_lock_push:
+                self.start_lock_push()
+                next_lock_push = now + 0.2
             self.poll_batches()
+            self.poll_lock_pushes()
             if now >= next_fault and not any(f.kind != "client_kill" for _, f, _ in self.active):
                 self.inject(self.next_kind(), now)
                 next_fault = now + self.rng.uniform(0.5, a.fault_every)
             time.sleep(0.01)
         self.heal_due(0, all_=True)
         self.poll_batches(wait=15)
+        self.poll_lock_pushes(wait=15)
+        self.maker_log.close()
         for w in self.workers:
             if not w.alive():
                 w.start()
@@ -596,21 +652,23 @@ class Harness:
                 out.write("%s %s pushed=%d committed=%d %s\n" % (b.tag, b.bid, b.pushed, b.committed, ",".join(b.jids)))
         runs = checker.read_ledger(self.dir)
         steps, handed_back = checker.read_steps(self.dir, runs)
-        report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches), runs, state,
-                               self.events, lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
-                               concurrency=self.concurrency, handed_back=handed_back)
-        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events)
+        report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches, self.lock_pushes),
+                               runs, state, self.events,
+                               lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
+                               limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back)
+        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events,
+                               self.lock_pushes)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
         return report
 
     def sanitizer_reports(self):
-        """Lines of the workers' logs where AddressSanitizer or
+        """Lines of the workers' (and batch makers') logs where AddressSanitizer or
         UndefinedBehaviorSanitizer reported (an ASan+UBSan build)."""
         found = []
         for path in sorted(os.listdir(self.dir)):
-            if path.startswith("worker") and path.endswith(".log"):
+            if path.startswith(("worker", "batch-maker")) and path.endswith(".log"):
                 with open(os.path.join(self.dir, path), errors="replace") as f:
                     for line in f:
                         if "ERROR: AddressSanitizer" in line or "ERROR: LeakSanitizer" in line \
