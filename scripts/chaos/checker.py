@@ -385,11 +385,15 @@ def workload_jids(runs, batches, lock_pushes=()):
     return out
 
 
-def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=(), lock_pushes=None):
+def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=(), lock_pushes=None,
+                   windows=None):
     """Adds to report r the checks of the batches, the periodic ticks, the
-    iterable jobs' steps (read_steps) and the until-locks' pushes."""
+    iterable jobs' steps (read_steps), the until-locks' pushes and the
+    window limiters ({class: (count, interval s)})."""
     if lock_pushes is not None:
         _check_until_locks(r, runs, lock_pushes)
+    for cls, (count, interval) in (windows or {}).items():
+        _check_window(r, runs, faults, cls, count, interval)
     if batches:
         _check_batches(r, runs, state, enqueued, batches)
     if tick_every:
@@ -622,3 +626,46 @@ def _check_until_locks(r, runs, pushes):
     r.workload.append("until-locks: %d pushes, %d accepted, %d refused by the lock, %d unanswered; "
                       "%d taken while held" % (len(pushes), counts["accepted"], counts["refused"],
                                                len(pushes) - counts["accepted"] - counts["refused"], bad))
+
+
+# ---- window limiters ------------------------------------------------------------
+# Seconds from a window limiter's grant (lua/limit_acquire.lua, on the Redis
+# clock of this same host) to its job's start line: the limiter middleware
+# returning into the handler. A start this close to a window's beginning may
+# have been granted at the end of the window before.
+LIMIT_LAG = 0.05
+
+
+def _check_window(r, runs, faults, cls, count, interval):
+    """No more starts of cls in any calendar window of interval s than
+    count: each start (a recovered copy's too) took a grant of its own. A
+    start within LIMIT_LAG of its window's beginning counts in the window
+    before when that one had a grant to spare; a window still over is
+    forgiven only next to a freeze or partition of one of its starters'
+    processes (a stale copy, granted before the freeze, runs when it
+    wakes)."""
+    by = collections.defaultdict(list)
+    for rs in runs.values():
+        for x in rs:
+            if x.cls == cls:
+                by[int(x.start // interval)].append(x)
+    spare_prev, prev_w = 0, None
+    over = attributed = 0
+    for w in sorted(by):
+        xs = by[w]
+        early = sum(1 for x in xs if x.start - w * interval < LIMIT_LAG)
+        moved = min(early, spare_prev) if prev_w == w - 1 else 0
+        n = len(xs) - moved
+        if n > count:
+            f = _freeze_near(faults, {x.pid for x in xs}, w * interval, (w + 1) * interval)
+            if f:
+                f.overlaps += 1
+                attributed += 1
+            else:
+                over += 1
+                r.workload_problems.append("%s: %d starts in the window at %.0f (limit %d per %g s)"
+                                           % (cls, n, w * interval, count, interval))
+        spare_prev, prev_w = max(0, count - n), w
+    r.workload.append("window limiter %s (%d per %g s): %d starts in %d windows, %d over it next to a freeze, "
+                      "%d otherwise" % (cls, count, interval, sum(len(v) for v in by.values()), len(by),
+                                        attributed, over))

@@ -343,7 +343,9 @@ class Harness:
                 cls, args = "LedgerLockJob", [self.jobs_rng.choice([5, 20, 50]), "k%d" % self.jobs_rng.randrange(4)]
             elif r < 0.2:
                 cls, args = "LedgerLimitJob", [self.jobs_rng.choice([5, 20]), self.seq]
-            elif r < 0.205:
+            elif r < 0.21:
+                cls, args = "LedgerWindowJob", [self.jobs_rng.choice([0, 5]), self.seq]
+            elif r < 0.215:
                 cls, args = "LedgerIterJob", [10, self.jobs_rng.choice([20, 50, 150]), self.seq]
             else:
                 cls, args = "LedgerJob", [self.jobs_rng.choice([0, 0, 1, 5, 20, 100]), self.seq]
@@ -373,6 +375,7 @@ class Harness:
 
     # -- batches and a periodic schedule --
     TICK_EVERY = 1
+    WINDOW = 3  # LedgerWindowJob's starts a second
 
     def workload_config(self):
         """The config's iterable class, interrupted after a second (so its
@@ -380,7 +383,9 @@ class Harness:
         periodic schedule: a LedgerTickJob every second, every missed tick
         enqueued once a process is back (missed: all), so the checker can
         hold each tick to exactly one enqueue."""
-        return ("  LedgerIterJob:\n    max_iteration_runtime: 1\n"
+        return ("  LedgerWindowJob:\n    limit: { type: window, name: chaos_window, count: %d, interval: second,"
+                " wait_timeout: 0 }\n" % self.WINDOW +
+                "  LedgerIterJob:\n    max_iteration_runtime: 1\n"
                 "  LedgerUntilExecutedJob:\n    lock: until_executed\n    lock_args: [1]\n"
                 "  LedgerUntilExpiredJob:\n    lock: until_expired\n    lock_args: [1]\n    lock_ttl: %d\n"
                 "    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
@@ -657,7 +662,7 @@ class Harness:
                                lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
                                limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back)
         checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events,
-                               self.lock_pushes)
+                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)})
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()

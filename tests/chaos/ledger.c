@@ -12,9 +12,10 @@
  *   LedgerJob [ms, ...]       sleeps ms (the rest of the args tells jobs
  *   LedgerLockJob [ms, ...]   apart); the others differ only in name,
  *   LedgerLimitJob [ms, ...]  which the harness's config gives a lock or a
- *   LedgerUntil*Job [ms, ...] limit (an until-lock: Executed, Expired,
- *                             While for until_and_while_executing), or
- *   LedgerBatchJob [ms, ...]  which tests/chaos/batch.c pushes in
+ *   LedgerWindowJob [ms, ...] limit (concurrent, window; the until-locks:
+ *   LedgerUntil*Job [ms, ...] Executed, Expired, While for
+ *                             until_and_while_executing), or which
+ *   LedgerBatchJob [ms, ...]  tests/chaos/batch.c pushes in
  *   LedgerBatchCallback       a batch; its callbacks and a periodic
  *   LedgerTickJob             schedule's jobs write [enqueued_at, args] and
  *                             [enqueued_at, periodic_at] as their args, so
@@ -166,5 +167,6 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "LedgerUntilExecutedJob", ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerUntilExpiredJob", ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerUntilWhileJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerWindowJob", ledger_job, NULL, &opts);
     return rc;
 }
