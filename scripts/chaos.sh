@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--ci" ]; then
     shift
     build=${CHAOS_BUILD:-build}
-    [ -x "$build/capstan" ] && [ -f "$build/tests/libcapstan-ledger.so" ] || bash scripts/build.sh "$build"
+    [ -x "$build/capstan" ] && [ -f "$build/tests/libcapstan-ledger.so" ] && [ -x "$build/tests/capstan-chaos-batch" ] || bash scripts/build.sh "$build"
     # Every kind in turn, so that the two short runs inject each one.
     exec python3 scripts/chaos/harness.py --build "$build" --seeds 11,12 --seconds 12 --cycle \
         --fault-every 1.5 "$@"

@@ -111,6 +111,8 @@ class Report:
         self.overlaps_attributed = self.limit_attributed = 0
         self.drained, self.seed, self.seconds, self.dir = True, 0, 0, ""
         self.sanitizer = []
+        self.workload = []           # one line per check of check_workload()
+        self.workload_problems = []  # what those checks found wrong
 
     def over_bound(self):
         return [f for f in self.faults if f.dups > f.bound]
@@ -118,7 +120,7 @@ class Report:
     def ok(self):
         return (self.drained and not self.lost and not self.unattributed and not self.over_bound()
                 and not self.overlaps_unattributed and not self.limit_unattributed and not self.unexpected
-                and not self.sanitizer)
+                and not self.sanitizer and not self.workload_problems)
 
     def text(self):
         out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
@@ -131,11 +133,11 @@ class Report:
                "limiter over its size: %d after a freeze, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               ] + fault_table(self.faults)
+               ] + ["  " + x for x in self.workload] + fault_table(self.faults)
         for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
                             ("unexpected", self.unexpected),
                             ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
-                            ("sanitizer", self.sanitizer)):
+                            ("sanitizer", self.sanitizer), ("workload", self.workload_problems)):
             for x in items[:10]:
                 out.append("  %s: %s" % (what, x))
         return "\n".join(out)
@@ -170,9 +172,11 @@ def _freeze_near(faults, pids, t0, t1):
     return None
 
 
-def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0):
+def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0, handed_back=()):
     """pushed: the jids Redis took (they must end, or be in a set); tried:
-    those sent whose answer was lost (they may have been taken)."""
+    those sent whose answer was lost (they may have been taken); handed_back:
+    (jid, start) of the runs an iterable job's interruption put back in its
+    queue (read_steps), whose next run is no extra run."""
     r = Report()
     r.faults = faults
     r.pushed = len(pushed)
@@ -218,6 +222,8 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         if jid not in pushed and jid not in tried:
             r.unexpected.append(jid)
         for prev, new in zip(rs, rs[1:]):
+            if (jid, prev.start) in handed_back:
+                continue
             f = _fault_for(faults, prev, new)
             if f:
                 f.dups += 1
@@ -233,7 +239,7 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         for x in rs:
             if x.cls in lock_classes:
                 try:
-                    key = json.dumps(json.loads(x.args)[1:])  # lock_args: [1]
+                    key = json.dumps([x.cls, json.loads(x.args)[1]])  # lock_args: [1]
                 except (ValueError, IndexError):
                     key = x.args
                 by_digest[key].append(x)
@@ -297,3 +303,391 @@ def summary(reports):
               sum(len(r.lost) for r in reports), sum(len(r.unattributed) for r in reports),
               sum(len(r.over_bound()) for r in reports))]
     return "\n".join(out + fault_table([f for r in reports for f in r.faults]))
+
+
+# ---- batches and periodic ticks ---------------------------------------------
+# Jobs that capstan, not the harness, enqueues: a batch's callbacks, a
+# periodic schedule's ticks, and the jobs of a batch whose push went
+# unanswered. Their ledger lines carry [enqueued_at, ...] as args (see
+# tests/chaos/ledger.c), so two enqueues of one jid (a callback's and a
+# tick's jid are derived from the batch and event, or the schedule and the
+# tick) are told apart from a job recovered and run again, which keeps its
+# enqueued_at.
+
+BATCH_JOB, BATCH_CALLBACK, TICK_JOB = "LedgerBatchJob", "LedgerBatchCallback", "LedgerTickJob"
+
+
+class Batch:
+    """One batch the harness asked tests/chaos/batch.c to make."""
+
+    def __init__(self, tag):
+        self.tag, self.bid, self.jids = tag, None, []
+        self.pushed = False     # its jobs are in (the maker printed their jids)
+        self.committed = False  # the maker's commit returned
+
+
+def _args(x):
+    try:
+        return json.loads(x.args)
+    except ValueError:
+        return None
+
+
+def _callback(args):
+    """(tag, bid, event, enqueued_at) of a callback's ledger args."""
+    try:
+        enq, (status, opts) = args
+        return opts["tag"], status["bid"], status["event"], enq
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def read_enqueued(c):
+    """The callbacks and ticks still in Redis at the end (in a queue, a
+    working list, the schedule, retry or dead set): (class, jid, ledger-like
+    args) each."""
+    payloads = []
+    for k in (c.cmd("KEYS", "queue:*") or []) + (c.cmd("KEYS", "uniquejobs:working:*") or []):
+        payloads += c.cmd("LRANGE", k, 0, -1) or []
+    for z in ("schedule", "retry", "dead"):
+        payloads += c.cmd("ZRANGE", z, 0, -1) or []
+    out = []
+    for p in payloads:
+        try:
+            j = json.loads(p)
+            if j["class"] == TICK_JOB:
+                out.append((TICK_JOB, j["jid"], [j["enqueued_at"], j["periodic_at"]]))
+            elif j["class"] == BATCH_CALLBACK:
+                out.append((BATCH_CALLBACK, j["jid"], [j["enqueued_at"], j["args"]]))
+        except (ValueError, KeyError, TypeError):
+            pass
+    return out
+
+
+def workload_jids(runs, batches, lock_pushes=()):
+    """The jids in the ledger that capstan enqueued for the harness (see
+    above): check() must not call them unexpected. A batch job is the
+    harness's when its tag names a batch it asked for; an until-locked job
+    when its push's answer never came (its args' seq says which)."""
+    out = set()
+    unknown = {p.args[2] for p in lock_pushes if p.status != "accepted"}
+    for jid, rs in runs.items():
+        x = rs[0]
+        a = _args(x)
+        if x.cls in UNTIL_LOCKS and isinstance(a, list) and len(a) > 2 and a[2] in unknown:
+            out.add(jid)
+        elif x.cls == TICK_JOB:
+            out.add(jid)
+        elif x.cls == BATCH_CALLBACK and _callback(a) and _callback(a)[0] in batches:
+            out.add(jid)
+        elif x.cls == BATCH_JOB and isinstance(a, list) and len(a) > 1 and a[1] in batches:
+            out.add(jid)
+    return out
+
+
+def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=(), lock_pushes=None,
+                   windows=None, handed_back=()):
+    """Adds to report r the checks of the batches, the periodic ticks, the
+    iterable jobs' steps (read_steps), the until-locks' pushes and the
+    window limiters ({class: (count, interval s)})."""
+    if lock_pushes is not None:
+        _check_until_locks(r, runs, lock_pushes)
+    for cls, (count, interval) in (windows or {}).items():
+        _check_window(r, runs, faults, cls, count, interval)
+    if batches:
+        _check_batches(r, runs, state, enqueued, batches)
+    if tick_every:
+        _check_ticks(r, runs, enqueued, tick_every)
+    if steps is not None:
+        _check_steps(r, runs, state, steps, faults, handed_back)
+
+
+ITER_JOB = "LedgerIterJob"
+
+
+def read_steps(dir, runs):
+    """The iterable jobs' steps in the ledger files of dir, jid -> [(time,
+    pid, index)] in time order, and the runs (of runs, read_ledger's) that
+    their interruption handed back, {(jid, start)}."""
+    steps, back = collections.defaultdict(list), set()
+    for path in glob.glob(os.path.join(dir, "ledger.*")):
+        with open(path) as f:
+            for line in f:
+                p = line.split()
+                if line.endswith("\n") and len(p) == 5 and p[0] == "I":
+                    steps[p[1]].append((float(p[3]), int(p[2]), int(p[4])))
+                elif line.endswith("\n") and len(p) == 4 and p[0] == "H":
+                    run = _run_at(runs.get(p[1], ()), int(p[2]), float(p[3]))
+                    if run:
+                        back.add((p[1], run.start))
+    for s in steps.values():
+        s.sort()
+    return steps, back
+
+
+def _run_at(rs, pid, t):
+    """The run of rs on process pid going on at t: the latest started."""
+    return max((x for x in rs if x.pid == pid and x.start <= t), key=lambda x: x.start, default=None)
+
+
+def _step_fault(faults, prev, new):
+    """The fault that lets run new take again a step run prev took: one
+    that explains new (_fault_for), except a kill of the supervisor: its
+    worker stops as on TERM, and an iterating run stopped so saves its
+    cursor before it goes back to the queue."""
+    f = _fault_for(faults, prev, new)
+    return f if f and f.kind != "kill9_supervisor" else None
+
+
+# Redis faults that cut or refuse the state write of an iterating run's
+# interruption (its connection killed or reset, or the write refused).
+STATE_WRITE_FAULTS = {"restart_redis", "client_kill", "maxmemory"}
+
+
+def _state_write_lost(faults, run, handed_back):
+    """A Redis fault that may have cost run, handed back by an interruption,
+    its state write: one between its start and its end. That write fails
+    and is not tried again (job/iterate.c: flush), so its next run starts
+    from the cursor saved before: a weakness capstan still has."""
+    if (run.jid, run.start) not in handed_back or run.end is None:
+        return None
+    for f in faults:
+        if f.kind in STATE_WRITE_FAULTS and f.start <= run.end and (f.end or f.start) >= run.start:
+            return f
+    return None
+
+
+def _check_steps(r, runs, state, steps, faults, handed_back=()):
+    """Every step of every iterable job that finished was taken; a step
+    taken twice only by two runs of the job with a kill -9, freeze or
+    partition of the process of one run between them (_step_fault): a run
+    that resumes takes up at the last saved cursor, which a killed or
+    frozen run saved up to 5 s before it stopped. Steps taken again after
+    a run whose interruption's state write a Redis fault cut
+    (_state_write_lost) are counted apart, as the known weakness they are."""
+    unfinished = state.queued | state.working | state.retry | state.dead
+    jobs = nsteps = missing = after = other = lost_write = 0
+    for jid, rs in runs.items():
+        if rs[0].cls != ITER_JOB:
+            continue
+        jobs += 1
+        a = _args(rs[0])
+        n = a[1] if isinstance(a, list) and len(a) > 1 and isinstance(a[1], int) else 0
+        taken = collections.defaultdict(list)  # index -> runs that took it
+        for t, pid, i in steps.get(jid, []):
+            taken[i].append(_run_at(rs, pid, t))
+            nsteps += 1
+        if jid not in unfinished:
+            gone = [i for i in range(n) if i not in taken]
+            missing += len(gone)
+            if gone:
+                r.workload_problems.append("iterable %s: step%s %s of %d never taken"
+                                           % (jid, "s" if len(gone) > 1 else "", ",".join(map(str, gone[:10])), n))
+        order = {id(x): k for k, x in enumerate(rs)}
+        for i, by in sorted(taken.items()):
+            for ra, rb in zip(by, by[1:]):
+                between = (list(zip(rs[order[id(ra)]:order[id(rb)]], rs[order[id(ra)] + 1:order[id(rb)] + 1]))
+                           if ra is not None and rb is not None and ra is not rb else [])
+                if any(_step_fault(faults, p, q) for p, q in between):
+                    after += 1
+                elif any(_state_write_lost(faults, p, handed_back) for p, _ in between):
+                    lost_write += 1
+                else:
+                    other += 1
+                    r.workload_problems.append("iterable %s: step %d taken again by %s without a fault between"
+                                               % (jid, i, "the same run" if ra is rb else "another run"))
+    r.workload.append("iterable jobs: %d, %d steps taken, %d never taken, %d taken again after a fault "
+                      "of their process, %d after a Redis fault cut an interruption's state write (a known "
+                      "weakness), %d otherwise" % (jobs, nsteps, missing, after, lost_write, other))
+
+
+def _check_batches(r, runs, state, enqueued, batches):
+    """Every committed batch whose jobs all ended, none failed, fires its
+    complete and its success callback each exactly once, not before its last
+    job's first end; no batch fires one twice (two enqueues of the callback's
+    jid), committed or not."""
+    fired = collections.defaultdict(set)   # (tag, event) -> {enqueued_at}
+    first = {}                             # (tag, event) -> first start
+    bids = {}
+    seen = [(x.jid, _args(x), x.start) for rs in runs.values() for x in rs if x.cls == BATCH_CALLBACK]
+    seen += [(jid, a, None) for cls, jid, a in enqueued if cls == BATCH_CALLBACK]
+    for jid, a, t in seen:
+        cb = _callback(a)
+        if not cb or cb[0] not in batches:
+            r.workload_problems.append("batch callback %s for no batch the harness made: %s" % (jid, a))
+            continue
+        tag, bid, event, enq = cb
+        fired[(tag, event)].add(enq)
+        bids[tag] = bid
+        if t is not None:
+            first[(tag, event)] = min(t, first.get((tag, event), t))
+    ends = collections.defaultdict(list)  # jid -> its runs' ends
+    members = collections.defaultdict(set)
+    for jid, rs in runs.items():
+        for x in rs:
+            if x.cls == BATCH_JOB:
+                a = _args(x)
+                if isinstance(a, list) and len(a) > 1:
+                    members[a[1]].add(jid)
+                if x.end is not None:
+                    ends[jid].append(x.end)
+    missing = twice = early = judged = 0
+    for tag, b in sorted(batches.items()):
+        jids = set(b.jids) if b.pushed else members[tag]
+        if b.bid and tag in bids and bids[tag] != b.bid:
+            r.workload_problems.append("batch %s: callbacks name bid %s, not %s" % (tag, bids[tag], b.bid))
+        for event in ("complete", "success"):
+            n = len(fired[(tag, event)])
+            if n > 1:
+                twice += 1
+                r.workload_problems.append("batch %s (%s): %s fired %d times" % (tag, b.bid, event, n))
+        done = jids and all(ends.get(j) for j in jids)
+        failed = jids & (state.retry | state.dead)
+        if not (b.committed and done and not failed):
+            continue
+        judged += 1
+        last_end = max(min(ends[j]) for j in jids)
+        for event in ("complete", "success"):
+            if not fired[(tag, event)]:
+                missing += 1
+                r.workload_problems.append("batch %s (%s): %s never fired" % (tag, b.bid, event))
+            elif first.get((tag, event), last_end) < last_end:
+                early += 1
+                r.workload_problems.append("batch %s (%s): %s ran at %.3f, before its last job ended at %.3f"
+                                           % (tag, b.bid, event, first[(tag, event)], last_end))
+    r.workload.append("batch callbacks: %d batches (%d committed with every job done), %d missing, "
+                      "%d twice, %d before their jobs ended"
+                      % (len(batches), judged, missing, twice, early))
+
+
+def _check_ticks(r, runs, enqueued, every):
+    """Each tick of the periodic schedule (every `every` seconds, missed:
+    all) from the first seen to the last seen is enqueued exactly once:
+    one enqueued_at per tick, whatever ran it how often."""
+    enq = collections.defaultdict(set)
+    seen = [_args(x) for rs in runs.values() for x in rs if x.cls == TICK_JOB]
+    seen += [a for cls, _, a in enqueued if cls == TICK_JOB]
+    for a in seen:
+        try:
+            enq[int(a[1])].add(a[0])
+        except (TypeError, ValueError, IndexError):
+            r.workload_problems.append("tick with no periodic_at: %s" % (a,))
+    if not enq:
+        r.workload_problems.append("periodic: no tick enqueued")
+        r.workload.append("periodic ticks: none")
+        return
+    lo, hi = min(enq), max(enq)
+    missed = [t for t in range(lo, hi + 1, every) if not enq.get(t)]
+    twice = [t for t in sorted(enq) if len(enq[t]) > 1]
+    for t in missed[:10]:
+        r.workload_problems.append("periodic tick %d never enqueued" % t)
+    for t in twice[:10]:
+        r.workload_problems.append("periodic tick %d enqueued %d times" % (t, len(enq[t])))
+    r.workload.append("periodic ticks: %d from the first to the last, %d missed, %d twice"
+                      % ((hi - lo) // every + 1, len(missed), len(twice)))
+
+
+# ---- until-locks --------------------------------------------------------------
+# Classes whose lock `capstan push` takes at push (lock_args: [1], the key),
+# each pushed with args [ms, key, seq].
+UNTIL_LOCKS = {"LedgerUntilExecutedJob": "until_executed", "LedgerUntilExpiredJob": "until_expired",
+               "LedgerUntilWhileJob": "until_and_while_executing"}
+UNTIL_EXPIRED_TTL = 1
+
+
+class LockPush:
+    """One `capstan push` of an until-locked job: sent before its lock was
+    asked for, replied after its answer (so a lock taken by the push was
+    taken between the two)."""
+
+    def __init__(self, cls, args):
+        self.cls, self.args = cls, args
+        self.sent = self.replied = None
+        self.status = None   # accepted, refused (the lock was held), unknown
+        self.jid, self.proc = None, None
+
+
+def _check_until_locks(r, runs, pushes):
+    """until_executed: the lock goes with the job's successful ack (after
+    its run's end line), so a push of the key that takes it comes after the
+    end of the job that held it before: of two accepted jobs of a key, the
+    later to start was accepted after the earlier one's first end.
+    until_expired: a lock lasts its ttl whatever the job does, so two
+    accepted pushes of a key took it at least ttl apart: from the first
+    send to the last reply of the two is at least ttl. (until_and_while_executing's
+    runtime half is check()'s lock overlap rule; until_executing's release,
+    as its job starts, is not in the ledger: not judged here.)"""
+    first = {}
+    for jid, rs in runs.items():
+        first[jid] = (min(x.start for x in rs), min((x.end for x in rs if x.end is not None), default=None))
+    by = collections.defaultdict(list)
+    counts = collections.Counter()
+    for p in pushes:
+        counts[p.status] += 1
+        if p.status == "accepted":
+            by[(p.cls, p.args[1])].append(p)
+    bad = 0
+    for (cls, key), ps in sorted(by.items()):
+        if UNTIL_LOCKS[cls] == "until_executed":
+            ran = sorted((first[p.jid][0], p) for p in ps if p.jid in first)
+            for (_, a), (_, b) in zip(ran, ran[1:]):
+                end = first[a.jid][1]
+                if end is None or b.replied <= end:
+                    bad += 1
+                    r.workload_problems.append(
+                        "%s %s: %s accepted at %.3f before %s (which ran first) ended%s"
+                        % (cls, key, b.jid, b.replied, a.jid, "" if end is None else " at %.3f" % end))
+        elif UNTIL_LOCKS[cls] == "until_expired":
+            for i, a in enumerate(ps):
+                for b in ps[i + 1:]:
+                    if max(a.replied, b.replied) - min(a.sent, b.sent) < UNTIL_EXPIRED_TTL:
+                        bad += 1
+                        r.workload_problems.append("%s %s: %s and %s both took the lock within %.3f s (ttl %d s)"
+                                                   % (cls, key, a.jid, b.jid, max(a.replied, b.replied)
+                                                      - min(a.sent, b.sent), UNTIL_EXPIRED_TTL))
+    r.workload.append("until-locks: %d pushes, %d accepted, %d refused by the lock, %d unanswered; "
+                      "%d taken while held" % (len(pushes), counts["accepted"], counts["refused"],
+                                               len(pushes) - counts["accepted"] - counts["refused"], bad))
+
+
+# ---- window limiters ------------------------------------------------------------
+# Seconds from a window limiter's grant (lua/limit_acquire.lua, on the Redis
+# clock of this same host) to its job's start line: the limiter middleware
+# returning into the handler. A start this close to a window's beginning may
+# have been granted at the end of the window before.
+LIMIT_LAG = 0.05
+
+
+def _check_window(r, runs, faults, cls, count, interval):
+    """No more starts of cls in any calendar window of interval s than
+    count: each start (a recovered copy's too) took a grant of its own. A
+    start within LIMIT_LAG of its window's beginning counts in the window
+    before when that one had a grant to spare; a window still over is
+    forgiven only next to a freeze or partition of one of its starters'
+    processes (a stale copy, granted before the freeze, runs when it
+    wakes)."""
+    by = collections.defaultdict(list)
+    for rs in runs.values():
+        for x in rs:
+            if x.cls == cls:
+                by[int(x.start // interval)].append(x)
+    spare_prev, prev_w = 0, None
+    over = attributed = 0
+    for w in sorted(by):
+        xs = by[w]
+        early = sum(1 for x in xs if x.start - w * interval < LIMIT_LAG)
+        moved = min(early, spare_prev) if prev_w == w - 1 else 0
+        n = len(xs) - moved
+        if n > count:
+            f = _freeze_near(faults, {x.pid for x in xs}, w * interval, (w + 1) * interval)
+            if f:
+                f.overlaps += 1
+                attributed += 1
+            else:
+                over += 1
+                r.workload_problems.append("%s: %d starts in the window at %.0f (limit %d per %g s)"
+                                           % (cls, n, w * interval, count, interval))
+        spare_prev, prev_w = max(0, count - n), w
+    r.workload.append("window limiter %s (%d per %g s): %d starts in %d windows, %d over it next to a freeze, "
+                      "%d otherwise" % (cls, count, interval, sum(len(v) for v in by.values()), len(by),
+                                        attributed, over))

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+import json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checker  # noqa: E402
@@ -312,13 +313,18 @@ class Harness:
                     "  LedgerLockJob:\n    lock: while_executing\n    lock_args: [1]\n"
                     "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
                     "  LedgerLimitJob:\n"
-                    "    limit: { type: concurrent, name: chaos, size: 3, lock_timeout: 10 }\n")
+                    "    limit: { type: concurrent, name: chaos, size: 3, lock_timeout: 10 }\n"
+                    + self.workload_config())
         self.workers = [Worker(self, i, i == 0) for i in range(a.workers)]
         self.pushed = {}   # jid -> (class, args, time): Redis said it took them
         self.tried = set()  # jids sent whose reply never came: they may be there
         self.events = []   # checker.Fault
         self.active = []   # (heal time, fault, heal function)
         self.seq = 0
+        self.batches = {}     # tag -> checker.Batch
+        self.batch_procs = []  # (Batch, Popen) still running
+        self.lock_pushes = []  # checker.LockPush, in the order sent
+        self.maker_log = open(os.path.join(self.dir, "batch-maker.log"), "w")  # their stderr
 
     def client(self):
         return Redis("127.0.0.1", self.redis.port, 2)
@@ -326,7 +332,8 @@ class Harness:
     # -- the workload --
     def push_some(self, c, n):
         """n jobs: plain ones of mixed lengths, a few with a runtime lock on
-        a handful of keys, some under a concurrent limiter; every fifth chunk
+        a handful of keys, some under a concurrent limiter, a few iterable
+        ones (a step a line in the ledger); every fifth chunk
         as one transaction (MULTI/EXEC). Recorded once Redis said yes."""
         jobs = []
         for _ in range(n):
@@ -336,6 +343,10 @@ class Harness:
                 cls, args = "LedgerLockJob", [self.jobs_rng.choice([5, 20, 50]), "k%d" % self.jobs_rng.randrange(4)]
             elif r < 0.2:
                 cls, args = "LedgerLimitJob", [self.jobs_rng.choice([5, 20]), self.seq]
+            elif r < 0.21:
+                cls, args = "LedgerWindowJob", [self.jobs_rng.choice([0, 5]), self.seq]
+            elif r < 0.215:
+                cls, args = "LedgerIterJob", [10, self.jobs_rng.choice([20, 50, 150]), self.seq]
             else:
                 cls, args = "LedgerJob", [self.jobs_rng.choice([0, 0, 1, 5, 20, 100]), self.seq]
             jid = uuid.uuid4().hex[:24]
@@ -361,6 +372,109 @@ class Harness:
             if isinstance(r, int):
                 self.pushed[j[0]] = (j[1], j[2], t)
         return len(jobs)
+
+    # -- batches and a periodic schedule --
+    TICK_EVERY = 1
+    WINDOW = 3  # LedgerWindowJob's starts a second
+
+    def workload_config(self):
+        """The config's iterable class, interrupted after a second (so its
+        longer jobs resume from their cursor, maybe elsewhere), and its
+        periodic schedule: a LedgerTickJob every second, every missed tick
+        enqueued once a process is back (missed: all), so the checker can
+        hold each tick to exactly one enqueue."""
+        return ("  LedgerWindowJob:\n    limit: { type: window, name: chaos_window, count: %d, interval: second,"
+                " wait_timeout: 0 }\n" % self.WINDOW +
+                "  LedgerIterJob:\n    max_iteration_runtime: 1\n"
+                "  LedgerUntilExecutedJob:\n    lock: until_executed\n    lock_args: [1]\n"
+                "  LedgerUntilExpiredJob:\n    lock: until_expired\n    lock_args: [1]\n    lock_ttl: %d\n"
+                "    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
+                "  LedgerUntilWhileJob:\n    lock: until_and_while_executing\n    lock_args: [1]\n"
+                "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
+                % checker.UNTIL_EXPIRED_TTL +
+                "periodic:\n  chaos_tick:\n    cron: \"*/%d * * * * *\"\n    class: LedgerTickJob\n"
+                "    queue: chaos\n    args: [0]\n    missed: all\n" % self.TICK_EVERY)
+
+    def start_batch(self):
+        """One batch of 5 to 30 LedgerBatchJob jobs with complete and
+        success callbacks, made by tests/chaos/batch.c through the C client
+        API (as an application makes one), without waiting for it."""
+        b = checker.Batch("b%d" % (len(self.batches) + 1))
+        self.batches[b.tag] = b
+        n = self.jobs_rng.randint(5, 30)
+        proc = subprocess.Popen([self.a.batch_maker, "redis://127.0.0.1:%d/0" % self.redis.port, b.tag, str(n)],
+                                stdout=subprocess.PIPE, stderr=self.maker_log, text=True)
+        self.batch_procs.append((b, proc))
+
+    def start_lock_push(self):
+        """One job of an until-lock class on one of three keys, pushed by
+        `capstan push -C` (which takes the class's lock as an application's
+        client does), without waiting for it: refused (status 3) while the
+        key's lock is held."""
+        self.seq += 1
+        cls = self.jobs_rng.choice(sorted(checker.UNTIL_LOCKS))
+        key = "k%d" % self.jobs_rng.randrange(3)
+        p = checker.LockPush(cls, [self.jobs_rng.choice([5, 20, 50]), key, self.seq])
+        p.sent = time.time()
+        p.proc = subprocess.Popen([self.capstan, "push", cls, json.dumps(p.args), "-C", self.conf, "-q", "chaos",
+                                   "--redis-url", "redis://127.0.0.1:%d/0" % self.redis.port],
+                                  stdout=subprocess.PIPE, stderr=self.maker_log, text=True)
+        self.lock_pushes.append(p)
+
+    def poll_lock_pushes(self, wait=0):
+        """Reads the pushes that have ended (waiting up to wait s for all,
+        then killing those left): status 0 accepted (the jid on stdout),
+        3 refused by the lock, else not known."""
+        deadline = time.time() + wait
+        for p in self.lock_pushes:
+            if p.proc is None:
+                continue
+            try:
+                rc = p.proc.wait(max(0.0, deadline - time.time()) if wait else 0)
+            except subprocess.TimeoutExpired:
+                if not wait:
+                    continue
+                p.proc.kill()
+                rc = p.proc.wait()
+            p.replied = time.time()
+            out = p.proc.stdout.read().split()
+            p.proc.stdout.close()
+            p.proc = None
+            if rc == 0 and out:
+                p.status, p.jid = "accepted", out[0]
+                self.pushed[p.jid] = (p.cls, p.args, p.replied)
+            else:
+                p.status = "refused" if rc == 3 else "unknown"
+
+    def poll_batches(self, wait=0):
+        """Reads the makers that have ended (waiting up to wait s for all,
+        then killing those left: their batches are judged as pushed and
+        committed or not by what they printed)."""
+        deadline = time.time() + wait
+        left = []
+        for b, proc in self.batch_procs:
+            try:
+                proc.wait(max(0.0, deadline - time.time()) if wait else 0)
+            except subprocess.TimeoutExpired:
+                if wait:
+                    proc.kill()
+                    proc.wait()
+                else:
+                    left.append((b, proc))
+                    continue
+            t = time.time()
+            for line in proc.stdout.read().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "bid":
+                    b.bid = v
+                elif k == "jid":
+                    b.jids.append(v)
+                    self.pushed[v] = (checker.BATCH_JOB, [b.tag], t)
+                elif k == "committed":
+                    b.committed = True
+            b.pushed = bool(b.jids)
+            proc.stdout.close()
+        self.batch_procs = left
 
     # -- the nemesis --
     def worker_wl(self, pid):
@@ -492,17 +606,30 @@ class Harness:
         end = t0 + a.seconds
         next_fault = t0 + self.rng.uniform(0.5, a.fault_every)
         next_push = t0
+        next_batch = t0 + 1
+        next_lock_push = t0
         while time.time() < end:
             now = time.time()
             self.heal_due(now)
             if now >= next_push:
                 self.push_some(c, a.rate // 20)
                 next_push = now + 0.05
+            if now >= next_batch:
+                self.start_batch()
+                next_batch = now + 2
+            if now >= next_lock_push:
+                self.start_lock_push()
+                next_lock_push = now + 0.2
+            self.poll_batches()
+            self.poll_lock_pushes()
             if now >= next_fault and not any(f.kind != "client_kill" for _, f, _ in self.active):
                 self.inject(self.next_kind(), now)
                 next_fault = now + self.rng.uniform(0.5, a.fault_every)
             time.sleep(0.01)
         self.heal_due(0, all_=True)
+        self.poll_batches(wait=15)
+        self.poll_lock_pushes(wait=15)
+        self.maker_log.close()
         for w in self.workers:
             if not w.alive():
                 w.start()
@@ -512,6 +639,7 @@ class Harness:
         if not drained:
             self.dump_locks()
         state = checker.read_redis(self.client())
+        enqueued = checker.read_enqueued(self.client())
         self.redis.stop()
         self.net.close()
         # What the checker reads besides the ledger, kept for a second look
@@ -524,20 +652,28 @@ class Harness:
             out.writelines("%s\n" % j for j in self.pushed)
         with open(os.path.join(self.dir, "tried.txt"), "w") as out:
             out.writelines("%s\n" % j for j in self.tried - set(self.pushed))
-        report = checker.check(self.pushed, self.tried, checker.read_ledger(self.dir), state, self.events,
-                               lock_classes={"LedgerLockJob"}, limits={"LedgerLimitJob": 3},
-                               concurrency=self.concurrency)
+        with open(os.path.join(self.dir, "batches.txt"), "w") as out:
+            for b in self.batches.values():
+                out.write("%s %s pushed=%d committed=%d %s\n" % (b.tag, b.bid, b.pushed, b.committed, ",".join(b.jids)))
+        runs = checker.read_ledger(self.dir)
+        steps, handed_back = checker.read_steps(self.dir, runs)
+        report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches, self.lock_pushes),
+                               runs, state, self.events,
+                               lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
+                               limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back)
+        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events,
+                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)}, handed_back)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
         return report
 
     def sanitizer_reports(self):
-        """Lines of the workers' logs where AddressSanitizer or
+        """Lines of the workers' (and batch makers') logs where AddressSanitizer or
         UndefinedBehaviorSanitizer reported (an ASan+UBSan build)."""
         found = []
         for path in sorted(os.listdir(self.dir)):
-            if path.startswith("worker") and path.endswith(".log"):
+            if path.startswith(("worker", "batch-maker")) and path.endswith(".log"):
                 with open(os.path.join(self.dir, path), errors="replace") as f:
                     for line in f:
                         if "ERROR: AddressSanitizer" in line or "ERROR: LeakSanitizer" in line \
@@ -598,7 +734,8 @@ def main():
     build = a.build if os.path.isabs(a.build) else os.path.join(root, a.build)
     a.capstan = os.path.join(build, "capstan")
     a.plugin = os.path.join(build, "tests", "libcapstan-ledger.so")
-    for f in (a.capstan, a.plugin):
+    a.batch_maker = os.path.join(build, "tests", "capstan-chaos-batch")
+    for f in (a.capstan, a.plugin, a.batch_maker):
         if not os.path.exists(f):
             raise SystemExit("chaos: %s not built (ninja -C %s)" % (f, build))
     seeds = [int(s) for s in a.seeds.split(",")] if a.seeds else [a.seed]

@@ -10,9 +10,19 @@
  * one a kill -9 interrupts is either written whole or not at all.
  *
  *   LedgerJob [ms, ...]       sleeps ms (the rest of the args tells jobs
- *   LedgerLockJob [ms, ...]   apart); the two others differ only in name,
- *   LedgerLimitJob [ms, ...]  which the harness's config gives a lock and a
- *                             limit. */
+ *   LedgerLockJob [ms, ...]   apart); the others differ only in name,
+ *   LedgerLimitJob [ms, ...]  which the harness's config gives a lock or a
+ *   LedgerWindowJob [ms, ...] limit (concurrent, window; the until-locks:
+ *   LedgerUntil*Job [ms, ...] Executed, Expired, While for
+ *                             until_and_while_executing), or which
+ *   LedgerBatchJob [ms, ...]  tests/chaos/batch.c pushes in
+ *   LedgerBatchCallback       a batch; its callbacks and a periodic
+ *   LedgerTickJob             schedule's jobs write [enqueued_at, args] and
+ *                             [enqueued_at, periodic_at] as their args, so
+ *                             the checker tells enqueues of one jid apart;
+ *   LedgerIterJob [ms, n, ...] an iterable job of n steps of ms each, one
+ *                             line per step: I <jid> <pid> <epoch> <index>,
+ *                             and H <jid> <pid> <epoch> when interrupted. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -50,27 +60,97 @@ static int note(capstan_job_t *job, const char *line, int len)
     return 0;
 }
 
-static int ledger_job(capstan_job_t *job, void *ud)
+/* The args column of a line that tells enqueues apart: [enqueued_at, the
+ * payload's field named (its args when "")]. A job run again after a
+ * recovery keeps its enqueued_at; a second enqueue has its own. */
+static int enqueue_args(capstan_job_t *job, const char *field, char *out, size_t size)
 {
-    (void)ud;
+    size_t elen = 0, flen = 0;
+    const char *enq = capstan_job_field_raw(job, "enqueued_at", &elen);
+    const char *f = *field ? capstan_job_field_raw(job, field, &flen) : capstan_job_args_raw(job, &flen);
+    return snprintf(out, size, "[%.*s,%.*s]", enq ? (int)(elen < 64 ? elen : 64) : 4, enq ? enq : "null",
+                    f ? (int)(flen < 900 ? flen : 900) : 4, f ? f : "null");
+}
+
+/* The start line of job's run (args as the payload has them, or as
+ * enqueue_args writes them when field is not NULL). */
+static int start_line(capstan_job_t *job, const char *field)
+{
     pthread_once(&ledger_once, ledger_open);
     if (ledger_fd < 0)
         return capstan_job_fail(job, "IOError", "no ledger file in $CAPSTAN_LEDGER_DIR");
     size_t alen = 0;
     const char *args = capstan_job_args_raw(job, &alen);
+    char enq[1024];
+    if (field) {
+        int n = enqueue_args(job, field, enq, sizeof(enq));
+        args = enq;
+        alen = n < 0 ? 0 : (size_t)n < sizeof(enq) ? (size_t)n : sizeof(enq) - 1;
+    }
     char line[4096];
     int len = snprintf(line, sizeof(line), "S %s %d %.6f %s %.*s\n", capstan_job_jid(job), (int)getpid(),
                        wall(), capstan_job_class(job), (int)(alen < 1024 ? alen : 1024), args ? args : "");
-    int rc = note(job, line, len);
-    if (rc)
-        return rc;
-    json_t *a = capstan_job_args(job);
-    long ms = a ? (long)json_integer_value(json_array_get(a, 0)) : 0;
+    return note(job, line, len);
+}
+
+static int end_line(capstan_job_t *job)
+{
+    char line[128];
+    int len = snprintf(line, sizeof(line), "E %s %d %.6f\n", capstan_job_jid(job), (int)getpid(), wall());
+    return note(job, line, len);
+}
+
+static void sleep_ms(long ms)
+{
     struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
     while (ms > 0 && nanosleep(&ts, &ts) != 0)
         ;
-    len = snprintf(line, sizeof(line), "E %s %d %.6f\n", capstan_job_jid(job), (int)getpid(), wall());
-    return note(job, line, len);
+}
+
+/* args[i] as a number (0 when absent). */
+static long arg_long(capstan_job_t *job, size_t i)
+{
+    json_t *a = capstan_job_args(job);
+    return a ? (long)json_integer_value(json_array_get(a, i)) : 0;
+}
+
+static int ledger_job(capstan_job_t *job, void *ud)
+{
+    int rc = start_line(job, ud);
+    if (rc)
+        return rc;
+    sleep_ms(arg_long(job, 0));
+    return end_line(job);
+}
+
+/* LedgerIterJob [ms, n, ...]: n steps of ms each, resumed from its cursor
+ * (the next step's index), one line per step taken. An interrupted run
+ * says so (H <jid> <pid> <epoch>: handed back, its next run resumes it) and
+ * ends (E), the job going back to its queue. */
+static int iter_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    int rc = start_line(job, NULL);
+    if (rc)
+        return rc;
+    long ms = arg_long(job, 0), n = arg_long(job, 1);
+    const json_t *c = capstan_job_cursor(job);
+    for (long i = c ? (long)json_integer_value(c) : 0; i < n; i++) {
+        json_t *at = json_integer(i);
+        int go = capstan_job_checkpoint(job, at);
+        json_decref(at);
+        char line[128];
+        int len = go == CAPSTAN_ITER_STOP
+                      ? snprintf(line, sizeof(line), "H %s %d %.6f\n", capstan_job_jid(job), (int)getpid(), wall())
+                      : snprintf(line, sizeof(line), "I %s %d %.6f %ld\n", capstan_job_jid(job), (int)getpid(),
+                                 wall(), i);
+        if (go != CAPSTAN_ITER_CANCELLED && (rc = note(job, line, len)))
+            return rc;
+        if (go != CAPSTAN_ITER_NEXT)
+            break;
+        sleep_ms(ms);
+    }
+    return end_line(job);
 }
 
 __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t *rt)
@@ -80,5 +160,13 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "LedgerJob", ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerLockJob", ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerLimitJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerBatchJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerBatchCallback", ledger_job, (void *)"", &opts);
+    rc |= capstan_register(rt, "LedgerTickJob", ledger_job, (void *)"periodic_at", &opts);
+    rc |= capstan_register(rt, "LedgerIterJob", iter_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerUntilExecutedJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerUntilExpiredJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerUntilWhileJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "LedgerWindowJob", ledger_job, NULL, &opts);
     return rc;
 }
