@@ -386,7 +386,7 @@ def workload_jids(runs, batches, lock_pushes=()):
 
 
 def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=(), lock_pushes=None,
-                   windows=None, handed_back=()):
+                   windows=None):
     """Adds to report r the checks of the batches, the periodic ticks, the
     iterable jobs' steps (read_steps), the until-locks' pushes and the
     window limiters ({class: (count, interval s)})."""
@@ -399,7 +399,7 @@ def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, 
     if tick_every:
         _check_ticks(r, runs, enqueued, tick_every)
     if steps is not None:
-        _check_steps(r, runs, state, steps, faults, handed_back)
+        _check_steps(r, runs, state, steps, faults)
 
 
 ITER_JOB = "LedgerIterJob"
@@ -439,34 +439,14 @@ def _step_fault(faults, prev, new):
     return f if f and f.kind != "kill9_supervisor" else None
 
 
-# Redis faults that cut or refuse the state write of an iterating run's
-# interruption (its connection killed or reset, or the write refused).
-STATE_WRITE_FAULTS = {"restart_redis", "client_kill", "maxmemory"}
-
-
-def _state_write_lost(faults, run, handed_back):
-    """A Redis fault that may have cost run, handed back by an interruption,
-    its state write: one between its start and its end. That write fails
-    and is not tried again (job/iterate.c: flush), so its next run starts
-    from the cursor saved before: a weakness capstan still has."""
-    if (run.jid, run.start) not in handed_back or run.end is None:
-        return None
-    for f in faults:
-        if f.kind in STATE_WRITE_FAULTS and f.start <= run.end and (f.end or f.start) >= run.start:
-            return f
-    return None
-
-
-def _check_steps(r, runs, state, steps, faults, handed_back=()):
+def _check_steps(r, runs, state, steps, faults):
     """Every step of every iterable job that finished was taken; a step
     taken twice only by two runs of the job with a kill -9, freeze or
     partition of the process of one run between them (_step_fault): a run
     that resumes takes up at the last saved cursor, which a killed or
-    frozen run saved up to 5 s before it stopped. Steps taken again after
-    a run whose interruption's state write a Redis fault cut
-    (_state_write_lost) are counted apart, as the known weakness they are."""
+    frozen run saved up to 5 s before it stopped."""
     unfinished = state.queued | state.working | state.retry | state.dead
-    jobs = nsteps = missing = after = other = lost_write = 0
+    jobs = nsteps = missing = after = other = 0
     for jid, rs in runs.items():
         if rs[0].cls != ITER_JOB:
             continue
@@ -486,19 +466,17 @@ def _check_steps(r, runs, state, steps, faults, handed_back=()):
         order = {id(x): k for k, x in enumerate(rs)}
         for i, by in sorted(taken.items()):
             for ra, rb in zip(by, by[1:]):
-                between = (list(zip(rs[order[id(ra)]:order[id(rb)]], rs[order[id(ra)] + 1:order[id(rb)] + 1]))
-                           if ra is not None and rb is not None and ra is not rb else [])
-                if any(_step_fault(faults, p, q) for p, q in between):
+                if ra is not None and rb is not None and ra is not rb and any(
+                        _step_fault(faults, p, q) for p, q in zip(rs[order[id(ra)]:order[id(rb)]],
+                                                                   rs[order[id(ra)] + 1:order[id(rb)] + 1])):
                     after += 1
-                elif any(_state_write_lost(faults, p, handed_back) for p, _ in between):
-                    lost_write += 1
                 else:
                     other += 1
                     r.workload_problems.append("iterable %s: step %d taken again by %s without a fault between"
                                                % (jid, i, "the same run" if ra is rb else "another run"))
     r.workload.append("iterable jobs: %d, %d steps taken, %d never taken, %d taken again after a fault "
-                      "of their process, %d after a Redis fault cut an interruption's state write (a known "
-                      "weakness), %d otherwise" % (jobs, nsteps, missing, after, lost_write, other))
+                      "of their process, %d otherwise"
+                      % (jobs, nsteps, missing, after, other))
 
 
 def _check_batches(r, runs, state, enqueued, batches):

@@ -662,7 +662,7 @@ class Harness:
                                lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
                                limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back)
         checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events,
-                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)}, handed_back)
+                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)})
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
