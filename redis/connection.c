@@ -357,6 +357,23 @@ int capstan__redis_era(const capstan_redis_t *r)
     return r ? r->era : -1;
 }
 
+int capstan__redis_follow_master(capstan_redis_t *r)
+{
+    if (!r->url.sentinel || !r->url.host || r->broken || !r->c)
+        return 0;
+    capstan_redis_url_t u = r->url;
+    u.host = NULL; /* the resolve sets its own */
+    char err[CAPSTAN_ERRLEN];
+    if (capstan__sentinel_resolve(&u, r->name, err))
+        return 0;
+    int moved = strcmp(u.host, r->url.host) != 0 || u.port != r->url.port;
+    if (moved)
+        capstan_warn("%s: the sentinels name another master (%s:%d); every connection moves to it",
+                     r->name, u.host, u.port);
+    free(u.host);
+    return moved && end_era(r);
+}
+
 /* Made before the last demotion: to be made again. */
 static int stale(const capstan_redis_t *r) { return r->era != atomic_load(&demotions); }
 

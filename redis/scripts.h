@@ -27,6 +27,14 @@ int capstan__redis_append_script(capstan_redis_t *r, capstan_script_t s, int nke
  * with that master, so its ack does not go to another (runtime/feed.c). */
 int capstan__redis_era(const capstan_redis_t *r);
 
+/* Through sentinels: asks them which master they name now, and when it is
+ * not r's, ends r's era, so every connection of the process reconnects to
+ * the new master at its next command (one still taking writes after a
+ * SENTINEL FAILOVER, until the sentinels demote it, would otherwise keep
+ * the process on it for seconds). Returns 1 when it ended the era, else 0
+ * (not through sentinels, none answered, or the same master). */
+int capstan__redis_follow_master(capstan_redis_t *r);
+
 /* Writes the commands appended so far without reading a reply (their
  * replies are read later with capstan_redis_get_reply). Returns 0 or
  * CAPSTAN_EREDIS. */

@@ -176,6 +176,9 @@ void *capstan__housekeeper_main(void *arg)
         capstan__rt_wait(rt, rt->cfg->heartbeat_interval);
         if (atomic_load(&rt->housekeeper_stop))
             break;
+        /* A master replaced (SENTINEL FAILOVER) may take writes until the
+         * sentinels demote it: every connection leaves it within a beat. */
+        capstan__redis_follow_master(r);
         if (!capstan_redis_ok(r)) {
             /* Tried every beat, not backing off further: the liveness key
              * must be back well within the recovery grace. */

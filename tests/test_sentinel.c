@@ -427,10 +427,11 @@ static long long fail_over(const cluster_t *k, int from, int to)
 Test(sentinel, jobs_drain_through_two_failovers)
 {
     drain_t d;
-    /* Every other job sleeps 2 ms, so the drain outlasts both failovers
-     * (the second waits for the demoted master's full resync) however soon
-     * capstan is on each new master. */
-    drain_start(&d, failover_jobs(), "2", 2, "");
+    /* Every other job sleeps 4 ms, so the drain (20 s) outlasts both
+     * failovers (the second waits for the sentinels to demote the old
+     * master, about 10 s, and for its full resync) however soon capstan is
+     * on each new master. */
+    drain_start(&d, failover_jobs(), "2", 4, "");
     ran_at_least(&d, d.k.master, d.n / 10);
     double t0 = kt_now(), since = epoch();
     long long in1 = fail_over(&d.k, d.k.master, d.k.replica);
@@ -448,6 +449,52 @@ Test(sentinel, jobs_drain_through_two_failovers)
     cr_assert_geq(dups, 0);
     cr_assert_leq(dups, in1 + in2, "more duplicates than jobs in flight at the failovers");
     listed_by_sidekiq(&d, d.k.master, since);
+    drain_stop(&d);
+}
+
+/* Whether the server at port says it is a master. */
+static int is_master(int port)
+{
+    redisReply *r = cmd_on(port, "ROLE%s", "");
+    int m = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING
+            && strcmp(r->element[0]->str, "master") == 0;
+    freeReplyObject(r);
+    return m;
+}
+
+/* After SENTINEL FAILOVER the old master stays a master, taking writes,
+ * until the sentinels demote it (seconds later): a process that only asked
+ * the sentinels again on a lost connection or a READONLY ran jobs there all
+ * that time, jobs that run again on the new master. It asks every beat, so
+ * it leaves the old master within one while that is still a master. */
+Test(sentinel, a_replaced_master_still_taking_writes_is_left_within_a_beat)
+{
+    drain_t d;
+    drain_start(&d, failover_jobs(), "2", 2, "");
+    ran_at_least(&d, d.k.master, d.n / 10);
+    fail_over(&d.k, d.k.master, d.k.replica);
+    double t0 = kt_now();
+    /* Left: no job recorded on the old master for 0.5 s. */
+    long long last = int_on(d.k.master, "SCARD %s", "rec");
+    double still = kt_now();
+    int master_when_left = 0;
+    while (kt_now() - t0 < 15) {
+        kt_sleep(0.05);
+        long long now = int_on(d.k.master, "SCARD %s", "rec");
+        if (now != last) {
+            last = now;
+            still = kt_now();
+        } else if (kt_now() - still >= 0.5) {
+            master_when_left = is_master(d.k.master);
+            break;
+        }
+    }
+    fprintf(stderr, "[failover] the old master's last job %.2f s after the sentinels named the new one; "
+            "it was %s then\n", still - t0, master_when_left ? "still a master" : "a replica already");
+    cr_assert(master_when_left, "capstan stayed on the old master until it was demoted, %.1f s: %s",
+              still - t0, log_tail(d.pid));
+    cr_assert_leq(still - t0, 2.0, "%.1f s on the old master", still - t0);
+    drain_finish(&d, d.k.replica);
     drain_stop(&d);
 }
 
