@@ -494,7 +494,7 @@ Test(sentinel, a_replaced_master_still_taking_writes_is_left_within_a_beat)
     cr_assert(master_when_left, "capstan stayed on the old master until it was demoted, %.1f s: %s",
               still - t0, log_tail(d.pid));
     cr_assert_leq(still - t0, 2.0, "%.1f s on the old master", still - t0);
-    drain_finish(&d, d.k.replica);
+    ran_at_least(&d, d.k.replica, int_on(d.k.replica, "SCARD %s", "rec") + 100); /* on the new one */
     drain_stop(&d);
 }
 
