@@ -1069,7 +1069,7 @@ class Harness:
                 continue
             parked = st.retry | st.dead
             # A push a failover's new master never had cannot end.
-            if all(j in ended or j in parked or checker._unreplicated(self.events, self.push_at.get(j))
+            if all(j in ended or j in parked or checker.lost_to_failover(self.events, j, self.pushed, self.push_at)
                    for j in self.pushed) and not st.working and not st.queued:
                 return True
             time.sleep(0.2)
