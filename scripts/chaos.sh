@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fault-injection harness (scripts/chaos/harness.py): capstan workers
-# whose jobs keep a ledger of every start and end, a private redis-server
-# with appendfsync always, and faults chosen at random from a seed; then a
+# whose jobs keep a ledger of every start and end, a private master, replica
+# and three sentinels (redis-server with appendfsync always; --no-sentinel:
+# one redis-server), and faults chosen at random from a seed; then a
 # check of every job: none lost, each extra run explained by a fault and
 # within its bound.
 #
@@ -17,8 +18,9 @@ if [ "${1:-}" = "--ci" ]; then
     shift
     build=${CHAOS_BUILD:-build}
     [ -x "$build/capstan" ] && [ -f "$build/tests/libcapstan-ledger.so" ] && [ -x "$build/tests/capstan-chaos-batch" ] || bash scripts/build.sh "$build"
-    # Every kind in turn, so that the two short runs inject each one.
-    exec python3 scripts/chaos/harness.py --build "$build" --seeds 11,12 --seconds 12 --cycle \
+    # Every kind in turn, so that the two short runs inject each one; each
+    # opens with one of the two failover kinds.
+    exec python3 scripts/chaos/harness.py --build "$build" --seeds 11,12 --seconds 12 --cycle --sentinel \
         --fault-every 1.5 "$@"
 fi
 exec python3 scripts/chaos/harness.py "$@"

@@ -8,6 +8,7 @@ import collections
 import glob
 import json
 import os
+import time
 
 # Faults on one process, and what a job of that process can do through them.
 PROCESS_FAULTS = {"kill9_worker", "kill9_supervised", "kill9_supervisor", "stop_worker", "partition",
@@ -24,6 +25,18 @@ FREEZES = {"stop_worker", "partition", "partition_oneway"}
 # harness's config, then a reschedule of 1 s) or its limiter slot
 # (wait_timeout 5 s) is had.
 START_LAG = 15
+# A Sentinel failover (harness.py --sentinel): writes the old master took
+# after its replica's copy stopped are gone, so a job whose fetch or ack
+# went there runs again. See failover_window() and _in_failover().
+FAILOVERS = {"failover", "failover_kill"}
+# Seconds a finished job's ack may come after its end (it rides the
+# processor's next round trip) and still miss the replica.
+ACK_LAG = 1
+# Seconds after a failover ends in which a job a worker starts may still
+# run again: one fetched ahead from the old master and started late, or
+# one started by a processor whose connection is still of the old master's
+# era (capstan drops the ack of a job that began in another era).
+SWITCH_LAG = 5
 
 
 class Fault:
@@ -106,6 +119,7 @@ class Report:
         self.pushed = self.ended = self.starts = 0
         self.lost, self.unexpected, self.unattributed = [], [], []
         self.dead = self.retry = 0
+        self.unreplicated = []  # lost with a failover: taken by a master, not by its replica
         self.faults = []
         self.overlaps_unattributed, self.limit_unattributed = [], []
         self.overlaps_attributed = self.limit_attributed = 0
@@ -124,16 +138,18 @@ class Report:
 
     def text(self):
         out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
-               "  pushed %d, ended %d, starts %d; lost %d; extra starts %d (%d not explained by a fault); "
+               "  pushed %d, ended %d, starts %d; lost %d%s; extra starts %d (%d not explained by a fault); "
                "dead %d, retry %d%s" % (self.pushed, self.ended, self.starts, len(self.lost),
+                                        " (+%d pushes a failover's new master never had)" % len(self.unreplicated)
+                                        if self.unreplicated else "",
                                         sum(f.dups for f in self.faults) + len(self.unattributed),
                                         len(self.unattributed), self.dead, self.retry,
                                         "" if self.drained else "; the queues did not drain"),
-               "  runtime-locked runs overlapping: %d after a freeze of a holder, %d otherwise; "
-               "limiter over its size: %d after a freeze, %d otherwise"
+               "  runtime-locked runs overlapping: %d after a freeze of a holder or a failover, %d otherwise; "
+               "limiter over its size: %d after a freeze or a failover, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               ] + ["  " + x for x in self.workload] + fault_table(self.faults)
+               ] + ["  " + x for x in self.workload] + fault_table(self.faults) + failover_lines(self.faults)
         for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
                             ("unexpected", self.unexpected),
                             ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
@@ -143,13 +159,49 @@ class Report:
         return "\n".join(out)
 
 
+def failover_window(f):
+    """The runs a failover f may make run again: those that ended (or did
+    not) at most ACK_LAG before it began and started at most SWITCH_LAG
+    after it ended (f.end: the sentinels name the new master and the old
+    one takes no more writes: killed, or made a replica, the workers staying
+    on it until then). Their fetch or ack may have gone to the old master
+    after its replica's copy stopped, or a worker drops their ack since
+    they started on a master it has seen replaced."""
+    return f.start - ACK_LAG, (f.end or f.start) + SWITCH_LAG
+
+
+def _in_failover(f, prev):
+    """Whether run prev may run again through failover f: it falls in
+    failover_window(f), and its job was one the new master had unfinished
+    (queued, scheduled, in a working list, in the retry set) when the
+    harness read it just after the promotion, or prev started between the
+    promotion (seen by the harness up to ACK_LAG late) and that read (it
+    may have been fetched and acked on the new master before), or in the
+    SWITCH_LAG after the failover ended. A job the new
+    master had finished, or never had, cannot run again through it.
+    Without a read of the new master (f.held None), every run of the
+    window may."""
+    lo, hi = failover_window(f)
+    if not (prev.start <= hi and (prev.end is None or prev.end >= lo)):
+        return False
+    if prev.cls == TICK_JOB:
+        return True  # enqueued on the old master, and again by the new one's scheduler
+    held, read_at = getattr(f, "held", None), getattr(f, "read_at", None)
+    if held is None or read_at is None:
+        return True
+    end = f.end or f.start
+    return (prev.jid in held or f.promoted - ACK_LAG <= prev.start <= read_at
+            or end <= prev.start <= end + SWITCH_LAG)
+
+
 def _fault_for(faults, prev, new):
     """The fault that explains run new of a job whose previous run was prev:
     the kill of prev's process after prev started; else a freeze or cut of
     prev's process (its jobs recovered by another) or of new's (a stale copy
     run after it came back) that began before new started and had not ended
-    long before prev started. The latest such fault whose process held the
-    job is the one, else the latest such fault."""
+    long before prev started, and whose process held the job; else a
+    failover whose window prev falls in (_in_failover); else such a freeze
+    that did not hold it. The latest of a kind is the one."""
     kills = [f for f in faults if f.kind in KILLS and f.pid == prev.pid
              and prev.start <= f.start <= new.start
              and (prev.end is None or prev.end > f.start or prev.jid in (f.held or ()))]
@@ -160,8 +212,52 @@ def _fault_for(faults, prev, new):
     # Of those, one whose process held the job when it began is the cause;
     # a later freeze of a process that never held it only happened nearby.
     held = [f for f in freezes if prev.jid in (f.held or ())]
-    freezes = held or freezes
+    if held:
+        return max(held, key=lambda f: f.start)
+    fos = [f for f in faults if f.kind in FAILOVERS and f.start <= new.start and _in_failover(f, prev)]
+    if fos:
+        return max(fos, key=lambda f: f.start)
     return max(freezes, key=lambda f: f.start) if freezes else None
+
+
+def _unreplicated(faults, at):
+    """The failover whose new master never had a push that the master
+    took at at = (replication id, offset after it): past f.cut (the old
+    master's replication id, and the last offset of it the new master had
+    when promoted). Redis's asynchronous replication lost it, not capstan.
+    None: no failover explains its loss."""
+    if not at:
+        return None
+    for f in faults:
+        cut = getattr(f, "cut", None)
+        if f.kind in FAILOVERS and cut and cut[0] == at[0] and at[1] > cut[1]:
+            return f
+    return None
+
+
+def lost_to_failover(faults, jid, pushed, push_at):
+    """The failover whose new master never had the push of jid (None: no
+    failover explains its loss): by its replication offset (_unreplicated),
+    or, for a push by capstan's client (capstan push, a batch), whose offset
+    the harness does not see, by its time alone: the old master may have
+    taken it from ACK_LAG before the failover to its last write."""
+    if push_at is None:
+        return None
+    at = push_at.get(jid)
+    if at:
+        return _unreplicated(faults, at)
+    return next((f for f in faults if f.kind in FAILOVERS
+                 and f.start - ACK_LAG <= pushed[jid][2] <= (f.end or f.start)), None)
+
+
+def _failover_near(faults, xs):
+    """A failover in whose window one of the runs xs falls: a lock or a
+    limiter slot taken on the old master after its replica's copy stopped
+    is not on the new one, which hands it out again."""
+    for f in faults:
+        if f.kind in FAILOVERS and any(_in_failover(f, x) for x in xs):
+            return f
+    return None
 
 
 def _freeze_near(faults, pids, t0, t1):
@@ -172,11 +268,14 @@ def _freeze_near(faults, pids, t0, t1):
     return None
 
 
-def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0, handed_back=()):
+def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0, handed_back=(),
+          push_at=None):
     """pushed: the jids Redis took (they must end, or be in a set); tried:
     those sent whose answer was lost (they may have been taken); handed_back:
     (jid, start) of the runs an iterable job's interruption put back in its
-    queue (read_steps), whose next run is no extra run."""
+    queue (read_steps), whose next run is no extra run; push_at: jid ->
+    (replication id, offset) of the master after it took the push (a
+    Sentinel topology)."""
     r = Report()
     r.faults = faults
     r.pushed = len(pushed)
@@ -214,9 +313,19 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         f.held = held
         f.bound = len(held) + concurrency
         last[f.pid] = f
+    # A failover's bound: each job with a run it may make run again
+    # (_in_failover) runs once more.
+    for f in faults:
+        if f.kind in FAILOVERS:
+            f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x)})
     for jid in pushed:
         if jid not in ended and jid not in present:
-            r.lost.append(jid)
+            f = lost_to_failover(faults, jid, pushed, push_at)
+            if f:
+                f.unreplicated = getattr(f, "unreplicated", 0) + 1
+                r.unreplicated.append(jid)
+            else:
+                r.lost.append(jid)
     for jid, rs in runs.items():
         r.starts += len(rs)
         if jid not in pushed and jid not in tried:
@@ -249,7 +358,7 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
             a0, a1 = span(a)
             b0, _ = span(b)
             if b0 < a1 - 1e-4:
-                f = _freeze_near(faults, (a.pid, b.pid), a0, a1)
+                f = _freeze_near(faults, (a.pid, b.pid), a0, a1) or _failover_near(faults, (a, b))
                 if f:
                     f.overlaps += 1
                     r.overlaps_attributed += 1
@@ -268,7 +377,7 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
             if d > 0:
                 held.add(x)
                 if len(held) > size:
-                    f = _freeze_near(faults, {y.pid for y in held}, t, t)
+                    f = _freeze_near(faults, {y.pid for y in held}, t, t) or _failover_near(faults, held)
                     if f:
                         f.overlaps += 1
                         r.limit_attributed += 1
@@ -296,12 +405,30 @@ def fault_table(faults):
     return out
 
 
+def failover_lines(faults):
+    """A line per failover: when the sentinels named the new master and
+    when the old one took its last write (seconds after the fault), its
+    extra runs against its bound, the pushes its new master never had."""
+    out = []
+    for f in faults:
+        if f.kind in FAILOVERS:
+            rel = lambda t: "-" if t is None else "%.1f s" % (t - f.start)  # noqa: E731
+            out.append("  %s at %s: new master named after %s, old master's last write after %s; "
+                       "%d extra runs (bound %d); %d pushes past the cut"
+                       % (f.kind, time.strftime("%H:%M:%S", time.gmtime(f.start)), rel(getattr(f, "promoted", None)),
+                          rel(getattr(f, "demoted", None)), f.dups, f.bound, getattr(f, "unreplicated", 0)))
+    return out
+
+
 def summary(reports):
     """One table over several runs, per fault kind."""
     out = ["chaos: %d runs (seeds %s), %d jobs pushed, %d lost, %d extra starts not explained, %d over a bound"
            % (len(reports), ",".join(str(r.seed) for r in reports), sum(r.pushed for r in reports),
               sum(len(r.lost) for r in reports), sum(len(r.unattributed) for r in reports),
               sum(len(r.over_bound()) for r in reports))]
+    unrep = sum(len(r.unreplicated) for r in reports)
+    if unrep:
+        out[0] += "; %d pushes a failover's new master never had" % unrep
     return "\n".join(out + fault_table([f for r in reports for f in r.faults]))
 
 
@@ -386,20 +513,20 @@ def workload_jids(runs, batches, lock_pushes=()):
 
 
 def check_workload(r, runs, state, enqueued, batches, tick_every=0, steps=None, faults=(), lock_pushes=None,
-                   windows=None):
+                   windows=None, push_at=None):
     """Adds to report r the checks of the batches, the periodic ticks, the
     iterable jobs' steps (read_steps), the until-locks' pushes and the
-    window limiters ({class: (count, interval s)})."""
+    window limiters ({class: (count, interval s)}). push_at: as check()'s."""
     if lock_pushes is not None:
         _check_until_locks(r, runs, lock_pushes)
     for cls, (count, interval) in (windows or {}).items():
         _check_window(r, runs, faults, cls, count, interval)
     if batches:
-        _check_batches(r, runs, state, enqueued, batches)
+        _check_batches(r, runs, state, enqueued, batches, faults)
     if tick_every:
-        _check_ticks(r, runs, enqueued, tick_every)
+        _check_ticks(r, runs, enqueued, tick_every, faults)
     if steps is not None:
-        _check_steps(r, runs, state, steps, faults)
+        _check_steps(r, runs, state, steps, faults, push_at)
 
 
 ITER_JOB = "LedgerIterJob"
@@ -439,14 +566,14 @@ def _step_fault(faults, prev, new):
     return f if f and f.kind != "kill9_supervisor" else None
 
 
-def _check_steps(r, runs, state, steps, faults):
+def _check_steps(r, runs, state, steps, faults, push_at=None):
     """Every step of every iterable job that finished was taken; a step
     taken twice only by two runs of the job with a kill -9, freeze or
     partition of the process of one run between them (_step_fault): a run
     that resumes takes up at the last saved cursor, which a killed or
     frozen run saved up to 5 s before it stopped."""
     unfinished = state.queued | state.working | state.retry | state.dead
-    jobs = nsteps = missing = after = other = 0
+    jobs = nsteps = missing = after = after_failover = other = 0
     for jid, rs in runs.items():
         if rs[0].cls != ITER_JOB:
             continue
@@ -457,7 +584,9 @@ def _check_steps(r, runs, state, steps, faults):
         for t, pid, i in steps.get(jid, []):
             taken[i].append(_run_at(rs, pid, t))
             nsteps += 1
-        if jid not in unfinished:
+        if jid not in unfinished and not _unreplicated(faults, (push_at or {}).get(jid)):
+            # (A job pushed past a failover's cut lived on the old master
+            # only: its requeue with its cursor went with it.)
             gone = [i for i in range(n) if i not in taken]
             missing += len(gone)
             if gone:
@@ -470,16 +599,21 @@ def _check_steps(r, runs, state, steps, faults):
                         _step_fault(faults, p, q) for p, q in zip(rs[order[id(ra)]:order[id(rb)]],
                                                                    rs[order[id(ra)] + 1:order[id(rb)] + 1])):
                     after += 1
+                elif ra is not None and rb is not None and ra is not rb and (
+                        _in_split_brain(faults, ra.start) or _in_split_brain(faults, rb.start)):
+                    # The cursor a run saved on the old master after the
+                    # cut is not on the new one, whose copy resumes before.
+                    after_failover += 1
                 else:
                     other += 1
                     r.workload_problems.append("iterable %s: step %d taken again by %s without a fault between"
                                                % (jid, i, "the same run" if ra is rb else "another run"))
     r.workload.append("iterable jobs: %d, %d steps taken, %d never taken, %d taken again after a fault "
-                      "of their process, %d otherwise"
-                      % (jobs, nsteps, missing, after, other))
+                      "of their process, %d after a failover, %d otherwise"
+                      % (jobs, nsteps, missing, after, after_failover, other))
 
 
-def _check_batches(r, runs, state, enqueued, batches):
+def _check_batches(r, runs, state, enqueued, batches, faults=()):
     """Every committed batch whose jobs all ended, none failed, fires its
     complete and its success callback each exactly once, not before its last
     job's first end; no batch fires one twice (two enqueues of the callback's
@@ -509,14 +643,18 @@ def _check_batches(r, runs, state, enqueued, batches):
                     members[a[1]].add(jid)
                 if x.end is not None:
                     ends[jid].append(x.end)
-    missing = twice = early = judged = 0
+    missing = twice = twice_failover = early = judged = 0
     for tag, b in sorted(batches.items()):
         jids = set(b.jids) if b.pushed else members[tag]
         if b.bid and tag in bids and bids[tag] != b.bid:
             r.workload_problems.append("batch %s: callbacks name bid %s, not %s" % (tag, bids[tag], b.bid))
         for event in ("complete", "success"):
             n = len(fired[(tag, event)])
-            if n > 1:
+            if n > 1 and all(_in_split_brain(faults, t) for t in sorted(fired[(tag, event)])[1:]):
+                # Enqueued again in a failover: the old master's record
+                # that it fired is not on the new one, or both fire it.
+                twice_failover += 1
+            elif n > 1:
                 twice += 1
                 r.workload_problems.append("batch %s (%s): %s fired %d times" % (tag, b.bid, event, n))
         done = jids and all(ends.get(j) for j in jids)
@@ -534,11 +672,23 @@ def _check_batches(r, runs, state, enqueued, batches):
                 r.workload_problems.append("batch %s (%s): %s ran at %.3f, before its last job ended at %.3f"
                                            % (tag, b.bid, event, first[(tag, event)], last_end))
     r.workload.append("batch callbacks: %d batches (%d committed with every job done), %d missing, "
-                      "%d twice, %d before their jobs ended"
-                      % (len(batches), judged, missing, twice, early))
+                      "%d twice (+%d enqueued again in a failover), %d before their jobs ended"
+                      % (len(batches), judged, missing, twice, twice_failover, early))
 
 
-def _check_ticks(r, runs, enqueued, every):
+def _in_split_brain(faults, t):
+    """A failover during which two masters may each have taken writes at
+    t: from ACK_LAG before it to SWITCH_LAG after the old master's last
+    write (failover_window)."""
+    for f in faults:
+        if f.kind in FAILOVERS:
+            lo, hi = failover_window(f)
+            if lo <= t <= hi:
+                return f
+    return None
+
+
+def _check_ticks(r, runs, enqueued, every, faults=()):
     """Each tick of the periodic schedule (every `every` seconds, missed:
     all) from the first seen to the last seen is enqueued exactly once:
     one enqueued_at per tick, whatever ran it how often."""
@@ -556,13 +706,16 @@ def _check_ticks(r, runs, enqueued, every):
         return
     lo, hi = min(enq), max(enq)
     missed = [t for t in range(lo, hi + 1, every) if not enq.get(t)]
-    twice = [t for t in sorted(enq) if len(enq[t]) > 1]
+    twice = [t for t in sorted(enq) if len(enq[t]) > 1 and not _in_split_brain(faults, t)]
+    failover_twice = sum(1 for t in enq if len(enq[t]) > 1 and _in_split_brain(faults, t))
     for t in missed[:10]:
         r.workload_problems.append("periodic tick %d never enqueued" % t)
     for t in twice[:10]:
         r.workload_problems.append("periodic tick %d enqueued %d times" % (t, len(enq[t])))
-    r.workload.append("periodic ticks: %d from the first to the last, %d missed, %d twice"
-                      % ((hi - lo) // every + 1, len(missed), len(twice)))
+    r.workload.append("periodic ticks: %d from the first to the last, %d missed, %d twice%s"
+                      % ((hi - lo) // every + 1, len(missed), len(twice),
+                         " (+%d during a failover: each master's scheduler enqueues it)" % failover_twice
+                         if failover_twice else ""))
 
 
 # ---- until-locks --------------------------------------------------------------
@@ -657,7 +810,8 @@ def _check_window(r, runs, faults, cls, count, interval):
         moved = min(early, spare_prev) if prev_w == w - 1 else 0
         n = len(xs) - moved
         if n > count:
-            f = _freeze_near(faults, {x.pid for x in xs}, w * interval, (w + 1) * interval)
+            f = _freeze_near(faults, {x.pid for x in xs}, w * interval, (w + 1) * interval) \
+                or _failover_near(faults, xs)
             if f:
                 f.overlaps += 1
                 attributed += 1

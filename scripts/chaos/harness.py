@@ -30,9 +30,15 @@ import checker  # noqa: E402
 # --cycle: the kinds still to inject in this turn, kept across the runs of
 # one invocation so that several short runs inject every kind between them.
 CYCLE = []
+# --cycle --sentinel: the failover kinds, one opening each run in turn (a
+# failover takes seconds; the other kinds go on meanwhile or after).
+OPENINGS = []
 
 FAULTS = ["kill9_worker", "kill9_supervisor", "stop_worker", "partition", "partition_oneway",
           "stop_redis", "restart_redis", "client_kill", "maxmemory"]
+# With --sentinel (a master, a replica, three sentinels): a SENTINEL
+# FAILOVER, and a SIGKILL of the master that the sentinels fail over.
+SENTINEL_FAULTS = ["failover", "failover_kill"]
 
 
 # ---- a small Redis client (RESP2) ------------------------------------------
@@ -131,6 +137,7 @@ class Net:
 
     def __init__(self, tag, n, net):
         self.tag, self.n, self.ok, self.made, self.net = tag, n, False, [], net
+        self.wide = False  # routes to every host-side address (route_all)
         if os.geteuid() != 0 or not shutil.which("ip"):
             self.why = "not root, or no ip(8)"
             return
@@ -160,6 +167,18 @@ class Net:
     def ns_ip(self, i):
         return "10.%d.%d.2" % (self.net, i)
 
+    def route_all(self):
+        """For a topology whose servers announce worker 0's host-side
+        address (--sentinel): every namespace reaches 10.<net>.0.0/16
+        through its own host-side address."""
+        for i in range(1, self.n):
+            sh("ip", "netns", "exec", self.ns(i), "ip", "route", "add", "10.%d.0.0/16" % self.net,
+               "via", self.host_ip(i))
+        self.wide = True
+
+    def cut_addrs(self, i):
+        return [self.host_ip(i)] + ([self.host_ip(0)] if self.wide and i else [])
+
     def cut(self, i, oneway):
         """Both ways: the worker's packets to Redis are dropped. One way:
         Redis's packets to the worker are dropped, the worker's still
@@ -167,13 +186,15 @@ class Net:
         if oneway:
             sh("ip", "route", "add", "blackhole", self.ns_ip(i) + "/32", check=False)
         else:
-            sh("ip", "netns", "exec", self.ns(i), "ip", "route", "add", "blackhole",
-               self.host_ip(i) + "/32", check=False)
+            for addr in self.cut_addrs(i):
+                sh("ip", "netns", "exec", self.ns(i), "ip", "route", "add", "blackhole",
+                   addr + "/32", check=False)
 
     def heal(self, i):
         sh("ip", "route", "del", "blackhole", self.ns_ip(i) + "/32", check=False)
-        sh("ip", "netns", "exec", self.ns(i), "ip", "route", "del", "blackhole",
-           self.host_ip(i) + "/32", check=False)
+        for addr in self.cut_addrs(i):
+            sh("ip", "netns", "exec", self.ns(i), "ip", "route", "del", "blackhole",
+               addr + "/32", check=False)
 
     def close(self):
         for i in self.made:
@@ -184,16 +205,19 @@ class Net:
 
 
 class RedisServer:
-    def __init__(self, dir, binds):
-        self.dir, self.binds, self.proc = dir, binds, None
+    def __init__(self, dir, binds, extra=()):
+        self.dir, self.binds, self.proc, self.extra = dir, binds, None, list(extra)
         self.port = free_port()
 
-    def start(self):
+    def start(self, replicaof=None):
+        """Starts it on its AOF: as a master, or as a replica of the
+        (host, port) replicaof."""
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", " ".join(self.binds),
              "--protected-mode", "no", "--dir", self.dir, "--save", "",
              "--appendonly", "yes", "--appendfsync", "always",
-             "--logfile", os.path.join(self.dir, "redis.log")],
+             "--logfile", os.path.join(self.dir, "redis.log")] + self.extra +
+            (["--replicaof", replicaof[0], str(replicaof[1])] if replicaof else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         c = Redis("127.0.0.1", self.port, 1)
         for _ in range(200):
@@ -227,6 +251,177 @@ def free_port():
     return port
 
 
+def info_field(text, name):
+    for line in (text or "").split("\r\n"):
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1]
+    return None
+
+
+class Sentinels:
+    """--sentinel: a master and one replica (redis-server, AOF always, on
+    free ports) and three sentinels that watch them as "chaos". Every
+    server binds 127.0.0.1 and the host-side addresses; with namespaces
+    the replica and the sentinels announce worker 0's host-side address
+    (every namespace routes to it), else everything is on 127.0.0.1."""
+
+    NAME = "chaos"
+    # Above the longest Redis freeze the harness injects (stop_redis, 3 s),
+    # so that only a failover fault makes the sentinels fail over.
+    DOWN_AFTER_MS = 4000
+
+    def __init__(self, dir, binds, announce):
+        self.dir, self.binds, self.announce = dir, binds, announce
+        extra = ["--repl-diskless-sync-delay", "0", "--replica-announce-ip", announce]
+        self.servers = []
+        for name in ("a", "b"):
+            d = os.path.join(dir, "redis-" + name)
+            os.mkdir(d)
+            self.servers.append(RedisServer(d, binds, extra))
+        self.sentinels, self.procs = [free_port() for _ in range(3)], []
+        self.master = self.servers[0]
+
+    def start(self):
+        a, b = self.servers
+        a.start()
+        b.start(replicaof=(self.announce, a.port))
+        for i, port in enumerate(self.sentinels):
+            d = os.path.join(self.dir, "sentinel%d" % i)
+            os.mkdir(d)
+            conf = os.path.join(d, "sentinel.conf")
+            with open(conf, "w") as f:
+                f.write("port %d\nbind %s\nprotected-mode no\ndir %s\nlogfile %s\n"
+                        "sentinel announce-ip %s\n"
+                        "sentinel monitor %s %s %d 2\n"
+                        "sentinel down-after-milliseconds %s %d\n"
+                        "sentinel failover-timeout %s 10000\n"
+                        % (port, " ".join(self.binds), d, os.path.join(d, "sentinel.log"), self.announce,
+                           self.NAME, self.announce, a.port, self.NAME, self.DOWN_AFTER_MS, self.NAME))
+            self.procs.append(subprocess.Popen(["redis-server", conf, "--sentinel"],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if not wait_for(lambda: self.ready(), 20):
+            raise SystemExit("chaos: the sentinels did not see the master and its replica (see %s)" % self.dir)
+
+    def url(self):
+        return "redis+sentinel://%s/%s/0" % (",".join("%s:%d" % (self.announce, p) for p in self.sentinels),
+                                             self.NAME)
+
+    def ask(self, *args):
+        """The first sentinel's answer that comes (None: none did)."""
+        for port in self.sentinels:
+            try:
+                c = Redis("127.0.0.1", port, 0.5)
+                r = c.cmd("SENTINEL", *args)
+                c.close()
+                return r
+            except (OSError, RedisError):
+                continue
+        return None
+
+    def named(self):
+        """The server the sentinels name master now (None: none answered)."""
+        r = self.ask("get-master-addr-by-name", self.NAME)
+        for s in self.servers:
+            if r and int(r[1]) == s.port:
+                return s
+        return None
+
+    def other(self, s):
+        return self.servers[1] if s is self.servers[0] else self.servers[0]
+
+    def role(self, s):
+        try:
+            c = Redis("127.0.0.1", s.port, 0.5)
+            r = c.cmd("ROLE")
+            c.close()
+            return r
+        except (OSError, RedisError):
+            return None
+
+    def ready(self):
+        """A failover can be injected: every sentinel names the master the
+        harness knows, it is a master, and its replica is linked, caught
+        up, and listed by every sentinel as a healthy replica."""
+        m, rep = self.master, self.other(self.master)
+        role = self.role(m)
+        if not role or role[0] != "master":
+            return False
+        try:
+            c = Redis("127.0.0.1", rep.port, 0.5)
+            info = c.cmd("INFO", "replication")
+            c.close()
+        except (OSError, RedisError):
+            return False
+        if info_field(info, "master_port") != str(m.port) or info_field(info, "master_link_status") != "up":
+            return False
+        for port in self.sentinels:
+            try:
+                c = Redis("127.0.0.1", port, 0.5)
+                addr = c.cmd("SENTINEL", "get-master-addr-by-name", self.NAME)
+                reps = c.cmd("SENTINEL", "replicas", self.NAME)
+                c.close()
+            except (OSError, RedisError):
+                return False
+            if int(addr[1]) != m.port:
+                return False
+            flags = [dict(zip(x[::2], x[1::2])).get("flags") for x in reps or []
+                     if dict(zip(x[::2], x[1::2])).get("port") == str(rep.port)]
+            if flags != ["slave"]:
+                return False
+        return True
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.procs = []
+        for s in self.servers:
+            s.stop()
+
+
+class SentinelRedis(Redis):
+    """A client as redis-client's sentinel mode: each connect asks the
+    sentinels for the master and checks its ROLE; a lost connection or a
+    READONLY reply makes the next command connect again."""
+
+    def __init__(self, topo, timeout=2.0):
+        Redis.__init__(self, "127.0.0.1", 0, timeout)
+        self.topo = topo
+        self.server = None  # the server connected to
+
+    def _connect(self):
+        s = self.topo.named()
+        if s is None:
+            raise OSError("no sentinel answered")
+        self.addr, self.server = ("127.0.0.1", s.port), s
+        Redis._connect(self)
+        try:
+            self.sock.sendall(b"*1\r\n$4\r\nROLE\r\n")
+            role = self._reply()
+        except (OSError, ConnectionError, ValueError):
+            self.close()
+            raise OSError("redis connection failed")
+        if not isinstance(role, list) or role[0] != "master":
+            self.close()
+            raise OSError("not a master")
+
+    def pipeline(self, cmds):
+        out = Redis.pipeline(self, cmds)
+        if any(isinstance(r, RedisError) and str(r).startswith("READONLY") for r in out):
+            self.close()
+        return out
+
+
+def wait_for(cond, secs, step=0.1):
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
 class Worker:
     """One `capstan run`: worker 0 as capstan runs by default, a supervisor
     with one worker process under it (which replaces and recovers a worker
@@ -239,9 +434,10 @@ class Worker:
     def start(self):
         h = self.h
         host = h.net.host_ip(self.i) if h.net.ok else "127.0.0.1"
+        url = h.topo.url() if h.topo else "redis://%s:%d/0" % (host, h.redis.port)
         cmd = [h.capstan, "run"] + ([] if self.supervised else ["--no-supervisor"]) + \
               ["-r", h.plugin, "-C", h.conf, "-c", str(h.concurrency),
-               "-q", "chaos", "-t", "5", "--redis-url", "redis://%s:%d/0" % (host, h.redis.port)]
+               "-q", "chaos", "-t", "5", "--redis-url", url]
         if h.net.ok:
             cmd = ["ip", "netns", "exec", h.net.ns(self.i)] + cmd
         self.starts += 1
@@ -304,11 +500,24 @@ class Harness:
             print("chaos: no network partitions (%s)" % self.net.why)
             self.faults = [f for f in self.faults if not f.startswith("partition")]
         binds = ["127.0.0.1"] + ([self.net.host_ip(i) for i in range(a.workers)] if self.net.ok else [])
-        self.redis = RedisServer(self.dir, binds)
+        self.topo, self._redis = None, None
+        if a.sentinel:
+            if self.net.ok:
+                self.net.route_all()
+            self.topo = Sentinels(self.dir, binds, self.net.host_ip(0) if self.net.ok else "127.0.0.1")
+            if not a.faults:
+                self.faults += SENTINEL_FAULTS
+        else:
+            self._redis = RedisServer(self.dir, binds)
+        self.push_at = {}   # jid -> (replication id, offset) of the master that took it (--sentinel)
+        self.failover = None  # the failover under way
+        self.deferred = None  # a failover kind waiting for the replica to be ready
+        self.opened = False   # --cycle: this run's first fault was chosen
         self.conf = os.path.join(self.dir, "chaos.yml")
         with open(self.conf, "w") as f:
             f.write("heartbeat_interval: 0.5\nliveness_ttl: 2\nrecovery_interval: 1\n"
                     "poll_interval_average: 0.5\nmax_recoveries: 1000\n"
+                    + ("min_replicas_ack: %d\n" % a.min_replicas_ack if a.min_replicas_ack else "") +
                     "classes:\n"
                     "  LedgerLockJob:\n    lock: while_executing\n    lock_args: [1]\n"
                     "    lock_timeout: 5\n    on_conflict: {server: reschedule}\n    schedule_in: 1\n"
@@ -326,8 +535,45 @@ class Harness:
         self.lock_pushes = []  # checker.LockPush, in the order sent
         self.maker_log = open(os.path.join(self.dir, "batch-maker.log"), "w")  # their stderr
 
+    @property
+    def redis(self):
+        """The master of the moment (as far as the harness has seen)."""
+        return self.topo.master if self.topo else self._redis
+
     def client(self):
         return Redis("127.0.0.1", self.redis.port, 2)
+
+    def redis_url(self):
+        """For the harness's own capstan clients (batches, until-locked
+        pushes): through the sentinels, as the workers."""
+        return self.topo.url() if self.topo else "redis://127.0.0.1:%d/0" % self.redis.port
+
+    def start_redis(self):
+        (self.topo or self.redis).start()
+
+    def stop_redis(self):
+        (self.topo or self.redis).stop()
+
+    # -- pushes through a failover (--sentinel) --
+    def push_extra(self):
+        """Commands sent after a push: the master's replication offset (to
+        tell a push a failover lost from one Redis had replicated) and,
+        with --min-replicas-ack, a WAIT as capstan's own pushes do."""
+        if not self.topo:
+            return []
+        return [["INFO", "replication"]] + \
+            ([["WAIT", self.a.min_replicas_ack, 1000]] if self.a.min_replicas_ack else [])
+
+    def push_landed(self, tail, jids):
+        """Whether the push counts as taken (its WAIT, if any, reached the
+        replicas); notes the replication offset after it."""
+        if self.a.min_replicas_ack and not (isinstance(tail[1], int) and tail[1] >= self.a.min_replicas_ack):
+            return False
+        if isinstance(tail[0], str):
+            at = (info_field(tail[0], "master_replid"), int(info_field(tail[0], "master_repl_offset") or 0))
+            for j in jids:
+                self.push_at[j] = at
+        return True
 
     # -- the workload --
     def push_some(self, c, n):
@@ -357,13 +603,18 @@ class Harness:
                           jid, now, now))
             jobs.append((jid, cls, args, payload))
         txn = self.jobs_rng.random() < 0.2
+        extra = self.push_extra()
         cmds = ([["MULTI"]] if txn else []) + [["LPUSH", "queue:chaos", j[3]] for j in jobs] + \
-               [["SADD", "queues", "chaos"]] + ([["EXEC"]] if txn else [])
+               [["SADD", "queues", "chaos"]] + ([["EXEC"]] if txn else []) + extra
         self.tried.update(j[0] for j in jobs)
         try:
             replies = c.pipeline(cmds)
         except OSError:
             return 0
+        if extra:
+            replies, tail = replies[:-len(extra)], replies[-len(extra):]
+            if not self.push_landed(tail, [j[0] for j in jobs]):
+                return 0
         ok = replies[-1] if txn else replies[:-1]
         if txn and not isinstance(ok, list):
             return 0
@@ -402,7 +653,7 @@ class Harness:
         b = checker.Batch("b%d" % (len(self.batches) + 1))
         self.batches[b.tag] = b
         n = self.jobs_rng.randint(5, 30)
-        proc = subprocess.Popen([self.a.batch_maker, "redis://127.0.0.1:%d/0" % self.redis.port, b.tag, str(n)],
+        proc = subprocess.Popen([self.a.batch_maker, self.redis_url(), b.tag, str(n)],
                                 stdout=subprocess.PIPE, stderr=self.maker_log, text=True)
         self.batch_procs.append((b, proc))
 
@@ -417,7 +668,7 @@ class Harness:
         p = checker.LockPush(cls, [self.jobs_rng.choice([5, 20, 50]), key, self.seq])
         p.sent = time.time()
         p.proc = subprocess.Popen([self.capstan, "push", cls, json.dumps(p.args), "-C", self.conf, "-q", "chaos",
-                                   "--redis-url", "redis://127.0.0.1:%d/0" % self.redis.port],
+                                   "--redis-url", self.redis_url()],
                                   stdout=subprocess.PIPE, stderr=self.maker_log, text=True)
         self.lock_pushes.append(p)
 
@@ -480,24 +731,46 @@ class Harness:
     def worker_wl(self, pid):
         """The jids in the working list of the process pid now: what a freeze
         or a kill can hand to another process (None when Redis does not
-        say)."""
-        try:
-            c = self.client()
-            for ident in c.cmd("SMEMBERS", "processes") or []:
-                if ident.split(":")[1:2] == [str(pid)]:
-                    return checker._jids(c.cmd("LRANGE", "uniquejobs:working:" + ident, 0, -1))
-        except (OSError, RedisError, IndexError):
-            pass
-        return None
+        say). With Sentinel, on every server that is a master now: after a
+        SENTINEL FAILOVER the old master stays one, and the workers on it,
+        until the sentinels make it a replica."""
+        found = None
+        for port in self.master_ports():
+            try:
+                c = Redis("127.0.0.1", port, 2)
+                for ident in c.cmd("SMEMBERS", "processes") or []:
+                    if ident.split(":")[1:2] == [str(pid)]:
+                        found = (found or set()) | checker._jids(
+                            c.cmd("LRANGE", "uniquejobs:working:" + ident, 0, -1))
+                c.close()
+            except (OSError, RedisError, IndexError):
+                pass
+        return found
+
+    def master_ports(self):
+        if not self.topo:
+            return [self.redis.port]
+        return [s.port for s in self.topo.servers if (self.topo.role(s) or [None])[0] == "master"]
 
     def next_kind(self):
         """The next fault's kind: at random from the seed, or with --cycle
         each kind in turn (in an order the seed shuffles), so that short
         runs still inject every kind."""
+        if self.deferred:
+            kind, self.deferred = self.deferred, None
+            return kind
         if not self.a.cycle:
             return self.rng.choice(self.faults)
+        if self.topo and not self.opened:
+            self.opened = True
+            kinds = [k for k in self.faults if k in SENTINEL_FAULTS]
+            if kinds and not OPENINGS:
+                OPENINGS.extend(kinds)
+                self.rng.shuffle(OPENINGS)
+            if OPENINGS:
+                return OPENINGS.pop()
         if not CYCLE:
-            CYCLE.extend(self.faults)
+            CYCLE.extend(k for k in self.faults if not (self.topo and k in SENTINEL_FAULTS))
             self.rng.shuffle(CYCLE)
         return CYCLE.pop()
 
@@ -565,6 +838,9 @@ class Harness:
             except (OSError, RedisError):
                 pass
             self.active.append((now, f, lambda: None))
+        elif kind in SENTINEL_FAULTS and self.topo:
+            if not self.inject_failover(kind, f):
+                return
         elif kind == "maxmemory":
             try:
                 c = self.client()
@@ -585,6 +861,79 @@ class Harness:
             return
         self.events.append(f)
 
+    def inject_failover(self, kind, f):
+        """A SENTINEL FAILOVER, or a SIGKILL of the master that the
+        sentinels fail over (it restarts as a replica once they did).
+        Waits for its turn (self.deferred) while the replica is not ready.
+        Other faults wait until the sentinels name the new master."""
+        topo = self.topo
+        if not topo.ready():
+            self.deferred = kind
+            return False
+        f.old, f.promoted, f.demoted, f.cut, f.lag = topo.master, None, None, None, None
+        f.read_at = None
+        f.start = time.time()
+        if kind == "failover":
+            r = topo.ask("FAILOVER", topo.NAME)
+            if r != "OK":
+                self.deferred = kind
+                return False
+        else:
+            f.old.kill9()
+            f.demoted = f.start  # it takes no write after this
+        self.failover, self.failover_poll = f, 0
+        self.active.append((float("inf"), f, self.settle_failover))
+        return True
+
+    def failover_tick(self, now):
+        """Follows the failover under way: the sentinels name the new master
+        (the harness follows it; a killed master restarts as its replica),
+        then (SENTINEL FAILOVER) the old master turns replica. Bounded."""
+        f = self.failover
+        if not f or now < self.failover_poll:
+            return
+        self.failover_poll = now + 0.05
+        topo = self.topo
+        if f.promoted is None:
+            s = topo.named()
+            if s is not None and s is not f.old:
+                f.promoted = time.time()
+                topo.master = s
+                try:
+                    # What the new master has unfinished: the jobs that can
+                    # run again (those the old master took after the cut
+                    # are not there).
+                    st = checker.read_redis(self.client())
+                    f.held, f.read_at = st.queued | st.working | st.retry, time.time()  # see checker._in_failover
+                    info = self.client().cmd("INFO", "replication")
+                    f.cut = (info_field(info, "master_replid2"), int(info_field(info, "second_repl_offset")) - 1)
+                    if f.kind == "failover":  # how far the replica was behind (bytes)
+                        f.lag = int(info_field(Redis("127.0.0.1", f.old.port, 1).cmd("INFO", "replication"),
+                                               "master_repl_offset")) - f.cut[1]
+                except (OSError, RedisError, TypeError, ValueError):
+                    pass
+                if f.kind == "failover_kill":
+                    f.old.start(replicaof=(topo.announce, s.port))
+                self.active = [x for x in self.active if x[1] is not f]
+            elif now - f.start > 30:
+                raise SystemExit("chaos: the sentinels named no new master 30 s after %s (see %s)"
+                                 % (f.kind, self.dir))
+        if f.promoted is not None and f.demoted is None:
+            role = topo.role(f.old)
+            if role and role[0] == "slave":
+                f.demoted = time.time()
+            elif now - f.start > 60:
+                raise SystemExit("chaos: the old master was not made a replica 60 s after %s (see %s)"
+                                 % (f.kind, self.dir))
+        if f.promoted is not None and f.demoted is not None:
+            f.end = max(f.promoted, f.demoted)
+            self.failover = None
+
+    def settle_failover(self):
+        while self.failover:
+            self.failover_tick(time.time())
+            time.sleep(0.05)
+
     def heal_due(self, now, all_=False):
         keep = []
         for t, f, heal in self.active:
@@ -598,10 +947,10 @@ class Harness:
     # -- a whole run --
     def run(self):
         a = self.a
-        self.redis.start()
+        self.start_redis()
         for w in self.workers:
             w.start()
-        c = self.client()
+        c = SentinelRedis(self.topo) if self.topo else self.client()
         t0 = time.time()
         end = t0 + a.seconds
         next_fault = t0 + self.rng.uniform(0.5, a.fault_every)
@@ -611,6 +960,7 @@ class Harness:
         while time.time() < end:
             now = time.time()
             self.heal_due(now)
+            self.failover_tick(now)
             if now >= next_push:
                 self.push_some(c, a.rate // 20)
                 next_push = now + 0.05
@@ -627,6 +977,7 @@ class Harness:
                 next_fault = now + self.rng.uniform(0.5, a.fault_every)
             time.sleep(0.01)
         self.heal_due(0, all_=True)
+        self.settle_failover()
         self.poll_batches(wait=15)
         self.poll_lock_pushes(wait=15)
         self.maker_log.close()
@@ -640,7 +991,7 @@ class Harness:
             self.dump_locks()
         state = checker.read_redis(self.client())
         enqueued = checker.read_enqueued(self.client())
-        self.redis.stop()
+        self.stop_redis()
         self.net.close()
         # What the checker reads besides the ledger, kept for a second look
         # at a failed run: the faults (with the jids each held), the pushes.
@@ -649,7 +1000,8 @@ class Harness:
                 out.write("%.3f %.3f %s pid=%s held=%s\n" % (f.start, f.end or f.start, f.kind, f.pid,
                                                             "-" if f.held is None else ",".join(sorted(f.held))))
         with open(os.path.join(self.dir, "pushed.txt"), "w") as out:
-            out.writelines("%s\n" % j for j in self.pushed)
+            out.writelines("%s %s %s\n" % ((j,) + self.push_at.get(j, ("-", "-"))) for j in self.pushed)
+        self.write_failovers()
         with open(os.path.join(self.dir, "tried.txt"), "w") as out:
             out.writelines("%s\n" % j for j in self.tried - set(self.pushed))
         with open(os.path.join(self.dir, "batches.txt"), "w") as out:
@@ -660,13 +1012,25 @@ class Harness:
         report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches, self.lock_pushes),
                                runs, state, self.events,
                                lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
-                               limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back)
+                               limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back,
+                               push_at=self.push_at)
         checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events,
-                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)})
+                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)}, push_at=self.push_at)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
         return report
+
+    def write_failovers(self):
+        """failovers.txt: each failover's times (start, new master named,
+        old master's last write) and the cut (the replication id and last
+        offset of the old master that the new one had)."""
+        with open(os.path.join(self.dir, "failovers.txt"), "w") as out:
+            for f in self.events:
+                if f.kind in SENTINEL_FAULTS:
+                    out.write("%s start=%.3f promoted=%s demoted=%s old=%d lag=%s cut=%s\n"
+                              % (f.kind, f.start, f.promoted and "%.3f" % f.promoted,
+                                 f.demoted and "%.3f" % f.demoted, f.old.port, f.lag, f.cut))
 
     def sanitizer_reports(self):
         """Lines of the workers' (and batch makers') logs where AddressSanitizer or
@@ -704,7 +1068,9 @@ class Harness:
                 time.sleep(0.2)
                 continue
             parked = st.retry | st.dead
-            if all(j in ended or j in parked for j in self.pushed) and not st.working and not st.queued:
+            # A push a failover's new master never had cannot end.
+            if all(j in ended or j in parked or checker.lost_to_failover(self.events, j, self.pushed, self.push_at)
+                   for j in self.pushed) and not st.working and not st.queued:
                 return True
             time.sleep(0.2)
         return False
@@ -722,6 +1088,12 @@ def main():
     p.add_argument("--rate", type=int, default=400, help="jobs pushed per second")
     p.add_argument("--fault-every", type=float, default=2.0, help="mean seconds between faults, x2")
     p.add_argument("--faults", help="comma-separated kinds (default all): " + ",".join(FAULTS))
+    p.add_argument("--sentinel", action=argparse.BooleanOptionalAction, default=True,
+                   help="a master, a replica and three sentinels (the default; --no-sentinel: one "
+                        "redis-server); the workers go through the sentinels, and the fault kinds add "
+                        + ",".join(SENTINEL_FAULTS))
+    p.add_argument("--min-replicas-ack", type=int, default=0,
+                   help="the workers' min_replicas_ack, and a WAIT after each push (with --sentinel)")
     p.add_argument("--cycle", action="store_true",
                    help="inject the kinds in turn (shuffled by the seed) rather than at random")
     p.add_argument("--drain", type=float, default=90, help="seconds to wait for the queues to empty")
@@ -749,7 +1121,7 @@ def main():
             for w in h.workers:
                 if w.proc and w.proc.poll() is None:
                     w.proc.kill()
-            h.redis.stop()
+            h.stop_redis()
             h.net.close()
         print(r.text())
         reports.append(r)
