@@ -383,12 +383,19 @@ class Sentinels:
 class SentinelRedis(Redis):
     """A client as redis-client's sentinel mode: each connect asks the
     sentinels for the master and checks its ROLE; a lost connection or a
-    READONLY reply makes the next command connect again."""
+    READONLY reply makes the next command connect again. And, as capstan's
+    own connections do every beat, it asks the sentinels every
+    FOLLOW_EVERY seconds which master they name and leaves a replaced one,
+    which after a SENTINEL FAILOVER takes writes (lost with it) until the
+    sentinels demote it, seconds later."""
+
+    FOLLOW_EVERY = 0.5
 
     def __init__(self, topo, timeout=2.0):
         Redis.__init__(self, "127.0.0.1", 0, timeout)
         self.topo = topo
         self.server = None  # the server connected to
+        self.asked = 0.0
 
     def _connect(self):
         s = self.topo.named()
@@ -407,6 +414,11 @@ class SentinelRedis(Redis):
             raise OSError("not a master")
 
     def pipeline(self, cmds):
+        if self.sock and time.time() - self.asked >= self.FOLLOW_EVERY:
+            self.asked = time.time()
+            s = self.topo.named()
+            if s is not None and (self.server is None or s.port != self.server.port):
+                self.close()
         out = Redis.pipeline(self, cmds)
         if any(isinstance(r, RedisError) and str(r).startswith("READONLY") for r in out):
             self.close()
