@@ -272,7 +272,10 @@ class Sentinels:
     NAME = "chaos"
     # Above the longest Redis freeze the harness injects (stop_redis, 3 s),
     # so that only a failover fault makes the sentinels fail over.
-    DOWN_AFTER_MS = 4000
+    # Well above the longest stop_redis (3 s) and the harness's lateness in
+    # healing it (the read of a new master's state can hold its loop for a
+    # second): a Redis freeze must not become a failover nobody injected.
+    DOWN_AFTER_MS = 6000
 
     def __init__(self, dir, binds, announce):
         self.dir, self.binds, self.announce = dir, binds, announce
@@ -985,10 +988,21 @@ class Harness:
         next_push = t0
         next_batch = t0 + 1
         next_lock_push = t0
+        next_look = t0
         while time.time() < end:
             now = time.time()
             self.heal_due(now)
             self.failover_tick(now)
+            if self.topo and not self.failover and now >= next_look:
+                # A failover the harness did not inject is one the checker
+                # cannot judge: the run stops here rather than go on
+                # without faults (a deferred failover waits for a topology
+                # that no longer is).
+                next_look = now + 0.5
+                named = self.topo.named()
+                if named is not None and named is not self.topo.master:
+                    raise SystemExit("chaos: the sentinels failed over on their own at %s (see %s)"
+                                     % (time.strftime("%H:%M:%S"), self.dir))
             if now >= next_push:
                 self.push_some(c, a.rate // 20)
                 next_push = now + 0.05
