@@ -366,12 +366,14 @@ int capstan__redis_follow_master(capstan_redis_t *r)
     char err[CAPSTAN_ERRLEN];
     if (capstan__sentinel_resolve(&u, r->name, err))
         return 0;
-    int moved = strcmp(u.host, r->url.host) != 0 || u.port != r->url.port;
-    if (moved)
+    /* Said once: by the call that ends the era, not by one that finds
+     * another connection ended it first. */
+    int ended = (strcmp(u.host, r->url.host) != 0 || u.port != r->url.port) && end_era(r);
+    if (ended)
         capstan_warn("%s: the sentinels name another master (%s:%d); every connection moves to it",
                      r->name, u.host, u.port);
     free(u.host);
-    return moved && end_era(r);
+    return ended;
 }
 
 /* Made before the last demotion: to be made again. */
