@@ -86,6 +86,21 @@ def ended_jids(runs):
     return {j for j, rs in runs.items() if any(r.end is not None for r in rs)}
 
 
+def read_ended(dir, offsets, ended):
+    """Adds to ended the jids of the E lines the ledger files of dir gained
+    since offsets (path -> bytes read, updated): a drain's poll reads each
+    line once."""
+    for path in glob.glob(os.path.join(dir, "ledger.*")):
+        with open(path, "rb") as f:
+            f.seek(offsets.get(path, 0))
+            data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        offsets[path] = offsets.get(path, 0) + len(whole)
+        for line in whole.split(b"\n"):
+            if line.startswith(b"E "):
+                ended.add(line.split(b" ", 2)[1].decode())
+
+
 class State:
     def __init__(self):
         self.queued, self.schedule, self.retry, self.dead, self.working = set(), set(), set(), set(), set()
@@ -534,26 +549,34 @@ ITER_JOB = "LedgerIterJob"
 
 def read_steps(dir, runs):
     """The iterable jobs' steps in the ledger files of dir, jid -> [(time,
-    pid, index)] in time order, and the runs (of runs, read_ledger's) that
-    their interruption handed back, {(jid, start)}."""
+    run, index)] in time order (run: of runs, read_ledger's), and the runs
+    that their interruption handed back, {(jid, start)}."""
     steps, back = collections.defaultdict(list), set()
     for path in glob.glob(os.path.join(dir, "ledger.*")):
         with open(path) as f:
             for line in f:
                 p = line.split()
-                if line.endswith("\n") and len(p) == 5 and p[0] == "I":
-                    steps[p[1]].append((float(p[3]), int(p[2]), int(p[4])))
-                elif line.endswith("\n") and len(p) == 4 and p[0] == "H":
-                    run = _run_at(runs.get(p[1], ()), int(p[2]), float(p[3]))
-                    if run:
-                        back.add((p[1], run.start))
+                if not line.endswith("\n") or len(p) < 4 or p[0] not in ("I", "H"):
+                    continue
+                run = _run_of(runs.get(p[1], ()), int(p[2]), float(p[3]), p[5 if p[0] == "I" else 4:][:1])
+                if p[0] == "I" and len(p) >= 5:
+                    steps[p[1]].append((float(p[3]), run, int(p[4])))
+                elif p[0] == "H" and run:
+                    back.add((p[1], run.start))
     for s in steps.values():
-        s.sort()
+        s.sort(key=lambda x: x[0])
     return steps, back
 
 
-def _run_at(rs, pid, t):
-    """The run of rs on process pid going on at t: the latest started."""
+def _run_of(rs, pid, t, tag):
+    """The run of rs on process pid a step line at t belongs to: the one
+    whose start its tag ([the start's epoch], or [] in an older ledger)
+    names, else the latest started by t."""
+    if tag:
+        start = float(tag[0])
+        for x in rs:
+            if x.pid == pid and x.start == start:
+                return x
     return max((x for x in rs if x.pid == pid and x.start <= t), key=lambda x: x.start, default=None)
 
 
@@ -581,8 +604,8 @@ def _check_steps(r, runs, state, steps, faults, push_at=None):
         a = _args(rs[0])
         n = a[1] if isinstance(a, list) and len(a) > 1 and isinstance(a[1], int) else 0
         taken = collections.defaultdict(list)  # index -> runs that took it
-        for t, pid, i in steps.get(jid, []):
-            taken[i].append(_run_at(rs, pid, t))
+        for _, run, i in steps.get(jid, []):
+            taken[i].append(run)
             nsteps += 1
         if jid not in unfinished and not _unreplicated(faults, (push_at or {}).get(jid)):
             # (A job pushed past a failover's cut lived on the old master

@@ -1102,8 +1102,9 @@ class Harness:
         """Waits until every pushed job ended or is in the retry or dead set
         (the scheduler moves limiter reschedules back), at most timeout s."""
         deadline = time.time() + timeout
+        ended, offsets = set(), {}
         while time.time() < deadline:
-            ended = checker.ended_jids(checker.read_ledger(self.dir))
+            checker.read_ended(self.dir, offsets, ended)
             try:
                 st = checker.read_redis(self.client())
             except (OSError, RedisError):

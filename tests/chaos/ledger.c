@@ -21,8 +21,11 @@
  *                             [enqueued_at, periodic_at] as their args, so
  *                             the checker tells enqueues of one jid apart;
  *   LedgerIterJob [ms, n, ...] an iterable job of n steps of ms each, one
- *                             line per step: I <jid> <pid> <epoch> <index>,
- *                             and H <jid> <pid> <epoch> when interrupted. */
+ *                             line per step: I <jid> <pid> <epoch> <index>
+ *                             <run>, and H <jid> <pid> <epoch> <run> when
+ *                             interrupted, <run> being the epoch of the
+ *                             run's S line (two runs of one job in one
+ *                             process at once are told apart). */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -73,8 +76,8 @@ static int enqueue_args(capstan_job_t *job, const char *field, char *out, size_t
 }
 
 /* The start line of job's run (args as the payload has them, or as
- * enqueue_args writes them when field is not NULL). */
-static int start_line(capstan_job_t *job, const char *field)
+ * enqueue_args writes them when field is not NULL); *at is its time. */
+static int start_line(capstan_job_t *job, const char *field, double *at)
 {
     pthread_once(&ledger_once, ledger_open);
     if (ledger_fd < 0)
@@ -88,8 +91,9 @@ static int start_line(capstan_job_t *job, const char *field)
         alen = n < 0 ? 0 : (size_t)n < sizeof(enq) ? (size_t)n : sizeof(enq) - 1;
     }
     char line[4096];
+    *at = wall();
     int len = snprintf(line, sizeof(line), "S %s %d %.6f %s %.*s\n", capstan_job_jid(job), (int)getpid(),
-                       wall(), capstan_job_class(job), (int)(alen < 1024 ? alen : 1024), args ? args : "");
+                       *at, capstan_job_class(job), (int)(alen < 1024 ? alen : 1024), args ? args : "");
     return note(job, line, len);
 }
 
@@ -116,7 +120,8 @@ static long arg_long(capstan_job_t *job, size_t i)
 
 static int ledger_job(capstan_job_t *job, void *ud)
 {
-    int rc = start_line(job, ud);
+    double at;
+    int rc = start_line(job, ud, &at);
     if (rc)
         return rc;
     sleep_ms(arg_long(job, 0));
@@ -125,12 +130,13 @@ static int ledger_job(capstan_job_t *job, void *ud)
 
 /* LedgerIterJob [ms, n, ...]: n steps of ms each, resumed from its cursor
  * (the next step's index), one line per step taken. An interrupted run
- * says so (H <jid> <pid> <epoch>: handed back, its next run resumes it) and
+ * says so (H: handed back, its next run resumes it) and
  * ends (E), the job going back to its queue. */
 static int iter_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
-    int rc = start_line(job, NULL);
+    double began;
+    int rc = start_line(job, NULL, &began);
     if (rc)
         return rc;
     long ms = arg_long(job, 0), n = arg_long(job, 1);
@@ -141,9 +147,10 @@ static int iter_job(capstan_job_t *job, void *ud)
         json_decref(at);
         char line[128];
         int len = go == CAPSTAN_ITER_STOP
-                      ? snprintf(line, sizeof(line), "H %s %d %.6f\n", capstan_job_jid(job), (int)getpid(), wall())
-                      : snprintf(line, sizeof(line), "I %s %d %.6f %ld\n", capstan_job_jid(job), (int)getpid(),
-                                 wall(), i);
+                      ? snprintf(line, sizeof(line), "H %s %d %.6f %.6f\n", capstan_job_jid(job), (int)getpid(),
+                                 wall(), began)
+                      : snprintf(line, sizeof(line), "I %s %d %.6f %ld %.6f\n", capstan_job_jid(job),
+                                 (int)getpid(), wall(), i, began);
         if (go != CAPSTAN_ITER_CANCELLED && (rc = note(job, line, len)))
             return rc;
         if (go != CAPSTAN_ITER_NEXT)
