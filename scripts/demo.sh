@@ -17,7 +17,9 @@ trap cleanup EXIT
 
 if [ -z "${REDIS_URL:-}" ]; then
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    # In a session of its own: Ctrl-C reaches the worker alone, which
+    # still needs Redis to put its jobs back as it stops.
+    setsid redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
         --dir "$tmp" --logfile "$tmp/redis.log" &
     redis_pid=$!
     export REDIS_URL="redis://127.0.0.1:$port/0"
