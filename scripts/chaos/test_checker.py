@@ -1,0 +1,415 @@
+"""Tests of the fault-injection harness's checker (checker.py): for each
+rule, a small ledger and Redis state that it must pass, and one that breaks
+the rule and that it must report. The inputs are made as harness.py makes
+them (ledger files in tests/chaos/ledger.c's line format, a checker.State,
+checker.Fault objects) and judged by the same calls in the same order as
+harness.py's run() makes."""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checker  # noqa: E402
+
+T = 1000.0  # the epoch every case's times are counted from
+WINDOW = 3  # harness.py's LedgerWindowJob starts a second
+LIMIT = 3   # harness.py's LedgerLimitJob limiter size
+LOCK_CLASSES = {"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"}
+
+
+def stamp(t):
+    """An epoch as the ledger writes it (%.6f): a step's run tag names its
+    S line's time by the same text."""
+    return "%.6f" % t
+
+
+def S(jid, pid, t, cls="LedgerJob", args=(5,)):
+    return ("S", jid, pid, t, cls, json.dumps(list(args), separators=(",", ":")))
+
+
+def E(jid, pid, t):
+    return ("E", jid, pid, t)
+
+
+def I(jid, pid, t, index, run):  # noqa: E743 (the ledger's own letter)
+    return ("I", jid, pid, t, index, run)
+
+
+def H(jid, pid, t, run):
+    return ("H", jid, pid, t, run)
+
+
+def run_of(jid, pid, start, end, cls="LedgerJob", args=(5,)):
+    """The S and E lines of one whole run."""
+    return [S(jid, pid, start, cls, args), E(jid, pid, end)]
+
+
+def write_ledger(dir, lines):
+    """Writes lines (tuples: S, E, I, H as above) into dir/ledger.<pid>, one
+    file per process, each in time order as its process appended them."""
+    by_pid = {}
+    for x in sorted(lines, key=lambda x: x[3]):
+        kind, jid, pid, t = x[:4]
+        rest = x[4:]
+        if kind == "S":
+            text = "S %s %d %s %s %s\n" % (jid, pid, stamp(t), rest[0], rest[1])
+        elif kind == "E":
+            text = "E %s %d %s\n" % (jid, pid, stamp(t))
+        elif kind == "I":
+            text = "I %s %d %s %d %s\n" % (jid, pid, stamp(t), rest[0], stamp(rest[1]))
+        else:
+            text = "H %s %d %s %s\n" % (jid, pid, stamp(t), stamp(rest[0]))
+        by_pid.setdefault(pid, []).append(text)
+    for pid, texts in by_pid.items():
+        with open(os.path.join(dir, "ledger.%d" % pid), "w") as f:
+            f.writelines(texts)
+
+
+def fault(kind, start, end=None, pid=None, held=()):
+    """A fault as harness.py's inject() leaves it: the process it hit and
+    the jids of that process's working list (None: Redis did not say)."""
+    f = checker.Fault(kind, start)
+    f.end, f.pid = end, pid
+    f.held = None if held is None else set(held)
+    return f
+
+
+def state(queued=(), retry=(), dead=(), working=()):
+    st = checker.State()
+    st.queued, st.retry, st.dead, st.working = set(queued), set(retry), set(dead), set(working)
+    return st
+
+
+def batch(tag, bid, jids, committed=True):
+    b = checker.Batch(tag)
+    b.bid, b.jids, b.pushed, b.committed = bid, list(jids), bool(jids), committed
+    return b
+
+
+def callback(jid, pid, start, end, tag, bid, event, enqueued_at):
+    """A batch callback's run: its ledger args are [enqueued_at, its args]."""
+    return run_of(jid, pid, start, end, checker.BATCH_CALLBACK,
+                  [enqueued_at, [{"bid": bid, "event": event}, {"tag": tag}]])
+
+
+def tick(jid, pid, start, periodic_at, enqueued_at):
+    """A periodic tick's run: its ledger args are [enqueued_at, periodic_at]."""
+    return run_of(jid, pid, start, start + 0.01, checker.TICK_JOB, [enqueued_at, periodic_at])
+
+
+class CheckerTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def judge(self, lines, pushed=None, st=None, faults=(), tried=(), concurrency=0, batches=None,
+              enqueued=(), tick_every=0, lock_pushes=()):
+        """The report on lines, as harness.py's run() makes it. pushed: the
+        jids Redis took (default: every jid of an S line that is not a tick
+        or a batch callback, which capstan enqueues)."""
+        write_ledger(self.dir, lines)
+        if pushed is None:
+            pushed = {x[1] for x in lines if x[0] == "S"
+                      and x[4] not in (checker.TICK_JOB, checker.BATCH_CALLBACK)}
+        pushed = {j: ("LedgerJob", [5], T) for j in pushed}
+        batches = batches or {}
+        faults = list(faults)
+        st = st or state()
+        self.runs = runs = checker.read_ledger(self.dir)
+        steps, handed_back = checker.read_steps(self.dir, runs)
+        r = checker.check(pushed, set(tried) | checker.workload_jids(runs, batches, lock_pushes), runs, st,
+                          faults, lock_classes=LOCK_CLASSES, limits={"LedgerLimitJob": LIMIT},
+                          concurrency=concurrency, handed_back=handed_back, push_at={})
+        checker.check_workload(r, runs, st, list(enqueued), batches, tick_every, steps, faults, list(lock_pushes),
+                               {"LedgerWindowJob": (WINDOW, 1.0)}, push_at={})
+        r.drained = True
+        self.text = r.text()
+        return r
+
+    def assertOk(self, r):
+        self.assertTrue(r.ok(), "\n" + self.text)
+
+    def assertFailed(self, r, *lines):
+        """r fails, and its text has each of lines as one of its own."""
+        self.assertFalse(r.ok(), "\n" + self.text)
+        have = [x.strip() for x in self.text.split("\n")]
+        for line in lines:
+            self.assertIn(line, have, "\n" + self.text)
+
+    # -- lost jobs --
+    def test_a_job_that_ended_is_not_lost(self):
+        r = self.judge(run_of("j1", 100, T + 0.1, T + 0.2))
+        self.assertOk(r)
+        self.assertEqual((r.pushed, r.ended, r.starts), (1, 1, 1))
+
+    def test_a_job_pushed_never_run_and_in_no_set_is_lost(self):
+        r = self.judge(run_of("j1", 100, T + 0.1, T + 0.2), pushed={"j1", "j2"})
+        self.assertEqual(r.lost, ["j2"])
+        self.assertFailed(r, "lost: j2")
+
+    def test_a_job_started_never_ended_and_in_no_set_is_lost(self):
+        r = self.judge([S("j1", 100, T + 0.1)])
+        self.assertEqual(r.lost, ["j1"])
+        self.assertFailed(r, "lost: j1")
+
+    def test_a_job_in_the_retry_set_is_not_lost(self):
+        # Its run failed (no E line) and it waits for its next try.
+        r = self.judge([S("j1", 100, T + 0.1)], st=state(retry={"j1"}))
+        self.assertOk(r)
+        self.assertEqual((r.lost, r.retry), ([], 1))
+
+    def test_a_job_still_queued_or_dead_is_not_lost(self):
+        r = self.judge([], pushed={"j1", "j2"}, st=state(queued={"j1"}, dead={"j2"}))
+        self.assertOk(r)
+        self.assertEqual((r.lost, r.dead), ([], 1))
+
+    def test_a_job_nobody_pushed_is_unexpected(self):
+        r = self.judge(run_of("j1", 100, T + 0.1, T + 0.2), pushed=set())
+        self.assertEqual(r.unexpected, ["j1"])
+        self.assertFailed(r, "unexpected: j1")
+
+    def test_a_job_whose_push_went_unanswered_is_not_unexpected(self):
+        r = self.judge(run_of("j1", 100, T + 0.1, T + 0.2), pushed=set(), tried={"j1"})
+        self.assertOk(r)
+
+    # -- extra runs and the faults they come from --
+    def test_a_run_again_after_a_kill_of_its_process_is_the_kills(self):
+        kill = fault("kill9_worker", T + 1, T + 1, pid=100, held={"j1"})
+        r = self.judge([S("j1", 100, T + 0.5)] + run_of("j1", 200, T + 2, T + 2.1), faults=[kill])
+        self.assertOk(r)
+        self.assertEqual((kill.dups, kill.bound), (1, 1))
+        self.assertEqual(r.unattributed, [])
+
+    def test_a_run_again_with_no_fault_is_unexplained(self):
+        r = self.judge(run_of("j1", 100, T + 0.5, T + 0.6) + run_of("j1", 200, T + 2, T + 2.1))
+        self.assertEqual(len(r.unattributed), 1)
+        self.assertFailed(r, "unexplained extra start: j1 ran on 100 at %.3f and on 200 at %.3f" % (T + 0.5, T + 2))
+
+    def test_a_kill_does_not_explain_a_job_its_process_had_finished_and_acked(self):
+        # j1 ended before the kill and was not in the process's working
+        # list: its ack was in, the kill cannot make it run again.
+        kill = fault("kill9_worker", T + 1, T + 1, pid=100, held=set())
+        r = self.judge(run_of("j1", 100, T + 0.5, T + 0.6) + run_of("j1", 200, T + 2, T + 2.1), faults=[kill])
+        self.assertEqual((kill.dups, len(r.unattributed)), (0, 1))
+        self.assertFailed(r, "unexplained extra start: j1 ran on 100 at %.3f and on 200 at %.3f" % (T + 0.5, T + 2))
+
+    def test_a_freeze_explains_as_many_extra_runs_as_its_process_held(self):
+        stop = fault("stop_worker", T + 1, T + 3, pid=100, held={"j1"})
+        r = self.judge(run_of("j1", 100, T + 0.5, T + 3.1) + run_of("j1", 200, T + 2, T + 2.1), faults=[stop])
+        self.assertOk(r)
+        self.assertEqual((stop.dups, stop.bound), (1, 1))
+
+    def test_extra_runs_beyond_a_freezes_bound_are_reported(self):
+        # The frozen process held one job, which ran three times: two extra
+        # runs where the freeze allows one (concurrency 0: no processor
+        # blocked on an empty queue).
+        stop = fault("stop_worker", T + 1, T + 3, pid=100, held={"j1"})
+        r = self.judge(run_of("j1", 100, T + 0.5, T + 3.1) + run_of("j1", 200, T + 2, T + 2.1)
+                       + run_of("j1", 100, T + 3.5, T + 3.6), faults=[stop])
+        self.assertEqual(r.over_bound(), [stop])
+        self.assertEqual((stop.dups, stop.bound), (2, 1))
+        self.assertFailed(r, "%-18s %8d %12d %14d %10d" % ("stop_worker", 1, 2, 1, 1))
+
+    # -- runtime locks --
+    def test_runtime_locked_runs_one_after_the_other_are_ok(self):
+        lock = lambda jid, pid, s, e, key: run_of(jid, pid, s, e, "LedgerLockJob", [50, key])  # noqa: E731
+        r = self.judge(lock("j1", 100, T + 0.1, T + 0.2, "k1") + lock("j2", 200, T + 0.3, T + 0.4, "k1")
+                       # another digest may run beside it
+                       + lock("j3", 200, T + 0.15, T + 0.25, "k2"))
+        self.assertOk(r)
+
+    def test_overlapping_runs_of_a_runtime_locked_digest_are_reported(self):
+        lock = lambda jid, pid, s, e, key: run_of(jid, pid, s, e, "LedgerLockJob", [50, key])  # noqa: E731
+        r = self.judge(lock("j1", 100, T + 0.1, T + 0.2, "k1") + lock("j2", 200, T + 0.15, T + 0.3, "k1"))
+        self.assertEqual(len(r.overlaps_unattributed), 1)
+        self.assertFailed(r, 'overlap: ["LedgerLockJob", "k1"]: j1 on 100 and j2 on 200')
+
+    def test_an_overlap_next_to_a_freeze_of_a_holder_is_the_freezes(self):
+        lock = lambda jid, pid, s, e, key: run_of(jid, pid, s, e, "LedgerLockJob", [50, key])  # noqa: E731
+        stop = fault("stop_worker", T + 0.12, T + 0.18, pid=100, held={"j1"})
+        r = self.judge(lock("j1", 100, T + 0.1, T + 0.2, "k1") + lock("j2", 200, T + 0.15, T + 0.3, "k1"),
+                       faults=[stop])
+        self.assertOk(r)
+        self.assertEqual((r.overlaps_attributed, stop.overlaps), (1, 1))
+
+    # -- the concurrent limiter --
+    def limited(self, n, overlap):
+        """n runs of LedgerLimitJob, all at once when overlap, else the last
+        one after the first ended."""
+        lines = []
+        for k in range(n):
+            s = T + 0.1 + 0.01 * k if overlap or k < n - 1 else T + 0.6
+            lines += run_of("l%d" % k, 100 + k % 2, s, s + 0.4, "LedgerLimitJob")
+        return lines
+
+    def test_a_concurrent_limiter_at_its_size_is_ok(self):
+        self.assertOk(self.judge(self.limited(LIMIT, True) + self.limited(LIMIT + 1, False)[-2:]))
+
+    def test_a_concurrent_limiter_over_its_size_is_reported(self):
+        r = self.judge(self.limited(LIMIT + 1, True))
+        self.assertEqual(len(r.limit_unattributed), 1)
+        self.assertFailed(r, "limiter: %d LedgerLimitJob holders at %.3f" % (LIMIT + 1, T + 0.1 + 0.01 * LIMIT))
+
+    # -- the window limiter --
+    def window(self, counts):
+        """counts[k] starts of LedgerWindowJob in the k-th second after T,
+        none at a window's first LIMIT_LAG."""
+        lines = []
+        for k, n in enumerate(counts):
+            for i in range(n):
+                s = T + k + 0.2 + 0.1 * i
+                lines += run_of("w%d_%d" % (k, i), 100, s, s + 0.01, "LedgerWindowJob")
+        return lines
+
+    def test_a_window_limiter_at_its_count_is_ok(self):
+        r = self.judge(self.window([WINDOW, WINDOW, 1]))
+        self.assertOk(r)
+
+    def test_a_window_limiter_over_its_count_is_reported(self):
+        r = self.judge(self.window([WINDOW, WINDOW + 1]))
+        self.assertFailed(r, "workload: LedgerWindowJob: %d starts in the window at %.0f (limit %d per 1 s)"
+                          % (WINDOW + 1, T + 1, WINDOW))
+
+    # -- iterable jobs --
+    def iterable(self, jid, pid, start, n, taken, end=None):
+        """A run of an n-step LedgerIterJob taking steps taken (index, time)."""
+        lines = [S(jid, pid, start, checker.ITER_JOB, [1, n])]
+        lines += [I(jid, pid, t, i, start) for i, t in taken]
+        return lines + ([E(jid, pid, end)] if end is not None else [])
+
+    def test_an_iterable_job_taking_each_step_once_is_ok(self):
+        r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (1, T + 0.2), (2, T + 0.3)], T + 0.4))
+        self.assertOk(r)
+        self.assertIn("iterable jobs: 1, 3 steps taken, 0 never taken, 0 taken again after a fault of their "
+                      "process, 0 after a failover, 0 otherwise", self.text)
+
+    def test_an_iterable_step_never_taken_is_reported(self):
+        r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (2, T + 0.3)], T + 0.4))
+        self.assertFailed(r, "workload: iterable i1: step 1 of 3 never taken")
+
+    def test_an_iterable_step_taken_twice_by_one_run_is_reported(self):
+        r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (1, T + 0.2), (1, T + 0.25), (2, T + 0.3)],
+                                     T + 0.4))
+        self.assertFailed(r, "workload: iterable i1: step 1 taken again by the same run without a fault between")
+
+    def test_an_iterable_step_taken_again_by_another_run_without_a_fault_is_reported(self):
+        # The first run's interruption handed it back (H) but the next
+        # resumes before its last step.
+        r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (1, T + 0.2)], T + 0.3)
+                       + [H("i1", 100, T + 0.29, T)]
+                       + self.iterable("i1", 200, T + 1, 3, [(1, T + 1.1), (2, T + 1.2)], T + 1.3))
+        self.assertFailed(r, "workload: iterable i1: step 1 taken again by another run without a fault between")
+
+    def test_an_interrupted_iterable_job_resumed_is_no_extra_run(self):
+        r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (1, T + 0.2)], T + 0.3)
+                       + [H("i1", 100, T + 0.29, T)]
+                       + self.iterable("i1", 200, T + 1, 3, [(2, T + 1.1)], T + 1.2))
+        self.assertOk(r)
+        self.assertEqual(r.unattributed, [])
+
+    def test_an_iterable_job_run_again_without_being_handed_back_is_an_extra_run(self):
+        r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (1, T + 0.2)], T + 0.3)
+                       + self.iterable("i1", 200, T + 1, 3, [(2, T + 1.1)], T + 1.2))
+        self.assertEqual(len(r.unattributed), 1)
+        self.assertFalse(r.ok())
+
+    def test_two_runs_of_an_iterable_job_at_once_on_one_process_are_told_apart(self):
+        # Process 100 is frozen while its run A of i1 is at step 2; i1 is
+        # recovered, and the process, thawed, fetches it again: run B
+        # resumes from the saved cursor (2) while A goes on. Both take steps
+        # 2 and 3, each its own (the freeze explains that); by process and
+        # time alone, A's steps after B began would be B's, taken twice.
+        stop = fault("stop_worker", T + 1, T + 3, pid=100, held={"i1"})
+        a, b = T + 0.5, T + 3.05
+        lines = (self.iterable("i1", 100, a, 5, [(0, T + 0.6), (1, T + 0.7), (2, T + 3.1), (3, T + 3.3)])
+                 + self.iterable("i1", 100, b, 5, [(2, T + 3.2), (3, T + 3.4), (4, T + 3.5)])
+                 + [E("i1", 100, T + 3.35), E("i1", 100, T + 3.6)])
+        r = self.judge(lines, faults=[stop])
+        self.assertOk(r)
+        self.assertIn("iterable jobs: 1, 7 steps taken, 0 never taken, 2 taken again after a fault of their "
+                      "process, 0 after a failover, 0 otherwise", self.text)
+        self.assertEqual(stop.dups, 1)
+
+    # -- batch callbacks --
+    def batch_run(self, events):
+        """Batch b1 of jobs bj1, bj2 (both ended by T + 0.5), committed, and
+        its callbacks: events [(event, enqueued_at, start[, pid])]."""
+        lines = (run_of("bj1", 100, T + 0.1, T + 0.3, checker.BATCH_JOB, [5, "b1"])
+                 + run_of("bj2", 200, T + 0.2, T + 0.5, checker.BATCH_JOB, [5, "b1"]))
+        for k, (event, enq, start, *pid) in enumerate(events):
+            lines += callback("cb-%s-%d" % (event, k), (pid or [100])[0], start, start + 0.01, "b1", "BID1",
+                              event, enq)
+        return lines, {"b1": batch("b1", "BID1", ["bj1", "bj2"])}
+
+    def test_batch_callbacks_each_once_after_the_jobs_are_ok(self):
+        lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6), ("success", T + 0.51, T + 0.7)])
+        r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches)
+        self.assertOk(r)
+        self.assertIn("batch callbacks: 1 batches (1 committed with every job done), 0 missing, 0 twice "
+                      "(+0 enqueued again in a failover), 0 before their jobs ended", self.text)
+
+    def test_a_batch_callback_enqueued_twice_is_reported(self):
+        lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6), ("success", T + 0.51, T + 0.7),
+                                         ("success", T + 0.8, T + 0.9)])
+        r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches)
+        self.assertFailed(r, "workload: batch b1 (BID1): success fired 2 times")
+
+    def test_a_batch_callback_run_twice_from_one_enqueue_is_not_fired_twice(self):
+        # One enqueue (one enqueued_at) run twice: a recovery, an extra run
+        # (judged by check() against its fault), not a second firing.
+        lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6, 300), ("success", T + 0.51, T + 0.7)])
+        kill = fault("kill9_worker", T + 0.605, T + 0.605, pid=300, held={"cb-complete-0"})
+        lines = [x for x in lines if x[:2] != ("E", "cb-complete-0")]
+        lines += callback("cb-complete-0", 200, T + 1, T + 1.1, "b1", "BID1", "complete", T + 0.51)
+        r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches, faults=[kill])
+        self.assertOk(r)
+
+    def test_a_batch_callback_never_fired_is_reported(self):
+        lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6)])
+        r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches)
+        self.assertFailed(r, "workload: batch b1 (BID1): success never fired")
+
+    def test_a_batch_callback_before_the_last_job_ended_is_reported(self):
+        lines, batches = self.batch_run([("complete", T + 0.25, T + 0.4), ("success", T + 0.51, T + 0.7)])
+        r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches)
+        self.assertFailed(r, "workload: batch b1 (BID1): complete ran at %.3f, before its last job ended at %.3f"
+                          % (T + 0.4, T + 0.5))
+
+    # -- periodic ticks --
+    def ticks(self, enqueues):
+        """A tick run per (periodic_at, enqueued_at), its jid derived from
+        periodic_at as capstan derives it."""
+        return [x for k, (at, enq) in enumerate(enqueues)
+                for x in tick("tick-%d" % at, 100 + k % 2, enq + 0.01, at, enq)]
+
+    def test_each_periodic_tick_once_is_ok(self):
+        r = self.judge(self.ticks([(1000, T), (1001, T + 1), (1002, T + 2)]), tick_every=1)
+        self.assertOk(r)
+        self.assertIn("periodic ticks: 3 from the first to the last, 0 missed, 0 twice", self.text)
+
+    def test_a_periodic_tick_missed_is_reported(self):
+        r = self.judge(self.ticks([(1000, T), (1002, T + 2)]), tick_every=1)
+        self.assertFailed(r, "workload: periodic tick 1001 never enqueued")
+
+    def test_a_periodic_tick_enqueued_twice_is_reported(self):
+        r = self.judge(self.ticks([(1000, T), (1001, T + 1), (1001, T + 1.5), (1002, T + 2)]), tick_every=1)
+        self.assertFailed(r, "workload: periodic tick 1001 enqueued 2 times")
+
+    def test_a_periodic_tick_still_queued_at_the_end_counts(self):
+        r = self.judge(self.ticks([(1000, T), (1002, T + 2)]), tick_every=1,
+                       enqueued=[(checker.TICK_JOB, "tick-1001", [T + 1, 1001])])
+        self.assertOk(r)
+
+    def test_no_periodic_tick_at_all_is_reported(self):
+        r = self.judge([], tick_every=1)
+        self.assertFailed(r, "workload: periodic: no tick enqueued")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
