@@ -589,6 +589,14 @@ def _step_fault(faults, prev, new):
     return f if f and f.kind != "kill9_supervisor" else None
 
 
+def _successive(rs, a, b):
+    """The pairs of successive runs of rs (in start order) from the earlier
+    to start of runs a and b to the other: a stale run (its process frozen
+    or cut off) may take a step after the run that replaced it took it."""
+    lo, hi = sorted((rs.index(a), rs.index(b)))
+    return zip(rs[lo:hi], rs[lo + 1:hi + 1])
+
+
 def _check_steps(r, runs, state, steps, faults, push_at=None):
     """Every step of every iterable job that finished was taken; a step
     taken twice only by two runs of the job with a kill -9, freeze or
@@ -615,12 +623,10 @@ def _check_steps(r, runs, state, steps, faults, push_at=None):
             if gone:
                 r.workload_problems.append("iterable %s: step%s %s of %d never taken"
                                            % (jid, "s" if len(gone) > 1 else "", ",".join(map(str, gone[:10])), n))
-        order = {id(x): k for k, x in enumerate(rs)}
         for i, by in sorted(taken.items()):
             for ra, rb in zip(by, by[1:]):
                 if ra is not None and rb is not None and ra is not rb and any(
-                        _step_fault(faults, p, q) for p, q in zip(rs[order[id(ra)]:order[id(rb)]],
-                                                                   rs[order[id(ra)] + 1:order[id(rb)] + 1])):
+                        _step_fault(faults, p, q) for p, q in _successive(rs, ra, rb)):
                     after += 1
                 elif ra is not None and rb is not None and ra is not rb and (
                         _in_split_brain(faults, ra.start) or _in_split_brain(faults, rb.start)):

@@ -336,6 +336,19 @@ class CheckerTest(unittest.TestCase):
                       "process, 0 after a failover, 0 otherwise", self.text)
         self.assertEqual(stop.dups, 1)
 
+    def test_a_stale_run_taking_a_step_after_the_run_that_replaced_it_is_the_freezes(self):
+        # Process 100 is frozen in run A of i1 after step 1; process 200
+        # takes i1 over (run B, from the saved cursor, 2) and finishes it;
+        # then 100 thaws and A takes step 2 too: later than B did, though A
+        # began first. The freeze of A's process between the two runs
+        # explains it.
+        stop = fault("stop_worker", T + 1, T + 3, pid=100, held={"i1"})
+        r = self.judge(self.iterable("i1", 100, T + 0.5, 3, [(0, T + 0.6), (1, T + 0.7), (2, T + 3.1)], T + 3.2)
+                       + self.iterable("i1", 200, T + 2, 3, [(2, T + 2.1)], T + 2.2),
+                       faults=[stop])
+        self.assertOk(r)
+        self.assertEqual(stop.dups, 1)
+
     # -- batch callbacks --
     def batch_run(self, events):
         """Batch b1 of jobs bj1, bj2 (both ended by T + 0.5), committed, and
