@@ -109,7 +109,7 @@ class CheckerTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def judge(self, lines, pushed=None, st=None, faults=(), tried=(), concurrency=0, batches=None,
-              enqueued=(), tick_every=0, lock_pushes=()):
+              enqueued=(), tick_every=0, lock_pushes=(), push_at=None):
         """The report on lines, as harness.py's run() makes it. pushed: the
         jids Redis took (default: every jid of an S line that is not a tick
         or a batch callback, which capstan enqueues)."""
@@ -121,13 +121,14 @@ class CheckerTest(unittest.TestCase):
         batches = batches or {}
         faults = list(faults)
         st = st or state()
+        push_at = push_at or {}
         self.runs = runs = checker.read_ledger(self.dir)
         steps, handed_back = checker.read_steps(self.dir, runs)
         r = checker.check(pushed, set(tried) | checker.workload_jids(runs, batches, lock_pushes), runs, st,
                           faults, lock_classes=LOCK_CLASSES, limits={"LedgerLimitJob": LIMIT},
-                          concurrency=concurrency, handed_back=handed_back, push_at={})
+                          concurrency=concurrency, handed_back=handed_back, push_at=push_at)
         checker.check_workload(r, runs, st, list(enqueued), batches, tick_every, steps, faults, list(lock_pushes),
-                               {"LedgerWindowJob": (WINDOW, 1.0)}, push_at={})
+                               {"LedgerWindowJob": (WINDOW, 1.0)}, push_at=push_at)
         r.drained = True
         self.text = r.text()
         return r
@@ -177,6 +178,24 @@ class CheckerTest(unittest.TestCase):
     def test_a_job_whose_push_went_unanswered_is_not_unexpected(self):
         r = self.judge(run_of("j1", 100, T + 0.1, T + 0.2), pushed=set(), tried={"j1"})
         self.assertOk(r)
+
+    def failover(self):
+        """A SENTINEL FAILOVER whose new master had the old one's writes of
+        replication id R1 up to offset 500."""
+        f = fault("failover", T + 1, T + 2)
+        f.promoted, f.demoted, f.cut = T + 1.5, T + 2, ("R1", 500)
+        return f
+
+    def test_a_push_past_a_failovers_cut_is_not_lost_but_counted_apart(self):
+        fo = self.failover()
+        r = self.judge([], pushed={"j1"}, faults=[fo], push_at={"j1": ("R1", 510)})
+        self.assertOk(r)
+        self.assertEqual((r.lost, r.unreplicated), ([], ["j1"]))
+
+    def test_a_push_the_new_master_had_is_lost_through_a_failover(self):
+        fo = self.failover()
+        r = self.judge([], pushed={"j1"}, faults=[fo], push_at={"j1": ("R1", 490)})
+        self.assertFailed(r, "lost: j1")
 
     # -- extra runs and the faults they come from --
     def test_a_run_again_after_a_kill_of_its_process_is_the_kills(self):
@@ -237,6 +256,40 @@ class CheckerTest(unittest.TestCase):
                        faults=[stop])
         self.assertOk(r)
         self.assertEqual((r.overlaps_attributed, stop.overlaps), (1, 1))
+
+    # -- until-locks (taken by `capstan push`) --
+    def until(self, cls, pushes, runs):
+        """Accepted pushes (jid, sent, replied) of cls with key k1, and the
+        runs (jid, pid, start, end) of their jobs."""
+        ps = []
+        for seq, (jid, sent, replied) in enumerate(pushes):
+            p = checker.LockPush(cls, [5, "k1", seq])
+            p.sent, p.replied, p.status, p.jid = sent, replied, "accepted", jid
+            ps.append(p)
+        lines = [x for jid, pid, s, e in runs for x in run_of(jid, pid, s, e, cls, [5, "k1", 0])]
+        return self.judge(lines, lock_pushes=ps)
+
+    def test_an_until_executed_lock_taken_after_its_holder_ended_is_ok(self):
+        r = self.until("LedgerUntilExecutedJob", [("u1", T, T + 0.01), ("u2", T + 0.5, T + 0.51)],
+                       [("u1", 100, T + 0.1, T + 0.3), ("u2", 200, T + 0.6, T + 0.7)])
+        self.assertOk(r)
+
+    def test_an_until_executed_lock_taken_while_its_holder_ran_is_reported(self):
+        r = self.until("LedgerUntilExecutedJob", [("u1", T, T + 0.01), ("u2", T + 0.5, T + 0.51)],
+                       [("u1", 100, T + 0.1, T + 0.55), ("u2", 200, T + 0.6, T + 0.7)])
+        self.assertFailed(r, "workload: LedgerUntilExecutedJob k1: u2 accepted at %.3f before u1 (which ran first) "
+                          "ended at %.3f" % (T + 0.51, T + 0.55))
+
+    def test_an_until_expired_lock_taken_again_after_its_ttl_is_ok(self):
+        r = self.until("LedgerUntilExpiredJob", [("u1", T, T + 0.01), ("u2", T + 1.2, T + 1.21)],
+                       [("u1", 100, T + 0.1, T + 0.2), ("u2", 200, T + 1.3, T + 1.4)])
+        self.assertOk(r)
+
+    def test_an_until_expired_lock_taken_again_within_its_ttl_is_reported(self):
+        r = self.until("LedgerUntilExpiredJob", [("u1", T, T + 0.01), ("u2", T + 0.5, T + 0.51)],
+                       [("u1", 100, T + 0.1, T + 0.2), ("u2", 200, T + 0.6, T + 0.7)])
+        self.assertFailed(r, "workload: LedgerUntilExpiredJob k1: u1 and u2 both took the lock within 0.510 s "
+                          "(ttl 1 s)")
 
     # -- the concurrent limiter --
     def limited(self, n, overlap):
