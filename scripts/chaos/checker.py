@@ -76,9 +76,16 @@ def read_ledger(dir):
         if p[0] == "S":
             r = Run(jid, pid, t, p[4] if len(p) > 4 else "", p[5] if len(p) > 5 else "")
             runs[jid].append(r)
-            open_runs[(jid, pid)] = r
-        elif p[0] == "E" and (jid, pid) in open_runs:
-            open_runs.pop((jid, pid)).end = t
+            open_runs.setdefault((jid, pid), []).append(r)
+        elif p[0] == "E" and open_runs.get((jid, pid)):
+            # The run its tag names (the start of a run of the job in the
+            # same process, which may run it twice at once), else the last
+            # started there (an older ledger).
+            mine = open_runs[(jid, pid)]
+            at = [r for r in mine if len(p) > 4 and r.start == float(p[4])]
+            r = at[0] if at else mine[-1]
+            mine.remove(r)
+            r.end = t
     return runs
 
 

@@ -30,8 +30,8 @@ def S(jid, pid, t, cls="LedgerJob", args=(5,)):
     return ("S", jid, pid, t, cls, json.dumps(list(args), separators=(",", ":")))
 
 
-def E(jid, pid, t):
-    return ("E", jid, pid, t)
+def E(jid, pid, t, run=None):
+    return ("E", jid, pid, t, run)
 
 
 def I(jid, pid, t, index, run):  # noqa: E743 (the ledger's own letter)
@@ -44,7 +44,7 @@ def H(jid, pid, t, run):
 
 def run_of(jid, pid, start, end, cls="LedgerJob", args=(5,)):
     """The S and E lines of one whole run."""
-    return [S(jid, pid, start, cls, args), E(jid, pid, end)]
+    return [S(jid, pid, start, cls, args), E(jid, pid, end, start)]
 
 
 def write_ledger(dir, lines):
@@ -57,7 +57,7 @@ def write_ledger(dir, lines):
         if kind == "S":
             text = "S %s %d %s %s %s\n" % (jid, pid, stamp(t), rest[0], rest[1])
         elif kind == "E":
-            text = "E %s %d %s\n" % (jid, pid, stamp(t))
+            text = "E %s %d %s%s\n" % (jid, pid, stamp(t), "" if rest[0] is None else " " + stamp(rest[0]))
         elif kind == "I":
             text = "I %s %d %s %d %s\n" % (jid, pid, stamp(t), rest[0], stamp(rest[1]))
         else:
@@ -334,7 +334,7 @@ class CheckerTest(unittest.TestCase):
         """A run of an n-step LedgerIterJob taking steps taken (index, time)."""
         lines = [S(jid, pid, start, checker.ITER_JOB, [1, n])]
         lines += [I(jid, pid, t, i, start) for i, t in taken]
-        return lines + ([E(jid, pid, end)] if end is not None else [])
+        return lines + ([E(jid, pid, end, start)] if end is not None else [])
 
     def test_an_iterable_job_taking_each_step_once_is_ok(self):
         r = self.judge(self.iterable("i1", 100, T, 3, [(0, T + 0.1), (1, T + 0.2), (2, T + 0.3)], T + 0.4))
@@ -382,12 +382,20 @@ class CheckerTest(unittest.TestCase):
         a, b = T + 0.5, T + 3.05
         lines = (self.iterable("i1", 100, a, 5, [(0, T + 0.6), (1, T + 0.7), (2, T + 3.1), (3, T + 3.3)])
                  + self.iterable("i1", 100, b, 5, [(2, T + 3.2), (3, T + 3.4), (4, T + 3.5)])
-                 + [E("i1", 100, T + 3.35), E("i1", 100, T + 3.6)])
+                 + [E("i1", 100, T + 3.35, a), E("i1", 100, T + 3.6, b)])
         r = self.judge(lines, faults=[stop])
         self.assertOk(r)
+        # Each end is its own run's, by its tag too.
+        self.assertEqual([(x.start, x.end) for x in self.runs["i1"]], [(a, T + 3.35), (b, T + 3.6)])
         self.assertIn("iterable jobs: 1, 7 steps taken, 0 never taken, 2 taken again after a fault of their "
                       "process, 0 after a failover, 0 otherwise", self.text)
         self.assertEqual(stop.dups, 1)
+
+    def test_an_end_without_a_run_tag_closes_the_last_run_started_there(self):
+        # An older ledger: E lines name no run.
+        write_ledger(self.dir, [S("j1", 100, T + 0.1), S("j1", 100, T + 0.2), E("j1", 100, T + 0.3)])
+        runs = checker.read_ledger(self.dir)
+        self.assertEqual([(x.start, x.end) for x in runs["j1"]], [(T + 0.1, None), (T + 0.2, T + 0.3)])
 
     def test_a_stale_run_taking_a_step_after_the_run_that_replaced_it_is_the_freezes(self):
         # Process 100 is frozen in run A of i1 after step 1; process 200

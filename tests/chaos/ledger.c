@@ -4,7 +4,11 @@
  * partitioned, frozen or restarting:
  *
  *     S <jid> <pid> <epoch seconds> <class> <args>
- *     E <jid> <pid> <epoch seconds>
+ *     E <jid> <pid> <epoch seconds> <run>
+ *
+ * <run> being the epoch of the run's S line: two runs of one job in one
+ * process at once (it fetched again a job of its own that another process
+ * recovered while it was frozen) are told apart.
  *
  * One write(2) a line on an O_APPEND descriptor: a line is never torn, and
  * one a kill -9 interrupts is either written whole or not at all.
@@ -23,9 +27,7 @@
  *   LedgerIterJob [ms, n, ...] an iterable job of n steps of ms each, one
  *                             line per step: I <jid> <pid> <epoch> <index>
  *                             <run>, and H <jid> <pid> <epoch> <run> when
- *                             interrupted, <run> being the epoch of the
- *                             run's S line (two runs of one job in one
- *                             process at once are told apart). */
+ *                             interrupted. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -97,10 +99,11 @@ static int start_line(capstan_job_t *job, const char *field, double *at)
     return note(job, line, len);
 }
 
-static int end_line(capstan_job_t *job)
+static int end_line(capstan_job_t *job, double began)
 {
     char line[128];
-    int len = snprintf(line, sizeof(line), "E %s %d %.6f\n", capstan_job_jid(job), (int)getpid(), wall());
+    int len = snprintf(line, sizeof(line), "E %s %d %.6f %.6f\n", capstan_job_jid(job), (int)getpid(), wall(),
+                       began);
     return note(job, line, len);
 }
 
@@ -125,7 +128,7 @@ static int ledger_job(capstan_job_t *job, void *ud)
     if (rc)
         return rc;
     sleep_ms(arg_long(job, 0));
-    return end_line(job);
+    return end_line(job, at);
 }
 
 /* LedgerIterJob [ms, n, ...]: n steps of ms each, resumed from its cursor
@@ -157,7 +160,7 @@ static int iter_job(capstan_job_t *job, void *ud)
             break;
         sleep_ms(ms);
     }
-    return end_line(job);
+    return end_line(job, began);
 }
 
 __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t *rt)
