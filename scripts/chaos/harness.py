@@ -1157,12 +1157,21 @@ def main():
         if not os.path.exists(f):
             raise SystemExit("chaos: %s not built (ninja -C %s)" % (f, build))
     seeds = [int(s) for s in a.seeds.split(",")] if a.seeds else [a.seed]
+    # A shell starts a background job with INT ignored: INT and TERM both
+    # end the run here, through the cleanup below (processes, namespaces).
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     reports, status = [], 0
     for s in seeds:
         a.seed = s
         h = Harness(a)
         try:
             r = h.run()
+        except KeyboardInterrupt as e:
+            print("chaos: stopped by %s; scratch kept in %s" % (e or "SIGINT", h.dir), file=sys.stderr)
+            return 130
         finally:
             for w in h.workers:
                 if w.proc and w.proc.poll() is None:
