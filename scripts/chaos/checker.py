@@ -4,6 +4,7 @@ jobs were lost, which ran more than once and which fault each extra run
 comes from (against that fault's bound), which runs of one runtime-locked
 digest overlapped, and when a concurrent limiter had more holders than its
 size."""
+import bisect
 import collections
 import glob
 import json
@@ -30,8 +31,12 @@ START_LAG = 15
 # went there runs again. See failover_window() and _in_failover().
 FAILOVERS = {"failover", "failover_kill"}
 # Seconds a finished job's ack may come after its end (it rides the
-# processor's next round trip) and still miss the replica.
+# processor's next round trip) and still miss the replica; counted from
+# when its process could write again (_ack_from).
 ACK_LAG = 1
+# The faults during which no process can write to the master: an ack is
+# sent again once they end.
+OUTAGES = {"stop_redis", "restart_redis", "maxmemory"}
 # Seconds after a failover ends in which a job a worker starts may still
 # run again: one fetched ahead from the old master and started late, or
 # one started by a processor whose connection is still of the old master's
@@ -192,19 +197,52 @@ def failover_window(f):
     return f.start - ACK_LAG, (f.end or f.start) + SWITCH_LAG
 
 
-def _in_failover(f, prev):
+_gaps_of = {}
+
+
+def _gaps(faults):
+    """The faults of faults that keep an ack from being written (OUTAGES,
+    FREEZES), ended, by start: ([starts], [faults])."""
+    key = id(faults)
+    if key not in _gaps_of or _gaps_of[key][0] is not faults:
+        gs = sorted((g for g in faults if g.end is not None and (g.kind in OUTAGES or g.kind in FREEZES)),
+                    key=lambda g: g.start)
+        _gaps_of[key] = (faults, [g.start for g in gs], gs)
+    return _gaps_of[key][1:]
+
+
+def _ack_from(faults, x):
+    """When run x's ack could first be written: at its end, or, when the
+    master was down, frozen or out of memory then, or x's process frozen or
+    cut off (one outage running into the next), when that ended. (No fault
+    lasts 10 s.)"""
+    starts, gs = _gaps(faults)
+    t = x.end
+    while t is not None:
+        later = [g.end for g in gs[bisect.bisect_left(starts, t - 10):bisect.bisect_right(starts, t)]
+                 if t < g.end and (g.kind in OUTAGES or g.pid == x.pid)]
+        if not later:
+            break
+        t = max(later)
+    return t
+
+
+def _in_failover(f, prev, faults=()):
     """Whether run prev may run again through failover f: it falls in
     failover_window(f), and its job was one the new master had unfinished
     (queued, scheduled, in a working list, in the retry set) when the
     harness read it just after the promotion, or prev started between the
     promotion (seen by the harness up to ACK_LAG late) and that read (it
     may have been fetched and acked on the new master before), or in the
-    SWITCH_LAG after the failover ended. A job the new
+    SWITCH_LAG after the failover ended. (A run's ack counts from when it
+    could be written, _ack_from: a Redis restart just before a failover
+    holds acks back into it.) A job the new
     master had finished, or never had, cannot run again through it.
     Without a read of the new master (f.held None), every run of the
     window may."""
     lo, hi = failover_window(f)
-    if not (prev.start <= hi and (prev.end is None or prev.end >= lo)):
+    if not (prev.start <= hi and (prev.end is None or prev.end >= lo
+                                   or (prev.end >= lo - 20 and _ack_from(faults, prev) >= lo))):
         return False
     if prev.cls == TICK_JOB:
         return True  # enqueued on the old master, and again by the new one's scheduler
@@ -236,7 +274,7 @@ def _fault_for(faults, prev, new):
     held = [f for f in freezes if prev.jid in (f.held or ())]
     if held:
         return max(held, key=lambda f: f.start)
-    fos = [f for f in faults if f.kind in FAILOVERS and f.start <= new.start and _in_failover(f, prev)]
+    fos = [f for f in faults if f.kind in FAILOVERS and f.start <= new.start and _in_failover(f, prev, faults)]
     if fos:
         return max(fos, key=lambda f: f.start)
     return max(freezes, key=lambda f: f.start) if freezes else None
@@ -277,7 +315,7 @@ def _failover_near(faults, xs):
     limiter slot taken on the old master after its replica's copy stopped
     is not on the new one, which hands it out again."""
     for f in faults:
-        if f.kind in FAILOVERS and any(_in_failover(f, x) for x in xs):
+        if f.kind in FAILOVERS and any(_in_failover(f, x, faults) for x in xs):
             return f
     return None
 
@@ -339,7 +377,7 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
     # (_in_failover) runs once more.
     for f in faults:
         if f.kind in FAILOVERS:
-            f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x)})
+            f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x, faults)})
     for jid in pushed:
         if jid not in ended and jid not in present:
             f = lost_to_failover(faults, jid, pushed, push_at)

@@ -811,8 +811,10 @@ class Harness:
         if kind == "kill9_worker" and pid:
             # A supervisor recovers its worker's list at once: read it first.
             held = self.worker_wl(pid) if pick.supervised else None
-            f.pid, f.start = pid, time.time()
+            # Its time once the signal is sent: a job whose start line the
+            # process wrote as the kill was on its way started before it.
             os.kill(pid, signal.SIGKILL)
+            f.pid, f.start = pid, time.time()
             if pick.supervised:
                 f.kind = "kill9_supervised"  # its supervisor recovers and replaces it
                 f.held = held

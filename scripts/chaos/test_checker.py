@@ -198,6 +198,31 @@ class CheckerTest(unittest.TestCase):
         self.assertFailed(r, "lost: j1")
 
     # -- extra runs and the faults they come from --
+    def failover_kill_of(self, held):
+        """A kill -9 of the master at T + 3, the replica promoted at T + 10
+        with held unfinished (read at once)."""
+        f = fault("failover_kill", T + 3, T + 10)
+        f.promoted, f.demoted, f.cut = T + 10, T + 3, ("R1", 500)
+        f.held, f.read_at = set(held), T + 10.1
+        return f
+
+    def test_a_run_whose_ack_a_redis_restart_held_back_into_a_failover_is_the_failovers(self):
+        # j1 ended at T + 0.5 while Redis was down (killed at T + 0.45,
+        # back at T + 2.5): its ack was written after that, then lost with
+        # the master killed at T + 3 before its replica had it.
+        restart = fault("restart_redis", T + 0.45, T + 2.5)
+        fo = self.failover_kill_of({"j1"})
+        r = self.judge(run_of("j1", 100, T + 0.4, T + 0.5) + run_of("j1", 100, T + 15, T + 15.1),
+                       faults=[restart, fo])
+        self.assertOk(r)
+        self.assertEqual((fo.dups, fo.bound), (1, 1))
+
+    def test_a_run_that_ended_well_before_a_failover_is_not_the_failovers(self):
+        # The same without the restart: its ack had 2.5 s to be written.
+        fo = self.failover_kill_of({"j1"})
+        r = self.judge(run_of("j1", 100, T + 0.4, T + 0.5) + run_of("j1", 100, T + 15, T + 15.1), faults=[fo])
+        self.assertFailed(r, "unexplained extra start: j1 ran on 100 at 1000.400 and on 100 at 1015.000")
+
     def test_a_run_again_after_a_kill_of_its_process_is_the_kills(self):
         kill = fault("kill9_worker", T + 1, T + 1, pid=100, held={"j1"})
         r = self.judge([S("j1", 100, T + 0.5)] + run_of("j1", 200, T + 2, T + 2.1), faults=[kill])
