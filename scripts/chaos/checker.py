@@ -311,11 +311,15 @@ def lost_to_failover(faults, jid, pushed, push_at):
 
 
 def _failover_near(faults, xs):
-    """A failover in whose window one of the runs xs falls: a lock or a
-    limiter slot taken on the old master after its replica's copy stopped
-    is not on the new one, which hands it out again."""
-    for f in faults:
-        if f.kind in FAILOVERS and any(_in_failover(f, x, faults) for x in xs):
+    """A failover in whose split brain (_in_split_brain) one of the runs xs
+    started: a lock or a limiter slot taken on the old master after its
+    replica's copy stopped is not on the new one, which hands it out again.
+    (Whether the new master had the job unfinished, as _in_failover asks,
+    says nothing of the locks: two jobs fetched after the promotion, one
+    from each master, take one lock twice.)"""
+    for x in xs:
+        f = _in_split_brain(faults, x.start)
+        if f:
             return f
     return None
 

@@ -282,6 +282,18 @@ class CheckerTest(unittest.TestCase):
         self.assertOk(r)
         self.assertEqual((r.overlaps_attributed, stop.overlaps), (1, 1))
 
+    def test_an_overlap_just_after_a_promotion_is_the_failovers(self):
+        # Two jobs fetched after the new master was read, one from each
+        # master: each master hands out lock k1. Neither job was one the new
+        # master had unfinished; the lock is what the split brain doubled.
+        lock = lambda jid, pid, s, e, key: run_of(jid, pid, s, e, "LedgerLockJob", [50, key])  # noqa: E731
+        fo = self.failover()
+        fo.held, fo.read_at = set(), T + 1.55
+        r = self.judge(lock("j1", 100, T + 1.6, T + 1.7, "k1") + lock("j2", 200, T + 1.65, T + 1.8, "k1"),
+                       faults=[fo])
+        self.assertOk(r)
+        self.assertEqual((r.overlaps_attributed, fo.overlaps), (1, 1))
+
     # -- until-locks (taken by `capstan push`) --
     def until(self, cls, pushes, runs):
         """Accepted pushes (jid, sent, replied) of cls with key k1, and the
