@@ -1,12 +1,17 @@
 /* Redis Sentinel: the sentinel URL, and the discovery every connect of a
  * sentinel URL goes through (the master's address asked of each sentinel in
  * turn, then the server checked to be a master), so every connection
- * follows a failover by reconnecting. */
+ * follows a failover by reconnecting; and the subscription to the
+ * sentinels' +switch-master announcements that tells of a failover at
+ * once. */
 #include "redis/sentinel.h"
 #include "redis/nopipe.h"
 #include "redis/tls.h"
+#include "support/time.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -377,6 +382,157 @@ int capstan__sentinel_check_role(redisContext *c, const char *name, char *errstr
                  "under way?)", name, rep->element[0]->str);
     freeReplyObject(rep);
     return replica ? CAPSTAN_EREDIS : 0;
+}
+
+struct capstan_sentinel_watch {
+    capstan_redis_url_t url; /* its own sentinels (peers learnt too) and master */
+    char name[512];          /* the URL with its passwords redacted */
+    link_t link;             /* the subscribed sentinel; link.c NULL when none */
+    size_t at;               /* its index, or where the next attempt starts */
+    int missed;              /* unsubscribed for a while: an announcement may
+                                have gone by */
+};
+
+capstan_sentinel_watch_t *capstan__sentinel_watch_new(const char *url, char *err)
+{
+    if (!capstan__sentinel_scheme(url)) {
+        capstan_seterr(err, CAPSTAN_EINVAL, "not a sentinel url");
+        return NULL;
+    }
+    capstan_sentinel_watch_t *w = calloc(1, sizeof(*w));
+    if (!w) {
+        capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (capstan__redis_url_parse(url, &w->url, err)) {
+        capstan__redis_url_clear(&w->url);
+        free(w);
+        return NULL;
+    }
+    capstan__redis_url_redact(url, w->name, sizeof(w->name));
+    return w;
+}
+
+void capstan__sentinel_watch_free(capstan_sentinel_watch_t *w)
+{
+    if (!w)
+        return;
+    link_close(&w->link);
+    capstan__redis_url_clear(&w->url);
+    free(w);
+}
+
+/* Subscribes to +switch-master on the first sentinel that takes it,
+ * starting at w->at. Returns 0, or CAPSTAN_EREDIS with errstr filled. */
+static int subscribe(capstan_sentinel_watch_t *w, char *errstr)
+{
+    capstan_sentinel_t *s = w->url.sentinel;
+    for (size_t k = 0; k < s->n; k++) {
+        size_t i = (w->at + k) % s->n;
+        int refused = 0;
+        if (sentinel_connect(&w->url, &s->sentinels[i], w->name, errstr, &refused, &w->link)) {
+            w->link = (link_t){ 0 }; /* closed, not cleared */
+            continue;
+        }
+        learn_peers(s, w->link.c); /* may move s->sentinels: indexed from here on */
+        redisReply *rep = command(w->link.c, "SUBSCRIBE +switch-master");
+        int ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 3
+                 && rep->element[0]->type == REDIS_REPLY_STRING
+                 && strcmp(rep->element[0]->str, "subscribe") == 0;
+        if (!ok)
+            snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d: SUBSCRIBE: %s", w->name,
+                     s->sentinels[i].host, s->sentinels[i].port,
+                     !rep ? w->link.c->errstr
+                     : rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        freeReplyObject(rep);
+        if (ok) {
+            w->at = i;
+            return 0;
+        }
+        link_close(&w->link);
+        w->link = (link_t){ 0 };
+    }
+    return CAPSTAN_EREDIS;
+}
+
+/* Whether rep is "<master> <old-ip> <old-port> <new-ip> <new-port>" on
+ * +switch-master for w's master. */
+static int is_switch(const capstan_sentinel_watch_t *w, const redisReply *rep)
+{
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3)
+        return 0;
+    const redisReply *kind = rep->element[0], *msg = rep->element[2];
+    if (kind->type != REDIS_REPLY_STRING || strcmp(kind->str, "message") != 0
+        || msg->type != REDIS_REPLY_STRING)
+        return 0;
+    size_t n = strlen(w->url.sentinel->master);
+    return msg->len > n && strncmp(msg->str, w->url.sentinel->master, n) == 0 && msg->str[n] == ' ';
+}
+
+/* Reads what the subscribed sentinel sent within timeout_s: 1 for an
+ * announcement about w's master, 0 for none, -1 when the connection
+ * failed (errstr filled). */
+static int read_announcements(capstan_sentinel_watch_t *w, double timeout_s, char *errstr)
+{
+    redisContext *c = w->link.c;
+    double until = capstan__mono() + timeout_s;
+    for (;;) {
+        void *rep = NULL;
+        if (redisGetReplyFromReader(c, &rep) != REDIS_OK)
+            break;
+        if (rep) {
+            int hit = is_switch(w, rep);
+            freeReplyObject(rep);
+            if (hit)
+                return 1;
+            continue;
+        }
+        double left = until - capstan__mono();
+        if (left <= 0)
+            return 0;
+        /* poll, not a read timeout: one leaves a hiredis 0.14 context
+         * unusable. */
+        struct pollfd p = { .fd = c->fd, .events = POLLIN };
+        int n = poll(&p, 1, (int)(left * 1000) + 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(c->errstr, sizeof(c->errstr), "poll: %s", strerror(errno));
+            break;
+        }
+        if (n > 0 && redisBufferRead(c) != REDIS_OK)
+            break;
+    }
+    const addr_t *a = &w->url.sentinel->sentinels[w->at];
+    snprintf(errstr, CAPSTAN_ERRLEN, "%s: sentinel %s:%d: subscription lost: %s", w->name, a->host,
+             a->port, c->errstr[0] ? c->errstr : "protocol error");
+    return -1;
+}
+
+int capstan__sentinel_watch_wait(capstan_sentinel_watch_t *w, double timeout_s, char *errstr)
+{
+    if (!w->link.c) {
+        if (subscribe(w, errstr)) {
+            w->missed = 1;
+            return CAPSTAN_EREDIS;
+        }
+        if (w->missed) {
+            w->missed = 0;
+            return 1;
+        }
+    }
+    int got = read_announcements(w, timeout_s, errstr);
+    if (got >= 0)
+        return got;
+    link_close(&w->link);
+    w->link = (link_t){ 0 };
+    /* That sentinel went away, most likely: the others first. */
+    w->at = (w->at + 1) % w->url.sentinel->n;
+    if (subscribe(w, errstr)) {
+        w->missed = 1;
+        return CAPSTAN_EREDIS;
+    }
+    return 1;
 }
 
 void capstan__sentinel_redact(char *out, size_t n)

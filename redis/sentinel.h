@@ -41,6 +41,32 @@ int capstan__sentinel_resolve(capstan_redis_url_t *u, const char *name, char *er
  * Returns 0 or CAPSTAN_EREDIS with errstr filled. */
 int capstan__sentinel_check_role(redisContext *c, const char *name, char *errstr);
 
+/* A subscription to the sentinels' +switch-master announcements, which
+ * every sentinel publishes as it takes a new master for one it monitors:
+ * capstan learns of a SENTINEL FAILOVER at once rather than at its next
+ * question to the sentinels. Owns one connection to one sentinel at a
+ * time; not thread-safe (one thread waits on it). */
+typedef struct capstan_sentinel_watch capstan_sentinel_watch_t;
+
+/* A watcher for the master of sentinel URL url; nothing is connected yet
+ * (the first wait subscribes). Returns NULL with err (CAPSTAN_ERRLEN)
+ * filled when url is no sentinel URL, is malformed, or memory ran out.
+ * Free it with capstan__sentinel_watch_free. */
+capstan_sentinel_watch_t *capstan__sentinel_watch_new(const char *url, char *err);
+
+/* Waits up to timeout_s seconds for a +switch-master about this URL's
+ * master. Unsubscribed (at first, or when the connection was lost) it
+ * subscribes first, asking the sentinels in turn. Returns 1 when such an
+ * announcement arrived, or when a subscription was made again after one
+ * was lost (one may have been missed in between: worth asking the
+ * sentinels); 0 when the time passed without one; CAPSTAN_EREDIS with
+ * errstr (CAPSTAN_ERRLEN) filled when no sentinel could be subscribed
+ * (the next call tries them again). */
+int capstan__sentinel_watch_wait(capstan_sentinel_watch_t *w, double timeout_s, char *errstr);
+
+/* Closes the subscription and frees w (NULL is fine). */
+void capstan__sentinel_watch_free(capstan_sentinel_watch_t *w);
+
 /* Replaces the value of sentinel_password= in the redacted URL out (n
  * bytes) by "***". */
 void capstan__sentinel_redact(char *out, size_t n);
