@@ -177,7 +177,9 @@ void *capstan__housekeeper_main(void *arg)
         if (atomic_load(&rt->housekeeper_stop))
             break;
         /* A master replaced (SENTINEL FAILOVER) may take writes until the
-         * sentinels demote it: every connection leaves it within a beat. */
+         * sentinels demote it. The master watch (master_watch.c) has every
+         * connection leave it when the sentinels announce the switch; this
+         * makes it within a beat when that announcement was missed. */
         capstan__redis_follow_master(r);
         if (!capstan_redis_ok(r)) {
             /* Tried every beat, not backing off further: the liveness key

@@ -126,9 +126,9 @@ struct capstan_runtime {
 
     capstan_slot_t *slots;
     int nslots;
-    pthread_t housekeeper, scheduler, periodic;
-    int housekeeper_started, scheduler_started, periodic_started;
-    atomic_int housekeeper_stop;
+    pthread_t housekeeper, scheduler, periodic, master_watch;
+    int housekeeper_started, scheduler_started, periodic_started, master_watch_started;
+    atomic_int housekeeper_stop;   /* and the master watch's */
     pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
                                       (rt.c), which quiet and stop cut short */
     pthread_cond_t wake;
@@ -258,6 +258,11 @@ int capstan__heartbeat_beat(struct capstan_runtime *rt, capstan_redis_t *r, int 
 int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);
 /* Removes the process from "processes" and its work hashes (at stop). */
 int capstan__heartbeat_clear(struct capstan_runtime *rt, capstan_redis_t *r);
+
+/* master_watch.c: the thread that, for a sentinel URL, has every
+ * connection leave a replaced master as soon as the sentinels announce the
+ * switch (started only then; it stops with the housekeeper). */
+void *capstan__master_watch_main(void *rt);
 
 /* periodic.c: the thread that enqueues the ticks of the config's periodic
  * schedules (started only when there are some). */

@@ -14,6 +14,7 @@
 
 #include "observe/http.h"
 #include "observe/overview.h"
+#include "redis/sentinel.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
 #include "runtime/supervisor.h"
@@ -287,6 +288,8 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     capstan__rt_wake(rt);
     if (rt->housekeeper_started)
         pthread_join(rt->housekeeper, NULL);
+    if (rt->master_watch_started)
+        pthread_join(rt->master_watch, NULL);
     live_conn(r);
     capstan__stats_flush(rt, r);
     capstan__unique_metrics_flush(r);
@@ -483,6 +486,11 @@ static int start_threads(capstan_runtime_t *rt, char *err)
         rt->scheduler_started = 1;
     if (!rt->housekeeper_started || !rt->scheduler_started)
         return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the housekeeper or scheduler thread");
+    if (capstan__sentinel_scheme(rt->cfg->redis_url)) {
+        if (pthread_create(&rt->master_watch, NULL, capstan__master_watch_main, rt))
+            return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the master watch thread");
+        rt->master_watch_started = 1;
+    }
     if (rt->cfg->nperiodic) {
         if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, rt))
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the periodic thread");

@@ -498,6 +498,103 @@ Test(sentinel, a_replaced_master_still_taking_writes_is_left_within_a_beat)
     drain_stop(&d);
 }
 
+/* The calls of capstan's scripts (fetches, acks) and of RecordJob's SADD
+ * the server at port has run: what only capstan sends there. */
+static long long capstan_calls(int port)
+{
+    return info_num(port, "commandstats", "cmdstat_evalsha:calls=")
+           + info_num(port, "commandstats", "cmdstat_sadd:calls=");
+}
+
+/* Seconds from t0 to the last call of capstan's that the server at port
+ * ran, once none has come for 0.5 s (at most 12 s on). */
+static double last_call_after(int port, double t0)
+{
+    long long last = capstan_calls(port);
+    double at = kt_now();
+    while (kt_now() - at < 0.5 && kt_now() - t0 < 12) {
+        kt_sleep(0.05);
+        long long now = capstan_calls(port);
+        if (now != last) {
+            last = now;
+            at = kt_now();
+        }
+    }
+    return at - t0;
+}
+
+/* The sentinels announce a new master on +switch-master: capstan follows
+ * the announcement at once, not at its next beat (10 s here), so every
+ * connection leaves the old master, still a master taking writes, within a
+ * second of the switch; twice in a row. */
+Test(sentinel, a_switch_announced_by_the_sentinels_is_followed_at_once)
+{
+    drain_t d;
+    drain_start(&d, failover_jobs(), "2", 4, "heartbeat_interval: 10\nliveness_ttl: 30\n");
+    ran_at_least(&d, d.k.master, d.n / 20);
+    int from = d.k.master, to = d.k.replica;
+    for (int round = 1; round <= 2; round++) {
+        fail_over(&d.k, from, to);
+        double left = last_call_after(from, kt_now());
+        int still_master = is_master(from);
+        fprintf(stderr, "[switch %d] capstan's last call on the old master %.2f s after the "
+                "sentinels named the new one; it is %s\n", round, left,
+                still_master ? "still a master" : "a replica already");
+        cr_assert(still_master, "the old master was demoted before capstan left it: %s",
+                  log_tail(d.pid));
+        cr_assert_leq(left, 1.0, "switch %d: on the old master %.1f s after the switch: %s", round,
+                      left, log_tail(d.pid));
+        ran_at_least(&d, to, int_on(to, "SCARD %s", "rec") + 100); /* on the new one */
+        if (round == 2)
+            break;
+        /* What the sentinels do seconds later, done now: the old master
+         * becomes the new one's replica, to be promoted back. */
+        char port[16];
+        snprintf(port, sizeof(port), "%d", to);
+        redisContext *c = on(from);
+        freeReplyObject(redisCommand(c, "REPLICAOF 127.0.0.1 %s", port));
+        redisFree(c);
+        cr_assert(KT_WAIT_UNTIL(info_has(from, "replication", "master_link_status:up"), 30));
+        int was = from;
+        from = to;
+        to = was;
+    }
+    drain_stop(&d);
+}
+
+/* Whether a client of the sentinel at port is subscribed (capstan's watch
+ * on +switch-master). */
+static int subscribed_on(int port)
+{
+    redisReply *r = cmd_on(port, "CLIENT %s", "LIST");
+    int yes = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cmd=subscribe");
+    freeReplyObject(r);
+    return yes;
+}
+
+/* No sentinel to subscribe to: said once, not every second, and said
+ * again once a sentinel takes the subscription. */
+Test(sentinel, a_subscription_lost_is_logged_once_and_again_when_made)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 1);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "--redis-url", k.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(subscribed_on(k.sentinel[0]), 20), "%s", log_tail(pid));
+    cr_assert_eq(kill(k.sentinel_pid[0], SIGKILL), 0);
+    static const char lost[] = "cannot subscribe to the sentinels' +switch-master";
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, lost) == 1, 10), "%s", log_tail(pid));
+    kt_sleep(2.5); /* tried again about every second meanwhile */
+    cr_assert_eq(kt_log_count(pid, lost), 1, "%s", log_tail(pid));
+    char conf[700];
+    snprintf(conf, sizeof(conf), "%s/s0/sentinel.conf", k.dir);
+    snprintf(k.dir + strlen(k.dir), sizeof(k.dir) - strlen(k.dir), "/s0");
+    start_server(k.dir, "sentinel", (const char *[]){ conf, "--sentinel", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "subscribed to the sentinels' +switch-master again"),
+                            15), "%s", log_tail(pid));
+    cr_assert(subscribed_on(k.sentinel[0]));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", log_tail(pid));
+}
+
 /* The master killed: the sentinels see it down after 1 s and elect the
  * replica; capstan goes on there. */
 Test(sentinel, jobs_drain_when_the_master_is_killed)
