@@ -188,13 +188,34 @@ class Report:
 
 def failover_window(f):
     """The runs a failover f may make run again: those that ended (or did
-    not) at most ACK_LAG before it began and started at most SWITCH_LAG
-    after it ended (f.end: the sentinels name the new master and the old
-    one takes no more writes: killed, or made a replica, the workers staying
-    on it until then). Their fetch or ack may have gone to the old master
-    after its replica's copy stopped, or a worker drops their ack since
-    they started on a master it has seen replaced."""
-    return f.start - ACK_LAG, (f.end or f.start) + SWITCH_LAG
+    not) at most ACK_LAG before it began, or before the replica's copy
+    stopped (f.cut_at: a replica still catching up after a restart of the
+    master lags it by seconds), and started at most SWITCH_LAG after it
+    ended (f.end: the sentinels name the new master and the old one takes
+    no more writes: killed, or made a replica, the workers staying on it
+    until then). Their fetch or ack may have gone to the old master after
+    its replica's copy stopped, or a worker drops their ack since they
+    started on a master it has seen replaced."""
+    cut_at = getattr(f, "cut_at", None)
+    return min(f.start, cut_at if cut_at is not None else f.start) - ACK_LAG, (f.end or f.start) + SWITCH_LAG
+
+
+def cut_times(faults, pushed, push_at):
+    """Sets f.cut_at on each failover f whose cut (the old master's
+    replication id and the last offset of it the new master had) is known:
+    the time of the last push the harness made at or before that offset,
+    when the replica's copy stopped, or None."""
+    by_id = collections.defaultdict(list)
+    for jid, (rid, off) in (push_at or {}).items():
+        if jid in pushed:
+            by_id[rid].append((off, pushed[jid][2]))
+    for xs in by_id.values():
+        xs.sort()
+    for f in faults:
+        cut = getattr(f, "cut", None)
+        xs = by_id.get(cut[0], []) if f.kind in FAILOVERS and cut else []
+        k = bisect.bisect_right(xs, (cut[1], float("inf"))) if xs else 0
+        f.cut_at = max(t for _, t in xs[:k]) if k else None
 
 
 _gaps_of = {}
@@ -379,6 +400,7 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
         last[f.pid] = f
     # A failover's bound: each job with a run it may make run again
     # (_in_failover) runs once more.
+    cut_times(faults, pushed, push_at)
     for f in faults:
         if f.kind in FAILOVERS:
             f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x, faults)})

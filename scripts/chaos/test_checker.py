@@ -217,6 +217,20 @@ class CheckerTest(unittest.TestCase):
         self.assertOk(r)
         self.assertEqual((fo.dups, fo.bound), (1, 1))
 
+    def test_a_run_acked_after_a_lagging_replicas_copy_stopped_is_the_failovers(self):
+        # The replica had the master's writes up to offset 500 only, which
+        # a push at T + 0.2 had reached (one at T + 2.5 was past it): j1's
+        # ack at T + 0.5, 2.5 s before the master was killed, was past the
+        # cut too.
+        fo = self.failover_kill_of({"j1"})
+        r = self.judge(run_of("j1", 100, T + 0.4, T + 0.5) + run_of("j1", 100, T + 15, T + 15.1),
+                       pushed={"j1", "p1", "p2"}, faults=[fo],
+                       push_at={"p1": ("R1", 400), "p2": ("R1", 600)},
+                       st=state(queued={"p1", "p2"}))
+        self.assertEqual(fo.cut_at, T)  # judge() gives every push the time T
+        self.assertOk(r)
+        self.assertEqual(fo.dups, 1)
+
     def test_a_run_that_ended_well_before_a_failover_is_not_the_failovers(self):
         # The same without the restart: its ack had 2.5 s to be written.
         fo = self.failover_kill_of({"j1"})
