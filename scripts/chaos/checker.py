@@ -45,6 +45,16 @@ SWITCH_LAG = 5
 
 
 class Fault:
+    @staticmethod
+    def plain(f):
+        """A copy of f that holds data only (what a pickle can keep): the
+        old master of a failover by its port."""
+        g = Fault(f.kind, f.start)
+        g.__dict__.update(f.__dict__)
+        if hasattr(g, "old") and not isinstance(g.old, (int, type(None))):
+            g.old = getattr(g.old, "port", None)
+        return g
+
     def __init__(self, kind, start):
         self.kind, self.start, self.end = kind, start, None
         self.pid = None       # the process it hit, for a process fault

@@ -13,6 +13,7 @@ addresses inside the namespaces it makes.
 """
 import argparse
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -1051,15 +1052,16 @@ class Harness:
         with open(os.path.join(self.dir, "batches.txt"), "w") as out:
             for b in self.batches.values():
                 out.write("%s %s pushed=%d committed=%d %s\n" % (b.tag, b.bid, b.pushed, b.committed, ",".join(b.jids)))
-        runs = checker.read_ledger(self.dir)
-        steps, handed_back = checker.read_steps(self.dir, runs)
-        report = checker.check(self.pushed, self.tried | checker.workload_jids(runs, self.batches, self.lock_pushes),
-                               runs, state, self.events,
-                               lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
-                               limits={"LedgerLimitJob": 3}, concurrency=self.concurrency, handed_back=handed_back,
-                               push_at=self.push_at)
-        checker.check_workload(report, runs, state, enqueued, self.batches, self.TICK_EVERY, steps, self.events,
-                               self.lock_pushes, {"LedgerWindowJob": (self.WINDOW, 1.0)}, push_at=self.push_at)
+        inputs = {"pushed": self.pushed, "tried": self.tried, "state": state, "enqueued": enqueued,
+                  "batches": self.batches, "lock_pushes": self.lock_pushes, "push_at": self.push_at,
+                  "concurrency": self.concurrency, "tick_every": self.TICK_EVERY, "window": self.WINDOW,
+                  "seed": a.seed, "seconds": a.seconds,
+                  "faults": [checker.Fault.plain(f) for f in self.events]}
+        # All the checker reads besides the ledger, as it was before it
+        # judged: `--recheck DIR` judges a kept run again.
+        with open(os.path.join(self.dir, INPUTS), "wb") as out:
+            pickle.dump(inputs, out)
+        report = judge(self.dir, inputs, self.events)
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
@@ -1121,6 +1123,38 @@ class Harness:
         return False
 
 
+INPUTS = "inputs.pickle"
+
+
+def judge(dir, inputs, faults=None):
+    """The checker's report on the ledger in dir and inputs (what run()
+    saves in INPUTS); faults: the harness's own Fault objects, else the
+    plain ones of inputs."""
+    faults = inputs["faults"] if faults is None else faults
+    runs = checker.read_ledger(dir)
+    steps, handed_back = checker.read_steps(dir, runs)
+    report = checker.check(inputs["pushed"],
+                           inputs["tried"] | checker.workload_jids(runs, inputs["batches"], inputs["lock_pushes"]),
+                           runs, inputs["state"], faults,
+                           lock_classes={"LedgerLockJob", "LedgerUntilExecutedJob", "LedgerUntilWhileJob"},
+                           limits={"LedgerLimitJob": 3}, concurrency=inputs["concurrency"],
+                           handed_back=handed_back, push_at=inputs["push_at"])
+    checker.check_workload(report, runs, inputs["state"], inputs["enqueued"], inputs["batches"],
+                           inputs["tick_every"], steps, faults, inputs["lock_pushes"],
+                           {"LedgerWindowJob": (inputs["window"], 1.0)}, push_at=inputs["push_at"])
+    return report
+
+
+def recheck(dir):
+    """Judges the run kept in dir again, with this checker."""
+    with open(os.path.join(dir, INPUTS), "rb") as f:
+        inputs = pickle.load(f)
+    r = judge(dir, inputs)
+    r.drained, r.seed, r.seconds, r.dir = True, inputs["seed"], inputs["seconds"], dir
+    print(r.text())
+    return 0 if r.ok() else 1
+
+
 def main():
     p = argparse.ArgumentParser(prog="scripts/chaos.sh", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1146,7 +1180,11 @@ def main():
                    help="the servers' AOF sync policy (what a restart_redis may cost)")
     p.add_argument("--build", default="build", help="build directory")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument("--recheck", metavar="DIR", help="judge again, with this checker, a run kept in DIR "
+                   "(its ledger and what the harness saved of Redis and the faults); nothing is started")
     a = p.parse_args()
+    if a.recheck:
+        return recheck(a.recheck)
     if a.minutes:
         a.seconds = a.minutes * 60
     APPENDFSYNC[0] = a.appendfsync
