@@ -228,26 +228,24 @@ def cut_times(faults, pushed, push_at):
         f.cut_at = max(t for _, t in xs[:k]) if k else None
 
 
-_gaps_of = {}
+def ack_gaps(faults):
+    """Sets f.gaps on each failover f of faults: the faults that keep an
+    ack from being written (OUTAGES, FREEZES), ended, by start:
+    ([starts], [faults]), which _ack_from reads."""
+    gs = sorted((g for g in faults if g.end is not None and (g.kind in OUTAGES or g.kind in FREEZES)),
+                key=lambda g: g.start)
+    gaps = ([g.start for g in gs], gs)
+    for f in faults:
+        if f.kind in FAILOVERS:
+            f.gaps = gaps
 
 
-def _gaps(faults):
-    """The faults of faults that keep an ack from being written (OUTAGES,
-    FREEZES), ended, by start: ([starts], [faults])."""
-    key = id(faults)
-    if key not in _gaps_of or _gaps_of[key][0] is not faults:
-        gs = sorted((g for g in faults if g.end is not None and (g.kind in OUTAGES or g.kind in FREEZES)),
-                    key=lambda g: g.start)
-        _gaps_of[key] = (faults, [g.start for g in gs], gs)
-    return _gaps_of[key][1:]
-
-
-def _ack_from(faults, x):
+def _ack_from(gaps, x):
     """When run x's ack could first be written: at its end, or, when the
     master was down, frozen or out of memory then, or x's process frozen or
-    cut off (one outage running into the next), when that ended. (No fault
-    lasts 10 s.)"""
-    starts, gs = _gaps(faults)
+    cut off (one outage running into the next), when that ended. gaps: as
+    ack_gaps sets them. (No fault lasts 10 s.)"""
+    starts, gs = gaps
     t = x.end
     while t is not None:
         later = [g.end for g in gs[bisect.bisect_left(starts, t - 10):bisect.bisect_right(starts, t)]
@@ -258,7 +256,7 @@ def _ack_from(faults, x):
     return t
 
 
-def _in_failover(f, prev, faults=()):
+def _in_failover(f, prev):
     """Whether run prev may run again through failover f: it falls in
     failover_window(f), and its job was one the new master had unfinished
     (queued, scheduled, in a working list, in the retry set) when the
@@ -273,7 +271,7 @@ def _in_failover(f, prev, faults=()):
     window may."""
     lo, hi = failover_window(f)
     if not (prev.start <= hi and (prev.end is None or prev.end >= lo
-                                   or (prev.end >= lo - 20 and _ack_from(faults, prev) >= lo))):
+                                   or (prev.end >= lo - 20 and _ack_from(getattr(f, "gaps", ((), ())), prev) >= lo))):
         return False
     if prev.cls == TICK_JOB:
         return True  # enqueued on the old master, and again by the new one's scheduler
@@ -305,7 +303,7 @@ def _fault_for(faults, prev, new):
     held = [f for f in freezes if prev.jid in (f.held or ())]
     if held:
         return max(held, key=lambda f: f.start)
-    fos = [f for f in faults if f.kind in FAILOVERS and f.start <= new.start and _in_failover(f, prev, faults)]
+    fos = [f for f in faults if f.kind in FAILOVERS and f.start <= new.start and _in_failover(f, prev)]
     if fos:
         return max(fos, key=lambda f: f.start)
     return max(freezes, key=lambda f: f.start) if freezes else None
@@ -411,9 +409,10 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
     # A failover's bound: each job with a run it may make run again
     # (_in_failover) runs once more.
     cut_times(faults, pushed, push_at)
+    ack_gaps(faults)
     for f in faults:
         if f.kind in FAILOVERS:
-            f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x, faults)})
+            f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x)})
     for jid in pushed:
         if jid not in ended and jid not in present:
             f = lost_to_failover(faults, jid, pushed, push_at)
@@ -833,8 +832,9 @@ def _check_ticks(r, runs, enqueued, every, faults=()):
                 if t <= w0 <= t + 10 and not any(enq.get(u) for u in range(t, int(w0) + 1)):
                     return True
         return False
-    missed = [t for t in range(lo, hi + 1, every) if not enq.get(t) and not lost_in_failover(t)]
-    failover_missed = sum(1 for t in range(lo, hi + 1, every) if not enq.get(t) and lost_in_failover(t))
+    gone = [t for t in range(lo, hi + 1, every) if not enq.get(t)]
+    missed = [t for t in gone if not lost_in_failover(t)]
+    failover_missed = len(gone) - len(missed)
     twice = [t for t in sorted(enq) if len(enq[t]) > 1 and not _in_split_brain(faults, t)]
     failover_twice = sum(1 for t in enq if len(enq[t]) > 1 and _in_split_brain(faults, t))
     for t in missed[:10]:
