@@ -848,6 +848,32 @@ void kt_push_all(redisContext *c, const char *queue, char **p, size_t n)
     freeReplyObject(redisCommand(c, "SADD queues %s", queue));
 }
 
+void kt_push_noops(unsigned tag, size_t n)
+{
+    char **p = calloc(n, sizeof(*p)), jid[25];
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++) {
+        kt_make_jid(jid, tag, (unsigned)i);
+        p[i] = kt_payload("NoopJob", "[]", jid, "default");
+    }
+    kt_push_all(kt_redis(), "default", p, n);
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+int kt_working_has(const char *identity, const char *jid)
+{
+    char *key = kt_working_key(identity);
+    redisReply *l = kt_cmd("LRANGE %s 0 -1", key);
+    int found = 0;
+    for (size_t k = 0; l->type == REDIS_REPLY_ARRAY && k < l->elements && !found; k++)
+        found = strstr(l->element[k]->str, jid) != NULL;
+    freeReplyObject(l);
+    free(key);
+    return found;
+}
+
 int kt_commit_after_client_kill(const char *url, int kill_port)
 {
     pid_t pid = fork();

@@ -1032,6 +1032,44 @@ Test(limiter, a_release_wakes_a_waiter_at_once)
     capstan_redis_free(r2);
 }
 
+/* A finished job's ack goes out as its processor begins to wait for a
+ * limiter slot, not with the next job's round trip: with every processor
+ * waiting (wait_timeout's default, 5 s) that trip did not come, and a kill
+ * or a failover meanwhile ran the finished job again. One processor, a
+ * run of short jobs fetched ahead, then a job whose slot the test holds. */
+Test(limiter, a_finished_jobs_ack_does_not_wait_with_a_slot_wait)
+{
+    char *y = limit_yml("held.yml", "      type: concurrent\n      name: held\n      size: 1\n"
+                                    "      lock_timeout: 30\n");
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_limiter_t *l = mk(CAPSTAN_LIMIT_CONCURRENT, "held", 1, 30);
+    capstan_limit_token_t t;
+    char err[CAPSTAN_ERRLEN], last[25], done[64];
+    cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
+    kt_push_noops(30, 3000);
+    kt_make_jid(last, 30, 2999);
+    push_limit_jobs(31, "lh", 10, 1);
+    kt_push_noops(32, 500);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    char *id = kt_wait_identity(a);
+    snprintf(done, sizeof(done), "jid=%s elapsed=", last);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, done), 10), "%s", kt_capstan_log(a));
+    double t0 = kt_now();
+    int acked = KT_WAIT_UNTIL(!kt_working_has(id, last), 3);
+    fprintf(stderr, "limiter figures: the ack of the job before a slot wait was written %.2f s after "
+            "it ended\n", kt_now() - t0);
+    cr_assert(acked, "it stayed in the working list while the next job waited for a slot:\n%s",
+              kt_capstan_log(a));
+    cr_assert_eq(kt_int("SCARD lh:jids"), 0, "the limited job did not wait");
+    cr_assert_eq(capstan_limiter_release(l, r, &t, err), 0, "%s", err);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD lh:jids") == 1, 10), "%s", kt_capstan_log(a));
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    capstan_limiter_free(l);
+    capstan_redis_free(r);
+    free(id);
+    free(y);
+}
+
 /* ---- the scheduler -------------------------------------------------- */
 
 /* A job due in retry or schedule goes back to its queue with enqueued_at

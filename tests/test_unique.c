@@ -327,6 +327,40 @@ Test(unique, lock_limit_two_lets_two_run_at_once_and_never_three)
     free(d);
 }
 
+/* A finished job's ack goes out as its processor begins to wait for a
+ * lock. Left for the next job's round trip, it waited with the processor
+ * (up to lock_timeout), and a kill or a failover meanwhile ran the job
+ * again. One processor, a run of short jobs fetched ahead, then a job whose
+ * runtime lock is held elsewhere (lock_timeout 6), then more. */
+Test(unique, a_finished_jobs_ack_does_not_wait_with_a_lock_wait)
+{
+    char *d = ruby_digest("RecordJob", "default", "[\"ww\"]");
+    char run[400], last[25];
+    snprintf(run, sizeof(run), "%s:RUN", d);
+    cr_assert_eq(kt_ruby("unique.rb", (const char *[]){ "hold", run, "000000000000000000000001",
+                                                        "while_executing", NULL }, NULL), 0);
+    kt_push_noops(1, 3000);
+    kt_make_jid(last, 1, 2999);
+    char *locked = NULL;
+    cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ww\"]", "--lock", "while_executing",
+                                        "--lock-timeout", "6", NULL }, &locked), 0, "%s", locked);
+    kt_push_noops(2, 500);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    char *id = kt_wait_identity(pid), done[64];
+    snprintf(done, sizeof(done), "jid=%s elapsed=", last);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, done), 10), "%s", kt_capstan_log(pid));
+    double t0 = kt_now();
+    int acked = KT_WAIT_UNTIL(!kt_working_has(id, last), 3);
+    printf("unique: the ack of the job before a lock wait was written %.2f s after it ended\n", kt_now() - t0);
+    cr_assert(acked, "it stayed in the working list while the next job waited for its lock:\n%s",
+              kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD ww"), 0, "the locked job did not wait");
+    cr_assert_eq(stop(pid), 0);
+    free(id);
+    free(d);
+    free(locked);
+}
+
 /* A runtime lock held by someone else: each server strategy. */
 Test(unique, server_strategies_reject_reschedule_log_raise)
 {
