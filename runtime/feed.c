@@ -919,8 +919,9 @@ int capstan__feed_suspect(const capstan_fetched_t *job)
     return memmem(job->payload, job->len, key, sizeof(key) - 1) != NULL;
 }
 
-/* Waits until no other thread holds a job, writes the acks waiting and
- * gives back the jobs waiting in the feed. The suspect goes back to its
+/* Writes the acks waiting, waits until no other thread holds a job (their
+ * jobs may run for long: an ack left for later would wait with them),
+ * writes the acks waiting then and gives back the jobs waiting in the feed. The suspect goes back to its
  * queue instead when another suspect runs (this one runs after it) or the
  * process goes quiet. */
 int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
@@ -931,6 +932,11 @@ int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetc
     int mine = !feed->solo;
     if (mine) {
         feed->solo = 1;
+        if (feed->inside > 1 && feed->nacks) {
+            pthread_mutex_unlock(&feed->mu);
+            flush_acks(s, r);
+            pthread_mutex_lock(&feed->mu);
+        }
         while (feed->inside > 1 && !atomic_load(&rt->quiet))
             feed_wait(feed);
     }

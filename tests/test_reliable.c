@@ -1309,6 +1309,45 @@ Test(reliable, recovered_jobs_waiting_to_run_alone_start_once_each)
     free(y);
 }
 
+/* A suspect waits for the other processors' jobs to end before it runs
+ * alone; the acks waiting go out as that wait begins, not after it. Held,
+ * a kill or a failover meanwhile ran those jobs again. One processor runs
+ * a long job; the other runs short jobs fetched ahead, then a suspect. */
+Test(reliable, a_finished_jobs_ack_does_not_wait_with_a_suspect)
+{
+    redisContext *c = kt_redis();
+    char *y = kt_write_file("solo.yml", FAST_YAML);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    char *id = kt_log_identity(pid), *w = kt_working_key(id), lj[25], sj[25], last[25];
+    kt_make_jid(lj, 95, 0);
+    kt_make_jid(sj, 95, 1);
+    push_one(c, "SleepJob", "[4000]", lj);
+    char *j = jid_eq(lj);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
+    kt_push_noops(96, 3000);
+    kt_make_jid(last, 96, 2999);
+    char *p = recovered_payload("NoopJob", "[]", sj);
+    kt_push_all(c, "default", &p, 1);
+    kt_push_noops(97, 500);
+    char *lastj = jid_eq(last);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, lastj, "INFO: done") == 1, 10), "%s", kt_capstan_log(pid));
+    double t0 = kt_now();
+    int acked = KT_WAIT_UNTIL(!kt_working_has(id, last), 2);
+    fprintf(stderr, "reliable figures: the ack of the job before a suspect was written %.2f s after it "
+            "ended\n", kt_now() - t0);
+    cr_assert(acked, "it stayed in the working list while the suspect waited:\n%s", kt_capstan_log(pid));
+    cr_assert(log_lines_with(pid, j, "INFO: done") == 0, "the long job ended: the suspect did not wait");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 0 && kt_int("LLEN queue:default") == 0, 15), "%s",
+              kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    free(j);
+    free(lastj);
+    free(p);
+    free(id);
+    free(w);
+    free(y);
+}
+
 /* The scenario as it happens: a process is killed running four jobs, and a
  * live process whose processors are busy with long jobs recovers them.
  * Each of the four starts once there (twice in all: the killed run and one
