@@ -921,9 +921,9 @@ int capstan__feed_suspect(const capstan_fetched_t *job)
 
 /* Writes the acks waiting, waits until no other thread holds a job (their
  * jobs may run for long: an ack left for later would wait with them),
- * writes the acks waiting then and gives back the jobs waiting in the feed. The suspect goes back to its
- * queue instead when another suspect runs (this one runs after it) or the
- * process goes quiet. */
+ * writes the acks waiting then and gives back the jobs waiting in the
+ * feed. The suspect goes back to its queue instead when another suspect
+ * runs (this one runs after it) or the process goes quiet. */
 int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
 {
     capstan_runtime_t *rt = s->rt;

@@ -848,13 +848,13 @@ void kt_push_all(redisContext *c, const char *queue, char **p, size_t n)
     freeReplyObject(redisCommand(c, "SADD queues %s", queue));
 }
 
-void kt_push_noops(unsigned tag, size_t n)
+void kt_push_jobs(const char *cls, const char *args, unsigned tag, size_t n)
 {
     char **p = calloc(n, sizeof(*p)), jid[25];
     cr_assert(p);
     for (size_t i = 0; i < n; i++) {
         kt_make_jid(jid, tag, (unsigned)i);
-        p[i] = kt_payload("NoopJob", "[]", jid, "default");
+        p[i] = kt_payload(cls, args, jid, "default");
     }
     kt_push_all(kt_redis(), "default", p, n);
     for (size_t i = 0; i < n; i++)

@@ -206,9 +206,9 @@ char *kt_payload_locked(const char *cls, const char *args, const char *jid, cons
 /* LPUSHes n payloads to queue:NAME on c in batches of 1,000, as a bulk
  * client would (p[0] is fetched first), and adds NAME to "queues". */
 void kt_push_all(redisContext *c, const char *queue, char **p, size_t n);
-/* Pushes n NoopJobs to queue:default, jids kt_make_jid(tag, 0 .. n-1), the
- * first fetched first. */
-void kt_push_noops(unsigned tag, size_t n);
+/* Pushes n jobs of cls with args to queue:default, jids kt_make_jid(tag,
+ * 0 .. n-1), the first fetched first. */
+void kt_push_jobs(const char *cls, const char *args, unsigned tag, size_t n);
 /* Whether the working list of a process identity holds the job jid. */
 int kt_working_has(const char *identity, const char *jid);
 

@@ -165,16 +165,9 @@ Test(limiter, bucket_refills_at_the_start_of_each_interval)
 /* Pushes n LimitJob [key, ms] to "default". */
 static void push_limit_jobs(unsigned tag, const char *key, long ms, size_t n)
 {
-    char **p = calloc(n, sizeof(*p)), args[64], jid[25];
+    char args[64];
     snprintf(args, sizeof(args), "[\"%s\",%ld]", key, ms);
-    for (size_t i = 0; i < n; i++) {
-        kt_make_jid(jid, tag, (unsigned)i);
-        p[i] = kt_payload("LimitJob", args, jid, "default");
-    }
-    kt_push_all(kt_redis(), "default", p, n);
-    for (size_t i = 0; i < n; i++)
-        free(p[i]);
-    free(p);
+    kt_push_jobs("LimitJob", args, tag, n);
 }
 
 static char *limit_yml(const char *name, const char *limit)
@@ -1046,10 +1039,10 @@ Test(limiter, a_finished_jobs_ack_does_not_wait_with_a_slot_wait)
     capstan_limit_token_t t;
     char err[CAPSTAN_ERRLEN], last[25], done[64];
     cr_assert_eq(capstan_limiter_acquire(l, r, 0, &t, NULL, err), 0, "%s", err);
-    kt_push_noops(30, 3000);
+    kt_push_jobs("NoopJob", "[]", 30, 3000);
     kt_make_jid(last, 30, 2999);
     push_limit_jobs(31, "lh", 10, 1);
-    kt_push_noops(32, 500);
+    kt_push_jobs("NoopJob", "[]", 32, 500);
     pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
     char *id = kt_wait_identity(a);
     snprintf(done, sizeof(done), "jid=%s elapsed=", last);

@@ -1324,11 +1324,11 @@ Test(reliable, a_finished_jobs_ack_does_not_wait_with_a_suspect)
     push_one(c, "SleepJob", "[4000]", lj);
     char *j = jid_eq(lj);
     cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
-    kt_push_noops(96, 3000);
+    kt_push_jobs("NoopJob", "[]", 96, 3000);
     kt_make_jid(last, 96, 2999);
     char *p = recovered_payload("NoopJob", "[]", sj);
     kt_push_all(c, "default", &p, 1);
-    kt_push_noops(97, 500);
+    kt_push_jobs("NoopJob", "[]", 97, 500);
     char *lastj = jid_eq(last);
     cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, lastj, "INFO: done") == 1, 10), "%s", kt_capstan_log(pid));
     double t0 = kt_now();

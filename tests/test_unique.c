@@ -339,12 +339,12 @@ Test(unique, a_finished_jobs_ack_does_not_wait_with_a_lock_wait)
     snprintf(run, sizeof(run), "%s:RUN", d);
     cr_assert_eq(kt_ruby("unique.rb", (const char *[]){ "hold", run, "000000000000000000000001",
                                                         "while_executing", NULL }, NULL), 0);
-    kt_push_noops(1, 3000);
+    kt_push_jobs("NoopJob", "[]", 1, 3000);
     kt_make_jid(last, 1, 2999);
     char *locked = NULL;
     cr_assert_eq(push((const char *[]){ "push", "RecordJob", "[\"ww\"]", "--lock", "while_executing",
                                         "--lock-timeout", "6", NULL }, &locked), 0, "%s", locked);
-    kt_push_noops(2, 500);
+    kt_push_jobs("NoopJob", "[]", 2, 500);
     pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     char *id = kt_wait_identity(pid), done[64];
     snprintf(done, sizeof(done), "jid=%s elapsed=", last);
