@@ -569,17 +569,43 @@ int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_cal
     return rc < 0 ? rc : 0;
 }
 
-void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r, int all)
+void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r)
 {
     capstan_feed_t *feed = s->rt->feed;
     size_t nacks = 0;
-    if (!all && !atomic_load(&feed->prompt))
+    if (!atomic_load(&feed->prompt))
         return;
     pthread_mutex_lock(&feed->mu);
-    capstan_done_t **acks = all || atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
+    capstan_done_t **acks = atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
+}
+
+/* Acks that have waited this long (seconds) are written by the
+ * housekeeper: when every processor is in a long job or a long wait (a
+ * lock, a limiter slot, a suspect running alone), none comes back to the
+ * feed to send them, and a kill or a failover meanwhile would run their
+ * jobs again. Under load acks never wait this long (see take_waiting). */
+#define ACK_LATE 0.1
+
+double capstan__feed_ack_late(capstan_slot_t *s, capstan_redis_t *r)
+{
+    capstan_feed_t *feed = s->rt->feed;
+    size_t nacks = 0;
+    capstan_done_t **acks = NULL;
+    pthread_mutex_lock(&feed->mu);
+    double age = feed->nacks ? capstan__mono() - feed->acks_since : 0;
+    if (age >= ACK_LATE && capstan_redis_ok(r))
+        acks = take_acks(feed, &nacks);
+    pthread_mutex_unlock(&feed->mu);
+    if (nacks) {
+        exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
+        return ACK_LATE;
+    }
+    if (age >= ACK_LATE)
+        return -1;
+    return ACK_LATE - age;
 }
 
 /* Writes every waiting ack, reconnecting until they are written or the
@@ -919,11 +945,11 @@ int capstan__feed_suspect(const capstan_fetched_t *job)
     return memmem(job->payload, job->len, key, sizeof(key) - 1) != NULL;
 }
 
-/* Writes the acks waiting, waits until no other thread holds a job (their
- * jobs may run for long: an ack left for later would wait with them),
- * writes the acks waiting then and gives back the jobs waiting in the
- * feed. The suspect goes back to its queue instead when another suspect
- * runs (this one runs after it) or the process goes quiet. */
+/* Waits until no other thread holds a job (the acks that wait meanwhile
+ * are the housekeeper's to write: see capstan__feed_ack_late), writes the
+ * acks waiting then and gives back the jobs waiting in the feed. The
+ * suspect goes back to its queue instead when another suspect runs (this
+ * one runs after it) or the process goes quiet. */
 int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
 {
     capstan_runtime_t *rt = s->rt;
@@ -932,11 +958,6 @@ int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetc
     int mine = !feed->solo;
     if (mine) {
         feed->solo = 1;
-        if (feed->inside > 1 && feed->nacks) {
-            pthread_mutex_unlock(&feed->mu);
-            flush_acks(s, r);
-            pthread_mutex_lock(&feed->mu);
-        }
         while (feed->inside > 1 && !atomic_load(&rt->quiet))
             feed_wait(feed);
     }

@@ -3,7 +3,9 @@
  * own working list, and now and then recovers orphaned jobs under a
  * fleet-wide lease, looks at which queues Ruby processes read (fleet.c)
  * and reaps orphaned uniqueness locks in v9's reaper role.
- * Lock metrics are flushed with the beat. */
+ * Lock metrics are flushed with the beat. Between beats it writes the
+ * acks of finished jobs that waited too long for a processor to send them
+ * (capstan__feed_ack_late). */
 #include "runtime/rt.h"
 #include "runtime/feed.h"
 
@@ -172,10 +174,29 @@ void *capstan__housekeeper_main(void *arg)
     int was_connected = 0, warned = 0;
     /* The key was set at start, just before this thread. */
     double lease_until = capstan__mono() + rt->cfg->liveness_ttl;
+    double next_beat = capstan__mono() + rt->cfg->heartbeat_interval, next_try = 0;
     while (!atomic_load(&rt->housekeeper_stop)) {
-        capstan__rt_wait(rt, rt->cfg->heartbeat_interval);
+        double now = capstan__mono(), wait = next_beat - now;
+        if (rt->feed) {
+            double late = capstan__feed_ack_late(rt->keeper, r);
+            if (late < 0 && now >= next_try) {
+                /* Acks wait for this connection: one try a second. */
+                next_try = now + 1;
+                capstan_redis_connect(r);
+                continue;
+            }
+            if (late >= 0 && late < wait)
+                wait = late;
+            else if (late < 0 && next_try - now < wait)
+                wait = next_try - now;
+        }
+        if (wait > 0)
+            capstan__rt_wait(rt, wait);
         if (atomic_load(&rt->housekeeper_stop))
             break;
+        if (capstan__mono() < next_beat)
+            continue;
+        next_beat = capstan__mono() + rt->cfg->heartbeat_interval;
         /* A master replaced (SENTINEL FAILOVER) may take writes until the
          * sentinels demote it. The master watch (master_watch.c) has every
          * connection leave it when the sentinels announce the switch; this

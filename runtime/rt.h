@@ -126,6 +126,8 @@ struct capstan_runtime {
 
     capstan_slot_t *slots;
     int nslots;
+    capstan_slot_t *keeper; /* the housekeeper's, for the acks it writes
+                               (capstan__feed_ack_late): no processor's */
     pthread_t housekeeper, scheduler, periodic, master_watch;
     int housekeeper_started, scheduler_started, periodic_started, master_watch_started;
     atomic_int housekeeper_stop;   /* and the master watch's */

@@ -15,38 +15,52 @@
 #include "support/log.h"
 #include "support/time.h"
 
+static int slot_init(capstan_runtime_t *rt, capstan_slot_t *s, int i, char *err)
+{
+    capstan_config_t *c = rt->cfg;
+    pthread_mutex_init(&s->mu, NULL);
+    s->rt = rt;
+    s->index = i;
+    s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
+    capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
+                            .nqueues = c->nqueues, .strict = c->strict, .index = i,
+                            .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
+                            .min_replicas_timeout = c->min_replicas_timeout,
+                            .paused = rt->paused, .liveness = rt->liveness };
+    return (s->fetch = capstan__fetch_new(&fc, err)) ? 0 : CAPSTAN_ENOMEM;
+}
+
+static void slot_fini(capstan_slot_t *s)
+{
+    capstan__fetch_free(s->fetch);
+    pthread_mutex_destroy(&s->mu);
+}
+
 int capstan__slots_new(capstan_runtime_t *rt, char *err)
 {
     capstan_config_t *c = rt->cfg;
     /* nslots only once they exist: shutdown and free walk them. */
     rt->slots = calloc((size_t)c->concurrency, sizeof(capstan_slot_t));
-    if (!rt->slots)
+    rt->keeper = calloc(1, sizeof(capstan_slot_t));
+    if (!rt->slots || !rt->keeper)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    if (slot_init(rt, rt->keeper, c->concurrency, err))
+        return CAPSTAN_ENOMEM;
     rt->nslots = c->concurrency;
-    for (int i = 0; i < rt->nslots; i++) {
-        capstan_slot_t *s = &rt->slots[i];
-        pthread_mutex_init(&s->mu, NULL);
-        s->rt = rt;
-        s->index = i;
-        s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
-        capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
-                                .nqueues = c->nqueues, .strict = c->strict, .index = i,
-                                .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
-                                .min_replicas_timeout = c->min_replicas_timeout,
-                                .paused = rt->paused, .liveness = rt->liveness };
-        if (!(s->fetch = capstan__fetch_new(&fc, err)))
+    for (int i = 0; i < rt->nslots; i++)
+        if (slot_init(rt, &rt->slots[i], i, err))
             return CAPSTAN_ENOMEM;
-    }
     return 0;
 }
 
 void capstan__slots_free(capstan_runtime_t *rt)
 {
-    for (int i = 0; i < rt->nslots; i++) {
-        capstan__fetch_free(rt->slots[i].fetch);
-        pthread_mutex_destroy(&rt->slots[i].mu);
-    }
+    for (int i = 0; i < rt->nslots; i++)
+        slot_fini(&rt->slots[i]);
     free(rt->slots);
+    if (rt->keeper && rt->keeper->rt)
+        slot_fini(rt->keeper);
+    free(rt->keeper);
 }
 
 /* A class's hard timeout in seconds: the config's, else its registration's;

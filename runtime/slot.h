@@ -9,8 +9,9 @@
 #include "runtime/rt.h"
 
 /* Makes rt->slots, one for each of the concurrency processors, each with
- * its fetch. Returns 0, or CAPSTAN_ENOMEM with err filled; what was made
- * is freed by capstan__slots_free either way. */
+ * its fetch, and rt->keeper, the housekeeper's. Returns 0, or
+ * CAPSTAN_ENOMEM with err filled; what was made is freed by
+ * capstan__slots_free either way. */
 int capstan__slots_new(struct capstan_runtime *rt, char *err);
 /* Frees rt->slots and what each holds (its fetch, its lock). */
 void capstan__slots_free(struct capstan_runtime *rt);

@@ -1348,6 +1348,77 @@ Test(reliable, a_finished_jobs_ack_does_not_wait_with_a_suspect)
     free(y);
 }
 
+/* The jobs are short on average, the other processor is busy, and the
+ * next job a processor takes from the jobs fetched ahead runs long: the
+ * last short job's ack is written while it runs, not after. */
+Test(reliable, an_ack_does_not_wait_for_the_next_long_job)
+{
+    redisContext *c = kt_redis();
+    char *y = kt_write_file("long.yml", FAST_YAML);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    char *id = kt_log_identity(pid), lj[25], nj[25], last[25];
+    kt_make_jid(lj, 99, 0);
+    kt_make_jid(nj, 99, 1);
+    push_one(c, "SleepJob", "[5000]", lj);
+    char *l = jid_eq(lj), *n = jid_eq(nj);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, l, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
+    kt_push_jobs("NoopJob", "[]", 100, 3000);
+    kt_make_jid(last, 100, 2999);
+    push_one(c, "SleepJob", "[3000]", nj);
+    kt_push_jobs("NoopJob", "[]", 101, 500);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, n, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
+    double t0 = kt_now();
+    int acked = KT_WAIT_UNTIL(!kt_working_has(id, last), 2);
+    fprintf(stderr, "reliable figures: the ack of a short job before a long one was written %.2f s "
+            "after the long one started\n", kt_now() - t0);
+    cr_assert(acked, "it stayed in the working list while the long job ran:\n%s", kt_capstan_log(pid));
+    cr_assert(log_lines_with(pid, n, "INFO: done") == 0, "the long job ended: nothing waited");
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    free(l);
+    free(n);
+    free(id);
+    free(y);
+}
+
+/* A job that ends while a suspect waits to run alone: its processor waits
+ * at the gate, and its ack is written then, not when the long job the
+ * suspect waits for ends. */
+Test(reliable, an_ack_written_while_a_suspect_waits)
+{
+    redisContext *c = kt_redis();
+    char *y = kt_write_file("solo2.yml", FAST_YAML);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", NULL });
+    char *id = kt_log_identity(pid), *w = kt_working_key(id), lj[25], mj[25], sj[25];
+    kt_make_jid(lj, 98, 0);
+    kt_make_jid(mj, 98, 1);
+    kt_make_jid(sj, 98, 2);
+    push_one(c, "SleepJob", "[4000]", lj);
+    char *l = jid_eq(lj), *m = jid_eq(mj), *sq = jid_eq(sj);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, l, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
+    push_one(c, "SleepJob", "[700]", mj);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, m, "INFO: start") == 1, 10), "%s", kt_capstan_log(pid));
+    char *p = recovered_payload("NoopJob", "[]", sj);
+    kt_push_all(c, "default", &p, 1);
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, m, "INFO: done") == 1, 10), "%s", kt_capstan_log(pid));
+    double t0 = kt_now();
+    int acked = KT_WAIT_UNTIL(!kt_working_has(id, mj), 2);
+    fprintf(stderr, "reliable figures: a job ending while a suspect waited was acknowledged %.2f s "
+            "after it ended\n", kt_now() - t0);
+    cr_assert(acked, "it stayed in the working list while the suspect waited:\n%s", kt_capstan_log(pid));
+    cr_assert(log_lines_with(pid, l, "INFO: done") == 0, "the long job ended: nothing waited");
+    cr_assert(log_lines_with(pid, sq, "INFO: start") == 0, "the suspect did not wait for the long job");
+    cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, sq, "INFO: done") == 1 && kt_int("LLEN %s", w) == 0, 15),
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    free(l);
+    free(m);
+    free(sq);
+    free(p);
+    free(id);
+    free(w);
+    free(y);
+}
+
 /* The scenario as it happens: a process is killed running four jobs, and a
  * live process whose processors are busy with long jobs recovers them.
  * Each of the four starts once there (twice in all: the killed run and one
