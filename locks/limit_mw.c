@@ -272,7 +272,7 @@ int capstan__limit_mw(capstan_mw_t *mw, void *udata)
     capstan_redis_t *w = lo->type == CAPSTAN_LIMIT_CONCURRENT && lo->wait_timeout > 0
                          ? waiter_conn(mw->cfg->redis_url) : NULL;
     int rc = capstan__limiter_acquire_wait(lim, mw->r, w, cost ? cost : lo->cost, lo->wait_timeout,
-                                           &tok, &in, err);
+                                           &tok, &in, capstan__mw_waiting, mw, err);
     if (rc == CAPSTAN_EDENIED) {
         rc = over_limit(mw, lo, name, in);
     } else if (rc < 0) {

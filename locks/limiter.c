@@ -176,14 +176,14 @@ static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_lim
 int capstan_limiter_acquire(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,
                             capstan_limit_token_t *token, double *retry_in, char *err)
 {
-    return capstan__limiter_acquire_wait(lim, r, r, 1, wait_timeout, token, retry_in, err);
+    return capstan__limiter_acquire_wait(lim, r, r, 1, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
 int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, long points,
                                    double wait_timeout, capstan_limit_token_t *token, double *retry_in,
                                    char *err)
 {
-    return capstan__limiter_acquire_wait(lim, r, r, points, wait_timeout, token, retry_in, err);
+    return capstan__limiter_acquire_wait(lim, r, r, points, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
 /* Blocks on w until a holder of lim releases a slot or s seconds pass.
@@ -207,7 +207,7 @@ static void wait_release(capstan_limiter_t *lim, capstan_redis_t *w, double s)
 
 int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, capstan_redis_t *w,
                                   long points, double wait_timeout, capstan_limit_token_t *token,
-                                  double *retry_in, char *err)
+                                  double *retry_in, void (*waiting)(void *), void *ud, char *err)
 {
     if (!lim || !r || !token)
         return capstan_seterr(err, CAPSTAN_EINVAL, "capstan_limiter_acquire: NULL argument");
@@ -244,6 +244,10 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
                                      capstan__mono() - start, 0);
             return capstan_seterr(err, CAPSTAN_EDENIED, "limiter %s is over its limit for %.3f s more",
                                   lim->name, wait);
+        }
+        if (waiting) {
+            waiting(ud);
+            waiting = NULL;
         }
         if (concurrent) {
             double s = wait < left ? wait : left;

@@ -8,9 +8,11 @@
 /* capstan_limiter_acquire_points with the attempts on r and a concurrent
  * waiter's blocking wait for a release on w: a connection of the caller's
  * thread that nothing else uses meanwhile (it may be r). w NULL, or not
- * connected: the waiter rechecks every 50 ms instead. */
+ * connected: the waiter rechecks every 50 ms instead. waiting(ud), when
+ * not NULL, is called once as a wait begins (the runtime writes the acks
+ * of finished jobs then, which would otherwise wait with it). */
 int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, capstan_redis_t *w,
                                   long points, double wait_timeout, capstan_limit_token_t *token,
-                                  double *retry_in, char *err);
+                                  double *retry_in, void (*waiting)(void *), void *ud, char *err);
 
 #endif

@@ -232,3 +232,10 @@ const char *capstan__mw_release_key(const capstan_mw_t *mw, capstan_dispose_t d)
         return mw->release_key;
     return NULL;
 }
+
+void capstan__mw_waiting(void *ud)
+{
+    capstan_mw_t *mw = ud;
+    if (mw->prompt)
+        mw->prompt(mw->ride_ud, mw->r, 1);
+}

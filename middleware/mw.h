@@ -59,9 +59,10 @@ struct capstan_mw {
     /* server: sends script calls in a round trip that writes the acks
      * waiting too (runtime/feed.c), or NULL: a round trip of their own. */
     int (*ride)(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls);
-    /* server: writes the acks waiting that release runtime locks (see
-     * capstan__feed_prompt), or NULL */
-    void (*prompt)(void *ud, capstan_redis_t *r);
+    /* server: writes the acks waiting that release runtime locks, or
+     * with all every ack waiting (as a wait for a lock or a limiter slot
+     * begins: see capstan__feed_prompt), or NULL */
+    void (*prompt)(void *ud, capstan_redis_t *r, int all);
     void *ride_ud;
 
     const char *held_digest;     /* server: the fetch saw this digest's lock
@@ -82,5 +83,10 @@ void capstan__mw_clear(capstan_mw_t *mw);
 
 /* The lock to release at ack for this outcome, or NULL. */
 const char *capstan__mw_release_key(const capstan_mw_t *mw, capstan_dispose_t d);
+
+/* For a server middleware's wait (a lock, a limiter slot): mw (a
+ * capstan_mw_t *) writes every ack waiting as the wait begins, rather than
+ * leave them to wait with its processor. A no-op without mw->prompt. */
+void capstan__mw_waiting(void *mw);
 
 #endif

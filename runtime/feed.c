@@ -569,14 +569,14 @@ int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_cal
     return rc < 0 ? rc : 0;
 }
 
-void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r)
+void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r, int all)
 {
     capstan_feed_t *feed = s->rt->feed;
     size_t nacks = 0;
-    if (!atomic_load(&feed->prompt))
+    if (!all && !atomic_load(&feed->prompt))
         return;
     pthread_mutex_lock(&feed->mu);
-    capstan_done_t **acks = atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
+    capstan_done_t **acks = all || atomic_load(&feed->prompt) ? take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
     if (nacks)
         exchange(s, r, acks, nacks, NULL, 0, 0, NULL);

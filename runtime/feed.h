@@ -45,8 +45,12 @@ int capstan__feed_next(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *do
 int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls);
 /* Writes the acks waiting when one of them releases a runtime lock: called
  * before a handler runs, so no such lock outlives its job by more than the
- * time the next job takes to start. */
-void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r);
+ * time the next job takes to start. With all, every ack waiting: called as
+ * a processor begins to wait for a lock or a limiter slot, which may be
+ * held by a job whose ack (its release) waits in the feed: when every
+ * processor waits, no round trip would carry it before the housekeeper's
+ * (capstan__feed_ack_late). */
+void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r, int all);
 /* Writes the acks that waited ACK_LATE (0.1 s) or more, through s (a slot
  * no processor uses) and r: the housekeeper calls it between its beats.
  * Returns how long to wait before the next call (seconds), or -1 when

@@ -274,7 +274,7 @@ static int call_handler(capstan_mw_t *mw, void *udata)
      * unless it runs in a run of short jobs whose locks were asked for at
      * once: those acks then ride the next round trip. */
     if (run->slot->rt->feed && !(mw->prelock && mw->prelock->asked))
-        capstan__feed_prompt(run->slot, mw->r);
+        capstan__feed_prompt(run->slot, mw->r, 0);
     job->redis = capstan_redis_ctx(mw->r);
     if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
@@ -459,9 +459,9 @@ static int ride(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size
     return capstan__feed_ride(ud, r, calls, ncalls);
 }
 
-static void prompt(void *ud, capstan_redis_t *r)
+static void prompt(void *ud, capstan_redis_t *r, int all)
 {
-    capstan__feed_prompt(ud, r);
+    capstan__feed_prompt(ud, r, all);
 }
 
 /* The middleware state a job's server chain starts with. */

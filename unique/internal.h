@@ -62,6 +62,13 @@ typedef int (*capstan_ride_fn)(void *ud, capstan_redis_t *r, capstan_script_call
 int capstan_unique__lock_ride(capstan_redis_t *r, const capstan_lock_req_t *req, capstan_ride_fn ride,
                               void *ud, char *err);
 
+/* capstan_unique_lock_wait, calling waiting(ud) once when the lock is
+ * refused and a wait begins (with the default waiter; before a custom
+ * waiter's wait): the runtime writes the acks of finished jobs then,
+ * which would otherwise wait with it. */
+int capstan_unique__lock_wait_then(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
+                                   void (*waiting)(void *), void *ud, char *err);
+
 /* until_and_while_executing's start: jid's hold on the until-lock of
  * req->digest goes and the runtime lock req is taken, in one round trip
  * (through ride when not NULL). *released is capstan_unique_unlock's result for

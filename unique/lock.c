@@ -396,10 +396,9 @@ static void sleep_s(double s)
 /* The default waiter: in line by arrival time in "<key>:WAITING", polling
  * with a short capped backoff. Entries older than this wait's timeout plus
  * a margin belong to waiters that crashed and are dropped by lock.lua. */
-static int poll_wait(void *self, capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
-                     char *err)
+static int waited(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout, void (*waiting)(void *),
+                  void *ud, char *err)
 {
-    (void)self;
     double arrival = capstan__now(), end = capstan__mono() + timeout, pause = 0.01;
     int rc;
     for (;;) {
@@ -409,6 +408,10 @@ static int poll_wait(void *self, capstan_redis_t *r, const capstan_lock_req_t *r
         if (capstan__mono() >= end) {
             rc = CAPSTAN_EDENIED;
             break;
+        }
+        if (waiting) {
+            waiting(ud);
+            waiting = NULL;
         }
         sleep_s(pause);
         pause = pause * 2 > 0.1 ? 0.1 : pause * 2;
@@ -423,6 +426,13 @@ static int poll_wait(void *self, capstan_redis_t *r, const capstan_lock_req_t *r
     return rc;
 }
 
+static int poll_wait(void *self, capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
+                     char *err)
+{
+    (void)self;
+    return waited(r, req, timeout, NULL, NULL, err);
+}
+
 static const capstan_lock_waiter_t default_waiter = { poll_wait, NULL };
 static const capstan_lock_waiter_t *waiter = &default_waiter;
 
@@ -433,7 +443,17 @@ void capstan_unique_set_waiter(const capstan_lock_waiter_t *w)
 
 int capstan_unique_lock_wait(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout, char *err)
 {
+    return capstan_unique__lock_wait_then(r, req, timeout, NULL, NULL, err);
+}
+
+int capstan_unique__lock_wait_then(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
+                                   void (*waiting)(void *), void *ud, char *err)
+{
     if (timeout <= 0)
         return capstan_unique_lock(r, req, err);
+    if (waiter == &default_waiter)
+        return counted(r, req, waited(r, req, timeout, waiting, ud, err));
+    if (waiting)
+        waiting(ud); /* a custom waiter's first attempt is its own */
     return counted(r, req, waiter->wait(waiter->self, r, req, timeout, err));
 }

@@ -150,7 +150,8 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
                                                         err)) != 0)
         lr = released;
     else if (s->timeout > 0)
-        lr = capstan_unique_lock_wait(mw->r, &q, (double)s->timeout, err);
+        lr = capstan_unique__lock_wait_then(mw->r, &q, (double)s->timeout, capstan__mw_waiting, mw,
+                                            err);
     else
         lr = capstan_unique__lock_ride(mw->r, &q, mw->ride, mw->ride_ud, err);
     if (released) {
@@ -212,7 +213,7 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
      * now, before it might wait on a lock held by one of those jobs. */
     int rides = at_once(&s) && mw->ride;
     if (!rides && s.type != CAPSTAN_LOCK_NONE && mw->prompt)
-        mw->prompt(mw->ride_ud, mw->r);
+        mw->prompt(mw->ride_ud, mw->r, 0);
     switch (s.type) {
     case CAPSTAN_LOCK_UNTIL_EXECUTED:
     case CAPSTAN_LOCK_UNTIL_EXPIRED:
