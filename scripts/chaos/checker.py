@@ -261,9 +261,11 @@ def _in_failover(f, prev):
     failover_window(f), and its job was one the new master had unfinished
     (queued, scheduled, in a working list, in the retry set) when the
     harness read it just after the promotion, or prev started between the
-    promotion (seen by the harness up to ACK_LAG late) and that read (it
-    may have been fetched and acked on the new master before), or in the
-    SWITCH_LAG after the failover ended. (A run's ack counts from when it
+    promotion (seen by the harness up to ACK_LAG late), or the replica's
+    copy stopping (f.cut_at: a fetch past it is not on the new master,
+    which still has the job queued), and that read (it may have been run
+    again and acked on the new master before), or in the SWITCH_LAG after
+    the failover ended. (A run's ack counts from when it
     could be written, _ack_from: a Redis restart just before a failover
     holds acks back into it.) A job the new
     master had finished, or never had, cannot run again through it.
@@ -278,8 +280,9 @@ def _in_failover(f, prev):
     held, read_at = getattr(f, "held", None), getattr(f, "read_at", None)
     if held is None or read_at is None:
         return True
-    end = f.end or f.start
-    return (prev.jid in held or f.promoted - ACK_LAG <= prev.start <= read_at
+    end, cut_at = f.end or f.start, getattr(f, "cut_at", None)
+    since = f.promoted - ACK_LAG if cut_at is None else min(f.promoted - ACK_LAG, cut_at)
+    return (prev.jid in held or since <= prev.start <= read_at
             or end <= prev.start <= end + SWITCH_LAG)
 
 
@@ -296,8 +299,11 @@ def _fault_for(faults, prev, new):
              and (prev.end is None or prev.end > f.start or prev.jid in (f.held or ()))]
     if kills:
         return max(kills, key=lambda f: f.start)
+    # A frozen or cut-off process starts no job it did not fetch before:
+    # its own run of a job during the freeze was not made by the freeze.
     freezes = [f for f in faults if f.kind in FREEZES and f.pid in (prev.pid, new.pid)
-               and f.start <= new.start and (f.end or new.start) >= prev.start - START_LAG]
+               and f.start <= new.start and (f.end or new.start) >= prev.start - START_LAG
+               and not (new.pid == f.pid and (f.end is None or new.start < f.end))]
     # Of those, one whose process held the job when it began is the cause;
     # a later freeze of a process that never held it only happened nearby.
     held = [f for f in freezes if prev.jid in (f.held or ())]

@@ -231,6 +231,23 @@ class CheckerTest(unittest.TestCase):
         self.assertOk(r)
         self.assertEqual(fo.dups, 1)
 
+    def test_a_run_fetched_past_the_cut_and_run_again_before_the_read_is_the_failovers(self):
+        # The replica's copy stopped at T (cut_at); j1 was fetched from the
+        # old master at T + 0.3, so the new master still had it queued,
+        # and a worker that moved there ran it again at T + 1.4 and acked
+        # it before the harness read the new master (T + 3.5): it is not in
+        # held, and it started 1.7 s before the promotion was seen.
+        fo = fault("failover", T + 0.2, T + 12)
+        fo.promoted, fo.demoted, fo.cut = T + 2, T + 12, ("R1", 500)
+        fo.held, fo.read_at = set(), T + 3.5
+        r = self.judge(run_of("j1", 100, T + 0.3, T + 0.35) + run_of("j1", 100, T + 1.4, T + 1.45),
+                       pushed={"j1", "p1", "p2"}, faults=[fo],
+                       push_at={"p1": ("R1", 400), "p2": ("R1", 600)},
+                       st=state(queued={"p1", "p2"}))
+        self.assertEqual(fo.cut_at, T)
+        self.assertOk(r)
+        self.assertEqual((fo.dups, fo.bound), (1, 1))
+
     def test_a_run_that_ended_well_before_a_failover_is_not_the_failovers(self):
         # The same without the restart: its ack had 2.5 s to be written.
         fo = self.failover_kill_of({"j1"})
@@ -262,6 +279,20 @@ class CheckerTest(unittest.TestCase):
         r = self.judge(run_of("j1", 100, T + 0.5, T + 3.1) + run_of("j1", 200, T + 2, T + 2.1), faults=[stop])
         self.assertOk(r)
         self.assertEqual((stop.dups, stop.bound), (1, 1))
+
+    def test_a_run_of_a_cut_off_process_in_its_cut_is_not_the_cuts_extra_run(self):
+        # j1 ended on 100 half a second before the master was killed (its
+        # ack lost with it); 100 gave it back as a stray and ran it again
+        # just as it was cut off from Redis (it was in its working list
+        # then), and 200 recovered it during the cut. The first extra run
+        # is the failover's, the second the cut's: a process cut off starts
+        # no job it did not fetch before.
+        fo = self.failover_kill_of({"j1"})
+        cut = fault("partition", T + 12, T + 15, pid=100, held={"j1"})
+        r = self.judge(run_of("j1", 100, T + 2.4, T + 2.5) + run_of("j1", 100, T + 12.02, T + 12.03)
+                       + run_of("j1", 200, T + 14, T + 14.1), faults=[fo, cut])
+        self.assertOk(r)
+        self.assertEqual((fo.dups, cut.dups, cut.bound), (1, 1, 1))
 
     def test_extra_runs_beyond_a_freezes_bound_are_reported(self):
         # The frozen process held one job, which ran three times: two extra
