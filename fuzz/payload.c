@@ -136,9 +136,12 @@ static void check_retry(const char *s, size_t len, const capstan_config_t *cfg, 
             CHECK(capstan__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
             CHECK(!jok || jansson_ok(f.payload, f.len));
             CHECK(capstan__jobject_get(&oo, f.payload, "retry_count") != NULL);
+            /* A job whose handler returned is no suspect any more. */
+            CHECK(capstan__jobject_get(&oo, f.payload, "recovery_count") == NULL);
             const char *skip[] = { "queue", "error_message", "error_class", "failed_at",
-                                   "retried_at", "retry_count" };
-            check_kept(job.payload, &job.obj, f.payload, &oo, skip, 6);
+                                   "retried_at", "retry_count", "recovery_count",
+                                   "error_backtrace" };
+            check_kept(job.payload, &job.obj, f.payload, &oo, skip, 8);
             capstan__jobject_free(&oo);
         } else {
             CHECK(f.fate == CAPSTAN_FATE_DROP);
