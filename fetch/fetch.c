@@ -433,48 +433,63 @@ static int append_ack(capstan_fetch_t *f, capstan_redis_t *r, const char *raw, s
     snprintf(score, sizeof(score), "%.6f", ack->score);
     snprintf(cutoff, sizeof(cutoff), "%.6f", ack->dead_cutoff);
     snprintf(max, sizeof(max), "%ld", ack->dead_max > 0 ? ack->dead_max : 10000);
-    const char *argv[] = { basic ? "" : f->working, set,
-                           lock ? ack->lock_key : NULL, lock ? CAPSTAN_UNIQUE_DIGESTS : NULL,
-                           raw, modes[ack->kind], score,
-                           ack->payload ? ack->payload : "", cutoff, max,
-                           lock ? ack->lock_jid : NULL };
-    size_t lens[] = { strlen(argv[0]), strlen(argv[1]), lock ? strlen(argv[2]) : 0,
-                      lock ? strlen(argv[3]) : 0, len, strlen(argv[5]), strlen(score),
-                      ack->payload ? ack->len : 0, strlen(cutoff), strlen(max),
-                      lock ? strlen(argv[10]) : 0 };
-    if (batch) {
-        /* The batch's keys are declared too, though lib/batch_done.lua
-         * names them itself: every key a script touches is in KEYS, for
-         * Dragonfly and cluster proxies. */
-        char *bkey = capstan__key_dup(CAPSTAN_KEY_BATCH, ack->bid);
-        size_t bn = bkey ? strlen(bkey) : 0;
-        char *jids = bkey ? malloc(2 * bn + 16) : NULL, *failures = jids ? jids + bn + 6 : NULL;
-        if (!jids) {
-            free(bkey);
-            return CAPSTAN_ENOMEM;
-        }
-        snprintf(jids, bn + 6, "%s:jids", bkey);
-        snprintf(failures, bn + 10, "%s:failures", bkey);
-        const char *b[] = { argv[0], argv[1], lock ? argv[2] : "", lock ? argv[3] : "", bkey,
-                            jids, failures, CAPSTAN_KEY_BATCHES_OPEN, CAPSTAN_KEY_QUEUES,
-                            raw, argv[5], score, argv[7], cutoff, max,
-                            lock ? argv[10] : "", ack->bid, ack->lock_jid,
-                            outcomes[ack->kind] };
-        size_t bl[] = { lens[0], lens[1], lens[2], lens[3], bn, bn + 5, bn + 9,
-                        strlen(CAPSTAN_KEY_BATCHES_OPEN), strlen(CAPSTAN_KEY_QUEUES), len, lens[5],
-                        lens[6], lens[7], lens[8], lens[9], lens[10], strlen(ack->bid),
-                        strlen(ack->lock_jid), strlen(outcomes[ack->kind]) };
-        int rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 9, 19, b, bl);
-        free(bkey);
-        free(jids);
-        return rc;
+    /* Every key the call touches is declared (Dragonfly, cluster proxies):
+     * the working list and the set; with a lock, the lock hash and the
+     * digests; with a batch, the batch's keys, though lib/batch_done.lua
+     * names them itself; with a lock, last, its waiters' line and wake
+     * list (lib/wake_waiters.lua). */
+    char *owned[5] = { NULL };
+    const char *argv[21];
+    size_t lens[21];
+    int argc = 0, rc = 0;
+#define ARG(s, n) (argv[argc] = (s), lens[argc] = (n), argc++)
+    ARG(basic ? "" : f->working, basic ? 0 : strlen(f->working));
+    ARG(set, strlen(set));
+    if (lock || batch) {
+        ARG(lock ? ack->lock_key : "", lock ? strlen(ack->lock_key) : 0);
+        ARG(lock ? CAPSTAN_UNIQUE_DIGESTS : "", lock ? strlen(CAPSTAN_UNIQUE_DIGESTS) : 0);
     }
-    if (lock)
-        return capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 4, 11, argv, lens);
-    /* Without a lock the script gets its original two keys. */
-    const char *a2[] = { argv[0], argv[1], argv[4], argv[5], argv[6], argv[7], argv[8], argv[9] };
-    size_t l2[] = { lens[0], lens[1], lens[4], lens[5], lens[6], lens[7], lens[8], lens[9] };
-    return capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, 2, 8, a2, l2);
+    if (batch) {
+        if (!(owned[0] = capstan__key_dup(CAPSTAN_KEY_BATCH, ack->bid))
+            || !(owned[1] = capstan__key_dup(owned[0], ":jids"))
+            || !(owned[2] = capstan__key_dup(owned[0], ":failures"))) {
+            rc = CAPSTAN_ENOMEM;
+            goto out;
+        }
+        for (int k = 0; k < 3; k++)
+            ARG(owned[k], strlen(owned[k]));
+        ARG(CAPSTAN_KEY_BATCHES_OPEN, strlen(CAPSTAN_KEY_BATCHES_OPEN));
+        ARG(CAPSTAN_KEY_QUEUES, strlen(CAPSTAN_KEY_QUEUES));
+    }
+    if (lock) {
+        if (!(owned[3] = capstan__key_swap_dup(ack->lock_key, CAPSTAN_KEY_LOCKED, CAPSTAN_KEY_WAITING))
+            || !(owned[4] = capstan__key_swap_dup(ack->lock_key, CAPSTAN_KEY_LOCKED, CAPSTAN_KEY_WAKE))) {
+            rc = CAPSTAN_ENOMEM;
+            goto out;
+        }
+        ARG(owned[3], strlen(owned[3]));
+        ARG(owned[4], strlen(owned[4]));
+    }
+    int nkeys = argc;
+    ARG(raw, len);
+    ARG(modes[ack->kind], strlen(modes[ack->kind]));
+    ARG(score, strlen(score));
+    ARG(ack->payload ? ack->payload : "", ack->payload ? ack->len : 0);
+    ARG(cutoff, strlen(cutoff));
+    ARG(max, strlen(max));
+    if (lock || batch)
+        ARG(lock ? ack->lock_jid : "", lock ? strlen(ack->lock_jid) : 0);
+    if (batch) {
+        ARG(ack->bid, strlen(ack->bid));
+        ARG(ack->lock_jid, strlen(ack->lock_jid));
+        ARG(outcomes[ack->kind], strlen(outcomes[ack->kind]));
+    }
+#undef ARG
+    rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACK, nkeys, argc, argv, lens);
+out:
+    for (int k = 0; k < 5; k++)
+        free(owned[k]);
+    return rc;
 }
 
 /* Reads one ack's reply: 0, CAPSTAN_EREPLY (an error reply) or CAPSTAN_EREDIS (the
@@ -533,18 +548,19 @@ enum { ACKS_PER_CALL = 64 };
 /* Appends one acks.lua call for the next ACKS_PER_CALL batchable acks from
  * *from on, marking them sent 2. Every key the call touches is declared in
  * KEYS (Dragonfly, cluster proxies): the working list, the digests, each
- * lock hash, each batch's three keys and then "batches:open" and "queues". */
+ * lock hash with its waiters' line and wake list (lib/wake_waiters.lua),
+ * each batch's three keys and then "batches:open" and "queues". */
 static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
-    enum { MAX_KEYS = 2 + 4 * ACKS_PER_CALL + 2, MAX_ARGS = MAX_KEYS + 4 * ACKS_PER_CALL };
+    enum { MAX_KEYS = 2 + 6 * ACKS_PER_CALL + 2, MAX_ARGS = MAX_KEYS + 4 * ACKS_PER_CALL };
     /* On the heap: 4 KB of stack here would stay touched in every thread. */
     const char **argv = malloc(MAX_ARGS * sizeof(*argv));
     size_t *lens = malloc(MAX_ARGS * sizeof(*lens));
     size_t *picked = malloc(ACKS_PER_CALL * sizeof(*picked));
-    char **owned = calloc(3 * ACKS_PER_CALL, sizeof(*owned));
+    char **owned = calloc(5 * ACKS_PER_CALL, sizeof(*owned));
     size_t npicked = 0, nowned = 0;
-    int nkeys = 2, rc = 0;
+    int nkeys = 2, rc = 0, batches = 0;
     if (!argv || !lens || !picked || !owned) {
         rc = CAPSTAN_ENOMEM;
         goto out;
@@ -557,13 +573,23 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         if (!batchable(a))
             continue;
         picked[npicked++] = i;
-        if (a->lock_key && a->lock_jid)
+        if (a->lock_key && a->lock_jid) {
             argv[nkeys++] = a->lock_key;
+            static const char *const line[] = { CAPSTAN_KEY_WAITING, CAPSTAN_KEY_WAKE };
+            for (int t = 0; t < 2; t++) {
+                if (!(owned[nowned] = capstan__key_swap_dup(a->lock_key, CAPSTAN_KEY_LOCKED, line[t]))) {
+                    rc = CAPSTAN_ENOMEM;
+                    goto out;
+                }
+                argv[nkeys++] = owned[nowned++];
+            }
+        }
         int seen = !a->bid;
         for (size_t k = 0; !seen && k + 1 < npicked; k++)
             seen = acks[picked[k]].ack.bid && strcmp(acks[picked[k]].ack.bid, a->bid) == 0;
         if (seen)
             continue;
+        batches = 1;
         static const char *const tails[] = { "", ":jids", ":failures" };
         for (int t = 0; t < 3; t++) {
             size_t n = strlen(CAPSTAN_KEY_BATCH) + strlen(a->bid) + strlen(tails[t]) + 1;
@@ -576,7 +602,7 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         }
     }
     *from = i;
-    if (nowned) {
+    if (batches) {
         argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
         argv[nkeys++] = CAPSTAN_KEY_QUEUES;
     }

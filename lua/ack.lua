@@ -1,6 +1,7 @@
 -- uses: release_hold
 -- uses: fits
 -- uses: batch_done
+-- uses: wake_waiters
 -- Finish a job: drop it from the working list and write its failure (retry
 -- or dead) in one step, so a crash between the two can neither lose nor
 -- double it. With a working list, the failure is written only if the job
@@ -27,6 +28,8 @@
 -- ARGV[10] the outcome for the batch ("s", "f", "d", or "" for none): the
 -- batch moves in the same step as the job leaves the working list, and only
 -- then, so a late or repeated ack never counts (lib/batch_done.lua).
+-- With a lock, two more KEYS come last: its "<key>:WAITING" and "<key>:WAKE",
+-- declared for lib/wake_waiters.lua.
 -- Returns 1 when the job was acked (0 when it was no longer in the working
 -- list), plus batch_done's flags.
 local mode = ARGV[2]
@@ -50,8 +53,9 @@ if KEYS[1] ~= '' then
     -- keeps its until-lock for that copy. A runtime lock is this run's
     -- own (the copy takes its own when it runs), so it goes, or nothing
     -- would ever release a hold this run took after the copy finished.
-    if KEYS[4] and KEYS[4] ~= '' and ARGV[7] and string.sub(KEYS[3], -11) == ':RUN:LOCKED' then
-      release_hold(KEYS[3], KEYS[4], ARGV[7])
+    if KEYS[4] and KEYS[4] ~= '' and ARGV[7] and string.sub(KEYS[3], -11) == ':RUN:LOCKED'
+        and release_hold(KEYS[3], KEYS[4], ARGV[7]) then
+      wake_waiters(KEYS[3])
     end
     return 0
   end
@@ -65,10 +69,10 @@ elseif mode == 'dead' then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[5])
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[6]) - 1)
 end
-if KEYS[4] and KEYS[4] ~= '' and ARGV[7] then
-  release_hold(KEYS[3], KEYS[4], ARGV[7])
+if KEYS[4] and KEYS[4] ~= '' and ARGV[7] and release_hold(KEYS[3], KEYS[4], ARGV[7]) then
+  wake_waiters(KEYS[3])
 end
-if KEYS[5] and ARGV[10] ~= '' then
+if ARGV[10] and ARGV[10] ~= '' then
   return removed + batch_done(ARGV[8], ARGV[9], ARGV[10], ARGV[4])
 end
 return removed

@@ -1,6 +1,7 @@
 -- uses: zset_batch
 -- uses: release_hold
 -- uses: batch_done
+-- uses: wake_waiters
 -- Finish several successful jobs at once: each leaves the working list and,
 -- in the same step, when it holds a uniqueness lock its jid's hold on
 -- "<digest>:LOCKED" goes, as in ack.lua, and when it belongs to a batch the
@@ -11,7 +12,8 @@
 -- One script call for a batch of acks instead of a command per job: the
 -- per-command cost, not the removal, is most of what an ack costs Redis.
 -- KEYS[1] working list, KEYS[2] "uniquejobs:digests", then, declared for
--- the jobs' groups below (which name them again): each lock hash, each
+-- the jobs' groups below (which name them again): each lock hash with its
+-- waiters' "<key>:WAITING" and "<key>:WAKE" (lib/wake_waiters.lua), each
 -- batch's "batch:BID", "batch:BID:jids" and "batch:BID:failures", and with
 -- a batch "batches:open" and "queues" (a parent's keys and the callbacks'
 -- queues, read from a batch, cannot be declared: doc/internals.md).
@@ -26,15 +28,17 @@ for i = 1, #ARGV, 4 do
   -- From the tail, where the oldest (first finished) jobs are.
   if redis.call('LREM', working, '-1', ARGV[i]) == 1 then
     removed = removed + 1
-    if ARGV[i + 1] ~= '' then
-      release_hold(ARGV[i + 1], digests, ARGV[i + 2], z)
+    if ARGV[i + 1] ~= '' and release_hold(ARGV[i + 1], digests, ARGV[i + 2], z) then
+      wake_waiters(ARGV[i + 1])
     end
     if ARGV[i + 3] ~= '' and batch_ok(acc, ARGV[i + 3], ARGV[i + 2]) == 2 then
       flags, unknown = 2, ARGV[i + 3]
     end
   elseif string.sub(ARGV[i + 1], -11) == ':RUN:LOCKED' then
     -- A late ack's runtime lock is this run's own: it goes (see ack.lua).
-    release_hold(ARGV[i + 1], digests, ARGV[i + 2], z)
+    if release_hold(ARGV[i + 1], digests, ARGV[i + 2], z) then
+      wake_waiters(ARGV[i + 1])
+    end
   end
 end
 zset_flush(z, digests)

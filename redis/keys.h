@@ -36,6 +36,9 @@
 #define CAPSTAN_UNIQUE_DIGESTS "uniquejobs:digests" /* zset of digests by lock time */
 #define CAPSTAN_KEY_LOCKED ":LOCKED"        /* digest +: hash of holder jids */
 #define CAPSTAN_KEY_RUN ":RUN"              /* digest +: the runtime lock's digest */
+#define CAPSTAN_KEY_WAITING ":WAITING"      /* lock +: zset of waiting jids by arrival
+                                               (capstan's: v9 never waits) */
+#define CAPSTAN_KEY_WAKE ":WAKE"            /* lock +: list the waiters block on */
 #define CAPSTAN_KEY_WORKING "uniquejobs:working:" /* + identity: reliable fetch list */
 #define CAPSTAN_KEY_HEARTBEAT "uniquejobs:heartbeat:" /* + identity: liveness */
 #define CAPSTAN_KEY_ORPHAN "uniquejobs:orphan:" /* + identity: recovery's suspect marker */
@@ -89,6 +92,22 @@ static inline char *capstan__key_dup(const char *a, const char *b)
     if (k) {
         memcpy(k, a, la);
         memcpy(k + la, b, lb + 1);
+    }
+    return k;
+}
+
+/* key with its suffix replaced by with, malloc'd (capstan__key_swap_dup(
+ * "d:RUN:LOCKED", CAPSTAN_KEY_LOCKED, CAPSTAN_KEY_WAKE) is "d:RUN:WAKE"); NULL
+ * when key does not end with suffix or out of memory. */
+static inline char *capstan__key_swap_dup(const char *key, const char *suffix, const char *with)
+{
+    size_t len = strlen(key), slen = strlen(suffix), wlen = strlen(with);
+    if (len < slen || strcmp(key + len - slen, suffix) != 0)
+        return NULL;
+    char *k = malloc(len - slen + wlen + 1);
+    if (k) {
+        memcpy(k, key, len - slen);
+        memcpy(k + len - slen, with, wlen + 1);
     }
     return k;
 }

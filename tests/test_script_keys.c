@@ -20,6 +20,7 @@
 #include "capstan/batch.h"
 #include "capstan/client.h"
 #include "capstan/limiter.h"
+#include "capstan/unique.h"
 #include "lua/capstan_lua.h"
 
 TestSuite(script_keys, .timeout = 280, .fini = kt_kill_children);
@@ -445,6 +446,31 @@ static void workload(void)
     pid_t w4 = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", "-q", "runlocks", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD sk:runlocks") == RUNLOCKS, 30), "%s", kt_capstan_log(w4));
     cr_assert_eq(kt_capstan_stop(w4, SIGTERM, 30), 0);
+
+    /* Jobs of one runtime lock waiting for it (lock_timeout): each release
+     * wakes those in line (lib/wake_waiters.lua), through an ack (acks,
+     * ack: a failure) and through an unlock (unlock). */
+    for (int i = 0; i < 3; i++)
+        push((const char *[]){ "push", "SleepJob", "[200]", "-q", "waits", "--lock", "while_executing",
+                               "--lock-timeout", "20", NULL });
+    push((const char *[]){ "push", "FailJob", "[\"w\"]", "-q", "waits", "--retry", "0", "--lock",
+                           "while_executing", "--lock-timeout", "20", NULL });
+    push((const char *[]){ "push", "FailJob", "[\"w\"]", "-q", "waits", "--retry", "0", "--lock",
+                           "while_executing", "--lock-timeout", "20", NULL });
+    pid_t w5 = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", "-q", "waits", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:waits") == 0 && kt_int("ZCARD dead") == 5, 30), "%s",
+              kt_capstan_log(w5));
+    cr_assert_eq(kt_capstan_stop(w5, SIGTERM, 30), 0);
+    char err5[CAPSTAN_ERRLEN] = "";
+    capstan_redis_t *r5 = kt_lib_redis();
+    capstan_lock_req_t held = { .digest = "uniquejobs:skwait", .runtime = 1, .jid = "skholder",
+                                .type = CAPSTAN_LOCK_WHILE_EXECUTING };
+    cr_assert_eq(capstan_unique_lock(r5, &held, err5), CAPSTAN_LOCK_ACQUIRED, "%s", err5);
+    freeReplyObject(kt_cmd("ZADD uniquejobs:skwait:RUN:WAITING %f skwaiter", kt_now()));
+    cr_assert_eq(capstan_unique_unlock(r5, "uniquejobs:skwait", 1, "skholder", CAPSTAN_LOCK_WHILE_EXECUTING,
+                                       0, err5), 0, "%s", err5);
+    cr_assert_eq(kt_int("LLEN uniquejobs:skwait:RUN:WAKE"), 1, "the waiter's token");
+    capstan_redis_free(r5);
 
     /* An orphaned uniqueness lock and an empty digest: the reaper's. */
     freeReplyObject(kt_cmd("HSET uniquejobs:skorphan:LOCKED 0123456789abcdef01234567 {}"));

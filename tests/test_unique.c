@@ -3,6 +3,7 @@
  * reads them, and the lifecycle of reference §4.8 per lock type, including
  * the fixes over v9 (retry keeps an until_executed lock, no silent drops,
  * bad input falls back with a log line). */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <time.h>
 
 #include "helpers.h"
+#include "capstan/unique.h"
 
 static int stop(pid_t pid)
 {
@@ -219,12 +221,12 @@ Test(unique, until_expired_outlives_the_job_until_its_ttl)
     free(d); free(jid); free(score);
 }
 
-/* 16 jobs with one digest over 2 processes x 8 threads: lock_timeout makes
- * each wait its turn, and OverlapJob records any two that ran at once. */
-/* Clients of this test's database blocked in a move from a queue (capstan's
- * idle processors). */
-static int blocked_here(void)
+/* Clients of this test's database blocked in cmd ("blmove": capstan's idle
+ * processors; "blpop": lock waiters between tries). */
+static int blocked_in(const char *cmd)
 {
+    char what[32];
+    snprintf(what, sizeof(what), "cmd=%s ", cmd);
     const char *url = kt_url();
     char db[32];
     snprintf(db, sizeof(db), " db=%s ", strrchr(url, '/') + 1);
@@ -233,12 +235,14 @@ static int blocked_here(void)
     for (const char *l = r->str; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
         const char *end = strchr(l, '\n');
         size_t len = end ? (size_t)(end - l) : strlen(l);
-        n += memmem(l, len, db, strlen(db)) && memmem(l, len, "cmd=blmove", 10);
+        n += memmem(l, len, db, strlen(db)) && memmem(l, len, what, strlen(what));
     }
     freeReplyObject(r);
     return n;
 }
 
+/* 16 jobs with one digest over 2 processes x 8 threads: lock_timeout makes
+ * each wait its turn, and OverlapJob records any two that ran at once. */
 Test(unique, while_executing_never_overlaps_across_threads_and_processes)
 {
     const char *bulk = "{\"class\":\"OverlapJob\",\"lock\":\"while_executing\",\"lock_timeout\":20,"
@@ -263,7 +267,7 @@ Test(unique, while_executing_never_overlaps_across_threads_and_processes)
     const char *free_bulk = "{\"class\":\"OverlapJob\",\"args\":[[\"fr\",300],[\"fr\",300],"
                             "[\"fr\",300],[\"fr\",300]]}";
     a = kt_capstan_start((const char *[]){ "-c", "4", NULL });
-    cr_assert(KT_WAIT_UNTIL(blocked_here() >= 4, 20), "%s", kt_capstan_log(a));
+    cr_assert(KT_WAIT_UNTIL(blocked_in("blmove") >= 4, 20), "%s", kt_capstan_log(a));
     cr_assert_eq(kt_ruby("sidekiq.rb", (const char *[]){ "push_bulk", free_bulk, NULL }, NULL), 0);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN fr:log") == 4, 20));
     cr_assert(kt_int("GET fr:overlaps") > 0);
@@ -325,6 +329,116 @@ Test(unique, lock_limit_two_lets_two_run_at_once_and_never_three)
     cr_assert_eq(stop(a), 0);
     cr_assert_eq(stop(b), 0);
     free(d);
+}
+
+/* The median of n values (sorts them). */
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
+typedef struct lock_waiter {
+    char jid[25];
+    int rc;
+    double got; /* when the wait returned */
+} lock_waiter_t;
+
+#define WAKE_DIGEST "uniquejobs:wake"
+
+static void *wait_for_lock(void *arg)
+{
+    lock_waiter_t *w = arg;
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_lock_req_t q = { .digest = WAKE_DIGEST, .runtime = 1, .jid = w->jid,
+                             .type = CAPSTAN_LOCK_WHILE_EXECUTING };
+    w->rc = capstan_unique_lock_wait(r, &q, 10, err);
+    w->got = kt_now();
+    capstan_redis_free(r);
+    return NULL;
+}
+
+/* A job waiting for a lock (lock_timeout) is woken by the release: it takes
+ * the lock within milliseconds, not at its next try (a try every 0.05 to
+ * 0.15 s otherwise, and every 0.1 s before the wake). Five hand-offs, each
+ * to a waiter that has waited half a second. */
+Test(unique, a_release_wakes_the_lock_waiter_at_once)
+{
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN] = "";
+    enum { N = 5 };
+    double took[N];
+    for (int i = 0; i < N; i++) {
+        char holder[25];
+        kt_make_jid(holder, 3, (unsigned)i);
+        capstan_lock_req_t h = { .digest = WAKE_DIGEST, .runtime = 1, .jid = holder,
+                                 .type = CAPSTAN_LOCK_WHILE_EXECUTING };
+        cr_assert_eq(capstan_unique_lock(r, &h, err), CAPSTAN_LOCK_ACQUIRED, "%s", err);
+        lock_waiter_t w = { .rc = 0 };
+        kt_make_jid(w.jid, 4, (unsigned)i);
+        pthread_t th;
+        cr_assert_eq(pthread_create(&th, NULL, wait_for_lock, &w), 0);
+        cr_assert(KT_WAIT_UNTIL(kt_int("ZSCORE " WAKE_DIGEST ":RUN:WAITING %s", w.jid) > 0, 5));
+        kt_sleep(0.5);
+        cr_assert(KT_WAIT_UNTIL(blocked_in("blpop") == 1, 5), "the waiter blocks between tries");
+        double t0 = kt_now();
+        cr_assert_eq(capstan_unique_unlock(r, WAKE_DIGEST, 1, holder, CAPSTAN_LOCK_WHILE_EXECUTING, 0, err),
+                     0, "%s", err);
+        pthread_join(th, NULL);
+        cr_assert_eq(w.rc, CAPSTAN_LOCK_ACQUIRED);
+        took[i] = w.got - t0;
+        cr_assert_eq(capstan_unique_unlock(r, WAKE_DIGEST, 1, w.jid, CAPSTAN_LOCK_WHILE_EXECUTING, 0, err),
+                     0, "%s", err);
+    }
+    double m = median(took, N);
+    printf("unique: a lock waiter took the lock %.1f ms (median of %d) after its release, %.1f at most\n",
+           m * 1000, N, took[N - 1] * 1000);
+    cr_assert_lt(m, 0.025, "woken by the release, not at its next try: median %.3f s", m);
+    cr_assert_eq(kt_int("EXISTS " WAKE_DIGEST ":RUN:WAITING"), 0, "the line is empty");
+    capstan_redis_free(r);
+}
+
+/* The same through the runtime: six jobs of one digest (while_executing,
+ * lock_timeout), one to each of six processes, run one after the other,
+ * each starting as soon as the one before ends and its ack releases the
+ * lock. LimitJob records each start on the Redis clock and runs 200 ms.
+ * (One process would run them in turn on one processor, the lock going
+ * with each ack before the next job: no wait.) */
+Test(unique, a_runtime_lock_passes_to_a_job_waiting_elsewhere_at_once)
+{
+    enum { N = 6, MS = 200 };
+    pid_t pids[N];
+    for (int i = 0; i < N; i++)
+        pids[i] = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(blocked_in("blmove") == N, 20), "each process waits for a job");
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(push((const char *[]){ "push", "LimitJob", "[\"hw\", 200]", "--lock", "while_executing",
+                                            "--lock-timeout", "20", NULL }, NULL), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hw:starts") == N && kt_int("GET hw:running") == 0, 20), "%s",
+              kt_capstan_log(pids[0]));
+    redisReply *r = kt_cmd("LRANGE hw:starts 0 -1");
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == N);
+    double starts[N], gaps[N - 1];
+    for (int i = 0; i < N; i++)
+        starts[i] = atof(r->element[i]->str) / 1000;
+    freeReplyObject(r);
+    median(starts, N);
+    for (int i = 0; i + 1 < N; i++)
+        gaps[i] = starts[i + 1] - starts[i] - MS / 1000.0;
+    double m = median(gaps, N - 1);
+    printf("unique: a runtime lock passed to a job waiting in another process %.1f ms (median of %d) "
+           "after its holder's end, %.1f at most\n", m * 1000, N - 1, gaps[N - 2] * 1000);
+    cr_assert_eq(kt_int("GET hw:max"), 1, "one at a time");
+    cr_assert_eq(kt_int("SCARD hw:jids"), N);
+    cr_assert_lt(m, 0.015, "the next job started %.3f s after the lock's holder ended", m);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(stop(pids[i]), 0);
 }
 
 /* A finished job's ack goes out as its processor begins to wait for a

@@ -83,7 +83,7 @@ static int lock_prepare(lock_call_t *c, const capstan_lock_req_t *q, double arri
         return capstan_seterr(err, CAPSTAN_EINVAL, "a lock needs a digest and a jid");
     double now = capstan__now();
     capstan_unique__key(c->locked, sizeof(c->locked), q->digest, q->runtime, CAPSTAN_KEY_LOCKED);
-    capstan_unique__key(c->waiting, sizeof(c->waiting), q->digest, q->runtime, ":WAITING");
+    capstan_unique__key(c->waiting, sizeof(c->waiting), q->digest, q->runtime, CAPSTAN_KEY_WAITING);
     long ttl = q->ttl < CAPSTAN_UNIQUE_MAX_SECONDS ? q->ttl : CAPSTAN_UNIQUE_MAX_SECONDS;
     capstan__fmt_int(c->pttl, ttl > 0 ? ttl * 1000 : 0);
     capstan__fmt_int(c->limit, q->limit > 0 ? q->limit : 1);
@@ -215,27 +215,32 @@ int capstan_unique_unlock(capstan_redis_t *r, const char *digest, int runtime, c
 {
     if (!digest || !jid)
         return capstan_seterr(err, CAPSTAN_EINVAL, "an unlock needs a digest and a jid");
-    char locked[CAPSTAN_DIGEST_MAX + 16];
+    char locked[CAPSTAN_DIGEST_MAX + 16], waiting[CAPSTAN_DIGEST_MAX + 16], wake[CAPSTAN_DIGEST_MAX + 16];
     capstan_unique__key(locked, sizeof(locked), digest, runtime, CAPSTAN_KEY_LOCKED);
-    const char *argv[] = { locked, CAPSTAN_UNIQUE_DIGESTS, jid,
+    capstan_unique__key(waiting, sizeof(waiting), digest, runtime, CAPSTAN_KEY_WAITING);
+    capstan_unique__key(wake, sizeof(wake), digest, runtime, CAPSTAN_KEY_WAKE);
+    const char *argv[] = { locked, CAPSTAN_UNIQUE_DIGESTS, waiting, wake, jid,
                            force ? "force" : capstan_lock_type_name(type) };
-    return unlock_result(capstan__redis_script(r, CAPSTAN_SCRIPT_UNLOCK, 2, 4, argv, NULL), r, type,
+    return unlock_result(capstan__redis_script(r, CAPSTAN_SCRIPT_UNLOCK, 4, 6, argv, NULL), r, type,
                          force, err);
 }
 
 /* The until-lock release that goes before until_and_while_executing's
  * runtime lock, in the same round trip. */
 typedef struct swap_call {
-    char until[CAPSTAN_DIGEST_MAX + 16];
-    const char *argv[4];
+    char until[CAPSTAN_DIGEST_MAX + 16], waiting[CAPSTAN_DIGEST_MAX + 16], wake[CAPSTAN_DIGEST_MAX + 16];
+    const char *argv[6];
 } swap_call_t;
 
 static capstan_script_call_t swap_prepare(swap_call_t *u, const capstan_lock_req_t *req)
 {
     capstan_unique__key(u->until, sizeof(u->until), req->digest, 0, CAPSTAN_KEY_LOCKED);
-    const char *argv[] = { u->until, CAPSTAN_UNIQUE_DIGESTS, req->jid, capstan_lock_type_name(req->type) };
+    capstan_unique__key(u->waiting, sizeof(u->waiting), req->digest, 0, CAPSTAN_KEY_WAITING);
+    capstan_unique__key(u->wake, sizeof(u->wake), req->digest, 0, CAPSTAN_KEY_WAKE);
+    const char *argv[] = { u->until, CAPSTAN_UNIQUE_DIGESTS, u->waiting, u->wake, req->jid,
+                           capstan_lock_type_name(req->type) };
     memcpy(u->argv, argv, sizeof(argv));
-    return (capstan_script_call_t){ .script = CAPSTAN_SCRIPT_UNLOCK, .nkeys = 2, .argc = 4,
+    return (capstan_script_call_t){ .script = CAPSTAN_SCRIPT_UNLOCK, .nkeys = 4, .argc = 6,
                                 .argv = u->argv };
 }
 
@@ -272,7 +277,7 @@ int capstan_unique__swap_ride(capstan_redis_t *r, const capstan_lock_req_t *req,
     if (ride) {
         ride(ud, r, calls, 2);
     } else {
-        calls[0].reply = capstan__redis_script(r, CAPSTAN_SCRIPT_UNLOCK, 2, 4, u.argv, NULL);
+        calls[0].reply = capstan__redis_script(r, CAPSTAN_SCRIPT_UNLOCK, 4, 6, u.argv, NULL);
         if (calls[0].reply)
             calls[1].reply = capstan__redis_script(r, CAPSTAN_SCRIPT_LOCK, c.call.nkeys, c.call.argc,
                                                    c.argv, NULL);
@@ -393,13 +398,37 @@ static void sleep_s(double s)
         ;
 }
 
-/* The default waiter: in line by arrival time in "<key>:WAITING", polling
- * with a short capped backoff. Entries older than this wait's timeout plus
- * a margin belong to waiters that crashed and are dropped by lock.lua. */
+/* How long a waiter blocks between tries when no release wakes it. Redis
+ * 7.0 ends a blocking command's timeout at its next cron tick (every
+ * 100 ms at the default hz 10): a wait of 0.05 s lasts 0.05 to 0.15 s. */
+#define LOCK_RETRY_S 0.05
+
+/* Blocks until a release wakes the waiters of the lock (a token on its
+ * wake list: lib/wake_waiters.lua) or LOCK_RETRY_S passes; sleeps instead
+ * when the command fails, so a broken connection does not spin (the next
+ * try reports it). */
+static void pause_for(capstan_redis_t *r, const char *wake)
+{
+    char secs[16];
+    capstan__fmt_fixed(secs, sizeof(secs), LOCK_RETRY_S, 3);
+    redisReply *rep = capstan_redis_cmdf(r, "BLPOP %s %s", wake, secs);
+    if (!rep || rep->type == REDIS_REPLY_ERROR)
+        sleep_s(LOCK_RETRY_S);
+    freeReplyObject(rep);
+}
+
+/* The default waiter: in line by arrival time in "<key>:WAITING", trying
+ * again when a release wakes it ("<key>:WAKE"), and at least every 0.15 s
+ * for what wakes no one (a lease that ran out, a release by a client that
+ * does not push the token, more than 64 waiters). Entries older than this
+ * wait's timeout plus a margin belong to waiters that crashed and are
+ * dropped by lock.lua. */
 static int waited(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout, void (*waiting)(void *),
                   void *ud, char *err)
 {
-    double arrival = capstan__now(), end = capstan__mono() + timeout, pause = 0.01;
+    double arrival = capstan__now(), end = capstan__mono() + timeout;
+    char wake[CAPSTAN_DIGEST_MAX + 16];
+    capstan_unique__key(wake, sizeof(wake), req->digest, req->runtime, CAPSTAN_KEY_WAKE);
     int rc;
     for (;;) {
         rc = lock_once(r, req, arrival, capstan__now() - timeout - 5, err);
@@ -413,13 +442,12 @@ static int waited(capstan_redis_t *r, const capstan_lock_req_t *req, double time
             waiting(ud);
             waiting = NULL;
         }
-        sleep_s(pause);
-        pause = pause * 2 > 0.1 ? 0.1 : pause * 2;
+        pause_for(r, wake);
     }
     if (rc <= 0) {
         /* Leave the line so those behind need not wait out our entry. */
         char waiting[CAPSTAN_DIGEST_MAX + 16];
-        capstan_unique__key(waiting, sizeof(waiting), req->digest, req->runtime, ":WAITING");
+        capstan_unique__key(waiting, sizeof(waiting), req->digest, req->runtime, CAPSTAN_KEY_WAITING);
         redisReply *rep = capstan_redis_cmdf(r, "ZREM %s %s", waiting, req->jid);
         freeReplyObject(rep);
     }
