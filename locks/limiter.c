@@ -12,6 +12,7 @@
 #include "redis/reply.h"
 #include "redis/scripts.h"
 #include "support/time.h"
+#include "redis/wake.h"
 
 #define LEASE_DEFAULT 30.0 /* s: a concurrent slot's lease */
 #define POLL_MAX 0.05      /* s: a concurrent waiter with no connection to
@@ -186,25 +187,6 @@ int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, l
     return capstan__limiter_acquire_wait(lim, r, r, points, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
-/* Blocks on w until a holder of lim releases a slot or s seconds pass.
- * Any outcome is followed by another attempt, so an error only costs the
- * wait: it sleeps instead, as if no wake-up came. */
-static void wait_release(capstan_limiter_t *lim, capstan_redis_t *w, double s)
-{
-    /* Under a millisecond BLPOP cannot express (0 would block forever). */
-    if (!w || !capstan_redis_ok(w) || s < 0.001) {
-        capstan__sleep(s < POLL_MAX ? s : POLL_MAX);
-        return;
-    }
-    char secs[32];
-    snprintf(secs, sizeof(secs), "%.3f", s);
-    const char *argv[] = { "BLPOP", lim->free_key, secs };
-    redisReply *rep = capstan_redis_cmd(w, 3, argv, NULL);
-    if (!rep || rep->type == REDIS_REPLY_ERROR)
-        capstan__sleep(s < POLL_MAX ? s : POLL_MAX);
-    freeReplyObject(rep);
-}
-
 int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, capstan_redis_t *w,
                                   long points, double wait_timeout, capstan_limit_token_t *token,
                                   double *retry_in, void (*waiting)(void *), void *ud, char *err)
@@ -251,7 +233,8 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
         }
         if (concurrent) {
             double s = wait < left ? wait : left;
-            wait_release(lim, w, s < RECHECK ? s : RECHECK);
+            /* Until a holder releases a slot (limit_release.lua). */
+            capstan__redis_wait_wake(w, lim->free_key, s < RECHECK ? s : RECHECK, POLL_MAX);
         } else {
             capstan__sleep(wait);
         }

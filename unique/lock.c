@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "support/buf.h"
 #include "support/fmt.h"
@@ -17,6 +16,7 @@
 #include "unique/admin_internal.h"
 #include "unique/internal.h"
 #include "redis/scripts.h"
+#include "redis/wake.h"
 #include "unique/prelock.h"
 
 /* Metrics are recorded where the lock happens, as v9 does; a failure to
@@ -391,31 +391,10 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
     freeReplyObject(call.reply);
 }
 
-static void sleep_s(double s)
-{
-    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* How long a waiter blocks between tries when no release wakes it. Redis
  * 7.0 ends a blocking command's timeout at its next cron tick (every
  * 100 ms at the default hz 10): a wait of 0.05 s lasts 0.05 to 0.15 s. */
 #define LOCK_RETRY_S 0.05
-
-/* Blocks until a release wakes the waiters of the lock (a token on its
- * wake list: lib/wake_waiters.lua) or LOCK_RETRY_S passes; sleeps instead
- * when the command fails, so a broken connection does not spin (the next
- * try reports it). */
-static void pause_for(capstan_redis_t *r, const char *wake)
-{
-    char secs[16];
-    capstan__fmt_fixed(secs, sizeof(secs), LOCK_RETRY_S, 3);
-    redisReply *rep = capstan_redis_cmdf(r, "BLPOP %s %s", wake, secs);
-    if (!rep || rep->type == REDIS_REPLY_ERROR)
-        sleep_s(LOCK_RETRY_S);
-    freeReplyObject(rep);
-}
 
 /* The default waiter: in line by arrival time in "<key>:WAITING", trying
  * again when a release wakes it ("<key>:WAKE"), and at least every 0.15 s
@@ -442,7 +421,8 @@ static int waited(capstan_redis_t *r, const capstan_lock_req_t *req, double time
             waiting(ud);
             waiting = NULL;
         }
-        pause_for(r, wake);
+        /* Until a release wakes the line (lib/wake_waiters.lua). */
+        capstan__redis_wait_wake(r, wake, LOCK_RETRY_S, LOCK_RETRY_S);
     }
     if (rc <= 0) {
         /* Leave the line so those behind need not wait out our entry. */
