@@ -83,9 +83,16 @@ int capstan__periodic_add(capstan_config_t *cfg, const capstan_periodic_opts_t *
     capstan_cron_t c;
     if (capstan__cron_parse(o->cron, &c, why))
         return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: cron: %s", name, why);
-    capstan_tz_t *tz = capstan__tz_load(o->tz, why);
+    const char *zone = o->tz && *o->tz ? o->tz : NULL;
+    if (c.zone[0] && zone && strcmp(c.zone, zone))
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: tz: %s differs from the zone cron: "
+                              "names (%s)", name, zone, c.zone);
+    if (c.zone[0])
+        zone = c.zone; /* "0 9 * * * Europe/Berlin", as fugit reads it */
+    capstan_tz_t *tz = capstan__tz_load(zone, why);
     if (!tz)
-        return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: tz: %s", name, why);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: %s: %s", name, c.zone[0] ? "cron" : "tz",
+                              why);
     int64_t next = capstan__cron_next(&c, tz, (int64_t)capstan__now());
     capstan__tz_free(tz);
     if (next < 0)
@@ -103,7 +110,7 @@ int capstan__periodic_add(capstan_config_t *cfg, const capstan_periodic_opts_t *
     int oom = 0;
     p.name = dup_or(name, NULL, &oom);
     p.cron = dup_or(o->cron, NULL, &oom);
-    p.tz = dup_or(o->tz && *o->tz ? o->tz : NULL, NULL, &oom);
+    p.tz = dup_or(zone, NULL, &oom);
     p.cls = dup_or(o->cls, NULL, &oom);
     p.queue = dup_or(o->queue && *o->queue ? o->queue : NULL, "default", &oom);
     p.args = dup_or(o->args, "[]", &oom);

@@ -69,9 +69,21 @@ void capstan__periodic_jid(const char *name, int64_t tick, char out[25])
 /* What makes a schedule's ticks: its fields and its zone. */
 static void signature(const capstan_cron_t *c, const char *tz, char out[17])
 {
+    /* The last days and n-th weekdays, only where used: the signature of
+     * every other expression stays as it was before they were read. */
+    char extra[64] = "";
+    uint16_t nth = 0;
+    for (int i = 0; i < 7; i++)
+        nth |= c->nth[i];
+    if (c->dom_last || nth)
+        snprintf(extra, sizeof(extra), ":L%x:%x:%x:%x:%x:%x:%x:%x", c->dom_last, c->nth[0], c->nth[1],
+                 c->nth[2], c->nth[3], c->nth[4], c->nth[5], c->nth[6]);
     char text[256];
-    int n = snprintf(text, sizeof(text), "%" PRIx64 ":%" PRIx64 ":%x:%x:%x:%x:%d:%d:%s", c->sec,
-                     c->min, c->hour, c->dom, c->mon, c->dow, c->dom_any, c->dow_any, tz ? tz : "UTC");
+    int n = snprintf(text, sizeof(text), "%" PRIx64 ":%" PRIx64 ":%x:%x:%x:%x:%d:%d:%s%s", c->sec,
+                     c->min, c->hour, c->dom, c->mon, c->dow, c->dom_any, c->dow_any, tz ? tz : "UTC",
+                     extra);
+    if (n < 0 || (size_t)n >= sizeof(text))
+        n = (int)sizeof(text) - 1;
     snprintf(out, 17, "%016" PRIx64, fnv1a(14695981039346656037ULL, text, (size_t)n));
 }
 

@@ -1083,9 +1083,10 @@ Test(config, periodic_section_and_its_errors)
                       "    retry: 3\n"
                       "    missed: last\n"
                       "    tags: [cron]\n"
-                      "  hourly: {cron: \"@hourly\", class: H}\n"),
+                      "  hourly: {cron: \"@hourly\", class: H}\n"
+                      "  berlin: {cron: \"0 9 * * mon#1 Europe/Berlin\", class: B}\n"),
                  0, "%s", err);
-    cr_assert_eq(cfg->nperiodic, 2);
+    cr_assert_eq(cfg->nperiodic, 3);
     const struct capstan_periodic_conf *p = cfg->periodic;
     cr_assert_str_eq(p->name, "nightly_report");
     cr_assert_str_eq(p->tz, "Europe/Berlin");
@@ -1101,11 +1102,16 @@ Test(config, periodic_section_and_its_errors)
     cr_assert_str_eq(p[1].args, "[]");
     cr_assert_null(p[1].tz);
     cr_assert_eq(p[1].missed, CAPSTAN_MISSED_SKIP);
+    /* A zone after the fields, as fugit reads it, is the schedule's. */
+    cr_assert_str_eq(p[2].tz, "Europe/Berlin");
+    cr_assert_str_eq(p[2].cron, "0 9 * * mon#1 Europe/Berlin");
 
     static const struct { const char *yaml; int line; const char *rest; } bad[] = {
         { "periodic:\n  a:\n    class: A\n    cron: \"* * *\"\n", 4,
           "periodic.a: cron: \"* * *\": expected five fields (minute hour day month weekday) or six "
-          "(seconds first)" },
+          "(seconds first), then a zone if any" },
+        { "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * * Europe/Berlin\"\n    tz: UTC\n", 5,
+          "periodic.a: tz: UTC differs from the zone cron: names (Europe/Berlin)" },
         { "periodic:\n  a:\n    class: A\n", 2, "periodic.a: cron: must be given" },
         { "periodic:\n  a: {cron: \"@daily\", class: A, missed: some}\n", 2,
           "periodic.a.missed: must be skip, last or all" },
@@ -1121,6 +1127,11 @@ Test(config, periodic_section_and_its_errors)
         cr_assert_eq(load(bad[i].yaml), CAPSTAN_ECONFIG, "%s", bad[i].yaml);
         assert_err(bad[i].line, bad[i].rest);
     }
+    /* A zone after the fields that does not exist: the cron: line says so. */
+    fresh();
+    cr_assert_eq(load("periodic:\n  a:\n    class: A\n    cron: \"0 9 * * * Nowhere/Special\"\n"),
+                 CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, ":4: periodic.a: cron: unknown time zone Nowhere/Special"), "%s", err);
 }
 
 /* capstan_periodic_add: the C call checks what the file's reader checks. */
@@ -1141,13 +1152,21 @@ Test(config, periodic_add_from_c)
     o.tz = "Nowhere/Special";
     cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
     cr_assert(strstr(err, "periodic other: tz: unknown time zone Nowhere/Special"), "%s", err);
+    o.cron = "*/5 * * * * Europe/Berlin";
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert_str_eq(err, "periodic other: tz: Nowhere/Special differs from the zone cron: names "
+                          "(Europe/Berlin)");
     o.tz = NULL;
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), 0, "%s", err);
+    cr_assert_str_eq(cfg->periodic[1].tz, "Europe/Berlin");
+    o.name = "third";
+    o.cron = "*/5 * * * *";
     o.args = "{}";
     cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
-    cr_assert_str_eq(err, "periodic other: args: must be a JSON array");
+    cr_assert_str_eq(err, "periodic third: args: must be a JSON array");
     o.args = NULL;
     o.cron = "* * * * * * *";
     cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
-    cr_assert(strstr(err, "periodic other: cron:"), "%s", err);
-    cr_assert_eq(cfg->nperiodic, 1, "a refused schedule leaves the config as it was");
+    cr_assert(strstr(err, "periodic third: cron:"), "%s", err);
+    cr_assert_eq(cfg->nperiodic, 2, "a refused schedule leaves the config as it was");
 }

@@ -79,6 +79,17 @@ Test(cron, bad_expressions_say_which_field)
         { "@every_minute", "unknown shorthand" },
         { "1,,2 * * * *", "minutes field" },
         { "L * * * *", "minutes field" },
+        { "0 0 15W * *", "W (the nearest weekday) is not supported" },
+        { "0 0 LW * *", "day of month field" },
+        { "0 0 L/2 * *", "no step" },
+        { "0 0 -32 * *", "n from 1 to 31" },
+        { "0 0 -3-5 * *", "-n-L" },
+        { "0 0 * * 5L", "fri#L" },
+        { "0 0 * * mon#6", "n from 1 to 5" },
+        { "0 0 * * mon-fri#1", "day of week field" },
+        { "* * * * foo", "day of week field" },
+        { "* * * * * * * UTC", "more than six" },
+        { "* * * * Europe/Berlin", "day of week field" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         capstan_cron_t c;
@@ -88,6 +99,72 @@ Test(cron, bad_expressions_say_which_field)
     }
     capstan_cron_t c = parse("0 0 30 2 *"); /* never: February 30th */
     cr_assert_eq(capstan__cron_next(&c, NULL, 1795687620), -1);
+}
+
+/* What fugit (sidekiq-cron, sidekiq-scheduler) reads beside cron's five
+ * fields: the month's last days (L, -n, -n-L), its n-th weekdays (d#n,
+ * d#-n, d#L) and a zone after the fields. */
+Test(cron, last_days_nth_weekdays_and_a_zone_after_the_fields)
+{
+    const int64_t t = 1795687620; /* 2026-11-26T10:07:00Z, a Thursday */
+    int64_t got[4];
+    ticks("0 0 L * *", NULL, t, got, 4);
+    cr_assert_eq(got[0], 1795996800); /* 2026-11-30 */
+    cr_assert_eq(got[1], 1798675200); /* 2026-12-31 */
+    cr_assert_eq(got[2], 1801353600); /* 2027-01-31 */
+    cr_assert_eq(got[3], 1803772800); /* 2027-02-28 */
+    ticks("0 0 last * *", NULL, t, got, 1);
+    cr_assert_eq(got[0], 1795996800);
+    ticks("0 0 -3-L * *", NULL, t, got, 4); /* the last three days */
+    cr_assert_eq(got[0], 1795824000);       /* 2026-11-28 */
+    cr_assert_eq(got[1], 1795910400);
+    cr_assert_eq(got[2], 1795996800);
+    cr_assert_eq(got[3], 1798502400); /* 2026-12-29 */
+    ticks("0 0 -2 * *", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1795910400); /* 2026-11-29 */
+    cr_assert_eq(got[1], 1798588800); /* 2026-12-30 */
+    ticks("0 0 28-L 2 *", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1803772800); /* 2027-02-28: no 29th */
+    cr_assert_eq(got[1], 1835308800); /* 2028-02-28, then the 29th */
+    ticks("0 5 * * mon#1", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1796619600); /* Monday 2026-12-07 05:00 */
+    cr_assert_eq(got[1], 1799038800); /* Monday 2027-01-04 05:00 */
+    ticks("0 7 * * fri#L", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1795762800); /* Friday 2026-11-27 07:00 */
+    cr_assert_eq(got[1], 1798182000); /* Friday 2026-12-25 07:00 */
+    ticks("0 7 * * 5#last", NULL, t, got, 1);
+    cr_assert_eq(got[0], 1795762800);
+    ticks("0 7 * * fri#-2", NULL, t, got, 1);
+    cr_assert_eq(got[0], 1797577200); /* Friday 2026-12-18 07:00 */
+    ticks("0 6 * * 5#4,5#5", NULL, t, got, 4);
+    cr_assert_eq(got[0], 1795759200); /* 2026-11-27, the 4th */
+    cr_assert_eq(got[1], 1798178400); /* 2026-12-25, the 4th */
+    cr_assert_eq(got[2], 1800597600); /* 2027-01-22, the 4th */
+    cr_assert_eq(got[3], 1801202400); /* 2027-01-29, the 5th */
+    ticks("0 0 * * sun#1,wed", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1796169600); /* Wednesday 2026-12-02 */
+    cr_assert_eq(got[1], 1796515200); /* Sunday 2026-12-06, the 1st */
+    /* Both day fields restricted: either matches (the last day or a Friday). */
+    ticks("0 0 L * fri", NULL, t, got, 2);
+    cr_assert_eq(got[0], 1795737600); /* Friday 2026-11-27 */
+    cr_assert_eq(got[1], 1795996800); /* Monday 2026-11-30, the last */
+
+    capstan_cron_t c = parse("0 9 * * * Europe/Berlin");
+    cr_assert_str_eq(c.zone, "Europe/Berlin");
+    cr_assert_eq(c.hour, 1U << 9);
+    c = parse("0 30 2 * * * America/New_York"); /* six fields, then the zone */
+    cr_assert_str_eq(c.zone, "America/New_York");
+    cr_assert_eq(c.sec, 1U);
+    cr_assert_eq(c.min, 1ULL << 30);
+    c = parse("@daily Asia/Tokyo");
+    cr_assert_str_eq(c.zone, "Asia/Tokyo");
+    cr_assert_eq(c.hour, 1U);
+    c = parse("0 0 * * mon UTC");
+    cr_assert_str_eq(c.zone, "UTC");
+    cr_assert_eq(c.dow, 1U << 1);
+    c = parse("0 0 0 * * mon"); /* six fields: mon is the day of week */
+    cr_assert_str_eq(c.zone, "");
+    cr_assert_eq(c.dow, 1U << 1);
 }
 
 Test(cron, zones_from_tzif_files_and_their_footer_rules)
