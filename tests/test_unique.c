@@ -401,6 +401,16 @@ Test(unique, a_release_wakes_the_lock_waiter_at_once)
            m * 1000, N, took[N - 1] * 1000);
     cr_assert_lt(m, 0.025, "woken by the release, not at its next try: median %.3f s", m);
     cr_assert_eq(kt_int("EXISTS " WAKE_DIGEST ":RUN:WAITING"), 0, "the line is empty");
+
+    /* The wake is best effort: a key of another type in its place fails
+     * it, never the release. */
+    freeReplyObject(kt_cmd("SET " WAKE_DIGEST ":RUN:WAITING not-a-zset"));
+    capstan_lock_req_t h = { .digest = WAKE_DIGEST, .runtime = 1, .jid = "000000000000000000000009",
+                             .type = CAPSTAN_LOCK_WHILE_EXECUTING };
+    cr_assert_eq(capstan_unique_lock(r, &h, err), CAPSTAN_LOCK_ACQUIRED, "%s", err);
+    cr_assert_eq(capstan_unique_unlock(r, WAKE_DIGEST, 1, h.jid, CAPSTAN_LOCK_WHILE_EXECUTING, 0, err), 0,
+                 "%s", err);
+    cr_assert_eq(kt_int("EXISTS " WAKE_DIGEST ":RUN:LOCKED"), 0, "released");
     capstan_redis_free(r);
 }
 
