@@ -89,6 +89,8 @@ static int days_from_end(const char **s, const field_def_t *f, const char *text,
 {
     const char *p = *s;
     int n = 1, upto = 0;
+    if (!strncasecmp(p, "lw", 2))
+        return field_err(err, f, text, "W (the nearest weekday) is not supported"), -1;
     if (!word(&p, "last") && !word(&p, "l")) {
         if (*p != '-')
             return 0;
@@ -207,8 +209,10 @@ static int parse_field(const char *text, const field_def_t *f, uint64_t *mask, f
 
 /* Whether word, the last of an expression's words, is a zone written after
  * the fields (fugit's "0 9 * * * Europe/Berlin") rather than the day of
- * week: it has a letter and is no day of week. Whether the zone exists is
- * for capstan__tz_load to say. */
+ * week: it is no day of week, and it names an area ("Europe/Nowhere":
+ * capstan__tz_load then says the zone is unknown) or a zone that exists
+ * ("UTC", "Japan"). A mistyped day of week ("Monday") stays the day of
+ * week's error. */
 static int is_zone(const char *w)
 {
     int letter = 0;
@@ -221,7 +225,13 @@ static int is_zone(const char *w)
     field_extra_t x;
     int any;
     char err[CAPSTAN_ERRLEN];
-    return letter && parse_field(w, &fields[5], &m, &x, &any, err) != 0;
+    if (!letter || parse_field(w, &fields[5], &m, &x, &any, err) == 0)
+        return 0;
+    if (strchr(w, '/'))
+        return 1;
+    capstan_tz_t *tz = capstan__tz_load(w, err);
+    capstan__tz_free(tz);
+    return tz != NULL;
 }
 
 int capstan__cron_parse(const char *expr, capstan_cron_t *out, char *err)

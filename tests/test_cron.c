@@ -80,7 +80,7 @@ Test(cron, bad_expressions_say_which_field)
         { "1,,2 * * * *", "minutes field" },
         { "L * * * *", "minutes field" },
         { "0 0 15W * *", "W (the nearest weekday) is not supported" },
-        { "0 0 LW * *", "day of month field" },
+        { "0 0 LW * *", "W (the nearest weekday) is not supported" },
         { "0 0 L/2 * *", "no step" },
         { "0 0 -32 * *", "n from 1 to 31" },
         { "0 0 -3-5 * *", "-n-L" },
@@ -90,6 +90,8 @@ Test(cron, bad_expressions_say_which_field)
         { "* * * * foo", "day of week field" },
         { "* * * * * * * UTC", "more than six" },
         { "* * * * Europe/Berlin", "day of week field" },
+        { "0 30 8 * * Monday", "day of week field \"Monday\"" },
+        { "0 0 12 * * 5L", "fri#L" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         capstan_cron_t c;
