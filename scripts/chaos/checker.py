@@ -58,8 +58,9 @@ class Fault:
     def __init__(self, kind, start):
         self.kind, self.start, self.end = kind, start, None
         self.pid = None       # the process it hit, for a process fault
-        self.held = None      # the jids in its working list just before
-                              # (None: Redis did not answer)
+        self.held = None      # the jids in its working list just before (a
+                              # freeze or a cut: at any of the harness's reads
+                              # while it lasted; None: Redis did not answer)
         self.bound = 0        # extra runs it may cause (set by check)
         self.dups = 0         # extra runs attributed to it
         self.overlaps = 0     # lock overlaps and limiter excesses attributed to it
@@ -394,10 +395,12 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
             running = {x.jid for rs in runs.values() for x in rs
                        if x.pid == f.pid and x.start <= f.start and (x.end is None or x.end > f.start)}
             f.bound = len(running | (mine & (f.held or set())))
-    # A freeze's bound: its working list when it began, plus one job for
-    # each processor blocked on an empty queue (Redis moves a job pushed
-    # meanwhile into the frozen process's list), plus what a freeze of the
-    # same process just before it held (its dups may surface after this one).
+    # A freeze's bound: its working list while it lasted (as the harness
+    # read it: a one-way cut lets fetches through, and Redis moves a job
+    # pushed meanwhile into the list of a processor blocked on an empty
+    # queue), plus one job for each processor (one so moved between two
+    # reads), plus what a freeze of the same process just before it held
+    # (its dups may surface after this one).
     last = {}
     for f in sorted(faults, key=lambda f: f.start):
         if f.kind not in FREEZES:
@@ -758,7 +761,7 @@ def _check_batches(r, runs, state, enqueued, batches, faults=()):
                     members[a[1]].add(jid)
                 if x.end is not None:
                     ends[jid].append(x.end)
-    missing = twice = twice_failover = early = judged = 0
+    missing = missing_failover = twice = twice_failover = early = judged = 0
     for tag, b in sorted(batches.items()):
         jids = set(b.jids) if b.pushed else members[tag]
         if b.bid and tag in bids and bids[tag] != b.bid:
@@ -779,16 +782,21 @@ def _check_batches(r, runs, state, enqueued, batches, faults=()):
         judged += 1
         last_end = max(min(ends[j]) for j in jids)
         for event in ("complete", "success"):
-            if not fired[(tag, event)]:
+            if not fired[(tag, event)] and _in_split_brain(faults, last_end):
+                # The last job's ack, which fires the callbacks, went to an
+                # old master past its replica's copy: lost with its writes.
+                missing_failover += 1
+            elif not fired[(tag, event)]:
                 missing += 1
                 r.workload_problems.append("batch %s (%s): %s never fired" % (tag, b.bid, event))
             elif first.get((tag, event), last_end) < last_end:
                 early += 1
                 r.workload_problems.append("batch %s (%s): %s ran at %.3f, before its last job ended at %.3f"
                                            % (tag, b.bid, event, first[(tag, event)], last_end))
-    r.workload.append("batch callbacks: %d batches (%d committed with every job done), %d missing, "
+    r.workload.append("batch callbacks: %d batches (%d committed with every job done), %d missing "
+                      "(+%d lost in a failover: the last job ended in its split brain), "
                       "%d twice (+%d enqueued again in a failover), %d before their jobs ended"
-                      % (len(batches), judged, missing, twice, twice_failover, early))
+                      % (len(batches), judged, missing, missing_failover, twice, twice_failover, early))
 
 
 def _in_split_brain(faults, t):

@@ -972,11 +972,25 @@ class Harness:
         keep = []
         for t, f, heal in self.active:
             if all_ or t <= now:
-                heal()
+                # The time before the heal: the process may run (and write a
+                # start line) before a time taken after it.
                 f.end = time.time()
+                heal()
             else:
                 keep.append((t, f, heal))
         self.active = keep
+
+    def watch_held(self):
+        """Adds to each freeze's or cut's held jobs those its process's
+        working list has now: Redis still moves jobs into the list of a
+        frozen process blocked on a queue, and runs the fetches a one-way
+        cut lets through, so the list can gain jobs after the fault began
+        (and lose them to a recovery before it ends)."""
+        for _, f, _ in self.active:
+            if f.kind in checker.FREEZES and f.pid and f.held is not None:
+                now_held = self.worker_wl(f.pid)
+                if now_held:
+                    f.held = set(f.held) | set(now_held)
 
     # -- a whole run --
     def run(self):
@@ -992,10 +1006,14 @@ class Harness:
         next_batch = t0 + 1
         next_lock_push = t0
         next_look = t0
+        next_held = t0
         while time.time() < end:
             now = time.time()
             self.heal_due(now)
             self.failover_tick(now)
+            if now >= next_held:
+                self.watch_held()
+                next_held = now + 0.2
             if self.topo and not self.failover and now >= next_look:
                 # A failover the harness did not inject is one the checker
                 # cannot judge: the run stops here rather than go on

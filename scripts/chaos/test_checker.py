@@ -507,8 +507,9 @@ class CheckerTest(unittest.TestCase):
         lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6), ("success", T + 0.51, T + 0.7)])
         r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches)
         self.assertOk(r)
-        self.assertIn("batch callbacks: 1 batches (1 committed with every job done), 0 missing, 0 twice "
-                      "(+0 enqueued again in a failover), 0 before their jobs ended", self.text)
+        self.assertIn("batch callbacks: 1 batches (1 committed with every job done), 0 missing (+0 lost in a "
+                      "failover: the last job ended in its split brain), 0 twice (+0 enqueued again in a "
+                      "failover), 0 before their jobs ended", self.text)
 
     def test_a_batch_callback_enqueued_twice_is_reported(self):
         lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6), ("success", T + 0.51, T + 0.7),
@@ -530,6 +531,16 @@ class CheckerTest(unittest.TestCase):
         lines, batches = self.batch_run([("complete", T + 0.51, T + 0.6)])
         r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches)
         self.assertFailed(r, "workload: batch b1 (BID1): success never fired")
+
+    def test_batch_callbacks_lost_with_an_old_masters_writes_are_counted_apart(self):
+        # The last job's ack, which fires the callbacks, went to the old
+        # master in a failover's split brain: lost with its writes.
+        lines, batches = self.batch_run([])
+        fo = fault("failover", T + 0.4, T + 10)
+        r = self.judge(lines, pushed={"bj1", "bj2"}, batches=batches, faults=[fo])
+        self.assertOk(r)
+        self.assertIn("batch callbacks: 1 batches (1 committed with every job done), 0 missing (+2 lost in a "
+                      "failover: the last job ended in its split brain)", self.text)
 
     def test_a_batch_callback_before_the_last_job_ended_is_reported(self):
         lines, batches = self.batch_run([("complete", T + 0.25, T + 0.4), ("success", T + 0.51, T + 0.7)])
