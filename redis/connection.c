@@ -336,6 +336,20 @@ int capstan_redis_connect(capstan_redis_t *r)
         if (code)
             return code;
     }
+    if (!r->url.password && !r->url.db) {
+        /* Nothing sent yet would say NOAUTH: a Redis that wants a password
+         * drops an unauthenticated client's command over 16 KB (a script)
+         * without a reply, so ask with a small one first. */
+        rep = command(r, 1, (const char *[]){ "PING" });
+        if (!rep)
+            return fail_io(r, "PING");
+        int code = rep->type == REDIS_REPLY_ERROR ? refused(rep->str) : 0;
+        if (code)
+            snprintf(r->errstr, sizeof(r->errstr), "%s: PING: %s", r->name, rep->str);
+        freeReplyObject(rep);
+        if (code)
+            return code;
+    }
     int era = atomic_load(&demotions);
     if ((r->url.sentinel || era) && capstan__sentinel_check_role(r->c, r->name, r->errstr))
         return CAPSTAN_EREDIS;
