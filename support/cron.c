@@ -64,6 +64,12 @@ static int word(const char **s, const char *w)
     return 1;
 }
 
+/* L or last at *s, as the day fields write the month's end; advances *s. */
+static int last(const char **s)
+{
+    return word(s, "last") || word(s, "l");
+}
+
 /* A value (a number or a name) at *s; advances *s. -1 when none. */
 static int value(const char **s, const field_def_t *f)
 {
@@ -91,7 +97,7 @@ static int days_from_end(const char **s, const field_def_t *f, const char *text,
     int n = 1, upto = 0;
     if (!strncasecmp(p, "lw", 2))
         return field_err(err, f, text, "W (the nearest weekday) is not supported"), -1;
-    if (!word(&p, "last") && !word(&p, "l")) {
+    if (!last(&p)) {
         if (*p != '-')
             return 0;
         p++;
@@ -99,7 +105,7 @@ static int days_from_end(const char **s, const field_def_t *f, const char *text,
             return field_err(err, f, text, "-n counts days from the month's end: n from 1 to 31"), -1;
         if (*p == '-') {
             p++;
-            if (!word(&p, "last") && !word(&p, "l"))
+            if (!last(&p))
                 return field_err(err, f, text, "-n-L is the month's last n days"), -1;
             upto = 1;
         }
@@ -119,7 +125,7 @@ static int nth_weekday(const char **s, int d, const field_def_t *f, const char *
 {
     const char *p = *s;
     int from_end = 0, n;
-    if (word(&p, "last") || word(&p, "l")) {
+    if (last(&p)) {
         from_end = 1;
         n = 1;
     } else {
@@ -171,7 +177,7 @@ static int parse_field(const char *text, const field_def_t *f, uint64_t *mask, f
                 done = 1;
             } else if (*s == '-') {
                 s++;
-                if (f->kind == DAY_OF_MONTH && (word(&s, "last") || word(&s, "l")))
+                if (f->kind == DAY_OF_MONTH && last(&s))
                     b = f->hi; /* a-L: from a to the month's end */
                 else if ((b = value(&s, f)) < 0)
                     return field_err(err, f, text, "a range needs an end");
