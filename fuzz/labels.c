@@ -123,8 +123,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     capstan_metrics_t *m = capstan__metrics_new();
     CHECK(m != NULL);
-    capstan__metrics_job(m, cls, queue, (double)size / 100, size & 1);
-    capstan__metrics_job(m, queue, cls, 0.5, 0);
+    capstan__metrics_job(m, cls, queue, (double)size / 100, size & 1, size & 2 ? cls : NULL);
+    capstan__metrics_job(m, queue, cls, 0.5, 0, NULL);
     capstan__metrics_lock_event(m, type, "locked");
     capstan_buf_t b = {0};
     CHECK(capstan__metrics_render(m, &b) == 0);

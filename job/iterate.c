@@ -6,6 +6,7 @@
  * state is read when the run starts, written every 5 seconds, when the run
  * is interrupted and when it fails, with a 30-day expiry set once, and
  * deleted when the job completes or is cancelled. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,8 +32,9 @@ struct capstan_iter {
     double polled;          /* capstan__mono() of the last read of "cancelled" */
     int stop;               /* CAPSTAN_ITER_STOP or _CANCELLED once said */
     int cancelled;
-    int unread;             /* the state could not be read: this run fails
-                               rather than start over and overwrite it */
+    int unread;             /* the state could not be read or parsed: this
+                               run fails rather than start over and
+                               overwrite it */
     int iterated;           /* capstan_job_cursor or _checkpoint was called
                                (capstan_job_cancelled alone is no iteration) */
     int unsaved;            /* the last write did not land */
@@ -47,9 +49,39 @@ static const redisReply *field(const redisReply *r, const char *name)
     return NULL;
 }
 
-/* Reads the state at the first call of a run. Redis failing, the run starts
- * from the beginning as its first execution (as a Ruby job whose state
- * expired would); the handler's own commands then fail too. */
+/* The error class of a state that is there but cannot be used: a key of
+ * another type, a cursor that does not parse. */
+#define STATE_ERROR "Capstan::IterationStateError"
+
+/* Fails the job when the HGETALL reply r cannot be used (c: its field
+ * "c"), and returns nonzero then; else sets it->cursor and returns 0. */
+static int unusable(capstan_job_t *job, struct capstan_iter *it, const redisReply *r,
+                    const redisReply *c)
+{
+    json_error_t jerr;
+    if (!r)
+        return capstan_job_fail(job, "Redis::CannotConnectError", "reading %s: %s", it->key,
+                                job->redis && job->redis->err ? job->redis->errstr : "no connection");
+    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "WRONGTYPE", 9) == 0)
+        return capstan_job_fail(job, STATE_ERROR, "%s is not a hash: %s", it->key, r->str);
+    if (r->type != REDIS_REPLY_ARRAY)
+        return capstan_job_fail(job, "Redis::CommandError", "reading %s: %s", it->key,
+                                r->type == REDIS_REPLY_ERROR ? r->str : "not an array");
+    if (c && c->type == REDIS_REPLY_STRING
+        && !(it->cursor = json_loadb(c->str, c->len, JSON_DECODE_ANY, &jerr)))
+        return capstan_job_fail(job, STATE_ERROR, "%s: the cursor \"c\" does not parse: %s at byte %d",
+                                it->key, jerr.text, jerr.position);
+    if (json_is_null(it->cursor)) {
+        json_decref(it->cursor);
+        it->cursor = NULL;
+    }
+    return 0;
+}
+
+/* Reads the state at the first call of a run. A state that cannot be read
+ * fails the job, as Ruby's IterableJob raises: its retry resumes from the
+ * saved state, which this run must neither overwrite nor start over from
+ * the first step. */
 static struct capstan_iter *state(capstan_job_t *job)
 {
     if (job->iter)
@@ -62,30 +94,17 @@ static struct capstan_iter *state(capstan_job_t *job)
     job->iter = it;
     it->started = it->flushed = it->polled = capstan__mono();
     redisReply *r = job->redis ? redisCommand(job->redis, "HGETALL %s", it->key) : NULL;
-    if (!r || r->type != REDIS_REPLY_ARRAY) {
-        /* As Ruby raises here: the job fails and its retry resumes from
-         * the saved state, which this run must not overwrite. */
-        it->unread = 1;
-        capstan_job_fail(job, "Redis::CannotConnectError", "reading %s: %s", it->key,
-                         r && r->type == REDIS_REPLY_ERROR ? r->str
-                         : job->redis && job->redis->err ? job->redis->errstr : "no connection");
-    }
     const redisReply *ex = field(r, "ex"), *c = field(r, "c"), *rt = field(r, "rt"),
                      *cancelled = field(r, "cancelled");
+    it->unread = unusable(job, it, r, c) != 0;
     if (ex && ex->type == REDIS_REPLY_STRING)
         it->executions = strtol(ex->str, NULL, 10);
-    if (c && c->type == REDIS_REPLY_STRING) {
-        it->cursor = json_loadb(c->str, c->len, JSON_DECODE_ANY, NULL);
-        if (json_is_null(it->cursor)) {
-            json_decref(it->cursor);
-            it->cursor = NULL;
-        }
-    }
     if (rt && rt->type == REDIS_REPLY_STRING)
         it->runtime = strtod(rt->str, NULL);
     it->cancelled = cancelled && cancelled->type == REDIS_REPLY_STRING;
     freeReplyObject(r);
-    it->executions++;
+    if (it->executions < LONG_MAX) /* strtol's cap for a larger ex */
+        it->executions++;
     return it;
 }
 

@@ -15,6 +15,14 @@ static const unsigned long bounds[CAPSTAN_EXEC_BUCKETS - 1] = {
     3800,  5750,  8500,  13000, 20000, 30000, 45000,  65000,  100000, 150000, 225000, 335000,
 };
 
+int capstan__exec_class_ok(const char *cls)
+{
+    for (const unsigned char *p = (const unsigned char *)cls; *p; p++)
+        if (*p == '|' || *p < 0x20 || *p == 0x7f)
+            return 0;
+    return *cls != '\0';
+}
+
 void capstan__exec_count(capstan_exec_t *e, double seconds, int failed)
 {
     e->processed++;

@@ -37,6 +37,9 @@ typedef struct capstan_exec {
     unsigned long long hist[CAPSTAN_EXEC_BUCKETS];
 } capstan_exec_t;
 
+/* Whether cls can be written into these keys: Sidekiq's Metrics page
+ * splits each field on '|', and a control character is no class name. */
+int capstan__exec_class_ok(const char *cls);
 /* Counts one job that ran for seconds into e (cls untouched). */
 void capstan__exec_count(capstan_exec_t *e, double seconds, int failed);
 /* Frees an array of n taken by capstan__metrics_exec_take; NULL is fine. */

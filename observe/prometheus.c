@@ -36,9 +36,9 @@ typedef struct series {
     long long held;          /* a limiter's slots held now */
     unsigned long long bucket[NB]; /* non-cumulative; +Inf is n1 */
     double sum;
-    /* K_DURATION only: the class as the job named it, and what it did since
-     * the last capstan__metrics_exec_take, as Sidekiq's execution metrics
-     * count it (observe/execution.h). */
+    /* K_DURATION of a class with a handler only: its registered name, and
+     * what it did since the last capstan__metrics_exec_take, as Sidekiq's
+     * execution metrics count it (observe/execution.h). */
     char *raw;
     capstan_exec_t exec;
 } series_t;
@@ -165,10 +165,9 @@ static void observe(series_t *d, double seconds)
 }
 
 void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,
-                          int failed)
+                          int failed, const char *handler)
 {
     /* Once a job: names of usual length are escaped on the stack. */
-    const char *raw_cls = cls;
     char cstore[128], qstore[128];
     capstan_buf_t c, q;
     capstan__buf_on(&c, cstore, sizeof(cstore));
@@ -179,15 +178,19 @@ void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *que
     queue = q.p;
     if (!(seconds >= 0))
         seconds = 0;
+    /* A class with a handler is never folded into "_other": there are no
+     * more of them than handlers, and its Sidekiq metrics need a series of
+     * its own. */
+    series_t *(*get)(capstan_metrics_t *, kind_t, const char *, const char *) = handler ? find : find_capped;
     pthread_mutex_lock(&m->mu);
-    series_t *j = find_capped(m, K_JOB, cls, queue);
+    series_t *j = get(m, K_JOB, cls, queue);
     if (j) {
         j->n1++;
         j->n2 += failed != 0;
     }
-    series_t *d = find_capped(m, K_DURATION, cls, "");
+    series_t *d = get(m, K_DURATION, cls, "");
     observe(d, seconds);
-    if (d && (d->raw || (d->raw = strdup(raw_cls ? raw_cls : ""))))
+    if (d && handler && capstan__exec_class_ok(handler) && (d->raw || (d->raw = strdup(handler))))
         capstan__exec_count(&d->exec, seconds, failed);
     pthread_mutex_unlock(&m->mu);
 out:

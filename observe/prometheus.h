@@ -39,9 +39,9 @@ typedef enum capstan_metric_counter {
     CAPSTAN_METRIC_COUNTER_COUNT
 } capstan_metric_counter_t;
 
-/* Distinct label sets kept per registry; jobs of further classes are
- * counted under class "_other" so a stream of bad payloads with made-up
- * class names cannot grow the process without bound. */
+/* Distinct label sets kept per registry; jobs of further classes without
+ * a handler are counted under class "_other" so a stream of bad payloads
+ * with made-up class names cannot grow the process without bound. */
 #define CAPSTAN_METRICS_MAX_SERIES 2000
 
 /* A new empty registry owned by the caller (capstan__metrics_free), or NULL. */
@@ -53,10 +53,13 @@ void capstan__metrics_free(capstan_metrics_t *m);
 capstan_metrics_t *capstan__metrics_default(void);
 
 /* Counts one finished job: processed (and failed when failed != 0) for
- * (cls, queue), and seconds into the duration histogram of cls. NULL
- * strings count as "". A no-op when m is NULL or memory runs out. */
+ * (cls, queue), and seconds into the duration histogram of cls. handler
+ * is the registered name of cls's handler, or NULL when it has none: only
+ * such jobs count in Sidekiq's execution metrics, as Ruby Sidekiq counts
+ * only the classes it can run. NULL strings count as "". A no-op when m is
+ * NULL or memory runs out. */
 void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,
-                          int failed);
+                          int failed, const char *handler);
 
 /* Counts one job finished without its handler running, by class and
  * reason (a static word: "rejected", "skipped", "rescheduled",

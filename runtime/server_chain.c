@@ -115,7 +115,7 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
     }
     atomic_fetch_add(&rt->processed, 1);
     capstan__metrics_job(capstan__metrics_default(), job->cls, job->queue, run->ctx.elapsed,
-                         job->err_class != NULL);
+                         job->err_class != NULL, run->h ? run->h->cls : NULL);
     return rc;
 }
 

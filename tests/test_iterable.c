@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "helpers.h"
 
 TestSuite(iterable, .timeout = 120, .fini = kt_kill_children);
@@ -337,4 +339,99 @@ Test(iterable, an_interrupted_job_keeps_its_until_lock_in_the_queue)
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN ul:done") == 1, 20), "%s", kt_capstan_log(p));
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s:LOCKED", digest) == 0, 5), "released when it completed");
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}
+
+/* Sidekiq's largest execution count (a Ruby job retried for ever, or a
+ * hand-edited hash): the run counts itself without overflowing and walks
+ * on from the cursor. */
+Test(iterable, the_largest_execution_count_runs_on_from_its_cursor)
+{
+    enum { N = 500, STEP = 100 };
+    char jid[25];
+    kt_make_jid(jid, 1, 0);
+    freeReplyObject(kt_cmd("HSET it-%s ex 9223372036854775807 c 2", jid));
+    push_iterate("big", N, STEP, 0, jid);
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN big:done") == 1, 20), "%s", kt_capstan_log(p));
+    cr_assert_eq(executions_done("big", jid), 9223372036854775807L);
+    cr_assert_eq(kt_int("LLEN big:steps"), 3, "steps 2, 3 and 4");
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}
+
+/* Runs IterateJob [key, 500, 100] whose it-<jid> the caller's set_state
+ * wrote: the job fails into the retry set with
+ * Capstan::IterationStateError, whose message names the key and has want;
+ * no step runs (none is redone from step 0) and the state is left as it
+ * was for whoever looks into it. */
+static void bad_state(const char *key, void (*set_state)(const char *itkey), const char *want)
+{
+    char jid[25], itkey[64];
+    kt_make_jid(jid, 1, 0);
+    snprintf(itkey, sizeof(itkey), "it-%s", jid);
+    set_state(itkey);
+    redisReply *before = kt_cmd("DUMP %s", itkey);
+    push_iterate(key, 500, 100, 0, jid);
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1 || kt_int("LLEN %s:done", key) == 1, 20), "%s",
+              kt_capstan_log(p));
+    long redone = kt_int("LLEN %s:steps", key);
+    cr_assert_eq(redone, 0, "%ld steps redone from step 0: %s", redone, kt_capstan_log(p));
+    cr_assert_eq(kt_int("ZCARD retry"), 1, "%s", kt_capstan_log(p));
+    redisReply *r = kt_cmd("ZRANGE retry 0 0");
+    const char *entry = r->element[0]->str;
+    json_t *j = json_loads(entry, 0, NULL);
+    cr_assert(j, "%s", entry);
+    const char *cls = json_string_value(json_object_get(j, "error_class")),
+               *msg = json_string_value(json_object_get(j, "error_message"));
+    cr_assert(cls && strcmp(cls, "Capstan::IterationStateError") == 0, "%s", entry);
+    cr_assert(msg && strstr(msg, itkey) && strstr(msg, want), "%s", entry);
+    fprintf(stderr, "[iterable] %s: %s\n", cls, msg);
+    json_decref(j);
+    freeReplyObject(r);
+    redisReply *after = kt_cmd("DUMP %s", itkey);
+    cr_assert(after->type == REDIS_REPLY_STRING && after->len == before->len
+                  && memcmp(after->str, before->str, after->len) == 0, "the state was overwritten");
+    freeReplyObject(before);
+    freeReplyObject(after);
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}
+
+static void garbage(const char *itkey) { freeReplyObject(kt_cmd("HSET %s ex 3 c {garbage", itkey)); }
+static void huge(const char *itkey) { freeReplyObject(kt_cmd("HSET %s ex 3 c 1e400", itkey)); }
+static void surrogate(const char *itkey) { freeReplyObject(kt_cmd("HSET %s ex 3 c \"\\ud800\"", itkey)); }
+static void deep(const char *itkey)
+{
+    enum { DEPTH = 100000 };
+    char *c = malloc(2 * DEPTH + 1);
+    memset(c, '[', DEPTH);
+    memset(c + DEPTH, ']', DEPTH);
+    c[2 * DEPTH] = '\0';
+    freeReplyObject(kt_cmd("HSET %s ex 3 c %s", itkey, c));
+    free(c);
+}
+static void a_list(const char *itkey) { freeReplyObject(kt_cmd("RPUSH %s 3", itkey)); }
+
+Test(iterable, a_cursor_that_is_not_json_fails_the_job)
+{
+    bad_state("garbage", garbage, "\"c\"");
+}
+
+Test(iterable, a_cursor_out_of_double_range_fails_the_job)
+{
+    bad_state("huge", huge, "\"c\"");
+}
+
+Test(iterable, a_cursor_with_a_lone_surrogate_fails_the_job)
+{
+    bad_state("surrogate", surrogate, "\"c\"");
+}
+
+Test(iterable, a_cursor_nested_100000_deep_fails_the_job)
+{
+    bad_state("deep", deep, "\"c\"");
+}
+
+Test(iterable, a_state_key_of_another_type_fails_the_job)
+{
+    bad_state("list", a_list, "not a hash");
 }

@@ -161,8 +161,10 @@ enum {
  * capstan_job_checkpoint: copy what you keep), or NULL on the first run.
  * The first call of this or capstan_job_checkpoint in a run reads the job's
  * iteration state from Redis and counts this run as one more execution;
- * when Redis cannot be read, the job fails (its retry resumes from the
- * saved state) and capstan_job_checkpoint says CAPSTAN_ITER_STOP. */
+ * when Redis cannot be read, or it-<jid> is not a hash or its cursor does
+ * not parse (Capstan::IterationStateError), the job fails (its retry
+ * resumes from the saved state, left as it was) and
+ * capstan_job_checkpoint says CAPSTAN_ITER_STOP. */
 CAPSTAN_API const json_t *capstan_job_cursor(capstan_job_t *job);
 /* Records cursor (the job keeps a reference: do not change it afterwards;
  * NULL means JSON null) as where
