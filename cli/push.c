@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "config/names.h"
+#include "config/settings.h"
 #include "support/number.h"
 #include "capstan/capstan.h"
 #include "capstan/unique.h"
@@ -171,13 +172,20 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
                 o.retry = (int)n;
             }
             break;
-        case OPT_TS:
-            if (strcmp(optarg, "millis") == 0) o.timestamps = CAPSTAN_TS_MILLIS;
-            else if (strcmp(optarg, "float") != 0) {
-                fprintf(stderr, "capstan push: --timestamps: float or millis\n");
+        case OPT_TS: {
+            /* The words of `capstan run`'s setting. */
+            const capstan__setting_t *ts = capstan__setting_by_key("timestamps");
+            int i = capstan__setting_word(ts, optarg);
+            if (i < 0) {
+                char want[CAPSTAN_ERRLEN];
+                capstan__setting_want(ts, want, sizeof(want));
+                fprintf(stderr, "capstan push: --timestamps: %s\n", want);
                 status = CAPSTAN_EXIT_USAGE;
+            } else {
+                o.timestamps = (capstan_ts_format_t)i;
             }
             break;
+        }
         case OPT_LOCK:
             if (capstan_lock_type_parse(optarg, &uo.lock)) {
                 fprintf(stderr, "capstan push: --lock: unknown lock type %s\n", optarg);

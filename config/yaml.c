@@ -9,6 +9,7 @@
  * the current environment. */
 #include "config/bounds.h"
 #include "config/names.h"
+#include "config/settings.h"
 #include "config/yaml.h"
 #include "support/number.h"
 
@@ -130,146 +131,26 @@ int capstan__yaml_scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *
     return 0;
 }
 
-static int to_double(const char *s, double *out)
+/* A setting of the settings table (config/settings.h): its scalar, read
+ * by the table's parser. A null gives a string its default and is no value
+ * for anything else. */
+static int set_row(ctx_t *c, const capstan__setting_t *s, const char *key, yaml_node_t *v)
 {
-    return capstan__parse_number(s, 0, -HUGE_VAL, HUGE_VAL, out);
-}
-
-static int set_int(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    char want[96], *s = NULL;
-    long n;
-    if (k->max == INT_MAX)
-        snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
-    else
-        snprintf(want, sizeof(want), "must be an integer between %ld and %ld",
-                 k->min, k->max);
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
+    char want[CAPSTAN_ERRLEN], why[CAPSTAN_ERRLEN], *text = NULL;
+    int rc = 0;
+    capstan__setting_want(s, want, sizeof(want));
+    if (!is_null(v) || s->type != CAPSTAN__SET_STRING)
+        rc = capstan__yaml_scalar(c, v, key, want, &text);
     if (rc < 0)
         return rc;
-    if (to_long(s, &n) < 0 || n < k->min || n > k->max)
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    else
-        *(int *)((char *)c->cfg + k->off) = (int)n;
-    free(s);
-    return rc;
-}
-
-static int set_long(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    char want[96], *s = NULL;
-    long n;
-    snprintf(want, sizeof(want), "must be an integer >= %ld", k->min);
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
+    rc = capstan__setting_set(c->cfg, s, text, why);
+    free(text);
+    if (rc == CAPSTAN_ECONFIG)
+        return capstan__yaml_fail(c, v, key, "%s", why);
     if (rc < 0)
-        return rc;
-    if (to_long(s, &n) < 0 || n < k->min)
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    else
-        *(long *)((char *)c->cfg + k->off) = n;
-    free(s);
-    return rc;
-}
-
-/* A number of seconds; k->min 1 asks for > 0, 0 allows 0 too (off, or
- * chosen by capstan). A period with a floor (config/bounds.h) may not be
- * shorter, 0 aside. */
-static int set_seconds(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    char want[96], *s = NULL;
-    double d;
-    capstan__config_period_want(k->name, !k->min, want, sizeof(want));
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    if (to_double(s, &d) < 0 || !capstan__config_period_ok(k->name, !k->min, d))
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    else
-        *(double *)((char *)c->cfg + k->off) = d;
-    free(s);
-    return rc;
-}
-
-/* Sets *out to 0 for a, 1 for b. */
-static int choice(ctx_t *c, const char *key, yaml_node_t *v, const char *a,
-                  const char *b, int *out)
-{
-    char want[96], *s = NULL;
-    snprintf(want, sizeof(want), "must be %s or %s", a, b);
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    if (!strcmp(s, a))
-        *out = 0;
-    else if (!strcmp(s, b))
-        *out = 1;
-    else
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    free(s);
-    return rc;
-}
-
-static int set_fetch(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    int i = 0, rc = choice(c, key, v, "reliable", "basic", &i);
-    if (rc == 0)
-        c->cfg->fetch = i ? CAPSTAN_FETCH_BASIC : CAPSTAN_FETCH_RELIABLE;
-    return rc;
-}
-
-static int set_timestamps(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    int i = 0, rc = choice(c, key, v, "float", "millis", &i);
-    if (rc == 0)
-        c->cfg->timestamps = i ? CAPSTAN_TS_MILLIS : CAPSTAN_TS_FLOAT;
-    return rc;
-}
-
-/* both, 7, 8 or off: the layouts of Sidekiq's execution metrics to write. */
-static int set_sidekiq_metrics(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    static const char *const words[] = { "off", "7", "8", "both" };
-    (void)k;
-    char *s = NULL;
-    const char *want = "must be both, 7, 8 or off";
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    int i = 0;
-    while (i < 4 && strcmp(s, words[i]))
-        i++;
-    if (i < 4)
-        c->cfg->sidekiq_metrics = i;
-    else
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    free(s);
-    return rc;
-}
-
-static int set_log_format(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    int i = 0, rc = choice(c, key, v, "pretty", "json", &i);
-    if (rc == 0)
-        c->cfg->log_format = i ? CAPSTAN_LOG_JSON : CAPSTAN_LOG_PRETTY;
-    return rc;
-}
-
-static int set_unknown_class(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    const char *want = "must be fail, requeue or skip";
-    char *s = NULL;
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc == 0 && capstan_config_unknown_class(s, &c->cfg->unknown_class))
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    /* Even "fail", the default, said in the file outweighs the fleet. */
-    if (rc == 0)
-        c->cfg->unknown_class_explicit = 1;
-    free(s);
-    return rc;
+        return nomem(c);
+    capstan__setting_given(c->cfg, s);
+    return 0;
 }
 
 int capstan__yaml_flag(ctx_t *c, const char *key, yaml_node_t *v, int *out)
@@ -300,12 +181,6 @@ int capstan__yaml_retry(ctx_t *c, const char *key, yaml_node_t *v, int *out)
     return rc;
 }
 
-static int set_verbose(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    return capstan__yaml_flag(c, key, v, &c->cfg->verbose);
-}
-
 int capstan__yaml_set_string(ctx_t *c, const char *key, yaml_node_t *v, char **slot,
                              const char *null_value)
 {
@@ -320,65 +195,9 @@ int capstan__yaml_set_string(ctx_t *c, const char *key, yaml_node_t *v, char **s
     return 0;
 }
 
-static int set_tag(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    return capstan__yaml_set_string(c, key, v, &c->cfg->tag, "");
-}
-
-static int set_log_file(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    return capstan__yaml_set_string(c, key, v, &c->cfg->log_file, NULL);
-}
-
-/* max_memory: "512MB", "2GB", or a number of megabytes. */
-static int set_max_memory(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    const char *want = "must be a size such as 512MB or 2GB (a bare number counts megabytes)";
-    char *s = NULL;
-    int rc = capstan__yaml_scalar(c, v, key, want, &s);
-    if (rc < 0)
-        return rc;
-    if (capstan__parse_size(s, &c->cfg->max_memory))
-        rc = capstan__yaml_fail(c, v, key, "%s", want);
-    free(s);
-    return rc;
-}
-
-static int set_pidfile(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    return capstan__yaml_set_string(c, key, v, &c->cfg->pidfile, NULL);
-}
-
-static int set_metrics_bind(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    return capstan__yaml_set_string(c, key, v, &c->cfg->metrics_bind, NULL);
-}
-
 static int redis_url(ctx_t *c, const char *key, yaml_node_t *v)
 {
-    char *s = NULL;
-    int rc = capstan__yaml_scalar(c, v, key, "must be a redis:// URL", &s);
-    if (rc < 0)
-        return rc;
-    if (!*s) {
-        free(s);
-        return capstan__yaml_fail(c, v, key, "must not be empty");
-    }
-    free(c->cfg->redis_url);
-    c->cfg->redis_url = s;
-    c->cfg->redis_url_explicit = 1;
-    return 0;
-}
-
-static int set_redis_url(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
-{
-    (void)k;
-    return redis_url(c, key, v);
+    return set_row(c, capstan__setting_by_key("redis_url"), key, v);
 }
 
 /* Options of Ruby's Redis clients that tune a connection pool or socket
@@ -615,50 +434,16 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
 
 #define OFF(field) offsetof(capstan_config_t, field)
 
+/* The settings with a structure of their own; every other key of the file
+ * is a row of the settings table (config/settings.c). */
 static const key_def_t keys[] = {
-    {"concurrency", set_int, OFF(concurrency), 1, 1000},
-    {"processes", set_int, OFF(processes), 1, CAPSTAN_MAX_PROCESSES},
-    {"max_memory", set_max_memory, 0, 0, 0},
-    {"queues", set_queues, 0, 0, 0},
-    {"timeout", set_seconds, OFF(timeout), 1, 0},
-    {"shutdown_timeout", set_seconds, OFF(timeout), 1, 0}, /* an alias some apps use */
-    {"startup_timeout", set_seconds, OFF(startup_timeout), 0, 0},
-    {"tag", set_tag, 0, 0, 0},
-    {"labels", set_labels, 0, 0, 0},
-    {"max_retries", set_int, OFF(max_retries), 0, INT_MAX},
-    {"dead_max_jobs", set_long, OFF(dead_max_jobs), 1, LONG_MAX},
-    {"dead_timeout_in_seconds", set_long, OFF(dead_timeout), 1, LONG_MAX},
-    {"poll_interval_average", set_seconds, OFF(poll_interval_average), 0, 0},
-    {"average_scheduled_poll_interval", set_seconds,
-     OFF(average_scheduled_poll_interval), 1, 0},
-    {"verbose", set_verbose, 0, 0, 0},
-    {"redis_url", set_redis_url, 0, 0, 0},
-    {"redis", set_redis, 0, 0, 0},
-    {"tls", capstan__yaml_set_tls, 0, 0, 0},
-    {"plugins", set_plugins, 0, 0, 0},
-    {"fetch", set_fetch, 0, 0, 0},
-    {"prefetch", set_int, OFF(prefetch), 0, 100000},
-    {"timestamps", set_timestamps, 0, 0, 0},
-    {"sidekiq_metrics", set_sidekiq_metrics, 0, 0, 0},
-    {"log_format", set_log_format, 0, 0, 0},
-    {"unknown_class", set_unknown_class, 0, 0, 0},
-    {"log_file", set_log_file, 0, 0, 0},
-    {"logfile", set_log_file, 0, 0, 0}, /* Sidekiq 5's spelling */
-    {"pidfile", set_pidfile, 0, 0, 0},
-    {"heartbeat_interval", set_seconds, OFF(heartbeat_interval), 1, 0},
-    {"max_iteration_runtime", set_seconds, OFF(max_iteration_runtime), 0, 0},
-    {"recovery_interval", set_seconds, OFF(recovery_interval), 1, 0},
-    {"max_recoveries", set_int, OFF(max_recoveries), 1, INT_MAX},
-    {"liveness_ttl", set_seconds, OFF(liveness_ttl), 1, 0},
-    {"reaper_interval", set_seconds, OFF(reaper_interval), 0, 0},
-    {"reaper_count", set_long, OFF(reaper_count), 1, LONG_MAX},
-    {"reaper_timeout", set_seconds, OFF(reaper_timeout), 1, 0},
-    {"metrics_port", set_int, OFF(metrics_port), 0, 65535},
-    {"metrics_bind", set_metrics_bind, 0, 0, 0},
-    {"min_replicas_ack", set_int, OFF(min_replicas_ack), 0, 100},
-    {"min_replicas_timeout", set_long, OFF(min_replicas_timeout), 1, 600000},
-    {"classes", capstan__yaml_set_classes, 0, 0, 0},
-    {"periodic", capstan__yaml_set_periodic, 0, 0, 0},
+    {"queues", set_queues},
+    {"labels", set_labels},
+    {"plugins", set_plugins},
+    {"redis", set_redis},
+    {"tls", capstan__yaml_set_tls},
+    {"classes", capstan__yaml_set_classes},
+    {"periodic", capstan__yaml_set_periodic},
 };
 
 /* Keys that Sidekiq or a common plugin reads and capstan does not: a warning
@@ -702,9 +487,16 @@ static const char *unused_why(const char *name)
     return NULL;
 }
 
+/* A key of the settings table that the file may give. */
+static const capstan__setting_t *find_row(const char *name)
+{
+    const capstan__setting_t *s = capstan__setting_by_key(name);
+    return s && s->type != CAPSTAN__SET_OWN ? s : NULL;
+}
+
 static int is_known(const char *name)
 {
-    return find_key(name) || unused_why(name) || !strcmp(name, "<<");
+    return find_key(name) || find_row(name) || unused_why(name) || !strcmp(name, "<<");
 }
 
 /* Levenshtein distance, for names up to 63 bytes (longer ones are never
@@ -754,10 +546,18 @@ static const char *nearest(const char *name, const char *const *names, size_t n)
 /* The known key (used or not) closest to name, or NULL. */
 static const char *suggest(const char *name)
 {
-    const char *names[NELEM(keys) + NELEM(unused)];
+    size_t nrows;
+    const capstan__setting_t *rows = capstan__settings(&nrows);
+    const char *names[NELEM(keys) + NELEM(unused) + 2 * nrows];
     size_t n = 0;
     for (size_t i = 0; i < NELEM(keys); i++)
         names[n++] = keys[i].name;
+    for (size_t i = 0; i < nrows; i++) {
+        if (rows[i].key && rows[i].type != CAPSTAN__SET_OWN)
+            names[n++] = rows[i].key;
+        if (rows[i].alias)
+            names[n++] = rows[i].alias;
+    }
     for (size_t i = 0; i < NELEM(unused); i++)
         names[n++] = unused[i].name;
     return nearest(name, names, n);
@@ -843,10 +643,13 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
         yaml_node_t *kn = node(c, p->key), *v = node(c, p->value);
         const char *name = key_name(kn);
         const key_def_t *k = name ? find_key(name) : NULL;
+        const capstan__setting_t *row = name ? find_row(name) : NULL;
         if (name && !strcmp(name, "<<"))
             continue;
         if (k)
             rc = k->set(c, k, name, v);
+        else if (row)
+            rc = set_row(c, row, name, v);
         else if (!name)
             rc = capstan__yaml_fail(c, kn, "?", "a key must be a plain word");
         else if (unused_why(name))
@@ -868,7 +671,7 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
          p < root->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key), *v = node(c, p->value);
         const char *name = key_name(kn);
-        if (!name || strcmp(name, c->env) != 0 || find_key(name) || unused_why(name))
+        if (!name || strcmp(name, c->env) != 0 || find_key(name) || find_row(name) || unused_why(name))
             continue;
         if (is_null(v))
             continue;

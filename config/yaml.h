@@ -14,6 +14,7 @@
 
 #include "capstan/config.h"
 #include "config/erb.h"
+#include "config/settings.h"
 
 typedef struct ctx {
     capstan_config_t *cfg;
@@ -32,8 +33,6 @@ typedef int (*setter_fn)(ctx_t *c, const key_def_t *k, const char *key,
 struct key_def {
     const char *name;
     setter_fn set;
-    size_t off;    /* field of capstan_config_t, for the generic number setters */
-    long min, max; /* integer range; max INT_MAX or LONG_MAX = no upper bound */
 };
 
 /* Fills c->err with "path:line: key: problem" for node n and returns
@@ -121,17 +120,10 @@ static inline int to_long(const char *s, long *out)
     return 0;
 }
 
-/* YAML 1.1 booleans, which is what Psych reads in a sidekiq.yml. */
+/* YAML 1.1 booleans, as the settings table reads them. */
 static inline int to_bool(const char *s, int *out)
 {
-    static const char *yes[] = {"true", "yes", "on"}, *no[] = {"false", "no", "off"};
-    for (size_t i = 0; i < 3; i++) {
-        if (!strcasecmp(s, yes[i]) || !strcasecmp(s, no[i])) {
-            *out = !strcasecmp(s, yes[i]);
-            return 0;
-        }
-    }
-    return CAPSTAN_EINVAL;
+    return capstan__setting_bool(s, out);
 }
 
 #endif
