@@ -381,6 +381,11 @@ Test(cli, version_help_and_unknown_commands)
         cr_assert(strstr(out, "Usage: capstan"), "%s", out);
         free(out);
     }
+    /* An operand version does not take is a usage error, not ignored. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "version", "extra", NULL }, &out), 64, "%s", out);
+    cr_assert(strstr(out, "capstan version: unexpected argument \"extra\""), "%s", out);
+    cr_assert_null(strstr(out, "capstan 0"), "no version on a usage error: %s", out);
+    free(out);
     cr_assert_eq(kt_capstan_run((const char *[]){ "frobnicate", NULL }, &out), 64);
     cr_assert(strstr(out, "unknown command"), "%s", out);
     free(out);
