@@ -510,6 +510,22 @@ Test(cli, run_with_a_missing_config_file_exits_78_in_one_line)
     free(out);
 }
 
+/* A schedule's zone that would read as another (an empty tz:, a corrupt
+ * zone file) stops the command at the config, in one line naming the
+ * file, the line and the key. */
+Test(cli, empty_tz_exits_78_in_one_line_at_its_line)
+{
+    char *conf = kt_write_file("emptytz.yml", "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * *\"\n"
+                                              "    tz: \"\"\n");
+    char *out = NULL, want[600];
+    int st = kt_capstan_run((const char *[]){ "periodic", "-C", conf, NULL }, &out);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    snprintf(want, sizeof(want), "%s:5: periodic.a: tz: is empty (leave it out for UTC)", conf);
+    cr_assert(strstr(out, want) && one_line(out), "%s", out);
+    free(out);
+    free(conf);
+}
+
 /* A private redis-server (the shared one must keep working for the other
  * tests) with a password and an ACL user that may not load scripts. */
 static void start_locked_redis(kt_aof_redis_t *srv)
