@@ -57,6 +57,11 @@ int capstan_main(int argc, char **argv, capstan_plugin_init_fn init)
     if (capstan__cli_password_hidden() && strcmp(cmd, "run") != 0 && cmd[0] != '-')
         fprintf(stderr, "capstan: %s\n", capstan__cli_password_warning);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        if (argc > 2) {
+            fprintf(stderr, "capstan version: unexpected argument \"%s\"\n\nUsage: capstan version\n",
+                    argv[2]);
+            return CAPSTAN_EXIT_USAGE;
+        }
         printf("capstan %s\n", CAPSTAN_VERSION);
         return 0;
     }

@@ -68,6 +68,24 @@ static int json_of_kind(const char *s, char open)
     return *s == open && capstan__json_validate(s, strlen(s), NULL) == 0;
 }
 
+capstan_tz_t *capstan__periodic_zone(const capstan_cron_t *c, const char *tz, const char **zone,
+                                     const char **bad, char *why)
+{
+    *bad = "tz";
+    if (tz && !*tz) {
+        capstan_seterr(why, CAPSTAN_ECONFIG, "is empty (leave it out for UTC)");
+        return NULL;
+    }
+    if (c->zone[0] && tz && strcmp(c->zone, tz)) {
+        capstan_seterr(why, CAPSTAN_ECONFIG, "%s differs from the zone cron: names (%s)", tz, c->zone);
+        return NULL;
+    }
+    if (c->zone[0])
+        *bad = "cron"; /* "0 9 * * * Europe/Berlin", as fugit reads it */
+    *zone = c->zone[0] ? c->zone : tz;
+    return capstan__tz_load(*zone, why);
+}
+
 int capstan__periodic_add(capstan_config_t *cfg, const capstan_periodic_opts_t *o, const char *origin,
                           char *err)
 {
@@ -83,16 +101,10 @@ int capstan__periodic_add(capstan_config_t *cfg, const capstan_periodic_opts_t *
     capstan_cron_t c;
     if (capstan__cron_parse(o->cron, &c, why))
         return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: cron: %s", name, why);
-    const char *zone = o->tz && *o->tz ? o->tz : NULL;
-    if (c.zone[0] && zone && strcmp(c.zone, zone))
-        return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: tz: %s differs from the zone cron: "
-                              "names (%s)", name, zone, c.zone);
-    if (c.zone[0])
-        zone = c.zone; /* "0 9 * * * Europe/Berlin", as fugit reads it */
-    capstan_tz_t *tz = capstan__tz_load(zone, why);
+    const char *zone, *bad;
+    capstan_tz_t *tz = capstan__periodic_zone(&c, o->tz, &zone, &bad, why);
     if (!tz)
-        return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: %s: %s", name, c.zone[0] ? "cron" : "tz",
-                              why);
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "periodic %s: %s: %s", name, bad, why);
     int64_t next = capstan__cron_next(&c, tz, (int64_t)capstan__now());
     capstan__tz_free(tz);
     if (next < 0)

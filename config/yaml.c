@@ -80,6 +80,9 @@ int capstan__yaml_scalar(ctx_t *c, yaml_node_t *v, const char *key, const char *
         return capstan__yaml_fail(c, v, key, "%s", want);
     const char *s = text(v);
     size_t len = v->data.scalar.length;
+    /* A "\0" escape would cut the value short, unseen, where it is read. */
+    if (memchr(s, '\0', len))
+        return capstan__yaml_fail(c, v, key, "must not hold a NUL byte (\"\\0\")");
     char *buf = NULL, *name = NULL;
     size_t blen = 0;
     int rc = 0;

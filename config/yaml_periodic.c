@@ -173,13 +173,10 @@ static int read_schedule(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_
     capstan_cron_t cron;
     if (capstan__cron_parse(s->cron, &cron, why))
         return capstan__yaml_fail(c, cron_node, key, "cron: %s", why);
-    if (cron.zone[0] && s->tz && *s->tz && strcmp(cron.zone, s->tz))
-        return capstan__yaml_fail(c, tz_node, key, "tz: %s differs from the zone cron: names (%s)",
-                                  s->tz, cron.zone);
-    capstan_tz_t *tz = capstan__tz_load(cron.zone[0] ? cron.zone : s->tz, why);
+    const char *zone, *bad;
+    capstan_tz_t *tz = capstan__periodic_zone(&cron, s->tz, &zone, &bad, why);
     if (!tz)
-        return capstan__yaml_fail(c, cron.zone[0] ? cron_node : tz_node, key, "%s: %s",
-                                  cron.zone[0] ? "cron" : "tz", why);
+        return capstan__yaml_fail(c, strcmp(bad, "cron") ? tz_node : cron_node, key, "%s: %s", bad, why);
     capstan__tz_free(tz);
     if (s->extra.len && capstan__buf_puts(&s->extra, "}"))
         return nomem(c);

@@ -594,8 +594,8 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
             "Batches whose death callback an ack or commit of this process fired." },
         [CAPSTAN_METRIC_LATE_ACKS] = { "capstan_late_acks_total",
             "Finished jobs that were no longer in this process's working list when it acked "
-            "them: another process recovered them while this one was cut off or frozen, or "
-            "they were given back at a hard stop; they may run again." },
+            "them: given back for another run meanwhile, by this process or by another's "
+            "recovery (they may run again), or acked by an earlier try whose reply was lost." },
         [CAPSTAN_METRIC_ITERATIONS_INTERRUPTED] = { "capstan_iterations_interrupted_total",
             "Runs of iterable jobs stopped between two steps (quiet, shutdown or "
             "max_iteration_runtime) and put back in their queue." },

@@ -124,17 +124,21 @@ static int feed_holds(const char *payload, size_t len, double since, void *ud)
     return capstan__feed_holds(ud, payload, len, since);
 }
 
-/* Acks that found their job gone: this process was cut off or frozen long
- * enough for another to take its jobs. Said once a pass, with the count,
- * so a partitioned worker's own log shows it. */
+/* Acks that found their job gone. The ack cannot tell why: this process
+ * gave the job back itself (a hard stop, a give-back retried after a lost
+ * reply took a copy fetched again meanwhile), another process recovered it
+ * while this one was cut off or frozen past its lease, or an earlier try of
+ * the same ack was written and its reply lost. Said once a pass, with the
+ * count, so a partitioned worker's own log shows it. */
 static void late_acks(void)
 {
     static long said;
     long n = capstan__metrics_get(capstan__metrics_default(), CAPSTAN_METRIC_LATE_ACKS);
     if (n > said)
         capstan_warn("%ld finished jobs were no longer in this process's working list when acked: "
-                     "another process recovered them while this one was cut off from Redis or "
-                     "frozen (or a hard stop gave them back); they may run again there", n - said);
+                     "given back for another run meanwhile (by this process, or by another's "
+                     "recovery if this one was cut off or frozen past liveness_ttl; they may run "
+                     "again) or acked by an earlier try whose reply was lost", n - said);
     said = n;
 }
 

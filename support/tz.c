@@ -6,6 +6,7 @@
 #include "support/tz.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +275,31 @@ static int valid_name(const char *name)
     return 1;
 }
 
+/* Reads a whole TZif file into tz: 0, or -1 when it is truncated or
+ * inconsistent. From version 2 on, the 64-bit block follows, then a footer
+ * framed by newlines (RFC 8536): a file cut anywhere, the footer too, is
+ * refused rather than read as the part that is left. */
+static int read_tzif(capstan_tz_t *tz, unsigned char *buf, size_t len)
+{
+    size_t used = read_block(tz, buf, len, 4);
+    if (!used)
+        return -1;
+    if (buf[4] < '2')
+        return 0;
+    size_t more = read_block(tz, buf + used, len - used, 8);
+    if (!more)
+        return -1;
+    used += more;
+    char *end = used + 1 < len && buf[used] == '\n' ? memchr(buf + used + 1, '\n', len - used - 1) : NULL;
+    if (!end)
+        return -1;
+    *end = '\0';
+    /* Not understood: the last transition's offset stays. */
+    if (buf[used + 1] && parse_footer(tz, (char *)buf + used + 1))
+        tz->has_footer = tz->has_dst = 0;
+    return 0;
+}
+
 capstan_tz_t *capstan__tz_load(const char *name, char *err)
 {
     capstan_tz_t *tz = calloc(1, sizeof(*tz));
@@ -292,29 +318,29 @@ capstan_tz_t *capstan__tz_load(const char *name, char *err)
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s", dir && *dir ? dir : "/usr/share/zoneinfo", name);
     FILE *f = fopen(path, "rb");
-    unsigned char *buf = malloc(MAX_FILE);
-    size_t len = 0;
-    if (f && buf)
-        len = fread(buf, 1, MAX_FILE, f);
-    if (f)
-        fclose(f);
-    size_t used = buf && len ? read_block(tz, buf, len, 4) : 0;
-    if (used && buf[4] >= '2') {
-        size_t more = read_block(tz, buf + used, len - used, 8);
-        used = more ? used + more : 0;
-        if (used && used < len && buf[used] == '\n') {
-            char *end = memchr(buf + used + 1, '\n', len - used - 1);
-            if (end) {
-                *end = '\0';
-                /* Not understood: the last transition's offset stays. */
-                if (buf[used + 1] && parse_footer(tz, (char *)buf + used + 1))
-                    tz->has_footer = tz->has_dst = 0;
-            }
-        }
+    if (!f) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            capstan_seterr(err, CAPSTAN_ECONFIG, "unknown time zone %s (no TZif file %s)", name, path);
+        else
+            capstan_seterr(err, CAPSTAN_ECONFIG, "time zone %s: cannot open %s: %s", name, path,
+                           strerror(errno));
+        free(tz);
+        return NULL;
     }
+    unsigned char *buf = malloc(MAX_FILE);
+    size_t len = buf ? fread(buf, 1, MAX_FILE, f) : 0;
+    int read_errno = ferror(f) ? errno : 0, rc = -1;
+    fclose(f);
+    if (!buf)
+        capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    else if (read_errno)
+        capstan_seterr(err, CAPSTAN_ECONFIG, "time zone %s: cannot read %s: %s", name, path,
+                       strerror(read_errno));
+    else if ((rc = read_tzif(tz, buf, len)) != 0)
+        capstan_seterr(err, CAPSTAN_ECONFIG, "time zone %s: %s is corrupt (not a whole TZif file)",
+                       name, path);
     free(buf);
-    if (!used) {
-        capstan_seterr(err, CAPSTAN_ECONFIG, "unknown time zone %s (no TZif file %s)", name, path);
+    if (rc) {
         capstan__tz_free(tz);
         return NULL;
     }

@@ -11,7 +11,8 @@ typedef struct capstan_tz capstan_tz_t;
 
 /* Loads zone name ("Europe/Berlin"; NULL, "" or "UTC" need no file).
  * Returns a zone owned by the caller (capstan__tz_free), or NULL with err
- * (CAPSTAN_ERRLEN) filled: an unknown zone or a file that is not TZif. */
+ * (CAPSTAN_ERRLEN) filled: an unknown zone (no file), or a file that cannot
+ * be read or is not a whole TZif file (said to be corrupt). */
 capstan_tz_t *capstan__tz_load(const char *name, char *err);
 void capstan__tz_free(capstan_tz_t *tz);
 

@@ -381,6 +381,11 @@ Test(cli, version_help_and_unknown_commands)
         cr_assert(strstr(out, "Usage: capstan"), "%s", out);
         free(out);
     }
+    /* An operand version does not take is a usage error, not ignored. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "version", "extra", NULL }, &out), 64, "%s", out);
+    cr_assert(strstr(out, "capstan version: unexpected argument \"extra\""), "%s", out);
+    cr_assert_null(strstr(out, "capstan 0"), "no version on a usage error: %s", out);
+    free(out);
     cr_assert_eq(kt_capstan_run((const char *[]){ "frobnicate", NULL }, &out), 64);
     cr_assert(strstr(out, "unknown command"), "%s", out);
     free(out);
@@ -503,6 +508,22 @@ Test(cli, run_with_a_missing_config_file_exits_78_in_one_line)
               "%s", out);
     cr_assert(one_line(out), "%s", out);
     free(out);
+}
+
+/* A schedule's zone that would read as another (an empty tz:, a corrupt
+ * zone file) stops the command at the config, in one line naming the
+ * file, the line and the key. */
+Test(cli, empty_tz_exits_78_in_one_line_at_its_line)
+{
+    char *conf = kt_write_file("emptytz.yml", "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * *\"\n"
+                                              "    tz: \"\"\n");
+    char *out = NULL, want[600];
+    int st = kt_capstan_run((const char *[]){ "periodic", "-C", conf, NULL }, &out);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    snprintf(want, sizeof(want), "%s:5: periodic.a: tz: is empty (leave it out for UTC)", conf);
+    cr_assert(strstr(out, want) && one_line(out), "%s", out);
+    free(out);
+    free(conf);
 }
 
 /* A private redis-server (the shared one must keep working for the other

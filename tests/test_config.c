@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "capstan/config.h"
@@ -23,7 +24,7 @@ static char err[CAPSTAN_ERRLEN];
  * caller's environment nor an earlier test (under --no-fork) leaks in. */
 static const char *env_vars[] = {"APP_ENV", "RAILS_ENV", "RACK_ENV", "REDIS_URL",
                                  "REDIS_PROVIDER", "MY_REDIS", "CAPSTAN_T_CONC",
-                                 "CAPSTAN_T_EMPTY", "CAPSTAN_T_UNSET"};
+                                 "CAPSTAN_T_EMPTY", "CAPSTAN_T_UNSET", "TZDIR"};
 
 static void clear_env(void)
 {
@@ -1132,6 +1133,79 @@ Test(config, periodic_section_and_its_errors)
     cr_assert_eq(load("periodic:\n  a:\n    class: A\n    cron: \"0 9 * * * Nowhere/Special\"\n"),
                  CAPSTAN_ECONFIG);
     cr_assert(strstr(err, ":4: periodic.a: cron: unknown time zone Nowhere/Special"), "%s", err);
+}
+
+/* A zone directory for $TZDIR holding Bad/Cut: Europe/Berlin without its
+ * last byte (the newline closing its footer), as a short write leaves a
+ * file. Returns the directory (the caller frees it). */
+static char *tzdir_with_a_cut_file(void)
+{
+    char *dir = strdup("/tmp/capstan-test-tzdir-XXXXXX"), sub[512], file[512];
+    cr_assert(dir && mkdtemp(dir));
+    snprintf(sub, sizeof(sub), "%s/Bad", dir);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    snprintf(file, sizeof(file), "%s/Cut", sub);
+    FILE *in = fopen("/usr/share/zoneinfo/Europe/Berlin", "rb"), *out = fopen(file, "wb");
+    cr_assert(in && out);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf), in);
+    cr_assert(n > 1 && buf[n - 1] == '\n');
+    cr_assert_eq(fwrite(buf, 1, n - 1, out), n - 1);
+    fclose(in);
+    fclose(out);
+    return dir;
+}
+
+static void tzdir_free(char *dir)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/Bad/Cut", dir);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/Bad", dir);
+    rmdir(p);
+    rmdir(dir);
+    free(dir);
+}
+
+/* A NUL in cron: or tz: (it cut the value short), an empty tz: (it read
+ * as UTC) and a corrupt zone file (taken for a missing one, or read in
+ * part) stop the load at their line. */
+Test(config, periodic_zone_refuses_nul_empty_and_corrupt)
+{
+    char *dir = tzdir_with_a_cut_file();
+    setenv("TZDIR", dir, 1);
+    char cut[600];
+    snprintf(cut, sizeof(cut), "periodic.a: tz: time zone Bad/Cut: %s/Bad/Cut is corrupt (not a whole "
+                               "TZif file)", dir);
+    const struct { const char *yaml; int line; const char *rest; } bad[] = {
+        { "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * *\\0 junk\"\n", 4,
+          "periodic.a.cron: must not hold a NUL byte (\"\\0\")" },
+        { "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * *\"\n    tz: \"UTC\\0junk\"\n", 5,
+          "periodic.a.tz: must not hold a NUL byte (\"\\0\")" },
+        { "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * *\"\n    tz: \"\"\n", 5,
+          "periodic.a: tz: is empty (leave it out for UTC)" },
+        { "periodic:\n  a:\n    class: A\n    cron: \"0 9 * * *\"\n    tz: Bad/Cut\n", 5, cut },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        fresh();
+        cr_assert_eq(load(bad[i].yaml), CAPSTAN_ECONFIG, "%s", bad[i].yaml);
+        assert_err(bad[i].line, bad[i].rest);
+    }
+    /* The C call refuses the same. */
+    fresh();
+    capstan_periodic_opts_t o = CAPSTAN_PERIODIC_OPTS_INIT;
+    o.name = "a";
+    o.cron = "0 9 * * *";
+    o.cls = "A";
+    o.tz = "";
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert_str_eq(err, "periodic a: tz: is empty (leave it out for UTC)");
+    o.tz = "Bad/Cut";
+    cr_assert_eq(capstan_periodic_add(cfg, &o, err), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, "is corrupt (not a whole TZif file)"), "%s", err);
+    cr_assert_eq(cfg->nperiodic, 0);
+    unsetenv("TZDIR");
+    tzdir_free(dir);
 }
 
 /* capstan_periodic_add: the C call checks what the file's reader checks. */

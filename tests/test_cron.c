@@ -2,8 +2,10 @@
  * and the daylight-saving changes of a zone driven by explicit instants
  * (no clock, no sleeps). */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "capstan/error.h"
 #include "support/cron.h"
@@ -243,4 +245,58 @@ Test(cron, dst_repeat_ticks_once)
     ticks("*/10 * * * *", tz, back + 5 * 60, h, 1);
     cr_assert_eq(h[0], back + 3600);
     capstan__tz_free(tz);
+}
+
+/* Zone files under $TZDIR: a copy of Europe/Berlin loads from there; one
+ * cut short anywhere (its footer too: it was read as the part that was
+ * left) or with a broken header is said to be corrupt, not missing. */
+Test(cron, corrupt_zone_files_are_refused_as_corrupt)
+{
+    static unsigned char berlin[1 << 16];
+    FILE *f = fopen("/usr/share/zoneinfo/Europe/Berlin", "rb");
+    cr_assert(f);
+    size_t n = fread(berlin, 1, sizeof(berlin), f);
+    fclose(f);
+    size_t footer = n - 1; /* the newline opening the footer */
+    while (footer > 0 && berlin[footer - 1] != '\n')
+        footer--;
+    cr_assert(n > 100 && footer > 1 && berlin[n - 1] == '\n');
+    footer--;
+    unsigned char header[1 << 16];
+    memcpy(header, berlin, n);
+    header[0] = 'X';
+    const struct { const char *name; const unsigned char *data; size_t len; } files[] = {
+        { "Good", berlin, n }, { "Half", berlin, n / 2 }, { "NoFooter", berlin, footer },
+        { "OpenFooter", berlin, n - 1 }, { "Header", header, n }, { "Empty", berlin, 0 },
+    };
+    char dir[] = "/tmp/capstan-test-tzdir-XXXXXX", p[512], err[CAPSTAN_ERRLEN];
+    cr_assert(mkdtemp(dir));
+    for (size_t i = 0; i < sizeof(files) / sizeof(*files); i++) {
+        snprintf(p, sizeof(p), "%s/%s", dir, files[i].name);
+        f = fopen(p, "wb");
+        cr_assert(f);
+        cr_assert_eq(fwrite(files[i].data, 1, files[i].len, f), files[i].len);
+        fclose(f);
+    }
+    setenv("TZDIR", dir, 1);
+    capstan_tz_t *good = zone("Good");
+    cr_assert_eq(capstan__tz_offset(good, 1768435200), 3600);
+    cr_assert_eq(capstan__tz_offset(good, 2216250000), 7200); /* its footer's rule */
+    capstan__tz_free(good);
+    for (size_t i = 1; i < sizeof(files) / sizeof(*files); i++) {
+        err[0] = '\0';
+        cr_assert_null(capstan__tz_load(files[i].name, err), "%s loaded", files[i].name);
+        snprintf(p, sizeof(p), "time zone %s: %s/%s is corrupt (not a whole TZif file)", files[i].name, dir,
+                 files[i].name);
+        cr_assert_str_eq(err, p);
+    }
+    cr_assert_null(capstan__tz_load("Missing", err));
+    snprintf(p, sizeof(p), "unknown time zone Missing (no TZif file %s/Missing)", dir);
+    cr_assert_str_eq(err, p);
+    unsetenv("TZDIR");
+    for (size_t i = 0; i < sizeof(files) / sizeof(*files); i++) {
+        snprintf(p, sizeof(p), "%s/%s", dir, files[i].name);
+        unlink(p);
+    }
+    rmdir(dir);
 }

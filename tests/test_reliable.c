@@ -1488,6 +1488,14 @@ Test(reliable, worker_whose_jobs_were_recovered_says_so_when_it_acks)
      * costs). */
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "1 finished jobs were no longer in this process's "
                                             "working list"), 10), "%s", kt_capstan_log(pid));
+    /* The ack cannot tell who took the job: the line says what may have
+     * happened, not that another process did (none may exist: a give-back
+     * of this process's own after a lost reply looks the same). */
+    cr_assert(kt_log_has(pid, "when acked: given back for another run meanwhile (by this process, "
+                              "or by another's recovery if this one was cut off or frozen past "
+                              "liveness_ttl; they may run again) or acked by an earlier try whose "
+                              "reply was lost"), "%s", kt_capstan_log(pid));
+    cr_assert_not(kt_log_has(pid, "another process recovered them"), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(log_lines_with(pid, j, "INFO: done") == 2, 10), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     capstan_redis_free(r);

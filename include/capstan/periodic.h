@@ -38,7 +38,7 @@ typedef enum {
 typedef struct capstan_periodic_opts {
     const char *name;  /* unique among the schedules; names its tick record */
     const char *cron;  /* cron expression (capstan periodic shows the syntax) */
-    const char *tz;    /* IANA zone ("Europe/Berlin"); NULL = UTC */
+    const char *tz;    /* IANA zone ("Europe/Berlin"); NULL = UTC, "" an error */
     const char *cls;   /* job class */
     const char *queue; /* NULL = "default" */
     const char *args;  /* JSON array text; NULL = [] */
