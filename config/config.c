@@ -16,16 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int capstan_config_set_str(char **slot, const char *value)
-{
-    char *copy = NULL;
-    if (value && !(copy = strdup(value)))
-        return CAPSTAN_ENOMEM;
-    free(*slot);
-    *slot = copy;
-    return 0;
-}
-
 capstan_config_t *capstan_config_new(void)
 {
     capstan_config_t *cfg = calloc(1, sizeof(*cfg));

@@ -130,6 +130,17 @@ static const capstan__setting_t rows[] = {
     LONG("min_replicas_timeout", min_replicas_timeout, 1, 600000, "1000") },
 };
 
+/* Every string setting is set here, whichever reader gave it. */
+int capstan_config_set_str(char **slot, const char *value)
+{
+    char *copy = NULL;
+    if (value && !(copy = strdup(value)))
+        return CAPSTAN_ENOMEM;
+    free(*slot);
+    *slot = copy;
+    return 0;
+}
+
 const capstan__setting_t *capstan__settings(size_t *n)
 {
     *n = NELEM(rows);

@@ -75,6 +75,13 @@ int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, ya
 /* The tls: mapping (config/tls.c). */
 int capstan__yaml_set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
+/* The file's line of a node: its line in the text rendered from the
+ * file's ERB, mapped back. */
+static inline unsigned long file_line(const capstan_erb_t *erb, size_t mark_line)
+{
+    return capstan__erb_line(erb, (unsigned long)mark_line + 1);
+}
+
 static inline int nomem(ctx_t *c)
 {
     return capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");

@@ -41,11 +41,6 @@ void capstan__fetch_working_key(const char *identity, char *out, size_t n)
     capstan__key(out, n, CAPSTAN_KEY_WORKING, identity);
 }
 
-void capstan__fetch_liveness_key(const char *identity, char *out, size_t n)
-{
-    capstan__key(out, n, CAPSTAN_KEY_HEARTBEAT, identity);
-}
-
 void capstan__fetch_free(capstan_fetch_t *f)
 {
     if (!f)

@@ -1,4 +1,4 @@
-/* Internal: fetch strategies behind one interface.
+/* Internal: the two fetch strategies, reliable and basic, and the ack.
  *
  * reliable (default): a job moves atomically from queue:NAME into this
  *   process's working list uniquejobs:working:<identity> and leaves it only

@@ -24,6 +24,11 @@ struct capstan_liveness {
                                  Redis took was sent; 0: never */
 };
 
+void capstan__fetch_liveness_key(const char *identity, char *out, size_t n)
+{
+    capstan__key(out, n, CAPSTAN_KEY_HEARTBEAT, identity);
+}
+
 capstan_liveness_t *capstan__liveness_new(const char *identity, double ttl)
 {
     capstan_liveness_t *l = calloc(1, sizeof(*l));

@@ -7,6 +7,7 @@
 #include "redis/sentinel.h"
 #include "redis/nopipe.h"
 #include "redis/tls.h"
+#include "support/number.h"
 #include "support/time.h"
 
 #include <ctype.h>
@@ -73,22 +74,6 @@ void capstan__sentinel_free(capstan_sentinel_t *s)
     free(s);
 }
 
-static int parse_port(const char *s, size_t n, int *out)
-{
-    int v = 0;
-    if (n == 0 || n > 5)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        if (!isdigit((unsigned char)s[i]))
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v < 1 || v > 65535)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* Adds host:port to the list unless it is there. */
 static int add_addr(capstan_sentinel_t *s, const char *host, size_t hl, int port)
 {
@@ -126,7 +111,7 @@ static int add_sentinel(capstan_sentinel_t *s, const char *p, size_t n)
         hl = (size_t)(colon - p);
     }
     int port = 26379;
-    if (hl == 0 || (colon && parse_port(colon + 1, (size_t)(p + n - colon - 1), &port)))
+    if (hl == 0 || (colon && capstan__parse_digits(colon + 1, (size_t)(p + n - colon - 1), 1, 65535, &port)))
         return CAPSTAN_EINVAL;
     return add_addr(s, hp, hl, port);
 }
@@ -148,7 +133,7 @@ static void learn_peers(capstan_sentinel_t *s, redisContext *c)
                 continue;
             if (strcmp(k->str, "ip") == 0)
                 ip = v->str;
-            else if (strcmp(k->str, "port") == 0 && parse_port(v->str, v->len, &port))
+            else if (strcmp(k->str, "port") == 0 && capstan__parse_digits(v->str, v->len, 1, 65535, &port))
                 port = 0;
         }
         if (ip && *ip && port && s->n < MAX_SENTINELS)

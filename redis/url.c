@@ -1,5 +1,6 @@
 /* Redis URL parsing and redaction. */
 #include "redis/url.h"
+#include "support/number.h"
 #include "redis/sentinel.h"
 
 #include <ctype.h>
@@ -24,22 +25,6 @@ static char *pct_decode(const char *s, size_t n)
     }
     *o = '\0';
     return out;
-}
-
-static int parse_int(const char *s, size_t n, int lo, int hi, int *out)
-{
-    if (n == 0 || n > 9)
-        return -1;
-    int v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isdigit((unsigned char)s[i]))
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 char *capstan__url_decode(const char *s, size_t n) { return pct_decode(s, n); }
@@ -142,7 +127,7 @@ static int parse_query(const char *q, capstan_redis_url_t *u, int db_in_path, ch
             if (db_in_path)
                 rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: the database is given twice "
                                     "(in the path and as db=): give one");
-            else if (parse_int(v, vn, 0, 100000, &u->db))
+            else if (capstan__parse_digits(v, vn, 0, 100000, &u->db))
                 rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: bad db number");
         } else if (kn == 8 && strncmp(q, "password", 8) == 0) {
             if (password_in_userinfo)
@@ -237,7 +222,7 @@ int capstan__redis_url_parse(const char *url, capstan_redis_url_t *u, char *err)
         size_t hl = portsep ? (size_t)(portsep - hp) : hostlen;
         u->host = hl ? strndup(hp, hl) : strdup("127.0.0.1");
     }
-    if (portsep && parse_int(portsep + 1, (size_t)(hp + hostlen - portsep - 1), 1, 65535, &u->port)) {
+    if (portsep && capstan__parse_digits(portsep + 1, (size_t)(hp + hostlen - portsep - 1), 1, 65535, &u->port)) {
         rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: bad port");
         goto out;
     }
@@ -245,7 +230,7 @@ int capstan__redis_url_parse(const char *url, capstan_redis_url_t *u, char *err)
     if (slash && *slash == '/' && slash[1]) {
         const char *q = strchr(slash + 1, '?');
         size_t n = q ? (size_t)(q - slash - 1) : strlen(slash + 1);
-        if (n && parse_int(slash + 1, n, 0, 100000, &u->db)) {
+        if (n && capstan__parse_digits(slash + 1, n, 0, 100000, &u->db)) {
             rc = capstan_seterr(err, CAPSTAN_EINVAL, "redis url: bad db number");
             goto out;
         }

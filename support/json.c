@@ -34,7 +34,7 @@ static void skip_ws(scanner_t *sc)
     }
 }
 
-static int hexval(char c)
+int capstan__hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -67,7 +67,7 @@ static int scan_string(scanner_t *sc)
             char e = sc->s[sc->pos];
             if (e == 'u') {
                 for (int i = 1; i <= 4; i++)
-                    if (sc->pos + i >= sc->len || hexval(sc->s[sc->pos + i]) < 0)
+                    if (sc->pos + i >= sc->len || capstan__hexval(sc->s[sc->pos + i]) < 0)
                         return fail(sc, "bad \\u escape");
                 sc->pos += 4;
             } else if (!strchr("\"\\/bfnrt", e) || e == '\0') {
@@ -292,7 +292,8 @@ static void put_utf8(char **o, uint32_t cp)
 
 static uint32_t hex4(const char *p)
 {
-    return (uint32_t)(hexval(p[0]) << 12 | hexval(p[1]) << 8 | hexval(p[2]) << 4 | hexval(p[3]));
+    return (uint32_t)(capstan__hexval(p[0]) << 12 | capstan__hexval(p[1]) << 8 |
+                      capstan__hexval(p[2]) << 4 | capstan__hexval(p[3]));
 }
 
 char *capstan__json_string_dup(const char *v, size_t len)

@@ -44,6 +44,9 @@ char *capstan__json_string_dup(const char *v, size_t len);
 struct capstan_buf;
 int capstan__json_quote(struct capstan_buf *b, const char *s, size_t len);
 
+/* The value of hex digit c (0-9, a-f, A-F), or -1. */
+int capstan__hexval(char c);
+
 /* True when s[0..len) is valid UTF-8. */
 int capstan__utf8_valid(const char *s, size_t len);
 

@@ -21,6 +21,22 @@ int capstan__parse_number(const char *text, int integer, double lo, double hi, d
     return 0;
 }
 
+int capstan__parse_digits(const char *s, size_t n, int lo, int hi, int *out)
+{
+    long v = 0;
+    if (n == 0 || n > 9)
+        return CAPSTAN_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return CAPSTAN_EINVAL;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < lo || v > hi)
+        return CAPSTAN_EINVAL;
+    *out = (int)v;
+    return 0;
+}
+
 int capstan__parse_size(const char *text, long long *out)
 {
     char *end;

@@ -36,19 +36,11 @@ static void rj_put(rj_t *p, const char *s, size_t n)
         p->err = CAPSTAN_ENOMEM;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static unsigned rj_u4(const char *s)
 {
     unsigned v = 0;
     for (int k = 0; k < 4; k++)
-        v = v << 4 | (unsigned)hexval(s[k]);
+        v = v << 4 | (unsigned)capstan__hexval(s[k]);
     return v;
 }
 
