@@ -10,9 +10,7 @@
  * back, the ticks after that record and before now were missed: the
  * schedule's policy says which to enqueue. A changed expression (or zone)
  * makes a new signature, and the record of the old one is not used to
- * find missed ticks: the schedule starts fresh.
- *
- * "Now" is Redis's TIME, read at each pass, never the host's clock. */
+ * find missed ticks: the schedule starts fresh. */
 #include "runtime/rt.h"
 
 #include <inttypes.h>
