@@ -314,7 +314,8 @@ Test(periodic, bad_expression_stops_the_start_with_one_line)
 
 /* Starts capstan with its clock moved by skew ("+30s") through Debian's
  * libfaketime: CLOCK_REALTIME and time() only, so its sleeps and timeouts
- * (CLOCK_MONOTONIC) stay real. */
+ * (CLOCK_MONOTONIC) stay real; the worker the supervisor forks inherits
+ * it. */
 static pid_t start_skewed(const char *conf, int metrics_port, const char *skew)
 {
     glob_t g;
