@@ -52,6 +52,8 @@ struct capstan_metrics {
     const atomic_long *restarts;
     int restart_slots, restart_causes;
     const char *const *restart_cause_names;
+    _Atomic double clock_offset;
+    atomic_int clock_known;
 };
 
 capstan_metrics_t *capstan__metrics_new(void)
@@ -314,6 +316,14 @@ void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long
 {
     if (m && c >= 0 && c < CAPSTAN_METRIC_COUNTER_COUNT && n > 0)
         atomic_fetch_add(&m->counters[c], n);
+}
+
+void capstan__metrics_clock_offset(capstan_metrics_t *m, double seconds)
+{
+    if (!m)
+        return;
+    atomic_store(&m->clock_offset, seconds);
+    atomic_store(&m->clock_known, 1);
 }
 
 size_t capstan__metrics_exec_take(capstan_metrics_t *m, capstan_exec_t **out)
@@ -626,6 +636,12 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
                                     "event", "Time from a batch being done to its callback "
                                     "starting here, by event (complete, success, death).");
     if (!rc) rc = render_periodic(b, s, n);
+    if (!rc && atomic_load(&m->clock_known))
+        rc = family(b, "capstan_clock_offset_seconds", "gauge",
+                    "How far this process's clock is ahead of Redis's (negative: behind), as its "
+                    "last heartbeat measured; periodic ticks follow Redis's.");
+    if (!rc && atomic_load(&m->clock_known))
+        rc = capstan__buf_printf(b, "capstan_clock_offset_seconds %.3f\n", atomic_load(&m->clock_offset));
     for (int c = 0; c < CAPSTAN_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
         if (!rc)

@@ -97,6 +97,11 @@ void capstan__metrics_batch_fired(capstan_metrics_t *m, long long flags);
  * schedule: ticks it enqueued, and missed ticks it let go. */
 void capstan__metrics_periodic(capstan_metrics_t *m, const char *schedule, long enqueued, long missed);
 
+/* Records how far this process's clock is from Redis's, in seconds
+ * (positive: ahead), as last measured: the gauge
+ * capstan_clock_offset_seconds, absent until the first measure. */
+void capstan__metrics_clock_offset(capstan_metrics_t *m, double seconds);
+
 /* Adds n to a process-wide counter. */
 void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long n);
 /* Takes what every class did since the last take, as Sidekiq's execution

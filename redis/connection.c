@@ -390,6 +390,19 @@ int capstan__redis_follow_master(capstan_redis_t *r)
     return ended;
 }
 
+int capstan__redis_time(capstan_redis_t *r, double *now)
+{
+    redisReply *rep = capstan_redis_cmdf(r, "TIME");
+    if (!rep)
+        return CAPSTAN_EREDIS;
+    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 && rep->element[0]->type == REDIS_REPLY_STRING &&
+             rep->element[1]->type == REDIS_REPLY_STRING;
+    if (ok)
+        *now = (double)strtoll(rep->element[0]->str, NULL, 10) + (double)strtoll(rep->element[1]->str, NULL, 10) / 1e6;
+    freeReplyObject(rep);
+    return ok ? 0 : CAPSTAN_EREPLY;
+}
+
 /* Made before the last demotion: to be made again. */
 static int stale(const capstan_redis_t *r) { return r->era != atomic_load(&demotions); }
 

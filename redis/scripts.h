@@ -35,6 +35,11 @@ int capstan__redis_era(const capstan_redis_t *r);
  * (not through sentinels, none answered, or the same master). */
 int capstan__redis_follow_master(capstan_redis_t *r);
 
+/* Redis's clock (TIME), epoch seconds, into *now: the one clock of the
+ * fleet, where each host's may be off. Returns 0, CAPSTAN_EREDIS (the
+ * connection failed) or CAPSTAN_EREPLY. */
+int capstan__redis_time(capstan_redis_t *r, double *now);
+
 /* Writes the commands appended so far without reading a reply (their
  * replies are read later with capstan_redis_get_reply). Returns 0 or
  * CAPSTAN_EREDIS. */

@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <math.h>
 
 #include "observe/prometheus.h"
 #include "redis/keys.h"
+#include "redis/scripts.h"
 #include "support/buf.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -53,6 +55,27 @@ static void exec_flush(capstan_runtime_t *rt, capstan_redis_t *r)
     if (n && capstan__exec_flush(r, e, n, rt->cfg->sidekiq_metrics, time(NULL), err) == CAPSTAN_EREPLY)
         capstan_warn("%s", err);
     capstan__exec_free(e, n);
+}
+
+/* The host's clock may be off Redis's: periodic ticks follow Redis's
+ * (periodic.c), but the times this process writes in jobs and sets, and
+ * reads them by, are its own. Said when the offset (seconds, ahead
+ * positive) exceeds CLOCK_SKEW, again when it moved by a second since, and
+ * once when it is back within; always in the gauge. */
+#define CLOCK_SKEW 2.0
+static void clock_check(capstan_runtime_t *rt, double offset)
+{
+    capstan__metrics_clock_offset(capstan__metrics_default(), offset);
+    if (fabs(offset) > CLOCK_SKEW && fabs(offset - rt->clock_said) >= 1) {
+        capstan_warn("this host's clock is %.1f s %s Redis's: periodic ticks follow Redis's clock, but "
+                     "the times this process writes (enqueued_at, retries, scheduled jobs, its beat) are "
+                     "off by as much; check its time synchronization", fabs(offset),
+                     offset > 0 ? "ahead of" : "behind");
+        rt->clock_said = offset;
+    } else if (fabs(offset) <= CLOCK_SKEW && rt->clock_said) {
+        capstan_info("this host's clock is within %.0f s of Redis's again (%.1f s)", CLOCK_SKEW, offset);
+        rt->clock_said = 0;
+    }
 }
 
 int capstan__stats_flush(capstan_runtime_t *rt, capstan_redis_t *r)
@@ -277,12 +300,13 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     if (rc == CAPSTAN_EREDIS)
         return rc;
 
-    double t0 = capstan__mono();
-    redisReply *pong = capstan_redis_cmdf(r, "PING");
-    if (!pong)
-        return CAPSTAN_EREDIS;
-    freeReplyObject(pong);
+    double t0 = capstan__mono(), local = capstan__now(), redis_now;
+    rc = capstan__redis_time(r, &redis_now);
+    if (rc == CAPSTAN_EREDIS)
+        return rc;
     long rtt_us = (long)((capstan__mono() - t0) * 1e6);
+    if (!rc)
+        clock_check(rt, local + (capstan__now() - local) / 2 - redis_now);
 
     char beat[32], conc[16], busy[16], rtt[32], rss[32];
     snprintf(beat, sizeof(beat), "%.6f", capstan__now());

@@ -292,7 +292,17 @@ void *capstan__periodic_main(void *arg)
     while (!atomic_load(&rt->quiet)) {
         if (!capstan_redis_ok(r) && capstan__rt_connect(rt, r, &rt->quiet))
             break;
-        double now = capstan__now(), wake = now + 1;
+        /* Ticks are judged by Redis's clock, one for the whole fleet: by
+         * its own, a host ahead would record ticks still to come (letting
+         * the ones between go, for every process) and one behind would
+         * wait past their time. The wake-up is timed from the reading on
+         * the monotonic clock, which no host's offset touches. */
+        double now, read_at = capstan__mono();
+        if (capstan__redis_time(r, &now)) {
+            capstan__rt_wait(rt, 1);
+            continue;
+        }
+        double wake = now + 1;
         for (size_t i = 0; i < cfg->nperiodic; i++) {
             sched_t *s = &scheds[i];
             if ((!s->loaded && load(r, s, now)) || step(rt, r, s, now))
@@ -301,7 +311,7 @@ void *capstan__periodic_main(void *arg)
             if (next >= 0 && (double)next < wake)
                 wake = (double)next;
         }
-        capstan__rt_wait(rt, wake - capstan__now());
+        capstan__rt_wait(rt, wake - now - (capstan__mono() - read_at));
     }
     capstan_info("Periodic exiting...");
     capstan_redis_free(r);

@@ -159,6 +159,9 @@ struct capstan_runtime {
                                       (supervisor.h), NULL when unsupervised */
     int worker_slot;               /* which of the supervisor's workers */
     int supervisor_pid;            /* and the supervisor's pid */
+    double clock_said;             /* the clock offset from Redis's last
+                                      logged, 0 while it is small (the
+                                      beat's, heartbeat.c) */
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */

@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config python3
       libhiredis-dev libjansson-dev libyaml-dev libssl-dev libcriterion-dev
       redis-server ruby ruby-sidekiq ruby-activejob prometheus tmux
-      zlib1g-dev clang libclang-rt-14-dev systemd tzdata)
+      zlib1g-dev clang libclang-rt-14-dev systemd tzdata faketime)
 
 missing=()
 for p in "${pkgs[@]}"; do

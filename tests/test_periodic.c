@@ -3,9 +3,11 @@
  * while they are killed and restarted; the missed-tick policies after
  * every process was down; a changed expression enqueuing no phantom
  * ticks; a bad expression stopping the start with one line; `capstan
- * periodic`. The ledger is the queue itself, which no process reads: each
+ * periodic`; a process whose clock is 30 s off (libfaketime) neither
+ * losing nor advancing a tick. The ledger is the queue itself, which no process reads: each
  * payload names its tick (periodic_at). */
 #include <arpa/inet.h>
+#include <glob.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -307,5 +309,244 @@ Test(periodic, bad_expression_stops_the_start_with_one_line)
     cr_assert_eq(st, CAPSTAN_EXIT_CONFIG, "status %d: %s", st, out);
     cr_assert(strstr(out, "capstan.yml:4: periodic.zoned: tz: unknown time zone Europe/Atlantis"), "%s", out);
     free(out);
+    free(conf);
+}
+
+/* Starts capstan with its clock moved by skew ("+30s") through Debian's
+ * libfaketime: CLOCK_REALTIME and time() only, so its sleeps and timeouts
+ * (CLOCK_MONOTONIC) stay real; the worker the supervisor forks inherits
+ * it. */
+static pid_t start_skewed(const char *conf, int metrics_port, const char *skew)
+{
+    glob_t g;
+    cr_assert(glob("/usr/lib/*/faketime/libfaketime.so.1", 0, NULL, &g) == 0,
+              "libfaketime is installed (Debian's faketime package, scripts/deps.sh)");
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *asan_was = asan ? strdup(asan) : NULL, asan_now[1024];
+    /* ASan wants to be first in the list of libraries; libfaketime is. */
+    snprintf(asan_now, sizeof(asan_now), "%s%sverify_asan_link_order=0", asan ? asan : "", asan ? ":" : "");
+    setenv("LD_PRELOAD", g.gl_pathv[0], 1);
+    setenv("FAKETIME", skew, 1);
+    setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1);
+    setenv("ASAN_OPTIONS", asan_now, 1);
+    pid_t pid = start(conf, metrics_port);
+    unsetenv("LD_PRELOAD");
+    unsetenv("FAKETIME");
+    unsetenv("FAKETIME_DONT_FAKE_MONOTONIC");
+    if (asan_was)
+        setenv("ASAN_OPTIONS", asan_was, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(asan_was);
+    globfree(&g);
+    return pid;
+}
+
+/* Redis's clock, seconds. */
+static double redis_now(void)
+{
+    redisReply *r = kt_cmd("TIME");
+    cr_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    double t = atof(r->element[0]->str) + atof(r->element[1]->str) / 1e6;
+    freeReplyObject(r);
+    return t;
+}
+
+/* The ledger of an every-second schedule's queue, kept while it fills:
+ * for each tick (from base), its jobs and when this test first saw one,
+ * by Redis's clock. A job pushed before its tick is seen before it too. */
+#define LEDGER 600
+typedef struct ledger {
+    long long base;
+    int jobs[LEDGER];
+    double seen[LEDGER];
+    double enq_lag[LEDGER]; /* enqueued_at - tick of its job */
+    long long outside;      /* jobs for ticks outside the ledger */
+} ledger_t;
+
+static void ledger_poll(ledger_t *l, const char *q)
+{
+    size_t n;
+    tick_t *v = ticks_of(q, &n);
+    double now = redis_now();
+    int count[LEDGER] = { 0 };
+    l->outside = 0;
+    for (size_t i = 0; i < n; i++) {
+        long long k = v[i].at - l->base;
+        if (k < 0 || k >= LEDGER) {
+            l->outside++;
+            continue;
+        }
+        if (!count[k]++ && !l->jobs[k])
+            l->seen[k] = now;
+        l->enq_lag[k] = v[i].enqueued_at - (double)v[i].at;
+    }
+    memcpy(l->jobs, count, sizeof(count));
+    free(v);
+}
+
+/* Polls queue q into l for seconds s. */
+static void ledger_watch(ledger_t *l, const char *q, double s)
+{
+    double end = kt_now() + s;
+    while (kt_now() < end) {
+        ledger_poll(l, q);
+        kt_sleep(0.05);
+    }
+}
+
+/* Checks every tick from first to last (Redis time, both in the ledger):
+ * one job each, seen neither before its tick nor LATE after it, its
+ * enqueued_at by Redis's clock too (within LATE after the tick). Reports
+ * the figures, returns the ticks bad. */
+#define LATE 5.0
+static long ledger_check(const ledger_t *l, long long first, long long last, const char *what)
+{
+    long missing = 0, doubled = 0, early = 0, late_seen = 0, stamped = 0, bad = 0;
+    double worst_early = 0;
+    for (long long t = first; t <= last; t++) {
+        long long k = t - l->base;
+        cr_assert(k >= 0 && k < LEDGER);
+        int b = 0;
+        if (!l->jobs[k])
+            missing++, b = 1;
+        else {
+            if (l->jobs[k] > 1)
+                doubled++, b = 1;
+            if (l->seen[k] < (double)t) {
+                early++, b = 1;
+                if ((double)t - l->seen[k] > worst_early)
+                    worst_early = (double)t - l->seen[k];
+            }
+            if (l->seen[k] - (double)t > LATE)
+                late_seen++, b = 1;
+            if (l->enq_lag[k] < 0 || l->enq_lag[k] > LATE)
+                stamped++, b = 1;
+        }
+        if (b)
+            fprintf(stderr, "periodic: %s: tick %lld (window %lld to %lld): %d jobs, seen %.3f, stamped %+.3f\n",
+                    what, t, first, last, l->jobs[k], l->seen[k], l->enq_lag[k]);
+        bad += b;
+    }
+    fprintf(stderr, "periodic: %s: %lld ticks, %ld missing, %ld doubled, %ld enqueued early (%.1f s at "
+                    "worst), %ld late, %ld stamped off their tick\n",
+            what, last - first + 1, missing, doubled, early, worst_early, late_seen, stamped);
+    return bad;
+}
+
+/* The beat (capstan__now() at its last heartbeat) of the process that
+ * wrote the newest one: how that process's clock reads. */
+static double newest_beat(void)
+{
+    redisReply *r = kt_cmd("SMEMBERS processes");
+    double best = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        char *b = kt_str("HGET %s beat", r->element[i]->str);
+        if (b && atof(b) > best)
+            best = atof(b);
+        free(b);
+    }
+    freeReplyObject(r);
+    return best;
+}
+
+/* The value of an unlabelled series in a scrape; NAN when absent. */
+static double plain_series(const char *scrape, const char *name)
+{
+    char want[128];
+    snprintf(want, sizeof(want), "\n%s ", name);
+    const char *at = scrape ? strstr(scrape, want) : NULL;
+    return at ? atof(at + strlen(want)) : 0.0 / 0.0;
+}
+
+Test(periodic, a_process_30_s_fast_joining_a_correct_one_loses_and_advances_no_tick)
+{
+    char *conf = kt_write_conf("queues: [other]\n"
+                               "periodic:\n"
+                               "  each_second: {cron: \"* * * * * *\", class: TickJob, queue: ticks}\n");
+    int ports[2] = { kt_free_port(), kt_free_port() };
+    pid_t fine = start(conf, ports[0]);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:ticks") >= 2, 15), "ticks come: %s", kt_capstan_log(fine));
+    ledger_t *l = calloc(1, sizeof(*l));
+    l->base = (long long)redis_now() - 60;
+    long long from = newest("ticks");
+    pid_t fast = start_skewed(conf, ports[1], "+30s");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s", kt_capstan_log(fast));
+    cr_assert(KT_WAIT_UNTIL(newest_beat() - redis_now() > 25, 10), "libfaketime moves the second process's "
+              "clock 30 s ahead: %s", kt_capstan_log(fast));
+    ledger_watch(l, "ticks", 12);
+    long long until = (long long)redis_now() - 1;
+    char *scrape[2] = { kt_scrape(ports[0]), kt_scrape(ports[1]) };
+    stop(fast, SIGTERM);
+    stop(fine, SIGTERM);
+    ledger_poll(l, "ticks");
+    long ahead = 0;
+    for (long long k = (long long)redis_now() + 1 - l->base; k < LEDGER; k++)
+        ahead += l->jobs[k];
+    long bad = ledger_check(l, from, until, "a correct process and one 30 s fast");
+    fprintf(stderr, "periodic: %ld jobs for ticks still to come\n", ahead);
+    char *log = kt_capstan_log(fast), *fine_log = kt_capstan_log(fine);
+    cr_assert_eq(bad, 0, "every tick once, on time by Redis's clock: %s\n%s", log, fine_log);
+    cr_assert_eq(ahead + l->outside, 0, "no job for a tick to come");
+    cr_assert(!strstr(log, "missed tick") && !strstr(fine_log, "missed tick"), "%s", log);
+    cr_assert(strstr(log, "clock is 30") && strstr(log, "s ahead of Redis's"), "the fast one says so: %s", log);
+    cr_assert(!strstr(fine_log, "ahead of Redis's") && !strstr(fine_log, "behind Redis's"), "%s", fine_log);
+    double off[2] = { plain_series(scrape[0], "capstan_clock_offset_seconds"),
+                      plain_series(scrape[1], "capstan_clock_offset_seconds") };
+    fprintf(stderr, "periodic: capstan_clock_offset_seconds %.3f (correct) and %.3f (30 s fast)\n", off[0],
+            off[1]);
+    cr_assert(off[0] > -1 && off[0] < 1, "%s", scrape[0]);
+    cr_assert(off[1] > 29 && off[1] < 32, "%s", scrape[1]);
+    free(scrape[0]);
+    free(scrape[1]);
+    free(log);
+    free(fine_log);
+    free(l);
+    free(conf);
+}
+
+Test(periodic, a_process_30_s_slow_taking_over_alone_leaves_no_gap)
+{
+    char *conf = kt_write_conf("queues: [other]\n"
+                               "periodic:\n"
+                               "  each_second: {cron: \"* * * * * *\", class: TickJob, queue: ticks, missed: all}\n");
+    pid_t fine = start(conf, 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:ticks") >= 2, 15), "ticks come: %s", kt_capstan_log(fine));
+    ledger_t *l = calloc(1, sizeof(*l));
+    l->base = (long long)redis_now() - 60;
+    ledger_poll(l, "ticks");
+    long long from = newest("ticks");
+    int port = kt_free_port();
+    stop(fine, SIGTERM);
+    pid_t slow = start_skewed(conf, port, "-30s");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1 && newest_beat() > 0, 20), "%s",
+              kt_capstan_log(slow));
+    cr_assert(KT_WAIT_UNTIL(redis_now() - newest_beat() > 25, 10), "libfaketime moves the process's clock "
+              "30 s back: %s", kt_capstan_log(slow));
+    /* Ticks missed while no process ran are caught up late (missed:
+     * all), so their enqueued_at is not checked: the ones after are. */
+    long long up = (long long)redis_now();
+    KT_WAIT_UNTIL(newest("ticks") > up, 10);
+    long long on_time = (long long)redis_now();
+    ledger_watch(l, "ticks", 8);
+    long long until = (long long)redis_now() - 1;
+    char *scrape = kt_scrape(port);
+    stop(slow, SIGTERM);
+    ledger_poll(l, "ticks");
+    long missing = 0;
+    for (long long t = from; t < on_time; t++)
+        missing += !l->jobs[t - l->base];
+    fprintf(stderr, "periodic: a process 30 s slow alone: %ld of the %lld ticks before it was on time missing\n",
+            missing, on_time - from);
+    long bad = ledger_check(l, on_time, until, "a process 30 s slow alone");
+    char *log = kt_capstan_log(slow);
+    cr_assert_eq(missing, 0, "no gap at the take-over: %s", log);
+    cr_assert_eq(bad, 0, "every tick once, on time by Redis's clock: %s", log);
+    cr_assert(strstr(log, "clock is 30") && strstr(log, "s behind Redis's"), "it says so: %s", log);
+    double off = plain_series(scrape, "capstan_clock_offset_seconds");
+    cr_assert(off > -32 && off < -29, "%s", scrape);
+    free(scrape);
+    free(log);
+    free(l);
     free(conf);
 }
