@@ -356,11 +356,15 @@ static void reaped(sup_t *s, worker_t *w, int status)
     wslot_t *ws = &s->slots[w->slot];
     double now = capstan__mono();
     int leave = atomic_load(&w->board->leaving);
+    int ended = atomic_load(&w->board->ended);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     if (sig)
         capstan_warn("worker %d (pid %d) was killed by signal %d (SIG%s)", w->slot, (int)w->pid, sig,
                      capstan__sig_name(sig));
+    else if (!ended)
+        capstan_warn("worker %d (pid %d) exited with status %d before its run ended (exit() in a "
+                     "handler?): a crash", w->slot, (int)w->pid, code);
     else
         capstan_info("worker %d (pid %d) exited with status %d", w->slot, (int)w->pid, code);
     recover(s, w);
@@ -371,7 +375,7 @@ static void reaped(sup_t *s, worker_t *w, int status)
         cause = CAUSE_MEMORY;
     else if (w->told && !s->stopping)
         cause = CAUSE_RELOAD;
-    else if (sig || code != 0)
+    else if (sig || code != 0 || !ended)
         cause = CAUSE_CRASH;
     if (cause >= 0 && !s->stopping)
         atomic_fetch_add(&ws->restarts[cause], 1);
