@@ -621,7 +621,13 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
     int rc = run(rt, err);
     if (rt->board) {
         /* Told to the supervisor before the worker exits, which takes any
-         * other exit (a handler's exit(0) too) for a crash. */
+         * other exit (a handler's exit(0) too) for a crash, and repeats a
+         * failed start's reason as its own last line. A run that ended
+         * before the processors started left no job to recover. */
+        if (rc)
+            snprintf(rt->board->reason, sizeof(rt->board->reason), "%s", err);
+        if (!rt->nslots)
+            rt->board->identity[0] = '\0';
         atomic_store(&rt->board->ended, 1);
     }
     return rc;

@@ -70,6 +70,7 @@ typedef struct sup {
     int nw;
     int stopping, quiet;
     int status;               /* the supervisor's exit status */
+    char reason[CAPSTAN_ERRLEN]; /* why, when a worker could not start */
     int ready_sent;
     pid_t self;
     sigset_t set, old;
@@ -182,7 +183,9 @@ static void exec_worker(sup_t *s, worker_t *me)
             argv[i + 1] = s->argv[i];
         execv(s->exe, (char *const *)argv);
     }
-    capstan_error("cannot start %s: %s", s->exe, strerror(errno));
+    snprintf(me->board->reason, sizeof(me->board->reason), "cannot start %s: %s", s->exe, strerror(errno));
+    capstan_error("%s", me->board->reason);
+    atomic_store(&me->board->ended, 1);
     capstan__log_flush();
     _exit(127);
 }
@@ -386,6 +389,12 @@ static void reaped(sup_t *s, worker_t *w, int status)
          * startup_timeout, a port in use): neither will its replacement. */
         capstan_error("worker %d could not start; stopping", w->slot);
         s->status = code;
+        if (w->board->reason[0])
+            snprintf(s->reason, sizeof(s->reason), "%.*s", (int)sizeof(w->board->reason) - 1,
+                     w->board->reason);
+        else
+            snprintf(s->reason, sizeof(s->reason), "worker %d exited with status %d before it was ready",
+                     w->slot, code);
         s->stopping = 1;
         forward(s, SIGTERM);
     } else if (cause < 0 && !s->stopping && !w->told) {
@@ -597,12 +606,16 @@ static int supervise(struct capstan_runtime *rt, int argc, char **argv, int *wor
         reap(&s);
     }
     capstan_info("supervisor: every worker has ended");
-    capstan__log_flush();
     for (int i = 0; i < s.n; i++)
         for (int c = 0; c < NCAUSES; c++)
             if (atomic_load(&s.slots[i].restarts[c]))
                 capstan_debug("worker %d: %ld restarts (%s)", i, atomic_load(&s.slots[i].restarts[c]),
                               cause_names[c]);
+    /* The log's last line says why `capstan run` failed, as without the
+     * supervisor. */
+    if (s.reason[0])
+        capstan_error("%s", s.reason);
+    capstan__log_flush();
     free(s.w);
     free(s.slots);
     free(s.exe);

@@ -458,3 +458,57 @@ Test(supervisor, a_timed_out_job_releases_its_runtime_lock)
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     free(y);
 }
+
+/* `capstan run ARGS` under the supervisor, then with --no-supervisor:
+ * returns the supervisor's log (malloc'd), with the exit status of each in
+ * *sup and *alone and the last line of the one alone in *alone_last
+ * (malloc'd). */
+static char *run_both(const char *const *args, int *sup, int *alone, char **alone_last)
+{
+    const char *argv[32] = { "run", "-r", getenv("CAPSTAN_PLUGIN") };
+    int n = 3;
+    for (int i = 0; args[i] && n < 30; i++)
+        argv[n++] = args[i];
+    char *out = NULL, *one = NULL;
+    *sup = kt_capstan_run(argv, &out);
+    argv[n++] = "--no-supervisor";
+    *alone = kt_capstan_run(argv, &one);
+    *alone_last = kt_last_line(one);
+    free(one);
+    return out;
+}
+
+/* A worker that cannot start: the supervisor exits with the worker's
+ * status and its last line is the worker's reason, as without the
+ * supervisor; the worker fetched nothing, so no "jobs wait" line. Here a
+ * missing ca_file (78) and a Redis that never answers (69). */
+Test(supervisor, a_worker_that_cannot_start_leaves_its_reason_last_and_its_status)
+{
+    char url[64], tls_url[64];
+    int port = kt_free_port();
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    snprintf(tls_url, sizeof(tls_url), "rediss://127.0.0.1:%d", port);
+    struct {
+        const char *args[8];
+        int status;
+        const char *reason;
+    } cases[] = {
+        { { "--redis-url", tls_url, "--tls-ca-file", "/nonexistent/ca.pem", NULL }, 78,
+          "cannot load ca_file /nonexistent/ca.pem" },
+        { { "--redis-url", url, "--startup-timeout", "1", NULL }, 69, "gave up after startup_timeout" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int sup, alone;
+        char *alone_last, *out = run_both(cases[i].args, &sup, &alone, &alone_last);
+        char *last = kt_last_line(out);
+        fprintf(stderr, "[cannot start] status %d, last line: %s\n", sup, last);
+        cr_assert_eq(alone, cases[i].status, "%s", alone_last);
+        cr_assert(strstr(alone_last, cases[i].reason), "%s", alone_last);
+        cr_assert_eq(sup, cases[i].status, "%s", out);
+        cr_assert_str_eq(last, alone_last, "%s", out);
+        cr_assert(!strstr(out, "wait for orphan recovery"), "%s", out);
+        free(last);
+        free(alone_last);
+        free(out);
+    }
+}
