@@ -388,6 +388,15 @@ static int segfault_job(capstan_job_t *job, void *ud)
     return 0;
 }
 
+/* ExitJob [status]: ends the whole process with exit(status) (default
+ * 0), as a handler or a library that calls exit() would; shows that any
+ * exit a worker was not told to make is a crash. */
+static int exit_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    exit((int)arg_long(job, 0, 0));
+}
+
 /* LedgerJob [key, ms]: HINCRBY key jid 1 as it starts (a ledger of starts
  * per jid, across processes), sleeps ms (default 0), then RPUSH key:done
  * jid. */
@@ -468,6 +477,7 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "DigestJob", record_job, NULL, &digest);
     rc |= capstan_register(rt, "TraceJob", trace_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "ExitJob", exit_job, NULL, &opts);
     rc |= capstan_register(rt, "HangJob", hang_job, NULL, &opts);
     rc |= capstan_register(rt, "LeakJob", leak_job, NULL, &opts);
     return rc;

@@ -33,6 +33,8 @@ typedef struct sent {
 struct capstan_redis {
     capstan_redis_url_t url;
     char name[512];       /* URL with the password redacted */
+    char who[600];        /* what its errors name: name, and through the
+                             sentinels the master they named */
     double timeout;
     redisContext *c;
     capstan_tls_t *tls;   /* the TLS session under c for rediss://, else NULL */
@@ -105,6 +107,7 @@ capstan_redis_t *capstan_redis_new(const char *url, double timeout, char *err)
         return NULL;
     }
     capstan__redis_url_redact(url, r->name, sizeof(r->name));
+    snprintf(r->who, sizeof(r->who), "%s", r->name);
     r->timeout = timeout > 0 ? timeout : 10;
     r->broken = 1;
     return r;
@@ -133,7 +136,7 @@ static int fail_io(capstan_redis_t *r, const char *what)
 {
     r->broken = 1;
     forget_sent(r);
-    snprintf(r->errstr, sizeof(r->errstr), "%s: %s (%s)", r->name, what,
+    snprintf(r->errstr, sizeof(r->errstr), "%s: %s (%s)", r->who, what,
              r->c && r->c->errstr[0] ? r->c->errstr : "connection lost");
     return CAPSTAN_EREDIS;
 }
@@ -245,7 +248,7 @@ static int load_scripts_why(capstan_redis_t *r, int *permanent)
             return fail_io(r, "SCRIPT LOAD");
         redisReply *rep = got;
         if (rep->type == REDIS_REPLY_ERROR && !rc) {
-            snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->name, rep->str);
+            snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->who, rep->str);
             *permanent = !transient_reply(rep->str);
             rc = CAPSTAN_EREPLY;
         } else if (rep->type == REDIS_REPLY_STRING) {
@@ -279,6 +282,10 @@ int capstan_redis_connect(capstan_redis_t *r)
     int found = r->url.sentinel ? capstan__sentinel_resolve(&r->url, r->name, r->errstr) : 0;
     if (found)
         return found;
+    /* From here on a failure is the master's, not the sentinels'. */
+    if (r->url.sentinel)
+        snprintf(r->who, sizeof(r->who), "%s: master %s:%d (named by the sentinels)", r->name, r->url.host,
+                 r->url.port);
     /* The sentinels name another master than this connection's last one:
      * every connection of the process made before is to be made again (as
      * after a READONLY), and what ran on the old master is known to be
@@ -291,7 +298,7 @@ int capstan_redis_connect(capstan_redis_t *r)
         int fd = -1, rc = capstan__tls_connect(&r->url, r->timeout < 5 ? r->timeout : 5, &r->tls,
                                                &fd, why);
         if (rc) {
-            snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->name, why);
+            snprintf(r->errstr, sizeof(r->errstr), "%s: %s", r->who, why);
             return rc == CAPSTAN_ECONFIG ? CAPSTAN_ECONFIG : CAPSTAN_EREDIS;
         }
         if (!(r->c = redisConnectFd(fd)))
@@ -301,7 +308,7 @@ int capstan_redis_connect(capstan_redis_t *r)
     else
         r->c = redisConnectWithTimeout(r->url.host, r->url.port, ctv);
     if (!r->c) {
-        snprintf(r->errstr, sizeof(r->errstr), "%s: cannot allocate a connection", r->name);
+        snprintf(r->errstr, sizeof(r->errstr), "%s: cannot allocate a connection", r->who);
         return CAPSTAN_EREDIS;
     }
     if (r->c->err)
@@ -316,7 +323,7 @@ int capstan_redis_connect(capstan_redis_t *r)
         if (!rep)
             return fail_io(r, "AUTH");
         if (rep->type == REDIS_REPLY_ERROR) {
-            snprintf(r->errstr, sizeof(r->errstr), "%s: AUTH refused: %s", r->name, rep->str);
+            snprintf(r->errstr, sizeof(r->errstr), "%s: AUTH refused: %s", r->who, rep->str);
             int code = refused(rep->str);
             freeReplyObject(rep);
             return code;
@@ -331,7 +338,7 @@ int capstan_redis_connect(capstan_redis_t *r)
             return fail_io(r, "SELECT");
         int code = rep->type == REDIS_REPLY_ERROR ? refused(rep->str) : 0;
         if (code)
-            snprintf(r->errstr, sizeof(r->errstr), "%s: SELECT %d: %s", r->name, r->url.db, rep->str);
+            snprintf(r->errstr, sizeof(r->errstr), "%s: SELECT %d: %s", r->who, r->url.db, rep->str);
         freeReplyObject(rep);
         if (code)
             return code;
@@ -345,13 +352,13 @@ int capstan_redis_connect(capstan_redis_t *r)
             return fail_io(r, "PING");
         int code = rep->type == REDIS_REPLY_ERROR ? refused(rep->str) : 0;
         if (code)
-            snprintf(r->errstr, sizeof(r->errstr), "%s: PING: %s", r->name, rep->str);
+            snprintf(r->errstr, sizeof(r->errstr), "%s: PING: %s", r->who, rep->str);
         freeReplyObject(rep);
         if (code)
             return code;
     }
     int era = atomic_load(&demotions);
-    if ((r->url.sentinel || era) && capstan__sentinel_check_role(r->c, r->name, r->errstr))
+    if ((r->url.sentinel || era) && capstan__sentinel_check_role(r->c, r->who, r->errstr))
         return CAPSTAN_EREDIS;
     int permanent = 0, rc = load_scripts_why(r, &permanent);
     if (rc == CAPSTAN_EREPLY)

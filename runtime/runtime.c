@@ -511,7 +511,7 @@ static void prefetched(void *ud, const char *const *queues, size_t n, long long 
     capstan__feed_count(((capstan_runtime_t *)ud)->feed, queues, counts, n);
 }
 
-int capstan_runtime_run(capstan_runtime_t *rt, char *err)
+static int run(capstan_runtime_t *rt, char *err)
 {
     capstan_config_t *c = rt->cfg;
     int rc = capstan_config_validate(c, err);
@@ -613,5 +613,22 @@ out:
     capstan_redis_free(r);
     capstan__crash_uninstall();
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+int capstan_runtime_run(capstan_runtime_t *rt, char *err)
+{
+    int rc = run(rt, err);
+    if (rt->board) {
+        /* Told to the supervisor before the worker exits, which takes any
+         * other exit (a handler's exit(0) too) for a crash, and repeats a
+         * failed start's reason as its own last line. A run that ended
+         * before the processors started left no job to recover. */
+        if (rc)
+            snprintf(rt->board->reason, sizeof(rt->board->reason), "%s", err);
+        if (!rt->nslots)
+            rt->board->identity[0] = '\0';
+        atomic_store(&rt->board->ended, 1);
+    }
     return rc;
 }

@@ -70,6 +70,7 @@ typedef struct sup {
     int nw;
     int stopping, quiet;
     int status;               /* the supervisor's exit status */
+    char reason[CAPSTAN_ERRLEN]; /* why, when a worker could not start */
     int ready_sent;
     pid_t self;
     sigset_t set, old;
@@ -182,7 +183,9 @@ static void exec_worker(sup_t *s, worker_t *me)
             argv[i + 1] = s->argv[i];
         execv(s->exe, (char *const *)argv);
     }
-    capstan_error("cannot start %s: %s", s->exe, strerror(errno));
+    snprintf(me->board->reason, sizeof(me->board->reason), "cannot start %s: %s", s->exe, strerror(errno));
+    capstan_error("%s", me->board->reason);
+    atomic_store(&me->board->ended, 1);
     capstan__log_flush();
     _exit(127);
 }
@@ -356,11 +359,15 @@ static void reaped(sup_t *s, worker_t *w, int status)
     wslot_t *ws = &s->slots[w->slot];
     double now = capstan__mono();
     int leave = atomic_load(&w->board->leaving);
+    int ended = atomic_load(&w->board->ended);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     if (sig)
         capstan_warn("worker %d (pid %d) was killed by signal %d (SIG%s)", w->slot, (int)w->pid, sig,
                      capstan__sig_name(sig));
+    else if (!ended)
+        capstan_warn("worker %d (pid %d) exited with status %d before its run ended (exit() in a "
+                     "handler?): a crash", w->slot, (int)w->pid, code);
     else
         capstan_info("worker %d (pid %d) exited with status %d", w->slot, (int)w->pid, code);
     recover(s, w);
@@ -371,7 +378,7 @@ static void reaped(sup_t *s, worker_t *w, int status)
         cause = CAUSE_MEMORY;
     else if (w->told && !s->stopping)
         cause = CAUSE_RELOAD;
-    else if (sig || code != 0)
+    else if (sig || code != 0 || !ended)
         cause = CAUSE_CRASH;
     if (cause >= 0 && !s->stopping)
         atomic_fetch_add(&ws->restarts[cause], 1);
@@ -382,6 +389,12 @@ static void reaped(sup_t *s, worker_t *w, int status)
          * startup_timeout, a port in use): neither will its replacement. */
         capstan_error("worker %d could not start; stopping", w->slot);
         s->status = code;
+        if (w->board->reason[0])
+            snprintf(s->reason, sizeof(s->reason), "%.*s", (int)sizeof(w->board->reason) - 1,
+                     w->board->reason);
+        else
+            snprintf(s->reason, sizeof(s->reason), "worker %d exited with status %d before it was ready",
+                     w->slot, code);
         s->stopping = 1;
         forward(s, SIGTERM);
     } else if (cause < 0 && !s->stopping && !w->told) {
@@ -593,12 +606,16 @@ static int supervise(struct capstan_runtime *rt, int argc, char **argv, int *wor
         reap(&s);
     }
     capstan_info("supervisor: every worker has ended");
-    capstan__log_flush();
     for (int i = 0; i < s.n; i++)
         for (int c = 0; c < NCAUSES; c++)
             if (atomic_load(&s.slots[i].restarts[c]))
                 capstan_debug("worker %d: %ld restarts (%s)", i, atomic_load(&s.slots[i].restarts[c]),
                               cause_names[c]);
+    /* The log's last line says why `capstan run` failed, as without the
+     * supervisor. */
+    if (s.reason[0])
+        capstan_error("%s", s.reason);
+    capstan__log_flush();
     free(s.w);
     free(s.slots);
     free(s.exe);

@@ -8,15 +8,17 @@
  *
  * A worker and its supervisor share a board: a little shared memory made
  * before the fork, in which the worker writes its identity, its readiness,
- * why it leaves, and the jids of the jobs each processor started last. The
- * supervisor reads the jids only once it reaped the worker, so it knows
- * which jobs of the dead worker's list had started: the running ones, and
- * the finished ones whose ack was still to ride a round trip. Not part of
- * the public API. */
+ * why it leaves, that its run ended (and why, when it failed), and the
+ * jids of the jobs each processor started last. The supervisor reads the
+ * jids only once it reaped the worker, so it knows which jobs of the dead
+ * worker's list had started: the running ones, and the finished ones whose
+ * ack was still to ride a round trip. Not part of the public API. */
 #ifndef CAPSTAN_RUNTIME_SUPERVISOR_H
 #define CAPSTAN_RUNTIME_SUPERVISOR_H
 
 #include <stdatomic.h>
+
+#include "capstan/error.h"
 
 struct capstan_runtime;
 
@@ -38,9 +40,13 @@ typedef struct capstan_board_row {
 } capstan_board_row_t;
 
 typedef struct capstan_board {
-    char identity[320];     /* written before the worker touches Redis */
+    char identity[320];     /* written before the worker touches Redis;
+                               "" when its working list is empty */
     atomic_int ready;       /* 1 once the worker processes jobs */
     atomic_int leaving;     /* CAPSTAN_LEAVE_*, set before it goes quiet */
+    atomic_int ended;       /* 1 once capstan_runtime_run returned: any
+                               exit without it is a crash, exit(0) too */
+    char reason[CAPSTAN_ERRLEN]; /* why that run failed (its error), or "" */
     atomic_llong rss;       /* bytes, as the worker last read it */
     int nslots;             /* processors, the rows */
     capstan_board_row_t row[]; /* per processor: the jobs it started last */

@@ -794,6 +794,24 @@ int kt_log_count(pid_t pid, const char *needle)
     return n;
 }
 
+char *kt_last_line(const char *out)
+{
+    size_t n = out ? strlen(out) : 0;
+    while (n > 0 && out[n - 1] == '\n')
+        n--;
+    size_t start = n;
+    while (start > 0 && out[start - 1] != '\n')
+        start--;
+    char *line = strndup(out ? out + start : "", n - start);
+    cr_assert(line);
+    /* "... pid=N tid=T LEVEL: message": the message alone. */
+    const char *tid = strstr(line, " tid=");
+    const char *msg = tid ? strstr(tid, ": ") : NULL;
+    if (msg)
+        memmove(line, msg + 2, strlen(msg + 2) + 1);
+    return line;
+}
+
 void kt_make_jid(char out[25], unsigned tag, unsigned i)
 {
     static unsigned salt;

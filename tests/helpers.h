@@ -193,6 +193,9 @@ char *kt_scrape(int port);
 /* Whether pid's log (kt_capstan_log) holds needle, and how many times. */
 int kt_log_has(pid_t pid, const char *needle);
 int kt_log_count(pid_t pid, const char *needle);
+/* The message of the last line of a log (malloc'd): what follows its
+ * level ("... tid=T ERROR: "), or the whole line when it has none. */
+char *kt_last_line(const char *out);
 
 /* A fresh 24-hex jid, unique within the test program (tag tells job kinds
  * apart, i the jobs of one kind). */

@@ -715,6 +715,34 @@ Test(sentinel, an_unknown_master_name_stops_the_start)
     free(out);
 }
 
+/* Sentinels that name a master nobody answers at: the start fails (69)
+ * with a last line that blames the master they named, by its address,
+ * not the sentinels, which answered. Under the supervisor too. */
+Test(sentinel, an_unreachable_master_named_by_the_sentinels_is_the_last_line)
+{
+    cluster_t k = { 0 };
+    cluster_start(&k, 0, 1);
+    kill(k.master_pid, SIGKILL);
+    waitpid(k.master_pid, NULL, 0);
+    kt_untrack(k.master_pid);
+    cr_assert(KT_WAIT_UNTIL(!pings(k.master), 10));
+    char want[128];
+    snprintf(want, sizeof(want), ": master 127.0.0.1:%d (named by the sentinels): connect (", k.master);
+    const char *modes[] = { NULL, "--no-supervisor" };
+    for (int i = 0; i < 2; i++) {
+        char *out = NULL;
+        int rc = kt_capstan_run((const char *[]){ "run", "-r", getenv("CAPSTAN_PLUGIN"), "--redis-url", k.url,
+                                              "--startup-timeout", "1", modes[i], NULL }, &out);
+        char *last = kt_last_line(out);
+        fprintf(stderr, "[unreachable master%s] status %d, last line: %s\n", modes[i] ? ", alone" : "", rc,
+                last);
+        cr_assert_eq(rc, 69, "%s", out);
+        cr_assert(strstr(last, want) && strstr(last, "gave up after startup_timeout"), "%s", out);
+        free(last);
+        free(out);
+    }
+}
+
 /* The sentinels' password and the master's are each sent where they
  * belong, and neither appears in the log. */
 Test(sentinel, passwords_of_the_sentinels_and_of_the_master)

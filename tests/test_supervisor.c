@@ -194,6 +194,69 @@ Test(supervisor, a_segfault_gives_the_workers_jobs_back_at_once_and_buries_the_c
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
 }
 
+/* A handler that calls exit(0), among jobs at processes 2: the worker it
+ * ends was not told to leave, so it is a crash like a segfault: replaced
+ * at once, the job's start counted, the job a poison pill at its third
+ * exit; every other job runs and the supervisor stays up. */
+Test(supervisor, a_handler_calling_exit_0_is_a_crash_and_its_job_a_poison_pill)
+{
+    enum { N = 60 };
+    char jid[25];
+    kt_make_jid(jid, 10, 0);
+    char *exiter = kt_payload("ExitJob", "[0]", jid, "default");
+    push_ledger("ex", N, 100, exiter, 10, 11);
+    free(exiter);
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", NULL });
+    int all = KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1 && kt_int("LLEN ex:done") == N, 30);
+    long long left = kt_int("LLEN queue:default");
+    fprintf(stderr, "[exit 0] %lld of %d jobs left unrun, %lld in the dead set, the supervisor %s\n",
+            left, N + 1, kt_int("ZCARD dead"), gone(pid) ? "gone" : "up");
+    cr_assert(all, "%lld dead, %lld of %d done: %s", kt_int("ZCARD dead"), kt_int("LLEN ex:done"), N,
+              kt_capstan_log(pid));
+    cr_assert(!gone(pid), "%s", kt_capstan_log(pid));
+    char *dead = members("dead");
+    cr_assert(strstr(dead, "Capstan::PoisonPill") && strstr(dead, "ExitJob"), "%s", dead);
+    free(dead);
+    cr_assert_eq(left, 0);
+    cr_assert_eq(kt_log_has(pid, "it is not replaced"), 0, "%s", kt_capstan_log(pid));
+    cr_assert_geq(kt_log_count(pid, ") exited with status "), 3, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+}
+
+/* Sidekiq's Stop (TERM pushed on a worker's signals list) ends that worker
+ * for good: it is not replaced, the other goes on, and once both are
+ * stopped so `capstan run` exits 0. */
+Test(supervisor, sidekiqs_stop_ends_a_worker_without_a_replacement)
+{
+    char *y = kt_write_conf(NULL); /* beats that pick up the signal soon */
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "--processes", "2", "-c", "2", NULL });
+    free(y);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
+    for (int slot = 0; slot < 2; slot++) {
+        pid_t w = worker_pid(pid, slot);
+        char *id = NULL, want[32], line[64];
+        snprintf(want, sizeof(want), ":%d:", (int)w);
+        redisReply *r = kt_cmd("SMEMBERS processes");
+        for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+            if (strstr(r->element[i]->str, want))
+                id = strdup(r->element[i]->str);
+        freeReplyObject(r);
+        cr_assert(id, "no process of pid %d", (int)w);
+        freeReplyObject(kt_cmd("LPUSH %s-signals TERM", id));
+        free(id);
+        snprintf(line, sizeof(line), "worker %d was stopped (Web UI or API); it is not replaced", slot);
+        cr_assert(KT_WAIT_UNTIL(gone(w) && kt_log_has(pid, line), 15), "%s", kt_capstan_log(pid));
+        if (slot == 0) {
+            /* Time enough for a replacement to show, were one started. */
+            kt_sleep(1.5);
+            cr_assert(!gone(pid) && !gone(worker_pid(pid, 1)), "%s", kt_capstan_log(pid));
+        }
+    }
+    cr_assert_eq(kt_wait_exit(pid, 20), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "worker 0 started (pid "), 1, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "worker 1 started (pid "), 1, "%s", kt_capstan_log(pid));
+}
+
 /* kill -9 of a worker mid-drain: its list is back in its queue within a
  * second (with the default 60 s liveness lease), nothing is lost, and only
  * jobs it had started run again: those running, and those finished whose
@@ -394,4 +457,58 @@ Test(supervisor, a_timed_out_job_releases_its_runtime_lock)
     cr_assert_eq(kt_int("EXISTS uniquejobs:hanglockdigest:RUN:LOCKED"), 0, "the runtime lock outlived the job");
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
     free(y);
+}
+
+/* `capstan run ARGS` under the supervisor, then with --no-supervisor:
+ * returns the supervisor's log (malloc'd), with the exit status of each in
+ * *sup and *alone and the last line of the one alone in *alone_last
+ * (malloc'd). */
+static char *run_both(const char *const *args, int *sup, int *alone, char **alone_last)
+{
+    const char *argv[32] = { "run", "-r", getenv("CAPSTAN_PLUGIN") };
+    int n = 3;
+    for (int i = 0; args[i] && n < 30; i++)
+        argv[n++] = args[i];
+    char *out = NULL, *one = NULL;
+    *sup = kt_capstan_run(argv, &out);
+    argv[n++] = "--no-supervisor";
+    *alone = kt_capstan_run(argv, &one);
+    *alone_last = kt_last_line(one);
+    free(one);
+    return out;
+}
+
+/* A worker that cannot start: the supervisor exits with the worker's
+ * status and its last line is the worker's reason, as without the
+ * supervisor; the worker fetched nothing, so no "jobs wait" line. Here a
+ * missing ca_file (78) and a Redis that never answers (69). */
+Test(supervisor, a_worker_that_cannot_start_leaves_its_reason_last_and_its_status)
+{
+    char url[64], tls_url[64];
+    int port = kt_free_port();
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    snprintf(tls_url, sizeof(tls_url), "rediss://127.0.0.1:%d", port);
+    struct {
+        const char *args[8];
+        int status;
+        const char *reason;
+    } cases[] = {
+        { { "--redis-url", tls_url, "--tls-ca-file", "/nonexistent/ca.pem", NULL }, 78,
+          "cannot load ca_file /nonexistent/ca.pem" },
+        { { "--redis-url", url, "--startup-timeout", "1", NULL }, 69, "gave up after startup_timeout" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int sup, alone;
+        char *alone_last, *out = run_both(cases[i].args, &sup, &alone, &alone_last);
+        char *last = kt_last_line(out);
+        fprintf(stderr, "[cannot start] status %d, last line: %s\n", sup, last);
+        cr_assert_eq(alone, cases[i].status, "%s", alone_last);
+        cr_assert(strstr(alone_last, cases[i].reason), "%s", alone_last);
+        cr_assert_eq(sup, cases[i].status, "%s", out);
+        cr_assert_str_eq(last, alone_last, "%s", out);
+        cr_assert(!strstr(out, "wait for orphan recovery"), "%s", out);
+        free(last);
+        free(alone_last);
+        free(out);
+    }
 }
