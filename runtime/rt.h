@@ -157,6 +157,8 @@ struct capstan_runtime {
                                       due; made at start */
     struct capstan_board *board;   /* shared with the supervisor
                                       (supervisor.h), NULL when unsupervised */
+    struct capstan_board_end *board_end; /* past its rows; NULL also under a
+                                      supervisor of an older binary */
     int worker_slot;               /* which of the supervisor's workers */
     int supervisor_pid;            /* and the supervisor's pid */
     double clock_said;             /* the clock offset from Redis's last

@@ -624,11 +624,12 @@ int capstan_runtime_run(capstan_runtime_t *rt, char *err)
          * other exit (a handler's exit(0) too) for a crash, and repeats a
          * failed start's reason as its own last line. A run that ended
          * before the processors started left no job to recover. */
-        if (rc)
-            snprintf(rt->board->reason, sizeof(rt->board->reason), "%s", err);
+        if (rc && rt->board_end)
+            snprintf(rt->board_end->reason, sizeof(rt->board_end->reason), "%s", err);
         if (!rt->nslots)
             rt->board->identity[0] = '\0';
-        atomic_store(&rt->board->ended, 1);
+        if (rt->board_end)
+            atomic_store(&rt->board_end->ended, 1);
     }
     return rc;
 }

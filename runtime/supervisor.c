@@ -127,14 +127,15 @@ static void detach(pid_t supervisor)
 }
 
 /* A worker's own identity and board; systemd hears the supervisor only. */
-static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, int slot, atomic_long *table,
-                         int nslots)
+static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, size_t size, int slot,
+                         atomic_long *table, int nslots)
 {
     capstan__log_forked();
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
     rt->board = board;
+    rt->board_end = capstan__board_end(board, size);
     rt->worker_slot = slot;
     rt->supervisor_pid = (int)getppid();
     capstan__identity_make(rt->identity, sizeof(rt->identity));
@@ -151,7 +152,7 @@ static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, int
 static void become_worker(sup_t *s, worker_t *me)
 {
     detach(s->self);
-    worker_setup(s->rt, me->board, me->slot, s->table, s->n);
+    worker_setup(s->rt, me->board, me->board_size, me->slot, s->table, s->n);
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].board && &s->w[i] != me)
             munmap(s->w[i].board, s->w[i].board_size);
@@ -183,9 +184,10 @@ static void exec_worker(sup_t *s, worker_t *me)
             argv[i + 1] = s->argv[i];
         execv(s->exe, (char *const *)argv);
     }
-    snprintf(me->board->reason, sizeof(me->board->reason), "cannot start %s: %s", s->exe, strerror(errno));
-    capstan_error("%s", me->board->reason);
-    atomic_store(&me->board->ended, 1);
+    capstan_board_end_t *end = capstan__board_end(me->board, me->board_size);
+    snprintf(end->reason, sizeof(end->reason), "cannot start %s: %s", s->exe, strerror(errno));
+    capstan_error("%s", end->reason);
+    atomic_store(&end->ended, 1);
     capstan__log_flush();
     _exit(127);
 }
@@ -207,7 +209,7 @@ static int supervised(struct capstan_runtime *rt, char *err)
         return capstan_seterr(err, CAPSTAN_ESYS, "%s: mmap: %s", CAPSTAN_WORKER_ENV, strerror(errno));
     if (getppid() != parent)
         raise(SIGTERM);
-    worker_setup(rt, board, slot, table == MAP_FAILED ? NULL : table, n);
+    worker_setup(rt, board, size, slot, table == MAP_FAILED ? NULL : table, n);
     return 0;
 }
 
@@ -239,7 +241,7 @@ static int spawn(sup_t *s, int slot, int exec)
             w = &s->w[i];
     if (!w)
         return 0;
-    size_t size = sizeof(capstan_board_t) + (size_t)s->rt->cfg->concurrency * sizeof(capstan_board_row_t);
+    size_t size = capstan__board_size(s->rt->cfg->concurrency);
     int fd;
     void *mem = shared(size, &fd);
     if (mem == MAP_FAILED) {
@@ -359,7 +361,8 @@ static void reaped(sup_t *s, worker_t *w, int status)
     wslot_t *ws = &s->slots[w->slot];
     double now = capstan__mono();
     int leave = atomic_load(&w->board->leaving);
-    int ended = atomic_load(&w->board->ended);
+    capstan_board_end_t *end = capstan__board_end(w->board, w->board_size);
+    int ended = atomic_load(&end->ended);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     if (sig)
@@ -389,9 +392,8 @@ static void reaped(sup_t *s, worker_t *w, int status)
          * startup_timeout, a port in use): neither will its replacement. */
         capstan_error("worker %d could not start; stopping", w->slot);
         s->status = code;
-        if (w->board->reason[0])
-            snprintf(s->reason, sizeof(s->reason), "%.*s", (int)sizeof(w->board->reason) - 1,
-                     w->board->reason);
+        if (end->reason[0])
+            snprintf(s->reason, sizeof(s->reason), "%.*s", (int)sizeof(end->reason) - 1, end->reason);
         else
             snprintf(s->reason, sizeof(s->reason), "worker %d exited with status %d before it was ready",
                      w->slot, code);

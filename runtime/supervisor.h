@@ -39,18 +39,40 @@ typedef struct capstan_board_row {
     char jid[CAPSTAN_BOARD_RING][CAPSTAN_BOARD_JID]; /* "" unused */
 } capstan_board_row_t;
 
+/* The board's layout is shared with the binary a reload starts, which may
+ * be a newer one under a supervisor still running the older code: its
+ * members never move, and what was added since follows the rows, where a
+ * worker finds it only when the board's size leaves room for it. */
 typedef struct capstan_board {
     char identity[320];     /* written before the worker touches Redis;
                                "" when its working list is empty */
     atomic_int ready;       /* 1 once the worker processes jobs */
     atomic_int leaving;     /* CAPSTAN_LEAVE_*, set before it goes quiet */
-    atomic_int ended;       /* 1 once capstan_runtime_run returned: any
-                               exit without it is a crash, exit(0) too */
-    char reason[CAPSTAN_ERRLEN]; /* why that run failed (its error), or "" */
     atomic_llong rss;       /* bytes, as the worker last read it */
     int nslots;             /* processors, the rows */
     capstan_board_row_t row[]; /* per processor: the jobs it started last */
 } capstan_board_t;
+
+/* After the rows. */
+typedef struct capstan_board_end {
+    atomic_int ended;       /* 1 once capstan_runtime_run returned: any
+                               exit without it is a crash, exit(0) too */
+    char reason[CAPSTAN_ERRLEN]; /* why that run failed (its error), or "" */
+} capstan_board_end_t;
+
+/* The size of a board of nslots rows. */
+static inline size_t capstan__board_size(int nslots)
+{
+    return sizeof(capstan_board_t) + (size_t)nslots * sizeof(capstan_board_row_t) + sizeof(capstan_board_end_t);
+}
+
+/* Where b's end is, or NULL when size (the board's mapped size) has no
+ * room for it: a board an older supervisor made. */
+static inline capstan_board_end_t *capstan__board_end(capstan_board_t *b, size_t size)
+{
+    return b && size >= capstan__board_size(b->nslots)
+               ? (capstan_board_end_t *)(void *)&b->row[b->nslots] : NULL;
+}
 
 /* Notes the job jid started on processor index of a supervised worker's
  * board; a no-op without a board. Any processor thread, for its own index. */
