@@ -23,7 +23,7 @@
 #include "support/buf.h"
 #include "observe/prometheus.h"
 
-TestSuite(metrics, .timeout = 30, .fini = kt_kill_children);
+TestSuite(metrics, .timeout = 60, .fini = kt_kill_children);
 
 /* A listening socket on 127.0.0.1 (port 0: any); *port gets its port. */
 static int listener(int *port)
@@ -586,7 +586,7 @@ static int stats_queue(char **out, const char *queue, json_t **q)
  * own: one, or two when it looked before the first had marked itself busy.
  * Until both run, a scrape may catch a job fetched ahead for the other one,
  * about to be taken: the counts are read once both run, from one scrape. */
-Test(metrics, jobs_fetched_ahead_show_by_queue_in_metrics_and_stats, .timeout = 90)
+Test(metrics, jobs_fetched_ahead_show_by_queue_in_metrics_and_stats)
 {
     enum { N = 10 };
     int port = kt_free_port(), status = 0;
@@ -613,7 +613,7 @@ Test(metrics, jobs_fetched_ahead_show_by_queue_in_metrics_and_stats, .timeout = 
                              ahead = (long long)value(m, "capstan_prefetched_jobs{queue=\"slow\"}"),
                              value(m, "capstan_busy_threads") == 2 && ahead > 0
                                  && value(m, "capstan_queue_size{queue=\"slow\"}") == N - 2 - ahead),
-                            30),
+                            20),
               "%s\n%s", resp ? resp : "(no answer)", kt_capstan_log(pid));
     free(resp);
     cr_assert_leq(ahead, 2);
@@ -623,7 +623,7 @@ Test(metrics, jobs_fetched_ahead_show_by_queue_in_metrics_and_stats, .timeout = 
     char *out = NULL;
     json_t *slow = NULL;
     cr_assert(KT_WAIT_UNTIL(stats_queue(&out, "slow", &slow)
-                            && json_integer_value(json_object_get(slow, "prefetched")) == ahead, 30),
+                            && json_integer_value(json_object_get(slow, "prefetched")) == ahead, 20),
               "%s", out);
     cr_assert_eq(json_integer_value(json_object_get(slow, "size")), N - 2 - ahead, "%s", out);
     json_decref(slow);
