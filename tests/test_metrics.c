@@ -38,13 +38,6 @@ static int listener(int *port)
     return fd;
 }
 
-static int free_port(void)
-{
-    int port = 0;
-    close(listener(&port));
-    return port;
-}
-
 /* GET path over a plain socket; returns the whole response (headers and
  * body, malloc'd) or NULL when nothing listens. *status gets the code. */
 static char *http_get(int port, const char *path, int *status)
@@ -122,7 +115,7 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
     for (int i = 0; i < 2; i++)
         cr_assert_eq(kt_capstan_run((const char *[]){ "push", "FailJob", NULL }, NULL), 0);
 
-    int port = free_port(), status = 0;
+    int port = kt_free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
     pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "-c", "3", "--metrics-port",
@@ -216,7 +209,7 @@ static int count_closed(const slow_t *s)
 
 Test(metrics, slow_clients_neither_block_a_scrape_nor_stay_connected)
 {
-    int port = free_port(), status = 0;
+    int port = kt_free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
     pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "--metrics-port", portstr, NULL });
@@ -281,7 +274,7 @@ Test(metrics, bad_label_bytes_keep_the_scrape_valid)
     freeReplyObject(kt_cmd("SADD queues default %b", badq, sizeof(badq) - 1));
     freeReplyObject(kt_cmd("LPUSH %b {}", badkey, sizeof(badkey) - 1));
 
-    int port = free_port(), status = 0;
+    int port = kt_free_port(), status = 0;
     char portstr[16], series[256];
     snprintf(portstr, sizeof(portstr), "%d", port);
     pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "--metrics-port", portstr, NULL });
@@ -318,7 +311,7 @@ Test(metrics, limiter_series_count_acquisitions_waits_and_holds)
     for (int i = 0; i < 3; i++)
         cr_assert_eq(kt_capstan_run((const char *[]){ "push", "LimitJob", "[\"lm\", 1000]", NULL },
                                     NULL), 0);
-    int port = free_port(), status = 0;
+    int port = kt_free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", "--metrics-port", portstr,
@@ -632,7 +625,7 @@ Test(metrics, sidekiq_metrics_setting_picks_the_layouts)
     char *bad = kt_write_file("execbad.yml", "sidekiq_metrics: 9\n");
     char *log = NULL;
     cr_assert_eq(kt_capstan_run((const char *[]){ "run", "-C", bad, NULL }, &log), 78);
-    cr_assert(strstr(log, "sidekiq_metrics") && strstr(log, "both, 7, 8 or off"), "%s", log);
+    cr_assert(strstr(log, "sidekiq_metrics") && strstr(log, "must be off, 7, 8 or both"), "%s", log);
     free(log);
     free(bad);
     free(y);
@@ -738,7 +731,7 @@ Test(metrics, expired_jobs_are_dropped_unrun_and_counted_apart)
     }
     kt_sleep(0.01); /* the first push's 1 ms has passed */
     char *conf = kt_write_conf(NULL);
-    int port = free_port(), status = 0;
+    int port = kt_free_port(), status = 0;
     char portstr[16];
     snprintf(portstr, sizeof(portstr), "%d", port);
     pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-c", "2", "--metrics-port", portstr, NULL });
