@@ -358,6 +358,47 @@ KT_SIDEKIQ_TEST(fleet, a_cold_start_of_a_mixed_fleet_fails_no_ruby_job)
     free(cfg);
 }
 
+/* What a capstan saw of Ruby outlives both processes' restart: capstan A
+ * sees Ruby read queue default and keeps that in capstan:ruby:default;
+ * Ruby and A stop (a clean stop leaves the process set); capstan B, started
+ * while no Ruby process runs, knows the queue is shared from its first
+ * look, says so, and gives a Ruby job back for Ruby, which runs it once
+ * when it is back. */
+Test(fleet, what_a_capstan_saw_of_ruby_outlives_a_restart)
+{
+    char *rid = NULL;
+    pid_t rb = ruby_start(KT_SIDEKIQ_DEBIAN, &rid);
+    char *cfg = kt_write_conf(NULL);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, " reads queues [default]"), 15), "%s", kt_capstan_log(a));
+    long long ttl = kt_int("TTL capstan:ruby:default");
+    cr_assert(ttl > 0 && ttl <= 600, "kept for the 10 minutes a queue stays shared: %lld", ttl);
+    stop_ok(rb, "sidekiq");
+    stop_ok(a, "capstan");
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+
+    pid_t b = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "read queues [default] less than 10 minutes ago"), 15), "%s",
+              kt_capstan_log(b));
+    char jid[25];
+    kt_make_jid(jid, 30, 0);
+    char *job = kt_payload("RubyOnlyJob", "[\"o\"]", jid, "default");
+    kt_push_all(kt_redis(), "default", &job, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "no handler for RubyOnlyJob (queue:default); unknown_class: requeue "
+                                          "(a Ruby Sidekiq process reads the queue)"), 15),
+              "%s", kt_capstan_log(b));
+    rb = kt_sidekiq_start_v(KT_SIDEKIQ_DEBIAN, "fleet_jobs.rb", "default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD o") == 1, 40), "Ruby ran it: %s", kt_sidekiq_log());
+    kt_sleep(1);
+    cr_assert_eq(kt_int("LLEN o:log"), 1, "once");
+    cr_assert_eq(kt_int("GET stat:failed") + kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+    stop_ok(b, "capstan");
+    stop_ok(rb, "sidekiq");
+    free(job);
+    free(cfg);
+    free(rid);
+}
+
 /* CPU seconds process pid has used (/proc/pid/stat: utime + stime). */
 static double cpu_of(pid_t pid)
 {
