@@ -219,17 +219,17 @@ KT_SIDEKIQ_TEST(fleet, a_job_retrying_under_a_ruby_error_keeps_it)
     free(rid);
 }
 
-/* One of cold_start's fleets: a capstan and a Ruby process on a queue of
+enum { PER_FLEET = 200 };
+
+/* One of a_cold_start's fleets: a capstan and a Ruby process on a queue of
  * their own, started at offsets from the test's start. */
 typedef struct fleet {
     const char *queue;
     double capstan_at, ruby_at; /* seconds */
     int push_late;              /* its jobs are pushed once capstan runs */
     pid_t capstan, ruby;
-    char jid[200][25];          /* even i: RubyOnlyJob, odd: RecordJob */
+    char jid[PER_FLEET][25];    /* even i: RubyOnlyJob, odd: RecordJob */
 } fleet_t;
-
-enum { PER_FLEET = 200 };
 
 static void push_fleet(fleet_t *f, unsigned tag)
 {
