@@ -52,6 +52,8 @@
 #define CAPSTAN_KEY_REAPER_RUNNING "capstan:reaper:running" /* one reaper run at a time */
 #define CAPSTAN_KEY_REAPER_CURSOR "capstan:reaper:cursor" /* where the last run stopped */
 #define CAPSTAN_KEY_RECOVERY_LEASE "capstan:recovery:lease" /* one orphan recovery at a time */
+#define CAPSTAN_KEY_RUBY_READ "capstan:ruby:" /* + queue name: when a capstan last saw a
+                                              Ruby process read it (epoch s; lives 10 min) */
 #define CAPSTAN_KEY_PERIODIC "capstan:periodic:" /* + schedule name: hash of its last
                                                   tick (last, sig) */
 

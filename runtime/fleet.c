@@ -4,13 +4,18 @@
  * that can run it; so unless the config sets unknown_class, such a queue's
  * unknown classes go back for Ruby (unknown_class: requeue), and the
  * others fail as Sidekiq fails them. Looked at at start, before the first
- * fetch, and every recovery_interval by the housekeeper. */
+ * fetch, every recovery_interval by the housekeeper, and by a processor
+ * about to fail a job for its class (at most once a second). What a look
+ * sees is also kept in Redis (CAPSTAN_KEY_RUBY_READ), so that a capstan
+ * that starts while Ruby's processes restart knows what the others saw. */
 #include "runtime/rt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "observe/overview.h"
+#include "redis/keys.h"
 #include "support/buf.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -21,6 +26,16 @@
  * between must not hand Ruby's jobs to NameError; a deploy takes less. */
 #define SHARED_HOLD 600.0
 
+/* A deploy starts Ruby's processes with capstan's, and a Ruby process is
+ * in the process set only from its first beat, after its boot (seconds,
+ * tens of them for a large app). Until then no look tells a Ruby job from
+ * a truly unknown one: for its first minute a capstan gives those jobs
+ * back to their queue instead of failing them. */
+#define YOUNG 60.0
+
+/* Seconds between two looks made for a job about to fail. */
+#define RELOOK 1.0
+
 /* Ruby processes a line names before "and N more". */
 #define NAMED 3
 
@@ -28,9 +43,10 @@ struct capstan_fleet {
     size_t n;                /* rt->cfg->nqueues */
     _Atomic double *seen;    /* capstan__mono() of the last look that saw a
                                 Ruby process read queue i; 0 never */
-    unsigned char *said;     /* queue i was last logged as shared; only
-                                the looking thread (start, then the
-                                housekeeper) touches it */
+    pthread_mutex_t mu;      /* one look at a time; guards what follows */
+    unsigned char *said;     /* queue i was last logged as shared */
+    double born;             /* capstan__mono() of the first look */
+    double looked;           /* and of the last */
 };
 
 int capstan__fleet_new(capstan_runtime_t *rt)
@@ -38,6 +54,7 @@ int capstan__fleet_new(capstan_runtime_t *rt)
     size_t n = rt->cfg->nqueues;
     struct capstan_fleet *f = calloc(1, sizeof(*f));
     if (f) {
+        pthread_mutex_init(&f->mu, NULL);
         f->n = n;
         f->seen = calloc(n ? n : 1, sizeof(*f->seen));
         f->said = calloc(n ? n : 1, 1);
@@ -56,6 +73,7 @@ void capstan__fleet_free(struct capstan_fleet *f)
 {
     if (!f)
         return;
+    pthread_mutex_destroy(&f->mu);
     free((void *)f->seen);
     free(f->said);
     free(f);
@@ -79,14 +97,6 @@ int capstan__fleet_shared(const capstan_runtime_t *rt, const char *queue)
 {
     long i = rt->fleet && queue ? queue_index(rt->cfg, queue) : -1;
     return i >= 0 && (size_t)i < rt->fleet->n && shared_at(rt->fleet, (size_t)i, capstan__mono());
-}
-
-capstan_unknown_class_t capstan__unknown_policy(const capstan_runtime_t *rt, const char *queue)
-{
-    const capstan_config_t *c = rt->cfg;
-    if (!c->unknown_class_explicit && capstan__fleet_shared(rt, queue))
-        return CAPSTAN_UNKNOWN_REQUEUE;
-    return c->unknown_class;
 }
 
 /* "id (Sidekiq 7.3.10)" for the log line. */
@@ -128,8 +138,12 @@ static void say_shared(const capstan_runtime_t *rt, const capstan_overview_t *ov
         }
     if (n > NAMED)
         capstan__buf_printf(&b, " and %zu more", n - NAMED);
-    capstan__buf_printf(&b, " read%s queues ", n == 1 ? "s" : "");
+    capstan__buf_printf(&b, "%sread%s queues ", n ? " " : "", n == 1 ? "s" : "");
     name_queues(&b, c, fresh);
+    /* None in the process set: another capstan saw them (remember()). */
+    if (!n)
+        capstan__buf_printf(&b, " less than %.0f minutes ago (a capstan saw them, %s<queue>)",
+                            SHARED_HOLD / 60, CAPSTAN_KEY_RUBY_READ);
     capstan__buf_puts(&b, " as capstan does: ");
     int fails = c->unknown_class_explicit && c->unknown_class != CAPSTAN_UNKNOWN_REQUEUE;
     if (fails)
@@ -151,12 +165,52 @@ static void say_shared(const capstan_runtime_t *rt, const capstan_overview_t *ov
     capstan__buf_free(&b);
 }
 
-void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
+/* Keeps in Redis, for SHARED_HOLD, the queues a Ruby process was seen
+ * reading at this look (now[i]), and takes in what the looks of every
+ * capstan saw: a capstan started while no Ruby process is in the process
+ * set (Ruby's restart in a deploy) knows the queues Ruby read before it. */
+static void remember(capstan_runtime_t *rt, capstan_redis_t *r, const unsigned char *now, double mono)
 {
     struct capstan_fleet *f = rt->fleet;
     const capstan_config_t *c = rt->cfg;
-    if (!f || !f->n)
-        return;
+    double wall = capstan__now();
+    char ts[32];
+    snprintf(ts, sizeof(ts), "%.3f", wall);
+    const char **argv = calloc(f->n + 1, sizeof(*argv));
+    size_t k = 0;
+    for (; argv && k < f->n && (argv[k + 1] = capstan__key_dup(CAPSTAN_KEY_RUBY_READ, c->queues[k].name)); k++)
+        if (now[k])
+            freeReplyObject(capstan_redis_cmdf(r, "SET %s %s EX %d", argv[k + 1], ts, (int)SHARED_HOLD));
+    redisReply *got = NULL;
+    if (argv && k == f->n) {
+        argv[0] = "MGET";
+        got = capstan_redis_cmd(r, (int)f->n + 1, argv, NULL);
+    }
+    for (size_t i = 0; got && got->type == REDIS_REPLY_ARRAY && i < got->elements && i < f->n; i++) {
+        if (got->element[i]->type != REDIS_REPLY_STRING)
+            continue;
+        /* Another machine's clock may run a little ahead of ours. */
+        double ago = wall - atof(got->element[i]->str), seen = mono - (ago > 0 ? ago : 0);
+        if (ago < SHARED_HOLD && seen > atomic_load(&f->seen[i]))
+            atomic_store(&f->seen[i], seen);
+    }
+    if (argv && !got)
+        capstan_debug("fleet look: %s", capstan_redis_error(r));
+    freeReplyObject(got);
+    for (size_t i = 0; argv && i < k; i++)
+        free((void *)argv[i + 1]);
+    free(argv);
+}
+
+/* capstan__fleet_look, with f->mu held. */
+static void look(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    struct capstan_fleet *f = rt->fleet;
+    const capstan_config_t *c = rt->cfg;
+    double now = capstan__mono();
+    f->looked = now;
+    if (!f->born)
+        f->born = now;
     capstan_overview_t ov;
     char err[CAPSTAN_ERRLEN];
     /* A look that fails changes nothing: the hold covers the next. */
@@ -165,11 +219,10 @@ void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
         capstan__overview_clear(&ov);
         return;
     }
-    unsigned char *ruby = calloc(ov.nprocesses ? ov.nprocesses : 1, 1);
+    unsigned char *ruby = calloc(ov.nprocesses ? ov.nprocesses : 1, 1), *read = calloc(f->n, 1);
     unsigned char *fresh = calloc(f->n, 1), *gone = calloc(f->n, 1);
-    if (!ruby || !fresh || !gone)
+    if (!ruby || !read || !fresh || !gone)
         goto out;
-    double now = capstan__mono();
     size_t nruby = 0;
     for (size_t p = 0; p < ov.nprocesses; p++) {
         const capstan_overview_process_t *pr = &ov.processes[p];
@@ -181,9 +234,11 @@ void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
             if (i < 0)
                 continue;
             atomic_store(&f->seen[i], now);
+            read[i] = 1;
             ruby[p] = 1;
         }
     }
+    remember(rt, r, read, now);
     int any_fresh = 0, any_gone = 0;
     for (size_t i = 0; i < f->n; i++) {
         int shared = shared_at(f, i, now);
@@ -220,7 +275,44 @@ void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
     capstan_debug("fleet: %zu processes, %zu of them Ruby Sidekiq", ov.nprocesses, nruby);
 out:
     free(ruby);
+    free(read);
     free(fresh);
     free(gone);
     capstan__overview_clear(&ov);
+}
+
+void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    struct capstan_fleet *f = rt->fleet;
+    if (!f || !f->n)
+        return;
+    pthread_mutex_lock(&f->mu);
+    look(rt, r);
+    pthread_mutex_unlock(&f->mu);
+}
+
+capstan_unknown_class_t capstan__unknown_policy(capstan_runtime_t *rt, capstan_redis_t *r, const char *queue,
+                                                const char **why)
+{
+    const capstan_config_t *c = rt->cfg;
+    struct capstan_fleet *f = rt->fleet;
+    *why = NULL;
+    if (c->unknown_class_explicit || !f || !f->n)
+        return c->unknown_class;
+    /* A Ruby process may have come since the last look. */
+    int shared = capstan__fleet_shared(rt, queue);
+    pthread_mutex_lock(&f->mu);
+    if (!shared && capstan__mono() - f->looked >= RELOOK) {
+        look(rt, r);
+        shared = capstan__fleet_shared(rt, queue);
+    }
+    int young = capstan__mono() - f->born < YOUNG;
+    pthread_mutex_unlock(&f->mu);
+    if (shared)
+        *why = "a Ruby Sidekiq process reads the queue";
+    else if (young)
+        *why = "capstan started less than a minute ago, and a Ruby Sidekiq process that started with it "
+               "may not be in the process set yet; after that minute, unknown_class: fail unless one reads "
+               "the queue";
+    return *why ? CAPSTAN_UNKNOWN_REQUEUE : c->unknown_class;
 }

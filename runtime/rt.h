@@ -237,16 +237,19 @@ struct capstan_fleet;
 int capstan__fleet_new(struct capstan_runtime *rt);
 void capstan__fleet_free(struct capstan_fleet *f);
 /* Reads the process set and each process's info on r, notes the queues of
- * ours a Ruby process reads, and logs one line when that changes. Called
- * by one thread at a time (at start, then the housekeeper). */
+ * ours a Ruby process reads (and keeps them in Redis), and logs one line
+ * when that changes. Any thread, one look at a time. */
 void capstan__fleet_look(struct capstan_runtime *rt, capstan_redis_t *r);
 /* Whether a Ruby process read queue at one of the looks of the last ten
  * minutes. Any thread. */
 int capstan__fleet_shared(const struct capstan_runtime *rt, const char *queue);
-/* The unknown_class policy for a job of queue: the config's when it sets
- * unknown_class, else requeue for a shared queue and the default for the
- * others. Any thread. */
-capstan_unknown_class_t capstan__unknown_policy(const struct capstan_runtime *rt, const char *queue);
+/* The unknown_class policy for a job of queue, looking at the fleet again
+ * on r when the last look is a second old: the config's when it sets
+ * unknown_class, else requeue for a shared queue and, in the process's
+ * first minute, for every queue, and the default for the others. *why
+ * says why when that is not the config's, else NULL. Any thread. */
+capstan_unknown_class_t capstan__unknown_policy(struct capstan_runtime *rt, capstan_redis_t *r, const char *queue,
+                                                const char **why);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */

@@ -323,9 +323,9 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Logs, once per class and process, what the unknown_class policy does
- * with cls's jobs. */
+ * with cls's jobs, and why when the config did not choose it. */
 static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue,
-                         capstan_unknown_class_t policy)
+                         capstan_unknown_class_t policy, const char *why)
 {
     static const char *const what[] = {
         [CAPSTAN_UNKNOWN_FAIL] = "they fail with NameError and are retried",
@@ -344,9 +344,8 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
     }
     pthread_mutex_unlock(&unknown_mu);
     if (first)
-        capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s: %s", cls, queue,
-                     capstan_config_unknown_class_name(policy),
-                     policy != rt->cfg->unknown_class ? " (a Ruby Sidekiq process reads the queue)" : "",
+        capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s%s%s: %s", cls, queue,
+                     capstan_config_unknown_class_name(policy), why ? " (" : "", why ? why : "", why ? ")" : "",
                      what[policy]);
 }
 
@@ -500,14 +499,17 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     if (run.h) {
         requeue_streak = 0;
     } else {
-        run.policy = capstan__unknown_policy(rt, job->queue);
-        note_unknown(rt, job->cls, job->queue, run.policy);
+        const char *why;
+        run.policy = capstan__unknown_policy(rt, r, job->queue, &why);
+        note_unknown(rt, job->cls, job->queue, run.policy, why);
     }
-    if (!run.h && run.policy == CAPSTAN_UNKNOWN_REQUEUE) {
-        requeue_unknown(s, r, job, -1);
-        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
-    } else if (!run.h && earlier_error(job)) {
+    /* A job that carries an error of its own goes back whatever the policy
+     * (hand_back); the others as it says. */
+    if (!run.h && earlier_error(job)) {
         hand_back(s, r, job);
+        capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+    } else if (!run.h && run.policy == CAPSTAN_UNKNOWN_REQUEUE) {
+        requeue_unknown(s, r, job, -1);
         capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     } else {
         /* The jobs the handler (or a middleware) pushes carry its trace. */

@@ -1,11 +1,13 @@
 /* A mixed fleet: a real Ruby Sidekiq server (6.4.1, 7.3.10, 8.0.10) reads
  * the queue capstan reads. Jobs of classes only Ruby has run in Ruby, once,
- * and capstan fails none of them with NameError; a job retrying under a
- * real Ruby error keeps that error whoever fetches it; capstan says in one
- * line that Ruby shares its queue; `capstan stats` and `capstan top` tell
- * the Ruby process from capstan's. */
+ * and capstan fails none of them with NameError, also when both start
+ * together; a job retrying under a real Ruby error keeps that error
+ * whoever fetches it; capstan says in one line that Ruby shares its queue;
+ * `capstan stats` and `capstan top` tell the Ruby process from capstan's.
+ * Without Ruby, a class no process knows still fails as Sidekiq's. */
 #include <jansson.h>
 #include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +217,240 @@ KT_SIDEKIQ_TEST(fleet, a_job_retrying_under_a_ruby_error_keeps_it)
     free(cfg);
     free(job);
     free(rid);
+}
+
+enum { PER_FLEET = 200 };
+
+/* One of a_cold_start's fleets: a capstan and a Ruby process on a queue of
+ * their own, started at offsets from the test's start. */
+typedef struct fleet {
+    const char *queue;
+    double capstan_at, ruby_at; /* seconds */
+    int push_late;              /* its jobs are pushed once capstan runs */
+    pid_t capstan, ruby;
+    char jid[PER_FLEET][25];    /* even i: RubyOnlyJob, odd: RecordJob */
+} fleet_t;
+
+static void push_fleet(fleet_t *f, unsigned tag)
+{
+    char *p[PER_FLEET], key[64];
+    for (int i = 0; i < PER_FLEET; i++) {
+        kt_make_jid(f->jid[i], tag, (unsigned)i);
+        snprintf(key, sizeof(key), "[\"%s:%s\"]", i % 2 ? "c" : "r", f->queue);
+        p[i] = kt_payload(i % 2 ? "RecordJob" : "RubyOnlyJob", key, f->jid[i], f->queue);
+    }
+    kt_push_all(kt_redis(), f->queue, p, PER_FLEET);
+    for (int i = 0; i < PER_FLEET; i++)
+        free(p[i]);
+}
+
+/* Jobs of f's queue in zset (retry or dead) that failed with NameError. */
+static int name_errors(const char *zset, const fleet_t *f)
+{
+    redisReply *r = kt_cmd("ZRANGE %s 0 -1", zset);
+    char q[80];
+    snprintf(q, sizeof(q), "\"queue\":\"%s\"", f->queue);
+    int n = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        n += strstr(r->element[i]->str, q) && strstr(r->element[i]->str, "NameError");
+    freeReplyObject(r);
+    return n;
+}
+
+static long long runs_of(const fleet_t *f, const char *side)
+{
+    return kt_int("LLEN %s:%s:log", side, f->queue);
+}
+
+/* Whether a job of the n fleets failed (a NameError retried would run in
+ * Ruby later and hide), or every job ran. */
+static int settled(const fleet_t *fl, unsigned n)
+{
+    if (kt_int("GET stat:failed") + kt_int("ZCARD retry") + kt_int("ZCARD dead") > 0)
+        return 1;
+    for (unsigned i = 0; i < n; i++)
+        if (runs_of(&fl[i], "r") + runs_of(&fl[i], "c") < PER_FLEET)
+            return 0;
+    return 1;
+}
+
+/* A deploy restarts Ruby and capstan (default config: no unknown_class,
+ * no recovery_interval) together, 200 jobs waiting on each queue, half of
+ * a class only Ruby has, half of one both have: Ruby starts 0 s, 2 s and
+ * 10 s after capstan, and capstan 5 s after Ruby (its jobs pushed once it
+ * runs). Each Ruby-only jid runs once in Ruby, each other jid once on
+ * either side, and none fails with NameError (before, capstan failed the
+ * Ruby jobs it fetched before its first look saw Ruby). Four fleets side
+ * by side, each on its own queue: a capstan minds only the Ruby processes
+ * of its own queues. */
+KT_SIDEKIQ_TEST(fleet, a_cold_start_of_a_mixed_fleet_fails_no_ruby_job)
+{
+    static fleet_t fl[] = {
+        { .queue = "default", .capstan_at = 0, .ruby_at = 0 },
+        { .queue = "ruby2", .capstan_at = 0, .ruby_at = 2 },
+        { .queue = "ruby10", .capstan_at = 0, .ruby_at = 10 },
+        { .queue = "capstan5", .capstan_at = 5, .ruby_at = 0, .push_late = 1 },
+    };
+    enum { NF = sizeof(fl) / sizeof(fl[0]) };
+    char *cfg = kt_write_conf(NULL);
+    for (unsigned i = 0; i < NF; i++) {
+        fl[i].capstan = fl[i].ruby = 0;
+        if (!fl[i].push_late)
+            push_fleet(&fl[i], 10 + i);
+    }
+    double t0 = kt_now();
+    for (int started = 0; started < 2 * (int)NF; kt_sleep(0.05)) {
+        for (unsigned i = 0; i < NF; i++) {
+            fleet_t *f = &fl[i];
+            if (!f->capstan && kt_now() - t0 >= f->capstan_at) {
+                f->capstan = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "4", "-q", f->queue, NULL });
+                started++;
+                if (f->push_late) {
+                    free(kt_log_identity(f->capstan));
+                    push_fleet(f, 10 + i);
+                }
+            }
+            if (!f->ruby && kt_now() - t0 >= f->ruby_at) {
+                f->ruby = kt_sidekiq_start_v(sidekiq, "fleet_jobs.rb", f->queue);
+                started++;
+            }
+        }
+    }
+    cr_assert(KT_WAIT_UNTIL(settled(fl, NF), 120), "jobs still waiting: %lld, %lld, %lld, %lld",
+              kt_int("LLEN queue:default"), kt_int("LLEN queue:ruby2"), kt_int("LLEN queue:ruby10"),
+              kt_int("LLEN queue:capstan5"));
+    kt_sleep(1.5); /* a second run, or a late failure, would show by now */
+    char what[1024] = "";
+    size_t at = 0;
+    int bad = 0;
+    for (unsigned i = 0; i < NF; i++) {
+        fleet_t *f = &fl[i];
+        int ne = name_errors("retry", f) + name_errors("dead", f);
+        int failed = kt_log_count(f->capstan, "uninitialized constant");
+        at += (size_t)snprintf(what + at, sizeof(what) - at,
+                               "%s: %d failed with NameError (%d in retry or dead), Ruby-only runs %lld, "
+                               "RecordJob runs %lld (%lld in Ruby); ",
+                               f->queue, failed, ne, runs_of(f, "r"), runs_of(f, "c"),
+                               kt_int("SCARD c:%s:ruby", f->queue));
+        bad |= failed > 0 || ne > 0 || runs_of(f, "r") != PER_FLEET / 2 || runs_of(f, "c") != PER_FLEET / 2;
+    }
+    cr_assert(!bad, "Sidekiq %s: %s", sidekiq, what);
+    cr_assert_eq(kt_int("GET stat:failed") + kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0, "none failed at all");
+    for (unsigned i = 0; i < NF; i++) {
+        fleet_t *f = &fl[i];
+        for (int j = 0; j < PER_FLEET; j++)
+            cr_assert(kt_int("SISMEMBER %s:%s %s", j % 2 ? "c" : "r", f->queue, f->jid[j]) == 1,
+                      "%s ran on %s", f->jid[j], f->queue);
+        cr_assert_eq(kt_int("SCARD r:%s", f->queue), PER_FLEET / 2, "each Ruby-only job ran once, in Ruby");
+        cr_assert_eq(kt_int("SCARD c:%s", f->queue), PER_FLEET / 2, "each RecordJob ran once");
+        cr_assert_eq(kt_int("LLEN queue:%s", f->queue), 0);
+    }
+    for (unsigned i = 0; i < NF; i++) {
+        kill(fl[i].capstan, SIGTERM);
+        kill(fl[i].ruby, SIGTERM);
+    }
+    for (unsigned i = 0; i < NF; i++) {
+        cr_assert_eq(kt_wait_exit(fl[i].capstan, 30), 0, "capstan of %s exits 0", fl[i].queue);
+        cr_assert_eq(kt_wait_exit(fl[i].ruby, 30), 0, "Sidekiq of %s exits 0", fl[i].queue);
+        kt_untrack(fl[i].capstan);
+        kt_untrack(fl[i].ruby);
+    }
+    free(cfg);
+}
+
+/* What a capstan saw of Ruby outlives both processes' restart: capstan A
+ * sees Ruby read queue default and keeps that in capstan:ruby:default;
+ * Ruby and A stop (a clean stop leaves the process set); capstan B, started
+ * while no Ruby process runs, knows the queue is shared from its first
+ * look, says so, and gives a Ruby job back for Ruby, which runs it once
+ * when it is back. */
+Test(fleet, what_a_capstan_saw_of_ruby_outlives_a_restart)
+{
+    char *rid = NULL;
+    pid_t rb = ruby_start(KT_SIDEKIQ_DEBIAN, &rid);
+    char *cfg = kt_write_conf(NULL);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(a, " reads queues [default]"), 15), "%s", kt_capstan_log(a));
+    long long ttl = kt_int("TTL capstan:ruby:default");
+    cr_assert(ttl > 0 && ttl <= 600, "kept for the 10 minutes a queue stays shared: %lld", ttl);
+    stop_ok(rb, "sidekiq");
+    stop_ok(a, "capstan");
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+
+    pid_t b = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "read queues [default] less than 10 minutes ago"), 15), "%s",
+              kt_capstan_log(b));
+    char jid[25];
+    kt_make_jid(jid, 30, 0);
+    char *job = kt_payload("RubyOnlyJob", "[\"o\"]", jid, "default");
+    kt_push_all(kt_redis(), "default", &job, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(b, "no handler for RubyOnlyJob (queue:default); unknown_class: requeue "
+                                          "(a Ruby Sidekiq process reads the queue)"), 15),
+              "%s", kt_capstan_log(b));
+    rb = kt_sidekiq_start_v(KT_SIDEKIQ_DEBIAN, "fleet_jobs.rb", "default");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD o") == 1, 40), "Ruby ran it: %s", kt_sidekiq_log());
+    kt_sleep(1);
+    cr_assert_eq(kt_int("LLEN o:log"), 1, "once");
+    cr_assert_eq(kt_int("GET stat:failed") + kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+    stop_ok(b, "capstan");
+    stop_ok(rb, "sidekiq");
+    free(job);
+    free(cfg);
+    free(rid);
+}
+
+/* CPU seconds process pid has used (/proc/pid/stat: utime + stime). */
+static double cpu_of(pid_t pid)
+{
+    char path[64], st[1024] = "";
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r"); /* its size reads 0: kt_read_file sees nothing */
+    cr_assert(f, "%s", path);
+    size_t n = fread(st, 1, sizeof(st) - 1, f);
+    fclose(f);
+    st[n] = '\0';
+    char *p = strrchr(st, ')');
+    unsigned long ut = 0, stime = 0;
+    cr_assert(p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stime) == 2,
+              "%s", st);
+    return (double)(ut + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* No Ruby process, default config: a job of a class no process knows is
+ * held in its queue through capstan's first minute (a Ruby process
+ * starting with it may not have registered yet), without a busy loop and
+ * while known jobs run, then fails with NameError into the retry set as
+ * Sidekiq's would. */
+Test(fleet, a_class_no_process_knows_fails_after_the_first_minute)
+{
+    char jid[25];
+    kt_make_jid(jid, 20, 0);
+    char *job = kt_payload("NoSuchJob", "[]", jid, "default");
+    kt_push_all(kt_redis(), "default", &job, 1);
+    char *cfg = kt_write_conf(NULL);
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", cfg, "-c", "4", NULL });
+    free(kt_log_identity(pid));
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "no handler for NoSuchJob"), 15), "%s", kt_capstan_log(pid));
+    kt_push_jobs("RecordJob", "[\"known\"]", 21, 3);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD known") == 3, 15), "known jobs run meanwhile: %s", kt_capstan_log(pid));
+    kt_sleep(30 - (kt_now() - t0));
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead") + kt_int("GET stat:failed"), 0,
+                 "not failed in the first minute: %s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 75), "then retried: %s", kt_capstan_log(pid));
+    double cpu = cpu_of(pid), wall = kt_now() - t0;
+    cr_assert(cpu < wall / 4, "no busy loop meanwhile: %.1f s of CPU in %.1f s", cpu, wall);
+    stop_ok(pid, "capstan");
+    double score;
+    char *m = retry_member(&score);
+    cr_assert(strstr(m, jid) && strstr(m, "\"error_class\":\"NameError\"")
+                  && strstr(m, "\"error_message\":\"uninitialized constant NoSuchJob\"")
+                  && strstr(m, "\"retry_count\":0"), "%s", m);
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert_eq(kt_int("EXISTS capstan:ruby:default"), 0, "no Ruby was seen");
+    free(m);
+    free(cfg);
+    free(job);
 }
 
 /* unknown_class set in the file, even to the default, outweighs the

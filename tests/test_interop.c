@@ -382,7 +382,9 @@ KT_SIDEKIQ_TEST(interop, retry_zero_is_dead_retry_false_is_dropped_unknown_class
     char *dead = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"args\":[\"die\"],\"retry\":0}");
     char *gone = ruby_push_v(sidekiq, "{\"class\":\"FailJob\",\"args\":[\"gone\"],\"retry\":false}");
     char *nosuch = ruby_push_v(sidekiq, "{\"class\":\"NoSuchJob\",\"args\":[1]}");
-    char *cfg = kt_write_conf(NULL);
+    /* Set, so the unknown class fails at once: the default holds it for
+     * capstan's first minute (test_fleet.c checks that). */
+    char *cfg = kt_write_conf("unknown_class: fail\n");
     pid_t pid = kt_capstan_start((const char *[]){ "-C", cfg, "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("GET stat:failed") == 3, 15), "three failures counted: %s",
               kt_capstan_log(pid));

@@ -1,6 +1,7 @@
 # Ruby side of the mixed-fleet tests (tests/test_fleet.c), run by a real
 # Sidekiq server (6.4.1, 7.3 or 8.0) on a queue capstan reads too: classes
-# that only Ruby has, so that capstan must hand their jobs back.
+# that only Ruby has, so that capstan must hand their jobs back, and one
+# both sides have.
 require_relative 'sidekiq_setup'
 
 # What each job leaves once it ran: SADD key jid and RPUSH key:log jid, so
@@ -35,5 +36,18 @@ class RubyFlakyJob
     raise "flaky: first try" if runs.to_i == 1
 
     record(key)
+  end
+end
+
+# RecordJob key: a class ported to C (the example plugin's RecordJob), which
+# the Ruby app still has, so either side may run it: what RecordJob does in
+# capstan, and SADD key:ruby jid to tell Ruby's runs apart.
+class RecordJob
+  include Sidekiq::Worker
+  include Recording
+
+  def perform(key)
+    record(key)
+    Sidekiq.redis { |c| c.sadd("#{key}:ruby", jid) }
   end
 end
