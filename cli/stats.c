@@ -320,9 +320,10 @@ int capstan__cmd_stats(int argc, char **argv)
     if (done >= 0)
         return done;
     char err[CAPSTAN_ERRLEN];
-    capstan_redis_t *r = capstan__cli_connect("capstan stats", url);
+    int failed = 1;
+    capstan_redis_t *r = capstan__cli_connect("capstan stats", url, &failed);
     if (!r)
-        return 1;
+        return failed;
     json_t *o = collect(r, err);
     if (!o) {
         fprintf(stderr, "capstan stats: %s\n", err);

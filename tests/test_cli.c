@@ -514,6 +514,7 @@ static void start_locked_redis(kt_aof_redis_t *srv)
     redisContext *c = kt_aof_connect(srv);
     cr_assert(c);
     freeReplyObject(redisCommand(c, "ACL SETUSER noscript on >pw ~* +@all -@scripting"));
+    freeReplyObject(redisCommand(c, "ACL SETUSER noevalsha on >pw ~* &* +@all -evalsha"));
     freeReplyObject(redisCommand(c, "CONFIG SET requirepass right"));
     redisFree(c);
 }
@@ -564,6 +565,36 @@ Test(cli, run_with_a_wrong_password_exits_78_at_once)
     cr_assert_eq(st, 78, "exit %d: %s", st, log);
     cr_assert(strstr(log, "NOPERM"), "%s", log);
     free(log);
+    kt_aof_kill(&srv);
+}
+
+/* A user who may load scripts but not run them (-evalsha) could fetch
+ * nothing but the odd job of a plain move: refused at start, in one line
+ * naming the command and the user, not run at a job a second. */
+Test(cli, run_as_a_user_without_evalsha_exits_78_at_once)
+{
+    kt_aof_redis_t srv;
+    start_locked_redis(&srv);
+    char url[160], *log = NULL;
+    double took = 0;
+    snprintf(url, sizeof(url), "redis://noevalsha:pw@127.0.0.1:%d/0", srv.port);
+    int st = run_until_exit(url, NULL, 20, &log, &took);
+    cr_assert_eq(st, 78, "exit %d after %.1f s: %s", st, took, log);
+    cr_assert(strstr(log, "EVALSHA") && strstr(log, "noevalsha") && strstr(log, "NOPERM"), "%s", log);
+    cr_assert_null(strstr(log, "fetch failed"), "%s", log);
+    cr_assert_null(strstr(log, "Starting processing"), "%s", log);
+    free(log);
+
+    /* The same line from a command that pushes (the URL from a file: one
+     * on the command line would add a warning). */
+    char yml[256], *out = NULL;
+    snprintf(yml, sizeof(yml), "redis_url: %s\n", url);
+    char *conf = kt_write_file("noevalsha.yml", yml);
+    st = kt_capstan_run((const char *[]){ "push", "-C", conf, "-q", "q", "NoopJob", NULL }, &out);
+    free(conf);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "EVALSHA") && strstr(out, "noevalsha") && one_line(out), "%s", out);
+    free(out);
     kt_aof_kill(&srv);
 }
 
@@ -697,7 +728,19 @@ Test(cli, run_against_a_cluster_node_exits_78)
     int st = run_until_exit(url, NULL, 10, &log, NULL);
     cr_assert_eq(st, 78, "exit %d: %s", st, log);
     cr_assert(strstr(log, "Redis Cluster"), "%s", log);
+    cr_assert_null(strstr(log, "orphan recovery"), "nothing of it was in Redis: %s", log);
     free(log);
+    /* Every command that connects says the same, in one line. */
+    const char *cmds[][6] = { { "push", "--redis-url", url, "NoopJob", NULL },
+                              { "stats", "--redis-url", url, NULL },
+                              { "stats", "--json", "--redis-url", url, NULL } };
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char *out = NULL;
+        st = kt_capstan_run(cmds[i], &out);
+        cr_assert_eq(st, 78, "%s: exit %d: %s", cmds[i][0], st, out);
+        cr_assert(strstr(out, "is a Redis Cluster node") && one_line(out), "%s: %s", cmds[i][0], out);
+        free(out);
+    }
     kill(srv, SIGTERM);
     waitpid(srv, NULL, 0);
     kt_untrack(srv);
