@@ -421,10 +421,10 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
 /* Connects r at start. Redis may not be up yet: a refusal that may pass
  * (nothing listening, LOADING) is retried with backoff, the warning
  * repeated each time, for up to startup_timeout; one that will not (wrong
- * password, ACL, DB index, a Redis Cluster node) ends the start at once. TERM/INT are answered
- * meanwhile. Returns 0 once connected, 1 after TERM/INT, or CAPSTAN_ECONFIG /
- * CAPSTAN_EREDIS with err filled. Once running, outages are waited out
- * without end (capstan__rt_connect). */
+ * password, ACL, DB index, a Redis Cluster node) ends the start at once.
+ * TERM/INT are answered meanwhile. Returns 0 once connected, 1 after
+ * TERM/INT, or CAPSTAN_ECONFIG / CAPSTAN_EREDIS with err filled. Once
+ * running, outages are waited out without end (capstan__rt_connect). */
 static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, char *err)
 {
     double limit = rt->cfg->startup_timeout;
