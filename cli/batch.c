@@ -144,9 +144,10 @@ int capstan__cmd_batch(int argc, char **argv)
                 usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    capstan_redis_t *r = capstan__cli_connect("capstan batch", url);
+    int failed = EXIT_REDIS;
+    capstan_redis_t *r = capstan__cli_connect("capstan batch", url, &failed);
     if (!r)
-        return EXIT_REDIS;
+        return failed;
     int status = list ? cmd_list(r)
                : strcmp(ops[0], "status") == 0 ? cmd_status(r, ops[1])
                : cmd_change(r, ops[0], ops[1]);

@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "client/txn.h"
 #include "capstan/capstan.h"
 #include "capstan/client.h"
 
@@ -29,10 +30,11 @@ int capstan__cmd_cancel(int argc, char **argv)
         return CAPSTAN_EXIT_USAGE;
     }
     char err[CAPSTAN_ERRLEN];
-    capstan_client_t *c = capstan_client_new(capstan__cli_redis_url(url), err);
+    int code;
+    capstan_client_t *c = capstan__client_open(capstan__cli_redis_url(url), err, &code);
     if (!c) {
         fprintf(stderr, "capstan cancel: %s\n", err);
-        return 1;
+        return code == CAPSTAN_ECONFIG ? CAPSTAN_EXIT_CONFIG : 1;
     }
     int status = 0;
     for (int i = optind; i < argc; i++) {

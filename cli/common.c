@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "capstan/config.h"
 #include "capstan/error.h"
 
 const char *capstan__cli_redis_url(const char *flag)
@@ -19,16 +20,20 @@ const char *capstan__cli_redis_url(const char *flag)
     return url && *url ? url : "redis://127.0.0.1:6379/0";
 }
 
-capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag)
+capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag, int *status)
 {
     char err[CAPSTAN_ERRLEN];
     capstan_redis_t *r = capstan_redis_new(capstan__cli_redis_url(url_flag), 10, err);
     if (!r) {
         fprintf(stderr, "%s: %s\n", who, err);
+        *status = CAPSTAN_EXIT_CONFIG;
         return NULL;
     }
-    if (capstan_redis_connect(r)) {
+    int rc = capstan_redis_connect(r);
+    if (rc) {
         fprintf(stderr, "%s: %s\n", who, capstan_redis_error(r));
+        if (rc == CAPSTAN_ECONFIG)
+            *status = CAPSTAN_EXIT_CONFIG;
         capstan_redis_free(r);
         return NULL;
     }

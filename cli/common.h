@@ -18,9 +18,11 @@
 const char *capstan__cli_redis_url(const char *flag);
 
 /* A connection to that Redis for the command who ("capstan stats"), owned by
- * the caller. On failure it prints "who: reason" on stderr and returns
+ * the caller. On failure it prints "who: reason" on stderr, sets *status to
+ * CAPSTAN_EXIT_CONFIG when retrying cannot help (a bad URL, a password or
+ * ACL refused, a Redis Cluster node), leaves it otherwise, and returns
  * NULL. */
-capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag);
+capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag, int *status);
 
 /* Parses the options of a subcommand that only reads or manages (who,
  * "capstan stats"): --redis-url into *url, --json into *json (none when json

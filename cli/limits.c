@@ -293,9 +293,10 @@ int capstan__cmd_limits(int argc, char **argv)
         fprintf(stderr, "capstan limits: expected list or info NAME\n\n%s", usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    capstan_redis_t *r = capstan__cli_connect("capstan limits", url);
+    int failed = EXIT_REDIS;
+    capstan_redis_t *r = capstan__cli_connect("capstan limits", url, &failed);
     if (!r)
-        return EXIT_REDIS;
+        return failed;
     int status = list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
     capstan_redis_free(r);
     return status;

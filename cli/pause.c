@@ -41,9 +41,10 @@ static int run(const char *who, const char *usage, int pause, int argc, char **a
                     "queue:default)\n", who, argv[i]);
             return CAPSTAN_EXIT_USAGE;
         }
-    capstan_redis_t *r = capstan__cli_connect(who, url);
+    int failed = 1;
+    capstan_redis_t *r = capstan__cli_connect(who, url, &failed);
     if (!r)
-        return 1;
+        return failed;
     char err[CAPSTAN_ERRLEN];
     long long n = 0;
     int rc = capstan__paused_set(r, (const char *const *)argv + optind, (size_t)(argc - optind), pause,

@@ -106,7 +106,10 @@ int capstan__cmd_periodic(int argc, char **argv)
     capstan_config_apply_env(cfg);
     if (!url && cfg->redis_url_explicit)
         url = cfg->redis_url;
-    capstan_redis_t *r = capstan__cli_connect("capstan periodic", url);
+    /* Unreachable, the schedules are shown without their last ticks; a
+     * refusal that retrying cannot mend is a failure. */
+    int failed = 0;
+    capstan_redis_t *r = capstan__cli_connect("capstan periodic", url, &failed);
     if (!r)
         fprintf(stderr, "capstan periodic: last ticks unknown\n");
     json_t *list = json_array();
@@ -174,5 +177,5 @@ int capstan__cmd_periodic(int argc, char **argv)
     json_decref(list);
     capstan_redis_free(r);
     capstan_config_free(cfg);
-    return 0;
+    return failed;
 }

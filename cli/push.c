@@ -16,6 +16,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "client/txn.h"
 #include "config/names.h"
 #include "config/settings.h"
 #include "support/number.h"
@@ -258,9 +259,10 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
         return status;
     if (!url && cfg->redis_url_explicit)
         url = cfg->redis_url;
-    if (!(c = capstan_client_new(capstan__cli_redis_url(url), err))) {
+    int code;
+    if (!(c = capstan__client_open(capstan__cli_redis_url(url), err, &code))) {
         fprintf(stderr, "capstan push: %s\n", err);
-        status = 1;
+        status = code == CAPSTAN_ECONFIG ? CAPSTAN_EXIT_CONFIG : 1;
         goto out;
     }
     if (rt ? capstan_client_use_runtime(c, rt) : (capstan_client_use_config(c, cfg), 0)) {

@@ -392,15 +392,14 @@ int capstan__cmd_lock(int argc, char **argv)
     char **ops = argv + optind;
     if (!dd) {
         const char *sub = nops > 0 ? ops[0] : "";
+        int failed = EXIT_REDIS;
         if (strcmp(sub, "info") == 0 && nops == 2) {
-            if ((r = capstan__cli_connect("capstan lock", a.url)))
-                status = cmd_info(r, ops[1]);
-            else
-                status = EXIT_REDIS;
+            status = (r = capstan__cli_connect("capstan lock", a.url, &failed)) ? cmd_info(r, ops[1]) : failed;
         } else if (strcmp(sub, "list") == 0 && nops == 1) {
-            status = (r = capstan__cli_connect("capstan lock", a.url)) ? cmd_list(r, a.json) : EXIT_REDIS;
+            status = (r = capstan__cli_connect("capstan lock", a.url, &failed)) ? cmd_list(r, a.json) : failed;
         } else if (strcmp(sub, "clear-dead") == 0 && nops == 1) {
-            status = (r = capstan__cli_connect("capstan lock", a.url)) ? cmd_clear_dead(r, a.dead_ttl) : EXIT_REDIS;
+            status = (r = capstan__cli_connect("capstan lock", a.url, &failed)) ? cmd_clear_dead(r, a.dead_ttl)
+                                                                               : failed;
         } else {
             fprintf(stderr, "capstan lock: expected NAME [options] -- COMMAND, info NAME, list or clear-dead\n\n%s",
                     usage);
@@ -427,10 +426,9 @@ int capstan__cmd_lock(int argc, char **argv)
     }
     if (a.verbose)
         capstan_qlock_client_on_log(c, log_stderr, NULL, 1);
-    if (!(r = capstan__cli_connect("capstan lock", a.url))) {
-        status = EXIT_REDIS;
+    status = EXIT_REDIS;
+    if (!(r = capstan__cli_connect("capstan lock", a.url, &status)))
         goto out;
-    }
     capstan_qlock_result_t held;
     rc = capstan_qlock_lock(c, r, name, &a.o, &held, err);
     if (rc == CAPSTAN_EDENIED) {

@@ -30,7 +30,10 @@ static const char *usage =
     "their owner is alive. Each\n"
     "process shows whether it is capstan or Ruby Sidekiq, and its queues. An owner\n"
     "on this host whose pid is gone shows as dead at once (recovery still waits\n"
-    "for its liveness key to lapse).\n";
+    "for its liveness key to lapse).\n"
+    "\n"
+    "Exits 1 when a capstan process's last beat says Redis answered some of its\n"
+    "fetches with an error (an ACL refusal, OOM), naming it on stderr.\n";
 
 /* The pid of identity ("hostname:pid:nonce") when hostname is this
  * machine's and no process has that pid any more, else 0. For display
@@ -118,6 +121,8 @@ static json_t *processes_json(const capstan_overview_t *ov, const char *host)
         json_object_set_new(p, "beat", pr->beat < 0 ? json_null() : json_real(pr->beat));
         json_object_set_new(p, "quiet", pr->quiet < 0 ? json_null() : json_boolean(pr->quiet));
         json_object_set_new(p, "rss", opt_integer(pr->rss));
+        json_object_set_new(p, "fetch_errors", opt_integer(pr->fetch_errors));
+        json_object_set_new(p, "fetch_error", pr->fetch_error ? json_string(pr->fetch_error) : json_null());
         long gone = gone_pid(pr->identity, host);
         json_object_set_new(p, "alive", json_boolean(!gone));
         if (gone)
@@ -313,6 +318,28 @@ static void print_text(json_t *o, const char *name)
     }
 }
 
+/* Says on stderr which processes' fetches Redis answered with errors
+ * between their last two beats (an ACL without a command capstan runs, a
+ * full Redis): they fetch little or nothing, so stats, the image's health
+ * check, fails. Returns how many. */
+static int failing_fetches(json_t *o)
+{
+    int n = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(o, "processes"), i, p) {
+        json_int_t errors = json_integer_value(json_object_get(p, "fetch_errors"));
+        if (errors <= 0)
+            continue;
+        const char *why = json_string_value(json_object_get(p, "fetch_error"));
+        fprintf(stderr, "capstan stats: %s: %lld fetches answered with an error between its last "
+                "two beats: %s\n", json_string_value(json_object_get(p, "identity")), (long long)errors,
+                why ? why : "?");
+        n++;
+    }
+    return n;
+}
+
 int capstan__cmd_stats(int argc, char **argv)
 {
     const char *url = NULL;
@@ -320,9 +347,10 @@ int capstan__cmd_stats(int argc, char **argv)
     if (done >= 0)
         return done;
     char err[CAPSTAN_ERRLEN];
-    capstan_redis_t *r = capstan__cli_connect("capstan stats", url);
+    int failed = 1;
+    capstan_redis_t *r = capstan__cli_connect("capstan stats", url, &failed);
     if (!r)
-        return 1;
+        return failed;
     json_t *o = collect(r, err);
     if (!o) {
         fprintf(stderr, "capstan stats: %s\n", err);
@@ -336,7 +364,9 @@ int capstan__cmd_stats(int argc, char **argv)
     } else {
         print_text(o, capstan_redis_name(r));
     }
+    fflush(stdout); /* the stats first, then why they are not healthy */
+    int status = failing_fetches(o) ? 1 : 0;
     json_decref(o);
     capstan_redis_free(r);
-    return 0;
+    return status;
 }

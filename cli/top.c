@@ -384,9 +384,10 @@ int capstan__cmd_top(int argc, char **argv)
         return CAPSTAN_EXIT_USAGE;
     }
     /* A wrong URL is better said once than redrawn every second. */
-    capstan_redis_t *r = capstan__cli_connect("capstan top", url);
+    int failed = 1;
+    capstan_redis_t *r = capstan__cli_connect("capstan top", url, &failed);
     if (!r)
-        return 1;
+        return failed;
     int status = isatty(STDOUT_FILENO) ? live(r, interval) : snapshot(r);
     capstan_redis_free(r);
     return status;

@@ -473,9 +473,10 @@ int capstan__cmd_locks(int argc, char **argv)
             return st;
     char who[64];
     snprintf(who, sizeof(who), "capstan locks %s", sub);
-    capstan_redis_t *r = capstan__cli_connect(who, a.url);
+    int failed = 1;
+    capstan_redis_t *r = capstan__cli_connect(who, a.url, &failed);
     if (!r)
-        return 1;
+        return failed;
     if (!strcmp(sub, "list"))
         st = cmd_list(r, &a);
     else if (!strcmp(sub, "info"))

@@ -47,11 +47,18 @@ capstan_push_opts_t capstan_push_opts_default(void)
 
 capstan_client_t *capstan_client_new(const char *url, char *err)
 {
+    int code;
+    return capstan__client_open(url, err, &code);
+}
+
+capstan_client_t *capstan__client_open(const char *url, char *err, int *code)
+{
     if (!url)
         url = getenv("REDIS_URL");
     if (!url || !*url)
         url = "redis://127.0.0.1:6379/0";
     capstan_client_t *c = calloc(1, sizeof(*c));
+    *code = CAPSTAN_ENOMEM;
     if (!c) {
         capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         return NULL;
@@ -59,10 +66,12 @@ capstan_client_t *capstan_client_new(const char *url, char *err)
     c->r = capstan_redis_new(url, 10, err);
     if (!c->r) {
         free(c);
+        *code = CAPSTAN_ECONFIG; /* a malformed URL (or no memory) */
         return NULL;
     }
-    if (capstan_redis_connect(c->r)) {
-        capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(c->r));
+    int rc = capstan_redis_connect(c->r);
+    if (rc) {
+        *code = capstan_seterr(err, rc, "%s", capstan_redis_error(c->r));
         capstan_client_free(c);
         return NULL;
     }

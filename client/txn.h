@@ -54,5 +54,10 @@ int capstan__txn_exec(const capstan_txn_t *t, capstan_redis_t *r, int replicas, 
 
 /* The client's open transaction (capstan_client_begin), or NULL. */
 capstan_txn_t *capstan__client_txn(capstan_client_t *c);
+/* capstan_client_new, which on failure also says why in *code:
+ * CAPSTAN_ECONFIG when retrying cannot help (a malformed URL, a password or
+ * ACL refused, a Redis Cluster node), CAPSTAN_EREDIS when Redis could not
+ * be reached, CAPSTAN_ENOMEM. */
+capstan_client_t *capstan__client_open(const char *url, char *err, int *code);
 
 #endif

@@ -2,6 +2,7 @@
  * requeue. See fetch/fetch.h. */
 #include "fetch/fetch.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,14 @@ struct capstan_fetch {
     int min_replicas;    /* WAIT after acks for this many replicas; 0 = no WAIT */
     char wait_args[2][32];
     double wait_warned;  /* capstan__mono() of the last warning that WAIT fell short */
+    atomic_ulong answered; /* fetches Redis answered without an error (atomic: a
+                              deferred round trip may be read by another thread) */
 };
+
+unsigned long capstan__fetch_answered(capstan_fetch_t *f)
+{
+    return atomic_load(&f->answered);
+}
 
 void capstan__fetch_working_key(const char *identity, char *out, size_t n)
 {
@@ -236,6 +244,8 @@ static int fetch_basic(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t
         rc = take(f, rep->element[1], qi = queue_of_key(f, rep->element[0]->str), out);
     else if (rep->type == REDIS_REPLY_ERROR)
         rc = CAPSTAN_EREPLY;
+    if (rep->type != REDIS_REPLY_ERROR)
+        atomic_fetch_add(&f->answered, 1);
     freeReplyObject(rep);
     return rc == 1 ? give_back_paused(f, r, qi, out) : rc;
 }
@@ -278,6 +288,8 @@ static int read_move(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_
     else if (rep->type == REDIS_REPLY_STRING && (rc = take(f, rep, qi, out)) == 1)
         out->seq = (strtoull(t->element[0]->str, NULL, 10) * 1000000ULL
                     + strtoull(t->element[1]->str, NULL, 10)) * 128;
+    if (rc != CAPSTAN_EREDIS && rc != CAPSTAN_EREPLY)
+        atomic_fetch_add(&f->answered, 1);
     freeReplyObject(t);
     freeReplyObject(rep);
     return rc;
@@ -358,6 +370,8 @@ static int read_fetch(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t 
         rc = CAPSTAN_EREPLY;
     else
         rc = read_sweep(f, rep, out, max);
+    if (rep->type != REDIS_REPLY_ERROR)
+        atomic_fetch_add(&f->answered, 1);
     freeReplyObject(rep);
     return rc;
 }

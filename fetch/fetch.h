@@ -159,6 +159,11 @@ int capstan__fetch_recv(capstan_fetch_t *f, capstan_redis_t *r, capstan_exchange
 capstan_fetch_t *capstan__fetch_new(const capstan_fetch_conf_t *conf, char *err);
 void capstan__fetch_free(capstan_fetch_t *f);
 
+/* How many of f's fetches (the sweep, the move or BRPOP) Redis answered
+ * without an error reply, job or none: a fetch that works is one that moved
+ * this count. */
+unsigned long capstan__fetch_answered(capstan_fetch_t *f);
+
 /* Waits up to block_timeout for a job. Returns 1 with *out filled, 0 when
  * no job came, CAPSTAN_EREDIS when the connection failed or CAPSTAN_ENOMEM. */
 int capstan__fetch_next(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *out);

@@ -188,14 +188,15 @@ static int read_processes(capstan_redis_t *r, capstan_overview_t *o, char *err)
         const char *id = ids->element[i]->str;
         if (!id)
             continue;
-        redisReply *h = capstan_redis_cmdf(r, "HMGET %s info busy beat quiet rss prefetched", id);
+        redisReply *h = capstan_redis_cmdf(r, "HMGET %s info busy beat quiet rss prefetched fetch_errors "
+                                           "fetch_error", id);
         if (!h) {
             rc = io_error(r, err);
             break;
         }
         /* A member whose hash expired is a process that died without
          * leaving the set; Sidekiq's ProcessSet skips it too. */
-        if (h->type == REDIS_REPLY_ARRAY && h->elements == 6
+        if (h->type == REDIS_REPLY_ARRAY && h->elements == 8
             && h->element[0]->type == REDIS_REPLY_STRING) {
             capstan_overview_process_t *p = &o->processes[o->nprocesses];
             p->identity = strdup(id);
@@ -216,6 +217,10 @@ static int read_processes(capstan_redis_t *r, capstan_overview_t *o, char *err)
                 p->rss = opt_int(h->element[4]);
                 if (h->element[5]->type == REDIS_REPLY_STRING
                     && !(p->prefetched = strdup(h->element[5]->str)))
+                    rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+                p->fetch_errors = opt_int(h->element[6]);
+                if (h->element[7]->type == REDIS_REPLY_STRING && h->element[7]->len
+                    && !(p->fetch_error = strdup(h->element[7]->str)))
                     rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
                 o->nprocesses++;
             }
@@ -255,6 +260,7 @@ void capstan__overview_clear(capstan_overview_t *o)
         free(p->identity);
         free(p->info);
         free(p->prefetched);
+        free(p->fetch_error);
         free(p->version);
         for (size_t q = 0; q < p->nqueues; q++)
             free(p->queues[q]);

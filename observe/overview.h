@@ -38,6 +38,9 @@ typedef struct capstan_overview_process {
     char *prefetched;     /* capstan's jobs fetched ahead and not started, by
                              queue, at its last beat: a JSON object, or NULL
                              (Ruby Sidekiq) */
+    long long fetch_errors; /* capstan's fetches answered with an error since
+                               the beat before its last, -1 when absent */
+    char *fetch_error;    /* the last of them, or NULL */
 } capstan_overview_process_t;
 
 typedef struct capstan_overview {

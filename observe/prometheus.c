@@ -609,6 +609,10 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
         [CAPSTAN_METRIC_ITERATIONS_INTERRUPTED] = { "capstan_iterations_interrupted_total",
             "Runs of iterable jobs stopped between two steps (quiet, shutdown or "
             "max_iteration_runtime) and put back in their queue." },
+        [CAPSTAN_METRIC_FETCH_ERRORS] = { "capstan_fetch_errors_total",
+            "Fetches Redis answered with an error (NOPERM from an ACL, OOM, a queue of another "
+            "type): each is retried a second later, and a count that keeps growing means the "
+            "process fetches little or nothing." },
         [CAPSTAN_METRIC_ITERATIONS_RESUMED] = { "capstan_iterations_resumed_total",
             "Runs of iterable jobs that went on from a saved cursor." },
         [CAPSTAN_METRIC_ITERATIONS_CANCELLED] = { "capstan_iterations_cancelled_total",

@@ -36,6 +36,7 @@ typedef enum capstan_metric_counter {
     CAPSTAN_METRIC_ITERATIONS_INTERRUPTED, /* iterating runs stopped and re-queued */
     CAPSTAN_METRIC_ITERATIONS_RESUMED, /* iterating runs that went on from a cursor */
     CAPSTAN_METRIC_ITERATIONS_CANCELLED, /* iterating runs that saw a cancel */
+    CAPSTAN_METRIC_FETCH_ERRORS,      /* fetches answered with an error reply */
     CAPSTAN_METRIC_COUNTER_COUNT
 } capstan_metric_counter_t;
 

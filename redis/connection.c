@@ -1,4 +1,5 @@
-/* Redis connections: URL, connect with AUTH/SELECT, commands that mark the
+/* Redis connections: URL, connect with AUTH/SELECT (refusing a Redis
+ * Cluster node, or a user who may not run scripts), commands that mark the
  * connection broken on I/O errors, and EVALSHA that, on NOSCRIPT, loads the
  * scripts again and resends, in a pipeline too. */
 #include "capstan/redis.h"
@@ -228,9 +229,32 @@ static redisReply *command(capstan_redis_t *r, int argc, const char **argv)
     return rep;
 }
 
+/* Says in r->errstr that the server refused cmd with msg; an ACL's refusal
+ * names the user, whose rights are what to change. */
+static void refusal(capstan_redis_t *r, const char *cmd, const char *msg)
+{
+    if (strncmp(msg, "NOPERM", 6) == 0)
+        snprintf(r->errstr, sizeof(r->errstr), "%s: the ACL of user %s does not allow %s, which "
+                 "capstan needs: %s", r->who, r->url.user ? r->url.user : "default", cmd, msg);
+    else
+        snprintf(r->errstr, sizeof(r->errstr), "%s: %s: %s", r->who, cmd, msg);
+}
+
+/* A digest no script has: EVALSHA of it runs nothing. */
+#define NO_SCRIPT_SHA "0000000000000000000000000000000000000000"
+
 /* Returns 0, CAPSTAN_EREDIS on an I/O error, or for an error reply CAPSTAN_EREPLY
- * (*permanent set when waiting will not help: NOAUTH, NOPERM). */
-static int load_scripts_why(capstan_redis_t *r, int *permanent)
+ * (*permanent set when waiting will not help: NOAUTH, NOPERM, a cluster).
+ *
+ * With probe (a new connection), two questions ride in the same round trip.
+ * CLUSTER INFO, which any user may ask and a standalone server answers with
+ * an error: a Redis Cluster node is refused, as Sidekiq refuses it, since
+ * capstan's scripts move jobs between keys of different slots. And an
+ * EVALSHA of NO_SCRIPT_SHA: Redis checks the user's ACL before it looks for
+ * the script, so NOSCRIPT says the user may run capstan's scripts; a user
+ * who may load them but not run them would otherwise fetch and ack almost
+ * nothing, one error a second. */
+static int load_scripts_why(capstan_redis_t *r, int probe, int *permanent)
 {
     /* All sent, then all read: one round trip, not one a script (every
      * connection of a process makes them again after a restart). */
@@ -241,17 +265,29 @@ static int load_scripts_why(capstan_redis_t *r, int *permanent)
         if (put_command(r->c, 3, argv, lens) != REDIS_OK)
             return fail_io(r, "SCRIPT LOAD");
     }
-    int rc = 0;
-    for (int i = 0; i < CAPSTAN_SCRIPT_COUNT; i++) {
+    const char *cluster[] = { "CLUSTER", "INFO" }, *evalsha[] = { "EVALSHA", NO_SCRIPT_SHA, "0" };
+    if (probe && (put_command(r->c, 2, cluster, (size_t[]){ 7, 4 }) != REDIS_OK
+                  || put_command(r->c, 3, evalsha, (size_t[]){ 7, 40, 1 }) != REDIS_OK))
+        return fail_io(r, "SCRIPT LOAD");
+    int rc = 0, nreplies = CAPSTAN_SCRIPT_COUNT + (probe ? 2 : 0);
+    for (int i = 0; i < nreplies; i++) {
         void *got = NULL;
         if (get_reply(r, &got) != REDIS_OK || !got)
             return fail_io(r, "SCRIPT LOAD");
         redisReply *rep = got;
-        if (rep->type == REDIS_REPLY_ERROR && !rc) {
-            snprintf(r->errstr, sizeof(r->errstr), "%s: SCRIPT LOAD: %s", r->who, rep->str);
+        if (i == CAPSTAN_SCRIPT_COUNT) { /* CLUSTER INFO's: said first, whatever else failed */
+            if (rep->type == REDIS_REPLY_STRING && strstr(rep->str, "cluster_state:")) {
+                snprintf(r->errstr, sizeof(r->errstr), "%s is a Redis Cluster node; capstan, like "
+                         "Sidekiq, needs a standalone (or Sentinel-managed) Redis", r->who);
+                *permanent = 1;
+                rc = CAPSTAN_EREPLY;
+            }
+        } else if (rep->type == REDIS_REPLY_ERROR && !rc
+                   && (i < CAPSTAN_SCRIPT_COUNT || strncmp(rep->str, "NOSCRIPT", 8) != 0)) {
+            refusal(r, i < CAPSTAN_SCRIPT_COUNT ? "SCRIPT LOAD" : "EVALSHA", rep->str);
             *permanent = !transient_reply(rep->str);
             rc = CAPSTAN_EREPLY;
-        } else if (rep->type == REDIS_REPLY_STRING) {
+        } else if (rep->type == REDIS_REPLY_STRING && i < CAPSTAN_SCRIPT_COUNT) {
             capstan__script_learn_sha((capstan_script_t)i, rep->str, rep->len);
         }
         freeReplyObject(rep);
@@ -264,7 +300,7 @@ static int load_scripts_why(capstan_redis_t *r, int *permanent)
 static int load_scripts(capstan_redis_t *r)
 {
     int permanent = 0;
-    return load_scripts_why(r, &permanent);
+    return load_scripts_why(r, 0, &permanent);
 }
 
 int capstan_redis_connect(capstan_redis_t *r)
@@ -360,7 +396,7 @@ int capstan_redis_connect(capstan_redis_t *r)
     int era = atomic_load(&demotions);
     if ((r->url.sentinel || era) && capstan__sentinel_check_role(r->c, r->who, r->errstr))
         return CAPSTAN_EREDIS;
-    int permanent = 0, rc = load_scripts_why(r, &permanent);
+    int permanent = 0, rc = load_scripts_why(r, 1, &permanent);
     if (rc == CAPSTAN_EREPLY)
         return permanent ? CAPSTAN_ECONFIG : CAPSTAN_EREDIS;
     if (rc)

@@ -18,6 +18,7 @@
 #include "redis/keys.h"
 #include "redis/scripts.h"
 #include "support/buf.h"
+#include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "unique/admin_internal.h"
@@ -316,15 +317,25 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     snprintf(rss, sizeof(rss), "%ld", rss_kb());
     const char *quiet = atomic_load(&rt->quiet) ? "true" : "false";
     char *ahead = prefetched_json(rt), none[] = "{}";
+    /* The fetches answered with an error since the last beat, and the last
+     * error: a process that fetches nothing is not healthy (capstan stats). */
+    char nerrors[CAPSTAN_FMT_INT], why[CAPSTAN_ERRLEN] = "";
+    long errors = atomic_exchange(&rt->fetch_errors, 0);
+    capstan__fmt_int(nerrors, errors);
+    pthread_mutex_lock(&rt->wake_mu);
+    if (errors)
+        snprintf(why, sizeof(why), "%s", rt->fetch_error);
+    pthread_mutex_unlock(&rt->wake_mu);
     const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
                            "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss,
-                           "prefetched", ahead ? ahead : none };
+                           "prefetched", ahead ? ahead : none, "fetch_errors", nerrors,
+                           "fetch_error", why };
     const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", CAPSTAN_KEY_PROCESSES, rt->identity },
                               { "EXISTS", rt->identity, NULL } };
     rc = capstan_redis_append(r, 1, cmds[0], NULL);
     if (!rc) rc = capstan_redis_append(r, 3, cmds[1], NULL);
     if (!rc) rc = capstan_redis_append(r, 2, cmds[2], NULL);
-    if (!rc) rc = capstan_redis_append(r, 18, hset, NULL);
+    if (!rc) rc = capstan_redis_append(r, 22, hset, NULL);
     free(ahead);
     const char *exp[] = { "EXPIRE", rt->identity, "60" };
     const char *rpop[] = { "RPOP", key_sig };

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
 #include "support/log.h"
@@ -230,20 +231,36 @@ static capstan_done_t *run_ahead(capstan_slot_t *s, capstan_redis_t *r, capstan_
     return done;
 }
 
-/* An error reply to a fetch: retrying at once would only spin. */
-static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc)
+/* An error reply to a fetch: retrying at once would only spin. Each is
+ * counted for the next beat and /metrics: one that repeats must not look
+ * healthy. *failed: this thread's last fetch got one. answered: this
+ * thread's fetch got a reply that was no error (capstan__fetch_answered
+ * moved). Fetching works again when a thread whose fetch failed has one
+ * answered: a job taken from the feed, a wait for another thread's fetch,
+ * or another thread's blocking move while the sweeps still fail, is no
+ * sign of it. */
+static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc, int answered, int *failed)
 {
     if (rc < 0 && capstan_redis_ok(r)) {
         /* A reply of the wrong shape leaves no Redis error text: say what
          * the code says rather than nothing. */
-        const char *why = capstan_redis_error(r);
+        const char *why = *capstan_redis_error(r) ? capstan_redis_error(r) : capstan_strerror(rc);
+        pthread_mutex_lock(&rt->wake_mu);
+        snprintf(rt->fetch_error, sizeof(rt->fetch_error), "%s", why);
+        pthread_mutex_unlock(&rt->wake_mu);
+        atomic_fetch_add(&rt->fetch_errors, 1);
+        capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_FETCH_ERRORS, 1);
         if (!atomic_exchange(&rt->fetch_failing, 1))
-            capstan_error("fetch failed: %s; retrying every second", *why ? why : capstan_strerror(rc));
+            capstan_error("fetch failed: %s; retrying every second", why);
+        *failed = 1;
         capstan__rt_wait(rt, 1.0);
         return 1;
     }
-    if (rc >= 0 && atomic_load(&rt->fetch_failing) && atomic_exchange(&rt->fetch_failing, 0))
-        capstan_info("fetching works again");
+    if (*failed && answered) {
+        *failed = 0;
+        if (atomic_exchange(&rt->fetch_failing, 0))
+            capstan_info("fetching works again");
+    }
     return 0;
 }
 
@@ -252,16 +269,17 @@ static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc)
 static void loop(capstan_slot_t *s, capstan_redis_t *r)
 {
     capstan_runtime_t *rt = s->rt;
-    int reliable = rt->feed != NULL, inside = 0;
+    int reliable = rt->feed != NULL, inside = 0, failed = 0;
     capstan_done_t *done = NULL; /* the last job, its ack owed (reliable fetch) */
     while (!atomic_load(&rt->quiet)) {
         if (!capstan_redis_ok(r) && capstan__rt_connect(rt, r, &rt->quiet))
             break;
         capstan_fetched_t job = {0};
+        unsigned long answered = capstan__fetch_answered(s->fetch);
         int rc = reliable ? capstan__feed_next(s, r, done, &job, &inside)
                           : capstan__fetch_next(s->fetch, r, &job);
         done = NULL;
-        if (fetch_refused(rt, r, rc) || rc <= 0)
+        if (fetch_refused(rt, r, rc, capstan__fetch_answered(s->fetch) != answered, &failed) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         /* The feed hands out no job once the process is quiet (it decides
          * under its lock, so that every job not taken is in the feed when

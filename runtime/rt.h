@@ -139,7 +139,11 @@ struct capstan_runtime {
     atomic_int redis_down;         /* a thread cannot reach Redis: one outage
                                       is logged once, not once per thread */
     _Atomic double redis_down_at;  /* capstan__mono() when it was noticed */
-    atomic_int fetch_failing;      /* fetches get error replies (logged once) */
+    atomic_int fetch_failing;      /* fetches get error replies (logged once,
+                                      until one of them works again) */
+    atomic_long fetch_errors;      /* error replies to fetches since the last
+                                      beat, which reports them (heartbeat.c) */
+    char fetch_error[CAPSTAN_ERRLEN]; /* the last one's text, under wake_mu */
     struct capstan_chain *server_chain; /* middleware around every job; built
                                        before the processors start */
     struct capstan_feed *feed;     /* reliable fetch: the processors' shared

@@ -421,10 +421,10 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
 /* Connects r at start. Redis may not be up yet: a refusal that may pass
  * (nothing listening, LOADING) is retried with backoff, the warning
  * repeated each time, for up to startup_timeout; one that will not (wrong
- * password, ACL, DB index) ends the start at once. TERM/INT are answered
- * meanwhile. Returns 0 once connected, 1 after TERM/INT, or CAPSTAN_ECONFIG /
- * CAPSTAN_EREDIS with err filled. Once running, outages are waited out
- * without end (capstan__rt_connect). */
+ * password, ACL, DB index, a Redis Cluster node) ends the start at once.
+ * TERM/INT are answered meanwhile. Returns 0 once connected, 1 after
+ * TERM/INT, or CAPSTAN_ECONFIG / CAPSTAN_EREDIS with err filled. Once
+ * running, outages are waited out without end (capstan__rt_connect). */
 static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, char *err)
 {
     double limit = rt->cfg->startup_timeout;
@@ -446,23 +446,6 @@ static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigse
         }
         delay = delay * 2 > 5 ? 5 : delay * 2;
     }
-    return 0;
-}
-
-/* Redis Cluster spreads keys over nodes, and capstan's scripts move jobs
- * between keys of different slots: refuse it at start, as Sidekiq does,
- * rather than fail later with MOVED or CROSSSLOT. CLUSTER INFO is allowed
- * even to users without @dangerous commands; a standalone server answers it
- * with an error. */
-static int refuse_cluster(capstan_redis_t *r, char *err)
-{
-    const char *argv[] = { "CLUSTER", "INFO" };
-    redisReply *rep = capstan_redis_cmd(r, 2, argv, NULL);
-    int cluster = rep && rep->type == REDIS_REPLY_STRING && strstr(rep->str, "cluster_state:");
-    freeReplyObject(rep);
-    if (cluster)
-        return capstan_seterr(err, CAPSTAN_ECONFIG, "%s is a Redis Cluster node; capstan, like Sidekiq, needs a "
-                              "standalone (or Sentinel-managed) Redis", capstan_redis_name(r));
     return 0;
 }
 
@@ -569,12 +552,14 @@ static int run(capstan_runtime_t *rt, char *err)
     }
     log_start(rt, r);
     if ((rc = wait_for_redis(rt, r, &set, err)) != 0) {
+        /* Nothing of this process is in Redis: its supervisor has nothing
+         * to recover (and a server refused would refuse it too). */
+        if (rt->board)
+            rt->board->identity[0] = '\0';
         rc = rc > 0 ? 0 : rc;
         goto out;
     }
     capstan_debug("connected to %s", capstan_redis_name(r));
-    if ((rc = refuse_cluster(r, err)) != 0)
-        goto out;
     if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
         capstan__liveness_refresh(rt->liveness, r);
         capstan__recover_orphans(rt, r);

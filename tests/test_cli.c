@@ -535,6 +535,7 @@ static void start_locked_redis(kt_aof_redis_t *srv)
     redisContext *c = kt_aof_connect(srv);
     cr_assert(c);
     freeReplyObject(redisCommand(c, "ACL SETUSER noscript on >pw ~* +@all -@scripting"));
+    freeReplyObject(redisCommand(c, "ACL SETUSER noevalsha on >pw ~* &* +@all -evalsha"));
     freeReplyObject(redisCommand(c, "CONFIG SET requirepass right"));
     redisFree(c);
 }
@@ -585,6 +586,36 @@ Test(cli, run_with_a_wrong_password_exits_78_at_once)
     cr_assert_eq(st, 78, "exit %d: %s", st, log);
     cr_assert(strstr(log, "NOPERM"), "%s", log);
     free(log);
+    kt_aof_kill(&srv);
+}
+
+/* A user who may load scripts but not run them (-evalsha) could fetch
+ * nothing but the odd job of a plain move: refused at start, in one line
+ * naming the command and the user, not run at a job a second. */
+Test(cli, run_as_a_user_without_evalsha_exits_78_at_once)
+{
+    kt_aof_redis_t srv;
+    start_locked_redis(&srv);
+    char url[160], *log = NULL;
+    double took = 0;
+    snprintf(url, sizeof(url), "redis://noevalsha:pw@127.0.0.1:%d/0", srv.port);
+    int st = run_until_exit(url, NULL, 20, &log, &took);
+    cr_assert_eq(st, 78, "exit %d after %.1f s: %s", st, took, log);
+    cr_assert(strstr(log, "EVALSHA") && strstr(log, "noevalsha") && strstr(log, "NOPERM"), "%s", log);
+    cr_assert_null(strstr(log, "fetch failed"), "%s", log);
+    cr_assert_null(strstr(log, "Starting processing"), "%s", log);
+    free(log);
+
+    /* The same line from a command that pushes (the URL from a file: one
+     * on the command line would add a warning). */
+    char yml[256], *out = NULL;
+    snprintf(yml, sizeof(yml), "redis_url: %s\n", url);
+    char *conf = kt_write_file("noevalsha.yml", yml);
+    st = kt_capstan_run((const char *[]){ "push", "-C", conf, "-q", "q", "NoopJob", NULL }, &out);
+    free(conf);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "EVALSHA") && strstr(out, "noevalsha") && one_line(out), "%s", out);
+    free(out);
     kt_aof_kill(&srv);
 }
 
@@ -685,6 +716,85 @@ Test(cli, pidfile_is_written_and_removed_and_a_rails_file_warns_in_the_log)
     free(log_path);
 }
 
+/* `capstan stats` against srv: its exit status, its output in *out. */
+static int stats_of(const kt_aof_redis_t *srv, char **out)
+{
+    return kt_capstan_run((const char *[]){ "stats", "--json", "--redis-url", srv->url, NULL }, out);
+}
+
+/* EVALSHA taken from a running worker's user: its fetches (two queues: all
+ * by script) get NOPERM. That is not healthy while it lasts (stats exits 1
+ * naming it, /metrics counts it), and "fetching works again" waits for a
+ * fetch that worked, once the right is back. */
+Test(cli, a_worker_whose_fetches_get_noperm_is_unhealthy_until_one_works)
+{
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "acl-redis");
+    kt_aof_start(&srv);
+    redisContext *c = kt_aof_connect(&srv);
+    cr_assert(c);
+    freeReplyObject(redisCommand(c, "ACL SETUSER worker on >pw ~* &* +@all"));
+    char yml[512];
+    int mport = kt_free_port();
+    snprintf(yml, sizeof(yml), "concurrency: 2\nheartbeat_interval: 1\nqueues:\n  - a\n  - b\n");
+    char *conf = kt_write_file("revoked.yml", yml), mp[16], url[96];
+    snprintf(mp, sizeof(mp), "%d", mport);
+    snprintf(url, sizeof(url), "redis://worker:pw@127.0.0.1:%d/0", srv.port);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "--metrics-port", mp, "--redis-url", url,
+                                                   NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "SCARD processes") == 1, 30), "%s", kt_capstan_log(pid));
+    /* Every thread has connected (its connections keep their rights) once
+     * the housekeeper beats again. */
+    redisReply *id = redisCommand(c, "SRANDMEMBER processes");
+    cr_assert(id && id->type == REDIS_REPLY_STRING);
+    long long beat0 = kt_int_on(c, "HGET %s beat", id->str);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "HGET %s beat", id->str) > beat0 + 1, 30), "%s", kt_capstan_log(pid));
+    freeReplyObject(id);
+    char *out = NULL;
+    int st = stats_of(&srv, &out);
+    cr_assert_eq(st, 0, "healthy at first: %s", out);
+    free(out);
+    out = NULL;
+
+    char *log = kt_capstan_log(pid);
+    size_t mark = strlen(log);
+    free(log);
+    freeReplyObject(redisCommand(c, "ACL SETUSER worker -evalsha"));
+    for (int i = 0; i < 5; i++) {
+        char jid[25];
+        kt_make_jid(jid, 77, (unsigned)i);
+        char *p = kt_payload("NoopJob", "[]", jid, "a");
+        freeReplyObject(redisCommand(c, "LPUSH queue:a %s", p));
+        free(p);
+    }
+    cr_assert(KT_WAIT_UNTIL(({ free(out); out = NULL; stats_of(&srv, &out) == 1; }), 30),
+              "stats stays healthy: %s\n%s", out, kt_capstan_log(pid));
+    cr_assert(strstr(out, "NOPERM") && strstr(out, "evalsha"), "%s", out);
+    free(out);
+    out = NULL;
+    char *metrics = kt_scrape(mport);
+    cr_assert(metrics && strstr(metrics, "capstan_fetch_errors_total "), "%s", metrics);
+    cr_assert_null(strstr(metrics, "capstan_fetch_errors_total 0\n"), "%s", metrics);
+    free(metrics);
+    kt_sleep(2); /* some more retries, each a NOPERM */
+    log = kt_capstan_log(pid);
+    cr_assert(strstr(log + mark, "fetch failed") && strstr(log + mark, "NOPERM"), "%s", log + mark);
+    cr_assert_null(strstr(log + mark, "works again"), "no fetch has worked: %s", log + mark);
+    free(log);
+
+    /* Idle processors blocked in a move before the change may have taken
+     * a few; the sweeps take the rest once EVALSHA is allowed again. */
+    freeReplyObject(redisCommand(c, "ACL SETUSER worker +evalsha"));
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(c, "LLEN queue:a") == 0, 30), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "fetching works again"), 30), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(({ free(out); out = NULL; stats_of(&srv, &out) == 0; }), 30), "%s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0);
+    free(conf);
+    redisFree(c);
+    kt_aof_kill(&srv);
+}
+
 /* A Redis Cluster node is refused at start with one clear line, rather than
  * failing later on MOVED or CROSSSLOT. */
 Test(cli, run_against_a_cluster_node_exits_78)
@@ -718,7 +828,19 @@ Test(cli, run_against_a_cluster_node_exits_78)
     int st = run_until_exit(url, NULL, 10, &log, NULL);
     cr_assert_eq(st, 78, "exit %d: %s", st, log);
     cr_assert(strstr(log, "Redis Cluster"), "%s", log);
+    cr_assert_null(strstr(log, "orphan recovery"), "nothing of it was in Redis: %s", log);
     free(log);
+    /* Every command that connects says the same, in one line. */
+    const char *cmds[][6] = { { "push", "--redis-url", url, "NoopJob", NULL },
+                              { "stats", "--redis-url", url, NULL },
+                              { "stats", "--json", "--redis-url", url, NULL } };
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char *out = NULL;
+        st = kt_capstan_run(cmds[i], &out);
+        cr_assert_eq(st, 78, "%s: exit %d: %s", cmds[i][0], st, out);
+        cr_assert(strstr(out, "is a Redis Cluster node") && one_line(out), "%s: %s", cmds[i][0], out);
+        free(out);
+    }
     kill(srv, SIGTERM);
     waitpid(srv, NULL, 0);
     kt_untrack(srv);

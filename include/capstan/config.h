@@ -12,7 +12,8 @@
 #include "limiter.h"
 
 /* Exit status of the capstan binary for a bad configuration (EX_CONFIG): a bad
- * file, flag or URL, or Redis refusing the password, user or database. */
+ * file, flag or URL, or Redis refusing the password, user or database, or
+ * being a Redis Cluster node. */
 #define CAPSTAN_EXIT_CONFIG 78
 /* Exit status when Redis stays unreachable for startup_timeout
  * (EX_UNAVAILABLE). */

@@ -23,8 +23,9 @@ CAPSTAN_API void capstan_redis_free(capstan_redis_t *r);
  * AUTH, SELECT, and loads capstan's scripts. Returns 0, CAPSTAN_EREDIS when
  * it may work later (no answer, refused, LOADING), or CAPSTAN_ECONFIG when
  * it cannot as configured: the server refused the URL's password, user,
- * ACL rights or database, the TLS settings or the server's certificate are
- * wrong, or the sentinels know no master of that name. capstan_redis_error()
+ * ACL rights (SCRIPT LOAD or EVALSHA) or database, it is a Redis Cluster
+ * node, the TLS settings or the server's certificate are wrong, or the
+ * sentinels know no master of that name. capstan_redis_error()
  * says why (never with the password). */
 CAPSTAN_API int capstan_redis_connect(capstan_redis_t *r);
 /* True while the connection is believed usable. An I/O error on any command
