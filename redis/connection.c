@@ -240,9 +240,6 @@ static void refusal(capstan_redis_t *r, const char *cmd, const char *msg)
         snprintf(r->errstr, sizeof(r->errstr), "%s: %s: %s", r->who, cmd, msg);
 }
 
-/* A digest no script has: EVALSHA of it runs nothing. */
-#define NO_SCRIPT_SHA "0000000000000000000000000000000000000000"
-
 /* Returns 0, CAPSTAN_EREDIS on an I/O error, or for an error reply CAPSTAN_EREPLY
  * (*permanent set when waiting will not help: NOAUTH, NOPERM, a cluster).
  *
@@ -250,10 +247,9 @@ static void refusal(capstan_redis_t *r, const char *cmd, const char *msg)
  * CLUSTER INFO, which any user may ask and a standalone server answers with
  * an error: a Redis Cluster node is refused, as Sidekiq refuses it, since
  * capstan's scripts move jobs between keys of different slots. And an
- * EVALSHA of NO_SCRIPT_SHA: Redis checks the user's ACL before it looks for
- * the script, so NOSCRIPT says the user may run capstan's scripts; a user
- * who may load them but not run them would otherwise fetch and ack almost
- * nothing, one error a second. */
+ * EVALSHA of lua/probe.lua, loaded just before, which does nothing: a user
+ * who may load the scripts but not run them would otherwise fetch and ack
+ * almost nothing, one error a second. */
 static int load_scripts_why(capstan_redis_t *r, int probe, int *permanent)
 {
     /* All sent, then all read: one round trip, not one a script (every
@@ -265,7 +261,7 @@ static int load_scripts_why(capstan_redis_t *r, int probe, int *permanent)
         if (put_command(r->c, 3, argv, lens) != REDIS_OK)
             return fail_io(r, "SCRIPT LOAD");
     }
-    const char *cluster[] = { "CLUSTER", "INFO" }, *evalsha[] = { "EVALSHA", NO_SCRIPT_SHA, "0" };
+    const char *cluster[] = { "CLUSTER", "INFO" }, *evalsha[] = { "EVALSHA", capstan__script_sha(CAPSTAN_SCRIPT_PROBE), "0" };
     if (probe && (put_command(r->c, 2, cluster, (size_t[]){ 7, 4 }) != REDIS_OK
                   || put_command(r->c, 3, evalsha, (size_t[]){ 7, 40, 1 }) != REDIS_OK))
         return fail_io(r, "SCRIPT LOAD");
@@ -282,13 +278,10 @@ static int load_scripts_why(capstan_redis_t *r, int probe, int *permanent)
                 *permanent = 1;
                 rc = CAPSTAN_EREPLY;
             }
-        } else if (rep->type == REDIS_REPLY_ERROR && !rc
-                   && (i < CAPSTAN_SCRIPT_COUNT || strncmp(rep->str, "NOSCRIPT", 8) != 0)) {
+        } else if (rep->type == REDIS_REPLY_ERROR && !rc) {
             refusal(r, i < CAPSTAN_SCRIPT_COUNT ? "SCRIPT LOAD" : "EVALSHA", rep->str);
             *permanent = !transient_reply(rep->str);
             rc = CAPSTAN_EREPLY;
-        } else if (rep->type == REDIS_REPLY_STRING && i < CAPSTAN_SCRIPT_COUNT) {
-            capstan__script_learn_sha((capstan_script_t)i, rep->str, rep->len);
         }
         freeReplyObject(rep);
     }

@@ -55,12 +55,9 @@ typedef struct capstan_script_call {
     redisReply *reply;
 } capstan_script_call_t;
 
-/* The text of a script, and its SHA1 as Redis reported it (NULL until a
- * connection has loaded the scripts). */
+/* The text of a script, and its SHA1 (40 hex characters); NULL for no
+ * script. */
 const char *capstan__script_text(capstan_script_t s);
 const char *capstan__script_sha(capstan_script_t s);
-
-/* Records the SHA1 (40 hex chars) SCRIPT LOAD returned for s. */
-void capstan__script_learn_sha(capstan_script_t s, const char *sha, size_t len);
 
 #endif

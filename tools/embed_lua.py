@@ -6,7 +6,8 @@ usage: embed_lua.py OUT.c OUT.h LUA_DIR NAME...
 
 The first form writes OUT.h, the enum capstan_script_t (CAPSTAN_SCRIPT_<NAME> in
 the order of the NAME arguments, then CAPSTAN_SCRIPT_COUNT) and the tables'
-declarations, and OUT.c, the names and texts indexed by that enum. The
+declarations, and OUT.c, the names, texts and SHA1 digests (what EVALSHA
+takes) indexed by that enum. The
 NAME list (lua_scripts in lua/meson.build) is the only list of scripts.
 
 A script that needs a shared Lua function says so on a line of its own,
@@ -17,6 +18,7 @@ it uses. The
 second form prints one script as embedded, for tools that load it with
 SCRIPT LOAD themselves.
 """
+import hashlib
 import re
 import sys
 
@@ -43,6 +45,11 @@ def script_text(lua_dir: str, name: str) -> bytes:
     return b''.join(prelude) + data
 
 
+def embedded(data: bytes) -> bytes:
+    # The bytes c_string's literal holds: each line ends with a newline.
+    return (data[:-1] if data.endswith(b'\n') else data) + b'\n'
+
+
 def c_string(data: bytes) -> str:
     # One C line per Lua line; the split leaves no empty last line because
     # the file's final newline is taken off first.
@@ -65,7 +72,9 @@ def header(names) -> str:
     parts += ['    CAPSTAN_SCRIPT_COUNT', '} capstan_script_t;', '',
               '/* Each script\'s name (its file in lua/) and its text. */',
               'extern const char *const capstan__lua_names[CAPSTAN_SCRIPT_COUNT];',
-              'extern const char *const capstan__lua_texts[CAPSTAN_SCRIPT_COUNT];', '',
+              'extern const char *const capstan__lua_texts[CAPSTAN_SCRIPT_COUNT];',
+              '/* Each text\'s SHA1, as Redis names a loaded script. */',
+              'extern const char *const capstan__lua_shas[CAPSTAN_SCRIPT_COUNT];', '',
               '#endif']
     return '\n'.join(parts) + '\n'
 
@@ -77,6 +86,8 @@ def source(lua_dir: str, names) -> str:
     parts += ['    "%s",' % n for n in names]
     parts += ['};', 'const char *const capstan__lua_texts[CAPSTAN_SCRIPT_COUNT] = {']
     parts += [c_string(script_text(lua_dir, n)) + ',' for n in names]
+    parts += ['};', 'const char *const capstan__lua_shas[CAPSTAN_SCRIPT_COUNT] = {']
+    parts += ['    "%s",' % hashlib.sha1(embedded(script_text(lua_dir, n))).hexdigest() for n in names]
     parts.append('};')
     return '\n'.join(parts) + '\n'
 
