@@ -32,8 +32,9 @@ static const char *usage =
     "on this host whose pid is gone shows as dead at once (recovery still waits\n"
     "for its liveness key to lapse).\n"
     "\n"
-    "Exits 1 when a capstan process's last beat says Redis answered some of its\n"
-    "fetches with an error (an ACL refusal, OOM), naming it on stderr.\n";
+    "Exits 1 when a capstan process of this host says in its last beat that\n"
+    "Redis answered some of its fetches with an error (an ACL refusal, OOM),\n"
+    "naming it on stderr; other hosts' processes are shown, not judged.\n";
 
 /* The pid of identity ("hostname:pid:nonce") when hostname is this
  * machine's and no process has that pid any more, else 0. For display
@@ -318,18 +319,22 @@ static void print_text(json_t *o, const char *name)
     }
 }
 
-/* Says on stderr which processes' fetches Redis answered with errors
- * between their last two beats (an ACL without a command capstan runs, a
- * full Redis): they fetch little or nothing, so stats, the image's health
- * check, fails. Returns how many. */
-static int failing_fetches(json_t *o)
+/* Says on stderr which processes of this host (host) had fetches Redis
+ * answered with errors between their last two beats (an ACL without a
+ * command capstan runs, a full Redis): they fetch little or nothing, so
+ * stats, the image's health check, fails. A process elsewhere is another
+ * container's to judge: one failing host must not make every container of
+ * a fleet unhealthy at once. Returns how many. */
+static int failing_fetches(json_t *o, const char *host)
 {
+    size_t hl = strlen(host);
     int n = 0;
     size_t i;
     json_t *p;
     json_array_foreach(json_object_get(o, "processes"), i, p) {
         json_int_t errors = json_integer_value(json_object_get(p, "fetch_errors"));
-        if (errors <= 0)
+        const char *id = json_string_value(json_object_get(p, "identity"));
+        if (errors <= 0 || !id || strncmp(id, host, hl) != 0 || id[hl] != ':')
             continue;
         const char *why = json_string_value(json_object_get(p, "fetch_error"));
         fprintf(stderr, "capstan stats: %s: %lld fetches answered with an error between its last "
@@ -365,7 +370,9 @@ int capstan__cmd_stats(int argc, char **argv)
         print_text(o, capstan_redis_name(r));
     }
     fflush(stdout); /* the stats first, then why they are not healthy */
-    int status = failing_fetches(o) ? 1 : 0;
+    char host[256];
+    capstan__hostname(host, sizeof(host));
+    int status = failing_fetches(o, host) ? 1 : 0;
     json_decref(o);
     capstan_redis_free(r);
     return status;
