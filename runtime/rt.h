@@ -192,10 +192,6 @@ void capstan__hooks_error(const struct capstan_runtime *rt, capstan_job_t *job, 
 void capstan__hooks_death(const struct capstan_runtime *rt, capstan_job_t *job, const char *cls,
                           const char *msg);
 
-/* runtime.c: the name a signal is logged under, as Sidekiq names them
- * ("TERM", "TSTP", ...; "?" for one it does not name). */
-const char *capstan__sig_name(int sig);
-
 /* processor.c: the thread loop, fetch -> run the server chain -> ack. */
 void *capstan__processor_main(void *slot);
 

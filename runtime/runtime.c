@@ -147,25 +147,6 @@ static void dump_threads(capstan_runtime_t *rt)
                  atomic_load(&rt->quiet) ? "stopped" : "polling");
 }
 
-const char *capstan__sig_name(int sig)
-{
-    switch (sig) {
-    case SIGTERM: return "TERM";
-    case SIGINT: return "INT";
-    case SIGTSTP: return "TSTP";
-    case SIGTTIN: return "TTIN";
-    case SIGUSR2: return "USR2";
-    case SIGHUP: return "HUP";
-    case SIGKILL: return "KILL";
-    case SIGSEGV: return "SEGV";
-    case SIGABRT: return "ABRT";
-    case SIGBUS: return "BUS";
-    case SIGFPE: return "FPE";
-    case SIGILL: return "ILL";
-    default: return "?";
-    }
-}
-
 static void go_quiet(capstan_runtime_t *rt)
 {
     if (atomic_exchange(&rt->quiet, 1))
