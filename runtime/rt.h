@@ -12,6 +12,7 @@
 #include "fetch/fetch.h"
 #include "capstan/redis.h"
 #include "capstan/runtime.h"
+#include "runtime/notify.h"
 #include "capstan/unique.h"
 
 /* The most jobs a processor takes at once when their runtime locks can be
@@ -156,7 +157,7 @@ struct capstan_runtime {
                                       housekeeper and by fetchers when it is
                                       due; made at start */
     struct capstan_board *board;   /* shared with the supervisor
-                                      (supervisor.h), NULL when unsupervised */
+                                      (board.h), NULL when unsupervised */
     struct capstan_board_end *board_end; /* past its rows; NULL also under a
                                       supervisor of an older binary */
     int worker_slot;               /* which of the supervisor's workers */
@@ -259,8 +260,8 @@ void capstan__recover_orphans(struct capstan_runtime *rt, capstan_redis_t *r);
 int capstan__heartbeat_beat(struct capstan_runtime *rt, capstan_redis_t *r, int final);
 /* Flushes the in-memory counters. */
 int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);
-/* Removes the process from "processes" and its work hashes (at stop). */
-int capstan__heartbeat_clear(struct capstan_runtime *rt, capstan_redis_t *r);
+/* (capstan__heartbeat_leave, which the supervisor calls too, is in
+ * board.h.) */
 
 /* master_watch.c: the thread that, for a sentinel URL, has every
  * connection leave a replaced master as soon as the sentinels announce the
@@ -290,17 +291,5 @@ long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, 
  * after), as well as at its polls: called once a job is written to the
  * schedule set at that score. */
 void capstan__scheduler_wake_at(struct capstan_runtime *rt, double at);
-
-/* notify.c: systemd's Type=notify protocol over $NOTIFY_SOCKET (a no-op
- * when it is unset). capstan__notify sends one state ("READY=1", "STOPPING=1")
- * and returns 0, CAPSTAN_EINVAL for an address it cannot use, or CAPSTAN_ESYS.
- * capstan__notify_watchdog sends "WATCHDOG=1" when half of WATCHDOG_USEC has
- * passed since the last one; only the main thread calls it, from its signal
- * loop, so a Redis outage (which the other threads wait out) never gets the
- * process restarted, while a wedged main thread does.
- * capstan__notify_watchdog_every is that half interval in seconds, 0 when off. */
-int capstan__notify(const char *state);
-void capstan__notify_watchdog(void);
-double capstan__notify_watchdog_every(void);
 
 #endif

@@ -15,9 +15,9 @@
 #include "observe/http.h"
 #include "observe/overview.h"
 #include "redis/sentinel.h"
+#include "runtime/board.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
-#include "runtime/supervisor.h"
 #include "support/identity.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -274,7 +274,7 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     live_conn(r);
     capstan__stats_flush(rt, r);
     capstan__unique_metrics_flush(r);
-    capstan__heartbeat_clear(rt, r);
+    capstan__heartbeat_leave(r, rt->identity);
     char wkey[512], lkey[512];
     capstan__fetch_working_key(rt->identity, wkey, sizeof(wkey));
     capstan__fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
@@ -282,8 +282,8 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
         redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
         /* Nothing left for a supervisor to recover: it need not connect. */
-        if (del && del->type == REDIS_REPLY_INTEGER && rt->board)
-            rt->board->identity[0] = '\0';
+        if (del && del->type == REDIS_REPLY_INTEGER)
+            capstan__board_forget(rt);
         freeReplyObject(del);
     } else if (len && len->type == REDIS_REPLY_INTEGER) {
         capstan_warn("%lld jobs remain in %s; they are recovered once this process is gone",
@@ -322,7 +322,7 @@ static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
     }
     if (!leave) {
         long long rss = rss_bytes();
-        atomic_store(&rt->board->rss, rss);
+        capstan__board_rss(rt, rss);
         if (rt->cfg->max_memory > 0 && rss > rt->cfg->max_memory) {
             capstan_warn("RSS %lld MB is over max_memory (%lld MB): finishing the jobs, then leaving",
                          rss >> 20, rt->cfg->max_memory >> 20);
@@ -332,7 +332,7 @@ static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
     if (leave == CAPSTAN_LEAVE_TIMEOUT)
         capstan_warn("a job ran over its timeout: this worker finishes its other jobs, then leaves");
     if (leave)
-        atomic_store(&rt->board->leaving, leave);
+        capstan__board_leave(rt, leave);
     return leave != CAPSTAN_LEAVE_NONE;
 }
 
@@ -571,8 +571,7 @@ static int run(capstan_runtime_t *rt, char *err)
     }
     capstan_info("Starting processing, hit Ctrl-C to stop");
     capstan__notify("READY=1");
-    if (rt->board)
-        atomic_store(&rt->board->ready, 1);
+    capstan__board_ready(rt);
     double tick = capstan__notify_watchdog_every();
     tick = tick > 0 && tick < 0.2 ? tick : 0.2;
     int sig;
@@ -600,17 +599,12 @@ out:
 int capstan_runtime_run(capstan_runtime_t *rt, char *err)
 {
     int rc = run(rt, err);
-    if (rt->board) {
-        /* Told to the supervisor before the worker exits, which takes any
-         * other exit (a handler's exit(0) too) for a crash, and repeats a
-         * failed start's reason as its own last line. A run that ended
-         * before the processors started left no job to recover. */
-        if (rc && rt->board_end)
-            snprintf(rt->board_end->reason, sizeof(rt->board_end->reason), "%s", err);
-        if (!rt->nslots)
-            rt->board->identity[0] = '\0';
-        if (rt->board_end)
-            atomic_store(&rt->board_end->ended, 1);
-    }
+    /* Told to the supervisor before the worker exits, which takes any
+     * other exit (a handler's exit(0) too) for a crash, and repeats a
+     * failed start's reason as its own last line. A run that ended before
+     * the processors started left no job to recover. */
+    if (!rt->nslots)
+        capstan__board_forget(rt);
+    capstan__board_ended(rt, rc ? err : NULL);
     return rc;
 }
