@@ -4,7 +4,7 @@
  * it waits for signals with sigtimedwait and polls the boards and
  * waitpid every 50 ms, and connects to Redis only to recover a dead
  * worker's jobs, closing the connection again before any later fork. */
-#include "runtime/supervisor.h"
+#include "supervisor/supervisor.h"
 
 #include <errno.h>
 #include <signal.h>

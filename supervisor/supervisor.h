@@ -15,8 +15,8 @@
  * systemd's notify and the process set's cleanup. Its entry point is
  * capstan_runtime_supervise (capstan/runtime.h). Not part of the public
  * API. */
-#ifndef CAPSTAN_RUNTIME_SUPERVISOR_H
-#define CAPSTAN_RUNTIME_SUPERVISOR_H
+#ifndef CAPSTAN_SUPERVISOR_SUPERVISOR_H
+#define CAPSTAN_SUPERVISOR_SUPERVISOR_H
 
 #include "capstan/runtime.h"
 
