@@ -14,6 +14,7 @@
 #include "capstan/runtime.h"
 #include "runtime/notify.h"
 #include "capstan/unique.h"
+#include "periodic/periodic.h"
 
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
@@ -130,6 +131,7 @@ struct capstan_runtime {
     capstan_slot_t *keeper; /* the housekeeper's, for the acks it writes
                                (capstan__feed_ack_late): no processor's */
     pthread_t housekeeper, scheduler, periodic, master_watch;
+    capstan_periodic_env_t periodic_env; /* what the periodic thread is given */
     int housekeeper_started, scheduler_started, periodic_started, master_watch_started;
     atomic_int housekeeper_stop;   /* and the master watch's */
     pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
@@ -267,13 +269,6 @@ int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);
  * connection leave a replaced master as soon as the sentinels announce the
  * switch (started only then; it stops with the housekeeper). */
 void *capstan__master_watch_main(void *rt);
-
-/* periodic.c: the thread that enqueues the ticks of the config's periodic
- * schedules (started only when there are some). */
-void *capstan__periodic_main(void *rt);
-/* The jid of schedule name's tick at epoch second tick: 24 hex digits
- * derived from the two, the same in every process. */
-void capstan__periodic_jid(const char *name, int64_t tick, char out[25]);
 
 /* scheduler.c */
 void *capstan__scheduler_main(void *rt);

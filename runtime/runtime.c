@@ -3,8 +3,6 @@
  * still running, leave the process set). */
 #include "runtime/rt.h"
 
-#include "config/periodic.h"
-
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -447,6 +445,18 @@ static int refuse_cluster(capstan_redis_t *r, char *err)
     return 0;
 }
 
+/* The periodic thread's reconnects and sleeps: those of every thread of
+ * the runtime, given up once it goes quiet. */
+static int periodic_connect(void *rt, capstan_redis_t *r)
+{
+    return capstan__rt_connect(rt, r, &((capstan_runtime_t *)rt)->quiet);
+}
+
+static void periodic_wait(void *rt, double s)
+{
+    capstan__rt_wait(rt, s);
+}
+
 static int start_threads(capstan_runtime_t *rt, char *err)
 {
     if (!capstan_runtime_server_chain(rt))
@@ -473,7 +483,10 @@ static int start_threads(capstan_runtime_t *rt, char *err)
         rt->master_watch_started = 1;
     }
     if (rt->cfg->nperiodic) {
-        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, rt))
+        rt->periodic_env = (capstan_periodic_env_t){ .cfg = rt->cfg, .stop = &rt->quiet,
+                                                     .connect = periodic_connect, .wait = periodic_wait,
+                                                     .ud = rt };
+        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, &rt->periodic_env))
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the periodic thread");
         rt->periodic_started = 1;
     }
