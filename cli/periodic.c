@@ -13,7 +13,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "config/periodic.h"
+#include "periodic/periodic.h"
 #include "redis/keys.h"
 #include "redis/scan.h"
 #include "support/cron.h"

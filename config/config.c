@@ -6,7 +6,7 @@
 #include "support/number.h"
 #include "config/bounds.h"
 #include "config/names.h"
-#include "config/periodic.h"
+#include "periodic/periodic.h"
 #include "config/settings.h"
 #include "config/tls.h"
 

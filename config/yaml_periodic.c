@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config/periodic.h"
+#include "periodic/periodic.h"
 #include "config/yaml.h"
 #include "support/buf.h"
 #include "support/cron.h"

@@ -1,7 +1,8 @@
 /* The beat: flushes the counters and writes the process record and work
  * hashes exactly as Sidekiq does (so ProcessSet, Workers and the Web UI Busy
  * page see this process), and picks up a signal pushed by the Web UI. The
- * housekeeper thread (housekeeper.c) runs it every heartbeat_interval. */
+ * housekeeper thread (housekeeper.c) runs it every heartbeat_interval. At
+ * stop the process leaves the set again (capstan__heartbeat_leave). */
 #include "runtime/rt.h"
 
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
+#include "runtime/board.h"
 #include "support/buf.h"
 #include "support/fmt.h"
 #include "support/log.h"
@@ -356,12 +358,12 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     return rc == CAPSTAN_EREDIS ? rc : 0;
 }
 
-int capstan__heartbeat_clear(capstan_runtime_t *rt, capstan_redis_t *r)
+int capstan__heartbeat_leave(capstan_redis_t *r, const char *identity)
 {
     char key_work[400], key_workers[400];
-    capstan__key(key_work, sizeof(key_work), rt->identity, CAPSTAN_KEY_WORK);
-    capstan__key(key_workers, sizeof(key_workers), rt->identity, CAPSTAN_KEY_WORKERS);
-    const char *srem[] = { "SREM", CAPSTAN_KEY_PROCESSES, rt->identity };
+    capstan__key(key_work, sizeof(key_work), identity, CAPSTAN_KEY_WORK);
+    capstan__key(key_workers, sizeof(key_workers), identity, CAPSTAN_KEY_WORKERS);
+    const char *srem[] = { "SREM", CAPSTAN_KEY_PROCESSES, identity };
     const char *unl[] = { "UNLINK", key_work, key_workers };
     int rc = capstan_redis_append(r, 3, srem, NULL);
     if (!rc)

@@ -2,7 +2,7 @@
  * through libsystemd so capstan has no such dependency: one datagram per state
  * change to the unix socket named by $NOTIFY_SOCKET. Without that variable
  * every call is a no-op, so the same binary runs under any supervisor. */
-#include "runtime/rt.h"
+#include "runtime/notify.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "capstan/error.h"
 #include "support/time.h"
 
 int capstan__notify(const char *state)
@@ -62,7 +63,7 @@ static double watchdog_every(void)
     return (double)us / 2e6;
 }
 
-/* Only the main thread pings (see rt.h), so plain statics suffice. */
+/* Only the main thread pings (see notify.h), so plain statics suffice. */
 static double wd_every = -1, wd_next;
 
 void capstan__notify_watchdog(void)

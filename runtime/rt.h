@@ -12,7 +12,9 @@
 #include "fetch/fetch.h"
 #include "capstan/redis.h"
 #include "capstan/runtime.h"
+#include "runtime/notify.h"
 #include "capstan/unique.h"
+#include "periodic/periodic.h"
 
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
@@ -129,6 +131,7 @@ struct capstan_runtime {
     capstan_slot_t *keeper; /* the housekeeper's, for the acks it writes
                                (capstan__feed_ack_late): no processor's */
     pthread_t housekeeper, scheduler, periodic, master_watch;
+    capstan_periodic_env_t periodic_env; /* what the periodic thread is given */
     int housekeeper_started, scheduler_started, periodic_started, master_watch_started;
     atomic_int housekeeper_stop;   /* and the master watch's */
     pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
@@ -160,7 +163,7 @@ struct capstan_runtime {
                                       housekeeper and by fetchers when it is
                                       due; made at start */
     struct capstan_board *board;   /* shared with the supervisor
-                                      (supervisor.h), NULL when unsupervised */
+                                      (board.h), NULL when unsupervised */
     struct capstan_board_end *board_end; /* past its rows; NULL also under a
                                       supervisor of an older binary */
     int worker_slot;               /* which of the supervisor's workers */
@@ -195,10 +198,6 @@ void capstan__hooks_error(const struct capstan_runtime *rt, capstan_job_t *job, 
  * wrote it to the dead set succeeded. */
 void capstan__hooks_death(const struct capstan_runtime *rt, capstan_job_t *job, const char *cls,
                           const char *msg);
-
-/* runtime.c: the name a signal is logged under, as Sidekiq names them
- * ("TERM", "TSTP", ...; "?" for one it does not name). */
-const char *capstan__sig_name(int sig);
 
 /* processor.c: the thread loop, fetch -> run the server chain -> ack. */
 void *capstan__processor_main(void *slot);
@@ -270,20 +269,13 @@ void capstan__recover_orphans(struct capstan_runtime *rt, capstan_redis_t *r);
 int capstan__heartbeat_beat(struct capstan_runtime *rt, capstan_redis_t *r, int final);
 /* Flushes the in-memory counters. */
 int capstan__stats_flush(struct capstan_runtime *rt, capstan_redis_t *r);
-/* Removes the process from "processes" and its work hashes (at stop). */
-int capstan__heartbeat_clear(struct capstan_runtime *rt, capstan_redis_t *r);
+/* (capstan__heartbeat_leave, which the supervisor calls too, is in
+ * board.h.) */
 
 /* master_watch.c: the thread that, for a sentinel URL, has every
  * connection leave a replaced master as soon as the sentinels announce the
  * switch (started only then; it stops with the housekeeper). */
 void *capstan__master_watch_main(void *rt);
-
-/* periodic.c: the thread that enqueues the ticks of the config's periodic
- * schedules (started only when there are some). */
-void *capstan__periodic_main(void *rt);
-/* The jid of schedule name's tick at epoch second tick: 24 hex digits
- * derived from the two, the same in every process. */
-void capstan__periodic_jid(const char *name, int64_t tick, char out[25]);
 
 /* scheduler.c */
 void *capstan__scheduler_main(void *rt);
@@ -301,17 +293,5 @@ long capstan__scheduler_enqueue_due(capstan_redis_t *r, capstan_ts_format_t ts, 
  * after), as well as at its polls: called once a job is written to the
  * schedule set at that score. */
 void capstan__scheduler_wake_at(struct capstan_runtime *rt, double at);
-
-/* notify.c: systemd's Type=notify protocol over $NOTIFY_SOCKET (a no-op
- * when it is unset). capstan__notify sends one state ("READY=1", "STOPPING=1")
- * and returns 0, CAPSTAN_EINVAL for an address it cannot use, or CAPSTAN_ESYS.
- * capstan__notify_watchdog sends "WATCHDOG=1" when half of WATCHDOG_USEC has
- * passed since the last one; only the main thread calls it, from its signal
- * loop, so a Redis outage (which the other threads wait out) never gets the
- * process restarted, while a wedged main thread does.
- * capstan__notify_watchdog_every is that half interval in seconds, 0 when off. */
-int capstan__notify(const char *state);
-void capstan__notify_watchdog(void);
-double capstan__notify_watchdog_every(void);
 
 #endif

@@ -3,8 +3,6 @@
  * still running, leave the process set). */
 #include "runtime/rt.h"
 
-#include "config/periodic.h"
-
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,9 +13,9 @@
 #include "observe/http.h"
 #include "observe/overview.h"
 #include "redis/sentinel.h"
+#include "runtime/board.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
-#include "runtime/supervisor.h"
 #include "support/identity.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -147,25 +145,6 @@ static void dump_threads(capstan_runtime_t *rt)
                  atomic_load(&rt->quiet) ? "stopped" : "polling");
 }
 
-const char *capstan__sig_name(int sig)
-{
-    switch (sig) {
-    case SIGTERM: return "TERM";
-    case SIGINT: return "INT";
-    case SIGTSTP: return "TSTP";
-    case SIGTTIN: return "TTIN";
-    case SIGUSR2: return "USR2";
-    case SIGHUP: return "HUP";
-    case SIGKILL: return "KILL";
-    case SIGSEGV: return "SEGV";
-    case SIGABRT: return "ABRT";
-    case SIGBUS: return "BUS";
-    case SIGFPE: return "FPE";
-    case SIGILL: return "ILL";
-    default: return "?";
-    }
-}
-
 static void go_quiet(capstan_runtime_t *rt)
 {
     if (atomic_exchange(&rt->quiet, 1))
@@ -293,7 +272,7 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     live_conn(r);
     capstan__stats_flush(rt, r);
     capstan__unique_metrics_flush(r);
-    capstan__heartbeat_clear(rt, r);
+    capstan__heartbeat_leave(r, rt->identity);
     char wkey[512], lkey[512];
     capstan__fetch_working_key(rt->identity, wkey, sizeof(wkey));
     capstan__fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
@@ -301,8 +280,8 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
         redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
         /* Nothing left for a supervisor to recover: it need not connect. */
-        if (del && del->type == REDIS_REPLY_INTEGER && rt->board)
-            rt->board->identity[0] = '\0';
+        if (del && del->type == REDIS_REPLY_INTEGER)
+            capstan__board_forget(rt);
         freeReplyObject(del);
     } else if (len && len->type == REDIS_REPLY_INTEGER) {
         capstan_warn("%lld jobs remain in %s; they are recovered once this process is gone",
@@ -341,7 +320,7 @@ static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
     }
     if (!leave) {
         long long rss = rss_bytes();
-        atomic_store(&rt->board->rss, rss);
+        capstan__board_rss(rt, rss);
         if (rt->cfg->max_memory > 0 && rss > rt->cfg->max_memory) {
             capstan_warn("RSS %lld MB is over max_memory (%lld MB): finishing the jobs, then leaving",
                          rss >> 20, rt->cfg->max_memory >> 20);
@@ -351,7 +330,7 @@ static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
     if (leave == CAPSTAN_LEAVE_TIMEOUT)
         capstan_warn("a job ran over its timeout: this worker finishes its other jobs, then leaves");
     if (leave)
-        atomic_store(&rt->board->leaving, leave);
+        capstan__board_leave(rt, leave);
     return leave != CAPSTAN_LEAVE_NONE;
 }
 
@@ -449,6 +428,18 @@ static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigse
     return 0;
 }
 
+/* The periodic thread's reconnects and sleeps: those of every thread of
+ * the runtime, given up once it goes quiet. */
+static int periodic_connect(void *rt, capstan_redis_t *r)
+{
+    return capstan__rt_connect(rt, r, &((capstan_runtime_t *)rt)->quiet);
+}
+
+static void periodic_wait(void *rt, double s)
+{
+    capstan__rt_wait(rt, s);
+}
+
 static int start_threads(capstan_runtime_t *rt, char *err)
 {
     if (!capstan_runtime_server_chain(rt))
@@ -475,7 +466,10 @@ static int start_threads(capstan_runtime_t *rt, char *err)
         rt->master_watch_started = 1;
     }
     if (rt->cfg->nperiodic) {
-        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, rt))
+        rt->periodic_env = (capstan_periodic_env_t){ .cfg = rt->cfg, .stop = &rt->quiet,
+                                                     .connect = periodic_connect, .wait = periodic_wait,
+                                                     .ud = rt };
+        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, &rt->periodic_env))
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the periodic thread");
         rt->periodic_started = 1;
     }
@@ -554,8 +548,7 @@ static int run(capstan_runtime_t *rt, char *err)
     if ((rc = wait_for_redis(rt, r, &set, err)) != 0) {
         /* Nothing of this process is in Redis: its supervisor has nothing
          * to recover (and a server refused would refuse it too). */
-        if (rt->board)
-            rt->board->identity[0] = '\0';
+        capstan__board_forget(rt);
         rc = rc > 0 ? 0 : rc;
         goto out;
     }
@@ -575,8 +568,7 @@ static int run(capstan_runtime_t *rt, char *err)
     }
     capstan_info("Starting processing, hit Ctrl-C to stop");
     capstan__notify("READY=1");
-    if (rt->board)
-        atomic_store(&rt->board->ready, 1);
+    capstan__board_ready(rt);
     double tick = capstan__notify_watchdog_every();
     tick = tick > 0 && tick < 0.2 ? tick : 0.2;
     int sig;
@@ -604,17 +596,12 @@ out:
 int capstan_runtime_run(capstan_runtime_t *rt, char *err)
 {
     int rc = run(rt, err);
-    if (rt->board) {
-        /* Told to the supervisor before the worker exits, which takes any
-         * other exit (a handler's exit(0) too) for a crash, and repeats a
-         * failed start's reason as its own last line. A run that ended
-         * before the processors started left no job to recover. */
-        if (rc && rt->board_end)
-            snprintf(rt->board_end->reason, sizeof(rt->board_end->reason), "%s", err);
-        if (!rt->nslots)
-            rt->board->identity[0] = '\0';
-        if (rt->board_end)
-            atomic_store(&rt->board_end->ended, 1);
-    }
+    /* Told to the supervisor before the worker exits, which takes any
+     * other exit (a handler's exit(0) too) for a crash, and repeats a
+     * failed start's reason as its own last line. A run that ended before
+     * the processors started left no job to recover. */
+    if (!rt->nslots)
+        capstan__board_forget(rt);
+    capstan__board_ended(rt, rc ? err : NULL);
     return rc;
 }

@@ -10,7 +10,7 @@
 
 #include "runtime/feed.h"
 #include "runtime/rt.h"
-#include "runtime/supervisor.h"
+#include "runtime/board.h"
 #include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -348,4 +349,23 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
     }
     capstan__buf_free(&b);
     errno = saved;
+}
+
+const char *capstan__sig_name(int sig)
+{
+    switch (sig) {
+    case SIGTERM: return "TERM";
+    case SIGINT: return "INT";
+    case SIGTSTP: return "TSTP";
+    case SIGTTIN: return "TTIN";
+    case SIGUSR2: return "USR2";
+    case SIGHUP: return "HUP";
+    case SIGKILL: return "KILL";
+    case SIGSEGV: return "SEGV";
+    case SIGABRT: return "ABRT";
+    case SIGBUS: return "BUS";
+    case SIGFPE: return "FPE";
+    case SIGILL: return "ILL";
+    default: return "?";
+    }
 }

@@ -51,4 +51,8 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
 #define capstan_error(...) capstan__log(CAPSTAN_ERROR, NULL, __VA_ARGS__)
 #define capstan_debug(...) capstan__log(CAPSTAN_DEBUG, NULL, __VA_ARGS__)
 
+/* The name a signal is logged under, as Sidekiq names them ("TERM",
+ * "TSTP", ...; "?" for one it does not name). */
+const char *capstan__sig_name(int sig);
+
 #endif

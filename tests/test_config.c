@@ -14,7 +14,7 @@
 #include "capstan/redis.h"
 #include "redis/url.h"
 #include "capstan/periodic.h"
-#include "config/periodic.h"
+#include "periodic/periodic.h"
 
 static capstan_config_t *cfg;
 static char *path; /* the current test's YAML file */

@@ -19,7 +19,7 @@
 
 #include "capstan/capstan.h"
 #include "helpers.h"
-#include "runtime/rt.h"
+#include "periodic/periodic.h"
 
 TestSuite(periodic, .timeout = 120, .fini = kt_kill_children);
 

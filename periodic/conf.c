@@ -1,7 +1,7 @@
 /* capstan_periodic_add: a schedule checked whole (its expression parsed and
  * seen to fire, its zone loaded, its args and extra fields JSON of the
  * right kind) before it joins the config, so a bad one stops the start. */
-#include "config/periodic.h"
+#include "periodic/periodic.h"
 
 #include <stdio.h>
 #include <stdlib.h>

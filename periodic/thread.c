@@ -11,14 +11,13 @@
  * schedule's policy says which to enqueue. A changed expression (or zone)
  * makes a new signature, and the record of the old one is not used to
  * find missed ticks: the schedule starts fresh. */
-#include "runtime/rt.h"
+#include "periodic/periodic.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "config/periodic.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
@@ -153,7 +152,7 @@ typedef struct offer {
 
 /* Offers s's ticks due by now. Returns 0 or CAPSTAN_EREDIS (s->cursor
  * then stays, so they are offered again once Redis answers). */
-static int step(capstan_runtime_t *rt, capstan_redis_t *r, sched_t *s, double now)
+static int step(const capstan_periodic_env_t *env, capstan_redis_t *r, sched_t *s, double now)
 {
     int64_t ring[RING], t = s->cursor;
     long count = 0;
@@ -185,7 +184,7 @@ static int step(capstan_runtime_t *rt, capstan_redis_t *r, sched_t *s, double no
         offers[n++] = (offer_t){ latest, NULL, 0 };
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
-        if (!offers[i].count && !(offers[i].payload = payload(s, offers[i].tick, now, rt->cfg->timestamps)))
+        if (!offers[i].count && !(offers[i].payload = payload(s, offers[i].tick, now, env->cfg->timestamps)))
             rc = CAPSTAN_ENOMEM;
     /* The record outlives the look back for missed ticks, and twice the
      * gap to the next tick. */
@@ -278,8 +277,8 @@ static sched_t *scheds_new(const capstan_config_t *cfg)
 
 void *capstan__periodic_main(void *arg)
 {
-    capstan_runtime_t *rt = arg;
-    const capstan_config_t *cfg = rt->cfg;
+    const capstan_periodic_env_t *env = arg;
+    const capstan_config_t *cfg = env->cfg;
     char err[CAPSTAN_ERRLEN];
     sched_t *scheds = scheds_new(cfg);
     capstan_redis_t *r = scheds ? capstan_redis_new(cfg->redis_url, 10, err) : NULL;
@@ -289,8 +288,8 @@ void *capstan__periodic_main(void *arg)
         scheds_free(scheds, cfg->nperiodic);
         return NULL;
     }
-    while (!atomic_load(&rt->quiet)) {
-        if (!capstan_redis_ok(r) && capstan__rt_connect(rt, r, &rt->quiet))
+    while (!atomic_load(env->stop)) {
+        if (!capstan_redis_ok(r) && env->connect(env->ud, r))
             break;
         /* Ticks are judged by Redis's clock, one for the whole fleet: by
          * its own, a host ahead would record ticks still to come (letting
@@ -299,19 +298,19 @@ void *capstan__periodic_main(void *arg)
          * the monotonic clock, which no host's offset touches. */
         double now, read_at = capstan__mono();
         if (capstan__redis_time(r, &now)) {
-            capstan__rt_wait(rt, 1);
+            env->wait(env->ud, 1);
             continue;
         }
         double wake = now + 1;
         for (size_t i = 0; i < cfg->nperiodic; i++) {
             sched_t *s = &scheds[i];
-            if ((!s->loaded && load(r, s, now)) || step(rt, r, s, now))
+            if ((!s->loaded && load(r, s, now)) || step(env, r, s, now))
                 break;
             int64_t next = capstan__cron_next(&s->cron, s->tz, s->cursor > (int64_t)now ? s->cursor : (int64_t)now);
             if (next >= 0 && (double)next < wake)
                 wake = (double)next;
         }
-        capstan__rt_wait(rt, wake - now - (capstan__mono() - read_at));
+        env->wait(env->ud, wake - now - (capstan__mono() - read_at));
     }
     capstan_info("Periodic exiting...");
     capstan_redis_free(r);

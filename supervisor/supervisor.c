@@ -4,7 +4,7 @@
  * it waits for signals with sigtimedwait and polls the boards and
  * waitpid every 50 ms, and connects to Redis only to recover a dead
  * worker's jobs, closing the connection again before any later fork. */
-#include "runtime/supervisor.h"
+#include "supervisor/supervisor.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -19,9 +19,8 @@
 #include "fetch/fetch.h"
 #include "observe/http.h"
 #include "observe/prometheus.h"
-#include "redis/keys.h"
-#include "runtime/rt.h"
-#include "support/identity.h"
+#include "runtime/board.h"
+#include "runtime/notify.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "capstan/capstan.h"
@@ -63,7 +62,8 @@ typedef struct wslot {
 } wslot_t;
 
 typedef struct sup {
-    struct capstan_runtime *rt;
+    capstan_config_t *cfg;    /* the runtime's, which its workers run */
+    capstan_runtime_t *rt;    /* only handed to the worker it becomes */
     int n;                    /* slots */
     wslot_t *slots;
     worker_t *w;              /* 2n entries */
@@ -83,21 +83,6 @@ typedef struct sup {
     int reloading;            /* a HUP's rolling restart is under way */
     int reload_slot;          /* the slot it replaces now */
 } sup_t;
-
-void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
-{
-    capstan_board_t *b = rt->board;
-    if (!b || !jid || index < 0 || index >= b->nslots)
-        return;
-    capstan_board_row_t *row = &b->row[index];
-    char *at = row->jid[row->next++ % CAPSTAN_BOARD_RING];
-    size_t n = strlen(jid);
-    if (n >= CAPSTAN_BOARD_JID)
-        n = CAPSTAN_BOARD_JID - 1;
-    memcpy(at, jid, n);
-    at[n] = '\0';
-}
-
 
 static int live(const sup_t *s)
 {
@@ -127,23 +112,18 @@ static void detach(pid_t supervisor)
 }
 
 /* A worker's own identity and board; systemd hears the supervisor only. */
-static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, size_t size, int slot,
-                         atomic_long *table, int nslots)
+static void worker_setup(capstan_runtime_t *rt, capstan_config_t *cfg, capstan_board_t *board, size_t size,
+                         int slot, atomic_long *table, int nslots)
 {
     capstan__log_forked();
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
-    rt->board = board;
-    rt->board_end = capstan__board_end(board, size);
-    rt->worker_slot = slot;
-    rt->supervisor_pid = (int)getppid();
-    capstan__identity_make(rt->identity, sizeof(rt->identity));
-    memcpy(board->identity, rt->identity, sizeof(board->identity));
+    capstan__board_attach(rt, board, size, slot, (int)getppid());
     /* One /metrics port per host: the first worker serves it, with the
      * supervisor's restart counts. */
     if (slot > 0)
-        rt->cfg->metrics_port = 0;
+        cfg->metrics_port = 0;
     else if (table)
         capstan__metrics_restarts(capstan__metrics_default(), table, nslots, cause_names, NCAUSES);
 }
@@ -152,7 +132,7 @@ static void worker_setup(struct capstan_runtime *rt, capstan_board_t *board, siz
 static void become_worker(sup_t *s, worker_t *me)
 {
     detach(s->self);
-    worker_setup(s->rt, me->board, me->board_size, me->slot, s->table, s->n);
+    worker_setup(s->rt, s->cfg, me->board, me->board_size, me->slot, s->table, s->n);
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].board && &s->w[i] != me)
             munmap(s->w[i].board, s->w[i].board_size);
@@ -192,7 +172,7 @@ static void exec_worker(sup_t *s, worker_t *me)
     _exit(127);
 }
 
-static int supervised(struct capstan_runtime *rt, char *err)
+static int supervised(capstan_runtime_t *rt, char *err)
 {
     const char *spec = getenv(CAPSTAN_WORKER_ENV);
     int bfd, tfd, slot, n, parent;
@@ -209,7 +189,7 @@ static int supervised(struct capstan_runtime *rt, char *err)
         return capstan_seterr(err, CAPSTAN_ESYS, "%s: mmap: %s", CAPSTAN_WORKER_ENV, strerror(errno));
     if (getppid() != parent)
         raise(SIGTERM);
-    worker_setup(rt, board, size, slot, table == MAP_FAILED ? NULL : table, n);
+    worker_setup(rt, capstan__runtime_config(rt), board, size, slot, table == MAP_FAILED ? NULL : table, n);
     return 0;
 }
 
@@ -241,7 +221,7 @@ static int spawn(sup_t *s, int slot, int exec)
             w = &s->w[i];
     if (!w)
         return 0;
-    size_t size = capstan__board_size(s->rt->cfg->concurrency);
+    size_t size = capstan__board_size(s->cfg->concurrency);
     int fd;
     void *mem = shared(size, &fd);
     if (mem == MAP_FAILED) {
@@ -254,7 +234,7 @@ static int spawn(sup_t *s, int slot, int exec)
     w->board_size = size;
     w->fd = fd;
     w->fresh = exec;
-    w->board->nslots = s->rt->cfg->concurrency;
+    w->board->nslots = s->cfg->concurrency;
     w->slot = slot;
     capstan__log_flush();
     fflush(NULL);
@@ -304,7 +284,7 @@ static int start_missing(sup_t *s)
  * had started. Also takes it off Sidekiq's process set. */
 static void recover(sup_t *s, worker_t *w)
 {
-    const capstan_config_t *c = s->rt->cfg;
+    const capstan_config_t *c = s->cfg;
     char id[sizeof(w->board->identity)];
     memcpy(id, w->board->identity, sizeof(id));
     id[sizeof(id) - 1] = '\0';
@@ -332,15 +312,8 @@ static void recover(sup_t *s, worker_t *w)
         snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
     if (!rc && c->fetch == CAPSTAN_FETCH_RELIABLE)
         rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps, &out, err);
-    if (!rc) {
-        char work[400], workers[400];
-        snprintf(work, sizeof(work), "%s%s", id, CAPSTAN_KEY_WORK);
-        snprintf(workers, sizeof(workers), "%s%s", id, CAPSTAN_KEY_WORKERS);
-        const char *srem[] = { "SREM", CAPSTAN_KEY_PROCESSES, id };
-        const char *unl[] = { "UNLINK", work, workers };
-        freeReplyObject(capstan_redis_cmd(r, 3, srem, NULL));
-        freeReplyObject(capstan_redis_cmd(r, 3, unl, NULL));
-    }
+    if (!rc)
+        capstan__heartbeat_leave(r, id);
     capstan_redis_free(r);
     free(jids);
     if (rc) {
@@ -443,7 +416,7 @@ static void watch(sup_t *s)
         int leave = atomic_load(&w->board->leaving);
         if (leave && !w->leaving) {
             w->leaving = 1;
-            w->kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+            w->kill_at = now + s->cfg->timeout + KILL_MARGIN;
             capstan_info("worker %d (pid %d) is leaving (%s): starting its successor", w->slot, (int)w->pid,
                          cause_names[leave == CAPSTAN_LEAVE_TIMEOUT ? CAUSE_TIMEOUT : CAUSE_MEMORY]);
         }
@@ -486,7 +459,7 @@ static void reload_step(sup_t *s)
         worker_t *w = &s->w[i];
         if (w->pid > 0 && w->slot == slot && w != fresh && !w->told) {
             w->told = w->leaving = 1;
-            w->kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+            w->kill_at = now + s->cfg->timeout + KILL_MARGIN;
             kill(w->pid, SIGTERM);
         }
     }
@@ -510,17 +483,18 @@ static void stop_all(sup_t *s, int sig)
         if (s->w[i].pid > 0) {
             s->w[i].told = 1;
             if (!s->w[i].kill_at)
-                s->w[i].kill_at = now + s->rt->cfg->timeout + KILL_MARGIN;
+                s->w[i].kill_at = now + s->cfg->timeout + KILL_MARGIN;
         }
     forward(s, sig);
 }
 
-static int supervise(struct capstan_runtime *rt, int argc, char **argv, int *worker)
+static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
 {
-    sup_t s = { .rt = rt, .n = rt->cfg->processes, .self = getpid(), .argc = argc, .argv = argv };
+    capstan_config_t *cfg = capstan__runtime_config(rt);
+    sup_t s = { .cfg = cfg, .rt = rt, .n = cfg->processes, .self = getpid(), .argc = argc, .argv = argv };
     *worker = 0;
     char err[CAPSTAN_ERRLEN];
-    if (rt->cfg->metrics_port > 0 && capstan__http_check(rt->cfg->metrics_bind, rt->cfg->metrics_port, err)) {
+    if (cfg->metrics_port > 0 && capstan__http_check(cfg->metrics_bind, cfg->metrics_port, err)) {
         capstan_error("%s", err);
         return 1;
     }
@@ -549,7 +523,7 @@ static int supervise(struct capstan_runtime *rt, int argc, char **argv, int *wor
         sigaddset(&s.set, sigs[i]);
     sigprocmask(SIG_BLOCK, &s.set, &s.old);
     capstan_info("supervisor started (pid %d): %d worker%s of %d threads", (int)s.self, s.n,
-                 s.n == 1 ? "" : "s", rt->cfg->concurrency);
+                 s.n == 1 ? "" : "s", cfg->concurrency);
     double tick = capstan__notify_watchdog_every();
     tick = tick > 0 && tick < TICK ? tick : TICK;
     for (;;) {
