@@ -39,6 +39,8 @@
 #define CAPSTAN_KEY_WAITING ":WAITING"      /* lock +: zset of waiting jids by arrival
                                                (capstan's: v9 never waits) */
 #define CAPSTAN_KEY_WAKE ":WAKE"            /* lock +: list the waiters block on */
+#define CAPSTAN_KEY_FREED ":FREED"          /* digest +: when a unique_for job let its lock
+                                               go (capstan's: epoch s, TTL unique_for) */
 #define CAPSTAN_KEY_WORKING "uniquejobs:working:" /* + identity: reliable fetch list */
 #define CAPSTAN_KEY_HEARTBEAT "uniquejobs:heartbeat:" /* + identity: liveness */
 #define CAPSTAN_KEY_ORPHAN "uniquejobs:orphan:" /* + identity: recovery's suspect marker */

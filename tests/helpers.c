@@ -610,7 +610,7 @@ int kt_capstan_run(const char *const *args, char **out)
     return run_capture(argv, out, 60, 0);
 }
 
-static const char *const sidekiq_versions[] = { KT_SIDEKIQ_DEBIAN, "7.3.10", "8.0.10", NULL };
+static const char *const sidekiq_versions[] = { KT_SIDEKIQ_DEBIAN, "7.3.10", "8.0.10", "8.1.7", NULL };
 
 const char *const *kt_sidekiq_versions(void)
 {

@@ -89,11 +89,11 @@ int kt_wait_exit(pid_t pid, double timeout);
 int kt_ruby(const char *script, const char *const *args, char **out);
 
 /* Ruby Sidekiq in several versions: Debian's 6.4.1 (the `sidekiq` and
- * `ruby` a test runs by default), and 7.3.10 and 8.0.10 from the tarballs
- * in ../shared/vendor beside the repository (or $CAPSTAN_VENDOR), which
- * tests/vendor.sh unpacks once into the build directory (KT_VENDOR_DIR).
- * Where those sources are missing, a test of 7.3 or 8.0 is skipped with
- * one line saying so, never failed. */
+ * `ruby` a test runs by default), and 7.3.10, 8.0.10 and 8.1.7 from the
+ * tarballs in ../shared/vendor beside the repository (or $CAPSTAN_VENDOR),
+ * which tests/vendor.sh unpacks once into the build directory
+ * (KT_VENDOR_DIR). Where those sources are missing, a test of a vendored
+ * version is skipped with one line saying so, never failed. */
 #define KT_SIDEKIQ_DEBIAN "6.4.1"
 /* Every version the interop tests know, oldest first, NULL-terminated
  * (whether or not their sources are here). */
@@ -106,13 +106,13 @@ void kt_sidekiq_need(const char *version);
 /* The RUBYLIB that loads version ahead of Debian's gems ("" for Debian's
  * own; owned by the helpers); skips the test as kt_sidekiq_need does. */
 const char *kt_sidekiq_rubylib(const char *version);
-/* kt_ruby with Sidekiq version: for 7.3/8.0 the script runs with their
- * sources on RUBYLIB after tests/ruby/sidekiq_version.rb (8.0's Ruby 3.2
- * shim, and a check that version is the Sidekiq loaded). The script sees
+/* kt_ruby with Sidekiq version: for a vendored one the script runs with
+ * its sources on RUBYLIB after tests/ruby/sidekiq_version.rb (8.x's Ruby
+ * 3.2 shims, and a check that version is the Sidekiq loaded). The script sees
  * KT_SIDEKIQ_VERSION=version in every case. */
 int kt_ruby_v(const char *version, const char *script, const char *const *args, char **out);
 /* KT_SIDEKIQ_TEST(suite, name[, Test options]) { body }: one test per
- * version, name_6_4, name_7_3 and name_8_0, each running body with the
+ * version, name_6_4, name_7_3, name_8_0 and name_8_1, each running body with the
  * const char *sidekiq naming its version (for kt_ruby_v and
  * kt_sidekiq_start_v). */
 #define KT_SIDEKIQ_TEST(suite, name, ...)                                                        \
@@ -127,6 +127,11 @@ int kt_ruby_v(const char *version, const char *script, const char *const *args, 
     {                                                                                            \
         kt_sidekiq_need("8.0.10");                                                               \
         name##_with("8.0.10");                                                                   \
+    }                                                                                            \
+    Test(suite, name##_8_1, ##__VA_ARGS__)                                                      \
+    {                                                                                            \
+        kt_sidekiq_need("8.1.7");                                                                \
+        name##_with("8.1.7");                                                                    \
     }                                                                                            \
     static void name##_with(const char *sidekiq)
 

@@ -586,6 +586,50 @@ KT_SIDEKIQ_TEST(unique, a_rejected_duplicate_shows_its_error_in_sidekiqs_dead_se
     free(out);
 }
 
+/* `sidekiq_options ...` of a job class, then one perform_async per args,
+ * from the Ruby Sidekiq of a KT_SIDEKIQ_TEST. */
+static void ruby_perform(const char *sidekiq, const char *cls, const char *opts, const char *args, int n)
+{
+    const char *argv[8] = { "perform_async", cls, opts };
+    for (int i = 0; i < n; i++)
+        argv[3 + i] = args;
+    char *out = NULL;
+    cr_assert_eq(kt_ruby_v(sidekiq, "sidekiq.rb", argv, &out), 0, "%s", out);
+    free(out);
+}
+
+/* Sidekiq Enterprise's unique_for, as a Ruby app without Enterprise pushes
+ * it (`sidekiq_options unique_for: 600`): capstan refuses at the server the
+ * copies Enterprise's client would have refused at the push. Of 3 copies
+ * enqueued before the first ran, 1 runs and 2 are skipped, even one at a
+ * time; a copy pushed after the first succeeded runs. With `unique_until:
+ * :start` the lock goes when the job starts: of 2 copies enqueued before,
+ * 1 runs, and one pushed while it runs runs too. */
+KT_SIDEKIQ_TEST(unique, ruby_unique_for_runs_one_of_the_copies_enqueued_before_it_ran)
+{
+    ruby_perform(sidekiq, "RecordJob", "{\"unique_for\":600}", "[\"uf\"]", 3);
+    ruby_perform(sidekiq, "OverlapJob", "{\"unique_for\":600,\"unique_until\":\"start\"}",
+                 "[\"us\",3000]", 2);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET us:running") == 1, 20), "%s", kt_capstan_log(pid));
+    ruby_perform(sidekiq, "OverlapJob", "{\"unique_for\":600,\"unique_until\":\"start\"}",
+                 "[\"us\",3000]", 1);
+    cr_assert_eq(kt_int("GET us:running"), 1, "pushed while the first one runs");
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN us:log") == 2, 30), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD uf"), 1, "%s", kt_capstan_log(pid));
+    ruby_perform(sidekiq, "RecordJob", "{\"unique_for\":600}", "[\"uf\"]", 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD uf") == 2 && kt_int("LLEN queue:default") == 0, 20),
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    char *d = ruby_digest("RecordJob", "default", "[\"uf\"]");
+    cr_assert_eq(kt_int("EXISTS %s:LOCKED", d), 0, "released at success");
+    cr_assert_eq(kt_int("LLEN us:log"), 2);
+    cr_assert_eq(kt_log_count(pid, "Skipping job with id"), 3, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "uniqueness_lapsed"), 0, "no lock was expected at the push");
+    cr_assert_eq(kt_int("ZCARD dead") + kt_int("ZCARD retry"), 0);
+    free(d);
+}
+
 Test(unique, client_strategies_reject_and_reschedule)
 {
     char *jid = NULL, *out = NULL;

@@ -157,6 +157,29 @@ static void from_class(const capstan_class_conf_t *cc, capstan_unique_spec_t *s,
     }
 }
 
+/* Sidekiq Enterprise's unique_for (and unique_until), which its
+ * sidekiq_options write into the payload of a Ruby push, mapped as the
+ * class's YAML options are. */
+static void payload_unique_for(capstan_mw_t *mw, capstan_unique_spec_t *s)
+{
+    double d;
+    int k = field_num(mw, "unique_for", &d);
+    if (k == 0)
+        return;
+    char *until = field_str(mw, "unique_until");
+    capstan_unique_opts_t o = CAPSTAN_UNIQUE_OPTS_INIT;
+    if (k < 0 || d < 1 || capstan_unique_for(&o, seconds(mw, "unique_for", d), until)) {
+        capstan_warn("%s %s: unique_for must be seconds >= 1 and unique_until start or success; "
+                     "running it without a lock", mw->cls, mw->jid);
+        s->type = CAPSTAN_LOCK_NONE;
+    } else {
+        s->type = o.lock;
+        s->ttl = o.lock_ttl;
+        s->unique_for = 1;
+    }
+    free(until);
+}
+
 /* The payload's lock: a type name wins; anything else that is set means
  * the job runs without a lock. */
 static void payload_lock_type(capstan_mw_t *mw, capstan_unique_spec_t *s)
@@ -176,6 +199,8 @@ static void payload_lock_type(capstan_mw_t *mw, capstan_unique_spec_t *s)
         capstan_warn("%s %s: \"lock\" is not a lock type name; running it without a lock",
                      mw->cls, mw->jid);
         s->type = CAPSTAN_LOCK_NONE;
+    } else {
+        payload_unique_for(mw, s);
     }
 }
 

@@ -13,6 +13,7 @@
 
 #include "support/fmt.h"
 #include "support/log.h"
+#include "support/payload.h"
 #include "support/time.h"
 #include "middleware/mw.h"
 #include "unique/internal.h"
@@ -77,6 +78,55 @@ static int conflict(capstan_mw_t *mw, const capstan_unique_spec_t *s, const char
         mw->skipped = "skipped";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
     }
+}
+
+/* Sidekiq Enterprise's client refuses a push while an earlier job with the
+ * same digest holds its lock: from that job's push until it succeeds (or,
+ * with unique_until start, starts), at most unique_for seconds. A job a
+ * Ruby app pushed with unique_for took no lock then, so its lock is taken
+ * at fetch, and a later copy is a duplicate when that lock is held, or
+ * when it was enqueued before the earlier job let the lock go: that moment
+ * is kept in "<digest>:FREED" for unique_for seconds, written before the
+ * lock goes, so a copy that finds the lock free always finds it. */
+static double enqueued_at(capstan_mw_t *mw)
+{
+    size_t len;
+    const char *v = capstan_mw_field_raw(mw, "enqueued_at", &len);
+    return v ? capstan__ts_parse(v, len) : 0;
+}
+
+static void note_freed(capstan_mw_t *mw, const capstan_unique_spec_t *s)
+{
+    double until = capstan__now(), enq = enqueued_at(mw);
+    if (enq > 0 && enq + (double)s->ttl < until)
+        until = enq + (double)s->ttl; /* Enterprise's lock had expired by then */
+    char key[CAPSTAN_DIGEST_MAX + 16];
+    capstan_unique__key(key, sizeof(key), s->digest, 0, CAPSTAN_KEY_FREED);
+    redisReply *rep = capstan_redis_cmdf(mw->r, "SET %s %.6f EX %ld", key, until, s->ttl);
+    if (!rep || rep->type == REDIS_REPLY_ERROR)
+        capstan_warn("%s %s: could not note when lock %s was freed: %s; a copy enqueued "
+                     "before may run", mw->cls, mw->jid, s->digest,
+                     rep ? rep->str : capstan_redis_error(mw->r));
+    freeReplyObject(rep);
+}
+
+/* Whether the job, which has just taken its lock (lr), is a copy that
+ * Enterprise's client would have refused; then the lock goes back. */
+static int refused_copy(capstan_mw_t *mw, const capstan_unique_spec_t *s, int lr)
+{
+    if (!s->unique_for || lr != CAPSTAN_LOCK_ACQUIRED)
+        return 0;
+    char key[CAPSTAN_DIGEST_MAX + 16], err[CAPSTAN_ERRLEN];
+    capstan_unique__key(key, sizeof(key), s->digest, 0, CAPSTAN_KEY_FREED);
+    redisReply *rep = capstan_redis_cmdf(mw->r, "GET %s", key);
+    double freed = rep && rep->type == REDIS_REPLY_STRING ? strtod(rep->str, NULL) : 0;
+    freeReplyObject(rep);
+    double enq = enqueued_at(mw);
+    if (!(freed > 0 && enq > 0 && enq <= freed))
+        return 0;
+    if (capstan_unique_unlock(mw->r, s->digest, 0, mw->jid, s->type, 0, err) < 0)
+        capstan_warn("%s %s: could not give back lock %s: %s", mw->cls, mw->jid, s->digest, err);
+    return 1;
 }
 
 /* A lock operation that failed on Redis: the job cannot be run safely, so
@@ -226,14 +276,33 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
             lr = capstan_unique_lock(mw->r, &q, err);
         if (lock_stops(mw, &s, lr, err, &rc))
             break;
-        if (lr == CAPSTAN_LOCK_ACQUIRED)
+        if (refused_copy(mw, &s, lr)) {
+            rc = conflict(mw, &s, "was held when it was enqueued (unique_for)");
+            break;
+        }
+        /* A unique_for job pushed from Ruby took no lock: that is no lapse. */
+        if (lr == CAPSTAN_LOCK_ACQUIRED && !s.unique_for)
             capstan_info("uniqueness_lapsed: %s %s fetched without its lock %s; taken again",
                          mw->cls, mw->jid, s.digest);
         if (s.type == CAPSTAN_LOCK_UNTIL_EXECUTED)
             hold_until(mw, &s, 1);
         rc = capstan_mw_next(mw);
+        if (s.unique_for && !back_in_line(mw))
+            note_freed(mw, &s);
         break;
     case CAPSTAN_LOCK_UNTIL_EXECUTING:
+        if (s.unique_for) {
+            /* Held from its fetch to its start, as Enterprise's from the
+             * push to the start. */
+            lr = capstan_unique_lock(mw->r, &q, err);
+            if (lock_stops(mw, &s, lr, err, &rc))
+                break;
+            if (refused_copy(mw, &s, lr)) {
+                rc = conflict(mw, &s, "was held when it was enqueued (unique_for)");
+                break;
+            }
+            note_freed(mw, &s);
+        }
         if (capstan_unique_unlock(mw->r, s.digest, 0, mw->jid, s.type, 0, err) == CAPSTAN_EDENIED)
             capstan_info("%s %s: lock %s is held by another job; running anyway (until_executing)",
                          mw->cls, mw->jid, s.digest);

@@ -10,6 +10,8 @@
 #       timestamps in the unit of the version's client: a payload without
 #       "retry", as another client may write)
 #   ruby sidekiq.rb push_in SECONDS '{"class":"RecordJob","args":["k"]}'  (as perform_in)
+#   ruby sidekiq.rb perform_async CLASS '{"unique_for":600}' '["k"]' ...  (a job class
+#       with those sidekiq_options, a perform_async per args; prints the jids)
 #   ruby sidekiq.rb stats | processes | workers | retries | dead | scheduled
 #   ruby sidekiq.rb quiet IDENTITY | stop IDENTITY
 require 'json'
@@ -83,6 +85,13 @@ out =
     Sidekiq.redis { |c| c.sadd('queues', q); c.lpush("queue:#{q}", JSON.generate(job)) }
     job['jid']
   when 'push_bulk' then Sidekiq::Client.push_bulk(JSON.parse(ARGV[0]))
+  when 'perform_async'
+    name, opts = ARGV.shift, JSON.parse(ARGV.shift)
+    # As an app writes it: `unique_until: :start` is a Symbol there.
+    opts = opts.to_h { |k, v| [k.to_sym, k == 'unique_until' ? v.to_sym : v] }
+    klass = Object.const_set(name, Class.new { include Sidekiq::Job })
+    klass.sidekiq_options(**opts)
+    ARGV.map { |a| klass.perform_async(*JSON.parse(a)) }
   when 'push_in' then Sidekiq::Client.push(JSON.parse(ARGV[1]).merge('at' => Time.now.to_f + ARGV[0].to_f))
   when 'stats'
     s = Sidekiq::Stats.new

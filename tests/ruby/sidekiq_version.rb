@@ -10,6 +10,23 @@ if Gem::Version.new(want) >= Gem::Version.new('8.0') && RUBY_VERSION < '3.2'
   RUBY_VERSION = '3.2.0'.freeze
   require 'set'
 end
+if Gem::Version.new(want) >= Gem::Version.new('8.1') && !defined?(Data.define)
+  # What 8.1 uses of Ruby 3.2 and of newer default gems than Debian's:
+  # Data.define (its API's value classes), Exception#detailed_message (its
+  # default error handler) and URI::RFC2396_PARSER (its Web UI's router).
+  require 'uri'
+  class Data
+    def self.define(*members, &block)
+      Struct.new(*members, keyword_init: true, &block)
+    end
+  end
+  class Exception
+    def detailed_message(highlight: false, **)
+      "#{message} (#{self.class})"
+    end
+  end
+  URI::RFC2396_PARSER = URI::RFC2396_Parser.new unless defined?(URI::RFC2396_PARSER)
+end
 require 'sidekiq'
 unless Sidekiq::VERSION == want
   abort("tests/ruby/sidekiq_version.rb: Sidekiq #{Sidekiq::VERSION} loaded, not #{want} " \
