@@ -277,7 +277,10 @@ Test(metrics, bad_label_bytes_keep_the_scrape_valid)
     int port = kt_free_port(), status = 0;
     char portstr[16], series[256];
     snprintf(portstr, sizeof(portstr), "%d", port);
-    pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "--metrics-port", portstr, NULL });
+    /* Unknown classes fail at once (not held for a Ruby process that may
+     * be starting). */
+    pid_t pid = kt_capstan_start((const char *[]){ "-q", "default", "--metrics-port", portstr,
+                                                   "--unknown-class", "fail", NULL });
     char *resp = NULL;
     bool done = KT_WAIT_UNTIL(
         (free(resp), resp = http_get(port, "/metrics", &status),
@@ -574,7 +577,8 @@ Test(metrics, sidekiq_metrics_count_only_registered_classes)
     char *y = kt_write_file("reg.yml", "heartbeat_interval: 0.5\nliveness_ttl: 2\n");
     /* One processor, in queue order: the unknown jobs are counted before
      * NoopJob, so once NoopJob shows every count has been written. */
-    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", "-c", "1", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-q", "default", "-c", "1", "--unknown-class",
+                                                   "fail", NULL });
     cr_assert(KT_WAIT_UNTIL(({
                   redisReply *k = kt_cmd("KEYS j|*");
                   size_t n = 0;
