@@ -132,23 +132,13 @@ CAPSTAN_API int capstan_unique_lock(capstan_redis_t *r, const capstan_lock_req_t
 CAPSTAN_API int capstan_unique_unlock(capstan_redis_t *r, const char *digest, int runtime,
                                       const char *jid, capstan_lock_type_t type, int force, char *err);
 
-/* Waiting for a lock (lock_timeout). The default waiter queues the jid in
- * arrival order ("<key>:WAITING" zset, entries older than the timeout are
- * dropped as abandoned) and retries until its turn comes and the lock is
- * free, or the timeout passes: at once when a release wakes it (it blocks
- * on "<key>:WAKE", which capstan_unique_unlock and a job's ack push to),
- * and every 0.05 to 0.15 s otherwise. Another implementation (for example FIFO
- * queued locks) can replace it with capstan_unique_set_waiter. wait returns
- * what capstan_unique_lock returns (CAPSTAN_EDENIED on timeout). */
-typedef struct capstan_lock_waiter {
-    int (*wait)(void *self, capstan_redis_t *r, const capstan_lock_req_t *req,
-                double timeout, char *err);
-    void *self;
-} capstan_lock_waiter_t;
-
-/* Installs w process-wide (NULL restores the default). Call before the
- * runtime starts; w must outlive it. */
-CAPSTAN_API void capstan_unique_set_waiter(const capstan_lock_waiter_t *w);
+/* Takes the lock as capstan_unique_lock does, waiting up to timeout seconds
+ * (the class's lock_timeout) in line by arrival time ("<key>:WAITING" zset;
+ * entries older than the timeout are dropped as abandoned): it tries again
+ * at once when a release wakes it (it blocks on "<key>:WAKE", which
+ * capstan_unique_unlock and a job's ack push to), and every 0.05 to 0.15 s
+ * otherwise. timeout <= 0 is one attempt. Returns what capstan_unique_lock
+ * returns (CAPSTAN_EDENIED on timeout). */
 CAPSTAN_API int capstan_unique_lock_wait(capstan_redis_t *r, const capstan_lock_req_t *req,
                                          double timeout, char *err);
 
