@@ -60,8 +60,6 @@ CAPSTAN_API capstan_chain_t *capstan_client_chain(capstan_client_t *c);
 /* Runs the rest of the chain and returns what it returns. */
 CAPSTAN_API int capstan_mw_next(capstan_mw_t *mw);
 
-/* 1 in the server chain, 0 in the client chain. */
-CAPSTAN_API int capstan_mw_is_server(const capstan_mw_t *mw);
 /* The job being run (server chain only; NULL in the client chain). */
 CAPSTAN_API capstan_job_t *capstan_mw_job(capstan_mw_t *mw);
 CAPSTAN_API const char *capstan_mw_class(const capstan_mw_t *mw);
