@@ -119,9 +119,19 @@ CAPSTAN_API void capstan_qlock_client_on_event(capstan_qlock_client_t *c, capsta
  * every attempt is logged too. */
 CAPSTAN_API void capstan_qlock_client_on_log(capstan_qlock_client_t *c, capstan_qlock_log_fn fn, void *udata,
                                              int log_lock_try);
-/* The calling thread's acquirer and host ids (gem format:
- * rql:acq:PID/TID/0/0/IDENTITY, rql:hst:PID/TID/0/IDENTITY; C has no fibers
- * or ractors, hence the zeros). out holds CAPSTAN_QLOCK_ID_MAX bytes. */
+/* The ids the calling thread's lock calls on c carry, in the gem's formats
+ * (its current_acquirer_id and current_host_id):
+ *   acq_id  rql:acq:PID/TID/0/0/IDENTITY, the acquirer: the holder in the
+ *           lock hash's acq_id field, a waiter's member in the queue zset;
+ *   hst_id  rql:hst:PID/TID/0/IDENTITY, the host it runs on: the lock hash's
+ *           hst_id field (the gem's swarm mode tells live hosts by it;
+ *           capstan only stores it).
+ * PID and TID are the process and its kernel thread id, IDENTITY the
+ * client's (capstan_qlock_client_new); the gem's fiber and ractor ids are
+ * 0, as C has neither. So one thread compares acq_id with
+ * capstan_qlock_info's to know it holds a lock, or finds its place in
+ * capstan_qlock_queue_info, before or without a capstan_qlock_result_t.
+ * out is the caller's buffer of CAPSTAN_QLOCK_ID_MAX bytes, NUL-ended. */
 CAPSTAN_API void capstan_qlock_acq_id(const capstan_qlock_client_t *c, char *out);
 CAPSTAN_API void capstan_qlock_hst_id(const capstan_qlock_client_t *c, char *out);
 
