@@ -85,11 +85,16 @@ CAPSTAN_API int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *p
  * startup_timeout. */
 CAPSTAN_API int capstan_runtime_run(capstan_runtime_t *rt, char *err);
 
-/* Thread-safe requests, as the signals TSTP and TERM do. */
+/* Requests that return at once, safe from any thread, as the signals TSTP
+ * and TERM are. quiet: the runtime finishes the jobs it runs, fetches no
+ * new one and stays in "processes", marked quiet, until stopped. stop:
+ * capstan_runtime_run returns after the graceful stop. */
 CAPSTAN_API void capstan_runtime_quiet(capstan_runtime_t *rt);
 CAPSTAN_API void capstan_runtime_stop(capstan_runtime_t *rt);
 
-/* The process identity, "hostname:pid:12hex", as Sidekiq's API shows it. */
+/* The process identity, "hostname:pid:12hex", as Sidekiq's API shows it:
+ * the heartbeat's name in "processes" and that of the working list. Set by
+ * capstan_runtime_new; owned by rt, valid until capstan_runtime_free. */
 CAPSTAN_API const char *capstan_runtime_identity(const capstan_runtime_t *rt);
 
 /* Number of processor threads still running a job when the process stopped
