@@ -103,9 +103,10 @@ CAPSTAN_API capstan_limiter_t *capstan_limiter_new(capstan_limit_type_t type, co
                                                    double seconds, char *err);
 CAPSTAN_API void capstan_limiter_free(capstan_limiter_t *lim);
 
-/* "concurrent", "window", "bucket", "sliding", "leaky", "points" <->
- * the type; parse returns 0 or
- * CAPSTAN_EINVAL. */
+/* A type's name: "concurrent", "window", "bucket", "sliding", "leaky" or
+ * "points", the word of YAML's limit: type and of limiter:NAME:meta
+ * (static; "unknown" for any other value). parse reads one back into
+ * *out: 0, or CAPSTAN_EINVAL for another word. */
 CAPSTAN_API const char *capstan_limit_type_name(capstan_limit_type_t t);
 CAPSTAN_API int capstan_limit_type_parse(const char *s, capstan_limit_type_t *out);
 
