@@ -96,7 +96,7 @@ typedef struct capstan_limit_opts {
 CAPSTAN_API int capstan_limit_opts_check(const capstan_limit_opts_t *o, const char *cls, char *err);
 
 /* A limiter handle owned by the caller (capstan_limiter_free), or NULL with err
- * filled. count: holders (concurrent), or acquisitions per interval.
+ * filled. name is copied. count: holders (concurrent), or acquisitions per interval.
  * seconds: the interval (window, bucket; > 0), or the lease of a
  * concurrent slot (0 = 30 s). */
 CAPSTAN_API capstan_limiter_t *capstan_limiter_new(capstan_limit_type_t type, const char *name, long count,

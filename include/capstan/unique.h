@@ -70,10 +70,12 @@ CAPSTAN_API int capstan_lock_type_parse(const char *name, capstan_lock_type_t *o
  * error_class and what death hooks (capstan_on_death) get. */
 #define CAPSTAN_UNIQUE_REJECTED "Capstan::UniqueJobRejected"
 
-/* The canonical v9 name ("until_executed"), or "" for CAPSTAN_LOCK_NONE. */
+/* The canonical v9 name ("until_executed"), or "" for CAPSTAN_LOCK_NONE;
+ * static. */
 CAPSTAN_API const char *capstan_lock_type_name(capstan_lock_type_t t);
 
-/* Reads log, raise, reject, replace or reschedule. Returns 0 or CAPSTAN_EINVAL. */
+/* Reads log, raise, reject, replace or reschedule. Returns 0 or CAPSTAN_EINVAL.
+ * _name gives the word back (static). */
 CAPSTAN_API int capstan_on_conflict_parse(const char *name, capstan_on_conflict_t *out);
 CAPSTAN_API const char *capstan_on_conflict_name(capstan_on_conflict_t s);
 
@@ -97,8 +99,8 @@ typedef struct capstan_digest_input {
 } capstan_digest_input_t;
 
 /* Computes v9's lock_digest "<prefix>:<hex>" into out (CAPSTAN_DIGEST_MAX
- * bytes). When canon is not NULL it receives the hashed JSON (owned by the
- * caller). Returns 0, or CAPSTAN_EINVAL / CAPSTAN_EPARSE with err filled. */
+ * bytes, the caller's). When canon is not NULL it receives the hashed JSON
+ * (malloc'd, owned by the caller: free it). Returns 0, or CAPSTAN_EINVAL / CAPSTAN_EPARSE with err filled. */
 CAPSTAN_API int capstan_unique_digest(const capstan_digest_input_t *in, char out[CAPSTAN_DIGEST_MAX],
                                       char **canon, char *err);
 
