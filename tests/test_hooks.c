@@ -1,7 +1,6 @@
 /* Error and death hooks (capstan_on_error, capstan_on_death), Sidekiq's
  * error_handlers and death_handlers, and the server and client middleware
  * chains, seen from a program embedding the runtime. */
-#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -324,14 +323,14 @@ Test(hooks, a_client_middleware_reads_jid_queue_and_time_and_can_move_the_push)
     cr_assert(c, "%s", err);
     capstan_chain_t *chain = capstan_client_chain(c);
     assert_names(chain, (const char *[]){ "unique" }, 1);
-    double later = floor(kt_wall()) + 3600;
+    double later = (double)(long long)kt_wall() + 3600;
     cr_assert_eq(capstan_chain_add(chain, "later", later_mw, &later), 0);
 
     capstan_push_opts_t o = capstan_push_opts_default();
     o.queue = "low";
     char now_jid[25], at_jid[25];
     cr_assert_eq(capstan_client_push(c, "LaterJob", "[1]", &o, now_jid), 0, "%s", capstan_client_error(c));
-    o.at = floor(kt_wall()) + 60;
+    o.at = (double)(long long)kt_wall() + 60;
     cr_assert_eq(capstan_client_push(c, "LaterJob", "[2]", &o, at_jid), 0, "%s", capstan_client_error(c));
 
     cr_assert_eq(pushed.n, 2);
