@@ -129,7 +129,6 @@ void capstan__mw_clear(capstan_mw_t *mw)
     mw->deny = NULL;
 }
 
-int capstan_mw_is_server(const capstan_mw_t *mw) { return mw->server; }
 capstan_job_t *capstan_mw_job(capstan_mw_t *mw) { return mw->server ? mw->job : NULL; }
 const char *capstan_mw_class(const capstan_mw_t *mw) { return mw->cls; }
 const char *capstan_mw_jid(const capstan_mw_t *mw) { return mw->jid; }

@@ -1,12 +1,15 @@
 /* The process lifecycle as an operator sees it: graceful stop (TERM), a
- * second TERM, quiet (TSTP), thread dumps (TTIN), log reopening (USR2), the
+ * second TERM, quiet (TSTP, or capstan_runtime_quiet from an embedding
+ * program), thread dumps (TTIN), log reopening (USR2), the
  * JSON log format, Redis going away and coming back, at start and while
  * jobs flow, and the report a crashing handler leaves. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <regex.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "capstan/runtime.h"
 
 TestSuite(lifecycle, .timeout = 120, .fini = kt_kill_children);
 
@@ -198,6 +202,65 @@ Test(lifecycle, tstp_makes_it_quiet)
     cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
     free(id);
     free(cfg);
+}
+
+static atomic_int embedded_runs;
+
+static int count_run(capstan_job_t *job, void *udata)
+{
+    (void)job;
+    (void)udata;
+    atomic_fetch_add(&embedded_runs, 1);
+    return 0;
+}
+
+static int hash_says_quiet(const char *id, const char *want)
+{
+    char *v = kt_str("HGET %s quiet", id);
+    int same = v && !strcmp(v, want);
+    free(v);
+    return same;
+}
+
+/* A program embedding the runtime knows its process identity before it
+ * runs (the one its heartbeat shows in "processes"), and quiets it from
+ * another thread as TSTP does: it stays in "processes" and takes no new
+ * job, until stopped. */
+Test(lifecycle, an_embedded_runtime_goes_quiet_on_request_under_its_identity)
+{
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = kt_config(2);
+    cfg->heartbeat_interval = 1;
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    cr_assert_eq(capstan_register(rt, "RecordJob", count_run, NULL, NULL), 0);
+    char *id = strdup(capstan_runtime_identity(rt));
+    regex_t re;
+    char pattern[64];
+    snprintf(pattern, sizeof(pattern), "^[^:]+:%d:[0-9a-f]{12}$", (int)getpid());
+    cr_assert_eq(regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB), 0);
+    cr_assert_eq(regexec(&re, id, 0, NULL, 0), 0, "identity %s", id);
+    regfree(&re);
+
+    kt_runtime_start(rt);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER processes %s", id) == 1 && hash_says_quiet(id, "false"), 20),
+              "the heartbeat is under the identity given");
+    push("RecordJob", "40000000000000000000000b", "[1]");
+    cr_assert(KT_WAIT_UNTIL(atomic_load(&embedded_runs) == 1, 15), "a running runtime takes jobs");
+
+    capstan_runtime_quiet(rt);
+    cr_assert(KT_WAIT_UNTIL(hash_says_quiet(id, "true"), 10), "the process hash should say quiet=true");
+    push("RecordJob", "40000000000000000000000c", "[2]");
+    /* A quiet process fetches nothing: give it a few beats to prove it. */
+    kt_sleep(2.5);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "a quiet runtime took a job");
+    cr_assert_eq(atomic_load(&embedded_runs), 1);
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 1, "quiet is not stopped");
+
+    kt_runtime_end(rt);
+    cr_assert_eq(kt_int("SISMEMBER processes %s", id), 0);
+    cr_assert_eq(kt_int("LLEN queue:default"), 1, "the job waits for another worker");
+    free(id);
 }
 
 /* ---- diagnostics ------------------------------------------------------ */

@@ -61,6 +61,34 @@ static int bump(void *ud)
     return 7;
 }
 
+/* Each type's name is the word YAML's limit: type takes back, and the one
+ * its limiter records in limiter:NAME:meta. */
+Test(limiter, type_names_read_back_and_name_the_meta)
+{
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    for (int t = CAPSTAN_LIMIT_CONCURRENT; t <= CAPSTAN_LIMIT_POINTS; t++) {
+        const char *name = capstan_limit_type_name((capstan_limit_type_t)t);
+        capstan_limit_type_t back = 0;
+        cr_assert_eq(capstan_limit_type_parse(name, &back), 0, "%s", name);
+        cr_assert_eq((int)back, t, "%s", name);
+        char lname[32];
+        snprintf(lname, sizeof(lname), "named%d", t);
+        capstan_limiter_t *l = mk((capstan_limit_type_t)t, lname, 3, 1);
+        capstan_limit_token_t tok;
+        cr_assert_eq(capstan_limiter_acquire(l, r, 0, &tok, NULL, err), 0, "%s: %s", name, err);
+        char *meta = kt_str("GET limiter:%s:meta", lname);
+        cr_assert(meta && !strncmp(meta, name, strlen(name)) && meta[strlen(name)] == ' ', "%s: %s", name, meta);
+        free(meta);
+        cr_assert_eq(capstan_limiter_release(l, r, &tok, err), 0, "%s: %s", name, err);
+        capstan_limiter_free(l);
+    }
+    cr_assert_str_eq(capstan_limit_type_name(0), "unknown");
+    capstan_limit_type_t out = 0;
+    cr_assert_eq(capstan_limit_type_parse("throttle", &out), CAPSTAN_EINVAL);
+    capstan_redis_free(r);
+}
+
 Test(limiter, within_runs_under_the_limit_and_releases)
 {
     capstan_redis_t *r = kt_lib_redis();

@@ -408,6 +408,90 @@ Test(qlock, waiters_get_the_lock_in_the_order_they_asked)
     capstan_redis_free(r);
 }
 
+/* A thread that names itself before it waits for the lock "ids". */
+struct self_waiter {
+    const char *url;
+    capstan_qlock_client_t *c;
+    char acq_id[CAPSTAN_QLOCK_ID_MAX], hst_id[CAPSTAN_QLOCK_ID_MAX];
+    atomic_int named;
+    int rc;
+    capstan_qlock_result_t res;
+};
+
+static void *wait_named(void *arg)
+{
+    struct self_waiter *w = arg;
+    capstan_qlock_acq_id(w->c, w->acq_id);
+    capstan_qlock_hst_id(w->c, w->hst_id);
+    atomic_store(&w->named, 1);
+    capstan_redis_t *r = conn_new(w->url);
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
+    o.timeout = 20;
+    o.retry_count = CAPSTAN_QLOCK_UNLIMITED;
+    o.retry_delay = 50;
+    char err[CAPSTAN_ERRLEN];
+    w->rc = r ? capstan_qlock_lock(w->c, r, "ids", &o, &w->res, err) : CAPSTAN_EREDIS;
+    if (!w->rc)
+        w->rc = capstan_qlock_release(w->c, r, &w->res, err);
+    capstan_redis_free(r);
+    return NULL;
+}
+
+/* capstan_qlock_acq_id and _hst_id name the calling thread before it locks:
+ * the ids its lock then carries (in res, the lock hash, the queue), one
+ * pair per thread and per client identity, so a thread finds itself in
+ * capstan_qlock_info and capstan_qlock_queue_info. */
+Test(qlock, a_thread_knows_its_acquirer_and_host_ids_before_it_locks)
+{
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_qlock_client_t *c = client(NULL);
+    char acq[CAPSTAN_QLOCK_ID_MAX], hst[CAPSTAN_QLOCK_ID_MAX], err[CAPSTAN_ERRLEN];
+    capstan_qlock_acq_id(c, acq);
+    capstan_qlock_hst_id(c, hst);
+    capstan_qlock_opts_t o = capstan_qlock_opts_default();
+    o.ttl = 20000;
+    capstan_qlock_result_t held;
+    cr_assert_eq(capstan_qlock_lock(c, r, "ids", &o, &held, err), 0, "%s", err);
+    cr_assert_str_eq(held.acq_id, acq);
+    cr_assert_str_eq(held.hst_id, hst);
+    json_t *info = NULL;
+    cr_assert_eq(capstan_qlock_info(r, "ids", &info, err), 0, "%s", err);
+    cr_assert_str_eq(json_string_value(json_object_get(info, "acq_id")), acq, "this thread holds it");
+    cr_assert_str_eq(json_string_value(json_object_get(info, "hst_id")), hst);
+    json_decref(info);
+
+    struct self_waiter w = { .url = kt_url(), .c = c };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, wait_named, &w), 0);
+    cr_assert(KT_WAIT_UNTIL(atomic_load(&w.named) && kt_int("ZCARD rql:lock_queue:ids") == 1, 10));
+    cr_assert_str_neq(w.acq_id, acq, "another thread is another acquirer");
+    cr_assert_str_neq(w.hst_id, hst);
+    json_t *q = NULL;
+    cr_assert_eq(capstan_qlock_queue_info(r, "ids", &q, err), 0, "%s", err);
+    json_t *first = json_array_get(json_object_get(q, "queue"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(first, "acq_id")), w.acq_id, "the waiter is in line");
+    json_decref(q);
+    cr_assert_eq(capstan_qlock_release(c, r, &held, err), 0, "%s", err);
+    pthread_join(th, NULL);
+    cr_assert_eq(w.rc, 0, "the waiter got the lock and released it");
+    cr_assert_str_eq(w.res.acq_id, w.acq_id);
+    cr_assert_str_eq(w.res.hst_id, w.hst_id);
+
+    /* The identity given to the client ends both ids. */
+    capstan_qlock_client_t *named = client("0123456789abcdef");
+    capstan_qlock_acq_id(named, acq);
+    capstan_qlock_hst_id(named, hst);
+    char want[64];
+    snprintf(want, sizeof(want), "rql:acq:%d/", (int)getpid());
+    cr_assert(strncmp(acq, want, strlen(want)) == 0 && strstr(acq, "/0/0/0123456789abcdef"), "%s", acq);
+    snprintf(want, sizeof(want), "rql:hst:%d/", (int)getpid());
+    cr_assert(strncmp(hst, want, strlen(want)) == 0 && strstr(hst, "/0/0123456789abcdef")
+              && !strstr(hst, "/0/0/0123456789abcdef"), "%s", hst);
+    capstan_qlock_client_free(named);
+    capstan_qlock_client_free(c);
+    capstan_redis_free(r);
+}
+
 Test(qlock, five_processes_of_four_threads_never_overlap_and_keep_fifo_order)
 {
     enum { PROCS = 5, THREADS = 4, TIMES = 50 };

@@ -64,8 +64,7 @@ int capstan_unique__lock_ride(capstan_redis_t *r, const capstan_lock_req_t *req,
                               void *ud, char *err);
 
 /* capstan_unique_lock_wait, calling waiting(ud) once when the lock is
- * refused and a wait begins (with the default waiter; before a custom
- * waiter's wait): the runtime writes the acks of finished jobs then,
+ * refused and a wait begins: the runtime writes the acks of finished jobs then,
  * which would otherwise wait with it. */
 int capstan_unique__lock_wait_then(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
                                    void (*waiting)(void *), void *ud, char *err);

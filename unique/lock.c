@@ -396,7 +396,7 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
  * 100 ms at the default hz 10): a wait of 0.05 s lasts 0.05 to 0.15 s. */
 #define LOCK_RETRY_S 0.05
 
-/* The default waiter: in line by arrival time in "<key>:WAITING", trying
+/* The wait for a lock: in line by arrival time in "<key>:WAITING", trying
  * again when a release wakes it ("<key>:WAKE"), and at least every 0.15 s
  * for what wakes no one (a lease that ran out, a release by a client that
  * does not push the token, more than 64 waiters). Entries older than this
@@ -434,21 +434,6 @@ static int waited(capstan_redis_t *r, const capstan_lock_req_t *req, double time
     return rc;
 }
 
-static int poll_wait(void *self, capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
-                     char *err)
-{
-    (void)self;
-    return waited(r, req, timeout, NULL, NULL, err);
-}
-
-static const capstan_lock_waiter_t default_waiter = { poll_wait, NULL };
-static const capstan_lock_waiter_t *waiter = &default_waiter;
-
-void capstan_unique_set_waiter(const capstan_lock_waiter_t *w)
-{
-    waiter = w && w->wait ? w : &default_waiter;
-}
-
 int capstan_unique_lock_wait(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout, char *err)
 {
     return capstan_unique__lock_wait_then(r, req, timeout, NULL, NULL, err);
@@ -459,9 +444,5 @@ int capstan_unique__lock_wait_then(capstan_redis_t *r, const capstan_lock_req_t 
 {
     if (timeout <= 0)
         return capstan_unique_lock(r, req, err);
-    if (waiter == &default_waiter)
-        return counted(r, req, waited(r, req, timeout, waiting, ud, err));
-    if (waiting)
-        waiting(ud); /* a custom waiter's first attempt is its own */
-    return counted(r, req, waiter->wait(waiter->self, r, req, timeout, err));
+    return counted(r, req, waited(r, req, timeout, waiting, ud, err));
 }

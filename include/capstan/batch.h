@@ -67,7 +67,8 @@ CAPSTAN_API const char *capstan_batch_bid(const capstan_batch_t *b);
 /* The last error's text; valid until the next call on b. */
 CAPSTAN_API const char *capstan_batch_error(const capstan_batch_t *b);
 
-/* Before the first push of a new batch. Each returns 0, or CAPSTAN_EINVAL with
+/* Before the first push of a new batch; the strings are copied. Each
+ * returns 0, or CAPSTAN_EINVAL with
  * capstan_batch_error() saying why (a reopened or already written batch, or a
  * bad value). */
 CAPSTAN_API int capstan_batch_describe(capstan_batch_t *b, const char *description);

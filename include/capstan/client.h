@@ -19,7 +19,8 @@ typedef struct capstan_client capstan_client_t;
 #define CAPSTAN_PUSH_UNREPLICATED 1
 
 /* A field left unset (NULL, CAPSTAN_RETRY_UNSET) takes the class's option (see
- * capstan_client_use_config and capstan_client_set_class), else the default. */
+ * capstan_client_use_config and capstan_client_set_class), else the default.
+ * The options and their strings are borrowed for the push call only. */
 typedef struct capstan_push_opts {
     const char *queue;   /* NULL = the class's queue, else "default" */
     int retry;           /* CAPSTAN_RETRY_UNSET (the class's, else true),

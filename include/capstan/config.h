@@ -163,7 +163,7 @@ CAPSTAN_API capstan_config_t *capstan_config_new(void);
 CAPSTAN_API void capstan_config_free(capstan_config_t *cfg);
 
 /* Merges the YAML file at path into cfg: values in the file replace what cfg
- * holds, and cfg->config_file becomes path. On error returns CAPSTAN_ECONFIG or
+ * holds, and cfg->config_file becomes a copy of path. On error returns CAPSTAN_ECONFIG or
  * CAPSTAN_EPARSE and writes "path:line: key: problem" into err (CAPSTAN_ERRLEN), or
  * CAPSTAN_ENOTFOUND with "path: reason" when the file cannot be opened; cfg may
  * then hold part of the file, since the caller exits on a bad config. Keys
@@ -197,7 +197,7 @@ CAPSTAN_API int capstan_config_append_queue(capstan_config_t *cfg, const char *n
  * (which must then be rediss://). Returns CAPSTAN_ECONFIG with err filled. */
 CAPSTAN_API int capstan_config_validate(capstan_config_t *cfg, char *err);
 
-/* The options given for a class, or NULL. */
+/* The options given for a class, or NULL. Borrowed from cfg. */
 CAPSTAN_API const capstan_class_conf_t *capstan_config_class(const capstan_config_t *cfg,
                                                              const char *name);
 
@@ -207,15 +207,17 @@ CAPSTAN_API const capstan_class_conf_t *capstan_config_class(const capstan_confi
  * capstan_config_usage()), or CAPSTAN_ECONFIG / CAPSTAN_EPARSE with err
  * filled (a -C file that cannot be read is CAPSTAN_ECONFIG). */
 CAPSTAN_API int capstan_config_parse_args(capstan_config_t *cfg, int argc, char **argv, char *err);
-/* The help text of `capstan run`'s flags. */
+/* The help text of `capstan run`'s flags (static). */
 CAPSTAN_API const char *capstan_config_usage(void);
 
 /* Parses "fail", "requeue" or "skip" into *out. Returns 0 or CAPSTAN_ECONFIG. */
 CAPSTAN_API int capstan_config_unknown_class(const char *word, capstan_unknown_class_t *out);
-/* The word for a policy ("fail", "requeue", "skip"). */
+/* The word for a policy ("fail", "requeue", "skip"; static). */
 CAPSTAN_API const char *capstan_config_unknown_class_name(capstan_unknown_class_t v);
 
-/* Replaces *slot (freeing the old string) with a copy of value. */
+/* Replaces *slot (freeing the old string) with a copy of value (NULL
+ * clears it); the struct that holds *slot owns the copy. Returns 0, or
+ * CAPSTAN_ENOMEM with *slot unchanged. */
 CAPSTAN_API int capstan_config_set_str(char **slot, const char *value);
 
 #endif

@@ -25,7 +25,8 @@ typedef int (*capstan_handler_fn)(capstan_job_t *job, void *udata);
  * JobWrapper, or Sidekiq::ActiveJob::Wrapper since Sidekiq 7) it is the
  * wrapped class ("wrapped", e.g. HelloJob), which also names the job in the
  * log lines and metrics; the payload's own "class" stays readable with
- * capstan_job_field_raw(job, "class", &len). */
+ * capstan_job_field_raw(job, "class", &len). Borrowed from the job (valid
+ * until the handler returns), as are the jid, bid and queue below. */
 CAPSTAN_API const char *capstan_job_class(const capstan_job_t *job);
 CAPSTAN_API const char *capstan_job_jid(const capstan_job_t *job);
 /* The batch the job belongs to (its "bid", see capstan/batch.h), or NULL. */
@@ -87,15 +88,19 @@ CAPSTAN_API json_t *capstan_job_wrapper_args(capstan_job_t *job);
 /* retry_count from the payload, or -1 when the job has never failed. */
 CAPSTAN_API long capstan_job_retry_count(const capstan_job_t *job);
 
-/* The whole payload, byte-exact as fetched; *len receives its length. */
+/* The whole payload, byte-exact as fetched; *len (may be NULL) receives its
+ * length. Borrowed from the job. */
 CAPSTAN_API const char *capstan_job_payload(const capstan_job_t *job, size_t *len);
 
 /* The value text of any top-level payload field (for example "tags"), or
- * NULL when absent. Strings are returned with their quotes. */
+ * NULL when absent. Strings are returned with their quotes. Borrowed from
+ * the job (it points into the payload) and not NUL-terminated: *len (may
+ * be NULL) receives its length. */
 CAPSTAN_API const char *capstan_job_field_raw(const capstan_job_t *job, const char *key,
                                               size_t *len);
 
-/* The Redis connection owned by the thread running this job. Never NULL
+/* The Redis connection owned by the thread running this job (borrowed:
+ * never free it or keep it past the handler call). Never NULL
  * inside a handler: the runtime reconnects before the handler starts (a job
  * never starts without a connection; it waits in the working list). A
  * command can still fail when the connection breaks under it; check its
@@ -104,7 +109,7 @@ CAPSTAN_API const char *capstan_job_field_raw(const capstan_job_t *job, const ch
 CAPSTAN_API redisContext *capstan_job_redis(capstan_job_t *job);
 
 /* Marks the job failed with an error class (e.g. "RuntimeError") and a
- * printf-style message. Returns CAPSTAN_EJOB so a handler can
+ * printf-style message, both copied. Returns CAPSTAN_EJOB so a handler can
  * `return capstan_job_fail(job, "ArgumentError", "need %d args", 2);`. */
 CAPSTAN_API int capstan_job_fail(capstan_job_t *job, const char *error_class,
                                  const char *fmt, ...)
@@ -166,8 +171,9 @@ enum {
  * resumes from the saved state, left as it was) and
  * capstan_job_checkpoint says CAPSTAN_ITER_STOP. */
 CAPSTAN_API const json_t *capstan_job_cursor(capstan_job_t *job);
-/* Records cursor (the job keeps a reference: do not change it afterwards;
- * NULL means JSON null) as where
+/* Records cursor (the job takes a reference of its own, so the caller
+ * still decrefs its own; do not change it afterwards; NULL means JSON
+ * null) as where
  * the step about to run starts, and says whether to run it: the process is
  * going quiet or stopping, or this run passed max_iteration_runtime
  * (CAPSTAN_ITER_STOP: the state is flushed first), the job was cancelled

@@ -96,16 +96,17 @@ typedef struct capstan_limit_opts {
 CAPSTAN_API int capstan_limit_opts_check(const capstan_limit_opts_t *o, const char *cls, char *err);
 
 /* A limiter handle owned by the caller (capstan_limiter_free), or NULL with err
- * filled. count: holders (concurrent), or acquisitions per interval.
+ * filled. name is copied. count: holders (concurrent), or acquisitions per interval.
  * seconds: the interval (window, bucket; > 0), or the lease of a
  * concurrent slot (0 = 30 s). */
 CAPSTAN_API capstan_limiter_t *capstan_limiter_new(capstan_limit_type_t type, const char *name, long count,
                                                    double seconds, char *err);
 CAPSTAN_API void capstan_limiter_free(capstan_limiter_t *lim);
 
-/* "concurrent", "window", "bucket", "sliding", "leaky", "points" <->
- * the type; parse returns 0 or
- * CAPSTAN_EINVAL. */
+/* A type's name: "concurrent", "window", "bucket", "sliding", "leaky" or
+ * "points", the word of YAML's limit: type and of limiter:NAME:meta
+ * (static; "unknown" for any other value). parse reads one back into
+ * *out: 0, or CAPSTAN_EINVAL for another word. */
 CAPSTAN_API const char *capstan_limit_type_name(capstan_limit_type_t t);
 CAPSTAN_API int capstan_limit_type_parse(const char *s, capstan_limit_type_t *out);
 

@@ -61,7 +61,7 @@ CAPSTAN_API int capstan_periodic_add(capstan_config_t *cfg, const capstan_period
 
 /* Parses "skip", "last" or "all" into *out. Returns 0 or CAPSTAN_ECONFIG. */
 CAPSTAN_API int capstan_periodic_missed(const char *word, capstan_missed_t *out);
-/* The word for a policy. */
+/* The word for a policy (static). */
 CAPSTAN_API const char *capstan_periodic_missed_name(capstan_missed_t m);
 
 #endif

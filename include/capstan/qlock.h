@@ -104,24 +104,37 @@ typedef struct capstan_qlock_event {
 } capstan_qlock_event_t;
 
 typedef void (*capstan_qlock_event_fn)(const capstan_qlock_event_t *ev, void *udata);
-/* One debug line (no newline), e.g. "try_lock.not_first lock_key=... rank=3". */
+/* One debug line (no newline), e.g. "try_lock.not_first lock_key=... rank=3";
+ * valid during the callback only. */
 typedef void (*capstan_qlock_log_fn)(const char *line, void *udata);
 
 /* Returns a client owned by the caller (capstan_qlock_client_free), or NULL with
- * err filled. identity is the 16-hex part of acquirer ids; NULL draws a
- * random one, as the gem does per client. */
+ * err filled. identity (copied; 1 to 39 bytes without '/') ends its
+ * acquirer and host ids; NULL draws 16 random hex digits, as the gem does
+ * per client. */
 CAPSTAN_API capstan_qlock_client_t *capstan_qlock_client_new(const char *identity, char *err);
 CAPSTAN_API void capstan_qlock_client_free(capstan_qlock_client_t *c);
-/* Set these before sharing the client between threads. fn is called on the
- * thread that caused the event and must not block for long. */
+/* Set these before sharing the client between threads; udata must outlive
+ * c. fn is called on the thread that caused the event and must not block
+ * for long. */
 CAPSTAN_API void capstan_qlock_client_on_event(capstan_qlock_client_t *c, capstan_qlock_event_fn fn, void *udata);
 /* Debug lines go to fn (NULL: capstan's log at debug level). With log_lock_try,
  * every attempt is logged too. */
 CAPSTAN_API void capstan_qlock_client_on_log(capstan_qlock_client_t *c, capstan_qlock_log_fn fn, void *udata,
                                              int log_lock_try);
-/* The calling thread's acquirer and host ids (gem format:
- * rql:acq:PID/TID/0/0/IDENTITY, rql:hst:PID/TID/0/IDENTITY; C has no fibers
- * or ractors, hence the zeros). out holds CAPSTAN_QLOCK_ID_MAX bytes. */
+/* The ids the calling thread's lock calls on c carry, in the gem's formats
+ * (its current_acquirer_id and current_host_id):
+ *   acq_id  rql:acq:PID/TID/0/0/IDENTITY, the acquirer: the holder in the
+ *           lock hash's acq_id field, a waiter's member in the queue zset;
+ *   hst_id  rql:hst:PID/TID/0/IDENTITY, the host it runs on: the lock hash's
+ *           hst_id field (the gem's swarm mode tells live hosts by it;
+ *           capstan only stores it).
+ * PID and TID are the process and its kernel thread id, IDENTITY the
+ * client's (capstan_qlock_client_new); the gem's fiber and ractor ids are
+ * 0, as C has neither. So one thread compares acq_id with
+ * capstan_qlock_info's to know it holds a lock, or finds its place in
+ * capstan_qlock_queue_info, before or without a capstan_qlock_result_t.
+ * out is the caller's buffer of CAPSTAN_QLOCK_ID_MAX bytes, NUL-ended. */
 CAPSTAN_API void capstan_qlock_acq_id(const capstan_qlock_client_t *c, char *out);
 CAPSTAN_API void capstan_qlock_hst_id(const capstan_qlock_client_t *c, char *out);
 
@@ -165,20 +178,21 @@ CAPSTAN_API int capstan_qlock_run(capstan_qlock_client_t *c, capstan_redis_t *r,
  * number, ini_ttl and capstan_fence as integers, other values as strings; or NULL
  * when the lock is free. Returns 0 or a CAPSTAN_E* code. */
 CAPSTAN_API int capstan_qlock_info(capstan_redis_t *r, const char *name, json_t **out, char *err);
-/* *out = {"lock_queue": key, "queue": [{"acq_id", "score"}, ...]} in request
- * order, or NULL when nobody waits. */
+/* *out = a new JSON object (caller decrefs), {"lock_queue": key, "queue":
+ * [{"acq_id", "score"}, ...]} in request order, or NULL when nobody waits. */
 CAPSTAN_API int capstan_qlock_queue_info(capstan_redis_t *r, const char *name, json_t **out, char *err);
 /* 1 / 0, or a negative CAPSTAN_E* code. */
 CAPSTAN_API int capstan_qlock_locked(capstan_redis_t *r, const char *name, char *err);
 CAPSTAN_API int capstan_qlock_queued(capstan_redis_t *r, const char *name, char *err);
 
-/* SCANs (scan_size per step, 0 = 500): *out = a new JSON array of key names:
- * lock keys, queue keys, or both. */
+/* SCANs (scan_size per step, 0 = 500): *out = a new JSON array (caller
+ * decrefs) of key names: lock keys, queue keys, or both. */
 CAPSTAN_API int capstan_qlock_locks(capstan_redis_t *r, size_t scan_size, json_t **out, char *err);
 CAPSTAN_API int capstan_qlock_queues(capstan_redis_t *r, size_t scan_size, json_t **out, char *err);
 CAPSTAN_API int capstan_qlock_keys(capstan_redis_t *r, size_t scan_size, json_t **out, char *err);
-/* *out = [{"lock": key, "status": "alive"|"released", "info": {...}}, ...]
- * and [{"queue": key, "requests": [{"acq_id", "score"}, ...]}, ...]. */
+/* *out = a new JSON array (caller decrefs): [{"lock": key, "status":
+ * "alive"|"released", "info": {...}}, ...] and [{"queue": key, "requests":
+ * [{"acq_id", "score"}, ...]}, ...]. */
 CAPSTAN_API int capstan_qlock_locks_info(capstan_redis_t *r, size_t scan_size, json_t **out, char *err);
 CAPSTAN_API int capstan_qlock_queues_info(capstan_redis_t *r, size_t scan_size, json_t **out, char *err);
 
@@ -195,12 +209,13 @@ CAPSTAN_API int capstan_qlock_clear_locks(capstan_qlock_client_t *c, capstan_red
                                           long long *count, char *err);
 /* Drops requests older than dead_ttl ms (negative: the gem's default, one
  * day) whose waiter is no longer trying, from every queue. *processed (may be
- * NULL) = a new JSON array of the queue keys that had some; *dropped (may
+ * NULL) = a new JSON array (caller decrefs) of the queue keys that had some; *dropped (may
  * be NULL) = how many requests went. */
 CAPSTAN_API int capstan_qlock_clear_dead_requests(capstan_redis_t *r, long long dead_ttl, size_t scan_size,
                                                   json_t **processed, long long *dropped, char *err);
 
-/* Short names of statuses, as the gem's result symbols ("timeout_reached"). */
+/* Short names of statuses, as the gem's result symbols ("timeout_reached");
+ * static. */
 CAPSTAN_API const char *capstan_qlock_status_name(capstan_qlock_status_t s);
 
 #endif

@@ -12,8 +12,8 @@
 
 typedef struct capstan_redis capstan_redis_t;
 
-/* Returns a connection handle for url (not yet connected), owned by the
- * caller (capstan_redis_free), or NULL with err filled when the URL is bad.
+/* Returns a connection handle for url (copied; not yet connected), owned by
+ * the caller (capstan_redis_free), or NULL with err filled when the URL is bad.
  * timeout is the socket timeout in seconds for every command. */
 CAPSTAN_API capstan_redis_t *capstan_redis_new(const char *url, double timeout, char *err);
 CAPSTAN_API void capstan_redis_free(capstan_redis_t *r);
@@ -34,9 +34,10 @@ CAPSTAN_API int capstan_redis_ok(const capstan_redis_t *r);
 /* The last failure: an I/O error, or the last error reply (NOSCRIPT aside).
  * Borrowed; valid until the next call on r. */
 CAPSTAN_API const char *capstan_redis_error(const capstan_redis_t *r);
-/* The URL with the password redacted, for logs. */
+/* The URL with the password redacted, for logs. Borrowed from r. */
 CAPSTAN_API const char *capstan_redis_name(const capstan_redis_t *r);
-/* The underlying hiredis context (NULL when not connected). */
+/* The underlying hiredis context (NULL when not connected). Owned by r:
+ * never free it; a reconnect replaces it. */
 CAPSTAN_API redisContext *capstan_redis_ctx(capstan_redis_t *r);
 
 /* Runs one command. Returns the reply (the caller frees it with

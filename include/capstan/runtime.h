@@ -41,7 +41,8 @@ typedef struct capstan_class_opts {
 
 /* Sidekiq's error_handlers and death_handlers. A hook gets the job, its
  * error class and message (what capstan_job_fail recorded, or the runtime's own
- * error such as NameError), and the udata it was registered with.
+ * error such as NameError; all three borrowed for the call), and the udata
+ * it was registered with, which must outlive the runtime.
  *   - error hooks run after every failed run, on the processor thread that
  *     ran the job (capstan_job_redis() is that thread's connection);
  *   - death hooks run once a job's retries are exhausted, after it was
@@ -65,13 +66,15 @@ typedef int (*capstan_plugin_init_fn)(capstan_runtime_t *rt);
 CAPSTAN_API capstan_runtime_t *capstan_runtime_new(capstan_config_t *cfg, char *err);
 CAPSTAN_API void capstan_runtime_free(capstan_runtime_t *rt);
 
-/* Registers fn for job class cls (copied). opts may be NULL. Registering a
+/* Registers fn for job class cls (copied). udata is passed to fn and must
+ * outlive the runtime. opts may be NULL; it is copied (opts->queue too),
+ * but opts->unique and opts->limit must outlive the runtime. Registering a
  * class twice replaces the handler. Returns 0, CAPSTAN_EINVAL (capstan_limit_opts_check
  * says why a limit is refused) or CAPSTAN_ENOMEM. */
 CAPSTAN_API int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn fn,
                                  void *udata, const capstan_class_opts_t *opts);
 
-/* dlopens path and calls its capstan_plugin_init. Returns 0 or CAPSTAN_ENOTFOUND /
+/* dlopens path (borrowed for the call) and calls its capstan_plugin_init. Returns 0 or CAPSTAN_ENOTFOUND /
  * CAPSTAN_EINVAL with err filled. The library stays loaded until exit. */
 CAPSTAN_API int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *path, char *err);
 
@@ -85,11 +88,16 @@ CAPSTAN_API int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *p
  * startup_timeout. */
 CAPSTAN_API int capstan_runtime_run(capstan_runtime_t *rt, char *err);
 
-/* Thread-safe requests, as the signals TSTP and TERM do. */
+/* Requests that return at once, safe from any thread, as the signals TSTP
+ * and TERM are. quiet: the runtime finishes the jobs it runs, fetches no
+ * new one and stays in "processes", marked quiet, until stopped. stop:
+ * capstan_runtime_run returns after the graceful stop. */
 CAPSTAN_API void capstan_runtime_quiet(capstan_runtime_t *rt);
 CAPSTAN_API void capstan_runtime_stop(capstan_runtime_t *rt);
 
-/* The process identity, "hostname:pid:12hex", as Sidekiq's API shows it. */
+/* The process identity, "hostname:pid:12hex", as Sidekiq's API shows it:
+ * the heartbeat's name in "processes" and that of the working list. Set by
+ * capstan_runtime_new; owned by rt, valid until capstan_runtime_free. */
 CAPSTAN_API const char *capstan_runtime_identity(const capstan_runtime_t *rt);
 
 /* Number of processor threads still running a job when the process stopped

@@ -70,10 +70,12 @@ CAPSTAN_API int capstan_lock_type_parse(const char *name, capstan_lock_type_t *o
  * error_class and what death hooks (capstan_on_death) get. */
 #define CAPSTAN_UNIQUE_REJECTED "Capstan::UniqueJobRejected"
 
-/* The canonical v9 name ("until_executed"), or "" for CAPSTAN_LOCK_NONE. */
+/* The canonical v9 name ("until_executed"), or "" for CAPSTAN_LOCK_NONE;
+ * static. */
 CAPSTAN_API const char *capstan_lock_type_name(capstan_lock_type_t t);
 
-/* Reads log, raise, reject, replace or reschedule. Returns 0 or CAPSTAN_EINVAL. */
+/* Reads log, raise, reject, replace or reschedule. Returns 0 or CAPSTAN_EINVAL.
+ * _name gives the word back (static). */
 CAPSTAN_API int capstan_on_conflict_parse(const char *name, capstan_on_conflict_t *out);
 CAPSTAN_API const char *capstan_on_conflict_name(capstan_on_conflict_t s);
 
@@ -97,8 +99,8 @@ typedef struct capstan_digest_input {
 } capstan_digest_input_t;
 
 /* Computes v9's lock_digest "<prefix>:<hex>" into out (CAPSTAN_DIGEST_MAX
- * bytes). When canon is not NULL it receives the hashed JSON (owned by the
- * caller). Returns 0, or CAPSTAN_EINVAL / CAPSTAN_EPARSE with err filled. */
+ * bytes, the caller's). When canon is not NULL it receives the hashed JSON
+ * (malloc'd, owned by the caller: free it). Returns 0, or CAPSTAN_EINVAL / CAPSTAN_EPARSE with err filled. */
 CAPSTAN_API int capstan_unique_digest(const capstan_digest_input_t *in, char out[CAPSTAN_DIGEST_MAX],
                                       char **canon, char *err);
 
@@ -132,23 +134,13 @@ CAPSTAN_API int capstan_unique_lock(capstan_redis_t *r, const capstan_lock_req_t
 CAPSTAN_API int capstan_unique_unlock(capstan_redis_t *r, const char *digest, int runtime,
                                       const char *jid, capstan_lock_type_t type, int force, char *err);
 
-/* Waiting for a lock (lock_timeout). The default waiter queues the jid in
- * arrival order ("<key>:WAITING" zset, entries older than the timeout are
- * dropped as abandoned) and retries until its turn comes and the lock is
- * free, or the timeout passes: at once when a release wakes it (it blocks
- * on "<key>:WAKE", which capstan_unique_unlock and a job's ack push to),
- * and every 0.05 to 0.15 s otherwise. Another implementation (for example FIFO
- * queued locks) can replace it with capstan_unique_set_waiter. wait returns
- * what capstan_unique_lock returns (CAPSTAN_EDENIED on timeout). */
-typedef struct capstan_lock_waiter {
-    int (*wait)(void *self, capstan_redis_t *r, const capstan_lock_req_t *req,
-                double timeout, char *err);
-    void *self;
-} capstan_lock_waiter_t;
-
-/* Installs w process-wide (NULL restores the default). Call before the
- * runtime starts; w must outlive it. */
-CAPSTAN_API void capstan_unique_set_waiter(const capstan_lock_waiter_t *w);
+/* Takes the lock as capstan_unique_lock does, waiting up to timeout seconds
+ * (the class's lock_timeout) in line by arrival time ("<key>:WAITING" zset;
+ * entries older than the timeout are dropped as abandoned): it tries again
+ * at once when a release wakes it (it blocks on "<key>:WAKE", which
+ * capstan_unique_unlock and a job's ack push to), and every 0.05 to 0.15 s
+ * otherwise. timeout <= 0 is one attempt. Returns what capstan_unique_lock
+ * returns (CAPSTAN_EDENIED on timeout). */
 CAPSTAN_API int capstan_unique_lock_wait(capstan_redis_t *r, const capstan_lock_req_t *req,
                                          double timeout, char *err);
 
