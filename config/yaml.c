@@ -300,6 +300,8 @@ static const key_def_t keys[] = {
     {"tls", capstan__yaml_set_tls},
     {"classes", capstan__yaml_set_classes},
     {"periodic", capstan__yaml_set_periodic},
+    {"schedule", capstan__yaml_set_schedule},
+    {"scheduler", capstan__yaml_set_scheduler},
 };
 
 /* Keys that Sidekiq or a common plugin reads and capstan does not: a warning
@@ -318,8 +320,6 @@ static const struct {
     {"on_complex_arguments", "a Ruby client option"},
     {"logged_job_attributes", "Ruby logging"},
     {"redis_idle_timeout", "a Ruby client option"},
-    {"schedule", "recurring jobs of sidekiq-scheduler or sidekiq-cron"},
-    {"scheduler", "sidekiq-scheduler"},
     {"dynamic", "sidekiq-scheduler"},
     {"cron_poll_interval", "sidekiq-cron"},
     {"limits", "sidekiq-limit_fetch"},

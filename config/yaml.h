@@ -71,6 +71,10 @@ int capstan__yaml_set_classes(ctx_t *c, const key_def_t *k, const char *key, yam
 
 /* The periodic: section (config/yaml_periodic.c). */
 int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+/* The schedule: section of sidekiq-scheduler and sidekiq-cron, and
+ * sidekiq-scheduler 5's scheduler: {schedule: ...} (config/yaml_periodic.c). */
+int capstan__yaml_set_schedule(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+int capstan__yaml_set_scheduler(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
 /* The tls: mapping (config/tls.c). */
 int capstan__yaml_set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);

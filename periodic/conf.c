@@ -52,6 +52,17 @@ void capstan__periodic_conf_free(capstan_config_t *cfg)
     cfg->nperiodic = 0;
 }
 
+void capstan__periodic_conf_drop(capstan_config_t *cfg, int gem)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < cfg->nperiodic; i++)
+        if (cfg->periodic[i].gem == gem)
+            conf_clear(&cfg->periodic[i]);
+        else
+            cfg->periodic[kept++] = cfg->periodic[i];
+    cfg->nperiodic = kept;
+}
+
 static char *dup_or(const char *s, const char *dflt, int *oom)
 {
     const char *v = s ? s : dflt;

@@ -19,12 +19,17 @@ struct capstan_periodic_conf {
     int retry;
     capstan_missed_t missed;
     char *origin; /* where it was declared: "capstan.yml:12", or "C" */
+    int gem;      /* read from a sidekiq-scheduler or sidekiq-cron section
+                     (schedule:), not from periodic: */
 };
 
 /* capstan_periodic_add with its origin (copied; NULL = "C"). */
 int capstan__periodic_add(capstan_config_t *cfg, const capstan_periodic_opts_t *o, const char *origin,
                           char *err);
 void capstan__periodic_conf_free(capstan_config_t *cfg);
+/* Drops cfg's schedules whose gem is gem: an environment's section
+ * replaces the top level's of the same kind. */
+void capstan__periodic_conf_drop(capstan_config_t *cfg, int gem);
 
 /* The zone of a schedule whose expression parsed into c and whose tz: is
  * tz (NULL when not given): the one cron: names after its fields, else tz.

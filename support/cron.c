@@ -240,6 +240,46 @@ static int is_zone(const char *w)
     return tz != NULL;
 }
 
+int capstan__cron_duration(const char *text, int64_t *secs, char *err)
+{
+    static const struct { char unit; int64_t secs; } units[] = {
+        { 's', 1 }, { 'm', 60 }, { 'h', 3600 }, { 'd', 86400 }, { 'w', 7 * 86400 },
+    };
+    const char *p = text ? text : "";
+    int64_t total = 0;
+    if (!*p)
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "an empty duration");
+    while (*p) {
+        if (!isdigit((unsigned char)*p))
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "\"%s\": not a duration (30s, 5m, 1h30m, 2d, 1w)",
+                                  text);
+        int64_t n = 0;
+        while (isdigit((unsigned char)*p) && n < 100000000)
+            n = n * 10 + (*p++ - '0');
+        if (isdigit((unsigned char)*p))
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "\"%s\": too long", text);
+        int64_t unit = 0;
+        if (!*p && p > text && total == 0)
+            unit = 1; /* a bare number: seconds */
+        for (size_t i = 0; *p && i < sizeof(units) / sizeof(*units); i++)
+            if (*p == units[i].unit)
+                unit = units[i].secs;
+        if (!unit)
+            return capstan_seterr(err, CAPSTAN_ECONFIG, *p == 'M' || *p == 'y'
+                                  ? "\"%s\": months and years have no fixed length; give days or a cron expression"
+                                  : "\"%s\": not a duration (30s, 5m, 1h30m, 2d, 1w)", text);
+        if (*p)
+            p++;
+        total += n * unit;
+        if (total > 10LL * 366 * 86400)
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "\"%s\": longer than ten years", text);
+    }
+    if (total < 1)
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "\"%s\": must be at least a second", text);
+    *secs = total;
+    return 0;
+}
+
 int capstan__cron_parse(const char *expr, capstan_cron_t *out, char *err)
 {
     static const struct { const char *name, *expr; } shorthands[] = {
@@ -268,6 +308,14 @@ int capstan__cron_parse(const char *expr, capstan_cron_t *out, char *err)
     /* A zone follows a shorthand, five fields or six. */
     if ((n == 2 || n == 6 || n == 7) && is_zone(words[n - 1]))
         memcpy(zone, words[--n], sizeof(zone));
+    if (n == 2 && !strcasecmp(words[0], "@every") && !*zone) {
+        int64_t every;
+        if (capstan__cron_duration(words[1], &every, err))
+            return CAPSTAN_ECONFIG;
+        memset(out, 0, sizeof(*out));
+        out->every = every;
+        return 0;
+    }
     if (n == 1 && *expr == '@') {
         for (size_t i = 0; i < sizeof(shorthands) / sizeof(*shorthands); i++)
             if (!strcasecmp(words[0], shorthands[i].name)) {
@@ -276,7 +324,7 @@ int capstan__cron_parse(const char *expr, capstan_cron_t *out, char *err)
                 return rc;
             }
         return capstan_seterr(err, CAPSTAN_ECONFIG, "unknown shorthand %s (@yearly, @annually, "
-                              "@monthly, @weekly, @daily, @midnight, @hourly)", words[0]);
+                              "@monthly, @weekly, @daily, @midnight, @hourly, @every DURATION)", words[0]);
     }
     if (n == 7)
         return capstan_seterr(err, CAPSTAN_ECONFIG, "\"%s\": more than six fields", expr);
@@ -369,6 +417,8 @@ static int64_t next_wall(const capstan_cron_t *c, int64_t w)
 
 int64_t capstan__cron_next(const capstan_cron_t *c, const capstan_tz_t *tz, int64_t after)
 {
+    if (c->every > 0) /* floor division: after may be before the epoch */
+        return (after >= 0 ? after / c->every : (after - c->every + 1) / c->every) * c->every + c->every;
     int64_t w = after + capstan__tz_offset(tz, after);
     /* A wall time whose first instant is not after `after` was ticked
      * already (the repeated hour after clocks turn back) or was folded

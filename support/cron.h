@@ -10,7 +10,11 @@
  * day from the end (-1 is L) and -n-L for the last n days; the day of week
  * takes d#n for the month's n-th weekday d (1 to 5) and d#-n, d#L or
  * d#last counted from the end. When both day fields are restricted a day
- * matches either, as in cron. */
+ * matches either, as in cron.
+ *
+ * "@every DURATION" (DURATION as capstan__cron_duration reads it) ticks
+ * each time the seconds since the epoch are a multiple of it, whatever the
+ * zone: the same instants in every process, as exactly-once ticks need. */
 #ifndef CAPSTAN_SUPPORT_CRON_H
 #define CAPSTAN_SUPPORT_CRON_H
 
@@ -28,7 +32,14 @@ typedef struct capstan_cron {
                             bit 8 + n: the n-th from the end */
     int dom_any, dow_any; /* the field was * or ? */
     char zone[64];       /* the zone written after the fields, or "" */
+    int64_t every;       /* @every: seconds between ticks; 0 for the fields */
 } capstan_cron_t;
+
+/* Parses a duration as fugit writes one, "30s", "5m", "1h30m", "2d",
+ * "1w" (s, m, h, d and w; a bare number counts seconds), into *secs.
+ * Returns 0, or CAPSTAN_ECONFIG with err (CAPSTAN_ERRLEN) saying why: a
+ * month or a year has no fixed length, so M and y are refused. */
+int capstan__cron_duration(const char *text, int64_t *secs, char *err);
 
 /* Parses expr into *out. Returns 0, or CAPSTAN_ECONFIG with err
  * (CAPSTAN_ERRLEN) saying which field is wrong and why. */

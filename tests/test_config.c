@@ -880,7 +880,7 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
     cr_assert_str_eq(cfg->redis_url, "redis://cache:6379/1");
     cr_assert_eq(cfg->nqueues, 3);
     cr_assert_eq(cfg->queues[0].weight, 3);
-    cr_assert_eq(cfg->nwarnings, 8, "%s", warnings());
+    cr_assert_eq(cfg->nwarnings, 7, "%s", warnings());
     assert_warning(0, 5, "require: not used by capstan (Ruby code to load; capstan's handlers come from "
                          "plugins); ignored");
     assert_warning(1, 6, "strict: not used by capstan (Sidekiq drops it too: queue weights decide "
@@ -891,8 +891,10 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
     assert_warning(4, 17, "lifecycle_events: not used by capstan (Ruby callbacks); ignored");
     assert_warning(5, 18, "error_handlers: not used by capstan (Ruby callbacks); ignored");
     assert_warning(6, 19, "limits: not used by capstan (sidekiq-limit_fetch); ignored");
-    assert_warning(7, 21, "schedule: not used by capstan (recurring jobs of sidekiq-scheduler or "
-                          "sidekiq-cron); ignored");
+    /* sidekiq-scheduler's section is read as periodic schedules. */
+    cr_assert_eq(cfg->nperiodic, 1);
+    cr_assert_str_eq(cfg->periodic[0].name, "nightly_report");
+    cr_assert_str_eq(cfg->periodic[0].cls, "NightlyReportJob");
 }
 
 Test(config, unused_keys_in_the_selected_section_warn_too)

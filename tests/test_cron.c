@@ -300,3 +300,45 @@ Test(cron, corrupt_zone_files_are_refused_as_corrupt)
     }
     rmdir(dir);
 }
+
+/* @every DURATION ticks on multiples of it since the epoch, so every
+ * process computes the same instants, in any zone. */
+Test(cron, every_duration_ticks_on_its_multiples_since_the_epoch)
+{
+    const int64_t t = 1795687627; /* 2026-11-26T10:07:07Z */
+    int64_t got[3];
+    ticks("@every 30s", NULL, t, got, 3);
+    cr_assert_eq(got[0], 1795687650);
+    cr_assert_eq(got[1], 1795687680);
+    cr_assert_eq(got[2], 1795687710);
+    capstan_tz_t *berlin = zone("Europe/Berlin");
+    ticks("@every 1h30m", berlin, t, got, 2);
+    capstan__tz_free(berlin);
+    cr_assert_eq(got[0] % 5400, 0);
+    cr_assert(got[0] > t && got[0] - t <= 5400);
+    cr_assert_eq(got[1] - got[0], 5400);
+    ticks("@every 1", NULL, t, got, 2);
+    cr_assert_eq(got[0], t + 1);
+    int64_t s;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__cron_duration("2d", &s, err), 0);
+    cr_assert_eq(s, 2 * 86400);
+    cr_assert_eq(capstan__cron_duration("1w1d1h1m1s", &s, err), 0);
+    cr_assert_eq(s, 7 * 86400 + 86400 + 3600 + 61);
+    const struct { const char *text, *why; } bad[] = {
+        { "", "an empty duration" },
+        { "1M", "months and years have no fixed length" },
+        { "1y", "months and years have no fixed length" },
+        { "5x", "not a duration" },
+        { "m", "not a duration" },
+        { "0s", "at least a second" },
+        { "99999999999s", "too long" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        cr_expect_eq(capstan__cron_duration(bad[i].text, &s, err), CAPSTAN_ECONFIG, "%s", bad[i].text);
+        cr_expect(strstr(err, bad[i].why), "%s: %s", bad[i].text, err);
+    }
+    capstan_cron_t c;
+    cr_assert_eq(capstan__cron_parse("@every 10q", &c, err), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, "not a duration"), "%s", err);
+}

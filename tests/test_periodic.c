@@ -550,3 +550,74 @@ Test(periodic, a_process_30_s_slow_taking_over_alone_leaves_no_gap)
     free(l);
     free(conf);
 }
+
+/* A Rails team's sidekiq.yml as it is, read by two capstan processes with a
+ * Ruby Sidekiq process beside them (which, without sidekiq-scheduler,
+ * enqueues nothing): its sidekiq-scheduler cron: entry, run by Ruby, and
+ * its every: "1s" entry with a description and its args as a hash each
+ * tick exactly once a second; its sidekiq-cron entry with status: disabled
+ * never. */
+Test(periodic, a_rails_schedule_section_ticks_once_a_second_across_two_processes)
+{
+    char *conf = kt_write_conf(":queues: [other]\n"
+                               ":schedule:\n"
+                               "  nightly:\n"
+                               "    cron: '* * * * * *'\n"
+                               "    class: RecordJob\n"
+                               "    queue: ruby_ticks\n"
+                               "    args: ['sched:cron']\n"
+                               "  heartbeat:\n"
+                               "    every: '1s'\n"
+                               "    description: 'pings the partner API'\n"
+                               "    class: PingJob\n"
+                               "    queue: ticks\n"
+                               "    args: {region: eu}\n"
+                               "  old_cleanup:\n"
+                               "    cron: '* * * * * *'\n"
+                               "    class: CleanupJob\n"
+                               "    queue: ticks_off\n"
+                               "    status: disabled\n");
+    pid_t rb = kt_sidekiq_start("fleet_jobs.rb", "ruby_ticks");
+    pid_t p[2] = { start(conf, 0), start(conf, 0) };
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:ticks") >= 2 && kt_int("LLEN sched:cron:log") >= 2, 60),
+              "ticks come and Ruby runs them: %s\n%s", kt_capstan_log(p[0]), kt_sidekiq_log());
+    long long first = newest("ticks") + 1, last = first + 19; /* 20 s of ticks */
+    char last_jid[25];
+    capstan__periodic_jid("nightly", last, last_jid);
+    cr_assert(KT_WAIT_UNTIL(newest("ticks") >= last + 1 && kt_int("SISMEMBER sched:cron %s", last_jid) == 1, 30),
+              "%s", kt_capstan_log(p[0]));
+    for (int i = 0; i < 2; i++)
+        stop(p[i], SIGTERM);
+    /* The every: entry: one job a second, each with the hash as its one
+     * argument. */
+    size_t n;
+    tick_t *v = ticks_of("ticks", &n);
+    long per[32] = { 0 };
+    for (size_t i = 0; i < n; i++)
+        if (v[i].at >= first && v[i].at <= last)
+            per[v[i].at - first]++;
+    for (long long t = first; t <= last; t++)
+        cr_expect_eq(per[t - first], 1, "heartbeat tick %lld: %ld jobs", t, per[t - first]);
+    free(v);
+    redisReply *one = kt_cmd("LINDEX queue:ticks 0");
+    cr_assert(strstr(one->str, "\"args\":[{\"region\":\"eu\"}]") && strstr(one->str, "\"class\":\"PingJob\""),
+              "%s", one->str);
+    freeReplyObject(one);
+    /* The cron: entry: each tick's job ran once, in Ruby. */
+    for (long long t = first; t <= last; t++) {
+        char jid[25];
+        capstan__periodic_jid("nightly", t, jid);
+        long runs = 0;
+        redisReply *log = kt_cmd("LRANGE sched:cron:log 0 -1");
+        for (size_t i = 0; i < log->elements; i++)
+            runs += !strcmp(log->element[i]->str, jid);
+        freeReplyObject(log);
+        cr_expect_eq(runs, 1, "nightly tick %lld (%s) ran %ld times", t, jid, runs);
+        cr_expect_eq(kt_int("SISMEMBER sched:cron:ruby %s", jid), 1, "tick %lld ran in Ruby", t);
+    }
+    /* The disabled entry: no job, no record. */
+    cr_assert_eq(kt_int("LLEN queue:ticks_off"), 0);
+    cr_assert_eq(kt_int("EXISTS capstan:periodic:old_cleanup"), 0);
+    kt_capstan_stop(rb, SIGTERM, 30);
+    free(conf);
+}
