@@ -520,15 +520,30 @@ static int apply_mapping(ctx_t *c, yaml_node_t *map, int top, int depth)
     return rc;
 }
 
-/* The section named after the environment, applied over the top level. */
+/* The section named after the environment, applied over the top level.
+ * Every other unknown top-level key is another environment's section
+ * (apply_mapping refused anything else), so when the file has sections
+ * and none for this environment, -e has a typo or the deploy forgot
+ * RAILS_ENV: one warning. A file without sections reads the same in every
+ * environment and is not warned about. */
 static int apply_env_section(ctx_t *c, yaml_node_t *root)
 {
+    const yaml_node_t *first = NULL;
+    char others[CAPSTAN_ERRLEN / 2] = "";
+    int found = 0;
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
          p < root->data.mapping.pairs.top; p++) {
         yaml_node_t *kn = node(c, p->key), *v = node(c, p->value);
         const char *name = key_name(kn);
-        if (!name || strcmp(name, c->env) != 0 || find_key(name) || find_row(name) || unused_why(name))
+        if (!name || is_known(name))
             continue;
+        if (strcmp(name, c->env) != 0) {
+            size_t n = strlen(others);
+            snprintf(others + n, sizeof(others) - n, "%s%s", n ? ", " : "", name);
+            first = first ? first : kn;
+            continue;
+        }
+        found = 1;
         if (is_null(v))
             continue;
         if (v->type != YAML_MAPPING_NODE)
@@ -538,6 +553,9 @@ static int apply_env_section(ctx_t *c, yaml_node_t *root)
         if (rc < 0)
             return rc;
     }
+    if (!found && first)
+        return capstan__yaml_warn(c, first, c->env, "no section for this environment (the file has "
+                                  "%s); only the top-level settings apply", others);
     return 0;
 }
 

@@ -905,6 +905,37 @@ Test(config, unused_keys_in_the_selected_section_warn_too)
                          "supervisor); ignored");
 }
 
+/* -e with a typo, or a deploy that forgot RAILS_ENV, silently ran on the
+ * top-level settings alone: the file's sections say which environments it
+ * expects, so a name that has none is one warning. */
+Test(config, an_environment_without_a_section_warns_once)
+{
+    capstan_config_set_str(&cfg->environment, "nosuch");
+    cr_assert_eq(load("concurrency: 5\n"
+                      "development:\n"
+                      "  concurrency: 2\n"
+                      "production:\n"
+                      "  concurrency: 20\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg->concurrency, 5);
+    cr_assert_eq(cfg->nwarnings, 1, "%s", warnings());
+    assert_warning(0, 2, "nosuch: no section for this environment (the file has development, "
+                         "production); only the top-level settings apply");
+}
+
+/* A file without sections reads the same in every environment: -e there
+ * has nothing to select, and warning on each start would be noise. */
+Test(config, an_environment_is_not_warned_about_in_a_file_without_sections)
+{
+    capstan_config_set_str(&cfg->environment, "nosuch");
+    cr_assert_eq(load("concurrency: 5\nqueues: [a]\n"), 0, "%s", err);
+    cr_assert_eq(cfg->nwarnings, 0, "%s", warnings());
+    fresh();
+    capstan_config_set_str(&cfg->environment, "production");
+    cr_assert_eq(load("concurrency: 5\nproduction:\n"), 0, "%s", err);
+    cr_assert_eq(cfg->nwarnings, 0, "an empty section is the environment's: %s", warnings());
+}
+
 Test(config, logfile_pidfile_and_shutdown_timeout_are_honoured_without_warnings)
 {
     cr_assert_eq(load("logfile: /tmp/a.log\npidfile: /tmp/a.pid\nshutdown_timeout: 9\n"

@@ -598,6 +598,29 @@ static void ruby_perform(const char *sidekiq, const char *cls, const char *opts,
     free(out);
 }
 
+/* A Ruby app that gives `lock: :until_executed` without the gem's client
+ * middleware pushes every job without its lock, and the server takes it:
+ * that is the usual way, not news, so it is logged at debug only. 3 jobs
+ * with different args log nothing at the default level; with -v each says
+ * so. */
+Test(unique, ruby_pushed_locks_taken_at_the_server_are_logged_at_debug)
+{
+    ruby_perform("6.4.1", "RecordJob", "{\"lock\":\"until_executed\"}", "[\"rp1\"]", 1);
+    ruby_perform("6.4.1", "RecordJob", "{\"lock\":\"until_executed\"}", "[\"rp2\"]", 1);
+    ruby_perform("6.4.1", "RecordJob", "{\"lock\":\"until_executed\"}", "[\"rp3\"]", 1);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rp1") + kt_int("SCARD rp2") + kt_int("SCARD rp3") == 3, 20),
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    cr_assert_eq(kt_log_count(pid, "uniqueness_lapsed"), 0, "%s", kt_capstan_log(pid));
+    ruby_perform("6.4.1", "RecordJob", "{\"lock\":\"until_executed\"}", "[\"rp4\"]", 1);
+    pid = kt_capstan_start((const char *[]){ "-c", "2", "-v", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rp4") == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    cr_assert_eq(kt_log_count(pid, "uniqueness_lapsed: RecordJob"), 1, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 0, "every lock released");
+}
+
 /* Sidekiq Enterprise's unique_for, as a Ruby app without Enterprise pushes
  * it (`sidekiq_options unique_for: 600`): capstan refuses at the server the
  * copies Enterprise's client would have refused at the push. Of 3 copies
@@ -806,7 +829,7 @@ Test(unique, fetch_lock_check_trusts_only_the_jobs_own_fields)
              "\"lock_digest\":\"%s\",\"created_at\":1,\"enqueued_at\":1}", d2);
     redisReply *r = kt_cmd("LPUSH queue:default %s %s", p1, p2);
     freeReplyObject(r);
-    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", "-v", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD fd") == 1 && log_says(pid, "Skipping job with id"), 15),
               "%s", kt_capstan_log(pid));
     cr_assert_eq(stop(pid), 0);

@@ -280,9 +280,11 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
             rc = conflict(mw, &s, "was held when it was enqueued (unique_for)");
             break;
         }
-        /* A unique_for job pushed from Ruby took no lock: that is no lapse. */
+        /* A unique_for job pushed from Ruby took no lock: that is no lapse.
+         * Nor is news a v9 lock a Ruby app without the gem's client never
+         * took, which is every job it pushes: debug, not a line a job. */
         if (lr == CAPSTAN_LOCK_ACQUIRED && !s.unique_for)
-            capstan_info("uniqueness_lapsed: %s %s fetched without its lock %s; taken again",
+            capstan_debug("uniqueness_lapsed: %s %s fetched without its lock %s; taken again",
                          mw->cls, mw->jid, s.digest);
         if (s.type == CAPSTAN_LOCK_UNTIL_EXECUTED)
             hold_until(mw, &s, 1);
