@@ -500,6 +500,10 @@ static int run(capstan_runtime_t *rt, char *err)
     int rc = capstan_config_validate(c, err);
     if (rc)
         return rc;
+    /* The handlers are registered and the file read: each job finds its
+     * class's merged options in one row from now on. */
+    if (capstan__classes_resolve(rt))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     sigset_t set, old;
     sigemptyset(&set);
     int sigs[] = { SIGTERM, SIGINT, SIGTSTP, SIGTTIN, SIGUSR2 };
