@@ -128,6 +128,7 @@ struct capstan_runtime {
     capstan_class_row_t *rows;     /* the classes registered or in the file */
     size_t nrows;
     capstan_class_row_t no_row;    /* any other class's */
+    capstan_retry_conf_t retry;    /* the retry rules' settings, from cfg at start */
     capstan_hook_t *hooks; /* registered before run, read-only after */
     size_t nhooks;
     char identity[320];

@@ -163,7 +163,7 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     capstan_failure_t f = {0};
     double now = capstan__now();
     if (capstan__retry_decide(job, job->err_class, job->err_msg, run->row->retry,
-                              rt->cfg, now, &f) == 0) {
+                              &rt->retry, now, &f) == 0) {
         capstan_dispose_t d = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_DISPOSE_RETRY
                         : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_DISPOSE_DEAD : CAPSTAN_DISPOSE_DROP;
         if (capstan_mw_dispose(mw, d, f.score, f.payload, f.len))

@@ -195,7 +195,7 @@ static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
     if ((rc = capstan__job_init(&job, copy, s->len, s->queue, err)) != 0)
         goto out;
     snprintf(msg, sizeof(msg), "ran longer than its timeout of %.0f s; its worker process is replaced", limit);
-    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, s->row->retry, rt->cfg, now,
+    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, s->row->retry, &rt->retry, now,
                                     &f)) != 0)
         goto out;
     capstan_ack_t ack = { .kind = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_ACK_RETRY
