@@ -15,6 +15,7 @@
 #include "job/job.h"
 #include "support/json.h"
 #include "support/payload.h"
+#include "capstan/config.h"
 #include "capstan/error.h"
 
 #define CHECK(c) ((c) ? (void)0 : abort())
@@ -120,7 +121,7 @@ static void check_edit(const char *s, size_t len, const capstan_jobject_t *o, in
 }
 
 /* A failed job through Sidekiq's retry rules. */
-static void check_retry(const char *s, size_t len, const capstan_config_t *cfg, int jok)
+static void check_retry(const char *s, size_t len, const capstan_retry_conf_t *conf, int jok)
 {
     char *copy = malloc(len ? len : 1), err[CAPSTAN_ERRLEN];
     CHECK(copy != NULL);
@@ -130,7 +131,7 @@ static void check_retry(const char *s, size_t len, const capstan_config_t *cfg, 
         CHECK(job.cls && job.cls[0] && job.jid && job.jid[0]);
         capstan_failure_t f;
         CHECK(capstan__retry_decide(&job, "Bad\xff" "Error", "line\n\"quoted\"\x80", CAPSTAN_RETRY_UNSET,
-                                    cfg, now, &f) == 0);
+                                    conf, now, &f) == 0);
         if (f.payload) {
             capstan_jobject_t oo = {0};
             CHECK(capstan__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
@@ -152,11 +153,11 @@ static void check_retry(const char *s, size_t len, const capstan_config_t *cfg, 
 }
 
 /* A payload that cannot run becomes a dead-set entry. */
-static void check_invalid(const char *s, size_t len, const capstan_config_t *cfg, int is_object,
+static void check_invalid(const char *s, size_t len, const capstan_retry_conf_t *conf, int is_object,
                           int jok)
 {
     capstan_failure_t f;
-    CHECK(capstan__retry_invalid(s, len, "default", "no class", cfg, now, &f) == 0);
+    CHECK(capstan__retry_invalid(s, len, "default", "no class", conf, now, &f) == 0);
     CHECK(f.fate == CAPSTAN_FATE_DEAD && f.payload);
     capstan_jobject_t oo = {0};
     CHECK(capstan__json_scan_object(f.payload, f.len, &oo, NULL) == 0);
@@ -168,9 +169,16 @@ static void check_invalid(const char *s, size_t len, const capstan_config_t *cfg
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static capstan_config_t *cfg;
-    if (!cfg)
-        CHECK((cfg = capstan_config_new()) != NULL);
+    /* The defaults of a configuration. */
+    static capstan_retry_conf_t conf;
+    static int made;
+    if (!made) {
+        capstan_config_t *cfg = capstan_config_new();
+        CHECK(cfg != NULL);
+        conf = (capstan_retry_conf_t){ .max_retries = cfg->max_retries, .timestamps = cfg->timestamps };
+        capstan_config_free(cfg);
+        made = 1;
+    }
     const char *s = (const char *)data;
     int valid = capstan__json_validate(s, size, NULL) == 0;
     /* Strict JSON by jansson's reading (which stops at a NUL byte). */
@@ -185,7 +193,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_edit(s, size, &o, jok);
     }
     capstan__jobject_free(&o);
-    check_retry(s, size, cfg, jok);
-    check_invalid(s, size, cfg, is_object, jok);
+    check_retry(s, size, &conf, jok);
+    check_invalid(s, size, &conf, is_object, jok);
     return 0;
 }

@@ -8,7 +8,7 @@
 #include <stddef.h>
 
 #include "support/json.h"
-#include "capstan/config.h"
+#include "support/payload.h"
 #include "capstan/job.h"
 
 struct capstan_job {
@@ -92,16 +92,22 @@ typedef struct capstan_failure {
     size_t len;
 } capstan_failure_t;
 
+/* What the retry rules read of the configuration. */
+typedef struct capstan_retry_conf {
+    long max_retries;                /* for a job whose retry is true */
+    capstan_ts_format_t timestamps;  /* for a payload without timestamps of its own */
+} capstan_retry_conf_t;
+
 /* Applies Sidekiq's retry rules to a failed job: error fields, retry_count,
  * failed_at/retried_at (in the unit of the payload's own timestamps,
- * cfg->timestamps for one without: support/payload.h), the backoff
+ * conf->timestamps for one without: support/payload.h), the backoff
  * count^4 + 15 + rand(10)*(count+1), and exhaustion to the dead set (or
  * nowhere for retry: false / dead: false).
  * "recovery_count" goes: only a job that crashes its process keeps it.
  * class_retry is the class option (CAPSTAN_RETRY_*), used when the payload has
  * no "retry". Returns 0 or CAPSTAN_ENOMEM. */
 int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const char *err_msg,
-                          int class_retry, const capstan_config_t *cfg, double now,
+                          int class_retry, const capstan_retry_conf_t *conf, double now,
                           capstan_failure_t *out);
 
 /* A payload that cannot be run (not JSON, no class or jid): a dead-set entry
@@ -109,7 +115,7 @@ int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const
  * the payload's timestamps as capstan__retry_decide. Returns 0 or
  * CAPSTAN_ENOMEM. */
 int capstan__retry_invalid(const char *raw, size_t len, const char *queue, const char *why,
-                           const capstan_config_t *cfg, double now, capstan_failure_t *out);
+                           const capstan_retry_conf_t *conf, double now, capstan_failure_t *out);
 
 /* Delay in seconds before retry number count (0-based), with jitter. */
 double capstan__retry_delay(long count);

@@ -149,7 +149,7 @@ static int quoted(capstan_buf_t *b, const char *s)
 }
 
 int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const char *err_msg,
-                          int class_retry, const capstan_config_t *cfg, double now,
+                          int class_retry, const capstan_retry_conf_t *conf, double now,
                           capstan_failure_t *out)
 {
     memset(out, 0, sizeof(*out));
@@ -165,7 +165,7 @@ int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const
      * where Ruby's Integer would have grown. */
     long count = job->retry_count < 0 ? 0
                  : job->retry_count < LONG_MAX ? job->retry_count + 1 : LONG_MAX;
-    long max = retry == CAPSTAN_RETRY_DEFAULT ? cfg->max_retries : retry;
+    long max = retry == CAPSTAN_RETRY_DEFAULT ? conf->max_retries : retry;
     int exhausted = count >= max;
 
     const capstan_jmember_t *rf = capstan__jobject_get(&job->obj, job->payload, "retry_for");
@@ -182,7 +182,7 @@ int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const
     }
 
     char ts[32], cnt[32];
-    capstan__ts_json(ts, now, capstan__ts_format_of(job->payload, &job->obj, cfg->timestamps));
+    capstan__ts_json(ts, now, capstan__ts_format_of(job->payload, &job->obj, conf->timestamps));
     snprintf(cnt, sizeof(cnt), "%ld", count);
     capstan_buf_t cls = {0}, msg = {0}, q = {0}, bt = {0};
     size_t nbt = backtrace_lines(job);
@@ -231,7 +231,7 @@ int capstan__retry_decide(const capstan_job_t *job, const char *err_class, const
 }
 
 int capstan__retry_invalid(const char *raw, size_t len, const char *queue, const char *why,
-                           const capstan_config_t *cfg, double now, capstan_failure_t *out)
+                           const capstan_retry_conf_t *conf, double now, capstan_failure_t *out)
 {
     memset(out, 0, sizeof(*out));
     out->fate = CAPSTAN_FATE_DEAD;
@@ -241,8 +241,8 @@ int capstan__retry_invalid(const char *raw, size_t len, const char *queue, const
     capstan_buf_t b = {0}, msg = {0};
     int rc = capstan__json_quote(&msg, why, strlen(why));
     int scanned = !rc && capstan__json_scan_object(raw, len, &obj, NULL) == 0;
-    capstan__ts_json(ts, now, scanned ? capstan__ts_format_of(raw, &obj, cfg->timestamps)
-                                      : cfg->timestamps);
+    capstan__ts_json(ts, now, scanned ? capstan__ts_format_of(raw, &obj, conf->timestamps)
+                                      : conf->timestamps);
     if (scanned) {
         /* Valid JSON without class or jid: keep every byte and add why. */
         char jidq[32];

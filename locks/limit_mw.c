@@ -248,8 +248,7 @@ static int over_limit(capstan_mw_t *mw, const capstan_limit_opts_t *lo, const ch
 int capstan__limit_mw(capstan_mw_t *mw, void *udata)
 {
     (void)udata;
-    /* The class's YAML limit, else the one it was registered with. */
-    const capstan_limit_opts_t *lo = mw->cc && mw->cc->limit.type ? &mw->cc->limit : mw->limit;
+    const capstan_limit_opts_t *lo = mw->limit;
     if (!lo || !lo->type)
         return capstan_mw_next(mw);
     char err[CAPSTAN_ERRLEN];

@@ -25,7 +25,8 @@ struct capstan_mw {
     const capstan_config_t *cfg; /* server only */
     const capstan_class_conf_t *cc; /* the class's YAML options, or NULL */
     const capstan_unique_opts_t *unique; /* registered or push options, or NULL */
-    const capstan_limit_opts_t *limit; /* server: registered limit, or NULL */
+    const capstan_limit_opts_t *limit; /* server: the class's limit (the file's,
+                                    else the registered one), or NULL */
 
     capstan_job_t *job;          /* server */
     char *payload;               /* client: owned, edited in place */

@@ -22,7 +22,7 @@ static void fail_invalid(capstan_slot_t *s, capstan_redis_t *r, const char *queu
     capstan_runtime_t *rt = s->rt;
     capstan_failure_t f;
     double now = capstan__now();
-    if (capstan__retry_invalid(raw, len, queue, why, rt->cfg, now, &f)) {
+    if (capstan__retry_invalid(raw, len, queue, why, &rt->retry, now, &f)) {
         capstan_error("out of memory handling an invalid payload from queue:%s; it stays in the working list",
                       queue);
         return;

@@ -1,5 +1,6 @@
-/* The handler registry: job class name -> C function and its options, and
- * the error and death hooks. Filled before run; read concurrently by
+/* The handler registry: job class name -> C function and its options; the
+ * class table resolved from it and the file's classes: as the run starts;
+ * and the error and death hooks. Filled before run; read concurrently by
  * processors afterwards. */
 #include "runtime/rt.h"
 
@@ -10,7 +11,7 @@
 
 #include "capstan/client.h"
 
-const capstan_handler_entry_t *capstan__registry_find(const capstan_runtime_t *rt, const char *cls)
+static capstan_handler_entry_t *find_handler(const capstan_runtime_t *rt, const char *cls)
 {
     for (size_t i = 0; i < rt->nhandlers; i++)
         if (strcmp(rt->handlers[i].cls, cls) == 0)
@@ -25,7 +26,7 @@ int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn 
         return CAPSTAN_EINVAL;
     if (opts && opts->limit && capstan_limit_opts_check(opts->limit, cls, NULL))
         return CAPSTAN_EINVAL;
-    capstan_handler_entry_t *e = (capstan_handler_entry_t *)capstan__registry_find(rt, cls);
+    capstan_handler_entry_t *e = find_handler(rt, cls);
     if (!e) {
         capstan_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
         if (!p)
@@ -46,6 +47,56 @@ int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn 
     e->limit = opts && opts->limit && opts->limit->type ? opts->limit : NULL;
     e->timeout = opts && opts->timeout > 0 ? opts->timeout : 0;
     return 0;
+}
+
+/* The options both the registration and the file may give, the file's
+ * winning. */
+static void merge(capstan_class_row_t *w, const capstan_config_t *cfg)
+{
+    const capstan_class_conf_t *cc = w->cc;
+    const capstan_handler_entry_t *h = w->h;
+    w->retry = cc && cc->retry != CAPSTAN_RETRY_UNSET ? cc->retry : h ? h->retry : CAPSTAN_RETRY_UNSET;
+    w->timeout = cc && cc->timeout > 0 ? (double)cc->timeout : h ? h->timeout : 0;
+    w->max_iteration_runtime = cc && cc->max_iteration_runtime > 0 ? (double)cc->max_iteration_runtime
+                             : cfg->max_iteration_runtime;
+    w->limit = cc && cc->limit.type ? &cc->limit : h ? h->limit : NULL;
+}
+
+int capstan__classes_resolve(capstan_runtime_t *rt)
+{
+    const capstan_config_t *cfg = rt->cfg;
+    size_t n = rt->nhandlers + cfg->nclasses, m = 0;
+    capstan_class_row_t *rows = calloc(n ? n : 1, sizeof(*rows));
+    if (!rows)
+        return CAPSTAN_ENOMEM;
+    for (size_t i = 0; i < rt->nhandlers; i++)
+        rows[m++] = (capstan_class_row_t){ .cls = rt->handlers[i].cls, .h = &rt->handlers[i] };
+    for (size_t i = 0; i < cfg->nclasses; i++) {
+        const capstan_class_conf_t *cc = &cfg->classes[i];
+        size_t j = 0;
+        while (j < m && strcmp(rows[j].cls, cc->name) != 0)
+            j++;
+        if (j == m)
+            rows[m++] = (capstan_class_row_t){ .cls = cc->name };
+        if (!rows[j].cc) /* a name given twice: its first entry, as before */
+            rows[j].cc = cc;
+    }
+    for (size_t i = 0; i < m; i++)
+        merge(&rows[i], cfg);
+    free(rt->rows);
+    rt->rows = rows;
+    rt->nrows = m;
+    rt->no_row = (capstan_class_row_t){ 0 };
+    merge(&rt->no_row, cfg);
+    return 0;
+}
+
+const capstan_class_row_t *capstan__class_find(const capstan_runtime_t *rt, const char *cls)
+{
+    for (size_t i = 0; cls && i < rt->nrows; i++)
+        if (strcmp(rt->rows[i].cls, cls) == 0)
+            return &rt->rows[i];
+    return &rt->no_row;
 }
 
 int capstan_client_use_runtime(capstan_client_t *c, const capstan_runtime_t *rt)
@@ -131,6 +182,9 @@ void capstan__registry_free(capstan_runtime_t *rt)
     free(rt->handlers);
     rt->handlers = NULL;
     rt->nhandlers = 0;
+    free(rt->rows);
+    rt->rows = NULL;
+    rt->nrows = 0;
     free(rt->hooks);
     rt->hooks = NULL;
     rt->nhooks = 0;

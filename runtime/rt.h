@@ -39,6 +39,8 @@ typedef struct capstan_slot {
     long run_at;
     double deadline;       /* capstan__mono() past which the running job
                               breaks its class's hard timeout; 0 = none */
+    const struct capstan_class_row *row; /* while deadline is set: the
+                              running job's class */
     char cls[128];
     char jid[64];          /* cut to fit, like cls */
     char lock_key[CAPSTAN_DIGEST_MAX + 16]; /* while busy: the runtime lock its
@@ -82,9 +84,23 @@ typedef struct capstan_handler_entry {
     int retry;
     const struct capstan_unique_opts *unique; /* registered uniqueness, or NULL */
     const struct capstan_limit_opts *limit; /* registered rate limit, or NULL */
-    double timeout;        /* hard timeout in seconds (the config's for the
-                              class first), 0 = none */
+    double timeout;        /* hard timeout in seconds as registered, 0 =
+                              none (the file's wins: capstan_class_row_t) */
 } capstan_handler_entry_t;
+
+/* One job class as this process runs it: its handler and the file's
+ * classes: entry, with the options both may give merged, the file's
+ * winning. Resolved once when the run starts (capstan__classes_resolve);
+ * read-only after. */
+typedef struct capstan_class_row {
+    const char *cls;
+    const capstan_handler_entry_t *h;  /* NULL: no handler here */
+    const capstan_class_conf_t *cc;    /* the file's entry, or NULL */
+    int retry;                         /* CAPSTAN_RETRY_*; UNSET when neither gives it */
+    double timeout;                    /* hard timeout in seconds, 0 = none */
+    double max_iteration_runtime;      /* the class's, else the setting's */
+    const struct capstan_limit_opts *limit; /* rate limit, or NULL */
+} capstan_class_row_t;
 
 /* When the scheduler thread should wake, besides its poll: the times that
  * jobs this process put in the schedule set fall due (scheduler.c), so a
@@ -111,6 +127,10 @@ struct capstan_runtime {
     capstan_config_t *cfg;
     capstan_handler_entry_t *handlers;
     size_t nhandlers;
+    capstan_class_row_t *rows;     /* the classes registered or in the file */
+    size_t nrows;
+    capstan_class_row_t no_row;    /* any other class's */
+    capstan_retry_conf_t retry;    /* the retry rules' settings, from cfg at start */
     capstan_hook_t *hooks; /* registered before run, read-only after */
     size_t nhooks;
     char identity[320];
@@ -188,8 +208,13 @@ int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, at
                               double max_delay);
 
 /* registry.c */
-const capstan_handler_entry_t *capstan__registry_find(const struct capstan_runtime *rt, const char *cls);
 void capstan__registry_free(struct capstan_runtime *rt);
+/* Builds rt's class table from its handlers and its config's classes:
+ * (again, should it be called again). Returns 0 or CAPSTAN_ENOMEM. */
+int capstan__classes_resolve(struct capstan_runtime *rt);
+/* cls's row; rt->no_row for a class neither registered nor in the file,
+ * or for NULL. */
+const capstan_class_row_t *capstan__class_find(const struct capstan_runtime *rt, const char *cls);
 /* Run the error hooks (capstan_on_error) for job, failed with cls and msg:
  * called by the retry middleware when the rest of the chain returns. */
 void capstan__hooks_error(const struct capstan_runtime *rt, capstan_job_t *job, const char *cls,

@@ -494,6 +494,11 @@ static int run(capstan_runtime_t *rt, char *err)
     int rc = capstan_config_validate(c, err);
     if (rc)
         return rc;
+    /* The handlers are registered and the file read: each job finds its
+     * class's merged options in one row from now on. */
+    if (capstan__classes_resolve(rt))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    rt->retry = (capstan_retry_conf_t){ .max_retries = c->max_retries, .timestamps = c->timestamps };
     sigset_t set, old;
     sigemptyset(&set);
     int sigs[] = { SIGTERM, SIGINT, SIGTSTP, SIGTTIN, SIGUSR2 };

@@ -26,7 +26,8 @@
 /* Per-job state of the built-in server middleware. */
 typedef struct run {
     capstan_slot_t *slot;
-    const capstan_handler_entry_t *h;
+    const capstan_class_row_t *row;
+    const capstan_handler_entry_t *h; /* row->h */
     capstan_unknown_class_t policy; /* for a job without a handler */
     capstan_logctx_t ctx;
     char *tags;
@@ -58,14 +59,6 @@ static char *tags_of(capstan_job_t *job)
         return NULL;
     }
     return capstan__buf_take(&b, NULL);
-}
-
-static int class_retry(capstan_runtime_t *rt, const capstan_handler_entry_t *h, const char *cls)
-{
-    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, cls);
-    if (cc && cc->retry != CAPSTAN_RETRY_UNSET)
-        return cc->retry;
-    return h ? h->retry : CAPSTAN_RETRY_UNSET;
 }
 
 /* A batch callback (lua/lib/batch_done.lua marks it "batch_event") at its
@@ -169,8 +162,8 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
         return rc;
     capstan_failure_t f = {0};
     double now = capstan__now();
-    if (capstan__retry_decide(job, job->err_class, job->err_msg, class_retry(rt, run->h, job->cls),
-                              rt->cfg, now, &f) == 0) {
+    if (capstan__retry_decide(job, job->err_class, job->err_msg, run->row->retry,
+                              &rt->retry, now, &f) == 0) {
         capstan_dispose_t d = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_DISPOSE_RETRY
                         : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_DISPOSE_DEAD : CAPSTAN_DISPOSE_DROP;
         if (capstan_mw_dispose(mw, d, f.score, f.payload, f.len))
@@ -465,13 +458,13 @@ static void prompt(void *ud, capstan_redis_t *r, int all)
 
 /* The middleware state a job's server chain starts with. */
 static capstan_mw_t server_mw(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job,
-                              const capstan_handler_entry_t *h)
+                              const capstan_class_row_t *row)
 {
     capstan_runtime_t *rt = s->rt;
     /* Middleware see the payload's own class (the uniqueness digest is made
      * of it, as Ruby makes it); the class options are the handler's. */
-    return (capstan_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = capstan_config_class(rt->cfg, job->cls),
-                       .unique = h ? h->unique : NULL, .limit = h ? h->limit : NULL, .job = job,
+    return (capstan_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = row->cc,
+                       .unique = row->h ? row->h->unique : NULL, .limit = row->limit, .job = job,
                        .cls = job->wrapper ? job->wrapper : job->cls,
                        .jid = job->jid, .queue = job->queue,
                        .ride = rt->feed ? ride : NULL, .prompt = rt->feed ? prompt : NULL,
@@ -485,14 +478,13 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     job->redis = capstan_redis_ctx(r);
     job->stopping = &rt->stopping;
     job->quiet = &rt->quiet;
-    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, job->cls);
-    job->max_iteration_runtime = cc && cc->max_iteration_runtime > 0 ? (double)cc->max_iteration_runtime
-                               : rt->cfg->max_iteration_runtime;
-    run_t run = { .slot = s, .h = capstan__registry_find(rt, job->cls) };
+    run_t run = { .slot = s, .row = capstan__class_find(rt, job->cls) };
+    run.h = run.row->h;
+    job->max_iteration_runtime = run.row->max_iteration_runtime;
     run.tags = tags_of(job);
     run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
                                   .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
-    *mw = server_mw(s, r, job, run.h);
+    *mw = server_mw(s, r, job, run.row);
     mw->priv = &run;
     mw->held_digest = held_digest;
     mw->prelock = prelock;
@@ -537,14 +529,14 @@ size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const caps
     for (; m < n; m++) {
         char err[CAPSTAN_ERRLEN];
         int bad = capstan__job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
-        const capstan_handler_entry_t *h = bad ? NULL : capstan__registry_find(s->rt, jobs[m].cls);
-        double exp = h ? capstan__job_expires_at(&jobs[m]) : 0;
-        if (!h || (exp > 0 && exp < capstan__now() + 1)) {
+        const capstan_class_row_t *row = bad ? NULL : capstan__class_find(s->rt, jobs[m].cls);
+        double exp = row && row->h ? capstan__job_expires_at(&jobs[m]) : 0;
+        if (!row || !row->h || (exp > 0 && exp < capstan__now() + 1)) {
             jobs[m].payload = NULL; /* the caller's */
             capstan__job_clear(&jobs[m]);
             break;
         }
-        mws[m] = server_mw(s, r, &jobs[m], h);
+        mws[m] = server_mw(s, r, &jobs[m], row);
         pm[m] = &mws[m];
     }
     size_t keep = m ? capstan__unique_prelock(pm, m, pre) : 0;

@@ -63,19 +63,6 @@ void capstan__slots_free(capstan_runtime_t *rt)
     free(rt->keeper);
 }
 
-/* A class's hard timeout in seconds: the config's, else its registration's;
- * 0 = none. */
-static double job_timeout(const capstan_runtime_t *rt, const char *cls)
-{
-    if (!cls)
-        return 0;
-    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, cls);
-    if (cc && cc->timeout > 0)
-        return (double)cc->timeout;
-    const capstan_handler_entry_t *h = capstan__registry_find(rt, cls);
-    return h ? h->timeout : 0;
-}
-
 int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
 {
     pthread_mutex_lock(&s->mu);
@@ -92,9 +79,10 @@ int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
     capstan__fmt_cat(s->cls, sizeof(s->cls), job->cls ? job->cls : "", NULL);
     capstan__fmt_cat(s->jid, sizeof(s->jid), job->jid ? job->jid : "", NULL);
     s->deadline = 0;
+    s->row = NULL;
     if (s->rt->board) {
-        double limit = job_timeout(s->rt, job->cls);
-        s->deadline = limit > 0 ? capstan__mono() + limit : 0;
+        s->row = capstan__class_find(s->rt, job->cls);
+        s->deadline = s->row->timeout > 0 ? capstan__mono() + s->row->timeout : 0;
         capstan__board_run(s->rt, s->index, s->jid);
     }
     pthread_mutex_unlock(&s->mu);
@@ -114,6 +102,7 @@ void capstan__slot_clear(capstan_slot_t *s)
     s->jid[0] = '\0';
     s->lock_key[0] = '\0';
     s->deadline = 0;
+    s->row = NULL;
     pthread_mutex_unlock(&s->mu);
     atomic_fetch_sub(&s->rt->busy, 1);
 }
@@ -191,16 +180,6 @@ int capstan__slots_requeue_busy(capstan_runtime_t *rt, capstan_redis_t *r)
     return n;
 }
 
-/* The retry option of a class: the config's, else its registration's. */
-static int class_retry(const capstan_runtime_t *rt, const char *cls)
-{
-    const capstan_class_conf_t *cc = capstan_config_class(rt->cfg, cls);
-    if (cc && cc->retry != CAPSTAN_RETRY_UNSET)
-        return cc->retry;
-    const capstan_handler_entry_t *h = capstan__registry_find(rt, cls);
-    return h ? h->retry : CAPSTAN_RETRY_UNSET;
-}
-
 /* Fails s's job, past its deadline, with Capstan::Timeout (under s->mu). */
 static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
 {
@@ -216,7 +195,7 @@ static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
     if ((rc = capstan__job_init(&job, copy, s->len, s->queue, err)) != 0)
         goto out;
     snprintf(msg, sizeof(msg), "ran longer than its timeout of %.0f s; its worker process is replaced", limit);
-    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, class_retry(rt, s->cls), rt->cfg, now,
+    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, s->row->retry, &rt->retry, now,
                                     &f)) != 0)
         goto out;
     capstan_ack_t ack = { .kind = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_ACK_RETRY
@@ -244,7 +223,7 @@ int capstan__slots_timeouts(capstan_runtime_t *rt, capstan_redis_t *r)
         capstan_slot_t *s = &rt->slots[i];
         pthread_mutex_lock(&s->mu);
         if (s->busy && !s->abandoned && s->deadline > 0 && now > s->deadline) {
-            double limit = job_timeout(rt, s->cls);
+            double limit = s->row->timeout;
             /* Its processor's own ack, should the handler ever return, is
              * refused: the failure below is the job's end. */
             s->abandoned = 1;

@@ -10,6 +10,9 @@
 #include "support/trace.h"
 #include "capstan/config.h"
 
+/* The retry rules' settings of configuration c. */
+#define RETRY_CONF(c) (&(capstan_retry_conf_t){ .max_retries = (c)->max_retries, .timestamps = (c)->timestamps })
+
 static char *edit(const char *s, const capstan_field_t *set, size_t n)
 {
     capstan_jobject_t o = {0};
@@ -195,7 +198,7 @@ Test(payload, first_failure_sets_failed_at_and_count_zero)
     capstan_config_t *cfg = capstan_config_new();
     capstan_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[18446744073709551616],\"class\":\"A\",\"jid\":\"j\",\"custom\":{\"x\":1}}");
     capstan_failure_t f;
-    cr_assert_eq(capstan__retry_decide(&job, "RuntimeError", "boom \"quoted\"", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(capstan__retry_decide(&job, "RuntimeError", "boom \"quoted\"", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     cr_assert(f.score >= 1015.0 && f.score < 1025.0, "15 + rand(10)*(0+1): %f", f.score);
     cr_assert(strstr(f.payload, "\"args\":[18446744073709551616]"), "%s", f.payload);
@@ -215,7 +218,7 @@ Test(payload, later_failures_count_up_and_exhaust_to_dead)
     capstan_config_t *cfg = capstan_config_new();
     capstan_job_t job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":0,\"failed_at\":5.0}");
     capstan_failure_t f;
-    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     cr_assert(f.score >= 1000.0 + 16 && f.score < 1000.0 + 16 + 20);
     cr_assert(strstr(f.payload, "\"retry_count\":1") && strstr(f.payload, "\"retried_at\":"));
@@ -224,7 +227,7 @@ Test(payload, later_failures_count_up_and_exhaust_to_dead)
     capstan__job_clear(&job);
 
     job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":1}");
-    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "retry: 2 allows two retries");
     cr_assert_float_eq(f.score, 1000.0, 1e-9);
     capstan__failure_clear(&f);
@@ -241,7 +244,7 @@ Test(payload, absurd_retry_counts_are_exhausted_or_restart)
     capstan_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
                                "\"retry_count\":9223372036854775807}");
     capstan_failure_t f;
-    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "fate %d score %g: %s", f.fate, f.score, f.payload);
     cr_assert_float_eq(f.score, 1000.0, 1e-9);
     cr_assert(strstr(f.payload, "\"retry_count\":9223372036854775807"), "%s", f.payload);
@@ -250,7 +253,7 @@ Test(payload, absurd_retry_counts_are_exhausted_or_restart)
 
     job = job_of("{\"retry\":3,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
                  "\"retry_count\":-9223372036854775808}");
-    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.0, &f), 0);
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     cr_assert(f.score >= 1015.0 && f.score < 1025.0, "a first retry's delay: %f", f.score);
     cr_assert(strstr(f.payload, "\"retry_count\":0") && strstr(f.payload, "\"failed_at\":"),
@@ -265,22 +268,22 @@ Test(payload, retry_zero_false_and_dead_false)
     capstan_config_t *cfg = capstan_config_new();
     capstan_failure_t f;
     capstan_job_t job = job_of("{\"retry\":0,\"class\":\"A\",\"jid\":\"j\"}");
-    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1.0, &f);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "retry: 0 goes straight to dead");
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
     job = job_of("{\"retry\":false,\"class\":\"A\",\"jid\":\"j\"}");
-    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1.0, &f);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DROP);
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
     job = job_of("{\"retry\":0,\"dead\":false,\"class\":\"A\",\"jid\":\"j\"}");
-    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1.0, &f);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DROP, "dead: false keeps it out of the morgue");
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
     job = job_of("{\"class\":\"A\",\"jid\":\"j\"}");
-    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_NONE, cfg, 1.0, &f);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_NONE, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DROP, "the class option applies when the payload has no retry");
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
@@ -293,7 +296,7 @@ Test(payload, retry_queue_and_millis_timestamps)
     cfg->timestamps = CAPSTAN_TS_MILLIS;
     capstan_failure_t f;
     capstan_job_t job = job_of("{\"queue\":\"a\",\"retry_queue\":\"slow\",\"class\":\"A\",\"jid\":\"j\"}");
-    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, 1000.5, &f);
+    capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.5, &f);
     cr_assert(strstr(f.payload, "\"queue\":\"slow\""), "%s", f.payload);
     cr_assert(strstr(f.payload, "\"failed_at\":1000500"), "%s", f.payload);
     capstan__failure_clear(&f);
@@ -324,7 +327,7 @@ static char *fail_once(const char *payload, const capstan_config_t *cfg, double 
 {
     capstan_job_t job = job_of(payload);
     capstan_failure_t f;
-    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, cfg, now, &f), 0);
+    cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), now, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
     char *out = f.payload;
     f.payload = NULL;
@@ -406,26 +409,26 @@ Test(payload, invalid_payloads_become_readable_dead_entries)
 {
     capstan_config_t *cfg = capstan_config_new();
     capstan_failure_t f;
-    cr_assert_eq(capstan__retry_invalid("{oops", 5, "q", "invalid JSON at byte 1", cfg, 1.0, &f), 0);
+    cr_assert_eq(capstan__retry_invalid("{oops", 5, "q", "invalid JSON at byte 1", RETRY_CONF(cfg), 1.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD);
     cr_assert(strstr(f.payload, "\"args\":[\"{oops\"]"), "%s", f.payload);
     cr_assert(strstr(f.payload, "\"error_class\":\"Capstan::InvalidPayload\""));
     cr_assert_eq(capstan__json_validate(f.payload, f.len, NULL), 0);
     capstan__failure_clear(&f);
 
-    cr_assert_eq(capstan__retry_invalid("\xff\xfe", 2, "q", "bad", cfg, 1.0, &f), 0);
+    cr_assert_eq(capstan__retry_invalid("\xff\xfe", 2, "q", "bad", RETRY_CONF(cfg), 1.0, &f), 0);
     cr_assert(strstr(f.payload, "\"payload_base64\":\"//4=\""), "%s", f.payload);
     capstan__failure_clear(&f);
 
     const char *noclass = "{\"jid\":\"abc\",\"args\":[1]}";
-    cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", cfg, 1.0, &f), 0);
+    cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", RETRY_CONF(cfg), 1.0, &f), 0);
     cr_assert(strncmp(f.payload, "{\"jid\":\"abc\",\"args\":[1],", 24) == 0, "%s", f.payload);
     assert_literal(f.payload, "failed_at", "1.000000");
     capstan__failure_clear(&f);
 
     /* A Sidekiq 8 payload keeps its milliseconds. */
     noclass = "{\"jid\":\"abc\",\"created_at\":1700000000000}";
-    cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", cfg, 1700000001.5, &f), 0);
+    cr_assert_eq(capstan__retry_invalid(noclass, strlen(noclass), "q", "no class", RETRY_CONF(cfg), 1700000001.5, &f), 0);
     assert_literal(f.payload, "failed_at", "1700000001500");
     capstan__failure_clear(&f);
     capstan_config_free(cfg);
