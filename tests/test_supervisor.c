@@ -170,7 +170,7 @@ Test(supervisor, a_segfault_gives_the_workers_jobs_back_at_once_and_buries_the_c
     snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
     pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "1", NULL });
-    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1 && kt_int("LLEN seg:done") == N, 20),
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1 && kt_int("LLEN seg:done") == N, 60),
               "%lld dead, %lld of %d done: %s", kt_int("ZCARD dead"), kt_int("LLEN seg:done"), N,
               kt_capstan_log(pid));
     long n, twice = started_twice("seg", &n);
