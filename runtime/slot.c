@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/feed.h"
+#include "runtime/source.h"
 #include "runtime/rt.h"
 #include "runtime/supervisor.h"
 #include "support/fmt.h"
@@ -186,8 +186,7 @@ int capstan__slots_requeue_busy(capstan_runtime_t *rt, capstan_redis_t *r)
         }
         pthread_mutex_unlock(&s->mu);
     }
-    if (rt->feed && rt->nslots)
-        n += capstan__feed_give_back(rt, rt->slots[0].fetch, r, 0);
+    n += rt->source->give_back(rt, r);
     return n;
 }
 
