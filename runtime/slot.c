@@ -22,7 +22,7 @@ static int slot_init(capstan_runtime_t *rt, capstan_slot_t *s, int i, char *err)
     s->rt = rt;
     s->index = i;
     s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
-    capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
+    capstan_fetch_conf_t fc = { .ops = rt->source->fetch, .identity = rt->identity, .queues = c->queues,
                             .nqueues = c->nqueues, .strict = c->strict, .index = i,
                             .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
                             .min_replicas_timeout = c->min_replicas_timeout,

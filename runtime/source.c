@@ -26,6 +26,7 @@ const capstan_source_t capstan__source_reliable = {
     .name = "reliable",
     .working_list = 1,
     .prefetches = 1,
+    .fetch = &capstan__fetch_reliable,
     .take = capstan__feed_next,
     .settle = settle_later,
     .ack = capstan__feed_ack,
@@ -134,6 +135,7 @@ static void count_nothing(capstan_runtime_t *rt, const char *const *names, long 
 
 const capstan_source_t capstan__source_basic = {
     .name = "basic",
+    .fetch = &capstan__fetch_basic,
     .take = take_one,
     .settle = settle_now,
     .ack = ack_now,

@@ -17,6 +17,7 @@ typedef struct capstan_source {
     const char *name;
     int working_list; /* jobs wait in this process's working list until acked */
     int prefetches;   /* jobs are fetched ahead and counted in "prefetched" */
+    const capstan_fetch_ops_t *fetch; /* how each processor's fetcher fetches */
 
     /* One job for processor s into *job. done (the source's from here, or
      * NULL) is the processor's last job, its ack owed. *inside is the
