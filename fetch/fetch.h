@@ -1,4 +1,6 @@
-/* Internal: the two fetch strategies, reliable and basic, and the ack.
+/* Internal: the two fetch strategies, reliable (reliable.c) and basic
+ * (basic.c), behind one table of operations that a fetcher is made with,
+ * and the ack.
  *
  * reliable (default): a job moves atomically from queue:NAME into this
  *   process's working list uniquejobs:working:<identity> and leaves it only
@@ -17,6 +19,11 @@
 #include "redis/scripts.h"
 
 typedef struct capstan_fetch capstan_fetch_t;
+/* A strategy's operations (fetch_internal.h): a fetcher is made with one of
+ * these and its callers never ask which. */
+typedef struct capstan_fetch_ops capstan_fetch_ops_t;
+extern const capstan_fetch_ops_t capstan__fetch_reliable;
+extern const capstan_fetch_ops_t capstan__fetch_basic;
 
 /* Sidekiq Pro's paused queues: Pro pauses a queue by adding its name
  * (without "queue:") to the set "paused", and its fetchers skip the queues
@@ -47,7 +54,7 @@ int capstan__paused_set(capstan_redis_t *r, const char *const *queues, size_t n,
                         long long *count, char *err);
 
 typedef struct capstan_fetch_conf {
-    capstan_fetch_mode_t mode;
+    const capstan_fetch_ops_t *ops; /* &capstan__fetch_reliable or _basic */
     const char *identity;          /* process identity (working list name) */
     const capstan_queue_conf_t *queues;
     size_t nqueues;

@@ -244,8 +244,6 @@ static void let_go(capstan_feed_t *feed, unsigned long long hash, size_t len)
 
 void capstan__feed_let_go(capstan_runtime_t *rt, unsigned long long hash, size_t len)
 {
-    if (!rt->feed)
-        return;
     pthread_mutex_lock(&rt->feed->mu);
     let_go(rt->feed, hash, len);
     pthread_mutex_unlock(&rt->feed->mu);
@@ -814,9 +812,10 @@ static size_t take_back_ahead(capstan_runtime_t *rt, capstan_feed_t *feed, capst
 enum { GIVE_BACK_MAX = 100 };
 
 /* Gives n (at most GIVE_BACK_MAX) fetched jobs of one queue back in one
- * call, newest first, and frees them. */
-static void give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *jobs,
-                          size_t n, int connect)
+ * call, newest first, and frees them. feed: the feed that counted them, or
+ * NULL (a job of the basic source). */
+static void give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_feed_t *feed, capstan_redis_t *r,
+                          capstan_fetched_t *jobs, size_t n, int connect)
 {
     const char *raws[GIVE_BACK_MAX] = {0};
     size_t lens[GIVE_BACK_MAX] = {0};
@@ -826,12 +825,12 @@ static void give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_red
     }
     /* Gone from the working list, or left there for the stray check; and
      * the same payload may now be fetched again (see capstan__feed_holds). */
-    if (rt->feed) {
-        pthread_mutex_lock(&rt->feed->mu);
+    if (feed) {
+        pthread_mutex_lock(&feed->mu);
         for (size_t i = 0; i < n; i++)
-            let_go(rt->feed, jobs[i].hash, jobs[i].len);
-        rt->feed->gave_back_at = capstan__mono();
-        pthread_mutex_unlock(&rt->feed->mu);
+            let_go(feed, jobs[i].hash, jobs[i].len);
+        feed->gave_back_at = capstan__mono();
+        pthread_mutex_unlock(&feed->mu);
     }
     const char *queue = jobs[0].queue;
     int back = capstan__fetch_requeue_n(f, r, queue, raws, lens, n);
@@ -861,7 +860,7 @@ static void give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_red
 void capstan__give_back(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *job,
                         int connect)
 {
-    give_back_run(f, rt, r, job, 1, connect);
+    give_back_run(f, rt, NULL, r, job, 1, connect);
 }
 
 /* Newest first, so that each queue's oldest ends up fetched first again;
@@ -902,7 +901,7 @@ int capstan__feed_give_back(capstan_runtime_t *rt, capstan_fetch_t *f, capstan_r
         for (size_t i = 0, j; i < n; i = j) {
             for (j = i + 1; j < n && strcmp(jobs[j].queue, jobs[i].queue) == 0; j++)
                 ;
-            give_back_run(f, rt, r, jobs + i, j - i, connect);
+            give_back_run(f, rt, feed, r, jobs + i, j - i, connect);
         }
         total += (int)n;
     }
@@ -974,7 +973,7 @@ int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetc
     }
     if (mine && !quiet)
         return 1;
-    capstan__give_back(s->fetch, rt, r, job, 1);
+    give_back_run(s->fetch, rt, feed, r, job, 1, 1);
     return 0;
 }
 

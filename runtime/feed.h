@@ -115,11 +115,11 @@ int capstan__feed_holds(struct capstan_runtime *rt, const char *payload, size_t 
 unsigned long long capstan__feed_hash(const char *payload, size_t len);
 /* A job the feed counted (by its hash and length) is no longer this
  * process's: it is done, or left in the working list for the stray check
- * (no-op without the reliable fetch). */
+ * (the reliable source's let_go). */
 void capstan__feed_let_go(struct capstan_runtime *rt, unsigned long long hash, size_t len);
 
-/* Gives a fetched job that did not start back to its queue (and frees
- * *job). When connect is set a broken connection is reconnected and the
+/* Gives a fetched job that did not start and that no feed counted (the
+ * basic source's) back to its queue (and frees *job). When connect is set a broken connection is reconnected and the
  * requeue tried again, until the process exits. */
 void capstan__give_back(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *job,
                         int connect);

@@ -4,6 +4,7 @@
  * housekeeper thread (housekeeper.c) runs it every heartbeat_interval. At
  * stop the process leaves the set again (capstan__heartbeat_leave). */
 #include "runtime/rt.h"
+#include "runtime/source.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -223,8 +224,7 @@ static char *prefetched_json(capstan_runtime_t *rt)
     if (names && counts && o) {
         for (size_t i = 0; i < n; i++)
             names[i] = rt->cfg->queues[i].name;
-        if (rt->feed)
-            capstan__feed_count(rt->feed, names, counts, n);
+        rt->source->count(rt, names, counts, n);
         for (size_t i = 0; i < n; i++)
             if (counts[i])
                 json_object_set_new(o, names[i], json_integer(counts[i]));

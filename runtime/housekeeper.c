@@ -7,7 +7,7 @@
  * acks of finished jobs that waited too long for a processor to send them
  * (capstan__feed_ack_late). */
 #include "runtime/rt.h"
-#include "runtime/feed.h"
+#include "runtime/source.h"
 
 #include <stdio.h>
 
@@ -149,8 +149,7 @@ static void reclaim_pass(capstan_runtime_t *rt, capstan_redis_t *r, capstan_stra
     long n = 0;
     char err[CAPSTAN_ERRLEN];
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
-    if (rt->feed)
-        capstan__feed_read_deferred(rt);
+    rt->source->read_deferred(rt);
     if (capstan__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt, &n, err))
         capstan_warn("working list check: %s", err);
     else if (n)
@@ -174,26 +173,24 @@ void *capstan__housekeeper_main(void *arg)
      * as orphans are, by every process (fleet.c; the first look was at
      * start). */
     double next_look = capstan__mono() + rt->cfg->recovery_interval;
-    capstan_strays_t *strays = rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE ? capstan__strays_new() : NULL;
+    capstan_strays_t *strays = rt->source->working_list ? capstan__strays_new() : NULL;
     int was_connected = 0, warned = 0;
     /* The key was set at start, just before this thread. */
     double lease_until = capstan__mono() + rt->cfg->liveness_ttl;
     double next_beat = capstan__mono() + rt->cfg->heartbeat_interval, next_try = 0;
     while (!atomic_load(&rt->housekeeper_stop)) {
         double now = capstan__mono(), wait = next_beat - now;
-        if (rt->feed) {
-            double late = capstan__feed_ack_late(rt->keeper, r);
-            if (late < 0 && now >= next_try) {
-                /* Acks wait for this connection: one try a second. */
-                next_try = now + 1;
-                capstan_redis_connect(r);
-                continue;
-            }
-            if (late >= 0 && late < wait)
-                wait = late;
-            else if (late < 0 && next_try - now < wait)
-                wait = next_try - now;
+        double late = rt->source->ack_late(rt->keeper, r);
+        if (late < 0 && now >= next_try) {
+            /* Acks wait for this connection: one try a second. */
+            next_try = now + 1;
+            capstan_redis_connect(r);
+            continue;
         }
+        if (late >= 0 && late < wait)
+            wait = late;
+        else if (late < 0 && next_try - now < wait)
+            wait = next_try - now;
         if (wait > 0)
             capstan__rt_wait(rt, wait);
         if (atomic_load(&rt->housekeeper_stop))

@@ -1,9 +1,9 @@
 /* Processor threads: each owns its Redis connections and loops
- * fetch -> run the server chain (server_chain.c) -> acknowledge, until the
+ * take -> run the server chain (server_chain.c) -> settle, until the
  * process goes quiet, its job marked in its slot (slot.c) from start to
- * ack. With the reliable fetch the processors share what they fetch and
- * the acks they owe through the feed (feed.c). */
-#include "runtime/feed.h"
+ * ack. Jobs come from the runtime's source (source.h), which says how
+ * they are fetched and when their acks are written. */
+#include "runtime/source.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,8 +102,8 @@ static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_mw_t *mw,
 }
 
 /* Runs the fetched job into d: d->active when its ack is still to be
- * written (the reliable fetch sends it with a later round trip). rj: the
- * job is part of a run (run_ahead), or NULL. */
+ * written (the source owes it: see its settle). rj: the job is part of a
+ * run (run_ahead), or NULL. */
 static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *got, capstan_done_t *d,
                     const run_job_t *rj)
 {
@@ -117,7 +117,7 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
         if (pre)
             capstan__unique_prelock_drop(r, pre);
         if (taken == 1) /* a copy the give-back took is let go as that copy */
-            capstan__feed_let_go(rt, d->hash, len);
+            rt->source->let_go(rt, d->hash, len);
         return;
     }
     d->era = capstan__redis_era(r);
@@ -128,7 +128,7 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     if (pre)
         capstan__unique_prelock_drop(r, pre); /* a lock the job did not use */
     if (d->mw.disp == CAPSTAN_DISPOSE_KEEP) {
-        capstan__feed_let_go(rt, d->hash, job->len); /* for the stray check */
+        rt->source->let_go(rt, d->hash, job->len); /* for the stray check */
         capstan__slot_clear(s);
         capstan__done_clear(d);
         return;
@@ -136,22 +136,12 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     d->ack = ack_of(rt, &d->mw, job);
     d->prompt = d->mw.release_runtime && d->ack.lock_key;
     d->active = 1;
-    if (rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE) {
-        capstan__slot_clear(s); /* the ack goes out with a later round trip */
-        return;
-    }
-    /* The basic fetch has no working list to guard the ack against the
-     * shutdown's requeue: the slot lock does. */
-    if (capstan__slot_ack(s, r, job->payload, job->len, &d->ack) == 0)
-        capstan__done_acked(s->rt, d, r);
-    else
-        capstan__done_clear(d);
+    rt->source->settle(s, r, d);
     capstan__slot_clear(s);
 }
 
 /* Runs the fetched job (rj as run_one has it). Returns the finished job
- * whose ack is still to be written (the reliable fetch leaves it in the
- * feed), or NULL. */
+ * whose ack the source owes, or NULL. */
 static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job,
                                    const run_job_t *rj)
 {
@@ -170,7 +160,7 @@ static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capsta
         } else {
             if (rj)
                 capstan__unique_prelock_drop(r, rj->pre);
-            capstan__feed_let_go(s->rt, job->hash, job->len); /* for the stray check */
+            s->rt->source->let_go(s->rt, job->hash, job->len); /* for the stray check */
             capstan__fetched_clear(job);
         }
         return NULL;
@@ -185,8 +175,8 @@ static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capsta
 }
 
 /* Runs *first and the short jobs with runtime locks that follow it in the
- * feed (capstan__feed_take_ahead), their locks asked for in one round trip
- * (capstan__server_prelock). The acks of all but the last go to the feed as
+ * source (its take_ahead: only the feed takes any), their locks asked for
+ * in one round trip (capstan__server_prelock). The acks of all but the last go to the feed as
  * each finishes; the last is returned as run_fetched returns it. When the
  * process goes quiet, the jobs not started go back to the feed. */
 static capstan_done_t *run_ahead(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *first)
@@ -195,7 +185,7 @@ static capstan_done_t *run_ahead(capstan_slot_t *s, capstan_redis_t *r, capstan_
     got[0] = *first;
     memset(first, 0, sizeof(*first));
     /* A broken connection is mended by the job's own start (take_job). */
-    size_t n = 1 + (capstan_redis_ok(r) ? capstan__feed_take_ahead(s, &got[0], got + 1, CAPSTAN_RUN_MAX - 1)
+    size_t n = 1 + (capstan_redis_ok(r) ? s->rt->source->take_ahead(s, &got[0], got + 1, CAPSTAN_RUN_MAX - 1)
                                     : 0);
     /* Made once: most jobs run alone, and their stack stays small. */
     if (n > 1 && !s->run)
@@ -215,7 +205,7 @@ static capstan_done_t *run_ahead(capstan_slot_t *s, capstan_redis_t *r, capstan_
     size_t i = 0;
     for (; i < keep && !(i && atomic_load(&s->rt->quiet)); i++) {
         if (done)
-            capstan__feed_ack(s, r, done);
+            s->rt->source->ack(s, r, done);
         run_job_t rj = { .pre = &run->pre[i], .parsed = &run->jobs[i], .ahead = i > 0 };
         done = run_fetched(s, r, &got[i], &rj);
     }
@@ -264,46 +254,41 @@ static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc, int 
     return 0;
 }
 
-/* Fetch, run, until the process goes quiet. The reliable fetch then writes
- * the acks still waiting and gives back what the feed holds. */
+/* Take, run, settle, until the process goes quiet; then the source is
+ * left (what this processor owes is written, what it holds given back). */
 static void loop(capstan_slot_t *s, capstan_redis_t *r)
 {
     capstan_runtime_t *rt = s->rt;
-    int reliable = rt->feed != NULL, inside = 0, failed = 0;
-    capstan_done_t *done = NULL; /* the last job, its ack owed (reliable fetch) */
+    const capstan_source_t *src = rt->source;
+    int inside = 0, failed = 0;
+    capstan_done_t *done = NULL; /* the last job, its ack owed */
     while (!atomic_load(&rt->quiet)) {
         if (!capstan_redis_ok(r) && capstan__rt_connect(rt, r, &rt->quiet))
             break;
         capstan_fetched_t job = {0};
         unsigned long answered = capstan__fetch_answered(s->fetch);
-        int rc = reliable ? capstan__feed_next(s, r, done, &job, &inside)
-                          : capstan__fetch_next(s->fetch, r, &job);
+        /* The source hands out no job once the process is quiet (the feed
+         * decides under its lock, so that every job not taken is in the
+         * feed when the first thread leaves and gives them back, in
+         * order). */
+        int rc = src->take(s, r, done, &job, &inside);
         done = NULL;
         if (fetch_refused(rt, r, rc, capstan__fetch_answered(s->fetch) != answered, &failed) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
-        /* The feed hands out no job once the process is quiet (it decides
-         * under its lock, so that every job not taken is in the feed when
-         * the first thread leaves and gives them back, in order). */
-        if (!reliable && atomic_load(&rt->quiet)) {
-            capstan__give_back(s->fetch, rt, r, &job, 1);
-            break;
-        }
-        /* Only the reliable fetch recovers jobs, so only it has suspects. */
-        int solo = reliable && capstan__feed_suspect(&job);
-        if (solo && !capstan__feed_solo_begin(s, r, &job))
+        int solo = src->suspect(&job);
+        if (solo && !src->solo_begin(s, r, &job))
             continue;
-        done = solo || !reliable ? run_fetched(s, r, &job, NULL) : run_ahead(s, r, &job);
+        done = solo ? run_fetched(s, r, &job, NULL) : run_ahead(s, r, &job);
         if (solo && done) {
-            capstan__feed_ack(s, r, done); /* written before the gate opens */
+            src->ack(s, r, done); /* written before the gate opens */
             done = NULL;
         }
         if (solo)
-            capstan__feed_solo_end(s, r);
+            src->solo_end(s, r);
     }
     if (done)
-        capstan__feed_ack(s, r, done);
-    if (reliable)
-        capstan__feed_leave(s, r, &inside);
+        src->ack(s, r, done);
+    src->leave(s, r, &inside);
 }
 
 void *capstan__processor_main(void *arg)

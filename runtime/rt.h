@@ -169,7 +169,9 @@ struct capstan_runtime {
     char fetch_error[CAPSTAN_ERRLEN]; /* the last one's text, under wake_mu */
     struct capstan_chain *server_chain; /* middleware around every job; built
                                        before the processors start */
-    struct capstan_feed *feed;     /* reliable fetch: the processors' shared
+    const struct capstan_source *source; /* where the processors take jobs
+                                      from (source.h), set at start */
+    struct capstan_feed *feed;     /* reliable source: the processors' shared
                                       batch of fetched and finished jobs */
     char **unknown;                /* classes without a handler whose policy
                                       was logged (server_chain.c's lock) */

@@ -16,6 +16,7 @@
 #include "runtime/board.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
+#include "runtime/source.h"
 #include "support/identity.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -485,7 +486,8 @@ static int busy_threads(void *rt)
 /* The /metrics gauge of jobs fetched ahead, by queue (observe/http.h). */
 static void prefetched(void *ud, const char *const *queues, size_t n, long long *counts)
 {
-    capstan__feed_count(((capstan_runtime_t *)ud)->feed, queues, counts, n);
+    capstan_runtime_t *rt = ud;
+    rt->source->count(rt, queues, counts, n);
 }
 
 static int run(capstan_runtime_t *rt, char *err)
@@ -519,7 +521,8 @@ static int run(capstan_runtime_t *rt, char *err)
     capstan_redis_t *r = NULL;
     /* The feed is there before the metrics thread can count it. */
     const char **qnames = calloc(c->nqueues ? c->nqueues : 1, sizeof(*qnames));
-    if (!qnames || (c->fetch == CAPSTAN_FETCH_RELIABLE && !rt->feed
+    rt->source = capstan__source_for(c);
+    if (!qnames || (rt->source->prefetches && !rt->feed
                     && !(rt->feed = capstan__feed_new(c->concurrency, c->prefetch)))) {
         rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
@@ -530,7 +533,7 @@ static int run(capstan_runtime_t *rt, char *err)
                                .redis_url = c->redis_url, .threads = c->concurrency,
                                .busy_threads = busy_threads, .ud = rt,
                                .reuse_port = rt->board != NULL };
-    if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
+    if (rt->source->prefetches) {
         hc.queues = qnames;
         hc.nqueues = c->nqueues;
         hc.prefetched = prefetched;
@@ -558,7 +561,7 @@ static int run(capstan_runtime_t *rt, char *err)
         goto out;
     }
     capstan_debug("connected to %s", capstan_redis_name(r));
-    if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
+    if (rt->source->working_list) {
         capstan__liveness_refresh(rt->liveness, r);
         capstan__recover_orphans(rt, r);
     }

@@ -17,7 +17,7 @@
 #include "observe/prometheus.h"
 #include "capstan/middleware.h"
 #include "middleware/mw.h"
-#include "runtime/feed.h"
+#include "runtime/source.h"
 #include "runtime/slot.h"
 #include "unique/prelock.h"
 #include "unique/server.h"
@@ -266,8 +266,9 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     /* No runtime lock of a finished job is held while this one runs;
      * unless it runs in a run of short jobs whose locks were asked for at
      * once: those acks then ride the next round trip. */
-    if (run->slot->rt->feed && !(mw->prelock && mw->prelock->asked))
-        capstan__feed_prompt(run->slot, mw->r, 0);
+    const capstan_source_t *src = run->slot->rt->source;
+    if (src->prompt && !(mw->prelock && mw->prelock->asked))
+        src->prompt(run->slot, mw->r, 0);
     job->redis = capstan_redis_ctx(mw->r);
     if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
@@ -369,7 +370,7 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
 {
     capstan_runtime_t *rt = s->rt;
     char working[512] = "", key[512], score[32] = "";
-    if (rt->cfg->fetch == CAPSTAN_FETCH_RELIABLE)
+    if (rt->source->working_list)
         capstan__fetch_working_key(rt->identity, working, sizeof(working));
     if (at < 0)
         capstan__key(key, sizeof(key), CAPSTAN_KEY_QUEUE, job->queue);
@@ -448,12 +449,14 @@ static void hand_back(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job)
 
 static int ride(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
-    return capstan__feed_ride(ud, r, calls, ncalls);
+    capstan_slot_t *s = ud;
+    return s->rt->source->ride(s, r, calls, ncalls);
 }
 
 static void prompt(void *ud, capstan_redis_t *r, int all)
 {
-    capstan__feed_prompt(ud, r, all);
+    capstan_slot_t *s = ud;
+    s->rt->source->prompt(s, r, all);
 }
 
 /* The middleware state a job's server chain starts with. */
@@ -467,7 +470,7 @@ static capstan_mw_t server_mw(capstan_slot_t *s, capstan_redis_t *r, capstan_job
                        .unique = row->h ? row->h->unique : NULL, .limit = row->limit, .job = job,
                        .cls = job->wrapper ? job->wrapper : job->cls,
                        .jid = job->jid, .queue = job->queue,
-                       .ride = rt->feed ? ride : NULL, .prompt = rt->feed ? prompt : NULL,
+                       .ride = rt->source->ride ? ride : NULL, .prompt = rt->source->prompt ? prompt : NULL,
                        .ride_ud = s };
 }
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/feed.h"
+#include "runtime/source.h"
 #include "runtime/rt.h"
 #include "runtime/board.h"
 #include "support/fmt.h"
@@ -22,7 +22,7 @@ static int slot_init(capstan_runtime_t *rt, capstan_slot_t *s, int i, char *err)
     s->rt = rt;
     s->index = i;
     s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
-    capstan_fetch_conf_t fc = { .mode = c->fetch, .identity = rt->identity, .queues = c->queues,
+    capstan_fetch_conf_t fc = { .ops = rt->source->fetch, .identity = rt->identity, .queues = c->queues,
                             .nqueues = c->nqueues, .strict = c->strict, .index = i,
                             .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
                             .min_replicas_timeout = c->min_replicas_timeout,
@@ -175,8 +175,7 @@ int capstan__slots_requeue_busy(capstan_runtime_t *rt, capstan_redis_t *r)
         }
         pthread_mutex_unlock(&s->mu);
     }
-    if (rt->feed && rt->nslots)
-        n += capstan__feed_give_back(rt, rt->slots[0].fetch, r, 0);
+    n += rt->source->give_back(rt, r);
     return n;
 }
 

@@ -21,6 +21,7 @@
 #include "observe/prometheus.h"
 #include "runtime/board.h"
 #include "runtime/notify.h"
+#include "runtime/source.h"
 #include "support/log.h"
 #include "support/time.h"
 #include "capstan/capstan.h"
@@ -310,7 +311,7 @@ static void recover(sup_t *s, worker_t *w)
     int rc = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
     if (r && rc)
         snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
-    if (!rc && c->fetch == CAPSTAN_FETCH_RELIABLE)
+    if (!rc && capstan__source_for(c)->working_list)
         rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps, &out, err);
     if (!rc)
         capstan__heartbeat_leave(r, id);

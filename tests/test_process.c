@@ -57,6 +57,24 @@ static char *tunables_of(pid_t pid)
     return out;
 }
 
+/* The basic fetch (BRPOP) has a path of its own through the processor: no
+ * feed, each ack written as its job ends. Every job runs once, a failure
+ * reaches the retry set, and no working list is made. */
+Test(process, the_basic_fetch_runs_each_job_once_and_stores_failures)
+{
+    kt_push_jobs("RecordJob", "[\"bas\"]", 1, 60);
+    kt_push_jobs("FailJob", "[]", 2, 1);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "4", "--fetch", "basic", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD bas") == 60 && kt_int("ZCARD retry") == 1, 30), "%s",
+              kt_capstan_log(pid));
+    cr_assert_eq(kt_int("LLEN bas:log"), 60, "a job ran twice");
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    redisReply *w = kt_cmd("KEYS uniquejobs:working:*");
+    cr_assert(w && w->type == REDIS_REPLY_ARRAY && w->elements == 0, "the basic fetch keeps no working list");
+    freeReplyObject(w);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "graceful stop exits 0: %s", kt_capstan_log(pid));
+}
+
 /* `capstan run` starts itself again once without glibc's per-thread caches of
  * freed blocks (a megabyte at concurrency 25), keeping its pid; a
  * GLIBC_TUNABLES the user set is left as it is. */

@@ -921,7 +921,7 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     capstan_redis_t *r = kt_lib_redis();
     char err[CAPSTAN_ERRLEN];
     capstan_queue_conf_t q = { .name = "ba" };
-    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = "batch-test", .queues = &q,
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "batch-test", .queues = &q,
                             .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
     capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
@@ -1115,7 +1115,7 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
     cr_assert_eq(rec.recovered, 0);
     cr_assert_eq(kt_int("LLEN %s", dead), 1, "the orphan stays in its working list");
     capstan_queue_conf_t q = { .name = "default" };
-    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = "me:2:bbbbbbbbbbbb",
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "me:2:bbbbbbbbbbbb",
                             .queues = &q, .nqueues = 1 };
     capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
@@ -1559,7 +1559,7 @@ Test(reliable, failure_ack_to_a_retry_key_of_wrong_type_keeps_the_job)
     freeReplyObject(kt_cmd("SET retry not-a-zset"));
     capstan_redis_t *r = kt_lib_redis();
     capstan_queue_conf_t q = { .name = "default" };
-    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = "me:3:cccccccccccc",
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "me:3:cccccccccccc",
                             .queues = &q, .nqueues = 1 };
     capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);
@@ -1595,7 +1595,7 @@ static long fetch_beside_recovery(capstan_liveness_t *l)
         free(p);
     }
     capstan_queue_conf_t q = { .name = "live" };
-    capstan_fetch_conf_t fc = { .mode = CAPSTAN_FETCH_RELIABLE, .identity = me, .queues = &q,
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = me, .queues = &q,
                                 .nqueues = 1, .liveness = l };
     capstan_fetch_t *f = capstan__fetch_new(&fc, err);
     cr_assert(f, "%s", err);

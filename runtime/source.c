@@ -1,0 +1,157 @@
+/* The two job sources of source.h: the reliable one is the feed's
+ * operations (feed.c); the basic one fetches one job per processor with
+ * fetch/'s basic fetch and writes its ack as the job ends. */
+#include "runtime/source.h"
+
+#include <math.h>
+
+#include "runtime/slot.h"
+
+static void settle_later(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
+{
+    (void)s, (void)r, (void)d; /* the ack goes out with a later round trip */
+}
+
+static int feed_give_back(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    return rt->nslots ? capstan__feed_give_back(rt, rt->slots[0].fetch, r, 0) : 0;
+}
+
+static void feed_count(capstan_runtime_t *rt, const char *const *names, long long *counts, size_t n)
+{
+    capstan__feed_count(rt->feed, names, counts, n);
+}
+
+const capstan_source_t capstan__source_reliable = {
+    .name = "reliable",
+    .working_list = 1,
+    .prefetches = 1,
+    .fetch = &capstan__fetch_reliable,
+    .take = capstan__feed_next,
+    .settle = settle_later,
+    .ack = capstan__feed_ack,
+    .leave = capstan__feed_leave,
+    .let_go = capstan__feed_let_go,
+    .take_ahead = capstan__feed_take_ahead,
+    .suspect = capstan__feed_suspect,
+    .solo_begin = capstan__feed_solo_begin,
+    .solo_end = capstan__feed_solo_end,
+    .ride = capstan__feed_ride,
+    .prompt = capstan__feed_prompt,
+    .ack_late = capstan__feed_ack_late,
+    .read_deferred = capstan__feed_read_deferred,
+    .give_back = feed_give_back,
+    .count = feed_count,
+};
+
+/* With no working list to guard the ack against the shutdown's requeue,
+ * the slot lock does: the ack is written while the slot is busy. */
+static void settle_now(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
+{
+    if (capstan__slot_ack(s, r, d->job.payload, d->job.len, &d->ack) == 0)
+        capstan__done_acked(s->rt, d, r);
+    else
+        capstan__done_clear(d);
+}
+
+static void ack_now(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
+{
+    settle_now(s, r, d);
+    capstan__done_free(d);
+}
+
+/* The fetch may have blocked while the process went quiet: a job that
+ * came meanwhile goes back rather than start. */
+static int take_one(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *done, capstan_fetched_t *job,
+                    int *inside)
+{
+    (void)inside;
+    if (done)
+        ack_now(s, r, done);
+    int rc = capstan__fetch_next(s->fetch, r, job);
+    if (rc > 0 && atomic_load(&s->rt->quiet)) {
+        capstan__give_back(s->fetch, s->rt, r, job, 1);
+        return 0;
+    }
+    return rc;
+}
+
+static void leave_nothing(capstan_slot_t *s, capstan_redis_t *r, int *inside)
+{
+    (void)s, (void)r, (void)inside;
+}
+
+static void let_go_nothing(capstan_runtime_t *rt, unsigned long long hash, size_t len)
+{
+    (void)rt, (void)hash, (void)len;
+}
+
+static size_t take_none_ahead(capstan_slot_t *s, const capstan_fetched_t *first, capstan_fetched_t *out,
+                              size_t max)
+{
+    (void)s, (void)first, (void)out, (void)max;
+    return 0;
+}
+
+/* Only a working list's jobs are recovered, so only they are suspects. */
+static int no_suspect(const capstan_fetched_t *job)
+{
+    (void)job;
+    return 0;
+}
+
+static int solo_always(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
+{
+    (void)s, (void)r, (void)job;
+    return 1;
+}
+
+static void solo_end_nothing(capstan_slot_t *s, capstan_redis_t *r)
+{
+    (void)s, (void)r;
+}
+
+static double never_late(capstan_slot_t *s, capstan_redis_t *r)
+{
+    (void)s, (void)r;
+    return HUGE_VAL;
+}
+
+static void read_nothing(capstan_runtime_t *rt)
+{
+    (void)rt;
+}
+
+static int give_back_nothing(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    (void)rt, (void)r;
+    return 0;
+}
+
+static void count_nothing(capstan_runtime_t *rt, const char *const *names, long long *counts, size_t n)
+{
+    (void)rt, (void)names, (void)counts, (void)n;
+}
+
+const capstan_source_t capstan__source_basic = {
+    .name = "basic",
+    .fetch = &capstan__fetch_basic,
+    .take = take_one,
+    .settle = settle_now,
+    .ack = ack_now,
+    .leave = leave_nothing,
+    .let_go = let_go_nothing,
+    .take_ahead = take_none_ahead,
+    .suspect = no_suspect,
+    .solo_begin = solo_always,
+    .solo_end = solo_end_nothing,
+    .ack_late = never_late,
+    .read_deferred = read_nothing,
+    .give_back = give_back_nothing,
+    .count = count_nothing,
+};
+
+const capstan_source_t *capstan__source_for(const capstan_config_t *c)
+{
+    return c->fetch == CAPSTAN_FETCH_BASIC ? &capstan__source_basic : &capstan__source_reliable;
+}
