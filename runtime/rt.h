@@ -113,6 +113,8 @@ struct capstan_runtime {
     size_t nhandlers;
     capstan_hook_t *hooks; /* registered before run, read-only after */
     size_t nhooks;
+    char error[CAPSTAN_ERRLEN]; /* why the last registration was refused
+                                   (capstan_runtime_error), "" if none */
     char identity[320];
     char batch_cursor[32]; /* the housekeeper's walk over batches:open */
     char hostname[256];

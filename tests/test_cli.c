@@ -510,6 +510,25 @@ Test(cli, run_with_a_missing_config_file_exits_78_in_one_line)
     free(out);
 }
 
+/* A plugin whose init returns the code of a refused registration (a
+ * limiter of size 0) stops run with the reason the library recorded, on
+ * the last line: the operator sees what to fix. */
+Test(cli, run_with_a_plugin_whose_init_fails_says_why)
+{
+    const char *plugin = getenv("CAPSTAN_BAD_PLUGIN");
+    cr_assert(plugin, "CAPSTAN_BAD_PLUGIN is set by tests/meson.build");
+    char *out = NULL;
+    int st = kt_capstan_run((const char *[]){ "run", "-r", plugin, "--redis-url", kt_url(), NULL }, &out);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    char *last = kt_last_line(out);
+    char want[600];
+    snprintf(want, sizeof(want), "plugin %s: capstan_plugin_init returned -1: limiter ReportJob: size must be >= 1",
+             plugin);
+    cr_assert(strstr(last, want), "%s", out);
+    free(last);
+    free(out);
+}
+
 /* A schedule's zone that would read as another (an empty tz:, a corrupt
  * zone file) stops the command at the config, in one line naming the
  * file, the line and the key. */
