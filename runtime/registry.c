@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "capstan/client.h"
+#include "support/nearest.h"
 
 const capstan_handler_entry_t *capstan__registry_find(const capstan_runtime_t *rt, const char *cls)
 {
@@ -16,6 +17,16 @@ const capstan_handler_entry_t *capstan__registry_find(const capstan_runtime_t *r
         if (strcmp(rt->handlers[i].cls, cls) == 0)
             return &rt->handlers[i];
     return NULL;
+}
+
+const char *capstan__registry_nearest(const capstan_runtime_t *rt, const char *cls)
+{
+    if (!rt->nhandlers)
+        return NULL;
+    const char *names[rt->nhandlers];
+    for (size_t i = 0; i < rt->nhandlers; i++)
+        names[i] = rt->handlers[i].cls;
+    return capstan__nearest(cls, names, rt->nhandlers);
 }
 
 int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn fn, void *udata,

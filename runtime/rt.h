@@ -191,6 +191,9 @@ int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, at
 
 /* registry.c */
 const capstan_handler_entry_t *capstan__registry_find(const struct capstan_runtime *rt, const char *cls);
+/* The registered class a mistyped cls most likely means (capstan__nearest),
+ * or NULL. */
+const char *capstan__registry_nearest(const struct capstan_runtime *rt, const char *cls);
 void capstan__registry_free(struct capstan_runtime *rt);
 /* Run the error hooks (capstan_on_error) for job, failed with cls and msg:
  * called by the retry middleware when the rest of the chain returns. */
