@@ -95,7 +95,8 @@ static int load_classes(const char *conf, const char *env, char **plugins, size_
     for (size_t i = 0; i < nplugins && !rc; i++)
         rc = capstan_runtime_load_plugin(r, plugins[i], err);
     if (!rc && init && init(r) != 0)
-        rc = capstan_seterr(err, CAPSTAN_EINVAL, "the program's handler registration failed");
+        rc = capstan_seterr(err, CAPSTAN_EINVAL, "the program's handler registration failed%s%s",
+                            *capstan_runtime_error(r) ? ": " : "", capstan_runtime_error(r));
     if (rc) {
         fprintf(stderr, "capstan push: %s\n", err);
         capstan_runtime_free(r);

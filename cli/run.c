@@ -102,7 +102,8 @@ int capstan__cmd_run(int argc, char **argv, capstan_plugin_init_fn init)
         if (!(rc = capstan_runtime_load_plugin(rt, cfg->plugins[i], err)))
             capstan_debug("loaded plugin %s", cfg->plugins[i]);
     if (!rc && init && init(rt) != 0)
-        rc = capstan_seterr(err, CAPSTAN_EINVAL, "the program's handler registration failed");
+        rc = capstan_seterr(err, CAPSTAN_EINVAL, "the program's handler registration failed%s%s",
+                            *capstan_runtime_error(rt) ? ": " : "", capstan_runtime_error(rt));
     if (rc) {
         fprintf(stderr, "capstan: %s\n", err);
         capstan_runtime_free(rt);

@@ -11,6 +11,7 @@
 #include "config/names.h"
 #include "config/settings.h"
 #include "config/yaml.h"
+#include "support/nearest.h"
 #include "support/number.h"
 
 #include <ctype.h>
@@ -72,8 +73,6 @@ static const char *const redis_target[] = {
     "name", "namespace",
 };
 
-static const char *nearest(const char *name, const char *const *names, size_t n);
-
 static int in_list(const char *name, const char *const *names, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -111,9 +110,9 @@ static int set_redis(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t 
                                             "(redis://[user:password@]host:port/db)");
         else {
             const char *const all[] = {"url"};
-            const char *near = name ? nearest(name, all, 1) : NULL;
+            const char *near = name ? capstan__nearest(name, all, 1) : NULL;
             if (!near)
-                near = name ? nearest(name, redis_tuning, NELEM(redis_tuning)) : NULL;
+                near = name ? capstan__nearest(name, redis_tuning, NELEM(redis_tuning)) : NULL;
             rc = near ? capstan__yaml_fail(c, kn, sub, "unknown key; did you mean %s?", near)
                       : capstan__yaml_fail(c, kn, sub, "unknown key");
         }
@@ -355,50 +354,6 @@ static int is_known(const char *name)
     return find_key(name) || find_row(name) || unused_why(name) || !strcmp(name, "<<");
 }
 
-/* Levenshtein distance, for names up to 63 bytes (longer ones are never
- * near anything: 99). */
-static int distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    int row[64];
-    if (la > 63 || lb > 63)
-        return 99;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-/* The name among names closest to a typo: at most 2 edits, and fewer than
- * a third of the word, so "tga" does not become "tag" by accident of
- * length. NULL when nothing is that close. */
-static const char *nearest(const char *name, const char *const *names, size_t n)
-{
-    const char *best = NULL;
-    int best_d = 3;
-    for (size_t i = 0; i < n; i++) {
-        int d = distance(name, names[i]);
-        if (d < best_d && d * 3 <= (int)strlen(name)) {
-            best = names[i];
-            best_d = d;
-        }
-    }
-    return best;
-}
-
 /* The known key (used or not) closest to name, or NULL. */
 static const char *suggest(const char *name)
 {
@@ -416,7 +371,7 @@ static const char *suggest(const char *name)
     }
     for (size_t i = 0; i < NELEM(unused); i++)
         names[n++] = unused[i].name;
-    return nearest(name, names, n);
+    return capstan__nearest(name, names, n);
 }
 
 static int unknown_key(ctx_t *c, yaml_node_t *kn, const char *name)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "capstan/client.h"
+#include "support/nearest.h"
 
 static capstan_handler_entry_t *find_handler(const capstan_runtime_t *rt, const char *cls)
 {
@@ -19,23 +20,36 @@ static capstan_handler_entry_t *find_handler(const capstan_runtime_t *rt, const 
     return NULL;
 }
 
+const char *capstan__registry_nearest(const capstan_runtime_t *rt, const char *cls)
+{
+    if (!rt->nhandlers)
+        return NULL;
+    const char *names[rt->nhandlers];
+    for (size_t i = 0; i < rt->nhandlers; i++)
+        names[i] = rt->handlers[i].cls;
+    return capstan__nearest(cls, names, rt->nhandlers);
+}
+
 int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn fn, void *udata,
                      const capstan_class_opts_t *opts)
 {
-    if (!rt || !cls || !*cls || !fn)
+    if (!rt)
         return CAPSTAN_EINVAL;
-    if (opts && opts->limit && capstan_limit_opts_check(opts->limit, cls, NULL))
+    if (!cls || !*cls || !fn)
+        return capstan_seterr(rt->error, CAPSTAN_EINVAL, "capstan_register: %s", !cls || !*cls
+                              ? "no class name" : "no handler function");
+    if (opts && opts->limit && capstan_limit_opts_check(opts->limit, cls, rt->error))
         return CAPSTAN_EINVAL;
     capstan_handler_entry_t *e = find_handler(rt, cls);
     if (!e) {
         capstan_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
         if (!p)
-            return CAPSTAN_ENOMEM;
+            return capstan_seterr(rt->error, CAPSTAN_ENOMEM, "capstan_register %s: out of memory", cls);
         rt->handlers = p;
         e = &rt->handlers[rt->nhandlers];
         memset(e, 0, sizeof(*e));
         if (!(e->cls = strdup(cls)))
-            return CAPSTAN_ENOMEM;
+            return capstan_seterr(rt->error, CAPSTAN_ENOMEM, "capstan_register %s: out of memory", cls);
         rt->nhandlers++;
     }
     e->fn = fn;
@@ -122,19 +136,30 @@ int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *path, char *e
     capstan_plugin_init_fn init = (capstan_plugin_init_fn)(uintptr_t)dlsym(h, CAPSTAN_PLUGIN_INIT);
     if (!init)
         return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s does not export %s", path, CAPSTAN_PLUGIN_INIT);
+    /* A refusal recorded before this plugin is not its reason. */
+    rt->error[0] = '\0';
     int rc = init(rt);
     if (rc)
-        return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s: %s returned %d", path, CAPSTAN_PLUGIN_INIT, rc);
+        return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s: %s returned %d%s%s", path, CAPSTAN_PLUGIN_INIT,
+                              rc, rt->error[0] ? ": " : "", rt->error);
     return 0;
+}
+
+const char *capstan_runtime_error(const capstan_runtime_t *rt)
+{
+    return rt->error;
 }
 
 static int add_hook(capstan_runtime_t *rt, int death, capstan_hook_fn fn, void *udata)
 {
-    if (!rt || !fn)
+    const char *what = death ? "capstan_on_death" : "capstan_on_error";
+    if (!rt)
         return CAPSTAN_EINVAL;
+    if (!fn)
+        return capstan_seterr(rt->error, CAPSTAN_EINVAL, "%s: no hook function", what);
     capstan_hook_t *p = realloc(rt->hooks, (rt->nhooks + 1) * sizeof(*p));
     if (!p)
-        return CAPSTAN_ENOMEM;
+        return capstan_seterr(rt->error, CAPSTAN_ENOMEM, "%s: out of memory", what);
     rt->hooks = p;
     rt->hooks[rt->nhooks++] = (capstan_hook_t){ .death = death, .fn = fn, .udata = udata };
     return 0;

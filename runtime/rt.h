@@ -133,6 +133,8 @@ struct capstan_runtime {
     capstan_retry_conf_t retry;    /* the retry rules' settings, from cfg at start */
     capstan_hook_t *hooks; /* registered before run, read-only after */
     size_t nhooks;
+    char error[CAPSTAN_ERRLEN]; /* why the last registration was refused
+                                   (capstan_runtime_error), "" if none */
     char identity[320];
     char batch_cursor[32]; /* the housekeeper's walk over batches:open */
     char hostname[256];
@@ -210,6 +212,9 @@ int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, at
                               double max_delay);
 
 /* registry.c */
+/* The registered class a mistyped cls most likely means (capstan__nearest),
+ * or NULL. */
+const char *capstan__registry_nearest(const struct capstan_runtime *rt, const char *cls);
 void capstan__registry_free(struct capstan_runtime *rt);
 /* Builds rt's class table from its handlers and its config's classes:
  * (again, should it be called again). Returns 0 or CAPSTAN_ENOMEM. */

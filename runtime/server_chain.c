@@ -337,10 +337,11 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
             rt->nunknown++;
     }
     pthread_mutex_unlock(&unknown_mu);
+    const char *near = first ? capstan__registry_nearest(rt, cls) : NULL;
     if (first)
-        capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s%s%s: %s", cls, queue,
+        capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s%s%s: %s%s%s%s", cls, queue,
                      capstan_config_unknown_class_name(policy), why ? " (" : "", why ? why : "", why ? ")" : "",
-                     what[policy]);
+                     what[policy], near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
 }
 
 /* Puts a job back untouched, at the end of its queue fetched last, or

@@ -510,6 +510,39 @@ Test(cli, run_with_a_missing_config_file_exits_78_in_one_line)
     free(out);
 }
 
+/* A plugin whose init returns the code of a refused registration (a
+ * limiter of size 0) stops run with the reason the library recorded, on
+ * the last line: the operator sees what to fix. */
+Test(cli, run_with_a_plugin_whose_init_fails_says_why)
+{
+    const char *plugin = getenv("CAPSTAN_BAD_PLUGIN");
+    cr_assert(plugin, "CAPSTAN_BAD_PLUGIN is set by tests/meson.build");
+    char *out = NULL;
+    int st = kt_capstan_run((const char *[]){ "run", "-r", plugin, "--redis-url", kt_url(), NULL }, &out);
+    cr_assert_eq(st, 78, "exit %d: %s", st, out);
+    char *last = kt_last_line(out);
+    char want[600];
+    snprintf(want, sizeof(want), "plugin %s: capstan_plugin_init returned -1: limiter ReportJob: size must be >= 1",
+             plugin);
+    cr_assert(strstr(last, want), "%s", out);
+    free(last);
+    free(out);
+}
+
+/* A job whose class is a typo of a registered one (Recordjob for the
+ * example plugin's RecordJob) is logged once, with the registered name. */
+Test(cli, an_unknown_class_near_a_registered_one_suggests_it_once)
+{
+    kt_push_jobs("Recordjob", "[\"typo\"]", 43, 3);
+    char *cfg = kt_write_conf("unknown_class: fail\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", cfg, "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 3, 30), "the three fail: %s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "no handler for Recordjob"), 1, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "did you mean RecordJob?"), 1, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
+    free(cfg);
+}
+
 /* A schedule's zone that would read as another (an empty tz:, a corrupt
  * zone file) stops the command at the config, in one line naming the
  * file, the line and the key. */

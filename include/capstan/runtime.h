@@ -69,14 +69,22 @@ CAPSTAN_API void capstan_runtime_free(capstan_runtime_t *rt);
 /* Registers fn for job class cls (copied). udata is passed to fn and must
  * outlive the runtime. opts may be NULL; it is copied (opts->queue too),
  * but opts->unique and opts->limit must outlive the runtime. Registering a
- * class twice replaces the handler. Returns 0, CAPSTAN_EINVAL (capstan_limit_opts_check
- * says why a limit is refused) or CAPSTAN_ENOMEM. */
+ * class twice replaces the handler. Returns 0, CAPSTAN_EINVAL or CAPSTAN_ENOMEM, the
+ * reason then in capstan_runtime_error (a limit's is capstan_limit_opts_check's). */
 CAPSTAN_API int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn fn,
                                  void *udata, const capstan_class_opts_t *opts);
 
 /* dlopens path (borrowed for the call) and calls its capstan_plugin_init. Returns 0 or CAPSTAN_ENOTFOUND /
- * CAPSTAN_EINVAL with err filled. The library stays loaded until exit. */
+ * CAPSTAN_EINVAL with err filled: for an init that returned nonzero, "plugin PATH:
+ * capstan_plugin_init returned N: " and the capstan_runtime_error it left, if any
+ * (cleared before the call). The library stays loaded until exit. */
 CAPSTAN_API int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *path, char *err);
+
+/* Why the last capstan_register, capstan_on_error or capstan_on_death on rt
+ * was refused, in one English line, or "" when none was: what a plugin
+ * init (or a program) reports when it gives up. Owned by rt, changed by the
+ * next refusal; not thread-safe, as registration is not. */
+CAPSTAN_API const char *capstan_runtime_error(const capstan_runtime_t *rt);
 
 /* Runs until stopped: by TERM/INT, by a Stop from the Web UI, or by
  * capstan_runtime_stop(). Blocks TERM, INT, TSTP, TTIN and USR2 in the calling
