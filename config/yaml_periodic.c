@@ -216,30 +216,46 @@ static int add_schedule(ctx_t *c, yaml_node_t *kn, const char *section, sched_t 
     return rc != CAPSTAN_ECONFIG ? nomem(c) : capstan__yaml_fail(c, kn, sub, "%s", strlen(why) > skip ? why + skip : why);
 }
 
-int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+/* Reads one schedule entry name (at kn) into s; *off set when it is not
+ * to run. */
+typedef int (*entry_fn)(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_t *v, sched_t *s, int *off);
+
+/* A section of schedules by name, periodic: (gem 0) or a gem's schedule:
+ * (gem 1), each entry read by read. An environment's section replaces the
+ * top level's schedules of its own kind. */
+static int read_section(ctx_t *c, const char *key, yaml_node_t *v, int gem, entry_fn read)
 {
-    (void)k;
     if (is_null(v))
         return 0;
     if (v->type != YAML_MAPPING_NODE)
         return capstan__yaml_fail(c, v, key, "must be a mapping of schedule names to schedules");
-    /* An environment's section replaces the top level's schedules. */
-    capstan__periodic_conf_drop(c->cfg, 0);
+    capstan__periodic_conf_drop(c->cfg, gem);
     int rc = 0;
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top && !rc; p++) {
         yaml_node_t *kn = node(c, p->key);
         const char *name = key_name(kn);
-        if (!name || !*name) {
-            rc = capstan__yaml_fail(c, kn, key, "a schedule name must be a plain word");
-            break;
-        }
+        if (!name || !*name)
+            return capstan__yaml_fail(c, kn, key, "a schedule name must be a plain word");
         sched_t s = { 0 };
-        rc = read_schedule(c, name, kn, node(c, p->value), &s);
-        if (!rc)
-            rc = add_schedule(c, kn, "periodic", &s);
+        int off = 0;
+        rc = read(c, name, kn, node(c, p->value), &s, &off);
+        if (!rc && !off && !(rc = add_schedule(c, kn, gem ? "schedule" : "periodic", &s)))
+            c->cfg->periodic[c->cfg->nperiodic - 1].gem = gem;
         sched_free(&s);
     }
     return rc;
+}
+
+static int periodic_entry(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_t *v, sched_t *s, int *off)
+{
+    (void)off;
+    return read_schedule(c, name, kn, v, s);
+}
+
+int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    (void)k;
+    return read_section(c, key, v, 0, periodic_entry);
 }
 
 /* sidekiq-scheduler's and sidekiq-cron's schedules, as a sidekiq.yml gives
@@ -394,27 +410,7 @@ static int gem_entry(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_t *v
 int capstan__yaml_set_schedule(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
 {
     (void)k;
-    if (is_null(v))
-        return 0;
-    if (v->type != YAML_MAPPING_NODE)
-        return capstan__yaml_fail(c, v, key, "must be a mapping of schedule names to schedules");
-    capstan__periodic_conf_drop(c->cfg, 1);
-    int rc = 0;
-    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top && !rc; p++) {
-        yaml_node_t *kn = node(c, p->key);
-        const char *name = key_name(kn);
-        if (!name || !*name) {
-            rc = capstan__yaml_fail(c, kn, key, "a schedule name must be a plain word");
-            break;
-        }
-        sched_t s = { 0 };
-        int off = 0;
-        rc = gem_entry(c, name, kn, node(c, p->value), &s, &off);
-        if (!rc && !off && !(rc = add_schedule(c, kn, "schedule", &s)))
-            c->cfg->periodic[c->cfg->nperiodic - 1].gem = 1;
-        sched_free(&s);
-    }
-    return rc;
+    return read_section(c, key, v, 1, gem_entry);
 }
 
 /* sidekiq-scheduler 5's section: its schedule: and its switches. */
