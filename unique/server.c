@@ -149,6 +149,18 @@ static int lock_stops(capstan_mw_t *mw, const capstan_unique_spec_t *s, int lr, 
     return lr < 0;
 }
 
+/* lock_stops for a lock just taken at the fetch, where a unique_for copy
+ * enqueued while the first was still pending is refused too. */
+static int taken_stops(capstan_mw_t *mw, const capstan_unique_spec_t *s, int lr, const char *err, int *rc)
+{
+    if (lock_stops(mw, s, lr, err, rc))
+        return 1;
+    if (!refused_copy(mw, s, lr))
+        return 0;
+    *rc = conflict(mw, s, "was held when it was enqueued (unique_for)");
+    return 1;
+}
+
 static void hold_until(capstan_mw_t *mw, const capstan_unique_spec_t *s, int on_done)
 {
     capstan_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, CAPSTAN_KEY_LOCKED);
@@ -274,12 +286,8 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
             capstan_unique__metric(mw->r, s.type, "locked"); /* as the lock call counts it */
         } else
             lr = capstan_unique_lock(mw->r, &q, err);
-        if (lock_stops(mw, &s, lr, err, &rc))
+        if (taken_stops(mw, &s, lr, err, &rc))
             break;
-        if (refused_copy(mw, &s, lr)) {
-            rc = conflict(mw, &s, "was held when it was enqueued (unique_for)");
-            break;
-        }
         /* A unique_for job pushed from Ruby took no lock: that is no lapse.
          * Nor is news a v9 lock a Ruby app without the gem's client never
          * took, which is every job it pushes: debug, not a line a job. */
@@ -297,12 +305,8 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
             /* Held from its fetch to its start, as Enterprise's from the
              * push to the start. */
             lr = capstan_unique_lock(mw->r, &q, err);
-            if (lock_stops(mw, &s, lr, err, &rc))
+            if (taken_stops(mw, &s, lr, err, &rc))
                 break;
-            if (refused_copy(mw, &s, lr)) {
-                rc = conflict(mw, &s, "was held when it was enqueued (unique_for)");
-                break;
-            }
             note_freed(mw, &s);
         }
         if (capstan_unique_unlock(mw->r, s.digest, 0, mw->jid, s.type, 0, err) == CAPSTAN_EDENIED)
