@@ -38,6 +38,7 @@ capstan_runtime_t *capstan_runtime_new(capstan_config_t *cfg, char *err)
         return NULL;
     }
     rt->cfg = cfg;
+    rt->probe = &rt->own_probe;
     pthread_mutex_init(&rt->wake_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
     pthread_cond_init(&rt->sched_wake.cv, NULL);
@@ -488,6 +489,24 @@ static void prefetched(void *ud, const char *const *queues, size_t n, long long 
     capstan__feed_count(((capstan_runtime_t *)ud)->feed, queues, counts, n);
 }
 
+/* /livez and /readyz (observe/http.h): this process, or under a
+ * supervisor every worker, the first failing one named. */
+static int probe(void *ud, int ready, char *why, size_t n)
+{
+    capstan_runtime_t *rt = ud;
+    double now = capstan__mono();
+    if (!rt->probes)
+        return capstan__probe_judge(rt->probe, ready, now, why, n);
+    for (int i = 0; i < rt->nprobes; i++) {
+        char one[CAPSTAN_ERRLEN];
+        if (!capstan__probe_judge(&rt->probes[i], ready, now, one, sizeof(one))) {
+            snprintf(why, n, "worker %d: %s", i, one);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static int run(capstan_runtime_t *rt, char *err)
 {
     capstan_config_t *c = rt->cfg;
@@ -523,7 +542,7 @@ static int run(capstan_runtime_t *rt, char *err)
         qnames[i] = c->queues[i].name;
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
-                               .busy_threads = busy_threads, .ud = rt,
+                               .busy_threads = busy_threads, .probe = probe, .ud = rt,
                                .reuse_port = rt->board != NULL };
     if (c->fetch == CAPSTAN_FETCH_RELIABLE) {
         hc.queues = qnames;
