@@ -489,6 +489,22 @@ static void prefetched(void *ud, const char *const *queues, size_t n, long long 
     capstan__feed_count(((capstan_runtime_t *)ud)->feed, queues, counts, n);
 }
 
+/* CAPSTAN_GRACE: the seconds whatever stops this process (Kubernetes'
+ * terminationGracePeriodSeconds, systemd's TimeoutStopSec) waits before
+ * it kills it. A timeout not below it has jobs killed mid-run instead of
+ * given back. Said once a host (worker 0). */
+static void grace_check(const capstan_config_t *c, int slot)
+{
+    const char *g = getenv("CAPSTAN_GRACE");
+    char *end = NULL;
+    double grace = g ? strtod(g, &end) : 0;
+    if (slot != 0 || !g || end == g || grace <= 0 || c->timeout < grace)
+        return;
+    capstan_warn("timeout (%g s) is not below CAPSTAN_GRACE (%g s): jobs still running when the grace "
+                 "ends are killed mid-run instead of given back; give the stop more than timeout plus "
+                 "a few seconds", c->timeout, grace);
+}
+
 /* /livez and /readyz (observe/http.h): this process, or under a
  * supervisor every worker, the first failing one named. */
 static int probe(void *ud, int ready, char *why, size_t n)
@@ -564,6 +580,7 @@ static int run(capstan_runtime_t *rt, char *err)
         goto out;
     }
     log_start(rt, r);
+    grace_check(c, rt->worker_slot);
     if ((rc = wait_for_redis(rt, r, &set, err)) != 0) {
         /* Nothing of this process is in Redis: its supervisor has nothing
          * to recover (and a server refused would refuse it too). */
