@@ -12,7 +12,9 @@
  * the process starts, so `capstan run` starts itself again once with it off,
  * unless GLIBC_TUNABLES is set already (then it is the user's choice) or
  * it runs under valgrind (which would lose it). The process keeps its pid;
- * if the new start fails, it goes on as it is. */
+ * if the new start fails, it goes on as it is. It starts the file itself,
+ * not /proc/self/exe: the kernel names a process after the file it starts
+ * (ps, top, pgrep -x), and that one is named "exe". */
 static void without_thread_caches(int argc, char **argv)
 {
     const char *cmd = argc > 1 ? argv[1] : "run";
@@ -20,10 +22,14 @@ static void without_thread_caches(int argc, char **argv)
     if (getenv("GLIBC_TUNABLES") || (preload && strstr(preload, "vgpreload"))
         || (strcmp(cmd, "run") != 0 && cmd[0] != '-'))
         return;
-    if (setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1) != 0)
+    char *exe = realpath("/proc/self/exe", NULL);
+    if (!exe)
         return;
-    execv("/proc/self/exe", argv);
-    unsetenv("GLIBC_TUNABLES");
+    if (setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1) == 0) {
+        execv(exe, argv);
+        unsetenv("GLIBC_TUNABLES");
+    }
+    free(exe);
 }
 
 int main(int argc, char **argv)

@@ -167,6 +167,7 @@ static const char *reason(int status)
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
     default: return "Internal Server Error";
     }
 }
@@ -221,6 +222,14 @@ static void respond(capstan_http_t *h, conn_t *c)
     if (strcmp(method, "GET") != 0 && !head)
         return plain(c, 405, "only GET\n");
     target[strcspn(target, "?")] = '\0';
+    int ready = !strcmp(target, "/readyz");
+    if (h->conf.probe && (ready || !strcmp(target, "/livez"))) {
+        char why[CAPSTAN_ERRLEN + 2];
+        if (h->conf.probe(h->conf.ud, ready, why, sizeof(why) - 1))
+            return answer(c, 200, "ok\n", 3, head);
+        strcat(why, "\n");
+        return answer(c, 503, why, strlen(why), head);
+    }
     if (strcmp(target, "/metrics") != 0)
         return plain(c, 404, "not found: try /metrics\n");
     capstan_buf_t b = {0};

@@ -26,6 +26,11 @@ typedef struct capstan_http_conf {
     const char *const *queues;
     size_t nqueues;
     void (*prefetched)(void *ud, const char *const *queues, size_t n, long long *counts);
+    /* GET /livez (ready 0) and /readyz (ready 1): 1 for 200, else 0 with
+     * why (n bytes) the 503's body (NULL: both 404). On the server's
+     * thread; it must not wait on Redis, so /livez answers while Redis
+     * does not. */
+    int (*probe)(void *ud, int ready, char *why, size_t n);
     void *ud;
     int reuse_port;            /* SO_REUSEPORT: a supervised worker's successor
                                   listens while the worker it replaces still does */
@@ -35,7 +40,8 @@ typedef struct capstan_http_conf {
  * answers without the Redis-derived series. */
 #define CAPSTAN_HTTP_REDIS_TIMEOUT 2.0
 
-/* Listens on conf->bind port conf->port and serves /metrics until
+/* Listens on conf->bind port conf->port and serves /metrics (and the
+ * probes) until
  * capstan__http_stop (conf is copied). The listening socket is bound here,
  * synchronously, so a port in use is an error at start rather than a
  * worker silently without metrics. On success *out is owned by the caller.

@@ -20,6 +20,32 @@ void capstan__board_attach(struct capstan_runtime *rt, capstan_board_t *board, s
     memcpy(board->identity, rt->identity, sizeof(board->identity));
 }
 
+int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *why, size_t n)
+{
+    double beat = atomic_load(&p->beat), turn = atomic_load(&p->turn);
+    double asked = atomic_load(&p->asked), answered = atomic_load(&p->answered);
+    double stuck = CAPSTAN_PROBE_BEATS * (beat > 1 ? beat : 1);
+    if (turn > 0 && now - turn > stuck) {
+        snprintf(why, n, "the housekeeper thread has not come round for %.1f s", now - turn);
+        return 0;
+    }
+    if (!ready)
+        return 1;
+    if (atomic_load(&p->quiet))
+        snprintf(why, n, "quiet: not fetching");
+    else if (!answered)
+        snprintf(why, n, "not connected to Redis yet");
+    else if (asked > 0 && now - asked > CAPSTAN_PROBE_STALL)
+        snprintf(why, n, "Redis has not answered for %.1f s", now - asked);
+    else if (now - answered > stuck + CAPSTAN_PROBE_STALL)
+        snprintf(why, n, "Redis last answered %.1f s ago", now - answered);
+    else if (atomic_load(&p->fetch_failing))
+        snprintf(why, n, "fetches get error replies");
+    else
+        return 1;
+    return 0;
+}
+
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
 {
     capstan_board_t *b = rt->board;

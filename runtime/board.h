@@ -74,6 +74,32 @@ static inline capstan_board_end_t *capstan__board_end(capstan_board_t *b, size_t
                ? (capstan_board_end_t *)(void *)&b->row[b->nslots] : NULL;
 }
 
+/* What a process's probes (/livez, /readyz on the metrics port) judge a
+ * worker by: stamps its housekeeper thread writes, in capstan__mono()'s
+ * clock, which every process of the host shares. Under a supervisor they
+ * sit in memory all its workers map, so the one serving the port judges
+ * every worker. */
+typedef struct capstan_probe {
+    _Atomic double turn;     /* the housekeeper's loop last came round; 0
+                                while it waits on Redis, which is not stuck */
+    _Atomic double asked;    /* the running beat's round trips started; 0
+                                when no beat runs */
+    _Atomic double answered; /* Redis last answered a beat; 0: not yet */
+    atomic_int fetch_failing; /* fetches got error replies at the last beat */
+    atomic_int quiet;        /* fetching stopped (quiet or stopping) */
+    _Atomic double beat;     /* heartbeat_interval */
+} capstan_probe_t;
+
+/* Seconds a beat may wait for Redis before the worker is not ready. */
+#define CAPSTAN_PROBE_STALL 1.0
+/* Turns of the housekeeper's loop (each at least once a beat) that may
+ * be missed, outside waits on Redis, before the worker counts as stuck. */
+#define CAPSTAN_PROBE_BEATS 3
+
+/* Whether p's worker is alive (ready 0) or ready (ready 1) at now; when it
+ * is not, why says so. Returns 1 or 0. */
+int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *why, size_t n);
+
 /* The worker's side. */
 /* Makes rt the worker of board (size bytes mapped) in the supervisor's
  * slot, under the supervisor of pid supervisor: a new identity of its

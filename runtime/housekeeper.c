@@ -178,9 +178,15 @@ void *capstan__housekeeper_main(void *arg)
     /* The key was set at start, just before this thread. */
     double lease_until = capstan__mono() + rt->cfg->liveness_ttl;
     double next_beat = capstan__mono() + rt->cfg->heartbeat_interval, next_try = 0;
+    capstan_probe_t *probe = rt->probe;
+    atomic_store(&probe->beat, rt->cfg->heartbeat_interval);
+    atomic_store(&probe->answered, capstan__mono()); /* the start's beat */
     while (!atomic_load(&rt->housekeeper_stop)) {
         double now = capstan__mono(), wait = next_beat - now;
+        /* The ack's round trip is a wait on Redis too: not a turn. */
+        atomic_store(&probe->turn, 0);
         double late = rt->source->ack_late(rt->keeper, r);
+        atomic_store(&probe->turn, capstan__mono());
         if (late < 0 && now >= next_try) {
             /* Acks wait for this connection: one try a second. */
             next_try = now + 1;
@@ -198,6 +204,10 @@ void *capstan__housekeeper_main(void *arg)
         if (capstan__mono() < next_beat)
             continue;
         next_beat = capstan__mono() + rt->cfg->heartbeat_interval;
+        /* From here on it waits on Redis: not stuck, but not ready when
+         * that takes longer than CAPSTAN_PROBE_STALL (board.h). */
+        atomic_store(&probe->turn, 0);
+        atomic_store(&probe->asked, capstan__mono());
         /* A master replaced (SENTINEL FAILOVER) may take writes until the
          * sentinels demote it. The master watch (master_watch.c) has every
          * connection leave it when the sentinels announce the switch; this
@@ -217,7 +227,13 @@ void *capstan__housekeeper_main(void *arg)
             was_connected = 1;
         }
         refresh_liveness(rt, r, &lease_until, &warned);
-        if (capstan__heartbeat_beat(rt, r, 0) == CAPSTAN_EREDIS)
+        int beat = capstan__heartbeat_beat(rt, r, 0);
+        atomic_store(&probe->fetch_failing, atomic_load(&rt->fetch_failing));
+        atomic_store(&probe->quiet, atomic_load(&rt->quiet));
+        if (beat != CAPSTAN_EREDIS)
+            atomic_store(&probe->answered, capstan__mono());
+        atomic_store(&probe->asked, 0);
+        if (beat == CAPSTAN_EREDIS)
             continue;
         if (strays)
             reclaim_pass(rt, r, strays);
@@ -235,6 +251,9 @@ void *capstan__housekeeper_main(void *arg)
             reaper_pass(rt, r);
         }
     }
+    /* Stopping: no longer fetching, and not stuck while the jobs finish. */
+    atomic_store(&probe->quiet, 1);
+    atomic_store(&probe->turn, 0);
     if (rt->cfg->reaper_interval > 0 && capstan_redis_ok(r))
         capstan__unique_reaper_release(r, rt->identity); /* let another take over now */
     capstan__strays_free(strays);

@@ -15,6 +15,7 @@
 #include "runtime/notify.h"
 #include "capstan/unique.h"
 #include "periodic/periodic.h"
+#include "runtime/board.h"
 
 /* The most jobs a processor takes at once when their runtime locks can be
  * asked for in one round trip (processor.c). */
@@ -190,6 +191,13 @@ struct capstan_runtime {
                                       (board.h), NULL when unsupervised */
     struct capstan_board_end *board_end; /* past its rows; NULL also under a
                                       supervisor of an older binary */
+    capstan_probe_t own_probe;     /* the probe stamps, unsupervised */
+    capstan_probe_t *probe;        /* where the housekeeper writes them: own_probe,
+                                      or this worker's in probes */
+    capstan_probe_t *probes;       /* under a supervisor, every worker's (by
+                                      slot), for the worker that serves the
+                                      probes; NULL unsupervised */
+    int nprobes;
     int worker_slot;               /* which of the supervisor's workers */
     int supervisor_pid;            /* and the supervisor's pid */
     double clock_said;             /* the clock offset from Redis's last

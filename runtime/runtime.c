@@ -39,6 +39,7 @@ capstan_runtime_t *capstan_runtime_new(capstan_config_t *cfg, char *err)
         return NULL;
     }
     rt->cfg = cfg;
+    rt->probe = &rt->own_probe;
     pthread_mutex_init(&rt->wake_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
     pthread_cond_init(&rt->sched_wake.cv, NULL);
@@ -490,6 +491,40 @@ static void prefetched(void *ud, const char *const *queues, size_t n, long long 
     rt->source->count(rt, queues, counts, n);
 }
 
+/* CAPSTAN_GRACE: the seconds whatever stops this process (Kubernetes'
+ * terminationGracePeriodSeconds, systemd's TimeoutStopSec) waits before
+ * it kills it. A timeout not below it has jobs killed mid-run instead of
+ * given back. Said once a host (worker 0). */
+static void grace_check(const capstan_config_t *c, int slot)
+{
+    const char *g = getenv("CAPSTAN_GRACE");
+    char *end = NULL;
+    double grace = g ? strtod(g, &end) : 0;
+    if (slot != 0 || !g || end == g || grace <= 0 || c->timeout < grace)
+        return;
+    capstan_warn("timeout (%g s) is not below CAPSTAN_GRACE (%g s): jobs still running when the grace "
+                 "ends are killed mid-run instead of given back; give the stop more than timeout plus "
+                 "a few seconds", c->timeout, grace);
+}
+
+/* /livez and /readyz (observe/http.h): this process, or under a
+ * supervisor every worker, the first failing one named. */
+static int probe(void *ud, int ready, char *why, size_t n)
+{
+    capstan_runtime_t *rt = ud;
+    double now = capstan__mono();
+    if (!rt->probes)
+        return capstan__probe_judge(rt->probe, ready, now, why, n);
+    for (int i = 0; i < rt->nprobes; i++) {
+        char one[CAPSTAN_ERRLEN];
+        if (!capstan__probe_judge(&rt->probes[i], ready, now, one, sizeof(one))) {
+            snprintf(why, n, "worker %d: %s", i, one);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static int run(capstan_runtime_t *rt, char *err)
 {
     capstan_config_t *c = rt->cfg;
@@ -531,7 +566,7 @@ static int run(capstan_runtime_t *rt, char *err)
         qnames[i] = c->queues[i].name;
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
-                               .busy_threads = busy_threads, .ud = rt,
+                               .busy_threads = busy_threads, .probe = probe, .ud = rt,
                                .reuse_port = rt->board != NULL };
     if (rt->source->prefetches) {
         hc.queues = qnames;
@@ -553,6 +588,7 @@ static int run(capstan_runtime_t *rt, char *err)
         goto out;
     }
     log_start(rt, r);
+    grace_check(c, rt->worker_slot);
     if ((rc = wait_for_redis(rt, r, &set, err)) != 0) {
         /* Nothing of this process is in Redis: its supervisor has nothing
          * to recover (and a server refused would refuse it too). */

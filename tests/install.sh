@@ -169,6 +169,23 @@ hc=$(sed -n 's/^HEALTHCHECK.*CMD \["capstan", \(.*\)\]$/\1/p' "$src/examples/Doc
 [ -n "$hc" ] || fail "no HEALTHCHECK in examples/Dockerfile"
 "$capstan" $hc >/dev/null || fail "health check capstan $hc failed"
 
+# The Kubernetes example, checked by structure (kubectl --dry-run=client
+# needs a cluster): probes on /livez and /readyz, a preStop, and a grace
+# period above capstan's timeout.
+if command -v ruby >/dev/null; then
+    ruby -ryaml -e '
+        docs = YAML.load_stream(File.read(ARGV[0]))
+        conf = YAML.safe_load(docs.find { |d| d["kind"] == "ConfigMap" }["data"]["capstan.yml"])
+        pod = docs.find { |d| d["kind"] == "Deployment" }["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        abort "livenessProbe is not /livez" unless c.dig("livenessProbe", "httpGet", "path") == "/livez"
+        abort "readinessProbe is not /readyz" unless c.dig("readinessProbe", "httpGet", "path") == "/readyz"
+        abort "no preStop" unless c.dig("lifecycle", "preStop", "exec", "command")
+        abort "grace not above timeout" unless pod["terminationGracePeriodSeconds"] > conf["timeout"]
+        abort "no metrics_port" unless conf["metrics_port"]
+    ' "$src/examples/kubernetes.yml" || fail "examples/kubernetes.yml"
+fi
+
 # Every library the installed capstan links comes from a package the
 # Dockerfile's runtime stage installs (libc and libgcc are in the base
 # image; the sanitizers' runtimes are only in a sanitized build).

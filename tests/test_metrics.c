@@ -757,3 +757,57 @@ Test(metrics, expired_jobs_are_dropped_unrun_and_counted_apart)
     free(resp);
     free(conf);
 }
+
+/* The status of GET path on 127.0.0.1:port (0 when nothing answers); the
+ * body into *body when it is not NULL (malloc'd). */
+static int probe_status(int port, const char *path, char **body)
+{
+    int status = 0;
+    char *resp = http_get(port, path, &status);
+    if (body)
+        *body = strdup(resp ? body_of(resp) : "");
+    free(resp);
+    return status;
+}
+
+/* The probes an orchestrator asks on the metrics port: /readyz turns 503,
+ * with the reason, within 2 s of Redis being frozen (SIGSTOP), and 200
+ * again within 2 s of it going on; /livez stays 200 all along, since a
+ * Redis outage is no reason to restart the process. */
+Test(metrics, readyz_follows_a_frozen_redis_and_livez_does_not)
+{
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "probe-redis");
+    kt_aof_start(&srv);
+    int port = kt_free_port();
+    char portstr[16], *why = NULL;
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    char *conf = kt_write_conf("heartbeat_interval: 0.5\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-c", "2", "--metrics-port", portstr,
+                                                   "--redis-url", srv.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(probe_status(port, "/readyz", NULL) == 200, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(probe_status(port, "/livez", NULL), 200);
+    for (int round = 0; round < 2; round++) {
+        kill(srv.pid, SIGSTOP);
+        double t0 = kt_now();
+        int down = KT_WAIT_UNTIL(probe_status(port, "/readyz", NULL) == 503, 10);
+        double took = kt_now() - t0;
+        int st = probe_status(port, "/readyz", &why), live = probe_status(port, "/livez", NULL);
+        kt_sleep(3); /* longer than the housekeeper may miss turns */
+        int live_later = probe_status(port, "/livez", NULL);
+        kill(srv.pid, SIGCONT);
+        fprintf(stderr, "[probes] /readyz 503 %.2f s after SIGSTOP (%s)\n", took, why);
+        cr_assert(down && took < 2.0, "/readyz %s %.2f s after SIGSTOP", down ? "turned 503" : "stayed",
+                  took);
+        cr_assert(st == 503 && strstr(why, "Redis"), "%d: %s", st, why);
+        free(why);
+        cr_assert(live == 200 && live_later == 200, "/livez during a Redis stop: %d, %d", live, live_later);
+        t0 = kt_now();
+        int up = KT_WAIT_UNTIL(probe_status(port, "/readyz", NULL) == 200, 10);
+        took = kt_now() - t0;
+        fprintf(stderr, "[probes] /readyz 200 %.2f s after SIGCONT\n", took);
+        cr_assert(up && took < 2.0, "/readyz %s %.2f s after SIGCONT", up ? "turned 200" : "stayed 503", took);
+    }
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    free(conf);
+}

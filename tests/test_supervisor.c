@@ -394,6 +394,44 @@ Test(supervisor, term_to_the_supervisor_ends_every_worker)
     cr_assert_eq(kt_int("SCARD processes"), 0);
 }
 
+/* The name the kernel gives pid (what ps, top and pgrep -x match), malloc'd. */
+static char *comm_of(pid_t pid)
+{
+    char path[64], name[32] = "";
+    snprintf(path, sizeof(path), "/proc/%d/comm", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(name, sizeof(name), f))
+            name[0] = '\0';
+        fclose(f);
+    }
+    name[strcspn(name, "\n")] = '\0';
+    return strdup(name);
+}
+
+/* `pgrep -x capstan` finds the supervisor and its workers, forked or
+ * started again from the binary on disk (a reload): the start that turns
+ * glibc's thread caches off must not rename the process. */
+Test(supervisor, the_supervisor_and_its_workers_are_named_capstan)
+{
+    pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
+    for (int round = 0; round < 2; round++) {
+        pid_t procs[] = { pid, worker_pid(pid, 0), worker_pid(pid, 1) };
+        for (int i = 0; i < 3; i++) {
+            char *name = comm_of(procs[i]);
+            cr_expect_str_eq(name, "capstan", "process %d (%s) is named %s", (int)procs[i],
+                             i == 0 ? "the supervisor" : round ? "a reloaded worker" : "a worker", name);
+            free(name);
+        }
+        if (round == 0) {
+            kill(pid, SIGHUP);
+            cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 2 workers"), 15), "%s", kt_capstan_log(pid));
+        }
+    }
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+}
+
 /* kill -9 of the supervisor: each worker notices and shuts down
  * gracefully, leaving the process set. */
 Test(supervisor, a_killed_supervisor_has_its_workers_leave_gracefully)
