@@ -697,3 +697,21 @@ Test(lifecycle, a_crash_inside_malloc_still_ends_the_process)
     cr_assert(strstr(log, "FATAL: backtrace:\n"), "%s", log);
     free(log);
 }
+
+/* A stop that kills the process before timeout is up (a Kubernetes grace
+ * period shorter than it) kills jobs mid-run: said at start when the
+ * grace is known (CAPSTAN_GRACE), and not when timeout is below it. */
+Test(lifecycle, a_timeout_not_below_the_known_grace_is_warned_about)
+{
+    setenv("CAPSTAN_GRACE", "10", 1);
+    pid_t over = kt_capstan_start((const char *[]){ "-t", "25", NULL });
+    pid_t under = kt_capstan_start((const char *[]){ "-t", "5", NULL });
+    unsetenv("CAPSTAN_GRACE");
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(over, "Starting processing") >= 1 &&
+                            kt_log_count(under, "Starting processing") >= 1, 30));
+    cr_assert_eq(kt_log_count(over, "timeout (25 s) is not below CAPSTAN_GRACE (10 s)"), 1, "%s",
+                 kt_capstan_log(over));
+    cr_assert_eq(kt_log_count(under, "CAPSTAN_GRACE"), 0, "%s", kt_capstan_log(under));
+    cr_assert_eq(kt_capstan_stop(over, SIGTERM, 30), 0);
+    cr_assert_eq(kt_capstan_stop(under, SIGTERM, 30), 0);
+}
