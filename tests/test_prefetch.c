@@ -77,8 +77,11 @@ Test(prefetch, two_saturated_processes_share_one_queue)
     int ra = done_in_log(a), rb = done_in_log(b);
     fprintf(stderr, "[prefetch] %d jobs: %d in A, %d in B\n", N, ra, rb);
     cr_assert_eq(ra + rb, N, "every job ran once: %d + %d", ra, rb);
-    cr_assert_geq(ra, N / 3, "A ran only %d of %d", ra, N);
-    cr_assert_geq(rb, N / 3, "B ran only %d of %d", rb, N);
+    /* Each share also follows the CPU each process gets: on a loaded
+     * machine under ASan one got 32 %. A starved process (the first taking
+     * the whole queue ahead) gets next to nothing. */
+    cr_assert_geq(ra, N / 4, "A ran only %d of %d", ra, N);
+    cr_assert_geq(rb, N / 4, "B ran only %d of %d", rb, N);
 }
 
 /* ---- TERM gives the prefetch back -------------------------------------- */
