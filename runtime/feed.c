@@ -436,17 +436,17 @@ static size_t drop_stale(capstan_feed_t *feed, capstan_done_t **acks, size_t n, 
     return k;
 }
 
+static void finish_acks(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks,
+                        const capstan_ack_item_t *items, size_t nacks, int again, size_t *unwritten);
+
 /* Writes d's ack at once and frees d. */
 static void ack_now(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
 {
     if (!drop_stale(s->rt->feed, &d, 1, r))
         return; /* freed: it runs again */
-    int rc = capstan__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack);
+    capstan_ack_item_t item = { .rc = capstan__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) };
     /* Written, or left in the working list for the stray check. */
-    capstan__feed_let_go(s->rt, d->hash, d->job.len);
-    if (rc == 0)
-        capstan__done_acked(s->rt, d, r);
-    capstan__done_free(d);
+    finish_acks(s, r, &d, &item, 1, 0, NULL);
 }
 
 void capstan__feed_ack(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
@@ -483,30 +483,39 @@ static void ack_items(capstan_done_t *const *acks, size_t nacks, capstan_ack_ite
                                      .ack = acks[i]->ack, .rc = CAPSTAN_EREDIS };
 }
 
-/* After a round trip that carried acks (items their results): those
- * written are released, the others go back to the feed for the next round
- * trip. Frees acks; returns how many went back. */
-static size_t settle(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks,
-                     const capstan_ack_item_t *items, size_t nacks)
+/* The one step that finishes the acks a round trip carried (items their
+ * results), called once per round trip on the stack that made it: fetching
+ * job n+1 finishes job n's ack. Those written are let go, then each goes
+ * through capstan__done_acked (the lock metric and its Prometheus event,
+ * the death hooks, the scheduler's wake) and is freed. Those not written
+ * wait in the feed again for the next round trip when again is set;
+ * otherwise they are let go too and freed (left in the working list for
+ * the stray check). *unwritten (when not NULL) counts them. The array
+ * acks is the caller's to free. */
+static void finish_acks(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks,
+                        const capstan_ack_item_t *items, size_t nacks, int again, size_t *unwritten)
 {
     size_t failed = 0;
     capstan_feed_t *feed = s->rt->feed;
     pthread_mutex_lock(&feed->mu);
     for (size_t i = 0; i < nacks; i++)
-        if (items[i].rc == 0)
+        if (items[i].rc == 0 || !again)
             let_go(feed, acks[i]->hash, acks[i]->job.len);
     pthread_mutex_unlock(&feed->mu);
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             capstan__done_acked(s->rt, acks[i], r);
             capstan__done_free(acks[i]);
-        } else {
+        } else if (again) {
             capstan__feed_ack(s, r, acks[i]);
+            failed++;
+        } else {
+            capstan__done_free(acks[i]);
             failed++;
         }
     }
-    free(acks);
-    return failed;
+    if (unwritten)
+        *unwritten = failed;
 }
 
 /* Writes the acks taken (and makes the calls, and fetches up to max jobs
@@ -536,11 +545,10 @@ static int exchange_calls(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t 
     int rc = capstan_redis_ok(r) ? capstan__fetch_exchange_calls(s->fetch, r, items, nacks, calls,
                                                                  ncalls, got, max, block)
                              : CAPSTAN_EREDIS;
-    size_t failed = settle(s, r, acks, items, nacks);
+    finish_acks(s, r, acks, items, nacks, 1, unwritten);
+    free(acks);
     if (items != few)
         free(items);
-    if (unwritten)
-        *unwritten = failed;
     return rc;
 }
 
@@ -1226,7 +1234,8 @@ static void complete(capstan_feed_t *feed, pending_t *p)
     int rc = p->x ? capstan__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : CAPSTAN_EREDIS;
     if (rc > 0)
         hash_all(got, (size_t)rc);
-    settle(o, o->aux, p->acks, p->items, p->nacks);
+    finish_acks(o, o->aux, p->acks, p->items, p->nacks, 1, NULL);
+    free(p->acks);
     pthread_mutex_lock(&feed->mu);
     if (rc > 0)
         hold(feed, got, (size_t)rc);

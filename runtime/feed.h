@@ -30,8 +30,9 @@
  * prompt: an ack waiting that releases a runtime lock: written before a
  *   handler runs or a thread waits.
  * ride: script calls sent in the same round trip as the acks waiting.
- * settle: after a round trip, the acks written are let go and finished
- *   (lock metric, death hooks, scheduler wake), the others wait again.
+ * settle (finish the acks): once per round trip, on its stack, the acks
+ *   written are let go and finished (lock metric and event, death hooks,
+ *   scheduler wake), the others wait again (finish_acks).
  * era: capstan__redis_era of the connection a job ran on; stale: an ack of
  *   an older era, dropped (the job runs again rather than count as done).
  * defer: a round trip sent on the processor's second connection (aux)
