@@ -1,7 +1,53 @@
 /* The reliable fetch's local buffer, shared by the processors of one
  * process (feed.c): jobs fetched and waiting to start, finished jobs whose
  * acks wait for the next round trip, and the gate that lets a suspect run
- * alone. Not part of the public API. */
+ * alone. Not part of the public API.
+ *
+ * The feed's words, as its code uses them:
+ * feed: the ring of jobs fetched and not yet taken, oldest first (by seq),
+ *   and the acks waiting beside it, under one lock (feed->mu).
+ * round trip: one exchange with Redis; each carries the acks waiting.
+ * sweep: a round trip that fetches up to SWEEP_MAX jobs into the feed, by
+ *   a thread that found it empty (it keeps the first) or low (fetch ahead).
+ * level: how many jobs the feed should hold or have asked for (a job for
+ *   each free thread, plus what is taken in two round trips); shortfall:
+ *   what a sweep asks to reach it.
+ * dry: a sweep came back short, so no sweep ahead of need until dry_until.
+ * ahead: fetched before a thread needs it (the feed's level); "taken
+ *   ahead": jobs a processor takes after the one it starts, for a run.
+ * run: jobs with a runtime lock that one processor takes ahead, asks all
+ *   locks of in one round trip and runs in turn (s->ahead, s->in_run).
+ * put back: a processor returns jobs it took ahead and did not start to
+ *   the feed, in their place, their locks released first.
+ * give back: jobs fetched and not started go back to their queues, newest
+ *   first, and are let go (at a stop, before a suspect runs).
+ * hold: a job is this process's from the reply that fetched it until its
+ *   ack is written or it is given back; counted by payload hash and length.
+ * let go: one held job stops being this process's (acked, given back, or
+ *   left in the working list for the stray check).
+ * ack waiting: a finished job (capstan_done_t) whose ack rides the next
+ *   round trip; ack late: one waiting ACK_LATE, written by the housekeeper.
+ * prompt: an ack waiting that releases a runtime lock: written before a
+ *   handler runs or a thread waits.
+ * ride: script calls sent in the same round trip as the acks waiting.
+ * settle (finish the acks): once per round trip, on its stack, the acks
+ *   written are let go and finished (lock metric and event, death hooks,
+ *   scheduler wake), the others wait again (finish_acks).
+ * era: capstan__redis_era of the connection a job ran on; stale: an ack of
+ *   an older era, dropped (the job runs again rather than count as done).
+ * defer: a round trip sent on the processor's second connection (aux)
+ *   before its job and read after it; pending: such a round trip.
+ * claim: take a pending round trip out of the list nobody reads, to read
+ *   it; complete: read a claimed one, its jobs into the feed, acks settled.
+ * settle own: a thread reads its own pending round trip before it takes
+ *   another job or rides.
+ * suspect: a job carrying "recovery_count" (recovered after a crash).
+ * solo: a suspect runs alone: the gate is shut, other jobs finish, the
+ *   acks are written and the feed is given back first.
+ * gate: the count of threads inside capstan__feed_next (holding a job or
+ *   fetching, *inside set) that a suspect waits to fall to itself.
+ * quiet: the process is stopping (rt->quiet): jobs fetched go into the
+ *   feed to be given back, none is taken. */
 #ifndef CAPSTAN_RUNTIME_FEED_H
 #define CAPSTAN_RUNTIME_FEED_H
 

@@ -61,13 +61,13 @@ typedef struct capstan_slot {
                                     processor's), or NULL until then */
     } ahead[CAPSTAN_RUN_MAX - 1];
     size_t nahead;
-    int in_run;            /* the processor runs a run (see feed.c) */
+    int in_run;            /* the processor runs a run (see feed_ahead.c) */
     double run_time;       /* handler time, seconds (moving average), by
                               the processor's thread only */
     struct capstan_run *run; /* a run's state (processor.c), made when first
                               needed; owned by the processor thread */
     /* The processor's second connection, for round trips read after its
-     * job (runtime/feed.c), made when first needed; and the one on its
+     * job (runtime/feed_defer.c), made when first needed; and the one on its
      * way, under the feed's lock. Owned by the processor thread. */
     struct capstan_redis *aux;
     struct pending *pend;
