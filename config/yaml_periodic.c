@@ -141,6 +141,8 @@ static int read_schedule(ctx_t *c, const char *name, yaml_node_t *kn, yaml_node_
             rc = capstan__yaml_retry(c, sub, ov, &s->o.retry);
         } else if (!strcmp(o, "args")) {
             capstan_buf_t b = { 0 };
+            free(s->args); /* a key given twice: the later wins */
+            s->args = NULL;
             if (ov->type != YAML_SEQUENCE_NODE && !is_null(ov))
                 rc = capstan__yaml_fail(c, ov, sub, "must be a list");
             else if (!(rc = to_json(c, sub, ov, &b, 0)) && !is_null(ov))

@@ -161,3 +161,16 @@ Test(schedule, an_environment_section_replaces_its_own_kind)
     cr_assert(find(cfg, "b") && find(cfg, "p") && !find(cfg, "a"));
     capstan_config_free(cfg);
 }
+
+/* A key given twice in one schedule: the later wins, as with any YAML key
+ * (and the earlier value is not kept, nor leaked: ASan checks). */
+Test(schedule, a_key_given_twice_in_a_schedule_takes_the_later)
+{
+    int rc;
+    capstan_config_t *cfg = load("periodic:\n  a:\n    cron: '@daily'\n    class: A\n    args: [7]\n    args: [8]\n"
+                                 "schedule:\n  b:\n    every: 1m\n    args: [1]\n    args: {x: 2}\n", &rc);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert_str_eq(find(cfg, "a")->args, "[8]");
+    cr_assert_str_eq(find(cfg, "b")->args, "[{\"x\":2}]");
+    capstan_config_free(cfg);
+}
