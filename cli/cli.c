@@ -66,8 +66,26 @@ int capstan_main(int argc, char **argv, capstan_plugin_init_fn init)
         return 0;
     }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-        usage(stdout);
-        return 0;
+        if (argc < 3) {
+            usage(stdout);
+            return 0;
+        }
+        /* `capstan help push` is `capstan push --help`. */
+        const struct command *c = find(argv[2]);
+        if (!c || argc > 3) {
+            if (c)
+                fprintf(stderr, "capstan help: unexpected argument \"%s\"\n\n", argv[3]);
+            else
+                fprintf(stderr, "capstan help: unknown command \"%s\"\n\n", argv[2]);
+            usage(stderr);
+            return CAPSTAN_EXIT_USAGE;
+        }
+        if (!c->fn && !c->fn_init) {
+            printf("Usage: capstan version\n\n%s.\n", c->summary);
+            return 0;
+        }
+        char *args[] = { argv[2], "--help", NULL };
+        return c->fn ? c->fn(2, args) : c->fn_init(2, args, init);
     }
     const struct command *c = find(cmd);
     if (c && c->fn)

@@ -389,6 +389,13 @@ Test(cli, version_help_and_unknown_commands)
     cr_assert_eq(kt_capstan_run((const char *[]){ "frobnicate", NULL }, &out), 64);
     cr_assert(strstr(out, "unknown command"), "%s", out);
     free(out);
+    /* help COMMAND is COMMAND --help; help of no such command is an error. */
+    cr_assert_eq(kt_capstan_run((const char *[]){ "help", "push", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "Usage: capstan push"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "help", "extra", NULL }, &out), 64, "%s", out);
+    cr_assert(strstr(out, "capstan help: unknown command \"extra\""), "%s", out);
+    free(out);
 }
 
 Test(cli, numeric_flags_out_of_range_exit_78_naming_the_flag)
