@@ -123,9 +123,8 @@ void capstan__mw_clear(capstan_mw_t *mw)
 {
     free(mw->payload);
     capstan__jobject_free(&mw->obj);
-    free(mw->dpayload);
     free(mw->deny);
-    mw->payload = mw->dpayload = NULL;
+    mw->payload = NULL;
     mw->deny = NULL;
 }
 
@@ -136,7 +135,10 @@ const char *capstan_mw_queue(const capstan_mw_t *mw) { return mw->queue; }
 capstan_redis_t *capstan_mw_redis(capstan_mw_t *mw) { return mw->r; }
 const capstan_config_t *capstan_mw_config(const capstan_mw_t *mw) { return mw->cfg; }
 double capstan_mw_at(const capstan_mw_t *mw) { return mw->at; }
-capstan_dispose_t capstan_mw_disposition(const capstan_mw_t *mw) { return mw->disp; }
+capstan_dispose_t capstan_mw_disposition(const capstan_mw_t *mw)
+{
+    return mw->out ? mw->out->disp : CAPSTAN_DISPOSE_DEFAULT;
+}
 
 void capstan_mw_set_at(capstan_mw_t *mw, double at)
 {
@@ -191,7 +193,7 @@ int capstan_mw_set_field(capstan_mw_t *mw, const char *key, const char *value)
 
 int capstan_mw_dispose(capstan_mw_t *mw, capstan_dispose_t d, double score, const char *payload, size_t len)
 {
-    if (!mw->server || d < CAPSTAN_DISPOSE_DEFAULT || d > CAPSTAN_DISPOSE_REQUEUE)
+    if (!mw->out || d < CAPSTAN_DISPOSE_DEFAULT || d > CAPSTAN_DISPOSE_REQUEUE)
         return CAPSTAN_EINVAL;
     char *copy = NULL;
     if (payload) {
@@ -200,11 +202,12 @@ int capstan_mw_dispose(capstan_mw_t *mw, capstan_dispose_t d, double score, cons
         memcpy(copy, payload, len);
         copy[len] = '\0';
     }
-    free(mw->dpayload);
-    mw->dpayload = copy;
-    mw->dlen = payload ? len : 0;
-    mw->disp = d;
-    mw->score = score;
+    capstan_outcome_t *o = mw->out;
+    free(o->dpayload);
+    o->dpayload = copy;
+    o->dlen = payload ? len : 0;
+    o->disp = d;
+    o->score = score;
     return 0;
 }
 
@@ -219,22 +222,9 @@ void capstan_mw_deny(capstan_mw_t *mw, const char *fmt, ...)
     mw->deny = strdup(why); /* NULL when out of memory: the code says why */
 }
 
-const char *capstan__mw_release_key(const capstan_mw_t *mw, capstan_dispose_t d)
-{
-    if (!mw->release_key[0])
-        return NULL;
-    if (mw->release_runtime)
-        return mw->release_key;
-    if ((d == CAPSTAN_DISPOSE_DONE || d == CAPSTAN_DISPOSE_DEFAULT) && mw->release_on_done)
-        return mw->release_key;
-    if ((d == CAPSTAN_DISPOSE_DEAD || d == CAPSTAN_DISPOSE_DROP) && mw->release_on_death)
-        return mw->release_key;
-    return NULL;
-}
-
 void capstan__mw_waiting(void *ud)
 {
     capstan_mw_t *mw = ud;
-    if (mw->prompt)
-        mw->prompt(mw->ride_ud, mw->r, 1);
+    if (mw->trip.prompt)
+        mw->trip.prompt(mw->trip.ud, mw->r, 1);
 }

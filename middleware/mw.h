@@ -9,11 +9,39 @@
 #include "capstan/middleware.h"
 #include "capstan/unique.h"
 
+#include "middleware/outcome.h"
+
 #include "redis/scripts.h"
 #include "support/json.h"
 
 /* What a job's runtime lock asked for ahead holds (unique/prelock.h). */
 struct capstan_prelock;
+
+/* How a server middleware shares the round trips of the processor's feed
+ * (runtime/feed.c), which carry the acks waiting. */
+typedef struct capstan_trip_hooks {
+    /* Sends script calls in a round trip that writes the acks waiting too,
+     * or NULL: a round trip of their own. */
+    int (*ride)(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls);
+    /* Writes the acks waiting that release runtime locks, or with all
+     * every ack waiting (as a wait for a lock or a limiter slot begins:
+     * see capstan__feed_prompt), or NULL. */
+    void (*prompt)(void *ud, capstan_redis_t *r, int all);
+    void *ud;
+} capstan_trip_hooks_t;
+
+/* The uniqueness locks a server chain's job holds, as the chain learns of
+ * them. */
+typedef struct capstan_held_locks {
+    const char *digest;          /* the fetch saw this digest's lock held by
+                                    jid (see capstan_fetched_t), or NULL */
+    struct capstan_prelock *prelock; /* the runtime lock asked for before the
+                                    job's turn, or NULL */
+    /* The runtime lock ("<digest>:RUN:LOCKED") the job holds while its
+     * handler runs, or "": a hard timeout's failure, written while the
+     * handler still runs, releases it. */
+    char runtime[CAPSTAN_DIGEST_MAX + 16];
+} capstan_held_locks_t;
 
 struct capstan_mw {
     const capstan_chain_t *chain;
@@ -35,41 +63,11 @@ struct capstan_mw {
     const char *cls, *jid, *queue;
     double at;                   /* client: scheduled time, 0 = now */
 
-    capstan_dispose_t disp;      /* server outcome */
-    const char *skipped;         /* server: why the handler was not run though
-                                    the job is finished ("rejected",
-                                    "skipped", "rescheduled", "expired";
-                                    static), or NULL: it is not counted as
-                                    processed */
-    double score;
-    char *dpayload;              /* owned */
-    size_t dlen;
-
-    /* A lock the ack releases for jid, depending on the outcome. */
-    char release_key[CAPSTAN_DIGEST_MAX + 16];
-    int release_on_done;         /* until_executed: released after success */
-    int release_on_death;        /* until_* : released when the job dies */
-    int release_type;            /* its capstan_lock_type_t, for the metric */
-    /* The runtime lock ("<digest>:RUN:LOCKED") the job holds while its
-     * handler runs, or "": a hard timeout's failure, written while the
-     * handler still runs, releases it. */
-    char held_runtime[CAPSTAN_DIGEST_MAX + 16];
-    int release_runtime;         /* a runtime lock: released whatever the
-                                    outcome, the ack written promptly */
-
-    /* server: sends script calls in a round trip that writes the acks
-     * waiting too (runtime/feed.c), or NULL: a round trip of their own. */
-    int (*ride)(void *ud, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls);
-    /* server: writes the acks waiting that release runtime locks, or
-     * with all every ack waiting (as a wait for a lock or a limiter slot
-     * begins: see capstan__feed_prompt), or NULL */
-    void (*prompt)(void *ud, capstan_redis_t *r, int all);
-    void *ride_ud;
-
-    const char *held_digest;     /* server: the fetch saw this digest's lock
-                                    held by jid (see capstan_fetched_t) */
-    struct capstan_prelock *prelock; /* server: the runtime lock asked for
-                                    before the job's turn, or NULL */
+    capstan_outcome_t *out;      /* server: where the chain leaves the
+                                    job's outcome (its ack's); client: NULL */
+    capstan_held_locks_t held;   /* server */
+    capstan_trip_hooks_t trip;   /* server: its round trips (ride and
+                                    prompt NULL without a feed) */
     void *priv;                  /* the starter's own per-job state */
     char *deny;                  /* client: why the push was denied (owned),
                                     or NULL */
@@ -79,15 +77,13 @@ struct capstan_mw {
 /* Starts chain c on mw (filled by the caller) with terminal as its end.
  * Returns what the outermost middleware returns. */
 int capstan__mw_run(const capstan_chain_t *c, capstan_mw_t *mw, capstan_mw_fn terminal, void *ud);
-/* Frees what an invocation owns (the client payload, a disposition). */
+/* Frees what an invocation owns (the client payload, a denial); the
+ * outcome is its owner's (capstan__outcome_clear). */
 void capstan__mw_clear(capstan_mw_t *mw);
-
-/* The lock to release at ack for this outcome, or NULL. */
-const char *capstan__mw_release_key(const capstan_mw_t *mw, capstan_dispose_t d);
 
 /* For a server middleware's wait (a lock, a limiter slot): mw (a
  * capstan_mw_t *) writes every ack waiting as the wait begins, rather than
- * leave them to wait with its processor. A no-op without mw->prompt. */
+ * leave them to wait with its processor. A no-op without mw->trip.prompt. */
 void capstan__mw_waiting(void *mw);
 
 #endif

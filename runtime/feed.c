@@ -79,7 +79,7 @@ void capstan__feed_free(capstan_feed_t *feed)
 
 void capstan__done_clear(capstan_done_t *d)
 {
-    capstan__mw_clear(&d->mw);
+    capstan__outcome_clear(&d->out);
     capstan__job_clear(&d->job);
     d->active = 0;
 }
@@ -87,7 +87,7 @@ void capstan__done_clear(capstan_done_t *d)
 void capstan__done_acked(capstan_runtime_t *rt, capstan_done_t *d, capstan_redis_t *r)
 {
     if (d->ack.lock_key)
-        capstan__unique_note_released(&d->mw, r);
+        capstan__unique_note_released(&d->out, r);
     /* After the ack: the job is in the dead set when the hook runs. */
     if (d->ack.kind == CAPSTAN_ACK_DEAD)
         capstan__hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);

@@ -52,7 +52,7 @@
 #define CAPSTAN_RUNTIME_FEED_H
 
 #include "runtime/rt.h"
-#include "middleware/mw.h"
+#include "middleware/outcome.h"
 #include "unique/prelock.h"
 
 /* A finished job whose ack has not been written yet (reliable fetch: the
@@ -61,7 +61,7 @@
 typedef struct capstan_done {
     int active;
     capstan_job_t job; /* owns the payload the ack removes */
-    capstan_mw_t mw; /* owns the payload the ack stores */
+    capstan_outcome_t out; /* owns the payload the ack stores */
     capstan_ack_t ack;
     int prompt;      /* the ack releases a runtime lock: it is written before
                         this thread (or any) runs a handler or waits */

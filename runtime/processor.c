@@ -81,8 +81,8 @@ static int take_job(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     return 0;
 }
 
-/* The ack that writes the outcome the chain left in mw for job. */
-static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_mw_t *mw, const capstan_job_t *job)
+/* The ack that writes the outcome the chain left in o for job. */
+static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_outcome_t *o, const capstan_job_t *job)
 {
     static const capstan_ack_kind_t kinds[] = {
         [CAPSTAN_DISPOSE_DEFAULT] = CAPSTAN_ACK_OK, [CAPSTAN_DISPOSE_DONE] = CAPSTAN_ACK_OK,
@@ -90,14 +90,14 @@ static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_mw_t *mw,
         [CAPSTAN_DISPOSE_DROP] = CAPSTAN_ACK_DROP, [CAPSTAN_DISPOSE_SCHEDULE] = CAPSTAN_ACK_SCHEDULE,
         [CAPSTAN_DISPOSE_KEEP] = CAPSTAN_ACK_OK, [CAPSTAN_DISPOSE_REQUEUE] = CAPSTAN_ACK_REQUEUE,
     };
-    int stores = mw->disp == CAPSTAN_DISPOSE_RETRY || mw->disp == CAPSTAN_DISPOSE_DEAD ||
-                 mw->disp == CAPSTAN_DISPOSE_SCHEDULE || mw->disp == CAPSTAN_DISPOSE_REQUEUE;
-    return (capstan_ack_t){ .kind = kinds[mw->disp], .score = mw->score,
-                        .payload = stores ? (mw->dpayload ? mw->dpayload : job->payload) : NULL,
-                        .len = stores ? (mw->dpayload ? mw->dlen : job->len) : 0,
+    int stores = o->disp == CAPSTAN_DISPOSE_RETRY || o->disp == CAPSTAN_DISPOSE_DEAD ||
+                 o->disp == CAPSTAN_DISPOSE_SCHEDULE || o->disp == CAPSTAN_DISPOSE_REQUEUE;
+    return (capstan_ack_t){ .kind = kinds[o->disp], .score = o->score,
+                        .payload = stores ? (o->dpayload ? o->dpayload : job->payload) : NULL,
+                        .len = stores ? (o->dpayload ? o->dlen : job->len) : 0,
                         .dead_cutoff = capstan__now() - (double)rt->cfg->dead_timeout,
                         .dead_max = rt->cfg->dead_max_jobs,
-                        .lock_key = capstan__mw_release_key(mw, mw->disp), .lock_jid = job->jid,
+                        .lock_key = capstan__outcome_release_key(o), .lock_jid = job->jid,
                         .bid = job->bid, .queue = job->queue };
 }
 
@@ -124,17 +124,17 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     /* The fetch saw this job's lock held by this jid: the server need not
      * look again (checked against our own parse of the payload). */
     int held = got->held_jid && strcmp(got->held_jid, job->jid) == 0;
-    capstan__server_run(s, r, job, &d->mw, held ? got->held_digest : NULL, pre);
+    capstan__server_run(s, r, job, &d->out, held ? got->held_digest : NULL, pre);
     if (pre)
         capstan__unique_prelock_drop(r, pre); /* a lock the job did not use */
-    if (d->mw.disp == CAPSTAN_DISPOSE_KEEP) {
+    if (d->out.disp == CAPSTAN_DISPOSE_KEEP) {
         rt->source->let_go(rt, d->hash, job->len); /* for the stray check */
         capstan__slot_clear(s);
         capstan__done_clear(d);
         return;
     }
-    d->ack = ack_of(rt, &d->mw, job);
-    d->prompt = d->mw.release_runtime && d->ack.lock_key;
+    d->ack = ack_of(rt, &d->out, job);
+    d->prompt = d->out.release_runtime && d->ack.lock_key;
     d->active = 1;
     rt->source->settle(s, r, d);
     capstan__slot_clear(s);

@@ -256,13 +256,13 @@ void capstan__feed_free(capstan_feed_t *feed);
 void capstan__feed_count(capstan_feed_t *feed, const char *const *names, long long *counts, size_t n);
 
 /* server_chain.c: runs job through rt->server_chain to its handler on
- * processor s's connection r. mw is filled here and holds the outcome
- * afterwards (disposition, payload to store). held_digest is the lock the
- * fetch saw held by the job's jid, or NULL; prelock the runtime lock asked
- * for before its turn, or NULL. */
-struct capstan_mw;
+ * processor s's connection r, leaving the outcome in *out (zeroed by the
+ * caller; disposition, payload to store, lock to release). held_digest is
+ * the lock the fetch saw held by the job's jid, or NULL; prelock the
+ * runtime lock asked for before its turn, or NULL. */
+struct capstan_outcome;
 struct capstan_prelock;
-void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, struct capstan_mw *mw,
+void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, struct capstan_outcome *out,
                          const char *held_digest, struct capstan_prelock *prelock);
 /* Asks for the runtime locks of the fetched jobs got[0..n), about to run
  * in turn on processor s, in one round trip (capstan__unique_prelock); pre[i]

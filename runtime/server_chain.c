@@ -79,7 +79,7 @@ static void batch_callback_latency(const capstan_job_t *job)
 
 /* "stats": the start/done/fail log lines and the processed/failed counts,
  * around everything else so they see the final outcome. A job finished
- * without its handler running (mw->skipped: a uniqueness conflict, or
+ * without its handler running (mw->out->skipped: a uniqueness conflict, or
  * expired) is logged by what happened to it and counted apart, neither
  * processed nor failed. */
 static int stats_mw(capstan_mw_t *mw, void *udata)
@@ -92,15 +92,15 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
     double t0 = capstan__mono();
     int rc = capstan_mw_next(mw);
     run->ctx.elapsed = capstan__mono() - t0;
-    if (mw->skipped) {
-        capstan__log(CAPSTAN_INFO, &run->ctx, "%s", mw->skipped);
-        capstan__metrics_skipped(capstan__metrics_default(), job->cls, mw->skipped);
+    if (mw->out->skipped) {
+        capstan__log(CAPSTAN_INFO, &run->ctx, "%s", mw->out->skipped);
+        capstan__metrics_skipped(capstan__metrics_default(), job->cls, mw->out->skipped);
         return rc;
     }
     if (job->err_class) {
         capstan__log(CAPSTAN_INFO, &run->ctx, "fail");
         capstan__log(CAPSTAN_WARN, &run->ctx, "%s: %s", job->err_class, job->err_msg ? job->err_msg : "");
-        if (mw->disp == CAPSTAN_DISPOSE_DEAD)
+        if (mw->out->disp == CAPSTAN_DISPOSE_DEAD)
             capstan__log(CAPSTAN_INFO, &run->ctx, "Adding dead %s job %s", job->cls, job->jid);
         atomic_fetch_add(&rt->failed, 1);
     } else {
@@ -152,13 +152,13 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     int rc = capstan_mw_next(mw);
     /* A job sent to the dead set with an error but no payload of its own
      * (a rejected duplicate): the entry says why, as a failure's does. */
-    if (job->err_class && mw->disp == CAPSTAN_DISPOSE_DEAD && !mw->dpayload)
+    if (job->err_class && mw->out->disp == CAPSTAN_DISPOSE_DEAD && !mw->out->dpayload)
         bury(mw, job);
-    /* A job that did not run (mw->skipped) did not fail: its error, if
+    /* A job that did not run (mw->out->skipped) did not fail: its error, if
      * any, is for its dead-set entry and the death hooks. */
-    if (job->err_class && !mw->skipped)
+    if (job->err_class && !mw->out->skipped)
         capstan__hooks_error(rt, job, job->err_class, job->err_msg);
-    if (!job->err_class || mw->disp != CAPSTAN_DISPOSE_DEFAULT)
+    if (!job->err_class || mw->out->disp != CAPSTAN_DISPOSE_DEFAULT)
         return rc;
     capstan_failure_t f = {0};
     double now = capstan__now();
@@ -190,7 +190,7 @@ static int expiry_mw(capstan_mw_t *mw, void *udata)
         return capstan_mw_next(mw);
     capstan__log(CAPSTAN_INFO, run ? &run->ctx : NULL, "expired %.3fs ago (expires_at %.3f): dropped, not run",
                  late, at);
-    mw->skipped = "expired";
+    mw->out->skipped = "expired";
     capstan__unique_server_skip(mw);
     return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
 }
@@ -267,7 +267,7 @@ static int call_handler(capstan_mw_t *mw, void *udata)
      * unless it runs in a run of short jobs whose locks were asked for at
      * once: those acks then ride the next round trip. */
     const capstan_source_t *src = run->slot->rt->source;
-    if (src->prompt && !(mw->prelock && mw->prelock->asked))
+    if (src->prompt && !(mw->held.prelock && mw->held.prelock->asked))
         src->prompt(run->slot, mw->r, 0);
     job->redis = capstan_redis_ctx(mw->r);
     if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
@@ -277,9 +277,9 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     } else if (!run->h) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
-        if (mw->held_runtime[0]) {
+        if (mw->held.runtime[0]) {
             pthread_mutex_lock(&run->slot->mu);
-            snprintf(run->slot->lock_key, sizeof(run->slot->lock_key), "%s", mw->held_runtime);
+            snprintf(run->slot->lock_key, sizeof(run->slot->lock_key), "%s", mw->held.runtime);
             pthread_mutex_unlock(&run->slot->mu);
         }
         double t0 = capstan__mono();
@@ -471,11 +471,10 @@ static capstan_mw_t server_mw(capstan_slot_t *s, capstan_redis_t *r, capstan_job
                        .unique = row->h ? row->h->unique : NULL, .limit = row->limit, .job = job,
                        .cls = job->wrapper ? job->wrapper : job->cls,
                        .jid = job->jid, .queue = job->queue,
-                       .ride = rt->source->ride ? ride : NULL, .prompt = rt->source->prompt ? prompt : NULL,
-                       .ride_ud = s };
+                       .trip = { rt->source->ride ? ride : NULL, rt->source->prompt ? prompt : NULL, s } };
 }
 
-void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, struct capstan_mw *mw,
+void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, capstan_outcome_t *out,
                          const char *held_digest, capstan_prelock_t *prelock)
 {
     capstan_runtime_t *rt = s->rt;
@@ -488,10 +487,11 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     run.tags = tags_of(job);
     run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
                                   .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
-    *mw = server_mw(s, r, job, run.row);
+    capstan_mw_t chain = server_mw(s, r, job, run.row), *mw = &chain;
+    mw->out = out;
     mw->priv = &run;
-    mw->held_digest = held_digest;
-    mw->prelock = prelock;
+    mw->held.digest = held_digest;
+    mw->held.prelock = prelock;
     if (run.h) {
         requeue_streak = 0;
     } else {
@@ -514,10 +514,7 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
         capstan__trace_leave();
     }
     free(run.tags);
-    /* They point into this call's state and the caller's. */
-    mw->priv = NULL;
-    mw->held_digest = NULL;
-    mw->prelock = NULL;
+    capstan__mw_clear(mw);
 }
 
 size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,

@@ -9,312 +9,29 @@
  * jobs flow back into), so a job moving forward while we read is seen
  * before or after its move. What a job can move into behind the sweep's
  * back (a working list, a work hash, the fetched end of a queue) is checked
- * again together with the removal in lua/reap.lua, atomically. */
+ * again together with the removal in lua/reap.lua, atomically.
+ *
+ * This file is the run: the leases that make it one at a time, the cursor
+ * that carries the walk over uniquejobs:digests from run to run, and the
+ * judgement of each digest; the sweep is in reap_sweep.c, the calls on the
+ * digest index in reap_digests.c. */
 #include "unique/admin.h"
 
-#include <ctype.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "unique/admin_internal.h"
+#include "unique/reap.h"
 #include "redis/keys.h"
 #include "redis/reply.h"
-#include "redis/scan.h"
-#include "redis/scripts.h"
 #include "support/identity.h"
 #include "support/number.h"
 #include "support/time.h"
 
 #define CURSOR_TTL "86400"
-#define PAGE 500           /* digests read per ZRANGE */
-#define BATCH 100          /* digests per reap.lua call */
-#define QUEUE_TAIL "100"   /* jobs at the fetched end of a queue reap.lua reads */
-
-/* ---- a set of jids ---------------------------------------------------------- */
-
-typedef struct jidset {
-    char **slots;
-    size_t cap, n;
-} jidset_t;
-
-static uint64_t hash_str(const char *s, size_t len)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-static int jidset_grow(jidset_t *s)
-{
-    size_t cap = s->cap ? s->cap * 2 : 1024;
-    char **slots = calloc(cap, sizeof(char *));
-    if (!slots)
-        return CAPSTAN_ENOMEM;
-    for (size_t i = 0; i < s->cap; i++) {
-        if (!s->slots[i])
-            continue;
-        size_t j = hash_str(s->slots[i], strlen(s->slots[i])) & (cap - 1);
-        while (slots[j])
-            j = (j + 1) & (cap - 1);
-        slots[j] = s->slots[i];
-    }
-    free(s->slots);
-    s->slots = slots;
-    s->cap = cap;
-    return 0;
-}
-
-static int jidset_has(const jidset_t *s, const char *jid, size_t len)
-{
-    if (!s->cap)
-        return 0;
-    for (size_t j = hash_str(jid, len) & (s->cap - 1); s->slots[j]; j = (j + 1) & (s->cap - 1))
-        if (strlen(s->slots[j]) == len && memcmp(s->slots[j], jid, len) == 0)
-            return 1;
-    return 0;
-}
-
-static int jidset_add(jidset_t *s, const char *jid, size_t len)
-{
-    if (jidset_has(s, jid, len))
-        return 0;
-    if ((s->n + 1) * 2 > s->cap && jidset_grow(s))
-        return CAPSTAN_ENOMEM;
-    char *copy = strndup(jid, len);
-    if (!copy)
-        return CAPSTAN_ENOMEM;
-    size_t j = hash_str(jid, len) & (s->cap - 1);
-    while (s->slots[j])
-        j = (j + 1) & (s->cap - 1);
-    s->slots[j] = copy;
-    s->n++;
-    return 0;
-}
-
-static void jidset_free(jidset_t *s)
-{
-    for (size_t i = 0; i < s->cap; i++)
-        free(s->slots[i]);
-    free(s->slots);
-    memset(s, 0, sizeof(*s));
-}
-
-/* Adds every value of a "jid" key in text, plain JSON or JSON held in a
- * JSON string (work hashes). Every match counts, not only the top-level
- * one: a jid in args only makes the reaper keep more, never less. Matches
- * reap.lua's pattern. */
-static int add_jids(jidset_t *s, const char *text, size_t len)
-{
-    const char *end = text + len, *p = text;
-    while (p < end && (p = memmem(p, (size_t)(end - p), "jid", 3))) {
-        const char *q = p + 3;
-        p = q;
-        if (q < end && *q == '\\')
-            q++;
-        if (q >= end || *q++ != '"')
-            continue;
-        while (q < end && isspace((unsigned char)*q))
-            q++;
-        if (q >= end || *q++ != ':')
-            continue;
-        while (q < end && isspace((unsigned char)*q))
-            q++;
-        if (q < end && *q == '\\')
-            q++;
-        if (q >= end || *q++ != '"')
-            continue;
-        const char *v = q;
-        while (q < end && *q != '"' && *q != '\\')
-            q++;
-        if (q > v && jidset_add(s, v, (size_t)(q - v)))
-            return CAPSTAN_ENOMEM;
-        p = q;
-    }
-    return 0;
-}
-
-/* ---- the sweep ------------------------------------------------------------ */
-
-typedef struct sweep {
-    jidset_t live;
-    char **working;  /* working list names, passed on to reap.lua */
-    size_t nworking;
-    double deadline; /* monotonic */
-} sweep_t;
-
-/* Adds the jids of every string element of an array reply. */
-static int add_reply(sweep_t *sw, const redisReply *rep)
-{
-    for (size_t i = 0; i < rep->elements; i++)
-        if (rep->element[i]->type == REDIS_REPLY_STRING
-            && add_jids(&sw->live, rep->element[i]->str, rep->element[i]->len))
-            return CAPSTAN_ENOMEM;
-    return 0;
-}
-
-/* Reads a list from the left in pages. New jobs arrive on the left and
- * fetches take from the right, so the index of a job we have not read yet
- * only grows: none is skipped (some are read twice). Returns 0, 1 when the
- * time ran out, or an error. */
-static int sweep_list(capstan_redis_t *r, sweep_t *sw, const char *key, char *err)
-{
-    for (long start = 0;; start += 1000) {
-        if (capstan__mono() > sw->deadline)
-            return 1;
-        char s[32], e[32];
-        snprintf(s, sizeof(s), "%ld", start);
-        snprintf(e, sizeof(e), "%ld", start + 999);
-        const char *argv[] = { "LRANGE", key, s, e };
-        redisReply *rep = capstan_redis_cmd(r, 4, argv, NULL);
-        if (rep && rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "WRONGTYPE", 9)) {
-            freeReplyObject(rep); /* a key that only looks like a list of ours */
-            return 0;
-        }
-        if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-            int rc = capstan__reply_error(r, rep, "LRANGE", err);
-            freeReplyObject(rep);
-            return rc;
-        }
-        int rc = add_reply(sw, rep);
-        size_t n = rep->elements;
-        freeReplyObject(rep);
-        if (rc)
-            return capstan_seterr(err, rc, "out of memory");
-        if (n < 1000)
-            return 0;
-    }
-}
-
-/* The next page of s unless the sweep's time ran out: 0 with *page (NULL
- * at the end), 1 when the time ran out, or an error. */
-static int sweep_page(const sweep_t *sw, capstan_scan_t *s, const redisReply **page, char *err)
-{
-    *page = NULL;
-    if (capstan__mono() > sw->deadline)
-        return 1;
-    int more = capstan__scan_next(s, page, err);
-    return more > 0 ? 0 : more;
-}
-
-/* ZSCAN returns every member present for the whole scan; one that leaves
- * meanwhile has moved on to a place swept later. */
-static int sweep_zset(capstan_redis_t *r, sweep_t *sw, const char *key, char *err)
-{
-    const redisReply *page;
-    capstan_scan_t s;
-    int rc;
-    capstan__scan_init(&s, r, key, NULL, 1000);
-    while (!(rc = sweep_page(sw, &s, &page, err)) && page) {
-        /* Members and scores alternate; a score never contains "jid". */
-        if (add_reply(sw, page)) {
-            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-            break;
-        }
-    }
-    capstan__scan_close(&s);
-    return rc;
-}
-
-static int sweep_queues(capstan_redis_t *r, sweep_t *sw, char *err)
-{
-    redisReply *rep = capstan_redis_cmdf(r, "SMEMBERS %s", CAPSTAN_KEY_QUEUES);
-    int rc = 0;
-    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = capstan__reply_error(r, rep, "SMEMBERS " CAPSTAN_KEY_QUEUES, err);
-        goto out;
-    }
-    for (size_t i = 0; i < rep->elements && !rc; i++) {
-        char *key = capstan__key_dup(CAPSTAN_KEY_QUEUE, rep->element[i]->str); /* any length */
-        rc = key ? sweep_list(r, sw, key, err) : capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-        free(key);
-    }
-out:
-    freeReplyObject(rep);
-    return rc;
-}
-
-static int sweep_working(capstan_redis_t *r, sweep_t *sw, char *err)
-{
-    const redisReply *keys;
-    capstan_scan_t s;
-    int rc = 0;
-    capstan__scan_init(&s, r, NULL, CAPSTAN_KEY_WORKING "*", 1000);
-    while (!rc && !(rc = sweep_page(sw, &s, &keys, err)) && keys) {
-        for (size_t i = 0; i < keys->elements && !rc; i++) {
-            char **w = realloc(sw->working, (sw->nworking + 1) * sizeof(char *));
-            if (!w || !(w[sw->nworking] = strdup(keys->element[i]->str))) {
-                if (w)
-                    sw->working = w;
-                rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-                break;
-            }
-            sw->working = w;
-            sw->nworking++;
-            rc = sweep_list(r, sw, keys->element[i]->str, err);
-        }
-    }
-    capstan__scan_close(&s);
-    return rc;
-}
-
-/* The <identity>:work hashes of live processes (v9 checks the same). */
-static int sweep_work(capstan_redis_t *r, sweep_t *sw, char *err)
-{
-    redisReply *rep = capstan_redis_cmdf(r, "SMEMBERS %s", CAPSTAN_KEY_PROCESSES);
-    int rc = 0;
-    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = capstan__reply_error(r, rep, "SMEMBERS " CAPSTAN_KEY_PROCESSES, err);
-        goto out;
-    }
-    for (size_t i = 0; i < rep->elements && !rc; i++) {
-        const char *id = rep->element[i]->str;
-        redisReply *ex = capstan_redis_cmdf(r, "EXISTS %s", id);
-        int alive = ex && ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
-        if (!ex)
-            rc = capstan__reply_error(r, ex, "EXISTS", err);
-        freeReplyObject(ex);
-        if (!alive || rc)
-            continue;
-        redisReply *w = capstan_redis_cmdf(r, "HVALS %s" CAPSTAN_KEY_WORK, id);
-        if (!w || w->type != REDIS_REPLY_ARRAY)
-            rc = capstan__reply_error(r, w, "HVALS", err);
-        else if (add_reply(sw, w))
-            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-        freeReplyObject(w);
-    }
-out:
-    freeReplyObject(rep);
-    return rc;
-}
-
-/* 0 when complete, 1 when the time ran out, or an error. */
-static int sweep_all(capstan_redis_t *r, sweep_t *sw, char *err)
-{
-    int rc = sweep_zset(r, sw, CAPSTAN_KEY_SCHEDULE, err);
-    if (!rc) rc = sweep_zset(r, sw, CAPSTAN_KEY_RETRY, err);
-    if (!rc) rc = sweep_queues(r, sw, err);
-    if (!rc) rc = sweep_working(r, sw, err);
-    if (!rc) rc = sweep_work(r, sw, err);
-    if (!rc) rc = sweep_zset(r, sw, CAPSTAN_KEY_RETRY, err);
-    if (!rc) rc = sweep_zset(r, sw, CAPSTAN_KEY_SCHEDULE, err);
-    return rc;
-}
-
-static void sweep_free(sweep_t *sw)
-{
-    jidset_free(&sw->live);
-    for (size_t i = 0; i < sw->nworking; i++)
-        free(sw->working[i]);
-    free(sw->working);
-}
+#define BATCH 100 /* digests per reap.lua call */
 
 /* ---- leases ------------------------------------------------------------------ */
 
@@ -386,231 +103,6 @@ int capstan__unique_reaper_release(capstan_redis_t *r, const char *owner)
 
 /* ---- the run -------------------------------------------------------------- */
 
-/* A digest read from uniquejobs:digests, with what its LOCKED hash held. */
-typedef struct cand {
-    char *digest;
-    char score[64];
-    char **jids;
-    size_t njids;
-    int until_expired; /* some holder's metadata says so */
-    int foreign;       /* <digest>:LOCKED is not a hash: not ours to judge */
-    long long pttl;
-} cand_t;
-
-static void cand_clear(cand_t *c)
-{
-    free(c->digest);
-    for (size_t i = 0; i < c->njids; i++)
-        free(c->jids[i]);
-    free(c->jids);
-    memset(c, 0, sizeof(*c));
-}
-
-/* A batch of suspects for reap.lua. */
-typedef struct batch {
-    const char **argv;
-    size_t argc, cap;
-} batch_t;
-
-static int batch_push(batch_t *b, const char *s)
-{
-    if (b->argc == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        const char **a = realloc(b->argv, cap * sizeof(char *));
-        if (!a)
-            return CAPSTAN_ENOMEM;
-        b->argv = a;
-        b->cap = cap;
-    }
-    b->argv[b->argc++] = s;
-    return 0;
-}
-
-static int result_add(capstan_reap_result_t *out, const char *digest)
-{
-    char **d = realloc(out->digests, (out->ndigests + 1) * sizeof(char *));
-    if (!d)
-        return CAPSTAN_ENOMEM;
-    out->digests = d;
-    if (!(d[out->ndigests] = strdup(digest)))
-        return CAPSTAN_ENOMEM;
-    out->ndigests++;
-    return 0;
-}
-
-/* Sends the batch's suspects (cands[from..to) marked in `suspect`) to
- * reap.lua and records what it removed. */
-static int flush(capstan_redis_t *r, sweep_t *sw, cand_t *cands, const int *suspect, size_t from,
-                 size_t to, capstan_reap_result_t *out, char *err)
-{
-    batch_t b = {0};
-    char counts[PAGE][24];
-    int rc = 0, any = 0;
-    /* Every key the script touches that can be known here is declared
-     * (Dragonfly, cluster proxies): with the working lists, "processes",
-     * "queues" and each suspect's lock hash. What the script reads from
-     * those sets (live processes' keys, queues) cannot be: doc/internals.md. */
-    char **locked = calloc(to > from ? to - from : 1, sizeof(*locked));
-    if (!locked)
-        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    rc = batch_push(&b, CAPSTAN_UNIQUE_DIGESTS);
-    if (!rc)
-        rc = batch_push(&b, CAPSTAN_KEY_PROCESSES);
-    if (!rc)
-        rc = batch_push(&b, CAPSTAN_KEY_QUEUES);
-    for (size_t i = 0; !rc && i < sw->nworking; i++)
-        rc = batch_push(&b, sw->working[i]);
-    for (size_t i = from; !rc && i < to; i++) {
-        if (!suspect[i])
-            continue;
-        size_t n = strlen(cands[i].digest) + sizeof(":LOCKED");
-        if (!(locked[i - from] = malloc(n)))
-            rc = CAPSTAN_ENOMEM;
-        else {
-            snprintf(locked[i - from], n, "%s:LOCKED", cands[i].digest);
-            rc = batch_push(&b, locked[i - from]);
-        }
-    }
-    int nkeys = (int)b.argc;
-    if (!rc)
-        rc = batch_push(&b, QUEUE_TAIL);
-    for (size_t i = from; !rc && i < to; i++) {
-        if (!suspect[i])
-            continue;
-        any = 1;
-        cand_t *c = &cands[i];
-        snprintf(counts[i], sizeof(counts[i]), "%zu", c->njids);
-        rc = batch_push(&b, c->digest);
-        if (!rc)
-            rc = batch_push(&b, counts[i]);
-        for (size_t k = 0; !rc && k < c->njids; k++)
-            rc = batch_push(&b, c->jids[k]);
-    }
-    if (rc) {
-        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-        goto out;
-    }
-    if (!any)
-        goto out;
-    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_REAP, nkeys, (int)b.argc, b.argv, NULL);
-    if (!rep || rep->type != REDIS_REPLY_ARRAY) {
-        rc = capstan__reply_error(r, rep, "reap.lua", err);
-        freeReplyObject(rep);
-        goto out;
-    }
-    for (size_t k = 0; !rc && k < rep->elements; k++) {
-        const char *d = rep->element[k]->str;
-        if (!d)
-            continue;
-        out->removed++;
-        for (size_t i = from; i < to; i++)
-            if (suspect[i] && cands[i].njids == 0 && strcmp(cands[i].digest, d) == 0) {
-                out->stale++;
-                break;
-            }
-        if (result_add(out, d))
-            rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    }
-    freeReplyObject(rep);
-out:
-    for (size_t i = from; i < to; i++)
-        free(locked[i - from]);
-    free(locked);
-    free(b.argv);
-    return rc;
-}
-
-/* Reads one page of digests after the cursor (score, member), with their
- * LOCKED hashes and TTLs. *n gets how many; 0 means the end. */
-static int read_page(capstan_redis_t *r, const char *cscore, const char *cmember, cand_t *cands,
-                     size_t *n, char *err)
-{
-    int rc = 0;
-    redisReply *page = NULL;
-    *n = 0;
-    /* Members with the cursor's own score come in member order: skip those
-     * up to the cursor, paging on when a whole page is such ties. */
-    for (long offset = 0;; offset += PAGE) {
-        char min[80], off[32], cnt[32];
-        snprintf(min, sizeof(min), "%s", *cscore ? cscore : "-inf");
-        snprintf(off, sizeof(off), "%ld", offset);
-        snprintf(cnt, sizeof(cnt), "%d", PAGE);
-        const char *argv[] = { "ZRANGE", CAPSTAN_UNIQUE_DIGESTS, min, "+inf", "BYSCORE",
-                               "LIMIT", off, cnt, "WITHSCORES" };
-        freeReplyObject(page);
-        page = capstan_redis_cmd(r, 9, argv, NULL);
-        if (!page || page->type != REDIS_REPLY_ARRAY) {
-            rc = capstan__reply_error(r, page, "ZRANGE " CAPSTAN_UNIQUE_DIGESTS, err);
-            goto out;
-        }
-        if (page->elements == 0)
-            goto out;
-        double cs = *cscore ? strtod(cscore, NULL) : 0;
-        for (size_t i = 0; i + 1 < page->elements; i += 2) {
-            const char *m = page->element[i]->str, *s = page->element[i + 1]->str;
-            if (*cscore && strtod(s, NULL) == cs && strcmp(m, cmember) <= 0)
-                continue;
-            cand_t *c = &cands[(*n)++];
-            if (!(c->digest = strdup(m))) {
-                rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-                goto out;
-            }
-            snprintf(c->score, sizeof(c->score), "%s", s);
-        }
-        if (*n || page->elements < 2 * PAGE)
-            break;
-    }
-    /* The holders and TTL of each, pipelined. */
-    for (size_t i = 0; i < *n; i++) {
-        char key[1100];
-        capstan__key(key, sizeof(key), cands[i].digest, CAPSTAN_KEY_LOCKED);
-        const char *hg[] = { "HGETALL", key };
-        const char *pt[] = { "PTTL", key };
-        if (capstan_redis_append(r, 2, hg, NULL) || capstan_redis_append(r, 2, pt, NULL)) {
-            rc = capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
-            goto out;
-        }
-    }
-    for (size_t i = 0; i < *n; i++) {
-        cand_t *c = &cands[i];
-        redisReply *h = capstan_redis_get_reply(r);
-        redisReply *t = h ? capstan_redis_get_reply(r) : NULL;
-        if (!h || !t) {
-            freeReplyObject(h);
-            rc = capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
-            goto out;
-        }
-        c->pttl = t->type == REDIS_REPLY_INTEGER ? t->integer : -1;
-        if (h->type == REDIS_REPLY_ARRAY && h->elements >= 2) {
-            c->jids = calloc(h->elements / 2, sizeof(char *));
-            for (size_t k = 0; c->jids && k + 1 < h->elements; k += 2) {
-                if (!(c->jids[c->njids] = strdup(h->element[k]->str)))
-                    break;
-                c->njids++;
-                /* v8 wrote a float time here instead of JSON metadata. */
-                json_t *meta = json_loads(h->element[k + 1]->str, 0, NULL);
-                const char *type = json_string_value(json_object_get(meta, "type"));
-                if (type && !strcmp(type, "until_expired"))
-                    c->until_expired = 1;
-                json_decref(meta);
-            }
-            if (c->njids != h->elements / 2)
-                rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-        } else if (h->type == REDIS_REPLY_ERROR) {
-            /* A key of another type at <digest>:LOCKED: not a lock we know;
-             * leave it alone rather than delete someone's data. */
-            c->foreign = 1;
-        }
-        freeReplyObject(h);
-        freeReplyObject(t);
-        if (rc)
-            goto out;
-    }
-out:
-    freeReplyObject(page);
-    return rc;
-}
-
 /* The same hostname as the process identity ($DYNO when set). */
 static void default_owner(char *out, size_t n)
 {
@@ -638,10 +130,10 @@ typedef struct run {
     long count;
     double grace;
     double cutoff;     /* digests locked after this keep their holders unchecked */
-    sweep_t sw;
+    capstan_reap_sweep_t sw;
     int swept;         /* 0 not yet, 1 complete, -1 ran out of time */
-    cand_t *cands;     /* PAGE of them */
-    int *suspect;      /* PAGE flags: send to reap.lua */
+    capstan_reap_cand_t *cands; /* CAPSTAN_REAP_PAGE of them */
+    int *suspect;      /* CAPSTAN_REAP_PAGE flags: send to reap.lua */
     char cscore[64], cmember[1024]; /* the last digest decided, or "" */
 } run_t;
 
@@ -710,7 +202,7 @@ static void save_cursor(run_t *run)
 }
 
 /* Whether c goes to reap.lua: 1 yes, 0 no, or an error. */
-static int judge(run_t *run, const cand_t *c, char *err)
+static int judge(run_t *run, const capstan_reap_cand_t *c, char *err)
 {
     if (c->foreign)
         return 0;
@@ -722,7 +214,7 @@ static int judge(run_t *run, const cand_t *c, char *err)
         return 0;
     /* Are its holders anywhere? */
     if (!run->swept) {
-        int rc = sweep_all(run->r, &run->sw, err);
+        int rc = capstan__reap_sweep_all(run->r, &run->sw, err);
         if (rc < 0)
             return rc;
         run->swept = rc == 0 ? 1 : -1;
@@ -732,7 +224,7 @@ static int judge(run_t *run, const cand_t *c, char *err)
         return 0;
     }
     for (size_t k = 0; k < c->njids; k++)
-        if (jidset_has(&run->sw.live, c->jids[k], strlen(c->jids[k])))
+        if (capstan__reap_sweep_has(&run->sw, c->jids[k]))
             return 0;
     return 1;
 }
@@ -745,7 +237,7 @@ static int reap_page(run_t *run, size_t n, int *stop, char *err)
     capstan_reap_result_t *out = run->out;
     size_t from = 0, pending = 0, last = n; /* last: index decided last */
     int rc = 0;
-    memset(run->suspect, 0, PAGE * sizeof(int));
+    memset(run->suspect, 0, CAPSTAN_REAP_PAGE * sizeof(int));
     for (size_t i = 0; i < n; i++) {
         if (capstan__mono() > run->sw.deadline) {
             out->timed_out = *stop = 1;
@@ -760,7 +252,7 @@ static int reap_page(run_t *run, size_t n, int *stop, char *err)
         rc = 0;
         long room = run->count - out->removed;
         if (pending && ((long)pending >= room || pending >= BATCH)) {
-            rc = flush(run->r, &run->sw, run->cands, run->suspect, from, i + 1, out, err);
+            rc = capstan__reap_flush(run->r, &run->sw, run->cands, run->suspect, from, i + 1, out, err);
             if (rc)
                 return rc;
             from = i + 1;
@@ -772,8 +264,8 @@ static int reap_page(run_t *run, size_t n, int *stop, char *err)
         }
     }
     /* Only what was decided: items up to and including `last`. */
-    if (pending && (rc = flush(run->r, &run->sw, run->cands, run->suspect, from, last + 1, out,
-                               err)))
+    if (pending && (rc = capstan__reap_flush(run->r, &run->sw, run->cands, run->suspect, from, last + 1,
+                                             out, err)))
         return rc;
     if (last < n) {
         snprintf(run->cscore, sizeof(run->cscore), "%s", run->cands[last].score);
@@ -795,14 +287,14 @@ static int walk(run_t *run, char *err)
             break;
         }
         size_t n = 0;
-        rc = read_page(run->r, run->cscore, run->cmember, run->cands, &n, err);
+        rc = capstan__reap_read_page(run->r, run->cscore, run->cmember, run->cands, &n, err);
         if (!rc && n == 0)
             out->wrapped = 1;
         if (rc || n == 0)
             break;
         rc = reap_page(run, n, &stop, err);
         for (size_t i = 0; i < n; i++)
-            cand_clear(&run->cands[i]);
+            capstan__reap_cand_clear(&run->cands[i]);
     }
     return rc;
 }
@@ -826,8 +318,8 @@ int capstan__unique_reap(capstan_redis_t *r, const capstan_reap_opts_t *opts, ca
         .count = o.count > 0 ? o.count : 1000,
         .grace = o.grace >= 0 ? o.grace : timeout + 10,
         .sw = { .deadline = capstan__mono() + timeout },
-        .cands = calloc(PAGE, sizeof(cand_t)),
-        .suspect = calloc(PAGE, sizeof(int)),
+        .cands = calloc(CAPSTAN_REAP_PAGE, sizeof(capstan_reap_cand_t)),
+        .suspect = calloc(CAPSTAN_REAP_PAGE, sizeof(int)),
     };
 
     int rc, leased = 0;
@@ -844,11 +336,11 @@ int capstan__unique_reap(capstan_redis_t *r, const capstan_reap_opts_t *opts, ca
     }
 
     if (run.cands)
-        for (size_t i = 0; i < PAGE; i++)
-            cand_clear(&run.cands[i]);
+        for (size_t i = 0; i < CAPSTAN_REAP_PAGE; i++)
+            capstan__reap_cand_clear(&run.cands[i]);
     free(run.cands);
     free(run.suspect);
-    sweep_free(&run.sw);
+    capstan__reap_sweep_free(&run.sw);
     if (leased && capstan_redis_ok(r))
         unlease(r, CAPSTAN_KEY_REAPER_RUNNING, owner);
     return rc;

@@ -26,7 +26,7 @@
  * lock again. */
 static int back_in_line(capstan_mw_t *mw)
 {
-    return capstan_job_error_class(mw->job) != NULL || mw->disp == CAPSTAN_DISPOSE_REQUEUE;
+    return capstan_job_error_class(mw->job) != NULL || mw->out->disp == CAPSTAN_DISPOSE_REQUEUE;
 }
 
 static capstan_lock_req_t request(capstan_mw_t *mw, const capstan_unique_spec_t *s, int runtime)
@@ -61,7 +61,7 @@ static int conflict(capstan_mw_t *mw, const capstan_unique_spec_t *s, const char
         /* The error is what its dead-set entry and the death hooks show
          * (the server chain writes it into the entry); the job did not
          * run, so it is neither processed nor failed. */
-        mw->skipped = "rejected";
+        mw->out->skipped = "rejected";
         capstan_job_fail(mw->job, CAPSTAN_UNIQUE_REJECTED, "%s lock_digest %s %s (on_conflict: reject)",
                          capstan_lock_type_name(s->type), s->digest, what);
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DEAD, capstan__now(), NULL, 0);
@@ -69,13 +69,13 @@ static int conflict(capstan_mw_t *mw, const capstan_unique_spec_t *s, const char
         double in = s->schedule_in > 0 ? s->schedule_in : 5;
         capstan_info("Rescheduling job with id (%s) in %.0fs because lock_digest: (%s) %s",
                      mw->jid, in, s->digest, what);
-        mw->skipped = "rescheduled";
+        mw->out->skipped = "rescheduled";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_SCHEDULE, capstan__now() + in, NULL, 0);
     }
     default:
         capstan_warn("Skipping job with id (%s) because lock_digest: (%s) %s",
                      mw->jid, s->digest, what);
-        mw->skipped = "skipped";
+        mw->out->skipped = "skipped";
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_DONE, 0, NULL, 0);
     }
 }
@@ -163,22 +163,23 @@ static int taken_stops(capstan_mw_t *mw, const capstan_unique_spec_t *s, int lr,
 
 static void hold_until(capstan_mw_t *mw, const capstan_unique_spec_t *s, int on_done)
 {
-    capstan_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 0, CAPSTAN_KEY_LOCKED);
-    mw->release_on_done = on_done;
-    mw->release_on_death = 1;
-    mw->release_type = (int)s->type;
+    capstan_outcome_t *o = mw->out;
+    capstan_unique__key(o->release_key, sizeof(o->release_key), s->digest, 0, CAPSTAN_KEY_LOCKED);
+    o->release_on_done = on_done;
+    o->release_on_death = 1;
+    o->release_type = (int)s->type;
 }
 
-void capstan__unique_note_released(const capstan_mw_t *mw, capstan_redis_t *r)
+void capstan__unique_note_released(const capstan_outcome_t *o, capstan_redis_t *r)
 {
-    capstan_unique__metric(r, (capstan_lock_type_t)mw->release_type, "unlocked");
+    capstan_unique__metric(r, (capstan_lock_type_t)o->release_type, "unlocked");
 }
 
 /* Whether the job's runtime lock was asked for before its turn (see
  * capstan__unique_prelock): then *lr, *released and err are what came back. */
 static int prelocked(capstan_mw_t *mw, const capstan_unique_spec_t *s, int *lr, int *released, char *err)
 {
-    capstan_prelock_t *p = mw->prelock;
+    capstan_prelock_t *p = mw->held.prelock;
     if (!p || !p->asked || p->used || p->type != s->type || strcmp(p->digest, s->digest) != 0)
         return 0;
     p->used = 1;
@@ -196,7 +197,7 @@ static int prelocked(capstan_mw_t *mw, const capstan_unique_spec_t *s, int *lr, 
  * it (the ack goes out before the next handler starts, or inside a run of
  * short jobs whose locks were asked for at once, with the next round
  * trip), otherwise at once. The lock may have been asked for already
- * (mw->prelock).
+ * (mw->held.prelock).
  * Returns 1 when the job ran, 0 when its runtime lock was refused, -1 when
  * its until-lock could not be released. */
 static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int until, int *rc)
@@ -207,7 +208,7 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
     if (prelocked(mw, s, &lr, &released, err))
         ;
     else if (until && s->timeout <= 0)
-        lr = capstan_unique__swap_ride(mw->r, &q, mw->ride, mw->ride_ud, &released, err);
+        lr = capstan_unique__swap_ride(mw->r, &q, mw->trip.ride, mw->trip.ud, &released, err);
     else if (until && (released = capstan_unique_unlock(mw->r, s->digest, 0, mw->jid, s->type, 0,
                                                         err)) != 0)
         lr = released;
@@ -215,7 +216,7 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
         lr = capstan_unique__lock_wait_then(mw->r, &q, (double)s->timeout, capstan__mw_waiting, mw,
                                             err);
     else
-        lr = capstan_unique__lock_ride(mw->r, &q, mw->ride, mw->ride_ud, err);
+        lr = capstan_unique__lock_ride(mw->r, &q, mw->trip.ride, mw->trip.ud, err);
     if (released) {
         lock_stops(mw, s, released, err, rc);
         return -1;
@@ -228,16 +229,17 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
         *rc = lock_error(mw, err);
         return 0;
     }
-    capstan_unique__key(mw->held_runtime, sizeof(mw->held_runtime), s->digest, 1, CAPSTAN_KEY_LOCKED);
+    capstan_unique__key(mw->held.runtime, sizeof(mw->held.runtime), s->digest, 1, CAPSTAN_KEY_LOCKED);
     *rc = capstan_mw_next(mw);
-    mw->held_runtime[0] = '\0';
+    mw->held.runtime[0] = '\0';
     /* until_and_while_executing's failed job takes its until-lock again,
      * which its ack then holds: the runtime lock goes now. */
     int later = !(until && back_in_line(mw));
-    if (later && !mw->release_key[0] && mw->disp != CAPSTAN_DISPOSE_KEEP) {
-        capstan_unique__key(mw->release_key, sizeof(mw->release_key), s->digest, 1, CAPSTAN_KEY_LOCKED);
-        mw->release_runtime = 1;
-        mw->release_type = (int)s->type;
+    capstan_outcome_t *o = mw->out;
+    if (later && !o->release_key[0] && o->disp != CAPSTAN_DISPOSE_KEEP) {
+        capstan_unique__key(o->release_key, sizeof(o->release_key), s->digest, 1, CAPSTAN_KEY_LOCKED);
+        o->release_runtime = 1;
+        o->release_type = (int)s->type;
         return 1;
     }
     if (capstan_unique_unlock(mw->r, s->digest, 1, mw->jid, s->type, 0, err) < 0)
@@ -260,10 +262,10 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
     (void)udata;
     char err[CAPSTAN_ERRLEN] = "";
     capstan_unique_spec_t s;
-    if (mw->prelock && mw->prelock->spec) {
-        s = *mw->prelock->spec; /* resolved as its lock was asked for */
-        free(mw->prelock->spec);
-        mw->prelock->spec = NULL;
+    if (mw->held.prelock && mw->held.prelock->spec) {
+        s = *mw->held.prelock->spec; /* resolved as its lock was asked for */
+        free(mw->held.prelock->spec);
+        mw->held.prelock->spec = NULL;
     } else if (capstan_unique__resolve(mw, &s, 1, err)) {
         capstan_warn("%s %s: uniqueness skipped: %s", mw->cls, mw->jid, err);
         return capstan_mw_next(mw);
@@ -273,15 +275,15 @@ int capstan_unique_server_mw(capstan_mw_t *mw, void *udata)
     /* Runtime locks of jobs finished here are released by their acks; a
      * lock taken at once carries them, before it. Anything else writes them
      * now, before it might wait on a lock held by one of those jobs. */
-    int rides = at_once(&s) && mw->ride;
-    if (!rides && s.type != CAPSTAN_LOCK_NONE && mw->prompt)
-        mw->prompt(mw->ride_ud, mw->r, 0);
+    int rides = at_once(&s) && mw->trip.ride;
+    if (!rides && s.type != CAPSTAN_LOCK_NONE && mw->trip.prompt)
+        mw->trip.prompt(mw->trip.ud, mw->r, 0);
     switch (s.type) {
     case CAPSTAN_LOCK_UNTIL_EXECUTED:
     case CAPSTAN_LOCK_UNTIL_EXPIRED:
         /* Re-check the lock taken at push; re-take it if it lapsed. The
          * fetch may have checked it already, on the way. */
-        if (mw->held_digest && strcmp(mw->held_digest, s.digest) == 0) {
+        if (mw->held.digest && strcmp(mw->held.digest, s.digest) == 0) {
             lr = CAPSTAN_LOCK_REENTERED;
             capstan_unique__metric(mw->r, s.type, "locked"); /* as the lock call counts it */
         } else
@@ -350,10 +352,10 @@ void capstan__unique_server_skip(capstan_mw_t *mw)
 {
     char err[CAPSTAN_ERRLEN] = "";
     capstan_unique_spec_t s;
-    if (mw->prelock && mw->prelock->spec) {
-        s = *mw->prelock->spec;
-        free(mw->prelock->spec);
-        mw->prelock->spec = NULL;
+    if (mw->held.prelock && mw->held.prelock->spec) {
+        s = *mw->held.prelock->spec;
+        free(mw->held.prelock->spec);
+        mw->held.prelock->spec = NULL;
     } else if (capstan_unique__resolve(mw, &s, 1, err)) {
         capstan_warn("%s %s: uniqueness skipped: %s", mw->cls, mw->jid, err);
         return;
@@ -363,9 +365,10 @@ void capstan__unique_server_skip(capstan_mw_t *mw)
         /* Its runtime lock was taken ahead (and until_and_while_executing's
          * until-lock let go in the same call): the ack gives it back. */
         if (lr == CAPSTAN_LOCK_ACQUIRED || lr == CAPSTAN_LOCK_REENTERED) {
-            capstan_unique__key(mw->release_key, sizeof(mw->release_key), s.digest, 1, CAPSTAN_KEY_LOCKED);
-            mw->release_runtime = 1;
-            mw->release_type = (int)s.type;
+            capstan_outcome_t *o = mw->out;
+            capstan_unique__key(o->release_key, sizeof(o->release_key), s.digest, 1, CAPSTAN_KEY_LOCKED);
+            o->release_runtime = 1;
+            o->release_type = (int)s.type;
         }
     } else if (s.type == CAPSTAN_LOCK_UNTIL_EXECUTED || s.type == CAPSTAN_LOCK_UNTIL_EXECUTING
                || s.type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING) {
@@ -408,8 +411,8 @@ size_t capstan__unique_prelock(capstan_mw_t *const *mws, size_t n, capstan_prelo
         reqs[k] = request(mws[i], s, 1);
         asked[k++] = p;
     }
-    if (k && mws[0]->ride)
-        capstan_unique__lock_many(mws[0]->r, reqs, asked, k, mws[0]->ride, mws[0]->ride_ud);
+    if (k && mws[0]->trip.ride)
+        capstan_unique__lock_many(mws[0]->r, reqs, asked, k, mws[0]->trip.ride, mws[0]->trip.ud);
     /* Each job's middleware takes its options over rather than resolve
      * them again. */
     for (size_t j = 0; j < k; j++) {

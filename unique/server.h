@@ -6,10 +6,10 @@
 
 #include "middleware/mw.h"
 
-/* Records v9's "unlocked" metric for the lock mw->release_key, which the
- * ack of mw's job released: the middleware chose the lock, but only the
+/* Records v9's "unlocked" metric for the lock o->release_key, which the
+ * ack of o's job released: the middleware chose the lock, but only the
  * ack, written later with other acks, knows that it went. */
-void capstan__unique_note_released(const capstan_mw_t *mw, capstan_redis_t *r);
+void capstan__unique_note_released(const capstan_outcome_t *o, capstan_redis_t *r);
 
 /* The job of mw will not run though it is done with (it expired): the
  * uniqueness lock it holds goes as after a successful run, with its ack
