@@ -209,7 +209,7 @@ static void save_iteration(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
         return;
     capstan__log(CAPSTAN_WARN, &run->ctx, "its cursor was not saved (%s); trying again before it goes "
                  "back to its queue", capstan_redis_ok(mw->r) ? "Redis refused the write" : "connection lost");
-    for (double until = capstan__mono() + SAVE_FOR; capstan__mono() < until; capstan__sleep(0.1)) {
+    for (double until = capstan__mono() + SAVE_FOR; run->slot && capstan__mono() < until; capstan__sleep(0.1)) {
         if (capstan__slot_connected(run->slot, mw->r))
             break;
         job->redis = capstan_redis_ctx(mw->r);
@@ -260,16 +260,20 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     (void)udata;
     run_t *run = mw->priv;
     capstan_job_t *job = mw->job;
-    /* A middleware's command may have broken the connection. */
-    if (capstan__slot_connected(run->slot, mw->r))
-        return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
-    /* No runtime lock of a finished job is held while this one runs;
-     * unless it runs in a run of short jobs whose locks were asked for at
-     * once: those acks then ride the next round trip. */
-    const capstan_source_t *src = run->slot->rt->source;
-    if (src->prompt && !(mw->prelock && mw->prelock->asked))
-        src->prompt(run->slot, mw->r, 0);
-    job->redis = capstan_redis_ctx(mw->r);
+    /* Without a slot (capstan__server_run_bare) the caller gave the job
+     * its connection, if any. */
+    if (run->slot) {
+        /* A middleware's command may have broken the connection. */
+        if (capstan__slot_connected(run->slot, mw->r))
+            return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+        /* No runtime lock of a finished job is held while this one runs;
+         * unless it runs in a run of short jobs whose locks were asked for
+         * at once: those acks then ride the next round trip. */
+        const capstan_source_t *src = run->slot->rt->source;
+        if (src->prompt && !(mw->prelock && mw->prelock->asked))
+            src->prompt(run->slot, mw->r, 0);
+        job->redis = capstan_redis_ctx(mw->r);
+    }
     if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
                          "unknown_class: skip)", job->cls);
@@ -277,14 +281,15 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     } else if (!run->h) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
-        if (mw->held_runtime[0]) {
+        if (mw->held_runtime[0] && run->slot) {
             pthread_mutex_lock(&run->slot->mu);
             snprintf(run->slot->lock_key, sizeof(run->slot->lock_key), "%s", mw->held_runtime);
             pthread_mutex_unlock(&run->slot->mu);
         }
         double t0 = capstan__mono();
         int hrc = run->h->fn(job, run->h->udata);
-        run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);
+        if (run->slot)
+            run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);
         if (hrc != 0 && !job->err_class)
             capstan_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
         iterated(mw, run, job);
@@ -518,6 +523,28 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     mw->priv = NULL;
     mw->held_digest = NULL;
     mw->prelock = NULL;
+}
+
+void capstan__server_run_bare(capstan_runtime_t *rt, capstan_redis_t *r, capstan_job_t *job,
+                              struct capstan_mw *mw)
+{
+    job->stopping = &rt->stopping;
+    job->quiet = &rt->quiet;
+    run_t run = { .row = capstan__class_find(rt, job->cls) };
+    run.h = run.row->h;
+    job->max_iteration_runtime = run.row->max_iteration_runtime;
+    run.tags = tags_of(job);
+    run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
+                                  .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
+    *mw = (capstan_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = run.row->cc,
+                          .unique = run.h ? run.h->unique : NULL, .limit = run.row->limit, .job = job,
+                          .cls = job->wrapper ? job->wrapper : job->cls, .jid = job->jid,
+                          .queue = job->queue, .priv = &run };
+    capstan__trace_enter(job->traceparent, job->tracestate);
+    capstan__mw_run(rt->server_chain, mw, call_handler, NULL);
+    capstan__trace_leave();
+    free(run.tags);
+    mw->priv = NULL;
 }
 
 size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
