@@ -11,8 +11,10 @@
 
 #include "client/txn.h"
 #include "job/job.h"
+#include "locks/limiter_internal.h"
 #include "middleware/mw.h"
 #include "redis/keys.h"
+#include "support/time.h"
 #include "runtime/rt.h"
 #include "unique/internal.h"
 
@@ -29,6 +31,14 @@ typedef struct pushed {
     int ran;
     capstan_dispose_t fate;
 } pushed_t;
+
+/* A limiter's use: a concurrent slot's holder, or (holder NULL) what a
+ * rate limiter spent in its period since "since". */
+typedef struct spent {
+    char *name, *holder;
+    long points;
+    double since;
+} spent_t;
 
 typedef struct iter_state {
     char *jid;
@@ -66,7 +76,10 @@ struct capstan_test {
     size_t niters;
     long interrupt_at, checkpoints;
     char *cursor_text;
+    spent_t *spent;
+    size_t nspent;
     capstan_lock_store_t store;
+    capstan_limit_store_t limits;
     capstan_push_sink_t sink;
     capstan_sandbox_t sandbox;
     int depth;                /* runs under way (inline ones nest) */
@@ -149,6 +162,95 @@ static int store_unlock(void *ud, const char *digest, int runtime, const char *j
     char key[CAPSTAN_DIGEST_MAX + 16];
     lock_key(key, sizeof(key), digest, runtime);
     return drop_hold(ud, key, jid, force);
+}
+
+/* ---- limiters -------------------------------------------------------- */
+
+static spent_t *spent_add(capstan_test_t *t, const char *name, const char *holder)
+{
+    spent_t *u = realloc(t->spent, (t->nspent + 1) * sizeof(*u));
+    if (!u)
+        return NULL;
+    t->spent = u;
+    u = &t->spent[t->nspent];
+    *u = (spent_t){ .name = strdup(name), .holder = holder ? strdup(holder) : NULL, .since = capstan__now() };
+    if (!u->name || (holder && !u->holder)) {
+        free(u->name);
+        free(u->holder);
+        return NULL;
+    }
+    t->nspent++;
+    return u;
+}
+
+static spent_t *rate_of(capstan_test_t *t, const char *name)
+{
+    for (size_t i = 0; i < t->nspent; i++)
+        if (!t->spent[i].holder && strcmp(t->spent[i].name, name) == 0)
+            return &t->spent[i];
+    return spent_add(t, name, NULL);
+}
+
+/* A concurrent limit counts the jobs holding a slot; the others the points
+ * spent in the current period of ms, a new period starting once it has
+ * passed (a bucket's steady refill comes as whole periods). */
+static int limit_attempt(void *ud, const char *name, capstan_limit_type_t type, long count, long long ms,
+                         const char *holder, long points, long long *wait_ms)
+{
+    capstan_test_t *t = ud;
+    if (type == CAPSTAN_LIMIT_CONCURRENT) {
+        long n = 0;
+        for (size_t i = 0; i < t->nspent; i++)
+            n += t->spent[i].holder && strcmp(t->spent[i].name, name) == 0;
+        if (n < count)
+            return spent_add(t, name, holder) ? 1 : CAPSTAN_ENOMEM;
+        *wait_ms = ms;
+        return 0;
+    }
+    spent_t *u = rate_of(t, name);
+    if (!u)
+        return CAPSTAN_ENOMEM;
+    double now = capstan__now(), period = (double)ms / 1000;
+    if (now - u->since >= period) {
+        u->since = now;
+        u->points = 0;
+    }
+    if (u->points + points <= count) {
+        u->points += points;
+        return 1;
+    }
+    long long left = (long long)((u->since + period - now) * 1000);
+    *wait_ms = left > 0 ? left : 1;
+    return 0;
+}
+
+static void limit_release(void *ud, const char *name, const char *holder)
+{
+    capstan_test_t *t = ud;
+    for (size_t i = 0; i < t->nspent; i++)
+        if (t->spent[i].holder && strcmp(t->spent[i].holder, holder) == 0 && strcmp(t->spent[i].name, name) == 0) {
+            free(t->spent[i].name);
+            free(t->spent[i].holder);
+            t->spent[i] = t->spent[--t->nspent];
+            return;
+        }
+}
+
+int capstan_test_limit_take(capstan_test_t *t, const char *name, long n)
+{
+    if (!name || n < 1)
+        return capstan_seterr(t->err, CAPSTAN_EINVAL, "capstan_test_limit_take: a name and n >= 1");
+    char holder[64];
+    spent_t *u = rate_of(t, name);
+    if (!u)
+        return capstan_seterr(t->err, CAPSTAN_ENOMEM, "out of memory");
+    u->points += n;
+    for (long i = 0; i < n; i++) {
+        snprintf(holder, sizeof(holder), "capstan_test_limit_take:%ld", i);
+        if (!spent_add(t, name, holder))
+            return capstan_seterr(t->err, CAPSTAN_ENOMEM, "out of memory");
+    }
+    return 0;
 }
 
 /* ---- pushes ---------------------------------------------------------- */
@@ -290,7 +392,8 @@ capstan_test_t *capstan_test_new(void)
         free(t);
         return NULL;
     }
-    t->rt = capstan_runtime_new(cfg, err); /* takes cfg, even on failure */
+    if (!(t->rt = capstan_runtime_new(cfg, err)))
+        capstan_config_free(cfg); /* out of memory: not taken */
     /* A URL parsed, never connected: middleware commands fail at once. */
     t->r = t->rt ? capstan_redis_new(t->rt->cfg->redis_url, 1, err) : NULL;
     if (!t->r || !capstan_runtime_server_chain(t->rt)) {
@@ -298,6 +401,7 @@ capstan_test_t *capstan_test_new(void)
         return NULL;
     }
     t->store = (capstan_lock_store_t){ store_lock, store_unlock, t };
+    t->limits = (capstan_limit_store_t){ limit_attempt, limit_release, t };
     t->sink = (capstan_push_sink_t){ sink_take, t };
     t->sandbox = (capstan_sandbox_t){ sb_no_redis, sb_iter_read, sb_iter_write, sb_iter_drop, sb_iter_stop, t };
     return t;
@@ -334,6 +438,7 @@ void capstan_test_free(capstan_test_t *t)
         return;
     if (t->standing) {
         capstan__lock_store_set(NULL);
+        capstan__limit_store_set(NULL);
         capstan__push_sink_set(NULL);
     }
     result_clear(&t->last);
@@ -343,6 +448,11 @@ void capstan_test_free(capstan_test_t *t)
         free(t->holds[i].jid);
     }
     free(t->holds);
+    for (size_t i = 0; i < t->nspent; i++) {
+        free(t->spent[i].name);
+        free(t->spent[i].holder);
+    }
+    free(t->spent);
     capstan_test_clear_pushed(t);
     while (t->niters)
         iter_remove(t, t->iters[0].jid);
@@ -410,6 +520,7 @@ static int enter(capstan_test_t *t)
     }
     t->wrapped = w;
     capstan__lock_store_set(&t->store);
+    capstan__limit_store_set(&t->limits);
     capstan__push_sink_set(&t->sink);
     return 0;
 }
@@ -420,6 +531,7 @@ static void leave(capstan_test_t *t)
         return;
     if (!t->standing) {
         capstan__lock_store_set(NULL);
+        capstan__limit_store_set(NULL);
         capstan__push_sink_set(NULL);
     }
     capstan_runtime_t *rt = t->rt;
@@ -654,6 +766,7 @@ capstan_client_t *capstan_test_client(capstan_test_t *t)
      * thread, until the kit goes. */
     t->standing = 1;
     capstan__lock_store_set(&t->store);
+    capstan__limit_store_set(&t->limits);
     capstan__push_sink_set(&t->sink);
     capstan_client_t *c = capstan_client_new(t->rt->cfg->redis_url, err);
     if (c && capstan_client_use_runtime(c, t->rt)) {
@@ -728,7 +841,8 @@ int capstan_test_hold_lock(capstan_test_t *t, const char *payload)
         capstan__job_clear(&job);
         return capstan_seterr(t->err, rc, "not a job: %s", err);
     }
-    if ((rc = prepare(t))) {
+    /* Inside a run the rows are in use, and resolved already. */
+    if (!t->depth && (rc = prepare(t))) {
         capstan__job_clear(&job);
         return rc;
     }

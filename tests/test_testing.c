@@ -58,6 +58,8 @@ static int endless(capstan_job_t *job, void *ud)
     }
 }
 
+static capstan_limit_opts_t two_at_once = CAPSTAN_LIMIT_OPTS_INIT, three_a_minute = CAPSTAN_LIMIT_OPTS_INIT;
+
 static capstan_unique_opts_t until_executed = CAPSTAN_UNIQUE_OPTS_INIT, rejecting = CAPSTAN_UNIQUE_OPTS_INIT,
                              rescheduling = CAPSTAN_UNIQUE_OPTS_INIT;
 
@@ -82,6 +84,18 @@ static capstan_test_t *kit(void)
     cr_assert_eq(capstan_register(rt, "RejectJob", counted, NULL, &o), 0);
     o.unique = &rescheduling;
     cr_assert_eq(capstan_register(rt, "LaterJob", counted, NULL, &o), 0);
+    two_at_once.type = CAPSTAN_LIMIT_CONCURRENT;
+    two_at_once.count = 2;
+    two_at_once.name = "two";
+    three_a_minute.type = CAPSTAN_LIMIT_WINDOW;
+    three_a_minute.count = 3;
+    three_a_minute.seconds = 60;
+    three_a_minute.name = "three";
+    o.unique = NULL;
+    o.limit = &two_at_once;
+    cr_assert_eq(capstan_register(rt, "TwoJob", counted, NULL, &o), 0);
+    o.limit = &three_a_minute;
+    cr_assert_eq(capstan_register(rt, "ThreeJob", counted, NULL, &o), 0);
     runs = 0;
     return t;
 }
@@ -202,5 +216,39 @@ Test(testing, inline_failure_stays_with_the_pushed_job)
     cr_assert(capstan_test_result_ok(t));
     cr_assert_eq(capstan_test_pushed_count(t), 1);
     cr_assert_eq(capstan_test_pushed_fate(t, 0), CAPSTAN_DISPOSE_RETRY);
+    capstan_test_free(t);
+}
+
+Test(testing, concurrent_limit_full_reschedules)
+{
+    capstan_test_t *t = kit();
+    cr_assert_eq(capstan_test_run(t, "TwoJob", NULL, NULL), 0);
+    cr_assert(capstan_test_result_ok(t)); /* its slot is given back after */
+    cr_assert_eq(capstan_test_limit_take(t, "two", 2), 0);
+    cr_assert_eq(capstan_test_run(t, "TwoJob", NULL, NULL), 0);
+    cr_assert_eq(capstan_test_result_fate(t), CAPSTAN_DISPOSE_SCHEDULE);
+    cr_assert(!capstan_test_result_ran(t));
+    cr_assert(strstr(capstan_test_result_payload(t, NULL), "\"limiter_reschedules\":1"));
+    cr_assert_eq(runs, 1);
+    capstan_test_free(t);
+}
+
+Test(testing, window_limit_spent_until_over_limit)
+{
+    capstan_test_t *t = kit();
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(capstan_test_run(t, "ThreeJob", NULL, NULL), 0);
+        cr_assert(capstan_test_result_ok(t));
+    }
+    cr_assert_eq(capstan_test_run(t, "ThreeJob", NULL, NULL), 0);
+    cr_assert_eq(capstan_test_result_fate(t), CAPSTAN_DISPOSE_SCHEDULE);
+    /* Rescheduled about when the minute is over. */
+    cr_assert(capstan_test_result_at(t) > kt_wall() + 50);
+    /* Past max_limiter_reschedules (20), it fails instead. */
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(capstan_test_run_again(t), 0);
+    cr_assert_str_eq(capstan_test_result_error_class(t), "Capstan::OverLimit");
+    cr_assert_eq(capstan_test_result_fate(t), CAPSTAN_DISPOSE_RETRY);
+    cr_assert_eq(runs, 3);
     capstan_test_free(t);
 }

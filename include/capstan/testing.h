@@ -22,9 +22,13 @@
  *     a lock: a lock_timeout is one attempt);
  *   - the jobs pushed through a capstan_client_t made during a run, or
  *     with capstan_test_client (captured, not sent; see "Pushed jobs");
- *   - the iteration state of iterable jobs (it-<jid>).
- * A class with a rate limit (capstan/limiter.h) fails with
- * Capstan::LimiterError: its limiter needs Redis.
+ *   - the iteration state of iterable jobs (it-<jid>);
+ *   - rate limiters (capstan/limiter.h, the "limit" middleware): a
+ *     concurrent limit counts the jobs holding a slot, the other types the
+ *     points spent in the current period (a bucket's steady refill comes
+ *     as whole periods); nothing waits (wait_timeout is one attempt), so a
+ *     job over its limit is rescheduled at once, as production does once
+ *     its wait is over.
  *
  * capstan_job_redis() returns NULL in a handler the kit runs, unless the
  * test gave the kit a connection (capstan_test_set_redis); the kit then
@@ -61,10 +65,9 @@ CAPSTAN_API void capstan_test_free(capstan_test_t *t);
  * capstan_runtime_server_chain, exactly as for production. Do not run or
  * free it. */
 CAPSTAN_API capstan_runtime_t *capstan_test_runtime(capstan_test_t *t);
-/* The runtime's configuration, to change before a run what production
- * reads from capstan.yml (max_retries, timestamps, max_iteration_runtime,
- * unknown_class is not used: see capstan_test_run_json). Owned by the
- * kit. */
+/* The runtime's configuration, for what production reads from
+ * capstan.yml (max_retries, timestamps, max_iteration_runtime, classes:),
+ * read at each run; its Redis settings are not used. Owned by the kit. */
 CAPSTAN_API capstan_config_t *capstan_test_config(capstan_test_t *t);
 
 /* Gives the handlers this connection as capstan_job_redis() (borrowed: it
@@ -233,5 +236,14 @@ CAPSTAN_API int capstan_test_hold_lock(capstan_test_t *t, const char *payload);
 /* The number of locks held now (each digest a job holds, until-lock and
  * runtime lock counted apart). */
 CAPSTAN_API size_t capstan_test_locks_held(const capstan_test_t *t);
+
+/* ---- Rate limiters --------------------------------------------------- */
+
+/* Has other jobs take n slots of limiter name (copied) when it is
+ * concurrent, or spend n points of its current period for any other type,
+ * as jobs elsewhere would: a job of its class then finds it so much
+ * fuller. The slots are held until capstan_test_free. Returns 0,
+ * CAPSTAN_EINVAL (no name, n < 1) or CAPSTAN_ENOMEM. */
+CAPSTAN_API int capstan_test_limit_take(capstan_test_t *t, const char *name, long n);
 
 #endif
