@@ -260,20 +260,19 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     (void)udata;
     run_t *run = mw->priv;
     capstan_job_t *job = mw->job;
+    /* A middleware's command may have broken the connection. */
+    if (run->slot && capstan__slot_connected(run->slot, mw->r))
+        return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+    /* No runtime lock of a finished job is held while this one runs;
+     * unless it runs in a run of short jobs whose locks were asked for at
+     * once: those acks then ride the next round trip. */
+    const capstan_source_t *src = run->slot ? run->slot->rt->source : NULL;
+    if (src && src->prompt && !(mw->prelock && mw->prelock->asked))
+        src->prompt(run->slot, mw->r, 0);
     /* Without a slot (capstan__server_run_bare) the caller gave the job
      * its connection, if any. */
-    if (run->slot) {
-        /* A middleware's command may have broken the connection. */
-        if (capstan__slot_connected(run->slot, mw->r))
-            return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
-        /* No runtime lock of a finished job is held while this one runs;
-         * unless it runs in a run of short jobs whose locks were asked for
-         * at once: those acks then ride the next round trip. */
-        const capstan_source_t *src = run->slot->rt->source;
-        if (src->prompt && !(mw->prelock && mw->prelock->asked))
-            src->prompt(run->slot, mw->r, 0);
+    if (run->slot)
         job->redis = capstan_redis_ctx(mw->r);
-    }
     if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
                          "unknown_class: skip)", job->cls);
