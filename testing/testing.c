@@ -1,8 +1,9 @@
 /* The testing kit (capstan/testing.h): a runtime whose jobs run through
- * production's server chain on the caller's thread, with the state Redis
- * would hold kept here instead: uniqueness locks (unique/internal.h's lock
- * store), pushed jobs (client/txn.h's push sink) and iteration state
- * (job/job.h's sandbox). */
+ * production's server chain on the caller's thread
+ * (capstan__server_run_bare), with the state Redis would hold kept here
+ * instead: uniqueness locks (unique/internal.h's lock store), limiters
+ * (locks/limiter_internal.h's limit store), pushed jobs (client/txn.h's
+ * push sink) and iteration state (job/job.h's sandbox). */
 #include "capstan/testing.h"
 
 #include <stdio.h>
@@ -281,6 +282,8 @@ static int sink_take(void *ud, const char *payload, size_t len, const char *queu
     t->last = (result_t){0};
     t->redis_error = NULL;
     t->pushed[i].ran = 1;
+    /* Copied as the run starts, before its handler may push (and move
+     * t->pushed). */
     int rc = capstan_test_run_json(t, t->pushed[i].payload, t->pushed[i].queue);
     t->pushed[i].fate = t->last.fate;
     result_t inner = t->last;
@@ -551,10 +554,12 @@ static void ack_release(capstan_test_t *t, const capstan_mw_t *mw, capstan_dispo
         (void)drop_hold(t, key, mw->jid, 0);
 }
 
-static void keep_result(capstan_test_t *t, capstan_job_t *job, const capstan_mw_t *mw, int ran, const char *queue)
+/* What the chain decided (mw's outcome: the only place the kit reads it
+ * beyond capstan_mw_disposition). */
+static void keep_result(capstan_test_t *t, capstan_job_t *job, const capstan_mw_t *mw, capstan_dispose_t d,
+                        int ran, const char *queue)
 {
     result_t *r = &t->last;
-    capstan_dispose_t d = mw->disp == CAPSTAN_DISPOSE_DEFAULT ? CAPSTAN_DISPOSE_DONE : mw->disp;
     *r = (result_t){ .fate = d, .ran = ran, .skipped = mw->skipped, .jid = dup_or_null(job->jid),
                      .err_class = dup_or_null(job->err_class), .err_msg = dup_or_null(job->err_msg),
                      .queue = dup_or_null(queue), .redis_error = t->redis_error };
@@ -622,7 +627,9 @@ int capstan_test_run_json(capstan_test_t *t, const char *payload, const char *qu
     t->called = 0;
     capstan_mw_t mw;
     capstan__server_run_bare(t->rt, t->r, &job, &mw);
-    capstan_dispose_t d = mw.disp == CAPSTAN_DISPOSE_DEFAULT ? CAPSTAN_DISPOSE_DONE : mw.disp;
+    capstan_dispose_t d = capstan_mw_disposition(&mw);
+    if (d == CAPSTAN_DISPOSE_DEFAULT)
+        d = CAPSTAN_DISPOSE_DONE; /* the chain returned: done */
     ack_release(t, &mw, d);
     /* After the ack, as production: the job is in the dead set. */
     if (d == CAPSTAN_DISPOSE_DEAD) {
@@ -634,7 +641,7 @@ int capstan_test_run_json(capstan_test_t *t, const char *payload, const char *qu
     t->called = called;
     leave(t);
     result_clear(&t->last);
-    keep_result(t, &job, &mw, ran, qbuf);
+    keep_result(t, &job, &mw, d, ran, qbuf);
     capstan__mw_clear(&mw);
     capstan__job_clear(&job);
     return 0;

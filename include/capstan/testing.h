@@ -97,7 +97,8 @@ CAPSTAN_API int capstan_test_run_json(capstan_test_t *t, const char *payload, co
  * (a JSON array text, NULL = "[]"): a new jid, created_at and enqueued_at
  * now, the class's registered options (queue, retry, uniqueness, taking
  * its lock as a push does), then runs it as capstan_test_run_json. opts
- * as for capstan_client_push (may be NULL). Returns what
+ * as for capstan_client_push (may be NULL); a schedule time (opts->at)
+ * is written into the payload, but the job runs now. Returns what
  * capstan_test_run_json returns, or CAPSTAN_EDENIED when the client chain
  * refused the push (a uniqueness lock held by another job:
  * capstan_test_error says so, and the job did not run). */
