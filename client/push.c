@@ -36,7 +36,15 @@ struct capstan_client {
     const capstan_config_t *cfg; /* classes: section and min_replicas_ack,
                                 borrowed, or NULL */
     capstan_txn_t *txn;  /* open transaction (capstan_client_begin), or NULL */
+    const capstan_push_sink_t *sink; /* the testing kit's, or NULL */
 };
+
+static _Thread_local const capstan_push_sink_t *thread_sink;
+
+void capstan__push_sink_set(const capstan_push_sink_t *sink)
+{
+    thread_sink = sink;
+}
 
 capstan_push_opts_t capstan_push_opts_default(void)
 {
@@ -69,7 +77,8 @@ capstan_client_t *capstan__client_open(const char *url, char *err, int *code)
         *code = CAPSTAN_ECONFIG; /* a malformed URL (or no memory) */
         return NULL;
     }
-    int rc = capstan_redis_connect(c->r);
+    c->sink = thread_sink;
+    int rc = c->sink ? 0 : capstan_redis_connect(c->r);
     if (rc) {
         *code = capstan_seterr(err, rc, "%s", capstan_redis_error(c->r));
         capstan_client_free(c);
@@ -362,7 +371,7 @@ static int prepare_job(capstan_client_t *c, push_job_t *job, const char *cls, co
  * CAPSTAN_EREDIS when Redis failed, which stops the batch. */
 static int run_chain(capstan_client_t *c, capstan_mw_t *mw, const char *cls, size_t *denied)
 {
-    if (!capstan_redis_ok(c->r) && capstan_redis_connect(c->r))
+    if (!c->sink && !capstan_redis_ok(c->r) && capstan_redis_connect(c->r))
         return capstan_seterr(c->err, CAPSTAN_EREDIS, "%s", capstan_redis_error(c->r));
     int mrc = capstan__mw_run(c->chain, mw, accept_push, NULL);
     if (mw->accepted)
@@ -501,10 +510,14 @@ int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *c
         if (!rc && jobs[i].mw.accepted && hold_lock(t, &jobs[i].mw))
             rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
     }
-    if (!rc && add_accepted(t, queue, jobs, n, now, argv, lens))
+    for (size_t i = 0; c->sink && i < n && !rc; i++)
+        if (jobs[i].mw.accepted && (rc = c->sink->take(c->sink->ud, jobs[i].mw.payload, jobs[i].mw.len, queue,
+                                                       jobs[i].mw.at > now ? jobs[i].mw.at : 0)))
+            capstan_seterr(c->err, rc, "the testing kit could not keep the push of %s", cls);
+    if (!rc && !c->sink && add_accepted(t, queue, jobs, n, now, argv, lens))
         rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
-    int sent = 0;
-    if (!rc && !c->txn) {
+    int sent = c->sink != NULL;
+    if (!rc && !c->txn && !c->sink) {
         sent = 1;
         rc = send_now(c, t);
     }

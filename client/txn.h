@@ -60,4 +60,18 @@ capstan_txn_t *capstan__client_txn(capstan_client_t *c);
  * be reached, CAPSTAN_ENOMEM. */
 capstan_client_t *capstan__client_open(const char *url, char *err, int *code);
 
+/* Where the pushes of clients made on this thread go instead of Redis: the
+ * testing kit's (testing/, capstan/testing.h), or NULL (production). A
+ * client made while a sink is set connects nowhere and hands each job its
+ * chain accepts to take (payload as it would be pushed, its queue, at 0 or
+ * the time it is scheduled for), at the push, in a transaction too;
+ * take's nonzero return fails the push with it. */
+typedef struct capstan_push_sink {
+    int (*take)(void *ud, const char *payload, size_t len, const char *queue, double at);
+    void *ud;
+} capstan_push_sink_t;
+/* Sets this thread's sink (borrowed while clients made under it live),
+ * NULL for Redis. */
+void capstan__push_sink_set(const capstan_push_sink_t *sink);
+
 #endif

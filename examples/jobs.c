@@ -108,6 +108,8 @@ static int record_job(capstan_job_t *job, void *ud)
     (void)ud;
     const char *key = arg_str(job, 0, "capstan:records");
     redisContext *c = capstan_job_redis(job); /* connected when the handler starts */
+    if (!c) /* under the testing kit without a connection (capstan/testing.h) */
+        return capstan_job_fail(job, "Redis::CannotConnectError", "RecordJob needs Redis");
     redisReply *a = redisCommand(c, "SADD %s %s", key, capstan_job_jid(job));
     redisReply *b = a ? redisCommand(c, "RPUSH %s:log %s", key, capstan_job_jid(job)) : NULL;
     int ok = a && b && a->type != REDIS_REPLY_ERROR && b->type != REDIS_REPLY_ERROR;
@@ -228,6 +230,50 @@ static int flaky_job(capstan_job_t *job, void *ud)
     int ok = r && r->type == REDIS_REPLY_INTEGER;
     freeReplyObject(r);
     return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "SADD %s failed", key);
+}
+
+/* FanoutJob [n, queue]: pushes n NoopJob [i] (i from 0) to queue
+ * (default "default") through a client of its own, as a handler that
+ * splits its work does. */
+static int fanout_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    char err[CAPSTAN_ERRLEN], args[32];
+    capstan_client_t *c = capstan_client_new(NULL, err);
+    if (!c)
+        return capstan_job_fail(job, "Redis::CannotConnectError", "%s", err);
+    capstan_push_opts_t o = capstan_push_opts_default();
+    o.queue = arg_str(job, 1, NULL);
+    int rc = 0;
+    for (long i = 0; i < arg_long(job, 0, 1) && rc >= 0; i++) {
+        snprintf(args, sizeof(args), "[%ld]", i);
+        rc = capstan_client_push(c, "NoopJob", args, &o, NULL);
+    }
+    if (rc < 0)
+        rc = capstan_job_fail(job, "RuntimeError", "push failed: %s", capstan_client_error(c));
+    capstan_client_free(c);
+    return rc < 0 ? rc : 0;
+}
+
+/* WalkJob [n]: an iterable job with no side effects: walks 0..n-1, one
+ * item a step, the cursor the next item; fails on item 13 when n is
+ * negative (walking -n items), to show a failed iteration keeps its
+ * cursor. */
+static int walk_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    long n = arg_long(job, 0, 10), end = n < 0 ? -n : n;
+    const json_t *cursor = capstan_job_cursor(job);
+    for (long i = cursor ? (long)json_integer_value(cursor) : 0; i < end; i++) {
+        json_t *at = json_integer(i);
+        int go = capstan_job_checkpoint(job, at);
+        json_decref(at);
+        if (go != CAPSTAN_ITER_NEXT)
+            return 0;
+        if (n < 0 && i == 13)
+            return capstan_job_fail(job, "RuntimeError", "item 13 is broken");
+    }
+    return 0;
 }
 
 /* Adds n RecordJob [key] jobs to the batch job runs in (reopened through
@@ -480,5 +526,7 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "ExitJob", exit_job, NULL, &opts);
     rc |= capstan_register(rt, "HangJob", hang_job, NULL, &opts);
     rc |= capstan_register(rt, "LeakJob", leak_job, NULL, &opts);
+    rc |= capstan_register(rt, "FanoutJob", fanout_job, NULL, &opts);
+    rc |= capstan_register(rt, "WalkJob", walk_job, NULL, &opts);
     return rc;
 }

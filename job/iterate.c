@@ -93,16 +93,20 @@ static struct capstan_iter *state(capstan_job_t *job)
     }
     job->iter = it;
     it->started = it->flushed = it->polled = capstan__mono();
-    redisReply *r = job->redis ? redisCommand(job->redis, "HGETALL %s", it->key) : NULL;
-    const redisReply *ex = field(r, "ex"), *c = field(r, "c"), *rt = field(r, "rt"),
-                     *cancelled = field(r, "cancelled");
-    it->unread = unusable(job, it, r, c) != 0;
-    if (ex && ex->type == REDIS_REPLY_STRING)
-        it->executions = strtol(ex->str, NULL, 10);
-    if (rt && rt->type == REDIS_REPLY_STRING)
-        it->runtime = strtod(rt->str, NULL);
-    it->cancelled = cancelled && cancelled->type == REDIS_REPLY_STRING;
-    freeReplyObject(r);
+    if (job->sandbox) {
+        job->sandbox->iter_read(job->sandbox->ud, job->jid, &it->cursor, &it->executions, &it->cancelled);
+    } else {
+        redisReply *r = job->redis ? redisCommand(job->redis, "HGETALL %s", it->key) : NULL;
+        const redisReply *ex = field(r, "ex"), *c = field(r, "c"), *rt = field(r, "rt"),
+                         *cancelled = field(r, "cancelled");
+        it->unread = unusable(job, it, r, c) != 0;
+        if (ex && ex->type == REDIS_REPLY_STRING)
+            it->executions = strtol(ex->str, NULL, 10);
+        if (rt && rt->type == REDIS_REPLY_STRING)
+            it->runtime = strtod(rt->str, NULL);
+        it->cancelled = cancelled && cancelled->type == REDIS_REPLY_STRING;
+        freeReplyObject(r);
+    }
     if (it->executions < LONG_MAX) /* strtol's cap for a larger ex */
         it->executions++;
     return it;
@@ -117,6 +121,11 @@ static void flush(capstan_job_t *job, struct capstan_iter *it)
     char ex[32], rt[32], ttl[32];
     if (it->unread)
         return;
+    if (job->sandbox) {
+        job->sandbox->iter_write(job->sandbox->ud, job->jid, it->cursor, it->executions);
+        it->flushed = it->polled = capstan__mono();
+        return;
+    }
     char *c = it->cursor ? json_dumps(it->cursor, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     snprintf(ex, sizeof(ex), "%ld", it->executions);
     snprintf(rt, sizeof(rt), "%.6f", it->runtime + (capstan__mono() - it->started));
@@ -202,7 +211,7 @@ int capstan_job_checkpoint(capstan_job_t *job, json_t *cursor)
     json_decref(old);
     if (it->cancelled)
         return it->stop = CAPSTAN_ITER_CANCELLED;
-    int stop = interrupted(job, it);
+    int stop = interrupted(job, it) || (job->sandbox && job->sandbox->iter_stop(job->sandbox->ud, job->jid));
     if (stop || capstan__mono() - it->flushed >= FLUSH_EVERY)
         flush(job, it);
     if (it->cancelled)
@@ -217,7 +226,7 @@ int capstan_job_cancelled(capstan_job_t *job)
     struct capstan_iter *it = state(job);
     if (!it || it->cancelled)
         return it ? 1 : 0;
-    if (capstan__mono() - it->polled >= CANCEL_POLL && job->redis) {
+    if (capstan__mono() - it->polled >= CANCEL_POLL && job->redis && !job->sandbox) {
         it->polled = capstan__mono();
         redisReply *r = redisCommand(job->redis, "HGET %s cancelled", it->key);
         it->cancelled = r && r->type == REDIS_REPLY_STRING;
@@ -237,8 +246,10 @@ capstan_iterated_t capstan__job_iter_end(capstan_job_t *job)
     }
     if (it->stop == CAPSTAN_ITER_STOP)
         return CAPSTAN_ITERATED_STOPPED;
-    redisReply *r = job->redis ? redisCommand(job->redis, "UNLINK %s", it->key) : NULL;
-    freeReplyObject(r);
+    if (job->sandbox)
+        job->sandbox->iter_drop(job->sandbox->ud, job->jid);
+    else
+        freeReplyObject(job->redis ? redisCommand(job->redis, "UNLINK %s", it->key) : NULL);
     return it->cancelled ? CAPSTAN_ITERATED_CANCELLED : CAPSTAN_ITERATED_ALL;
 }
 

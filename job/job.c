@@ -105,7 +105,12 @@ const char *capstan_job_queue(const capstan_job_t *job) { return job->queue; }
 const char *capstan_job_traceparent(const capstan_job_t *job) { return job->traceparent; }
 const char *capstan_job_tracestate(const capstan_job_t *job) { return job->tracestate; }
 long capstan_job_retry_count(const capstan_job_t *job) { return job->retry_count; }
-redisContext *capstan_job_redis(capstan_job_t *job) { return job->redis; }
+redisContext *capstan_job_redis(capstan_job_t *job)
+{
+    if (!job->redis && job->sandbox && job->sandbox->no_redis)
+        job->sandbox->no_redis(job->sandbox->ud, job);
+    return job->redis;
+}
 
 const char *capstan_job_payload(const capstan_job_t *job, size_t *len)
 {

@@ -39,7 +39,26 @@ struct capstan_job {
     const atomic_int *quiet;      /* the process goes quiet: iterations stop */
     double max_iteration_runtime; /* seconds a run may iterate; 0: no limit */
     struct capstan_iter *iter;    /* iterate.c: the iteration state, once read */
+    const struct capstan_sandbox *sandbox; /* the testing kit's, or NULL */
 };
+
+/* What stands in for Redis when the testing kit (testing/, capstan/testing.h)
+ * runs a job; NULL in production. The kit keeps a job's iteration state
+ * (it-<jid>) in memory, and hears of a handler that asks for a connection
+ * the test did not give. */
+typedef struct capstan_sandbox {
+    /* capstan_job_redis found no connection. */
+    void (*no_redis)(void *ud, const capstan_job_t *job);
+    /* it-<jid>: read as a run starts (*cursor a new reference or NULL),
+     * written at each flush, dropped when the job is done with it. */
+    void (*iter_read)(void *ud, const char *jid, json_t **cursor, long *executions, int *cancelled);
+    void (*iter_write)(void *ud, const char *jid, const json_t *cursor, long executions);
+    void (*iter_drop)(void *ud, const char *jid);
+    /* At each checkpoint: nonzero interrupts the run there, as a stopping
+     * process does. */
+    int (*iter_stop)(void *ud, const char *jid);
+    void *ud;
+} capstan_sandbox_t;
 
 /* Parses payload (ownership moves to job, even on failure) fetched from
  * queue. Returns 0; CAPSTAN_EPARSE when the payload is not a JSON object;

@@ -143,10 +143,24 @@ static void new_holder(const capstan_limiter_t *lim, capstan_limit_token_t *t)
     snprintf(t->id, sizeof(t->id), "%ld:%s:%lu", (long)getpid(), lim->nonce, ++seq);
 }
 
+static _Thread_local const capstan_limit_store_t *store;
+
+void capstan__limit_store_set(const capstan_limit_store_t *s)
+{
+    store = s;
+}
+
+const capstan_limit_store_t *capstan__limit_store(void)
+{
+    return store;
+}
+
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
 static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *t, long points,
                    long long *wait_ms, char *err)
 {
+    if (store)
+        return store->attempt(store->ud, lim->name, lim->type, lim->count, lim->ms, t->id, points, wait_ms);
     char count[24], ms[24], cost[24];
     snprintf(count, sizeof(count), "%ld", lim->count);
     snprintf(ms, sizeof(ms), "%lld", lim->ms);
@@ -201,7 +215,7 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
     memset(token, 0, sizeof(*token));
     if (lim->type == CAPSTAN_LIMIT_CONCURRENT || lim->type == CAPSTAN_LIMIT_SLIDING)
         new_holder(lim, token);
-    double start = capstan__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
+    double start = capstan__mono(), end = start + (wait_timeout > 0 && !store ? wait_timeout : 0);
     for (;;) {
         long long wait_ms = 0;
         int rc = attempt(lim, r, token, points, &wait_ms, err);
@@ -248,6 +262,11 @@ static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_
         return capstan_seterr(err, CAPSTAN_EINVAL, "limiter: NULL argument");
     if (lim->type != CAPSTAN_LIMIT_CONCURRENT)
         return 0;
+    if (store) {
+        if (!extend)
+            store->release(store->ud, lim->name, token->id);
+        return 0;
+    }
     char ms[24], size[24];
     snprintf(ms, sizeof(ms), "%lld", lim->ms);
     snprintf(size, sizeof(size), "%ld", lim->count);

@@ -15,4 +15,21 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
                                   long points, double wait_timeout, capstan_limit_token_t *token,
                                   double *retry_in, void (*waiting)(void *), void *ud, char *err);
 
+/* Where this thread's limiters keep their state instead of Redis: the
+ * testing kit's memory (testing/, capstan/testing.h), or NULL
+ * (production). attempt answers one attempt as the acquire script does (1
+ * taken, 0 refused with *wait_ms, or an error), release gives a concurrent
+ * slot back. With a store nothing waits (wait_timeout is one attempt) and
+ * no lease is extended. */
+typedef struct capstan_limit_store {
+    int (*attempt)(void *ud, const char *name, capstan_limit_type_t type, long count, long long ms,
+                   const char *holder, long points, long long *wait_ms);
+    void (*release)(void *ud, const char *name, const char *holder);
+    void *ud;
+} capstan_limit_store_t;
+/* Sets this thread's store (borrowed until set again), NULL for Redis. */
+void capstan__limit_store_set(const capstan_limit_store_t *store);
+/* This thread's store, or NULL. */
+const capstan_limit_store_t *capstan__limit_store(void);
+
 #endif

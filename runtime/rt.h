@@ -264,6 +264,13 @@ struct capstan_outcome;
 struct capstan_prelock;
 void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, struct capstan_outcome *out,
                          const char *held_digest, struct capstan_prelock *prelock);
+/* The same without a processor, for the testing kit (capstan/testing.h):
+ * rt's classes resolved and its chain built, r a connection the chain's
+ * middleware may use (never reconnected here), job->redis what the handler
+ * gets. A class without a handler fails with NameError, as under
+ * unknown_class: fail. */
+void capstan__server_run_bare(struct capstan_runtime *rt, capstan_redis_t *r, capstan_job_t *job,
+                              struct capstan_outcome *out);
 /* Asks for the runtime locks of the fetched jobs got[0..n), about to run
  * in turn on processor s, in one round trip (capstan__unique_prelock); pre[i]
  * is what job i's server chain uses (with prelock). Returns how many of

@@ -209,7 +209,7 @@ static void save_iteration(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
         return;
     capstan__log(CAPSTAN_WARN, &run->ctx, "its cursor was not saved (%s); trying again before it goes "
                  "back to its queue", capstan_redis_ok(mw->r) ? "Redis refused the write" : "connection lost");
-    for (double until = capstan__mono() + SAVE_FOR; capstan__mono() < until; capstan__sleep(0.1)) {
+    for (double until = capstan__mono() + SAVE_FOR; run->slot && capstan__mono() < until; capstan__sleep(0.1)) {
         if (capstan__slot_connected(run->slot, mw->r))
             break;
         job->redis = capstan_redis_ctx(mw->r);
@@ -261,15 +261,18 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     run_t *run = mw->priv;
     capstan_job_t *job = mw->job;
     /* A middleware's command may have broken the connection. */
-    if (capstan__slot_connected(run->slot, mw->r))
+    if (run->slot && capstan__slot_connected(run->slot, mw->r))
         return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     /* No runtime lock of a finished job is held while this one runs;
      * unless it runs in a run of short jobs whose locks were asked for at
      * once: those acks then ride the next round trip. */
-    const capstan_source_t *src = run->slot->rt->source;
-    if (src->prompt && !(mw->held.prelock && mw->held.prelock->asked))
+    const capstan_source_t *src = run->slot ? run->slot->rt->source : NULL;
+    if (src && src->prompt && !(mw->held.prelock && mw->held.prelock->asked))
         src->prompt(run->slot, mw->r, 0);
-    job->redis = capstan_redis_ctx(mw->r);
+    /* Without a slot (capstan__server_run_bare) the caller gave the job
+     * its connection, if any. */
+    if (run->slot)
+        job->redis = capstan_redis_ctx(mw->r);
     if (!run->h && run->policy == CAPSTAN_UNKNOWN_SKIP) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s (capstan has no handler; "
                          "unknown_class: skip)", job->cls);
@@ -277,14 +280,15 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     } else if (!run->h) {
         capstan_job_fail(job, "NameError", "uninitialized constant %s", job->cls);
     } else {
-        if (mw->held.runtime[0]) {
+        if (mw->held.runtime[0] && run->slot) {
             pthread_mutex_lock(&run->slot->mu);
             snprintf(run->slot->lock_key, sizeof(run->slot->lock_key), "%s", mw->held.runtime);
             pthread_mutex_unlock(&run->slot->mu);
         }
         double t0 = capstan__mono();
         int hrc = run->h->fn(job, run->h->udata);
-        run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);
+        if (run->slot)
+            run->slot->run_time = 0.9 * run->slot->run_time + 0.1 * (capstan__mono() - t0);
         if (hrc != 0 && !job->err_class)
             capstan_job_fail(job, "RuntimeError", "%s returned %d", job->cls, hrc);
         iterated(mw, run, job);
@@ -461,17 +465,18 @@ static void prompt(void *ud, capstan_redis_t *r, int all)
 }
 
 /* The middleware state a job's server chain starts with. */
-static capstan_mw_t server_mw(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job,
-                              const capstan_class_row_t *row)
+static capstan_mw_t server_mw(capstan_runtime_t *rt, capstan_slot_t *s, capstan_redis_t *r,
+                              capstan_job_t *job, const capstan_class_row_t *row)
 {
-    capstan_runtime_t *rt = s->rt;
     /* Middleware see the payload's own class (the uniqueness digest is made
-     * of it, as Ruby makes it); the class options are the handler's. */
+     * of it, as Ruby makes it); the class options are the handler's. Without
+     * a slot (capstan__server_run_bare), no ack rides a round trip. */
     return (capstan_mw_t){ .server = 1, .r = r, .cfg = rt->cfg, .cc = row->cc,
                        .unique = row->h ? row->h->unique : NULL, .limit = row->limit, .job = job,
                        .cls = job->wrapper ? job->wrapper : job->cls,
                        .jid = job->jid, .queue = job->queue,
-                       .trip = { rt->source->ride ? ride : NULL, rt->source->prompt ? prompt : NULL, s } };
+                       .trip = { s && rt->source->ride ? ride : NULL,
+                                 s && rt->source->prompt ? prompt : NULL, s } };
 }
 
 void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, capstan_outcome_t *out,
@@ -487,7 +492,7 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     run.tags = tags_of(job);
     run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
                                   .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
-    capstan_mw_t chain = server_mw(s, r, job, run.row), *mw = &chain;
+    capstan_mw_t chain = server_mw(rt, s, r, job, run.row), *mw = &chain;
     mw->out = out;
     mw->priv = &run;
     mw->held.digest = held_digest;
@@ -517,6 +522,27 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     capstan__mw_clear(mw);
 }
 
+void capstan__server_run_bare(capstan_runtime_t *rt, capstan_redis_t *r, capstan_job_t *job,
+                              capstan_outcome_t *out)
+{
+    job->stopping = &rt->stopping;
+    job->quiet = &rt->quiet;
+    run_t run = { .row = capstan__class_find(rt, job->cls) };
+    run.h = run.row->h;
+    job->max_iteration_runtime = run.row->max_iteration_runtime;
+    run.tags = tags_of(job);
+    run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
+                                  .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
+    capstan_mw_t mw = server_mw(rt, NULL, r, job, run.row);
+    mw.out = out;
+    mw.priv = &run;
+    capstan__trace_enter(job->traceparent, job->tracestate);
+    capstan__mw_run(rt->server_chain, &mw, call_handler, NULL);
+    capstan__trace_leave();
+    free(run.tags);
+    capstan__mw_clear(&mw);
+}
+
 size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
                                capstan_prelock_t *pre, capstan_job_t *jobs)
 {
@@ -537,7 +563,7 @@ size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const caps
             capstan__job_clear(&jobs[m]);
             break;
         }
-        mws[m] = server_mw(s, r, &jobs[m], row);
+        mws[m] = server_mw(s->rt, s, r, &jobs[m], row);
         pm[m] = &mws[m];
     }
     size_t keep = m ? capstan__unique_prelock(pm, m, pre) : 0;

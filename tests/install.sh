@@ -59,12 +59,12 @@ other=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^capstan_' | g
 [ -z "$other" ] || fail "libcapstan.so exports $other"
 ! nm -D --defined-only "$lib" | awk '{print $3}' | grep -q '^capstan__' \
     || fail "libcapstan.so exports internals: $(nm -D --defined-only "$lib" | grep ' capstan__' | head -3)"
-# The layers run one way: only runtime/ and the supervisor above it include
-# runtime/'s headers.
-files=$(cd "$src" && find . -path ./runtime -prune -o -path ./supervisor -prune -o -path ./tests -prune \
-    -o -path './build*' -prune -o -name '*.[ch]' -print)
+# The layers run one way: only runtime/ and the supervisor and testing kit
+# above it include runtime/'s headers.
+files=$(cd "$src" && find . -path ./runtime -prune -o -path ./supervisor -prune -o -path ./testing -prune \
+    -o -path ./tests -prune -o -path './build*' -prune -o -name '*.[ch]' -print)
 up=$(cd "$src" && grep -l '#include "runtime/' $files || true)
-[ -z "$up" ] || fail "outside runtime/ and supervisor/, these include a runtime/ header: $up"
+[ -z "$up" ] || fail "outside runtime/, supervisor/ and testing/, these include a runtime/ header: $up"
 
 # The README's handler example and build commands, as a user runs them.
 cd "$tmp"

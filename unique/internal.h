@@ -86,6 +86,19 @@ struct capstan_prelock;
 void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *reqs,
                                struct capstan_prelock *const *pre, size_t n, capstan_ride_fn ride, void *ud);
 
+/* Where this thread's locks are kept instead of Redis: the testing kit's
+ * memory (testing/, capstan/testing.h), or NULL (production). lock answers
+ * as capstan_unique_lock, unlock as capstan_unique_unlock (force: whatever
+ * the type). With a store nothing waits: lock_timeout is one attempt. */
+typedef struct capstan_lock_store {
+    int (*lock)(void *ud, const capstan_lock_req_t *req);
+    int (*unlock)(void *ud, const char *digest, int runtime, const char *jid, capstan_lock_type_t type,
+                  int force);
+    void *ud;
+} capstan_lock_store_t;
+/* Sets this thread's store (borrowed until set again), NULL for Redis. */
+void capstan__lock_store_set(const capstan_lock_store_t *store);
+
 /* Counts a lock event in v9's metrics, when the metrics module is linked. */
 void capstan_unique__metric(capstan_redis_t *r, capstan_lock_type_t t, const char *event);
 

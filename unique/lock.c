@@ -19,10 +19,19 @@
 #include "redis/wake.h"
 #include "unique/prelock.h"
 
+static _Thread_local const capstan_lock_store_t *store;
+
+void capstan__lock_store_set(const capstan_lock_store_t *s)
+{
+    store = s;
+}
+
 /* Metrics are recorded where the lock happens, as v9 does; a failure to
  * count never fails the lock. */
 void capstan_unique__metric(capstan_redis_t *r, capstan_lock_type_t t, const char *event)
 {
+    if (store)
+        return;
     capstan__metrics_lock_event(capstan__metrics_default(), capstan_lock_type_name(t), event);
     (void)capstan__unique_metric_record(r, capstan_lock_type_name(t), event);
 }
@@ -175,7 +184,7 @@ static int counted(capstan_redis_t *r, const capstan_lock_req_t *req, int rc)
 int capstan_unique__lock_ride(capstan_redis_t *r, const capstan_lock_req_t *req, capstan_ride_fn ride,
                               void *ud, char *err)
 {
-    if (!ride)
+    if (!ride || store)
         return capstan_unique_lock(r, req, err);
     lock_call_t c;
     int rc = lock_prepare(&c, req, 0, 0, err);
@@ -189,6 +198,8 @@ int capstan_unique__lock_ride(capstan_redis_t *r, const capstan_lock_req_t *req,
 
 int capstan_unique_lock(capstan_redis_t *r, const capstan_lock_req_t *req, char *err)
 {
+    if (store)
+        return store->lock(store->ud, req);
     return counted(r, req, lock_once(r, req, 0, 0, err));
 }
 
@@ -215,6 +226,8 @@ int capstan_unique_unlock(capstan_redis_t *r, const char *digest, int runtime, c
 {
     if (!digest || !jid)
         return capstan_seterr(err, CAPSTAN_EINVAL, "an unlock needs a digest and a jid");
+    if (store)
+        return store->unlock(store->ud, digest, runtime, jid, type, force);
     char locked[CAPSTAN_DIGEST_MAX + 16], waiting[CAPSTAN_DIGEST_MAX + 16], wake[CAPSTAN_DIGEST_MAX + 16];
     capstan_unique__key(locked, sizeof(locked), digest, runtime, CAPSTAN_KEY_LOCKED);
     capstan_unique__key(waiting, sizeof(waiting), digest, runtime, CAPSTAN_KEY_WAITING);
@@ -266,6 +279,10 @@ static int swap_result(capstan_redis_t *r, const capstan_lock_req_t *req, lock_c
 int capstan_unique__swap_ride(capstan_redis_t *r, const capstan_lock_req_t *req, capstan_ride_fn ride, void *ud,
                               int *released, char *err)
 {
+    if (store) {
+        *released = capstan_unique_unlock(r, req->digest, 0, req->jid, req->type, 0, err);
+        return *released ? CAPSTAN_EDENIED : capstan_unique_lock(r, req, err);
+    }
     lock_call_t c;
     int rc = lock_prepare(&c, req, 0, 0, err);
     if (rc) {
@@ -442,7 +459,7 @@ int capstan_unique_lock_wait(capstan_redis_t *r, const capstan_lock_req_t *req, 
 int capstan_unique__lock_wait_then(capstan_redis_t *r, const capstan_lock_req_t *req, double timeout,
                                    void (*waiting)(void *), void *ud, char *err)
 {
-    if (timeout <= 0)
+    if (timeout <= 0 || store)
         return capstan_unique_lock(r, req, err);
     return counted(r, req, waited(r, req, timeout, waiting, ud, err));
 }

@@ -17,5 +17,6 @@
 #include "qlock.h"
 #include "batch.h"
 #include "periodic.h"
+#include "testing.h"
 
 #endif
