@@ -27,7 +27,7 @@
 _Thread_local int capstan__feed_want_aux;
 
 /* Under feed->mu: whether s sends its round trips to read after its job. */
-int capstan__feed_defers(capstan_slot_t *s, const capstan_feed_t *feed)
+int capstan__feed_defers(capstan_seat_t *s, const capstan_feed_t *feed)
 {
     if (feed->job_time <= DEFER_AFTER || s->pend)
         return 0;
@@ -43,7 +43,7 @@ int capstan__feed_defers(capstan_slot_t *s, const capstan_feed_t *feed)
  * settled; the lock is let go meanwhile. */
 static void complete(capstan_feed_t *feed, pending_t *p)
 {
-    capstan_slot_t *o = p->owner;
+    capstan_seat_t *o = p->owner;
     capstan_fetched_t *got = p->got;
     pthread_mutex_unlock(&feed->mu);
     int rc = p->x ? capstan__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : CAPSTAN_EREDIS;
@@ -71,10 +71,9 @@ static void complete(capstan_feed_t *feed, pending_t *p)
 /* Under feed->mu, which it releases: sends the acks waiting and, when want
  * is not 0, a sweep for want jobs on s's second connection, to be read
  * after s's job (or by a thread that waits first). */
-void capstan__feed_defer(capstan_slot_t *s, size_t want)
+void capstan__feed_defer(capstan_seat_t *s, size_t want)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     pending_t *p = calloc(1, sizeof(*p));
     if (!p) {
         pthread_mutex_unlock(&feed->mu);
@@ -139,7 +138,7 @@ int capstan__feed_read_one(capstan_feed_t *feed)
 
 /* Under feed->mu: this thread's own deferred round trip is read (by it,
  * or by the thread that claimed it first) before it takes another job. */
-void capstan__feed_settle_own(capstan_slot_t *s, capstan_feed_t *feed)
+void capstan__feed_settle_own(capstan_seat_t *s, capstan_feed_t *feed)
 {
     while (s->pend) {
         if (!s->pend->claimed) {
@@ -152,9 +151,8 @@ void capstan__feed_settle_own(capstan_slot_t *s, capstan_feed_t *feed)
     }
 }
 
-void capstan__feed_read_deferred(capstan_runtime_t *rt)
+void capstan__feed_read_deferred(capstan_feed_t *feed)
 {
-    capstan_feed_t *feed = rt->feed;
     pthread_mutex_lock(&feed->mu);
     while (capstan__feed_read_one(feed))
         ;

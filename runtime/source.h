@@ -12,6 +12,7 @@
 #define CAPSTAN_RUNTIME_SOURCE_H
 
 #include "runtime/feed.h"
+#include "runtime/rt.h"
 
 typedef struct capstan_source {
     const char *name;
@@ -75,5 +76,8 @@ extern const capstan_source_t capstan__source_basic;
 
 /* The source c's fetch setting names: the one place that reads it. */
 const capstan_source_t *capstan__source_for(const capstan_config_t *c);
+/* The reliable source's feed for rt's processors, given what it asks of
+ * the runtime (capstan_feed_env_t). NULL without memory. */
+capstan_feed_t *capstan__source_feed_new(struct capstan_runtime *rt);
 
 #endif
