@@ -73,7 +73,7 @@ size_t capstan__feed_take_ahead(capstan_seat_t *s, double run_time, const capsta
         atomic_fetch_add(&feed->runs, 1);
     }
     pthread_mutex_unlock(s->mu);
-    capstan__feed_taken_n += n;
+    s->taken_n += n;
     pthread_mutex_unlock(&feed->mu);
     return n;
 }
@@ -128,7 +128,7 @@ void capstan__feed_put_back(capstan_seat_t *s, capstan_redis_t *r, capstan_fetch
         else
             capstan__fetched_clear(&jobs[i]); /* the give-back took a copy */
     }
-    capstan__feed_taken_n = capstan__feed_taken_n > n ? capstan__feed_taken_n - n : 1;
+    s->taken_n = s->taken_n > n ? s->taken_n - n : 1;
     pthread_mutex_unlock(&feed->mu);
 }
 

@@ -22,17 +22,13 @@
  * round trip itself; the owner's second connection is not used meanwhile
  * (it runs a job on its first). */
 
-/* Set when this thread would have deferred but had no second connection:
- * capstan__feed_next makes one, out of the feed's lock. */
-_Thread_local int capstan__feed_want_aux;
-
 /* Under feed->mu: whether s sends its round trips to read after its job. */
 int capstan__feed_defers(capstan_seat_t *s, const capstan_feed_t *feed)
 {
     if (feed->job_time <= DEFER_AFTER || s->pend)
         return 0;
     if (!s->aux || !capstan_redis_ok(s->aux)) {
-        capstan__feed_want_aux = 1;
+        s->want_aux = 1; /* capstan__feed_next makes one, out of the lock */
         return 0;
     }
     return 1;

@@ -66,6 +66,14 @@ struct capstan_seat {
      * none is on its way: its jobs are in the working list before the
      * feed counts them (see capstan__feed_holds). Under the feed's lock. */
     double fetch_sent;
+    /* When the processor took its last job (capstan__mono()), 0 when it
+     * holds none, and how many it took then (with those taken ahead);
+     * whether it would have deferred without a second connection (see
+     * capstan__feed_defers), and whether it said that it could not make
+     * one. */
+    double taken_at;
+    size_t taken_n;
+    int want_aux, warned;
 };
 
 struct capstan_feed {
@@ -112,12 +120,6 @@ struct capstan_feed {
  * defer): a sweep's jobs then come in after the sweeper's job as well. The
  * job time starts at this, so nothing is deferred before it is measured. */
 #define DEFER_AFTER 0.001
-
-/* This thread's: how many jobs it took at its last look (feed_take.c),
- * and whether it would have deferred without a second connection
- * (feed_defer.c). */
-extern _Thread_local size_t capstan__feed_taken_n;
-extern _Thread_local int capstan__feed_want_aux;
 
 /* Whether the process stops fetching (env.quiet). */
 static inline int capstan__feed_quiet(const capstan_feed_t *feed)

@@ -11,11 +11,6 @@
 #include "unique/prelock.h"
 #include "unique/server.h"
 
-/* When this thread took its last job (capstan__mono()), 0 when it holds none;
- * and how many it took then (see capstan__feed_take_ahead). */
-static _Thread_local double taken_at;
-_Thread_local size_t capstan__feed_taken_n;
-
 /* ---- Taking a job ----------------------------------------------------- */
 
 /* A sweep that came back short leaves the queues about empty: sweeps ahead
@@ -270,11 +265,11 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
     double now = capstan__mono();
     pthread_mutex_lock(&feed->mu);
     capstan__feed_settle_own(s, feed);
-    if (taken_at > 0) {
-        feed->job_time = 0.9 * feed->job_time + 0.1 * (now - taken_at) / (double)capstan__feed_taken_n;
-        feed->taken += capstan__feed_taken_n;
+    if (s->taken_at > 0) {
+        feed->job_time = 0.9 * feed->job_time + 0.1 * (now - s->taken_at) / (double)s->taken_n;
+        feed->taken += s->taken_n;
     }
-    taken_at = 0;
+    s->taken_at = 0;
     /* The last job's ack is left under the same lock as the next is taken:
      * the lock is what every job pays for, once. */
     if (done && (done = capstan__feed_ack_later(feed, done, now))) {
@@ -283,16 +278,15 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
         pthread_mutex_lock(&feed->mu);
     }
     capstan__feed_gate_leave(feed, inside);
-    if (capstan__feed_want_aux && capstan_redis_ok(r) && !capstan__feed_quiet(feed)) {
+    if (s->want_aux && capstan_redis_ok(r) && !capstan__feed_quiet(feed)) {
         /* Out of the lock, the last job's ack already in the feed for any
          * round trip: one try; without it round trips are not deferred. */
         char err[CAPSTAN_ERRLEN];
-        static _Thread_local int warned;
-        capstan__feed_want_aux = 0;
+        s->want_aux = 0;
         pthread_mutex_unlock(&feed->mu);
         if (!s->aux)
             s->aux = capstan_redis_new(feed->env.redis_url, 15, err);
-        if (s->aux && capstan_redis_connect(s->aux) && !warned++)
+        if (s->aux && capstan_redis_connect(s->aux) && !s->warned++)
             capstan_warn("processor %d: a second connection failed (%s); its round trips are "
                          "not deferred", s->index, capstan_redis_error(s->aux));
         pthread_mutex_lock(&feed->mu);
@@ -317,8 +311,8 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
     size_t want = feed->n ? 0 : shortfall(feed);
     int rc = feed->n ? take_waiting(s, r, job) : sweep(s, r, job, want ? want : 1);
     if (rc == 1) {
-        taken_at = capstan__mono();
-        capstan__feed_taken_n = 1;
+        s->taken_at = capstan__mono();
+        s->taken_n = 1;
     }
     return rc;
 }
