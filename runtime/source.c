@@ -1,5 +1,5 @@
 /* The two job sources of source.h: the reliable one is the feed's
- * operations (feed.c); the basic one fetches one job per processor with
+ * operations (feed/); the basic one fetches one job per processor with
  * fetch/'s basic fetch and writes its ack as the job ends. */
 #include "runtime/source.h"
 

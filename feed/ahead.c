@@ -1,6 +1,6 @@
 /* The feed's runs: short jobs with runtime locks taken ahead by one
  * processor, and put back (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

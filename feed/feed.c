@@ -13,7 +13,7 @@
  *
  * This file makes and frees the feed, and holds its finished jobs and its
  * ring of fetched jobs; feed_internal.h lists the others, one a mechanism. */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The feed's deferred round trips, read after the sender's job (see
  * feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

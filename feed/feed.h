@@ -1,5 +1,5 @@
 /* The reliable fetch's local buffer, shared by the processors of one
- * process (feed.c): jobs fetched and waiting to start, finished jobs whose
+ * process (feed/): jobs fetched and waiting to start, finished jobs whose
  * acks wait for the next round trip, and the gate that lets a suspect run
  * alone. It knows nothing of the runtime that makes it: what it asks of
  * it is in capstan_feed_env_t, and each processor's part is its seat. Not
@@ -53,8 +53,8 @@
  *   fetching, *inside set) that a suspect waits to fall to itself.
  * quiet: the process is stopping (env.quiet): jobs fetched go into the
  *   feed to be given back, none is taken. */
-#ifndef CAPSTAN_RUNTIME_FEED_H
-#define CAPSTAN_RUNTIME_FEED_H
+#ifndef CAPSTAN_FEED_FEED_H
+#define CAPSTAN_FEED_FEED_H
 
 #include <pthread.h>
 
@@ -125,8 +125,8 @@ capstan_seat_t *capstan__feed_seat(capstan_feed_t *feed, int i, capstan_fetch_t 
  * counted). */
 void capstan__feed_count(capstan_feed_t *feed, const char *const *names, long long *counts, size_t n);
 
-/* One job for processor s (its seat) into *job, from the feed or fetched by s for
- * itself and the threads that look next. done (owned by the feed from
+/* One job for processor s (its seat) into *job, from the feed or fetched
+ * by s for itself and the threads that look next. done (owned by the feed from
  * here, or NULL) is the thread's last job, whose ack waits in the feed: the
  * acks waiting go out with any round trip. *inside is the thread's own mark
  * that it passed the gate (0 at first). Returns 1 with a job, 0 without
@@ -158,7 +158,7 @@ void capstan__feed_ack(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *d)
 void capstan__feed_leave(capstan_seat_t *s, capstan_redis_t *r, int *inside);
 
 /* Whether *job is a suspect: recovered from a crashed process, it runs
- * alone (see feed.c). */
+ * alone (see gate.c). */
 int capstan__feed_suspect(const capstan_fetched_t *job);
 /* Takes the process for the suspect *job. Returns 1 when it may run (then
  * capstan__feed_solo_end after it), 0 when it went back to its queue. */

@@ -1,6 +1,6 @@
 /* The feed's give-back: fetched jobs that did not start go back to their
  * queues (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The feed's acks waiting: kept for the next round trip, written with it
  * and finished after it (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,12 +1,12 @@
-/* Internal to the feed (runtime/feed*.c): its state and what its files
+/* Internal to the feed (the files of feed/): its state and what its files
  * share, one file a mechanism. Each function is described where it is
  * defined; the words are feed.h's. */
-#ifndef CAPSTAN_RUNTIME_FEED_INTERNAL_H
-#define CAPSTAN_RUNTIME_FEED_INTERNAL_H
+#ifndef CAPSTAN_FEED_FEED_INTERNAL_H
+#define CAPSTAN_FEED_FEED_INTERNAL_H
 
 #include <stdatomic.h>
 
-#include "runtime/feed.h"
+#include "feed/feed.h"
 
 /* SWEEP_MAX jobs at most in one fetch call; ACKS_MAX acks waiting make the
  * next thread write them; SWEEPERS_MAX fetches on their way at once. */
@@ -56,9 +56,9 @@ struct capstan_seat {
                                    processor's), or NULL until then */
     } ahead[CAPSTAN_RUN_MAX - 1];
     size_t nahead;
-    int in_run;            /* the processor runs a run (see feed_ahead.c) */
+    int in_run;            /* the processor runs a run (see ahead.c) */
     /* The processor's second connection, for round trips read after its
-     * job (feed_defer.c), made when first needed; and the one on its way,
+     * job (defer.c), made when first needed; and the one on its way,
      * under the feed's lock. */
     capstan_redis_t *aux;
     struct pending *pend;
@@ -133,12 +133,12 @@ capstan_fetched_t capstan__feed_pop(capstan_feed_t *feed);
 capstan_fetched_t capstan__feed_pop_newest(capstan_feed_t *feed);
 void capstan__feed_wait(capstan_feed_t *feed);
 
-/* feed_held.c: what this process holds (under feed->mu). */
+/* held.c: what this process holds (under feed->mu). */
 void capstan__feed_hold(capstan_feed_t *feed, const capstan_fetched_t *got, size_t n);
 void capstan__feed_let_go_one(capstan_feed_t *feed, unsigned long long hash, size_t len);
 void capstan__feed_hash_all(capstan_fetched_t *jobs, size_t n);
 
-/* feed_acks.c: the acks waiting and the round trips that write them. */
+/* acks.c: the acks waiting and the round trips that write them. */
 capstan_done_t *capstan__feed_ack_later(capstan_feed_t *feed, capstan_done_t *d, double now);
 size_t capstan__feed_drop_stale(capstan_feed_t *feed, capstan_done_t **acks, size_t n, const capstan_redis_t *r);
 void capstan__feed_ack_now(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *d);
@@ -150,20 +150,20 @@ int capstan__feed_exchange(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t
                            capstan_fetched_t *got, size_t max, int block, size_t *unwritten);
 void capstan__feed_flush_acks(capstan_seat_t *s, capstan_redis_t *r);
 
-/* feed_ahead.c: runs taken ahead. */
+/* ahead.c: runs taken ahead. */
 size_t capstan__feed_take_back_ahead(capstan_feed_t *feed, capstan_prelock_t ***held);
 
-/* feed_give.c: giving jobs back. */
+/* give.c: giving jobs back. */
 void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_feed_t *feed, capstan_redis_t *r, capstan_fetched_t *jobs,
                                  size_t n, int (*connect)(void *ctx, capstan_redis_t *r), void *ctx);
 
-/* feed_gate.c: the gate. */
+/* gate.c: the gate. */
 void capstan__feed_gate_leave(capstan_feed_t *feed, int *inside);
 
-/* feed_take.c: taking a job. */
+/* take.c: taking a job. */
 void capstan__feed_note_sweep(capstan_feed_t *feed, double began, size_t asked, int got);
 
-/* feed_defer.c: deferred round trips. */
+/* defer.c: deferred round trips. */
 int capstan__feed_defers(capstan_seat_t *s, const capstan_feed_t *feed);
 void capstan__feed_defer(capstan_seat_t *s, size_t want);
 int capstan__feed_read_one(capstan_feed_t *feed);

@@ -1,6 +1,6 @@
 /* The feed's count of the jobs this process holds, for the stray check
  * (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The feed's taking of a job: its level, its sweeps, a processor's look
  * for a job and its leaving (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* The feed's gate: a suspect runs alone (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
