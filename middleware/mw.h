@@ -18,7 +18,7 @@
 struct capstan_prelock;
 
 /* How a server middleware shares the round trips of the processor's feed
- * (runtime/feed.c), which carry the acks waiting. */
+ * (feed/), which carry the acks waiting. */
 typedef struct capstan_trip_hooks {
     /* Sends script calls in a round trip that writes the acks waiting too,
      * or NULL: a round trip of their own. */

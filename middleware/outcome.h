@@ -1,7 +1,7 @@
 /* What a job's server chain decided for its ack: the disposition, the
  * payload to store, and the uniqueness lock the ack releases. The chain
  * writes it through its invocation (capstan_mw_t's out); the finished job
- * waiting for its ack (runtime/feed.h's capstan_done_t) keeps it, and the
+ * waiting for its ack (feed/feed.h's capstan_done_t) keeps it, and the
  * ack is made of it. Not part of the public API. */
 #ifndef CAPSTAN_MIDDLEWARE_OUTCOME_H
 #define CAPSTAN_MIDDLEWARE_OUTCOME_H

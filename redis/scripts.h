@@ -24,7 +24,7 @@ int capstan__redis_append_script(capstan_redis_t *r, capstan_script_t s, int nke
 /* Which master r was made to, as a count of the masters this process has
  * seen replaced (a READONLY on a plain URL, another master named by the
  * sentinels): what a job wrote through a connection of one era may be lost
- * with that master, so its ack does not go to another (runtime/feed.c). */
+ * with that master, so its ack does not go to another (feed/acks.c). */
 int capstan__redis_era(const capstan_redis_t *r);
 
 /* Through sentinels: asks them which master they name now, and when it is

@@ -150,7 +150,7 @@ static void reclaim_pass(capstan_runtime_t *rt, capstan_redis_t *r, capstan_stra
     char err[CAPSTAN_ERRLEN];
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
     rt->source->read_deferred(rt);
-    if (capstan__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt, &n, err))
+    if (capstan__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt->feed, &n, err))
         capstan_warn("working list check: %s", err);
     else if (n)
         capstan_warn("gave back %ld jobs that sat in this process's working list with no processor "

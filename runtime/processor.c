@@ -156,7 +156,7 @@ static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capsta
             capstan__job_clear(rj->parsed);
         }
         if (rj && rj->ahead) {
-            capstan__feed_put_back(s, r, job, rj->pre, 1); /* listed in the slot */
+            capstan__feed_put_back(s->seat, r, job, rj->pre, 1); /* listed in the slot */
         } else {
             if (rj)
                 capstan__unique_prelock_drop(r, rj->pre);
@@ -193,15 +193,16 @@ static capstan_done_t *run_ahead(capstan_slot_t *s, capstan_redis_t *r, capstan_
     struct capstan_run *run = n > 1 ? s->run : NULL;
     capstan_done_t *done = NULL;
     if (!run) {
-        if (n > 1)
-            capstan__feed_put_back(s, r, got + 1, NULL, n - 1);
-        capstan__feed_run_end(s);
+        if (n > 1) { /* taken ahead from the feed */
+            capstan__feed_put_back(s->seat, r, got + 1, NULL, n - 1);
+            capstan__feed_run_end(s->seat);
+        }
         return run_fetched(s, r, &got[0], NULL);
     }
     size_t keep = capstan__server_prelock(s, r, got, n, run->pre, run->jobs);
-    capstan__feed_ahead_locks(s, got + 1, run->pre + 1, keep - 1);
+    capstan__feed_ahead_locks(s->seat, got + 1, run->pre + 1, keep - 1);
     if (keep < n)
-        capstan__feed_put_back(s, r, got + keep, NULL, n - keep);
+        capstan__feed_put_back(s->seat, r, got + keep, NULL, n - keep);
     size_t i = 0;
     for (; i < keep && !(i && atomic_load(&s->rt->quiet)); i++) {
         if (done)
@@ -216,8 +217,8 @@ static capstan_done_t *run_ahead(capstan_slot_t *s, capstan_redis_t *r, capstan_
         capstan__job_clear(&run->jobs[j]);
     }
     if (i < keep)
-        capstan__feed_put_back(s, r, got + i, run->pre + i, keep - i);
-    capstan__feed_run_end(s);
+        capstan__feed_put_back(s->seat, r, got + i, run->pre + i, keep - i);
+    capstan__feed_run_end(s->seat);
     return done;
 }
 
@@ -306,8 +307,6 @@ void *capstan__processor_main(void *arg)
     else
         loop(s, r);
     capstan_redis_free(r);
-    capstan_redis_free(s->aux);
-    s->aux = NULL;
     free(s->run);
     s->run = NULL;
     capstan__crash_thread_end();

@@ -17,10 +17,6 @@
 #include "periodic/periodic.h"
 #include "runtime/board.h"
 
-/* The most jobs a processor takes at once when their runtime locks can be
- * asked for in one round trip (processor.c). */
-#define CAPSTAN_RUN_MAX 16
-
 /* What one processor thread is doing (its functions are in slot.h).
  * Guarded by mu, except that the fatal-signal handler (crash.c) reads
  * busy, cls, jid and tid without it: they are fixed-size copies, so a torn
@@ -47,34 +43,12 @@ typedef struct capstan_slot {
     char lock_key[CAPSTAN_DIGEST_MAX + 16]; /* while busy: the runtime lock its
                               job holds (a hard timeout releases it), or "" */
     capstan_fetch_t *fetch;
-    /* Jobs the processor took from the feed to run after its current one,
-     * in order (a run of short jobs whose runtime locks went in one round
-     * trip: see processor.c): views of payloads it owns, for the give-back
-     * at a hard stop, which copies them into the feed, takes their locks
-     * over and empties the list (the processor then starts none of them).
-     * Under mu (and the feed's lock too where the feed changes with it). */
-    struct capstan_ahead {
-        const char *payload, *queue;
-        size_t len;
-        unsigned long long seq;
-        struct capstan_prelock *pre; /* its runtime lock once asked for (the
-                                    processor's), or NULL until then */
-    } ahead[CAPSTAN_RUN_MAX - 1];
-    size_t nahead;
-    int in_run;            /* the processor runs a run (see feed_ahead.c) */
+    struct capstan_seat *seat; /* its part of the feed (reliable source),
+                              else NULL */
     double run_time;       /* handler time, seconds (moving average), by
                               the processor's thread only */
     struct capstan_run *run; /* a run's state (processor.c), made when first
                               needed; owned by the processor thread */
-    /* The processor's second connection, for round trips read after its
-     * job (runtime/feed_defer.c), made when first needed; and the one on its
-     * way, under the feed's lock. Owned by the processor thread. */
-    struct capstan_redis *aux;
-    struct pending *pend;
-    /* capstan__mono() when the fetch this processor waits for was sent, 0 when
-     * none is on its way: its jobs are in the working list before the
-     * feed counts them (see capstan__feed_holds). Under the feed's lock. */
-    double fetch_sent;
 } capstan_slot_t;
 
 typedef struct capstan_handler_entry {
@@ -241,19 +215,6 @@ void capstan__hooks_death(const struct capstan_runtime *rt, capstan_job_t *job, 
 
 /* processor.c: the thread loop, fetch -> run the server chain -> ack. */
 void *capstan__processor_main(void *slot);
-
-/* feed.c: the reliable fetch's batch shared by nslots processors, holding
- * at most prefetch jobs fetched and not started (0: the default, see
- * capstan__feed_default_prefetch). The operations are in feed.h. */
-typedef struct capstan_feed capstan_feed_t;
-capstan_feed_t *capstan__feed_new(int nslots, int prefetch);
-/* The prefetch bound when none is set: ten jobs a processor, 500 at least. */
-int capstan__feed_default_prefetch(int nslots);
-void capstan__feed_free(capstan_feed_t *feed);
-/* The jobs waiting in the feed, fetched and not started, by queue:
- * counts[i] for names[i], i < n (a job of a queue not named is not
- * counted). */
-void capstan__feed_count(capstan_feed_t *feed, const char *const *names, long long *counts, size_t n);
 
 /* server_chain.c: runs job through rt->server_chain to its handler on
  * processor s's connection r, leaving the outcome in *out (zeroed by the

@@ -558,7 +558,7 @@ static int run(capstan_runtime_t *rt, char *err)
     const char **qnames = calloc(c->nqueues ? c->nqueues : 1, sizeof(*qnames));
     rt->source = capstan__source_for(c);
     if (!qnames || (rt->source->prefetches && !rt->feed
-                    && !(rt->feed = capstan__feed_new(c->concurrency, c->prefetch)))) {
+                    && !(rt->feed = capstan__source_feed_new(rt)))) {
         rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
     }

@@ -50,6 +50,10 @@ int capstan__slots_new(capstan_runtime_t *rt, char *err)
     for (int i = 0; i < rt->nslots; i++)
         if (slot_init(rt, &rt->slots[i], i, err))
             return CAPSTAN_ENOMEM;
+    for (int i = 0; rt->feed && i <= rt->nslots; i++) {
+        capstan_slot_t *s = i < rt->nslots ? &rt->slots[i] : rt->keeper;
+        s->seat = capstan__feed_seat(rt->feed, i, s->fetch, &s->mu);
+    }
     return 0;
 }
 
@@ -66,7 +70,7 @@ void capstan__slots_free(capstan_runtime_t *rt)
 int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
 {
     pthread_mutex_lock(&s->mu);
-    if (ahead && capstan__feed_ahead_start(s, job->payload)) {
+    if (ahead && capstan__feed_ahead_start(s->seat, job->payload)) {
         pthread_mutex_unlock(&s->mu);
         return 1;
     }

@@ -17,7 +17,7 @@ int capstan__slots_new(struct capstan_runtime *rt, char *err);
 void capstan__slots_free(struct capstan_runtime *rt);
 
 /* Marks s busy with job (whose payload and queue must outlive the mark).
- * A job taken ahead (see capstan__feed_take_ahead) leaves the slot's list
+ * A job taken ahead (see capstan__feed_take_ahead) leaves its seat's list
  * in the same step, unless the give-back at shutdown took it: then the
  * slot stays free and 1 is returned. Otherwise 0. */
 int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead);

@@ -1,5 +1,5 @@
 /* Where the processors take their jobs from, as one table of operations:
- * the reliable source (the feed, feed.c, over fetch/'s reliable fetch) and
+ * the reliable source (the feed, feed/, over fetch/'s reliable fetch) and
  * the basic one (fetch/'s BRPOP, one job at a time). runtime.c picks the
  * table once (capstan__source_for), where it makes the feed; from then on
  * no caller asks which fetch runs. Not part of the public API.
@@ -11,7 +11,8 @@
 #ifndef CAPSTAN_RUNTIME_SOURCE_H
 #define CAPSTAN_RUNTIME_SOURCE_H
 
-#include "runtime/feed.h"
+#include "feed/feed.h"
+#include "runtime/rt.h"
 
 typedef struct capstan_source {
     const char *name;
@@ -75,5 +76,8 @@ extern const capstan_source_t capstan__source_basic;
 
 /* The source c's fetch setting names: the one place that reads it. */
 const capstan_source_t *capstan__source_for(const capstan_config_t *c);
+/* The reliable source's feed for rt's processors, given what it asks of
+ * the runtime (capstan_feed_env_t). NULL without memory. */
+capstan_feed_t *capstan__source_feed_new(struct capstan_runtime *rt);
 
 #endif

@@ -1,4 +1,4 @@
-/* The prefetch of the reliable fetch (runtime/feed.c), as issue 16 says it
+/* The prefetch of the reliable fetch (feed/), as issue 16 says it
  * must behave: two processes on one queue share the work, TERM gives the
  * jobs fetched ahead back to the head of their queue in order, a job pushed
  * to an idle process starts at once, the prefetch setting is checked and
@@ -149,7 +149,7 @@ static void term_mid_drain(int in_order, int slow, const char *lock)
     /* Half the jobs take a millisecond, so the processors are busy while
      * jobs wait in the feed; the others none, so many are fetched ahead.
      * slow: every job takes 3 ms, so the processors send their round trips
-     * before their jobs and read them after (feed.c, defer). */
+     * before their jobs and read them after (feed/defer.c). */
     char **p = calloc(N, sizeof(char *));
     for (unsigned i = 0; i < N; i++) {
         char jid[25];
@@ -248,7 +248,7 @@ Test(prefetch, term_gives_fetched_jobs_back_in_their_order)
 }
 
 /* Short while_executing jobs: each processor takes several and asks for
- * their runtime locks in one round trip (runtime/feed.c). Those it holds
+ * their runtime locks in one round trip (feed/ahead.c). Those it holds
  * unstarted at TERM go back in their place too, their locks released. */
 Test(prefetch, term_gives_jobs_taken_with_their_locks_back_in_order)
 {

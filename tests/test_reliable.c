@@ -173,7 +173,7 @@ Test(reliable, chaos_kill9_five_times_loses_nothing)
 }
 
 /* Short while_executing jobs are taken several at a time with their locks
- * (runtime/feed.c): killed so, their locks are not in the way of the
+ * (feed/): killed so, their locks are not in the way of the
  * jobs' next run. */
 Test(reliable, chaos_kill9_with_runtime_locks_loses_nothing)
 {

@@ -895,7 +895,7 @@ static long long calls_of(redisContext *c, const char *cmd)
 }
 
 /* Short while_executing jobs: a processor takes several from the feed and
- * asks for their runtime locks in one script call (runtime/feed.c), so
+ * asks for their runtime locks in one script call (feed/ahead.c), so
  * Redis sees fewer script calls than jobs (a call each for the locks
  * alone, before). Each runs once, and every lock is gone when they are
  * done. On a server of its own, to count its calls alone. */

@@ -1,6 +1,6 @@
 /* The feed's runs: short jobs with runtime locks taken ahead by one
  * processor, and put back (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -44,23 +44,22 @@ static int runtime_locked(const capstan_fetched_t *job)
     return 0;
 }
 
-size_t capstan__feed_take_ahead(capstan_slot_t *s, const capstan_fetched_t *first, capstan_fetched_t *out,
-                                size_t max)
+size_t capstan__feed_take_ahead(capstan_seat_t *s, double run_time, const capstan_fetched_t *first,
+                                capstan_fetched_t *out, size_t max)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     size_t n = 0;
-    if (s->run_time >= RUN_JOB_TIME || !runtime_locked(first))
+    if (run_time >= RUN_JOB_TIME || !runtime_locked(first))
         return 0;
-    double fit = RUN_SPAN / (s->run_time > 1e-6 ? s->run_time : 1e-6);
+    double fit = RUN_SPAN / (run_time > 1e-6 ? run_time : 1e-6);
     if ((double)max > fit)
         max = (size_t)fit;
     pthread_mutex_lock(&feed->mu);
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     if (max > CAPSTAN_RUN_MAX - 1 - s->nahead)
         max = CAPSTAN_RUN_MAX - 1 - s->nahead;
     /* A thread waiting for a job gets one first. */
-    while (n < max && feed->n > feed->waiting && !feed->solo && !atomic_load(&rt->quiet)) {
+    while (n < max && feed->n > feed->waiting && !feed->solo && !capstan__feed_quiet(feed)) {
         const capstan_fetched_t *head = &feed->jobs[feed->head];
         if (!runtime_locked(head) || capstan__feed_suspect(head))
             break;
@@ -73,15 +72,15 @@ size_t capstan__feed_take_ahead(capstan_slot_t *s, const capstan_fetched_t *firs
         s->in_run = 1;
         atomic_fetch_add(&feed->runs, 1);
     }
-    pthread_mutex_unlock(&s->mu);
-    capstan__feed_taken_n += n;
+    pthread_mutex_unlock(s->mu);
+    s->taken_n += n;
     pthread_mutex_unlock(&feed->mu);
     return n;
 }
 
-/* Under s->mu: removes the view of payload from s->ahead. Returns 0 when
+/* Under *s->mu: removes the view of payload from s->ahead. Returns 0 when
  * it was there, 1 when a give-back took it. */
-static int ahead_remove(capstan_slot_t *s, const char *payload)
+static int ahead_remove(capstan_seat_t *s, const char *payload)
 {
     for (size_t i = 0; i < s->nahead; i++)
         if (s->ahead[i].payload == payload) {
@@ -92,31 +91,31 @@ static int ahead_remove(capstan_slot_t *s, const char *payload)
     return 1;
 }
 
-int capstan__feed_ahead_start(capstan_slot_t *s, const char *payload)
+int capstan__feed_ahead_start(capstan_seat_t *s, const char *payload)
 {
     return ahead_remove(s, payload);
 }
 
-void capstan__feed_ahead_locks(capstan_slot_t *s, const capstan_fetched_t *got, capstan_prelock_t *pre, size_t n)
+void capstan__feed_ahead_locks(capstan_seat_t *s, const capstan_fetched_t *got, capstan_prelock_t *pre, size_t n)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < s->nahead; k++)
             if (s->ahead[k].payload == got[i].payload)
                 s->ahead[k].pre = &pre[i];
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
 }
 
-void capstan__feed_put_back(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *jobs, capstan_prelock_t *pre,
+void capstan__feed_put_back(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *jobs, capstan_prelock_t *pre,
                             size_t n)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     char mine[n ? n : 1];
     pthread_mutex_lock(&feed->mu);
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     for (size_t i = 0; i < n; i++)
         mine[i] = ahead_remove(s, jobs[i].payload) == 0;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     pthread_mutex_unlock(&feed->mu);
     /* Their locks go before they can be given back and fetched again. */
     for (size_t i = 0; pre && i < n; i++)
@@ -129,15 +128,15 @@ void capstan__feed_put_back(capstan_slot_t *s, capstan_redis_t *r, capstan_fetch
         else
             capstan__fetched_clear(&jobs[i]); /* the give-back took a copy */
     }
-    capstan__feed_taken_n = capstan__feed_taken_n > n ? capstan__feed_taken_n - n : 1;
+    s->taken_n = s->taken_n > n ? s->taken_n - n : 1;
     pthread_mutex_unlock(&feed->mu);
 }
 
-void capstan__feed_run_end(capstan_slot_t *s)
+void capstan__feed_run_end(capstan_seat_t *s)
 {
     if (s->in_run) {
         s->in_run = 0;
-        atomic_fetch_sub(&s->rt->feed->runs, 1);
+        atomic_fetch_sub(&s->feed->runs, 1);
     }
 }
 
@@ -147,13 +146,15 @@ void capstan__feed_run_end(capstan_slot_t *s)
  * jobs go back): the processors start none of them. A job whose lock is
  * still being asked for, or that cannot be copied, stays in the working
  * list, recovered once this process is gone. Returns how many locks. */
-size_t capstan__feed_take_back_ahead(capstan_runtime_t *rt, capstan_feed_t *feed, capstan_prelock_t ***held)
+size_t capstan__feed_take_back_ahead(capstan_feed_t *feed, capstan_prelock_t ***held)
 {
-    size_t nheld = 0, cap = (size_t)rt->nslots * (CAPSTAN_RUN_MAX - 1);
+    size_t nheld = 0, cap = (size_t)feed->env.nslots * (CAPSTAN_RUN_MAX - 1);
     *held = calloc(cap, sizeof(**held));
-    for (int i = 0; *held && i < rt->nslots; i++) {
-        capstan_slot_t *s = &rt->slots[i];
-        pthread_mutex_lock(&s->mu);
+    for (int i = 0; *held && i < feed->env.nslots; i++) {
+        capstan_seat_t *s = &feed->seats[i];
+        if (!s->mu)
+            continue; /* no processor sits there */
+        pthread_mutex_lock(s->mu);
         for (size_t k = 0; k < s->nahead;) {
             struct capstan_ahead *a = &s->ahead[k];
             capstan_fetched_t j = { .payload = a->pre ? malloc(a->len + 1) : NULL, .len = a->len,
@@ -173,7 +174,7 @@ size_t capstan__feed_take_back_ahead(capstan_runtime_t *rt, capstan_feed_t *feed
             capstan__feed_push(feed, &j);
             ahead_remove(s, a->payload);
         }
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(s->mu);
     }
     return nheld;
 }

@@ -1,6 +1,6 @@
 /* The feed's acks waiting: kept for the next round trip, written with it
  * and finished after it (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -65,18 +65,18 @@ size_t capstan__feed_drop_stale(capstan_feed_t *feed, capstan_done_t **acks, siz
 }
 
 /* Writes d's ack at once and frees d. */
-void capstan__feed_ack_now(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
+void capstan__feed_ack_now(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *d)
 {
-    if (!capstan__feed_drop_stale(s->rt->feed, &d, 1, r))
+    if (!capstan__feed_drop_stale(s->feed, &d, 1, r))
         return; /* freed: it runs again */
     capstan_ack_item_t item = { .rc = capstan__fetch_ack(s->fetch, r, d->job.payload, d->job.len, &d->ack) };
     /* Written, or left in the working list for the stray check. */
     capstan__feed_finish_acks(s, r, &d, &item, 1, 0, NULL);
 }
 
-void capstan__feed_ack(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d)
+void capstan__feed_ack(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *d)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     pthread_mutex_lock(&feed->mu);
     d = capstan__feed_ack_later(feed, d, capstan__mono());
     pthread_mutex_unlock(&feed->mu);
@@ -111,17 +111,17 @@ void capstan__feed_ack_items(capstan_done_t *const *acks, size_t nacks, capstan_
 /* The one step that finishes the acks a round trip carried (items their
  * results), called once per round trip on the stack that made it: fetching
  * job n+1 finishes job n's ack. Those written are let go, then each goes
- * through capstan__done_acked (the lock metric and its Prometheus event,
+ * through the runtime's acked callback (the lock metric and its Prometheus event,
  * the death hooks, the scheduler's wake) and is freed. Those not written
  * wait in the feed again for the next round trip when again is set;
  * otherwise they are let go too and freed (left in the working list for
  * the stray check). *unwritten (when not NULL) counts them. The array
  * acks is the caller's to free. */
-void capstan__feed_finish_acks(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks,
+void capstan__feed_finish_acks(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t **acks,
                                const capstan_ack_item_t *items, size_t nacks, int again, size_t *unwritten)
 {
     size_t failed = 0;
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     pthread_mutex_lock(&feed->mu);
     for (size_t i = 0; i < nacks; i++)
         if (items[i].rc == 0 || !again)
@@ -129,7 +129,7 @@ void capstan__feed_finish_acks(capstan_slot_t *s, capstan_redis_t *r, capstan_do
     pthread_mutex_unlock(&feed->mu);
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
-            capstan__done_acked(s->rt, acks[i], r);
+            s->feed->env.acked(s->feed->env.ctx, acks[i], r);
             capstan__done_free(acks[i]);
         } else if (again) {
             capstan__feed_ack(s, r, acks[i]);
@@ -147,11 +147,11 @@ void capstan__feed_finish_acks(capstan_slot_t *s, capstan_redis_t *r, capstan_do
  * into got, in the same round trip). Acks written are released; the others
  * go back to the feed for the next round trip, and *unwritten (when not
  * NULL) counts them. Returns capstan__fetch_exchange's result. */
-static int exchange_calls(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
+static int exchange_calls(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
                           capstan_script_call_t *calls, size_t ncalls, capstan_fetched_t *got,
                           size_t max, int block, size_t *unwritten)
 {
-    nacks = capstan__feed_drop_stale(s->rt->feed, acks, nacks, r);
+    nacks = capstan__feed_drop_stale(s->feed, acks, nacks, r);
     /* A few on the stack; many (up to every ack waiting) on the heap, so
      * that no thread's stack grows by them. */
     capstan_ack_item_t few[8];
@@ -177,15 +177,15 @@ static int exchange_calls(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t 
     return rc;
 }
 
-int capstan__feed_exchange(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
+int capstan__feed_exchange(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
                            capstan_fetched_t *got, size_t max, int block, size_t *unwritten)
 {
     return exchange_calls(s, r, acks, nacks, NULL, 0, got, max, block, unwritten);
 }
 
-int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
+int capstan__feed_ride(capstan_seat_t *s, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     size_t nacks;
     pthread_mutex_lock(&feed->mu);
     /* This thread's own round trip on its second connection may carry the
@@ -198,9 +198,9 @@ int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_cal
     return rc < 0 ? rc : 0;
 }
 
-void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r, int all)
+void capstan__feed_prompt(capstan_seat_t *s, capstan_redis_t *r, int all)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     size_t nacks = 0;
     if (!all && !atomic_load(&feed->prompt))
         return;
@@ -218,9 +218,9 @@ void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r, int all)
  * jobs again. Under load acks never wait this long (see take_waiting). */
 #define ACK_LATE 0.1
 
-double capstan__feed_ack_late(capstan_slot_t *s, capstan_redis_t *r)
+double capstan__feed_ack_late(capstan_seat_t *s, capstan_redis_t *r)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     size_t nacks = 0;
     capstan_done_t **acks = NULL;
     pthread_mutex_lock(&feed->mu);
@@ -240,10 +240,9 @@ double capstan__feed_ack_late(capstan_slot_t *s, capstan_redis_t *r)
 /* Writes every waiting ack, reconnecting until they are written or the
  * process is about to exit (then their jobs stay in the working list and
  * are recovered once this process is gone). */
-void capstan__feed_flush_acks(capstan_slot_t *s, capstan_redis_t *r)
+void capstan__feed_flush_acks(capstan_seat_t *s, capstan_redis_t *r)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     for (;;) {
         size_t n;
         pthread_mutex_lock(&feed->mu);
@@ -255,8 +254,7 @@ void capstan__feed_flush_acks(capstan_slot_t *s, capstan_redis_t *r)
         capstan__feed_exchange(s, r, acks, n, NULL, 0, 0, &failed);
         /* Acks other threads queued meanwhile simply go in the next turn;
          * only a failure of these calls for a new connection. */
-        if (failed && (atomic_load(&rt->housekeeper_stop)
-                       || capstan__rt_connect(rt, r, &rt->housekeeper_stop))) {
+        if (failed && (feed->env.exiting(feed->env.ctx) || feed->env.connect(feed->env.ctx, r))) {
             pthread_mutex_lock(&feed->mu);
             acks = capstan__feed_take_acks(feed, &n);
             for (size_t i = 0; i < n; i++)

@@ -1,6 +1,6 @@
 /* The feed's deferred round trips, read after the sender's job (see
  * feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -22,17 +22,13 @@
  * round trip itself; the owner's second connection is not used meanwhile
  * (it runs a job on its first). */
 
-/* Set when this thread would have deferred but had no second connection:
- * capstan__feed_next makes one, out of the feed's lock. */
-_Thread_local int capstan__feed_want_aux;
-
 /* Under feed->mu: whether s sends its round trips to read after its job. */
-int capstan__feed_defers(capstan_slot_t *s, const capstan_feed_t *feed)
+int capstan__feed_defers(capstan_seat_t *s, const capstan_feed_t *feed)
 {
     if (feed->job_time <= DEFER_AFTER || s->pend)
         return 0;
     if (!s->aux || !capstan_redis_ok(s->aux)) {
-        capstan__feed_want_aux = 1;
+        s->want_aux = 1; /* capstan__feed_next makes one, out of the lock */
         return 0;
     }
     return 1;
@@ -43,7 +39,7 @@ int capstan__feed_defers(capstan_slot_t *s, const capstan_feed_t *feed)
  * settled; the lock is let go meanwhile. */
 static void complete(capstan_feed_t *feed, pending_t *p)
 {
-    capstan_slot_t *o = p->owner;
+    capstan_seat_t *o = p->owner;
     capstan_fetched_t *got = p->got;
     pthread_mutex_unlock(&feed->mu);
     int rc = p->x ? capstan__fetch_recv(o->fetch, o->aux, p->x, p->items, got) : CAPSTAN_EREDIS;
@@ -71,10 +67,9 @@ static void complete(capstan_feed_t *feed, pending_t *p)
 /* Under feed->mu, which it releases: sends the acks waiting and, when want
  * is not 0, a sweep for want jobs on s's second connection, to be read
  * after s's job (or by a thread that waits first). */
-void capstan__feed_defer(capstan_slot_t *s, size_t want)
+void capstan__feed_defer(capstan_seat_t *s, size_t want)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     pending_t *p = calloc(1, sizeof(*p));
     if (!p) {
         pthread_mutex_unlock(&feed->mu);
@@ -139,7 +134,7 @@ int capstan__feed_read_one(capstan_feed_t *feed)
 
 /* Under feed->mu: this thread's own deferred round trip is read (by it,
  * or by the thread that claimed it first) before it takes another job. */
-void capstan__feed_settle_own(capstan_slot_t *s, capstan_feed_t *feed)
+void capstan__feed_settle_own(capstan_seat_t *s, capstan_feed_t *feed)
 {
     while (s->pend) {
         if (!s->pend->claimed) {
@@ -152,9 +147,8 @@ void capstan__feed_settle_own(capstan_slot_t *s, capstan_feed_t *feed)
     }
 }
 
-void capstan__feed_read_deferred(capstan_runtime_t *rt)
+void capstan__feed_read_deferred(capstan_feed_t *feed)
 {
-    capstan_feed_t *feed = rt->feed;
     pthread_mutex_lock(&feed->mu);
     while (capstan__feed_read_one(feed))
         ;

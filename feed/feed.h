@@ -1,7 +1,9 @@
 /* The reliable fetch's local buffer, shared by the processors of one
- * process (feed.c): jobs fetched and waiting to start, finished jobs whose
+ * process (feed/): jobs fetched and waiting to start, finished jobs whose
  * acks wait for the next round trip, and the gate that lets a suspect run
- * alone. Not part of the public API.
+ * alone. It knows nothing of the runtime that makes it: what it asks of
+ * it is in capstan_feed_env_t, and each processor's part is its seat. Not
+ * part of the public API.
  *
  * The feed's words, as its code uses them:
  * feed: the ring of jobs fetched and not yet taken, oldest first (by seq),
@@ -15,8 +17,11 @@
  * dry: a sweep came back short, so no sweep ahead of need until dry_until.
  * ahead: fetched before a thread needs it (the feed's level); "taken
  *   ahead": jobs a processor takes after the one it starts, for a run.
+ * seat: one processor's part of the feed (capstan_seat_t), passed with
+ *   each of its calls: its jobs taken ahead, its second connection, its
+ *   round trip deferred, its last look.
  * run: jobs with a runtime lock that one processor takes ahead, asks all
- *   locks of in one round trip and runs in turn (s->ahead, s->in_run).
+ *   locks of in one round trip and runs in turn (seat->ahead, seat->in_run).
  * put back: a processor returns jobs it took ahead and did not start to
  *   the feed, in their place, their locks released first.
  * give back: jobs fetched and not started go back to their queues, newest
@@ -46,14 +51,22 @@
  *   acks are written and the feed is given back first.
  * gate: the count of threads inside capstan__feed_next (holding a job or
  *   fetching, *inside set) that a suspect waits to fall to itself.
- * quiet: the process is stopping (rt->quiet): jobs fetched go into the
+ * quiet: the process is stopping (env.quiet): jobs fetched go into the
  *   feed to be given back, none is taken. */
-#ifndef CAPSTAN_RUNTIME_FEED_H
-#define CAPSTAN_RUNTIME_FEED_H
+#ifndef CAPSTAN_FEED_FEED_H
+#define CAPSTAN_FEED_FEED_H
 
-#include "runtime/rt.h"
+#include <pthread.h>
+
+#include "fetch/fetch.h"
+#include "job/job.h"
+#include "middleware/mw.h"
 #include "middleware/outcome.h"
 #include "unique/prelock.h"
+
+/* The most jobs a processor takes at once when their runtime locks can be
+ * asked for in one round trip (processor.c). */
+#define CAPSTAN_RUN_MAX 16
 
 /* A finished job whose ack has not been written yet (reliable fetch: the
  * ack script and LREM are guarded by the working list, so a requeue or
@@ -73,22 +86,58 @@ typedef struct capstan_done {
 void capstan__done_free(capstan_done_t *d);
 /* Frees what d holds; d stays allocated. */
 void capstan__done_clear(capstan_done_t *d);
-/* d's ack was written: notes the lock it released, runs the death hooks
- * when it wrote the job to the dead set, then clears d. */
-void capstan__done_acked(struct capstan_runtime *rt, capstan_done_t *d, capstan_redis_t *r);
 
-/* One job for processor s into *job, from the feed or fetched by s for
- * itself and the threads that look next. done (owned by the feed from
+/* What the feed asks of the process that makes it; ctx is passed back to
+ * each callback, which any processor's thread may call. */
+typedef struct capstan_feed_env {
+    void *ctx;
+    int nslots;            /* the processors that share the feed */
+    int prefetch;          /* jobs fetched and not started at most; 0: the
+                              default (capstan__feed_default_prefetch) */
+    const char *redis_url; /* where a processor's second connection goes */
+    int (*busy)(void *ctx);  /* how many processors run a job */
+    int (*quiet)(void *ctx); /* whether the process stops fetching */
+    int (*exiting)(void *ctx); /* whether the process is about to exit
+                              (nothing waits for Redis any more) */
+    /* Reconnects r until it works (0) or the process is about to exit. */
+    int (*connect)(void *ctx, capstan_redis_t *r);
+    /* d's ack was written (on r): what follows from it is done (the lock
+     * it released noted, the death hooks, the scheduler's wake) and d
+     * cleared. */
+    void (*acked)(void *ctx, capstan_done_t *d, capstan_redis_t *r);
+} capstan_feed_env_t;
+
+typedef struct capstan_feed capstan_feed_t;
+typedef struct capstan_seat capstan_seat_t;
+
+/* A feed for env's processors (env is copied). NULL without memory. */
+capstan_feed_t *capstan__feed_new(const capstan_feed_env_t *env);
+/* The prefetch bound when none is set: ten jobs a processor, 500 at least. */
+int capstan__feed_default_prefetch(int nslots);
+void capstan__feed_free(capstan_feed_t *feed);
+/* Seat i of the feed, for processor i (i < env.nslots) or, i == nslots,
+ * for the housekeeper's late acks; f is its fetcher. mu is the
+ * processor's own lock, lent: a job it took ahead leaves the seat under
+ * the lock that marks the processor busy, so the give-back at a hard stop
+ * finds it in one place or the other. Called before the processors start. */
+capstan_seat_t *capstan__feed_seat(capstan_feed_t *feed, int i, capstan_fetch_t *f, pthread_mutex_t *mu);
+/* The jobs waiting in the feed, fetched and not started, by queue:
+ * counts[i] for names[i], i < n (a job of a queue not named is not
+ * counted). */
+void capstan__feed_count(capstan_feed_t *feed, const char *const *names, long long *counts, size_t n);
+
+/* One job for processor s (its seat) into *job, from the feed or fetched
+ * by s for itself and the threads that look next. done (owned by the feed from
  * here, or NULL) is the thread's last job, whose ack waits in the feed: the
  * acks waiting go out with any round trip. *inside is the thread's own mark
  * that it passed the gate (0 at first). Returns 1 with a job, 0 without
  * (look again), or capstan__fetch_exchange's error. */
-int capstan__feed_next(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *done, capstan_fetched_t *job,
+int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *done, capstan_fetched_t *job,
                        int *inside);
 /* Sends ncalls script calls in one round trip that writes the acks waiting
  * too; each call's reply is left in it (NULL when the connection failed).
  * Returns 0 or CAPSTAN_EREDIS. */
-int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls);
+int capstan__feed_ride(capstan_seat_t *s, capstan_redis_t *r, capstan_script_call_t *calls, size_t ncalls);
 /* Writes the acks waiting when one of them releases a runtime lock: called
  * before a handler runs, so no such lock outlives its job by more than the
  * time the next job takes to start. With all, every ack waiting: called as
@@ -96,59 +145,60 @@ int capstan__feed_ride(capstan_slot_t *s, capstan_redis_t *r, capstan_script_cal
  * held by a job whose ack (its release) waits in the feed: when every
  * processor waits, no round trip would carry it before the housekeeper's
  * (capstan__feed_ack_late). */
-void capstan__feed_prompt(capstan_slot_t *s, capstan_redis_t *r, int all);
-/* Writes the acks that waited ACK_LATE (0.1 s) or more, through s (a slot
- * no processor uses) and r: the housekeeper calls it between its beats.
+void capstan__feed_prompt(capstan_seat_t *s, capstan_redis_t *r, int all);
+/* Writes the acks that waited ACK_LATE (0.1 s) or more, through s (the
+ * seat no processor uses) and r: the housekeeper calls it between its beats.
  * Returns how long to wait before the next call (seconds), or -1 when
  * acks are late and r is not connected. */
-double capstan__feed_ack_late(capstan_slot_t *s, capstan_redis_t *r);
+double capstan__feed_ack_late(capstan_seat_t *s, capstan_redis_t *r);
 /* Leaves d's ack in the feed for the next round trip; on no memory,
  * writes it at once instead. */
-void capstan__feed_ack(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d);
-/* Processor s stops: it leaves the gate, writes the acks waiting and gives
- * back the jobs waiting in the feed. */
-void capstan__feed_leave(capstan_slot_t *s, capstan_redis_t *r, int *inside);
+void capstan__feed_ack(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *d);
+/* Processor s stops: it leaves the gate, writes the acks waiting, gives
+ * back the jobs waiting in the feed and closes its second connection. */
+void capstan__feed_leave(capstan_seat_t *s, capstan_redis_t *r, int *inside);
 
 /* Whether *job is a suspect: recovered from a crashed process, it runs
- * alone (see feed.c). */
+ * alone (see gate.c). */
 int capstan__feed_suspect(const capstan_fetched_t *job);
 /* Takes the process for the suspect *job. Returns 1 when it may run (then
  * capstan__feed_solo_end after it), 0 when it went back to its queue. */
-int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job);
-void capstan__feed_solo_end(capstan_slot_t *s, capstan_redis_t *r);
+int capstan__feed_solo_begin(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job);
+void capstan__feed_solo_end(capstan_seat_t *s, capstan_redis_t *r);
 
 /* Processor s is about to run *first, which it took from the feed: when
  * that job takes a runtime lock at once and jobs run short, takes the jobs
  * of that kind that follow it in the feed, up to max, into out (owned by
- * the caller), and lists them in s->ahead. Returns how many. */
-size_t capstan__feed_take_ahead(capstan_slot_t *s, const capstan_fetched_t *first, capstan_fetched_t *out,
-                                size_t max);
-/* Under s->mu: processor s starts the job it took ahead whose payload this
+ * the caller), and lists them in s->ahead. run_time is the processor's
+ * handler time (seconds, moving average). Returns how many. */
+size_t capstan__feed_take_ahead(capstan_seat_t *s, double run_time, const capstan_fetched_t *first,
+                                capstan_fetched_t *out, size_t max);
+/* Under the processor's lock (lent to its seat): processor s starts the job it took ahead whose payload this
  * is. Returns 0, or 1 when the give-back at shutdown took it meanwhile
  * (as a copy): it must not start. */
-int capstan__feed_ahead_start(capstan_slot_t *s, const char *payload);
+int capstan__feed_ahead_start(capstan_seat_t *s, const char *payload);
 /* The runtime locks of jobs got[0..n), taken ahead, were asked for into
  * pre[0..n) (the processor's): a give-back at a hard stop may take them
  * over with the jobs. */
-void capstan__feed_ahead_locks(capstan_slot_t *s, const capstan_fetched_t *got, capstan_prelock_t *pre, size_t n);
+void capstan__feed_ahead_locks(capstan_seat_t *s, const capstan_fetched_t *got, capstan_prelock_t *pre, size_t n);
 /* Puts jobs[0..n), taken ahead and not started, back in the feed in their
  * place, their locks pre[0..n) (or NULL) released first; frees those the
  * give-back took meanwhile. */
-void capstan__feed_put_back(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *jobs, capstan_prelock_t *pre,
+void capstan__feed_put_back(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *jobs, capstan_prelock_t *pre,
                             size_t n);
 /* Processor s's run is over: every job it took ahead started or went back. */
-void capstan__feed_run_end(capstan_slot_t *s);
+void capstan__feed_run_end(capstan_seat_t *s);
 
 /* Gives back every job waiting in the feed, and those the processors took
  * ahead (their locks released first), using f and r (reconnecting when
  * connect is set). One thread gives back at a time; without connect (a
  * hard stop) it does not wait for another, and then gives back nothing.
  * Returns how many it gave back. */
-int capstan__feed_give_back(capstan_runtime_t *rt, capstan_fetch_t *f, capstan_redis_t *r, int connect);
+int capstan__feed_give_back(capstan_feed_t *feed, capstan_fetch_t *f, capstan_redis_t *r, int connect);
 /* Reads every round trip deferred by a processor whose job still runs, so
  * that the jobs they fetched are counted (capstan__feed_holds) before this
  * process checks its own working list. */
-void capstan__feed_read_deferred(struct capstan_runtime *rt);
+void capstan__feed_read_deferred(capstan_feed_t *feed);
 /* Whether this process holds a job with this exact payload, fetched and
  * not yet acked or given back (in the feed, taken, running, finished): 1
  * it does, 0 it does not, 2 it cannot tell yet (a fetch whose reply is not
@@ -156,18 +206,19 @@ void capstan__feed_read_deferred(struct capstan_runtime *rt);
  * read at the pass that first saw the job unheld, -1 at first sight: a
  * fetch sent after that cannot have moved it (unless this process gave
  * jobs back since, and so may fetch the same payload again). */
-int capstan__feed_holds(struct capstan_runtime *rt, const char *payload, size_t len, double since);
+int capstan__feed_holds(capstan_feed_t *feed, const char *payload, size_t len, double since);
 /* The hash the feed counts a payload by. */
 unsigned long long capstan__feed_hash(const char *payload, size_t len);
 /* A job the feed counted (by its hash and length) is no longer this
  * process's: it is done, or left in the working list for the stray check
  * (the reliable source's let_go). */
-void capstan__feed_let_go(struct capstan_runtime *rt, unsigned long long hash, size_t len);
+void capstan__feed_let_go(capstan_feed_t *feed, unsigned long long hash, size_t len);
 
 /* Gives a fetched job that did not start and that no feed counted (the
- * basic source's) back to its queue (and frees *job). When connect is set a broken connection is reconnected and the
- * requeue tried again, until the process exits. */
-void capstan__give_back(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *job,
-                        int connect);
+ * basic source's) back to its queue (and frees *job). A broken connection
+ * is mended with connect(ctx, r) (capstan_feed_env_t's) and the requeue
+ * tried again, while that works; connect NULL: one try. */
+void capstan__give_back(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *job,
+                        int (*connect)(void *ctx, capstan_redis_t *r), void *ctx);
 
 #endif

@@ -13,7 +13,7 @@
  *
  * This file makes and frees the feed, and holds its finished jobs and its
  * ring of fetched jobs; feed_internal.h lists the others, one a mechanism. */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -29,11 +29,13 @@ int capstan__feed_default_prefetch(int nslots)
     return nslots * 10 < 500 ? 500 : nslots * 10;
 }
 
-capstan_feed_t *capstan__feed_new(int nslots, int prefetch)
+capstan_feed_t *capstan__feed_new(const capstan_feed_env_t *env)
 {
+    int nslots = env->nslots, prefetch = env->prefetch;
     capstan_feed_t *feed = calloc(1, sizeof(*feed));
     if (!feed)
         return NULL;
+    feed->env = *env;
     /* Two sweeps at least, so one is on its way while another's jobs are
      * taken; more when there are threads to make them. */
     feed->sweepers_max = nslots < 2 ? 2 : nslots < SWEEPERS_MAX ? nslots : SWEEPERS_MAX;
@@ -44,7 +46,10 @@ capstan_feed_t *capstan__feed_new(int nslots, int prefetch)
      * ahead of their turn: see capstan__feed_take_ahead). */
     feed->cap = feed->prefetch + (size_t)nslots * CAPSTAN_RUN_MAX;
     feed->jobs = calloc(feed->cap, sizeof(capstan_fetched_t));
-    if (!feed->jobs) {
+    feed->seats = calloc((size_t)nslots + 1, sizeof(capstan_seat_t));
+    if (!feed->jobs || !feed->seats) {
+        free(feed->jobs);
+        free(feed->seats);
         free(feed);
         return NULL;
     }
@@ -56,10 +61,21 @@ capstan_feed_t *capstan__feed_new(int nslots, int prefetch)
     return feed;
 }
 
+capstan_seat_t *capstan__feed_seat(capstan_feed_t *feed, int i, capstan_fetch_t *f, pthread_mutex_t *mu)
+{
+    capstan_seat_t *s = &feed->seats[i];
+    s->feed = feed;
+    s->index = i;
+    s->fetch = f;
+    s->mu = mu;
+    return s;
+}
+
 void capstan__feed_free(capstan_feed_t *feed)
 {
     if (!feed)
         return;
+    free(feed->seats);
     for (size_t i = 0; i < feed->n; i++)
         capstan__fetched_clear(&feed->jobs[(feed->head + i) % feed->cap]);
     for (size_t i = 0; i < feed->nacks; i++) {
@@ -82,19 +98,6 @@ void capstan__done_clear(capstan_done_t *d)
     capstan__outcome_clear(&d->out);
     capstan__job_clear(&d->job);
     d->active = 0;
-}
-
-void capstan__done_acked(capstan_runtime_t *rt, capstan_done_t *d, capstan_redis_t *r)
-{
-    if (d->ack.lock_key)
-        capstan__unique_note_released(&d->out, r);
-    /* After the ack: the job is in the dead set when the hook runs. */
-    if (d->ack.kind == CAPSTAN_ACK_DEAD)
-        capstan__hooks_death(rt, &d->job, d->job.err_class, d->job.err_msg);
-    /* After the ack too: the job is in the schedule set when it wakes. */
-    if (d->ack.kind == CAPSTAN_ACK_SCHEDULE)
-        capstan__scheduler_wake_at(rt, d->ack.score);
-    capstan__done_clear(d);
 }
 
 void capstan__done_free(capstan_done_t *d)

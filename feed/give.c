@@ -1,6 +1,6 @@
 /* The feed's give-back: fetched jobs that did not start go back to their
  * queues (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -18,9 +18,10 @@ enum { GIVE_BACK_MAX = 100 };
 
 /* Gives n (at most GIVE_BACK_MAX) fetched jobs of one queue back in one
  * call, newest first, and frees them. feed: the feed that counted them, or
- * NULL (a job of the basic source). */
-void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_feed_t *feed, capstan_redis_t *r,
-                                 capstan_fetched_t *jobs, size_t n, int connect)
+ * NULL (a job of the basic source). connect(ctx, r) mends a broken
+ * connection for another try (capstan_feed_env_t's); NULL: one try. */
+void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_feed_t *feed, capstan_redis_t *r, capstan_fetched_t *jobs,
+                                 size_t n, int (*connect)(void *ctx, capstan_redis_t *r), void *ctx)
 {
     const char *raws[GIVE_BACK_MAX] = {0};
     size_t lens[GIVE_BACK_MAX] = {0};
@@ -41,8 +42,7 @@ void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, caps
     int back = capstan__fetch_requeue_n(f, r, queue, raws, lens, n);
     /* Only a broken connection is worth another try: an error reply (the
      * queue key holds another type than a list) would only come again. */
-    while (back == CAPSTAN_EREDIS && !capstan_redis_ok(r) && connect
-           && capstan__rt_connect(rt, r, &rt->housekeeper_stop) == 0)
+    while (back == CAPSTAN_EREDIS && !capstan_redis_ok(r) && connect && connect(ctx, r) == 0)
         back = capstan__fetch_requeue_n(f, r, queue, raws, lens, n);
     if (back == 0 && n == 1)
         capstan_info("a fetched job that had not started went back to queue:%s", queue);
@@ -62,17 +62,16 @@ void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, caps
         capstan__fetched_clear(&jobs[i]);
 }
 
-void capstan__give_back(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_redis_t *r, capstan_fetched_t *job,
-                        int connect)
+void capstan__give_back(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *job,
+                        int (*connect)(void *ctx, capstan_redis_t *r), void *ctx)
 {
-    capstan__feed_give_back_run(f, rt, NULL, r, job, 1, connect);
+    capstan__feed_give_back_run(f, NULL, r, job, 1, connect, ctx);
 }
 
 /* Newest first, so that each queue's oldest ends up fetched first again;
  * a run of jobs of one queue goes back in one call. */
-int capstan__feed_give_back(capstan_runtime_t *rt, capstan_fetch_t *f, capstan_redis_t *r, int connect)
+int capstan__feed_give_back(capstan_feed_t *feed, capstan_fetch_t *f, capstan_redis_t *r, int connect)
 {
-    capstan_feed_t *feed = rt->feed;
     int total = 0;
     /* One thread at a time: two giving back runs of one queue at once
      * could put the older run in place first and the newer in front. The
@@ -85,7 +84,7 @@ int capstan__feed_give_back(capstan_runtime_t *rt, capstan_fetch_t *f, capstan_r
         return 0;
     capstan_prelock_t **held;
     pthread_mutex_lock(&feed->mu);
-    size_t nheld = capstan__feed_take_back_ahead(rt, feed, &held);
+    size_t nheld = capstan__feed_take_back_ahead(feed, &held);
     pthread_mutex_unlock(&feed->mu);
     for (size_t i = 0; i < nheld; i++) {
         capstan__unique_prelock_drop(r, held[i]);
@@ -106,7 +105,8 @@ int capstan__feed_give_back(capstan_runtime_t *rt, capstan_fetch_t *f, capstan_r
         for (size_t i = 0, j; i < n; i = j) {
             for (j = i + 1; j < n && strcmp(jobs[j].queue, jobs[i].queue) == 0; j++)
                 ;
-            capstan__feed_give_back_run(f, rt, feed, r, jobs + i, j - i, connect);
+            capstan__feed_give_back_run(f, feed, r, jobs + i, j - i, connect ? feed->env.connect : NULL,
+                                        feed->env.ctx);
         }
         total += (int)n;
     }

@@ -1,12 +1,12 @@
-/* Internal to the feed (runtime/feed*.c): its state and what its files
+/* Internal to the feed (the files of feed/): its state and what its files
  * share, one file a mechanism. Each function is described where it is
  * defined; the words are feed.h's. */
-#ifndef CAPSTAN_RUNTIME_FEED_INTERNAL_H
-#define CAPSTAN_RUNTIME_FEED_INTERNAL_H
+#ifndef CAPSTAN_FEED_FEED_INTERNAL_H
+#define CAPSTAN_FEED_FEED_INTERNAL_H
 
 #include <stdatomic.h>
 
-#include "runtime/feed.h"
+#include "feed/feed.h"
 
 /* SWEEP_MAX jobs at most in one fetch call; ACKS_MAX acks waiting make the
  * next thread write them; SWEEPERS_MAX fetches on their way at once. */
@@ -16,7 +16,7 @@ enum { SWEEP_MAX = 100, ACKS_MAX = 64, SWEEPERS_MAX = 4 };
  * its job, to read after it (see defer): the acks it writes, the jobs it
  * fetches. Any thread that would otherwise wait may read it instead. */
 typedef struct pending {
-    capstan_slot_t *owner;
+    capstan_seat_t *owner;
     capstan_exchange_t *x;
     capstan_done_t **acks;
     capstan_ack_item_t *items;
@@ -34,7 +34,51 @@ typedef struct held {
     size_t count; /* 0: an empty place */
 } held_t;
 
+/* One processor's part of the feed (see seat). The ahead list is under the
+ * processor's lock (mu, lent: see capstan__feed_seat), and the feed's too
+ * where the feed changes with it; the rest is the processor thread's own,
+ * but fetch_sent, which is under the feed's lock. */
+struct capstan_seat {
+    capstan_feed_t *feed;
+    int index;
+    capstan_fetch_t *fetch;
+    pthread_mutex_t *mu;
+    /* Jobs the processor took from the feed to run after its current one,
+     * in order (a run of short jobs whose runtime locks went in one round
+     * trip: see processor.c): views of payloads it owns, for the give-back
+     * at a hard stop, which copies them into the feed, takes their locks
+     * over and empties the list (the processor then starts none of them). */
+    struct capstan_ahead {
+        const char *payload, *queue;
+        size_t len;
+        unsigned long long seq;
+        capstan_prelock_t *pre; /* its runtime lock once asked for (the
+                                   processor's), or NULL until then */
+    } ahead[CAPSTAN_RUN_MAX - 1];
+    size_t nahead;
+    int in_run;            /* the processor runs a run (see ahead.c) */
+    /* The processor's second connection, for round trips read after its
+     * job (defer.c), made when first needed; and the one on its way,
+     * under the feed's lock. */
+    capstan_redis_t *aux;
+    struct pending *pend;
+    /* capstan__mono() when the fetch this processor waits for was sent, 0 when
+     * none is on its way: its jobs are in the working list before the
+     * feed counts them (see capstan__feed_holds). Under the feed's lock. */
+    double fetch_sent;
+    /* When the processor took its last job (capstan__mono()), 0 when it
+     * holds none, and how many it took then (with those taken ahead);
+     * whether it would have deferred without a second connection (see
+     * capstan__feed_defers), and whether it said that it could not make
+     * one. */
+    double taken_at;
+    size_t taken_n;
+    int want_aux, warned;
+};
+
 struct capstan_feed {
+    capstan_feed_env_t env;
+    capstan_seat_t *seats; /* env.nslots processors', then the housekeeper's */
     pthread_mutex_t mu;
     pthread_mutex_t give_mu; /* held by the thread giving jobs back */
     pthread_cond_t came;   /* a sweep came back */
@@ -77,11 +121,11 @@ struct capstan_feed {
  * job time starts at this, so nothing is deferred before it is measured. */
 #define DEFER_AFTER 0.001
 
-/* This thread's: how many jobs it took at its last look (feed_take.c),
- * and whether it would have deferred without a second connection
- * (feed_defer.c). */
-extern _Thread_local size_t capstan__feed_taken_n;
-extern _Thread_local int capstan__feed_want_aux;
+/* Whether the process stops fetching (env.quiet). */
+static inline int capstan__feed_quiet(const capstan_feed_t *feed)
+{
+    return feed->env.quiet(feed->env.ctx);
+}
 
 /* feed.c: the ring of fetched jobs (under feed->mu). */
 void capstan__feed_push(capstan_feed_t *feed, capstan_fetched_t *job);
@@ -89,40 +133,40 @@ capstan_fetched_t capstan__feed_pop(capstan_feed_t *feed);
 capstan_fetched_t capstan__feed_pop_newest(capstan_feed_t *feed);
 void capstan__feed_wait(capstan_feed_t *feed);
 
-/* feed_held.c: what this process holds (under feed->mu). */
+/* held.c: what this process holds (under feed->mu). */
 void capstan__feed_hold(capstan_feed_t *feed, const capstan_fetched_t *got, size_t n);
 void capstan__feed_let_go_one(capstan_feed_t *feed, unsigned long long hash, size_t len);
 void capstan__feed_hash_all(capstan_fetched_t *jobs, size_t n);
 
-/* feed_acks.c: the acks waiting and the round trips that write them. */
+/* acks.c: the acks waiting and the round trips that write them. */
 capstan_done_t *capstan__feed_ack_later(capstan_feed_t *feed, capstan_done_t *d, double now);
 size_t capstan__feed_drop_stale(capstan_feed_t *feed, capstan_done_t **acks, size_t n, const capstan_redis_t *r);
-void capstan__feed_ack_now(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *d);
+void capstan__feed_ack_now(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *d);
 capstan_done_t **capstan__feed_take_acks(capstan_feed_t *feed, size_t *n);
 void capstan__feed_ack_items(capstan_done_t *const *acks, size_t nacks, capstan_ack_item_t *items);
-void capstan__feed_finish_acks(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks,
+void capstan__feed_finish_acks(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t **acks,
                                const capstan_ack_item_t *items, size_t nacks, int again, size_t *unwritten);
-int capstan__feed_exchange(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
+int capstan__feed_exchange(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t **acks, size_t nacks,
                            capstan_fetched_t *got, size_t max, int block, size_t *unwritten);
-void capstan__feed_flush_acks(capstan_slot_t *s, capstan_redis_t *r);
+void capstan__feed_flush_acks(capstan_seat_t *s, capstan_redis_t *r);
 
-/* feed_ahead.c: runs taken ahead. */
-size_t capstan__feed_take_back_ahead(capstan_runtime_t *rt, capstan_feed_t *feed, capstan_prelock_t ***held);
+/* ahead.c: runs taken ahead. */
+size_t capstan__feed_take_back_ahead(capstan_feed_t *feed, capstan_prelock_t ***held);
 
-/* feed_give.c: giving jobs back. */
-void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_runtime_t *rt, capstan_feed_t *feed, capstan_redis_t *r,
-                                 capstan_fetched_t *jobs, size_t n, int connect);
+/* give.c: giving jobs back. */
+void capstan__feed_give_back_run(capstan_fetch_t *f, capstan_feed_t *feed, capstan_redis_t *r, capstan_fetched_t *jobs,
+                                 size_t n, int (*connect)(void *ctx, capstan_redis_t *r), void *ctx);
 
-/* feed_gate.c: the gate. */
+/* gate.c: the gate. */
 void capstan__feed_gate_leave(capstan_feed_t *feed, int *inside);
 
-/* feed_take.c: taking a job. */
+/* take.c: taking a job. */
 void capstan__feed_note_sweep(capstan_feed_t *feed, double began, size_t asked, int got);
 
-/* feed_defer.c: deferred round trips. */
-int capstan__feed_defers(capstan_slot_t *s, const capstan_feed_t *feed);
-void capstan__feed_defer(capstan_slot_t *s, size_t want);
+/* defer.c: deferred round trips. */
+int capstan__feed_defers(capstan_seat_t *s, const capstan_feed_t *feed);
+void capstan__feed_defer(capstan_seat_t *s, size_t want);
 int capstan__feed_read_one(capstan_feed_t *feed);
-void capstan__feed_settle_own(capstan_slot_t *s, capstan_feed_t *feed);
+void capstan__feed_settle_own(capstan_seat_t *s, capstan_feed_t *feed);
 
 #endif

@@ -1,6 +1,6 @@
 /* The feed's count of the jobs this process holds, for the stray check
  * (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -112,19 +112,19 @@ void capstan__feed_let_go_one(capstan_feed_t *feed, unsigned long long hash, siz
     }
 }
 
-void capstan__feed_let_go(capstan_runtime_t *rt, unsigned long long hash, size_t len)
+void capstan__feed_let_go(capstan_feed_t *feed, unsigned long long hash, size_t len)
 {
-    pthread_mutex_lock(&rt->feed->mu);
-    capstan__feed_let_go_one(rt->feed, hash, len);
-    pthread_mutex_unlock(&rt->feed->mu);
+    pthread_mutex_lock(&feed->mu);
+    capstan__feed_let_go_one(feed, hash, len);
+    pthread_mutex_unlock(&feed->mu);
 }
 
 /* Under feed->mu: whether a fetch sent at or before t (capstan__mono()), or
  * any when t is negative, has a reply no thread has read yet. */
-static int unread_since(capstan_runtime_t *rt, double t)
+static int unread_since(const capstan_feed_t *feed, double t)
 {
-    for (int i = 0; i < rt->nslots; i++) {
-        const capstan_slot_t *s = &rt->slots[i];
+    for (int i = 0; i < feed->env.nslots; i++) {
+        const capstan_seat_t *s = &feed->seats[i];
         double a = s->fetch_sent, b = s->pend && s->pend->want ? s->pend->sent : 0;
         if ((a > 0 && (t < 0 || a <= t)) || (b > 0 && (t < 0 || b <= t)))
             return 1;
@@ -139,9 +139,8 @@ void capstan__feed_hash_all(capstan_fetched_t *jobs, size_t n)
         jobs[i].hash = capstan__feed_hash(jobs[i].payload, jobs[i].len);
 }
 
-int capstan__feed_holds(capstan_runtime_t *rt, const char *payload, size_t len, double since)
+int capstan__feed_holds(capstan_feed_t *feed, const char *payload, size_t len, double since)
 {
-    capstan_feed_t *feed = rt->feed;
     unsigned long long hash = capstan__feed_hash(payload, len);
     pthread_mutex_lock(&feed->mu);
     int held = feed->held_lost
@@ -149,10 +148,10 @@ int capstan__feed_holds(capstan_runtime_t *rt, const char *payload, size_t len, 
     /* Since the job was first seen, this process gave jobs back and a fetch
      * is on its way: the same payload may have gone back to its queue and
      * be fetched again. It counts as held, and is seen anew next pass. */
-    held = held || (since >= 0 && feed->gave_back_at >= since && unread_since(rt, -1));
+    held = held || (since >= 0 && feed->gave_back_at >= since && unread_since(feed, -1));
     /* A fetch sent before the list was read may have moved it, its reply
      * not read yet: not known until that reply is read. */
-    if (!held && since >= 0 && unread_since(rt, since))
+    if (!held && since >= 0 && unread_since(feed, since))
         held = 2;
     pthread_mutex_unlock(&feed->mu);
     return held;

@@ -1,6 +1,6 @@
 /* The feed's taking of a job: its level, its sweeps, a processor's look
  * for a job and its leaving (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -10,11 +10,6 @@
 #include "support/time.h"
 #include "unique/prelock.h"
 #include "unique/server.h"
-
-/* When this thread took its last job (capstan__mono()), 0 when it holds none;
- * and how many it took then (see capstan__feed_take_ahead). */
-static _Thread_local double taken_at;
-_Thread_local size_t capstan__feed_taken_n;
 
 /* ---- Taking a job ----------------------------------------------------- */
 
@@ -38,9 +33,9 @@ _Thread_local size_t capstan__feed_taken_n;
  * adding to what is fetched ahead, and the threads fetch a little more
  * often for themselves. */
 #define AHEAD_MAX 0.02
-static size_t level(capstan_runtime_t *rt, const capstan_feed_t *feed)
+static size_t level(const capstan_feed_t *feed)
 {
-    long idle = (long)rt->nslots - (long)atomic_load(&rt->busy);
+    long idle = (long)feed->env.nslots - (long)feed->env.busy(feed->env.ctx);
     double rtt = feed->rtt > RTT_FLOOR ? feed->rtt : RTT_FLOOR, net = rtt * 2.0;
     if (feed->job_time > DEFER_AFTER)
         rtt += feed->job_time;
@@ -56,9 +51,9 @@ static size_t level(capstan_runtime_t *rt, const capstan_feed_t *feed)
 
 /* Under feed->mu: the jobs a sweep would ask for to bring the feed to its
  * level, at most SWEEP_MAX; 0 when it is there. */
-static size_t shortfall(capstan_runtime_t *rt, const capstan_feed_t *feed)
+static size_t shortfall(const capstan_feed_t *feed)
 {
-    size_t want = level(rt, feed), have = feed->n + feed->asked;
+    size_t want = level(feed), have = feed->n + feed->asked;
     if (want <= have)
         return 0;
     return want - have > SWEEP_MAX ? SWEEP_MAX : want - have;
@@ -85,11 +80,11 @@ static int must_wait(const capstan_feed_t *feed)
  * not take the jobs left soon, as the time jobs take says. Waking one for
  * every job would cost a context switch a job when jobs are short; the
  * woken thread wakes the next in turn while that holds. */
-static void wake_for_jobs(capstan_runtime_t *rt, capstan_feed_t *feed)
+static void wake_for_jobs(capstan_feed_t *feed)
 {
     if (!feed->waiting || !feed->n)
         return;
-    long running = (long)rt->nslots - (long)feed->waiting;
+    long running = (long)feed->env.nslots - (long)feed->waiting;
     double wait = (double)feed->n * feed->job_time / (double)(running < 1 ? 1 : running);
     if (wait > WAKE_AFTER)
         pthread_cond_signal(&feed->came);
@@ -130,10 +125,9 @@ void capstan__feed_note_sweep(capstan_feed_t *feed, double began, size_t asked, 
  * every queue was empty blocks on them for one; a thread that holds a job
  * already fetches ahead for the others. Returns 1 with a job in *job, 0
  * without, or capstan__fetch_exchange's error. */
-static int sweep(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job, size_t want)
+static int sweep(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job, size_t want)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     int ahead = job->payload != NULL, first = ahead ? 0 : 1;
     /* On the heap, not the stack: each thread's stack keeps resident the
      * deepest it ever went. */
@@ -163,7 +157,7 @@ static int sweep(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job, 
     /* Even as the process goes quiet: the feed gives its jobs back in order
      * (capstan__feed_leave waits for the sweeps on their way), the job this
      * thread holds with them. */
-    int quiet = atomic_load(&rt->quiet);
+    int quiet = capstan__feed_quiet(feed);
     for (int i = quiet ? 0 : first; i < rc; i++)
         capstan__feed_push(feed, &got[i]);
     if (quiet && ahead)
@@ -174,7 +168,7 @@ static int sweep(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job, 
         pthread_cond_broadcast(&feed->came); /* all go and wait on the queues */
         acks = capstan__feed_take_acks(feed, &nacks);
     } else {
-        wake_for_jobs(rt, feed);
+        wake_for_jobs(feed);
     }
     pthread_mutex_unlock(&feed->mu);
     if (rc > 0 && !ahead && !quiet)
@@ -203,7 +197,7 @@ static int sweep(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job, 
     s->fetch_sent = 0;
     if (rc == 1)
         capstan__feed_hold(feed, job, 1);
-    if (rc == 1 && atomic_load(&rt->quiet)) {
+    if (rc == 1 && capstan__feed_quiet(feed)) {
         capstan__feed_push(feed, job); /* given back by this thread's leave */
         rc = 0;
     }
@@ -226,23 +220,22 @@ static int sweep(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job, 
  * ACK_DELAY, or this thread is the last one free and jobs take long: nobody
  * would send them before a job ends. Writing them costs this thread a round
  * trip, so not for every job. */
-static int take_waiting(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
+static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     size_t nacks = 0;
     *job = capstan__feed_pop(feed);
-    wake_for_jobs(rt, feed);
+    wake_for_jobs(feed);
     double now = capstan__mono();
     /* Below half its level (a sweep asks SWEEP_MAX at most, so the
      * shortfall alone would never say so of a level above twice that). */
-    if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(rt, feed)) {
+    if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(feed)) {
         if (!capstan__feed_defers(s, feed))
-            return sweep(s, r, job, shortfall(rt, feed));
-        capstan__feed_defer(s, shortfall(rt, feed));
+            return sweep(s, r, job, shortfall(feed));
+        capstan__feed_defer(s, shortfall(feed));
         return 1;
     }
-    int last = atomic_load(&rt->busy) + 1 >= rt->nslots;
+    int last = feed->env.busy(feed->env.ctx) + 1 >= feed->env.nslots;
     int due = feed->nacks && (!feed->n || feed->nacks >= ACKS_MAX
                               || now - feed->acks_since >= ACK_DELAY
                               || (last && feed->job_time >= LONG_JOB));
@@ -265,19 +258,18 @@ static int take_waiting(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t
  * round trips and the others are not woken for each job). When the queues
  * are empty every thread blocks on one of them. */
 
-int capstan__feed_next(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *done, capstan_fetched_t *job,
+int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *done, capstan_fetched_t *job,
                        int *inside)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     double now = capstan__mono();
     pthread_mutex_lock(&feed->mu);
     capstan__feed_settle_own(s, feed);
-    if (taken_at > 0) {
-        feed->job_time = 0.9 * feed->job_time + 0.1 * (now - taken_at) / (double)capstan__feed_taken_n;
-        feed->taken += capstan__feed_taken_n;
+    if (s->taken_at > 0) {
+        feed->job_time = 0.9 * feed->job_time + 0.1 * (now - s->taken_at) / (double)s->taken_n;
+        feed->taken += s->taken_n;
     }
-    taken_at = 0;
+    s->taken_at = 0;
     /* The last job's ack is left under the same lock as the next is taken:
      * the lock is what every job pays for, once. */
     if (done && (done = capstan__feed_ack_later(feed, done, now))) {
@@ -286,16 +278,15 @@ int capstan__feed_next(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *do
         pthread_mutex_lock(&feed->mu);
     }
     capstan__feed_gate_leave(feed, inside);
-    if (capstan__feed_want_aux && capstan_redis_ok(r) && !atomic_load(&rt->quiet)) {
+    if (s->want_aux && capstan_redis_ok(r) && !capstan__feed_quiet(feed)) {
         /* Out of the lock, the last job's ack already in the feed for any
          * round trip: one try; without it round trips are not deferred. */
         char err[CAPSTAN_ERRLEN];
-        static _Thread_local int warned;
-        capstan__feed_want_aux = 0;
+        s->want_aux = 0;
         pthread_mutex_unlock(&feed->mu);
         if (!s->aux)
-            s->aux = capstan_redis_new(rt->cfg->redis_url, 15, err);
-        if (s->aux && capstan_redis_connect(s->aux) && !warned++)
+            s->aux = capstan_redis_new(feed->env.redis_url, 15, err);
+        if (s->aux && capstan_redis_connect(s->aux) && !s->warned++)
             capstan_warn("processor %d: a second connection failed (%s); its round trips are "
                          "not deferred", s->index, capstan_redis_error(s->aux));
         pthread_mutex_lock(&feed->mu);
@@ -308,27 +299,27 @@ int capstan__feed_next(capstan_slot_t *s, capstan_redis_t *r, capstan_done_t *do
         capstan__feed_exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
         pthread_mutex_lock(&feed->mu);
     }
-    while (must_wait(feed) && !atomic_load(&rt->quiet))
+    while (must_wait(feed) && !capstan__feed_quiet(feed))
         if (!capstan__feed_read_one(feed))
             capstan__feed_wait(feed);
-    if (atomic_load(&rt->quiet)) {
+    if (capstan__feed_quiet(feed)) {
         pthread_mutex_unlock(&feed->mu);
         return 0;
     }
     *inside = 1;
     feed->inside++;
-    size_t want = feed->n ? 0 : shortfall(rt, feed);
+    size_t want = feed->n ? 0 : shortfall(feed);
     int rc = feed->n ? take_waiting(s, r, job) : sweep(s, r, job, want ? want : 1);
     if (rc == 1) {
-        taken_at = capstan__mono();
-        capstan__feed_taken_n = 1;
+        s->taken_at = capstan__mono();
+        s->taken_n = 1;
     }
     return rc;
 }
 
-void capstan__feed_leave(capstan_slot_t *s, capstan_redis_t *r, int *inside)
+void capstan__feed_leave(capstan_seat_t *s, capstan_redis_t *r, int *inside)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     pthread_mutex_lock(&feed->mu);
     capstan__feed_gate_leave(feed, inside);
     capstan__feed_settle_own(s, feed);
@@ -342,5 +333,7 @@ void capstan__feed_leave(capstan_slot_t *s, capstan_redis_t *r, int *inside)
             capstan__feed_wait(feed);
     pthread_mutex_unlock(&feed->mu);
     capstan__feed_flush_acks(s, r);
-    capstan__feed_give_back(s->rt, s->fetch, r, 1);
+    capstan__feed_give_back(feed, s->fetch, r, 1);
+    capstan_redis_free(s->aux);
+    s->aux = NULL;
 }

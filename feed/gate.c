@@ -1,5 +1,5 @@
 /* The feed's gate: a suspect runs alone (see feed.h and feed_internal.h). */
-#include "runtime/feed_internal.h"
+#include "feed/feed_internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -50,22 +50,21 @@ int capstan__feed_suspect(const capstan_fetched_t *job)
  * acks waiting then and gives back the jobs waiting in the feed. The
  * suspect goes back to its queue instead when another suspect runs (this
  * one runs after it) or the process goes quiet. */
-int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
+int capstan__feed_solo_begin(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job)
 {
-    capstan_runtime_t *rt = s->rt;
-    capstan_feed_t *feed = rt->feed;
+    capstan_feed_t *feed = s->feed;
     pthread_mutex_lock(&feed->mu);
     int mine = !feed->solo;
     if (mine) {
         feed->solo = 1;
-        while (feed->inside > 1 && !atomic_load(&rt->quiet))
+        while (feed->inside > 1 && !capstan__feed_quiet(feed))
             capstan__feed_wait(feed);
     }
     pthread_mutex_unlock(&feed->mu);
-    int quiet = atomic_load(&rt->quiet);
+    int quiet = capstan__feed_quiet(feed);
     if (mine && !quiet) {
         capstan__feed_flush_acks(s, r);
-        capstan__feed_give_back(rt, s->fetch, r, 1);
+        capstan__feed_give_back(feed, s->fetch, r, 1);
     }
     if (mine && quiet) {
         pthread_mutex_lock(&feed->mu);
@@ -74,15 +73,15 @@ int capstan__feed_solo_begin(capstan_slot_t *s, capstan_redis_t *r, capstan_fetc
     }
     if (mine && !quiet)
         return 1;
-    capstan__feed_give_back_run(s->fetch, rt, feed, r, job, 1, 1);
+    capstan__feed_give_back_run(s->fetch, feed, r, job, 1, feed->env.connect, feed->env.ctx);
     return 0;
 }
 
 /* The suspect is done: its ack is written before any other job is
  * fetched, then the gate opens. */
-void capstan__feed_solo_end(capstan_slot_t *s, capstan_redis_t *r)
+void capstan__feed_solo_end(capstan_seat_t *s, capstan_redis_t *r)
 {
-    capstan_feed_t *feed = s->rt->feed;
+    capstan_feed_t *feed = s->feed;
     capstan__feed_flush_acks(s, r);
     pthread_mutex_lock(&feed->mu);
     feed->solo = 0;
