@@ -65,7 +65,7 @@ int capstan__fleet_new(capstan_runtime_t *rt)
     }
     for (size_t i = 0; i < n; i++)
         atomic_init(&f->seen[i], 0.0);
-    rt->fleet = f;
+    rt->view.fleet = f;
     return 0;
 }
 
@@ -95,8 +95,8 @@ static int shared_at(const struct capstan_fleet *f, size_t i, double now)
 
 int capstan__fleet_shared(const capstan_runtime_t *rt, const char *queue)
 {
-    long i = rt->fleet && queue ? queue_index(rt->cfg, queue) : -1;
-    return i >= 0 && (size_t)i < rt->fleet->n && shared_at(rt->fleet, (size_t)i, capstan__mono());
+    long i = rt->view.fleet && queue ? queue_index(rt->cfg, queue) : -1;
+    return i >= 0 && (size_t)i < rt->view.fleet->n && shared_at(rt->view.fleet, (size_t)i, capstan__mono());
 }
 
 /* "id (Sidekiq 7.3.10)" for the log line. */
@@ -171,7 +171,7 @@ static void say_shared(const capstan_runtime_t *rt, const capstan_overview_t *ov
  * set (Ruby's restart in a deploy) knows the queues Ruby read before it. */
 static void remember(capstan_runtime_t *rt, capstan_redis_t *r, const unsigned char *now, double mono)
 {
-    struct capstan_fleet *f = rt->fleet;
+    struct capstan_fleet *f = rt->view.fleet;
     const capstan_config_t *c = rt->cfg;
     double wall = capstan__now();
     char ts[32];
@@ -205,7 +205,7 @@ static void remember(capstan_runtime_t *rt, capstan_redis_t *r, const unsigned c
 /* capstan__fleet_look, with f->mu held. */
 static void look(capstan_runtime_t *rt, capstan_redis_t *r)
 {
-    struct capstan_fleet *f = rt->fleet;
+    struct capstan_fleet *f = rt->view.fleet;
     const capstan_config_t *c = rt->cfg;
     double now = capstan__mono();
     f->looked = now;
@@ -283,7 +283,7 @@ out:
 
 void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
 {
-    struct capstan_fleet *f = rt->fleet;
+    struct capstan_fleet *f = rt->view.fleet;
     if (!f || !f->n)
         return;
     pthread_mutex_lock(&f->mu);
@@ -295,7 +295,7 @@ capstan_unknown_class_t capstan__unknown_policy(capstan_runtime_t *rt, capstan_r
                                                 const char **why)
 {
     const capstan_config_t *c = rt->cfg;
-    struct capstan_fleet *f = rt->fleet;
+    struct capstan_fleet *f = rt->view.fleet;
     *why = NULL;
     if (c->unknown_class_explicit || !f || !f->n)
         return c->unknown_class;

@@ -163,7 +163,7 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     capstan_failure_t f = {0};
     double now = capstan__now();
     if (capstan__retry_decide(job, job->err_class, job->err_msg, run->row->retry,
-                              &rt->retry, now, &f) == 0) {
+                              &rt->classes.retry, now, &f) == 0) {
         capstan_dispose_t d = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_DISPOSE_RETRY
                         : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_DISPOSE_DEAD : CAPSTAN_DISPOSE_DROP;
         if (capstan_mw_dispose(mw, d, f.score, f.payload, f.len))
@@ -312,10 +312,6 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
     return c;
 }
 
-/* Guards rt->unknown of every runtime; taken once per job without a
- * handler. */
-static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
-
 /* Logs, once per class and process, what the unknown_class policy does
  * with cls's jobs, and why when the config did not choose it. */
 static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue,
@@ -326,17 +322,17 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
         [CAPSTAN_UNKNOWN_REQUEUE] = "they go back to the end of their queue for a Ruby process",
         [CAPSTAN_UNKNOWN_SKIP] = "they go to the dead set, not retried",
     };
-    pthread_mutex_lock(&unknown_mu);
+    pthread_mutex_lock(&rt->view.unknown_mu);
     int first = 1;
-    for (size_t i = 0; i < rt->nunknown && first; i++)
-        first = strcmp(rt->unknown[i], cls) != 0;
-    char **p = first ? realloc(rt->unknown, (rt->nunknown + 1) * sizeof(*p)) : NULL;
+    for (size_t i = 0; i < rt->view.nunknown && first; i++)
+        first = strcmp(rt->view.unknown[i], cls) != 0;
+    char **p = first ? realloc(rt->view.unknown, (rt->view.nunknown + 1) * sizeof(*p)) : NULL;
     if (p) {
-        rt->unknown = p;
-        if ((p[rt->nunknown] = strdup(cls)))
-            rt->nunknown++;
+        rt->view.unknown = p;
+        if ((p[rt->view.nunknown] = strdup(cls)))
+            rt->view.nunknown++;
     }
-    pthread_mutex_unlock(&unknown_mu);
+    pthread_mutex_unlock(&rt->view.unknown_mu);
     const char *near = first ? capstan__registry_nearest(rt, cls) : NULL;
     if (first)
         capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s%s%s: %s%s%s%s", cls, queue,
@@ -372,7 +368,7 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
     capstan_runtime_t *rt = s->rt;
     char working[512] = "", key[512], score[32] = "";
     if (rt->source->working_list)
-        capstan__fetch_working_key(rt->identity, working, sizeof(working));
+        capstan__fetch_working_key(rt->self.identity, working, sizeof(working));
     if (at < 0)
         capstan__key(key, sizeof(key), CAPSTAN_KEY_QUEUE, job->queue);
     else {
