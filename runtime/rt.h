@@ -34,6 +34,11 @@ typedef struct capstan_slot {
     char tid[16];
     int busy;
     int abandoned;         /* shutdown gave the job back; do not ack it */
+    int requeue_streak;    /* jobs of unknown classes it requeued in a row,
+                              with no job run between them: when only those
+                              come, capstan may be the only reader of the
+                              queue and would fetch them again and again
+                              (server_chain.c). The processor thread's. */
     char *queue;           /* while busy: the running job's own (the */
     char *payload;         /* job owns them until its ack) */
     size_t len;

@@ -354,11 +354,6 @@ static const char requeue_lua[] =
     "else redis.call('LPUSH', KEYS[2], ARGV[1]) end\n"
     "return 1\n";
 
-/* Jobs this processor thread requeued in a row, with no job run between
- * them: when only unknown classes come, capstan may be the only reader of the
- * queue and would fetch them again and again. */
-static _Thread_local int requeue_streak;
-
 /* Gives a job without a handler back untouched: to its queue (at < 0), or
  * to the retry set at score at. The slot lock keeps shutdown from giving
  * the job back too (as the ack does); once moved, the slot is marked given
@@ -395,10 +390,10 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
                       moved == -1 ? (at < 0 ? "it holds another type than a list" : "it is not a sorted set")
                                   : capstan_redis_error(r),
                       working[0] ? "it stays in the working list" : "it is lost (basic fetch)");
-    if (moved != 1 || at >= 0 || ++requeue_streak < 2)
+    if (moved != 1 || at >= 0 || ++s->requeue_streak < 2)
         return moved == 1;
     /* 50 ms, doubling up to 1 s; shutdown wakes it. */
-    double pause = 0.05 * (double)(1 << (requeue_streak < 7 ? requeue_streak - 2 : 5));
+    double pause = 0.05 * (double)(1 << (s->requeue_streak < 7 ? s->requeue_streak - 2 : 5));
     capstan__rt_wait(rt, pause < 1.0 ? pause : 1.0);
     return 1;
 }
@@ -489,7 +484,7 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     mw->held_digest = held_digest;
     mw->prelock = prelock;
     if (run.h) {
-        requeue_streak = 0;
+        s->requeue_streak = 0;
     } else {
         const char *why;
         run.policy = capstan__unknown_policy(rt, r, job->queue, &why);
