@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fetch/leave.h"
 #include "observe/http.h"
 #include "observe/overview.h"
 #include "redis/sentinel.h"
@@ -277,21 +278,9 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
     capstan__stats_flush(rt, r);
     capstan__unique_metrics_flush(r);
     capstan__heartbeat_leave(r, rt->self.identity);
-    char wkey[512], lkey[512];
-    capstan__fetch_working_key(rt->self.identity, wkey, sizeof(wkey));
-    capstan__fetch_liveness_key(rt->self.identity, lkey, sizeof(lkey));
-    redisReply *len = capstan_redis_cmdf(r, "LLEN %s", wkey);
-    if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
-        redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
-        /* Nothing left for a supervisor to recover: it need not connect. */
-        if (del && del->type == REDIS_REPLY_INTEGER)
-            capstan__board_forget(rt);
-        freeReplyObject(del);
-    } else if (len && len->type == REDIS_REPLY_INTEGER) {
-        capstan_warn("%lld jobs remain in %s; they are recovered once this process is gone",
-                     len->integer, wkey);
-    }
-    freeReplyObject(len);
+    /* Nothing left for a supervisor to recover: it need not connect. */
+    if (capstan__fetch_leave(r, rt->self.identity) == 0)
+        capstan__board_forget(rt);
     capstan__log_flush();
     capstan_info("Bye!");
 }

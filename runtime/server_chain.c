@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "redis/keys.h"
+#include "redis/scripts.h"
 #include "support/buf.h"
 #include "support/log.h"
 #include "support/payload.h"
@@ -340,20 +341,6 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
                      what[policy], near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
 }
 
-/* Puts a job back untouched, at the end of its queue fetched last, or
- * (ARGV[2], a score) in the retry set, and takes it out of the working
- * list (reliable fetch) in the same step, only if it is still there. A
- * key of another type is checked first, as the push would fail after the
- * LREM. Returns 1 moved, 0 gone, -1 type. */
-static const char requeue_lua[] =
-    "local zset = ARGV[2] ~= ''\n"
-    "local t = redis.call('TYPE', KEYS[2]).ok\n"
-    "if t ~= (zset and 'zset' or 'list') and t ~= 'none' then return -1 end\n"
-    "if KEYS[1] ~= '' and redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end\n"
-    "if zset then redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])\n"
-    "else redis.call('LPUSH', KEYS[2], ARGV[1]) end\n"
-    "return 1\n";
-
 /* Gives a job without a handler back untouched: to its queue (at < 0), or
  * to the retry set at score at. The slot lock keeps shutdown from giving
  * the job back too (as the ack does); once moved, the slot is marked given
@@ -370,8 +357,9 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
         snprintf(key, sizeof(key), "%s", CAPSTAN_KEY_RETRY);
         snprintf(score, sizeof(score), "%.6f", at);
     }
-    const char *argv[] = { "EVAL", requeue_lua, "2", working, key, job->payload, score };
-    size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(key), job->len, strlen(score) };
+    /* KEYS working, key; ARGV payload, score (lua/unknown_requeue.lua). */
+    const char *argv[] = { working, key, job->payload, score };
+    size_t lens[] = { strlen(working), strlen(key), job->len, strlen(score) };
     /* -2: the connection broke (once reconnected, try again: with the
      * basic fetch the job exists nowhere else); -3: an error reply. */
     long long moved = -2;
@@ -379,7 +367,8 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
         if (tries && capstan__slot_connected(s, r))
             break;
         pthread_mutex_lock(&s->mu);
-        redisReply *rep = s->abandoned ? NULL : capstan_redis_cmd(r, 7, argv, lens);
+        redisReply *rep = s->abandoned ? NULL
+                                       : capstan__redis_script(r, CAPSTAN_SCRIPT_UNKNOWN_REQUEUE, 2, 4, argv, lens);
         moved = s->abandoned ? 0 : !rep ? -2 : rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
         s->abandoned = s->abandoned || moved == 1;
         pthread_mutex_unlock(&s->mu);
