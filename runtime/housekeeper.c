@@ -1,7 +1,7 @@
 /* The housekeeper thread: every beat it refreshes the fetch liveness key
  * and writes the beat (heartbeat.c), gives back strays from this process's
  * own working list, and now and then recovers orphaned jobs under a
- * fleet-wide lease, looks at which queues Ruby processes read (fleet.c)
+ * fleet-wide lease, looks at which queues Ruby processes read (fleet/fleet.c)
  * and reaps orphaned uniqueness locks in v9's reaper role.
  * Lock metrics are flushed with the beat. Between beats it writes the
  * acks of finished jobs that waited too long for a processor to send them
@@ -165,7 +165,7 @@ void *capstan__housekeeper_main(void *arg)
     /* As v9, the first run is one interval after start. */
     double next_reap = capstan__mono() + rt->cfg->reaper_interval;
     /* Ruby processes come and go with deploys: looked at again as often
-     * as orphans are, by every process (fleet.c; the first look was at
+     * as orphans are, by every process (fleet/fleet.c; the first look was at
      * start). */
     double next_look = capstan__mono() + rt->cfg->recovery_interval;
     capstan_strays_t *strays = rt->source->working_list ? capstan__strays_new() : NULL;
@@ -239,7 +239,7 @@ void *capstan__housekeeper_main(void *arg)
         }
         if (capstan__mono() >= next_look) {
             next_look = capstan__mono() + rt->cfg->recovery_interval;
-            capstan__fleet_look(rt, r);
+            capstan__fleet_look(rt->view.fleet, r);
         }
         if (rt->cfg->reaper_interval > 0 && capstan__mono() >= next_reap) {
             next_reap = capstan__mono() + rt->cfg->reaper_interval;

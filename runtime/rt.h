@@ -10,6 +10,7 @@
 
 #include "job/job.h"
 #include "fetch/fetch.h"
+#include "fleet/fleet.h"
 #include "capstan/redis.h"
 #include "capstan/runtime.h"
 #include "runtime/notify.h"
@@ -193,7 +194,7 @@ typedef struct capstan_rt_link {
 
 /* What this process knows of the fleet and of its own queues and liveness:
  * made by the main thread at start; fleet, paused and liveness then keep
- * their own locks (fleet.c, fetch/paused.c, fetch/liveness.c; paused is
+ * their own locks (fleet/fleet.c, fetch/paused.c, fetch/liveness.c; paused is
  * read with each beat, liveness refreshed by the housekeeper and by
  * fetchers when due); unknown, the classes without a handler whose policy
  * was logged, is written by any processor under unknown_mu. */
@@ -201,7 +202,7 @@ typedef struct capstan_rt_view {
     pthread_mutex_t unknown_mu;    /* taken once per job without a handler */
     char **unknown;
     size_t nunknown;
-    struct capstan_fleet *fleet;   /* the queues Ruby processes read too */
+    capstan_fleet_t *fleet;        /* the queues Ruby processes read too */
     capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
                                       Pro's "paused" set) */
     capstan_liveness_t *liveness;  /* its liveness key */
@@ -356,27 +357,6 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
  * got[i]'s), or zeroed when it did not parse. */
 size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
                                struct capstan_prelock *pre, capstan_job_t *jobs);
-
-/* fleet.c: which of this process's queues a Ruby Sidekiq process reads
- * too, and so what becomes of a job whose class has no handler here. */
-struct capstan_fleet;
-/* Makes rt->view.fleet (nothing shared yet). Returns 0 or CAPSTAN_ENOMEM. */
-int capstan__fleet_new(struct capstan_runtime *rt);
-void capstan__fleet_free(struct capstan_fleet *f);
-/* Reads the process set and each process's info on r, notes the queues of
- * ours a Ruby process reads (and keeps them in Redis), and logs one line
- * when that changes. Any thread, one look at a time. */
-void capstan__fleet_look(struct capstan_runtime *rt, capstan_redis_t *r);
-/* Whether a Ruby process read queue at one of the looks of the last ten
- * minutes. Any thread. */
-int capstan__fleet_shared(const struct capstan_runtime *rt, const char *queue);
-/* The unknown_class policy for a job of queue, looking at the fleet again
- * on r when the last look is a second old: the config's when it sets
- * unknown_class, else requeue for a shared queue and, in the process's
- * first minute, for every queue, and the default for the others. *why
- * says why when that is not the config's, else NULL. Any thread. */
-capstan_unknown_class_t capstan__unknown_policy(struct capstan_runtime *rt, capstan_redis_t *r, const char *queue,
-                                                const char **why);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */

@@ -110,7 +110,7 @@ static char *build_info(capstan_runtime_t *rt)
     json_object_set_new(o, "identity", json_string(rt->self.identity));
     json_object_set_new(o, "version", json_string(CAPSTAN_VERSION));
     /* Sidekiq writes its own version above: this tells the process set's
-     * readers (capstan stats, the fleet look of fleet.c) a capstan
+     * readers (capstan stats, the fleet look of fleet/fleet.c) a capstan
      * process from a Ruby one. Sidekiq ignores the key. */
     json_object_set_new(o, CAPSTAN_INFO_MARKER, json_string(CAPSTAN_VERSION));
     /* A supervised worker names its supervisor and slot, for capstan stats. */
@@ -574,7 +574,9 @@ static int run(capstan_runtime_t *rt, char *err)
         rt->view.paused = capstan__paused_new(c->queues, c->nqueues);
     if (!rt->view.liveness)
         rt->view.liveness = capstan__liveness_new(rt->self.identity, c->liveness_ttl);
-    if (!r || !rt->self.info_json || !rt->view.paused || !rt->view.liveness || (!rt->view.fleet && capstan__fleet_new(rt))) {
+    if (!rt->view.fleet)
+        rt->view.fleet = capstan__fleet_new(c);
+    if (!r || !rt->self.info_json || !rt->view.paused || !rt->view.liveness || !rt->view.fleet) {
         rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
         goto out;
     }
@@ -595,7 +597,7 @@ static int run(capstan_runtime_t *rt, char *err)
     capstan__heartbeat_beat(rt, r, 0);
     /* Before the first fetch: a Ruby process reading our queues must not
      * lose its jobs to NameError in the first minute. */
-    capstan__fleet_look(rt, r);
+    capstan__fleet_look(rt->view.fleet, r);
     if ((rc = start_threads(rt, err)) != 0) {
         capstan_error("%s", err);
         shutdown_all(rt, r, &set, 0);

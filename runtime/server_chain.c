@@ -417,7 +417,7 @@ static int earlier_error(const capstan_job_t *job)
  * Retries tab, instead of going round a queue only capstan reads. */
 static void hand_back(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job)
 {
-    int to_queue = capstan__fleet_shared(s->rt, job->queue);
+    int to_queue = capstan__fleet_shared(s->rt->view.fleet, job->queue);
     double c = job->retry_count > 0 ? (double)job->retry_count : 0;
     double at = to_queue ? -1 : capstan__now() + c * c * c * c + 15;
     size_t len = 0;
@@ -476,7 +476,7 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
         s->requeue_streak = 0;
     } else {
         const char *why;
-        run.policy = capstan__unknown_policy(rt, r, job->queue, &why);
+        run.policy = capstan__unknown_policy(rt->view.fleet, rt->cfg, r, job->queue, &why);
         note_unknown(rt, job->cls, job->queue, run.policy, why);
     }
     /* A job that carries an error of its own goes back whatever the policy
