@@ -159,8 +159,8 @@ typedef struct capstan_rt_self {
 
 /* How Redis answers, as every thread sees it: written by any thread, with
  * atomics (fetch_error under the runtime's wake_mu), so that an outage or
- * failing fetches are logged once for the process; clock_said by the
- * housekeeper's beat alone (heartbeat.c). */
+ * failing fetches are logged once for the process; clock_said by the beat
+ * alone (heartbeat.c: on the main thread at start, then the housekeeper's). */
 typedef struct capstan_rt_health {
     atomic_int redis_down;         /* a thread cannot reach Redis */
     _Atomic double redis_down_at;  /* capstan__mono() when it was noticed */
@@ -192,12 +192,13 @@ typedef struct capstan_rt_link {
     int supervisor_pid;            /* and the supervisor's pid */
 } capstan_rt_link_t;
 
-/* What this process knows of the fleet and of its own queues and liveness:
- * made by the main thread at start; fleet, paused and liveness then keep
- * their own locks (fleet/fleet.c, fetch/paused.c, fetch/liveness.c; paused is
- * read with each beat, liveness refreshed by the housekeeper and by
- * fetchers when due); unknown, the classes without a handler whose policy
- * was logged, is written by any processor under unknown_mu. */
+/* What this process knows of the fleet and of its own queues and liveness.
+ * fleet, paused and liveness are made by the main thread at start, and
+ * are then safe for any thread on their own (fleet/fleet.c's lock, the
+ * atomics of fetch/paused.c and fetch/liveness.c): paused is read anew
+ * with each beat, liveness refreshed by the housekeeper and by fetchers
+ * when due. unknown, the classes without a handler whose policy was
+ * logged, is written by any processor under unknown_mu. */
 typedef struct capstan_rt_view {
     pthread_mutex_t unknown_mu;    /* taken once per job without a handler */
     char **unknown;
