@@ -12,12 +12,12 @@
 void capstan__board_attach(struct capstan_runtime *rt, capstan_board_t *board, size_t size, int slot,
                            int supervisor)
 {
-    rt->board = board;
-    rt->board_end = capstan__board_end(board, size);
-    rt->worker_slot = slot;
-    rt->supervisor_pid = supervisor;
-    capstan__identity_make(rt->identity, sizeof(rt->identity));
-    memcpy(board->identity, rt->identity, sizeof(board->identity));
+    rt->link.board = board;
+    rt->link.board_end = capstan__board_end(board, size);
+    rt->link.worker_slot = slot;
+    rt->link.supervisor_pid = supervisor;
+    capstan__identity_make(rt->self.identity, sizeof(rt->self.identity));
+    memcpy(board->identity, rt->self.identity, sizeof(board->identity));
 }
 
 int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *why, size_t n)
@@ -48,7 +48,7 @@ int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *
 
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
 {
-    capstan_board_t *b = rt->board;
+    capstan_board_t *b = rt->link.board;
     if (!b || !jid || index < 0 || index >= b->nslots)
         return;
     capstan_board_row_t *row = &b->row[index];
@@ -62,35 +62,35 @@ void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
 
 void capstan__board_ready(struct capstan_runtime *rt)
 {
-    if (rt->board)
-        atomic_store(&rt->board->ready, 1);
+    if (rt->link.board)
+        atomic_store(&rt->link.board->ready, 1);
 }
 
 void capstan__board_rss(struct capstan_runtime *rt, long long rss)
 {
-    if (rt->board)
-        atomic_store(&rt->board->rss, rss);
+    if (rt->link.board)
+        atomic_store(&rt->link.board->rss, rss);
 }
 
 void capstan__board_leave(struct capstan_runtime *rt, int why)
 {
-    if (rt->board)
-        atomic_store(&rt->board->leaving, why);
+    if (rt->link.board)
+        atomic_store(&rt->link.board->leaving, why);
 }
 
 void capstan__board_forget(struct capstan_runtime *rt)
 {
-    if (rt->board)
-        rt->board->identity[0] = '\0';
+    if (rt->link.board)
+        rt->link.board->identity[0] = '\0';
 }
 
 void capstan__board_ended(struct capstan_runtime *rt, const char *err)
 {
-    if (!rt->board_end)
+    if (!rt->link.board_end)
         return;
     if (err)
-        snprintf(rt->board_end->reason, sizeof(rt->board_end->reason), "%s", err);
-    atomic_store(&rt->board_end->ended, 1);
+        snprintf(rt->link.board_end->reason, sizeof(rt->link.board_end->reason), "%s", err);
+    atomic_store(&rt->link.board_end->ended, 1);
 }
 
 capstan_config_t *capstan__runtime_config(struct capstan_runtime *rt)

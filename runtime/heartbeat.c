@@ -70,15 +70,15 @@ static void exec_flush(capstan_runtime_t *rt, capstan_redis_t *r)
 static void clock_check(capstan_runtime_t *rt, double offset)
 {
     capstan__metrics_clock_offset(capstan__metrics_default(), offset);
-    if (fabs(offset) > CLOCK_SKEW && fabs(offset - rt->clock_said) >= 1) {
+    if (fabs(offset) > CLOCK_SKEW && fabs(offset - rt->health.clock_said) >= 1) {
         capstan_warn("this host's clock is %.1f s %s Redis's: periodic ticks follow Redis's clock, but "
                      "the times this process writes (enqueued_at, retries, scheduled jobs, its beat) are "
                      "off by as much; check its time synchronization", fabs(offset),
                      offset > 0 ? "ahead of" : "behind");
-        rt->clock_said = offset;
-    } else if (fabs(offset) <= CLOCK_SKEW && rt->clock_said) {
+        rt->health.clock_said = offset;
+    } else if (fabs(offset) <= CLOCK_SKEW && rt->health.clock_said) {
         capstan_info("this host's clock is within %.0f s of Redis's again (%.1f s)", CLOCK_SKEW, offset);
-        rt->clock_said = 0;
+        rt->health.clock_said = 0;
     }
 }
 
@@ -248,7 +248,7 @@ static void look_paused(capstan_runtime_t *rt, capstan_redis_t *r)
         return;
     /* Read one thread at a time (at start, then the housekeeper). */
     static int refused;
-    int rc = capstan__paused_read(rt->paused, r, changed, err);
+    int rc = capstan__paused_read(rt->view.paused, r, changed, err);
     if (rc == CAPSTAN_EREPLY && !refused) {
         /* SMISMEMBER needs Redis 6.2; Sidekiq 7 needs it too. */
         capstan_warn("cannot read which queues are paused (%s); until it can, a pause is not seen", err);
@@ -262,7 +262,7 @@ static void look_paused(capstan_runtime_t *rt, capstan_redis_t *r)
         for (size_t i = 0; i < c->nqueues; i++) {
             if (!changed[i])
                 continue;
-            if (capstan__paused_is(rt->paused, i))
+            if (capstan__paused_is(rt->view.paused, i))
                 capstan_info("queue %s is paused (in the \"" CAPSTAN_KEY_PAUSED "\" set): not fetching "
                              "from it until it is unpaused", c->queues[i].name);
             else
@@ -280,9 +280,9 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     if (rc == CAPSTAN_EREDIS)
         return rc;
     char key_work[400], key_workers[400], key_sig[400];
-    capstan__key(key_work, sizeof(key_work), rt->identity, CAPSTAN_KEY_WORK);
-    capstan__key(key_workers, sizeof(key_workers), rt->identity, CAPSTAN_KEY_WORKERS);
-    capstan__key(key_sig, sizeof(key_sig), rt->identity, CAPSTAN_KEY_SIGNALS);
+    capstan__key(key_work, sizeof(key_work), rt->self.identity, CAPSTAN_KEY_WORK);
+    capstan__key(key_workers, sizeof(key_workers), rt->self.identity, CAPSTAN_KEY_WORKERS);
+    capstan__key(key_sig, sizeof(key_sig), rt->self.identity, CAPSTAN_KEY_SIGNALS);
 
     char **fields = NULL, **values = NULL;
     int n = 0, count = 0;
@@ -322,24 +322,24 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     /* The fetches answered with an error since the last beat, and the last
      * error: a process that fetches nothing is not healthy (capstan stats). */
     char nerrors[CAPSTAN_FMT_INT], why[CAPSTAN_ERRLEN] = "";
-    long errors = atomic_exchange(&rt->fetch_errors, 0);
+    long errors = atomic_exchange(&rt->health.fetch_errors, 0);
     capstan__fmt_int(nerrors, errors);
     pthread_mutex_lock(&rt->wake_mu);
     if (errors)
-        snprintf(why, sizeof(why), "%s", rt->fetch_error);
+        snprintf(why, sizeof(why), "%s", rt->health.fetch_error);
     pthread_mutex_unlock(&rt->wake_mu);
-    const char *hset[] = { "HSET", rt->identity, "info", rt->info_json, "concurrency", conc,
+    const char *hset[] = { "HSET", rt->self.identity, "info", rt->self.info_json, "concurrency", conc,
                            "busy", busy, "beat", beat, "rtt_us", rtt, "quiet", quiet, "rss", rss,
                            "prefetched", ahead ? ahead : none, "fetch_errors", nerrors,
                            "fetch_error", why };
-    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", CAPSTAN_KEY_PROCESSES, rt->identity },
-                              { "EXISTS", rt->identity, NULL } };
+    const char *cmds[][3] = { { "MULTI", NULL, NULL }, { "SADD", CAPSTAN_KEY_PROCESSES, rt->self.identity },
+                              { "EXISTS", rt->self.identity, NULL } };
     rc = capstan_redis_append(r, 1, cmds[0], NULL);
     if (!rc) rc = capstan_redis_append(r, 3, cmds[1], NULL);
     if (!rc) rc = capstan_redis_append(r, 2, cmds[2], NULL);
     if (!rc) rc = capstan_redis_append(r, 22, hset, NULL);
     free(ahead);
-    const char *exp[] = { "EXPIRE", rt->identity, "60" };
+    const char *exp[] = { "EXPIRE", rt->self.identity, "60" };
     const char *rpop[] = { "RPOP", key_sig };
     const char *exec[] = { "EXEC" };
     if (!rc) rc = capstan_redis_append(r, 3, exp, NULL);
@@ -353,7 +353,7 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
         && res->element[4]->type == REDIS_REPLY_STRING)
         deliver(rt, res->element[4]->str);
     freeReplyObject(res);
-    if (rc != CAPSTAN_EREDIS && rt->paused)
+    if (rc != CAPSTAN_EREDIS && rt->view.paused)
         look_paused(rt, r);
     return rc == CAPSTAN_EREDIS ? rc : 0;
 }

@@ -1,7 +1,7 @@
 /* The housekeeper thread: every beat it refreshes the fetch liveness key
  * and writes the beat (heartbeat.c), gives back strays from this process's
  * own working list, and now and then recovers orphaned jobs under a
- * fleet-wide lease, looks at which queues Ruby processes read (fleet.c)
+ * fleet-wide lease, looks at which queues Ruby processes read (fleet/fleet.c)
  * and reaps orphaned uniqueness locks in v9's reaper role.
  * Lock metrics are flushed with the beat. Between beats it writes the
  * acks of finished jobs that waited too long for a processor to send them
@@ -30,11 +30,11 @@
 static void refresh_liveness(capstan_runtime_t *rt, capstan_redis_t *r, double *until, int *warned)
 {
     double ttl = rt->cfg->liveness_ttl, t0 = capstan__mono();
-    int rc = capstan__liveness_refresh(rt->liveness, r);
+    int rc = capstan__liveness_refresh(rt->view.liveness, r);
     if (rc >= 0) {
         if (rc == 1)
             capstan_warn("liveness key " CAPSTAN_KEY_HEARTBEAT "%s was gone (%s); re-created it",
-                         rt->identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
+                         rt->self.identity, t0 > *until ? "it lapsed while Redis refused or missed the refresh"
                                                : "Redis lost it");
         *until = t0 + ttl;
         *warned = 0;
@@ -53,7 +53,7 @@ static void recovery_pass(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
-    redisReply *lease = capstan_redis_cmdf(r, "SET %s %s NX EX %s", CAPSTAN_KEY_RECOVERY_LEASE, rt->identity, ttl);
+    redisReply *lease = capstan_redis_cmdf(r, "SET %s %s NX EX %s", CAPSTAN_KEY_RECOVERY_LEASE, rt->self.identity, ttl);
     int mine = lease && lease->type == REDIS_REPLY_STATUS;
     freeReplyObject(lease);
     if (!mine)
@@ -63,22 +63,17 @@ static void recovery_pass(capstan_runtime_t *rt, capstan_redis_t *r)
      * index (and capstan_batches_open) here, a page a pass. */
     char err[CAPSTAN_ERRLEN];
     long gone = 0;
-    if (capstan__batches_prune(r, rt->batch_cursor, &gone, err))
+    if (capstan__batches_prune(r, rt->keeper.batch_cursor, &gone, err))
         capstan_warn("open-batches index: %s", err);
     else if (gone)
         capstan_info("%ld expired batches left the open-batches index", gone);
 }
 
-/* Jobs the last pass left in dead processes' lists because their queue
- * key held another type: reported when that number changes, not at every
- * pass. Passes run one at a time (at start, then in the housekeeper). */
-static long last_left;
-
 void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     capstan_recovery_t rec = {0};
     char err[CAPSTAN_ERRLEN];
-    if (capstan__fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
+    if (capstan__fetch_recover(r, rt->self.identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
                                rt->cfg->timestamps, &rec, err)) {
         capstan_warn("orphan recovery: %s", err);
         return;
@@ -89,11 +84,11 @@ void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
     if (rec.suspects)
         capstan_info("%ld working lists have no liveness key; recovered after %.1f s if still so",
                      rec.suspects, rt->cfg->liveness_ttl / 2);
-    if (rec.left != last_left && rec.left)
+    if (rec.left != rt->keeper.last_left && rec.left)
         capstan_error("%ld orphaned jobs stay in dead processes' working lists: their queue key "
                       "holds another type than a list (or \"dead\" is not a sorted set); they move "
                       "once it is fixed", rec.left);
-    last_left = rec.left;
+    rt->keeper.last_left = rec.left;
     capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_ORPHANS_RECOVERED, rec.recovered);
     capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_POISON_PILLS, rec.killed);
 }
@@ -108,7 +103,7 @@ static void reaper_pass(capstan_runtime_t *rt, capstan_redis_t *r)
     char err[CAPSTAN_ERRLEN];
     o.count = rt->cfg->reaper_count;
     o.timeout = rt->cfg->reaper_timeout;
-    o.owner = rt->identity;
+    o.owner = rt->self.identity;
     o.role_ttl = rt->cfg->reaper_interval + capstan__ceil(rt->cfg->reaper_interval * 0.02);
     if (capstan__unique_reap(r, &o, &res, err))
         capstan_warn("uniqueness reaper: %s", err);
@@ -150,7 +145,7 @@ static void reclaim_pass(capstan_runtime_t *rt, capstan_redis_t *r, capstan_stra
     char err[CAPSTAN_ERRLEN];
     double min_age = rt->cfg->heartbeat_interval > 1 ? rt->cfg->heartbeat_interval : 1;
     rt->source->read_deferred(rt);
-    if (capstan__fetch_reclaim(r, rt->identity, st, min_age, feed_holds, rt->feed, &n, err))
+    if (capstan__fetch_reclaim(r, rt->self.identity, st, min_age, feed_holds, rt->feed, &n, err))
         capstan_warn("working list check: %s", err);
     else if (n)
         capstan_warn("gave back %ld jobs that sat in this process's working list with no processor "
@@ -170,7 +165,7 @@ void *capstan__housekeeper_main(void *arg)
     /* As v9, the first run is one interval after start. */
     double next_reap = capstan__mono() + rt->cfg->reaper_interval;
     /* Ruby processes come and go with deploys: looked at again as often
-     * as orphans are, by every process (fleet.c; the first look was at
+     * as orphans are, by every process (fleet/fleet.c; the first look was at
      * start). */
     double next_look = capstan__mono() + rt->cfg->recovery_interval;
     capstan_strays_t *strays = rt->source->working_list ? capstan__strays_new() : NULL;
@@ -178,14 +173,14 @@ void *capstan__housekeeper_main(void *arg)
     /* The key was set at start, just before this thread. */
     double lease_until = capstan__mono() + rt->cfg->liveness_ttl;
     double next_beat = capstan__mono() + rt->cfg->heartbeat_interval, next_try = 0;
-    capstan_probe_t *probe = rt->probe;
+    capstan_probe_t *probe = rt->link.probe;
     atomic_store(&probe->beat, rt->cfg->heartbeat_interval);
     atomic_store(&probe->answered, capstan__mono()); /* the start's beat */
     while (!atomic_load(&rt->housekeeper_stop)) {
         double now = capstan__mono(), wait = next_beat - now;
         /* The ack's round trip is a wait on Redis too: not a turn. */
         atomic_store(&probe->turn, 0);
-        double late = rt->source->ack_late(rt->keeper, r);
+        double late = rt->source->ack_late(rt->keeper.slot, r);
         atomic_store(&probe->turn, capstan__mono());
         if (late < 0 && now >= next_try) {
             /* Acks wait for this connection: one try a second. */
@@ -228,7 +223,7 @@ void *capstan__housekeeper_main(void *arg)
         }
         refresh_liveness(rt, r, &lease_until, &warned);
         int beat = capstan__heartbeat_beat(rt, r, 0);
-        atomic_store(&probe->fetch_failing, atomic_load(&rt->fetch_failing));
+        atomic_store(&probe->fetch_failing, atomic_load(&rt->health.fetch_failing));
         atomic_store(&probe->quiet, atomic_load(&rt->quiet));
         if (beat != CAPSTAN_EREDIS)
             atomic_store(&probe->answered, capstan__mono());
@@ -244,7 +239,7 @@ void *capstan__housekeeper_main(void *arg)
         }
         if (capstan__mono() >= next_look) {
             next_look = capstan__mono() + rt->cfg->recovery_interval;
-            capstan__fleet_look(rt, r);
+            capstan__fleet_look(rt->view.fleet, r);
         }
         if (rt->cfg->reaper_interval > 0 && capstan__mono() >= next_reap) {
             next_reap = capstan__mono() + rt->cfg->reaper_interval;
@@ -255,7 +250,7 @@ void *capstan__housekeeper_main(void *arg)
     atomic_store(&probe->quiet, 1);
     atomic_store(&probe->turn, 0);
     if (rt->cfg->reaper_interval > 0 && capstan_redis_ok(r))
-        capstan__unique_reaper_release(r, rt->identity); /* let another take over now */
+        capstan__unique_reaper_release(r, rt->self.identity); /* let another take over now */
     capstan__strays_free(strays);
     capstan_redis_free(r);
     return NULL;

@@ -22,7 +22,7 @@ static void fail_invalid(capstan_slot_t *s, capstan_redis_t *r, const char *queu
     capstan_runtime_t *rt = s->rt;
     capstan_failure_t f;
     double now = capstan__now();
-    if (capstan__retry_invalid(raw, len, queue, why, &rt->retry, now, &f)) {
+    if (capstan__retry_invalid(raw, len, queue, why, &rt->classes.retry, now, &f)) {
         capstan_error("out of memory handling an invalid payload from queue:%s; it stays in the working list",
                       queue);
         return;
@@ -237,11 +237,11 @@ static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc, int 
          * the code says rather than nothing. */
         const char *why = *capstan_redis_error(r) ? capstan_redis_error(r) : capstan_strerror(rc);
         pthread_mutex_lock(&rt->wake_mu);
-        snprintf(rt->fetch_error, sizeof(rt->fetch_error), "%s", why);
+        snprintf(rt->health.fetch_error, sizeof(rt->health.fetch_error), "%s", why);
         pthread_mutex_unlock(&rt->wake_mu);
-        atomic_fetch_add(&rt->fetch_errors, 1);
+        atomic_fetch_add(&rt->health.fetch_errors, 1);
         capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_FETCH_ERRORS, 1);
-        if (!atomic_exchange(&rt->fetch_failing, 1))
+        if (!atomic_exchange(&rt->health.fetch_failing, 1))
             capstan_error("fetch failed: %s; retrying every second", why);
         *failed = 1;
         capstan__rt_wait(rt, 1.0);
@@ -249,7 +249,7 @@ static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc, int 
     }
     if (*failed && answered) {
         *failed = 0;
-        if (atomic_exchange(&rt->fetch_failing, 0))
+        if (atomic_exchange(&rt->health.fetch_failing, 0))
             capstan_info("fetching works again");
     }
     return 0;

@@ -14,20 +14,20 @@
 
 static capstan_handler_entry_t *find_handler(const capstan_runtime_t *rt, const char *cls)
 {
-    for (size_t i = 0; i < rt->nhandlers; i++)
-        if (strcmp(rt->handlers[i].cls, cls) == 0)
-            return &rt->handlers[i];
+    for (size_t i = 0; i < rt->classes.nhandlers; i++)
+        if (strcmp(rt->classes.handlers[i].cls, cls) == 0)
+            return &rt->classes.handlers[i];
     return NULL;
 }
 
 const char *capstan__registry_nearest(const capstan_runtime_t *rt, const char *cls)
 {
-    if (!rt->nhandlers)
+    if (!rt->classes.nhandlers)
         return NULL;
-    const char *names[rt->nhandlers];
-    for (size_t i = 0; i < rt->nhandlers; i++)
-        names[i] = rt->handlers[i].cls;
-    return capstan__nearest(cls, names, rt->nhandlers);
+    const char *names[rt->classes.nhandlers];
+    for (size_t i = 0; i < rt->classes.nhandlers; i++)
+        names[i] = rt->classes.handlers[i].cls;
+    return capstan__nearest(cls, names, rt->classes.nhandlers);
 }
 
 int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn fn, void *udata,
@@ -36,21 +36,21 @@ int capstan_register(capstan_runtime_t *rt, const char *cls, capstan_handler_fn 
     if (!rt)
         return CAPSTAN_EINVAL;
     if (!cls || !*cls || !fn)
-        return capstan_seterr(rt->error, CAPSTAN_EINVAL, "capstan_register: %s", !cls || !*cls
+        return capstan_seterr(rt->classes.error, CAPSTAN_EINVAL, "capstan_register: %s", !cls || !*cls
                               ? "no class name" : "no handler function");
-    if (opts && opts->limit && capstan_limit_opts_check(opts->limit, cls, rt->error))
+    if (opts && opts->limit && capstan_limit_opts_check(opts->limit, cls, rt->classes.error))
         return CAPSTAN_EINVAL;
     capstan_handler_entry_t *e = find_handler(rt, cls);
     if (!e) {
-        capstan_handler_entry_t *p = realloc(rt->handlers, (rt->nhandlers + 1) * sizeof(*p));
+        capstan_handler_entry_t *p = realloc(rt->classes.handlers, (rt->classes.nhandlers + 1) * sizeof(*p));
         if (!p)
-            return capstan_seterr(rt->error, CAPSTAN_ENOMEM, "capstan_register %s: out of memory", cls);
-        rt->handlers = p;
-        e = &rt->handlers[rt->nhandlers];
+            return capstan_seterr(rt->classes.error, CAPSTAN_ENOMEM, "capstan_register %s: out of memory", cls);
+        rt->classes.handlers = p;
+        e = &rt->classes.handlers[rt->classes.nhandlers];
         memset(e, 0, sizeof(*e));
         if (!(e->cls = strdup(cls)))
-            return capstan_seterr(rt->error, CAPSTAN_ENOMEM, "capstan_register %s: out of memory", cls);
-        rt->nhandlers++;
+            return capstan_seterr(rt->classes.error, CAPSTAN_ENOMEM, "capstan_register %s: out of memory", cls);
+        rt->classes.nhandlers++;
     }
     e->fn = fn;
     e->udata = udata;
@@ -79,12 +79,12 @@ static void merge(capstan_class_row_t *w, const capstan_config_t *cfg)
 int capstan__classes_resolve(capstan_runtime_t *rt)
 {
     const capstan_config_t *cfg = rt->cfg;
-    size_t n = rt->nhandlers + cfg->nclasses, m = 0;
+    size_t n = rt->classes.nhandlers + cfg->nclasses, m = 0;
     capstan_class_row_t *rows = calloc(n ? n : 1, sizeof(*rows));
     if (!rows)
         return CAPSTAN_ENOMEM;
-    for (size_t i = 0; i < rt->nhandlers; i++)
-        rows[m++] = (capstan_class_row_t){ .cls = rt->handlers[i].cls, .h = &rt->handlers[i] };
+    for (size_t i = 0; i < rt->classes.nhandlers; i++)
+        rows[m++] = (capstan_class_row_t){ .cls = rt->classes.handlers[i].cls, .h = &rt->classes.handlers[i] };
     for (size_t i = 0; i < cfg->nclasses; i++) {
         const capstan_class_conf_t *cc = &cfg->classes[i];
         size_t j = 0;
@@ -97,28 +97,28 @@ int capstan__classes_resolve(capstan_runtime_t *rt)
     }
     for (size_t i = 0; i < m; i++)
         merge(&rows[i], cfg);
-    free(rt->rows);
-    rt->rows = rows;
-    rt->nrows = m;
-    rt->no_row = (capstan_class_row_t){ 0 };
-    merge(&rt->no_row, cfg);
+    free(rt->classes.rows);
+    rt->classes.rows = rows;
+    rt->classes.nrows = m;
+    rt->classes.no_row = (capstan_class_row_t){ 0 };
+    merge(&rt->classes.no_row, cfg);
     return 0;
 }
 
 const capstan_class_row_t *capstan__class_find(const capstan_runtime_t *rt, const char *cls)
 {
-    for (size_t i = 0; cls && i < rt->nrows; i++)
-        if (strcmp(rt->rows[i].cls, cls) == 0)
-            return &rt->rows[i];
-    return &rt->no_row;
+    for (size_t i = 0; cls && i < rt->classes.nrows; i++)
+        if (strcmp(rt->classes.rows[i].cls, cls) == 0)
+            return &rt->classes.rows[i];
+    return &rt->classes.no_row;
 }
 
 int capstan_client_use_runtime(capstan_client_t *c, const capstan_runtime_t *rt)
 {
     if (!c || !rt)
         return CAPSTAN_EINVAL;
-    for (size_t i = 0; i < rt->nhandlers; i++) {
-        const capstan_handler_entry_t *h = &rt->handlers[i];
+    for (size_t i = 0; i < rt->classes.nhandlers; i++) {
+        const capstan_handler_entry_t *h = &rt->classes.handlers[i];
         capstan_class_opts_t o = { .queue = h->queue, .retry = h->retry, .unique = h->unique };
         int rc = capstan_client_set_class(c, h->cls, &o);
         if (rc)
@@ -137,17 +137,17 @@ int capstan_runtime_load_plugin(capstan_runtime_t *rt, const char *path, char *e
     if (!init)
         return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s does not export %s", path, CAPSTAN_PLUGIN_INIT);
     /* A refusal recorded before this plugin is not its reason. */
-    rt->error[0] = '\0';
+    rt->classes.error[0] = '\0';
     int rc = init(rt);
     if (rc)
         return capstan_seterr(err, CAPSTAN_EINVAL, "plugin %s: %s returned %d%s%s", path, CAPSTAN_PLUGIN_INIT,
-                              rc, rt->error[0] ? ": " : "", rt->error);
+                              rc, rt->classes.error[0] ? ": " : "", rt->classes.error);
     return 0;
 }
 
 const char *capstan_runtime_error(const capstan_runtime_t *rt)
 {
-    return rt->error;
+    return rt->classes.error;
 }
 
 static int add_hook(capstan_runtime_t *rt, int death, capstan_hook_fn fn, void *udata)
@@ -156,12 +156,12 @@ static int add_hook(capstan_runtime_t *rt, int death, capstan_hook_fn fn, void *
     if (!rt)
         return CAPSTAN_EINVAL;
     if (!fn)
-        return capstan_seterr(rt->error, CAPSTAN_EINVAL, "%s: no hook function", what);
-    capstan_hook_t *p = realloc(rt->hooks, (rt->nhooks + 1) * sizeof(*p));
+        return capstan_seterr(rt->classes.error, CAPSTAN_EINVAL, "%s: no hook function", what);
+    capstan_hook_t *p = realloc(rt->classes.hooks, (rt->classes.nhooks + 1) * sizeof(*p));
     if (!p)
-        return capstan_seterr(rt->error, CAPSTAN_ENOMEM, "%s: out of memory", what);
-    rt->hooks = p;
-    rt->hooks[rt->nhooks++] = (capstan_hook_t){ .death = death, .fn = fn, .udata = udata };
+        return capstan_seterr(rt->classes.error, CAPSTAN_ENOMEM, "%s: out of memory", what);
+    rt->classes.hooks = p;
+    rt->classes.hooks[rt->classes.nhooks++] = (capstan_hook_t){ .death = death, .fn = fn, .udata = udata };
     return 0;
 }
 
@@ -178,9 +178,9 @@ int capstan_on_death(capstan_runtime_t *rt, capstan_hook_fn fn, void *udata)
 static void run_hooks(const capstan_runtime_t *rt, int death, capstan_job_t *job, const char *cls,
                       const char *msg)
 {
-    for (size_t i = 0; i < rt->nhooks; i++)
-        if (rt->hooks[i].death == death)
-            rt->hooks[i].fn(job, cls ? cls : "RuntimeError", msg ? msg : "", rt->hooks[i].udata);
+    for (size_t i = 0; i < rt->classes.nhooks; i++)
+        if (rt->classes.hooks[i].death == death)
+            rt->classes.hooks[i].fn(job, cls ? cls : "RuntimeError", msg ? msg : "", rt->classes.hooks[i].udata);
 }
 
 void capstan__hooks_error(const capstan_runtime_t *rt, capstan_job_t *job, const char *cls, const char *msg)
@@ -200,22 +200,22 @@ void capstan__hooks_death(const capstan_runtime_t *rt, capstan_job_t *job, const
 
 void capstan__registry_free(capstan_runtime_t *rt)
 {
-    for (size_t i = 0; i < rt->nhandlers; i++) {
-        free(rt->handlers[i].cls);
-        free(rt->handlers[i].queue);
+    for (size_t i = 0; i < rt->classes.nhandlers; i++) {
+        free(rt->classes.handlers[i].cls);
+        free(rt->classes.handlers[i].queue);
     }
-    free(rt->handlers);
-    rt->handlers = NULL;
-    rt->nhandlers = 0;
-    free(rt->rows);
-    rt->rows = NULL;
-    rt->nrows = 0;
-    free(rt->hooks);
-    rt->hooks = NULL;
-    rt->nhooks = 0;
-    for (size_t i = 0; i < rt->nunknown; i++)
-        free(rt->unknown[i]);
-    free(rt->unknown);
-    rt->unknown = NULL;
-    rt->nunknown = 0;
+    free(rt->classes.handlers);
+    rt->classes.handlers = NULL;
+    rt->classes.nhandlers = 0;
+    free(rt->classes.rows);
+    rt->classes.rows = NULL;
+    rt->classes.nrows = 0;
+    free(rt->classes.hooks);
+    rt->classes.hooks = NULL;
+    rt->classes.nhooks = 0;
+    for (size_t i = 0; i < rt->view.nunknown; i++)
+        free(rt->view.unknown[i]);
+    free(rt->view.unknown);
+    rt->view.unknown = NULL;
+    rt->view.nunknown = 0;
 }

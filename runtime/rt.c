@@ -44,15 +44,15 @@ int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_
         if (capstan_redis_connect(r) == 0) {
             if (connected_before++)
                 capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_REDIS_RECONNECTS, 1);
-            if (atomic_exchange(&rt->redis_down, 0))
+            if (atomic_exchange(&rt->health.redis_down, 0))
                 capstan_info("Redis is online, %.3f sec downtime",
-                             capstan__mono() - atomic_load(&rt->redis_down_at));
+                             capstan__mono() - atomic_load(&rt->health.redis_down_at));
             return 0;
         }
         int was_up = 0;
         double now = capstan__mono();
-        if (atomic_compare_exchange_strong(&rt->redis_down, &was_up, 1)) {
-            atomic_store(&rt->redis_down_at, now);
+        if (atomic_compare_exchange_strong(&rt->health.redis_down, &was_up, 1)) {
+            atomic_store(&rt->health.redis_down_at, now);
             capstan_warn("%s; retrying with backoff", capstan_redis_error(r));
         }
         double until = capstan__mono() + delay;

@@ -10,6 +10,7 @@
 
 #include "job/job.h"
 #include "fetch/fetch.h"
+#include "fleet/fleet.h"
 #include "capstan/redis.h"
 #include "capstan/runtime.h"
 #include "runtime/notify.h"
@@ -30,6 +31,11 @@ typedef struct capstan_slot {
     char tid[16];
     int busy;
     int abandoned;         /* shutdown gave the job back; do not ack it */
+    int requeue_streak;    /* jobs of unknown classes it requeued in a row,
+                              with no job run between them: when only those
+                              come, capstan may be the only reader of the
+                              queue and would fetch them again and again
+                              (server_chain.c). The processor thread's. */
     char *queue;           /* while busy: the running job's own (the */
     char *payload;         /* job owns them until its ack) */
     size_t len;
@@ -98,71 +104,55 @@ typedef struct capstan_hook {
     void *udata;
 } capstan_hook_t;
 
-struct capstan_runtime {
-    capstan_config_t *cfg;
+/* The class table, built before the run starts by the thread that
+ * registers (capstan_register, capstan_on_error/death) and then resolves it
+ * (capstan__classes_resolve, at start); read by every thread after, with
+ * no lock since nothing writes it once the processors run. */
+typedef struct capstan_rt_classes {
     capstan_handler_entry_t *handlers;
     size_t nhandlers;
     capstan_class_row_t *rows;     /* the classes registered or in the file */
     size_t nrows;
     capstan_class_row_t no_row;    /* any other class's */
     capstan_retry_conf_t retry;    /* the retry rules' settings, from cfg at start */
-    capstan_hook_t *hooks; /* registered before run, read-only after */
+    capstan_hook_t *hooks;
     size_t nhooks;
-    char error[CAPSTAN_ERRLEN]; /* why the last registration was refused
-                                   (capstan_runtime_error), "" if none */
+    char error[CAPSTAN_ERRLEN];    /* why the last registration was refused
+                                      (capstan_runtime_error), "" if none */
+} capstan_rt_classes_t;
+
+/* Who this process is to Sidekiq: written by the main thread, in
+ * capstan_runtime_new and at start (a supervised worker's identity when it
+ * joins its board), before any other thread runs; read-only after. */
+typedef struct capstan_rt_self {
     char identity[320];
-    char batch_cursor[32]; /* the housekeeper's walk over batches:open */
     char hostname[256];
     double started_at;
-    char *info_json;       /* the process "info" field, built at start */
+    char *info_json;               /* the process "info" field, built at start */
+} capstan_rt_self_t;
 
-    atomic_int quiet;      /* stop fetching */
-    atomic_int stopping;   /* shutting down (handlers may look) */
-    atomic_int stop_req;   /* capstan_runtime_stop or a remote TERM */
-    atomic_int quiet_req;
-    atomic_long processed, failed;  /* since the last flush */
-    atomic_int busy;
-
-    capstan_slot_t *slots;
-    int nslots;
-    capstan_slot_t *keeper; /* the housekeeper's, for the acks it writes
-                               (capstan__feed_ack_late): no processor's */
-    pthread_t housekeeper, scheduler, periodic, master_watch;
-    capstan_periodic_env_t periodic_env; /* what the periodic thread is given */
-    int housekeeper_started, scheduler_started, periodic_started, master_watch_started;
-    atomic_int housekeeper_stop;   /* and the master watch's */
-    pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
-                                      (rt.c), which quiet and stop cut short */
-    pthread_cond_t wake;
-    capstan_sched_wake_t sched_wake; /* under wake_mu */
-    int abandoned;
-    atomic_int redis_down;         /* a thread cannot reach Redis: one outage
-                                      is logged once, not once per thread */
+/* How Redis answers, as every thread sees it: written by any thread, with
+ * atomics (fetch_error under the runtime's wake_mu), so that an outage or
+ * failing fetches are logged once for the process; clock_said by the beat
+ * alone (heartbeat.c: on the main thread at start, then the housekeeper's). */
+typedef struct capstan_rt_health {
+    atomic_int redis_down;         /* a thread cannot reach Redis */
     _Atomic double redis_down_at;  /* capstan__mono() when it was noticed */
     atomic_int fetch_failing;      /* fetches get error replies (logged once,
                                       until one of them works again) */
     atomic_long fetch_errors;      /* error replies to fetches since the last
                                       beat, which reports them (heartbeat.c) */
-    char fetch_error[CAPSTAN_ERRLEN]; /* the last one's text, under wake_mu */
-    struct capstan_chain *server_chain; /* middleware around every job; built
-                                       before the processors start */
-    const struct capstan_source *source; /* where the processors take jobs
-                                      from (source.h), set at start */
-    struct capstan_feed *feed;     /* reliable source: the processors' shared
-                                      batch of fetched and finished jobs */
-    char **unknown;                /* classes without a handler whose policy
-                                      was logged (server_chain.c's lock) */
-    size_t nunknown;
-    struct capstan_fleet *fleet;   /* the queues Ruby processes read too
-                                      (fleet.c); made at start */
-    capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
-                                      Pro's "paused" set), read with each
-                                      beat (heartbeat.c); made at start */
-    capstan_liveness_t *liveness;  /* its liveness key, refreshed by the
-                                      housekeeper and by fetchers when it is
-                                      due; made at start */
-    struct capstan_board *board;   /* shared with the supervisor
-                                      (board.h), NULL when unsupervised */
+    char fetch_error[CAPSTAN_ERRLEN]; /* the last one's text */
+    double clock_said;             /* the clock offset from Redis's last
+                                      logged, 0 while it is small */
+} capstan_rt_health_t;
+
+/* The link to the supervisor (board.h): set by the main thread at start,
+ * before the other threads run; after that the board's fields are atomics
+ * of their own, and the probe stamps are written by the housekeeper alone. */
+typedef struct capstan_rt_link {
+    struct capstan_board *board;   /* shared with the supervisor, NULL when
+                                      unsupervised */
     struct capstan_board_end *board_end; /* past its rows; NULL also under a
                                       supervisor of an older binary */
     capstan_probe_t own_probe;     /* the probe stamps, unsupervised */
@@ -174,9 +164,105 @@ struct capstan_runtime {
     int nprobes;
     int worker_slot;               /* which of the supervisor's workers */
     int supervisor_pid;            /* and the supervisor's pid */
-    double clock_said;             /* the clock offset from Redis's last
-                                      logged, 0 while it is small (the
-                                      beat's, heartbeat.c) */
+} capstan_rt_link_t;
+
+/* What this process knows of the fleet and of its own queues and liveness.
+ * fleet, paused and liveness are made by the main thread at start, and
+ * are then safe for any thread on their own (fleet/fleet.c's lock, the
+ * atomics of fetch/paused.c and fetch/liveness.c): paused is read anew
+ * with each beat, liveness refreshed by the housekeeper and by fetchers
+ * when due. unknown, the classes without a handler whose policy was
+ * logged, is written by any processor under unknown_mu. */
+typedef struct capstan_rt_view {
+    pthread_mutex_t unknown_mu;    /* taken once per job without a handler */
+    char **unknown;
+    size_t nunknown;
+    capstan_fleet_t *fleet;        /* the queues Ruby processes read too */
+    capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
+                                      Pro's "paused" set) */
+    capstan_liveness_t *liveness;  /* its liveness key */
+} capstan_rt_view_t;
+
+/* The main thread's: what capstan_runtime_stop/quiet and remote signals ask
+ * of it (any thread sets them, atomically), and how many running jobs its
+ * shutdown gave up waiting for (written by it alone). */
+typedef struct capstan_rt_ctl {
+    atomic_int stop_req;           /* capstan_runtime_stop or a remote TERM */
+    atomic_int quiet_req;
+    int abandoned;
+} capstan_rt_ctl_t;
+
+/* The housekeeper thread's own state. The main thread starts and joins it
+ * (thread, started) and makes slot; the rest is the housekeeper's alone. */
+typedef struct capstan_keeper {
+    pthread_t thread;
+    int started;
+    capstan_slot_t *slot;          /* for the acks it writes
+                                      (capstan__feed_ack_late): no processor's */
+    char batch_cursor[32];         /* its walk over batches:open */
+    long last_left;                /* jobs the last orphan pass left in dead
+                                      processes' lists because their queue
+                                      key held another type: reported when
+                                      that changes. The passes run one at a
+                                      time, at start (on the main thread,
+                                      before the housekeeper starts), then
+                                      in the housekeeper */
+} capstan_keeper_t;
+
+/* The scheduler thread's, the periodic thread's and the master watch's:
+ * each written by the main thread, which starts and joins it; the periodic
+ * thread reads env, which outlives it. (The scheduler's wake-ups are
+ * rt->sched_wake, which other threads write.) */
+typedef struct capstan_sched {
+    pthread_t thread;
+    int started;
+} capstan_sched_t;
+typedef struct capstan_rt_periodic {
+    pthread_t thread;
+    int started;
+    capstan_periodic_env_t env;    /* what the periodic thread is given */
+} capstan_rt_periodic_t;
+typedef struct capstan_watch {
+    pthread_t thread;
+    int started;
+} capstan_watch_t;
+
+/* What every thread of the runtime shares, then one member per owner. */
+struct capstan_runtime {
+    capstan_config_t *cfg;         /* read-only once the run starts */
+    capstan_rt_classes_t classes;
+    capstan_rt_self_t self;
+
+    atomic_int quiet;              /* stop fetching */
+    atomic_int stopping;           /* shutting down (handlers may look) */
+    atomic_long processed, failed; /* since the last flush */
+    atomic_int busy;
+
+    capstan_slot_t *slots;         /* the processors', made at start */
+    int nslots;
+    atomic_int housekeeper_stop;   /* stops the housekeeper and the master
+                                      watch, and the acks written at the end
+                                      give up on it too */
+    pthread_mutex_t wake_mu;       /* every thread's timed sleep is on wake
+                                      (rt.c), which quiet and stop cut short */
+    pthread_cond_t wake;
+    capstan_sched_wake_t sched_wake; /* under wake_mu: any thread that puts a
+                                      job in the schedule set writes it */
+    struct capstan_chain *server_chain; /* middleware around every job; built
+                                      before the processors start */
+    const struct capstan_source *source; /* where the processors take jobs
+                                      from (source.h), set at start */
+    struct capstan_feed *feed;     /* reliable source: the processors' shared
+                                      batch of fetched and finished jobs */
+
+    capstan_rt_health_t health;
+    capstan_rt_link_t link;
+    capstan_rt_view_t view;
+    capstan_rt_ctl_t ctl;
+    capstan_keeper_t keeper;
+    capstan_sched_t sched;
+    capstan_rt_periodic_t periodic;
+    capstan_watch_t watch;
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */
@@ -201,7 +287,7 @@ void capstan__registry_free(struct capstan_runtime *rt);
 /* Builds rt's class table from its handlers and its config's classes:
  * (again, should it be called again). Returns 0 or CAPSTAN_ENOMEM. */
 int capstan__classes_resolve(struct capstan_runtime *rt);
-/* cls's row; rt->no_row for a class neither registered nor in the file,
+/* cls's row; rt->classes.no_row for a class neither registered nor in the file,
  * or for NULL. */
 const capstan_class_row_t *capstan__class_find(const struct capstan_runtime *rt, const char *cls);
 /* Run the error hooks (capstan_on_error) for job, failed with cls and msg:
@@ -240,27 +326,6 @@ void capstan__server_run_bare(struct capstan_runtime *rt, capstan_redis_t *r, ca
  * got[i]'s), or zeroed when it did not parse. */
 size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const capstan_fetched_t *got, size_t n,
                                struct capstan_prelock *pre, capstan_job_t *jobs);
-
-/* fleet.c: which of this process's queues a Ruby Sidekiq process reads
- * too, and so what becomes of a job whose class has no handler here. */
-struct capstan_fleet;
-/* Makes rt->fleet (nothing shared yet). Returns 0 or CAPSTAN_ENOMEM. */
-int capstan__fleet_new(struct capstan_runtime *rt);
-void capstan__fleet_free(struct capstan_fleet *f);
-/* Reads the process set and each process's info on r, notes the queues of
- * ours a Ruby process reads (and keeps them in Redis), and logs one line
- * when that changes. Any thread, one look at a time. */
-void capstan__fleet_look(struct capstan_runtime *rt, capstan_redis_t *r);
-/* Whether a Ruby process read queue at one of the looks of the last ten
- * minutes. Any thread. */
-int capstan__fleet_shared(const struct capstan_runtime *rt, const char *queue);
-/* The unknown_class policy for a job of queue, looking at the fleet again
- * on r when the last look is a second old: the config's when it sets
- * unknown_class, else requeue for a shared queue and, in the process's
- * first minute, for every queue, and the default for the others. *why
- * says why when that is not the config's, else NULL. Any thread. */
-capstan_unknown_class_t capstan__unknown_policy(struct capstan_runtime *rt, capstan_redis_t *r, const char *queue,
-                                                const char **why);
 
 /* housekeeper.c: the housekeeper thread (liveness, beats, strays,
  * recovery, reaper). */

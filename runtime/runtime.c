@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fetch/leave.h"
 #include "observe/http.h"
 #include "observe/overview.h"
 #include "redis/sentinel.h"
@@ -39,12 +40,13 @@ capstan_runtime_t *capstan_runtime_new(capstan_config_t *cfg, char *err)
         return NULL;
     }
     rt->cfg = cfg;
-    rt->probe = &rt->own_probe;
+    rt->link.probe = &rt->link.own_probe;
     pthread_mutex_init(&rt->wake_mu, NULL);
+    pthread_mutex_init(&rt->view.unknown_mu, NULL);
     pthread_cond_init(&rt->wake, NULL);
     pthread_cond_init(&rt->sched_wake.cv, NULL);
-    capstan__identity_make(rt->identity, sizeof(rt->identity));
-    capstan__hostname(rt->hostname, sizeof(rt->hostname));
+    capstan__identity_make(rt->self.identity, sizeof(rt->self.identity));
+    capstan__hostname(rt->self.hostname, sizeof(rt->self.hostname));
     return rt;
 }
 
@@ -52,7 +54,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
 {
     if (!rt)
         return;
-    if (rt->abandoned) {
+    if (rt->ctl.abandoned) {
         /* Threads still running a handler use rt: leave it to the exit. */
         return;
     }
@@ -61,28 +63,29 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan__feed_free(rt->feed);
     capstan_chain_free(rt->server_chain);
     capstan__registry_free(rt);
-    free(rt->info_json);
-    capstan__fleet_free(rt->fleet);
-    capstan__paused_free(rt->paused);
-    capstan__liveness_free(rt->liveness);
+    free(rt->self.info_json);
+    capstan__fleet_free(rt->view.fleet);
+    capstan__paused_free(rt->view.paused);
+    capstan__liveness_free(rt->view.liveness);
     capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
+    pthread_mutex_destroy(&rt->view.unknown_mu);
     pthread_cond_destroy(&rt->wake);
     pthread_cond_destroy(&rt->sched_wake.cv);
     free(rt);
 }
 
-const char *capstan_runtime_identity(const capstan_runtime_t *rt) { return rt->identity; }
-int capstan_runtime_abandoned(const capstan_runtime_t *rt) { return rt->abandoned; }
+const char *capstan_runtime_identity(const capstan_runtime_t *rt) { return rt->self.identity; }
+int capstan_runtime_abandoned(const capstan_runtime_t *rt) { return rt->ctl.abandoned; }
 
 void capstan_runtime_quiet(capstan_runtime_t *rt)
 {
-    atomic_store(&rt->quiet_req, 1);
+    atomic_store(&rt->ctl.quiet_req, 1);
 }
 
 void capstan_runtime_stop(capstan_runtime_t *rt)
 {
-    atomic_store(&rt->stop_req, 1);
+    atomic_store(&rt->ctl.stop_req, 1);
 }
 
 static char *build_info(capstan_runtime_t *rt)
@@ -97,23 +100,23 @@ static char *build_info(capstan_runtime_t *rt)
     }
     for (size_t i = 0; i < c->nlabels; i++)
         json_array_append_new(labels, json_string(c->labels[i]));
-    json_object_set_new(o, "hostname", json_string(rt->hostname));
-    json_object_set_new(o, "started_at", json_real(rt->started_at));
+    json_object_set_new(o, "hostname", json_string(rt->self.hostname));
+    json_object_set_new(o, "started_at", json_real(rt->self.started_at));
     json_object_set_new(o, "pid", json_integer(getpid()));
     json_object_set_new(o, "tag", json_string(c->tag ? c->tag : ""));
     json_object_set_new(o, "concurrency", json_integer(c->concurrency));
     json_object_set_new(o, "queues", queues);
     json_object_set_new(o, "labels", labels);
-    json_object_set_new(o, "identity", json_string(rt->identity));
+    json_object_set_new(o, "identity", json_string(rt->self.identity));
     json_object_set_new(o, "version", json_string(CAPSTAN_VERSION));
     /* Sidekiq writes its own version above: this tells the process set's
-     * readers (capstan stats, the fleet look of fleet.c) a capstan
+     * readers (capstan stats, the fleet look of fleet/fleet.c) a capstan
      * process from a Ruby one. Sidekiq ignores the key. */
     json_object_set_new(o, CAPSTAN_INFO_MARKER, json_string(CAPSTAN_VERSION));
     /* A supervised worker names its supervisor and slot, for capstan stats. */
-    if (rt->board) {
-        json_object_set_new(o, "capstan_supervisor", json_integer(rt->supervisor_pid));
-        json_object_set_new(o, "capstan_worker", json_integer(rt->worker_slot));
+    if (rt->link.board) {
+        json_object_set_new(o, "capstan_supervisor", json_integer(rt->link.supervisor_pid));
+        json_object_set_new(o, "capstan_worker", json_integer(rt->link.worker_slot));
     }
     json_t *warr = json_array();
     json_array_append_new(warr, weights);
@@ -159,9 +162,9 @@ static void go_quiet(capstan_runtime_t *rt)
  * the API. Returns the signal, 0 on timeout. */
 static int next_signal(capstan_runtime_t *rt, const sigset_t *set, double timeout)
 {
-    if (atomic_exchange(&rt->stop_req, 0))
+    if (atomic_exchange(&rt->ctl.stop_req, 0))
         return SIGTERM;
-    if (atomic_exchange(&rt->quiet_req, 0))
+    if (atomic_exchange(&rt->ctl.quiet_req, 0))
         return SIGTSTP;
     struct timespec ts = { .tv_sec = (time_t)timeout,
                            .tv_nsec = (long)((timeout - (double)(time_t)timeout) * 1e9) };
@@ -254,42 +257,30 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
             }
             if (busy_now || capstan__mono() > join_deadline) {
                 pthread_detach(s->thread);
-                rt->abandoned++;
+                rt->ctl.abandoned++;
                 break;
             }
             capstan__rt_wait(rt, 0.05);
         }
     }
     capstan__rt_wake(rt);
-    if (rt->scheduler_started)
-        pthread_join(rt->scheduler, NULL);
-    if (rt->periodic_started)
-        pthread_join(rt->periodic, NULL);
+    if (rt->sched.started)
+        pthread_join(rt->sched.thread, NULL);
+    if (rt->periodic.started)
+        pthread_join(rt->periodic.thread, NULL);
     atomic_store(&rt->housekeeper_stop, 1);
     capstan__rt_wake(rt);
-    if (rt->housekeeper_started)
-        pthread_join(rt->housekeeper, NULL);
-    if (rt->master_watch_started)
-        pthread_join(rt->master_watch, NULL);
+    if (rt->keeper.started)
+        pthread_join(rt->keeper.thread, NULL);
+    if (rt->watch.started)
+        pthread_join(rt->watch.thread, NULL);
     live_conn(r);
     capstan__stats_flush(rt, r);
     capstan__unique_metrics_flush(r);
-    capstan__heartbeat_leave(r, rt->identity);
-    char wkey[512], lkey[512];
-    capstan__fetch_working_key(rt->identity, wkey, sizeof(wkey));
-    capstan__fetch_liveness_key(rt->identity, lkey, sizeof(lkey));
-    redisReply *len = capstan_redis_cmdf(r, "LLEN %s", wkey);
-    if (len && len->type == REDIS_REPLY_INTEGER && len->integer == 0) {
-        redisReply *del = capstan_redis_cmdf(r, "DEL %s", lkey);
-        /* Nothing left for a supervisor to recover: it need not connect. */
-        if (del && del->type == REDIS_REPLY_INTEGER)
-            capstan__board_forget(rt);
-        freeReplyObject(del);
-    } else if (len && len->type == REDIS_REPLY_INTEGER) {
-        capstan_warn("%lld jobs remain in %s; they are recovered once this process is gone",
-                     len->integer, wkey);
-    }
-    freeReplyObject(len);
+    capstan__heartbeat_leave(r, rt->self.identity);
+    /* Nothing left for a supervisor to recover: it need not connect. */
+    if (capstan__fetch_leave(r, rt->self.identity) == 0)
+        capstan__board_forget(rt);
     capstan__log_flush();
     capstan_info("Bye!");
 }
@@ -355,12 +346,12 @@ static void class_list(const capstan_runtime_t *rt, char *out, size_t n)
     enum { SHOWN = 8 };
     size_t len = 0;
     out[0] = '\0';
-    for (size_t i = 0; i < rt->nhandlers && i < SHOWN && len < n; i++) {
-        int w = snprintf(out + len, n - len, "%s%s", i ? ", " : "", rt->handlers[i].cls);
+    for (size_t i = 0; i < rt->classes.nhandlers && i < SHOWN && len < n; i++) {
+        int w = snprintf(out + len, n - len, "%s%s", i ? ", " : "", rt->classes.handlers[i].cls);
         len += w > 0 ? (size_t)w : 0;
     }
-    if (rt->nhandlers > SHOWN && len < n)
-        snprintf(out + len, n - len, " and %zu more", rt->nhandlers - SHOWN);
+    if (rt->classes.nhandlers > SHOWN && len < n)
+        snprintf(out + len, n - len, " and %zu more", rt->classes.nhandlers - SHOWN);
 }
 
 /* One line saying what this process will do, then the details at debug. */
@@ -374,11 +365,11 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
                  "%zu classes [%s], unknown classes %s%s, identity %s",
                  CAPSTAN_VERSION, capstan_redis_name(r), capstan_config_environment(c), queues,
                  c->strict ? "strict order" : "weighted", c->concurrency,
-                 c->fetch == CAPSTAN_FETCH_BASIC ? "basic" : "reliable", rt->nhandlers, classes,
+                 c->fetch == CAPSTAN_FETCH_BASIC ? "basic" : "reliable", rt->classes.nhandlers, classes,
                  capstan_config_unknown_class_name(c->unknown_class),
                  c->unknown_class_explicit || c->unknown_class == CAPSTAN_UNKNOWN_REQUEUE
                      ? "" : " (requeue on queues a Ruby Sidekiq process reads)",
-                 rt->identity);
+                 rt->self.identity);
     if (c->nperiodic) {
         char list[512] = "";
         size_t len = 0;
@@ -388,7 +379,7 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
                                     c->periodic[i].tz ? c->periodic[i].tz : "");
         capstan_info("periodic: %zu schedule%s [%s]", c->nperiodic, c->nperiodic == 1 ? "" : "s", list);
     }
-    if (rt->nhandlers == 0 && c->unknown_class == CAPSTAN_UNKNOWN_FAIL)
+    if (rt->classes.nhandlers == 0 && c->unknown_class == CAPSTAN_UNKNOWN_FAIL)
         capstan_warn("no job classes are registered: every job will fail with NameError%s",
                      c->unknown_class_explicit ? "" : " unless a Ruby Sidekiq process reads its queue");
     capstan_debug("config file %s; timeout %g s, startup_timeout %g s, heartbeat every %g s, "
@@ -456,24 +447,24 @@ static int start_threads(capstan_runtime_t *rt, char *err)
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start a processor thread: %s", strerror(e));
         rt->slots[i].started = 1;
     }
-    if (pthread_create(&rt->housekeeper, NULL, capstan__housekeeper_main, rt) == 0)
-        rt->housekeeper_started = 1;
-    if (pthread_create(&rt->scheduler, NULL, capstan__scheduler_main, rt) == 0)
-        rt->scheduler_started = 1;
-    if (!rt->housekeeper_started || !rt->scheduler_started)
+    if (pthread_create(&rt->keeper.thread, NULL, capstan__housekeeper_main, rt) == 0)
+        rt->keeper.started = 1;
+    if (pthread_create(&rt->sched.thread, NULL, capstan__scheduler_main, rt) == 0)
+        rt->sched.started = 1;
+    if (!rt->keeper.started || !rt->sched.started)
         return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the housekeeper or scheduler thread");
     if (capstan__sentinel_scheme(rt->cfg->redis_url)) {
-        if (pthread_create(&rt->master_watch, NULL, capstan__master_watch_main, rt))
+        if (pthread_create(&rt->watch.thread, NULL, capstan__master_watch_main, rt))
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the master watch thread");
-        rt->master_watch_started = 1;
+        rt->watch.started = 1;
     }
     if (rt->cfg->nperiodic) {
-        rt->periodic_env = (capstan_periodic_env_t){ .cfg = rt->cfg, .stop = &rt->quiet,
+        rt->periodic.env = (capstan_periodic_env_t){ .cfg = rt->cfg, .stop = &rt->quiet,
                                                      .connect = periodic_connect, .wait = periodic_wait,
                                                      .ud = rt };
-        if (pthread_create(&rt->periodic, NULL, capstan__periodic_main, &rt->periodic_env))
+        if (pthread_create(&rt->periodic.thread, NULL, capstan__periodic_main, &rt->periodic.env))
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the periodic thread");
-        rt->periodic_started = 1;
+        rt->periodic.started = 1;
     }
     return 0;
 }
@@ -513,11 +504,11 @@ static int probe(void *ud, int ready, char *why, size_t n)
 {
     capstan_runtime_t *rt = ud;
     double now = capstan__mono();
-    if (!rt->probes)
-        return capstan__probe_judge(rt->probe, ready, now, why, n);
-    for (int i = 0; i < rt->nprobes; i++) {
+    if (!rt->link.probes)
+        return capstan__probe_judge(rt->link.probe, ready, now, why, n);
+    for (int i = 0; i < rt->link.nprobes; i++) {
         char one[CAPSTAN_ERRLEN];
-        if (!capstan__probe_judge(&rt->probes[i], ready, now, one, sizeof(one))) {
+        if (!capstan__probe_judge(&rt->link.probes[i], ready, now, one, sizeof(one))) {
             snprintf(why, n, "worker %d: %s", i, one);
             return 0;
         }
@@ -535,7 +526,7 @@ static int run(capstan_runtime_t *rt, char *err)
      * class's merged options in one row from now on. */
     if (capstan__classes_resolve(rt))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    rt->retry = (capstan_retry_conf_t){ .max_retries = c->max_retries, .timestamps = c->timestamps };
+    rt->classes.retry = (capstan_retry_conf_t){ .max_retries = c->max_retries, .timestamps = c->timestamps };
     sigset_t set, old;
     sigemptyset(&set);
     int sigs[] = { SIGTERM, SIGINT, SIGTSTP, SIGTTIN, SIGUSR2 };
@@ -567,7 +558,7 @@ static int run(capstan_runtime_t *rt, char *err)
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
                                .busy_threads = busy_threads, .probe = probe, .ud = rt,
-                               .reuse_port = rt->board != NULL };
+                               .reuse_port = rt->link.board != NULL };
     if (rt->source->prefetches) {
         hc.queues = qnames;
         hc.nqueues = c->nqueues;
@@ -575,20 +566,22 @@ static int run(capstan_runtime_t *rt, char *err)
     }
     if (c->metrics_port > 0 && (rc = capstan__http_start(&hc, &http, err)) != 0)
         goto out;
-    rt->started_at = capstan__now();
+    rt->self.started_at = capstan__now();
     capstan__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
-    rt->info_json = build_info(rt);
+    rt->self.info_json = build_info(rt);
     r = capstan_redis_new(c->redis_url, 10, err);
-    if (!rt->paused)
-        rt->paused = capstan__paused_new(c->queues, c->nqueues);
-    if (!rt->liveness)
-        rt->liveness = capstan__liveness_new(rt->identity, c->liveness_ttl);
-    if (!r || !rt->info_json || !rt->paused || !rt->liveness || (!rt->fleet && capstan__fleet_new(rt))) {
+    if (!rt->view.paused)
+        rt->view.paused = capstan__paused_new(c->queues, c->nqueues);
+    if (!rt->view.liveness)
+        rt->view.liveness = capstan__liveness_new(rt->self.identity, c->liveness_ttl);
+    if (!rt->view.fleet)
+        rt->view.fleet = capstan__fleet_new(c);
+    if (!r || !rt->self.info_json || !rt->view.paused || !rt->view.liveness || !rt->view.fleet) {
         rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
         goto out;
     }
     log_start(rt, r);
-    grace_check(c, rt->worker_slot);
+    grace_check(c, rt->link.worker_slot);
     if ((rc = wait_for_redis(rt, r, &set, err)) != 0) {
         /* Nothing of this process is in Redis: its supervisor has nothing
          * to recover (and a server refused would refuse it too). */
@@ -598,13 +591,13 @@ static int run(capstan_runtime_t *rt, char *err)
     }
     capstan_debug("connected to %s", capstan_redis_name(r));
     if (rt->source->working_list) {
-        capstan__liveness_refresh(rt->liveness, r);
+        capstan__liveness_refresh(rt->view.liveness, r);
         capstan__recover_orphans(rt, r);
     }
     capstan__heartbeat_beat(rt, r, 0);
     /* Before the first fetch: a Ruby process reading our queues must not
      * lose its jobs to NameError in the first minute. */
-    capstan__fleet_look(rt, r);
+    capstan__fleet_look(rt->view.fleet, r);
     if ((rc = start_threads(rt, err)) != 0) {
         capstan_error("%s", err);
         shutdown_all(rt, r, &set, 0);
@@ -622,7 +615,7 @@ static int run(capstan_runtime_t *rt, char *err)
         sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;
-        if (rt->board && over_limits(rt, r)) {
+        if (rt->link.board && over_limits(rt, r)) {
             sig = 0;
             break;
         }

@@ -185,7 +185,7 @@ static void sched_sleep(capstan_runtime_t *rt, double s)
         pthread_cond_timedwait(&sw->cv, &rt->wake_mu, &ts);
         /* Woken for a sooner due, the loop sleeps again until it; a
          * capstan__rt_wake ends the sleep, as it ends every thread's. */
-        if (atomic_load(&rt->quiet) || atomic_load(&rt->stop_req))
+        if (atomic_load(&rt->quiet) || atomic_load(&rt->ctl.stop_req))
             break;
     }
     sw->until = 0;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "redis/keys.h"
+#include "redis/scripts.h"
 #include "support/buf.h"
 #include "support/log.h"
 #include "support/payload.h"
@@ -163,7 +164,7 @@ static int retry_mw(capstan_mw_t *mw, void *udata)
     capstan_failure_t f = {0};
     double now = capstan__now();
     if (capstan__retry_decide(job, job->err_class, job->err_msg, run->row->retry,
-                              &rt->retry, now, &f) == 0) {
+                              &rt->classes.retry, now, &f) == 0) {
         capstan_dispose_t d = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_DISPOSE_RETRY
                         : f.fate == CAPSTAN_FATE_DEAD ? CAPSTAN_DISPOSE_DEAD : CAPSTAN_DISPOSE_DROP;
         if (capstan_mw_dispose(mw, d, f.score, f.payload, f.len))
@@ -316,10 +317,6 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
     return c;
 }
 
-/* Guards rt->unknown of every runtime; taken once per job without a
- * handler. */
-static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
-
 /* Logs, once per class and process, what the unknown_class policy does
  * with cls's jobs, and why when the config did not choose it. */
 static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue,
@@ -330,42 +327,23 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
         [CAPSTAN_UNKNOWN_REQUEUE] = "they go back to the end of their queue for a Ruby process",
         [CAPSTAN_UNKNOWN_SKIP] = "they go to the dead set, not retried",
     };
-    pthread_mutex_lock(&unknown_mu);
+    pthread_mutex_lock(&rt->view.unknown_mu);
     int first = 1;
-    for (size_t i = 0; i < rt->nunknown && first; i++)
-        first = strcmp(rt->unknown[i], cls) != 0;
-    char **p = first ? realloc(rt->unknown, (rt->nunknown + 1) * sizeof(*p)) : NULL;
+    for (size_t i = 0; i < rt->view.nunknown && first; i++)
+        first = strcmp(rt->view.unknown[i], cls) != 0;
+    char **p = first ? realloc(rt->view.unknown, (rt->view.nunknown + 1) * sizeof(*p)) : NULL;
     if (p) {
-        rt->unknown = p;
-        if ((p[rt->nunknown] = strdup(cls)))
-            rt->nunknown++;
+        rt->view.unknown = p;
+        if ((p[rt->view.nunknown] = strdup(cls)))
+            rt->view.nunknown++;
     }
-    pthread_mutex_unlock(&unknown_mu);
+    pthread_mutex_unlock(&rt->view.unknown_mu);
     const char *near = first ? capstan__registry_nearest(rt, cls) : NULL;
     if (first)
         capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s%s%s: %s%s%s%s", cls, queue,
                      capstan_config_unknown_class_name(policy), why ? " (" : "", why ? why : "", why ? ")" : "",
                      what[policy], near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
 }
-
-/* Puts a job back untouched, at the end of its queue fetched last, or
- * (ARGV[2], a score) in the retry set, and takes it out of the working
- * list (reliable fetch) in the same step, only if it is still there. A
- * key of another type is checked first, as the push would fail after the
- * LREM. Returns 1 moved, 0 gone, -1 type. */
-static const char requeue_lua[] =
-    "local zset = ARGV[2] ~= ''\n"
-    "local t = redis.call('TYPE', KEYS[2]).ok\n"
-    "if t ~= (zset and 'zset' or 'list') and t ~= 'none' then return -1 end\n"
-    "if KEYS[1] ~= '' and redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end\n"
-    "if zset then redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])\n"
-    "else redis.call('LPUSH', KEYS[2], ARGV[1]) end\n"
-    "return 1\n";
-
-/* Jobs this processor thread requeued in a row, with no job run between
- * them: when only unknown classes come, capstan may be the only reader of the
- * queue and would fetch them again and again. */
-static _Thread_local int requeue_streak;
 
 /* Gives a job without a handler back untouched: to its queue (at < 0), or
  * to the retry set at score at. The slot lock keeps shutdown from giving
@@ -376,15 +354,16 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
     capstan_runtime_t *rt = s->rt;
     char working[512] = "", key[512], score[32] = "";
     if (rt->source->working_list)
-        capstan__fetch_working_key(rt->identity, working, sizeof(working));
+        capstan__fetch_working_key(rt->self.identity, working, sizeof(working));
     if (at < 0)
         capstan__key(key, sizeof(key), CAPSTAN_KEY_QUEUE, job->queue);
     else {
         snprintf(key, sizeof(key), "%s", CAPSTAN_KEY_RETRY);
         snprintf(score, sizeof(score), "%.6f", at);
     }
-    const char *argv[] = { "EVAL", requeue_lua, "2", working, key, job->payload, score };
-    size_t lens[] = { 4, strlen(requeue_lua), 1, strlen(working), strlen(key), job->len, strlen(score) };
+    /* KEYS working, key; ARGV payload, score (lua/unknown_requeue.lua). */
+    const char *argv[] = { working, key, job->payload, score };
+    size_t lens[] = { strlen(working), strlen(key), job->len, strlen(score) };
     /* -2: the connection broke (once reconnected, try again: with the
      * basic fetch the job exists nowhere else); -3: an error reply. */
     long long moved = -2;
@@ -392,7 +371,8 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
         if (tries && capstan__slot_connected(s, r))
             break;
         pthread_mutex_lock(&s->mu);
-        redisReply *rep = s->abandoned ? NULL : capstan_redis_cmd(r, 7, argv, lens);
+        redisReply *rep = s->abandoned ? NULL
+                                       : capstan__redis_script(r, CAPSTAN_SCRIPT_UNKNOWN_REQUEUE, 2, 4, argv, lens);
         moved = s->abandoned ? 0 : !rep ? -2 : rep->type == REDIS_REPLY_INTEGER ? rep->integer : -3;
         s->abandoned = s->abandoned || moved == 1;
         pthread_mutex_unlock(&s->mu);
@@ -403,10 +383,10 @@ static int requeue_unknown(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t 
                       moved == -1 ? (at < 0 ? "it holds another type than a list" : "it is not a sorted set")
                                   : capstan_redis_error(r),
                       working[0] ? "it stays in the working list" : "it is lost (basic fetch)");
-    if (moved != 1 || at >= 0 || ++requeue_streak < 2)
+    if (moved != 1 || at >= 0 || ++s->requeue_streak < 2)
         return moved == 1;
     /* 50 ms, doubling up to 1 s; shutdown wakes it. */
-    double pause = 0.05 * (double)(1 << (requeue_streak < 7 ? requeue_streak - 2 : 5));
+    double pause = 0.05 * (double)(1 << (s->requeue_streak < 7 ? s->requeue_streak - 2 : 5));
     capstan__rt_wait(rt, pause < 1.0 ? pause : 1.0);
     return 1;
 }
@@ -441,7 +421,7 @@ static int earlier_error(const capstan_job_t *job)
  * Retries tab, instead of going round a queue only capstan reads. */
 static void hand_back(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job)
 {
-    int to_queue = capstan__fleet_shared(s->rt, job->queue);
+    int to_queue = capstan__fleet_shared(s->rt->view.fleet, job->queue);
     double c = job->retry_count > 0 ? (double)job->retry_count : 0;
     double at = to_queue ? -1 : capstan__now() + c * c * c * c + 15;
     size_t len = 0;
@@ -498,10 +478,10 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     mw->held.digest = held_digest;
     mw->held.prelock = prelock;
     if (run.h) {
-        requeue_streak = 0;
+        s->requeue_streak = 0;
     } else {
         const char *why;
-        run.policy = capstan__unknown_policy(rt, r, job->queue, &why);
+        run.policy = capstan__unknown_policy(rt->view.fleet, rt->cfg, r, job->queue, &why);
         note_unknown(rt, job->cls, job->queue, run.policy, why);
     }
     /* A job that carries an error of its own goes back whatever the policy

@@ -22,11 +22,11 @@ static int slot_init(capstan_runtime_t *rt, capstan_slot_t *s, int i, char *err)
     s->rt = rt;
     s->index = i;
     s->run_time = 0.002; /* not short until measured (see capstan__feed_take_ahead) */
-    capstan_fetch_conf_t fc = { .ops = rt->source->fetch, .identity = rt->identity, .queues = c->queues,
+    capstan_fetch_conf_t fc = { .ops = rt->source->fetch, .identity = rt->self.identity, .queues = c->queues,
                             .nqueues = c->nqueues, .strict = c->strict, .index = i,
                             .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
                             .min_replicas_timeout = c->min_replicas_timeout,
-                            .paused = rt->paused, .liveness = rt->liveness };
+                            .paused = rt->view.paused, .liveness = rt->view.liveness };
     return (s->fetch = capstan__fetch_new(&fc, err)) ? 0 : CAPSTAN_ENOMEM;
 }
 
@@ -41,17 +41,17 @@ int capstan__slots_new(capstan_runtime_t *rt, char *err)
     capstan_config_t *c = rt->cfg;
     /* nslots only once they exist: shutdown and free walk them. */
     rt->slots = calloc((size_t)c->concurrency, sizeof(capstan_slot_t));
-    rt->keeper = calloc(1, sizeof(capstan_slot_t));
-    if (!rt->slots || !rt->keeper)
+    rt->keeper.slot = calloc(1, sizeof(capstan_slot_t));
+    if (!rt->slots || !rt->keeper.slot)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    if (slot_init(rt, rt->keeper, c->concurrency, err))
+    if (slot_init(rt, rt->keeper.slot, c->concurrency, err))
         return CAPSTAN_ENOMEM;
     rt->nslots = c->concurrency;
     for (int i = 0; i < rt->nslots; i++)
         if (slot_init(rt, &rt->slots[i], i, err))
             return CAPSTAN_ENOMEM;
     for (int i = 0; rt->feed && i <= rt->nslots; i++) {
-        capstan_slot_t *s = i < rt->nslots ? &rt->slots[i] : rt->keeper;
+        capstan_slot_t *s = i < rt->nslots ? &rt->slots[i] : rt->keeper.slot;
         s->seat = capstan__feed_seat(rt->feed, i, s->fetch, &s->mu);
     }
     return 0;
@@ -62,9 +62,9 @@ void capstan__slots_free(capstan_runtime_t *rt)
     for (int i = 0; i < rt->nslots; i++)
         slot_fini(&rt->slots[i]);
     free(rt->slots);
-    if (rt->keeper && rt->keeper->rt)
-        slot_fini(rt->keeper);
-    free(rt->keeper);
+    if (rt->keeper.slot && rt->keeper.slot->rt)
+        slot_fini(rt->keeper.slot);
+    free(rt->keeper.slot);
 }
 
 int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
@@ -84,7 +84,7 @@ int capstan__slot_set(capstan_slot_t *s, const capstan_job_t *job, int ahead)
     capstan__fmt_cat(s->jid, sizeof(s->jid), job->jid ? job->jid : "", NULL);
     s->deadline = 0;
     s->row = NULL;
-    if (s->rt->board) {
+    if (s->rt->link.board) {
         s->row = capstan__class_find(s->rt, job->cls);
         s->deadline = s->row->timeout > 0 ? capstan__mono() + s->row->timeout : 0;
         capstan__board_run(s->rt, s->index, s->jid);
@@ -198,7 +198,7 @@ static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
     if ((rc = capstan__job_init(&job, copy, s->len, s->queue, err)) != 0)
         goto out;
     snprintf(msg, sizeof(msg), "ran longer than its timeout of %.0f s; its worker process is replaced", limit);
-    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, s->row->retry, &rt->retry, now,
+    if ((rc = capstan__retry_decide(&job, "Capstan::Timeout", msg, s->row->retry, &rt->classes.retry, now,
                                     &f)) != 0)
         goto out;
     capstan_ack_t ack = { .kind = f.fate == CAPSTAN_FATE_RETRY ? CAPSTAN_ACK_RETRY

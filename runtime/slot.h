@@ -9,7 +9,7 @@
 #include "runtime/rt.h"
 
 /* Makes rt->slots, one for each of the concurrency processors, each with
- * its fetch, and rt->keeper, the housekeeper's. Returns 0, or
+ * its fetch, and rt->keeper.slot, the housekeeper's. Returns 0, or
  * CAPSTAN_ENOMEM with err filled; what was made is freed by
  * capstan__slots_free either way. */
 int capstan__slots_new(struct capstan_runtime *rt, char *err);

@@ -87,7 +87,7 @@ int capstan__test_prepare(capstan_test_t *t)
     capstan_runtime_t *rt = t->rt;
     if (capstan__classes_resolve(rt))
         return capstan_seterr(t->err, CAPSTAN_ENOMEM, "out of memory");
-    rt->retry = (capstan_retry_conf_t){ .max_retries = rt->cfg->max_retries, .timestamps = rt->cfg->timestamps };
+    rt->classes.retry = (capstan_retry_conf_t){ .max_retries = rt->cfg->max_retries, .timestamps = rt->cfg->timestamps };
     return 0;
 }
 
@@ -118,15 +118,15 @@ static int enter(capstan_test_t *t)
         t->depth--;
         return rc;
     }
-    wrapped_t *w = rt->nhandlers ? calloc(rt->nhandlers, sizeof(*w)) : NULL;
-    if (rt->nhandlers && !w) {
+    wrapped_t *w = rt->classes.nhandlers ? calloc(rt->classes.nhandlers, sizeof(*w)) : NULL;
+    if (rt->classes.nhandlers && !w) {
         t->depth--;
         return capstan_seterr(t->err, CAPSTAN_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < rt->nhandlers; i++) {
-        w[i] = (wrapped_t){ t, rt->handlers[i].fn, rt->handlers[i].udata };
-        rt->handlers[i].fn = trampoline;
-        rt->handlers[i].udata = &w[i];
+    for (size_t i = 0; i < rt->classes.nhandlers; i++) {
+        w[i] = (wrapped_t){ t, rt->classes.handlers[i].fn, rt->classes.handlers[i].udata };
+        rt->classes.handlers[i].fn = trampoline;
+        rt->classes.handlers[i].udata = &w[i];
     }
     t->wrapped = w;
     capstan__lock_store_set(&t->store);
@@ -145,9 +145,9 @@ static void leave(capstan_test_t *t)
         capstan__push_sink_set(NULL);
     }
     capstan_runtime_t *rt = t->rt;
-    for (size_t i = 0; i < rt->nhandlers; i++) {
-        rt->handlers[i].fn = t->wrapped[i].fn;
-        rt->handlers[i].udata = t->wrapped[i].udata;
+    for (size_t i = 0; i < rt->classes.nhandlers; i++) {
+        rt->classes.handlers[i].fn = t->wrapped[i].fn;
+        rt->classes.handlers[i].udata = t->wrapped[i].udata;
     }
     free(t->wrapped);
     t->wrapped = NULL;

@@ -25,7 +25,7 @@ typedef struct worker {
 static worker_t start_worker(void)
 {
     /* An unknown class fails at once (the default holds it for the first
-     * minute, while Ruby processes may boot: fleet.c). */
+     * minute, while Ruby processes may boot: fleet/fleet.c). */
     worker_t w = { .pid = kt_capstan_start((const char *[]){ "-c", "2", "--unknown-class", "fail", NULL }) };
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 1, 20), "capstan did not start: %s",
               kt_capstan_log(w.pid));

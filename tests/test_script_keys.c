@@ -416,6 +416,14 @@ static void workload(void)
     kt_capstan_stop(w3, SIGTERM, 20);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:slow") == 1, 10), "requeued: %s", kt_capstan_log(w3));
 
+    /* A job whose class has no handler goes back to its queue untouched,
+     * in the worker's first minute (unknown_requeue). */
+    pid_t wu = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "1", "-q", "sk_unknown", NULL });
+    push((const char *[]){ "push", "NoSuchJob", "[]", "-q", "sk_unknown", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(wu, "no handler for NoSuchJob") && kt_int("LLEN queue:sk_unknown") == 1, 20),
+              "%s", kt_capstan_log(wu));
+    kt_capstan_stop(wu, SIGTERM, 20);
+
     /* Queued locks: taken, extended while the command runs, released; a
      * dead waiter's place cleared. */
     char *out = NULL;

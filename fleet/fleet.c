@@ -8,8 +8,10 @@
  * about to fail a job for its class (at most once a second). What a look
  * sees is also kept in Redis (CAPSTAN_KEY_RUBY_READ), so that a capstan
  * that starts while Ruby's processes restart knows what the others saw. */
-#include "runtime/rt.h"
+#include "fleet/fleet.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,8 @@
 #define NAMED 3
 
 struct capstan_fleet {
-    size_t n;                /* rt->cfg->nqueues */
+    const capstan_config_t *c;
+    size_t n;                /* c->nqueues */
     _Atomic double *seen;    /* capstan__mono() of the last look that saw a
                                 Ruby process read queue i; 0 never */
     pthread_mutex_t mu;      /* one look at a time; guards what follows */
@@ -49,27 +52,27 @@ struct capstan_fleet {
     double looked;           /* and of the last */
 };
 
-int capstan__fleet_new(capstan_runtime_t *rt)
+capstan_fleet_t *capstan__fleet_new(const capstan_config_t *c)
 {
-    size_t n = rt->cfg->nqueues;
+    size_t n = c->nqueues;
     struct capstan_fleet *f = calloc(1, sizeof(*f));
     if (f) {
         pthread_mutex_init(&f->mu, NULL);
+        f->c = c;
         f->n = n;
         f->seen = calloc(n ? n : 1, sizeof(*f->seen));
         f->said = calloc(n ? n : 1, 1);
     }
     if (!f || !f->seen || !f->said) {
         capstan__fleet_free(f);
-        return CAPSTAN_ENOMEM;
+        return NULL;
     }
     for (size_t i = 0; i < n; i++)
         atomic_init(&f->seen[i], 0.0);
-    rt->fleet = f;
-    return 0;
+    return f;
 }
 
-void capstan__fleet_free(struct capstan_fleet *f)
+void capstan__fleet_free(capstan_fleet_t *f)
 {
     if (!f)
         return;
@@ -87,16 +90,16 @@ static long queue_index(const capstan_config_t *c, const char *queue)
     return -1;
 }
 
-static int shared_at(const struct capstan_fleet *f, size_t i, double now)
+static int shared_at(const capstan_fleet_t *f, size_t i, double now)
 {
     double seen = atomic_load(&f->seen[i]);
     return seen > 0 && now - seen < SHARED_HOLD;
 }
 
-int capstan__fleet_shared(const capstan_runtime_t *rt, const char *queue)
+int capstan__fleet_shared(const capstan_fleet_t *f, const char *queue)
 {
-    long i = rt->fleet && queue ? queue_index(rt->cfg, queue) : -1;
-    return i >= 0 && (size_t)i < rt->fleet->n && shared_at(rt->fleet, (size_t)i, capstan__mono());
+    long i = f && queue ? queue_index(f->c, queue) : -1;
+    return i >= 0 && (size_t)i < f->n && shared_at(f, (size_t)i, capstan__mono());
 }
 
 /* "id (Sidekiq 7.3.10)" for the log line. */
@@ -122,10 +125,10 @@ static void name_queues(capstan_buf_t *b, const capstan_config_t *c, const unsig
 /* The one line for queues that became shared (fresh[]), naming the Ruby
  * processes reading them (ruby[], those of ov reading one of them) and
  * what happens to their jobs of classes without a handler here. */
-static void say_shared(const capstan_runtime_t *rt, const capstan_overview_t *ov, const unsigned char *ruby,
+static void say_shared(const capstan_fleet_t *f, const capstan_overview_t *ov, const unsigned char *ruby,
                        const unsigned char *fresh)
 {
-    const capstan_config_t *c = rt->cfg;
+    const capstan_config_t *c = f->c;
     capstan_buf_t b = {0};
     size_t n = 0;
     for (size_t p = 0; p < ov->nprocesses; p++)
@@ -169,10 +172,9 @@ static void say_shared(const capstan_runtime_t *rt, const capstan_overview_t *ov
  * reading at this look (now[i]), and takes in what the looks of every
  * capstan saw: a capstan started while no Ruby process is in the process
  * set (Ruby's restart in a deploy) knows the queues Ruby read before it. */
-static void remember(capstan_runtime_t *rt, capstan_redis_t *r, const unsigned char *now, double mono)
+static void remember(capstan_fleet_t *f, capstan_redis_t *r, const unsigned char *now, double mono)
 {
-    struct capstan_fleet *f = rt->fleet;
-    const capstan_config_t *c = rt->cfg;
+    const capstan_config_t *c = f->c;
     double wall = capstan__now();
     char ts[32];
     snprintf(ts, sizeof(ts), "%.3f", wall);
@@ -203,10 +205,9 @@ static void remember(capstan_runtime_t *rt, capstan_redis_t *r, const unsigned c
 }
 
 /* capstan__fleet_look, with f->mu held. */
-static void look(capstan_runtime_t *rt, capstan_redis_t *r)
+static void look(capstan_fleet_t *f, capstan_redis_t *r)
 {
-    struct capstan_fleet *f = rt->fleet;
-    const capstan_config_t *c = rt->cfg;
+    const capstan_config_t *c = f->c;
     double now = capstan__mono();
     f->looked = now;
     if (!f->born)
@@ -238,7 +239,7 @@ static void look(capstan_runtime_t *rt, capstan_redis_t *r)
             ruby[p] = 1;
         }
     }
-    remember(rt, r, read, now);
+    remember(f, r, read, now);
     int any_fresh = 0, any_gone = 0;
     for (size_t i = 0; i < f->n; i++) {
         int shared = shared_at(f, i, now);
@@ -258,7 +259,7 @@ static void look(capstan_runtime_t *rt, capstan_redis_t *r)
         ruby[p] = (unsigned char)reads;
     }
     if (any_fresh)
-        say_shared(rt, &ov, ruby, fresh);
+        say_shared(f, &ov, ruby, fresh);
     if (any_gone) {
         capstan_buf_t b = {0};
         name_queues(&b, c, gone);
@@ -281,30 +282,27 @@ out:
     capstan__overview_clear(&ov);
 }
 
-void capstan__fleet_look(capstan_runtime_t *rt, capstan_redis_t *r)
+void capstan__fleet_look(capstan_fleet_t *f, capstan_redis_t *r)
 {
-    struct capstan_fleet *f = rt->fleet;
     if (!f || !f->n)
         return;
     pthread_mutex_lock(&f->mu);
-    look(rt, r);
+    look(f, r);
     pthread_mutex_unlock(&f->mu);
 }
 
-capstan_unknown_class_t capstan__unknown_policy(capstan_runtime_t *rt, capstan_redis_t *r, const char *queue,
-                                                const char **why)
+capstan_unknown_class_t capstan__unknown_policy(capstan_fleet_t *f, const capstan_config_t *c, capstan_redis_t *r,
+                                                const char *queue, const char **why)
 {
-    const capstan_config_t *c = rt->cfg;
-    struct capstan_fleet *f = rt->fleet;
     *why = NULL;
     if (c->unknown_class_explicit || !f || !f->n)
         return c->unknown_class;
     /* A Ruby process may have come since the last look. */
-    int shared = capstan__fleet_shared(rt, queue);
+    int shared = capstan__fleet_shared(f, queue);
     pthread_mutex_lock(&f->mu);
     if (!shared && capstan__mono() - f->looked >= RELOOK) {
-        look(rt, r);
-        shared = capstan__fleet_shared(rt, queue);
+        look(f, r);
+        shared = capstan__fleet_shared(f, queue);
     }
     int young = capstan__mono() - f->born < YOUNG;
     pthread_mutex_unlock(&f->mu);
