@@ -44,6 +44,7 @@ struct capstan_redis {
     size_t qhead, qlen, qcap;
     int need_load;        /* a NOSCRIPT reached a caller: load before the next command */
     int era;              /* the value of demotions when this connection was made */
+    long connects;        /* how many times it was made: from the second on, a reconnect */
     char errstr[CAPSTAN_ERRLEN];
 };
 
@@ -396,6 +397,7 @@ int capstan_redis_connect(capstan_redis_t *r)
         return rc;
     r->broken = 0;
     r->era = era;
+    r->connects++;
     r->errstr[0] = '\0';
     if (era && atomic_exchange(&demoted, 0))
         capstan_info("%s is a master again", r->name);
@@ -405,6 +407,11 @@ int capstan_redis_connect(capstan_redis_t *r)
 int capstan__redis_era(const capstan_redis_t *r)
 {
     return r ? r->era : -1;
+}
+
+long capstan__redis_connects(const capstan_redis_t *r)
+{
+    return r->connects;
 }
 
 int capstan__redis_follow_master(capstan_redis_t *r)

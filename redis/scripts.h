@@ -26,6 +26,8 @@ int capstan__redis_append_script(capstan_redis_t *r, capstan_script_t s, int nke
  * sentinels): what a job wrote through a connection of one era may be lost
  * with that master, so its ack does not go to another (feed/acks.c). */
 int capstan__redis_era(const capstan_redis_t *r);
+/* How many times r was connected: from the second, each was a reconnect. */
+long capstan__redis_connects(const capstan_redis_t *r);
 
 /* Through sentinels: asks them which master they name now, and when it is
  * not r's, ends r's era, so every connection of the process reconnects to

@@ -3,6 +3,7 @@
  * and the reconnect loop every thread's connection goes through, so that
  * an outage is logged once for the process rather than once per thread. */
 #include "runtime/rt.h"
+#include "redis/scripts.h"
 
 #include "observe/prometheus.h"
 #include "support/log.h"
@@ -33,16 +34,13 @@ int capstan__rt_connect(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *g
 int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_int *give_up,
                               double max_delay)
 {
-    /* Each thread (re)connects its own main connection only here (a
-     * processor's second one, feed.c's, is not counted), so a thread's
-     * second success onwards is a reconnect. */
-    static _Thread_local int connected_before;
     double delay = 0.05;
     for (;;) {
         /* Every thread notices an outage on its own connection; the first
          * to fail reports it and the first back reports the recovery. */
         if (capstan_redis_connect(r) == 0) {
-            if (connected_before++)
+            /* A connection made again, not a new one, is a reconnect. */
+            if (capstan__redis_connects(r) > 1)
                 capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_REDIS_RECONNECTS, 1);
             if (atomic_exchange(&rt->health.redis_down, 0))
                 capstan_info("Redis is online, %.3f sec downtime",

@@ -167,6 +167,20 @@ Test(metrics, scrape_counts_what_ran_and_passes_promtool)
     resp = http_get(port, "/other", &status);
     cr_assert_eq(status, 404, "%s", resp);
     free(resp);
+
+    /* Its connections cut by the server: each made again is counted, and
+     * a job pushed after runs. */
+    freeReplyObject(kt_cmd("CLIENT KILL TYPE normal SKIPME yes"));
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "NoopJob", NULL }, NULL), 0);
+    resp = NULL;
+    done = KT_WAIT_UNTIL(
+        (free(resp), resp = http_get(port, "/metrics", &status),
+         resp && value(body_of(resp), "capstan_redis_reconnects_total") >= 1
+              && value(body_of(resp),
+                       "capstan_jobs_processed_total{class=\"NoopJob\",queue=\"default\"}") == 6),
+        30);
+    cr_assert(done, "no reconnect counted, or the job pushed after did not run:\n%s", resp ? resp : "");
+    free(resp);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
     cr_assert_null(http_get(port, "/metrics", &status), "the server stops with the worker");
 }
