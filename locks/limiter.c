@@ -177,6 +177,8 @@ static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_lim
 int capstan_limiter_acquire(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,
                             capstan_limit_token_t *token, double *retry_in, char *err)
 {
+    if (token)
+        memset(token, 0, sizeof(*token));
     return capstan__limiter_acquire_wait(lim, r, r, 1, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
@@ -184,6 +186,8 @@ int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, l
                                    double wait_timeout, capstan_limit_token_t *token, double *retry_in,
                                    char *err)
 {
+    if (token)
+        memset(token, 0, sizeof(*token));
     return capstan__limiter_acquire_wait(lim, r, r, points, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
@@ -198,8 +202,7 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
     if (points < 1 || points > lim->count)
         return capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: a cost of %ld points does not fit in "
                               "its budget of %ld", lim->name, points, lim->count);
-    memset(token, 0, sizeof(*token));
-    if (lim->type == CAPSTAN_LIMIT_CONCURRENT || lim->type == CAPSTAN_LIMIT_SLIDING)
+    if (!token->id[0] && (lim->type == CAPSTAN_LIMIT_CONCURRENT || lim->type == CAPSTAN_LIMIT_SLIDING))
         new_holder(lim, token);
     double start = capstan__mono(), end = start + (wait_timeout > 0 ? wait_timeout : 0);
     for (;;) {
@@ -240,6 +243,12 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
         }
     }
 }
+
+const char *capstan__limiter_name(const capstan_limiter_t *lim) { return lim->name; }
+const char *capstan__limiter_held_key(const capstan_limiter_t *lim) { return lim->state_key; }
+const char *capstan__limiter_free_key(const capstan_limiter_t *lim) { return lim->free_key; }
+long capstan__limiter_size(const capstan_limiter_t *lim) { return lim->count; }
+long long capstan__limiter_lease_ms(const capstan_limiter_t *lim) { return lim->ms; }
 
 static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
                       int extend, char *err)

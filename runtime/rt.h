@@ -184,6 +184,9 @@ struct capstan_runtime {
     capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
                                       Pro's "paused" set), read with each
                                       beat (heartbeat.c); made at start */
+    struct capstan__qlimits *qlimits; /* the caps of its queues (the file's
+                                      limits:, locks/queue_limit.h), made at
+                                      start; NULL: none */
     capstan_liveness_t *liveness;  /* its liveness key, refreshed by the
                                       housekeeper and by fetchers when it is
                                       due; made at start */
