@@ -55,7 +55,10 @@ typedef struct capstan_class_conf {
     char *queue; /* default queue for pushes of this class, or NULL */
     int retry;   /* N >= 0, or CAPSTAN_RETRY_DEFAULT/NONE/UNSET */
     /* Uniqueness (capstan/unique.h); zero or NULL = not set. unique_for and
-     * unique_until are mapped onto lock and lock_ttl when read. */
+     * unique_until are mapped onto lock and lock_ttl when read, and
+     * unique_for is set: the lock is Enterprise's, whose copies enqueued
+     * before the first one let it go are refused too. */
+    int unique_for;
     char *lock;                /* lock type name, checked when read */
     long lock_ttl;             /* seconds */
     long lock_timeout;         /* seconds */
