@@ -1204,3 +1204,46 @@ Test(limiter, a_queues_limit_caps_it_across_the_fleet)
     cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
     free(y);
 }
+
+/* `:process_limits: {reports: 1}` caps the queue in each process: 6 jobs
+ * through 5 processors run one at a time. */
+Test(limiter, a_queues_process_limit_caps_it_in_each_process)
+{
+    char *y = kt_write_file("plimit.yml", ":queues:\n  - reports\n:process_limits:\n  reports: 1\n");
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", NULL });
+    push_to_queue("reports", 42, "pq", 100, 6);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD pq:jids") == 6 && kt_int("GET pq:running") == 0, 30),
+              "%lld of 6 ran\n%s", kt_int("SCARD pq:jids"), kt_capstan_log(a));
+    cr_assert_eq(kt_int("GET pq:max"), 1);
+    cr_assert_eq(kt_int("LLEN pq:starts"), 6, "a job ran twice");
+    cr_assert(!kt_log_has(a, "process_limits: not used"), "%s", kt_capstan_log(a));
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* A process killed while it holds a queue's only slot gives it back once
+ * its lease lapses (10 s): another process's job of the queue then runs.
+ * While it is held, `capstan limits info` shows it. */
+Test(limiter, a_killed_processs_queue_slot_comes_back)
+{
+    char *y = kt_write_file("klimit.yml", ":queues:\n  - reports\n:limits:\n  reports: 1\n");
+    pid_t a = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "2", NULL });
+    push_to_queue("reports", 43, "kq", 60000, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET kq:running") == 1, 10), "%s", kt_capstan_log(a));
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "queue:reports", "--json", NULL },
+                                &out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert_eq(json_integer_value(json_object_get(j, "used")), 1, "%s", out);
+    json_decref(j);
+    free(out);
+    cr_assert_eq(kt_capstan_stop(a, SIGKILL, 5), 128 + SIGKILL);
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    double t0 = kt_now();
+    push_to_queue("reports", 44, "kb", 0, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD kb:jids") == 1, 40), "%s", kt_capstan_log(b));
+    fprintf(stderr, "limiter figures: a killed process's queue slot came back in %.1f s\n",
+            kt_now() - t0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
+    free(y);
+}
