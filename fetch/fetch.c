@@ -255,11 +255,10 @@ int capstan__fetch_take_cap(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, c
     char err[CAPSTAN_ERRLEN];
     for (int k = 0; k < 2; k++) {
         capstan_limiter_t *lim = f->caps[qi]->lim[k];
-        int rc = lim ? capstan__limiter_acquire_wait(lim, r, NULL, 1, 0, &tok[k], NULL, NULL, NULL, err) : 0;
-        if (rc != CAPSTAN_EDENIED)
+        if (!lim || capstan__limiter_take(lim, r, &tok[k], err) != 0)
             continue; /* taken, or an error: the middleware tries again */
         if (k == 1 && f->caps[qi]->lim[0])
-            capstan_limiter_release(f->caps[qi]->lim[0], r, &tok[0], err);
+            capstan__limiter_untake(f->caps[qi]->lim[0], r, &tok[0], err);
         if (capstan__fetch_requeue(f, r, f->names[qi], out->payload, out->len) != 0)
             return 1; /* it stays in the working list: run it, within the middleware's wait */
         capstan__fetched_clear(out);

@@ -143,6 +143,9 @@ static void new_holder(const capstan_limiter_t *lim, capstan_limit_token_t *t)
     snprintf(t->id, sizeof(t->id), "%ld:%s:%lu", (long)getpid(), lim->nonce, ++seq);
 }
 
+static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                      int extend, char *err);
+
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
 static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *t, long points,
                    long long *wait_ms, char *err)
@@ -172,6 +175,19 @@ static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_lim
         *wait_ms = rep->element[1]->type == REDIS_REPLY_INTEGER ? rep->element[1]->integer : 0;
     freeReplyObject(rep);
     return rc;
+}
+
+int capstan__limiter_take(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                          char *err)
+{
+    long long wait_ms;
+    return attempt(lim, r, token, 1, &wait_ms, err);
+}
+
+int capstan__limiter_untake(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                            char *err)
+{
+    return owner_call(lim, r, token, 0, err);
 }
 
 int capstan_limiter_acquire(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,

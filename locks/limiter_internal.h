@@ -17,6 +17,16 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
                                   long points, double wait_timeout, capstan_limit_token_t *token,
                                   double *retry_in, void (*waiting)(void *), void *ud, char *err);
 
+/* One attempt to take a slot of lim as token's holder (its id set), not
+ * counted in the metrics: the fetch's, which the job's middleware then
+ * takes over as the same holder and counts. Returns 1 taken, 0 refused,
+ * or an error with err filled. */
+int capstan__limiter_take(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                          char *err);
+/* Gives back what capstan__limiter_take took, as uncounted. */
+int capstan__limiter_untake(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                            char *err);
+
 /* A concurrent limiter's slots (zset limiter:NAME:held), the list its
  * releases wake waiters on, its size and its lease (ms): what the fetch
  * needs to take a slot with a job (lua/fetch.lua). */

@@ -1174,8 +1174,10 @@ static const char limits_yml[] = ":queues:\n  - reports\n  - default\n:limits:\n
  * once; and while it is at its cap, a job of another queue runs at once. */
 Test(limiter, a_queues_limit_caps_it_across_the_fleet)
 {
-    char *y = kt_write_file("qlimit.yml", limits_yml);
-    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", NULL });
+    char *y = kt_write_file("qlimit.yml", limits_yml), port[16];
+    int mport = kt_free_port();
+    snprintf(port, sizeof(port), "%d", mport);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", "--metrics-port", port, NULL });
     pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s", kt_capstan_log(a));
     cr_assert(kt_log_has(a, "blocking: not used by capstan"), "%s", kt_capstan_log(a));
@@ -1199,6 +1201,11 @@ Test(limiter, a_queues_limit_caps_it_across_the_fleet)
     char *out = NULL;
     cr_assert_eq(kt_capstan_run((const char *[]){ "limits", NULL }, &out), 0, "%s", out);
     cr_assert(strstr(out, "queue:reports\tconcurrent\tsize=2\n"), "%s", out);
+    free(out);
+    /* Each job's slot is counted once, held and given back. */
+    out = kt_scrape(mport);
+    cr_assert(out && strstr(out, "capstan_limiter_acquired_total{limiter=\"queue:reports\"}")
+              && strstr(out, "capstan_limiter_held{limiter=\"queue:reports\"} 0\n"), "%s", out);
     free(out);
     cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
     cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
