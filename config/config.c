@@ -63,6 +63,9 @@ void capstan_config_free(capstan_config_t *cfg)
         free((char *)cfg->classes[i].limit.name);
     }
     free(cfg->classes);
+    for (size_t i = 0; i < cfg->nqueue_limits; i++)
+        free(cfg->queue_limits[i].queue);
+    free(cfg->queue_limits);
     free_strv(cfg->warnings, cfg->nwarnings);
     free(cfg->config_file);
     capstan__config_tls_clear(&cfg->tls);

@@ -289,6 +289,58 @@ static int set_queues(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t
     return 0;
 }
 
+/* sidekiq-limit_fetch's `limits:` and `process_limits:`, each a mapping of
+ * queue name to the jobs of it that may run at once (null: no cap). A key
+ * given again (an environment's section) replaces the whole mapping, as
+ * Ruby's merge does. */
+static int set_queue_limits(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v)
+{
+    int process = !strcmp(k->name, "process_limits");
+    capstan_config_t *cfg = c->cfg;
+    if (!is_null(v) && v->type != YAML_MAPPING_NODE)
+        return capstan__yaml_fail(c, v, key, "must be a mapping of queue name to a number of jobs");
+    for (size_t i = 0; i < cfg->nqueue_limits; i++)
+        *(process ? &cfg->queue_limits[i].process_limit : &cfg->queue_limits[i].limit) = 0;
+    if (is_null(v))
+        return 0;
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *kn = node(c, p->key), *vn = node(c, p->value);
+        const char *name = key_name(kn);
+        char sub[CAPSTAN_ERRLEN], why[CAPSTAN_ERRLEN], *text = NULL;
+        long n = 0;
+        snprintf(sub, sizeof(sub), "%s.%s", key, name ? name : "?");
+        if (!name || capstan__config_queue_name_check(name, why))
+            return capstan__yaml_fail(c, kn, sub, "%s", name ? why : "a queue name must be a plain word");
+        if (!is_null(vn)) {
+            int rc = capstan__yaml_scalar(c, vn, sub, "must be an integer >= 1", &text);
+            if (rc < 0)
+                return rc;
+            rc = to_long(text, &n) || n < 1 || n > INT_MAX;
+            free(text);
+            if (rc)
+                return capstan__yaml_fail(c, vn, sub, "must be an integer >= 1");
+        }
+        capstan_queue_limit_t *q = NULL;
+        for (size_t i = 0; i < cfg->nqueue_limits && !q; i++)
+            if (!strcmp(cfg->queue_limits[i].queue, name))
+                q = &cfg->queue_limits[i];
+        if (!q) {
+            capstan_queue_limit_t *grown =
+                realloc(cfg->queue_limits, (cfg->nqueue_limits + 1) * sizeof(*grown));
+            if (!grown)
+                return nomem(c);
+            cfg->queue_limits = grown;
+            q = &grown[cfg->nqueue_limits];
+            *q = (capstan_queue_limit_t){ .queue = strdup(name) };
+            if (!q->queue)
+                return nomem(c);
+            cfg->nqueue_limits++;
+        }
+        *(process ? &q->process_limit : &q->limit) = (int)n;
+    }
+    return 0;
+}
+
 /* The settings with a structure of their own; every other key of the file
  * is a row of the settings table (config/settings.c). */
 static const key_def_t keys[] = {
@@ -301,6 +353,8 @@ static const key_def_t keys[] = {
     {"periodic", capstan__yaml_set_periodic},
     {"schedule", capstan__yaml_set_schedule},
     {"scheduler", capstan__yaml_set_scheduler},
+    {"limits", set_queue_limits},
+    {"process_limits", set_queue_limits},
 };
 
 /* Keys that Sidekiq or a common plugin reads and capstan does not: a warning
@@ -321,9 +375,7 @@ static const struct {
     {"redis_idle_timeout", "a Ruby client option"},
     {"dynamic", "sidekiq-scheduler"},
     {"cron_poll_interval", "sidekiq-cron"},
-    {"limits", "sidekiq-limit_fetch"},
-    {"process_limits", "sidekiq-limit_fetch"},
-    {"blocking", "sidekiq-limit_fetch"},
+    {"blocking", "sidekiq-limit_fetch's blocking queues; the queues' order and weights decide"},
 };
 
 static const key_def_t *find_key(const char *name)

@@ -320,6 +320,7 @@ static int class_entry(ctx_t *c, yaml_node_t *kn, yaml_node_t *v, capstan_config
             }
             if (!cc.lock_ttl)
                 cc.lock_ttl = uo.lock_ttl;
+            cc.unique_for = 1;
         }
     }
     /* A class listed twice: the later entry wins, as with any YAML key. */

@@ -8,8 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "locks/limiter_internal.h"
+#include "locks/queue_limit.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
+#include "redis/wake.h"
+#include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -36,6 +40,7 @@ void capstan__fetch_free(capstan_fetch_t *f)
     free(f->weights);
     free(f->order);
     free(f->expanded);
+    free(f->caps);
     free(f);
 }
 
@@ -78,6 +83,14 @@ capstan_fetch_t *capstan__fetch_new(const capstan_fetch_conf_t *c, char *err)
     f->expanded = calloc(f->nexp, sizeof(size_t));
     if (!f->expanded)
         goto nomem;
+    for (size_t i = 0; c->limits && i < f->nq; i++) {
+        const capstan__qlimit_t *q = capstan__qlimits_find(c->limits, f->names[i]);
+        if (q && !f->caps && !(f->caps = calloc(f->nq, sizeof(*f->caps))))
+            goto nomem;
+        if (q)
+            f->caps[i] = q;
+    }
+    snprintf(f->lease_ms, sizeof(f->lease_ms), "%.0f", CAPSTAN__QLIMIT_LEASE * 1000);
     capstan__fetch_working_key(c->identity, f->working, sizeof(f->working));
     snprintf(f->timeout_s, sizeof(f->timeout_s), "%.3f", f->block_timeout);
     return f;
@@ -165,6 +178,93 @@ int capstan__fetch_give_back_paused(capstan_fetch_t *f, capstan_redis_t *r, size
         return 1;
     capstan__fetched_clear(out);
     return 0;
+}
+
+int capstan__fetch_append_capped(capstan_fetch_t *f, capstan_redis_t *r, size_t max)
+{
+    /* KEYS: the queues, the working list, each queue's two held zsets;
+     * ARGV: max, "1", the queues' number, the lease, each queue's two
+     * sizes. A cap a queue lacks has size 0 and the working list for its
+     * key, never touched. */
+    size_t nq = f->nact, nkeys = 3 * nq + 1, argc = nkeys + 4 + 2 * nq;
+    const char **argv = malloc(argc * sizeof(*argv));
+    char (*num)[CAPSTAN_FMT_INT] = malloc((2 * nq + 2) * sizeof(*num));
+    int rc = CAPSTAN_EREDIS;
+    if (!argv || !num)
+        goto out;
+    capstan__fmt_uint(num[0], max);
+    capstan__fmt_uint(num[1], nq);
+    size_t a = nkeys;
+    argv[nq] = f->working;
+    argv[a++] = num[0];
+    argv[a++] = "1";
+    argv[a++] = num[1];
+    argv[a++] = f->lease_ms;
+    for (size_t i = 0; i < nq; i++) {
+        const capstan__qlimit_t *q = f->caps[f->order[i]];
+        argv[i] = f->keys[f->order[i]];
+        for (int k = 0; k < 2; k++) {
+            capstan_limiter_t *lim = q ? q->lim[k] : NULL;
+            char *n = num[2 + 2 * i + (size_t)k];
+            capstan__fmt_uint(n, lim ? (size_t)capstan__limiter_size(lim) : 0);
+            argv[nq + 1 + 2 * i + (size_t)k] = lim ? capstan__limiter_held_key(lim) : f->working;
+            argv[nkeys + 4 + 2 * i + (size_t)k] = n;
+        }
+    }
+    rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)nkeys, (int)argc, argv, NULL)
+             ? CAPSTAN_EREDIS : 0;
+out:
+    free(argv);
+    free(num);
+    return rc;
+}
+
+int capstan__fetch_cap_full(const capstan_fetch_t *f, capstan_redis_t *r, size_t qi)
+{
+    /* ZCARD counts lapsed leases too, which the next sweep clears: at
+     * worst a wait of a block timeout too many. */
+    for (int k = 0; k < 2; k++) {
+        capstan_limiter_t *lim = f->caps[qi]->lim[k];
+        redisReply *rep = lim ? capstan_redis_cmdf(r, "ZCARD %s", capstan__limiter_held_key(lim)) : NULL;
+        int full = lim && (!rep || rep->type != REDIS_REPLY_INTEGER
+                           || rep->integer >= capstan__limiter_size(lim));
+        freeReplyObject(rep);
+        if (full)
+            return 1;
+    }
+    return 0;
+}
+
+int capstan__fetch_wait_cap(const capstan_fetch_t *f, capstan_redis_t *r, size_t qi)
+{
+    const capstan__qlimit_t *q = f->caps[qi];
+    capstan_limiter_t *lim = q->lim[0] ? q->lim[0] : q->lim[1];
+    /* Every release pushes to the list (limit_release.lua). */
+    capstan__redis_wait_wake(r, capstan__limiter_free_key(lim), f->block_timeout, 0.05);
+    return 0;
+}
+
+int capstan__fetch_take_cap(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_fetched_t *out)
+{
+    capstan_limit_token_t tok[2] = { { { 0 } }, { { 0 } } };
+    const char *j = memmem(out->payload, out->len, "\"jid\":\"", 7), *end = NULL;
+    if (j && (end = memchr(j + 7, '"', out->len - (size_t)(j + 7 - out->payload))))
+        for (int k = 0; k < 2; k++)
+            snprintf(tok[k].id, sizeof(tok[k].id), "%s%.*s", CAPSTAN__QLIMIT_HOLDER,
+                     (int)(end - j - 7), j + 7);
+    char err[CAPSTAN_ERRLEN];
+    for (int k = 0; k < 2; k++) {
+        capstan_limiter_t *lim = f->caps[qi]->lim[k];
+        if (!lim || capstan__limiter_take(lim, r, &tok[k], err) != 0)
+            continue; /* taken, or an error: the middleware tries again */
+        if (k == 1 && f->caps[qi]->lim[0])
+            capstan__limiter_untake(f->caps[qi]->lim[0], r, &tok[0], err);
+        if (capstan__fetch_requeue(f, r, f->names[qi], out->payload, out->len) != 0)
+            return 1; /* it stays in the working list: run it, within the middleware's wait */
+        capstan__fetched_clear(out);
+        return 0;
+    }
+    return 1;
 }
 
 /* As a blocking fetch of empty queues would wait, so that processors do

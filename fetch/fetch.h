@@ -70,6 +70,10 @@ typedef struct capstan_fetch_conf {
     capstan_liveness_t *liveness;  /* reliable: the process's liveness key,
                                       borrowed; a round trip refreshes it
                                       when it is due; NULL: never */
+    const struct capstan__qlimits *limits; /* reliable: the caps of queues
+                                      (locks/queue_limit.h), borrowed; a
+                                      queue at one is not fetched from;
+                                      NULL: none */
 } capstan_fetch_conf_t;
 
 typedef enum {

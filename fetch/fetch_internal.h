@@ -23,6 +23,10 @@ struct capstan_fetch {
     size_t nact;
     const capstan_paused_t *paused; /* borrowed, or NULL */
     capstan_liveness_t *liveness; /* borrowed, or NULL */
+    const struct capstan__qlimit **caps; /* per queue (configured order), its
+                                      caps (borrowed) or NULL; NULL when no
+                                      queue has one */
+    char lease_ms[24];   /* the caps' lease, for the fetch script */
     size_t *expanded;    /* scratch: weighted expansion */
     char working[512];
     char timeout_s[32];
@@ -63,6 +67,20 @@ int capstan__fetch_take(capstan_fetch_t *f, redisReply *payload, size_t qi, caps
  * is set (it exists nowhere else), else cleared. */
 int capstan__fetch_give_back_paused(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_fetched_t *out,
                                     int keep);
+/* The fetch script's call (lua/fetch.lua) for up to max jobs when some
+ * queue has caps: each queue's held slots go with it, and the script takes
+ * a slot with each job of a capped queue. Returns 0 or CAPSTAN_EREDIS. */
+int capstan__fetch_append_capped(capstan_fetch_t *f, capstan_redis_t *r, size_t max);
+/* An idle fetcher's blocking move from capped queue qi would take a job
+ * whatever the caps: it moves only while they have room (cap_full says
+ * 0; 1 also when Redis failed), and the job it moved takes its slots at
+ * once (take_cap: 1 taken, or not known as Redis failed, and the job
+ * kept; 0 when a cap was full meanwhile, and the job given back to the
+ * fetched end of its queue). At the caps it waits instead until one of
+ * their slots is given back, or the block timeout (wait_cap, 0: no job). */
+int capstan__fetch_cap_full(const capstan_fetch_t *f, capstan_redis_t *r, size_t qi);
+int capstan__fetch_take_cap(capstan_fetch_t *f, capstan_redis_t *r, size_t qi, capstan_fetched_t *out);
+int capstan__fetch_wait_cap(const capstan_fetch_t *f, capstan_redis_t *r, size_t qi);
 /* Every queue is paused: waits out the block timeout. Returns 0. */
 int capstan__fetch_wait_paused(const capstan_fetch_t *f);
 /* Appends the ack of one job; working is the working list the job is in,

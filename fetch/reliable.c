@@ -34,7 +34,7 @@ static int take_hint(const redisReply *digest, const redisReply *jid, capstan_fe
  * queue, one job and no locks the blocking move alone is cheapest. */
 static int use_script(const capstan_fetch_t *f, size_t max)
 {
-    return f->nact > 1 || max > 1 || f->locks_seen;
+    return f->nact > 1 || max > 1 || f->locks_seen || f->caps;
 }
 
 /* Appends the move of the job at queue qi's head, blocking when block,
@@ -80,6 +80,8 @@ static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int 
 {
     if (!use_script(f, max))
         return append_move(f, r, f->order[0], block);
+    if (f->caps)
+        return capstan__fetch_append_capped(f, r, max);
     char n[CAPSTAN_FMT_INT];
     capstan__fmt_uint(n, max);
     const char *argv[f->nact + 3];
@@ -169,8 +171,12 @@ static int fetch_block(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t
             qi = i;
             break;
         }
+    int capped = f->caps && f->caps[qi];
+    if (capped && capstan__fetch_cap_full(f, r, qi))
+        return capstan__fetch_wait_cap(f, r, qi);
     int rc = append_move(f, r, qi, 1) ? CAPSTAN_EREDIS : read_move(f, r, qi, out);
-    return rc == 1 ? capstan__fetch_give_back_paused(f, r, qi, out, 0) : rc;
+    rc = rc == 1 ? capstan__fetch_give_back_paused(f, r, qi, out, 0) : rc;
+    return rc == 1 && capped ? capstan__fetch_take_cap(f, r, qi, out) : rc;
 }
 
 /* The sweep (or the move) whose command was already appended, then, when

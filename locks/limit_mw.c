@@ -1,4 +1,7 @@
-/* The "limit" server middleware: runs a job whose class has a limit (YAML
+/* The "limit" server middleware, and "queue_limit", which keeps the caps
+ * of a job's queue (locks/queue_limit.h) the same way.
+ *
+ * "limit" runs a job whose class has a limit (YAML
  * `limit:` or capstan_class_opts_t.limit, capstan/limiter.h) only within its rate
  * limiter, spending the job's "limiter_cost" or the class's cost.
  *
@@ -28,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "capstan/limiter.h"
 #include "middleware/mw.h"
@@ -36,6 +40,7 @@
 #include "support/time.h"
 #include "locks/limit_mw.h"
 #include "locks/limiter_internal.h"
+#include "locks/queue_limit.h"
 
 /* A slot being held by a running job; lives on that job's stack. */
 typedef struct hold {
@@ -245,6 +250,65 @@ static int over_limit(capstan_mw_t *mw, const capstan_limit_opts_t *lo, const ch
     return rc;
 }
 
+/* What runs within a limit: the rest of the chain, or another limit. */
+typedef struct inner {
+    int (*fn)(capstan_mw_t *mw, const struct inner *in);
+    capstan_limiter_t *const *lims; /* the caps still to take (within_caps) */
+    int n;
+} inner_t;
+
+static int run_inner(capstan_mw_t *mw, const inner_t *in)
+{
+    return in ? in->fn(mw, in) : capstan_mw_next(mw);
+}
+
+/* Runs inner (NULL: the rest of the chain) within lim (of options lo, named
+ * name), as tok's holder when tok's id is set (a slot the fetch took),
+ * else a new one. */
+static int within(capstan_mw_t *mw, capstan_limiter_t *lim, const capstan_limit_opts_t *lo,
+                  const char *name, capstan_limit_token_t *tok, const inner_t *inner)
+{
+    char err[CAPSTAN_ERRLEN];
+    long cost = 0;
+    if (lo->type == CAPSTAN_LIMIT_POINTS && job_cost(mw->job, &cost)) {
+        /* Spending some other cost could break the limit the cost is for. */
+        capstan_job_fail(mw->job, "Capstan::LimiterError", "limiter %s: %s must be an integer >= 1",
+                         name, CAPSTAN_LIMIT_COST_FIELD);
+        return 0;
+    }
+    double in = 0;
+    /* The testing kit's limiters (capstan__limit_store) neither wait nor
+     * need their leases extended. */
+    int here = capstan__limit_store() != NULL;
+    capstan_redis_t *w = lo->type == CAPSTAN_LIMIT_CONCURRENT && lo->wait_timeout > 0 && !here
+                         ? waiter_conn(mw->cfg->redis_url) : NULL;
+    int rc = capstan__limiter_acquire_wait(lim, mw->r, w, cost ? cost : lo->cost, lo->wait_timeout,
+                                           tok, &in, capstan__mw_waiting, mw, err);
+    if (rc == CAPSTAN_EDENIED)
+        return over_limit(mw, lo, name, in);
+    if (rc < 0) {
+        /* The name is in use with other parameters, the job's cost does
+         * not fit, or Redis failed: the job cannot run within its limit,
+         * so it fails and is retried. */
+        capstan_job_fail(mw->job, rc == CAPSTAN_ECONFIG ? "Capstan::LimiterConfigError" : "Capstan::LimiterError",
+                         "%s", err);
+        return 0;
+    }
+    if (lo->type != CAPSTAN_LIMIT_CONCURRENT)
+        return run_inner(mw, inner);
+    double lease = lo->seconds > 0 ? lo->seconds : 30;
+    hold_t h = { .lim = lim, .tok = *tok, .name = name, .every = lease / 3,
+                 .next_at = capstan__now() + lease / 3 };
+    if (!here)
+        hold_start(&h, mw->cfg->redis_url);
+    rc = run_inner(mw, inner);
+    if (!here)
+        hold_end(&h);
+    if (capstan_limiter_release(lim, mw->r, tok, err))
+        capstan_warn("%s %s: limiter %s: %s", mw->cls, mw->jid, name, err);
+    return rc;
+}
+
 int capstan__limit_mw(capstan_mw_t *mw, void *udata)
 {
     (void)udata;
@@ -258,46 +322,103 @@ int capstan__limit_mw(capstan_mw_t *mw, void *udata)
         capstan_job_fail(mw->job, "Capstan::LimiterError", "%s", err);
         return 0;
     }
-    long cost = 0;
-    if (lo->type == CAPSTAN_LIMIT_POINTS && job_cost(mw->job, &cost)) {
-        /* Spending some other cost could break the limit the cost is for. */
-        capstan_job_fail(mw->job, "Capstan::LimiterError", "limiter %s: %s must be an integer >= 1",
-                         name, CAPSTAN_LIMIT_COST_FIELD);
-        capstan_limiter_free(lim);
-        return 0;
-    }
-    capstan_limit_token_t tok;
-    double in = 0;
-    /* The testing kit's limiters (capstan__limit_store) neither wait nor
-     * need their leases extended. */
-    int here = capstan__limit_store() != NULL;
-    capstan_redis_t *w = lo->type == CAPSTAN_LIMIT_CONCURRENT && lo->wait_timeout > 0 && !here
-                         ? waiter_conn(mw->cfg->redis_url) : NULL;
-    int rc = capstan__limiter_acquire_wait(lim, mw->r, w, cost ? cost : lo->cost, lo->wait_timeout,
-                                           &tok, &in, capstan__mw_waiting, mw, err);
-    if (rc == CAPSTAN_EDENIED) {
-        rc = over_limit(mw, lo, name, in);
-    } else if (rc < 0) {
-        /* The name is in use with other parameters, the job's cost does
-         * not fit, or Redis failed: the job cannot run within its limit,
-         * so it fails and is retried. */
-        capstan_job_fail(mw->job, rc == CAPSTAN_ECONFIG ? "Capstan::LimiterConfigError" : "Capstan::LimiterError",
-                         "%s", err);
-        rc = 0;
-    } else if (lo->type != CAPSTAN_LIMIT_CONCURRENT) {
-        rc = capstan_mw_next(mw);
-    } else {
-        double lease = lo->seconds > 0 ? lo->seconds : 30;
-        hold_t h = { .lim = lim, .tok = tok, .name = name, .every = lease / 3,
-                     .next_at = capstan__now() + lease / 3 };
-        if (!here)
-            hold_start(&h, mw->cfg->redis_url);
-        rc = capstan_mw_next(mw);
-        if (!here)
-            hold_end(&h);
-        if (capstan_limiter_release(lim, mw->r, &tok, err))
-            capstan_warn("%s %s: limiter %s: %s", mw->cls, mw->jid, name, err);
-    }
+    capstan_limit_token_t tok = { { 0 } };
+    int rc = within(mw, lim, lo, name, &tok, NULL);
     capstan_limiter_free(lim);
     return rc;
+}
+
+/* ---- the caps of queues (locks/queue_limit.h) --------------------------- */
+
+void capstan__qlimits_free(capstan__qlimits_t *q)
+{
+    if (!q)
+        return;
+    for (size_t i = 0; i < q->n; i++) {
+        capstan_limiter_free(q->q[i].lim[0]);
+        capstan_limiter_free(q->q[i].lim[1]);
+    }
+    free(q->q);
+    free(q);
+}
+
+int capstan__qlimits_new(const capstan_config_t *cfg, capstan__qlimits_t **out, char *err)
+{
+    *out = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < cfg->nqueue_limits; i++)
+        n += cfg->queue_limits[i].limit > 0 || cfg->queue_limits[i].process_limit > 0;
+    if (!n)
+        return 0;
+    capstan__qlimits_t *q = calloc(1, sizeof(*q));
+    if (!q || !(q->q = calloc(n, sizeof(*q->q)))) {
+        free(q);
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    }
+    /* A process's own cap is a name no other process uses. */
+    char own[32], name[CAPSTAN_LIMIT_NAME_MAX + 1];
+    capstan__random_hex(own, 4);
+    for (size_t i = 0; i < cfg->nqueue_limits; i++) {
+        const capstan_queue_limit_t *ql = &cfg->queue_limits[i];
+        if (ql->limit <= 0 && ql->process_limit <= 0)
+            continue;
+        capstan__qlimit_t *e = &q->q[q->n++];
+        e->queue = ql->queue;
+        for (int k = 0; k < 2; k++) {
+            int size = k ? ql->process_limit : ql->limit;
+            if (size <= 0)
+                continue;
+            if (k)
+                snprintf(name, sizeof(name), "queue:%s@%ld:%s", ql->queue, (long)getpid(), own);
+            else
+                snprintf(name, sizeof(name), "queue:%s", ql->queue);
+            if (!(e->lim[k] = capstan_limiter_new(CAPSTAN_LIMIT_CONCURRENT, name, size,
+                                                  CAPSTAN__QLIMIT_LEASE, err))) {
+                capstan__qlimits_free(q);
+                return CAPSTAN_EINVAL;
+            }
+        }
+    }
+    *out = q;
+    return 0;
+}
+
+const capstan__qlimit_t *capstan__qlimits_find(const capstan__qlimits_t *q, const char *queue)
+{
+    for (size_t i = 0; q && queue && i < q->n; i++)
+        if (!strcmp(q->q[i].queue, queue))
+            return &q->q[i];
+    return NULL;
+}
+
+/* Within in->lims[0..n) in turn (NULL: no cap), each as the job's
+ * holder, then the rest of the chain. */
+static int within_caps(capstan_mw_t *mw, const inner_t *in)
+{
+    if (in->n == 0)
+        return capstan_mw_next(mw);
+    const inner_t rest = { within_caps, in->lims + 1, in->n - 1 };
+    capstan_limiter_t *lim = in->lims[0];
+    if (!lim)
+        return within_caps(mw, &rest);
+    /* A cap's job waits in its processor only when the fetch did not take
+     * its slot (the basic fetch, a lapsed lease): rarely, and as long as a
+     * class's concurrent limit would. */
+    static const capstan_limit_opts_t lo = { .type = CAPSTAN_LIMIT_CONCURRENT,
+                                             .seconds = CAPSTAN__QLIMIT_LEASE,
+                                             .wait_timeout = CAPSTAN_LIMIT_WAIT_DEFAULT,
+                                             .count = 1, .cost = 1 };
+    capstan_limit_token_t tok = { { 0 } };
+    if (mw->jid && strlen(CAPSTAN__QLIMIT_HOLDER) + strlen(mw->jid) < sizeof(tok.id))
+        snprintf(tok.id, sizeof(tok.id), "%s%s", CAPSTAN__QLIMIT_HOLDER, mw->jid);
+    return within(mw, lim, &lo, capstan__limiter_name(lim), &tok, &rest);
+}
+
+int capstan__queue_limit_mw(capstan_mw_t *mw, void *udata)
+{
+    const capstan__qlimit_t *q = capstan__qlimits_find(udata, mw->queue);
+    if (!q)
+        return capstan_mw_next(mw);
+    const inner_t caps = { within_caps, q->lim, 2 };
+    return within_caps(mw, &caps);
 }

@@ -155,6 +155,9 @@ const capstan_limit_store_t *capstan__limit_store(void)
     return store;
 }
 
+static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                      int extend, char *err);
+
 /* One attempt. Returns 1 taken, 0 refused (*wait_ms set), or an error. */
 static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *t, long points,
                    long long *wait_ms, char *err)
@@ -188,9 +191,24 @@ static int attempt(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_lim
     return rc;
 }
 
+int capstan__limiter_take(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                          char *err)
+{
+    long long wait_ms;
+    return attempt(lim, r, token, 1, &wait_ms, err);
+}
+
+int capstan__limiter_untake(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
+                            char *err)
+{
+    return owner_call(lim, r, token, 0, err);
+}
+
 int capstan_limiter_acquire(capstan_limiter_t *lim, capstan_redis_t *r, double wait_timeout,
                             capstan_limit_token_t *token, double *retry_in, char *err)
 {
+    if (token)
+        memset(token, 0, sizeof(*token));
     return capstan__limiter_acquire_wait(lim, r, r, 1, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
@@ -198,6 +216,8 @@ int capstan_limiter_acquire_points(capstan_limiter_t *lim, capstan_redis_t *r, l
                                    double wait_timeout, capstan_limit_token_t *token, double *retry_in,
                                    char *err)
 {
+    if (token)
+        memset(token, 0, sizeof(*token));
     return capstan__limiter_acquire_wait(lim, r, r, points, wait_timeout, token, retry_in, NULL, NULL, err);
 }
 
@@ -212,8 +232,7 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
     if (points < 1 || points > lim->count)
         return capstan_seterr(err, CAPSTAN_EINVAL, "limiter %s: a cost of %ld points does not fit in "
                               "its budget of %ld", lim->name, points, lim->count);
-    memset(token, 0, sizeof(*token));
-    if (lim->type == CAPSTAN_LIMIT_CONCURRENT || lim->type == CAPSTAN_LIMIT_SLIDING)
+    if (!token->id[0] && (lim->type == CAPSTAN_LIMIT_CONCURRENT || lim->type == CAPSTAN_LIMIT_SLIDING))
         new_holder(lim, token);
     double start = capstan__mono(), end = start + (wait_timeout > 0 && !store ? wait_timeout : 0);
     for (;;) {
@@ -254,6 +273,12 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
         }
     }
 }
+
+const char *capstan__limiter_name(const capstan_limiter_t *lim) { return lim->name; }
+const char *capstan__limiter_held_key(const capstan_limiter_t *lim) { return lim->state_key; }
+const char *capstan__limiter_free_key(const capstan_limiter_t *lim) { return lim->free_key; }
+long capstan__limiter_size(const capstan_limiter_t *lim) { return lim->count; }
+long long capstan__limiter_lease_ms(const capstan_limiter_t *lim) { return lim->ms; }
 
 static int owner_call(capstan_limiter_t *lim, capstan_redis_t *r, const capstan_limit_token_t *token,
                       int extend, char *err)

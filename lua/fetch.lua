@@ -7,13 +7,19 @@
 -- (the check the server would otherwise make in a round trip of its own).
 -- The fields are found by plain search, not parsed: the caller compares
 -- them with its own parse before trusting the answer.
+-- With caps on queues (locks/queue_limit.h), ARGV[3] the number n of
+-- queues, ARGV[4] a slot's lease (ms), and for queue i ARGV[4+2i-1..4+2i]
+-- the sizes of its two caps (0: none) and KEYS[n+1+2i-1..n+1+2i] their
+-- held zsets: a queue is fetched from only while its caps have room, and
+-- each job takes a slot of each, held by "job:<jid>".
 -- Returns a flat array: Redis's clock in microseconds (scripts run one at a
 -- time, so it orders the fetches of every connection as Redis ran them),
 -- then two entries a job: the queue's index (1-based), or {index, digest,
 -- jid} when the job's lock was found held by its jid; and the payload. (As
 -- few reply entries as can be: a client allocates each.) The clock alone
 -- when every queue is empty.
-local working = KEYS[#KEYS]
+local nq = tonumber(ARGV[3]) or #KEYS - 1
+local working = KEYS[nq + 1]
 -- The string value of the first "name":"..." in job, by plain search (a
 -- pattern match costs several times more), or nil.
 local function field(job, name)
@@ -36,12 +42,46 @@ local check = ARGV[2] == '1'
 local now = redis.call('TIME')
 local out = { tonumber(now[1]) * 1000000 + tonumber(now[2]) }
 local got = 0
+local now_ms = math.floor(out[1] / 1000)
+local lease = tonumber(ARGV[4])
+-- The slots queue i's caps have free (nil: no cap).
+local function room(i)
+  local free
+  for k = 1, 2 do
+    local size = tonumber(ARGV[2 + 2 * i + k] or '0')
+    if size > 0 then
+      local held = KEYS[nq + 2 * i - 1 + k]
+      redis.call('ZREMRANGEBYSCORE', held, '-inf', now_ms)
+      local n = size - redis.call('ZCARD', held)
+      if not free or n < free then
+        free = n
+      end
+    end
+  end
+  return free
+end
+local function take_slots(i, job)
+  local id = 'job:' .. (field(job, '"jid":"') or (now_ms .. ':' .. #out))
+  for k = 1, 2 do
+    if tonumber(ARGV[2 + 2 * i + k] or '0') > 0 then
+      local held = KEYS[nq + 2 * i - 1 + k]
+      redis.call('ZADD', held, now_ms + lease, id)
+      if redis.call('PTTL', held) < lease then
+        redis.call('PEXPIRE', held, lease)
+      end
+    end
+  end
+end
 -- From each queue in turn, the oldest jobs (the right end) in one range:
 -- three commands for the lot instead of one move per job. They go to the
 -- working list's left end oldest first, as one move per job would leave
 -- them.
-for i = 1, #KEYS - 1 do
-  local jobs = redis.call('LRANGE', KEYS[i], got - want, -1)
+for i = 1, nq do
+  local take, free = want - got, lease and room(i)
+  if free and free < take then
+    take = free
+  end
+  local jobs = take > 0 and redis.call('LRANGE', KEYS[i], -take, -1) or {}
   local n = #jobs
   if n > 0 then
     redis.call('LTRIM', KEYS[i], 0, -n - 1)
@@ -52,6 +92,9 @@ for i = 1, #KEYS - 1 do
     redis.call('LPUSH', working, unpack(oldest_first))
     got = got + n
     for _, job in ipairs(oldest_first) do
+      if free then
+        take_slots(i, job)
+      end
       local held = i
       local d = check and field(job, '"lock_digest":"')
       -- The server uses the answer for until_executed and until_expired

@@ -181,6 +181,9 @@ typedef struct capstan_rt_view {
     capstan_paused_t *paused;      /* which of its queues are paused (Sidekiq
                                       Pro's "paused" set) */
     capstan_liveness_t *liveness;  /* its liveness key */
+    struct capstan__qlimits *qlimits; /* the caps of its queues (the file's
+                                      limits:, locks/queue_limit.h); NULL:
+                                      none */
 } capstan_rt_view_t;
 
 /* The main thread's: what capstan_runtime_stop/quiet and remote signals ask

@@ -14,6 +14,7 @@
 #include "observe/http.h"
 #include "observe/overview.h"
 #include "redis/sentinel.h"
+#include "locks/queue_limit.h"
 #include "runtime/board.h"
 #include "runtime/crash.h"
 #include "runtime/slot.h"
@@ -66,6 +67,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     free(rt->self.info_json);
     capstan__fleet_free(rt->view.fleet);
     capstan__paused_free(rt->view.paused);
+    capstan__qlimits_free(rt->view.qlimits);
     capstan__liveness_free(rt->view.liveness);
     capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
@@ -435,9 +437,12 @@ static void periodic_wait(void *rt, double s)
 
 static int start_threads(capstan_runtime_t *rt, char *err)
 {
+    int rc = rt->view.qlimits ? 0 : capstan__qlimits_new(rt->cfg, &rt->view.qlimits, err);
+    if (rc)
+        return rc;
     if (!capstan_runtime_server_chain(rt))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    int rc = capstan__slots_new(rt, err);
+    rc = capstan__slots_new(rt, err);
     if (rc)
         return rc;
     capstan__crash_watch(rt->slots, rt->nslots);

@@ -1,5 +1,5 @@
 /* The server chain a job runs through: the built-in middleware ("stats",
- * "retry", "expiry", "unique", "limit"), those a plugin adds, and at its end
+ * "retry", "queue_limit", "expiry", "unique", "limit"), those a plugin adds, and at its end
  * the handler. */
 #include "runtime/rt.h"
 
@@ -23,6 +23,7 @@
 #include "unique/prelock.h"
 #include "unique/server.h"
 #include "locks/limit_mw.h"
+#include "locks/queue_limit.h"
 
 /* Per-job state of the built-in server middleware. */
 typedef struct run {
@@ -299,6 +300,13 @@ static int call_handler(capstan_mw_t *mw, void *udata)
     return 0;
 }
 
+/* The caps of the job's queue; rt->view.qlimits is made at start, and a plugin
+ * may make the chain before. */
+static int queue_limit_mw(capstan_mw_t *mw, void *ud)
+{
+    return capstan__queue_limit_mw(mw, ((capstan_runtime_t *)ud)->view.qlimits);
+}
+
 capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
 {
     if (!rt)
@@ -307,6 +315,7 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
         return rt->server_chain;
     capstan_chain_t *c = capstan_chain_new();
     if (!c || capstan_chain_add(c, "stats", stats_mw, rt) || capstan_chain_add(c, "retry", retry_mw, rt) ||
+        capstan_chain_add(c, "queue_limit", queue_limit_mw, rt) ||
         capstan_chain_add(c, "expiry", expiry_mw, NULL) ||
         capstan_chain_add(c, "unique", capstan_unique_server_mw, NULL) ||
         capstan_chain_add(c, "limit", capstan__limit_mw, NULL)) {

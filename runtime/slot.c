@@ -26,7 +26,8 @@ static int slot_init(capstan_runtime_t *rt, capstan_slot_t *s, int i, char *err)
                             .nqueues = c->nqueues, .strict = c->strict, .index = i,
                             .block_timeout = 1.0, .min_replicas = c->min_replicas_ack,
                             .min_replicas_timeout = c->min_replicas_timeout,
-                            .paused = rt->view.paused, .liveness = rt->view.liveness };
+                            .paused = rt->view.paused, .liveness = rt->view.liveness,
+                            .limits = rt->view.qlimits };
     return (s->fetch = capstan__fetch_new(&fc, err)) ? 0 : CAPSTAN_ENOMEM;
 }
 

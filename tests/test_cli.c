@@ -149,6 +149,40 @@ static void dies_after_one_retry(const char *queue, const char *jid)
     free(conf);
 }
 
+/* A class's YAML unique_for (Sidekiq Enterprise's) makes `capstan push -C`
+ * take v9's lock at the push, for unique_for seconds, as Enterprise's client
+ * does: a second push of the same args is denied (exit 3) while the first
+ * waits; once it ran, a push is taken again, and runs. */
+Test(cli, push_with_a_configs_unique_for_refuses_a_second_push)
+{
+    char *conf = kt_write_file("uf.yml", "classes:\n  RecordJob:\n    queue: uf\n    unique_for: 60\n");
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"puf\"]", "-C", conf, NULL },
+                                &out), 0, "%s", out);
+    free(out);
+    char *p = kt_str("LINDEX queue:uf 0"), *d = strstr(p, "\"lock_digest\":\"");
+    cr_assert(d && strstr(p, "\"lock\":\"until_executed\"") && strstr(p, "\"lock_ttl\":60"), "%s", p);
+    char digest[128];
+    cr_assert_eq(sscanf(d, "\"lock_digest\":\"%127[^\"]", digest), 1, "%s", p);
+    long long pttl = kt_int("PTTL %s:LOCKED", digest);
+    cr_assert(pttl > 0 && pttl <= 60000, "v9's lock, for unique_for: PTTL %lld", pttl);
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"puf\"]", "-C", conf, NULL },
+                                &out), 3, "%s", out);
+    cr_assert(strstr(out, "denied") && strstr(out, digest), "%s", out);
+    free(out);
+    cr_assert_eq(kt_int("LLEN queue:uf"), 1);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-q", "uf", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD puf") == 1 && kt_int("EXISTS %s:LOCKED", digest) == 0, 20),
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_run((const char *[]){ "push", "RecordJob", "[\"puf\"]", "-C", conf, NULL },
+                                &out), 0, "%s", out);
+    free(out);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD puf") == 2, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0);
+    free(p);
+    free(conf);
+}
+
 Test(cli, push_with_a_config_file_writes_the_class_options)
 {
     char *conf = kt_write_file("push.yml", "classes:\n  FailJob:\n    retry: 1\n    queue: low\n"

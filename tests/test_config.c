@@ -880,7 +880,7 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
     cr_assert_str_eq(cfg->redis_url, "redis://cache:6379/1");
     cr_assert_eq(cfg->nqueues, 3);
     cr_assert_eq(cfg->queues[0].weight, 3);
-    cr_assert_eq(cfg->nwarnings, 7, "%s", warnings());
+    cr_assert_eq(cfg->nwarnings, 6, "%s", warnings());
     assert_warning(0, 5, "require: not used by capstan (Ruby code to load; capstan's handlers come from "
                          "plugins); ignored");
     assert_warning(1, 6, "strict: not used by capstan (Sidekiq drops it too: queue weights decide "
@@ -890,11 +890,46 @@ Test(config, a_rails_sidekiq_yml_loads_with_a_warning_per_unused_key)
                             "(ca_file, cert, key, server_name, verify) with TLS in the url");
     assert_warning(4, 17, "lifecycle_events: not used by capstan (Ruby callbacks); ignored");
     assert_warning(5, 18, "error_handlers: not used by capstan (Ruby callbacks); ignored");
-    assert_warning(6, 19, "limits: not used by capstan (sidekiq-limit_fetch); ignored");
+    /* sidekiq-limit_fetch's caps are read. */
+    cr_assert_eq(cfg->nqueue_limits, 1);
+    cr_assert_str_eq(cfg->queue_limits[0].queue, "mailers");
+    cr_assert_eq(cfg->queue_limits[0].limit, 2);
     /* sidekiq-scheduler's section is read as periodic schedules. */
     cr_assert_eq(cfg->nperiodic, 1);
     cr_assert_str_eq(cfg->periodic[0].name, "nightly_report");
     cr_assert_str_eq(cfg->periodic[0].cls, "NightlyReportJob");
+}
+
+/* sidekiq-limit_fetch's keys: limits and process_limits are read per
+ * queue (null: no cap; a section's mapping replaces the top level's),
+ * blocking is warned about, and a bad cap stops the start. */
+Test(config, limit_fetchs_caps_are_read_and_blocking_warned_about)
+{
+    setenv("RAILS_ENV", "production", 1);
+    cr_assert_eq(load(":limits:\n  reports: 2\n  exports: 3\n"
+                      ":process_limits:\n  reports: 1\n  imports: ~\n"
+                      ":blocking:\n  - reports\n"
+                      "production:\n  :limits:\n    reports: 4\n"), 0, "%s", err);
+    cr_assert_eq(cfg->nwarnings, 1, "%s", warnings());
+    assert_warning(0, 7, "blocking: not used by capstan (sidekiq-limit_fetch's blocking queues; the "
+                         "queues' order and weights decide); ignored");
+    int seen = 0;
+    for (size_t i = 0; i < cfg->nqueue_limits; i++) {
+        const capstan_queue_limit_t *q = &cfg->queue_limits[i];
+        if (!strcmp(q->queue, "reports") && q->limit == 4 && q->process_limit == 1)
+            seen |= 1;
+        if (!strcmp(q->queue, "exports") && q->limit == 0)
+            seen |= 2; /* the section's limits replace the top level's */
+        if (!strcmp(q->queue, "imports") && q->limit == 0 && q->process_limit == 0)
+            seen |= 4;
+    }
+    cr_assert_eq(seen, 7, "%d", seen);
+    fresh();
+    cr_assert_eq(load(":limits:\n  reports: 0\n"), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, ":2: limits.reports: must be an integer >= 1"), "%s", err);
+    fresh();
+    cr_assert_eq(load(":limits: [reports]\n"), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, "limits: must be a mapping of queue name to a number of jobs"), "%s", err);
 }
 
 Test(config, unused_keys_in_the_selected_section_warn_too)

@@ -242,17 +242,20 @@ Test(hooks, a_middleware_inserted_before_retry_sees_the_fate_retry_chose)
     cr_assert_eq(capstan_register(rt, "RetriedJob", failing, NULL, &once), 0);
     cr_assert_eq(capstan_register(rt, "OkJob", counting, NULL, NULL), 0);
     capstan_chain_t *chain = capstan_runtime_server_chain(rt);
-    assert_names(chain, (const char *[]){ "stats", "retry", "expiry", "unique", "limit" }, 5);
+    assert_names(chain, (const char *[]){ "stats", "retry", "queue_limit", "expiry", "unique",
+                                          "limit" }, 6);
 
     cr_assert_eq(capstan_chain_insert_before(chain, "retry", "fate", fate_mw, NULL), 0);
     cr_assert_eq(capstan_chain_insert_before(chain, "retry", "fate", fate_mw, NULL), CAPSTAN_EINVAL,
                  "a name is taken once");
     cr_assert_eq(capstan_chain_insert_before(chain, "absent", "other", pass_mw, NULL), CAPSTAN_ENOTFOUND);
     cr_assert_eq(capstan_chain_insert_before(chain, NULL, "first", pass_mw, NULL), 0);
-    assert_names(chain, (const char *[]){ "first", "stats", "fate", "retry", "expiry", "unique", "limit" }, 7);
+    assert_names(chain, (const char *[]){ "first", "stats", "fate", "retry", "queue_limit",
+                                          "expiry", "unique", "limit" }, 8);
     cr_assert_eq(capstan_chain_remove(chain, "first"), 0);
     cr_assert_eq(capstan_chain_remove(chain, "first"), CAPSTAN_ENOTFOUND);
-    assert_names(chain, (const char *[]){ "stats", "fate", "retry", "expiry", "unique", "limit" }, 6);
+    assert_names(chain, (const char *[]){ "stats", "fate", "retry", "queue_limit", "expiry",
+                                          "unique", "limit" }, 7);
 
     capstan_client_t *c = capstan_client_new(kt_url(), err);
     cr_assert(c, "%s", err);

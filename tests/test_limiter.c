@@ -1147,3 +1147,110 @@ Test(limiter, a_limit_waits_five_seconds_by_default)
     capstan_config_free(cfg);
     free(y);
 }
+
+/* ---- sidekiq-limit_fetch's `:limits:` ------------------------------------ */
+
+/* Pushes n LimitJob [key, ms] to queue:NAME, jids kt_make_jid(tag, i). */
+static void push_to_queue(const char *queue, unsigned tag, const char *key, long ms, size_t n)
+{
+    char args[64], jid[25], **p = calloc(n, sizeof(*p));
+    snprintf(args, sizeof(args), "[\"%s\",%ld]", key, ms);
+    for (size_t i = 0; i < n; i++) {
+        kt_make_jid(jid, tag, (unsigned)i);
+        p[i] = kt_payload("LimitJob", args, jid, queue);
+    }
+    redisContext *c = kt_redis();
+    kt_push_all(c, queue, p, n);
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+static const char limits_yml[] = ":queues:\n  - reports\n  - default\n:limits:\n  reports: 2\n"
+                                 ":blocking:\n  - reports\npoll_interval_average: 0.3\n";
+
+/* A sidekiq.yml's `:limits: {reports: 2}` caps the queue across two
+ * processes of 5 processors: never more than 2 of its jobs at once, each
+ * once; and while it is at its cap, a job of another queue runs at once. */
+Test(limiter, a_queues_limit_caps_it_across_the_fleet)
+{
+    char *y = kt_write_file("qlimit.yml", limits_yml), port[16];
+    int mport = kt_free_port();
+    snprintf(port, sizeof(port), "%d", mport);
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", "--metrics-port", port, NULL });
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD processes") == 2, 20), "%s", kt_capstan_log(a));
+    cr_assert(kt_log_has(a, "blocking: not used by capstan"), "%s", kt_capstan_log(a));
+    cr_assert(!kt_log_has(a, "limits: not used"), "%s", kt_capstan_log(a));
+    double t0 = kt_now();
+    push_to_queue("reports", 40, "rq", 200, 40);
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET rq:running") == 2, 10), "%s", kt_capstan_log(a));
+    /* At its cap, with a backlog: the other queue's job does not wait. */
+    push_to_queue("default", 41, "oq", 0, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD oq:jids") == 1, 10), "%s", kt_capstan_log(a));
+    cr_assert_gt(kt_int("LLEN queue:reports"), 0, "the backlog ran out before the other job ran");
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD rq:jids") == 40 && kt_int("GET rq:running") == 0, 60),
+              "%lld of 40 ran\n%s", kt_int("SCARD rq:jids"), kt_capstan_log(a));
+    fprintf(stderr, "limiter figures: limits reports 2, two processes of 5: 40 jobs of 200 ms in "
+            "%.2f s\n", kt_now() - t0);
+    cr_assert_eq(kt_int("LLEN rq:starts"), 40, "a job ran twice");
+    cr_assert_eq(kt_int("GET rq:max"), 2);
+    cr_assert_eq(kt_int("ZCARD retry") + kt_int("ZCARD dead"), 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD limiter:queue:reports:held") == 0, 5),
+              "every slot was given back");
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "queue:reports\tconcurrent\tsize=2\n"), "%s", out);
+    free(out);
+    /* Each job's slot is counted once, held and given back. */
+    out = kt_scrape(mport);
+    cr_assert(out && strstr(out, "capstan_limiter_acquired_total{limiter=\"queue:reports\"}")
+              && strstr(out, "capstan_limiter_held{limiter=\"queue:reports\"} 0\n"), "%s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* `:process_limits: {reports: 1}` caps the queue in each process: 6 jobs
+ * through 5 processors run one at a time. */
+Test(limiter, a_queues_process_limit_caps_it_in_each_process)
+{
+    char *y = kt_write_file("plimit.yml", ":queues:\n  - reports\n:process_limits:\n  reports: 1\n");
+    pid_t a = kt_capstan_start((const char *[]){ "-C", y, "-c", "5", NULL });
+    push_to_queue("reports", 42, "pq", 100, 6);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD pq:jids") == 6 && kt_int("GET pq:running") == 0, 30),
+              "%lld of 6 ran\n%s", kt_int("SCARD pq:jids"), kt_capstan_log(a));
+    cr_assert_eq(kt_int("GET pq:max"), 1);
+    cr_assert_eq(kt_int("LLEN pq:starts"), 6, "a job ran twice");
+    cr_assert(!kt_log_has(a, "process_limits: not used"), "%s", kt_capstan_log(a));
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 10), 0);
+    free(y);
+}
+
+/* A process killed while it holds a queue's only slot gives it back once
+ * its lease lapses (10 s): another process's job of the queue then runs.
+ * While it is held, `capstan limits info` shows it. */
+Test(limiter, a_killed_processs_queue_slot_comes_back)
+{
+    char *y = kt_write_file("klimit.yml", ":queues:\n  - reports\n:limits:\n  reports: 1\n");
+    pid_t a = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "2", NULL });
+    push_to_queue("reports", 43, "kq", 60000, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("GET kq:running") == 1, 10), "%s", kt_capstan_log(a));
+    char *out = NULL;
+    cr_assert_eq(kt_capstan_run((const char *[]){ "limits", "info", "queue:reports", "--json", NULL },
+                                &out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert_eq(json_integer_value(json_object_get(j, "used")), 1, "%s", out);
+    json_decref(j);
+    free(out);
+    cr_assert_eq(kt_capstan_stop(a, SIGKILL, 5), 128 + SIGKILL);
+    pid_t b = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    double t0 = kt_now();
+    push_to_queue("reports", 44, "kb", 0, 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD kb:jids") == 1, 40), "%s", kt_capstan_log(b));
+    fprintf(stderr, "limiter figures: a killed process's queue slot came back in %.1f s\n",
+            kt_now() - t0);
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 10), 0);
+    free(y);
+}

@@ -653,6 +653,29 @@ KT_SIDEKIQ_TEST(unique, ruby_unique_for_runs_one_of_the_copies_enqueued_before_i
     free(d);
 }
 
+/* A class's unique_for given in the YAML alone, not in the payload (an app
+ * leaving Enterprise that moved the option into capstan's file): a copy
+ * enqueued before the first one ran is refused at the fetch as a
+ * payload's unique_for's copy is, even when it comes after the first one
+ * succeeded. 2 copies, 1 run; one pushed afterwards runs. */
+Test(unique, yaml_unique_for_refuses_copies_enqueued_before_the_first_ran)
+{
+    char *y = kt_write_file("uf.yml", "classes:\n  RecordJob:\n    unique_for: 600\n");
+    ruby_perform("6.4.1", "RecordJob", "{}", "[\"yu\"]", 1);
+    ruby_perform("6.4.1", "RecordJob", "{}", "[\"yu\"]", 1);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN queue:default") == 0 &&
+                            kt_int("SCARD yu") + kt_log_count(pid, "Skipping job with id") == 2, 20),
+              "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD yu"), 1, "%s", kt_capstan_log(pid));
+    ruby_perform("6.4.1", "RecordJob", "{}", "[\"yu\"]", 1);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SCARD yu") == 2, 20), "%s", kt_capstan_log(pid));
+    cr_assert_eq(stop(pid), 0);
+    cr_assert_eq(kt_log_count(pid, "Skipping job with id"), 1, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, "uniqueness_lapsed"), 0, "no lock was expected at the push");
+    free(y);
+}
+
 Test(unique, client_strategies_reject_and_reschedule)
 {
     char *jid = NULL, *out = NULL;

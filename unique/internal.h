@@ -39,7 +39,7 @@ typedef struct capstan_unique_spec {
     double schedule_in;
     char digest[CAPSTAN_DIGEST_MAX]; /* base digest (no :RUN) */
     int digest_from_payload;      /* trusted as the client wrote it */
-    int unique_for;               /* from the payload's unique_for (Enterprise's) */
+    int unique_for;               /* Enterprise's unique_for, the payload's or the class's */
     char *lock_args;              /* owned: Ruby JSON */
 } capstan_unique_spec_t;
 

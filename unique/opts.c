@@ -151,6 +151,7 @@ static void from_class(const capstan_class_conf_t *cc, capstan_unique_spec_t *s,
     if (cc->unique_across_queues) s->across_queues = 1;
     if (cc->unique_across_workers) s->across_workers = 1;
     if (cc->schedule_in > 0) s->schedule_in = cc->schedule_in;
+    s->unique_for = cc->unique_for;
     if (cc->lock_args) {
         in->idx = cc->lock_args;
         in->nidx = cc->nlock_args;
@@ -187,6 +188,7 @@ static void payload_lock_type(capstan_mw_t *mw, capstan_unique_spec_t *s)
     char *str = field_str(mw, "lock");
     if (str) {
         capstan_lock_type_t t;
+        s->unique_for = 0; /* the payload's lock is v9's, whatever the class's */
         if (capstan_lock_type_parse(str, &t) == 0) {
             s->type = t;
         } else {

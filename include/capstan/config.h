@@ -41,12 +41,24 @@ typedef struct capstan_queue_conf {
     int weight;  /* 0 = no weight given */
 } capstan_queue_conf_t;
 
+/* sidekiq-limit_fetch's caps on a queue: how many of its jobs run at once
+ * across every capstan process on the Redis (`:limits:`) and in one
+ * process (`:process_limits:`). */
+typedef struct capstan_queue_limit {
+    char *queue; /* queue name without "queue:" */
+    int limit;         /* 0 = none */
+    int process_limit; /* 0 = none */
+} capstan_queue_limit_t;
+
 typedef struct capstan_class_conf {
     char *name;  /* job class */
     char *queue; /* default queue for pushes of this class, or NULL */
     int retry;   /* N >= 0, or CAPSTAN_RETRY_DEFAULT/NONE/UNSET */
     /* Uniqueness (capstan/unique.h); zero or NULL = not set. unique_for and
-     * unique_until are mapped onto lock and lock_ttl when read. */
+     * unique_until are mapped onto lock and lock_ttl when read, and
+     * unique_for is set: the lock is Enterprise's, whose copies enqueued
+     * before the first one let it go are refused too. */
+    int unique_for;
     char *lock;                /* lock type name, checked when read */
     long lock_ttl;             /* seconds */
     long lock_timeout;         /* seconds */
@@ -111,6 +123,8 @@ typedef struct capstan_config {
     size_t nplugins;
     capstan_class_conf_t *classes;
     size_t nclasses;
+    capstan_queue_limit_t *queue_limits; /* the file's :limits: and :process_limits: */
+    size_t nqueue_limits;
     capstan_fetch_mode_t fetch;
     int prefetch;             /* reliable fetch: jobs fetched ahead and not yet
                                  started, at most; 0 = 10 per processor, at

@@ -3,7 +3,8 @@
  * chain), as Sidekiq's middleware does.
  *
  * Server chain, outermost first: "stats" (log lines and counters), "retry"
- * (Sidekiq's retry rules), "expiry" (drops a job whose "expires_at" has
+ * (Sidekiq's retry rules), "queue_limit" (the caps of the job's queue, a
+ * sidekiq.yml's limits:), "expiry" (drops a job whose "expires_at" has
  * passed, unrun), "unique" (uniqueness locks), "limit" (the rate
  * limiter of a class that has one, capstan/limiter.h), then whatever users
  * add, then the handler. Client chain: "unique", then user middleware, then
