@@ -51,10 +51,8 @@ int capstan__slots_new(capstan_runtime_t *rt, char *err)
     for (int i = 0; i < rt->nslots; i++)
         if (slot_init(rt, &rt->slots[i], i, err))
             return CAPSTAN_ENOMEM;
-    for (int i = 0; rt->feed && i <= rt->nslots; i++) {
-        capstan_slot_t *s = i < rt->nslots ? &rt->slots[i] : rt->keeper.slot;
-        s->seat = capstan__feed_seat(rt->feed, i, s->fetch, &s->mu);
-    }
+    for (int i = 0; i <= rt->nslots; i++)
+        rt->source->bind(rt, i < rt->nslots ? &rt->slots[i] : rt->keeper.slot, i);
     return 0;
 }
 

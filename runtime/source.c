@@ -112,6 +112,11 @@ static double feed_ack_late(capstan_slot_t *s, capstan_redis_t *r)
     return capstan__feed_ack_late(s->seat, r);
 }
 
+static void feed_bind(capstan_runtime_t *rt, capstan_slot_t *s, int i)
+{
+    s->seat = capstan__feed_seat(rt->feed, i, s->fetch, &s->mu);
+}
+
 static void feed_read_deferred(capstan_runtime_t *rt)
 {
     capstan__feed_read_deferred(rt->feed);
@@ -132,6 +137,7 @@ const capstan_source_t capstan__source_reliable = {
     .working_list = 1,
     .prefetches = 1,
     .fetch = &capstan__fetch_reliable,
+    .bind = feed_bind,
     .take = feed_take,
     .settle = settle_later,
     .ack = feed_ack,
@@ -238,9 +244,17 @@ static void count_nothing(capstan_runtime_t *rt, const char *const *names, long 
     (void)rt, (void)names, (void)counts, (void)n;
 }
 
+static void bind_nothing(capstan_runtime_t *rt, capstan_slot_t *s, int i)
+{
+    (void)rt;
+    (void)s;
+    (void)i;
+}
+
 const capstan_source_t capstan__source_basic = {
     .name = "basic",
     .fetch = &capstan__fetch_basic,
+    .bind = bind_nothing,
     .take = take_one,
     .settle = settle_now,
     .ack = ack_now,

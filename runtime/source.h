@@ -20,6 +20,9 @@ typedef struct capstan_source {
     int prefetches;   /* jobs are fetched ahead and counted in "prefetched" */
     const capstan_fetch_ops_t *fetch; /* how each processor's fetcher fetches */
 
+    /* Processor i's slot s (i = nslots: the housekeeper's) is made: the
+     * source gives it what it keeps for it (the feed's seat). */
+    void (*bind)(capstan_runtime_t *rt, capstan_slot_t *s, int i);
     /* One job for processor s into *job. done (the source's from here, or
      * NULL) is the processor's last job, its ack owed. *inside is the
      * processor's own mark (0 at first), for the source to keep. Returns 1
