@@ -23,6 +23,7 @@
 #include "support/buf.h"
 #include "support/fmt.h"
 #include "support/log.h"
+#include "support/number.h"
 #include "support/time.h"
 #include "unique/admin_internal.h"
 
@@ -339,7 +340,15 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     if (!rc) rc = capstan_redis_append(r, 2, cmds[2], NULL);
     if (!rc) rc = capstan_redis_append(r, 22, hset, NULL);
     free(ahead);
-    const char *exp[] = { "EXPIRE", rt->identity, "60" };
+    /* Sidekiq's readers (the Busy page, ProcessSet) list a process while
+     * this hash exists; Sidekiq's own lives 60 s. This one lives as long
+     * as the fleet takes the process for alive (a liveness key of
+     * liveness_ttl, missing for half that more before its jobs are taken:
+     * lua/recover.lua), so a dead process leaves Busy when its jobs go
+     * elsewhere, not a minute later. */
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%ld", (long)capstan__ceil(rt->cfg->liveness_ttl * 1.5));
+    const char *exp[] = { "EXPIRE", rt->identity, ttl };
     const char *rpop[] = { "RPOP", key_sig };
     const char *exec[] = { "EXEC" };
     if (!rc) rc = capstan_redis_append(r, 3, exp, NULL);
