@@ -79,7 +79,7 @@ void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
     capstan_recovery_t rec = {0};
     char err[CAPSTAN_ERRLEN];
     if (capstan__fetch_recover(r, rt->identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
-                               rt->cfg->timestamps, &rec, err)) {
+                               rt->cfg->timestamps, rt->cfg->sidekiq_metrics, &rec, err)) {
         capstan_warn("orphan recovery: %s", err);
         return;
     }
