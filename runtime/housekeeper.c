@@ -203,7 +203,8 @@ void *capstan__housekeeper_main(void *arg)
             break;
         if (capstan__mono() < next_beat)
             continue;
-        next_beat = capstan__mono() + rt->cfg->heartbeat_interval;
+        double beat_at = capstan__mono();
+        next_beat = beat_at + rt->cfg->heartbeat_interval;
         /* From here on it waits on Redis: not stuck, but not ready when
          * that takes longer than CAPSTAN_PROBE_STALL (board.h). */
         atomic_store(&probe->turn, 0);
@@ -239,7 +240,10 @@ void *capstan__housekeeper_main(void *arg)
             reclaim_pass(rt, r, strays);
         late_acks();
         if (capstan__mono() >= next_recovery) {
-            next_recovery = capstan__mono() + rt->cfg->recovery_interval;
+            /* From the beat's start, not from after its round trips: with
+             * recovery_interval a multiple of heartbeat_interval, every
+             * due pass runs at its beat, not one beat late. */
+            next_recovery = beat_at + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
         }
         if (capstan__mono() >= next_look) {

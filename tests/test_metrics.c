@@ -866,13 +866,13 @@ static void misbehaving_jobs_count_as_failures(const char *sidekiq)
     free(y);
 }
 
-Test(metrics, sidekiq_7_3_counts_timed_out_jobs_and_poison_pills, .timeout = 120)
+Test(metrics, sidekiq_7_3_counts_timed_out_jobs_and_poison_pills)
 {
     kt_sidekiq_need("7.3.10");
     misbehaving_jobs_count_as_failures("7.3.10");
 }
 
-Test(metrics, sidekiq_8_1_counts_timed_out_jobs_and_poison_pills, .timeout = 120)
+Test(metrics, sidekiq_8_1_counts_timed_out_jobs_and_poison_pills)
 {
     kt_sidekiq_need("8.1.7");
     misbehaving_jobs_count_as_failures("8.1.7");
