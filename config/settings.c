@@ -116,9 +116,10 @@ static const capstan__setting_t rows[] = {
      * working-list check) and, with Redis down, a reconnect: two a second
      * is cheap, and fast enough for tests that want crash recovery in
      * seconds. Sidekiq beats every 10 s, capstan every 4: with
-     * liveness_ttl and recovery_interval, the chain of timers that takes
-     * a dead process's jobs elsewhere within 24 s and a live one's never
-     * for a stall under 14 s (doc/guarantees.md, "A lost host"). */
+     * liveness_ttl and recovery_interval, the chain of timers that puts
+     * a dead process's jobs back in their queues within 24 s and never
+     * takes a live one's for a stall under 14 s (doc/guarantees.md, "A
+     * lost host"). */
     SECONDS("heartbeat_interval", heartbeat_interval, 0.5, 0, "4") },
     SECONDS("max_iteration_runtime", max_iteration_runtime, 0, CAPSTAN__SET_ZERO_OK, "0") },
     SECONDS("recovery_interval", recovery_interval, 0, 0, "4") },
