@@ -115,14 +115,18 @@ static const capstan__setting_t rows[] = {
     /* Each beat costs a few round trips (liveness refresh, the beat, the
      * working-list check) and, with Redis down, a reconnect: two a second
      * is cheap, and fast enough for tests that want crash recovery in
-     * seconds. Sidekiq beats every 10 s, capstan every 5. */
-    SECONDS("heartbeat_interval", heartbeat_interval, 0.5, 0, "5") },
+     * seconds. Sidekiq beats every 10 s, capstan every 4: with
+     * liveness_ttl and recovery_interval, the chain of timers that puts
+     * a dead process's jobs back in their queues within 24 s and never
+     * takes a live one's for a stall under 14 s (doc/guarantees.md, "A
+     * lost host"). */
+    SECONDS("heartbeat_interval", heartbeat_interval, 0.5, 0, "4") },
     SECONDS("max_iteration_runtime", max_iteration_runtime, 0, CAPSTAN__SET_ZERO_OK, "0") },
-    SECONDS("recovery_interval", recovery_interval, 0, 0, "60") },
+    SECONDS("recovery_interval", recovery_interval, 0, 0, "4") },
     INT("max_recoveries", NULL, 0, max_recoveries, 1, INT_MAX, "3") },
     /* It must outlast a missed refresh and a slow round trip on a loaded
      * host; under 2 s, scheduling jitter alone would lose it. */
-    SECONDS("liveness_ttl", liveness_ttl, 2, 0, "60") },
+    SECONDS("liveness_ttl", liveness_ttl, 2, 0, "12") },
     SECONDS("reaper_interval", reaper_interval, 0, CAPSTAN__SET_ZERO_OK, "600") },
     LONG("reaper_count", reaper_count, 1, NO_MAX, "1000") },
     SECONDS("reaper_timeout", reaper_timeout, 0, 0, "10") },

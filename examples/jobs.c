@@ -1,11 +1,14 @@
 /* Example handler plugin: the job classes the README, the demo and the
  * tests use. Build: part of the meson build (examples/libcapstan-examples.so);
  * load: capstan run -r path/to/libcapstan-examples.so. */
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <capstan/capstan.h>
 
@@ -460,6 +463,25 @@ static int ledger_job(capstan_job_t *job, void *ud)
     return ok ? 0 : capstan_job_fail(job, "Redis::CommandError", "HINCRBY %s failed", key);
 }
 
+/* FileLedgerJob [path, ms]: appends "start JID PID" to the file path as
+ * it starts, sleeps ms, then "end JID PID": a ledger that a kill of the
+ * process, or of Redis, cannot lose or delay (one write(2) a line, with
+ * O_APPEND, so processes sharing the file do not mix their lines). */
+static int file_ledger_job(capstan_job_t *job, void *ud)
+{
+    (void)ud;
+    int fd = open(arg_str(job, 0, "/dev/null"), O_WRONLY | O_APPEND | O_CREAT, 0644);
+    char line[128];
+    int n = snprintf(line, sizeof(line), "start %s %d\n", capstan_job_jid(job), (int)getpid());
+    int ok = fd >= 0 && write(fd, line, (size_t)n) == n;
+    sleep_ms(arg_long(job, 1, 0));
+    n = snprintf(line, sizeof(line), "end %s %d\n", capstan_job_jid(job), (int)getpid());
+    ok = ok && write(fd, line, (size_t)n) == n;
+    if (fd >= 0)
+        close(fd);
+    return ok ? 0 : capstan_job_fail(job, "IOError", "cannot write the ledger");
+}
+
 /* HangJob [key]: RPUSH key jid, then never returns, as a handler stuck in a
  * deadlock or a read without a timeout; shows hard timeouts. */
 static int hang_job(capstan_job_t *job, void *ud)
@@ -523,6 +545,7 @@ __attribute__((visibility("default"))) int capstan_plugin_init(capstan_runtime_t
     rc |= capstan_register(rt, "DigestJob", record_job, NULL, &digest);
     rc |= capstan_register(rt, "TraceJob", trace_job, NULL, &opts);
     rc |= capstan_register(rt, "LedgerJob", ledger_job, NULL, &opts);
+    rc |= capstan_register(rt, "FileLedgerJob", file_ledger_job, NULL, &opts);
     rc |= capstan_register(rt, "ExitJob", exit_job, NULL, &opts);
     rc |= capstan_register(rt, "HangJob", hang_job, NULL, &opts);
     rc |= capstan_register(rt, "LeakJob", leak_job, NULL, &opts);

@@ -226,7 +226,10 @@ int capstan__liveness_read(capstan_liveness_t *l, capstan_redis_t *r, double sen
  * gone, puts its jobs back at the fetched end of their queues, keeping their
  * locks, and counts the recovery in the payload ("recovery_count"). A job
  * recovered max_recoveries times goes to the dead set instead (a poison pill:
- * it kills whatever runs it). Never touches a live owner's list.
+ * it kills whatever runs it), counted as Sidekiq counts a job that raised:
+ * stat:processed, stat:failed and, in the layouts (config's
+ * sidekiq_metrics, 0 none), the Metrics tab. Never touches a live owner's
+ * list.
  *
  * A missing key is not proof of death: the owner's refresh may have been
  * refused (maxmemory) or lost (a Redis restart or failover). So the first
@@ -247,8 +250,8 @@ typedef struct capstan_recovery {
 } capstan_recovery_t;
 
 int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max_recoveries,
-                           double liveness_ttl, capstan_ts_format_t ts, capstan_recovery_t *out,
-                           char *err);
+                           double liveness_ttl, capstan_ts_format_t ts, int layouts,
+                           capstan_recovery_t *out, char *err);
 
 /* Same, for one identity's list only and at once: no suspect marker, so
  * the list is taken at the first call that finds the liveness key gone.
@@ -257,7 +260,7 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
  * worker still running whose key a test deleted it only marks the list a
  * suspect (the worker re-creates its key before a later pass). */
 int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
-                               capstan_ts_format_t ts, capstan_recovery_t *out, char *err);
+                               capstan_ts_format_t ts, int layouts, capstan_recovery_t *out, char *err);
 
 /* For a worker known to be dead (its supervisor reaped it), so no lease
  * need lapse: deletes its liveness key and recovers its list at once. Only
@@ -271,8 +274,8 @@ typedef struct capstan_started {
 } capstan_started_t;
 
 int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const capstan_started_t *started,
-                                int max_recoveries, capstan_ts_format_t ts, capstan_recovery_t *out,
-                                char *err);
+                                int max_recoveries, capstan_ts_format_t ts, int layouts,
+                                capstan_recovery_t *out, char *err);
 
 /* Strays: jobs in this process's own working list that no processor holds,
  * such as a job moved by a fetch whose reply was lost with the connection.

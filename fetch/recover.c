@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "observe/prometheus.h"
 #include "redis/keys.h"
@@ -240,6 +241,28 @@ static void log_poison_pills(const moved_t *jobs, size_t n, long sent)
                          sent == planned ? "sent" : "may have been sent", jobs[i].count);
 }
 
+/* Counts the poison pills the script sent to the dead set as Sidekiq
+ * counts a job that raised: in stat:processed and stat:failed (and the
+ * day's keys), and in its class's jobs and failures on the Metrics tab
+ * (layouts: config's sidekiq_metrics). The processes that ran them died
+ * each time, so no one else counts them. Should the script have sent
+ * fewer than planned, the first ones planned count; a write that fails
+ * drops the counts, as the beat's does: they are a chart, not a ledger. */
+static void count_poison_pills(capstan_redis_t *r, const moved_t *jobs, size_t n, long sent, int layouts)
+{
+    capstan_exec_t e[BATCH];
+    size_t k = 0;
+    char err[CAPSTAN_ERRLEN];
+    if (sent <= 0)
+        return;
+    for (size_t i = 0; i < n && (long)k < sent; i++)
+        if (strcmp(jobs[i].dest, CAPSTAN_KEY_DEAD) == 0 && jobs[i].cls && capstan__exec_class_ok(jobs[i].cls))
+            e[k++] = (capstan_exec_t){ .cls = jobs[i].cls, .processed = 1, .failed = 1 };
+    time_t now = time(NULL);
+    if (capstan__stats_incr(r, sent, sent, now, err) || capstan__exec_flush(r, e, k, layouts, now, err))
+        capstan_warn("poison pills not counted: %s", err);
+}
+
 /* capstan__reply_error for an LRANGE of key. */
 static int lrange_error(capstan_redis_t *r, const redisReply *rep, const char *key, char *err)
 {
@@ -251,8 +274,8 @@ static int lrange_error(capstan_redis_t *r, const redisReply *rep, const char *k
 /* Recovers one identity's list, after a grace of grace_ms by Redis's clock
  * since a pass first saw its liveness key missing (0: at once). */
 static int recover_list(capstan_redis_t *r, const char *identity, long long grace_ms,
-                        int max_recoveries, capstan_ts_format_t ts, const capstan_started_t *started,
-                        capstan_recovery_t *out, char *err)
+                        int max_recoveries, capstan_ts_format_t ts, int layouts,
+                        const capstan_started_t *started, capstan_recovery_t *out, char *err)
 {
     char *keys[4] = { capstan__key_dup(CAPSTAN_KEY_WORKING, identity),
                       capstan__key_dup(CAPSTAN_KEY_HEARTBEAT, identity),
@@ -293,8 +316,10 @@ static int recover_list(capstan_redis_t *r, const char *identity, long long grac
         long killed = out->killed;
         if (rc == 0)
             rc = apply(r, (const char *const *)keys, grace_ms, jobs, n, now, out, err);
-        if (rc == 0)
+        if (rc == 0) {
             log_poison_pills(jobs, n, out->killed - killed);
+            count_poison_pills(r, jobs, n, out->killed - killed, layouts);
+        }
         for (size_t i = 0; i < n; i++) {
             free(jobs[i].next);
             free(jobs[i].dest);
@@ -324,14 +349,14 @@ out:
 }
 
 int capstan__fetch_recover_one(capstan_redis_t *r, const char *identity, int max_recoveries,
-                               capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
+                               capstan_ts_format_t ts, int layouts, capstan_recovery_t *out, char *err)
 {
-    return recover_list(r, identity, 0, max_recoveries, ts, NULL, out, err);
+    return recover_list(r, identity, 0, max_recoveries, ts, layouts, NULL, out, err);
 }
 
 int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const capstan_started_t *started,
-                                int max_recoveries, capstan_ts_format_t ts, capstan_recovery_t *out,
-                                char *err)
+                                int max_recoveries, capstan_ts_format_t ts, int layouts,
+                                capstan_recovery_t *out, char *err)
 {
     char *lkey = capstan__key_dup(CAPSTAN_KEY_HEARTBEAT, identity);
     if (!lkey)
@@ -340,11 +365,12 @@ int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const 
     int rc = del && del->type == REDIS_REPLY_INTEGER ? 0 : capstan__reply_error(r, del, "DEL", err);
     freeReplyObject(del);
     free(lkey);
-    return rc ? rc : recover_list(r, identity, 0, max_recoveries, ts, started, out, err);
+    return rc ? rc : recover_list(r, identity, 0, max_recoveries, ts, layouts, started, out, err);
 }
 
 int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max_recoveries,
-                           double liveness_ttl, capstan_ts_format_t ts, capstan_recovery_t *out, char *err)
+                           double liveness_ttl, capstan_ts_format_t ts, int layouts,
+                           capstan_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
     /* Longer than the owners' refresh interval (at most a third of the TTL),
@@ -377,7 +403,7 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
             int alive = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
             freeReplyObject(ex);
             if (!alive)
-                rc = recover_list(r, id, grace_ms, max_recoveries, ts, NULL, out, err);
+                rc = recover_list(r, id, grace_ms, max_recoveries, ts, layouts, NULL, out, err);
         }
     }
     capstan__scan_close(&scan);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "capstan/error.h"
+#include "redis/keys.h"
 
 /* Upper bounds (ms, exclusive) of the first 25 buckets; the 26th takes the
  * rest. Sidekiq's Histogram::BUCKET_INTERVALS. */
@@ -168,5 +169,37 @@ int capstan__exec_flush(capstan_redis_t *r, const capstan_exec_t *e, size_t n, i
     }
     if (rc == CAPSTAN_EREDIS)
         capstan_seterr(err, rc, "execution metrics: %s", capstan_redis_error(r));
+    return rc;
+}
+
+#define STATS_TTL "157680000" /* 5 years, as Sidekiq */
+
+int capstan__stats_incr(capstan_redis_t *r, long processed, long failed, time_t now, char *err)
+{
+    char day[16], kp[40], kf[40], np[24], nf[24];
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(day, sizeof(day), "%Y-%m-%d", &tm);
+    snprintf(kp, sizeof(kp), "%s:%s", CAPSTAN_KEY_PROCESSED, day);
+    snprintf(kf, sizeof(kf), "%s:%s", CAPSTAN_KEY_FAILED, day);
+    snprintf(np, sizeof(np), "%ld", processed);
+    snprintf(nf, sizeof(nf), "%ld", failed);
+    const char *cmds[][3] = {
+        { "INCRBY", CAPSTAN_KEY_PROCESSED, np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
+        { "INCRBY", CAPSTAN_KEY_FAILED, nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
+    };
+    int n = 0, rc = 0;
+    for (; n < 6 && !rc; n++)
+        rc = capstan_redis_append(r, 3, cmds[n], NULL) ? CAPSTAN_EREDIS : 0;
+    for (int i = 0; i < n && rc != CAPSTAN_EREDIS; i++) {
+        redisReply *rep = capstan_redis_get_reply(r);
+        if (!rep)
+            rc = CAPSTAN_EREDIS;
+        else if (rep->type == REDIS_REPLY_ERROR && !rc)
+            rc = capstan_seterr(err, CAPSTAN_EREPLY, "stat counters: %s", rep->str);
+        freeReplyObject(rep);
+    }
+    if (rc == CAPSTAN_EREDIS)
+        capstan_seterr(err, rc, "stat counters: %s", capstan_redis_error(r));
     return rc;
 }

@@ -50,4 +50,10 @@ void capstan__exec_free(capstan_exec_t *e, size_t n);
 int capstan__exec_flush(capstan_redis_t *r, const capstan_exec_t *e, size_t n, int layouts,
                         time_t now, char *err);
 
+/* Adds processed and failed to Sidekiq's stat:processed and stat:failed
+ * and to the day's keys of now (UTC, kept 5 years), in one round trip.
+ * Returns 0, or CAPSTAN_EREDIS (nothing may have been counted, or some)
+ * / CAPSTAN_EREPLY with err filled. */
+int capstan__stats_incr(capstan_redis_t *r, long processed, long failed, time_t now, char *err);
+
 #endif

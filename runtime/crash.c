@@ -145,6 +145,23 @@ static void on_alarm(int s)
     _exit(128 + sig);
 }
 
+/* One job line: what s runs, and whether its thread took the signal. */
+static void put_job(int fd, line_t *l, const capstan_slot_t *s, int faulted)
+{
+    put_head(l);
+    put(l, "running ");
+    put_field(l, s->cls, sizeof(s->cls));
+    put(l, " jid=");
+    put_field(l, s->jid, sizeof(s->jid));
+    put(l, " on processor-");
+    put_num(l, (unsigned long)s->index, 0);
+    put(l, " TID-");
+    put_field(l, s->tid, sizeof(s->tid));
+    if (faulted)
+        put(l, " (its thread took the signal)");
+    emit(fd, l);
+}
+
 static void report(int sig)
 {
     int fd = capstan__log_fd();
@@ -152,25 +169,23 @@ static void report(int sig)
     put_head(&l);
     put(&l, "received ");
     put(&l, sig_text(sig));
-    put(&l, "; the jobs running and a backtrace follow");
+    put(&l, "; the jobs running (first the one whose thread took it) and a backtrace follow");
     emit(fd, &l);
     capstan_slot_t *slots = atomic_load(&watched);
-    int n = atomic_load(&nwatched);
-    for (int i = 0; slots && i < n; i++) {
-        const capstan_slot_t *s = &slots[i];
-        if (!s->busy)
-            continue;
-        put_head(&l);
-        put(&l, "running ");
-        put_field(&l, s->cls, sizeof(s->cls));
-        put(&l, " jid=");
-        put_field(&l, s->jid, sizeof(s->jid));
-        put(&l, " on processor-");
-        put_num(&l, (unsigned long)s->index, 0);
-        put(&l, " TID-");
-        put_field(&l, s->tid, sizeof(s->tid));
-        emit(fd, &l);
-    }
+    int n = atomic_load(&nwatched), faulted = -1;
+    /* A fault or an abort is delivered to the thread that caused it, the
+     * one running here: its job is the likely culprit, the others are
+     * bystanders. (pthread_self reads the thread pointer; glibc takes no
+     * lock for it or for pthread_equal.) */
+    pthread_t self = pthread_self();
+    for (int i = 0; slots && i < n && faulted < 0; i++)
+        if (slots[i].busy && pthread_equal(slots[i].thread, self))
+            faulted = i;
+    if (faulted >= 0)
+        put_job(fd, &l, &slots[faulted], 1);
+    for (int i = 0; slots && i < n; i++)
+        if (slots[i].busy && i != faulted)
+            put_job(fd, &l, &slots[i], 0);
     put_head(&l);
     put(&l, "backtrace:");
     emit(fd, &l);

@@ -1,6 +1,7 @@
 /* A report in the log when the process dies of a fatal signal (SIGSEGV,
  * SIGBUS, SIGFPE, SIGILL, SIGABRT): the signal, the class and jid of every
- * job running, and a backtrace; then the process dies of that signal as it
+ * job running (first the one whose thread took the signal), and a
+ * backtrace; then the process dies of that signal as it
  * would have (exit status 128+sig, core dump). Without it a handler that
  * crashes leaves nothing but the shell's "Segmentation fault". */
 #ifndef CAPSTAN_RUNTIME_CRASH_H

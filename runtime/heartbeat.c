@@ -23,10 +23,9 @@
 #include "support/buf.h"
 #include "support/fmt.h"
 #include "support/log.h"
+#include "support/number.h"
 #include "support/time.h"
 #include "unique/admin_internal.h"
-
-#define STATS_TTL "157680000" /* 5 years, as Sidekiq */
 
 /* Reads replies for n appended commands; returns 0 when all arrived. */
 static int drain(capstan_redis_t *r, int n, redisReply **keep, int keep_index)
@@ -89,24 +88,10 @@ int capstan__stats_flush(capstan_runtime_t *rt, capstan_redis_t *r)
     long f = atomic_exchange(&rt->failed, 0);
     if (!p && !f)
         return 0;
-    char day[16], kp[40], kf[40], np[32], nf[32];
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(day, sizeof(day), "%Y-%m-%d", &tm);
-    snprintf(kp, sizeof(kp), "%s:%s", CAPSTAN_KEY_PROCESSED, day);
-    snprintf(kf, sizeof(kf), "%s:%s", CAPSTAN_KEY_FAILED, day);
-    snprintf(np, sizeof(np), "%ld", p);
-    snprintf(nf, sizeof(nf), "%ld", f);
-    const char *cmds[][3] = {
-        { "INCRBY", CAPSTAN_KEY_PROCESSED, np }, { "INCRBY", kp, np }, { "EXPIRE", kp, STATS_TTL },
-        { "INCRBY", CAPSTAN_KEY_FAILED, nf },    { "INCRBY", kf, nf }, { "EXPIRE", kf, STATS_TTL },
-    };
-    int n = 0, rc = 0;
-    for (int i = 0; i < 6 && !rc; i++, n++)
-        rc = capstan_redis_append(r, 3, cmds[i], NULL);
-    if (!rc)
-        rc = drain(r, n, NULL, 0);
+    char err[CAPSTAN_ERRLEN];
+    int rc = capstan__stats_incr(r, p, f, time(NULL), err);
+    if (rc == CAPSTAN_EREPLY)
+        capstan_warn("heartbeat: %s", err);
     if (rc == CAPSTAN_EREDIS) {
         /* Not written: count them again at the next flush. The replies that
          * did arrive were for INCRBYs that may have run; a lost connection
@@ -339,7 +324,15 @@ int capstan__heartbeat_beat(capstan_runtime_t *rt, capstan_redis_t *r, int final
     if (!rc) rc = capstan_redis_append(r, 2, cmds[2], NULL);
     if (!rc) rc = capstan_redis_append(r, 22, hset, NULL);
     free(ahead);
-    const char *exp[] = { "EXPIRE", rt->self.identity, "60" };
+    /* Sidekiq's readers (the Busy page, ProcessSet) list a process while
+     * this hash exists; Sidekiq's own lives 60 s. This one lives as long
+     * as the fleet takes the process for alive (a liveness key of
+     * liveness_ttl, missing for half that more before its jobs are taken:
+     * lua/recover.lua), so a dead process leaves Busy when its jobs go
+     * elsewhere, not a minute later. */
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%ld", (long)capstan__ceil(rt->cfg->liveness_ttl * 1.5));
+    const char *exp[] = { "EXPIRE", rt->self.identity, ttl };
     const char *rpop[] = { "RPOP", key_sig };
     const char *exec[] = { "EXEC" };
     if (!rc) rc = capstan_redis_append(r, 3, exp, NULL);

@@ -74,7 +74,7 @@ void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
     capstan_recovery_t rec = {0};
     char err[CAPSTAN_ERRLEN];
     if (capstan__fetch_recover(r, rt->self.identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl,
-                               rt->cfg->timestamps, &rec, err)) {
+                               rt->cfg->timestamps, rt->cfg->sidekiq_metrics, &rec, err)) {
         capstan_warn("orphan recovery: %s", err);
         return;
     }
@@ -198,7 +198,8 @@ void *capstan__housekeeper_main(void *arg)
             break;
         if (capstan__mono() < next_beat)
             continue;
-        next_beat = capstan__mono() + rt->cfg->heartbeat_interval;
+        double beat_at = capstan__mono();
+        next_beat = beat_at + rt->cfg->heartbeat_interval;
         /* From here on it waits on Redis: not stuck, but not ready when
          * that takes longer than CAPSTAN_PROBE_STALL (board.h). */
         atomic_store(&probe->turn, 0);
@@ -234,7 +235,10 @@ void *capstan__housekeeper_main(void *arg)
             reclaim_pass(rt, r, strays);
         late_acks();
         if (capstan__mono() >= next_recovery) {
-            next_recovery = capstan__mono() + rt->cfg->recovery_interval;
+            /* From the beat's start, not from after its round trips: with
+             * recovery_interval a multiple of heartbeat_interval, every
+             * due pass runs at its beat, not one beat late. */
+            next_recovery = beat_at + rt->cfg->recovery_interval;
             recovery_pass(rt, r);
         }
         if (capstan__mono() >= next_look) {

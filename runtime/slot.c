@@ -11,6 +11,7 @@
 #include "runtime/source.h"
 #include "runtime/rt.h"
 #include "runtime/board.h"
+#include "observe/prometheus.h"
 #include "support/fmt.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -209,8 +210,14 @@ static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
                            * never returns to let it go. */
                           .lock_key = s->lock_key[0] ? s->lock_key : NULL, .lock_jid = job.jid };
     rc = capstan__fetch_ack(s->fetch, r, s->payload, s->len, &ack);
-    if (rc == 0)
+    /* Counted as a job that raised: its handler never returns to the
+     * stats middleware that counts those (server_chain.c). */
+    if (rc == 0) {
+        atomic_fetch_add(&rt->processed, 1);
         atomic_fetch_add(&rt->failed, 1);
+        capstan__metrics_job(capstan__metrics_default(), s->cls, s->queue,
+                             capstan__mono() - (s->deadline - limit), 1, s->row->h ? s->row->h->cls : NULL);
+    }
 out:
     capstan__failure_clear(&f);
     capstan__job_clear(&job);

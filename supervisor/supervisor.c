@@ -312,7 +312,8 @@ static void recover(sup_t *s, worker_t *w)
     if (r && rc)
         snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
     if (!rc && capstan__source_for(c)->working_list)
-        rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps, &out, err);
+        rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps,
+                                         c->sidekiq_metrics, &out, err);
     if (!rc)
         capstan__heartbeat_leave(r, id);
     capstan_redis_free(r);

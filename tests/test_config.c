@@ -110,8 +110,9 @@ Test(config, defaults_match_sidekiq)
     cr_assert_eq(cfg->dead_timeout, 15552000);
     cr_assert_eq(cfg->poll_interval_average, 0);
     cr_assert_eq(cfg->average_scheduled_poll_interval, 5);
-    cr_assert_eq(cfg->heartbeat_interval, 5);
-    cr_assert_eq(cfg->recovery_interval, 60);
+    cr_assert_eq(cfg->heartbeat_interval, 4);
+    cr_assert_eq(cfg->recovery_interval, 4);
+    cr_assert_eq(cfg->liveness_ttl, 12);
     cr_assert_eq(cfg->max_recoveries, 3);
     cr_assert_eq(cfg->fetch, CAPSTAN_FETCH_RELIABLE);
     cr_assert_eq(cfg->timestamps, CAPSTAN_TS_FLOAT);

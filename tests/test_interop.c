@@ -723,7 +723,7 @@ Test(interop, a_poison_pills_failed_at_keeps_the_payloads_unit)
     char err[CAPSTAN_ERRLEN];
     double t0 = kt_wall();
     /* max_recoveries 1: this recovery is the one too many. */
-    cr_assert_eq(capstan__fetch_recover_one(r, id, 1, CAPSTAN_TS_MILLIS, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover_one(r, id, 1, CAPSTAN_TS_MILLIS, 0, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.killed, 3);
     const char *jids[] = { j8, j6, j0 };
     for (size_t i = 0; i < 3; i++) {

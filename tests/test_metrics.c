@@ -825,3 +825,69 @@ Test(metrics, readyz_follows_a_frozen_redis_and_livez_does_not)
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     free(conf);
 }
+
+/* Pushes cls(args) with retry: false, so that a failure is its end. */
+static void push_once(const char *cls, const char *args, unsigned i)
+{
+    char jid[25];
+    kt_make_jid(jid, 40, i);
+    char *p = kt_payload(cls, args, jid, "default");
+    memcpy(strstr(p, "\"retry\":true"), "\"retry\":0   ", 12); /* 0: no retries */
+    freeReplyObject(kt_cmd("LPUSH queue:default %s", p));
+    freeReplyObject(kt_cmd("SADD queues default"));
+    free(p);
+}
+
+/* Jobs that end without their handler returning count as Sidekiq counts a
+ * job that raised, in stat:processed and stat:failed (and the day's keys),
+ * and in the Metrics tab: one failed by its hard timeout (its handler
+ * never returns) and a poison pill (its worker died under it, and crash
+ * recovery sent it to the dead set), beside one that raised. What the
+ * version's own API reads. */
+static void misbehaving_jobs_count_as_failures(const char *sidekiq)
+{
+    char *y = kt_write_conf("heartbeat_interval: 0.5\nliveness_ttl: 2\nmax_recoveries: 1\n"
+                            "classes:\n  HangJob:\n    timeout: 1\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    /* The crasher alone first: its crash would take the others with it. */
+    push_once("SegfaultJob", "[]", 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 1, 20), "%s", kt_capstan_log(pid));
+    push_once("HangJob", "[\"hung\"]", 1);
+    push_once("FailJob", "[]", 2);
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD dead") == 3, 20), "%s", kt_capstan_log(pid));
+    char day[16];
+    time_t now = time(NULL);
+    strftime(day, sizeof(day), "%Y-%m-%d", gmtime(&now));
+    bool counted = KT_WAIT_UNTIL(kt_int("GET stat:processed") == 3 && kt_int("GET stat:failed") == 3, 10);
+    fprintf(stderr, "[misbehaving jobs, Sidekiq %s] stat:processed %lld, stat:failed %lld (of 3 failures)\n",
+            sidekiq, kt_int("GET stat:processed"), kt_int("GET stat:failed"));
+    cr_assert(counted, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("GET stat:processed:%s", day), 3);
+    cr_assert_eq(kt_int("GET stat:failed:%s", day), 3);
+    char *out = NULL;
+    const char *args[] = { "FailJob", "HangJob", "SegfaultJob", NULL };
+    bool shown = KT_WAIT_UNTIL((free(out), out = NULL, kt_ruby_v(sidekiq, "metrics_query.rb", args, &out),
+                                out && strstr(out, "FailJob p=1 f=1 ") && strstr(out, "HangJob p=1 f=1 ")
+                                    && strstr(out, "SegfaultJob p=1 f=1 ")), 10);
+    fprintf(stderr, "[misbehaving jobs, Sidekiq %s's Metrics API]\n%s", sidekiq, out ? out : "(nothing)\n");
+    cr_assert(shown, "%s", kt_capstan_log(pid));
+    free(out);
+    out = NULL;
+    cr_assert_eq(kt_ruby_v(sidekiq, "sidekiq.rb", (const char *[]){ "stats", NULL }, &out), 0, "%s", out);
+    cr_assert(strstr(out, "\"processed\":3") && strstr(out, "\"failed\":3"), "Sidekiq::Stats: %s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    free(y);
+}
+
+Test(metrics, sidekiq_7_3_counts_timed_out_jobs_and_poison_pills)
+{
+    kt_sidekiq_need("7.3.10");
+    misbehaving_jobs_count_as_failures("7.3.10");
+}
+
+Test(metrics, sidekiq_8_1_counts_timed_out_jobs_and_poison_pills)
+{
+    kt_sidekiq_need("8.1.7");
+    misbehaving_jobs_count_as_failures("8.1.7");
+}

@@ -621,7 +621,7 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
     capstan_redis_t *r = kt_lib_redis();
     capstan_recovery_t rec;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 3);
     cr_assert_eq(rec.lists, 1);
     /* Fetched next first: p[1], then p[2], p[3], and p[0] after them. */
@@ -649,7 +649,7 @@ Test(reliable, recovery_count_saturates_and_ignores_negatives)
     capstan_redis_t *r = kt_lib_redis();
     capstan_recovery_t rec;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
     cr_assert_eq(rec.killed, 1);
     redisReply *dr = kt_cmd("ZRANGE dead 0 0");
@@ -1111,7 +1111,7 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
     capstan_redis_t *r = kt_lib_redis();
     capstan_recovery_t rec;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 0);
     cr_assert_eq(kt_int("LLEN %s", dead), 1, "the orphan stays in its working list");
     capstan_queue_conf_t q = { .name = "default" };
@@ -1133,7 +1133,7 @@ Test(reliable, queue_key_of_wrong_type_leaves_jobs_where_they_were)
 
     freeReplyObject(kt_cmd("DEL queue:bogus"));
     cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 0, 10), "%s", kt_capstan_log(pid));
-    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
     cr_assert_eq(capstan__fetch_requeue(f, r, "bogus", p[1], strlen(p[1])), 0);
     cr_assert_eq(kt_int("LLEN queue:bogus"), 3, "all three are queued");
@@ -1481,7 +1481,7 @@ Test(reliable, worker_whose_jobs_were_recovered_says_so_when_it_acks)
     /* As if its liveness key had lapsed while it was cut off. */
     capstan__fetch_liveness_key(id, lkey, sizeof(lkey));
     freeReplyObject(kt_cmd("DEL %s", lkey));
-    cr_assert_eq(capstan__fetch_recover_one(r, id, 3, CAPSTAN_TS_FLOAT, &rec, err), 0, "%s", err);
+    cr_assert_eq(capstan__fetch_recover_one(r, id, 3, CAPSTAN_TS_FLOAT, 0, &rec, err), 0, "%s", err);
     cr_assert_eq(rec.recovered, 1);
     /* The worker finishes its run, finds the job gone, says so, then runs
      * the recovered copy (the one duplicate a recovery of a live worker
@@ -1610,7 +1610,7 @@ static long fetch_beside_recovery(capstan_liveness_t *l)
             capstan__fetched_clear(&job);
         kt_sleep(0.1);
         capstan_recovery_t rec;
-        cr_assert_eq(capstan__fetch_recover(other, "other:1:eeeeeeeeeeee", 1000, 1.0, CAPSTAN_TS_FLOAT, &rec,
+        cr_assert_eq(capstan__fetch_recover(other, "other:1:eeeeeeeeeeee", 1000, 1.0, CAPSTAN_TS_FLOAT, 0, &rec,
                                             err), 0, "%s", err);
         taken += rec.recovered;
         kt_sleep(0.1);
