@@ -253,6 +253,15 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
                            double liveness_ttl, capstan_ts_format_t ts, int layouts,
                            capstan_recovery_t *out, char *err);
 
+/* The same for the lists of the identities in capstan:working only, which
+ * every reliable-fetch process adds itself to with its liveness key: a
+ * pass that costs the number of processes, not of keys, where SCAN walks
+ * the whole keyspace. Lists it cannot know (Ruby's, or of a process that
+ * never reached Redis with its set entry) wait for the next full pass. */
+int capstan__fetch_recover_known(capstan_redis_t *r, const char *own_identity, int max_recoveries,
+                                 double liveness_ttl, capstan_ts_format_t ts, int layouts,
+                                 capstan_recovery_t *out, char *err);
+
 /* Same, for one identity's list only and at once: no suspect marker, so
  * the list is taken at the first call that finds the liveness key gone.
  * Nothing in capstan calls it; tests do, to recover exactly the list they

@@ -15,6 +15,7 @@
 #include "support/time.h"
 
 struct capstan_liveness {
+    char identity[256];
     char key[512];
     char marker[512];
     char ms[32];
@@ -34,6 +35,7 @@ capstan_liveness_t *capstan__liveness_new(const char *identity, double ttl)
     capstan_liveness_t *l = calloc(1, sizeof(*l));
     if (!l)
         return NULL;
+    snprintf(l->identity, sizeof(l->identity), "%s", identity);
     capstan__fetch_liveness_key(identity, l->key, sizeof(l->key));
     capstan__key(l->marker, sizeof(l->marker), CAPSTAN_KEY_ORPHAN, identity);
     /* PX, so a sub-second TTL is not rounded to 0 (an error) or down. */
@@ -84,11 +86,15 @@ int capstan__liveness_refresh(capstan_liveness_t *l, capstan_redis_t *r)
     if (rc != 1)
         return rc;
     taken(l, t);
-    const char *del[] = { "DEL", l->marker };
-    rep = capstan_redis_cmd(r, 2, del, NULL);
-    if (!rep)
-        return CAPSTAN_EREDIS;
-    freeReplyObject(rep);
+    /* And its list is among those the fast recovery pass looks at again
+     * (a pass that found it dead with no list removed it). */
+    const char *del[] = { "DEL", l->marker }, *add[] = { "SADD", CAPSTAN_KEY_WORKING_SET, l->identity };
+    for (int i = 0; i < 2; i++) {
+        rep = i ? capstan_redis_cmd(r, 3, add, NULL) : capstan_redis_cmd(r, 2, del, NULL);
+        if (!rep)
+            return CAPSTAN_EREDIS;
+        freeReplyObject(rep);
+    }
     return 1;
 }
 
@@ -102,9 +108,10 @@ int capstan__liveness_append(capstan_liveness_t *l, capstan_redis_t *r, double *
     /* SET, not PEXPIRE: the key may have lapsed while this connection got
      * through and the housekeeper's did not. */
     const char *set[] = { "SET", l->key, "1", "PX", l->ms };
-    const char *del[] = { "DEL", l->marker };
+    const char *del[] = { "DEL", l->marker }, *add[] = { "SADD", CAPSTAN_KEY_WORKING_SET, l->identity };
     *sent = capstan__mono();
-    if (capstan_redis_append(r, 5, set, NULL) || capstan_redis_append(r, 2, del, NULL))
+    if (capstan_redis_append(r, 5, set, NULL) || capstan_redis_append(r, 2, del, NULL)
+        || capstan_redis_append(r, 3, add, NULL))
         return CAPSTAN_EREDIS;
     return 0;
 }
@@ -113,10 +120,12 @@ int capstan__liveness_read(capstan_liveness_t *l, capstan_redis_t *r, double sen
 {
     redisReply *set = capstan_redis_get_reply(r);
     redisReply *del = set ? capstan_redis_get_reply(r) : NULL;
-    int rc = del ? 0 : CAPSTAN_EREDIS;
-    if (del && set->type == REDIS_REPLY_STATUS)
+    redisReply *add = del ? capstan_redis_get_reply(r) : NULL;
+    int rc = add ? 0 : CAPSTAN_EREDIS;
+    if (add && set->type == REDIS_REPLY_STATUS)
         taken(l, sent);
     freeReplyObject(set);
     freeReplyObject(del);
+    freeReplyObject(add);
     return rc;
 }

@@ -368,6 +368,40 @@ int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const 
     return rc ? rc : recover_list(r, identity, 0, max_recoveries, ts, layouts, started, out, err);
 }
 
+/* Whether key exists: 1 or 0, or an error with err filled. */
+static int exists(capstan_redis_t *r, const char *prefix, const char *id, char *err)
+{
+    redisReply *ex = capstan_redis_cmdf(r, "EXISTS %s%s", prefix, id);
+    int rc = ex && ex->type == REDIS_REPLY_INTEGER ? ex->integer == 1 : capstan__reply_error(r, ex, "EXISTS", err);
+    freeReplyObject(ex);
+    return rc;
+}
+
+/* Judges identity id's list, found by a pass: its owner alive, it is left
+ * alone; otherwise taken or marked a suspect (recover_list). registered: id
+ * was read from the fast pass's set, which it leaves once its owner is
+ * dead and its list gone (it comes back with the owner's next liveness
+ * key, should it live after all). */
+static int judge(capstan_redis_t *r, const char *id, int registered, long long grace_ms, int max_recoveries,
+                 capstan_ts_format_t ts, int layouts, capstan_recovery_t *out, char *err)
+{
+    /* The script checks liveness again; this only spares reading the
+     * lists of live owners. */
+    int alive = exists(r, CAPSTAN_KEY_HEARTBEAT, id, err);
+    if (alive != 0)
+        return alive < 0 ? alive : 0;
+    if (registered) {
+        int listed = exists(r, CAPSTAN_KEY_WORKING, id, err);
+        if (listed < 0)
+            return listed;
+        if (!listed) {
+            freeReplyObject(capstan_redis_cmdf(r, "SREM %s %s", CAPSTAN_KEY_WORKING_SET, id));
+            return 0;
+        }
+    }
+    return recover_list(r, id, grace_ms, max_recoveries, ts, layouts, NULL, out, err);
+}
+
 int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max_recoveries,
                            double liveness_ttl, capstan_ts_format_t ts, int layouts,
                            capstan_recovery_t *out, char *err)
@@ -391,22 +425,33 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
             if (k->type != REDIS_REPLY_STRING || k->len <= plen)
                 continue;
             const char *id = k->str + plen;
-            if (own_identity && strcmp(id, own_identity) == 0)
-                continue;
-            /* The script checks liveness again; this only spares reading
-             * the lists of live owners. */
-            redisReply *ex = capstan_redis_cmdf(r, "EXISTS " CAPSTAN_KEY_HEARTBEAT "%s", id);
-            if (!ex) {
-                rc = capstan__reply_error(r, NULL, "EXISTS", err);
-                break;
-            }
-            int alive = ex->type == REDIS_REPLY_INTEGER && ex->integer == 1;
-            freeReplyObject(ex);
-            if (!alive)
-                rc = recover_list(r, id, grace_ms, max_recoveries, ts, layouts, NULL, out, err);
+            if (!own_identity || strcmp(id, own_identity) != 0)
+                rc = judge(r, id, 0, grace_ms, max_recoveries, ts, layouts, out, err);
         }
     }
     capstan__scan_close(&scan);
+    return rc;
+}
+
+int capstan__fetch_recover_known(capstan_redis_t *r, const char *own_identity, int max_recoveries,
+                                 double liveness_ttl, capstan_ts_format_t ts, int layouts,
+                                 capstan_recovery_t *out, char *err)
+{
+    memset(out, 0, sizeof(*out));
+    long long grace_ms = (long long)(liveness_ttl * 500.0);
+    redisReply *ids = capstan_redis_cmdf(r, "SMEMBERS %s", CAPSTAN_KEY_WORKING_SET);
+    if (!ids || ids->type != REDIS_REPLY_ARRAY) {
+        int rc = capstan__reply_error(r, ids, "SMEMBERS", err);
+        freeReplyObject(ids);
+        return rc ? rc : CAPSTAN_EREDIS;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < ids->elements && rc == 0; i++) {
+        const redisReply *k = ids->element[i];
+        if (k->type == REDIS_REPLY_STRING && (!own_identity || strcmp(k->str, own_identity) != 0))
+            rc = judge(r, k->str, 1, grace_ms, max_recoveries, ts, layouts, out, err);
+    }
+    freeReplyObject(ids);
     return rc;
 }
 

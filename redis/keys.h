@@ -53,6 +53,8 @@
 /* capstan's own, where v9 has no equivalent. */
 #define CAPSTAN_KEY_REAPER_RUNNING "capstan:reaper:running" /* one reaper run at a time */
 #define CAPSTAN_KEY_REAPER_CURSOR "capstan:reaper:cursor" /* where the last run stopped */
+#define CAPSTAN_KEY_WORKING_SET "capstan:working" /* set of identities whose working
+                                        lists the fast recovery pass looks at */
 #define CAPSTAN_KEY_RECOVERY_LEASE "capstan:recovery:lease" /* one orphan recovery at a time */
 #define CAPSTAN_KEY_RUBY_READ "capstan:ruby:" /* + queue name: when a capstan last saw a
                                               Ruby process read it (epoch s; lives 10 min) */

@@ -637,6 +637,55 @@ Test(reliable, recovery_keeps_the_order_the_dead_process_took_jobs_in)
         free(p[i]);
 }
 
+/* The fast pass looks only at the lists of capstan:working: a dead
+ * registered process's jobs go back, a live one's and an unregistered
+ * list stay (for the full pass), and a dead process with nothing left
+ * leaves the set. A running worker registers itself. */
+Test(reliable, the_fast_recovery_pass_takes_the_registered_lists_of_dead_processes)
+{
+    char j[3][25], *p[3];
+    for (unsigned i = 0; i < 3; i++) {
+        kt_make_jid(j[i], 14, i);
+        p[i] = kt_payload("RecordJob", "[\"rec\"]", j[i], "default");
+    }
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:gone:1:aaaaaaaaaaaa %s", p[0]));
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:live:1:cccccccccccc %s", p[1]));
+    freeReplyObject(kt_cmd("SET uniquejobs:heartbeat:live:1:cccccccccccc 1 EX 60"));
+    freeReplyObject(kt_cmd("LPUSH uniquejobs:working:ruby:1:dddddddddddd %s", p[2]));
+    freeReplyObject(kt_cmd("SADD capstan:working gone:1:aaaaaaaaaaaa live:1:cccccccccccc empty:1:eeeeeeeeeeee"));
+    capstan_redis_t *r = kt_lib_redis();
+    capstan_recovery_t rec;
+    char err[CAPSTAN_ERRLEN];
+    cr_assert_eq(capstan__fetch_recover_known(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0,
+                 "%s", err);
+    cr_assert_eq(rec.recovered, 1);
+    cr_assert_eq(rec.lists, 1);
+    char *e = kt_str("LINDEX queue:default 0");
+    cr_assert(e && strstr(e, j[0]), "%s", e);
+    free(e);
+    cr_assert_eq(kt_int("LLEN uniquejobs:working:live:1:cccccccccccc"), 1, "a live owner's list stays");
+    cr_assert_eq(kt_int("LLEN uniquejobs:working:ruby:1:dddddddddddd"), 1, "left for the full pass");
+    cr_assert_eq(kt_int("SISMEMBER capstan:working empty:1:eeeeeeeeeeee"), 0);
+    cr_assert_eq(kt_int("SISMEMBER capstan:working live:1:cccccccccccc"), 1);
+    /* Emptied, the dead one leaves the set at the next pass. */
+    cr_assert_eq(capstan__fetch_recover_known(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0,
+                 "%s", err);
+    cr_assert_eq(kt_int("SISMEMBER capstan:working gone:1:aaaaaaaaaaaa"), 0);
+    /* The full pass finds the unregistered one. */
+    cr_assert_eq(capstan__fetch_recover(r, "me:2:bbbbbbbbbbbb", 3, 0, CAPSTAN_TS_FLOAT, 0, &rec, err), 0, "%s", err);
+    cr_assert_eq(rec.recovered, 1);
+    capstan_redis_free(r);
+
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "--no-supervisor", NULL });
+    char *id = kt_wait_identity(pid);
+    cr_assert(KT_WAIT_UNTIL(kt_int("SISMEMBER capstan:working %s", id) == 1, 20), "a worker registers");
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 15), 0);
+    cr_assert_eq(kt_int("SISMEMBER capstan:working %s", id), 0, "and leaves at a clean stop");
+    free(id);
+    for (int i = 0; i < 3; i++)
+        free(p[i]);
+}
+
 /* A recovery_count written elsewhere may be anything: the largest stays the
  * largest (the job is a poison pill), a negative one counts as none. */
 Test(reliable, recovery_count_saturates_and_ignores_negatives)
