@@ -3,8 +3,9 @@
  * first item of each to KEY:steps, so every step's runs are counted. A TERM
  * or max_iteration_runtime stops a run between two steps and the job goes
  * back to its queue with its cursor in it-<jid>; the next run resumes there,
- * on capstan or on Ruby Sidekiq 7.3/8.0 (tests/ruby/iterable_jobs.rb);
- * cancellation from `capstan cancel` and from Sidekiq 8's own API. */
+ * on capstan or on Ruby Sidekiq 7.3/8.0/8.1 (tests/ruby/iterable_jobs.rb);
+ * cancellation from `capstan cancel` and from Sidekiq 8's own API; the
+ * state as Sidekiq 8.1's Busy page shows it. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,6 +306,51 @@ Test(iterable, ruby_8_0_and_capstan_resume_each_other)
 {
     kt_sidekiq_need("8.0.10");
     ruby_and_capstan_hand_over("8.0.10");
+}
+
+Test(iterable, ruby_8_1_and_capstan_resume_each_other)
+{
+    kt_sidekiq_need("8.1.7");
+    ruby_and_capstan_hand_over("8.1.7");
+}
+
+/* The number after "name=" in s (-1 when absent). */
+static double after(const char *s, const char *name)
+{
+    const char *at = s ? strstr(s, name) : NULL;
+    return at ? strtod(at + strlen(name), NULL) : -1;
+}
+
+/* Sidekiq 8.1's Busy page shows, under a running iterable job's start
+ * time, the state it reads from it-<jid> (IterableJobQuery: "c" as JSON,
+ * "ex", "rt"): a C job running on capstan shows there as a Ruby one does,
+ * once its first write is in (5 s into the run). capstan's "rt" counts
+ * this run's time so far; Ruby's writes during a run hold the earlier
+ * runs' only. */
+Test(iterable, sidekiq_8_1_busy_page_shows_a_c_jobs_iteration)
+{
+    kt_sidekiq_need("8.1.7");
+    char jid[25], want[128], *out = NULL;
+    push_iterate("bz", 100000, 100, 10, jid);
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS it-%s", jid) == 1, 30), "no state written: %s", kt_capstan_log(p));
+    cr_assert_eq(kt_ruby_v("8.1.7", "busy_iteration.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
+    fprintf(stderr, "[iterable] Sidekiq 8.1's Busy page:\n%s", out);
+    snprintf(want, sizeof(want), "work queue=default class=IterateJob jid=%s\n", jid);
+    cr_assert(strstr(out, want), "%s", out);
+    /* The state as 8.1's API reads it, and as the page prints it (read a
+     * moment later: the job may have written again in between). */
+    const char *page = strstr(out, "\npage ");
+    double cursor = after(out, "state exec=1 cursor="), rt = after(out, " rt="),
+           page_cursor = after(page, "<small>cursor="), page_rt = after(page, "data-nwp=\"3\">");
+    cr_assert(cursor > 0 && cursor < 1000, "the cursor, a step's index: %s", out);
+    cr_assert(rt >= 4.5 && rt < 120, "rt, the seconds iterated so far: %s", out);
+    cr_assert(page && strstr(page, "; exec=1; rt=<span data-nwp=\"3\">") && strstr(page, "</span>s</small>"),
+              "%s", out);
+    cr_assert(page_cursor >= cursor && page_cursor < 1000 && page_rt >= rt - 0.001, "%s", out);
+    cr_assert_geq(kt_int("HGET it-%s c", jid), (long)page_cursor, "the state in Redis moved on only");
+    free(out);
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
 }
 
 /* An interrupted run goes back in line still unique: its until-lock is

@@ -1,0 +1,37 @@
+# Prints what Sidekiq 8.1's Busy page shows of the running iterable job
+# whose jid is given: its Sidekiq::WorkSet entry, the iteration state the
+# page reads for it (Sidekiq::IterableJobQuery, as the /busy route does;
+# JobRecord#iterable_state, as a job's page does), and the line GET /busy
+# renders under the job's "Started" time.
+#
+#   ruby busy_iteration.rb JID
+#   work queue=Q class=C jid=J
+#   state exec=N cursor=INSPECT rt=F
+#   page <small>cursor=...; exec=N; rt=<span data-nwp="3">F</span>s</small>
+require 'sidekiq/api'
+require 'sidekiq/web'
+require 'rack/mock'
+require 'rack/session'
+
+Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
+jid = ARGV.fetch(0)
+work = Sidekiq::WorkSet.new.find_work(jid)
+abort("busy_iteration.rb: #{jid} is not in the WorkSet") unless work
+puts "work queue=#{work.queue} class=#{work.job.klass} jid=#{work.job.jid}"
+states = Sidekiq::IterableJobQuery.new(Sidekiq::WorkSet.new.map { |_, _, w| w.job.jid })
+s = states[jid]
+abort("busy_iteration.rb: no iteration state for #{jid}") unless s
+own = work.job.iterable_state
+unless own && own.raw == s.raw
+  abort("busy_iteration.rb: JobRecord#iterable_state #{own&.raw.inspect} != #{s.raw.inspect}")
+end
+puts "state exec=#{s.executions} cursor=#{s.cursor.inspect} rt=#{s.runtime}"
+# A bare Rack app: Sidekiq::Web wants a session (its locale is kept there).
+app = Rack::Builder.new do
+  use Rack::Session::Cookie, secret: 'x' * 64, same_site: true
+  run Sidekiq::Web.new
+end
+res = Rack::MockRequest.new(app).get('/busy')
+abort("busy_iteration.rb: GET /busy #{res.status}") unless res.status == 200
+line = res.body.lines.find { |l| l.include?('cursor=') }
+puts "page #{line ? line.strip : '(no iteration line)'}"
