@@ -242,17 +242,16 @@ Test(iterable, capstan_cancel_stops_a_queued_and_a_running_job)
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
 }
 
-/* Sidekiq 8.0's own Sidekiq::Client#cancel! on a running C iterable job. */
-Test(iterable, sidekiq_8_cancel_stops_a_running_c_job)
+/* Sidekiq 8.0 and 8.1's own Sidekiq::Client#cancel! on a running C iterable job. */
+static void sidekiq_cancel_stops_a_running_c_job(const char *sidekiq)
 {
-    kt_sidekiq_need("8.0.10");
     char jid[25], itkey[64], *out = NULL;
     push_iterate("rc", 100000, 100, 10, jid);
     snprintf(itkey, sizeof(itkey), "it-%s", jid);
     pid_t p = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rc:steps") >= 5, 10), "%s", kt_capstan_log(p));
     double t0 = kt_now();
-    cr_assert_eq(kt_ruby_v("8.0.10", "cancel.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_ruby_v(sidekiq, "cancel.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
     /* The time it printed, on its last line (Sidekiq logs before it). */
     size_t len = strlen(out);
     while (len && out[len - 1] == '\n')
@@ -261,9 +260,21 @@ Test(iterable, sidekiq_8_cancel_stops_a_running_c_job)
     cr_assert_gt(strtol(last ? last + 1 : out, NULL, 10), 1700000000, "%s", out);
     free(out);
     double took = wait_cancelled(p, "rc", itkey, t0);
-    fprintf(stderr, "[iterable] Sidekiq 8.0 cancel!: a running C job stopped %.2f s later\n", took);
+    fprintf(stderr, "[iterable] Sidekiq %s cancel!: a running C job stopped %.2f s later\n", sidekiq, took);
     cr_assert_lt(took, 6.0);
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}
+
+Test(iterable, sidekiq_8_cancel_stops_a_running_c_job)
+{
+    kt_sidekiq_need("8.0.10");
+    sidekiq_cancel_stops_a_running_c_job("8.0.10");
+}
+
+Test(iterable, sidekiq_8_1_cancel_stops_a_running_c_job)
+{
+    kt_sidekiq_need("8.1.7");
+    sidekiq_cancel_stops_a_running_c_job("8.1.7");
 }
 
 /* One job between Ruby and capstan: Ruby Sidekiq's IterableJob runs it
