@@ -337,7 +337,7 @@ static double after(const char *s, const char *name)
  * "ex", "rt"): a C job running on capstan shows there as a Ruby one does,
  * once its first write is in (5 s into the run). capstan's "rt" counts
  * this run's time so far; Ruby's writes during a run hold the earlier
- * runs' only. */
+ * runs' only. The page's Queues line reads capstan's "capsules". */
 Test(iterable, sidekiq_8_1_busy_page_shows_a_c_jobs_iteration)
 {
     kt_sidekiq_need("8.1.7");
@@ -360,6 +360,7 @@ Test(iterable, sidekiq_8_1_busy_page_shows_a_c_jobs_iteration)
               "%s", out);
     cr_assert(page_cursor >= cursor && page_cursor < 1000 && page_rt >= rt - 0.001, "%s", out);
     cr_assert_geq(kt_int("HGET it-%s c", jid), (long)page_cursor, "the state in Redis moved on only");
+    cr_assert(strstr(out, "\nqueues default\n"), "the Busy page's Queues of capstan: %s", out);
     free(out);
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
 }

@@ -2,12 +2,13 @@
 # whose jid is given: its Sidekiq::WorkSet entry, the iteration state the
 # page reads for it (Sidekiq::IterableJobQuery, as the /busy route does;
 # JobRecord#iterable_state, as a job's page does), and the line GET /busy
-# renders under the job's "Started" time.
+# renders under the job's "Started" time, and the process's queues there.
 #
 #   ruby busy_iteration.rb JID
 #   work queue=Q class=C jid=J
 #   state exec=N cursor=INSPECT rt=F
 #   page <small>cursor=...; exec=N; rt=<span data-nwp="3">F</span>s</small>
+#   queues Q1, Q2
 require 'sidekiq/api'
 require 'sidekiq/web'
 require 'rack/mock'
@@ -35,3 +36,6 @@ res = Rack::MockRequest.new(app).get('/busy')
 abort("busy_iteration.rb: GET /busy #{res.status}") unless res.status == 200
 line = res.body.lines.find { |l| l.include?('cursor=') }
 puts "page #{line ? line.strip : '(no iteration line)'}"
+# The process's queues, the line after "Queues: " (from its "capsules").
+q = res.body.lines.each_cons(2).find { |a, _| a.include?('Queues') && a.include?('<b>') }
+puts "queues #{q ? q[1].strip : '(no queues line)'}"
