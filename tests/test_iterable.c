@@ -365,6 +365,28 @@ Test(iterable, sidekiq_8_1_busy_page_shows_a_c_jobs_iteration)
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
 }
 
+/* A failed C iterable job keeps its state, and Sidekiq 8.1's Retries page
+ * shows it beside the error: WalkJob [-100] fails at item 13, its cursor. */
+Test(iterable, sidekiq_8_1_retries_page_shows_a_failed_c_jobs_iteration)
+{
+    kt_sidekiq_need("8.1.7");
+    char jid[25], *out = NULL;
+    kt_make_jid(jid, 2, 0);
+    char *pl = kt_payload("WalkJob", "[-100]", jid, "default");
+    kt_push_all(kt_redis(), "default", &pl, 1);
+    free(pl);
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_capstan_log(p));
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+    cr_assert_eq(kt_ruby_v("8.1.7", "busy_iteration.rb", (const char *[]){ "--retries", jid, NULL }, &out), 0,
+                 "%s", out);
+    fprintf(stderr, "[iterable] Sidekiq 8.1's Retries page:\n%s", out);
+    double rt = after(out, "state exec=1 cursor=13 rt=");
+    cr_assert(rt >= 0 && rt < 60, "%s", out);
+    cr_assert(strstr(out, "page <div><small>cursor=13; exec=1; rt=<span data-nwp=\"3\">"), "%s", out);
+    free(out);
+}
+
 /* An interrupted run goes back in line still unique: its until-lock is
  * taken again (a duplicate push is refused while it waits), its runtime
  * lock goes; the run that completes releases the until-lock. */
