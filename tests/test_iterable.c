@@ -342,7 +342,7 @@ Test(iterable, sidekiq_8_1_busy_page_shows_a_c_jobs_iteration)
 {
     kt_sidekiq_need("8.1.7");
     char jid[25], want[128], *out = NULL;
-    push_iterate("bz", 100000, 100, 10, jid);
+    push_iterate("bz", 100000, 100, 30, jid); /* 30 s: it runs on while Ruby reads */
     pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS it-%s", jid) == 1, 30), "no state written: %s", kt_capstan_log(p));
     cr_assert_eq(kt_ruby_v("8.1.7", "busy_iteration.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
