@@ -4,8 +4,8 @@
  * stopped between two steps resumes there, here or on a Ruby process with
  * a Sidekiq::IterableJob of the class. The rules follow Sidekiq 7.3+: the
  * state is read when the run starts, written every 5 seconds, when the run
- * is interrupted and when it fails, with a 30-day expiry set once, and
- * deleted when the job completes or is cancelled. */
+ * is interrupted and when it fails, each write setting a 30-day expiry
+ * (see flush), and deleted when the job completes or is cancelled. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>

@@ -263,6 +263,23 @@ KT_SIDEKIQ_TEST(interop, process_set_and_workers_show_the_running_process)
     cr_assert_eq(json_array_size(q), 2);
     cr_assert_str_eq(json_string_value(json_array_get(q, 0)), "critical");
     cr_assert_str_eq(json_string_value(json_array_get(q, 1)), "default");
+    /* What the Busy page's Queues line and Process#queues/#weights read
+     * from 8.0.9 on: the "capsules" element, Sidekiq's own weights (0 for
+     * a queue given without one). */
+    json_t *caps = json_loads("{\"default\":{\"concurrency\":3,\"mode\":\"weighted\","
+                              "\"weights\":{\"critical\":2,\"default\":0}}}", 0, NULL);
+    cr_assert(json_equal(json_object_get(p, "capsules"), caps), "capsules as Sidekiq writes them");
+    json_decref(caps);
+    json_t *aq = json_object_get(p, "api_queues");
+    cr_assert(json_array_size(aq) == 2 && !strcmp(json_string_value(json_array_get(aq, 0)), "critical")
+                  && !strcmp(json_string_value(json_array_get(aq, 1)), "default"),
+              "Sidekiq %s's Process#queues", sidekiq);
+    if (sidekiq[0] == '8') {
+        json_t *aw = json_object_get(p, "api_weights");
+        cr_assert(json_integer_value(json_object_get(aw, "critical")) == 2 && json_object_size(aw) == 2
+                      && json_is_integer(json_object_get(aw, "default")),
+                  "Sidekiq %s's Process#weights, from the capsules", sidekiq);
+    }
     cr_assert_str_eq(str_of(p, "tag"), "mytag");
     json_t *labels = json_object_get(p, "labels");
     cr_assert_eq(json_array_size(labels), 1);

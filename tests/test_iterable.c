@@ -3,8 +3,9 @@
  * first item of each to KEY:steps, so every step's runs are counted. A TERM
  * or max_iteration_runtime stops a run between two steps and the job goes
  * back to its queue with its cursor in it-<jid>; the next run resumes there,
- * on capstan or on Ruby Sidekiq 7.3/8.0 (tests/ruby/iterable_jobs.rb);
- * cancellation from `capstan cancel` and from Sidekiq 8's own API. */
+ * on capstan or on Ruby Sidekiq 7.3/8.0/8.1 (tests/ruby/iterable_jobs.rb);
+ * cancellation from `capstan cancel` and from Sidekiq 8's own API; the
+ * state as Sidekiq 8.1's Busy page shows it. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,17 +242,16 @@ Test(iterable, capstan_cancel_stops_a_queued_and_a_running_job)
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
 }
 
-/* Sidekiq 8.0's own Sidekiq::Client#cancel! on a running C iterable job. */
-Test(iterable, sidekiq_8_cancel_stops_a_running_c_job)
+/* Sidekiq 8.0 and 8.1's own Sidekiq::Client#cancel! on a running C iterable job. */
+static void sidekiq_cancel_stops_a_running_c_job(const char *sidekiq)
 {
-    kt_sidekiq_need("8.0.10");
     char jid[25], itkey[64], *out = NULL;
     push_iterate("rc", 100000, 100, 10, jid);
     snprintf(itkey, sizeof(itkey), "it-%s", jid);
     pid_t p = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN rc:steps") >= 5, 10), "%s", kt_capstan_log(p));
     double t0 = kt_now();
-    cr_assert_eq(kt_ruby_v("8.0.10", "cancel.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
+    cr_assert_eq(kt_ruby_v(sidekiq, "cancel.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
     /* The time it printed, on its last line (Sidekiq logs before it). */
     size_t len = strlen(out);
     while (len && out[len - 1] == '\n')
@@ -260,9 +260,21 @@ Test(iterable, sidekiq_8_cancel_stops_a_running_c_job)
     cr_assert_gt(strtol(last ? last + 1 : out, NULL, 10), 1700000000, "%s", out);
     free(out);
     double took = wait_cancelled(p, "rc", itkey, t0);
-    fprintf(stderr, "[iterable] Sidekiq 8.0 cancel!: a running C job stopped %.2f s later\n", took);
+    fprintf(stderr, "[iterable] Sidekiq %s cancel!: a running C job stopped %.2f s later\n", sidekiq, took);
     cr_assert_lt(took, 6.0);
     cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}
+
+Test(iterable, sidekiq_8_cancel_stops_a_running_c_job)
+{
+    kt_sidekiq_need("8.0.10");
+    sidekiq_cancel_stops_a_running_c_job("8.0.10");
+}
+
+Test(iterable, sidekiq_8_1_cancel_stops_a_running_c_job)
+{
+    kt_sidekiq_need("8.1.7");
+    sidekiq_cancel_stops_a_running_c_job("8.1.7");
 }
 
 /* One job between Ruby and capstan: Ruby Sidekiq's IterableJob runs it
@@ -305,6 +317,74 @@ Test(iterable, ruby_8_0_and_capstan_resume_each_other)
 {
     kt_sidekiq_need("8.0.10");
     ruby_and_capstan_hand_over("8.0.10");
+}
+
+Test(iterable, ruby_8_1_and_capstan_resume_each_other)
+{
+    kt_sidekiq_need("8.1.7");
+    ruby_and_capstan_hand_over("8.1.7");
+}
+
+/* The number after "name=" in s (-1 when absent). */
+static double after(const char *s, const char *name)
+{
+    const char *at = s ? strstr(s, name) : NULL;
+    return at ? strtod(at + strlen(name), NULL) : -1;
+}
+
+/* Sidekiq 8.1's Busy page shows, under a running iterable job's start
+ * time, the state it reads from it-<jid> (IterableJobQuery: "c" as JSON,
+ * "ex", "rt"): a C job running on capstan shows there as a Ruby one does,
+ * once its first write is in (5 s into the run). capstan's "rt" counts
+ * this run's time so far; Ruby's writes during a run hold the earlier
+ * runs' only. The page's Queues line reads capstan's "capsules". */
+Test(iterable, sidekiq_8_1_busy_page_shows_a_c_jobs_iteration)
+{
+    kt_sidekiq_need("8.1.7");
+    char jid[25], want[128], *out = NULL;
+    push_iterate("bz", 100000, 100, 30, jid); /* 30 s: it runs on while Ruby reads */
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS it-%s", jid) == 1, 30), "no state written: %s", kt_capstan_log(p));
+    cr_assert_eq(kt_ruby_v("8.1.7", "busy_iteration.rb", (const char *[]){ jid, NULL }, &out), 0, "%s", out);
+    fprintf(stderr, "[iterable] Sidekiq 8.1's Busy page:\n%s", out);
+    snprintf(want, sizeof(want), "work queue=default class=IterateJob jid=%s\n", jid);
+    cr_assert(strstr(out, want), "%s", out);
+    /* The state as 8.1's API reads it, and as the page prints it (read a
+     * moment later: the job may have written again in between). */
+    const char *page = strstr(out, "\npage ");
+    double cursor = after(out, "state exec=1 cursor="), rt = after(out, " rt="),
+           page_cursor = after(page, "<small>cursor="), page_rt = after(page, "data-nwp=\"3\">");
+    cr_assert(cursor > 0 && cursor < 1000, "the cursor, a step's index: %s", out);
+    cr_assert(rt >= 4.5 && rt < 120, "rt, the seconds iterated so far: %s", out);
+    cr_assert(page && strstr(page, "; exec=1; rt=<span data-nwp=\"3\">") && strstr(page, "</span>s</small>"),
+              "%s", out);
+    cr_assert(page_cursor >= cursor && page_cursor < 1000 && page_rt >= rt - 0.001, "%s", out);
+    cr_assert_geq(kt_int("HGET it-%s c", jid), (long)page_cursor, "the state in Redis moved on only");
+    cr_assert(strstr(out, "\nqueues default\n"), "the Busy page's Queues of capstan: %s", out);
+    free(out);
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+}
+
+/* A failed C iterable job keeps its state, and Sidekiq 8.1's Retries page
+ * shows it beside the error: WalkJob [-100] fails at item 13, its cursor. */
+Test(iterable, sidekiq_8_1_retries_page_shows_a_failed_c_jobs_iteration)
+{
+    kt_sidekiq_need("8.1.7");
+    char jid[25], *out = NULL;
+    kt_make_jid(jid, 2, 0);
+    char *pl = kt_payload("WalkJob", "[-100]", jid, "default");
+    kt_push_all(kt_redis(), "default", &pl, 1);
+    free(pl);
+    pid_t p = kt_capstan_start((const char *[]){ "-c", "1", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("ZCARD retry") == 1, 20), "%s", kt_capstan_log(p));
+    cr_assert_eq(kt_capstan_stop(p, SIGTERM, 15), 0, "%s", kt_capstan_log(p));
+    cr_assert_eq(kt_ruby_v("8.1.7", "busy_iteration.rb", (const char *[]){ "--retries", jid, NULL }, &out), 0,
+                 "%s", out);
+    fprintf(stderr, "[iterable] Sidekiq 8.1's Retries page:\n%s", out);
+    double rt = after(out, "state exec=1 cursor=13 rt=");
+    cr_assert(rt >= 0 && rt < 60, "%s", out);
+    cr_assert(strstr(out, "page <div><small>cursor=13; exec=1; rt=<span data-nwp=\"3\">"), "%s", out);
+    free(out);
 }
 
 /* An interrupted run goes back in line still unique: its until-lock is

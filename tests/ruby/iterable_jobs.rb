@@ -1,5 +1,5 @@
 # Ruby side of the iterable job tests (tests/test_iterable.c), run by a real
-# Sidekiq 7.3 or 8.0 server: IterateJob as a Sidekiq::IterableJob walking
+# Sidekiq 7.3, 8.0 or 8.1 server: IterateJob as a Sidekiq::IterableJob walking
 # the same steps with the same cursor as capstan's IterateJob
 # (examples/jobs.c), so either resumes where the other stopped.
 require_relative 'sidekiq_setup'

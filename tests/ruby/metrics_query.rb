@@ -14,3 +14,12 @@ ARGV.each do |klass|
 end
 top = q.top_jobs(minutes: 10).job_results
 puts "top #{top.keys.sort.join(',')}"
+# Sidekiq 8's 24h to 72h periods read the 10-minute rollups instead:
+#   CLASS 24h p=N f=N ms=N
+if Gem::Version.new(Sidekiq::VERSION) >= Gem::Version.new('8.0')
+  ARGV.each do |klass|
+    t = q.for_job(klass, hours: 24).job_results[klass].totals
+    puts "#{klass} 24h p=#{t['p']} f=#{t['f']} ms=#{t['ms']}"
+  end
+  puts "top 24h #{q.top_jobs(hours: 24).job_results.keys.sort.join(',')}"
+end

@@ -1,4 +1,4 @@
-# Renders the Sidekiq 7.x Web UI's Metrics pages (GET /metrics and
+# Renders the Sidekiq 7.x or 8.1 Web UI's Metrics pages (GET /metrics and
 # /metrics/CLASS) for the classes on the command line and prints, per
 # page, its HTTP status and whether each class name appears in it.
 require 'sidekiq/web'

@@ -1,8 +1,8 @@
 # Drives real Ruby Sidekiq against REDIS_URL for the interop tests: pushes
 # jobs with Sidekiq::Client and prints what the Sidekiq API reads back, as
-# one JSON document on stdout. Debian's 6.4.1 by default; 7.3 and 8.0 when
+# one JSON document on stdout. Debian's 6.4.1 by default; 7.3, 8.0 and 8.1 when
 # the tests run it after tests/ruby/sidekiq_version.rb (kt_ruby_v), with
-# one output format for all three.
+# one output format for all four.
 #
 #   ruby sidekiq.rb push '{"class":"RecordJob","args":["k"]}'
 #   ruby sidekiq.rb push_bulk '{"class":"RecordJob","args":[["k"],["k"]]}'
@@ -101,7 +101,13 @@ out =
       'workers_size' => s.workers_size, 'queues' => s.queues,
       'history_processed' => Sidekiq::Stats::History.new(1).processed.values.first,
       'history_failed' => Sidekiq::Stats::History.new(1).failed.values.first }
-  when 'processes' then Sidekiq::ProcessSet.new.map { |p| p.instance_variable_get(:@attribs) }
+  # The process info as written, and what the version's Process reads of
+  # its queues (8.0.9+ from "capsules", as the Busy page's Queues line).
+  when 'processes'
+    Sidekiq::ProcessSet.new.map do |p|
+      p.instance_variable_get(:@attribs).merge('api_queues' => p.queues,
+                                              'api_weights' => p.respond_to?(:weights) ? p.weights : nil)
+    end
   when 'workers' then works
   when 'retries' then entries(Sidekiq::RetrySet.new)
   when 'dead' then entries(Sidekiq::DeadSet.new)
