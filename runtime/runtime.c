@@ -90,6 +90,18 @@ void capstan_runtime_stop(capstan_runtime_t *rt)
     atomic_store(&rt->ctl.stop_req, 1);
 }
 
+
+/* The capsule's mode as Sidekiq names it from the weights given: strict
+ * when none has one, random when every one is 1, else weighted. */
+static const char *capsule_mode(const capstan_config_t *c)
+{
+    if (c->strict)
+        return "strict";
+    for (size_t i = 0; i < c->nqueues; i++)
+        if (c->queues[i].weight != 1)
+            return "weighted";
+    return "random";
+}
 static char *build_info(capstan_runtime_t *rt)
 {
     capstan_config_t *c = rt->cfg;
@@ -126,7 +138,7 @@ static char *build_info(capstan_runtime_t *rt)
     json_object_set_new(o, "embedded", json_false());
     json_t *cap = json_object(), *def = json_object();
     json_object_set_new(def, "concurrency", json_integer(c->concurrency));
-    json_object_set_new(def, "mode", json_string(c->strict ? "strict" : "weighted"));
+    json_object_set_new(def, "mode", json_string(capsule_mode(c)));
     json_object_set_new(def, "weights", capw);
     json_object_set_new(cap, "default", def);
     json_object_set_new(o, "capsules", cap);

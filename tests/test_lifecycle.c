@@ -611,8 +611,20 @@ Test(lifecycle, startup_line_names_queues_environment_classes_and_fetch)
 {
     pid_t pid = kt_capstan_start((const char *[]){ "-c", "1", "-q", "critical,3", "-q", "default,1",
                                                "-e", "staging", "--fetch", "basic", NULL });
-    free(kt_wait_identity(pid));
+    char *id = kt_wait_identity(pid);
+    /* The capsule's mode as Sidekiq names it from the same weights. */
+    char *info = kt_str("HGET %s info", id);
+    cr_assert(info && strstr(info, "\"mode\":\"weighted\""), "%s", info);
+    free(info);
+    free(id);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 10), 0);
+    pid_t ones = kt_capstan_start((const char *[]){ "-c", "1", "-q", "critical,1", "-q", "default,1", NULL });
+    id = kt_wait_identity(ones);
+    info = kt_str("HGET %s info", id);
+    cr_assert(info && strstr(info, "\"mode\":\"random\""), "every weight 1 is Sidekiq's random: %s", info);
+    free(info);
+    free(id);
+    cr_assert_eq(kt_capstan_stop(ones, SIGTERM, 10), 0);
     char *log = kt_capstan_log(pid);
     const char *line = strstr(log, "starting: ");
     cr_assert(line, "%s", log);
