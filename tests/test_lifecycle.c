@@ -584,8 +584,22 @@ Test(lifecycle, double_int_logs_a_line_per_requeued_job)
     cr_assert_eq(count_of(log, "requeued SleepJob"), 2, "one line per job: %s", log);
     cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000a"), "%s", log);
     cr_assert(strstr(log, "requeued SleepJob jid=a0000000000000000000000b"), "%s", log);
-    cr_assert(strstr(log, "Pushed 2 jobs back to Redis"), "%s", log);
+    /* The idle processor's blocking move may catch a job the requeue just
+     * put back; it then goes back again, counted twice: each job is in the
+     * queue once either way. */
+    cr_assert(strstr(log, "Pushed 2 jobs back to Redis")
+                  || (strstr(log, "Pushed 3 jobs back to Redis")
+                      && strstr(log, "a fetched job that had not started went back to queue:default")),
+              "%s", log);
     cr_assert_eq(kt_int("LLEN queue:default"), 2);
+    redisReply *q = kt_cmd("LRANGE queue:default 0 -1");
+    int a = 0, b = 0;
+    for (size_t k = 0; q && k < q->elements; k++) {
+        a += strstr(q->element[k]->str, "a0000000000000000000000a") != NULL;
+        b += strstr(q->element[k]->str, "a0000000000000000000000b") != NULL;
+    }
+    freeReplyObject(q);
+    cr_assert(a == 1 && b == 1, "each job once in the queue: %d and %d", a, b);
     free(log);
     free(id);
 }
