@@ -29,6 +29,7 @@ static const struct command {
     { "periodic", "periodic schedules: last and next tick, where declared (-C FILE)", capstan__cmd_periodic, NULL },
     { "pause", "pause queues as Sidekiq Pro does: capstan pause QUEUE...", capstan__cmd_pause, NULL },
     { "unpause", "resume paused queues: capstan unpause QUEUE...", capstan__cmd_unpause, NULL },
+    { "probe", "ask a running capstan's /readyz or /livez: capstan probe [live|ready]", capstan__cmd_probe, NULL },
     { "version", "print the version", NULL, NULL },
 };
 

@@ -22,5 +22,6 @@ int capstan__cmd_cancel(int argc, char **argv);
 int capstan__cmd_periodic(int argc, char **argv);
 int capstan__cmd_pause(int argc, char **argv);
 int capstan__cmd_unpause(int argc, char **argv);
+int capstan__cmd_probe(int argc, char **argv);
 
 #endif

@@ -136,7 +136,9 @@ conf=$(find "$D" -path '*/capstan/capstan.yml' | head -1)
 [ -n "$conf" ] || fail "no sample config installed"
 sed "s|$prefix/|$D$prefix/|g" "$conf" > capstan.yml
 sed -i 's/^poll_interval_average:.*//; $a poll_interval_average: 1' capstan.yml
-"$capstan" run -C capstan.yml -r ./libmyjobs.so > capstan.log 2>&1 &
+# A free metrics port: the Dockerfile's may be taken on this machine.
+mport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$capstan" run -C capstan.yml -r ./libmyjobs.so --metrics-port "$mport" > capstan.log 2>&1 &
 pids+=($!)
 "$capstan" push HardJob '["bob"]' >/dev/null
 "$capstan" push FailJob '["from the installed example plugin"]' >/dev/null
@@ -164,10 +166,14 @@ if command -v ruby >/dev/null && ruby -e 'require "sidekiq"' 2>/dev/null; then
 else
     echo "ruby-sidekiq is not installed: the Ruby batch module was not run"
 fi
-# The Dockerfile's health check, as it runs it.
+# The Dockerfile's health check, as it runs it, asking the port its CMD
+# serves (here on mport).
 hc=$(sed -n 's/^HEALTHCHECK.*CMD \["capstan", \(.*\)\]$/\1/p' "$src/examples/Dockerfile" | tr -d '",')
 [ -n "$hc" ] || fail "no HEALTHCHECK in examples/Dockerfile"
-"$capstan" $hc >/dev/null || fail "health check capstan $hc failed"
+cport=$(sed -n 's/^CMD \[.*"--metrics-port", "\([0-9]*\)".*/\1/p' "$src/examples/Dockerfile")
+[ -n "$cport" ] && grep -q -- "--port $cport\b" <<<"$hc" || fail "the HEALTHCHECK ($hc) does not ask the CMD's metrics port (${cport:-none})"
+hc=${hc/--port $cport/--port $mport}
+until_ok 20 "$capstan" $hc || fail "health check capstan $hc failed: $("$capstan" $hc 2>&1); $(cat capstan.log)"
 
 # The Kubernetes example, checked by structure (kubectl --dry-run=client
 # needs a cluster): probes on /livez and /readyz, a preStop, and a grace
@@ -205,7 +211,7 @@ man=$(find "$D" -name capstan.1 | head -1)
 [ -n "$man" ] || fail "no man page installed"
 if command -v man >/dev/null; then
     text=$(LC_ALL=C MANWIDTH=200 man -l "$man" 2>/dev/null)
-    for c in run push stats locks lock limits top version; do
+    for c in run push stats locks lock limits top probe version; do
         grep -q "^   $c\b\|^  *$c\b" <<<"$text" || fail "the man page has no $c section"
         for o in $("$capstan" "$c" --help 2>&1 | grep -o -- '--[a-z][a-z-]*' | sort -u); do
             grep -q -- "$o" <<<"$text" || fail "the man page lacks $c's $o"

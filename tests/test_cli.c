@@ -1153,3 +1153,59 @@ Test(cli, paused_queues_are_skipped_by_the_basic_fetch_too)
     kt_untrack(pid);
     free(cfg);
 }
+
+/* `capstan probe WHAT --port port`'s exit status, its output into *out
+ * (malloc'd; the previous one freed). */
+static int probe_on(const char *what, const char *port, char **out)
+{
+    free(*out);
+    *out = NULL;
+    return kt_capstan_run((const char *[]){ "probe", what, "--port", port, NULL }, out);
+}
+
+/* The Dockerfile's health check: `capstan probe` exits as the process's
+ * /readyz and /livez answer, 0 on 200 and 1 with the reason on 503 (Redis
+ * frozen by SIGSTOP), 2 when no capstan listens on the port, 78 when no
+ * port is configured; -C FILE gives it the file's metrics_port. */
+Test(cli, probe_exits_as_readyz_and_livez_answer)
+{
+    kt_aof_redis_t srv;
+    kt_aof_init(&srv, "probe-cli-redis");
+    kt_aof_start(&srv);
+    int port = kt_free_port(), st = -1;
+    char portstr[16], extra[64], *out = NULL;
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    snprintf(extra, sizeof(extra), "metrics_port: %d\n", port);
+    char *conf = kt_write_conf("heartbeat_interval: 0.5\n"), *with_port = kt_write_file("probe.yml", extra);
+
+    cr_assert_eq(st = probe_on("ready", portstr, &out), 2, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "no capstan probe on 127.0.0.1:"), "%s", out);
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", conf, "-c", "2", "--metrics-port", portstr,
+                                                   "--redis-url", srv.url, NULL });
+    cr_assert(KT_WAIT_UNTIL(probe_on("ready", portstr, &out) == 0, 20), "%s\n%s", out, kt_capstan_log(pid));
+    cr_assert_str_eq(out, "ok\n");
+    cr_assert_eq(st = kt_capstan_run((const char *[]){ "probe", "-C", with_port, NULL }, NULL), 0,
+                 "exit %d with the file's metrics_port", st);
+
+    kill(srv.pid, SIGSTOP);
+    int down = KT_WAIT_UNTIL((st = probe_on("ready", portstr, &out)) == 1, 20);
+    char *why = strdup(out);
+    int live = probe_on("live", portstr, &out);
+    kill(srv.pid, SIGCONT);
+    cr_assert(down && strstr(why, "/readyz 503: ") && strstr(why, "Redis"), "exit %d: %s", st, why);
+    cr_assert_eq(live, 0, "probe live during a Redis stop: %s", out);
+    cr_assert(KT_WAIT_UNTIL(probe_on("ready", portstr, &out) == 0, 20), "after SIGCONT: %s", out);
+
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(st = probe_on("live", portstr, &out), 2, "exit %d once capstan stopped: %s", st, out);
+    free(out);
+    out = NULL;
+    cr_assert_eq(st = kt_capstan_run((const char *[]){ "probe", "-C", conf, NULL }, &out), 78,
+                 "exit %d with no port: %s", st, out);
+    cr_assert(strstr(out, "no metrics port configured") && strstr(out, "--port"), "%s", out);
+    kt_aof_kill(&srv);
+    free(why);
+    free(out);
+    free(conf);
+    free(with_port);
+}
