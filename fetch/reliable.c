@@ -265,22 +265,29 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
         argv[nkeys++] = CAPSTAN_KEY_QUEUES;
     }
+    /* Without a lock or a batch among them (only the working list is
+     * declared then), acks_plain.lua takes the payloads alone. */
+    int plain = nkeys == 2, per = plain ? 1 : 4;
+    nkeys = plain ? 1 : nkeys;
     int argc = nkeys;
     for (size_t k = 0; k < npicked; k++) {
         const capstan_ack_item_t *it = &acks[picked[k]];
         const capstan_ack_t *a = &it->ack;
         int lock = a->lock_key && a->lock_jid;
         argv[argc++] = it->raw;
-        argv[argc++] = lock ? a->lock_key : "";
-        argv[argc++] = a->lock_jid ? a->lock_jid : "";
-        argv[argc++] = a->bid ? a->bid : "";
+        if (!plain) {
+            argv[argc++] = lock ? a->lock_key : "";
+            argv[argc++] = a->lock_jid ? a->lock_jid : "";
+            argv[argc++] = a->bid ? a->bid : "";
+        }
         sent[picked[k]] = 2;
     }
     for (int k = 0; k < argc; k++)
         lens[k] = strlen(argv[k]);
     for (size_t k = 0; k < npicked; k++)
-        lens[nkeys + 4 * (int)k] = acks[picked[k]].len;
-    rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACKS, nkeys, argc, argv, lens);
+        lens[nkeys + per * (int)k] = acks[picked[k]].len;
+    rc = capstan__redis_append_script(r, plain ? CAPSTAN_SCRIPT_ACKS_PLAIN : CAPSTAN_SCRIPT_ACKS,
+                                      nkeys, argc, argv, lens);
 out:
     for (size_t k = 0; k < nowned; k++)
         free(owned[k]);
