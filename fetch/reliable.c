@@ -87,7 +87,10 @@ static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int 
         argv[i] = f->keys[f->order[i]];
     argv[f->nact] = f->working;
     argv[f->nact + 1] = n;
-    argv[f->nact + 2] = "1";
+    /* Looking costs Redis a search through each payload: not once the
+     * last 1,000 jobs carried no lock (the first locked jobs after them
+     * check their locks themselves, as without the hint). */
+    argv[f->nact + 2] = atomic_load_explicit(&f->plain_run, memory_order_relaxed) < 1000 ? "1" : "0";
     return capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)f->nact + 1, (int)f->nact + 3,
                                         argv, NULL);
 }
