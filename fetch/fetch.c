@@ -162,6 +162,10 @@ int capstan__fetch_take(capstan_fetch_t *f, redisReply *payload, size_t qi, caps
     payload->str = NULL;
     out->queue = f->names[qi];
     f->locks_seen = memmem(out->payload, out->len, "\"lock_digest\"", 13) != NULL;
+    if (f->locks_seen)
+        atomic_store_explicit(&f->plain_run, 0, memory_order_relaxed);
+    else if (atomic_load_explicit(&f->plain_run, memory_order_relaxed) < 1000)
+        atomic_fetch_add_explicit(&f->plain_run, 1, memory_order_relaxed);
     return 1;
 }
 

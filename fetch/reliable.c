@@ -89,7 +89,10 @@ static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int 
         argv[i] = f->keys[f->order[i]];
     argv[f->nact] = f->working;
     argv[f->nact + 1] = n;
-    argv[f->nact + 2] = "1";
+    /* Looking costs Redis a search through each payload: not once the
+     * last 1,000 jobs carried no lock (the first locked jobs after them
+     * check their locks themselves, as without the hint). */
+    argv[f->nact + 2] = atomic_load_explicit(&f->plain_run, memory_order_relaxed) < 1000 ? "1" : "0";
     return capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)f->nact + 1, (int)f->nact + 3,
                                         argv, NULL);
 }
@@ -271,22 +274,29 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
         argv[nkeys++] = CAPSTAN_KEY_QUEUES;
     }
+    /* Without a lock or a batch among them (only the working list is
+     * declared then), acks_plain.lua takes the payloads alone. */
+    int plain = nkeys == 2, per = plain ? 1 : 4;
+    nkeys = plain ? 1 : nkeys;
     int argc = nkeys;
     for (size_t k = 0; k < npicked; k++) {
         const capstan_ack_item_t *it = &acks[picked[k]];
         const capstan_ack_t *a = &it->ack;
         int lock = a->lock_key && a->lock_jid;
         argv[argc++] = it->raw;
-        argv[argc++] = lock ? a->lock_key : "";
-        argv[argc++] = a->lock_jid ? a->lock_jid : "";
-        argv[argc++] = a->bid ? a->bid : "";
+        if (!plain) {
+            argv[argc++] = lock ? a->lock_key : "";
+            argv[argc++] = a->lock_jid ? a->lock_jid : "";
+            argv[argc++] = a->bid ? a->bid : "";
+        }
         sent[picked[k]] = 2;
     }
     for (int k = 0; k < argc; k++)
         lens[k] = strlen(argv[k]);
     for (size_t k = 0; k < npicked; k++)
-        lens[nkeys + 4 * (int)k] = acks[picked[k]].len;
-    rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACKS, nkeys, argc, argv, lens);
+        lens[nkeys + per * (int)k] = acks[picked[k]].len;
+    rc = capstan__redis_append_script(r, plain ? CAPSTAN_SCRIPT_ACKS_PLAIN : CAPSTAN_SCRIPT_ACKS,
+                                      nkeys, argc, argv, lens);
 out:
     for (size_t k = 0; k < nowned; k++)
         free(owned[k]);

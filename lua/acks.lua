@@ -1,4 +1,5 @@
 -- uses: zset_batch
+-- uses: take_out
 -- uses: release_hold
 -- uses: batch_done
 -- uses: wake_waiters
@@ -24,9 +25,9 @@
 -- bid or ""}.
 local working, digests = KEYS[1], KEYS[2]
 local removed, flags, acc, unknown, z = 0, 0, {}, '', {}
+local take = take_out(working, ARGV, 4)
 for i = 1, #ARGV, 4 do
-  -- From the tail, where the oldest (first finished) jobs are.
-  if redis.call('LREM', working, '-1', ARGV[i]) == 1 then
+  if take(ARGV[i]) then
     removed = removed + 1
     if ARGV[i + 1] ~= '' and release_hold(ARGV[i + 1], digests, ARGV[i + 2], z) then
       wake_waiters(ARGV[i + 1])

@@ -1012,6 +1012,136 @@ Test(reliable, batch_fetch_and_ack_release_only_locks_of_jobs_still_held)
     capstan_redis_free(r);
 }
 
+/* Builds the working list of fetch f and a copy "ref" from the payloads
+ * named by order (indexes into p, head first), acks the jobs named by acks
+ * (nacks of them, successes, in one round trip), takes the same jobs out
+ * of ref one LREM from the tail each, and checks both lists are the same:
+ * the payloads and their order. With locked, each ack releases a lock of
+ * its own (acks.lua rather than acks_plain.lua), which must go exactly
+ * when its LREM found the job. */
+static void acks_match_lrem(capstan_fetch_t *f, capstan_redis_t *r, char **p, const unsigned *order,
+                            size_t n, const unsigned *acks, size_t nacks, int locked)
+{
+    redisContext *c = kt_redis();
+    const char *w = "uniquejobs:working:plain-acks";
+    kt_int("DEL %s ref", w);
+    for (size_t i = n; i-- > 0;) {
+        kt_int("LPUSH %s %s", w, p[order[i]]);
+        kt_int("LPUSH ref %s", p[order[i]]);
+    }
+    capstan_ack_item_t items[80];
+    char keys[80][40], jids[80][8];
+    cr_assert_leq(nacks, 80);
+    for (size_t i = 0; i < nacks; i++) {
+        items[i] = (capstan_ack_item_t){ .raw = p[acks[i]], .len = strlen(p[acks[i]]),
+                                     .ack = { .kind = CAPSTAN_ACK_OK } };
+        if (locked) {
+            snprintf(keys[i], sizeof(keys[i]), "uniquejobs:ack%zu:LOCKED", i);
+            snprintf(jids[i], sizeof(jids[i]), "j%zu", i);
+            kt_int("HSET %s %s {}", keys[i], jids[i]);
+            items[i].ack.lock_key = keys[i];
+            items[i].ack.lock_jid = jids[i];
+        }
+    }
+    cr_assert_eq(capstan__fetch_exchange(f, r, items, nacks, NULL, 0, 0), 0);
+    for (size_t i = 0; i < nacks; i++) {
+        cr_assert_eq(items[i].rc, 0, "ack %zu written", i);
+        long long found = kt_int("LREM ref -1 %s", p[acks[i]]);
+        if (locked)
+            cr_assert_eq(kt_int("EXISTS %s", keys[i]), !found, "ack %zu: the lock goes with its job", i);
+    }
+    redisReply *got = redisCommand(c, "LRANGE %s 0 -1", w), *want = redisCommand(c, "LRANGE ref 0 -1");
+    cr_assert(got && want && got->type == REDIS_REPLY_ARRAY && want->type == REDIS_REPLY_ARRAY);
+    cr_assert_eq(got->elements, want->elements, "%zu jobs left, %zu with one LREM a job",
+                 got->elements, want->elements);
+    for (size_t i = 0; i < got->elements; i++)
+        cr_assert_str_eq(got->element[i]->str, want->element[i]->str, "entry %zu", i);
+    freeReplyObject(got);
+    freeReplyObject(want);
+    kt_int("DEL uniquejobs:digests");
+    for (size_t i = 0; locked && i < nacks; i++)
+        kt_int("DEL %s", keys[i]);
+}
+
+/* Successes acked together leave the working list exactly as one
+ * LREM from the tail a job would: the jobs of other processors, older and
+ * newer, stay in their order, a payload there twice loses only the copy
+ * nearest the tail, a job no longer there (taken back) removes nothing,
+ * and so it goes whether the jobs come oldest first or not, sit together
+ * or apart, behind few older jobs or many. */
+Test(reliable, acks_leave_the_working_list_as_one_lrem_a_job_would)
+{
+    enum { N = 120 };
+    char *p[N];
+    for (unsigned i = 0; i < N; i++) {
+        char jid[25];
+        kt_make_jid(jid, 33, i);
+        p[i] = kt_payload("NoopJob", "[1]", jid, "default");
+    }
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_queue_conf_t q = { .name = "default" };
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "plain-acks", .queues = &q,
+                            .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    /* Head first: newer jobs, the run acked (10..4, oldest nearest the
+     * tail) with a job of another processor in it, one of the run again
+     * nearer the tail, then older jobs. 99 is in no list. */
+    const unsigned list[] = { 20, 21, 10, 9, 8, 7, 30, 6, 5, 4, 7, 40, 41, 42 };
+    const unsigned run[] = { 4, 5, 6, 7, 8, 9, 10 }, late[] = { 99, 4, 5, 6, 7, 8, 9, 10 };
+    const unsigned shuffled[] = { 10, 4, 30, 7, 99, 42, 5 }, apart[] = { 20, 4, 42, 8 };
+    /* 7 acked three times, twice in the list: its third ack finds nothing. */
+    const unsigned thrice[] = { 7, 4, 7, 5, 7 };
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, list, 14, thrice, 5, locked);
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, list, 14, run, 7, locked);
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, list, 14, late, 8, locked);
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, list, 14, shuffled, 7, locked);
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, list, 14, apart, 4, locked);
+    /* Everything acked: the list goes. */
+    const unsigned all[] = { 42, 41, 40, 7, 4, 5, 6, 30, 7, 8, 9, 10, 21, 20 };
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, list, 14, all, 14, locked);
+    cr_assert_eq(kt_int("EXISTS uniquejobs:working:plain-acks"), 0);
+    /* Behind many older jobs (more than the rewrite reads), and rounds
+     * of 64 among 120. */
+    unsigned many[N], some[64];
+    for (unsigned i = 0; i < N; i++)
+        many[i] = i;
+    for (unsigned i = 0; i < 4; i++)
+        some[i] = 3 - i;
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, many, N, some, 4, locked);
+    for (unsigned i = 0; i < 64; i++)
+        some[i] = (i * 37 + 11) % N;
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, many, N, some, 64, locked);
+    for (unsigned i = 0; i < 64; i++)
+        some[i] = 90 - i;
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, many, N, some, 64, locked);
+    /* A long run behind many older jobs (the tail is rewritten then),
+     * with one of them twice in the list, one acked twice, one late and
+     * one newer than the run. */
+    unsigned twice[111], run40[42] = { 115, 70, 10 };
+    for (unsigned i = 0; i < 110; i++)
+        twice[i] = i;
+    twice[110] = 65;
+    for (unsigned i = 0; i < 39; i++)
+        run40[3 + i] = 89 - i;
+    for (int locked = 0; locked < 2; locked++)
+        acks_match_lrem(f, r, p, twice, 111, run40, 42, locked);
+    for (unsigned i = 0; i < N; i++)
+        free(p[i]);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
+}
+
 /* SCRIPT FLUSH (or a failover to a replica without the scripts) while jobs
  * drain: the scripts are loaded again at once and the EVALSHA that met
  * NOSCRIPT is sent again, in the fetch pipeline as anywhere else; no fetch
