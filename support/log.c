@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include "support/buf.h"
-#include "support/fmt.h"
 #include "support/json.h"
 #include "capstan/error.h"
 
@@ -37,6 +36,12 @@ static capstan_log_format_t log_fmt = CAPSTAN_LOG_PRETTY;
 static capstan_level_t log_min = CAPSTAN_INFO;
 
 static const char *level_name[] = { "DEBUG", "INFO", "WARN", "ERROR" };
+/* " INFO: " and the others, for the text line (its lengths known). */
+static const char *const level_tag[] = { " DEBUG: ", " INFO: ", " WARN: ", " ERROR: " };
+static const size_t level_tag_len[] = { 8, 7, 7, 8 };
+
+/* A string literal appended without measuring it. */
+#define PUT_LIT(b, lit) capstan__buf_put((b), (lit), sizeof(lit) - 1)
 
 #define BATCH_BYTES 4096
 #define BATCH_AGE 0.05
@@ -224,15 +229,19 @@ static void timestamp(char *out, size_t n)
     out[24] = '\0';
 }
 
-/* " pid=P tid=T", formatted once per thread (and again if the pid changes). */
-static const char *pid_tid(void)
+/* " pid=P tid=T", formatted once per thread (and again if the pid changes);
+ * *len is its length. */
+static const char *pid_tid(size_t *len)
 {
     static _Thread_local char s[64];
+    static _Thread_local size_t n;
     static _Thread_local int for_pid;
     if (for_pid != log_pid) {
         snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, capstan__log_tid());
+        n = strlen(s);
         for_pid = log_pid;
     }
+    *len = n;
     return s;
 }
 
@@ -247,25 +256,27 @@ static void json_ctx_str(capstan_buf_t *b, int *first, const char *k, const char
 
 /* Appends s with control characters escaped (\n, \t, \r, \xNN), so that a
  * class name, jid, tag or error message taken from a payload cannot split
- * a text line in two or forge one. Plain runs go out in one append. */
+ * a text line in two or forge one. One pass: plain runs go out in one
+ * append, their length taken from the walk. */
 static void put_escaped(capstan_buf_t *b, const char *s)
 {
-    const char *run = s;
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+    const unsigned char *run = (const unsigned char *)s;
+    for (const unsigned char *c = run;; c++) {
         if (*c >= 0x20 && *c != 0x7f)
             continue;
-        capstan__buf_put(b, run, (size_t)((const char *)c - run));
+        capstan__buf_put(b, (const char *)run, (size_t)(c - run));
+        if (!*c)
+            return;
         if (*c == '\n')
-            capstan__buf_puts(b, "\\n");
+            PUT_LIT(b, "\\n");
         else if (*c == '\t')
-            capstan__buf_puts(b, "\\t");
+            PUT_LIT(b, "\\t");
         else if (*c == '\r')
-            capstan__buf_puts(b, "\\r");
+            PUT_LIT(b, "\\r");
         else
             capstan__buf_printf(b, "\\x%02x", *c);
-        run = (const char *)c + 1;
+        run = c + 1;
     }
-    capstan__buf_puts(b, run);
 }
 
 void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *fmt, ...)
@@ -273,15 +284,15 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
     if (lvl < log_min)
         return;
     int saved = errno;
-    char msg[2048], ts[40];
+    char buf[2048], ts[40];
+    const char *msg = fmt; /* a message without arguments is used as it is */
     if (!log_pid)
         log_pid = (int)getpid();
-    if (!strchr(fmt, '%')) {
-        capstan__fmt_cat(msg, sizeof(msg), fmt, NULL);
-    } else {
+    if (strchr(fmt, '%')) {
+        msg = buf;
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
+        vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
     }
     timestamp(ts, sizeof(ts));
@@ -305,24 +316,24 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
         }
         capstan__buf_puts(&b, "}}\n");
     } else {
-        /* Built with plain appends: this runs twice per job. */
-        capstan__buf_puts(&b, ts);
-        capstan__buf_puts(&b, pid_tid());
+        /* Built with plain appends of known lengths: this runs twice per job. */
+        size_t ptlen;
+        const char *pt = pid_tid(&ptlen);
+        capstan__buf_put(&b, ts, 24);
+        capstan__buf_put(&b, pt, ptlen);
         if (ctx) {
-            if (ctx->cls) { capstan__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
-            if (ctx->jid) { capstan__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
-            if (ctx->tags) { capstan__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
-            if (ctx->trace_id) { capstan__buf_puts(&b, " trace_id="); put_escaped(&b, ctx->trace_id); }
+            if (ctx->cls) { PUT_LIT(&b, " class="); put_escaped(&b, ctx->cls); }
+            if (ctx->jid) { PUT_LIT(&b, " jid="); put_escaped(&b, ctx->jid); }
+            if (ctx->tags) { PUT_LIT(&b, " tags="); put_escaped(&b, ctx->tags); }
+            if (ctx->trace_id) { PUT_LIT(&b, " trace_id="); put_escaped(&b, ctx->trace_id); }
             if (ctx->elapsed >= 0) {
-                capstan__buf_puts(&b, " elapsed=");
+                PUT_LIT(&b, " elapsed=");
                 capstan__buf_put_fixed(&b, ctx->elapsed, 3); /* a line per job: no printf */
             }
         }
-        capstan__buf_puts(&b, " ");
-        capstan__buf_puts(&b, level_name[lvl]);
-        capstan__buf_puts(&b, ": ");
+        capstan__buf_put(&b, level_tag[lvl], level_tag_len[lvl]);
         put_escaped(&b, msg); /* messages quote payloads too (errors, class names) */
-        capstan__buf_puts(&b, "\n");
+        PUT_LIT(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;
     if (mine) {
