@@ -51,7 +51,7 @@ static const size_t level_tag_len[] = { 8, 7, 7, 8 };
 typedef struct batch {
     pthread_mutex_t mu;
     capstan_buf_t buf;
-    double since;            /* monotonic time of the oldest pending line */
+    double since;            /* wall-clock time of the oldest pending line */
     struct batch *next;
 } batch_t;
 
@@ -59,13 +59,6 @@ static pthread_mutex_t batches_lock = PTHREAD_MUTEX_INITIALIZER;
 static batch_t *batches;
 static _Thread_local batch_t *my_batch;
 static int log_pid;
-
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void write_out(const char *p, size_t n)
 {
@@ -203,8 +196,8 @@ const char *capstan__log_tid(void)
 }
 
 /* UTC iso8601 with milliseconds; the part up to the second is formatted
- * once a second per thread. */
-static void timestamp(char *out, size_t n)
+ * once a second per thread. Returns the time read, in seconds. */
+static double timestamp(char *out, size_t n)
 {
     static _Thread_local time_t last = -1;
     static _Thread_local char prefix[32];
@@ -219,7 +212,7 @@ static void timestamp(char *out, size_t n)
     /* The prefix is 19 characters; ".mmmZ" and the NUL follow. */
     long ms = ts.tv_nsec / 1000000;
     if (n < 25)
-        return;
+        return 0;
     memcpy(out, prefix, 19);
     out[19] = '.';
     out[20] = (char)('0' + ms / 100);
@@ -227,6 +220,7 @@ static void timestamp(char *out, size_t n)
     out[22] = (char)('0' + ms % 10);
     out[23] = 'Z';
     out[24] = '\0';
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* " pid=P tid=T", formatted once per thread (and again if the pid changes);
@@ -295,7 +289,7 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
         vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
     }
-    timestamp(ts, sizeof(ts));
+    double now = timestamp(ts, sizeof(ts));
 
     char line[512]; /* most lines fit: no allocation on a job's path */
     capstan_buf_t b;
@@ -339,7 +333,8 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
     if (mine) {
         pthread_mutex_lock(&mine->mu);
         if (ctx && lvl == CAPSTAN_INFO) {
-            double now = mono_now();
+            /* The line's own clock read dates the batch: a step of the
+             * clock back only delays it to the next capstan__log_flush. */
             /* Written before it would pass BATCH_BYTES, so that each
              * thread's buffer stays that size. */
             if (mine->buf.len && mine->buf.len + b.len >= BATCH_BYTES)
