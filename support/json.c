@@ -261,9 +261,11 @@ const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, cons
                                               const char *key)
 {
     size_t klen = strlen(key);
+    /* The first byte before the call: a payload's keys of one length
+     * (class, queue, retry) differ there, and this runs a dozen times a job. */
     for (size_t i = obj->n; i-- > 0;) {
         const capstan_jmember_t *m = &obj->m[i];
-        if (m->klen == klen && memcmp(s + m->kstart, key, klen) == 0)
+        if (m->klen == klen && (!klen || s[m->kstart] == key[0]) && memcmp(s + m->kstart, key, klen) == 0)
             return m;
     }
     return NULL;
