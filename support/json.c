@@ -305,7 +305,12 @@ char *capstan__json_string_dup(const char *v, size_t len)
     char *out = malloc(len), *o = out; /* decoding never grows the text */
     if (!out)
         return NULL;
-    for (size_t i = 1; i < len - 1; i++) {
+    /* Up to the first escape (usually the whole string) in one copy. */
+    const char *bs = memchr(v + 1, '\\', len - 2);
+    size_t plain = bs ? (size_t)(bs - (v + 1)) : len - 2;
+    memcpy(o, v + 1, plain);
+    o += plain;
+    for (size_t i = 1 + plain; i < len - 1; i++) {
         if (v[i] != '\\') {
             *o++ = v[i];
             continue;
