@@ -35,8 +35,9 @@ static int runtime_locked(const capstan_fetched_t *job)
     const size_t k = sizeof(key) - 1, t = sizeof("while_executing") - 1;
     const char *p = job->payload, *end = job->payload + job->len;
     /* One search for the key, then its value (the two types' names are of
-     * one length), rather than a search a type. */
-    while ((p = memmem(p, (size_t)(end - p), key, k)) && (size_t)(end - p) >= k + t) {
+     * one length), rather than a search a type; the key by its 'k', which a
+     * usual payload's keys and values lack. */
+    while ((p = capstan__feed_find(p, (size_t)(end - p), key, k, 4)) && (size_t)(end - p) >= k + t) {
         p += k;
         if (!memcmp(p, "while_executing", t) || !memcmp(p, "until_and_while", t))
             return 1;

@@ -38,11 +38,26 @@ void capstan__feed_gate_leave(capstan_feed_t *feed, int *inside)
         pthread_cond_broadcast(&feed->came); /* the suspect waits for this */
 }
 
+const char *capstan__feed_find(const char *s, size_t len, const char *key, size_t klen, size_t rare)
+{
+    if (len < klen)
+        return NULL;
+    const char *end = s + len, *p = s + rare;
+    while (p < end && (p = memchr(p, key[rare], (size_t)(end - p)))) {
+        const char *at = p - rare;
+        if (at + klen <= end && !memcmp(at, key, klen))
+            return at;
+        p++;
+    }
+    return NULL;
+}
+
 int capstan__feed_suspect(const capstan_fetched_t *job)
 {
-    /* A plain search: a nested field of that name only costs a solo run. */
+    /* A plain search: a nested field of that name only costs a solo run.
+     * By its 'v', which a usual payload's keys and values lack. */
     static const char key[] = "\"recovery_count\"";
-    return memmem(job->payload, job->len, key, sizeof(key) - 1) != NULL;
+    return capstan__feed_find(job->payload, job->len, key, sizeof(key) - 1, 5) != NULL;
 }
 
 /* Waits until no other thread holds a job (the acks that wait meanwhile

@@ -220,13 +220,12 @@ static int sweep(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job, 
  * ACK_DELAY, or this thread is the last one free and jobs take long: nobody
  * would send them before a job ends. Writing them costs this thread a round
  * trip, so not for every job. */
-static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job)
+static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job, double now)
 {
     capstan_feed_t *feed = s->feed;
     size_t nacks = 0;
     *job = capstan__feed_pop(feed);
     wake_for_jobs(feed);
-    double now = capstan__mono();
     /* Below half its level (a sweep asks SWEEP_MAX at most, so the
      * shortfall alone would never say so of a level above twice that). */
     if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(feed)) {
@@ -264,6 +263,8 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
     capstan_feed_t *feed = s->feed;
     double now = capstan__mono();
     pthread_mutex_lock(&feed->mu);
+    /* now stays the time while feed->mu is held and no round trip is read. */
+    int fresh = !s->pend;
     capstan__feed_settle_own(s, feed);
     if (s->taken_at > 0) {
         feed->job_time = 0.9 * feed->job_time + 0.1 * (now - s->taken_at) / (double)s->taken_n;
@@ -276,6 +277,7 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
         pthread_mutex_unlock(&feed->mu);
         capstan__feed_ack_now(s, r, done);
         pthread_mutex_lock(&feed->mu);
+        fresh = 0;
     }
     capstan__feed_gate_leave(feed, inside);
     if (s->want_aux && capstan_redis_ok(r) && !capstan__feed_quiet(feed)) {
@@ -290,6 +292,7 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
             capstan_warn("processor %d: a second connection failed (%s); its round trips are "
                          "not deferred", s->index, capstan_redis_error(s->aux));
         pthread_mutex_lock(&feed->mu);
+        fresh = 0;
     }
     if (atomic_load(&feed->prompt) && must_wait(feed)) {
         /* A runtime lock is not held while this thread waits. */
@@ -298,10 +301,13 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
         pthread_mutex_unlock(&feed->mu);
         capstan__feed_exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
         pthread_mutex_lock(&feed->mu);
+        fresh = 0;
     }
-    while (must_wait(feed) && !capstan__feed_quiet(feed))
+    while (must_wait(feed) && !capstan__feed_quiet(feed)) {
         if (!capstan__feed_read_one(feed))
             capstan__feed_wait(feed);
+        fresh = 0;
+    }
     if (capstan__feed_quiet(feed)) {
         pthread_mutex_unlock(&feed->mu);
         return 0;
@@ -309,7 +315,9 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
     *inside = 1;
     feed->inside++;
     size_t want = feed->n ? 0 : shortfall(feed);
-    int rc = feed->n ? take_waiting(s, r, job) : sweep(s, r, job, want ? want : 1);
+    if (feed->n && !fresh)
+        now = capstan__mono();
+    int rc = feed->n ? take_waiting(s, r, job, now) : sweep(s, r, job, want ? want : 1);
     if (rc == 1) {
         s->taken_at = capstan__mono();
         s->taken_n = 1;

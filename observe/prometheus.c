@@ -166,18 +166,33 @@ static void observe(series_t *d, double seconds)
     d->sum += seconds;
 }
 
+/* Whether capstan__metrics_escape would keep s as it is. */
+static int plain(const char *s)
+{
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        if (*c >= 0x80 || *c == '\\' || *c == '"' || *c == '\n')
+            return 0;
+    return 1;
+}
+
 void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,
                           int failed, const char *handler)
 {
-    /* Once a job: names of usual length are escaped on the stack. */
+    /* Once a job: a plain name (the usual one) is used as it is, another
+     * escaped on the stack. */
     char cstore[128], qstore[128];
     capstan_buf_t c, q;
     capstan__buf_on(&c, cstore, sizeof(cstore));
     capstan__buf_on(&q, qstore, sizeof(qstore));
-    if (!m || capstan__metrics_escape(&c, cls ? cls : "") || capstan__metrics_escape(&q, queue ? queue : ""))
+    cls = cls ? cls : "";
+    queue = queue ? queue : "";
+    int cplain = plain(cls), qplain = plain(queue);
+    if (!m || (!cplain && capstan__metrics_escape(&c, cls)) || (!qplain && capstan__metrics_escape(&q, queue)))
         goto out;
-    cls = c.p;
-    queue = q.p;
+    if (!cplain)
+        cls = c.p;
+    if (!qplain)
+        queue = q.p;
     if (!(seconds >= 0))
         seconds = 0;
     /* A class with a handler is never folded into "_other": there are no

@@ -36,7 +36,7 @@ void capstan__buf_on(capstan_buf_t *b, char *storage, size_t size)
     b->on = 1;
 }
 
-int capstan__buf_put(capstan_buf_t *b, const char *s, size_t len)
+int capstan__buf_put_grow(capstan_buf_t *b, const char *s, size_t len)
 {
     if (reserve(b, len))
         return CAPSTAN_ENOMEM;

@@ -3,6 +3,7 @@
 #define CAPSTAN_SUPPORT_BUF_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef struct capstan_buf {
     char *p;      /* always NUL-terminated when non-NULL; owned unless on */
@@ -16,7 +17,18 @@ typedef struct capstan_buf {
 void capstan__buf_on(capstan_buf_t *b, char *storage, size_t size);
 
 /* Each returns 0 or CAPSTAN_ENOMEM (the buffer is then unchanged). */
-int capstan__buf_put(capstan_buf_t *b, const char *s, size_t len);
+int capstan__buf_put_grow(capstan_buf_t *b, const char *s, size_t len);
+/* Inline when it fits (a log line takes a dozen a job); grows otherwise. */
+static inline int capstan__buf_put(capstan_buf_t *b, const char *s, size_t len)
+{
+    if (b->len + len + 1 > b->cap)
+        return capstan__buf_put_grow(b, s, len);
+    if (len)
+        memcpy(b->p + b->len, s, len);
+    b->len += len;
+    b->p[b->len] = '\0';
+    return 0;
+}
 int capstan__buf_puts(capstan_buf_t *b, const char *s);
 int capstan__buf_printf(capstan_buf_t *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

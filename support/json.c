@@ -261,9 +261,11 @@ const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, cons
                                               const char *key)
 {
     size_t klen = strlen(key);
+    /* The first byte before the call: a payload's keys of one length
+     * (class, queue, retry) differ there, and this runs a dozen times a job. */
     for (size_t i = obj->n; i-- > 0;) {
         const capstan_jmember_t *m = &obj->m[i];
-        if (m->klen == klen && memcmp(s + m->kstart, key, klen) == 0)
+        if (m->klen == klen && (!klen || s[m->kstart] == key[0]) && memcmp(s + m->kstart, key, klen) == 0)
             return m;
     }
     return NULL;
@@ -303,7 +305,12 @@ char *capstan__json_string_dup(const char *v, size_t len)
     char *out = malloc(len), *o = out; /* decoding never grows the text */
     if (!out)
         return NULL;
-    for (size_t i = 1; i < len - 1; i++) {
+    /* Up to the first escape (usually the whole string) in one copy. */
+    const char *bs = memchr(v + 1, '\\', len - 2);
+    size_t plain = bs ? (size_t)(bs - (v + 1)) : len - 2;
+    memcpy(o, v + 1, plain);
+    o += plain;
+    for (size_t i = 1 + plain; i < len - 1; i++) {
         if (v[i] != '\\') {
             *o++ = v[i];
             continue;

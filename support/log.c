@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include "support/buf.h"
-#include "support/fmt.h"
 #include "support/json.h"
 #include "capstan/error.h"
 
@@ -37,6 +36,12 @@ static capstan_log_format_t log_fmt = CAPSTAN_LOG_PRETTY;
 static capstan_level_t log_min = CAPSTAN_INFO;
 
 static const char *level_name[] = { "DEBUG", "INFO", "WARN", "ERROR" };
+/* " INFO: " and the others, for the text line (its lengths known). */
+static const char *const level_tag[] = { " DEBUG: ", " INFO: ", " WARN: ", " ERROR: " };
+static const size_t level_tag_len[] = { 8, 7, 7, 8 };
+
+/* A string literal appended without measuring it. */
+#define PUT_LIT(b, lit) capstan__buf_put((b), (lit), sizeof(lit) - 1)
 
 #define BATCH_BYTES 4096
 #define BATCH_AGE 0.05
@@ -46,7 +51,7 @@ static const char *level_name[] = { "DEBUG", "INFO", "WARN", "ERROR" };
 typedef struct batch {
     pthread_mutex_t mu;
     capstan_buf_t buf;
-    double since;            /* monotonic time of the oldest pending line */
+    double since;            /* wall-clock time of the oldest pending line */
     struct batch *next;
 } batch_t;
 
@@ -54,13 +59,6 @@ static pthread_mutex_t batches_lock = PTHREAD_MUTEX_INITIALIZER;
 static batch_t *batches;
 static _Thread_local batch_t *my_batch;
 static int log_pid;
-
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void write_out(const char *p, size_t n)
 {
@@ -198,8 +196,8 @@ const char *capstan__log_tid(void)
 }
 
 /* UTC iso8601 with milliseconds; the part up to the second is formatted
- * once a second per thread. */
-static void timestamp(char *out, size_t n)
+ * once a second per thread. Returns the time read, in seconds. */
+static double timestamp(char *out, size_t n)
 {
     static _Thread_local time_t last = -1;
     static _Thread_local char prefix[32];
@@ -214,7 +212,7 @@ static void timestamp(char *out, size_t n)
     /* The prefix is 19 characters; ".mmmZ" and the NUL follow. */
     long ms = ts.tv_nsec / 1000000;
     if (n < 25)
-        return;
+        return 0;
     memcpy(out, prefix, 19);
     out[19] = '.';
     out[20] = (char)('0' + ms / 100);
@@ -222,17 +220,22 @@ static void timestamp(char *out, size_t n)
     out[22] = (char)('0' + ms % 10);
     out[23] = 'Z';
     out[24] = '\0';
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* " pid=P tid=T", formatted once per thread (and again if the pid changes). */
-static const char *pid_tid(void)
+/* " pid=P tid=T", formatted once per thread (and again if the pid changes);
+ * *len is its length. */
+static const char *pid_tid(size_t *len)
 {
     static _Thread_local char s[64];
+    static _Thread_local size_t n;
     static _Thread_local int for_pid;
     if (for_pid != log_pid) {
         snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, capstan__log_tid());
+        n = strlen(s);
         for_pid = log_pid;
     }
+    *len = n;
     return s;
 }
 
@@ -247,25 +250,27 @@ static void json_ctx_str(capstan_buf_t *b, int *first, const char *k, const char
 
 /* Appends s with control characters escaped (\n, \t, \r, \xNN), so that a
  * class name, jid, tag or error message taken from a payload cannot split
- * a text line in two or forge one. Plain runs go out in one append. */
+ * a text line in two or forge one. One pass: plain runs go out in one
+ * append, their length taken from the walk. */
 static void put_escaped(capstan_buf_t *b, const char *s)
 {
-    const char *run = s;
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+    const unsigned char *run = (const unsigned char *)s;
+    for (const unsigned char *c = run;; c++) {
         if (*c >= 0x20 && *c != 0x7f)
             continue;
-        capstan__buf_put(b, run, (size_t)((const char *)c - run));
+        capstan__buf_put(b, (const char *)run, (size_t)(c - run));
+        if (!*c)
+            return;
         if (*c == '\n')
-            capstan__buf_puts(b, "\\n");
+            PUT_LIT(b, "\\n");
         else if (*c == '\t')
-            capstan__buf_puts(b, "\\t");
+            PUT_LIT(b, "\\t");
         else if (*c == '\r')
-            capstan__buf_puts(b, "\\r");
+            PUT_LIT(b, "\\r");
         else
             capstan__buf_printf(b, "\\x%02x", *c);
-        run = (const char *)c + 1;
+        run = c + 1;
     }
-    capstan__buf_puts(b, run);
 }
 
 void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *fmt, ...)
@@ -273,18 +278,18 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
     if (lvl < log_min)
         return;
     int saved = errno;
-    char msg[2048], ts[40];
+    char buf[2048], ts[40];
+    const char *msg = fmt; /* a message without arguments is used as it is */
     if (!log_pid)
         log_pid = (int)getpid();
-    if (!strchr(fmt, '%')) {
-        capstan__fmt_cat(msg, sizeof(msg), fmt, NULL);
-    } else {
+    if (strchr(fmt, '%')) {
+        msg = buf;
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
+        vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
     }
-    timestamp(ts, sizeof(ts));
+    double now = timestamp(ts, sizeof(ts));
 
     char line[512]; /* most lines fit: no allocation on a job's path */
     capstan_buf_t b;
@@ -305,30 +310,31 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
         }
         capstan__buf_puts(&b, "}}\n");
     } else {
-        /* Built with plain appends: this runs twice per job. */
-        capstan__buf_puts(&b, ts);
-        capstan__buf_puts(&b, pid_tid());
+        /* Built with plain appends of known lengths: this runs twice per job. */
+        size_t ptlen;
+        const char *pt = pid_tid(&ptlen);
+        capstan__buf_put(&b, ts, 24);
+        capstan__buf_put(&b, pt, ptlen);
         if (ctx) {
-            if (ctx->cls) { capstan__buf_puts(&b, " class="); put_escaped(&b, ctx->cls); }
-            if (ctx->jid) { capstan__buf_puts(&b, " jid="); put_escaped(&b, ctx->jid); }
-            if (ctx->tags) { capstan__buf_puts(&b, " tags="); put_escaped(&b, ctx->tags); }
-            if (ctx->trace_id) { capstan__buf_puts(&b, " trace_id="); put_escaped(&b, ctx->trace_id); }
+            if (ctx->cls) { PUT_LIT(&b, " class="); put_escaped(&b, ctx->cls); }
+            if (ctx->jid) { PUT_LIT(&b, " jid="); put_escaped(&b, ctx->jid); }
+            if (ctx->tags) { PUT_LIT(&b, " tags="); put_escaped(&b, ctx->tags); }
+            if (ctx->trace_id) { PUT_LIT(&b, " trace_id="); put_escaped(&b, ctx->trace_id); }
             if (ctx->elapsed >= 0) {
-                capstan__buf_puts(&b, " elapsed=");
+                PUT_LIT(&b, " elapsed=");
                 capstan__buf_put_fixed(&b, ctx->elapsed, 3); /* a line per job: no printf */
             }
         }
-        capstan__buf_puts(&b, " ");
-        capstan__buf_puts(&b, level_name[lvl]);
-        capstan__buf_puts(&b, ": ");
+        capstan__buf_put(&b, level_tag[lvl], level_tag_len[lvl]);
         put_escaped(&b, msg); /* messages quote payloads too (errors, class names) */
-        capstan__buf_puts(&b, "\n");
+        PUT_LIT(&b, "\n");
     }
     batch_t *mine = b.p ? batch_mine() : NULL;
     if (mine) {
         pthread_mutex_lock(&mine->mu);
         if (ctx && lvl == CAPSTAN_INFO) {
-            double now = mono_now();
+            /* The line's own clock read dates the batch: a step of the
+             * clock back only delays it to the next capstan__log_flush. */
             /* Written before it would pass BATCH_BYTES, so that each
              * thread's buffer stays that size. */
             if (mine->buf.len && mine->buf.len + b.len >= BATCH_BYTES)
