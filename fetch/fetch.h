@@ -262,6 +262,16 @@ int capstan__fetch_recover_known(capstan_redis_t *r, const char *own_identity, i
                                  double liveness_ttl, capstan_ts_format_t ts, int layouts,
                                  capstan_recovery_t *out, char *err);
 
+/* Whether the pass-th orphan pass (0 at start) walks the whole keyspace
+ * (capstan__fetch_recover) or only the registered lists (_known): every
+ * CAPSTAN_FULL_PASS_EVERY-th, the first included (every minute at the
+ * default 4-s recovery_interval, as often as before that interval was
+ * shortened, so Ruby's lists are found as soon as before), and every pass
+ * on a keyspace of at most CAPSTAN_SMALL_KEYSPACE keys, which a SCAN walks
+ * for less than the registry would save. */
+enum { CAPSTAN_FULL_PASS_EVERY = 15, CAPSTAN_SMALL_KEYSPACE = 10000 };
+int capstan__fetch_recover_full_due(capstan_redis_t *r, long pass);
+
 /* Same, for one identity's list only and at once: no suspect marker, so
  * the list is taken at the first call that finds the liveness key gone.
  * Nothing in capstan calls it; tests do, to recover exactly the list they

@@ -433,6 +433,16 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
     return rc;
 }
 
+int capstan__fetch_recover_full_due(capstan_redis_t *r, long pass)
+{
+    if (pass % CAPSTAN_FULL_PASS_EVERY == 0)
+        return 1;
+    redisReply *n = capstan_redis_cmdf(r, "DBSIZE");
+    int small = n && n->type == REDIS_REPLY_INTEGER && n->integer <= CAPSTAN_SMALL_KEYSPACE;
+    freeReplyObject(n);
+    return small;
+}
+
 int capstan__fetch_recover_known(capstan_redis_t *r, const char *own_identity, int max_recoveries,
                                  double liveness_ttl, capstan_ts_format_t ts, int layouts,
                                  capstan_recovery_t *out, char *err)

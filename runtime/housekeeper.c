@@ -69,31 +69,13 @@ static void recovery_pass(capstan_runtime_t *rt, capstan_redis_t *r)
         capstan_info("%ld expired batches left the open-batches index", gone);
 }
 
-/* A full pass SCANs the whole keyspace for working lists; the others look
- * only at the lists of capstan:working (capstan__fetch_recover_known): at
- * the default 4 s interval a full pass every minute, as often as before
- * the interval was shortened, and lists no process registered (Ruby's
- * reliable fetch) are found as soon as before. A small keyspace is walked
- * whole each time: it costs less than the registry can save. */
-enum { FULL_PASS_EVERY = 15, SMALL_KEYSPACE = 10000 };
-
-/* Whether this pass walks the whole keyspace. */
-static int full_pass(capstan_runtime_t *rt, capstan_redis_t *r)
-{
-    if (rt->keeper.passes++ % FULL_PASS_EVERY == 0)
-        return 1;
-    redisReply *n = capstan_redis_cmdf(r, "DBSIZE");
-    int small = n && n->type == REDIS_REPLY_INTEGER && n->integer <= SMALL_KEYSPACE;
-    freeReplyObject(n);
-    return small;
-}
-
 void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     capstan_recovery_t rec = {0};
     char err[CAPSTAN_ERRLEN];
     int (*pass)(capstan_redis_t *, const char *, int, double, capstan_ts_format_t, int, capstan_recovery_t *,
-                char *) = full_pass(rt, r) ? capstan__fetch_recover : capstan__fetch_recover_known;
+                char *) = capstan__fetch_recover_full_due(r, rt->keeper.passes++) ? capstan__fetch_recover
+                                                                                    : capstan__fetch_recover_known;
     if (pass(r, rt->self.identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl, rt->cfg->timestamps,
              rt->cfg->sidekiq_metrics, &rec, err)) {
         capstan_warn("orphan recovery: %s", err);

@@ -210,9 +210,8 @@ typedef struct capstan_keeper {
                                       time, at start (on the main thread,
                                       before the housekeeper starts), then
                                       in the housekeeper */
-    long passes;                   /* orphan passes made (the same threads):
-                                      every FULL_PASS_EVERY-th walks the
-                                      whole keyspace (housekeeper.c) */
+    long passes;                   /* orphan passes made (the same threads;
+                                      capstan__fetch_recover_full_due) */
 } capstan_keeper_t;
 
 /* The scheduler thread's, the periodic thread's and the master watch's:
