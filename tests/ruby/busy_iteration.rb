@@ -14,17 +14,10 @@
 #   state exec=N cursor=INSPECT rt=F
 #   page <small>cursor=...; exec=N; rt=<span data-nwp="3">F</span>s</small>
 require 'sidekiq/api'
-require 'sidekiq/web'
-require 'rack/mock'
-require 'rack/session'
+require_relative 'web_mock'
 
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
-# A bare Rack app: Sidekiq::Web wants a session (its locale is kept there).
-app = Rack::Builder.new do
-  use Rack::Session::Cookie, secret: 'x' * 64, same_site: true
-  run Sidekiq::Web.new
-end
-web = Rack::MockRequest.new(app)
+web = sidekiq_web
 
 def state_line(s, own)
   abort('busy_iteration.rb: no iteration state') unless s

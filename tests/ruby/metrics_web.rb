@@ -1,17 +1,10 @@
 # Renders the Sidekiq 7.x or 8.1 Web UI's Metrics pages (GET /metrics and
 # /metrics/CLASS) for the classes on the command line and prints, per
 # page, its HTTP status and whether each class name appears in it.
-require 'sidekiq/web'
-require 'rack/mock'
-require 'rack/session/cookie'
+require_relative 'web_mock'
 
 Sidekiq.configure_client { |c| c.redis = { url: ENV.fetch('REDIS_URL') } }
-# A bare Rack app: Sidekiq::Web wants a session for its CSRF check.
-app = Rack::Builder.new do
-  use Rack::Session::Cookie, secret: 'x' * 64, same_site: true
-  run Sidekiq::Web.new
-end
-req = Rack::MockRequest.new(app)
+req = sidekiq_web
 res = req.get('/metrics')
 puts "metrics #{res.status} #{ARGV.map { |k| "#{k}=#{res.body.include?(k)}" }.join(' ')}"
 ARGV.each do |k|
