@@ -468,11 +468,11 @@ static capstan_mw_t server_mw(capstan_runtime_t *rt, capstan_slot_t *s, capstan_
                                  s && rt->source->prompt ? prompt : NULL, s } };
 }
 
-void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, capstan_outcome_t *out,
-                         const char *held_digest, capstan_prelock_t *prelock)
+/* A job's run on slot s (NULL: the testing kit's, capstan__server_run_bare):
+ * its class's row, tags and log context, and what the job sees of the
+ * process. The caller frees run.tags. */
+static run_t run_begin(capstan_runtime_t *rt, capstan_slot_t *s, capstan_job_t *job)
 {
-    capstan_runtime_t *rt = s->rt;
-    job->redis = capstan_redis_ctx(r);
     job->stopping = &rt->stopping;
     job->quiet = &rt->quiet;
     run_t run = { .slot = s, .row = capstan__class_find(rt, job->cls) };
@@ -481,6 +481,24 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
     run.tags = tags_of(job);
     run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
                                   .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
+    return run;
+}
+
+/* Runs the server chain on mw, the handler at its end. The jobs the
+ * handler (or a middleware) pushes carry its trace. */
+static void run_chain(capstan_runtime_t *rt, capstan_mw_t *mw, const capstan_job_t *job)
+{
+    capstan__trace_enter(job->traceparent, job->tracestate);
+    capstan__mw_run(rt->server_chain, mw, call_handler, NULL);
+    capstan__trace_leave();
+}
+
+void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *job, capstan_outcome_t *out,
+                         const char *held_digest, capstan_prelock_t *prelock)
+{
+    capstan_runtime_t *rt = s->rt;
+    job->redis = capstan_redis_ctx(r);
+    run_t run = run_begin(rt, s, job);
     capstan_mw_t chain = server_mw(rt, s, r, job, run.row), *mw = &chain;
     mw->out = out;
     mw->priv = &run;
@@ -502,10 +520,7 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
         requeue_unknown(s, r, job, -1);
         capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
     } else {
-        /* The jobs the handler (or a middleware) pushes carry its trace. */
-        capstan__trace_enter(job->traceparent, job->tracestate);
-        capstan__mw_run(rt->server_chain, mw, call_handler, NULL);
-        capstan__trace_leave();
+        run_chain(rt, mw, job);
     }
     free(run.tags);
     capstan__mw_clear(mw);
@@ -514,20 +529,11 @@ void capstan__server_run(capstan_slot_t *s, capstan_redis_t *r, capstan_job_t *j
 void capstan__server_run_bare(capstan_runtime_t *rt, capstan_redis_t *r, capstan_job_t *job,
                               capstan_outcome_t *out)
 {
-    job->stopping = &rt->stopping;
-    job->quiet = &rt->quiet;
-    run_t run = { .row = capstan__class_find(rt, job->cls) };
-    run.h = run.row->h;
-    job->max_iteration_runtime = run.row->max_iteration_runtime;
-    run.tags = tags_of(job);
-    run.ctx = (capstan_logctx_t){ .cls = job->cls, .jid = job->jid, .tags = run.tags,
-                                  .trace_id = job->trace_id[0] ? job->trace_id : NULL, .elapsed = -1 };
+    run_t run = run_begin(rt, NULL, job);
     capstan_mw_t mw = server_mw(rt, NULL, r, job, run.row);
     mw.out = out;
     mw.priv = &run;
-    capstan__trace_enter(job->traceparent, job->tracestate);
-    capstan__mw_run(rt->server_chain, &mw, call_handler, NULL);
-    capstan__trace_leave();
+    run_chain(rt, &mw, job);
     free(run.tags);
     capstan__mw_clear(&mw);
 }
