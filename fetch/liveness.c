@@ -89,12 +89,12 @@ int capstan__liveness_refresh(capstan_liveness_t *l, capstan_redis_t *r)
     /* And its list is among those the fast recovery pass looks at again
      * (a pass that found it dead with no list removed it). */
     const char *del[] = { "DEL", l->marker }, *add[] = { "SADD", CAPSTAN_KEY_WORKING_SET, l->identity };
-    for (int i = 0; i < 2; i++) {
-        rep = i ? capstan_redis_cmd(r, 3, add, NULL) : capstan_redis_cmd(r, 2, del, NULL);
-        if (!rep)
-            return CAPSTAN_EREDIS;
-        freeReplyObject(rep);
-    }
+    if (!(rep = capstan_redis_cmd(r, 2, del, NULL)))
+        return CAPSTAN_EREDIS;
+    freeReplyObject(rep);
+    if (!(rep = capstan_redis_cmd(r, 3, add, NULL)))
+        return CAPSTAN_EREDIS;
+    freeReplyObject(rep);
     return 1;
 }
 

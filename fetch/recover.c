@@ -368,6 +368,14 @@ int capstan__fetch_recover_dead(capstan_redis_t *r, const char *identity, const 
     return rc ? rc : recover_list(r, identity, 0, max_recoveries, ts, layouts, started, out, err);
 }
 
+/* How long a list stays a suspect before it is taken: longer than the
+ * owners' refresh interval (at most a third of the TTL), so a live owner
+ * that can write to Redis has re-created its key. */
+static long long grace_of(double liveness_ttl)
+{
+    return (long long)(liveness_ttl * 500.0);
+}
+
 /* Whether key exists: 1 or 0, or an error with err filled. */
 static int exists(capstan_redis_t *r, const char *prefix, const char *id, char *err)
 {
@@ -407,9 +415,7 @@ int capstan__fetch_recover(capstan_redis_t *r, const char *own_identity, int max
                            capstan_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
-    /* Longer than the owners' refresh interval (at most a third of the TTL),
-     * so a live owner that can write to Redis has re-created its key. */
-    long long grace_ms = (long long)(liveness_ttl * 500.0);
+    long long grace_ms = grace_of(liveness_ttl);
     size_t plen = strlen(CAPSTAN_KEY_WORKING);
     capstan_scan_t scan;
     const redisReply *keys;
@@ -448,7 +454,7 @@ int capstan__fetch_recover_known(capstan_redis_t *r, const char *own_identity, i
                                  capstan_recovery_t *out, char *err)
 {
     memset(out, 0, sizeof(*out));
-    long long grace_ms = (long long)(liveness_ttl * 500.0);
+    long long grace_ms = grace_of(liveness_ttl);
     redisReply *ids = capstan_redis_cmdf(r, "SMEMBERS %s", CAPSTAN_KEY_WORKING_SET);
     if (!ids || ids->type != REDIS_REPLY_ARRAY) {
         int rc = capstan__reply_error(r, ids, "SMEMBERS", err);
