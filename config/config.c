@@ -8,6 +8,7 @@
 #include "config/names.h"
 #include "periodic/periodic.h"
 #include "config/settings.h"
+#include "config/shards.h"
 #include "config/tls.h"
 
 #include <ctype.h>
@@ -70,6 +71,7 @@ void capstan_config_free(capstan_config_t *cfg)
     free(cfg->config_file);
     capstan__config_tls_clear(&cfg->tls);
     capstan__periodic_conf_free(cfg);
+    capstan__config_shards_free(cfg);
     free(cfg);
 }
 
@@ -208,7 +210,8 @@ int capstan_config_validate(capstan_config_t *cfg, char *err)
     }
     /* Sidekiq ignores a `strict:` setting: only weights decide the order. */
     cfg->strict = !weighted;
-    return capstan__config_tls_into_url(cfg, err);
+    int rc = capstan__config_tls_into_url(cfg, err);
+    return rc ? rc : capstan__config_shards_check(cfg, err);
 }
 
 const capstan_class_conf_t *capstan_config_class(const capstan_config_t *cfg, const char *name)

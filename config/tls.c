@@ -1,7 +1,8 @@
 /* TLS settings given apart from the URL, carried into the query of a URL
  * that speaks TLS (rediss://, or a sentinel URL with TLS to the master or
  * the sentinels), where every connection (the worker's threads, the
- * metrics server) reads them from cfg->redis_url. */
+ * metrics server) reads them from cfg->redis_url, or from each shard's
+ * URL. */
 #include "config/tls.h"
 #include "config/yaml.h"
 #include "redis/url.h"
@@ -109,23 +110,15 @@ static int speaks_tls(const char *url)
     return !strncmp(url, "redis+sentinel://", 17) && q && strstr(q, "sentinel_ssl=true");
 }
 
-int capstan__config_tls_into_url(capstan_config_t *cfg, char *err)
+/* Appends t to *url as query parameters. 0 or CAPSTAN_ENOMEM. */
+static int into(char **url, const capstan_tls_conf_t *t, char *err)
 {
-    capstan_tls_conf_t *t = &cfg->tls;
-    if (!t->ca_file && !t->ca_path && !t->cert && !t->key && !t->server_name && !t->verify_none)
-        return 0;
-    if (!cfg->redis_url || !speaks_tls(cfg->redis_url)) {
-        char shown[512];
-        capstan__redis_url_redact(cfg->redis_url ? cfg->redis_url : "", shown, sizeof(shown));
-        return capstan_seterr(err, CAPSTAN_ECONFIG, "tls: settings need a URL that speaks TLS "
-                              "(rediss://, or sentinels with ssl or sentinel_ssl; got %s)", shown);
-    }
-    char *url = NULL;
+    char *out = NULL;
     size_t n = 0;
-    FILE *f = open_memstream(&url, &n);
+    FILE *f = open_memstream(&out, &n);
     if (!f)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
-    fputs(cfg->redis_url, f);
+    fputs(*url, f);
     put_param(f, "ca_file", t->ca_file);
     put_param(f, "ca_path", t->ca_path);
     put_param(f, "cert", t->cert);
@@ -133,16 +126,44 @@ int capstan__config_tls_into_url(capstan_config_t *cfg, char *err)
     put_param(f, "server_name", t->server_name);
     if (t->verify_none)
         fputs("&verify=none", f);
-    if (fclose(f) || !url) {
-        free(url);
+    if (fclose(f) || !out) {
+        free(out);
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     }
     /* The first parameter starts the query unless the URL has one. */
-    char *amp = url + strlen(cfg->redis_url);
-    if (!strchr(cfg->redis_url, '?'))
+    char *amp = out + strlen(*url);
+    if (!strchr(*url, '?'))
         *amp = '?';
-    free(cfg->redis_url);
-    cfg->redis_url = url;
-    capstan__config_tls_clear(t);
+    free(*url);
+    *url = out;
     return 0;
+}
+
+int capstan__config_tls_into_url(capstan_config_t *cfg, char *err)
+{
+    capstan_tls_conf_t *t = &cfg->tls;
+    if (!t->ca_file && !t->ca_path && !t->cert && !t->key && !t->server_name && !t->verify_none)
+        return 0;
+    /* Sharded: into every shard that speaks TLS, at least one. */
+    size_t tls = 0;
+    for (size_t i = 0; i < cfg->nshards; i++)
+        if (speaks_tls(cfg->shards[i].redis_url)) {
+            int rc = into(&cfg->shards[i].redis_url, t, err);
+            if (rc)
+                return rc;
+            tls++;
+        }
+    if (cfg->nshards && !tls)
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "tls: settings need a shard whose URL speaks TLS "
+                              "(rediss://, or sentinels with ssl or sentinel_ssl)");
+    if (!cfg->nshards && (!cfg->redis_url || !speaks_tls(cfg->redis_url))) {
+        char shown[512];
+        capstan__redis_url_redact(cfg->redis_url ? cfg->redis_url : "", shown, sizeof(shown));
+        return capstan_seterr(err, CAPSTAN_ECONFIG, "tls: settings need a URL that speaks TLS "
+                              "(rediss://, or sentinels with ssl or sentinel_ssl; got %s)", shown);
+    }
+    int rc = cfg->nshards ? 0 : into(&cfg->redis_url, t, err);
+    if (!rc)
+        capstan__config_tls_clear(t);
+    return rc;
 }

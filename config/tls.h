@@ -10,7 +10,7 @@
 int capstan__config_tls_flag(capstan_config_t *cfg, const char *flag, const char *v, char *err);
 /* Appends cfg->tls to cfg->redis_url as query parameters and clears it, so a
  * second call does nothing. Returns CAPSTAN_ECONFIG when the URL is not
- * rediss://. */
+ * rediss://. With shards: to each shard's URL that speaks TLS (one must). */
 int capstan__config_tls_into_url(capstan_config_t *cfg, char *err);
 void capstan__config_tls_clear(capstan_tls_conf_t *t);
 

@@ -355,6 +355,7 @@ static const key_def_t keys[] = {
     {"scheduler", capstan__yaml_set_scheduler},
     {"limits", set_queue_limits},
     {"process_limits", set_queue_limits},
+    {"shards", capstan__yaml_set_shards},
 };
 
 /* Keys that Sidekiq or a common plugin reads and capstan does not: a warning

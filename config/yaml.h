@@ -76,6 +76,9 @@ int capstan__yaml_set_periodic(ctx_t *c, const key_def_t *k, const char *key, ya
 int capstan__yaml_set_schedule(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 int capstan__yaml_set_scheduler(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 
+/* The shards: list (config/yaml_shards.c). */
+int capstan__yaml_set_shards(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
+
 /* The tls: mapping (config/tls.c). */
 int capstan__yaml_set_tls(ctx_t *c, const key_def_t *k, const char *key, yaml_node_t *v);
 

@@ -1313,3 +1313,56 @@ Test(config, periodic_add_from_c)
     cr_assert(strstr(err, "periodic third: cron:"), "%s", err);
     cr_assert_eq(cfg->nperiodic, 2, "a refused schedule leaves the config as it was");
 }
+
+/* shards: names each Redis of a sharded fleet; the first shard's URL is
+ * the one every single-URL reader sees, and TLS settings reach the shards
+ * that speak TLS. */
+Test(config, shards_list_each_redis_with_its_own_queues)
+{
+    cr_assert_eq(load("queues: [default, reports]\n"
+                      "tls:\n  ca_file: /etc/ca.pem\n"
+                      "shards:\n"
+                      "  - name: a\n    redis_url: redis://10.0.0.1:6379/0\n"
+                      "  - name: b-2\n    url: rediss://10.0.0.2:6380/1\n    queues: [reports]\n"),
+                 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg->nshards, 2);
+    cr_assert_str_eq(cfg->shards[0].name, "a");
+    cr_assert_eq(cfg->shards[0].nqueues, 0);
+    cr_assert_str_eq(cfg->shards[1].name, "b-2");
+    cr_assert_str_eq(cfg->shards[1].redis_url, "rediss://10.0.0.2:6380/1?ca_file=/etc/ca.pem");
+    cr_assert_eq(cfg->shards[1].nqueues, 1);
+    cr_assert_str_eq(cfg->shards[1].queues[0], "reports");
+    cr_assert_str_eq(cfg->redis_url, "redis://10.0.0.1:6379/0");
+    /* Validating again (the runtime does) changes nothing. */
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    cr_assert_str_eq(cfg->shards[1].redis_url, "rediss://10.0.0.2:6380/1?ca_file=/etc/ca.pem");
+}
+
+Test(config, shard_mistakes_name_the_line_and_the_problem)
+{
+    static const struct { const char *yaml; int line; const char *rest; } bad[] = {
+        {"shards:\n  - name: a\n    redis_url: redis://h:1/0\n  - name: a\n    redis_url: redis://h:2/0\n", 4,
+         "shards: a is given twice"},
+        {"shards:\n  - name: a\n", 2, "shards: a needs a redis_url"},
+        {"shards:\n  - name: a b\n    redis_url: redis://h:1/0\n", 2,
+         "shards: the name \"a b\" must be letters, digits, _ and - only"},
+        {"shards:\n  - name: a\n    redis_url: redis://h:1/0\n    host: h\n", 4,
+         "shards.host: unknown key (a shard has name, redis_url and queues)"},
+        {"shards: redis://h:1/0\n", 1, "shards: must be a list of shards (name, redis_url, queues)"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fresh();
+        cr_assert_eq(load(bad[i].yaml), CAPSTAN_ECONFIG, "case %zu: %s", i, err);
+        assert_err(bad[i].line, bad[i].rest);
+    }
+    fresh();
+    cr_assert_eq(load("redis_url: redis://h:9/0\nshards:\n  - name: a\n    redis_url: redis://h:1/0\n"), 0,
+                 "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
+    cr_assert_str_eq(err, "redis_url: not used with shards: (each shard gives its own redis_url)");
+    fresh();
+    cr_assert_eq(load("tls:\n  verify: none\nshards:\n  - name: a\n    redis_url: redis://h:1/0\n"), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), CAPSTAN_ECONFIG);
+    cr_assert(strstr(err, "need a shard whose URL speaks TLS"), "%s", err);
+}

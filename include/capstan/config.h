@@ -95,8 +95,21 @@ typedef struct capstan_tls_conf {
     int verify_none;     /* no certificate checks at all (warned at start) */
 } capstan_tls_conf_t;
 
+/* One Redis shard of a sharded fleet (the file's shards: list): a
+ * complete Sidekiq-format Redis of its own, with the connection settings a
+ * redis_url has. */
+typedef struct capstan_shard_conf {
+    char *name;               /* a plain word, unique in the list */
+    char *redis_url;          /* as the top-level redis_url; the top-level tls:
+                                 settings are carried into it when it speaks TLS */
+    char **queues;            /* the shard's own queues (weights from the
+                                 top-level list); NULL = every queue */
+    size_t nqueues;
+} capstan_shard_conf_t;
+
 typedef struct capstan_config {
-    char *redis_url;          /* default redis://127.0.0.1:6379/0 */
+    char *redis_url;          /* default redis://127.0.0.1:6379/0; with shards,
+                                 the first shard's (capstan_config_validate) */
     int concurrency;          /* processor threads, default 10 */
     capstan_queue_conf_t *queues; /* default one queue "default" */
     size_t nqueues;
@@ -169,6 +182,9 @@ typedef struct capstan_config {
     int no_supervisor;        /* 1: run the worker in this process, no supervisor */
     long long max_memory;     /* bytes of RSS a supervised worker may reach before
                                  it is recycled; 0 (default) = no limit */
+    capstan_shard_conf_t *shards; /* the shards served at once; none (the
+                                 default) = the one redis_url */
+    size_t nshards;
 } capstan_config_t;
 
 /* Returns a new config holding the defaults, owned by the caller (free with
@@ -207,8 +223,17 @@ CAPSTAN_API int capstan_config_add_queue(capstan_config_t *cfg, const char *word
 CAPSTAN_API int capstan_config_append_queue(capstan_config_t *cfg, const char *name,
                                             int weight, char *err);
 
+/* Appends a shard called name (a plain word, not yet in the list) at url,
+ * reading queues[0..nqueues) only (nqueues 0: every queue). Copies all.
+ * Returns 0, CAPSTAN_ECONFIG with err filled, or CAPSTAN_ENOMEM; cfg is
+ * unchanged on error. */
+CAPSTAN_API int capstan_config_add_shard(capstan_config_t *cfg, const char *name, const char *url,
+                                         const char *const *queues, size_t nqueues, char *err);
+
 /* Checks ranges and derives cfg->strict; moves cfg->tls into redis_url
- * (which must then be rediss://). Returns CAPSTAN_ECONFIG with err filled. */
+ * (which must then be rediss://), or with shards into each shard's URL
+ * that speaks TLS, and makes the first shard's URL cfg->redis_url.
+ * Returns CAPSTAN_ECONFIG with err filled. */
 CAPSTAN_API int capstan_config_validate(capstan_config_t *cfg, char *err);
 
 /* The options given for a class, or NULL. Borrowed from cfg. */

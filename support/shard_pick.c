@@ -1,0 +1,32 @@
+/* Rendezvous hashing of keys over shard names (see shard_pick.h). */
+#include "support/shard_pick.h"
+
+#include <string.h>
+
+uint32_t capstan__crc32(uint32_t crc, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    crc = ~crc;
+    while (n--) {
+        crc ^= *b++;
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
+
+size_t capstan__shard_pick(const char *const *names, size_t n, const char *key, size_t len)
+{
+    size_t best = 0;
+    uint32_t top = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = capstan__crc32(0, names[i], strlen(names[i]));
+        h = capstan__crc32(h, ":", 1);
+        h = capstan__crc32(h, key, len);
+        if (i == 0 || h > top) {
+            top = h;
+            best = i;
+        }
+    }
+    return best;
+}
