@@ -41,8 +41,8 @@ struct capstan_client {
     capstan_txn_t *txn;  /* open transaction (capstan_client_begin), or NULL */
     const capstan_push_sink_t *sink; /* the testing kit's, or NULL */
     /* Routing over cfg's shards: a connection per shard (NULL until its
-     * first push), their names for capstan__shard_pick, and the shard
-     * capstan_client_set_shard named (-1: by the rule). */
+     * first push), room for the names capstan__shard_pick picks among,
+     * and the shard capstan_client_set_shard named (-1: by the rule). */
     capstan_redis_t **shard_r;
     const char **shard_names;
     long pin;
@@ -147,8 +147,6 @@ static int shards_ready(capstan_client_t *c)
         c->shard_names = NULL;
         return capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < n; i++)
-        c->shard_names[i] = c->cfg->shards[i].name;
     return 0;
 }
 
@@ -483,20 +481,28 @@ static int run_chain(capstan_client_t *c, capstan_mw_t *mw, const char *cls, siz
 
 /* Picks job's shard by the rule (doc/sharding-routing.md): the shard
  * capstan_client_set_shard named; else the first whose queues: list has
- * the job's queue; else capstan__shard_pick of the job's lock digest, so
- * that its duplicates meet (and its lock is taken) in one shard; else of
- * its jid, so that one queue spreads over every shard. The digest is the
- * one the "unique" middleware computes from the payload as built: a
- * middleware ahead of it that rewrites args is not seen here. Points the
- * job's chain at that shard's connection. */
+ * the job's queue; else, among the shards that fetch every queue (no
+ * queues: list), capstan__shard_pick of the job's lock digest, so that its
+ * duplicates meet (and its lock is taken) in one shard, else of its jid,
+ * so that one queue spreads over them all. The digest is the one the
+ * "unique" middleware computes from the payload as built: a middleware
+ * ahead of it that rewrites args is not seen here. Points the job's
+ * chain at that shard's connection. */
 static int route(capstan_client_t *c, push_job_t *job)
 {
     const capstan_config_t *cfg = c->cfg;
     long home = c->pin;
-    for (size_t i = 0; home < 0 && i < cfg->nshards; i++)
+    size_t nopen = 0;
+    for (size_t i = 0; i < cfg->nshards; i++) {
         for (size_t k = 0; home < 0 && k < cfg->shards[i].nqueues; k++)
             if (!strcmp(cfg->shards[i].queues[k], job->mw.queue))
                 home = (long)i;
+        if (!cfg->shards[i].queues)
+            c->shard_names[nopen++] = cfg->shards[i].name;
+    }
+    if (home < 0 && !nopen)
+        return capstan_seterr(c->err, CAPSTAN_ECONFIG, "no shard fetches queue %.80s: none lists it "
+                              "in its queues:, and none is without a queues: list", job->mw.queue);
     if (home >= 0) {
         job->shard = (size_t)home;
     } else {
@@ -506,9 +512,11 @@ static int route(capstan_client_t *c, push_job_t *job)
          * with the reason; the jid places it meanwhile. */
         int locked = capstan_unique__resolve(&job->mw, &s, 1, err) == 0 && s.type != CAPSTAN_LOCK_NONE;
         const char *key = locked ? s.digest : job->jid;
-        job->shard = capstan__shard_pick(c->shard_names, cfg->nshards, key, strlen(key));
+        const char *name = c->shard_names[capstan__shard_pick(c->shard_names, nopen, key, strlen(key))];
         if (locked)
             capstan_unique__spec_clear(&s);
+        while (strcmp(cfg->shards[job->shard].name, name))
+            job->shard++;
     }
     job->mw.r = shard_conn(c, job->shard);
     return job->mw.r ? 0 : CAPSTAN_ECONFIG; /* c->err says why */

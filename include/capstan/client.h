@@ -88,10 +88,12 @@ CAPSTAN_API int capstan_client_set_class(capstan_client_t *c, const char *cls,
  * When cfg has a shards: list, the client routes: each job (of a bulk push
  * too) goes to one shard, and its uniqueness lock is taken there. The rule,
  * in order: the shard capstan_client_set_shard named; else the first shard
- * whose queues: list has the job's queue; else the shard
- * capstan__shard_pick (rendezvous hashing, doc/sharding-routing.md) gives
- * for the job's lock digest, as the "unique" middleware computes it, so
- * that a job's duplicates meet in one shard; else for its jid. One
+ * whose queues: list has the job's queue; else, among the shards without
+ * a queues: list (they fetch every queue), the one rendezvous hashing
+ * (doc/sharding-routing.md) gives for the job's lock digest, as the
+ * "unique" middleware computes it, so that a job's duplicates meet in one
+ * shard; else for its jid. A push to a queue no shard fetches fails with
+ * CAPSTAN_ECONFIG. One
  * connection per shard is made at its first push; the connection of
  * capstan_client_new is then not used for pushes. A client with shards
  * has no transactions (capstan_client_begin). A testing kit's client does
