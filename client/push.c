@@ -515,8 +515,8 @@ static int route(capstan_client_t *c, push_job_t *job)
         const char *name = c->shard_names[capstan__shard_pick(c->shard_names, nopen, key, strlen(key))];
         if (locked)
             capstan_unique__spec_clear(&s);
-        while (strcmp(cfg->shards[job->shard].name, name))
-            job->shard++;
+        for (job->shard = 0; strcmp(cfg->shards[job->shard].name, name); job->shard++)
+            continue;
     }
     job->mw.r = shard_conn(c, job->shard);
     return job->mw.r ? 0 : CAPSTAN_ECONFIG; /* c->err says why */
