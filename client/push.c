@@ -708,8 +708,11 @@ int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *c
         capstan_txn_t **t = &ss[jobs[i].shard].t;
         if (!rc && !*t && !(*t = capstan__txn_new()))
             rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
-        if (!rc)
-            rc = run_chain(c, &jobs[i].mw, cls, &denied);
+        if (!rc && (rc = run_chain(c, &jobs[i].mw, cls, &denied)) && sharded(c)) {
+            char why[CAPSTAN_ERRLEN];
+            snprintf(why, sizeof(why), "%s", c->err);
+            capstan_seterr(c->err, rc, "shard %s: %s", c->cfg->shards[jobs[i].shard].name, why);
+        }
         if (!rc && jobs[i].mw.accepted && hold_lock(*t, &jobs[i].mw))
             rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
     }

@@ -506,3 +506,66 @@ Test(routing, ruby_and_c_pick_alike)
     cr_assert_eq(n, 300);
     free(out);
 }
+
+/* A bulk push over shards, one of them down: its chain cannot run there,
+ * so nothing is pushed (as for a client without shards whose Redis is
+ * down), no jid is handed out, and the error names the shard. */
+Test(routing, a_shard_down_fails_the_bulk_naming_it)
+{
+    shards_start();
+    capstan_config_t *cfg = shards_config(0);
+    capstan_client_t *c = sharded_client(cfg);
+    kill(srv[2].pid, SIGKILL);
+    cr_assert_eq(kt_wait_exit(srv[2].pid, 20), 128 + SIGKILL);
+    char args[300][16], jids[300][25];
+    const char *argv[300];
+    for (int i = 0; i < 300; i++) {
+        snprintf(args[i], sizeof(args[i]), "[%d]", i);
+        argv[i] = args[i];
+    }
+    cr_assert_eq(capstan_client_push_bulk(c, "PlainJob", argv, 300, NULL, jids), CAPSTAN_EREDIS);
+    cr_assert(strstr(capstan_client_error(c), "shard c: "), "%s", capstan_client_error(c));
+    for (int i = 0; i < 300; i++) {
+        cr_assert_eq(jids[i][0], '\0', "job %d has a jid, as if pushed", i);
+        cr_assert_null(capstan_client_pushed_shard(c, (size_t)i));
+    }
+    cr_assert_eq(kt_int_on(srv[0].conn, "DBSIZE") + kt_int_on(srv[1].conn, "DBSIZE"), 0);
+    /* A push whose rule gives a or b still goes. */
+    int pushed = 0;
+    for (int i = 0; i < 30; i++) {
+        char jid[25];
+        int rc = capstan_client_push(c, "PlainJob", "[1]", NULL, jid);
+        cr_assert(rc == 0 || rc == CAPSTAN_EREDIS, "%d: %s", rc, capstan_client_error(c));
+        if (rc == 0)
+            cr_assert_neq(shard_index(capstan_client_pushed_shard(c, 0)), 2);
+        pushed += rc == 0;
+    }
+    cr_assert_eq(kt_int_on(srv[0].conn, "LLEN queue:default") + kt_int_on(srv[1].conn, "LLEN queue:default"),
+                 pushed);
+    cr_assert_gt(pushed, 0);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
+}
+
+/* A queue that no shard fetches is refused, not stranded. */
+Test(routing, a_queue_no_shard_fetches_is_refused)
+{
+    shards_start();
+    char err[CAPSTAN_ERRLEN];
+    const char *qa[] = { "alpha" }, *qb[] = { "beta" };
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert_eq(capstan_config_add_shard(cfg, "a", srv[0].url, qa, 1, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_add_shard(cfg, "b", srv[1].url, qb, 1, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    capstan_client_t *c = sharded_client(cfg);
+    capstan_push_opts_t o = capstan_push_opts_default();
+    o.queue = "gamma";
+    cr_assert_eq(capstan_client_push(c, "PlainJob", "[1]", &o, NULL), CAPSTAN_ECONFIG);
+    cr_assert(strstr(capstan_client_error(c), "gamma"), "%s", capstan_client_error(c));
+    o.queue = "beta";
+    cr_assert_eq(capstan_client_push(c, "PlainJob", "[1]", &o, NULL), 0, "%s", capstan_client_error(c));
+    cr_assert_str_eq(capstan_client_pushed_shard(c, 0), "b");
+    cr_assert_eq(kt_int_on(srv[0].conn, "DBSIZE") + kt_int_on(srv[1].conn, "LLEN queue:gamma"), 0);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
+}

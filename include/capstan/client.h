@@ -69,9 +69,11 @@ CAPSTAN_API int capstan_client_push(capstan_client_t *c, const char *cls, const 
  * are pushed, and the call returns CAPSTAN_EDENIED (ahead of
  * CAPSTAN_PUSH_UNREPLICATED). With shards (capstan_client_use_config), each
  * job is routed on its own and each shard's share goes in a MULTI/EXEC of
- * its own: a shard that fails does not stop the others, whose jobs keep
- * their jids (the failed shard's get empty ones), and the call returns the
- * first failure, its text naming the shard. */
+ * its own. A shard that cannot be reached when a job's chain runs there
+ * fails the call before anything is sent (nothing pushed, as for a client
+ * whose Redis is down); one that fails as the writes are sent does not stop
+ * the others, whose jobs keep their jids (the failed shard's get empty
+ * ones). The call returns the first failure, its text naming the shard. */
 CAPSTAN_API int capstan_client_push_bulk(capstan_client_t *c, const char *cls,
                                          const char *const *args, size_t n,
                                          const capstan_push_opts_t *opts, char (*jids)[25]);
