@@ -280,12 +280,9 @@ const char *capstan_client_class_queue(const capstan_client_t *c, const char *cl
     return conf && conf->queue ? conf->queue : set && set->queue ? set->queue : NULL;
 }
 
-long long capstan_client_cancel(capstan_client_t *c, const char *jid)
+/* The cancel mark for jid in the Redis behind r (see capstan_client_cancel). */
+static long long cancel_on(capstan_client_t *c, capstan_redis_t *r0, const char *jid)
 {
-    if (!jid || !*jid) {
-        capstan_seterr(c->err, CAPSTAN_EINVAL, "a jid is needed");
-        return -1;
-    }
     char *key = capstan__key_dup(CAPSTAN_KEY_ITERATION, jid), now[32], ttl[32];
     if (!key) {
         capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
@@ -299,19 +296,19 @@ long long capstan_client_cancel(capstan_client_t *c, const char *jid)
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     const char *hsetnx[] = { "HSETNX", key, "cancelled", now }, *hget[] = { "HGET", key, "cancelled" },
                *expire[] = { "EXPIRE", key, ttl };
-    int rc = capstan_redis_ok(c->r) ? 0 : capstan_redis_connect(c->r);
+    int rc = capstan_redis_ok(r0) ? 0 : capstan_redis_connect(r0);
     int sent = 0;
-    if (!rc && !(rc = capstan_redis_append(c->r, 1, multi, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 4, hsetnx, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 3, hget, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 3, expire, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 1, exec, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 1, multi, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 4, hsetnx, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 3, hget, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 3, expire, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 1, exec, NULL))) sent++;
     free(key);
     long long at = -1;
     /* Every reply is read, whatever came before, so none is left for the
      * client's next command; the EXEC's is the last. */
     for (int i = 0; i < sent; i++) {
-        redisReply *r = capstan_redis_get_reply(c->r);
+        redisReply *r = capstan_redis_get_reply(r0);
         if (!r) {
             rc = CAPSTAN_EREDIS;
             break;
@@ -330,10 +327,37 @@ long long capstan_client_cancel(capstan_client_t *c, const char *jid)
         freeReplyObject(r);
     }
     if (rc == CAPSTAN_EREDIS)
-        capstan_seterr(c->err, rc, "cancel %s: %s", jid, capstan_redis_error(c->r));
+        capstan_seterr(c->err, rc, "cancel %s: %s", jid, capstan_redis_error(r0));
     else if (!rc && at < 0)
         rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: the mark did not stay", jid);
     return rc ? -1 : at;
+}
+
+long long capstan_client_cancel(capstan_client_t *c, const char *jid)
+{
+    if (!jid || !*jid) {
+        capstan_seterr(c->err, CAPSTAN_EINVAL, "a jid is needed");
+        return -1;
+    }
+    if (!sharded(c))
+        return cancel_on(c, c->r, jid);
+    /* The job runs in a shard its route chose (a home queue, a digest or
+     * its jid), which the jid alone does not tell: the mark goes to every
+     * shard, where it expires unread in all but the job's. */
+    long long first = -1;
+    for (size_t i = 0; i < c->cfg->nshards; i++) {
+        capstan_redis_t *r = shard_conn(c, i);
+        long long at = r ? cancel_on(c, r, jid) : -1;
+        if (at < 0) {
+            char why[CAPSTAN_ERRLEN];
+            snprintf(why, sizeof(why), "%s", c->err);
+            capstan_seterr(c->err, CAPSTAN_EREDIS, "shard %s: %s", c->cfg->shards[i].name, why);
+            return -1;
+        }
+        if (first < 0 || at < first)
+            first = at;
+    }
+    return first;
 }
 
 const char *capstan_client_error(const capstan_client_t *c)

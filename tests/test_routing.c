@@ -569,3 +569,35 @@ Test(routing, a_queue_no_shard_fetches_is_refused)
     capstan_client_free(c);
     capstan_config_free(cfg);
 }
+
+/* A job's shard is not known from its jid alone (a home queue or a digest
+ * may have chosen it): a cancel through a sharded client marks it in every
+ * shard, so the job's own shard sees it whichever route it took. */
+Test(routing, a_cancel_reaches_the_jobs_shard_whatever_its_route)
+{
+    shards_start();
+    capstan_config_t *cfg = shards_config(1);
+    capstan_client_t *c = sharded_client(cfg);
+    char jid[25];
+    capstan_push_opts_t o = capstan_push_opts_default();
+    o.queue = "reports"; /* homed in b, not the client's own connection (a) */
+    cr_assert_eq(capstan_client_push(c, "PlainJob", "[1]", &o, jid), 0, "%s", capstan_client_error(c));
+    cr_assert_str_eq(capstan_client_pushed_shard(c, 0), "b");
+    long long at = capstan_client_cancel(c, jid);
+    cr_assert_gt(at, 0, "%s", capstan_client_error(c));
+    for (int i = 0; i < NSHARDS; i++) {
+        redisReply *r = redisCommand(srv[i].conn, "HGET it-%s cancelled", jid);
+        cr_assert(r && r->type == REDIS_REPLY_STRING && strtoll(r->str, NULL, 10) == at,
+                  "shard %s has no cancel mark for the job", names[i]);
+        freeReplyObject(r);
+    }
+    /* Again: the first cancel's time, from every shard. */
+    cr_assert_eq(capstan_client_cancel(c, jid), at);
+    /* A shard down: the cancel says which. */
+    kill(srv[2].pid, SIGKILL);
+    waitpid(srv[2].pid, NULL, 0);
+    cr_assert_eq(capstan_client_cancel(c, "0123456789abcdef01234567"), -1);
+    cr_assert(strstr(capstan_client_error(c), "shard c:"), "%s", capstan_client_error(c));
+    capstan_client_free(c);
+    capstan_config_free(cfg);
+}

@@ -177,7 +177,9 @@ CAPSTAN_API int capstan_client_rollback(capstan_client_t *c);
  * (capstan_job_checkpoint) stops at its next flush, the job ends without
  * retry and its state goes; any handler may poll capstan_job_cancelled.
  * Returns the epoch second the job was cancelled at (the first cancel's
- * when it already was), or -1 (capstan_client_error says why). */
+ * when it already was), or -1 (capstan_client_error says why). A client
+ * with shards marks the job in every shard, since its route is not known
+ * from the jid alone; -1 when a shard could not be marked. */
 CAPSTAN_API long long capstan_client_cancel(capstan_client_t *c, const char *jid);
 
 /* The last error's text; valid until the next call. */
