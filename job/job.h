@@ -65,9 +65,9 @@ typedef struct capstan_sandbox {
 
 /* Parses payload (ownership moves to job, even on failure) fetched from
  * queue, or, queue NULL, from another than its own: the payload's "queue"
- * then is its queue ("default" without one). Returns 0; CAPSTAN_EPARSE when the payload is not a JSON object;
- * CAPSTAN_EINVAL when class or jid is missing or not a string, or args is not an
- * array. err says which. */
+ * then is its queue ("default" without one). Returns 0; CAPSTAN_EPARSE
+ * when the payload is not a JSON object; CAPSTAN_EINVAL when class or jid
+ * is missing or not a string, or args is not an array. err says which. */
 int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err);
 void capstan__job_clear(capstan_job_t *job);
 
