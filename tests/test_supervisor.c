@@ -889,26 +889,43 @@ Test(supervisor, a_crashs_recovered_jobs_run_in_quarantine_while_the_queue_drain
     free(path);
 }
 
+/* Pushes a LedgerJob [key] of jid to the quarantine, recovered once, as a
+ * worker moves it: not in the set of queues Sidekiq's Web UI lists. */
+static void push_quarantined(const char *key, const char *jid)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p, "{\"retry\":true,\"queue\":\"default\",\"args\":[\"%s\"],\"class\":\"LedgerJob\","
+                           "\"recovery_count\":1,\"jid\":\"%s\",\"created_at\":1767225600.1,"
+                           "\"enqueued_at\":1767225600.2}", key, jid) > 0);
+    freeReplyObject(kt_cmd("LPUSH queue:capstan:quarantine %s", p));
+    free(p);
+}
+
 /* A job left in the quarantine (by a stop while it waited there, or by
  * another host's workers) when no worker of this supervisor moved one
  * there: a recovery pass sees it, the quarantine worker starts and runs
- * it once, as of its own queue. */
+ * it once. A HUP replaces the quarantine worker too, and the new one runs
+ * the next. */
 Test(supervisor, a_job_left_in_the_quarantine_runs)
 {
-    char jid[25], *p = NULL;
+    char jid[25];
     kt_make_jid(jid, 44, 0);
-    cr_assert(asprintf(&p, "{\"retry\":true,\"queue\":\"default\",\"args\":[\"left\"],\"class\":\"LedgerJob\","
-                           "\"recovery_count\":1,\"jid\":\"%s\",\"created_at\":1767225600.1,"
-                           "\"enqueued_at\":1767225600.2}", jid) > 0);
-    /* As a worker moves it: not in the set of queues Sidekiq's Web UI
-     * lists. */
-    freeReplyObject(kt_cmd("LPUSH queue:capstan:quarantine %s", p));
-    free(p);
+    push_quarantined("left", jid);
     pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN left:done") == 1, 30), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("HGET left %s", jid), 1);
     cr_assert_eq(kt_int("LLEN queue:capstan:quarantine"), 0);
     cr_assert(kt_log_has(pid, "quarantine worker 1 started"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SISMEMBER queues capstan:quarantine"), 0);
+    pid_t q = worker_pid(pid, 1);
+    kill(pid, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 1 workers"), 30), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(gone(q), 15), "%s", kt_capstan_log(pid));
+    kt_make_jid(jid, 44, 1);
+    push_quarantined("left", jid);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN left:done") == 2, 30), "%s", kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "quarantine worker 1 started (pid"), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, ") from the binary on disk"), 2, "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD processes"), 0);
 }
