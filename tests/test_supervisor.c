@@ -738,9 +738,10 @@ static int ended(const run_t *runs, size_t n)
     return e;
 }
 
-/* A segfault among jobs at processes 2, -c 5, everything fetched by the
- * first worker to sweep: a 40 s job, the crasher (0.3 s after it starts),
- * 8 jobs of 2 s and a queue of TAIL short jobs behind them. The jobs
+/* A segfault among jobs at processes 2, -c 5, pushed before the start so
+ * that the first worker to sweep fetches the oldest together: a 40 s job,
+ * the crasher (0.3 s after it starts), 8 jobs of 2 s, then a queue of TAIL
+ * short jobs behind them (the ledger: FileLedgerJob's file). The jobs
  * running beside the crasher are recovered with a recovery_count (its
  * suspects); they run one at a time in the quarantine worker while the
  * queue behind drains on the normal workers at full concurrency (so while
