@@ -87,3 +87,78 @@ int capstan__config_shards_check(capstan_config_t *cfg, char *err)
                ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory")
                : 0;
 }
+
+/* Shard i's queues as its own list: the names it lists (every queue of
+ * cfg when it lists none), each with cfg's weight for it. */
+static int shard_queues(const capstan_config_t *cfg, size_t i, capstan_queue_conf_t **out, size_t *n)
+{
+    const capstan_shard_conf_t *s = &cfg->shards[i];
+    size_t len = s->queues ? s->nqueues : cfg->nqueues;
+    capstan_queue_conf_t *q = calloc(len ? len : 1, sizeof(*q));
+    if (!q)
+        return CAPSTAN_ENOMEM;
+    for (size_t k = 0; k < len; k++) {
+        const char *name = s->queues ? s->queues[k] : cfg->queues[k].name;
+        /* A queue the top-level list does not name: weight 1, or none
+         * when no queue has one (strict order). */
+        q[k].weight = cfg->strict ? 0 : 1;
+        for (size_t j = 0; j < cfg->nqueues; j++)
+            if (!strcmp(cfg->queues[j].name, name))
+                q[k].weight = cfg->queues[j].weight;
+        if (!(q[k].name = strdup(name))) {
+            for (size_t j = 0; j < k; j++)
+                free(q[j].name);
+            free(q);
+            return CAPSTAN_ENOMEM;
+        }
+    }
+    *out = q;
+    *n = len;
+    return 0;
+}
+
+static void queues_free(capstan_queue_conf_t *q, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        free(q[k].name);
+    free(q);
+}
+
+int capstan__config_own_shard(capstan_config_t *cfg, size_t i)
+{
+    capstan_queue_conf_t *q;
+    size_t n;
+    if (shard_queues(cfg, i, &q, &n))
+        return CAPSTAN_ENOMEM;
+    queues_free(cfg->queues, cfg->nqueues);
+    cfg->queues = q;
+    cfg->nqueues = n;
+    return 0;
+}
+
+capstan_config_t *capstan__config_member(const capstan_config_t *cfg, size_t i)
+{
+    capstan_config_t *m = malloc(sizeof(*m));
+    if (!m)
+        return NULL;
+    /* Every setting is cfg's, borrowed: cfg outlives its members. */
+    *m = *cfg;
+    m->redis_url = cfg->shards[i].redis_url;
+    m->shards = NULL;
+    m->nshards = 0;
+    m->periodic = NULL; /* the schedules tick in the front alone */
+    m->nperiodic = 0;
+    if (shard_queues(cfg, i, &m->queues, &m->nqueues)) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void capstan__config_member_free(capstan_config_t *m)
+{
+    if (!m)
+        return;
+    queues_free(m->queues, m->nqueues);
+    free(m);
+}

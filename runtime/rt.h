@@ -232,6 +232,22 @@ typedef struct capstan_watch {
     int started;
 } capstan_watch_t;
 
+/* Which runtime of a sharded process this is (runtime/shards.h): the
+ * front (index 0), the one the program made and runs, or the member of
+ * shard index, which the front makes and frees. Written before the
+ * member's threads start; state and rc after by its start thread. */
+typedef struct capstan_rt_member {
+    struct capstan_shards *group;  /* every member; NULL without shards */
+    size_t index;
+    capstan_redis_t *r;            /* a member's own main connection (its
+                                      start, then the front's shutdown) */
+    pthread_t start;               /* its start thread (shards.c) */
+    int start_started;
+    atomic_int state;              /* CAPSTAN_MEMBER_* (shards.h) */
+    int rc;                        /* why its start failed, with err */
+    char err[CAPSTAN_ERRLEN];
+} capstan_rt_member_t;
+
 /* What every thread of the runtime shares, then one member per owner. */
 struct capstan_runtime {
     capstan_config_t *cfg;         /* read-only once the run starts */
@@ -268,6 +284,7 @@ struct capstan_runtime {
     capstan_sched_t sched;
     capstan_rt_periodic_t periodic;
     capstan_watch_t watch;
+    capstan_rt_member_t member;
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */

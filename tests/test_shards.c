@@ -1,0 +1,256 @@
+/* One capstan process serving three Sidekiq-format Redis servers at once
+ * (the file's shards:): every job pushed into a shard runs exactly once,
+ * in that shard (the handler writes which Redis its connection reaches);
+ * each shard counts its own jobs in stat:processed and lists the process
+ * in its own process set; a quiet asked on one shard quiets the process in
+ * all of them.
+ *
+ * Ledger: ShardJob (tests/plugins/shards.c) appends "<jid> <port>" to one
+ * file, shared by every process. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+TestSuite(shards, .timeout = 280, .fini = kt_kill_children);
+
+#define NSHARDS 3
+#define PER_SHARD_MAX 10000
+
+typedef struct fleet {
+    kt_aof_redis_t s[NSHARDS];
+    redisContext *c[NSHARDS];
+    char *conf;
+    char *ledger_dir;
+} fleet_t;
+
+/* The three servers up, and a capstan.yml naming them s1..s3 (after the
+ * fixture's fast polls and beats), with extra after. */
+static void fleet_up(fleet_t *f, const char *extra)
+{
+    char yml[2048];
+    int len = snprintf(yml, sizeof(yml), "concurrency: 5\nshards:\n");
+    for (int k = 0; k < NSHARDS; k++) {
+        char name[16];
+        snprintf(name, sizeof(name), "shard%d", k + 1);
+        kt_aof_init(&f->s[k], name);
+        kt_aof_start(&f->s[k]);
+        cr_assert((f->c[k] = kt_aof_connect(&f->s[k])) != NULL);
+        len += snprintf(yml + len, sizeof(yml) - (size_t)len, "  - name: s%d\n    redis_url: %s\n", k + 1,
+                        f->s[k].url);
+    }
+    snprintf(yml + len, sizeof(yml) - (size_t)len, "%s", extra ? extra : "");
+    f->conf = kt_write_conf(yml);
+    f->ledger_dir = kt_tmp("ledger");
+    cr_assert(mkdir(f->ledger_dir, 0700) == 0 || errno == EEXIST);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    unlink(path);
+}
+
+/* `capstan run -r <shards plugin> -C <conf> args...`, its output in the
+ * log kt_capstan_log reads, with no REDIS_URL (the shards give theirs). */
+static pid_t capstan_up(fleet_t *f, const char *const *args)
+{
+    const char *argv[32] = { getenv("CAPSTAN_BIN"), "run", "-r", getenv("CAPSTAN_SHARDS_PLUGIN"), "-C", f->conf };
+    int n = 6;
+    for (int i = 0; args && args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    cr_assert(argv[0] && argv[3], "CAPSTAN_BIN and CAPSTAN_SHARDS_PLUGIN must be set (run through meson test)");
+    char *pattern = kt_tmp("capstan-%d.log");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        char path[600];
+        snprintf(path, sizeof(path), pattern, (int)getpid());
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        unsetenv("REDIS_URL");
+        setenv("CAPSTAN_LEDGER_DIR", f->ledger_dir, 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    free(pattern);
+    return kt_track(pid);
+}
+
+/* Job i of shard k: its jid says both ("5a00000k" then i). */
+static void jid_of(char out[25], int k, unsigned i)
+{
+    snprintf(out, 25, "%08x%016x", 0x5a000000u | (unsigned)k, i);
+}
+
+/* Pushes ShardJobs from..from+n-1 of shard k into that shard's
+ * queue:default, each with args. */
+static void push(fleet_t *f, int k, unsigned from, unsigned n, const char *args)
+{
+    char **p = calloc(n, sizeof(char *));
+    cr_assert(p);
+    for (unsigned i = 0; i < n; i++) {
+        char jid[25];
+        jid_of(jid, k, from + i);
+        p[i] = kt_payload("ShardJob", args, jid, "default");
+    }
+    kt_push_all(f->c[k], "default", p, n);
+    for (unsigned i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+typedef struct ledger {
+    unsigned char runs[NSHARDS][PER_SHARD_MAX];
+    long lines, wrong_shard, unknown;
+} ledger_t;
+
+/* Reads the ledger into L: runs per jid, and the runs that happened on
+ * another shard's Redis than the jid was pushed into. */
+static void ledger_read(const fleet_t *f, ledger_t *L)
+{
+    memset(L, 0, sizeof(*L));
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    char *text = kt_read_file(path);
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (!next)
+            break; /* a line still being written */
+        *next++ = '\0';
+        unsigned tag = 0;
+        unsigned long long i = 0;
+        int port = 0;
+        L->lines++;
+        if (sscanf(line, "%8x%16llx %d", &tag, &i, &port) != 3 || (tag & 0xffffff00u) != 0x5a000000u
+            || (tag & 0xff) >= NSHARDS || i >= PER_SHARD_MAX) {
+            L->unknown++;
+            continue;
+        }
+        int k = (int)(tag & 0xff);
+        if (L->runs[k][i] < 255)
+            L->runs[k][i]++;
+        if (port != f->s[k].port)
+            L->wrong_shard++;
+    }
+    free(text);
+}
+
+/* Jobs of shard k, 0..n-1, that ran other than once. */
+static long not_once(const ledger_t *L, int k, unsigned n)
+{
+    long bad = 0;
+    for (unsigned i = 0; i < n; i++)
+        bad += L->runs[k][i] != 1;
+    return bad;
+}
+
+static long long queued(fleet_t *f, int k)
+{
+    return kt_int_on(f->c[k], "LLEN queue:default");
+}
+
+static long long processed(fleet_t *f, int k)
+{
+    return kt_int_on(f->c[k], "GET stat:processed");
+}
+
+/* Every job of every shard (n each) ran once in its own shard, and each
+ * shard's stat:processed counts its own. */
+static void drain_all(fleet_t *f, pid_t pid, unsigned n)
+{
+    static ledger_t L;
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL((ledger_read(f, &L), L.lines >= (long)n * NSHARDS), 240),
+              "%ld of %u jobs ran; queued %lld %lld %lld\n%s", L.lines, n * NSHARDS, queued(f, 0),
+              queued(f, 1), queued(f, 2), kt_capstan_log(pid));
+    printf("shards: %u jobs over %d shards ran in %.1f s\n", n * NSHARDS, NSHARDS, kt_now() - t0);
+    for (int k = 0; k < NSHARDS; k++) {
+        cr_assert(KT_WAIT_UNTIL(processed(f, k) == (long long)n, 10), "shard %d: stat:processed %lld, want %u",
+                  k + 1, processed(f, k), n);
+        cr_assert_eq(queued(f, k), 0);
+    }
+    kt_sleep(0.5); /* a second run would show by now */
+    ledger_read(f, &L);
+    long once = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        once += (long)n - not_once(&L, k, n);
+    printf("shards: %ld of %u jobs ran exactly once, %ld in another shard, %ld unknown lines\n", once,
+           n * NSHARDS, L.wrong_shard, L.unknown);
+    cr_assert_eq(once, (long)n * NSHARDS);
+    cr_assert_eq(L.lines, (long)n * NSHARDS);
+    cr_assert_eq(L.wrong_shard, 0);
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The members of each shard's process set, sorted, one string per shard;
+ * returns 1 when all three hold the same nonempty set. */
+static int same_processes(fleet_t *f, char out[NSHARDS][1024])
+{
+    for (int k = 0; k < NSHARDS; k++) {
+        redisReply *r = redisCommand(f->c[k], "SMEMBERS processes");
+        char *names[16];
+        size_t n = 0, len = 0;
+        for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements && n < 16; i++)
+            names[n++] = r->element[i]->str;
+        qsort(names, n, sizeof(*names), by_name);
+        out[k][0] = '\0';
+        for (size_t i = 0; i < n && len < 1024; i++)
+            len += (size_t)snprintf(out[k] + len, 1024 - len, "%s ", names[i]);
+        freeReplyObject(r);
+    }
+    return out[0][0] && !strcmp(out[0], out[1]) && !strcmp(out[1], out[2]);
+}
+
+Test(shards, every_job_once_in_its_own_shard)
+{
+    fleet_t f;
+    fleet_up(&f, NULL);
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, 0, PER_SHARD_MAX, "[]");
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    char *id = kt_log_identity(pid);
+    drain_all(&f, pid, PER_SHARD_MAX);
+    char sets[NSHARDS][1024];
+    cr_assert(same_processes(&f, sets), "process sets: [%s] [%s] [%s]", sets[0], sets[1], sets[2]);
+    for (int k = 0; k < NSHARDS; k++) {
+        cr_assert_eq(kt_int_on(f.c[k], "SISMEMBER processes %s", id), 1, "shard %d lacks %s", k + 1, id);
+        /* Each shard's entry lists that shard's queues and counts its busy. */
+        cr_assert_eq(kt_int_on(f.c[k], "HEXISTS %s info", id), 1);
+    }
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert_eq(kt_int_on(f.c[k], "SCARD processes"), 0, "shard %d still lists the process", k + 1);
+    free(id);
+}
+
+Test(shards, supervised_workers_serve_every_shard)
+{
+    enum { N = PER_SHARD_MAX };
+    fleet_t f;
+    fleet_up(&f, "processes: 2\n");
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, 0, N, "[]");
+    pid_t pid = capstan_up(&f, NULL);
+    drain_all(&f, pid, N);
+    char sets[NSHARDS][1024];
+    /* Both workers, under the same identities, in every shard. */
+    cr_assert(KT_WAIT_UNTIL(same_processes(&f, sets) && kt_int_on(f.c[0], "SCARD processes") == 2, 20),
+              "process sets: [%s] [%s] [%s]", sets[0], sets[1], sets[2]);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert_eq(kt_int_on(f.c[k], "SCARD processes"), 0, "shard %d still lists a worker", k + 1);
+}
