@@ -254,3 +254,43 @@ Test(shards, supervised_workers_serve_every_shard)
     for (int k = 0; k < NSHARDS; k++)
         cr_assert_eq(kt_int_on(f.c[k], "SCARD processes"), 0, "shard %d still lists a worker", k + 1);
 }
+
+/* Sidekiq's Quiet button on shard 2's Web UI (TSTP pushed on the
+ * process's signals list there, as Sidekiq::Process#quiet! does) quiets
+ * the whole process: no shard's jobs are fetched after it, and every
+ * shard's process entry says quiet. */
+Test(shards, quiet_on_one_shard_quiets_every_shard)
+{
+    enum { N = 30, AFTER = 20 };
+    fleet_t f;
+    fleet_up(&f, NULL);
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, 0, N, "[]");
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    char *id = kt_log_identity(pid);
+    drain_all(&f, pid, N);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[1], "SISMEMBER processes %s", id) == 1, 10));
+    freeReplyObject(redisCommand(f.c[1], "LPUSH %s-signals TSTP", id));
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL(({
+                      redisReply *q = redisCommand(f.c[k], "HGET %s quiet", id);
+                      int yes = q && q->type == REDIS_REPLY_STRING && !strcmp(q->str, "true");
+                      freeReplyObject(q);
+                      yes; }), 15),
+                  "shard %d: the process is not quiet\n%s", k + 1, kt_capstan_log(pid));
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, N, AFTER, "[]");
+    /* Several beats and polls: a fetcher still running would have taken
+     * some by now. */
+    kt_sleep(3);
+    static ledger_t L;
+    ledger_read(&f, &L);
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert_eq(queued(&f, k), AFTER, "shard %d: %lld of %d jobs pushed after the quiet are left", k + 1,
+                     queued(&f, k), AFTER);
+    cr_assert_eq(L.lines, N * NSHARDS, "%ld jobs ran after the quiet", L.lines - N * NSHARDS);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    printf("shards: quiet on shard 2: %lld %lld %lld jobs left queued in shards 1-3, %ld run after it\n",
+           queued(&f, 0), queued(&f, 1), queued(&f, 2), L.lines - N * NSHARDS);
+    free(id);
+}
