@@ -244,6 +244,10 @@ typedef struct capstan_rt_member {
     pthread_t start;               /* its start thread (shards.c) */
     int start_started;
     atomic_int state;              /* CAPSTAN_MEMBER_* (shards.h) */
+    struct capstan_metrics *metrics; /* with shards, Sidekiq's execution
+                                      metrics of this member's jobs alone
+                                      (the shard's Metrics tab); the
+                                      process's /metrics has them all */
     int rc;                        /* why its start failed, with err */
     char err[CAPSTAN_ERRLEN];
 } capstan_rt_member_t;
@@ -300,6 +304,12 @@ int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_i
 /* Same with the backoff capped at max_delay seconds. */
 int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
                               double max_delay);
+
+/* A job of class cls (raw: its handler's registered name, or NULL) ran
+ * for seconds, failed or not: counted in the process's metrics and, with
+ * shards, in its member's own (rt->member.metrics). */
+void capstan__rt_job_metrics(struct capstan_runtime *rt, const char *cls, const char *queue, double seconds,
+                             int failed, const char *raw);
 
 /* registry.c */
 /* The registered class a mistyped cls most likely means (capstan__nearest),

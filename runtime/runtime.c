@@ -14,6 +14,7 @@
 #include "fetch/leave.h"
 #include "observe/http.h"
 #include "observe/overview.h"
+#include "observe/prometheus.h"
 #include "redis/sentinel.h"
 #include "locks/queue_limit.h"
 #include "runtime/board.h"
@@ -74,6 +75,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan__paused_free(rt->view.paused);
     capstan__qlimits_free(rt->view.qlimits);
     capstan__liveness_free(rt->view.liveness);
+    capstan__metrics_free(rt->member.metrics);
     if (rt->member.index)
         capstan__config_member_free(rt->cfg);
     else

@@ -9,6 +9,7 @@
 
 #include "config/shards.h"
 #include "middleware/mw.h"
+#include "observe/prometheus.h"
 #include "support/log.h"
 #include "support/time.h"
 
@@ -50,6 +51,7 @@ static capstan_runtime_t *member_new(capstan_runtime_t *front, size_t i, char *e
      * their member. */
     m->server_chain = capstan__chain_copy(capstan_runtime_server_chain(front), front, m);
     m->member.r = capstan_redis_new(mc->redis_url, 10, err);
+    m->member.metrics = capstan__metrics_new();
     return m;
 }
 
@@ -66,12 +68,14 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
     g->m[0] = front;
     g->n = 1;
     front->member.group = g;
+    if (!(front->member.metrics = capstan__metrics_new()))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     for (size_t i = 1; i < c->nshards; i++) {
         capstan_runtime_t *m = member_new(front, i, err);
         if (!m)
             return CAPSTAN_ENOMEM;
         g->m[g->n++] = m;
-        if (!m->server_chain)
+        if (!m->server_chain || !m->member.metrics)
             return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         if (!m->member.r)
             return CAPSTAN_ECONFIG;

@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "helpers.h"
 
 TestSuite(shards, .timeout = 280, .fini = kt_kill_children);
@@ -164,31 +166,39 @@ static long long processed(fleet_t *f, int k)
     return kt_int_on(f->c[k], "GET stat:processed");
 }
 
-/* Every job of every shard (n each) ran once in its own shard, and each
- * shard's stat:processed counts its own. */
-static void drain_all(fleet_t *f, pid_t pid, unsigned n)
+/* Every job of every shard (n[k] in shard k) ran once in its own shard,
+ * and each shard's stat:processed counts its own. */
+static void drain(fleet_t *f, pid_t pid, const unsigned n[NSHARDS])
 {
     static ledger_t L;
+    long total = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        total += n[k];
     double t0 = kt_now();
-    cr_assert(KT_WAIT_UNTIL((ledger_read(f, &L), L.lines >= (long)n * NSHARDS), 240),
-              "%ld of %u jobs ran; queued %lld %lld %lld\n%s", L.lines, n * NSHARDS, queued(f, 0),
-              queued(f, 1), queued(f, 2), kt_capstan_log(pid));
-    printf("shards: %u jobs over %d shards ran in %.1f s\n", n * NSHARDS, NSHARDS, kt_now() - t0);
+    cr_assert(KT_WAIT_UNTIL((ledger_read(f, &L), L.lines >= total), 240),
+              "%ld of %ld jobs ran; queued %lld %lld %lld\n%s", L.lines, total, queued(f, 0), queued(f, 1),
+              queued(f, 2), kt_capstan_log(pid));
+    printf("shards: %ld jobs over %d shards ran in %.1f s\n", total, NSHARDS, kt_now() - t0);
     for (int k = 0; k < NSHARDS; k++) {
-        cr_assert(KT_WAIT_UNTIL(processed(f, k) == (long long)n, 10), "shard %d: stat:processed %lld, want %u",
-                  k + 1, processed(f, k), n);
+        cr_assert(KT_WAIT_UNTIL(processed(f, k) == (long long)n[k], 10), "shard %d: stat:processed %lld, want %u",
+                  k + 1, processed(f, k), n[k]);
         cr_assert_eq(queued(f, k), 0);
     }
     kt_sleep(0.5); /* a second run would show by now */
     ledger_read(f, &L);
     long once = 0;
     for (int k = 0; k < NSHARDS; k++)
-        once += (long)n - not_once(&L, k, n);
-    printf("shards: %ld of %u jobs ran exactly once, %ld in another shard, %ld unknown lines\n", once,
-           n * NSHARDS, L.wrong_shard, L.unknown);
-    cr_assert_eq(once, (long)n * NSHARDS);
-    cr_assert_eq(L.lines, (long)n * NSHARDS);
+        once += (long)n[k] - not_once(&L, k, n[k]);
+    printf("shards: %ld of %ld jobs ran exactly once, %ld in another shard, %ld unknown lines\n", once, total,
+           L.wrong_shard, L.unknown);
+    cr_assert_eq(once, total);
+    cr_assert_eq(L.lines, total);
     cr_assert_eq(L.wrong_shard, 0);
+}
+
+static void drain_all(fleet_t *f, pid_t pid, unsigned n)
+{
+    drain(f, pid, (const unsigned[NSHARDS]){ n, n, n });
 }
 
 static int by_name(const void *a, const void *b)
@@ -292,5 +302,83 @@ Test(shards, quiet_on_one_shard_quiets_every_shard)
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     printf("shards: quiet on shard 2: %lld %lld %lld jobs left queued in shards 1-3, %ld run after it\n",
            queued(&f, 0), queued(&f, 1), queued(&f, 2), L.lines - N * NSHARDS);
+    free(id);
+}
+
+/* What Ruby Sidekiq `version` reads on shard k with tests/ruby/sidekiq.rb's
+ * command cmd (at_url.rb), parsed; fails the test when it cannot. */
+static json_t *sidekiq_at(const char *version, fleet_t *f, int k, const char *cmd)
+{
+    char *out = NULL;
+    int rc = kt_ruby_v(version, "at_url.rb", (const char *[]){ f->s[k].url, cmd, NULL }, &out);
+    cr_assert_eq(rc, 0, "sidekiq %s %s on shard %d: exit %d", version, cmd, k + 1, rc);
+    json_t *v = json_loads(out, 0, NULL);
+    cr_assert(v, "sidekiq %s %s on shard %d: %s", version, cmd, k + 1, out);
+    free(out);
+    return v;
+}
+
+/* Each shard's own Sidekiq API sees the process, as a Sidekiq process of
+ * its own, with that shard's counts only: ProcessSet lists it, Stats
+ * counts the shard's jobs, WorkSet shows a job running in shard 3 on
+ * shard 3 alone, and Metrics::Query (7.x on) counts the shard's jobs. */
+KT_SIDEKIQ_TEST(shards, each_shard_sidekiq_sees_its_own)
+{
+    const unsigned n[NSHARDS] = { 10, 20, 30 };
+    fleet_t f;
+    fleet_up(&f, "timeout: 2\n");
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, 0, n[k], "[]");
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    char *id = kt_log_identity(pid);
+    drain(&f, pid, n);
+    push(&f, 2, n[2], 1, "[30000]");
+    char jid[25];
+    jid_of(jid, 2, n[2]);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[2], "HLEN %s:work", id) == 1, 20), "%s", kt_capstan_log(pid));
+    int modern = strcmp(sidekiq, KT_SIDEKIQ_DEBIAN) != 0;
+    for (int k = 0; k < NSHARDS; k++) {
+        json_t *procs = sidekiq_at(sidekiq, &f, k, "processes");
+        cr_assert_eq(json_array_size(procs), 1, "shard %d: %zu processes", k + 1, json_array_size(procs));
+        const char *pid_of = json_string_value(json_object_get(json_array_get(procs, 0), "identity"));
+        cr_assert(pid_of && !strcmp(pid_of, id), "shard %d lists %s, not %s", k + 1, pid_of, id);
+        json_decref(procs);
+
+        json_t *stats = sidekiq_at(sidekiq, &f, k, "stats");
+        long long p = json_integer_value(json_object_get(stats, "processed"));
+        long long ps = json_integer_value(json_object_get(stats, "processes_size"));
+        long long ws = json_integer_value(json_object_get(stats, "workers_size"));
+        printf("shards: sidekiq %s on shard %d: processed %lld, processes %lld, busy %lld\n", sidekiq, k + 1, p,
+               ps, ws);
+        cr_assert_eq(p, n[k], "shard %d: Stats#processed %lld, want %u", k + 1, p, n[k]);
+        cr_assert_eq(ps, 1);
+        cr_assert_eq(ws, k == 2, "shard %d: Stats#workers_size %lld", k + 1, ws);
+        json_decref(stats);
+
+        json_t *works = sidekiq_at(sidekiq, &f, k, "workers");
+        cr_assert_eq(json_array_size(works), k == 2, "shard %d: WorkSet has %zu entries", k + 1,
+                     json_array_size(works));
+        if (k == 2) {
+            const char *wjid = json_string_value(json_object_get(json_array_get(works, 0), "jid"));
+            cr_assert(wjid && !strcmp(wjid, jid), "shard 3's WorkSet shows %s, not %s", wjid, jid);
+        }
+        json_decref(works);
+
+        if (!modern)
+            continue;
+        char *out = NULL;
+        cr_assert_eq(kt_ruby_v(sidekiq, "metrics_at_url.rb", (const char *[]){ f.s[k].url, "ShardJob", NULL },
+                               &out), 0);
+        char want[64];
+        snprintf(want, sizeof(want), "ShardJob p=%u f=0 ", n[k]);
+        const char *line = strstr(out, "ShardJob p=");
+        printf("shards: sidekiq %s Metrics::Query on shard %d: %.*s\n", sidekiq, k + 1,
+               line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+        cr_assert(strstr(out, want), "shard %d: Metrics::Query says %s, want %s", k + 1, out, want);
+        free(out);
+    }
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    /* The long job went back to shard 3's queue at the stop. */
+    cr_assert_eq(queued(&f, 2), 1);
     free(id);
 }
