@@ -11,6 +11,7 @@
 
 #include "observe/prometheus.h"
 #include "runtime/crash.h"
+#include "runtime/shards.h"
 #include "runtime/slot.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -281,7 +282,9 @@ static void loop(capstan_slot_t *s, capstan_redis_t *r)
         int solo = src->suspect(&job);
         if (solo && !src->solo_begin(s, r, &job))
             continue;
+        capstan__shards_run_begin(rt);
         done = solo ? run_fetched(s, r, &job, NULL) : run_ahead(s, r, &job);
+        capstan__shards_run_end(rt);
         if (solo && done) {
             src->ack(s, r, done); /* written before the gate opens */
             done = NULL;

@@ -16,6 +16,11 @@
 struct capstan_shards {
     capstan_runtime_t **m; /* m[0] is the front */
     size_t n;
+    /* The run tokens (capstan__shards_run_begin): concurrency of them,
+     * less those taken, under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t freed;
+    int tokens;
 };
 
 size_t capstan__members(const capstan_runtime_t *rt)
@@ -67,6 +72,9 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
     }
     g->m[0] = front;
     g->n = 1;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->freed, NULL);
+    g->tokens = c->concurrency;
     front->member.group = g;
     if (!(front->member.metrics = capstan__metrics_new()))
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
@@ -166,7 +174,36 @@ void capstan__shards_free(capstan_runtime_t *front)
         capstan_redis_free(g->m[i]->member.r);
         capstan_runtime_free(g->m[i]);
     }
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->freed);
     free(g->m);
     free(g);
     front->member.group = NULL;
+}
+
+void capstan__shards_run_begin(capstan_runtime_t *rt)
+{
+    struct capstan_shards *g = rt->member.group;
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->mu);
+    /* Stopping, the job runs at once, over the budget: the shutdown waits
+     * for it as for any job started before it. */
+    while (g->tokens <= 0 && !atomic_load(&rt->stopping)) {
+        struct timespec ts = capstan__timespec(capstan__now() + 0.1);
+        pthread_cond_timedwait(&g->freed, &g->mu, &ts);
+    }
+    g->tokens--;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void capstan__shards_run_end(capstan_runtime_t *rt)
+{
+    struct capstan_shards *g = rt->member.group;
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->tokens++;
+    pthread_cond_signal(&g->freed);
+    pthread_mutex_unlock(&g->mu);
 }

@@ -37,6 +37,14 @@ void capstan__shards_join(struct capstan_runtime *front);
 /* Frees the members (the front's capstan_runtime_free). */
 void capstan__shards_free(struct capstan_runtime *front);
 
+/* The run-slot budget: concurrency is how many jobs run at once in the
+ * whole process, whichever shard they come from (each member has that
+ * many processors, to fetch from its shard). A processor holding a job
+ * fetched takes a token before it runs it and gives it back once the job
+ * ended; without shards neither does anything. */
+void capstan__shards_run_begin(struct capstan_runtime *rt);
+void capstan__shards_run_end(struct capstan_runtime *rt);
+
 /* runtime.c: the steps of a start every member takes. */
 /* What rt makes before it touches Redis: its source and feed, its process
  * info, paused queues, liveness key and fleet look. 0 or CAPSTAN_ENOMEM

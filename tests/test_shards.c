@@ -452,3 +452,41 @@ Test(shards, a_dead_shard_stalls_only_its_own_queues)
     cr_assert_leq(twice, 100);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
 }
+
+/* The most handlers the ledger shows running at one time. */
+static int most_at_once(const fleet_t *f)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    char *text = kt_read_file(path);
+    long long start[512], end[512];
+    int n = 0, most = 0;
+    for (char *line = text; line && *line && n < 512; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "")
+        if (sscanf(line, "%*s %*d %lld %lld", &start[n], &end[n]) == 2)
+            n++;
+    for (int i = 0; i < n; i++) {
+        int at = 0; /* running at job i's start */
+        for (int j = 0; j < n; j++)
+            at += start[j] <= start[i] && end[j] > start[i];
+        most = at > most ? at : most;
+    }
+    free(text);
+    return most;
+}
+
+/* concurrency is the process's: with three shards and concurrency 2, at
+ * most two jobs run at once, whichever shards they come from. */
+Test(shards, concurrency_is_the_process_budget)
+{
+    enum { N = 8 };
+    fleet_t f;
+    fleet_up(&f, "concurrency: 2\n");
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, 0, N, "[200]");
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    drain_all(&f, pid, N);
+    int most = most_at_once(&f);
+    printf("shards: concurrency 2 over 3 shards: at most %d jobs ran at once\n", most);
+    cr_assert_leq(most, 2, "%d jobs ran at once", most);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+}

@@ -1,8 +1,12 @@
 /* The sharding test's job plugin (tests/test_shards.c): ShardJob [ms]
- * sleeps ms (none: returns at once), then appends "<jid> <port>\n" to
- * $CAPSTAN_LEDGER_DIR/ledger, the port being the one of the Redis its
- * connection (capstan_job_redis) reaches: the shard it ran in. One
- * write(2) a line on an O_APPEND descriptor, shared by every process. */
+ * sleeps ms (none: returns at once), then appends
+ *
+ *     <jid> <port> <start> <end>
+ *
+ * to $CAPSTAN_LEDGER_DIR/ledger, the port being the one of the Redis its
+ * connection (capstan_job_redis) reaches: the shard it ran in; start and
+ * end the handler's, in microseconds of CLOCK_MONOTONIC. One write(2) a
+ * line on an O_APPEND descriptor, shared by every process. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -25,9 +29,17 @@ static void ledger_open(void)
     ledger_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
+static long long mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 static int shard_job(capstan_job_t *job, void *udata)
 {
     (void)udata;
+    long long start = mono_us();
     json_t *args = capstan_job_args(job);
     json_t *v = args ? json_array_get(args, 0) : NULL;
     long long ms = json_is_integer(v) ? (long long)json_integer_value(v) : 0;
@@ -38,7 +50,8 @@ static int shard_job(capstan_job_t *job, void *udata)
     pthread_once(&ledger_once, ledger_open);
     redisContext *c = capstan_job_redis(job);
     char line[128];
-    int len = snprintf(line, sizeof(line), "%s %d\n", capstan_job_jid(job), c ? c->tcp.port : 0);
+    int len = snprintf(line, sizeof(line), "%s %d %lld %lld\n", capstan_job_jid(job), c ? c->tcp.port : 0, start,
+                       mono_us());
     if (len <= 0 || (size_t)len >= sizeof(line) || write(ledger_fd, line, (size_t)len) != len)
         return capstan_job_fail(job, "IOError", "the ledger cannot be written");
     return 0;
