@@ -2,6 +2,8 @@
  * hold however a shard was given (the file, capstan_config_add_shard). */
 #include "config/shards.h"
 #include "config/names.h"
+#include "periodic/periodic.h"
+#include "support/shard_pick.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -136,6 +138,29 @@ int capstan__config_own_shard(capstan_config_t *cfg, size_t i)
     return 0;
 }
 
+/* The schedules of cfg whose home is shard i (capstan__shard_pick over
+ * the shards' names), as an array of their entries, borrowed. */
+static int shard_periodic(const capstan_config_t *cfg, size_t i, struct capstan_periodic_conf **out, size_t *n)
+{
+    const char **names = calloc(cfg->nshards, sizeof(*names));
+    *out = calloc(cfg->nperiodic ? cfg->nperiodic : 1, sizeof(**out));
+    *n = 0;
+    if (!names || !*out) {
+        free(names);
+        free(*out);
+        return CAPSTAN_ENOMEM;
+    }
+    for (size_t k = 0; k < cfg->nshards; k++)
+        names[k] = cfg->shards[k].name;
+    for (size_t k = 0; k < cfg->nperiodic; k++) {
+        const char *name = cfg->periodic[k].name;
+        if (capstan__shard_pick(names, cfg->nshards, name, strlen(name)) == i)
+            (*out)[(*n)++] = cfg->periodic[k];
+    }
+    free(names);
+    return 0;
+}
+
 capstan_config_t *capstan__config_member(const capstan_config_t *cfg, size_t i)
 {
     capstan_config_t *m = malloc(sizeof(*m));
@@ -146,9 +171,12 @@ capstan_config_t *capstan__config_member(const capstan_config_t *cfg, size_t i)
     m->redis_url = cfg->shards[i].redis_url;
     m->shards = NULL;
     m->nshards = 0;
-    m->periodic = NULL; /* the schedules tick in the front alone */
-    m->nperiodic = 0;
     if (shard_queues(cfg, i, &m->queues, &m->nqueues)) {
+        free(m);
+        return NULL;
+    }
+    if (shard_periodic(cfg, i, &m->periodic, &m->nperiodic)) {
+        queues_free(m->queues, m->nqueues);
         free(m);
         return NULL;
     }
@@ -160,5 +188,6 @@ void capstan__config_member_free(capstan_config_t *m)
     if (!m)
         return;
     queues_free(m->queues, m->nqueues);
+    free(m->periodic);
     free(m);
 }

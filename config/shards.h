@@ -15,8 +15,9 @@ int capstan__config_shards_check(capstan_config_t *cfg, char *err);
  * unchanged then. */
 int capstan__config_own_shard(capstan_config_t *cfg, size_t i);
 /* The config a sharded process's member for shard i runs: cfg's settings,
- * borrowed, with shard i's redis_url and queues, and no shards or
- * schedules of its own. Valid while cfg is; NULL when out of memory.
+ * borrowed, with shard i's redis_url and queues, the schedules whose home
+ * is shard i (capstan__shard_pick of their names), so that each ticks in
+ * one shard, and no shards. Valid while cfg is; NULL when out of memory.
  * Freed with capstan__config_member_free, never capstan_config_free. */
 capstan_config_t *capstan__config_member(const capstan_config_t *cfg, size_t i);
 void capstan__config_member_free(capstan_config_t *m);

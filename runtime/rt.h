@@ -244,6 +244,9 @@ typedef struct capstan_rt_member {
     pthread_t start;               /* its start thread (shards.c) */
     int start_started;
     atomic_int state;              /* CAPSTAN_MEMBER_* (shards.h) */
+    capstan_config_t *ticks;       /* the front's: shard 0's config, whose
+                                      schedules its periodic thread ticks
+                                      (a member's are in its own cfg) */
     struct capstan_metrics *metrics; /* with shards, Sidekiq's execution
                                       metrics of this member's jobs alone
                                       (the shard's Metrics tab); the

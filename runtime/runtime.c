@@ -76,6 +76,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan__qlimits_free(rt->view.qlimits);
     capstan__liveness_free(rt->view.liveness);
     capstan__metrics_free(rt->member.metrics);
+    capstan__config_member_free(rt->member.ticks);
     if (rt->member.index)
         capstan__config_member_free(rt->cfg);
     else
@@ -563,8 +564,10 @@ static int start_threads(capstan_runtime_t *rt, char *err)
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the master watch thread");
         rt->watch.started = 1;
     }
-    if (rt->cfg->nperiodic) {
-        rt->periodic.env = (capstan_periodic_env_t){ .cfg = rt->cfg, .stop = &rt->quiet,
+    /* With shards each schedule ticks in its home shard's member alone. */
+    const capstan_config_t *pc = rt->member.ticks ? rt->member.ticks : rt->cfg;
+    if (pc->nperiodic) {
+        rt->periodic.env = (capstan_periodic_env_t){ .cfg = pc, .stop = &rt->quiet,
                                                      .connect = periodic_connect, .wait = periodic_wait,
                                                      .ud = rt };
         if (pthread_create(&rt->periodic.thread, NULL, capstan__periodic_main, &rt->periodic.env))

@@ -76,7 +76,9 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
     pthread_cond_init(&g->freed, NULL);
     g->tokens = c->concurrency;
     front->member.group = g;
-    if (!(front->member.metrics = capstan__metrics_new()))
+    front->member.metrics = capstan__metrics_new();
+    front->member.ticks = capstan__config_member(c, 0);
+    if (!front->member.metrics || !front->member.ticks)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     for (size_t i = 1; i < c->nshards; i++) {
         capstan_runtime_t *m = member_new(front, i, err);

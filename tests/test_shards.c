@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "helpers.h"
+#include "support/shard_pick.h"
 
 TestSuite(shards, .timeout = 280, .fini = kt_kill_children);
 
@@ -488,5 +489,35 @@ Test(shards, concurrency_is_the_process_budget)
     int most = most_at_once(&f);
     printf("shards: concurrency 2 over 3 shards: at most %d jobs ran at once\n", most);
     cr_assert_leq(most, 2, "%d jobs ran at once", most);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+}
+
+/* Each periodic schedule ticks in one shard, its home (the shard the
+ * placing rule gives its name), and in none of the others. */
+Test(shards, each_schedule_ticks_in_its_home_shard)
+{
+    static const char *const names[] = { "tick_a", "tick_b", "tick_c", "tick_d", "tick_e", "tick_f" };
+    enum { NS = sizeof(names) / sizeof(names[0]) };
+    char yml[2048] = "periodic:\n";
+    size_t len = strlen(yml);
+    for (int i = 0; i < NS; i++)
+        len += (size_t)snprintf(yml + len, sizeof(yml) - len,
+                                "  %s: {cron: \"* * * * * *\", class: ShardJob, queue: %s}\n", names[i], names[i]);
+    fleet_t f;
+    fleet_up(&f, yml);
+    const char *shard_names[NSHARDS] = { "s1", "s2", "s3" };
+    size_t home[NS], homes_used[NSHARDS] = { 0 };
+    for (int i = 0; i < NS; i++)
+        homes_used[home[i] = capstan__shard_pick(shard_names, NSHARDS, names[i], strlen(names[i]))]++;
+    printf("shards: schedules per home shard: %zu %zu %zu\n", homes_used[0], homes_used[1], homes_used[2]);
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    for (int i = 0; i < NS; i++)
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[home[i]], "LLEN queue:%s", names[i]) >= 2, 20),
+                  "%s: no ticks in its home shard %zu\n%s", names[i], home[i] + 1, kt_capstan_log(pid));
+    for (int i = 0; i < NS; i++)
+        for (int k = 0; k < NSHARDS; k++)
+            if ((size_t)k != home[i])
+                cr_assert_eq(kt_int_on(f.c[k], "EXISTS queue:%s", names[i]), 0, "%s ticked in shard %d too, home %zu",
+                             names[i], k + 1, home[i] + 1);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
 }
