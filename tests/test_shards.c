@@ -521,3 +521,38 @@ Test(shards, each_schedule_ticks_in_its_home_shard)
                              names[i], k + 1, home[i] + 1);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
 }
+
+/* `capstan probe ready` (the metrics port's /readyz): 0 and "ok", or 1
+ * and why, into *out (replaced). */
+static int ready(int port, char **out)
+{
+    char p[16];
+    snprintf(p, sizeof(p), "%d", port);
+    free(*out);
+    *out = NULL;
+    return kt_capstan_run((const char *[]){ "probe", "ready", "--port", p, NULL }, out);
+}
+
+/* /readyz is ready only while every shard is: a frozen shard's Redis
+ * (SIGSTOP) makes the process not ready, naming the shard, until it
+ * answers again. */
+Test(shards, readyz_needs_every_shard)
+{
+    int port = kt_free_port();
+    char extra[64], *out = NULL;
+    snprintf(extra, sizeof(extra), "metrics_port: %d\n", port);
+    fleet_t f;
+    fleet_up(&f, extra);
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 20), "%s\n%s", out, kt_capstan_log(pid));
+    kill(f.s[1].pid, SIGSTOP);
+    int down = KT_WAIT_UNTIL(ready(port, &out) == 1, 20);
+    char *why = strdup(out ? out : "");
+    kill(f.s[1].pid, SIGCONT);
+    printf("shards: /readyz with shard 2 frozen: %s", why);
+    cr_assert(down && strstr(why, "shard s2"), "%s", why);
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 20), "after SIGCONT: %s", out);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    free(why);
+    free(out);
+}
