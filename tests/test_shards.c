@@ -556,3 +556,61 @@ Test(shards, readyz_needs_every_shard)
     free(why);
     free(out);
 }
+
+/* The pid in the process entry of identity on shard k, or 0. */
+static pid_t entry_pid(fleet_t *f, int k, const char *identity)
+{
+    redisReply *r = redisCommand(f->c[k], "HGET %s info", identity);
+    json_t *info = r && r->type == REDIS_REPLY_STRING ? json_loads(r->str, 0, NULL) : NULL;
+    pid_t pid = (pid_t)json_integer_value(json_object_get(info, "pid"));
+    json_decref(info);
+    freeReplyObject(r);
+    return pid;
+}
+
+/* A supervised worker killed (kill -9) while it runs a job in each of
+ * shards 2 and 3: the supervisor gives back its jobs in every shard at
+ * once (no lease to wait for), takes it off every shard's process set,
+ * and its replacement runs the jobs. */
+Test(shards, a_dead_worker_is_recovered_in_every_shard)
+{
+    fleet_t f;
+    fleet_up(&f, "timeout: 2\n");
+    pid_t sup = capstan_up(&f, NULL);
+    char *id = NULL;
+    cr_assert(KT_WAIT_UNTIL(({
+                  redisReply *r = redisCommand(f.c[2], "SRANDMEMBER processes");
+                  if (r && r->type == REDIS_REPLY_STRING)
+                      id = strdup(r->str);
+                  freeReplyObject(r);
+                  id != NULL; }), 20), "%s", kt_capstan_log(sup));
+    for (int k = 1; k < NSHARDS; k++)
+        push(&f, k, 0, 1, "[60000]");
+    for (int k = 1; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[k], "HLEN %s:work", id) == 1, 20), "%s", kt_capstan_log(sup));
+    pid_t worker = entry_pid(&f, 2, id);
+    cr_assert(worker > 0 && worker != sup);
+    double t0 = kt_now();
+    kill(worker, SIGKILL);
+    /* Well within the fleet's own orphan recovery (liveness_ttl 60 s). */
+    for (int k = 1; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[k], "SISMEMBER processes %s", id) == 0
+                                    && kt_int_on(f.c[k], "HLEN %s:work", id) == 0, 15),
+                  "shard %d still has the dead worker\n%s", k + 1, kt_capstan_log(sup));
+    /* Its replacement runs each job again, in its own shard. */
+    char *id2 = NULL;
+    for (int k = 1; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL(({
+                      redisReply *r = redisCommand(f.c[k], "SRANDMEMBER processes");
+                      free(id2);
+                      id2 = r && r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+                      freeReplyObject(r);
+                      id2 && kt_int_on(f.c[k], "HLEN %s:work", id2) == 1; }), 20),
+                  "shard %d: the replacement does not run the job\n%s", k + 1, kt_capstan_log(sup));
+    printf("shards: a dead worker's jobs of shards 2 and 3 given back and running again %.1f s after the kill\n",
+           kt_now() - t0);
+    cr_assert_str_neq(id2, id);
+    cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 30), 0, "%s", kt_capstan_log(sup));
+    free(id);
+    free(id2);
+}
