@@ -310,18 +310,20 @@ static void recover(sup_t *s, worker_t *w)
     const capstan_started_t *startedp = jids ? &started : NULL;
     capstan_recovery_t out = {0};
     int rc = 0;
-    /* A sharded worker left a list and a process entry in every shard. */
-    for (size_t k = 0; !rc && k < (c->nshards ? c->nshards : 1); k++) {
+    /* A sharded worker left a list and a process entry in every shard:
+     * one that does not answer leaves the others' to do at once. */
+    for (size_t k = 0; k < (c->nshards ? c->nshards : 1); k++) {
         capstan_redis_t *r = capstan_redis_new(c->nshards ? c->shards[k].redis_url : c->redis_url, 5, err);
-        rc = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
-        if (r && rc)
+        int one = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
+        if (r && one)
             snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
-        if (!rc && capstan__source_for(c)->working_list)
-            rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps,
-                                             c->sidekiq_metrics, &out, err);
-        if (!rc)
+        if (!one && capstan__source_for(c)->working_list)
+            one = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps,
+                                              c->sidekiq_metrics, &out, err);
+        if (!one)
             capstan__heartbeat_leave(r, id);
         capstan_redis_free(r);
+        rc = rc ? rc : one;
     }
     free(jids);
     if (rc) {

@@ -614,3 +614,33 @@ Test(shards, a_dead_worker_is_recovered_in_every_shard)
     free(id);
     free(id2);
 }
+
+/* A dead worker's jobs in the shards that answer are given back at once
+ * even while another of its shards is frozen (SIGSTOP). */
+Test(shards, a_frozen_shard_does_not_hold_back_the_others_recovery)
+{
+    fleet_t f;
+    fleet_up(&f, "timeout: 2\n");
+    pid_t sup = capstan_up(&f, NULL);
+    char *id = NULL;
+    cr_assert(KT_WAIT_UNTIL(({
+                  redisReply *r = redisCommand(f.c[2], "SRANDMEMBER processes");
+                  if (r && r->type == REDIS_REPLY_STRING)
+                      id = strdup(r->str);
+                  freeReplyObject(r);
+                  id != NULL; }), 20), "%s", kt_capstan_log(sup));
+    push(&f, 2, 0, 1, "[60000]");
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[2], "HLEN %s:work", id) == 1, 20), "%s", kt_capstan_log(sup));
+    pid_t worker = entry_pid(&f, 2, id);
+    cr_assert(worker > 0 && worker != sup);
+    kill(f.s[1].pid, SIGSTOP);
+    kill(worker, SIGKILL);
+    char *wkey = kt_working_key(id);
+    int back = KT_WAIT_UNTIL(kt_int_on(f.c[2], "EXISTS %s", wkey) == 0
+                                 && kt_int_on(f.c[2], "SISMEMBER processes %s", id) == 0, 15);
+    kill(f.s[1].pid, SIGCONT);
+    cr_assert(back, "shard 3 still holds the dead worker's job while shard 2 is frozen\n%s", kt_capstan_log(sup));
+    cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 30), 0, "%s", kt_capstan_log(sup));
+    free(wkey);
+    free(id);
+}
