@@ -2,6 +2,8 @@
  * hold however a shard was given (the file, capstan_config_add_shard). */
 #include "config/shards.h"
 #include "config/names.h"
+#include "periodic/periodic.h"
+#include "support/shard_pick.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -86,4 +88,106 @@ int capstan__config_shards_check(capstan_config_t *cfg, char *err)
     return capstan_config_set_str(&cfg->redis_url, cfg->shards[0].redis_url)
                ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory")
                : 0;
+}
+
+/* Shard i's queues as its own list: the names it lists (every queue of
+ * cfg when it lists none), each with cfg's weight for it. */
+static int shard_queues(const capstan_config_t *cfg, size_t i, capstan_queue_conf_t **out, size_t *n)
+{
+    const capstan_shard_conf_t *s = &cfg->shards[i];
+    size_t len = s->queues ? s->nqueues : cfg->nqueues;
+    capstan_queue_conf_t *q = calloc(len ? len : 1, sizeof(*q));
+    if (!q)
+        return CAPSTAN_ENOMEM;
+    for (size_t k = 0; k < len; k++) {
+        const char *name = s->queues ? s->queues[k] : cfg->queues[k].name;
+        /* A queue the top-level list does not name: weight 1, or none
+         * when no queue has one (strict order). */
+        q[k].weight = cfg->strict ? 0 : 1;
+        for (size_t j = 0; j < cfg->nqueues; j++)
+            if (!strcmp(cfg->queues[j].name, name))
+                q[k].weight = cfg->queues[j].weight;
+        if (!(q[k].name = strdup(name))) {
+            for (size_t j = 0; j < k; j++)
+                free(q[j].name);
+            free(q);
+            return CAPSTAN_ENOMEM;
+        }
+    }
+    *out = q;
+    *n = len;
+    return 0;
+}
+
+static void queues_free(capstan_queue_conf_t *q, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        free(q[k].name);
+    free(q);
+}
+
+int capstan__config_own_shard(capstan_config_t *cfg, size_t i)
+{
+    capstan_queue_conf_t *q;
+    size_t n;
+    if (shard_queues(cfg, i, &q, &n))
+        return CAPSTAN_ENOMEM;
+    queues_free(cfg->queues, cfg->nqueues);
+    cfg->queues = q;
+    cfg->nqueues = n;
+    return 0;
+}
+
+/* The schedules of cfg whose home is shard i (capstan__shard_pick over
+ * the shards' names), as an array of their entries, borrowed. */
+static int shard_periodic(const capstan_config_t *cfg, size_t i, struct capstan_periodic_conf **out, size_t *n)
+{
+    const char **names = calloc(cfg->nshards, sizeof(*names));
+    *out = calloc(cfg->nperiodic ? cfg->nperiodic : 1, sizeof(**out));
+    *n = 0;
+    if (!names || !*out) {
+        free(names);
+        free(*out);
+        return CAPSTAN_ENOMEM;
+    }
+    for (size_t k = 0; k < cfg->nshards; k++)
+        names[k] = cfg->shards[k].name;
+    for (size_t k = 0; k < cfg->nperiodic; k++) {
+        const char *name = cfg->periodic[k].name;
+        if (capstan__shard_pick(names, cfg->nshards, name, strlen(name)) == i)
+            (*out)[(*n)++] = cfg->periodic[k];
+    }
+    free(names);
+    return 0;
+}
+
+capstan_config_t *capstan__config_member(const capstan_config_t *cfg, size_t i)
+{
+    capstan_config_t *m = malloc(sizeof(*m));
+    if (!m)
+        return NULL;
+    /* Every setting is cfg's, borrowed: cfg outlives its members. */
+    *m = *cfg;
+    m->redis_url = cfg->shards[i].redis_url;
+    m->shards = NULL;
+    m->nshards = 0;
+    if (shard_queues(cfg, i, &m->queues, &m->nqueues)) {
+        free(m);
+        return NULL;
+    }
+    if (shard_periodic(cfg, i, &m->periodic, &m->nperiodic)) {
+        queues_free(m->queues, m->nqueues);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void capstan__config_member_free(capstan_config_t *m)
+{
+    if (!m)
+        return;
+    queues_free(m->queues, m->nqueues);
+    free(m->periodic);
+    free(m);
 }

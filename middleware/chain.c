@@ -87,6 +87,17 @@ int capstan_chain_remove(capstan_chain_t *c, const char *name)
     return 0;
 }
 
+capstan_chain_t *capstan__chain_copy(const capstan_chain_t *c, const void *from, void *to)
+{
+    capstan_chain_t *copy = capstan_chain_new();
+    for (size_t i = 0; copy && c && i < c->n; i++)
+        if (capstan_chain_add(copy, c->e[i].name, c->e[i].fn, c->e[i].udata == from ? to : c->e[i].udata)) {
+            capstan_chain_free(copy);
+            return NULL;
+        }
+    return copy;
+}
+
 size_t capstan_chain_len(const capstan_chain_t *c)
 {
     return c ? c->n : 0;

@@ -74,6 +74,11 @@ struct capstan_mw {
     int accepted;                /* client: the terminal ran */
 };
 
+/* A copy of chain c, each entry whose udata is from given to instead (a
+ * sharded process's members run the front's chain, the built-ins each on
+ * their own runtime). NULL when out of memory. */
+capstan_chain_t *capstan__chain_copy(const capstan_chain_t *c, const void *from, void *to);
+
 /* Starts chain c on mw (filled by the caller) with terminal as its end.
  * Returns what the outermost middleware returns. */
 int capstan__mw_run(const capstan_chain_t *c, capstan_mw_t *mw, capstan_mw_fn terminal, void *ud);

@@ -54,6 +54,9 @@ int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
 {
     capstan_board_t *b = rt->link.board;
+    /* The member of a sharded worker's shard k has rows of its own, after
+     * those of the shards before it. */
+    index += (int)rt->member.index * rt->cfg->concurrency;
     if (!b || !jid || index < 0 || index >= b->nslots)
         return;
     capstan_board_row_t *row = &b->row[index];

@@ -11,6 +11,7 @@
 
 #include "observe/prometheus.h"
 #include "runtime/crash.h"
+#include "runtime/shards.h"
 #include "runtime/slot.h"
 #include "support/log.h"
 #include "support/time.h"
@@ -124,7 +125,11 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     /* The fetch saw this job's lock held by this jid: the server need not
      * look again (checked against our own parse of the payload). */
     int held = got->held_jid && strcmp(got->held_jid, job->jid) == 0;
+    /* The run slot is the handler's only: an ack waiting out its shard's
+     * outage must not hold one the other shards' jobs could run in. */
+    capstan__shards_run_begin(rt);
     capstan__server_run(s, r, job, &d->out, held ? got->held_digest : NULL, pre);
+    capstan__shards_run_end(rt);
     if (pre)
         capstan__unique_prelock_drop(r, pre); /* a lock the job did not use */
     if (d->out.disp == CAPSTAN_DISPOSE_KEEP) {

@@ -62,3 +62,11 @@ int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_
         delay = delay * 2 > max_delay ? max_delay : delay * 2;
     }
 }
+
+void capstan__rt_job_metrics(capstan_runtime_t *rt, const char *cls, const char *queue, double seconds,
+                             int failed, const char *raw)
+{
+    capstan__metrics_job(capstan__metrics_default(), cls, queue, seconds, failed, raw);
+    if (rt->member.metrics)
+        capstan__metrics_job(rt->member.metrics, cls, queue, seconds, failed, raw);
+}

@@ -239,6 +239,29 @@ typedef struct capstan_watch {
     int started;
 } capstan_watch_t;
 
+/* Which runtime of a sharded process this is (runtime/shards.h): the
+ * front (index 0), the one the program made and runs, or the member of
+ * shard index, which the front makes and frees. Written before the
+ * member's threads start; state and rc after by its start thread. */
+typedef struct capstan_rt_member {
+    struct capstan_shards *group;  /* every member; NULL without shards */
+    size_t index;
+    capstan_redis_t *r;            /* a member's own main connection (its
+                                      start, then the front's shutdown) */
+    pthread_t start;               /* its start thread (shards.c) */
+    int start_started;
+    atomic_int state;              /* CAPSTAN_MEMBER_* (shards.h) */
+    capstan_config_t *ticks;       /* the front's: shard 0's config, whose
+                                      schedules its periodic thread ticks
+                                      (a member's are in its own cfg) */
+    struct capstan_metrics *metrics; /* with shards, Sidekiq's execution
+                                      metrics of this member's jobs alone
+                                      (the shard's Metrics tab); the
+                                      process's /metrics has them all */
+    int rc;                        /* why its start failed, with err */
+    char err[CAPSTAN_ERRLEN];
+} capstan_rt_member_t;
+
 /* What every thread of the runtime shares, then one member per owner. */
 struct capstan_runtime {
     capstan_config_t *cfg;         /* read-only once the run starts */
@@ -275,6 +298,7 @@ struct capstan_runtime {
     capstan_sched_t sched;
     capstan_rt_periodic_t periodic;
     capstan_watch_t watch;
+    capstan_rt_member_t member;
 };
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */
@@ -298,6 +322,12 @@ int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_i
 /* Same with the backoff capped at max_delay seconds. */
 int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
                               double max_delay);
+
+/* A job of class cls (raw: its handler's registered name, or NULL) ran
+ * for seconds, failed or not: counted in the process's metrics and, with
+ * shards, in its member's own (rt->member.metrics). */
+void capstan__rt_job_metrics(struct capstan_runtime *rt, const char *cls, const char *queue, double seconds,
+                             int failed, const char *raw);
 
 /* registry.c */
 /* The registered class a mistyped cls most likely means (capstan__nearest),

@@ -10,13 +10,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config/shards.h"
 #include "fetch/leave.h"
 #include "observe/http.h"
 #include "observe/overview.h"
+#include "observe/prometheus.h"
 #include "redis/sentinel.h"
 #include "locks/queue_limit.h"
 #include "runtime/board.h"
 #include "runtime/crash.h"
+#include "runtime/shards.h"
 #include "runtime/slot.h"
 #include "runtime/source.h"
 #include "support/identity.h"
@@ -59,17 +62,25 @@ void capstan_runtime_free(capstan_runtime_t *rt)
         /* Threads still running a handler use rt: leave it to the exit. */
         return;
     }
-    capstan__crash_watch(NULL, 0);
+    capstan__shards_free(rt);
+    if (!rt->member.index)
+        capstan__crash_watch(NULL, 0);
     capstan__slots_free(rt);
     capstan__feed_free(rt->feed);
     capstan_chain_free(rt->server_chain);
-    capstan__registry_free(rt);
+    if (!rt->member.index)
+        capstan__registry_free(rt); /* a member borrows the front's */
     free(rt->self.info_json);
     capstan__fleet_free(rt->view.fleet);
     capstan__paused_free(rt->view.paused);
     capstan__qlimits_free(rt->view.qlimits);
     capstan__liveness_free(rt->view.liveness);
-    capstan_config_free(rt->cfg);
+    capstan__metrics_free(rt->member.metrics);
+    capstan__config_member_free(rt->member.ticks);
+    if (rt->member.index)
+        capstan__config_member_free(rt->cfg);
+    else
+        capstan_config_free(rt->cfg);
     pthread_mutex_destroy(&rt->wake_mu);
     pthread_mutex_destroy(&rt->view.unknown_mu);
     pthread_cond_destroy(&rt->wake);
@@ -128,7 +139,7 @@ static char *build_info(capstan_runtime_t *rt)
      * process from a Ruby one. Sidekiq ignores the key. */
     json_object_set_new(o, CAPSTAN_INFO_MARKER, json_string(CAPSTAN_VERSION));
     /* A supervised worker names its supervisor and slot, for capstan stats. */
-    if (rt->link.board) {
+    if (rt->link.supervisor_pid) {
         json_object_set_new(o, "capstan_supervisor", json_integer(rt->link.supervisor_pid));
         json_object_set_new(o, "capstan_worker", json_integer(rt->link.worker_slot));
     }
@@ -147,7 +158,7 @@ static char *build_info(capstan_runtime_t *rt)
     return s;
 }
 
-static void dump_threads(capstan_runtime_t *rt)
+static void dump_member(capstan_runtime_t *rt)
 {
     double now = capstan__now();
     for (int i = 0; i < rt->nslots; i++) {
@@ -164,12 +175,36 @@ static void dump_threads(capstan_runtime_t *rt)
                  atomic_load(&rt->quiet) ? "stopped" : "polling");
 }
 
+static void dump_threads(capstan_runtime_t *rt)
+{
+    for (size_t i = 0; i < capstan__members(rt); i++) {
+        if (rt->cfg->nshards)
+            capstan_warn("Shard %s:", rt->cfg->shards[i].name);
+        dump_member(capstan__member(rt, i));
+    }
+}
+
+/* Quiets the whole process: every member of a sharded one, whichever
+ * shard asked. */
 static void go_quiet(capstan_runtime_t *rt)
 {
     if (atomic_exchange(&rt->quiet, 1))
         return;
     capstan_info("Terminating quiet workers");
-    capstan__rt_wake(rt);
+    for (size_t i = 0; i < capstan__members(rt); i++) {
+        capstan_runtime_t *m = capstan__member(rt, i);
+        atomic_store(&m->quiet, 1);
+        capstan__rt_wake(m);
+    }
+}
+
+/* Jobs running in every member. */
+static int busy_all(capstan_runtime_t *rt)
+{
+    int n = 0;
+    for (size_t i = 0; i < capstan__members(rt); i++)
+        n += capstan__slots_busy(capstan__member(rt, i));
+    return n;
 }
 
 /* Waits up to timeout for one of our signals, or a request made through
@@ -226,39 +261,19 @@ static void live_conn(capstan_redis_t *r)
     freeReplyObject(pong);
 }
 
-static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, int why)
+/* The connection member m's shutdown writes on: the front's is r. */
+static capstan_redis_t *conn_of(capstan_runtime_t *m, capstan_redis_t *r)
 {
-    capstan__notify("STOPPING=1");
-    if (why)
-        capstan_info("Received %s, shutting down", capstan__sig_name(why));
-    else
-        capstan_info("Shutting down");
-    atomic_store(&rt->stopping, 1);
-    go_quiet(rt);
-    double deadline = capstan__mono() + rt->cfg->timeout;
-    if (capstan__slots_busy(rt))
-        capstan_info("Pausing to allow workers to finish...");
-    while (capstan__slots_busy(rt) && capstan__mono() < deadline) {
-        capstan__notify_watchdog();
-        capstan__log_flush();
-        int sig = next_signal(rt, set, PAUSE);
-        if (sig == SIGTERM || sig == SIGINT) {
-            capstan_info("Second %s: not waiting any longer", capstan__sig_name(sig));
-            break;
-        }
-        handle_signal(rt, sig);
-    }
-    int busy = capstan__slots_busy(rt);
-    if (busy) {
-        capstan_info("Terminating %d busy worker threads", busy);
-        live_conn(r);
-        int n = capstan__slots_requeue_busy(rt, r);
-        capstan_info("Pushed %d jobs back to Redis", n);
-    }
-    /* Idle processors leave their blocking fetch within its timeout. */
-    double join_deadline = capstan__mono() + 3;
-    for (int i = 0; i < rt->nslots; i++) {
-        capstan_slot_t *s = &rt->slots[i];
+    return m->member.index ? m->member.r : r;
+}
+
+/* Ends m's threads, its jobs done or given back: idle processors leave
+ * their blocking fetch within its timeout (by join_deadline), one still
+ * in a handler is left to the exit; then the other threads. */
+static void join_member(capstan_runtime_t *m, double join_deadline)
+{
+    for (int i = 0; i < m->nslots; i++) {
+        capstan_slot_t *s = &m->slots[i];
         if (!s->started)
             continue;
         for (;;) {
@@ -271,29 +286,92 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
             }
             if (busy_now || capstan__mono() > join_deadline) {
                 pthread_detach(s->thread);
-                rt->ctl.abandoned++;
+                m->ctl.abandoned++;
                 break;
             }
-            capstan__rt_wait(rt, 0.05);
+            capstan__rt_wait(m, 0.05);
         }
     }
-    capstan__rt_wake(rt);
-    if (rt->sched.started)
-        pthread_join(rt->sched.thread, NULL);
-    if (rt->periodic.started)
-        pthread_join(rt->periodic.thread, NULL);
-    atomic_store(&rt->housekeeper_stop, 1);
-    capstan__rt_wake(rt);
-    if (rt->keeper.started)
-        pthread_join(rt->keeper.thread, NULL);
-    if (rt->watch.started)
-        pthread_join(rt->watch.thread, NULL);
+    capstan__rt_wake(m);
+    if (m->sched.started)
+        pthread_join(m->sched.thread, NULL);
+    if (m->periodic.started)
+        pthread_join(m->periodic.thread, NULL);
+    atomic_store(&m->housekeeper_stop, 1);
+    capstan__rt_wake(m);
+    if (m->keeper.started)
+        pthread_join(m->keeper.thread, NULL);
+    if (m->watch.started)
+        pthread_join(m->watch.thread, NULL);
+}
+
+/* m leaves its Redis: its counters flushed, off the process set, its
+ * working list gone. Returns 1 when that list is empty. */
+static int leave_member(capstan_runtime_t *m, capstan_redis_t *r)
+{
     live_conn(r);
-    capstan__stats_flush(rt, r);
+    capstan__stats_flush(m, r);
     capstan__unique_metrics_flush(r);
-    capstan__heartbeat_leave(r, rt->self.identity);
+    capstan__heartbeat_leave(r, m->self.identity);
+    return capstan__fetch_leave(r, m->self.identity) == 0;
+}
+
+/* Stops the process, every member of a sharded one together: all quiet
+ * at once, the timeout shared, then each gives back its own jobs and
+ * leaves its own Redis. */
+static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset_t *set, int why)
+{
+    capstan__notify("STOPPING=1");
+    if (why)
+        capstan_info("Received %s, shutting down", capstan__sig_name(why));
+    else
+        capstan_info("Shutting down");
+    size_t nm = capstan__members(rt);
+    for (size_t i = 0; i < nm; i++)
+        atomic_store(&capstan__member(rt, i)->stopping, 1);
+    go_quiet(rt);
+    capstan__shards_join(rt);
+    double deadline = capstan__mono() + rt->cfg->timeout;
+    if (busy_all(rt))
+        capstan_info("Pausing to allow workers to finish...");
+    while (busy_all(rt) && capstan__mono() < deadline) {
+        capstan__notify_watchdog();
+        capstan__log_flush();
+        int sig = next_signal(rt, set, PAUSE);
+        if (sig == SIGTERM || sig == SIGINT) {
+            capstan_info("Second %s: not waiting any longer", capstan__sig_name(sig));
+            break;
+        }
+        handle_signal(rt, sig);
+    }
+    int busy = busy_all(rt);
+    if (busy) {
+        capstan_info("Terminating %d busy worker threads", busy);
+        int n = 0;
+        for (size_t i = 0; i < nm; i++) {
+            capstan_runtime_t *m = capstan__member(rt, i);
+            if (!capstan__slots_busy(m))
+                continue;
+            live_conn(conn_of(m, r));
+            n += capstan__slots_requeue_busy(m, conn_of(m, r));
+        }
+        capstan_info("Pushed %d jobs back to Redis", n);
+    }
+    double join_deadline = capstan__mono() + 3;
+    for (size_t i = 0; i < nm; i++)
+        join_member(capstan__member(rt, i), join_deadline);
+    int left = 1;
+    for (size_t i = 0; i < nm; i++) {
+        capstan_runtime_t *m = capstan__member(rt, i);
+        if (m->member.index)
+            rt->ctl.abandoned += m->ctl.abandoned; /* its threads use the front's */
+        /* A member that never reached its Redis has nothing there. */
+        if (m->member.index && !capstan__redis_connects(m->member.r))
+            continue;
+        left &= leave_member(m, conn_of(m, r));
+    }
     /* Nothing left for a supervisor to recover: it need not connect. */
-    if (capstan__fetch_leave(r, rt->self.identity) == 0)
+    if (left)
         capstan__board_forget(rt);
     capstan__log_flush();
     capstan_info("Bye!");
@@ -320,9 +398,12 @@ static long long rss_bytes(void)
 static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     int leave = CAPSTAN_LEAVE_NONE;
-    if (capstan__slots_overdue(rt)) {
-        live_conn(r);
-        if (capstan__slots_timeouts(rt, r))
+    for (size_t i = 0; i < capstan__members(rt); i++) {
+        capstan_runtime_t *m = capstan__member(rt, i);
+        if (!capstan__slots_overdue(m))
+            continue;
+        live_conn(conn_of(m, r));
+        if (capstan__slots_timeouts(m, conn_of(m, r)))
             leave = CAPSTAN_LEAVE_TIMEOUT;
     }
     if (!leave) {
@@ -384,6 +465,13 @@ static void log_start(capstan_runtime_t *rt, capstan_redis_t *r)
                  c->unknown_class_explicit || c->unknown_class == CAPSTAN_UNKNOWN_REQUEUE
                      ? "" : " (requeue on queues a Ruby Sidekiq process reads)",
                  rt->self.identity);
+    if (c->nshards) {
+        char list[512] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < c->nshards && len < sizeof(list); i++)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", i ? ", " : "", c->shards[i].name);
+        capstan_info("shards: %zu [%s], each a Redis of its own, all served by this process", c->nshards, list);
+    }
     if (c->nperiodic) {
         char list[512] = "";
         size_t len = 0;
@@ -457,7 +545,8 @@ static int start_threads(capstan_runtime_t *rt, char *err)
     rc = capstan__slots_new(rt, err);
     if (rc)
         return rc;
-    capstan__crash_watch(rt->slots, rt->nslots);
+    if (!rt->member.index)
+        capstan__crash_watch(rt->slots, rt->nslots); /* the front's processors only */
     for (int i = 0; i < rt->nslots; i++) {
         int e = pthread_create(&rt->slots[i].thread, NULL, capstan__processor_main, &rt->slots[i]);
         if (e)
@@ -475,8 +564,10 @@ static int start_threads(capstan_runtime_t *rt, char *err)
             return capstan_seterr(err, CAPSTAN_ESYS, "cannot start the master watch thread");
         rt->watch.started = 1;
     }
-    if (rt->cfg->nperiodic) {
-        rt->periodic.env = (capstan_periodic_env_t){ .cfg = rt->cfg, .stop = &rt->quiet,
+    /* With shards each schedule ticks in its home shard's member alone. */
+    const capstan_config_t *pc = rt->member.ticks ? rt->member.ticks : rt->cfg;
+    if (pc->nperiodic) {
+        rt->periodic.env = (capstan_periodic_env_t){ .cfg = pc, .stop = &rt->quiet,
                                                      .connect = periodic_connect, .wait = periodic_wait,
                                                      .ud = rt };
         if (pthread_create(&rt->periodic.thread, NULL, capstan__periodic_main, &rt->periodic.env))
@@ -486,17 +577,53 @@ static int start_threads(capstan_runtime_t *rt, char *err)
     return 0;
 }
 
-/* The /metrics gauge of processors running a job (observe/http.h). */
-static int busy_threads(void *rt)
+int capstan__runtime_prepare(capstan_runtime_t *rt, char *err)
 {
-    return atomic_load(&((capstan_runtime_t *)rt)->busy);
+    const capstan_config_t *c = rt->cfg;
+    rt->source = capstan__source_for(c);
+    if (rt->source->prefetches && !rt->feed && !(rt->feed = capstan__source_feed_new(rt)))
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    rt->self.info_json = build_info(rt);
+    if (!rt->view.paused)
+        rt->view.paused = capstan__paused_new(c->queues, c->nqueues);
+    if (!rt->view.liveness)
+        rt->view.liveness = capstan__liveness_new(rt->self.identity, c->liveness_ttl);
+    if (!rt->view.fleet)
+        rt->view.fleet = capstan__fleet_new(c);
+    if (!rt->self.info_json || !rt->view.paused || !rt->view.liveness || !rt->view.fleet)
+        return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    return 0;
+}
+
+int capstan__runtime_begin(capstan_runtime_t *rt, capstan_redis_t *r, char *err)
+{
+    if (rt->source->working_list) {
+        capstan__liveness_refresh(rt->view.liveness, r);
+        capstan__recover_orphans(rt, r);
+    }
+    capstan__heartbeat_beat(rt, r, 0);
+    /* Before the first fetch: a Ruby process reading our queues must not
+     * lose its jobs to NameError in the first minute. */
+    capstan__fleet_look(rt->view.fleet, r);
+    return start_threads(rt, err);
+}
+
+/* The /metrics gauge of processors running a job (observe/http.h). */
+static int busy_threads(void *ud)
+{
+    int n = 0;
+    for (size_t i = 0; i < capstan__members(ud); i++)
+        n += atomic_load(&capstan__member(ud, i)->busy);
+    return n;
 }
 
 /* The /metrics gauge of jobs fetched ahead, by queue (observe/http.h). */
 static void prefetched(void *ud, const char *const *queues, size_t n, long long *counts)
 {
-    capstan_runtime_t *rt = ud;
-    rt->source->count(rt, queues, counts, n);
+    for (size_t i = 0; i < capstan__members(ud); i++) {
+        capstan_runtime_t *m = capstan__member(ud, i);
+        m->source->count(m, queues, counts, n);
+    }
 }
 
 /* CAPSTAN_GRACE: the seconds whatever stops this process (Kubernetes'
@@ -516,20 +643,25 @@ static void grace_check(const capstan_config_t *c, int slot)
 }
 
 /* /livez and /readyz (observe/http.h): this process, or under a
- * supervisor every worker, the first failing one named. */
+ * supervisor every worker, and with shards every shard of this process,
+ * the first failing one named. */
 static int probe(void *ud, int ready, char *why, size_t n)
 {
     capstan_runtime_t *rt = ud;
     double now = capstan__mono();
-    if (!rt->link.probes)
-        return capstan__probe_judge(rt->link.probe, ready, now, why, n);
-    for (int i = 0; i < rt->link.nprobes; i++) {
-        char one[CAPSTAN_ERRLEN];
+    char one[CAPSTAN_ERRLEN];
+    if (!rt->link.probes && !capstan__probe_judge(rt->link.probe, ready, now, why, n))
+        return 0;
+    for (int i = 0; rt->link.probes && i < rt->link.nprobes; i++)
         if (!capstan__probe_judge(&rt->link.probes[i], ready, now, one, sizeof(one))) {
             snprintf(why, n, "worker %d: %s", i, one);
             return 0;
         }
-    }
+    for (size_t i = 1; i < capstan__members(rt); i++)
+        if (!capstan__probe_judge(capstan__member(rt, i)->link.probe, ready, now, one, sizeof(one))) {
+            snprintf(why, n, "shard %s: %s", rt->cfg->shards[i].name, one);
+            return 0;
+        }
     return 1;
 }
 
@@ -558,15 +690,17 @@ static int run(capstan_runtime_t *rt, char *err)
         signal(SIGPIPE, SIG_IGN);
     capstan__crash_install();
 
-    /* Before anything else, so a port in use stops the start at once
-     * instead of leaving a worker running without its metrics. */
     capstan_http_t *http = NULL;
     capstan_redis_t *r = NULL;
-    /* The feed is there before the metrics thread can count it. */
-    const char **qnames = calloc(c->nqueues ? c->nqueues : 1, sizeof(*qnames));
-    rt->source = capstan__source_for(c);
-    if (!qnames || (rt->source->prefetches && !rt->feed
-                    && !(rt->feed = capstan__source_feed_new(rt)))) {
+    const char **qnames = NULL;
+    rt->self.started_at = capstan__now();
+    /* The members are made before the front's queues become the first
+     * shard's; the feeds are there before the metrics thread can count
+     * them. */
+    if ((rc = capstan__shards_new(rt, err)) != 0 || (rc = capstan__runtime_prepare(rt, err)) != 0)
+        goto out;
+    qnames = calloc(c->nqueues ? c->nqueues : 1, sizeof(*qnames));
+    if (!qnames) {
         rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
     }
@@ -581,20 +715,14 @@ static int run(capstan_runtime_t *rt, char *err)
         hc.nqueues = c->nqueues;
         hc.prefetched = prefetched;
     }
+    /* Before Redis, so a port in use stops the start at once instead of
+     * leaving a worker running without its metrics. */
     if (c->metrics_port > 0 && (rc = capstan__http_start(&hc, &http, err)) != 0)
         goto out;
-    rt->self.started_at = capstan__now();
     capstan__unique_metrics_buffer(1); /* lock metrics go out with each heartbeat */
-    rt->self.info_json = build_info(rt);
     r = capstan_redis_new(c->redis_url, 10, err);
-    if (!rt->view.paused)
-        rt->view.paused = capstan__paused_new(c->queues, c->nqueues);
-    if (!rt->view.liveness)
-        rt->view.liveness = capstan__liveness_new(rt->self.identity, c->liveness_ttl);
-    if (!rt->view.fleet)
-        rt->view.fleet = capstan__fleet_new(c);
-    if (!r || !rt->self.info_json || !rt->view.paused || !rt->view.liveness || !rt->view.fleet) {
-        rc = r ? capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory") : CAPSTAN_ECONFIG;
+    if (!r) {
+        rc = CAPSTAN_ECONFIG;
         goto out;
     }
     log_start(rt, r);
@@ -607,15 +735,7 @@ static int run(capstan_runtime_t *rt, char *err)
         goto out;
     }
     capstan_debug("connected to %s", capstan_redis_name(r));
-    if (rt->source->working_list) {
-        capstan__liveness_refresh(rt->view.liveness, r);
-        capstan__recover_orphans(rt, r);
-    }
-    capstan__heartbeat_beat(rt, r, 0);
-    /* Before the first fetch: a Ruby process reading our queues must not
-     * lose its jobs to NameError in the first minute. */
-    capstan__fleet_look(rt->view.fleet, r);
-    if ((rc = start_threads(rt, err)) != 0) {
+    if ((rc = capstan__runtime_begin(rt, r, err)) != 0 || (rc = capstan__shards_start(rt, err)) != 0) {
         capstan_error("%s", err);
         shutdown_all(rt, r, &set, 0);
         goto out;
@@ -632,6 +752,11 @@ static int run(capstan_runtime_t *rt, char *err)
         sig = next_signal(rt, &set, tick);
         if (handle_signal(rt, sig))
             break;
+        if (capstan__shards_failed(rt, &rc, err)) {
+            capstan_error("%s", err);
+            sig = 0;
+            break;
+        }
         if (rt->link.board && over_limits(rt, r)) {
             sig = 0;
             break;

@@ -109,8 +109,8 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
         capstan__log(CAPSTAN_INFO, &run->ctx, "done");
     }
     atomic_fetch_add(&rt->processed, 1);
-    capstan__metrics_job(capstan__metrics_default(), job->cls, job->queue, run->ctx.elapsed,
-                         job->err_class != NULL, run->h ? run->h->cls : NULL);
+    capstan__rt_job_metrics(rt, job->cls, job->queue, run->ctx.elapsed, job->err_class != NULL,
+                            run->h ? run->h->cls : NULL);
     return rc;
 }
 

@@ -215,8 +215,8 @@ static int fail_timeout(capstan_slot_t *s, capstan_redis_t *r, double limit)
     if (rc == 0) {
         atomic_fetch_add(&rt->processed, 1);
         atomic_fetch_add(&rt->failed, 1);
-        capstan__metrics_job(capstan__metrics_default(), s->cls, s->queue,
-                             capstan__mono() - (s->deadline - limit), 1, s->row->h ? s->row->h->cls : NULL);
+        capstan__rt_job_metrics(rt, s->cls, s->queue, capstan__mono() - (s->deadline - limit), 1,
+                                s->row->h ? s->row->h->cls : NULL);
     }
 out:
     capstan__failure_clear(&f);

@@ -249,8 +249,10 @@ static int spawn(sup_t *s, int slot, int exec)
             w = &s->w[i];
     if (!w)
         return 0;
+    /* A row per processor of every shard's member (board.c). */
     int threads = quarantine_slot(slot, s->n) ? 1 : s->cfg->concurrency;
-    size_t size = capstan__board_size(threads);
+    int rows = threads * (s->cfg->nshards ? (int)s->cfg->nshards : 1);
+    size_t size = capstan__board_size(rows);
     int fd;
     void *mem = shared(size, &fd);
     if (mem == MAP_FAILED) {
@@ -263,7 +265,7 @@ static int spawn(sup_t *s, int slot, int exec)
     w->board_size = size;
     w->fd = fd;
     w->fresh = exec;
-    w->board->nslots = threads;
+    w->board->nslots = rows;
     w->slot = slot;
     capstan__log_flush();
     fflush(NULL);
@@ -343,16 +345,22 @@ static void recover(sup_t *s, worker_t *w)
     capstan_started_t started = { jids, n };
     const capstan_started_t *startedp = jids ? &started : NULL;
     capstan_recovery_t out = {0};
-    capstan_redis_t *r = capstan_redis_new(c->redis_url, 5, err);
-    int rc = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
-    if (r && rc)
-        snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
-    if (!rc && capstan__source_for(c)->working_list)
-        rc = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps,
-                                         c->sidekiq_metrics, &out, err);
-    if (!rc)
-        capstan__heartbeat_leave(r, id);
-    capstan_redis_free(r);
+    int rc = 0;
+    /* A sharded worker left a list and a process entry in every shard:
+     * one that does not answer leaves the others' to do at once. */
+    for (size_t k = 0; k < (c->nshards ? c->nshards : 1); k++) {
+        capstan_redis_t *r = capstan_redis_new(c->nshards ? c->shards[k].redis_url : c->redis_url, 5, err);
+        int one = r ? capstan_redis_connect(r) : CAPSTAN_ECONFIG;
+        if (r && one)
+            snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
+        if (!one && capstan__source_for(c)->working_list)
+            one = capstan__fetch_recover_dead(r, id, startedp, c->max_recoveries, c->timestamps,
+                                              c->sidekiq_metrics, &out, err);
+        if (!one)
+            capstan__heartbeat_leave(r, id);
+        capstan_redis_free(r);
+        rc = rc ? rc : one;
+    }
     free(jids);
     if (rc) {
         capstan_error("worker %d (pid %d): its jobs wait for orphan recovery: %s", w->slot, (int)w->pid,
