@@ -191,3 +191,15 @@ void capstan__config_member_free(capstan_config_t *m)
     free(m->periodic);
     free(m);
 }
+
+void capstan__config_shards_same_queues(capstan_config_t *cfg)
+{
+    for (size_t i = 0; i < cfg->nshards; i++) {
+        capstan_shard_conf_t *s = &cfg->shards[i];
+        for (size_t k = 0; k < s->nqueues; k++)
+            free(s->queues[k]);
+        free(s->queues);
+        s->queues = NULL;
+        s->nqueues = 0;
+    }
+}

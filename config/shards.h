@@ -21,5 +21,8 @@ int capstan__config_own_shard(capstan_config_t *cfg, size_t i);
  * Freed with capstan__config_member_free, never capstan_config_free. */
 capstan_config_t *capstan__config_member(const capstan_config_t *cfg, size_t i);
 void capstan__config_member_free(capstan_config_t *m);
+/* Every shard reads cfg's queues: its own queues: lists dropped (the
+ * supervisor's quarantine worker reads only the quarantine, in each). */
+void capstan__config_shards_same_queues(capstan_config_t *cfg);
 
 #endif

@@ -50,8 +50,13 @@ static capstan_runtime_t *member_new(capstan_runtime_t *front, size_t i, char *e
     memcpy(&m->self, &front->self, sizeof(m->self));
     m->self.info_json = NULL;
     m->link.board = front->link.board; /* for the jids it starts (board.c) */
+    m->link.board_end = front->link.board_end;
     m->link.worker_slot = front->link.worker_slot;
     m->link.supervisor_pid = front->link.supervisor_pid;
+    /* Its suspects go to its own shard's quarantine, which the
+     * supervisor's quarantine worker reads in every shard. */
+    m->link.quarantine = front->link.quarantine;
+    m->link.quarantine_worker = front->link.quarantine_worker;
     /* Middleware a program added run in every shard; the built-ins each on
      * their member. */
     m->server_chain = capstan__chain_copy(capstan_runtime_server_chain(front), front, m);

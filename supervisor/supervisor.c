@@ -9,6 +9,7 @@
  * waitpid every 50 ms, and connects to Redis only to recover a dead
  * worker's jobs, closing the connection again before any later fork. */
 #include "supervisor/supervisor.h"
+#include "config/shards.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -134,6 +135,8 @@ static void become_quarantine(capstan_config_t *cfg)
     cfg->queues_from_flags = 0; /* the queue below replaces the list */
     if (capstan_config_add_queue(cfg, CAPSTAN_QUARANTINE, err))
         capstan_error("the quarantine worker reads its queues as configured: %s", err);
+    /* In every shard, one with a queues: list of its own too. */
+    capstan__config_shards_same_queues(cfg);
 }
 
 /* A worker's own identity and board; systemd hears the supervisor only. */

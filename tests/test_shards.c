@@ -644,3 +644,35 @@ Test(shards, a_frozen_shard_does_not_hold_back_the_others_recovery)
     free(wkey);
     free(id);
 }
+
+/* A job recovered after a crash waits in its own shard's quarantine (the
+ * worker that fetched it there moved it, or a stop left it): the
+ * supervisor's quarantine worker reads the quarantine of every shard, a
+ * shard with a queues: list of its own too, and runs it once there. */
+Test(shards, a_quarantined_job_runs_in_its_own_shard)
+{
+    fleet_t f;
+    fleet_up(&f, "");
+    /* s2 reads its own list: its quarantine must still be read. */
+    char yml[2048];
+    snprintf(yml, sizeof(yml), "concurrency: 2\nqueues: [default, own]\nshards:\n"
+                               "  - name: s1\n    redis_url: %s\n"
+                               "  - name: s2\n    redis_url: %s\n    queues: [own]\n"
+                               "  - name: s3\n    redis_url: %s\n", f.s[0].url, f.s[1].url, f.s[2].url);
+    free(f.conf);
+    f.conf = kt_write_conf(yml);
+    char jid[25], *p = NULL;
+    jid_of(jid, 1, 7);
+    cr_assert(asprintf(&p, "{\"retry\":true,\"queue\":\"own\",\"args\":[],\"class\":\"ShardJob\",\"recovery_count\":1,"
+                           "\"jid\":\"%s\",\"created_at\":1767225600.1,\"enqueued_at\":1767225600.2}", jid) > 0);
+    freeReplyObject(redisCommand(f.c[1], "LPUSH queue:capstan:quarantine %s", p));
+    free(p);
+    pid_t sup = capstan_up(&f, NULL);
+    static ledger_t L;
+    cr_assert(KT_WAIT_UNTIL((ledger_read(&f, &L), L.runs[1][7] == 1), 60), "the job did not run\n%s",
+              kt_capstan_log(sup));
+    cr_assert_eq(L.wrong_shard, 0);
+    cr_assert_eq(kt_int_on(f.c[1], "LLEN queue:capstan:quarantine"), 0);
+    cr_assert(kt_log_has(sup, "quarantine worker"), "%s", kt_capstan_log(sup));
+    cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 30), 0, "%s", kt_capstan_log(sup));
+}
