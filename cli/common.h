@@ -4,6 +4,9 @@
 #ifndef CAPSTAN_CLI_COMMON_H
 #define CAPSTAN_CLI_COMMON_H
 
+#include <stddef.h>
+
+#include "capstan/config.h"
 #include "capstan/redis.h"
 
 /* A bad command line (EX_USAGE). */
@@ -30,5 +33,32 @@ capstan_redis_t *capstan__cli_connect(const char *who, const char *url_flag, int
  * after it. Returns -1 to go on, else the exit status. */
 int capstan__cli_options(const char *who, const char *usage, int argc, char **argv, const char **url,
                          int *json);
+
+/* The Redis servers an operator's command addresses: --redis-url's one,
+ * or with -C FILE's shards: list every shard (--shard NAME: that one). */
+typedef struct capstan_cli_fleet {
+    const char *url;               /* --redis-url; after capstan__cli_fleet_load,
+                                      the one URL when there are no shards */
+    const char *conf, *env, *shard; /* -C, -e, --shard */
+    capstan_config_t *cfg;         /* FILE, read by capstan__cli_fleet_load */
+    const capstan_shard_conf_t *shards; /* borrowed from cfg: all, or --shard's */
+    size_t nshards;                /* 0: no shards, the one URL */
+} capstan_cli_fleet_t;
+
+/* capstan__cli_options that also takes -C FILE, -e ENV and --shard NAME
+ * into *fleet. */
+int capstan__cli_fleet_options(const char *who, const char *usage, int argc, char **argv,
+                               capstan_cli_fleet_t *fleet, int *json);
+
+/* Reads fleet->conf (if given) and settles what the command addresses:
+ * FILE's shards (--redis-url is then refused), one of them (--shard, which
+ * needs them), else one URL (--redis-url, FILE's redis_url, $REDIS_URL).
+ * Returns -1 to go on, else the exit status, the reason printed. */
+int capstan__cli_fleet_load(const char *who, capstan_cli_fleet_t *fleet);
+void capstan__cli_fleet_free(capstan_cli_fleet_t *fleet);
+
+/* capstan__cli_connect without printing: the reason in err, *status set
+ * as there. */
+capstan_redis_t *capstan__cli_connect_err(const char *url, int *status, char *err);
 
 #endif

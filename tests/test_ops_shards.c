@@ -1,0 +1,368 @@
+/* The operator's commands over a sharded fleet, against three real
+ * redis-servers named in a config's shards: list: `capstan stats` (text and
+ * JSON) and `capstan top` show each shard and the totals, a shard that
+ * cannot be reached is named while the others are still shown, --shard
+ * picks one, and `capstan pause`/`unpause` act in every shard that reads
+ * the queue. The figures are written into each shard directly. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "helpers.h"
+#include "capstan/capstan.h"
+
+TestSuite(ops_shards, .timeout = 300, .fini = kt_kill_children);
+
+#define NSHARDS 3
+static const char *const names[NSHARDS] = { "a", "b", "c" };
+
+typedef struct shard_srv {
+    pid_t pid;
+    int port;
+    char url[128];
+    redisContext *conn;
+} shard_srv_t;
+
+static shard_srv_t srv[NSHARDS];
+
+/* Starts a redis-server of the test's own for each shard (no persistence:
+ * nothing here restarts them). */
+static void shards_start(void)
+{
+    for (int i = 0; i < NSHARDS; i++) {
+        shard_srv_t *s = &srv[i];
+        char port[16], name[32];
+        s->port = kt_free_port();
+        snprintf(port, sizeof(port), "%d", s->port);
+        snprintf(name, sizeof(name), "shard-%s", names[i]);
+        char *dir = kt_tmp(name);
+        cr_assert(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+        snprintf(s->url, sizeof(s->url), "redis://127.0.0.1:%d/0", s->port);
+        s->pid = fork();
+        cr_assert(s->pid >= 0);
+        if (s->pid == 0) {
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
+            _exit(127);
+        }
+        kt_track(s->pid);
+        free(dir);
+        struct timeval tv = { 2, 0 };
+        cr_assert(KT_WAIT_UNTIL(({
+            redisFree(s->conn);
+            s->conn = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+            redisReply *r = s->conn && !s->conn->err ? redisCommand(s->conn, "PING") : NULL;
+            int ok = r && r->type == REDIS_REPLY_STATUS;
+            freeReplyObject(r);
+            ok; }), 20), "redis-server on port %d did not start", s->port);
+    }
+}
+
+/* Shards a, b and c, b fetching "reports" alone; c at down_url when given
+ * (a port nothing listens on: a shard down). */
+static char *shards_file(const char *down_url)
+{
+    char *body = NULL;
+    cr_assert(asprintf(&body, "shards:\n  - name: a\n    redis_url: %s\n  - name: b\n    redis_url: %s\n"
+                              "    queues: [reports]\n  - name: c\n    redis_url: %s\n",
+                       srv[0].url, srv[1].url, down_url ? down_url : srv[2].url) > 0);
+    char *path = kt_write_file(down_url ? "shards-down.yml" : "shards.yml", body);
+    free(body);
+    return path;
+}
+
+static char *down_url(void)
+{
+    char *url = NULL;
+    cr_assert(asprintf(&url, "redis://127.0.0.1:%d/0", kt_free_port()) > 0);
+    return url;
+}
+
+static long long int_on(int i, const char *fmt, const char *arg)
+{
+    return kt_int_on(srv[i].conn, fmt, arg);
+}
+
+/* Into shard i: processed and failed counts, jobs in "default" (and in
+ * "reports" for b) pushed with the C client, sizes of the retry, schedule
+ * and dead sets, and a live process of another host with busy threads. */
+static void shard_fill(int i, long long processed, long long failed, int jobs, int busy)
+{
+    char err[CAPSTAN_ERRLEN], jid[32];
+    freeReplyObject(redisCommand(srv[i].conn, "SET stat:processed %lld", processed));
+    freeReplyObject(redisCommand(srv[i].conn, "SET stat:failed %lld", failed));
+    capstan_client_t *c = capstan_client_new(srv[i].url, err);
+    cr_assert(c, "%s", err);
+    capstan_push_opts_t o = capstan_push_opts_default();
+    o.queue = "default";
+    for (int k = 0; k < jobs; k++)
+        cr_assert_eq(capstan_client_push(c, "PlainJob", "[1]", &o, jid), 0, "%s", capstan_client_error(c));
+    o.queue = "reports";
+    for (int k = 0; i == 1 && k < 2; k++)
+        cr_assert_eq(capstan_client_push(c, "ReportJob", "[1]", &o, jid), 0, "%s", capstan_client_error(c));
+    capstan_client_free(c);
+    for (int k = 0; k <= i; k++) {
+        freeReplyObject(redisCommand(srv[i].conn, "ZADD retry %d r%d", k, k));
+        freeReplyObject(redisCommand(srv[i].conn, "ZADD dead %d d%d", k, k));
+    }
+    freeReplyObject(redisCommand(srv[i].conn, "ZADD schedule 1 s"));
+    char id[64];
+    snprintf(id, sizeof(id), "elsewhere-%s:1:abc", names[i]);
+    freeReplyObject(redisCommand(srv[i].conn, "SADD processes %s", id));
+    freeReplyObject(redisCommand(srv[i].conn, "HSET %s info {\"hostname\":\"elsewhere\",\"concurrency\":10,"
+                                              "\"queues\":[\"default\"]} busy %d beat %f",
+                                 id, busy, kt_wall()));
+}
+
+static void fill_all(void)
+{
+    shard_fill(0, 5, 1, 3, 2);
+    shard_fill(1, 7, 2, 1, 0);
+    shard_fill(2, 11, 3, 4, 5);
+}
+
+/* The JSON object in out, which may follow stderr's lines. */
+static json_t *json_in(const char *out)
+{
+    const char *p = out[0] == '{' ? out : strstr(out, "\n{");
+    cr_assert(p, "no JSON in: %s", out);
+    json_t *j = json_loads(p + (p[0] == '\n'), JSON_DISABLE_EOF_CHECK, NULL);
+    cr_assert(j, "bad JSON in: %s", out);
+    return j;
+}
+
+static long long jint(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    cr_assert(json_is_integer(v), "no %s", key);
+    return json_integer_value(v);
+}
+
+/* The size of queue q in o's queues (-1 when absent). */
+static long long queue_size(json_t *o, const char *q)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(o, "queues"), i, e)
+        if (!strcmp(json_string_value(json_object_get(e, "name")), q))
+            return json_integer_value(json_object_get(e, "size"));
+    return -1;
+}
+
+Test(ops_shards, stats_json_shows_each_shard_and_the_totals)
+{
+    shards_start();
+    fill_all();
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--json", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = json_in(out);
+    /* The totals where one Redis's figures are, for today's readers. */
+    cr_expect_eq(jint(j, "processed"), 23);
+    cr_expect_eq(jint(j, "failed"), 6);
+    cr_expect_eq(jint(j, "retries"), 1 + 2 + 3);
+    cr_expect_eq(jint(j, "dead"), 1 + 2 + 3);
+    cr_expect_eq(jint(j, "scheduled"), 3);
+    cr_expect_eq(queue_size(j, "default"), 3 + 1 + 4);
+    cr_expect_eq(queue_size(j, "reports"), 2);
+    json_t *procs = json_object_get(j, "processes");
+    cr_assert_eq(json_array_size(procs), 3);
+    long long busy = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(procs, i, p) {
+        busy += jint(p, "busy");
+        const char *id = json_string_value(json_object_get(p, "identity"));
+        char want[64];
+        snprintf(want, sizeof(want), "elsewhere-%s:1:abc", json_string_value(json_object_get(p, "shard")));
+        cr_expect_str_eq(id, want, "a process listed with its own shard");
+    }
+    cr_expect_eq(busy, 7);
+    /* Each shard's own object, as one Redis's stats are. */
+    json_t *shards = json_object_get(j, "shards");
+    cr_assert_eq(json_object_size(shards), 3);
+    static const long long processed[] = { 5, 7, 11 }, failed[] = { 1, 2, 3 }, jobs[] = { 3, 1, 4 };
+    for (int k = 0; k < NSHARDS; k++) {
+        json_t *s = json_object_get(shards, names[k]);
+        cr_assert(s, "no shard %s", names[k]);
+        cr_expect_eq(jint(s, "processed"), processed[k], "shard %s", names[k]);
+        cr_expect_eq(jint(s, "failed"), failed[k], "shard %s", names[k]);
+        cr_expect_eq(jint(s, "retries"), k + 1, "shard %s", names[k]);
+        cr_expect_eq(queue_size(s, "default"), jobs[k], "shard %s", names[k]);
+        cr_expect_eq(queue_size(s, "reports"), k == 1 ? 2 : -1, "shard %s", names[k]);
+        cr_expect_eq(json_array_size(json_object_get(s, "processes")), 1, "shard %s", names[k]);
+        cr_expect_null(json_object_get(s, "error"));
+    }
+    json_decref(j);
+    free(out);
+    free(conf);
+}
+
+Test(ops_shards, stats_text_shows_each_shard_and_the_totals)
+{
+    shards_start();
+    fill_all();
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    char *a = strstr(out, "\nShard a "), *b = strstr(out, "\nShard b "), *c = strstr(out, "\nShard c ");
+    char *t = strstr(out, "\nTotal of 3 shards\n");
+    cr_assert(a && b && c && t && a < b && b < c && c < t, "sections in order: %s", out);
+    cr_expect(strstr(a, "Processed: 5  Failed: 1") && strstr(a, "Processed: 5  Failed: 1") < b, "%s", out);
+    cr_expect(strstr(b, "Processed: 7  Failed: 2") && strstr(b, "Processed: 7  Failed: 2") < c, "%s", out);
+    cr_expect(strstr(c, "Processed: 11  Failed: 3") && strstr(c, "Processed: 11  Failed: 3") < t, "%s", out);
+    cr_expect(strstr(t, "Processed: 23  Failed: 6\nScheduled: 3  Retries: 6  Dead: 6\n"), "%s", t);
+    cr_expect(strstr(t, "Busy: 7 of 30 threads in 3 processes"), "%s", t);
+    cr_expect(strstr(t, "\ndefault                                 8 "), "%s", t);
+    cr_expect(strstr(t, "\nreports                                 2 "), "%s", t);
+    free(out);
+    free(conf);
+}
+
+Test(ops_shards, stats_shows_the_others_when_a_shard_is_down)
+{
+    shards_start();
+    fill_all();
+    char *url = down_url(), *conf = shards_file(url), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--json", NULL }, &out);
+    cr_expect_eq(rc, 1, "a shard down exits 1: %s", out);
+    cr_expect(strstr(out, "capstan stats: shard c: "), "named on stderr: %s", out);
+    json_t *j = json_in(out);
+    cr_expect_eq(jint(j, "processed"), 5 + 7, "the totals of the shards read");
+    cr_expect_eq(queue_size(j, "default"), 3 + 1);
+    json_t *shards = json_object_get(j, "shards");
+    cr_expect_eq(jint(json_object_get(shards, "a"), "processed"), 5);
+    cr_expect_eq(jint(json_object_get(shards, "b"), "processed"), 7);
+    json_t *why = json_object_get(json_object_get(shards, "c"), "error");
+    cr_assert(json_is_string(why), "%s", out);
+    cr_expect(strstr(json_string_value(why), url), "the error names the shard's server: %s",
+              json_string_value(why));
+    json_decref(j);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 1, "%s", out);
+    cr_expect(strstr(out, "\nShard c  UNREACHABLE: "), "%s", out);
+    cr_expect(strstr(out, "Processed: 5  Failed: 1"), "%s", out);
+    cr_expect(strstr(out, "\nTotal of 3 shards (1 unreachable, not counted)\n"), "%s", out);
+    cr_expect(strstr(out, "Processed: 12  Failed: 3"), "%s", out);
+    free(out);
+    free(conf);
+    free(url);
+}
+
+Test(ops_shards, stats_shard_shows_that_one)
+{
+    shards_start();
+    fill_all();
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--shard", "b", "--json", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = json_in(out);
+    cr_expect_eq(jint(j, "processed"), 7);
+    cr_expect_eq(json_object_size(json_object_get(j, "shards")), 1);
+    cr_expect(json_object_get(json_object_get(j, "shards"), "b"));
+    json_decref(j);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--shard", "b", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "\nShard b ") && strstr(out, "Processed: 7  Failed: 2"), "%s", out);
+    cr_expect(!strstr(out, "\nShard a ") && !strstr(out, "Total of"), "%s", out);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--shard", "z", NULL }, &out);
+    cr_expect_eq(rc, 64, "%s", out);
+    cr_expect(strstr(out, "no shard z") && strstr(out, "a, b, c"), "the known shards named: %s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "stats", "--shard", "b", NULL }, &out);
+    cr_expect_eq(rc, 64, "--shard without shards: %s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--redis-url", srv[0].url, NULL }, &out);
+    cr_expect_eq(rc, 64, "--redis-url with shards: %s", out);
+    free(out);
+    free(conf);
+}
+
+/* A file without shards: its redis_url is the one stats reads. */
+Test(ops_shards, stats_file_without_shards_reads_its_redis_url)
+{
+    shards_start();
+    fill_all();
+    char *body = NULL, *out = NULL;
+    cr_assert(asprintf(&body, "redis_url: %s\n", srv[2].url) > 0);
+    char *conf = kt_write_file("one.yml", body);
+    int rc = kt_capstan_run((const char *[]){ "stats", "-C", conf, "--json", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = json_in(out);
+    cr_expect_eq(jint(j, "processed"), 11);
+    cr_expect_null(json_object_get(j, "shards"), "no shards object without shards");
+    json_decref(j);
+    free(out);
+    free(conf);
+    free(body);
+}
+
+static int paused_in(int i, const char *q)
+{
+    return (int)int_on(i, "SISMEMBER paused %s", q);
+}
+
+Test(ops_shards, pause_acts_in_every_shard_that_fetches_the_queue)
+{
+    shards_start();
+    char *conf = shards_file(NULL), *out = NULL;
+    /* default: a and c (no queues: list); reports: b lists it, and a and
+     * c fetch every queue. */
+    int rc = kt_capstan_run((const char *[]){ "pause", "default", "reports", "-C", conf, NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(paused_in(0, "default") && paused_in(2, "default") && !paused_in(1, "default"), "%s", out);
+    cr_expect(paused_in(0, "reports") && paused_in(1, "reports") && paused_in(2, "reports"), "%s", out);
+    cr_expect(strstr(out, "shard b: reports: paused"), "%s", out);
+    cr_expect(strstr(out, "shard a: default reports: paused"), "%s", out);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "unpause", "reports", "-C", conf, NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    for (int i = 0; i < NSHARDS; i++)
+        cr_expect(!paused_in(i, "reports"), "shard %s: %s", names[i], out);
+    cr_expect(paused_in(0, "default"), "the other queue left paused");
+    free(out);
+
+    /* --shard: there alone, even a queue it does not list. */
+    rc = kt_capstan_run((const char *[]){ "pause", "default", "-C", conf, "--shard", "b", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(paused_in(1, "default"), "%s", out);
+    free(out);
+    free(conf);
+
+    /* Every shard with a queues: list: a queue none lists is refused. */
+    char *body = NULL;
+    cr_assert(asprintf(&body, "shards:\n  - name: a\n    redis_url: %s\n    queues: [mail]\n  - name: b\n"
+                              "    redis_url: %s\n    queues: [reports]\n", srv[0].url, srv[1].url) > 0);
+    conf = kt_write_file("homes.yml", body);
+    rc = kt_capstan_run((const char *[]){ "pause", "mail", "nowhere", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 64, "%s", out);
+    cr_expect(strstr(out, "no shard") && strstr(out, "nowhere"), "%s", out);
+    cr_expect(!paused_in(0, "mail"), "nothing done when one queue is refused");
+    free(out);
+    free(conf);
+    free(body);
+}
+
+Test(ops_shards, pause_with_a_shard_down_does_the_others)
+{
+    shards_start();
+    char *url = down_url(), *conf = shards_file(url), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "pause", "default", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 1, "%s", out);
+    cr_expect(strstr(out, "capstan pause: shard c: "), "%s", out);
+    cr_expect(paused_in(0, "default"), "%s", out);
+    free(out);
+    free(conf);
+    free(url);
+}
