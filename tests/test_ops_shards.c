@@ -366,3 +366,44 @@ Test(ops_shards, pause_with_a_shard_down_does_the_others)
     free(conf);
     free(url);
 }
+
+Test(ops_shards, top_shows_a_section_a_shard_and_the_total)
+{
+    shards_start();
+    fill_all();
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "top", "-C", conf, NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    char *a = strstr(out, "\n== SHARD a "), *b = strstr(out, "\n== SHARD b "), *c = strstr(out, "\n== SHARD c ");
+    char *t = strstr(out, "\nTOTAL of 3 shards\n");
+    cr_assert(a && b && c && t && a < b && b < c && c < t, "sections in order: %s", out);
+    cr_expect(strstr(a, "Processed: 5  Failed: 1") && strstr(a, "Processed: 5  Failed: 1") < b, "%s", out);
+    cr_expect(strstr(b, "\nreports ") && strstr(b, "\nreports ") < c, "%s", out);
+    cr_expect(strstr(c, "elsewhere-c:1:abc") && strstr(c, "elsewhere-c:1:abc") < t, "%s", out);
+    cr_expect(strstr(t, "Processed: 23  Failed: 6  "), "%s", t);
+    cr_expect(strstr(t, "Scheduled: 3  Retries: 6  Dead: 6  Busy: 7/30\n"), "%s", t);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "top", "-C", conf, "--shard", "c", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "\n== SHARD c ") && !strstr(out, "SHARD a") && !strstr(out, "TOTAL"), "%s", out);
+    free(out);
+    free(conf);
+}
+
+Test(ops_shards, top_shows_the_others_when_a_shard_is_down)
+{
+    shards_start();
+    fill_all();
+    char *url = down_url(), *conf = shards_file(url), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "top", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 1, "a shard down exits 1: %s", out);
+    cr_expect(strstr(out, "\n== SHARD c  UNREACHABLE: "), "%s", out);
+    cr_expect(strstr(out, "capstan top: shard c: "), "named on stderr: %s", out);
+    cr_expect(strstr(out, "Processed: 7  Failed: 2"), "%s", out);
+    cr_expect(strstr(out, "\nTOTAL of 3 shards (1 unreachable, not counted)\nProcessed: 12  Failed: 3  "),
+              "%s", out);
+    free(out);
+    free(conf);
+    free(url);
+}
