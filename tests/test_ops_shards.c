@@ -407,3 +407,80 @@ Test(ops_shards, top_shows_the_others_when_a_shard_is_down)
     free(conf);
     free(url);
 }
+
+/* The shards with a periodic: schedule "nightly" (c at down_url when given). */
+static char *periodic_file(const char *down)
+{
+    char *base = shards_file(down);
+    FILE *f = fopen(base, "a");
+    cr_assert(f);
+    fputs("periodic:\n  nightly:\n    class: Nightly\n    cron: \"0 3 * * *\"\n", f);
+    fclose(f);
+    return base;
+}
+
+Test(ops_shards, periodic_shows_the_latest_tick_of_any_shard)
+{
+    shards_start();
+    freeReplyObject(redisCommand(srv[0].conn, "HSET capstan:periodic:nightly last 1700000000"));
+    freeReplyObject(redisCommand(srv[2].conn, "HSET capstan:periodic:nightly last 1800000000"));
+    freeReplyObject(redisCommand(srv[1].conn, "HSET capstan:periodic:gone last 1600000000"));
+    freeReplyObject(redisCommand(srv[2].conn, "HSET capstan:periodic:gone last 1600000001"));
+    char *conf = periodic_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "periodic", "-C", conf, "--json", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert(json_is_array(j), "%s", out);
+    cr_assert_eq(json_array_size(j), 2, "each record once: %s", out);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(j, 0), "name")), "nightly");
+    cr_expect_eq(jint(json_array_get(j, 0), "last"), 1800000000, "the latest of any shard");
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(j, 1), "name")), "gone");
+    cr_expect_eq(jint(json_array_get(j, 1), "last"), 1600000001);
+    json_decref(j);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "periodic", "-C", conf, "--json", "--shard", "a", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    j = json_loads(out, 0, NULL);
+    cr_assert_eq(json_array_size(j), 1, "%s", out);
+    cr_expect_eq(jint(json_array_get(j, 0), "last"), 1700000000, "shard a's alone");
+    json_decref(j);
+    free(out);
+    free(conf);
+
+    char *url = down_url();
+    conf = periodic_file(url);
+    rc = kt_capstan_run((const char *[]){ "periodic", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 0, "the schedules shown, as with one Redis unreachable: %s", out);
+    cr_expect(strstr(out, "capstan periodic: shard c: ") && strstr(out, "its last ticks unknown"), "%s", out);
+    cr_expect(strstr(out, "2023-11-14T22:13:20+00:00"), "shard a's tick: %s", out);
+    free(out);
+    free(conf);
+    free(url);
+}
+
+Test(ops_shards, cancel_marks_the_job_in_every_shard)
+{
+    shards_start();
+    char *conf = shards_file(NULL), *out = NULL;
+    freeReplyObject(redisCommand(srv[1].conn, "HSET it-j2 cancelled 1700000000"));
+    int rc = kt_capstan_run((const char *[]){ "cancel", "j1", "j2", "-C", conf, NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    for (int i = 0; i < NSHARDS; i++) {
+        cr_expect_eq(int_on(i, "HEXISTS it-%s cancelled", "j1"), 1, "shard %s", names[i]);
+        cr_expect_gt(int_on(i, "TTL it-%s", "j1"), 0, "shard %s: the mark expires", names[i]);
+    }
+    cr_expect(strstr(out, "j2 cancelled at 2023-11-14T22:13:20Z"), "the first cancel's time: %s", out);
+    free(out);
+    free(conf);
+
+    char *url = down_url();
+    conf = shards_file(url);
+    rc = kt_capstan_run((const char *[]){ "cancel", "j3", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 1, "%s", out);
+    cr_expect(strstr(out, "capstan cancel: shard c: "), "%s", out);
+    cr_expect_eq(int_on(0, "HEXISTS it-%s cancelled", "j3"), 1, "the others still done");
+    free(out);
+    free(conf);
+    free(url);
+}
