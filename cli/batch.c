@@ -26,7 +26,12 @@ static const char *usage =
     "description. delete removes a batch's data (its jobs then run as plain\n"
     "jobs); invalidate marks it so its jobs can check and stop.\n"
     "\n"
-    "  --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
+    "                      redis://127.0.0.1:6379/0\n"
+    "  -C, --config FILE   read redis_url, or the shards: list, from FILE (-e ENV:\n"
+    "                      its section); with shards, --shard NAME is needed: a\n"
+    "                      batch lives in the shard it was made in\n"
+    "  --shard NAME        with FILE's shards: list, that shard\n"
     "  -h, --help          this help\n";
 
 /* "2026-11-22 19:41:52 UTC", or "-" for 0. */
@@ -130,8 +135,8 @@ static int cmd_change(capstan_redis_t *r, const char *op, const char *bid)
 
 int capstan__cmd_batch(int argc, char **argv)
 {
-    const char *url = NULL;
-    int done = capstan__cli_options("capstan batch", usage, argc, argv, &url, NULL);
+    capstan_cli_fleet_t f = {0};
+    int done = capstan__cli_fleet_options("capstan batch", usage, argc, argv, &f, NULL);
     if (done >= 0)
         return done;
     int nops = argc - optind;
@@ -144,13 +149,23 @@ int capstan__cmd_batch(int argc, char **argv)
                 usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    int failed = EXIT_REDIS;
-    capstan_redis_t *r = capstan__cli_connect("capstan batch", url, &failed);
-    if (!r)
-        return failed;
-    int status = list ? cmd_list(r)
+    /* A batch lives in the shard its maker's client wrote it to (a client
+     * without shards: a batch needs one MULTI), which its bid does not
+     * say: the shard is the operator's to name. */
+    const char *url, *shard;
+    int status = capstan__cli_fleet_load("capstan batch", &f);
+    if (status < 0)
+        status = capstan__cli_fleet_one("capstan batch", &f, CAPSTAN_CLI_PICK_NONE, NULL, &url, &shard);
+    capstan_redis_t *r = NULL;
+    if (status < 0) {
+        status = EXIT_REDIS;
+        r = capstan__cli_connect("capstan batch", url, &status);
+    }
+    if (r)
+        status = list ? cmd_list(r)
                : strcmp(ops[0], "status") == 0 ? cmd_status(r, ops[1])
                : cmd_change(r, ops[0], ops[1]);
     capstan_redis_free(r);
+    capstan__cli_fleet_free(&f);
     return status;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "capstan/config.h"
+#include "support/shard_pick.h"
 #include "capstan/error.h"
 
 const char *capstan__cli_redis_url(const char *flag)
@@ -157,4 +158,39 @@ void capstan__cli_fleet_free(capstan_cli_fleet_t *f)
 {
     capstan_config_free(f->cfg);
     f->cfg = NULL;
+}
+
+int capstan__cli_fleet_one(const char *who, const capstan_cli_fleet_t *f, int pick, const char *key,
+                           const char **url, const char **shard)
+{
+    *shard = NULL;
+    *url = f->url;
+    if (!f->nshards)
+        return -1;
+    if (f->nshards == 1 && f->shard) {
+        *shard = f->shards[0].name;
+        *url = f->shards[0].redis_url;
+        return -1;
+    }
+    const char **names = pick != CAPSTAN_CLI_PICK_NONE && key ? calloc(f->nshards, sizeof(*names)) : NULL;
+    size_t *at = names ? calloc(f->nshards, sizeof(*at)) : NULL, n = 0;
+    for (size_t i = 0; at && i < f->nshards; i++)
+        if (pick == CAPSTAN_CLI_PICK_ALL || !f->shards[i].nqueues) {
+            at[n] = i;
+            names[n++] = f->shards[i].name;
+        }
+    const capstan_shard_conf_t *s = n ? &f->shards[at[capstan__shard_pick(names, n, key, strlen(key))]] : NULL;
+    free(names);
+    free(at);
+    if (s) {
+        *shard = s->name;
+        *url = s->redis_url;
+        return -1;
+    }
+    fprintf(stderr, "%s: this command does not yet support shards%s: give --shard NAME (", who,
+            pick == CAPSTAN_CLI_PICK_OPEN && key ? " whose every shard has a queues: list" : "");
+    for (size_t i = 0; i < f->nshards; i++)
+        fprintf(stderr, "%s%s", i ? ", " : "", f->shards[i].name);
+    fprintf(stderr, "), or --redis-url of one shard without -C\n");
+    return CAPSTAN_EXIT_USAGE;
 }

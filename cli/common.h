@@ -57,6 +57,21 @@ int capstan__cli_fleet_options(const char *who, const char *usage, int argc, cha
 int capstan__cli_fleet_load(const char *who, capstan_cli_fleet_t *fleet);
 void capstan__cli_fleet_free(capstan_cli_fleet_t *fleet);
 
+/* Where the key of a command that addresses one Redis lives among the
+ * shards: nowhere known (the command needs --shard), the rendezvous pick
+ * among every shard, or among those without a queues: list (as a push's
+ * lock digest is routed). */
+enum { CAPSTAN_CLI_PICK_NONE, CAPSTAN_CLI_PICK_ALL, CAPSTAN_CLI_PICK_OPEN };
+
+/* The one Redis of such a command, into *url: without shards the one URL
+ * (NULL: the environment's); with --shard that shard's; else, by pick, the
+ * shard capstan__shard_pick gives key. Otherwise it is refused: acting on
+ * the first shard alone would be wrong silently. *shard: the shard's name,
+ * NULL without shards. Returns -1 to go on, else the exit status (64), the
+ * reason printed. */
+int capstan__cli_fleet_one(const char *who, const capstan_cli_fleet_t *f, int pick, const char *key,
+                           const char **url, const char **shard);
+
 /* capstan__cli_connect without printing: the reason in err, *status set
  * as there. */
 capstan_redis_t *capstan__cli_connect_err(const char *url, int *status, char *err);

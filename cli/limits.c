@@ -20,7 +20,7 @@
 #define EXIT_REDIS 69
 
 static const char *usage =
-    "Usage: capstan limits [list] [--json]\n"
+    "Usage: capstan limits [list] [--json] [--redis-url URL | -C FILE --shard NAME]\n"
     "       capstan limits info NAME [--json]\n"
     "\n"
     "list shows every rate limiter: its name, type and parameters. info NAME\n"
@@ -29,7 +29,12 @@ static const char *usage =
     "(bucket, leaky, points), and how long until the next free slot.\n"
     "\n"
     "  --json              print JSON\n"
-    "  --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
+    "                      redis://127.0.0.1:6379/0\n"
+    "  -C, --config FILE   read redis_url, or the shards: list, from FILE (-e ENV:\n"
+    "                      its section); with shards, --shard NAME is needed: a\n"
+    "                      limiter allows its size in each shard\n"
+    "  --shard NAME        with FILE's shards: list, that shard\n"
     "  -h, --help          this help\n";
 
 /* The limiter named name as its meta records it ("concurrent size=N" or
@@ -281,8 +286,8 @@ static int cmd_list(capstan_redis_t *r, int as_json)
 
 int capstan__cmd_limits(int argc, char **argv)
 {
-    const char *url = NULL;
-    int as_json = 0, done = capstan__cli_options("capstan limits", usage, argc, argv, &url, &as_json);
+    capstan_cli_fleet_t f = {0};
+    int as_json = 0, done = capstan__cli_fleet_options("capstan limits", usage, argc, argv, &f, &as_json);
     if (done >= 0)
         return done;
     int nops = argc - optind;
@@ -293,11 +298,19 @@ int capstan__cmd_limits(int argc, char **argv)
         fprintf(stderr, "capstan limits: expected list or info NAME\n\n%s", usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    int failed = EXIT_REDIS;
-    capstan_redis_t *r = capstan__cli_connect("capstan limits", url, &failed);
-    if (!r)
-        return failed;
-    int status = list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
+    /* A limiter allows its size in each shard: the shard to look at is
+     * the operator's to name. */
+    const char *url, *shard;
+    int failed = capstan__cli_fleet_load("capstan limits", &f);
+    if (failed < 0)
+        failed = capstan__cli_fleet_one("capstan limits", &f, CAPSTAN_CLI_PICK_NONE, NULL, &url, &shard);
+    capstan_redis_t *r = NULL;
+    if (failed < 0) {
+        failed = EXIT_REDIS;
+        r = capstan__cli_connect("capstan limits", url, &failed);
+    }
+    int status = !r ? failed : list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
     capstan_redis_free(r);
+    capstan__cli_fleet_free(&f);
     return status;
 }

@@ -14,6 +14,7 @@
 
 #include "helpers.h"
 #include "capstan/capstan.h"
+#include "support/shard_pick.h"
 
 TestSuite(ops_shards, .timeout = 300, .fini = kt_kill_children);
 
@@ -483,4 +484,79 @@ Test(ops_shards, cancel_marks_the_job_in_every_shard)
     free(out);
     free(conf);
     free(url);
+}
+
+/* The commands whose state has no shard to find it by refuse without
+ * --shard rather than act on the first shard, and take it. */
+Test(ops_shards, limits_batch_and_listings_need_a_shard)
+{
+    shards_start();
+    char *conf = shards_file(NULL), *out = NULL;
+    const char *const *refused[] = {
+        (const char *[]){ "limits", "-C", conf, NULL },
+        (const char *[]){ "limits", "info", "api", "-C", conf, NULL },
+        (const char *[]){ "batch", "list", "-C", conf, NULL },
+        (const char *[]){ "batch", "status", "b-1", "-C", conf, NULL },
+        (const char *[]){ "locks", "list", "-C", conf, NULL },
+        (const char *[]){ "locks", "reap", "-C", conf, NULL },
+        (const char *[]){ "lock", "list", "-C", conf, NULL },
+        (const char *[]){ "lock", "clear-dead", "-C", conf, NULL },
+    };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        int rc = kt_capstan_run(refused[i], &out);
+        cr_expect_eq(rc, 64, "%s %s: %s", refused[i][0], refused[i][1], out);
+        cr_expect(strstr(out, "does not yet support shards: give --shard NAME (a, b, c)"), "%s", out);
+        free(out);
+    }
+    /* --shard: that shard's. */
+    freeReplyObject(redisCommand(srv[1].conn, "SET limiter:api:meta %s", "concurrent size=3"));
+    int rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, "--shard", "b", "--json", NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "\"api\""), "shard b's limiter: %s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, "--shard", "a", "--json", NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(!strstr(out, "\"api\""), "not shard a's: %s", out);
+    free(out);
+    free(conf);
+}
+
+Test(ops_shards, locks_delete_acts_in_the_digests_shard)
+{
+    shards_start();
+    const char *digest = "uniquejobs:0123abcd";
+    static const char *const open[] = { "a", "c" }; /* b lists its queues */
+    int home = capstan__shard_pick(open, 2, digest, strlen(digest)) == 0 ? 0 : 2;
+    for (int i = 0; i < NSHARDS; i++) {
+        freeReplyObject(redisCommand(srv[i].conn, "HSET %s:LOCKED j1 1", digest));
+        freeReplyObject(redisCommand(srv[i].conn, "ZADD uniquejobs:digests 1 %s", digest));
+    }
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "locks", "delete", digest, "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    for (int i = 0; i < NSHARDS; i++)
+        cr_expect_eq(int_on(i, "EXISTS %s:LOCKED", digest), i == home ? 0 : 1, "shard %s (home %s): %s",
+                     names[i], names[home], out);
+    free(out);
+    /* --shard: a lock of a queue with a home shard is there. */
+    rc = kt_capstan_run((const char *[]){ "locks", "delete", digest, "-C", conf, "--shard", "b", NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect_eq(int_on(1, "EXISTS %s:LOCKED", digest), 0, "%s", out);
+    free(out);
+    free(conf);
+}
+
+Test(ops_shards, lock_is_taken_in_its_names_shard)
+{
+    shards_start();
+    const char *name = "nightly-report";
+    int home = (int)capstan__shard_pick(names, NSHARDS, name, strlen(name));
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "lock", name, "-C", conf, "--", "true", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    for (int i = 0; i < NSHARDS; i++)
+        cr_expect_eq(int_on(i, "EXISTS rql:fence:%s", name), i == home ? 1 : 0, "shard %s (home %s)", names[i],
+                     names[home]);
+    free(out);
+    free(conf);
 }
