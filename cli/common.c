@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "capstan/config.h"
-#include "support/shard_pick.h"
 #include "capstan/error.h"
+#include "support/shard_pick.h"
 
 const char *capstan__cli_redis_url(const char *flag)
 {
@@ -59,7 +59,7 @@ static int options(const char *who, const char *usage, int argc, char **argv, co
         { "redis-url", required_argument, NULL, 'u' }, { "help", no_argument, NULL, 'h' },
         { "json", no_argument, NULL, 'j' }, { NULL, 0, NULL, 0 },
     };
-    /* The fleet's three first when fleet, --json when json. */
+    /* -C, -e and --shard only for a fleet, --json only where it is taken. */
     struct option longopts[7];
     size_t n = 0;
     for (size_t i = fleet ? 0 : 3; i < 5; i++)
