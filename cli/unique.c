@@ -481,7 +481,7 @@ int capstan__cmd_locks(int argc, char **argv)
     if (!strcmp(sub, "info") || !strcmp(sub, "delete"))
         if ((st = digest_arg(sub, &a, digest, sizeof(digest))))
             return st;
-    char who[64];
+    char who[128];
     snprintf(who, sizeof(who), "capstan locks %s", sub);
     /* With shards, a digest's lock is in the shard its pushes are routed
      * to by it: the pick among the shards without a queues: list (a job of
@@ -496,6 +496,8 @@ int capstan__cmd_locks(int argc, char **argv)
                                         &url, &shard);
     capstan_redis_t *r = NULL;
     if (failed < 0) {
+        if (shard) /* a shard that cannot be reached is named */
+            snprintf(who, sizeof(who), "capstan locks %s: shard %s", sub, shard);
         failed = 1;
         r = capstan__cli_connect(who, url, &failed);
     }

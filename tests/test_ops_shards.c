@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "helpers.h"
+#include "capstan/batch.h"
 #include "capstan/capstan.h"
 #include "support/shard_pick.h"
 
@@ -488,15 +489,13 @@ Test(ops_shards, cancel_marks_the_job_in_every_shard)
 
 /* The commands whose state has no shard to find it by refuse without
  * --shard rather than act on the first shard, and take it. */
-Test(ops_shards, limits_batch_and_listings_need_a_shard)
+Test(ops_shards, limits_and_listings_need_a_shard)
 {
     shards_start();
     char *conf = shards_file(NULL), *out = NULL;
     const char *const *refused[] = {
         (const char *[]){ "limits", "-C", conf, NULL },
         (const char *[]){ "limits", "info", "api", "-C", conf, NULL },
-        (const char *[]){ "batch", "list", "-C", conf, NULL },
-        (const char *[]){ "batch", "status", "b-1", "-C", conf, NULL },
         (const char *[]){ "locks", "list", "-C", conf, NULL },
         (const char *[]){ "locks", "reap", "-C", conf, NULL },
         (const char *[]){ "lock", "list", "-C", conf, NULL },
@@ -559,4 +558,57 @@ Test(ops_shards, lock_is_taken_in_its_names_shard)
                      names[home]);
     free(out);
     free(conf);
+}
+
+/* A batch is in the shard it was made in (by a client without shards:
+ * it needs one MULTI), which its bid does not say: looked for in each. */
+Test(ops_shards, batch_is_found_in_its_shard)
+{
+    shards_start();
+    char err[CAPSTAN_ERRLEN], bid[64];
+    capstan_client_t *c = capstan_client_new(srv[1].url, err);
+    cr_assert(c, "%s", err);
+    capstan_batch_t *b = capstan_batch_new(c, err);
+    cr_assert(b, "%s", err);
+    cr_assert_eq(capstan_batch_describe(b, "nightly export"), 0);
+    cr_assert_eq(capstan_batch_push(b, "PlainJob", "[1]", NULL, NULL), 0, "%s", capstan_batch_error(b));
+    cr_assert_eq(capstan_batch_commit(b), 0, "%s", capstan_batch_error(b));
+    snprintf(bid, sizeof(bid), "%s", capstan_batch_bid(b));
+    capstan_batch_free(b);
+    capstan_client_free(c);
+
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "batch", "status", bid, "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "shard:        b\n") && strstr(out, "nightly export"), "%s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "batch", "list", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    char *sb = strstr(out, "Shard b\n"), *sc = strstr(out, "Shard c\n"), *at = strstr(out, bid);
+    cr_expect(strstr(out, "Shard a\n") && sb && sc && at > sb && at < sc, "listed under b: %s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "batch", "status", "nosuchbid", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 1, "%s", out);
+    cr_expect(strstr(out, "no batch nosuchbid in any shard"), "%s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "batch", "invalidate", bid, "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "batch", "status", bid, "-C", conf, "--shard", "b", NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "(invalidated)"), "invalidated in its shard: %s", out);
+    free(out);
+    free(conf);
+
+    char *url = down_url();
+    conf = shards_file(url);
+    rc = kt_capstan_run((const char *[]){ "batch", "status", bid, "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 0, "found in b with c down: %s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "batch", "status", "nosuchbid", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 69, "not found, and a shard not read: %s", out);
+    cr_expect(strstr(out, "capstan batch: shard c: "), "%s", out);
+    free(out);
+    free(conf);
+    free(url);
 }
