@@ -324,11 +324,13 @@ static int snapshot(view_t *views, size_t n)
     int status = 0;
     for (size_t i = 0; i < n; i++) {
         sample(&views[i]);
-        if (!views[i].ok) {
-            fprintf(stderr, views[i].shard ? "capstan top: shard %s: %s\n" : "capstan top: %s%s\n",
-                    views[i].shard ? views[i].shard : "", views[i].err);
-            status = 1;
-        }
+        if (views[i].ok)
+            continue;
+        if (views[i].shard)
+            fprintf(stderr, "capstan top: shard %s: %s\n", views[i].shard, views[i].err);
+        else
+            fprintf(stderr, "capstan top: %s\n", views[i].err);
+        status = 1;
     }
     if (status && !views[0].shard)
         return status;
