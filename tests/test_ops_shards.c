@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -77,10 +80,18 @@ static char *shards_file(const char *down_url)
     return path;
 }
 
+/* The URL of a shard that is down: a port bound and never listened on,
+ * held for the test's life, so that a connection is refused and no other
+ * server (of a test running beside) can take the port meanwhile. */
 static char *down_url(void)
 {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof(a);
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0
+              && getsockname(fd, (struct sockaddr *)&a, &len) == 0);
     char *url = NULL;
-    cr_assert(asprintf(&url, "redis://127.0.0.1:%d/0", kt_free_port()) > 0);
+    cr_assert(asprintf(&url, "redis://127.0.0.1:%d/0", ntohs(a.sin_port)) > 0);
     return url;
 }
 
