@@ -498,15 +498,13 @@ Test(ops_shards, cancel_marks_the_job_in_every_shard)
     free(url);
 }
 
-/* The commands whose state has no shard to find it by refuse without
- * --shard rather than act on the first shard, and take it. */
-Test(ops_shards, limits_and_listings_need_a_shard)
+/* The listings whose state has no shard to find it by refuse without
+ * --shard rather than act on the first shard. */
+Test(ops_shards, listings_of_locks_need_a_shard)
 {
     shards_start();
     char *conf = shards_file(NULL), *out = NULL;
     const char *const *refused[] = {
-        (const char *[]){ "limits", "-C", conf, NULL },
-        (const char *[]){ "limits", "info", "api", "-C", conf, NULL },
         (const char *[]){ "locks", "list", "-C", conf, NULL },
         (const char *[]){ "locks", "reap", "-C", conf, NULL },
         (const char *[]){ "lock", "list", "-C", conf, NULL },
@@ -518,17 +516,56 @@ Test(ops_shards, limits_and_listings_need_a_shard)
         cr_expect(strstr(out, "does not yet support shards: give --shard NAME (a, b, c)"), "%s", out);
         free(out);
     }
-    /* --shard: that shard's. */
-    freeReplyObject(redisCommand(srv[1].conn, "SET limiter:api:meta %s", "concurrent size=3"));
-    int rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, "--shard", "b", "--json", NULL }, &out);
-    cr_expect_eq(rc, 0, "%s", out);
-    cr_expect(strstr(out, "\"api\""), "shard b's limiter: %s", out);
-    free(out);
-    rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, "--shard", "a", "--json", NULL }, &out);
-    cr_expect_eq(rc, 0, "%s", out);
-    cr_expect(!strstr(out, "\"api\""), "not shard a's: %s", out);
+    int rc = kt_capstan_run((const char *[]){ "locks", "list", "-C", conf, "--shard", "b", NULL }, &out);
+    cr_expect_eq(rc, 0, "--shard: %s", out);
     free(out);
     free(conf);
+}
+
+/* A limiter allows its size in each shard: each shard's is shown. */
+Test(ops_shards, limits_shows_each_shards_limiters)
+{
+    shards_start();
+    freeReplyObject(redisCommand(srv[1].conn, "SET limiter:api:meta %s", "concurrent size=3"));
+    freeReplyObject(redisCommand(srv[2].conn, "SET limiter:api:meta %s", "concurrent size=5"));
+    freeReplyObject(redisCommand(srv[2].conn, "SET limiter:mail:meta %s", "concurrent size=1"));
+    char *conf = shards_file(NULL), *out = NULL;
+    int rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, "--json", NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert(json_is_object(j), "%s", out);
+    cr_expect_eq(json_array_size(json_object_get(j, "a")), 0, "%s", out);
+    cr_expect_eq(json_array_size(json_object_get(j, "b")), 1, "%s", out);
+    cr_expect_eq(json_array_size(json_object_get(j, "c")), 2, "%s", out);
+    json_decref(j);
+    free(out);
+
+    rc = kt_capstan_run((const char *[]){ "limits", "info", "api", "-C", conf, NULL }, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    char *b = strstr(out, "Shard b\n"), *c = strstr(out, "Shard c\n");
+    cr_expect(strstr(out, "Shard a\n(no limiter named api)\n"), "%s", out);
+    cr_expect(b && c && strstr(b, "size=3") && strstr(b, "size=3") < c && strstr(c, "size=5"), "%s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "limits", "info", "nope", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 1, "in no shard, as on one Redis: %s", out);
+    free(out);
+    rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, "--shard", "b", "--json", NULL }, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    j = json_loads(out, 0, NULL);
+    cr_expect(json_is_array(j) && json_array_size(j) == 1, "--shard: that shard's, as one Redis: %s", out);
+    json_decref(j);
+    free(out);
+    free(conf);
+
+    char *url = down_url();
+    conf = shards_file(url);
+    rc = kt_capstan_run((const char *[]){ "limits", "-C", conf, NULL }, &out);
+    cr_expect_eq(rc, 69, "%s", out);
+    cr_expect(strstr(out, "capstan limits: shard c: ") && strstr(out, "\nShard c\nUNREACHABLE: "), "%s", out);
+    cr_expect(strstr(out, "api\tconcurrent\tsize=3"), "the others shown: %s", out);
+    free(out);
+    free(conf);
+    free(url);
 }
 
 Test(ops_shards, locks_delete_acts_in_the_digests_shard)
