@@ -26,7 +26,14 @@ static const char *usage =
     "description. delete removes a batch's data (its jobs then run as plain\n"
     "jobs); invalidate marks it so its jobs can check and stop.\n"
     "\n"
-    "  --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
+    "                      redis://127.0.0.1:6379/0\n"
+    "  -C, --config FILE   read redis_url, or the shards: list, from FILE (-e ENV:\n"
+    "                      its section); with shards, list shows each shard's\n"
+    "                      batches, and a BID is looked for in each shard (a\n"
+    "                      batch lives in the one it was made in): status then\n"
+    "                      says which\n"
+    "  --shard NAME        with FILE's shards: list, that shard alone\n"
     "  -h, --help          this help\n";
 
 /* "2026-11-22 19:41:52 UTC", or "-" for 0. */
@@ -128,10 +135,69 @@ static int cmd_change(capstan_redis_t *r, const char *op, const char *bid)
     return 0;
 }
 
+/* The command on the Redis at url. */
+static int on_url(const char *url, int list, char **ops)
+{
+    int status = EXIT_REDIS;
+    capstan_redis_t *r = capstan__cli_connect("capstan batch", url, &status);
+    if (r)
+        status = list ? cmd_list(r)
+               : strcmp(ops[0], "status") == 0 ? cmd_status(r, ops[1])
+               : cmd_change(r, ops[0], ops[1]);
+    capstan_redis_free(r);
+    return status;
+}
+
+/* With shards: a batch lives in the shard its maker's client wrote it to
+ * (one without shards: a batch needs one MULTI), which its bid does not
+ * say. So list shows each shard's, and a BID is looked for in each until
+ * found. A shard that cannot be reached is named and the others read;
+ * the status is then EXIT_REDIS unless the batch was found elsewhere. */
+static int every_shard(const capstan_cli_fleet_t *f, int list, char **ops)
+{
+    int status = list ? 0 : EXIT_NOTFOUND;
+    for (size_t i = 0; i < f->nshards; i++) {
+        char err[CAPSTAN_ERRLEN];
+        int failed = EXIT_REDIS;
+        capstan_redis_t *r = capstan__cli_connect_err(f->shards[i].redis_url, &failed, err);
+        if (!r) {
+            fprintf(stderr, "capstan batch: shard %s: %s\n", f->shards[i].name, err);
+            status = status == EXIT_NOTFOUND || !status ? failed : status;
+            continue;
+        }
+        if (list) {
+            printf("%sShard %s\n", i ? "\n" : "", f->shards[i].name);
+            int rc = cmd_list(r);
+            status = rc ? rc : status;
+            capstan_redis_free(r);
+            continue;
+        }
+        capstan_batch_status_t s;
+        int rc = capstan_batch_status(r, ops[1], &s, err);
+        if (rc == 0) {
+            capstan_batch_status_clear(&s);
+            int show = strcmp(ops[0], "status") == 0;
+            if (show)
+                printf("shard:        %s\n", f->shards[i].name);
+            status = show ? cmd_status(r, ops[1]) : cmd_change(r, ops[0], ops[1]);
+            capstan_redis_free(r);
+            return status;
+        }
+        if (rc != CAPSTAN_ENOTFOUND) {
+            fprintf(stderr, "capstan batch: shard %s: %s\n", f->shards[i].name, err);
+            status = EXIT_REDIS;
+        }
+        capstan_redis_free(r);
+    }
+    if (status == EXIT_NOTFOUND)
+        fprintf(stderr, "capstan batch: no batch %s in any shard\n", ops[1]);
+    return status;
+}
+
 int capstan__cmd_batch(int argc, char **argv)
 {
-    const char *url = NULL;
-    int done = capstan__cli_options("capstan batch", usage, argc, argv, &url, NULL);
+    capstan_cli_fleet_t f = {0};
+    int done = capstan__cli_fleet_options("capstan batch", usage, argc, argv, &f, NULL);
     if (done >= 0)
         return done;
     int nops = argc - optind;
@@ -144,13 +210,10 @@ int capstan__cmd_batch(int argc, char **argv)
                 usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    int failed = EXIT_REDIS;
-    capstan_redis_t *r = capstan__cli_connect("capstan batch", url, &failed);
-    if (!r)
-        return failed;
-    int status = list ? cmd_list(r)
-               : strcmp(ops[0], "status") == 0 ? cmd_status(r, ops[1])
-               : cmd_change(r, ops[0], ops[1]);
-    capstan_redis_free(r);
+    int status = capstan__cli_fleet_load("capstan batch", &f);
+    if (status < 0)
+        status = f.nshards > 1 ? every_shard(&f, list, ops)
+                               : on_url(f.nshards ? f.shards[0].redis_url : f.url, list, ops);
+    capstan__cli_fleet_free(&f);
     return status;
 }

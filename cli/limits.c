@@ -20,7 +20,7 @@
 #define EXIT_REDIS 69
 
 static const char *usage =
-    "Usage: capstan limits [list] [--json]\n"
+    "Usage: capstan limits [list] [--json] [--redis-url URL | -C FILE [--shard NAME]]\n"
     "       capstan limits info NAME [--json]\n"
     "\n"
     "list shows every rate limiter: its name, type and parameters. info NAME\n"
@@ -29,7 +29,14 @@ static const char *usage =
     "(bucket, leaky, points), and how long until the next free slot.\n"
     "\n"
     "  --json              print JSON\n"
-    "  --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "  --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
+    "                      redis://127.0.0.1:6379/0\n"
+    "  -C, --config FILE   read redis_url, or the shards: list, from FILE (-e ENV:\n"
+    "                      its section); with shards, each shard's, as a limiter\n"
+    "                      allows its size in each (JSON: an object by shard;\n"
+    "                      a shard that cannot be read has {\"error\": ...}, is\n"
+    "                      named on stderr, and the exit status is 69)\n"
+    "  --shard NAME        with FILE's shards: list, that shard alone\n"
     "  -h, --help          this help\n";
 
 /* The limiter named name as its meta records it ("concurrent size=N" or
@@ -191,35 +198,50 @@ static void print_json(json_t *o)
     putchar('\n');
 }
 
+/* The limiter name with its state, or NULL: none such (*rc 0), or *rc
+ * the error with err filled. */
+static json_t *read_info(capstan_redis_t *r, const char *name, int *rc, char *err)
+{
+    json_t *o = read_meta(r, name, rc, err);
+    if (!*rc && o && (*rc = add_state(r, o, err))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static void print_info(const char *name, json_t *o)
+{
+    printf("%s\t", name);
+    print_params(o);
+    if (json_object_get(o, "used"))
+        printf("\tused=%lld", (long long)json_integer_value(json_object_get(o, "used")));
+    printf("\tleft=%lld\twait=%.3fs\n", (long long)json_integer_value(json_object_get(o, "left")),
+           json_real_value(json_object_get(o, "wait_seconds")));
+    size_t i;
+    json_t *h;
+    json_array_foreach(json_object_get(o, "holders"), i, h)
+        printf("  holder %s\tlease_left=%.3fs\n", json_string_value(json_object_get(h, "id")),
+               json_real_value(json_object_get(h, "lease_left")));
+}
+
 static int cmd_info(capstan_redis_t *r, const char *name, int as_json)
 {
     char err[CAPSTAN_ERRLEN] = "";
     int rc;
-    json_t *o = read_meta(r, name, &rc, err);
+    json_t *o = read_info(r, name, &rc, err);
     if (!rc && !o) {
         fprintf(stderr, "capstan limits info: no limiter named %s\n", name);
         return 1;
     }
-    if (rc || (rc = add_state(r, o, err))) {
+    if (rc) {
         fprintf(stderr, "capstan limits info: %s\n", err);
-        json_decref(o);
         return EXIT_REDIS;
     }
-    if (as_json) {
+    if (as_json)
         print_json(o);
-    } else {
-        printf("%s\t", name);
-        print_params(o);
-        if (json_object_get(o, "used"))
-            printf("\tused=%lld", (long long)json_integer_value(json_object_get(o, "used")));
-        printf("\tleft=%lld\twait=%.3fs\n", (long long)json_integer_value(json_object_get(o, "left")),
-               json_real_value(json_object_get(o, "wait_seconds")));
-        size_t i;
-        json_t *h;
-        json_array_foreach(json_object_get(o, "holders"), i, h)
-            printf("  holder %s\tlease_left=%.3fs\n", json_string_value(json_object_get(h, "id")),
-                   json_real_value(json_object_get(h, "lease_left")));
-    }
+    else
+        print_info(name, o);
     json_decref(o);
     return 0;
 }
@@ -229,9 +251,9 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int cmd_list(capstan_redis_t *r, int as_json)
+/* Every limiter of r, sorted by name, or NULL with err filled. */
+static json_t *read_list(capstan_redis_t *r, char *err)
 {
-    char err[CAPSTAN_ERRLEN] = "";
     json_t *names = json_object(); /* a set: SCAN may return a key twice */
     capstan_scan_t s;
     const redisReply *page;
@@ -262,27 +284,85 @@ static int cmd_list(capstan_redis_t *r, int as_json)
         if (o)
             json_array_append_new(out, o); /* NULL: deleted since the scan */
     }
-    if (rc) {
-        fprintf(stderr, "capstan limits list: %s\n", err);
-    } else if (as_json) {
-        print_json(out);
-    } else {
-        json_array_foreach(out, i, v) {
-            printf("%s\t", json_string_value(json_object_get(v, "name")));
-            print_params(v);
-            putchar('\n');
-        }
-    }
     free(sorted);
-    json_decref(out);
     json_decref(names);
-    return rc ? EXIT_REDIS : 0;
+    if (rc) {
+        json_decref(out);
+        return NULL;
+    }
+    return out;
+}
+
+static void print_list(json_t *out)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(out, i, v) {
+        printf("%s\t", json_string_value(json_object_get(v, "name")));
+        print_params(v);
+        putchar('\n');
+    }
+}
+
+static int cmd_list(capstan_redis_t *r, int as_json)
+{
+    char err[CAPSTAN_ERRLEN] = "";
+    json_t *out = read_list(r, err);
+    if (!out)
+        fprintf(stderr, "capstan limits list: %s\n", err);
+    else if (as_json)
+        print_json(out);
+    else
+        print_list(out);
+    json_decref(out);
+    return out ? 0 : EXIT_REDIS;
+}
+
+/* With shards, each shard's: a limiter allows its size in each, with
+ * state of its own there. Text: a section a shard; JSON: an object from
+ * each shard's name to what one Redis gives (info: null where there is no
+ * such limiter), or {"error": ...}. A shard that cannot be read is named
+ * on stderr, the others shown, and the status is EXIT_REDIS; a limiter
+ * in no shard is 1. */
+static int every_shard(const capstan_cli_fleet_t *f, const char *info, int as_json)
+{
+    json_t *all = json_object();
+    int status = 0, found = 0;
+    for (size_t i = 0; i < f->nshards; i++) {
+        char err[CAPSTAN_ERRLEN] = "";
+        int failed = EXIT_REDIS, rc = 0;
+        capstan_redis_t *r = capstan__cli_connect_err(f->shards[i].redis_url, &failed, err);
+        json_t *o = !r ? NULL : info ? read_info(r, info, &rc, err) : read_list(r, err);
+        if (!r || rc || (!info && !o)) {
+            fprintf(stderr, "capstan limits: shard %s: %s\n", f->shards[i].name, err);
+            status = r ? EXIT_REDIS : failed;
+            o = json_pack("{s:s}", "error", err);
+        }
+        capstan_redis_free(r);
+        found += o && !json_object_get(o, "error");
+        if (!as_json) {
+            printf("%sShard %s\n", i ? "\n" : "", f->shards[i].name);
+            if (json_object_get(o, "error"))
+                printf("UNREACHABLE: %s\n", json_string_value(json_object_get(o, "error")));
+            else if (!info)
+                print_list(o);
+            else if (o)
+                print_info(info, o);
+            else
+                printf("(no limiter named %s)\n", info);
+        }
+        json_object_set_new(all, f->shards[i].name, o ? o : json_null());
+    }
+    if (as_json)
+        print_json(all);
+    json_decref(all);
+    return status ? status : info && !found; /* 1: no such limiter, as on one Redis */
 }
 
 int capstan__cmd_limits(int argc, char **argv)
 {
-    const char *url = NULL;
-    int as_json = 0, done = capstan__cli_options("capstan limits", usage, argc, argv, &url, &as_json);
+    capstan_cli_fleet_t f = {0};
+    int as_json = 0, done = capstan__cli_fleet_options("capstan limits", usage, argc, argv, &f, &as_json);
     if (done >= 0)
         return done;
     int nops = argc - optind;
@@ -293,11 +373,16 @@ int capstan__cmd_limits(int argc, char **argv)
         fprintf(stderr, "capstan limits: expected list or info NAME\n\n%s", usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    int failed = EXIT_REDIS;
-    capstan_redis_t *r = capstan__cli_connect("capstan limits", url, &failed);
-    if (!r)
-        return failed;
-    int status = list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
+    int failed = capstan__cli_fleet_load("capstan limits", &f);
+    capstan_redis_t *r = NULL;
+    if (failed < 0 && f.nshards > 1) {
+        failed = every_shard(&f, info ? ops[1] : NULL, as_json);
+    } else if (failed < 0) {
+        failed = EXIT_REDIS;
+        r = capstan__cli_connect("capstan limits", f.nshards ? f.shards[0].redis_url : f.url, &failed);
+    }
+    int status = !r ? failed : list ? cmd_list(r, as_json) : cmd_info(r, ops[1], as_json);
     capstan_redis_free(r);
+    capstan__cli_fleet_free(&f);
     return status;
 }

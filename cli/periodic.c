@@ -30,11 +30,16 @@ static const char *usage =
     "Times are in each schedule's zone, with its offset; --json gives them as\n"
     "epoch seconds.\n"
     "\n"
+    "With FILE's shards: list, the last tick is the latest any shard records,\n"
+    "and a record no schedule owns is listed once; a shard that cannot be\n"
+    "reached is named on stderr, the others read.\n"
+    "\n"
     "  -C, --config FILE   the capstan.yml to read\n"
     "  -e, --environment ENV  the environment whose section applies\n"
     "      --json          print JSON\n"
     "      --redis-url URL default: the file's, else $REDIS_URL, else\n"
-    "                      redis://127.0.0.1:6379/0\n"
+    "                      redis://127.0.0.1:6379/0 (not with a shards: list)\n"
+    "      --shard NAME    with FILE's shards: list, read that shard alone\n"
     "  -h, --help          this help\n";
 
 /* t (UTC epoch) as ISO 8601 in zone tz with its offset, or "-". */
@@ -54,26 +59,30 @@ static void format_time(char *out, size_t n, int64_t t, const capstan_tz_t *tz)
              sod / 60 % 60, sod % 60, off < 0 ? '-' : '+', aoff / 3600, aoff / 60 % 60);
 }
 
-/* The last tick recorded for key, or -1 (none, or Redis unreachable). */
-static int64_t last_tick(capstan_redis_t *r, const char *key)
+/* The last tick recorded for key in any of rs[0..n) (a shard's Redis
+ * may hold it: whichever ticked last), or -1 (none, or none reachable). */
+static int64_t last_tick(capstan_redis_t *const *rs, size_t n, const char *key)
 {
-    if (!r)
-        return -1;
-    redisReply *rep = capstan_redis_cmdf(r, "HGET %s last", key);
-    int64_t v = rep && rep->type == REDIS_REPLY_STRING ? strtoll(rep->str, NULL, 10) : -1;
-    freeReplyObject(rep);
-    return v;
+    int64_t last = -1;
+    for (size_t i = 0; i < n; i++) {
+        redisReply *rep = rs[i] ? capstan_redis_cmdf(rs[i], "HGET %s last", key) : NULL;
+        int64_t v = rep && rep->type == REDIS_REPLY_STRING ? strtoll(rep->str, NULL, 10) : -1;
+        freeReplyObject(rep);
+        last = v > last ? v : last;
+    }
+    return last;
 }
 
 int capstan__cmd_periodic(int argc, char **argv)
 {
-    enum { OPT_URL = 256, OPT_JSON };
+    enum { OPT_URL = 256, OPT_JSON, OPT_SHARD };
     static const struct option longopts[] = {
         { "config", required_argument, NULL, 'C' }, { "environment", required_argument, NULL, 'e' },
         { "redis-url", required_argument, NULL, OPT_URL }, { "json", no_argument, NULL, OPT_JSON },
+        { "shard", required_argument, NULL, OPT_SHARD },
         { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
     };
-    const char *url = NULL, *conf = NULL, *env = NULL;
+    const char *url = NULL, *conf = NULL, *env = NULL, *shard = NULL;
     int json = 0, opt;
     optind = 1;
     opterr = 0;
@@ -83,6 +92,7 @@ int capstan__cmd_periodic(int argc, char **argv)
         case 'e': env = optarg; break;
         case OPT_URL: url = optarg; break;
         case OPT_JSON: json = 1; break;
+        case OPT_SHARD: shard = optarg; break;
         case 'h': fputs(usage, stdout); return 0;
         default:
             fprintf(stderr, "capstan periodic: %s: unknown option or missing value\n\n%s",
@@ -94,24 +104,34 @@ int capstan__cmd_periodic(int argc, char **argv)
         fputs(usage, stderr);
         return CAPSTAN_EXIT_USAGE;
     }
-    char err[CAPSTAN_ERRLEN];
-    capstan_config_t *cfg = capstan_config_new();
-    if (cfg && env)
-        capstan_config_set_str(&cfg->environment, env);
-    if (!cfg || capstan_config_load_file(cfg, conf, err)) {
-        fprintf(stderr, "capstan periodic: %s\n", cfg ? err : "out of memory");
-        capstan_config_free(cfg);
-        return CAPSTAN_EXIT_CONFIG;
+    capstan_cli_fleet_t f = { .url = url, .conf = conf, .env = env, .shard = shard };
+    int failed = capstan__cli_fleet_load("capstan periodic", &f);
+    if (failed >= 0) {
+        capstan__cli_fleet_free(&f);
+        return failed;
     }
-    capstan_config_apply_env(cfg);
-    if (!url && cfg->redis_url_explicit)
-        url = cfg->redis_url;
-    /* Unreachable, the schedules are shown without their last ticks; a
-     * refusal that retrying cannot mend is a failure. */
-    int failed = 0;
-    capstan_redis_t *r = capstan__cli_connect("capstan periodic", url, &failed);
-    if (!r)
-        fprintf(stderr, "capstan periodic: last ticks unknown\n");
+    const capstan_config_t *cfg = f.cfg;
+    char err[CAPSTAN_ERRLEN];
+    /* Unreachable, the schedules are shown without their last ticks (with
+     * shards, those of the shards reached); a refusal that retrying cannot
+     * mend is a failure. */
+    failed = 0;
+    size_t nr = f.nshards ? f.nshards : 1;
+    capstan_redis_t **rs = calloc(nr, sizeof(*rs));
+    if (!rs) {
+        fprintf(stderr, "capstan periodic: out of memory\n");
+        capstan__cli_fleet_free(&f);
+        return 1;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        if (!f.nshards) {
+            rs[i] = capstan__cli_connect("capstan periodic", f.url, &failed);
+            if (!rs[i])
+                fprintf(stderr, "capstan periodic: last ticks unknown\n");
+        } else if (!(rs[i] = capstan__cli_connect_err(f.shards[i].redis_url, &failed, err))) {
+            fprintf(stderr, "capstan periodic: shard %s: %s; its last ticks unknown\n", f.shards[i].name, err);
+        }
+    }
     json_t *list = json_array();
     if (!json)
         printf("%-20s %-16s %-16s %-16s %-10s %-6s %-25s %-25s %s\n", "NAME", "CRON", "TZ", "CLASS",
@@ -123,7 +143,7 @@ int capstan__cmd_periodic(int argc, char **argv)
         capstan_tz_t *tz = capstan__tz_load(p->tz, err);
         char *key = capstan__key_dup(CAPSTAN_KEY_PERIODIC, p->name), last[40], next[40];
         int64_t nt = tz && !capstan__cron_parse(p->cron, &c, err) ? capstan__cron_next(&c, tz, (int64_t)now) : -1;
-        int64_t lt = key ? last_tick(r, key) : -1;
+        int64_t lt = key ? last_tick(rs, nr, key) : -1;
         format_time(last, sizeof(last), lt, tz);
         format_time(next, sizeof(next), nt, tz);
         if (json)
@@ -139,35 +159,42 @@ int capstan__cmd_periodic(int argc, char **argv)
         free(key);
         capstan__tz_free(tz);
     }
-    /* Records no schedule of the file owns. */
-    capstan_scan_t sc;
-    const redisReply *page;
-    int rc = 0;
-    if (r)
-        capstan__scan_init(&sc, r, NULL, CAPSTAN_KEY_PERIODIC "*", 1000);
-    while (r && (rc = capstan__scan_next(&sc, &page, err)) > 0)
-        for (size_t i = 0; i < page->elements; i++) {
-            const char *name = page->element[i]->str + strlen(CAPSTAN_KEY_PERIODIC);
-            size_t k;
-            for (k = 0; k < cfg->nperiodic && strcmp(cfg->periodic[k].name, name); k++)
-                ;
-            if (k < cfg->nperiodic)
-                continue;
-            char last[40];
-            int64_t lt = last_tick(r, page->element[i]->str);
-            format_time(last, sizeof(last), lt, NULL);
-            if (json)
-                json_array_append_new(list, json_pack("{s:s, s:o, s:s}", "name", name, "last",
-                                                      lt >= 0 ? json_integer(lt) : json_null(),
-                                                      "from", "redis"));
-            else
-                printf("%-20s %-16s %-16s %-16s %-10s %-6s %-25s %-25s %s\n", name, "?", "?", "?", "?", "?",
-                       last, "-", "redis only (declared in C, or no longer in this file)");
-        }
-    if (r)
-        capstan__scan_close(&sc);
-    if (rc < 0)
-        fprintf(stderr, "capstan periodic: %s\n", err);
+    /* Records no schedule of the file owns, each once however many shards
+     * hold it. */
+    json_t *seen = json_object();
+    for (size_t k = 0; k < nr; k++) {
+        capstan_redis_t *r = rs[k];
+        capstan_scan_t sc;
+        const redisReply *page;
+        int rc = 0;
+        if (r)
+            capstan__scan_init(&sc, r, NULL, CAPSTAN_KEY_PERIODIC "*", 1000);
+        while (r && (rc = capstan__scan_next(&sc, &page, err)) > 0)
+            for (size_t i = 0; i < page->elements; i++) {
+                const char *name = page->element[i]->str + strlen(CAPSTAN_KEY_PERIODIC);
+                size_t p;
+                for (p = 0; p < cfg->nperiodic && strcmp(cfg->periodic[p].name, name); p++)
+                    ;
+                if (p < cfg->nperiodic || json_object_get(seen, name))
+                    continue;
+                json_object_set_new(seen, name, json_true());
+                char last[40];
+                int64_t lt = last_tick(rs, nr, page->element[i]->str);
+                format_time(last, sizeof(last), lt, NULL);
+                if (json)
+                    json_array_append_new(list, json_pack("{s:s, s:o, s:s}", "name", name, "last",
+                                                          lt >= 0 ? json_integer(lt) : json_null(),
+                                                          "from", "redis"));
+                else
+                    printf("%-20s %-16s %-16s %-16s %-10s %-6s %-25s %-25s %s\n", name, "?", "?", "?", "?",
+                           "?", last, "-", "redis only (declared in C, or no longer in this file)");
+            }
+        if (r)
+            capstan__scan_close(&sc);
+        if (rc < 0)
+            fprintf(stderr, "capstan periodic: %s\n", err);
+    }
+    json_decref(seen);
     if (json) {
         char *s = json_dumps(list, JSON_INDENT(2));
         if (s)
@@ -175,7 +202,9 @@ int capstan__cmd_periodic(int argc, char **argv)
         free(s);
     }
     json_decref(list);
-    capstan_redis_free(r);
-    capstan_config_free(cfg);
+    for (size_t i = 0; i < nr; i++)
+        capstan_redis_free(rs[i]);
+    free(rs);
+    capstan__cli_fleet_free(&f);
     return failed;
 }

@@ -63,7 +63,13 @@ static const char *usage =
     "                      its SIGTERM (default 5, at most 300; 0: at once)\n"
     "  --meta FIELD=VALUE  store in the lock (repeatable; default host=HOSTNAME)\n"
     "  -v, --verbose       log every attempt to stderr\n"
-    "      --redis-url URL default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "      --redis-url URL default: FILE's, else $REDIS_URL, else\n"
+    "                      redis://127.0.0.1:6379/0\n"
+    "  -C, --config FILE   read redis_url, or the shards: list, from FILE (-e ENV:\n"
+    "                      its section); with shards, NAME is in the rendezvous\n"
+    "                      pick of its name among every shard, for the lock and\n"
+    "                      info; list and clear-dead need --shard NAME\n"
+    "      --shard NAME    with FILE's shards: list, that shard\n"
     "  -h, --help          this help\n"
     "\n"
     "info prints the lock and its queue as JSON; list shows every lock and\n"
@@ -85,12 +91,12 @@ static const char *usage =
     "it does not run on after capstan lock. Processes COMMAND started are not: a\n"
     "shell COMMAND should `exec` its last program or wait for its children.\n";
 
-enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL,
+enum { OPT_TTL = 1000, OPT_TIMEOUT, OPT_QTTL, OPT_DELAY, OPT_FAILFAST, OPT_META, OPT_URL, OPT_SHARD,
        OPT_JSON, OPT_DEADTTL, OPT_KILLAFTER };
 
 struct lock_args {
     capstan_qlock_opts_t o;
-    const char *url;
+    capstan_cli_fleet_t f; /* --redis-url, -C, -e, --shard */
     int verbose, json;
     long long dead_ttl;
     double kill_after;
@@ -139,14 +145,19 @@ static int parse(int argc, char **argv, struct lock_args *a)
         { "dead-ttl", required_argument, NULL, OPT_DEADTTL },
         { "kill-after", required_argument, NULL, OPT_KILLAFTER },
         { "verbose", no_argument, NULL, 'v' }, { "help", no_argument, NULL, 'h' },
+        { "config", required_argument, NULL, 'C' }, { "environment", required_argument, NULL, 'e' },
+        { "shard", required_argument, NULL, OPT_SHARD },
         { NULL, 0, NULL, 0 },
     };
     int opt, nmeta = 0;
     double d;
     optind = 1;
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "vhC:e:", longopts, NULL)) != -1) {
         switch (opt) {
+        case 'C': a->f.conf = optarg; break;
+        case 'e': a->f.env = optarg; break;
+        case OPT_SHARD: a->f.shard = optarg; break;
         case OPT_TTL:
             if (num("--ttl", optarg, 1, &d)) return CAPSTAN_EXIT_USAGE;
             a->o.ttl = (long long)d;
@@ -176,7 +187,7 @@ static int parse(int argc, char **argv, struct lock_args *a)
             }
             break;
         case OPT_FAILFAST: a->o.fail_fast = 1; break;
-        case OPT_URL: a->url = optarg; break;
+        case OPT_URL: a->f.url = optarg; break;
         case OPT_JSON: a->json = 1; break;
         case 'v': a->verbose = 1; break;
         case OPT_META: {
@@ -390,16 +401,28 @@ int capstan__cmd_lock(int argc, char **argv)
     /* getopt moved the operands to the end of the parsed range. */
     int nops = (dd ? dd : argc) - optind;
     char **ops = argv + optind;
+    /* With shards, a lock NAME is in the rendezvous pick of its name among
+     * every shard, where each capstan lock of the same file meets. */
+    const char *url = NULL, *shard;
+    const char *keyed = dd ? (nops > 0 ? ops[0] : NULL) : nops == 2 && !strcmp(ops[0], "info") ? ops[1] : NULL;
+    rc = capstan__cli_fleet_load("capstan lock", &a.f);
+    if (rc < 0)
+        rc = capstan__cli_fleet_one("capstan lock", &a.f, keyed ? CAPSTAN_CLI_PICK_ALL : CAPSTAN_CLI_PICK_NONE,
+                                    keyed, &url, &shard);
+    if (rc >= 0) {
+        status = rc;
+        goto out;
+    }
     if (!dd) {
         const char *sub = nops > 0 ? ops[0] : "";
         int failed = EXIT_REDIS;
         if (strcmp(sub, "info") == 0 && nops == 2) {
-            status = (r = capstan__cli_connect("capstan lock", a.url, &failed)) ? cmd_info(r, ops[1]) : failed;
+            status = (r = capstan__cli_connect("capstan lock", url, &failed)) ? cmd_info(r, ops[1]) : failed;
         } else if (strcmp(sub, "list") == 0 && nops == 1) {
-            status = (r = capstan__cli_connect("capstan lock", a.url, &failed)) ? cmd_list(r, a.json) : failed;
+            status = (r = capstan__cli_connect("capstan lock", url, &failed)) ? cmd_list(r, a.json) : failed;
         } else if (strcmp(sub, "clear-dead") == 0 && nops == 1) {
-            status = (r = capstan__cli_connect("capstan lock", a.url, &failed)) ? cmd_clear_dead(r, a.dead_ttl)
-                                                                               : failed;
+            status = (r = capstan__cli_connect("capstan lock", url, &failed)) ? cmd_clear_dead(r, a.dead_ttl)
+                                                                             : failed;
         } else {
             fprintf(stderr, "capstan lock: expected NAME [options] -- COMMAND, info NAME, list or clear-dead\n\n%s",
                     usage);
@@ -427,7 +450,7 @@ int capstan__cmd_lock(int argc, char **argv)
     if (a.verbose)
         capstan_qlock_client_on_log(c, log_stderr, NULL, 1);
     status = EXIT_REDIS;
-    if (!(r = capstan__cli_connect("capstan lock", a.url, &status)))
+    if (!(r = capstan__cli_connect("capstan lock", url, &status)))
         goto out;
     capstan_qlock_result_t held;
     rc = capstan_qlock_lock(c, r, name, &a.o, &held, err);
@@ -447,5 +470,6 @@ out:
         free(a.meta_buf[i]);
     capstan_qlock_client_free(c);
     capstan_redis_free(r);
+    capstan__cli_fleet_free(&a.f);
     return status;
 }

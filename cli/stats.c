@@ -20,7 +20,7 @@
 #include "capstan/redis.h"
 
 static const char *usage =
-    "Usage: capstan stats [--json] [--redis-url URL]\n"
+    "Usage: capstan stats [--json] [--redis-url URL | -C FILE [--shard NAME]]\n"
     "\n"
     "Prints processed and failed counts, each queue's size and latency (age of\n"
     "its oldest job) and the jobs capstan processes fetched from it ahead and\n"
@@ -34,7 +34,21 @@ static const char *usage =
     "\n"
     "Exits 1 when a capstan process of this host says in its last beat that\n"
     "Redis answered some of its fetches with an error (an ACL refusal, OOM),\n"
-    "naming it on stderr; other hosts' processes are shown, not judged.\n";
+    "naming it on stderr; other hosts' processes are shown, not judged.\n"
+    "\n"
+    "With -C FILE's shards: list, each shard is shown, then the totals across\n"
+    "them (a queue's sizes added, its latency the oldest); --json gives the\n"
+    "totals where one Redis's figures are, each process, working list and\n"
+    "iterating job with its \"shard\", and \"shards\": each shard's own object,\n"
+    "or {\"error\": ...} for one that cannot be read. That one is named on\n"
+    "stderr, the others are still shown, and the exit status is 1.\n"
+    "\n"
+    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"
+    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"
+    "      --shard NAME        with FILE's shards: list, that shard alone\n"
+    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
+    "                          redis://127.0.0.1:6379/0 (not with shards)\n"
+    "      --json              print JSON\n";
 
 /* The pid of identity ("hostname:pid:nonce") when hostname is this
  * machine's and no process has that pid any more, else 0. For display
@@ -245,11 +259,8 @@ static void queue_names(json_t *queues, char *out, size_t n)
     }
 }
 
-static void print_text(json_t *o, const char *name)
+static void print_counts(json_t *o)
 {
-    size_t i;
-    json_t *e;
-    printf("capstan %s  %s\n\n", CAPSTAN_VERSION, name);
     printf("Processed: %lld  Failed: %lld\n",
            json_integer_value(json_object_get(o, "processed")),
            json_integer_value(json_object_get(o, "failed")));
@@ -257,6 +268,12 @@ static void print_text(json_t *o, const char *name)
            json_integer_value(json_object_get(o, "scheduled")),
            json_integer_value(json_object_get(o, "retries")),
            json_integer_value(json_object_get(o, "dead")));
+}
+
+static void print_queues(json_t *o)
+{
+    size_t i;
+    json_t *e;
     printf("%-30s %10s %12s %11s\n", "Queue", "Size", "Latency (s)", "Prefetched");
     json_array_foreach(json_object_get(o, "queues"), i, e)
         printf("%-30s %10lld %12.3f %11lld%s\n", json_string_value(json_object_get(e, "name")),
@@ -264,6 +281,15 @@ static void print_text(json_t *o, const char *name)
                json_real_value(json_object_get(e, "latency")),
                json_integer_value(json_object_get(e, "prefetched")),
                json_is_true(json_object_get(e, "paused")) ? "  paused" : "");
+}
+
+/* One Redis's figures, under a heading line of the caller's. */
+static void print_body(json_t *o)
+{
+    size_t i;
+    json_t *e;
+    print_counts(o);
+    print_queues(o);
     printf("\nProcesses\n");
     json_array_foreach(json_object_get(o, "processes"), i, e) {
         char state[64];
@@ -319,6 +345,12 @@ static void print_text(json_t *o, const char *name)
     }
 }
 
+static void print_text(json_t *o, const char *name)
+{
+    printf("capstan %s  %s\n\n", CAPSTAN_VERSION, name);
+    print_body(o);
+}
+
 /* Says on stderr which processes of this host (host) had fetches Redis
  * answered with errors between their last two beats (an ACL without a
  * command capstan runs, a full Redis): they fetch little or nothing, so
@@ -345,12 +377,149 @@ static int failing_fetches(json_t *o, const char *host)
     return n;
 }
 
-int capstan__cmd_stats(int argc, char **argv)
+/* A queue of one shard's into the totals' list, kept sorted by name: the
+ * sizes and prefetched counts add up, the latency is the oldest job's, and
+ * the queue is paused only when every shard that has it paused it (a shard
+ * that still fetches it is still draining it). */
+static void queue_add(json_t *queues, json_t *q)
 {
-    const char *url = NULL;
-    int as_json = 0, done = capstan__cli_options("capstan stats", usage, argc, argv, &url, &as_json);
-    if (done >= 0)
-        return done;
+    const char *name = json_string_value(json_object_get(q, "name"));
+    size_t i;
+    json_t *t;
+    json_array_foreach(queues, i, t) {
+        int c = strcmp(json_string_value(json_object_get(t, "name")), name);
+        if (c > 0)
+            break;
+        if (c == 0) {
+            json_object_set_new(t, "size", json_integer(json_integer_value(json_object_get(t, "size"))
+                                                        + json_integer_value(json_object_get(q, "size"))));
+            double a = json_real_value(json_object_get(t, "latency"));
+            double b = json_real_value(json_object_get(q, "latency"));
+            json_object_set_new(t, "latency", json_real(a > b ? a : b));
+            json_object_set_new(t, "prefetched",
+                                json_integer(json_integer_value(json_object_get(t, "prefetched"))
+                                             + json_integer_value(json_object_get(q, "prefetched"))));
+            json_object_set_new(t, "paused", json_boolean(json_is_true(json_object_get(t, "paused"))
+                                                          && json_is_true(json_object_get(q, "paused"))));
+            return;
+        }
+    }
+    json_array_insert_new(queues, i, json_deep_copy(q));
+}
+
+/* Adds shard's figures (o, as collect gives them) into total: counts
+ * summed, queues merged, each process, working list and iterating job
+ * listed with its "shard". */
+static void total_add(json_t *total, json_t *o, const char *shard)
+{
+    static const char *const counts[] = { "processed", "failed", "scheduled", "retries", "dead" };
+    static const char *const lists[] = { "processes", "working", "iterating" };
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+        json_object_set_new(total, counts[k], json_integer(json_integer_value(json_object_get(total, counts[k]))
+                                                           + json_integer_value(json_object_get(o, counts[k]))));
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(o, "queues"), i, e)
+        queue_add(json_object_get(total, "queues"), e);
+    for (size_t k = 0; k < sizeof(lists) / sizeof(lists[0]); k++)
+        json_array_foreach(json_object_get(o, lists[k]), i, e) {
+            json_t *c = json_deep_copy(e);
+            json_object_set_new(c, "shard", json_string(shard));
+            json_array_append_new(json_object_get(total, lists[k]), c);
+        }
+}
+
+/* The text of a sharded fleet: each shard's section (or why it could not
+ * be read), then the totals with the threads busy. */
+static void print_shards(json_t *total, const capstan_cli_fleet_t *f, char **names, size_t down)
+{
+    printf("capstan %s  %zu shard%s\n", CAPSTAN_VERSION, f->nshards, f->nshards == 1 ? "" : "s");
+    json_t *shards = json_object_get(total, "shards");
+    for (size_t i = 0; i < f->nshards; i++) {
+        json_t *o = json_object_get(shards, f->shards[i].name);
+        json_t *why = json_object_get(o, "error");
+        if (why) {
+            printf("\nShard %s  UNREACHABLE: %s\n", f->shards[i].name, json_string_value(why));
+            continue;
+        }
+        printf("\nShard %s  %s\n\n", f->shards[i].name, names[i]);
+        print_body(o);
+    }
+    if (f->nshards == 1) /* --shard: its figures are the totals */
+        return;
+    long long busy = 0, threads = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(total, "processes"), i, p) {
+        busy += json_integer_value(json_object_get(p, "busy"));
+        threads += json_integer_value(json_object_get(p, "concurrency"));
+    }
+    printf("\nTotal of %zu shard%s", f->nshards, f->nshards == 1 ? "" : "s");
+    if (down)
+        printf(" (%zu unreachable, not counted)", down);
+    printf("\n\n");
+    print_counts(total);
+    printf("Busy: %lld of %lld threads in %zu processes\n\n", busy, threads,
+           json_array_size(json_object_get(total, "processes")));
+    print_queues(total);
+}
+
+/* `capstan stats` over the shards of f: exits 1 when one could not be
+ * read (after showing the others), as when the one Redis cannot be. */
+static int stats_shards(const capstan_cli_fleet_t *f, int as_json)
+{
+    json_t *total = json_pack("{s:i, s:i, s:i, s:i, s:i, s:[], s:[], s:[], s:[], s:{}}", "processed", 0,
+                              "failed", 0, "scheduled", 0, "retries", 0, "dead", 0, "queues", "processes",
+                              "working", "iterating", "shards");
+    char **names = calloc(f->nshards, sizeof(*names));
+    if (!total || !names) {
+        fprintf(stderr, "capstan stats: out of memory\n");
+        json_decref(total);
+        free(names);
+        return 1;
+    }
+    size_t down = 0;
+    for (size_t i = 0; i < f->nshards; i++) {
+        char err[CAPSTAN_ERRLEN];
+        int failed = 1;
+        capstan_redis_t *r = capstan__cli_connect_err(f->shards[i].redis_url, &failed, err);
+        json_t *o = r ? collect(r, err) : NULL;
+        names[i] = r ? strdup(capstan_redis_name(r)) : NULL;
+        capstan_redis_free(r);
+        if (o) {
+            total_add(total, o, f->shards[i].name);
+        } else {
+            o = json_pack("{s:s}", "error", err);
+            down++;
+        }
+        json_object_set_new(json_object_get(total, "shards"), f->shards[i].name, o);
+    }
+    if (as_json) {
+        char *s = json_dumps(total, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        printf("%s\n", s);
+        free(s);
+    } else {
+        print_shards(total, f, names, down);
+    }
+    fflush(stdout); /* the stats first, then why they are not healthy */
+    json_t *shards = json_object_get(total, "shards");
+    for (size_t i = 0; i < f->nshards; i++) {
+        json_t *why = json_object_get(json_object_get(shards, f->shards[i].name), "error");
+        if (why)
+            fprintf(stderr, "capstan stats: shard %s: %s\n", f->shards[i].name, json_string_value(why));
+    }
+    char host[256];
+    capstan__hostname(host, sizeof(host));
+    int status = failing_fetches(total, host) || down ? 1 : 0;
+    for (size_t i = 0; i < f->nshards; i++)
+        free(names[i]);
+    free(names);
+    json_decref(total);
+    return status;
+}
+
+static int stats_one(const char *url, int as_json)
+{
     char err[CAPSTAN_ERRLEN];
     int failed = 1;
     capstan_redis_t *r = capstan__cli_connect("capstan stats", url, &failed);
@@ -376,4 +545,17 @@ int capstan__cmd_stats(int argc, char **argv)
     json_decref(o);
     capstan_redis_free(r);
     return status;
+}
+
+int capstan__cmd_stats(int argc, char **argv)
+{
+    capstan_cli_fleet_t f = {0};
+    int as_json = 0, done = capstan__cli_fleet_options("capstan stats", usage, argc, argv, &f, &as_json);
+    if (done >= 0)
+        return done;
+    done = capstan__cli_fleet_load("capstan stats", &f);
+    if (done < 0)
+        done = f.nshards ? stats_shards(&f, as_json) : stats_one(f.url, as_json);
+    capstan__cli_fleet_free(&f);
+    return done;
 }

@@ -27,13 +27,25 @@
 #include "unique/admin.h"
 
 static const char *usage =
-    "Usage: capstan top [--interval SECONDS] [--redis-url URL]\n"
+    "Usage: capstan top [--interval SECONDS] [--redis-url URL | -C FILE [--shard NAME]]\n"
     "\n"
     "A live view of the queues (size, latency, paused), the processes (capstan or\n"
     "Ruby Sidekiq, busy/total threads, RSS), throughput over the last minute, the schedule/retry/dead\n"
     "sizes and the uniqueness lock types denied most in the last hour.\n"
     "Redrawn every SECONDS (default 1) on a terminal; q or Ctrl-C quits.\n"
-    "When stdout is not a terminal, prints one snapshot and exits.\n";
+    "When stdout is not a terminal, prints one snapshot and exits.\n"
+    "\n"
+    "With -C FILE's shards: list, a section a shard (\"== SHARD NAME\"), then the\n"
+    "TOTAL of the shards: counts, throughput and threads busy added up. A shard\n"
+    "that cannot be read shows why in its section and is retried; the snapshot\n"
+    "then exits 1, the others shown.\n"
+    "\n"
+    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"
+    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"
+    "      --shard NAME        with FILE's shards: list, that shard alone\n"
+    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
+    "                          redis://127.0.0.1:6379/0 (not with shards)\n"
+    "  -i, --interval SECONDS  redraw every SECONDS (default 1)\n";
 
 #define WINDOW 60.0      /* seconds of throughput history */
 /* Processes add to stat:processed once per heartbeat (5 s by default), so
@@ -117,11 +129,10 @@ static void human_secs(char *out, size_t n, double s)
         snprintf(out, n, "%.1fh", s / 3600);
 }
 
-/* One frame of the view into b. */
-static void render(capstan_buf_t *b, const char *name, const capstan_overview_t *ov,
-                   capstan_unique_metrics_t *locks, const history_t *h, double interval, int live)
+/* A frame's first line: what it shows (name) and when. */
+static void render_header(capstan_buf_t *b, const char *name, double interval, int live)
 {
-    char when[32], lat[32];
+    char when[32];
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
@@ -130,7 +141,13 @@ static void render(capstan_buf_t *b, const char *name, const capstan_overview_t 
     if (live)
         capstan__buf_printf(b, "  (every %gs; q quits)", interval);
     capstan__buf_puts(b, "\n");
+}
 
+/* One Redis's part of a frame into b. */
+static void render(capstan_buf_t *b, const capstan_overview_t *ov, capstan_unique_metrics_t *locks,
+                   const history_t *h)
+{
+    char lat[32];
     double rp, rf, span;
     history_rate(h, &rp, &rf, &span);
     capstan__buf_printf(b, "Processed: %lld  Failed: %lld  ", ov->processed, ov->failed);
@@ -197,47 +214,131 @@ static void render(capstan_buf_t *b, const char *name, const capstan_overview_t 
         capstan__buf_puts(b, locks ? "(no lock was denied)\n" : "(lock metrics unavailable)\n");
 }
 
-/* Reads everything a frame shows. Returns 0 or CAPSTAN_EREDIS with err. */
-static int sample(capstan_redis_t *r, capstan_overview_t *ov, capstan_unique_metrics_t *locks,
-                  int *have_locks, history_t *h, char *err)
+/* What one Redis of the view shows: the one URL, or a shard. */
+typedef struct view {
+    const char *shard;             /* NULL without shards */
+    capstan_redis_t *r;
+    history_t h;
+    capstan_overview_t ov;         /* the last sample */
+    capstan_unique_metrics_t locks;
+    int ok, have_locks;
+    char err[CAPSTAN_ERRLEN];      /* why not ok */
+} view_t;
+
+/* Reads everything a frame shows into v (v->ok, else v->err). */
+static void sample(view_t *v)
 {
-    if (!capstan_redis_ok(r) && capstan_redis_connect(r))
-        return capstan_seterr(err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
-    int rc = capstan__overview_read(r, 1, ov, err);
-    if (rc)
-        return rc;
-    history_add(h, capstan__mono(), ov->processed, ov->failed);
+    capstan__overview_clear(&v->ov);
+    capstan__unique_metrics_clear(&v->locks);
+    memset(&v->ov, 0, sizeof(v->ov));
+    memset(&v->locks, 0, sizeof(v->locks));
+    v->ok = v->have_locks = 0;
+    if (!capstan_redis_ok(v->r) && capstan_redis_connect(v->r)) {
+        snprintf(v->err, sizeof(v->err), "%s", capstan_redis_error(v->r));
+        return;
+    }
+    if (capstan__overview_read(v->r, 1, &v->ov, v->err))
+        return;
+    v->ok = 1;
+    history_add(&v->h, capstan__mono(), v->ov.processed, v->ov.failed);
     char lerr[CAPSTAN_ERRLEN];
-    *have_locks = capstan__unique_metrics_read(r, 60, locks, lerr) == 0;
-    return 0;
+    v->have_locks = capstan__unique_metrics_read(v->r, 60, &v->locks, lerr) == 0;
 }
 
-static int snapshot(capstan_redis_t *r)
+/* The last line of a sharded frame: the counts and rates of the shards
+ * read, added up, with the threads busy. */
+static void render_total(capstan_buf_t *b, view_t *views, size_t n)
 {
-    history_t *h = calloc(1, sizeof(*h));
-    capstan_overview_t ov;
-    capstan_unique_metrics_t locks = {0};
-    int have_locks = 0, status = 0;
-    char err[CAPSTAN_ERRLEN];
-    memset(&ov, 0, sizeof(ov));
-    if (!h) {
-        fprintf(stderr, "capstan top: out of memory\n");
-        return 1;
+    long long processed = 0, failed = 0, scheduled = 0, retries = 0, dead = 0, busy = 0, threads = 0;
+    double rp = 0, rf = 0;
+    size_t down = 0, measured = 0;
+    for (size_t i = 0; i < n; i++) {
+        const capstan_overview_t *ov = &views[i].ov;
+        if (!views[i].ok) {
+            down++;
+            continue;
+        }
+        processed += ov->processed;
+        failed += ov->failed;
+        scheduled += ov->scheduled;
+        retries += ov->retries;
+        dead += ov->dead;
+        for (size_t k = 0; k < ov->nprocesses; k++) {
+            busy += ov->processes[k].busy > 0 ? ov->processes[k].busy : 0;
+            threads += ov->processes[k].concurrency > 0 ? ov->processes[k].concurrency : 0;
+        }
+        double p, f, span;
+        history_rate(&views[i].h, &p, &f, &span);
+        if (span > 0) {
+            rp += p;
+            rf += f;
+            measured++;
+        }
     }
-    if (sample(r, &ov, &locks, &have_locks, h, err)) {
-        fprintf(stderr, "capstan top: %s\n", err);
+    capstan__buf_printf(b, "\nTOTAL of %zu shards", n);
+    if (down)
+        capstan__buf_printf(b, " (%zu unreachable, not counted)", down);
+    capstan__buf_printf(b, "\nProcessed: %lld  Failed: %lld  ", processed, failed);
+    if (measured && measured == n - down)
+        capstan__buf_printf(b, "Throughput: %.1f jobs/s, %.1f failed/s\n", rp, rf);
+    else
+        capstan__buf_puts(b, "Throughput: - (measured over the next minute)\n");
+    capstan__buf_printf(b, "Scheduled: %lld  Retries: %lld  Dead: %lld  Busy: %lld/%lld\n", scheduled,
+                        retries, dead, busy, threads);
+}
+
+/* One frame of every view (n of them; views[0].shard NULL: the one
+ * Redis, as before shards). */
+static void render_all(capstan_buf_t *b, view_t *views, size_t n, double interval, int live)
+{
+    if (!views[0].shard && !views[0].ok) {
+        capstan__buf_printf(b, "capstan top  %s\n\n%s\nretrying every %gs; q quits\n",
+                            capstan_redis_name(views[0].r), views[0].err, interval);
+        return;
+    }
+    if (!views[0].shard) {
+        render_header(b, capstan_redis_name(views[0].r), interval, live);
+        render(b, &views[0].ov, views[0].have_locks ? &views[0].locks : NULL, &views[0].h);
+        return;
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "%zu shard%s", n, n == 1 ? "" : "s");
+    render_header(b, name, interval, live);
+    for (size_t i = 0; i < n; i++) {
+        if (!views[i].ok) {
+            capstan__buf_printf(b, "\n== SHARD %s  UNREACHABLE: %s\n", views[i].shard, views[i].err);
+            continue;
+        }
+        capstan__buf_printf(b, "\n== SHARD %s  %s\n", views[i].shard, capstan_redis_name(views[i].r));
+        render(b, &views[i].ov, views[i].have_locks ? &views[i].locks : NULL, &views[i].h);
+    }
+    if (n > 1)
+        render_total(b, views, n);
+}
+
+/* One plain frame: exits 1 when a Redis could not be read (after
+ * showing the others). The one Redis of a fleet without shards that
+ * cannot be read gives its error alone, as it always did. */
+static int snapshot(view_t *views, size_t n)
+{
+    int status = 0;
+    for (size_t i = 0; i < n; i++) {
+        sample(&views[i]);
+        if (views[i].ok)
+            continue;
+        if (views[i].shard)
+            fprintf(stderr, "capstan top: shard %s: %s\n", views[i].shard, views[i].err);
+        else
+            fprintf(stderr, "capstan top: %s\n", views[i].err);
         status = 1;
-        goto out;
     }
+    if (status && !views[0].shard)
+        return status;
     capstan_buf_t b = {0};
-    render(&b, capstan_redis_name(r), &ov, have_locks ? &locks : NULL, h, 0, 0);
+    render_all(&b, views, n, 0, 0);
     if (b.p)
         fputs(b.p, stdout);
     capstan__buf_free(&b);
-out:
-    capstan__overview_clear(&ov);
-    capstan__unique_metrics_clear(&locks);
-    free(h);
     return status;
 }
 
@@ -279,7 +380,7 @@ static void put_str(const char *s)
     (void)w;
 }
 
-static int live(capstan_redis_t *r, double interval)
+static int live(view_t *views, size_t n, double interval)
 {
     struct termios saved, raw;
     int have_tty_in = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
@@ -303,23 +404,13 @@ static int live(capstan_redis_t *r, double interval)
     sigaction(SIGWINCH, &sa, NULL);
     put_str("\033[?1049h\033[?25l\033[2J"); /* alternate screen, cursor hidden */
 
-    history_t *h = calloc(1, sizeof(*h));
-    char err[CAPSTAN_ERRLEN];
-    while (h && !stop_flag) {
-        capstan_overview_t ov;
-        capstan_unique_metrics_t locks = {0};
-        int have_locks = 0;
-        memset(&ov, 0, sizeof(ov));
+    while (!stop_flag) {
         capstan_buf_t frame = {0};
-        if (sample(r, &ov, &locks, &have_locks, h, err) == 0)
-            render(&frame, capstan_redis_name(r), &ov, have_locks ? &locks : NULL, h, interval, 1);
-        else
-            capstan__buf_printf(&frame, "capstan top  %s\n\n%s\nretrying every %gs; q quits\n",
-                                capstan_redis_name(r), err, interval);
+        for (size_t i = 0; i < n; i++)
+            sample(&views[i]);
+        render_all(&frame, views, n, interval, 1);
         draw(frame.p ? frame.p : "");
         capstan__buf_free(&frame);
-        capstan__overview_clear(&ov);
-        capstan__unique_metrics_clear(&locks);
 
         double until = capstan__mono() + interval;
         while (!stop_flag && !resized) {
@@ -341,7 +432,6 @@ static int live(capstan_redis_t *r, double interval)
         }
         resized = 0;
     }
-    free(h);
     put_str("\033[?25h\033[?1049l");
     if (restore)
         tcsetattr(STDIN_FILENO, TCSANOW, &saved);
@@ -350,20 +440,29 @@ static int live(capstan_redis_t *r, double interval)
 
 int capstan__cmd_top(int argc, char **argv)
 {
+    enum { OPT_SHARD = 256 };
     static const struct option longopts[] = {
         { "interval", required_argument, NULL, 'i' },
         { "redis-url", required_argument, NULL, 'u' },
+        { "config", required_argument, NULL, 'C' }, { "environment", required_argument, NULL, 'e' },
+        { "shard", required_argument, NULL, OPT_SHARD },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    const char *url = NULL;
+    capstan_cli_fleet_t f = {0};
     double interval = 1.0;
     int opt;
     optind = 1;
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "hi:", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "hi:C:e:", longopts, NULL)) != -1) {
         if (opt == 'u') {
-            url = optarg;
+            f.url = optarg;
+        } else if (opt == 'C') {
+            f.conf = optarg;
+        } else if (opt == 'e') {
+            f.env = optarg;
+        } else if (opt == OPT_SHARD) {
+            f.shard = optarg;
         } else if (opt == 'i') {
             if (capstan__parse_number(optarg, 0, 0.1, 3600, &interval)) {
                 fprintf(stderr, "capstan top: --interval: must be a number of seconds between 0.1 "
@@ -383,12 +482,39 @@ int capstan__cmd_top(int argc, char **argv)
         fprintf(stderr, "capstan top: unexpected argument \"%s\"\n\n%s", argv[optind], usage);
         return CAPSTAN_EXIT_USAGE;
     }
-    /* A wrong URL is better said once than redrawn every second. */
-    int failed = 1;
-    capstan_redis_t *r = capstan__cli_connect("capstan top", url, &failed);
-    if (!r)
-        return failed;
-    int status = isatty(STDOUT_FILENO) ? live(r, interval) : snapshot(r);
-    capstan_redis_free(r);
+    int status = capstan__cli_fleet_load("capstan top", &f);
+    if (status >= 0) {
+        capstan__cli_fleet_free(&f);
+        return status;
+    }
+    size_t n = f.nshards ? f.nshards : 1;
+    view_t *views = calloc(n, sizeof(*views));
+    status = views ? 0 : 1;
+    if (!views)
+        fprintf(stderr, "capstan top: out of memory\n");
+    /* A wrong URL is better said once than redrawn every second; a shard
+     * that does not answer yet is shown as such, and retried. */
+    char err[CAPSTAN_ERRLEN];
+    for (size_t i = 0; views && !status && i < n; i++) {
+        if (!f.nshards) {
+            status = 1;
+            views[i].r = capstan__cli_connect("capstan top", f.url, &status);
+            status = views[i].r ? 0 : status;
+        } else if (!(views[i].r = capstan_redis_new(f.shards[i].redis_url, 10, err))) {
+            fprintf(stderr, "capstan top: shard %s: %s\n", f.shards[i].name, err);
+            status = CAPSTAN_EXIT_CONFIG;
+        } else {
+            views[i].shard = f.shards[i].name;
+        }
+    }
+    if (!status)
+        status = isatty(STDOUT_FILENO) ? live(views, n, interval) : snapshot(views, n);
+    for (size_t i = 0; views && i < n; i++) {
+        capstan__overview_clear(&views[i].ov);
+        capstan__unique_metrics_clear(&views[i].locks);
+        capstan_redis_free(views[i].r);
+    }
+    free(views);
+    capstan__cli_fleet_free(&f);
     return status;
 }

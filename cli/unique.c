@@ -37,12 +37,17 @@ static const char *usage =
     "                  --force runs even while another reaper runs\n"
     "  upgrade         migrate sidekiq-unique-jobs v8 keys to v9 (once)\n"
     "\n"
-    "Every command takes --redis-url URL (default $REDIS_URL) and --help.\n"
+    "Every command takes --redis-url URL (default $REDIS_URL) and --help, or\n"
+    "-C FILE (-e ENV) for FILE's redis_url or shards: list. With shards, info and\n"
+    "delete look in the digest's shard, the rendezvous pick among the shards\n"
+    "without a queues: list as pushes are routed (a job of a queue with a home\n"
+    "shard has its lock there: give --shard NAME); list, metrics, reap and\n"
+    "upgrade need --shard NAME (without it, exit 64).\n"
     "Exit status: 0 done, 1 failure or no such lock, 3 another reaper is running,\n"
     "64 bad usage or a malformed digest.\n";
 
 typedef struct args {
-    const char *url;
+    capstan_cli_fleet_t f; /* --redis-url, -C, -e, --shard */
     int json, force;
     long limit, count, minutes;
     double timeout, grace;
@@ -57,16 +62,21 @@ static int parse(const char *sub, int argc, char **argv, args_t *a, int want_pos
         { "help", no_argument, NULL, 'h' },        { "limit", required_argument, NULL, 'l' },
         { "count", required_argument, NULL, 'c' }, { "timeout", required_argument, NULL, 't' },
         { "grace", required_argument, NULL, 'g' }, { "minutes", required_argument, NULL, 'm' },
-        { "force", no_argument, NULL, 'f' },       { NULL, 0, NULL, 0 },
+        { "force", no_argument, NULL, 'f' },       { "config", required_argument, NULL, 'C' },
+        { "environment", required_argument, NULL, 'e' }, { "shard", required_argument, NULL, 's' },
+        { NULL, 0, NULL, 0 },
     };
     int opt;
     optind = 1;
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "hC:e:", longopts, NULL)) != -1) {
         switch (opt) {
+        case 'C': a->f.conf = optarg; break;
+        case 'e': a->f.env = optarg; break;
+        case 's': a->f.shard = optarg; break;
         case 'j': a->json = 1; break;
         case 'f': a->force = 1; break;
-        case 'u': a->url = optarg; break;
+        case 'u': a->f.url = optarg; break;
         case 'h': fputs(usage, stdout); return 0;
         case 'l': case 'c': case 'm': {
             double v;
@@ -471,12 +481,30 @@ int capstan__cmd_locks(int argc, char **argv)
     if (!strcmp(sub, "info") || !strcmp(sub, "delete"))
         if ((st = digest_arg(sub, &a, digest, sizeof(digest))))
             return st;
-    char who[64];
+    char who[128];
     snprintf(who, sizeof(who), "capstan locks %s", sub);
-    int failed = 1;
-    capstan_redis_t *r = capstan__cli_connect(who, a.url, &failed);
-    if (!r)
+    /* With shards, a digest's lock is in the shard its pushes are routed
+     * to by it: the pick among the shards without a queues: list (a job of
+     * a queue with a home shard has its lock there: --shard names it). */
+    const char *url, *shard;
+    size_t base = capstan__key_base(digest, CAPSTAN_KEY_RUN);
+    char key[600];
+    snprintf(key, sizeof(key), "%.*s", (int)(base ? base : strlen(digest)), digest);
+    int failed = capstan__cli_fleet_load(who, &a.f);
+    if (failed < 0)
+        failed = capstan__cli_fleet_one(who, &a.f, *digest ? CAPSTAN_CLI_PICK_OPEN : CAPSTAN_CLI_PICK_NONE, key,
+                                        &url, &shard);
+    capstan_redis_t *r = NULL;
+    if (failed < 0) {
+        if (shard) /* a shard that cannot be reached is named */
+            snprintf(who, sizeof(who), "capstan locks %s: shard %s", sub, shard);
+        failed = 1;
+        r = capstan__cli_connect(who, url, &failed);
+    }
+    if (!r) {
+        capstan__cli_fleet_free(&a.f);
         return failed;
+    }
     if (!strcmp(sub, "list"))
         st = cmd_list(r, &a);
     else if (!strcmp(sub, "info"))
@@ -490,5 +518,6 @@ int capstan__cmd_locks(int argc, char **argv)
     else
         st = cmd_upgrade(r);
     capstan_redis_free(r);
+    capstan__cli_fleet_free(&a.f);
     return st;
 }
