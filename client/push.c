@@ -503,7 +503,7 @@ static int run_chain(capstan_client_t *c, capstan_mw_t *mw, const char *cls, siz
     return mrc == CAPSTAN_EREDIS ? CAPSTAN_EREDIS : 0;
 }
 
-/* Picks job's shard by the rule (doc/sharding-routing.md): the shard
+/* Picks job's shard by the rule (doc/sharding.md, "Routing pushes"): the shard
  * capstan_client_set_shard named; else the first whose queues: list has
  * the job's queue; else, among the shards that fetch every queue (no
  * queues: list), capstan__shard_pick of the job's lock digest, so that its

@@ -96,7 +96,7 @@ CAPSTAN_API int capstan_client_set_class(capstan_client_t *c, const char *cls,
  * in order: the shard capstan_client_set_shard named; else the first shard
  * whose queues: list has the job's queue; else, among the shards without
  * a queues: list (they fetch every queue), the one rendezvous hashing
- * (doc/sharding-routing.md) gives for the job's lock digest, as the
+ * (doc/sharding.md, "Routing pushes") gives for the job's lock digest, as the
  * "unique" middleware computes it, so that a job's duplicates meet in one
  * shard; else for its jid. A push to a queue no shard fetches fails with
  * CAPSTAN_ECONFIG. One
