@@ -7,7 +7,9 @@
  * Ruby's client; FILE's classes: section comes first, as on the server. Its
  * min_replicas_ack makes the push wait for the replicas (a shortfall is a
  * warning: the job was pushed). A class without a queue goes to "default",
- * with a warning: in a mixed fleet a Ruby process may take it there. */
+ * with a warning: in a mixed fleet a Ruby process may take it there.
+ * FILE's shards: list routes the job to one shard as the C client does
+ * (--shard names it outright), and the output says which. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +21,8 @@
 #include "client/txn.h"
 #include "config/names.h"
 #include "config/settings.h"
+#include "support/buf.h"
+#include "support/json.h"
 #include "support/number.h"
 #include "capstan/capstan.h"
 #include "capstan/unique.h"
@@ -52,10 +56,16 @@ static const char *usage =
     "      --on-conflict NAME  log (default), raise, reject, replace or reschedule;\n"
     "                          a denied push exits with status 3\n"
     "      --redis-url URL     default: $REDIS_URL, else redis://127.0.0.1:6379/0\n"
+    "                          (not with FILE's shards: list)\n"
+    "      --shard NAME        with FILE's shards: list, push to that shard rather\n"
+    "                          than route (by the queue's home shard, else the lock\n"
+    "                          digest, else the jid); the output is then \"JID SHARD\"\n"
+    "      --json              print {\"jid\":..,\"queue\":..,\"shard\":..} (shard null\n"
+    "                          without shards)\n"
     "  -h, --help              this help\n";
 
 enum { OPT_IN = 1000, OPT_AT, OPT_RETRY, OPT_URL, OPT_TS, OPT_LOCK, OPT_LOCK_TTL,
-       OPT_LOCK_TIMEOUT, OPT_ON_CONFLICT, OPT_EXPIRES_IN };
+       OPT_LOCK_TIMEOUT, OPT_ON_CONFLICT, OPT_EXPIRES_IN, OPT_SHARD, OPT_JSON };
 
 /* What `capstan run` would know of the classes: FILE read with env's
  * section, then FILE's plugins, the -r ones and the program's handlers
@@ -120,12 +130,14 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
         { "lock-timeout", required_argument, NULL, OPT_LOCK_TIMEOUT },
         { "on-conflict", required_argument, NULL, OPT_ON_CONFLICT },
         { "expires-in", required_argument, NULL, OPT_EXPIRES_IN },
+        { "shard", required_argument, NULL, OPT_SHARD }, { "json", no_argument, NULL, OPT_JSON },
         { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
     };
     capstan_push_opts_t o = capstan_push_opts_default();
     capstan_unique_opts_t uo = CAPSTAN_UNIQUE_OPTS_INIT;
     int lock_opts = 0;
-    const char *url = NULL, *conf = NULL, *env = NULL;
+    const char *url = NULL, *conf = NULL, *env = NULL, *shard = NULL;
+    int json = 0;
     char **plugins = argc > 0 ? calloc((size_t)argc, sizeof(*plugins)) : NULL; /* borrowed from argv */
     size_t nplugins = 0;
     double in = 0, at = 0;
@@ -143,6 +155,8 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
         case 'r': plugins[nplugins++] = optarg; break;
         case 'q': o.queue = optarg; break;
         case OPT_URL: url = optarg; break;
+        case OPT_SHARD: shard = optarg; break;
+        case OPT_JSON: json = 1; break;
         case OPT_IN:
             if (capstan__parse_number(optarg, 0, 0, HUGE_VAL, &in)) {
                 fprintf(stderr, "capstan push: --in: not a number of seconds: %s\n", optarg);
@@ -258,7 +272,20 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
     free(plugins);
     if (status)
         return status;
-    if (!url && cfg->redis_url_explicit)
+    /* The shards' own URLs are where the pushes go, with the file's tls:
+     * carried into them as for capstan run. */
+    if (cfg->nshards && capstan_config_validate(cfg, err)) {
+        fprintf(stderr, "capstan push: %s\n", err);
+        status = CAPSTAN_EXIT_CONFIG;
+        goto out;
+    }
+    if (url && cfg->nshards) {
+        fprintf(stderr, "capstan push: --redis-url: %s has a shards: list, whose URLs the push "
+                        "goes to; use --shard NAME to pick one\n", conf);
+        status = CAPSTAN_EXIT_USAGE;
+        goto out;
+    }
+    if (!url && (cfg->redis_url_explicit || cfg->nshards))
         url = cfg->redis_url;
     int code;
     if (!(c = capstan__client_open(capstan__cli_redis_url(url), err, &code))) {
@@ -271,9 +298,20 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
         status = 1;
         goto out;
     }
+    if (shard && !cfg->nshards) {
+        fprintf(stderr, "capstan push: --shard needs -C FILE with a shards: list\n");
+        status = CAPSTAN_EXIT_USAGE;
+        goto out;
+    }
+    if (shard && capstan_client_set_shard(c, shard)) {
+        fprintf(stderr, "capstan push: --shard: %s\n", capstan_client_error(c));
+        status = CAPSTAN_EXIT_USAGE;
+        goto out;
+    }
     /* Asked before the push, which does not say where the queue came from. */
     const char *class_queue = capstan_client_class_queue(c, cls);
     int rc = capstan_client_push(c, cls, args, &o, jid);
+    const char *went = capstan_client_pushed_shard(c, 0);
     if (rc == CAPSTAN_EDENIED) {
         fprintf(stderr, "capstan push: denied: %s\n", capstan_client_error(c));
         status = CAPSTAN_EXIT_DENIED;
@@ -281,7 +319,19 @@ int capstan__cmd_push(int argc, char **argv, capstan_plugin_init_fn init)
         fprintf(stderr, "capstan push: %s\n", capstan_client_error(c));
         status = rc == CAPSTAN_EINVAL ? CAPSTAN_EXIT_USAGE : 1;
     } else {
-        printf("%s\n", jid);
+        if (json) {
+            const char *q = o.queue ? o.queue : class_queue ? class_queue : "default";
+            capstan_buf_t b = {0};
+            int nomem = capstan__json_quote(&b, q, strlen(q));
+            /* A shard's name is a plain word (capstan_config_add_shard). */
+            printf("{\"jid\":\"%s\",\"queue\":%s,\"shard\":%s%s%s}\n", jid, nomem ? "null" : b.p,
+                   went ? "\"" : "", went ? went : "null", went ? "\"" : "");
+            capstan__buf_free(&b);
+        } else if (went) {
+            printf("%s %s\n", jid, went);
+        } else {
+            printf("%s\n", jid);
+        }
         fflush(stdout); /* the jid first, then any warning */
         /* Pushed: a replica shortfall is worth saying, not a failure. */
         if (rc == CAPSTAN_PUSH_UNREPLICATED)

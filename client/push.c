@@ -4,6 +4,7 @@
  * Sidekiq fills in a worker's sidekiq_options. */
 #include "capstan/client.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "support/buf.h"
 #include "support/json.h"
 #include "support/payload.h"
+#include "support/shard_pick.h"
 #include "support/time.h"
 #include "support/trace.h"
 #include "capstan/middleware.h"
@@ -18,6 +20,7 @@
 #include "middleware/mw.h"
 #include "redis/keys.h"
 #include "client/txn.h"
+#include "unique/internal.h"
 
 /* Options set with capstan_client_set_class. */
 typedef struct client_class {
@@ -37,6 +40,15 @@ struct capstan_client {
                                 borrowed, or NULL */
     capstan_txn_t *txn;  /* open transaction (capstan_client_begin), or NULL */
     const capstan_push_sink_t *sink; /* the testing kit's, or NULL */
+    /* Routing over cfg's shards: a connection per shard (NULL until its
+     * first push), room for the names capstan__shard_pick picks among,
+     * and the shard capstan_client_set_shard named (-1: by the rule). */
+    capstan_redis_t **shard_r;
+    const char **shard_names;
+    long pin;
+    size_t *last;        /* the shard of each job of the last push,
+                            SIZE_MAX for one not pushed */
+    size_t nlast;
 };
 
 static _Thread_local const capstan_push_sink_t *thread_sink;
@@ -78,6 +90,7 @@ capstan_client_t *capstan__client_open(const char *url, char *err, int *code)
         return NULL;
     }
     c->sink = thread_sink;
+    c->pin = -1;
     int rc = c->sink ? 0 : capstan_redis_connect(c->r);
     if (rc) {
         *code = capstan_seterr(err, rc, "%s", capstan_redis_error(c->r));
@@ -98,12 +111,64 @@ capstan_chain_t *capstan_client_chain(capstan_client_t *c)
     return c ? c->chain : NULL;
 }
 
+/* True when pushes are routed over the config's shards. A testing kit's
+ * client connects nowhere, so it does not route either. */
+static int sharded(const capstan_client_t *c)
+{
+    return c->cfg && c->cfg->nshards > 0 && !c->sink;
+}
+
+static void drop_shards(capstan_client_t *c)
+{
+    for (size_t i = 0; c->shard_r && i < c->cfg->nshards; i++)
+        capstan_redis_free(c->shard_r[i]);
+    free(c->shard_r);
+    free(c->shard_names);
+    free(c->last);
+    c->shard_r = NULL;
+    c->shard_names = NULL;
+    c->last = NULL;
+    c->nlast = 0;
+    c->pin = -1;
+}
+
+/* Makes the per-shard arrays at the first routed push. */
+static int shards_ready(capstan_client_t *c)
+{
+    if (c->shard_r)
+        return 0;
+    size_t n = c->cfg->nshards;
+    c->shard_r = calloc(n, sizeof(*c->shard_r));
+    c->shard_names = calloc(n, sizeof(*c->shard_names));
+    if (!c->shard_r || !c->shard_names) {
+        free(c->shard_r);
+        free(c->shard_names);
+        c->shard_r = NULL;
+        c->shard_names = NULL;
+        return capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* Shard i's connection, made (not connected) on first use; NULL with
+ * c->err filled. */
+static capstan_redis_t *shard_conn(capstan_client_t *c, size_t i)
+{
+    char err[CAPSTAN_ERRLEN];
+    if (shards_ready(c))
+        return NULL;
+    if (!c->shard_r[i] && !(c->shard_r[i] = capstan_redis_new(c->cfg->shards[i].redis_url, 10, err)))
+        capstan_seterr(c->err, CAPSTAN_ECONFIG, "shard %s: %s", c->cfg->shards[i].name, err);
+    return c->shard_r[i];
+}
+
 void capstan_client_free(capstan_client_t *c)
 {
     if (!c)
         return;
     if (c->txn)
         (void)capstan_client_rollback(c);
+    drop_shards(c);
     capstan_redis_free(c->r);
     capstan_chain_free(c->chain);
     for (size_t i = 0; i < c->nclasses; i++) {
@@ -152,8 +217,37 @@ int capstan_client_set_class(capstan_client_t *c, const char *cls, const capstan
 
 void capstan_client_use_config(capstan_client_t *c, const capstan_config_t *cfg)
 {
-    if (c)
-        c->cfg = cfg;
+    if (!c || c->cfg == cfg)
+        return;
+    drop_shards(c); /* made for the other config's shards */
+    c->cfg = cfg;
+}
+
+int capstan_client_set_shard(capstan_client_t *c, const char *name)
+{
+    c->err[0] = '\0';
+    if (!sharded(c))
+        return capstan_seterr(c->err, CAPSTAN_EINVAL, "this client has no shards: give it a "
+                              "configuration with a shards: list (capstan_client_use_config)");
+    if (!name) {
+        c->pin = -1;
+        return 0;
+    }
+    char known[CAPSTAN_ERRLEN] = "";
+    for (size_t i = 0; i < c->cfg->nshards; i++) {
+        if (!strcmp(c->cfg->shards[i].name, name)) {
+            c->pin = (long)i;
+            return 0;
+        }
+        size_t used = strlen(known);
+        snprintf(known + used, sizeof(known) - used, "%s%s", i ? ", " : "", c->cfg->shards[i].name);
+    }
+    return capstan_seterr(c->err, CAPSTAN_ENOTFOUND, "no shard named \"%.60s\" (the shards: %s)", name, known);
+}
+
+const char *capstan_client_pushed_shard(const capstan_client_t *c, size_t i)
+{
+    return c && i < c->nlast && c->last[i] != SIZE_MAX ? c->cfg->shards[c->last[i]].name : NULL;
 }
 
 /* Fills what o leaves unset from the class's options: the config file's
@@ -186,12 +280,9 @@ const char *capstan_client_class_queue(const capstan_client_t *c, const char *cl
     return conf && conf->queue ? conf->queue : set && set->queue ? set->queue : NULL;
 }
 
-long long capstan_client_cancel(capstan_client_t *c, const char *jid)
+/* The cancel mark for jid in the Redis behind r (see capstan_client_cancel). */
+static long long cancel_on(capstan_client_t *c, capstan_redis_t *r0, const char *jid)
 {
-    if (!jid || !*jid) {
-        capstan_seterr(c->err, CAPSTAN_EINVAL, "a jid is needed");
-        return -1;
-    }
     char *key = capstan__key_dup(CAPSTAN_KEY_ITERATION, jid), now[32], ttl[32];
     if (!key) {
         capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
@@ -205,19 +296,19 @@ long long capstan_client_cancel(capstan_client_t *c, const char *jid)
     const char *multi[] = { "MULTI" }, *exec[] = { "EXEC" };
     const char *hsetnx[] = { "HSETNX", key, "cancelled", now }, *hget[] = { "HGET", key, "cancelled" },
                *expire[] = { "EXPIRE", key, ttl };
-    int rc = capstan_redis_ok(c->r) ? 0 : capstan_redis_connect(c->r);
+    int rc = capstan_redis_ok(r0) ? 0 : capstan_redis_connect(r0);
     int sent = 0;
-    if (!rc && !(rc = capstan_redis_append(c->r, 1, multi, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 4, hsetnx, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 3, hget, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 3, expire, NULL))) sent++;
-    if (!rc && !(rc = capstan_redis_append(c->r, 1, exec, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 1, multi, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 4, hsetnx, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 3, hget, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 3, expire, NULL))) sent++;
+    if (!rc && !(rc = capstan_redis_append(r0, 1, exec, NULL))) sent++;
     free(key);
     long long at = -1;
     /* Every reply is read, whatever came before, so none is left for the
      * client's next command; the EXEC's is the last. */
     for (int i = 0; i < sent; i++) {
-        redisReply *r = capstan_redis_get_reply(c->r);
+        redisReply *r = capstan_redis_get_reply(r0);
         if (!r) {
             rc = CAPSTAN_EREDIS;
             break;
@@ -236,10 +327,37 @@ long long capstan_client_cancel(capstan_client_t *c, const char *jid)
         freeReplyObject(r);
     }
     if (rc == CAPSTAN_EREDIS)
-        capstan_seterr(c->err, rc, "cancel %s: %s", jid, capstan_redis_error(c->r));
+        capstan_seterr(c->err, rc, "cancel %s: %s", jid, capstan_redis_error(r0));
     else if (!rc && at < 0)
         rc = capstan_seterr(c->err, CAPSTAN_EREPLY, "cancel %s: the mark did not stay", jid);
     return rc ? -1 : at;
+}
+
+long long capstan_client_cancel(capstan_client_t *c, const char *jid)
+{
+    if (!jid || !*jid) {
+        capstan_seterr(c->err, CAPSTAN_EINVAL, "a jid is needed");
+        return -1;
+    }
+    if (!sharded(c))
+        return cancel_on(c, c->r, jid);
+    /* The job runs in a shard its route chose (a home queue, a digest or
+     * its jid), which the jid alone does not tell: the mark goes to every
+     * shard, where it expires unread in all but the job's. */
+    long long first = -1;
+    for (size_t i = 0; i < c->cfg->nshards; i++) {
+        capstan_redis_t *r = shard_conn(c, i);
+        long long at = r ? cancel_on(c, r, jid) : -1;
+        if (at < 0) {
+            char why[CAPSTAN_ERRLEN];
+            snprintf(why, sizeof(why), "%s", c->err);
+            capstan_seterr(c->err, CAPSTAN_EREDIS, "shard %s: %s", c->cfg->shards[i].name, why);
+            return -1;
+        }
+        if (first < 0 || at < first)
+            first = at;
+    }
+    return first;
 }
 
 const char *capstan_client_error(const capstan_client_t *c)
@@ -249,7 +367,8 @@ const char *capstan_client_error(const capstan_client_t *c)
 
 capstan_redis_t *capstan_client_redis(capstan_client_t *c)
 {
-    return c->r;
+    capstan_redis_t *r = sharded(c) && c->pin >= 0 ? shard_conn(c, (size_t)c->pin) : NULL;
+    return r ? r : c->r;
 }
 
 /* Appends the trace context of the job this thread runs, if any, unless
@@ -330,6 +449,8 @@ typedef struct push_job {
     capstan_mw_t mw; /* its client chain state; owns the payload */
     char jid[25];
     char score[32]; /* ZADD score, for a job scheduled later */
+    size_t shard;   /* the shard it goes to (0 for a client without shards) */
+    int pushed;     /* sent (or, in a transaction, buffered) */
 } push_job_t;
 
 /* The argv of one Redis command, built word by word. */
@@ -371,8 +492,8 @@ static int prepare_job(capstan_client_t *c, push_job_t *job, const char *cls, co
  * CAPSTAN_EREDIS when Redis failed, which stops the batch. */
 static int run_chain(capstan_client_t *c, capstan_mw_t *mw, const char *cls, size_t *denied)
 {
-    if (!c->sink && !capstan_redis_ok(c->r) && capstan_redis_connect(c->r))
-        return capstan_seterr(c->err, CAPSTAN_EREDIS, "%s", capstan_redis_error(c->r));
+    if (!c->sink && !capstan_redis_ok(mw->r) && capstan_redis_connect(mw->r))
+        return capstan_seterr(c->err, CAPSTAN_EREDIS, "%s", capstan_redis_error(mw->r));
     int mrc = capstan__mw_run(c->chain, mw, accept_push, NULL);
     if (mw->accepted)
         return 0;
@@ -380,6 +501,49 @@ static int run_chain(capstan_client_t *c, capstan_mw_t *mw, const char *cls, siz
     capstan_seterr(c->err, mrc && mrc != CAPSTAN_EDENIED ? mrc : CAPSTAN_EDENIED, "push of %s denied: %s",
                    cls, mw->deny && *mw->deny ? mw->deny : capstan_strerror(mrc ? mrc : CAPSTAN_EDENIED));
     return mrc == CAPSTAN_EREDIS ? CAPSTAN_EREDIS : 0;
+}
+
+/* Picks job's shard by the rule (doc/sharding-routing.md): the shard
+ * capstan_client_set_shard named; else the first whose queues: list has
+ * the job's queue; else, among the shards that fetch every queue (no
+ * queues: list), capstan__shard_pick of the job's lock digest, so that its
+ * duplicates meet (and its lock is taken) in one shard, else of its jid,
+ * so that one queue spreads over them all. The digest is the one the
+ * "unique" middleware computes from the payload as built: a middleware
+ * ahead of it that rewrites args is not seen here. Points the job's
+ * chain at that shard's connection. */
+static int route(capstan_client_t *c, push_job_t *job)
+{
+    const capstan_config_t *cfg = c->cfg;
+    long home = c->pin;
+    size_t nopen = 0;
+    for (size_t i = 0; i < cfg->nshards; i++) {
+        for (size_t k = 0; home < 0 && k < cfg->shards[i].nqueues; k++)
+            if (!strcmp(cfg->shards[i].queues[k], job->mw.queue))
+                home = (long)i;
+        if (!cfg->shards[i].queues)
+            c->shard_names[nopen++] = cfg->shards[i].name;
+    }
+    if (home < 0 && !nopen)
+        return capstan_seterr(c->err, CAPSTAN_ECONFIG, "no shard fetches queue %.80s: none lists it "
+                              "in its queues:, and none is without a queues: list", job->mw.queue);
+    if (home >= 0) {
+        job->shard = (size_t)home;
+    } else {
+        char err[CAPSTAN_ERRLEN];
+        capstan_unique_spec_t s;
+        /* A lock that cannot be resolved fails the push in the chain,
+         * with the reason; the jid places it meanwhile. */
+        int locked = capstan_unique__resolve(&job->mw, &s, 1, err) == 0 && s.type != CAPSTAN_LOCK_NONE;
+        const char *key = locked ? s.digest : job->jid;
+        const char *name = c->shard_names[capstan__shard_pick(c->shard_names, nopen, key, strlen(key))];
+        if (locked)
+            capstan_unique__spec_clear(&s);
+        for (job->shard = 0; strcmp(cfg->shards[job->shard].name, name); job->shard++)
+            continue;
+    }
+    job->mw.r = shard_conn(c, job->shard);
+    return job->mw.r ? 0 : CAPSTAN_ECONFIG; /* c->err says why */
 }
 
 /* Notes in t the uniqueness lock the chain took for an accepted job, so
@@ -402,10 +566,10 @@ static int hold_lock(capstan_txn_t *t, const capstan_mw_t *mw)
     return rc;
 }
 
-/* Adds the accepted jobs to t: those due now onto the queue (SADD queues,
- * LPUSH), the others into the schedule (ZADD). argv and lens have room
- * for both commands (3n + 4 entries). */
-static int add_accepted(capstan_txn_t *t, const char *queue, push_job_t *jobs, size_t n,
+/* Adds the accepted jobs of shard to t: those due now onto the queue
+ * (SADD queues, LPUSH), the others into the schedule (ZADD). argv and lens
+ * have room for both commands (3n + 4 entries). */
+static int add_accepted(capstan_txn_t *t, const char *queue, push_job_t *jobs, size_t n, size_t shard,
                         double now, const char **argv, size_t *lens)
 {
     /* Sized to the name: a queue name may be of any length. */
@@ -419,7 +583,7 @@ static int add_accepted(capstan_txn_t *t, const char *queue, push_job_t *jobs, s
     cmd_add(&zadd, CAPSTAN_KEY_SCHEDULE, strlen(CAPSTAN_KEY_SCHEDULE));
     for (size_t i = 0; i < n; i++) {
         capstan_mw_t *mw = &jobs[i].mw;
-        if (!mw->accepted)
+        if (!mw->accepted || jobs[i].shard != shard)
             continue;
         if (mw->at > now) {
             snprintf(jobs[i].score, sizeof(jobs[i].score), "%.6f", mw->at);
@@ -443,24 +607,24 @@ static int add_accepted(capstan_txn_t *t, const char *queue, push_job_t *jobs, s
 
 /* Sends t, followed by WAIT when min_replicas_ack is set, as processors
  * do after acks. */
-static int exec_txn(capstan_client_t *c, const capstan_txn_t *t)
+static int exec_txn(capstan_client_t *c, capstan_redis_t *r, const capstan_txn_t *t)
 {
     int replicas = c->cfg ? c->cfg->min_replicas_ack : 0;
     long ms = c->cfg && c->cfg->min_replicas_timeout > 0 ? c->cfg->min_replicas_timeout : 1000;
-    return capstan__txn_exec(t, c->r, replicas, ms, c->err);
+    return capstan__txn_exec(t, r, replicas, ms, c->err);
 }
 
 /* Sends t now, outside a transaction of the caller's: a broken connection
  * is retried once, as Sidekiq's client does. */
-static int send_now(capstan_client_t *c, const capstan_txn_t *t)
+static int send_now(capstan_client_t *c, capstan_redis_t *r, const capstan_txn_t *t)
 {
     int rc = 0;
     for (int attempt = 0; attempt < 2 && capstan__txn_len(t); attempt++) {
-        if (!capstan_redis_ok(c->r) && capstan_redis_connect(c->r)) {
-            rc = capstan_seterr(c->err, CAPSTAN_EREDIS, "%s", capstan_redis_error(c->r));
+        if (!capstan_redis_ok(r) && capstan_redis_connect(r)) {
+            rc = capstan_seterr(c->err, CAPSTAN_EREDIS, "%s", capstan_redis_error(r));
             continue;
         }
-        rc = exec_txn(c, t);
+        rc = exec_txn(c, r, t);
         if (rc != CAPSTAN_EREDIS)
             break;
     }
@@ -468,16 +632,66 @@ static int send_now(capstan_client_t *c, const capstan_txn_t *t)
 }
 
 /* Fills jids (when given) with the jid of each pushed (or, in a
- * transaction, buffered) job, "" for the others, and frees jobs. */
-static void collect(push_job_t *jobs, size_t n, int sent, char (*jids)[25])
+ * transaction, buffered) job, "" for the others, and c->last with their
+ * shards; frees jobs. */
+static void collect(capstan_client_t *c, push_job_t *jobs, size_t n, char (*jids)[25])
 {
+    free(c->last);
+    c->nlast = 0;
+    c->last = sharded(c) && jobs ? malloc(n * sizeof(*c->last)) : NULL;
+    if (c->last)
+        c->nlast = n;
     for (size_t i = 0; jobs && i < n; i++) {
-        int pushed = sent && jobs[i].mw.accepted;
+        int pushed = jobs[i].pushed && jobs[i].mw.accepted;
         if (jids)
             memcpy(jids[i], pushed ? jobs[i].jid : "", pushed ? 25 : 1);
+        if (c->last)
+            c->last[i] = pushed ? jobs[i].shard : SIZE_MAX;
         capstan__mw_clear(&jobs[i].mw);
     }
     free(jobs);
+}
+
+/* Why a client with shards has no transactions: one MULTI cannot span
+ * several Redis servers, and a MULTI per shard would not be all or none. */
+static const char no_txn[] = "a client with shards has no transactions: one MULTI/EXEC cannot "
+                             "span several Redis servers (use a client without shards per shard)";
+
+/* What one shard's share of a push became. */
+typedef struct shard_send {
+    capstan_txn_t *t; /* its writes (the open transaction's, unsharded) */
+    int rc;           /* as capstan_client_push_bulk returns */
+    int sent;         /* handed to Redis, so a lost connection leaves it unknown */
+} shard_send_t;
+
+/* Shard s's connection: the client's own without shards. */
+static capstan_redis_t *conn_of(capstan_client_t *c, size_t s)
+{
+    return sharded(c) ? c->shard_r[s] : c->r;
+}
+
+/* Sends each shard's writes in a MULTI of its own; a shard that fails
+ * does not stop the others. Returns the first failure (else the first
+ * warning), its text naming its shard. */
+static int send_all(capstan_client_t *c, shard_send_t *ss, size_t ns)
+{
+    int rc = 0;
+    char why[CAPSTAN_ERRLEN] = "";
+    size_t which = 0;
+    for (size_t s = 0; s < ns; s++) {
+        if (!ss[s].t)
+            continue;
+        ss[s].sent = 1;
+        ss[s].rc = send_now(c, conn_of(c, s), ss[s].t);
+        if (ss[s].rc < 0 ? rc >= 0 : ss[s].rc > 0 && rc == 0) {
+            rc = ss[s].rc;
+            which = s;
+            snprintf(why, sizeof(why), "%s", c->err);
+        }
+    }
+    if (rc && sharded(c))
+        capstan_seterr(c->err, rc, "shard %s: %s", c->cfg->shards[which].name, why);
+    return rc;
 }
 
 int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *const *args, size_t n,
@@ -488,6 +702,8 @@ int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *c
     c->err[0] = '\0';
     if (!cls || !*cls)
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "a job class is required");
+    if (sharded(c) && c->txn)
+        return capstan_seterr(c->err, CAPSTAN_EINVAL, "%s", no_txn);
     class_defaults(c, cls, &o, &cc);
     const char *queue = o.queue;
     if (n == 0)
@@ -496,38 +712,58 @@ int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *c
     if (o.at > 0 && o.at < 1e9)
         o.at += now; /* small values mean "seconds from now", as Sidekiq */
     /* Allocated before the chain runs, as much as can be: a middleware may
-     * take a lock, which a later failure must give back (capstan__txn_undo). */
-    capstan_txn_t *t = c->txn ? c->txn : capstan__txn_new();
-    capstan_txn_mark_t mark = t ? capstan__txn_mark(t) : (capstan_txn_mark_t){ 0, 0 };
+     * take a lock, which a later failure must give back (capstan__txn_undo).
+     * A shard's transaction is made when its first job is routed there. */
+    size_t ns = sharded(c) ? c->cfg->nshards : 1;
+    shard_send_t *ss = calloc(ns, sizeof(*ss));
+    capstan_txn_mark_t mark = c->txn ? capstan__txn_mark(c->txn) : (capstan_txn_mark_t){ 0, 0 };
     push_job_t *jobs = calloc(n, sizeof(*jobs));
     const char **argv = calloc(3 * n + 4, sizeof(*argv));
     size_t *lens = calloc(3 * n + 4, sizeof(*lens)), denied = 0;
-    int rc = t && jobs && argv && lens ? 0 : capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
+    int rc = ss && jobs && argv && lens ? 0 : capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
+    if (!rc && sharded(c))
+        rc = shards_ready(c);
+    if (!rc)
+        ss[0].t = c->txn;
     for (size_t i = 0; i < n && !rc; i++) {
         rc = prepare_job(c, &jobs[i], cls, args ? args[i] : NULL, &o, cc, now);
-        if (!rc)
-            rc = run_chain(c, &jobs[i].mw, cls, &denied);
-        if (!rc && jobs[i].mw.accepted && hold_lock(t, &jobs[i].mw))
+        if (!rc && sharded(c))
+            rc = route(c, &jobs[i]);
+        capstan_txn_t **t = &ss[jobs[i].shard].t;
+        if (!rc && !*t && !(*t = capstan__txn_new()))
+            rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
+        if (!rc && (rc = run_chain(c, &jobs[i].mw, cls, &denied)) && sharded(c)) {
+            char why[CAPSTAN_ERRLEN];
+            snprintf(why, sizeof(why), "%s", c->err);
+            capstan_seterr(c->err, rc, "shard %s: %s", c->cfg->shards[jobs[i].shard].name, why);
+        }
+        if (!rc && jobs[i].mw.accepted && hold_lock(*t, &jobs[i].mw))
             rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
     }
     for (size_t i = 0; c->sink && i < n && !rc; i++)
         if (jobs[i].mw.accepted && (rc = c->sink->take(c->sink->ud, jobs[i].mw.payload, jobs[i].mw.len, queue,
                                                        jobs[i].mw.at > now ? jobs[i].mw.at : 0)))
             capstan_seterr(c->err, rc, "the testing kit could not keep the push of %s", cls);
-    if (!rc && !c->sink && add_accepted(t, queue, jobs, n, now, argv, lens))
-        rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
-    int sent = c->sink != NULL;
-    if (!rc && !c->txn && !c->sink) {
-        sent = 1;
-        rc = send_now(c, t);
-    }
+    for (size_t s = 0; !rc && !c->sink && s < ns; s++)
+        if (ss[s].t && add_accepted(ss[s].t, queue, jobs, n, s, now, argv, lens))
+            rc = capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
+    if (!rc && !c->txn && !c->sink)
+        rc = send_all(c, ss, ns);
+    else
+        for (size_t s = 0; ss && s < ns; s++)
+            ss[s].rc = rc;
     /* Not pushed for sure (a failure before sending, or Redis refused the
      * transaction): the locks taken for these jobs are released. */
-    if (t && rc < 0 && !(sent && rc == CAPSTAN_EREDIS))
-        capstan__txn_undo(t, c->r, mark);
-    collect(jobs, n, rc >= 0, jids);
-    if (t != c->txn)
-        capstan__txn_free(t);
+    for (size_t s = 0; ss && s < ns; s++)
+        if (ss[s].t && ss[s].rc < 0 && !(ss[s].sent && ss[s].rc == CAPSTAN_EREDIS))
+            capstan__txn_undo(ss[s].t, conn_of(c, s), ss[s].t == c->txn ? mark : (capstan_txn_mark_t){ 0, 0 });
+    for (size_t i = 0; jobs && ss && i < n; i++)
+        jobs[i].pushed = ss[jobs[i].shard].rc >= 0;
+    collect(c, jobs, n, jids);
+    for (size_t s = 0; ss && s < ns; s++)
+        if (ss[s].t != c->txn)
+            capstan__txn_free(ss[s].t);
+    free(ss);
     free(argv);
     free(lens);
     return rc < 0 ? rc : denied ? CAPSTAN_EDENIED : rc;
@@ -552,6 +788,8 @@ capstan_txn_t *capstan__client_txn(capstan_client_t *c)
 int capstan_client_begin(capstan_client_t *c)
 {
     c->err[0] = '\0';
+    if (sharded(c))
+        return capstan_seterr(c->err, CAPSTAN_EINVAL, "%s", no_txn);
     if (c->txn)
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "a transaction is already open");
     if (!(c->txn = capstan__txn_new()))
@@ -581,7 +819,7 @@ int capstan_client_commit(capstan_client_t *c)
     int rc, maybe_sent = 0;
     if (!capstan_redis_ok(c->r) && capstan_redis_connect(c->r))
         rc = capstan_seterr(c->err, CAPSTAN_EREDIS, "nothing was pushed: %s", capstan_redis_error(c->r));
-    else if ((rc = exec_txn(c, c->txn)) == CAPSTAN_EREDIS)
+    else if ((rc = exec_txn(c, c->r, c->txn)) == CAPSTAN_EREDIS)
         maybe_sent = 1;
     /* Sent once, never again: after a lost connection the pushes may have
      * been made, and a second EXEC would make them twice. */

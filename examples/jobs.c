@@ -419,13 +419,15 @@ static long deep(long depth)
     return deep(depth - 1) + frame[0];
 }
 
-/* SegfaultJob ["overflow" | "double_free"]: dies as a handler with a memory
- * bug would: of SIGSEGV (at once, or "overflow" by running out of stack),
- * or "double_free" of SIGABRT inside malloc, which may hold its lock;
+/* SegfaultJob ["overflow" | "double_free" | "", ms]: dies as a handler with
+ * a memory bug would: of SIGSEGV (at once, or "overflow" by running out of
+ * stack), or "double_free" of SIGABRT inside malloc, which may hold its
+ * lock; ms (default 0) after it started, so its neighbours are running;
  * shows the crash report in the log. */
 static int segfault_job(capstan_job_t *job, void *ud)
 {
     (void)ud;
+    sleep_ms(arg_long(job, 1, 0));
     if (strcmp(arg_str(job, 0, ""), "overflow") == 0)
         return (int)deep(LONG_MAX);
     if (strcmp(arg_str(job, 0, ""), "double_free") == 0) {

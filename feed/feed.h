@@ -49,6 +49,8 @@
  * suspect: a job carrying "recovery_count" (recovered after a crash).
  * solo: a suspect runs alone: the gate is shut, other jobs finish, the
  *   acks are written and the feed is given back first.
+ * quarantine: under a supervisor, a queue only its quarantine worker (one
+ *   thread) reads: a suspect goes there instead of running solo.
  * gate: the count of threads inside capstan__feed_next (holding a job or
  *   fetching, *inside set) that a suspect waits to fall to itself.
  * quiet: the process is stopping (env.quiet): jobs fetched go into the
@@ -165,6 +167,10 @@ int capstan__feed_suspect(const capstan_fetched_t *job);
  * capstan__feed_solo_end after it), 0 when it went back to its queue. */
 int capstan__feed_solo_begin(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job);
 void capstan__feed_solo_end(capstan_seat_t *s, capstan_redis_t *r);
+/* Moves the suspect *job from the working list to queue:<quarantine> (one
+ * script: never in neither, never in both) and frees it. */
+void capstan__feed_quarantine(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job,
+                              const char *quarantine);
 
 /* Processor s is about to run *first, which it took from the feed: when
  * that job takes a runtime lock at once and jobs run short, takes the jobs

@@ -1,4 +1,5 @@
-/* The feed's gate: a suspect runs alone (see feed.h and feed_internal.h). */
+/* The feed's gate: a suspect runs alone, or in the quarantine (see feed.h
+ * and feed_internal.h). */
 #include "feed/feed_internal.h"
 
 #include <stdatomic.h>
@@ -25,7 +26,18 @@
  * only the job at fault counts recoveries. A suspect that fails normally
  * loses the count (see capstan__retry_decide): it did not crash the process.
  * Suspects are rare (only after a crash); otherwise this costs a memmem per
- * job and a counter kept under the lock capstan__feed_next takes anyway. */
+ * job and a counter kept under the lock capstan__feed_next takes anyway.
+ *
+ * Alone costs the process its other threads while the suspect runs (a
+ * suspect of 40 s idles them for 40 s), and first the wait for their jobs
+ * to end. So under a supervisor, a worker does not run a suspect of a
+ * class it has a handler for: it moves it to the quarantine, a queue only
+ * the supervisor's quarantine worker reads, with one thread; that worker
+ * runs each alone as above, reliably (its own working list), and a crash
+ * there is recovered as any worker's, so the count of recoveries and the
+ * poison-pill rule are the same. A crash's neighbours then wait only for
+ * the suspects before them in the quarantine; the other jobs run on the
+ * other workers at full concurrency. */
 
 /* Under feed->mu: this thread looks for a job again, so it holds none. */
 void capstan__feed_gate_leave(capstan_feed_t *feed, int *inside)
@@ -90,6 +102,16 @@ int capstan__feed_solo_begin(capstan_seat_t *s, capstan_redis_t *r, capstan_fetc
         return 1;
     capstan__feed_give_back_run(s->fetch, feed, r, job, 1, feed->env.connect, feed->env.ctx);
     return 0;
+}
+
+void capstan__feed_quarantine(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job,
+                              const char *quarantine)
+{
+    /* As a give-back of a job not started, to the quarantine's head: the
+     * job was never this process's to start, and a crash before the move
+     * leaves it in the working list with its count unchanged. */
+    job->queue = quarantine;
+    capstan__feed_give_back_run(s->fetch, s->feed, r, job, 1, s->feed->env.connect, s->feed->env.ctx);
 }
 
 /* The suspect is done: its ack is written before any other job is

@@ -39,11 +39,13 @@ int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char 
     memset(job, 0, sizeof(*job));
     job->payload = payload;
     job->len = len;
-    job->queue = queue;
+    job->queue = queue ? queue : "default";
     job->retry_count = -1;
     int rc = capstan__json_scan_object(payload, len, &job->obj, err);
     if (rc)
         return rc;
+    if (!queue && (job->own_queue = member_str(job, "queue")))
+        job->queue = job->own_queue;
     job->cls = member_str(job, "class");
     job->jid = member_str(job, "jid");
     if (!job->cls || !job->cls[0])
@@ -84,6 +86,7 @@ void capstan__job_clear(capstan_job_t *job)
     free(job->cls);
     free(job->jid);
     free(job->bid);
+    free(job->own_queue);
     free(job->wrapper);
     free(job->traceparent);
     free(job->tracestate);

@@ -20,7 +20,10 @@ struct capstan_job {
                                an ActiveJob payload's wrapped class */
     char *wrapper;          /* owned: the payload's "class" when it is
                                ActiveJob's wrapper (then cls differs), else NULL */
-    const char *queue;      /* the queue it was fetched from (borrowed) */
+    const char *queue;      /* the queue it was fetched from (borrowed), or
+                               own_queue */
+    char *own_queue;        /* owned: the payload's "queue", for a job not
+                               fetched from its own (the quarantine's) */
     char *traceparent;      /* owned: valid W3C "traceparent", or NULL */
     char *tracestate;       /* owned: its "tracestate", or NULL */
     char trace_id[33];      /* the traceparent's trace id, "" without one */
@@ -61,9 +64,10 @@ typedef struct capstan_sandbox {
 } capstan_sandbox_t;
 
 /* Parses payload (ownership moves to job, even on failure) fetched from
- * queue. Returns 0; CAPSTAN_EPARSE when the payload is not a JSON object;
- * CAPSTAN_EINVAL when class or jid is missing or not a string, or args is not an
- * array. err says which. */
+ * queue, or, queue NULL, from another than its own: the payload's "queue"
+ * then is its queue ("default" without one). Returns 0; CAPSTAN_EPARSE
+ * when the payload is not a JSON object; CAPSTAN_EINVAL when class or jid
+ * is missing or not a string, or args is not an array. err says which. */
 int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err);
 void capstan__job_clear(capstan_job_t *job);
 

@@ -10,10 +10,15 @@
 #include "support/identity.h"
 
 void capstan__board_attach(struct capstan_runtime *rt, capstan_board_t *board, size_t size, int slot,
-                           int supervisor)
+                           int supervisor, int quarantine)
 {
     rt->link.board = board;
     rt->link.board_end = capstan__board_end(board, size);
+    /* A board an older supervisor made has no room to ask for the
+     * quarantine worker, which that supervisor would not start: suspects
+     * then run here alone. */
+    rt->link.quarantine = rt->link.board_end && !quarantine ? CAPSTAN_QUARANTINE : NULL;
+    rt->link.quarantine_worker = quarantine;
     rt->link.worker_slot = slot;
     rt->link.supervisor_pid = supervisor;
     capstan__identity_make(rt->self.identity, sizeof(rt->self.identity));
@@ -61,6 +66,12 @@ void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
         n = CAPSTAN_BOARD_JID - 1;
     memcpy(at, jid, n);
     at[n] = '\0';
+}
+
+void capstan__board_quarantined(struct capstan_runtime *rt)
+{
+    if (rt->link.board_end)
+        atomic_store(&rt->link.board_end->quarantined, 1);
 }
 
 void capstan__board_ready(struct capstan_runtime *rt)

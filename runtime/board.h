@@ -58,7 +58,17 @@ typedef struct capstan_board_end {
     atomic_int ended;       /* 1 once capstan_runtime_run returned: any
                                exit without it is a crash, exit(0) too */
     char reason[CAPSTAN_ERRLEN]; /* why that run failed (its error), or "" */
+    atomic_int quarantined; /* 1 once the worker moved a suspect to the
+                               quarantine: the supervisor then starts the
+                               quarantine worker */
 } capstan_board_end_t;
+
+/* The queue a supervised worker moves a job recovered after a crash to (a
+ * suspect: see feed/gate.c), instead of running it alone and idling its
+ * other threads meanwhile: queue:capstan:quarantine, which only the
+ * supervisor's quarantine worker reads, one job at a time. Never in the
+ * "queues" set, so Sidekiq's Web UI lists no such queue. */
+#define CAPSTAN_QUARANTINE "capstan:quarantine"
 
 /* The size of a board of nslots rows. */
 static inline size_t capstan__board_size(int nslots)
@@ -103,9 +113,14 @@ int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *
 /* The worker's side. */
 /* Makes rt the worker of board (size bytes mapped) in the supervisor's
  * slot, under the supervisor of pid supervisor: a new identity of its
- * own, written on the board before the worker touches Redis. */
+ * own, written on the board before the worker touches Redis. A worker
+ * other than the quarantine one (quarantine 0) moves suspects to
+ * CAPSTAN_QUARANTINE, when the board has room to say so; the quarantine
+ * worker runs each job as of the queue its payload names. */
 void capstan__board_attach(struct capstan_runtime *rt, capstan_board_t *board, size_t size, int slot,
-                           int supervisor);
+                           int supervisor, int quarantine);
+/* The worker moved a suspect to the quarantine. Any thread. */
+void capstan__board_quarantined(struct capstan_runtime *rt);
 /* Notes the job jid started on processor index. Any processor thread, for
  * its own index. */
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid);

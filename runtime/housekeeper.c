@@ -49,8 +49,22 @@ static void refresh_liveness(capstan_runtime_t *rt, capstan_redis_t *r, double *
     }
 }
 
+/* Jobs waiting in the quarantine that no worker of this supervisor moved
+ * there (left by a stop, or by another host's workers) need its quarantine
+ * worker too: one LLEN a pass, until it is asked for. */
+static void quarantine_pass(capstan_runtime_t *rt, capstan_redis_t *r)
+{
+    if (!rt->link.quarantine || atomic_load(&rt->link.board_end->quarantined))
+        return;
+    redisReply *n = capstan_redis_cmdf(r, "LLEN " CAPSTAN_KEY_QUEUE "%s", rt->link.quarantine);
+    if (n && n->type == REDIS_REPLY_INTEGER && n->integer > 0)
+        capstan__board_quarantined(rt);
+    freeReplyObject(n);
+}
+
 static void recovery_pass(capstan_runtime_t *rt, capstan_redis_t *r)
 {
+    quarantine_pass(rt, r);
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%ld", (long)(rt->cfg->recovery_interval > 1 ? rt->cfg->recovery_interval - 0.5 : 1));
     redisReply *lease = capstan_redis_cmdf(r, "SET %s %s NX EX %s", CAPSTAN_KEY_RECOVERY_LEASE, rt->self.identity, ttl);

@@ -65,7 +65,7 @@ static int take_job(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
         *job = *rj->parsed;
         memset(rj->parsed, 0, sizeof(*rj->parsed));
     } else {
-        rc = capstan__job_init(job, got->payload, got->len, got->queue, err);
+        rc = capstan__job_init(job, got->payload, got->len, capstan__rt_job_queue(s->rt, got), err);
     }
     got->payload = NULL; /* the job owns it now */
     if (capstan__slot_set(s, job, rj && rj->ahead)) {
@@ -258,6 +258,31 @@ static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc, int 
     return 0;
 }
 
+/* Whether the suspect *job went to the quarantine (see feed/gate.c)
+ * rather than run here: only under a supervisor, and only a job of a class
+ * with a handler here (any other is no threat to this process, and the
+ * quarantine worker would only hand it back). */
+static int quarantined(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job)
+{
+    capstan_runtime_t *rt = s->rt;
+    if (!rt->link.quarantine)
+        return 0;
+    char *copy = malloc(job->len + 1), err[CAPSTAN_ERRLEN];
+    if (!copy)
+        return 0; /* it runs here alone, as without a supervisor */
+    memcpy(copy, job->payload, job->len);
+    copy[job->len] = '\0';
+    capstan_job_t parsed;
+    int handled = capstan__job_init(&parsed, copy, job->len, job->queue, err) == 0
+                  && capstan__class_find(rt, parsed.cls)->h;
+    capstan__job_clear(&parsed);
+    if (!handled)
+        return 0;
+    capstan__board_quarantined(rt);
+    capstan__feed_quarantine(s->seat, r, job, rt->link.quarantine);
+    return 1;
+}
+
 /* Take, run, settle, until the process goes quiet; then the source is
  * left (what this processor owes is written, what it holds given back). */
 static void loop(capstan_slot_t *s, capstan_redis_t *r)
@@ -280,6 +305,8 @@ static void loop(capstan_slot_t *s, capstan_redis_t *r)
         if (fetch_refused(rt, r, rc, capstan__fetch_answered(s->fetch) != answered, &failed) || rc <= 0)
             continue; /* nothing came, or the connection broke (reconnect above) */
         int solo = src->suspect(&job);
+        if (solo && quarantined(s, r, &job))
+            continue;
         if (solo && !src->solo_begin(s, r, &job))
             continue;
         capstan__shards_run_begin(rt);

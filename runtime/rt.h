@@ -163,6 +163,13 @@ typedef struct capstan_rt_link {
                                       probes; NULL unsupervised */
     int nprobes;
     int worker_slot;               /* which of the supervisor's workers */
+    const char *quarantine;        /* the queue suspects go to (a worker
+                                      under a supervisor that runs them in
+                                      its quarantine worker; board_end is
+                                      set then), NULL: they run here alone */
+    int quarantine_worker;         /* this is the supervisor's quarantine
+                                      worker: its jobs' queues are the ones
+                                      their payloads name */
     int supervisor_pid;            /* and the supervisor's pid */
 } capstan_rt_link_t;
 
@@ -293,6 +300,14 @@ struct capstan_runtime {
 
 /* rt.c: the waits and reconnects every thread of the runtime goes through. */
 /* Sleeps up to s seconds on rt->wake; returns early when woken. */
+/* The queue to parse the fetched job got as of (capstan__job_init's): the
+ * one it was fetched from, but in the quarantine worker the one its
+ * payload names (NULL), which its retry, its requeue and its metrics keep. */
+static inline const char *capstan__rt_job_queue(const struct capstan_runtime *rt, const capstan_fetched_t *got)
+{
+    return rt->link.quarantine_worker ? NULL : got->queue;
+}
+
 void capstan__rt_wait(struct capstan_runtime *rt, double s);
 /* Wakes every thread sleeping in capstan__rt_wait. */
 void capstan__rt_wake(struct capstan_runtime *rt);

@@ -550,7 +550,7 @@ size_t capstan__server_prelock(capstan_slot_t *s, capstan_redis_t *r, const caps
      * must take no lock. */
     for (; m < n; m++) {
         char err[CAPSTAN_ERRLEN];
-        int bad = capstan__job_init(&jobs[m], got[m].payload, got[m].len, got[m].queue, err);
+        int bad = capstan__job_init(&jobs[m], got[m].payload, got[m].len, capstan__rt_job_queue(s->rt, &got[m]), err);
         const capstan_class_row_t *row = bad ? NULL : capstan__class_find(s->rt, jobs[m].cls);
         double exp = row && row->h ? capstan__job_expires_at(&jobs[m]) : 0;
         if (!row || !row->h || (exp > 0 && exp < capstan__now() + 1)) {

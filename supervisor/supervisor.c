@@ -1,6 +1,10 @@
 /* The supervisor (supervisor.h): forks the workers, forwards signals to
  * them, reaps them, gives back a dead worker's jobs at once and starts its
- * replacement, with a backoff when a worker keeps dying. Single-threaded:
+ * replacement, with a backoff when a worker keeps dying. Besides the
+ * `processes` workers, the quarantine worker: one thread reading only the
+ * quarantine (CAPSTAN_QUARANTINE), where the others move the jobs
+ * recovered after a crash (see feed/gate.c), started once a worker first
+ * did, its slot the last. Single-threaded:
  * it waits for signals with sigtimedwait and polls the boards and
  * waitpid every 50 ms, and connects to Redis only to recover a dead
  * worker's jobs, closing the connection again before any later fork. */
@@ -65,7 +69,9 @@ typedef struct wslot {
 typedef struct sup {
     capstan_config_t *cfg;    /* the runtime's, which its workers run */
     capstan_runtime_t *rt;    /* only handed to the worker it becomes */
-    int n;                    /* slots */
+    int n;                    /* slots: processes, then the quarantine's */
+    int quarantine;           /* a worker moved a suspect to the quarantine:
+                                 the quarantine worker serves from then on */
     wslot_t *slots;
     worker_t *w;              /* 2n entries */
     int nw;
@@ -112,6 +118,24 @@ static void detach(pid_t supervisor)
     setpgid(0, 0);
 }
 
+/* Whether slot (of nslots) is the quarantine worker's. */
+static int quarantine_slot(int slot, int nslots)
+{
+    return slot == nslots - 1;
+}
+
+/* The quarantine worker runs the suspects one at a time, fetching none
+ * ahead: one thread, the quarantine its only queue. */
+static void become_quarantine(capstan_config_t *cfg)
+{
+    char err[CAPSTAN_ERRLEN];
+    cfg->concurrency = 1;
+    cfg->prefetch = 1;
+    cfg->queues_from_flags = 0; /* the queue below replaces the list */
+    if (capstan_config_add_queue(cfg, CAPSTAN_QUARANTINE, err))
+        capstan_error("the quarantine worker reads its queues as configured: %s", err);
+}
+
 /* A worker's own identity and board; systemd hears the supervisor only. */
 static void worker_setup(capstan_runtime_t *rt, capstan_config_t *cfg, capstan_board_t *board, size_t size,
                          int slot, atomic_long *table, int nslots)
@@ -120,7 +144,10 @@ static void worker_setup(capstan_runtime_t *rt, capstan_config_t *cfg, capstan_b
     unsetenv("NOTIFY_SOCKET");
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
-    capstan__board_attach(rt, board, size, slot, (int)getppid());
+    int quarantine = quarantine_slot(slot, nslots);
+    capstan__board_attach(rt, board, size, slot, (int)getppid(), quarantine);
+    if (quarantine)
+        become_quarantine(cfg);
     /* One /metrics port per host: the first worker serves it, with the
      * supervisor's restart counts. */
     if (slot > 0)
@@ -223,7 +250,8 @@ static int spawn(sup_t *s, int slot, int exec)
     if (!w)
         return 0;
     /* A row per processor of every shard's member (board.c). */
-    int rows = s->cfg->concurrency * (s->cfg->nshards ? (int)s->cfg->nshards : 1);
+    int threads = quarantine_slot(slot, s->n) ? 1 : s->cfg->concurrency;
+    int rows = threads * (s->cfg->nshards ? (int)s->cfg->nshards : 1);
     size_t size = capstan__board_size(rows);
     int fd;
     void *mem = shared(size, &fd);
@@ -260,8 +288,16 @@ static int spawn(sup_t *s, int slot, int exec)
     w->fd = -1;
     w->pid = pid;
     w->started = capstan__mono();
-    capstan_info("worker %d started (pid %d)%s", slot, (int)pid, exec ? " from the binary on disk" : "");
+    capstan_info("%s %d started (pid %d)%s", quarantine_slot(slot, s->n) ? "quarantine worker" : "worker", slot,
+                 (int)pid, exec ? " from the binary on disk" : "");
     return 0;
+}
+
+/* Whether slot has a worker to serve it: the quarantine's only once a
+ * worker asked for it. */
+static int wanted(const sup_t *s, int slot)
+{
+    return !s->slots[slot].stopped && (s->quarantine || !quarantine_slot(slot, s->n));
 }
 
 /* Starts a worker for each slot that has none running (and not leaving).
@@ -271,7 +307,7 @@ static int start_missing(sup_t *s)
     double now = capstan__mono();
     for (int slot = 0; slot < s->n; slot++) {
         wslot_t *ws = &s->slots[slot];
-        if (ws->stopped || now < ws->start_at)
+        if (!wanted(s, slot) || now < ws->start_at)
             continue;
         int serving = 0;
         for (int i = 0; i < s->nw; i++)
@@ -380,7 +416,7 @@ static void reaped(sup_t *s, worker_t *w, int status)
                      w->slot, code);
         s->stopping = 1;
         forward(s, SIGTERM);
-    } else if (cause < 0 && !s->stopping && !w->told) {
+    } else if (cause < 0 && !s->stopping && !w->told && !quarantine_slot(w->slot, s->n)) {
         capstan_info("worker %d was stopped (Web UI or API); it is not replaced", w->slot);
         ws->stopped = 1;
     } else if (cause == CAUSE_CRASH && !s->stopping) {
@@ -433,11 +469,27 @@ static void watch(sup_t *s)
             kill(w->pid, SIGKILL);
             w->kill_at = 0;
         }
-        ready += w->ready && !w->leaving;
+        capstan_board_end_t *end = capstan__board_end(w->board, w->board_size);
+        if (!s->quarantine && end && atomic_load(&end->quarantined)) {
+            s->quarantine = 1;
+            capstan_info("worker %d moved a job recovered after a crash to the quarantine: starting the "
+                         "quarantine worker", w->slot);
+        }
+        ready += w->ready && !w->leaving && !quarantine_slot(w->slot, s->n);
     }
-    if (!s->ready_sent && ready >= s->n) {
+    if (!s->ready_sent && ready >= s->n - 1) {
         s->ready_sent = 1;
-        capstan_info("all %d workers ready", s->n);
+        capstan_info("all %d workers ready", s->n - 1);
+        capstan__notify("READY=1");
+    }
+}
+
+/* The rolling restart moves on to the next slot, or is done. */
+static void reload_next(sup_t *s)
+{
+    if (++s->reload_slot >= s->n) {
+        s->reloading = 0;
+        capstan_info("reload done: %d workers from the binary on disk", s->n - 1);
         capstan__notify("READY=1");
     }
 }
@@ -451,6 +503,10 @@ static void reload_step(sup_t *s)
     if (!s->reloading || s->stopping)
         return;
     int slot = s->reload_slot;
+    if (!wanted(s, slot) && !s->slots[slot].stopped) {
+        reload_next(s); /* no quarantine worker runs: none to replace */
+        return;
+    }
     worker_t *fresh = NULL;
     for (int i = 0; i < s->nw && !fresh; i++)
         if (s->w[i].pid > 0 && s->w[i].slot == slot && s->w[i].fresh)
@@ -472,11 +528,7 @@ static void reload_step(sup_t *s)
         }
     }
     fresh->fresh = 0;
-    if (++s->reload_slot >= s->n) {
-        s->reloading = 0;
-        capstan_info("reload done: %d workers from the binary on disk", s->n);
-        capstan__notify("READY=1");
-    }
+    reload_next(s);
 }
 
 static void stop_all(sup_t *s, int sig)
@@ -499,7 +551,7 @@ static void stop_all(sup_t *s, int sig)
 static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
 {
     capstan_config_t *cfg = capstan__runtime_config(rt);
-    sup_t s = { .cfg = cfg, .rt = rt, .n = cfg->processes, .self = getpid(), .argc = argc, .argv = argv };
+    sup_t s = { .cfg = cfg, .rt = rt, .n = cfg->processes + 1, .self = getpid(), .argc = argc, .argv = argv };
     *worker = 0;
     char err[CAPSTAN_ERRLEN];
     if (cfg->metrics_port > 0 && capstan__http_check(cfg->metrics_bind, cfg->metrics_port, err)) {
@@ -530,8 +582,8 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
     for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
         sigaddset(&s.set, sigs[i]);
     sigprocmask(SIG_BLOCK, &s.set, &s.old);
-    capstan_info("supervisor started (pid %d): %d worker%s of %d threads", (int)s.self, s.n,
-                 s.n == 1 ? "" : "s", cfg->concurrency);
+    capstan_info("supervisor started (pid %d): %d worker%s of %d threads", (int)s.self, s.n - 1,
+                 s.n == 2 ? "" : "s", cfg->concurrency);
     double tick = capstan__notify_watchdog_every();
     tick = tick > 0 && tick < TICK ? tick : TICK;
     for (;;) {
@@ -543,12 +595,16 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
         reload_step(&s);
         if ((s.stopping || s.quiet) && live(&s) == 0)
             break;
-        if (!s.stopping && live(&s) == 0) {
-            int waiting = 0;
-            for (int i = 0; i < s.n; i++)
-                waiting += !s.slots[i].stopped;
-            if (!waiting)
-                break;
+        int waiting = 0;
+        for (int i = 0; i < s.n - 1; i++)
+            waiting += !s.slots[i].stopped;
+        if (!s.stopping && !waiting && live(&s) == 0)
+            break;
+        if (!s.stopping && !waiting) {
+            /* Every worker was stopped from outside: the quarantine
+             * worker, which serves them, stops too. */
+            s.stopping = 1;
+            forward(&s, SIGTERM);
         }
         capstan__notify_watchdog();
         capstan__log_flush();

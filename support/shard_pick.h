@@ -3,7 +3,7 @@
  * the shards' names, each scored by the CRC-32 (IEEE, zlib's) of
  * "name:key" and the highest winning, the first on a tie. Adding a shard
  * moves only the keys it now wins. The Ruby module
- * (share/capstan/ruby/capstan/shards.rb) computes the same. Not public. */
+ * (share/capstan/ruby/capstan_shards.rb) computes the same. Not public. */
 #ifndef CAPSTAN_SUPPORT_SHARD_PICK_H
 #define CAPSTAN_SUPPORT_SHARD_PICK_H
 

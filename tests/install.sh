@@ -166,6 +166,12 @@ if command -v ruby >/dev/null && ruby -e 'require "sidekiq"' 2>/dev/null; then
 else
     echo "ruby-sidekiq is not installed: the Ruby batch module was not run"
 fi
+# The Ruby shard router installed beside it loads and picks as capstan does.
+[ -f "$(dirname "$rb")/capstan_shards.rb" ] || fail "no Ruby shard module installed in share/capstan/ruby"
+if command -v ruby >/dev/null && ruby -e 'require "sidekiq"' 2>/dev/null; then
+    ruby -e 'require ARGV[0]; exit(Capstan::Shards.respond_to?(:pick) ? 0 : 1)' "$(dirname "$rb")/capstan_shards.rb" \
+        2>rb.err || fail "the installed Ruby shard module: $(cat rb.err)"
+fi
 # The Dockerfile's health check, as it runs it, asking the port its CMD
 # serves (here on mport).
 hc=$(sed -n 's/^HEALTHCHECK.*CMD \["capstan", \(.*\)\]$/\1/p' "$src/examples/Dockerfile" | tr -d '",')

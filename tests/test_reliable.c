@@ -1382,7 +1382,9 @@ static char *recovered_payload(const char *cls, const char *args, const char *ji
 
 /* A recovered job whose handler fails (so it did not crash the process)
  * goes to retry without "recovery_count", every other byte kept: it runs
- * beside others next time. One that succeeds is simply gone. */
+ * beside others next time. One that succeeds is simply gone. Under a
+ * supervisor, so both run in its quarantine worker: the retry keeps the
+ * job's own queue, not the quarantine's. */
 Test(reliable, recovered_job_that_fails_normally_is_no_suspect_any_more)
 {
     redisContext *c = kt_redis();
@@ -1441,7 +1443,11 @@ static int started_once_done(redisContext *c, pid_t pid, const char *w, const ch
     return n;
 }
 
-/* Recovered jobs carry recovery_count, so each runs alone. They reach a
+/* The gate, here and in the tests below, is that of a process without a
+ * supervisor (under one, a worker moves its suspects to the quarantine
+ * worker: test_supervisor.c).
+ *
+ * Recovered jobs carry recovery_count, so each runs alone. They reach a
  * process whose other processors are busy with long jobs: one processor
  * takes a suspect and waits for the long jobs to end, the other free ones
  * give theirs back. The waiting suspect is this process's own, however long
@@ -1452,7 +1458,7 @@ Test(reliable, recovered_jobs_waiting_to_run_alone_start_once_each)
     enum { ROUNDS = 20 };
     redisContext *c = kt_redis();
     char *y = kt_write_file("alone.yml", FAST_YAML);
-    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "4", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "4", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     for (unsigned round = 0; round < ROUNDS; round++) {
         char lj[2][25], sj[4][25];
@@ -1523,7 +1529,7 @@ static double ack_before(redisContext *c, pid_t pid, unsigned tag, char *next, i
 Test(reliable, a_finished_jobs_ack_does_not_wait_with_a_suspect)
 {
     char *y = kt_write_file("solo.yml", FAST_YAML), sj[25];
-    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "2", NULL });
     kt_make_jid(sj, 95, 9);
     int still;
     double took = ack_before(kt_redis(), pid, 95, recovered_payload("NoopJob", "[]", sj), &still);
@@ -1565,7 +1571,7 @@ Test(reliable, an_ack_written_while_a_suspect_waits)
 {
     redisContext *c = kt_redis();
     char *y = kt_write_file("solo2.yml", FAST_YAML);
-    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "3", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id), lj[25], mj[25], sj[25];
     kt_make_jid(lj, 98, 0);
     kt_make_jid(mj, 98, 1);
@@ -1694,7 +1700,7 @@ Test(reliable, give_back_to_a_queue_key_of_wrong_type_is_said_once)
     kt_make_jid(hj, 27, 0);
     kt_make_jid(sj, 27, 1);
     char *y = kt_write_file("giveback.yml", FAST_YAML "timeout: 8\n");
-    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "2", NULL });
+    pid_t pid = kt_capstan_start((const char *[]){ "--no-supervisor", "-C", y, "-c", "2", NULL });
     char *id = kt_log_identity(pid), *w = kt_working_key(id);
     push_one(c, "SleepJob", "[3000]", hj);
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN %s", w) == 1, 10), "%s", kt_capstan_log(pid));

@@ -693,3 +693,240 @@ Test(supervisor, a_killed_tree_has_its_jobs_run_elsewhere_within_half_a_minute)
     free(path);
     cr_assert_eq(kt_capstan_stop(other, SIGTERM, 20), 0, "%s", kt_capstan_log(other));
 }
+
+/* A FileLedgerJob's ledger at path, read in the order it was written: one
+ * run a start line, its end (-1 while none) the index of its end line. */
+typedef struct run {
+    unsigned jid;   /* kt_make_jid's index */
+    pid_t pid;
+    int start, end; /* line numbers */
+} run_t;
+
+static size_t read_runs(const char *path, unsigned tag, run_t *runs, size_t max)
+{
+    char *s = kt_read_file(path), *save = NULL, want[25];
+    kt_make_jid(want, tag, 0);
+    size_t n = 0;
+    int at = 0;
+    for (char *line = strtok_r(s, "\n", &save); line; line = strtok_r(NULL, "\n", &save), at++) {
+        char what[8], jid[32];
+        int pid;
+        unsigned i;
+        if (sscanf(line, "%7s %31s %d", what, jid, &pid) != 3 || strlen(jid) != 24
+            || strncmp(jid, want, 16) || sscanf(jid + 16, "%8x", &i) != 1)
+            continue;
+        if (strcmp(what, "start") == 0 && n < max) {
+            runs[n++] = (run_t){ .jid = i, .pid = pid, .start = at, .end = -1 };
+            continue;
+        }
+        for (size_t k = n; k-- > 0;)
+            if (runs[k].jid == i && runs[k].pid == pid && runs[k].end < 0) {
+                runs[k].end = at;
+                break;
+            }
+    }
+    free(s);
+    return n;
+}
+
+/* How many jobs of runs[0..n) ended. */
+static int ended(const run_t *runs, size_t n)
+{
+    int e = 0;
+    for (size_t i = 0; i < n; i++)
+        e += runs[i].end >= 0;
+    return e;
+}
+
+/* A segfault among jobs at processes 2, -c 5, pushed before the start so
+ * that the first worker to sweep fetches the oldest together: a 40 s job,
+ * the crasher (0.3 s after it starts), 8 jobs of 2 s, then a queue of TAIL
+ * short jobs behind them (the ledger: FileLedgerJob's file). The jobs
+ * running beside the crasher are recovered with a recovery_count (its
+ * suspects); they run one at a time in the quarantine worker while the
+ * queue behind drains on the normal workers at full concurrency (so while
+ * a suspect runs, more jobs run beside it than one worker's threads),
+ * every job that had not started in the crashed worker starts once, and
+ * the crasher is a poison pill at its third crash. The queue's drain rate
+ * after the crash against one without is printed, not asserted. */
+Test(supervisor, a_crashs_recovered_jobs_run_in_quarantine_while_the_queue_drains_at_full_concurrency)
+{
+    enum { TAIL = 400, N = 10 + TAIL, JIDS = 100 + TAIL, MAXRUNS = 4 * N };
+    char *path = kt_tmp("quarantine-ledger.txt"), args[600], jid[25];
+    unlink(path);
+    setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[512];
+    snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    const char *const run_args[] = { "--processes", "2", "-c", "5", NULL };
+    run_t *runs = calloc(MAXRUNS, sizeof(*runs));
+    size_t n;
+
+    /* Without a crash: the queue alone, on two running workers. */
+    pid_t pid = kt_capstan_start(run_args);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 30), "%s", kt_capstan_log(pid));
+    snprintf(args, sizeof(args), "[\"%s\", 150]", path);
+    char **p = calloc(N, sizeof(char *));
+    for (int i = 0; i < TAIL; i++) {
+        kt_make_jid(jid, 41, (unsigned)i);
+        p[i] = kt_payload("FileLedgerJob", args, jid, "default");
+    }
+    double t0 = kt_now();
+    kt_push_all(kt_redis(), "default", p, TAIL);
+    cr_assert(KT_WAIT_UNTIL((n = read_runs(path, 41, runs, MAXRUNS), ended(runs, n) == TAIL), 60));
+    double calm = TAIL / (kt_now() - t0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    for (int i = 0; i < TAIL; i++)
+        free(p[i]);
+
+    /* The crash: pushed before the start, so that the first sweep takes
+     * the long job and the crasher together (the oldest first). */
+    unlink(path);
+    int k = 0;
+    snprintf(args, sizeof(args), "[\"%s\", 40000]", path);
+    kt_make_jid(jid, 42, 0);
+    p[k++] = kt_payload("FileLedgerJob", args, jid, "default");
+    kt_make_jid(jid, 43, 0);
+    char *cj = strdup(jid);
+    p[k++] = kt_payload("SegfaultJob", "[\"\", 300]", jid, "default");
+    snprintf(args, sizeof(args), "[\"%s\", 2000]", path);
+    for (unsigned i = 1; i <= 8; i++) {
+        kt_make_jid(jid, 42, i);
+        p[k++] = kt_payload("FileLedgerJob", args, jid, "default");
+    }
+    snprintf(args, sizeof(args), "[\"%s\", 150]", path);
+    for (unsigned i = 0; i < TAIL; i++) {
+        kt_make_jid(jid, 42, 100 + i);
+        p[k++] = kt_payload("FileLedgerJob", args, jid, "default");
+    }
+    kt_push_all(kt_redis(), "default", p, (size_t)k);
+    for (int i = 0; i < k; i++)
+        free(p[i]);
+    free(p);
+    pid = kt_capstan_start(run_args);
+    double crash = -1, drained = -1;
+    int tail_ended = 0;
+    /* Every job run and the crasher dead. */
+    int ok = KT_WAIT_UNTIL(({
+        if (crash < 0 && kt_log_has(pid, "was killed by signal 11"))
+            crash = kt_now();
+        n = read_runs(path, 42, runs, MAXRUNS);
+        tail_ended = 0;
+        for (size_t i = 0; i < n; i++)
+            tail_ended += runs[i].jid >= 100 && runs[i].end >= 0;
+        if (drained < 0 && crash > 0 && tail_ended >= TAIL)
+            drained = kt_now();
+        int all[9] = { 0 }, every = 1;
+        for (size_t i = 0; i < n; i++)
+            if (runs[i].jid < 9 && runs[i].end >= 0)
+                all[runs[i].jid] = 1;
+        for (int i = 0; i < 9; i++)
+            every = every && all[i];
+        every && tail_ended >= TAIL && kt_int("ZCARD dead") == 1; }), 100);
+    cr_assert(ok, "%d of %d queued jobs done, %lld dead: %s", tail_ended, TAIL, kt_int("ZCARD dead"),
+              kt_capstan_log(pid));
+    /* The worker that crashed first: its jobs that had started are the
+     * suspects. */
+    char *log = kt_capstan_log(pid);
+    const char *at = strstr(log, ") was killed by signal 11");
+    cr_assert(at, "%s", log);
+    while (at > log && at[-1] != '(')
+        at--;
+    pid_t crashed = (pid_t)atoi(at + strlen("pid "));
+    /* The crash report's first job line names the crasher. */
+    char want[128];
+    snprintf(want, sizeof(want), "FATAL: running SegfaultJob jid=%s", cj);
+    const char *first = strstr(log, "FATAL: running ");
+    cr_assert(first && !strncmp(first, want, strlen(want)), "%s", log);
+    cr_assert(strstr(log, "starting the quarantine worker"), "%s", log);
+    free(log);
+    int suspect[JIDS] = { 0 }, nsuspects = 0, twice = 0, neighbours_twice = 0;
+    for (size_t i = 0; i < n; i++)
+        if (runs[i].pid == crashed && !suspect[runs[i].jid]) {
+            suspect[runs[i].jid] = 1;
+            nsuspects++;
+        }
+    cr_assert(suspect[0] && nsuspects >= 2, "the long job and others did not start beside the crasher "
+              "(%d jobs did)", nsuspects);
+    /* Concurrency while each suspect runs again: the most runs of the
+     * live workers at once, besides it. */
+    int most = 0, starts[JIDS] = { 0 };
+    for (size_t i = 0; i < n; i++) {
+        starts[runs[i].jid]++;
+        if (!suspect[runs[i].jid] || runs[i].pid == crashed)
+            continue;
+        int end = runs[i].end;
+        for (int line = runs[i].start; line <= end; line++) {
+            int running = 0;
+            for (size_t j = 0; j < n; j++)
+                running += j != i && runs[j].pid != crashed && runs[j].start <= line
+                           && (runs[j].end < 0 || runs[j].end > line);
+            if (running > most)
+                most = running;
+        }
+    }
+    for (unsigned i = 0; i < JIDS; i++) {
+        twice += starts[i] > 1;
+        neighbours_twice += starts[i] > 1 && !suspect[i];
+    }
+    double rate = drained > 0 ? TAIL / (drained - crash) : 0;
+    fprintf(stderr, "[quarantine] %d jobs started beside the crasher; while one ran again, at most %d other "
+            "jobs ran at once; %d jobs started twice, %d of them had not started beside the crasher; the "
+            "queue drained at %.1f jobs/s after the crash, %.1f without (%.0f%%)\n",
+            nsuspects, most, twice, neighbours_twice, rate, calm, 100 * rate / calm);
+    cr_assert_gt(most, 5, "a recovered job ran with at most %d others beside it: one worker's threads", most);
+    cr_assert_eq(neighbours_twice, 0);
+    char *dead = members("dead");
+    cr_assert(strstr(dead, "Capstan::PoisonPill") && strstr(dead, cj), "%s", dead);
+    free(dead);
+    free(cj);
+    cr_assert_geq(kt_log_count(pid, "was killed by signal 11"), 3, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("LLEN queue:default"), 0);
+    cr_assert_eq(kt_int("LLEN queue:capstan:quarantine"), 0);
+    cr_assert_eq(kt_int("SISMEMBER queues capstan:quarantine"), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    free(runs);
+    free(path);
+}
+
+/* Pushes a LedgerJob [key] of jid to the quarantine, recovered once, as a
+ * worker moves it: not in the set of queues Sidekiq's Web UI lists. */
+static void push_quarantined(const char *key, const char *jid)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p, "{\"retry\":true,\"queue\":\"default\",\"args\":[\"%s\"],\"class\":\"LedgerJob\","
+                           "\"recovery_count\":1,\"jid\":\"%s\",\"created_at\":1767225600.1,"
+                           "\"enqueued_at\":1767225600.2}", key, jid) > 0);
+    freeReplyObject(kt_cmd("LPUSH queue:capstan:quarantine %s", p));
+    free(p);
+}
+
+/* A job left in the quarantine (by a stop while it waited there, or by
+ * another host's workers) when no worker of this supervisor moved one
+ * there: a recovery pass sees it, the quarantine worker starts and runs
+ * it once. A HUP replaces the quarantine worker too, and the new one runs
+ * the next. */
+Test(supervisor, a_job_left_in_the_quarantine_runs)
+{
+    char jid[25];
+    kt_make_jid(jid, 44, 0);
+    push_quarantined("left", jid);
+    pid_t pid = kt_capstan_start((const char *[]){ "-c", "2", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN left:done") == 1, 30), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("HGET left %s", jid), 1);
+    cr_assert_eq(kt_int("LLEN queue:capstan:quarantine"), 0);
+    cr_assert(kt_log_has(pid, "quarantine worker 1 started"), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SISMEMBER queues capstan:quarantine"), 0);
+    pid_t q = worker_pid(pid, 1);
+    kill(pid, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 1 workers"), 30), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(gone(q), 15), "%s", kt_capstan_log(pid));
+    kt_make_jid(jid, 44, 1);
+    push_quarantined("left", jid);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN left:done") == 2, 30), "%s", kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "quarantine worker 1 started (pid"), "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_log_count(pid, ") from the binary on disk"), 2, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 20), 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(kt_int("SCARD processes"), 0);
+}

@@ -67,7 +67,13 @@ CAPSTAN_API int capstan_client_push(capstan_client_t *c, const char *cls, const 
  * opts->at is in the future). jids may be NULL or hold n entries. Each job
  * goes through the client chain; a denied job gets an empty jid, the others
  * are pushed, and the call returns CAPSTAN_EDENIED (ahead of
- * CAPSTAN_PUSH_UNREPLICATED). */
+ * CAPSTAN_PUSH_UNREPLICATED). With shards (capstan_client_use_config), each
+ * job is routed on its own and each shard's share goes in a MULTI/EXEC of
+ * its own. A shard that cannot be reached when a job's chain runs there
+ * fails the call before anything is sent (nothing pushed, as for a client
+ * whose Redis is down); one that fails as the writes are sent does not stop
+ * the others, whose jobs keep their jids (the failed shard's get empty
+ * ones). The call returns the first failure, its text naming the shard. */
 CAPSTAN_API int capstan_client_push_bulk(capstan_client_t *c, const char *cls,
                                          const char *const *args, size_t n,
                                          const capstan_push_opts_t *opts, char (*jids)[25]);
@@ -83,8 +89,33 @@ CAPSTAN_API int capstan_client_set_class(capstan_client_t *c, const char *cls,
 /* Reads the classes: section of cfg on every push (retry, queue and the
  * lock options), ahead of capstan_client_set_class's options, as the server
  * reads them, and its min_replicas_ack and min_replicas_timeout. cfg is
- * borrowed and must outlive c; NULL stops. */
+ * borrowed and must outlive c; NULL stops.
+ *
+ * When cfg has a shards: list, the client routes: each job (of a bulk push
+ * too) goes to one shard, and its uniqueness lock is taken there. The rule,
+ * in order: the shard capstan_client_set_shard named; else the first shard
+ * whose queues: list has the job's queue; else, among the shards without
+ * a queues: list (they fetch every queue), the one rendezvous hashing
+ * (doc/sharding-routing.md) gives for the job's lock digest, as the
+ * "unique" middleware computes it, so that a job's duplicates meet in one
+ * shard; else for its jid. A push to a queue no shard fetches fails with
+ * CAPSTAN_ECONFIG. One
+ * connection per shard is made at its first push; the connection of
+ * capstan_client_new is then not used for pushes. A client with shards
+ * has no transactions (capstan_client_begin). A testing kit's client does
+ * not route. */
 CAPSTAN_API void capstan_client_use_config(capstan_client_t *c, const capstan_config_t *cfg);
+
+/* The pushes that follow go to the shard called name, whatever the rule
+ * says; NULL routes by the rule again. Returns 0, CAPSTAN_ENOTFOUND when no
+ * shard has that name, or CAPSTAN_EINVAL when the client has no shards;
+ * capstan_client_error() says which, and the shards it knows. */
+CAPSTAN_API int capstan_client_set_shard(capstan_client_t *c, const char *name);
+
+/* The name of the shard job i of the last push (or bulk push) went to,
+ * or NULL when it was not pushed or the client has no shards. Borrowed
+ * from the config. */
+CAPSTAN_API const char *capstan_client_pushed_shard(const capstan_client_t *c, size_t i);
 
 /* The queue a push of cls goes to when the push names none: the classes:
  * section's (capstan_client_use_config), else capstan_client_set_class's;
@@ -117,7 +148,9 @@ CAPSTAN_API int capstan_client_use_runtime(capstan_client_t *c, const capstan_ru
  * and not undone.
  *
  * capstan_client_begin returns 0, CAPSTAN_ENOMEM, or CAPSTAN_EINVAL when a transaction
- * is already open (that one stays as it was). */
+ * is already open (that one stays as it was) or the client has shards (one
+ * MULTI/EXEC cannot span several Redis servers: use a client without shards
+ * per shard, each with its own transaction). */
 CAPSTAN_API int capstan_client_begin(capstan_client_t *c);
 /* Sends the buffered pushes (nothing to send is a success) and ends the
  * transaction, whatever the outcome. Returns
@@ -144,14 +177,19 @@ CAPSTAN_API int capstan_client_rollback(capstan_client_t *c);
  * (capstan_job_checkpoint) stops at its next flush, the job ends without
  * retry and its state goes; any handler may poll capstan_job_cancelled.
  * Returns the epoch second the job was cancelled at (the first cancel's
- * when it already was), or -1 (capstan_client_error says why). */
+ * when it already was), or -1 (capstan_client_error says why). A client
+ * with shards marks the job in every shard, since its route is not known
+ * from the jid alone; -1 when a shard could not be marked. */
 CAPSTAN_API long long capstan_client_cancel(capstan_client_t *c, const char *jid);
 
 /* The last error's text; valid until the next call. */
 CAPSTAN_API const char *capstan_client_error(const capstan_client_t *c);
 
 /* The client's own connection (borrowed), for commands that go with its
- * pushes, such as a batch's (capstan/batch.h). */
+ * pushes, such as a batch's (capstan/batch.h). For a client with shards:
+ * the connection of the shard capstan_client_set_shard named (made, not
+ * connected, on first use: see capstan_redis_ok), else the one of
+ * capstan_client_new, which routed pushes do not use. */
 CAPSTAN_API capstan_redis_t *capstan_client_redis(capstan_client_t *c);
 
 #endif
