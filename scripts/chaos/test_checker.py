@@ -55,7 +55,8 @@ def write_ledger(dir, lines):
         kind, jid, pid, t = x[:4]
         rest = x[4:]
         if kind == "S":
-            text = "S %s %d %s %s %s\n" % (jid, pid, stamp(t), rest[0], rest[1])
+            text = "S %s %d %s %d %s %s\n" % (jid, pid, stamp(t), rest[2] if len(rest) > 2 else 0, rest[0],
+                                                rest[1])
         elif kind == "E":
             text = "E %s %d %s%s\n" % (jid, pid, stamp(t), "" if rest[0] is None else " " + stamp(rest[0]))
         elif kind == "I":
