@@ -177,6 +177,7 @@ class Report:
         self.workload = []           # one line per check of check_workload()
         self.workload_problems = []  # what those checks found wrong
         self.wrong_shard = []        # runs outside the shard their job was pushed to
+        self.no_connection = []      # runs whose handler had no Redis connection
         self.shards = collections.OrderedDict()  # shard -> shard_counts()
 
     def shard_counts(self, shard):
@@ -189,7 +190,8 @@ class Report:
     def ok(self):
         return (self.drained and not self.lost and not self.unattributed and not self.over_bound()
                 and not self.overlaps_unattributed and not self.limit_unattributed and not self.unexpected
-                and not self.sanitizer and not self.workload_problems and not self.wrong_shard)
+                and not self.sanitizer and not self.workload_problems and not self.wrong_shard
+                and not self.no_connection)
 
     def text(self):
         out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
@@ -204,12 +206,14 @@ class Report:
                "limiter over its size: %d after a freeze or a failover, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               ] + ["  shard %s: pushed %d, ended %d, lost %d; extra starts %d (%d not explained by a fault)"
+               ] + (["  handlers given no Redis connection (capstan_job_redis() NULL): %d"
+                     % len(self.no_connection)] if self.no_connection else []) + \
+            ["  shard %s: pushed %d, ended %d, lost %d; extra starts %d (%d not explained by a fault)"
                     % (k, c[0], c[1], c[2], c[3] + c[4], c[4]) for k, c in self.shards.items()] + \
             (["  runs outside their job's shard: %d" % len(self.wrong_shard)] if self.shards else []) + \
             ["  " + x for x in self.workload] + fault_table(self.faults) + failover_lines(self.faults)
         for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
-                            ("wrong shard", self.wrong_shard),
+                            ("wrong shard", self.wrong_shard), ("no connection", self.no_connection),
                             ("unexpected", self.unexpected),
                             ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
                             ("sanitizer", self.sanitizer), ("workload", self.workload_problems)):
@@ -417,13 +421,17 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
     ports: Redis port -> shard (harness.py --shards): every run of a job
     must be in its shard, and the locks and limiters are judged per shard."""
     r = Report()
+    # capstan_job_redis() is never NULL in a handler (include/capstan/job.h):
+    # the ledger writes port 0 when it was.
+    r.no_connection = ["%s on %d at %.3f" % (x.jid, x.pid, x.start) for rs in runs.values() for x in rs
+                       if x.port == 0]
     if ports:
         for rs in runs.values():
             for x in rs:
                 x.shard = ports.get(x.port, "port %d" % x.port)
         for jid, shard in (shard_of or {}).items():
             for x in runs.get(jid, ()):
-                if x.shard != shard:
+                if x.shard != shard and x.port:
                     r.wrong_shard.append("%s pushed to %s ran in %s on %d at %.3f"
                                          % (jid, shard, x.shard, x.pid, x.start))
     r.faults = faults

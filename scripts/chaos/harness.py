@@ -15,6 +15,7 @@ import argparse
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import socket
@@ -469,7 +470,8 @@ class Worker:
         if h.net.ok:
             cmd = ["ip", "netns", "exec", h.net.ns(self.i)] + cmd
         self.starts += 1
-        log = open(os.path.join(h.dir, "worker%d.%d.log" % (self.i, self.starts)), "w")
+        self.log = os.path.join(h.dir, "worker%d.%d.log" % (self.i, self.starts))
+        log = open(self.log, "w")
         env = dict(os.environ, CAPSTAN_LEDGER_DIR=h.dir)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
@@ -480,15 +482,20 @@ class Worker:
 
     def job_pid(self):
         """The process that runs the jobs (whose ledger lines count): the
-        supervisor's worker, or the process itself; None between two."""
+        supervisor's worker, or the process itself; None between two. Not
+        the supervisor's quarantine worker (started after a crash, to run
+        the jobs it recovers): the log says which child is which."""
         if not self.supervised:
             return self.pid
         try:
             with open("/proc/%d/task/%d/children" % (self.pid, self.pid)) as f:
                 kids = [int(x) for x in f.read().split()]
-            return kids[0] if kids else None
+            with open(self.log, errors="replace") as f:
+                started = re.findall(r"(quarantine )?worker \d+ started \(pid (\d+)\)", f.read())
         except (OSError, ValueError):
             return None
+        workers = [int(p) for q, p in started if not q and int(p) in kids]
+        return workers[-1] if workers else None
 
     def alive(self):
         return self.proc and self.proc.poll() is None

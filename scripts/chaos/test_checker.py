@@ -42,7 +42,7 @@ def H(jid, pid, t, run):
     return ("H", jid, pid, t, run)
 
 
-def run_of(jid, pid, start, end, cls="LedgerJob", args=(5,), port=0):
+def run_of(jid, pid, start, end, cls="LedgerJob", args=(5,), port=6379):
     """The S and E lines of one whole run (port: of its Redis connection)."""
     return [S(jid, pid, start, cls, args) + (port,), E(jid, pid, end, start)]
 
@@ -60,7 +60,7 @@ def write_ledger(dir, lines):
         kind, jid, pid, t = x[:4]
         rest = x[4:]
         if kind == "S":
-            text = "S %s %d %s %d %s %s\n" % (jid, pid, stamp(t), rest[2] if len(rest) > 2 else 0, rest[0],
+            text = "S %s %d %s %d %s %s\n" % (jid, pid, stamp(t), rest[2] if len(rest) > 2 else 6379, rest[0],
                                                 rest[1])
         elif kind == "E":
             text = "E %s %d %s%s\n" % (jid, pid, stamp(t), "" if rest[0] is None else " " + stamp(rest[0]))
@@ -649,6 +649,12 @@ class CheckerTest(unittest.TestCase):
         lines = run_of("j1", 100, T + 0.5, T + 0.6, port=PORT["s1"])
         r = self.judge(lines, shard_of={"j1": "s0"})
         self.assertFailed(r, "wrong shard: j1 pushed to s0 ran in s1 on 100 at %.3f" % (T + 0.5))
+
+    def test_a_handler_given_no_redis_connection_is_reported(self):
+        # The ledger writes port 0 when capstan_job_redis() was NULL.
+        r = self.judge(run_of("j1", 100, T + 0.5, T + 0.6, port=0) + run_of("j2", 100, T + 0.7, T + 0.8))
+        self.assertFailed(r, "no connection: j1 on 100 at %.3f" % (T + 0.5),
+                          "handlers given no Redis connection (capstan_job_redis() NULL): 1")
 
     def test_runtime_locked_runs_overlap_only_within_one_shard(self):
         # A lock is one shard's: k1's runs in s0 and s1 may overlap, two in s0 not.
