@@ -753,6 +753,20 @@ def _step_fault(faults, prev, new):
     return f if f and f.kind != "kill9_supervisor" else None
 
 
+def _stale_between(faults, rs, a, b):
+    """A run of rs started before a and still running after a began (its
+    process frozen or cut off meanwhile, its job given to a) that saved
+    its older cursor when it came back, after a saved a later one: b then
+    resumes from the stale run's cursor."""
+    for x in rs:
+        if x is a or x is b or x.start >= a.start or (x.end is not None and x.end <= a.start):
+            continue
+        if any(f.kind in FREEZES and f.pid == x.pid and f.start <= a.start and (f.end or a.start) >= x.start
+               for f in faults):
+            return True
+    return False
+
+
 def _successive(rs, a, b):
     """The pairs of successive runs of rs (in start order) from the earlier
     to start of runs a and b to the other: a stale run (its process frozen
@@ -789,8 +803,9 @@ def _check_steps(r, runs, state, steps, faults, push_at=None):
                                            % (jid, "s" if len(gone) > 1 else "", ",".join(map(str, gone[:10])), n))
         for i, by in sorted(taken.items()):
             for ra, rb in zip(by, by[1:]):
-                if ra is not None and rb is not None and ra is not rb and any(
-                        _step_fault(faults, p, q) for p, q in _successive(rs, ra, rb)):
+                if ra is not None and rb is not None and ra is not rb and (any(
+                        _step_fault(faults, p, q) for p, q in _successive(rs, ra, rb))
+                        or _stale_between(faults, rs, ra, rb)):
                     after += 1
                 elif ra is not None and rb is not None and ra is not rb and (
                         _in_split_brain(faults, ra.start) or _in_split_brain(faults, rb.start)):

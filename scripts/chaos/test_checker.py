@@ -499,6 +499,22 @@ class CheckerTest(unittest.TestCase):
         self.assertOk(r)
         self.assertEqual(stop.dups, 1)
 
+    def test_a_step_taken_again_after_a_stale_run_saved_its_older_cursor_is_the_freezes(self):
+        # 100 cut off while it ran the job; 200 took it over, took step 5
+        # and handed it back; 100, back, handed back its own older cursor
+        # (5), so 300 took step 5 again.
+        cut = fault("partition", T + 0.5, T + 5, pid=100, held={"i1"})
+        a, b, c = T + 0.1, T + 6, T + 8
+        lines = [S("i1", 100, a, checker.ITER_JOB, [10, 7])] + [I("i1", 100, a + 0.1 + k / 100, k, a)
+                                                                for k in range(5)] + [
+                 S("i1", 200, b, checker.ITER_JOB, [10, 7]), I("i1", 200, b + 0.1, 5, b), H("i1", 200, b + 0.2, b),
+                 E("i1", 200, b + 0.3, b), H("i1", 100, b + 0.5, a), E("i1", 100, b + 0.6, a),
+                 S("i1", 300, c, checker.ITER_JOB, [10, 7]), I("i1", 300, c + 0.1, 5, c),
+                 I("i1", 300, c + 0.2, 6, c), E("i1", 300, c + 0.3, c)]
+        self.assertOk(self.judge(lines, faults=[cut]))
+        r = self.judge(lines, faults=[])
+        self.assertIn("taken again by another run without a fault between", self.text)
+
     # -- batch callbacks --
     def batch_run(self, events):
         """Batch b1 of jobs bj1, bj2 (both ended by T + 0.5), committed, and
