@@ -5,7 +5,9 @@ Runs capstan workers (tests/chaos/ledger.c: every start and end of a job in
 a local file per process) against a private redis-server with
 `appendfsync always`, pushes jobs of several kinds while a nemesis injects
 faults chosen at random from a seed, lets the queues drain with every fault
-healed, and checks the ledger and Redis's final state (checker.py).
+healed, and checks the ledger and Redis's final state (checker.py). With
+--shards N, against N such servers at once, each a shard of the workers'
+shards: list.
 
 Everything it starts (redis-server, workers, network namespaces, veth
 pairs) is its own and removed at the end; it uses only loopback and
@@ -1322,7 +1324,8 @@ def main():
     p.add_argument("--concurrency", type=int, default=5)
     p.add_argument("--rate", type=int, default=400, help="jobs pushed per second")
     p.add_argument("--fault-every", type=float, default=2.0, help="mean seconds between faults, x2")
-    p.add_argument("--faults", help="comma-separated kinds (default all): " + ",".join(FAULTS + SHARD_FAULTS))
+    p.add_argument("--faults", help="comma-separated kinds (default all): " + ",".join(FAULTS + SHARD_FAULTS)
+                   + " (the last with --shards only)")
     p.add_argument("--sentinel", action=argparse.BooleanOptionalAction, default=True,
                    help="a master, a replica and three sentinels (the default; --no-sentinel: one "
                         "redis-server); the workers go through the sentinels, and the fault kinds add "
