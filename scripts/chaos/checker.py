@@ -178,6 +178,7 @@ class Report:
         self.workload_problems = []  # what those checks found wrong
         self.wrong_shard = []        # runs outside the shard their job was pushed to
         self.no_connection = []      # runs whose handler had no Redis connection
+        self.no_connection_fails = False  # whether those fail the run
         self.shards = collections.OrderedDict()  # shard -> shard_counts()
 
     def shard_counts(self, shard):
@@ -191,7 +192,7 @@ class Report:
         return (self.drained and not self.lost and not self.unattributed and not self.over_bound()
                 and not self.overlaps_unattributed and not self.limit_unattributed and not self.unexpected
                 and not self.sanitizer and not self.workload_problems and not self.wrong_shard
-                and not self.no_connection)
+                and not (self.no_connection and self.no_connection_fails))
 
     def text(self):
         out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
@@ -206,8 +207,10 @@ class Report:
                "limiter over its size: %d after a freeze or a failover, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               ] + (["  handlers given no Redis connection (capstan_job_redis() NULL): %d"
-                     % len(self.no_connection)] if self.no_connection else []) + \
+               ] + (["  handlers given no Redis connection (capstan_job_redis() NULL): %d%s"
+                     % (len(self.no_connection), "" if self.no_connection_fails else
+                        " (not failing the run without --fail-on-no-connection)")]
+                    if self.no_connection else []) + \
             ["  shard %s: pushed %d, ended %d, lost %d; extra starts %d (%d not explained by a fault)"
                     % (k, c[0], c[1], c[2], c[3] + c[4], c[4]) for k, c in self.shards.items()] + \
             (["  runs outside their job's shard: %d" % len(self.wrong_shard)] if self.shards else []) + \
