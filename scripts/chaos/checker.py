@@ -42,6 +42,12 @@ OUTAGES = {"stop_redis", "restart_redis", "maxmemory"}
 # one started by a processor whose connection is still of the old master's
 # era (capstan drops the ack of a job that began in another era).
 SWITCH_LAG = 5
+# A shard's Redis killed -9 (restarted on its AOF) or frozen for seconds
+# (harness.py --shards): its liveness keys lapse meanwhile, so the first
+# process back recovers the others' working lists of that shard, whose
+# jobs may still run in their owners. Its jobs alone: a shard outage
+# explains no extra run of another shard.
+SHARD_OUTAGE = "shard_outage"
 
 
 class Fault:
@@ -64,16 +70,21 @@ class Fault:
         self.bound = 0        # extra runs it may cause (set by check)
         self.dups = 0         # extra runs attributed to it
         self.overlaps = 0     # lock overlaps and limiter excesses attributed to it
+        self.shard = None     # the shard of a Redis fault (harness.py --shards)
+        self.slack = 0        # a shard outage: jobs its shard's processors may
+                              # fetch between the read of held and the fault
 
     def window(self):
         return self.start, (self.end or self.start)
 
 
 class Run:
-    __slots__ = ("jid", "pid", "start", "end", "cls", "args")
+    __slots__ = ("jid", "pid", "start", "end", "cls", "args", "port", "shard")
 
-    def __init__(self, jid, pid, start, cls, args):
+    def __init__(self, jid, pid, start, cls, args, port=0):
         self.jid, self.pid, self.start, self.end, self.cls, self.args = jid, pid, start, None, cls, args
+        self.port = port    # the Redis port its connection had (the ledger's)
+        self.shard = None   # the shard of that port (check(), with shards)
 
 
 def read_ledger(dir):
@@ -85,12 +96,12 @@ def read_ledger(dir):
         with open(path) as f:
             for line in f:
                 if line.endswith("\n"):
-                    lines.append(line.rstrip("\n").split(" ", 5))
+                    lines.append(line.rstrip("\n").split(" ", 6))
     lines.sort(key=lambda p: float(p[3]))
     for p in lines:
         jid, pid, t = p[1], int(p[2]), float(p[3])
         if p[0] == "S":
-            r = Run(jid, pid, t, p[4] if len(p) > 4 else "", p[5] if len(p) > 5 else "")
+            r = Run(jid, pid, t, p[5] if len(p) > 5 else "", p[6] if len(p) > 6 else "", int(p[4]))
             runs[jid].append(r)
             open_runs.setdefault((jid, pid), []).append(r)
         elif p[0] == "E" and open_runs.get((jid, pid)):
@@ -165,6 +176,14 @@ class Report:
         self.sanitizer = []
         self.workload = []           # one line per check of check_workload()
         self.workload_problems = []  # what those checks found wrong
+        self.wrong_shard = []        # runs outside the shard their job was pushed to
+        self.no_connection = []      # runs whose handler had no Redis connection
+        self.no_connection_fails = False  # whether those fail the run
+        self.shards = collections.OrderedDict()  # shard -> shard_counts()
+
+    def shard_counts(self, shard):
+        """[pushed, ended, lost, extra runs explained, not explained] of shard."""
+        return self.shards.setdefault(shard, [0, 0, 0, 0, 0])
 
     def over_bound(self):
         return [f for f in self.faults if f.dups > f.bound]
@@ -172,7 +191,8 @@ class Report:
     def ok(self):
         return (self.drained and not self.lost and not self.unattributed and not self.over_bound()
                 and not self.overlaps_unattributed and not self.limit_unattributed and not self.unexpected
-                and not self.sanitizer and not self.workload_problems)
+                and not self.sanitizer and not self.workload_problems and not self.wrong_shard
+                and not (self.no_connection and self.no_connection_fails))
 
     def text(self):
         out = ["chaos seed %d, %.0f s: %s" % (self.seed, self.seconds, "ok" if self.ok() else "FAILED"),
@@ -187,8 +207,16 @@ class Report:
                "limiter over its size: %d after a freeze or a failover, %d otherwise"
                % (self.overlaps_attributed, len(self.overlaps_unattributed), self.limit_attributed,
                   len(self.limit_unattributed)),
-               ] + ["  " + x for x in self.workload] + fault_table(self.faults) + failover_lines(self.faults)
+               ] + (["  handlers given no Redis connection (capstan_job_redis() NULL): %d%s"
+                     % (len(self.no_connection), "" if self.no_connection_fails else
+                        " (not failing the run without --fail-on-no-connection)")]
+                    if self.no_connection else []) + \
+            ["  shard %s: pushed %d, ended %d, lost %d; extra starts %d (%d not explained by a fault)"
+                    % (k, c[0], c[1], c[2], c[3] + c[4], c[4]) for k, c in self.shards.items()] + \
+            (["  runs outside their job's shard: %d" % len(self.wrong_shard)] if self.shards else []) + \
+            ["  " + x for x in self.workload] + fault_table(self.faults) + failover_lines(self.faults)
         for what, items in (("lost", self.lost), ("unexplained extra start", self.unattributed),
+                            ("wrong shard", self.wrong_shard), ("no connection", self.no_connection),
                             ("unexpected", self.unexpected),
                             ("overlap", self.overlaps_unattributed), ("limiter", self.limit_unattributed),
                             ("sanitizer", self.sanitizer), ("workload", self.workload_problems)):
@@ -313,7 +341,24 @@ def _fault_for(faults, prev, new):
     fos = [f for f in faults if f.kind in FAILOVERS and f.start <= new.start and _in_failover(f, prev)]
     if fos:
         return max(fos, key=lambda f: f.start)
+    outages = [f for f in faults if _in_outage(f, prev, new)]
+    if outages:
+        return max(outages, key=lambda f: f.start)
     return max(freezes, key=lambda f: f.start) if freezes else None
+
+
+def _in_outage(f, prev, new):
+    """Whether shard outage f explains run new of a job after run prev:
+    prev ran in f's shard, began before f did (it was in that shard's
+    working lists then, f.held, or fetched between that read and the
+    fault), or at most START_LAG after f ended (fetched before it, started
+    late), and new began after f began. A run of another shard, or of a
+    job fetched after the shard came back, is not f's."""
+    if f.kind != SHARD_OUTAGE or prev.shard != f.shard or new.start < f.start:
+        return False
+    if prev.start > (f.end or new.start) + START_LAG:
+        return False
+    return f.held is None or prev.jid in f.held or prev.start <= f.start
 
 
 def _unreplicated(faults, at):
@@ -369,14 +414,29 @@ def _freeze_near(faults, pids, t0, t1):
 
 
 def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, concurrency=0, handed_back=(),
-          push_at=None):
+          push_at=None, shard_of=None, ports=None):
     """pushed: the jids Redis took (they must end, or be in a set); tried:
     those sent whose answer was lost (they may have been taken); handed_back:
     (jid, start) of the runs an iterable job's interruption put back in its
     queue (read_steps), whose next run is no extra run; push_at: jid ->
     (replication id, offset) of the master after it took the push (a
-    Sentinel topology)."""
+    Sentinel topology). shard_of: jid -> the shard it was pushed to, and
+    ports: Redis port -> shard (harness.py --shards): every run of a job
+    must be in its shard, and the locks and limiters are judged per shard."""
     r = Report()
+    # capstan_job_redis() is never NULL in a handler (include/capstan/job.h):
+    # the ledger writes port 0 when it was.
+    r.no_connection = ["%s on %d at %.3f" % (x.jid, x.pid, x.start) for rs in runs.values() for x in rs
+                       if x.port == 0]
+    if ports:
+        for rs in runs.values():
+            for x in rs:
+                x.shard = ports.get(x.port, "port %d" % x.port)
+        for jid, shard in (shard_of or {}).items():
+            for x in runs.get(jid, ()):
+                if x.shard != shard and x.port:
+                    r.wrong_shard.append("%s pushed to %s ran in %s on %d at %.3f"
+                                         % (jid, shard, x.shard, x.pid, x.start))
     r.faults = faults
     r.pushed = len(pushed)
     r.dead, r.retry = len(state.dead), len(state.retry)
@@ -422,6 +482,8 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
     for f in faults:
         if f.kind in FAILOVERS:
             f.bound = len({x.jid for rs in runs.values() for x in rs if _in_failover(f, x)})
+        elif f.kind == SHARD_OUTAGE:
+            f.bound = 10 ** 6 if f.held is None else len(f.held) + f.slack
     for jid in pushed:
         if jid not in ended and jid not in present:
             f = lost_to_failover(faults, jid, pushed, push_at)
@@ -430,6 +492,15 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
                 r.unreplicated.append(jid)
             else:
                 r.lost.append(jid)
+                if ports:
+                    r.shard_counts((shard_of or {}).get(jid))[2] += 1
+    if ports:
+        for shard in sorted(set(ports.values())):
+            r.shard_counts(shard)
+        for jid in pushed:
+            c = r.shard_counts((shard_of or {}).get(jid))
+            c[0] += 1
+            c[1] += jid in ended
     for jid, rs in runs.items():
         r.starts += len(rs)
         if jid not in pushed and jid not in tried:
@@ -441,8 +512,11 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
             if f:
                 f.dups += 1
             else:
-                r.unattributed.append("%s ran on %d at %.3f and on %d at %.3f"
-                                      % (jid, prev.pid, prev.start, new.pid, new.start))
+                r.unattributed.append("%s ran on %d at %.3f and on %d at %.3f%s"
+                                      % (jid, prev.pid, prev.start, new.pid, new.start,
+                                         "" if new.shard is None else " (shard %s)" % new.shard))
+            if ports:
+                r.shard_counts(new.shard)[3 if f else 4] += 1
     # Runs of one runtime-locked digest (the lock's args: all of them) must
     # not overlap.
     def span(x):
@@ -455,6 +529,8 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
                     key = json.dumps([x.cls, json.loads(x.args)[1]])  # lock_args: [1]
                 except (ValueError, IndexError):
                     key = x.args
+                if x.shard is not None:  # a lock is one shard's
+                    key = "%s in %s" % (key, x.shard)
                 by_digest[key].append(x)
     for key, xs in by_digest.items():
         xs.sort(key=lambda x: x.start)
@@ -468,11 +544,13 @@ def check(pushed, tried, runs, state, faults, lock_classes=(), limits=None, conc
                     r.overlaps_attributed += 1
                 else:
                     r.overlaps_unattributed.append("%s: %s on %d and %s on %d" % (key, a.jid, a.pid, b.jid, b.pid))
-    for cls, size in (limits or {}).items():
+    for (cls, size), shard in [(c, s) for c in (limits or {}).items()
+                               for s in sorted({x.shard for rs in runs.values() for x in rs}, key=str)]:
+        # A limiter allows its size per shard.
         edges = []
         for rs in runs.values():
             for x in rs:
-                if x.cls == cls:
+                if x.cls == cls and x.shard == shard:
                     s, e = span(x)
                     edges += [(s, 1, x), (e, -1, x)]
         edges.sort(key=lambda e: (e[0], e[1]))
@@ -678,6 +756,20 @@ def _step_fault(faults, prev, new):
     return f if f and f.kind != "kill9_supervisor" else None
 
 
+def _stale_between(faults, rs, a, b):
+    """A run of rs started before a and still running after a began (its
+    process frozen or cut off meanwhile, its job given to a) that saved
+    its older cursor when it came back, after a saved a later one: b then
+    resumes from the stale run's cursor."""
+    for x in rs:
+        if x is a or x is b or x.start >= a.start or (x.end is not None and x.end <= a.start):
+            continue
+        if any(f.kind in FREEZES and f.pid == x.pid and f.start <= a.start and (f.end or a.start) >= x.start
+               for f in faults):
+            return True
+    return False
+
+
 def _successive(rs, a, b):
     """The pairs of successive runs of rs (in start order) from the earlier
     to start of runs a and b to the other: a stale run (its process frozen
@@ -714,8 +806,9 @@ def _check_steps(r, runs, state, steps, faults, push_at=None):
                                            % (jid, "s" if len(gone) > 1 else "", ",".join(map(str, gone[:10])), n))
         for i, by in sorted(taken.items()):
             for ra, rb in zip(by, by[1:]):
-                if ra is not None and rb is not None and ra is not rb and any(
-                        _step_fault(faults, p, q) for p, q in _successive(rs, ra, rb)):
+                if ra is not None and rb is not None and ra is not rb and (any(
+                        _step_fault(faults, p, q) for p, q in _successive(rs, ra, rb))
+                        or _stale_between(faults, rs, ra, rb)):
                     after += 1
                 elif ra is not None and rb is not None and ra is not rb and (
                         _in_split_brain(faults, ra.start) or _in_split_brain(faults, rb.start)):
@@ -966,12 +1059,15 @@ def _check_window(r, runs, faults, cls, count, interval):
     by = collections.defaultdict(list)
     for rs in runs.values():
         for x in rs:
-            if x.cls == cls:
-                by[int(x.start // interval)].append(x)
-    spare_prev, prev_w = 0, None
+            if x.cls == cls:  # a limiter's windows are one shard's
+                by[(str(x.shard), int(x.start // interval))].append(x)
+    spare_prev, prev_w, prev_sw = 0, None, None
     over = attributed = 0
-    for w in sorted(by):
-        xs = by[w]
+    for sw in sorted(by):
+        xs, w = by[sw], sw[1]
+        if prev_w is not None and sw[0] != prev_sw[0]:
+            prev_w = None
+        prev_sw = sw
         early = sum(1 for x in xs if x.start - w * interval < LIMIT_LAG)
         # A window before with no start at all had every grant to spare.
         moved = min(early, spare_prev if prev_w == w - 1 else count)

@@ -42,9 +42,14 @@ def H(jid, pid, t, run):
     return ("H", jid, pid, t, run)
 
 
-def run_of(jid, pid, start, end, cls="LedgerJob", args=(5,)):
-    """The S and E lines of one whole run."""
-    return [S(jid, pid, start, cls, args), E(jid, pid, end, start)]
+def run_of(jid, pid, start, end, cls="LedgerJob", args=(5,), port=6379):
+    """The S and E lines of one whole run (port: of its Redis connection)."""
+    return [S(jid, pid, start, cls, args) + (port,), E(jid, pid, end, start)]
+
+
+# Two shards, as harness.py --shards 2 names them, by their Redis ports.
+PORTS = {6001: "s0", 6002: "s1"}
+PORT = {v: k for k, v in PORTS.items()}
 
 
 def write_ledger(dir, lines):
@@ -55,7 +60,8 @@ def write_ledger(dir, lines):
         kind, jid, pid, t = x[:4]
         rest = x[4:]
         if kind == "S":
-            text = "S %s %d %s %s %s\n" % (jid, pid, stamp(t), rest[0], rest[1])
+            text = "S %s %d %s %d %s %s\n" % (jid, pid, stamp(t), rest[2] if len(rest) > 2 else 6379, rest[0],
+                                                rest[1])
         elif kind == "E":
             text = "E %s %d %s%s\n" % (jid, pid, stamp(t), "" if rest[0] is None else " " + stamp(rest[0]))
         elif kind == "I":
@@ -109,7 +115,7 @@ class CheckerTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def judge(self, lines, pushed=None, st=None, faults=(), tried=(), concurrency=0, batches=None,
-              enqueued=(), tick_every=0, lock_pushes=(), push_at=None):
+              enqueued=(), tick_every=0, lock_pushes=(), push_at=None, shard_of=None):
         """The report on lines, as harness.py's run() makes it. pushed: the
         jids Redis took (default: every jid of an S line that is not a tick
         or a batch callback, which capstan enqueues)."""
@@ -126,7 +132,8 @@ class CheckerTest(unittest.TestCase):
         steps, handed_back = checker.read_steps(self.dir, runs)
         r = checker.check(pushed, set(tried) | checker.workload_jids(runs, batches, lock_pushes), runs, st,
                           faults, lock_classes=LOCK_CLASSES, limits={"LedgerLimitJob": LIMIT},
-                          concurrency=concurrency, handed_back=handed_back, push_at=push_at)
+                          concurrency=concurrency, handed_back=handed_back, push_at=push_at,
+                          shard_of=shard_of, ports=PORTS if shard_of is not None else None)
         checker.check_workload(r, runs, st, list(enqueued), batches, tick_every, steps, faults, list(lock_pushes),
                                {"LedgerWindowJob": (WINDOW, 1.0)}, push_at=push_at)
         r.drained = True
@@ -492,6 +499,22 @@ class CheckerTest(unittest.TestCase):
         self.assertOk(r)
         self.assertEqual(stop.dups, 1)
 
+    def test_a_step_taken_again_after_a_stale_run_saved_its_older_cursor_is_the_freezes(self):
+        # 100 cut off while it ran the job; 200 took it over, took step 5
+        # and handed it back; 100, back, handed back its own older cursor
+        # (5), so 300 took step 5 again.
+        cut = fault("partition", T + 0.5, T + 5, pid=100, held={"i1"})
+        a, b, c = T + 0.1, T + 6, T + 8
+        lines = [S("i1", 100, a, checker.ITER_JOB, [10, 7])] + [I("i1", 100, a + 0.1 + k / 100, k, a)
+                                                                for k in range(5)] + [
+                 S("i1", 200, b, checker.ITER_JOB, [10, 7]), I("i1", 200, b + 0.1, 5, b), H("i1", 200, b + 0.2, b),
+                 E("i1", 200, b + 0.3, b), H("i1", 100, b + 0.5, a), E("i1", 100, b + 0.6, a),
+                 S("i1", 300, c, checker.ITER_JOB, [10, 7]), I("i1", 300, c + 0.1, 5, c),
+                 I("i1", 300, c + 0.2, 6, c), E("i1", 300, c + 0.3, c)]
+        self.assertOk(self.judge(lines, faults=[cut]))
+        r = self.judge(lines, faults=[])
+        self.assertIn("taken again by another run without a fault between", self.text)
+
     # -- batch callbacks --
     def batch_run(self, events):
         """Batch b1 of jobs bj1, bj2 (both ended by T + 0.5), committed, and
@@ -576,6 +599,89 @@ class CheckerTest(unittest.TestCase):
     def test_no_periodic_tick_at_all_is_reported(self):
         r = self.judge([], tick_every=1)
         self.assertFailed(r, "workload: periodic: no tick enqueued")
+
+    # -- shards (harness.py --shards) --
+    def sharded(self, runs, faults=(), **kw):
+        """runs: (jid, shard, pid, start, end) each, every jid pushed to the
+        shard of its first run."""
+        lines, shard_of = [], {}
+        for jid, shard, pid, start, end in runs:
+            # (end None: a run a kill ended, with no E line.)
+            lines += run_of(jid, pid, start, end, port=PORT[shard])[:1 if end is None else 2]
+            shard_of.setdefault(jid, shard)
+        return self.judge(lines, faults=faults, shard_of=shard_of, **kw)
+
+    def outage(self, shard="s0", held=("j1",), slack=0):
+        """s0's Redis killed at T + 1 and back at T + 4, its working lists
+        holding held just before."""
+        f = fault(checker.SHARD_OUTAGE, T + 1, T + 4, held=held)
+        f.shard, f.slack = shard, slack
+        return f
+
+    def test_a_shard_outage_explains_a_rerun_of_a_job_its_shard_held(self):
+        # j1 ran on 100 across the outage; its ack unwritten, 200 took it
+        # from 100's working list when s0 came back without 100's lease.
+        out = self.outage()
+        r = self.sharded([("j1", "s0", 100, T + 0.5, T + 2), ("j1", "s0", 200, T + 4.5, T + 4.6),
+                          ("j2", "s1", 100, T + 0.5, T + 0.6)], faults=[out])
+        self.assertOk(r)
+        self.assertEqual((out.dups, out.bound), (1, 1))
+        self.assertIn("shard s0: pushed 1, ended 1, lost 0; extra starts 1 (0 not explained by a fault)",
+                      [x.strip() for x in self.text.split("\n")])
+
+    def test_a_shard_outage_does_not_explain_a_rerun_in_another_shard(self):
+        # The same two runs, in s1, while s0 was out: nothing explains them.
+        out = self.outage(held=("j1",))
+        r = self.sharded([("j1", "s1", 100, T + 0.5, T + 2), ("j1", "s1", 200, T + 4.5, T + 4.6)], faults=[out])
+        self.assertEqual((out.dups, len(r.unattributed)), (0, 1))
+        self.assertFailed(r, "unexplained extra start: j1 ran on 100 at %.3f and on 200 at %.3f (shard s1)"
+                          % (T + 0.5, T + 4.5),
+                          "shard s1: pushed 1, ended 1, lost 0; extra starts 1 (1 not explained by a fault)")
+
+    def test_a_shard_outage_does_not_explain_a_job_fetched_after_it(self):
+        # j1 was fetched and first run after s0 came back, far from the fault.
+        out = self.outage(held=())
+        r = self.sharded([("j1", "s0", 100, T + 20, T + 20.1), ("j1", "s0", 200, T + 21, T + 21.1)], faults=[out])
+        self.assertEqual((out.dups, len(r.unattributed)), (0, 1))
+        self.assertFalse(r.ok())
+
+    def test_reruns_beyond_a_shard_outages_bound_are_reported(self):
+        # It held one job (and no slack): two of its jobs ran again.
+        out = self.outage(held=("j1",))
+        r = self.sharded([("j1", "s0", 100, T + 0.5, T + 2), ("j1", "s0", 200, T + 4.5, T + 4.6),
+                          ("j3", "s0", 100, T + 0.6, T + 2), ("j3", "s0", 200, T + 4.5, T + 4.6)], faults=[out])
+        self.assertEqual(r.over_bound(), [out])
+        self.assertFailed(r, "%-18s %8d %12d %14d %10d" % (checker.SHARD_OUTAGE, 1, 2, 1, 1))
+
+    def test_a_process_fault_explains_reruns_in_every_shard(self):
+        # A killed process ran a job of each shard: both run again.
+        kill = fault("kill9_worker", T + 1, T + 1.5, pid=100)
+        r = self.sharded([("j1", "s0", 100, T + 0.5, None), ("j1", "s0", 200, T + 4, T + 4.1),
+                          ("j2", "s1", 100, T + 0.5, None), ("j2", "s1", 200, T + 4, T + 4.1)], faults=[kill])
+        self.assertOk(r)
+        self.assertEqual((kill.dups, kill.bound), (2, 2))
+
+    def test_a_job_run_outside_the_shard_it_was_pushed_to_is_reported(self):
+        lines = run_of("j1", 100, T + 0.5, T + 0.6, port=PORT["s1"])
+        r = self.judge(lines, shard_of={"j1": "s0"})
+        self.assertFailed(r, "wrong shard: j1 pushed to s0 ran in s1 on 100 at %.3f" % (T + 0.5))
+
+    def test_a_handler_given_no_redis_connection_is_reported(self):
+        # The ledger writes port 0 when capstan_job_redis() was NULL.
+        r = self.judge(run_of("j1", 100, T + 0.5, T + 0.6, port=0) + run_of("j2", 100, T + 0.7, T + 0.8))
+        self.assertIn("no connection: j1 on 100 at %.3f" % (T + 0.5), [x.strip() for x in self.text.split("\n")])
+        self.assertOk(r)  # (harness.py --fail-on-no-connection: it fails the run)
+        r.no_connection_fails = True
+        self.assertFalse(r.ok())
+
+    def test_runtime_locked_runs_overlap_only_within_one_shard(self):
+        # A lock is one shard's: k1's runs in s0 and s1 may overlap, two in s0 not.
+        lock = lambda jid, s, start, port: run_of(jid, 100 + s, start, start + 0.5, "LedgerLockJob",  # noqa: E731
+                                                  [50, "k1"], port=port)
+        shard_of = {"j1": "s0", "j2": "s1", "j3": "s0"}
+        self.assertOk(self.judge(lock("j1", 0, T + 0.1, 6001) + lock("j2", 1, T + 0.2, 6002), shard_of=shard_of))
+        r = self.judge(lock("j1", 0, T + 0.1, 6001) + lock("j3", 1, T + 0.2, 6001), shard_of=shard_of)
+        self.assertEqual(len(r.overlaps_unattributed), 1)
 
 
 if __name__ == "__main__":

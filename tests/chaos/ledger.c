@@ -3,12 +3,15 @@
  * in $CAPSTAN_LEDGER_DIR, so runs are counted even while Redis is
  * partitioned, frozen or restarting:
  *
- *     S <jid> <pid> <epoch seconds> <class> <args>
+ *     S <jid> <pid> <epoch seconds> <port> <class> <args>
  *     E <jid> <pid> <epoch seconds> <run>
  *
  * <run> being the epoch of the run's S line: two runs of one job in one
  * process at once (it fetched again a job of its own that another process
- * recovered while it was frozen) are told apart.
+ * recovered while it was frozen) are told apart. <port> is the Redis port
+ * of the job's own connection (0 when not known): with shards each shard
+ * is a redis-server of its own port, so the line says which shard the job
+ * was fetched from.
  *
  * One write(2) a line on an O_APPEND descriptor: a line is never torn, and
  * one a kill -9 interrupts is either written whole or not at all.
@@ -77,6 +80,13 @@ static int enqueue_args(capstan_job_t *job, const char *field, char *out, size_t
                     f ? (int)(flen < 900 ? flen : 900) : 4, f ? f : "null");
 }
 
+/* The port of the Redis the job's connection talks to, 0 when not known. */
+static int redis_port(capstan_job_t *job)
+{
+    redisContext *c = capstan_job_redis(job);
+    return c ? c->tcp.port : 0;
+}
+
 /* The start line of job's run (args as the payload has them, or as
  * enqueue_args writes them when field is not NULL); *at is its time. */
 static int start_line(capstan_job_t *job, const char *field, double *at)
@@ -94,8 +104,9 @@ static int start_line(capstan_job_t *job, const char *field, double *at)
     }
     char line[4096];
     *at = wall();
-    int len = snprintf(line, sizeof(line), "S %s %d %.6f %s %.*s\n", capstan_job_jid(job), (int)getpid(),
-                       *at, capstan_job_class(job), (int)(alen < 1024 ? alen : 1024), args ? args : "");
+    int len = snprintf(line, sizeof(line), "S %s %d %.6f %d %s %.*s\n", capstan_job_jid(job), (int)getpid(),
+                       *at, redis_port(job), capstan_job_class(job), (int)(alen < 1024 ? alen : 1024),
+                       args ? args : "");
     return note(job, line, len);
 }
 
