@@ -269,8 +269,13 @@ static int call_handler(capstan_mw_t *mw, void *udata)
      * unless it runs in a run of short jobs whose locks were asked for at
      * once: those acks then ride the next round trip. */
     const capstan_source_t *src = run->slot ? run->slot->rt->source : NULL;
-    if (src && src->prompt && !(mw->held.prelock && mw->held.prelock->asked))
+    if (src && src->prompt && !(mw->held.prelock && mw->held.prelock->asked)) {
         src->prompt(run->slot, mw->r, 0);
+        /* Writing them may have broken it too: a handler is promised a
+         * connection (capstan_job_redis). */
+        if (capstan__slot_connected(run->slot, mw->r))
+            return capstan_mw_dispose(mw, CAPSTAN_DISPOSE_KEEP, 0, NULL, 0);
+    }
     /* Without a slot (capstan__server_run_bare) the caller gave the job
      * its connection, if any. */
     if (run->slot)

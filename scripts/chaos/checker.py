@@ -178,7 +178,7 @@ class Report:
         self.workload_problems = []  # what those checks found wrong
         self.wrong_shard = []        # runs outside the shard their job was pushed to
         self.no_connection = []      # runs whose handler had no Redis connection
-        self.no_connection_fails = False  # whether those fail the run
+        self.no_connection_fails = True  # whether those fail the run
         self.shards = collections.OrderedDict()  # shard -> shard_counts()
 
     def shard_counts(self, shard):
@@ -209,7 +209,7 @@ class Report:
                   len(self.limit_unattributed)),
                ] + (["  handlers given no Redis connection (capstan_job_redis() NULL): %d%s"
                      % (len(self.no_connection), "" if self.no_connection_fails else
-                        " (not failing the run without --fail-on-no-connection)")]
+                        " (not failing the run: --report-no-connection)")]
                     if self.no_connection else []) + \
             ["  shard %s: pushed %d, ended %d, lost %d; extra starts %d (%d not explained by a fault)"
                     % (k, c[0], c[1], c[2], c[3] + c[4], c[4]) for k, c in self.shards.items()] + \

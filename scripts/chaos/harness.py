@@ -1219,7 +1219,7 @@ class Harness:
         with open(os.path.join(self.dir, INPUTS), "wb") as out:
             pickle.dump(inputs, out)
         report = judge(self.dir, inputs, self.events)
-        report.no_connection_fails = a.fail_on_no_connection
+        report.no_connection_fails = not a.report_no_connection
         report.drained = drained
         report.seed, report.seconds, report.dir = a.seed, a.seconds, self.dir
         report.sanitizer = self.sanitizer_reports()
@@ -1304,7 +1304,7 @@ def judge(dir, inputs, faults=None):
     return report
 
 
-def recheck(dir, no_connection_fails=False):
+def recheck(dir, no_connection_fails=True):
     """Judges the run kept in dir again, with this checker."""
     with open(os.path.join(dir, INPUTS), "rb") as f:
         inputs = pickle.load(f)
@@ -1346,16 +1346,17 @@ def main():
     p.add_argument("--drain", type=float, default=90, help="seconds to wait for the queues to empty")
     p.add_argument("--appendfsync", choices=("always", "everysec", "no"), default="always",
                    help="the servers' AOF sync policy (what a restart_redis may cost)")
-    p.add_argument("--fail-on-no-connection", action="store_true",
-                   help="fail the run when a handler found capstan_job_redis() NULL (the ledger's port "
-                        "0), which include/capstan/job.h says it never is; else only reported")
+    p.add_argument("--report-no-connection", action="store_true",
+                   help="only report, rather than fail the run for, a handler that found "
+                        "capstan_job_redis() NULL (the ledger's port 0), which include/capstan/job.h "
+                        "says it never is")
     p.add_argument("--build", default="build", help="build directory")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("--recheck", metavar="DIR", help="judge again, with this checker, a run kept in DIR "
                    "(its ledger and what the harness saved of Redis and the faults); nothing is started")
     a = p.parse_args()
     if a.recheck:
-        return recheck(a.recheck, a.fail_on_no_connection)
+        return recheck(a.recheck, not a.report_no_connection)
     if a.minutes:
         a.seconds = a.minutes * 60
     if a.shards == 1 or a.shards < 0:
