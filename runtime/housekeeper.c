@@ -7,6 +7,7 @@
  * acks of finished jobs that waited too long for a processor to send them
  * (capstan__feed_ack_late). */
 #include "runtime/rt.h"
+#include "runtime/shards.h"
 #include "runtime/source.h"
 
 #include <stdio.h>
@@ -172,6 +173,7 @@ static void reclaim_pass(capstan_runtime_t *rt, capstan_redis_t *r, capstan_stra
 void *capstan__housekeeper_main(void *arg)
 {
     capstan_runtime_t *rt = arg;
+    capstan__member_log(rt);
     char err[CAPSTAN_ERRLEN];
     capstan_redis_t *r = capstan_redis_new(rt->cfg->redis_url, 10, err);
     if (!r) {

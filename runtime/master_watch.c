@@ -7,6 +7,7 @@
  * than at the housekeeper's next beat, which still asks the sentinels
  * every beat for an announcement this thread missed. */
 #include "runtime/rt.h"
+#include "runtime/shards.h"
 
 #include "redis/scripts.h"
 #include "redis/sentinel.h"
@@ -42,6 +43,7 @@ static int usable(capstan_redis_t *r, double *next_try, int now)
 void *capstan__master_watch_main(void *arg)
 {
     capstan_runtime_t *rt = arg;
+    capstan__member_log(rt);
     char err[CAPSTAN_ERRLEN];
     capstan_sentinel_watch_t *w = capstan__sentinel_watch_new(rt->cfg->redis_url, err);
     /* A short timeout: a connect to a master that does not answer must

@@ -330,6 +330,7 @@ void *capstan__processor_main(void *arg)
 {
     capstan_slot_t *s = arg;
     capstan_runtime_t *rt = s->rt;
+    capstan__member_log(rt);
     char err[CAPSTAN_ERRLEN];
     capstan__crash_thread_begin();
     pthread_mutex_lock(&s->mu);

@@ -527,6 +527,7 @@ static int wait_for_redis(capstan_runtime_t *rt, capstan_redis_t *r, const sigse
  * the runtime, given up once it goes quiet. */
 static int periodic_connect(void *rt, capstan_redis_t *r)
 {
+    capstan__member_log(rt); /* the periodic thread's first call */
     return capstan__rt_connect(rt, r, &((capstan_runtime_t *)rt)->quiet);
 }
 

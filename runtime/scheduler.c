@@ -4,6 +4,7 @@
  * wakes besides when a job this process rescheduled (a limiter's or a
  * lock's reschedule: often a fraction of a second) falls due. */
 #include "runtime/rt.h"
+#include "runtime/shards.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +215,7 @@ static double poll_average(capstan_runtime_t *rt, capstan_redis_t *r, long *proc
 void *capstan__scheduler_main(void *arg)
 {
     capstan_runtime_t *rt = arg;
+    capstan__member_log(rt);
     char err[CAPSTAN_ERRLEN];
     capstan_redis_t *r = capstan_redis_new(rt->cfg->redis_url, 10, err);
     if (!r) {

@@ -33,6 +33,12 @@ capstan_runtime_t *capstan__member(capstan_runtime_t *rt, size_t i)
     return rt->member.group ? rt->member.group->m[i] : rt;
 }
 
+void capstan__member_log(const capstan_runtime_t *rt)
+{
+    if (rt->member.group)
+        capstan__log_shard(rt->member.group->m[0]->cfg->shards[rt->member.index].name);
+}
+
 /* Member i of front, ready to start. */
 static capstan_runtime_t *member_new(capstan_runtime_t *front, size_t i, char *err)
 {
@@ -108,6 +114,7 @@ static void *member_start(void *arg)
 {
     capstan_runtime_t *m = arg;
     const char *name = m->member.group->m[0]->cfg->shards[m->member.index].name;
+    capstan__member_log(m);
     double limit = m->cfg->startup_timeout, give_up = capstan__mono() + limit, delay = 0.1;
     int rc;
     while ((rc = capstan_redis_connect(m->member.r)) != 0 && !atomic_load(&m->quiet)) {

@@ -34,6 +34,10 @@ int capstan__shards_failed(struct capstan_runtime *front, int *rc, char *err);
 /* Waits for the members' start threads, which give up once the front
  * is quiet. */
 void capstan__shards_join(struct capstan_runtime *front);
+/* Names rt's shard in the calling thread's log lines (support/log.h):
+ * every thread of a member's, the front's too, calls it first. Nothing
+ * without shards. */
+void capstan__member_log(const struct capstan_runtime *rt);
 /* Frees the members (the front's capstan_runtime_free). */
 void capstan__shards_free(struct capstan_runtime *front);
 

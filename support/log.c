@@ -223,17 +223,28 @@ static double timestamp(char *out, size_t n)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* " pid=P tid=T", formatted once per thread (and again if the pid changes);
- * *len is its length. */
+/* The shard this thread serves (capstan__log_shard), or NULL. */
+static _Thread_local const char *log_shard;
+
+void capstan__log_shard(const char *name)
+{
+    log_shard = name;
+}
+
+/* " pid=P tid=T" (and " shard=S" on a shard's thread), formatted once per
+ * thread (and again if the pid changes); *len is its length. */
 static const char *pid_tid(size_t *len)
 {
-    static _Thread_local char s[64];
+    static _Thread_local char s[160];
     static _Thread_local size_t n;
     static _Thread_local int for_pid;
-    if (for_pid != log_pid) {
-        snprintf(s, sizeof(s), " pid=%d tid=%s", log_pid, capstan__log_tid());
+    static _Thread_local const char *for_shard;
+    if (for_pid != log_pid || for_shard != log_shard) {
+        snprintf(s, sizeof(s), " pid=%d tid=%s%s%.64s", log_pid, capstan__log_tid(), log_shard ? " shard=" : "",
+                 log_shard ? log_shard : "");
         n = strlen(s);
         for_pid = log_pid;
+        for_shard = log_shard;
     }
     *len = n;
     return s;
@@ -295,8 +306,13 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
     capstan_buf_t b;
     capstan__buf_on(&b, line, sizeof(line));
     if (log_fmt == CAPSTAN_LOG_JSON) {
-        capstan__buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",\"lvl\":\"%s\",\"msg\":",
-                            ts, log_pid, capstan__log_tid(), level_name[lvl]);
+        capstan__buf_printf(&b, "{\"ts\":\"%s\",\"pid\":%d,\"tid\":\"%s\",", ts, log_pid, capstan__log_tid());
+        if (log_shard) {
+            capstan__buf_puts(&b, "\"shard\":");
+            capstan__json_quote(&b, log_shard, strlen(log_shard));
+            capstan__buf_puts(&b, ",");
+        }
+        capstan__buf_printf(&b, "\"lvl\":\"%s\",\"msg\":", level_name[lvl]);
         capstan__json_quote(&b, msg, strlen(msg));
         capstan__buf_puts(&b, ",\"ctx\":{");
         int first = 1;

@@ -42,6 +42,10 @@ int capstan__log_fd(void);
 
 /* Names this thread in log lines; by default tid is base36(thread id ^ pid). */
 const char *capstan__log_tid(void);
+/* Names the shard the calling thread serves (name outlives the thread;
+ * NULL: none): its lines then say shard=NAME after the tid, "shard" in
+ * JSON, so an error of a shard's connection names the shard. */
+void capstan__log_shard(const char *name);
 
 void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

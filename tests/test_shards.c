@@ -408,6 +408,23 @@ static double rate_13(const fleet_t *f, ledger_t *L, unsigned n, double s)
  * only: the other two drain to the end while it is down, and once it is
  * back from its append-only file every one of its jobs runs, none lost;
  * a job that runs twice is one whose ack the dead server never wrote. */
+/* Whether one line of pid's log holds both a and b. */
+static int line_has(pid_t pid, const char *a, const char *b)
+{
+    const char *log = kt_capstan_log(pid);
+    for (const char *p = log; p && *p;) {
+        const char *end = strchr(p, '\n');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char *line = strndup(p, n);
+        int both = line && strstr(line, a) && strstr(line, b);
+        free(line);
+        if (both)
+            return 1;
+        p = end ? end + 1 : p + n;
+    }
+    return 0;
+}
+
 Test(shards, a_dead_shard_stalls_only_its_own_queues)
 {
     enum { N = 8000 };
@@ -451,6 +468,9 @@ Test(shards, a_dead_shard_stalls_only_its_own_queues)
     /* At most the jobs in flight on shard 2 when it died: its processors'
      * and their acks still to be written. */
     cr_assert_leq(twice, 100);
+    /* The outage and the recovery are logged naming the shard. */
+    cr_assert(line_has(pid, " shard=s2 ", "retrying with backoff"), "%s", kt_capstan_log(pid));
+    cr_assert(line_has(pid, " shard=s2 ", "Redis is online"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
 }
 
