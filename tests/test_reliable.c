@@ -1142,6 +1142,52 @@ Test(reliable, acks_leave_the_working_list_as_one_lrem_a_job_would)
     capstan_redis_free(r);
 }
 
+/* A sweep takes the oldest jobs of a queue into the working list, oldest
+ * first, and hands each of them over, in order, once: also past the first
+ * 1,000 jobs without a lock, when it stops looking into the payloads for
+ * one. */
+Test(reliable, sweeps_hand_over_every_job_they_move_in_queue_order)
+{
+    enum { N = 1250, MAX = 64 };
+    char **p = calloc(N, sizeof(*p));
+    cr_assert(p);
+    for (unsigned i = 0; i < N; i++) {
+        char jid[25];
+        kt_make_jid(jid, 35, i);
+        p[i] = kt_payload("NoopJob", "[1]", jid, "sweep");
+    }
+    kt_push_all(kt_redis(), "sweep", p, N);
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_queue_conf_t q = { .name = "sweep" };
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "sweeps", .queues = &q,
+                                .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    capstan_fetched_t got[MAX];
+    unsigned next = 0;
+    while (next < N) {
+        int n = capstan__fetch_exchange(f, r, NULL, 0, got, MAX, 0);
+        cr_assert_eq(n, N - next < MAX ? N - next : MAX, "after %u jobs", next);
+        for (int k = 0; k < n; k++, next++) {
+            cr_assert_str_eq(got[k].payload, p[next], "job %u in queue order", next);
+            capstan__fetched_clear(&got[k]);
+        }
+        cr_assert_eq(kt_int("LLEN uniquejobs:working:sweeps"), next, "each moved job handed over");
+    }
+    redisReply *w = kt_cmd("LRANGE uniquejobs:working:sweeps 0 -1");
+    cr_assert(w->type == REDIS_REPLY_ARRAY && w->elements == N);
+    for (unsigned i = 0; i < N; i++)
+        cr_assert_str_eq(w->element[i]->str, p[N - 1 - i], "the oldest at the tail: entry %u", i);
+    freeReplyObject(w);
+    cr_assert_eq(capstan__fetch_exchange(f, r, NULL, 0, got, MAX, 0), 0, "the queue is empty");
+    for (unsigned i = 0; i < N; i++)
+        free(p[i]);
+    free(p);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
+}
+
 /* Successes acked together release their locks as one unlock a job would
  * (lua/unlock.lua): a hold that was the hash's last takes the hash and its
  * digest in "uniquejobs:digests" with it, one that leaves another holder

@@ -3,7 +3,8 @@
 -- order their acks came, oldest first),
 -- a function take(payload), called once for each of them in that order,
 -- that takes the job out of the working list as LREM from the tail would
--- (its occurrence nearest the tail) and says whether it was there.
+-- (its occurrence nearest the tail) and says whether it was there; and
+-- whether the tail was read (when not, take is that LREM alone).
 -- The jobs of a round trip sit together in the list, headwards of older
 -- jobs other processors still run or ack; one LREM a job walks past those
 -- once for each job. With many jobs behind many older ones that walk
@@ -22,7 +23,7 @@ local function take_out(working, args, step, first)
   local from = n >= 32
     and redis.call('LPOS', working, args[first + (n - 1) * step], 'RANK', '-1', 'MAXLEN', tostring(8 * n))
   if not from or redis.call('LLEN', working) - from - n < 16 then
-    return lrem
+    return lrem, false
   end
   local left, found = {}, {}
   for i = first, #args, step do
@@ -57,5 +58,5 @@ local function take_out(working, args, step, first)
       return true
     end
     return lrem(v)
-  end
+  end, true
 end
