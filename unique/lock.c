@@ -371,9 +371,9 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
         /* lock_prepare's arguments for lock.lua without a waiting line:
          * locked, digests, jid, pttl, type, limit, meta, now. */
         const char *const *a = c[i].argv;
-        int shrt = !until[i][0] && !strcmp(a[3], "0") && !strcmp(a[5], "1");
-        kinds[k] = shrt ? 's' : 'l';
-        if (shrt) {
+        int short_form = !until[i][0] && !strcmp(a[3], "0") && !strcmp(a[5], "1");
+        kinds[k] = short_form ? 's' : 'l';
+        if (short_form) {
             groups[ng++] = a[2];
             groups[ng++] = a[6];
         } else {
