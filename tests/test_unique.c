@@ -1052,16 +1052,21 @@ Test(unique, runtime_locks_taken_together_are_v9s_hashes_and_index)
 {
     capstan_redis_t *r = kt_lib_redis();
     char got[32];
-    /* None of them exists: A twice (limit 1), T with a TTL. */
-    const char *keys1[] = { "uniquejobs:a:RUN:LOCKED", "uniquejobs:a:RUN:LOCKED",
-                            "uniquejobs:t:RUN:LOCKED" };
+    /* None of them exists: A twice (limit 1), T with a TTL (the long
+     * form), C after them. */
+    const char *keys1[] = { "uniquejobs:a:RUN:LOCKED", "uniquejobs:t:RUN:LOCKED",
+                            "uniquejobs:a:RUN:LOCKED", "uniquejobs:c:RUN:LOCKED" };
     const char *groups1[] = {
         "ja", "{\"m\":\"a\"}",
-        "jb", "{\"m\":\"b\"}",
         "", "jt", "5000", "while_executing", "1", "{\"m\":\"t\"}",
+        "jb", "{\"m\":\"b\"}",
+        "jc", "{\"m\":\"c\"}",
     };
-    run_locks(r, keys1, 3, "ssl", groups1, 10, got, sizeof(got));
-    cr_assert_str_eq(got, "111011", "taken, refused (held by ja), taken");
+    run_locks(r, keys1, 4, "slss", groups1, 12, got, sizeof(got));
+    cr_assert_str_eq(got, "11111011", "taken, taken, refused (held by ja), taken");
+    redisReply *hc = kt_cmd("HGET uniquejobs:c:RUN:LOCKED jc");
+    cr_assert(hc->type == REDIS_REPLY_STRING && !strcmp(hc->str, "{\"m\":\"c\"}"), "C's own group");
+    freeReplyObject(hc);
     redisReply *h = kt_cmd("HGETALL uniquejobs:a:RUN:LOCKED");
     cr_assert(h->type == REDIS_REPLY_ARRAY && h->elements == 2, "one holder");
     cr_assert_str_eq(h->element[0]->str, "ja");
@@ -1070,21 +1075,21 @@ Test(unique, runtime_locks_taken_together_are_v9s_hashes_and_index)
     redisReply *sc = kt_cmd("ZSCORE uniquejobs:digests uniquejobs:a:RUN");
     cr_assert(sc->type == REDIS_REPLY_STRING && !strcmp(sc->str, "1700000000.5"), "scored at now");
     freeReplyObject(sc);
-    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 2);
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 3);
     cr_assert_eq(kt_int("PTTL uniquejobs:a:RUN:LOCKED"), -1, "no TTL asked");
     long long ttl = kt_int("PTTL uniquejobs:t:RUN:LOCKED");
     cr_assert(ttl > 0 && ttl <= 5000, "its TTL: %lld", ttl);
-    /* B held elsewhere, C free, D held elsewhere with a limit of 2. */
+    /* B held elsewhere, E free, D held elsewhere with a limit of 2. */
     freeReplyObject(kt_cmd("HSET uniquejobs:b:RUN:LOCKED elsewhere {}"));
     freeReplyObject(kt_cmd("HSET uniquejobs:d:RUN:LOCKED elsewhere {}"));
-    const char *keys2[] = { "uniquejobs:b:RUN:LOCKED", "uniquejobs:c:RUN:LOCKED",
+    const char *keys2[] = { "uniquejobs:b:RUN:LOCKED", "uniquejobs:e:RUN:LOCKED",
                             "uniquejobs:d:RUN:LOCKED" };
-    const char *groups2[] = { "jb", "{}", "jc", "{}", "", "jd", "0", "while_executing", "2", "{}" };
+    const char *groups2[] = { "jb", "{}", "je", "{}", "", "jd", "0", "while_executing", "2", "{}" };
     run_locks(r, keys2, 3, "ssl", groups2, 10, got, sizeof(got));
     cr_assert_str_eq(got, "101111", "refused, taken, taken");
     cr_assert_eq(kt_int("HLEN uniquejobs:b:RUN:LOCKED"), 1);
-    cr_assert_eq(kt_int("HEXISTS uniquejobs:c:RUN:LOCKED jc"), 1);
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:e:RUN:LOCKED je"), 1);
     cr_assert_eq(kt_int("HLEN uniquejobs:d:RUN:LOCKED"), 2);
-    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 4, "a, t, c and d; not b");
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 5, "a, t, c, e and d; not b");
     capstan_redis_free(r);
 }
