@@ -525,24 +525,35 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
                               const char *lock)
 {
     size_t n = (f->elements - 1) / 2;
-    const char **la = calloc(2 + 7 * n, sizeof(*la)), **aa = calloc(2 + 4 * n, sizeof(*aa));
-    size_t *al = calloc(2 + 4 * n, sizeof(*al));
-    char (*keys)[2][160] = calloc(n, sizeof(*keys)), (*jids)[32] = calloc(n, sizeof(*jids));
-    char **metas = calloc(n, sizeof(*metas)), now[32];
-    if (!la || !aa || !al || !keys || !jids || !metas)
+    const char **la = calloc(3 + 8 * n, sizeof(*la)), **aa = calloc(2 + 7 * n, sizeof(*aa));
+    size_t *al = calloc(2 + 7 * n, sizeof(*al));
+    char (*keys)[4][160] = calloc(n, sizeof(*keys)), (*jids)[32] = calloc(n, sizeof(*jids));
+    char **metas = calloc(n, sizeof(*metas)), now[32], *kinds = calloc(n + 1, 1);
+    char *akinds = calloc(n + 1, 1); /* acks.lua's: a byte a job, whether it holds a lock */
+    if (!la || !aa || !al || !keys || !jids || !metas || !kinds || !akinds)
         die("out of memory%s%s", NULL, NULL);
     snprintf(now, sizeof(now), "%.6f", wall());
     int until = lock && strcmp(lock, "until_and_while_executing") == 0;
     capstan_jobject_t o = { 0 };
-    size_t nl = 0, na = 0;
-    la[nl++] = "uniquejobs:digests";
+    /* locks.lua's KEYS: the digests, each job's runtime lock, then its
+     * until-locks; then now, the jobs' kinds and their groups. */
+    size_t nlk = lock ? 1 + n + (until ? n : 0) : 1, nl = nlk, na = 0;
+    la[0] = "uniquejobs:digests";
     la[nl++] = now;
+    la[nl++] = kinds;
     aa[na] = working;
     al[na] = strlen(working);
     na++;
     aa[na] = "uniquejobs:digests";
     al[na] = strlen(aa[na]);
     na++;
+    /* acks.lua's KEYS: each lock hash with its waiters' line and wake list,
+     * then the groups. */
+    size_t nk = lock ? 2 + 3 * n : 2;
+    na = nk;
+    memset(akinds, '0', n);
+    aa[na] = akinds;
+    al[na++] = n;
     for (size_t i = 0; i < n; i++) {
         const redisReply *job = f->element[2 + 2 * i];
         if (capstan__json_scan_object(job->str, job->len, &o, NULL))
@@ -561,6 +572,12 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
                 die("a payload without a lock_digest: %s%s", job->str, NULL);
             snprintf(keys[i][0], sizeof(keys[i][0]), "%.*s:RUN:LOCKED", (int)dl, d);
             snprintf(keys[i][1], sizeof(keys[i][1]), "%.*s:LOCKED", (int)dl, d);
+            snprintf(keys[i][2], sizeof(keys[i][2]), "%.*s:RUN:WAITING", (int)dl, d);
+            snprintf(keys[i][3], sizeof(keys[i][3]), "%.*s:RUN:WAKE", (int)dl, d);
+            for (int t = 0; t < 3; t++) {
+                aa[2 + 3 * i + t] = keys[i][t ? t + 1 : 0];
+                al[2 + 3 * i + t] = strlen(aa[2 + 3 * i + t]);
+            }
             size_t ml = 256 + gl + cl + ql;
             metas[i] = malloc(ml);
             if (!metas[i])
@@ -572,16 +589,22 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
                      "\"ttl\":null,\"type\":\"%s\",\"lock_args\":%.*s,\"time\":%s,\"at\":null}",
                      (int)(cls ? cl : 0), cls ? cls : "", (int)(q ? ql : 0), q ? q : "", lock,
                      (int)(g ? gl : 2), g ? g : "[]", now);
-            const char *one[] = { keys[i][0], until ? keys[i][1] : "", jids[i], "0", lock, "1",
-                                  metas[i] };
-            memcpy(&la[nl], one, sizeof(one));
-            nl += 7;
+            la[1 + i] = keys[i][0];
+            if (until) {
+                la[1 + n + i] = keys[i][1];
+                const char *one[] = { keys[i][1], jids[i], "0", lock, "1", metas[i] };
+                memcpy(&la[nl], one, sizeof(one));
+                nl += 6;
+                kinds[i] = 'l';
+            } else {
+                la[nl++] = jids[i];
+                la[nl++] = metas[i];
+                kinds[i] = 's';
+            }
+            akinds[i] = '1';
         }
         aa[na] = job->str;
         al[na++] = job->len;
-        aa[na] = lock ? keys[i][0] : "";
-        al[na] = strlen(aa[na]);
-        na++;
         aa[na] = jids[i];
         al[na] = strlen(aa[na]);
         na++;
@@ -589,12 +612,14 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
         al[na++] = 0;
     }
     if (lock)
-        ceil_append(c, CAPSTAN_SCRIPT_LOCKS, 1, (int)nl, la, NULL);
-    ceil_append(c, CAPSTAN_SCRIPT_ACKS, 2, (int)na, aa, al);
+        ceil_append(c, CAPSTAN_SCRIPT_LOCKS, (int)nlk, (int)nl, la, NULL);
+    ceil_append(c, CAPSTAN_SCRIPT_ACKS, (int)nk, (int)na, aa, al);
     capstan__jobject_free(&o);
     for (size_t i = 0; i < n; i++)
         free(metas[i]);
     free(metas);
+    free(kinds);
+    free(akinds);
     free(jids);
     free(keys);
     free(al);

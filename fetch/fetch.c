@@ -152,6 +152,19 @@ void capstan__fetched_clear(capstan_fetched_t *j)
     memset(j, 0, sizeof(*j));
 }
 
+/* Whether the job's lock is one the sweep's check of held locks does not
+ * serve (fetch.lua: a runtime lock is never held by a job being fetched),
+ * by plain search: a payload whose args say so too is at worst checked. */
+static int runtime_only(const char *payload, size_t len)
+{
+    const char *v = memmem(payload, len, "\"lock\":\"", 8);
+    if (!v)
+        return 0;
+    v += 8;
+    const char *q = memchr(v, '"', len - (size_t)(v - payload));
+    return q && memmem(v, (size_t)(q - v), "while_executing", 15);
+}
+
 /* Takes the payload string out of the reply (hiredis allocates it with
  * malloc, NUL-terminated, and frees a NULL one as nothing): no copy. */
 int capstan__fetch_take(capstan_fetch_t *f, redisReply *payload, size_t qi, capstan_fetched_t *out)
@@ -162,7 +175,7 @@ int capstan__fetch_take(capstan_fetch_t *f, redisReply *payload, size_t qi, caps
     payload->str = NULL;
     out->queue = f->names[qi];
     f->locks_seen = memmem(out->payload, out->len, "\"lock_digest\"", 13) != NULL;
-    if (f->locks_seen)
+    if (f->locks_seen && !runtime_only(out->payload, out->len))
         atomic_store_explicit(&f->plain_run, 0, memory_order_relaxed);
     else if (atomic_load_explicit(&f->plain_run, memory_order_relaxed) < 1000)
         atomic_fetch_add_explicit(&f->plain_run, 1, memory_order_relaxed);

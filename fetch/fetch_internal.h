@@ -31,8 +31,9 @@ struct capstan_fetch {
     char working[512];
     char timeout_s[32];
     int locks_seen;      /* the last job fetched carried a lock_digest */
-    atomic_uint plain_run; /* jobs fetched in a row without a lock_digest (up
-                              to 1,000: then the sweep stops looking for locks) */
+    atomic_uint plain_run; /* jobs fetched in a row without a lock_digest, or
+                              with a runtime lock only (up to 1,000: then the
+                              sweep stops looking for locks) */
     int min_replicas;    /* WAIT after acks for this many replicas; 0 = no WAIT */
     char wait_args[2][32];
     double wait_warned;  /* capstan__mono() of the last warning that WAIT fell short */

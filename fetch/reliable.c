@@ -90,8 +90,9 @@ static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int 
     argv[f->nact] = f->working;
     argv[f->nact + 1] = n;
     /* Looking costs Redis a search through each payload: not once the
-     * last 1,000 jobs carried no lock (the first locked jobs after them
-     * check their locks themselves, as without the hint). */
+     * last 1,000 jobs carried no lock it would look for (none, or a
+     * runtime lock only; the first locked jobs after them check their
+     * locks themselves, as without the hint). */
     argv[f->nact + 2] = atomic_load_explicit(&f->plain_run, memory_order_relaxed) < 1000 ? "1" : "0";
     return capstan__redis_append_script(r, CAPSTAN_SCRIPT_FETCH, (int)f->nact + 1, (int)f->nact + 3,
                                         argv, NULL);
@@ -217,13 +218,14 @@ enum { ACKS_PER_CALL = 64 };
  * *from on, marking them sent 2. Every key the call touches is declared in
  * KEYS (Dragonfly, cluster proxies): the working list, the digests, each
  * lock hash with its waiters' line and wake list (lib/wake_waiters.lua),
- * each batch's three keys and then "batches:open" and "queues". */
+ * in the acks' order (the script takes them from there rather than build
+ * them), then each batch's three keys and "batches:open" and "queues". */
 static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ack_item_t *acks,
                         size_t nacks, size_t *from, char *sent)
 {
     enum { MAX_KEYS = 2 + 6 * ACKS_PER_CALL + 2, MAX_ARGS = MAX_KEYS + 4 * ACKS_PER_CALL };
     /* On the heap: 4 KB of stack here would stay touched in every thread. */
-    const char **argv = malloc(MAX_ARGS * sizeof(*argv));
+    const char **argv = malloc((MAX_ARGS + 3 * ACKS_PER_CALL) * sizeof(*argv));
     size_t *lens = malloc(MAX_ARGS * sizeof(*lens));
     size_t *picked = malloc(ACKS_PER_CALL * sizeof(*picked));
     char **owned = calloc(5 * ACKS_PER_CALL, sizeof(*owned));
@@ -235,6 +237,10 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
     }
     argv[0] = f->working;
     argv[1] = CAPSTAN_UNIQUE_DIGESTS;
+    /* The batches' keys go after every lock's (acks.lua): kept past the
+     * arguments till then. */
+    const char **bkeys = argv + MAX_ARGS;
+    int nbkeys = 0;
     size_t i = *from;
     for (; i < nacks && npicked < ACKS_PER_CALL; i++) {
         const capstan_ack_t *a = &acks[i].ack;
@@ -266,35 +272,42 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
                 goto out;
             }
             snprintf(owned[nowned], n, "%s%s%s", CAPSTAN_KEY_BATCH, a->bid, tails[t]);
-            argv[nkeys++] = owned[nowned++];
+            bkeys[nbkeys++] = owned[nowned++];
         }
     }
     *from = i;
+    memcpy(argv + nkeys, bkeys, (size_t)nbkeys * sizeof(*bkeys));
+    nkeys += nbkeys;
     if (batches) {
         argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
         argv[nkeys++] = CAPSTAN_KEY_QUEUES;
     }
     /* Without a lock or a batch among them (only the working list is
      * declared then), acks_plain.lua takes the payloads alone. */
-    int plain = nkeys == 2, per = plain ? 1 : 4;
+    int plain = nkeys == 2, per = plain ? 1 : 3;
     nkeys = plain ? 1 : nkeys;
     int argc = nkeys;
+    /* acks.lua's first argument: a byte a job, whether it holds a lock. */
+    char kinds[ACKS_PER_CALL + 1];
+    if (!plain)
+        argv[argc++] = kinds;
+    int first = argc;
     for (size_t k = 0; k < npicked; k++) {
         const capstan_ack_item_t *it = &acks[picked[k]];
         const capstan_ack_t *a = &it->ack;
-        int lock = a->lock_key && a->lock_jid;
         argv[argc++] = it->raw;
         if (!plain) {
-            argv[argc++] = lock ? a->lock_key : "";
+            kinds[k] = a->lock_key && a->lock_jid ? '1' : '0';
             argv[argc++] = a->lock_jid ? a->lock_jid : "";
             argv[argc++] = a->bid ? a->bid : "";
         }
         sent[picked[k]] = 2;
     }
+    kinds[npicked] = '\0';
     for (int k = 0; k < argc; k++)
         lens[k] = strlen(argv[k]);
     for (size_t k = 0; k < npicked; k++)
-        lens[nkeys + per * (int)k] = acks[picked[k]].len;
+        lens[first + per * (int)k] = acks[picked[k]].len;
     rc = capstan__redis_append_script(r, plain ? CAPSTAN_SCRIPT_ACKS_PLAIN : CAPSTAN_SCRIPT_ACKS,
                                       nkeys, argc, argv, lens);
 out:

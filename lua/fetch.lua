@@ -72,26 +72,31 @@ local function take_slots(i, job)
     end
   end
 end
--- From each queue in turn, the oldest jobs (the right end) in one range:
--- three commands for the lot instead of one move per job. They go to the
--- working list's left end oldest first, as one move per job would leave
--- them.
+-- From each queue in turn, the oldest jobs (the right end), oldest first,
+-- in one pop: two commands for the lot instead of one move per job. They
+-- go to the working list's left end oldest first, as one move per job
+-- would leave them.
+local m = 1
 for i = 1, nq do
   local take, free = want - got, lease and room(i)
   if free and free < take then
     take = free
   end
-  local jobs = take > 0 and redis.call('LRANGE', KEYS[i], -take, -1) or {}
-  local n = #jobs
+  local jobs = take > 0 and redis.call('RPOP', KEYS[i], take) or false
+  local n = jobs and #jobs or 0
   if n > 0 then
-    redis.call('LTRIM', KEYS[i], 0, -n - 1)
-    local oldest_first = {}
-    for k = n, 1, -1 do
-      oldest_first[#oldest_first + 1] = jobs[k]
-    end
-    redis.call('LPUSH', working, unpack(oldest_first))
+    redis.call('LPUSH', working, unpack(jobs))
     got = got + n
-    for _, job in ipairs(oldest_first) do
+  end
+  if n > 0 and not check and not free then
+    -- A plain sweep: each job's entries and nothing else.
+    for k = 1, n do
+      out[m + 1] = i
+      out[m + 2] = jobs[k]
+      m = m + 2
+    end
+  elseif n > 0 then
+    for _, job in ipairs(jobs) do
       if free then
         take_slots(i, job)
       end
@@ -110,8 +115,9 @@ for i = 1, nq do
           held = { i, d, j }
         end
       end
-      out[#out + 1] = held
-      out[#out + 1] = job
+      out[m + 1] = held
+      out[m + 2] = job
+      m = m + 2
     end
   end
   if got >= want then

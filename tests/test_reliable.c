@@ -1142,6 +1142,130 @@ Test(reliable, acks_leave_the_working_list_as_one_lrem_a_job_would)
     capstan_redis_free(r);
 }
 
+/* A sweep takes the oldest jobs of a queue into the working list, oldest
+ * first, and hands each of them over, in order, once: also past the first
+ * 1,000 jobs without a lock, when it stops looking into the payloads for
+ * one. */
+Test(reliable, sweeps_hand_over_every_job_they_move_in_queue_order)
+{
+    enum { N = 1250, MAX = 64 };
+    char **p = calloc(N, sizeof(*p));
+    cr_assert(p);
+    for (unsigned i = 0; i < N; i++) {
+        char jid[25];
+        kt_make_jid(jid, 35, i);
+        p[i] = kt_payload("NoopJob", "[1]", jid, "sweep");
+    }
+    kt_push_all(kt_redis(), "sweep", p, N);
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_queue_conf_t q = { .name = "sweep" };
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "sweeps", .queues = &q,
+                                .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    capstan_fetched_t got[MAX];
+    unsigned next = 0;
+    while (next < N) {
+        int n = capstan__fetch_exchange(f, r, NULL, 0, got, MAX, 0);
+        cr_assert_eq(n, N - next < MAX ? N - next : MAX, "after %u jobs", next);
+        for (int k = 0; k < n; k++, next++) {
+            cr_assert_str_eq(got[k].payload, p[next], "job %u in queue order", next);
+            capstan__fetched_clear(&got[k]);
+        }
+        cr_assert_eq(kt_int("LLEN uniquejobs:working:sweeps"), next, "each moved job handed over");
+    }
+    redisReply *w = kt_cmd("LRANGE uniquejobs:working:sweeps 0 -1");
+    cr_assert(w->type == REDIS_REPLY_ARRAY && w->elements == N);
+    for (unsigned i = 0; i < N; i++)
+        cr_assert_str_eq(w->element[i]->str, p[N - 1 - i], "the oldest at the tail: entry %u", i);
+    freeReplyObject(w);
+    cr_assert_eq(capstan__fetch_exchange(f, r, NULL, 0, got, MAX, 0), 0, "the queue is empty");
+    for (unsigned i = 0; i < N; i++)
+        free(p[i]);
+    free(p);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
+}
+
+/* Successes acked together release their locks as one unlock a job would
+ * (lua/unlock.lua): a hold that was the hash's last takes the hash and its
+ * digest in "uniquejobs:digests" with it, one that leaves another holder
+ * keeps both, a release wakes the lock's waiters (one token a waiter in
+ * "<key>:WAKE"), a late ack (its job taken back) lets its runtime lock go
+ * and keeps its until-lock, and a plain job among them releases nothing. */
+Test(reliable, batched_acks_release_locks_as_one_unlock_a_job_would)
+{
+    enum { N = 7 };
+    /* Lock hash a job holds (NULL: none), whether its job is still in the
+     * working list, what else holds its hash, who waits for it. */
+    static const struct {
+        const char *lock;
+        int listed;
+        const char *other, *waiter;
+    } jobs[N] = {
+        { "uniquejobs:a:RUN:LOCKED", 1, NULL, NULL },
+        { "uniquejobs:b:RUN:LOCKED", 1, "someone", NULL },
+        { "uniquejobs:c:RUN:LOCKED", 1, NULL, "w1" },
+        { "uniquejobs:d:RUN:LOCKED", 0, NULL, NULL },
+        { "uniquejobs:e:LOCKED", 0, NULL, NULL },
+        { NULL, 1, NULL, NULL },
+        { "uniquejobs:g:LOCKED", 1, NULL, NULL },
+    };
+    char jid[N][25], *p[N];
+    capstan_ack_item_t acks[N];
+    const char *w = "uniquejobs:working:lock-acks";
+    for (unsigned i = 0; i < N; i++) {
+        kt_make_jid(jid[i], 34, i);
+        p[i] = kt_payload("NoopJob", "[1]", jid[i], "default");
+        if (jobs[i].listed)
+            kt_int("LPUSH %s %s", w, p[i]);
+        acks[i] = (capstan_ack_item_t){ .raw = p[i], .len = strlen(p[i]),
+                                        .ack = { .kind = CAPSTAN_ACK_OK, .lock_key = jobs[i].lock,
+                                                 .lock_jid = jobs[i].lock ? jid[i] : NULL } };
+        if (!jobs[i].lock)
+            continue;
+        kt_int("HSET %s %s {}", jobs[i].lock, jid[i]);
+        if (jobs[i].other)
+            kt_int("HSET %s %s {}", jobs[i].lock, jobs[i].other);
+        char digest[64];
+        snprintf(digest, sizeof(digest), "%.*s", (int)(strlen(jobs[i].lock) - 7), jobs[i].lock);
+        kt_int("ZADD uniquejobs:digests 1 %s", digest);
+        if (jobs[i].waiter)
+            kt_int("ZADD %s:WAITING 1 %s", digest, jobs[i].waiter);
+    }
+    capstan_redis_t *r = kt_lib_redis();
+    char err[CAPSTAN_ERRLEN];
+    capstan_queue_conf_t q = { .name = "default" };
+    capstan_fetch_conf_t fc = { .ops = &capstan__fetch_reliable, .identity = "lock-acks", .queues = &q,
+                                .nqueues = 1, .strict = 1, .block_timeout = 0.1 };
+    capstan_fetch_t *f = capstan__fetch_new(&fc, err);
+    cr_assert(f, "%s", err);
+    cr_assert_eq(capstan__fetch_exchange(f, r, acks, N, NULL, 0, 0), 0);
+    for (unsigned i = 0; i < N; i++)
+        cr_assert_eq(acks[i].rc, 0, "ack %u written", i);
+    cr_assert_eq(kt_int("EXISTS %s", w), 0, "every listed job left the working list");
+    cr_assert_eq(kt_int("EXISTS uniquejobs:a:RUN:LOCKED"), 0, "the last hold took its hash");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests uniquejobs:a:RUN"), 0, "and its digest");
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:b:RUN:LOCKED %s", jid[1]), 0, "its hold went");
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:b:RUN:LOCKED someone"), 1, "the other holder stays");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests uniquejobs:b:RUN"), 1, "and the digest");
+    cr_assert_eq(kt_int("EXISTS uniquejobs:c:RUN:LOCKED"), 0);
+    cr_assert_eq(kt_int("LLEN uniquejobs:c:RUN:WAKE"), 1, "its waiter woken");
+    cr_assert_eq(kt_int("EXISTS uniquejobs:a:RUN:WAKE"), 0, "no token where no one waits");
+    cr_assert_eq(kt_int("EXISTS uniquejobs:d:RUN:LOCKED"), 0, "a late ack's runtime lock goes");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests uniquejobs:d:RUN"), 0);
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:e:LOCKED %s", jid[4]), 1, "its until-lock stays");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests uniquejobs:e"), 1);
+    cr_assert_eq(kt_int("EXISTS uniquejobs:g:LOCKED"), 0, "an until-lock goes with its job");
+    cr_assert_eq(kt_int("ZSCORE uniquejobs:digests uniquejobs:g"), 0);
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 2, "b:RUN and e left");
+    for (unsigned i = 0; i < N; i++)
+        free(p[i]);
+    capstan__fetch_free(f);
+    capstan_redis_free(r);
+}
+
 /* SCRIPT FLUSH (or a failover to a replica without the scripts) while jobs
  * drain: the scripts are loaded again at once and the EVALSHA that met
  * NOSCRIPT is sent again, in the fetch pipeline as anywhere else; no fetch

@@ -13,6 +13,7 @@
 
 #include "helpers.h"
 #include "capstan/unique.h"
+#include "redis/scripts.h"
 
 static int stop(pid_t pid)
 {
@@ -1019,4 +1020,76 @@ Test(unique, a_late_ack_releases_the_runtime_lock_its_run_took)
     cr_assert_eq(kt_int("HEXISTS %s:LOCKED %s", d, jid), 1, "the until-lock stays for the copy");
     cr_assert_eq(stop(a), 0);
     free(payload); free(w); free(id); free(d); free(jid);
+}
+
+/* One locks.lua call (what a run's runtime locks go in) for the jobs
+ * whose runtime lock hashes are keys[0..n), in the kinds and groups
+ * locks.lua takes; its two digits a job, in *out. */
+static void run_locks(capstan_redis_t *r, const char *const *keys, int n, const char *kinds,
+                      const char *const *groups, int ngroups, char *out, size_t len)
+{
+    const char *argv[1 + 8 + 2 + 6 * 8];
+    int argc = 0;
+    argv[argc++] = "uniquejobs:digests";
+    for (int i = 0; i < n; i++)
+        argv[argc++] = keys[i];
+    argv[argc++] = "1700000000.500000";
+    argv[argc++] = kinds;
+    for (int i = 0; i < ngroups; i++)
+        argv[argc++] = groups[i];
+    redisReply *rep = capstan__redis_script(r, CAPSTAN_SCRIPT_LOCKS, 1 + n, argc, argv, NULL);
+    cr_assert(rep && rep->type == REDIS_REPLY_STRING, "locks.lua: %s", rep ? rep->str : "no reply");
+    snprintf(out, len, "%s", rep->str);
+    freeReplyObject(rep);
+}
+
+/* Runtime locks taken together are v9's: the hash "<digest>:LOCKED" with
+ * the jid's metadata, the digest in "uniquejobs:digests" scored at now,
+ * the TTL when there is one; a lock named twice in one call is taken once,
+ * and one held elsewhere is refused alone, whether the call's other locks
+ * exist or not, in the short form (jid and metadata) or the long. */
+Test(unique, runtime_locks_taken_together_are_v9s_hashes_and_index)
+{
+    capstan_redis_t *r = kt_lib_redis();
+    char got[32];
+    /* None of them exists: A twice (limit 1), T with a TTL (the long
+     * form), C after them. */
+    const char *keys1[] = { "uniquejobs:a:RUN:LOCKED", "uniquejobs:t:RUN:LOCKED",
+                            "uniquejobs:a:RUN:LOCKED", "uniquejobs:c:RUN:LOCKED" };
+    const char *groups1[] = {
+        "ja", "{\"m\":\"a\"}",
+        "", "jt", "5000", "while_executing", "1", "{\"m\":\"t\"}",
+        "jb", "{\"m\":\"b\"}",
+        "jc", "{\"m\":\"c\"}",
+    };
+    run_locks(r, keys1, 4, "slss", groups1, 12, got, sizeof(got));
+    cr_assert_str_eq(got, "11111011", "taken, taken, refused (held by ja), taken");
+    redisReply *hc = kt_cmd("HGET uniquejobs:c:RUN:LOCKED jc");
+    cr_assert(hc->type == REDIS_REPLY_STRING && !strcmp(hc->str, "{\"m\":\"c\"}"), "C's own group");
+    freeReplyObject(hc);
+    redisReply *h = kt_cmd("HGETALL uniquejobs:a:RUN:LOCKED");
+    cr_assert(h->type == REDIS_REPLY_ARRAY && h->elements == 2, "one holder");
+    cr_assert_str_eq(h->element[0]->str, "ja");
+    cr_assert_str_eq(h->element[1]->str, "{\"m\":\"a\"}", "its metadata as given");
+    freeReplyObject(h);
+    redisReply *sc = kt_cmd("ZSCORE uniquejobs:digests uniquejobs:a:RUN");
+    cr_assert(sc->type == REDIS_REPLY_STRING && !strcmp(sc->str, "1700000000.5"), "scored at now");
+    freeReplyObject(sc);
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 3);
+    cr_assert_eq(kt_int("PTTL uniquejobs:a:RUN:LOCKED"), -1, "no TTL asked");
+    long long ttl = kt_int("PTTL uniquejobs:t:RUN:LOCKED");
+    cr_assert(ttl > 0 && ttl <= 5000, "its TTL: %lld", ttl);
+    /* B held elsewhere, E free, D held elsewhere with a limit of 2. */
+    freeReplyObject(kt_cmd("HSET uniquejobs:b:RUN:LOCKED elsewhere {}"));
+    freeReplyObject(kt_cmd("HSET uniquejobs:d:RUN:LOCKED elsewhere {}"));
+    const char *keys2[] = { "uniquejobs:b:RUN:LOCKED", "uniquejobs:e:RUN:LOCKED",
+                            "uniquejobs:d:RUN:LOCKED" };
+    const char *groups2[] = { "jb", "{}", "je", "{}", "", "jd", "0", "while_executing", "2", "{}" };
+    run_locks(r, keys2, 3, "ssl", groups2, 10, got, sizeof(got));
+    cr_assert_str_eq(got, "101111", "refused, taken, taken");
+    cr_assert_eq(kt_int("HLEN uniquejobs:b:RUN:LOCKED"), 1);
+    cr_assert_eq(kt_int("HEXISTS uniquejobs:e:RUN:LOCKED je"), 1);
+    cr_assert_eq(kt_int("HLEN uniquejobs:d:RUN:LOCKED"), 2);
+    cr_assert_eq(kt_int("ZCARD uniquejobs:digests"), 5, "a, t, c, e and d; not b");
+    capstan_redis_free(r);
 }

@@ -345,13 +345,14 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
 {
     /* n is a run's few jobs (CAPSTAN_RUN_MAX): on the stack. */
     lock_call_t c[n ? n : 1];
-    char until[n ? n : 1][CAPSTAN_DIGEST_MAX + 16];
-    /* KEYS: the digests and each job's lock hashes (every key the script
-     * touches is declared, for Dragonfly and cluster proxies); then now and
-     * the groups, which name the hashes again. */
-    const char *argv[1 + 2 * n + 1 + 7 * n];
-    const char *groups[7 * n + 1];
-    size_t argc = 1, ng = 0, k = 0;
+    char until[n ? n : 1][CAPSTAN_DIGEST_MAX + 16], kinds[n + 1];
+    /* KEYS: the digests, each job's runtime lock hash, then the until-locks
+     * (every key the script touches is declared, for Dragonfly and cluster
+     * proxies); then now, the jobs' kinds and their groups (see
+     * locks.lua). */
+    const char *argv[1 + 2 * n + 2 + 6 * n];
+    const char *untils[n ? n : 1], *groups[6 * n + 1];
+    size_t argc = 1, ng = 0, nu = 0, k = 0;
     char err[CAPSTAN_ERRLEN] = "";
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -363,23 +364,34 @@ void capstan_unique__lock_many(capstan_redis_t *r, const capstan_lock_req_t *req
         capstan_prelock_t *p = pre[i];
         if ((rc = lock_prepare(&c[i], &reqs[i], 0, 0, err)))
             break;
-        if (p->type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING)
+        if (p->type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING) {
             capstan_unique__key(until[i], sizeof(until[i]), reqs[i].digest, 0, CAPSTAN_KEY_LOCKED);
+            untils[nu++] = until[i];
+        }
         /* lock_prepare's arguments for lock.lua without a waiting line:
          * locked, digests, jid, pttl, type, limit, meta, now. */
         const char *const *a = c[i].argv;
-        const char *group[] = { a[0], until[i], a[2], a[3], a[4], a[5], a[6] };
-        memcpy(groups + ng, group, sizeof(group));
-        ng += 7;
+        int short_form = !until[i][0] && !strcmp(a[3], "0") && !strcmp(a[5], "1");
+        kinds[k] = short_form ? 's' : 'l';
+        if (short_form) {
+            groups[ng++] = a[2];
+            groups[ng++] = a[6];
+        } else {
+            const char *group[] = { until[i], a[2], a[3], a[4], a[5], a[6] };
+            memcpy(groups + ng, group, sizeof(group));
+            ng += 6;
+        }
         argv[argc++] = a[0];
-        if (until[i][0])
-            argv[argc++] = until[i];
         k++;
     }
+    kinds[k] = '\0';
+    memcpy(argv + argc, untils, nu * sizeof(*untils));
+    argc += nu;
     int nkeys = (int)argc;
     argv[0] = CAPSTAN_UNIQUE_DIGESTS;
     if (!rc && k) {
         argv[argc++] = c[0].now_s;
+        argv[argc++] = kinds;
         memcpy(argv + argc, groups, ng * sizeof(*groups));
         argc += ng;
     }

@@ -1,8 +1,10 @@
--- take_out(working, args, step): for the n jobs args[1], args[1 + step],
--- ... (payloads as fetched, in the order their acks came, oldest first),
+-- take_out(working, args, step, first): for the n jobs args[first],
+-- args[first + step], ... (first 1 when nil; payloads as fetched, in the
+-- order their acks came, oldest first),
 -- a function take(payload), called once for each of them in that order,
 -- that takes the job out of the working list as LREM from the tail would
--- (its occurrence nearest the tail) and says whether it was there.
+-- (its occurrence nearest the tail) and says whether it was there; and
+-- whether the tail was read (when not, take is that LREM alone).
 -- The jobs of a round trip sit together in the list, headwards of older
 -- jobs other processors still run or ack; one LREM a job walks past those
 -- once for each job. With many jobs behind many older ones that walk
@@ -12,18 +14,19 @@
 -- list either way. Moving a job through Lua costs Redis about as much as
 -- walking past 20 (its string is copied and hashed twice), so with few
 -- jobs, or few older ones, the LREMs are cheaper.
-local function take_out(working, args, step)
+local function take_out(working, args, step, first)
   local function lrem(v)
     return redis.call('LREM', working, '-1', v) == 1
   end
-  local n = math.floor((#args + step - 1) / step)
+  first = first or 1
+  local n = math.floor((#args - first + step) / step)
   local from = n >= 32
-    and redis.call('LPOS', working, args[1 + (n - 1) * step], 'RANK', '-1', 'MAXLEN', tostring(8 * n))
+    and redis.call('LPOS', working, args[first + (n - 1) * step], 'RANK', '-1', 'MAXLEN', tostring(8 * n))
   if not from or redis.call('LLEN', working) - from - n < 16 then
-    return lrem
+    return lrem, false
   end
   local left, found = {}, {}
-  for i = 1, #args, step do
+  for i = first, #args, step do
     left[args[i]] = (left[args[i]] or 0) + 1
   end
   local tail = redis.call('LRANGE', working, from, -1)
@@ -55,5 +58,5 @@ local function take_out(working, args, step)
       return true
     end
     return lrem(v)
-  end
+  end, true
 end
