@@ -15,6 +15,20 @@ uint32_t capstan__crc32(uint32_t crc, const void *p, size_t n)
     return ~crc;
 }
 
+/* MurmurHash3's 32-bit finalizer. A CRC is linear: two shards' CRCs of
+ * "name:key" differ by a constant XOR for every key of a length, so
+ * comparing them raw lets one shard win far more than its share (of
+ * three shards, one took half the keys); mixed, each takes its share. */
+static uint32_t mix(uint32_t h)
+{
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return h;
+}
+
 size_t capstan__shard_pick(const char *const *names, size_t n, const char *key, size_t len)
 {
     size_t best = 0;
@@ -22,7 +36,7 @@ size_t capstan__shard_pick(const char *const *names, size_t n, const char *key, 
     for (size_t i = 0; i < n; i++) {
         uint32_t h = capstan__crc32(0, names[i], strlen(names[i]));
         h = capstan__crc32(h, ":", 1);
-        h = capstan__crc32(h, key, len);
+        h = mix(capstan__crc32(h, key, len));
         if (i == 0 || h > top) {
             top = h;
             best = i;

@@ -1,7 +1,8 @@
 /* The one rule that places a key (a unique digest, a jid, a limiter's or
  * a batch's name) in one shard of a sharded fleet: rendezvous hashing over
- * the shards' names, each scored by the CRC-32 (IEEE, zlib's) of
- * "name:key" and the highest winning, the first on a tie. Adding a shard
+ * the shards' names, each scored by MurmurHash3's 32-bit finalizer of the
+ * CRC-32 (IEEE, zlib's) of "name:key" and the highest winning, the first
+ * on a tie. Adding a shard
  * moves only the keys it now wins. The Ruby module
  * (share/capstan/ruby/capstan_shards.rb) computes the same. Not public. */
 #ifndef CAPSTAN_SUPPORT_SHARD_PICK_H

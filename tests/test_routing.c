@@ -4,6 +4,7 @@
  * shard, else the queue's home shard, else the rendezvous pick of the
  * job's lock digest, else of its jid), which the test recomputes with
  * capstan__shard_pick and checks entry by entry in each shard's queue. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,14 +293,14 @@ KT_SIDEKIQ_TEST(routing, ruby_module_follows_the_rule)
     free(spec);
 }
 
-/* UniqueJob [4] with an until_executed lock: v9's digest. */
+/* UniqueJob [3] with an until_executed lock: v9's digest. */
 static void unique_digest(char d[CAPSTAN_DIGEST_MAX])
 {
     char err[CAPSTAN_ERRLEN];
-    capstan_digest_input_t in = { .cls = "UniqueJob", .queue = "default", .lock_args = "[4]" };
+    capstan_digest_input_t in = { .cls = "UniqueJob", .queue = "default", .lock_args = "[3]" };
     cr_assert_eq(capstan_unique_digest(&in, d, NULL, err), 0, "%s", err);
     /* Not shard a, whose URL is also the client's own connection's. */
-    cr_assert_eq(pick(d, 0), 1, "UniqueJob [4]'s digest %s is not b's any more", d);
+    cr_assert_eq(pick(d, 0), 1, "UniqueJob [3]'s digest %s is not b's any more", d);
 }
 
 /* Exactly one UniqueJob in all the shards, in the digest's shard, and its
@@ -319,7 +320,7 @@ static void assert_one_unique(const char *d)
     }
 }
 
-/* 100 pushes of UniqueJob [4] through the C client: one accepted. */
+/* 100 pushes of UniqueJob [3] through the C client: one accepted. */
 static void c_push_unique(const capstan_config_t *cfg, int accepted)
 {
     capstan_unique_opts_t u = CAPSTAN_UNIQUE_OPTS_INIT;
@@ -329,7 +330,7 @@ static void c_push_unique(const capstan_config_t *cfg, int accepted)
     cr_assert_eq(capstan_client_set_class(c, "UniqueJob", &co), 0);
     int ok = 0;
     for (int i = 0; i < 100; i++) {
-        int rc = capstan_client_push(c, "UniqueJob", "[4]", NULL, NULL);
+        int rc = capstan_client_push(c, "UniqueJob", "[3]", NULL, NULL);
         cr_assert(rc == 0 || rc == CAPSTAN_EDENIED, "push: %d %s", rc, capstan_client_error(c));
         ok += rc == 0;
     }
@@ -349,7 +350,7 @@ Test(routing, a_digest_meets_in_one_shard_from_c_and_cli)
     int pushed = 0;
     for (int i = 0; i < 100; i++) {
         char *out = NULL;
-        int st = kt_capstan_run((const char *[]){ "push", "UniqueJob", "[4]", "-C", conf, "-q", "default",
+        int st = kt_capstan_run((const char *[]){ "push", "UniqueJob", "[3]", "-C", conf, "-q", "default",
                                                   "--lock", "until_executed", NULL }, &out);
         cr_assert(st == 0 || st == 3, "capstan push exited %d: %s", st, out);
         pushed += st == 0;
@@ -361,7 +362,7 @@ Test(routing, a_digest_meets_in_one_shard_from_c_and_cli)
     shards_flush();
     for (int i = 0; i < 100; i++) {
         char *out = NULL;
-        int st = kt_capstan_run((const char *[]){ "push", "UniqueJob", "[4]", "-C", conf, "-q", "default",
+        int st = kt_capstan_run((const char *[]){ "push", "UniqueJob", "[3]", "-C", conf, "-q", "default",
                                                   "--lock", "until_executed", "--json", NULL }, &out);
         cr_assert(st == 0 || st == 3, "capstan push exited %d: %s", st, out);
         if (st == 0) {
@@ -600,4 +601,130 @@ Test(routing, a_cancel_reaches_the_jobs_shard_whatever_its_route)
     cr_assert(strstr(capstan_client_error(c), "shard c:"), "%s", capstan_client_error(c));
     capstan_client_free(c);
     capstan_config_free(cfg);
+}
+
+/* The whole path: 15,000 jobs pushed by the C client and 15,000 by the
+ * Ruby module (Sidekiq 7.3.10), spread over the three shards by the rule,
+ * all run once by one supervised capstan (processes: 2) serving every
+ * shard, each in the shard it was pushed to. */
+Test(routing, jobs_routed_from_c_and_ruby_all_run_once_in_their_shard, .timeout = 400)
+{
+    enum { PER_ROUTE = 15000 };
+    kt_sidekiq_need("7.3.10");
+    shards_start();
+    capstan_config_t *cfg = shards_config(0);
+    capstan_client_t *c = sharded_client(cfg);
+    c_push(c, "default", PER_ROUTE, 0);
+    char *spec = shard_spec(), *out = NULL;
+    /* shards.rb pushes a tenth more to "reports": 13,637 + 1,363. */
+    char n[16];
+    snprintf(n, sizeof(n), "%d", PER_ROUTE * 10 / 11);
+    cr_assert_eq(kt_ruby_v("7.3.10", "shards.rb", (const char *[]){ "push", spec, "-", n, NULL }, &out), 0, "%s",
+                 out ? out : "");
+    long ruby = ruby_lines(out, 0);
+    free(out);
+    long counts[NSHARDS], rep[NSHARDS];
+    long total = check_queue("default", by_jid, &(int){ 0 }, counts);
+    total += check_queue("reports", by_jid, &(int){ 0 }, rep);
+    cr_assert_eq(total, PER_ROUTE + ruby);
+    assert_spread(counts, (const int[]){ 0, 1, 2 }, 3, total);
+
+    char *conf = NULL, *dir = kt_tmp("ledger");
+    cr_assert(mkdir(dir, 0700) == 0);
+    cr_assert(asprintf(&conf, "processes: 2\nconcurrency: 5\nqueues: [default, reports]\n"
+                              "shards:\n  - name: a\n    redis_url: %s\n  - name: b\n    redis_url: %s\n"
+                              "  - name: c\n    redis_url: %s\n", srv[0].url, srv[1].url, srv[2].url) > 0);
+    char *path = kt_write_file("run.yml", conf);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        char log[700];
+        snprintf(log, sizeof(log), "%s/capstan.log", dir);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        unsetenv("REDIS_URL");
+        setenv("CAPSTAN_LEDGER_DIR", dir, 1);
+        execl(getenv("CAPSTAN_BIN"), "capstan", "run", "-C", path, "-r", getenv("CAPSTAN_SHARDS_PLUGIN"),
+              (char *)NULL);
+        _exit(127);
+    }
+    kt_track(pid);
+    char ledger[700];
+    snprintf(ledger, sizeof(ledger), "%s/ledger", dir);
+    long lines = 0;
+    cr_assert(KT_WAIT_UNTIL(({
+                  char *t = kt_read_file(ledger);
+                  lines = 0;
+                  for (char *p = t; p && *p; p++)
+                      lines += *p == '\n';
+                  free(t);
+                  lines >= total; }), 300), "%ld of %ld jobs ran", lines, total);
+    kill(pid, SIGTERM);
+    int st = 0;
+    cr_assert(KT_WAIT_UNTIL(waitpid(pid, &st, WNOHANG) == pid, 60));
+    kt_untrack(pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "capstan exited %d", st);
+    /* Every jid once, in the shard the rule gives it. */
+    char *text = kt_read_file(ledger);
+    size_t njobs = 0, cap = (size_t)total + 16, wrong = 0;
+    char (*jids)[25] = calloc(cap, sizeof(*jids));
+    cr_assert(jids);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char jid[64];
+        int port = 0;
+        cr_assert_eq(sscanf(line, "%63s %d", jid, &port), 2, "ledger line: %s", line);
+        cr_assert_lt(njobs, cap, "more runs than jobs");
+        snprintf(jids[njobs++], 25, "%s", jid);
+        wrong += srv[pick(jid, 0)].port != port;
+    }
+    free(text);
+    qsort(jids, njobs, sizeof(*jids), (int (*)(const void *, const void *))strcmp);
+    size_t twice = 0;
+    for (size_t i = 1; i < njobs; i++)
+        twice += !strcmp(jids[i], jids[i - 1]);
+    printf("routing: %ld jobs (%d from C, %ld from Ruby 7.3.10) over 3 shards: %zu runs, %zu twice, %zu in "
+           "another shard than the rule's; per shard %ld %ld %ld\n", total, PER_ROUTE, ruby, njobs, twice, wrong,
+           counts[0] + rep[0], counts[1] + rep[1], counts[2] + rep[2]);
+    cr_assert_eq(njobs, (size_t)total);
+    cr_assert_eq(twice, 0);
+    cr_assert_eq(wrong, 0);
+    for (int i = 0; i < NSHARDS; i++) {
+        redisReply *r = redisCommand(srv[i].conn, "GET stat:processed");
+        cr_assert(r && r->type == REDIS_REPLY_STRING && strtol(r->str, NULL, 10) == counts[i] + rep[i],
+                  "shard %s: stat:processed %s, want %ld", names[i], r && r->str ? r->str : "none",
+                  counts[i] + rep[i]);
+        freeReplyObject(r);
+    }
+    free(jids);
+    free(path);
+    free(conf);
+    free(dir);
+    free(spec);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
+}
+
+/* The hash gives each shard its share of jids (a CRC's raw scores gave one
+ * of three shards half of them), for a few shard lists. */
+Test(routing, the_rule_gives_each_shard_its_share)
+{
+    static const char *const lists[][5] = { { "a", "b", "c" }, { "s1", "s2", "s3", "s4", "s5" }, { "east", "west" } };
+    static const size_t lens[] = { 3, 5, 2 };
+    enum { KEYS = 30000 };
+    for (size_t l = 0; l < 3; l++) {
+        long counts[5] = { 0 };
+        for (unsigned i = 0; i < KEYS; i++) {
+            char jid[25];
+            kt_make_jid(jid, (int)l, i);
+            counts[capstan__shard_pick(lists[l], lens[l], jid, 24)]++;
+        }
+        double share = (double)KEYS / (double)lens[l];
+        for (size_t k = 0; k < lens[l]; k++)
+            cr_assert(counts[k] > 0.9 * share && counts[k] < 1.1 * share,
+                      "list %zu: shard %s took %ld of %d keys, its share is %.0f", l, lists[l][k], counts[k], KEYS,
+                      share);
+    }
 }

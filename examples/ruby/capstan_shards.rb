@@ -7,7 +7,7 @@
 #   2. else the queue's home shard (home:, as a shard's queues: list);
 #   3. else, among the shards home: does not name (those fetch every queue,
 #      as a shard without a queues: list), the rendezvous pick (the highest
-#      Zlib.crc32 of "name:key", the first shard on a tie) of the job's
+#      mix of Zlib.crc32 of "name:key", the first shard on a tie) of the job's
 #      uniqueness digest when its class has a lock (sidekiq_options
 #      lock: ..., so that its duplicates meet in one shard, where its lock
 #      is taken), else of its jid (so that one busy queue spreads over them).
@@ -81,6 +81,16 @@ module Capstan
         @pools.fetch(known!(@names, name.to_s))
       end
 
+      # MurmurHash3's 32-bit finalizer: a CRC alone is linear, and its raw
+      # scores would let one shard win far more keys than its share.
+      def mix(h)
+        h ^= h >> 16
+        h = (h * 0x85ebca6b) & 0xffffffff
+        h ^= h >> 13
+        h = (h * 0xc2b2ae35) & 0xffffffff
+        h ^ (h >> 16)
+      end
+
       # The rendezvous pick of key among the shards that fetch every queue
       # (among names, when given).
       def pick(key, among = @open)
@@ -88,7 +98,7 @@ module Capstan
         best = nil
         top = -1
         among.each do |n|
-          h = Zlib.crc32("#{n}:#{key}")
+          h = mix(Zlib.crc32("#{n}:#{key}"))
           if h > top
             top = h
             best = n

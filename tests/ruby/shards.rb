@@ -7,7 +7,7 @@
 #   ruby shards.rb push SHARDS HOME N       N PlainJob pushes (half through
 #                                           push, half through via_for), N/10
 #                                           to queue reports: "JOB jid shard queue"
-#   ruby shards.rb unique SHARDS HOME N     N pushes of UniqueJob [4] (until_executed),
+#   ruby shards.rb unique SHARDS HOME N     N pushes of UniqueJob [3] (until_executed),
 #                                           with a stand-in for v9's client
 #                                           middleware: "JOB jid-or-denied shard"
 #   ruby shards.rb explicit SHARDS HOME SHARD   one push to SHARD: "JOB jid shard", or
@@ -103,8 +103,8 @@ when 'unique'
   Sidekiq.configure_client { |c| c.client_middleware { |ch| ch.add V9Standin } }
   configure(ARGV[0], ARGV[1])
   ARGV[2].to_i.times do
-    jid, shard = Capstan::Shards.push(UniqueJob, 4)
-    puts "JOB #{jid || 'denied'} #{shard} #{Capstan::Shards.digest('class' => UniqueJob, 'args' => [4])}"
+    jid, shard = Capstan::Shards.push(UniqueJob, 3)
+    puts "JOB #{jid || 'denied'} #{shard} #{Capstan::Shards.digest('class' => UniqueJob, 'args' => [3])}"
   end
 when 'explicit'
   configure(ARGV[0], ARGV[1])
