@@ -15,7 +15,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <capstan/batch.h>
+#include <capstan/client.h>
+#include <capstan/config.h>
+
 #include "helpers.h"
+#include "support/shard_pick.h"
 
 TestSuite(shard_home, .timeout = 280, .fini = kt_kill_children);
 
@@ -191,4 +196,110 @@ Test(shard_home, a_limiter_holds_its_size_across_the_fleet)
     cr_assert_eq(held[2], 0);
     cr_assert_eq(kt_capstan_stop(a, SIGTERM, 30), 0, "%s", kt_capstan_log(a));
     cr_assert_eq(kt_capstan_stop(b, SIGTERM, 30), 0, "%s", kt_capstan_log(b));
+}
+
+/* The ledger's lines by the port of the Redis each handler ran on, and
+ * how many distinct jids it holds. */
+static long lines_on(const fleet_t *f, int port, long *distinct)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    char *text = kt_read_file(path);
+    long n = 0, d = 0;
+    for (char *line = text; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (!next)
+            break;
+        char jid[32];
+        int p = 0;
+        if (sscanf(line, "%31s %d", jid, &p) == 2 && p == port) {
+            n++;
+            /* Distinct: no earlier line has this jid. */
+            size_t len = strlen(jid);
+            int seen = 0;
+            for (char *q = text; q < line && !seen; q = strchr(q, '\n') + 1)
+                seen = !strncmp(q, jid, len) && q[len] == ' ';
+            d += !seen;
+        }
+        line = next + 1;
+    }
+    free(text);
+    if (distinct)
+        *distinct = d;
+    return n;
+}
+
+/* A batch of 1,000 jobs made through a client with three shards: every job
+ * goes to the batch's home shard (the pick of its bid), where its counters
+ * are, and a process serving every shard runs them and fires its success
+ * callback once, there. */
+Test(shard_home, a_batch_lives_in_one_shard)
+{
+    enum { N = 1000 };
+    fleet_t f;
+    fleet_up(&f, NULL);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert(cfg);
+    for (int k = 0; k < NSHARDS; k++) {
+        char name[8];
+        snprintf(name, sizeof(name), "s%d", k + 1);
+        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
+    }
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    capstan_client_t *c = capstan_client_new(f.s[0].url, err);
+    cr_assert(c, "%s", err);
+    capstan_client_use_config(c, cfg);
+    /* A bid homed away from the client's own URL (s1's), so that the
+     * client's connection there cannot pass for the home. */
+    const char *names[NSHARDS] = { "s1", "s2", "s3" };
+    capstan_batch_t *b = NULL;
+    int home = 0;
+    for (int tries = 0; tries < 100 && home == 0; tries++) {
+        capstan_batch_free(b);
+        cr_assert((b = capstan_batch_new(c, err)) != NULL, "%s", err);
+        home = (int)capstan__shard_pick(names, NSHARDS, capstan_batch_bid(b), strlen(capstan_batch_bid(b)));
+    }
+    cr_assert_neq(home, 0);
+    cr_assert_eq(capstan_batch_on(b, CAPSTAN_BATCH_SUCCESS, "ShardJob", "default", NULL), 0);
+    static const char *args[N];
+    for (int i = 0; i < N; i++)
+        args[i] = "[]";
+    int rc = capstan_batch_push_bulk(b, "ShardJob", args, N, NULL, NULL);
+    long long queued[NSHARDS];
+    for (int k = 0; k < NSHARDS; k++)
+        queued[k] = kt_int_on(f.c[k], "LLEN queue:default");
+    const char *bid = capstan_batch_bid(b);
+    printf("shard_home: a batch of %d through a sharded client (home s%d): push rc %d (%s), queued by "
+           "shard %lld %lld %lld\n", N, home + 1, rc, capstan_batch_error(b), queued[0], queued[1], queued[2]);
+    cr_assert_eq(rc, 0, "%s", capstan_batch_error(b));
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert_eq(queued[k], k == home ? N : 0, "shard s%d holds %lld of the batch's jobs", k + 1, queued[k]);
+    cr_assert_eq(capstan_batch_commit(b), 0, "%s", capstan_batch_error(b));
+    pid_t pid = capstan_up(&f);
+    long distinct = 0;
+    cr_assert(KT_WAIT_UNTIL(lines_on(&f, f.s[home].port, NULL) >= N + 1, 240), "%ld of %d jobs and the "
+              "callback ran in the home shard\n%s", lines_on(&f, f.s[home].port, NULL), N + 1,
+              kt_capstan_log(pid));
+    kt_sleep(1); /* a second callback would show by now */
+    long here = lines_on(&f, f.s[home].port, &distinct), elsewhere = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        elsewhere += k == home ? 0 : lines_on(&f, f.s[k].port, NULL);
+    capstan_batch_status_t st = {0};
+    capstan_redis_t *hr = capstan_redis_new(f.s[home].url, 10, err);
+    cr_assert(hr && capstan_redis_connect(hr) == 0);
+    cr_assert_eq(capstan_batch_status(hr, bid, &st, err), 0, "%s", err);
+    capstan_redis_free(hr);
+    printf("shard_home: %ld runs in the home shard (%ld distinct jids: the jobs and one callback), %ld "
+           "elsewhere; pending %ld, succeeded at %.0f\n", here, distinct, elsewhere, st.pending, st.success_at);
+    cr_assert_eq(here, N + 1);
+    cr_assert_eq(distinct, N + 1);
+    cr_assert_eq(elsewhere, 0);
+    cr_assert_eq(st.pending, 0);
+    cr_assert_gt(st.success_at, 0);
+    capstan_batch_status_clear(&st);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    capstan_batch_free(b);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
 }
