@@ -679,7 +679,7 @@ static void collect(capstan_client_t *c, push_job_t *jobs, size_t n, char (*jids
 /* Why a client with shards has no transactions unless pinned to one
  * shard: one MULTI cannot span several Redis servers, and a MULTI per
  * shard would not be all or none. */
-static const char no_txn[] = "a client with shards has transactions only while pinned to one shard "
+static const char no_txn[] = "a client with shards has no transactions unless pinned to one shard "
                              "(capstan_client_set_shard): one MULTI/EXEC cannot span several Redis "
                              "servers";
 
