@@ -314,8 +314,8 @@ static int within(capstan_mw_t *mw, capstan_limiter_t *lim, const capstan_limit_
      * takes; at the job's own Redis, the processor's connection takes. */
     capstan_redis_t *r = url == home ? thread_conn(home) : mw->r;
     if (!r) {
-        capstan_job_fail(mw->job, "Capstan::LimiterError", "limiter %s: no connection to its home %s",
-                         name, home);
+        capstan_job_fail(mw->job, "Capstan::LimiterError", "limiter %s: no connection to its home shard",
+                         name);
         return 0;
     }
     capstan_redis_t *w = lo->type != CAPSTAN_LIMIT_CONCURRENT || lo->wait_timeout <= 0 || here ? NULL
@@ -347,8 +347,8 @@ static int within(capstan_mw_t *mw, capstan_limiter_t *lim, const capstan_limit_
     if (r != mw->r && !capstan_redis_ok(r))
         r = thread_conn(url);
     if (!r)
-        capstan_warn("%s %s: limiter %s: no connection to its home %s; its slot frees when its lease "
-                     "lapses", mw->cls, mw->jid, name, url);
+        capstan_warn("%s %s: limiter %s: no connection to its home shard; its slot frees when its "
+                     "lease lapses", mw->cls, mw->jid, name);
     else if (capstan_limiter_release(lim, r, tok, err))
         capstan_warn("%s %s: limiter %s: %s", mw->cls, mw->jid, name, err);
     return rc;
