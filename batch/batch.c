@@ -32,6 +32,8 @@ struct capstan_batch {
     char *cb_class[3], *cb_queue[3], *cb_opts[3];
     long linger, expiry;
     int create_lost;            /* a creation's reply was lost: it may be in */
+    long home;                  /* a sharded client's shard for all of it
+                                   (capstan__client_home), or -1 */
 };
 
 static capstan_batch_t *handle(capstan_client_t *c, const char *bid, char *err)
@@ -54,7 +56,24 @@ static capstan_batch_t *handle(capstan_client_t *c, const char *bid, char *err)
         capstan__random_hex(b->bid, 8);
     }
     capstan__key(b->key, sizeof(b->key), CAPSTAN_KEY_BATCH, b->bid);
+    b->home = capstan__client_home(c, b->bid);
     return b;
+}
+
+/* Pins the client to the batch's home shard for one step, so that its
+ * keys, its jobs and so its callbacks are all in that shard; returns the
+ * pin to give back (capstan__client_pin), or sets *rc when the client's
+ * open transaction is in another shard. */
+static long pin_home(capstan_batch_t *b, int *rc)
+{
+    long was = capstan__client_pin(b->c, b->home);
+    *rc = 0;
+    if (was != b->home && capstan__client_txn(b->c)) {
+        capstan__client_pin(b->c, was);
+        *rc = capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s lives in shard %ld, not in the one of the "
+                             "client's open transaction", b->bid, b->home);
+    }
+    return was;
 }
 
 void capstan_batch_free(capstan_batch_t *b)
@@ -79,8 +98,8 @@ const char *capstan_batch_error(const capstan_batch_t *b) { return b->err; }
  * applied, and counting jobs twice would keep the batch from succeeding.
  * An error reply's first word says which code it is (see
  * lua/batch_open.lua). *out gets an integer reply (may be NULL). */
-static int run(capstan_batch_t *b, capstan_script_t s, int nkeys, int argc, const char **argv,
-               long long *out)
+static int run_home(capstan_batch_t *b, capstan_script_t s, int nkeys, int argc, const char **argv,
+                    long long *out)
 {
     capstan_txn_t *t = capstan__client_txn(b->c);
     if (t) {
@@ -118,6 +137,18 @@ static int run(capstan_batch_t *b, capstan_script_t s, int nkeys, int argc, cons
              : rep->type == REDIS_REPLY_STRING ? atoll(rep->str) : 0;
     }
     freeReplyObject(rep);
+    return rc;
+}
+
+static int run(capstan_batch_t *b, capstan_script_t s, int nkeys, int argc, const char **argv,
+               long long *out)
+{
+    int rc;
+    long was = pin_home(b, &rc);
+    if (rc)
+        return rc;
+    rc = run_home(b, s, nkeys, argc, argv, out);
+    capstan__client_pin(b->c, was);
     return rc;
 }
 
@@ -337,10 +368,9 @@ static char *extra_with_bid(const capstan_batch_t *b, const char *extra)
     return capstan__buf_take(&buf, NULL);
 }
 
-int capstan_batch_push_bulk(capstan_batch_t *b, const char *cls, const char *const *args, size_t n,
-                            const capstan_push_opts_t *opts, char (*jids)[25])
+static int push_home(capstan_batch_t *b, const char *cls, const char *const *args, size_t n,
+                     const capstan_push_opts_t *opts, char (*jids)[25])
 {
-    b->err[0] = '\0';
     if (b->state == COMMITTED)
         return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: this handle is committed; reopen the "
                               "batch to add jobs", b->bid);
@@ -398,6 +428,19 @@ int capstan_batch_push_bulk(capstan_batch_t *b, const char *cls, const char *con
     free(extra);
     if (!jids)
         free(own);
+    return rc;
+}
+
+int capstan_batch_push_bulk(capstan_batch_t *b, const char *cls, const char *const *args, size_t n,
+                            const capstan_push_opts_t *opts, char (*jids)[25])
+{
+    b->err[0] = '\0';
+    int rc;
+    long was = pin_home(b, &rc);
+    if (rc)
+        return rc;
+    rc = push_home(b, cls, args, n, opts, jids);
+    capstan__client_pin(b->c, was);
     return rc;
 }
 

@@ -229,6 +229,9 @@ int capstan_client_set_shard(capstan_client_t *c, const char *name)
     if (!sharded(c))
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "this client has no shards: give it a "
                               "configuration with a shards: list (capstan_client_use_config)");
+    if (c->txn)
+        return capstan_seterr(c->err, CAPSTAN_EINVAL, "a transaction is open in shard %s",
+                              c->cfg->shards[c->pin].name);
     if (!name) {
         c->pin = -1;
         return 0;
@@ -243,6 +246,27 @@ int capstan_client_set_shard(capstan_client_t *c, const char *name)
         snprintf(known + used, sizeof(known) - used, "%s%s", i ? ", " : "", c->cfg->shards[i].name);
     }
     return capstan_seterr(c->err, CAPSTAN_ENOTFOUND, "no shard named \"%.60s\" (the shards: %s)", name, known);
+}
+
+long capstan__client_home(capstan_client_t *c, const char *key)
+{
+    if (!sharded(c))
+        return -1;
+    if (c->pin >= 0)
+        return c->pin;
+    if (shards_ready(c))
+        return 0; /* out of memory: the first shard, as good as any */
+    for (size_t i = 0; i < c->cfg->nshards; i++)
+        c->shard_names[i] = c->cfg->shards[i].name;
+    return (long)capstan__shard_pick(c->shard_names, c->cfg->nshards, key, strlen(key));
+}
+
+long capstan__client_pin(capstan_client_t *c, long shard)
+{
+    long was = c->pin;
+    if (sharded(c))
+        c->pin = shard;
+    return was;
 }
 
 const char *capstan_client_pushed_shard(const capstan_client_t *c, size_t i)
@@ -652,10 +676,12 @@ static void collect(capstan_client_t *c, push_job_t *jobs, size_t n, char (*jids
     free(jobs);
 }
 
-/* Why a client with shards has no transactions: one MULTI cannot span
- * several Redis servers, and a MULTI per shard would not be all or none. */
-static const char no_txn[] = "a client with shards has no transactions: one MULTI/EXEC cannot "
-                             "span several Redis servers (use a client without shards per shard)";
+/* Why a client with shards has no transactions unless pinned to one
+ * shard: one MULTI cannot span several Redis servers, and a MULTI per
+ * shard would not be all or none. */
+static const char no_txn[] = "a client with shards has no transactions unless pinned to one shard "
+                             "(capstan_client_set_shard): one MULTI/EXEC cannot span several Redis "
+                             "servers";
 
 /* What one shard's share of a push became. */
 typedef struct shard_send {
@@ -702,7 +728,7 @@ int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *c
     c->err[0] = '\0';
     if (!cls || !*cls)
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "a job class is required");
-    if (sharded(c) && c->txn)
+    if (sharded(c) && c->txn && c->pin < 0)
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "%s", no_txn);
     class_defaults(c, cls, &o, &cc);
     const char *queue = o.queue;
@@ -724,7 +750,7 @@ int capstan_client_push_bulk(capstan_client_t *c, const char *cls, const char *c
     if (!rc && sharded(c))
         rc = shards_ready(c);
     if (!rc)
-        ss[0].t = c->txn;
+        ss[c->txn && sharded(c) ? (size_t)c->pin : 0].t = c->txn; /* the pinned shard's */
     for (size_t i = 0; i < n && !rc; i++) {
         rc = prepare_job(c, &jobs[i], cls, args ? args[i] : NULL, &o, cc, now);
         if (!rc && sharded(c))
@@ -788,7 +814,7 @@ capstan_txn_t *capstan__client_txn(capstan_client_t *c)
 int capstan_client_begin(capstan_client_t *c)
 {
     c->err[0] = '\0';
-    if (sharded(c))
+    if (sharded(c) && c->pin < 0)
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "%s", no_txn);
     if (c->txn)
         return capstan_seterr(c->err, CAPSTAN_EINVAL, "a transaction is already open");
@@ -802,7 +828,7 @@ int capstan_client_begin(capstan_client_t *c)
 static void end_txn(capstan_client_t *c, int keep)
 {
     if (!keep)
-        capstan__txn_undo(c->txn, c->r, (capstan_txn_mark_t){ 0, 0 });
+        capstan__txn_undo(c->txn, capstan_client_redis(c), (capstan_txn_mark_t){ 0, 0 });
     capstan__txn_free(c->txn);
     c->txn = NULL;
 }
@@ -817,9 +843,10 @@ int capstan_client_commit(capstan_client_t *c)
         return 0;
     }
     int rc, maybe_sent = 0;
-    if (!capstan_redis_ok(c->r) && capstan_redis_connect(c->r))
-        rc = capstan_seterr(c->err, CAPSTAN_EREDIS, "nothing was pushed: %s", capstan_redis_error(c->r));
-    else if ((rc = exec_txn(c, c->r, c->txn)) == CAPSTAN_EREDIS)
+    capstan_redis_t *r = capstan_client_redis(c); /* a sharded client's pinned shard */
+    if (!capstan_redis_ok(r) && capstan_redis_connect(r))
+        rc = capstan_seterr(c->err, CAPSTAN_EREDIS, "nothing was pushed: %s", capstan_redis_error(r));
+    else if ((rc = exec_txn(c, r, c->txn)) == CAPSTAN_EREDIS)
         maybe_sent = 1;
     /* Sent once, never again: after a lost connection the pushes may have
      * been made, and a second EXEC would make them twice. */

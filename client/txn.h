@@ -54,6 +54,14 @@ int capstan__txn_exec(const capstan_txn_t *t, capstan_redis_t *r, int replicas, 
 
 /* The client's open transaction (capstan_client_begin), or NULL. */
 capstan_txn_t *capstan__client_txn(capstan_client_t *c);
+/* State with a home (a batch) made through a sharded client lives in one
+ * shard: the one c is pinned to (capstan_client_set_shard), else the
+ * placing rule's pick of key among every shard. Its index, or -1 without
+ * shards. */
+long capstan__client_home(capstan_client_t *c, const char *key);
+/* Pins c to shard (-1: routed by the rule) and returns the pin it had;
+ * does nothing without shards. */
+long capstan__client_pin(capstan_client_t *c, long shard);
 /* capstan_client_new, which on failure also says why in *code:
  * CAPSTAN_ECONFIG when retrying cannot help (a malformed URL, a password or
  * ACL refused, a Redis Cluster node), CAPSTAN_EREDIS when Redis could not

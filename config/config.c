@@ -62,6 +62,7 @@ void capstan_config_free(capstan_config_t *cfg)
         free(cfg->classes[i].on_conflict_client);
         free(cfg->classes[i].on_conflict_server);
         free((char *)cfg->classes[i].limit.name);
+        free(cfg->classes[i].limit_shard);
     }
     free(cfg->classes);
     for (size_t i = 0; i < cfg->nqueue_limits; i++)

@@ -78,6 +78,15 @@ int capstan_config_add_shard(capstan_config_t *cfg, const char *name, const char
 
 int capstan__config_shards_check(capstan_config_t *cfg, char *err)
 {
+    for (size_t i = 0; i < cfg->nclasses; i++) {
+        const char *home = cfg->classes[i].limit_shard;
+        size_t k = 0;
+        while (home && k < cfg->nshards && strcmp(cfg->shards[k].name, home))
+            k++;
+        if (home && k == cfg->nshards)
+            return capstan_seterr(err, CAPSTAN_ECONFIG, "classes: %s: limit.shard: %s is not a shard of "
+                                  "shards:", cfg->classes[i].name, home);
+    }
     if (!cfg->nshards)
         return 0;
     if (cfg->redis_url_explicit)

@@ -189,6 +189,8 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_
             rc = capstan__yaml_set_string(c, sub, ov, &type, NULL);
         else if (o && !strcmp(o, "name"))
             rc = capstan__yaml_set_string(c, sub, ov, &name, NULL);
+        else if (o && !strcmp(o, "shard"))
+            rc = capstan__yaml_set_string(c, sub, ov, &cc->limit_shard, NULL);
         else if (o && (!strcmp(o, "size") || !strcmp(o, "count") || !strcmp(o, "points"))) {
             count_node = ov;
             if (!(rc = class_count(c, sub, ov, INT_MAX, &n)))
@@ -207,7 +209,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_
         } else
             rc = capstan__yaml_fail(c, node(c, p->key), sub,
                                     "unknown key (type, name, size, count, points, cost, interval, "
-                                    "lock_timeout, wait_timeout)");
+                                    "lock_timeout, wait_timeout, shard)");
     }
     free((char *)lo->name);
     lo->name = name;
@@ -247,6 +249,7 @@ static int class_limit(ctx_t *c, const char *key, yaml_node_t *v, capstan_class_
 static void class_opts_free(capstan_class_conf_t *cc)
 {
     free((char *)cc->limit.name);
+    free(cc->limit_shard);
     free(cc->lock);
     free(cc->lock_prefix);
     free(cc->lock_args);

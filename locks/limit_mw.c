@@ -48,6 +48,7 @@ typedef struct hold {
     capstan_limiter_t *lim;
     capstan_limit_token_t tok;
     const char *name;
+    const char *url; /* the Redis of the limiter's state */
     double every, next_at; /* epoch s */
 } hold_t;
 
@@ -58,24 +59,62 @@ static struct {
     int running;
 } ext = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0 };
 
+/* A connection to one Redis, made when first needed: the extender's, and
+ * each processor thread's (thread_conn). A sharded process's limiters live
+ * in several Redis servers, so each keeps one a server. */
+typedef struct conn {
+    struct conn *next;
+    capstan_redis_t *r;
+    char url[];
+} conn_t;
+
+static void conns_free(void *list)
+{
+    for (conn_t *c = list, *next; c; c = next) {
+        next = c->next;
+        capstan_redis_free(c->r);
+        free(c);
+    }
+}
+
+/* The connection of *list to url, connected; NULL when none can be had
+ * now. Its timeout outlasts the longest BLPOP of a waiter. */
+static capstan_redis_t *conn_get(conn_t **list, const char *url)
+{
+    conn_t *c = *list;
+    while (c && strcmp(c->url, url))
+        c = c->next;
+    if (!c) {
+        char err[CAPSTAN_ERRLEN];
+        size_t n = strlen(url) + 1;
+        if (!(c = malloc(sizeof(*c) + n)))
+            return NULL;
+        memcpy(c->url, url, n);
+        if (!(c->r = capstan_redis_new(url, 10, err))) {
+            free(c);
+            return NULL;
+        }
+        c->next = *list;
+        *list = c;
+    }
+    return capstan_redis_ok(c->r) || capstan_redis_connect(c->r) == 0 ? c->r : NULL;
+}
+
 /* Renews due leases until no job holds a slot, then exits. The mutex is
  * held across each renewal so that a hold is never unlinked (and its stack
  * frame gone) while in use. */
 static void *extender(void *arg)
 {
-    char *url = arg, err[CAPSTAN_ERRLEN];
-    capstan_redis_t *r = capstan_redis_new(url, 10, err);
-    free(url);
+    (void)arg;
+    char err[CAPSTAN_ERRLEN];
+    conn_t *conns = NULL;
     pthread_mutex_lock(&ext.mu);
     while (ext.list) {
         double now = capstan__now(), soonest = now + 60;
         for (hold_t *h = ext.list; h; h = h->next) {
             if (h->next_at <= now) {
-                int rc = !r ? CAPSTAN_EREDIS : capstan_redis_ok(r) ? 0 : capstan_redis_connect(r);
-                if (!rc)
-                    rc = capstan_limiter_extend(h->lim, r, &h->tok, err);
-                else if (r)
-                    snprintf(err, sizeof(err), "%s", capstan_redis_error(r));
+                capstan_redis_t *r = conn_get(&conns, h->url);
+                int rc = r ? capstan_limiter_extend(h->lim, r, &h->tok, err) : CAPSTAN_EREDIS;
                 if (rc)
                     capstan_warn("limiter %s: could not extend the lease of %s: %s", h->name,
                                  h->tok.id, r ? err : "no connection");
@@ -91,11 +130,11 @@ static void *extender(void *arg)
     }
     ext.running = 0;
     pthread_mutex_unlock(&ext.mu);
-    capstan_redis_free(r);
+    conns_free(conns);
     return NULL;
 }
 
-static void hold_start(hold_t *h, const char *url)
+static void hold_start(hold_t *h)
 {
     pthread_mutex_lock(&ext.mu);
     h->next = ext.list;
@@ -105,16 +144,13 @@ static void hold_start(hold_t *h, const char *url)
     if (!ext.running) {
         pthread_t t;
         pthread_attr_t a;
-        char *u = strdup(url);
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        if (u && pthread_create(&t, &a, extender, u) == 0)
+        if (pthread_create(&t, &a, extender, NULL) == 0)
             ext.running = 1;
-        else {
-            free(u);
+        else
             capstan_warn("limiter %s: no thread to extend leases; a job longer than its "
                          "lock_timeout loses its slot", h->name);
-        }
         pthread_attr_destroy(&a);
     }
     pthread_mutex_unlock(&ext.mu);
@@ -132,41 +168,34 @@ static void hold_end(hold_t *h)
     pthread_mutex_unlock(&ext.mu);
 }
 
-/* ---- the connection a concurrent waiter blocks on ----------------------- */
+/* ---- a processor thread's own connections ------------------------------ */
 
-static pthread_key_t waiter_key;
-static pthread_once_t waiter_once = PTHREAD_ONCE_INIT;
-static int waiter_key_ok;
+static pthread_key_t conns_key;
+static pthread_once_t conns_once = PTHREAD_ONCE_INIT;
+static int conns_key_ok;
 
-static void waiter_free(void *r)
+static void conns_init(void)
 {
-    capstan_redis_free(r);
+    conns_key_ok = pthread_key_create(&conns_key, conns_free) == 0;
 }
 
-static void waiter_init(void)
+/* This thread's connection to url (freed when the thread ends), connected,
+ * or NULL when none can be had now: a concurrent waiter blocks on it, so
+ * that the processor's own never blocks, and a limiter homed in another
+ * shard is used on it. */
+static capstan_redis_t *thread_conn(const char *url)
 {
-    waiter_key_ok = pthread_key_create(&waiter_key, waiter_free) == 0;
-}
-
-/* This thread's connection for blocking waits (freed when the thread
- * ends), connected; or NULL when none can be had now, and the waiter
- * rechecks on a timer instead. Its timeout outlasts the longest BLPOP. */
-static capstan_redis_t *waiter_conn(const char *url)
-{
-    pthread_once(&waiter_once, waiter_init);
-    if (!waiter_key_ok)
+    pthread_once(&conns_once, conns_init);
+    if (!conns_key_ok)
         return NULL;
-    capstan_redis_t *w = pthread_getspecific(waiter_key);
-    if (!w) {
-        char err[CAPSTAN_ERRLEN];
-        if (!(w = capstan_redis_new(url, 10, err)))
-            return NULL;
-        if (pthread_setspecific(waiter_key, w)) {
-            capstan_redis_free(w);
-            return NULL;
-        }
+    conn_t *was = pthread_getspecific(conns_key), *list = was;
+    capstan_redis_t *r = conn_get(&list, url);
+    if (list != was && pthread_setspecific(conns_key, list)) {
+        list->next = NULL; /* the new one alone: the others stay the key's */
+        conns_free(list);
+        return NULL;
     }
-    return capstan_redis_ok(w) || capstan_redis_connect(w) == 0 ? w : NULL;
+    return r;
 }
 
 /* The payload's integer field name, or 0 when absent or not > 0. */
@@ -263,10 +292,10 @@ static int run_inner(capstan_mw_t *mw, const inner_t *in)
 }
 
 /* Runs inner (NULL: the rest of the chain) within lim (of options lo, named
- * name), as tok's holder when tok's id is set (a slot the fetch took),
- * else a new one. */
+ * name, its state in the Redis at home, or NULL: the job's own), as tok's
+ * holder when tok's id is set (a slot the fetch took), else a new one. */
 static int within(capstan_mw_t *mw, capstan_limiter_t *lim, const capstan_limit_opts_t *lo,
-                  const char *name, capstan_limit_token_t *tok, const inner_t *inner)
+                  const char *name, const char *home, capstan_limit_token_t *tok, const inner_t *inner)
 {
     char err[CAPSTAN_ERRLEN];
     long cost = 0;
@@ -280,9 +309,18 @@ static int within(capstan_mw_t *mw, capstan_limiter_t *lim, const capstan_limit_
     /* The testing kit's limiters (capstan__limit_store) neither wait nor
      * need their leases extended. */
     int here = capstan__limit_store() != NULL;
-    capstan_redis_t *w = lo->type == CAPSTAN_LIMIT_CONCURRENT && lo->wait_timeout > 0 && !here
-                         ? waiter_conn(mw->cfg->redis_url) : NULL;
-    int rc = capstan__limiter_acquire_wait(lim, mw->r, w, cost ? cost : lo->cost, lo->wait_timeout,
+    const char *url = home && !here ? home : mw->cfg->redis_url;
+    /* At home elsewhere, the thread's connection there both waits and
+     * takes; at the job's own Redis, the processor's connection takes. */
+    capstan_redis_t *r = url == home ? thread_conn(home) : mw->r;
+    if (!r) {
+        capstan_job_fail(mw->job, "Capstan::LimiterError", "limiter %s: no connection to its home shard",
+                         name);
+        return 0;
+    }
+    capstan_redis_t *w = lo->type != CAPSTAN_LIMIT_CONCURRENT || lo->wait_timeout <= 0 || here ? NULL
+                         : r == mw->r ? thread_conn(url) : r;
+    int rc = capstan__limiter_acquire_wait(lim, r, w, cost ? cost : lo->cost, lo->wait_timeout,
                                            tok, &in, capstan__mw_waiting, mw, err);
     if (rc == CAPSTAN_EDENIED)
         return over_limit(mw, lo, name, in);
@@ -297,21 +335,27 @@ static int within(capstan_mw_t *mw, capstan_limiter_t *lim, const capstan_limit_
     if (lo->type != CAPSTAN_LIMIT_CONCURRENT)
         return run_inner(mw, inner);
     double lease = lo->seconds > 0 ? lo->seconds : 30;
-    hold_t h = { .lim = lim, .tok = *tok, .name = name, .every = lease / 3,
+    hold_t h = { .lim = lim, .tok = *tok, .name = name, .url = url, .every = lease / 3,
                  .next_at = capstan__now() + lease / 3 };
     if (!here)
-        hold_start(&h, mw->cfg->redis_url);
+        hold_start(&h);
     rc = run_inner(mw, inner);
     if (!here)
         hold_end(&h);
-    if (capstan_limiter_release(lim, mw->r, tok, err))
+    /* The connection home may have broken while the job ran (the job's
+     * own shard failing does not touch it). */
+    if (r != mw->r && !capstan_redis_ok(r))
+        r = thread_conn(url);
+    if (!r)
+        capstan_warn("%s %s: limiter %s: no connection to its home shard; its slot frees when its "
+                     "lease lapses", mw->cls, mw->jid, name);
+    else if (capstan_limiter_release(lim, r, tok, err))
         capstan_warn("%s %s: limiter %s: %s", mw->cls, mw->jid, name, err);
     return rc;
 }
 
-int capstan__limit_mw(capstan_mw_t *mw, void *udata)
+int capstan__limit_mw(capstan_mw_t *mw, capstan__limit_home_fn home, void *ud)
 {
-    (void)udata;
     const capstan_limit_opts_t *lo = mw->limit;
     if (!lo || !lo->type)
         return capstan_mw_next(mw);
@@ -323,7 +367,7 @@ int capstan__limit_mw(capstan_mw_t *mw, void *udata)
         return 0;
     }
     capstan_limit_token_t tok = { { 0 } };
-    int rc = within(mw, lim, lo, name, &tok, NULL);
+    int rc = within(mw, lim, lo, name, home ? home(ud, mw->cc, name) : NULL, &tok, NULL);
     capstan_limiter_free(lim);
     return rc;
 }
@@ -411,7 +455,8 @@ static int within_caps(capstan_mw_t *mw, const inner_t *in)
     capstan_limit_token_t tok = { { 0 } };
     if (mw->jid && strlen(CAPSTAN__QLIMIT_HOLDER) + strlen(mw->jid) < sizeof(tok.id))
         snprintf(tok.id, sizeof(tok.id), "%s%s", CAPSTAN__QLIMIT_HOLDER, mw->jid);
-    return within(mw, lim, &lo, capstan__limiter_name(lim), &tok, &rest);
+    /* A queue's caps are its shard's, as the fetch takes them there. */
+    return within(mw, lim, &lo, capstan__limiter_name(lim), NULL, &tok, &rest);
 }
 
 int capstan__queue_limit_mw(capstan_mw_t *mw, void *udata)

@@ -19,6 +19,7 @@
 #include "capstan/middleware.h"
 #include "middleware/mw.h"
 #include "runtime/source.h"
+#include "runtime/shards.h"
 #include "runtime/slot.h"
 #include "unique/prelock.h"
 #include "unique/server.h"
@@ -312,6 +313,18 @@ static int queue_limit_mw(capstan_mw_t *mw, void *ud)
     return capstan__queue_limit_mw(mw, ((capstan_runtime_t *)ud)->view.qlimits);
 }
 
+/* A sharded process keeps each limiter in one shard, its home, so that
+ * its size holds across the fleet. */
+static const char *limit_home(void *ud, const capstan_class_conf_t *cc, const char *name)
+{
+    return capstan__shards_home(ud, cc ? cc->limit_shard : NULL, name);
+}
+
+static int limit_mw(capstan_mw_t *mw, void *ud)
+{
+    return capstan__limit_mw(mw, limit_home, ud);
+}
+
 capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
 {
     if (!rt)
@@ -323,7 +336,7 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
         capstan_chain_add(c, "queue_limit", queue_limit_mw, rt) ||
         capstan_chain_add(c, "expiry", expiry_mw, NULL) ||
         capstan_chain_add(c, "unique", capstan_unique_server_mw, NULL) ||
-        capstan_chain_add(c, "limit", capstan__limit_mw, NULL)) {
+        capstan_chain_add(c, "limit", limit_mw, rt)) {
         capstan_chain_free(c);
         return NULL;
     }

@@ -11,11 +11,13 @@
 #include "middleware/mw.h"
 #include "observe/prometheus.h"
 #include "support/log.h"
+#include "support/shard_pick.h"
 #include "support/time.h"
 
 struct capstan_shards {
     capstan_runtime_t **m; /* m[0] is the front */
     size_t n;
+    const char **names;    /* the shards' names, for capstan__shard_pick */
     /* The run tokens (capstan__shards_run_begin): concurrency of them,
      * less those taken, under mu. */
     pthread_mutex_t mu;
@@ -77,10 +79,15 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
     if (!c->nshards)
         return 0;
     struct capstan_shards *g = calloc(1, sizeof(*g));
-    if (!g || !(g->m = calloc(c->nshards, sizeof(*g->m)))) {
+    if (!g || !(g->m = calloc(c->nshards, sizeof(*g->m))) ||
+        !(g->names = calloc(c->nshards, sizeof(*g->names)))) {
+        if (g)
+            free(g->m);
         free(g);
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     }
+    for (size_t i = 0; i < c->nshards; i++)
+        g->names[i] = c->shards[i].name;
     g->m[0] = front;
     g->n = 1;
     pthread_mutex_init(&g->mu, NULL);
@@ -191,6 +198,7 @@ void capstan__shards_free(capstan_runtime_t *front)
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->freed);
     free(g->m);
+    free(g->names);
     free(g);
     front->member.group = NULL;
 }
@@ -220,4 +228,17 @@ void capstan__shards_run_end(capstan_runtime_t *rt)
     g->tokens++;
     pthread_cond_signal(&g->freed);
     pthread_mutex_unlock(&g->mu);
+}
+
+const char *capstan__shards_home(capstan_runtime_t *rt, const char *shard, const char *key)
+{
+    struct capstan_shards *g = rt->member.group;
+    if (!g)
+        return NULL;
+    const capstan_config_t *c = g->m[0]->cfg;
+    size_t h = capstan__shard_pick(g->names, g->n, key, strlen(key));
+    for (size_t i = 0; shard && i < g->n; i++)
+        if (!strcmp(g->names[i], shard))
+            h = i;
+    return h == rt->member.index ? NULL : c->shards[h].redis_url;
 }

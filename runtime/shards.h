@@ -49,6 +49,11 @@ void capstan__shards_free(struct capstan_runtime *front);
 void capstan__shards_run_begin(struct capstan_runtime *rt);
 void capstan__shards_run_end(struct capstan_runtime *rt);
 
+/* The URL of the home of state that lives in one shard of the fleet (a
+ * rate limiter): the shard called shard, else the placing rule's pick of
+ * key; NULL when that is rt's own shard, or without shards. */
+const char *capstan__shards_home(struct capstan_runtime *rt, const char *shard, const char *key);
+
 /* runtime.c: the steps of a start every member takes. */
 /* What rt makes before it touches Redis: its source and feed, its process
  * info, paused queues, liveness key and fleet look. 0 or CAPSTAN_ENOMEM

@@ -26,7 +26,14 @@
  * batch's steps wait with its pushes and land with them at
  * capstan_client_commit, or never (capstan_client_rollback); errors Redis finds then
  * (a parent that does not exist) are not reported, and such jobs run as
- * plain jobs. The keys are described in doc/features.md (Batches). */
+ * plain jobs. The keys are described in doc/features.md (Batches).
+ * Through a client with shards (capstan_client_use_config), a batch lives in
+ * one shard, its home: the one the client is pinned to when the batch is
+ * made or reopened (capstan_client_set_shard), else the placing rule's pick
+ * of its bid. Its keys, all its jobs (whatever their queues' routes) and
+ * so its callbacks are in that shard; the client's pin is its own again
+ * after each call. A child batch must be made, and reopened, through a
+ * client pinned to its parent's shard. */
 #ifndef CAPSTAN_BATCH_H
 #define CAPSTAN_BATCH_H
 

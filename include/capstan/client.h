@@ -102,14 +102,16 @@ CAPSTAN_API int capstan_client_set_class(capstan_client_t *c, const char *cls,
  * CAPSTAN_ECONFIG. One
  * connection per shard is made at its first push; the connection of
  * capstan_client_new is then not used for pushes. A client with shards
- * has no transactions (capstan_client_begin). A testing kit's client does
- * not route. */
+ * has transactions only while pinned to one shard (capstan_client_begin).
+ * A batch made through it lives in one shard (capstan/batch.h). A testing
+ * kit's client does not route. */
 CAPSTAN_API void capstan_client_use_config(capstan_client_t *c, const capstan_config_t *cfg);
 
 /* The pushes that follow go to the shard called name, whatever the rule
  * says; NULL routes by the rule again. Returns 0, CAPSTAN_ENOTFOUND when no
- * shard has that name, or CAPSTAN_EINVAL when the client has no shards;
- * capstan_client_error() says which, and the shards it knows. */
+ * shard has that name, or CAPSTAN_EINVAL when the client has no shards or
+ * a transaction is open; capstan_client_error() says which, and the
+ * shards it knows. */
 CAPSTAN_API int capstan_client_set_shard(capstan_client_t *c, const char *name);
 
 /* The name of the shard job i of the last push (or bulk push) went to,
@@ -148,9 +150,10 @@ CAPSTAN_API int capstan_client_use_runtime(capstan_client_t *c, const capstan_ru
  * and not undone.
  *
  * capstan_client_begin returns 0, CAPSTAN_ENOMEM, or CAPSTAN_EINVAL when a transaction
- * is already open (that one stays as it was) or the client has shards (one
- * MULTI/EXEC cannot span several Redis servers: use a client without shards
- * per shard, each with its own transaction). */
+ * is already open (that one stays as it was) or the client has shards and
+ * is not pinned to one (capstan_client_set_shard): one MULTI/EXEC cannot
+ * span several Redis servers. A pinned client's transaction is its
+ * shard's. */
 CAPSTAN_API int capstan_client_begin(capstan_client_t *c);
 /* Sends the buffered pushes (nothing to send is a success) and ends the
  * transaction, whatever the outcome. Returns

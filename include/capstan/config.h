@@ -73,6 +73,9 @@ typedef struct capstan_class_conf {
     double schedule_in;        /* reschedule delay in seconds */
     capstan_limit_opts_t limit; /* rate limit, checked when read; its name
                                 * is owned (free((char *)limit.name)) */
+    char *limit_shard;          /* the limit's shard: with shards, the one its
+                                   state lives in (else the pick of its
+                                   name), or NULL; owned */
     /* max_limiter_reschedules when the file gives it: it applies to the
      * class's limit declared in C (capstan_class_opts_t) too. */
     int has_max_limiter_reschedules;

@@ -1,0 +1,305 @@
+/* State with a home in a sharded fleet: a rate limiter lives in one shard
+ * (its limit's shard:, else the placing rule's pick of its name), so that
+ * its size holds across every shard and every process; a batch made
+ * through a sharded client puts all its jobs in one shard (the pick of its
+ * bid), where its counters and callbacks are too.
+ *
+ * Ledger: ShardJob (tests/plugins/shards.c) appends "<jid> <port> <start>
+ * <end>" to one file, shared by every process. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <capstan/batch.h>
+#include <capstan/client.h>
+#include <capstan/config.h>
+
+#include "helpers.h"
+#include "support/shard_pick.h"
+
+TestSuite(shard_home, .timeout = 280, .fini = kt_kill_children);
+
+#define NSHARDS 3
+#define PER_SHARD_MAX 1024
+
+typedef struct fleet {
+    kt_aof_redis_t s[NSHARDS];
+    redisContext *c[NSHARDS];
+    char *conf;
+    char *ledger_dir;
+} fleet_t;
+
+/* The three servers up, and a capstan.yml naming them s1..s3 (after the
+ * fixture's fast polls and beats), with extra after. */
+static void fleet_up(fleet_t *f, const char *extra)
+{
+    char yml[2048];
+    int len = snprintf(yml, sizeof(yml), "concurrency: 5\nshards:\n");
+    for (int k = 0; k < NSHARDS; k++) {
+        char name[16];
+        snprintf(name, sizeof(name), "home%d", k + 1);
+        kt_aof_init(&f->s[k], name);
+        kt_aof_start(&f->s[k]);
+        cr_assert((f->c[k] = kt_aof_connect(&f->s[k])) != NULL);
+        len += snprintf(yml + len, sizeof(yml) - (size_t)len, "  - name: s%d\n    redis_url: %s\n", k + 1,
+                        f->s[k].url);
+    }
+    snprintf(yml + len, sizeof(yml) - (size_t)len, "%s", extra ? extra : "");
+    f->conf = kt_write_conf(yml);
+    f->ledger_dir = kt_tmp("ledger");
+    cr_assert(mkdir(f->ledger_dir, 0700) == 0 || errno == EEXIST);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    unlink(path);
+}
+
+/* `capstan run -r <shards plugin> -C <conf> --no-supervisor`, its output
+ * in the log kt_capstan_log reads, with no REDIS_URL. */
+static pid_t capstan_up(fleet_t *f)
+{
+    const char *argv[] = { getenv("CAPSTAN_BIN"), "run", "-r", getenv("CAPSTAN_SHARDS_PLUGIN"), "-C", f->conf,
+                           "--no-supervisor", NULL };
+    cr_assert(argv[0] && argv[3], "CAPSTAN_BIN and CAPSTAN_SHARDS_PLUGIN must be set (run through meson test)");
+    char *pattern = kt_tmp("capstan-%d.log");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        char path[600];
+        snprintf(path, sizeof(path), pattern, (int)getpid());
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        unsetenv("REDIS_URL");
+        setenv("CAPSTAN_LEDGER_DIR", f->ledger_dir, 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    free(pattern);
+    return kt_track(pid);
+}
+
+/* Job i of shard k: its jid says both ("5b00000k" then i). */
+static void jid_of(char out[25], int k, unsigned i)
+{
+    snprintf(out, 25, "%08x%016x", 0x5b000000u | (unsigned)k, i);
+}
+
+/* Pushes ShardJobs 0..n-1 of shard k into that shard's queue:default. */
+static void push(fleet_t *f, int k, unsigned n, const char *args)
+{
+    char **p = calloc(n, sizeof(char *));
+    cr_assert(p);
+    for (unsigned i = 0; i < n; i++) {
+        char jid[25];
+        jid_of(jid, k, i);
+        p[i] = kt_payload("ShardJob", args, jid, "default");
+    }
+    kt_push_all(f->c[k], "default", p, n);
+    for (unsigned i = 0; i < n; i++)
+        free(p[i]);
+    free(p);
+}
+
+typedef struct ledger {
+    unsigned char runs[NSHARDS][PER_SHARD_MAX];
+    long lines, wrong_shard, unknown, most; /* most: handlers running at once */
+} ledger_t;
+
+/* Reads the ledger into L: runs per jid, the runs on another shard's Redis
+ * than the jid was pushed into, and the most handlers that ran at once. */
+static void ledger_read(const fleet_t *f, ledger_t *L)
+{
+    static long long start[NSHARDS * PER_SHARD_MAX], end[NSHARDS * PER_SHARD_MAX];
+    memset(L, 0, sizeof(*L));
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    char *text = kt_read_file(path);
+    long n = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        if (!(next = strchr(line, '\n')))
+            break; /* a line still being written */
+        *next++ = '\0';
+        unsigned tag = 0;
+        unsigned long long i = 0;
+        int port = 0;
+        L->lines++;
+        if (sscanf(line, "%8x%16llx %d %lld %lld", &tag, &i, &port, &start[n], &end[n]) != 5 ||
+            (tag & 0xffffff00u) != 0x5b000000u || (tag & 0xff) >= NSHARDS || i >= PER_SHARD_MAX) {
+            L->unknown++;
+            continue;
+        }
+        n++;
+        int k = (int)(tag & 0xff);
+        if (L->runs[k][i] < 255)
+            L->runs[k][i]++;
+        if (port != f->s[k].port)
+            L->wrong_shard++;
+    }
+    for (long i = 0; i < n; i++) {
+        long at = 0; /* running as job i started */
+        for (long j = 0; j < n; j++)
+            at += start[j] <= start[i] && end[j] > start[i];
+        L->most = at > L->most ? at : L->most;
+    }
+    free(text);
+}
+
+/* The keys of shard k matching pattern. */
+static long long keys(fleet_t *f, int k, const char *pattern)
+{
+    redisReply *r = redisCommand(f->c[k], "KEYS %s", pattern);
+    long long n = r && r->type == REDIS_REPLY_ARRAY ? (long long)r->elements : -1;
+    freeReplyObject(r);
+    return n;
+}
+
+/* A concurrent limiter of size 3 homed in shard s2, its class's jobs in all
+ * three shards, two processes serving all three: never more than 3 of them
+ * run at once in the whole fleet, and the limiter's keys are in s2 only. */
+Test(shard_home, a_limiter_holds_its_size_across_the_fleet)
+{
+    enum { N = 12 };
+    fleet_t f;
+    fleet_up(&f, "classes:\n  ShardJob:\n    limit: {type: concurrent, name: fleetwide, size: 3, shard: s2}\n");
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, N, "[300]");
+    pid_t a = capstan_up(&f), b = capstan_up(&f);
+    static ledger_t L;
+    cr_assert(KT_WAIT_UNTIL((ledger_read(&f, &L), L.lines >= NSHARDS * N), 240), "%ld of %d jobs ran\n%s\n%s",
+              L.lines, NSHARDS * N, kt_capstan_log(a), kt_capstan_log(b));
+    kt_sleep(0.5); /* a second run would show by now */
+    ledger_read(&f, &L);
+    long once = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        for (unsigned i = 0; i < N; i++)
+            once += L.runs[k][i] == 1;
+    printf("shard_home: a limiter of size 3 over 3 shards and 2 processes: at most %ld jobs ran at once; "
+           "%ld of %d ran once, %ld in another shard\n", L.most, once, NSHARDS * N, L.wrong_shard);
+    long long held[NSHARDS];
+    for (int k = 0; k < NSHARDS; k++)
+        held[k] = keys(&f, k, "limiter:fleetwide:*");
+    printf("shard_home: limiter:fleetwide:* keys by shard: %lld %lld %lld\n", held[0], held[1], held[2]);
+    cr_assert_leq(L.most, 3, "%ld jobs of a limit of 3 ran at once", L.most);
+    cr_assert_eq(once, NSHARDS * N);
+    cr_assert_eq(L.lines, NSHARDS * N);
+    cr_assert_eq(L.wrong_shard, 0);
+    cr_assert_gt(held[1], 0);
+    cr_assert_eq(held[0], 0);
+    cr_assert_eq(held[2], 0);
+    cr_assert_eq(kt_capstan_stop(a, SIGTERM, 30), 0, "%s", kt_capstan_log(a));
+    cr_assert_eq(kt_capstan_stop(b, SIGTERM, 30), 0, "%s", kt_capstan_log(b));
+}
+
+/* The ledger's lines by the port of the Redis each handler ran on, and
+ * how many distinct jids it holds. */
+static long lines_on(const fleet_t *f, int port, long *distinct)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
+    char *text = kt_read_file(path);
+    long n = 0, d = 0;
+    for (char *line = text; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (!next)
+            break;
+        char jid[32];
+        int p = 0;
+        if (sscanf(line, "%31s %d", jid, &p) == 2 && p == port) {
+            n++;
+            /* Distinct: no earlier line has this jid. */
+            size_t len = strlen(jid);
+            int seen = 0;
+            for (char *q = text; q < line && !seen; q = strchr(q, '\n') + 1)
+                seen = !strncmp(q, jid, len) && q[len] == ' ';
+            d += !seen;
+        }
+        line = next + 1;
+    }
+    free(text);
+    if (distinct)
+        *distinct = d;
+    return n;
+}
+
+/* A batch of 1,000 jobs made through a client with three shards: every job
+ * goes to the batch's home shard (the pick of its bid), where its counters
+ * are, and a process serving every shard runs them and fires its success
+ * callback once, there. */
+Test(shard_home, a_batch_lives_in_one_shard)
+{
+    enum { N = 1000 };
+    fleet_t f;
+    fleet_up(&f, NULL);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert(cfg);
+    for (int k = 0; k < NSHARDS; k++) {
+        char name[8];
+        snprintf(name, sizeof(name), "s%d", k + 1);
+        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
+    }
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    capstan_client_t *c = capstan_client_new(f.s[0].url, err);
+    cr_assert(c, "%s", err);
+    capstan_client_use_config(c, cfg);
+    /* A bid homed away from the client's own URL (s1's), so that the
+     * client's connection there cannot pass for the home. */
+    const char *names[NSHARDS] = { "s1", "s2", "s3" };
+    capstan_batch_t *b = NULL;
+    int home = 0;
+    for (int tries = 0; tries < 100 && home == 0; tries++) {
+        capstan_batch_free(b);
+        cr_assert((b = capstan_batch_new(c, err)) != NULL, "%s", err);
+        home = (int)capstan__shard_pick(names, NSHARDS, capstan_batch_bid(b), strlen(capstan_batch_bid(b)));
+    }
+    cr_assert_neq(home, 0);
+    cr_assert_eq(capstan_batch_on(b, CAPSTAN_BATCH_SUCCESS, "ShardJob", "default", NULL), 0);
+    static const char *args[N];
+    for (int i = 0; i < N; i++)
+        args[i] = "[]";
+    int rc = capstan_batch_push_bulk(b, "ShardJob", args, N, NULL, NULL);
+    long long queued[NSHARDS];
+    for (int k = 0; k < NSHARDS; k++)
+        queued[k] = kt_int_on(f.c[k], "LLEN queue:default");
+    const char *bid = capstan_batch_bid(b);
+    printf("shard_home: a batch of %d through a sharded client (home s%d): push rc %d (%s), queued by "
+           "shard %lld %lld %lld\n", N, home + 1, rc, capstan_batch_error(b), queued[0], queued[1], queued[2]);
+    cr_assert_eq(rc, 0, "%s", capstan_batch_error(b));
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert_eq(queued[k], k == home ? N : 0, "shard s%d holds %lld of the batch's jobs", k + 1, queued[k]);
+    cr_assert_eq(capstan_batch_commit(b), 0, "%s", capstan_batch_error(b));
+    pid_t pid = capstan_up(&f);
+    long distinct = 0;
+    cr_assert(KT_WAIT_UNTIL(lines_on(&f, f.s[home].port, NULL) >= N + 1, 240), "%ld of %d jobs and the "
+              "callback ran in the home shard\n%s", lines_on(&f, f.s[home].port, NULL), N + 1,
+              kt_capstan_log(pid));
+    kt_sleep(1); /* a second callback would show by now */
+    long here = lines_on(&f, f.s[home].port, &distinct), elsewhere = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        elsewhere += k == home ? 0 : lines_on(&f, f.s[k].port, NULL);
+    capstan_batch_status_t st = {0};
+    capstan_redis_t *hr = capstan_redis_new(f.s[home].url, 10, err);
+    cr_assert(hr && capstan_redis_connect(hr) == 0);
+    cr_assert_eq(capstan_batch_status(hr, bid, &st, err), 0, "%s", err);
+    capstan_redis_free(hr);
+    printf("shard_home: %ld runs in the home shard (%ld distinct jids: the jobs and one callback), %ld "
+           "elsewhere; pending %ld, succeeded at %.0f\n", here, distinct, elsewhere, st.pending, st.success_at);
+    cr_assert_eq(here, N + 1);
+    cr_assert_eq(distinct, N + 1);
+    cr_assert_eq(elsewhere, 0);
+    cr_assert_eq(st.pending, 0);
+    cr_assert_gt(st.success_at, 0);
+    capstan_batch_status_clear(&st);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    capstan_batch_free(b);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
+}
