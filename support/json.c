@@ -153,7 +153,13 @@ static int scan_literal(const scanner_t *sc, const char **pp, const char *lit, s
     return 0;
 }
 
-static int add_member(capstan_jobject_t *obj, capstan_jmember_t m)
+/* The bit of capstan_jobject_t.keys for a key of klen bytes starting key. */
+static unsigned long long key_bit(const char *key, size_t klen)
+{
+    return 1ULL << ((klen * 7 + (klen ? (unsigned char)key[0] : 0)) & 63);
+}
+
+static int add_member(capstan_jobject_t *obj, const char *s, capstan_jmember_t m)
 {
     if (obj->n == obj->cap) {
         size_t cap = obj->cap ? obj->cap * 2 : 16;
@@ -164,6 +170,7 @@ static int add_member(capstan_jobject_t *obj, capstan_jmember_t m)
         obj->cap = cap;
     }
     obj->m[obj->n++] = m;
+    obj->keys |= key_bit(s + m.kstart, m.klen);
     return 0;
 }
 
@@ -237,7 +244,7 @@ value_done: /* a value ends at p, inside depth containers */
     }
     if (depth == 1 && top) {
         m.vlen = (size_t)(p - s) - m.vstart;
-        if (add_member(top, m))
+        if (add_member(top, s, m))
             return CAPSTAN_ENOMEM;
     }
     p = skip_ws(p, end);
@@ -291,6 +298,7 @@ int capstan__json_validate(const char *s, size_t len, char *err)
 int capstan__json_scan_object(const char *s, size_t len, capstan_jobject_t *obj, char *err)
 {
     obj->n = 0;
+    obj->keys = 0;
     return scan_whole(s, len, obj, err);
 }
 
@@ -301,12 +309,14 @@ void capstan__jobject_free(capstan_jobject_t *obj)
     free(obj->m);
     obj->m = NULL;
     obj->n = obj->cap = 0;
+    obj->keys = 0;
 }
 
-const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, const char *s,
-                                              const char *key)
+const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
+                                               const char *key, size_t klen)
 {
-    size_t klen = strlen(key);
+    if (!(obj->keys & key_bit(key, klen)))
+        return NULL;
     /* The first byte before the call: a payload's keys of one length
      * (class, queue, retry) differ there, and this runs a dozen times a job. */
     for (size_t i = obj->n; i-- > 0;) {

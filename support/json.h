@@ -8,6 +8,7 @@
 #define CAPSTAN_SUPPORT_JSON_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef struct capstan_jmember {
     size_t kstart, klen;  /* key bytes inside the quotes, escapes undecoded */
@@ -17,6 +18,9 @@ typedef struct capstan_jmember {
 typedef struct capstan_jobject {
     capstan_jmember_t *m; /* owned */
     size_t n, cap;
+    /* A bit per member key (of its length and first byte): a look-up whose
+     * key has no bit here is done at once, as most of a job's are. */
+    unsigned long long keys;
 } capstan_jobject_t;
 
 /* Checks that s[0..len) is one JSON value (RFC 8259 grammar; numbers of any
@@ -30,9 +34,18 @@ int capstan__json_validate(const char *s, size_t len, char *err);
 int capstan__json_scan_object(const char *s, size_t len, capstan_jobject_t *obj, char *err);
 void capstan__jobject_free(capstan_jobject_t *obj);
 
-/* The last member named key (JSON keeps the last of duplicates), or NULL. */
-const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, const char *s,
-                                              const char *key);
+/* The last member named key[0..klen) (JSON keeps the last of duplicates),
+ * or NULL. */
+const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
+                                               const char *key, size_t klen);
+
+/* The same for the string key: inline, so that a literal's length is known
+ * when compiled (a job makes a dozen look-ups). */
+static inline const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj,
+                                                            const char *s, const char *key)
+{
+    return capstan__jobject_getn(obj, s, key, strlen(key));
+}
 
 /* Decodes the JSON string literal v[0..len) (with quotes) into a new
  * NUL-terminated string owned by the caller. Returns NULL if it is not a
