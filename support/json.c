@@ -354,13 +354,11 @@ static uint32_t hex4(const char *p)
                       capstan__hexval(p[2]) << 4 | capstan__hexval(p[3]));
 }
 
-char *capstan__json_string_dup(const char *v, size_t len)
+size_t capstan__json_string_decode(const char *v, size_t len, char *out)
 {
     if (len < 2 || v[0] != '"' || v[len - 1] != '"')
-        return NULL;
-    char *out = malloc(len), *o = out; /* decoding never grows the text */
-    if (!out)
-        return NULL;
+        return (size_t)-1;
+    char *o = out; /* decoding never grows the text */
     /* Up to the first escape (usually the whole string) in one copy. */
     const char *bs = memchr(v + 1, '\\', len - 2);
     size_t plain = bs ? (size_t)(bs - (v + 1)) : len - 2;
@@ -397,6 +395,16 @@ char *capstan__json_string_dup(const char *v, size_t len)
         }
     }
     *o = '\0';
+    return (size_t)(o - out);
+}
+
+char *capstan__json_string_dup(const char *v, size_t len)
+{
+    char *out = len >= 2 ? malloc(len) : NULL;
+    if (out && capstan__json_string_decode(v, len, out) == (size_t)-1) {
+        free(out);
+        out = NULL;
+    }
     return out;
 }
 

@@ -47,9 +47,14 @@ static inline const capstan_jmember_t *capstan__jobject_get(const capstan_jobjec
     return capstan__jobject_getn(obj, s, key, strlen(key));
 }
 
-/* Decodes the JSON string literal v[0..len) (with quotes) into a new
- * NUL-terminated string owned by the caller. Returns NULL if it is not a
- * string or on allocation failure. */
+/* Decodes the JSON string literal v[0..len) (with quotes) into out, which
+ * has room for len - 1 bytes, and ends it with a NUL. Returns the decoded
+ * length (the NUL not counted), or (size_t)-1 when v is not a string (out
+ * then is untouched). */
+size_t capstan__json_string_decode(const char *v, size_t len, char *out);
+
+/* The same into a new NUL-terminated string owned by the caller. Returns
+ * NULL if it is not a string or on allocation failure. */
 char *capstan__json_string_dup(const char *v, size_t len);
 
 /* Appends s[0..len) to b as a JSON string literal (with quotes). Bytes that
