@@ -153,12 +153,6 @@ static int scan_literal(const scanner_t *sc, const char **pp, const char *lit, s
     return 0;
 }
 
-/* The bit of capstan_jobject_t.keys for a key of klen bytes starting key. */
-static unsigned long long key_bit(const char *key, size_t klen)
-{
-    return 1ULL << ((klen * 7 + (klen ? (unsigned char)key[0] : 0)) & 63);
-}
-
 static int add_member(capstan_jobject_t *obj, const char *s, capstan_jmember_t m)
 {
     if (obj->n == obj->cap) {
@@ -170,7 +164,7 @@ static int add_member(capstan_jobject_t *obj, const char *s, capstan_jmember_t m
         obj->cap = cap;
     }
     obj->m[obj->n++] = m;
-    obj->keys |= key_bit(s + m.kstart, m.klen);
+    obj->keys |= capstan__jkey_bit(s + m.kstart, m.klen);
     return 0;
 }
 
@@ -315,7 +309,7 @@ void capstan__jobject_free(capstan_jobject_t *obj)
 const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
                                                const char *key, size_t klen)
 {
-    if (!(obj->keys & key_bit(key, klen)))
+    if (!(obj->keys & capstan__jkey_bit(key, klen)))
         return NULL;
     /* The first byte before the call: a payload's keys of one length
      * (class, queue, retry) differ there, and this runs a dozen times a job. */

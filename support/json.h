@@ -39,12 +39,22 @@ void capstan__jobject_free(capstan_jobject_t *obj);
 const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
                                                const char *key, size_t klen);
 
-/* The same for the string key: inline, so that a literal's length is known
- * when compiled (a job makes a dozen look-ups). */
+/* The bit of capstan_jobject_t.keys for a key of klen bytes at key. */
+static inline unsigned long long capstan__jkey_bit(const char *key, size_t klen)
+{
+    return 1ULL << ((klen * 7 + (klen ? (unsigned char)key[0] : 0)) & 63);
+}
+
+/* The same for the string key: inline, so that for a literal key (a job
+ * makes a dozen look-ups, most for keys it lacks) its length and bit are
+ * known when compiled, and an absent one costs no call. */
 static inline const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj,
                                                             const char *s, const char *key)
 {
-    return capstan__jobject_getn(obj, s, key, strlen(key));
+    size_t klen = strlen(key);
+    if (!(obj->keys & capstan__jkey_bit(key, klen)))
+        return NULL;
+    return capstan__jobject_getn(obj, s, key, klen);
 }
 
 /* Decodes the JSON string literal v[0..len) (with quotes) into out, which
