@@ -34,6 +34,24 @@ static void read_trace(capstan_job_t *job)
         free(ts);
 }
 
+/* job->cls and job->jid: the payload's "class" and "jid" when they are
+ * strings, decoded into one block. Out of memory both stay NULL. */
+static void read_names(capstan_job_t *job)
+{
+    const capstan_jmember_t *c = capstan__jobject_get(&job->obj, job->payload, "class");
+    const capstan_jmember_t *j = capstan__jobject_get(&job->obj, job->payload, "jid");
+    size_t need = (c ? c->vlen : 0) + (j ? j->vlen : 0), n;
+    char *p = need ? malloc(need) : NULL;
+    if (!(job->names = p))
+        return;
+    if (c && (n = capstan__json_string_decode(job->payload + c->vstart, c->vlen, p)) != (size_t)-1) {
+        job->cls = p;
+        p += n + 1;
+    }
+    if (j && capstan__json_string_decode(job->payload + j->vstart, j->vlen, p) != (size_t)-1)
+        job->jid = p;
+}
+
 int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err)
 {
     memset(job, 0, sizeof(*job));
@@ -46,8 +64,7 @@ int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char 
         return rc;
     if (!queue && (job->own_queue = member_str(job, "queue")))
         job->queue = job->own_queue;
-    job->cls = member_str(job, "class");
-    job->jid = member_str(job, "jid");
+    read_names(job);
     if (!job->cls || !job->cls[0])
         return capstan_seterr(err, CAPSTAN_EINVAL, "the payload has no \"class\" string");
     if (!job->jid || !job->jid[0])
@@ -83,11 +100,11 @@ void capstan__job_clear(capstan_job_t *job)
 {
     free(job->payload);
     capstan__jobject_free(&job->obj);
-    free(job->cls);
-    free(job->jid);
+    if (job->wrapper) /* cls is the wrapped class's own copy */
+        free(job->cls);
+    free(job->names);
     free(job->bid);
     free(job->own_queue);
-    free(job->wrapper);
     free(job->traceparent);
     free(job->tracestate);
     json_decref(job->wrapper_args);

@@ -16,9 +16,12 @@ struct capstan_job {
     size_t len;
     capstan_jobject_t obj;  /* member spans of payload */
     char *bid;              /* owned: the batch it belongs to ("bid"), or NULL */
-    char *cls, *jid;        /* owned, decoded; cls is the class capstan runs:
-                               an ActiveJob payload's wrapped class */
-    char *wrapper;          /* owned: the payload's "class" when it is
+    char *names;            /* owned: the payload's "class" and "jid", decoded
+                               one after the other (one allocation a job) */
+    char *cls, *jid;        /* decoded, in names (or NULL); cls is the class
+                               capstan runs: an ActiveJob payload's wrapped
+                               class, then owned on its own */
+    char *wrapper;          /* the payload's "class" (in names) when it is
                                ActiveJob's wrapper (then cls differs), else NULL */
     const char *queue;      /* the queue it was fetched from (borrowed), or
                                own_queue */

@@ -169,10 +169,13 @@ static void observe(series_t *d, double seconds)
 /* Whether capstan__metrics_escape would keep s as it is. */
 static int plain(const char *s)
 {
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
-        if (*c >= 0x80 || *c == '\\' || *c == '"' || *c == '\n')
-            return 0;
-    return 1;
+    /* The ASCII bytes that need escaping, and the NUL that ends s: one
+     * load per byte (this runs on a job's class and queue). */
+    static const unsigned char stop[128] = { [0] = 1, ['\n'] = 1, ['"'] = 1, ['\\'] = 1 };
+    const unsigned char *c = (const unsigned char *)s;
+    while (*c < 0x80 && !stop[*c])
+        c++;
+    return *c == '\0';
 }
 
 void capstan__metrics_job(capstan_metrics_t *m, const char *cls, const char *queue, double seconds,

@@ -12,26 +12,27 @@
 
 #define MAX_DEPTH 512
 
+/* The scanner runs once over every payload fetched, so it walks the text
+ * with a local pointer in one loop instead of a call per token; the grammar
+ * and each error (its message and byte) are those of a plain recursive
+ * descent. */
 typedef struct scanner {
-    const char *s;
-    size_t len, pos;
+    const char *s, *end;
     char *err;
 } scanner_t;
 
-static int fail(scanner_t *sc, const char *what)
+static int fail(const scanner_t *sc, const char *at, const char *what)
 {
     return capstan_seterr(sc->err, CAPSTAN_EPARSE, "invalid JSON at byte %zu: %s",
-                          sc->pos, what);
+                          (size_t)(at - sc->s), what);
 }
 
-static void skip_ws(scanner_t *sc)
+static const char *skip_ws(const char *p, const char *end)
 {
-    while (sc->pos < sc->len) {
-        char c = sc->s[sc->pos];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-            break;
-        sc->pos++;
-    }
+    /* Most bytes are above ' ': one test for them. */
+    while (p < end && (unsigned char)*p <= ' ' && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
 }
 
 int capstan__hexval(char c)
@@ -42,86 +43,118 @@ int capstan__hexval(char c)
     return -1;
 }
 
-static int scan_string(scanner_t *sc)
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* The bytes of w that end a run of plain string bytes (a quote, a backslash,
+ * a control character), as high bits. Each test ("a byte is below n") can
+ * also mark bytes above the first it finds, never one below it: the lowest
+ * mark is exact. */
+static uint64_t run_stops(uint64_t w)
 {
-    sc->pos++; /* opening quote */
-    while (sc->pos < sc->len) {
-        /* Most bytes are plain: skipped in a tight loop of locals. */
-        const unsigned char *s = (const unsigned char *)sc->s;
-        size_t pos = sc->pos, len = sc->len;
-        while (pos < len && s[pos] > '"' && s[pos] != '\\')
-            pos++;
-        sc->pos = pos;
-        if (pos >= len)
+    uint64_t q = w ^ (ONES * '"'), b = w ^ (ONES * '\\');
+    return (((q - ONES) & ~q) | ((b - ONES) & ~b) | ((w - ONES * 0x20) & ~w)) & HIGHS;
+}
+
+/* The first byte at or after p that is no plain string byte, or end. */
+static const char *plain_run(const char *p, const char *end)
+{
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* 8 bytes at a time: the lowest mark is the first byte in memory. */
+    while (end - p >= 8) {
+        uint64_t w, stops;
+        memcpy(&w, p, 8);
+        if ((stops = run_stops(w)) != 0)
+            return p + __builtin_ctzll(stops) / 8;
+        p += 8;
+    }
+#endif
+    while (p < end && (unsigned char)*p >= 0x20 && *p != '"' && *p != '\\')
+        p++;
+    return p;
+}
+
+/* The string whose opening quote is at *pp; *pp then is past its closing
+ * quote. Inlined in both its places (a key, a value): a payload is mostly
+ * short strings, and the call cost as much as their bytes. */
+static inline __attribute__((always_inline)) int scan_string(const scanner_t *sc, const char **pp)
+{
+    const char *p = *pp + 1, *end = sc->end;
+    for (;;) {
+        p = plain_run(p, end);
+        if (p >= end)
             break;
-        unsigned char c = s[pos];
+        unsigned char c = (unsigned char)*p;
         if (c == '"') {
-            sc->pos++;
+            *pp = p + 1;
             return 0;
         }
         if (c < 0x20)
-            return fail(sc, "control character in string");
+            return fail(sc, p, "control character in string");
         if (c == '\\') {
-            if (++sc->pos >= sc->len)
+            if (++p >= end)
                 break;
-            char e = sc->s[sc->pos];
+            char e = *p;
             if (e == 'u') {
                 for (int i = 1; i <= 4; i++)
-                    if (sc->pos + i >= sc->len || capstan__hexval(sc->s[sc->pos + i]) < 0)
-                        return fail(sc, "bad \\u escape");
-                sc->pos += 4;
+                    if (end - p <= i || capstan__hexval(p[i]) < 0)
+                        return fail(sc, p, "bad \\u escape");
+                p += 4;
             } else if (!strchr("\"\\/bfnrt", e) || e == '\0') {
-                return fail(sc, "bad escape");
+                return fail(sc, p, "bad escape");
             }
         }
-        sc->pos++;
+        p++;
     }
-    return fail(sc, "unterminated string");
+    return fail(sc, end, "unterminated string");
 }
 
-static int scan_digits(scanner_t *sc)
+static const char *skip_digits(const char *p, const char *end)
 {
-    size_t start = sc->pos;
-    while (sc->pos < sc->len && sc->s[sc->pos] >= '0' && sc->s[sc->pos] <= '9')
-        sc->pos++;
-    return sc->pos > start ? 0 : fail(sc, "digit expected");
+    while (p < end && (unsigned char)(*p - '0') < 10)
+        p++;
+    return p;
 }
 
-static int scan_number(scanner_t *sc)
+/* The number at *pp (a '-' or a digit). */
+static int scan_number(const scanner_t *sc, const char **pp)
 {
-    if (sc->s[sc->pos] == '-')
-        sc->pos++;
-    if (sc->pos < sc->len && sc->s[sc->pos] == '0')
-        sc->pos++;
-    else if (scan_digits(sc))
-        return CAPSTAN_EPARSE;
-    if (sc->pos < sc->len && sc->s[sc->pos] == '.') {
-        sc->pos++;
-        if (scan_digits(sc))
-            return CAPSTAN_EPARSE;
+    const char *p = *pp, *end = sc->end, *d;
+    if (*p == '-')
+        p++;
+    if (p < end && *p == '0')
+        p++;
+    else if ((d = skip_digits(p, end)) == p)
+        return fail(sc, p, "digit expected");
+    else
+        p = d;
+    if (p < end && *p == '.') {
+        p++;
+        if ((d = skip_digits(p, end)) == p)
+            return fail(sc, p, "digit expected");
+        p = d;
     }
-    if (sc->pos < sc->len && (sc->s[sc->pos] == 'e' || sc->s[sc->pos] == 'E')) {
-        sc->pos++;
-        if (sc->pos < sc->len && (sc->s[sc->pos] == '+' || sc->s[sc->pos] == '-'))
-            sc->pos++;
-        if (scan_digits(sc))
-            return CAPSTAN_EPARSE;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        if ((d = skip_digits(p, end)) == p)
+            return fail(sc, p, "digit expected");
+        p = d;
     }
+    *pp = p;
     return 0;
 }
 
-static int scan_literal(scanner_t *sc, const char *lit)
+static int scan_literal(const scanner_t *sc, const char **pp, const char *lit, size_t n)
 {
-    size_t n = strlen(lit);
-    if (sc->len - sc->pos < n || memcmp(sc->s + sc->pos, lit, n) != 0)
-        return fail(sc, "unexpected token");
-    sc->pos += n;
+    if ((size_t)(sc->end - *pp) < n || memcmp(*pp, lit, n) != 0)
+        return fail(sc, *pp, "unexpected token");
+    *pp += n;
     return 0;
 }
 
-static int scan_value(scanner_t *sc, int depth, capstan_jobject_t *top);
-
-static int add_member(capstan_jobject_t *obj, capstan_jmember_t m)
+static int add_member(capstan_jobject_t *obj, const char *s, capstan_jmember_t m)
 {
     if (obj->n == obj->cap) {
         size_t cap = obj->cap ? obj->cap * 2 : 16;
@@ -132,109 +165,124 @@ static int add_member(capstan_jobject_t *obj, capstan_jmember_t m)
         obj->cap = cap;
     }
     obj->m[obj->n++] = m;
+    obj->keys |= capstan__jkey_bit(s + m.kstart, m.klen);
     return 0;
 }
 
-static int scan_object(scanner_t *sc, int depth, capstan_jobject_t *top)
-{
-    sc->pos++; /* { */
-    skip_ws(sc);
-    if (sc->pos < sc->len && sc->s[sc->pos] == '}') {
-        sc->pos++;
-        return 0;
-    }
-    for (;;) {
-        skip_ws(sc);
-        if (sc->pos >= sc->len || sc->s[sc->pos] != '"')
-            return fail(sc, "object key expected");
-        capstan_jmember_t m = { .kstart = sc->pos + 1 };
-        if (scan_string(sc))
-            return CAPSTAN_EPARSE;
-        m.klen = sc->pos - 1 - m.kstart;
-        skip_ws(sc);
-        if (sc->pos >= sc->len || sc->s[sc->pos] != ':')
-            return fail(sc, "':' expected");
-        sc->pos++;
-        skip_ws(sc);
-        m.vstart = sc->pos;
-        int rc = scan_value(sc, depth + 1, NULL);
-        if (rc)
-            return rc;
-        m.vlen = sc->pos - m.vstart;
-        if (top && add_member(top, m))
-            return CAPSTAN_ENOMEM;
-        skip_ws(sc);
-        if (sc->pos >= sc->len)
-            return fail(sc, "unterminated object");
-        if (sc->s[sc->pos] == '}') {
-            sc->pos++;
-            return 0;
-        }
-        if (sc->s[sc->pos] != ',')
-            return fail(sc, "',' or '}' expected");
-        sc->pos++;
-    }
-}
-
-static int scan_array(scanner_t *sc, int depth)
-{
-    sc->pos++; /* [ */
-    skip_ws(sc);
-    if (sc->pos < sc->len && sc->s[sc->pos] == ']') {
-        sc->pos++;
-        return 0;
-    }
-    for (;;) {
-        skip_ws(sc);
-        int rc = scan_value(sc, depth + 1, NULL);
-        if (rc)
-            return rc;
-        skip_ws(sc);
-        if (sc->pos >= sc->len)
-            return fail(sc, "unterminated array");
-        if (sc->s[sc->pos] == ']') {
-            sc->pos++;
-            return 0;
-        }
-        if (sc->s[sc->pos] != ',')
-            return fail(sc, "',' or ']' expected");
-        sc->pos++;
-    }
-}
-
-static int scan_value(scanner_t *sc, int depth, capstan_jobject_t *top)
-{
-    if (depth > MAX_DEPTH)
-        return fail(sc, "nested too deeply");
-    if (sc->pos >= sc->len)
-        return fail(sc, "value expected");
-    switch (sc->s[sc->pos]) {
-    case '{': return scan_object(sc, depth, top);
-    case '[': return scan_array(sc, depth);
-    case '"': return scan_string(sc);
-    case 't': return scan_literal(sc, "true");
-    case 'f': return scan_literal(sc, "false");
-    case 'n': return scan_literal(sc, "null");
-    default:
-        if (sc->s[sc->pos] == '-' || (sc->s[sc->pos] >= '0' && sc->s[sc->pos] <= '9'))
-            return scan_number(sc);
-        return fail(sc, "value expected");
-    }
-}
-
+/* One JSON value (with top: an object, whose members go to top) filling
+ * s[0..len) but for whitespace. */
 static int scan_whole(const char *s, size_t len, capstan_jobject_t *top, char *err)
 {
-    scanner_t sc = { .s = s, .len = len, .err = err };
-    skip_ws(&sc);
-    if (top && (sc.pos >= len || s[sc.pos] != '{'))
-        return fail(&sc, "a JSON object is expected");
-    int rc = scan_value(&sc, 0, top);
-    if (rc)
-        return rc;
-    skip_ws(&sc);
-    if (sc.pos != len)
-        return fail(&sc, "trailing bytes after the value");
-    return 0;
+    const scanner_t sc = { .s = s, .end = s + len, .err = err };
+    const char *p = skip_ws(s, sc.end), *end = sc.end;
+    /* The containers around the value at p, outermost first: '{' or '['. */
+    char open[MAX_DEPTH + 1];
+    size_t depth = 0;
+    capstan_jmember_t m = { 0 }; /* the top object's member being read */
+    if (top && (p >= end || *p != '{'))
+        return fail(&sc, p, "a JSON object is expected");
+
+value: /* p is at a value (whitespace skipped) */
+    if (depth > MAX_DEPTH)
+        return fail(&sc, p, "nested too deeply");
+    if (p >= end)
+        return fail(&sc, p, "value expected");
+    switch (*p) {
+    case '{':
+        open[depth++] = '{';
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == '}') {
+            p++;
+            depth--;
+            goto value_done;
+        }
+        goto key;
+    case '[':
+        open[depth++] = '[';
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == ']') {
+            p++;
+            depth--;
+            goto value_done;
+        }
+        goto value;
+    case '"':
+        if (scan_string(&sc, &p))
+            return CAPSTAN_EPARSE;
+        goto value_done;
+    case 't':
+        if (scan_literal(&sc, &p, "true", 4))
+            return CAPSTAN_EPARSE;
+        goto value_done;
+    case 'f':
+        if (scan_literal(&sc, &p, "false", 5))
+            return CAPSTAN_EPARSE;
+        goto value_done;
+    case 'n':
+        if (scan_literal(&sc, &p, "null", 4))
+            return CAPSTAN_EPARSE;
+        goto value_done;
+    default:
+        if (*p != '-' && (*p < '0' || *p > '9'))
+            return fail(&sc, p, "value expected");
+        if (scan_number(&sc, &p))
+            return CAPSTAN_EPARSE;
+        goto value_done;
+    }
+
+value_done: /* a value ends at p, inside depth containers */
+    if (depth == 0) {
+        p = skip_ws(p, end);
+        if (p != end)
+            return fail(&sc, p, "trailing bytes after the value");
+        return 0;
+    }
+    if (depth == 1 && top) {
+        m.vlen = (size_t)(p - s) - m.vstart;
+        if (add_member(top, s, m))
+            return CAPSTAN_ENOMEM;
+    }
+    p = skip_ws(p, end);
+    if (open[depth - 1] == '{') {
+        if (p >= end)
+            return fail(&sc, p, "unterminated object");
+        if (*p == '}') {
+            p++;
+            depth--;
+            goto value_done;
+        }
+        if (*p != ',')
+            return fail(&sc, p, "',' or '}' expected");
+        p = skip_ws(p + 1, end);
+        goto key;
+    }
+    if (p >= end)
+        return fail(&sc, p, "unterminated array");
+    if (*p == ']') {
+        p++;
+        depth--;
+        goto value_done;
+    }
+    if (*p != ',')
+        return fail(&sc, p, "',' or ']' expected");
+    p = skip_ws(p + 1, end);
+    goto value;
+
+key: /* p is at a member's key, inside an object (whitespace skipped) */
+    if (p >= end || *p != '"')
+        return fail(&sc, p, "object key expected");
+    const char *k = p; /* the key's quotes: k and kend - 1 */
+    if (scan_string(&sc, &p))
+        return CAPSTAN_EPARSE;
+    const char *kend = p;
+    p = skip_ws(p, end);
+    if (p >= end || *p != ':')
+        return fail(&sc, p, "':' expected");
+    p = skip_ws(p + 1, end);
+    if (depth == 1)
+        m = (capstan_jmember_t){ .kstart = (size_t)(k - s) + 1, .klen = (size_t)(kend - k) - 2,
+                                 .vstart = (size_t)(p - s) };
+    goto value;
 }
 
 int capstan__json_validate(const char *s, size_t len, char *err)
@@ -245,6 +293,7 @@ int capstan__json_validate(const char *s, size_t len, char *err)
 int capstan__json_scan_object(const char *s, size_t len, capstan_jobject_t *obj, char *err)
 {
     obj->n = 0;
+    obj->keys = 0;
     return scan_whole(s, len, obj, err);
 }
 
@@ -255,12 +304,14 @@ void capstan__jobject_free(capstan_jobject_t *obj)
     free(obj->m);
     obj->m = NULL;
     obj->n = obj->cap = 0;
+    obj->keys = 0;
 }
 
-const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, const char *s,
-                                              const char *key)
+const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
+                                               const char *key, size_t klen)
 {
-    size_t klen = strlen(key);
+    if (!(obj->keys & capstan__jkey_bit(key, klen)))
+        return NULL;
     /* The first byte before the call: a payload's keys of one length
      * (class, queue, retry) differ there, and this runs a dozen times a job. */
     for (size_t i = obj->n; i-- > 0;) {
@@ -298,13 +349,11 @@ static uint32_t hex4(const char *p)
                       capstan__hexval(p[2]) << 4 | capstan__hexval(p[3]));
 }
 
-char *capstan__json_string_dup(const char *v, size_t len)
+size_t capstan__json_string_decode(const char *v, size_t len, char *out)
 {
     if (len < 2 || v[0] != '"' || v[len - 1] != '"')
-        return NULL;
-    char *out = malloc(len), *o = out; /* decoding never grows the text */
-    if (!out)
-        return NULL;
+        return (size_t)-1;
+    char *o = out; /* decoding never grows the text */
     /* Up to the first escape (usually the whole string) in one copy. */
     const char *bs = memchr(v + 1, '\\', len - 2);
     size_t plain = bs ? (size_t)(bs - (v + 1)) : len - 2;
@@ -341,6 +390,16 @@ char *capstan__json_string_dup(const char *v, size_t len)
         }
     }
     *o = '\0';
+    return (size_t)(o - out);
+}
+
+char *capstan__json_string_dup(const char *v, size_t len)
+{
+    char *out = len >= 2 ? malloc(len) : NULL;
+    if (out && capstan__json_string_decode(v, len, out) == (size_t)-1) {
+        free(out);
+        out = NULL;
+    }
     return out;
 }
 

@@ -8,6 +8,7 @@
 #define CAPSTAN_SUPPORT_JSON_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef struct capstan_jmember {
     size_t kstart, klen;  /* key bytes inside the quotes, escapes undecoded */
@@ -17,6 +18,9 @@ typedef struct capstan_jmember {
 typedef struct capstan_jobject {
     capstan_jmember_t *m; /* owned */
     size_t n, cap;
+    /* A bit per member key (of its length and first byte): a look-up whose
+     * key has no bit here is done at once, as most of a job's are. */
+    unsigned long long keys;
 } capstan_jobject_t;
 
 /* Checks that s[0..len) is one JSON value (RFC 8259 grammar; numbers of any
@@ -30,13 +34,37 @@ int capstan__json_validate(const char *s, size_t len, char *err);
 int capstan__json_scan_object(const char *s, size_t len, capstan_jobject_t *obj, char *err);
 void capstan__jobject_free(capstan_jobject_t *obj);
 
-/* The last member named key (JSON keeps the last of duplicates), or NULL. */
-const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj, const char *s,
-                                              const char *key);
+/* The last member named key[0..klen) (JSON keeps the last of duplicates),
+ * or NULL. */
+const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
+                                               const char *key, size_t klen);
 
-/* Decodes the JSON string literal v[0..len) (with quotes) into a new
- * NUL-terminated string owned by the caller. Returns NULL if it is not a
- * string or on allocation failure. */
+/* The bit of capstan_jobject_t.keys for a key of klen bytes at key. */
+static inline unsigned long long capstan__jkey_bit(const char *key, size_t klen)
+{
+    return 1ULL << ((klen * 7 + (klen ? (unsigned char)key[0] : 0)) & 63);
+}
+
+/* The same for the string key: inline, so that for a literal key (a job
+ * makes a dozen look-ups, most for keys it lacks) its length and bit are
+ * known when compiled, and an absent one costs no call. */
+static inline const capstan_jmember_t *capstan__jobject_get(const capstan_jobject_t *obj,
+                                                            const char *s, const char *key)
+{
+    size_t klen = strlen(key);
+    if (!(obj->keys & capstan__jkey_bit(key, klen)))
+        return NULL;
+    return capstan__jobject_getn(obj, s, key, klen);
+}
+
+/* Decodes the JSON string literal v[0..len) (with quotes) into out, which
+ * has room for len - 1 bytes, and ends it with a NUL. Returns the decoded
+ * length (the NUL not counted), or (size_t)-1 when v is not a string (out
+ * then is untouched). */
+size_t capstan__json_string_decode(const char *v, size_t len, char *out);
+
+/* The same into a new NUL-terminated string owned by the caller. Returns
+ * NULL if it is not a string or on allocation failure. */
 char *capstan__json_string_dup(const char *v, size_t len);
 
 /* Appends s[0..len) to b as a JSON string literal (with quotes). Bytes that

@@ -265,9 +265,14 @@ static void json_ctx_str(capstan_buf_t *b, int *first, const char *k, const char
  * append, their length taken from the walk. */
 static void put_escaped(capstan_buf_t *b, const char *s)
 {
+    /* The bytes that end a plain run: control characters, NUL included. */
+    static const unsigned char stop[256] = {
+        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, [0x7f] = 1,
+    };
     const unsigned char *run = (const unsigned char *)s;
     for (const unsigned char *c = run;; c++) {
-        if (*c >= 0x20 && *c != 0x7f)
+        if (!stop[*c])
             continue;
         capstan__buf_put(b, (const char *)run, (size_t)(c - run));
         if (!*c)

@@ -36,6 +36,33 @@ Test(json, error_names_the_byte_offset)
     cr_assert(strstr(err, "byte 5"), "%s", err);
 }
 
+/* Strings are skipped 8 bytes at a time: what ends one is found wherever
+ * it lies in such a stretch, and so is the byte an error names. */
+Test(json, long_strings_end_and_fail_where_their_bytes_say)
+{
+    cr_assert(valid("[\"0123456789abcdef\",\"0123456\\\"789abcdef\\\\\",\"\\u00e9 !#~\x7f\xc3\xa9\"]"));
+    char err[CAPSTAN_ERRLEN];
+    const char *ctl = "[\"0123456789ab\x01" "cdef\"]";
+    cr_assert_eq(capstan__json_validate(ctl, strlen(ctl), err), CAPSTAN_EPARSE);
+    cr_assert(strstr(err, "byte 14: control character"), "%s", err);
+    const char *open = "[\"0123456789abcdefghij";
+    cr_assert_eq(capstan__json_validate(open, strlen(open), err), CAPSTAN_EPARSE);
+    cr_assert(strstr(err, "byte 22: unterminated string"), "%s", err);
+}
+
+/* A value may lie inside 512 containers, not more. */
+Test(json, nesting_stops_past_512)
+{
+    char s[2 * 513 + 1];
+    for (int deep = 512; deep <= 513; deep++) {
+        memset(s, '[', (size_t)deep);
+        s[deep] = '1';
+        memset(s + deep + 1, ']', (size_t)deep);
+        int rc = capstan__json_validate(s, 2 * (size_t)deep + 1, NULL);
+        cr_assert_eq(rc, deep == 512 ? 0 : CAPSTAN_EPARSE, "%d deep", deep);
+    }
+}
+
 Test(json, scan_keeps_member_text_byte_exact)
 {
     const char *s = "{\"args\":[123456789012345678901234567890,1.50],\"class\":\"A\",\"class\":\"B\"}";
