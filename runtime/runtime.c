@@ -589,7 +589,7 @@ int capstan__runtime_prepare(capstan_runtime_t *rt, char *err)
     if (!rt->view.liveness)
         rt->view.liveness = capstan__liveness_new(rt->self.identity, c->liveness_ttl);
     if (!rt->view.fleet)
-        rt->view.fleet = capstan__fleet_new(c);
+        rt->view.fleet = capstan__fleet_new(c, capstan__shard_name(rt));
     if (!rt->self.info_json || !rt->view.paused || !rt->view.liveness || !rt->view.fleet)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     return 0;

@@ -33,6 +33,11 @@ capstan_runtime_t *capstan__member(capstan_runtime_t *rt, size_t i)
     return rt->member.group ? rt->member.group->m[i] : rt;
 }
 
+const char *capstan__shard_name(const capstan_runtime_t *rt)
+{
+    return rt->member.group ? rt->member.group->m[0]->cfg->shards[rt->member.index].name : NULL;
+}
+
 /* Member i of front, ready to start. */
 static capstan_runtime_t *member_new(capstan_runtime_t *front, size_t i, char *err)
 {

@@ -257,9 +257,16 @@ Test(shard_fleet, the_mixed_fleet_rules_hold_per_shard)
     cr_assert(KT_WAIT_UNTIL(all_ran(&f, &L, OWN) && kt_int("SCARD early") == RUBY, 60),
               "ShardJobs ran %ld %ld %ld of %d, Ruby ran %lld of %d: %s", ran(&L, 0, OWN), ran(&L, 1, OWN),
               ran(&L, 2, OWN), OWN, kt_int("SCARD early"), RUBY, kt_capstan_log(pid));
-    cr_assert(kt_log_has(pid, "no handler for RubyOnlyJob (queue:default); unknown_class: requeue (a Ruby "
-                              "Sidekiq process reads the queue)"),
+    /* Each line names the shard it is about. */
+    cr_assert(kt_log_has(pid, "shard s1: no handler for RubyOnlyJob (queue:default); unknown_class: requeue (a "
+                              "Ruby Sidekiq process reads the queue)"),
               "capstan handed shard 1's Ruby jobs back: %s", kt_capstan_log(pid));
+    for (int k = 1; k < NSHARDS; k++) {
+        char line[128];
+        snprintf(line, sizeof(line), "shard s%d: no handler for RubyOnlyJob (queue:default); unknown_class: "
+                 "requeue (capstan started less than a minute ago", k + 1);
+        cr_assert(kt_log_has(pid, line), "%s: %s", line, kt_capstan_log(pid));
+    }
 
     /* Past the first minute, shards 2 and 3 fail theirs as one Redis. */
     cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[1], "ZCARD retry") == 1 && kt_int_on(f.c[2], "ZCARD retry") == 1, 100),
@@ -293,6 +300,7 @@ Test(shard_fleet, the_mixed_fleet_rules_hold_per_shard)
     cr_assert_eq(kt_int("LLEN queue:default"), 0);
     cr_assert(kt_int("TTL capstan:ruby:default") > 0, "shard 1 remembers Ruby");
     cr_assert_eq(kt_log_count(pid, " reads queues [default]"), 1, "one shard is shared: %s", kt_capstan_log(pid));
+    cr_assert(kt_log_has(pid, "shard s1: Ruby Sidekiq process "), "that shard named: %s", kt_capstan_log(pid));
 
     ledger_read(&f, &L);
     for (int k = 0; k < NSHARDS; k++) {
