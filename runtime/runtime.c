@@ -70,6 +70,10 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan_chain_free(rt->server_chain);
     if (!rt->member.index)
         capstan__registry_free(rt); /* a member borrows the front's */
+    /* Each member's own, as its fleet: the classes it logged no handler for. */
+    for (size_t i = 0; i < rt->view.nunknown; i++)
+        free(rt->view.unknown[i]);
+    free(rt->view.unknown);
     free(rt->self.info_json);
     capstan__fleet_free(rt->view.fleet);
     capstan__paused_free(rt->view.paused);
