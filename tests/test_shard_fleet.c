@@ -325,15 +325,20 @@ Test(shard_fleet, the_mixed_fleet_rules_hold_per_shard)
  * jobs on shard 1 all run in Ruby, none failed. */
 Test(shard_fleet, a_kill_mid_drain_loses_no_job_of_any_shard)
 {
-    enum { OWN = 40, RUBY = 20 };
+    enum { OWN = 60, RUBY = 20 };
     kt_sidekiq_need(SIDEKIQ);
     fleet_t f;
     fleet_up(&f);
     pid_t rb = ruby_up();
-    for (int k = 0; k < NSHARDS; k++)
-        push_own(&f, k, OWN, "[300]");
     pid_t pid = capstan_up(&f);
     char *id = kt_log_identity(pid), *wk = kt_working_key(id);
+    /* Every shard's member fetching before the jobs come, so that the kill
+     * falls in the middle of each shard's drain. */
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[k], "SISMEMBER processes %s", id) == 1, 30), "shard %d: %s", k + 1,
+                  kt_capstan_log(pid));
+    for (int k = 0; k < NSHARDS; k++)
+        push_own(&f, k, OWN, "[300]");
     push_ruby(&f, 0, "kill", 60, RUBY);
     static ledger_t L;
     cr_assert(KT_WAIT_UNTIL((ledger_read(&f, &L), ran(&L, 0, OWN) >= 3 && ran(&L, 1, OWN) >= 3
