@@ -50,9 +50,10 @@ struct capstan_fleet {
     unsigned char *said;     /* queue i was last logged as shared */
     double born;             /* capstan__mono() of the first look */
     double looked;           /* and of the last */
+    char where[80];          /* "shard NAME: " before its lines, or "" */
 };
 
-capstan_fleet_t *capstan__fleet_new(const capstan_config_t *c)
+capstan_fleet_t *capstan__fleet_new(const capstan_config_t *c, const char *shard)
 {
     size_t n = c->nqueues;
     struct capstan_fleet *f = calloc(1, sizeof(*f));
@@ -62,6 +63,9 @@ capstan_fleet_t *capstan__fleet_new(const capstan_config_t *c)
         f->n = n;
         f->seen = calloc(n ? n : 1, sizeof(*f->seen));
         f->said = calloc(n ? n : 1, 1);
+        /* Each shard's Redis has its own fleet: the log says whose. */
+        if (shard)
+            snprintf(f->where, sizeof(f->where), "shard %s: ", shard);
     }
     if (!f || !f->seen || !f->said) {
         capstan__fleet_free(f);
@@ -161,9 +165,9 @@ static void say_shared(const capstan_fleet_t *f, const capstan_overview_t *ov, c
                             c->unknown_class_explicit ? "" : ", as the config does not set unknown_class");
     if (b.p) {
         if (fails)
-            capstan_warn("Ruby Sidekiq process%s %s", n == 1 ? "" : "es", b.p);
+            capstan_warn("%sRuby Sidekiq process%s %s", f->where, n == 1 ? "" : "es", b.p);
         else
-            capstan_info("Ruby Sidekiq process%s %s", n == 1 ? "" : "es", b.p);
+            capstan_info("%sRuby Sidekiq process%s %s", f->where, n == 1 ? "" : "es", b.p);
     }
     capstan__buf_free(&b);
 }
@@ -264,12 +268,12 @@ static void look(capstan_fleet_t *f, capstan_redis_t *r)
         capstan_buf_t b = {0};
         name_queues(&b, c, gone);
         if (c->unknown_class_explicit)
-            capstan_info("no Ruby Sidekiq process has read queues %s for %.0f minutes",
+            capstan_info("%sno Ruby Sidekiq process has read queues %s for %.0f minutes", f->where,
                          b.p ? b.p : "", SHARED_HOLD / 60);
         else
-            capstan_info("no Ruby Sidekiq process has read queues %s for %.0f minutes: jobs there of "
+            capstan_info("%sno Ruby Sidekiq process has read queues %s for %.0f minutes: jobs there of "
                          "classes without a handler here follow unknown_class: %s again",
-                         b.p ? b.p : "", SHARED_HOLD / 60,
+                         f->where, b.p ? b.p : "", SHARED_HOLD / 60,
                          capstan_config_unknown_class_name(c->unknown_class));
         capstan__buf_free(&b);
     }

@@ -9,9 +9,10 @@
 
 typedef struct capstan_fleet capstan_fleet_t;
 
-/* A fleet of c's queues, nothing shared yet; c outlives it. NULL when out
- * of memory. */
-capstan_fleet_t *capstan__fleet_new(const capstan_config_t *c);
+/* A fleet of c's queues, nothing shared yet; c outlives it. shard names
+ * the shard c's Redis is in a sharded process (its lines say it), else
+ * NULL. NULL when out of memory. */
+capstan_fleet_t *capstan__fleet_new(const capstan_config_t *c, const char *shard);
 void capstan__fleet_free(capstan_fleet_t *f);
 /* Reads the process set and each process's info on r, notes the queues of
  * ours a Ruby process reads (and keeps them in Redis), and logs one line

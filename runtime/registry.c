@@ -213,9 +213,4 @@ void capstan__registry_free(capstan_runtime_t *rt)
     free(rt->classes.hooks);
     rt->classes.hooks = NULL;
     rt->classes.nhooks = 0;
-    for (size_t i = 0; i < rt->view.nunknown; i++)
-        free(rt->view.unknown[i]);
-    free(rt->view.unknown);
-    rt->view.unknown = NULL;
-    rt->view.nunknown = 0;
 }

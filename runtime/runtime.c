@@ -70,6 +70,10 @@ void capstan_runtime_free(capstan_runtime_t *rt)
     capstan_chain_free(rt->server_chain);
     if (!rt->member.index)
         capstan__registry_free(rt); /* a member borrows the front's */
+    /* Each member's own, as its fleet: the classes it logged no handler for. */
+    for (size_t i = 0; i < rt->view.nunknown; i++)
+        free(rt->view.unknown[i]);
+    free(rt->view.unknown);
     free(rt->self.info_json);
     capstan__fleet_free(rt->view.fleet);
     capstan__paused_free(rt->view.paused);
@@ -590,7 +594,7 @@ int capstan__runtime_prepare(capstan_runtime_t *rt, char *err)
     if (!rt->view.liveness)
         rt->view.liveness = capstan__liveness_new(rt->self.identity, c->liveness_ttl);
     if (!rt->view.fleet)
-        rt->view.fleet = capstan__fleet_new(c);
+        rt->view.fleet = capstan__fleet_new(c, capstan__shard_name(rt));
     if (!rt->self.info_json || !rt->view.paused || !rt->view.liveness || !rt->view.fleet)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     return 0;

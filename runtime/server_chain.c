@@ -18,6 +18,7 @@
 #include "observe/prometheus.h"
 #include "capstan/middleware.h"
 #include "middleware/mw.h"
+#include "runtime/shards.h"
 #include "runtime/source.h"
 #include "runtime/shards.h"
 #include "runtime/slot.h"
@@ -344,8 +345,9 @@ capstan_chain_t *capstan_runtime_server_chain(capstan_runtime_t *rt)
     return c;
 }
 
-/* Logs, once per class and process, what the unknown_class policy does
- * with cls's jobs, and why when the config did not choose it. */
+/* Logs, once per class and process (with shards, per class and shard,
+ * named: each shard decides on its own fleet), what the unknown_class
+ * policy does with cls's jobs, and why when the config did not choose it. */
 static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *queue,
                          capstan_unknown_class_t policy, const char *why)
 {
@@ -366,8 +368,10 @@ static void note_unknown(capstan_runtime_t *rt, const char *cls, const char *que
     }
     pthread_mutex_unlock(&rt->view.unknown_mu);
     const char *near = first ? capstan__registry_nearest(rt, cls) : NULL;
+    const char *shard = capstan__shard_name(rt);
     if (first)
-        capstan_warn("no handler for %s (queue:%s); unknown_class: %s%s%s%s: %s%s%s%s", cls, queue,
+        capstan_warn("%s%s%sno handler for %s (queue:%s); unknown_class: %s%s%s%s: %s%s%s%s",
+                     shard ? "shard " : "", shard ? shard : "", shard ? ": " : "", cls, queue,
                      capstan_config_unknown_class_name(policy), why ? " (" : "", why ? why : "", why ? ")" : "",
                      what[policy], near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
 }

@@ -35,10 +35,14 @@ capstan_runtime_t *capstan__member(capstan_runtime_t *rt, size_t i)
     return rt->member.group ? rt->member.group->m[i] : rt;
 }
 
+const char *capstan__shard_name(const capstan_runtime_t *rt)
+{
+    return rt->member.group ? rt->member.group->m[0]->cfg->shards[rt->member.index].name : NULL;
+}
+
 void capstan__member_log(const capstan_runtime_t *rt)
 {
-    if (rt->member.group)
-        capstan__log_shard(rt->member.group->m[0]->cfg->shards[rt->member.index].name);
+    capstan__log_shard(capstan__shard_name(rt));
 }
 
 /* Member i of front, ready to start. */

@@ -19,6 +19,9 @@ enum { CAPSTAN_MEMBER_STARTING = 0, CAPSTAN_MEMBER_RUNNING = 1, CAPSTAN_MEMBER_F
 size_t capstan__members(const struct capstan_runtime *rt);
 struct capstan_runtime *capstan__member(struct capstan_runtime *rt, size_t i);
 
+/* The name of rt's shard (the front's or a member's), NULL without
+ * shards: the lines of what it decides for its shard alone say it. */
+const char *capstan__shard_name(const struct capstan_runtime *rt);
 /* Makes the front's members, one for each shard after the first, ready
  * to start (capstan__runtime_prepare), then gives the front the first
  * shard's queues. Called by the front's run once its classes are
