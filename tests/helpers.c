@@ -465,7 +465,10 @@ static pid_t spawn_env(const char *const *argv, const char *out_path, const char
                 dup2(fd, 2);
             close(fd);
         }
-        setenv("REDIS_URL", redis_url, 1);
+        if (redis_url)
+            setenv("REDIS_URL", redis_url, 1);
+        else
+            unsetenv("REDIS_URL");
         for (int i = 0; env && env[i] && env[i + 1]; i += 2)
             setenv(env[i], env[i + 1], 1);
         execvp(argv[0], (char *const *)argv);
@@ -524,6 +527,29 @@ pid_t kt_capstan_start(const char *const *args)
     pid_t pid = spawn(argv, pattern, kt_url(), 0);
     free(pattern);
     return kt_track(pid);
+}
+
+pid_t kt_capstan_shards_start(const char *conf, const char *ledger_dir, const char *const *args)
+{
+    const char *argv[64] = { getenv("CAPSTAN_BIN"), "run", "-r", getenv("CAPSTAN_SHARDS_PLUGIN"), "-C", conf };
+    int n = 6;
+    for (int i = 0; args && args[i] && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    cr_assert(argv[0] && argv[3], "CAPSTAN_BIN and CAPSTAN_SHARDS_PLUGIN must be set (run through meson test)");
+    char *pattern = kt_tmp("capstan-%d.log");
+    pid_t pid = spawn_env(argv, pattern, NULL, 0, (const char *const[]){ "CAPSTAN_LEDGER_DIR", ledger_dir, NULL });
+    free(pattern);
+    return kt_track(pid);
+}
+
+char *kt_ledger_dir(void)
+{
+    char *dir = kt_tmp("ledger"), path[600];
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST, "mkdir %s", dir);
+    snprintf(path, sizeof(path), "%s/ledger", dir);
+    unlink(path);
+    return dir;
 }
 
 char *kt_capstan_log(pid_t pid)

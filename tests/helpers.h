@@ -69,6 +69,14 @@ void kt_kill_children(void);
  * (args NULL-terminated), stdout+stderr to a log file. Returns its pid,
  * tracked for kt_kill_children. */
 pid_t kt_capstan_start(const char *const *args);
+/* The sharding tests' capstan: `capstan run -r <CAPSTAN_SHARDS_PLUGIN> -C
+ * conf args...` with no REDIS_URL (the file's shards: give theirs) and the
+ * plugin's ledger in ledger_dir (see kt_ledger_dir), its log where
+ * kt_capstan_log reads it; tracked as kt_capstan_start's. */
+pid_t kt_capstan_shards_start(const char *conf, const char *ledger_dir, const char *const *args);
+/* A fresh folder for the shards plugin's ledger (its file "ledger" not
+ * there yet), malloc'd. */
+char *kt_ledger_dir(void);
 /* Runs `capstan <args...>` to completion with output captured (malloc'd into
  * *out if out is not NULL). Returns the exit status, or -1. */
 int kt_capstan_run(const char *const *args, char **out);

@@ -629,29 +629,12 @@ Test(routing, jobs_routed_from_c_and_ruby_all_run_once_in_their_shard, .timeout 
     cr_assert_eq(total, PER_ROUTE + ruby);
     assert_spread(counts, (const int[]){ 0, 1, 2 }, 3, total);
 
-    char *conf = NULL, *dir = kt_tmp("ledger");
-    cr_assert(mkdir(dir, 0700) == 0);
+    char *conf = NULL, *dir = kt_ledger_dir();
     cr_assert(asprintf(&conf, "processes: 2\nconcurrency: 5\nqueues: [default, reports]\n"
                               "shards:\n  - name: a\n    redis_url: %s\n  - name: b\n    redis_url: %s\n"
                               "  - name: c\n    redis_url: %s\n", srv[0].url, srv[1].url, srv[2].url) > 0);
     char *path = kt_write_file("run.yml", conf);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        char log[700];
-        snprintf(log, sizeof(log), "%s/capstan.log", dir);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        unsetenv("REDIS_URL");
-        setenv("CAPSTAN_LEDGER_DIR", dir, 1);
-        execl(getenv("CAPSTAN_BIN"), "capstan", "run", "-C", path, "-r", getenv("CAPSTAN_SHARDS_PLUGIN"),
-              (char *)NULL);
-        _exit(127);
-    }
-    kt_track(pid);
+    pid_t pid = kt_capstan_shards_start(path, dir, NULL);
     char ledger[700];
     snprintf(ledger, sizeof(ledger), "%s/ledger", dir);
     long lines = 0;
@@ -661,12 +644,8 @@ Test(routing, jobs_routed_from_c_and_ruby_all_run_once_in_their_shard, .timeout 
                   for (char *p = t; p && *p; p++)
                       lines += *p == '\n';
                   free(t);
-                  lines >= total; }), 300), "%ld of %ld jobs ran", lines, total);
-    kill(pid, SIGTERM);
-    int st = 0;
-    cr_assert(KT_WAIT_UNTIL(waitpid(pid, &st, WNOHANG) == pid, 60));
-    kt_untrack(pid);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "capstan exited %d", st);
+                  lines >= total; }), 300), "%ld of %ld jobs ran\n%s", lines, total, kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 60), 0, "%s", kt_capstan_log(pid));
     /* Every jid once, in the shard the rule gives it. */
     char *text = kt_read_file(ledger);
     size_t njobs = 0, cap = (size_t)total + 16, wrong = 0;

@@ -59,11 +59,7 @@ static void fleet_up(fleet_t *f)
                         f->s[k].url);
     }
     f->conf = kt_write_conf(yml);
-    f->ledger_dir = kt_tmp("ledger");
-    cr_assert(mkdir(f->ledger_dir, 0700) == 0 || errno == EEXIST);
-    char path[600];
-    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
-    unlink(path);
+    f->ledger_dir = kt_ledger_dir();
 }
 
 static void fleet_down(fleet_t *f)
@@ -79,28 +75,8 @@ static void fleet_down(fleet_t *f)
  * REDIS_URL (the shards give theirs). */
 static pid_t capstan_up(fleet_t *f)
 {
-    const char *argv[] = { getenv("CAPSTAN_BIN"), "run", "-r", getenv("CAPSTAN_SHARDS_PLUGIN"), "-C", f->conf,
-                           "--no-supervisor", "-c", "6", "-q", "default", "-q", "capstan", NULL };
-    cr_assert(argv[0] && argv[3], "CAPSTAN_BIN and CAPSTAN_SHARDS_PLUGIN must be set (run through meson test)");
-    char *pattern = kt_tmp("capstan-%d.log");
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        char path[600];
-        snprintf(path, sizeof(path), pattern, (int)getpid());
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        unsetenv("REDIS_URL");
-        setenv("CAPSTAN_LEDGER_DIR", f->ledger_dir, 1);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    free(pattern);
-    return kt_track(pid);
+    return kt_capstan_shards_start(f->conf, f->ledger_dir, (const char *[]){ "--no-supervisor", "-c", "6", "-q",
+                                                                             "default", "-q", "capstan", NULL });
 }
 
 /* Sidekiq 7.3.10 with tests/ruby/fleet_jobs.rb on shard 1's default, once

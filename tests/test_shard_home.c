@@ -51,39 +51,14 @@ static void fleet_up(fleet_t *f, const char *extra)
     }
     snprintf(yml + len, sizeof(yml) - (size_t)len, "%s", extra ? extra : "");
     f->conf = kt_write_conf(yml);
-    f->ledger_dir = kt_tmp("ledger");
-    cr_assert(mkdir(f->ledger_dir, 0700) == 0 || errno == EEXIST);
-    char path[600];
-    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
-    unlink(path);
+    f->ledger_dir = kt_ledger_dir();
 }
 
 /* `capstan run -r <shards plugin> -C <conf> --no-supervisor`, its output
  * in the log kt_capstan_log reads, with no REDIS_URL. */
 static pid_t capstan_up(fleet_t *f)
 {
-    const char *argv[] = { getenv("CAPSTAN_BIN"), "run", "-r", getenv("CAPSTAN_SHARDS_PLUGIN"), "-C", f->conf,
-                           "--no-supervisor", NULL };
-    cr_assert(argv[0] && argv[3], "CAPSTAN_BIN and CAPSTAN_SHARDS_PLUGIN must be set (run through meson test)");
-    char *pattern = kt_tmp("capstan-%d.log");
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        char path[600];
-        snprintf(path, sizeof(path), pattern, (int)getpid());
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        unsetenv("REDIS_URL");
-        setenv("CAPSTAN_LEDGER_DIR", f->ledger_dir, 1);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    free(pattern);
-    return kt_track(pid);
+    return kt_capstan_shards_start(f->conf, f->ledger_dir, (const char *[]){ "--no-supervisor", NULL });
 }
 
 /* Job i of shard k: its jid says both ("5b00000k" then i). */
