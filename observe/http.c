@@ -109,9 +109,28 @@ static int prefetched_gauge(const capstan_http_conf_t *conf, capstan_buf_t *b)
     return rc;
 }
 
+/* The process's counters, with each shard's series (conf->shard_metrics). */
+static int render_metrics(const capstan_http_conf_t *conf, capstan_buf_t *b)
+{
+    size_t n = 0;
+    const char *name;
+    while (conf->shard_metrics && conf->shard_metrics(conf->ud, n, &name))
+        n++;
+    capstan_metrics_t **regs = n ? calloc(n, sizeof(*regs)) : NULL;
+    const char **names = n ? calloc(n, sizeof(*names)) : NULL;
+    int rc = n && (!regs || !names) ? CAPSTAN_ENOMEM : 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        regs[i] = conf->shard_metrics(conf->ud, i, &names[i]);
+    if (!rc)
+        rc = capstan__metrics_render_shards(capstan__metrics_default(), regs, names, n, b);
+    free(regs);
+    free(names);
+    return rc;
+}
+
 int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, capstan_buf_t *b)
 {
-    int rc = capstan__metrics_render(capstan__metrics_default(), b);
+    int rc = render_metrics(conf, b);
     int busy = conf->busy_threads ? conf->busy_threads(conf->ud) : 0;
     if (!rc) rc = gauge(b, "capstan_busy_threads", "Processor threads running a job.");
     if (!rc) rc = capstan__buf_printf(b, "capstan_busy_threads %d\n", busy);

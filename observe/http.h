@@ -31,6 +31,10 @@ typedef struct capstan_http_conf {
      * thread; it must not wait on Redis, so /livez answers while Redis
      * does not. */
     int (*probe)(void *ud, int ready, char *why, size_t n);
+    /* With shards: the registry of shard i's own series and its name
+     * (*name), NULL past the last, read at each scrape; its series are
+     * served with a shard label (NULL: no shards). */
+    struct capstan_metrics *(*shard_metrics)(void *ud, size_t i, const char **name);
     void *ud;
     int reuse_port;            /* SO_REUSEPORT: a supervised worker's successor
                                   listens while the worker it replaces still does */

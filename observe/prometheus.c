@@ -41,6 +41,9 @@ typedef struct series {
      * execution metrics count it (observe/execution.h). */
     char *raw;
     capstan_exec_t exec;
+    /* In a copy being rendered: the escaped name of the shard whose
+     * registry it came from, or NULL (capstan__metrics_render_shards). */
+    const char *shard;
 } series_t;
 
 struct capstan_metrics {
@@ -408,30 +411,39 @@ static int by_labels(const void *x, const void *y)
     const series_t *a = x, *b = y;
     if (a->kind != b->kind)
         return (int)a->kind - (int)b->kind;
+    if (a->shard != b->shard) {
+        int c = !a->shard ? -1 : !b->shard ? 1 : strcmp(a->shard, b->shard);
+        if (c)
+            return c;
+    }
     int c = strcmp(a->a, b->a);
     return c ? c : strcmp(a->b, b->b);
 }
 
-/* A copy of every series (labels borrowed by pointer into fresh strdups),
- * sorted; owned by the caller, free with free_copy. */
-static series_t *copy_all(capstan_metrics_t *m, size_t *n)
+/* Appends a copy of every series of m to *s (*n of them; the labels fresh
+ * strdups, shard borrowed), grown as needed. 0 or CAPSTAN_ENOMEM; what
+ * was copied is in *s either way, for free_copy. */
+static int copy_all(capstan_metrics_t *m, const char *shard, series_t **s, size_t *n)
 {
     pthread_mutex_lock(&m->mu);
-    size_t cnt = 0;
-    series_t *out = calloc(m->nseries ? m->nseries : 1, sizeof(*out));
+    series_t *out = realloc(*s, (*n + m->nseries + 1) * sizeof(*out));
+    int rc = out ? 0 : CAPSTAN_ENOMEM;
     for (size_t i = 0; out && i < NBUCKETS_TABLE; i++)
-        for (series_t *s = m->table[i]; s; s = s->next) {
-            out[cnt] = *s;
-            out[cnt].next = NULL;
-            out[cnt].a = strdup(s->a);
-            out[cnt].b = strdup(s->b);
-            cnt++;
+        for (series_t *e = m->table[i]; e; e = e->next) {
+            series_t *c = &out[(*n)++];
+            *c = *e;
+            c->next = NULL;
+            c->raw = NULL;
+            c->shard = shard;
+            c->a = strdup(e->a);
+            c->b = strdup(e->b);
+            if (!c->a || !c->b)
+                rc = CAPSTAN_ENOMEM;
         }
     pthread_mutex_unlock(&m->mu);
     if (out)
-        qsort(out, cnt, sizeof(*out), by_labels);
-    *n = cnt;
-    return out;
+        *s = out;
+    return rc;
 }
 
 static void free_copy(series_t *s, size_t n)
@@ -448,13 +460,15 @@ static int family(capstan_buf_t *b, const char *name, const char *type, const ch
     return capstan__buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* name{l1="v1"[,l2="v2"]}; the values are escaped already. */
-static int sample_head(capstan_buf_t *b, const char *name, const char *l1, const char *v1,
-                       const char *l2, const char *v2)
+/* name{[shard="s",]l1="v1"[,l2="v2"]}; the values are escaped already. */
+static int sample_head(capstan_buf_t *b, const char *name, const char *shard, const char *l1,
+                       const char *v1, const char *l2, const char *v2)
 {
-    if (l2)
-        return capstan__buf_printf(b, "%s{%s=\"%s\",%s=\"%s\"", name, l1, v1, l2, v2);
-    return capstan__buf_printf(b, "%s{%s=\"%s\"", name, l1, v1);
+    int rc = shard ? capstan__buf_printf(b, "%s{shard=\"%s\",", name, shard)
+                   : capstan__buf_printf(b, "%s{", name);
+    if (!rc && l2)
+        return capstan__buf_printf(b, "%s=\"%s\",%s=\"%s\"", l1, v1, l2, v2);
+    return rc ? rc : capstan__buf_printf(b, "%s=\"%s\"", l1, v1);
 }
 
 static int render_jobs(capstan_buf_t *b, const series_t *s, size_t n, int failed)
@@ -466,7 +480,7 @@ static int render_jobs(capstan_buf_t *b, const series_t *s, size_t n, int failed
     for (size_t i = 0; i < n && !rc; i++) {
         if (s[i].kind != K_JOB)
             continue;
-        rc = sample_head(b, name, "class", s[i].a, "queue", s[i].b);
+        rc = sample_head(b, name, s[i].shard, "class", s[i].a, "queue", s[i].b);
         if (!rc) rc = capstan__buf_printf(b, "} %llu\n", failed ? s[i].n2 : s[i].n1);
     }
     return rc;
@@ -482,7 +496,7 @@ static int render_skipped(capstan_buf_t *b, const series_t *s, size_t n)
     for (size_t i = 0; i < n && !rc; i++) {
         if (s[i].kind != K_SKIP)
             continue;
-        rc = sample_head(b, name, "class", s[i].a, "reason", s[i].b);
+        rc = sample_head(b, name, s[i].shard, "class", s[i].a, "reason", s[i].b);
         if (!rc) rc = capstan__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
@@ -508,14 +522,14 @@ static int render_histograms(capstan_buf_t *b, const series_t *s, size_t n, kind
                 snprintf(le, sizeof(le), "+Inf");
             }
             snprintf(sample, sizeof(sample), "%s_bucket", name);
-            rc = sample_head(b, sample, label, s[i].a, "le", le);
+            rc = sample_head(b, sample, s[i].shard, label, s[i].a, "le", le);
             if (!rc) rc = capstan__buf_printf(b, "} %llu\n", cum);
         }
         snprintf(sample, sizeof(sample), "%s_sum", name);
-        if (!rc) rc = sample_head(b, sample, label, s[i].a, NULL, NULL);
+        if (!rc) rc = sample_head(b, sample, s[i].shard, label, s[i].a, NULL, NULL);
         if (!rc) rc = capstan__buf_printf(b, "} %.9g\n", s[i].sum);
         snprintf(sample, sizeof(sample), "%s_count", name);
-        if (!rc) rc = sample_head(b, sample, label, s[i].a, NULL, NULL);
+        if (!rc) rc = sample_head(b, sample, s[i].shard, label, s[i].a, NULL, NULL);
         if (!rc) rc = capstan__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
@@ -531,7 +545,7 @@ static int render_locks(capstan_buf_t *b, const series_t *s, size_t n)
     for (size_t i = 0; i < n && !rc; i++) {
         if (s[i].kind != K_LOCK)
             continue;
-        rc = sample_head(b, name, "type", s[i].a, "event", s[i].b);
+        rc = sample_head(b, name, s[i].shard, "type", s[i].a, "event", s[i].b);
         if (!rc) rc = capstan__buf_printf(b, "} %llu\n", s[i].n1);
     }
     return rc;
@@ -556,7 +570,7 @@ static int render_limiters(capstan_buf_t *b, const series_t *s, size_t n)
             if (s[i].kind != K_LIMITER)
                 continue;
             if (f < 3) {
-                rc = sample_head(b, fam[f].name, "limiter", s[i].a, NULL, NULL);
+                rc = sample_head(b, fam[f].name, s[i].shard, "limiter", s[i].a, NULL, NULL);
                 if (!rc)
                     rc = capstan__buf_printf(b, "} %lld\n", f == 0 ? (long long)s[i].n1
                                                      : f == 1 ? (long long)s[i].n2 : s[i].held);
@@ -570,12 +584,13 @@ static int render_limiters(capstan_buf_t *b, const series_t *s, size_t n)
                     snprintf(le, sizeof(le), "%g", capstan__metrics_buckets[k]);
                 else
                     snprintf(le, sizeof(le), "+Inf");
-                rc = sample_head(b, "capstan_limiter_wait_seconds_bucket", "limiter", s[i].a, "le", le);
+                rc = sample_head(b, "capstan_limiter_wait_seconds_bucket", s[i].shard, "limiter", s[i].a,
+                                 "le", le);
                 if (!rc) rc = capstan__buf_printf(b, "} %llu\n", cum);
             }
-            if (!rc) rc = sample_head(b, "capstan_limiter_wait_seconds_sum", "limiter", s[i].a, NULL, NULL);
+            if (!rc) rc = sample_head(b, "capstan_limiter_wait_seconds_sum", s[i].shard, "limiter", s[i].a, NULL, NULL);
             if (!rc) rc = capstan__buf_printf(b, "} %.9g\n", s[i].sum);
-            if (!rc) rc = sample_head(b, "capstan_limiter_wait_seconds_count", "limiter", s[i].a, NULL, NULL);
+            if (!rc) rc = sample_head(b, "capstan_limiter_wait_seconds_count", s[i].shard, "limiter", s[i].a, NULL, NULL);
             if (!rc) rc = capstan__buf_printf(b, "} %llu\n", count);
         }
     }
@@ -598,7 +613,7 @@ static int render_periodic(capstan_buf_t *b, const series_t *s, size_t n)
         for (size_t i = 0; i < n && !rc; i++) {
             if (s[i].kind != K_PERIODIC)
                 continue;
-            rc = sample_head(b, fam[f].name, "schedule", s[i].a, NULL, NULL);
+            rc = sample_head(b, fam[f].name, s[i].shard, "schedule", s[i].a, NULL, NULL);
             if (!rc) rc = capstan__buf_printf(b, "} %llu\n", f == 0 ? s[i].n1 : s[i].n2);
         }
     }
@@ -606,6 +621,12 @@ static int render_periodic(capstan_buf_t *b, const series_t *s, size_t n)
 }
 
 int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
+{
+    return capstan__metrics_render_shards(m, NULL, NULL, 0, b);
+}
+
+int capstan__metrics_render_shards(capstan_metrics_t *m, capstan_metrics_t *const *shards,
+                                   const char *const *names, size_t nshards, capstan_buf_t *b)
 {
     static const struct { const char *name, *help; } counters[CAPSTAN_METRIC_COUNTER_COUNT] = {
         [CAPSTAN_METRIC_ORPHANS_RECOVERED] = { "capstan_orphans_recovered_total",
@@ -638,16 +659,24 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
     };
     if (!m)
         return CAPSTAN_EINVAL;
+    /* One copy of all the series, each shard's labelled with its name, so
+     * that each family is rendered once. */
     size_t n = 0;
-    series_t *s = copy_all(m, &n);
-    if (!s)
-        return CAPSTAN_ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        if (!s[i].a || !s[i].b) {
-            free_copy(s, n);
-            return CAPSTAN_ENOMEM;
-        }
-    int rc = render_jobs(b, s, n, 0);
+    series_t *s = NULL;
+    char **shard = nshards ? calloc(nshards, sizeof(*shard)) : NULL;
+    int rc = nshards && !shard ? CAPSTAN_ENOMEM : copy_all(m, NULL, &s, &n);
+    for (size_t i = 0; i < nshards && !rc; i++) {
+        capstan_buf_t e = { 0 };
+        rc = capstan__metrics_escape(&e, names[i]);
+        if (!rc && !(shard[i] = capstan__buf_take(&e, NULL)))
+            rc = CAPSTAN_ENOMEM;
+        capstan__buf_free(&e);
+        if (!rc && shards[i])
+            rc = copy_all(shards[i], shard[i], &s, &n);
+    }
+    if (!rc)
+        qsort(s, n, sizeof(*s), by_labels);
+    if (!rc) rc = render_jobs(b, s, n, 0);
     if (!rc) rc = render_jobs(b, s, n, 1);
     if (!rc) rc = render_skipped(b, s, n);
     if (!rc) rc = render_histograms(b, s, n, K_DURATION, "capstan_job_duration_seconds", "class",
@@ -679,5 +708,8 @@ int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
                                      m->restart_cause_names[c],
                                      atomic_load(&m->restarts[i * m->restart_causes + c]));
     free_copy(s, n);
+    for (size_t i = 0; shard && i < nshards; i++)
+        free(shard[i]);
+    free(shard);
     return rc;
 }

@@ -123,6 +123,11 @@ void capstan__metrics_restarts(capstan_metrics_t *m, const atomic_long *counts, 
  * Prometheus text format 0.0.4 to b; series sorted by label values.
  * Returns 0 or CAPSTAN_ENOMEM (b may then hold part of the text). */
 int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b);
+/* The same for a process with shards: m's series and counters, and those
+ * series of each shards[i] (NULL: none) with the label shard="names[i]"
+ * first, each family once. */
+int capstan__metrics_render_shards(capstan_metrics_t *m, capstan_metrics_t *const *shards,
+                                   const char *const *names, size_t nshards, capstan_buf_t *b);
 
 /* Appends s as a label value: backslash, double quote and newline
  * escaped as the format requires, and every byte that does not begin a

@@ -63,10 +63,13 @@ int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_
     }
 }
 
+capstan_metrics_t *capstan__rt_metrics(capstan_runtime_t *rt)
+{
+    return rt->member.metrics ? rt->member.metrics : capstan__metrics_default();
+}
+
 void capstan__rt_job_metrics(capstan_runtime_t *rt, const char *cls, const char *queue, double seconds,
                              int failed, const char *raw)
 {
-    capstan__metrics_job(capstan__metrics_default(), cls, queue, seconds, failed, raw);
-    if (rt->member.metrics)
-        capstan__metrics_job(rt->member.metrics, cls, queue, seconds, failed, raw);
+    capstan__metrics_job(capstan__rt_metrics(rt), cls, queue, seconds, failed, raw);
 }

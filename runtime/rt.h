@@ -254,10 +254,11 @@ typedef struct capstan_rt_member {
     capstan_config_t *ticks;       /* the front's: shard 0's config, whose
                                       schedules its periodic thread ticks
                                       (a member's are in its own cfg) */
-    struct capstan_metrics *metrics; /* with shards, Sidekiq's execution
-                                      metrics of this member's jobs alone
-                                      (the shard's Metrics tab); the
-                                      process's /metrics has them all */
+    struct capstan_metrics *metrics; /* with shards, this member's jobs
+                                      alone: /metrics serves them with
+                                      its shard's label, and Sidekiq's
+                                      execution metrics are taken from
+                                      it (the shard's Metrics tab) */
     int rc;                        /* why its start failed, with err */
     char err[CAPSTAN_ERRLEN];
 } capstan_rt_member_t;
@@ -323,9 +324,12 @@ int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_i
 int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
                               double max_delay);
 
+/* The registry rt's jobs are counted in: with shards its member's own
+ * (rt->member.metrics, served with its shard's label), else the
+ * process's. */
+struct capstan_metrics *capstan__rt_metrics(struct capstan_runtime *rt);
 /* A job of class cls (raw: its handler's registered name, or NULL) ran
- * for seconds, failed or not: counted in the process's metrics and, with
- * shards, in its member's own (rt->member.metrics). */
+ * for seconds, failed or not: counted in capstan__rt_metrics(rt). */
 void capstan__rt_job_metrics(struct capstan_runtime *rt, const char *cls, const char *queue, double seconds,
                              int failed, const char *raw);
 

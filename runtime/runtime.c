@@ -714,6 +714,7 @@ static int run(capstan_runtime_t *rt, char *err)
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
                                .busy_threads = busy_threads, .probe = probe, .ud = rt,
+                               .shard_metrics = capstan__shards_metrics,
                                .reuse_port = rt->link.board != NULL };
     if (rt->source->prefetches) {
         hc.queues = qnames;

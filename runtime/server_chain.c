@@ -98,7 +98,7 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
     run->ctx.elapsed = capstan__mono() - t0;
     if (mw->out->skipped) {
         capstan__log(CAPSTAN_INFO, &run->ctx, "%s", mw->out->skipped);
-        capstan__metrics_skipped(capstan__metrics_default(), job->cls, mw->out->skipped);
+        capstan__metrics_skipped(capstan__rt_metrics(rt), job->cls, mw->out->skipped);
         return rc;
     }
     if (job->err_class) {

@@ -190,6 +190,16 @@ void capstan__shards_join(capstan_runtime_t *front)
     }
 }
 
+capstan_metrics_t *capstan__shards_metrics(void *ud, size_t i, const char **name)
+{
+    capstan_runtime_t *front = ud;
+    struct capstan_shards *g = front->member.group;
+    if (!g || i >= g->n)
+        return NULL;
+    *name = front->cfg->shards[i].name;
+    return g->m[i]->member.metrics;
+}
+
 void capstan__shards_free(capstan_runtime_t *front)
 {
     struct capstan_shards *g = front->member.group;

@@ -41,6 +41,10 @@ void capstan__shards_join(struct capstan_runtime *front);
  * every thread of a member's, the front's too, calls it first. Nothing
  * without shards. */
 void capstan__member_log(const struct capstan_runtime *rt);
+/* The registry of member i of ud (the front) and its shard's name in
+ * *name, NULL past the last member or without shards: the metrics
+ * port's capstan_http_conf_t.shard_metrics. */
+struct capstan_metrics *capstan__shards_metrics(void *ud, size_t i, const char **name);
 /* Frees the members (the front's capstan_runtime_free). */
 void capstan__shards_free(struct capstan_runtime *front);
 

@@ -668,3 +668,110 @@ Test(shards, a_quarantined_job_runs_in_its_own_shard)
     cr_assert(kt_log_has(sup, "quarantine worker"), "%s", kt_capstan_log(sup));
     cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 30), 0, "%s", kt_capstan_log(sup));
 }
+
+/* The value of the sample whose name and labels are exactly series in a
+ * scrape's text, or -1. */
+static double sample_of(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            return atof(p + n + 1);
+    return -1;
+}
+
+/* The series a line of a scrape names: "# HELP name" or "# TYPE name"
+ * for a comment, the name and labels of a sample (up to its value). */
+static size_t key_len(const char *line, size_t len)
+{
+    size_t k = line[0] == '#' && len > 7 ? 7 : len;
+    if (line[0] == '#')
+        while (k < len && line[k] != ' ')
+            k++;
+    else
+        while (k > 0 && line[k - 1] != ' ')
+            k--;
+    return line[0] == '#' || !k ? k : k - 1;
+}
+
+/* Whether two lines of text starting with prefix name the same series
+ * (or family); prints the first such. */
+static int repeated_lines(const char *text, const char *prefix)
+{
+    size_t pl = strlen(prefix);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        const char *end = strchr(p, '\n');
+        size_t k = key_len(p, end ? (size_t)(end - p) : strlen(p));
+        if (strncmp(p, prefix, pl))
+            continue;
+        for (const char *q = end ? end + 1 : NULL; q && *q; q = strchr(q, '\n') ? strchr(q, '\n') + 1 : NULL)
+            if (!strncmp(q, p, k) && q[k] == ' ') {
+                printf("shards: repeated in /metrics: %.*s\n", (int)k, p);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* With shards, /metrics tells the shards' jobs apart: each shard's job
+ * series carry shard="NAME" and count that shard's jobs alone (7, 3, 12
+ * pushed, one more expired in s2), each family once, the whole text valid
+ * for promtool; the process's own counters stay unlabelled. */
+Test(shards, metrics_label_each_shards_jobs)
+{
+    int port = kt_free_port();
+    char extra[64];
+    snprintf(extra, sizeof(extra), "metrics_port: %d\n", port);
+    fleet_t f;
+    fleet_up(&f, extra);
+    const unsigned n[NSHARDS] = { 7, 3, 12 };
+    char jid[25], *p = NULL;
+    jid_of(jid, 1, 999);
+    cr_assert(asprintf(&p, "{\"retry\":true,\"queue\":\"default\",\"args\":[],\"class\":\"ShardJob\",\"jid\":\"%s\","
+                           "\"created_at\":1767225600.1,\"enqueued_at\":1767225600.2,\"expires_at\":1767225601}",
+                       jid) > 0);
+    freeReplyObject(redisCommand(f.c[1], "LPUSH queue:default %s", p));
+    free(p);
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, 0, n[k], "[]");
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    drain(&f, pid, n);
+    char *text = NULL, want[NSHARDS][160];
+    for (int k = 0; k < NSHARDS; k++)
+        snprintf(want[k], sizeof(want[k]),
+                 "capstan_jobs_processed_total{shard=\"s%d\",class=\"ShardJob\",queue=\"default\"}", k + 1);
+    const char *skipped = "capstan_jobs_skipped_total{shard=\"s2\",class=\"ShardJob\",reason=\"expired\"}";
+    int got = KT_WAIT_UNTIL((free(text), text = kt_scrape(port)) != NULL && sample_of(text, want[0]) == n[0]
+                                && sample_of(text, want[1]) == n[1] && sample_of(text, want[2]) == n[2]
+                                && sample_of(text, skipped) == 1,
+                            20);
+    double seen[NSHARDS];
+    for (int k = 0; k < NSHARDS; k++)
+        seen[k] = sample_of(text, want[k]);
+    printf("shards: /metrics jobs processed by shard: s1 %g s2 %g s3 %g (want %u %u %u), expired in s2 %g, "
+           "unlabelled %g\n",
+           seen[0], seen[1], seen[2], n[0], n[1], n[2], sample_of(text, skipped),
+           sample_of(text, "capstan_jobs_processed_total{class=\"ShardJob\",queue=\"default\"}"));
+    cr_assert(got, "%s", text);
+    const char *body = strstr(text, "\r\n\r\n");
+    cr_assert(body, "%s", text);
+    body += 4;
+    for (int k = 0; k < NSHARDS; k++) {
+        char dur[160];
+        snprintf(dur, sizeof(dur), "capstan_job_duration_seconds_count{shard=\"s%d\",class=\"ShardJob\"}", k + 1);
+        cr_assert_eq(sample_of(body, dur), n[k], "%s", body);
+    }
+    cr_assert(!strstr(body, "capstan_jobs_processed_total{class="), "an unlabelled job series too:\n%s", body);
+    cr_assert_geq(sample_of(body, "capstan_redis_reconnects_total"), 0, "process-wide counters unlabelled:\n%s", body);
+    cr_assert(!repeated_lines(body, "# "), "a family twice:\n%s", body);
+    cr_assert(!repeated_lines(body, "capstan_"), "a series twice:\n%s", body);
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        FILE *pt = popen("promtool check metrics", "w");
+        cr_assert_not_null(pt);
+        fputs(body, pt);
+        int st = pclose(pt);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "promtool rejected:\n%s", body);
+    }
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    free(text);
+}
