@@ -90,7 +90,16 @@ typedef struct sup {
     char **argv;
     int reloading;            /* a HUP's rolling restart is under way */
     int reload_slot;          /* the slot it replaces now */
+    capstan_config_t *disk;   /* after a HUP: the configuration on disk,
+                                 which the workers started since run */
 } sup_t;
+
+/* The configuration the workers run: the one on disk once a HUP started
+ * workers from it (its shards: may have changed). */
+static const capstan_config_t *worker_cfg(const sup_t *s)
+{
+    return s->disk ? s->disk : s->cfg;
+}
 
 static int live(const sup_t *s)
 {
@@ -173,6 +182,7 @@ static void become_worker(sup_t *s, worker_t *me)
     free(s->w);
     free(s->slots);
     free(s->exe);
+    capstan_config_free(s->disk);
     sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
@@ -253,8 +263,9 @@ static int spawn(sup_t *s, int slot, int exec)
     if (!w)
         return 0;
     /* A row per processor of every shard's member (board.c). */
-    int threads = quarantine_slot(slot, s->n) ? 1 : s->cfg->concurrency;
-    int rows = threads * (s->cfg->nshards ? (int)s->cfg->nshards : 1);
+    const capstan_config_t *c = worker_cfg(s);
+    int threads = quarantine_slot(slot, s->n) ? 1 : c->concurrency;
+    int rows = threads * (c->nshards ? (int)c->nshards : 1);
     size_t size = capstan__board_size(rows);
     int fd;
     void *mem = shared(size, &fd);
@@ -267,7 +278,7 @@ static int spawn(sup_t *s, int slot, int exec)
     w->board = mem;
     w->board_size = size;
     w->fd = fd;
-    w->fresh = exec;
+    w->fresh = exec && s->reloading && slot == s->reload_slot;
     w->board->nslots = rows;
     w->slot = slot;
     capstan__log_flush();
@@ -315,7 +326,9 @@ static int start_missing(sup_t *s)
         int serving = 0;
         for (int i = 0; i < s->nw; i++)
             serving += s->w[i].pid > 0 && s->w[i].slot == slot && !s->w[i].leaving;
-        if (!serving && spawn(s, slot, 0))
+        /* After a HUP, from the binary and configuration on disk, as the
+         * reload's workers: this image's may be older. */
+        if (!serving && spawn(s, slot, s->disk != NULL))
             return 1;
     }
     return 0;
@@ -326,7 +339,7 @@ static int start_missing(sup_t *s)
  * had started. Also takes it off Sidekiq's process set. */
 static void recover(sup_t *s, worker_t *w)
 {
-    const capstan_config_t *c = s->cfg;
+    const capstan_config_t *c = worker_cfg(s);
     char id[sizeof(w->board->identity)];
     memcpy(id, w->board->identity, sizeof(id));
     id[sizeof(id) - 1] = '\0';
@@ -536,6 +549,25 @@ static void reload_step(sup_t *s)
     reload_next(s);
 }
 
+/* At a HUP: the configuration on disk, read as `capstan run` reads it,
+ * for the recovery of the workers started from it. One that does not
+ * parse keeps the last (its workers will not start either). */
+static void reread(sup_t *s)
+{
+    char err[CAPSTAN_ERRLEN] = "";
+    capstan_config_t *c = capstan_config_new();
+    int rc = c ? capstan_config_parse_args(c, s->argc, s->argv, err) : CAPSTAN_ENOMEM;
+    if (!rc)
+        rc = capstan_config_validate(c, err);
+    if (rc) {
+        capstan_warn("HUP: cannot read the configuration: %s", rc == CAPSTAN_ENOMEM ? "out of memory" : err);
+        capstan_config_free(c);
+        return;
+    }
+    capstan_config_free(s->disk);
+    s->disk = c;
+}
+
 static void stop_all(sup_t *s, int sig)
 {
     double now = capstan__mono();
@@ -641,6 +673,7 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
                 break;
             }
             capstan_info("Received HUP: replacing the workers one at a time from %s", s.exe);
+            reread(&s);
             capstan__notify("RELOADING=1");
             s.reloading = 1;
             s.reload_slot = 0;
@@ -664,6 +697,7 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
     free(s.w);
     free(s.slots);
     free(s.exe);
+    capstan_config_free(s.disk);
     munmap(s.table, s.table_size);
     close(s.table_fd);
     sigprocmask(SIG_SETMASK, &s.old, NULL);

@@ -775,3 +775,92 @@ Test(shards, metrics_label_each_shards_jobs)
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     free(text);
 }
+
+/* Writes a supervised two-worker config naming the first n shards to
+ * f->conf, in place: the path `capstan run -C` was given. */
+static void conf_of(fleet_t *f, int n)
+{
+    char yml[2048];
+    int len = snprintf(yml, sizeof(yml), "poll_interval_average: 1\nheartbeat_interval: 1\nprocesses: 2\n"
+                                         "concurrency: 5\ntimeout: 2\nshards:\n");
+    for (int k = 0; k < n; k++)
+        len += snprintf(yml + len, sizeof(yml) - (size_t)len, "  - name: s%d\n    redis_url: %s\n", k + 1,
+                        f->s[k].url);
+    char tmp[600];
+    snprintf(tmp, sizeof(tmp), "%s.new", f->conf);
+    FILE *fp = fopen(tmp, "w");
+    cr_assert(fp && fputs(yml, fp) >= 0 && fclose(fp) == 0);
+    cr_assert(rename(tmp, f->conf) == 0);
+}
+
+/* The holder of shard k's one running job: its identity (caller frees),
+ * or NULL. */
+static char *busy_in(fleet_t *f, int k)
+{
+    char *id = NULL;
+    redisReply *r = redisCommand(f->c[k], "SMEMBERS processes");
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements && !id; i++)
+        if (kt_int_on(f->c[k], "HLEN %s:work", r->element[i]->str) == 1)
+            id = strdup(r->element[i]->str);
+    freeReplyObject(r);
+    return id;
+}
+
+/* A shard added to the file of a running supervised capstan: a HUP's
+ * rolling restart serves it (its jobs run once each there, and both
+ * workers are in its process set), and a worker killed (kill -9) after
+ * the reload has its jobs given back at once in every shard, the new one
+ * too, by a replacement that serves all three. */
+Test(shards, a_shard_added_to_the_file_is_served_after_a_hup)
+{
+    enum { N = 200 };
+    fleet_t f;
+    fleet_up(&f, "");
+    conf_of(&f, 2);
+    pid_t sup = capstan_up(&f, NULL);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[1], "SCARD processes") == 2, 30), "%s", kt_capstan_log(sup));
+    cr_assert_eq(kt_int_on(f.c[2], "SCARD processes"), 0, "shard 3 is served before it is in the file");
+    conf_of(&f, 3);
+    kill(sup, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(sup, "reload done: 2 workers"), 60), "%s", kt_capstan_log(sup));
+    push(&f, 2, 0, N, "[]");
+    static ledger_t L;
+    cr_assert(KT_WAIT_UNTIL((ledger_read(&f, &L), L.runs[2][N - 1] && L.lines >= N), 120),
+              "%ld of %d jobs of the new shard ran\n%s", L.lines, N, kt_capstan_log(sup));
+    kt_sleep(0.5); /* a second run would show by now */
+    ledger_read(&f, &L);
+    printf("shards: %ld of %d jobs of the shard added by a HUP ran other than once, %ld in another shard\n",
+           not_once(&L, 2, N), N, L.wrong_shard);
+    cr_assert_eq(not_once(&L, 2, N), 0);
+    cr_assert_eq(L.lines, N);
+    cr_assert_eq(L.wrong_shard, 0);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[2], "SCARD processes") == 2, 20), "%s", kt_capstan_log(sup));
+
+    /* A running job in each shard; the holder of shard 3's is killed. */
+    for (int k = 0; k < NSHARDS; k++)
+        push(&f, k, N + 1, 1, "[60000]");
+    char *id = NULL;
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL((free(id), (id = busy_in(&f, k)) != NULL), 20), "shard %d\n%s", k + 1,
+                  kt_capstan_log(sup));
+    pid_t worker = entry_pid(&f, 2, id);
+    cr_assert(worker > 0 && worker != sup);
+    char *wkey = kt_working_key(id);
+    kill(worker, SIGKILL);
+    /* Well within the fleet's own orphan recovery (liveness_ttl 60 s). */
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[k], "SISMEMBER processes %s", id) == 0
+                                    && kt_int_on(f.c[k], "EXISTS %s", wkey) == 0, 15),
+                  "shard %d still holds the dead worker's jobs\n%s", k + 1, kt_capstan_log(sup));
+    /* Its replacement serves the new shard too, and the job runs again. */
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[2], "SCARD processes") == 2, 30),
+              "shard 3 lists %lld processes after the replacement\n%s", kt_int_on(f.c[2], "SCARD processes"),
+              kt_capstan_log(sup));
+    char *again = NULL;
+    cr_assert(KT_WAIT_UNTIL((free(again), (again = busy_in(&f, 2)) != NULL), 20), "%s", kt_capstan_log(sup));
+    cr_assert_str_neq(again, id);
+    cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 30), 0, "%s", kt_capstan_log(sup));
+    free(again);
+    free(wkey);
+    free(id);
+}
