@@ -543,6 +543,22 @@ pid_t kt_capstan_shards_start(const char *conf, const char *ledger_dir, const ch
     return kt_track(pid);
 }
 
+char *kt_shards_up(kt_aof_redis_t *s, redisContext **c, int n, const char *dir, const char *head, const char *tail)
+{
+    char yml[4096];
+    int len = snprintf(yml, sizeof(yml), "%sshards:\n", head);
+    for (int k = 0; k < n; k++) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s%d", dir, k + 1);
+        kt_aof_init(&s[k], name);
+        kt_aof_start(&s[k]);
+        cr_assert((c[k] = kt_aof_connect(&s[k])) != NULL, "%s does not answer", s[k].url);
+        len += snprintf(yml + len, sizeof(yml) - (size_t)len, "  - name: s%d\n    redis_url: %s\n", k + 1, s[k].url);
+    }
+    snprintf(yml + len, sizeof(yml) - (size_t)len, "%s", tail ? tail : "");
+    return kt_write_conf(yml);
+}
+
 char *kt_ledger_dir(void)
 {
     char *dir = kt_tmp("ledger"), path[600];

@@ -74,6 +74,11 @@ pid_t kt_capstan_start(const char *const *args);
  * plugin's ledger in ledger_dir (see kt_ledger_dir), its log where
  * kt_capstan_log reads it; tracked as kt_capstan_start's. */
 pid_t kt_capstan_shards_start(const char *conf, const char *ledger_dir, const char *const *args);
+/* n servers of the test's own (kt_aof_*, in folders dir1..dirn) started
+ * and connected into c[0..n), and a capstan.yml (kt_write_conf) of head,
+ * then a shards: list naming them s1..sn, then tail (NULL for none).
+ * Returns the file's path, malloc'd. */
+char *kt_shards_up(kt_aof_redis_t *s, redisContext **c, int n, const char *dir, const char *head, const char *tail);
 /* A fresh folder for the shards plugin's ledger (its file "ledger" not
  * there yet), malloc'd. */
 char *kt_ledger_dir(void);

@@ -38,19 +38,7 @@ typedef struct fleet {
  * fixture's fast polls and beats), with extra after. */
 static void fleet_up(fleet_t *f, const char *extra)
 {
-    char yml[2048];
-    int len = snprintf(yml, sizeof(yml), "concurrency: 5\nshards:\n");
-    for (int k = 0; k < NSHARDS; k++) {
-        char name[16];
-        snprintf(name, sizeof(name), "home%d", k + 1);
-        kt_aof_init(&f->s[k], name);
-        kt_aof_start(&f->s[k]);
-        cr_assert((f->c[k] = kt_aof_connect(&f->s[k])) != NULL);
-        len += snprintf(yml + len, sizeof(yml) - (size_t)len, "  - name: s%d\n    redis_url: %s\n", k + 1,
-                        f->s[k].url);
-    }
-    snprintf(yml + len, sizeof(yml) - (size_t)len, "%s", extra ? extra : "");
-    f->conf = kt_write_conf(yml);
+    f->conf = kt_shards_up(f->s, f->c, NSHARDS, "home", "concurrency: 5\n", extra);
     f->ledger_dir = kt_ledger_dir();
 }
 
