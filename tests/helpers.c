@@ -543,6 +543,34 @@ pid_t kt_capstan_shards_start(const char *conf, const char *ledger_dir, const ch
     return kt_track(pid);
 }
 
+void kt_own_server_start(kt_own_server_t *s, const char *name)
+{
+    char port[16];
+    s->port = kt_free_port();
+    snprintf(port, sizeof(port), "%d", s->port);
+    char *dir = kt_tmp(name);
+    cr_assert(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    snprintf(s->url, sizeof(s->url), "redis://127.0.0.1:%d/0", s->port);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+               "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
+        _exit(127);
+    }
+    kt_track(s->pid);
+    free(dir);
+    struct timeval tv = { 2, 0 };
+    s->conn = NULL;
+    cr_assert(KT_WAIT_UNTIL(({
+        redisFree(s->conn);
+        s->conn = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+        redisReply *r = s->conn && !s->conn->err ? redisCommand(s->conn, "PING") : NULL;
+        int ok = r && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        ok; }), 20), "redis-server on port %d did not start", s->port);
+}
+
 char *kt_shards_up(kt_aof_redis_t *s, redisContext **c, int n, const char *dir, const char *head, const char *tail)
 {
     char yml[4096];

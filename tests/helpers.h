@@ -54,6 +54,18 @@ redisContext *kt_aof_connect(const kt_aof_redis_t *s);
 /* Kills it outright (SIGKILL): no goodbye to its clients. */
 void kt_aof_kill(kt_aof_redis_t *s);
 
+/* A redis-server of the test's own without persistence, for tests that
+ * need several and never restart them. */
+typedef struct kt_own_server {
+    pid_t pid;
+    int port;
+    char url[128];
+    redisContext *conn; /* connected; the test's to use */
+} kt_own_server_t;
+/* Starts s on a free port in the folder name of the test's temp dir
+ * (tracked for kt_kill_children) and waits until it answers PING. */
+void kt_own_server_start(kt_own_server_t *s, const char *name);
+
 /* String result of a command, malloc'd, or NULL for nil. */
 char *kt_str(const char *fmt, ...);
 

@@ -25,12 +25,7 @@ TestSuite(ops_shards, .timeout = 300, .fini = kt_kill_children);
 #define NSHARDS 3
 static const char *const names[NSHARDS] = { "a", "b", "c" };
 
-typedef struct shard_srv {
-    pid_t pid;
-    int port;
-    char url[128];
-    redisContext *conn;
-} shard_srv_t;
+typedef kt_own_server_t shard_srv_t;
 
 static shard_srv_t srv[NSHARDS];
 
@@ -39,31 +34,9 @@ static shard_srv_t srv[NSHARDS];
 static void shards_start(void)
 {
     for (int i = 0; i < NSHARDS; i++) {
-        shard_srv_t *s = &srv[i];
-        char port[16], name[32];
-        s->port = kt_free_port();
-        snprintf(port, sizeof(port), "%d", s->port);
+        char name[32];
         snprintf(name, sizeof(name), "shard-%s", names[i]);
-        char *dir = kt_tmp(name);
-        cr_assert(mkdir(dir, 0700) == 0, "mkdir %s", dir);
-        snprintf(s->url, sizeof(s->url), "redis://127.0.0.1:%d/0", s->port);
-        s->pid = fork();
-        cr_assert(s->pid >= 0);
-        if (s->pid == 0) {
-            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
-            _exit(127);
-        }
-        kt_track(s->pid);
-        free(dir);
-        struct timeval tv = { 2, 0 };
-        cr_assert(KT_WAIT_UNTIL(({
-            redisFree(s->conn);
-            s->conn = redisConnectWithTimeout("127.0.0.1", s->port, tv);
-            redisReply *r = s->conn && !s->conn->err ? redisCommand(s->conn, "PING") : NULL;
-            int ok = r && r->type == REDIS_REPLY_STATUS;
-            freeReplyObject(r);
-            ok; }), 20), "redis-server on port %d did not start", s->port);
+        kt_own_server_start(&srv[i], name);
     }
 }
 
