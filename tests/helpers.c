@@ -587,6 +587,34 @@ char *kt_shards_up(kt_aof_redis_t *s, redisContext **c, int n, const char *dir, 
     return kt_write_conf(yml);
 }
 
+long kt_ledger_runs(const char *dir, kt_ledger_run_t **runs, long *bad)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/ledger", dir);
+    char *text = kt_read_file(path);
+    long n = 0, cap = 0;
+    *runs = NULL;
+    *bad = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        if (!(next = strchr(line, '\n')))
+            break; /* a line still being written */
+        *next++ = '\0';
+        kt_ledger_run_t r = { 0 };
+        if (sscanf(line, "%8x%16llx %d %lld %lld", &r.tag, &r.i, &r.port, &r.start, &r.end) != 5) {
+            ++*bad;
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            *runs = realloc(*runs, (size_t)cap * sizeof(**runs));
+            cr_assert(*runs);
+        }
+        (*runs)[n++] = r;
+    }
+    free(text);
+    return n;
+}
+
 char *kt_ledger_dir(void)
 {
     char *dir = kt_tmp("ledger"), path[600];

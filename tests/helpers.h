@@ -91,6 +91,19 @@ pid_t kt_capstan_shards_start(const char *conf, const char *ledger_dir, const ch
  * then a shards: list naming them s1..sn, then tail (NULL for none).
  * Returns the file's path, malloc'd. */
 char *kt_shards_up(kt_aof_redis_t *s, redisContext **c, int n, const char *dir, const char *head, const char *tail);
+/* One run the shards plugin's ledger records: "<jid> <port> <start>
+ * <end>", the jid read as 8 hex digits of tag then 16 of i (kt_make_jid's
+ * and the sharding tests' jids). */
+typedef struct kt_ledger_run {
+    unsigned tag;
+    unsigned long long i;
+    int port;
+    long long start, end;
+} kt_ledger_run_t;
+/* The whole lines of the ledger in dir, malloc'd into *runs (a line still
+ * being written is left for the next read). Returns how many parsed; *bad
+ * counts those that did not. */
+long kt_ledger_runs(const char *dir, kt_ledger_run_t **runs, long *bad);
 /* A fresh folder for the shards plugin's ledger (its file "ledger" not
  * there yet), malloc'd. */
 char *kt_ledger_dir(void);

@@ -138,30 +138,22 @@ typedef struct ledger {
 static void ledger_read(const fleet_t *f, ledger_t *L)
 {
     memset(L, 0, sizeof(*L));
-    char path[600];
-    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
-    char *text = kt_read_file(path);
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (!next)
-            break; /* a line still being written */
-        *next++ = '\0';
-        unsigned tag = 0;
-        unsigned long long i = 0;
-        int port = 0;
-        L->lines++;
-        if (sscanf(line, "%8x%16llx %d", &tag, &i, &port) != 3 || (tag & 0xffffff00u) != 0x5a000000u
-            || (tag & 0xff) >= NSHARDS || i >= PER_SHARD_MAX) {
+    kt_ledger_run_t *runs;
+    long bad, parsed = kt_ledger_runs(f->ledger_dir, &runs, &bad);
+    L->lines = parsed + bad;
+    L->unknown = bad;
+    for (long n = 0; n < parsed; n++) {
+        const kt_ledger_run_t *r = &runs[n];
+        int k = (int)(r->tag & 0xff);
+        if ((r->tag & 0xffffff00u) != 0x5a000000u || k >= NSHARDS || r->i >= PER_SHARD_MAX) {
             L->unknown++;
             continue;
         }
-        int k = (int)(tag & 0xff);
-        if (L->runs[k][i] < 255)
-            L->runs[k][i]++;
-        if (port != f->port[k])
-            L->wrong_shard++;
+        if (L->runs[k][r->i] < 255)
+            L->runs[k][r->i]++;
+        L->wrong_shard += r->port != f->port[k];
     }
-    free(text);
+    free(runs);
 }
 
 /* ShardJobs 0..n-1 of shard k that ran, and that ran more than once. */

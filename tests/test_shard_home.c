@@ -80,39 +80,30 @@ typedef struct ledger {
  * than the jid was pushed into, and the most handlers that ran at once. */
 static void ledger_read(const fleet_t *f, ledger_t *L)
 {
-    static long long start[NSHARDS * PER_SHARD_MAX], end[NSHARDS * PER_SHARD_MAX];
     memset(L, 0, sizeof(*L));
-    char path[600];
-    snprintf(path, sizeof(path), "%s/ledger", f->ledger_dir);
-    char *text = kt_read_file(path);
-    long n = 0;
-    for (char *line = text, *next; line && *line; line = next) {
-        if (!(next = strchr(line, '\n')))
-            break; /* a line still being written */
-        *next++ = '\0';
-        unsigned tag = 0;
-        unsigned long long i = 0;
-        int port = 0;
-        L->lines++;
-        if (sscanf(line, "%8x%16llx %d %lld %lld", &tag, &i, &port, &start[n], &end[n]) != 5 ||
-            (tag & 0xffffff00u) != 0x5b000000u || (tag & 0xff) >= NSHARDS || i >= PER_SHARD_MAX) {
+    kt_ledger_run_t *runs;
+    long bad, n = kt_ledger_runs(f->ledger_dir, &runs, &bad), ok = 0;
+    L->lines = n + bad;
+    L->unknown = bad;
+    for (long m = 0; m < n; m++) {
+        const kt_ledger_run_t *r = &runs[m];
+        int k = (int)(r->tag & 0xff);
+        if ((r->tag & 0xffffff00u) != 0x5b000000u || k >= NSHARDS || r->i >= PER_SHARD_MAX) {
             L->unknown++;
             continue;
         }
-        n++;
-        int k = (int)(tag & 0xff);
-        if (L->runs[k][i] < 255)
-            L->runs[k][i]++;
-        if (port != f->s[k].port)
-            L->wrong_shard++;
+        runs[ok++] = *r;
+        if (L->runs[k][r->i] < 255)
+            L->runs[k][r->i]++;
+        L->wrong_shard += r->port != f->s[k].port;
     }
-    for (long i = 0; i < n; i++) {
+    for (long i = 0; i < ok; i++) {
         long at = 0; /* running as job i started */
-        for (long j = 0; j < n; j++)
-            at += start[j] <= start[i] && end[j] > start[i];
+        for (long j = 0; j < ok; j++)
+            at += runs[j].start <= runs[i].start && runs[j].end > runs[i].start;
         L->most = at > L->most ? at : L->most;
     }
-    free(text);
+    free(runs);
 }
 
 /* The keys of shard k matching pattern. */
