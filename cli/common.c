@@ -9,7 +9,7 @@
 
 #include "capstan/config.h"
 #include "capstan/error.h"
-#include "support/shard_pick.h"
+#include "config/shards.h"
 
 const char *capstan__cli_redis_url(const char *flag)
 {
@@ -172,16 +172,10 @@ int capstan__cli_fleet_one(const char *who, const capstan_cli_fleet_t *f, int pi
         *url = f->shards[0].redis_url;
         return -1;
     }
-    const char **names = pick != CAPSTAN_CLI_PICK_NONE && key ? calloc(f->nshards, sizeof(*names)) : NULL;
-    size_t *at = names ? calloc(f->nshards, sizeof(*at)) : NULL, n = 0;
-    for (size_t i = 0; at && i < f->nshards; i++)
-        if (pick == CAPSTAN_CLI_PICK_ALL || !f->shards[i].nqueues) {
-            at[n] = i;
-            names[n++] = f->shards[i].name;
-        }
-    const capstan_shard_conf_t *s = n ? &f->shards[at[capstan__shard_pick(names, n, key, strlen(key))]] : NULL;
-    free(names);
-    free(at);
+    /* f->shards is every shard of f->cfg here. */
+    long i = pick != CAPSTAN_CLI_PICK_NONE && key ? capstan__config_shard_of(f->cfg, key, pick == CAPSTAN_CLI_PICK_OPEN)
+                                                  : -1;
+    const capstan_shard_conf_t *s = i >= 0 ? &f->shards[i] : NULL;
     if (s) {
         *shard = s->name;
         *url = s->redis_url;

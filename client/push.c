@@ -12,7 +12,7 @@
 #include "support/buf.h"
 #include "support/json.h"
 #include "support/payload.h"
-#include "support/shard_pick.h"
+#include "config/shards.h"
 #include "support/time.h"
 #include "support/trace.h"
 #include "capstan/middleware.h"
@@ -41,10 +41,9 @@ struct capstan_client {
     capstan_txn_t *txn;  /* open transaction (capstan_client_begin), or NULL */
     const capstan_push_sink_t *sink; /* the testing kit's, or NULL */
     /* Routing over cfg's shards: a connection per shard (NULL until its
-     * first push), room for the names capstan__shard_pick picks among,
-     * and the shard capstan_client_set_shard named (-1: by the rule). */
+     * first push), and the shard capstan_client_set_shard named (-1: by
+     * the rule). */
     capstan_redis_t **shard_r;
-    const char **shard_names;
     long pin;
     size_t *last;        /* the shard of each job of the last push,
                             SIZE_MAX for one not pushed */
@@ -123,10 +122,8 @@ static void drop_shards(capstan_client_t *c)
     for (size_t i = 0; c->shard_r && i < c->cfg->nshards; i++)
         capstan_redis_free(c->shard_r[i]);
     free(c->shard_r);
-    free(c->shard_names);
     free(c->last);
     c->shard_r = NULL;
-    c->shard_names = NULL;
     c->last = NULL;
     c->nlast = 0;
     c->pin = -1;
@@ -137,17 +134,8 @@ static int shards_ready(capstan_client_t *c)
 {
     if (c->shard_r)
         return 0;
-    size_t n = c->cfg->nshards;
-    c->shard_r = calloc(n, sizeof(*c->shard_r));
-    c->shard_names = calloc(n, sizeof(*c->shard_names));
-    if (!c->shard_r || !c->shard_names) {
-        free(c->shard_r);
-        free(c->shard_names);
-        c->shard_r = NULL;
-        c->shard_names = NULL;
-        return capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
-    }
-    return 0;
+    c->shard_r = calloc(c->cfg->nshards, sizeof(*c->shard_r));
+    return c->shard_r ? 0 : capstan_seterr(c->err, CAPSTAN_ENOMEM, "out of memory");
 }
 
 /* Shard i's connection, made (not connected) on first use; NULL with
@@ -254,11 +242,7 @@ long capstan__client_home(capstan_client_t *c, const char *key)
         return -1;
     if (c->pin >= 0)
         return c->pin;
-    if (shards_ready(c))
-        return 0; /* out of memory: the first shard, as good as any */
-    for (size_t i = 0; i < c->cfg->nshards; i++)
-        c->shard_names[i] = c->cfg->shards[i].name;
-    return (long)capstan__shard_pick(c->shard_names, c->cfg->nshards, key, strlen(key));
+    return capstan__config_shard_of(c->cfg, key, 0);
 }
 
 long capstan__client_pin(capstan_client_t *c, long shard)
@@ -530,7 +514,7 @@ static int run_chain(capstan_client_t *c, capstan_mw_t *mw, const char *cls, siz
 /* Picks job's shard by the rule (doc/sharding.md, "Routing pushes"): the shard
  * capstan_client_set_shard named; else the first whose queues: list has
  * the job's queue; else, among the shards that fetch every queue (no
- * queues: list), capstan__shard_pick of the job's lock digest, so that its
+ * queues: list), capstan__config_shard_of the job's lock digest, so that its
  * duplicates meet (and its lock is taken) in one shard, else of its jid,
  * so that one queue spreads over them all. The digest is the one the
  * "unique" middleware computes from the payload as built: a middleware
@@ -545,8 +529,7 @@ static int route(capstan_client_t *c, push_job_t *job)
         for (size_t k = 0; home < 0 && k < cfg->shards[i].nqueues; k++)
             if (!strcmp(cfg->shards[i].queues[k], job->mw.queue))
                 home = (long)i;
-        if (!cfg->shards[i].queues)
-            c->shard_names[nopen++] = cfg->shards[i].name;
+        nopen += !cfg->shards[i].queues;
     }
     if (home < 0 && !nopen)
         return capstan_seterr(c->err, CAPSTAN_ECONFIG, "no shard fetches queue %.80s: none lists it "
@@ -559,12 +542,9 @@ static int route(capstan_client_t *c, push_job_t *job)
         /* A lock that cannot be resolved fails the push in the chain,
          * with the reason; the jid places it meanwhile. */
         int locked = capstan_unique__resolve(&job->mw, &s, 1, err) == 0 && s.type != CAPSTAN_LOCK_NONE;
-        const char *key = locked ? s.digest : job->jid;
-        const char *name = c->shard_names[capstan__shard_pick(c->shard_names, nopen, key, strlen(key))];
+        job->shard = (size_t)capstan__config_shard_of(cfg, locked ? s.digest : job->jid, 1);
         if (locked)
             capstan_unique__spec_clear(&s);
-        for (job->shard = 0; strcmp(cfg->shards[job->shard].name, name); job->shard++)
-            continue;
     }
     job->mw.r = shard_conn(c, job->shard);
     return job->mw.r ? 0 : CAPSTAN_ECONFIG; /* c->err says why */

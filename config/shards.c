@@ -147,26 +147,34 @@ int capstan__config_own_shard(capstan_config_t *cfg, size_t i)
     return 0;
 }
 
-/* The schedules of cfg whose home is shard i (capstan__shard_pick over
- * the shards' names), as an array of their entries, borrowed. */
+long capstan__config_shard_of(const capstan_config_t *cfg, const char *key, int open)
+{
+    long best = -1;
+    uint32_t top = 0;
+    size_t len = strlen(key);
+    for (size_t i = 0; i < cfg->nshards; i++) {
+        if (open && cfg->shards[i].queues)
+            continue;
+        uint32_t h = capstan__shard_score(cfg->shards[i].name, key, len);
+        if (best < 0 || h > top) { /* the first on a tie */
+            top = h;
+            best = (long)i;
+        }
+    }
+    return best;
+}
+
+/* The schedules of cfg whose home is shard i, as an array of their
+ * entries, borrowed. */
 static int shard_periodic(const capstan_config_t *cfg, size_t i, struct capstan_periodic_conf **out, size_t *n)
 {
-    const char **names = calloc(cfg->nshards, sizeof(*names));
     *out = calloc(cfg->nperiodic ? cfg->nperiodic : 1, sizeof(**out));
     *n = 0;
-    if (!names || !*out) {
-        free(names);
-        free(*out);
+    if (!*out)
         return CAPSTAN_ENOMEM;
-    }
-    for (size_t k = 0; k < cfg->nshards; k++)
-        names[k] = cfg->shards[k].name;
-    for (size_t k = 0; k < cfg->nperiodic; k++) {
-        const char *name = cfg->periodic[k].name;
-        if (capstan__shard_pick(names, cfg->nshards, name, strlen(name)) == i)
+    for (size_t k = 0; k < cfg->nperiodic; k++)
+        if (capstan__config_shard_of(cfg, cfg->periodic[k].name, 0) == (long)i)
             (*out)[(*n)++] = cfg->periodic[k];
-    }
-    free(names);
     return 0;
 }
 

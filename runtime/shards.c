@@ -11,13 +11,11 @@
 #include "middleware/mw.h"
 #include "observe/prometheus.h"
 #include "support/log.h"
-#include "support/shard_pick.h"
 #include "support/time.h"
 
 struct capstan_shards {
     capstan_runtime_t **m; /* m[0] is the front */
     size_t n;
-    const char **names;    /* the shards' names, for capstan__shard_pick */
     /* The run tokens (capstan__shards_run_begin): concurrency of them,
      * less those taken, under mu. */
     pthread_mutex_t mu;
@@ -83,15 +81,10 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
     if (!c->nshards)
         return 0;
     struct capstan_shards *g = calloc(1, sizeof(*g));
-    if (!g || !(g->m = calloc(c->nshards, sizeof(*g->m))) ||
-        !(g->names = calloc(c->nshards, sizeof(*g->names)))) {
-        if (g)
-            free(g->m);
+    if (!g || !(g->m = calloc(c->nshards, sizeof(*g->m)))) {
         free(g);
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < c->nshards; i++)
-        g->names[i] = c->shards[i].name;
     g->m[0] = front;
     g->n = 1;
     pthread_mutex_init(&g->mu, NULL);
@@ -124,7 +117,7 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
 static void *member_start(void *arg)
 {
     capstan_runtime_t *m = arg;
-    const char *name = m->member.group->m[0]->cfg->shards[m->member.index].name;
+    const char *name = capstan__shard_name(m);
     capstan__member_log(m);
     double limit = m->cfg->startup_timeout, give_up = capstan__mono() + limit, delay = 0.1;
     int rc;
@@ -212,7 +205,6 @@ void capstan__shards_free(capstan_runtime_t *front)
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->freed);
     free(g->m);
-    free(g->names);
     free(g);
     front->member.group = NULL;
 }
@@ -250,9 +242,9 @@ const char *capstan__shards_home(capstan_runtime_t *rt, const char *shard, const
     if (!g)
         return NULL;
     const capstan_config_t *c = g->m[0]->cfg;
-    size_t h = capstan__shard_pick(g->names, g->n, key, strlen(key));
-    for (size_t i = 0; shard && i < g->n; i++)
-        if (!strcmp(g->names[i], shard))
-            h = i;
-    return h == rt->member.index ? NULL : c->shards[h].redis_url;
+    long h = capstan__config_shard_of(c, key, 0);
+    for (size_t i = 0; shard && i < c->nshards; i++)
+        if (!strcmp(c->shards[i].name, shard))
+            h = (long)i;
+    return h == (long)rt->member.index ? NULL : c->shards[h].redis_url;
 }

@@ -29,14 +29,19 @@ static uint32_t mix(uint32_t h)
     return h;
 }
 
+uint32_t capstan__shard_score(const char *name, const char *key, size_t len)
+{
+    uint32_t h = capstan__crc32(0, name, strlen(name));
+    h = capstan__crc32(h, ":", 1);
+    return mix(capstan__crc32(h, key, len));
+}
+
 size_t capstan__shard_pick(const char *const *names, size_t n, const char *key, size_t len)
 {
     size_t best = 0;
     uint32_t top = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t h = capstan__crc32(0, names[i], strlen(names[i]));
-        h = capstan__crc32(h, ":", 1);
-        h = mix(capstan__crc32(h, key, len));
+        uint32_t h = capstan__shard_score(names[i], key, len);
         if (i == 0 || h > top) {
             top = h;
             best = i;

@@ -14,6 +14,9 @@
 /* zlib's crc32(crc, p, n): pass 0 first, then the last value to go on. */
 uint32_t capstan__crc32(uint32_t crc, const void *p, size_t n);
 
+/* Shard name's score for key (key[0..len)): the highest wins. */
+uint32_t capstan__shard_score(const char *name, const char *key, size_t len);
+
 /* The index in names[0..n) of key's shard (key[0..len)); 0 when n is 0. */
 size_t capstan__shard_pick(const char *const *names, size_t n, const char *key, size_t len);
 
