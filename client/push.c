@@ -352,20 +352,21 @@ long long capstan_client_cancel(capstan_client_t *c, const char *jid)
     /* The job runs in a shard its route chose (a home queue, a digest or
      * its jid), which the jid alone does not tell: the mark goes to every
      * shard, where it expires unread in all but the job's. */
+    /* A shard that fails does not keep the others unmarked; the first
+     * failure is the one said. */
     long long first = -1;
+    char failed[CAPSTAN_ERRLEN] = "";
     for (size_t i = 0; i < c->cfg->nshards; i++) {
         capstan_redis_t *r = shard_conn(c, i);
         long long at = r ? cancel_on(c, r, jid) : -1;
-        if (at < 0) {
-            char why[CAPSTAN_ERRLEN];
-            snprintf(why, sizeof(why), "%s", c->err);
-            capstan_seterr(c->err, CAPSTAN_EREDIS, "shard %s: %s", c->cfg->shards[i].name, why);
-            return -1;
-        }
-        if (first < 0 || at < first)
+        if (at < 0 && !*failed)
+            snprintf(failed, sizeof(failed), "shard %s: %s", c->cfg->shards[i].name, c->err);
+        if (at >= 0 && (first < 0 || at < first))
             first = at;
     }
-    return first;
+    if (*failed)
+        capstan_seterr(c->err, CAPSTAN_EREDIS, "%s", failed);
+    return *failed ? -1 : first;
 }
 
 const char *capstan_client_error(const capstan_client_t *c)

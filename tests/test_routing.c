@@ -572,6 +572,14 @@ Test(routing, a_cancel_reaches_the_jobs_shard_whatever_its_route)
     waitpid(srv[2].pid, NULL, 0);
     cr_assert_eq(capstan_client_cancel(c, "0123456789abcdef01234567"), -1);
     cr_assert(strstr(capstan_client_error(c), "shard c:"), "%s", capstan_client_error(c));
+    /* The first shard down too: the one still up is marked all the same. */
+    kill(srv[0].pid, SIGKILL);
+    waitpid(srv[0].pid, NULL, 0);
+    cr_assert_eq(capstan_client_cancel(c, "76543210fedcba9876543210"), -1);
+    cr_assert(strstr(capstan_client_error(c), "shard a:"), "%s", capstan_client_error(c));
+    redisReply *r = redisCommand(srv[1].conn, "HGET it-76543210fedcba9876543210 cancelled");
+    cr_assert(r && r->type == REDIS_REPLY_STRING, "shard b was not marked while shard a was down");
+    freeReplyObject(r);
     capstan_client_free(c);
     capstan_config_free(cfg);
 }

@@ -182,7 +182,8 @@ CAPSTAN_API int capstan_client_rollback(capstan_client_t *c);
  * Returns the epoch second the job was cancelled at (the first cancel's
  * when it already was), or -1 (capstan_client_error says why). A client
  * with shards marks the job in every shard, since its route is not known
- * from the jid alone; -1 when a shard could not be marked. */
+ * from the jid alone; -1 when a shard could not be marked (the others
+ * are marked still). */
 CAPSTAN_API long long capstan_client_cancel(capstan_client_t *c, const char *jid);
 
 /* The last error's text; valid until the next call. */
