@@ -24,11 +24,7 @@ static const char *usage =
     "time is the first cancel's in any. A shard that cannot be reached is named\n"
     "on stderr, the others still done, and the exit status is 1.\n"
     "\n"
-    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"
-    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"
-    "      --shard NAME        with FILE's shards: list, in that shard alone\n"
-    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
-    "                          redis://127.0.0.1:6379/0 (not with shards)\n";
+    CAPSTAN_CLI_FLEET_USAGE("in that shard alone");
 
 int capstan__cmd_cancel(int argc, char **argv)
 {

@@ -45,6 +45,15 @@ typedef struct capstan_cli_fleet {
     size_t nshards;                /* 0: no shards, the one URL */
 } capstan_cli_fleet_t;
 
+/* The usage lines of the options capstan__cli_fleet_options reads, for a
+ * command whose --shard NAME means shard (a phrase: "that shard alone"). */
+#define CAPSTAN_CLI_FLEET_USAGE(shard)                                                      \
+    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"            \
+    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"              \
+    "      --shard NAME        with FILE's shards: list, " shard "\n"                        \
+    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"                    \
+    "                          redis://127.0.0.1:6379/0 (not with shards)\n"
+
 /* capstan__cli_options that also takes -C FILE, -e ENV and --shard NAME
  * into *fleet. */
 int capstan__cli_fleet_options(const char *who, const char *usage, int argc, char **argv,

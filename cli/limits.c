@@ -32,8 +32,8 @@ static const char *usage =
     "  --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
     "                      redis://127.0.0.1:6379/0\n"
     "  -C, --config FILE   read redis_url, or the shards: list, from FILE (-e ENV:\n"
-    "                      its section); with shards, each shard's, as a limiter\n"
-    "                      allows its size in each (JSON: an object by shard;\n"
+    "                      its section); with shards, each shard's: a class's\n"
+    "                      limiter in its home shard (JSON: an object by shard;\n"
     "                      a shard that cannot be read has {\"error\": ...}, is\n"
     "                      named on stderr, and the exit status is 69)\n"
     "  --shard NAME        with FILE's shards: list, that shard alone\n"
@@ -318,8 +318,8 @@ static int cmd_list(capstan_redis_t *r, int as_json)
     return out ? 0 : EXIT_REDIS;
 }
 
-/* With shards, each shard's: a limiter allows its size in each, with
- * state of its own there. Text: a section a shard; JSON: an object from
+/* With shards, each shard's: a class's limiter has its state in its home
+ * shard, a queue's caps in each. Text: a section a shard; JSON: an object from
  * each shard's name to what one Redis gives (info: null where there is no
  * such limiter), or {"error": ...}. A shard that cannot be read is named
  * on stderr, the others shown, and the status is EXIT_REDIS; a limiter

@@ -18,11 +18,7 @@
     "no shard fetches is refused (exit 64). A shard that cannot be reached is\n"       \
     "named on stderr, the others still done, and the exit status is 1.\n"              \
     "\n"                                                                                 \
-    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"       \
-    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"         \
-    "      --shard NAME        with FILE's shards: list, in that shard alone\n"        \
-    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"               \
-    "                          redis://127.0.0.1:6379/0 (not with shards)\n"
+    CAPSTAN_CLI_FLEET_USAGE("in that shard alone")
 
 static const char *pause_usage =
     "Usage: capstan pause QUEUE... [--redis-url URL | -C FILE [--shard NAME]]\n"

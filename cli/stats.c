@@ -43,11 +43,7 @@ static const char *usage =
     "or {\"error\": ...} for one that cannot be read. That one is named on\n"
     "stderr, the others are still shown, and the exit status is 1.\n"
     "\n"
-    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"
-    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"
-    "      --shard NAME        with FILE's shards: list, that shard alone\n"
-    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
-    "                          redis://127.0.0.1:6379/0 (not with shards)\n"
+    CAPSTAN_CLI_FLEET_USAGE("that shard alone")
     "      --json              print JSON\n";
 
 /* The pid of identity ("hostname:pid:nonce") when hostname is this

@@ -40,11 +40,7 @@ static const char *usage =
     "that cannot be read shows why in its section and is retried; the snapshot\n"
     "then exits 1, the others shown.\n"
     "\n"
-    "  -C, --config FILE       read redis_url, or the shards: list, from FILE\n"
-    "  -e, --environment ENV   section of FILE to merge, as for capstan run\n"
-    "      --shard NAME        with FILE's shards: list, that shard alone\n"
-    "      --redis-url URL     default: FILE's, else $REDIS_URL, else\n"
-    "                          redis://127.0.0.1:6379/0 (not with shards)\n"
+    CAPSTAN_CLI_FLEET_USAGE("that shard alone")
     "  -i, --interval SECONDS  redraw every SECONDS (default 1)\n";
 
 #define WINDOW 60.0      /* seconds of throughput history */
