@@ -54,7 +54,7 @@ static void exec_flush(capstan_runtime_t *rt, capstan_redis_t *r)
 {
     capstan_exec_t *e;
     /* A sharded process's members each tell their own shard. */
-    size_t n = capstan__metrics_exec_take(rt->member.metrics ? rt->member.metrics : capstan__metrics_default(), &e);
+    size_t n = capstan__metrics_exec_take(capstan__rt_metrics(rt), &e);
     char err[CAPSTAN_ERRLEN];
     if (n && capstan__exec_flush(r, e, n, rt->cfg->sidekiq_metrics, time(NULL), err) == CAPSTAN_EREPLY)
         capstan_warn("%s", err);
