@@ -7,8 +7,8 @@
  *
  * Queue sizes and latencies are read from Redis at scrape time (not cached
  * by the housekeeper) so a scrape shows the queues as they are, at the cost
- * of a few pipelined round trips on the server's own connection, each
- * bounded by CAPSTAN_HTTP_REDIS_TIMEOUT. */
+ * of a few pipelined round trips on the server's own connection (one per
+ * shard with shards), each bounded by CAPSTAN_HTTP_REDIS_TIMEOUT. */
 #include "observe/http.h"
 
 #include <errno.h>
