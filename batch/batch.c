@@ -472,7 +472,7 @@ int capstan_batch_commit(capstan_batch_t *b)
     rc = run(b, CAPSTAN_SCRIPT_BATCH_COMMIT, 5, 6, argv, &fired);
     if (!rc) {
         b->state = COMMITTED;
-        capstan__metrics_batch_fired(capstan__metrics_default(), fired);
+        capstan__metrics_batch_fired(capstan__metrics_here(), fired);
     }
     return rc;
 }

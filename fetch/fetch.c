@@ -405,10 +405,10 @@ int capstan__fetch_read_ack(capstan_redis_t *r, const capstan_ack_t *ack, long j
     long found = many ? (long)rep->element[0]->integer
                : rep->type == REDIS_REPLY_INTEGER ? (rep->integer > 0) : jobs;
     if (jobs > found)
-        capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_LATE_ACKS, jobs - found);
+        capstan__metrics_add(capstan__metrics_here(), CAPSTAN_METRIC_LATE_ACKS, jobs - found);
     long long flags = many ? rep->element[1]->integer
                     : ack && ack->bid && rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
-    capstan__metrics_batch_fired(capstan__metrics_default(), flags);
+    capstan__metrics_batch_fired(capstan__metrics_here(), flags);
     if (flags & 2)
         capstan_warn("jid=%s names batch %s, which does not exist (expired or deleted?); it ran "
                      "as a plain job", many ? "(one of several)" : ack->lock_jid,

@@ -205,7 +205,7 @@ static int apply(capstan_redis_t *r, const char *const keys[4], long long grace_
         out->recovered += rep->element[0]->integer;
         out->killed += rep->element[1]->integer;
         out->left += rep->element[2]->integer;
-        capstan__metrics_batch_fired(capstan__metrics_default(), rep->element[3]->integer);
+        capstan__metrics_batch_fired(capstan__metrics_here(), rep->element[3]->integer);
         rc = 0;
     } else {
         /* Refused (maxmemory, a read-only replica...): nothing moved. */

@@ -239,7 +239,7 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
         long long wait_ms = 0;
         int rc = attempt(lim, r, token, points, &wait_ms, err);
         if (rc == 1) {
-            capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_ACQUIRED,
+            capstan__metrics_limiter(capstan__metrics_here(), lim->name, CAPSTAN_LIMITER_ACQUIRED,
                                      capstan__mono() - start, lim->type == CAPSTAN_LIMIT_CONCURRENT);
             return 0;
         }
@@ -255,7 +255,7 @@ int capstan__limiter_acquire_wait(capstan_limiter_t *lim, capstan_redis_t *r, ca
          * others know when the next slot comes. */
         int concurrent = lim->type == CAPSTAN_LIMIT_CONCURRENT;
         if (concurrent ? left <= 0 : wait > left) {
-            capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_OVER_LIMIT,
+            capstan__metrics_limiter(capstan__metrics_here(), lim->name, CAPSTAN_LIMITER_OVER_LIMIT,
                                      capstan__mono() - start, 0);
             return capstan_seterr(err, CAPSTAN_EDENIED, "limiter %s is over its limit for %.3f s more",
                                   lim->name, wait);
@@ -316,7 +316,7 @@ int capstan_limiter_release(capstan_limiter_t *lim, capstan_redis_t *r, const ca
     int rc = owner_call(lim, r, token, 0, err);
     /* Given back, or lapsed: either way this process holds it no more. */
     if ((rc == 0 || rc == CAPSTAN_ENOTFOUND) && lim->type == CAPSTAN_LIMIT_CONCURRENT)
-        capstan__metrics_limiter(capstan__metrics_default(), lim->name, CAPSTAN_LIMITER_RELEASED, 0, 1);
+        capstan__metrics_limiter(capstan__metrics_here(), lim->name, CAPSTAN_LIMITER_RELEASED, 0, 1);
     return rc;
 }
 

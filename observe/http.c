@@ -7,8 +7,8 @@
  *
  * Queue sizes and latencies are read from Redis at scrape time (not cached
  * by the housekeeper) so a scrape shows the queues as they are, at the cost
- * of a few pipelined round trips on the server's own connection, each
- * bounded by CAPSTAN_HTTP_REDIS_TIMEOUT. */
+ * of a few pipelined round trips on the server's own connection (one per
+ * shard with shards), each bounded by CAPSTAN_HTTP_REDIS_TIMEOUT. */
 #include "observe/http.h"
 
 #include <errno.h>
@@ -45,8 +45,10 @@ typedef struct conn {
 
 struct capstan_http {
     capstan_http_conf_t conf;
-    capstan_redis_t *r;        /* used only by the server's thread */
-    int redis_warned;          /* an unreachable Redis is logged once per outage */
+    capstan_redis_t **rs;      /* each shard's Redis (rs[0] alone without
+                                  shards), used only by the server's thread */
+    size_t nrs;
+    unsigned char *warned;     /* an unreachable Redis is logged once per outage */
     int lfd, wake[2];          /* listening socket; a byte on wake stops the thread */
     double accept_after;       /* capstan__mono(): out of descriptors until then */
     pthread_t thread;
@@ -60,35 +62,127 @@ static int gauge(capstan_buf_t *b, const char *name, const char *help)
     return capstan__buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
 }
 
-static int queue_gauges(capstan_buf_t *b, const capstan_overview_t *ov)
+/* What one Redis answered at a scrape: the shard's (its escaped name, NULL
+ * without shards). */
+typedef struct redis_view {
+    const char *shard;
+    int up;
+    double rtt;
+    capstan_overview_t ov;
+    long long open;        /* batches open, -1: not read */
+} redis_view_t;
+
+/* Starts a sample: name, with {shard="s"} or {shard="s", before more
+ * labels (open), or nothing or { without a shard. */
+static int head(capstan_buf_t *b, const char *name, const char *shard, int open)
 {
-    int rc = gauge(b, "capstan_queue_size", "Jobs waiting in each queue.");
-    for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = capstan__buf_puts(b, "capstan_queue_size{queue=\"");
-        if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = capstan__buf_printf(b, "\"} %lld\n", ov->queues[i].size);
+    if (shard)
+        return capstan__buf_printf(b, "%s{shard=\"%s\"%s", name, shard, open ? "," : "}");
+    return capstan__buf_printf(b, "%s%s", name, open ? "{" : "");
+}
+
+/* A gauge without labels of its own: get's figure of each view that is up. */
+static int view_gauge(capstan_buf_t *b, const redis_view_t *v, size_t n, const char *name,
+                      const char *help, long long (*get)(const redis_view_t *))
+{
+    int rc = gauge(b, name, help);
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (!v[i].up)
+            continue;
+        rc = head(b, name, v[i].shard, 0);
+        if (!rc) rc = capstan__buf_printf(b, " %lld\n", get(&v[i]));
     }
-    if (!rc)
-        rc = gauge(b, "capstan_queue_latency_seconds",
-                   "Age of the oldest job in each queue (0 when empty).");
-    for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = capstan__buf_puts(b, "capstan_queue_latency_seconds{queue=\"");
-        if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = capstan__buf_printf(b, "\"} %.6f\n", ov->queues[i].latency);
-    }
-    if (!rc)
-        rc = gauge(b, "capstan_queue_paused",
-                   "1 for a queue in Sidekiq Pro's paused set (not fetched), else 0.");
-    for (size_t i = 0; i < ov->nqueues && !rc; i++) {
-        rc = capstan__buf_puts(b, "capstan_queue_paused{queue=\"");
-        if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
-        if (!rc) rc = capstan__buf_printf(b, "\"} %d\n", ov->queues[i].paused);
+    return rc;
+}
+static long long scheduled(const redis_view_t *v) { return v->ov.scheduled; }
+static long long retries(const redis_view_t *v) { return v->ov.retries; }
+static long long dead(const redis_view_t *v) { return v->ov.dead; }
+
+/* One of the per-queue gauges: what = 0 size, 1 latency, 2 paused. */
+static int queue_gauge(capstan_buf_t *b, const redis_view_t *v, size_t n, int what)
+{
+    static const struct { const char *name, *help; } fam[] = {
+        { "capstan_queue_size", "Jobs waiting in each queue." },
+        { "capstan_queue_latency_seconds", "Age of the oldest job in each queue (0 when empty)." },
+        { "capstan_queue_paused", "1 for a queue in Sidekiq Pro's paused set (not fetched), else 0." },
+    };
+    int rc = gauge(b, fam[what].name, fam[what].help);
+    for (size_t k = 0; k < n && !rc; k++) {
+        const capstan_overview_t *ov = &v[k].ov;
+        for (size_t i = 0; v[k].up && i < ov->nqueues && !rc; i++) {
+            rc = head(b, fam[what].name, v[k].shard, 1);
+            if (!rc) rc = capstan__buf_puts(b, "queue=\"");
+            if (!rc) rc = capstan__metrics_escape(b, ov->queues[i].name);
+            if (!rc)
+                rc = what == 0 ? capstan__buf_printf(b, "\"} %lld\n", ov->queues[i].size)
+                   : what == 1 ? capstan__buf_printf(b, "\"} %.6f\n", ov->queues[i].latency)
+                               : capstan__buf_printf(b, "\"} %d\n", ov->queues[i].paused);
+        }
     }
     return rc;
 }
 
-/* Jobs this process fetched ahead and has not started, by queue: in its
- * working list, so out of the queue's size and latency. */
+/* Reads v from r (connected when it is not). */
+static void read_view(capstan_redis_t *r, redis_view_t *v)
+{
+    char err[CAPSTAN_ERRLEN] = "";
+    v->rtt = -1;
+    v->open = -1;
+    v->up = capstan_redis_ok(r) || capstan_redis_connect(r) == 0;
+    if (v->up) {
+        double t0 = capstan__mono();
+        redisReply *pong = capstan_redis_cmdf(r, "PING");
+        v->rtt = capstan__mono() - t0;
+        v->up = pong != NULL;
+        freeReplyObject(pong);
+    }
+    if (v->up && capstan__overview_read(r, 0, &v->ov, err))
+        v->up = 0;
+    redisReply *open = v->up ? capstan_redis_cmdf(r, "ZCARD " CAPSTAN_KEY_BATCHES_OPEN) : NULL;
+    if (open && open->type == REDIS_REPLY_INTEGER)
+        v->open = open->integer;
+    freeReplyObject(open);
+}
+
+/* The Redis series of every view: each family once, a line per view. */
+static int redis_series(capstan_buf_t *b, const redis_view_t *v, size_t n)
+{
+    int rc = gauge(b, "capstan_redis_up", "1 when this scrape could read Redis; the Redis series "
+                                          "are left out when it is 0.");
+    int any = 0, open = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        any |= v[i].up;
+        open |= v[i].open >= 0;
+        rc = head(b, "capstan_redis_up", v[i].shard, 0);
+        if (!rc) rc = capstan__buf_printf(b, " %d\n", v[i].up);
+    }
+    if (any) {
+        if (!rc) rc = gauge(b, "capstan_redis_rtt_seconds", "Round trip of a PING at this scrape.");
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (!v[i].up)
+                continue;
+            rc = head(b, "capstan_redis_rtt_seconds", v[i].shard, 0);
+            if (!rc) rc = capstan__buf_printf(b, " %.6f\n", v[i].rtt);
+        }
+        for (int q = 0; q < 3 && !rc; q++)
+            rc = queue_gauge(b, v, n, q);
+        if (!rc) rc = view_gauge(b, v, n, "capstan_schedule_size", "Jobs in the schedule set.", scheduled);
+        if (!rc) rc = view_gauge(b, v, n, "capstan_retry_size", "Jobs in the retry set.", retries);
+        if (!rc) rc = view_gauge(b, v, n, "capstan_dead_size", "Jobs in the dead set.", dead);
+    }
+    if (!rc && open)
+        rc = gauge(b, "capstan_batches_open", "Batches stored that have not succeeded yet.");
+    for (size_t i = 0; i < n && open && !rc; i++) {
+        if (v[i].open < 0)
+            continue;
+        rc = head(b, "capstan_batches_open", v[i].shard, 0);
+        if (!rc) rc = capstan__buf_printf(b, " %lld\n", v[i].open);
+    }
+    return rc;
+}
+
+/* Jobs this process fetched ahead and has not started, by shard and
+ * queue: in its working list, so out of the queue's size and latency. */
 static int prefetched_gauge(const capstan_http_conf_t *conf, capstan_buf_t *b)
 {
     if (!conf->prefetched || !conf->nqueues)
@@ -96,14 +190,25 @@ static int prefetched_gauge(const capstan_http_conf_t *conf, capstan_buf_t *b)
     long long *counts = calloc(conf->nqueues, sizeof(*counts));
     if (!counts)
         return CAPSTAN_ENOMEM;
-    conf->prefetched(conf->ud, conf->queues, conf->nqueues, counts);
     int rc = gauge(b, "capstan_prefetched_jobs",
                    "Jobs this process fetched ahead and holds waiting for a processor, by queue: in "
                    "its working list, not in the queue's size and latency.");
-    for (size_t i = 0; i < conf->nqueues && !rc; i++) {
-        rc = capstan__buf_puts(b, "capstan_prefetched_jobs{queue=\"");
-        if (!rc) rc = capstan__metrics_escape(b, conf->queues[i]);
-        if (!rc) rc = capstan__buf_printf(b, "\"} %lld\n", counts[i]);
+    size_t n = capstan__http_shards(conf);
+    for (size_t k = 0; k < (n ? n : 1) && !rc; k++) {
+        const char *shard = NULL, *url;
+        if (n)
+            conf->shard_metrics(conf->ud, k, &shard, &url);
+        memset(counts, 0, conf->nqueues * sizeof(*counts));
+        conf->prefetched(conf->ud, k, conf->queues, conf->nqueues, counts);
+        for (size_t i = 0; i < conf->nqueues && !rc; i++) {
+            rc = capstan__buf_puts(b, "capstan_prefetched_jobs{");
+            if (!rc && shard) rc = capstan__buf_puts(b, "shard=\"");
+            if (!rc && shard) rc = capstan__metrics_escape(b, shard);
+            if (!rc && shard) rc = capstan__buf_puts(b, "\",");
+            if (!rc) rc = capstan__buf_puts(b, "queue=\"");
+            if (!rc) rc = capstan__metrics_escape(b, conf->queues[i]);
+            if (!rc) rc = capstan__buf_printf(b, "\"} %lld\n", counts[i]);
+        }
     }
     free(counts);
     return rc;
@@ -112,15 +217,13 @@ static int prefetched_gauge(const capstan_http_conf_t *conf, capstan_buf_t *b)
 /* The process's counters, with each shard's series (conf->shard_metrics). */
 static int render_metrics(const capstan_http_conf_t *conf, capstan_buf_t *b)
 {
-    size_t n = 0;
-    const char *name;
-    while (conf->shard_metrics && conf->shard_metrics(conf->ud, n, &name))
-        n++;
+    size_t n = capstan__http_shards(conf);
+    const char *url;
     capstan_metrics_t **regs = n ? calloc(n, sizeof(*regs)) : NULL;
     const char **names = n ? calloc(n, sizeof(*names)) : NULL;
     int rc = n && (!regs || !names) ? CAPSTAN_ENOMEM : 0;
     for (size_t i = 0; i < n && !rc; i++)
-        regs[i] = conf->shard_metrics(conf->ud, i, &names[i]);
+        regs[i] = conf->shard_metrics(conf->ud, i, &names[i], &url);
     if (!rc)
         rc = capstan__metrics_render_shards(capstan__metrics_default(), regs, names, n, b);
     free(regs);
@@ -128,7 +231,7 @@ static int render_metrics(const capstan_http_conf_t *conf, capstan_buf_t *b)
     return rc;
 }
 
-int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, capstan_buf_t *b)
+int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *const *rs, capstan_buf_t *b)
 {
     int rc = render_metrics(conf, b);
     int busy = conf->busy_threads ? conf->busy_threads(conf->ud) : 0;
@@ -139,43 +242,39 @@ int capstan__http_scrape(const capstan_http_conf_t *conf, capstan_redis_t *r, ca
     if (!rc) rc = prefetched_gauge(conf, b);
     if (rc)
         return rc;
-
-    char err[CAPSTAN_ERRLEN] = "";
-    capstan_overview_t ov;
-    memset(&ov, 0, sizeof(ov));
-    double rtt = -1;
-    int up = capstan_redis_ok(r) || capstan_redis_connect(r) == 0;
-    if (up) {
-        double t0 = capstan__mono();
-        redisReply *pong = capstan_redis_cmdf(r, "PING");
-        rtt = capstan__mono() - t0;
-        up = pong != NULL;
-        freeReplyObject(pong);
+    size_t n = capstan__http_shards(conf);
+    redis_view_t *v = calloc(n ? n : 1, sizeof(*v));
+    char **names = n ? calloc(n, sizeof(*names)) : NULL;
+    rc = !v || (n && !names) ? CAPSTAN_ENOMEM : 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const char *name = NULL, *url = NULL;
+        capstan_buf_t e = { 0 };
+        conf->shard_metrics(conf->ud, i, &name, &url);
+        rc = capstan__metrics_escape(&e, name);
+        if (!rc && !(v[i].shard = names[i] = capstan__buf_take(&e, NULL)))
+            rc = CAPSTAN_ENOMEM;
+        capstan__buf_free(&e);
     }
-    if (up && capstan__overview_read(r, 0, &ov, err))
-        up = 0;
-    rc = gauge(b, "capstan_redis_up", "1 when this scrape could read Redis; the Redis series "
-                                  "are left out when it is 0.");
-    if (!rc) rc = capstan__buf_printf(b, "capstan_redis_up %d\n", up);
-    if (up) {
-        if (!rc) rc = gauge(b, "capstan_redis_rtt_seconds", "Round trip of a PING at this scrape.");
-        if (!rc) rc = capstan__buf_printf(b, "capstan_redis_rtt_seconds %.6f\n", rtt);
-        if (!rc) rc = queue_gauges(b, &ov);
-        if (!rc) rc = gauge(b, "capstan_schedule_size", "Jobs in the schedule set.");
-        if (!rc) rc = capstan__buf_printf(b, "capstan_schedule_size %lld\n", ov.scheduled);
-        if (!rc) rc = gauge(b, "capstan_retry_size", "Jobs in the retry set.");
-        if (!rc) rc = capstan__buf_printf(b, "capstan_retry_size %lld\n", ov.retries);
-        if (!rc) rc = gauge(b, "capstan_dead_size", "Jobs in the dead set.");
-        if (!rc) rc = capstan__buf_printf(b, "capstan_dead_size %lld\n", ov.dead);
-    }
-    redisReply *open = up ? capstan_redis_cmdf(r, "ZCARD " CAPSTAN_KEY_BATCHES_OPEN) : NULL;
-    if (!rc && open && open->type == REDIS_REPLY_INTEGER) {
-        rc = gauge(b, "capstan_batches_open", "Batches stored that have not succeeded yet.");
-        if (!rc) rc = capstan__buf_printf(b, "capstan_batches_open %lld\n", open->integer);
-    }
-    freeReplyObject(open);
-    capstan__overview_clear(&ov);
+    for (size_t i = 0; i < (n ? n : 1) && !rc; i++)
+        read_view(rs[i], &v[i]);
+    if (!rc)
+        rc = redis_series(b, v, n ? n : 1);
+    for (size_t i = 0; v && i < (n ? n : 1); i++)
+        capstan__overview_clear(&v[i].ov);
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+    free(v);
     return rc;
+}
+
+size_t capstan__http_shards(const capstan_http_conf_t *conf)
+{
+    size_t n = 0;
+    const char *name, *url;
+    while (conf->shard_metrics && conf->shard_metrics(conf->ud, n, &name, &url))
+        n++;
+    return n;
 }
 
 static const char *reason(int status)
@@ -252,12 +351,14 @@ static void respond(capstan_http_t *h, conn_t *c)
     if (strcmp(target, "/metrics") != 0)
         return plain(c, 404, "not found: try /metrics\n");
     capstan_buf_t b = {0};
-    int rc = capstan__http_scrape(&h->conf, h->r, &b);
-    int up = capstan_redis_ok(h->r);
-    if (!up && !h->redis_warned)
-        capstan_warn("metrics: %s; serving /metrics without the Redis series",
-                     capstan_redis_error(h->r));
-    h->redis_warned = !up;
+    int rc = capstan__http_scrape(&h->conf, h->rs, &b);
+    for (size_t i = 0; i < h->nrs; i++) {
+        int up = capstan_redis_ok(h->rs[i]);
+        if (!up && !h->warned[i])
+            capstan_warn("metrics: %s; serving /metrics without its Redis series",
+                         capstan_redis_error(h->rs[i]));
+        h->warned[i] = !up;
+    }
     if (rc)
         plain(c, 500, "out of memory\n");
     else
@@ -434,9 +535,22 @@ int capstan__http_start(const capstan_http_conf_t *conf, capstan_http_t **out, c
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
     h->conf = *conf;
     h->lfd = h->wake[0] = h->wake[1] = -1;
-    if (!(h->r = capstan_redis_new(conf->redis_url, CAPSTAN_HTTP_REDIS_TIMEOUT, err))) {
-        rc = CAPSTAN_ECONFIG;
+    size_t n = capstan__http_shards(conf);
+    h->rs = calloc(n ? n : 1, sizeof(*h->rs));
+    h->warned = calloc(n ? n : 1, 1);
+    if (!h->rs || !h->warned) {
+        rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
+    }
+    for (size_t i = 0; i < (n ? n : 1); i++) {
+        const char *name, *url = conf->redis_url;
+        if (i)
+            conf->shard_metrics(conf->ud, i, &name, &url);
+        if (!(h->rs[h->nrs] = capstan_redis_new(url, CAPSTAN_HTTP_REDIS_TIMEOUT, err))) {
+            rc = CAPSTAN_ECONFIG;
+            goto out;
+        }
+        h->nrs++;
     }
     if ((h->lfd = listen_on(addr, conf->port, conf->reuse_port, err)) < 0) {
         rc = CAPSTAN_ESYS;
@@ -477,6 +591,9 @@ void capstan__http_stop(capstan_http_t *h)
         close(h->wake[0]);
         close(h->wake[1]);
     }
-    capstan_redis_free(h->r);
+    for (size_t i = 0; i < h->nrs; i++)
+        capstan_redis_free(h->rs[i]);
+    free(h->rs);
+    free(h->warned);
     free(h);
 }

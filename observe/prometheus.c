@@ -109,6 +109,21 @@ capstan_metrics_t *capstan__metrics_default(void)
     return default_registry;
 }
 
+/* The registry of the shard the calling thread serves (capstan__metrics_use). */
+static _Thread_local capstan_metrics_t *thread_registry;
+
+capstan_metrics_t *capstan__metrics_use(capstan_metrics_t *m)
+{
+    capstan_metrics_t *was = thread_registry;
+    thread_registry = m;
+    return was;
+}
+
+capstan_metrics_t *capstan__metrics_here(void)
+{
+    return thread_registry ? thread_registry : capstan__metrics_default();
+}
+
 static uint32_t hash(kind_t k, const char *a, const char *b)
 {
     uint32_t h = 2166136261u ^ (uint32_t)k;
@@ -620,6 +635,27 @@ static int render_periodic(capstan_buf_t *b, const series_t *s, size_t n)
     return rc;
 }
 
+/* The clock offset gauge: m's, then each shard's (labelled), as measured;
+ * absent until a first measure. */
+static int render_clock(capstan_buf_t *b, capstan_metrics_t *m, capstan_metrics_t *const *shards,
+                        char *const *shard, size_t nshards)
+{
+    int known = atomic_load(&m->clock_known), rc = 0;
+    for (size_t i = 0; i < nshards; i++)
+        known |= shards[i] && atomic_load(&shards[i]->clock_known);
+    if (known)
+        rc = family(b, "capstan_clock_offset_seconds", "gauge",
+                    "How far this process's clock is ahead of Redis's (negative: behind), as its "
+                    "last heartbeat measured; periodic ticks follow Redis's.");
+    if (!rc && atomic_load(&m->clock_known))
+        rc = capstan__buf_printf(b, "capstan_clock_offset_seconds %.3f\n", atomic_load(&m->clock_offset));
+    for (size_t i = 0; i < nshards && !rc; i++)
+        if (shards[i] && atomic_load(&shards[i]->clock_known))
+            rc = capstan__buf_printf(b, "capstan_clock_offset_seconds{shard=\"%s\"} %.3f\n", shard[i],
+                                     atomic_load(&shards[i]->clock_offset));
+    return rc;
+}
+
 int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b)
 {
     return capstan__metrics_render_shards(m, NULL, NULL, 0, b);
@@ -687,16 +723,20 @@ int capstan__metrics_render_shards(capstan_metrics_t *m, capstan_metrics_t *cons
                                     "event", "Time from a batch being done to its callback "
                                     "starting here, by event (complete, success, death).");
     if (!rc) rc = render_periodic(b, s, n);
-    if (!rc && atomic_load(&m->clock_known))
-        rc = family(b, "capstan_clock_offset_seconds", "gauge",
-                    "How far this process's clock is ahead of Redis's (negative: behind), as its "
-                    "last heartbeat measured; periodic ticks follow Redis's.");
-    if (!rc && atomic_load(&m->clock_known))
-        rc = capstan__buf_printf(b, "capstan_clock_offset_seconds %.3f\n", atomic_load(&m->clock_offset));
+    if (!rc)
+        rc = render_clock(b, m, shards, shard, nshards);
     for (int c = 0; c < CAPSTAN_METRIC_COUNTER_COUNT && !rc; c++) {
         rc = family(b, counters[c].name, "counter", counters[c].help);
-        if (!rc)
-            rc = capstan__buf_printf(b, "%s %ld\n", counters[c].name, atomic_load(&m->counters[c]));
+        /* With shards each counts its own; the process's line stays out
+         * unless a thread of no shard's counted something (a program's
+         * own thread). */
+        long own = atomic_load(&m->counters[c]);
+        if (!rc && (!nshards || own))
+            rc = capstan__buf_printf(b, "%s %ld\n", counters[c].name, own);
+        for (size_t i = 0; i < nshards && !rc; i++)
+            if (shards[i])
+                rc = capstan__buf_printf(b, "%s{shard=\"%s\"} %ld\n", counters[c].name, shard[i],
+                                         atomic_load(&shards[i]->counters[c]));
     }
     if (!rc && m->restarts)
         rc = family(b, "capstan_worker_restarts_total", "counter",

@@ -1,8 +1,10 @@
 /* In-memory metrics of this process for the Prometheus endpoint: job
  * counters by class and queue, a job duration histogram by class, lock
  * event counters by lock type, rate limiter series by limiter name (for
- * the limiters this process used), periodic ticks by schedule, and a few process-wide counters (orphans
- * recovered, poison pills, Redis reconnects).
+ * the limiters this process used), periodic ticks by schedule, and a few
+ * counters without labels (orphans recovered, poison pills, Redis
+ * reconnects). A sharded process keeps one registry per shard beside the
+ * process's (see capstan__metrics_use).
  *
  * They count what this process did since it started, as Prometheus
  * counters should: a fleet is summed in PromQL, and values read from
@@ -23,7 +25,7 @@
 
 typedef struct capstan_metrics capstan_metrics_t;
 
-/* Process-wide counters without labels. */
+/* Counters without labels of their own (with shards, one per shard). */
 typedef enum capstan_metric_counter {
     CAPSTAN_METRIC_ORPHANS_RECOVERED = 0, /* jobs put back from dead processes' lists */
     CAPSTAN_METRIC_POISON_PILLS,      /* jobs sent to dead after max_recoveries */
@@ -49,9 +51,22 @@ typedef enum capstan_metric_counter {
 capstan_metrics_t *capstan__metrics_new(void);
 void capstan__metrics_free(capstan_metrics_t *m);
 
-/* The registry the runtime records into (created on first use, lives
- * until the process exits; never NULL unless out of memory at first use). */
+/* The process's registry (created on first use, lives until the process
+ * exits; never NULL unless out of memory at first use): what is recorded
+ * outside any shard, and everything without shards. */
 capstan_metrics_t *capstan__metrics_default(void);
+
+/* Which registry a series goes to, the one rule: a series recorded for one
+ * shard of a sharded process goes to that shard's registry, served with
+ * its shard label. Code of the runtime takes it from its runtime
+ * (capstan__rt_metrics); code below the runtime, which has none, from the
+ * thread it runs on: each thread of a shard's runtime names its registry
+ * once, as it starts (capstan__metrics_use), and capstan__metrics_here
+ * gives that, or the process's for any other thread (and without shards).
+ * capstan__metrics_use returns the thread's registry before (NULL: the
+ * process's), for a thread that acts for one shard for a while. */
+capstan_metrics_t *capstan__metrics_use(capstan_metrics_t *m);
+capstan_metrics_t *capstan__metrics_here(void);
 
 /* Counts one finished job: processed (and failed when failed != 0) for
  * (cls, queue), and seconds into the duration histogram of cls. handler
@@ -98,12 +113,12 @@ void capstan__metrics_batch_fired(capstan_metrics_t *m, long long flags);
  * schedule: ticks it enqueued, and missed ticks it let go. */
 void capstan__metrics_periodic(capstan_metrics_t *m, const char *schedule, long enqueued, long missed);
 
-/* Records how far this process's clock is from Redis's, in seconds
+/* Records how far this process's clock is from its Redis's, in seconds
  * (positive: ahead), as last measured: the gauge
  * capstan_clock_offset_seconds, absent until the first measure. */
 void capstan__metrics_clock_offset(capstan_metrics_t *m, double seconds);
 
-/* Adds n to a process-wide counter. */
+/* Adds n to one of m's counters. */
 void capstan__metrics_add(capstan_metrics_t *m, capstan_metric_counter_t c, long n);
 /* Takes what every class did since the last take, as Sidekiq's execution
  * metrics count it, and starts counting again from zero. *out is an array
@@ -123,9 +138,11 @@ void capstan__metrics_restarts(capstan_metrics_t *m, const atomic_long *counts, 
  * Prometheus text format 0.0.4 to b; series sorted by label values.
  * Returns 0 or CAPSTAN_ENOMEM (b may then hold part of the text). */
 int capstan__metrics_render(capstan_metrics_t *m, capstan_buf_t *b);
-/* The same for a process with shards: m's series and counters, and those
- * series of each shards[i] (NULL: none) with the label shard="names[i]"
- * first, each family once. */
+/* The same for a process with shards: m's series, and those of each
+ * shards[i] (NULL: none) with the label shard="names[i]" first, each
+ * family once. The counters and the clock offset are each shard's; m's
+ * own counter lines are left out then unless non-zero (counted by a
+ * thread of no shard). */
 int capstan__metrics_render_shards(capstan_metrics_t *m, capstan_metrics_t *const *shards,
                                    const char *const *names, size_t nshards, capstan_buf_t *b);
 

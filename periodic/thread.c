@@ -226,7 +226,7 @@ static int step(const capstan_periodic_env_t *env, capstan_redis_t *r, sched_t *
                 capstan_info("periodic %s: %s is a list again", s->conf->name, s->qkey);
             s->blocked = 0;
             s->cursor = latest;
-            capstan__metrics_periodic(capstan__metrics_default(), s->conf->name, (long)pushed, (long)let_go);
+            capstan__metrics_periodic(capstan__metrics_here(), s->conf->name, (long)pushed, (long)let_go);
             if (let_go)
                 capstan_warn("periodic %s: %lld missed tick%s let go (missed: %s)", s->conf->name,
                              let_go, let_go == 1 ? "" : "s", capstan_periodic_missed_name(s->conf->missed));

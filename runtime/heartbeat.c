@@ -69,7 +69,7 @@ static void exec_flush(capstan_runtime_t *rt, capstan_redis_t *r)
 #define CLOCK_SKEW 2.0
 static void clock_check(capstan_runtime_t *rt, double offset)
 {
-    capstan__metrics_clock_offset(capstan__metrics_default(), offset);
+    capstan__metrics_clock_offset(capstan__rt_metrics(rt), offset);
     if (fabs(offset) > CLOCK_SKEW && fabs(offset - rt->health.clock_said) >= 1) {
         capstan_warn("this host's clock is %.1f s %s Redis's: periodic ticks follow Redis's clock, but "
                      "the times this process writes (enqueued_at, retries, scheduled jobs, its beat) are "

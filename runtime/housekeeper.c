@@ -91,8 +91,13 @@ void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
     int (*pass)(capstan_redis_t *, const char *, int, double, capstan_ts_format_t, int, capstan_recovery_t *,
                 char *) = capstan__fetch_recover_full_due(r, rt->keeper.passes++) ? capstan__fetch_recover
                                                                                     : capstan__fetch_recover_known;
-    if (pass(r, rt->self.identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl, rt->cfg->timestamps,
-             rt->cfg->sidekiq_metrics, &rec, err)) {
+    /* The batches it fires are counted as its shard's, on whichever
+     * thread it runs (the main thread at start). */
+    capstan_metrics_t *was = capstan__metrics_use(rt->member.metrics);
+    int rc = pass(r, rt->self.identity, rt->cfg->max_recoveries, rt->cfg->liveness_ttl, rt->cfg->timestamps,
+                  rt->cfg->sidekiq_metrics, &rec, err);
+    capstan__metrics_use(was);
+    if (rc) {
         capstan_warn("orphan recovery: %s", err);
         return;
     }
@@ -107,8 +112,8 @@ void capstan__recover_orphans(capstan_runtime_t *rt, capstan_redis_t *r)
                       "holds another type than a list (or \"dead\" is not a sorted set); they move "
                       "once it is fixed", rec.left);
     rt->keeper.last_left = rec.left;
-    capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_ORPHANS_RECOVERED, rec.recovered);
-    capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_POISON_PILLS, rec.killed);
+    capstan__metrics_add(capstan__rt_metrics(rt), CAPSTAN_METRIC_ORPHANS_RECOVERED, rec.recovered);
+    capstan__metrics_add(capstan__rt_metrics(rt), CAPSTAN_METRIC_POISON_PILLS, rec.killed);
 }
 
 /* The uniqueness reaper, in v9's fleet role (uniquejobs:reaper, held for
@@ -143,16 +148,16 @@ static int feed_holds(const char *payload, size_t len, double since, void *ud)
  * while this one was cut off or frozen past its lease, or an earlier try of
  * the same ack was written and its reply lost. Said once a pass, with the
  * count, so a partitioned worker's own log shows it. */
-static void late_acks(void)
+static void late_acks(capstan_runtime_t *rt)
 {
-    static long said;
-    long n = capstan__metrics_get(capstan__metrics_default(), CAPSTAN_METRIC_LATE_ACKS);
+    long said = rt->keeper.late_said;
+    long n = capstan__metrics_get(capstan__rt_metrics(rt), CAPSTAN_METRIC_LATE_ACKS);
     if (n > said)
         capstan_warn("%ld finished jobs were no longer in this process's working list when acked: "
                      "given back for another run meanwhile (by this process, or by another's "
                      "recovery if this one was cut off or frozen past liveness_ttl; they may run "
                      "again) or acked by an earlier try whose reply was lost", n - said);
-    said = n;
+    rt->keeper.late_said = n;
 }
 
 /* Recovery never touches a live process's list, so a job stranded in our
@@ -252,7 +257,7 @@ void *capstan__housekeeper_main(void *arg)
             continue;
         if (strays)
             reclaim_pass(rt, r, strays);
-        late_acks();
+        late_acks(rt);
         if (capstan__mono() >= next_recovery) {
             /* From the beat's start, not from after its round trips: with
              * recovery_interval a multiple of heartbeat_interval, every

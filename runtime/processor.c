@@ -247,7 +247,7 @@ static int fetch_refused(capstan_runtime_t *rt, capstan_redis_t *r, int rc, int 
         snprintf(rt->health.fetch_error, sizeof(rt->health.fetch_error), "%s", why);
         pthread_mutex_unlock(&rt->wake_mu);
         atomic_fetch_add(&rt->health.fetch_errors, 1);
-        capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_FETCH_ERRORS, 1);
+        capstan__metrics_add(capstan__rt_metrics(rt), CAPSTAN_METRIC_FETCH_ERRORS, 1);
         if (!atomic_exchange(&rt->health.fetch_failing, 1))
             capstan_error("fetch failed: %s; retrying every second", why);
         *failed = 1;

@@ -41,7 +41,7 @@ int capstan__rt_connect_every(capstan_runtime_t *rt, capstan_redis_t *r, atomic_
         if (capstan_redis_connect(r) == 0) {
             /* A connection made again, not a new one, is a reconnect. */
             if (capstan__redis_connects(r) > 1)
-                capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_REDIS_RECONNECTS, 1);
+                capstan__metrics_add(capstan__rt_metrics(rt), CAPSTAN_METRIC_REDIS_RECONNECTS, 1);
             if (atomic_exchange(&rt->health.redis_down, 0))
                 capstan_info("Redis is online, %.3f sec downtime",
                              capstan__mono() - atomic_load(&rt->health.redis_down_at));

@@ -219,6 +219,7 @@ typedef struct capstan_keeper {
                                       in the housekeeper */
     long passes;                   /* orphan passes made (the same threads;
                                       capstan__fetch_recover_full_due) */
+    long late_said;                /* the late acks its log has told of */
 } capstan_keeper_t;
 
 /* The scheduler thread's, the periodic thread's and the master watch's:
@@ -254,7 +255,7 @@ typedef struct capstan_rt_member {
     capstan_config_t *ticks;       /* the front's: shard 0's config, whose
                                       schedules its periodic thread ticks
                                       (a member's are in its own cfg) */
-    struct capstan_metrics *metrics; /* with shards, this member's jobs
+    struct capstan_metrics *metrics; /* with shards, this member's series
                                       alone: /metrics serves them with
                                       its shard's label, and Sidekiq's
                                       execution metrics are taken from
@@ -324,9 +325,10 @@ int capstan__rt_connect(struct capstan_runtime *rt, capstan_redis_t *r, atomic_i
 int capstan__rt_connect_every(struct capstan_runtime *rt, capstan_redis_t *r, atomic_int *give_up,
                               double max_delay);
 
-/* The registry rt's jobs are counted in: with shards its member's own
- * (rt->member.metrics, served with its shard's label), else the
- * process's. */
+/* The registry what rt does is counted in (its jobs, fetches, reconnects,
+ * recovery, clock offset; observe/prometheus.h states the rule): with
+ * shards its member's own (rt->member.metrics, served with its shard's
+ * label), else the process's. */
 struct capstan_metrics *capstan__rt_metrics(struct capstan_runtime *rt);
 /* A job of class cls (raw: its handler's registered name, or NULL) ran
  * for seconds, failed or not: counted in capstan__rt_metrics(rt). */

@@ -310,12 +310,16 @@ static void join_member(capstan_runtime_t *m, double join_deadline)
 }
 
 /* m leaves its Redis: its counters flushed, off the process set, its
- * working list gone. Returns 1 when that list is empty. */
+ * working list gone. Returns 1 when that list is empty. On the main
+ * thread, which acts for m's shard here (capstan__metrics_use: its lock
+ * counts are the ones flushed). */
 static int leave_member(capstan_runtime_t *m, capstan_redis_t *r)
 {
     live_conn(r);
+    capstan_metrics_t *was = capstan__metrics_use(m->member.metrics);
     capstan__stats_flush(m, r);
     capstan__unique_metrics_flush(r);
+    capstan__metrics_use(was);
     capstan__heartbeat_leave(r, m->self.identity);
     return capstan__fetch_leave(r, m->self.identity) == 0;
 }
@@ -357,7 +361,9 @@ static void shutdown_all(capstan_runtime_t *rt, capstan_redis_t *r, const sigset
             if (!capstan__slots_busy(m))
                 continue;
             live_conn(conn_of(m, r));
+            capstan_metrics_t *was = capstan__metrics_use(m->member.metrics);
             n += capstan__slots_requeue_busy(m, conn_of(m, r));
+            capstan__metrics_use(was);
         }
         capstan_info("Pushed %d jobs back to Redis", n);
     }
@@ -407,8 +413,10 @@ static int over_limits(capstan_runtime_t *rt, capstan_redis_t *r)
         if (!capstan__slots_overdue(m))
             continue;
         live_conn(conn_of(m, r));
+        capstan_metrics_t *was = capstan__metrics_use(m->member.metrics);
         if (capstan__slots_timeouts(m, conn_of(m, r)))
             leave = CAPSTAN_LEAVE_TIMEOUT;
+        capstan__metrics_use(was);
     }
     if (!leave) {
         long long rss = rss_bytes();
@@ -623,12 +631,32 @@ static int busy_threads(void *ud)
 }
 
 /* The /metrics gauge of jobs fetched ahead, by queue (observe/http.h). */
-static void prefetched(void *ud, const char *const *queues, size_t n, long long *counts)
+static void prefetched(void *ud, size_t shard, const char *const *queues, size_t n, long long *counts)
 {
-    for (size_t i = 0; i < capstan__members(ud); i++) {
-        capstan_runtime_t *m = capstan__member(ud, i);
-        m->source->count(m, queues, counts, n);
+    capstan_runtime_t *m = capstan__member(ud, shard);
+    m->source->count(m, queues, counts, n);
+}
+
+/* Every member's queue names, each once (borrowed from their configs), in
+ * *n: the queues the metrics port counts the prefetched jobs of. */
+static const char **queue_names(capstan_runtime_t *rt, size_t *n)
+{
+    size_t cap = 0;
+    for (size_t i = 0; i < capstan__members(rt); i++)
+        cap += capstan__member(rt, i)->cfg->nqueues;
+    const char **names = calloc(cap ? cap : 1, sizeof(*names));
+    *n = 0;
+    for (size_t i = 0; names && i < capstan__members(rt); i++) {
+        const capstan_config_t *mc = capstan__member(rt, i)->cfg;
+        for (size_t q = 0; q < mc->nqueues; q++) {
+            size_t k = 0;
+            while (k < *n && strcmp(names[k], mc->queues[q].name))
+                k++;
+            if (k == *n)
+                names[(*n)++] = mc->queues[q].name;
+        }
     }
+    return names;
 }
 
 /* CAPSTAN_GRACE: the seconds whatever stops this process (Kubernetes'
@@ -704,13 +732,11 @@ static int run(capstan_runtime_t *rt, char *err)
      * them. */
     if ((rc = capstan__shards_new(rt, err)) != 0 || (rc = capstan__runtime_prepare(rt, err)) != 0)
         goto out;
-    qnames = calloc(c->nqueues ? c->nqueues : 1, sizeof(*qnames));
-    if (!qnames) {
+    size_t nqnames = 0;
+    if (!(qnames = queue_names(rt, &nqnames))) {
         rc = capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < c->nqueues; i++)
-        qnames[i] = c->queues[i].name;
     capstan_http_conf_t hc = { .bind = c->metrics_bind, .port = c->metrics_port,
                                .redis_url = c->redis_url, .threads = c->concurrency,
                                .busy_threads = busy_threads, .probe = probe, .ud = rt,
@@ -718,7 +744,7 @@ static int run(capstan_runtime_t *rt, char *err)
                                .reuse_port = rt->link.board != NULL };
     if (rt->source->prefetches) {
         hc.queues = qnames;
-        hc.nqueues = c->nqueues;
+        hc.nqueues = nqnames;
         hc.prefetched = prefetched;
     }
     /* Before Redis, so a port in use stops the start at once instead of

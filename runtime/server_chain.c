@@ -68,7 +68,7 @@ static char *tags_of(capstan_job_t *job)
 /* A batch callback (lua/lib/batch_done.lua marks it "batch_event") at its
  * first run: how long after its batch was done (its enqueued_at) it
  * starts. */
-static void batch_callback_latency(const capstan_job_t *job)
+static void batch_callback_latency(capstan_runtime_t *rt, const capstan_job_t *job)
 {
     size_t elen = 0, tlen = 0;
     const char *ev = job->retry_count < 0 ? capstan_job_field_raw(job, "batch_event", &elen) : NULL;
@@ -78,7 +78,7 @@ static void batch_callback_latency(const capstan_job_t *job)
     char event[16];
     memcpy(event, ev + 1, elen - 2);
     event[elen - 2] = '\0';
-    capstan__metrics_batch_callback(capstan__metrics_default(), event, capstan__now() - capstan__ts_parse(at, tlen));
+    capstan__metrics_batch_callback(capstan__rt_metrics(rt), event, capstan__now() - capstan__ts_parse(at, tlen));
 }
 
 /* "stats": the start/done/fail log lines and the processed/failed counts,
@@ -92,7 +92,7 @@ static int stats_mw(capstan_mw_t *mw, void *udata)
     run_t *run = mw->priv;
     capstan_job_t *job = mw->job;
     capstan__log(CAPSTAN_INFO, &run->ctx, "start");
-    batch_callback_latency(job);
+    batch_callback_latency(rt, job);
     double t0 = capstan__mono();
     int rc = capstan_mw_next(mw);
     run->ctx.elapsed = capstan__mono() - t0;
@@ -232,7 +232,7 @@ static void save_iteration(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
  * complete one is done, its state deleted. */
 static void iterated(capstan_mw_t *mw, run_t *run, capstan_job_t *job)
 {
-    capstan_metrics_t *m = capstan__metrics_default();
+    capstan_metrics_t *m = run->slot ? capstan__rt_metrics(run->slot->rt) : capstan__metrics_default();
     long ex = capstan_job_executions(job);
     capstan_iterated_t how = capstan__job_iter_end(job);
     if (how != CAPSTAN_ITERATED_NOT && ex > 1)

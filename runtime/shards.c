@@ -41,6 +41,7 @@ const char *capstan__shard_name(const capstan_runtime_t *rt)
 void capstan__member_log(const capstan_runtime_t *rt)
 {
     capstan__log_shard(capstan__shard_name(rt));
+    capstan__metrics_use(rt->member.metrics);
 }
 
 /* Member i of front, ready to start. */
@@ -183,13 +184,14 @@ void capstan__shards_join(capstan_runtime_t *front)
     }
 }
 
-capstan_metrics_t *capstan__shards_metrics(void *ud, size_t i, const char **name)
+capstan_metrics_t *capstan__shards_metrics(void *ud, size_t i, const char **name, const char **redis_url)
 {
     capstan_runtime_t *front = ud;
     struct capstan_shards *g = front->member.group;
     if (!g || i >= g->n)
         return NULL;
     *name = front->cfg->shards[i].name;
+    *redis_url = front->cfg->shards[i].redis_url;
     return g->m[i]->member.metrics;
 }
 

@@ -37,14 +37,16 @@ int capstan__shards_failed(struct capstan_runtime *front, int *rc, char *err);
 /* Waits for the members' start threads, which give up once the front
  * is quiet. */
 void capstan__shards_join(struct capstan_runtime *front);
-/* Names rt's shard in the calling thread's log lines (support/log.h):
- * every thread of a member's, the front's too, calls it first. Nothing
- * without shards. */
+/* Names rt's shard in the calling thread's log lines (support/log.h), and
+ * makes its registry the one the thread's metrics go to
+ * (capstan__metrics_use): every thread of a member's, the front's too,
+ * calls it first. Nothing without shards. */
 void capstan__member_log(const struct capstan_runtime *rt);
-/* The registry of member i of ud (the front) and its shard's name in
- * *name, NULL past the last member or without shards: the metrics
- * port's capstan_http_conf_t.shard_metrics. */
-struct capstan_metrics *capstan__shards_metrics(void *ud, size_t i, const char **name);
+/* The registry of member i of ud (the front), its shard's name in *name
+ * and its Redis in *redis_url, NULL past the last member or without
+ * shards: the metrics port's capstan_http_conf_t.shard_metrics. */
+struct capstan_metrics *capstan__shards_metrics(void *ud, size_t i, const char **name,
+                                                const char **redis_url);
 /* Frees the members (the front's capstan_runtime_free). */
 void capstan__shards_free(struct capstan_runtime *front);
 

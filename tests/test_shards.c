@@ -18,7 +18,10 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <math.h>
 
+#include "capstan/batch.h"
+#include "capstan/client.h"
 #include "helpers.h"
 #include "support/shard_pick.h"
 
@@ -696,7 +699,7 @@ static int repeated_lines(const char *text, const char *prefix)
 /* With shards, /metrics tells the shards' jobs apart: each shard's job
  * series carry shard="NAME" and count that shard's jobs alone (7, 3, 12
  * pushed, one more expired in s2), each family once, the whole text valid
- * for promtool; the process's own counters stay unlabelled. */
+ * for promtool; the counters are each shard's too. */
 Test(shards, metrics_label_each_shards_jobs)
 {
     int port = kt_free_port();
@@ -742,7 +745,7 @@ Test(shards, metrics_label_each_shards_jobs)
         cr_assert_eq(sample_of(body, dur), n[k], "%s", body);
     }
     cr_assert(!strstr(body, "capstan_jobs_processed_total{class="), "an unlabelled job series too:\n%s", body);
-    cr_assert_geq(sample_of(body, "capstan_redis_reconnects_total"), 0, "process-wide counters unlabelled:\n%s", body);
+    cr_assert_geq(sample_of(body, "capstan_redis_reconnects_total{shard=\"s2\"}"), 0, "each shard's counters:\n%s", body);
     cr_assert(!repeated_lines(body, "# "), "a family twice:\n%s", body);
     cr_assert(!repeated_lines(body, "capstan_"), "a series twice:\n%s", body);
     if (system("command -v promtool >/dev/null 2>&1") == 0) {
@@ -843,4 +846,164 @@ Test(shards, a_shard_added_to_the_file_is_served_after_a_hup)
     free(again);
     free(wkey);
     free(id);
+}
+
+/* A name for a periodic schedule whose home is shard k (the placing
+ * rule's pick), into out. */
+static void homed_name(char out[32], const char *stem, int k)
+{
+    const char *shard_names[NSHARDS] = { "s1", "s2", "s3" };
+    for (int i = 0;; i++) {
+        snprintf(out, 32, "%s%d", stem, i);
+        if (capstan__shard_pick(shard_names, NSHARDS, out, strlen(out)) == (size_t)k)
+            return;
+    }
+}
+
+/* The samples of family (its name and "{") in text that name another
+ * shard than shard, or none: printed, and how many. */
+static int strays(const char *text, const char *family, const char *shard)
+{
+    char mine[96];
+    snprintf(mine, sizeof(mine), "%s{shard=\"%s\"", family, shard);
+    size_t fl = strlen(family), ml = strlen(mine);
+    int n = 0;
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, family, fl) && (p[fl] == '{' || p[fl] == ' ') && strncmp(p, mine, ml)) {
+            printf("shards: %s outside shard %s: %.*s\n", family, shard, (int)strcspn(p, "\n"), p);
+            n++;
+        }
+    return n;
+}
+
+/* Every series about a shard carries its shard's label and that shard's
+ * own figure: uniqueness locks taken in s1 (and v9's per-minute lock
+ * counts written to s1's Redis alone), a limiter (homed in s1) taken by
+ * s2's jobs, an orphan recovered and a batch's callback fired in s2, a
+ * periodic schedule homed in s3 and fetches refused there, each shard's
+ * queue sizes (2, 5 and 9 jobs parked), Redis and clock offset. */
+Test(shards, metrics_label_every_shard_series)
+{
+    int port = kt_free_port();
+    char tick[32], extra[512];
+    homed_name(tick, "mtick", 2);
+    snprintf(extra, sizeof(extra),
+             "metrics_port: %d\nqueues:\n  - default\n  - broken\n"
+             "classes:\n  PlainJob:\n    limit: {type: concurrent, name: mlim, size: 2, shard: s1}\n"
+             "periodic:\n  %s: {cron: \"* * * * * *\", class: ShardJob, queue: ticks}\n",
+             port, tick);
+    fleet_t f;
+    fleet_up(&f, extra);
+    const long long parked[NSHARDS] = { 2, 5, 9 };
+    for (int k = 0; k < NSHARDS; k++) {
+        for (long long i = 0; i < parked[k]; i++)
+            freeReplyObject(redisCommand(f.c[k], "LPUSH queue:parked {}"));
+        freeReplyObject(redisCommand(f.c[k], "SADD queues parked"));
+    }
+    /* s1: three jobs under uniqueness locks. */
+    for (unsigned i = 0; i < 3; i++) {
+        char jid[25], key[16];
+        jid_of(jid, 0, i);
+        snprintf(key, sizeof(key), "m%u", i);
+        char *p = kt_payload_locked("ShardJob", "[]", jid, "default", "until_executed", key);
+        freeReplyObject(redisCommand(f.c[0], "LPUSH queue:default %s", p));
+        free(p);
+    }
+    /* s2: four limited jobs, an orphan of a dead process, a batch. */
+    for (unsigned i = 0; i < 4; i++) {
+        char jid[25];
+        jid_of(jid, 1, i);
+        char *p = kt_payload("PlainJob", "[]", jid, "default");
+        freeReplyObject(redisCommand(f.c[1], "LPUSH queue:default %s", p));
+        free(p);
+    }
+    char jid[25], err[256];
+    jid_of(jid, 1, 100);
+    char *orphan = kt_payload("ShardJob", "[]", jid, "default");
+    freeReplyObject(redisCommand(f.c[1], "LPUSH uniquejobs:working:gone:1:aaaaaaaaaaaa %s", orphan));
+    free(orphan);
+    capstan_client_t *cl = capstan_client_new(f.s[1].url, err);
+    cr_assert(cl, "%s", err);
+    capstan_batch_t *b = capstan_batch_new(cl, err);
+    cr_assert(b, "%s", err);
+    cr_assert_eq(capstan_batch_on(b, CAPSTAN_BATCH_COMPLETE, "ShardJob", "default", NULL), 0);
+    cr_assert_eq(capstan_batch_push(b, "ShardJob", "[]", NULL, jid), 0, "%s", capstan_batch_error(b));
+    cr_assert_eq(capstan_batch_commit(b), 0, "%s", capstan_batch_error(b));
+    capstan_batch_free(b);
+    capstan_client_free(cl);
+    /* s3: a queue that holds another type than a list. */
+    freeReplyObject(redisCommand(f.c[2], "SET queue:broken x"));
+
+    pid_t pid = capstan_up(&f, (const char *[]){ "--no-supervisor", NULL });
+    char want_tick[96], *text = NULL;
+    snprintf(want_tick, sizeof(want_tick), "capstan_periodic_enqueued_total{shard=\"s3\",schedule=\"%s\"}", tick);
+    const char *locks = "capstan_lock_events_total{shard=\"s1\",type=\"until_executed\",event=\"released\"}";
+    const char *limited = "capstan_limiter_acquired_total{shard=\"s2\",limiter=\"mlim\"}";
+    const char *recovered = "capstan_orphans_recovered_total{shard=\"s2\"}";
+    const char *completed = "capstan_batches_completed_total{shard=\"s2\"}";
+    const char *callback = "capstan_batch_callback_latency_seconds_count{shard=\"s2\",event=\"complete\"}";
+    const char *refused = "capstan_fetch_errors_total{shard=\"s3\"}";
+    const char *lock_counts = "return #redis.call('keys', 'uniquejobs:metrics|*')";
+    int got = KT_WAIT_UNTIL((free(text), text = kt_scrape(port)) != NULL && sample_of(text, locks) == 3
+                                && sample_of(text, limited) == 4 && sample_of(text, recovered) == 1
+                                && sample_of(text, completed) == 1 && sample_of(text, callback) == 1
+                                && sample_of(text, want_tick) >= 1 && sample_of(text, refused) >= 1
+                                && kt_int_on(f.c[0], "EVAL %s 0", lock_counts) > 0,
+                            30);
+    printf("shards: /metrics by shard: locks s1 %g, limiter s2 %g, orphans s2 %g, batches s2 %g (callback %g), "
+           "ticks s3 %g, fetch errors s3 %g\n",
+           sample_of(text, locks), sample_of(text, limited), sample_of(text, recovered), sample_of(text, completed),
+           sample_of(text, callback), sample_of(text, want_tick), sample_of(text, refused));
+    cr_assert(got, "%s\n%s", text, kt_capstan_log(pid));
+    const char *body = strstr(text, "\r\n\r\n");
+    cr_assert(body, "%s", text);
+    body += 4;
+    /* Each family in its shard alone. */
+    cr_assert_eq(strays(body, "capstan_lock_events_total", "s1"), 0, "%s", body);
+    cr_assert_eq(strays(body, "capstan_limiter_acquired_total", "s2"), 0, "%s", body);
+    cr_assert_eq(strays(body, "capstan_batch_callback_latency_seconds_count", "s2"), 0, "%s", body);
+    cr_assert_eq(strays(body, "capstan_periodic_enqueued_total", "s3"), 0, "%s", body);
+    for (int k = 0; k < NSHARDS; k++) {
+        char series[128];
+        snprintf(series, sizeof(series), "capstan_orphans_recovered_total{shard=\"s%d\"}", k + 1);
+        cr_assert_eq(sample_of(body, series), k == 1, "%s", body);
+        snprintf(series, sizeof(series), "capstan_batches_completed_total{shard=\"s%d\"}", k + 1);
+        cr_assert_eq(sample_of(body, series), k == 1, "%s", body);
+        snprintf(series, sizeof(series), "capstan_fetch_errors_total{shard=\"s%d\"}", k + 1);
+        if (k != 2)
+            cr_assert_eq(sample_of(body, series), 0, "%s", body);
+        snprintf(series, sizeof(series), "capstan_queue_size{shard=\"s%d\",queue=\"parked\"}", k + 1);
+        cr_assert_eq(sample_of(body, series), kt_int_on(f.c[k], "LLEN queue:parked"), "%s", body);
+        cr_assert_eq(sample_of(body, series), parked[k], "%s", body);
+        snprintf(series, sizeof(series), "capstan_redis_up{shard=\"s%d\"}", k + 1);
+        cr_assert_eq(sample_of(body, series), 1, "%s", body);
+        snprintf(series, sizeof(series), "capstan_clock_offset_seconds{shard=\"s%d\"}", k + 1);
+        cr_assert(fabs(sample_of(body, series)) < 5, "%s", body);
+        /* v9's lock counts went to the Redis of the shard that took the locks. */
+        if (k)
+            cr_assert_eq(kt_int_on(f.c[k], "EVAL %s 0", lock_counts), 0,
+                         "lock counts of s1 written to s%d's Redis", k + 1);
+    }
+    /* Nothing about a shard left unlabelled. */
+    static const char *const unlabelled[] = {
+        "capstan_orphans_recovered_total", "capstan_batches_completed_total", "capstan_fetch_errors_total",
+        "capstan_redis_reconnects_total", "capstan_late_acks_total", "capstan_redis_up",
+        "capstan_clock_offset_seconds", "capstan_dead_size",
+    };
+    for (size_t i = 0; i < sizeof(unlabelled) / sizeof(unlabelled[0]); i++)
+        cr_assert_eq(sample_of(body, unlabelled[i]), -1, "%s without a shard:\n%s", unlabelled[i], body);
+    cr_assert(!strstr(body, "{queue=") && !strstr(body, "{type=") && !strstr(body, "{limiter=")
+                  && !strstr(body, "{schedule=") && !strstr(body, "{event="),
+              "a series of a shard without its label:\n%s", body);
+    cr_assert(!repeated_lines(body, "# "), "a family twice:\n%s", body);
+    cr_assert(!repeated_lines(body, "capstan_"), "a series twice:\n%s", body);
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        FILE *pt = popen("promtool check metrics", "w");
+        cr_assert_not_null(pt);
+        fputs(body, pt);
+        int st = pclose(pt);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "promtool rejected:\n%s", body);
+    }
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    free(text);
 }

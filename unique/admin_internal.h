@@ -24,7 +24,10 @@ int capstan__unique_metric(capstan_redis_t *r, const char *lock_type, const char
  * capstan__unique_metric_record() then buffers (or, when off or the buffer is
  * full, writes at once on r). capstan__unique_metrics_flush() writes what is
  * buffered, to the minute bucket each event happened in; on an error the
- * counts are kept for the next flush. Thread-safe. */
+ * counts are kept for the next flush. With shards, a flush writes only the
+ * counts of its thread's shard (observe/prometheus.h's
+ * capstan__metrics_here), so each reaches its own shard's Redis.
+ * Thread-safe. */
 void capstan__unique_metrics_buffer(int on);
 int capstan__unique_metric_record(capstan_redis_t *r, const char *lock_type, const char *event);
 int capstan__unique_metrics_flush(capstan_redis_t *r);

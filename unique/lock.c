@@ -32,7 +32,7 @@ void capstan_unique__metric(capstan_redis_t *r, capstan_lock_type_t t, const cha
 {
     if (store)
         return;
-    capstan__metrics_lock_event(capstan__metrics_default(), capstan_lock_type_name(t), event);
+    capstan__metrics_lock_event(capstan__metrics_here(), capstan_lock_type_name(t), event);
     (void)capstan__unique_metric_record(r, capstan_lock_type_name(t), event);
 }
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "support/fmt.h"
 
@@ -62,7 +63,11 @@ int capstan__unique_metric(capstan_redis_t *r, const char *lock_type, const char
 
 #define PENDING_MAX 256
 
+/* Counts wait for the heartbeat of the shard they happened in: each is
+ * kept with the registry of the thread that counted it
+ * (capstan__metrics_here), and a flush writes those of its own thread's. */
 typedef struct pending_metric {
+    const capstan_metrics_t *owner;
     char key[64];       /* minute bucket of the event */
     char field[160];    /* "<type>|<event>" or "total|<event>" */
     long n;
@@ -80,15 +85,16 @@ void capstan__unique_metrics_buffer(int on)
 
 /* Adds n to (key, field); returns 0, or -1 when the buffer is full.
  * pending_lock is held. */
-static int pending_add(const char *key, const char *field, long n)
+static int pending_add(const capstan_metrics_t *owner, const char *key, const char *field, long n)
 {
     for (size_t i = 0; i < npending; i++)
-        if (!strcmp(pending[i].key, key) && !strcmp(pending[i].field, field)) {
+        if (pending[i].owner == owner && !strcmp(pending[i].key, key) && !strcmp(pending[i].field, field)) {
             pending[i].n += n;
             return 0;
         }
     if (npending == PENDING_MAX)
         return -1;
+    pending[npending].owner = owner;
     capstan__fmt_cat(pending[npending].key, sizeof(pending[npending].key), key, NULL);
     capstan__fmt_cat(pending[npending].field, sizeof(pending[npending].field), field, NULL);
     pending[npending++].n = n;
@@ -113,11 +119,12 @@ int capstan__unique_metric_record(capstan_redis_t *r, const char *lock_type, con
         capstan__fmt_cat(field, sizeof(field), lock_type && *lock_type ? lock_type : "unknown", "|",
                          event, NULL);
         capstan__fmt_cat(total, sizeof(total), "total|", event, NULL);
+        const capstan_metrics_t *owner = capstan__metrics_here();
         pthread_mutex_lock(&pending_lock);
         int full = npending + 2 > PENDING_MAX;
         if (!full) {
-            pending_add(key, field, 1);
-            pending_add(key, total, 1);
+            pending_add(owner, key, field, 1);
+            pending_add(owner, key, total, 1);
         }
         pthread_mutex_unlock(&pending_lock);
         if (!full)
@@ -128,15 +135,20 @@ int capstan__unique_metric_record(capstan_redis_t *r, const char *lock_type, con
 
 int capstan__unique_metrics_flush(capstan_redis_t *r)
 {
-    pending_metric_t *batch;
-    size_t n;
+    const capstan_metrics_t *owner = capstan__metrics_here();
     pthread_mutex_lock(&pending_lock);
-    n = npending;
-    batch = n ? malloc(n * sizeof(*batch)) : NULL;
-    if (batch) {
-        memcpy(batch, pending, n * sizeof(*batch));
-        npending = 0;
+    size_t n = 0, kept = 0;
+    for (size_t i = 0; i < npending; i++)
+        n += pending[i].owner == owner;
+    pending_metric_t *batch = n ? malloc(n * sizeof(*batch)) : NULL;
+    for (size_t i = 0, k = 0; batch && i < npending; i++) {
+        if (pending[i].owner == owner)
+            batch[k++] = pending[i];
+        else
+            pending[kept++] = pending[i];
     }
+    if (batch)
+        npending = kept;
     pthread_mutex_unlock(&pending_lock);
     if (!batch)
         return n ? CAPSTAN_ENOMEM : 0;
@@ -165,7 +177,7 @@ int capstan__unique_metrics_flush(capstan_redis_t *r)
          * mid-pipeline can count a beat's worth twice, as the job stats). */
         pthread_mutex_lock(&pending_lock);
         for (size_t i = 0; i < n; i++)
-            pending_add(batch[i].key, batch[i].field, batch[i].n);
+            pending_add(owner, batch[i].key, batch[i].field, batch[i].n);
         pthread_mutex_unlock(&pending_lock);
     }
     free(batch);
