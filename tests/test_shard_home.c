@@ -2,7 +2,8 @@
  * (its limit's shard:, else the placing rule's pick of its name), so that
  * its size holds across every shard and every process; a batch made
  * through a sharded client puts all its jobs in one shard (the pick of its
- * bid), where its counters and callbacks are too.
+ * bid), where its counters and callbacks are too; a periodic schedule
+ * ticks once in its home shard, however many processes offer its ticks.
  *
  * Ledger: ShardJob (tests/plugins/shards.c) appends "<jid> <port> <start>
  * <end>" to one file, shared by every process. */
@@ -256,4 +257,91 @@ Test(shard_home, a_batch_lives_in_one_shard)
     capstan_batch_free(b);
     capstan_client_free(c);
     capstan_config_free(cfg);
+}
+
+/* The periodic_at of each tick in shard k's queue:NAME (into at, up to
+ * max), and how many jids repeat. Returns how many ticks it holds. */
+static long ticks_in(fleet_t *f, int k, const char *name, long long *at, long max, long *jid_twice)
+{
+    redisReply *r = redisCommand(f->c[k], "LRANGE queue:%s 0 -1", name);
+    cr_assert(r && r->type == REDIS_REPLY_ARRAY);
+    long n = 0;
+    *jid_twice = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        const char *p = r->element[i]->str, *t = strstr(p, "\"periodic_at\":"), *j = strstr(p, "\"jid\":\"");
+        cr_assert(t && j, "%s", p);
+        if (n < max)
+            at[n++] = atoll(t + strlen("\"periodic_at\":"));
+        for (size_t m = 0; m < i; m++)
+            *jid_twice += !strncmp(strstr(r->element[m]->str, "\"jid\":\""), j, strlen("\"jid\":\"") + 24);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* Three processes over three shards, each with the same schedules of a
+ * tick a second, one homed in each shard: each tick (its periodic_at, its
+ * jid) is enqueued exactly once in the whole fleet, in its schedule's home
+ * shard (the pick of its name), and no other shard gets any. The ticks' queues are not fetched, so every tick stays to be
+ * counted. */
+Test(shard_home, three_processes_enqueue_each_tick_once)
+{
+    enum { NS = NSHARDS, TICKS = 6, MAX = 256 };
+    /* A schedule homed in each shard: the front's and both members'. */
+    const char *shard_names[NSHARDS] = { "s1", "s2", "s3" };
+    char names[NS][32], yml[1024] = "periodic:\n";
+    size_t home[NS], len = strlen(yml);
+    for (int i = 0; i < NS; i++) {
+        unsigned n = 0;
+        do
+            snprintf(names[i], sizeof(names[i]), "fleet_tick_%u", n++);
+        while (capstan__shard_pick(shard_names, NSHARDS, names[i], strlen(names[i])) != (size_t)i);
+        home[i] = (size_t)i;
+        len += (size_t)snprintf(yml + len, sizeof(yml) - len,
+                                "  %s: {cron: \"* * * * * *\", class: ShardJob, queue: %s}\n", names[i], names[i]);
+    }
+    fleet_t f;
+    fleet_up(&f, yml);
+    pid_t p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = capstan_up(&f);
+    for (int i = 0; i < 3; i++)
+        cr_assert(KT_WAIT_UNTIL(kt_log_has(p[i], "Starting processing") && kt_log_has(p[i], "shard s2: connected")
+                                && kt_log_has(p[i], "shard s3: connected"), 60), "%s", kt_capstan_log(p[i]));
+    /* Every process is up: TICKS more ticks of each schedule, all three
+     * offering each. */
+    long long from[NS];
+    for (int i = 0; i < NS; i++)
+        from[i] = kt_int_on(f.c[home[i]], "LLEN queue:%s", names[i]);
+    for (int i = 0; i < NS; i++)
+        cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[home[i]], "LLEN queue:%s", names[i]) >= from[i] + TICKS, 60),
+                  "%s: %lld ticks\n%s", names[i], kt_int_on(f.c[home[i]], "LLEN queue:%s", names[i]),
+                  kt_capstan_log(p[0]));
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kt_capstan_stop(p[i], SIGTERM, 30), 0, "%s", kt_capstan_log(p[i]));
+    for (int i = 0; i < NS; i++) {
+        static long long at[MAX];
+        long jid_twice, n = ticks_in(&f, (int)home[i], names[i], at, MAX, &jid_twice), twice = 0;
+        qsort(at, (size_t)n, sizeof(at[0]), cmp_ll);
+        for (long k = 1; k < n; k++)
+            twice += at[k] == at[k - 1];
+        long long span = n ? at[n - 1] - at[0] + 1 : 0;
+        long elsewhere = 0;
+        for (int k = 0; k < NSHARDS; k++)
+            elsewhere += (size_t)k != home[i] && kt_int_on(f.c[k], "EXISTS queue:%s", names[i]);
+        printf("shard_home: %s (home s%zu) over 3 processes: %ld ticks over %lld s, %ld times enqueued twice "
+               "(%ld jids twice); other shards holding its queue: %ld\n", names[i], home[i] + 1, n, span, twice,
+               jid_twice, elsewhere);
+        cr_assert_geq(n, TICKS);
+        cr_assert_eq(twice, 0, "%s: %ld ticks enqueued twice", names[i], twice);
+        cr_assert_eq(n, span, "%s: %ld ticks over %lld s: some were lost", names[i], n, span);
+        cr_assert_eq(jid_twice, 0);
+        cr_assert_eq(elsewhere, 0);
+    }
 }
