@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -344,4 +345,61 @@ Test(shard_home, three_processes_enqueue_each_tick_once)
         cr_assert_eq(jid_twice, 0);
         cr_assert_eq(elsewhere, 0);
     }
+}
+
+/* Pushes one job of cls with args and jid into shard k's queue:default. */
+static void push_one(fleet_t *f, int k, const char *cls, const char *args, const char *jid)
+{
+    char *p = kt_payload(cls, args, jid, "default");
+    kt_push_all(f->c[k], "default", &p, 1);
+    free(p);
+}
+
+/* The line of log holding needle, as a new string ("" when none). */
+static char *line_of(const char *log, const char *needle)
+{
+    const char *at = strstr(log, needle);
+    if (!at)
+        return strdup("");
+    while (at > log && at[-1] != '\n')
+        at--;
+    const char *eol = strchr(at, '\n');
+    return strndup(at, eol ? (size_t)(eol - at) : strlen(at));
+}
+
+/* A handler that crashes in shard s3 of a sharded process, while jobs run
+ * in s1 and s2: the crash report names it first, in its shard, and the
+ * jobs of every shard's processors after it, each with its shard. */
+Test(shard_home, the_crash_report_lists_every_shards_jobs)
+{
+    /* No core file in the test directory; and a sanitizer's SEGV handler
+     * would report instead of capstan's. */
+    setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[512];
+    snprintf(opts, sizeof(opts), "%s%shandle_segv=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    fleet_t f;
+    fleet_up(&f, NULL);
+    pid_t pid = kt_capstan_shards_start(f.conf, f.ledger_dir,
+                                        (const char *[]){ "-r", getenv("CAPSTAN_PLUGIN"), "--no-supervisor", NULL });
+    push_one(&f, 0, "SleepJob", "[20000]", "c5000000000000000000000a");
+    push_one(&f, 1, "SleepJob", "[20000]", "c5000000000000000000000b");
+    cr_assert(KT_WAIT_UNTIL(kt_log_count(pid, "class=SleepJob") == 2, 30), "%s", kt_capstan_log(pid));
+    push_one(&f, 2, "SegfaultJob", "[]", "c5000000000000000000000c");
+    int st = kt_wait_exit(pid, 30);
+    char *log = kt_capstan_log(pid);
+    char *crasher = line_of(log, "FATAL: running SegfaultJob"), *a = line_of(log, "FATAL: running SleepJob jid=c5000000000000000000000a"),
+         *b = line_of(log, "FATAL: running SleepJob jid=c5000000000000000000000b");
+    const char *first = strstr(log, "FATAL: running ");
+    printf("shard_home: the crash report of a sharded process:\n  %s\n  %s\n  %s\n", crasher, a, b);
+    cr_assert_eq(st, 128 + SIGSEGV, "died with %d, not of SIGSEGV: %s", st, log);
+    cr_assert(first && first == strstr(log, "FATAL: running SegfaultJob jid=c5000000000000000000000c"),
+              "the first job line does not name the crasher: %s", log);
+    cr_assert(strstr(crasher, " in shard s3 (its thread took the signal)"), "%s", log);
+    cr_assert(strstr(a, " in shard s1") && strstr(b, " in shard s2"), "%s", log);
+    free(crasher);
+    free(a);
+    free(b);
+    free(log);
 }
