@@ -403,3 +403,98 @@ Test(shard_home, the_crash_report_lists_every_shards_jobs)
     free(b);
     free(log);
 }
+
+/* The index among s1..s3 of the placing rule's pick of bid. */
+static int pick_of(const char *bid)
+{
+    const char *names[NSHARDS] = { "s1", "s2", "s3" };
+    return (int)capstan__shard_pick(names, NSHARDS, bid, strlen(bid));
+}
+
+/* A child batch made through a sharded client that is not pinned, its bid
+ * picking another shard than its parent's: it lives in its parent's shard
+ * (its link to the parent and its callbacks are counted there), a reopen
+ * through that client finds it there, and a process serving every shard
+ * runs all its jobs and both batches' callbacks in that shard, the
+ * parent's success firing once after the child's. */
+Test(shard_home, a_child_batch_lives_in_its_parents_shard)
+{
+    fleet_t f;
+    fleet_up(&f, NULL);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert(cfg);
+    for (int k = 0; k < NSHARDS; k++) {
+        char name[8];
+        snprintf(name, sizeof(name), "s%d", k + 1);
+        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
+    }
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    capstan_client_t *c = capstan_client_new(f.s[0].url, err);
+    cr_assert(c, "%s", err);
+    capstan_client_use_config(c, cfg);
+    capstan_batch_t *parent = capstan_batch_new(c, err), *child = NULL;
+    cr_assert(parent, "%s", err);
+    int home = pick_of(capstan_batch_bid(parent));
+    do {
+        capstan_batch_free(child);
+        cr_assert((child = capstan_batch_new(c, err)) != NULL, "%s", err);
+    } while (pick_of(capstan_batch_bid(child)) == home);
+    char child_bid[40];
+    snprintf(child_bid, sizeof(child_bid), "%s", capstan_batch_bid(child));
+    cr_assert_eq(capstan_batch_on(parent, CAPSTAN_BATCH_SUCCESS, "ShardJob", "default", NULL), 0);
+    cr_assert_eq(capstan_batch_push(parent, "ShardJob", "[]", NULL, NULL), 0, "%s", capstan_batch_error(parent));
+    cr_assert_eq(capstan_batch_set_parent(child, capstan_batch_bid(parent)), 0, "%s", capstan_batch_error(child));
+    cr_assert_eq(capstan_batch_on(child, CAPSTAN_BATCH_SUCCESS, "ShardJob", "default", NULL), 0);
+    static const char *args[] = { "[]", "[]" };
+    int pushed = capstan_batch_push_bulk(child, "ShardJob", args, 2, NULL, NULL);
+    printf("shard_home: a child batch (its bid picks s%d) of a parent in s%d: push rc %d (%s)\n",
+           pick_of(child_bid) + 1, home + 1, pushed, capstan_batch_error(child));
+    cr_assert_eq(pushed, 0, "%s", capstan_batch_error(child));
+    cr_assert_eq(capstan_batch_commit(child), 0, "%s", capstan_batch_error(child));
+    capstan_batch_free(child);
+    /* Reopened through the same client, not pinned: found where it is. */
+    child = capstan_batch_reopen(c, child_bid, err);
+    cr_assert(child, "reopen: %s", err);
+    cr_assert_eq(capstan_batch_push(child, "ShardJob", "[]", NULL, NULL), 0, "%s", capstan_batch_error(child));
+    cr_assert_eq(capstan_batch_commit(child), 0, "%s", capstan_batch_error(child));
+    cr_assert_eq(capstan_batch_commit(parent), 0, "%s", capstan_batch_error(parent));
+    long long held[NSHARDS];
+    for (int k = 0; k < NSHARDS; k++)
+        held[k] = keys(&f, k, "batch:*");
+    printf("shard_home: batch:* keys by shard: %lld %lld %lld\n", held[0], held[1], held[2]);
+    for (int k = 0; k < NSHARDS; k++)
+        cr_assert(k == home ? held[k] > 0 : held[k] == 0, "shard s%d holds %lld batch keys", k + 1, held[k]);
+    /* The parent's job, the child's three, the child's callback and the
+     * parent's. */
+    enum { RUNS = 6 };
+    pid_t pid = capstan_up(&f);
+    cr_assert(KT_WAIT_UNTIL(lines_on(&f, f.s[home].port, NULL) >= RUNS, 120), "%ld of %d runs in the home "
+              "shard\n%s", lines_on(&f, f.s[home].port, NULL), RUNS, kt_capstan_log(pid));
+    kt_sleep(1); /* a second callback would show by now */
+    long distinct, here = lines_on(&f, f.s[home].port, &distinct), elsewhere = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        elsewhere += k == home ? 0 : lines_on(&f, f.s[k].port, NULL);
+    capstan_batch_status_t ps = {0}, cs = {0};
+    capstan_redis_t *hr = capstan_redis_new(f.s[home].url, 10, err);
+    cr_assert(hr && capstan_redis_connect(hr) == 0);
+    cr_assert_eq(capstan_batch_status(hr, capstan_batch_bid(parent), &ps, err), 0, "%s", err);
+    cr_assert_eq(capstan_batch_status(hr, child_bid, &cs, err), 0, "%s", err);
+    capstan_redis_free(hr);
+    printf("shard_home: %ld runs in the home shard (%ld distinct), %ld elsewhere; parent pending %ld, "
+           "succeeded after the child: %s\n", here, distinct, elsewhere, ps.pending,
+           ps.success_at >= cs.success_at && cs.success_at > 0 ? "yes" : "no");
+    cr_assert_eq(here, RUNS);
+    cr_assert_eq(distinct, RUNS);
+    cr_assert_eq(elsewhere, 0);
+    cr_assert_eq(ps.pending, 0);
+    cr_assert_gt(cs.success_at, 0);
+    cr_assert_geq(ps.success_at, cs.success_at);
+    capstan_batch_status_clear(&ps);
+    capstan_batch_status_clear(&cs);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    capstan_batch_free(child);
+    capstan_batch_free(parent);
+    capstan_client_free(c);
+    capstan_config_free(cfg);
+}
