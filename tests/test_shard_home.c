@@ -20,6 +20,7 @@
 #include <capstan/batch.h>
 #include <capstan/client.h>
 #include <capstan/config.h>
+#include <capstan/limiter.h>
 
 #include "helpers.h"
 #include "support/shard_pick.h"
@@ -496,5 +497,61 @@ Test(shard_home, a_child_batch_lives_in_its_parents_shard)
     capstan_batch_free(child);
     capstan_batch_free(parent);
     capstan_client_free(c);
+    capstan_config_free(cfg);
+}
+
+/* A program's own use of a class's limiter in a sharded fleet: the home
+ * capstan_limiter_home gives (the pick of the limiter's name, here s3, not
+ * the s1 a program's first connection would reach) is where the server
+ * middleware takes the class's slots too. While the program holds the one
+ * slot there, none of the class's jobs (in s1) runs; once it gives the
+ * slot back, they all run, one at a time. */
+Test(shard_home, a_limiter_used_directly_at_its_home_shares_the_fleets_slots)
+{
+    enum { N = 3 };
+    const char *names[NSHARDS] = { "s1", "s2", "s3" };
+    char name[32], extra[256];
+    unsigned i = 0;
+    do
+        snprintf(name, sizeof(name), "direct_%u", i++);
+    while (capstan__shard_pick(names, NSHARDS, name, strlen(name)) != 2);
+    snprintf(extra, sizeof(extra), "classes:\n  ShardJob:\n    limit: {type: concurrent, name: %s, size: 1, "
+             "wait_timeout: 30}\n", name);
+    fleet_t f;
+    fleet_up(&f, extra);
+    char err[CAPSTAN_ERRLEN];
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert(cfg);
+    cr_assert_eq(capstan_config_load_file(cfg, f.conf, err), 0, "%s", err);
+    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
+    const char *home = NULL, *url = capstan_limiter_home(cfg, name, NULL, &home);
+    printf("shard_home: limiter %s's home: %s (%s)\n", name, home ? home : "(none)", url ? url : "(none)");
+    cr_assert(url && home && !strcmp(home, "s3") && !strcmp(url, f.s[2].url));
+    cr_assert_null(capstan_limiter_home(cfg, name, "s9", NULL));
+    capstan_redis_t *r = capstan_redis_new(url, 10, err);
+    cr_assert(r && capstan_redis_connect(r) == 0, "%s", err);
+    capstan_limiter_t *lim = capstan_limiter_new(CAPSTAN_LIMIT_CONCURRENT, name, 1, 0, err);
+    cr_assert(lim, "%s", err);
+    capstan_limit_token_t tok;
+    cr_assert_eq(capstan_limiter_acquire(lim, r, 0, &tok, NULL, err), 0, "%s", err);
+    push(&f, 0, N, "[100]");
+    pid_t pid = capstan_up(&f);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[0], "LLEN queue:default") == 0, 30), "%s", kt_capstan_log(pid));
+    kt_sleep(1); /* a job let through would have run by now */
+    static ledger_t L;
+    ledger_read(&f, &L);
+    long while_held = L.lines;
+    cr_assert_eq(capstan_limiter_release(lim, r, &tok, err), 0, "%s", err);
+    cr_assert(KT_WAIT_UNTIL((ledger_read(&f, &L), L.lines >= N), 60), "%ld of %d ran\n%s", L.lines, N,
+              kt_capstan_log(pid));
+    printf("shard_home: while the program held the slot at home, %ld of %d jobs ran; after, %ld, at most %ld at "
+           "once\n", while_held, N, L.lines, L.most);
+    cr_assert_eq(while_held, 0);
+    cr_assert_eq(L.most, 1);
+    cr_assert_eq(keys(&f, 0, "limiter:*"), 0);
+    cr_assert_gt(keys(&f, 2, "limiter:*"), 0);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    capstan_limiter_free(lim);
+    capstan_redis_free(r);
     capstan_config_free(cfg);
 }
