@@ -555,3 +555,64 @@ Test(shard_home, a_limiter_used_directly_at_its_home_shares_the_fleets_slots)
     capstan_redis_free(r);
     capstan_config_free(cfg);
 }
+
+/* A parent batch and its child made from Ruby (capstan_batch.rb) with
+ * Capstan::Shards configured, the child's bid picking another shard than
+ * the parent's home: both live in the parent's home, the child reopened
+ * there too, and a capstan process serving every shard runs all their jobs
+ * and both callbacks in that shard. */
+KT_SIDEKIQ_TEST(shard_home, a_ruby_batch_and_its_child_live_in_one_shard)
+{
+    fleet_t f;
+    fleet_up(&f, NULL);
+    char *spec = NULL, *out = NULL;
+    cr_assert(asprintf(&spec, "s1=%s,s2=%s,s3=%s", f.s[0].url, f.s[1].url, f.s[2].url) > 0);
+    int st = kt_ruby_v(sidekiq, "batch_shards.rb", (const char *[]){ spec, NULL }, &out);
+    cr_assert_eq(st, 0, "%s", out);
+    char pbid[40] = "", phome[8] = "", cbid[40] = "", chome[8] = "";
+    const char *p = strstr(out, "PARENT "), *c = strstr(out, "CHILD ");
+    cr_assert(p && c && sscanf(p, "PARENT %39s %7s", pbid, phome) == 2 && sscanf(c, "CHILD %39s %7s", cbid, chome) == 2,
+              "%s", out);
+    int home = phome[1] - '1';
+    cr_assert(home >= 0 && home < NSHARDS, "%s", out);
+    long long held[NSHARDS], queued[NSHARDS];
+    for (int k = 0; k < NSHARDS; k++) {
+        held[k] = keys(&f, k, "batch:*");
+        queued[k] = kt_int_on(f.c[k], "LLEN queue:default");
+    }
+    printf("shard_home: Sidekiq %s: a Ruby batch in %s, its child (bid picking s%d) in %s; batch keys by shard "
+           "%lld %lld %lld, jobs %lld %lld %lld\n", sidekiq, phome, pick_of(cbid) + 1, chome, held[0], held[1],
+           held[2], queued[0], queued[1], queued[2]);
+    cr_assert_neq(pick_of(cbid), home);
+    cr_assert_str_eq(chome, phome);
+    for (int k = 0; k < NSHARDS; k++) {
+        cr_assert(k == home ? held[k] > 0 : held[k] == 0, "shard s%d holds %lld batch keys", k + 1, held[k]);
+        cr_assert_eq(queued[k], k == home ? 4 : 0, "shard s%d holds %lld jobs", k + 1, queued[k]);
+    }
+    /* The four jobs, the child's callback and the parent's. */
+    enum { RUNS = 6 };
+    pid_t pid = capstan_up(&f);
+    cr_assert(KT_WAIT_UNTIL(lines_on(&f, f.s[home].port, NULL) >= RUNS, 120), "%ld of %d runs in the home "
+              "shard\n%s", lines_on(&f, f.s[home].port, NULL), RUNS, kt_capstan_log(pid));
+    kt_sleep(1); /* a second callback would show by now */
+    long distinct, here = lines_on(&f, f.s[home].port, &distinct), elsewhere = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        elsewhere += k == home ? 0 : lines_on(&f, f.s[k].port, NULL);
+    char err[CAPSTAN_ERRLEN];
+    capstan_batch_status_t ps = {0};
+    capstan_redis_t *hr = capstan_redis_new(f.s[home].url, 10, err);
+    cr_assert(hr && capstan_redis_connect(hr) == 0);
+    cr_assert_eq(capstan_batch_status(hr, pbid, &ps, err), 0, "%s", err);
+    capstan_redis_free(hr);
+    printf("shard_home: Sidekiq %s: %ld runs in the home shard (%ld distinct), %ld elsewhere; parent pending "
+           "%ld\n", sidekiq, here, distinct, elsewhere, ps.pending);
+    cr_assert_eq(here, RUNS);
+    cr_assert_eq(distinct, RUNS);
+    cr_assert_eq(elsewhere, 0);
+    cr_assert_eq(ps.pending, 0);
+    cr_assert_gt(ps.success_at, 0);
+    capstan_batch_status_clear(&ps);
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
+    free(spec);
+    free(out);
+}
