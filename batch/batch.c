@@ -34,6 +34,7 @@ struct capstan_batch {
     int create_lost;            /* a creation's reply was lost: it may be in */
     long home;                  /* a sharded client's shard for all of it
                                    (capstan__client_home), or -1 */
+    int pinned;                 /* made through a client pinned to home */
 };
 
 static capstan_batch_t *handle(capstan_client_t *c, const char *bid, char *err)
@@ -57,7 +58,26 @@ static capstan_batch_t *handle(capstan_client_t *c, const char *bid, char *err)
     }
     capstan__key(b->key, sizeof(b->key), CAPSTAN_KEY_BATCH, b->bid);
     b->home = capstan__client_home(c, b->bid);
+    b->pinned = capstan__client_pinned(c) >= 0;
     return b;
+}
+
+/* The shard where batch bid lives, for a handle made through a client with
+ * shards that is not pinned: the pick of its bid, else the first other
+ * shard that holds it (a batch made through a pinned client, a child in
+ * its parent's shard). The pick when none does: the step there says it
+ * finds no batch. */
+static long located(capstan_batch_t *b, const char *bid)
+{
+    if (b->pinned)
+        return b->home;
+    long pick = capstan__client_home(b->c, bid);
+    if (pick < 0)
+        return pick;
+    char key[48];
+    capstan__key(key, sizeof(key), CAPSTAN_KEY_BATCH, bid);
+    long at = capstan__client_holder(b->c, key, pick);
+    return at >= 0 ? at : pick;
 }
 
 /* Pins the client to the batch's home shard for one step, so that its
@@ -181,6 +201,7 @@ capstan_batch_t *capstan_batch_reopen(capstan_client_t *c, const char *bid, char
     capstan_batch_t *b = handle(c, bid, err);
     if (!b)
         return NULL;
+    b->home = located(b, bid);
     char expiry[24];
     snprintf(expiry, sizeof(expiry), "%ld", b->expiry);
     const char *argv[] = { b->key, CAPSTAN_KEY_BATCHES, b->bid, "reopen", "", expiry };
@@ -273,7 +294,12 @@ int capstan_batch_set_parent(capstan_batch_t *b, const char *parent_bid)
     if (parent_bid && (!*parent_bid || strlen(parent_bid) > 32 || !strcmp(parent_bid, b->bid)))
         return capstan_seterr(b->err, CAPSTAN_EINVAL, "batch %s: not a parent batch id: \"%.40s\"",
                               b->bid, parent_bid);
-    return set_str(b, &b->parent, parent_bid);
+    /* A child lives in its parent's shard, where its link and callbacks
+     * are counted. */
+    if ((rc = set_str(b, &b->parent, parent_bid)))
+        return rc;
+    b->home = parent_bid ? located(b, parent_bid) : b->pinned ? b->home : capstan__client_home(b->c, b->bid);
+    return 0;
 }
 
 int capstan_batch_set_linger(capstan_batch_t *b, long linger, long expiry)

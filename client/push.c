@@ -253,6 +253,30 @@ long capstan__client_pin(capstan_client_t *c, long shard)
     return was;
 }
 
+long capstan__client_pinned(const capstan_client_t *c)
+{
+    return sharded(c) ? c->pin : -1;
+}
+
+long capstan__client_holder(capstan_client_t *c, const char *key, long first)
+{
+    if (!sharded(c) || first < 0)
+        return -1;
+    size_t n = c->cfg->nshards;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = ((size_t)first + k) % n;
+        capstan_redis_t *r = shard_conn(c, i);
+        if (!r || (!capstan_redis_ok(r) && capstan_redis_connect(r)))
+            continue;
+        redisReply *rep = capstan_redis_cmdf(r, "EXISTS %s", key);
+        int has = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
+        freeReplyObject(rep);
+        if (has)
+            return (long)i;
+    }
+    return -1;
+}
+
 const char *capstan_client_pushed_shard(const capstan_client_t *c, size_t i)
 {
     return c && i < c->nlast && c->last[i] != SIZE_MAX ? c->cfg->shards[c->last[i]].name : NULL;

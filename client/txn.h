@@ -62,6 +62,12 @@ long capstan__client_home(capstan_client_t *c, const char *key);
 /* Pins c to shard (-1: routed by the rule) and returns the pin it had;
  * does nothing without shards. */
 long capstan__client_pin(capstan_client_t *c, long shard);
+/* The shard c is pinned to, or -1 (none, or without shards). */
+long capstan__client_pinned(const capstan_client_t *c);
+/* The first shard whose Redis holds key, trying shard first, then the
+ * ones after it in the list; -1 when none does (a shard that cannot be
+ * reached counts as not holding it), or without shards. */
+long capstan__client_holder(capstan_client_t *c, const char *key, long first);
 /* capstan_client_new, which on failure also says why in *code:
  * CAPSTAN_ECONFIG when retrying cannot help (a malformed URL, a password or
  * ACL refused, a Redis Cluster node), CAPSTAN_EREDIS when Redis could not

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capstan/config.h"
+#include "config/shards.h"
 #include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/reply.h"
@@ -339,4 +341,22 @@ int capstan_limiter_within(capstan_limiter_t *lim, capstan_redis_t *r, double wa
     /* A lapsed lease is fn's overrun, not a failure of fn. */
     capstan_limiter_release(lim, r, &t, NULL);
     return rc;
+}
+
+const char *capstan_limiter_home(const capstan_config_t *cfg, const char *name, const char *shard,
+                                 const char **home)
+{
+    if (home)
+        *home = NULL;
+    if (!cfg->nshards)
+        return cfg->redis_url;
+    long h = shard ? -1 : capstan__config_shard_of(cfg, name, 0);
+    for (size_t i = 0; shard && i < cfg->nshards; i++)
+        if (!strcmp(cfg->shards[i].name, shard))
+            h = (long)i;
+    if (h < 0)
+        return NULL;
+    if (home)
+        *home = cfg->shards[h].name;
+    return cfg->shards[h].redis_url;
 }

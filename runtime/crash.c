@@ -28,8 +28,14 @@ static const int fatal[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
 
 static struct sigaction old_action[NFATAL];
 static int installed[NFATAL];
-static capstan_slot_t *_Atomic watched;
-static atomic_int nwatched;
+/* The processors of each runtime of the process: the front's (or the one
+ * runtime's without shards) first, then each shard's member's. */
+typedef struct watch {
+    capstan_slot_t *_Atomic slots;
+    atomic_int n;
+    const char *_Atomic shard;
+} watch_t;
+static watch_t watched[CAPSTAN_CRASH_WATCH_MAX];
 static atomic_flag reporting = ATOMIC_FLAG_INIT;
 static _Thread_local void *alt_stack;
 
@@ -145,8 +151,9 @@ static void on_alarm(int s)
     _exit(128 + sig);
 }
 
-/* One job line: what s runs, and whether its thread took the signal. */
-static void put_job(int fd, line_t *l, const capstan_slot_t *s, int faulted)
+/* One job line: what s runs (in shard, when not NULL), and whether its
+ * thread took the signal. */
+static void put_job(int fd, line_t *l, const capstan_slot_t *s, const char *shard, int faulted)
 {
     put_head(l);
     put(l, "running ");
@@ -157,6 +164,10 @@ static void put_job(int fd, line_t *l, const capstan_slot_t *s, int faulted)
     put_num(l, (unsigned long)s->index, 0);
     put(l, " TID-");
     put_field(l, s->tid, sizeof(s->tid));
+    if (shard) {
+        put(l, " in shard ");
+        put_field(l, shard, sizeof(l->s));
+    }
     if (faulted)
         put(l, " (its thread took the signal)");
     emit(fd, l);
@@ -171,21 +182,32 @@ static void report(int sig)
     put(&l, sig_text(sig));
     put(&l, "; the jobs running (first the one whose thread took it) and a backtrace follow");
     emit(fd, &l);
-    capstan_slot_t *slots = atomic_load(&watched);
-    int n = atomic_load(&nwatched), faulted = -1;
     /* A fault or an abort is delivered to the thread that caused it, the
      * one running here: its job is the likely culprit, the others are
      * bystanders. (pthread_self reads the thread pointer; glibc takes no
      * lock for it or for pthread_equal.) */
     pthread_t self = pthread_self();
-    for (int i = 0; slots && i < n && faulted < 0; i++)
-        if (slots[i].busy && pthread_equal(slots[i].thread, self))
-            faulted = i;
-    if (faulted >= 0)
-        put_job(fd, &l, &slots[faulted], 1);
-    for (int i = 0; slots && i < n; i++)
-        if (slots[i].busy && i != faulted)
-            put_job(fd, &l, &slots[i], 0);
+    const capstan_slot_t *culprit = NULL;
+    const char *culprit_shard = NULL;
+    for (int w = 0; w < CAPSTAN_CRASH_WATCH_MAX && !culprit; w++) {
+        capstan_slot_t *slots = atomic_load(&watched[w].slots);
+        int n = atomic_load(&watched[w].n);
+        for (int i = 0; slots && i < n && !culprit; i++)
+            if (slots[i].busy && pthread_equal(slots[i].thread, self)) {
+                culprit = &slots[i];
+                culprit_shard = atomic_load(&watched[w].shard);
+            }
+    }
+    if (culprit)
+        put_job(fd, &l, culprit, culprit_shard, 1);
+    for (int w = 0; w < CAPSTAN_CRASH_WATCH_MAX; w++) {
+        capstan_slot_t *slots = atomic_load(&watched[w].slots);
+        int n = atomic_load(&watched[w].n);
+        const char *shard = atomic_load(&watched[w].shard);
+        for (int i = 0; slots && i < n; i++)
+            if (slots[i].busy && &slots[i] != culprit)
+                put_job(fd, &l, &slots[i], shard, 0);
+    }
     put_head(&l);
     put(&l, "backtrace:");
     emit(fd, &l);
@@ -234,11 +256,16 @@ void capstan__crash_uninstall(void)
     capstan__crash_thread_end();
 }
 
-void capstan__crash_watch(capstan_slot_t *slots, int nslots)
+void capstan__crash_watch(size_t member, const char *shard, capstan_slot_t *slots, int nslots)
 {
-    atomic_store(&nwatched, 0);
-    atomic_store(&watched, slots);
-    atomic_store(&nwatched, slots ? nslots : 0);
+    if (member >= CAPSTAN_CRASH_WATCH_MAX)
+        return;
+    watch_t *w = &watched[member];
+    /* Emptied first: a report meanwhile sees no slots rather than a mix. */
+    atomic_store(&w->n, 0);
+    atomic_store(&w->slots, slots);
+    atomic_store(&w->shard, shard);
+    atomic_store(&w->n, slots ? nslots : 0);
 }
 
 void capstan__crash_thread_begin(void)

@@ -63,8 +63,7 @@ void capstan_runtime_free(capstan_runtime_t *rt)
         return;
     }
     capstan__shards_free(rt);
-    if (!rt->member.index)
-        capstan__crash_watch(NULL, 0);
+    capstan__crash_watch(rt->member.index, NULL, NULL, 0);
     capstan__slots_free(rt);
     capstan__feed_free(rt->feed);
     capstan_chain_free(rt->server_chain);
@@ -558,8 +557,7 @@ static int start_threads(capstan_runtime_t *rt, char *err)
     rc = capstan__slots_new(rt, err);
     if (rc)
         return rc;
-    if (!rt->member.index)
-        capstan__crash_watch(rt->slots, rt->nslots); /* the front's processors only */
+    capstan__crash_watch(rt->member.index, capstan__shard_name(rt), rt->slots, rt->nslots);
     for (int i = 0; i < rt->nslots; i++) {
         int e = pthread_create(&rt->slots[i].thread, NULL, capstan__processor_main, &rt->slots[i]);
         if (e)

@@ -244,9 +244,6 @@ const char *capstan__shards_home(capstan_runtime_t *rt, const char *shard, const
     if (!g)
         return NULL;
     const capstan_config_t *c = g->m[0]->cfg;
-    long h = capstan__config_shard_of(c, key, 0);
-    for (size_t i = 0; shard && i < c->nshards; i++)
-        if (!strcmp(c->shards[i].name, shard))
-            h = (long)i;
-    return h == (long)rt->member.index ? NULL : c->shards[h].redis_url;
+    const char *url = capstan_limiter_home(c, key, shard, NULL);
+    return url == c->shards[rt->member.index].redis_url ? NULL : url;
 }

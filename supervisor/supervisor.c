@@ -53,6 +53,8 @@ typedef struct worker {
     int told;                 /* the supervisor sent it TERM (reload, stop) */
     double kill_at;           /* capstan__mono() when it is killed if still
                                  running; 0 = not due */
+    double grace;             /* the timeout of the configuration it runs:
+                                 its shutdown grace, before KILL_MARGIN */
 } worker_t;
 
 /* One of the processes: slots, each served by one worker at a time (two
@@ -281,6 +283,7 @@ static int spawn(sup_t *s, int slot, int exec)
     w->fresh = exec && s->reloading && slot == s->reload_slot;
     w->board->nslots = rows;
     w->slot = slot;
+    w->grace = c->timeout;
     capstan__log_flush();
     fflush(NULL);
     pid_t pid = fork();
@@ -478,7 +481,7 @@ static void watch(sup_t *s)
         int leave = atomic_load(&w->board->leaving);
         if (leave && !w->leaving) {
             w->leaving = 1;
-            w->kill_at = now + s->cfg->timeout + KILL_MARGIN;
+            w->kill_at = now + w->grace + KILL_MARGIN;
             capstan_info("worker %d (pid %d) is leaving (%s): starting its successor", w->slot, (int)w->pid,
                          cause_names[leave == CAPSTAN_LEAVE_TIMEOUT ? CAUSE_TIMEOUT : CAUSE_MEMORY]);
         }
@@ -541,7 +544,7 @@ static void reload_step(sup_t *s)
         worker_t *w = &s->w[i];
         if (w->pid > 0 && w->slot == slot && w != fresh && !w->told) {
             w->told = w->leaving = 1;
-            w->kill_at = now + s->cfg->timeout + KILL_MARGIN;
+            w->kill_at = now + w->grace + KILL_MARGIN;
             kill(w->pid, SIGTERM);
         }
     }
@@ -580,7 +583,7 @@ static void stop_all(sup_t *s, int sig)
         if (s->w[i].pid > 0) {
             s->w[i].told = 1;
             if (!s->w[i].kill_at)
-                s->w[i].kill_at = now + s->cfg->timeout + KILL_MARGIN;
+                s->w[i].kill_at = now + s->w[i].grace + KILL_MARGIN;
         }
     forward(s, sig);
 }

@@ -506,6 +506,42 @@ Test(supervisor, a_timed_out_job_releases_its_runtime_lock)
     free(y);
 }
 
+/* A HUP's configuration gives the workers started after it their shutdown
+ * grace: started with timeout: 1, then HUP'd with timeout: 40, a worker
+ * leaving after a hung job's hard timeout lets a job of 16 s beside it
+ * finish (its own grace, 40 s), and the supervisor, which kills a worker
+ * past its grace and 10 s, does not kill it at 1 + 10 s. */
+Test(supervisor, a_hup_gives_the_workers_after_it_the_new_timeout_as_their_grace)
+{
+    char *y = kt_write_conf("timeout: 1\nclasses:\n  HangJob:\n    timeout: 2\n");
+    pid_t pid = kt_capstan_start((const char *[]){ "-C", y, "-c", "3", NULL });
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 1 workers ready"), 20), "%s", kt_capstan_log(pid));
+    char *longer = kt_write_conf("timeout: 40\nclasses:\n  HangJob:\n    timeout: 2\n");
+    cr_assert_eq(rename(longer, y), 0);
+    kill(pid, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 1 workers"), 30), "%s", kt_capstan_log(pid));
+    char jid[25];
+    kt_make_jid(jid, 9, 0);
+    char *hang = kt_payload("HangJob", "[\"hung_grace\"]", jid, "default");
+    push_ledger("grace", 1, 16000, hang, 0, 10);
+    free(hang);
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hung_grace") == 1, 20), "%s", kt_capstan_log(pid));
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "is leaving (timeout)"), 20), "%s", kt_capstan_log(pid));
+    double t0 = kt_now();
+    cr_assert(KT_WAIT_UNTIL(kt_int("LLEN grace:done") >= 1, 60), "%s", kt_capstan_log(pid));
+    long n, twice = started_twice("grace", &n);
+    int killed = kt_log_has(pid, "outstayed its shutdown grace");
+    fprintf(stderr, "[grace] after a HUP to timeout: 40, the 16 s job beside a timed-out one ended %.1f s "
+            "after its worker began to leave; started %ld time%s; worker killed: %s\n", kt_now() - t0,
+            n + twice, n + twice == 1 ? "" : "s", killed ? "yes" : "no");
+    cr_assert_eq(killed, 0, "%s", kt_capstan_log(pid));
+    cr_assert_eq(n, 1);
+    cr_assert_eq(twice, 0, "the long job was killed and ran again: %s", kt_capstan_log(pid));
+    cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 60), 0, "%s", kt_capstan_log(pid));
+    free(longer);
+    free(y);
+}
+
 /* `capstan run ARGS` under the supervisor, then with --no-supervisor:
  * returns the supervisor's log (malloc'd), with the exit status of each in
  * *sup and *alone and the last line of the one alone in *alone_last

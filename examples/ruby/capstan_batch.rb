@@ -26,6 +26,12 @@
 # It works on Sidekiq 6.x (redis-rb connections) and 7.x and 8.x
 # (redis-client connections).
 #
+# With Capstan::Shards (capstan_shards.rb) configured, a batch lives in one
+# shard, its home, as capstan's C client places it: the shard that holds it
+# (a reopen), else its parent's (a child), else the rendezvous pick of its
+# bid among every shard. Its steps and the pushes of its `jobs` block go
+# to that shard's pool (Sidekiq::Client.via).
+#
 # In a Sidekiq server process, a job of a batch that Sidekiq runs counts in
 # its batch as under capstan (Capstan::Batch::ServerMiddleware and a death
 # handler): succeeded, failed (a retry is due) or dead. So the batch's jobs,
@@ -121,12 +127,13 @@ module Capstan
       !@api.nil? && @api.error?(error)
     end
 
-    def self.run(name, keys, argv)
+    # Runs script name in pool (a ConnectionPool), or Sidekiq's own.
+    def self.run(name, keys, argv, pool = nil)
       text = script(name)
       @shas ||= {}
       sha = (@shas[name] ||= Digest::SHA1.hexdigest(text))
       argv = argv.map(&:to_s)
-      Sidekiq.redis do |c|
+      (pool || Sidekiq).send(pool ? :with : :redis) do |c|
         redis = api(c)
         begin
           redis.script(c, :evalsha, sha, keys, argv)
@@ -163,11 +170,36 @@ module Capstan
       end
     end
 
+    # The shard names in capstan.yml's order, or nil without Capstan::Shards.
+    def self.shards
+      defined?(Capstan::Shards) && Capstan::Shards.respond_to?(:names) ? Capstan::Shards.names : nil
+    rescue RuntimeError # not configured
+      nil
+    end
+
+    # The home shard of batch bid, nil without shards: the first that holds
+    # it, trying the rendezvous pick of its bid first (capstan's C client
+    # looks in that order), else that pick.
+    def self.home(bid)
+      names = shards or return nil
+      first = Capstan::Shards.pick(bid, names)
+      ([first] + (names - [first])).find do |n|
+        run_text(Capstan::Shards.pool(n), "return redis.call('EXISTS', KEYS[1])", ["batch:#{bid}"]).to_i > 0
+      end || first
+    end
+
+    def self.run_text(pool, text, keys)
+      pool.with { |c| api(c).script(c, :eval, text, keys, []) }
+    end
+
     # The batch's fields (counters, description, *_at times), or nil.
     def self.status(bid)
-      h = Sidekiq.redis { |c| c.hgetall("batch:#{bid}") }
+      home = self.home(bid)
+      pool = home ? Capstan::Shards.pool(home) : nil
+      with = ->(&blk) { pool ? pool.with(&blk) : Sidekiq.redis(&blk) }
+      h = with.call { |c| c.hgetall("batch:#{bid}") }
       return nil if h.empty?
-      h.merge('failures' => Sidekiq.redis { |c| c.hlen("batch:#{bid}:failures") })
+      h.merge('failures' => with.call { |c| c.hlen("batch:#{bid}:failures") })
     end
 
     # With a bid: reopens that batch (jobs go on adding to it); without, a
@@ -181,7 +213,17 @@ module Capstan
       @expiry = Integer(expiry)
       @callbacks = {}
       @open = false
+      # A child lives in its parent's shard, where its link and callbacks
+      # are counted.
+      parent = @parent_bid.to_s.empty? ? nil : @parent_bid
+      home = @reopen || parent ? self.class.home(@reopen ? @bid : parent) : nil
+      home ||= (names = self.class.shards) && Capstan::Shards.pick(@bid, names)
+      @pool = home && Capstan::Shards.pool(home)
+      @home = home
     end
+
+    # The shard the batch lives in, nil without Capstan::Shards.
+    attr_reader :home
 
     # The callback for event: a job of klass on queue with args [status,
     # options]. A malformed one is refused here, before anything is written.
@@ -204,7 +246,7 @@ module Capstan
       outer = Thread.current[:capstan_batch]
       Thread.current[:capstan_batch] = self
       begin
-        yield
+        @pool ? Sidekiq::Client.via(@pool) { yield } : yield
       ensure
         Thread.current[:capstan_batch] = outer
       end
@@ -214,7 +256,7 @@ module Capstan
     # Counts n more jobs before they are pushed (ClientMiddleware).
     def add(n)
       open!
-      self.class.run('batch_add', own_keys, [n, @expiry])
+      self.class.run('batch_add', own_keys, [n, @expiry], @pool)
     end
 
     private
@@ -222,7 +264,7 @@ module Capstan
     def open!
       return if @open
       if @reopen
-        self.class.run('batch_open', ["batch:#{@bid}", 'batches'], [@bid, 'reopen', '', @expiry])
+        self.class.run('batch_open', ["batch:#{@bid}", 'batches'], [@bid, 'reopen', '', @expiry], @pool)
       else
         fields = ['linger', @linger, 'description', @description.to_s]
         @callbacks.each do |event, (klass, queue, opts)|
@@ -231,13 +273,13 @@ module Capstan
         # Every key the script touches is declared (Dragonfly, cluster proxies).
         keys = ["batch:#{@bid}", 'batches', "batch:#{@bid}:jids", 'batches:open']
         keys << "batch:#{@parent_bid}" if @parent_bid && !@parent_bid.to_s.empty?
-        self.class.run('batch_open', keys, [@bid, 'new', @parent_bid.to_s, @expiry] + fields)
+        self.class.run('batch_open', keys, [@bid, 'new', @parent_bid.to_s, @expiry] + fields, @pool)
       end
       @open = true
     end
 
     def commit
-      self.class.run('batch_commit', own_keys + ['batches:open', 'queues'], [@bid])
+      self.class.run('batch_commit', own_keys + ['batches:open', 'queues'], [@bid], @pool)
     end
 
     # The batch's keys, in the order the scripts declare them.

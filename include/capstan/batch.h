@@ -32,8 +32,10 @@
  * made or reopened (capstan_client_set_shard), else the placing rule's pick
  * of its bid. Its keys, all its jobs (whatever their queues' routes) and
  * so its callbacks are in that shard; the client's pin is its own again
- * after each call. A child batch must be made, and reopened, through a
- * client pinned to its parent's shard. */
+ * after each call. A child batch lives in its parent's shard: through a
+ * client that is not pinned, capstan_batch_set_parent looks for the parent
+ * (the pick of its bid first, then every other shard), and
+ * capstan_batch_reopen for the batch, the same way. */
 #ifndef CAPSTAN_BATCH_H
 #define CAPSTAN_BATCH_H
 
@@ -87,7 +89,10 @@ CAPSTAN_API int capstan_batch_describe(capstan_batch_t *b, const char *descripti
 CAPSTAN_API int capstan_batch_on(capstan_batch_t *b, capstan_batch_event_t event, const char *cls,
                                  const char *queue, const char *options);
 /* Makes this batch a child of parent_bid, which must exist and not have
- * succeeded (it counts the child as one pending job from the first push). */
+ * succeeded (it counts the child as one pending job from the first push).
+ * Through a client with shards that is not pinned, it asks the shards in
+ * turn (an EXISTS each, at most) which holds the parent: the child's
+ * home. */
 CAPSTAN_API int capstan_batch_set_parent(capstan_batch_t *b, const char *parent_bid);
 /* Seconds the batch's data stays after success (default 30 days) and,
  * before that, after the last addition (expiry, default 30 days). */

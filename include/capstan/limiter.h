@@ -34,7 +34,16 @@
  * never a silent mix.
  *
  * Threads: a capstan_limiter_t is read-only once made and may be shared; each
- * thread passes its own capstan_redis_t. */
+ * thread passes its own capstan_redis_t.
+ *
+ * Shards: the functions below use the limiter in the Redis of the
+ * connection they are given. In a fleet with shards (the file's shards:,
+ * doc/sharding.md) a limiter lives in one shard, its home: the shard its
+ * limit's shard: names, else the placing rule's pick of its name among
+ * every shard. The server middleware takes a class's limit there; a
+ * program calling these functions must pass a connection to that shard
+ * for its slots to count with the fleet's: capstan_limiter_home gives its
+ * URL. */
 #ifndef CAPSTAN_LIMITER_H
 #define CAPSTAN_LIMITER_H
 
@@ -133,6 +142,17 @@ CAPSTAN_API int capstan_limiter_release(capstan_limiter_t *lim, capstan_redis_t 
  * Returns 0, CAPSTAN_ENOTFOUND (lapsed) or a Redis error. */
 CAPSTAN_API int capstan_limiter_extend(capstan_limiter_t *lim, capstan_redis_t *r,
                                        const capstan_limit_token_t *token, char *err);
+
+struct capstan_config;
+/* The Redis URL of limiter name's home in cfg's fleet (cfg's, borrowed):
+ * with shards, the one called shard (a limit's shard:; NULL: none), else
+ * the placing rule's pick of name among every shard, its name in *home
+ * (when home is not NULL); without shards, cfg's redis_url, *home NULL.
+ * NULL when shard names no shard of cfg. The same rule as the server
+ * middleware's for a class's limit:, so a connection made to this URL
+ * (capstan_redis_new) shares the slots of that class's jobs. */
+CAPSTAN_API const char *capstan_limiter_home(const struct capstan_config *cfg, const char *name,
+                                             const char *shard, const char **home);
 
 /* Acquires (as capstan_limiter_acquire), runs fn(udata), releases. Returns
  * fn's return value, or the acquire's error without calling fn. fn should
