@@ -155,6 +155,25 @@ Test(shard_home, a_limiter_holds_its_size_across_the_fleet)
     cr_assert_eq(kt_capstan_stop(b, SIGTERM, 30), 0, "%s", kt_capstan_log(b));
 }
 
+/* A client with the fleet's three shards (s1..s3), its own URL s1's;
+ * *cfg is the config it uses (the caller frees both). */
+static capstan_client_t *sharded_client(const fleet_t *f, capstan_config_t **cfg)
+{
+    char err[CAPSTAN_ERRLEN];
+    *cfg = capstan_config_new();
+    cr_assert(*cfg);
+    for (int k = 0; k < NSHARDS; k++) {
+        char name[8];
+        snprintf(name, sizeof(name), "s%d", k + 1);
+        cr_assert_eq(capstan_config_add_shard(*cfg, name, f->s[k].url, NULL, 0, err), 0, "%s", err);
+    }
+    cr_assert_eq(capstan_config_validate(*cfg, err), 0, "%s", err);
+    capstan_client_t *c = capstan_client_new(f->s[0].url, err);
+    cr_assert(c, "%s", err);
+    capstan_client_use_config(c, *cfg);
+    return c;
+}
+
 /* The ledger's lines by the port of the Redis each handler ran on, and
  * how many distinct jids it holds. */
 static long lines_on(const fleet_t *f, int port, long *distinct)
@@ -196,17 +215,8 @@ Test(shard_home, a_batch_lives_in_one_shard)
     fleet_t f;
     fleet_up(&f, NULL);
     char err[CAPSTAN_ERRLEN];
-    capstan_config_t *cfg = capstan_config_new();
-    cr_assert(cfg);
-    for (int k = 0; k < NSHARDS; k++) {
-        char name[8];
-        snprintf(name, sizeof(name), "s%d", k + 1);
-        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
-    }
-    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
-    capstan_client_t *c = capstan_client_new(f.s[0].url, err);
-    cr_assert(c, "%s", err);
-    capstan_client_use_config(c, cfg);
+    capstan_config_t *cfg;
+    capstan_client_t *c = sharded_client(&f, &cfg);
     /* A bid homed away from the client's own URL (s1's), so that the
      * client's connection there cannot pass for the home. */
     const char *names[NSHARDS] = { "s1", "s2", "s3" };
@@ -423,17 +433,8 @@ Test(shard_home, a_child_batch_lives_in_its_parents_shard)
     fleet_t f;
     fleet_up(&f, NULL);
     char err[CAPSTAN_ERRLEN];
-    capstan_config_t *cfg = capstan_config_new();
-    cr_assert(cfg);
-    for (int k = 0; k < NSHARDS; k++) {
-        char name[8];
-        snprintf(name, sizeof(name), "s%d", k + 1);
-        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
-    }
-    cr_assert_eq(capstan_config_validate(cfg, err), 0, "%s", err);
-    capstan_client_t *c = capstan_client_new(f.s[0].url, err);
-    cr_assert(c, "%s", err);
-    capstan_client_use_config(c, cfg);
+    capstan_config_t *cfg;
+    capstan_client_t *c = sharded_client(&f, &cfg);
     capstan_batch_t *parent = capstan_batch_new(c, err), *child = NULL;
     cr_assert(parent, "%s", err);
     int home = pick_of(capstan_batch_bid(parent));

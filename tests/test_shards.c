@@ -696,6 +696,21 @@ static int repeated_lines(const char *text, const char *prefix)
     return 0;
 }
 
+/* A scrape's body is a valid exposition: no family or series twice, and
+ * promtool (when installed) accepts it. */
+static void check_exposition(const char *body)
+{
+    cr_assert(!repeated_lines(body, "# "), "a family twice:\n%s", body);
+    cr_assert(!repeated_lines(body, "capstan_"), "a series twice:\n%s", body);
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        FILE *pt = popen("promtool check metrics", "w");
+        cr_assert_not_null(pt);
+        fputs(body, pt);
+        int st = pclose(pt);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "promtool rejected:\n%s", body);
+    }
+}
+
 /* With shards, /metrics tells the shards' jobs apart: each shard's job
  * series carry shard="NAME" and count that shard's jobs alone (7, 3, 12
  * pushed, one more expired in s2), each family once, the whole text valid
@@ -746,15 +761,7 @@ Test(shards, metrics_label_each_shards_jobs)
     }
     cr_assert(!strstr(body, "capstan_jobs_processed_total{class="), "an unlabelled job series too:\n%s", body);
     cr_assert_geq(sample_of(body, "capstan_redis_reconnects_total{shard=\"s2\"}"), 0, "each shard's counters:\n%s", body);
-    cr_assert(!repeated_lines(body, "# "), "a family twice:\n%s", body);
-    cr_assert(!repeated_lines(body, "capstan_"), "a series twice:\n%s", body);
-    if (system("command -v promtool >/dev/null 2>&1") == 0) {
-        FILE *pt = popen("promtool check metrics", "w");
-        cr_assert_not_null(pt);
-        fputs(body, pt);
-        int st = pclose(pt);
-        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "promtool rejected:\n%s", body);
-    }
+    check_exposition(body);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     free(text);
 }
@@ -995,15 +1002,7 @@ Test(shards, metrics_label_every_shard_series)
     cr_assert(!strstr(body, "{queue=") && !strstr(body, "{type=") && !strstr(body, "{limiter=")
                   && !strstr(body, "{schedule=") && !strstr(body, "{event="),
               "a series of a shard without its label:\n%s", body);
-    cr_assert(!repeated_lines(body, "# "), "a family twice:\n%s", body);
-    cr_assert(!repeated_lines(body, "capstan_"), "a series twice:\n%s", body);
-    if (system("command -v promtool >/dev/null 2>&1") == 0) {
-        FILE *pt = popen("promtool check metrics", "w");
-        cr_assert_not_null(pt);
-        fputs(body, pt);
-        int st = pclose(pt);
-        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "promtool rejected:\n%s", body);
-    }
+    check_exposition(body);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     free(text);
 }
