@@ -104,13 +104,28 @@ static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int 
  * place in the batch: the order of every fetch as Redis ran it. */
 static int read_sweep(capstan_fetch_t *f, const redisReply *rep, capstan_fetched_t *out, size_t max)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 2 != 1
-        || rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer < 0)
+    if (rep->type != REDIS_REPLY_ARRAY || !rep->elements)
         return CAPSTAN_EREPLY;
-    unsigned long long clock = (unsigned long long)rep->element[0]->integer;
+    /* From one queue: the payloads, then the clock (see fetch.lua). */
+    int bare = rep->element[0]->type == REDIS_REPLY_STRING;
+    const redisReply *last = rep->element[bare ? rep->elements - 1 : 0];
+    if ((!bare && rep->elements % 2 != 1) || last->type != REDIS_REPLY_INTEGER
+        || last->integer < 0)
+        return CAPSTAN_EREPLY;
+    unsigned long long clock = (unsigned long long)last->integer;
     size_t n = 0;
     int rc = 0;
-    for (size_t i = 1; i < rep->elements && n < max && rc == 0; i += 2) {
+    for (size_t i = 0; bare && i + 1 < rep->elements && n < max && rc == 0; i++) {
+        if (rep->element[i]->type != REDIS_REPLY_STRING) {
+            rc = CAPSTAN_EREPLY;
+            break;
+        }
+        /* The one queue is the first of the order sent (index 1). */
+        capstan__fetch_take(f, rep->element[i], f->order[0], &out[n]);
+        out[n].seq = clock * 128 + n;
+        n++;
+    }
+    for (size_t i = 1; !bare && i < rep->elements && n < max && rc == 0; i += 2) {
         redisReply **e = rep->element + i;
         /* The queue's index, or {index, digest, jid} (see fetch.lua). */
         const redisReply *meta = e[0], *const *held = NULL;
