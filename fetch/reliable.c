@@ -104,13 +104,28 @@ static int append_fetch(capstan_fetch_t *f, capstan_redis_t *r, size_t max, int 
  * place in the batch: the order of every fetch as Redis ran it. */
 static int read_sweep(capstan_fetch_t *f, const redisReply *rep, capstan_fetched_t *out, size_t max)
 {
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 2 != 1
-        || rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer < 0)
+    if (rep->type != REDIS_REPLY_ARRAY || !rep->elements)
         return CAPSTAN_EREPLY;
-    unsigned long long clock = (unsigned long long)rep->element[0]->integer;
+    /* From one queue: the payloads, then the clock (see fetch.lua). */
+    int bare = rep->element[0]->type == REDIS_REPLY_STRING;
+    const redisReply *last = rep->element[bare ? rep->elements - 1 : 0];
+    if ((!bare && rep->elements % 2 != 1) || last->type != REDIS_REPLY_INTEGER
+        || last->integer < 0)
+        return CAPSTAN_EREPLY;
+    unsigned long long clock = (unsigned long long)last->integer;
     size_t n = 0;
     int rc = 0;
-    for (size_t i = 1; i < rep->elements && n < max && rc == 0; i += 2) {
+    for (size_t i = 0; bare && i + 1 < rep->elements && n < max && rc == 0; i++) {
+        if (rep->element[i]->type != REDIS_REPLY_STRING) {
+            rc = CAPSTAN_EREPLY;
+            break;
+        }
+        /* The one queue is the first of the order sent (index 1). */
+        capstan__fetch_take(f, rep->element[i], f->order[0], &out[n]);
+        out[n].seq = clock * 128 + n;
+        n++;
+    }
+    for (size_t i = 1; !bare && i < rep->elements && n < max && rc == 0; i += 2) {
         redisReply **e = rep->element + i;
         /* The queue's index, or {index, digest, jid} (see fetch.lua). */
         const redisReply *meta = e[0], *const *held = NULL;
@@ -214,6 +229,27 @@ static int batchable(const capstan_ack_t *ack)
 
 enum { ACKS_PER_CALL = 64 };
 
+/* A success with no lock to release and no batch: its ack is one LREM. */
+static int plain(const capstan_ack_t *ack)
+{
+    return batchable(ack) && !ack->bid && !(ack->lock_key && ack->lock_jid);
+}
+
+/* Below this many plain acks in a round trip, each is one LREM of its own,
+ * pipelined: what acks_plain.lua would run for them anyway (lib/take_out.lua
+ * reads the tail only for 32 jobs or more), without a Lua argument and a
+ * call from Lua a job (bench/acks_cost.py: 9.5k instructions a job against
+ * 14.4k for 40 jobs with 7 older ones behind). From 32 on, acks_plain.lua,
+ * which rewrites a long tail once rather than walk it for each job. */
+enum { LREM_BELOW = 32 };
+
+/* Whether the ack goes in an acks.lua or acks_plain.lua call (lrem: the
+ * round's plain acks go as LREMs of their own). */
+static int in_call(const capstan_ack_t *ack, int lrem)
+{
+    return batchable(ack) && !(lrem && plain(ack));
+}
+
 /* Appends one acks.lua call for the next ACKS_PER_CALL batchable acks from
  * *from on, marking them sent 2. Every key the call touches is declared in
  * KEYS (Dragonfly, cluster proxies): the working list, the digests, each
@@ -221,7 +257,7 @@ enum { ACKS_PER_CALL = 64 };
  * in the acks' order (the script takes them from there rather than build
  * them), then each batch's three keys and "batches:open" and "queues". */
 static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ack_item_t *acks,
-                        size_t nacks, size_t *from, char *sent)
+                        size_t nacks, size_t *from, char *sent, int lrem)
 {
     enum { MAX_KEYS = 2 + 6 * ACKS_PER_CALL + 2, MAX_ARGS = MAX_KEYS + 4 * ACKS_PER_CALL };
     /* On the heap: 4 KB of stack here would stay touched in every thread. */
@@ -244,7 +280,7 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
     size_t i = *from;
     for (; i < nacks && npicked < ACKS_PER_CALL; i++) {
         const capstan_ack_t *a = &acks[i].ack;
-        if (!batchable(a))
+        if (!in_call(a, lrem))
             continue;
         picked[npicked++] = i;
         if (a->lock_key && a->lock_jid) {
@@ -385,18 +421,21 @@ static capstan_exchange_t *send_all(capstan_fetch_t *f, capstan_redis_t *r, caps
         if (capstan__liveness_append(f->liveness, r, &x->live_sent))
             goto fail;
     }
-    size_t nbatch = 0;
+    size_t nbatch = 0, nplain = 0;
     for (size_t i = 0; i < nacks; i++)
-        nbatch += batchable(&acks[i].ack);
+        nplain += plain(&acks[i].ack);
+    int lrem = nplain < LREM_BELOW;
+    for (size_t i = 0; i < nacks; i++)
+        nbatch += in_call(&acks[i].ack, lrem);
     if (nbatch < 2)
         nbatch = 0;
     x->batches = (nbatch + ACKS_PER_CALL - 1) / ACKS_PER_CALL;
     for (size_t b = 0, i = 0; b < x->batches; b++)
-        if (append_batch(f, r, acks, nacks, &i, x->sent))
+        if (append_batch(f, r, acks, nacks, &i, x->sent, lrem))
             goto fail;
     for (size_t i = 0; i < nacks; i++) {
         int snt;
-        if (nbatch && batchable(&acks[i].ack))
+        if (nbatch && in_call(&acks[i].ack, lrem))
             continue;
         if (capstan__fetch_append_ack(r, f->working, acks[i].raw, acks[i].len, &acks[i].ack, &snt))
             goto fail;

@@ -17,7 +17,8 @@
 -- then two entries a job: the queue's index (1-based), or {index, digest,
 -- jid} when the job's lock was found held by its jid; and the payload. (As
 -- few reply entries as can be: a client allocates each.) The clock alone
--- when every queue is empty.
+-- when every queue is empty. From one queue without caps or the lock
+-- check: the payloads, oldest first, then the clock.
 local nq = tonumber(ARGV[3]) or #KEYS - 1
 local working = KEYS[nq + 1]
 -- The string value of the first "name":"..." in job, by plain search (a
@@ -71,6 +72,18 @@ local function take_slots(i, job)
       end
     end
   end
+end
+-- One queue, no caps, no lock to look for: the popped jobs are the reply,
+-- with the clock last ({clock} alone when the queue is empty), so that a
+-- job costs its payload's reply entry and nothing else.
+if nq == 1 and not check and not lease then
+  local jobs = want > 0 and redis.call('RPOP', KEYS[1], want)
+  if not jobs then
+    return out
+  end
+  redis.call('LPUSH', working, unpack(jobs))
+  jobs[#jobs + 1] = out[1]
+  return jobs
 end
 -- From each queue in turn, the oldest jobs (the right end), oldest first,
 -- in one pop: two commands for the lot instead of one move per job. They

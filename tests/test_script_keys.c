@@ -43,6 +43,10 @@ static const struct {
 static const struct {
     const char *script, *why;
 } unexercised[] = {
+    /* Its one key is the working list, declared; test_reliable's acks of
+     * 64 plain jobs run it. */
+    { "acks_plain", "only from 32 plain acks in one round trip, which this workload's few "
+                    "processors do not reach: fewer go as LREMs" },
     { NULL, NULL },
 };
 
@@ -391,8 +395,9 @@ static void workload(void)
                             && kt_int("SCARD sk:scheduled") == 1, 30), "%s", kt_capstan_log(w1));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN sk:child") + kt_int("LLEN sk:parent") >= 3, 30),
               "the batches' callbacks ran: %s", kt_capstan_log(w1));
-    /* Plain jobs alone, many to a round trip: their acks go through
-     * acks_plain.lua (a round trip with a locked job's ack uses acks.lua). */
+    /* Plain jobs alone, many to a round trip: their acks go as LREMs, or
+     * through acks_plain.lua from 32 in one round trip (a round trip with a
+     * locked job's ack uses acks.lua). */
     freeReplyObject(kt_cmd("EVAL %s 0", "for i = 1, 300 do redis.call('LPUSH', 'queue:default', "
                                          "string.format('{\"class\":\"NoopJob\",\"args\":[],\"jid\":"
                                          "\"skplain%017d\",\"queue\":\"default\"}', i)) end"));
@@ -552,11 +557,14 @@ Test(script_keys, every_key_a_script_touches_is_declared)
     fclose(cf);
     fclose(uf);
     fclose(ff);
-    /* Seen with --verbose; what the workload does not reach, always. */
+    /* Seen with --verbose; what the workload does not reach, always
+     * unless every such script is known (a warning fails the program). */
     cr_log_info("calls per script:%s", cover);
     cr_log_info("undeclared keys:%s", found);
-    if (*unrun)
+    if (*unrun && missing)
         cr_log_warn("scripts the workload does not run:%s", unrun);
+    else if (*unrun)
+        cr_log_info("scripts the workload does not run:%s", unrun);
     cr_expect_eq(missing, 0, "%d scripts were never run by the workload:%s", missing, unrun);
     cr_expect_eq(ck.nfound, 0, "%zu keys touched by scripts without being declared:%s", ck.nfound,
                  found);
