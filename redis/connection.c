@@ -4,6 +4,7 @@
  * scripts again and resends, in a pipeline too. */
 #include "capstan/redis.h"
 #include "redis/nopipe.h"
+#include "redis/objects.h"
 #include "redis/scripts.h"
 #include "redis/sentinel.h"
 #include "redis/tls.h"
@@ -343,6 +344,7 @@ int capstan_redis_connect(capstan_redis_t *r)
     }
     if (r->c->err)
         return fail_io(r, "connect");
+    capstan__redis_objects(r->c->reader);
     redisSetTimeout(r->c, tv_of(r->timeout));
     redisReply *rep = NULL;
     if (r->url.password) {
