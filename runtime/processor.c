@@ -62,8 +62,7 @@ static int take_job(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     char err[CAPSTAN_ERRLEN] = "";
     int rc = 0;
     if (rj && rj->parsed->payload && rj->parsed->payload == got->payload) {
-        *job = *rj->parsed;
-        memset(rj->parsed, 0, sizeof(*rj->parsed));
+        capstan__job_move(job, rj->parsed);
     } else {
         rc = capstan__job_init(job, got->payload, got->len, capstan__rt_job_queue(s->rt, got), err);
     }

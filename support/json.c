@@ -158,11 +158,14 @@ static int add_member(capstan_jobject_t *obj, const char *s, capstan_jmember_t m
 {
     if (obj->n == obj->cap) {
         size_t cap = obj->cap ? obj->cap * 2 : 16;
-        capstan_jmember_t *p = realloc(obj->m, cap * sizeof(*p));
+        capstan_jmember_t *p = realloc(obj->lent ? NULL : obj->m, cap * sizeof(*p));
         if (!p)
             return CAPSTAN_ENOMEM;
+        if (obj->lent)
+            memcpy(p, obj->m, obj->n * sizeof(*p));
         obj->m = p;
         obj->cap = cap;
+        obj->lent = 0;
     }
     obj->m[obj->n++] = m;
     obj->keys |= capstan__jkey_bit(s + m.kstart, m.klen);
@@ -301,10 +304,12 @@ void capstan__jobject_free(capstan_jobject_t *obj)
 {
     if (!obj)
         return;
-    free(obj->m);
+    if (!obj->lent)
+        free(obj->m);
     obj->m = NULL;
     obj->n = obj->cap = 0;
     obj->keys = 0;
+    obj->lent = 0;
 }
 
 const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,
