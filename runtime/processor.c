@@ -149,11 +149,7 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
 static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job,
                                    const run_job_t *rj)
 {
-    /* malloc and a copy of a zeroed one, not calloc: glibc's calloc skips
-     * the per-thread cache, and this runs for every job (a memset to zero
-     * after malloc the compiler turns into calloc). */
-    static const capstan_done_t zero;
-    capstan_done_t *d = malloc(sizeof(*d));
+    capstan_done_t *d = capstan__done_new(s->dones);
     if (!d) {
         capstan_error("out of memory starting a job from queue:%s; it stays in the working list",
                       job->queue);
@@ -171,7 +167,6 @@ static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capsta
         }
         return NULL;
     }
-    *d = zero;
     run_one(s, r, job, d, rj);
     capstan__fetched_clear(job);
     if (d->active)
@@ -335,6 +330,7 @@ void *capstan__processor_main(void *arg)
     pthread_mutex_lock(&s->mu);
     snprintf(s->tid, sizeof(s->tid), "%s", capstan__log_tid());
     pthread_mutex_unlock(&s->mu);
+    s->dones = capstan__done_pool_new(); /* without one, records are malloc'd */
     capstan_redis_t *r = capstan_redis_new(rt->cfg->redis_url, 15, err);
     if (!r)
         capstan_error("processor %d: %s", s->index, err);
