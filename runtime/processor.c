@@ -92,10 +92,14 @@ static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_outcome_t
     };
     int stores = o->disp == CAPSTAN_DISPOSE_RETRY || o->disp == CAPSTAN_DISPOSE_DEAD ||
                  o->disp == CAPSTAN_DISPOSE_SCHEDULE || o->disp == CAPSTAN_DISPOSE_REQUEUE;
-    return (capstan_ack_t){ .kind = kinds[o->disp], .score = o->score,
+    capstan_ack_kind_t kind = kinds[o->disp];
+    return (capstan_ack_t){ .kind = kind, .score = o->score,
                         .payload = stores ? (o->dpayload ? o->dpayload : job->payload) : NULL,
                         .len = stores ? (o->dpayload ? o->dlen : job->len) : 0,
-                        .dead_cutoff = capstan__now() - (double)rt->cfg->dead_timeout,
+                        /* Read only by a move to the dead set: no clock
+                         * read for every job. */
+                        .dead_cutoff = kind == CAPSTAN_ACK_DEAD ? capstan__now() - (double)rt->cfg->dead_timeout
+                                                                : 0,
                         .dead_max = rt->cfg->dead_max_jobs,
                         .lock_key = capstan__outcome_release_key(o), .lock_jid = job->jid,
                         .bid = job->bid, .queue = job->queue };
