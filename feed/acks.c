@@ -130,7 +130,7 @@ void capstan__feed_finish_acks(capstan_seat_t *s, capstan_redis_t *r, capstan_do
     for (size_t i = 0; i < nacks; i++) {
         if (items[i].rc == 0) {
             s->feed->env.acked(s->feed->env.ctx, acks[i], r);
-            capstan__done_free(acks[i]);
+            capstan__done_release(acks[i]); /* cleared by acked */
         } else if (again) {
             capstan__feed_ack(s, r, acks[i]);
             failed++;

@@ -100,12 +100,86 @@ void capstan__done_clear(capstan_done_t *d)
     d->active = 0;
 }
 
+/* Any thread puts a record back on back; the owner takes the whole list
+ * at once into mine when that is empty (one taker, and nothing popped
+ * singly from the shared list, so no record is seen twice), and keeps
+ * POOL_KEEP of them: about what a processor has finished and not acked
+ * at once. The rest it frees, so that a burst does not hold memory. */
+enum { POOL_KEEP = 16 };
+
+struct capstan_done_pool {
+    _Atomic(capstan_done_t *) back;
+    capstan_done_t *mine;
+};
+
+capstan_done_pool_t *capstan__done_pool_new(void)
+{
+    return calloc(1, sizeof(capstan_done_pool_t));
+}
+
+static void free_list(capstan_done_t *d)
+{
+    while (d) {
+        capstan_done_t *next = d->next;
+        free(d);
+        d = next;
+    }
+}
+
+void capstan__done_pool_free(capstan_done_pool_t *pool)
+{
+    if (!pool)
+        return;
+    free_list(pool->mine);
+    free_list(atomic_load(&pool->back));
+    free(pool);
+}
+
+capstan_done_t *capstan__done_new(capstan_done_pool_t *pool)
+{
+    /* A copy of a zeroed one, not calloc: glibc's calloc skips the
+     * per-thread cache (and a memset after malloc becomes calloc). */
+    static const capstan_done_t zero;
+    capstan_done_t *d = pool ? pool->mine : NULL;
+    if (!d && pool && atomic_load_explicit(&pool->back, memory_order_relaxed)) {
+        d = atomic_exchange_explicit(&pool->back, NULL, memory_order_acquire);
+        capstan_done_t *last = d;
+        for (int n = 1; last && last->next && n < POOL_KEEP; n++)
+            last = last->next;
+        if (last) {
+            free_list(last->next);
+            last->next = NULL;
+        }
+    }
+    if (d)
+        pool->mine = d->next;
+    else if (!(d = malloc(sizeof(*d))))
+        return NULL;
+    *d = zero;
+    d->pool = pool;
+    return d;
+}
+
+void capstan__done_release(capstan_done_t *d)
+{
+    capstan_done_pool_t *pool = d->pool;
+    if (!pool) {
+        free(d);
+        return;
+    }
+    capstan_done_t *head = atomic_load_explicit(&pool->back, memory_order_relaxed);
+    do
+        d->next = head;
+    while (!atomic_compare_exchange_weak_explicit(&pool->back, &head, d, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
 void capstan__done_free(capstan_done_t *d)
 {
     if (!d)
         return;
     capstan__done_clear(d);
-    free(d);
+    capstan__done_release(d);
 }
 
 /* ---- The ring of fetched jobs and the acks waiting -------------------- */

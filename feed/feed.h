@@ -70,11 +70,15 @@
  * asked for in one round trip (processor.c). */
 #define CAPSTAN_RUN_MAX 16
 
+typedef struct capstan_done_pool capstan_done_pool_t;
+
 /* A finished job whose ack has not been written yet (reliable fetch: the
  * ack script and LREM are guarded by the working list, so a requeue or
  * recovery meanwhile cannot make it count twice). */
 typedef struct capstan_done {
     int active;
+    capstan_done_pool_t *pool; /* where it goes back when freed, or NULL */
+    struct capstan_done *next; /* in the pool */
     capstan_job_t job; /* owns the payload the ack removes */
     capstan_outcome_t out; /* owns the payload the ack stores */
     capstan_ack_t ack;
@@ -84,8 +88,20 @@ typedef struct capstan_done {
     unsigned long long hash; /* the fetched payload's (capstan__feed_hash) */
 } capstan_done_t;
 
-/* Clears d and frees it (NULL is fine). */
+/* A processor's finished records, kept for its next jobs: a record is
+ * freed by whichever thread writes its ack, and one malloc'd by one thread
+ * and freed by another misses glibc's per-thread caches on both sides. */
+capstan_done_pool_t *capstan__done_pool_new(void);
+/* Frees the pool and the records in it; every record of the pool is back
+ * (every thread that frees one has ended). NULL is fine. */
+void capstan__done_pool_free(capstan_done_pool_t *pool);
+/* A zeroed record that goes back to pool when freed (pool NULL: it is
+ * freed), or NULL out of memory. Only pool's owner thread takes one. */
+capstan_done_t *capstan__done_new(capstan_done_pool_t *pool);
+/* Clears d and frees it (NULL is fine): back to its pool, if it has one. */
 void capstan__done_free(capstan_done_t *d);
+/* Frees d, cleared already. */
+void capstan__done_release(capstan_done_t *d);
 /* Frees what d holds; d stays allocated. */
 void capstan__done_clear(capstan_done_t *d);
 

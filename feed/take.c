@@ -220,7 +220,8 @@ static int sweep(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job, 
  * ACK_DELAY, or this thread is the last one free and jobs take long: nobody
  * would send them before a job ends. Writing them costs this thread a round
  * trip, so not for every job. */
-static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job, double now)
+static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t *job, double now,
+                        int *trip)
 {
     capstan_feed_t *feed = s->feed;
     size_t nacks = 0;
@@ -229,8 +230,10 @@ static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t
     /* Below half its level (a sweep asks SWEEP_MAX at most, so the
      * shortfall alone would never say so of a level above twice that). */
     if (can_sweep(feed) && now >= feed->dry_until && (feed->n + feed->asked) * 2 < level(feed)) {
-        if (!capstan__feed_defers(s, feed))
+        if (!capstan__feed_defers(s, feed)) {
+            *trip = 1;
             return sweep(s, r, job, shortfall(feed));
+        }
         capstan__feed_defer(s, shortfall(feed));
         return 1;
     }
@@ -244,8 +247,10 @@ static int take_waiting(capstan_seat_t *s, capstan_redis_t *r, capstan_fetched_t
     }
     capstan_done_t **acks = due ? capstan__feed_take_acks(feed, &nacks) : NULL;
     pthread_mutex_unlock(&feed->mu);
-    if (nacks)
+    if (nacks) {
+        *trip = 1;
         capstan__feed_exchange(s, r, acks, nacks, NULL, 0, 0, NULL);
+    }
     return 1;
 }
 
@@ -317,9 +322,11 @@ int capstan__feed_next(capstan_seat_t *s, capstan_redis_t *r, capstan_done_t *do
     size_t want = feed->n ? 0 : shortfall(feed);
     if (feed->n && !fresh)
         now = capstan__mono();
-    int rc = feed->n ? take_waiting(s, r, job, now) : sweep(s, r, job, want ? want : 1);
+    /* A job taken without a round trip is taken at now. */
+    int trip = !feed->n;
+    int rc = feed->n ? take_waiting(s, r, job, now, &trip) : sweep(s, r, job, want ? want : 1);
     if (rc == 1) {
-        s->taken_at = capstan__mono();
+        s->taken_at = trip ? capstan__mono() : now;
         s->taken_n = 1;
     }
     return rc;

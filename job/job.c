@@ -3,6 +3,7 @@
 #include "job/job.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,14 +36,16 @@ static void read_trace(capstan_job_t *job)
 }
 
 /* job->cls and job->jid: the payload's "class" and "jid" when they are
- * strings, decoded into one block. Out of memory both stay NULL. */
+ * strings, decoded into one block (the job's room when they fit). Out of
+ * memory both stay NULL. */
 static void read_names(capstan_job_t *job)
 {
     const capstan_jmember_t *c = capstan__jobject_get(&job->obj, job->payload, "class");
     const capstan_jmember_t *j = capstan__jobject_get(&job->obj, job->payload, "jid");
+    /* A literal's quotes leave room for the decoded text's NUL. */
     size_t need = (c ? c->vlen : 0) + (j ? j->vlen : 0), n;
-    char *p = need ? malloc(need) : NULL;
-    if (!(job->names = p))
+    char *p = !need ? NULL : need <= sizeof(job->names_room) ? job->names_room : (job->names = malloc(need));
+    if (!p)
         return;
     if (c && (n = capstan__json_string_decode(job->payload + c->vstart, c->vlen, p)) != (size_t)-1) {
         job->cls = p;
@@ -59,6 +62,7 @@ int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char 
     job->len = len;
     job->queue = queue ? queue : "default";
     job->retry_count = -1;
+    capstan__jobject_lend(&job->obj, job->members, CAPSTAN_JOB_MEMBERS);
     int rc = capstan__json_scan_object(payload, len, &job->obj, err);
     if (rc)
         return rc;
@@ -116,6 +120,26 @@ void capstan__job_clear(capstan_job_t *job)
     free(job->backtrace);
     capstan__job_iter_free(job);
     memset(job, 0, sizeof(*job));
+}
+
+/* p, a pointer into src's names room, at the same place in dst's. */
+static char *rebase(capstan_job_t *dst, const capstan_job_t *src, char *p)
+{
+    uintptr_t at = (uintptr_t)p, room = (uintptr_t)src->names_room;
+    if (!p || at < room || at >= room + sizeof(src->names_room))
+        return p;
+    return dst->names_room + (at - room);
+}
+
+void capstan__job_move(capstan_job_t *dst, capstan_job_t *src)
+{
+    *dst = *src;
+    if (src->obj.lent)
+        dst->obj.m = dst->members;
+    dst->cls = rebase(dst, src, src->cls);
+    dst->jid = rebase(dst, src, src->jid);
+    dst->wrapper = rebase(dst, src, src->wrapper);
+    memset(src, 0, sizeof(*src));
 }
 
 const char *capstan_job_class(const capstan_job_t *job) { return job->cls; }

@@ -11,16 +11,23 @@
 #include "support/payload.h"
 #include "capstan/job.h"
 
+/* Room in the job for a payload's members and its class and jid: most
+ * payloads need no allocation for them. A job holding them there is moved
+ * only by capstan__job_move. */
+enum { CAPSTAN_JOB_MEMBERS = 12, CAPSTAN_JOB_NAMES = 64 };
+
 struct capstan_job {
     char *payload;          /* owned, byte-exact as fetched */
     size_t len;
-    capstan_jobject_t obj;  /* member spans of payload */
+    capstan_jobject_t obj;  /* member spans of payload (in members, unless
+                               there are more) */
     char *bid;              /* owned: the batch it belongs to ("bid"), or NULL */
     char *names;            /* owned: the payload's "class" and "jid", decoded
-                               one after the other (one allocation a job) */
-    char *cls, *jid;        /* decoded, in names (or NULL); cls is the class
-                               capstan runs: an ActiveJob payload's wrapped
-                               class, then owned on its own */
+                               one after the other, when they do not fit in
+                               names_room; else NULL */
+    char *cls, *jid;        /* decoded, in names or names_room (or NULL); cls
+                               is the class capstan runs: an ActiveJob
+                               payload's wrapped class, then owned on its own */
     char *wrapper;          /* the payload's "class" (in names) when it is
                                ActiveJob's wrapper (then cls differs), else NULL */
     const char *queue;      /* the queue it was fetched from (borrowed), or
@@ -46,6 +53,8 @@ struct capstan_job {
     double max_iteration_runtime; /* seconds a run may iterate; 0: no limit */
     struct capstan_iter *iter;    /* iterate.c: the iteration state, once read */
     const struct capstan_sandbox *sandbox; /* the testing kit's, or NULL */
+    capstan_jmember_t members[CAPSTAN_JOB_MEMBERS];
+    char names_room[CAPSTAN_JOB_NAMES];
 };
 
 /* What stands in for Redis when the testing kit (testing/, capstan/testing.h)
@@ -73,6 +82,9 @@ typedef struct capstan_sandbox {
  * is missing or not a string, or args is not an array. err says which. */
 int capstan__job_init(capstan_job_t *job, char *payload, size_t len, const char *queue, char *err);
 void capstan__job_clear(capstan_job_t *job);
+/* Moves the job in src to dst (whose own is cleared already) and zeroes
+ * src: a plain copy would leave dst's members and names in src's room. */
+void capstan__job_move(capstan_job_t *dst, capstan_job_t *src);
 
 /* The time after which the job is not to start: its top-level
  * "expires_at" (epoch seconds, as Sidekiq Pro's expiry and the

@@ -4,6 +4,7 @@
  * scripts again and resends, in a pipeline too. */
 #include "capstan/redis.h"
 #include "redis/nopipe.h"
+#include "redis/objects.h"
 #include "redis/scripts.h"
 #include "redis/sentinel.h"
 #include "redis/tls.h"
@@ -22,7 +23,9 @@
 #include <unistd.h>
 
 #define MAX_ARGS 64
-#define READ_CHUNK 4096 /* bytes a read takes from the socket at most */
+#define READ_CHUNK 4096 /* bytes a TLS read takes at most; a read buffer
+                           larger than this is given back after a reply */
+#define READ_ROOM 16384 /* bytes a socket read takes at most */
 
 /* A command whose reply the caller has not read yet. */
 typedef struct sent {
@@ -343,6 +346,7 @@ int capstan_redis_connect(capstan_redis_t *r)
     }
     if (r->c->err)
         return fail_io(r, "connect");
+    capstan__redis_objects(r->c->reader);
     redisSetTimeout(r->c, tv_of(r->timeout));
     redisReply *rep = NULL;
     if (r->url.password) {
@@ -604,6 +608,33 @@ static void trim_reader(redisReader *rd)
     rd->pos = rd->len = 0;
 }
 
+/* Reads what the server sent into the connection's reader: 1; 0 when the
+ * read failed (errno set, as recv_some leaves it); -1 when the reader
+ * refused the bytes (its error, or no memory). A socket's bytes go
+ * straight into the reader's buffer, READ_ROOM at a time: a sweep's reply
+ * of many jobs comes in one read rather than in pieces copied through the
+ * stack. A TLS session's go through a chunk on the stack. */
+static int feed_reader(capstan_redis_t *r)
+{
+    redisReader *rd = r->c->reader;
+    long n;
+    if (r->tls) {
+        char buf[READ_CHUNK];
+        if ((n = recv_some(r, buf, sizeof(buf))) <= 0)
+            return 0;
+        return redisReaderFeed(rd, buf, (size_t)n) == REDIS_OK ? 1 : -1;
+    }
+    sds b = rd->err ? NULL : sdsMakeRoomFor(rd->buf, READ_ROOM);
+    if (!b)
+        return -1;
+    rd->buf = b;
+    if ((n = recv_some(r, b + sdslen(b), READ_ROOM)) <= 0)
+        return 0;
+    sdsIncrLen(b, (int)n);
+    rd->len = sdslen(b);
+    return 1;
+}
+
 /* redisGetReply, with the commands hiredis holds sent and the reply read
  * by this thread (for TLS, through the session, not the socketpair and
  * the copying thread), and read in chunks small enough that a thread's
@@ -618,11 +649,10 @@ static int get_reply(capstan_redis_t *r, void **rep)
     if (send_held(r) != REDIS_OK)
         return REDIS_ERR;
     while (!*rep) {
-        char buf[READ_CHUNK];
-        long n = recv_some(r, buf, sizeof(buf));
-        if (n <= 0)
+        int fed = feed_reader(r);
+        if (fed == 0)
             return io_error(c);
-        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+        if (fed < 0) {
             c->err = c->reader->err ? c->reader->err : REDIS_ERR_OOM;
             snprintf(c->errstr, sizeof(c->errstr), "%s",
                      c->reader->err ? c->reader->errstr : "Out of memory");

@@ -62,8 +62,7 @@ static int take_job(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
     char err[CAPSTAN_ERRLEN] = "";
     int rc = 0;
     if (rj && rj->parsed->payload && rj->parsed->payload == got->payload) {
-        *job = *rj->parsed;
-        memset(rj->parsed, 0, sizeof(*rj->parsed));
+        capstan__job_move(job, rj->parsed);
     } else {
         rc = capstan__job_init(job, got->payload, got->len, capstan__rt_job_queue(s->rt, got), err);
     }
@@ -93,10 +92,14 @@ static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_outcome_t
     };
     int stores = o->disp == CAPSTAN_DISPOSE_RETRY || o->disp == CAPSTAN_DISPOSE_DEAD ||
                  o->disp == CAPSTAN_DISPOSE_SCHEDULE || o->disp == CAPSTAN_DISPOSE_REQUEUE;
-    return (capstan_ack_t){ .kind = kinds[o->disp], .score = o->score,
+    capstan_ack_kind_t kind = kinds[o->disp];
+    return (capstan_ack_t){ .kind = kind, .score = o->score,
                         .payload = stores ? (o->dpayload ? o->dpayload : job->payload) : NULL,
                         .len = stores ? (o->dpayload ? o->dlen : job->len) : 0,
-                        .dead_cutoff = capstan__now() - (double)rt->cfg->dead_timeout,
+                        /* Read only by a move to the dead set: no clock
+                         * read for every job. */
+                        .dead_cutoff = kind == CAPSTAN_ACK_DEAD ? capstan__now() - (double)rt->cfg->dead_timeout
+                                                                : 0,
                         .dead_max = rt->cfg->dead_max_jobs,
                         .lock_key = capstan__outcome_release_key(o), .lock_jid = job->jid,
                         .bid = job->bid, .queue = job->queue };
@@ -150,11 +153,7 @@ static void run_one(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *go
 static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capstan_fetched_t *job,
                                    const run_job_t *rj)
 {
-    /* malloc and a copy of a zeroed one, not calloc: glibc's calloc skips
-     * the per-thread cache, and this runs for every job (a memset to zero
-     * after malloc the compiler turns into calloc). */
-    static const capstan_done_t zero;
-    capstan_done_t *d = malloc(sizeof(*d));
+    capstan_done_t *d = capstan__done_new(s->dones);
     if (!d) {
         capstan_error("out of memory starting a job from queue:%s; it stays in the working list",
                       job->queue);
@@ -172,7 +171,6 @@ static capstan_done_t *run_fetched(capstan_slot_t *s, capstan_redis_t *r, capsta
         }
         return NULL;
     }
-    *d = zero;
     run_one(s, r, job, d, rj);
     capstan__fetched_clear(job);
     if (d->active)
@@ -336,6 +334,7 @@ void *capstan__processor_main(void *arg)
     pthread_mutex_lock(&s->mu);
     snprintf(s->tid, sizeof(s->tid), "%s", capstan__log_tid());
     pthread_mutex_unlock(&s->mu);
+    s->dones = capstan__done_pool_new(); /* without one, records are malloc'd */
     capstan_redis_t *r = capstan_redis_new(rt->cfg->redis_url, 15, err);
     if (!r)
         capstan_error("processor %d: %s", s->index, err);

@@ -55,6 +55,8 @@ typedef struct capstan_slot {
                               the processor's thread only */
     struct capstan_run *run; /* a run's state (processor.c), made when first
                               needed; owned by the processor thread */
+    struct capstan_done_pool *dones; /* its finished records for reuse
+                              (feed.h), made by the processor thread */
 } capstan_slot_t;
 
 typedef struct capstan_handler_entry {

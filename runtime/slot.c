@@ -35,6 +35,8 @@ static int slot_init(capstan_runtime_t *rt, capstan_slot_t *s, int i, char *err)
 static void slot_fini(capstan_slot_t *s)
 {
     capstan__fetch_free(s->fetch);
+    capstan__done_pool_free(s->dones);
+    s->dones = NULL;
     pthread_mutex_destroy(&s->mu);
 }
 

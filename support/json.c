@@ -4,6 +4,9 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +62,21 @@ static uint64_t run_stops(uint64_t w)
 /* The first byte at or after p that is no plain string byte, or end. */
 static const char *plain_run(const char *p, const char *end)
 {
+#if defined(__SSE2__)
+    /* 16 bytes at a time: most keys and values of a payload end in the
+     * first step. A byte is below 0x20 when the larger of it and 0x1f,
+     * unsigned, is 0x1f. */
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), ctl = _mm_set1_epi8(0x1f);
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                   _mm_cmpeq_epi8(_mm_max_epu8(v, ctl), ctl));
+        unsigned m = (unsigned)_mm_movemask_epi8(hit);
+        if (m)
+            return p + __builtin_ctz(m);
+        p += 16;
+    }
+#endif
 #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     /* 8 bytes at a time: the lowest mark is the first byte in memory. */
     while (end - p >= 8) {
@@ -158,11 +176,14 @@ static int add_member(capstan_jobject_t *obj, const char *s, capstan_jmember_t m
 {
     if (obj->n == obj->cap) {
         size_t cap = obj->cap ? obj->cap * 2 : 16;
-        capstan_jmember_t *p = realloc(obj->m, cap * sizeof(*p));
+        capstan_jmember_t *p = realloc(obj->lent ? NULL : obj->m, cap * sizeof(*p));
         if (!p)
             return CAPSTAN_ENOMEM;
+        if (obj->lent)
+            memcpy(p, obj->m, obj->n * sizeof(*p));
         obj->m = p;
         obj->cap = cap;
+        obj->lent = 0;
     }
     obj->m[obj->n++] = m;
     obj->keys |= capstan__jkey_bit(s + m.kstart, m.klen);
@@ -301,10 +322,12 @@ void capstan__jobject_free(capstan_jobject_t *obj)
 {
     if (!obj)
         return;
-    free(obj->m);
+    if (!obj->lent)
+        free(obj->m);
     obj->m = NULL;
     obj->n = obj->cap = 0;
     obj->keys = 0;
+    obj->lent = 0;
 }
 
 const capstan_jmember_t *capstan__jobject_getn(const capstan_jobject_t *obj, const char *s,

@@ -16,12 +16,24 @@ typedef struct capstan_jmember {
 } capstan_jmember_t;
 
 typedef struct capstan_jobject {
-    capstan_jmember_t *m; /* owned */
+    capstan_jmember_t *m; /* owned, or the room lent (see capstan__jobject_lend) */
     size_t n, cap;
     /* A bit per member key (of its length and first byte): a look-up whose
      * key has no bit here is done at once, as most of a job's are. */
     unsigned long long keys;
+    int lent;             /* m is the room lent: not freed; outgrown, copied */
 } capstan_jobject_t;
+
+/* Lends obj room for cap members, which the next scans fill before any
+ * allocation (the room must outlive obj's use of it). Call on a zeroed or
+ * freed obj. */
+static inline void capstan__jobject_lend(capstan_jobject_t *obj, capstan_jmember_t *room, size_t cap)
+{
+    obj->m = room;
+    obj->cap = cap;
+    obj->n = 0;
+    obj->lent = 1;
+}
 
 /* Checks that s[0..len) is one JSON value (RFC 8259 grammar; numbers of any
  * size; string bytes are not checked for UTF-8). Returns 0 or CAPSTAN_EPARSE with

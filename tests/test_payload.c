@@ -56,12 +56,12 @@ Test(payload, jids_are_24_hex_and_distinct)
     cr_assert_str_neq(a, b);
 }
 
-static capstan_job_t job_of(const char *s)
+/* Fills job in place: a job keeps its members in its own room, so it is
+ * not returned by value. */
+static void job_of(capstan_job_t *job, const char *s)
 {
-    capstan_job_t job;
     char err[CAPSTAN_ERRLEN];
-    cr_assert_eq(capstan__job_init(&job, strdup(s), strlen(s), "default", err), 0, "%s", err);
-    return job;
+    cr_assert_eq(capstan__job_init(job, strdup(s), strlen(s), "default", err), 0, "%s", err);
 }
 
 Test(payload, job_init_reports_missing_class_or_jid)
@@ -79,7 +79,8 @@ Test(payload, job_init_reports_missing_class_or_jid)
 
 Test(payload, the_error_a_handler_gave_is_readable)
 {
-    capstan_job_t job = job_of("{\"class\":\"A\",\"jid\":\"j\",\"args\":[]}");
+    capstan_job_t job;
+    job_of(&job, "{\"class\":\"A\",\"jid\":\"j\",\"args\":[]}");
     cr_assert_null(capstan_job_error_class(&job));
     cr_assert_null(capstan_job_error_message(&job));
     cr_assert_eq(capstan_job_fail(&job, "ArgumentError", "need %d args", 2), CAPSTAN_EJOB);
@@ -94,6 +95,40 @@ static void assert_raw(const char *got, size_t len, const char *want)
 {
     cr_assert(len == strlen(want) && memcmp(got, want, len) == 0, "got %.*s, want %s", (int)len, got,
               want);
+}
+
+/* The job holds a payload's members and its class and jid in its own
+ * room: a payload with more, or longer ones, is read in full all the
+ * same, and a job moved keeps every field (its copy must not point into
+ * the room it was moved from). */
+Test(payload, a_payload_larger_than_the_jobs_room_reads_in_full_and_moves)
+{
+    char cls[101], *p = NULL;
+    memset(cls, 'C', 100);
+    cls[100] = '\0';
+    cr_assert(asprintf(&p, "{\"class\":\"%s\",\"jid\":\"j1\",\"args\":[1],\"k1\":1,\"k2\":2,\"k3\":3,"
+                           "\"k4\":4,\"k5\":5,\"k6\":6,\"k7\":7,\"k8\":8,\"k9\":9,\"k10\":10,\"k11\":11,"
+                           "\"k12\":12,\"last\":\"x\"}", cls) > 0);
+    const char *small = "{\"class\":\"A\",\"jid\":\"j2\",\"args\":[2],\"last\":\"y\"}";
+    const char *texts[] = { p, small }, *want_cls[] = { cls, "A" }, *want_jid[] = { "j1", "j2" };
+    const char *want_args[] = { "[1]", "[2]" }, *want_last[] = { "\"x\"", "\"y\"" };
+    for (int i = 0; i < 2; i++) {
+        capstan_job_t a, b;
+        job_of(&a, texts[i]);
+        capstan__job_move(&b, &a);
+        cr_assert_null(a.payload, "the job moved from is empty");
+        size_t len;
+        cr_assert_str_eq(capstan_job_class(&b), want_cls[i]);
+        cr_assert_str_eq(capstan_job_jid(&b), want_jid[i]);
+        const char *args = capstan_job_args_raw(&b, &len);
+        assert_raw(args, len, want_args[i]);
+        const char *last = capstan_job_field_raw(&b, "last", &len);
+        cr_assert_not_null(last);
+        assert_raw(last, len, want_last[i]);
+        capstan__job_clear(&a);
+        capstan__job_clear(&b);
+    }
+    free(p);
 }
 
 static void assert_json_is(json_t *got, const char *want_text)
@@ -117,7 +152,8 @@ Test(payload, job_args_are_performs_arguments_for_activejob_too)
     cr_assert(asprintf(&p, "{\"class\":\"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper\","
                            "\"wrapped\":\"HelloJob\",\"args\":[ {\"job_class\":\"HelloJob\","
                            "\"job_id\":\"x\",\"arguments\":%s} ],\"jid\":\"j\"}", aj_args) > 0);
-    capstan_job_t job = job_of(p);
+    capstan_job_t job;
+    job_of(&job, p);
     cr_assert_str_eq(capstan_job_class(&job), "HelloJob");
     assert_json_is(capstan_job_args(&job), "[\"s\",1,{\"a\":1}]");
     size_t len;
@@ -133,7 +169,7 @@ Test(payload, job_args_are_performs_arguments_for_activejob_too)
 
     /* Too wide for jansson: the class and the text still come from the
      * payload; only the parsed forms are NULL. */
-    job = job_of("{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"args\":[{\"job_class\":\"BigJob\","
+    job_of(&job, "{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"args\":[{\"job_class\":\"BigJob\","
                  "\"arguments\":[18446744073709551616,\"x\"]}],\"jid\":\"j\"}");
     cr_assert_str_eq(capstan_job_class(&job), "BigJob", "args[0][\"job_class\"] without \"wrapped\"");
     cr_assert_null(capstan_job_args(&job));
@@ -143,7 +179,7 @@ Test(payload, job_args_are_performs_arguments_for_activejob_too)
     capstan__job_clear(&job);
 
     /* No arguments to give: NULL, and no text either. */
-    job = job_of("{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"wrapped\":\"X\","
+    job_of(&job, "{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"wrapped\":\"X\","
                  "\"args\":[{\"job_class\":\"X\"}],\"jid\":\"j\"}");
     cr_assert_str_eq(capstan_job_class(&job), "X");
     cr_assert_null(capstan_job_args(&job));
@@ -152,14 +188,14 @@ Test(payload, job_args_are_performs_arguments_for_activejob_too)
     capstan__job_clear(&job);
 
     /* Any other job: the payload's args, through every accessor. */
-    job = job_of("{\"class\":\"A\",\"args\":[{\"job_class\":\"B\",\"arguments\":[1]}],\"jid\":\"j\"}");
+    job_of(&job, "{\"class\":\"A\",\"args\":[{\"job_class\":\"B\",\"arguments\":[1]}],\"jid\":\"j\"}");
     cr_assert_str_eq(capstan_job_class(&job), "A");
     assert_json_is(capstan_job_args(&job), "[{\"job_class\":\"B\",\"arguments\":[1]}]");
     cr_assert_eq(capstan_job_args(&job), capstan_job_wrapper_args(&job));
     raw = capstan_job_args_raw(&job, &len);
     assert_raw(raw, len, "[{\"job_class\":\"B\",\"arguments\":[1]}]");
     capstan__job_clear(&job);
-    job = job_of("{\"class\":\"A\",\"jid\":\"j\"}");
+    job_of(&job, "{\"class\":\"A\",\"jid\":\"j\"}");
     assert_json_is(capstan_job_args(&job), "[]");
     raw = capstan_job_args_raw(&job, &len);
     assert_raw(raw, len, "[]");
@@ -176,7 +212,8 @@ Test(payload, activejob_payloads_of_other_shapes_have_no_arguments)
         char *p = NULL;
         cr_assert(asprintf(&p, "{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"wrapped\":\"W\","
                                "\"args\":%s,\"jid\":\"j\"}", args[i]) > 0);
-        capstan_job_t job = job_of(p);
+        capstan_job_t job;
+        job_of(&job, p);
         cr_assert_str_eq(capstan_job_class(&job), "W", "%s", p);
         cr_assert_null(capstan_job_args(&job), "%s", p);
         size_t len;
@@ -186,7 +223,8 @@ Test(payload, activejob_payloads_of_other_shapes_have_no_arguments)
         free(p);
     }
     /* Without "wrapped" nor a readable job_class it is no ActiveJob job. */
-    capstan_job_t job = job_of("{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"args\":[{\"arguments\":[1]}],"
+    capstan_job_t job;
+    job_of(&job, "{\"class\":\"Sidekiq::ActiveJob::Wrapper\",\"args\":[{\"arguments\":[1]}],"
                                "\"jid\":\"j\"}");
     cr_assert_str_eq(capstan_job_class(&job), "Sidekiq::ActiveJob::Wrapper");
     assert_json_is(capstan_job_args(&job), "[{\"arguments\":[1]}]");
@@ -196,7 +234,8 @@ Test(payload, activejob_payloads_of_other_shapes_have_no_arguments)
 Test(payload, first_failure_sets_failed_at_and_count_zero)
 {
     capstan_config_t *cfg = capstan_config_new();
-    capstan_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[18446744073709551616],\"class\":\"A\",\"jid\":\"j\",\"custom\":{\"x\":1}}");
+    capstan_job_t job;
+    job_of(&job, "{\"retry\":true,\"queue\":\"q\",\"args\":[18446744073709551616],\"class\":\"A\",\"jid\":\"j\",\"custom\":{\"x\":1}}");
     capstan_failure_t f;
     cr_assert_eq(capstan__retry_decide(&job, "RuntimeError", "boom \"quoted\"", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
@@ -216,7 +255,8 @@ Test(payload, first_failure_sets_failed_at_and_count_zero)
 Test(payload, later_failures_count_up_and_exhaust_to_dead)
 {
     capstan_config_t *cfg = capstan_config_new();
-    capstan_job_t job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":0,\"failed_at\":5.0}");
+    capstan_job_t job;
+    job_of(&job, "{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":0,\"failed_at\":5.0}");
     capstan_failure_t f;
     cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
@@ -226,7 +266,7 @@ Test(payload, later_failures_count_up_and_exhaust_to_dead)
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
 
-    job = job_of("{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":1}");
+    job_of(&job, "{\"retry\":2,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\",\"retry_count\":1}");
     cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "retry: 2 allows two retries");
     cr_assert_float_eq(f.score, 1000.0, 1e-9);
@@ -241,7 +281,8 @@ Test(payload, later_failures_count_up_and_exhaust_to_dead)
 Test(payload, absurd_retry_counts_are_exhausted_or_restart)
 {
     capstan_config_t *cfg = capstan_config_new();
-    capstan_job_t job = job_of("{\"retry\":true,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
+    capstan_job_t job;
+    job_of(&job, "{\"retry\":true,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
                                "\"retry_count\":9223372036854775807}");
     capstan_failure_t f;
     cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
@@ -251,7 +292,7 @@ Test(payload, absurd_retry_counts_are_exhausted_or_restart)
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
 
-    job = job_of("{\"retry\":3,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
+    job_of(&job, "{\"retry\":3,\"queue\":\"q\",\"args\":[],\"class\":\"A\",\"jid\":\"j\","
                  "\"retry_count\":-9223372036854775808}");
     cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.0, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
@@ -267,22 +308,23 @@ Test(payload, retry_zero_false_and_dead_false)
 {
     capstan_config_t *cfg = capstan_config_new();
     capstan_failure_t f;
-    capstan_job_t job = job_of("{\"retry\":0,\"class\":\"A\",\"jid\":\"j\"}");
+    capstan_job_t job;
+    job_of(&job, "{\"retry\":0,\"class\":\"A\",\"jid\":\"j\"}");
     capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DEAD, "retry: 0 goes straight to dead");
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
-    job = job_of("{\"retry\":false,\"class\":\"A\",\"jid\":\"j\"}");
+    job_of(&job, "{\"retry\":false,\"class\":\"A\",\"jid\":\"j\"}");
     capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DROP);
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
-    job = job_of("{\"retry\":0,\"dead\":false,\"class\":\"A\",\"jid\":\"j\"}");
+    job_of(&job, "{\"retry\":0,\"dead\":false,\"class\":\"A\",\"jid\":\"j\"}");
     capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DROP, "dead: false keeps it out of the morgue");
     capstan__failure_clear(&f);
     capstan__job_clear(&job);
-    job = job_of("{\"class\":\"A\",\"jid\":\"j\"}");
+    job_of(&job, "{\"class\":\"A\",\"jid\":\"j\"}");
     capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_NONE, RETRY_CONF(cfg), 1.0, &f);
     cr_assert_eq(f.fate, CAPSTAN_FATE_DROP, "the class option applies when the payload has no retry");
     capstan__failure_clear(&f);
@@ -295,7 +337,8 @@ Test(payload, retry_queue_and_millis_timestamps)
     capstan_config_t *cfg = capstan_config_new();
     cfg->timestamps = CAPSTAN_TS_MILLIS;
     capstan_failure_t f;
-    capstan_job_t job = job_of("{\"queue\":\"a\",\"retry_queue\":\"slow\",\"class\":\"A\",\"jid\":\"j\"}");
+    capstan_job_t job;
+    job_of(&job, "{\"queue\":\"a\",\"retry_queue\":\"slow\",\"class\":\"A\",\"jid\":\"j\"}");
     capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), 1000.5, &f);
     cr_assert(strstr(f.payload, "\"queue\":\"slow\""), "%s", f.payload);
     cr_assert(strstr(f.payload, "\"failed_at\":1000500"), "%s", f.payload);
@@ -325,7 +368,8 @@ static void assert_literal(const char *payload, const char *key, const char *wan
 /* Fails the job in payload at now under cfg; returns the payload stored. */
 static char *fail_once(const char *payload, const capstan_config_t *cfg, double now)
 {
-    capstan_job_t job = job_of(payload);
+    capstan_job_t job;
+    job_of(&job, payload);
     capstan_failure_t f;
     cr_assert_eq(capstan__retry_decide(&job, "E", "m", CAPSTAN_RETRY_UNSET, RETRY_CONF(cfg), now, &f), 0);
     cr_assert_eq(f.fate, CAPSTAN_FATE_RETRY);
