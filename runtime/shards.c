@@ -61,6 +61,7 @@ static capstan_runtime_t *member_new(capstan_runtime_t *front, size_t i, char *e
     memcpy(&m->self, &front->self, sizeof(m->self));
     m->self.info_json = NULL;
     m->link.board = front->link.board; /* for the jids it starts (board.c) */
+    m->link.probe = capstan__board_probe(front, m, i);
     m->link.board_end = front->link.board_end;
     m->link.worker_slot = front->link.worker_slot;
     m->link.supervisor_pid = front->link.supervisor_pid;
