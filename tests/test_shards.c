@@ -1006,3 +1006,55 @@ Test(shards, metrics_label_every_shard_series)
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     free(text);
 }
+
+/* The pid of supervised worker slot as the supervisor's log names it last,
+ * or 0. */
+static pid_t worker_pid(pid_t sup, int slot)
+{
+    char *log = kt_capstan_log(sup), want[64];
+    snprintf(want, sizeof(want), "worker %d started (pid ", slot);
+    pid_t pid = 0;
+    for (char *at = strstr(log, want); at; at = strstr(at + 1, want))
+        pid = (pid_t)atoi(at + strlen(want));
+    free(log);
+    return pid;
+}
+
+/* Under a supervisor (processes: 2) /readyz judges every worker by every
+ * shard it serves: a frozen shard 2 makes it not ready, naming a worker
+ * and the shard, and ready again once that Redis answers; a frozen worker
+ * other than the one serving the port makes it not ready too, naming that
+ * worker. */
+Test(shards, supervised_readyz_judges_every_worker_by_every_shard)
+{
+    int port = kt_free_port();
+    char extra[96], *out = NULL;
+    snprintf(extra, sizeof(extra), "processes: 2\nmetrics_port: %d\n", port);
+    fleet_t f;
+    fleet_up(&f, extra);
+    pid_t sup = capstan_up(&f, NULL);
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0 && kt_log_has(sup, "all 2 workers ready"), 40), "%s\n%s", out,
+              kt_capstan_log(sup));
+    kill(f.s[1].pid, SIGSTOP);
+    int down = KT_WAIT_UNTIL(ready(port, &out) == 1, 30);
+    char *why = strdup(out ? out : "");
+    kill(f.s[1].pid, SIGCONT);
+    printf("shards: supervised /readyz with shard 2 frozen: %s", why);
+    cr_assert(down && strstr(why, "shard s2: ") && (strstr(why, "worker 0: ") || strstr(why, "worker 1: ")), "%s\n%s",
+              why, kt_capstan_log(sup));
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 30), "after SIGCONT: %s\n%s", out, kt_capstan_log(sup));
+    free(why);
+
+    pid_t w1 = worker_pid(sup, 1);
+    cr_assert(w1 > 0, "%s", kt_capstan_log(sup));
+    kill(w1, SIGSTOP);
+    down = KT_WAIT_UNTIL(ready(port, &out) == 1, 30);
+    why = strdup(out ? out : "");
+    kill(w1, SIGCONT);
+    printf("shards: supervised /readyz with worker 1 frozen: %s", why);
+    cr_assert(down && strstr(why, "worker 1: "), "%s\n%s", why, kt_capstan_log(sup));
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 30), "after SIGCONT: %s\n%s", out, kt_capstan_log(sup));
+    cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 60), 0, "%s", kt_capstan_log(sup));
+    free(why);
+    free(out);
+}
