@@ -24,6 +24,7 @@
 #include "capstan/client.h"
 #include "helpers.h"
 #include "support/shard_pick.h"
+#include "unique/admin_internal.h"
 
 TestSuite(shards, .timeout = 280, .fini = kt_kill_children);
 
@@ -1057,4 +1058,36 @@ Test(shards, supervised_readyz_judges_every_worker_by_every_shard)
     cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 60), 0, "%s", kt_capstan_log(sup));
     free(why);
     free(out);
+}
+
+/* Uniqueness lock counts recorded by a program's own thread, outside
+ * every shard, while a sharded runtime runs in the process: they reach the
+ * first shard's Redis with one of its beats, not only at start. */
+Test(shards, lock_counts_of_a_thread_outside_every_shard_reach_the_first_shard)
+{
+    fleet_t f;
+    fleet_up(&f, NULL);
+    char err[CAPSTAN_ERRLEN], name[8];
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert(cfg);
+    cfg->concurrency = 2;
+    cfg->heartbeat_interval = 0.5;
+    for (int k = 0; k < NSHARDS; k++) {
+        snprintf(name, sizeof(name), "s%d", k + 1);
+        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
+    }
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    const char *id = capstan_runtime_identity(rt);
+    kt_runtime_start(rt);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[0], "SISMEMBER processes %s", id) == 1, 20));
+    /* Past the start's beat: this thread counts a lock taken. */
+    cr_assert_eq(capstan__unique_metric_record(NULL, "until_executed", "locked"), 0);
+    const char *sum = "local n = 0 for _, k in ipairs(redis.call('keys', 'uniquejobs:metrics|*')) do "
+                      "n = n + tonumber(redis.call('hget', k, 'until_executed|locked') or 0) end return n";
+    int got = KT_WAIT_UNTIL(kt_int_on(f.c[0], "EVAL %s 0", sum) == 1, 20);
+    kt_runtime_end(rt);
+    cr_assert(got, "the count of a thread outside every shard never reached s1");
+    for (int k = 1; k < NSHARDS; k++)
+        cr_assert_eq(kt_int_on(f.c[k], "EVAL %s 0", sum), 0, "written to s%d", k + 1);
 }
