@@ -76,6 +76,16 @@ int capstan__probe_judge_rows(const capstan_probe_row_t *rows, int nrows, int se
     return 1;
 }
 
+int capstan__probe_replaced(const capstan_probe_row_t *rows, int nrows, int self)
+{
+    if (self < 0 || self >= nrows || atomic_load(&rows[self].serving))
+        return 0;
+    for (int i = 0; i < nrows; i++)
+        if (i != self && atomic_load(&rows[i].serving) && atomic_load(&rows[i].slot) == atomic_load(&rows[self].slot))
+            return 1;
+    return 0;
+}
+
 void capstan__board_probes(struct capstan_runtime *rt, capstan_probe_row_t *rows, int nrows, int row)
 {
     if (!rows || row < 0 || row >= nrows)

@@ -134,6 +134,10 @@ typedef struct capstan_probe_row {
  * not, why names it ("worker 1: shard s2: ..."). Returns 1 or 0. */
 int capstan__probe_judge_rows(const capstan_probe_row_t *rows, int nrows, int self, int ready, double now,
                               char *why, size_t n);
+/* Whether row self's worker does not serve while another worker serves
+ * its slot (in a reload, the old one leaving, or its successor not ready
+ * yet): the one serving is judged in its stead. */
+int capstan__probe_replaced(const capstan_probe_row_t *rows, int nrows, int self);
 
 /* The worker's side. */
 /* Makes rt the worker of board (size bytes mapped) in the supervisor's

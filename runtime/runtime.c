@@ -675,7 +675,9 @@ static void grace_check(const capstan_config_t *c, int slot)
 
 /* /livez and /readyz (observe/http.h): this process, with shards by each
  * shard, then under a supervisor every other worker serving, the first
- * failing one named (with shards, its worker too under a supervisor). */
+ * failing one named (with shards, its worker too under a supervisor).
+ * In a reload both workers of a slot answer on the port: the one not
+ * serving judges the other in its stead. */
 static int probe(void *ud, int ready, char *why, size_t n)
 {
     capstan_runtime_t *rt = ud;
@@ -683,7 +685,8 @@ static int probe(void *ud, int ready, char *why, size_t n)
     char one[CAPSTAN_ERRLEN], me[32] = "";
     if (rt->link.probes)
         snprintf(me, sizeof(me), "worker %d: ", rt->link.worker_slot);
-    for (size_t i = 0; i < capstan__members(rt); i++) {
+    int replaced = rt->link.probes && capstan__probe_replaced(rt->link.probes, rt->link.nprobes, rt->link.probe_row);
+    for (size_t i = 0; i < capstan__members(rt) && !replaced; i++) {
         if (capstan__probe_judge(capstan__member(rt, i)->link.probe, ready, now, one, sizeof(one)))
             continue;
         if (rt->cfg->nshards)

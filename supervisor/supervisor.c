@@ -114,6 +114,13 @@ static capstan_probe_row_t *probe_row(const sup_t *s, const worker_t *w)
     return s->probes ? &s->probes[w - s->w] : NULL;
 }
 
+/* Says in w's row whether it serves: ready and not leaving. */
+static void serving(const sup_t *s, const worker_t *w)
+{
+    if (probe_row(s, w))
+        atomic_store(&probe_row(s, w)->serving, w->pid > 0 && w->ready && !w->leaving);
+}
+
 static int live(const sup_t *s)
 {
     int n = 0;
@@ -481,8 +488,8 @@ static void reaped(sup_t *s, worker_t *w, int status)
         ws->delay = ws->delay == 0 ? 1 : ws->delay * 2 > MAX_DELAY ? MAX_DELAY : ws->delay * 2;
     }
     munmap(w->board, w->board_size);
-    if (probe_row(s, w))
-        atomic_store(&probe_row(s, w)->serving, 0);
+    w->pid = 0;
+    serving(s, w);
     memset(w, 0, sizeof(*w));
 }
 
@@ -531,8 +538,7 @@ static void watch(sup_t *s)
                          "quarantine worker", w->slot);
         }
         ready += w->ready && !w->leaving && !quarantine_slot(w->slot, s->n);
-        if (probe_row(s, w))
-            atomic_store(&probe_row(s, w)->serving, w->ready && !w->leaving);
+        serving(s, w);
     }
     if (!s->ready_sent && ready >= s->n - 1) {
         s->ready_sent = 1;
@@ -576,10 +582,14 @@ static void reload_step(sup_t *s)
     if (!atomic_load(&fresh->board->ready))
         return;
     double now = capstan__mono();
+    /* The probes judge the successor from now on, not the old ones. */
+    fresh->ready = s->slots[slot].ever_ready = 1;
+    serving(s, fresh);
     for (int i = 0; i < s->nw; i++) {
         worker_t *w = &s->w[i];
         if (w->pid > 0 && w->slot == slot && w != fresh && !w->told) {
             w->told = w->leaving = 1;
+            serving(s, w);
             w->kill_at = now + w->grace + KILL_MARGIN;
             kill(w->pid, SIGTERM);
         }
