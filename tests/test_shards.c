@@ -1023,9 +1023,9 @@ static pid_t worker_pid(pid_t sup, int slot)
 
 /* Under a supervisor (processes: 2) /readyz judges every worker by every
  * shard it serves: a frozen shard 2 makes it not ready, naming a worker
- * and the shard, and ready again once that Redis answers; a frozen worker
- * other than the one serving the port makes it not ready too, naming that
- * worker. */
+ * and the shard, and ready again once that Redis answers; after a reload,
+ * a frozen worker other than the one serving the port makes it not ready
+ * too, naming that worker. */
 Test(shards, supervised_readyz_judges_every_worker_by_every_shard)
 {
     int port = kt_free_port();
@@ -1046,6 +1046,10 @@ Test(shards, supervised_readyz_judges_every_worker_by_every_shard)
     cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 30), "after SIGCONT: %s\n%s", out, kt_capstan_log(sup));
     free(why);
 
+    /* Workers started from the binary on disk (a HUP) share the stamps too. */
+    kill(sup, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(sup, "reload done") && ready(port, &out) == 0, 60), "%s\n%s", out,
+              kt_capstan_log(sup));
     pid_t w1 = worker_pid(sup, 1);
     cr_assert(w1 > 0, "%s", kt_capstan_log(sup));
     kill(w1, SIGSTOP);
