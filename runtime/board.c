@@ -51,6 +51,66 @@ int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *
     return 0;
 }
 
+int capstan__probe_judge_rows(const capstan_probe_row_t *rows, int nrows, int self, int ready, double now,
+                              char *why, size_t n)
+{
+    char one[CAPSTAN_ERRLEN];
+    for (int i = 0; i < nrows; i++) {
+        const capstan_probe_row_t *w = &rows[i];
+        int shards = atomic_load(&w->shards);
+        if (i == self || !atomic_load(&w->serving))
+            continue;
+        for (int k = 0; k < shards && k < CAPSTAN_PROBE_SHARDS; k++) {
+            if (capstan__probe_judge(&w->shard[k], ready, now, one, sizeof(one)))
+                continue;
+            char name[CAPSTAN_PROBE_NAME];
+            memcpy(name, w->name[k], sizeof(name));
+            name[sizeof(name) - 1] = '\0';
+            if (name[0])
+                snprintf(why, n, "worker %d: shard %s: %s", atomic_load(&w->slot), name, one);
+            else
+                snprintf(why, n, "worker %d: %s", atomic_load(&w->slot), one);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int capstan__probe_replaced(const capstan_probe_row_t *rows, int nrows, int self)
+{
+    if (self < 0 || self >= nrows || atomic_load(&rows[self].serving))
+        return 0;
+    for (int i = 0; i < nrows; i++)
+        if (i != self && atomic_load(&rows[i].serving) && atomic_load(&rows[i].slot) == atomic_load(&rows[self].slot))
+            return 1;
+    return 0;
+}
+
+void capstan__board_probes(struct capstan_runtime *rt, capstan_probe_row_t *rows, int nrows, int row)
+{
+    if (!rows || row < 0 || row >= nrows)
+        return;
+    capstan_probe_row_t *me = &rows[row];
+    const capstan_config_t *c = rt->cfg;
+    size_t shards = c->nshards ? c->nshards : 1;
+    if (shards > CAPSTAN_PROBE_SHARDS)
+        shards = CAPSTAN_PROBE_SHARDS;
+    for (size_t k = 0; k < c->nshards && k < shards; k++)
+        snprintf(me->name[k], sizeof(me->name[k]), "%s", c->shards[k].name);
+    rt->link.probes = rows;
+    rt->link.nprobes = nrows;
+    rt->link.probe_row = row;
+    rt->link.probe = &me->shard[0];
+    atomic_store(&me->shards, (int)shards);
+}
+
+capstan_probe_t *capstan__board_probe(struct capstan_runtime *rt, struct capstan_runtime *member, size_t i)
+{
+    if (rt->link.probes && i < (size_t)atomic_load(&rt->link.probes[rt->link.probe_row].shards))
+        return &rt->link.probes[rt->link.probe_row].shard[i];
+    return &member->link.own_probe;
+}
+
 void capstan__board_run(struct capstan_runtime *rt, int index, const char *jid)
 {
     capstan_board_t *b = rt->link.board;

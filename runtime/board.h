@@ -110,6 +110,35 @@ typedef struct capstan_probe {
  * is not, why says so. Returns 1 or 0. */
 int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *why, size_t n);
 
+/* The shards of a worker whose stamps the other workers see. */
+#define CAPSTAN_PROBE_SHARDS 64
+#define CAPSTAN_PROBE_NAME 64
+
+/* Under a supervisor, one worker's stamps, in a table of a row for each
+ * worker it may run at once, made before its first fork and mapped by
+ * every worker: so the worker serving the port judges each of them by
+ * each of its shards. */
+typedef struct capstan_probe_row {
+    atomic_int serving;      /* the supervisor's: 1 while the worker is ready
+                                and not leaving, the only time it is judged */
+    atomic_int slot;         /* the supervisor's: which worker it is */
+    atomic_int shards;       /* the worker's: how many of shard[] it writes,
+                                0 until it does (a binary without them) */
+    capstan_probe_t shard[CAPSTAN_PROBE_SHARDS];
+    char name[CAPSTAN_PROBE_SHARDS][CAPSTAN_PROBE_NAME]; /* each shard's, ""
+                                without shards */
+} capstan_probe_row_t;
+
+/* Whether every serving worker of rows[nrows] but row self is alive or
+ * ready (as capstan__probe_judge) by every shard it writes; when one is
+ * not, why names it ("worker 1: shard s2: ..."). Returns 1 or 0. */
+int capstan__probe_judge_rows(const capstan_probe_row_t *rows, int nrows, int self, int ready, double now,
+                              char *why, size_t n);
+/* Whether row self's worker does not serve while another worker serves
+ * its slot (in a reload, the old one leaving, or its successor not ready
+ * yet): the one serving is judged in its stead. */
+int capstan__probe_replaced(const capstan_probe_row_t *rows, int nrows, int self);
+
 /* The worker's side. */
 /* Makes rt the worker of board (size bytes mapped) in the supervisor's
  * slot, under the supervisor of pid supervisor: a new identity of its
@@ -119,6 +148,12 @@ int capstan__probe_judge(const capstan_probe_t *p, int ready, double now, char *
  * worker runs each job as of the queue its payload names. */
 void capstan__board_attach(struct capstan_runtime *rt, capstan_board_t *board, size_t size, int slot,
                            int supervisor, int quarantine);
+/* Gives rt the supervisor's probe table (nrows rows), its own row row:
+ * its shards' stamps are written there from then on. */
+void capstan__board_probes(struct capstan_runtime *rt, capstan_probe_row_t *rows, int nrows, int row);
+/* Where the housekeeper of rt's shard i writes its stamps: the worker's
+ * row, or the member's own. */
+capstan_probe_t *capstan__board_probe(struct capstan_runtime *rt, struct capstan_runtime *member, size_t i);
 /* The worker moved a suspect to the quarantine. Any thread. */
 void capstan__board_quarantined(struct capstan_runtime *rt);
 /* Notes the job jid started on processor index. Any processor thread, for

@@ -160,10 +160,11 @@ typedef struct capstan_rt_link {
     capstan_probe_t own_probe;     /* the probe stamps, unsupervised */
     capstan_probe_t *probe;        /* where the housekeeper writes them: own_probe,
                                       or this worker's in probes */
-    capstan_probe_t *probes;       /* under a supervisor, every worker's (by
-                                      slot), for the worker that serves the
-                                      probes; NULL unsupervised */
+    capstan_probe_row_t *probes;   /* under a supervisor, every worker's
+                                      (board.h), for the worker that serves
+                                      the probes; NULL unsupervised */
     int nprobes;
+    int probe_row;                 /* this worker's row in probes */
     int worker_slot;               /* which of the supervisor's workers */
     const char *quarantine;        /* the queue suspects go to (a worker
                                       under a supervisor that runs them in

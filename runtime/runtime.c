@@ -673,27 +673,30 @@ static void grace_check(const capstan_config_t *c, int slot)
                  "a few seconds", c->timeout, grace);
 }
 
-/* /livez and /readyz (observe/http.h): this process, or under a
- * supervisor every worker, and with shards every shard of this process,
- * the first failing one named. */
+/* /livez and /readyz (observe/http.h): this process, with shards by each
+ * shard, then under a supervisor every other worker serving, the first
+ * failing one named (with shards, its worker too under a supervisor).
+ * In a reload both workers of a slot answer on the port: the one not
+ * serving judges the other in its stead. */
 static int probe(void *ud, int ready, char *why, size_t n)
 {
     capstan_runtime_t *rt = ud;
     double now = capstan__mono();
-    char one[CAPSTAN_ERRLEN];
-    if (!rt->link.probes && !capstan__probe_judge(rt->link.probe, ready, now, why, n))
+    char one[CAPSTAN_ERRLEN], me[32] = "";
+    if (rt->link.probes)
+        snprintf(me, sizeof(me), "worker %d: ", rt->link.worker_slot);
+    int replaced = rt->link.probes && capstan__probe_replaced(rt->link.probes, rt->link.nprobes, rt->link.probe_row);
+    for (size_t i = 0; i < capstan__members(rt) && !replaced; i++) {
+        if (capstan__probe_judge(capstan__member(rt, i)->link.probe, ready, now, one, sizeof(one)))
+            continue;
+        if (rt->cfg->nshards)
+            snprintf(why, n, "%sshard %s: %s", me, rt->cfg->shards[i].name, one);
+        else
+            snprintf(why, n, "%s", one);
         return 0;
-    for (int i = 0; rt->link.probes && i < rt->link.nprobes; i++)
-        if (!capstan__probe_judge(&rt->link.probes[i], ready, now, one, sizeof(one))) {
-            snprintf(why, n, "worker %d: %s", i, one);
-            return 0;
-        }
-    for (size_t i = 1; i < capstan__members(rt); i++)
-        if (!capstan__probe_judge(capstan__member(rt, i)->link.probe, ready, now, one, sizeof(one))) {
-            snprintf(why, n, "shard %s: %s", rt->cfg->shards[i].name, one);
-            return 0;
-        }
-    return 1;
+    }
+    return !rt->link.probes
+           || capstan__probe_judge_rows(rt->link.probes, rt->link.nprobes, rt->link.probe_row, ready, now, why, n);
 }
 
 static int run(capstan_runtime_t *rt, char *err)

@@ -12,6 +12,7 @@
 #include "observe/prometheus.h"
 #include "support/log.h"
 #include "support/time.h"
+#include "unique/admin_internal.h"
 
 struct capstan_shards {
     capstan_runtime_t **m; /* m[0] is the front */
@@ -61,6 +62,7 @@ static capstan_runtime_t *member_new(capstan_runtime_t *front, size_t i, char *e
     memcpy(&m->self, &front->self, sizeof(m->self));
     m->self.info_json = NULL;
     m->link.board = front->link.board; /* for the jids it starts (board.c) */
+    m->link.probe = capstan__board_probe(front, m, i);
     m->link.board_end = front->link.board_end;
     m->link.worker_slot = front->link.worker_slot;
     m->link.supervisor_pid = front->link.supervisor_pid;
@@ -96,6 +98,8 @@ int capstan__shards_new(capstan_runtime_t *front, char *err)
     front->member.ticks = capstan__config_member(c, 0);
     if (!front->member.metrics || !front->member.ticks)
         return capstan_seterr(err, CAPSTAN_ENOMEM, "out of memory");
+    /* Lock counts of threads outside every shard go out with its beats. */
+    capstan__unique_metrics_home(front->member.metrics);
     for (size_t i = 1; i < c->nshards; i++) {
         capstan_runtime_t *m = member_new(front, i, err);
         if (!m)
@@ -204,6 +208,7 @@ void capstan__shards_free(capstan_runtime_t *front)
         capstan_redis_free(g->m[i]->member.r);
         capstan_runtime_free(g->m[i]);
     }
+    capstan__unique_metrics_home(NULL);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->freed);
     free(g->m);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,6 +88,10 @@ typedef struct sup {
     atomic_long *table;       /* n * NCAUSES restart counts, shared */
     size_t table_size;
     int table_fd;             /* its memfd, for workers started by exec */
+    capstan_probe_row_t *probes; /* a row per entry of w: each worker's probe
+                                 stamps, shared; NULL when it could not be made */
+    size_t probes_size;
+    int probes_fd;            /* its memfd, -1 without */
     char *exe;                /* the binary on disk, which a reload runs */
     int argc;                 /* `capstan run`'s arguments, for a reload */
     char **argv;
@@ -101,6 +106,19 @@ typedef struct sup {
 static const capstan_config_t *worker_cfg(const sup_t *s)
 {
     return s->disk ? s->disk : s->cfg;
+}
+
+/* w's row in the probe table, or NULL without one. */
+static capstan_probe_row_t *probe_row(const sup_t *s, const worker_t *w)
+{
+    return s->probes ? &s->probes[w - s->w] : NULL;
+}
+
+/* Says in w's row whether it serves: ready and not leaving. */
+static void serving(const sup_t *s, const worker_t *w)
+{
+    if (probe_row(s, w))
+        atomic_store(&probe_row(s, w)->serving, w->pid > 0 && w->ready && !w->leaving);
 }
 
 static int live(const sup_t *s)
@@ -152,7 +170,7 @@ static void become_quarantine(capstan_config_t *cfg)
 
 /* A worker's own identity and board; systemd hears the supervisor only. */
 static void worker_setup(capstan_runtime_t *rt, capstan_config_t *cfg, capstan_board_t *board, size_t size,
-                         int slot, atomic_long *table, int nslots)
+                         int slot, atomic_long *table, int nslots, capstan_probe_row_t *probes, int row)
 {
     capstan__log_forked();
     unsetenv("NOTIFY_SOCKET");
@@ -162,6 +180,8 @@ static void worker_setup(capstan_runtime_t *rt, capstan_config_t *cfg, capstan_b
     capstan__board_attach(rt, board, size, slot, (int)getppid(), quarantine);
     if (quarantine)
         become_quarantine(cfg);
+    /* Two workers a slot at most (one leaving, its successor starting). */
+    capstan__board_probes(rt, probes, 2 * nslots, row);
     /* One /metrics port per host: the first worker serves it, with the
      * supervisor's restart counts. */
     if (slot > 0)
@@ -174,12 +194,15 @@ static void worker_setup(capstan_runtime_t *rt, capstan_config_t *cfg, capstan_b
 static void become_worker(sup_t *s, worker_t *me)
 {
     detach(s->self);
-    worker_setup(s->rt, s->cfg, me->board, me->board_size, me->slot, s->table, s->n);
+    worker_setup(s->rt, s->cfg, me->board, me->board_size, me->slot, s->table, s->n, s->probes,
+                 (int)(me - s->w));
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].board && &s->w[i] != me)
             munmap(s->w[i].board, s->w[i].board_size);
     close(me->fd);
     close(s->table_fd);
+    if (s->probes_fd >= 0)
+        close(s->probes_fd);
     sigset_t old = s->old;
     free(s->w);
     free(s->slots);
@@ -194,8 +217,9 @@ static void become_worker(sup_t *s, worker_t *me)
 static void exec_worker(sup_t *s, worker_t *me)
 {
     char spec[128];
-    snprintf(spec, sizeof(spec), "%d:%zu:%d:%d:%d:%d", me->fd, me->board_size, s->table_fd, me->slot, s->n,
-             (int)s->self);
+    /* A binary that knows no probe table reads the first six. */
+    snprintf(spec, sizeof(spec), "%d:%zu:%d:%d:%d:%d:%d:%d", me->fd, me->board_size, s->table_fd, me->slot,
+             s->n, (int)s->self, s->probes_fd, (int)(me - s->w));
     detach(s->self);
     sigprocmask(SIG_SETMASK, &s->old, NULL);
     setenv(CAPSTAN_WORKER_ENV, spec, 1);
@@ -218,21 +242,31 @@ static void exec_worker(sup_t *s, worker_t *me)
 static int supervised(capstan_runtime_t *rt, char *err)
 {
     const char *spec = getenv(CAPSTAN_WORKER_ENV);
-    int bfd, tfd, slot, n, parent;
+    int bfd, tfd, slot, n, parent, pfd = -1, row = -1;
     size_t size;
-    if (!spec || sscanf(spec, "%d:%zu:%d:%d:%d:%d", &bfd, &size, &tfd, &slot, &n, &parent) != 6)
+    int got = spec ? sscanf(spec, "%d:%zu:%d:%d:%d:%d:%d:%d", &bfd, &size, &tfd, &slot, &n, &parent, &pfd, &row) : 0;
+    if (got != 6 && got != 8)
         return capstan_seterr(err, CAPSTAN_EINVAL, "%s: not a worker's", CAPSTAN_WORKER_ENV);
     unsetenv(CAPSTAN_WORKER_ENV);
     capstan_board_t *board = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, bfd, 0);
     size_t tsize = (size_t)n * NCAUSES * sizeof(atomic_long);
     atomic_long *table = mmap(NULL, tsize, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+    /* Only a table of the layout this binary knows (an older supervisor
+     * gives none: this worker then answers for itself alone). */
+    size_t psize = (size_t)2 * n * sizeof(capstan_probe_row_t);
+    struct stat st;
+    capstan_probe_row_t *probes = pfd >= 0 && fstat(pfd, &st) == 0 && (size_t)st.st_size == psize
+                                      ? mmap(NULL, psize, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0) : MAP_FAILED;
     close(bfd);
     close(tfd);
+    if (pfd >= 0)
+        close(pfd);
     if (board == MAP_FAILED)
         return capstan_seterr(err, CAPSTAN_ESYS, "%s: mmap: %s", CAPSTAN_WORKER_ENV, strerror(errno));
     if (getppid() != parent)
         raise(SIGTERM);
-    worker_setup(rt, capstan__runtime_config(rt), board, size, slot, table == MAP_FAILED ? NULL : table, n);
+    worker_setup(rt, capstan__runtime_config(rt), board, size, slot, table == MAP_FAILED ? NULL : table, n,
+                 probes == MAP_FAILED ? NULL : probes, row);
     return 0;
 }
 
@@ -284,6 +318,11 @@ static int spawn(sup_t *s, int slot, int exec)
     w->board->nslots = rows;
     w->slot = slot;
     w->grace = c->timeout;
+    capstan_probe_row_t *row = probe_row(s, w);
+    if (row) {
+        memset(row, 0, sizeof(*row));
+        atomic_store(&row->slot, slot);
+    }
     capstan__log_flush();
     fflush(NULL);
     pid_t pid = fork();
@@ -449,6 +488,8 @@ static void reaped(sup_t *s, worker_t *w, int status)
         ws->delay = ws->delay == 0 ? 1 : ws->delay * 2 > MAX_DELAY ? MAX_DELAY : ws->delay * 2;
     }
     munmap(w->board, w->board_size);
+    w->pid = 0;
+    serving(s, w);
     memset(w, 0, sizeof(*w));
 }
 
@@ -497,6 +538,7 @@ static void watch(sup_t *s)
                          "quarantine worker", w->slot);
         }
         ready += w->ready && !w->leaving && !quarantine_slot(w->slot, s->n);
+        serving(s, w);
     }
     if (!s->ready_sent && ready >= s->n - 1) {
         s->ready_sent = 1;
@@ -540,10 +582,14 @@ static void reload_step(sup_t *s)
     if (!atomic_load(&fresh->board->ready))
         return;
     double now = capstan__mono();
+    /* The probes judge the successor from now on, not the old ones. */
+    fresh->ready = s->slots[slot].ever_ready = 1;
+    serving(s, fresh);
     for (int i = 0; i < s->nw; i++) {
         worker_t *w = &s->w[i];
         if (w->pid > 0 && w->slot == slot && w != fresh && !w->told) {
             w->told = w->leaving = 1;
+            serving(s, w);
             w->kill_at = now + w->grace + KILL_MARGIN;
             kill(w->pid, SIGTERM);
         }
@@ -603,6 +649,12 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
     s.w = calloc((size_t)s.nw, sizeof(*s.w));
     s.table_size = (size_t)s.n * NCAUSES * sizeof(atomic_long);
     s.table = shared(s.table_size, &s.table_fd);
+    s.probes_size = (size_t)s.nw * sizeof(capstan_probe_row_t);
+    s.probes = shared(s.probes_size, &s.probes_fd);
+    if (s.probes == MAP_FAILED) {
+        capstan_warn("no probe table (%s): /readyz and /livez judge worker 0 alone", strerror(errno));
+        s.probes = NULL;
+    }
     s.exe = realpath("/proc/self/exe", NULL);
     if (!s.slots || !s.w || s.table == MAP_FAILED || !s.exe) {
         free(s.slots);
@@ -611,6 +663,10 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
         if (s.table != MAP_FAILED) {
             munmap(s.table, s.table_size);
             close(s.table_fd);
+        }
+        if (s.probes) {
+            munmap(s.probes, s.probes_size);
+            close(s.probes_fd);
         }
         capstan_error("out of memory");
         return 1;
@@ -703,6 +759,10 @@ static int supervise(capstan_runtime_t *rt, int argc, char **argv, int *worker)
     capstan_config_free(s.disk);
     munmap(s.table, s.table_size);
     close(s.table_fd);
+    if (s.probes) {
+        munmap(s.probes, s.probes_size);
+        close(s.probes_fd);
+    }
     sigprocmask(SIG_SETMASK, &s.old, NULL);
     return s.status;
 }

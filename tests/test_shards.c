@@ -24,6 +24,7 @@
 #include "capstan/client.h"
 #include "helpers.h"
 #include "support/shard_pick.h"
+#include "unique/admin_internal.h"
 
 TestSuite(shards, .timeout = 280, .fini = kt_kill_children);
 
@@ -1005,4 +1006,92 @@ Test(shards, metrics_label_every_shard_series)
     check_exposition(body);
     cr_assert_eq(kt_capstan_stop(pid, SIGTERM, 30), 0, "%s", kt_capstan_log(pid));
     free(text);
+}
+
+/* The pid of supervised worker slot as the supervisor's log names it last,
+ * or 0. */
+static pid_t worker_pid(pid_t sup, int slot)
+{
+    char *log = kt_capstan_log(sup), want[64];
+    snprintf(want, sizeof(want), "worker %d started (pid ", slot);
+    pid_t pid = 0;
+    for (char *at = strstr(log, want); at; at = strstr(at + 1, want))
+        pid = (pid_t)atoi(at + strlen(want));
+    free(log);
+    return pid;
+}
+
+/* Under a supervisor (processes: 2) /readyz judges every worker by every
+ * shard it serves: a frozen shard 2 makes it not ready, naming a worker
+ * and the shard, and ready again once that Redis answers; after a reload,
+ * a frozen worker other than the one serving the port makes it not ready
+ * too, naming that worker. */
+Test(shards, supervised_readyz_judges_every_worker_by_every_shard)
+{
+    int port = kt_free_port();
+    char extra[96], *out = NULL;
+    snprintf(extra, sizeof(extra), "processes: 2\nmetrics_port: %d\n", port);
+    fleet_t f;
+    fleet_up(&f, extra);
+    pid_t sup = capstan_up(&f, NULL);
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0 && kt_log_has(sup, "all 2 workers ready"), 40), "%s\n%s", out,
+              kt_capstan_log(sup));
+    kill(f.s[1].pid, SIGSTOP);
+    int down = KT_WAIT_UNTIL(ready(port, &out) == 1, 30);
+    char *why = strdup(out ? out : "");
+    kill(f.s[1].pid, SIGCONT);
+    printf("shards: supervised /readyz with shard 2 frozen: %s", why);
+    cr_assert(down && strstr(why, "shard s2: ") && (strstr(why, "worker 0: ") || strstr(why, "worker 1: ")), "%s\n%s",
+              why, kt_capstan_log(sup));
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 30), "after SIGCONT: %s\n%s", out, kt_capstan_log(sup));
+    free(why);
+
+    /* Workers started from the binary on disk (a HUP) share the stamps too. */
+    kill(sup, SIGHUP);
+    cr_assert(KT_WAIT_UNTIL(kt_log_has(sup, "reload done") && ready(port, &out) == 0, 60), "%s\n%s", out,
+              kt_capstan_log(sup));
+    pid_t w1 = worker_pid(sup, 1);
+    cr_assert(w1 > 0, "%s", kt_capstan_log(sup));
+    kill(w1, SIGSTOP);
+    down = KT_WAIT_UNTIL(ready(port, &out) == 1, 30);
+    why = strdup(out ? out : "");
+    kill(w1, SIGCONT);
+    printf("shards: supervised /readyz with worker 1 frozen: %s", why);
+    cr_assert(down && strstr(why, "worker 1: "), "%s\n%s", why, kt_capstan_log(sup));
+    cr_assert(KT_WAIT_UNTIL(ready(port, &out) == 0, 30), "after SIGCONT: %s\n%s", out, kt_capstan_log(sup));
+    cr_assert_eq(kt_capstan_stop(sup, SIGTERM, 60), 0, "%s", kt_capstan_log(sup));
+    free(why);
+    free(out);
+}
+
+/* Uniqueness lock counts recorded by a program's own thread, outside
+ * every shard, while a sharded runtime runs in the process: they reach the
+ * first shard's Redis with one of its beats, not only at start. */
+Test(shards, lock_counts_of_a_thread_outside_every_shard_reach_the_first_shard)
+{
+    fleet_t f;
+    fleet_up(&f, NULL);
+    char err[CAPSTAN_ERRLEN], name[8];
+    capstan_config_t *cfg = capstan_config_new();
+    cr_assert(cfg);
+    cfg->concurrency = 2;
+    cfg->heartbeat_interval = 0.5;
+    for (int k = 0; k < NSHARDS; k++) {
+        snprintf(name, sizeof(name), "s%d", k + 1);
+        cr_assert_eq(capstan_config_add_shard(cfg, name, f.s[k].url, NULL, 0, err), 0, "%s", err);
+    }
+    capstan_runtime_t *rt = capstan_runtime_new(cfg, err);
+    cr_assert(rt, "%s", err);
+    const char *id = capstan_runtime_identity(rt);
+    kt_runtime_start(rt);
+    cr_assert(KT_WAIT_UNTIL(kt_int_on(f.c[0], "SISMEMBER processes %s", id) == 1, 20));
+    /* Past the start's beat: this thread counts a lock taken. */
+    cr_assert_eq(capstan__unique_metric_record(NULL, "until_executed", "locked"), 0);
+    const char *sum = "local n = 0 for _, k in ipairs(redis.call('keys', 'uniquejobs:metrics|*')) do "
+                      "n = n + tonumber(redis.call('hget', k, 'until_executed|locked') or 0) end return n";
+    int got = KT_WAIT_UNTIL(kt_int_on(f.c[0], "EVAL %s 0", sum) == 1, 20);
+    kt_runtime_end(rt);
+    cr_assert(got, "the count of a thread outside every shard never reached s1");
+    for (int k = 1; k < NSHARDS; k++)
+        cr_assert_eq(kt_int_on(f.c[k], "EVAL %s 0", sum), 0, "written to s%d", k + 1);
 }

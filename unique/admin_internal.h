@@ -26,9 +26,14 @@ int capstan__unique_metric(capstan_redis_t *r, const char *lock_type, const char
  * buffered, to the minute bucket each event happened in; on an error the
  * counts are kept for the next flush. With shards, a flush writes only the
  * counts of its thread's shard (observe/prometheus.h's
- * capstan__metrics_here), so each reaches its own shard's Redis.
- * Thread-safe. */
+ * capstan__metrics_here), so each reaches its own shard's Redis; those
+ * counted outside every shard (the default registry's: a program's own
+ * thread) go out with every flush of first's threads, the first shard's,
+ * which capstan__unique_metrics_home(first) names (NULL: none). Without
+ * shards every count is the default registry's. Thread-safe. */
+struct capstan_metrics;
 void capstan__unique_metrics_buffer(int on);
+void capstan__unique_metrics_home(const struct capstan_metrics *first);
 int capstan__unique_metric_record(capstan_redis_t *r, const char *lock_type, const char *event);
 int capstan__unique_metrics_flush(capstan_redis_t *r);
 /* The same for the minute holding t (tests, and replays of buffered counts). */

@@ -65,7 +65,9 @@ int capstan__unique_metric(capstan_redis_t *r, const char *lock_type, const char
 
 /* Counts wait for the heartbeat of the shard they happened in: each is
  * kept with the registry of the thread that counted it
- * (capstan__metrics_here), and a flush writes those of its own thread's. */
+ * (capstan__metrics_here), and a flush writes those of its own thread's,
+ * and on home's threads (the first shard's) those counted outside every
+ * shard too, in the default registry (a program's own client thread). */
 typedef struct pending_metric {
     const capstan_metrics_t *owner;
     char key[64];       /* minute bucket of the event */
@@ -77,6 +79,12 @@ static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
 static pending_metric_t pending[PENDING_MAX];
 static size_t npending;
 static atomic_int buffering;
+static const capstan_metrics_t *_Atomic home;
+
+void capstan__unique_metrics_home(const capstan_metrics_t *first)
+{
+    atomic_store(&home, first);
+}
 
 void capstan__unique_metrics_buffer(int on)
 {
@@ -136,13 +144,14 @@ int capstan__unique_metric_record(capstan_redis_t *r, const char *lock_type, con
 int capstan__unique_metrics_flush(capstan_redis_t *r)
 {
     const capstan_metrics_t *owner = capstan__metrics_here();
+    const capstan_metrics_t *outside = owner == atomic_load(&home) ? capstan__metrics_default() : owner;
     pthread_mutex_lock(&pending_lock);
     size_t n = 0, kept = 0;
     for (size_t i = 0; i < npending; i++)
-        n += pending[i].owner == owner;
+        n += pending[i].owner == owner || pending[i].owner == outside;
     pending_metric_t *batch = n ? malloc(n * sizeof(*batch)) : NULL;
     for (size_t i = 0, k = 0; batch && i < npending; i++) {
-        if (pending[i].owner == owner)
+        if (pending[i].owner == owner || pending[i].owner == outside)
             batch[k++] = pending[i];
         else
             pending[kept++] = pending[i];
@@ -177,7 +186,7 @@ int capstan__unique_metrics_flush(capstan_redis_t *r)
          * mid-pipeline can count a beat's worth twice, as the job stats). */
         pthread_mutex_lock(&pending_lock);
         for (size_t i = 0; i < n; i++)
-            pending_add(owner, batch[i].key, batch[i].field, batch[i].n);
+            pending_add(batch[i].owner, batch[i].key, batch[i].field, batch[i].n);
         pthread_mutex_unlock(&pending_lock);
     }
     free(batch);
