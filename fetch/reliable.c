@@ -286,7 +286,7 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         if (a->lock_key && a->lock_jid) {
             argv[nkeys++] = a->lock_key;
             static const char *const line[] = { CAPSTAN_KEY_WAITING, CAPSTAN_KEY_WAKE };
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < 2 && !a->lock_quiet; t++) {
                 if (!(owned[nowned] = capstan__key_swap_dup(a->lock_key, CAPSTAN_KEY_LOCKED, line[t]))) {
                     rc = CAPSTAN_ENOMEM;
                     goto out;
@@ -320,30 +320,34 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
     }
     /* Without a lock or a batch among them (only the working list is
      * declared then), acks_plain.lua takes the payloads alone. */
-    int plain = nkeys == 2, per = plain ? 1 : 3;
+    int plain = nkeys == 2;
     nkeys = plain ? 1 : nkeys;
     int argc = nkeys;
-    /* acks.lua's first argument: a byte a job, whether it holds a lock. */
+    /* acks.lua's first argument: a byte a job, what it has (its lock, with
+     * or without its waiters' keys, its batch); then each job's jid and bid
+     * as it has them, then the payloads. */
     char kinds[ACKS_PER_CALL + 1];
     if (!plain)
         argv[argc++] = kinds;
-    int first = argc;
-    for (size_t k = 0; k < npicked; k++) {
-        const capstan_ack_item_t *it = &acks[picked[k]];
-        const capstan_ack_t *a = &it->ack;
-        argv[argc++] = it->raw;
-        if (!plain) {
-            kinds[k] = a->lock_key && a->lock_jid ? '1' : '0';
+    for (size_t k = 0; k < npicked && !plain; k++) {
+        const capstan_ack_t *a = &acks[picked[k]].ack;
+        int lock = a->lock_key && a->lock_jid;
+        kinds[k] = !lock ? (a->bid ? 'b' : '0') : a->lock_quiet ? (a->bid ? 'L' : 'l') : (a->bid ? 'W' : 'w');
+        if (lock || a->bid)
             argv[argc++] = a->lock_jid ? a->lock_jid : "";
-            argv[argc++] = a->bid ? a->bid : "";
-        }
-        sent[picked[k]] = 2;
+        if (a->bid)
+            argv[argc++] = a->bid;
     }
     kinds[npicked] = '\0';
-    for (int k = 0; k < argc; k++)
+    int first = argc;
+    for (size_t k = 0; k < npicked; k++) {
+        argv[argc++] = acks[picked[k]].raw;
+        sent[picked[k]] = 2;
+    }
+    for (int k = 0; k < first; k++)
         lens[k] = strlen(argv[k]);
     for (size_t k = 0; k < npicked; k++)
-        lens[first + per * (int)k] = acks[picked[k]].len;
+        lens[first + (int)k] = acks[picked[k]].len;
     rc = capstan__redis_append_script(r, plain ? CAPSTAN_SCRIPT_ACKS_PLAIN : CAPSTAN_SCRIPT_ACKS,
                                       nkeys, argc, argv, lens);
 out:
