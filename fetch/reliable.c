@@ -228,7 +228,7 @@ static int batchable(const capstan_ack_t *ack)
     return ack->kind == CAPSTAN_ACK_OK || ack->kind == CAPSTAN_ACK_DROP;
 }
 
-enum { ACKS_PER_CALL = 64, SPLIT_TAKE_OUT = 32 };
+enum { ACKS_PER_CALL = 64 };
 
 /* Whether the picked acks, whose call declares nkeys keys, release their
  * locks apart from the ack (append_batch): no batch, at least one lock,
@@ -338,7 +338,7 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
     /* Without a batch, and with only runtime locks no one waits for (a
      * while_executing job's, with no lock_timeout), each lock goes by a
      * plain HDEL, its digest's index entry by unlock_runtime.lua, and the
-     * jobs by plain LREMs (by acks_plain.lua from SPLIT_TAKE_OUT jobs on,
+     * jobs by plain LREMs (by acks_plain.lua from LREM_BELOW jobs on,
      * where lib/take_out.lua may read the list's tail once instead): the
      * release needs nothing the ack reads, and an argument into Lua, with
      * the command a script runs for it, costs Redis more than the plain
@@ -355,7 +355,7 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         if (!rc)
             rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_UNLOCK_RUNTIME, nkeys - 1, nkeys - 1,
                                               argv + 1, NULL);
-        int lrems = npicked < SPLIT_TAKE_OUT;
+        int lrems = npicked < LREM_BELOW;
         for (size_t k = 0; k < npicked; k++) {
             const capstan_ack_item_t *it = &acks[picked[k]];
             if (lrems && !rc) {
