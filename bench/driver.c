@@ -527,9 +527,9 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
     size_t n = (f->elements - 1) / 2;
     const char **la = calloc(3 + 8 * n, sizeof(*la)), **aa = calloc(2 + 7 * n, sizeof(*aa));
     size_t *al = calloc(2 + 7 * n, sizeof(*al));
-    char (*keys)[4][160] = calloc(n, sizeof(*keys)), (*jids)[32] = calloc(n, sizeof(*jids));
+    char (*keys)[2][160] = calloc(n, sizeof(*keys)), (*jids)[32] = calloc(n, sizeof(*jids));
     char **metas = calloc(n, sizeof(*metas)), now[32], *kinds = calloc(n + 1, 1);
-    char *akinds = calloc(n + 1, 1); /* acks.lua's: a byte a job, whether it holds a lock */
+    char *akinds = calloc(n + 1, 1); /* acks.lua's: a byte a job, what it has */
     if (!la || !aa || !al || !keys || !jids || !metas || !kinds || !akinds)
         die("out of memory%s%s", NULL, NULL);
     snprintf(now, sizeof(now), "%.6f", wall());
@@ -547,9 +547,9 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
     aa[na] = "uniquejobs:digests";
     al[na] = strlen(aa[na]);
     na++;
-    /* acks.lua's KEYS: each lock hash with its waiters' line and wake list,
-     * then the groups. */
-    size_t nk = lock ? 2 + 3 * n : 2;
+    /* acks.lua's KEYS: each lock hash (no one waits for these: no
+     * lock_timeout); then the kinds, the jids of the locks, the payloads. */
+    size_t nk = lock ? 2 + n : 2;
     na = nk;
     memset(akinds, '0', n);
     aa[na] = akinds;
@@ -572,12 +572,8 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
                 die("a payload without a lock_digest: %s%s", job->str, NULL);
             snprintf(keys[i][0], sizeof(keys[i][0]), "%.*s:RUN:LOCKED", (int)dl, d);
             snprintf(keys[i][1], sizeof(keys[i][1]), "%.*s:LOCKED", (int)dl, d);
-            snprintf(keys[i][2], sizeof(keys[i][2]), "%.*s:RUN:WAITING", (int)dl, d);
-            snprintf(keys[i][3], sizeof(keys[i][3]), "%.*s:RUN:WAKE", (int)dl, d);
-            for (int t = 0; t < 3; t++) {
-                aa[2 + 3 * i + t] = keys[i][t ? t + 1 : 0];
-                al[2 + 3 * i + t] = strlen(aa[2 + 3 * i + t]);
-            }
+            aa[2 + i] = keys[i][0];
+            al[2 + i] = strlen(aa[2 + i]);
             size_t ml = 256 + gl + cl + ql;
             metas[i] = malloc(ml);
             if (!metas[i])
@@ -601,15 +597,15 @@ static void ceil_lock_and_ack(capstan_redis_t *c, const redisReply *f, const cha
                 la[nl++] = metas[i];
                 kinds[i] = 's';
             }
-            akinds[i] = '1';
+            akinds[i] = 'l';
+            aa[na] = jids[i];
+            al[na] = strlen(aa[na]);
+            na++;
         }
-        aa[na] = job->str;
-        al[na++] = job->len;
-        aa[na] = jids[i];
-        al[na] = strlen(aa[na]);
-        na++;
-        aa[na] = "";
-        al[na++] = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        aa[na] = f->element[2 + 2 * i]->str;
+        al[na++] = f->element[2 + 2 * i]->len;
     }
     if (lock)
         ceil_append(c, CAPSTAN_SCRIPT_LOCKS, (int)nlk, (int)nl, la, NULL);

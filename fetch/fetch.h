@@ -94,6 +94,8 @@ typedef struct capstan_ack {
     long dead_max;        /* dead set keeps at most this many */
     const char *lock_key; /* "<digest>:LOCKED" whose hold by lock_jid is */
     const char *lock_jid; /*   released with the ack, or NULL; the job's jid */
+    int lock_quiet;       /* no one waits for that lock (it has no
+                             lock_timeout): its waiters' line is not woken */
     const char *bid;      /* the job's batch, moved in the ack's step, or NULL */
     const char *queue;    /* REQUEUE: the queue's name */
 } capstan_ack_t;

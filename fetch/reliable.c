@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "observe/prometheus.h"
 #include "redis/keys.h"
 #include "redis/scripts.h"
 #include "support/fmt.h"
@@ -229,6 +230,22 @@ static int batchable(const capstan_ack_t *ack)
 
 enum { ACKS_PER_CALL = 64 };
 
+/* Whether the picked acks, whose call declares nkeys keys, release their
+ * locks apart from the ack (append_batch): no batch, at least one lock,
+ * and every lock a runtime one that no one waits for. */
+static int split(const capstan_ack_item_t *acks, const size_t *picked, size_t npicked, int batches, int nkeys)
+{
+    static const char tail[] = CAPSTAN_KEY_RUN CAPSTAN_KEY_LOCKED;
+    int ok = !batches && nkeys > 2;
+    for (size_t k = 0; ok && k < npicked; k++) {
+        const capstan_ack_t *a = &acks[picked[k]].ack;
+        size_t n = a->lock_key ? strlen(a->lock_key) : 0;
+        ok = !(a->lock_key && a->lock_jid)
+             || (a->lock_quiet && n >= sizeof(tail) - 1 && !strcmp(a->lock_key + n - (sizeof(tail) - 1), tail));
+    }
+    return ok;
+}
+
 /* A success with no lock to release and no batch: its ack is one LREM. */
 static int plain(const capstan_ack_t *ack)
 {
@@ -286,7 +303,7 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         if (a->lock_key && a->lock_jid) {
             argv[nkeys++] = a->lock_key;
             static const char *const line[] = { CAPSTAN_KEY_WAITING, CAPSTAN_KEY_WAKE };
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < 2 && !a->lock_quiet; t++) {
                 if (!(owned[nowned] = capstan__key_swap_dup(a->lock_key, CAPSTAN_KEY_LOCKED, line[t]))) {
                     rc = CAPSTAN_ENOMEM;
                     goto out;
@@ -318,32 +335,73 @@ static int append_batch(capstan_fetch_t *f, capstan_redis_t *r, const capstan_ac
         argv[nkeys++] = CAPSTAN_KEY_BATCHES_OPEN;
         argv[nkeys++] = CAPSTAN_KEY_QUEUES;
     }
+    /* Without a batch, and with only runtime locks no one waits for (a
+     * while_executing job's, with no lock_timeout), each lock goes by a
+     * plain HDEL, its digest's index entry by unlock_runtime.lua, and the
+     * jobs by plain LREMs (by acks_plain.lua from LREM_BELOW jobs on,
+     * where lib/take_out.lua may read the list's tail once instead): the
+     * release needs nothing the ack reads, and an argument into Lua, with
+     * the command a script runs for it, costs Redis more than the plain
+     * command. Released first: should the round trip stop between, the job
+     * runs again rather than leave its lock. */
+    if (split(acks, picked, npicked, batches, nkeys)) {
+        for (size_t k = 0; k < npicked && !rc; k++) {
+            const capstan_ack_t *a = &acks[picked[k]].ack;
+            if (a->lock_key && a->lock_jid) {
+                const char *hdel[] = { "HDEL", a->lock_key, a->lock_jid };
+                rc = capstan_redis_append(r, 3, hdel, NULL);
+            }
+        }
+        if (!rc)
+            rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_UNLOCK_RUNTIME, nkeys - 1, nkeys - 1,
+                                              argv + 1, NULL);
+        int lrems = npicked < LREM_BELOW;
+        for (size_t k = 0; k < npicked; k++) {
+            const capstan_ack_item_t *it = &acks[picked[k]];
+            if (lrems && !rc) {
+                const char *lrem[] = { "LREM", f->working, "-1", it->raw };
+                size_t ll[] = { 4, strlen(f->working), 2, it->len };
+                rc = capstan_redis_append(r, 4, lrem, ll);
+            }
+            argv[1 + k] = it->raw;
+            lens[1 + k] = it->len;
+            sent[picked[k]] = lrems ? 4 : 3;
+        }
+        lens[0] = strlen(argv[0]);
+        if (!rc && !lrems)
+            rc = capstan__redis_append_script(r, CAPSTAN_SCRIPT_ACKS_PLAIN, 1, 1 + (int)npicked, argv, lens);
+        goto out;
+    }
     /* Without a lock or a batch among them (only the working list is
      * declared then), acks_plain.lua takes the payloads alone. */
-    int plain = nkeys == 2, per = plain ? 1 : 3;
+    int plain = nkeys == 2;
     nkeys = plain ? 1 : nkeys;
     int argc = nkeys;
-    /* acks.lua's first argument: a byte a job, whether it holds a lock. */
+    /* acks.lua's first argument: a byte a job, what it has (its lock, with
+     * or without its waiters' keys, its batch); then each job's jid and bid
+     * as it has them, then the payloads. */
     char kinds[ACKS_PER_CALL + 1];
     if (!plain)
         argv[argc++] = kinds;
-    int first = argc;
-    for (size_t k = 0; k < npicked; k++) {
-        const capstan_ack_item_t *it = &acks[picked[k]];
-        const capstan_ack_t *a = &it->ack;
-        argv[argc++] = it->raw;
-        if (!plain) {
-            kinds[k] = a->lock_key && a->lock_jid ? '1' : '0';
+    for (size_t k = 0; k < npicked && !plain; k++) {
+        const capstan_ack_t *a = &acks[picked[k]].ack;
+        int lock = a->lock_key && a->lock_jid;
+        kinds[k] = !lock ? (a->bid ? 'b' : '0') : a->lock_quiet ? (a->bid ? 'L' : 'l') : (a->bid ? 'W' : 'w');
+        if (lock || a->bid)
             argv[argc++] = a->lock_jid ? a->lock_jid : "";
-            argv[argc++] = a->bid ? a->bid : "";
-        }
-        sent[picked[k]] = 2;
+        if (a->bid)
+            argv[argc++] = a->bid;
     }
     kinds[npicked] = '\0';
-    for (int k = 0; k < argc; k++)
+    int first = argc;
+    for (size_t k = 0; k < npicked; k++) {
+        argv[argc++] = acks[picked[k]].raw;
+        sent[picked[k]] = 2;
+    }
+    for (int k = 0; k < first; k++)
         lens[k] = strlen(argv[k]);
     for (size_t k = 0; k < npicked; k++)
-        lens[first + per * (int)k] = acks[picked[k]].len;
+        lens[first + (int)k] = acks[picked[k]].len;
     rc = capstan__redis_append_script(r, plain ? CAPSTAN_SCRIPT_ACKS_PLAIN : CAPSTAN_SCRIPT_ACKS,
                                       nkeys, argc, argv, lens);
 out:
@@ -397,7 +455,9 @@ struct capstan_exchange {
     int live;       /* the liveness key's refresh went first */
     double live_sent;
     capstan_script_call_t *calls;
-    char sent[]; /* per ack: 0 nothing sent, 1 its own reply, 2 in a batch */
+    char sent[]; /* per ack: 0 nothing sent, 1 its own reply, 2 in a batch, 3 in
+                   one whose locks went apart, 4 that too with an LREM
+                   a job (append_batch) */
 };
 
 /* Appends the acks, the calls and the fetch. Returns
@@ -466,6 +526,15 @@ fail:
     return NULL;
 }
 
+/* How far from i the first ack of the next batch is. */
+static size_t first_sent(const capstan_exchange_t *x, size_t i)
+{
+    size_t k = 0;
+    while (i + k < x->nacks && x->sent[i + k] < 2)
+        k++;
+    return k;
+}
+
 /* Reads what send_all sent, in order, and frees x. An ack refused by an
  * error reply keeps rc CAPSTAN_EREDIS (the job stays in the working list, to be
  * acked again); the replies behind it still count. A broken connection
@@ -477,21 +546,53 @@ static int recv_all(capstan_fetch_t *f, capstan_redis_t *r, capstan_exchange_t *
     if (x->live && capstan__liveness_read(f->liveness, r, x->live_sent))
         goto done;
     for (size_t b = 0, i = 0; b < x->batches; b++) {
-        long jobs = 0;
+        long jobs = 0, locks = 0;
         for (size_t k = i; k < x->nacks && jobs < ACKS_PER_CALL; k++)
-            jobs += x->sent[k] == 2;
+            if (x->sent[k] >= 2) {
+                jobs++;
+                locks += x->sent[k] >= 3 && acks[k].ack.lock_key && acks[k].ack.lock_jid;
+            }
+        /* The HDELs and unlock_runtime.lua before the jobs' call (see
+         * append_batch): a failure there is a lock key of another type,
+         * which holds no lock to release; the acks stand. */
+        for (long k = 0, extra = locks ? locks + 1 : 0; k < extra; k++) {
+            redisReply *rep = capstan_redis_get_reply(r);
+            if (!rep)
+                goto done;
+            if (rep->type == REDIS_REPLY_ERROR)
+                capstan_warn("releasing a runtime lock with its ack: %s", rep->str);
+            freeReplyObject(rep);
+        }
+        if (jobs && x->sent[i + first_sent(x, i)] == 4) {
+            /* One LREM a job: its own reply. */
+            long found = 0;
+            for (long k = 0; k < jobs; i++) {
+                if (x->sent[i] != 4)
+                    continue;
+                redisReply *rep = capstan_redis_get_reply(r);
+                if (!rep)
+                    goto done;
+                acks[i].rc = rep->type == REDIS_REPLY_INTEGER ? 0 : CAPSTAN_EREDIS;
+                found += rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
+                freeReplyObject(rep);
+                k++;
+            }
+            if (jobs > found)
+                capstan__metrics_add(capstan__metrics_default(), CAPSTAN_METRIC_LATE_ACKS, jobs - found);
+            continue;
+        }
         int brc = capstan__fetch_read_ack(r, NULL, jobs);
         if (brc == CAPSTAN_EREDIS)
             goto done;
         brc = brc ? CAPSTAN_EREDIS : 0;
         for (size_t k = 0; k < ACKS_PER_CALL && i < x->nacks; i++)
-            if (x->sent[i] == 2) {
+            if (x->sent[i] >= 2) {
                 acks[i].rc = brc;
                 k++;
             }
     }
     for (size_t i = 0; i < x->nacks; i++) {
-        if (x->sent[i] == 2)
+        if (x->sent[i] >= 2)
             continue;
         if (!x->sent[i]) {
             acks[i].rc = 0;

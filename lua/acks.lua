@@ -11,16 +11,20 @@
 -- One script call for a batch of acks instead of a command per job: the
 -- per-command cost, not the removal, is most of what an ack costs Redis.
 -- KEYS[1] working list, KEYS[2] "uniquejobs:digests", then, declared for
--- the jobs' groups below (which name them again): each lock hash with its
--- waiters' "<key>:WAITING" and "<key>:WAKE" (lib/wake_waiters.lua), in the
--- order of the groups that name a lock, then each batch's "batch:BID",
--- "batch:BID:jids" and "batch:BID:failures", and with a batch
+-- the jobs below (which name them again): each lock hash, with its
+-- waiters' "<key>:WAITING" and "<key>:WAKE" after it when someone may wait
+-- for it (lib/wake_waiters.lua), in the jobs' order, then each batch's
+-- "batch:BID", "batch:BID:jids" and "batch:BID:failures", and with a batch
 -- "batches:open" and "queues" (a parent's keys and the callbacks' queues,
 -- read from a batch, cannot be declared: doc/internals.md).
--- ARGV[1] one byte a job: "1" when it holds a lock (its three keys are the
--- next in KEYS), "0" when not; then groups of 3: payload as fetched, jid,
--- bid ("" without a batch). (Each argument costs Redis more than a
--- command's work on it: the lock's hash is named once, in KEYS.)
+-- ARGV[1] one byte a job, what it has (SHAPES below): "0" no lock and no
+-- batch, "b" a batch, "l" a lock (its hash is the next in KEYS), "w" a lock
+-- with its waiters' two keys after it (a job whose lock has a
+-- lock_timeout: only those wait), "L" and "W" as "l" and "w" with a batch.
+-- Then each job's jid, when it has a lock or a batch, and its bid, when a
+-- batch, in the jobs' order; then the payloads as fetched, in the same
+-- order. (Each argument costs Redis more than a command's work on it: a
+-- job sends only what it has, and the lock's hash is named once, in KEYS.)
 -- Returns {how many of the jobs were still in the working list, the flags
 -- of lib/batch_done.lua (2: a bid named no batch; the callbacks fired), that
 -- bid or ""}.
@@ -28,32 +32,46 @@ local keys, argv = KEYS, ARGV
 local working, digests = keys[1], keys[2]
 local removed, flags, acc, unknown = 0, 0, {}, ''
 local kinds = argv[1]
-local take = take_out(working, argv, 3, 2)
+local jobs = #kinds
+local first = #argv - jobs + 1
+local take = take_out(working, argv, 1, first)
+-- A job's shape: how many keys its lock has in KEYS, whether it has a bid.
+local SHAPES = { [48] = { 0, false }, [98] = { 0, true }, [108] = { 1, false }, [76] = { 1, true },
+                 [119] = { 3, false }, [87] = { 3, true } }
 -- The holds dropped, with their waiters' lines: whether a hash was left
 -- empty, and whether anyone waits, is asked of them all at once below.
 -- (A command, or a Lua step, a job costs Redis more than the command's
 -- own work: the loop does as few of them as it can.)
-local held, lines, wakes, n, k = {}, {}, {}, 0, 3
-for j = 1, #kinds do
-  local i = 3 * j - 1
-  local lock = string.byte(kinds, j) == 49 and keys[k]
-  if take(argv[i]) then
+local held, lines, wakes, n, w, k, a = {}, {}, {}, 0, 0, 3, 2
+for j = 1, jobs do
+  local shape = SHAPES[string.byte(kinds, j)]
+  local nk, jid, bid = shape[1], nil, nil
+  if nk > 0 or shape[2] then
+    jid, a = argv[a], a + 1
+  end
+  if shape[2] then
+    bid, a = argv[a], a + 1
+  end
+  local lock = nk > 0 and keys[k]
+  if take(argv[first + j - 1]) then
     removed = removed + 1
-    if argv[i + 2] ~= '' and batch_ok(acc, argv[i + 2], argv[i + 1]) == 2 then
-      flags, unknown = 2, argv[i + 2]
+    if bid and batch_ok(acc, bid, jid) == 2 then
+      flags, unknown = 2, bid
     end
   elseif lock and not string.find(lock, ':RUN:LOCKED', -11, true) then
     -- A late ack keeps its until-lock; its runtime lock is this run's own
     -- and goes (see ack.lua).
-    lock, k = false, k + 3
+    lock = false
   end
-  if lock then
-    if redis.call('HDEL', lock, argv[i + 1]) == 1 then
-      n = n + 1
-      held[n], lines[n], wakes[n] = lock, keys[k + 1], keys[k + 2]
+  if lock and redis.call('HDEL', lock, jid) == 1 then
+    n = n + 1
+    held[n] = lock
+    if nk == 3 then
+      w = w + 1
+      lines[w], wakes[w] = keys[k + 1], keys[k + 2]
     end
-    k = k + 3
   end
+  k = k + nk
 end
 if n > 0 then
   -- As lib/release_hold.lua: a hash with no holder left is gone, and so is
@@ -68,11 +86,11 @@ if n > 0 then
   if #rem > 0 then
     redis.call('ZREM', digests, unpack(rem))
   end
-  -- As lib/wake_waiters.lua, best effort: usually no one waits.
-  if redis.pcall('EXISTS', unpack(lines)) ~= 0 then
-    for j = 1, n do
-      pcall(wake_line, lines[j], wakes[j])
-    end
+end
+-- As lib/wake_waiters.lua, best effort: usually no one waits.
+if w > 0 and redis.pcall('EXISTS', unpack(lines)) ~= 0 then
+  for j = 1, w do
+    pcall(wake_line, lines[j], wakes[j])
   end
 end
 return { removed, flags + batch_flush(acc), unknown }

@@ -28,6 +28,7 @@ typedef struct capstan_outcome {
     int release_type;            /* its capstan_lock_type_t, for the metric */
     int release_runtime;         /* a runtime lock: released whatever the
                                     disposition, the ack written promptly */
+    int release_quiet;           /* no one waits for it (no lock_timeout) */
 } capstan_outcome_t;
 
 /* The lock the ack of o releases, or NULL. */

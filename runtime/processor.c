@@ -102,6 +102,7 @@ static capstan_ack_t ack_of(const capstan_runtime_t *rt, const capstan_outcome_t
                                                                 : 0,
                         .dead_max = rt->cfg->dead_max_jobs,
                         .lock_key = capstan__outcome_release_key(o), .lock_jid = job->jid,
+                        .lock_quiet = o->release_quiet,
                         .bid = job->bid, .queue = job->queue };
 }
 

@@ -240,6 +240,7 @@ static int while_executing(capstan_mw_t *mw, const capstan_unique_spec_t *s, int
         capstan_unique__key(o->release_key, sizeof(o->release_key), s->digest, 1, CAPSTAN_KEY_LOCKED);
         o->release_runtime = 1;
         o->release_type = (int)s->type;
+        o->release_quiet = s->timeout <= 0;
         return 1;
     }
     if (capstan_unique_unlock(mw->r, s->digest, 1, mw->jid, s->type, 0, err) < 0)
@@ -369,6 +370,7 @@ void capstan__unique_server_skip(capstan_mw_t *mw)
             capstan_unique__key(o->release_key, sizeof(o->release_key), s.digest, 1, CAPSTAN_KEY_LOCKED);
             o->release_runtime = 1;
             o->release_type = (int)s.type;
+            o->release_quiet = s.timeout <= 0;
         }
     } else if (s.type == CAPSTAN_LOCK_UNTIL_EXECUTED || s.type == CAPSTAN_LOCK_UNTIL_EXECUTING
                || s.type == CAPSTAN_LOCK_UNTIL_AND_WHILE_EXECUTING) {
