@@ -243,4 +243,8 @@ void capstan__feed_let_go(capstan_feed_t *feed, unsigned long long hash, size_t 
 void capstan__give_back(capstan_fetch_t *f, capstan_redis_t *r, capstan_fetched_t *job,
                         int (*connect)(void *ctx, capstan_redis_t *r), void *ctx);
 
+/* Where key (klen bytes) first occurs in s[0..len), as memmem, found by
+ * memchr for its byte at rare (< klen): one a payload seldom holds. */
+const char *capstan__feed_find(const char *s, size_t len, const char *key, size_t klen, size_t rare);
+
 #endif

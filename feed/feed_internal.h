@@ -167,9 +167,6 @@ void capstan__feed_note_sweep(capstan_feed_t *feed, double began, size_t asked, 
 int capstan__feed_defers(capstan_seat_t *s, const capstan_feed_t *feed);
 void capstan__feed_defer(capstan_seat_t *s, size_t want);
 int capstan__feed_read_one(capstan_feed_t *feed);
-/* Where key (klen bytes) first occurs in s[0..len), as memmem, found by
- * memchr for its byte at rare (< klen): one a payload seldom holds. */
-const char *capstan__feed_find(const char *s, size_t len, const char *key, size_t klen, size_t rare);
 void capstan__feed_settle_own(capstan_seat_t *s, capstan_feed_t *feed);
 
 #endif

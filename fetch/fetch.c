@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "feed/feed.h"
 #include "locks/limiter_internal.h"
 #include "locks/queue_limit.h"
 #include "observe/prometheus.h"
@@ -174,7 +175,9 @@ int capstan__fetch_take(capstan_fetch_t *f, redisReply *payload, size_t qi, caps
     out->len = payload->len;
     payload->str = NULL;
     out->queue = f->names[qi];
-    f->locks_seen = memmem(out->payload, out->len, "\"lock_digest\"", 13) != NULL;
+    /* By its 'k', which a usual payload's keys and hex jid lack. */
+    static const char key[] = "\"lock_digest\"";
+    f->locks_seen = capstan__feed_find(out->payload, out->len, key, sizeof(key) - 1, 4) != NULL;
     if (f->locks_seen && !runtime_only(out->payload, out->len))
         atomic_store_explicit(&f->plain_run, 0, memory_order_relaxed);
     else if (atomic_load_explicit(&f->plain_run, memory_order_relaxed) < 1000)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "feed/feed.h"
 #include "job/job.h"
 #include "support/payload.h"
 #include "support/trace.h"
@@ -517,4 +518,33 @@ Test(payload, traceparent_is_kept_only_when_w3c_valid)
     cr_assert_null(capstan_job_tracestate(&job), "no tracestate without a traceparent");
     cr_assert_eq(job.trace_id[0], '\0');
     capstan__job_clear(&job);
+}
+
+/* The search by a rare byte that tells a payload carrying a lock_digest
+ * finds what memmem finds, in every payload and at every length of it:
+ * keys with that byte elsewhere, near misses, the key at either end. */
+Test(payload, the_lock_digest_search_finds_what_memmem_finds)
+{
+    static const char key[] = "\"lock_digest\"";
+    const size_t k = sizeof(key) - 1;
+    static const char *const payloads[] = {
+        "{\"class\":\"NoopJob\",\"args\":[],\"jid\":\"0123456789abcdef01234567\",\"queue\":\"default\"}",
+        "{\"class\":\"HardWorker\",\"lock\":\"until_executed\",\"lock_digest\":\"uniquejobs:d\",\"jid\":\"a\"}",
+        "\"lock_digest\"",
+        "\"lock_digest\":1,\"kk\":\"k\"",
+        "{\"lock_ttl\":5,\"lock_digest_x\":1,\"lockdigest\":2,\"lock_diges\":3}",
+        "{\"args\":[\"\\\"lock_digest\\\"\"],\"k\":\"kkkk\"}",
+        "{\"k\":\"\"lock_digest\"\"lock_digest\"\"}",
+        "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk",
+        "\"lock_digestlock_digest\"",
+        "{\"a\":\"x\",\"lock_digest\"",
+        "",
+    };
+    for (size_t i = 0; i < sizeof(payloads) / sizeof(*payloads); i++) {
+        const char *s = payloads[i];
+        for (size_t len = 0; len <= strlen(s); len++)
+            for (size_t from = 0; from <= len; from++)
+                cr_assert_eq(capstan__feed_find(s + from, len - from, key, k, 4),
+                             memmem(s + from, len - from, key, k), "payload %zu [%zu, %zu)", i, from, len);
+    }
 }
