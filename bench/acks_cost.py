@@ -70,10 +70,11 @@ def payload(i):
             % (i, random.getrandbits(96)))
 
 
-def count(way, k, p, jobs):
-    """Instructions redis-server ran from its start to its shutdown."""
-    tmp = tempfile.mkdtemp(prefix='capstan-acks.')
-    with socket.socket() as probe:  # a free port: never a Redis already running
+def callgrind_redis(tag):
+    """A redis-server under callgrind on a free port (never a Redis already
+    running), with a connection to it: (process, connection, output file)."""
+    tmp = tempfile.mkdtemp(prefix='capstan-%s.' % tag)
+    with socket.socket() as probe:
         probe.bind(('127.0.0.1', 0))
         port = probe.getsockname()[1]
     out = tmp + '/cg.out'
@@ -87,12 +88,30 @@ def count(way, k, p, jobs):
         try:
             c = Conn(port)
             c.cmd('PING')
-            break
+            return vg, c, out
         except (OSError, RuntimeError):
             time.sleep(0.1)
-    else:
-        vg.kill()
-        sys.exit('redis-server under valgrind did not start')
+    vg.kill()
+    sys.exit('redis-server under valgrind did not start')
+
+
+def callgrind_total(vg, c, out):
+    """Shuts the server down: the instructions it ran from start to end."""
+    try:
+        c.cmd('SHUTDOWN', 'NOSAVE')
+    except (OSError, RuntimeError):
+        pass
+    vg.wait()
+    text = subprocess.check_output(['callgrind_annotate', out], stderr=subprocess.DEVNULL).decode()
+    for line in text.splitlines():
+        if 'PROGRAM TOTALS' in line:
+            return int(line.split()[0].replace(',', ''))
+    sys.exit('no totals in ' + out)
+
+
+def count(way, k, p, jobs):
+    """Instructions redis-server ran from its start to its shutdown."""
+    vg, c, out = callgrind_redis('acks')
     random.seed(1)
     name = {'acks': 'acks', 'plain': 'acks_plain'}.get(way)
     sha = {way: c.cmd('SCRIPT', 'LOAD', script(name))} if name else {}
@@ -110,16 +129,7 @@ def count(way, k, p, jobs):
             c.cmd('EVALSHA', sha[way], 1, WORKING, *batch)
         elif way == 'lrem':
             c.pipe([('LREM', WORKING, '-1', j) for j in batch])
-    try:
-        c.cmd('SHUTDOWN', 'NOSAVE')
-    except (OSError, RuntimeError):
-        pass
-    vg.wait()
-    text = subprocess.check_output(['callgrind_annotate', out], stderr=subprocess.DEVNULL).decode()
-    for line in text.splitlines():
-        if 'PROGRAM TOTALS' in line:
-            return int(line.split()[0].replace(',', ''))
-    sys.exit('no totals in ' + out)
+    return callgrind_total(vg, c, out)
 
 
 def main():

@@ -12,42 +12,18 @@ The same rounds without the move (the queue deleted instead) are counted
 too; the difference over the JOBS (6,400) jobs is what the fetch costs.
 """
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 import random
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from acks_cost import Conn, WORKING, payload, script  # noqa: E402
+from acks_cost import WORKING, callgrind_redis, callgrind_total, payload, script  # noqa: E402
 
 QUEUE = 'queue:default'
 
 
 def count(way, k, jobs):
     """Instructions redis-server ran from its start to its shutdown."""
-    tmp = tempfile.mkdtemp(prefix='capstan-fetch.')
-    with socket.socket() as probe:  # a free port: never a Redis already running
-        probe.bind(('127.0.0.1', 0))
-        port = probe.getsockname()[1]
-    out = tmp + '/cg.out'
-    vg = subprocess.Popen(['valgrind', '--tool=callgrind', '--callgrind-out-file=' + out,
-                           'redis-server', '--port', str(port), '--save', '',
-                           '--appendonly', 'no', '--dir', tmp],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        if vg.poll() is not None:
-            sys.exit('redis-server under valgrind exited')
-        try:
-            c = Conn(port)
-            c.cmd('PING')
-            break
-        except (OSError, RuntimeError):
-            time.sleep(0.1)
-    else:
-        vg.kill()
-        sys.exit('redis-server under valgrind did not start')
+    vg, c, out = callgrind_redis('fetch')
     random.seed(1)
     sha = c.cmd('SCRIPT', 'LOAD', script('fetch')) if way == 'fetch' else None
     for r in range(jobs // k):
@@ -59,16 +35,7 @@ def count(way, k, jobs):
         else:
             c.cmd('DEL', QUEUE)
         c.cmd('DEL', WORKING)
-    try:
-        c.cmd('SHUTDOWN', 'NOSAVE')
-    except (OSError, RuntimeError):
-        pass
-    vg.wait()
-    text = subprocess.check_output(['callgrind_annotate', out], stderr=subprocess.DEVNULL).decode()
-    for line in text.splitlines():
-        if 'PROGRAM TOTALS' in line:
-            return int(line.split()[0].replace(',', ''))
-    sys.exit('no totals in ' + out)
+    return callgrind_total(vg, c, out)
 
 
 def main():
