@@ -892,6 +892,17 @@ int kt_log_count(pid_t pid, const char *needle)
     return n;
 }
 
+pid_t kt_worker_pid(pid_t sup, int slot)
+{
+    char *log = kt_capstan_log(sup), want[64];
+    snprintf(want, sizeof(want), "worker %d started (pid ", slot);
+    pid_t pid = 0;
+    for (char *at = strstr(log, want); at; at = strstr(at + 1, want))
+        pid = (pid_t)atoi(at + strlen(want));
+    free(log);
+    return pid;
+}
+
 char *kt_last_line(const char *out)
 {
     size_t n = out ? strlen(out) : 0;

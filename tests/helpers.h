@@ -236,6 +236,9 @@ char *kt_scrape(int port);
 /* Whether pid's log (kt_capstan_log) holds needle, and how many times. */
 int kt_log_has(pid_t pid, const char *needle);
 int kt_log_count(pid_t pid, const char *needle);
+/* The pid of supervised worker slot as supervisor sup's log names it
+ * last, or 0. */
+pid_t kt_worker_pid(pid_t sup, int slot);
 /* The message of the last line of a log (malloc'd): what follows its
  * level ("... tid=T ERROR: "), or the whole line when it has none. */
 char *kt_last_line(const char *out);

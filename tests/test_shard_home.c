@@ -205,6 +205,23 @@ static long lines_on(const fleet_t *f, int port, long *distinct)
     return n;
 }
 
+/* Starts capstan on fleet f and waits for runs runs of the ledger in shard
+ * home (a batch's jobs and callbacks), then a second more, for a callback
+ * run twice to show: the runs there, distinct ones, and those in other
+ * shards. Returns the process. */
+static pid_t run_batches(fleet_t *f, int home, long runs, long *here, long *distinct, long *elsewhere)
+{
+    pid_t pid = capstan_up(f);
+    cr_assert(KT_WAIT_UNTIL(lines_on(f, f->s[home].port, NULL) >= runs, 120), "%ld of %ld runs in the home "
+              "shard\n%s", lines_on(f, f->s[home].port, NULL), runs, kt_capstan_log(pid));
+    kt_sleep(1);
+    *here = lines_on(f, f->s[home].port, distinct);
+    *elsewhere = 0;
+    for (int k = 0; k < NSHARDS; k++)
+        *elsewhere += k == home ? 0 : lines_on(f, f->s[k].port, NULL);
+    return pid;
+}
+
 /* A batch of 1,000 jobs made through a client with three shards: every job
  * goes to the batch's home shard (the pick of its bid), where its counters
  * are, and a process serving every shard runs them and fires its success
@@ -470,13 +487,8 @@ Test(shard_home, a_child_batch_lives_in_its_parents_shard)
     /* The parent's job, the child's three, the child's callback and the
      * parent's. */
     enum { RUNS = 6 };
-    pid_t pid = capstan_up(&f);
-    cr_assert(KT_WAIT_UNTIL(lines_on(&f, f.s[home].port, NULL) >= RUNS, 120), "%ld of %d runs in the home "
-              "shard\n%s", lines_on(&f, f.s[home].port, NULL), RUNS, kt_capstan_log(pid));
-    kt_sleep(1); /* a second callback would show by now */
-    long distinct, here = lines_on(&f, f.s[home].port, &distinct), elsewhere = 0;
-    for (int k = 0; k < NSHARDS; k++)
-        elsewhere += k == home ? 0 : lines_on(&f, f.s[k].port, NULL);
+    long here, distinct, elsewhere;
+    pid_t pid = run_batches(&f, home, RUNS, &here, &distinct, &elsewhere);
     capstan_batch_status_t ps = {0}, cs = {0};
     capstan_redis_t *hr = capstan_redis_new(f.s[home].url, 10, err);
     cr_assert(hr && capstan_redis_connect(hr) == 0);
@@ -592,13 +604,8 @@ KT_SIDEKIQ_TEST(shard_home, a_ruby_batch_and_its_child_live_in_one_shard)
     }
     /* The four jobs, the child's callback and the parent's. */
     enum { RUNS = 6 };
-    pid_t pid = capstan_up(&f);
-    cr_assert(KT_WAIT_UNTIL(lines_on(&f, f.s[home].port, NULL) >= RUNS, 120), "%ld of %d runs in the home "
-              "shard\n%s", lines_on(&f, f.s[home].port, NULL), RUNS, kt_capstan_log(pid));
-    kt_sleep(1); /* a second callback would show by now */
-    long distinct, here = lines_on(&f, f.s[home].port, &distinct), elsewhere = 0;
-    for (int k = 0; k < NSHARDS; k++)
-        elsewhere += k == home ? 0 : lines_on(&f, f.s[k].port, NULL);
+    long here, distinct, elsewhere;
+    pid_t pid = run_batches(&f, home, RUNS, &here, &distinct, &elsewhere);
     char err[CAPSTAN_ERRLEN];
     capstan_batch_status_t ps = {0};
     capstan_redis_t *hr = capstan_redis_new(f.s[home].url, 10, err);

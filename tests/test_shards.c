@@ -1008,19 +1008,6 @@ Test(shards, metrics_label_every_shard_series)
     free(text);
 }
 
-/* The pid of supervised worker slot as the supervisor's log names it last,
- * or 0. */
-static pid_t worker_pid(pid_t sup, int slot)
-{
-    char *log = kt_capstan_log(sup), want[64];
-    snprintf(want, sizeof(want), "worker %d started (pid ", slot);
-    pid_t pid = 0;
-    for (char *at = strstr(log, want); at; at = strstr(at + 1, want))
-        pid = (pid_t)atoi(at + strlen(want));
-    free(log);
-    return pid;
-}
-
 /* Under a supervisor (processes: 2) /readyz judges every worker by every
  * shard it serves: a frozen shard 2 makes it not ready, naming a worker
  * and the shard, and ready again once that Redis answers; after a reload,
@@ -1050,7 +1037,7 @@ Test(shards, supervised_readyz_judges_every_worker_by_every_shard)
     kill(sup, SIGHUP);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(sup, "reload done") && ready(port, &out) == 0, 60), "%s\n%s", out,
               kt_capstan_log(sup));
-    pid_t w1 = worker_pid(sup, 1);
+    pid_t w1 = kt_worker_pid(sup, 1);
     cr_assert(w1 > 0, "%s", kt_capstan_log(sup));
     kill(w1, SIGSTOP);
     down = KT_WAIT_UNTIL(ready(port, &out) == 1, 30);

@@ -100,18 +100,6 @@ static double log_time(pid_t pid, const char *needle, double since)
     return at;
 }
 
-/* The pid of worker slot as the supervisor's log names it last. */
-static pid_t worker_pid(pid_t sup, int slot)
-{
-    char *log = kt_capstan_log(sup), want[64];
-    snprintf(want, sizeof(want), "worker %d started (pid ", slot);
-    pid_t pid = 0;
-    for (char *at = strstr(log, want); at; at = strstr(at + 1, want))
-        pid = (pid_t)atoi(at + strlen(want));
-    free(log);
-    return pid;
-}
-
 /* The body of GET /metrics on 127.0.0.1:port (malloc'd; "" when nothing
  * answers). */
 static char *scrape(int port)
@@ -242,7 +230,7 @@ Test(supervisor, sidekiqs_stop_ends_a_worker_without_a_replacement)
     free(y);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
     for (int slot = 0; slot < 2; slot++) {
-        pid_t w = worker_pid(pid, slot);
+        pid_t w = kt_worker_pid(pid, slot);
         char *id = NULL, want[32], line[64];
         snprintf(want, sizeof(want), ":%d:", (int)w);
         redisReply *r = kt_cmd("SMEMBERS processes");
@@ -258,7 +246,7 @@ Test(supervisor, sidekiqs_stop_ends_a_worker_without_a_replacement)
         if (slot == 0) {
             /* Time enough for a replacement to show, were one started. */
             kt_sleep(1.5);
-            cr_assert(!gone(pid) && !gone(worker_pid(pid, 1)), "%s", kt_capstan_log(pid));
+            cr_assert(!gone(pid) && !gone(kt_worker_pid(pid, 1)), "%s", kt_capstan_log(pid));
         }
     }
     cr_assert_eq(kt_wait_exit(pid, 20), 0, "%s", kt_capstan_log(pid));
@@ -278,7 +266,7 @@ Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
     snprintf(port, sizeof(port), "%d", kt_free_port());
     pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", "--metrics-port", port, NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN k9:done") > 200, 15), "%s", kt_capstan_log(pid));
-    pid_t victim = worker_pid(pid, 0);
+    pid_t victim = kt_worker_pid(pid, 0);
     cr_assert_gt(victim, 0);
     char *wkey = NULL;
     redisReply *keys = kt_cmd("KEYS uniquejobs:working:*:%d:*", (int)victim);
@@ -291,7 +279,7 @@ Test(supervisor, kill_9_of_a_worker_gives_its_jobs_back_within_a_second)
     cr_assert(KT_WAIT_UNTIL(kt_int("EXISTS %s", wkey) == 0, 5), "%s", kt_capstan_log(pid));
     double back = kt_now() - t0;
     double t1 = kt_now();
-    cr_assert(KT_WAIT_UNTIL(worker_pid(pid, 0) != victim && kt_log_count(pid, "Starting processing") >= 3, 5),
+    cr_assert(KT_WAIT_UNTIL(kt_worker_pid(pid, 0) != victim && kt_log_count(pid, "Starting processing") >= 3, 5),
               "%s", kt_capstan_log(pid));
     double replaced = kt_now() - t1 + back;
     fprintf(stderr, "[kill -9] jobs back in %.0f ms, a replacement processing %.0f ms after the kill\n",
@@ -386,7 +374,7 @@ Test(supervisor, term_to_the_supervisor_ends_every_worker)
 {
     pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
-    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    pid_t a = kt_worker_pid(pid, 0), b = kt_worker_pid(pid, 1);
     cr_assert(a > 0 && b > 0);
     cr_assert_eq(kt_int("SCARD processes"), 2);
     /* capstan stats names each worker's slot and supervisor. */
@@ -426,7 +414,7 @@ Test(supervisor, the_supervisor_and_its_workers_are_named_capstan)
     pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
     for (int round = 0; round < 2; round++) {
-        pid_t procs[] = { pid, worker_pid(pid, 0), worker_pid(pid, 1) };
+        pid_t procs[] = { pid, kt_worker_pid(pid, 0), kt_worker_pid(pid, 1) };
         for (int i = 0; i < 3; i++) {
             char *name = comm_of(procs[i]);
             cr_expect_str_eq(name, "capstan", "process %d (%s) is named %s", (int)procs[i],
@@ -447,7 +435,7 @@ Test(supervisor, a_killed_supervisor_has_its_workers_leave_gracefully)
 {
     pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "2", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "all 2 workers ready"), 10), "%s", kt_capstan_log(pid));
-    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    pid_t a = kt_worker_pid(pid, 0), b = kt_worker_pid(pid, 1);
     kill(pid, SIGKILL);
     kt_wait_exit(pid, 5);
     cr_assert(KT_WAIT_UNTIL(gone(a) && gone(b), 10), "%s", kt_capstan_log(pid));
@@ -464,14 +452,14 @@ Test(supervisor, hup_replaces_the_workers_one_at_a_time_without_losing_or_repeat
     push_ledger("hup", N, 2, NULL, 0, 7);
     pid_t pid = kt_capstan_start((const char *[]){ "--processes", "2", "-c", "4", NULL });
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hup:done") > 300, 15), "%s", kt_capstan_log(pid));
-    pid_t a = worker_pid(pid, 0), b = worker_pid(pid, 1);
+    pid_t a = kt_worker_pid(pid, 0), b = kt_worker_pid(pid, 1);
     double t0 = kt_now();
     kill(pid, SIGHUP);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 2 workers"), 15), "%s", kt_capstan_log(pid));
     fprintf(stderr, "[hup] both workers replaced in %.2f s, %lld of %d jobs done by then\n", kt_now() - t0,
             kt_int("LLEN hup:done"), N);
     cr_assert(KT_WAIT_UNTIL(gone(a) && gone(b), 15), "%s", kt_capstan_log(pid));
-    cr_assert(worker_pid(pid, 0) != a && worker_pid(pid, 1) != b);
+    cr_assert(kt_worker_pid(pid, 0) != a && kt_worker_pid(pid, 1) != b);
     cr_assert_eq(kt_log_count(pid, ") from the binary on disk"), 2, "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(kt_int("LLEN hup:done") >= N, 30), "%lld of %d: %s", kt_int("LLEN hup:done"), N,
               kt_capstan_log(pid));
@@ -648,7 +636,7 @@ Test(supervisor, a_killed_tree_has_its_jobs_run_elsewhere_within_half_a_minute)
     /* Both workers of the tree hold jobs, and some are done. */
     pid_t w[2];
     char *ids[2] = { NULL, NULL };
-    cr_assert(KT_WAIT_UNTIL((w[0] = worker_pid(tree, 0)) > 0 && (w[1] = worker_pid(tree, 1)) > 0
+    cr_assert(KT_WAIT_UNTIL((w[0] = kt_worker_pid(tree, 0)) > 0 && (w[1] = kt_worker_pid(tree, 1)) > 0
                                 && ({ int done = 0; read_ledger(path, 31, N, starts, ends);
                                       for (int i = 0; i < N; i++) done += ends[i] > 0; done > 200; }), 30),
               "%s", kt_capstan_log(tree));
@@ -954,7 +942,7 @@ Test(supervisor, a_job_left_in_the_quarantine_runs)
     cr_assert_eq(kt_int("LLEN queue:capstan:quarantine"), 0);
     cr_assert(kt_log_has(pid, "quarantine worker 1 started"), "%s", kt_capstan_log(pid));
     cr_assert_eq(kt_int("SISMEMBER queues capstan:quarantine"), 0);
-    pid_t q = worker_pid(pid, 1);
+    pid_t q = kt_worker_pid(pid, 1);
     kill(pid, SIGHUP);
     cr_assert(KT_WAIT_UNTIL(kt_log_has(pid, "reload done: 1 workers"), 30), "%s", kt_capstan_log(pid));
     cr_assert(KT_WAIT_UNTIL(gone(q), 15), "%s", kt_capstan_log(pid));
