@@ -4,12 +4,15 @@
  *
  * The start/done/fail lines of jobs are the bulk of a busy worker's output;
  * writing each with its own system call cost a third of capstan's throughput.
- * They collect in a per-thread batch that goes out when it holds 16 KB, when
- * its oldest line is 50 ms old, before any other line of the same thread
- * (so a thread's lines keep their order), and whenever capstan__log_flush runs
- * (the main thread calls it five times a second, and at exit). A kill -9
- * can therefore lose the last 50 ms of job lines; warnings and errors are
- * always written at once. */
+ * They collect in a per-thread batch that is handed on when it holds 4 KB,
+ * when its oldest line is 50 ms old, before any other line of the same
+ * thread (so a thread's lines keep their order), and whenever
+ * capstan__log_flush runs (the main thread calls it five times a second,
+ * and at exit). Handed-on batches of every thread gather in one process-wide
+ * buffer, written with one system call at 16 KB, at 50 ms, before any line
+ * written at once and at each flush: a write every 50 jobs or so, while each
+ * thread keeps only 4 KB. A kill -9 can therefore lose the last 50 ms of job
+ * lines; warnings and errors are always written at once. */
 #include "support/log.h"
 
 #include <errno.h>
@@ -43,9 +46,10 @@ static const size_t level_tag_len[] = { 8, 7, 7, 8 };
 /* A string literal appended without measuring it. */
 #define PUT_LIT(b, lit) capstan__buf_put((b), (lit), sizeof(lit) - 1)
 
-/* 16 KB: about 50 jobs' two lines a system call (4 KB made the writes a
- * third of the worker's system calls a job). */
-#define BATCH_BYTES 16384
+#define BATCH_BYTES 4096
+/* The process-wide buffer: about 50 jobs' two lines a system call (a write
+ * a 4 KB batch made the writes a quarter of the worker's system calls). */
+#define OUT_BYTES 16384
 #define BATCH_AGE 0.05
 
 /* One thread's pending job lines; registered for capstan__log_flush and kept
@@ -62,14 +66,16 @@ static batch_t *batches;
 static _Thread_local batch_t *my_batch;
 static int log_pid;
 
-static void write_out(const char *p, size_t n)
+/* Under log_lock: the handed-on batches, and since when the oldest waits. */
+static capstan_buf_t out_buf;
+static double out_since;
+
+/* Under log_lock: writes n bytes at p straight to the descriptor (a
+ * line-buffered stream would cut them into writes of its buffer's size),
+ * what the stream holds first. */
+static void put_fd(const char *p, size_t n)
 {
-    if (!n)
-        return;
-    pthread_mutex_lock(&log_lock);
     FILE *f = log_out ? log_out : stderr;
-    /* Straight to the descriptor: a line-buffered stream would cut a batch
-     * into writes of its buffer's size. What the stream holds goes first. */
     fflush(f);
     int fd = fileno(f);
     while (n) {
@@ -81,13 +87,47 @@ static void write_out(const char *p, size_t n)
         p += w;
         n -= (size_t)w;
     }
+}
+
+/* Under log_lock: the handed-on batches written. */
+static void out_write(void)
+{
+    put_fd(out_buf.p, out_buf.len);
+    out_buf.len = 0;
+}
+
+/* Writes p at once, after the batches handed on before it. */
+static void write_out(const char *p, size_t n)
+{
+    if (!n)
+        return;
+    pthread_mutex_lock(&log_lock);
+    out_write();
+    put_fd(p, n);
     pthread_mutex_unlock(&log_lock);
 }
 
-/* Writes b's pending lines; b->mu is held by the caller. */
-static void batch_write(batch_t *b)
+/* Hands b's pending lines on (b->mu is held by the caller); written at
+ * once with the others waiting when now says they are due, or with all
+ * set. */
+static void batch_write(batch_t *b, double now, int all)
 {
-    write_out(b->buf.p, b->buf.len);
+    if (!b->buf.len && !all)
+        return;
+    pthread_mutex_lock(&log_lock);
+    if (out_buf.len && out_buf.len + b->buf.len > OUT_BYTES)
+        out_write();
+    if (b->buf.len) {
+        if (!out_buf.len)
+            out_since = b->since;
+        if (capstan__buf_put(&out_buf, b->buf.p, b->buf.len) != 0) {
+            out_write();
+            put_fd(b->buf.p, b->buf.len);
+        }
+    }
+    if (all || out_buf.len >= OUT_BYTES || now - out_since >= BATCH_AGE)
+        out_write();
+    pthread_mutex_unlock(&log_lock);
     b->buf.len = 0;
 }
 
@@ -112,10 +152,13 @@ void capstan__log_flush(void)
     pthread_mutex_lock(&batches_lock);
     for (batch_t *b = batches; b; b = b->next) {
         pthread_mutex_lock(&b->mu);
-        batch_write(b);
+        batch_write(b, 0, 0);
         pthread_mutex_unlock(&b->mu);
     }
     pthread_mutex_unlock(&batches_lock);
+    pthread_mutex_lock(&log_lock);
+    out_write();
+    pthread_mutex_unlock(&log_lock);
 }
 
 int capstan__log_setup(capstan_log_format_t fmt, int verbose, const char *path)
@@ -126,6 +169,7 @@ int capstan__log_setup(capstan_log_format_t fmt, int verbose, const char *path)
     if (f)
         setvbuf(f, NULL, _IOLBF, 0);
     pthread_mutex_lock(&log_lock);
+    out_write(); /* to the file it was logged for */
     if (log_out)
         fclose(log_out);
     log_out = f;
@@ -147,6 +191,7 @@ int capstan__log_reopen(void)
         FILE *f = fopen(log_path, "a");
         if (f) {
             setvbuf(f, NULL, _IOLBF, 0);
+            out_write(); /* handed on since the flush: the old file's too */
             atomic_store(&log_fd, fileno(f));
             fclose(log_out);
             log_out = f;
@@ -171,6 +216,8 @@ void capstan__log_close(void)
     }
     pthread_mutex_unlock(&batches_lock);
     pthread_mutex_lock(&log_lock);
+    out_write();
+    capstan__buf_free(&out_buf);
     atomic_store(&log_fd, 2);
     if (log_out)
         fclose(log_out);
@@ -372,15 +419,17 @@ void capstan__log(capstan_level_t lvl, const capstan_logctx_t *ctx, const char *
             /* Written before it would pass BATCH_BYTES, so that each
              * thread's buffer stays that size. */
             if (mine->buf.len && mine->buf.len + b.len >= BATCH_BYTES)
-                batch_write(mine);
+                batch_write(mine, now, 0);
             if (!mine->buf.len)
                 mine->since = now;
             if (capstan__buf_put(&mine->buf, b.p, b.len) != 0)
                 write_out(b.p, b.len);
-            if (mine->buf.len >= BATCH_BYTES || now - mine->since >= BATCH_AGE)
-                batch_write(mine);
+            if (now - mine->since >= BATCH_AGE)
+                batch_write(mine, now, 1);
+            else if (mine->buf.len >= BATCH_BYTES)
+                batch_write(mine, now, 0);
         } else {
-            batch_write(mine);
+            batch_write(mine, now, 0);
             write_out(b.p, b.len);
         }
         pthread_mutex_unlock(&mine->mu);
