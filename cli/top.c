@@ -4,7 +4,6 @@
  * schedule/retry/dead sizes and the most contended uniqueness lock types.
  * With stdout not a terminal it prints one plain snapshot and exits, so it
  * can be piped or run from cron. */
-#include <errno.h>
 #include <getopt.h>
 #include <poll.h>
 #include <signal.h>
@@ -359,14 +358,8 @@ static void draw(const char *frame)
         p += len + (nl != NULL);
     }
     capstan__buf_puts(&out, "\033[J");
-    for (size_t off = 0; out.p && off < out.len;) {
-        ssize_t w = write(STDOUT_FILENO, out.p + off, out.len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        off += (size_t)w;
-    }
+    if (out.p)
+        capstan__write_all(STDOUT_FILENO, out.p, out.len);
     capstan__buf_free(&out);
 }
 

@@ -1,10 +1,12 @@
 /* Growable byte buffer. */
 #include "support/buf.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "capstan/error.h"
 #include "support/fmt.h"
@@ -120,4 +122,17 @@ void capstan__buf_free(capstan_buf_t *b)
     b->p = NULL;
     b->len = b->cap = 0;
     b->on = 0;
+}
+
+void capstan__write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
 }

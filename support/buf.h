@@ -41,4 +41,9 @@ int capstan__buf_put_fixed(capstan_buf_t *b, double v, int places);
 char *capstan__buf_take(capstan_buf_t *b, size_t *len);
 void capstan__buf_free(capstan_buf_t *b);
 
+/* Writes n bytes at p to descriptor fd, again after a short write or an
+ * interrupted one; stops at an error or a write of nothing (the rest is
+ * lost). */
+void capstan__write_all(int fd, const char *p, size_t n);
+
 #endif

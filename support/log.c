@@ -77,16 +77,8 @@ static void put_fd(const char *p, size_t n)
 {
     FILE *f = log_out ? log_out : stderr;
     fflush(f);
-    int fd = fileno(f);
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break; /* a log that cannot be written loses the lines, not the jobs */
-        p += w;
-        n -= (size_t)w;
-    }
+    /* A log that cannot be written loses the lines, not the jobs. */
+    capstan__write_all(fileno(f), p, n);
 }
 
 /* Under log_lock: the handed-on batches written. */
